@@ -1,0 +1,281 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * wex.h - the public C API of wex, the weight-exchange service.
+ *
+ * A trainer rank (producer) exports its weight memory once and publishes
+ * versions; an inference rank (consumer) attaches and, before each rollout,
+ * syncs the newest published version by remapping the producer's memory
+ * (zero copy) or by copying in place only the slices it needs.
+ *
+ * Conventions: every function returns 0 or a positive count on success and a
+ * negative errno value (or a negative WEX_E* code) on failure.  Output
+ * parameters come last and are written only on success.  Each function's
+ * comment says whether it blocks and who owns what.  Handles are opaque and
+ * not thread-safe: use one client per thread or serialise calls.
+ */
+#ifndef WEX_H
+#define WEX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WEX_API __attribute__((visibility("default")))
+
+/* Control protocol version spoken by this library and wexd. */
+#define WEX_PROTO_VERSION 1
+
+#define WEX_NAME_MAX 160 /* tensor names, model names, including the NUL */
+#define WEX_MAX_DIMS 8
+
+/* wex-specific error codes, returned negated like errno values. */
+#define WEX_ERRNO_BASE 4096
+enum wex_errno {
+	WEX_EPROTO_VERSION = WEX_ERRNO_BASE, /* peer speaks another protocol */
+	WEX_ENOCUDA,     /* no CUDA driver (libcuda.so.1) or no device */
+	WEX_ELAYOUT,     /* layouts differ where they must match, or cannot exist */
+	WEX_EDIRTY,      /* the consumer's weights are half-written: re-sync */
+	WEX_ENOPUBLISHED,/* no version of the model has been published yet */
+	WEX_EDAEMON,     /* wexd closed the connection or is shutting down */
+	WEX_ENOMODEL,    /* unknown model */
+	WEX_EREMOTE,     /* wexd answered with an error code this library lacks */
+	WEX_ERRNO_END
+};
+
+/* Returns a static, human-readable string for a negative (or positive) error
+ * code.  Never blocks; never returns NULL. */
+WEX_API const char *wex_strerror(int err);
+
+/* Frees memory that a wex function handed to the caller (JSON strings). */
+WEX_API void wex_free(void *p);
+
+/* ---------------------------------------------------------------------- */
+/* Element types (safetensors' names in wex_dtype_name).                  */
+
+enum wex_dtype {
+	WEX_DT_INVALID = 0,
+	WEX_DT_BOOL, WEX_DT_U8, WEX_DT_I8, WEX_DT_I16, WEX_DT_U16,
+	WEX_DT_F16, WEX_DT_BF16, WEX_DT_I32, WEX_DT_U32, WEX_DT_F32,
+	WEX_DT_I64, WEX_DT_U64, WEX_DT_F64, WEX_DT_F8_E4M3, WEX_DT_F8_E5M2,
+	WEX_DT_COUNT
+};
+/* Size of one element in bytes, or 0 for an invalid type. */
+WEX_API size_t wex_dtype_size(int dtype);
+/* Safetensors name ("BF16") or NULL. */
+WEX_API const char *wex_dtype_name(int dtype);
+/* Inverse of wex_dtype_name; WEX_DT_INVALID if unknown. */
+WEX_API int wex_dtype_from_name(const char *name);
+
+/* ---------------------------------------------------------------------- */
+/* Tensors.                                                               */
+
+/*
+ * One physical tensor (or one piece of one): it holds the box
+ * [start, start+extent) of canonical tensor `name`, whose full (global)
+ * shape is `shape`.  An unsharded tensor has start 0 and extent == shape.
+ *
+ * Where it lives: for a producer, `segment` (an id returned by
+ * wex_segment_register) and `offset` bytes into it; for a consumer, `ptr`.
+ * `strides` are in elements, outermost first; all zero means C-contiguous.
+ */
+struct wex_tensor {
+	char name[WEX_NAME_MAX];
+	int32_t dtype;
+	uint32_t ndim;
+	uint64_t shape[WEX_MAX_DIMS];
+	uint64_t start[WEX_MAX_DIMS];
+	uint64_t extent[WEX_MAX_DIMS];
+	int64_t strides[WEX_MAX_DIMS];
+	uint32_t segment;
+	uint64_t offset;
+	void *ptr;
+};
+
+/* Number of bytes the tensor's box spans when contiguous. */
+WEX_API uint64_t wex_tensor_nbytes(const struct wex_tensor *t);
+
+/* ---------------------------------------------------------------------- */
+/* Clients.                                                               */
+
+typedef struct wex_client wex_client_t;
+
+enum wex_role { WEX_ROLE_PRODUCER = 1, WEX_ROLE_CONSUMER = 2, WEX_ROLE_ADMIN = 3 };
+
+enum wex_client_field {
+	WEX_CLIENT_FIELD_SOCKET = 1u << 0,
+	WEX_CLIENT_FIELD_ROLE = 1u << 1,
+	WEX_CLIENT_FIELD_MODEL = 1u << 2,
+	WEX_CLIENT_FIELD_GROUP = 1u << 3,
+	WEX_CLIENT_FIELD_RANK = 1u << 4,
+	WEX_CLIENT_FIELD_TIMEOUT = 1u << 5,
+	WEX_CLIENT_FIELD_COPY_THREADS = 1u << 6,
+};
+
+struct wex_client_params {
+	uint64_t field_mask;   /* which fields below are set (WEX_CLIENT_FIELD_*) */
+	const char *socket;    /* default: $WEX_SOCKET, $XDG_RUNTIME_DIR/wex/wexd.sock, /run/wex/wexd.sock */
+	int role;              /* enum wex_role, required */
+	const char *model;     /* required for producers and consumers */
+	const char *group;     /* consumer group (one engine instance); default "default" */
+	uint32_t rank;         /* this process's rank in its group */
+	uint32_t world_size;   /* ranks in its group (producer N or consumer M) */
+	uint32_t timeout_ms;   /* default timeout of blocking calls; default 30000 */
+	uint32_t copy_threads; /* threads for host copies; default min(8, cores) */
+};
+
+/*
+ * Connects to wexd and introduces this process (hello).  Blocks for one
+ * round trip.  On success *out is a new client that the caller closes with
+ * wex_client_close.  Errors: -ENOENT/-ECONNREFUSED (no daemon), -EACCES
+ * (refused by wexd's access control), -WEX_EPROTO_VERSION, -EINVAL.
+ */
+WEX_API int wex_client_open(const struct wex_client_params *params, wex_client_t **out);
+
+/* Releases every lease and mapping the client holds, closes every fd it
+ * owns and frees it.  A consumer's same-address buffers keep their last
+ * contents (private memory again).  Blocks for at most one round trip. */
+WEX_API void wex_client_close(wex_client_t *c);
+
+/* ---------------------------------------------------------------------- */
+/* Producers.                                                             */
+
+enum wex_seg_kind { WEX_SEG_HOST = 1, WEX_SEG_CUDA_VMM = 2, WEX_SEG_CUDA_IPC = 3 };
+
+/*
+ * Allocates exportable memory of `size` bytes of `kind` (WEX_SEG_HOST: a
+ * memfd mapped shared; the CUDA kinds on device `device`, an ordinal of this
+ * process) and registers it with wexd.  The memory belongs to the client and
+ * lives until wex_client_close (wexd keeps its own reference while any
+ * consumer holds it).  *id receives the segment id for wex_tensor.segment,
+ * *ptr its address in this process.  Blocks for one round trip.
+ */
+WEX_API int wex_segment_alloc(wex_client_t *c, int kind, int device, uint64_t size,
+			      uint32_t *id, void **ptr);
+
+/*
+ * Registers memory the caller already has as a host segment: `fd` is a
+ * memfd (or any mmap-able file) of at least `size` bytes mapped at `ptr` in
+ * this process.  The fd stays the caller's; wex sends a duplicate.  Blocks
+ * for one round trip.
+ */
+WEX_API int wex_segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t size,
+				    uint32_t *id);
+
+/*
+ * Registers (replacing any earlier table) the tensors this rank owns.  The
+ * array is copied; the caller keeps it.  Blocks for one round trip.
+ * Errors: -EINVAL naming the bad tensor in the daemon's log and in
+ * wex_last_error().
+ */
+WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, size_t n);
+
+/*
+ * Announces that this rank is about to overwrite its weights with `version`
+ * (greater than every earlier one).  Blocks until no consumer lease holds
+ * the buffer, at most `timeout_ms` (0: the client's default); -EBUSY on
+ * timeout, naming the holders in wex_last_error().
+ */
+WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms);
+
+/*
+ * Publishes `version`: the caller's writes are complete (for CUDA memory,
+ * the caller synchronised its streams first).  The version becomes visible
+ * to consumers once all N ranks of the producer group have published it.
+ * Blocks for one round trip (not for the other ranks).
+ */
+WEX_API int wex_publish(wex_client_t *c, uint64_t version);
+
+/* ---------------------------------------------------------------------- */
+/* Consumers.                                                             */
+
+enum wex_sync_mode {
+	WEX_SYNC_COPY = 1,        /* copy the needed slices into the consumer's buffers */
+	WEX_SYNC_REMAP_VIEW = 2,  /* map the producer's memory; read through wex_view */
+	WEX_SYNC_REMAP_FIXED = 3, /* map the producer's memory over the consumer's buffers */
+};
+
+/*
+ * Describes this consumer rank's own weights (its engine layout): the
+ * tensors it serves, each with `ptr` set.  Needed for WEX_SYNC_COPY (the
+ * plan converts between layouts) and WEX_SYNC_REMAP_FIXED.  The array is
+ * copied; the buffers stay the caller's.  Blocks for one round trip (wexd
+ * plans and caches the copy plan).  Errors: -WEX_ELAYOUT when a requested
+ * element has no source.
+ */
+WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n);
+
+/*
+ * Reserves `size` bytes of page-aligned memory that WEX_SYNC_REMAP_FIXED can
+ * later replace with the producer's memory at the same address.  The
+ * consumer places its weights there exactly as producer rank `prank` places
+ * them in its segment `segment` (same offsets).  *ptr belongs to the client
+ * and is unmapped by wex_client_close.  Does not block.
+ */
+WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint64_t size,
+			void **ptr);
+
+struct wex_sync_result {
+	uint64_t version;      /* the version now served */
+	uint64_t bytes;        /* bytes copied (copy) or mapped (remap) */
+	uint64_t ops;          /* copy operations executed */
+	double seconds;        /* wall time of the sync */
+	int changed;           /* 0 if the consumer already served this version */
+};
+
+/*
+ * Brings this consumer rank to the newest published version (at least
+ * `min_version`), waiting up to `timeout_ms` (0: client default) for one to
+ * be published.  All ranks of the consumer group get the same version.
+ * COPY: leases the version for the length of the copy.  REMAP_*: leases it
+ * until the next sync, wex_release or close (for the rollout's length).
+ * Blocks.  Errors: -ETIMEDOUT, -WEX_ELAYOUT (remap with layouts that
+ * differ), -WEX_EDIRTY when a copy was interrupted (the weights are mixed;
+ * sync again before serving).
+ */
+WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
+		     struct wex_sync_result *res);
+
+/* Releases the remap lease taken by the last sync.  Blocks for one round
+ * trip.  View pointers stay mapped but may change under the reader. */
+WEX_API int wex_release(wex_client_t *c);
+
+/* 1 if the consumer's weights are half-written (an interrupted copy). */
+WEX_API int wex_is_dirty(wex_client_t *c);
+
+/*
+ * After a REMAP_VIEW sync: the address of the producer tensor piece whose
+ * box starts at `start` (NULL: the piece at the origin, or producer rank
+ * `prank`'s piece) of canonical tensor `name`, as registered by producer
+ * rank `prank`.  *desc (may be NULL) receives its description.  Does not
+ * block.  -ENOENT when no such piece exists.
+ */
+WEX_API int wex_view(wex_client_t *c, uint32_t prank, const char *name, void **ptr,
+		     struct wex_tensor *desc);
+
+/* Number of producer ranks and, per rank, the tensor count seen by the last
+ * attach or sync.  Does not block. */
+WEX_API int wex_producer_tensors(wex_client_t *c, uint32_t prank, const struct wex_tensor **t,
+				 size_t *n);
+
+/* ---------------------------------------------------------------------- */
+/* Monitoring and administration.                                         */
+
+/*
+ * Sends one request {"op": op, ...args} to wexd and returns the reply as a
+ * JSON string in *json (free with wex_free).  `args_json` may be NULL or a
+ * JSON object whose members are merged into the request.  Blocks for one
+ * round trip.  Returns the negated error code of a {"ok":false} reply.
+ */
+WEX_API int wex_request(wex_client_t *c, const char *op, const char *args_json, char **json);
+
+/* The last error message wexd or the library produced for this client
+ * (never NULL; owned by the client; valid until the next call). */
+WEX_API const char *wex_last_error(wex_client_t *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WEX_H */

@@ -1,0 +1,114 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * vmm/backend.h - memory backends behind one table of operations.
+ *
+ * A backend knows how to allocate exportable memory of one kind, how a
+ * consumer imports and maps it, how to put it under a consumer's existing
+ * addresses (same-address remap) and how to copy between mappings.  The
+ * layers above see only this table; every slot is filled (an unsupported
+ * operation returns -EOPNOTSUPP).  This header includes nothing from src/.
+ */
+#ifndef WEX_VMM_BACKEND_H
+#define WEX_VMM_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define WEX_UUID_LEN 37    /* "GPU-xxxxxxxx-..." text form fits, with NUL */
+#define WEX_HANDLE_MAX 64  /* cudaIpcMemHandle_t is 64 bytes; fabric 64 */
+
+/* Segment kinds: the same numbers as enum wex_seg_kind in wex.h. */
+#define WEX_MEM_HOST 1
+#define WEX_MEM_CUDA_VMM 2
+#define WEX_MEM_CUDA_IPC 3
+#define WEX_MEM_KINDS 4
+
+/* What crosses the process boundary for one segment (besides its fd). */
+struct wex_mem_desc {
+	int kind;
+	uint64_t size;                  /* bytes usable from `base` */
+	char device[WEX_UUID_LEN];      /* device UUID ("" for host memory) */
+	unsigned char handle[WEX_HANDLE_MAX]; /* opaque handle (cuda_ipc, fabric) */
+	uint32_t handle_len;
+	uint64_t handle_offset;         /* cuda_ipc: offset from allocation base */
+	uint64_t alloc_size;            /* size of the underlying allocation */
+};
+
+/* One segment as seen by one process (the exporter or an importer). */
+struct wex_mem_seg {
+	const struct wex_mem_ops *ops;
+	struct wex_mem_desc desc;
+	void *ptr;    /* host address, or device address cast to a pointer */
+	int fd;       /* exported or imported fd owned by this struct, or -1 */
+	int owner;    /* 1: this process allocated it (exporter) */
+	void *priv;   /* backend state */
+};
+
+/* A region a consumer reserved for same-address remap. */
+struct wex_mem_region {
+	const struct wex_mem_ops *ops;
+	void *addr;
+	uint64_t size;
+	int device;
+	int fixed;    /* 1 while a producer's memory is mapped there */
+	void *priv;
+};
+
+/*
+ * One resolved copy: `len` contiguous bytes, repeated over up to three outer
+ * dimensions (count[i] times, strides in bytes).  Addresses are absolute in
+ * this process (device addresses for the CUDA backends).
+ */
+struct wex_copy_op {
+	uint64_t src;
+	uint64_t dst;
+	uint64_t len;
+	uint32_t nouter;
+	uint64_t count[3];
+	int64_t src_stride[3];
+	int64_t dst_stride[3];
+};
+
+struct wex_mem_ops {
+	const char *name;
+	int kind;
+	/* 0 when usable here; else a negative code and a reason in `why`. */
+	int (*probe)(char *why, size_t len);
+	/* Exporter: allocate `size` exportable bytes on `device`; fills seg
+	 * (ptr, fd, desc).  Blocks briefly. */
+	int (*alloc)(uint64_t size, int device, struct wex_mem_seg *seg);
+	/* Exporter: wrap memory the caller allocated (host: an fd; CUDA: an
+	 * address of exportable memory).  Fills seg. */
+	int (*wrap)(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg);
+	/* Importer: map the segment described by desc; takes ownership of fd
+	 * (closed on error too).  Fills seg. */
+	int (*import)(const struct wex_mem_desc *desc, int fd, struct wex_mem_seg *seg);
+	/* Either side: unmap/free, close fds, release handles.  Never fails
+	 * silently: returns the first error but frees everything it can. */
+	int (*release)(struct wex_mem_seg *seg);
+	/* Consumer: reserve `size` bytes of same-address-capable memory. */
+	int (*reserve)(uint64_t size, int device, struct wex_mem_region *r);
+	/* Consumer: put `seg`'s bytes [off, off+r->size) under r->addr. */
+	int (*map_fixed)(struct wex_mem_region *r, struct wex_mem_seg *seg, uint64_t off);
+	/* Consumer: give r its own memory back, holding the bytes it showed. */
+	int (*unmap_fixed)(struct wex_mem_region *r);
+	/* Consumer: free the region (after unmap_fixed when fixed). */
+	int (*unreserve)(struct wex_mem_region *r);
+	/* Run copies; returns once they completed.  `threads` is a hint. */
+	int (*copy)(const struct wex_copy_op *ops, size_t n, int threads);
+};
+
+/* The backend for a kind, or NULL when this build lacks it. */
+const struct wex_mem_ops *wex_mem_backend(int kind);
+
+/* The host backend (always present). */
+extern const struct wex_mem_ops wex_mem_host_ops;
+
+/* Host copy executor: runs ops with memcpy over `threads` threads, large
+ * ranges split evenly.  Blocks until done. */
+int wex_mem_host_copy(const struct wex_copy_op *ops, size_t n, int threads);
+
+/* Shared stubs for unsupported slots. */
+int wex_mem_enotsup_reserve(uint64_t size, int device, struct wex_mem_region *r);
+
+#endif

@@ -1,0 +1,367 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * host.c - the host shared-memory backend: memfd segments, exported as fds,
+ * imported with mmap, same-address remap with MAP_FIXED, copies with memcpy
+ * split over threads.  Every CPU-only test runs on it.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "vmm/backend.h"
+
+static int host_probe(char *why, size_t len)
+{
+	return 0;
+}
+
+static int host_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
+{
+	int fd, ret;
+	void *p;
+
+	if (size == 0)
+		return -EINVAL;
+	fd = memfd_create("wex-seg", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)size) < 0) {
+		ret = -errno;
+		goto err_close;
+	}
+	/* The size is fixed from now on: an importer may trust it. */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0) {
+		ret = -errno;
+		goto err_close;
+	}
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		ret = -errno;
+		goto err_close;
+	}
+	memset(seg, 0, sizeof(*seg));
+	seg->ops = &wex_mem_host_ops;
+	seg->desc.kind = WEX_MEM_HOST;
+	seg->desc.size = size;
+	seg->desc.alloc_size = size;
+	seg->ptr = p;
+	seg->fd = fd;
+	seg->owner = 1;
+	return 0;
+err_close:
+	close(fd);
+	return ret;
+}
+
+/* Wraps a caller's fd: wex keeps a duplicate; the caller keeps its own. */
+static int host_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
+{
+	struct stat st;
+	int dfd;
+
+	if (fd < 0 || size == 0)
+		return -EINVAL;
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if ((uint64_t)st.st_size < size)
+		return -EINVAL;
+	dfd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (dfd < 0)
+		return -errno;
+	memset(seg, 0, sizeof(*seg));
+	seg->ops = &wex_mem_host_ops;
+	seg->desc.kind = WEX_MEM_HOST;
+	seg->desc.size = size;
+	seg->desc.alloc_size = (uint64_t)st.st_size;
+	seg->ptr = ptr;
+	seg->fd = dfd;
+	seg->owner = 0; /* the mapping is the caller's */
+	return 0;
+}
+
+static int host_import(const struct wex_mem_desc *desc, int fd, struct wex_mem_seg *seg)
+{
+	struct stat st;
+	void *p;
+	int ret;
+
+	if (desc->kind != WEX_MEM_HOST || desc->size == 0) {
+		ret = -EINVAL;
+		goto err_close;
+	}
+	if (fstat(fd, &st) < 0) {
+		ret = -errno;
+		goto err_close;
+	}
+	/* A short file would SIGBUS the reader: refuse it up front. */
+	if ((uint64_t)st.st_size < desc->size) {
+		ret = -EINVAL;
+		goto err_close;
+	}
+	p = mmap(NULL, desc->size, PROT_READ, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		ret = -errno;
+		goto err_close;
+	}
+	memset(seg, 0, sizeof(*seg));
+	seg->ops = &wex_mem_host_ops;
+	seg->desc = *desc;
+	seg->ptr = p;
+	seg->fd = fd;
+	seg->owner = 2; /* importer: the mapping is ours */
+	return 0;
+err_close:
+	close(fd);
+	return ret;
+}
+
+static int host_release(struct wex_mem_seg *seg)
+{
+	int ret = 0;
+
+	if (seg->ptr && seg->owner != 0 && munmap(seg->ptr, seg->desc.size) < 0)
+		ret = -errno;
+	if (seg->fd >= 0 && close(seg->fd) < 0 && !ret)
+		ret = -errno;
+	seg->ptr = NULL;
+	seg->fd = -1;
+	return ret;
+}
+
+static int host_reserve(uint64_t size, int device, struct wex_mem_region *r)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	void *p;
+
+	if (size == 0)
+		return -EINVAL;
+	size = (size + (uint64_t)pg - 1) & ~((uint64_t)pg - 1);
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	memset(r, 0, sizeof(*r));
+	r->ops = &wex_mem_host_ops;
+	r->addr = p;
+	r->size = size;
+	r->device = -1;
+	return 0;
+}
+
+static int host_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint64_t off)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	void *p;
+
+	if (seg->fd < 0 || off % (uint64_t)pg || off + r->size > seg->desc.alloc_size)
+		return -EINVAL;
+	/* MAP_FIXED replaces the consumer's pages atomically: every pointer into
+	 * the region now reads the producer's bytes.  Read-only, so a stray
+	 * write by the engine faults instead of corrupting the trainer. */
+	p = mmap(r->addr, r->size, PROT_READ, MAP_SHARED | MAP_FIXED, seg->fd, (off_t)off);
+	if (p == MAP_FAILED)
+		return -errno;
+	r->fixed = 1;
+	return 0;
+}
+
+static int host_unmap_fixed(struct wex_mem_region *r)
+{
+	void *tmp;
+
+	if (!r->fixed)
+		return 0;
+	/* Give the region private memory holding what it showed, swapped in
+	 * with one mremap so that no reader sees a hole. */
+	tmp = mmap(NULL, r->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (tmp == MAP_FAILED)
+		return -errno;
+	memcpy(tmp, r->addr, r->size);
+	if (mremap(tmp, r->size, r->size, MREMAP_MAYMOVE | MREMAP_FIXED, r->addr) == MAP_FAILED) {
+		int ret = -errno;
+
+		munmap(tmp, r->size);
+		return ret;
+	}
+	r->fixed = 0;
+	return 0;
+}
+
+static int host_unreserve(struct wex_mem_region *r)
+{
+	if (r->addr && munmap(r->addr, r->size) < 0)
+		return -errno;
+	r->addr = NULL;
+	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Copy executor.                                                          */
+
+static void copy_one(const struct wex_copy_op *op, uint64_t first, uint64_t last)
+{
+	/* Rows [first, last) of the op's flattened outer iteration space. */
+	uint64_t c0 = op->nouter > 0 ? op->count[0] : 1;
+	uint64_t c1 = op->nouter > 1 ? op->count[1] : 1;
+
+	for (uint64_t row = first; row < last; row++) {
+		uint64_t i0 = row % c0, r1 = row / c0;
+		uint64_t i1 = r1 % c1, i2 = r1 / c1;
+		int64_t so = 0, d = 0;
+
+		if (op->nouter > 0) {
+			so += (int64_t)i0 * op->src_stride[0];
+			d += (int64_t)i0 * op->dst_stride[0];
+		}
+		if (op->nouter > 1) {
+			so += (int64_t)i1 * op->src_stride[1];
+			d += (int64_t)i1 * op->dst_stride[1];
+		}
+		if (op->nouter > 2) {
+			so += (int64_t)i2 * op->src_stride[2];
+			d += (int64_t)i2 * op->dst_stride[2];
+		}
+		memcpy((char *)(uintptr_t)(op->dst + (uint64_t)d),
+		       (const char *)(uintptr_t)(op->src + (uint64_t)so), op->len);
+	}
+}
+
+static uint64_t op_rows(const struct wex_copy_op *op)
+{
+	uint64_t r = 1;
+
+	for (uint32_t i = 0; i < op->nouter && i < 3; i++)
+		r *= op->count[i];
+	return r;
+}
+
+/* Work is cut into chunks of about `chunk` bytes; each worker takes chunks
+ * from a shared counter, so uneven tensors still keep every thread busy. */
+struct copy_job {
+	const struct wex_copy_op *ops;
+	size_t n;
+	uint64_t chunk;
+	uint64_t total_chunks;
+	uint64_t *op_first_chunk; /* prefix sums of chunks per op */
+	uint64_t next;            /* atomic */
+};
+
+static void run_chunk(struct copy_job *j, uint64_t c)
+{
+	/* Find the op holding chunk c (binary search over prefix sums). */
+	size_t lo = 0, hi = j->n;
+
+	while (hi - lo > 1) {
+		size_t mid = (lo + hi) / 2;
+
+		if (j->op_first_chunk[mid] <= c)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	const struct wex_copy_op *op = &j->ops[lo];
+	uint64_t k = c - j->op_first_chunk[lo];
+	uint64_t nchunks = j->op_first_chunk[lo + 1] - j->op_first_chunk[lo];
+	uint64_t rows = op_rows(op);
+
+	if (rows == 1) {
+		/* One long row: split its bytes. */
+		uint64_t per = (op->len + nchunks - 1) / nchunks;
+		uint64_t b = k * per, e = b + per > op->len ? op->len : b + per;
+
+		if (b < e)
+			memcpy((char *)(uintptr_t)(op->dst + b), (const char *)(uintptr_t)(op->src + b),
+			       e - b);
+		return;
+	}
+	uint64_t per = (rows + nchunks - 1) / nchunks;
+	uint64_t b = k * per, e = b + per > rows ? rows : b + per;
+
+	if (b < e)
+		copy_one(op, b, e);
+}
+
+static void *copy_worker(void *arg)
+{
+	struct copy_job *j = arg;
+	uint64_t c;
+
+	while ((c = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->total_chunks)
+		run_chunk(j, c);
+	return NULL;
+}
+
+int wex_mem_host_copy(const struct wex_copy_op *ops, size_t n, int threads)
+{
+	const uint64_t chunk = 4u << 20;
+	struct copy_job j = { .ops = ops, .n = n, .chunk = chunk };
+	pthread_t tid[64];
+	int started = 0;
+	uint64_t total = 0;
+
+	if (n == 0)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		total += ops[i].len * op_rows(&ops[i]);
+	if (threads < 1)
+		threads = 1;
+	if (threads > 64)
+		threads = 64;
+	/* Small copies are not worth a thread start. */
+	if (threads == 1 || total < (8u << 20)) {
+		for (size_t i = 0; i < n; i++)
+			copy_one(&ops[i], 0, op_rows(&ops[i]));
+		return 0;
+	}
+	j.op_first_chunk = malloc((n + 1) * sizeof(uint64_t));
+	if (!j.op_first_chunk)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		uint64_t bytes = ops[i].len * op_rows(&ops[i]);
+		uint64_t rows = op_rows(&ops[i]);
+		uint64_t c = (bytes + chunk - 1) / chunk;
+
+		if (c == 0)
+			c = 1;
+		if (rows > 1 && c > rows)
+			c = rows;
+		j.op_first_chunk[i] = j.total_chunks;
+		j.total_chunks += c;
+	}
+	j.op_first_chunk[n] = j.total_chunks;
+	for (int t = 1; t < threads; t++) {
+		if (pthread_create(&tid[started], NULL, copy_worker, &j) != 0)
+			break;
+		started++;
+	}
+	copy_worker(&j);
+	for (int t = 0; t < started; t++)
+		pthread_join(tid[t], NULL);
+	free(j.op_first_chunk);
+	return 0;
+}
+
+static int host_copy(const struct wex_copy_op *ops, size_t n, int threads)
+{
+	return wex_mem_host_copy(ops, n, threads);
+}
+
+const struct wex_mem_ops wex_mem_host_ops = {
+	.name = "host",
+	.kind = WEX_MEM_HOST,
+	.probe = host_probe,
+	.alloc = host_alloc,
+	.wrap = host_wrap,
+	.import = host_import,
+	.release = host_release,
+	.reserve = host_reserve,
+	.map_fixed = host_map_fixed,
+	.unmap_fixed = host_unmap_fixed,
+	.unreserve = host_unreserve,
+	.copy = host_copy,
+};
