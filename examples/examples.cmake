@@ -1,1 +1,6 @@
-
+add_library(wex_example_model STATIC examples/model.c)
+target_link_libraries(wex_example_model PUBLIC Threads::Threads)
+add_executable(wex-producer examples/producer.c)
+target_link_libraries(wex-producer PRIVATE wex wex_example_model ${JANSSON_LIBRARY})
+add_executable(wex-consumer examples/consumer.c)
+target_link_libraries(wex-consumer PRIVATE wex wex_example_model)

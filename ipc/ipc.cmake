@@ -1,1 +1,1 @@
-list(APPEND WEX_CORE_SOURCES)
+list(APPEND WEX_CORE_SOURCES ipc/sock.c)

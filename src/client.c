@@ -1,1 +1,1058 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * client.c - libwex, the client library for producers and consumers.
+ *
+ * Each client owns one connection to wexd and speaks one request at a time.
+ * The daemon holds metadata only: weight bytes stay in the producer's
+ * memory, which the consumer maps (remap) or copies from (copy).  When wexd
+ * restarts, a client reconnects and re-registers by itself on its next
+ * call; a consumer keeps its mappings and buffers meanwhile.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "ipc/sock.h"
+#include "log.h"
+#include "plan.h"
+#include "proto.h"
+#include "vmm/backend.h"
 #include "wex.h"
+
+struct own_seg {
+	struct wex_mem_seg seg;
+	uint32_t id;
+	int wrapped;
+};
+
+struct pseg {
+	uint32_t rank, id;
+	struct wex_mem_seg seg;
+};
+
+struct region {
+	uint32_t prank, segid;
+	struct wex_mem_region r;
+	const struct wex_mem_seg *mapped; /* the producer segment shown, or NULL */
+};
+
+struct wex_client {
+	int fd;
+	char sock[256];
+	char model[WEX_NAME_MAX];
+	char group[WEX_NAME_MAX];
+	int role;
+	uint32_t rank, world, timeout_ms;
+	int threads;
+	char err[512];
+	/* producer */
+	struct own_seg *osegs;
+	size_t nosegs;
+	struct wex_tensor *ptensors;
+	size_t nptensors;
+	uint64_t writing;
+	/* consumer */
+	struct wex_tensor *layout;
+	size_t nlayout;
+	uint64_t layout_gen;
+	int fetched;
+	uint32_t nprod;
+	struct pseg *psegs;
+	size_t npsegs;
+	struct wex_tensor *tables;
+	uint32_t *table_ranks;
+	size_t ntables;
+	size_t *rank_first; /* nprod+1 prefix offsets into tables */
+	struct wex_plan_op *plan;
+	size_t nplan;
+	struct region *regions;
+	size_t nregions;
+	uint64_t version;
+	int has_lease;
+	int dirty;
+};
+
+static int set_err(struct wex_client *c, int ret, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int set_err(struct wex_client *c, int ret, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(c->err, sizeof(c->err), fmt, ap);
+	va_end(ap);
+	return ret;
+}
+
+WEX_API const char *wex_last_error(wex_client_t *c)
+{
+	return c ? c->err : "no client";
+}
+
+/* ---------------------------------------------------------------------- */
+/* Transport.                                                              */
+
+static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, json_t **reply,
+		   int *rfds, int maxr, int *nrfds, uint32_t wait_ms)
+{
+	char *s, *buf;
+	size_t len;
+	ssize_t n;
+	int mflags = 0, got = 0, ret;
+	struct pollfd pfd = { .fd = c->fd, .events = POLLIN };
+	json_error_t je;
+	int tmpfds[WEX_SOCK_MAX_FDS];
+
+	json_object_set_new(req, "v", json_integer(WEX_PROTO_VERSION));
+	s = wex__json_dump(req, &len);
+	if (!s)
+		return -ENOMEM;
+	n = wex_sock_send(c->fd, s, len, fds, nfds, 0);
+	free(s);
+	if (n < 0)
+		return (int)n;
+	/* wexd answers every wait by its own deadline; the margin here only
+	 * guards against a daemon that stopped answering. */
+	do
+		ret = poll(&pfd, 1, (int)(wait_ms + 5000));
+	while (ret < 0 && errno == EINTR);
+	if (ret == 0)
+		return set_err(c, -ETIMEDOUT, "wexd did not answer within %u ms", wait_ms + 5000);
+	buf = malloc(1 << 20);
+	if (!buf)
+		return -ENOMEM;
+	n = wex_sock_recv(c->fd, buf, 1 << 20, tmpfds, WEX_SOCK_MAX_FDS, &got, &mflags, 0);
+	if (n <= 0) {
+		free(buf);
+		wex_sock_close_fds(tmpfds, got);
+		return n == 0 ? -ECONNRESET : (int)n;
+	}
+	*reply = json_loadb(buf, (size_t)n, 0, &je);
+	free(buf);
+	if (!*reply || (mflags & (MSG_TRUNC | MSG_CTRUNC)) || got > maxr) {
+		json_decref(*reply);
+		*reply = NULL;
+		wex_sock_close_fds(tmpfds, got);
+		return set_err(c, -EBADMSG, "malformed reply from wexd");
+	}
+	if (rfds) {
+		memcpy(rfds, tmpfds, sizeof(int) * (size_t)got);
+		*nrfds = got;
+	} else {
+		wex_sock_close_fds(tmpfds, got);
+	}
+	return 0;
+}
+
+static int reply_status(struct wex_client *c, json_t *reply)
+{
+	const char *code = "EUNKNOWN", *msg = "";
+
+	if (json_is_true(json_object_get(reply, "ok")))
+		return 0;
+	json_unpack(reply, "{s:{s?s, s?s}}", "error", "code", &code, "message", &msg);
+	snprintf(c->err, sizeof(c->err), "%s", msg);
+	return wex__errcode(code);
+}
+
+static int reconnect(struct wex_client *c);
+
+/* One request; on a lost daemon, reconnect once and retry. `req` is taken.
+ * Received fds (if rfds) are the caller's. */
+static int rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, json_t **out,
+	       int *rfds, int maxr, int *nrfds, uint32_t wait_ms)
+{
+	json_t *reply = NULL;
+	int ret, tries = 0;
+
+	if (nrfds)
+		*nrfds = 0;
+again:
+	if (c->fd < 0) {
+		ret = reconnect(c);
+		if (ret < 0)
+			goto out;
+	}
+	ret = raw_rpc(c, req, fds, nfds, &reply, rfds, maxr, nrfds, wait_ms);
+	if ((ret == -EPIPE || ret == -ECONNRESET || ret == -ENOTCONN) && tries++ == 0 &&
+	    strcmp(json_string_value(json_object_get(req, "op")) ?: "", "hello")) {
+		wex_warn("client", "lost wexd (%s): reconnecting", strerror(-ret));
+		close(c->fd);
+		c->fd = -1;
+		goto again;
+	}
+	if (ret < 0) {
+		if (ret == -EPIPE || ret == -ECONNRESET)
+			ret = set_err(c, -WEX_EDAEMON, "wexd closed the connection");
+		goto out;
+	}
+	ret = reply_status(c, reply);
+	if (ret < 0 && rfds) {
+		wex_sock_close_fds(rfds, *nrfds);
+		*nrfds = 0;
+	}
+	if (ret == 0 && out) {
+		*out = reply;
+		reply = NULL;
+	}
+out:
+	json_decref(reply);
+	json_decref(req);
+	return ret;
+}
+
+static int simple_rpc(struct wex_client *c, json_t *req, json_t **out)
+{
+	return rpc(c, req, NULL, 0, out, NULL, 0, NULL, c->timeout_ms);
+}
+
+static const char *role_str(int role)
+{
+	return role == WEX_ROLE_PRODUCER ? "producer" : role == WEX_ROLE_CONSUMER ? "consumer" : "admin";
+}
+
+static int hello(struct wex_client *c)
+{
+	json_t *req, *reply = NULL;
+	char name[64];
+	int ret;
+
+	snprintf(name, sizeof(name), "pid-%d", (int)getpid());
+	req = json_pack("{s:s, s:s, s:s, s:I, s:I, s:s}", "op", "hello", "role", role_str(c->role),
+			"name", name, "rank", (json_int_t)c->rank, "world", (json_int_t)c->world,
+			"group", c->group);
+	if (c->role != WEX_ROLE_ADMIN)
+		json_object_set_new(req, "model", json_string(c->model));
+	ret = raw_rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, c->timeout_ms);
+	json_decref(req);
+	if (ret < 0)
+		return ret;
+	ret = reply_status(c, reply);
+	json_decref(reply);
+	return ret;
+}
+
+static int register_seg(struct wex_client *c, struct own_seg *o);
+static int send_tensors(struct wex_client *c);
+static int send_layout(struct wex_client *c);
+
+/* After a daemon restart: a new connection, hello, and everything this
+ * client had registered, so that its peers find it again. */
+static int reconnect(struct wex_client *c)
+{
+	int ret;
+
+	c->fd = wex_sock_connect(c->sock);
+	if (c->fd < 0) {
+		ret = c->fd;
+		c->fd = -1;
+		return set_err(c, ret, "cannot connect to wexd at %s: %s", c->sock, strerror(-ret));
+	}
+	ret = hello(c);
+	if (ret < 0)
+		goto err;
+	if (c->role == WEX_ROLE_PRODUCER) {
+		for (size_t i = 0; i < c->nosegs; i++)
+			if ((ret = register_seg(c, &c->osegs[i])) < 0)
+				goto err;
+		if (c->nptensors && (ret = send_tensors(c)) < 0)
+			goto err;
+		c->writing = 0;
+	} else if (c->role == WEX_ROLE_CONSUMER) {
+		if (c->nlayout && (ret = send_layout(c)) < 0)
+			goto err;
+		c->has_lease = 0;
+		c->fetched = 0;
+	}
+	return 0;
+err:
+	close(c->fd);
+	c->fd = -1;
+	return ret;
+}
+
+/* ---------------------------------------------------------------------- */
+
+WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **out)
+{
+	struct wex_client *c;
+	int ret;
+
+	if (!p || !out || !(p->field_mask & WEX_CLIENT_FIELD_ROLE))
+		return -EINVAL;
+	if (p->role < WEX_ROLE_PRODUCER || p->role > WEX_ROLE_ADMIN)
+		return -EINVAL;
+	if (p->role != WEX_ROLE_ADMIN &&
+	    (!(p->field_mask & WEX_CLIENT_FIELD_MODEL) || !p->model || !*p->model ||
+	     strlen(p->model) >= WEX_NAME_MAX))
+		return -EINVAL;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	wex__log_init();
+	c->fd = -1;
+	c->role = p->role;
+	if ((p->field_mask & WEX_CLIENT_FIELD_SOCKET) && p->socket)
+		snprintf(c->sock, sizeof(c->sock), "%s", p->socket);
+	else
+		wex__default_socket(c->sock, sizeof(c->sock));
+	if (p->field_mask & WEX_CLIENT_FIELD_MODEL)
+		snprintf(c->model, sizeof(c->model), "%s", p->model);
+	snprintf(c->group, sizeof(c->group), "%s",
+		 (p->field_mask & WEX_CLIENT_FIELD_GROUP) && p->group ? p->group : "default");
+	c->world = 1;
+	if (p->field_mask & WEX_CLIENT_FIELD_RANK) {
+		c->rank = p->rank;
+		c->world = p->world_size ? p->world_size : 1;
+	}
+	c->timeout_ms = (p->field_mask & WEX_CLIENT_FIELD_TIMEOUT) && p->timeout_ms ? p->timeout_ms : 30000;
+	if ((p->field_mask & WEX_CLIENT_FIELD_COPY_THREADS) && p->copy_threads) {
+		c->threads = (int)p->copy_threads;
+	} else {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+		c->threads = n > 8 ? 8 : n < 1 ? 1 : (int)n;
+	}
+	ret = reconnect(c);
+	if (ret < 0) {
+		free(c);
+		return ret;
+	}
+	*out = c;
+	return 0;
+}
+
+static void consumer_unmap_all(struct wex_client *c)
+{
+	for (size_t i = 0; i < c->nregions; i++) {
+		struct region *g = &c->regions[i];
+
+		if (g->r.fixed)
+			g->r.ops->unmap_fixed(&g->r);
+		g->mapped = NULL;
+	}
+	for (size_t i = 0; i < c->npsegs; i++)
+		if (c->psegs[i].seg.ops)
+			c->psegs[i].seg.ops->release(&c->psegs[i].seg);
+	free(c->psegs);
+	c->psegs = NULL;
+	c->npsegs = 0;
+}
+
+WEX_API void wex_client_close(wex_client_t *c)
+{
+	if (!c)
+		return;
+	if (c->has_lease && c->fd >= 0) {
+		json_t *req = json_pack("{s:s}", "op", "release"), *reply = NULL;
+
+		raw_rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, 1000);
+		json_decref(reply);
+		json_decref(req);
+	}
+	if (c->fd >= 0)
+		close(c->fd);
+	consumer_unmap_all(c);
+	for (size_t i = 0; i < c->nregions; i++)
+		c->regions[i].r.ops->unreserve(&c->regions[i].r);
+	free(c->regions);
+	for (size_t i = 0; i < c->nosegs; i++) {
+		struct own_seg *o = &c->osegs[i];
+
+		o->seg.ops->release(&o->seg);
+	}
+	free(c->osegs);
+	free(c->ptensors);
+	free(c->layout);
+	free(c->tables);
+	free(c->table_ranks);
+	free(c->rank_first);
+	free(c->plan);
+	free(c);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Producer.                                                               */
+
+static const char *kind_str(int k)
+{
+	return k == WEX_MEM_HOST ? "host" : k == WEX_MEM_CUDA_VMM ? "cuda_vmm" : "cuda_ipc";
+}
+
+static int register_seg(struct wex_client *c, struct own_seg *o)
+{
+	char hex[2 * WEX_HANDLE_MAX + 1];
+	json_t *req, *reply = NULL;
+	int ret;
+
+	for (uint32_t b = 0; b < o->seg.desc.handle_len; b++)
+		sprintf(hex + 2 * b, "%02x", o->seg.desc.handle[b]);
+	hex[2 * o->seg.desc.handle_len] = '\0';
+	req = json_pack("{s:s, s:s, s:I, s:s, s:s, s:I, s:I}", "op", "register_segment", "kind",
+			kind_str(o->seg.desc.kind), "size", (json_int_t)o->seg.desc.size, "device",
+			o->seg.desc.device, "handle", hex, "handle_offset",
+			(json_int_t)o->seg.desc.handle_offset, "alloc_size",
+			(json_int_t)o->seg.desc.alloc_size);
+	ret = rpc(c, req, o->seg.fd >= 0 ? &o->seg.fd : NULL, o->seg.fd >= 0 ? 1 : 0, &reply, NULL,
+		  0, NULL, c->timeout_ms);
+	if (ret < 0)
+		return ret;
+	o->id = (uint32_t)json_integer_value(json_object_get(reply, "segment"));
+	json_decref(reply);
+	return 0;
+}
+
+static int add_seg(struct wex_client *c, struct wex_mem_seg *seg, uint32_t *id)
+{
+	struct own_seg *n = realloc(c->osegs, (c->nosegs + 1) * sizeof(*n));
+	int ret;
+
+	if (!n)
+		return -ENOMEM;
+	c->osegs = n;
+	memset(&n[c->nosegs], 0, sizeof(n[0]));
+	n[c->nosegs].seg = *seg;
+	ret = register_seg(c, &n[c->nosegs]);
+	if (ret < 0)
+		return ret;
+	*id = n[c->nosegs].id;
+	c->nosegs++;
+	return 0;
+}
+
+WEX_API int wex_segment_alloc(wex_client_t *c, int kind, int device, uint64_t size, uint32_t *id,
+			      void **ptr)
+{
+	const struct wex_mem_ops *ops;
+	struct wex_mem_seg seg;
+	char why[256] = "";
+	uint32_t sid;
+	int ret;
+
+	if (c->role != WEX_ROLE_PRODUCER)
+		return set_err(c, -EPERM, "only producers allocate segments");
+	ops = wex_mem_backend(kind);
+	if (!ops)
+		return set_err(c, kind == WEX_SEG_CUDA_VMM || kind == WEX_SEG_CUDA_IPC ? -WEX_ENOCUDA : -EINVAL,
+			       "segment kind %d: %s", kind,
+			       kind == WEX_SEG_CUDA_VMM || kind == WEX_SEG_CUDA_IPC ?
+				       "this build has no CUDA backend (cuda.h was not found at build time)" :
+				       "unknown kind");
+	ret = ops->probe(why, sizeof(why));
+	if (ret < 0)
+		return set_err(c, ret, "%s backend unavailable: %s", ops->name, why);
+	ret = ops->alloc(size, device, &seg);
+	if (ret < 0)
+		return set_err(c, ret, "%s: allocating %llu bytes: %s", ops->name,
+			       (unsigned long long)size, wex_strerror(ret));
+	ret = add_seg(c, &seg, &sid);
+	if (ret < 0) {
+		ops->release(&seg);
+		return ret;
+	}
+	*id = sid;
+	*ptr = seg.ptr;
+	return 0;
+}
+
+WEX_API int wex_segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t size, uint32_t *id)
+{
+	struct wex_mem_seg seg;
+	uint32_t sid;
+	int ret;
+
+	if (c->role != WEX_ROLE_PRODUCER)
+		return set_err(c, -EPERM, "only producers register segments");
+	ret = wex_mem_host_ops.wrap(ptr, size, fd, &seg);
+	if (ret < 0)
+		return set_err(c, ret, "cannot use fd %d for %llu bytes: %s", fd,
+			       (unsigned long long)size, wex_strerror(ret));
+	ret = add_seg(c, &seg, &sid);
+	if (ret < 0) {
+		wex_mem_host_ops.release(&seg);
+		return ret;
+	}
+	*id = sid;
+	return 0;
+}
+
+static int send_table(struct wex_client *c, const char *op, const struct wex_tensor *t, size_t n)
+{
+	json_t *req;
+	int fd, ret;
+
+	fd = wex__table_pack(t, NULL, n);
+	if (fd < 0)
+		return set_err(c, fd, "cannot pack tensor table: %s", strerror(-fd));
+	req = json_pack("{s:s}", "op", op);
+	ret = rpc(c, req, &fd, 1, NULL, NULL, 0, NULL, c->timeout_ms);
+	close(fd);
+	return ret;
+}
+
+static int send_tensors(struct wex_client *c)
+{
+	return send_table(c, "register_tensors", c->ptensors, c->nptensors);
+}
+
+WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, size_t n)
+{
+	struct wex_tensor *copy;
+	char err[256];
+	int ret;
+
+	if (c->role != WEX_ROLE_PRODUCER)
+		return set_err(c, -EPERM, "only producers register tensors");
+	for (size_t i = 0; i < n; i++)
+		if ((ret = wex__tensor_check(&t[i], err, sizeof(err))) < 0)
+			return set_err(c, ret, "%s", err);
+	copy = malloc((n ? n : 1) * sizeof(*copy));
+	if (!copy)
+		return -ENOMEM;
+	memcpy(copy, t, n * sizeof(*t));
+	for (size_t i = 0; i < n; i++)
+		copy[i].ptr = NULL;
+	free(c->ptensors);
+	c->ptensors = copy;
+	c->nptensors = n;
+	return send_tensors(c);
+}
+
+WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
+{
+	json_t *req;
+	int ret;
+
+	if (c->role != WEX_ROLE_PRODUCER)
+		return set_err(c, -EPERM, "only producers write");
+	if (!timeout_ms)
+		timeout_ms = c->timeout_ms;
+	req = json_pack("{s:s, s:I, s:I}", "op", "begin_write", "version", (json_int_t)version,
+			"timeout_ms", (json_int_t)timeout_ms);
+	ret = rpc(c, req, NULL, 0, NULL, NULL, 0, NULL, timeout_ms);
+	if (ret == 0)
+		c->writing = version;
+	return ret;
+}
+
+WEX_API int wex_publish(wex_client_t *c, uint64_t version)
+{
+	json_t *req;
+	int ret;
+
+	if (c->role != WEX_ROLE_PRODUCER)
+		return set_err(c, -EPERM, "only producers publish");
+	if (c->writing != version && c->fd >= 0)
+		return set_err(c, -EINVAL, "publish v%llu: begin_write it first",
+			       (unsigned long long)version);
+	req = json_pack("{s:s, s:I}", "op", "publish", "version", (json_int_t)version);
+	ret = simple_rpc(c, req, NULL);
+	if (ret == 0)
+		c->writing = 0;
+	return ret;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Consumer.                                                               */
+
+static int send_layout(struct wex_client *c)
+{
+	return send_table(c, "attach", c->layout, c->nlayout);
+}
+
+WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
+{
+	struct wex_tensor *copy;
+	char err[256];
+	int ret;
+
+	if (c->role != WEX_ROLE_CONSUMER)
+		return set_err(c, -EPERM, "only consumers attach");
+	for (size_t i = 0; i < n; i++) {
+		if ((ret = wex__tensor_check(&t[i], err, sizeof(err))) < 0)
+			return set_err(c, ret, "%s", err);
+		if (!t[i].ptr)
+			return set_err(c, -EINVAL, "attach: tensor '%s' has no ptr", t[i].name);
+	}
+	copy = malloc((n ? n : 1) * sizeof(*copy));
+	if (!copy)
+		return -ENOMEM;
+	memcpy(copy, t, n * sizeof(*t));
+	free(c->layout);
+	c->layout = copy;
+	c->nlayout = n;
+	c->fetched = 0; /* the plan depends on the layout */
+	return send_layout(c);
+}
+
+static int import_segments(struct wex_client *c, json_t *segs, int *fds, int nfds)
+{
+	size_t i;
+	json_t *js;
+
+	json_array_foreach(segs, i, js) {
+		const char *kind = "", *device = "", *handle = "";
+		json_int_t rank, id, size, hoff = 0, asize = 0, fdi = -1;
+		struct wex_mem_desc desc;
+		const struct wex_mem_ops *ops;
+		struct pseg *n;
+		int fd = -1, ret;
+
+		if (json_unpack(js, "{s:I, s:I, s:s, s:I, s:s, s:s, s:I, s:I, s:I}", "rank", &rank,
+				"id", &id, "kind", &kind, "size", &size, "device", &device, "handle",
+				&handle, "handle_offset", &hoff, "alloc_size", &asize, "fd", &fdi) < 0)
+			return set_err(c, -EBADMSG, "fetch: malformed segment entry");
+		memset(&desc, 0, sizeof(desc));
+		desc.kind = !strcmp(kind, "host") ? WEX_MEM_HOST :
+			    !strcmp(kind, "cuda_vmm") ? WEX_MEM_CUDA_VMM : WEX_MEM_CUDA_IPC;
+		desc.size = (uint64_t)size;
+		desc.handle_offset = (uint64_t)hoff;
+		desc.alloc_size = (uint64_t)asize;
+		snprintf(desc.device, sizeof(desc.device), "%s", device);
+		for (size_t b = 0; b + 1 < strlen(handle) && b / 2 < WEX_HANDLE_MAX; b += 2) {
+			unsigned v;
+
+			sscanf(handle + b, "%2x", &v);
+			desc.handle[desc.handle_len++] = (unsigned char)v;
+		}
+		if (fdi >= 0) {
+			if (fdi >= nfds)
+				return set_err(c, -EBADMSG, "fetch: fd index out of range");
+			fd = fds[fdi];
+			fds[fdi] = -1;
+		}
+		ops = wex_mem_backend(desc.kind);
+		if (!ops) {
+			if (fd >= 0)
+				close(fd);
+			return set_err(c, -WEX_ENOCUDA,
+				       "producer rank %lld exports %s memory; this build has no CUDA backend",
+				       (long long)rank, kind);
+		}
+		n = realloc(c->psegs, (c->npsegs + 1) * sizeof(*n));
+		if (!n) {
+			if (fd >= 0)
+				close(fd);
+			return -ENOMEM;
+		}
+		c->psegs = n;
+		memset(&n[c->npsegs], 0, sizeof(n[0]));
+		n[c->npsegs].rank = (uint32_t)rank;
+		n[c->npsegs].id = (uint32_t)id;
+		ret = ops->import(&desc, fd, &n[c->npsegs].seg);
+		if (ret < 0)
+			return set_err(c, ret, "importing %s segment %lld of producer rank %lld: %s",
+				       kind, (long long)id, (long long)rank, wex_strerror(ret));
+		c->npsegs++;
+	}
+	return 0;
+}
+
+static int fetch(struct wex_client *c)
+{
+	json_int_t start = 0;
+	int ret;
+
+	consumer_unmap_all(c);
+	free(c->plan);
+	c->plan = NULL;
+	c->nplan = 0;
+	do {
+		int fds[WEX_SOCK_MAX_FDS], nfds = 0;
+		json_int_t tfd = -1, pfd = -1, world = 0, gen = 0, more = -1;
+		json_t *req, *reply = NULL;
+		char err[256];
+
+		req = json_pack("{s:s, s:I}", "op", "fetch", "start", start);
+		ret = rpc(c, req, NULL, 0, &reply, fds, WEX_SOCK_MAX_FDS, &nfds, c->timeout_ms);
+		if (ret < 0)
+			return ret;
+		json_unpack(reply, "{s:I, s:I, s:I, s:I, s?I}", "tables_fd", &tfd, "plan_fd", &pfd,
+			    "world", &world, "layout_gen", &gen, "more", &more);
+		if (start == 0) {
+			c->layout_gen = (uint64_t)gen;
+			c->nprod = (uint32_t)world;
+			free(c->tables);
+			free(c->table_ranks);
+			c->tables = NULL;
+			c->table_ranks = NULL;
+			ret = tfd >= 0 && tfd < nfds ?
+				      wex__table_unpack(fds[tfd], &c->tables, &c->table_ranks,
+							&c->ntables, err, sizeof(err)) :
+				      -EBADMSG;
+			if (ret == 0 && pfd >= 0 && pfd < nfds)
+				ret = wex__plan_unpack(fds[pfd], &c->plan, &c->nplan, err, sizeof(err));
+			if (ret < 0) {
+				set_err(c, ret, "fetch: %s", err);
+				goto chunk_out;
+			}
+			if (tfd >= 0) {
+				close(fds[tfd]);
+				fds[tfd] = -1;
+			}
+			if (pfd >= 0) {
+				close(fds[pfd]);
+				fds[pfd] = -1;
+			}
+		}
+		ret = import_segments(c, json_object_get(reply, "segments"), fds, nfds);
+chunk_out:
+		wex_sock_close_fds(fds, nfds);
+		json_decref(reply);
+		if (ret < 0)
+			return ret;
+		start = more;
+	} while (start >= 0);
+	free(c->rank_first);
+	c->rank_first = calloc(c->nprod + 1, sizeof(size_t));
+	if (!c->rank_first)
+		return -ENOMEM;
+	for (size_t i = 0; i < c->ntables; i++)
+		if (c->table_ranks[i] < c->nprod)
+			c->rank_first[c->table_ranks[i] + 1]++;
+	for (uint32_t r = 0; r < c->nprod; r++)
+		c->rank_first[r + 1] += c->rank_first[r];
+	c->fetched = 1;
+	return 0;
+}
+
+static struct pseg *find_pseg(struct wex_client *c, uint32_t rank, uint32_t id)
+{
+	for (size_t i = 0; i < c->npsegs; i++)
+		if (c->psegs[i].rank == rank && c->psegs[i].id == id)
+			return &c->psegs[i];
+	return NULL;
+}
+
+static int release_lease(struct wex_client *c)
+{
+	json_t *req;
+	int ret;
+
+	if (!c->has_lease)
+		return 0;
+	req = json_pack("{s:s, s:I}", "op", "release", "version", (json_int_t)c->version);
+	ret = simple_rpc(c, req, NULL);
+	c->has_lease = 0;
+	return ret;
+}
+
+static int run_copy(struct wex_client *c, uint64_t *bytes)
+{
+	struct wex_copy_op *ops;
+	const struct wex_mem_ops *be = NULL;
+	uint64_t total = 0;
+	int ret;
+
+	ops = malloc((c->nplan ? c->nplan : 1) * sizeof(*ops));
+	if (!ops)
+		return -ENOMEM;
+	for (size_t i = 0; i < c->nplan; i++) {
+		const struct wex_plan_op *p = &c->plan[i];
+		struct pseg *s = find_pseg(c, p->src_rank, p->src_seg);
+		uint64_t rows = 1;
+
+		if (!s || p->dst_piece >= c->nlayout || p->nouter > 3) {
+			free(ops);
+			return set_err(c, -EBADMSG, "plan op %zu names a missing segment or tensor", i);
+		}
+		if (!be)
+			be = s->seg.ops;
+		else if (be != s->seg.ops) {
+			free(ops);
+			return set_err(c, -EOPNOTSUPP, "plan mixes %s and %s segments", be->name,
+				       s->seg.ops->name);
+		}
+		ops[i].src = (uint64_t)(uintptr_t)s->seg.ptr + p->src_off;
+		ops[i].dst = (uint64_t)(uintptr_t)c->layout[p->dst_piece].ptr + p->dst_off;
+		ops[i].len = p->len;
+		ops[i].nouter = p->nouter;
+		for (int k = 0; k < 3; k++) {
+			ops[i].count[k] = p->count[k];
+			ops[i].src_stride[k] = p->src_stride[k];
+			ops[i].dst_stride[k] = p->dst_stride[k];
+			if ((uint32_t)k < p->nouter)
+				rows *= p->count[k];
+		}
+		total += rows * p->len;
+	}
+	ret = be ? be->copy(ops, c->nplan, c->threads) : 0;
+	free(ops);
+	if (ret == 0)
+		*bytes = total;
+	return ret;
+}
+
+/* Same-address remap needs the consumer's tensors to sit exactly where the
+ * producer's do: name the first that does not. */
+static int check_fixed_layout(struct wex_client *c, struct region *g)
+{
+	uint64_t base = (uint64_t)(uintptr_t)g->r.addr;
+
+	for (size_t i = 0; i < c->nlayout; i++) {
+		const struct wex_tensor *t = &c->layout[i];
+		uint64_t p = (uint64_t)(uintptr_t)t->ptr;
+		int found = 0;
+
+		if (p < base || p >= base + g->r.size)
+			continue;
+		for (size_t j = c->rank_first[g->prank]; j < c->rank_first[g->prank + 1]; j++) {
+			const struct wex_tensor *s = &c->tables[j];
+
+			if (s->segment != g->segid || strcmp(s->name, t->name))
+				continue;
+			if (s->offset != p - base || s->dtype != t->dtype || s->ndim != t->ndim ||
+			    memcmp(s->start, t->start, sizeof(s->start)) ||
+			    memcmp(s->extent, t->extent, sizeof(s->extent)) ||
+			    memcmp(s->strides, t->strides, sizeof(s->strides)))
+				return set_err(c, -WEX_ELAYOUT,
+					       "remap: tensor '%s' differs from producer rank %u's (offset %llu vs %llu, or dtype/box/strides)",
+					       t->name, g->prank, (unsigned long long)(p - base),
+					       (unsigned long long)s->offset);
+			found = 1;
+			break;
+		}
+		if (!found)
+			return set_err(c, -WEX_ELAYOUT,
+				       "remap: tensor '%s' is not in producer rank %u's segment %u",
+				       t->name, g->prank, g->segid);
+	}
+	return 0;
+}
+
+static int map_regions(struct wex_client *c, uint64_t *bytes)
+{
+	int ret;
+
+	for (size_t i = 0; i < c->nregions; i++) {
+		struct region *g = &c->regions[i];
+		struct pseg *s = find_pseg(c, g->prank, g->segid);
+
+		if (!s)
+			return set_err(c, -WEX_ELAYOUT, "remap: producer rank %u has no segment %u",
+				       g->prank, g->segid);
+		if (g->r.ops != s->seg.ops)
+			return set_err(c, -WEX_ELAYOUT, "remap: region is %s memory, segment is %s",
+				       g->r.ops->name, s->seg.ops->name);
+		if (g->r.size > s->seg.desc.alloc_size)
+			return set_err(c, -WEX_ELAYOUT,
+				       "remap: region of %llu bytes exceeds producer segment of %llu",
+				       (unsigned long long)g->r.size,
+				       (unsigned long long)s->seg.desc.alloc_size);
+		*bytes += g->r.size;
+		if (g->mapped == &s->seg && g->r.fixed)
+			continue; /* already showing it: a metadata-only sync */
+		if ((ret = check_fixed_layout(c, g)) < 0)
+			return ret;
+		ret = g->r.ops->map_fixed(&g->r, &s->seg, 0);
+		if (ret < 0)
+			return set_err(c, ret, "remap: map_fixed: %s", wex_strerror(ret));
+		g->mapped = &s->seg;
+	}
+	return 0;
+}
+
+WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint64_t size, void **ptr)
+{
+	const struct wex_mem_ops *ops = &wex_mem_host_ops;
+	struct region *n;
+	int ret;
+
+	if (c->role != WEX_ROLE_CONSUMER)
+		return set_err(c, -EPERM, "only consumers reserve");
+	/* The region must be of the producer segment's kind. */
+	if (!c->fetched)
+		fetch(c);
+	if (c->fetched) {
+		struct pseg *s = find_pseg(c, prank, segment);
+
+		if (s)
+			ops = s->seg.ops;
+	}
+	n = realloc(c->regions, (c->nregions + 1) * sizeof(*n));
+	if (!n)
+		return -ENOMEM;
+	c->regions = n;
+	memset(&n[c->nregions], 0, sizeof(n[0]));
+	n[c->nregions].prank = prank;
+	n[c->nregions].segid = segment;
+	ret = ops->reserve(size, 0, &n[c->nregions].r);
+	if (ret < 0)
+		return set_err(c, ret, "reserve %llu bytes of %s memory: %s", (unsigned long long)size,
+			       ops->name, wex_strerror(ret));
+	*ptr = n[c->nregions].r.addr;
+	c->nregions++;
+	return 0;
+}
+
+WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
+		     struct wex_sync_result *res)
+{
+	uint64_t t0 = wex__now_ns(), bytes = 0, version, gen;
+	json_t *req, *reply = NULL;
+	int ret;
+
+	if (c->role != WEX_ROLE_CONSUMER)
+		return set_err(c, -EPERM, "only consumers sync");
+	if (mode == WEX_SYNC_COPY && !c->nlayout)
+		return set_err(c, -EINVAL, "copy sync: attach this rank's layout first (wex_attach)");
+	if (mode == WEX_SYNC_REMAP_FIXED && !c->nregions)
+		return set_err(c, -EINVAL, "same-address sync: reserve regions first (wex_reserve)");
+	if (mode < WEX_SYNC_COPY || mode > WEX_SYNC_REMAP_FIXED)
+		return set_err(c, -EINVAL, "sync mode %d unknown", mode);
+	if (!timeout_ms)
+		timeout_ms = c->timeout_ms;
+	req = json_pack("{s:s, s:I, s:I, s:i}", "op", "acquire", "min_version",
+			(json_int_t)min_version, "timeout_ms", (json_int_t)timeout_ms, "mode", mode);
+	/* wexd drops our previous lease when it sees this acquire. */
+	c->has_lease = 0;
+	ret = rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, timeout_ms);
+	if (ret < 0)
+		return ret;
+	version = (uint64_t)json_integer_value(json_object_get(reply, "version"));
+	gen = (uint64_t)json_integer_value(json_object_get(reply, "layout_gen"));
+	json_decref(reply);
+	c->has_lease = 1;
+	if (!c->fetched || gen != c->layout_gen) {
+		ret = fetch(c);
+		if (ret < 0)
+			goto err_release;
+	}
+	if (mode == WEX_SYNC_COPY) {
+		int changed = version != c->version || c->dirty;
+
+		/* A copy writes the consumer's own memory: regions showing the
+		 * producer's get their private memory back first. */
+		for (size_t i = 0; i < c->nregions; i++) {
+			struct region *g = &c->regions[i];
+
+			if (g->r.fixed && (ret = g->r.ops->unmap_fixed(&g->r)) < 0) {
+				set_err(c, ret, "copy: restoring same-address region: %s",
+					wex_strerror(ret));
+				goto err_release;
+			}
+			g->mapped = NULL;
+			changed = 1;
+		}
+
+		if (changed) {
+			c->dirty = 1;
+			ret = run_copy(c, &bytes);
+			if (ret < 0) {
+				set_err(c, ret, "copy of v%llu failed (%s): weights are dirty",
+					(unsigned long long)version, wex_strerror(ret));
+				goto err_release;
+			}
+			c->dirty = 0;
+		}
+		c->version = version;
+		ret = release_lease(c);
+		if (ret < 0)
+			return ret;
+		if (res) {
+			res->changed = changed;
+		}
+	} else if (mode == WEX_SYNC_REMAP_FIXED) {
+		ret = map_regions(c, &bytes);
+		if (ret < 0)
+			goto err_release;
+		if (res)
+			res->changed = version != c->version;
+		c->version = version;
+	} else {
+		for (size_t i = 0; i < c->npsegs; i++)
+			bytes += c->psegs[i].seg.desc.size;
+		if (res)
+			res->changed = version != c->version;
+		c->version = version;
+	}
+	if (res) {
+		res->version = version;
+		res->bytes = bytes;
+		res->ops = mode == WEX_SYNC_COPY ? c->nplan : 0;
+		res->seconds = (double)(wex__now_ns() - t0) / 1e9;
+	}
+	return 0;
+err_release:
+	release_lease(c);
+	return ret;
+}
+
+WEX_API int wex_release(wex_client_t *c)
+{
+	if (c->role != WEX_ROLE_CONSUMER)
+		return set_err(c, -EPERM, "only consumers hold leases");
+	if (!c->has_lease)
+		return set_err(c, -ENOENT, "no lease held");
+	return release_lease(c);
+}
+
+WEX_API int wex_is_dirty(wex_client_t *c)
+{
+	return c->dirty;
+}
+
+WEX_API int wex_view(wex_client_t *c, uint32_t prank, const char *name, void **ptr,
+		     struct wex_tensor *desc)
+{
+	if (!c->fetched || prank >= c->nprod)
+		return set_err(c, -ENOENT, "no producer rank %u (sync first)", prank);
+	for (size_t j = c->rank_first[prank]; j < c->rank_first[prank + 1]; j++) {
+		const struct wex_tensor *t = &c->tables[j];
+		struct pseg *s;
+
+		if (strcmp(t->name, name))
+			continue;
+		s = find_pseg(c, prank, t->segment);
+		if (!s)
+			return set_err(c, -ENOENT, "segment of '%s' not mapped", name);
+		*ptr = (char *)s->seg.ptr + t->offset;
+		if (desc) {
+			*desc = *t;
+			desc->ptr = *ptr;
+		}
+		return 0;
+	}
+	return set_err(c, -ENOENT, "producer rank %u has no tensor '%s'", prank, name);
+}
+
+WEX_API int wex_producer_tensors(wex_client_t *c, uint32_t prank, const struct wex_tensor **t,
+				 size_t *n)
+{
+	if (!c->fetched || prank >= c->nprod)
+		return -ENOENT;
+	*t = c->tables + c->rank_first[prank];
+	*n = c->rank_first[prank + 1] - c->rank_first[prank];
+	return (int)c->nprod;
+}
+
+WEX_API int wex_request(wex_client_t *c, const char *op, const char *args_json, char **json)
+{
+	json_t *req, *reply = NULL;
+	json_error_t je;
+	int ret;
+
+	if (args_json) {
+		req = json_loads(args_json, 0, &je);
+		if (!req || !json_is_object(req)) {
+			json_decref(req);
+			return set_err(c, -EINVAL, "request arguments are not a JSON object: %s", je.text);
+		}
+	} else {
+		req = json_object();
+	}
+	json_object_set_new(req, "op", json_string(op));
+	ret = simple_rpc(c, req, &reply);
+	if (ret < 0)
+		return ret;
+	*json = json_dumps(reply, JSON_INDENT(2));
+	json_decref(reply);
+	return *json ? 0 : -ENOMEM;
+}

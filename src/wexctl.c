@@ -1,1 +1,401 @@
-int main(void) { return 0; }
+/* SPDX-License-Identifier: MIT */
+/*
+ * wexctl.c - the operator's command line: readable tables of what wexd
+ * holds (status, models, clients, plans, a live watch), metrics and
+ * configuration, plus the offline planner tools (plan, convert).
+ * Every query command takes --json for scripts.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proto.h"
+#include "wex.h"
+#if __has_include("wexctl_plan.h")
+#include "wexctl_plan.h"
+#define WEXCTL_HAVE_PLAN 1
+#endif
+
+static const char *sock_path;
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: wexctl [--socket PATH] COMMAND [--json]\n"
+		"commands:\n"
+		"  status            daemon, models, versions, producers, consumers, leases\n"
+		"  models            models with versions, state, bytes, producers\n"
+		"  clients           connected clients (pid, uid, role, model, rank, lease)\n"
+		"  plans             cached copy plans and their statistics\n"
+		"  watch [-n SEC]    live view, refreshed in place (like top)\n"
+		"  metrics           Prometheus text exposition\n"
+		"  config get [NAME] | config set NAME VALUE\n"
+		"  plan --config config.json --from LAYOUT --to LAYOUT [--rank K] [--json]\n"
+		"  convert --config config.json --from LAYOUT --to LAYOUT IN OUTDIR\n"
+		"The socket defaults to $WEX_SOCKET, $XDG_RUNTIME_DIR/wex/wexd.sock, /run/wex/wexd.sock.\n");
+}
+
+static int open_admin(wex_client_t **c)
+{
+	struct wex_client_params p = {
+		.field_mask = WEX_CLIENT_FIELD_ROLE | (sock_path ? WEX_CLIENT_FIELD_SOCKET : 0),
+		.role = WEX_ROLE_ADMIN,
+		.socket = sock_path,
+	};
+	char buf[256];
+	int ret = wex_client_open(&p, c);
+
+	if (ret < 0)
+		fprintf(stderr, "wexctl: cannot reach wexd at %s: %s\n",
+			sock_path ? sock_path : wex__default_socket(buf, sizeof(buf)),
+			wex_strerror(ret));
+	return ret;
+}
+
+static json_t *query(wex_client_t *c, const char *op, const char *args)
+{
+	char *s = NULL;
+	json_t *j;
+	int ret = wex_request(c, op, args, &s);
+
+	if (ret < 0) {
+		fprintf(stderr, "wexctl: %s: %s: %s\n", op, wex_strerror(ret), wex_last_error(c));
+		return NULL;
+	}
+	j = json_loads(s, 0, NULL);
+	wex_free(s);
+	return j;
+}
+
+static void fmt_bytes(uint64_t b, char *out, size_t len)
+{
+	const char *u[] = { "B", "KiB", "MiB", "GiB", "TiB" };
+	double v = (double)b;
+	int i = 0;
+
+	while (v >= 1024 && i < 4) {
+		v /= 1024;
+		i++;
+	}
+	snprintf(out, len, i ? "%.1f %s" : "%.0f %s", v, u[i]);
+}
+
+static void print_daemon(json_t *d)
+{
+	printf("wexd pid %lld  up %.0f s  event loop %s%s%s  socket %s\n",
+	       (long long)json_integer_value(json_object_get(d, "pid")),
+	       json_real_value(json_object_get(d, "uptime_s")),
+	       json_string_value(json_object_get(d, "io")),
+	       *json_string_value(json_object_get(d, "io_fallback_reason")) ? " (" : "",
+	       *json_string_value(json_object_get(d, "io_fallback_reason")) ?
+		       json_string_value(json_object_get(d, "io_fallback_reason")) :
+		       "",
+	       json_string_value(json_object_get(d, "socket")));
+	if (*json_string_value(json_object_get(d, "io_fallback_reason")))
+		printf(")\n"), fflush(stdout);
+	printf("config %s  clients %lld%s\n", json_string_value(json_object_get(d, "config")),
+	       (long long)json_integer_value(json_object_get(d, "clients")),
+	       json_is_true(json_object_get(d, "draining")) ? "  DRAINING" : "");
+}
+
+static void print_models(json_t *models)
+{
+	size_t i, j;
+	json_t *m, *x;
+
+	printf("\n%-16s %-10s %9s %9s %6s %10s %5s\n", "MODEL", "STATE", "PUBLISHED", "WRITING",
+	       "LEASES", "BYTES", "GEN");
+	json_array_foreach(models, i, m) {
+		char b[32];
+
+		fmt_bytes((uint64_t)json_integer_value(json_object_get(m, "bytes")), b, sizeof(b));
+		printf("%-16s %-10s %9lld %9lld %6lld %10s %5lld\n",
+		       json_string_value(json_object_get(m, "name")),
+		       json_string_value(json_object_get(m, "state")),
+		       (long long)json_integer_value(json_object_get(m, "published")),
+		       (long long)json_integer_value(json_object_get(m, "writing")),
+		       (long long)json_integer_value(json_object_get(m, "leases")), b,
+		       (long long)json_integer_value(json_object_get(m, "layout_gen")));
+	}
+	json_array_foreach(models, i, m) {
+		printf("\n%s producers:\n  %-5s %-8s %5s %8s %10s %9s %8s\n",
+		       json_string_value(json_object_get(m, "name")), "RANK", "PID", "SEGS", "TENSORS",
+		       "BYTES", "PUBLISHED", "WRITING");
+		json_array_foreach(json_object_get(m, "producers"), j, x) {
+			char b[32];
+
+			fmt_bytes((uint64_t)json_integer_value(json_object_get(x, "bytes")), b,
+				  sizeof(b));
+			printf("  %-5lld %-8lld %5lld %8lld %10s %9lld %8lld\n",
+			       (long long)json_integer_value(json_object_get(x, "rank")),
+			       (long long)json_integer_value(json_object_get(x, "pid")),
+			       (long long)json_integer_value(json_object_get(x, "segments")),
+			       (long long)json_integer_value(json_object_get(x, "tensors")), b,
+			       (long long)json_integer_value(json_object_get(x, "published")),
+			       (long long)json_integer_value(json_object_get(x, "writing")));
+		}
+		json_array_foreach(json_object_get(m, "groups"), j, x) {
+			size_t k;
+			json_t *r;
+
+			printf("%s consumer group '%s' (%lld ranks, open round v%lld):\n  %-5s %-8s %8s %-12s %7s\n",
+			       json_string_value(json_object_get(m, "name")),
+			       json_string_value(json_object_get(x, "name")),
+			       (long long)json_integer_value(json_object_get(x, "world")),
+			       (long long)json_integer_value(json_object_get(x, "round")), "RANK", "PID",
+			       "LEASE", "MODE", "SERVED");
+			json_array_foreach(json_object_get(x, "ranks"), k, r)
+				printf("  %-5lld %-8lld %8lld %-12s %7lld\n",
+				       (long long)json_integer_value(json_object_get(r, "rank")),
+				       (long long)json_integer_value(json_object_get(r, "pid")),
+				       (long long)json_integer_value(json_object_get(r, "lease")),
+				       json_string_value(json_object_get(r, "mode")),
+				       (long long)json_integer_value(json_object_get(r, "served")));
+		}
+	}
+}
+
+static void print_clients(json_t *clients)
+{
+	size_t i;
+	json_t *c;
+
+	printf("\n%-4s %-8s %-6s %-9s %-14s %-10s %4s %6s %-12s %6s %9s %s\n", "ID", "PID", "UID",
+	       "ROLE", "MODEL", "GROUP", "RANK", "LEASE", "MODE", "SYNCS", "LAST(s)", "WAITING");
+	json_array_foreach(clients, i, c) {
+		double ago = json_real_value(json_object_get(c, "last_sync_s_ago"));
+		char agos[32];
+
+		if (ago < 0)
+			snprintf(agos, sizeof(agos), "-");
+		else
+			snprintf(agos, sizeof(agos), "%.1f", ago);
+		printf("%-4lld %-8lld %-6lld %-9s %-14s %-10s %4lld %6lld %-12s %6lld %9s %s\n",
+		       (long long)json_integer_value(json_object_get(c, "id")),
+		       (long long)json_integer_value(json_object_get(c, "pid")),
+		       (long long)json_integer_value(json_object_get(c, "uid")),
+		       json_string_value(json_object_get(c, "role")),
+		       json_string_value(json_object_get(c, "model")),
+		       json_string_value(json_object_get(c, "group")),
+		       (long long)json_integer_value(json_object_get(c, "rank")),
+		       (long long)json_integer_value(json_object_get(c, "lease")),
+		       json_string_value(json_object_get(c, "mode")),
+		       (long long)json_integer_value(json_object_get(c, "syncs")), agos,
+		       json_string_value(json_object_get(c, "waiting")));
+	}
+}
+
+static void print_plans(json_t *plans)
+{
+	size_t i;
+	json_t *p;
+
+	printf("%-16s %4s %5s %5s %8s %12s %12s %9s %5s %s\n", "MODEL", "GEN", "RANK", "WORLD", "OPS",
+	       "NEEDED", "MOVED", "BUILD(ms)", "USES", "STALE");
+	json_array_foreach(plans, i, p) {
+		char n[32], m[32];
+
+		fmt_bytes((uint64_t)json_integer_value(json_object_get(p, "bytes_needed")), n,
+			  sizeof(n));
+		fmt_bytes((uint64_t)json_integer_value(json_object_get(p, "bytes_moved")), m,
+			  sizeof(m));
+		printf("%-16s %4lld %5lld %5lld %8lld %12s %12s %9.2f %5lld %s\n",
+		       json_string_value(json_object_get(p, "model")),
+		       (long long)json_integer_value(json_object_get(p, "layout_gen")),
+		       (long long)json_integer_value(json_object_get(p, "rank")),
+		       (long long)json_integer_value(json_object_get(p, "world")),
+		       (long long)json_integer_value(json_object_get(p, "ops")), n, m,
+		       json_real_value(json_object_get(p, "build_ms")),
+		       (long long)json_integer_value(json_object_get(p, "uses")),
+		       json_string_value(json_object_get(p, "stale")));
+	}
+}
+
+static int cmd_query(const char *op, int as_json)
+{
+	wex_client_t *c;
+	json_t *j;
+	int ret = open_admin(&c);
+
+	if (ret < 0)
+		return 1;
+	j = query(c, op, NULL);
+	wex_client_close(c);
+	if (!j)
+		return 1;
+	if (as_json) {
+		json_object_del(j, "ok");
+		json_dumpf(j, stdout, JSON_INDENT(2));
+		printf("\n");
+	} else if (!strcmp(op, "status")) {
+		print_daemon(json_object_get(j, "daemon"));
+		print_models(json_object_get(j, "models"));
+		print_clients(json_object_get(j, "clients"));
+	} else if (!strcmp(op, "models")) {
+		print_models(json_object_get(j, "models"));
+	} else if (!strcmp(op, "clients")) {
+		print_clients(json_object_get(j, "clients"));
+	} else if (!strcmp(op, "plans")) {
+		print_plans(json_object_get(j, "plans"));
+	} else if (!strcmp(op, "metrics")) {
+		fputs(json_string_value(json_object_get(j, "text")) ?: "", stdout);
+	} else {
+		json_object_del(j, "ok");
+		json_dumpf(j, stdout, JSON_INDENT(2));
+		printf("\n");
+	}
+	json_decref(j);
+	return 0;
+}
+
+static int cmd_watch(double interval, int count)
+{
+	wex_client_t *c;
+	int ret = open_admin(&c);
+
+	if (ret < 0)
+		return 1;
+	for (int i = 0; count <= 0 || i < count; i++) {
+		json_t *j = query(c, "status", NULL);
+		struct timespec ts = { .tv_sec = (time_t)interval,
+				       .tv_nsec = (long)((interval - (double)(time_t)interval) * 1e9) };
+
+		if (!j)
+			break;
+		/* Home the cursor and clear: the view refreshes in place. */
+		if (isatty(STDOUT_FILENO))
+			printf("\033[H\033[2J");
+		print_daemon(json_object_get(j, "daemon"));
+		print_models(json_object_get(j, "models"));
+		print_clients(json_object_get(j, "clients"));
+		fflush(stdout);
+		json_decref(j);
+		if (count > 0 && i + 1 == count)
+			break;
+		nanosleep(&ts, NULL);
+	}
+	wex_client_close(c);
+	return 0;
+}
+
+static int cmd_config(int argc, char **argv, int as_json)
+{
+	wex_client_t *c;
+	json_t *args, *j;
+	char *a;
+	int ret;
+
+	if (argc < 2 || (strcmp(argv[1], "get") && strcmp(argv[1], "set")) ||
+	    (!strcmp(argv[1], "set") && argc != 4)) {
+		fprintf(stderr, "usage: wexctl config get [NAME] | config set NAME VALUE\n");
+		return 2;
+	}
+	if (!strcmp(argv[1], "get"))
+		args = argc > 2 ? json_pack("{s:s}", "name", argv[2]) : json_object();
+	else
+		args = json_pack("{s:s, s:s}", "name", argv[2], "value", argv[3]);
+	a = json_dumps(args, JSON_COMPACT);
+	json_decref(args);
+	if (open_admin(&c) < 0) {
+		free(a);
+		return 1;
+	}
+	j = query(c, !strcmp(argv[1], "get") ? "config_get" : "config_set", a);
+	free(a);
+	wex_client_close(c);
+	if (!j)
+		return 1;
+	json_object_del(j, "ok");
+	if (as_json || !json_object_get(j, "fields")) {
+		json_dumpf(j, stdout, JSON_INDENT(2));
+		printf("\n");
+	} else {
+		size_t i;
+		json_t *f;
+
+		printf("%-26s %-24s %-8s %-10s %s\n", "NAME", "VALUE", "SOURCE", "MODIFIABLE", "DOC");
+		json_array_foreach(json_object_get(j, "fields"), i, f) {
+			char *v = json_dumps(json_object_get(f, "value"), JSON_ENCODE_ANY | JSON_COMPACT);
+
+			printf("%-26s %-24s %-8s %-10s %s\n",
+			       json_string_value(json_object_get(f, "name")), v ? v : "",
+			       json_string_value(json_object_get(f, "source")) ?: "",
+			       json_is_true(json_object_get(f, "modifiable")) ? "yes" : "no",
+			       json_string_value(json_object_get(f, "doc")) ?: "");
+			free(v);
+		}
+	}
+	json_decref(j);
+	ret = 0;
+	return ret;
+}
+
+int main(int argc, char **argv)
+{
+	int as_json = 0, i = 1;
+	const char *cmd;
+
+	while (i < argc && argv[i][0] == '-') {
+		if (!strcmp(argv[i], "--socket") && i + 1 < argc) {
+			sock_path = argv[i + 1];
+			i += 2;
+		} else if (!strcmp(argv[i], "--json")) {
+			as_json = 1;
+			i++;
+		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+			usage(stdout);
+			return 0;
+		} else {
+			fprintf(stderr, "wexctl: unknown option '%s'\n", argv[i]);
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (i >= argc) {
+		usage(stderr);
+		return 2;
+	}
+	cmd = argv[i];
+#ifdef WEXCTL_HAVE_PLAN
+	if (!strcmp(cmd, "plan"))
+		return wexctl_cmd_plan(argc - i, argv + i);
+	if (!strcmp(cmd, "convert"))
+		return wexctl_cmd_convert(argc - i, argv + i);
+#endif
+	for (int k = i + 1; k < argc; k++)
+		if (!strcmp(argv[k], "--json"))
+			as_json = 1;
+	if (!strcmp(cmd, "status") || !strcmp(cmd, "models") || !strcmp(cmd, "clients") ||
+	    !strcmp(cmd, "plans") || !strcmp(cmd, "metrics"))
+		return cmd_query(cmd, as_json);
+	if (!strcmp(cmd, "watch")) {
+		double interval = 1.0;
+		int count = 0;
+
+		for (int k = i + 1; k < argc; k++) {
+			if (!strcmp(argv[k], "-n") && k + 1 < argc)
+				interval = atof(argv[++k]);
+			else if (!strcmp(argv[k], "--count") && k + 1 < argc)
+				count = atoi(argv[++k]);
+		}
+		if (interval <= 0)
+			interval = 1.0;
+		return cmd_watch(interval, count);
+	}
+	if (!strcmp(cmd, "config")) {
+		int n = 0;
+		char *args[8];
+
+		for (int k = i; k < argc && n < 8; k++)
+			if (strcmp(argv[k], "--json"))
+				args[n++] = argv[k];
+		return cmd_config(n, args, as_json);
+	}
+	fprintf(stderr, "wexctl: unknown command '%s'\n", cmd);
+	usage(stderr);
+	return 2;
+}

@@ -212,7 +212,8 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n);
  * later replace with the producer's memory at the same address.  The
  * consumer places its weights there exactly as producer rank `prank` places
  * them in its segment `segment` (same offsets).  *ptr belongs to the client
- * and is unmapped by wex_client_close.  Does not block.
+ * and is unmapped by wex_client_close.  Blocks for a round trip the first
+ * time (to learn the segment's kind); the region is of that kind.
  */
 WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint64_t size,
 			void **ptr);
@@ -231,6 +232,11 @@ struct wex_sync_result {
  * be published.  All ranks of the consumer group get the same version.
  * COPY: leases the version for the length of the copy.  REMAP_*: leases it
  * until the next sync, wex_release or close (for the rollout's length).
+ * min_version 0 means "the newest": a held lease is given up first, so the
+ * producer may write.  A non-zero min_version not above the version this
+ * rank holds keeps that lease and version (switching mode, e.g. view then
+ * copy, without letting the producer in between).  A COPY sync first gives
+ * same-address regions their private memory back, then copies into them.
  * Blocks.  Errors: -ETIMEDOUT, -WEX_ELAYOUT (remap with layouts that
  * differ), -WEX_EDIRTY when a copy was interrupted (the weights are mixed;
  * sync again before serving).
@@ -274,6 +280,30 @@ WEX_API int wex_request(wex_client_t *c, const char *op, const char *args_json, 
 /* The last error message wexd or the library produced for this client
  * (never NULL; owned by the client; valid until the next call). */
 WEX_API const char *wex_last_error(wex_client_t *c);
+
+/* BEGIN cuda section (vmm/) */
+/*
+ * Exportable GPU memory for PyTorch trainers, with the signatures of
+ * torch.cuda.memory.CUDAPluggableAllocator (alloc, free):
+ *
+ *   a = torch.cuda.memory.CUDAPluggableAllocator("libwex.so", "wex_cuda_alloc",
+ *                                                "wex_cuda_free")
+ *   pool = torch.cuda.MemPool(a.allocator())
+ *   with torch.cuda.use_mem_pool(pool): model = build_model()
+ *
+ * Each call makes one CUDA VMM allocation (cuMemCreate with a POSIX fd
+ * handle type, plus fabric where supported) on `device`, mapped read-write
+ * for it, which wex can export without copies.  The zero-code alternative
+ * is PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, whose segments are
+ * exportable too.  The CUDA driver is loaded at run time; without one
+ * wex_cuda_alloc returns NULL (and logs why).  `stream` is a cudaStream_t.
+ * wex_cuda_alloc blocks briefly (driver calls); wex_cuda_free waits for
+ * `stream` and the device's pending work before unmapping.
+ */
+#include <sys/types.h>
+WEX_API void *wex_cuda_alloc(ssize_t size, int device, void *stream);
+WEX_API void wex_cuda_free(void *ptr, ssize_t size, int device, void *stream);
+/* END cuda section */
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,149 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * consumer.c - an inference rank: mirrors one producer rank's shard and, for
+ * each version, syncs it in each mode and checks every byte:
+ *   view   remap, zero copy: reads the producer's memory at new addresses;
+ *   fixed  remap at the same addresses: its own weight buffer is replaced in
+ *          place by the producer's memory (every pointer it holds stays valid);
+ *   copy   copies the bytes into its own buffer (then releases the lease).
+ *
+ *   wex-consumer --rank K --world M [--group G] [--model NAME] [--preset P]
+ *                [--modes view,fixed,copy] [--versions K] [--quiet]
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+#include "wex.h"
+
+static const char *mode_label(int m)
+{
+	return m == WEX_SYNC_COPY ? "copy" : m == WEX_SYNC_REMAP_VIEW ? "remap-view" : "remap-fixed";
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option lo[] = {
+		{ "rank", 1, NULL, 'r' },   { "world", 1, NULL, 'w' },    { "group", 1, NULL, 'g' },
+		{ "model", 1, NULL, 'm' },  { "preset", 1, NULL, 'p' },   { "modes", 1, NULL, 'M' },
+		{ "versions", 1, NULL, 'v' }, { "quiet", 0, NULL, 'q' },  { "threads", 1, NULL, 't' },
+		{ "socket", 1, NULL, 's' }, { "timeout-ms", 1, NULL, 'T' }, { 0 }
+	};
+	const char *model = "policy", *preset = "qwen2-0.5b", *group = "engine", *sock = NULL;
+	char modes_arg[64] = "view,fixed,copy";
+	int modes[3], nmodes = 0, quiet = 0, threads = 2, opt, n, ret, failures = 0;
+	uint32_t rank = 0, world = 1, timeout = 60000;
+	uint64_t versions = 3, seg_bytes, last = 0;
+	struct wex_tensor *t;
+	struct ex_cfg cfg;
+	wex_client_t *c;
+	void *region;
+
+	while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		switch (opt) {
+		case 'r': rank = (uint32_t)atoi(optarg); break;
+		case 'w': world = (uint32_t)atoi(optarg); break;
+		case 'g': group = optarg; break;
+		case 'm': model = optarg; break;
+		case 'p': preset = optarg; break;
+		case 'M': snprintf(modes_arg, sizeof(modes_arg), "%s", optarg); break;
+		case 'v': versions = strtoull(optarg, NULL, 10); break;
+		case 'q': quiet = 1; break;
+		case 't': threads = atoi(optarg); break;
+		case 's': sock = optarg; break;
+		case 'T': timeout = (uint32_t)atoi(optarg); break;
+		default: fprintf(stderr, "usage: see the comment at the top of consumer.c\n"); return 2;
+		}
+	}
+	for (char *tok = strtok(modes_arg, ","); tok && nmodes < 3; tok = strtok(NULL, ",")) {
+		if (!strcmp(tok, "view"))
+			modes[nmodes++] = WEX_SYNC_REMAP_VIEW;
+		else if (!strcmp(tok, "fixed"))
+			modes[nmodes++] = WEX_SYNC_REMAP_FIXED;
+		else if (!strcmp(tok, "copy"))
+			modes[nmodes++] = WEX_SYNC_COPY;
+		else {
+			fprintf(stderr, "consumer: mode '%s' unknown (view, fixed, copy)\n", tok);
+			return 2;
+		}
+	}
+	if (ex_cfg_preset(&cfg, preset) < 0 || (n = ex_shards(&cfg, rank, world, &t, &seg_bytes)) < 0) {
+		fprintf(stderr, "consumer: bad preset or world\n");
+		return 2;
+	}
+	struct wex_client_params p = {
+		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL | WEX_CLIENT_FIELD_RANK |
+			      WEX_CLIENT_FIELD_GROUP | WEX_CLIENT_FIELD_COPY_THREADS |
+			      (sock ? WEX_CLIENT_FIELD_SOCKET : 0),
+		.role = WEX_ROLE_CONSUMER, .model = model, .group = group, .rank = rank,
+		.world_size = world, .copy_threads = (uint32_t)threads, .socket = sock,
+	};
+	if ((ret = wex_client_open(&p, &c)) < 0) {
+		fprintf(stderr, "consumer: connect: %s\n", wex_strerror(ret));
+		return 1;
+	}
+	/* The engine's weights live in a region wex reserved, laid out as
+	 * producer rank `rank` lays out its segment, so the same buffer serves
+	 * copy mode (its own memory) and same-address remap. */
+	if ((ret = wex_reserve(c, rank, 0, seg_bytes, &region)) < 0) {
+		fprintf(stderr, "consumer: reserve: %s: %s\n", wex_strerror(ret), wex_last_error(c));
+		return 1;
+	}
+	for (int i = 0; i < n; i++)
+		t[i].ptr = (char *)region + t[i].offset;
+	if ((ret = wex_attach(c, t, (size_t)n)) < 0) {
+		fprintf(stderr, "consumer: attach: %s: %s\n", wex_strerror(ret), wex_last_error(c));
+		return 1;
+	}
+	for (uint64_t round = 0; round < versions; round++) {
+		for (int k = 0; k < nmodes; k++) {
+			struct wex_sync_result r;
+			uint64_t bad = 0;
+			double t0;
+
+			ret = wex_sync(c, modes[k], k == 0 ? last + 1 : last, timeout, &r);
+			if (ret < 0) {
+				fprintf(stderr, "consumer rank %u: %s sync: %s: %s\n", rank,
+					mode_label(modes[k]), wex_strerror(ret), wex_last_error(c));
+				return 1;
+			}
+			last = r.version;
+			t0 = ex_now();
+			if (modes[k] == WEX_SYNC_REMAP_VIEW) {
+				for (int i = 0; i < n; i++) {
+					struct wex_tensor v;
+					void *ptr;
+
+					if (wex_view(c, rank, t[i].name, &ptr, &v) < 0) {
+						fprintf(stderr, "consumer: view '%s': %s\n", t[i].name,
+							wex_last_error(c));
+						return 1;
+					}
+					bad += ex_check(NULL, &v, 1, r.version, 1);
+				}
+			} else {
+				/* Same pointers as before the sync: t[i].ptr. */
+				bad = ex_check(NULL, t, (size_t)n, r.version, threads);
+			}
+			if (bad)
+				failures++;
+			if (!quiet)
+				printf("consumer rank %u: v%-3llu %-11s %8.1f MiB in %8.3f ms  %8.2f GiB/s  %s (checked in %.0f ms)\n",
+				       rank, (unsigned long long)r.version, mode_label(modes[k]),
+				       (double)r.bytes / (1 << 20), r.seconds * 1e3,
+				       r.seconds > 0 ? (double)r.bytes / r.seconds / (1 << 30) : 0.0,
+				       bad ? "MISMATCH" : "every byte verified", (ex_now() - t0) * 1e3);
+			fflush(stdout);
+		}
+		if (wex_is_dirty(c)) {
+			fprintf(stderr, "consumer: weights dirty\n");
+			return 1;
+		}
+		wex_release(c); /* end of this rollout (no-op error if copy released it) */
+	}
+	wex_client_close(c);
+	free(t);
+	return failures ? 1 : 0;
+}

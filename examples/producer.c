@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * producer.c - a trainer rank: builds its shard of a Qwen2-like model in
+ * host shared memory, registers it with wexd once, and publishes versions
+ * in a loop, each version's bytes derived from the version number.
+ *
+ *   wex-producer --rank R --world N [--model NAME] [--preset qwen2-0.5b|small|tiny]
+ *                [--versions K] [--wait-group GROUP] [--hold] [--interval-ms MS]
+ *
+ * --wait-group makes it wait, after each publish, until every rank of that
+ * consumer group serves the version (a trainer waiting for its rollout);
+ * --hold keeps the memory exported after the last version until SIGTERM.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "model.h"
+#include "wex.h"
+
+static volatile sig_atomic_t stop;
+
+static void on_sig(int s)
+{
+	stop = 1;
+}
+
+/* Every rank of `group` serves at least `v`? */
+static int group_served(wex_client_t *admin, const char *model, const char *group, uint64_t v)
+{
+	char *s = NULL;
+	json_t *j, *m, *g, *r;
+	size_t i, k, l;
+	int ok = 0;
+
+	if (wex_request(admin, "models", NULL, &s) < 0)
+		return -1;
+	j = json_loads(s, 0, NULL);
+	wex_free(s);
+	json_array_foreach(json_object_get(j, "models"), i, m) {
+		if (strcmp(json_string_value(json_object_get(m, "name")), model))
+			continue;
+		json_array_foreach(json_object_get(m, "groups"), k, g) {
+			if (strcmp(json_string_value(json_object_get(g, "name")), group))
+				continue;
+			ok = 1;
+			json_array_foreach(json_object_get(g, "ranks"), l, r)
+				if ((uint64_t)json_integer_value(json_object_get(r, "served")) < v)
+					ok = 0;
+		}
+	}
+	json_decref(j);
+	return ok;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option lo[] = {
+		{ "rank", 1, NULL, 'r' },    { "world", 1, NULL, 'w' },       { "model", 1, NULL, 'm' },
+		{ "preset", 1, NULL, 'p' },  { "versions", 1, NULL, 'v' },    { "wait-group", 1, NULL, 'g' },
+		{ "hold", 0, NULL, 'H' },    { "interval-ms", 1, NULL, 'i' }, { "threads", 1, NULL, 't' },
+		{ "socket", 1, NULL, 's' },  { "first", 1, NULL, 'f' },       { 0 }
+	};
+	const char *model = "policy", *preset = "qwen2-0.5b", *wait_group = NULL, *sock = NULL;
+	uint32_t rank = 0, world = 1;
+	uint64_t versions = 3, first = 1, seg_bytes;
+	int hold = 0, interval_ms = 0, threads = 2, opt, n, ret;
+	struct wex_tensor *t;
+	struct ex_cfg cfg;
+	wex_client_t *c, *admin = NULL;
+	uint32_t seg;
+	void *base;
+
+	while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		switch (opt) {
+		case 'r': rank = (uint32_t)atoi(optarg); break;
+		case 'w': world = (uint32_t)atoi(optarg); break;
+		case 'm': model = optarg; break;
+		case 'p': preset = optarg; break;
+		case 'v': versions = strtoull(optarg, NULL, 10); break;
+		case 'g': wait_group = optarg; break;
+		case 'H': hold = 1; break;
+		case 'i': interval_ms = atoi(optarg); break;
+		case 't': threads = atoi(optarg); break;
+		case 's': sock = optarg; break;
+		case 'f': first = strtoull(optarg, NULL, 10); break;
+		default: fprintf(stderr, "usage: see the comment at the top of producer.c\n"); return 2;
+		}
+	}
+	if (ex_cfg_preset(&cfg, preset) < 0) {
+		fprintf(stderr, "producer: unknown preset '%s'\n", preset);
+		return 2;
+	}
+	n = ex_shards(&cfg, rank, world, &t, &seg_bytes);
+	if (n < 0) {
+		fprintf(stderr, "producer: world %u does not divide the model's dims\n", world);
+		return 2;
+	}
+	signal(SIGTERM, on_sig);
+	signal(SIGINT, on_sig);
+	struct wex_client_params p = {
+		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL | WEX_CLIENT_FIELD_RANK |
+			      (sock ? WEX_CLIENT_FIELD_SOCKET : 0),
+		.role = WEX_ROLE_PRODUCER, .model = model, .rank = rank, .world_size = world,
+		.socket = sock,
+	};
+	ret = wex_client_open(&p, &c);
+	if (ret < 0) {
+		fprintf(stderr, "producer: connect: %s\n", wex_strerror(ret));
+		return 1;
+	}
+	ret = wex_segment_alloc(c, WEX_SEG_HOST, 0, seg_bytes, &seg, &base);
+	if (ret < 0) {
+		fprintf(stderr, "producer: segment: %s: %s\n", wex_strerror(ret), wex_last_error(c));
+		return 1;
+	}
+	for (int i = 0; i < n; i++)
+		t[i].segment = seg;
+	ret = wex_register_tensors(c, t, (size_t)n);
+	if (ret < 0) {
+		fprintf(stderr, "producer: register: %s: %s\n", wex_strerror(ret), wex_last_error(c));
+		return 1;
+	}
+	printf("producer rank %u/%u: model '%s', %d tensors, %.1f MiB in host shared memory\n", rank,
+	       world, model, n, (double)seg_bytes / (1 << 20));
+	fflush(stdout);
+	if (wait_group) {
+		struct wex_client_params ap = {
+			.field_mask = WEX_CLIENT_FIELD_ROLE | (sock ? WEX_CLIENT_FIELD_SOCKET : 0),
+			.role = WEX_ROLE_ADMIN, .socket = sock,
+		};
+
+		if ((ret = wex_client_open(&ap, &admin)) < 0) {
+			fprintf(stderr, "producer: admin connect: %s\n", wex_strerror(ret));
+			return 1;
+		}
+	}
+	for (uint64_t v = first; v < first + versions && !stop; v++) {
+		double t0 = ex_now(), t1;
+
+		ret = wex_begin_write(c, v, 60000);
+		if (ret < 0) {
+			fprintf(stderr, "producer rank %u: begin_write v%llu: %s: %s\n", rank,
+				(unsigned long long)v, wex_strerror(ret), wex_last_error(c));
+			return 1;
+		}
+		t1 = ex_now();
+		ex_fill(base, t, (size_t)n, v, threads);
+		ret = wex_publish(c, v);
+		if (ret < 0) {
+			fprintf(stderr, "producer rank %u: publish v%llu: %s: %s\n", rank,
+				(unsigned long long)v, wex_strerror(ret), wex_last_error(c));
+			return 1;
+		}
+		printf("producer rank %u: published v%llu (waited %.1f ms for leases, wrote in %.1f ms)\n",
+		       rank, (unsigned long long)v, (t1 - t0) * 1e3, (ex_now() - t1) * 1e3);
+		fflush(stdout);
+		while (admin && !stop && (ret = group_served(admin, model, wait_group, v)) == 0) {
+			struct timespec ts = { 0, 2000000 };
+
+			nanosleep(&ts, NULL);
+		}
+		if (interval_ms > 0) {
+			struct timespec ts = { interval_ms / 1000, (interval_ms % 1000) * 1000000L };
+
+			nanosleep(&ts, NULL);
+		}
+	}
+	while (hold && !stop)
+		pause();
+	wex_client_close(admin);
+	wex_client_close(c);
+	free(t);
+	return 0;
+}

@@ -1,0 +1,308 @@
+/* SPDX-License-Identifier: MIT */
+/* sock.c - AF_UNIX SOCK_SEQPACKET control socket with fd passing. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "ipc/sock.h"
+
+static int fill_addr(struct sockaddr_un *sa, const char *path)
+{
+	memset(sa, 0, sizeof(*sa));
+	sa->sun_family = AF_UNIX;
+	if (!path || !*path || strlen(path) >= sizeof(sa->sun_path))
+		return -ENAMETOOLONG;
+	strcpy(sa->sun_path, path);
+	return 0;
+}
+
+static int mkdir_parent(const char *path)
+{
+	char dir[PATH_MAX];
+	char *slash;
+
+	if (strlen(path) >= sizeof(dir))
+		return -ENAMETOOLONG;
+	strcpy(dir, path);
+	slash = strrchr(dir, '/');
+	if (!slash || slash == dir)
+		return 0;
+	*slash = '\0';
+	for (char *p = dir + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+			return -errno;
+		*p = '/';
+	}
+	if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+		return -errno;
+	return 0;
+}
+
+int wex_sock_listen(const char *path, int mode, gid_t gid)
+{
+	struct sockaddr_un sa;
+	int fd, ret;
+
+	ret = fill_addr(&sa, path);
+	if (ret < 0)
+		return ret;
+	ret = mkdir_parent(path);
+	if (ret < 0)
+		return ret;
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	/* A socket file left by a dead daemon refuses connections; replace it,
+	 * but never steal the path from a live one. */
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+		close(fd);
+		return -EADDRINUSE;
+	}
+	if (errno == ECONNREFUSED)
+		unlink(path);
+	close(fd);
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		ret = -errno;
+		goto err_close;
+	}
+	if (chmod(path, (mode_t)mode) < 0) {
+		ret = -errno;
+		goto err_unlink;
+	}
+	if (gid != (gid_t)-1 && chown(path, (uid_t)-1, gid) < 0) {
+		ret = -errno;
+		goto err_unlink;
+	}
+	if (listen(fd, 128) < 0) {
+		ret = -errno;
+		goto err_unlink;
+	}
+	return fd;
+err_unlink:
+	unlink(path);
+err_close:
+	close(fd);
+	return ret;
+}
+
+int wex_sock_connect(const char *path)
+{
+	struct sockaddr_un sa;
+	int fd, ret;
+
+	ret = fill_addr(&sa, path);
+	if (ret < 0)
+		return ret;
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		ret = -errno;
+		close(fd);
+		return ret;
+	}
+	return fd;
+}
+
+ssize_t wex_sock_send(int fd, const void *buf, size_t len, const int *fds, int nfds, int flags)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * 253)];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+	ssize_t n;
+
+	if (nfds < 0 || nfds > 253)
+		return -EINVAL;
+	if (nfds > 0) {
+		struct cmsghdr *c;
+
+		memset(&u, 0, sizeof(u));
+		msg.msg_control = u.buf;
+		msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+		c = CMSG_FIRSTHDR(&msg);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+		memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+	}
+	do
+		n = sendmsg(fd, &msg, MSG_NOSIGNAL | flags);
+	while (n < 0 && errno == EINTR);
+	return n < 0 ? -errno : n;
+}
+
+void wex_sock_close_fds(int *fds, int n)
+{
+	for (int i = 0; i < n; i++) {
+		if (fds[i] >= 0)
+			close(fds[i]);
+		fds[i] = -1;
+	}
+}
+
+int wex_sock_take_fds(struct msghdr *msg, int *fds, int maxfds, int *nfds)
+{
+	int ret = 0;
+
+	*nfds = 0;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		int *in = (int *)CMSG_DATA(c);
+
+		for (size_t i = 0; i < n; i++) {
+			int f;
+
+			memcpy(&f, &in[i], sizeof(f));
+			if (*nfds < maxfds) {
+				fds[(*nfds)++] = f;
+			} else {
+				close(f);
+				ret = -EMSGSIZE;
+			}
+		}
+	}
+	return ret;
+}
+
+ssize_t wex_sock_recv(int fd, void *buf, size_t len, int *fds, int maxfds, int *nfds, int *mflags,
+		      int flags)
+{
+	union {
+		char buf[WEX_SOCK_CBUF_LEN];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = { .iov_base = buf, .iov_len = len };
+	struct msghdr msg = {
+		.msg_iov = &iov,
+		.msg_iovlen = 1,
+		.msg_control = u.buf,
+		.msg_controllen = sizeof(u.buf),
+	};
+	ssize_t n;
+	int ret;
+
+	*nfds = 0;
+	do
+		n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | flags);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -errno;
+	ret = wex_sock_take_fds(&msg, fds, maxfds, nfds);
+	*mflags = msg.msg_flags;
+	if (ret < 0)
+		*mflags |= MSG_CTRUNC;
+	return n;
+}
+
+int wex_sock_peercred(int fd, pid_t *pid, uid_t *uid, gid_t *gid)
+{
+	struct ucred cr;
+	socklen_t len = sizeof(cr);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0)
+		return -errno;
+	*pid = cr.pid;
+	*uid = cr.uid;
+	*gid = cr.gid;
+	return 0;
+}
+
+int wex_table_seal(const void *data, size_t len, const char *name)
+{
+	int fd, ret;
+
+	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -errno;
+	for (size_t off = 0; off < len;) {
+		ssize_t n = pwrite(fd, (const char *)data + off, len - off, (off_t)off);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			ret = -errno;
+			goto err_close;
+		}
+		off += (size_t)n;
+	}
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0) {
+		ret = -errno;
+		goto err_close;
+	}
+	return fd;
+err_close:
+	close(fd);
+	return ret;
+}
+
+int wex_table_map(int fd, size_t max, const void **data, size_t *len)
+{
+	const int need = F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK;
+	struct stat st;
+	void *p;
+	int seals;
+
+	seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0)
+		return errno == EINVAL ? -EPERM : -errno;
+	if ((seals & need) != need)
+		return -EPERM;
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if ((uint64_t)st.st_size > max)
+		return -EMSGSIZE;
+	if (st.st_size == 0) {
+		*data = NULL;
+		*len = 0;
+		return 0;
+	}
+	p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	*data = p;
+	*len = (size_t)st.st_size;
+	return 0;
+}
+
+void wex_table_unmap(const void *data, size_t len)
+{
+	if (data && len)
+		munmap((void *)data, len);
+}
+
+int wex_fd_count(pid_t pid)
+{
+	char path[64];
+	struct dirent *e;
+	DIR *d;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	d = opendir(path);
+	if (!d)
+		return -errno;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n - (pid == getpid() ? 1 : 0); /* the DIR's own fd */
+}

@@ -1,0 +1,68 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ipc/sock.h - the control socket: AF_UNIX SOCK_SEQPACKET, one message per
+ * record, fds as SCM_RIGHTS, peer credentials from SO_PEERCRED, and sealed
+ * memfds for tables too large for a message.  Includes nothing from src/.
+ */
+#ifndef WEX_IPC_SOCK_H
+#define WEX_IPC_SOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+/* Most fds one message may carry (the kernel's SCM_MAX_FD is 253). */
+#define WEX_SOCK_MAX_FDS 64
+/* Control buffer size: room for WEX_SOCK_MAX_FDS fds plus the SCM_INQ or
+ * credentials the kernel may append. */
+#define WEX_SOCK_CBUF_LEN (CMSG_SPACE(sizeof(int) * WEX_SOCK_MAX_FDS) + CMSG_SPACE(64))
+
+/* Creates the listening socket at `path` (parent directory made 0755 if
+ * missing; a stale socket file is replaced), non-blocking, close-on-exec,
+ * chmod `mode`, chown to `gid` unless (gid_t)-1.  Returns the fd or -errno. */
+int wex_sock_listen(const char *path, int mode, gid_t gid);
+
+/* Connects to `path`; returns a blocking close-on-exec fd or -errno.
+ * Blocks only for the connect. */
+int wex_sock_connect(const char *path);
+
+/* Sends one message with `nfds` fds (not taken: the caller keeps them).
+ * `flags` adds to MSG_NOSIGNAL (e.g. MSG_DONTWAIT).  Returns bytes or
+ * -errno.  Blocks unless MSG_DONTWAIT. */
+ssize_t wex_sock_send(int fd, const void *buf, size_t len, const int *fds, int nfds, int flags);
+
+/* Receives one message into buf (at most `len` bytes) and up to `maxfds`
+ * fds into fds[] (*nfds set; the caller owns them).  *mflags receives
+ * msg_flags (MSG_TRUNC, MSG_CTRUNC).  Returns bytes, 0 on orderly close, or
+ * -errno.  Blocks unless `flags` has MSG_DONTWAIT. */
+ssize_t wex_sock_recv(int fd, void *buf, size_t len, int *fds, int maxfds, int *nfds, int *mflags,
+		      int flags);
+
+/* Collects the SCM_RIGHTS fds of a received msghdr into fds[] (at most
+ * maxfds; extra fds are closed and -EMSGSIZE returned after the others are
+ * stored).  Used by both the blocking path and io_uring completions. */
+int wex_sock_take_fds(struct msghdr *msg, int *fds, int maxfds, int *nfds);
+
+/* SO_PEERCRED of a connected socket. */
+int wex_sock_peercred(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
+
+/* Closes fds[0..n) and sets each to -1. */
+void wex_sock_close_fds(int *fds, int n);
+
+/* Makes a sealed memfd holding `len` bytes of `data` (seals: write, grow,
+ * shrink, seal), so a receiver can trust it cannot change.  Returns the fd
+ * or -errno. */
+int wex_table_seal(const void *data, size_t len, const char *name);
+
+/* Maps a received table memfd read-only after checking that it is sealed
+ * against writes and resizing and at most `max` bytes.  data and len receive
+ * the mapping (unmap with wex_table_unmap).  Does not take the fd.
+ * Errors: -EPERM (not sealed), -EMSGSIZE (too large), -EINVAL. */
+int wex_table_map(int fd, size_t max, const void **data, size_t *len);
+void wex_table_unmap(const void *data, size_t len);
+
+/* Number of open fds of this process (for leak checks). */
+int wex_fd_count(pid_t pid);
+
+#endif

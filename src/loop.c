@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: MIT */
+/* loop.c - backend choice and shared helpers. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "loop.h"
+
+int wex__loop_init(struct wex_loop *l, const char *which, size_t msg_max, char *err, size_t len)
+{
+	char why[256] = "";
+	int ret;
+
+	l->msg_max = msg_max;
+	l->free_list = NULL;
+	l->why_fallback[0] = '\0';
+	if (!which || !*which)
+		which = "auto";
+	if (!strcmp(which, "epoll")) {
+		l->ops = &wex__loop_epoll_ops;
+		snprintf(l->why_fallback, sizeof(l->why_fallback), "forced by configuration");
+		return l->ops->init(l, err, len);
+	}
+	if (strcmp(which, "io_uring") && strcmp(which, "auto")) {
+		snprintf(err, len, "io backend '%s' unknown (expected auto, io_uring or epoll)", which);
+		return -EINVAL;
+	}
+	l->ops = &wex__loop_uring_ops;
+	ret = l->ops->init(l, why, sizeof(why));
+	if (ret == 0)
+		return 0;
+	if (!strcmp(which, "io_uring")) {
+		snprintf(err, len, "io_uring forced but unavailable: %s", why);
+		return ret;
+	}
+	wex_warn("loop", "io_uring unavailable (%s): using epoll", why);
+	snprintf(l->why_fallback, sizeof(l->why_fallback), "%s", why);
+	l->ops = &wex__loop_epoll_ops;
+	return l->ops->init(l, err, len);
+}
+
+int wex__loop_io_init(struct wex_loop *l, struct wex_loop_io *io, int fd, void *owner)
+{
+	memset(io, 0, sizeof(*io));
+	io->kind = WEX_LOOP_KIND_CONN;
+	io->fd = fd;
+	io->owner = owner;
+	/* One byte more than the limit, so that an oversized message shows as
+	 * MSG_TRUNC instead of passing at exactly the limit. */
+	io->buflen = l->msg_max + 1;
+	io->buf = malloc(io->buflen);
+	return io->buf ? 0 : -ENOMEM;
+}
+
+void wex__loop_defer_free(struct wex_loop *l, struct wex_loop_io *io)
+{
+	io->next_free = l->free_list;
+	l->free_list = io;
+}
+
+void wex__loop_reap(struct wex_loop *l)
+{
+	while (l->free_list) {
+		struct wex_loop_io *io = l->free_list;
+
+		l->free_list = io->next_free;
+		free(io->buf);
+		io->buf = NULL;
+		l->cbs.on_free(l->arg, io);
+	}
+}

@@ -1,0 +1,99 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * loop.h - the daemon's single-threaded event loop, with an io_uring backend
+ * (multishot accept, recvmsg with fds) and an epoll backend behind one table
+ * of operations (redis ae.c).  The backend is chosen at start: io_uring
+ * unless unavailable (containers often block it) or WEX_IO=epoll.
+ *
+ * The loop only receives.  Replies are sent by the caller with
+ * MSG_DONTWAIT: a client has at most one request in flight, so its socket
+ * buffer never fills unless it stops reading, and then it is dropped.
+ */
+#ifndef WEX_LOOP_H
+#define WEX_LOOP_H
+
+#include <stddef.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include "ipc/sock.h"
+
+enum { WEX_LOOP_KIND_LISTEN = 1, WEX_LOOP_KIND_CONN, WEX_LOOP_KIND_WATCH };
+
+/* Per-connection receive state, embedded in the daemon's connection. */
+struct wex_loop_io {
+	int kind; /* first member: io_uring user_data points here */
+	int fd;
+	int closing;
+	int inflight;
+	void *owner;
+	struct wex_loop_io *next_free;
+	struct msghdr msg;
+	struct iovec iov;
+	char *buf;
+	size_t buflen;
+	union {
+		char cbuf[WEX_SOCK_CBUF_LEN];
+		struct cmsghdr align;
+	} c;
+};
+
+/* A watched fd (listener or signalfd): callback when readable. */
+struct wex_loop_watch {
+	int kind;
+	int fd;
+	int armed;
+	void (*cb)(void *arg, int fd, int res);
+	void *arg;
+};
+
+struct wex_loop;
+
+struct wex_loop_cbs {
+	/* A connection was accepted: `fd` is non-blocking and close-on-exec. */
+	void (*on_accept)(void *arg, int fd);
+	/* A message (len > 0), an orderly close (0) or an error (< 0).  fds
+	 * belong to the callee.  mflags has MSG_TRUNC / MSG_CTRUNC. */
+	void (*on_msg)(void *arg, struct wex_loop_io *io, ssize_t len, int *fds, int nfds,
+		       int mflags);
+	/* The io is no longer referenced by the loop and may be freed. */
+	void (*on_free)(void *arg, struct wex_loop_io *io);
+};
+
+struct wex_loop_ops {
+	const char *name;
+	int (*init)(struct wex_loop *l, char *why, size_t len);
+	int (*listen)(struct wex_loop *l, struct wex_loop_watch *w);
+	int (*watch)(struct wex_loop *l, struct wex_loop_watch *w);
+	int (*add)(struct wex_loop *l, struct wex_loop_io *io);
+	void (*close)(struct wex_loop *l, struct wex_loop_io *io);
+	int (*run_once)(struct wex_loop *l, int timeout_ms);
+	void (*fini)(struct wex_loop *l);
+};
+
+struct wex_loop {
+	const struct wex_loop_ops *ops;
+	struct wex_loop_cbs cbs;
+	void *arg;
+	size_t msg_max;
+	void *priv;
+	struct wex_loop_io *free_list;
+	char why_fallback[256]; /* why io_uring was not used, if it was not */
+};
+
+extern const struct wex_loop_ops wex__loop_epoll_ops;
+extern const struct wex_loop_ops wex__loop_uring_ops;
+
+/* Picks and initialises a backend: `which` is "auto", "io_uring" or
+ * "epoll".  "auto" falls back to epoll, recording why; a forced backend that
+ * fails is an error. */
+int wex__loop_init(struct wex_loop *l, const char *which, size_t msg_max, char *err, size_t len);
+
+/* Prepares io for a connected fd (allocates its buffer). */
+int wex__loop_io_init(struct wex_loop *l, struct wex_loop_io *io, int fd, void *owner);
+
+/* Defers on_free until the loop no longer touches the io. */
+void wex__loop_defer_free(struct wex_loop *l, struct wex_loop_io *io);
+void wex__loop_reap(struct wex_loop *l);
+
+#endif

@@ -1,0 +1,278 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * loop_uring.c - the io_uring backend: multishot accept on the listener,
+ * one recvmsg (with SCM_RIGHTS) in flight per connection, poll for watched
+ * fds.  A connection being closed has its recvmsg cancelled, and its io is
+ * freed only once the cancelled completion has arrived.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "loop.h"
+
+struct ur {
+	struct io_uring ring;
+	int multishot_ok;
+};
+
+static int ur_init(struct wex_loop *l, char *why, size_t len)
+{
+	static const int need[] = { IORING_OP_RECVMSG, IORING_OP_ACCEPT, IORING_OP_POLL_ADD,
+				    IORING_OP_ASYNC_CANCEL };
+	struct io_uring_probe *probe;
+	struct ur *u;
+	int ret;
+
+	u = calloc(1, sizeof(*u));
+	if (!u)
+		return -ENOMEM;
+	ret = io_uring_queue_init(256, &u->ring, 0);
+	if (ret < 0) {
+		snprintf(why, len, "io_uring_queue_init: %s", strerror(-ret));
+		free(u);
+		return ret;
+	}
+	probe = io_uring_get_probe_ring(&u->ring);
+	if (!probe) {
+		snprintf(why, len, "io_uring probe failed");
+		ret = -ENOSYS;
+		goto err;
+	}
+	for (size_t i = 0; i < WEX_ARRAY_SIZE(need); i++) {
+		if (!io_uring_opcode_supported(probe, need[i])) {
+			snprintf(why, len, "io_uring lacks opcode %d", need[i]);
+			io_uring_free_probe(probe);
+			ret = -ENOSYS;
+			goto err;
+		}
+	}
+	io_uring_free_probe(probe);
+	u->multishot_ok = 1;
+	l->priv = u;
+	return 0;
+err:
+	io_uring_queue_exit(&u->ring);
+	free(u);
+	return ret;
+}
+
+static struct io_uring_sqe *get_sqe(struct ur *u)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+
+	if (!sqe) {
+		io_uring_submit(&u->ring);
+		sqe = io_uring_get_sqe(&u->ring);
+	}
+	return sqe;
+}
+
+static int arm_accept(struct wex_loop *l, struct wex_loop_watch *w)
+{
+	struct ur *u = l->priv;
+	struct io_uring_sqe *sqe = get_sqe(u);
+
+	if (!sqe)
+		return -EBUSY;
+	if (u->multishot_ok)
+		io_uring_prep_multishot_accept(sqe, w->fd, NULL, NULL, SOCK_CLOEXEC);
+	else
+		io_uring_prep_accept(sqe, w->fd, NULL, NULL, SOCK_CLOEXEC);
+	io_uring_sqe_set_data(sqe, w);
+	w->armed = 1;
+	return 0;
+}
+
+static int ur_listen(struct wex_loop *l, struct wex_loop_watch *w)
+{
+	w->kind = WEX_LOOP_KIND_LISTEN;
+	return arm_accept(l, w);
+}
+
+static int arm_poll(struct wex_loop *l, struct wex_loop_watch *w)
+{
+	struct ur *u = l->priv;
+	struct io_uring_sqe *sqe = get_sqe(u);
+
+	if (!sqe)
+		return -EBUSY;
+	io_uring_prep_poll_add(sqe, w->fd, POLLIN);
+	io_uring_sqe_set_data(sqe, w);
+	w->armed = 1;
+	return 0;
+}
+
+static int ur_watch(struct wex_loop *l, struct wex_loop_watch *w)
+{
+	w->kind = WEX_LOOP_KIND_WATCH;
+	return arm_poll(l, w);
+}
+
+static int arm_recv(struct wex_loop *l, struct wex_loop_io *io)
+{
+	struct ur *u = l->priv;
+	struct io_uring_sqe *sqe = get_sqe(u);
+
+	if (!sqe)
+		return -EBUSY;
+	/* The msghdr lives in the io, stable until the completion. */
+	io->iov.iov_base = io->buf;
+	io->iov.iov_len = io->buflen;
+	memset(&io->msg, 0, sizeof(io->msg));
+	io->msg.msg_iov = &io->iov;
+	io->msg.msg_iovlen = 1;
+	io->msg.msg_control = io->c.cbuf;
+	io->msg.msg_controllen = sizeof(io->c.cbuf);
+	io_uring_prep_recvmsg(sqe, io->fd, &io->msg, MSG_CMSG_CLOEXEC);
+	io_uring_sqe_set_data(sqe, io);
+	io->inflight = 1;
+	return 0;
+}
+
+static int ur_add(struct wex_loop *l, struct wex_loop_io *io)
+{
+	return arm_recv(l, io);
+}
+
+static void ur_close(struct wex_loop *l, struct wex_loop_io *io)
+{
+	struct ur *u = l->priv;
+
+	if (io->closing)
+		return;
+	io->closing = 1;
+	if (io->inflight) {
+		struct io_uring_sqe *sqe = get_sqe(u);
+
+		if (sqe) {
+			io_uring_prep_cancel(sqe, io, 0);
+			io_uring_sqe_set_data(sqe, NULL);
+		}
+		/* Shutting the socket down also completes the pending recvmsg. */
+		shutdown(io->fd, SHUT_RDWR);
+		return;
+	}
+	close(io->fd);
+	io->fd = -1;
+	wex__loop_defer_free(l, io);
+}
+
+static void handle_recv(struct wex_loop *l, struct wex_loop_io *io, int res)
+{
+	int fds[WEX_SOCK_MAX_FDS], nfds = 0, mflags;
+
+	io->inflight = 0;
+	if (io->closing) {
+		/* Fds that raced in with the cancelled receive are ours to close. */
+		if (res > 0) {
+			wex_sock_take_fds(&io->msg, fds, WEX_SOCK_MAX_FDS, &nfds);
+			wex_sock_close_fds(fds, nfds);
+		}
+		close(io->fd);
+		io->fd = -1;
+		wex__loop_defer_free(l, io);
+		return;
+	}
+	if (res < 0) {
+		l->cbs.on_msg(l->arg, io, res, NULL, 0, 0);
+		return;
+	}
+	mflags = io->msg.msg_flags;
+	if (wex_sock_take_fds(&io->msg, fds, WEX_SOCK_MAX_FDS, &nfds) < 0)
+		mflags |= MSG_CTRUNC;
+	l->cbs.on_msg(l->arg, io, res, fds, nfds, mflags);
+	if (!io->closing && res > 0)
+		arm_recv(l, io);
+}
+
+static int ur_run_once(struct wex_loop *l, int timeout_ms)
+{
+	struct ur *u = l->priv;
+	struct __kernel_timespec ts = {
+		.tv_sec = timeout_ms / 1000,
+		.tv_nsec = (long long)(timeout_ms % 1000) * 1000000,
+	};
+	struct io_uring_cqe *cqe;
+	unsigned head, seen = 0;
+	int ret;
+
+	ret = io_uring_submit_and_wait_timeout(&u->ring, &cqe, 1, timeout_ms >= 0 ? &ts : NULL,
+					       NULL);
+	if (ret < 0 && ret != -ETIME && ret != -EINTR)
+		return ret;
+	io_uring_for_each_cqe(&u->ring, head, cqe)
+	{
+		void *data = io_uring_cqe_get_data(cqe);
+		int res = cqe->res;
+		unsigned flags = cqe->flags;
+
+		seen++;
+		if (!data)
+			continue; /* a cancel's own completion */
+		switch (*(int *)data) {
+		case WEX_LOOP_KIND_LISTEN: {
+			struct wex_loop_watch *w = data;
+
+			if (res >= 0) {
+				int fl = fcntl(res, F_GETFL);
+
+				fcntl(res, F_SETFL, fl | O_NONBLOCK);
+				l->cbs.on_accept(l->arg, res);
+			} else if (res == -EINVAL && u->multishot_ok) {
+				/* Kernels before 5.19 reject multishot accept. */
+				u->multishot_ok = 0;
+			} else if (res != -ECANCELED) {
+				wex_warn("loop", "accept: %s", strerror(-res));
+			}
+			if (!(flags & IORING_CQE_F_MORE))
+				arm_accept(l, w);
+			break;
+		}
+		case WEX_LOOP_KIND_WATCH: {
+			struct wex_loop_watch *w = data;
+
+			w->armed = 0;
+			w->cb(w->arg, w->fd, res);
+			arm_poll(l, w);
+			break;
+		}
+		default:
+			handle_recv(l, data, res);
+			break;
+		}
+	}
+	io_uring_cq_advance(&u->ring, seen);
+	io_uring_submit(&u->ring);
+	wex__loop_reap(l);
+	return (int)seen;
+}
+
+static void ur_fini(struct wex_loop *l)
+{
+	struct ur *u = l->priv;
+
+	wex__loop_reap(l);
+	if (u) {
+		io_uring_queue_exit(&u->ring);
+		free(u);
+	}
+	l->priv = NULL;
+}
+
+const struct wex_loop_ops wex__loop_uring_ops = {
+	.name = "io_uring",
+	.init = ur_init,
+	.listen = ur_listen,
+	.watch = ur_watch,
+	.add = ur_add,
+	.close = ur_close,
+	.run_once = ur_run_once,
+	.fini = ur_fini,
+};

@@ -1,0 +1,337 @@
+/* SPDX-License-Identifier: MIT */
+/* proto.c - error names, reply helpers, binary tables. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ipc/sock.h"
+#include "proto.h"
+
+static const struct {
+	int code;
+	const char *name;
+} errnames[] = {
+	{ EPERM, "EPERM" },       { ENOENT, "ENOENT" },     { EINTR, "EINTR" },
+	{ EIO, "EIO" },           { EBADF, "EBADF" },       { EAGAIN, "EAGAIN" },
+	{ ENOMEM, "ENOMEM" },     { EACCES, "EACCES" },     { EFAULT, "EFAULT" },
+	{ EBUSY, "EBUSY" },       { EEXIST, "EEXIST" },     { ENODEV, "ENODEV" },
+	{ EINVAL, "EINVAL" },     { ENOSPC, "ENOSPC" },     { ERANGE, "ERANGE" },
+	{ ENOSYS, "ENOSYS" },     { EMSGSIZE, "EMSGSIZE" }, { EPROTO, "EPROTO" },
+	{ EOPNOTSUPP, "EOPNOTSUPP" }, { EADDRINUSE, "EADDRINUSE" },
+	{ ECONNRESET, "ECONNRESET" }, { ETIMEDOUT, "ETIMEDOUT" },
+	{ ECANCELED, "ECANCELED" },   { ESHUTDOWN, "ESHUTDOWN" }, { ESTALE, "ESTALE" },
+	{ EOVERFLOW, "EOVERFLOW" },   { EBADMSG, "EBADMSG" },
+	{ WEX_EPROTO_VERSION, "WEX_EPROTO_VERSION" }, { WEX_ENOCUDA, "WEX_ENOCUDA" },
+	{ WEX_ELAYOUT, "WEX_ELAYOUT" },   { WEX_EDIRTY, "WEX_EDIRTY" },
+	{ WEX_ENOPUBLISHED, "WEX_ENOPUBLISHED" }, { WEX_EDAEMON, "WEX_EDAEMON" },
+	{ WEX_ENOMODEL, "WEX_ENOMODEL" },
+};
+
+const char *wex__errname(int err)
+{
+	if (err < 0)
+		err = -err;
+	for (size_t i = 0; i < sizeof(errnames) / sizeof(errnames[0]); i++)
+		if (errnames[i].code == err)
+			return errnames[i].name;
+	return "EUNKNOWN";
+}
+
+int wex__errcode(const char *name)
+{
+	for (size_t i = 0; name && i < sizeof(errnames) / sizeof(errnames[0]); i++)
+		if (!strcmp(errnames[i].name, name))
+			return -errnames[i].code;
+	return -WEX_EREMOTE;
+}
+
+json_t *wex__reply_error(int err, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	return json_pack("{s:b, s:{s:s, s:s}}", "ok", 0, "error", "code", wex__errname(err),
+			 "message", msg);
+}
+
+json_t *wex__reply_ok(void)
+{
+	return json_pack("{s:b}", "ok", 1);
+}
+
+char *wex__json_dump(const json_t *j, size_t *len)
+{
+	char *s = json_dumps(j, JSON_COMPACT);
+
+	if (s && len)
+		*len = strlen(s);
+	return s;
+}
+
+uint64_t wex__now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+const char *wex__default_socket(char *buf, size_t len)
+{
+	const char *s = getenv("WEX_SOCKET");
+
+	if (s && *s) {
+		snprintf(buf, len, "%s", s);
+		return buf;
+	}
+	s = getenv("XDG_RUNTIME_DIR");
+	if (s && *s && geteuid() != 0) {
+		snprintf(buf, len, "%s/wex/wexd.sock", s);
+		return buf;
+	}
+	snprintf(buf, len, "/run/wex/wexd.sock");
+	return buf;
+}
+
+/* ---------------------------------------------------------------------- */
+
+static int mul_ok(uint64_t a, uint64_t b, uint64_t *r)
+{
+	return !__builtin_mul_overflow(a, b, r);
+}
+
+int wex__tensor_span(const struct wex_tensor *t, uint64_t *span)
+{
+	uint64_t es = wex_dtype_size(t->dtype), last = 0, n = 1;
+	int contiguous = 1;
+
+	for (uint32_t i = 0; i < t->ndim; i++)
+		if (t->strides[i])
+			contiguous = 0;
+	for (uint32_t i = 0; i < t->ndim; i++) {
+		if (t->extent[i] == 0) {
+			*span = 0;
+			return 0;
+		}
+		if (!mul_ok(n, t->extent[i], &n))
+			return -EOVERFLOW;
+	}
+	if (contiguous) {
+		if (!mul_ok(n, es, span))
+			return -EOVERFLOW;
+		return 0;
+	}
+	/* Highest element offset reached, plus one element. */
+	for (uint32_t i = 0; i < t->ndim; i++) {
+		uint64_t d;
+
+		if (t->strides[i] < 0)
+			return -EINVAL;
+		if (!mul_ok(t->extent[i] - 1, (uint64_t)t->strides[i], &d) ||
+		    __builtin_add_overflow(last, d, &last))
+			return -EOVERFLOW;
+	}
+	if (!mul_ok(last + 1, es, span))
+		return -EOVERFLOW;
+	return 0;
+}
+
+int wex__tensor_check(const struct wex_tensor *t, char *err, size_t errlen)
+{
+	size_t nl = strnlen(t->name, WEX_NAME_MAX);
+	uint64_t span;
+
+	if (nl == 0 || nl == WEX_NAME_MAX) {
+		snprintf(err, errlen, "tensor name empty or not NUL-terminated within %d bytes",
+			 WEX_NAME_MAX);
+		return -EINVAL;
+	}
+	if (!wex_dtype_size(t->dtype)) {
+		snprintf(err, errlen, "tensor '%s': invalid dtype %d", t->name, t->dtype);
+		return -EINVAL;
+	}
+	if (t->ndim > WEX_MAX_DIMS) {
+		snprintf(err, errlen, "tensor '%s': ndim %u exceeds %d", t->name, t->ndim,
+			 WEX_MAX_DIMS);
+		return -EINVAL;
+	}
+	for (uint32_t i = 0; i < t->ndim; i++) {
+		uint64_t end;
+
+		if (__builtin_add_overflow(t->start[i], t->extent[i], &end) || end > t->shape[i]) {
+			snprintf(err, errlen,
+				 "tensor '%s': box [%llu, +%llu) exceeds shape %llu in dim %u",
+				 t->name, (unsigned long long)t->start[i],
+				 (unsigned long long)t->extent[i], (unsigned long long)t->shape[i],
+				 i);
+			return -EINVAL;
+		}
+	}
+	if (wex__tensor_span(t, &span) < 0) {
+		snprintf(err, errlen, "tensor '%s': size overflows or negative stride", t->name);
+		return -EOVERFLOW;
+	}
+	return 0;
+}
+
+int wex__table_pack(const struct wex_tensor *t, const uint32_t *ranks, size_t n)
+{
+	size_t len = sizeof(struct wex_table_hdr) + n * sizeof(struct wex_wire_tensor);
+	struct wex_table_hdr *h;
+	struct wex_wire_tensor *w;
+	int fd;
+
+	h = calloc(1, len);
+	if (!h)
+		return -ENOMEM;
+	h->magic = WEX_TABLE_MAGIC;
+	h->version = WEX_TABLE_VERSION;
+	h->count = n;
+	h->entry_size = sizeof(struct wex_wire_tensor);
+	w = (struct wex_wire_tensor *)(h + 1);
+	for (size_t i = 0; i < n; i++) {
+		memcpy(w[i].name, t[i].name, WEX_NAME_MAX);
+		w[i].name[WEX_NAME_MAX - 1] = '\0';
+		w[i].dtype = t[i].dtype;
+		w[i].ndim = t[i].ndim;
+		memcpy(w[i].shape, t[i].shape, sizeof(w[i].shape));
+		memcpy(w[i].start, t[i].start, sizeof(w[i].start));
+		memcpy(w[i].extent, t[i].extent, sizeof(w[i].extent));
+		memcpy(w[i].strides, t[i].strides, sizeof(w[i].strides));
+		w[i].segment = t[i].segment;
+		w[i].rank = ranks ? ranks[i] : 0;
+		w[i].offset = t[i].offset;
+	}
+	fd = wex_table_seal(h, len, "wex-tensors");
+	free(h);
+	return fd;
+}
+
+int wex__table_unpack(int fd, struct wex_tensor **out, uint32_t **ranks, size_t *n, char *err,
+		      size_t errlen)
+{
+	const struct wex_table_hdr *h;
+	const struct wex_wire_tensor *w;
+	struct wex_tensor *t = NULL;
+	uint32_t *r = NULL;
+	const void *data;
+	size_t len;
+	int ret;
+
+	ret = wex_table_map(fd, WEX_TABLE_MAX, &data, &len);
+	if (ret < 0) {
+		snprintf(err, errlen, "tensor table: %s",
+			 ret == -EPERM ? "memfd is not sealed" : strerror(-ret));
+		return ret;
+	}
+	h = data;
+	if (len < sizeof(*h) || h->magic != WEX_TABLE_MAGIC || h->version != WEX_TABLE_VERSION ||
+	    h->entry_size != sizeof(struct wex_wire_tensor) ||
+	    h->count > (len - sizeof(*h)) / sizeof(struct wex_wire_tensor) ||
+	    len != sizeof(*h) + h->count * sizeof(struct wex_wire_tensor)) {
+		snprintf(err, errlen, "tensor table: bad header or size (%zu bytes)", len);
+		ret = -EINVAL;
+		goto out;
+	}
+	w = (const struct wex_wire_tensor *)(h + 1);
+	t = calloc(h->count ? h->count : 1, sizeof(*t));
+	r = calloc(h->count ? h->count : 1, sizeof(*r));
+	if (!t || !r) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < h->count; i++) {
+		if (strnlen(w[i].name, WEX_NAME_MAX) == WEX_NAME_MAX) {
+			snprintf(err, errlen, "tensor table entry %zu: name not NUL-terminated", i);
+			ret = -EINVAL;
+			goto out;
+		}
+		memcpy(t[i].name, w[i].name, WEX_NAME_MAX);
+		t[i].dtype = w[i].dtype;
+		t[i].ndim = w[i].ndim;
+		memcpy(t[i].shape, w[i].shape, sizeof(t[i].shape));
+		memcpy(t[i].start, w[i].start, sizeof(t[i].start));
+		memcpy(t[i].extent, w[i].extent, sizeof(t[i].extent));
+		memcpy(t[i].strides, w[i].strides, sizeof(t[i].strides));
+		t[i].segment = w[i].segment;
+		t[i].offset = w[i].offset;
+		r[i] = w[i].rank;
+		ret = wex__tensor_check(&t[i], err, errlen);
+		if (ret < 0)
+			goto out;
+	}
+	*n = h->count;
+	*out = t;
+	t = NULL;
+	if (ranks) {
+		*ranks = r;
+		r = NULL;
+	}
+	ret = 0;
+out:
+	free(t);
+	free(r);
+	wex_table_unmap(data, len);
+	return ret;
+}
+
+int wex__plan_pack(const struct wex_plan *p)
+{
+	size_t len = sizeof(struct wex_table_hdr) + p->nops * sizeof(struct wex_plan_op);
+	struct wex_table_hdr *h = calloc(1, len);
+	int fd;
+
+	if (!h)
+		return -ENOMEM;
+	h->magic = WEX_PLAN_MAGIC;
+	h->version = WEX_TABLE_VERSION;
+	h->count = p->nops;
+	h->entry_size = sizeof(struct wex_plan_op);
+	h->reserved = p->hash;
+	if (p->nops)
+		memcpy(h + 1, p->ops, p->nops * sizeof(struct wex_plan_op));
+	fd = wex_table_seal(h, len, "wex-plan");
+	free(h);
+	return fd;
+}
+
+int wex__plan_unpack(int fd, struct wex_plan_op **ops, size_t *n, char *err, size_t errlen)
+{
+	const struct wex_table_hdr *h;
+	const void *data;
+	size_t len;
+	int ret;
+
+	ret = wex_table_map(fd, WEX_TABLE_MAX, &data, &len);
+	if (ret < 0) {
+		snprintf(err, errlen, "plan table: %s", strerror(-ret));
+		return ret;
+	}
+	h = data;
+	if (len < sizeof(*h) || h->magic != WEX_PLAN_MAGIC ||
+	    h->entry_size != sizeof(struct wex_plan_op) ||
+	    len != sizeof(*h) + h->count * sizeof(struct wex_plan_op)) {
+		snprintf(err, errlen, "plan table: bad header or size");
+		ret = -EINVAL;
+		goto out;
+	}
+	*ops = malloc(h->count ? h->count * sizeof(struct wex_plan_op) : 1);
+	if (!*ops) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	if (h->count)
+		memcpy(*ops, h + 1, h->count * sizeof(struct wex_plan_op));
+	*n = h->count;
+	ret = 0;
+out:
+	wex_table_unmap(data, len);
+	return ret;
+}

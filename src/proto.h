@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * proto.h - the control protocol (DESIGN section 7).
+ *
+ * Every message is one JSON object.  Requests: {"v":1,"op":"...",...}.
+ * Replies: {"ok":true,...} or {"ok":false,"error":{"code":"EBUSY",
+ * "message":"..."}}.  Tables (tensors, plans) travel as sealed memfds in
+ * the binary formats below, attached to a small message.
+ *
+ * Requests (role that may send them):
+ *   hello            any       role, model, group, rank, world, name
+ *   register_segment producer  kind, size, device, handle, handle_offset, alloc_size (+1 fd: host, cuda_vmm)
+ *   register_tensors producer  (+1 fd: sealed tensor table)
+ *   begin_write      producer  version, timeout_ms          (deferred reply)
+ *   publish          producer  version
+ *   attach           consumer  (+0 or 1 fd: sealed tensor table of its own layout)
+ *   acquire          consumer  min_version, timeout_ms, mode (deferred reply)
+ *   fetch            consumer  start  -> segments + fds, tables, plan
+ *   release          consumer  version
+ *   status, models, clients, plans        any
+ */
+#ifndef WEX_PROTO_H
+#define WEX_PROTO_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "wex.h"
+#include "plan.h"
+
+#define WEX_MSG_MAX_DEFAULT 65536
+#define WEX_TABLE_MAX (1ull << 32) /* largest table memfd accepted */
+
+/* "EBUSY" for -EBUSY, "WEX_ELAYOUT" for -WEX_ELAYOUT; "EUNKNOWN" otherwise. */
+const char *wex__errname(int err);
+/* Inverse; returns a negative code (-WEX_EREMOTE when unknown). */
+int wex__errcode(const char *name);
+
+/* {"ok":false,"error":{"code":...,"message":...}} (new reference). */
+json_t *wex__reply_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* {"ok":true} (new reference). */
+json_t *wex__reply_ok(void);
+
+/* Serialises compactly; returns malloc'd text or NULL. */
+char *wex__json_dump(const json_t *j, size_t *len);
+
+/* Binary tensor table: header then `count` fixed-size entries. */
+#define WEX_TABLE_MAGIC 0x54584557u /* "WEXT" */
+#define WEX_PLAN_MAGIC 0x50584557u  /* "WEXP" */
+#define WEX_TABLE_VERSION 1
+
+struct wex_table_hdr {
+	uint32_t magic;
+	uint32_t version;
+	uint64_t count;
+	uint64_t entry_size;
+	uint64_t reserved;
+};
+
+struct wex_wire_tensor {
+	char name[WEX_NAME_MAX];
+	int32_t dtype;
+	uint32_t ndim;
+	uint64_t shape[WEX_MAX_DIMS];
+	uint64_t start[WEX_MAX_DIMS];
+	uint64_t extent[WEX_MAX_DIMS];
+	int64_t strides[WEX_MAX_DIMS];
+	uint32_t segment;
+	uint32_t rank; /* producer rank, in tables the daemon sends */
+	uint64_t offset;
+};
+
+/* Packs tensors into a sealed memfd (ptr is not sent).  `ranks` may be NULL
+ * (rank 0).  Returns the fd or -errno. */
+int wex__table_pack(const struct wex_tensor *t, const uint32_t *ranks, size_t n);
+
+/* Maps and validates a tensor table fd (not taken); on success *out is a
+ * malloc'd array of n tensors, *ranks (if not NULL) a malloc'd rank array.
+ * Validation: magic, sizes, names NUL-terminated and non-empty, dtype, ndim,
+ * box within shape, no overflow.  err receives a message naming the entry. */
+int wex__table_unpack(int fd, struct wex_tensor **out, uint32_t **ranks, size_t *n, char *err,
+		      size_t errlen);
+
+/* Checks one tensor's description (as above). */
+int wex__tensor_check(const struct wex_tensor *t, char *err, size_t errlen);
+
+/* Bytes from the tensor's first byte to one past its last (with strides). */
+int wex__tensor_span(const struct wex_tensor *t, uint64_t *span);
+
+/* Packs/unpacks a plan's ops (same sealing and validation). */
+int wex__plan_pack(const struct wex_plan *p);
+int wex__plan_unpack(int fd, struct wex_plan_op **ops, size_t *n, char *err, size_t errlen);
+
+/* Default socket path: $WEX_SOCKET, $XDG_RUNTIME_DIR/wex/wexd.sock,
+ * /run/wex/wexd.sock. */
+const char *wex__default_socket(char *buf, size_t len);
+
+/* Monotonic time. */
+uint64_t wex__now_ns(void);
+
+#endif

@@ -1,0 +1,1082 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * registry.c - models, producer ranks, consumer groups, versions and leases.
+ *
+ * The rules (DESIGN section 4), single-buffer mode:
+ *  - A version is published when all N producer ranks published it.
+ *  - begin_write waits until no lease holds the model's buffer; while any
+ *    rank writes or waits to write, no new lease is granted (writers are
+ *    not starved), so a consumer never reads a mix of two versions.
+ *  - All M ranks of a consumer group get the same version: the first rank to
+ *    acquire opens a round on the newest version and the group holds it
+ *    (one lease) until every rank took it.
+ *  - A dead client loses its leases and registrations, nothing else.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ipc/sock.h"
+#include "log.h"
+#include "proto.h"
+#include "wexd.h"
+
+#define EMSG_LEN 512
+
+static struct model *model_find(struct wexd *d, const char *name)
+{
+	for (struct model *m = d->models; m; m = m->next)
+		if (!strcmp(m->name, name))
+			return m;
+	return NULL;
+}
+
+static void model_invalidate(struct model *m)
+{
+	m->layout_gen++;
+	if (m->tables_fd >= 0)
+		close(m->tables_fd);
+	m->tables_fd = -1;
+}
+
+static void plans_free(struct model *m)
+{
+	while (m->plans) {
+		struct plan_entry *p = m->plans;
+
+		m->plans = p->next;
+		if (p->fd >= 0)
+			close(p->fd);
+		wex__plan_free(p->plan);
+		free(p);
+	}
+}
+
+static void prank_clear(struct prank *r)
+{
+	for (uint32_t i = 0; i < r->nsegs; i++)
+		if (r->segs[i].fd >= 0)
+			close(r->segs[i].fd);
+	free(r->segs);
+	free(r->t);
+	r->segs = NULL;
+	r->nsegs = 0;
+	r->t = NULL;
+	r->nt = 0;
+	r->bytes = 0;
+}
+
+static void model_free(struct wexd *d, struct model *m)
+{
+	struct model **pp;
+
+	for (pp = &d->models; *pp; pp = &(*pp)->next)
+		if (*pp == m) {
+			*pp = m->next;
+			break;
+		}
+	for (uint32_t i = 0; i < m->world; i++)
+		prank_clear(&m->ranks[i]);
+	free(m->ranks);
+	while (m->groups) {
+		struct cgroup *g = m->groups;
+
+		m->groups = g->next;
+		free(g->ranks);
+		free(g->taken);
+		free(g);
+	}
+	plans_free(m);
+	if (m->tables_fd >= 0)
+		close(m->tables_fd);
+	wex_info("registry", "model '%s' removed (no clients left)", m->name);
+	free(m);
+}
+
+/* A model with no client left is forgotten: its bytes lived in the clients. */
+static void model_maybe_free(struct wexd *d, struct model *m)
+{
+	for (uint32_t i = 0; i < m->world; i++)
+		if (m->ranks[i].c)
+			return;
+	for (struct cgroup *g = m->groups; g; g = g->next)
+		for (uint32_t i = 0; i < g->world; i++)
+			if (g->ranks[i])
+				return;
+	model_free(d, m);
+}
+
+static struct model *model_get(struct wexd *d, const char *name, uint32_t world, int producer,
+			       char *err, size_t errlen)
+{
+	struct model *m = model_find(d, name);
+
+	if (m) {
+		if (producer && m->world == 0) {
+			m->ranks = calloc(world, sizeof(*m->ranks));
+			if (!m->ranks)
+				return NULL;
+			m->world = world;
+		} else if (producer && m->world != world) {
+			snprintf(err, errlen,
+				 "model '%s' has %u producer ranks, this producer says %u", name,
+				 m->world, world);
+			return NULL;
+		}
+		return m;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return NULL;
+	snprintf(m->name, sizeof(m->name), "%s", name);
+	m->tables_fd = -1;
+	if (producer) {
+		m->ranks = calloc(world, sizeof(*m->ranks));
+		if (!m->ranks) {
+			free(m);
+			return NULL;
+		}
+		m->world = world;
+	}
+	m->next = d->models;
+	d->models = m;
+	return m;
+}
+
+static const char *role_name(int role)
+{
+	switch (role) {
+	case WEX_ROLE_PRODUCER:
+		return "producer";
+	case WEX_ROLE_CONSUMER:
+		return "consumer";
+	case WEX_ROLE_ADMIN:
+		return "admin";
+	default:
+		return "none";
+	}
+}
+
+static const char *mode_name(int mode)
+{
+	switch (mode) {
+	case WEX_SYNC_COPY:
+		return "copy";
+	case WEX_SYNC_REMAP_VIEW:
+		return "remap-view";
+	case WEX_SYNC_REMAP_FIXED:
+		return "remap-fixed";
+	default:
+		return "-";
+	}
+}
+
+/* ---------------------------------------------------------------------- */
+
+json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
+{
+	const char *role = NULL, *model = NULL, *group = "default", *name = "";
+	json_int_t rank = 0, world = 1;
+	char err[EMSG_LEN] = "";
+	json_error_t je;
+
+	if (c->role)
+		return wex__reply_error(-EINVAL, "hello already done on this connection");
+	if (json_unpack_ex(req, &je, 0, "{s:s, s?s, s?s, s?I, s?I, s?s}", "role", &role, "model",
+			   &model, "group", &group, "rank", &rank, "world", &world, "name",
+			   &name) < 0)
+		return wex__reply_error(-EINVAL, "hello: %s", je.text);
+	snprintf(c->name, sizeof(c->name), "%s", name);
+	if (!strcmp(role, "admin")) {
+		c->role = WEX_ROLE_ADMIN;
+		return json_pack("{s:b, s:i, s:s}", "ok", 1, "v", WEX_PROTO_VERSION, "io",
+				 wexd_io_backend(d));
+	}
+	if (strcmp(role, "producer") && strcmp(role, "consumer"))
+		return wex__reply_error(-EINVAL, "hello: role '%s' unknown (producer, consumer, admin)",
+					role);
+	if (!model || !*model || strlen(model) >= WEX_NAME_MAX)
+		return wex__reply_error(-EINVAL, "hello: a %s needs a model name (1..%d bytes)", role,
+					WEX_NAME_MAX - 1);
+	if (world < 1 || world > 65536 || rank < 0 || rank >= world)
+		return wex__reply_error(-EINVAL, "hello: rank %lld outside world size %lld",
+					(long long)rank, (long long)world);
+	if (!strcmp(role, "producer")) {
+		struct model *m = model_get(d, model, (uint32_t)world, 1, err, sizeof(err));
+
+		if (!m)
+			return wex__reply_error(-EINVAL, "hello: %s", err[0] ? err : "out of memory");
+		if (m->ranks[rank].c)
+			return wex__reply_error(-EADDRINUSE,
+						"hello: producer rank %lld of model '%s' is held by pid %d",
+						(long long)rank, model, (int)m->ranks[rank].c->pid);
+		m->ranks[rank].c = c;
+		c->model = m;
+		c->rank = (uint32_t)rank;
+		c->role = WEX_ROLE_PRODUCER;
+		wex_info("registry", "producer pid %d joined model '%s' as rank %lld/%lld",
+			 (int)c->pid, model, (long long)rank, (long long)world);
+		return json_pack("{s:b, s:i, s:I}", "ok", 1, "v", WEX_PROTO_VERSION, "published",
+				 (json_int_t)m->published);
+	}
+	/* consumer */
+	if (strlen(group) >= WEX_NAME_MAX || !*group)
+		return wex__reply_error(-EINVAL, "hello: bad group name");
+	struct model *m = model_get(d, model, 0, 0, err, sizeof(err));
+	struct cgroup *g;
+
+	if (!m)
+		return wex__reply_error(-ENOMEM, "hello: out of memory");
+	for (g = m->groups; g; g = g->next)
+		if (!strcmp(g->name, group))
+			break;
+	if (g && g->world != (uint32_t)world)
+		return wex__reply_error(-EINVAL, "hello: group '%s' has %u ranks, this consumer says %lld",
+					group, g->world, (long long)world);
+	if (!g) {
+		g = calloc(1, sizeof(*g));
+		if (g) {
+			g->ranks = calloc((size_t)world, sizeof(*g->ranks));
+			g->taken = calloc((size_t)world, 1);
+		}
+		if (!g || !g->ranks || !g->taken) {
+			if (g) {
+				free(g->ranks);
+				free(g->taken);
+			}
+			free(g);
+			return wex__reply_error(-ENOMEM, "hello: out of memory");
+		}
+		snprintf(g->name, sizeof(g->name), "%s", group);
+		g->world = (uint32_t)world;
+		g->next = m->groups;
+		m->groups = g;
+	}
+	if (g->ranks[rank])
+		return wex__reply_error(-EADDRINUSE, "hello: rank %lld of group '%s' is held by pid %d",
+					(long long)rank, group, (int)g->ranks[rank]->pid);
+	g->ranks[rank] = c;
+	c->model = m;
+	c->group = g;
+	c->rank = (uint32_t)rank;
+	c->role = WEX_ROLE_CONSUMER;
+	wex_info("registry", "consumer pid %d joined model '%s' group '%s' as rank %lld/%lld",
+		 (int)c->pid, model, group, (long long)rank, (long long)world);
+	return json_pack("{s:b, s:i, s:I}", "ok", 1, "v", WEX_PROTO_VERSION, "published",
+			 (json_int_t)m->published);
+}
+
+static int hex_decode(const char *s, unsigned char *out, size_t max, uint32_t *len)
+{
+	size_t n = strlen(s);
+
+	if (n % 2 || n / 2 > max)
+		return -EINVAL;
+	for (size_t i = 0; i < n / 2; i++) {
+		unsigned v;
+
+		if (sscanf(s + 2 * i, "%2x", &v) != 1)
+			return -EINVAL;
+		out[i] = (unsigned char)v;
+	}
+	*len = (uint32_t)(n / 2);
+	return 0;
+}
+
+json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *fds, int nfds)
+{
+	const char *kind = NULL, *device = "", *handle = "";
+	json_int_t size = 0, hoff = 0, asize = 0;
+	struct prank *r;
+	struct seg s, *ns;
+	json_error_t je;
+	int k, need_fd;
+
+	if (c->role != WEX_ROLE_PRODUCER)
+		return wex__reply_error(-EPERM, "register_segment: only producers register segments");
+	if (json_unpack_ex(req, &je, 0, "{s:s, s:I, s?s, s?s, s?I, s?I}", "kind", &kind, "size",
+			   &size, "device", &device, "handle", &handle, "handle_offset", &hoff,
+			   "alloc_size", &asize) < 0)
+		return wex__reply_error(-EINVAL, "register_segment: %s", je.text);
+	if (!strcmp(kind, "host"))
+		k = WEX_MEM_HOST;
+	else if (!strcmp(kind, "cuda_vmm"))
+		k = WEX_MEM_CUDA_VMM;
+	else if (!strcmp(kind, "cuda_ipc"))
+		k = WEX_MEM_CUDA_IPC;
+	else
+		return wex__reply_error(-EINVAL, "register_segment: kind '%s' unknown (host, cuda_vmm, cuda_ipc)",
+					kind);
+	need_fd = k != WEX_MEM_CUDA_IPC;
+	if (nfds != need_fd)
+		return wex__reply_error(-EINVAL, "register_segment: kind %s takes %d fd, got %d", kind,
+					need_fd, nfds);
+	if (size <= 0 || hoff < 0 || asize < 0)
+		return wex__reply_error(-EINVAL, "register_segment: size must be positive");
+	memset(&s, 0, sizeof(s));
+	s.desc.kind = k;
+	s.desc.size = (uint64_t)size;
+	s.desc.handle_offset = (uint64_t)hoff;
+	s.desc.alloc_size = asize ? (uint64_t)asize : (uint64_t)size;
+	if (strlen(device) >= sizeof(s.desc.device))
+		return wex__reply_error(-EINVAL, "register_segment: device name too long");
+	snprintf(s.desc.device, sizeof(s.desc.device), "%s", device);
+	if (hex_decode(handle, s.desc.handle, sizeof(s.desc.handle), &s.desc.handle_len) < 0)
+		return wex__reply_error(-EINVAL, "register_segment: handle must be hex of at most %d bytes",
+					WEX_HANDLE_MAX);
+	if (k == WEX_MEM_HOST) {
+		struct stat st;
+
+		/* A short file would make every consumer fault: check it here. */
+		if (fstat(fds[0], &st) < 0 || (uint64_t)st.st_size < s.desc.size)
+			return wex__reply_error(-EINVAL,
+						"register_segment: fd is %lld bytes, smaller than size %lld",
+						(long long)st.st_size, (long long)size);
+	}
+	r = &c->model->ranks[c->rank];
+	if (r->nsegs >= 65536)
+		return wex__reply_error(-ENOSPC, "register_segment: too many segments");
+	ns = realloc(r->segs, (r->nsegs + 1) * sizeof(*ns));
+	if (!ns)
+		return wex__reply_error(-ENOMEM, "register_segment: out of memory");
+	r->segs = ns;
+	s.fd = need_fd ? fds[0] : -1;
+	if (need_fd)
+		fds[0] = -1; /* kept */
+	r->segs[r->nsegs] = s;
+	r->bytes += s.desc.size;
+	model_invalidate(c->model);
+	return json_pack("{s:b, s:i}", "ok", 1, "segment", r->nsegs++);
+}
+
+json_t *wexd_register_tensors(struct wexd *d, struct conn *c, json_t *req, int *fds, int nfds)
+{
+	char err[EMSG_LEN] = "";
+	struct wex_tensor *t = NULL;
+	struct prank *r;
+	size_t n = 0;
+	int ret;
+
+	if (c->role != WEX_ROLE_PRODUCER)
+		return wex__reply_error(-EPERM, "register_tensors: only producers register tensors");
+	if (nfds != 1)
+		return wex__reply_error(-EINVAL, "register_tensors takes 1 fd (a sealed table), got %d",
+					nfds);
+	ret = wex__table_unpack(fds[0], &t, NULL, &n, err, sizeof(err));
+	if (ret < 0)
+		return wex__reply_error(ret, "register_tensors: %s", err);
+	r = &c->model->ranks[c->rank];
+	for (size_t i = 0; i < n; i++) {
+		uint64_t span, end;
+
+		if (t[i].segment >= r->nsegs) {
+			json_t *e = wex__reply_error(-EINVAL,
+						     "register_tensors: tensor '%s' names segment %u, rank has %u",
+						     t[i].name, t[i].segment, r->nsegs);
+			free(t);
+			return e;
+		}
+		wex__tensor_span(&t[i], &span);
+		if (__builtin_add_overflow(t[i].offset, span, &end) ||
+		    end > r->segs[t[i].segment].desc.size) {
+			json_t *e = wex__reply_error(-EINVAL,
+						     "register_tensors: tensor '%s' [%llu, %llu) exceeds segment %u of %llu bytes",
+						     t[i].name, (unsigned long long)t[i].offset,
+						     (unsigned long long)end, t[i].segment,
+						     (unsigned long long)r->segs[t[i].segment].desc.size);
+			free(t);
+			return e;
+		}
+	}
+	free(r->t);
+	r->t = t;
+	r->nt = n;
+	model_invalidate(c->model);
+	plans_free(c->model);
+	return json_pack("{s:b, s:I}", "ok", 1, "count", (json_int_t)n);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Versions and leases.                                                    */
+
+static void describe_leases(struct model *m, char *buf, size_t len)
+{
+	size_t off = 0;
+
+	buf[0] = '\0';
+	for (struct cgroup *g = m->groups; g; g = g->next) {
+		if (g->round_open && off < len)
+			off += (size_t)snprintf(buf + off, len - off,
+						"%sgroup '%s' waits for %u of %u ranks to take v%llu",
+						off ? "; " : "", g->name, g->world - g->ntaken, g->world,
+						(unsigned long long)g->round_version);
+		for (uint32_t i = 0; i < g->world && off < len; i++) {
+			struct conn *c = g->ranks[i];
+
+			if (c && c->has_lease)
+				off += (size_t)snprintf(buf + off, len - off,
+							"%sgroup '%s' rank %u (pid %d) holds v%llu in %s mode",
+							off ? "; " : "", g->name, i, (int)c->pid,
+							(unsigned long long)c->lease_version,
+							mode_name(c->lease_mode));
+		}
+	}
+}
+
+static void lease_drop(struct model *m, struct conn *c)
+{
+	if (!c->has_lease)
+		return;
+	c->has_lease = 0;
+	if (m->leases)
+		m->leases--;
+}
+
+static void round_close(struct model *m, struct cgroup *g)
+{
+	if (!g->round_open)
+		return;
+	g->round_open = 0;
+	if (m->leases)
+		m->leases--; /* the group's hold */
+}
+
+static int begin_write_try(struct wexd *d, struct conn *c, json_t **reply)
+{
+	struct model *m = c->model;
+	struct prank *r = &m->ranks[c->rank];
+
+	if (m->leases)
+		return 0;
+	r->writing = c->wait_version;
+	m->writing = c->wait_version;
+	if (m->write_pending)
+		m->write_pending--;
+	c->waiting = WAIT_NONE;
+	*reply = json_pack("{s:b, s:I, s:f}", "ok", 1, "version", (json_int_t)c->wait_version,
+			   "waited_ms", (double)(wex__now_ns() - c->wait_start_ns) / 1e6);
+	return 1;
+}
+
+json_t *wexd_begin_write(struct wexd *d, struct conn *c, json_t *req)
+{
+	json_int_t v = 0, timeout = -1;
+	struct model *m;
+	struct prank *r;
+	json_error_t je;
+	json_t *reply = NULL;
+
+	if (c->role != WEX_ROLE_PRODUCER)
+		return wex__reply_error(-EPERM, "begin_write: only producers write");
+	if (json_unpack_ex(req, &je, 0, "{s:I, s?I}", "version", &v, "timeout_ms", &timeout) < 0)
+		return wex__reply_error(-EINVAL, "begin_write: %s", je.text);
+	m = c->model;
+	r = &m->ranks[c->rank];
+	if (v <= 0 || (uint64_t)v <= m->published || (uint64_t)v <= r->published)
+		return wex__reply_error(-EINVAL, "begin_write: version %lld must exceed published v%llu",
+					(long long)v, (unsigned long long)m->published);
+	if (m->writing && m->writing != (uint64_t)v)
+		return wex__reply_error(-EINVAL,
+					"begin_write: v%lld while other ranks write v%llu: all ranks write the same version",
+					(long long)v, (unsigned long long)m->writing);
+	if (r->writing == (uint64_t)v)
+		return json_pack("{s:b, s:I, s:f}", "ok", 1, "version", v, "waited_ms", 0.0);
+	if (r->nt == 0)
+		return wex__reply_error(-EINVAL, "begin_write: register tensors first");
+	if (d->draining)
+		return wex__reply_error(-ESHUTDOWN, "begin_write: wexd is shutting down");
+	c->waiting = WAIT_BEGIN_WRITE;
+	c->wait_version = (uint64_t)v;
+	c->wait_start_ns = wex__now_ns();
+	if (timeout < 0)
+		timeout = d->begin_write_timeout_ms;
+	c->wait_deadline_ns = c->wait_start_ns + (uint64_t)timeout * 1000000ull;
+	m->write_pending++;
+	if (begin_write_try(d, c, &reply))
+		return reply;
+	return NULL; /* deferred */
+}
+
+json_t *wexd_publish(struct wexd *d, struct conn *c, json_t *req)
+{
+	json_int_t v = 0;
+	struct model *m;
+	struct prank *r;
+	json_error_t je;
+	uint32_t done = 0;
+
+	if (c->role != WEX_ROLE_PRODUCER)
+		return wex__reply_error(-EPERM, "publish: only producers publish");
+	if (json_unpack_ex(req, &je, 0, "{s:I}", "version", &v) < 0)
+		return wex__reply_error(-EINVAL, "publish: %s", je.text);
+	m = c->model;
+	r = &m->ranks[c->rank];
+	if (r->writing != (uint64_t)v || v <= 0)
+		return wex__reply_error(-EINVAL, "publish: v%lld was not begun with begin_write on rank %u",
+					(long long)v, c->rank);
+	r->writing = 0;
+	r->published = (uint64_t)v;
+	for (uint32_t i = 0; i < m->world; i++)
+		if (m->ranks[i].published == (uint64_t)v && !m->ranks[i].writing)
+			done++;
+	if (done == m->world) {
+		m->published = (uint64_t)v;
+		m->published_ns = wex__now_ns();
+		m->writing = 0;
+		wex_debug("registry", "model '%s' v%lld published by all %u ranks", m->name,
+			  (long long)v, m->world);
+	}
+	return json_pack("{s:b, s:I, s:b}", "ok", 1, "version", v, "visible", done == m->world);
+}
+
+json_t *wexd_attach(struct wexd *d, struct conn *c, json_t *req, int *fds, int nfds)
+{
+	char err[EMSG_LEN] = "";
+	struct wex_tensor *t = NULL;
+	size_t n = 0;
+	int ret;
+
+	if (c->role != WEX_ROLE_CONSUMER)
+		return wex__reply_error(-EPERM, "attach: only consumers attach");
+	if (nfds > 1)
+		return wex__reply_error(-EINVAL, "attach takes 0 or 1 fd, got %d", nfds);
+	if (nfds == 1) {
+		ret = wex__table_unpack(fds[0], &t, NULL, &n, err, sizeof(err));
+		if (ret < 0)
+			return wex__reply_error(ret, "attach: %s", err);
+	}
+	free(c->layout);
+	c->layout = t;
+	c->nlayout = n;
+	/* FNV-1a over the table: plans are cached per consumer layout. */
+	uint64_t h = 1469598103934665603ull;
+	const unsigned char *p = (const unsigned char *)t;
+
+	for (size_t i = 0; i < n * sizeof(*t); i++)
+		h = (h ^ p[i]) * 1099511628211ull;
+	c->layout_hash = h;
+	return json_pack("{s:b, s:I, s:I}", "ok", 1, "count", (json_int_t)n, "published",
+			 (json_int_t)c->model->published);
+}
+
+static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
+{
+	struct model *m = c->model;
+	struct cgroup *g = c->group;
+	uint64_t v;
+
+	if (g->round_open && !g->taken[c->rank]) {
+		v = g->round_version;
+		if (v < c->wait_version)
+			return 0;
+	} else if (g->round_open) {
+		return 0; /* this rank already took the round: peers first */
+	} else {
+		if (!m->published || m->writing || m->write_pending || m->published < c->wait_version)
+			return 0;
+		v = m->published;
+		g->round_open = 1;
+		g->round_version = v;
+		g->ntaken = 0;
+		memset(g->taken, 0, g->world);
+		m->leases++; /* the group's hold until every rank took v */
+	}
+	g->taken[c->rank] = 1;
+	g->ntaken++;
+	c->has_lease = 1;
+	c->lease_version = v;
+	c->lease_mode = c->wait_mode;
+	m->leases++;
+	if (g->ntaken == g->world)
+		round_close(m, g);
+	c->waiting = WAIT_NONE;
+	c->syncs++;
+	c->last_sync_ns = wex__now_ns();
+	c->served_version = v;
+	*reply = json_pack("{s:b, s:I, s:I, s:f}", "ok", 1, "version", (json_int_t)v, "layout_gen",
+			   (json_int_t)m->layout_gen, "waited_ms",
+			   (double)(wex__now_ns() - c->wait_start_ns) / 1e6);
+	return 1;
+}
+
+json_t *wexd_acquire(struct wexd *d, struct conn *c, json_t *req)
+{
+	json_int_t minv = 0, timeout = -1, mode = WEX_SYNC_COPY;
+	json_error_t je;
+	json_t *reply = NULL;
+
+	if (c->role != WEX_ROLE_CONSUMER)
+		return wex__reply_error(-EPERM, "acquire: only consumers acquire");
+	if (json_unpack_ex(req, &je, 0, "{s?I, s?I, s?I}", "min_version", &minv, "timeout_ms",
+			   &timeout, "mode", &mode) < 0)
+		return wex__reply_error(-EINVAL, "acquire: %s", je.text);
+	if (mode < WEX_SYNC_COPY || mode > WEX_SYNC_REMAP_FIXED || minv < 0)
+		return wex__reply_error(-EINVAL, "acquire: mode %lld unknown", (long long)mode);
+	if (d->draining)
+		return wex__reply_error(-ESHUTDOWN, "acquire: wexd is shutting down");
+	/* Re-syncing a version this rank holds (a switch of mode) keeps the
+	 * lease.  Otherwise a new sync ends the previous rollout's lease: in
+	 * single-buffer mode the producer cannot write while it is held. */
+	if (c->has_lease && minv && (uint64_t)minv <= c->lease_version) {
+		c->lease_mode = (int)mode;
+		c->syncs++;
+		c->last_sync_ns = wex__now_ns();
+		return json_pack("{s:b, s:I, s:I, s:f, s:b}", "ok", 1, "version",
+				 (json_int_t)c->lease_version, "layout_gen",
+				 (json_int_t)c->model->layout_gen, "waited_ms", 0.0, "kept", 1);
+	}
+	lease_drop(c->model, c);
+	c->waiting = WAIT_ACQUIRE;
+	c->wait_version = (uint64_t)minv;
+	c->wait_mode = (int)mode;
+	c->wait_start_ns = wex__now_ns();
+	if (timeout < 0)
+		timeout = 30000;
+	c->wait_deadline_ns = c->wait_start_ns + (uint64_t)timeout * 1000000ull;
+	if (acquire_try(d, c, &reply))
+		return reply;
+	return NULL;
+}
+
+json_t *wexd_release(struct wexd *d, struct conn *c, json_t *req)
+{
+	json_int_t v = 0;
+	json_error_t je;
+
+	if (c->role != WEX_ROLE_CONSUMER)
+		return wex__reply_error(-EPERM, "release: only consumers hold leases");
+	if (json_unpack_ex(req, &je, 0, "{s?I}", "version", &v) < 0)
+		return wex__reply_error(-EINVAL, "release: %s", je.text);
+	if (!c->has_lease)
+		return wex__reply_error(-ENOENT, "release: no lease held");
+	if (v && (uint64_t)v != c->lease_version)
+		return wex__reply_error(-EINVAL, "release: lease is on v%llu, not v%lld",
+					(unsigned long long)c->lease_version, (long long)v);
+	lease_drop(c->model, c);
+	return wex__reply_ok();
+}
+
+/* ---------------------------------------------------------------------- */
+/* Fetch: segments (fds), tensor tables and the consumer's plan.           */
+
+static const char *kind_name(int k)
+{
+	return k == WEX_MEM_HOST ? "host" : k == WEX_MEM_CUDA_VMM ? "cuda_vmm" : "cuda_ipc";
+}
+
+static int tables_fd(struct model *m)
+{
+	struct wex_tensor *all;
+	uint32_t *ranks;
+	size_t n = 0, k = 0;
+	int fd;
+
+	if (m->tables_fd >= 0)
+		return m->tables_fd;
+	for (uint32_t i = 0; i < m->world; i++)
+		n += m->ranks[i].nt;
+	all = calloc(n ? n : 1, sizeof(*all));
+	ranks = calloc(n ? n : 1, sizeof(*ranks));
+	if (!all || !ranks) {
+		free(all);
+		free(ranks);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < m->world; i++)
+		for (size_t j = 0; j < m->ranks[i].nt; j++) {
+			all[k] = m->ranks[i].t[j];
+			ranks[k++] = i;
+		}
+	fd = wex__table_pack(all, ranks, n);
+	free(all);
+	free(ranks);
+	if (fd >= 0)
+		m->tables_fd = fd;
+	return fd;
+}
+
+static struct plan_entry *plan_get(struct model *m, struct conn *c, char *err, size_t errlen,
+				   int *ret)
+{
+	struct wex_plan_src *srcs;
+	struct plan_entry *p;
+	uint64_t t0;
+
+	for (p = m->plans; p; p = p->next)
+		if (p->layout_gen == m->layout_gen && p->consumer_hash == c->layout_hash &&
+		    p->crank == c->rank && p->cworld == c->group->world) {
+			p->uses++;
+			return p;
+		}
+	srcs = calloc(m->world ? m->world : 1, sizeof(*srcs));
+	p = calloc(1, sizeof(*p));
+	if (!srcs || !p) {
+		free(srcs);
+		free(p);
+		*ret = -ENOMEM;
+		return NULL;
+	}
+	for (uint32_t i = 0; i < m->world; i++) {
+		srcs[i].rank = i;
+		srcs[i].t = m->ranks[i].t;
+		srcs[i].n = m->ranks[i].nt;
+	}
+	t0 = wex__now_ns();
+	*ret = wex__plan_build(srcs, m->world, c->layout, c->nlayout, c->rank, c->group->world,
+			       &p->plan, err, errlen);
+	free(srcs);
+	if (*ret < 0) {
+		free(p);
+		return NULL;
+	}
+	p->build_ms = (double)(wex__now_ns() - t0) / 1e6;
+	p->fd = wex__plan_pack(p->plan);
+	if (p->fd < 0) {
+		*ret = p->fd;
+		wex__plan_free(p->plan);
+		free(p);
+		return NULL;
+	}
+	p->layout_gen = m->layout_gen;
+	p->consumer_hash = c->layout_hash;
+	p->crank = c->rank;
+	p->cworld = c->group->world;
+	p->uses = 1;
+	p->next = m->plans;
+	m->plans = p;
+	wex_info("planner", "model '%s' plan for group '%s' rank %u: %zu ops, %llu bytes, %.2f ms",
+		 m->name, c->group->name, c->rank, p->plan->nops,
+		 (unsigned long long)p->plan->stats.bytes_moved, p->build_ms);
+	return p;
+}
+
+#define FETCH_FDS_PER_MSG 60
+
+json_t *wexd_fetch(struct wexd *d, struct conn *c, json_t *req)
+{
+	json_int_t start = 0;
+	json_t *reply, *segs;
+	int fds[FETCH_FDS_PER_MSG + 2], nfds = 0, ret;
+	struct model *m = c->model;
+	char err[EMSG_LEN] = "";
+	uint64_t idx = 0;
+	json_error_t je;
+
+	if (c->role != WEX_ROLE_CONSUMER)
+		return wex__reply_error(-EPERM, "fetch: only consumers fetch");
+	if (json_unpack_ex(req, &je, 0, "{s?I}", "start", &start) < 0)
+		return wex__reply_error(-EINVAL, "fetch: %s", je.text);
+	if (!m->world)
+		return wex__reply_error(-WEX_ENOPUBLISHED, "fetch: model '%s' has no producer", m->name);
+	for (uint32_t i = 0; i < m->world; i++)
+		if (!m->ranks[i].c || !m->ranks[i].nt)
+			return wex__reply_error(-EAGAIN, "fetch: producer rank %u of model '%s' is not registered",
+						i, m->name);
+	reply = json_pack("{s:b, s:I, s:i, s:i, s:i}", "ok", 1, "layout_gen",
+			  (json_int_t)m->layout_gen, "world", m->world, "tables_fd", -1, "plan_fd",
+			  -1);
+	segs = json_array();
+	json_object_set_new(reply, "segments", segs);
+	if (start == 0) {
+		ret = tables_fd(m);
+		if (ret < 0) {
+			json_decref(reply);
+			return wex__reply_error(ret, "fetch: cannot pack tables");
+		}
+		json_object_set_new(reply, "tables_fd", json_integer(nfds));
+		fds[nfds++] = ret;
+		if (c->nlayout) {
+			struct plan_entry *p = plan_get(m, c, err, sizeof(err), &ret);
+
+			if (!p) {
+				json_decref(reply);
+				return wex__reply_error(ret, "plan: %s", err);
+			}
+			json_object_set_new(reply, "plan_fd", json_integer(nfds));
+			fds[nfds++] = p->fd;
+			json_object_set_new(reply, "plan",
+					    json_pack("{s:I, s:I, s:I, s:I, s:f}", "ops",
+						      (json_int_t)p->plan->nops, "bytes_needed",
+						      (json_int_t)p->plan->stats.bytes_needed,
+						      "bytes_moved",
+						      (json_int_t)p->plan->stats.bytes_moved, "hash",
+						      (json_int_t)(p->plan->hash >> 1), "build_ms",
+						      p->build_ms));
+		}
+	}
+	for (uint32_t i = 0; i < m->world; i++) {
+		struct prank *r = &m->ranks[i];
+
+		for (uint32_t s = 0; s < r->nsegs; s++, idx++) {
+			char hex[2 * WEX_HANDLE_MAX + 1];
+			json_t *js;
+
+			if (idx < (uint64_t)start)
+				continue;
+			if (nfds >= FETCH_FDS_PER_MSG) {
+				json_object_set_new(reply, "more", json_integer((json_int_t)idx));
+				goto send;
+			}
+			for (uint32_t b = 0; b < r->segs[s].desc.handle_len; b++)
+				sprintf(hex + 2 * b, "%02x", r->segs[s].desc.handle[b]);
+			hex[2 * r->segs[s].desc.handle_len] = '\0';
+			js = json_pack("{s:i, s:i, s:s, s:I, s:s, s:s, s:I, s:I, s:i}", "rank", i,
+				       "id", s, "kind", kind_name(r->segs[s].desc.kind), "size",
+				       (json_int_t)r->segs[s].desc.size, "device",
+				       r->segs[s].desc.device, "handle", hex, "handle_offset",
+				       (json_int_t)r->segs[s].desc.handle_offset, "alloc_size",
+				       (json_int_t)r->segs[s].desc.alloc_size, "fd",
+				       r->segs[s].fd >= 0 ? nfds : -1);
+			if (r->segs[s].fd >= 0)
+				fds[nfds++] = r->segs[s].fd;
+			json_array_append_new(segs, js);
+		}
+	}
+send:
+	ret = wexd_send(d, c, reply, fds, nfds);
+	json_decref(reply);
+	return NULL;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Disconnects, waiters.                                                   */
+
+void wexd_conn_drop(struct wexd *d, struct conn *c)
+{
+	struct model *m = c->model;
+
+	if (!m) {
+		c->role = 0;
+		return;
+	}
+	if (c->waiting == WAIT_BEGIN_WRITE && m->write_pending)
+		m->write_pending--;
+	c->waiting = WAIT_NONE;
+	if (c->role == WEX_ROLE_PRODUCER) {
+		struct prank *r = &m->ranks[c->rank];
+
+		wex_info("registry", "producer rank %u of model '%s' (pid %d) left%s", c->rank,
+			 m->name, (int)c->pid,
+			 r->writing ? " while writing: the version stays unpublished" : "");
+		prank_clear(r);
+		r->c = NULL;
+		r->writing = 0;
+		model_invalidate(m);
+		plans_free(m);
+	} else if (c->role == WEX_ROLE_CONSUMER) {
+		struct cgroup *g = c->group;
+		int any = 0;
+
+		if (c->has_lease)
+			wex_info("registry", "consumer rank %u of group '%s' (pid %d) left holding v%llu: lease dropped",
+				 c->rank, g->name, (int)c->pid,
+				 (unsigned long long)c->lease_version);
+		lease_drop(m, c);
+		g->ranks[c->rank] = NULL;
+		for (uint32_t i = 0; i < g->world; i++)
+			any |= g->ranks[i] != NULL;
+		/* With no rank left to take it, the group's round hold would
+		 * block the producer forever. */
+		if (!any)
+			round_close(m, g);
+	}
+	free(c->layout);
+	c->layout = NULL;
+	c->nlayout = 0;
+	c->model = NULL;
+	c->role = 0;
+	model_maybe_free(d, m);
+}
+
+int wexd_service_waiters(struct wexd *d)
+{
+	uint64_t now = wex__now_ns(), next = UINT64_MAX;
+	int progress = 1;
+
+	/* Granting one request may unblock another (a release lets a writer in;
+	 * a publish lets readers in), so repeat until nothing moves. */
+	while (progress) {
+		progress = 0;
+		for (struct conn *c = d->conns; c; c = c->next) {
+			json_t *reply = NULL;
+
+			if (c->dead || c->waiting == WAIT_NONE)
+				continue;
+			if (c->waiting == WAIT_BEGIN_WRITE && begin_write_try(d, c, &reply)) {
+				progress = 1;
+			} else if (c->waiting == WAIT_ACQUIRE && acquire_try(d, c, &reply)) {
+				progress = 1;
+			} else if (now >= c->wait_deadline_ns) {
+				char who[EMSG_LEN];
+				struct model *m = c->model;
+
+				if (c->waiting == WAIT_BEGIN_WRITE) {
+					describe_leases(m, who, sizeof(who));
+					if (m->write_pending)
+						m->write_pending--;
+					reply = wex__reply_error(-EBUSY,
+								 "begin_write v%llu of model '%s': %u lease(s) still held after %llu ms: %s",
+								 (unsigned long long)c->wait_version, m->name,
+								 m->leases,
+								 (unsigned long long)((now - c->wait_start_ns) / 1000000),
+								 who);
+				} else {
+					reply = wex__reply_error(-ETIMEDOUT,
+								 "acquire: no version >= %llu of model '%s' available to group '%s' within %llu ms (published v%llu%s)",
+								 (unsigned long long)c->wait_version, m->name,
+								 c->group->name,
+								 (unsigned long long)((now - c->wait_start_ns) / 1000000),
+								 (unsigned long long)m->published,
+								 m->writing ? ", a write is in progress" : "");
+				}
+				c->waiting = WAIT_NONE;
+				progress = 1;
+			} else if (c->wait_deadline_ns < next) {
+				next = c->wait_deadline_ns;
+			}
+			if (reply) {
+				wexd_send(d, c, reply, NULL, 0);
+				json_decref(reply);
+			}
+		}
+	}
+	if (next == UINT64_MAX)
+		return -1;
+	now = wex__now_ns();
+	return next <= now ? 0 : (int)((next - now) / 1000000 + 1);
+}
+
+void wexd_fail_waiters(struct wexd *d, int err, const char *why)
+{
+	for (struct conn *c = d->conns; c; c = c->next) {
+		json_t *reply;
+
+		if (c->dead || c->waiting == WAIT_NONE)
+			continue;
+		if (c->waiting == WAIT_BEGIN_WRITE && c->model->write_pending)
+			c->model->write_pending--;
+		c->waiting = WAIT_NONE;
+		reply = wex__reply_error(err, "%s", why);
+		wexd_send(d, c, reply, NULL, 0);
+		json_decref(reply);
+	}
+}
+
+/* ---------------------------------------------------------------------- */
+/* Monitoring.                                                             */
+
+json_t *wexd_models_json(struct wexd *d)
+{
+	json_t *arr = json_array();
+
+	for (struct model *m = d->models; m; m = m->next) {
+		json_t *prods = json_array(), *groups = json_array();
+		uint64_t bytes = 0;
+		const char *state = m->writing ? "writing" : m->published ? "published" : "empty";
+
+		for (uint32_t i = 0; i < m->world; i++) {
+			struct prank *r = &m->ranks[i];
+
+			bytes += r->bytes;
+			json_array_append_new(prods,
+					      json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I}", "rank", i,
+							"pid", r->c ? (int)r->c->pid : 0, "segments",
+							r->nsegs, "tensors", (json_int_t)r->nt, "bytes",
+							(json_int_t)r->bytes, "published",
+							(json_int_t)r->published, "writing",
+							(json_int_t)r->writing));
+		}
+		for (struct cgroup *g = m->groups; g; g = g->next) {
+			json_t *ranks = json_array();
+
+			for (uint32_t i = 0; i < g->world; i++) {
+				struct conn *c = g->ranks[i];
+
+				json_array_append_new(ranks,
+						      json_pack("{s:i, s:i, s:I, s:s, s:I}", "rank", i,
+								"pid", c ? (int)c->pid : 0, "lease",
+								(json_int_t)(c && c->has_lease ? c->lease_version : 0),
+								"mode", c && c->has_lease ? mode_name(c->lease_mode) : "-",
+								"served",
+								(json_int_t)(c ? c->served_version : 0)));
+			}
+			json_array_append_new(groups,
+					      json_pack("{s:s, s:i, s:I, s:o}", "name", g->name, "world",
+							g->world, "round",
+							(json_int_t)(g->round_open ? g->round_version : 0),
+							"ranks", ranks));
+		}
+		json_array_append_new(arr,
+				      json_pack("{s:s, s:s, s:i, s:I, s:I, s:i, s:I, s:I, s:o, s:o}",
+						"name", m->name, "state", state, "world", m->world,
+						"published", (json_int_t)m->published, "writing",
+						(json_int_t)m->writing, "leases", m->leases,
+						"layout_gen", (json_int_t)m->layout_gen, "bytes",
+						(json_int_t)bytes, "producers", prods, "groups",
+						groups));
+	}
+	return arr;
+}
+
+json_t *wexd_clients_json(struct wexd *d)
+{
+	json_t *arr = json_array();
+	uint64_t now = wex__now_ns();
+
+	for (struct conn *c = d->conns; c; c = c->next) {
+		if (c->dead)
+			continue;
+		json_array_append_new(
+			arr, json_pack("{s:I, s:i, s:i, s:i, s:s, s:s, s:s, s:s, s:i, s:I, s:s, s:I, s:f, s:s}",
+				       "id", (json_int_t)c->id, "pid", (int)c->pid, "uid", (int)c->uid,
+				       "gid", (int)c->gid, "role", role_name(c->role), "name", c->name,
+				       "model", c->model ? c->model->name : "", "group",
+				       c->group ? c->group->name : "", "rank", (int)c->rank, "lease",
+				       (json_int_t)(c->has_lease ? c->lease_version : 0), "mode",
+				       c->has_lease ? mode_name(c->lease_mode) : "-", "syncs",
+				       (json_int_t)c->syncs, "last_sync_s_ago",
+				       c->last_sync_ns ? (double)(now - c->last_sync_ns) / 1e9 : -1.0,
+				       "waiting",
+				       c->waiting == WAIT_BEGIN_WRITE ? "begin_write" :
+				       c->waiting == WAIT_ACQUIRE ? "acquire" : ""));
+	}
+	return arr;
+}
+
+json_t *wexd_plans_json(struct wexd *d)
+{
+	json_t *arr = json_array();
+
+	for (struct model *m = d->models; m; m = m->next)
+		for (struct plan_entry *p = m->plans; p; p = p->next)
+			json_array_append_new(
+				arr, json_pack("{s:s, s:I, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:s}",
+					       "model", m->name, "layout_gen", (json_int_t)p->layout_gen,
+					       "rank", p->crank, "world", p->cworld, "ops",
+					       (json_int_t)p->plan->nops, "bytes_needed",
+					       (json_int_t)p->plan->stats.bytes_needed, "bytes_moved",
+					       (json_int_t)p->plan->stats.bytes_moved, "busiest_src_bytes",
+					       (json_int_t)p->plan->stats.busiest_src_bytes, "uses",
+					       (json_int_t)p->uses, "build_ms", p->build_ms, "stale",
+					       p->layout_gen == m->layout_gen ? "no" : "yes"));
+	return arr;
+}
+
+json_t *wexd_status(struct wexd *d, struct conn *c, json_t *req)
+{
+	json_t *r = wex__reply_ok();
+
+	json_object_set_new(r, "daemon",
+			    json_pack("{s:i, s:f, s:s, s:s, s:s, s:s, s:i, s:b}", "pid", (int)getpid(),
+				      "uptime_s", (double)(wex__now_ns() - d->start_ns) / 1e9, "io",
+				      wexd_io_backend(d), "io_fallback_reason",
+				      d->loop.why_fallback, "socket", d->socket_path, "config",
+				      d->config_source, "clients", (int)d->nconns, "draining",
+				      d->draining));
+	json_object_set_new(r, "models", wexd_models_json(d));
+	json_object_set_new(r, "clients", wexd_clients_json(d));
+	return r;
+}

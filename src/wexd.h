@@ -1,0 +1,161 @@
+/* SPDX-License-Identifier: MIT */
+/* wexd.h - the daemon's state: connections, models, producer ranks,
+ * consumer groups, versions and leases (DESIGN sections 3, 4, 8). */
+#ifndef WEX_WEXD_H
+#define WEX_WEXD_H
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "loop.h"
+#include "plan.h"
+#include "vmm/backend.h"
+#include "wex.h"
+
+enum { WAIT_NONE = 0, WAIT_BEGIN_WRITE, WAIT_ACQUIRE };
+
+struct model;
+struct cgroup;
+
+struct conn {
+	struct wex_loop_io io; /* first: the loop hands it back */
+	struct wexd *d;
+	uint64_t id;
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	int role; /* 0 until hello */
+	char name[64];
+	struct model *model;
+	struct cgroup *group;
+	uint32_t rank;
+	int dead;
+	/* A deferred request. */
+	int waiting;
+	uint64_t wait_version;
+	uint64_t wait_start_ns;
+	uint64_t wait_deadline_ns;
+	int wait_mode;
+	/* Consumer state. */
+	int has_lease;
+	uint64_t lease_version;
+	int lease_mode;
+	uint64_t served_version;
+	struct wex_tensor *layout;
+	size_t nlayout;
+	uint64_t layout_hash;
+	uint64_t syncs;
+	uint64_t last_sync_ns;
+	uint64_t connected_ns;
+	struct conn *next;
+};
+
+struct seg {
+	struct wex_mem_desc desc;
+	int fd; /* -1 for kinds that travel as a handle */
+};
+
+struct prank {
+	struct conn *c;
+	struct seg *segs;
+	uint32_t nsegs;
+	struct wex_tensor *t;
+	size_t nt;
+	uint64_t writing;   /* version this rank was granted to write */
+	uint64_t published; /* newest version this rank published */
+	uint64_t bytes;
+};
+
+struct cgroup {
+	char name[WEX_NAME_MAX];
+	uint32_t world;
+	struct conn **ranks;
+	uint8_t *taken;
+	uint32_t ntaken;
+	int round_open;
+	uint64_t round_version;
+	struct cgroup *next;
+};
+
+struct plan_entry {
+	uint64_t layout_gen;
+	uint64_t consumer_hash;
+	uint32_t crank, cworld;
+	struct wex_plan *plan;
+	int fd;
+	uint64_t uses;
+	double build_ms;
+	struct plan_entry *next;
+};
+
+struct model {
+	char name[WEX_NAME_MAX];
+	uint32_t world;
+	struct prank *ranks;
+	uint64_t published;
+	uint64_t published_ns;
+	uint64_t writing;
+	uint32_t write_pending;
+	uint32_t leases;
+	uint64_t layout_gen;
+	int tables_fd; /* cached packed tables for layout_gen, or -1 */
+	struct cgroup *groups;
+	struct plan_entry *plans;
+	struct model *next;
+};
+
+struct wexd {
+	struct wex_loop loop;
+	struct wex_loop_watch listener;
+	struct wex_loop_watch sigw;
+	int listen_fd;
+	int sig_fd;
+	char socket_path[PATH_MAX];
+	int socket_owned;
+	struct conn *conns;
+	uint32_t nconns;
+	struct model *models;
+	uint64_t start_ns;
+	uint64_t next_conn_id;
+	int draining;
+	uint64_t drain_deadline_ns;
+	int stop;
+	int exit_code;
+	size_t msg_max;
+	uint32_t begin_write_timeout_ms;
+	char config_source[PATH_MAX + 16];
+	void *cfg; /* struct wex_config when the config module is built in */
+};
+
+/* registry.c: request handlers.  Each returns a reply (new reference), or
+ * NULL when the reply is deferred (the conn waits). */
+json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req);
+json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *fds, int nfds);
+json_t *wexd_register_tensors(struct wexd *d, struct conn *c, json_t *req, int *fds, int nfds);
+json_t *wexd_begin_write(struct wexd *d, struct conn *c, json_t *req);
+json_t *wexd_publish(struct wexd *d, struct conn *c, json_t *req);
+json_t *wexd_attach(struct wexd *d, struct conn *c, json_t *req, int *fds, int nfds);
+json_t *wexd_acquire(struct wexd *d, struct conn *c, json_t *req);
+json_t *wexd_release(struct wexd *d, struct conn *c, json_t *req);
+/* Sends the fetch reply itself (it carries fds); returns NULL or an error. */
+json_t *wexd_fetch(struct wexd *d, struct conn *c, json_t *req);
+json_t *wexd_status(struct wexd *d, struct conn *c, json_t *req);
+json_t *wexd_models_json(struct wexd *d);
+json_t *wexd_clients_json(struct wexd *d);
+json_t *wexd_plans_json(struct wexd *d);
+
+/* Drops everything a connection held (leases, registrations, waits). */
+void wexd_conn_drop(struct wexd *d, struct conn *c);
+/* Re-evaluates deferred requests; answers those now satisfiable or past
+ * their deadline.  Returns ms until the next deadline (-1: none). */
+int wexd_service_waiters(struct wexd *d);
+/* Fails every deferred request with `err` (shutdown). */
+void wexd_fail_waiters(struct wexd *d, int err, const char *why);
+
+/* wexd.c */
+int wexd_send(struct wexd *d, struct conn *c, json_t *reply, const int *fds, int nfds);
+const char *wexd_io_backend(struct wexd *d);
+
+#endif
