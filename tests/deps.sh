@@ -1,0 +1,26 @@
+#!/bin/sh
+# tests/deps.sh - installs the Debian packages wex builds and tests with,
+# if any is missing.  Sourced by tests/run.sh and examples/quickstart.sh.
+# Build: cmake, gcc, make, pkg-config, liburing-dev, libjansson-dev,
+# libsystemd-dev.  Tests: prometheus (promtool), systemd (systemd-analyze,
+# systemd-socket-activate), passwd (useradd), procps.
+WEX_PACKAGES="cmake gcc make pkg-config liburing-dev libjansson-dev libsystemd-dev prometheus systemd passwd procps"
+
+wex_install_deps() {
+	missing=""
+	for p in $WEX_PACKAGES; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+			missing="$missing $p"
+	done
+	[ -z "$missing" ] && return 0
+	echo "wex: installing missing Debian packages:$missing"
+	if [ "$(id -u)" != 0 ]; then
+		if command -v sudo >/dev/null 2>&1; then SUDO=sudo; else
+			echo "wex: not root and no sudo: install these packages:$missing" >&2
+			return 1
+		fi
+	fi
+	export DEBIAN_FRONTEND=noninteractive
+	${SUDO:-} apt-get update -qq || return 1
+	${SUDO:-} apt-get install -y -qq --no-install-recommends $missing >/dev/null || return 1
+}
