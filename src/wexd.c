@@ -24,11 +24,15 @@
 #include "log.h"
 #include "proto.h"
 #include "wexd.h"
-#ifdef WEX_HAVE_OPS
 #include "config.h"
 #include "metrics.h"
 #include "sdnotify.h"
-#endif
+
+static void wexd_take_report(json_t *r);
+static json_t *wexd_metrics(struct wexd *d);
+static json_t *wexd_config_req(struct wexd *d, struct conn *c, json_t *req, const char *op);
+static void wexd_reload(struct wexd *d);
+static void wexd_tick(struct wexd *d);
 
 const char *wexd_io_backend(struct wexd *d)
 {
@@ -43,6 +47,13 @@ int wexd_send(struct wexd *d, struct conn *c, json_t *reply, const int *fds, int
 
 	if (c->dead)
 		return -EPIPE;
+	if (json_is_false(json_object_get(reply, "ok")))
+		wex__metrics_count(WEX_M_ERRORS,
+				   json_string_value(json_object_get(json_object_get(reply, "error"), "code")),
+				   NULL, 1);
+	if (c->role == WEX_ROLE_PRODUCER && json_object_get(reply, "waited_ms"))
+		wex__metrics_observe(WEX_M_BEGIN_WRITE_WAIT, NULL,
+				     json_real_value(json_object_get(reply, "waited_ms")) / 1e3);
 	s = wex__json_dump(reply, &len);
 	if (!s)
 		return -ENOMEM;
@@ -73,6 +84,14 @@ static void on_accept(void *arg, int fd)
 	struct conn *c;
 
 	if (d->draining) {
+		wex__metrics_count(WEX_M_REFUSED, "draining", NULL, 1);
+		close(fd);
+		return;
+	}
+	if (d->cfg.max_clients > 0 && d->nconns >= (uint64_t)d->cfg.max_clients) {
+		wex__metrics_count(WEX_M_REFUSED, "max_clients", NULL, 1);
+		wex_warn("conn", "refusing a client: max_clients %lld reached",
+			 (long long)d->cfg.max_clients);
 		close(fd);
 		return;
 	}
@@ -130,14 +149,26 @@ static const struct {
 	{ "clients", 0, 0, 0 },        { "plans", 0, 0, 0 },        { "register_segment", 0, 1, 1 },
 	{ "register_tensors", 1, 1, 1 }, { "begin_write", 0, 0, 1 }, { "publish", 0, 0, 1 },
 	{ "attach", 0, 1, 1 },         { "acquire", 0, 0, 1 },      { "fetch", 0, 0, 1 },
-	{ "release", 0, 0, 1 },        { "ping", 0, 0, 0 },
+	{ "release", 0, 0, 1 },        { "ping", 0, 0, 0 },         { "metrics", 0, 0, 0 },
+	{ "config_get", 0, 0, 0 },     { "config_set", 0, 0, 0 },
 };
 
 static json_t *dispatch(struct wexd *d, struct conn *c, json_t *req, const char *op, int *fds,
 			int nfds)
 {
-	if (!strcmp(op, "hello"))
+	if (!strcmp(op, "hello")) {
+		const char *role = "", *model = "";
+
+		/* Access control: SO_PEERCRED's uid/gid against the model's
+		 * allow lists, before anything is registered. */
+		json_unpack(req, "{s?s, s?s}", "role", &role, "model", &model);
+		if (!c->role && model && (!strcmp(role, "producer") || !strcmp(role, "consumer")) &&
+		    !wexd_allowed(d, c, model,
+				  !strcmp(role, "producer") ? WEX_ROLE_PRODUCER : WEX_ROLE_CONSUMER))
+			return wex__reply_error(-EACCES, "uid %d may not be a %s of model '%s'",
+						(int)c->uid, role, model);
 		return wexd_hello(d, c, req);
+	}
 	if (!strcmp(op, "ping"))
 		return wex__reply_ok();
 	if (!strcmp(op, "status"))
@@ -160,6 +191,10 @@ static json_t *dispatch(struct wexd *d, struct conn *c, json_t *req, const char 
 		json_object_set_new(r, "plans", wexd_plans_json(d));
 		return r;
 	}
+	if (!strcmp(op, "metrics"))
+		return wexd_metrics(d);
+	if (!strcmp(op, "config_get") || !strcmp(op, "config_set"))
+		return wexd_config_req(d, c, req, op);
 	if (!c->role)
 		return wex__reply_error(-EPROTO, "%s: say hello first", op);
 	if (!strcmp(op, "register_segment"))
@@ -233,6 +268,9 @@ static json_t *validate_and_run(struct wexd *d, struct conn *c, const char *buf,
 		json_decref(req);
 		return wex__reply_error(-ESHUTDOWN, "wexd is shutting down");
 	}
+	wex__metrics_count(WEX_M_REQUESTS, op, NULL, 1);
+	/* Clients report their finished syncs on their next request. */
+	wexd_take_report(json_object_get(req, "report"));
 	reply = dispatch(d, c, req, op, fds, nfds);
 	json_decref(req);
 	return reply;
@@ -282,19 +320,16 @@ static void on_signal(void *arg, int fd, int res)
 				wex_info("wexd", "signal %u: draining (no new requests; in-flight copies finish)",
 					 si.ssi_signo);
 				d->draining = 1;
-				d->drain_deadline_ns = wex__now_ns() + 10ull * 1000000000ull;
+				d->drain_deadline_ns =
+					wex__now_ns() + (uint64_t)d->cfg.drain_timeout_ms * 1000000ull;
 				wexd_fail_waiters(d, -ESHUTDOWN, "wexd is shutting down");
-#ifdef WEX_HAVE_OPS
 				wex__sd_stopping();
-#endif
 			} else {
 				d->stop = 1;
 			}
 		} else if (si.ssi_signo == SIGHUP) {
 			wex_info("wexd", "SIGHUP: reloading configuration");
-#ifdef WEX_HAVE_OPS
 			wexd_reload(d);
-#endif
 		}
 	}
 }
@@ -308,6 +343,146 @@ static int drained(struct wexd *d)
 				    g->ranks[i]->lease_mode == WEX_SYNC_COPY)
 					return 0;
 	return 1;
+}
+
+#ifndef WEX_VERSION_STRING
+#define WEX_VERSION_STRING "0.1.0"
+#endif
+
+int wexd_allowed(struct wexd *d, struct conn *c, const char *model, int role)
+{
+	if (wex__config_allowed(&d->cfg, model, role, c->uid, c->gid))
+		return 1;
+	wex__metrics_count(WEX_M_REFUSED, "access", NULL, 1);
+	/* Logged once per connection: a refused peer cannot flood the log. */
+	if (!c->refused_logged)
+		wex_warn("access", "refused uid %d gid %d pid %d as %s of model '%s'", (int)c->uid,
+			 (int)c->gid, (int)c->pid, role == WEX_ROLE_PRODUCER ? "producer" : "consumer",
+			 model);
+	c->refused_logged = 1;
+	return 0;
+}
+
+static void wexd_take_report(json_t *r)
+{
+	const char *mode = NULL, *backend = "host";
+	json_int_t bytes = 0;
+	double secs = 0;
+
+	if (!r || json_unpack(r, "{s:s, s?s, s:I, s:F}", "mode", &mode, "backend", &backend,
+			      "bytes", &bytes, "seconds", &secs) < 0)
+		return;
+	if (bytes < 0 || secs < 0 || secs > 86400)
+		return;
+	wex__metrics_sync(mode, backend, (uint64_t)bytes, secs);
+}
+
+static json_t *wexd_metrics(struct wexd *d)
+{
+	uint64_t leases = 0, segs = 0, bytes = 0, models = 0;
+	json_t *r;
+	char *text;
+
+	for (struct model *m = d->models; m; m = m->next, models++) {
+		leases += m->leases;
+		for (uint32_t i = 0; i < m->world; i++) {
+			segs += m->ranks[i].nsegs;
+			bytes += m->ranks[i].bytes;
+		}
+	}
+	wex__metrics_set(WEX_M_CLIENTS, (double)d->nconns);
+	wex__metrics_set(WEX_M_LEASES, (double)leases);
+	wex__metrics_set(WEX_M_SEGMENTS, (double)segs);
+	wex__metrics_set(WEX_M_EXPORTED, (double)bytes);
+	wex__metrics_set(WEX_M_MODELS, (double)models);
+	text = wex__metrics_render();
+	if (!text)
+		return wex__reply_error(-ENOMEM, "metrics: out of memory");
+	r = json_pack("{s:b, s:s}", "ok", 1, "text", text);
+	free(text);
+	return r;
+}
+
+static void apply_config(struct wexd *d)
+{
+	wex__log_level = d->cfg.log_level;
+	d->begin_write_timeout_ms = (uint32_t)d->cfg.begin_write_timeout_ms;
+}
+
+static json_t *wexd_config_req(struct wexd *d, struct conn *c, json_t *req, const char *op)
+{
+	const char *name = NULL, *value = NULL;
+	char err[512] = "";
+	json_t *all, *r, *fields;
+	const char *k;
+	json_t *v;
+	int ret;
+
+	json_unpack(req, "{s?s, s?s}", "name", &name, "value", &value);
+	if (!strcmp(op, "config_set")) {
+		/* Changing the daemon is for its owner and root only. */
+		if (c->uid != 0 && c->uid != geteuid()) {
+			wex__metrics_count(WEX_M_REFUSED, "config", NULL, 1);
+			return wex__reply_error(-EACCES, "config set: uid %d may not change wexd's configuration",
+						(int)c->uid);
+		}
+		if (!name || !value)
+			return wex__reply_error(-EINVAL, "config set needs 'name' and 'value'");
+		ret = wex__config_set(&d->cfg, name, value, err, sizeof(err));
+		if (ret < 0)
+			return wex__reply_error(ret, "%s", err);
+		apply_config(d);
+		wex_info("config", "'%s' set to %s at run time by uid %d", name, value, (int)c->uid);
+	}
+	all = wex__config_to_json(&d->cfg);
+	if (!all)
+		return wex__reply_error(-ENOMEM, "config: out of memory");
+	if (name && !json_object_get(all, name)) {
+		json_decref(all);
+		return wex__reply_error(-ENOENT, "config: no field '%s'", name);
+	}
+	r = json_pack("{s:b, s:s}", "ok", 1, "file", d->cfg.path ? d->cfg.path : "");
+	fields = json_array();
+	json_object_foreach(all, k, v) {
+		if (name && strcmp(k, name))
+			continue;
+		json_object_set_new(v, "name", json_string(k));
+		json_array_append(fields, v);
+	}
+	json_object_set_new(r, "fields", fields);
+	json_decref(all);
+	return r;
+}
+
+static void wexd_reload(struct wexd *d)
+{
+	json_t *report = NULL;
+	char err[512] = "";
+	int ret;
+
+	wex__sd_reloading();
+	ret = wex__config_reload(&d->cfg, &report, err, sizeof(err));
+	if (ret < 0) {
+		wex_error("config", "reload refused, keeping the running configuration: %s", err);
+	} else {
+		char *s = json_dumps(report, JSON_COMPACT);
+
+		apply_config(d);
+		wex_info("config", "reloaded: %s", s ? s : "");
+		free(s);
+	}
+	json_decref(report);
+	wex__sd_ready();
+}
+
+static void wexd_tick(struct wexd *d)
+{
+	uint64_t now = wex__now_ns();
+
+	if (d->watchdog_usec && now - d->last_watchdog_ns >= d->watchdog_usec * 500ull) {
+		wex__sd_watchdog();
+		d->last_watchdog_ns = now;
+	}
 }
 
 static void usage(FILE *f)
@@ -326,10 +501,10 @@ int main(int argc, char **argv)
 	};
 	struct wexd d = { .listen_fd = -1, .sig_fd = -1, .msg_max = WEX_MSG_MAX_DEFAULT,
 			  .begin_write_timeout_ms = 30000 };
-	const char *io = getenv("WEX_IO"), *sock = NULL, *cfg = NULL, *s;
+	const char *io = NULL, *sock = NULL, *cfg = NULL, *s;
 	char err[512] = "", buf[PATH_MAX];
 	sigset_t mask;
-	int opt, ret;
+	int opt, ret, log_forced = 0;
 
 	wex__log_init();
 	while ((opt = getopt_long(argc, argv, "s:i:c:l:h", lo, NULL)) != -1) {
@@ -349,6 +524,7 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			wex__log_level = ret;
+			log_forced = 1;
 			break;
 		case 'h':
 			usage(stdout);
@@ -362,25 +538,30 @@ int main(int argc, char **argv)
 		fprintf(stderr, "wexd: unexpected argument '%s'\n", argv[optind]);
 		return 2;
 	}
-	if ((s = getenv("WEX_BEGIN_WRITE_TIMEOUT_MS")))
-		d.begin_write_timeout_ms = (uint32_t)strtoul(s, NULL, 10);
-	snprintf(d.config_source, sizeof(d.config_source), "defaults+env");
-#ifdef WEX_HAVE_OPS
-	if (wexd_config_init(&d, cfg, sock, io, err, sizeof(err)) < 0) {
+	ret = wex__config_load(&d.cfg, cfg, cfg != NULL, err, sizeof(err));
+	if (ret < 0) {
 		fprintf(stderr, "wexd: %s\n", err);
 		return 2;
 	}
-	io = wexd_config_io(&d);
-	sock = d.socket_path;
-#else
-	if (cfg) {
-		fprintf(stderr, "wexd: --config needs a build with the configuration module\n");
+	/* Command-line flags win over every layer of the configuration. */
+	if (sock) {
+		free(d.cfg.socket);
+		d.cfg.socket = strdup(sock);
+	}
+	if (io && strcmp(io, "auto") && strcmp(io, "io_uring") && strcmp(io, "epoll")) {
+		fprintf(stderr, "wexd: --io '%s' unknown (auto, io_uring, epoll)\n", io);
 		return 2;
 	}
-	if (!sock)
-		sock = wex__default_socket(buf, sizeof(buf));
-	snprintf(d.socket_path, sizeof(d.socket_path), "%s", sock);
-#endif
+	if (!io)
+		io = wex__config_io_backend_name(d.cfg.io_backend);
+	if (!log_forced)
+		wex__log_level = d.cfg.log_level;
+	snprintf(d.socket_path, sizeof(d.socket_path), "%s", d.cfg.socket);
+	snprintf(d.config_source, sizeof(d.config_source), "%s",
+		 d.cfg.path ? d.cfg.path : "defaults (no file)");
+	d.msg_max = (size_t)d.cfg.max_message_bytes;
+	d.begin_write_timeout_ms = (uint32_t)d.cfg.begin_write_timeout_ms;
+	wex__config_log(&d.cfg);
 	(void)buf;
 	d.start_ns = wex__now_ns();
 	ret = wex__loop_init(&d.loop, io, d.msg_max, err, sizeof(err));
@@ -393,18 +574,17 @@ int main(int argc, char **argv)
 	d.loop.cbs.on_free = on_free;
 	d.loop.arg = &d;
 
-#ifdef WEX_HAVE_OPS
 	d.listen_fd = wex__sd_listen_fd();
-#endif
+	if (d.listen_fd < -1) {
+		wex_error("wexd", "systemd passed sockets but none is a listening SOCK_SEQPACKET socket");
+		return 1;
+	}
 	if (d.listen_fd >= 0) {
 		wex_info("wexd", "using the socket passed by systemd (fd %d)", d.listen_fd);
 	} else {
-		int mode = 0660;
-		gid_t gid = (gid_t)-1;
+		int mode = (int)d.cfg.socket_mode;
+		gid_t gid = d.cfg.socket_group.gid >= 0 ? (gid_t)d.cfg.socket_group.gid : (gid_t)-1;
 
-#ifdef WEX_HAVE_OPS
-		wexd_config_socket(&d, &mode, &gid);
-#endif
 		d.listen_fd = wex_sock_listen(d.socket_path, mode, gid);
 		if (d.listen_fd < 0) {
 			wex_error("wexd", "cannot listen on %s: %s", d.socket_path,
@@ -434,9 +614,9 @@ int main(int argc, char **argv)
 	}
 	wex_info("wexd", "listening on %s (event loop: %s%s%s)", d.socket_path, wexd_io_backend(&d),
 		 d.loop.why_fallback[0] ? ", " : "", d.loop.why_fallback);
-#ifdef WEX_HAVE_OPS
+	wex__metrics_set_info(WEX_VERSION_STRING, wexd_io_backend(&d));
+	d.watchdog_usec = d.cfg.watchdog ? wex__sd_watchdog_usec() : 0;
 	wex__sd_ready();
-#endif
 	/* Tests and scripts wait for this line rather than sleeping. */
 	if ((s = getenv("WEXD_READY_FD"))) {
 		int fd = atoi(s);
@@ -449,9 +629,7 @@ int main(int argc, char **argv)
 
 		if (timeout < 0 || timeout > 1000)
 			timeout = 1000;
-#ifdef WEX_HAVE_OPS
 		wexd_tick(&d);
-#endif
 		if (d.draining) {
 			if (drained(&d) || wex__now_ns() >= d.drain_deadline_ns)
 				break;
@@ -476,5 +654,6 @@ int main(int argc, char **argv)
 	close(d.listen_fd);
 	close(d.sig_fd);
 	d.loop.ops->fini(&d.loop);
+	wex__config_free(&d.cfg);
 	return d.exit_code;
 }

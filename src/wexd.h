@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "config.h"
 #include "loop.h"
 #include "plan.h"
 #include "vmm/backend.h"
@@ -32,6 +33,7 @@ struct conn {
 	struct cgroup *group;
 	uint32_t rank;
 	int dead;
+	int refused_logged;
 	/* A deferred request. */
 	int waiting;
 	uint64_t wait_version;
@@ -126,7 +128,9 @@ struct wexd {
 	size_t msg_max;
 	uint32_t begin_write_timeout_ms;
 	char config_source[PATH_MAX + 16];
-	void *cfg; /* struct wex_config when the config module is built in */
+	struct wex_config cfg;
+	uint64_t watchdog_usec;
+	uint64_t last_watchdog_ns;
 };
 
 /* registry.c: request handlers.  Each returns a reply (new reference), or
@@ -155,6 +159,9 @@ int wexd_service_waiters(struct wexd *d);
 void wexd_fail_waiters(struct wexd *d, int err, const char *why);
 
 /* wexd.c */
+/* May this peer take `role` on `model`?  Counts and logs a refusal. */
+int wexd_allowed(struct wexd *d, struct conn *c, const char *model, int role);
+void wexd_count_error(int err);
 int wexd_send(struct wexd *d, struct conn *c, json_t *reply, const int *fds, int nfds);
 const char *wexd_io_backend(struct wexd *d);
 

@@ -1,0 +1,30 @@
+# Operating wexd as a service (issue 6): configuration, metrics, systemd.
+# config.c and metrics.c are core (wexctl computes the default socket path;
+# tests link them through wex_core); sdnotify.c needs libsystemd, which only
+# the wexd target links, so it is daemon-only.
+list(APPEND WEX_CORE_SOURCES src/config.c src/metrics.c)
+list(APPEND WEX_DAEMON_SOURCES src/sdnotify.c)
+
+set(WEX_OPS_TESTS
+  ops_config_precedence
+  ops_config_invalid
+  ops_config_runtime
+  ops_config_reload
+  ops_config_access
+  ops_metrics_render
+)
+foreach(t ${WEX_OPS_TESTS})
+  wex_add_test(${t} SOURCES tests/ops/${t}.c LABELS ops TIMEOUT 30)
+endforeach()
+
+# sdnotify.c is compiled into its test with the same switch as wexd.
+wex_add_test(ops_sdnotify SOURCES tests/ops/ops_sdnotify.c src/sdnotify.c LABELS ops TIMEOUT 30)
+if(WEX_HAVE_SYSTEMD)
+  target_include_directories(ops_sdnotify PRIVATE ${SYSTEMD_INCLUDE_DIR})
+  target_link_libraries(ops_sdnotify PRIVATE ${SYSTEMD_LIBRARY})
+  target_compile_definitions(ops_sdnotify PRIVATE WEX_HAVE_SYSTEMD=1)
+endif()
+
+add_test(NAME ops_systemd_verify
+  COMMAND sh ${CMAKE_SOURCE_DIR}/tests/ops/systemd_verify.sh ${CMAKE_SOURCE_DIR}/systemd $<TARGET_FILE:wexd>)
+set_tests_properties(ops_systemd_verify PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 60 LABELS ops)

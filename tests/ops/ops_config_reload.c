@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ops_config_reload: proves the SIGHUP reload rules: an invalid file leaves
+ * the running configuration exactly as it was; a valid one is swapped in,
+ * reporting the fields that changed and those that need a restart (which
+ * keep their running value), and values set at run time keep outranking the
+ * file.
+ */
+#include <errno.h>
+
+#include "config.h"
+#include "ops_test.h"
+
+static void rewrite(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+
+	CHECK(f != NULL);
+	CHECK(fputs(text, f) >= 0);
+	CHECK(fclose(f) == 0);
+}
+
+static int has(json_t *arr, const char *name)
+{
+	size_t i;
+	json_t *e;
+
+	json_array_foreach(arr, i, e)
+		if (!strcmp(json_string_value(e), name))
+			return 1;
+	return 0;
+}
+
+int main(void)
+{
+	struct wex_config cfg;
+	json_t *rep = NULL;
+	char err[512], *path;
+
+	t_clear_env();
+	path = t_write_tmp("{\"begin_write_timeout_ms\": 1000, \"socket\": \"/tmp/a.sock\",\n"
+			   " \"models\": {\"policy\": {\"producers\": {\"uids\": [1000]}}}}");
+	CHECK(wex__config_load(&cfg, path, 1, err, sizeof(err)) == 0);
+	CHECK(wex__config_set(&cfg, "sync_timeout_ms", "1234", err, sizeof(err)) == 0);
+
+	/* Invalid: nothing changes, and the message names the field. */
+	rewrite(path, "{\"begin_write_timeout_ms\": 2000, \"max_clients\": \"many\"}");
+	CHECK(wex__config_reload(&cfg, &rep, err, sizeof(err)) == -EINVAL);
+	CHECK(rep == NULL);
+	CHECK_CONTAINS(err, "field 'max_clients'");
+	printf("refused as expected: %s\n", err);
+	CHECK(cfg.begin_write_timeout_ms == 1000);
+	CHECK(cfg.source[WEX_CF_BEGIN_WRITE_TIMEOUT_MS] == WEX_CONFIG_SRC_FILE);
+	CHECK(!strcmp(cfg.socket, "/tmp/a.sock"));
+	CHECK(cfg.models.n == 1 && cfg.models.v[0].producers.uids.ids[0] == 1000);
+	CHECK(cfg.sync_timeout_ms == 1234);
+	CHECK(!wex__config_allowed(&cfg, "policy", WEX_ROLE_PRODUCER, 1001, 1001));
+
+	/* Unparsable: the same. */
+	rewrite(path, "{");
+	CHECK(wex__config_reload(&cfg, &rep, err, sizeof(err)) == -EINVAL);
+	CHECK(cfg.begin_write_timeout_ms == 1000);
+
+	/* Valid: swapped in, with the report. */
+	rewrite(path, "{\"begin_write_timeout_ms\": 2000, \"socket\": \"/tmp/b.sock\",\n"
+		      " \"sync_timeout_ms\": 5, \"max_clients\": 7, \"io_backend\": \"epoll\",\n"
+		      " \"models\": {\"policy\": {\"producers\": {\"uids\": [1001]}}}}");
+	CHECK(wex__config_reload(&cfg, &rep, err, sizeof(err)) == 0);
+	CHECK(rep != NULL);
+	{
+		char *s = json_dumps(rep, JSON_COMPACT);
+
+		printf("reload report: %s\n", s);
+		free(s);
+	}
+	json_t *changed = json_object_get(rep, "changed");
+	json_t *restart = json_object_get(rep, "restart_needed");
+
+	CHECK(has(changed, "begin_write_timeout_ms") && has(changed, "max_clients"));
+	CHECK(has(changed, "models"));
+	CHECK(!has(changed, "sync_timeout_ms") && !has(restart, "sync_timeout_ms"));
+	CHECK(has(restart, "socket") && has(restart, "io_backend"));
+	CHECK(!has(changed, "socket") && !has(changed, "log_level"));
+	CHECK(json_array_size(changed) == 3 && json_array_size(restart) == 2);
+	json_decref(rep);
+
+	CHECK(cfg.begin_write_timeout_ms == 2000);
+	CHECK(cfg.max_clients == 7);
+	CHECK(wex__config_allowed(&cfg, "policy", WEX_ROLE_PRODUCER, 1001, 1001));
+	CHECK(!wex__config_allowed(&cfg, "policy", WEX_ROLE_PRODUCER, 1000, 1000));
+	/* Restart-only fields keep what the daemon is actually using. */
+	CHECK(!strcmp(cfg.socket, "/tmp/a.sock"));
+	CHECK(cfg.io_backend == WEX_IO_AUTO);
+	CHECK(cfg.source[WEX_CF_IO_BACKEND] == WEX_CONFIG_SRC_DEFAULT);
+	/* The runtime value outranks the file's 5. */
+	CHECK(cfg.sync_timeout_ms == 1234);
+	CHECK(cfg.source[WEX_CF_SYNC_TIMEOUT_MS] == WEX_CONFIG_SRC_RUNTIME);
+
+	/* A reload with the file gone: it was given explicitly, so refused. */
+	unlink(path);
+	CHECK(wex__config_reload(&cfg, NULL, err, sizeof(err)) == -ENOENT);
+	CHECK(cfg.begin_write_timeout_ms == 2000);
+
+	wex__config_free(&cfg);
+	free(path);
+	printf("PASS\n");
+	return T_EXIT_PASS;
+}

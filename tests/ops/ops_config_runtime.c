@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ops_config_runtime: proves that "config set" changes only fields marked
+ * modifiable: a field that needs a restart (socket, io_backend, ...) or
+ * comes from the file only (models) is refused with -EPERM and a message
+ * naming it, an unknown field with -ENOENT, a bad value with -EINVAL, and a
+ * refused set changes nothing; a modifiable field changes and is recorded
+ * as set at run time.
+ */
+#include <errno.h>
+
+#include "config.h"
+#include "log.h"
+#include "ops_test.h"
+
+int main(void)
+{
+	struct wex_config cfg;
+	char err[512], sock[256];
+	static const char *const fixed[] = { "socket", "socket_mode", "socket_group",
+		"io_backend", "max_message_bytes", "max_clients", "watchdog", "models" };
+
+	t_clear_env();
+	CHECK(wex__config_load(&cfg, "/nonexistent/wexd.json", 0, err, sizeof(err)) == 0);
+	snprintf(sock, sizeof(sock), "%s", cfg.socket);
+
+	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
+		int f = wex__config_field_index(fixed[i]);
+		char want[128];
+
+		CHECK(f >= 0 && !wex__config_field_modifiable(f));
+		CHECK(wex__config_set(&cfg, fixed[i], "1", err, sizeof(err)) == -EPERM);
+		snprintf(want, sizeof(want), "field '%s': cannot change at run time", fixed[i]);
+		CHECK_CONTAINS(err, want);
+		CHECK(cfg.source[f] == WEX_CONFIG_SRC_DEFAULT);
+		printf("refused as expected: %s\n", err);
+	}
+	CHECK(!strcmp(cfg.socket, sock));
+	CHECK(cfg.io_backend == WEX_IO_AUTO);
+
+	CHECK(wex__config_set(&cfg, "no_such_field", "1", err, sizeof(err)) == -ENOENT);
+	CHECK_CONTAINS(err, "field 'no_such_field': unknown field");
+
+	CHECK(wex__config_set(&cfg, "log_level", "verbose", err, sizeof(err)) == -EINVAL);
+	CHECK_CONTAINS(err, "config set: field 'log_level': expected one of");
+	CHECK(cfg.log_level == WEX_LOG_INFO && cfg.source[WEX_CF_LOG_LEVEL] == WEX_CONFIG_SRC_DEFAULT);
+	CHECK(wex__config_set(&cfg, "sync_timeout_ms", "-3", err, sizeof(err)) == -ERANGE);
+	CHECK(cfg.sync_timeout_ms == 60000);
+
+	CHECK(wex__config_set(&cfg, "log_level", "debug", err, sizeof(err)) == 0);
+	CHECK(cfg.log_level == WEX_LOG_DEBUG && cfg.source[WEX_CF_LOG_LEVEL] == WEX_CONFIG_SRC_RUNTIME);
+	CHECK(wex__config_set(&cfg, "sync_timeout_ms", "250", err, sizeof(err)) == 0);
+	CHECK(cfg.sync_timeout_ms == 250);
+	CHECK(wex__config_set(&cfg, "drain_timeout_ms", "0", err, sizeof(err)) == 0);
+	CHECK(cfg.drain_timeout_ms == 0);
+
+	wex__config_free(&cfg);
+	printf("PASS\n");
+	return T_EXIT_PASS;
+}
