@@ -13,6 +13,9 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "vmm/backend.h"
 
@@ -178,10 +181,16 @@ static int host_unmap_fixed(struct wex_mem_region *r)
 		return 0;
 	/* Give the region private memory holding what it showed, swapped in
 	 * with one mremap so that no reader sees a hole. */
-	tmp = mmap(NULL, r->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	/* MAP_POPULATE: the kernel faults the pages in bulk, much faster than
+	 * a fault per page during the copy. */
+	tmp = mmap(NULL, r->size, PROT_READ | PROT_WRITE,
+		   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 	if (tmp == MAP_FAILED)
 		return -errno;
-	memcpy(tmp, r->addr, r->size);
+	wex_mem_host_copy(&(struct wex_copy_op){ .src = (uint64_t)(uintptr_t)r->addr,
+						   .dst = (uint64_t)(uintptr_t)tmp,
+						   .len = r->size },
+			  1, 4);
 	if (mremap(tmp, r->size, r->size, MREMAP_MAYMOVE | MREMAP_FIXED, r->addr) == MAP_FAILED) {
 		int ret = -errno;
 
@@ -202,6 +211,41 @@ static int host_unreserve(struct wex_mem_region *r)
 
 /* ---------------------------------------------------------------------- */
 /* Copy executor.                                                          */
+
+/*
+ * Large copies use non-temporal (streaming) stores: they skip the read for
+ * ownership of the destination and keep the cache for others.  glibc's
+ * memcpy does the same only above a threshold of several MiB per call, and
+ * the executor's calls are chunks of one tensor, below it.
+ */
+#define NT_MIN (256u << 10)
+
+static void copy_bytes(char *dst, const char *src, uint64_t len)
+{
+#ifdef __SSE2__
+	if (len >= NT_MIN) {
+		uint64_t head = (64 - ((uintptr_t)dst & 63)) & 63;
+
+		memcpy(dst, src, head);
+		dst += head;
+		src += head;
+		len -= head;
+		for (; len >= 64; len -= 64, dst += 64, src += 64) {
+			__m128i a = _mm_loadu_si128((const __m128i *)src);
+			__m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+			__m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+			__m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+
+			_mm_stream_si128((__m128i *)dst, a);
+			_mm_stream_si128((__m128i *)(dst + 16), b);
+			_mm_stream_si128((__m128i *)(dst + 32), c);
+			_mm_stream_si128((__m128i *)(dst + 48), d);
+		}
+		_mm_sfence();
+	}
+#endif
+	memcpy(dst, src, len);
+}
 
 static void copy_one(const struct wex_copy_op *op, uint64_t first, uint64_t last)
 {
@@ -226,8 +270,8 @@ static void copy_one(const struct wex_copy_op *op, uint64_t first, uint64_t last
 			so += (int64_t)i2 * op->src_stride[2];
 			d += (int64_t)i2 * op->dst_stride[2];
 		}
-		memcpy((char *)(uintptr_t)(op->dst + (uint64_t)d),
-		       (const char *)(uintptr_t)(op->src + (uint64_t)so), op->len);
+		copy_bytes((char *)(uintptr_t)(op->dst + (uint64_t)d),
+			   (const char *)(uintptr_t)(op->src + (uint64_t)so), op->len);
 	}
 }
 
@@ -275,8 +319,8 @@ static void run_chunk(struct copy_job *j, uint64_t c)
 		uint64_t b = k * per, e = b + per > op->len ? op->len : b + per;
 
 		if (b < e)
-			memcpy((char *)(uintptr_t)(op->dst + b), (const char *)(uintptr_t)(op->src + b),
-			       e - b);
+			copy_bytes((char *)(uintptr_t)(op->dst + b),
+				   (const char *)(uintptr_t)(op->src + b), e - b);
 		return;
 	}
 	uint64_t per = (rows + nchunks - 1) / nchunks;
@@ -296,7 +340,43 @@ static void *copy_worker(void *arg)
 	return NULL;
 }
 
-int wex_mem_host_copy(const struct wex_copy_op *ops, size_t n, int threads)
+static int host_copy_run(const struct wex_copy_op *ops, size_t n, int threads);
+
+/* Rows that follow each other in both source and destination are one
+ * longer row: fold them so that each memcpy is as long as it can be. */
+static void fold_op(struct wex_copy_op *op)
+{
+	while (op->nouter > 0 && op->src_stride[0] == (int64_t)op->len &&
+	       op->dst_stride[0] == (int64_t)op->len) {
+		op->len *= op->count[0];
+		for (uint32_t i = 1; i < op->nouter; i++) {
+			op->count[i - 1] = op->count[i];
+			op->src_stride[i - 1] = op->src_stride[i];
+			op->dst_stride[i - 1] = op->dst_stride[i];
+		}
+		op->nouter--;
+	}
+}
+
+int wex_mem_host_copy(const struct wex_copy_op *in, size_t n, int threads)
+{
+	struct wex_copy_op *ops;
+	int ret;
+
+	if (n == 0)
+		return 0;
+	ops = malloc(n * sizeof(*ops));
+	if (!ops)
+		return -ENOMEM;
+	memcpy(ops, in, n * sizeof(*ops));
+	for (size_t i = 0; i < n; i++)
+		fold_op(&ops[i]);
+	ret = host_copy_run(ops, n, threads);
+	free(ops);
+	return ret;
+}
+
+static int host_copy_run(const struct wex_copy_op *ops, size_t n, int threads)
 {
 	const uint64_t chunk = 4u << 20;
 	struct copy_job j = { .ops = ops, .n = n, .chunk = chunk };

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""gpu_sync_torch.py - the PyTorch CUDA-IPC baseline for tests/bench/gpu_sync.c.
+
+Two processes on one GPU, the same tensors as the C bench (same size
+generator, bf16): a producer owns the weights; a consumer owns its own copy
+and syncs it the way SGLang's update_weights_from_tensor does:
+
+  per_tensor  the producer calls torch.multiprocessing.reductions.reduce_tensor
+              on every tensor and sends the handles; the consumer rebuilds
+              each tensor (one cudaIpcOpenMemHandle per caching-allocator
+              segment, cached by torch) and copies it into its own parameter;
+  bucket      the producer flattens the tensors into buckets of
+              WEX_BENCH_BUCKET_MB (torch.cat, a copy), sends one handle per
+              bucket; the consumer copies the slices out.
+
+Each sync is timed in the consumer from its request to torch.cuda.synchronize()
+after the last copy; the best of WEX_BENCH_REPS syncs after one warm-up is
+reported (the first, which opens the handles, separately).  Prints one JSON
+line; when torch or CUDA is missing, the timings are null and "torch_reason"
+says why.  Environment: WEX_BENCH_GB (16), WEX_BENCH_TENSORS (300),
+WEX_BENCH_REPS (3), WEX_BENCH_BUCKET_MB (512).
+"""
+import json
+import os
+import sys
+import time
+
+
+def tensor_elems(gb, n):
+    """Element counts of the n bf16 tensors; mirrors gpu_sync.c."""
+    avg = int(gb * (1 << 30)) // 2 // n
+    out = []
+    for i in range(n):
+        frac = ((i * 2654435761) & 0xFFFFFFFF) % 1000
+        e = avg * (500 + 3 * frac) // 2000
+        e &= ~127
+        out.append(max(e, 128))
+    return out
+
+
+def producer(elems, bucket_bytes, req, resp):
+    import torch
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    torch.cuda.set_device(0)
+    ts = [torch.full((e,), float(i % 7), dtype=torch.bfloat16, device="cuda")
+          for i, e in enumerate(elems)]
+    torch.cuda.synchronize()
+    resp.put("ready")
+    while True:
+        msg = req.get()
+        if msg == "stop":
+            break
+        if msg == "per_tensor":
+            torch.cuda.synchronize()
+            resp.put([reduce_tensor(t) for t in ts])
+            req.get()  # the consumer's ack: the handles may be dropped
+        elif msg == "bucket":
+            buckets, cur, size = [], [], 0
+            for t in ts:
+                nb = t.numel() * t.element_size()
+                if cur and size + nb > bucket_bytes:
+                    buckets.append(cur)
+                    cur, size = [], 0
+                cur.append(t)
+                size += nb
+            if cur:
+                buckets.append(cur)
+            flats = [torch.cat([t.view(-1) for t in b]) for b in buckets]
+            torch.cuda.synchronize()
+            resp.put([(reduce_tensor(f), [t.numel() for t in b]) for f, b in zip(flats, buckets)])
+            req.get()
+            del flats
+
+
+def main():
+    gb = float(os.environ.get("WEX_BENCH_GB", "16"))
+    n = int(os.environ.get("WEX_BENCH_TENSORS", "300"))
+    reps = int(os.environ.get("WEX_BENCH_REPS", "3"))
+    bucket_bytes = int(os.environ.get("WEX_BENCH_BUCKET_MB", "512")) << 20
+    out = {"torch_ipc_per_tensor_ms": None, "torch_ipc_bucket_ms": None}
+    try:
+        import torch
+        import torch.multiprocessing as mp
+    except Exception as e:  # noqa: BLE001 - any import failure means "no torch"
+        out["torch_reason"] = "torch unavailable: %s" % e
+        print(json.dumps(out))
+        return 0
+    if not torch.cuda.is_available():
+        out["torch_reason"] = "torch %s has no usable CUDA device" % torch.__version__
+        print(json.dumps(out))
+        return 0
+    out["torch_version"] = torch.__version__
+    elems = tensor_elems(gb, n)
+    ctx = mp.get_context("spawn")
+    req, resp = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=producer, args=(elems, bucket_bytes, req, resp))
+    p.start()
+    try:
+        torch.cuda.set_device(0)
+        own = [torch.empty((e,), dtype=torch.bfloat16, device="cuda") for e in elems]
+        if resp.get(timeout=600) != "ready":
+            raise RuntimeError("producer did not start")
+
+        def sync_per_tensor():
+            t0 = time.perf_counter()
+            req.put("per_tensor")
+            handles = resp.get(timeout=600)
+            for (fn, args), dst in zip(handles, own):
+                dst.copy_(fn(*args))
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            req.put("ack")
+            return (t1 - t0) * 1e3
+
+        def sync_bucket():
+            t0 = time.perf_counter()
+            req.put("bucket")
+            items = resp.get(timeout=600)
+            k = 0
+            for (fn, args), numels in items:
+                flat = fn(*args)
+                off = 0
+                for ne in numels:
+                    own[k].copy_(flat[off:off + ne])
+                    off += ne
+                    k += 1
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            req.put("ack")
+            return (t1 - t0) * 1e3
+
+        first = sync_per_tensor()
+        out["torch_ipc_per_tensor_first_ms"] = first
+        out["torch_ipc_per_tensor_ms"] = min(sync_per_tensor() for _ in range(reps))
+        out["torch_ipc_bucket_first_ms"] = sync_bucket()
+        out["torch_ipc_bucket_ms"] = min(sync_bucket() for _ in range(reps))
+        ok = all(bool((t[:8] == float(i % 7)).all()) for i, t in enumerate(own[:16]))
+        out["torch_check"] = ok
+    except Exception as e:  # noqa: BLE001
+        out["torch_ipc_per_tensor_ms"] = None
+        out["torch_ipc_bucket_ms"] = None
+        out["torch_reason"] = "torch baseline failed: %r" % (e,)
+    finally:
+        req.put("stop")
+        p.join(timeout=60)
+        if p.is_alive():
+            p.kill()
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

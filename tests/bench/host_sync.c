@@ -1,0 +1,456 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * host_sync - benchmark of a consumer's sync on the host-memory backend.
+ *
+ * Model: Qwen2-0.5B-like, 290 tensors, ~1 GB of bf16 (WEX_BENCH_SMALL=1: a
+ * small preset, for sanitizer builds).  A real wexd and a producer process;
+ * this process is the consumer.  Measured, median of several runs:
+ *   - remap sync latency: metadata only (the mapping is kept across
+ *     versions, as an engine keeps it across steps), and with every page of
+ *     the model touched after the sync; also the first (cold) remap;
+ *   - copy sync bandwidth (plan executed with memcpy over T threads);
+ * and in the same run, the baselines:
+ *   - memcpy of the same bytes with the same thread count (the limit);
+ *   - streaming the bytes through a UNIX stream socket (one stream);
+ *   - writing then reading a safetensors file in /dev/shm (what RL
+ *     frameworks do today).
+ * The last line is one JSON object with the figures, the baselines and the
+ * ratios (bigger is better for wex, except remap_touched_vs_copy, which is
+ * remap time over copy time).
+ *
+ * usage: host_sync [WEXD_BIN]   (default: $WEXD_BIN)
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "examples/model.h"
+#include "wex.h"
+
+#define RUNS 5
+
+static double median(double *v, int n)
+{
+	for (int i = 1; i < n; i++)
+		for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+			double t = v[j];
+
+			v[j] = v[j - 1];
+			v[j - 1] = t;
+		}
+	return v[n / 2];
+}
+
+static void die(const char *what, int ret, wex_client_t *c)
+{
+	fprintf(stderr, "host_sync: %s: %s %s\n", what, wex_strerror(ret), c ? wex_last_error(c) : "");
+	exit(1);
+}
+
+/* ---- baselines --------------------------------------------------------- */
+
+struct mc {
+	char *dst;
+	const char *src;
+	size_t len;
+};
+
+static void *mc_worker(void *a)
+{
+	struct mc *m = a;
+
+	memcpy(m->dst, m->src, m->len);
+	return NULL;
+}
+
+static void par_memcpy(char *dst, const char *src, size_t len, int threads)
+{
+	pthread_t t[64];
+	struct mc m[64];
+
+	for (int i = 0; i < threads; i++) {
+		size_t b = len * (size_t)i / (size_t)threads, e = len * (size_t)(i + 1) / (size_t)threads;
+
+		m[i] = (struct mc){ dst + b, src + b, e - b };
+		if (i)
+			pthread_create(&t[i], NULL, mc_worker, &m[i]);
+	}
+	mc_worker(&m[0]);
+	for (int i = 1; i < threads; i++)
+		pthread_join(t[i], NULL);
+}
+
+static double socket_stream(char *dst, const char *src, size_t len)
+{
+	int sv[2], bufsz = 4 << 20;
+	double t0;
+	pid_t pid;
+	size_t got = 0;
+
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0)
+		return -1;
+	setsockopt(sv[0], SOL_SOCKET, SO_RCVBUF, &bufsz, sizeof(bufsz));
+	setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &bufsz, sizeof(bufsz));
+	t0 = ex_now();
+	pid = fork();
+	if (pid == 0) {
+		close(sv[0]);
+		for (size_t off = 0; off < len;) {
+			ssize_t n = write(sv[1], src + off, len - off > (1 << 20) ? (1 << 20) : len - off);
+
+			if (n <= 0)
+				_exit(1);
+			off += (size_t)n;
+		}
+		_exit(0);
+	}
+	close(sv[1]);
+	while (got < len) {
+		ssize_t n = read(sv[0], dst + got, len - got);
+
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	close(sv[0]);
+	waitpid(pid, NULL, 0);
+	return got == len ? ex_now() - t0 : -1;
+}
+
+/* Write the tensors as a safetensors file in /dev/shm, then read them back
+ * tensor by tensor into dst (header parsed for the offsets, as a loader
+ * does).  Returns the total time. */
+static double safetensors_roundtrip(char *dst, const char *src, const struct wex_tensor *t, int n)
+{
+	char path[] = "/dev/shm/wex-bench-XXXXXX";
+	size_t cap = (size_t)n * 256 + 64, hl = 0, data = 0;
+	char *hdr = malloc(cap);
+	uint64_t hlen;
+	double t0 = ex_now();
+	int fd = mkstemp(path);
+
+	if (fd < 0 || !hdr)
+		return -1;
+	hl += (size_t)snprintf(hdr + hl, cap - hl, "{");
+	for (int i = 0; i < n; i++) {
+		size_t nb = wex_tensor_nbytes(&t[i]);
+
+		hl += (size_t)snprintf(hdr + hl, cap - hl,
+				       "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":[%llu%s%.0llu],\"data_offsets\":[%zu,%zu]}",
+				       i ? "," : "", t[i].name, (unsigned long long)t[i].extent[0],
+				       t[i].ndim == 2 ? "," : "",
+				       t[i].ndim == 2 ? (unsigned long long)t[i].extent[1] : 0ull, data,
+				       data + nb);
+		data += nb;
+	}
+	hl += (size_t)snprintf(hdr + hl, cap - hl, "}");
+	while (hl % 8)
+		hdr[hl++] = ' ';
+	hlen = hl;
+	if (write(fd, &hlen, 8) != 8 || write(fd, hdr, hl) != (ssize_t)hl)
+		goto fail;
+	for (int i = 0; i < n; i++) {
+		size_t nb = wex_tensor_nbytes(&t[i]);
+
+		if (write(fd, src + t[i].offset, nb) != (ssize_t)nb)
+			goto fail;
+	}
+	fsync(fd);
+	close(fd);
+	/* Load: open, read the header, read each tensor to its place. */
+	fd = open(path, O_RDONLY);
+	if (fd < 0 || read(fd, &hlen, 8) != 8)
+		goto fail;
+	char *h2 = malloc(hlen + 1);
+
+	if (!h2 || pread(fd, h2, hlen, 8) != (ssize_t)hlen)
+		goto fail;
+	data = 0;
+	for (int i = 0; i < n; i++) {
+		size_t nb = wex_tensor_nbytes(&t[i]);
+		char *p = strstr(h2, t[i].name); /* locate the entry, as a parser would */
+
+		if (!p || pread(fd, dst + t[i].offset, nb, (off_t)(8 + hlen + data)) != (ssize_t)nb)
+			goto fail;
+		data += nb;
+	}
+	free(h2);
+	close(fd);
+	unlink(path);
+	free(hdr);
+	return ex_now() - t0;
+fail:
+	unlink(path);
+	free(hdr);
+	return -1;
+}
+
+/* ---- producer process -------------------------------------------------- */
+
+static void producer(const char *preset, int cmd_fd, int ack_fd)
+{
+	struct wex_client_params p = {
+		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
+		.role = WEX_ROLE_PRODUCER, .model = "bench",
+	};
+	struct wex_tensor *t;
+	struct ex_cfg cfg;
+	uint64_t bytes, v = 1;
+	wex_client_t *c;
+	uint32_t seg;
+	void *base;
+	int n, ret;
+	char cmd;
+
+	ex_cfg_preset(&cfg, preset);
+	n = ex_shards(&cfg, 0, 1, &t, &bytes);
+	if ((ret = wex_client_open(&p, &c)) < 0)
+		die("producer open", ret, NULL);
+	if ((ret = wex_segment_alloc(c, WEX_SEG_HOST, 0, bytes, &seg, &base)) < 0)
+		die("producer alloc", ret, c);
+	if ((ret = wex_register_tensors(c, t, (size_t)n)) < 0)
+		die("producer register", ret, c);
+	if ((ret = wex_begin_write(c, v, 0)) < 0)
+		die("begin_write", ret, c);
+	ex_fill(base, t, (size_t)n, v, 2);
+	if ((ret = wex_publish(c, v)) < 0)
+		die("publish", ret, c);
+	(void)!write(ack_fd, "r", 1);
+	/* Each 'p' publishes the next version with the bytes of v1 left in
+	 * place, so that the timed path is the sync and not the trainer's
+	 * writes (the consumer checks the bytes against v1's pattern). */
+	while (read(cmd_fd, &cmd, 1) == 1 && cmd == 'p') {
+		v++;
+		if ((ret = wex_begin_write(c, v, 0)) < 0)
+			die("begin_write", ret, c);
+		if ((ret = wex_publish(c, v)) < 0)
+			die("publish", ret, c);
+		(void)!write(ack_fd, "r", 1);
+	}
+	wex_client_close(c);
+	free(t);
+	_exit(0);
+}
+
+int main(int argc, char **argv)
+{
+	const char *wexd = argc > 1 ? argv[1] : getenv("WEXD_BIN");
+	int small = getenv("WEX_BENCH_SMALL") && *getenv("WEX_BENCH_SMALL") == '1';
+	const char *preset = small ? "small" : "qwen2-0.5b";
+	char dir[] = "/tmp/wex-bench-XXXXXX", sock[128];
+	int ready[2], cmd[2], ack[2], threads, n, ret;
+	double copy_t[RUNS], meta_t[RUNS], touch_t[RUNS], fixed_t[RUNS], mc_t[RUNS], sock_t[3],
+		st_t[3], first_ms, cold_touch_ms, fixed_first_ms = 0;
+	pid_t dpid, ppid;
+	struct wex_tensor *t;
+	struct ex_cfg cfg;
+	uint64_t bytes, model_bytes = 0, last;
+	wex_client_t *c;
+	void *region;
+	char *dst;
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+
+	if (!wexd) {
+		fprintf(stderr, "host_sync: set WEXD_BIN or pass the wexd path\n");
+		return 77;
+	}
+	threads = ncpu > 8 ? 8 : ncpu < 1 ? 1 : (int)ncpu;
+	if (!mkdtemp(dir))
+		return 1;
+	snprintf(sock, sizeof(sock), "%s/wexd.sock", dir);
+	setenv("WEX_SOCKET", sock, 1);
+	if (pipe(ready) < 0 || pipe(cmd) < 0 || pipe(ack) < 0)
+		return 1;
+	dpid = fork();
+	if (dpid == 0) {
+		char fds[16];
+
+		close(ready[0]);
+		snprintf(fds, sizeof(fds), "%d", ready[1]);
+		setenv("WEXD_READY_FD", fds, 1);
+		setenv("WEX_LOG_LEVEL", "warn", 1);
+		execl(wexd, wexd, (char *)NULL);
+		_exit(127);
+	}
+	close(ready[1]);
+	{
+		char b[8];
+
+		if (read(ready[0], b, sizeof(b)) <= 0) {
+			fprintf(stderr, "host_sync: wexd did not start\n");
+			return 1;
+		}
+	}
+	ppid = fork();
+	if (ppid == 0)
+		producer(preset, cmd[0], ack[1]);
+	{
+		char r;
+
+		if (read(ack[0], &r, 1) != 1)
+			return 1;
+	}
+	ex_cfg_preset(&cfg, preset);
+	n = ex_shards(&cfg, 0, 1, &t, &bytes);
+	for (int i = 0; i < n; i++)
+		model_bytes += wex_tensor_nbytes(&t[i]);
+	struct wex_client_params p = {
+		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL | WEX_CLIENT_FIELD_COPY_THREADS,
+		.role = WEX_ROLE_CONSUMER, .model = "bench", .copy_threads = (uint32_t)threads,
+	};
+	if ((ret = wex_client_open(&p, &c)) < 0)
+		die("consumer open", ret, NULL);
+	if ((ret = wex_reserve(c, 0, 0, bytes, &region)) < 0)
+		die("reserve", ret, c);
+	for (int i = 0; i < n; i++)
+		t[i].ptr = (char *)region + t[i].offset;
+	if ((ret = wex_attach(c, t, (size_t)n)) < 0)
+		die("attach", ret, c);
+	memset(region, 0, bytes); /* the engine's buffer exists before the first sync */
+	dst = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	memset(dst, 0, bytes);
+
+	printf("host_sync: %s model, %d tensors, %.1f MiB bf16; %d copy threads; wexd %s\n", preset, n,
+	       (double)model_bytes / (1 << 20), threads, wexd);
+
+	/* First (cold) remap: fetch, mmap, then every page touched. */
+	struct wex_sync_result r;
+	double t0 = ex_now();
+	volatile uint64_t sink = 0;
+	const char *src;
+
+	if ((ret = wex_sync(c, WEX_SYNC_REMAP_VIEW, 1, 0, &r)) < 0)
+		die("remap", ret, c);
+	first_ms = (ex_now() - t0) * 1e3;
+	if ((ret = wex_view(c, 0, t[0].name, (void **)&src, NULL)) < 0)
+		die("view", ret, c);
+	src -= t[0].offset; /* the segment's base */
+	for (uint64_t o = 0; o < bytes; o += 4096)
+		sink += (uint64_t)src[o];
+	cold_touch_ms = (ex_now() - t0) * 1e3;
+	if (ex_check(src, t, (size_t)n, r.version, threads)) {
+		fprintf(stderr, "host_sync: remapped bytes are wrong\n");
+		return 1;
+	}
+	last = r.version;
+
+	for (int k = 0; k < RUNS; k++) {
+		char a;
+
+		/* A new version each time: the producer waits for our lease. */
+		wex_release(c);
+		(void)!write(cmd[1], "p", 1);
+		if (read(ack[0], &a, 1) != 1)
+			return 1;
+		t0 = ex_now();
+		if ((ret = wex_sync(c, WEX_SYNC_REMAP_VIEW, last + 1, 0, &r)) < 0)
+			die("remap", ret, c);
+		meta_t[k] = ex_now() - t0;
+		for (uint64_t o = 0; o < bytes; o += 4096)
+			sink += (uint64_t)src[o];
+		touch_t[k] = ex_now() - t0;
+		last = r.version;
+	}
+	for (int k = 0; k < RUNS; k++) {
+		char a;
+
+		wex_release(c);
+		(void)!write(cmd[1], "p", 1);
+		if (read(ack[0], &a, 1) != 1)
+			return 1;
+		t0 = ex_now();
+		if ((ret = wex_sync(c, WEX_SYNC_COPY, last + 1, 0, &r)) < 0)
+			die("copy", ret, c);
+		copy_t[k] = ex_now() - t0;
+		if (getenv("WEX_BENCH_VERBOSE"))
+			fprintf(stderr, "copy run %d: %.1f ms (%llu ops, %llu bytes)\n", k, copy_t[k] * 1e3, (unsigned long long)r.ops, (unsigned long long)r.bytes);
+		last = r.version;
+
+		t0 = ex_now();
+		par_memcpy(dst, src, bytes, threads);
+		mc_t[k] = ex_now() - t0;
+	}
+	/* Same-address: the first maps the producer's memory over the
+	 * engine's buffer; later versions keep the mapping. */
+	for (int k = 0; k < RUNS; k++) {
+		char a;
+
+		wex_release(c);
+		(void)!write(cmd[1], "p", 1);
+		if (read(ack[0], &a, 1) != 1)
+			return 1;
+		t0 = ex_now();
+		if ((ret = wex_sync(c, WEX_SYNC_REMAP_FIXED, last + 1, 0, &r)) < 0)
+			die("remap fixed", ret, c);
+		fixed_t[k] = ex_now() - t0;
+		if (k == 0)
+			fixed_first_ms = fixed_t[0] * 1e3;
+		last = r.version;
+	}
+	wex_release(c);
+	/* The engine's buffer shows the producer's bytes (v1's pattern). */
+	if (ex_check(NULL, t, (size_t)n, 1, threads)) {
+		fprintf(stderr, "host_sync: copied bytes are wrong\n");
+		return 1;
+	}
+	for (int k = 0; k < 3; k++) {
+		sock_t[k] = socket_stream(dst, src, bytes);
+		st_t[k] = safetensors_roundtrip(dst, src, t, n);
+		if (sock_t[k] < 0 || st_t[k] < 0) {
+			fprintf(stderr, "host_sync: a baseline failed\n");
+			return 1;
+		}
+	}
+	(void)!write(cmd[1], "q", 1);
+	waitpid(ppid, NULL, 0);
+	wex_client_close(c);
+	kill(dpid, SIGTERM);
+	waitpid(dpid, NULL, 0);
+	rmdir(dir);
+
+	double copy_s = median(copy_t, RUNS), meta_s = median(meta_t, RUNS),
+	       touch_s = median(touch_t, RUNS), fixed_s = median(fixed_t, RUNS),
+	       mc_s = median(mc_t, RUNS), sock_s = median(sock_t, 3), st_s = median(st_t, 3);
+	double gib = (double)model_bytes / (1 << 30);
+
+	printf("%-40s %10s %12s\n", "measure (median)", "ms", "GiB/s");
+	printf("%-40s %10.3f %12s\n", "remap sync, metadata only", meta_s * 1e3, "-");
+	printf("%-40s %10.3f %12s\n", "remap sync + every page touched", touch_s * 1e3, "-");
+	printf("%-40s %10.3f %12s\n", "remap same-address sync (kept mapping)", fixed_s * 1e3, "-");
+	printf("%-40s %10.3f %12s\n", "remap same-address sync (first map)", fixed_first_ms, "-");
+	printf("%-40s %10.3f %12s\n", "first remap (fetch+mmap), pages touched", cold_touch_ms, "-");
+	printf("%-40s %10.3f %12.2f\n", "copy sync", copy_s * 1e3, gib / copy_s);
+	printf("%-40s %10.3f %12.2f\n", "baseline: memcpy, same threads (limit)", mc_s * 1e3, gib / mc_s);
+	printf("%-40s %10.3f %12.2f\n", "baseline: UNIX stream socket", sock_s * 1e3, gib / sock_s);
+	printf("%-40s %10.3f %12.2f\n", "baseline: safetensors write+read /dev/shm", st_s * 1e3,
+	       gib / st_s);
+	printf("{\"bench\":\"host_sync\",\"preset\":\"%s\",\"tensors\":%d,\"bytes\":%llu,\"threads\":%d,"
+	       "\"remap_metadata_ms\":%.4f,\"remap_touched_ms\":%.4f,\"remap_fixed_ms\":%.4f,\"remap_fixed_first_ms\":%.3f,"
+	       "\"remap_first_ms\":%.3f,\"remap_first_touched_ms\":%.3f,"
+	       "\"copy_ms\":%.3f,\"copy_gib_s\":%.3f,"
+	       "\"baselines\":{\"memcpy_ms\":%.3f,\"memcpy_gib_s\":%.3f,\"socket_ms\":%.3f,"
+	       "\"socket_gib_s\":%.3f,\"safetensors_ms\":%.3f},"
+	       "\"ratios\":{\"copy_vs_memcpy\":%.3f,\"remap_touched_vs_copy\":%.4f,"
+	       "\"copy_vs_socket\":%.2f,\"remap_touched_vs_socket\":%.2f,\"copy_vs_safetensors\":%.2f,"
+	       "\"remap_first_touched_vs_copy\":%.3f},"
+	       "\"targets\":{\"copy_vs_memcpy>=0.9\":%s,\"remap_touched_vs_copy<=0.5\":%s,"
+	       "\"remap_metadata_ms<2\":%s,\"copy_vs_socket>=5\":%s,\"remap_touched_vs_socket>=5\":%s}}\n",
+	       preset, n, (unsigned long long)model_bytes, threads, meta_s * 1e3, touch_s * 1e3,
+	       fixed_s * 1e3, fixed_first_ms, first_ms, cold_touch_ms, copy_s * 1e3, gib / copy_s, mc_s * 1e3,
+	       gib / mc_s, sock_s * 1e3, gib / sock_s, st_s * 1e3, mc_s / copy_s, touch_s / copy_s,
+	       sock_s / copy_s, sock_s / touch_s, st_s / copy_s, cold_touch_ms / 1e3 / copy_s,
+	       mc_s / copy_s >= 0.9 ? "true" : "false", touch_s / copy_s <= 0.5 ? "true" : "false",
+	       meta_s * 1e3 < 2 ? "true" : "false", sock_s / copy_s >= 5 ? "true" : "false",
+	       sock_s / touch_s >= 5 ? "true" : "false");
+	(void)sink;
+	return 0;
+}
