@@ -76,6 +76,7 @@ struct wex_client {
 	uint64_t version;
 	int has_lease;
 	int dirty;
+	json_t *report; /* the last finished sync, sent with the next request */
 };
 
 static int set_err(struct wex_client *c, int ret, const char *fmt, ...)
@@ -174,6 +175,12 @@ static int rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, json
 
 	if (nrfds)
 		*nrfds = 0;
+	/* Metrics: wexd learns of a finished sync on the next request, so the
+	 * sync itself pays no extra round trip. */
+	if (c->report) {
+		json_object_set_new(req, "report", c->report);
+		c->report = NULL;
+	}
 again:
 	if (c->fd < 0) {
 		ret = reconnect(c);
@@ -359,6 +366,7 @@ WEX_API void wex_client_close(wex_client_t *c)
 	}
 	if (c->fd >= 0)
 		close(c->fd);
+	json_decref(c->report);
 	consumer_unmap_all(c);
 	for (size_t i = 0; i < c->nregions; i++)
 		c->regions[i].r.ops->unreserve(&c->regions[i].r);
@@ -892,6 +900,15 @@ WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint6
 	return 0;
 }
 
+static void set_report(struct wex_client *c, const char *mode, uint64_t bytes, uint64_t t0)
+{
+	const char *backend = c->npsegs ? c->psegs[0].seg.ops->name : "host";
+
+	json_decref(c->report);
+	c->report = json_pack("{s:s, s:s, s:I, s:f}", "mode", mode, "backend", backend, "bytes",
+			      (json_int_t)bytes, "seconds", (double)(wex__now_ns() - t0) / 1e9);
+}
+
 WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
 		     struct wex_sync_result *res)
 {
@@ -953,6 +970,7 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 			c->dirty = 0;
 		}
 		c->version = version;
+		set_report(c, "copy", bytes, t0);
 		ret = release_lease(c);
 		if (ret < 0)
 			return ret;
@@ -973,6 +991,8 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 			res->changed = version != c->version;
 		c->version = version;
 	}
+	if (mode != WEX_SYNC_COPY)
+		set_report(c, mode == WEX_SYNC_REMAP_VIEW ? "remap-view" : "remap-fixed", bytes, t0);
 	if (res) {
 		res->version = version;
 		res->bytes = bytes;
