@@ -13,7 +13,7 @@ ACT=$!
 cleanup_extra() { kill "$ACT" 2>/dev/null; wait "$ACT" 2>/dev/null; }
 i=0; while [ ! -S "$WEX_SOCKET" ] && [ $i -lt 100 ]; do i=$((i+1)); sleep 0.05; done
 [ -S "$WEX_SOCKET" ] || fail "socket-activate did not listen"
-pgrep -f "^$WEXD" >/dev/null && fail "wexd started before the first connection"
+pgrep -P "$ACT" >/dev/null && fail "wexd started before the first connection"
 "$WEXCTL" status --json >"$TMP/status.json" || fail "first client not served: $(cat "$TMP/wexd.log")"
 grep -q "using the socket passed by systemd" "$TMP/wexd.log" || fail "wexd did not use LISTEN_FDS: $(cat "$TMP/wexd.log")"
 "$PRODUCER" --preset tiny --versions 2 >"$TMP/p.log" 2>&1 || fail "producer: $(cat "$TMP/p.log")"
