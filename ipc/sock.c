@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,11 +67,25 @@ int wex_sock_listen(const char *path, int mode, gid_t gid)
 	/* A socket file left by a dead daemon refuses connections; replace it,
 	 * but never steal the path from a live one. */
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-		close(fd);
-		return -EADDRINUSE;
-	}
-	if (errno == ECONNREFUSED)
+		pid_t pid = 0;
+		uid_t puid;
+		gid_t pgid;
+
+		/* A connect can succeed even though the daemon is dead: the
+		 * kernel tears a killed process's io_uring down asynchronously,
+		 * and until then a pending multishot accept keeps its socket
+		 * listening (a restart right after a SIGKILL failed with
+		 * EADDRINUSE).  SO_PEERCRED names the process that called
+		 * listen(): if it no longer exists, the socket is stale. */
+		if (wex_sock_peercred(fd, &pid, &puid, &pgid) < 0 || pid <= 0 ||
+		    kill(pid, 0) == 0 || errno != ESRCH) {
+			close(fd);
+			return -EADDRINUSE;
+		}
 		unlink(path);
+	} else if (errno == ECONNREFUSED) {
+		unlink(path);
+	}
 	close(fd);
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)

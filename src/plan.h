@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include "wex.h"
 
+struct wex_copy_op; /* vmm/backend.h */
+
 /* One copy, in relative terms: from producer rank `src_rank`'s segment
  * `src_seg` at byte `src_off` to consumer piece `dst_piece` at byte
  * `dst_off` from that piece's ptr.  `len` contiguous bytes repeated over
@@ -40,6 +42,10 @@ struct wex_plan_src {
 	size_t n;
 };
 
+/* For a plan built alone (wex__plan_build) the busiest source and bound are
+ * this plan's; for plans built by one planner call they are that call's
+ * busiest source and the planner's running bound; wex__planner_stats gives
+ * the totals over every call. */
 struct wex_plan_stats {
 	uint64_t bytes_needed;   /* bytes the consumer's pieces span */
 	uint64_t bytes_moved;    /* bytes the ops copy (== needed: zero redundancy) */
@@ -69,5 +75,72 @@ int wex__plan_build(const struct wex_plan_src *srcs, size_t nsrc, const struct w
 		    size_t errlen);
 
 void wex__plan_free(struct wex_plan *p);
+
+/* ---------------------------------------------------------------------- */
+/* Additions: a reusable source index, group planning, aggregate stats.    */
+
+/*
+ * A planner holds an index over the producers' pieces (sorted by canonical
+ * tensor and first coordinate) so that many consumer ranks can be planned
+ * against it, and the load each producer rank carries so far, summed over
+ * every plan built with it.  It keeps pointers into `srcs` (the caller keeps
+ * them alive).  Pure computation.
+ */
+struct wex_planner;
+
+int wex__planner_new(const struct wex_plan_src *srcs, size_t nsrc, struct wex_planner **out,
+		     char *err, size_t errlen);
+void wex__planner_free(struct wex_planner *pl);
+
+/* Plans one consumer rank on its own: replicas are chosen by rotating with
+ * crank (and split when there are more replicas than consumer ranks), so
+ * that independently built plans spread evenly.  Same contract as
+ * wex__plan_build. */
+int wex__planner_plan(struct wex_planner *pl, const struct wex_tensor *dst, size_t ndst,
+		      uint32_t crank, uint32_t cworld, struct wex_plan **out, char *err,
+		      size_t errlen);
+
+/* The pieces of one consumer rank of a group. */
+struct wex_plan_dst {
+	uint32_t crank;
+	const struct wex_tensor *t;
+	size_t n;
+};
+
+/*
+ * Plans all consumer ranks of a group together: every element is taken from
+ * the least loaded producer rank holding it (load carried over from earlier
+ * calls on the same planner), exclusive sources first and large pieces
+ * first, so the busiest source ends near its lower bound.  out[i] receives
+ * the plan of dsts[i] (out must have ndst slots; all or none are set).
+ */
+int wex__planner_plan_group(struct wex_planner *pl, const struct wex_plan_dst *dsts, size_t ndst,
+			    uint32_t cworld, struct wex_plan **out, char *err, size_t errlen);
+
+/* Totals over every plan built with the planner: bytes, ops, the busiest
+ * producer rank and the lower bound for it (demand that only a set of
+ * ranks can serve, spread evenly over that set). */
+void wex__planner_stats(const struct wex_planner *pl, struct wex_plan_stats *st);
+
+/* Deterministic 64-bit hash of a piece table (names, dtypes, shapes, boxes,
+ * strides, segments and offsets; not pointers): the plan-cache key part for
+ * one side's layout. */
+uint64_t wex__pieces_hash(const struct wex_tensor *t, size_t n);
+
+/*
+ * Executor (plan_exec.c).  Resolves a plan's relative ops into absolute
+ * copies: src = src_base(arg, rank, seg) + src_off, dst = dst[piece].ptr +
+ * dst_off.  *out is a new array of p->nops ops (free()).  Errors: -EINVAL
+ * when src_base returns 0 or a dst piece has no ptr, -ENOMEM.
+ */
+int wex__plan_resolve(const struct wex_plan *p,
+		      uint64_t (*src_base)(void *arg, uint32_t rank, uint32_t seg), void *arg,
+		      const struct wex_tensor *dst, struct wex_copy_op **out);
+
+/* Resolves and runs a plan with the host backend's copy executor.  Blocks
+ * until the copies are done. */
+int wex__plan_exec_host(const struct wex_plan *p,
+			uint64_t (*src_base)(void *arg, uint32_t rank, uint32_t seg), void *arg,
+			const struct wex_tensor *dst, int threads);
 
 #endif

@@ -6,8 +6,10 @@
 #include "vmm/backend.h"
 
 #ifdef WEX_HAVE_CUDA_BACKEND
-extern const struct wex_mem_ops wex_mem_cuda_vmm_ops;
-extern const struct wex_mem_ops wex_mem_cuda_ipc_ops;
+/* Present whenever cuda.h was found at build time; whether a driver and a
+ * device exist is only known at run time: each table's probe slot says
+ * (-WEX_ENOCUDA and the reason), and every other slot fails the same way. */
+#include "vmm/cuda_backend.h"
 #endif
 
 const struct wex_mem_ops *wex_mem_backend(int kind)

@@ -1,0 +1,1262 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * layout.c - interprets the layout data under adapters/.
+ *
+ * Families name canonical tensors by role ("q", "e_gate", ...) with shapes
+ * written as expressions over config symbols; engines name physical tensors
+ * by the roles they hold and a kind saying how they are cut.  A physical
+ * tensor is always a concatenation along dim 0 of blocks (boxes of
+ * canonical tensors), optionally stacked over local experts, followed by
+ * padding rows (padded vocabularies); that one shape covers Megatron's QKV
+ * interleave, vLLM's [Q;K;V] with replicated KV heads, [gate;up], vocab
+ * padding and fused experts.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "layout.h"
+
+#ifndef WEX_ADAPTERS_SRC_DIR
+#define WEX_ADAPTERS_SRC_DIR "adapters"
+#endif
+
+#define MAXSYM 64
+#define MAXSTR 16
+#define MAXROLES 4
+
+enum { LAY_NONE, LAY_ALL, LAY_DENSE, LAY_MOE };
+enum { P_TP, P_PP, P_DP, P_EP, P_ETP, P_FIRST, P_LAST };
+static const char *const param_names[WEX_LAYOUT_PARAMS] = { "tp", "pp", "dp", "ep",
+							     "etp", "first", "last" };
+
+struct sym {
+	char name[32];
+	int64_t v;
+};
+
+struct kv {
+	char k[32];
+	char v[64];
+};
+
+struct ftensor {
+	char role[32];
+	char name[WEX_NAME_MAX];
+	uint32_t ndim;
+	uint64_t shape[WEX_MAX_DIMS];
+	int layers;
+	int experts;
+};
+
+struct wex_model {
+	char family[32];
+	char model_type[32];
+	char adapters[512];
+	int dtype;
+	struct sym syms[MAXSYM];
+	int nsyms;
+	struct kv strs[MAXSTR];
+	int nstrs;
+	struct ftensor *ft;
+	int nft;
+};
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || errlen == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+int64_t wex__model_sym(const struct wex_model *m, const char *name)
+{
+	for (int i = 0; i < m->nsyms; i++)
+		if (!strcmp(m->syms[i].name, name))
+			return m->syms[i].v;
+	return -1;
+}
+
+static void sym_set(struct wex_model *m, const char *name, int64_t v)
+{
+	for (int i = 0; i < m->nsyms; i++)
+		if (!strcmp(m->syms[i].name, name)) {
+			m->syms[i].v = v;
+			return;
+		}
+	if (m->nsyms < MAXSYM) {
+		snprintf(m->syms[m->nsyms].name, sizeof(m->syms[0].name), "%s", name);
+		m->syms[m->nsyms++].v = v;
+	}
+}
+
+const char *wex__model_family(const struct wex_model *m)
+{
+	return m->family;
+}
+
+int wex__model_dtype(const struct wex_model *m)
+{
+	return m->dtype;
+}
+
+void wex__model_set_dtype(struct wex_model *m, int dtype)
+{
+	if (wex_dtype_size(dtype))
+		m->dtype = dtype;
+}
+
+/* ---- expressions: + - * / ( ) == over integers and symbols ---- */
+
+struct ex {
+	const char *s;
+	const struct wex_model *m;
+	int bad;
+};
+
+static int64_t ex_sum(struct ex *e);
+
+static void ex_ws(struct ex *e)
+{
+	while (*e->s == ' ')
+		e->s++;
+}
+
+static int64_t ex_factor(struct ex *e)
+{
+	ex_ws(e);
+	if (*e->s == '(') {
+		e->s++;
+		int64_t v = ex_sum(e);
+
+		ex_ws(e);
+		if (*e->s != ')')
+			e->bad = 1;
+		else
+			e->s++;
+		return v;
+	}
+	if (*e->s >= '0' && *e->s <= '9') {
+		char *end;
+		int64_t v = strtoll(e->s, &end, 10);
+
+		e->s = end;
+		return v;
+	}
+	char id[32];
+	size_t n = 0;
+	while ((*e->s >= 'a' && *e->s <= 'z') || (*e->s >= 'A' && *e->s <= 'Z') || *e->s == '_' ||
+	       (n && *e->s >= '0' && *e->s <= '9')) {
+		if (n < sizeof(id) - 1)
+			id[n++] = *e->s;
+		e->s++;
+	}
+	id[n] = 0;
+	if (!n) {
+		e->bad = 1;
+		return 0;
+	}
+	int64_t v = wex__model_sym(e->m, id);
+	if (v < 0)
+		e->bad = 1;
+	return v;
+}
+
+static int64_t ex_term(struct ex *e)
+{
+	int64_t v = ex_factor(e);
+
+	for (;;) {
+		ex_ws(e);
+		if (*e->s == '*') {
+			e->s++;
+			v *= ex_factor(e);
+		} else if (*e->s == '/') {
+			e->s++;
+			int64_t d = ex_factor(e);
+
+			if (d == 0)
+				e->bad = 1;
+			else
+				v /= d;
+		} else {
+			return v;
+		}
+	}
+}
+
+static int64_t ex_sum(struct ex *e)
+{
+	int64_t v = ex_term(e);
+
+	for (;;) {
+		ex_ws(e);
+		if (*e->s == '+') {
+			e->s++;
+			v += ex_term(e);
+		} else if (*e->s == '-') {
+			e->s++;
+			v -= ex_term(e);
+		} else if (e->s[0] == '=' && e->s[1] == '=') {
+			e->s += 2;
+			v = v == ex_term(e);
+		} else {
+			return v;
+		}
+	}
+}
+
+static int eval(const struct wex_model *m, const char *s, int64_t *v)
+{
+	struct ex e = { .s = s, .m = m };
+
+	*v = ex_sum(&e);
+	ex_ws(&e);
+	return (e.bad || *e.s) ? -EINVAL : 0;
+}
+
+/* "sym" true when nonzero, "!sym" when zero, "" always. */
+static int when_true(const struct wex_model *m, const char *w)
+{
+	int neg = 0;
+	int64_t v;
+
+	if (!w || !*w)
+		return 1;
+	if (*w == '!') {
+		neg = 1;
+		w++;
+	}
+	v = wex__model_sym(m, w);
+	return neg ? v <= 0 : v > 0;
+}
+
+static const char *str_get(const struct wex_model *m, const char *k)
+{
+	for (int i = 0; i < m->nstrs; i++)
+		if (!strcmp(m->strs[i].k, k))
+			return m->strs[i].v;
+	return NULL;
+}
+
+/* Expands {L} {l} {E} {e} and family strings in a name template. */
+static int expand(const struct wex_model *m, const char *tpl, int64_t L, int64_t l, int64_t E,
+		  int64_t e, char *out)
+{
+	size_t n = 0;
+
+	for (const char *p = tpl; *p;) {
+		char buf[80];
+		const char *ins = NULL;
+
+		if (*p == '{') {
+			const char *q = strchr(p, '}');
+			char key[32];
+
+			if (!q || (size_t)(q - p - 1) >= sizeof(key))
+				return -EINVAL;
+			memcpy(key, p + 1, (size_t)(q - p - 1));
+			key[q - p - 1] = 0;
+			if (!strcmp(key, "L"))
+				snprintf(buf, sizeof(buf), "%lld", (long long)L), ins = buf;
+			else if (!strcmp(key, "l"))
+				snprintf(buf, sizeof(buf), "%lld", (long long)l), ins = buf;
+			else if (!strcmp(key, "E"))
+				snprintf(buf, sizeof(buf), "%lld", (long long)E), ins = buf;
+			else if (!strcmp(key, "e"))
+				snprintf(buf, sizeof(buf), "%lld", (long long)e), ins = buf;
+			else
+				ins = str_get(m, key);
+			if (!ins)
+				return -EINVAL;
+			p = q + 1;
+		} else {
+			buf[0] = *p++;
+			buf[1] = 0;
+			ins = buf;
+		}
+		size_t k = strlen(ins);
+		if (n + k >= WEX_NAME_MAX)
+			return -ENAMETOOLONG;
+		memcpy(out + n, ins, k);
+		n += k;
+	}
+	out[n] = 0;
+	return 0;
+}
+
+static char *read_text(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	long n;
+
+	if (!f)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+		buf = malloc((size_t)n + 1);
+		if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+			free(buf);
+			buf = NULL;
+		} else if (buf) {
+			buf[n] = 0;
+		}
+	}
+	fclose(f);
+	return buf;
+}
+
+static void pick_adapters(const char *given, char *out, size_t len)
+{
+	const char *env = getenv("WEX_ADAPTERS");
+	const char *c[] = { given, env, WEX_ADAPTERS_SRC_DIR, "/usr/local/share/wex/adapters",
+			    "/usr/share/wex/adapters" };
+	char probe[600];
+
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		if (!c[i] || !*c[i])
+			continue;
+		snprintf(probe, sizeof(probe), "%s/engines/hf.json", c[i]);
+		if (access(probe, R_OK) == 0 || i == 0) {
+			snprintf(out, len, "%s", c[i]);
+			return;
+		}
+	}
+	snprintf(out, len, "%s", WEX_ADAPTERS_SRC_DIR);
+}
+
+static json_t *load_json(const char *dir, const char *sub, const char *name, char *err,
+			 size_t errlen)
+{
+	char path[700];
+	json_error_t je;
+	json_t *j;
+
+	snprintf(path, sizeof(path), "%s/%s/%s.json", dir, sub, name);
+	j = json_load_file(path, 0, &je);
+	if (!j)
+		seterr(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
+	return j;
+}
+
+/* Integer value of a config key: numbers and booleans; null counts as absent. */
+static int cfg_int(json_t *cfg, const char *key, int64_t *v)
+{
+	json_t *x = key && *key ? json_object_get(cfg, key) : NULL;
+
+	if (json_is_integer(x))
+		*v = json_integer_value(x);
+	else if (json_is_boolean(x))
+		*v = json_is_true(x);
+	else if (json_is_real(x))
+		*v = (int64_t)json_real_value(x);
+	else
+		return -ENOENT;
+	return 0;
+}
+
+static int family_has_type(json_t *fam, const char *mt)
+{
+	size_t i;
+	json_t *v;
+
+	json_array_foreach(json_object_get(fam, "model_types"), i, v)
+		if (json_is_string(v) && !strcmp(json_string_value(v), mt))
+			return 1;
+	return 0;
+}
+
+static const char *const family_files[] = { "llama", "moe", "deepseek_v3" };
+
+int wex__model_from_text(const char *config_json, const char *adapters_dir,
+			 struct wex_model **out, char *err, size_t errlen)
+{
+	json_error_t je;
+	json_t *cfg = json_loads(config_json, 0, &je), *fam = NULL;
+	struct wex_model *m = NULL;
+	const char *mt;
+	int ret = -EINVAL;
+	size_t i;
+	json_t *v;
+
+	if (!cfg) {
+		seterr(err, errlen, "config.json: %s (line %d)", je.text, je.line);
+		return -EINVAL;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	pick_adapters(adapters_dir, m->adapters, sizeof(m->adapters));
+	mt = json_string_value(json_object_get(cfg, "model_type"));
+	if (!mt) {
+		seterr(err, errlen, "config.json has no model_type");
+		goto out;
+	}
+	snprintf(m->model_type, sizeof(m->model_type), "%s", mt);
+	for (size_t f = 0; f < sizeof(family_files) / sizeof(family_files[0]); f++) {
+		fam = load_json(m->adapters, "families", family_files[f], err, errlen);
+		if (!fam) {
+			ret = -ENOENT;
+			goto out;
+		}
+		if (family_has_type(fam, mt))
+			break;
+		json_decref(fam);
+		fam = NULL;
+	}
+	if (!fam) {
+		seterr(err, errlen, "no adapter family for model_type \"%s\" (in %s/families)", mt,
+		       m->adapters);
+		goto out;
+	}
+	snprintf(m->family, sizeof(m->family), "%s",
+		 json_string_value(json_object_get(fam, "family")) ?: "?");
+	/* Symbols in order: config key, else the default expression. */
+	json_array_foreach(json_object_get(fam, "symbols"), i, v) {
+		const char *name = json_string_value(json_array_get(v, 0));
+		const char *key = json_string_value(json_array_get(v, 1));
+		const char *def = json_string_value(json_array_get(v, 2));
+		int64_t x;
+
+		if (!name) {
+			seterr(err, errlen, "family %s: bad symbol entry %zu", m->family, i);
+			goto out;
+		}
+		if (cfg_int(cfg, key, &x) < 0) {
+			if (!def || eval(m, def, &x) < 0) {
+				seterr(err, errlen, "config.json lacks %s (needed by family %s)",
+				       key && *key ? key : name, m->family);
+				goto out;
+			}
+		}
+		sym_set(m, name, x);
+	}
+	{
+		json_t *ov = json_object_get(json_object_get(fam, "model_type_symbols"), mt);
+
+		json_array_foreach(ov, i, v) {
+			int64_t x;
+			const char *e = json_string_value(json_array_get(v, 1));
+
+			if (e && eval(m, e, &x) == 0)
+				sym_set(m, json_string_value(json_array_get(v, 0)) ?: "", x);
+		}
+	}
+	{
+		json_t *strs[2] = { json_object_get(fam, "strings"),
+				    json_object_get(json_object_get(fam, "model_type_strings"), mt) };
+		const char *k;
+
+		for (int s = 0; s < 2; s++)
+			json_object_foreach(strs[s], k, v) {
+				if (!json_is_string(v) || m->nstrs >= MAXSTR)
+					continue;
+				snprintf(m->strs[m->nstrs].k, sizeof(m->strs[0].k), "%s", k);
+				snprintf(m->strs[m->nstrs].v, sizeof(m->strs[0].v), "%s",
+					 json_string_value(v));
+				m->nstrs++;
+			}
+	}
+	{
+		const char *dt = json_string_value(json_object_get(cfg, "torch_dtype"));
+
+		m->dtype = WEX_DT_BF16;
+		if (dt && !strcmp(dt, "float16"))
+			m->dtype = WEX_DT_F16;
+		else if (dt && !strcmp(dt, "float32"))
+			m->dtype = WEX_DT_F32;
+	}
+	json_t *ts = json_object_get(fam, "tensors");
+	m->ft = calloc(json_array_size(ts) + 1, sizeof(*m->ft));
+	if (!m->ft) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	json_array_foreach(ts, i, v) {
+		struct ftensor *f = &m->ft[m->nft];
+		const char *lay = json_string_value(json_object_get(v, "layers"));
+		json_t *shape = json_object_get(v, "shape"), *d;
+		size_t k;
+
+		if (!when_true(m, json_string_value(json_object_get(v, "when"))))
+			continue;
+		snprintf(f->role, sizeof(f->role), "%s", json_string_value(json_object_get(v, "role")) ?: "");
+		snprintf(f->name, sizeof(f->name), "%s", json_string_value(json_object_get(v, "name")) ?: "");
+		f->layers = !lay ? LAY_NONE : !strcmp(lay, "dense") ? LAY_DENSE
+					    : !strcmp(lay, "moe")     ? LAY_MOE
+								      : LAY_ALL;
+		f->experts = json_is_true(json_object_get(v, "experts"));
+		f->ndim = (uint32_t)json_array_size(shape);
+		if (f->ndim > WEX_MAX_DIMS || !*f->role || !*f->name) {
+			seterr(err, errlen, "family %s: bad tensor entry %zu", m->family, i);
+			goto out;
+		}
+		json_array_foreach(shape, k, d) {
+			int64_t x;
+
+			if (!json_is_string(d) || eval(m, json_string_value(d), &x) < 0 || x < 0) {
+				seterr(err, errlen, "family %s: cannot evaluate shape of %s", m->family,
+				       f->name);
+				goto out;
+			}
+			f->shape[k] = (uint64_t)x;
+		}
+		m->nft++;
+	}
+	*out = m;
+	m = NULL;
+	ret = 0;
+out:
+	json_decref(fam);
+	json_decref(cfg);
+	wex__model_free(m);
+	return ret;
+}
+
+int wex__model_load(const char *config_path, const char *adapters_dir, struct wex_model **out,
+		    char *err, size_t errlen)
+{
+	char *txt = read_text(config_path);
+	int ret;
+
+	if (!txt) {
+		seterr(err, errlen, "%s: %s", config_path, strerror(errno));
+		return -ENOENT;
+	}
+	ret = wex__model_from_text(txt, adapters_dir, out, err, errlen);
+	free(txt);
+	return ret;
+}
+
+void wex__model_free(struct wex_model *m)
+{
+	if (!m)
+		return;
+	free(m->ft);
+	free(m);
+}
+
+static int layer_has(const struct wex_model *m, int layers, int64_t L)
+{
+	int64_t fd = wex__model_sym(m, "first_dense");
+
+	switch (layers) {
+	case LAY_ALL:
+		return 1;
+	case LAY_DENSE:
+		return L < fd;
+	case LAY_MOE:
+		return L >= fd;
+	default:
+		return 0;
+	}
+}
+
+int wex__model_canonical(const struct wex_model *m, struct wex_tensor **t, size_t *n)
+{
+	int64_t layers = wex__model_sym(m, "layers"), nexp = wex__model_sym(m, "nexp");
+	size_t cap = 256, k = 0;
+	struct wex_tensor *a = malloc(cap * sizeof(*a));
+
+	if (!a)
+		return -ENOMEM;
+	for (int i = 0; i < m->nft; i++) {
+		const struct ftensor *f = &m->ft[i];
+		int64_t L0 = f->layers == LAY_NONE ? -1 : 0, L1 = f->layers == LAY_NONE ? 0 : layers;
+
+		for (int64_t L = L0; L < L1; L++) {
+			if (f->layers != LAY_NONE && !layer_has(m, f->layers, L))
+				continue;
+			for (int64_t E = 0; E < (f->experts ? nexp : 1); E++) {
+				if (k == cap) {
+					struct wex_tensor *b = realloc(a, 2 * cap * sizeof(*a));
+
+					if (!b) {
+						free(a);
+						return -ENOMEM;
+					}
+					a = b;
+					cap *= 2;
+				}
+				struct wex_tensor *x = &a[k];
+				memset(x, 0, sizeof(*x));
+				if (expand(m, f->name, L, L, E, E, x->name) < 0) {
+					free(a);
+					return -EINVAL;
+				}
+				x->dtype = m->dtype;
+				x->ndim = f->ndim;
+				for (uint32_t d = 0; d < f->ndim; d++)
+					x->shape[d] = x->extent[d] = f->shape[d];
+				x->segment = (uint32_t)k;
+				k++;
+			}
+		}
+	}
+	*t = a;
+	*n = k;
+	return 0;
+}
+
+/* ---- layout specs ---- */
+
+int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, size_t errlen)
+{
+	const char *c = strchr(s, ':');
+	size_t n = c ? (size_t)(c - s) : strlen(s);
+
+	memset(spec, 0, sizeof(*spec));
+	if (n == 0 || n >= sizeof(spec->engine)) {
+		seterr(err, errlen, "bad layout \"%s\": expected ENGINE[:k=v,...]", s);
+		return -EINVAL;
+	}
+	memcpy(spec->engine, s, n);
+	if (!c)
+		return 0;
+	for (const char *p = c + 1; *p;) {
+		const char *eq = strchr(p, '='), *end = strchr(p, ',');
+		char key[16], *stop;
+		int k;
+
+		if (!end)
+			end = p + strlen(p);
+		if (!eq || eq > end || (size_t)(eq - p) >= sizeof(key)) {
+			seterr(err, errlen, "bad layout parameter in \"%s\"", s);
+			return -EINVAL;
+		}
+		memcpy(key, p, (size_t)(eq - p));
+		key[eq - p] = 0;
+		for (k = 0; k < WEX_LAYOUT_PARAMS; k++)
+			if (!strcmp(key, param_names[k]))
+				break;
+		long long v = strtoll(eq + 1, &stop, 10);
+		if (k == WEX_LAYOUT_PARAMS || stop != end || v < 0 || v > (1 << 20)) {
+			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: tp pp dp ep etp first last)",
+			       (int)(end - p), p, s);
+			return -EINVAL;
+		}
+		spec->v[k] = v;
+		spec->set[k] = 1;
+		p = *end ? end + 1 : end;
+	}
+	return 0;
+}
+
+/* ---- the interpreter ---- */
+
+struct etensor {
+	const char *name;
+	const char *kind;
+	const char *roles[MAXROLES];
+	int nroles;
+	int etp_axis;
+	int experts;       /* 0 none, 1 local (one physical per expert), 2 stack */
+	const char *stage; /* NULL: per layer */
+	const char *when;
+	int layers;
+	const char *heads;
+};
+
+struct ctx {
+	const struct wex_model *m;
+	json_t *eng;
+	int canonical;
+	int64_t tp, pp, dp, ep, etp, first, last;
+	uint32_t world;
+	/* rank coordinates */
+	int64_t tpr, dpr, ppr, etpr, epr;
+	int64_t L0, L1;
+	int64_t vocab_pad;
+	int pad_times_tp;
+	char *err;
+	size_t errlen;
+	struct wex_rank_layout *out;
+	size_t capt, capp;
+};
+
+#define FAIL(c, ...)                                                                       \
+	do {                                                                               \
+		seterr((c)->err, (c)->errlen, __VA_ARGS__);                                \
+		return -WEX_ELAYOUT;                                                       \
+	} while (0)
+
+/* Checks the parallel sizes against the model and sets the stage range. */
+static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_layout_spec *spec)
+{
+	json_t *par;
+	int64_t layers = wex__model_sym(m, "layers"), nexp = wex__model_sym(m, "nexp");
+	int64_t v[WEX_LAYOUT_PARAMS];
+
+	c->m = m;
+	c->eng = load_json(m->adapters, "engines", spec->engine, c->err, c->errlen);
+	if (!c->eng) {
+		seterr(c->err, c->errlen, "unknown engine \"%s\" (no %s/engines/%s.json)", spec->engine,
+		       m->adapters, spec->engine);
+		return -ENOENT;
+	}
+	c->canonical = json_is_true(json_object_get(c->eng, "canonical"));
+	par = json_object_get(c->eng, "params");
+	for (int k = 0; k < WEX_LAYOUT_PARAMS; k++) {
+		json_t *d = json_object_get(par, param_names[k]);
+
+		if (spec->set[k] && !d)
+			FAIL(c, "engine %s has no parameter %s", spec->engine, param_names[k]);
+		v[k] = spec->set[k] ? spec->v[k] : json_is_integer(d) ? json_integer_value(d) : 0;
+	}
+	c->tp = v[P_TP];
+	c->pp = v[P_PP];
+	c->dp = v[P_DP];
+	c->ep = v[P_EP] ? v[P_EP] : 1;
+	c->first = v[P_FIRST];
+	c->last = v[P_LAST];
+	if (c->tp < 1 || c->pp < 1 || c->dp < 1)
+		FAIL(c, "tp, pp and dp must be at least 1");
+	if (c->canonical && (c->tp != 1 || c->pp != 1))
+		FAIL(c, "layout %s holds whole tensors: tp and pp must be 1", spec->engine);
+	if (v[P_ETP]) {
+		c->etp = v[P_ETP];
+	} else {
+		const char *d = json_string_value(json_object_get(c->eng, "etp_default"));
+
+		c->etp = c->tp;
+		if (d && !strcmp(d, "tp/ep")) {
+			if (c->tp % c->ep)
+				FAIL(c, "expert parallel size %lld does not divide tensor parallel size %lld",
+				     (long long)c->ep, (long long)c->tp);
+			c->etp = c->tp / c->ep;
+		}
+	}
+	if ((uint64_t)c->tp * (uint64_t)c->pp * (uint64_t)c->dp > (1u << 24))
+		FAIL(c, "layout has too many ranks");
+	c->world = (uint32_t)(c->tp * c->pp * c->dp);
+	if (nexp > 0) {
+		const char *span = json_string_value(json_object_get(c->eng, "expert_span"));
+		int64_t sp = span && !strcmp(span, "tp_dp") ? c->tp * c->dp : c->tp;
+
+		if (sp % (c->etp * c->ep))
+			FAIL(c, "expert tensor parallel %lld x expert parallel %lld = %lld does not divide the %lld ranks of a stage they are drawn from",
+			     (long long)c->etp, (long long)c->ep, (long long)(c->etp * c->ep), (long long)sp);
+		if (nexp % c->ep)
+			FAIL(c, "expert parallel size %lld does not divide the %lld experts",
+			     (long long)c->ep, (long long)nexp);
+	} else if (c->ep > 1) {
+		FAIL(c, "expert parallel size %lld given for a model without experts", (long long)c->ep);
+	}
+	if (c->pp > layers)
+		FAIL(c, "pipeline parallel size %lld exceeds the %lld layers", (long long)c->pp,
+		     (long long)layers);
+	if (c->pp == 1 && (c->first || c->last))
+		FAIL(c, "first/last stage sizes need pp > 1");
+	c->vocab_pad = json_integer_value(json_object_get(c->eng, "vocab_pad"));
+	if (c->vocab_pad < 1)
+		c->vocab_pad = 1;
+	c->pad_times_tp = json_is_true(json_object_get(c->eng, "vocab_pad_times_tp"));
+	return 0;
+}
+
+/* Layer range of stage s: uneven first/last stages, the rest even. */
+static int stage_range(struct ctx *c, int64_t s, int64_t *a, int64_t *b)
+{
+	int64_t layers = wex__model_sym(c->m, "layers"), pp = c->pp;
+	int64_t f = c->first, l = c->last, mid, nmid, rest;
+
+	if (pp == 1) {
+		*a = 0;
+		*b = layers;
+		return 0;
+	}
+	nmid = pp - (f ? 1 : 0) - (l ? 1 : 0);
+	rest = layers - f - l;
+	if (rest < 0)
+		FAIL(c, "first (%lld) + last (%lld) stage layers exceed the %lld layers", (long long)f,
+		     (long long)l, (long long)layers);
+	if (nmid == 0) {
+		if (rest)
+			FAIL(c, "first + last stage layers (%lld) must equal the %lld layers when pp=2",
+			     (long long)(f + l), (long long)layers);
+		mid = 0;
+	} else {
+		if (rest % nmid)
+			FAIL(c, "the %lld layers left for %lld even pipeline stages do not divide evenly (pp=%lld, first=%lld, last=%lld)",
+			     (long long)rest, (long long)nmid, (long long)pp, (long long)f, (long long)l);
+		mid = rest / nmid;
+		if (mid == 0)
+			FAIL(c, "pipeline stages would hold no layers (pp=%lld, %lld layers)",
+			     (long long)pp, (long long)layers);
+	}
+	int64_t fs = f ? f : mid;
+	if (s == 0) {
+		*a = 0;
+		*b = fs;
+	} else {
+		*a = fs + (s - 1) * mid;
+		*b = (s == pp - 1) ? layers : *a + mid;
+	}
+	return 0;
+}
+
+static const struct ftensor *role_find(const struct wex_model *m, const char *role)
+{
+	for (int i = 0; i < m->nft; i++)
+		if (!strcmp(m->ft[i].role, role))
+			return &m->ft[i];
+	return NULL;
+}
+
+struct block {
+	const struct ftensor *f;
+	uint64_t start[WEX_MAX_DIMS], ext[WEX_MAX_DIMS];
+};
+
+#define MAXBLK 512
+
+static void blk_full(struct block *b, const struct ftensor *f)
+{
+	b->f = f;
+	for (uint32_t d = 0; d < f->ndim; d++) {
+		b->start[d] = 0;
+		b->ext[d] = f->shape[d];
+	}
+}
+
+/* Blocks of one (inner) physical tensor; *rows0 gets its dim-0 size. */
+static int make_blocks(struct ctx *c, const struct etensor *et, const struct ftensor **f,
+		       struct block *b, int *nb, uint64_t *rows0, int64_t L)
+{
+	/* Names for messages: the first role's canonical tensor at this layer. */
+	char fname[MAXROLES][WEX_NAME_MAX];
+
+	for (int i = 0; i < et->nroles; i++)
+		if (expand(c->m, f[i]->name, L, L, 0, 0, fname[i]) < 0)
+			snprintf(fname[i], sizeof(fname[i]), "%s", f[i]->name);
+	int64_t T = et->etp_axis ? c->etp : c->tp, r = et->etp_axis ? c->etpr : c->tpr;
+	const char *k = et->kind;
+	int n = 0;
+	uint64_t rows = 0;
+
+	if (et->heads) {
+		int64_t h = wex__model_sym(c->m, et->heads);
+
+		if (h > 0 && h % T)
+			FAIL(c, "tensor parallel size %lld does not divide %s=%lld (for %s)",
+			     (long long)T, et->heads, (long long)h, fname[0]);
+	}
+	if (!strcmp(k, "rep")) {
+		for (int i = 0; i < et->nroles; i++)
+			blk_full(&b[n++], f[i]);
+	} else if (!strcmp(k, "col")) {
+		for (int i = 0; i < et->nroles; i++) {
+			uint64_t n0 = f[i]->ndim ? f[i]->shape[0] : 1;
+
+			if (n0 % (uint64_t)T)
+				FAIL(c, "tensor parallel size %lld does not divide dim 0 (%llu) of %s",
+				     (long long)T, (unsigned long long)n0, fname[i]);
+			blk_full(&b[n], f[i]);
+			b[n].start[0] = (uint64_t)r * (n0 / (uint64_t)T);
+			b[n].ext[0] = n0 / (uint64_t)T;
+			n++;
+		}
+	} else if (!strcmp(k, "row")) {
+		uint64_t n1 = f[0]->ndim > 1 ? f[0]->shape[1] : 0;
+
+		if (f[0]->ndim < 2 || n1 % (uint64_t)T)
+			FAIL(c, "tensor parallel size %lld does not divide dim 1 (%llu) of %s",
+			     (long long)T, (unsigned long long)n1, fname[0]);
+		blk_full(&b[n], f[0]);
+		b[n].start[1] = (uint64_t)r * (n1 / (uint64_t)T);
+		b[n].ext[1] = n1 / (uint64_t)T;
+		n++;
+	} else if (!strcmp(k, "qkv_group") || !strcmp(k, "qkv_cat")) {
+		int64_t nh = wex__model_sym(c->m, "nh"), nkv = wex__model_sym(c->m, "nkv");
+		uint64_t hd;
+
+		if (et->nroles != 3 || nh <= 0 || nkv <= 0 || nh % nkv)
+			FAIL(c, "%s: needs roles q,k,v and num_attention_heads (%lld) a multiple of num_key_value_heads (%lld)",
+			     et->name, (long long)nh, (long long)nkv);
+		hd = f[1]->shape[0] / (uint64_t)nkv;
+		if (!strcmp(k, "qkv_group")) {
+			/* Megatron: per query group [q heads of the group; k; v]. */
+			int64_t ng, qpg = nh / nkv;
+
+			if (nkv % T)
+				FAIL(c, "tensor parallel size %lld does not divide num_key_value_heads (query groups) %lld",
+				     (long long)T, (long long)nkv);
+			ng = nkv / T;
+			if (3 * ng > MAXBLK)
+				FAIL(c, "%s: too many query groups per rank", et->name);
+			for (int64_t g = 0; g < ng; g++) {
+				uint64_t G = (uint64_t)(r * ng + g);
+
+				blk_full(&b[n], f[0]);
+				b[n].start[0] = G * (uint64_t)qpg * hd;
+				b[n++].ext[0] = (uint64_t)qpg * hd;
+				for (int i = 1; i < 3; i++) {
+					blk_full(&b[n], f[i]);
+					b[n].start[0] = G * hd;
+					b[n++].ext[0] = hd;
+				}
+			}
+		} else {
+			/* vLLM: [Q; K; V] for this rank; KV heads replicated
+			 * when there are fewer than ranks. */
+			uint64_t k0, kn;
+
+			if (nh % T)
+				FAIL(c, "tensor parallel size %lld does not divide num_attention_heads %lld",
+				     (long long)T, (long long)nh);
+			if (T >= nkv) {
+				if (T % nkv)
+					FAIL(c, "tensor parallel size %lld is not a multiple of num_key_value_heads %lld, so KV heads cannot be replicated evenly",
+					     (long long)T, (long long)nkv);
+				k0 = (uint64_t)(r / (T / nkv));
+				kn = 1;
+			} else {
+				if (nkv % T)
+					FAIL(c, "tensor parallel size %lld does not divide num_key_value_heads %lld",
+					     (long long)T, (long long)nkv);
+				kn = (uint64_t)(nkv / T);
+				k0 = (uint64_t)r * kn;
+			}
+			blk_full(&b[n], f[0]);
+			b[n].start[0] = (uint64_t)r * (uint64_t)(nh / T) * hd;
+			b[n++].ext[0] = (uint64_t)(nh / T) * hd;
+			for (int i = 1; i < 3; i++) {
+				blk_full(&b[n], f[i]);
+				b[n].start[0] = k0 * hd;
+				b[n++].ext[0] = kn * hd;
+			}
+		}
+	} else if (!strcmp(k, "vocab")) {
+		uint64_t V = f[0]->shape[0], mult = (uint64_t)c->vocab_pad * (c->pad_times_tp ? (uint64_t)T : 1);
+		uint64_t Vp = (V + mult - 1) / mult * mult, per, a, e;
+
+		if (Vp % (uint64_t)T)
+			FAIL(c, "tensor parallel size %lld does not divide the padded vocabulary %llu (vocab_size %llu padded to a multiple of %llu)",
+			     (long long)T, (unsigned long long)Vp, (unsigned long long)V,
+			     (unsigned long long)mult);
+		per = Vp / (uint64_t)T;
+		a = (uint64_t)r * per;
+		e = a + per < V ? a + per : V;
+		if (a < e) {
+			blk_full(&b[n], f[0]);
+			b[n].start[0] = a;
+			b[n++].ext[0] = e - a;
+		}
+		*nb = n;
+		*rows0 = per;
+		return 0;
+	} else {
+		FAIL(c, "%s: unknown layout kind \"%s\"", et->name, k);
+	}
+	for (int i = 0; i < n; i++) {
+		rows += b[i].f->ndim ? b[i].ext[0] : 1;
+		/* Blocks stack along dim 0: the other dims must agree. */
+		if (b[i].f->ndim != b[0].f->ndim ||
+		    (b[i].f->ndim > 1 && memcmp(&b[i].ext[1], &b[0].ext[1],
+					       (b[i].f->ndim - 1) * sizeof(uint64_t))))
+			FAIL(c, "%s: fused tensors disagree beyond dim 0", et->name);
+	}
+	*nb = n;
+	*rows0 = rows;
+	return 0;
+}
+
+static int out_grow(struct ctx *c, size_t nt, size_t np)
+{
+	struct wex_rank_layout *o = c->out;
+
+	if (o->nt + nt > c->capt) {
+		size_t cap = c->capt ? c->capt : 64;
+
+		while (cap < o->nt + nt)
+			cap *= 2;
+		void *x = realloc(o->t, cap * sizeof(*o->t));
+		if (!x)
+			return -ENOMEM;
+		o->t = x;
+		c->capt = cap;
+	}
+	if (o->np + np > c->capp) {
+		size_t cap = c->capp ? c->capp : 128;
+
+		while (cap < o->np + np)
+			cap *= 2;
+		void *x = realloc(o->p, cap * sizeof(*o->p));
+		if (!x)
+			return -ENOMEM;
+		o->p = x;
+		c->capp = cap;
+	}
+	return 0;
+}
+
+/* Emits one physical tensor: `nstack` copies of the inner blocks (one per
+ * local expert, each from its own canonical tensors) or a plain one. */
+static int emit(struct ctx *c, const struct etensor *et, int64_t L, int64_t nstack, int64_t E0)
+{
+	struct block b[MAXBLK];
+	const struct ftensor *f[MAXROLES];
+	int nb = 0, ret;
+	uint64_t rows0 = 0;
+	char pname[WEX_NAME_MAX];
+	int stack = et->experts == 2;
+	int64_t l = L - c->L0;
+
+	for (int i = 0; i < et->nroles; i++)
+		f[i] = role_find(c->m, et->roles[i]);
+	ret = make_blocks(c, et, f, b, &nb, &rows0, L);
+	if (ret < 0)
+		return ret;
+	ret = expand(c->m, et->name, L, l, E0, 0, pname);
+	if (ret < 0)
+		FAIL(c, "cannot expand physical name %s", et->name);
+	ret = out_grow(c, 1, (size_t)(nb * nstack));
+	if (ret < 0)
+		return ret;
+	struct wex_phys *t = &c->out->t[c->out->nt];
+	uint32_t ind = f[0]->ndim ? f[0]->ndim : 1;
+	uint64_t inner_shape[WEX_MAX_DIMS];
+	int64_t st[WEX_MAX_DIMS];
+	size_t esz = wex_dtype_size(c->m->dtype);
+
+	memset(t, 0, sizeof(*t));
+	snprintf(t->name, sizeof(t->name), "%s", pname);
+	t->dtype = c->m->dtype;
+	inner_shape[0] = rows0;
+	for (uint32_t d = 1; d < ind; d++)
+		inner_shape[d] = nb ? b[0].ext[d] : f[0]->shape[d];
+	t->ndim = ind + (stack ? 1 : 0);
+	if (stack)
+		t->shape[0] = (uint64_t)nstack;
+	for (uint32_t d = 0; d < ind; d++)
+		t->shape[d + (stack ? 1 : 0)] = inner_shape[d];
+	/* C order strides of the inner tensor. */
+	uint64_t inner_elems = 1;
+	for (int d = (int)ind - 1; d >= 0; d--) {
+		st[d] = (int64_t)inner_elems;
+		inner_elems *= inner_shape[d];
+	}
+	t->nbytes = inner_elems * (uint64_t)nstack * esz;
+	t->first = c->out->np;
+	for (int64_t s = 0; s < nstack; s++) {
+		uint64_t row = 0;
+
+		for (int i = 0; i < nb; i++) {
+			struct wex_tensor *p = &c->out->p[c->out->np++];
+			const struct ftensor *ff = b[i].f;
+
+			memset(p, 0, sizeof(*p));
+			ret = expand(c->m, ff->name, L, l, E0 + s, s, p->name);
+			if (ret < 0)
+				FAIL(c, "cannot expand canonical name %s", ff->name);
+			p->dtype = c->m->dtype;
+			p->ndim = ff->ndim;
+			for (uint32_t d = 0; d < ff->ndim; d++) {
+				p->shape[d] = ff->shape[d];
+				p->start[d] = b[i].start[d];
+				p->extent[d] = b[i].ext[d];
+				p->strides[d] = st[d];
+			}
+			p->segment = (uint32_t)c->out->nt;
+			p->offset = ((uint64_t)s * inner_elems + row * (uint64_t)st[0]) * esz;
+			row += ff->ndim ? b[i].ext[0] : 1;
+		}
+	}
+	t->npieces = c->out->np - t->first;
+	c->out->total_bytes += t->nbytes;
+	c->out->nt++;
+	return 0;
+}
+
+static int parse_etensor(struct ctx *c, json_t *v, struct etensor *et)
+{
+	json_t *roles = json_object_get(v, "roles"), *r;
+	const char *ax = json_string_value(json_object_get(v, "axis"));
+	const char *ex = json_string_value(json_object_get(v, "experts"));
+	const char *lay = json_string_value(json_object_get(v, "layers"));
+	size_t i;
+
+	memset(et, 0, sizeof(*et));
+	et->name = json_string_value(json_object_get(v, "name"));
+	et->kind = json_string_value(json_object_get(v, "kind"));
+	et->stage = json_string_value(json_object_get(v, "stage"));
+	et->when = json_string_value(json_object_get(v, "when"));
+	et->heads = json_string_value(json_object_get(v, "heads"));
+	et->etp_axis = ax && !strcmp(ax, "etp");
+	et->experts = !ex ? 0 : !strcmp(ex, "stack") ? 2 : 1;
+	et->layers = !lay ? LAY_ALL : !strcmp(lay, "dense") ? LAY_DENSE : !strcmp(lay, "moe") ? LAY_MOE : LAY_ALL;
+	json_array_foreach(roles, i, r) {
+		if (i >= MAXROLES || !json_is_string(r))
+			FAIL(c, "engine tensor %s: bad roles", et->name ? et->name : "?");
+		et->roles[et->nroles++] = json_string_value(r);
+	}
+	if (!et->name || !et->kind || !et->nroles)
+		FAIL(c, "engine tensor entry lacks name, kind or roles");
+	return 0;
+}
+
+/* All roles present, as per-layer or global tensors as the entry needs. */
+static int roles_exist(const struct ctx *c, const struct etensor *et, int64_t L)
+{
+	for (int i = 0; i < et->nroles; i++) {
+		const struct ftensor *f = role_find(c->m, et->roles[i]);
+
+		if (!f || (f->experts != (et->experts != 0)))
+			return 0;
+		if (L < 0 ? f->layers != LAY_NONE : !layer_has(c->m, f->layers, L))
+			return 0;
+	}
+	return 1;
+}
+
+int wex__layout_world(const struct wex_model *m, const struct wex_layout_spec *spec,
+		      uint32_t *world, char *err, size_t errlen)
+{
+	struct ctx c = { .err = err, .errlen = errlen };
+	int ret = ctx_setup(&c, m, spec);
+
+	/* Every stage must be possible too; sizes that must divide a tensor
+	 * show when a rank of each stage is laid out. */
+	for (int64_t s = 0; ret == 0 && s < c.pp; s++) {
+		struct wex_rank_layout l;
+
+		ret = wex__layout_rank(m, spec, (uint32_t)(s * c.tp * c.dp), &l, err, errlen);
+		if (ret == 0)
+			wex__rank_layout_free(&l);
+	}
+	if (ret == 0)
+		*world = c.world;
+	json_decref(c.eng);
+	return ret;
+}
+
+int wex__layout_rank(const struct wex_model *m, const struct wex_layout_spec *spec, uint32_t rank,
+		     struct wex_rank_layout *out, char *err, size_t errlen)
+{
+	struct wex_rank_layout o = { 0 };
+	struct ctx c = { .err = err, .errlen = errlen, .out = &o };
+	int64_t nexp = wex__model_sym(m, "nexp");
+	int ret;
+	size_t i;
+	json_t *v;
+
+	ret = ctx_setup(&c, m, spec);
+	if (ret < 0)
+		goto out;
+	if (rank >= c.world) {
+		seterr(err, errlen, "rank %u is outside the layout's %u ranks", rank, c.world);
+		ret = -WEX_ELAYOUT;
+		goto out;
+	}
+	c.tpr = rank % c.tp;
+	c.dpr = (rank / c.tp) % c.dp;
+	c.ppr = rank / (c.tp * c.dp);
+	ret = stage_range(&c, c.ppr, &c.L0, &c.L1);
+	if (ret < 0)
+		goto out;
+	{
+		const char *span = json_string_value(json_object_get(c.eng, "expert_span"));
+		int64_t idx = c.tpr + (span && !strcmp(span, "tp_dp") ? c.tp * c.dpr : 0);
+
+		c.etpr = idx % c.etp;
+		c.epr = (idx / c.etp) % c.ep;
+	}
+	if (c.canonical) {
+		/* Whole canonical tensors, one piece each. */
+		struct wex_tensor *ct;
+		size_t n;
+
+		ret = wex__model_canonical(m, &ct, &n);
+		if (ret < 0)
+			goto out;
+		o.t = calloc(n ? n : 1, sizeof(*o.t));
+		if (!o.t) {
+			free(ct);
+			ret = -ENOMEM;
+			goto out;
+		}
+		o.p = ct;
+		o.np = o.nt = n;
+		for (size_t k = 0; k < n; k++) {
+			snprintf(o.t[k].name, sizeof(o.t[k].name), "%s", ct[k].name);
+			o.t[k].dtype = ct[k].dtype;
+			o.t[k].ndim = ct[k].ndim;
+			memcpy(o.t[k].shape, ct[k].shape, sizeof(ct[k].shape));
+			o.t[k].nbytes = wex_tensor_nbytes(&ct[k]);
+			o.t[k].first = k;
+			o.t[k].npieces = 1;
+			o.total_bytes += o.t[k].nbytes;
+		}
+		goto done;
+	}
+	json_array_foreach(json_object_get(c.eng, "tensors"), i, v) {
+		struct etensor et;
+		int64_t nloc = nexp > 0 ? nexp / c.ep : 0;
+
+		ret = parse_etensor(&c, v, &et);
+		if (ret < 0)
+			goto out;
+		if (!when_true(m, et.when))
+			continue;
+		if (et.stage) {
+			int ok = !strcmp(et.stage, "first") ? c.ppr == 0
+				 : !strcmp(et.stage, "last") ? c.ppr == c.pp - 1
+				 : !strcmp(et.stage, "last_not_first") ? (c.ppr == c.pp - 1 && c.ppr != 0)
+				 : 0;
+
+			if (!ok || !roles_exist(&c, &et, -1))
+				continue;
+			ret = emit(&c, &et, 0, 1, 0);
+			if (ret < 0)
+				goto out;
+			continue;
+		}
+		for (int64_t L = c.L0; L < c.L1; L++) {
+			if (!layer_has(m, et.layers, L) || !roles_exist(&c, &et, L))
+				continue;
+			if (et.experts == 1) {
+				for (int64_t e = 0; e < nloc; e++) {
+					ret = emit(&c, &et, L, 1, c.epr * nloc + e);
+					if (ret < 0)
+						goto out;
+					/* {e} is the local index in the name. */
+					struct wex_phys *t = &o.t[o.nt - 1];
+					ret = expand(m, et.name, L, L - c.L0, c.epr * nloc + e, e, t->name);
+					if (ret < 0)
+						goto out;
+				}
+			} else {
+				ret = emit(&c, &et, L, et.experts == 2 ? nloc : 1, c.epr * nloc);
+				if (ret < 0)
+					goto out;
+			}
+		}
+	}
+done:
+	*out = o;
+	memset(&o, 0, sizeof(o));
+	ret = 0;
+out:
+	wex__rank_layout_free(&o);
+	json_decref(c.eng);
+	return ret;
+}
+
+void wex__rank_layout_free(struct wex_rank_layout *l)
+{
+	free(l->t);
+	free(l->p);
+	memset(l, 0, sizeof(*l));
+}

@@ -1,0 +1,1133 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * plan.c - the resharding planner (DESIGN section 5).
+ *
+ * Producer pieces are indexed once: canonical names are interned, entries
+ * sorted by (name, first coordinate).  For each consumer piece the sources
+ * that intersect it are found by binary search and a short sweep (never all
+ * pairs).  Their box boundaries cut the consumer box into a grid of cells;
+ * every cell lies wholly inside each source that touches it, so choosing one
+ * source per cell writes every element exactly once (zero redundancy).
+ * Cells held by several producer ranks (data-parallel replicas, replicated
+ * norms) are given to the least loaded one, or rotated by consumer rank when
+ * a rank is planned alone.  Cells become strided copies; contiguous dims are
+ * merged, up to three outer dims kept, the rest split, and neighbouring ops
+ * fused.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+
+#define MAXD WEX_MAX_DIMS
+
+struct src_entry {
+	uint32_t name;     /* interned name id */
+	uint32_t src;      /* index into srcs[] */
+	uint64_t start0, end0;
+	uint64_t start1, end1; /* dim 1 (0, 1 when absent): most pieces are 2-D,
+				* so the sweep rarely needs to touch *t */
+	const struct wex_tensor *t;
+};
+
+struct name_info {
+	const char *name;
+	uint64_t hash;
+	size_t lo, hi;     /* entries [lo, hi) */
+	uint64_t maxext0;
+};
+
+/* Demand per set of producer ranks able to serve it (for the lower bound). */
+struct hset {
+	uint64_t hash;
+	uint32_t off, n;   /* members in pl->hmem[off..off+n) */
+	uint64_t demand;
+};
+
+struct wex_planner {
+	const struct wex_plan_src *srcs;
+	size_t nsrc;
+	struct src_entry *ent;
+	size_t nent;
+	struct name_info *names;
+	size_t nnames;
+	uint32_t *ntab;    /* open addressing: name id + 1, 0 empty */
+	size_t ntab_mask;
+	uint64_t *load;    /* bytes read from srcs[i] over all plans */
+	uint64_t *stamp;   /* per source: last cell that listed it */
+	uint64_t serial;
+	/* holder sets */
+	struct hset *hs;
+	size_t nhs, caphs;
+	uint32_t *htab;    /* index + 1 */
+	size_t htab_mask;
+	uint32_t *hmem;
+	size_t nhmem, caphmem;
+	/* totals */
+	uint64_t needed, moved, ops;
+	struct work *w;    /* scratch kept between calls */
+};
+
+struct work;
+
+struct cand {
+	uint32_t src;      /* index into srcs[] */
+	const struct wex_tensor *t;
+};
+
+struct cell {
+	uint32_t dst;
+	uint32_t ndim;
+	uint32_t cand_off, ncand;
+	uint32_t plan;     /* which output plan (group) */
+	int32_t chosen;    /* index into candidates, -1 none yet */
+	uint64_t bytes;
+	uint64_t nh;       /* hash of the tensor name */
+	uint64_t start[MAXD], ext[MAXD];
+};
+
+struct work {
+	struct cell *cells;
+	size_t ncells, capcells;
+	struct cand *cands;
+	size_t ncands, capcands;
+	const struct src_entry **hits;
+	size_t caphits;
+	uint64_t *bp;
+	size_t capbp;
+	struct cell **order;
+	size_t caporder;
+	int split;
+};
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || errlen == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	const unsigned char *c = p;
+
+	for (size_t i = 0; i < n; i++) {
+		h ^= c[i];
+		h *= 1099511628211ull;
+	}
+	return h;
+}
+
+#define FNV0 1469598103934665603ull
+
+static uint64_t mix64(uint64_t x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ull;
+	x ^= x >> 33;
+	return x;
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+	size_t c = *cap ? *cap : 64;
+	void *n;
+
+	if (need <= *cap)
+		return 0;
+	while (c < need)
+		c *= 2;
+	n = realloc(*p, c * elem);
+	if (!n)
+		return -ENOMEM;
+	*p = n;
+	*cap = c;
+	return 0;
+}
+
+/* Elements of a piece's box; a 0-dim tensor is one element. */
+static uint64_t box_elems(const struct wex_tensor *t)
+{
+	uint64_t n = 1;
+
+	for (uint32_t i = 0; i < t->ndim; i++)
+		n *= t->extent[i];
+	return n;
+}
+
+/* Element strides of a piece: its own, or C order over its extent. */
+static void piece_strides(const struct wex_tensor *t, int64_t *s)
+{
+	int zero = 1;
+
+	for (uint32_t i = 0; i < t->ndim; i++)
+		if (t->strides[i])
+			zero = 0;
+	if (!zero) {
+		for (uint32_t i = 0; i < t->ndim; i++)
+			s[i] = t->strides[i];
+		return;
+	}
+	int64_t acc = 1;
+	for (int i = (int)t->ndim - 1; i >= 0; i--) {
+		s[i] = acc;
+		acc *= (int64_t)t->extent[i];
+	}
+}
+
+static uint64_t name_hash(const char *s)
+{
+	size_t n = strlen(s), i = 0;
+	uint64_t h = FNV0 ^ n;
+
+	/* Eight bytes at a time: names are hashed once per piece. */
+	for (; i + 8 <= n; i += 8) {
+		uint64_t w;
+
+		memcpy(&w, s + i, 8);
+		h = (h ^ w) * 0x9e3779b97f4a7c15ull;
+		h ^= h >> 29;
+	}
+	return fnv(h, s + i, n - i);
+}
+
+static long name_find(const struct wex_planner *pl, const char *name, uint64_t h)
+{
+	for (size_t i = h & pl->ntab_mask;; i = (i + 1) & pl->ntab_mask) {
+		uint32_t v = pl->ntab[i];
+
+		if (!v)
+			return -1;
+		if (pl->names[v - 1].hash == h && strcmp(pl->names[v - 1].name, name) == 0)
+			return (long)(v - 1);
+	}
+}
+
+static int check_piece(const struct wex_tensor *t, const char *side, char *err, size_t errlen)
+{
+	if (t->ndim > MAXD || wex_dtype_size(t->dtype) == 0) {
+		seterr(err, errlen, "%s piece %.*s: bad ndim %u or dtype %d", side, WEX_NAME_MAX,
+		       t->name, t->ndim, t->dtype);
+		return -WEX_ELAYOUT;
+	}
+	for (uint32_t d = 0; d < t->ndim; d++) {
+		if (t->start[d] + t->extent[d] > t->shape[d] || t->start[d] + t->extent[d] < t->start[d]) {
+			seterr(err, errlen, "%s piece %.*s: box exceeds the shape in dim %u", side,
+			       WEX_NAME_MAX, t->name, d);
+			return -WEX_ELAYOUT;
+		}
+	}
+	return 0;
+}
+
+static int ent_cmp(const void *a, const void *b)
+{
+	const struct src_entry *x = a, *y = b;
+
+	if (x->name != y->name)
+		return x->name < y->name ? -1 : 1;
+	if (x->start0 != y->start0)
+		return x->start0 < y->start0 ? -1 : 1;
+	if (x->src != y->src)
+		return x->src < y->src ? -1 : 1;
+	return x->t < y->t ? -1 : x->t > y->t;
+}
+
+int wex__planner_new(const struct wex_plan_src *srcs, size_t nsrc, struct wex_planner **out,
+		     char *err, size_t errlen)
+{
+	struct wex_planner *pl;
+	size_t total = 0, k = 0, tabn = 16;
+	int ret = -ENOMEM;
+
+	pl = calloc(1, sizeof(*pl));
+	if (!pl)
+		return -ENOMEM;
+	pl->srcs = srcs;
+	pl->nsrc = nsrc;
+	for (size_t i = 0; i < nsrc; i++)
+		total += srcs[i].n;
+	pl->ent = calloc(total ? total : 1, sizeof(*pl->ent));
+	pl->load = calloc(nsrc ? nsrc : 1, sizeof(uint64_t));
+	pl->stamp = calloc(nsrc ? nsrc : 1, sizeof(uint64_t));
+	pl->names = calloc(total ? total : 1, sizeof(*pl->names));
+	while (tabn < 2 * total + 16)
+		tabn *= 2;
+	pl->ntab = calloc(tabn, sizeof(uint32_t));
+	pl->ntab_mask = tabn - 1;
+	if (!pl->ent || !pl->load || !pl->stamp || !pl->names || !pl->ntab)
+		goto err;
+	for (size_t i = 0; i < nsrc; i++) {
+		for (size_t j = 0; j < srcs[i].n; j++) {
+			const struct wex_tensor *t = &srcs[i].t[j];
+			uint64_t h;
+			long id;
+
+			ret = check_piece(t, "producer", err, errlen);
+			if (ret < 0)
+				goto err;
+			h = name_hash(t->name);
+			id = name_find(pl, t->name, h);
+			if (id < 0) {
+				size_t slot = h & pl->ntab_mask;
+
+				while (pl->ntab[slot])
+					slot = (slot + 1) & pl->ntab_mask;
+				id = (long)pl->nnames++;
+				pl->names[id].name = t->name;
+				pl->names[id].hash = h;
+				pl->ntab[slot] = (uint32_t)id + 1;
+			}
+			pl->ent[k].name = (uint32_t)id;
+			pl->ent[k].src = (uint32_t)i;
+			pl->ent[k].start0 = t->ndim ? t->start[0] : 0;
+			pl->ent[k].end0 = t->ndim ? t->start[0] + t->extent[0] : 1;
+			pl->ent[k].start1 = t->ndim > 1 ? t->start[1] : 0;
+			pl->ent[k].end1 = t->ndim > 1 ? t->start[1] + t->extent[1] : 1;
+			pl->ent[k].t = t;
+			k++;
+		}
+	}
+	pl->nent = k;
+	qsort(pl->ent, k, sizeof(*pl->ent), ent_cmp);
+	for (size_t i = 0; i < k;) {
+		struct name_info *ni = &pl->names[pl->ent[i].name];
+		const struct wex_tensor *first = pl->ent[i].t;
+		size_t j = i;
+
+		ni->lo = i;
+		ni->maxext0 = 0;
+		for (; j < k && pl->ent[j].name == pl->ent[i].name; j++) {
+			const struct wex_tensor *t = pl->ent[j].t;
+			uint64_t e0 = t->ndim ? t->extent[0] : 1;
+
+			/* All producers must agree on what the canonical tensor is. */
+			if (t->dtype != first->dtype || t->ndim != first->ndim ||
+			    memcmp(t->shape, first->shape, t->ndim * sizeof(uint64_t))) {
+				seterr(err, errlen, "producer pieces of %.*s disagree on dtype or shape",
+				       WEX_NAME_MAX, t->name);
+				ret = -WEX_ELAYOUT;
+				goto err;
+			}
+			if (e0 > ni->maxext0)
+				ni->maxext0 = e0;
+		}
+		ni->hi = j;
+		i = j;
+	}
+	*out = pl;
+	return 0;
+err:
+	if (ret == -ENOMEM)
+		seterr(err, errlen, "out of memory");
+	wex__planner_free(pl);
+	return ret;
+}
+
+void wex__planner_free(struct wex_planner *pl)
+{
+	if (!pl)
+		return;
+	free(pl->ent);
+	free(pl->names);
+	free(pl->ntab);
+	free(pl->load);
+	free(pl->stamp);
+	free(pl->hs);
+	free(pl->htab);
+	free(pl->hmem);
+	if (pl->w) {
+		free(pl->w->cells);
+		free(pl->w->cands);
+		free(pl->w->hits);
+		free(pl->w->bp);
+		free(pl->w->order);
+		free(pl->w);
+	}
+	free(pl);
+}
+
+void wex__plan_free(struct wex_plan *p)
+{
+	if (!p)
+		return;
+	free(p->ops);
+	free(p);
+}
+
+/* Adds `bytes` of demand for the set of producer ranks in c[0..n). */
+static int hset_add(struct wex_planner *pl, const struct cand *c, uint32_t n, uint64_t bytes)
+{
+	uint32_t m[64];
+	uint64_t h = FNV0;
+
+	if (n > 64)
+		n = 64; /* a subset still gives a valid (weaker) bound */
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t v = c[i].src, j = i;
+
+		/* Insertion sort: the same set must hash the same. */
+		for (; j > 0 && m[j - 1] > v; j--)
+			m[j] = m[j - 1];
+		m[j] = v;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		h ^= m[i];
+		h *= 0x9e3779b97f4a7c15ull;
+		h ^= h >> 29;
+	}
+	if (pl->nhs * 2 + 2 > pl->htab_mask) {
+		size_t nt = pl->htab_mask ? (pl->htab_mask + 1) * 2 : 1024;
+		uint32_t *t = calloc(nt, sizeof(uint32_t));
+
+		if (!t)
+			return -ENOMEM;
+		for (size_t i = 0; i < pl->nhs; i++) {
+			size_t s = pl->hs[i].hash & (nt - 1);
+
+			while (t[s])
+				s = (s + 1) & (nt - 1);
+			t[s] = (uint32_t)i + 1;
+		}
+		free(pl->htab);
+		pl->htab = t;
+		pl->htab_mask = nt - 1;
+	}
+	size_t s = h & pl->htab_mask;
+	for (; pl->htab[s]; s = (s + 1) & pl->htab_mask) {
+		struct hset *e = &pl->hs[pl->htab[s] - 1];
+
+		if (e->hash == h && e->n == n && !memcmp(&pl->hmem[e->off], m, n * sizeof(uint32_t))) {
+			e->demand += bytes;
+			return 0;
+		}
+	}
+	if (grow((void **)&pl->hs, &pl->caphs, pl->nhs + 1, sizeof(*pl->hs)) ||
+	    grow((void **)&pl->hmem, &pl->caphmem, pl->nhmem + n, sizeof(uint32_t)))
+		return -ENOMEM;
+	memcpy(&pl->hmem[pl->nhmem], m, n * sizeof(uint32_t));
+	pl->hs[pl->nhs] = (struct hset){ .hash = h, .off = (uint32_t)pl->nhmem, .n = n, .demand = bytes };
+	pl->nhmem += n;
+	pl->htab[s] = (uint32_t)++pl->nhs;
+	return 0;
+}
+
+/* Cuts dst piece `di` into cells by the boundaries of the sources touching
+ * it and appends them (with their candidates) to w. */
+static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_tensor *d, uint32_t di,
+		     uint32_t plan, char *err, size_t errlen)
+{
+	uint64_t h = name_hash(d->name);
+	long id = name_find(pl, d->name, h);
+	uint32_t nd = d->ndim;
+	uint64_t d0 = nd ? d->start[0] : 0, d1 = nd ? d->start[0] + d->extent[0] : 1;
+	size_t esz = wex_dtype_size(d->dtype);
+	size_t lo, hi, first_hit;
+	uint64_t *bp[MAXD] = { 0 };
+	size_t nbp[MAXD] = { 0 };
+	size_t nhit = 0;
+	const struct src_entry **hits = NULL;
+	uint64_t *bpbuf;
+	int ret;
+
+	ret = check_piece(d, "consumer", err, errlen);
+	if (ret < 0)
+		return ret;
+	if (box_elems(d) == 0)
+		return 0;
+	if (id < 0) {
+		seterr(err, errlen, "no producer holds %.*s", WEX_NAME_MAX, d->name);
+		return -WEX_ELAYOUT;
+	}
+	const struct name_info *ni = &pl->names[id];
+	const struct wex_tensor *ref = pl->ent[ni->lo].t;
+	if (ref->dtype != d->dtype || ref->ndim != nd ||
+	    memcmp(ref->shape, d->shape, nd * sizeof(uint64_t))) {
+		seterr(err, errlen, "%.*s: consumer dtype/shape differs from the producer's",
+		       WEX_NAME_MAX, d->name);
+		return -WEX_ELAYOUT;
+	}
+	/* Entries whose start0 <= d0 - maxext0 end before d0: skip them. */
+	lo = ni->lo;
+	hi = ni->hi;
+	{
+		uint64_t key = d0 >= ni->maxext0 ? d0 - ni->maxext0 + 1 : 0;
+		size_t a = lo, b = hi;
+
+		while (a < b) {
+			size_t m = a + (b - a) / 2;
+
+			if (pl->ent[m].start0 < key)
+				a = m + 1;
+			else
+				b = m;
+		}
+		first_hit = a;
+	}
+	uint64_t ds1 = nd > 1 ? d->start[1] : 0, de1 = nd > 1 ? d->start[1] + d->extent[1] : 1;
+	for (size_t i = first_hit; i < hi && pl->ent[i].start0 < d1; i++) {
+		const struct src_entry *e = &pl->ent[i];
+		int ok = e->end0 > d0 && e->start1 < de1 && e->end1 > ds1 && e->end0 > e->start0 &&
+			 e->end1 > e->start1;
+
+		for (uint32_t k = 2; k < nd && ok; k++) {
+			const struct wex_tensor *s = e->t;
+
+			if (s->start[k] >= d->start[k] + d->extent[k] ||
+			    s->start[k] + s->extent[k] <= d->start[k] || s->extent[k] == 0)
+				ok = 0;
+		}
+		if (!ok)
+			continue;
+		if (grow((void **)&w->hits, &w->caphits, nhit + 1, sizeof(*w->hits))) {
+			ret = -ENOMEM;
+			goto out;
+		}
+		w->hits[nhit++] = e;
+	}
+	hits = w->hits;
+	if (nhit == 0) {
+		seterr(err, errlen, "no producer holds any element of %.*s", WEX_NAME_MAX, d->name);
+		ret = -WEX_ELAYOUT;
+		goto out;
+	}
+	/* Grid boundaries per dim, clipped to the consumer box. */
+	if (grow((void **)&w->bp, &w->capbp, (size_t)nd * (2 * nhit + 2) + 1, sizeof(uint64_t))) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	bpbuf = w->bp;
+	for (uint32_t k = 0; k < nd; k++) {
+		uint64_t a = d->start[k], b = a + d->extent[k];
+
+		bp[k] = bpbuf + (size_t)k * (2 * nhit + 2);
+		bp[k][nbp[k]++] = a;
+		bp[k][nbp[k]++] = b;
+		for (size_t i = 0; i < nhit; i++) {
+			const struct src_entry *e = hits[i];
+			uint64_t x = k == 0 ? e->start0 : k == 1 ? e->start1 : e->t->start[k];
+			uint64_t y = k == 0 ? e->end0 : k == 1 ? e->end1 : x + e->t->extent[k];
+
+			if (x > a && x < b)
+				bp[k][nbp[k]++] = x;
+			if (y > a && y < b)
+				bp[k][nbp[k]++] = y;
+		}
+		/* Few boundaries: insertion sort. */
+		for (size_t i = 1; i < nbp[k]; i++) {
+			uint64_t x = bp[k][i];
+			size_t j = i;
+
+			for (; j > 0 && bp[k][j - 1] > x; j--)
+				bp[k][j] = bp[k][j - 1];
+			bp[k][j] = x;
+		}
+		size_t u = 1;
+		for (size_t i = 1; i < nbp[k]; i++)
+			if (bp[k][i] != bp[k][u - 1])
+				bp[k][u++] = bp[k][i];
+		nbp[k] = u;
+	}
+	/* Walk the grid cells in C order. */
+	size_t idx[MAXD] = { 0 };
+	for (;;) {
+		struct cell c = { .dst = di, .ndim = nd, .plan = plan, .chosen = -1, .nh = h };
+		uint64_t elems = 1;
+
+		for (uint32_t k = 0; k < nd; k++) {
+			c.start[k] = bp[k][idx[k]];
+			c.ext[k] = bp[k][idx[k] + 1] - c.start[k];
+			elems *= c.ext[k];
+		}
+		c.bytes = elems * esz;
+		c.cand_off = (uint32_t)w->ncands;
+		uint64_t c0 = nd ? c.start[0] : 0, c1 = nd > 1 ? c.start[1] : 0;
+
+		pl->serial++;
+		for (size_t i = 0; i < nhit; i++) {
+			const struct src_entry *e = hits[i];
+			const struct wex_tensor *s = e->t;
+			int in = c0 >= e->start0 && c0 < e->end0 && c1 >= e->start1 && c1 < e->end1;
+
+			for (uint32_t k = 2; k < nd && in; k++)
+				if (c.start[k] < s->start[k] || c.start[k] >= s->start[k] + s->extent[k])
+					in = 0;
+			if (!in)
+				continue;
+			/* One candidate per producer rank (a rank holding an element
+			 * twice adds no bandwidth). */
+			if (pl->stamp[e->src] == pl->serial)
+				continue;
+			pl->stamp[e->src] = pl->serial;
+			if (grow((void **)&w->cands, &w->capcands, w->ncands + 1, sizeof(struct cand))) {
+				ret = -ENOMEM;
+				goto out;
+			}
+			w->cands[w->ncands++] = (struct cand){ hits[i]->src, s };
+		}
+		c.ncand = (uint32_t)(w->ncands - c.cand_off);
+		if (c.ncand == 0) {
+			char where[256];
+			int n = 0;
+
+			for (uint32_t k = 0; k < nd && n < 200; k++)
+				n += snprintf(where + n, sizeof(where) - (size_t)n, "%s%llu", k ? "," : "",
+					      (unsigned long long)c.start[k]);
+			where[n < 256 ? n : 255] = 0;
+			seterr(err, errlen, "element [%s] of %.*s has no producer", where, WEX_NAME_MAX,
+			       d->name);
+			ret = -WEX_ELAYOUT;
+			goto out;
+		}
+		if (grow((void **)&w->cells, &w->capcells, w->ncells + 1, sizeof(struct cell))) {
+			ret = -ENOMEM;
+			goto out;
+		}
+		w->cells[w->ncells++] = c;
+		int k = (int)nd - 1;
+		for (; k >= 0; k--) {
+			if (++idx[k] + 1 < nbp[k])
+				break;
+			idx[k] = 0;
+		}
+		if (k < 0)
+			break;
+	}
+	ret = 0;
+out:
+	return ret;
+}
+
+/* Splits cell ci into k chunks along its outermost dim with extent >= k
+ * (appending the extra chunks at the end of w->cells). */
+static int split_cell(struct work *w, size_t ci, uint32_t k, size_t esz)
+{
+	struct cell c = w->cells[ci];
+	int dim = -1;
+
+	for (uint32_t i = 0; i < c.ndim; i++)
+		if (c.ext[i] >= k) {
+			dim = (int)i;
+			break;
+		}
+	if (dim < 0 || k < 2)
+		return 0;
+	w->split = 1;
+	uint64_t e = c.ext[dim], inner = c.bytes / e;
+	for (uint32_t j = 0; j < k; j++) {
+		uint64_t a = e * j / k, b = e * (j + 1) / k;
+		struct cell n = c;
+
+		n.start[dim] = c.start[dim] + a;
+		n.ext[dim] = b - a;
+		n.bytes = inner * (b - a);
+		if (j == 0) {
+			w->cells[ci] = n;
+			continue;
+		}
+		if (grow((void **)&w->cells, &w->capcells, w->ncells + 1, sizeof(struct cell)))
+			return -ENOMEM;
+		w->cells[w->ncells++] = n;
+	}
+	(void)esz;
+	return 0;
+}
+
+struct dimv {
+	uint64_t n;
+	int64_t ss, ds; /* byte strides */
+};
+
+static int push_op(struct wex_plan *p, size_t *cap, const struct wex_plan_op *op)
+{
+	/* Fuse with the previous op when the two continue each other. */
+	if (p->nops) {
+		struct wex_plan_op *q = &p->ops[p->nops - 1];
+
+		if (q->src_rank == op->src_rank && q->src_seg == op->src_seg &&
+		    q->dst_piece == op->dst_piece && q->nouter == op->nouter) {
+			int same = 1;
+
+			for (uint32_t i = 0; i < op->nouter; i++)
+				if (q->count[i] != op->count[i] || q->src_stride[i] != op->src_stride[i] ||
+				    q->dst_stride[i] != op->dst_stride[i])
+					same = 0;
+			/* Side by side along the contiguous run (same rows). */
+			if (same && q->src_off + q->len == op->src_off &&
+			    q->dst_off + q->len == op->dst_off) {
+				q->len += op->len;
+				return 0;
+			}
+			/* One after the other along the outermost dim. */
+			if (op->nouter > 0 && q->len == op->len) {
+				int inner_same = 1;
+
+				for (uint32_t i = 1; i < op->nouter; i++)
+					if (q->count[i] != op->count[i] ||
+					    q->src_stride[i] != op->src_stride[i] ||
+					    q->dst_stride[i] != op->dst_stride[i])
+						inner_same = 0;
+				if (inner_same && q->src_stride[0] == op->src_stride[0] &&
+				    q->dst_stride[0] == op->dst_stride[0] &&
+				    q->src_off + q->count[0] * (uint64_t)q->src_stride[0] == op->src_off &&
+				    q->dst_off + q->count[0] * (uint64_t)q->dst_stride[0] == op->dst_off) {
+					q->count[0] += op->count[0];
+					return 0;
+				}
+			}
+		}
+	}
+	if (grow((void **)&p->ops, cap, p->nops + 1, sizeof(*p->ops)))
+		return -ENOMEM;
+	p->ops[p->nops++] = *op;
+	return 0;
+}
+
+/* Emits the copies for one cell taken from source piece s. */
+static int emit_cell(struct wex_plan *p, size_t *cap, const struct cell *c, const struct cand *cd,
+		     const struct wex_tensor *d)
+{
+	const struct wex_tensor *s = cd->t;
+	int64_t ss[MAXD], ds[MAXD];
+	int64_t esz = (int64_t)wex_dtype_size(d->dtype);
+	uint64_t soff = s->offset, doff = 0;
+	struct dimv v[MAXD];
+	int nv = 0;
+	uint64_t len = (uint64_t)esz;
+
+	piece_strides(s, ss);
+	piece_strides(d, ds);
+	for (uint32_t k = 0; k < c->ndim; k++) {
+		soff += (c->start[k] - s->start[k]) * (uint64_t)ss[k] * (uint64_t)esz;
+		doff += (c->start[k] - d->start[k]) * (uint64_t)ds[k] * (uint64_t)esz;
+	}
+	/* Dims innermost first, dropping extent-1 dims. */
+	for (int k = (int)c->ndim - 1; k >= 0; k--)
+		if (c->ext[k] > 1)
+			v[nv++] = (struct dimv){ c->ext[k], ss[k] * esz, ds[k] * esz };
+	/* Absorb dims that are contiguous on both sides into the run. */
+	int i = 0;
+	while (i < nv && v[i].ss == (int64_t)len && v[i].ds == (int64_t)len) {
+		len *= v[i].n;
+		i++;
+	}
+	/* Merge neighbouring outer dims that tile each other. */
+	struct dimv o[MAXD];
+	int no = 0;
+	for (; i < nv; i++) {
+		if (no && v[i].ss == o[no - 1].ss * (int64_t)o[no - 1].n &&
+		    v[i].ds == o[no - 1].ds * (int64_t)o[no - 1].n) {
+			o[no - 1].n *= v[i].n;
+			continue;
+		}
+		o[no++] = v[i];
+	}
+	/* o[] is innermost first; ops keep up to 3 outer dims, outermost first.
+	 * Further dims are split into separate ops. */
+	int keep = no < 3 ? no : 3;
+	int extra = no - keep;
+	uint64_t it[MAXD] = { 0 };
+	for (;;) {
+		struct wex_plan_op op = {
+			.src_rank = 0, .src_seg = s->segment, .src_off = soff, .dst_piece = c->dst,
+			.nouter = (uint32_t)keep, .dst_off = doff, .len = len,
+		};
+		for (int e = 0; e < extra; e++) {
+			op.src_off += it[e] * (uint64_t)o[keep + e].ss;
+			op.dst_off += it[e] * (uint64_t)o[keep + e].ds;
+		}
+		for (int k = 0; k < keep; k++) {
+			op.count[k] = o[keep - 1 - k].n;
+			op.src_stride[k] = o[keep - 1 - k].ss;
+			op.dst_stride[k] = o[keep - 1 - k].ds;
+		}
+		/* An index into srcs[] until the plan is finished. */
+		op.src_rank = (uint32_t)cd->src;
+		if (push_op(p, cap, &op))
+			return -ENOMEM;
+		int e = 0;
+		for (; e < extra; e++) {
+			if (++it[e] < o[keep + e].n)
+				break;
+			it[e] = 0;
+		}
+		if (e == extra)
+			break;
+	}
+	return 0;
+}
+
+/* Word-wise hash: plans have millions of ops, byte-wise FNV is too slow. */
+static uint64_t hwords(uint64_t h, const uint64_t *w, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		h ^= w[i];
+		h *= 0x9e3779b97f4a7c15ull;
+		h ^= h >> 29;
+	}
+	return h;
+}
+
+static uint64_t plan_hash(const struct wex_plan *p)
+{
+	uint64_t h = FNV0;
+
+	for (size_t i = 0; i < p->nops; i++) {
+		const struct wex_plan_op *o = &p->ops[i];
+		uint64_t f[] = { o->src_rank, o->src_seg, o->src_off, o->dst_piece, o->nouter,
+				 o->dst_off, o->len, o->count[0], o->count[1], o->count[2],
+				 (uint64_t)o->src_stride[0], (uint64_t)o->src_stride[1],
+				 (uint64_t)o->src_stride[2], (uint64_t)o->dst_stride[0],
+				 (uint64_t)o->dst_stride[1], (uint64_t)o->dst_stride[2] };
+
+		h = hwords(h, f, sizeof(f) / sizeof(f[0]));
+	}
+	return h;
+}
+
+uint64_t wex__pieces_hash(const struct wex_tensor *t, size_t n)
+{
+	uint64_t h = FNV0;
+
+	for (size_t i = 0; i < n; i++) {
+		uint64_t f[2 + 4 * MAXD + 2];
+		size_t k = 0;
+
+		h = fnv(h, t[i].name, strnlen(t[i].name, WEX_NAME_MAX));
+		f[k++] = (uint64_t)t[i].dtype;
+		f[k++] = t[i].ndim;
+		for (uint32_t d = 0; d < t[i].ndim && d < MAXD; d++) {
+			f[k++] = t[i].shape[d];
+			f[k++] = t[i].start[d];
+			f[k++] = t[i].extent[d];
+			f[k++] = (uint64_t)t[i].strides[d];
+		}
+		f[k++] = t[i].segment;
+		f[k++] = t[i].offset;
+		h = hwords(h, f, k);
+	}
+	return h;
+}
+
+static uint64_t cell_hash(const struct cell *c)
+{
+	uint64_t h = c->nh;
+
+	for (uint32_t k = 0; k < c->ndim; k++)
+		h = mix64(h ^ c->start[k]);
+	return h;
+}
+
+static int cell_bytes_desc(const void *a, const void *b)
+{
+	const struct cell *x = *(struct cell *const *)a, *y = *(struct cell *const *)b;
+
+	if (x->bytes != y->bytes)
+		return x->bytes > y->bytes ? -1 : 1;
+	return x < y ? -1 : x > y;
+}
+
+static int cell_order(const void *a, const void *b)
+{
+	const struct cell *x = a, *y = b;
+
+	if (x->plan != y->plan)
+		return x->plan < y->plan ? -1 : 1;
+	if (x->dst != y->dst)
+		return x->dst < y->dst ? -1 : 1;
+	for (uint32_t k = 0; k < x->ndim; k++)
+		if (x->start[k] != y->start[k])
+			return x->start[k] < y->start[k] ? -1 : 1;
+	return 0;
+}
+
+/* Shared body: `group` selects least-loaded choice; otherwise rotation. */
+static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, size_t ndst,
+		     uint32_t cworld, int group, struct wex_plan **out, char *err, size_t errlen)
+{
+	struct work w;
+	struct wex_plan **plans = calloc(ndst ? ndst : 1, sizeof(*plans));
+	size_t *caps = calloc(ndst ? ndst : 1, sizeof(size_t));
+	uint64_t *pload = calloc(pl->nsrc ? pl->nsrc : 1, sizeof(uint64_t));
+	struct cell **order = NULL;
+	int ret = -ENOMEM;
+
+	if (!pl->w)
+		pl->w = calloc(1, sizeof(*pl->w));
+	if (!pl->w) {
+		free(plans);
+		free(caps);
+		free(pload);
+		seterr(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	/* Scratch arrays live in the planner: no page faults per call. */
+	w = *pl->w;
+	w.ncells = w.ncands = 0;
+	w.split = 0;
+	if (!plans || !caps || !pload)
+		goto out;
+	for (size_t r = 0; r < ndst; r++) {
+		plans[r] = calloc(1, sizeof(struct wex_plan));
+		if (!plans[r])
+			goto out;
+		for (size_t i = 0; i < dsts[r].n; i++) {
+			ret = cut_piece(pl, &w, &dsts[r].t[i], (uint32_t)i, (uint32_t)r, err, errlen);
+			if (ret < 0)
+				goto out;
+			plans[r]->stats.bytes_needed += wex_tensor_nbytes(&dsts[r].t[i]);
+		}
+	}
+	/* Demand per holder set, for the lower bound (before splitting). */
+	for (size_t i = 0; i < w.ncells; i++) {
+		ret = hset_add(pl, &w.cands[w.cells[i].cand_off], w.cells[i].ncand, w.cells[i].bytes);
+		if (ret < 0)
+			goto out;
+	}
+	/* Cells with several holders may be split so that each holder serves a
+	 * part.  A group knows the bound its load must meet: greedy assignment
+	 * ends within one chunk of it, so large cells are cut into chunks of
+	 * at most 1/16 of the bound (never more chunks than holders).  A rank
+	 * planned alone cannot see the others: with more holders than consumer
+	 * ranks, its cells are cut so that each holder can serve a part. */
+	{
+		uint32_t ranks = cworld ? cworld : 1;
+		size_t n0 = w.ncells;
+		uint64_t gran = 0;
+
+		if (group) {
+			struct wex_plan_stats bs;
+			uint64_t total = 0;
+
+			for (size_t i = 0; i < n0; i++)
+				total += w.cells[i].bytes;
+			for (size_t i = 0; i < pl->nsrc; i++)
+				total += pl->load[i];
+			wex__planner_stats(pl, &bs);
+			gran = bs.src_bound_bytes;
+			if (pl->nsrc && total / pl->nsrc > gran)
+				gran = total / pl->nsrc;
+			gran /= 16;
+		}
+		if (gran < 65536)
+			gran = 65536;
+		for (size_t i = 0; i < n0; i++) {
+			uint32_t nc = w.cells[i].ncand;
+			uint64_t bytes = w.cells[i].bytes;
+			uint32_t k;
+
+			if (group) {
+				uint64_t q = (bytes + gran - 1) / gran;
+
+				k = q < nc ? (uint32_t)q : nc;
+			} else {
+				k = nc > ranks ? (nc + ranks - 1) / ranks : 1;
+				/* Small cells (norms, biases) are not worth more ops. */
+				if (bytes < 65536)
+					k = 1;
+			}
+			if (k > 1) {
+				ret = split_cell(&w, i, k, 0);
+				if (ret < 0)
+					goto out;
+			}
+		}
+	}
+	{
+		size_t nmulti = 0;
+
+		if (grow((void **)&w.order, &w.caporder, w.ncells + 1, sizeof(*w.order))) {
+			ret = -ENOMEM;
+			goto out;
+		}
+		order = w.order;
+		/* Exclusive cells first: they fix part of the load for sure. */
+		for (size_t i = 0; i < w.ncells; i++) {
+			struct cell *c = &w.cells[i];
+
+			if (c->ncand == 1) {
+				c->chosen = 0;
+				pl->load[w.cands[c->cand_off].src] += c->bytes;
+			} else {
+				order[nmulti++] = c;
+			}
+		}
+		/* Then large cells before small ones (LPT), each to the least
+		 * loaded holder.  The load is the planner's, summed over every
+		 * plan it built: a group, or ranks planned one by one on one
+		 * planner, balance globally.  Ties rotate with the cell hash
+		 * and, for ranks planned apart, with crank, so that planners
+		 * that cannot see each other still spread. */
+		qsort(order, nmulti, sizeof(*order), cell_bytes_desc);
+		for (size_t i = 0; i < nmulti; i++) {
+			struct cell *c = order[i];
+			uint64_t h = cell_hash(c) +
+				     (group ? 0 : dsts[c->plan].crank);
+			uint32_t best = (uint32_t)(h % c->ncand);
+
+			for (uint32_t q = 1; q < c->ncand; q++) {
+				uint32_t j = (uint32_t)((q + h) % c->ncand);
+
+				if (pl->load[w.cands[c->cand_off + j].src] <
+				    pl->load[w.cands[c->cand_off + best].src])
+					best = j;
+			}
+			c->chosen = (int32_t)best;
+			pl->load[w.cands[c->cand_off + best].src] += c->bytes;
+		}
+	}
+	/* Emit in a deterministic order: plan, piece, cell position. */
+	/* Cells come out of cut_piece in this order unless split. */
+	if (w.split)
+		qsort(w.cells, w.ncells, sizeof(*w.cells), cell_order);
+	for (size_t i = 0; i < w.ncells; i++) {
+		struct cell *c = &w.cells[i];
+		struct wex_plan *p = plans[c->plan];
+		const struct cand *cd = &w.cands[c->cand_off + (uint32_t)c->chosen];
+
+		ret = emit_cell(p, &caps[c->plan], c, cd, &dsts[c->plan].t[c->dst]);
+		if (ret < 0)
+			goto out;
+		p->stats.bytes_moved += c->bytes;
+		pload[cd->src] += c->bytes;
+	}
+	for (size_t r = 0; r < ndst; r++) {
+		struct wex_plan *p = plans[r];
+
+		/* Ops name producer ranks, not indices into srcs[]. */
+		for (size_t i = 0; i < p->nops; i++) {
+			uint32_t si = p->ops[i].src_rank;
+
+			p->ops[i].src_rank = pl->srcs[si].rank;
+		}
+		p->stats.ops = p->nops;
+		p->hash = plan_hash(p);
+		pl->needed += p->stats.bytes_needed;
+		pl->moved += p->stats.bytes_moved;
+		pl->ops += p->nops;
+	}
+	/* Per-plan busiest source (for a single plan this is exact; for a
+	 * group each plan reports the group's figures). */
+	{
+		struct wex_plan_stats st;
+		uint64_t best = 0;
+		uint32_t bi = 0;
+
+		for (size_t i = 0; i < pl->nsrc; i++)
+			if (pload[i] > best) {
+				best = pload[i];
+				bi = (uint32_t)i;
+			}
+		wex__planner_stats(pl, &st);
+		for (size_t r = 0; r < ndst; r++) {
+			plans[r]->stats.busiest_src_bytes = best;
+			plans[r]->stats.busiest_src = pl->nsrc ? pl->srcs[bi].rank : 0;
+			plans[r]->stats.src_bound_bytes = st.src_bound_bytes;
+		}
+	}
+	for (size_t r = 0; r < ndst; r++)
+		out[r] = plans[r];
+	free(plans);
+	plans = NULL;
+	ret = 0;
+out:
+	if (plans)
+		for (size_t r = 0; r < ndst; r++)
+			wex__plan_free(plans[r]);
+	free(plans);
+	free(caps);
+	free(pload);
+	*pl->w = w;
+	if (ret == -ENOMEM)
+		seterr(err, errlen, "out of memory");
+	return ret;
+}
+
+void wex__planner_stats(const struct wex_planner *pl, struct wex_plan_stats *st)
+{
+	uint64_t bound = 0, total = 0;
+
+	memset(st, 0, sizeof(*st));
+	st->bytes_needed = pl->needed;
+	st->bytes_moved = pl->moved;
+	st->ops = pl->ops;
+	for (size_t i = 0; i < pl->nsrc; i++) {
+		total += pl->load[i];
+		if (pl->load[i] > st->busiest_src_bytes) {
+			st->busiest_src_bytes = pl->load[i];
+			st->busiest_src = pl->srcs[i].rank;
+		}
+	}
+	/* Lower bounds: the total over all sources; for each holder set S,
+	 * the demand that only S can serve (S itself plus the single-member
+	 * sets inside it) spread evenly over S. */
+	if (pl->nsrc)
+		bound = (total + pl->nsrc - 1) / pl->nsrc;
+	uint64_t *single = calloc(pl->nsrc ? pl->nsrc : 1, sizeof(uint64_t));
+	for (size_t i = 0; i < pl->nhs; i++)
+		if (pl->hs[i].n == 1 && single)
+			single[pl->hmem[pl->hs[i].off]] += pl->hs[i].demand;
+	for (size_t i = 0; i < pl->nhs; i++) {
+		const struct hset *h = &pl->hs[i];
+		uint64_t d = h->demand;
+
+		if (h->n > 1 && single)
+			for (uint32_t k = 0; k < h->n; k++)
+				d += single[pl->hmem[h->off + k]];
+		d = (d + h->n - 1) / h->n;
+		if (d > bound)
+			bound = d;
+	}
+	free(single);
+	st->src_bound_bytes = bound;
+}
+
+int wex__planner_plan(struct wex_planner *pl, const struct wex_tensor *dst, size_t ndst,
+		      uint32_t crank, uint32_t cworld, struct wex_plan **out, char *err,
+		      size_t errlen)
+{
+	struct wex_plan_dst d = { .crank = crank, .t = dst, .n = ndst };
+
+	return plan_many(pl, &d, 1, cworld, 0, out, err, errlen);
+}
+
+int wex__planner_plan_group(struct wex_planner *pl, const struct wex_plan_dst *dsts, size_t ndst,
+			    uint32_t cworld, struct wex_plan **out, char *err, size_t errlen)
+{
+	return plan_many(pl, dsts, ndst, cworld, 1, out, err, errlen);
+}
+
+int wex__plan_build(const struct wex_plan_src *srcs, size_t nsrc, const struct wex_tensor *dst,
+		    size_t ndst, uint32_t crank, uint32_t cworld, struct wex_plan **out, char *err,
+		    size_t errlen)
+{
+	struct wex_planner *pl;
+	struct wex_plan *p;
+	int ret;
+
+	ret = wex__planner_new(srcs, nsrc, &pl, err, errlen);
+	if (ret < 0)
+		return ret;
+	ret = wex__planner_plan(pl, dst, ndst, crank, cworld, &p, err, errlen);
+	if (ret == 0) {
+		/* The bound of one rank's plan alone. */
+		struct wex_plan_stats st;
+
+		wex__planner_stats(pl, &st);
+		p->stats.src_bound_bytes = st.src_bound_bytes;
+		*out = p;
+	}
+	wex__planner_free(pl);
+	return ret;
+}

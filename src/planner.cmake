@@ -1,0 +1,26 @@
+# The model adaptation layer and the resharding planner (DESIGN section 5):
+# layout interpreter (adapters/ data), planner, host executor, safetensors,
+# and the `wexctl plan` / `wexctl convert` subcommands.
+list(APPEND WEX_CORE_SOURCES src/plan.c src/plan_exec.c src/layout.c src/safetensors.c)
+list(APPEND WEX_CTL_SOURCES src/wexctl_plan.c)
+# Layout data is read from the source tree when neither the caller nor
+# $WEX_ADAPTERS names another place (installed copies: share/wex/adapters).
+set_source_files_properties(src/layout.c PROPERTIES
+  COMPILE_DEFINITIONS "WEX_ADAPTERS_SRC_DIR=\"${CMAKE_SOURCE_DIR}/adapters\"")
+
+# Tests (tests/planner/): one behaviour per program, label `planner`.
+foreach(t property kat_qkv_interleave kat_kv_replication kat_vocab_padding roundtrip
+          bad_layout plan_basic safetensors_bad explicit_pieces)
+  wex_add_test(planner_${t} SOURCES tests/planner/${t}.c LABELS planner TIMEOUT 60)
+endforeach()
+# convert.c calls wexctl_cmd_convert/plan directly; it also serves as the
+# checkpoint generator and checker of convert_test.sh, which drives the
+# real wexctl binary.
+wex_add_test(planner_convert SOURCES tests/planner/convert.c src/wexctl_plan.c
+  LABELS planner TIMEOUT 60)
+add_test(NAME planner_convert_cli COMMAND sh ${CMAKE_SOURCE_DIR}/tests/planner/convert_test.sh)
+set_tests_properties(planner_convert_cli PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 60 LABELS planner
+  ENVIRONMENT "WEXCTL_BIN=$<TARGET_FILE:wexctl>;PLANNER_CONVERT_BIN=$<TARGET_FILE:planner_convert>")
+
+# Benchmark: DeepSeek-V3 from 1024 Megatron GPUs to 32 vLLM instances.
+wex_add_test(bench_plan_scale SOURCES tests/bench/plan_scale.c LABELS bench TIMEOUT 600)

@@ -1,0 +1,368 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * safetensors.c - strict safetensors reader (mmap) and writer.  Rules from
+ * the reference implementation (platform-facts G): header length at most
+ * 100,000,000 and inside the file; JSON object; no duplicate keys;
+ * __metadata__ a map of strings; every other entry {dtype, shape,
+ * data_offsets}; end - begin == numel * dtype size; sorted by offset the
+ * tensors tile the data area from 0 with no holes and end at its end.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "safetensors.h"
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || errlen == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+static int by_begin(const void *a, const void *b)
+{
+	const struct wex_st_tensor *x = *(struct wex_st_tensor *const *)a;
+	const struct wex_st_tensor *y = *(struct wex_st_tensor *const *)b;
+
+	if (x->begin != y->begin)
+		return x->begin < y->begin ? -1 : 1;
+	/* Empty tensors share offsets with their neighbours: order by end. */
+	return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* A non-negative JSON integer. */
+static int get_u64(json_t *v, uint64_t *out)
+{
+	if (!json_is_integer(v) || json_integer_value(v) < 0)
+		return -1;
+	*out = (uint64_t)json_integer_value(v);
+	return 0;
+}
+
+int wex__st_parse_header(const char *hdr, size_t n, uint64_t data_size, struct wex_st_tensor **t,
+			 size_t *nt, char *err, size_t errlen)
+{
+	json_error_t je;
+	json_t *root, *v;
+	struct wex_st_tensor *a = NULL, **s = NULL;
+	const char *key;
+	size_t k = 0;
+	int ret = -EINVAL;
+
+	root = json_loadb(hdr, n, JSON_REJECT_DUPLICATES, &je);
+	if (!root) {
+		seterr(err, errlen, "header is not valid JSON: %s (column %d)", je.text, je.column);
+		return -EINVAL;
+	}
+	if (!json_is_object(root)) {
+		seterr(err, errlen, "header is not a JSON object");
+		goto out;
+	}
+	a = calloc(json_object_size(root) + 1, sizeof(*a));
+	s = calloc(json_object_size(root) + 1, sizeof(*s));
+	if (!a || !s) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	json_object_foreach(root, key, v) {
+		struct wex_st_tensor *x = &a[k];
+		json_t *shape, *off, *d;
+		const char *dt;
+		uint64_t numel = 1, esz;
+		size_t i;
+
+		if (!strcmp(key, "__metadata__")) {
+			const char *mk;
+			json_t *mv;
+
+			if (!json_is_object(v)) {
+				seterr(err, errlen, "__metadata__ is not an object");
+				goto out;
+			}
+			json_object_foreach(v, mk, mv)
+				if (!json_is_string(mv)) {
+					seterr(err, errlen, "__metadata__ value \"%s\" is not a string", mk);
+					goto out;
+				}
+			continue;
+		}
+		if (strlen(key) >= WEX_NAME_MAX) {
+			seterr(err, errlen, "tensor name longer than %d bytes: %.40s...", WEX_NAME_MAX - 1, key);
+			goto out;
+		}
+		if (!json_is_object(v) || json_object_size(v) != 3) {
+			seterr(err, errlen, "%s: entry must have exactly dtype, shape, data_offsets", key);
+			goto out;
+		}
+		snprintf(x->name, sizeof(x->name), "%s", key);
+		dt = json_string_value(json_object_get(v, "dtype"));
+		x->dtype = dt ? wex_dtype_from_name(dt) : WEX_DT_INVALID;
+		esz = wex_dtype_size(x->dtype);
+		if (!esz) {
+			seterr(err, errlen, "%s: unsupported dtype %s", key, dt ? dt : "(missing)");
+			goto out;
+		}
+		shape = json_object_get(v, "shape");
+		if (!json_is_array(shape) || json_array_size(shape) > WEX_MAX_DIMS) {
+			seterr(err, errlen, "%s: shape must be an array of at most %d sizes", key, WEX_MAX_DIMS);
+			goto out;
+		}
+		x->ndim = (uint32_t)json_array_size(shape);
+		json_array_foreach(shape, i, d) {
+			if (get_u64(d, &x->shape[i]) < 0) {
+				seterr(err, errlen, "%s: shape[%zu] is not a non-negative integer", key, i);
+				goto out;
+			}
+			if (x->shape[i] && numel > UINT64_MAX / x->shape[i]) {
+				seterr(err, errlen, "%s: shape overflows", key);
+				goto out;
+			}
+			numel *= x->shape[i];
+		}
+		off = json_object_get(v, "data_offsets");
+		if (!json_is_array(off) || json_array_size(off) != 2 ||
+		    get_u64(json_array_get(off, 0), &x->begin) < 0 ||
+		    get_u64(json_array_get(off, 1), &x->end) < 0 || x->end < x->begin) {
+			seterr(err, errlen, "%s: data_offsets must be [begin, end] with begin <= end", key);
+			goto out;
+		}
+		if (numel > UINT64_MAX / esz || x->end - x->begin != numel * esz) {
+			seterr(err, errlen, "%s: %llu bytes for %llu elements of %s (%llu expected)", key,
+			       (unsigned long long)(x->end - x->begin), (unsigned long long)numel, dt,
+			       (unsigned long long)(numel * esz));
+			goto out;
+		}
+		s[k] = x;
+		k++;
+	}
+	qsort(s, k, sizeof(*s), by_begin);
+	uint64_t at = 0;
+	for (size_t i = 0; i < k; i++) {
+		if (s[i]->begin != at) {
+			seterr(err, errlen, "%s: starts at %llu, expected %llu (%s)", s[i]->name,
+			       (unsigned long long)s[i]->begin, (unsigned long long)at,
+			       s[i]->begin > at ? "hole" : "overlap");
+			goto out;
+		}
+		at = s[i]->end;
+	}
+	if (at != data_size) {
+		seterr(err, errlen, "tensors cover %llu bytes but the data area holds %llu",
+		       (unsigned long long)at, (unsigned long long)data_size);
+		goto out;
+	}
+	*t = a;
+	*nt = k;
+	a = NULL;
+	ret = 0;
+out:
+	free(a);
+	free(s);
+	json_decref(root);
+	return ret;
+}
+
+int wex__st_open(const char *path, struct wex_st_file *f, char *err, size_t errlen)
+{
+	struct stat st;
+	uint64_t n;
+	int ret;
+
+	memset(f, 0, sizeof(*f));
+	f->fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (f->fd < 0) {
+		ret = -errno;
+		seterr(err, errlen, "%s: %s", path, strerror(errno));
+		return ret;
+	}
+	if (fstat(f->fd, &st) < 0) {
+		ret = -errno;
+		seterr(err, errlen, "%s: %s", path, strerror(errno));
+		goto err;
+	}
+	f->size = (uint64_t)st.st_size;
+	if (f->size < 8) {
+		seterr(err, errlen, "%s: %llu bytes, too short for a safetensors header", path,
+		       (unsigned long long)f->size);
+		ret = -EINVAL;
+		goto err;
+	}
+	f->map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, f->fd, 0);
+	if (f->map == MAP_FAILED) {
+		f->map = NULL;
+		ret = -errno;
+		seterr(err, errlen, "%s: mmap: %s", path, strerror(errno));
+		goto err;
+	}
+	{
+		const unsigned char *b = f->map;
+
+		n = 0;
+		for (int i = 7; i >= 0; i--)
+			n = (n << 8) | b[i];
+	}
+	if (n > WEX_ST_MAX_HEADER || n > f->size - 8) {
+		seterr(err, errlen, "%s: header length %llu exceeds %s", path, (unsigned long long)n,
+		       n > WEX_ST_MAX_HEADER ? "the 100,000,000 byte limit" : "the file");
+		ret = -EINVAL;
+		goto err;
+	}
+	f->data_off = 8 + n;
+	ret = wex__st_parse_header((const char *)f->map + 8, (size_t)n, f->size - f->data_off, &f->t,
+				   &f->n, err, errlen);
+	if (ret < 0) {
+		/* Say which file. */
+		if (err && errlen > 1) {
+			char tmp[512];
+
+			snprintf(tmp, sizeof(tmp), "%s", err);
+			seterr(err, errlen, "%s: %s", path, tmp);
+		}
+		goto err;
+	}
+	for (size_t i = 0; i < f->n; i++)
+		f->t[i].data = (const char *)f->map + f->data_off + f->t[i].begin;
+	return 0;
+err:
+	wex__st_close(f);
+	return ret;
+}
+
+void wex__st_close(struct wex_st_file *f)
+{
+	if (f->map)
+		munmap(f->map, f->size);
+	if (f->fd > 0)
+		close(f->fd);
+	free(f->t);
+	memset(f, 0, sizeof(*f));
+	f->fd = -1;
+}
+
+const struct wex_st_tensor *wex__st_find(const struct wex_st_file *f, const char *name)
+{
+	for (size_t i = 0; i < f->n; i++)
+		if (!strcmp(f->t[i].name, name))
+			return &f->t[i];
+	return NULL;
+}
+
+static int write_order(const void *a, const void *b)
+{
+	const struct wex_st_tensor *x = *(struct wex_st_tensor *const *)a;
+	const struct wex_st_tensor *y = *(struct wex_st_tensor *const *)b;
+	size_t sx = wex_dtype_size(x->dtype), sy = wex_dtype_size(y->dtype);
+
+	if (sx != sy)
+		return sx > sy ? -1 : 1;
+	return strcmp(x->name, y->name);
+}
+
+static uint64_t st_bytes(const struct wex_st_tensor *t)
+{
+	uint64_t n = wex_dtype_size(t->dtype);
+
+	for (uint32_t i = 0; i < t->ndim; i++)
+		n *= t->shape[i];
+	return n;
+}
+
+int wex__st_write(const char *path, const struct wex_st_tensor *t, size_t n, char *err,
+		  size_t errlen)
+{
+	const struct wex_st_tensor **o = calloc(n + 1, sizeof(*o));
+	json_t *root = json_object();
+	char *hdr = NULL;
+	FILE *f = NULL;
+	uint64_t at = 0;
+	int ret = -ENOMEM;
+
+	if (!o || !root)
+		goto out;
+	for (size_t i = 0; i < n; i++) {
+		if (!wex_dtype_size(t[i].dtype) || t[i].ndim > WEX_MAX_DIMS) {
+			seterr(err, errlen, "%s: bad dtype or rank", t[i].name);
+			ret = -EINVAL;
+			goto out;
+		}
+		o[i] = &t[i];
+	}
+	qsort(o, n, sizeof(*o), write_order);
+	for (size_t i = 0; i < n; i++) {
+		json_t *e = json_object(), *shape = json_array();
+		uint64_t b = st_bytes(o[i]);
+
+		if (!e || !shape)
+			goto out;
+		for (uint32_t d = 0; d < o[i]->ndim; d++)
+			json_array_append_new(shape, json_integer((json_int_t)o[i]->shape[d]));
+		json_object_set_new(e, "dtype", json_string(wex_dtype_name(o[i]->dtype)));
+		json_object_set_new(e, "shape", shape);
+		json_object_set_new(e, "data_offsets",
+				    json_pack("[II]", (json_int_t)at, (json_int_t)(at + b)));
+		if (json_object_get(root, o[i]->name)) {
+			json_decref(e);
+			seterr(err, errlen, "duplicate tensor name %s", o[i]->name);
+			ret = -EINVAL;
+			goto out;
+		}
+		json_object_set_new(root, o[i]->name, e);
+		at += b;
+	}
+	json_object_set_new(root, "__metadata__", json_pack("{ss}", "format", "pt"));
+	hdr = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS);
+	if (!hdr)
+		goto out;
+	size_t hl = strlen(hdr), padded = (hl + 7) & ~(size_t)7;
+	unsigned char len8[8];
+	uint64_t N = padded;
+
+	for (int i = 0; i < 8; i++)
+		len8[i] = (unsigned char)(N >> (8 * i));
+	f = fopen(path, "wb");
+	if (!f) {
+		ret = -errno;
+		seterr(err, errlen, "%s: %s", path, strerror(errno));
+		goto out;
+	}
+	int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, hl, f) == hl;
+	for (size_t i = hl; ok && i < padded; i++)
+		ok = fputc(' ', f) != EOF;
+	for (size_t i = 0; ok && i < n; i++) {
+		uint64_t b = st_bytes(o[i]);
+
+		ok = b == 0 || fwrite(o[i]->data, 1, b, f) == b;
+	}
+	if (fclose(f) != 0)
+		ok = 0;
+	f = NULL;
+	if (!ok) {
+		ret = -EIO;
+		seterr(err, errlen, "%s: write failed", path);
+		goto out;
+	}
+	ret = 0;
+out:
+	if (f)
+		fclose(f);
+	if (ret == -ENOMEM)
+		seterr(err, errlen, "out of memory");
+	free(hdr);
+	free(o);
+	json_decref(root);
+	return ret;
+}

@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * safetensors.h - a strict reader and a writer of the safetensors format
+ * (u64 LE header length N | N bytes of JSON | data).  The reader rejects
+ * what the reference implementation rejects: N over 100,000,000 or past
+ * the file, duplicate keys, unknown dtypes, sizes that disagree with the
+ * shape, holes or overlaps between tensors, and data that does not end
+ * exactly at the end of the file.
+ */
+#ifndef WEX_SAFETENSORS_H
+#define WEX_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "wex.h"
+
+#define WEX_ST_MAX_HEADER 100000000ull
+
+struct wex_st_tensor {
+	char name[WEX_NAME_MAX];
+	int32_t dtype;
+	uint32_t ndim;
+	uint64_t shape[WEX_MAX_DIMS];
+	uint64_t begin, end;   /* bytes, relative to the data start */
+	const void *data;      /* reader: the mapped bytes; writer: the source */
+};
+
+struct wex_st_file {
+	int fd;
+	void *map;
+	uint64_t size;
+	uint64_t data_off;     /* 8 + N */
+	struct wex_st_tensor *t;
+	size_t n;
+};
+
+/*
+ * Validates a header of n bytes for a data area of data_size bytes and
+ * returns its tensors (malloc'ed, data pointers unset).  Errors: -EINVAL
+ * with the reason in err, -ENOMEM.  Pure.
+ */
+int wex__st_parse_header(const char *hdr, size_t n, uint64_t data_size, struct wex_st_tensor **t,
+			 size_t *nt, char *err, size_t errlen);
+
+/* Opens and maps `path` read-only and validates it.  Blocks (file I/O).
+ * Errors: -errno of open/mmap, -EINVAL (message in err). */
+int wex__st_open(const char *path, struct wex_st_file *f, char *err, size_t errlen);
+void wex__st_close(struct wex_st_file *f);
+const struct wex_st_tensor *wex__st_find(const struct wex_st_file *f, const char *name);
+
+/*
+ * Writes t[0..n) (name, dtype, ndim, shape, data) to `path`: tensors
+ * ordered by descending element size then name so each is aligned to its
+ * element size; header padded with spaces to a multiple of 8.  Blocks.
+ * Errors: -errno, -EINVAL (bad dtype, duplicate name).
+ */
+int wex__st_write(const char *path, const struct wex_st_tensor *t, size_t n, char *err,
+		  size_t errlen);
+
+#endif

@@ -1,0 +1,612 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * wexctl_plan.c - `wexctl plan` (statistics of the plan between two
+ * layouts) and `wexctl convert` (a checkpoint resharded offline through the
+ * same layouts, planner and host executor that serve live transfers).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "layout.h"
+#include "plan.h"
+#include "safetensors.h"
+#include "wexctl_plan.h"
+
+#define LINK_GBPS 50.0 /* per GPU link, for the estimate */
+#define PLAN_BATCH 64  /* consumer ranks planned per group call */
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+struct opts {
+	const char *config, *from, *to, *adapters;
+	const char *pos[2];
+	int npos;
+	long rank;
+	int json;
+};
+
+static int usage(const char *cmd)
+{
+	if (!strcmp(cmd, "plan"))
+		fprintf(stderr, "usage: wexctl plan --config config.json --from LAYOUT --to LAYOUT "
+				"[--rank K] [--json] [--adapters DIR]\n");
+	else
+		fprintf(stderr, "usage: wexctl convert --config config.json --from LAYOUT --to LAYOUT "
+				"[--adapters DIR] IN OUTDIR\n");
+	fprintf(stderr, "  LAYOUT: ENGINE[:tp=N,pp=N,dp=N,ep=N,etp=N,first=N,last=N]; engines: "
+			"hf megatron vllm sglang\n");
+	return 2;
+}
+
+static int parse_opts(int argc, char **argv, struct opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->rank = -1;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		const char **dst = NULL;
+
+		if (!strcmp(a, "--config"))
+			dst = &o->config;
+		else if (!strcmp(a, "--from"))
+			dst = &o->from;
+		else if (!strcmp(a, "--to"))
+			dst = &o->to;
+		else if (!strcmp(a, "--adapters"))
+			dst = &o->adapters;
+		else if (!strcmp(a, "--json")) {
+			o->json = 1;
+			continue;
+		} else if (!strcmp(a, "--rank")) {
+			char *end;
+
+			if (i + 1 >= argc)
+				return -1;
+			o->rank = strtol(argv[++i], &end, 10);
+			if (*end || o->rank < 0)
+				return -1;
+			continue;
+		} else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+			return -1;
+		} else if (a[0] == '-' && a[1] == '-') {
+			fprintf(stderr, "wexctl %s: unknown option %s\n", argv[0], a);
+			return -1;
+		} else {
+			if (o->npos >= 2)
+				return -1;
+			o->pos[o->npos++] = a;
+			continue;
+		}
+		if (i + 1 >= argc)
+			return -1;
+		*dst = argv[++i];
+	}
+	if (!o->config || !o->from || !o->to)
+		return -1;
+	return 0;
+}
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+struct side {
+	struct wex_layout_spec spec;
+	uint32_t world;
+	struct wex_rank_layout *l;
+};
+
+static int side_load(const struct wex_model *m, const char *s, struct side *sd, int all,
+		     char *err, size_t errlen)
+{
+	int ret = wex__layout_parse(s, &sd->spec, err, errlen);
+
+	if (ret < 0)
+		return ret;
+	ret = wex__layout_world(m, &sd->spec, &sd->world, err, errlen);
+	if (ret < 0)
+		return ret;
+	sd->l = calloc(sd->world, sizeof(*sd->l));
+	if (!sd->l)
+		return -ENOMEM;
+	for (uint32_t r = 0; all && r < sd->world; r++) {
+		ret = wex__layout_rank(m, &sd->spec, r, &sd->l[r], err, errlen);
+		if (ret < 0)
+			return ret;
+	}
+	return 0;
+}
+
+static void side_free(struct side *sd)
+{
+	for (uint32_t r = 0; sd->l && r < sd->world; r++)
+		wex__rank_layout_free(&sd->l[r]);
+	free(sd->l);
+	sd->l = NULL;
+}
+
+int wexctl_cmd_plan(int argc, char **argv)
+{
+	struct opts o;
+	struct wex_model *m = NULL;
+	struct side src = { 0 }, dst = { 0 };
+	struct wex_plan_src *srcs = NULL;
+	struct wex_plan_dst *dsts = NULL;
+	struct wex_plan **plans = NULL;
+	struct wex_planner *pl = NULL;
+	struct wex_plan_stats st;
+	char err[1024] = "";
+	uint32_t first = 0, count = 0;
+	int ret, rc = 1;
+
+	if (parse_opts(argc, argv, &o) < 0 || o.npos)
+		return usage("plan");
+	ret = wex__model_load(o.config, o.adapters, &m, err, sizeof(err));
+	if (ret < 0)
+		goto fail;
+	ret = side_load(m, o.from, &src, 1, err, sizeof(err));
+	if (ret < 0)
+		goto fail;
+	ret = side_load(m, o.to, &dst, 0, err, sizeof(err));
+	if (ret < 0)
+		goto fail;
+	count = dst.world;
+	if (o.rank >= 0) {
+		if ((uint64_t)o.rank >= dst.world) {
+			seterr(err, sizeof(err), "--rank %ld: the destination has %u ranks", o.rank,
+				 dst.world);
+			goto fail;
+		}
+		first = (uint32_t)o.rank;
+		count = 1;
+	}
+	/* Consumer ranks are laid out and planned in batches on one planner:
+	 * the load carried between batches keeps the balance global while
+	 * memory stays bounded for thousands of ranks. */
+	uint32_t batch = count < PLAN_BATCH ? count : PLAN_BATCH;
+	dsts = calloc(batch, sizeof(*dsts));
+	plans = calloc(batch, sizeof(*plans));
+	srcs = calloc(src.world, sizeof(*srcs));
+	if (!srcs || !dsts || !plans) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	uint64_t src_hash = 1469598103934665603ull, dst_hash = 1469598103934665603ull;
+	for (uint32_t r = 0; r < src.world; r++) {
+		srcs[r] = (struct wex_plan_src){ r, src.l[r].p, src.l[r].np };
+		src_hash = (src_hash ^ wex__pieces_hash(src.l[r].p, src.l[r].np)) * 1099511628211ull;
+	}
+	double t0 = now(), secs;
+	ret = wex__planner_new(srcs, src.world, &pl, err, sizeof(err));
+	if (ret < 0)
+		goto fail;
+	secs = now() - t0;
+	uint64_t plan_hash = 1469598103934665603ull, busiest_dst = 0;
+	for (uint32_t b0 = 0; b0 < count; b0 += batch) {
+		uint32_t n = count - b0 < batch ? count - b0 : batch;
+
+		for (uint32_t i = 0; i < n; i++) {
+			uint32_t r = first + b0 + i;
+
+			ret = wex__layout_rank(m, &dst.spec, r, &dst.l[r], err, sizeof(err));
+			if (ret < 0)
+				goto fail;
+			dsts[i] = (struct wex_plan_dst){ r, dst.l[r].p, dst.l[r].np };
+			dst_hash = (dst_hash ^ wex__pieces_hash(dsts[i].t, dsts[i].n)) * 1099511628211ull;
+		}
+		t0 = now();
+		if (count == 1)
+			ret = wex__planner_plan(pl, dsts[0].t, dsts[0].n, first, dst.world, &plans[0],
+						err, sizeof(err));
+		else
+			ret = wex__planner_plan_group(pl, dsts, n, dst.world, plans, err, sizeof(err));
+		if (ret < 0)
+			goto fail;
+		secs += now() - t0;
+		for (uint32_t i = 0; i < n; i++) {
+			plan_hash = (plan_hash ^ plans[i]->hash) * 1099511628211ull;
+			if (plans[i]->stats.bytes_needed > busiest_dst)
+				busiest_dst = plans[i]->stats.bytes_needed;
+			wex__plan_free(plans[i]);
+			plans[i] = NULL;
+			wex__rank_layout_free(&dst.l[first + b0 + i]);
+		}
+	}
+	wex__planner_stats(pl, &st);
+	double ratio = st.src_bound_bytes ? (double)st.busiest_src_bytes / (double)st.src_bound_bytes : 1.0;
+	uint64_t link = st.busiest_src_bytes > busiest_dst ? st.busiest_src_bytes : busiest_dst;
+	double est = (double)link / (LINK_GBPS * 1e9);
+	if (o.json) {
+		printf("{\"family\":\"%s\",\"from\":\"%s\",\"to\":\"%s\",\"producer_ranks\":%u,"
+		       "\"consumer_ranks\":%u,\"planned_ranks\":%u,\"bytes_needed\":%llu,"
+		       "\"bytes_moved\":%llu,\"ops\":%llu,\"busiest_src_rank\":%u,"
+		       "\"busiest_src_bytes\":%llu,\"src_bound_bytes\":%llu,"
+		       "\"busiest_link_vs_bound\":%.4f,\"busiest_dst_bytes\":%llu,"
+		       "\"est_sync_seconds\":%.4f,\"plan_seconds\":%.4f,\"plan_hash\":\"%016llx\","
+		       "\"producer_layout_hash\":\"%016llx\",\"consumer_layout_hash\":\"%016llx\"}\n",
+		       wex__model_family(m), o.from, o.to, src.world, dst.world, count,
+		       (unsigned long long)st.bytes_needed, (unsigned long long)st.bytes_moved,
+		       (unsigned long long)st.ops, st.busiest_src, (unsigned long long)st.busiest_src_bytes,
+		       (unsigned long long)st.src_bound_bytes, ratio, (unsigned long long)busiest_dst, est,
+		       secs, (unsigned long long)plan_hash, (unsigned long long)src_hash,
+		       (unsigned long long)dst_hash);
+	} else {
+		printf("model family        %s\n", wex__model_family(m));
+		printf("from                %s (%u ranks)\n", o.from, src.world);
+		printf("to                  %s (%u ranks; planned %s)\n", o.to, dst.world,
+		       count == 1 ? "one rank" : "all ranks, balanced as a group");
+		printf("bytes needed        %llu\n", (unsigned long long)st.bytes_needed);
+		printf("bytes moved         %llu (%s)\n", (unsigned long long)st.bytes_moved,
+		       st.bytes_moved == st.bytes_needed ? "zero redundancy" : "REDUNDANT");
+		printf("copy ops            %llu\n", (unsigned long long)st.ops);
+		printf("busiest source      rank %u: %llu bytes; lower bound %llu (%.3fx)\n",
+		       st.busiest_src, (unsigned long long)st.busiest_src_bytes,
+		       (unsigned long long)st.src_bound_bytes, ratio);
+		printf("busiest destination %llu bytes\n", (unsigned long long)busiest_dst);
+		printf("est. sync time      %.3f s at %.0f GB/s per GPU link\n", est, LINK_GBPS);
+		printf("plan time           %.3f s\n", secs);
+		printf("plan hash           %016llx (layouts %016llx -> %016llx)\n",
+		       (unsigned long long)plan_hash, (unsigned long long)src_hash,
+		       (unsigned long long)dst_hash);
+	}
+	rc = 0;
+	goto out;
+fail:
+	fprintf(stderr, "wexctl plan: %s\n", err[0] ? err : wex_strerror(ret));
+out:
+	for (uint32_t i = 0; plans && i < count && i < PLAN_BATCH; i++)
+		wex__plan_free(plans[i]);
+	free(plans);
+	free(dsts);
+	free(srcs);
+	wex__planner_free(pl);
+	side_free(&src);
+	side_free(&dst);
+	wex__model_free(m);
+	return rc;
+}
+
+/* ---- convert ---- */
+
+struct rank_files {
+	struct wex_st_file *f;
+	size_t n;
+};
+
+static int add_file(struct rank_files *rf, const char *path, char *err, size_t errlen)
+{
+	struct wex_st_file *x = realloc(rf->f, (rf->n + 1) * sizeof(*x));
+
+	if (!x)
+		return -ENOMEM;
+	rf->f = x;
+	return wex__st_open(path, &rf->f[rf->n++], err, errlen) < 0 ? (rf->n--, -EINVAL) : 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The files of each source rank: a file (one rank), rank-K.safetensors,
+ * an HF index, or every *.safetensors of a directory (one rank). */
+static int open_inputs(const char *in, uint32_t world, struct rank_files *rf, char *err,
+		       size_t errlen)
+{
+	struct stat st;
+	char path[4096];
+	int ret;
+
+	if (stat(in, &st) < 0) {
+		seterr(err, errlen, "%s: %s", in, strerror(errno));
+		return -errno;
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		if (world != 1)
+			goto one_rank;
+		return add_file(&rf[0], in, err, errlen);
+	}
+	snprintf(path, sizeof(path), "%s/rank-0.safetensors", in);
+	if (stat(path, &st) == 0) {
+		for (uint32_t r = 0; r < world; r++) {
+			snprintf(path, sizeof(path), "%s/rank-%u.safetensors", in, r);
+			ret = add_file(&rf[r], path, err, errlen);
+			if (ret < 0)
+				return ret;
+		}
+		snprintf(path, sizeof(path), "%s/rank-%u.safetensors", in, world);
+		if (stat(path, &st) == 0) {
+			seterr(err, errlen, "%s holds more than the source layout's %u ranks", in, world);
+			return -EINVAL;
+		}
+		return 0;
+	}
+	if (world != 1)
+		goto one_rank;
+	snprintf(path, sizeof(path), "%s/model.safetensors.index.json", in);
+	if (stat(path, &st) == 0) {
+		json_error_t je;
+		json_t *idx = json_load_file(path, 0, &je), *v;
+		const char *k, *names[4096];
+		size_t nn = 0;
+
+		if (!idx || !json_is_object(json_object_get(idx, "weight_map"))) {
+			seterr(err, errlen, "%s: not an index (%s)", path, idx ? "no weight_map" : je.text);
+			json_decref(idx);
+			return -EINVAL;
+		}
+		json_object_foreach(json_object_get(idx, "weight_map"), k, v) {
+			const char *fn = json_string_value(v);
+			int seen = 0;
+
+			if (!fn || strchr(fn, '/')) {
+				seterr(err, errlen, "%s: bad file name for %s", path, k);
+				json_decref(idx);
+				return -EINVAL;
+			}
+			for (size_t i = 0; i < nn; i++)
+				if (!strcmp(names[i], fn))
+					seen = 1;
+			if (!seen && nn < 4096)
+				names[nn++] = fn;
+		}
+		qsort(names, nn, sizeof(names[0]), cmp_str);
+		for (size_t i = 0; i < nn; i++) {
+			snprintf(path, sizeof(path), "%s/%s", in, names[i]);
+			ret = add_file(&rf[0], path, err, errlen);
+			if (ret < 0) {
+				json_decref(idx);
+				return ret;
+			}
+		}
+		json_decref(idx);
+		return 0;
+	}
+	{
+		DIR *d = opendir(in);
+		struct dirent *e;
+		char **names = NULL;
+		size_t nn = 0;
+
+		if (!d) {
+			seterr(err, errlen, "%s: %s", in, strerror(errno));
+			return -errno;
+		}
+		while ((e = readdir(d))) {
+			size_t l = strlen(e->d_name);
+
+			if (l > 12 && !strcmp(e->d_name + l - 12, ".safetensors")) {
+				char **x = realloc(names, (nn + 1) * sizeof(*names));
+
+				if (!x)
+					break;
+				names = x;
+				names[nn++] = strdup(e->d_name);
+			}
+		}
+		closedir(d);
+		qsort(names, nn, sizeof(*names), cmp_str);
+		ret = nn ? 0 : -ENOENT;
+		if (!nn)
+			seterr(err, errlen, "%s holds no .safetensors file", in);
+		for (size_t i = 0; i < nn; i++) {
+			snprintf(path, sizeof(path), "%s/%s", in, names[i]);
+			if (ret == 0)
+				ret = add_file(&rf[0], path, err, errlen);
+			free(names[i]);
+		}
+		free(names);
+		return ret;
+	}
+one_rank:
+	seterr(err, errlen, "the source layout has %u ranks but %s is one checkpoint "
+		 "(a sharded source is a directory of rank-K.safetensors)", world, in);
+	return -EINVAL;
+}
+
+static const struct wex_st_tensor *find_in(const struct rank_files *rf, const char *name)
+{
+	for (size_t i = 0; i < rf->n; i++) {
+		const struct wex_st_tensor *t = wex__st_find(&rf->f[i], name);
+
+		if (t)
+			return t;
+	}
+	return NULL;
+}
+
+struct bases {
+	uint64_t **b; /* [rank][physical tensor] */
+	uint32_t n;
+};
+
+static uint64_t base_of(void *arg, uint32_t rank, uint32_t seg)
+{
+	struct bases *b = arg;
+
+	return rank < b->n ? b->b[rank][seg] : 0;
+}
+
+int wexctl_cmd_convert(int argc, char **argv)
+{
+	struct opts o;
+	struct wex_model *m = NULL;
+	struct side src = { 0 }, dst = { 0 };
+	struct rank_files *rf = NULL;
+	struct wex_plan_src *srcs = NULL;
+	struct wex_planner *pl = NULL;
+	struct bases bs = { 0 };
+	char err[1024] = "";
+	int ret = 0, rc = 1;
+
+	if (parse_opts(argc, argv, &o) < 0 || o.npos != 2)
+		return usage("convert");
+	ret = wex__model_load(o.config, o.adapters, &m, err, sizeof(err));
+	if (ret < 0)
+		goto fail;
+	{
+		struct wex_layout_spec s;
+
+		ret = wex__layout_parse(o.from, &s, err, sizeof(err));
+		if (ret < 0)
+			goto fail;
+		ret = wex__layout_world(m, &s, &src.world, err, sizeof(err));
+		if (ret < 0)
+			goto fail;
+	}
+	rf = calloc(src.world, sizeof(*rf));
+	if (!rf) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	ret = open_inputs(o.pos[0], src.world, rf, err, sizeof(err));
+	if (ret < 0)
+		goto fail;
+	/* The checkpoint's own dtype wins over config.json's torch_dtype. */
+	if (rf[0].n && rf[0].f[0].n)
+		wex__model_set_dtype(m, rf[0].f[0].t[0].dtype);
+	ret = side_load(m, o.from, &src, 1, err, sizeof(err));
+	if (ret < 0)
+		goto fail;
+	ret = side_load(m, o.to, &dst, 0, err, sizeof(err));
+	if (ret < 0)
+		goto fail;
+	srcs = calloc(src.world, sizeof(*srcs));
+	bs.b = calloc(src.world, sizeof(*bs.b));
+	bs.n = src.world;
+	if (!srcs || !bs.b) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	for (uint32_t r = 0; r < src.world; r++) {
+		const struct wex_rank_layout *l = &src.l[r];
+
+		bs.b[r] = calloc(l->nt + 1, sizeof(uint64_t));
+		if (!bs.b[r]) {
+			ret = -ENOMEM;
+			goto fail;
+		}
+		for (size_t i = 0; i < l->nt; i++) {
+			const struct wex_st_tensor *t = find_in(&rf[r], l->t[i].name);
+
+			if (!t) {
+				seterr(err, sizeof(err), "source rank %u lacks %s", r, l->t[i].name);
+				ret = -WEX_ELAYOUT;
+				goto fail;
+			}
+			if (t->dtype != l->t[i].dtype || t->ndim != l->t[i].ndim ||
+			    memcmp(t->shape, l->t[i].shape, t->ndim * sizeof(uint64_t))) {
+				seterr(err, sizeof(err),
+					 "source rank %u: %s is %s with %u dims, the layout expects %s %llu x ... (%u dims)",
+					 r, t->name, wex_dtype_name(t->dtype), t->ndim,
+					 wex_dtype_name(l->t[i].dtype),
+					 (unsigned long long)l->t[i].shape[0], l->t[i].ndim);
+				ret = -WEX_ELAYOUT;
+				goto fail;
+			}
+			bs.b[r][i] = (uint64_t)(uintptr_t)t->data;
+		}
+		srcs[r] = (struct wex_plan_src){ r, l->p, l->np };
+	}
+	ret = wex__planner_new(srcs, src.world, &pl, err, sizeof(err));
+	if (ret < 0)
+		goto fail;
+	if (mkdir(o.pos[1], 0755) < 0 && errno != EEXIST) {
+		seterr(err, sizeof(err), "%s: %s", o.pos[1], strerror(errno));
+		ret = -errno;
+		goto fail;
+	}
+	uint64_t total = 0;
+	for (uint32_t r = 0; r < dst.world; r++) {
+		struct wex_rank_layout *l = &dst.l[r];
+		struct wex_st_tensor *out = NULL;
+		struct wex_tensor *pieces = NULL;
+		struct wex_plan *p = NULL;
+		char path[4096];
+
+		ret = wex__layout_rank(m, &dst.spec, r, l, err, sizeof(err));
+		if (ret < 0)
+			goto fail;
+		out = calloc(l->nt + 1, sizeof(*out));
+		pieces = calloc(l->np + 1, sizeof(*pieces));
+		ret = -ENOMEM;
+		if (!out || !pieces)
+			goto rank_out;
+		for (size_t i = 0; i < l->nt; i++) {
+			snprintf(out[i].name, sizeof(out[i].name), "%s", l->t[i].name);
+			out[i].dtype = l->t[i].dtype;
+			out[i].ndim = l->t[i].ndim;
+			memcpy(out[i].shape, l->t[i].shape, sizeof(out[i].shape));
+			/* Zeroed: padding rows (vocabulary) read as zeros. */
+			out[i].data = calloc(1, l->t[i].nbytes ? l->t[i].nbytes : 1);
+			if (!out[i].data)
+				goto rank_out;
+		}
+		for (size_t i = 0; i < l->np; i++) {
+			pieces[i] = l->p[i];
+			pieces[i].ptr = (char *)(uintptr_t)out[l->p[i].segment].data + l->p[i].offset;
+		}
+		ret = wex__planner_plan(pl, pieces, l->np, r, dst.world, &p, err, sizeof(err));
+		if (ret < 0)
+			goto rank_out;
+		ret = wex__plan_exec_host(p, base_of, &bs, pieces, 2);
+		if (ret < 0) {
+			seterr(err, sizeof(err), "copy failed: %s", strerror(-ret));
+			goto rank_out;
+		}
+		total += p->stats.bytes_moved;
+		snprintf(path, sizeof(path), "%s/rank-%u.safetensors", o.pos[1], r);
+		ret = wex__st_write(path, out, l->nt, err, sizeof(err));
+rank_out:
+		wex__plan_free(p);
+		for (size_t i = 0; out && i < l->nt; i++)
+			free((void *)(uintptr_t)out[i].data);
+		free(out);
+		free(pieces);
+		wex__rank_layout_free(l);
+		if (ret < 0)
+			goto fail;
+	}
+	printf("converted %s (%s, %u ranks) to %s (%s, %u ranks): %llu bytes copied\n", o.pos[0],
+	       o.from, src.world, o.pos[1], o.to, dst.world, (unsigned long long)total);
+	rc = 0;
+	goto out;
+fail:
+	fprintf(stderr, "wexctl convert: %s\n", err[0] ? err : wex_strerror(ret));
+out:
+	wex__planner_free(pl);
+	for (uint32_t r = 0; bs.b && r < bs.n; r++)
+		free(bs.b[r]);
+	free(bs.b);
+	free(srcs);
+	for (uint32_t r = 0; rf && r < src.world; r++) {
+		for (size_t i = 0; i < rf[r].n; i++)
+			wex__st_close(&rf[r].f[i]);
+		free(rf[r].f);
+	}
+	free(rf);
+	side_free(&src);
+	side_free(&dst);
+	wex__model_free(m);
+	return rc;
+}

@@ -1,0 +1,102 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuda_ipc_test.c - legacy CUDA IPC segments (label gpu; 77 without a
+ * device).
+ *   same_process  importing our own handle uses our pointer (no open,
+ *                 which the driver would refuse)
+ *   open_once     another process imports the same handle twice: one open,
+ *                 the same pointer, still readable after the first release,
+ *                 reopened after the last; a sub-allocation travels as
+ *                 base handle + offset
+ *   vmm_refused   wrap of VMM memory fails loudly
+ */
+#include "gpu_util.h"
+
+enum { OP_SEG = 1, OP_SUB, OP_DONE };
+
+static const struct wex_mem_ops *ipc;
+
+static void same_process(void)
+{
+	struct wex_mem_seg a, b, c;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	CHECK_OK(ipc->alloc(1u << 20, 0, &a));
+	CHECK(a.desc.handle_len == 64 && a.fd == -1);
+	dev_fill((uint64_t)(uintptr_t)a.ptr, 1u << 20, 4);
+	CHECK_OK(ipc->import(&a.desc, -1, &b));
+	CHECK(b.ptr == a.ptr);
+	CHECK(dev_check((uint64_t)(uintptr_t)b.ptr, 1u << 20, 4, 0));
+	CHECK_OK(ipc->release(&b));
+	/* The exporter's memory is untouched by the importer's release. */
+	CHECK(dev_check((uint64_t)(uintptr_t)a.ptr, 1u << 20, 4, 0));
+	CHECK_OK(ipc->wrap((char *)a.ptr + 4096, 8192, -1, &c));
+	CHECK(c.desc.handle_offset == 4096 && memcmp(c.desc.handle, a.desc.handle, 64) == 0);
+	CHECK_OK(ipc->release(&c));
+	CHECK_OK(ipc->release(&a));
+}
+
+static void producer(int sock)
+{
+	struct wex_mem_seg a, sub;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	CHECK_OK(ipc->alloc(4u << 20, 0, &a));
+	dev_fill((uint64_t)(uintptr_t)a.ptr, 4u << 20, 6);
+	CHECK_OK(ipc->wrap((char *)a.ptr + (1u << 20), 1u << 20, -1, &sub));
+	CHECK(sub.desc.handle_offset == (1u << 20));
+	tsend(sock, OP_SEG, &a.desc, 0, -1);
+	tsend(sock, OP_SUB, &sub.desc, 0, -1);
+	trecv(sock, OP_DONE, NULL);
+	CHECK_OK(ipc->release(&sub));
+	CHECK_OK(ipc->release(&a));
+}
+
+static void consumer(int sock)
+{
+	struct wex_mem_seg x, y, z;
+	struct tmsg m = trecv(sock, OP_SEG, NULL);
+	struct tmsg ms = trecv(sock, OP_SUB, NULL);
+	int before = fd_count();
+
+	CHECK_OK(ipc->import(&m.desc, -1, &x));
+	CHECK_OK(ipc->import(&m.desc, -1, &y));
+	CHECK(x.ptr == y.ptr);
+	CHECK_OK(ipc->import(&ms.desc, -1, &z));
+	CHECK((char *)z.ptr == (char *)x.ptr + (1u << 20));
+	CHECK(dev_check((uint64_t)(uintptr_t)z.ptr, 1u << 20, 6, 1u << 20));
+	CHECK_OK(ipc->release(&x));
+	CHECK(dev_check((uint64_t)(uintptr_t)y.ptr, 4u << 20, 6, 0));
+	CHECK_OK(ipc->release(&y));
+	CHECK_OK(ipc->release(&z));
+	/* Fully closed; a new import opens again. */
+	CHECK_OK(ipc->import(&m.desc, -1, &x));
+	CHECK(dev_check((uint64_t)(uintptr_t)x.ptr, 4096, 6, 0));
+	CHECK_OK(ipc->release(&x));
+	CHECK(fd_count() == before);
+	tsend(sock, OP_DONE, NULL, 0, -1);
+}
+
+static void vmm_refused(void)
+{
+	const struct wex_mem_ops *vmm = wex_mem_backend(WEX_MEM_CUDA_VMM);
+	struct wex_mem_seg v, s;
+
+	CHECK_OK(vmm->alloc(2u << 20, 0, &v));
+	CHECK(ipc->wrap(v.ptr, 2u << 20, -1, &s) < 0);
+	CHECK_OK(vmm->release(&v));
+}
+
+int main(void)
+{
+	int ret = 0;
+
+	gpu_require();
+	ipc = wex_mem_backend(WEX_MEM_CUDA_IPC);
+	CHECK(ipc);
+	ret |= run_one("same_process", same_process);
+	ret |= run_pair("open_once", producer, consumer);
+	ret |= run_one("vmm_refused", vmm_refused);
+	printf("%s\n", ret ? "FAIL" : "PASS");
+	return ret ? T_EXIT_FAIL : T_EXIT_PASS;
+}

@@ -1,0 +1,59 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuda_staging_test.c - pinned host staging (label gpu; 77 without a
+ * device): the producer copies device memory once into a pinned memfd and
+ * passes the fd; the consumer pins its own mapping of it and copies into
+ * its device memory.  fds do not leak on either side.
+ */
+#include "gpu_util.h"
+
+enum { OP_STAGED = 1, OP_DONE };
+
+#define SSZ ((32u << 20) + 17u)
+
+static void producer(int sock)
+{
+	struct wex__cuda_staging st;
+	CUdeviceptr d;
+	int before = fd_count();
+
+	CHECK_OK(wex__cuda_use_device(0));
+	CU_OK(wex__cu.cuMemAlloc(&d, SSZ));
+	dev_fill(d, SSZ, 8);
+	CHECK_OK(wex__cuda_staging_create(SSZ + 100, 0, &st));
+	CHECK_OK(wex__cuda_staging_d2h(&st, 100, d, SSZ));
+	CHECK(wex__cuda_staging_d2h(&st, 101, d, SSZ) == -EINVAL);
+	tsend(sock, OP_STAGED, NULL, SSZ + 100, st.fd);
+	trecv(sock, OP_DONE, NULL);
+	CHECK_OK(wex__cuda_staging_destroy(&st));
+	CU_OK(wex__cu.cuMemFree(d));
+	CHECK(fd_count() == before);
+}
+
+static void consumer(int sock)
+{
+	struct wex__cuda_staging st;
+	CUdeviceptr d;
+	int fd, before = fd_count();
+	struct tmsg m = trecv(sock, OP_STAGED, &fd);
+
+	CHECK(fd >= 0);
+	CHECK_OK(wex__cuda_staging_import(fd, m.a, 0, &st));
+	CU_OK(wex__cu.cuMemAlloc(&d, SSZ));
+	CHECK_OK(wex__cuda_staging_h2d(&st, 100, d, SSZ));
+	CHECK(dev_check(d, SSZ, 8, 0));
+	CU_OK(wex__cu.cuMemFree(d));
+	CHECK_OK(wex__cuda_staging_destroy(&st));
+	CHECK(fd_count() == before);
+	tsend(sock, OP_DONE, NULL, 0, -1);
+}
+
+int main(void)
+{
+	int ret;
+
+	gpu_require();
+	ret = run_pair("staging", producer, consumer);
+	printf("%s\n", ret ? "FAIL" : "PASS");
+	return ret ? T_EXIT_FAIL : T_EXIT_PASS;
+}

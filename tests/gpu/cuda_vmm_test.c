@@ -1,0 +1,317 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuda_vmm_test.c - cuda_vmm segments on a GPU (label gpu; exits 77 with
+ * the reason when there is no driver or device).  Two processes per case,
+ * joined by a socketpair that carries the descriptor and the fd
+ * (SCM_RIGHTS); no daemon.
+ *   export_import  alloc, export, import elsewhere, read back, in-place copy
+ *   leak_import    1000 import/release cycles: fd count and free memory steady
+ *   leak_alloc     1000 alloc/export/release cycles, same checks
+ *   killed         a consumer killed mid-copy leaves the producer healthy
+ *   wrap_chunks    wrap of foreign exportable memory (wex_cuda_alloc, and a
+ *                  two-chunk range like PyTorch expandable segments),
+ *                  chunk enumeration, multi-chunk import
+ */
+#include <signal.h>
+
+#include "gpu_util.h"
+
+enum { OP_SEG = 1, OP_DONE, OP_NEXT, OP_STARTED, OP_SEG2, OP_EVENT };
+
+static const struct wex_mem_ops *vmm;
+
+#define SZ ((8u << 20) + 123u)
+
+static void p_export(int sock)
+{
+	struct wex_mem_seg seg;
+	int before = fd_count();
+
+	CHECK_OK(wex__cuda_use_device(0));
+	CHECK_OK(vmm->alloc(SZ, 0, &seg));
+	CHECK(seg.desc.alloc_size >= SZ && seg.desc.size == SZ && seg.fd >= 0);
+	CHECK(strlen(seg.desc.device) >= 36);
+	printf("  device %s, allocation %llu bytes\n", seg.desc.device,
+	       (unsigned long long)seg.desc.alloc_size);
+	dev_fill((uint64_t)(uintptr_t)seg.ptr, SZ, 1);
+	tsend(sock, OP_SEG, &seg.desc, 0, seg.fd);
+	/* Ordering through an interprocess event (the alternative to a
+	 * stream sync before publishing). */
+	{
+		struct wex_mem_desc ed = { 0 };
+		void *ev;
+
+		CHECK_OK(wex__cuda_event_record(NULL, &ev, ed.handle));
+		tsend(sock, OP_EVENT, &ed, 0, -1);
+		trecv(sock, OP_DONE, NULL);
+		CHECK_OK(wex__cuda_event_destroy(ev));
+	}
+	/* Still ours and intact after the consumer let go. */
+	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, SZ, 1, 0));
+	CHECK_OK(vmm->release(&seg));
+	CHECK(fd_count() == before);
+}
+
+static void c_import(int sock)
+{
+	struct wex_mem_seg seg;
+	struct wex_copy_op op;
+	CUdeviceptr dst;
+	int fd, before = fd_count();
+	struct tmsg m = trecv(sock, OP_SEG, &fd);
+
+	CHECK(fd >= 0);
+	CHECK_OK(vmm->import(&m.desc, fd, &seg));
+	m = trecv(sock, OP_EVENT, NULL);
+	CHECK_OK(wex__cuda_event_wait(m.desc.handle, NULL, 0));
+	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, SZ, 1, 0));
+	/* In-place copy through the executor into a buffer of ours. */
+	CU_OK(wex__cu.cuMemAlloc(&dst, SZ));
+	op = (struct wex_copy_op){ .src = (uint64_t)(uintptr_t)seg.ptr, .dst = dst, .len = SZ };
+	CHECK_OK(vmm->copy(&op, 1, 1));
+	CHECK(dev_check(dst, SZ, 1, 0));
+	CU_OK(wex__cu.cuMemFree(dst));
+	CHECK_OK(vmm->release(&seg));
+	CHECK(fd_count() == before);
+	tsend(sock, OP_DONE, NULL, 0, -1);
+}
+
+#define CYCLES 1000
+
+static void p_leak(int sock)
+{
+	struct wex_mem_seg seg;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	CHECK_OK(vmm->alloc(2u << 20, 0, &seg));
+	dev_fill((uint64_t)(uintptr_t)seg.ptr, 4096, 3);
+	for (int i = 0; i < CYCLES; i++) {
+		trecv(sock, OP_NEXT, NULL);
+		tsend(sock, OP_SEG, &seg.desc, 0, seg.fd);
+	}
+	trecv(sock, OP_DONE, NULL);
+	CHECK_OK(vmm->release(&seg));
+}
+
+static void c_leak(int sock)
+{
+	uint64_t free0 = 0;
+	int fds0 = 0;
+
+	for (int i = 0; i < CYCLES; i++) {
+		struct wex_mem_seg seg;
+		struct tmsg m;
+		int fd;
+
+		tsend(sock, OP_NEXT, NULL, 0, -1);
+		m = trecv(sock, OP_SEG, &fd);
+		CHECK_OK(vmm->import(&m.desc, fd, &seg));
+		if (i % 100 == 0)
+			CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, 4096, 3, 0));
+		CHECK_OK(vmm->release(&seg));
+		if (i == 0) {
+			fds0 = fd_count();
+			free0 = mem_free();
+		}
+	}
+	printf("  consumer: fds %d -> %d, free %llu -> %llu MiB\n", fds0, fd_count(),
+	       (unsigned long long)(free0 >> 20), (unsigned long long)(mem_free() >> 20));
+	CHECK(fd_count() == fds0);
+	/* Another process shares the GPU: allow its noise, not a leak of
+	 * 1000 x 2 MiB. */
+	CHECK(mem_free() + (64u << 20) >= free0);
+	tsend(sock, OP_DONE, NULL, 0, -1);
+}
+
+static void leak_alloc(void)
+{
+	uint64_t free0 = 0;
+	int fds0 = 0;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	for (int i = 0; i < CYCLES; i++) {
+		struct wex_mem_seg seg;
+
+		CHECK_OK(vmm->alloc(2u << 20, 0, &seg));
+		CHECK_OK(vmm->release(&seg));
+		if (i == 0) {
+			fds0 = fd_count();
+			free0 = mem_free();
+		}
+	}
+	printf("  fds %d -> %d, free %llu -> %llu MiB\n", fds0, fd_count(),
+	       (unsigned long long)(free0 >> 20), (unsigned long long)(mem_free() >> 20));
+	CHECK(fd_count() == fds0);
+	CHECK(mem_free() + (64u << 20) >= free0);
+}
+
+#define BIG (64u << 20)
+
+static int killed(void)
+{
+	int sv[2], fd, st;
+	pid_t pc;
+
+	printf("killed\n");
+	fflush(stdout);
+	pair(sv);
+	pc = fork();
+	CHECK(pc >= 0);
+	if (pc == 0) {
+		/* Consumer: import, queue many copies, report, and wait to die. */
+		struct wex_mem_seg seg;
+		struct tmsg m;
+		CUdeviceptr dst;
+
+		close(sv[0]);
+		m = trecv(sv[1], OP_SEG, &fd);
+		CHECK_OK(vmm->import(&m.desc, fd, &seg));
+		CU_OK(wex__cu.cuMemAlloc(&dst, BIG));
+		for (int i = 0; i < 200; i++) {
+			struct wex_copy_op op = { .src = (uint64_t)(uintptr_t)seg.ptr, .dst = dst,
+						  .len = BIG };
+
+			CHECK_OK(wex__cuda_copy_async(&op, 1, 0));
+		}
+		tsend(sv[1], OP_STARTED, NULL, (uint64_t)getpid(), -1);
+		for (;;)
+			pause();
+	}
+	close(sv[1]);
+	pid_t pp = fork();
+
+	CHECK(pp >= 0);
+	if (pp == 0) {
+		struct wex_mem_seg seg, seg2;
+		char c;
+
+		CHECK_OK(wex__cuda_use_device(0));
+		CHECK_OK(vmm->alloc(BIG, 0, &seg));
+		dev_fill((uint64_t)(uintptr_t)seg.ptr, BIG, 5);
+		tsend(sv[0], OP_SEG, &seg.desc, 0, seg.fd);
+		struct tmsg m = trecv(sv[0], OP_STARTED, NULL);
+
+		CHECK(kill((pid_t)m.a, SIGKILL) == 0);
+		/* EOF on the socket: the consumer is gone. */
+		CHECK(read(sv[0], &c, 1) == 0);
+		CU_OK(wex__cu.cuCtxSynchronize());
+		CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, BIG, 5, 0));
+		CHECK_OK(vmm->alloc(BIG, 0, &seg2));
+		CHECK_OK(vmm->release(&seg2));
+		CHECK_OK(vmm->release(&seg));
+		fflush(NULL);
+		_exit(0);
+	}
+	close(sv[0]);
+	waitpid(pc, &st, 0);
+	CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	int ret = wait_ok(pp, "producer");
+
+	printf("killed: %s\n", ret ? "FAIL" : "ok");
+	return ret;
+}
+
+static void p_wrap(int sock)
+{
+	CUmemAllocationProp prop = {
+		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+	};
+	CUmemAccessDesc acc = {
+		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+		.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+	};
+	CUmemGenericAllocationHandle h[2];
+	struct wex__cuda_chunk ch[4];
+	struct wex_mem_seg w, w0, w1, tmp;
+	struct wex_mem_desc d;
+	uint64_t base, size;
+	CUdeviceptr va;
+	size_t g, n = 0;
+	char *p;
+	int fd;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	/* 1. Memory from the pluggable-allocator entry point. */
+	p = wex_cuda_alloc((4u << 20) + 5, 0, NULL);
+	CHECK(p);
+	CHECK_OK(wex__cuda_alloc_lookup(p + 100, &base, &size, &d, &fd));
+	CHECK(base == (uint64_t)(uintptr_t)p && size >= (4u << 20) + 5 && fd >= 0);
+	close(fd);
+	dev_fill((uint64_t)(uintptr_t)p, 4u << 20, 7);
+	CHECK_OK(vmm->wrap(p + 4096, 1u << 20, -1, &w));
+	CHECK(w.desc.handle_offset == 4096 && w.fd >= 0 && w.owner == 0);
+	tsend(sock, OP_SEG, &w.desc, 0, w.fd);
+	trecv(sock, OP_DONE, NULL);
+	CHECK_OK(vmm->release(&w));
+	wex_cuda_free(p, (4u << 20) + 5, 0, NULL);
+
+	/* 2. Two allocations mapped back to back, as expandable segments do. */
+	CU_OK(wex__cu.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+	CU_OK(wex__cu.cuMemAddressReserve(&va, 2 * g, g, 0, 0));
+	for (int i = 0; i < 2; i++) {
+		CU_OK(wex__cu.cuMemCreate(&h[i], g, &prop, 0));
+		CU_OK(wex__cu.cuMemMap(va + i * g, g, 0, h[i], 0));
+	}
+	CU_OK(wex__cu.cuMemSetAccess(va, 2 * g, &acc, 1));
+	dev_fill(va, 2 * g, 9);
+	CHECK_OK(wex__cuda_vmm_chunks((void *)(uintptr_t)(va + 100), 2 * g - 200, ch, 4, &n));
+	printf("  chunks: %zu (%#llx+%llu@%llu, ...)\n", n, (unsigned long long)ch[0].base,
+	       (unsigned long long)ch[0].size, (unsigned long long)ch[0].offset);
+	CHECK(n == 2 && ch[0].base == va && ch[0].offset == 100 && ch[1].base == va + g &&
+	      ch[1].offset == 0);
+	CHECK(vmm->wrap((void *)(uintptr_t)(va + 100), 2 * g - 200, -1, &tmp) == -E2BIG);
+	CHECK_OK(vmm->wrap((void *)(uintptr_t)(va + 100), g - 100, -1, &w0));
+	CHECK_OK(vmm->wrap((void *)(uintptr_t)(va + g), g - 100, -1, &w1));
+	tsend(sock, OP_SEG, &w0.desc, 0, w0.fd);
+	tsend(sock, OP_SEG2, &w1.desc, 0, w1.fd);
+	trecv(sock, OP_DONE, NULL);
+	CHECK_OK(vmm->release(&w0));
+	CHECK_OK(vmm->release(&w1));
+	CU_OK(wex__cu.cuMemUnmap(va, g));
+	CU_OK(wex__cu.cuMemUnmap(va + g, g));
+	CU_OK(wex__cu.cuMemRelease(h[0]));
+	CU_OK(wex__cu.cuMemRelease(h[1]));
+	CU_OK(wex__cu.cuMemAddressFree(va, 2 * g));
+}
+
+static void c_wrap(int sock)
+{
+	struct wex_mem_desc ds[2];
+	struct wex_mem_seg seg;
+	struct tmsg m;
+	int fds[2];
+
+	m = trecv(sock, OP_SEG, &fds[0]);
+	CHECK_OK(vmm->import(&m.desc, fds[0], &seg));
+	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, 1u << 20, 7, 4096));
+	CHECK_OK(vmm->release(&seg));
+	tsend(sock, OP_DONE, NULL, 0, -1);
+
+	m = trecv(sock, OP_SEG, &fds[0]);
+	ds[0] = m.desc;
+	m = trecv(sock, OP_SEG2, &fds[1]);
+	ds[1] = m.desc;
+	CHECK_OK(wex__cuda_vmm_import_chunks(ds, fds, 2, &seg));
+	CHECK(seg.desc.size == ds[0].alloc_size + ds[1].alloc_size - 100);
+	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, seg.desc.size - 100, 9, 100));
+	CHECK_OK(vmm->release(&seg));
+	tsend(sock, OP_DONE, NULL, 0, -1);
+}
+
+int main(void)
+{
+	int ret = 0;
+
+	gpu_require();
+	vmm = wex_mem_backend(WEX_MEM_CUDA_VMM);
+	CHECK(vmm);
+	ret |= run_pair("export_import", p_export, c_import);
+	ret |= run_pair("leak_import", p_leak, c_leak);
+	ret |= run_one("leak_alloc", leak_alloc);
+	ret |= killed();
+	ret |= run_pair("wrap_chunks", p_wrap, c_wrap);
+	printf("%s\n", ret ? "FAIL" : "PASS");
+	return ret ? T_EXIT_FAIL : T_EXIT_PASS;
+}

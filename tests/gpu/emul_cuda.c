@@ -1,0 +1,901 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * emul_cuda.c - a CPU emulation of the slice of the CUDA driver API that
+ * wex's CUDA backends use, loaded through $WEX_CUDA_LIB so that the GPU
+ * tests also run on machines without a GPU (ctest label "cuda", names
+ * ending in _emul).  It checks the backends' logic, not CUDA itself:
+ *
+ *  - "device memory" is host memory: cuMemCreate makes a memfd, cuMemMap
+ *    maps it MAP_SHARED into a PROT_NONE reservation with no access until
+ *    cuMemSetAccess (as on a GPU); exports dup the memfd; imports map the
+ *    received fd, so two processes really share the bytes;
+ *  - the rules the reference manual states are enforced: granularity,
+ *    mapping only reserved and unmapped ranges, unmapping whole mappings,
+ *    freeing reservations only when nothing is mapped, one legacy IPC open
+ *    per process and handle (a second one fails, as on older drivers), no
+ *    open of one's own handle (CUDA_ERROR_INVALID_CONTEXT), pitches not
+ *    below the row width; memory and fds are freed only when the last
+ *    handle and mapping go, so leaks in the backends show as fd counts;
+ *  - legacy IPC allocations are memfds; a handle names the exporter's pid
+ *    and fd, and an importer opens /proc/<pid>/fd/<fd>;
+ *  - copies are synchronous memcpy; the one kernel the tests load
+ *    (wex_copy_u32) runs on the CPU, and stream capture records launches
+ *    into a graph that cuGraphLaunch replays.
+ * What it cannot tell: real driver behaviour, performance, and anything
+ * about the PTX itself.  Not thread-safe (the tests are single-threaded).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cuda.h>
+
+#define API __attribute__((visibility("default")))
+#define GRAN (2ull << 20)
+#define TOTAL (64ull << 30)
+
+struct ealloc {
+	int fd;
+	uint64_t size;
+	int refs;      /* handles + mappings */
+	unsigned types;
+	int counted;   /* created here: counts in cuMemGetInfo */
+};
+
+struct range {
+	uint64_t va, size;
+	struct ealloc *a; /* mappings */
+	int kind;         /* 0 reservation, 1 mapping, 2 cuMemAlloc, 3 ipc open, 4 host reg */
+	char name[48];    /* IPC handle text (kinds 2, 3) */
+	int fd;
+};
+
+static struct range *rs;
+static size_t nrs, caprs;
+static uint64_t used;
+static unsigned seq;
+static __thread int ctx_current;
+
+static struct range *add_range(void)
+{
+	if (nrs == caprs) {
+		caprs = caprs ? caprs * 2 : 64;
+		rs = realloc(rs, caprs * sizeof(*rs));
+		if (!rs)
+			abort();
+	}
+	memset(&rs[nrs], 0, sizeof(rs[0]));
+	rs[nrs].fd = -1;
+	return &rs[nrs++];
+}
+
+static void del_range(struct range *r)
+{
+	*r = rs[--nrs];
+}
+
+static struct range *find_kind(uint64_t p, int kind)
+{
+	for (size_t i = 0; i < nrs; i++)
+		if (rs[i].kind == kind && p >= rs[i].va && p < rs[i].va + rs[i].size)
+			return &rs[i];
+	return NULL;
+}
+
+static struct range *find_any(uint64_t p)
+{
+	for (size_t i = 0; i < nrs; i++)
+		if (rs[i].kind != 0 && p >= rs[i].va && p < rs[i].va + rs[i].size)
+			return &rs[i];
+	return NULL;
+}
+
+static void unref(struct ealloc *a)
+{
+	if (--a->refs > 0)
+		return;
+	close(a->fd);
+	if (a->counted)
+		used -= a->size;
+	free(a);
+}
+
+static CUresult e_init(unsigned f)
+{
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_version(int *v)
+{
+	*v = 13000;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_errname(CUresult r, const char **s)
+{
+	static char buf[32];
+
+	snprintf(buf, sizeof(buf), "CUDA_ERROR_EMUL_%d", (int)r);
+	*s = buf;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_dev_get(CUdevice *d, int ord)
+{
+	if (ord != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*d = 0;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_dev_count(int *n)
+{
+	*n = 1;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_uuid(CUuuid *u, CUdevice d)
+{
+	for (int i = 0; i < 16; i++)
+		u->bytes[i] = (char)(0xa0 + i);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_attr(int *v, CUdevice_attribute a, CUdevice d)
+{
+	*v = a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED ||
+	     a == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_retain(CUcontext *c, CUdevice d)
+{
+	*c = (CUcontext)(uintptr_t)0x1000;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_set_cur(CUcontext c)
+{
+	ctx_current = c != NULL;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_get_cur(CUcontext *c)
+{
+	*c = ctx_current ? (CUcontext)(uintptr_t)0x1000 : NULL;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_ctx_dev(CUdevice *d)
+{
+	if (!ctx_current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*d = 0;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_ok(void)
+{
+	return ctx_current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+static CUresult e_gran(size_t *g, const CUmemAllocationProp *p, CUmemAllocationGranularity_flags f)
+{
+	*g = GRAN;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *p,
+			 unsigned long long flags)
+{
+	struct ealloc *a;
+	int fd;
+
+	if (!size || size % GRAN || p->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (p->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	if (used + size > TOTAL)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	fd = memfd_create("emul-vmm", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)size) < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	a = calloc(1, sizeof(*a));
+	a->fd = fd;
+	a->size = size;
+	a->refs = 1;
+	a->types = p->requestedHandleTypes;
+	a->counted = 1;
+	used += size;
+	*h = (CUmemGenericAllocationHandle)(uintptr_t)a;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_release(CUmemGenericAllocationHandle h)
+{
+	if (!h)
+		return CUDA_ERROR_INVALID_VALUE;
+	unref((struct ealloc *)(uintptr_t)h);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_reserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr hint,
+			  unsigned long long flags)
+{
+	uint64_t al = align ? align : GRAN, a;
+	char *m;
+	struct range *r;
+
+	if (!size || size % GRAN)
+		return CUDA_ERROR_INVALID_VALUE;
+	m = mmap(NULL, size + al, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (m == MAP_FAILED)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	a = ((uint64_t)(uintptr_t)m + al - 1) / al * al;
+	if (a > (uint64_t)(uintptr_t)m)
+		munmap(m, a - (uint64_t)(uintptr_t)m);
+	munmap((char *)(uintptr_t)(a + size), (uint64_t)(uintptr_t)m + size + al - (a + size));
+	r = add_range();
+	r->va = a;
+	r->size = size;
+	r->kind = 0;
+	*p = a;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_addr_free(CUdeviceptr p, size_t size)
+{
+	for (size_t i = 0; i < nrs; i++)
+		if (rs[i].kind == 0 && rs[i].va == p && rs[i].size == size) {
+			for (size_t k = 0; k < nrs; k++)
+				if (rs[k].kind == 1 && rs[k].va >= p && rs[k].va < p + size)
+					return CUDA_ERROR_INVALID_VALUE; /* still mapped */
+			munmap((void *)(uintptr_t)p, size);
+			del_range(&rs[i]);
+			return CUDA_SUCCESS;
+		}
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult e_map(CUdeviceptr p, size_t size, size_t off, CUmemGenericAllocationHandle h,
+		      unsigned long long flags)
+{
+	struct ealloc *a = (struct ealloc *)(uintptr_t)h;
+	struct range *res = find_kind(p, 0), *r;
+
+	if (!a || !res || p % GRAN || size % GRAN || off % GRAN || off + size > a->size ||
+	    p + size > res->va + res->size)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < nrs; i++)
+		if (rs[i].kind == 1 && rs[i].va < p + size && p < rs[i].va + rs[i].size)
+			return CUDA_ERROR_ALREADY_MAPPED;
+	if (mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, (off_t)off) ==
+	    MAP_FAILED)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	r = add_range();
+	r->va = p;
+	r->size = size;
+	r->kind = 1;
+	r->a = a;
+	a->refs++;
+	return CUDA_SUCCESS;
+}
+
+/* The whole range must consist of whole mappings. */
+static CUresult e_unmap(CUdeviceptr p, size_t size)
+{
+	uint64_t cur = p;
+
+	while (cur < p + size) {
+		struct range *r = find_kind(cur, 1);
+
+		if (!r || r->va != cur || r->va + r->size > p + size)
+			return CUDA_ERROR_INVALID_VALUE;
+		cur += r->size;
+	}
+	cur = p;
+	while (cur < p + size) {
+		struct range *r = find_kind(cur, 1);
+		struct ealloc *a = r->a;
+
+		cur += r->size;
+		del_range(r);
+		unref(a);
+	}
+	mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
+	     -1, 0);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_access(CUdeviceptr p, size_t size, const CUmemAccessDesc *d, size_t count)
+{
+	uint64_t cur = p;
+	int prot;
+
+	if (count != 1 || d->location.type != CU_MEM_LOCATION_TYPE_DEVICE || d->location.id != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	while (cur < p + size) {
+		struct range *r = find_kind(cur, 1);
+
+		if (!r)
+			return CUDA_ERROR_INVALID_VALUE; /* not fully mapped */
+		cur = r->va + r->size;
+	}
+	prot = d->flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE :
+	       d->flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? PROT_READ : PROT_NONE;
+	return mprotect((void *)(uintptr_t)p, size, prot) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+static CUresult e_export(void *out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType t,
+			 unsigned long long flags)
+{
+	struct ealloc *a = (struct ealloc *)(uintptr_t)h;
+	int fd;
+
+	if (t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	if (!(a->types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+		return CUDA_ERROR_INVALID_VALUE;
+	fd = dup(a->fd); /* not close-on-exec, like the driver's */
+	if (fd < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*(int *)out = fd;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_import(CUmemGenericAllocationHandle *h, void *os, CUmemAllocationHandleType t)
+{
+	int fd = (int)(uintptr_t)os;
+	struct ealloc *a;
+	struct stat st;
+
+	if (t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	if (fstat(fd, &st) < 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	a = calloc(1, sizeof(*a));
+	a->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	a->size = (uint64_t)st.st_size;
+	a->refs = 1;
+	a->types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	*h = (CUmemGenericAllocationHandle)(uintptr_t)a;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_retain_handle(CUmemGenericAllocationHandle *h, void *addr)
+{
+	struct range *r = find_kind((uint64_t)(uintptr_t)addr, 1);
+
+	if (!r)
+		return CUDA_ERROR_INVALID_VALUE;
+	r->a->refs++;
+	*h = (CUmemGenericAllocationHandle)(uintptr_t)r->a;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_props(CUmemAllocationProp *p, CUmemGenericAllocationHandle h)
+{
+	struct ealloc *a = (struct ealloc *)(uintptr_t)h;
+
+	*p = (CUmemAllocationProp){
+		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+		.requestedHandleTypes = (CUmemAllocationHandleType)a->types,
+		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+	};
+	return CUDA_SUCCESS;
+}
+
+/* VMM: the mapping holding p (one allocation); others: the allocation. */
+static CUresult e_addr_range(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+{
+	struct range *r = find_any(p);
+
+	if (!ctx_current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (!r || r->kind == 4)
+		return CUDA_ERROR_NOT_FOUND;
+	if (base)
+		*base = r->va;
+	if (size)
+		*size = r->size;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_info(size_t *f, size_t *t)
+{
+	*f = TOTAL - used;
+	*t = TOTAL;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_alloc(CUdeviceptr *p, size_t size)
+{
+	struct range *r;
+	void *m;
+	int fd;
+
+	if (!ctx_current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	/* A memfd, so that nothing outlives a killed process; importers open
+	 * it through /proc/<pid>/fd (same user, as CUDA IPC requires). */
+	fd = memfd_create("emul-ipc", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)size) < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	r = add_range();
+	r->va = (uint64_t)(uintptr_t)m;
+	r->size = size;
+	r->kind = 2;
+	r->fd = fd;
+	snprintf(r->name, sizeof(r->name), "wexemul:%d:%d:%u", (int)getpid(), fd, seq++);
+	used += size;
+	*p = r->va;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_free(CUdeviceptr p)
+{
+	struct range *r = find_kind(p, 2);
+
+	if (!r || r->va != p)
+		return CUDA_ERROR_INVALID_VALUE;
+	munmap((void *)(uintptr_t)p, r->size);
+	close(r->fd);
+	used -= r->size;
+	del_range(r);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_ptr_attr(void *data, CUpointer_attribute a, CUdeviceptr p)
+{
+	if (a != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL || !find_any(p))
+		return CUDA_ERROR_INVALID_VALUE;
+	*(int *)data = 0;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_ipc_get(CUipcMemHandle *h, CUdeviceptr p)
+{
+	struct range *r = find_kind(p, 2);
+
+	if (!r || r->va != p)
+		return CUDA_ERROR_INVALID_VALUE; /* not the base of a cuMemAlloc */
+	memset(h, 0, sizeof(*h));
+	snprintf(h->reserved, sizeof(h->reserved), "%s", r->name);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_ipc_open(CUdeviceptr *p, CUipcMemHandle h, unsigned flags)
+{
+	char name[65];
+	struct range *r;
+	struct stat st;
+	void *m;
+	int fd;
+
+	memcpy(name, h.reserved, 64);
+	name[64] = '\0';
+	if (!ctx_current || flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < nrs; i++) {
+		if (rs[i].kind == 2 && strcmp(rs[i].name, name) == 0)
+			return CUDA_ERROR_INVALID_CONTEXT; /* our own handle */
+		if (rs[i].kind == 3 && strcmp(rs[i].name, name) == 0)
+			return CUDA_ERROR_ALREADY_MAPPED; /* one open per process */
+	}
+	{
+		char path[64];
+		int pid, rfd;
+
+		if (sscanf(name, "wexemul:%d:%d:", &pid, &rfd) != 2)
+			return CUDA_ERROR_INVALID_HANDLE;
+		snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, rfd);
+		fd = open(path, O_RDWR | O_CLOEXEC);
+		if (fd < 0)
+			return CUDA_ERROR_INVALID_HANDLE;
+	}
+	if (fstat(fd, &st) < 0)
+		return CUDA_ERROR_INVALID_HANDLE;
+	m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (m == MAP_FAILED)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	r = add_range();
+	r->va = (uint64_t)(uintptr_t)m;
+	r->size = (uint64_t)st.st_size;
+	r->kind = 3;
+	snprintf(r->name, sizeof(r->name), "%s", name);
+	*p = r->va;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_ipc_close(CUdeviceptr p)
+{
+	struct range *r = find_kind(p, 3);
+
+	if (!ctx_current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (!r || r->va != p)
+		return CUDA_ERROR_INVALID_VALUE;
+	munmap((void *)(uintptr_t)p, r->size);
+	del_range(r);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_ev_handle(CUipcEventHandle *h, CUevent e)
+{
+	memset(h, 0x5e, sizeof(*h));
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_ev_open(CUevent *e, CUipcEventHandle h)
+{
+	*e = (CUevent)malloc(8);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_ev_create(CUevent *e, unsigned flags)
+{
+	*e = (CUevent)malloc(8);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_ev_destroy(CUevent e)
+{
+	free(e);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_ev_record(CUevent e, CUstream s)
+{
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_ev_sync(CUevent e)
+{
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_ev_elapsed(float *ms, CUevent a, CUevent b)
+{
+	*ms = 0;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_wait_event(CUstream s, CUevent e, unsigned f)
+{
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_memcpy(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
+{
+	memcpy((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_htod(CUdeviceptr d, const void *s, size_t n)
+{
+	memcpy((void *)(uintptr_t)d, s, n);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_dtoh(void *d, CUdeviceptr s, size_t n)
+{
+	memcpy(d, (const void *)(uintptr_t)s, n);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
+{
+	memset((void *)(uintptr_t)d, v, n);
+	return CUDA_SUCCESS;
+}
+
+static uint64_t addr_of(CUmemorytype t, const void *host, CUdeviceptr dev)
+{
+	return t == CU_MEMORYTYPE_HOST ? (uint64_t)(uintptr_t)host : dev;
+}
+
+static CUresult e_memcpy2d(const CUDA_MEMCPY2D *c, CUstream s)
+{
+	uint64_t sb = addr_of(c->srcMemoryType, c->srcHost, c->srcDevice);
+	uint64_t db = addr_of(c->dstMemoryType, c->dstHost, c->dstDevice);
+
+	if (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (size_t y = 0; y < c->Height; y++)
+		memcpy((void *)(uintptr_t)(db + (c->dstY + y) * c->dstPitch + c->dstXInBytes),
+		       (const void *)(uintptr_t)(sb + (c->srcY + y) * c->srcPitch + c->srcXInBytes),
+		       c->WidthInBytes);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_memcpy3d(const CUDA_MEMCPY3D *c, CUstream s)
+{
+	uint64_t sb = addr_of(c->srcMemoryType, c->srcHost, c->srcDevice);
+	uint64_t db = addr_of(c->dstMemoryType, c->dstHost, c->dstDevice);
+
+	if (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes ||
+	    c->srcHeight < c->Height || c->dstHeight < c->Height || c->reserved0 || c->reserved1)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (size_t z = 0; z < c->Depth; z++)
+		for (size_t y = 0; y < c->Height; y++)
+			memcpy((void *)(uintptr_t)(db + ((c->dstZ + z) * c->dstHeight + c->dstY + y) *
+							   c->dstPitch + c->dstXInBytes),
+			       (const void *)(uintptr_t)(sb + ((c->srcZ + z) * c->srcHeight + c->srcY + y) *
+								 c->srcPitch + c->srcXInBytes),
+			       c->WidthInBytes);
+	return CUDA_SUCCESS;
+}
+
+static CUresult batch(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, CUmemcpyAttributes *a,
+		      size_t *idx, size_t na, CUstream st)
+{
+	if (!st || na < 1 || na > count || idx[0] != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < na; i++)
+		if (a[i].srcAccessOrder == CU_MEMCPY_SRC_ACCESS_ORDER_INVALID)
+			return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < count; i++)
+		memcpy((void *)(uintptr_t)d[i], (const void *)(uintptr_t)s[i], n[i]);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_batch13(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count,
+			  CUmemcpyAttributes *a, size_t *idx, size_t na, CUstream st)
+{
+	return batch(d, s, n, count, a, idx, na, st);
+}
+
+static CUresult e_batch12(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count,
+			  CUmemcpyAttributes *a, size_t *idx, size_t na, size_t *fail, CUstream st)
+{
+	return batch(d, s, n, count, a, idx, na, st);
+}
+
+static CUresult e_host_reg(void *p, size_t size, unsigned flags)
+{
+	struct range *r;
+
+	if (find_kind((uint64_t)(uintptr_t)p, 4))
+		return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+	r = add_range();
+	r->va = (uint64_t)(uintptr_t)p;
+	r->size = size;
+	r->kind = 4;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_host_unreg(void *p)
+{
+	struct range *r = find_kind((uint64_t)(uintptr_t)p, 4);
+
+	if (!r || r->va != (uint64_t)(uintptr_t)p)
+		return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+	del_range(r);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_host_devptr(CUdeviceptr *d, void *p, unsigned flags)
+{
+	*d = (CUdeviceptr)(uintptr_t)p;
+	return CUDA_SUCCESS;
+}
+
+/* Streams, the test kernel and graphs. */
+struct launch {
+	uint64_t src, dst;
+	unsigned n, threads;
+};
+
+struct estream {
+	int capturing;
+	struct launch l[16];
+	int nl;
+};
+
+static CUresult e_stream_create(CUstream *s, unsigned flags)
+{
+	*s = (CUstream)calloc(1, sizeof(struct estream));
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_stream_destroy(CUstream s)
+{
+	free(s);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_stream_sync(CUstream s)
+{
+	return CUDA_SUCCESS;
+}
+
+static const char kernel_name[] = "wex_copy_u32";
+
+static CUresult e_mod_load(CUmodule *m, const void *image)
+{
+	if (!strstr(image, ".entry wex_copy_u32"))
+		return CUDA_ERROR_INVALID_PTX;
+	*m = (CUmodule)(uintptr_t)0x2000;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_mod_func(CUfunction *f, CUmodule m, const char *name)
+{
+	if (strcmp(name, kernel_name))
+		return CUDA_ERROR_NOT_FOUND;
+	*f = (CUfunction)(uintptr_t)kernel_name;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_mod_unload(CUmodule m)
+{
+	return CUDA_SUCCESS;
+}
+
+static void run(const struct launch *l)
+{
+	for (unsigned i = 0; i < l->n && i < l->threads; i++)
+		((uint32_t *)(uintptr_t)l->dst)[i] = ((const uint32_t *)(uintptr_t)l->src)[i];
+}
+
+static CUresult e_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+			 unsigned by, unsigned bz, unsigned shm, CUstream s, void **params, void **extra)
+{
+	struct estream *es = (struct estream *)s;
+	struct launch l;
+
+	if ((const char *)f != kernel_name || !params)
+		return CUDA_ERROR_INVALID_VALUE;
+	l = (struct launch){ .src = *(uint64_t *)params[0], .dst = *(uint64_t *)params[1],
+			     .n = *(unsigned *)params[2], .threads = gx * bx };
+	if (es && es->capturing) {
+		if (es->nl == 16)
+			return CUDA_ERROR_INVALID_VALUE;
+		es->l[es->nl++] = l;
+		return CUDA_SUCCESS;
+	}
+	run(&l);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_begin_capture(CUstream s, CUstreamCaptureMode mode)
+{
+	struct estream *es = (struct estream *)s;
+
+	if (!es)
+		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	es->capturing = 1;
+	es->nl = 0;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_end_capture(CUstream s, CUgraph *g)
+{
+	struct estream *es = (struct estream *)s, *copy;
+
+	if (!es || !es->capturing)
+		return CUDA_ERROR_ILLEGAL_STATE;
+	copy = malloc(sizeof(*copy));
+	*copy = *es;
+	copy->capturing = 0;
+	es->capturing = 0;
+	*g = (CUgraph)copy;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+	struct estream *copy = malloc(sizeof(*copy));
+
+	*copy = *(struct estream *)g;
+	*e = (CUgraphExec)copy;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_graph_launch(CUgraphExec e, CUstream s)
+{
+	struct estream *g = (struct estream *)e;
+
+	for (int i = 0; i < g->nl; i++)
+		run(&g->l[i]);
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_graph_free(void *g)
+{
+	free(g);
+	return CUDA_SUCCESS;
+}
+
+static const struct {
+	const char *name;
+	void *fn;
+} table[] = {
+	{ "cuInit", (void *)e_init },
+	{ "cuDriverGetVersion", (void *)e_version },
+	{ "cuGetErrorString", (void *)e_errname },
+	{ "cuGetErrorName", (void *)e_errname },
+	{ "cuDeviceGet", (void *)e_dev_get },
+	{ "cuDeviceGetCount", (void *)e_dev_count },
+	{ "cuDeviceGetUuid", (void *)e_uuid },
+	{ "cuDeviceGetAttribute", (void *)e_attr },
+	{ "cuDevicePrimaryCtxRetain", (void *)e_retain },
+	{ "cuCtxSetCurrent", (void *)e_set_cur },
+	{ "cuCtxGetCurrent", (void *)e_get_cur },
+	{ "cuCtxGetDevice", (void *)e_ctx_dev },
+	{ "cuCtxSynchronize", (void *)e_ok },
+	{ "cuMemCreate", (void *)e_create },
+	{ "cuMemRelease", (void *)e_release },
+	{ "cuMemMap", (void *)e_map },
+	{ "cuMemUnmap", (void *)e_unmap },
+	{ "cuMemSetAccess", (void *)e_access },
+	{ "cuMemAddressReserve", (void *)e_reserve },
+	{ "cuMemAddressFree", (void *)e_addr_free },
+	{ "cuMemGetAllocationGranularity", (void *)e_gran },
+	{ "cuMemExportToShareableHandle", (void *)e_export },
+	{ "cuMemImportFromShareableHandle", (void *)e_import },
+	{ "cuMemRetainAllocationHandle", (void *)e_retain_handle },
+	{ "cuMemGetAllocationPropertiesFromHandle", (void *)e_props },
+	{ "cuMemGetAddressRange", (void *)e_addr_range },
+	{ "cuMemGetInfo", (void *)e_info },
+	{ "cuMemAlloc", (void *)e_alloc },
+	{ "cuMemFree", (void *)e_free },
+	{ "cuPointerGetAttribute", (void *)e_ptr_attr },
+	{ "cuIpcGetMemHandle", (void *)e_ipc_get },
+	{ "cuIpcOpenMemHandle", (void *)e_ipc_open },
+	{ "cuIpcCloseMemHandle", (void *)e_ipc_close },
+	{ "cuIpcGetEventHandle", (void *)e_ev_handle },
+	{ "cuIpcOpenEventHandle", (void *)e_ev_open },
+	{ "cuMemcpyAsync", (void *)e_memcpy },
+	{ "cuMemcpy2DAsync", (void *)e_memcpy2d },
+	{ "cuMemcpy3DAsync", (void *)e_memcpy3d },
+	{ "cuMemcpyHtoD", (void *)e_htod },
+	{ "cuMemcpyDtoH", (void *)e_dtoh },
+	{ "cuMemsetD8Async", (void *)e_memset },
+	{ "cuMemHostRegister", (void *)e_host_reg },
+	{ "cuMemHostUnregister", (void *)e_host_unreg },
+	{ "cuMemHostGetDevicePointer", (void *)e_host_devptr },
+	{ "cuStreamCreate", (void *)e_stream_create },
+	{ "cuStreamDestroy", (void *)e_stream_destroy },
+	{ "cuStreamSynchronize", (void *)e_stream_sync },
+	{ "cuStreamWaitEvent", (void *)e_wait_event },
+	{ "cuEventCreate", (void *)e_ev_create },
+	{ "cuEventRecord", (void *)e_ev_record },
+	{ "cuEventSynchronize", (void *)e_ev_sync },
+	{ "cuEventElapsedTime", (void *)e_ev_elapsed },
+	{ "cuEventDestroy", (void *)e_ev_destroy },
+	{ "cuModuleLoadData", (void *)e_mod_load },
+	{ "cuModuleGetFunction", (void *)e_mod_func },
+	{ "cuModuleUnload", (void *)e_mod_unload },
+	{ "cuLaunchKernel", (void *)e_launch },
+	{ "cuStreamBeginCapture", (void *)e_begin_capture },
+	{ "cuStreamEndCapture", (void *)e_end_capture },
+	{ "cuGraphInstantiateWithFlags", (void *)e_instantiate },
+	{ "cuGraphLaunch", (void *)e_graph_launch },
+	{ "cuGraphDestroy", (void *)e_graph_free },
+	{ "cuGraphExecDestroy", (void *)e_graph_free },
+};
+
+API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags,
+				 CUdriverProcAddressQueryResult *st)
+{
+	*pfn = NULL;
+	if (strcmp(symbol, "cuMemcpyBatchAsync") == 0)
+		*pfn = ver >= 13000 ? (void *)e_batch13 : (void *)e_batch12;
+	for (size_t i = 0; !*pfn && i < sizeof(table) / sizeof(table[0]); i++)
+		if (strcmp(table[i].name, symbol) == 0)
+			*pfn = table[i].fn;
+	if (st)
+		*st = *pfn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+	return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}

@@ -1,0 +1,296 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * gpu_util.h - helpers for the CUDA backend tests: skip code 77 with a
+ * reason, a device check run in a throw-away child (a process that has
+ * initialised CUDA must not fork and use CUDA in the child, so the parent
+ * stays CUDA-free until it has forked its workers), fd counting, and fd
+ * passing with SCM_RIGHTS over a socketpair (no daemon involved).
+ */
+#ifndef WEX_TESTS_GPU_UTIL_H
+#define WEX_TESTS_GPU_UTIL_H
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "wex.h"
+#include "vmm/backend.h"
+#include "vmm/cudawrap.h"
+#include "vmm/cuda_backend.h"
+
+#define T_EXIT_PASS 0
+#define T_EXIT_FAIL 1
+#define T_EXIT_SKIP 77
+
+#define CHECK(cond)                                                                        \
+	do {                                                                               \
+		if (!(cond)) {                                                             \
+			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+			exit(T_EXIT_FAIL);                                                 \
+		}                                                                          \
+	} while (0)
+
+/* Checks a 0-or-negative-errno call, printing wex_strerror on failure. */
+#define CHECK_OK(expr)                                                                     \
+	do {                                                                               \
+		int check_ret_ = (expr);                                                   \
+		if (check_ret_ < 0) {                                                      \
+			fprintf(stderr, "%s:%d: %s = %d (%s)\n", __FILE__, __LINE__, #expr,   \
+				check_ret_, wex_strerror(check_ret_));                     \
+			exit(T_EXIT_FAIL);                                                 \
+		}                                                                          \
+	} while (0)
+
+/* Driver calls in tests: any error fails the test. */
+#define CU_OK(call) CHECK_OK(WEX_CU(call))
+
+static inline int fd_count(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return -1;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n - 1; /* the directory's own fd */
+}
+
+/*
+ * Exits 77 with the reason when this machine has no usable CUDA driver or
+ * device.  The probe runs in a child so that the caller may still fork
+ * CUDA workers afterwards.
+ */
+static inline void gpu_require(void)
+{
+	char why[512] = "";
+	int p[2], st = 0;
+	pid_t pid;
+
+	if (pipe(p) < 0)
+		exit(T_EXIT_FAIL);
+	pid = fork();
+	if (pid == 0) {
+		char buf[512];
+		int ret = wex__cuda_probe(buf, sizeof(buf));
+		int n = 0;
+
+		if (!ret && wex__cu.cuDeviceGetCount(&n) == CUDA_SUCCESS && n == 0) {
+			snprintf(buf, sizeof(buf), "no CUDA device");
+			ret = -WEX_ENOCUDA;
+		}
+		if (ret && write(p[1], buf, strlen(buf)) < 0)
+			_exit(2);
+		_exit(ret ? 1 : 0);
+	}
+	close(p[1]);
+	if (read(p[0], why, sizeof(why) - 1) < 0)
+		why[0] = '\0';
+	close(p[0]);
+	waitpid(pid, &st, 0);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		printf("SKIP: %s\n", why[0] ? why : "CUDA probe crashed");
+		exit(T_EXIT_SKIP);
+	}
+}
+
+/* Sends `len` bytes and, when fd >= 0, the fd (SCM_RIGHTS). */
+static inline int send_msg(int sock, const void *buf, size_t len, int fd)
+{
+	char ctl[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+	memset(ctl, 0, sizeof(ctl));
+	if (fd >= 0) {
+		struct cmsghdr *c;
+
+		m.msg_control = ctl;
+		m.msg_controllen = sizeof(ctl);
+		c = CMSG_FIRSTHDR(&m);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	}
+	return sendmsg(sock, &m, 0) == (ssize_t)len ? 0 : -errno;
+}
+
+/* Receives exactly `len` bytes; *fd gets an attached fd or -1. */
+static inline int recv_msg(int sock, void *buf, size_t len, int *fd)
+{
+	char ctl[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = { .iov_base = buf, .iov_len = len };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl,
+			    .msg_controllen = sizeof(ctl) };
+	struct cmsghdr *c;
+	ssize_t n;
+
+	if (fd)
+		*fd = -1;
+	n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+	if (n != (ssize_t)len)
+		return n < 0 ? -errno : -EPROTO;
+	for (c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && fd)
+			memcpy(fd, CMSG_DATA(c), sizeof(int));
+	return 0;
+}
+
+/* A socketpair for one producer/consumer pair (SOCK_SEQPACKET keeps
+ * message boundaries). */
+static inline void pair(int sv[2])
+{
+	CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0);
+}
+
+/* Waits for a child; returns 0 when it exited 0, else prints why. */
+static inline int wait_ok(pid_t pid, const char *what)
+{
+	int st = 0;
+
+	if (waitpid(pid, &st, 0) < 0)
+		return -1;
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+		return 0;
+	fprintf(stderr, "%s: %s %d\n", what, WIFEXITED(st) ? "exit" : "signal",
+		WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+	return -1;
+}
+
+/* Fills n bytes of device memory at d with a pattern derived from seed
+ * (through a host buffer: tests favour obviousness over speed). */
+static inline void dev_fill(uint64_t d, size_t n, unsigned seed)
+{
+	unsigned char *h = malloc(n);
+
+	CHECK(h);
+	for (size_t i = 0; i < n; i++)
+		h[i] = (unsigned char)(i * 131u + seed * 7u + (i >> 12));
+	CU_OK(wex__cu.cuMemcpyHtoD((CUdeviceptr)d, h, n));
+	free(h);
+}
+
+/* 1 when the n bytes at d hold the pattern of dev_fill(seed) starting at
+ * pattern index `from`. */
+static inline int dev_check(uint64_t d, size_t n, unsigned seed, size_t from)
+{
+	unsigned char *h = malloc(n);
+	int ok = 1;
+
+	CHECK(h);
+	CU_OK(wex__cu.cuMemcpyDtoH(h, (CUdeviceptr)d, n));
+	for (size_t i = 0; i < n && ok; i++) {
+		size_t k = i + from;
+
+		if (h[i] != (unsigned char)(k * 131u + seed * 7u + (k >> 12))) {
+			fprintf(stderr, "byte %zu: %u != expected\n", i, h[i]);
+			ok = 0;
+		}
+	}
+	free(h);
+	return ok;
+}
+
+/* One message between the two processes of a test. */
+struct tmsg {
+	int op;
+	uint64_t a, b;
+	struct wex_mem_desc desc;
+};
+
+static inline void tsend(int sock, int op, const struct wex_mem_desc *d, uint64_t a, int fd)
+{
+	struct tmsg m = { .op = op, .a = a };
+
+	if (d)
+		m.desc = *d;
+	CHECK_OK(send_msg(sock, &m, sizeof(m), fd));
+}
+
+/* Receives a message, failing the test unless its op is `op`. */
+static inline struct tmsg trecv(int sock, int op, int *fd)
+{
+	struct tmsg m;
+
+	CHECK_OK(recv_msg(sock, &m, sizeof(m), fd));
+	if (m.op != op) {
+		fprintf(stderr, "expected message %d, got %d\n", op, m.op);
+		exit(T_EXIT_FAIL);
+	}
+	return m;
+}
+
+/* Runs producer(sock) and consumer(sock) in two fresh children joined by a
+ * socketpair; the parent never touches CUDA.  0 when both exit 0. */
+static inline int run_pair(const char *name, void (*producer)(int), void (*consumer)(int))
+{
+	pid_t pp, pc;
+	int sv[2], ret = 0;
+
+	printf("%s\n", name);
+	fflush(stdout);
+	pair(sv);
+	pp = fork();
+	CHECK(pp >= 0);
+	if (pp == 0) {
+		close(sv[1]);
+		producer(sv[0]);
+		fflush(NULL);
+		_exit(0);
+	}
+	pc = fork();
+	CHECK(pc >= 0);
+	if (pc == 0) {
+		close(sv[0]);
+		consumer(sv[1]);
+		fflush(NULL);
+		_exit(0);
+	}
+	close(sv[0]);
+	close(sv[1]);
+	ret |= wait_ok(pp, "producer");
+	ret |= wait_ok(pc, "consumer");
+	printf("%s: %s\n", name, ret ? "FAIL" : "ok");
+	return ret;
+}
+
+/* Runs fn() in one fresh child. */
+static inline int run_one(const char *name, void (*fn)(void))
+{
+	pid_t p;
+	int ret;
+
+	printf("%s\n", name);
+	fflush(stdout);
+	p = fork();
+	CHECK(p >= 0);
+	if (p == 0) {
+		fn();
+		fflush(NULL);
+		_exit(0);
+	}
+	ret = wait_ok(p, name);
+	printf("%s: %s\n", name, ret ? "FAIL" : "ok");
+	return ret;
+}
+
+static inline uint64_t mem_free(void)
+{
+	size_t f = 0, t = 0;
+
+	CU_OK(wex__cu.cuMemGetInfo(&f, &t));
+	return f;
+}
+
+#endif

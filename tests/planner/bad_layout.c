@@ -1,0 +1,65 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bad_layout.c - proves layouts that cannot exist are refused with
+ * -WEX_ELAYOUT and a message naming the number that does not fit, using the
+ * real Qwen2-0.5B config (14 heads, 2 KV heads, 24 layers): vLLM tp=4 (14
+ * heads), Megatron tp=4 (2 query groups), pp=5 (24 layers), uneven stages
+ * that do not divide evenly, ep on a dense model; and that unknown engines,
+ * unknown parameters and configs of unknown families are refused.
+ */
+#include <errno.h>
+
+#include "ptest.h"
+
+static struct wex_model *m;
+
+static void bad(const char *lay, const char *needle)
+{
+	struct wex_layout_spec s;
+	uint32_t w;
+	char err[512] = "";
+	int ret;
+
+	CHECK(wex__layout_parse(lay, &s, err, sizeof(err)) == 0, "%s", err);
+	ret = wex__layout_world(m, &s, &w, err, sizeof(err));
+	CHECK(ret == -WEX_ELAYOUT, "%s: got %d (%s)", lay, ret, err);
+	CHECK(strstr(err, needle) != NULL, "%s: message \"%s\" lacks \"%s\"", lay, err, needle);
+	printf("%-40s %s\n", lay, err);
+}
+
+int main(void)
+{
+	const char *src = getenv("WEX_SRC");
+	char path[600], err[512];
+	struct wex_layout_spec s;
+	uint32_t w;
+
+	snprintf(path, sizeof(path), "%s/tests/data/qwen2-0.5b-config.json", src ? src : "..");
+	CHECK(wex__model_load(path, NULL, &m, err, sizeof(err)) == 0, "%s", err);
+	bad("vllm:tp=4", "num_attention_heads 14");
+	bad("megatron:tp=4", "num_key_value_heads (query groups) 2");
+	bad("megatron:pp=5", "24 layers");
+	bad("megatron:pp=4,first=7,last=6", "11 layers");
+	bad("vllm:tp=2,ep=2", "2");
+	bad("sglang:tp=8", "14");
+	/* And good ones pass. */
+	CHECK(wex__layout_parse("vllm:tp=14", &s, err, sizeof(err)) == 0, "%s", err);
+	CHECK(wex__layout_world(m, &s, &w, err, sizeof(err)) == -WEX_ELAYOUT, "tp=14: vocab 151936 padded to 64 is not a multiple of 14");
+	CHECK(wex__layout_parse("megatron:tp=2,pp=4,dp=2,first=3,last=3", &s, err, sizeof(err)) == 0, "%s", err);
+	CHECK(wex__layout_world(m, &s, &w, err, sizeof(err)) == 0 && w == 16, "%s", err);
+	CHECK(wex__layout_parse("vllm:tp=7", &s, err, sizeof(err)) == 0, "%s", err);
+	CHECK(wex__layout_world(m, &s, &w, err, sizeof(err)) == -WEX_ELAYOUT, "vllm tp=7 accepted (2 KV heads)");
+	/* Not layouts at all. */
+	CHECK(wex__layout_parse("nosuch:tp=2", &s, err, sizeof(err)) == 0, "%s", err);
+	CHECK(wex__layout_world(m, &s, &w, err, sizeof(err)) == -ENOENT, "unknown engine accepted");
+	CHECK(wex__layout_parse("vllm:tq=2", &s, err, sizeof(err)) == -EINVAL, "unknown key accepted");
+	CHECK(wex__layout_parse("vllm:tp=x", &s, err, sizeof(err)) == -EINVAL, "bad value accepted");
+	wex__model_free(m);
+	CHECK(wex__model_from_text("{\"model_type\":\"gpt2\"}", NULL, &m, err, sizeof(err)) == -EINVAL,
+	      "unknown family accepted");
+	printf("unknown family: %s\n", err);
+	CHECK(wex__model_from_text("{\"model_type\":\"llama\"}", NULL, &m, err, sizeof(err)) == -EINVAL,
+	      "config without sizes accepted");
+	printf("incomplete config: %s\n", err);
+	return T_PASS;
+}

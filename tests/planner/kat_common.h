@@ -1,0 +1,56 @@
+/* SPDX-License-Identifier: MIT */
+/* kat_common.h - small helpers for the known-answer tests. */
+#ifndef WEX_KAT_COMMON_H
+#define WEX_KAT_COMMON_H
+
+#include "ptest.h"
+
+static inline struct wex_model *kat_model(const char *cfg)
+{
+	struct wex_model *m;
+	char err[256];
+
+	CHECK(wex__model_from_text(cfg, NULL, &m, err, sizeof(err)) == 0, "%s", err);
+	return m;
+}
+
+static inline void kat_rank(const struct wex_model *m, const char *layout, uint32_t rank,
+			    struct wex_rank_layout *l)
+{
+	struct wex_layout_spec s;
+	char err[256];
+
+	CHECK(wex__layout_parse(layout, &s, err, sizeof(err)) == 0, "%s", err);
+	CHECK(wex__layout_rank(m, &s, rank, l, err, sizeof(err)) == 0, "%s rank %u: %s", layout, rank,
+	      err);
+}
+
+static inline const struct wex_phys *kat_find(const struct wex_rank_layout *l, const char *name)
+{
+	for (size_t i = 0; i < l->nt; i++)
+		if (!strcmp(l->t[i].name, name))
+			return &l->t[i];
+	CHECK(0, "no physical tensor %s", name);
+	return NULL;
+}
+
+/* Piece k of t must hold rows [r0, r0+n) of canonical `cname` (whole
+ * columns) starting at physical row `prow`. */
+static inline void kat_piece(const struct wex_rank_layout *l, const struct wex_phys *t, size_t k,
+			     const char *cname, uint64_t r0, uint64_t n, uint64_t prow)
+{
+	CHECK(k < t->npieces, "%s has %zu pieces, wanted piece %zu", t->name, t->npieces, k);
+	const struct wex_tensor *p = &l->p[t->first + k];
+	uint64_t rowbytes = wex_dtype_size(t->dtype);
+
+	for (uint32_t d = 1; d < t->ndim; d++)
+		rowbytes *= t->shape[d];
+	CHECK(!strcmp(p->name, cname), "%s piece %zu is %s, wanted %s", t->name, k, p->name, cname);
+	CHECK(p->start[0] == r0 && p->extent[0] == n, "%s piece %zu rows [%llu,+%llu), wanted [%llu,+%llu)",
+	      t->name, k, (unsigned long long)p->start[0], (unsigned long long)p->extent[0],
+	      (unsigned long long)r0, (unsigned long long)n);
+	CHECK(p->offset == prow * rowbytes, "%s piece %zu at byte %llu, wanted row %llu", t->name, k,
+	      (unsigned long long)p->offset, (unsigned long long)prow);
+}
+
+#endif

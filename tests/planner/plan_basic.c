@@ -1,0 +1,179 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * plan_basic.c - proves the planner's bookkeeping on a small Llama-like
+ * model: (1) hf -> hf is one op per tensor (contiguous copies coalesced);
+ * (2) a row-parallel tensor gathered from tp=2 is two strided ops, not one
+ * per row; (3) plan hashes are deterministic and piece-table hashes change
+ * when a piece changes; (4) with data-parallel replicas (megatron dp=4 ->
+ * 8 vLLM instances) bytes moved equal bytes needed and the busiest source
+ * stays within 1.1x its lower bound, planned as a group, rank by rank on
+ * one planner, and rank by rank on separate planners (wex__plan_build, as
+ * wexd does: only crank/cworld spread the load);
+ * (5) an element no producer holds is refused with -WEX_ELAYOUT.
+ */
+#include "ptest.h"
+
+#define CFG "{\"model_type\":\"llama\",\"hidden_size\":64,\"num_hidden_layers\":4," \
+	    "\"num_attention_heads\":8,\"num_key_value_heads\":4,\"intermediate_size\":128," \
+	    "\"vocab_size\":1000,\"torch_dtype\":\"bfloat16\"}"
+
+struct setup {
+	struct pt_rank *pr, *cr;
+	uint32_t pw, cw;
+	struct wex_plan_src *srcs;
+};
+
+static void mk(const struct wex_model *m, const char *from, const char *to, struct setup *s)
+{
+	struct wex_layout_spec fs, ts;
+	char err[256];
+
+	CHECK(wex__layout_parse(from, &fs, err, sizeof(err)) == 0, "%s", err);
+	CHECK(wex__layout_parse(to, &ts, err, sizeof(err)) == 0, "%s", err);
+	CHECK(wex__layout_world(m, &fs, &s->pw, err, sizeof(err)) == 0, "%s", err);
+	CHECK(wex__layout_world(m, &ts, &s->cw, err, sizeof(err)) == 0, "%s", err);
+	s->pr = calloc(s->pw, sizeof(*s->pr));
+	s->cr = calloc(s->cw, sizeof(*s->cr));
+	s->srcs = calloc(s->pw, sizeof(*s->srcs));
+	for (uint32_t r = 0; r < s->pw; r++) {
+		CHECK(pt_rank_make(m, &fs, r, 1, &s->pr[r], err, sizeof(err)) == 0, "%s", err);
+		s->srcs[r] = (struct wex_plan_src){ r, s->pr[r].pieces, s->pr[r].l.np };
+	}
+	for (uint32_t r = 0; r < s->cw; r++)
+		CHECK(pt_rank_make(m, &ts, r, 0, &s->cr[r], err, sizeof(err)) == 0, "%s", err);
+}
+
+static void unmk(struct setup *s)
+{
+	for (uint32_t r = 0; r < s->pw; r++)
+		pt_rank_free(&s->pr[r]);
+	for (uint32_t r = 0; r < s->cw; r++)
+		pt_rank_free(&s->cr[r]);
+	free(s->pr);
+	free(s->cr);
+	free(s->srcs);
+}
+
+int main(void)
+{
+	struct wex_model *m;
+	struct setup s;
+	struct wex_plan *p, *p2;
+	char err[256];
+
+	CHECK(wex__model_from_text(CFG, NULL, &m, err, sizeof(err)) == 0, "%s", err);
+
+	/* (1) */
+	mk(m, "hf", "hf", &s);
+	CHECK(wex__plan_build(s.srcs, 1, s.cr[0].pieces, s.cr[0].l.np, 0, 1, &p, err, sizeof(err)) == 0, "%s", err);
+	CHECK(p->nops == s.cr[0].l.nt, "hf->hf: %zu ops for %zu tensors", p->nops, s.cr[0].l.nt);
+	CHECK(p->stats.bytes_moved == p->stats.bytes_needed, "moved != needed");
+	/* (3) determinism */
+	CHECK(wex__plan_build(s.srcs, 1, s.cr[0].pieces, s.cr[0].l.np, 0, 1, &p2, err, sizeof(err)) == 0, "%s", err);
+	CHECK(p->hash == p2->hash && p->nops == p2->nops, "plan hash not deterministic");
+	uint64_t h1 = wex__pieces_hash(s.cr[0].pieces, s.cr[0].l.np);
+	CHECK(h1 == wex__pieces_hash(s.cr[0].pieces, s.cr[0].l.np), "pieces hash not deterministic");
+	s.cr[0].pieces[3].offset += 2;
+	CHECK(h1 != wex__pieces_hash(s.cr[0].pieces, s.cr[0].l.np), "pieces hash ignores offsets");
+	s.cr[0].pieces[3].offset -= 2;
+	wex__plan_free(p);
+	wex__plan_free(p2);
+	/* (5) a consumer piece naming a tensor nobody holds */
+	{
+		struct wex_tensor t = s.cr[0].pieces[0];
+
+		snprintf(t.name, sizeof(t.name), "model.layers.99.nothing.weight");
+		CHECK(wex__plan_build(s.srcs, 1, &t, 1, 0, 1, &p, err, sizeof(err)) == -WEX_ELAYOUT, "missing source accepted");
+		printf("missing source: %s\n", err);
+		t = s.cr[0].pieces[0];
+		t.shape[0] += 1;
+		CHECK(wex__plan_build(s.srcs, 1, &t, 1, 0, 1, &p, err, sizeof(err)) == -WEX_ELAYOUT, "shape mismatch accepted");
+		printf("shape mismatch: %s\n", err);
+	}
+	unmk(&s);
+
+	/* (2) o_proj [64, 64] gathered from two row-parallel halves. */
+	mk(m, "vllm:tp=2", "hf", &s);
+	{
+		struct wex_tensor *o = NULL;
+		size_t oi = 0;
+
+		for (size_t i = 0; i < s.cr[0].l.np; i++)
+			if (!strcmp(s.cr[0].pieces[i].name, "model.layers.1.self_attn.o_proj.weight"))
+				o = &s.cr[0].pieces[i], oi = i;
+		CHECK(o, "o_proj");
+		CHECK(wex__plan_build(s.srcs, s.pw, o, 1, 0, 1, &p, err, sizeof(err)) == 0, "%s", err);
+		CHECK(p->nops == 2 && p->ops[0].nouter == 1 && p->ops[0].count[0] == 64 &&
+			      p->ops[0].len == 32 * 2,
+		      "o_proj: %zu ops, nouter %u count %llu len %llu", p->nops, p->ops[0].nouter,
+		      (unsigned long long)p->ops[0].count[0], (unsigned long long)p->ops[0].len);
+		(void)oi;
+		wex__plan_free(p);
+	}
+	unmk(&s);
+
+	/* (4) replicas: 4 DP replicas of megatron tp=2, 8 vLLM tp=2 instances. */
+	mk(m, "megatron:tp=2,dp=4", "vllm:tp=2,dp=8", &s);
+	uint64_t bound = 0;
+	for (int group = 0; group < 2; group++) {
+		struct wex_planner *pl;
+		struct wex_plan **plans = calloc(s.cw, sizeof(*plans));
+		struct wex_plan_dst *d = calloc(s.cw, sizeof(*d));
+		struct wex_plan_stats st;
+		struct pt_srcs ps = { s.pr, s.pw };
+
+		CHECK(wex__planner_new(s.srcs, s.pw, &pl, err, sizeof(err)) == 0, "%s", err);
+		for (uint32_t r = 0; r < s.cw; r++)
+			d[r] = (struct wex_plan_dst){ r, s.cr[r].pieces, s.cr[r].l.np };
+		if (group) {
+			CHECK(wex__planner_plan_group(pl, d, s.cw, s.cw, plans, err, sizeof(err)) == 0, "%s", err);
+		} else {
+			for (uint32_t r = 0; r < s.cw; r++)
+				CHECK(wex__planner_plan(pl, d[r].t, d[r].n, r, s.cw, &plans[r], err, sizeof(err)) == 0, "%s", err);
+		}
+		wex__planner_stats(pl, &st);
+		printf("%s: needed %llu moved %llu ops %llu busiest %llu bound %llu (%.3fx)\n",
+		       group ? "group" : "per-rank", (unsigned long long)st.bytes_needed,
+		       (unsigned long long)st.bytes_moved, (unsigned long long)st.ops,
+		       (unsigned long long)st.busiest_src_bytes, (unsigned long long)st.src_bound_bytes,
+		       (double)st.busiest_src_bytes / (double)st.src_bound_bytes);
+		CHECK(st.bytes_needed == st.bytes_moved, "moved != needed");
+		bound = st.src_bound_bytes;
+		CHECK(st.busiest_src_bytes * 10 <= st.src_bound_bytes * 11, "busiest source above 1.1x bound");
+		for (uint32_t r = 0; r < s.cw; r++) {
+			memset(s.cr[r].count, 0, s.cr[r].size);
+			memset(s.cr[r].buf, 0xA5, s.cr[r].size);
+			pt_run(plans[r], &ps, &s.cr[r]);
+			CHECK(pt_verify(&s.cr[r]) == 0, "rank %u data", r);
+			wex__plan_free(plans[r]);
+		}
+		free(plans);
+		free(d);
+		wex__planner_free(pl);
+	}
+	{
+		uint64_t *load = calloc(s.pw, sizeof(uint64_t)), busiest = 0;
+
+		for (uint32_t r = 0; r < s.cw; r++) {
+			CHECK(wex__plan_build(s.srcs, s.pw, s.cr[r].pieces, s.cr[r].l.np, r, s.cw, &p, err,
+					      sizeof(err)) == 0, "%s", err);
+			for (size_t i = 0; i < p->nops; i++) {
+				uint64_t b = p->ops[i].len;
+
+				for (uint32_t k = 0; k < p->ops[i].nouter; k++)
+					b *= p->ops[i].count[k];
+				load[p->ops[i].src_rank] += b;
+			}
+			wex__plan_free(p);
+		}
+		for (uint32_t i = 0; i < s.pw; i++)
+			busiest = load[i] > busiest ? load[i] : busiest;
+		printf("independent: busiest %llu bound %llu (%.3fx)\n", (unsigned long long)busiest,
+		       (unsigned long long)bound, (double)busiest / (double)bound);
+		CHECK(busiest * 10 <= bound * 11, "independent plans: busiest source above 1.1x bound");
+		free(load);
+	}
+	unmk(&s);
+	wex__model_free(m);
+	return T_PASS;
+}

@@ -1,0 +1,70 @@
+# CUDA backends (cuda_vmm, cuda_ipc, GPU copy executor, pinned staging) and
+# their tests.  Included optionally from vmm/vmm.cmake; compiled only when
+# cuda.h was found (otherwise only vmm/cuda_stub.c).  libcuda is never linked: vmm/cudawrap.c dlopen()s it.
+if(WEX_HAVE_CUDA_HEADERS)
+  list(APPEND WEX_CORE_SOURCES vmm/cudawrap.c vmm/cuda_copy.c vmm/cuda_vmm.c
+       vmm/cuda_ipc.c vmm/cuda_alloc.c vmm/cuda_staging.c)
+  add_compile_definitions(WEX_HAVE_CUDA_BACKEND=1)
+  # cuda.h for the tests and the bench (wex_core adds it for itself later).
+  include_directories(${CUDA_DRIVER_INCLUDE_DIR})
+else()
+  # wex.h declares the allocator entry points either way: stubs that fail.
+  list(APPEND WEX_CORE_SOURCES vmm/cuda_stub.c)
+endif()
+# wex_cuda_alloc/free live in the static wex_core: make libwex.so pull their
+# object in (nothing in src/client.c references them) so that
+# CUDAPluggableAllocator("libwex.so", ...) finds them.  The wex target is
+# defined after this fragment, hence the deferred call.
+if(CMAKE_VERSION VERSION_GREATER_EQUAL 3.19)
+  cmake_language(DEFER CALL target_link_options wex PRIVATE
+    "LINKER:--undefined=wex_cuda_alloc" "LINKER:--undefined=wex_cuda_free")
+endif()
+
+if(WEX_HAVE_CUDA_HEADERS)
+  # Stand-in drivers for the loader's error paths (tests/gpu/fake_cuda.c).
+  add_library(wex_fake_cuda MODULE tests/gpu/fake_cuda.c)
+  add_library(wex_fake_cuda_noproc MODULE tests/gpu/fake_cuda.c)
+  target_compile_definitions(wex_fake_cuda_noproc PRIVATE FAKE_NO_PROC=1)
+  set_target_properties(wex_fake_cuda wex_fake_cuda_noproc PROPERTIES PREFIX "" C_VISIBILITY_PRESET hidden)
+
+  # No GPU needed: runs everywhere.
+  wex_add_test(cuda_loader SOURCES tests/gpu/cuda_loader_test.c LIBS wex LABELS cuda TIMEOUT 60
+    ENV "WEX_FAKE_CUDA=$<TARGET_FILE:wex_fake_cuda>"
+        "WEX_FAKE_CUDA_NOPROC=$<TARGET_FILE:wex_fake_cuda_noproc>")
+  add_dependencies(cuda_loader wex_fake_cuda wex_fake_cuda_noproc)
+endif()
+
+if(WEX_HAVE_CUDA_HEADERS)
+  # Need a GPU: each exits 77 printing the reason when there is no driver
+  # or no device (the probe runs in a child, so the tests stay fork-safe).
+  foreach(t cuda_vmm cuda_remap cuda_copy cuda_ipc cuda_staging)
+    wex_add_test(${t} SOURCES tests/gpu/${t}_test.c LIBS wex LABELS gpu TIMEOUT 300)
+  endforeach()
+endif()
+
+if(WEX_HAVE_CUDA_HEADERS)
+  # Benchmark (needs a GPU; prints the reason and exits 77 without one).
+  # Full run: WEX_BENCH_GB=16 ./gpu_sync ; the ctest entry is a small smoke run.
+  add_executable(gpu_sync tests/bench/gpu_sync.c)
+  target_link_libraries(gpu_sync PRIVATE wex_core m)
+  target_compile_definitions(gpu_sync PRIVATE WEX_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+  add_test(NAME gpu_sync_smoke COMMAND gpu_sync)
+  set_tests_properties(gpu_sync_smoke PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
+    LABELS "gpu;bench"
+    ENVIRONMENT "WEX_SRC=${CMAKE_SOURCE_DIR};WEX_BENCH_GB=1;WEX_BENCH_TENSORS=50;WEX_BENCH_TORCH=0")
+endif()
+
+if(WEX_HAVE_CUDA_HEADERS)
+  # The GPU tests again, against tests/gpu/emul_cuda.c (the driver API
+  # emulated on the CPU, see its header): checks the backends' logic,
+  # mappings, refcounts and fd hygiene on machines without a GPU.  Not a
+  # substitute for the gpu-labelled runs.
+  add_library(wex_emul_cuda MODULE tests/gpu/emul_cuda.c)
+  set_target_properties(wex_emul_cuda PROPERTIES PREFIX "" C_VISIBILITY_PRESET hidden)
+  foreach(t cuda_vmm cuda_remap cuda_copy cuda_ipc cuda_staging gpu_sync)
+    add_test(NAME ${t}_emul COMMAND ${t})
+    set_tests_properties(${t}_emul PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS cuda
+      ENVIRONMENT "WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_SRC=${CMAKE_SOURCE_DIR};WEX_BENCH_GB=0.25;WEX_BENCH_TENSORS=40;WEX_BENCH_SEG_MB=64;WEX_BENCH_TORCH=0")
+    add_dependencies(${t} wex_emul_cuda)
+  endforeach()
+endif()

@@ -1,0 +1,123 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * vmm/cuda_backend.h - the CUDA backends' internal interface for the rest of
+ * wex (the client library) and for tests: the ops tables, chunk enumeration
+ * of exportable VMM memory, multi-chunk import, the GPU copy executor,
+ * ordering helpers, pinned host staging and the allocator lookup.
+ *
+ * Every function returns 0 or a negative errno; -WEX_ENOCUDA when the
+ * driver or a device is missing (wex__cuda_why() says which).  Device
+ * addresses are carried as uint64_t or void * in this process.
+ */
+#ifndef WEX_VMM_CUDA_BACKEND_H
+#define WEX_VMM_CUDA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vmm/backend.h"
+
+extern const struct wex_mem_ops wex_mem_cuda_vmm_ops;
+extern const struct wex_mem_ops wex_mem_cuda_ipc_ops;
+
+/* ---------------------------------------------------------------------- */
+/* cuda_vmm                                                               */
+
+/* One physical allocation under a range of device addresses. */
+struct wex__cuda_chunk {
+	uint64_t base;   /* start of the allocation's mapping */
+	uint64_t size;   /* its size */
+	uint64_t offset; /* where the caller's range starts inside it (0 for all
+			  * chunks but the first) */
+};
+
+/*
+ * Enumerates the allocations (cuMemGetAddressRange) covering
+ * [ptr, ptr+size): PyTorch expandable segments map 2 MiB / 20 MiB chunks
+ * back to back, so one tensor may span several.  Writes up to `max`
+ * chunks and the total needed in *n; -ENOSPC when max is too small (*n is
+ * still set).  Does not block.
+ */
+int wex__cuda_vmm_chunks(void *ptr, uint64_t size, struct wex__cuda_chunk *out, size_t max,
+			 size_t *n);
+
+/*
+ * Importer: maps `n` exported chunks (descs[i], fds[i]: one cuda_vmm
+ * segment per chunk, as wrap produced them for consecutive chunks) back to
+ * back into one new address range and fills one seg; seg->ptr points at
+ * descs[0].handle_offset inside it.  Takes ownership of every fd (closed on
+ * error too; -1 entries use the fabric handle in desc).  Release with
+ * seg->ops->release.  Blocks briefly (driver mapping calls).
+ */
+int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds, size_t n,
+				struct wex_mem_seg *seg);
+
+/* ---------------------------------------------------------------------- */
+/* GPU copy executor (the copy slot of both CUDA tables).                 */
+
+/*
+ * Runs `ops` on the dedicated stream of device `dev` (-1: the device
+ * owning ops[0].dst, else the current context's) without waiting.  Use
+ * wex__cuda_copy_sync() or the copy slot (which waits).
+ */
+int wex__cuda_copy_async(const struct wex_copy_op *ops, size_t n, int dev);
+/* The copy slot of both tables: issue on the device owning ops[0].dst,
+ * then wait.  Blocks. */
+int wex__cuda_copy(const struct wex_copy_op *ops, size_t n, int threads);
+/* Waits for everything the executor queued on device `dev`. */
+int wex__cuda_copy_sync(int dev);
+
+/* cuStreamSynchronize(stream) (a CUstream, NULL: the legacy default
+ * stream) in the current context.  Blocks. */
+int wex__cuda_stream_sync(void *stream);
+
+/*
+ * Interprocess ordering.  The producer records an interprocess event on
+ * its stream after its writes and sends the 64 handle bytes; the consumer
+ * makes its stream (NULL: the executor's) wait for it, without blocking
+ * the CPU.  *ev belongs to the producer (wex__cuda_event_destroy) and must
+ * outlive the consumer's wait.
+ */
+int wex__cuda_event_record(void *stream, void **ev, unsigned char handle[64]);
+int wex__cuda_event_wait(const unsigned char handle[64], void *stream, int dev);
+int wex__cuda_event_destroy(void *ev);
+
+/* ---------------------------------------------------------------------- */
+/* Pinned host staging (split card without P2P).                          */
+
+struct wex__cuda_staging {
+	void *host;     /* mapping of the memfd in this process */
+	uint64_t size;
+	int fd;         /* memfd, owned */
+	int device;
+	int registered; /* cuMemHostRegister done */
+};
+
+/* Creates a memfd of `size` bytes, maps it shared and pins it
+ * (PORTABLE|DEVICEMAP).  Share st->fd with other processes. */
+int wex__cuda_staging_create(uint64_t size, int device, struct wex__cuda_staging *st);
+/* Maps and pins another process's staging memfd; takes ownership of fd
+ * (closed on error too). */
+int wex__cuda_staging_import(int fd, uint64_t size, int device, struct wex__cuda_staging *st);
+/* One device-to-host copy into [off, off+len) of the staging buffer;
+ * blocks until done. */
+int wex__cuda_staging_d2h(struct wex__cuda_staging *st, uint64_t off, uint64_t src, uint64_t len);
+/* One host-to-device copy out of [off, off+len); blocks until done. */
+int wex__cuda_staging_h2d(struct wex__cuda_staging *st, uint64_t off, uint64_t dst, uint64_t len);
+/* Unpins, unmaps, closes; returns the first error. */
+int wex__cuda_staging_destroy(struct wex__cuda_staging *st);
+
+/* ---------------------------------------------------------------------- */
+/* Memory from wex_cuda_alloc (PyTorch pluggable allocator).              */
+
+/*
+ * Finds the wex_cuda_alloc allocation holding `ptr`: *base, *size (the
+ * allocation) and, when desc != NULL, its cuda_vmm description.  When
+ * fd != NULL, *fd receives a new duplicate of its exported fd (the caller
+ * closes it).  -ENOENT when ptr is not from wex_cuda_alloc.  Does not
+ * block.
+ */
+int wex__cuda_alloc_lookup(const void *ptr, uint64_t *base, uint64_t *size,
+			   struct wex_mem_desc *desc, int *fd);
+
+#endif

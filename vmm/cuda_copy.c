@@ -1,0 +1,365 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuda_copy.c - the GPU copy executor shared by the CUDA backends, and the
+ * ordering helpers (stream sync, interprocess events).
+ *
+ * A plan's operations are issued on one dedicated non-blocking stream per
+ * device: contiguous ones (and strided ones whose rows happen to abut) are
+ * gathered into cuMemcpyBatchAsync calls when the driver has it (12.8+),
+ * one-level strided ones become cuMemcpy2DAsync, two-level ones with
+ * compatible strides cuMemcpy3DAsync, and anything else is cut into 2D
+ * slices or rows.  Then the stream is synchronised once.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wex.h"
+#include "src/log.h"
+#include "vmm/cudawrap.h"
+#include "vmm/cuda_backend.h"
+
+#define BATCH_MAX 4096
+
+struct batch {
+	CUstream s;
+	size_t n;
+	CUdeviceptr dst[BATCH_MAX];
+	CUdeviceptr src[BATCH_MAX];
+	size_t len[BATCH_MAX];
+};
+
+/* Cleared after the first failure so that a driver that rejects batches
+ * costs one failed call per process, not one per sync. */
+static int batch_usable = 1;
+
+static int flush(struct batch *b)
+{
+	CUmemcpyAttributes attr = { .srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM };
+	size_t idx = 0;
+	CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+	int ret = 0;
+
+	if (b->n == 0)
+		return 0;
+	if (b->n > 1 && __atomic_load_n(&batch_usable, __ATOMIC_RELAXED)) {
+		if (wex__cu.cuMemcpyBatchAsync13) {
+			r = wex__cu.cuMemcpyBatchAsync13(b->dst, b->src, b->len, b->n, &attr, &idx, 1,
+							 b->s);
+		} else if (wex__cu.cuMemcpyBatchAsync12) {
+			size_t fail = 0;
+
+			r = wex__cu.cuMemcpyBatchAsync12(b->dst, b->src, b->len, b->n, &attr, &idx, 1,
+							 &fail, b->s);
+		}
+		if (r == CUDA_SUCCESS) {
+			b->n = 0;
+			return 0;
+		}
+		if (wex__cu.cuMemcpyBatchAsync13 || wex__cu.cuMemcpyBatchAsync12) {
+			/* Copies of a failed batch may have been queued: issuing
+			 * them again writes the same bytes. */
+			wex_warn("cuda", "cuMemcpyBatchAsync: %s; using cuMemcpyAsync per copy",
+				 wex__cuda_errname(r));
+			__atomic_store_n(&batch_usable, 0, __ATOMIC_RELAXED);
+		}
+	}
+	for (size_t i = 0; i < b->n && !ret; i++)
+		ret = WEX_CU(wex__cu.cuMemcpyAsync(b->dst[i], b->src[i], b->len[i], b->s));
+	b->n = 0;
+	return ret;
+}
+
+static int add1d(struct batch *b, uint64_t dst, uint64_t src, uint64_t len)
+{
+	if (len == 0)
+		return 0;
+	if (b->n == BATCH_MAX) {
+		int ret = flush(b);
+
+		if (ret)
+			return ret;
+	}
+	b->dst[b->n] = (CUdeviceptr)dst;
+	b->src[b->n] = (CUdeviceptr)src;
+	b->len[b->n] = (size_t)len;
+	b->n++;
+	return 0;
+}
+
+/* 2D: `height` rows of `len` bytes, pitches > 0 and >= len (the driver's
+ * rule); -EINVAL when the shape does not fit, so the caller cuts rows. */
+static int copy2d(struct batch *b, uint64_t dst, int64_t dpitch, uint64_t src, int64_t spitch,
+		  uint64_t len, uint64_t height)
+{
+	CUDA_MEMCPY2D c = {
+		.srcMemoryType = CU_MEMORYTYPE_UNIFIED,
+		.srcDevice = (CUdeviceptr)src,
+		.srcPitch = (size_t)spitch,
+		.dstMemoryType = CU_MEMORYTYPE_UNIFIED,
+		.dstDevice = (CUdeviceptr)dst,
+		.dstPitch = (size_t)dpitch,
+		.WidthInBytes = (size_t)len,
+		.Height = (size_t)height,
+	};
+	CUresult r;
+
+	if (spitch <= 0 || dpitch <= 0 || (uint64_t)spitch < len || (uint64_t)dpitch < len)
+		return -EINVAL;
+	r = wex__cu.cuMemcpy2DAsync(&c, b->s);
+	if (r == CUDA_ERROR_INVALID_VALUE)
+		return -EINVAL; /* e.g. a pitch above the device limit */
+	return wex__cuda_err(r, "cuMemcpy2DAsync");
+}
+
+static int copy_rows(struct batch *b, uint64_t dst, int64_t dstride, uint64_t src, int64_t sstride,
+		     uint64_t len, uint64_t rows)
+{
+	int ret = 0;
+
+	for (uint64_t i = 0; i < rows && !ret; i++)
+		ret = add1d(b, dst + (uint64_t)((int64_t)i * dstride),
+			    src + (uint64_t)((int64_t)i * sstride), len);
+	return ret;
+}
+
+/* Innermost strided level: 2D when the driver takes it, else rows. */
+static int copy_level0(struct batch *b, const struct wex_copy_op *op, uint64_t dst, uint64_t src)
+{
+	int ret;
+
+	if (op->count[0] == 1)
+		return add1d(b, dst, src, op->len);
+	ret = copy2d(b, dst, op->dst_stride[0], src, op->src_stride[0], op->len, op->count[0]);
+	if (ret != -EINVAL)
+		return ret;
+	return copy_rows(b, dst, op->dst_stride[0], src, op->src_stride[0], op->len, op->count[0]);
+}
+
+/* 3D when both outer strides are whole multiples of the pitch (the driver
+ * expresses a slice stride as pitch * height). */
+static int copy3d(struct batch *b, const struct wex_copy_op *op)
+{
+	int64_t sp = op->src_stride[0], dp = op->dst_stride[0];
+	int64_t ss = op->src_stride[1], ds = op->dst_stride[1];
+	CUresult r;
+
+	if (sp <= 0 || dp <= 0 || (uint64_t)sp < op->len || (uint64_t)dp < op->len ||
+	    ss <= 0 || ds <= 0 || ss % sp || ds % dp || (uint64_t)(ss / sp) < op->count[0] ||
+	    (uint64_t)(ds / dp) < op->count[0])
+		return -EINVAL;
+	CUDA_MEMCPY3D c = {
+		.srcMemoryType = CU_MEMORYTYPE_UNIFIED,
+		.srcDevice = (CUdeviceptr)op->src,
+		.srcPitch = (size_t)sp,
+		.srcHeight = (size_t)(ss / sp),
+		.dstMemoryType = CU_MEMORYTYPE_UNIFIED,
+		.dstDevice = (CUdeviceptr)op->dst,
+		.dstPitch = (size_t)dp,
+		.dstHeight = (size_t)(ds / dp),
+		.WidthInBytes = (size_t)op->len,
+		.Height = (size_t)op->count[0],
+		.Depth = (size_t)op->count[1],
+	};
+	r = wex__cu.cuMemcpy3DAsync(&c, b->s);
+	if (r == CUDA_ERROR_INVALID_VALUE)
+		return -EINVAL;
+	return wex__cuda_err(r, "cuMemcpy3DAsync");
+}
+
+/* True when every level's stride equals the bytes of the levels inside it
+ * on both sides: the op is one contiguous run. */
+static int contiguous(const struct wex_copy_op *op, uint64_t *total)
+{
+	uint64_t inner = op->len;
+
+	for (uint32_t i = 0; i < op->nouter; i++) {
+		if (op->count[i] > 1 && (op->src_stride[i] != (int64_t)inner ||
+					 op->dst_stride[i] != (int64_t)inner))
+			return 0;
+		inner *= op->count[i];
+	}
+	*total = inner;
+	return 1;
+}
+
+static int issue(struct batch *b, const struct wex_copy_op *op)
+{
+	uint64_t total, c1, c2;
+	int ret;
+
+	if (op->nouter > 3)
+		return -EINVAL;
+	for (uint32_t i = 0; i < op->nouter; i++)
+		if (op->count[i] == 0)
+			return 0;
+	if (op->len == 0)
+		return 0;
+	if (contiguous(op, &total))
+		return add1d(b, op->dst, op->src, total);
+	if (op->nouter == 1)
+		return copy_level0(b, op, op->dst, op->src);
+	if (op->nouter == 2) {
+		ret = copy3d(b, op);
+		if (ret != -EINVAL)
+			return ret;
+	}
+	/* General case: one 2D slice (or its rows) per outer index. */
+	c1 = op->count[1];
+	c2 = op->nouter > 2 ? op->count[2] : 1;
+	for (uint64_t k = 0; k < c2; k++) {
+		for (uint64_t j = 0; j < c1; j++) {
+			int64_t so = (int64_t)j * op->src_stride[1], d = (int64_t)j * op->dst_stride[1];
+
+			if (op->nouter > 2) {
+				so += (int64_t)k * op->src_stride[2];
+				d += (int64_t)k * op->dst_stride[2];
+			}
+			ret = copy_level0(b, op, op->dst + (uint64_t)d, op->src + (uint64_t)so);
+			if (ret)
+				return ret;
+		}
+	}
+	return 0;
+}
+
+static int pick_device(const struct wex_copy_op *ops, size_t n, int dev, int *out)
+{
+	if (dev >= 0) {
+		*out = dev;
+		return 0;
+	}
+	if (n > 0 && wex__cuda_ptr_device(ops[0].dst, out) == 0)
+		return 0;
+	*out = 0;
+	return 0;
+}
+
+int wex__cuda_copy_async(const struct wex_copy_op *ops, size_t n, int dev)
+{
+	struct batch *b;
+	int ret;
+
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	pick_device(ops, n, dev, &dev);
+	ret = wex__cuda_use_device(dev);
+	if (ret)
+		return ret;
+	/* ~100 KiB: too large for a thread's stack frame. */
+	b = malloc(sizeof(*b));
+	if (!b)
+		return -ENOMEM;
+	b->n = 0;
+	ret = wex__cuda_stream(dev, &b->s);
+	for (size_t i = 0; i < n && !ret; i++)
+		ret = issue(b, &ops[i]);
+	if (!ret)
+		ret = flush(b);
+	free(b);
+	return ret;
+}
+
+int wex__cuda_copy_sync(int dev)
+{
+	CUstream s;
+	int ret;
+
+	ret = wex__cuda_use_device(dev);
+	if (ret)
+		return ret;
+	ret = wex__cuda_stream(dev, &s);
+	if (ret)
+		return ret;
+	return WEX_CU(wex__cu.cuStreamSynchronize(s));
+}
+
+/* The copy slot: issue, then wait, so that the caller may release its
+ * lease (guarantee 3: a lease ends only after the copies completed). */
+int wex__cuda_copy(const struct wex_copy_op *ops, size_t n, int threads)
+{
+	int dev, ret, sret;
+
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	if (n == 0)
+		return 0;
+	pick_device(ops, n, -1, &dev);
+	ret = wex__cuda_copy_async(ops, n, dev);
+	/* Wait even after an error: queued copies must not outlive the call. */
+	sret = wex__cuda_copy_sync(dev);
+	return ret ? ret : sret;
+}
+
+int wex__cuda_stream_sync(void *stream)
+{
+	int ret = wex__cuda_load();
+
+	if (ret)
+		return ret;
+	return WEX_CU(wex__cu.cuStreamSynchronize((CUstream)stream));
+}
+
+int wex__cuda_event_record(void *stream, void **ev, unsigned char handle[64])
+{
+	CUipcEventHandle h;
+	CUevent e;
+	int ret;
+
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	/* Interprocess events must not time (driver rule). */
+	ret = WEX_CU(wex__cu.cuEventCreate(&e, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING));
+	if (ret)
+		return ret;
+	ret = WEX_CU(wex__cu.cuEventRecord(e, (CUstream)stream));
+	if (ret)
+		goto err_destroy;
+	ret = WEX_CU(wex__cu.cuIpcGetEventHandle(&h, e));
+	if (ret)
+		goto err_destroy;
+	memcpy(handle, h.reserved, 64);
+	*ev = e;
+	return 0;
+err_destroy:
+	wex__cu.cuEventDestroy(e);
+	return ret;
+}
+
+int wex__cuda_event_wait(const unsigned char handle[64], void *stream, int dev)
+{
+	CUipcEventHandle h;
+	CUstream s = (CUstream)stream;
+	CUevent e;
+	int ret;
+
+	ret = wex__cuda_use_device(dev);
+	if (ret)
+		return ret;
+	if (!s) {
+		ret = wex__cuda_stream(dev, &s);
+		if (ret)
+			return ret;
+	}
+	memcpy(h.reserved, handle, 64);
+	ret = WEX_CU(wex__cu.cuIpcOpenEventHandle(&e, h));
+	if (ret)
+		return ret;
+	ret = WEX_CU(wex__cu.cuStreamWaitEvent(s, e, 0));
+	/* The wait is enqueued; destroying our reference is allowed at once
+	 * (the driver keeps the event until the wait resolves). */
+	wex__cu.cuEventDestroy(e);
+	return ret;
+}
+
+int wex__cuda_event_destroy(void *ev)
+{
+	int ret = wex__cuda_load();
+
+	if (ret)
+		return ret;
+	return WEX_CU(wex__cu.cuEventDestroy((CUevent)ev));
+}

@@ -1,0 +1,304 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuda_ipc.c - legacy CUDA IPC segments for plain cudaMalloc memory (which
+ * cannot be exported as a VMM fd).  The handle of the allocation's base
+ * travels in desc.handle, the offset of the segment inside the allocation
+ * in desc.handle_offset; no fd is involved.
+ *
+ * Two driver rules shape the importer (platform-facts B):
+ *  - a handle may be opened once per process and context, so opens are
+ *    cached by handle bytes and refcounted (PyTorch's shared_cache);
+ *  - opening a handle in the process that exported it fails
+ *    (CUDA_ERROR_INVALID_CONTEXT): every handle this process exports is
+ *    recorded, and importing one of them uses the local pointer directly.
+ *    This needs no pid in the descriptor and survives fork (a child that
+ *    never exported the handle opens it normally).
+ * Legacy IPC memory cannot be mapped at a chosen address: the
+ * same-address slots return -EOPNOTSUPP.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "wex.h"
+#include "src/log.h"
+#include "vmm/cudawrap.h"
+#include "vmm/cuda_backend.h"
+
+/* One handle known to this process: exported here (local) or opened. */
+struct ipc_entry {
+	struct ipc_entry *next;
+	unsigned char h[CU_IPC_HANDLE_SIZE];
+	CUdeviceptr base;
+	int dev;
+	int local;   /* 1: exported by this process; base is ours */
+	int allocd;  /* local and allocated by ipc_alloc (cuMemFree at the end) */
+	int refs;
+	pid_t pid;   /* the process the entry is valid in (fork copies it) */
+};
+
+static pthread_mutex_t ipc_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ipc_entry *ipc_list;
+
+static struct ipc_entry *find(const unsigned char *h)
+{
+	pid_t me = getpid();
+
+	/* Entries inherited through fork() belong to the parent: a child
+	 * neither owns its exports nor shares its opens. */
+	for (struct ipc_entry *e = ipc_list; e; e = e->next)
+		if (e->pid == me && memcmp(e->h, h, CU_IPC_HANDLE_SIZE) == 0)
+			return e;
+	return NULL;
+}
+
+static void unlink_entry(struct ipc_entry *e)
+{
+	for (struct ipc_entry **pp = &ipc_list; *pp; pp = &(*pp)->next)
+		if (*pp == e) {
+			*pp = e->next;
+			return;
+		}
+}
+
+static int ipc_probe(char *why, size_t len)
+{
+	return wex__cuda_probe(why, len);
+}
+
+/* Records (or references again) an exported allocation and fills seg. */
+static int export_base(CUdeviceptr base, uint64_t asize, uint64_t off, uint64_t size, int dev,
+		       int allocd, struct wex_mem_seg *seg)
+{
+	CUipcMemHandle h;
+	struct ipc_entry *e;
+	int ret;
+
+	ret = WEX_CU(wex__cu.cuIpcGetMemHandle(&h, base));
+	if (ret) {
+		if (ret == -EINVAL)
+			wex_error("cuda", "no legacy IPC handle for %#llx: not cudaMalloc memory "
+				  "(VMM memory needs cuda_vmm, cudaMallocAsync pools are unsupported)",
+				  (unsigned long long)base);
+		return ret;
+	}
+	pthread_mutex_lock(&ipc_lock);
+	e = find((const unsigned char *)h.reserved);
+	if (e && e->local) {
+		e->refs++;
+	} else {
+		e = calloc(1, sizeof(*e));
+		if (!e) {
+			pthread_mutex_unlock(&ipc_lock);
+			return -ENOMEM;
+		}
+		memcpy(e->h, h.reserved, CU_IPC_HANDLE_SIZE);
+		e->base = base;
+		e->dev = dev;
+		e->local = 1;
+		e->allocd = allocd;
+		e->refs = 1;
+		e->pid = getpid();
+		e->next = ipc_list;
+		ipc_list = e;
+	}
+	pthread_mutex_unlock(&ipc_lock);
+	memset(seg, 0, sizeof(*seg));
+	seg->ops = &wex_mem_cuda_ipc_ops;
+	seg->desc.kind = WEX_MEM_CUDA_IPC;
+	seg->desc.size = size;
+	seg->desc.alloc_size = asize;
+	seg->desc.handle_offset = off;
+	seg->desc.handle_len = CU_IPC_HANDLE_SIZE;
+	memcpy(seg->desc.handle, h.reserved, CU_IPC_HANDLE_SIZE);
+	wex__cuda_device_uuid(dev, seg->desc.device, sizeof(seg->desc.device));
+	seg->ptr = (void *)(uintptr_t)(base + off);
+	seg->fd = -1;
+	seg->owner = allocd ? 1 : 0;
+	seg->priv = e;
+	return 0;
+}
+
+static int ipc_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
+{
+	CUdeviceptr p = 0;
+	int ret;
+
+	ret = wex__cuda_use_device(device);
+	if (ret)
+		return ret;
+	if (size == 0)
+		return -EINVAL;
+	ret = WEX_CU(wex__cu.cuMemAlloc(&p, (size_t)size));
+	if (ret)
+		return ret;
+	ret = export_base(p, size, 0, size, device, 1, seg);
+	if (ret)
+		wex__cu.cuMemFree(p);
+	return ret;
+}
+
+static int ipc_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
+{
+	CUdeviceptr base = 0, a = (CUdeviceptr)(uintptr_t)ptr;
+	size_t asize = 0;
+	int dev, ret;
+
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	if (!ptr || size == 0)
+		return -EINVAL;
+	ret = wex__cuda_ptr_device(a, &dev);
+	if (ret)
+		return ret;
+	ret = wex__cuda_use_device(dev);
+	if (ret)
+		return ret;
+	/* The handle must name the allocation's base; sub-allocations (the
+	 * caching allocator's blocks) travel as base + offset. */
+	ret = WEX_CU(wex__cu.cuMemGetAddressRange(&base, &asize, a));
+	if (ret)
+		return ret;
+	if (a + size > base + asize)
+		return -EINVAL;
+	return export_base(base, asize, a - base, size, dev, 0, seg);
+}
+
+static int ipc_import(const struct wex_mem_desc *desc, int fd, struct wex_mem_seg *seg)
+{
+	struct ipc_entry *e;
+	CUipcMemHandle h;
+	CUdeviceptr p = 0;
+	int dev, ret;
+
+	/* Legacy IPC needs no fd; one given to us is ours to close. */
+	if (fd >= 0)
+		close(fd);
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	if (desc->kind != WEX_MEM_CUDA_IPC || desc->handle_len != CU_IPC_HANDLE_SIZE ||
+	    desc->size == 0 || desc->handle_offset + desc->size > desc->alloc_size)
+		return -EINVAL;
+	pthread_mutex_lock(&ipc_lock);
+	e = find(desc->handle);
+	if (e) {
+		/* Same process (local) or already open: one open per process. */
+		e->refs++;
+		pthread_mutex_unlock(&ipc_lock);
+		goto out;
+	}
+	pthread_mutex_unlock(&ipc_lock);
+	ret = wex__cuda_device_by_uuid(desc->device, &dev);
+	if (ret)
+		return ret;
+	ret = wex__cuda_use_device(dev);
+	if (ret)
+		return ret;
+	memcpy(h.reserved, desc->handle, CU_IPC_HANDLE_SIZE);
+	ret = WEX_CU(wex__cu.cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+	if (ret)
+		return ret;
+	pthread_mutex_lock(&ipc_lock);
+	e = find(desc->handle);
+	if (e) {
+		/* Another thread opened it meanwhile: newer drivers refcount a
+		 * repeated open, so close ours once and share theirs. */
+		e->refs++;
+		pthread_mutex_unlock(&ipc_lock);
+		wex__cu.cuIpcCloseMemHandle(p);
+		goto out;
+	}
+	e = calloc(1, sizeof(*e));
+	if (!e) {
+		pthread_mutex_unlock(&ipc_lock);
+		wex__cu.cuIpcCloseMemHandle(p);
+		return -ENOMEM;
+	}
+	memcpy(e->h, desc->handle, CU_IPC_HANDLE_SIZE);
+	e->base = p;
+	e->dev = dev;
+	e->refs = 1;
+	e->pid = getpid();
+	e->next = ipc_list;
+	ipc_list = e;
+	pthread_mutex_unlock(&ipc_lock);
+out:
+	memset(seg, 0, sizeof(*seg));
+	seg->ops = &wex_mem_cuda_ipc_ops;
+	seg->desc = *desc;
+	seg->ptr = (void *)(uintptr_t)(e->base + desc->handle_offset);
+	seg->fd = -1;
+	seg->owner = 2;
+	seg->priv = e;
+	return 0;
+}
+
+static int ipc_release(struct wex_mem_seg *seg)
+{
+	struct ipc_entry *e = seg->priv;
+	CUdeviceptr base = 0;
+	int dev = 0, local = 0, allocd = 0, last = 0, ret = 0;
+
+	if (e) {
+		pthread_mutex_lock(&ipc_lock);
+		if (--e->refs == 0) {
+			unlink_entry(e);
+			last = 1;
+			base = e->base;
+			dev = e->dev;
+			local = e->local;
+			allocd = e->allocd;
+			free(e);
+		}
+		pthread_mutex_unlock(&ipc_lock);
+	}
+	if (last && (allocd || !local) && wex__cuda_use_device(dev) == 0) {
+		if (allocd) {
+			/* cudaFree while an importer still has it open is UB: the
+			 * caller ends every lease first (wexd enforces it). */
+			ret = WEX_CU(wex__cu.cuCtxSynchronize());
+			int r = WEX_CU(wex__cu.cuMemFree(base));
+
+			if (!ret)
+				ret = r;
+		} else {
+			ret = WEX_CU(wex__cu.cuIpcCloseMemHandle(base));
+		}
+	}
+	if (seg->fd >= 0)
+		close(seg->fd);
+	seg->fd = -1;
+	seg->ptr = NULL;
+	seg->priv = NULL;
+	return ret;
+}
+
+static int ipc_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint64_t off)
+{
+	return -EOPNOTSUPP;
+}
+
+static int ipc_region(struct wex_mem_region *r)
+{
+	return -EOPNOTSUPP;
+}
+
+const struct wex_mem_ops wex_mem_cuda_ipc_ops = {
+	.name = "cuda_ipc",
+	.kind = WEX_MEM_CUDA_IPC,
+	.probe = ipc_probe,
+	.alloc = ipc_alloc,
+	.wrap = ipc_wrap,
+	.import = ipc_import,
+	.release = ipc_release,
+	.reserve = wex_mem_enotsup_reserve,
+	.map_fixed = ipc_map_fixed,
+	.unmap_fixed = ipc_region,
+	.unreserve = ipc_region,
+	.copy = wex__cuda_copy,
+};

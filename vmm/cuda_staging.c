@@ -1,0 +1,138 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuda_staging.c - pinned host staging for split cards without P2P: the
+ * producer copies once device-to-host into a memfd that it pins with
+ * cuMemHostRegister(PORTABLE|DEVICEMAP); every consumer maps the same memfd,
+ * pins its own mapping and copies host-to-device.  The memfd is sealed
+ * against shrinking so that no importer can be made to fault.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "wex.h"
+#include "src/log.h"
+#include "vmm/cudawrap.h"
+#include "vmm/cuda_backend.h"
+
+/* Maps fd, pins the mapping; on error closes fd (ownership passes). */
+static int map_and_pin(int fd, uint64_t size, int device, struct wex__cuda_staging *st)
+{
+	void *p;
+	int ret;
+
+	ret = wex__cuda_use_device(device);
+	if (ret)
+		goto err_close;
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		ret = -errno;
+		wex_error("cuda", "staging mmap of %llu bytes: %m", (unsigned long long)size);
+		goto err_close;
+	}
+	/* PORTABLE: usable from every context; DEVICEMAP: also reachable by
+	 * kernels.  Pinning is what makes the copies run at PCIe speed. */
+	ret = WEX_CU(wex__cu.cuMemHostRegister(p, (size_t)size,
+					       CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+	if (ret)
+		goto err_unmap;
+	*st = (struct wex__cuda_staging){
+		.host = p, .size = size, .fd = fd, .device = device, .registered = 1,
+	};
+	return 0;
+err_unmap:
+	munmap(p, size);
+err_close:
+	close(fd);
+	return ret;
+}
+
+int wex__cuda_staging_create(uint64_t size, int device, struct wex__cuda_staging *st)
+{
+	int fd, ret;
+
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	if (size == 0)
+		return -EINVAL;
+	fd = memfd_create("wex-staging", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)size) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0) {
+		ret = -errno;
+		close(fd);
+		return ret;
+	}
+	return map_and_pin(fd, size, device, st);
+}
+
+int wex__cuda_staging_import(int fd, uint64_t size, int device, struct wex__cuda_staging *st)
+{
+	struct stat sb;
+	int ret;
+
+	ret = wex__cuda_load();
+	if (ret)
+		goto err_close;
+	if (fd < 0 || size == 0) {
+		ret = -EINVAL;
+		goto err_close;
+	}
+	if (fstat(fd, &sb) < 0) {
+		ret = -errno;
+		goto err_close;
+	}
+	if ((uint64_t)sb.st_size < size) {
+		ret = -EINVAL;
+		goto err_close;
+	}
+	return map_and_pin(fd, size, device, st);
+err_close:
+	if (fd >= 0)
+		close(fd);
+	return ret;
+}
+
+static int staging_copy(struct wex__cuda_staging *st, uint64_t dst, uint64_t src, uint64_t len)
+{
+	struct wex_copy_op op = { .src = src, .dst = dst, .len = len };
+	int ret;
+
+	ret = wex__cuda_copy_async(&op, 1, st->device);
+	if (ret)
+		return ret;
+	return wex__cuda_copy_sync(st->device);
+}
+
+int wex__cuda_staging_d2h(struct wex__cuda_staging *st, uint64_t off, uint64_t src, uint64_t len)
+{
+	if (!st->host || off + len > st->size || off + len < off)
+		return -EINVAL;
+	return staging_copy(st, (uint64_t)(uintptr_t)st->host + off, src, len);
+}
+
+int wex__cuda_staging_h2d(struct wex__cuda_staging *st, uint64_t off, uint64_t dst, uint64_t len)
+{
+	if (!st->host || off + len > st->size || off + len < off)
+		return -EINVAL;
+	return staging_copy(st, dst, (uint64_t)(uintptr_t)st->host + off, len);
+}
+
+int wex__cuda_staging_destroy(struct wex__cuda_staging *st)
+{
+	int ret = 0;
+
+	if (st->registered && wex__cuda_use_device(st->device) == 0)
+		ret = WEX_CU(wex__cu.cuMemHostUnregister(st->host));
+	if (st->host && munmap(st->host, st->size) < 0 && !ret)
+		ret = -errno;
+	if (st->fd >= 0 && close(st->fd) < 0 && !ret)
+		ret = -errno;
+	*st = (struct wex__cuda_staging){ .fd = -1 };
+	return ret;
+}

@@ -1,0 +1,774 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuda_vmm.c - CUDA virtual-memory-management segments: exportable
+ * allocations (cuMemCreate with a POSIX fd handle type, plus FABRIC where
+ * the device supports it), export of memory others created exportable
+ * (PyTorch expandable_segments), import into a new address range, and
+ * same-address remap: a consumer's reserved range whose physical memory is
+ * swapped for the producer's under the same virtual addresses, so CUDA
+ * graphs and captured pointers stay valid.
+ *
+ * Driver rules this file follows (CUDA Programming Guide, VMM section;
+ * cuMemMap/cuMemUnmap/cuMemSetAccess/cuMemRelease reference):
+ *  - sizes, offsets and addresses are multiples of the MINIMUM granularity;
+ *  - a new mapping has no access until cuMemSetAccess;
+ *  - cuMemUnmap covers exactly what one cuMemMap mapped (we unmap piece by
+ *    piece, as mapped);
+ *  - memory is freed when no mapping and no handle (nor exported fd)
+ *    refers to it, so handles may be released while a mapping lives;
+ *  - unmap/release do not synchronise: we synchronise the context first
+ *    (PyTorch CUDACachingAllocator does the same).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "wex.h"
+#include "src/log.h"
+#include "vmm/cudawrap.h"
+#include "vmm/cuda_backend.h"
+
+struct vmm_chunk {
+	CUmemGenericAllocationHandle h; /* 0 when released */
+	uint64_t size;                  /* allocation size, mapped whole */
+	int mapped;
+};
+
+/* State of one segment in this process. */
+struct vmm_priv {
+	int dev;
+	CUdeviceptr va;   /* our reservation (alloc, import); 0 for wrap */
+	uint64_t va_size;
+	size_t n;
+	struct vmm_chunk c[];
+};
+
+/* State of one same-address region. */
+struct region_priv {
+	int dev;
+	uint64_t gran;
+	CUmemGenericAllocationHandle own; /* 0 while the producer's is mapped */
+	size_t npieces;                   /* producer pieces mapped (fixed) */
+	uint64_t *piece;                  /* their sizes, in address order */
+};
+
+static void set_prop(CUmemAllocationProp *prop, int dev, unsigned types)
+{
+	*prop = (CUmemAllocationProp){
+		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+		.requestedHandleTypes = (CUmemAllocationHandleType)types,
+		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev },
+	};
+}
+
+static int granularity(const CUmemAllocationProp *prop, uint64_t *g)
+{
+	size_t v = 0;
+	int ret;
+
+	ret = WEX_CU(wex__cu.cuMemGetAllocationGranularity(&v, prop,
+							  CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+	if (ret)
+		return ret;
+	*g = v ? v : 1;
+	return 0;
+}
+
+static uint64_t round_up(uint64_t v, uint64_t g)
+{
+	return (v + g - 1) / g * g;
+}
+
+static int dev_attr(int dev, CUdevice_attribute a)
+{
+	CUdevice d;
+	int v = 0;
+
+	if (wex__cu.cuDeviceGet(&d, dev) != CUDA_SUCCESS ||
+	    wex__cu.cuDeviceGetAttribute(&v, a, d) != CUDA_SUCCESS)
+		return 0;
+	return v;
+}
+
+static int set_access(CUdeviceptr va, uint64_t size, int dev)
+{
+	CUmemAccessDesc a = {
+		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev },
+		/* Read-write, as cuda-samples memMapIPCDrv does: a read-only
+		 * device mapping has not been verified on hardware here. */
+		.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+	};
+
+	return WEX_CU(wex__cu.cuMemSetAccess(va, (size_t)size, &a, 1));
+}
+
+/* Exports h as a close-on-exec fd (the driver's fd is inheritable). */
+static int export_fd(CUmemGenericAllocationHandle h, int *fd)
+{
+	int f = -1, ret;
+
+	ret = WEX_CU(wex__cu.cuMemExportToShareableHandle(&f, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+							  0));
+	if (ret)
+		return ret;
+	if (fcntl(f, F_SETFD, FD_CLOEXEC) < 0)
+		wex_warn("cuda", "FD_CLOEXEC on exported fd %d: %m", f);
+	*fd = f;
+	return 0;
+}
+
+/* Puts the 64-byte fabric handle in desc when the allocation has one:
+ * multi-node NVLink peers import it without fd passing. */
+static void export_fabric(CUmemGenericAllocationHandle h, unsigned types, struct wex_mem_desc *d)
+{
+	CUmemFabricHandle fh;
+
+	if (!(types & CU_MEM_HANDLE_TYPE_FABRIC))
+		return;
+	if (wex__cu.cuMemExportToShareableHandle(&fh, h, CU_MEM_HANDLE_TYPE_FABRIC, 0) != CUDA_SUCCESS)
+		return; /* the POSIX fd still works on this node */
+	memcpy(d->handle, fh.data, sizeof(fh.data));
+	d->handle_len = sizeof(fh.data);
+}
+
+static struct vmm_priv *priv_new(size_t n, int dev)
+{
+	struct vmm_priv *p = calloc(1, sizeof(*p) + n * sizeof(p->c[0]));
+
+	if (p) {
+		p->n = n;
+		p->dev = dev;
+	}
+	return p;
+}
+
+static int cu_probe(char *why, size_t len)
+{
+	return wex__cuda_probe(why, len);
+}
+
+static int vmm_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
+{
+	unsigned types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	CUmemGenericAllocationHandle h = 0;
+	CUmemAllocationProp prop;
+	struct vmm_priv *p;
+	CUdeviceptr va = 0;
+	uint64_t g, asize;
+	CUresult r;
+	int fd = -1, ret;
+
+	ret = wex__cuda_use_device(device);
+	if (ret)
+		return ret;
+	if (size == 0)
+		return -EINVAL;
+	if (!dev_attr(device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)) {
+		wex_error("cuda", "device %d cannot export VMM memory as a POSIX fd", device);
+		return -EOPNOTSUPP;
+	}
+	if (dev_attr(device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED))
+		types |= CU_MEM_HANDLE_TYPE_FABRIC;
+	set_prop(&prop, device, types);
+	if (dev_attr(device, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED))
+		prop.allocFlags.gpuDirectRDMACapable = 1;
+	ret = granularity(&prop, &g);
+	if (ret)
+		return ret;
+	asize = round_up(size, g);
+	r = wex__cu.cuMemCreate(&h, (size_t)asize, &prop, 0);
+	if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && (types & CU_MEM_HANDLE_TYPE_FABRIC)) {
+		/* No IMEX channel or fabric manager: PyTorch treats any non-OOM
+		 * failure the same way and falls back to POSIX fds. */
+		wex_debug("cuda", "fabric handles unavailable (%s): POSIX fd only",
+			  wex__cuda_errname(r));
+		types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+		prop.requestedHandleTypes = (CUmemAllocationHandleType)types;
+		r = wex__cu.cuMemCreate(&h, (size_t)asize, &prop, 0);
+	}
+	ret = wex__cuda_err(r, "cuMemCreate");
+	if (ret)
+		return ret;
+	ret = WEX_CU(wex__cu.cuMemAddressReserve(&va, (size_t)asize, (size_t)g, 0, 0));
+	if (ret)
+		goto err_release;
+	ret = WEX_CU(wex__cu.cuMemMap(va, (size_t)asize, 0, h, 0));
+	if (ret)
+		goto err_free_va;
+	ret = set_access(va, asize, device);
+	if (ret)
+		goto err_unmap;
+	ret = export_fd(h, &fd);
+	if (ret)
+		goto err_unmap;
+	p = priv_new(1, device);
+	if (!p) {
+		ret = -ENOMEM;
+		goto err_close;
+	}
+	p->va = va;
+	p->va_size = asize;
+	p->c[0] = (struct vmm_chunk){ .h = h, .size = asize, .mapped = 1 };
+	memset(seg, 0, sizeof(*seg));
+	seg->ops = &wex_mem_cuda_vmm_ops;
+	seg->desc.kind = WEX_MEM_CUDA_VMM;
+	seg->desc.size = size;
+	seg->desc.alloc_size = asize;
+	wex__cuda_device_uuid(device, seg->desc.device, sizeof(seg->desc.device));
+	export_fabric(h, types, &seg->desc);
+	seg->ptr = (void *)(uintptr_t)va;
+	seg->fd = fd;
+	seg->owner = 1;
+	seg->priv = p;
+	return 0;
+err_close:
+	close(fd);
+err_unmap:
+	wex__cu.cuMemUnmap(va, (size_t)asize);
+err_free_va:
+	wex__cu.cuMemAddressFree(va, (size_t)asize);
+err_release:
+	wex__cu.cuMemRelease(h);
+	return ret;
+}
+
+int wex__cuda_vmm_chunks(void *ptr, uint64_t size, struct wex__cuda_chunk *out, size_t max,
+			 size_t *n)
+{
+	uint64_t cur = (uint64_t)(uintptr_t)ptr, end = cur + size;
+	size_t k = 0;
+	int dev, ret;
+
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	if (size == 0)
+		return -EINVAL;
+	if (wex__cuda_ptr_device(cur, &dev) == 0) {
+		ret = wex__cuda_use_device(dev);
+		if (ret)
+			return ret;
+	}
+	while (cur < end) {
+		CUdeviceptr base = 0;
+		size_t sz = 0;
+
+		/* For VMM memory the range is one cuMemMap'd allocation (one
+		 * expandable-segment chunk); verify on hardware. */
+		ret = WEX_CU(wex__cu.cuMemGetAddressRange(&base, &sz, (CUdeviceptr)cur));
+		if (ret)
+			return ret;
+		if (sz == 0 || base + sz <= cur)
+			return -EINVAL;
+		if (k < max)
+			out[k] = (struct wex__cuda_chunk){
+				.base = base, .size = sz, .offset = cur - base,
+			};
+		k++;
+		cur = base + sz;
+	}
+	*n = k;
+	return k > max ? -ENOSPC : 0;
+}
+
+static int vmm_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
+{
+	CUmemGenericAllocationHandle h = 0;
+	struct wex__cuda_chunk ch;
+	CUmemAllocationProp prop;
+	struct vmm_priv *p;
+	size_t n = 0;
+	int efd = -1, dev, ret;
+
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	if (!ptr || size == 0)
+		return -EINVAL;
+	ret = wex__cuda_vmm_chunks(ptr, size, &ch, 1, &n);
+	if (ret == -ENOSPC) {
+		wex_error("cuda", "[%p, +%llu) spans %zu allocations: wrap each chunk "
+			  "(wex__cuda_vmm_chunks) and import them with wex__cuda_vmm_import_chunks",
+			  ptr, (unsigned long long)size, n);
+		return -E2BIG;
+	}
+	if (ret)
+		return ret;
+	ret = WEX_CU(wex__cu.cuMemRetainAllocationHandle(&h, ptr));
+	if (ret)
+		return ret == -EINVAL ? -EOPNOTSUPP : ret; /* not VMM memory */
+	ret = WEX_CU(wex__cu.cuMemGetAllocationPropertiesFromHandle(&prop, h));
+	if (ret)
+		goto err_release;
+	if (!(prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+		/* vLLM's CuMemAllocator and torch_memory_saver create memory
+		 * like this: it can never be exported. */
+		wex_error("cuda", "memory at %p was created without a POSIX fd handle type: not "
+			  "exportable (use PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or "
+			  "wex_cuda_alloc)", ptr);
+		ret = -EOPNOTSUPP;
+		goto err_release;
+	}
+	dev = prop.location.id;
+	ret = export_fd(h, &efd);
+	if (ret)
+		goto err_release;
+	p = priv_new(1, dev);
+	if (!p) {
+		ret = -ENOMEM;
+		goto err_close;
+	}
+	/* The retained handle is released by release(): retain and release
+	 * come in pairs. */
+	p->c[0] = (struct vmm_chunk){ .h = h, .size = ch.size };
+	memset(seg, 0, sizeof(*seg));
+	seg->ops = &wex_mem_cuda_vmm_ops;
+	seg->desc.kind = WEX_MEM_CUDA_VMM;
+	seg->desc.size = size;
+	seg->desc.alloc_size = ch.size;
+	seg->desc.handle_offset = ch.offset;
+	wex__cuda_device_uuid(dev, seg->desc.device, sizeof(seg->desc.device));
+	export_fabric(h, prop.requestedHandleTypes, &seg->desc);
+	seg->ptr = ptr;
+	seg->fd = efd;
+	seg->owner = 0;
+	seg->priv = p;
+	return 0;
+err_close:
+	close(efd);
+err_release:
+	wex__cu.cuMemRelease(h);
+	return ret;
+}
+
+static void close_fds(const int *fds, size_t n, size_t from)
+{
+	for (size_t i = from; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+}
+
+int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds, size_t n,
+				struct wex_mem_seg *seg)
+{
+	CUmemAllocationProp prop;
+	struct vmm_priv *p = NULL;
+	CUdeviceptr va = 0;
+	uint64_t g, total = 0, off;
+	size_t i = 0;
+	int dev, ret;
+
+	ret = wex__cuda_load();
+	if (ret)
+		goto err_fds;
+	if (n == 0) {
+		ret = -EINVAL;
+		goto err_fds;
+	}
+	for (size_t k = 0; k < n; k++) {
+		if (descs[k].kind != WEX_MEM_CUDA_VMM || descs[k].alloc_size == 0 ||
+		    (fds[k] < 0 && descs[k].handle_len != sizeof(CUmemFabricHandle))) {
+			ret = -EINVAL;
+			goto err_fds;
+		}
+		total += descs[k].alloc_size;
+	}
+	if (descs[0].handle_offset + (n == 1 ? descs[0].size : 0) > total) {
+		ret = -EINVAL;
+		goto err_fds;
+	}
+	ret = wex__cuda_device_by_uuid(descs[0].device, &dev);
+	if (ret)
+		goto err_fds;
+	ret = wex__cuda_use_device(dev);
+	if (ret)
+		goto err_fds;
+	set_prop(&prop, dev, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	ret = granularity(&prop, &g);
+	if (ret)
+		goto err_fds;
+	p = priv_new(n, dev);
+	if (!p) {
+		ret = -ENOMEM;
+		goto err_fds;
+	}
+	ret = WEX_CU(wex__cu.cuMemAddressReserve(&va, (size_t)total, (size_t)g, 0, 0));
+	if (ret)
+		goto err_free;
+	p->va = va;
+	p->va_size = total;
+	for (i = 0, off = 0; i < n; off += descs[i].alloc_size, i++) {
+		CUmemGenericAllocationHandle h = 0;
+
+		if (fds[i] >= 0)
+			ret = WEX_CU(wex__cu.cuMemImportFromShareableHandle(
+				&h, (void *)(uintptr_t)fds[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+		else
+			ret = WEX_CU(wex__cu.cuMemImportFromShareableHandle(
+				&h, (void *)descs[i].handle, CU_MEM_HANDLE_TYPE_FABRIC));
+		/* The handle holds the memory now; the fd is one more reference
+		 * we need not keep (memMapIPCDrv closes it at once too). */
+		if (fds[i] >= 0)
+			close(fds[i]);
+		if (ret) {
+			i++;
+			goto err_unmap;
+		}
+		p->c[i].h = h;
+		p->c[i].size = descs[i].alloc_size;
+		if (off % g || descs[i].alloc_size % g) {
+			ret = -EINVAL;
+			i++;
+			goto err_unmap;
+		}
+		ret = WEX_CU(wex__cu.cuMemMap(va + off, (size_t)descs[i].alloc_size, 0, h, 0));
+		if (ret) {
+			i++;
+			goto err_unmap;
+		}
+		p->c[i].mapped = 1;
+	}
+	/* One cuMemSetAccess over the whole range: it is the expensive call. */
+	ret = set_access(va, total, dev);
+	if (ret)
+		goto err_unmap;
+	memset(seg, 0, sizeof(*seg));
+	seg->ops = &wex_mem_cuda_vmm_ops;
+	seg->desc = descs[0];
+	seg->desc.alloc_size = total;
+	if (n > 1)
+		seg->desc.size = total - descs[0].handle_offset;
+	seg->ptr = (void *)(uintptr_t)(va + descs[0].handle_offset);
+	seg->fd = -1;
+	seg->owner = 2;
+	seg->priv = p;
+	return 0;
+err_unmap:
+	close_fds(fds, n, i);
+	off = 0;
+	for (size_t k = 0; k < n; off += descs[k].alloc_size, k++) {
+		if (p->c[k].mapped)
+			wex__cu.cuMemUnmap(va + off, (size_t)p->c[k].size);
+		if (p->c[k].h)
+			wex__cu.cuMemRelease(p->c[k].h);
+	}
+	wex__cu.cuMemAddressFree(va, (size_t)total);
+	free(p);
+	return ret;
+err_free:
+	free(p);
+err_fds:
+	close_fds(fds, n, 0);
+	return ret;
+}
+
+static int vmm_import(const struct wex_mem_desc *desc, int fd, struct wex_mem_seg *seg)
+{
+	return wex__cuda_vmm_import_chunks(desc, &fd, 1, seg);
+}
+
+static int keep_first(int ret, int r)
+{
+	return ret ? ret : r;
+}
+
+static int vmm_release(struct wex_mem_seg *seg)
+{
+	struct vmm_priv *p = seg->priv;
+	int ret = 0;
+
+	if (p && wex__cuda_load() == 0) {
+		ret = wex__cuda_use_device(p->dev);
+		if (p->va) {
+			/* Unmap does not wait for kernels still reading. */
+			ret = keep_first(ret, WEX_CU(wex__cu.cuCtxSynchronize()));
+			uint64_t off = 0;
+
+			for (size_t i = 0; i < p->n; off += p->c[i].size, i++)
+				if (p->c[i].mapped)
+					ret = keep_first(ret, WEX_CU(wex__cu.cuMemUnmap(
+						p->va + off, (size_t)p->c[i].size)));
+			ret = keep_first(ret, WEX_CU(wex__cu.cuMemAddressFree(p->va, (size_t)p->va_size)));
+		}
+		for (size_t i = 0; i < p->n; i++)
+			if (p->c[i].h)
+				ret = keep_first(ret, WEX_CU(wex__cu.cuMemRelease(p->c[i].h)));
+	}
+	free(p);
+	if (seg->fd >= 0 && close(seg->fd) < 0 && !ret)
+		ret = -errno;
+	seg->fd = -1;
+	seg->ptr = NULL;
+	seg->priv = NULL;
+	return ret;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Same-address remap.                                                    */
+
+static int own_create(int dev, uint64_t size, CUmemGenericAllocationHandle *h)
+{
+	CUmemAllocationProp prop;
+
+	/* The consumer's own memory is never exported: no handle types. */
+	set_prop(&prop, dev, CU_MEM_HANDLE_TYPE_NONE);
+	return WEX_CU(wex__cu.cuMemCreate(h, (size_t)size, &prop, 0));
+}
+
+static int vmm_reserve(uint64_t size, int device, struct wex_mem_region *r)
+{
+	CUmemGenericAllocationHandle h = 0;
+	CUmemAllocationProp prop;
+	struct region_priv *p;
+	CUdeviceptr va = 0;
+	uint64_t g;
+	int ret;
+
+	ret = wex__cuda_use_device(device);
+	if (ret)
+		return ret;
+	if (size == 0)
+		return -EINVAL;
+	/* The producer's exportable allocations dictate the alignment. */
+	set_prop(&prop, device, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	ret = granularity(&prop, &g);
+	if (ret)
+		return ret;
+	size = round_up(size, g);
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	ret = WEX_CU(wex__cu.cuMemAddressReserve(&va, (size_t)size, (size_t)g, 0, 0));
+	if (ret)
+		goto err_free;
+	ret = own_create(device, size, &h);
+	if (ret)
+		goto err_free_va;
+	ret = WEX_CU(wex__cu.cuMemMap(va, (size_t)size, 0, h, 0));
+	if (ret)
+		goto err_release;
+	ret = set_access(va, size, device);
+	if (ret)
+		goto err_unmap;
+	p->dev = device;
+	p->gran = g;
+	p->own = h;
+	memset(r, 0, sizeof(*r));
+	r->ops = &wex_mem_cuda_vmm_ops;
+	r->addr = (void *)(uintptr_t)va;
+	r->size = size;
+	r->device = device;
+	r->priv = p;
+	return 0;
+err_unmap:
+	wex__cu.cuMemUnmap(va, (size_t)size);
+err_release:
+	wex__cu.cuMemRelease(h);
+err_free_va:
+	wex__cu.cuMemAddressFree(va, (size_t)size);
+err_free:
+	free(p);
+	return ret;
+}
+
+/* Unmaps whatever is mapped at the region now: its own memory (one piece)
+ * or the producer's pieces. */
+static int unmap_current(struct wex_mem_region *r, struct region_priv *p)
+{
+	CUdeviceptr va = (CUdeviceptr)(uintptr_t)r->addr;
+	int ret = 0;
+
+	if (!r->fixed)
+		return p->own ? WEX_CU(wex__cu.cuMemUnmap(va, (size_t)r->size)) : 0;
+	for (size_t i = 0; i < p->npieces; va += p->piece[i], i++)
+		ret = keep_first(ret, WEX_CU(wex__cu.cuMemUnmap(va, (size_t)p->piece[i])));
+	free(p->piece);
+	p->piece = NULL;
+	p->npieces = 0;
+	return ret;
+}
+
+static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint64_t off)
+{
+	struct region_priv *p = r->priv;
+	struct vmm_priv *s = seg->priv;
+	CUdeviceptr va = (CUdeviceptr)(uintptr_t)r->addr;
+	uint64_t *piece, coff = 0, end = off + r->size, total = 0;
+	size_t np = 0, mapped = 0;
+	int ret;
+
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	if (!p || !s || seg->ops != &wex_mem_cuda_vmm_ops || r->ops != &wex_mem_cuda_vmm_ops)
+		return -EINVAL;
+	for (size_t i = 0; i < s->n; i++) {
+		if (!s->c[i].h)
+			return -EINVAL; /* released: nothing to map */
+		total += s->c[i].size;
+	}
+	/* `off` counts from the start of the segment's first allocation. */
+	if (off % p->gran || end > total)
+		return -EINVAL;
+	piece = calloc(s->n, sizeof(*piece));
+	if (!piece)
+		return -ENOMEM;
+	ret = wex__cuda_use_device(r->device);
+	if (ret)
+		goto err_free;
+	/* No kernel of ours may read the old pages while they go away. */
+	ret = WEX_CU(wex__cu.cuCtxSynchronize());
+	if (ret)
+		goto err_free;
+	ret = unmap_current(r, p);
+	if (ret)
+		goto err_free;
+	for (size_t i = 0; i < s->n; coff += s->c[i].size, i++) {
+		uint64_t ps = off > coff ? off : coff;
+		uint64_t pe = end < coff + s->c[i].size ? end : coff + s->c[i].size;
+
+		if (ps >= pe)
+			continue;
+		ret = WEX_CU(wex__cu.cuMemMap(va + (ps - off), (size_t)(pe - ps), (size_t)(ps - coff),
+					      s->c[i].h, 0));
+		if (ret) {
+			/* The cuMemMap reference still says "offset: currently
+			 * must be zero"; newer drivers accept granularity
+			 * multiples.  Name the cause when that is the case. */
+			if (ps != coff)
+				wex_error("cuda", "map_fixed: the driver refused to map allocation %zu "
+					  "from offset %llu; give the region whole producer "
+					  "allocations (off at an allocation start)", i,
+					  (unsigned long long)(ps - coff));
+			goto err_unmap;
+		}
+		piece[np++] = pe - ps;
+		mapped += 1;
+	}
+	ret = set_access(va, r->size, r->device);
+	if (ret)
+		goto err_unmap;
+	/* The swap is done: our own physical memory is not needed while the
+	 * producer's is shown (zero extra memory). */
+	if (p->own) {
+		wex__cu.cuMemRelease(p->own);
+		p->own = 0;
+	}
+	p->piece = piece;
+	p->npieces = np;
+	r->fixed = 1;
+	return 0;
+err_unmap:
+	for (size_t i = 0, o = 0; i < mapped; o += piece[i], i++)
+		wex__cu.cuMemUnmap(va + o, (size_t)piece[i]);
+	r->fixed = 0;
+	/* Show our own memory again; if it was already gone (a swap from
+	 * one producer segment to another), fresh memory: the contents are
+	 * lost and the caller must re-sync. */
+	if (!p->own && own_create(r->device, r->size, &p->own) != 0)
+		p->own = 0;
+	if (p->own && WEX_CU(wex__cu.cuMemMap(va, (size_t)r->size, 0, p->own, 0)) == 0)
+		set_access(va, r->size, r->device);
+err_free:
+	free(piece);
+	return ret;
+}
+
+static int vmm_unmap_fixed(struct wex_mem_region *r)
+{
+	struct region_priv *p = r->priv;
+	CUmemGenericAllocationHandle h = 0;
+	CUdeviceptr va = (CUdeviceptr)(uintptr_t)r->addr, tmp = 0;
+	CUstream s;
+	int ret;
+
+	if (!r->fixed)
+		return 0;
+	ret = wex__cuda_use_device(r->device);
+	if (ret)
+		return ret;
+	ret = wex__cuda_stream(r->device, &s);
+	if (ret)
+		return ret;
+	/* New own memory at a temporary address first: the region keeps
+	 * showing the producer's bytes until the copy is complete, and an
+	 * error up to there leaves it as it was. */
+	ret = own_create(r->device, r->size, &h);
+	if (ret)
+		return ret;
+	ret = WEX_CU(wex__cu.cuMemAddressReserve(&tmp, (size_t)r->size, (size_t)p->gran, 0, 0));
+	if (ret)
+		goto err_release;
+	ret = WEX_CU(wex__cu.cuMemMap(tmp, (size_t)r->size, 0, h, 0));
+	if (ret)
+		goto err_free_tmp;
+	ret = set_access(tmp, r->size, r->device);
+	if (ret)
+		goto err_unmap_tmp;
+	ret = WEX_CU(wex__cu.cuMemcpyAsync(tmp, va, (size_t)r->size, s));
+	if (!ret)
+		ret = WEX_CU(wex__cu.cuStreamSynchronize(s));
+	if (ret)
+		goto err_unmap_tmp;
+	wex__cu.cuMemUnmap(tmp, (size_t)r->size);
+	wex__cu.cuMemAddressFree(tmp, (size_t)r->size);
+	ret = WEX_CU(wex__cu.cuCtxSynchronize());
+	if (!ret)
+		ret = unmap_current(r, p);
+	r->fixed = 0;
+	p->own = h;
+	if (ret)
+		return ret;
+	ret = WEX_CU(wex__cu.cuMemMap(va, (size_t)r->size, 0, h, 0));
+	if (!ret)
+		ret = set_access(va, r->size, r->device);
+	return ret;
+err_unmap_tmp:
+	wex__cu.cuMemUnmap(tmp, (size_t)r->size);
+err_free_tmp:
+	wex__cu.cuMemAddressFree(tmp, (size_t)r->size);
+err_release:
+	wex__cu.cuMemRelease(h);
+	return ret;
+}
+
+static int vmm_unreserve(struct wex_mem_region *r)
+{
+	struct region_priv *p = r->priv;
+	int ret;
+
+	if (!p)
+		return 0;
+	ret = wex__cuda_use_device(r->device);
+	if (!ret) {
+		ret = WEX_CU(wex__cu.cuCtxSynchronize());
+		ret = keep_first(ret, unmap_current(r, p));
+		ret = keep_first(ret, WEX_CU(wex__cu.cuMemAddressFree((CUdeviceptr)(uintptr_t)r->addr,
+								      (size_t)r->size)));
+		if (p->own)
+			ret = keep_first(ret, WEX_CU(wex__cu.cuMemRelease(p->own)));
+	}
+	free(p->piece);
+	free(p);
+	r->priv = NULL;
+	r->addr = NULL;
+	r->fixed = 0;
+	return ret;
+}
+
+const struct wex_mem_ops wex_mem_cuda_vmm_ops = {
+	.name = "cuda_vmm",
+	.kind = WEX_MEM_CUDA_VMM,
+	.probe = cu_probe,
+	.alloc = vmm_alloc,
+	.wrap = vmm_wrap,
+	.import = vmm_import,
+	.release = vmm_release,
+	.reserve = vmm_reserve,
+	.map_fixed = vmm_map_fixed,
+	.unmap_fixed = vmm_unmap_fixed,
+	.unreserve = vmm_unreserve,
+	.copy = wex__cuda_copy,
+};

@@ -1,0 +1,357 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cudawrap.c - loads libcuda.so.1 at run time and resolves every entry
+ * point through cuGetProcAddress (NCCL src/misc/cudawrap.cc pattern).
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "wex.h"
+#include "src/log.h"
+#include "vmm/cudawrap.h"
+
+#define WEX_CUDA_MAX_DEVICES 64
+
+struct wex__cu_table wex__cu;
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static int load_result = -WEX_ENOCUDA;
+static char load_why[512] = "CUDA driver not loaded yet";
+static void *libcuda;
+
+static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext dev_ctx[WEX_CUDA_MAX_DEVICES];
+static CUstream dev_stream[WEX_CUDA_MAX_DEVICES];
+
+typedef CUresult (*pfn_getproc_v2)(const char *, void **, int, cuuint64_t,
+				   CUdriverProcAddressQueryResult *);
+typedef CUresult (*pfn_getproc_v1)(const char *, void **, int, cuuint64_t);
+
+/* Resolves one symbol at one ABI version with whichever cuGetProcAddress
+ * the driver exports (v2 since CUDA 12.0, v1 since 11.3). */
+static CUresult getproc(pfn_getproc_v2 gp2, pfn_getproc_v1 gp1, const char *sym, void **pfn,
+			int ver)
+{
+	CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+	CUresult r;
+
+	*pfn = NULL;
+	if (gp2) {
+		r = gp2(sym, pfn, ver, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+		if (r == CUDA_SUCCESS && st != CU_GET_PROC_ADDRESS_SUCCESS)
+			r = CUDA_ERROR_NOT_FOUND;
+	} else {
+		r = gp1(sym, pfn, ver, CU_GET_PROC_ADDRESS_DEFAULT);
+	}
+	if (r == CUDA_SUCCESS && !*pfn)
+		r = CUDA_ERROR_NOT_FOUND;
+	if (r != CUDA_SUCCESS)
+		*pfn = NULL;
+	return r;
+}
+
+static void load_driver(void)
+{
+	const char *path = getenv("WEX_CUDA_LIB");
+	pfn_getproc_v2 gp2;
+	pfn_getproc_v1 gp1 = NULL;
+	void *pfn;
+	CUresult r;
+	int ver = 0;
+
+	if (!path || !*path)
+		path = "libcuda.so.1";
+	dlerror();
+	libcuda = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!libcuda) {
+		const char *e = dlerror();
+
+		snprintf(load_why, sizeof(load_why), "%s not found: %s", path, e ? e : "dlopen failed");
+		goto err;
+	}
+	/* The only symbols taken with dlsym: everything else comes through
+	 * cuGetProcAddress at an explicit ABI version. */
+	gp2 = (pfn_getproc_v2)(uintptr_t)dlsym(libcuda, "cuGetProcAddress_v2");
+	if (!gp2)
+		gp1 = (pfn_getproc_v1)(uintptr_t)dlsym(libcuda, "cuGetProcAddress");
+	if (!gp2 && !gp1) {
+		snprintf(load_why, sizeof(load_why),
+			 "%s lacks cuGetProcAddress_v2/cuGetProcAddress (driver older than CUDA 11.3?)",
+			 path);
+		goto err_close;
+	}
+	r = getproc(gp2, gp1, "cuDriverGetVersion", &pfn, 2020);
+	if (r != CUDA_SUCCESS) {
+		snprintf(load_why, sizeof(load_why), "%s: missing driver entry point cuDriverGetVersion",
+			 path);
+		goto err_close;
+	}
+	wex__cu.cuDriverGetVersion = (PFN_cuDriverGetVersion_v2020)(uintptr_t)pfn;
+	if (wex__cu.cuDriverGetVersion(&ver) != CUDA_SUCCESS)
+		ver = 0;
+	wex__cu.driver_version = ver;
+
+#define WEX_CU_RESOLVE(field, sym, v, req)                                                 \
+	do {                                                                               \
+		if (!(req) && ver && ver < (v))                                            \
+			break; /* optional and newer than this driver */                  \
+		r = getproc(gp2, gp1, #sym, &pfn, (v));                                    \
+		if (r != CUDA_SUCCESS && (req)) {                                          \
+			snprintf(load_why, sizeof(load_why),                               \
+				 "%s: missing driver entry point %s (ABI %d, driver %d)", path,  \
+				 #sym, (v), ver);                                          \
+			goto err_close;                                                    \
+		}                                                                          \
+		wex__cu.field = (PFN_##sym##_v##v)(uintptr_t)pfn;                          \
+	} while (0);
+	WEX_CU_SYMBOLS(WEX_CU_RESOLVE)
+#undef WEX_CU_RESOLVE
+
+	r = wex__cu.cuInit(0);
+	if (r != CUDA_SUCCESS) {
+		snprintf(load_why, sizeof(load_why), "cuInit failed: %s (%s)", wex__cuda_errname(r),
+			 r == CUDA_ERROR_NO_DEVICE ? "no CUDA-capable device" : "driver unusable");
+		goto err_close;
+	}
+	load_why[0] = '\0';
+	load_result = 0;
+	wex_debug("cuda", "driver %s loaded, version %d", path, ver);
+	return;
+err_close:
+	/* Keep no half-resolved table: every later call sees -WEX_ENOCUDA. */
+	memset(&wex__cu, 0, sizeof(wex__cu));
+	dlclose(libcuda);
+	libcuda = NULL;
+err:
+	load_result = -WEX_ENOCUDA;
+	wex_debug("cuda", "CUDA unavailable: %s", load_why);
+}
+
+int wex__cuda_load(void)
+{
+	pthread_once(&load_once, load_driver);
+	return load_result;
+}
+
+const char *wex__cuda_why(void)
+{
+	wex__cuda_load();
+	return load_why;
+}
+
+int wex__cuda_probe(char *why, size_t len)
+{
+	int ret = wex__cuda_load();
+
+	if (why && len) {
+		snprintf(why, len, "%s", load_why);
+	}
+	return ret;
+}
+
+const char *wex__cuda_errname(CUresult r)
+{
+	const char *s = NULL;
+
+	if (wex__cu.cuGetErrorName && wex__cu.cuGetErrorName(r, &s) == CUDA_SUCCESS && s)
+		return s;
+	return r == CUDA_ERROR_NO_DEVICE ? "CUDA_ERROR_NO_DEVICE" : "CUDA_ERROR_UNKNOWN_CODE";
+}
+
+int wex__cuda_errno(CUresult r)
+{
+	switch (r) {
+	case CUDA_SUCCESS:
+		return 0;
+	case CUDA_ERROR_OUT_OF_MEMORY:
+		return -ENOMEM;
+	case CUDA_ERROR_INVALID_VALUE:
+	case CUDA_ERROR_INVALID_HANDLE:
+		return -EINVAL;
+	case CUDA_ERROR_NOT_SUPPORTED:
+		return -EOPNOTSUPP;
+	case CUDA_ERROR_NOT_PERMITTED:
+		return -EPERM;
+	case CUDA_ERROR_INVALID_DEVICE:
+		return -ENODEV;
+	case CUDA_ERROR_ALREADY_MAPPED:
+		return -EEXIST;
+	case CUDA_ERROR_NOT_FOUND:
+		return -ENOENT;
+	case CUDA_ERROR_NOT_READY:
+		return -EAGAIN;
+	case CUDA_ERROR_NO_DEVICE:
+	case CUDA_ERROR_NOT_INITIALIZED:
+	case CUDA_ERROR_DEINITIALIZED:
+	case CUDA_ERROR_STUB_LIBRARY:
+		return -WEX_ENOCUDA;
+	default:
+		return -EIO;
+	}
+}
+
+int wex__cuda_err(CUresult r, const char *call)
+{
+	const char *desc = NULL;
+
+	if (r == CUDA_SUCCESS)
+		return 0;
+	if (!wex__cu.cuGetErrorString || wex__cu.cuGetErrorString(r, &desc) != CUDA_SUCCESS)
+		desc = NULL;
+	wex_error("cuda", "%s: %s (%s)", call, wex__cuda_errname(r), desc ? desc : "no description");
+	return wex__cuda_errno(r);
+}
+
+int wex__cuda_use_device(int dev)
+{
+	CUcontext ctx, cur = NULL;
+	CUdevice d;
+	int ret;
+
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	if (dev < 0 || dev >= WEX_CUDA_MAX_DEVICES)
+		return -ENODEV;
+	pthread_mutex_lock(&dev_lock);
+	ctx = dev_ctx[dev];
+	if (!ctx) {
+		ret = WEX_CU(wex__cu.cuDeviceGet(&d, dev));
+		if (!ret)
+			ret = WEX_CU(wex__cu.cuDevicePrimaryCtxRetain(&ctx, d));
+		if (!ret)
+			dev_ctx[dev] = ctx;
+	}
+	pthread_mutex_unlock(&dev_lock);
+	if (ret)
+		return ret;
+	/* Setting the same context again is cheap but not free: skip it. */
+	if (wex__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx)
+		return 0;
+	return WEX_CU(wex__cu.cuCtxSetCurrent(ctx));
+}
+
+int wex__cuda_ptr_device(uint64_t ptr, int *dev)
+{
+	CUcontext cur = NULL;
+	CUdevice d;
+	int ord = -1;
+	int ret;
+
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	if (wex__cu.cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+					  (CUdeviceptr)ptr) == CUDA_SUCCESS && ord >= 0) {
+		*dev = ord;
+		return 0;
+	}
+	/* Pointer queries may need a current context: borrow device 0's
+	 * primary context when the thread has none, and ask again. */
+	if (wex__cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur) {
+		if (wex__cuda_use_device(0) == 0 &&
+		    wex__cu.cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+						  (CUdeviceptr)ptr) == CUDA_SUCCESS && ord >= 0) {
+			*dev = ord;
+			return 0;
+		}
+	}
+	/* Host memory or an unknown pointer: the current context's device. */
+	if (wex__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur &&
+	    wex__cu.cuCtxGetDevice(&d) == CUDA_SUCCESS) {
+		*dev = (int)d;
+		return 0;
+	}
+	return -ENODEV;
+}
+
+static void uuid_text(const CUuuid *u, char *out, size_t len)
+{
+	const unsigned char *b = (const unsigned char *)u->bytes;
+
+	snprintf(out, len,
+		 "%s%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+		 len >= 41 ? "GPU-" : "", b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8],
+		 b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+int wex__cuda_device_uuid(int dev, char *out, size_t len)
+{
+	CUdevice d;
+	CUuuid u;
+	int ret;
+
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	if (len < 37)
+		return -EINVAL;
+	ret = WEX_CU(wex__cu.cuDeviceGet(&d, dev));
+	if (ret)
+		return ret;
+	ret = WEX_CU(wex__cu.cuDeviceGetUuid(&u, d));
+	if (ret)
+		return ret;
+	uuid_text(&u, out, len);
+	return 0;
+}
+
+int wex__cuda_device_by_uuid(const char *uuid, int *dev)
+{
+	char mine[48];
+	const char *want = uuid;
+	int n = 0, ret;
+
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	/* Compare the bare form so that either spelling matches. */
+	if (strncmp(want, "GPU-", 4) == 0)
+		want += 4;
+	ret = WEX_CU(wex__cu.cuDeviceGetCount(&n));
+	if (ret)
+		return ret;
+	for (int i = 0; i < n; i++) {
+		CUdevice d;
+		CUuuid u;
+
+		if (wex__cu.cuDeviceGet(&d, i) != CUDA_SUCCESS ||
+		    wex__cu.cuDeviceGetUuid(&u, d) != CUDA_SUCCESS)
+			continue;
+		uuid_text(&u, mine, 37);
+		if (strcasecmp(mine, want) == 0) {
+			*dev = i;
+			return 0;
+		}
+	}
+	wex_error("cuda", "device %s is not visible to this process (%d devices; CUDA_VISIBLE_DEVICES?)",
+		  uuid, n);
+	return -ENODEV;
+}
+
+int wex__cuda_stream(int dev, CUstream *out)
+{
+	CUstream s;
+	int ret = 0;
+
+	if (dev < 0 || dev >= WEX_CUDA_MAX_DEVICES)
+		return -ENODEV;
+	pthread_mutex_lock(&dev_lock);
+	s = dev_stream[dev];
+	if (!s) {
+		/* Non-blocking: the executor must not serialise with the
+		 * engine's legacy default stream. */
+		ret = WEX_CU(wex__cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+		if (!ret)
+			dev_stream[dev] = s;
+	}
+	pthread_mutex_unlock(&dev_lock);
+	if (!ret)
+		*out = s;
+	return ret;
+}
