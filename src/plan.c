@@ -9,10 +9,11 @@
  * every cell lies wholly inside each source that touches it, so choosing one
  * source per cell writes every element exactly once (zero redundancy).
  * Cells held by several producer ranks (data-parallel replicas, replicated
- * norms) are given to the least loaded one, or rotated by consumer rank when
- * a rank is planned alone.  Cells become strided copies; contiguous dims are
- * merged, up to three outer dims kept, the rest split, and neighbouring ops
- * fused.
+ * norms) are cut into chunks when large and given to the least loaded
+ * holder, exclusive cells first and large ones first; ties rotate with the
+ * consumer rank so that ranks planned by separate planners still spread.
+ * Cells become strided copies; contiguous dims are merged, up to three outer
+ * dims kept, the rest split, and neighbouring ops fused.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -611,7 +612,7 @@ out:
 
 /* Splits cell ci into k chunks along its outermost dim with extent >= k
  * (appending the extra chunks at the end of w->cells). */
-static int split_cell(struct work *w, size_t ci, uint32_t k, size_t esz)
+static int split_cell(struct work *w, size_t ci, uint32_t k)
 {
 	struct cell c = w->cells[ci];
 	int dim = -1;
@@ -640,7 +641,6 @@ static int split_cell(struct work *w, size_t ci, uint32_t k, size_t esz)
 			return -ENOMEM;
 		w->cells[w->ncells++] = n;
 	}
-	(void)esz;
 	return 0;
 }
 
@@ -938,7 +938,7 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 					k = 1;
 			}
 			if (k > 1) {
-				ret = split_cell(&w, i, k, 0);
+				ret = split_cell(&w, i, k);
 				if (ret < 0)
 					goto out;
 			}

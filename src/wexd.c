@@ -557,8 +557,11 @@ int main(int argc, char **argv)
 	if (!log_forced)
 		wex__log_level = d.cfg.log_level;
 	snprintf(d.socket_path, sizeof(d.socket_path), "%s", d.cfg.socket);
-	snprintf(d.config_source, sizeof(d.config_source), "%s",
-		 d.cfg.path ? d.cfg.path : "defaults (no file)");
+	if (d.cfg.path && access(d.cfg.path, R_OK) == 0)
+		snprintf(d.config_source, sizeof(d.config_source), "%s", d.cfg.path);
+	else
+		snprintf(d.config_source, sizeof(d.config_source), "defaults (no %s)",
+			 d.cfg.path ? d.cfg.path : "file");
 	d.msg_max = (size_t)d.cfg.max_message_bytes;
 	d.begin_write_timeout_ms = (uint32_t)d.cfg.begin_write_timeout_ms;
 	wex__config_log(&d.cfg);

@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kat_mla.c - known answer for DeepSeek-V3 MLA and dense/MoE layers (4
+ * heads, q_lora 12, kv_lora 8, nope 4, rope 2, v 4, hidden 16, first layer
+ * dense; worked out by hand):
+ *  - vLLM tp=2 rank 1: fused_qkv_a_proj = [q_a_proj (12 rows); kv_a_proj_
+ *    with_mqa (10 rows)] whole; q_b_proj holds heads 2,3 = rows 12-23 of
+ *    q_b_proj (6 rows per head); kv_b_proj rows 16-31 (8 per head); o_proj
+ *    columns 8-15; layer 0 has mlp.gate_up_proj, layer 1 mlp.experts and
+ *    mlp.shared_experts.gate_up_proj instead.
+ *  - SGLang names the fused projection fused_qkv_a_proj_with_mqa.
+ *  - Megatron tp=2 rank 1: linear_q_up_proj / linear_kv_up_proj the same
+ *    rows; the layer norms ride on linear_*_up_proj.layer_norm_weight.
+ */
+#include "kat_common.h"
+
+#define CFG "{\"model_type\":\"deepseek_v3\",\"hidden_size\":16,\"num_hidden_layers\":2," \
+	    "\"num_attention_heads\":4,\"intermediate_size\":24,\"moe_intermediate_size\":8," \
+	    "\"n_routed_experts\":4,\"n_shared_experts\":1,\"first_k_dense_replace\":1," \
+	    "\"q_lora_rank\":12,\"kv_lora_rank\":8,\"qk_nope_head_dim\":4,\"qk_rope_head_dim\":2," \
+	    "\"v_head_dim\":4,\"vocab_size\":128}"
+
+int main(void)
+{
+	struct wex_model *m = kat_model(CFG);
+	struct wex_rank_layout l;
+	const struct wex_phys *t;
+
+	kat_rank(m, "vllm:tp=2", 1, &l);
+	t = kat_find(&l, "model.layers.0.self_attn.fused_qkv_a_proj.weight");
+	CHECK(t->shape[0] == 22 && t->shape[1] == 16, "fused_qkv_a_proj shape");
+	kat_piece(&l, t, 0, "model.layers.0.self_attn.q_a_proj.weight", 0, 12, 0);
+	kat_piece(&l, t, 1, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight", 0, 10, 12);
+	t = kat_find(&l, "model.layers.1.self_attn.q_b_proj.weight");
+	kat_piece(&l, t, 0, "model.layers.1.self_attn.q_b_proj.weight", 12, 12, 0);
+	t = kat_find(&l, "model.layers.1.self_attn.kv_b_proj.weight");
+	kat_piece(&l, t, 0, "model.layers.1.self_attn.kv_b_proj.weight", 16, 16, 0);
+	t = kat_find(&l, "model.layers.0.self_attn.o_proj.weight");
+	CHECK(t->shape[0] == 16 && t->shape[1] == 8 && l.p[t->first].start[1] == 8, "o_proj columns");
+	kat_find(&l, "model.layers.0.mlp.gate_up_proj.weight");
+	kat_find(&l, "model.layers.1.mlp.experts.w13_weight");
+	kat_find(&l, "model.layers.1.mlp.shared_experts.gate_up_proj.weight");
+	kat_find(&l, "model.layers.1.mlp.gate.e_score_correction_bias");
+	for (size_t i = 0; i < l.nt; i++)
+		CHECK(strcmp(l.t[i].name, "model.layers.1.mlp.gate_up_proj.weight") &&
+			      strcmp(l.t[i].name, "model.layers.0.mlp.experts.w13_weight"),
+		      "%s on the wrong kind of layer", l.t[i].name);
+	wex__rank_layout_free(&l);
+
+	kat_rank(m, "sglang:tp=2", 0, &l);
+	kat_find(&l, "model.layers.0.self_attn.fused_qkv_a_proj_with_mqa.weight");
+	wex__rank_layout_free(&l);
+
+	kat_rank(m, "megatron:tp=2", 1, &l);
+	t = kat_find(&l, "decoder.layers.1.self_attention.linear_q_up_proj.weight");
+	kat_piece(&l, t, 0, "model.layers.1.self_attn.q_b_proj.weight", 12, 12, 0);
+	t = kat_find(&l, "decoder.layers.1.self_attention.linear_kv_up_proj.weight");
+	kat_piece(&l, t, 0, "model.layers.1.self_attn.kv_b_proj.weight", 16, 16, 0);
+	kat_find(&l, "decoder.layers.1.self_attention.linear_kv_up_proj.layer_norm_weight");
+	kat_find(&l, "decoder.layers.1.pre_mlp_layernorm.weight");
+	kat_find(&l, "decoder.layers.0.mlp.linear_fc1.layer_norm_weight");
+	wex__rank_layout_free(&l);
+	wex__model_free(m);
+	printf("MLA layouts match the hand-worked answers\n");
+	return T_PASS;
+}
