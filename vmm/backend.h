@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define WEX_UUID_LEN 37    /* "GPU-xxxxxxxx-..." text form fits, with NUL */
+#define WEX_UUID_LEN 48    /* "GPU-" + 36-character UUID + NUL, with room */
 #define WEX_HANDLE_MAX 64  /* cudaIpcMemHandle_t is 64 bytes; fabric 64 */
 
 /* Segment kinds: the same numbers as enum wex_seg_kind in wex.h. */
