@@ -87,7 +87,7 @@ WEX_API void wex_cuda_free(void *ptr, ssize_t size, int device, void *stream)
 		}
 	pthread_mutex_unlock(&alloc_lock);
 	if (!e) {
-		wex_error("cuda", "wex_cuda_free(%p): not from wex_cuda_alloc", ptr);
+		wex_error("cuda", "wex_cuda_free: pointer not from wex_cuda_alloc");
 		return;
 	}
 	/* Unmap does not wait for the stream's kernels (PyTorch syncs too). */
@@ -95,7 +95,7 @@ WEX_API void wex_cuda_free(void *ptr, ssize_t size, int device, void *stream)
 		wex__cuda_stream_sync(stream);
 	ret = e->seg.ops->release(&e->seg);
 	if (ret)
-		wex_error("cuda", "wex_cuda_free(%p): %s", ptr, wex_strerror(ret));
+		wex_error("cuda", "wex_cuda_free: %s", wex_strerror(ret));
 	free(e);
 }
 

@@ -19,5 +19,5 @@ WEX_API void *wex_cuda_alloc(ssize_t size, int device, void *stream)
 WEX_API void wex_cuda_free(void *ptr, ssize_t size, int device, void *stream)
 {
 	if (ptr)
-		wex_error("cuda", "wex_cuda_free(%p): this libwex was built without CUDA headers", ptr);
+		wex_error("cuda", "wex_cuda_free: this libwex was built without CUDA headers");
 }

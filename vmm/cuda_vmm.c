@@ -289,9 +289,9 @@ static int vmm_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 		return -EINVAL;
 	ret = wex__cuda_vmm_chunks(ptr, size, &ch, 1, &n);
 	if (ret == -ENOSPC) {
-		wex_error("cuda", "[%p, +%llu) spans %zu allocations: wrap each chunk "
+		wex_error("cuda", "a range of %llu bytes spans %zu allocations: wrap each chunk "
 			  "(wex__cuda_vmm_chunks) and import them with wex__cuda_vmm_import_chunks",
-			  ptr, (unsigned long long)size, n);
+			  (unsigned long long)size, n);
 		return -E2BIG;
 	}
 	if (ret)
@@ -305,9 +305,9 @@ static int vmm_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 	if (!(prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
 		/* vLLM's CuMemAllocator and torch_memory_saver create memory
 		 * like this: it can never be exported. */
-		wex_error("cuda", "memory at %p was created without a POSIX fd handle type: not "
-			  "exportable (use PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or "
-			  "wex_cuda_alloc)", ptr);
+		wex_error("cuda", "memory of %llu bytes was created without a POSIX fd handle type: "
+			  "not exportable (use PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or "
+			  "wex_cuda_alloc)", (unsigned long long)size);
 		ret = -EOPNOTSUPP;
 		goto err_release;
 	}
