@@ -24,3 +24,9 @@ set_tests_properties(planner_convert_cli PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 
 
 # Benchmark: DeepSeek-V3 from 1024 Megatron GPUs to 32 vLLM instances.
 wex_add_test(bench_plan_scale SOURCES tests/bench/plan_scale.c LABELS bench TIMEOUT 600)
+
+# wexctl plan and convert on the real Qwen2-0.5B config and a generated
+# full-size checkpoint (about 1 GB written and converted three times).
+add_test(NAME planner_qwen2_convert
+  COMMAND sh ${CMAKE_SOURCE_DIR}/tests/planner/qwen2_convert.sh $<TARGET_FILE:wexctl> ${CMAKE_SOURCE_DIR})
+set_tests_properties(planner_qwen2_convert PROPERTIES LABELS "planner;slow" TIMEOUT 300 SKIP_RETURN_CODE 77)
