@@ -80,3 +80,14 @@ void wex__log(int level, const char *subsys, const char *fmt, ...)
 	buf[off++] = '\n';
 	(void)!write(STDERR_FILENO, buf, (size_t)off);
 }
+
+void wex__seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || errlen == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}

@@ -38,6 +38,11 @@ void wex__log(int level, const char *subsys, const char *fmt, ...)
 			goto label;                                                  \
 	} while (0)
 
+/* Formats a message into err (if err and errlen are non-zero). */
+#include <stddef.h>
+void wex__seterr(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
 #define WEX_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
 #endif

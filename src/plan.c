@@ -104,18 +104,9 @@ struct work {
 	int split;
 };
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
+#include "log.h"
 
-	if (!err || errlen == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
+#define seterr wex__seterr
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {

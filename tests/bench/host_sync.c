@@ -194,6 +194,18 @@ fail:
 	return -1;
 }
 
+/* Ends the consumer's lease and has the producer publish the next version
+ * (it waits in begin_write until the lease is gone). */
+static int next_version(wex_client_t *c, int cmd_fd, int ack_fd)
+{
+	char a;
+
+	wex_release(c);
+	if (write(cmd_fd, "p", 1) != 1 || read(ack_fd, &a, 1) != 1)
+		return -1;
+	return 0;
+}
+
 /* ---- producer process -------------------------------------------------- */
 
 static void producer(const char *preset, int cmd_fd, int ack_fd)
@@ -344,12 +356,8 @@ int main(int argc, char **argv)
 	last = r.version;
 
 	for (int k = 0; k < RUNS; k++) {
-		char a;
-
 		/* A new version each time: the producer waits for our lease. */
-		wex_release(c);
-		(void)!write(cmd[1], "p", 1);
-		if (read(ack[0], &a, 1) != 1)
+		if (next_version(c, cmd[1], ack[0]) < 0)
 			return 1;
 		t0 = ex_now();
 		if ((ret = wex_sync(c, WEX_SYNC_REMAP_VIEW, last + 1, 0, &r)) < 0)
@@ -361,11 +369,7 @@ int main(int argc, char **argv)
 		last = r.version;
 	}
 	for (int k = 0; k < RUNS; k++) {
-		char a;
-
-		wex_release(c);
-		(void)!write(cmd[1], "p", 1);
-		if (read(ack[0], &a, 1) != 1)
+		if (next_version(c, cmd[1], ack[0]) < 0)
 			return 1;
 		t0 = ex_now();
 		if ((ret = wex_sync(c, WEX_SYNC_COPY, last + 1, 0, &r)) < 0)
@@ -382,11 +386,7 @@ int main(int argc, char **argv)
 	/* Same-address: the first maps the producer's memory over the
 	 * engine's buffer; later versions keep the mapping. */
 	for (int k = 0; k < RUNS; k++) {
-		char a;
-
-		wex_release(c);
-		(void)!write(cmd[1], "p", 1);
-		if (read(ack[0], &a, 1) != 1)
+		if (next_version(c, cmd[1], ack[0]) < 0)
 			return 1;
 		t0 = ex_now();
 		if ((ret = wex_sync(c, WEX_SYNC_REMAP_FIXED, last + 1, 0, &r)) < 0)
