@@ -452,5 +452,7 @@ int main(int argc, char **argv)
 	       meta_s * 1e3 < 2 ? "true" : "false", sock_s / copy_s >= 5 ? "true" : "false",
 	       sock_s / touch_s >= 5 ? "true" : "false");
 	(void)sink;
+	munmap(dst, bytes);
+	free(t);
 	return 0;
 }

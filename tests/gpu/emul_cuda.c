@@ -52,7 +52,7 @@ struct range {
 	uint64_t va, size;
 	struct ealloc *a; /* mappings */
 	int kind;         /* 0 reservation, 1 mapping, 2 cuMemAlloc, 3 ipc open, 4 host reg */
-	char name[48];    /* IPC handle text (kinds 2, 3) */
+	char name[64];    /* IPC handle text (kinds 2, 3) */
 	int fd;
 };
 
@@ -512,7 +512,7 @@ static CUresult e_ipc_open(CUdeviceptr *p, CUipcMemHandle h, unsigned flags)
 	r->va = (uint64_t)(uintptr_t)m;
 	r->size = (uint64_t)st.st_size;
 	r->kind = 3;
-	snprintf(r->name, sizeof(r->name), "%s", name);
+	snprintf(r->name, sizeof(r->name), "%.63s", name);
 	*p = r->va;
 	return CUDA_SUCCESS;
 }
