@@ -8,15 +8,23 @@
  *   copy   copies the bytes into its own buffer (then releases the lease).
  *
  *   wex-consumer --rank K --world M [--group G] [--model NAME] [--preset P]
- *                [--modes view,fixed,copy] [--versions K] [--quiet]
+ *                [--modes view,fixed,copy] [--versions K] [--quiet] [--hold]
  */
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model.h"
 #include "wex.h"
+
+static volatile sig_atomic_t term;
+
+static void on_term(int s)
+{
+	term = 1;
+}
 
 static const char *mode_label(int m)
 {
@@ -29,11 +37,12 @@ int main(int argc, char **argv)
 		{ "rank", 1, NULL, 'r' },   { "world", 1, NULL, 'w' },    { "group", 1, NULL, 'g' },
 		{ "model", 1, NULL, 'm' },  { "preset", 1, NULL, 'p' },   { "modes", 1, NULL, 'M' },
 		{ "versions", 1, NULL, 'v' }, { "quiet", 0, NULL, 'q' },  { "threads", 1, NULL, 't' },
-		{ "socket", 1, NULL, 's' }, { "timeout-ms", 1, NULL, 'T' }, { 0 }
+		{ "socket", 1, NULL, 's' }, { "timeout-ms", 1, NULL, 'T' }, { "hold", 0, NULL, 'H' },
+		{ 0 }
 	};
 	const char *model = "policy", *preset = "qwen2-0.5b", *group = "engine", *sock = NULL;
 	char modes_arg[64] = "view,fixed,copy";
-	int modes[3], nmodes = 0, quiet = 0, threads = 2, opt, n, ret, failures = 0;
+	int modes[3], nmodes = 0, quiet = 0, threads = 2, opt, n, ret, failures = 0, hold = 0;
 	uint32_t rank = 0, world = 1, timeout = 60000;
 	uint64_t versions = 3, seg_bytes, last = 0;
 	struct wex_tensor *t;
@@ -54,6 +63,7 @@ int main(int argc, char **argv)
 		case 't': threads = atoi(optarg); break;
 		case 's': sock = optarg; break;
 		case 'T': timeout = (uint32_t)atoi(optarg); break;
+		case 'H': hold = 1; break;
 		default: fprintf(stderr, "usage: see the comment at the top of consumer.c\n"); return 2;
 		}
 	}
@@ -142,6 +152,14 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		wex_release(c); /* end of this rollout (no-op error if copy released it) */
+	}
+	if (hold) {
+		/* Stay attached (plans stay cached) until told to go. */
+		printf("consumer rank %u: done, holding\n", rank);
+		fflush(stdout);
+		signal(SIGTERM, on_term);
+		while (!term)
+			pause();
 	}
 	wex_client_close(c);
 	free(t);

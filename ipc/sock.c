@@ -50,6 +50,27 @@ static int mkdir_parent(const char *path)
 	return 0;
 }
 
+/*
+ * A connect can succeed although the daemon is dead: the kernel tears a
+ * killed process's io_uring down asynchronously, and until then a pending
+ * multishot accept keeps its socket listening (a wexd restarted right after
+ * a SIGKILL failed with EADDRINUSE, and a client reconnecting then waited
+ * for a reply that never came).  SO_PEERCRED of a connected socket names
+ * the process that called listen(): if it no longer exists, the listener
+ * is stale.  (A peer in another pid namespace reads as pid 0: assumed
+ * alive.)
+ */
+static int listener_gone(int fd)
+{
+	pid_t pid = 0;
+	uid_t uid;
+	gid_t gid;
+
+	if (wex_sock_peercred(fd, &pid, &uid, &gid) < 0 || pid <= 0)
+		return 0;
+	return kill(pid, 0) < 0 && errno == ESRCH;
+}
+
 int wex_sock_listen(const char *path, int mode, gid_t gid)
 {
 	struct sockaddr_un sa;
@@ -67,18 +88,7 @@ int wex_sock_listen(const char *path, int mode, gid_t gid)
 	/* A socket file left by a dead daemon refuses connections; replace it,
 	 * but never steal the path from a live one. */
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-		pid_t pid = 0;
-		uid_t puid;
-		gid_t pgid;
-
-		/* A connect can succeed even though the daemon is dead: the
-		 * kernel tears a killed process's io_uring down asynchronously,
-		 * and until then a pending multishot accept keeps its socket
-		 * listening (a restart right after a SIGKILL failed with
-		 * EADDRINUSE).  SO_PEERCRED names the process that called
-		 * listen(): if it no longer exists, the socket is stale. */
-		if (wex_sock_peercred(fd, &pid, &puid, &pgid) < 0 || pid <= 0 ||
-		    kill(pid, 0) == 0 || errno != ESRCH) {
+		if (!listener_gone(fd)) {
 			close(fd);
 			return -EADDRINUSE;
 		}
@@ -129,6 +139,10 @@ int wex_sock_connect(const char *path)
 		ret = -errno;
 		close(fd);
 		return ret;
+	}
+	if (listener_gone(fd)) {
+		close(fd);
+		return -ECONNREFUSED; /* what the socket will say once torn down */
 	}
 	return fd;
 }

@@ -74,6 +74,10 @@ struct wex_client {
 	struct region *regions;
 	size_t nregions;
 	uint64_t version;
+	/* The version the consumer's own buffers hold (0: none).  Not
+	 * `version`: a REMAP_VIEW sync serves a version without writing the
+	 * buffers, and a COPY sync of that same version must still copy. */
+	uint64_t copied;
 	int has_lease;
 	int dirty;
 	json_t *report; /* the last finished sync, sent with the next request */
@@ -271,7 +275,18 @@ static int reconnect(struct wex_client *c)
 				goto err;
 		if (c->nptensors && (ret = send_tensors(c)) < 0)
 			goto err;
-		c->writing = 0;
+		/* A write begun on the old daemon goes on: begin it again here
+		 * (no lease can hold the new daemon's fresh model), or the
+		 * publish that ends it is refused as "not begun".  If the new
+		 * daemon refuses, the publish reports that. */
+		if (c->writing) {
+			json_t *req = json_pack("{s:s, s:I, s:I}", "op", "begin_write", "version",
+						(json_int_t)c->writing, "timeout_ms",
+						(json_int_t)c->timeout_ms);
+
+			if (rpc(c, req, NULL, 0, NULL, NULL, 0, NULL, c->timeout_ms) < 0)
+				c->writing = 0;
+		}
 	} else if (c->role == WEX_ROLE_CONSUMER) {
 		if (c->nlayout && (ret = send_layout(c)) < 0)
 			goto err;
@@ -597,6 +612,7 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 	c->layout = copy;
 	c->nlayout = n;
 	c->fetched = 0; /* the plan depends on the layout */
+	c->copied = 0;  /* and new buffers hold nothing yet */
 	return send_layout(c);
 }
 
@@ -943,14 +959,16 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 			goto err_release;
 	}
 	if (mode == WEX_SYNC_COPY) {
-		int changed = version != c->version || c->dirty;
+		int changed = version != c->copied || c->dirty;
 
 		/* A copy writes the consumer's own memory: regions showing the
 		 * producer's get their private memory back first. */
 		for (size_t i = 0; i < c->nregions; i++) {
 			struct region *g = &c->regions[i];
 
-			if (g->r.fixed && (ret = g->r.ops->unmap_fixed(&g->r)) < 0) {
+			if (!g->r.fixed)
+				continue;
+			if ((ret = g->r.ops->unmap_fixed(&g->r)) < 0) {
 				set_err(c, ret, "copy: restoring same-address region: %s",
 					wex_strerror(ret));
 				goto err_release;
@@ -968,6 +986,7 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 				goto err_release;
 			}
 			c->dirty = 0;
+			c->copied = version;
 		}
 		c->version = version;
 		set_report(c, "copy", bytes, t0);

@@ -54,8 +54,8 @@ static struct family histograms[WEX_M_HISTOGRAM_COUNT] = {
 				 "Time from a consumer's sync request to its completion, by mode.",
 				 { "mode" } },
 	[WEX_M_PUBLISH_VISIBLE] = { "wex_publish_to_visible_seconds",
-				    "Time from the last producer rank's publish to the version "
-				    "being offered to consumers." },
+				    "Time from the first producer rank's publish of a version to "
+				    "its visibility (all ranks published)." },
 	[WEX_M_BEGIN_WRITE_WAIT] = { "wex_begin_write_wait_seconds",
 				     "Time begin_write waited for leases on the buffer to end." },
 };

@@ -21,6 +21,7 @@
 
 #include "ipc/sock.h"
 #include "log.h"
+#include "metrics.h"
 #include "proto.h"
 #include "wexd.h"
 
@@ -48,6 +49,32 @@ static void plans_free(struct model *m)
 		struct plan_entry *p = m->plans;
 
 		m->plans = p->next;
+		if (p->fd >= 0)
+			close(p->fd);
+		wex__plan_free(p->plan);
+		free(p);
+	}
+}
+
+/* Forgets plans no connected consumer can use any more (a layout that left,
+ * or an older producer layout), closing their memfds. */
+static void plans_gc(struct model *m)
+{
+	struct plan_entry **pp = &m->plans;
+
+	while (*pp) {
+		struct plan_entry *p = *pp;
+		int used = 0;
+
+		for (struct cgroup *g = m->groups; g && !used; g = g->next)
+			for (uint32_t i = 0; i < g->world && !used; i++)
+				used = g->ranks[i] && g->ranks[i]->layout_hash == p->consumer_hash &&
+				       p->layout_gen == m->layout_gen;
+		if (used) {
+			pp = &p->next;
+			continue;
+		}
+		*pp = p->next;
 		if (p->fd >= 0)
 			close(p->fd);
 		wex__plan_free(p->plan);
@@ -519,6 +546,10 @@ json_t *wexd_publish(struct wexd *d, struct conn *c, json_t *req)
 					(long long)v, c->rank);
 	r->writing = 0;
 	r->published = (uint64_t)v;
+	if (m->first_publish_v != (uint64_t)v) {
+		m->first_publish_v = (uint64_t)v;
+		m->first_publish_ns = wex__now_ns();
+	}
 	for (uint32_t i = 0; i < m->world; i++)
 		if (m->ranks[i].published == (uint64_t)v && !m->ranks[i].writing)
 			done++;
@@ -526,6 +557,9 @@ json_t *wexd_publish(struct wexd *d, struct conn *c, json_t *req)
 		m->published = (uint64_t)v;
 		m->published_ns = wex__now_ns();
 		m->writing = 0;
+		/* How long the group's first publish waited for its last. */
+		wex__metrics_observe(WEX_M_PUBLISH_VISIBLE, NULL,
+				     (double)(m->published_ns - m->first_publish_ns) / 1e9);
 		wex_debug("registry", "model '%s' v%lld published by all %u ranks", m->name,
 			  (long long)v, m->world);
 	}
@@ -577,6 +611,11 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 	} else {
 		if (!m->published || m->writing || m->write_pending || m->published < c->wait_version)
 			return 0;
+		/* Every producer rank must still hold the published version (a
+		 * rank that left and came back holds nothing until it publishes). */
+		for (uint32_t i = 0; i < m->world; i++)
+			if (!m->ranks[i].c || m->ranks[i].published != m->published)
+				return 0;
 		v = m->published;
 		g->round_open = 1;
 		g->round_version = v;
@@ -864,6 +903,26 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 		prank_clear(r);
 		r->c = NULL;
 		r->writing = 0;
+		/* Its bytes lived in the client: the rank no longer holds any
+		 * version until it publishes again (acquire checks this), and a
+		 * round open on the old version must not hand out the
+		 * successor's fresh memory under that version's name. */
+		r->published = 0;
+		for (struct cgroup *g = m->groups; g; g = g->next)
+			round_close(m, g);
+		/* A write that no live rank continues is over: without this the
+		 * model stayed "writing" forever and a restarted producer's
+		 * begin_write of a newer version was refused.  A version some
+		 * rank already published stays pending (others hold its bytes). */
+		{
+			int busy = 0;
+
+			for (uint32_t i = 0; i < m->world; i++)
+				busy |= m->ranks[i].writing != 0 ||
+					m->ranks[i].published > m->published;
+			if (!busy)
+				m->writing = 0;
+		}
 		model_invalidate(m);
 		plans_free(m);
 	} else if (c->role == WEX_ROLE_CONSUMER) {
@@ -876,6 +935,7 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 				 (unsigned long long)c->lease_version);
 		lease_drop(m, c);
 		g->ranks[c->rank] = NULL;
+		plans_gc(m);
 		for (uint32_t i = 0; i < g->world; i++)
 			any |= g->ranks[i] != NULL;
 		/* With no rank left to take it, the group's round hold would

@@ -225,7 +225,9 @@ static json_t *validate_and_run(struct wexd *d, struct conn *c, const char *buf,
 	const char *op;
 	size_t i;
 
-	if (mflags & MSG_TRUNC)
+	/* The buffer holds one byte more than the limit, so a message of
+	 * exactly limit + 1 bytes arrives whole: check the length too. */
+	if ((mflags & MSG_TRUNC) || len > d->msg_max)
 		return wex__reply_error(-EMSGSIZE, "message larger than %zu bytes: send tables as a sealed memfd",
 					d->msg_max);
 	if (mflags & MSG_CTRUNC)

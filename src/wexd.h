@@ -98,6 +98,8 @@ struct model {
 	struct prank *ranks;
 	uint64_t published;
 	uint64_t published_ns;
+	uint64_t first_publish_v;  /* version whose first rank published at */
+	uint64_t first_publish_ns; /* ... this time (publish-to-visible) */
 	uint64_t writing;
 	uint32_t write_pending;
 	uint32_t leases;

@@ -1,1 +1,52 @@
+# CTest suite.  Fragments of tests/ register their programs here.
 
+# ---------------------------------------------------------------------------
+# Issue 2, "foundation": protocol, fd passing, versions/leases/groups,
+# bad input, crash safety, remap modes, host copies, daemon restart and the
+# quickstart.  One program per behaviour (tests/foundation/*.c); every test
+# that talks to wexd runs twice, once per event-loop backend, and checks via
+# `status` that the backend it asked for is the one in use.
+add_library(wex_test_foundation STATIC tests/foundation/helpers.c)
+target_link_libraries(wex_test_foundation PUBLIC wex_core)
+
+# wex_foundation_test(NAME [LIBS ...] [ARGS ...] [TIMEOUT s] [LOOP]):
+# LOOP registers NAME_epoll and NAME_uring (WEX_IO forced), else NAME.
+function(wex_foundation_test name)
+  cmake_parse_arguments(F "LOOP" "TIMEOUT" "LIBS;ARGS" ${ARGN})
+  if(NOT F_TIMEOUT)
+    set(F_TIMEOUT 60)
+  endif()
+  set(src tests/foundation/${name}.c)
+  if(F_LOOP)
+    foreach(io epoll uring)
+      if(io STREQUAL "uring")
+        set(env WEX_IO=io_uring)
+      else()
+        set(env WEX_IO=epoll)
+      endif()
+      wex_add_test(${name}_${io} SOURCES ${src} LIBS wex_test_foundation ${F_LIBS}
+        ARGS ${F_ARGS} LABELS foundation ENV ${env} TIMEOUT ${F_TIMEOUT})
+    endforeach()
+  else()
+    wex_add_test(${name} SOURCES ${src} LIBS wex_test_foundation ${F_LIBS}
+      ARGS ${F_ARGS} LABELS foundation TIMEOUT ${F_TIMEOUT})
+  endif()
+endfunction()
+
+set(WEX_FX_LIBS wex wex_example_model)
+wex_foundation_test(proto_roundtrip LOOP)
+wex_foundation_test(fd_passing)
+wex_foundation_test(torn_reads LOOP LIBS ${WEX_FX_LIBS})
+wex_foundation_test(group_atomicity LOOP LIBS ${WEX_FX_LIBS})
+wex_foundation_test(begin_write_timeout LOOP LIBS ${WEX_FX_LIBS})
+wex_foundation_test(bad_input LOOP)
+wex_foundation_test(killed_consumer LOOP LIBS ${WEX_FX_LIBS})
+wex_foundation_test(remap_modes LOOP LIBS ${WEX_FX_LIBS})
+wex_foundation_test(host_copy)
+wex_foundation_test(daemon_restart LOOP LIBS ${WEX_FX_LIBS})
+wex_foundation_test(quickstart_smoke LOOP
+  ARGS $<TARGET_FILE:wex-producer> $<TARGET_FILE:wex-consumer>)
+wex_foundation_test(killed_producer LOOP LIBS ${WEX_FX_LIBS})
+wex_foundation_test(many_segments LOOP LIBS ${WEX_FX_LIBS})
+wex_foundation_test(reshard_copy LOOP LIBS ${WEX_FX_LIBS})
+wex_foundation_test(msg_limit LOOP)

@@ -10,9 +10,15 @@ PY=/usr/bin/python3; [ -x $PY ] || PY=python3
 start_wexd
 "$PRODUCER" --rank 0 --world 1 --preset tiny --versions 2 --wait-group engine --hold >"$TMP/p.log" 2>&1 &
 P=$!
-cleanup_extra() { kill "$P" 2>/dev/null; wait "$P" 2>/dev/null; }
-"$CONSUMER" --rank 0 --world 1 --preset tiny --versions 2 --modes view,copy >"$TMP/c.log" 2>&1 ||
-	fail "consumer: $(cat "$TMP/c.log")"
+"$CONSUMER" --rank 0 --world 1 --preset tiny --versions 2 --modes view,copy --hold >"$TMP/c.log" 2>&1 &
+C=$!
+cleanup_extra() { kill "$P" "$C" 2>/dev/null; wait "$P" "$C" 2>/dev/null; }
+# Wait (polling, bounded) until the consumer finished its syncs and holds.
+i=0; until grep -q "done, holding" "$TMP/c.log" 2>/dev/null; do
+	kill -0 $C 2>/dev/null || fail "consumer: $(cat "$TMP/c.log")"
+	i=$((i+1)); [ $i -lt 600 ] || fail "consumer did not finish"; sleep 0.05
+done
+grep -q MISMATCH "$TMP/c.log" && fail "consumer saw wrong bytes"
 "$WEXCTL" status >"$TMP/status.txt" || fail "status"
 grep -q "event loop" "$TMP/status.txt" || fail "status lacks the event loop"
 grep -q "policy" "$TMP/status.txt" || fail "status lacks the model"

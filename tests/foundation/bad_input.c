@@ -1,0 +1,251 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bad_input - proves that wexd validates every message and survives bad
+ * input (DESIGN 7, 9): malformed JSON and non-objects (EBADMSG), unknown
+ * ops (EOPNOTSUPP), oversized messages (EMSGSIZE), another protocol
+ * version (WEX_EPROTO_VERSION), missing and unexpected fds (EINVAL), too
+ * many fds in one message (control data truncated), an unsealed memfd as
+ * a tensor table (EPERM), a table with a box outside its shape (EINVAL
+ * naming the tensor), a segment fd shorter than its size, and a client
+ * that disconnects while its begin_write waits.  After each case wexd
+ * still answers status, and at the end its open fd count equals the count
+ * before the sequence (every fd a bad message carried was closed).
+ */
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "ipc/sock.h"
+#include "proto.h"
+
+static int ctl;
+
+static void alive(const char *after)
+{
+	json_t *r = t_raw_rpc(ctl, "{\"v\":1,\"op\":\"status\"}", NULL, 0);
+
+	if (strcmp(t_code(r), "OK"))
+		T_FAIL("status after %s: %s", after, t_code(r));
+	json_decref(r);
+}
+
+static void expect_raw(int fd, const void *buf, size_t len, const int *fds, int nfds,
+		       const char *code, const char *msg_part, const char *what)
+{
+	json_t *r;
+
+	t_raw_send(fd, buf, len, fds, nfds);
+	r = t_raw_recv(fd);
+	if (strcmp(t_code(r), code))
+		T_FAIL("%s: expected %s, got %s (%s)", what, code, t_code(r), t_msg(r));
+	if (msg_part && !strstr(t_msg(r), msg_part))
+		T_FAIL("%s: message '%s' does not mention '%s'", what, t_msg(r), msg_part);
+	printf("%-40s -> %s: %s\n", what, code, t_msg(r));
+	json_decref(r);
+	alive(what);
+}
+
+static void expect_req(int fd, const char *req, const int *fds, int nfds, const char *code,
+		       const char *msg_part, const char *what)
+{
+	expect_raw(fd, req, strlen(req), fds, nfds, code, msg_part, what);
+}
+
+static struct wex_tensor tensor(const char *name, uint64_t off)
+{
+	struct wex_tensor t;
+
+	memset(&t, 0, sizeof(t));
+	snprintf(t.name, sizeof(t.name), "%s", name);
+	t.dtype = WEX_DT_F32;
+	t.ndim = 2;
+	t.shape[0] = 16;
+	t.shape[1] = 16;
+	t.extent[0] = 16;
+	t.extent[1] = 16;
+	t.offset = off;
+	return t;
+}
+
+int main(void)
+{
+	struct t_wexd d;
+	int before, after = -1, fd, prod, cons, mfd, tfd, many[100];
+	static char big[70000];
+	struct wex_tensor t[2];
+	json_t *r;
+
+	t_wexd_start(&d);
+	t_check_backend(d.sock);
+	ctl = t_raw_connect(d.sock);
+	alive("start");
+	before = t_fd_count(d.pid);
+
+	fd = t_raw_connect(d.sock);
+	expect_req(fd, "{\"v\":1,\"op\":\"status\"", NULL, 0, "EBADMSG", "malformed JSON",
+		   "malformed JSON");
+	expect_raw(fd, "\0\1\2garbage\xff", 12, NULL, 0, "EBADMSG", NULL, "binary garbage");
+	expect_req(fd, "[1,2,3]", NULL, 0, "EBADMSG", "object", "a JSON array");
+	expect_req(fd, "\"status\"", NULL, 0, "EBADMSG", NULL, "a JSON string");
+	expect_req(fd, "{\"op\":\"status\"}", NULL, 0, "EBADMSG", NULL, "no protocol version");
+	expect_req(fd, "{\"v\":1,\"op\":7}", NULL, 0, "EBADMSG", NULL, "op not a string");
+	expect_req(fd, "{\"v\":1,\"op\":\"status\",\"op\":\"models\"}", NULL, 0, "EBADMSG", NULL,
+		   "duplicate keys");
+	expect_req(fd, "{\"v\":1,\"op\":\"frobnicate\"}", NULL, 0, "EOPNOTSUPP", "frobnicate",
+		   "unknown op");
+	expect_req(fd, "{\"v\":2,\"op\":\"status\"}", NULL, 0, "WEX_EPROTO_VERSION", "version 2",
+		   "protocol version 2");
+	memset(big, ' ', sizeof(big));
+	memcpy(big, "{\"v\":1,\"op\":\"status\"", 20);
+	big[sizeof(big) - 1] = '}';
+	expect_raw(fd, big, sizeof(big), NULL, 0, "EMSGSIZE", NULL, "70000-byte message");
+
+
+	/* fds where none belong, and too many of them. */
+	mfd = memfd_create("t-bad", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	T_ASSERT(mfd >= 0 && ftruncate(mfd, 4096) == 0, "memfd");
+	expect_req(fd, "{\"v\":1,\"op\":\"status\"}", &mfd, 1, "EINVAL", "fds", "status with an fd");
+	for (int i = 0; i < 100; i++)
+		many[i] = mfd;
+	expect_req(fd, "{\"v\":1,\"op\":\"status\"}", many, 100, "EINVAL", "control data truncated",
+		   "100 fds in one message");
+	expect_req(fd, "{\"v\":1,\"op\":\"register_tensors\"}", many, 100, "EINVAL",
+		   "control data truncated", "register_tensors with 100 fds");
+
+	/* A producer connection for the table cases. */
+	prod = t_raw_connect(d.sock);
+	r = t_raw_rpc(prod, "{\"v\":1,\"op\":\"hello\",\"role\":\"producer\",\"model\":\"bad\"}", NULL, 0);
+	T_ASSERT(!strcmp(t_code(r), "OK"), "producer hello: %s", t_msg(r));
+	json_decref(r);
+	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":65536}", &mfd,
+		   1, "EINVAL", "smaller than size", "segment fd shorter than its size");
+	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096}", NULL,
+		   0, "EINVAL", NULL, "host segment without its fd");
+	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096}", &mfd,
+		   1, "OK", NULL, "good segment");
+	expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", NULL, 0, "EINVAL", "fd",
+		   "register_tensors without its fd");
+	expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", &mfd, 1, "EPERM", NULL,
+		   "unsealed memfd as tensor table");
+	{
+		int fds2[2] = { mfd, mfd };
+
+		expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", fds2, 2, "EINVAL", NULL,
+			   "register_tensors with 2 fds");
+	}
+	t[0] = tensor("ok.weight", 0);
+	t[1] = tensor("bad.box", 1024);
+	t[1].start[1] = 8; /* [8, 24) of a 16-wide dim */
+	tfd = wex__table_pack(t, NULL, 2);
+	T_ASSERT(tfd >= 0, "pack");
+	expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", &tfd, 1, "EINVAL", "bad.box",
+		   "box outside the shape");
+	close(tfd);
+	t[1] = tensor("past.end", 4000); /* 1 KiB at 4000 of a 4 KiB segment */
+	tfd = wex__table_pack(t, NULL, 2);
+	expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", &tfd, 1, "EINVAL", "past.end",
+		   "tensor past its segment's end");
+	close(tfd);
+	t[1] = tensor("bad.seg", 1024);
+	t[1].segment = 5;
+	tfd = wex__table_pack(t, NULL, 2);
+	expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", &tfd, 1, "EINVAL", "bad.seg",
+		   "tensor in a missing segment");
+	close(tfd);
+	t[1] = tensor("huge.dims", 1024);
+	t[1].shape[0] = t[1].extent[0] = 1ull << 62; /* bytes overflow 64 bits */
+	tfd = wex__table_pack(t, NULL, 2);
+	expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", &tfd, 1, "EOVERFLOW",
+		   "huge.dims", "tensor size overflowing 64 bits");
+	close(tfd);
+	{
+		/* A header whose count disagrees with the table's size. */
+		struct {
+			struct wex_table_hdr h;
+			struct wex_wire_tensor w;
+		} bad;
+
+		memset(&bad, 0, sizeof(bad));
+		bad.h.magic = WEX_TABLE_MAGIC;
+		bad.h.version = WEX_TABLE_VERSION;
+		bad.h.count = 1ull << 60;
+		bad.h.entry_size = sizeof(bad.w);
+		tfd = wex_table_seal(&bad, sizeof(bad), "t-bad");
+		T_ASSERT(tfd >= 0, "seal");
+		expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", &tfd, 1, "EINVAL",
+			   "bad header", "table count beyond its size");
+		close(tfd);
+		bad.h.count = 1;
+		memset(bad.w.name, 'x', sizeof(bad.w.name)); /* no NUL */
+		tfd = wex_table_seal(&bad, sizeof(bad), "t-bad");
+		expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", &tfd, 1, "EINVAL",
+			   "NUL", "tensor name without NUL");
+		close(tfd);
+	}
+	t[1] = tensor("fine.weight", 2048);
+	tfd = wex__table_pack(t, NULL, 2);
+	expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", &tfd, 1, "OK", NULL, "good table");
+	close(tfd);
+	expect_req(prod, "{\"v\":1,\"op\":\"begin_write\",\"version\":-3}", NULL, 0, "EINVAL", NULL,
+		   "negative version");
+	expect_req(prod, "{\"v\":1,\"op\":\"publish\",\"version\":9}", NULL, 0, "EINVAL", NULL,
+		   "publish without begin_write");
+	expect_req(prod, "{\"v\":1,\"op\":\"begin_write\",\"version\":1}", NULL, 0, "OK", NULL,
+		   "begin_write v1");
+	expect_req(prod, "{\"v\":1,\"op\":\"publish\",\"version\":1}", NULL, 0, "OK", NULL, "publish v1");
+
+	/* A consumer holds a lease; a client begins a write that must wait,
+	 * then disconnects mid-request. */
+	cons = t_raw_connect(d.sock);
+	expect_req(cons, "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"bad\"}", NULL, 0,
+		   "OK", NULL, "consumer hello");
+	expect_req(cons, "{\"v\":1,\"op\":\"acquire\",\"mode\":99}", NULL, 0, "EINVAL", NULL,
+		   "acquire with an unknown mode");
+	expect_req(cons, "{\"v\":1,\"op\":\"acquire\",\"mode\":2,\"timeout_ms\":2000}", NULL, 0, "OK",
+		   NULL, "acquire v1");
+	{
+		const char *bw = "{\"v\":1,\"op\":\"begin_write\",\"version\":2,\"timeout_ms\":20000}";
+		int waiting = 0;
+
+		t_raw_send(prod, bw, strlen(bw), NULL, 0);
+		/* Requests on different connections are not ordered: poll
+		 * status until wexd shows the writer waiting. */
+		for (double t0 = t_now(); !waiting && t_now() - t0 < 5.0;) {
+			char *s;
+
+			r = t_raw_rpc(ctl, "{\"v\":1,\"op\":\"clients\"}", NULL, 0);
+			s = json_dumps(r, JSON_COMPACT);
+			waiting = s && strstr(s, "\"waiting\":\"begin_write\"");
+			free(s);
+			json_decref(r);
+		}
+		T_ASSERT(waiting, "the writer waits for the consumer's lease");
+	}
+	close(prod);
+	alive("disconnect mid-request");
+	close(cons);
+	alive("consumer disconnect");
+	close(fd);
+	close(mfd);
+
+	/* Disconnects are processed asynchronously: poll with status round
+	 * trips (no sleeps) until the count settles or 5 s passed. */
+	for (double t0 = t_now(); t_now() - t0 < 5.0;) {
+		alive("final");
+		after = t_fd_count(d.pid);
+		if (after == before)
+			break;
+	}
+	T_ASSERT(after == before, "wexd has %d fds open after the bad-input sequence, %d before",
+		 after, before);
+	printf("wexd fds: %d before, %d after\n", before, after);
+	r = t_raw_rpc(ctl, "{\"v\":1,\"op\":\"models\"}", NULL, 0);
+	T_ASSERT(json_array_size(json_object_get(r, "models")) == 0,
+		 "the model is gone with its clients");
+	json_decref(r);
+	close(ctl);
+	t_wexd_stop(&d);
+	return T_EXIT_PASS;
+}

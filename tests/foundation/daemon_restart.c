@@ -1,0 +1,115 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * daemon_restart - proves that a daemon restart loses no weights and needs
+ * no restart of the clients (DESIGN 2): with a producer and a consumer
+ * connected and v1 copied, wexd is SIGKILLed and started again on the same
+ * socket.  Meanwhile the consumer's copied weights stay intact.  Then,
+ * without reopening either client, the producer's next begin_write and
+ * publish work (libwex reconnects and re-registers its segment and
+ * tensors), and the consumer's next COPY and REMAP_VIEW syncs get the new
+ * version with every byte right.  While wexd is down, calls fail at once
+ * (not after a timeout) and leave the consumer's weights clean; a restart
+ * during a same-address rollout and one between begin_write and publish
+ * (the publish still works) are survived too.
+ */
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fixture.h"
+#include "ipc/sock.h"
+
+#define MODEL "restart"
+
+int main(void)
+{
+	struct t_wexd d;
+	struct t_prod p;
+	struct t_cons k;
+	struct wex_sync_result r;
+	json_t *st, *m;
+	pid_t old;
+	int ret;
+
+	t_wexd_start(&d);
+	t_check_backend(d.sock);
+	t_prod_open(&p, MODEL, "tiny", 0, 1);
+	t_cons_open(&k, MODEL, "g", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 1, 5000, &r));
+	T_ASSERT(r.version == 1 && t_own_bad(&k, 1) == 0, "v1 copied");
+
+	old = d.pid;
+	t_wexd_kill(&d);
+	T_ASSERT(t_own_bad(&k, 1) == 0, "the consumer's weights are intact while wexd is down");
+	/* While it is down, calls fail at once (no wait on a dead listener:
+	 * with io_uring the killed daemon's socket lingers for a while). */
+	{
+		int fd = wex_sock_connect(d.sock);
+		double t0 = t_now();
+
+		T_ASSERT(fd < 0, "connecting to the dead wexd's socket fails (got fd %d)", fd);
+		ret = wex_begin_write(p.c, 2, 1000);
+		T_ASSERT(ret < 0, "begin_write while wexd is down fails");
+		printf("begin_write while wexd is down: %s: %s\n", wex_strerror(ret),
+		       wex_last_error(p.c));
+		ret = wex_sync(k.c, WEX_SYNC_COPY, 2, 1000, &r);
+		T_ASSERT(ret < 0, "sync while wexd is down fails");
+		T_ASSERT(t_now() - t0 < 1.0, "and both fail at once (%.2f s)", t_now() - t0);
+		T_ASSERT(!wex_is_dirty(k.c) && t_own_bad(&k, 1) == 0,
+			 "a failed sync leaves the consumer's v1 clean and intact");
+	}
+	t_wexd_restart(&d);
+	T_ASSERT(d.pid != old, "a new wexd");
+	t_check_backend(d.sock);
+	st = t_status(d.sock);
+	T_ASSERT(t_status_model(st, MODEL) == NULL, "the new wexd starts empty");
+	json_decref(st);
+	T_ASSERT(t_own_bad(&k, 1) == 0, "the consumer's weights are intact after the restart");
+
+	/* The same client handles, no reopen. */
+	T_WEX(p.c, wex_begin_write(p.c, 2, 5000));
+	ex_fill(p.base, p.t, (size_t)p.n, 2, 1);
+	T_WEX(p.c, wex_publish(p.c, 2));
+	st = t_status(d.sock);
+	m = t_status_model(st, MODEL);
+	T_ASSERT(m && json_integer_value(json_object_get(m, "published")) == 2,
+		 "the new wexd knows the model, v2 published");
+	T_ASSERT(json_integer_value(json_object_get(json_array_get(json_object_get(m, "producers"), 0),
+						    "tensors")) == p.n,
+		 "the producer re-registered its %d tensors", p.n);
+	json_decref(st);
+
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 2, 5000, &r));
+	T_ASSERT(r.version == 2 && t_own_bad(&k, 2) == 0, "consumer copies v2 after the restart");
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 2, 5000, &r));
+	T_ASSERT(t_view_bad(&k, 0, 2) == 0, "consumer views v2 after the restart");
+	T_WEX(k.c, wex_release(k.c));
+
+	/* And again once more, with the consumer mid-rollout (view lease). */
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 2, 5000, &r));
+	t_wexd_kill(&d);
+	T_ASSERT(t_own_bad(&k, 2) == 0, "fixed mapping still reads v2 while wexd is down");
+	t_wexd_restart(&d);
+	t_prod_write(&p, 3);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 3, 5000, &r));
+	T_ASSERT(r.version == 3 && t_own_bad(&k, 3) == 0, "fixed sync of v3 after the second restart");
+	T_WEX(k.c, wex_release(k.c));
+
+	/* A restart in the middle of a write (between begin_write and
+	 * publish): the publish still works, and the version is exact. */
+	T_WEX(p.c, wex_begin_write(p.c, 4, 5000));
+	t_wexd_kill(&d);
+	t_wexd_restart(&d);
+	ex_fill(p.base, p.t, (size_t)p.n, 4, 1);
+	ret = wex_publish(p.c, 4);
+	T_ASSERT(ret == 0, "publish v4 begun before the restart: %s: %s", wex_strerror(ret),
+		 wex_last_error(p.c));
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 4, 5000, &r));
+	T_ASSERT(r.version == 4 && t_own_bad(&k, 4) == 0, "consumer copies v4 exactly");
+
+	t_cons_close(&k);
+	t_prod_close(&p);
+	t_wexd_stop(&d);
+	return T_EXIT_PASS;
+}

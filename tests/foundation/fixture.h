@@ -1,0 +1,142 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fixture.h - producer and consumer set-ups over libwex and the synthetic
+ * model of examples/model.h, shared by the foundation tests that need
+ * them.  Header-only (static functions) so a test takes what it uses.
+ */
+#ifndef WEX_TEST_FIXTURE_H
+#define WEX_TEST_FIXTURE_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "examples/model.h"
+#include "helpers.h"
+#include "wex.h"
+
+struct t_prod {
+	wex_client_t *c;
+	struct wex_tensor *t;
+	int n;
+	void *base;
+	uint64_t seg_bytes;
+};
+
+struct t_cons {
+	wex_client_t *c;
+	struct wex_tensor *t; /* this rank's layout, ptr into region */
+	int n;
+	void *region;
+	uint64_t seg_bytes;
+	uint32_t rank;
+};
+
+static inline wex_client_t *t_open(int role, const char *model, const char *group, uint32_t rank,
+				   uint32_t world)
+{
+	struct wex_client_params p = {
+		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_RANK |
+			      WEX_CLIENT_FIELD_COPY_THREADS |
+			      (model ? WEX_CLIENT_FIELD_MODEL : 0) | (group ? WEX_CLIENT_FIELD_GROUP : 0),
+		.role = role, .model = model, .group = group, .rank = rank, .world_size = world,
+		.copy_threads = 2,
+	};
+	wex_client_t *c = NULL;
+	int ret = wex_client_open(&p, &c);
+
+	if (ret < 0)
+		T_FAIL("wex_client_open(role %d, model %s, rank %u/%u): %s", role, model ? model : "-",
+		       rank, world, wex_strerror(ret));
+	return c;
+}
+
+/* A producer rank with its shard of `preset` in one host segment. */
+static inline void t_prod_open(struct t_prod *p, const char *model, const char *preset,
+			       uint32_t rank, uint32_t world)
+{
+	struct ex_cfg cfg;
+	uint32_t seg;
+
+	memset(p, 0, sizeof(*p));
+	if (ex_cfg_preset(&cfg, preset) < 0)
+		T_FAIL("preset %s", preset);
+	p->n = ex_shards(&cfg, rank, world, &p->t, &p->seg_bytes);
+	T_ASSERT(p->n > 0, "ex_shards(%s, %u/%u)", preset, rank, world);
+	p->c = t_open(WEX_ROLE_PRODUCER, model, NULL, rank, world);
+	T_WEX(p->c, wex_segment_alloc(p->c, WEX_SEG_HOST, 0, p->seg_bytes, &seg, &p->base));
+	for (int i = 0; i < p->n; i++)
+		p->t[i].segment = seg;
+	T_WEX(p->c, wex_register_tensors(p->c, p->t, (size_t)p->n));
+}
+
+/* begin_write (must succeed), fill every byte for v, publish. */
+static inline void t_prod_write(struct t_prod *p, uint64_t v)
+{
+	T_WEX(p->c, wex_begin_write(p->c, v, 10000));
+	ex_fill(p->base, p->t, (size_t)p->n, v, 1);
+	T_WEX(p->c, wex_publish(p->c, v));
+}
+
+static inline void t_prod_close(struct t_prod *p)
+{
+	wex_client_close(p->c);
+	free(p->t);
+	p->c = NULL;
+	p->t = NULL;
+}
+
+/* A consumer rank mirroring producer rank `rank`'s shard, its weights in a
+ * region reserved for same-address remap, its layout attached. */
+static inline void t_cons_open(struct t_cons *k, const char *model, const char *group,
+			       const char *preset, uint32_t rank, uint32_t world)
+{
+	struct ex_cfg cfg;
+
+	memset(k, 0, sizeof(*k));
+	if (ex_cfg_preset(&cfg, preset) < 0)
+		T_FAIL("preset %s", preset);
+	k->n = ex_shards(&cfg, rank, world, &k->t, &k->seg_bytes);
+	T_ASSERT(k->n > 0, "ex_shards(%s, %u/%u)", preset, rank, world);
+	k->rank = rank;
+	k->c = t_open(WEX_ROLE_CONSUMER, model, group, rank, world);
+	T_WEX(k->c, wex_reserve(k->c, rank, 0, k->seg_bytes, &k->region));
+	for (int i = 0; i < k->n; i++)
+		k->t[i].ptr = (char *)k->region + k->t[i].offset;
+	T_WEX(k->c, wex_attach(k->c, k->t, (size_t)k->n));
+}
+
+static inline void t_cons_close(struct t_cons *k)
+{
+	wex_client_close(k->c);
+	free(k->t);
+	k->c = NULL;
+	k->t = NULL;
+}
+
+/* Mismatching elements of producer rank `prank`'s tensors read through
+ * wex_view (after a REMAP_VIEW sync), expected to hold version v. */
+static inline uint64_t t_view_bad(struct t_cons *k, uint32_t prank, uint64_t v)
+{
+	const struct wex_tensor *pt;
+	uint64_t bad = 0;
+	size_t n = 0;
+
+	T_WEX(k->c, wex_producer_tensors(k->c, prank, &pt, &n));
+	T_ASSERT(n > 0, "producer rank %u has no tensors", prank);
+	for (size_t i = 0; i < n; i++) {
+		struct wex_tensor d;
+		void *ptr;
+
+		T_WEX(k->c, wex_view(k->c, prank, pt[i].name, &ptr, &d));
+		bad += ex_check(NULL, &d, 1, v, 1);
+	}
+	return bad;
+}
+
+/* Mismatching elements of the consumer's own buffers (copy, fixed). */
+static inline uint64_t t_own_bad(struct t_cons *k, uint64_t v)
+{
+	return ex_check(NULL, k->t, (size_t)k->n, v, 1);
+}
+
+#endif

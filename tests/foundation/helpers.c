@@ -1,0 +1,365 @@
+/* SPDX-License-Identifier: MIT */
+/* helpers.c - see helpers.h. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <linux/io_uring.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ipc/sock.h"
+#include "helpers.h"
+
+static pid_t owner_pid;
+static void settle_close(void);
+static struct t_wexd *cur_wexd;
+static pid_t children[64];
+static int nchildren;
+
+double t_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void t_track_child(pid_t pid)
+{
+	if (nchildren < 64)
+		children[nchildren++] = pid;
+}
+
+pid_t t_fork(void)
+{
+	pid_t pid;
+
+	fflush(stdout);
+	fflush(stderr);
+	if (!owner_pid)
+		owner_pid = getpid();
+	pid = fork();
+	if (pid < 0)
+		T_FAIL("fork: %s", strerror(errno));
+	if (pid > 0)
+		t_track_child(pid);
+	else
+		nchildren = 0;
+	return pid;
+}
+
+int t_wait(pid_t pid)
+{
+	int st;
+
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			T_FAIL("waitpid %d: %s", (int)pid, strerror(errno));
+	for (int i = 0; i < nchildren; i++)
+		if (children[i] == pid)
+			children[i] = 0;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void rm_dir(struct t_wexd *d)
+{
+	unlink(d->sock);
+	rmdir(d->dir);
+}
+
+void t_exit(int code)
+{
+	fflush(stdout);
+	if (getpid() != owner_pid) {
+		/* A forked child: leave the daemon to the parent; no atexit
+		 * handlers of the parent's libraries. */
+		fflush(stderr);
+		_exit(code);
+	}
+	for (int i = 0; i < nchildren; i++)
+		if (children[i] > 0) {
+			kill(children[i], SIGKILL);
+			waitpid(children[i], NULL, 0);
+		}
+	if (cur_wexd) {
+		if (cur_wexd->pid > 0) {
+			kill(cur_wexd->pid, SIGKILL);
+			waitpid(cur_wexd->pid, NULL, 0);
+		}
+		rm_dir(cur_wexd);
+	}
+	exit(code);
+}
+
+/* Skips the test when WEX_IO=io_uring is asked for on a machine whose
+ * kernel (or seccomp profile: containers often block it) refuses
+ * io_uring_setup; anywhere else the backend is required. */
+static void io_uring_or_skip(void)
+{
+	const char *want = getenv("WEX_IO");
+	struct io_uring_params p;
+	long fd;
+
+	if (!want || strcmp(want, "io_uring"))
+		return;
+	memset(&p, 0, sizeof(p));
+	fd = syscall(__NR_io_uring_setup, 4, &p);
+	if (fd < 0)
+		T_SKIP("WEX_IO=io_uring but io_uring_setup fails here: %s", strerror(errno));
+	close((int)fd);
+}
+
+static void spawn(struct t_wexd *d)
+{
+	const char *bin = getenv("WEXD_BIN");
+	int pfd[2], ret;
+	char buf[16] = "", num[16];
+	struct pollfd p;
+	ssize_t n;
+
+	if (!bin || !*bin)
+		T_SKIP("WEXD_BIN not set (run through ctest)");
+	io_uring_or_skip();
+	if (pipe2(pfd, O_CLOEXEC) < 0)
+		T_FAIL("pipe: %s", strerror(errno));
+	fflush(stdout);
+	fflush(stderr);
+	d->pid = fork();
+	if (d->pid < 0)
+		T_FAIL("fork: %s", strerror(errno));
+	if (d->pid == 0) {
+		/* wexd must not outlive a crashed test. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		close(pfd[0]);
+		/* The ready fd must survive exec: dup it without CLOEXEC. */
+		int wfd = dup(pfd[1]);
+
+		snprintf(num, sizeof(num), "%d", wfd);
+		setenv("WEXD_READY_FD", num, 1);
+		setenv("WEX_SOCKET", d->sock, 1);
+		execl(bin, bin, (char *)NULL);
+		fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
+		_exit(127);
+	}
+	close(pfd[1]);
+	p.fd = pfd[0];
+	p.events = POLLIN;
+	do
+		ret = poll(&p, 1, 20000);
+	while (ret < 0 && errno == EINTR);
+	if (ret <= 0)
+		T_FAIL("wexd did not become ready within 20 s");
+	n = read(pfd[0], buf, sizeof(buf) - 1);
+	close(pfd[0]);
+	if (n != 6 || strcmp(buf, "ready\n"))
+		T_FAIL("wexd did not say ready (got %zd bytes: '%s'; did it exit?)", n, buf);
+}
+
+void t_wexd_start(struct t_wexd *d)
+{
+	const char *tmp = getenv("TMPDIR");
+
+	if (!owner_pid)
+		owner_pid = getpid();
+	memset(d, 0, sizeof(*d));
+	snprintf(d->dir, sizeof(d->dir), "%s/wex-test-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(d->dir))
+		T_FAIL("mkdtemp %s: %s", d->dir, strerror(errno));
+	snprintf(d->sock, sizeof(d->sock), "%s/wexd.sock", d->dir);
+	setenv("WEX_SOCKET", d->sock, 1);
+	cur_wexd = d;
+	spawn(d);
+}
+
+void t_wexd_restart(struct t_wexd *d)
+{
+	spawn(d);
+}
+
+void t_wexd_kill(struct t_wexd *d)
+{
+	settle_close();
+	kill(d->pid, SIGKILL);
+	waitpid(d->pid, NULL, 0);
+	d->pid = 0;
+}
+
+void t_wexd_stop(struct t_wexd *d)
+{
+	int st;
+	pid_t pid = d->pid;
+
+	settle_close();
+	if (kill(pid, SIGTERM) < 0)
+		T_FAIL("kill wexd: %s", strerror(errno));
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			T_FAIL("waitpid wexd: %s", strerror(errno));
+	d->pid = 0;
+	rm_dir(d);
+	cur_wexd = NULL;
+	if (!WIFEXITED(st))
+		T_FAIL("wexd died of signal %d on SIGTERM", WTERMSIG(st));
+	if (WEXITSTATUS(st) != 0)
+		T_FAIL("wexd exited with %d on SIGTERM, not 0", WEXITSTATUS(st));
+}
+
+int t_fd_count(pid_t pid)
+{
+	int n = wex_fd_count(pid);
+
+	if (n < 0)
+		T_FAIL("fd count of pid %d: %s", (int)pid, strerror(-n));
+	return n;
+}
+
+/* A connection kept open for fd counting, so that the count does not
+ * depend on whether wexd has yet seen a status connection close. */
+static int settle_fd = -1;
+
+static void settle_close(void)
+{
+	if (settle_fd >= 0)
+		close(settle_fd);
+	settle_fd = -1;
+}
+
+int t_wexd_fds_settle(struct t_wexd *d, int want)
+{
+	int n = -1;
+
+	if (settle_fd < 0)
+		settle_fd = t_raw_connect(d->sock);
+	for (double t0 = t_now(); t_now() - t0 < 5.0;) {
+		json_t *r = t_raw_rpc(settle_fd, "{\"v\":1,\"op\":\"ping\"}", NULL, 0);
+
+		json_decref(r);
+		n = t_fd_count(d->pid);
+		if (want < 0 || n == want)
+			break;
+	}
+	return n;
+}
+
+int t_raw_connect(const char *sock)
+{
+	int fd = wex_sock_connect(sock);
+
+	if (fd < 0)
+		T_FAIL("connect %s: %s", sock, strerror(-fd));
+	return fd;
+}
+
+void t_raw_send(int fd, const void *buf, size_t len, const int *fds, int nfds)
+{
+	ssize_t n = wex_sock_send(fd, buf, len, fds, nfds, 0);
+
+	if (n < 0)
+		T_FAIL("send %zu bytes with %d fds: %s", len, nfds, strerror((int)-n));
+}
+
+json_t *t_raw_recv(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	static char buf[1 << 17];
+	int fds[WEX_SOCK_MAX_FDS], nfds = 0, mflags = 0, ret;
+	json_error_t je;
+	json_t *j;
+	ssize_t n;
+
+	do
+		ret = poll(&p, 1, 10000);
+	while (ret < 0 && errno == EINTR);
+	if (ret <= 0)
+		T_FAIL("no reply from wexd within 10 s");
+	n = wex_sock_recv(fd, buf, sizeof(buf), fds, WEX_SOCK_MAX_FDS, &nfds, &mflags, 0);
+	wex_sock_close_fds(fds, nfds);
+	if (n <= 0)
+		T_FAIL("receive: %s", n == 0 ? "wexd closed the connection" : strerror((int)-n));
+	j = json_loadb(buf, (size_t)n, 0, &je);
+	if (!j)
+		T_FAIL("reply is not JSON: %s", je.text);
+	return j;
+}
+
+json_t *t_raw_rpc(int fd, const char *json, const int *fds, int nfds)
+{
+	t_raw_send(fd, json, strlen(json), fds, nfds);
+	return t_raw_recv(fd);
+}
+
+const char *t_code(json_t *reply)
+{
+	const char *code = "EUNKNOWN";
+
+	if (json_is_true(json_object_get(reply, "ok")))
+		return "OK";
+	json_unpack(reply, "{s:{s:s}}", "error", "code", &code);
+	return code;
+}
+
+const char *t_msg(json_t *reply)
+{
+	const char *msg = "";
+
+	json_unpack(reply, "{s:{s:s}}", "error", "message", &msg);
+	return msg;
+}
+
+json_t *t_status(const char *sock)
+{
+	int fd = t_raw_connect(sock);
+	json_t *j = t_raw_rpc(fd, "{\"v\":1,\"op\":\"status\"}", NULL, 0);
+
+	close(fd);
+	if (strcmp(t_code(j), "OK"))
+		T_FAIL("status: %s: %s", t_code(j), t_msg(j));
+	return j;
+}
+
+void t_check_backend(const char *sock)
+{
+	const char *want = getenv("WEX_IO"), *io = "";
+	json_t *j = t_status(sock);
+
+	json_unpack(j, "{s:{s:s}}", "daemon", "io", &io);
+	if (want && *want && strcmp(want, "auto") && strcmp(io, want)) {
+		const char *why = "";
+
+		json_unpack(j, "{s:{s?s}}", "daemon", "io_fallback_reason", &why);
+		fprintf(stderr, "FAIL: WEX_IO=%s but wexd uses '%s' (%s)\n", want, io, why);
+		json_decref(j);
+		t_exit(T_EXIT_FAIL);
+	}
+	printf("event loop: %s\n", io);
+	json_decref(j);
+}
+
+json_t *t_status_model(json_t *status, const char *model)
+{
+	size_t i;
+	json_t *m;
+
+	json_array_foreach(json_object_get(status, "models"), i, m) {
+		const char *name = json_string_value(json_object_get(m, "name"));
+
+		if (name && !strcmp(name, model))
+			return m;
+	}
+	return NULL;
+}
+
+int t_leases(const char *sock, const char *model)
+{
+	json_t *s = t_status(sock), *m = t_status_model(s, model);
+	int n = m ? (int)json_integer_value(json_object_get(m, "leases")) : 0;
+
+	json_decref(s);
+	return n;
+}

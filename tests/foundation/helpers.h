@@ -1,0 +1,119 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * helpers.h - shared pieces of the foundation tests (issue 2): start and
+ * stop a private wexd, count fds, talk to wexd over a raw socket, and the
+ * exit codes CTest understands (0 pass, 1 fail, 77 skip; liburing's
+ * test/helpers.h).
+ */
+#ifndef WEX_TEST_HELPERS_H
+#define WEX_TEST_HELPERS_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/types.h>
+
+#define T_EXIT_PASS 0
+#define T_EXIT_FAIL 1
+#define T_EXIT_SKIP 77
+
+/* Ends the test (from the test's main process: also kills the wexd it
+ * started and removes its temp dir; from a forked child: only exits). */
+void t_exit(int code) __attribute__((noreturn));
+
+#define T_FAIL(...)                                                               \
+	do {                                                                      \
+		fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);              \
+		fprintf(stderr, __VA_ARGS__);                                     \
+		fputc('\n', stderr);                                              \
+		t_exit(T_EXIT_FAIL);                                              \
+	} while (0)
+
+#define T_ASSERT(cond, ...)                                                       \
+	do {                                                                      \
+		if (!(cond)) {                                                    \
+			fprintf(stderr, "FAIL %s:%d: (%s): ", __FILE__, __LINE__, \
+				#cond);                                           \
+			fprintf(stderr, __VA_ARGS__);                             \
+			fputc('\n', stderr);                                      \
+			t_exit(T_EXIT_FAIL);                                      \
+		}                                                                 \
+	} while (0)
+
+#define T_SKIP(...)                                                               \
+	do {                                                                      \
+		fprintf(stderr, "SKIP: ");                                        \
+		fprintf(stderr, __VA_ARGS__);                                     \
+		fputc('\n', stderr);                                              \
+		t_exit(T_EXIT_SKIP);                                              \
+	} while (0)
+
+/* A libwex call that must succeed: names the call, the code and the
+ * client's last error. */
+#define T_WEX(c, call)                                                            \
+	do {                                                                      \
+		int t_ret_ = (call);                                              \
+		if (t_ret_ < 0)                                                   \
+			T_FAIL("%s: %s: %s", #call, wex_strerror(t_ret_),         \
+			       (c) ? wex_last_error(c) : "");                     \
+	} while (0)
+
+struct t_wexd {
+	pid_t pid;
+	char dir[256];
+	char sock[300];
+};
+
+/* Starts wexd ($WEXD_BIN) in a fresh mkdtemp dir with WEX_SOCKET set (also
+ * in this process's environment, so libwex finds it) and waits for its
+ * "ready" line on a WEXD_READY_FD pipe.  Skips the test when WEXD_BIN is
+ * unset.  Fails the test on error. */
+void t_wexd_start(struct t_wexd *d);
+/* Starts it again on the same socket (after t_wexd_kill). */
+void t_wexd_restart(struct t_wexd *d);
+/* SIGTERM, waitpid, asserts a clean exit 0, removes the temp dir. */
+void t_wexd_stop(struct t_wexd *d);
+/* SIGKILL + waitpid (the socket file stays, as after a crash). */
+void t_wexd_kill(struct t_wexd *d);
+
+/* Open fds of pid (/proc/PID/fd); fails the test on error. */
+int t_fd_count(pid_t pid);
+
+/* wexd's fd count once it settles at `want` (disconnects are processed
+ * asynchronously: polls with ping round trips on a connection of its own,
+ * kept open until t_wexd_stop/kill and so counted in every reading; no
+ * sleeps; up to 5 s); want < 0: after one round trip.  Returns the last
+ * count seen. */
+int t_wexd_fds_settle(struct t_wexd *d, int want);
+
+/* Raw socket: connect; send arbitrary bytes with fds; receive one reply as
+ * JSON (fails the test if none comes within 10 s or it is not JSON). */
+int t_raw_connect(const char *sock);
+void t_raw_send(int fd, const void *buf, size_t len, const int *fds, int nfds);
+json_t *t_raw_recv(int fd);
+json_t *t_raw_rpc(int fd, const char *json, const int *fds, int nfds);
+/* "OK" for {"ok":true}, else the error code string (owned by reply). */
+const char *t_code(json_t *reply);
+const char *t_msg(json_t *reply);
+
+/* One status request on a fresh connection (new reference). */
+json_t *t_status(const char *sock);
+/* Asserts that status reports the backend named by $WEX_IO (if set). */
+void t_check_backend(const char *sock);
+/* The model object named `model` in a status reply (borrowed) or NULL. */
+json_t *t_status_model(json_t *status, const char *model);
+/* Total leases of `model` per status (0 if the model is gone). */
+int t_leases(const char *sock, const char *model);
+
+/* Children that t_exit kills (SIGKILL) when the test fails early. */
+void t_track_child(pid_t pid);
+/* fork() that tracks the child; the child's t_exit only exits. */
+pid_t t_fork(void);
+/* waitpid; returns the exit code, or 128+signal. */
+int t_wait(pid_t pid);
+
+/* Monotonic seconds. */
+double t_now(void);
+
+#endif

@@ -1,0 +1,161 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * remap_modes - proves the three sync modes on host memory, one producer
+ * and one consumer:
+ *  - REMAP_FIXED replaces the consumer's reserved buffer in place: pointers
+ *    taken before the sync now read the producer's bytes, at the same
+ *    addresses (/proc/self/maps shows the producer's memfd there);
+ *  - REMAP_VIEW hands out other addresses that read the producer's bytes;
+ *  - COPY writes the consumer's own buffer (private memory again), and a
+ *    later producer version does not change it (no aliasing);
+ *  - REMAP_FIXED with a layout that differs (a tensor at another offset)
+ *    fails with -WEX_ELAYOUT naming that tensor;
+ *  - COPY right after REMAP_VIEW of the same version (a mode switch that
+ *    keeps the lease), and COPY into newly attached buffers, write the
+ *    consumer's buffers although that version is already served.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fixture.h"
+
+#define MODEL "modes"
+
+/* The /proc/self/maps line of the mapping that starts at addr. */
+static void map_of(void *addr, char *out, size_t len)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512];
+	unsigned long a = (unsigned long)addr;
+
+	out[0] = '\0';
+	T_ASSERT(f, "open /proc/self/maps");
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+
+		if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= a && a < hi) {
+			snprintf(out, len, "%s", line);
+			break;
+		}
+	}
+	fclose(f);
+}
+
+int main(void)
+{
+	struct t_wexd d;
+	struct t_prod p;
+	struct t_cons k, k2;
+	struct wex_sync_result r;
+	char map[512];
+	void *before[512], *vp;
+	struct wex_tensor vd;
+	int ret;
+
+	t_wexd_start(&d);
+	t_check_backend(d.sock);
+	t_prod_open(&p, MODEL, "tiny", 0, 1);
+	t_cons_open(&k, MODEL, "g", "tiny", 0, 1);
+	T_ASSERT(k.n <= 512, "model size");
+	t_prod_write(&p, 1);
+
+	/* REMAP_FIXED: same addresses, producer's bytes. */
+	for (int i = 0; i < k.n; i++)
+		before[i] = k.t[i].ptr;
+	map_of(k.region, map, sizeof(map));
+	T_ASSERT(!strstr(map, "memfd:"), "the reserved region starts as private memory: %s", map);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	T_ASSERT(r.version == 1, "fixed sync got v%llu", (unsigned long long)r.version);
+	for (int i = 0; i < k.n; i++)
+		T_ASSERT(k.t[i].ptr == before[i], "tensor %d's address unchanged", i);
+	T_ASSERT(t_own_bad(&k, 1) == 0, "pointers taken before the fixed sync read v1");
+	T_ASSERT(memcmp(k.region, p.base, p.seg_bytes) == 0, "the region shows the producer's segment");
+	map_of(k.region, map, sizeof(map));
+	T_ASSERT(strstr(map, "memfd:wex-seg"), "the region is the producer's memfd now: %s", map);
+	T_WEX(k.c, wex_view(k.c, 0, k.t[0].name, &vp, &vd));
+
+	/* REMAP_VIEW: other addresses, the producer's bytes. */
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+	T_ASSERT(t_view_bad(&k, 0, 1) == 0, "view pointers read v1");
+	T_WEX(k.c, wex_view(k.c, 0, k.t[0].name, &vp, &vd));
+	T_ASSERT(vp != k.t[0].ptr && vp == vd.ptr, "a view is at its own address");
+	T_ASSERT(memcmp(vp, (char *)p.base + p.t[0].offset, wex_tensor_nbytes(&p.t[0])) == 0,
+		 "the view reads the producer's bytes");
+	T_WEX(k.c, wex_release(k.c));
+
+	/* COPY: the consumer's own memory; no aliasing. */
+	t_prod_write(&p, 2);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 2, 5000, &r));
+	T_ASSERT(r.version == 2 && r.changed, "copy sync of v2");
+	for (int i = 0; i < k.n; i++)
+		T_ASSERT(k.t[i].ptr == before[i], "copy keeps tensor %d's address", i);
+	T_ASSERT(t_own_bad(&k, 2) == 0, "the consumer's buffer holds v2");
+	map_of(k.region, map, sizeof(map));
+	T_ASSERT(!strstr(map, "memfd:"), "after a copy the region is private memory again: %s", map);
+	T_ASSERT(t_leases(d.sock, MODEL) == 0, "a copy sync releases its lease");
+	t_prod_write(&p, 3);
+	T_ASSERT(t_own_bad(&k, 2) == 0, "the consumer's copy still holds v2 after the producer wrote v3");
+	T_ASSERT(t_own_bad(&k, 3) != 0, "and does not show v3");
+	ret = wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 3, 5000, &r);
+	T_ASSERT(ret == 0 && r.version == 3 && t_own_bad(&k, 3) == 0, "fixed again after copy: %s",
+		 wex_strerror(ret));
+	T_WEX(k.c, wex_release(k.c));
+
+	/* A layout that differs: tensor 2 (q_proj.bias, 128 bytes in a
+	 * 256-byte slot) 128 bytes further on, overlapping nothing. */
+	t_cons_open(&k2, MODEL, "shifted", "tiny", 0, 1);
+	T_ASSERT(wex_tensor_nbytes(&k2.t[2]) == 128, "tensor 2 is 128 bytes");
+	k2.t[2].ptr = (char *)k2.t[2].ptr + 128;
+	T_WEX(k2.c, wex_attach(k2.c, k2.t, (size_t)k2.n));
+	ret = wex_sync(k2.c, WEX_SYNC_REMAP_FIXED, 3, 5000, &r);
+	T_ASSERT(ret == -WEX_ELAYOUT, "fixed remap with a shifted tensor: -WEX_ELAYOUT, got %s",
+		 wex_strerror(ret));
+	T_ASSERT(strstr(wex_last_error(k2.c), k2.t[2].name), "the error names '%s': %s", k2.t[2].name,
+		 wex_last_error(k2.c));
+	printf("ELAYOUT: %s\n", wex_last_error(k2.c));
+	map_of(k2.region, map, sizeof(map));
+	T_ASSERT(!strstr(map, "memfd:"), "the refused region stays private: %s", map);
+	T_ASSERT(t_leases(d.sock, MODEL) == 0, "a failed sync leaves no lease");
+	/* The same consumer can still copy (the plan handles any layout). */
+	T_WEX(k2.c, wex_sync(k2.c, WEX_SYNC_COPY, 3, 5000, &r));
+	T_ASSERT(t_own_bad(&k2, 3) == 0, "the shifted layout copies v3 exactly");
+
+	/* View, then copy of the same version (a switch of mode that keeps
+	 * the lease), into plain buffers (no reserved region): the copy must
+	 * write them although that version is already "served". */
+	{
+		wex_client_t *c3 = t_open(WEX_ROLE_CONSUMER, MODEL, "plain", 0, 1);
+		struct wex_tensor *mine = calloc((size_t)k.n, sizeof(*mine));
+		char *buf = calloc(1, k.seg_bytes), *buf2 = calloc(1, k.seg_bytes);
+
+		T_ASSERT(mine && buf && buf2, "calloc");
+		for (int i = 0; i < k.n; i++) {
+			mine[i] = k.t[i];
+			mine[i].ptr = buf + k.t[i].offset;
+		}
+		T_WEX(c3, wex_attach(c3, mine, (size_t)k.n));
+		T_WEX(c3, wex_sync(c3, WEX_SYNC_REMAP_VIEW, 3, 5000, &r));
+		T_WEX(c3, wex_sync(c3, WEX_SYNC_COPY, 3, 5000, &r));
+		T_ASSERT(r.version == 3 && ex_check(NULL, mine, (size_t)k.n, 3, 1) == 0,
+			 "a copy sync after a view sync of the same version fills the buffers");
+		/* New buffers for the same version: copied again. */
+		for (int i = 0; i < k.n; i++)
+			mine[i].ptr = buf2 + k.t[i].offset;
+		T_WEX(c3, wex_attach(c3, mine, (size_t)k.n));
+		T_WEX(c3, wex_sync(c3, WEX_SYNC_COPY, 3, 5000, &r));
+		T_ASSERT(ex_check(NULL, mine, (size_t)k.n, 3, 1) == 0,
+			 "a copy sync into newly attached buffers fills them");
+		wex_client_close(c3);
+		free(mine);
+		free(buf);
+		free(buf2);
+	}
+
+	t_cons_close(&k2);
+	t_cons_close(&k);
+	t_prod_close(&p);
+	t_wexd_stop(&d);
+	return T_EXIT_PASS;
+}
