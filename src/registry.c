@@ -148,6 +148,27 @@ static struct model *model_get(struct wexd *d, const char *name, uint32_t world,
 				return NULL;
 			m->world = world;
 		} else if (producer && m->world != world) {
+			int live = 0;
+
+			for (uint32_t i = 0; i < m->world; i++)
+				live |= m->ranks[i].c != NULL;
+			if (!live) {
+				/* A trainer restarted with another world size: no
+				 * rank of the old one is left to disagree. */
+				struct prank *nr = calloc(world, sizeof(*nr));
+
+				if (!nr)
+					return NULL;
+				for (uint32_t i = 0; i < m->world; i++)
+					prank_clear(&m->ranks[i]);
+				free(m->ranks);
+				m->ranks = nr;
+				m->world = world;
+				m->writing = 0;
+				model_invalidate(m);
+				plans_free(m);
+				return m;
+			}
 			snprintf(err, errlen,
 				 "model '%s' has %u producer ranks, this producer says %u", name,
 				 m->world, world);

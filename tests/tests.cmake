@@ -47,6 +47,7 @@ wex_foundation_test(daemon_restart LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(quickstart_smoke LOOP
   ARGS $<TARGET_FILE:wex-producer> $<TARGET_FILE:wex-consumer>)
 wex_foundation_test(killed_producer LOOP LIBS ${WEX_FX_LIBS})
+wex_foundation_test(producer_resize LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(many_segments LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(reshard_copy LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(msg_limit LOOP)
