@@ -12,3 +12,7 @@ set_tests_properties(svc_cli_epoll PROPERTIES ENVIRONMENT "WEX_IO=epoll")
 wex_add_test(svc_sigterm_sync SOURCES tests/service/sigterm_sync.c LIBS wex wex_example_model LABELS service TIMEOUT 120)
 set_tests_properties(svc_access_control svc_socket_activate svc_cli svc_cli_epoll PROPERTIES
   LABELS service TIMEOUT 120 SKIP_RETURN_CODE 77)
+if(WEX_HAVE_SYSTEMD)
+  add_test(NAME svc_notify_reload COMMAND sh ${SVC}/notify_reload.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
+  set_tests_properties(svc_notify_reload PROPERTIES LABELS service TIMEOUT 120 SKIP_RETURN_CODE 77)
+endif()
