@@ -220,8 +220,67 @@ static int host_unreserve(struct wex_mem_region *r)
  */
 #define NT_MIN (256u << 10)
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* AVX2 variant: 128 bytes an iteration.  Chosen at run time, so the
+ * binary still runs on CPUs without AVX2.  (Measured on the development
+ * machine: a software prefetch or a 256-byte body made it slower.) */
+__attribute__((target("avx2"))) static inline void nt128(char *dst, const char *src)
+{
+	__m256i a = _mm256_loadu_si256((const __m256i *)src);
+	__m256i b = _mm256_loadu_si256((const __m256i *)(src + 32));
+	__m256i c = _mm256_loadu_si256((const __m256i *)(src + 64));
+	__m256i d = _mm256_loadu_si256((const __m256i *)(src + 96));
+
+	_mm256_stream_si256((__m256i *)dst, a);
+	_mm256_stream_si256((__m256i *)(dst + 32), b);
+	_mm256_stream_si256((__m256i *)(dst + 64), c);
+	_mm256_stream_si256((__m256i *)(dst + 96), d);
+}
+
+__attribute__((target("avx2"))) static void copy_nt_avx2(char *dst, const char *src, uint64_t len)
+{
+	/* Four pages in lockstep, as glibc's large copies do: four streams of
+	 * write-combining buffers fill in parallel. */
+	for (; len >= 4 * 4096; len -= 4 * 4096, dst += 4 * 4096, src += 4 * 4096)
+		for (int off = 0; off < 4096; off += 128) {
+			nt128(dst + off, src + off);
+			nt128(dst + 4096 + off, src + 4096 + off);
+			nt128(dst + 8192 + off, src + 8192 + off);
+			nt128(dst + 12288 + off, src + 12288 + off);
+		}
+	for (; len >= 128; len -= 128, dst += 128, src += 128) {
+		__m256i a = _mm256_loadu_si256((const __m256i *)src);
+		__m256i b = _mm256_loadu_si256((const __m256i *)(src + 32));
+		__m256i c = _mm256_loadu_si256((const __m256i *)(src + 64));
+		__m256i d = _mm256_loadu_si256((const __m256i *)(src + 96));
+
+		_mm256_stream_si256((__m256i *)dst, a);
+		_mm256_stream_si256((__m256i *)(dst + 32), b);
+		_mm256_stream_si256((__m256i *)(dst + 64), c);
+		_mm256_stream_si256((__m256i *)(dst + 96), d);
+	}
+	_mm_sfence();
+	memcpy(dst, src, len);
+}
+#endif
+
 static void copy_bytes(char *dst, const char *src, uint64_t len)
 {
+#if defined(__x86_64__)
+	static int have_avx2 = -1;
+
+	if (have_avx2 < 0)
+		have_avx2 = __builtin_cpu_supports("avx2");
+	if (len >= NT_MIN && have_avx2) {
+		uint64_t head = (64 - ((uintptr_t)dst & 63)) & 63;
+
+		memcpy(dst, src, head);
+		copy_nt_avx2(dst + head, src + head, len - head);
+		return;
+	}
+#endif
 #ifdef __SSE2__
 	if (len >= NT_MIN) {
 		uint64_t head = (64 - ((uintptr_t)dst & 63)) & 63;
@@ -378,11 +437,10 @@ int wex_mem_host_copy(const struct wex_copy_op *in, size_t n, int threads)
 
 static int host_copy_run(const struct wex_copy_op *ops, size_t n, int threads)
 {
-	const uint64_t chunk = 4u << 20;
-	struct copy_job j = { .ops = ops, .n = n, .chunk = chunk };
+	struct copy_job j = { .ops = ops, .n = n };
 	pthread_t tid[64];
 	int started = 0;
-	uint64_t total = 0;
+	uint64_t total = 0, chunk;
 
 	if (n == 0)
 		return 0;
@@ -392,6 +450,15 @@ static int host_copy_run(const struct wex_copy_op *ops, size_t n, int threads)
 		threads = 1;
 	if (threads > 64)
 		threads = 64;
+	/* About four chunks per thread: few enough that each stream is long
+	 * (measured: 64 MiB chunks beat 4 MiB ones by ~5%), enough that
+	 * threads finishing early find work. */
+	chunk = total / ((uint64_t)threads * 4);
+	if (chunk < (4u << 20))
+		chunk = 4u << 20;
+	if (chunk > (64u << 20))
+		chunk = 64u << 20;
+	j.chunk = chunk;
 	/* Small copies are not worth a thread start. */
 	if (threads == 1 || total < (8u << 20)) {
 		for (size_t i = 0; i < n; i++)
