@@ -506,6 +506,42 @@ WEX_API int wex_segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t
 	return 0;
 }
 
+WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint64_t size,
+				     uint32_t *id)
+{
+	const struct wex_mem_ops *ops;
+	struct wex_mem_seg seg;
+	char why[256] = "";
+	uint32_t sid;
+	int ret;
+
+	if (c->role != WEX_ROLE_PRODUCER)
+		return set_err(c, -EPERM, "only producers register segments");
+	if (kind != WEX_SEG_CUDA_VMM && kind != WEX_SEG_CUDA_IPC)
+		return set_err(c, -EINVAL, "register_ptr: kind %d is not a CUDA kind (host memory: "
+			       "wex_segment_register_fd)", kind);
+	ops = wex_mem_backend(kind);
+	if (!ops)
+		return set_err(c, -WEX_ENOCUDA,
+			       "this build has no CUDA backend (cuda.h was not found at build time)");
+	ret = ops->probe(why, sizeof(why));
+	if (ret < 0)
+		return set_err(c, ret, "%s backend unavailable: %s", ops->name, why);
+	ret = ops->wrap(ptr, size, -1, &seg);
+	if (ret < 0)
+		return set_err(c, ret, "%s: cannot export %llu bytes: %s%s", ops->name,
+			       (unsigned long long)size, wex_strerror(ret),
+			       ret == -E2BIG ? " (the range spans several allocations: register each)" :
+			       ret == -EOPNOTSUPP ? " (memory not created exportable)" : "");
+	ret = add_seg(c, &seg, &sid);
+	if (ret < 0) {
+		ops->release(&seg);
+		return ret;
+	}
+	*id = sid;
+	return 0;
+}
+
 static int send_table(struct wex_client *c, const char *op, const struct wex_tensor *t, size_t n)
 {
 	json_t *req;

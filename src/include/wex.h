@@ -165,6 +165,20 @@ WEX_API int wex_segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t
 				    uint32_t *id);
 
 /*
+ * Registers GPU memory the caller already has, without copying it:
+ * WEX_SEG_CUDA_VMM for exportable VMM memory (from wex_cuda_alloc, or
+ * PyTorch's segments under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True),
+ * WEX_SEG_CUDA_IPC for plain cudaMalloc memory (the handle of its allocation
+ * plus the offset).  [ptr, ptr+size) must lie in one allocation: -E2BIG
+ * when it spans several (register each), -EOPNOTSUPP when the memory was
+ * not created exportable (vLLM's CuMemAllocator, torch_memory_saver), with
+ * the reason in wex_last_error().  The memory stays the caller's; it must
+ * outlive the registration (wex_client_close).  Blocks for one round trip.
+ */
+WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint64_t size,
+				     uint32_t *id);
+
+/*
  * Registers (replacing any earlier table) the tensors this rank owns.  The
  * array is copied; the caller keeps it.  Blocks for one round trip.
  * Errors: -EINVAL naming the bad tensor in the daemon's log and in

@@ -1,0 +1,209 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuda_e2e - the CUDA VMM path end to end through a real wexd.
+ *
+ * A producer process allocates its weights with wex_cuda_alloc (the PyTorch
+ * pluggable-allocator entry point), fills them, registers the allocation
+ * with wex_segment_register_ptr (no copy: the VMM handle travels as an fd
+ * through wexd) and publishes v1.  This process, the consumer, then
+ *  1. syncs REMAP_VIEW and reads every byte of the producer's device memory
+ *     through wex_view (device-to-host through the backend's executor);
+ *  2. syncs COPY into its own wex_cuda_alloc'd buffer, through the plan,
+ *     and checks every byte;
+ * and a registration of non-exportable memory is refused with a reason.
+ * Needs a CUDA driver and device (exit 77 with the reason otherwise); CI
+ * also runs it against tests/gpu/emul_cuda.c (cuda_e2e_emul).
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gpu_util.h"
+#include "ipc/sock.h"
+#include "vmm/backend.h"
+#include "wex.h"
+
+#define NT 8
+#define ROWS 512
+#define COLS 1024 /* bf16: 1 MiB a tensor */
+
+static uint16_t val(int t, uint64_t e)
+{
+	return (uint16_t)(e * 2654435761u ^ (uint32_t)t * 40503u);
+}
+
+static void make_tensors(struct wex_tensor *t, uint32_t seg, uint64_t *total)
+{
+	uint64_t off = 0;
+
+	memset(t, 0, sizeof(*t) * NT);
+	for (int i = 0; i < NT; i++) {
+		snprintf(t[i].name, sizeof(t[i].name), "layers.%d.weight", i);
+		t[i].dtype = WEX_DT_BF16;
+		t[i].ndim = 2;
+		t[i].shape[0] = t[i].extent[0] = ROWS;
+		t[i].shape[1] = t[i].extent[1] = COLS;
+		t[i].segment = seg;
+		t[i].offset = off;
+		off += (uint64_t)ROWS * COLS * 2;
+	}
+	*total = off;
+}
+
+/* Host <-> device through the backend's executor (unified addressing). */
+static int xfer(void *dst, const void *src, uint64_t len)
+{
+	struct wex_copy_op op = { .src = (uint64_t)(uintptr_t)src, .dst = (uint64_t)(uintptr_t)dst,
+				  .len = len };
+
+	return wex_mem_backend(WEX_MEM_CUDA_VMM)->copy(&op, 1, 1);
+}
+
+static uint64_t bad_bytes(const uint16_t *h, int t)
+{
+	uint64_t bad = 0;
+
+	for (uint64_t e = 0; e < (uint64_t)ROWS * COLS; e++)
+		bad += h[e] != val(t, e);
+	return bad;
+}
+
+static pid_t start_wexd(void)
+{
+	const char *bin = getenv("WEXD_BIN");
+	int p[2];
+	char b[8], fds[16];
+	pid_t pid;
+
+	CHECK(bin != NULL);
+	CHECK(pipe(p) == 0);
+	pid = fork();
+	if (pid == 0) {
+		close(p[0]);
+		snprintf(fds, sizeof(fds), "%d", p[1]);
+		setenv("WEXD_READY_FD", fds, 1);
+		execl(bin, bin, (char *)NULL);
+		_exit(127);
+	}
+	close(p[1]);
+	CHECK(read(p[0], b, sizeof(b)) > 0);
+	close(p[0]);
+	return pid;
+}
+
+static void producer(int go_fd, int done_fd)
+{
+	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
+				       .role = WEX_ROLE_PRODUCER, .model = "gpu" };
+	struct wex_tensor t[NT];
+	uint64_t total;
+	wex_client_t *c;
+	uint16_t *h;
+	uint32_t seg;
+	void *dev;
+	char ch;
+	int ret;
+
+	make_tensors(t, 0, &total);
+	dev = wex_cuda_alloc((ssize_t)total, 0, NULL);
+	CHECK(dev != NULL);
+	h = malloc(total);
+	for (int i = 0; i < NT; i++)
+		for (uint64_t e = 0; e < (uint64_t)ROWS * COLS; e++)
+			h[(size_t)i * ROWS * COLS + e] = val(i, e);
+	CHECK_OK(xfer(dev, h, total));
+	CHECK_OK(wex_client_open(&p, &c));
+	ret = wex_segment_register_ptr(c, WEX_SEG_CUDA_VMM, dev, total, &seg);
+	if (ret < 0)
+		fprintf(stderr, "register_ptr: %s\n", wex_last_error(c));
+	CHECK_OK(ret);
+	/* Host memory is not CUDA memory: refused, with a reason. */
+	ret = wex_segment_register_ptr(c, WEX_SEG_CUDA_VMM, h, total, &seg);
+	CHECK(ret < 0 && wex_last_error(c)[0] != '\0');
+	for (int i = 0; i < NT; i++)
+		t[i].segment = 0;
+	CHECK_OK(wex_register_tensors(c, t, NT));
+	CHECK_OK(wex_begin_write(c, 1, 5000));
+	CHECK_OK(wex_publish(c, 1));
+	CHECK(write(done_fd, "p", 1) == 1);
+	CHECK(read(go_fd, &ch, 1) >= 0); /* hold the memory until the consumer is done */
+	wex_client_close(c);
+	wex_cuda_free(dev, (ssize_t)total, 0, NULL);
+	free(h);
+	_exit(0);
+}
+
+int main(void)
+{
+	char dir[] = "/tmp/wex-cuda-e2e-XXXXXX", sock[128];
+	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
+				       .role = WEX_ROLE_CONSUMER, .model = "gpu" };
+	struct wex_tensor t[NT];
+	struct wex_sync_result r;
+	int go[2], done[2], st;
+	uint64_t total, bad = 0;
+	pid_t wexd, prod;
+	wex_client_t *c;
+	uint16_t *h;
+	void *mine;
+	char ch;
+
+	gpu_require();
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(sock, sizeof(sock), "%s/wexd.sock", dir);
+	setenv("WEX_SOCKET", sock, 1);
+	wexd = start_wexd();
+	CHECK(pipe(go) == 0 && pipe(done) == 0);
+	prod = fork();
+	if (prod == 0) {
+		close(go[1]);
+		producer(go[0], done[1]);
+	}
+	close(go[0]);
+	CHECK(read(done[0], &ch, 1) == 1);
+
+	make_tensors(t, 0, &total);
+	h = malloc(total);
+	CHECK_OK(wex_client_open(&p, &c));
+
+	/* 1. Zero copy: the producer's device memory, read through views. */
+	CHECK_OK(wex_sync(c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+	CHECK(r.version == 1);
+	for (int i = 0; i < NT; i++) {
+		void *v;
+
+		CHECK_OK(wex_view(c, 0, t[i].name, &v, NULL));
+		CHECK_OK(xfer(h, v, (uint64_t)ROWS * COLS * 2));
+		bad += bad_bytes(h, i);
+	}
+	CHECK(bad == 0);
+	CHECK_OK(wex_release(c));
+
+	/* 2. In-place copy into this process's own device memory. */
+	mine = wex_cuda_alloc((ssize_t)total, 0, NULL);
+	CHECK(mine != NULL);
+	for (int i = 0; i < NT; i++)
+		t[i].ptr = (char *)mine + t[i].offset;
+	CHECK_OK(wex_attach(c, t, NT));
+	CHECK_OK(wex_sync(c, WEX_SYNC_COPY, 1, 5000, &r));
+	CHECK(r.version == 1 && r.bytes == total);
+	CHECK_OK(xfer(h, mine, total));
+	for (int i = 0; i < NT; i++)
+		bad += bad_bytes(h + (size_t)i * ROWS * COLS, i);
+	CHECK(bad == 0);
+
+	wex_client_close(c);
+	wex_cuda_free(mine, (ssize_t)total, 0, NULL);
+	close(go[1]);
+	CHECK(waitpid(prod, &st, 0) == prod && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	kill(wexd, SIGTERM);
+	CHECK(waitpid(wexd, &st, 0) == wexd && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	rmdir(dir);
+	free(h);
+	printf("PASS: cuda_vmm through wexd: view and copy of %llu bytes, every byte checked\n",
+	       (unsigned long long)total);
+	return 0;
+}
