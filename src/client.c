@@ -966,6 +966,7 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 {
 	uint64_t t0 = wex__now_ns(), bytes = 0, version, gen;
 	json_t *req, *reply = NULL;
+	double waited;
 	int ret;
 
 	if (c->role != WEX_ROLE_CONSUMER)
@@ -987,6 +988,7 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 		return ret;
 	version = (uint64_t)json_integer_value(json_object_get(reply, "version"));
 	gen = (uint64_t)json_integer_value(json_object_get(reply, "layout_gen"));
+	waited = json_real_value(json_object_get(reply, "waited_ms")) / 1e3;
 	json_decref(reply);
 	c->has_lease = 1;
 	if (!c->fetched || gen != c->layout_gen) {
@@ -1053,6 +1055,7 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 		res->bytes = bytes;
 		res->ops = mode == WEX_SYNC_COPY ? c->nplan : 0;
 		res->seconds = (double)(wex__now_ns() - t0) / 1e9;
+		res->waited = waited;
 	}
 	return 0;
 err_release:

@@ -236,8 +236,9 @@ struct wex_sync_result {
 	uint64_t version;      /* the version now served */
 	uint64_t bytes;        /* bytes copied (copy) or mapped (remap) */
 	uint64_t ops;          /* copy operations executed */
-	double seconds;        /* wall time of the sync */
+	double seconds;        /* wall time of the sync, waiting included */
 	int changed;           /* 0 if the consumer already served this version */
+	double waited;         /* of which waiting for the version to be published */
 };
 
 /*
