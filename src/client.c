@@ -450,18 +450,13 @@ static int add_seg(struct wex_client *c, struct wex_mem_seg *seg, uint32_t *id)
 	return 0;
 }
 
-WEX_API int wex_segment_alloc(wex_client_t *c, int kind, int device, uint64_t size, uint32_t *id,
-			      void **ptr)
+/* The backend of `kind`, usable here, or an error saying what is missing. */
+static int backend_ready(struct wex_client *c, int kind, const struct wex_mem_ops **out)
 {
-	const struct wex_mem_ops *ops;
-	struct wex_mem_seg seg;
+	const struct wex_mem_ops *ops = wex_mem_backend(kind);
 	char why[256] = "";
-	uint32_t sid;
 	int ret;
 
-	if (c->role != WEX_ROLE_PRODUCER)
-		return set_err(c, -EPERM, "only producers allocate segments");
-	ops = wex_mem_backend(kind);
 	if (!ops)
 		return set_err(c, kind == WEX_SEG_CUDA_VMM || kind == WEX_SEG_CUDA_IPC ? -WEX_ENOCUDA : -EINVAL,
 			       "segment kind %d: %s", kind,
@@ -471,6 +466,23 @@ WEX_API int wex_segment_alloc(wex_client_t *c, int kind, int device, uint64_t si
 	ret = ops->probe(why, sizeof(why));
 	if (ret < 0)
 		return set_err(c, ret, "%s backend unavailable: %s", ops->name, why);
+	*out = ops;
+	return 0;
+}
+
+WEX_API int wex_segment_alloc(wex_client_t *c, int kind, int device, uint64_t size, uint32_t *id,
+			      void **ptr)
+{
+	const struct wex_mem_ops *ops;
+	struct wex_mem_seg seg;
+	uint32_t sid;
+	int ret;
+
+	if (c->role != WEX_ROLE_PRODUCER)
+		return set_err(c, -EPERM, "only producers allocate segments");
+	ret = backend_ready(c, kind, &ops);
+	if (ret < 0)
+		return ret;
 	ret = ops->alloc(size, device, &seg);
 	if (ret < 0)
 		return set_err(c, ret, "%s: allocating %llu bytes: %s", ops->name,
@@ -511,7 +523,6 @@ WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint6
 {
 	const struct wex_mem_ops *ops;
 	struct wex_mem_seg seg;
-	char why[256] = "";
 	uint32_t sid;
 	int ret;
 
@@ -520,13 +531,9 @@ WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint6
 	if (kind != WEX_SEG_CUDA_VMM && kind != WEX_SEG_CUDA_IPC)
 		return set_err(c, -EINVAL, "register_ptr: kind %d is not a CUDA kind (host memory: "
 			       "wex_segment_register_fd)", kind);
-	ops = wex_mem_backend(kind);
-	if (!ops)
-		return set_err(c, -WEX_ENOCUDA,
-			       "this build has no CUDA backend (cuda.h was not found at build time)");
-	ret = ops->probe(why, sizeof(why));
+	ret = backend_ready(c, kind, &ops);
 	if (ret < 0)
-		return set_err(c, ret, "%s backend unavailable: %s", ops->name, why);
+		return ret;
 	ret = ops->wrap(ptr, size, -1, &seg);
 	if (ret < 0)
 		return set_err(c, ret, "%s: cannot export %llu bytes: %s%s", ops->name,
@@ -561,23 +568,42 @@ static int send_tensors(struct wex_client *c)
 	return send_table(c, "register_tensors", c->ptensors, c->nptensors);
 }
 
-WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, size_t n)
+/* Checks every tensor (and, for a consumer's layout, that it has a ptr)
+ * and returns a malloc'd copy the client keeps. */
+static int copy_tensors(struct wex_client *c, const struct wex_tensor *t, size_t n, int need_ptr,
+			struct wex_tensor **out)
 {
 	struct wex_tensor *copy;
 	char err[256];
 	int ret;
 
-	if (c->role != WEX_ROLE_PRODUCER)
-		return set_err(c, -EPERM, "only producers register tensors");
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++) {
 		if ((ret = wex__tensor_check(&t[i], err, sizeof(err))) < 0)
 			return set_err(c, ret, "%s", err);
+		if (need_ptr && !t[i].ptr)
+			return set_err(c, -EINVAL, "attach: tensor '%s' has no ptr", t[i].name);
+	}
 	copy = malloc((n ? n : 1) * sizeof(*copy));
 	if (!copy)
 		return -ENOMEM;
 	memcpy(copy, t, n * sizeof(*t));
-	for (size_t i = 0; i < n; i++)
-		copy[i].ptr = NULL;
+	if (!need_ptr)
+		for (size_t i = 0; i < n; i++)
+			copy[i].ptr = NULL;
+	*out = copy;
+	return 0;
+}
+
+WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, size_t n)
+{
+	struct wex_tensor *copy;
+	int ret;
+
+	if (c->role != WEX_ROLE_PRODUCER)
+		return set_err(c, -EPERM, "only producers register tensors");
+	ret = copy_tensors(c, t, n, 0, &copy);
+	if (ret < 0)
+		return ret;
 	free(c->ptensors);
 	c->ptensors = copy;
 	c->nptensors = n;
@@ -629,21 +655,13 @@ static int send_layout(struct wex_client *c)
 WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 {
 	struct wex_tensor *copy;
-	char err[256];
 	int ret;
 
 	if (c->role != WEX_ROLE_CONSUMER)
 		return set_err(c, -EPERM, "only consumers attach");
-	for (size_t i = 0; i < n; i++) {
-		if ((ret = wex__tensor_check(&t[i], err, sizeof(err))) < 0)
-			return set_err(c, ret, "%s", err);
-		if (!t[i].ptr)
-			return set_err(c, -EINVAL, "attach: tensor '%s' has no ptr", t[i].name);
-	}
-	copy = malloc((n ? n : 1) * sizeof(*copy));
-	if (!copy)
-		return -ENOMEM;
-	memcpy(copy, t, n * sizeof(*t));
+	ret = copy_tensors(c, t, n, 1, &copy);
+	if (ret < 0)
+		return ret;
 	free(c->layout);
 	c->layout = copy;
 	c->nlayout = n;

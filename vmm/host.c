@@ -250,16 +250,26 @@ __attribute__((target("avx2"))) static void copy_nt_avx2(char *dst, const char *
 			nt128(dst + 8192 + off, src + 8192 + off);
 			nt128(dst + 12288 + off, src + 12288 + off);
 		}
-	for (; len >= 128; len -= 128, dst += 128, src += 128) {
-		__m256i a = _mm256_loadu_si256((const __m256i *)src);
-		__m256i b = _mm256_loadu_si256((const __m256i *)(src + 32));
-		__m256i c = _mm256_loadu_si256((const __m256i *)(src + 64));
-		__m256i d = _mm256_loadu_si256((const __m256i *)(src + 96));
+	for (; len >= 128; len -= 128, dst += 128, src += 128)
+		nt128(dst, src);
+	_mm_sfence();
+	memcpy(dst, src, len);
+}
+#endif
 
-		_mm256_stream_si256((__m256i *)dst, a);
-		_mm256_stream_si256((__m256i *)(dst + 32), b);
-		_mm256_stream_si256((__m256i *)(dst + 64), c);
-		_mm256_stream_si256((__m256i *)(dst + 96), d);
+#ifdef __SSE2__
+static void copy_nt_sse2(char *dst, const char *src, uint64_t len)
+{
+	for (; len >= 64; len -= 64, dst += 64, src += 64) {
+		__m128i a = _mm_loadu_si128((const __m128i *)src);
+		__m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+		__m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+		__m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+
+		_mm_stream_si128((__m128i *)dst, a);
+		_mm_stream_si128((__m128i *)(dst + 16), b);
+		_mm_stream_si128((__m128i *)(dst + 32), c);
+		_mm_stream_si128((__m128i *)(dst + 48), d);
 	}
 	_mm_sfence();
 	memcpy(dst, src, len);
@@ -268,39 +278,24 @@ __attribute__((target("avx2"))) static void copy_nt_avx2(char *dst, const char *
 
 static void copy_bytes(char *dst, const char *src, uint64_t len)
 {
-#if defined(__x86_64__)
-	static int have_avx2 = -1;
-
-	if (have_avx2 < 0)
-		have_avx2 = __builtin_cpu_supports("avx2");
-	if (len >= NT_MIN && have_avx2) {
-		uint64_t head = (64 - ((uintptr_t)dst & 63)) & 63;
-
-		memcpy(dst, src, head);
-		copy_nt_avx2(dst + head, src + head, len - head);
-		return;
-	}
-#endif
 #ifdef __SSE2__
 	if (len >= NT_MIN) {
+		/* Streaming stores want an aligned destination. */
 		uint64_t head = (64 - ((uintptr_t)dst & 63)) & 63;
 
 		memcpy(dst, src, head);
-		dst += head;
-		src += head;
-		len -= head;
-		for (; len >= 64; len -= 64, dst += 64, src += 64) {
-			__m128i a = _mm_loadu_si128((const __m128i *)src);
-			__m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
-			__m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
-			__m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+#if defined(__x86_64__)
+		static int have_avx2 = -1;
 
-			_mm_stream_si128((__m128i *)dst, a);
-			_mm_stream_si128((__m128i *)(dst + 16), b);
-			_mm_stream_si128((__m128i *)(dst + 32), c);
-			_mm_stream_si128((__m128i *)(dst + 48), d);
+		if (have_avx2 < 0)
+			have_avx2 = __builtin_cpu_supports("avx2");
+		if (have_avx2) {
+			copy_nt_avx2(dst + head, src + head, len - head);
+			return;
 		}
-		_mm_sfence();
+#endif
+		copy_nt_sse2(dst + head, src + head, len - head);
+		return;
 	}
 #endif
 	memcpy(dst, src, len);
