@@ -29,6 +29,17 @@ struct own_seg {
 	struct wex_mem_seg seg;
 	uint32_t id;
 	int wrapped;
+	int part;      /* one allocation of a chained segment below */
+	size_t *parts; /* chained: indices of its parts in osegs */
+	size_t nparts;
+};
+
+/* A part of a chained segment, received by fetch and kept until the
+ * segment that chains it arrives (possibly in a later message). */
+struct stash {
+	uint32_t rank, id;
+	struct wex_mem_desc desc;
+	int fd;
 };
 
 struct pseg {
@@ -73,6 +84,9 @@ struct wex_client {
 	size_t nplan;
 	struct region *regions;
 	size_t nregions;
+	int device;         /* CUDA ordinal for reserved regions (-1: current) */
+	struct stash *stash;
+	size_t nstash;
 	uint64_t version;
 	/* The version the consumer's own buffers hold (0: none).  Not
 	 * `version`: a REMAP_VIEW sync serves a version without writing the
@@ -335,6 +349,14 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 		c->world = p->world_size ? p->world_size : 1;
 	}
 	c->timeout_ms = (p->field_mask & WEX_CLIENT_FIELD_TIMEOUT) && p->timeout_ms ? p->timeout_ms : 30000;
+	c->device = -1;
+	if (p->field_mask & WEX_CLIENT_FIELD_DEVICE) {
+		if (p->device < 0) {
+			free(c);
+			return -EINVAL;
+		}
+		c->device = p->device;
+	}
 	if ((p->field_mask & WEX_CLIENT_FIELD_COPY_THREADS) && p->copy_threads) {
 		c->threads = (int)p->copy_threads;
 	} else {
@@ -390,6 +412,7 @@ WEX_API void wex_client_close(wex_client_t *c)
 		struct own_seg *o = &c->osegs[i];
 
 		o->seg.ops->release(&o->seg);
+		free(o->parts);
 	}
 	free(c->osegs);
 	free(c->ptensors);
@@ -423,6 +446,16 @@ static int register_seg(struct wex_client *c, struct own_seg *o)
 			o->seg.desc.device, "handle", hex, "handle_offset",
 			(json_int_t)o->seg.desc.handle_offset, "alloc_size",
 			(json_int_t)o->seg.desc.alloc_size);
+	if (o->part)
+		json_object_set_new(req, "part", json_true());
+	if (o->nparts) {
+		json_t *pa = json_array();
+
+		/* Ids as this daemon numbered the parts (they precede us). */
+		for (size_t i = 0; i < o->nparts; i++)
+			json_array_append_new(pa, json_integer(c->osegs[o->parts[i]].id));
+		json_object_set_new(req, "parts", pa);
+	}
 	ret = rpc(c, req, o->seg.fd >= 0 ? &o->seg.fd : NULL, o->seg.fd >= 0 ? 1 : 0, &reply, NULL,
 		  0, NULL, c->timeout_ms);
 	if (ret < 0)
@@ -432,7 +465,10 @@ static int register_seg(struct wex_client *c, struct own_seg *o)
 	return 0;
 }
 
-static int add_seg(struct wex_client *c, struct wex_mem_seg *seg, uint32_t *id)
+/* Registers seg and keeps it.  A part (part != 0) or a chained segment
+ * (parts: indices of its parts in osegs, taken over on success). */
+static int add_seg_ex(struct wex_client *c, struct wex_mem_seg *seg, int part, size_t *parts,
+		      size_t nparts, uint32_t *id)
 {
 	struct own_seg *n = realloc(c->osegs, (c->nosegs + 1) * sizeof(*n));
 	int ret;
@@ -442,12 +478,80 @@ static int add_seg(struct wex_client *c, struct wex_mem_seg *seg, uint32_t *id)
 	c->osegs = n;
 	memset(&n[c->nosegs], 0, sizeof(n[0]));
 	n[c->nosegs].seg = *seg;
+	n[c->nosegs].part = part;
+	n[c->nosegs].parts = parts;
+	n[c->nosegs].nparts = nparts;
 	ret = register_seg(c, &n[c->nosegs]);
 	if (ret < 0)
 		return ret;
 	*id = n[c->nosegs].id;
 	c->nosegs++;
 	return 0;
+}
+
+static int add_seg(struct wex_client *c, struct wex_mem_seg *seg, uint32_t *id)
+{
+	return add_seg_ex(c, seg, 0, NULL, 0, id);
+}
+
+/*
+ * A range over several VMM allocations (PyTorch expandable segments): each
+ * allocation is wrapped and registered as a part, then one chained segment
+ * lists them; a consumer maps the parts back to back, so the range keeps
+ * its layout.  Parts registered before a failure stay with the client
+ * (unused; released at close).
+ */
+static int register_chained(struct wex_client *c, const struct wex_mem_ops *ops, void *ptr,
+			    uint64_t size, uint32_t *id)
+{
+	struct wex_mem_seg *parts = NULL, whole;
+	size_t n = 0, first = c->nosegs, *idx = NULL, i;
+	uint64_t total = 0;
+	uint32_t pid;
+	int ret;
+
+	ret = ops->wrap_chunks(ptr, size, NULL, 0, &n);
+	if (ret < 0 && ret != -ENOSPC)
+		return set_err(c, ret, "%s: cannot enumerate the allocations under %llu bytes: %s",
+			       ops->name, (unsigned long long)size, wex_strerror(ret));
+	parts = calloc(n ? n : 1, sizeof(*parts));
+	idx = calloc(n ? n : 1, sizeof(*idx));
+	if (!parts || !idx) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	ret = ops->wrap_chunks(ptr, size, parts, n, &n);
+	if (ret < 0) {
+		set_err(c, ret, "%s: cannot export the %zu allocations under %llu bytes: %s%s",
+			ops->name, n, (unsigned long long)size, wex_strerror(ret),
+			ret == -EOPNOTSUPP ? " (memory not created exportable)" : "");
+		goto out;
+	}
+	for (i = 0; i < n; i++) {
+		total += parts[i].desc.alloc_size;
+		ret = add_seg_ex(c, &parts[i], 1, NULL, 0, &pid);
+		if (ret < 0) {
+			while (i < n)
+				ops->release(&parts[i++]);
+			goto out;
+		}
+		idx[i] = first + i;
+	}
+	memset(&whole, 0, sizeof(whole));
+	whole.ops = ops;
+	whole.desc = parts[0].desc;
+	whole.desc.size = size;
+	whole.desc.alloc_size = total;
+	whole.desc.handle_len = 0; /* a fabric handle names one allocation */
+	whole.ptr = ptr;
+	whole.fd = -1; /* the parts own every fd and handle */
+	ret = add_seg_ex(c, &whole, 0, idx, n, id);
+	if (ret == 0)
+		idx = NULL;
+out:
+	free(parts);
+	free(idx);
+	return ret;
 }
 
 /* The backend of `kind`, usable here, or an error saying what is missing. */
@@ -535,6 +639,8 @@ WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint6
 	if (ret < 0)
 		return ret;
 	ret = ops->wrap(ptr, size, -1, &seg);
+	if (ret == -E2BIG && ops->wrap_chunks != wex_mem_enotsup_wrap_chunks)
+		return register_chained(c, ops, ptr, size, id);
 	if (ret < 0)
 		return set_err(c, ret, "%s: cannot export %llu bytes: %s%s", ops->name,
 			       (unsigned long long)size, wex_strerror(ret),
@@ -637,6 +743,26 @@ WEX_API int wex_publish(wex_client_t *c, uint64_t version)
 	if (c->writing != version && c->fd >= 0)
 		return set_err(c, -EINVAL, "publish v%llu: begin_write it first",
 			       (unsigned long long)version);
+	/* GPU writes may still be queued (PyTorch returns before kernels
+	 * finish): the version becomes visible only once they completed, on
+	 * every device holding a segment of ours. */
+	for (size_t i = 0; i < c->nosegs; i++) {
+		const struct own_seg *o = &c->osegs[i];
+		size_t j;
+
+		if (o->part || o->seg.desc.kind == WEX_MEM_HOST)
+			continue;
+		for (j = 0; j < i; j++)
+			if (!c->osegs[j].part && !strcmp(c->osegs[j].seg.desc.device, o->seg.desc.device))
+				break;
+		if (j < i)
+			continue; /* device already waited for */
+		ret = o->seg.ops->sync_device(&o->seg);
+		if (ret < 0)
+			return set_err(c, ret, "publish v%llu: waiting for the GPU work on %s: %s",
+				       (unsigned long long)version, o->seg.desc.device,
+				       wex_strerror(ret));
+	}
 	req = json_pack("{s:s, s:I}", "op", "publish", "version", (json_int_t)version);
 	ret = simple_rpc(c, req, NULL);
 	if (ret == 0)
@@ -670,6 +796,60 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 	return send_layout(c);
 }
 
+static void stash_clear(struct wex_client *c)
+{
+	for (size_t i = 0; i < c->nstash; i++)
+		if (c->stash[i].fd >= 0)
+			close(c->stash[i].fd);
+	free(c->stash);
+	c->stash = NULL;
+	c->nstash = 0;
+}
+
+/* Maps a chained segment from the parts fetch kept: takes every part's fd. */
+static int import_chained(struct wex_client *c, const struct wex_mem_ops *ops,
+			  const struct wex_mem_desc *whole, uint32_t rank, json_t *parts,
+			  struct wex_mem_seg *seg)
+{
+	size_t n = json_array_size(parts), i;
+	struct wex_mem_desc *descs;
+	int *fds, ret;
+	json_t *v;
+
+	descs = calloc(n ? n : 1, sizeof(*descs));
+	fds = calloc(n ? n : 1, sizeof(*fds));
+	if (!descs || !fds) {
+		free(descs);
+		free(fds);
+		return -ENOMEM;
+	}
+	json_array_foreach(parts, i, v) {
+		struct stash *st = NULL;
+
+		for (size_t k = 0; k < c->nstash; k++)
+			if (c->stash[k].rank == rank && c->stash[k].id == (uint32_t)json_integer_value(v) &&
+			    c->stash[k].fd >= 0)
+				st = &c->stash[k];
+		if (!st) {
+			for (size_t k = 0; k < i; k++)
+				close(fds[k]);
+			free(descs);
+			free(fds);
+			return set_err(c, -EBADMSG, "fetch: producer rank %u chains part %lld, not received",
+				       rank, (long long)json_integer_value(v));
+		}
+		descs[i] = st->desc;
+		fds[i] = st->fd;
+		st->fd = -1;
+	}
+	ret = ops->import_chunks(descs, fds, n, seg);
+	if (ret == 0)
+		seg->desc.size = whole->size;
+	free(descs);
+	free(fds);
+	return ret;
+}
+
 static int import_segments(struct wex_client *c, json_t *segs, int *fds, int nfds)
 {
 	size_t i;
@@ -678,6 +858,7 @@ static int import_segments(struct wex_client *c, json_t *segs, int *fds, int nfd
 	json_array_foreach(segs, i, js) {
 		const char *kind = "", *device = "", *handle = "";
 		json_int_t rank, id, size, hoff = 0, asize = 0, fdi = -1;
+		json_t *parts = json_object_get(js, "parts");
 		struct wex_mem_desc desc;
 		const struct wex_mem_ops *ops;
 		struct pseg *n;
@@ -706,6 +887,22 @@ static int import_segments(struct wex_client *c, json_t *segs, int *fds, int nfd
 			fd = fds[fdi];
 			fds[fdi] = -1;
 		}
+		if (json_is_true(json_object_get(js, "part"))) {
+			/* Kept for the chained segment listing it. */
+			struct stash *st = realloc(c->stash, (c->nstash + 1) * sizeof(*st));
+
+			if (!st) {
+				if (fd >= 0)
+					close(fd);
+				return -ENOMEM;
+			}
+			c->stash = st;
+			c->stash[c->nstash++] = (struct stash){ .rank = (uint32_t)rank,
+								.id = (uint32_t)id,
+								.desc = desc,
+								.fd = fd };
+			continue;
+		}
 		ops = wex_mem_backend(desc.kind);
 		if (!ops) {
 			if (fd >= 0)
@@ -724,10 +921,17 @@ static int import_segments(struct wex_client *c, json_t *segs, int *fds, int nfd
 		memset(&n[c->npsegs], 0, sizeof(n[0]));
 		n[c->npsegs].rank = (uint32_t)rank;
 		n[c->npsegs].id = (uint32_t)id;
-		ret = ops->import(&desc, fd, &n[c->npsegs].seg);
+		if (parts) {
+			if (fd >= 0)
+				close(fd);
+			ret = import_chained(c, ops, &desc, (uint32_t)rank, parts, &n[c->npsegs].seg);
+		} else {
+			ret = ops->import(&desc, fd, &n[c->npsegs].seg);
+		}
 		if (ret < 0)
-			return set_err(c, ret, "importing %s segment %lld of producer rank %lld: %s",
-				       kind, (long long)id, (long long)rank, wex_strerror(ret));
+			return set_err(c, ret, "importing %s segment %lld of producer rank %lld%s: %s",
+				       kind, (long long)id, (long long)rank,
+				       parts ? " (chained allocations)" : "", wex_strerror(ret));
 		c->npsegs++;
 	}
 	return 0;
@@ -750,8 +954,10 @@ static int fetch(struct wex_client *c)
 
 		req = json_pack("{s:s, s:I}", "op", "fetch", "start", start);
 		ret = rpc(c, req, NULL, 0, &reply, fds, WEX_SOCK_MAX_FDS, &nfds, c->timeout_ms);
-		if (ret < 0)
+		if (ret < 0) {
+			stash_clear(c);
 			return ret;
+		}
 		json_unpack(reply, "{s:I, s:I, s:I, s:I, s?I}", "tables_fd", &tfd, "plan_fd", &pfd,
 			    "world", &world, "layout_gen", &gen, "more", &more);
 		if (start == 0) {
@@ -784,10 +990,13 @@ static int fetch(struct wex_client *c)
 chunk_out:
 		wex_sock_close_fds(fds, nfds);
 		json_decref(reply);
-		if (ret < 0)
+		if (ret < 0) {
+			stash_clear(c);
 			return ret;
+		}
 		start = more;
 	} while (start >= 0);
+	stash_clear(c); /* parts no segment chained: nothing names them */
 	free(c->rank_first);
 	c->rank_first = calloc(c->nprod + 1, sizeof(size_t));
 	if (!c->rank_first)
@@ -919,19 +1128,25 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 		if (g->r.ops != s->seg.ops)
 			return set_err(c, -WEX_ELAYOUT, "remap: region is %s memory, segment is %s",
 				       g->r.ops->name, s->seg.ops->name);
-		if (g->r.size > s->seg.desc.alloc_size)
+		/* The region's start shows the segment's start (seg.ptr), which
+		 * lies handle_offset bytes into its first allocation. */
+		if (g->r.size > s->seg.desc.alloc_size - s->seg.desc.handle_offset)
 			return set_err(c, -WEX_ELAYOUT,
 				       "remap: region of %llu bytes exceeds producer segment of %llu",
 				       (unsigned long long)g->r.size,
-				       (unsigned long long)s->seg.desc.alloc_size);
+				       (unsigned long long)(s->seg.desc.alloc_size -
+							    s->seg.desc.handle_offset));
 		*bytes += g->r.size;
 		if (g->mapped == &s->seg && g->r.fixed)
 			continue; /* already showing it: a metadata-only sync */
 		if ((ret = check_fixed_layout(c, g)) < 0)
 			return ret;
-		ret = g->r.ops->map_fixed(&g->r, &s->seg, 0);
+		ret = g->r.ops->map_fixed(&g->r, &s->seg, s->seg.desc.handle_offset);
 		if (ret < 0)
-			return set_err(c, ret, "remap: map_fixed: %s", wex_strerror(ret));
+			return set_err(c, ret, "remap: map_fixed: %s%s", wex_strerror(ret),
+				       ret == -EINVAL && s->seg.desc.handle_offset ?
+					       " (the producer's segment starts inside an allocation, off its granularity: register it from the allocation's start)" :
+					       "");
 		g->mapped = &s->seg;
 	}
 	return 0;
@@ -940,20 +1155,27 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint64_t size, void **ptr)
 {
 	const struct wex_mem_ops *ops = &wex_mem_host_ops;
+	int ret, device = c->device;
 	struct region *n;
-	int ret;
 
 	if (c->role != WEX_ROLE_CONSUMER)
 		return set_err(c, -EPERM, "only consumers reserve");
-	/* The region must be of the producer segment's kind. */
+	/* The region must be of the producer segment's kind, and by default
+	 * on the producer's device (the colocated case). */
 	if (!c->fetched)
 		fetch(c);
 	if (c->fetched) {
 		struct pseg *s = find_pseg(c, prank, segment);
 
-		if (s)
+		if (s) {
 			ops = s->seg.ops;
+			if (device < 0 && (ret = wex_mem_device_of(&s->seg.desc, &device)) < 0)
+				return set_err(c, ret, "reserve: producer rank %u's device %s is not visible here (set WEX_CLIENT_FIELD_DEVICE)",
+					       prank, s->seg.desc.device);
+		}
 	}
+	if (device < 0)
+		device = 0;
 	n = realloc(c->regions, (c->nregions + 1) * sizeof(*n));
 	if (!n)
 		return -ENOMEM;
@@ -961,10 +1183,10 @@ WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint6
 	memset(&n[c->nregions], 0, sizeof(n[0]));
 	n[c->nregions].prank = prank;
 	n[c->nregions].segid = segment;
-	ret = ops->reserve(size, 0, &n[c->nregions].r);
+	ret = ops->reserve(size, device, &n[c->nregions].r);
 	if (ret < 0)
-		return set_err(c, ret, "reserve %llu bytes of %s memory: %s", (unsigned long long)size,
-			       ops->name, wex_strerror(ret));
+		return set_err(c, ret, "reserve %llu bytes of %s memory on device %d: %s",
+			       (unsigned long long)size, ops->name, device, wex_strerror(ret));
 	*ptr = n[c->nregions].r.addr;
 	c->nregions++;
 	return 0;

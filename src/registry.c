@@ -84,9 +84,11 @@ static void plans_gc(struct model *m)
 
 static void prank_clear(struct prank *r)
 {
-	for (uint32_t i = 0; i < r->nsegs; i++)
+	for (uint32_t i = 0; i < r->nsegs; i++) {
 		if (r->segs[i].fd >= 0)
 			close(r->segs[i].fd);
+		free(r->segs[i].parts);
+	}
 	free(r->segs);
 	free(r->t);
 	r->segs = NULL;
@@ -334,20 +336,79 @@ static int hex_decode(const char *s, unsigned char *out, size_t max, uint32_t *l
 	return 0;
 }
 
+/* A chained segment: its `parts` (ids of this rank's parts, in address
+ * order) must be unclaimed cuda_vmm parts of one device that hold
+ * [handle_offset, handle_offset+size). */
+static json_t *chain_parts(struct prank *r, struct seg *s, json_t *parts)
+{
+	uint64_t total = 0;
+	size_t i;
+	json_t *v;
+
+	if (!json_is_array(parts) || json_array_size(parts) < 2 || json_array_size(parts) > 65536)
+		return wex__reply_error(-EINVAL, "register_segment: parts must list 2 or more part ids");
+	if (s->desc.kind != WEX_MEM_CUDA_VMM)
+		return wex__reply_error(-EINVAL, "register_segment: only cuda_vmm segments chain parts");
+	s->parts = calloc(json_array_size(parts), sizeof(*s->parts));
+	if (!s->parts)
+		return wex__reply_error(-ENOMEM, "register_segment: out of memory");
+	json_array_foreach(parts, i, v) {
+		json_int_t id = json_integer_value(v);
+		struct seg *p;
+
+		if (!json_is_integer(v) || id < 0 || id >= r->nsegs || !r->segs[id].part)
+			return wex__reply_error(-EINVAL, "register_segment: parts[%zu] is not a part of this rank",
+						i);
+		p = &r->segs[id];
+		if (p->claimed)
+			return wex__reply_error(-EINVAL, "register_segment: part %lld is already chained",
+						(long long)id);
+		for (size_t j = 0; j < i; j++)
+			if (s->parts[j] == (uint32_t)id)
+				return wex__reply_error(-EINVAL, "register_segment: part %lld listed twice",
+							(long long)id);
+		if (p->desc.kind != WEX_MEM_CUDA_VMM || strcmp(p->desc.device, s->desc.device))
+			return wex__reply_error(-EINVAL,
+						"register_segment: part %lld is not cuda_vmm memory of device %s",
+						(long long)id, s->desc.device);
+		if (i > 0 && p->desc.handle_offset)
+			return wex__reply_error(-EINVAL,
+						"register_segment: part %lld starts inside its allocation; only the first may",
+						(long long)id);
+		if (i == 0 && p->desc.handle_offset != s->desc.handle_offset)
+			return wex__reply_error(-EINVAL,
+						"register_segment: handle_offset %llu differs from its first part's %llu",
+						(unsigned long long)s->desc.handle_offset,
+						(unsigned long long)p->desc.handle_offset);
+		s->parts[i] = (uint32_t)id;
+		total += p->desc.alloc_size;
+	}
+	s->nparts = (uint32_t)json_array_size(parts);
+	if (s->desc.handle_offset + s->desc.size > total)
+		return wex__reply_error(-EINVAL,
+					"register_segment: %llu bytes from offset %llu exceed the parts' %llu",
+					(unsigned long long)s->desc.size,
+					(unsigned long long)s->desc.handle_offset,
+					(unsigned long long)total);
+	s->desc.alloc_size = total;
+	return NULL;
+}
+
 json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *fds, int nfds)
 {
 	const char *kind = NULL, *device = "", *handle = "";
 	json_int_t size = 0, hoff = 0, asize = 0;
+	json_t *parts = NULL, *err;
+	int k, need_fd, part = 0;
 	struct prank *r;
 	struct seg s, *ns;
 	json_error_t je;
-	int k, need_fd;
 
 	if (c->role != WEX_ROLE_PRODUCER)
 		return wex__reply_error(-EPERM, "register_segment: only producers register segments");
-	if (json_unpack_ex(req, &je, 0, "{s:s, s:I, s?s, s?s, s?I, s?I}", "kind", &kind, "size",
-			   &size, "device", &device, "handle", &handle, "handle_offset", &hoff,
-			   "alloc_size", &asize) < 0)
+	if (json_unpack_ex(req, &je, 0, "{s:s, s:I, s?s, s?s, s?I, s?I, s?b, s?o}", "kind", &kind,
+			   "size", &size, "device", &device, "handle", &handle, "handle_offset",
+			   &hoff, "alloc_size", &asize, "part", &part, "parts", &parts) < 0)
 		return wex__reply_error(-EINVAL, "register_segment: %s", je.text);
 	if (!strcmp(kind, "host"))
 		k = WEX_MEM_HOST;
@@ -358,10 +419,15 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 	else
 		return wex__reply_error(-EINVAL, "register_segment: kind '%s' unknown (host, cuda_vmm, cuda_ipc)",
 					kind);
-	need_fd = k != WEX_MEM_CUDA_IPC;
+	if (part && parts)
+		return wex__reply_error(-EINVAL, "register_segment: a part cannot chain parts");
+	if (part && k != WEX_MEM_CUDA_VMM)
+		return wex__reply_error(-EINVAL, "register_segment: only cuda_vmm memory comes in parts");
+	/* A chained segment's memory travels with its parts. */
+	need_fd = k != WEX_MEM_CUDA_IPC && !parts;
 	if (nfds != need_fd)
-		return wex__reply_error(-EINVAL, "register_segment: kind %s takes %d fd, got %d", kind,
-					need_fd, nfds);
+		return wex__reply_error(-EINVAL, "register_segment: %s%s takes %d fd, got %d",
+					parts ? "a chained " : "kind ", kind, need_fd, nfds);
 	if (size <= 0 || hoff < 0 || asize < 0)
 		return wex__reply_error(-EINVAL, "register_segment: size must be positive");
 	memset(&s, 0, sizeof(s));
@@ -369,6 +435,7 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 	s.desc.size = (uint64_t)size;
 	s.desc.handle_offset = (uint64_t)hoff;
 	s.desc.alloc_size = asize ? (uint64_t)asize : (uint64_t)size;
+	s.part = part;
 	if (strlen(device) >= sizeof(s.desc.device))
 		return wex__reply_error(-EINVAL, "register_segment: device name too long");
 	snprintf(s.desc.device, sizeof(s.desc.device), "%s", device);
@@ -387,15 +454,24 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 	r = &c->model->ranks[c->rank];
 	if (r->nsegs >= 65536)
 		return wex__reply_error(-ENOSPC, "register_segment: too many segments");
+	if (parts && (err = chain_parts(r, &s, parts))) {
+		free(s.parts);
+		return err;
+	}
 	ns = realloc(r->segs, (r->nsegs + 1) * sizeof(*ns));
-	if (!ns)
+	if (!ns) {
+		free(s.parts);
 		return wex__reply_error(-ENOMEM, "register_segment: out of memory");
+	}
 	r->segs = ns;
 	s.fd = need_fd ? fds[0] : -1;
 	if (need_fd)
 		fds[0] = -1; /* kept */
+	for (uint32_t i = 0; i < s.nparts; i++)
+		r->segs[s.parts[i]].claimed = 1;
 	r->segs[r->nsegs] = s;
-	r->bytes += s.desc.size;
+	if (!part)
+		r->bytes += s.desc.size;
 	model_invalidate(c->model);
 	return json_pack("{s:b, s:i}", "ok", 1, "segment", r->nsegs++);
 }
@@ -420,10 +496,14 @@ json_t *wexd_register_tensors(struct wexd *d, struct conn *c, json_t *req, int *
 	for (size_t i = 0; i < n; i++) {
 		uint64_t span, end;
 
-		if (t[i].segment >= r->nsegs) {
-			json_t *e = wex__reply_error(-EINVAL,
-						     "register_tensors: tensor '%s' names segment %u, rank has %u",
-						     t[i].name, t[i].segment, r->nsegs);
+		if (t[i].segment >= r->nsegs || r->segs[t[i].segment].part) {
+			json_t *e = t[i].segment >= r->nsegs ?
+					    wex__reply_error(-EINVAL,
+							     "register_tensors: tensor '%s' names segment %u, rank has %u",
+							     t[i].name, t[i].segment, r->nsegs) :
+					    wex__reply_error(-EINVAL,
+							     "register_tensors: tensor '%s' names segment %u, a part of a chained segment",
+							     t[i].name, t[i].segment);
 			free(t);
 			return e;
 		}
@@ -890,6 +970,15 @@ json_t *wexd_fetch(struct wexd *d, struct conn *c, json_t *req)
 				       (json_int_t)r->segs[s].desc.handle_offset, "alloc_size",
 				       (json_int_t)r->segs[s].desc.alloc_size, "fd",
 				       r->segs[s].fd >= 0 ? nfds : -1);
+			if (r->segs[s].part)
+				json_object_set_new(js, "part", json_true());
+			if (r->segs[s].nparts) {
+				json_t *pa = json_array();
+
+				for (uint32_t q = 0; q < r->segs[s].nparts; q++)
+					json_array_append_new(pa, json_integer(r->segs[s].parts[q]));
+				json_object_set_new(js, "parts", pa);
+			}
 			if (r->segs[s].fd >= 0)
 				fds[nfds++] = r->segs[s].fd;
 			json_array_append_new(segs, js);

@@ -57,6 +57,13 @@ struct conn {
 struct seg {
 	struct wex_mem_desc desc;
 	int fd; /* -1 for kinds that travel as a handle */
+	/* Chained segments (a range over several VMM allocations): each
+	 * allocation is registered as a part, then the segment tensors name
+	 * lists them, in address order. */
+	int part;          /* 1: a part; tensors cannot name it */
+	int claimed;       /* part: listed by a chained segment already */
+	uint32_t *parts;   /* chained: the ids of its parts */
+	uint32_t nparts;
 };
 
 struct prank {

@@ -2,6 +2,7 @@
 /* backend.c - the table of memory backends by kind. */
 #include <errno.h>
 #include <stddef.h>
+#include <unistd.h>
 
 #include "vmm/backend.h"
 
@@ -10,6 +11,7 @@
  * device exist is only known at run time: each table's probe slot says
  * (-WEX_ENOCUDA and the reason), and every other slot fails the same way. */
 #include "vmm/cuda_backend.h"
+#include "vmm/cudawrap.h"
 #endif
 
 const struct wex_mem_ops *wex_mem_backend(int kind)
@@ -31,4 +33,37 @@ const struct wex_mem_ops *wex_mem_backend(int kind)
 int wex_mem_enotsup_reserve(uint64_t size, int device, struct wex_mem_region *r)
 {
 	return -EOPNOTSUPP;
+}
+
+int wex_mem_enotsup_wrap_chunks(void *ptr, uint64_t size, struct wex_mem_seg *segs, size_t max,
+				size_t *n)
+{
+	return -EOPNOTSUPP;
+}
+
+int wex_mem_enotsup_import_chunks(const struct wex_mem_desc *descs, const int *fds, size_t n,
+				  struct wex_mem_seg *seg)
+{
+	for (size_t i = 0; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	return -EOPNOTSUPP;
+}
+
+int wex_mem_nop_sync_device(const struct wex_mem_seg *seg)
+{
+	return 0;
+}
+
+int wex_mem_device_of(const struct wex_mem_desc *desc, int *dev)
+{
+	if (desc->kind == WEX_MEM_HOST) {
+		*dev = 0;
+		return 0;
+	}
+#ifdef WEX_HAVE_CUDA_BACKEND
+	return wex__cuda_device_by_uuid(desc->device, dev);
+#else
+	return -ENODEV; /* no CUDA backend in this build */
+#endif
 }

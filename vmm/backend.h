@@ -96,10 +96,35 @@ struct wex_mem_ops {
 	int (*unreserve)(struct wex_mem_region *r);
 	/* Run copies; returns once they completed.  `threads` is a hint. */
 	int (*copy)(const struct wex_copy_op *ops, size_t n, int threads);
+	/*
+	 * Exporter: wrap [ptr, ptr+size) when it spans several allocations
+	 * (PyTorch expandable segments map 2 MiB / 20 MiB chunks back to
+	 * back): one seg per allocation, each wrapping the part of the range
+	 * inside it, in address order; segs[0].desc.handle_offset says where
+	 * the range starts in the first.  Fills up to `max` segs and the count
+	 * needed in *n; -ENOSPC (nothing kept) when max is too small.  Blocks
+	 * briefly.  -EOPNOTSUPP for kinds whose memory is one allocation.
+	 */
+	int (*wrap_chunks)(void *ptr, uint64_t size, struct wex_mem_seg *segs, size_t max,
+			   size_t *n);
+	/* Importer: map n segments that wrap_chunks made (descs[i], fds[i])
+	 * back to back as one seg; takes ownership of every fd (closed on error
+	 * too).  seg->ptr is where the exporter's range starts. */
+	int (*import_chunks)(const struct wex_mem_desc *descs, const int *fds, size_t n,
+			     struct wex_mem_seg *seg);
+	/* Exporter: returns once every piece of work queued on the device
+	 * holding seg (any stream of its context) has completed, so that a
+	 * publish is visible only after the writes it announces.  Host memory:
+	 * nothing to wait for.  Blocks. */
+	int (*sync_device)(const struct wex_mem_seg *seg);
 };
 
 /* The backend for a kind, or NULL when this build lacks it. */
 const struct wex_mem_ops *wex_mem_backend(int kind);
+
+/* The ordinal in this process of the device a desc names (by UUID; 0 for
+ * host memory); -ENODEV when it is not visible here. */
+int wex_mem_device_of(const struct wex_mem_desc *desc, int *dev);
 
 /* The host backend (always present). */
 extern const struct wex_mem_ops wex_mem_host_ops;
@@ -110,5 +135,10 @@ int wex_mem_host_copy(const struct wex_copy_op *ops, size_t n, int threads);
 
 /* Shared stubs for unsupported slots. */
 int wex_mem_enotsup_reserve(uint64_t size, int device, struct wex_mem_region *r);
+int wex_mem_enotsup_wrap_chunks(void *ptr, uint64_t size, struct wex_mem_seg *segs, size_t max,
+				size_t *n);
+int wex_mem_enotsup_import_chunks(const struct wex_mem_desc *descs, const int *fds, size_t n,
+				  struct wex_mem_seg *seg);
+int wex_mem_nop_sync_device(const struct wex_mem_seg *seg);
 
 #endif

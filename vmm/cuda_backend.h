@@ -71,6 +71,10 @@ int wex__cuda_copy_sync(int dev);
  * stream) in the current context.  Blocks. */
 int wex__cuda_stream_sync(void *stream);
 
+/* The sync_device slot of both tables: cuCtxSynchronize in the primary
+ * context of the device holding seg.  Blocks. */
+int wex__cuda_sync_device(const struct wex_mem_seg *seg);
+
 /*
  * Interprocess ordering.  The producer records an interprocess event on
  * its stream after its writes and sends the 64 handle bytes; the consumer

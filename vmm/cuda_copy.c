@@ -302,6 +302,25 @@ int wex__cuda_stream_sync(void *stream)
 	return WEX_CU(wex__cu.cuStreamSynchronize((CUstream)stream));
 }
 
+int wex__cuda_sync_device(const struct wex_mem_seg *seg)
+{
+	int dev, ret = wex__cuda_load();
+
+	if (ret)
+		return ret;
+	/* By address first: it names the device of the memory itself. */
+	if (wex__cuda_ptr_device((uint64_t)(uintptr_t)seg->ptr, &dev) < 0 &&
+	    wex__cuda_device_by_uuid(seg->desc.device, &dev) < 0)
+		return -ENODEV;
+	ret = wex__cuda_use_device(dev);
+	if (ret)
+		return ret;
+	/* Every stream of the context, blocking or not: PyTorch's side
+	 * streams are created non-blocking, so the legacy default stream
+	 * alone would not cover them. */
+	return WEX_CU(wex__cu.cuCtxSynchronize());
+}
+
 int wex__cuda_event_record(void *stream, void **ev, unsigned char handle[64])
 {
 	CUipcEventHandle h;

@@ -301,4 +301,8 @@ const struct wex_mem_ops wex_mem_cuda_ipc_ops = {
 	.unmap_fixed = ipc_region,
 	.unreserve = ipc_region,
 	.copy = wex__cuda_copy,
+	/* A cudaMalloc allocation is one allocation: nothing to chain. */
+	.wrap_chunks = wex_mem_enotsup_wrap_chunks,
+	.import_chunks = wex_mem_enotsup_import_chunks,
+	.sync_device = wex__cuda_sync_device,
 };

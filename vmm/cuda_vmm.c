@@ -289,8 +289,8 @@ static int vmm_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 		return -EINVAL;
 	ret = wex__cuda_vmm_chunks(ptr, size, &ch, 1, &n);
 	if (ret == -ENOSPC) {
-		wex_error("cuda", "a range of %llu bytes spans %zu allocations: wrap each chunk "
-			  "(wex__cuda_vmm_chunks) and import them with wex__cuda_vmm_import_chunks",
+		/* The caller chains the allocations (wrap_chunks). */
+		wex_debug("cuda", "a range of %llu bytes spans %zu allocations",
 			  (unsigned long long)size, n);
 		return -E2BIG;
 	}
@@ -340,6 +340,73 @@ err_close:
 	close(efd);
 err_release:
 	wex__cu.cuMemRelease(h);
+	return ret;
+}
+
+static int vmm_release(struct wex_mem_seg *seg);
+
+static int vmm_wrap_chunks(void *ptr, uint64_t size, struct wex_mem_seg *segs, size_t max,
+			   size_t *n)
+{
+	uint64_t start = (uint64_t)(uintptr_t)ptr, end = start + size;
+	struct wex__cuda_chunk *ch;
+	size_t k = 0, i;
+	int ret;
+
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	if (!ptr || size == 0 || end < start)
+		return -EINVAL;
+	/* Count first, then enumerate into an array of the right size. */
+	ret = wex__cuda_vmm_chunks(ptr, size, NULL, 0, &k);
+	if (ret && ret != -ENOSPC)
+		return ret;
+	*n = k;
+	if (k > max)
+		return -ENOSPC;
+	ch = calloc(k, sizeof(*ch));
+	if (!ch)
+		return -ENOMEM;
+	ret = wex__cuda_vmm_chunks(ptr, size, ch, k, &k);
+	if (ret)
+		goto out;
+	for (i = 0; i < k; i++) {
+		uint64_t ps = ch[i].base + ch[i].offset;
+		uint64_t pe = ch[i].base + ch[i].size < end ? ch[i].base + ch[i].size : end;
+
+		ret = vmm_wrap((void *)(uintptr_t)ps, pe - ps, -1, &segs[i]);
+		if (ret) {
+			wex_error("cuda", "wrapping allocation %zu of %zu (at 0x%llx, %llu bytes): %s",
+				  i, k, (unsigned long long)ch[i].base,
+				  (unsigned long long)ch[i].size, wex_strerror(ret));
+			while (i-- > 0)
+				vmm_release(&segs[i]);
+			goto out;
+		}
+		/* The driver enumerated this piece as one allocation; wrap
+		 * agreeing keeps the parts and the chunk list in step. */
+		if (segs[i].desc.alloc_size != ch[i].size || segs[i].desc.handle_offset != ch[i].offset) {
+			ret = -EIO;
+			vmm_release(&segs[i]);
+			while (i-- > 0)
+				vmm_release(&segs[i]);
+			goto out;
+		}
+	}
+	/* Parts on one device only: one mapping on the importer's side. */
+	for (i = 1; i < k; i++)
+		if (strcmp(segs[i].desc.device, segs[0].desc.device)) {
+			wex_error("cuda", "range spans devices %s and %s", segs[0].desc.device,
+				  segs[i].desc.device);
+			ret = -EINVAL;
+			for (size_t j = 0; j < k; j++)
+				vmm_release(&segs[j]);
+			goto out;
+		}
+	*n = k;
+out:
+	free(ch);
 	return ret;
 }
 
@@ -771,4 +838,7 @@ const struct wex_mem_ops wex_mem_cuda_vmm_ops = {
 	.unmap_fixed = vmm_unmap_fixed,
 	.unreserve = vmm_unreserve,
 	.copy = wex__cuda_copy,
+	.wrap_chunks = vmm_wrap_chunks,
+	.import_chunks = wex__cuda_vmm_import_chunks,
+	.sync_device = wex__cuda_sync_device,
 };

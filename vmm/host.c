@@ -506,4 +506,7 @@ const struct wex_mem_ops wex_mem_host_ops = {
 	.unmap_fixed = host_unmap_fixed,
 	.unreserve = host_unreserve,
 	.copy = host_copy,
+	.wrap_chunks = wex_mem_enotsup_wrap_chunks,
+	.import_chunks = wex_mem_enotsup_import_chunks,
+	.sync_device = wex_mem_nop_sync_device,
 };

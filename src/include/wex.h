@@ -112,6 +112,7 @@ enum wex_client_field {
 	WEX_CLIENT_FIELD_RANK = 1u << 4,
 	WEX_CLIENT_FIELD_TIMEOUT = 1u << 5,
 	WEX_CLIENT_FIELD_COPY_THREADS = 1u << 6,
+	WEX_CLIENT_FIELD_DEVICE = 1u << 7,
 };
 
 struct wex_client_params {
@@ -124,6 +125,9 @@ struct wex_client_params {
 	uint32_t world_size;   /* ranks in its group (producer N or consumer M) */
 	uint32_t timeout_ms;   /* default timeout of blocking calls; default 30000 */
 	uint32_t copy_threads; /* threads for host copies; default min(8, cores) */
+	int device;            /* CUDA ordinal (in this process) of a consumer's
+				* reserved regions; default: the producer
+				* segment's device, found by UUID */
 };
 
 /*
@@ -169,11 +173,15 @@ WEX_API int wex_segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t
  * WEX_SEG_CUDA_VMM for exportable VMM memory (from wex_cuda_alloc, or
  * PyTorch's segments under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True),
  * WEX_SEG_CUDA_IPC for plain cudaMalloc memory (the handle of its allocation
- * plus the offset).  [ptr, ptr+size) must lie in one allocation: -E2BIG
- * when it spans several (register each), -EOPNOTSUPP when the memory was
- * not created exportable (vLLM's CuMemAllocator, torch_memory_saver), with
- * the reason in wex_last_error().  The memory stays the caller's; it must
- * outlive the registration (wex_client_close).  Blocks for one round trip.
+ * plus the offset).  A VMM range may span several allocations mapped back
+ * to back (an expandable segment grows by 2 MiB / 20 MiB chunks): each is
+ * exported, and consumers map them back to back again, so offsets in the
+ * range keep their meaning.  A cudaMalloc range must lie in one
+ * allocation (-E2BIG otherwise).  -EOPNOTSUPP when the memory was not
+ * created exportable (vLLM's CuMemAllocator, torch_memory_saver), with the
+ * reason in wex_last_error().  The memory stays the caller's; it must
+ * outlive the registration (wex_client_close).  Blocks for one round trip
+ * per allocation.
  */
 WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint64_t size,
 				     uint32_t *id);
@@ -195,10 +203,14 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
 WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms);
 
 /*
- * Publishes `version`: the caller's writes are complete (for CUDA memory,
- * the caller synchronised its streams first).  The version becomes visible
- * to consumers once all N ranks of the producer group have published it.
- * Blocks for one round trip (not for the other ranks).
+ * Publishes `version`: the caller's writes are complete.  For CUDA
+ * segments it first waits until every piece of work queued on their
+ * devices completed (cuCtxSynchronize of each device's primary context:
+ * all streams, including non-blocking ones), so consumers never see a
+ * version before the kernels that wrote it finished.  The version becomes
+ * visible to consumers once all N ranks of the producer group have
+ * published it.  Blocks for that GPU wait and one round trip (not for the
+ * other ranks).
  */
 WEX_API int wex_publish(wex_client_t *c, uint64_t version);
 
@@ -227,7 +239,8 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n);
  * consumer places its weights there exactly as producer rank `prank` places
  * them in its segment `segment` (same offsets).  *ptr belongs to the client
  * and is unmapped by wex_client_close.  Blocks for a round trip the first
- * time (to learn the segment's kind); the region is of that kind.
+ * time (to learn the segment's kind); the region is of that kind, on the
+ * client's device (WEX_CLIENT_FIELD_DEVICE) or else the segment's own.
  */
 WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint64_t size,
 			void **ptr);

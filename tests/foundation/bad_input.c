@@ -125,6 +125,42 @@ int main(void)
 		   0, "EINVAL", NULL, "host segment without its fd");
 	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096}", &mfd,
 		   1, "OK", NULL, "good segment");
+
+	/* Chained segments (a range over several VMM allocations): wexd
+	 * checks the parts' bookkeeping; the fds are opaque to it here. */
+#define SEG "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"cuda_vmm\",\"device\":\"GPU-a\","
+	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096,\"part\":true}",
+		   &mfd, 1, "EINVAL", "only cuda_vmm", "host memory as a part");
+	expect_req(prod, SEG "\"size\":4096,\"part\":true,\"parts\":[0,1]}", NULL, 0, "EINVAL",
+		   "cannot chain", "a part that chains parts");
+	expect_req(prod, SEG "\"size\":4096,\"parts\":[0,0]}", NULL, 0, "EINVAL", "not a part",
+		   "chaining a segment that is not a part");
+	expect_req(prod, SEG "\"size\":2097152,\"alloc_size\":2097152,\"part\":true}", &mfd, 1, "OK",
+		   NULL, "part 1");
+	expect_req(prod, SEG "\"size\":2097152,\"alloc_size\":2097152,\"part\":true}", &mfd, 1, "OK",
+		   NULL, "part 2");
+	expect_req(prod, SEG "\"size\":4096,\"parts\":[1]}", NULL, 0, "EINVAL", "2 or more",
+		   "a chain of one part");
+	expect_req(prod, SEG "\"size\":4096,\"parts\":[1,1]}", NULL, 0, "EINVAL", "twice",
+		   "a part listed twice");
+	expect_req(prod, SEG "\"size\":4096,\"parts\":[1,2]}", &mfd, 1, "EINVAL", "takes 0 fd",
+		   "a chained segment with an fd");
+	expect_req(prod, SEG "\"size\":4194305,\"parts\":[1,2]}", NULL, 0, "EINVAL", "exceed",
+		   "a chained segment larger than its parts");
+	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"cuda_vmm\",\"device\":\"GPU-b\",\"size\":4096,\"parts\":[1,2]}",
+		   NULL, 0, "EINVAL", "device GPU-b", "parts of another device");
+	expect_req(prod, SEG "\"size\":4194304,\"parts\":[1,2]}", NULL, 0, "OK", NULL,
+		   "good chained segment");
+	expect_req(prod, SEG "\"size\":4096,\"parts\":[1,2]}", NULL, 0, "EINVAL", "already chained",
+		   "parts chained twice");
+#undef SEG
+	t[0] = tensor("on.part", 0);
+	t[0].segment = 1;
+	tfd = wex__table_pack(t, NULL, 1);
+	T_ASSERT(tfd >= 0, "pack");
+	expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", &tfd, 1, "EINVAL",
+		   "part of a chained segment", "tensor on a part");
+	close(tfd);
 	expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", NULL, 0, "EINVAL", "fd",
 		   "register_tensors without its fd");
 	expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", &mfd, 1, "EPERM", NULL,

@@ -18,7 +18,13 @@
  *    handle and mapping go, so leaks in the backends show as fd counts;
  *  - legacy IPC allocations are memfds; a handle names the exporter's pid
  *    and fd, and an importer opens /proc/<pid>/fd/<fd>;
- *  - copies are synchronous memcpy; the one kernel the tests load
+ *  - copies are synchronous memcpy, except that with WEX_EMUL_DEFER=1
+ *    cuMemcpyAsync and cuMemsetD8Async only queue their work, as a GPU
+ *    does: it runs at the next cuCtxSynchronize, cuStreamSynchronize or
+ *    cuEventSynchronize (or before any other copy, launch or unmap of this
+ *    process, to keep the order), so a test can tell whether the code
+ *    under test waits for the GPU before it tells another process the
+ *    bytes are there; the one kernel the tests load
  *    (wex_copy_u32) runs on the CPU, and stream capture records launches
  *    into a graph that cuGraphLaunch replays.
  * What it cannot tell: real driver behaviour, performance, and anything
@@ -61,6 +67,50 @@ static size_t nrs, caprs;
 static uint64_t used;
 static unsigned seq;
 static __thread int ctx_current;
+
+/* Work queued by WEX_EMUL_DEFER=1 (see above). */
+struct pending {
+	uint64_t dst, src, n;
+	int set;           /* memset with `val` instead of a copy */
+	unsigned char val;
+};
+
+static struct pending *pend;
+static size_t npend, cappend;
+static int defer = -1;
+
+static int deferring(void)
+{
+	if (defer < 0) {
+		const char *e = getenv("WEX_EMUL_DEFER");
+
+		defer = e && *e == '1';
+	}
+	return defer;
+}
+
+static void flush(void)
+{
+	for (size_t i = 0; i < npend; i++) {
+		if (pend[i].set)
+			memset((void *)(uintptr_t)pend[i].dst, pend[i].val, pend[i].n);
+		else
+			memcpy((void *)(uintptr_t)pend[i].dst, (const void *)(uintptr_t)pend[i].src,
+			       pend[i].n);
+	}
+	npend = 0;
+}
+
+static void queue(uint64_t dst, uint64_t src, uint64_t n, int set, unsigned char val)
+{
+	if (npend == cappend) {
+		cappend = cappend ? cappend * 2 : 64;
+		pend = realloc(pend, cappend * sizeof(*pend));
+		if (!pend)
+			abort();
+	}
+	pend[npend++] = (struct pending){ .dst = dst, .src = src, .n = n, .set = set, .val = val };
+}
 
 static struct range *add_range(void)
 {
@@ -219,6 +269,7 @@ static CUresult e_create(CUmemGenericAllocationHandle *h, size_t size, const CUm
 
 static CUresult e_release(CUmemGenericAllocationHandle h)
 {
+	flush();
 	if (!h)
 		return CUDA_ERROR_INVALID_VALUE;
 	unref((struct ealloc *)(uintptr_t)h);
@@ -251,6 +302,7 @@ static CUresult e_reserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr
 
 static CUresult e_addr_free(CUdeviceptr p, size_t size)
 {
+	flush();
 	for (size_t i = 0; i < nrs; i++)
 		if (rs[i].kind == 0 && rs[i].va == p && rs[i].size == size) {
 			for (size_t k = 0; k < nrs; k++)
@@ -292,6 +344,7 @@ static CUresult e_unmap(CUdeviceptr p, size_t size)
 {
 	uint64_t cur = p;
 
+	flush();
 	while (cur < p + size) {
 		struct range *r = find_kind(cur, 1);
 
@@ -445,6 +498,7 @@ static CUresult e_free(CUdeviceptr p)
 {
 	struct range *r = find_kind(p, 2);
 
+	flush();
 	if (!r || r->va != p)
 		return CUDA_ERROR_INVALID_VALUE;
 	munmap((void *)(uintptr_t)p, r->size);
@@ -521,6 +575,7 @@ static CUresult e_ipc_close(CUdeviceptr p)
 {
 	struct range *r = find_kind(p, 3);
 
+	flush();
 	if (!ctx_current)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (!r || r->va != p)
@@ -561,6 +616,7 @@ static CUresult e_ev_record(CUevent e, CUstream s)
 
 static CUresult e_ev_sync(CUevent e)
 {
+	flush();
 	return CUDA_SUCCESS;
 }
 
@@ -577,26 +633,42 @@ static CUresult e_wait_event(CUstream s, CUevent e, unsigned f)
 
 static CUresult e_memcpy(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 {
+	if (deferring()) {
+		queue(d, s, n, 0, 0);
+		return CUDA_SUCCESS;
+	}
 	memcpy((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_htod(CUdeviceptr d, const void *s, size_t n)
 {
+	flush();
 	memcpy((void *)(uintptr_t)d, s, n);
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_dtoh(void *d, CUdeviceptr s, size_t n)
 {
+	flush();
 	memcpy(d, (const void *)(uintptr_t)s, n);
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
 {
+	if (deferring()) {
+		queue(d, 0, n, 1, v);
+		return CUDA_SUCCESS;
+	}
 	memset((void *)(uintptr_t)d, v, n);
 	return CUDA_SUCCESS;
+}
+
+static CUresult e_sync(void)
+{
+	flush();
+	return e_ok();
 }
 
 static uint64_t addr_of(CUmemorytype t, const void *host, CUdeviceptr dev)
@@ -609,6 +681,7 @@ static CUresult e_memcpy2d(const CUDA_MEMCPY2D *c, CUstream s)
 	uint64_t sb = addr_of(c->srcMemoryType, c->srcHost, c->srcDevice);
 	uint64_t db = addr_of(c->dstMemoryType, c->dstHost, c->dstDevice);
 
+	flush();
 	if (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes)
 		return CUDA_ERROR_INVALID_VALUE;
 	for (size_t y = 0; y < c->Height; y++)
@@ -623,6 +696,7 @@ static CUresult e_memcpy3d(const CUDA_MEMCPY3D *c, CUstream s)
 	uint64_t sb = addr_of(c->srcMemoryType, c->srcHost, c->srcDevice);
 	uint64_t db = addr_of(c->dstMemoryType, c->dstHost, c->dstDevice);
 
+	flush();
 	if (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes ||
 	    c->srcHeight < c->Height || c->dstHeight < c->Height || c->reserved0 || c->reserved1)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -639,6 +713,7 @@ static CUresult e_memcpy3d(const CUDA_MEMCPY3D *c, CUstream s)
 static CUresult batch(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, CUmemcpyAttributes *a,
 		      size_t *idx, size_t na, CUstream st)
 {
+	flush();
 	if (!st || na < 1 || na > count || idx[0] != 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	for (size_t i = 0; i < na; i++)
@@ -678,6 +753,7 @@ static CUresult e_host_unreg(void *p)
 {
 	struct range *r = find_kind((uint64_t)(uintptr_t)p, 4);
 
+	flush();
 	if (!r || r->va != (uint64_t)(uintptr_t)p)
 		return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
 	del_range(r);
@@ -716,6 +792,7 @@ static CUresult e_stream_destroy(CUstream s)
 
 static CUresult e_stream_sync(CUstream s)
 {
+	flush();
 	return CUDA_SUCCESS;
 }
 
@@ -754,6 +831,7 @@ static CUresult e_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, un
 	struct estream *es = (struct estream *)s;
 	struct launch l;
 
+	flush();
 	if ((const char *)f != kernel_name || !params)
 		return CUDA_ERROR_INVALID_VALUE;
 	l = (struct launch){ .src = *(uint64_t *)params[0], .dst = *(uint64_t *)params[1],
@@ -806,6 +884,7 @@ static CUresult e_graph_launch(CUgraphExec e, CUstream s)
 {
 	struct estream *g = (struct estream *)e;
 
+	flush();
 	for (int i = 0; i < g->nl; i++)
 		run(&g->l[i]);
 	return CUDA_SUCCESS;
@@ -833,7 +912,7 @@ static const struct {
 	{ "cuCtxSetCurrent", (void *)e_set_cur },
 	{ "cuCtxGetCurrent", (void *)e_get_cur },
 	{ "cuCtxGetDevice", (void *)e_ctx_dev },
-	{ "cuCtxSynchronize", (void *)e_ok },
+	{ "cuCtxSynchronize", (void *)e_sync },
 	{ "cuMemCreate", (void *)e_create },
 	{ "cuMemRelease", (void *)e_release },
 	{ "cuMemMap", (void *)e_map },

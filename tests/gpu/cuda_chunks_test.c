@@ -1,0 +1,310 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuda_chunks - weights over several VMM allocations (PyTorch
+ * expandable segments), and publish ordering, through a real wexd.
+ *
+ * The producer builds what PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+ * builds: one reserved address range with NCH allocations (cuMemCreate,
+ * POSIX fd handle type) mapped back to back, and tensors laid across the
+ * allocation boundaries.  It registers the whole range with one
+ * wex_segment_register_ptr call.  The consumer (this process):
+ *  1. syncs REMAP_VIEW and reads every tensor through wex_view, including
+ *     those that straddle two allocations;
+ *  2. copies v1 into a region it reserved (default device: the producer
+ *     segment's, found by UUID) and checks every byte;
+ *  3. swaps the producer's allocations under that region (REMAP_FIXED)
+ *     and checks every byte at the same addresses;
+ *  4. lets the producer write v2 with asynchronous copies on its own
+ *     stream and publish without synchronising: wex_publish must wait for
+ *     that GPU work, so the consumer sees v2 in every byte, remapped and
+ *     copied.
+ * Needs a CUDA driver and device (exit 77 with the reason otherwise).  CI
+ * runs it against tests/gpu/emul_cuda.c with WEX_EMUL_DEFER=1, where
+ * asynchronous copies stay queued until the producer synchronises: a
+ * publish that did not wait would show v1 bytes in step 4.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gpu_util.h"
+#include "wex.h"
+
+#define NCH 3
+#define NT 6
+#define ROWS 768
+#define COLS 1024 /* bf16: 1.5 MiB a tensor, so tensors 2 and 5 cross allocations */
+#define TBYTES ((uint64_t)ROWS * COLS * 2)
+
+static uint16_t val(int v, int t, uint64_t e)
+{
+	return (uint16_t)(e * 2654435761u ^ (uint32_t)t * 40503u ^ (uint32_t)v * 0x9e37u);
+}
+
+static void make_tensors(struct wex_tensor *t, uint32_t seg)
+{
+	memset(t, 0, sizeof(*t) * NT);
+	for (int i = 0; i < NT; i++) {
+		snprintf(t[i].name, sizeof(t[i].name), "layers.%d.weight", i);
+		t[i].dtype = WEX_DT_BF16;
+		t[i].ndim = 2;
+		t[i].shape[0] = t[i].extent[0] = ROWS;
+		t[i].shape[1] = t[i].extent[1] = COLS;
+		t[i].segment = seg;
+		t[i].offset = (uint64_t)i * TBYTES;
+	}
+}
+
+/* Host <-> device through the backend's executor (unified addressing). */
+static int xfer(void *dst, const void *src, uint64_t len)
+{
+	struct wex_copy_op op = { .src = (uint64_t)(uintptr_t)src, .dst = (uint64_t)(uintptr_t)dst,
+				  .len = len };
+
+	return wex_mem_backend(WEX_MEM_CUDA_VMM)->copy(&op, 1, 1);
+}
+
+static void fill(uint16_t *h, int v)
+{
+	for (int i = 0; i < NT; i++)
+		for (uint64_t e = 0; e < (uint64_t)ROWS * COLS; e++)
+			h[(size_t)i * ROWS * COLS + e] = val(v, i, e);
+}
+
+/* Elements of tensor t (at dev) that do not hold version v. */
+static uint64_t bad_elems(const void *dev, int v, int t, uint16_t *h)
+{
+	uint64_t bad = 0;
+
+	CHECK_OK(xfer(h, dev, TBYTES));
+	for (uint64_t e = 0; e < (uint64_t)ROWS * COLS; e++)
+		bad += h[e] != val(v, t, e);
+	return bad;
+}
+
+static pid_t start_wexd(void)
+{
+	const char *bin = getenv("WEXD_BIN");
+	int p[2];
+	char b[8], fds[16];
+	pid_t pid;
+
+	CHECK(bin != NULL);
+	CHECK(pipe(p) == 0);
+	pid = fork();
+	if (pid == 0) {
+		close(p[0]);
+		snprintf(fds, sizeof(fds), "%d", p[1]);
+		setenv("WEXD_READY_FD", fds, 1);
+		execl(bin, bin, (char *)NULL);
+		_exit(127);
+	}
+	close(p[1]);
+	CHECK(read(p[0], b, sizeof(b)) > 0);
+	close(p[0]);
+	return pid;
+}
+
+/* An expandable segment as PyTorch makes one: allocations of `chunk`
+ * bytes mapped back to back in one reservation, readable and writable. */
+static CUdeviceptr expandable(uint64_t chunk, CUmemGenericAllocationHandle *h)
+{
+	CUmemAllocationProp prop;
+	CUmemAccessDesc acc;
+	CUdeviceptr va;
+
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = 0;
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	CU_OK(wex__cu.cuMemAddressReserve(&va, NCH * chunk, 0, 0, 0));
+	for (int i = 0; i < NCH; i++) {
+		CU_OK(wex__cu.cuMemCreate(&h[i], chunk, &prop, 0));
+		CU_OK(wex__cu.cuMemMap(va + i * chunk, chunk, 0, h[i], 0));
+	}
+	memset(&acc, 0, sizeof(acc));
+	acc.location = prop.location;
+	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	CU_OK(wex__cu.cuMemSetAccess(va, NCH * chunk, &acc, 1));
+	return va;
+}
+
+static void producer(int go_fd, int done_fd)
+{
+	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
+				       .role = WEX_ROLE_PRODUCER, .model = "chunks" };
+	CUmemGenericAllocationHandle h[NCH];
+	struct wex_tensor t[NT];
+	uint64_t total = NT * TBYTES, gran, chunk;
+	CUmemAllocationProp prop;
+	CUstream st;
+	CUdeviceptr va;
+	wex_client_t *c;
+	uint16_t *host;
+	uint32_t seg;
+	char ch;
+	int ret;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	CU_OK(wex__cu.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+	chunk = (total / NCH + gran - 1) / gran * gran;
+	CHECK(chunk % TBYTES != 0); /* some tensor crosses a boundary */
+	va = expandable(chunk, h);
+	host = malloc(total);
+	CHECK(host != NULL);
+	fill(host, 1);
+	CHECK_OK(xfer((void *)(uintptr_t)va, host, total));
+
+	CHECK_OK(wex_client_open(&p, &c));
+	ret = wex_segment_register_ptr(c, WEX_SEG_CUDA_VMM, (void *)(uintptr_t)va, total, &seg);
+	if (ret < 0)
+		fprintf(stderr, "register_ptr: %s\n", wex_last_error(c));
+	CHECK_OK(ret);
+	make_tensors(t, seg);
+	CHECK_OK(wex_register_tensors(c, t, NT));
+	/* A part alone is not a segment tensors may name. */
+	t[0].segment = 0;
+	CHECK(wex_register_tensors(c, t, NT) == -EINVAL);
+	CHECK(strstr(wex_last_error(c), "part") != NULL);
+	make_tensors(t, seg);
+	CHECK_OK(wex_register_tensors(c, t, NT));
+	CHECK_OK(wex_begin_write(c, 1, 5000));
+	CHECK_OK(wex_publish(c, 1));
+	CHECK(write(done_fd, "1", 1) == 1);
+
+	/* v2: asynchronous copies on a stream of our own, then publish with
+	 * no synchronisation of ours. */
+	CHECK(read(go_fd, &ch, 1) == 1);
+	CHECK_OK(wex_begin_write(c, 2, 5000));
+	fill(host, 2);
+	CU_OK(wex__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+	for (int i = 0; i < NT; i++)
+		CU_OK(wex__cu.cuMemcpyAsync(va + i * TBYTES,
+					    (CUdeviceptr)(uintptr_t)((char *)host + i * TBYTES),
+					    TBYTES, st));
+	CHECK_OK(wex_publish(c, 2));
+	CHECK(write(done_fd, "2", 1) == 1);
+
+	CHECK(read(go_fd, &ch, 1) >= 0); /* hold the memory until the consumer is done */
+	wex_client_close(c);
+	CU_OK(wex__cu.cuStreamDestroy(st));
+	for (int i = 0; i < NCH; i++) {
+		CU_OK(wex__cu.cuMemUnmap(va + i * chunk, chunk));
+		CU_OK(wex__cu.cuMemRelease(h[i]));
+	}
+	CU_OK(wex__cu.cuMemAddressFree(va, NCH * chunk));
+	free(host);
+	_exit(0);
+}
+
+/* Every tensor, read at base + offset, holds version v. */
+static void check_all(wex_client_t *c, char *base, int v, uint16_t *h, const char *what)
+{
+	uint64_t bad = 0;
+
+	for (int i = 0; i < NT; i++) {
+		void *p = base ? base + (uint64_t)i * TBYTES : NULL;
+		char name[64];
+
+		if (!p) {
+			snprintf(name, sizeof(name), "layers.%d.weight", i);
+			CHECK_OK(wex_view(c, 0, name, &p, NULL));
+		}
+		bad += bad_elems(p, v, i, h);
+	}
+	if (bad)
+		fprintf(stderr, "%s: %llu elements do not hold v%d\n", what, (unsigned long long)bad, v);
+	CHECK(bad == 0);
+	printf("ok: %s: v%d in every byte\n", what, v);
+}
+
+int main(void)
+{
+	char dir[] = "/tmp/wex-cuda-chunks-XXXXXX", sock[128];
+	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
+				       .role = WEX_ROLE_CONSUMER, .model = "chunks" };
+	uint64_t total = NT * TBYTES;
+	const struct wex_tensor *pt;
+	struct wex_sync_result r;
+	struct wex_tensor t[NT];
+	int go[2], done[2], st;
+	pid_t wexd, prod;
+	wex_client_t *c;
+	size_t npt;
+	uint32_t seg;
+	uint16_t *h;
+	void *region;
+	char ch;
+
+	gpu_require();
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(sock, sizeof(sock), "%s/wexd.sock", dir);
+	setenv("WEX_SOCKET", sock, 1);
+	wexd = start_wexd();
+	CHECK(pipe(go) == 0 && pipe(done) == 0);
+	prod = fork();
+	if (prod == 0) {
+		close(go[1]);
+		close(done[0]);
+		producer(go[0], done[1]);
+	}
+	close(go[0]);
+	close(done[1]);
+	CHECK(read(done[0], &ch, 1) == 1 && ch == '1');
+
+	h = malloc(TBYTES);
+	CHECK(h != NULL);
+	CHECK_OK(wex_client_open(&p, &c));
+
+	/* 1. Views into the chained allocations. */
+	CHECK_OK(wex_sync(c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+	CHECK(r.version == 1);
+	check_all(c, NULL, 1, h, "remap-view over 3 allocations");
+	CHECK(wex_producer_tensors(c, 0, &pt, &npt) == 1 && npt == NT);
+	seg = pt[0].segment;
+	CHECK_OK(wex_release(c));
+
+	/* 2. Copy into a reserved region (on the producer's device by
+	 *    default), laid out as the producer's range. */
+	CHECK_OK(wex_reserve(c, 0, seg, total, &region));
+	make_tensors(t, 0);
+	for (int i = 0; i < NT; i++)
+		t[i].ptr = (char *)region + t[i].offset;
+	CHECK_OK(wex_attach(c, t, NT));
+	CHECK_OK(wex_sync(c, WEX_SYNC_COPY, 1, 5000, &r));
+	CHECK(r.version == 1 && r.bytes == total);
+	check_all(c, region, 1, h, "copy into the reserved region");
+
+	/* 3. The producer's allocations under the same addresses. */
+	CHECK_OK(wex_sync(c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	check_all(c, region, 1, h, "remap-fixed over 3 allocations");
+	CHECK_OK(wex_release(c));
+
+	/* 4. v2, written asynchronously and published without a sync of the
+	 *    producer's own. */
+	CHECK(write(go[1], "g", 1) == 1);
+	CHECK(read(done[0], &ch, 1) == 1 && ch == '2');
+	CHECK_OK(wex_sync(c, WEX_SYNC_REMAP_FIXED, 2, 5000, &r));
+	CHECK(r.version == 2);
+	check_all(c, region, 2, h, "remap-fixed after an unsynchronised publish");
+	CHECK_OK(wex_sync(c, WEX_SYNC_COPY, 2, 5000, &r));
+	check_all(c, region, 2, h, "copy after an unsynchronised publish");
+
+	wex_client_close(c);
+	close(go[1]);
+	CHECK(waitpid(prod, &st, 0) == prod && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	kill(wexd, SIGTERM);
+	CHECK(waitpid(wexd, &st, 0) == wexd && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	rmdir(dir);
+	free(h);
+	printf("PASS: a range over %d VMM allocations through wexd (view, copy, same-address), "
+	       "and a publish that waits for the producer's GPU work\n", NCH);
+	return 0;
+}
