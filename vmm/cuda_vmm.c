@@ -255,8 +255,11 @@ int wex__cuda_vmm_chunks(void *ptr, uint64_t size, struct wex__cuda_chunk *out, 
 		CUdeviceptr base = 0;
 		size_t sz = 0;
 
-		/* For VMM memory the range is one cuMemMap'd allocation (one
-		 * expandable-segment chunk); verify on hardware. */
+		/* For VMM memory the range is the one allocation mapped at
+		 * cur (one expandable-segment chunk), not the reservation:
+		 * libfabric relies on the same (ofiwg/libfabric PR #12473,
+		 * "cuMemGetAddressRange() only returns the size of the
+		 * individual segment containing the pointer"). */
 		ret = WEX_CU(wex__cu.cuMemGetAddressRange(&base, &sz, (CUdeviceptr)cur));
 		if (ret)
 			return ret;
