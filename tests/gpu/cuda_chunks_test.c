@@ -58,15 +58,6 @@ static void make_tensors(struct wex_tensor *t, uint32_t seg)
 	}
 }
 
-/* Host <-> device through the backend's executor (unified addressing). */
-static int xfer(void *dst, const void *src, uint64_t len)
-{
-	struct wex_copy_op op = { .src = (uint64_t)(uintptr_t)src, .dst = (uint64_t)(uintptr_t)dst,
-				  .len = len };
-
-	return wex_mem_backend(WEX_MEM_CUDA_VMM)->copy(&op, 1, 1);
-}
-
 static void fill(uint16_t *h, int v)
 {
 	for (int i = 0; i < NT; i++)
@@ -85,54 +76,6 @@ static uint64_t bad_elems(const void *dev, int v, int t, uint16_t *h)
 	return bad;
 }
 
-static pid_t start_wexd(void)
-{
-	const char *bin = getenv("WEXD_BIN");
-	int p[2];
-	char b[8], fds[16];
-	pid_t pid;
-
-	CHECK(bin != NULL);
-	CHECK(pipe(p) == 0);
-	pid = fork();
-	if (pid == 0) {
-		close(p[0]);
-		snprintf(fds, sizeof(fds), "%d", p[1]);
-		setenv("WEXD_READY_FD", fds, 1);
-		execl(bin, bin, (char *)NULL);
-		_exit(127);
-	}
-	close(p[1]);
-	CHECK(read(p[0], b, sizeof(b)) > 0);
-	close(p[0]);
-	return pid;
-}
-
-/* An expandable segment as PyTorch makes one: allocations of `chunk`
- * bytes mapped back to back in one reservation, readable and writable. */
-static CUdeviceptr expandable(uint64_t chunk, CUmemGenericAllocationHandle *h)
-{
-	CUmemAllocationProp prop;
-	CUmemAccessDesc acc;
-	CUdeviceptr va;
-
-	memset(&prop, 0, sizeof(prop));
-	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	prop.location.id = 0;
-	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-	CU_OK(wex__cu.cuMemAddressReserve(&va, NCH * chunk, 0, 0, 0));
-	for (int i = 0; i < NCH; i++) {
-		CU_OK(wex__cu.cuMemCreate(&h[i], chunk, &prop, 0));
-		CU_OK(wex__cu.cuMemMap(va + i * chunk, chunk, 0, h[i], 0));
-	}
-	memset(&acc, 0, sizeof(acc));
-	acc.location = prop.location;
-	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-	CU_OK(wex__cu.cuMemSetAccess(va, NCH * chunk, &acc, 1));
-	return va;
-}
-
 static void producer(int go_fd, int done_fd)
 {
 	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
@@ -140,7 +83,6 @@ static void producer(int go_fd, int done_fd)
 	CUmemGenericAllocationHandle h[NCH];
 	struct wex_tensor t[NT];
 	uint64_t total = NT * TBYTES, gran, chunk;
-	CUmemAllocationProp prop;
 	CUstream st;
 	CUdeviceptr va;
 	wex_client_t *c;
@@ -149,14 +91,10 @@ static void producer(int go_fd, int done_fd)
 	char ch;
 	int ret;
 
-	CHECK_OK(wex__cuda_use_device(0));
-	memset(&prop, 0, sizeof(prop));
-	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	CU_OK(wex__cu.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+	gran = gpu_granularity();
 	chunk = (total / NCH + gran - 1) / gran * gran;
 	CHECK(chunk % TBYTES != 0); /* some tensor crosses a boundary */
-	va = expandable(chunk, h);
+	va = gpu_expandable(NCH, chunk, h);
 	host = malloc(total);
 	CHECK(host != NULL);
 	fill(host, 1);
@@ -195,11 +133,7 @@ static void producer(int go_fd, int done_fd)
 	CHECK(read(go_fd, &ch, 1) >= 0); /* hold the memory until the consumer is done */
 	wex_client_close(c);
 	CU_OK(wex__cu.cuStreamDestroy(st));
-	for (int i = 0; i < NCH; i++) {
-		CU_OK(wex__cu.cuMemUnmap(va + i * chunk, chunk));
-		CU_OK(wex__cu.cuMemRelease(h[i]));
-	}
-	CU_OK(wex__cu.cuMemAddressFree(va, NCH * chunk));
+	gpu_expandable_free(va, NCH, chunk, h);
 	free(host);
 	_exit(0);
 }
@@ -247,7 +181,7 @@ int main(void)
 	CHECK(mkdtemp(dir) != NULL);
 	snprintf(sock, sizeof(sock), "%s/wexd.sock", dir);
 	setenv("WEX_SOCKET", sock, 1);
-	wexd = start_wexd();
+	wexd = gpu_start_wexd();
 	CHECK(pipe(go) == 0 && pipe(done) == 0);
 	prod = fork();
 	if (prod == 0) {

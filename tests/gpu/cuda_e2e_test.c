@@ -53,15 +53,6 @@ static void make_tensors(struct wex_tensor *t, uint32_t seg, uint64_t *total)
 	*total = off;
 }
 
-/* Host <-> device through the backend's executor (unified addressing). */
-static int xfer(void *dst, const void *src, uint64_t len)
-{
-	struct wex_copy_op op = { .src = (uint64_t)(uintptr_t)src, .dst = (uint64_t)(uintptr_t)dst,
-				  .len = len };
-
-	return wex_mem_backend(WEX_MEM_CUDA_VMM)->copy(&op, 1, 1);
-}
-
 static uint64_t bad_bytes(const uint16_t *h, int t)
 {
 	uint64_t bad = 0;
@@ -69,29 +60,6 @@ static uint64_t bad_bytes(const uint16_t *h, int t)
 	for (uint64_t e = 0; e < (uint64_t)ROWS * COLS; e++)
 		bad += h[e] != val(t, e);
 	return bad;
-}
-
-static pid_t start_wexd(void)
-{
-	const char *bin = getenv("WEXD_BIN");
-	int p[2];
-	char b[8], fds[16];
-	pid_t pid;
-
-	CHECK(bin != NULL);
-	CHECK(pipe(p) == 0);
-	pid = fork();
-	if (pid == 0) {
-		close(p[0]);
-		snprintf(fds, sizeof(fds), "%d", p[1]);
-		setenv("WEXD_READY_FD", fds, 1);
-		execl(bin, bin, (char *)NULL);
-		_exit(127);
-	}
-	close(p[1]);
-	CHECK(read(p[0], b, sizeof(b)) > 0);
-	close(p[0]);
-	return pid;
 }
 
 static void producer(int go_fd, int done_fd)
@@ -155,7 +123,7 @@ int main(void)
 	CHECK(mkdtemp(dir) != NULL);
 	snprintf(sock, sizeof(sock), "%s/wexd.sock", dir);
 	setenv("WEX_SOCKET", sock, 1);
-	wexd = start_wexd();
+	wexd = gpu_start_wexd();
 	CHECK(pipe(go) == 0 && pipe(done) == 0);
 	prod = fork();
 	if (prod == 0) {

@@ -293,4 +293,93 @@ static inline uint64_t mem_free(void)
 	return f;
 }
 
+/* Host <-> device through the VMM backend's executor (unified
+ * addressing).  Blocks until done. */
+static inline int xfer(void *dst, const void *src, uint64_t len)
+{
+	struct wex_copy_op op = { .src = (uint64_t)(uintptr_t)src, .dst = (uint64_t)(uintptr_t)dst,
+				  .len = len };
+
+	return wex_mem_backend(WEX_MEM_CUDA_VMM)->copy(&op, 1, 1);
+}
+
+/* Starts $WEXD_BIN (a test's environment sets it and WEX_SOCKET) and
+ * returns its pid once it is ready (WEXD_READY_FD). */
+static inline pid_t gpu_start_wexd(void)
+{
+	const char *bin = getenv("WEXD_BIN");
+	int p[2];
+	char b[8], fds[16];
+	pid_t pid;
+
+	CHECK(bin != NULL);
+	CHECK(pipe(p) == 0);
+	pid = fork();
+	if (pid == 0) {
+		close(p[0]);
+		snprintf(fds, sizeof(fds), "%d", p[1]);
+		setenv("WEXD_READY_FD", fds, 1);
+		execl(bin, bin, (char *)NULL);
+		_exit(127);
+	}
+	close(p[1]);
+	CHECK(read(p[0], b, sizeof(b)) > 0);
+	close(p[0]);
+	return pid;
+}
+
+/*
+ * What PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True builds on device
+ * 0: one reservation with n allocations of `chunk` bytes (cuMemCreate,
+ * POSIX fd handle type) mapped back to back, readable and writable.  h
+ * receives the n handles; free with gpu_expandable_free.
+ */
+static inline CUdeviceptr gpu_expandable(int n, uint64_t chunk, CUmemGenericAllocationHandle *h)
+{
+	CUmemAllocationProp prop;
+	CUmemAccessDesc acc;
+	CUdeviceptr va;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = 0;
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	CU_OK(wex__cu.cuMemAddressReserve(&va, n * chunk, 0, 0, 0));
+	for (int i = 0; i < n; i++) {
+		CU_OK(wex__cu.cuMemCreate(&h[i], chunk, &prop, 0));
+		CU_OK(wex__cu.cuMemMap(va + i * chunk, chunk, 0, h[i], 0));
+	}
+	memset(&acc, 0, sizeof(acc));
+	acc.location = prop.location;
+	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	CU_OK(wex__cu.cuMemSetAccess(va, n * chunk, &acc, 1));
+	return va;
+}
+
+static inline void gpu_expandable_free(CUdeviceptr va, int n, uint64_t chunk,
+				       const CUmemGenericAllocationHandle *h)
+{
+	for (int i = 0; i < n; i++) {
+		CU_OK(wex__cu.cuMemUnmap(va + i * chunk, chunk));
+		CU_OK(wex__cu.cuMemRelease(h[i]));
+	}
+	CU_OK(wex__cu.cuMemAddressFree(va, n * chunk));
+}
+
+/* The minimum VMM granularity of device 0. */
+static inline uint64_t gpu_granularity(void)
+{
+	CUmemAllocationProp prop;
+	size_t g = 0;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	CU_OK(wex__cu.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+	return g;
+}
+
 #endif
