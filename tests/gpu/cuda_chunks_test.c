@@ -38,6 +38,9 @@
 #define ROWS 768
 #define COLS 1024 /* bf16: 1.5 MiB a tensor, so tensors 2 and 5 cross allocations */
 #define TBYTES ((uint64_t)ROWS * COLS * 2)
+/* A second range of more allocations than one wexd message carries fds
+ * (60): the consumer must keep parts across messages. */
+#define NLONG 70
 
 static uint16_t val(int v, int t, uint64_t e)
 {
@@ -56,6 +59,23 @@ static void make_tensors(struct wex_tensor *t, uint32_t seg)
 		t[i].segment = seg;
 		t[i].offset = (uint64_t)i * TBYTES;
 	}
+}
+
+/* The tensor over the long range: row i is allocation i. */
+static void add_long(struct wex_tensor *t, uint32_t seg, uint64_t gran)
+{
+	memset(t, 0, sizeof(*t));
+	snprintf(t->name, sizeof(t->name), "long.weight");
+	t->dtype = WEX_DT_U8;
+	t->ndim = 2;
+	t->shape[0] = t->extent[0] = NLONG;
+	t->shape[1] = t->extent[1] = gran;
+	t->segment = seg;
+}
+
+static unsigned char long_byte(int i)
+{
+	return (unsigned char)(i * 3 + 1);
 }
 
 static void fill(uint16_t *h, int v)
@@ -80,14 +100,14 @@ static void producer(int go_fd, int done_fd)
 {
 	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
 				       .role = WEX_ROLE_PRODUCER, .model = "chunks" };
-	CUmemGenericAllocationHandle h[NCH];
-	struct wex_tensor t[NT];
+	CUmemGenericAllocationHandle h[NCH], hl[NLONG];
+	struct wex_tensor t[NT + 1];
 	uint64_t total = NT * TBYTES, gran, chunk;
+	CUdeviceptr va, vl;
 	CUstream st;
-	CUdeviceptr va;
 	wex_client_t *c;
 	uint16_t *host;
-	uint32_t seg;
+	uint32_t seg, segl;
 	char ch;
 	int ret;
 
@@ -95,24 +115,30 @@ static void producer(int go_fd, int done_fd)
 	chunk = (total / NCH + gran - 1) / gran * gran;
 	CHECK(chunk % TBYTES != 0); /* some tensor crosses a boundary */
 	va = gpu_expandable(NCH, chunk, h);
+	vl = gpu_expandable(NLONG, gran, hl);
 	host = malloc(total);
 	CHECK(host != NULL);
 	fill(host, 1);
 	CHECK_OK(xfer((void *)(uintptr_t)va, host, total));
+	CU_OK(wex__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+	for (int i = 0; i < NLONG; i++)
+		CU_OK(wex__cu.cuMemsetD8Async(vl + i * gran, long_byte(i), gran, st));
 
 	CHECK_OK(wex_client_open(&p, &c));
 	ret = wex_segment_register_ptr(c, WEX_SEG_CUDA_VMM, (void *)(uintptr_t)va, total, &seg);
 	if (ret < 0)
 		fprintf(stderr, "register_ptr: %s\n", wex_last_error(c));
 	CHECK_OK(ret);
+	CHECK_OK(wex_segment_register_ptr(c, WEX_SEG_CUDA_VMM, (void *)(uintptr_t)vl, NLONG * gran,
+					  &segl));
 	make_tensors(t, seg);
-	CHECK_OK(wex_register_tensors(c, t, NT));
+	add_long(&t[NT], segl, gran);
 	/* A part alone is not a segment tensors may name. */
 	t[0].segment = 0;
-	CHECK(wex_register_tensors(c, t, NT) == -EINVAL);
+	CHECK(wex_register_tensors(c, t, NT + 1) == -EINVAL);
 	CHECK(strstr(wex_last_error(c), "part") != NULL);
 	make_tensors(t, seg);
-	CHECK_OK(wex_register_tensors(c, t, NT));
+	CHECK_OK(wex_register_tensors(c, t, NT + 1));
 	CHECK_OK(wex_begin_write(c, 1, 5000));
 	CHECK_OK(wex_publish(c, 1));
 	CHECK(write(done_fd, "1", 1) == 1);
@@ -122,7 +148,6 @@ static void producer(int go_fd, int done_fd)
 	CHECK(read(go_fd, &ch, 1) == 1);
 	CHECK_OK(wex_begin_write(c, 2, 5000));
 	fill(host, 2);
-	CU_OK(wex__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
 	for (int i = 0; i < NT; i++)
 		CU_OK(wex__cu.cuMemcpyAsync(va + i * TBYTES,
 					    (CUdeviceptr)(uintptr_t)((char *)host + i * TBYTES),
@@ -134,6 +159,7 @@ static void producer(int go_fd, int done_fd)
 	wex_client_close(c);
 	CU_OK(wex__cu.cuStreamDestroy(st));
 	gpu_expandable_free(va, NCH, chunk, h);
+	gpu_expandable_free(vl, NLONG, gran, hl);
 	free(host);
 	_exit(0);
 }
@@ -157,6 +183,25 @@ static void check_all(wex_client_t *c, char *base, int v, uint16_t *h, const cha
 		fprintf(stderr, "%s: %llu elements do not hold v%d\n", what, (unsigned long long)bad, v);
 	CHECK(bad == 0);
 	printf("ok: %s: v%d in every byte\n", what, v);
+}
+
+/* Through a view: the first and last byte of every allocation of the
+ * long range hold that allocation's value. */
+static void check_long(wex_client_t *c)
+{
+	struct wex_tensor d;
+	unsigned char b[2];
+	uint64_t bad = 0;
+	char *p;
+
+	CHECK_OK(wex_view(c, 0, "long.weight", (void **)&p, &d));
+	for (int i = 0; i < NLONG; i++) {
+		CHECK_OK(xfer(&b[0], p + i * d.shape[1], 1));
+		CHECK_OK(xfer(&b[1], p + (i + 1) * d.shape[1] - 1, 1));
+		bad += (b[0] != long_byte(i)) + (b[1] != long_byte(i));
+	}
+	CHECK(bad == 0);
+	printf("ok: remap-view over %d allocations (more than one message of fds)\n", NLONG);
 }
 
 int main(void)
@@ -201,7 +246,8 @@ int main(void)
 	CHECK_OK(wex_sync(c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
 	CHECK(r.version == 1);
 	check_all(c, NULL, 1, h, "remap-view over 3 allocations");
-	CHECK(wex_producer_tensors(c, 0, &pt, &npt) == 1 && npt == NT);
+	check_long(c);
+	CHECK(wex_producer_tensors(c, 0, &pt, &npt) == 1 && npt == NT + 1);
 	seg = pt[0].segment;
 	CHECK_OK(wex_release(c));
 
