@@ -304,6 +304,7 @@ int wex__cuda_stream_sync(void *stream)
 
 int wex__cuda_sync_device(const struct wex_mem_seg *seg)
 {
+	CUcontext prev = NULL;
 	int dev, ret = wex__cuda_load();
 
 	if (ret)
@@ -312,13 +313,20 @@ int wex__cuda_sync_device(const struct wex_mem_seg *seg)
 	if (wex__cuda_ptr_device((uint64_t)(uintptr_t)seg->ptr, &dev) < 0 &&
 	    wex__cuda_device_by_uuid(seg->desc.device, &dev) < 0)
 		return -ENODEV;
+	/* The caller's thread keeps its current context (PyTorch derives
+	 * its current device from it). */
+	if (wex__cu.cuCtxGetCurrent(&prev) != CUDA_SUCCESS)
+		prev = NULL;
 	ret = wex__cuda_use_device(dev);
 	if (ret)
 		return ret;
 	/* Every stream of the context, blocking or not: PyTorch's side
 	 * streams are created non-blocking, so the legacy default stream
 	 * alone would not cover them. */
-	return WEX_CU(wex__cu.cuCtxSynchronize());
+	ret = WEX_CU(wex__cu.cuCtxSynchronize());
+	if (prev)
+		wex__cu.cuCtxSetCurrent(prev);
+	return ret;
 }
 
 int wex__cuda_event_record(void *stream, void **ev, unsigned char handle[64])

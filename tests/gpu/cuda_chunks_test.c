@@ -206,15 +206,13 @@ static void check_long(wex_client_t *c)
 
 int main(void)
 {
-	char dir[] = "/tmp/wex-cuda-chunks-XXXXXX", sock[128];
 	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
 				       .role = WEX_ROLE_CONSUMER, .model = "chunks" };
 	uint64_t total = NT * TBYTES;
 	const struct wex_tensor *pt;
 	struct wex_sync_result r;
 	struct wex_tensor t[NT];
-	int go[2], done[2], st;
-	pid_t wexd, prod;
+	struct gpu_world w;
 	wex_client_t *c;
 	size_t npt;
 	uint32_t seg;
@@ -223,20 +221,8 @@ int main(void)
 	char ch;
 
 	gpu_require();
-	CHECK(mkdtemp(dir) != NULL);
-	snprintf(sock, sizeof(sock), "%s/wexd.sock", dir);
-	setenv("WEX_SOCKET", sock, 1);
-	wexd = gpu_start_wexd();
-	CHECK(pipe(go) == 0 && pipe(done) == 0);
-	prod = fork();
-	if (prod == 0) {
-		close(go[1]);
-		close(done[0]);
-		producer(go[0], done[1]);
-	}
-	close(go[0]);
-	close(done[1]);
-	CHECK(read(done[0], &ch, 1) == 1 && ch == '1');
+	gpu_world_start(&w, producer);
+	CHECK(read(w.from_prod, &ch, 1) == 1 && ch == '1');
 
 	h = malloc(TBYTES);
 	CHECK(h != NULL);
@@ -269,8 +255,8 @@ int main(void)
 
 	/* 4. v2, written asynchronously and published without a sync of the
 	 *    producer's own. */
-	CHECK(write(go[1], "g", 1) == 1);
-	CHECK(read(done[0], &ch, 1) == 1 && ch == '2');
+	CHECK(write(w.to_prod, "g", 1) == 1);
+	CHECK(read(w.from_prod, &ch, 1) == 1 && ch == '2');
 	CHECK_OK(wex_sync(c, WEX_SYNC_REMAP_FIXED, 2, 5000, &r));
 	CHECK(r.version == 2);
 	check_all(c, region, 2, h, "remap-fixed after an unsynchronised publish");
@@ -278,11 +264,7 @@ int main(void)
 	check_all(c, region, 2, h, "copy after an unsynchronised publish");
 
 	wex_client_close(c);
-	close(go[1]);
-	CHECK(waitpid(prod, &st, 0) == prod && WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	kill(wexd, SIGTERM);
-	CHECK(waitpid(wexd, &st, 0) == wexd && WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	rmdir(dir);
+	gpu_world_stop(&w);
 	free(h);
 	printf("PASS: a range over %d VMM allocations through wexd (view, copy, same-address), "
 	       "and a publish that waits for the producer's GPU work\n", NCH);

@@ -205,37 +205,26 @@ static void copier(int ready)
 
 int main(void)
 {
-	char dir[] = "/tmp/wex-cuda-cycles-XXXXXX", sock[128], ch;
-	int cmd[2], ack[2], rdy[2], st, fds0 = -1;
+	int rdy[2], st, fds0 = -1;
+	struct gpu_world w;
+	char ch;
 	uint64_t bad = 0, mem0 = 0, v;
 	unsigned char *h;
-	pid_t wexd, prod, victim;
+	pid_t victim;
 	struct consumer k;
 	struct timespec ts = { 0, 20 * 1000 * 1000 };
 	char *status = NULL;
 
 	gpu_require();
-	CHECK(mkdtemp(dir) != NULL);
-	snprintf(sock, sizeof(sock), "%s/wexd.sock", dir);
-	setenv("WEX_SOCKET", sock, 1);
-	wexd = gpu_start_wexd();
-	CHECK(pipe(cmd) == 0 && pipe(ack) == 0);
-	prod = fork();
-	if (prod == 0) {
-		close(cmd[1]);
-		close(ack[0]);
-		producer(cmd[0], ack[1]);
-	}
-	close(cmd[0]);
-	close(ack[1]);
+	gpu_world_start(&w, producer);
 	h = malloc(TBYTES);
 	CHECK(h != NULL);
 
-	next_version(cmd[1], ack[0]);
+	next_version(w.to_prod, w.from_prod);
 	consumer_open(&k, "engine");
 	for (v = 1; v <= CYCLES; v++) {
 		if (v > 1)
-			next_version(cmd[1], ack[0]);
+			next_version(w.to_prod, w.from_prod);
 		bad += cycle(&k, v, v % FULL == 0, h);
 		if (v % REOPEN == 0) {
 			wex_client_close(k.c);
@@ -268,18 +257,14 @@ int main(void)
 	close(rdy[0]);
 	CHECK_OK(wex_request(k.c, "status", NULL, &status)); /* wexd answers */
 	wex_free(status);
-	next_version(cmd[1], ack[0]); /* the producer may write: no lease left */
+	next_version(w.to_prod, w.from_prod); /* the producer may write: no lease left */
 	bad = cycle(&k, v, 1, h);
 	CHECK(bad == 0);
 	printf("consumer killed mid-copy: wexd answers, the producer wrote v%llu, "
 	       "this consumer read every byte of it\n", (unsigned long long)v);
 
 	wex_client_close(k.c);
-	close(cmd[1]);
-	CHECK(waitpid(prod, &st, 0) == prod && WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	kill(wexd, SIGTERM);
-	CHECK(waitpid(wexd, &st, 0) == wexd && WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	rmdir(dir);
+	gpu_world_stop(&w);
 	free(h);
 	printf("PASS\n");
 	return 0;

@@ -106,32 +106,20 @@ static void producer(int go_fd, int done_fd)
 
 int main(void)
 {
-	char dir[] = "/tmp/wex-cuda-e2e-XXXXXX", sock[128];
 	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
 				       .role = WEX_ROLE_CONSUMER, .model = "gpu" };
 	struct wex_tensor t[NT];
 	struct wex_sync_result r;
-	int go[2], done[2], st;
 	uint64_t total, bad = 0;
-	pid_t wexd, prod;
+	struct gpu_world w;
 	wex_client_t *c;
 	uint16_t *h;
 	void *mine;
 	char ch;
 
 	gpu_require();
-	CHECK(mkdtemp(dir) != NULL);
-	snprintf(sock, sizeof(sock), "%s/wexd.sock", dir);
-	setenv("WEX_SOCKET", sock, 1);
-	wexd = gpu_start_wexd();
-	CHECK(pipe(go) == 0 && pipe(done) == 0);
-	prod = fork();
-	if (prod == 0) {
-		close(go[1]);
-		producer(go[0], done[1]);
-	}
-	close(go[0]);
-	CHECK(read(done[0], &ch, 1) == 1);
+	gpu_world_start(&w, producer);
+	CHECK(read(w.from_prod, &ch, 1) == 1);
 
 	make_tensors(t, 0, &total);
 	h = malloc(total);
@@ -165,11 +153,7 @@ int main(void)
 
 	wex_client_close(c);
 	wex_cuda_free(mine, (ssize_t)total, 0, NULL);
-	close(go[1]);
-	CHECK(waitpid(prod, &st, 0) == prod && WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	kill(wexd, SIGTERM);
-	CHECK(waitpid(wexd, &st, 0) == wexd && WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	rmdir(dir);
+	gpu_world_stop(&w);
 	free(h);
 	printf("PASS: cuda_vmm through wexd: view and copy of %llu bytes, every byte checked\n",
 	       (unsigned long long)total);

@@ -328,6 +328,53 @@ static inline pid_t gpu_start_wexd(void)
 	return pid;
 }
 
+/* A wexd of the test's own in a fresh directory (WEX_SOCKET points at it)
+ * and a producer child that talks with the test over two pipes. */
+struct gpu_world {
+	char dir[64];
+	pid_t wexd, prod;
+	int to_prod, from_prod; /* the test's ends of the pipes */
+};
+
+static inline void gpu_world_start(struct gpu_world *w, void (*producer)(int in, int out))
+{
+	char sock[128];
+	int a[2], b[2];
+
+	snprintf(w->dir, sizeof(w->dir), "/tmp/wex-gpu-XXXXXX");
+	CHECK(mkdtemp(w->dir) != NULL);
+	snprintf(sock, sizeof(sock), "%s/wexd.sock", w->dir);
+	setenv("WEX_SOCKET", sock, 1);
+	w->wexd = gpu_start_wexd();
+	CHECK(pipe(a) == 0 && pipe(b) == 0);
+	w->prod = fork();
+	CHECK(w->prod >= 0);
+	if (w->prod == 0) {
+		close(a[1]);
+		close(b[0]);
+		producer(a[0], b[1]);
+		_exit(0);
+	}
+	close(a[0]);
+	close(b[1]);
+	w->to_prod = a[1];
+	w->from_prod = b[0];
+}
+
+/* Closes the producer's input (it exits), then stops wexd: both must exit
+ * with status 0. */
+static inline void gpu_world_stop(struct gpu_world *w)
+{
+	int st;
+
+	close(w->to_prod);
+	CHECK(waitpid(w->prod, &st, 0) == w->prod && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	close(w->from_prod);
+	kill(w->wexd, SIGTERM);
+	CHECK(waitpid(w->wexd, &st, 0) == w->wexd && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	rmdir(w->dir);
+}
+
 /*
  * What PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True builds on device
  * 0: one reservation with n allocations of `chunk` bytes (cuMemCreate,
