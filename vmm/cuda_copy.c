@@ -309,14 +309,14 @@ int wex__cuda_sync_device(const struct wex_mem_seg *seg)
 
 	if (ret)
 		return ret;
-	/* By address first: it names the device of the memory itself. */
-	if (wex__cuda_ptr_device((uint64_t)(uintptr_t)seg->ptr, &dev) < 0 &&
-	    wex__cuda_device_by_uuid(seg->desc.device, &dev) < 0)
-		return -ENODEV;
 	/* The caller's thread keeps its current context (PyTorch derives
 	 * its current device from it). */
 	if (wex__cu.cuCtxGetCurrent(&prev) != CUDA_SUCCESS)
 		prev = NULL;
+	/* By address first: it names the device of the memory itself. */
+	if (wex__cuda_ptr_device((uint64_t)(uintptr_t)seg->ptr, &dev) < 0 &&
+	    wex__cuda_device_by_uuid(seg->desc.device, &dev) < 0)
+		return -ENODEV;
 	ret = wex__cuda_use_device(dev);
 	if (ret)
 		return ret;
