@@ -14,7 +14,8 @@
  *     segment's, found by UUID) and checks every byte;
  *  3. swaps the producer's allocations under that region (REMAP_FIXED)
  *     and checks every byte at the same addresses;
- *  4. lets the producer write v2 with asynchronous copies on its own
+ *  4. restarts wexd (both sides register and import the chain again),
+ *     then lets the producer write v2 with asynchronous copies on its own
  *     stream and publish without synchronising: wex_publish must wait for
  *     that GPU work, so the consumer sees v2 in every byte, remapped and
  *     copied.
@@ -214,6 +215,7 @@ int main(void)
 	struct wex_tensor t[NT];
 	struct gpu_world w;
 	wex_client_t *c;
+	int st;
 	size_t npt;
 	uint32_t seg;
 	uint16_t *h;
@@ -253,6 +255,12 @@ int main(void)
 	check_all(c, region, 1, h, "remap-fixed over 3 allocations");
 	CHECK_OK(wex_release(c));
 
+	/* wexd restarts: the producer re-registers its parts and the chain
+	 * on its next call, the consumer imports them again on its next sync. */
+	kill(w.wexd, SIGTERM);
+	CHECK(waitpid(w.wexd, &st, 0) == w.wexd && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	w.wexd = gpu_start_wexd();
+
 	/* 4. v2, written asynchronously and published without a sync of the
 	 *    producer's own. */
 	CHECK(write(w.to_prod, "g", 1) == 1);
@@ -266,7 +274,7 @@ int main(void)
 	wex_client_close(c);
 	gpu_world_stop(&w);
 	free(h);
-	printf("PASS: a range over %d VMM allocations through wexd (view, copy, same-address), "
+	printf("PASS: a range over %d VMM allocations through wexd (view, copy, same-address, a wexd restart), "
 	       "and a publish that waits for the producer's GPU work\n", NCH);
 	return 0;
 }

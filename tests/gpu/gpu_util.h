@@ -11,6 +11,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -346,7 +347,9 @@ static inline void gpu_world_start(struct gpu_world *w, void (*producer)(int in,
 	snprintf(sock, sizeof(sock), "%s/wexd.sock", w->dir);
 	setenv("WEX_SOCKET", sock, 1);
 	w->wexd = gpu_start_wexd();
-	CHECK(pipe(a) == 0 && pipe(b) == 0);
+	/* Close-on-exec: a wexd started later (a restart) must not hold the
+	 * producer's input open. */
+	CHECK(pipe2(a, O_CLOEXEC) == 0 && pipe2(b, O_CLOEXEC) == 0);
 	w->prod = fork();
 	CHECK(w->prod >= 0);
 	if (w->prod == 0) {
