@@ -28,18 +28,20 @@
 struct own_seg {
 	struct wex_mem_seg seg;
 	uint32_t id;
-	int wrapped;
 	int part;      /* one allocation of a chained segment below */
 	size_t *parts; /* chained: indices of its parts in osegs */
 	size_t nparts;
 };
 
-/* A part of a chained segment, received by fetch and kept until the
- * segment that chains it arrives (possibly in a later message). */
+/* The parts of chained segments one fetch received, kept until the
+ * segment that chains them arrives (possibly in a later message). */
 struct stash {
-	uint32_t rank, id;
-	struct wex_mem_desc desc;
-	int fd;
+	struct stashed {
+		uint32_t rank, id;
+		struct wex_mem_desc desc;
+		int fd;
+	} *v;
+	size_t n;
 };
 
 struct pseg {
@@ -84,9 +86,7 @@ struct wex_client {
 	size_t nplan;
 	struct region *regions;
 	size_t nregions;
-	int device;         /* CUDA ordinal for reserved regions (-1: current) */
-	struct stash *stash;
-	size_t nstash;
+	int device;         /* CUDA ordinal for reserved regions (-1: the segment's) */
 	uint64_t version;
 	/* The version the consumer's own buffers hold (0: none).  Not
 	 * `version`: a REMAP_VIEW sync serves a version without writing the
@@ -796,18 +796,18 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 	return send_layout(c);
 }
 
-static void stash_clear(struct wex_client *c)
+static void stash_clear(struct stash *s)
 {
-	for (size_t i = 0; i < c->nstash; i++)
-		if (c->stash[i].fd >= 0)
-			close(c->stash[i].fd);
-	free(c->stash);
-	c->stash = NULL;
-	c->nstash = 0;
+	for (size_t i = 0; i < s->n; i++)
+		if (s->v[i].fd >= 0)
+			close(s->v[i].fd);
+	free(s->v);
+	s->v = NULL;
+	s->n = 0;
 }
 
 /* Maps a chained segment from the parts fetch kept: takes every part's fd. */
-static int import_chained(struct wex_client *c, const struct wex_mem_ops *ops,
+static int import_chained(struct wex_client *c, struct stash *sh, const struct wex_mem_ops *ops,
 			  const struct wex_mem_desc *whole, uint32_t rank, json_t *parts,
 			  struct wex_mem_seg *seg)
 {
@@ -824,12 +824,12 @@ static int import_chained(struct wex_client *c, const struct wex_mem_ops *ops,
 		return -ENOMEM;
 	}
 	json_array_foreach(parts, i, v) {
-		struct stash *st = NULL;
+		struct stashed *st = NULL;
 
-		for (size_t k = 0; k < c->nstash; k++)
-			if (c->stash[k].rank == rank && c->stash[k].id == (uint32_t)json_integer_value(v) &&
-			    c->stash[k].fd >= 0)
-				st = &c->stash[k];
+		for (size_t k = 0; k < sh->n; k++)
+			if (sh->v[k].rank == rank && sh->v[k].id == (uint32_t)json_integer_value(v) &&
+			    sh->v[k].fd >= 0)
+				st = &sh->v[k];
 		if (!st) {
 			for (size_t k = 0; k < i; k++)
 				close(fds[k]);
@@ -850,7 +850,8 @@ static int import_chained(struct wex_client *c, const struct wex_mem_ops *ops,
 	return ret;
 }
 
-static int import_segments(struct wex_client *c, json_t *segs, int *fds, int nfds)
+static int import_segments(struct wex_client *c, struct stash *sh, json_t *segs, int *fds,
+			   int nfds)
 {
 	size_t i;
 	json_t *js;
@@ -889,18 +890,16 @@ static int import_segments(struct wex_client *c, json_t *segs, int *fds, int nfd
 		}
 		if (json_is_true(json_object_get(js, "part"))) {
 			/* Kept for the chained segment listing it. */
-			struct stash *st = realloc(c->stash, (c->nstash + 1) * sizeof(*st));
+			struct stashed *st = realloc(sh->v, (sh->n + 1) * sizeof(*st));
 
 			if (!st) {
 				if (fd >= 0)
 					close(fd);
 				return -ENOMEM;
 			}
-			c->stash = st;
-			c->stash[c->nstash++] = (struct stash){ .rank = (uint32_t)rank,
-								.id = (uint32_t)id,
-								.desc = desc,
-								.fd = fd };
+			sh->v = st;
+			sh->v[sh->n++] = (struct stashed){ .rank = (uint32_t)rank, .id = (uint32_t)id,
+							   .desc = desc, .fd = fd };
 			continue;
 		}
 		ops = wex_mem_backend(desc.kind);
@@ -924,7 +923,8 @@ static int import_segments(struct wex_client *c, json_t *segs, int *fds, int nfd
 		if (parts) {
 			if (fd >= 0)
 				close(fd);
-			ret = import_chained(c, ops, &desc, (uint32_t)rank, parts, &n[c->npsegs].seg);
+			ret = import_chained(c, sh, ops, &desc, (uint32_t)rank, parts,
+					     &n[c->npsegs].seg);
 		} else {
 			ret = ops->import(&desc, fd, &n[c->npsegs].seg);
 		}
@@ -939,6 +939,7 @@ static int import_segments(struct wex_client *c, json_t *segs, int *fds, int nfd
 
 static int fetch(struct wex_client *c)
 {
+	struct stash sh = { 0 };
 	json_int_t start = 0;
 	int ret;
 
@@ -955,7 +956,7 @@ static int fetch(struct wex_client *c)
 		req = json_pack("{s:s, s:I}", "op", "fetch", "start", start);
 		ret = rpc(c, req, NULL, 0, &reply, fds, WEX_SOCK_MAX_FDS, &nfds, c->timeout_ms);
 		if (ret < 0) {
-			stash_clear(c);
+			stash_clear(&sh);
 			return ret;
 		}
 		json_unpack(reply, "{s:I, s:I, s:I, s:I, s?I}", "tables_fd", &tfd, "plan_fd", &pfd,
@@ -986,17 +987,17 @@ static int fetch(struct wex_client *c)
 				fds[pfd] = -1;
 			}
 		}
-		ret = import_segments(c, json_object_get(reply, "segments"), fds, nfds);
+		ret = import_segments(c, &sh, json_object_get(reply, "segments"), fds, nfds);
 chunk_out:
 		wex_sock_close_fds(fds, nfds);
 		json_decref(reply);
 		if (ret < 0) {
-			stash_clear(c);
+			stash_clear(&sh);
 			return ret;
 		}
 		start = more;
 	} while (start >= 0);
-	stash_clear(c); /* parts no segment chained: nothing names them */
+	stash_clear(&sh); /* parts no segment chained: nothing names them */
 	free(c->rank_first);
 	c->rank_first = calloc(c->nprod + 1, sizeof(size_t));
 	if (!c->rank_first)

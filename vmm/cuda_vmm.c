@@ -353,7 +353,7 @@ static int vmm_wrap_chunks(void *ptr, uint64_t size, struct wex_mem_seg *segs, s
 {
 	uint64_t start = (uint64_t)(uintptr_t)ptr, end = start + size;
 	struct wex__cuda_chunk *ch;
-	size_t k = 0, i;
+	size_t k = 0, done = 0;
 	int ret;
 
 	ret = wex__cuda_load();
@@ -374,41 +374,37 @@ static int vmm_wrap_chunks(void *ptr, uint64_t size, struct wex_mem_seg *segs, s
 	ret = wex__cuda_vmm_chunks(ptr, size, ch, k, &k);
 	if (ret)
 		goto out;
-	for (i = 0; i < k; i++) {
-		uint64_t ps = ch[i].base + ch[i].offset;
-		uint64_t pe = ch[i].base + ch[i].size < end ? ch[i].base + ch[i].size : end;
+	for (; done < k; done++) {
+		uint64_t ps = ch[done].base + ch[done].offset;
+		uint64_t pe = ch[done].base + ch[done].size < end ? ch[done].base + ch[done].size : end;
 
-		ret = vmm_wrap((void *)(uintptr_t)ps, pe - ps, -1, &segs[i]);
+		ret = vmm_wrap((void *)(uintptr_t)ps, pe - ps, -1, &segs[done]);
 		if (ret) {
 			wex_error("cuda", "wrapping allocation %zu of %zu (at 0x%llx, %llu bytes): %s",
-				  i, k, (unsigned long long)ch[i].base,
-				  (unsigned long long)ch[i].size, wex_strerror(ret));
-			while (i-- > 0)
-				vmm_release(&segs[i]);
+				  done, k, (unsigned long long)ch[done].base,
+				  (unsigned long long)ch[done].size, wex_strerror(ret));
 			goto out;
 		}
 		/* The driver enumerated this piece as one allocation; wrap
-		 * agreeing keeps the parts and the chunk list in step. */
-		if (segs[i].desc.alloc_size != ch[i].size || segs[i].desc.handle_offset != ch[i].offset) {
+		 * agreeing keeps the parts and the chunk list in step.  Parts
+		 * on one device only: one mapping on the importer's side. */
+		if (segs[done].desc.alloc_size != ch[done].size ||
+		    segs[done].desc.handle_offset != ch[done].offset)
 			ret = -EIO;
-			vmm_release(&segs[i]);
-			while (i-- > 0)
-				vmm_release(&segs[i]);
+		else if (strcmp(segs[done].desc.device, segs[0].desc.device))
+			ret = -EINVAL;
+		if (ret) {
+			wex_error("cuda", "allocation %zu of %zu: %s", done, k,
+				  ret == -EIO ? "the driver's ranges disagree" : "on another device");
+			vmm_release(&segs[done]);
 			goto out;
 		}
 	}
-	/* Parts on one device only: one mapping on the importer's side. */
-	for (i = 1; i < k; i++)
-		if (strcmp(segs[i].desc.device, segs[0].desc.device)) {
-			wex_error("cuda", "range spans devices %s and %s", segs[0].desc.device,
-				  segs[i].desc.device);
-			ret = -EINVAL;
-			for (size_t j = 0; j < k; j++)
-				vmm_release(&segs[j]);
-			goto out;
-		}
 	*n = k;
 out:
+	if (ret)
+		while (done-- > 0)
+			vmm_release(&segs[done]);
 	free(ch);
 	return ret;
 }

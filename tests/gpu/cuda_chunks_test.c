@@ -50,16 +50,7 @@ static uint16_t val(int v, int t, uint64_t e)
 
 static void make_tensors(struct wex_tensor *t, uint32_t seg)
 {
-	memset(t, 0, sizeof(*t) * NT);
-	for (int i = 0; i < NT; i++) {
-		snprintf(t[i].name, sizeof(t[i].name), "layers.%d.weight", i);
-		t[i].dtype = WEX_DT_BF16;
-		t[i].ndim = 2;
-		t[i].shape[0] = t[i].extent[0] = ROWS;
-		t[i].shape[1] = t[i].extent[1] = COLS;
-		t[i].segment = seg;
-		t[i].offset = (uint64_t)i * TBYTES;
-	}
+	gpu_bf16_tensors(t, NT, ROWS, COLS, seg);
 }
 
 /* The tensor over the long range: row i is allocation i. */

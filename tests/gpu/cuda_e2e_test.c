@@ -37,20 +37,7 @@ static uint16_t val(int t, uint64_t e)
 
 static void make_tensors(struct wex_tensor *t, uint32_t seg, uint64_t *total)
 {
-	uint64_t off = 0;
-
-	memset(t, 0, sizeof(*t) * NT);
-	for (int i = 0; i < NT; i++) {
-		snprintf(t[i].name, sizeof(t[i].name), "layers.%d.weight", i);
-		t[i].dtype = WEX_DT_BF16;
-		t[i].ndim = 2;
-		t[i].shape[0] = t[i].extent[0] = ROWS;
-		t[i].shape[1] = t[i].extent[1] = COLS;
-		t[i].segment = seg;
-		t[i].offset = off;
-		off += (uint64_t)ROWS * COLS * 2;
-	}
-	*total = off;
+	*total = gpu_bf16_tensors(t, NT, ROWS, COLS, seg);
 }
 
 static uint64_t bad_bytes(const uint16_t *h, int t)

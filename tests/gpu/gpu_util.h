@@ -294,6 +294,24 @@ static inline uint64_t mem_free(void)
 	return f;
 }
 
+/* n bf16 tensors "layers.<i>.weight" of [rows, cols], back to back from
+ * offset 0 of segment seg; returns their total size in bytes. */
+static inline uint64_t gpu_bf16_tensors(struct wex_tensor *t, int n, uint64_t rows, uint64_t cols,
+					uint32_t seg)
+{
+	memset(t, 0, sizeof(*t) * (size_t)n);
+	for (int i = 0; i < n; i++) {
+		snprintf(t[i].name, sizeof(t[i].name), "layers.%d.weight", i);
+		t[i].dtype = WEX_DT_BF16;
+		t[i].ndim = 2;
+		t[i].shape[0] = t[i].extent[0] = rows;
+		t[i].shape[1] = t[i].extent[1] = cols;
+		t[i].segment = seg;
+		t[i].offset = (uint64_t)i * rows * cols * 2;
+	}
+	return (uint64_t)n * rows * cols * 2;
+}
+
 /* Host <-> device through the VMM backend's executor (unified
  * addressing).  Blocks until done. */
 static inline int xfer(void *dst, const void *src, uint64_t len)
