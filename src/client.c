@@ -92,6 +92,7 @@ struct wex_client {
 	 * `version`: a REMAP_VIEW sync serves a version without writing the
 	 * buffers, and a COPY sync of that same version must still copy. */
 	uint64_t copied;
+	uint64_t lease_version; /* the version the held lease is on */
 	int has_lease;
 	int dirty;
 	json_t *report; /* the last finished sync, sent with the next request */
@@ -1026,7 +1027,7 @@ static int release_lease(struct wex_client *c)
 
 	if (!c->has_lease)
 		return 0;
-	req = json_pack("{s:s, s:I}", "op", "release", "version", (json_int_t)c->version);
+	req = json_pack("{s:s, s:I}", "op", "release", "version", (json_int_t)c->lease_version);
 	ret = simple_rpc(c, req, NULL);
 	c->has_lease = 0;
 	return ret;
@@ -1232,6 +1233,7 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 	waited = json_real_value(json_object_get(reply, "waited_ms")) / 1e3;
 	json_decref(reply);
 	c->has_lease = 1;
+	c->lease_version = version;
 	if (!c->fetched || gen != c->layout_gen) {
 		ret = fetch(c);
 		if (ret < 0)
@@ -1300,7 +1302,15 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 	}
 	return 0;
 err_release:
-	release_lease(c);
+	/* Give the new lease back; the caller learns why the sync failed,
+	 * not how the release went. */
+	{
+		char why[sizeof(c->err)];
+
+		memcpy(why, c->err, sizeof(why));
+		release_lease(c);
+		memcpy(c->err, why, sizeof(why));
+	}
 	return ret;
 }
 

@@ -3,8 +3,11 @@
 # if any is missing.  Sourced by tests/run.sh and examples/quickstart.sh.
 # Build: cmake, gcc, make, pkg-config, liburing-dev, libjansson-dev,
 # libsystemd-dev.  Tests: prometheus (promtool), systemd (systemd-analyze,
-# systemd-socket-activate), passwd (useradd), procps.
+# systemd-socket-activate), passwd (useradd), procps.  tests/run.sh adds
+# WEX_TEST_PACKAGES: python3 and Debian's CPU PyTorch for the Python glue's
+# tests (tests/python).
 WEX_PACKAGES="cmake gcc make pkg-config liburing-dev libjansson-dev libsystemd-dev prometheus systemd passwd procps"
+WEX_TEST_PACKAGES="python3 python3-torch"
 
 wex_install_deps() {
 	missing=""

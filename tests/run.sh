@@ -7,6 +7,7 @@
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 . "$ROOT/tests/deps.sh"
+WEX_PACKAGES="$WEX_PACKAGES $WEX_TEST_PACKAGES"
 wex_install_deps
 JOBS=${WEX_JOBS:-$(nproc)}
 status=0

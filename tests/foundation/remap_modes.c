@@ -10,6 +10,8 @@
  *    later producer version does not change it (no aliasing);
  *  - REMAP_FIXED with a layout that differs (a tensor at another offset)
  *    fails with -WEX_ELAYOUT naming that tensor;
+ *  - a failed sync gives its new lease back even when the consumer
+ *    served an older version, and reports its own cause;
  *  - COPY right after REMAP_VIEW of the same version (a mode switch that
  *    keeps the lease), and COPY into newly attached buffers, write the
  *    consumer's buffers although that version is already served.
@@ -152,6 +154,20 @@ int main(void)
 		free(buf);
 		free(buf2);
 	}
+
+	/* A failed sync of a consumer that already served a version (k2 holds
+	 * v3): the new lease (v4) is given back, so the producer writes on,
+	 * and the error says why the sync failed, not how the release went. */
+	t_prod_write(&p, 4);
+	ret = wex_sync(k2.c, WEX_SYNC_REMAP_FIXED, 4, 5000, &r);
+	T_ASSERT(ret == -WEX_ELAYOUT, "fixed remap of v4 with a shifted tensor: -WEX_ELAYOUT, got %s",
+		 wex_strerror(ret));
+	T_ASSERT(strstr(wex_last_error(k2.c), k2.t[2].name), "the v4 error names '%s': %s",
+		 k2.t[2].name, wex_last_error(k2.c));
+	T_ASSERT(t_leases(d.sock, MODEL) == 0, "the failed v4 sync leaves no lease");
+	T_WEX(p.c, wex_begin_write(p.c, 5, 2000));
+	ex_fill(p.base, p.t, (size_t)p.n, 5, 1);
+	T_WEX(p.c, wex_publish(p.c, 5));
 
 	t_cons_close(&k2);
 	t_cons_close(&k);

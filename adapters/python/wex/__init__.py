@@ -1,0 +1,388 @@
+# SPDX-License-Identifier: MIT
+"""wex - Python glue over libwex's public C API (src/include/wex.h), by ctypes.
+
+Nothing here talks to wexd itself: every call goes through libwex, so the
+Python side gets the same validation, errors and reconnection as C clients.
+The library is found through $WEX_LIB (a path), else the system's
+``libwex.so.0`` (``cmake --install``).
+
+    import wex
+    with wex.Client(wex.ROLE_PRODUCER, model="policy", rank=0, world_size=1) as c:
+        seg, ptr = c.segment_alloc(wex.SEG_HOST, 1 << 20)
+        c.register_tensors([wex.tensor("w", "BF16", (512, 1024), segment=seg)])
+        c.begin_write(1)
+        ...                                  # write the bytes at ptr
+        c.publish(1)
+
+Errors raise WexError, whose ``code`` is the positive errno (or WEX_E*)
+value and whose text is libwex's wex_last_error() of the failing call.
+PyTorch helpers (pluggable allocator, tensors over wex memory) live in
+``wex.torch_util``.
+"""
+import ctypes
+import ctypes.util
+import errno
+import json
+import os
+
+NAME_MAX = 160
+MAX_DIMS = 8
+
+ROLE_PRODUCER, ROLE_CONSUMER, ROLE_ADMIN = 1, 2, 3
+SEG_HOST, SEG_CUDA_VMM, SEG_CUDA_IPC = 1, 2, 3
+SYNC_COPY, SYNC_REMAP_VIEW, SYNC_REMAP_FIXED = 1, 2, 3
+
+ERRNO_BASE = 4096
+(EPROTO_VERSION, ENOCUDA, ELAYOUT, EDIRTY, ENOPUBLISHED, EDAEMON, ENOMODEL,
+ EREMOTE) = range(ERRNO_BASE, ERRNO_BASE + 8)
+
+# enum wex_dtype, in the header's order; names are safetensors'.
+DTYPES = ("INVALID", "BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32",
+          "U32", "F32", "I64", "U64", "F64", "F8_E4M3", "F8_E5M2")
+DTYPE_SIZE = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "F16": 2,
+              "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8,
+              "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+
+_F_SOCKET, _F_ROLE, _F_MODEL, _F_GROUP, _F_RANK = 1, 2, 4, 8, 16
+_F_TIMEOUT, _F_COPY_THREADS, _F_DEVICE = 32, 64, 128
+
+
+class WexError(OSError):
+    """A libwex call failed: ``code`` is the positive error number."""
+
+    def __init__(self, code, message):
+        super().__init__(code, message)
+        self.code = code
+
+
+class Tensor(ctypes.Structure):
+    """struct wex_tensor."""
+    _fields_ = [
+        ("name", ctypes.c_char * NAME_MAX),
+        ("dtype", ctypes.c_int32),
+        ("ndim", ctypes.c_uint32),
+        ("shape", ctypes.c_uint64 * MAX_DIMS),
+        ("start", ctypes.c_uint64 * MAX_DIMS),
+        ("extent", ctypes.c_uint64 * MAX_DIMS),
+        ("strides", ctypes.c_int64 * MAX_DIMS),
+        ("segment", ctypes.c_uint32),
+        ("offset", ctypes.c_uint64),
+        ("ptr", ctypes.c_void_p),
+    ]
+
+    @property
+    def dtype_name(self):
+        return DTYPES[self.dtype] if 0 <= self.dtype < len(DTYPES) else "INVALID"
+
+    def dims(self, field="extent"):
+        return tuple(getattr(self, field)[i] for i in range(self.ndim))
+
+    def nbytes(self):
+        n = DTYPE_SIZE.get(self.dtype_name, 0)
+        for e in self.dims():
+            n *= e
+        return n
+
+    def __repr__(self):
+        return "Tensor(%r, %s, shape=%s, start=%s, extent=%s, seg=%d, off=%d)" % (
+            self.name.decode(), self.dtype_name, self.dims("shape"),
+            self.dims("start"), self.dims(), self.segment, self.offset)
+
+
+class SyncResult(ctypes.Structure):
+    """struct wex_sync_result."""
+    _fields_ = [
+        ("version", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("ops", ctypes.c_uint64),
+        ("seconds", ctypes.c_double),
+        ("changed", ctypes.c_int),
+        ("waited", ctypes.c_double),
+    ]
+
+    def as_dict(self):
+        return {f: getattr(self, f) for f, _ in self._fields_}
+
+
+class _Params(ctypes.Structure):
+    """struct wex_client_params."""
+    _fields_ = [
+        ("field_mask", ctypes.c_uint64),
+        ("socket", ctypes.c_char_p),
+        ("role", ctypes.c_int),
+        ("model", ctypes.c_char_p),
+        ("group", ctypes.c_char_p),
+        ("rank", ctypes.c_uint32),
+        ("world_size", ctypes.c_uint32),
+        ("timeout_ms", ctypes.c_uint32),
+        ("copy_threads", ctypes.c_uint32),
+        ("device", ctypes.c_int),
+    ]
+
+
+def tensor(name, dtype, shape, *, start=None, extent=None, strides=None,
+           segment=0, offset=0, ptr=None):
+    """A Tensor for register_tensors (segment, offset) or attach (ptr).
+
+    ``dtype`` is a safetensors name ("BF16") or an enum value; ``start`` and
+    ``extent`` give the box this piece holds of the canonical tensor of
+    full shape ``shape`` (default: all of it); ``strides`` are in elements.
+    """
+    t = Tensor()
+    raw = name.encode() if isinstance(name, str) else bytes(name)
+    if not raw or len(raw) >= NAME_MAX:
+        raise ValueError("tensor name must be 1..%d bytes: %r" % (NAME_MAX - 1, name))
+    t.name = raw
+    if isinstance(dtype, str):
+        if dtype not in DTYPE_SIZE:
+            raise ValueError("unknown dtype %r (one of %s)" % (dtype, ", ".join(DTYPE_SIZE)))
+        t.dtype = DTYPES.index(dtype)
+    else:
+        t.dtype = int(dtype)
+    shape = tuple(int(s) for s in shape)
+    if len(shape) > MAX_DIMS:
+        raise ValueError("%s: %d dims, at most %d" % (name, len(shape), MAX_DIMS))
+    start = tuple(start) if start is not None else (0,) * len(shape)
+    extent = tuple(extent) if extent is not None else shape
+    if len(start) != len(shape) or len(extent) != len(shape):
+        raise ValueError("%s: start/extent must have %d dims" % (name, len(shape)))
+    t.ndim = len(shape)
+    for i, s in enumerate(shape):
+        t.shape[i], t.start[i], t.extent[i] = s, int(start[i]), int(extent[i])
+    if strides is not None:
+        if len(strides) != len(shape):
+            raise ValueError("%s: strides must have %d dims" % (name, len(shape)))
+        for i, s in enumerate(strides):
+            t.strides[i] = int(s)
+    t.segment = int(segment)
+    t.offset = int(offset)
+    t.ptr = ptr
+    return t
+
+
+_lib = None
+
+
+def lib():
+    """The loaded libwex (ctypes.CDLL), loading it on first use."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    path = os.environ.get("WEX_LIB") or ctypes.util.find_library("wex") or "libwex.so.0"
+    try:
+        L = ctypes.CDLL(path)
+    except OSError as e:
+        raise WexError(errno.ENOENT, "cannot load libwex (%s): %s; set WEX_LIB to "
+                       "the built libwex.so" % (path, e)) from None
+    P, I, U32, U64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64
+    sig = {
+        "wex_strerror": (ctypes.c_char_p, [I]),
+        "wex_free": (None, [P]),
+        "wex_client_open": (I, [ctypes.POINTER(_Params), ctypes.POINTER(P)]),
+        "wex_client_close": (None, [P]),
+        "wex_segment_alloc": (I, [P, I, I, U64, ctypes.POINTER(U32), ctypes.POINTER(P)]),
+        "wex_segment_register_fd": (I, [P, I, P, U64, ctypes.POINTER(U32)]),
+        "wex_segment_register_ptr": (I, [P, I, P, U64, ctypes.POINTER(U32)]),
+        "wex_register_tensors": (I, [P, ctypes.POINTER(Tensor), ctypes.c_size_t]),
+        "wex_begin_write": (I, [P, U64, U32]),
+        "wex_publish": (I, [P, U64]),
+        "wex_attach": (I, [P, ctypes.POINTER(Tensor), ctypes.c_size_t]),
+        "wex_reserve": (I, [P, U32, U32, U64, ctypes.POINTER(P)]),
+        "wex_sync": (I, [P, I, U64, U32, ctypes.POINTER(SyncResult)]),
+        "wex_release": (I, [P]),
+        "wex_is_dirty": (I, [P]),
+        "wex_view": (I, [P, U32, ctypes.c_char_p, ctypes.POINTER(P), ctypes.POINTER(Tensor)]),
+        "wex_producer_tensors": (I, [P, U32, ctypes.POINTER(ctypes.POINTER(Tensor)),
+                                     ctypes.POINTER(ctypes.c_size_t)]),
+        "wex_request": (I, [P, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(P)]),
+        "wex_last_error": (ctypes.c_char_p, [P]),
+    }
+    for name, (res, args) in sig.items():
+        f = getattr(L, name)
+        f.restype, f.argtypes = res, args
+    # The CUDA entry points exist only in builds made with the CUDA headers.
+    if hasattr(L, "wex_cuda_alloc"):
+        L.wex_cuda_alloc.restype = P
+        L.wex_cuda_alloc.argtypes = [ctypes.c_ssize_t, I, P]
+        L.wex_cuda_free.restype = None
+        L.wex_cuda_free.argtypes = [P, ctypes.c_ssize_t, I, P]
+    L._path = path
+    _lib = L
+    return L
+
+
+def lib_path():
+    """The file libwex was loaded from (for CUDAPluggableAllocator)."""
+    return lib()._path
+
+
+def strerror(code):
+    return lib().wex_strerror(-abs(code)).decode()
+
+
+def cuda_alloc(size, device=0):
+    """wex_cuda_alloc: exportable VMM memory; returns the device address."""
+    L = lib()
+    if not hasattr(L, "wex_cuda_alloc"):
+        raise WexError(ENOCUDA, "libwex was built without the CUDA headers")
+    p = L.wex_cuda_alloc(size, device, None)
+    if not p:
+        raise WexError(errno.ENOMEM, "wex_cuda_alloc(%d, device %d) failed (see stderr)"
+                       % (size, device))
+    return p
+
+
+def cuda_free(ptr, size, device=0):
+    lib().wex_cuda_free(ptr, size, device, None)
+
+
+class Client:
+    """A libwex client (wex_client_open .. wex_client_close)."""
+
+    def __init__(self, role, model=None, *, group=None, rank=0, world_size=1,
+                 socket=None, timeout_ms=None, copy_threads=None, device=None):
+        self._h = None
+        L = lib()
+        p = _Params()
+        p.field_mask = _F_ROLE | _F_RANK
+        p.role = role
+        p.rank = rank
+        p.world_size = world_size
+        self._keep = []  # the encoded strings must outlive the call
+        for flag, field, val in ((_F_SOCKET, "socket", socket), (_F_MODEL, "model", model),
+                                 (_F_GROUP, "group", group)):
+            if val is not None:
+                b = val.encode()
+                self._keep.append(b)
+                setattr(p, field, b)
+                p.field_mask |= flag
+        for flag, field, val in ((_F_TIMEOUT, "timeout_ms", timeout_ms),
+                                 (_F_COPY_THREADS, "copy_threads", copy_threads),
+                                 (_F_DEVICE, "device", device)):
+            if val is not None:
+                setattr(p, field, val)
+                p.field_mask |= flag
+        h = ctypes.c_void_p()
+        ret = L.wex_client_open(ctypes.byref(p), ctypes.byref(h))
+        if ret < 0:
+            raise WexError(-ret, "wex_client_open: %s" % L.wex_strerror(ret).decode())
+        self._h = h
+        self._lib = L
+
+    def _check(self, ret, what):
+        if ret < 0:
+            raise WexError(-ret, "%s: %s" % (what, self.last_error or strerror(ret)))
+        return ret
+
+    @property
+    def handle(self):
+        if self._h is None:
+            raise WexError(errno.EBADF, "client is closed")
+        return self._h
+
+    @property
+    def last_error(self):
+        if self._h is None:
+            return ""
+        return self._lib.wex_last_error(self._h).decode(errors="replace")
+
+    def close(self):
+        if self._h is not None:
+            self._lib.wex_client_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # Producers ---------------------------------------------------------
+
+    def segment_alloc(self, kind, size, device=0):
+        """Returns (segment id, address in this process)."""
+        sid, ptr = ctypes.c_uint32(), ctypes.c_void_p()
+        self._check(self._lib.wex_segment_alloc(self.handle, kind, device, size,
+                                                ctypes.byref(sid), ctypes.byref(ptr)),
+                    "segment_alloc")
+        return sid.value, ptr.value
+
+    def register_ptr(self, kind, ptr, size):
+        sid = ctypes.c_uint32()
+        self._check(self._lib.wex_segment_register_ptr(self.handle, kind, ptr, size,
+                                                       ctypes.byref(sid)), "register_ptr")
+        return sid.value
+
+    def register_fd(self, fd, ptr, size):
+        sid = ctypes.c_uint32()
+        self._check(self._lib.wex_segment_register_fd(self.handle, fd, ptr, size,
+                                                      ctypes.byref(sid)), "register_fd")
+        return sid.value
+
+    def register_tensors(self, tensors):
+        arr = (Tensor * len(tensors))(*tensors)
+        self._check(self._lib.wex_register_tensors(self.handle, arr, len(tensors)),
+                    "register_tensors")
+
+    def begin_write(self, version, timeout_ms=0):
+        self._check(self._lib.wex_begin_write(self.handle, version, timeout_ms), "begin_write")
+
+    def publish(self, version):
+        self._check(self._lib.wex_publish(self.handle, version), "publish")
+
+    # Consumers ---------------------------------------------------------
+
+    def attach(self, tensors):
+        arr = (Tensor * len(tensors))(*tensors)
+        self._check(self._lib.wex_attach(self.handle, arr, len(tensors)), "attach")
+
+    def reserve(self, prank, segment, size):
+        ptr = ctypes.c_void_p()
+        self._check(self._lib.wex_reserve(self.handle, prank, segment, size,
+                                          ctypes.byref(ptr)), "reserve")
+        return ptr.value
+
+    def sync(self, mode, min_version=0, timeout_ms=0):
+        res = SyncResult()
+        self._check(self._lib.wex_sync(self.handle, mode, min_version, timeout_ms,
+                                       ctypes.byref(res)), "sync")
+        return res
+
+    def release(self):
+        self._check(self._lib.wex_release(self.handle), "release")
+
+    def is_dirty(self):
+        return bool(self._lib.wex_is_dirty(self.handle))
+
+    def view(self, name, prank=0):
+        """Returns (address, Tensor) of producer rank prank's piece of name."""
+        ptr, desc = ctypes.c_void_p(), Tensor()
+        self._check(self._lib.wex_view(self.handle, prank, name.encode(), ctypes.byref(ptr),
+                                       ctypes.byref(desc)), "view %s" % name)
+        return ptr.value, desc
+
+    def producer_tensors(self, prank=0):
+        """The tensor table of producer rank prank (copies) and the rank count."""
+        t, n = ctypes.POINTER(Tensor)(), ctypes.c_size_t()
+        nprod = self._check(self._lib.wex_producer_tensors(self.handle, prank, ctypes.byref(t),
+                                                           ctypes.byref(n)), "producer_tensors")
+        return [Tensor.from_buffer_copy(t[i]) for i in range(n.value)], nprod
+
+    # Monitoring --------------------------------------------------------
+
+    def request(self, op, args=None):
+        """One request to wexd; returns its reply as a dict."""
+        out = ctypes.c_void_p()
+        a = json.dumps(args).encode() if args is not None else None
+        self._check(self._lib.wex_request(self.handle, op.encode(), a, ctypes.byref(out)),
+                    "request %s" % op)
+        try:
+            return json.loads(ctypes.string_at(out.value).decode())
+        finally:
+            self._lib.wex_free(out)

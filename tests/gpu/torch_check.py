@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""torch_check - PyTorch trainer weights published through wexd to an engine
+process on the same GPU, checked tensor by tensor with torch.equal.
+
+    torch_check.py mempool      trainer parameters allocated through wex's
+                                allocator entry points (CUDAPluggableAllocator
+                                over wex_cuda_alloc/wex_cuda_free, in a
+                                torch.cuda.MemPool)
+    torch_check.py expandable   trainer started with
+                                PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+                                (no allocator code); the embedding spans
+                                several 20 MiB chunks
+
+Three processes: a wexd of the test's own, a trainer (a small bf16
+decoder-like model; v1 = its initial weights, v2 and v3 each after one real
+SGD step whose kernels are still queued when it publishes) and an engine
+with its own copy of the model.  For every version the engine
+  * remaps (view): tensors over the trainer's memory;
+  * remaps (same address): regions reserved through wex, with a CUDA graph
+    captured over them before the first swap, replayed after each swap; the
+    reserved physical memory is given back while mapped (free memory rises);
+  * copies in place into its own parameters;
+and compares every tensor with torch.equal against the trainer's own copy
+of that version (saved to a file after publishing).
+
+Needs PyTorch with CUDA and a GPU: without them it prints the reason and
+exits 77.  Environment: WEX_LIB (libwex.so), WEXD_BIN, PYTHONPATH with
+adapters/python.
+"""
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+
+MODEL = "torch-check"
+VERSIONS = 3
+VOCAB, HIDDEN, FFN, LAYERS = 32000, 1024, 4096, 2
+
+
+def build_model(torch):
+    nn = torch.nn
+    layers = []
+    for _ in range(LAYERS):
+        layers += [nn.LayerNorm(HIDDEN), nn.Linear(HIDDEN, FFN), nn.GELU(), nn.Linear(FFN, HIDDEN)]
+    return nn.Sequential(nn.Embedding(VOCAB, HIDDEN), *layers,
+                         nn.Linear(HIDDEN, VOCAB, bias=False)).to("cuda", torch.bfloat16)
+
+
+def skip_reason():
+    try:
+        import torch
+    except ImportError as e:
+        return "no PyTorch for %s: %s" % (sys.executable, e)
+    if not torch.cuda.is_available():
+        return "PyTorch %s sees no CUDA device (cuda build: %s)" % (torch.__version__,
+                                                                     torch.version.cuda)
+    mode = sys.argv[1]
+    if mode == "mempool" and not hasattr(torch.cuda, "use_mem_pool"):
+        return "PyTorch %s has no torch.cuda.use_mem_pool (2.6 or later)" % torch.__version__
+    return None
+
+
+def trainer(mode, workdir):
+    import contextlib
+    import torch
+    import wex
+    from wex import torch_util
+
+    torch.cuda.set_device(0)
+    ctx, keep = contextlib.nullcontext(), None
+    if mode == "mempool":
+        keep = torch_util.exportable_pool()
+        ctx = torch.cuda.use_mem_pool(keep[1])
+    with ctx:
+        torch.manual_seed(1)
+        model = build_model(torch)
+    params = list(model.named_parameters())
+    c = wex.Client(wex.ROLE_PRODUCER, MODEL, rank=0, world_size=1)
+    segs = torch_util.register_module(c, params)
+    big = max(p.numel() * p.element_size() for _, p in params)
+    print("segments %d %d %d" % (len(segs), sum(s for _, _, s in segs), big), flush=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    for line in sys.stdin:
+        v = int(line)
+        c.begin_write(v, 60000)
+        if v > 1:
+            x = torch.randint(0, VOCAB, (4, 64), device="cuda", generator=gen)
+            loss = model(x).float().square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        # No torch.cuda.synchronize(): publish must wait for the step.
+        c.publish(v)
+        torch.save({n: p.detach().cpu() for n, p in params},
+                   os.path.join(workdir, "v%d.pt" % v))
+        print("published %d" % v, flush=True)
+    c.close()
+    del keep
+
+
+def engine(workdir):
+    import torch
+    import wex
+    from wex import torch_util
+
+    torch.cuda.set_device(0)
+    torch.manual_seed(99)
+    own = build_model(torch)
+    own_params = dict(own.named_parameters())
+    ccopy = wex.Client(wex.ROLE_CONSUMER, MODEL, group="copy", timeout_ms=60000)
+    torch_util.attach_module(ccopy, own_params.items())
+    cmap = wex.Client(wex.ROLE_CONSUMER, MODEL, group="remap", timeout_ms=60000)
+    fixed = graph = clones = None
+
+    def compare(what, tensors, ref):
+        if sorted(tensors) != sorted(ref):
+            raise AssertionError("%s: tensors %s, trainer has %s" % (what, sorted(tensors),
+                                                                      sorted(ref)))
+        bad = [n for n in ref if not torch.equal(tensors[n].cpu(), ref[n])]
+        if bad:
+            raise AssertionError("%s: %d of %d tensors differ from the trainer's, first %s"
+                                 % (what, len(bad), len(ref), bad[0]))
+
+    for line in sys.stdin:
+        v = int(line)
+        ref = torch.load(os.path.join(workdir, "v%d.pt" % v))
+        fig = {"version": v}
+
+        r = cmap.sync(wex.SYNC_REMAP_VIEW, min_version=v)
+        assert r.version == v, "view sync served v%d, wanted v%d" % (r.version, v)
+        fig["view_ms"] = r.seconds * 1e3
+        compare("view v%d" % v, torch_util.view_tensors(cmap), ref)
+
+        if fixed is None:
+            fixed = torch_util.reserve_like(cmap)
+            torch_util.attach_module(cmap, fixed.items())
+            # A graph captured over the reserved regions before any swap.
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                [t.clone() for t in fixed.values()]
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                clones = {n: t.clone() for n, t in fixed.items()}
+        torch.cuda.synchronize()
+        free0 = torch.cuda.mem_get_info()[0]
+        r = cmap.sync(wex.SYNC_REMAP_FIXED, min_version=v)
+        assert r.version == v, "fixed sync served v%d, wanted v%d" % (r.version, v)
+        free1 = torch.cuda.mem_get_info()[0]
+        fig["fixed_ms"] = r.seconds * 1e3
+        fig["fixed_freed_mib"] = (free1 - free0) / 2**20
+        compare("same-address v%d" % v, fixed, ref)
+        graph.replay()
+        torch.cuda.synchronize()
+        compare("graph captured before the swap, v%d" % v, clones, ref)
+        mapped = sum(t.numel() * t.element_size() for t in fixed.values())
+        if v == 1 and free1 - free0 < mapped - (64 << 20):
+            raise AssertionError("same-address remap of %d MiB freed only %.1f MiB of the "
+                                 "engine's own memory" % (mapped >> 20, (free1 - free0) / 2**20))
+        cmap.release()
+
+        r = ccopy.sync(wex.SYNC_COPY, min_version=v)
+        assert r.version == v, "copy sync served v%d, wanted v%d" % (r.version, v)
+        fig["copy_ms"] = r.seconds * 1e3
+        fig["copy_gib_s"] = r.bytes / max(r.seconds, 1e-9) / 2**30
+        compare("copy v%d" % v, own_params, ref)
+        print("checked " + json.dumps(fig), flush=True)
+    cmap.close()
+    ccopy.close()
+
+
+def readline(p, timeout):
+    ready, _, _ = select.select([p.stdout], [], [], timeout)
+    if not ready:
+        raise AssertionError("no answer in %d s" % timeout)
+    line = p.stdout.readline()
+    if not line:
+        raise AssertionError("exited with %s" % p.wait())
+    return line.strip()
+
+
+def main():
+    mode = sys.argv[1] if len(sys.argv) > 1 else ""
+    if mode not in ("mempool", "expandable"):
+        print("usage: torch_check.py mempool|expandable", file=sys.stderr)
+        return 2
+    reason = skip_reason()
+    if reason:
+        print("torch_check %s: skipped: %s" % (mode, reason))
+        return 77
+    workdir = tempfile.mkdtemp(prefix="wex-torch-")
+    env = dict(os.environ, WEX_SOCKET=os.path.join(workdir, "wexd.sock"))
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    r, w = os.pipe()
+    wexd = subprocess.Popen([os.environ["WEXD_BIN"]], env=dict(env, WEXD_READY_FD=str(w)),
+                            pass_fds=(w,))
+    os.close(w)
+    ready, _, _ = select.select([r], [], [], 20)
+    assert ready and os.read(r, 8), "wexd did not become ready"
+    os.close(r)
+    tenv = dict(env)
+    if mode == "expandable":
+        tenv["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    me = os.path.abspath(__file__)
+    tr = subprocess.Popen([sys.executable, me, "trainer", mode, workdir], env=tenv, text=True,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    en = subprocess.Popen([sys.executable, me, "engine", workdir], env=env, text=True,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    ok = False
+    try:
+        nseg, segbytes, big = map(int, readline(tr, 120).split()[1:])
+        print("trainer (%s): %d segment(s) registered, %.1f MiB; largest tensor %.1f MiB"
+              % (mode, nseg, segbytes / 2**20, big / 2**20))
+        for v in range(1, VERSIONS + 1):
+            t0 = time.monotonic()
+            tr.stdin.write("%d\n" % v)
+            tr.stdin.flush()
+            assert readline(tr, 120) == "published %d" % v
+            en.stdin.write("%d\n" % v)
+            en.stdin.flush()
+            fig = json.loads(readline(en, 300).split(" ", 1)[1])
+            print("v%d: every tensor torch.equal in view, same-address (+graph) and copy; "
+                  "view %.2f ms, same-address %.2f ms (freed %.0f MiB), copy %.2f ms "
+                  "(%.1f GiB/s); round %.1f s" % (v, fig["view_ms"], fig["fixed_ms"],
+                                                 fig["fixed_freed_mib"], fig["copy_ms"],
+                                                 fig["copy_gib_s"], time.monotonic() - t0))
+        ok = True
+    finally:
+        for p in (tr, en):
+            try:
+                p.stdin.close()
+            except BrokenPipeError:
+                pass  # it died: its exit status says how
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            if p.returncode != 0:
+                ok = False
+                print("%s exited with %d" % (p.args[2], p.returncode))
+        wexd.terminate()
+        if wexd.wait(30) != 0:
+            ok = False
+            print("wexd exited with %d" % wexd.returncode)
+    print("torch_check %s: %s" % (mode, "passed" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "trainer":
+        trainer(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) > 1 and sys.argv[1] == "engine":
+        engine(sys.argv[2])
+    else:
+        sys.exit(main())

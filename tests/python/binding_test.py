@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""binding_test - the Python glue (adapters/python/wex) over libwex, end to
+end through a real wexd, with no torch: a producer process (this script,
+"producer") registers two tensors and publishes versions whose bytes derive
+from the version; the test, a consumer, checks every byte in REMAP_VIEW,
+COPY and REMAP_FIXED mode, that begin_write waits for its remap lease, and
+that bad input raises WexError / ValueError with the cause.
+
+WEX_PY_KIND=host (default) uses host segments; WEX_PY_KIND=vmm uses
+wex_cuda_alloc + register_ptr(WEX_SEG_CUDA_VMM) on the producer and
+wex_cuda_alloc'd copy targets on the consumer, meant to run against
+tests/gpu/emul_cuda.c ($WEX_CUDA_LIB), whose device memory the CPU can read.
+Environment: WEX_LIB (libwex.so), WEXD_BIN, PYTHONPATH with adapters/python.
+"""
+import ctypes
+import errno
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import wex
+
+MODEL = "pyglue"
+SEG_SIZE = 4 << 20
+KIND = os.environ.get("WEX_PY_KIND", "host")
+# (name, dtype, shape, offset): "a" bf16, "b" f32 at 1 MiB (another page).
+TENSORS = (("layers.0.a", "BF16", (256, 1024), 0), ("layers.0.b", "F32", (1000,), 1 << 20))
+
+
+def nbytes(dtype, shape):
+    n = wex.DTYPE_SIZE[dtype]
+    for s in shape:
+        n *= s
+    return n
+
+
+def pattern(version, idx, n):
+    """The bytes of tensor idx at version: a byte ramp seeded by both."""
+    seed = (version * 31 + idx * 7) & 0xFF
+    ramp = bytes((seed + i) & 0xFF for i in range(256))
+    return (ramp * (n // 256 + 1))[:n]
+
+
+def producer():
+    c = wex.Client(wex.ROLE_PRODUCER, MODEL, rank=0, world_size=1)
+    if KIND == "vmm":
+        base = wex.cuda_alloc(SEG_SIZE, 0)
+        seg = c.register_ptr(wex.SEG_CUDA_VMM, base, SEG_SIZE)
+    else:
+        seg, base = c.segment_alloc(wex.SEG_HOST, SEG_SIZE)
+    c.register_tensors([wex.tensor(n, d, s, segment=seg, offset=o) for n, d, s, o in TENSORS])
+    for line in sys.stdin:
+        v = int(line)
+        c.begin_write(v, 20000)
+        for i, (_, d, s, o) in enumerate(TENSORS):
+            n = nbytes(d, s)
+            ctypes.memmove(base + o, pattern(v, i, n), n)
+        c.publish(v)
+        print("published %d" % v, flush=True)
+    c.close()
+    if KIND == "vmm":
+        wex.cuda_free(base, SEG_SIZE, 0)
+
+
+class Binding(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="wex-py-")
+        cls.sock = os.path.join(cls.dir, "wexd.sock")
+        os.environ["WEX_SOCKET"] = cls.sock
+        r, w = os.pipe()
+        env = dict(os.environ, WEXD_READY_FD=str(w))
+        cls.wexd = subprocess.Popen([os.environ["WEXD_BIN"]], env=env, pass_fds=(w,))
+        os.close(w)
+        ready, _, _ = select.select([r], [], [], 20)
+        assert ready and os.read(r, 8), "wexd did not become ready"
+        os.close(r)
+        cls.prod = subprocess.Popen([sys.executable, __file__, "producer"], text=True,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.prod.stdin.close()
+        assert cls.prod.wait(20) == 0, "producer exited with %s" % cls.prod.returncode
+        cls.wexd.terminate()
+        assert cls.wexd.wait(20) == 0, "wexd exited with %s" % cls.wexd.returncode
+
+    def publish(self, v):
+        self.prod.stdin.write("%d\n" % v)
+        self.prod.stdin.flush()
+        self.assertEqual(self.prod.stdout.readline().strip(), "published %d" % v)
+
+    def check_bytes(self, v, ptrs):
+        for i, (n, d, s, _) in enumerate(TENSORS):
+            got = ctypes.string_at(ptrs[n], nbytes(d, s))
+            self.assertEqual(got, pattern(v, i, len(got)), "%s at v%d" % (n, v))
+
+    def test_modes(self):
+        self.publish(1)
+        c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="g", timeout_ms=10000)
+        self.addCleanup(c.close)
+
+        # View: pointers into the producer's memory.
+        r = c.sync(wex.SYNC_REMAP_VIEW)
+        self.assertEqual((r.version, r.changed), (1, 1))
+        table, nprod = c.producer_tensors(0)
+        self.assertEqual(nprod, 1)
+        self.assertEqual([t.name.decode() for t in table], [n for n, *_ in TENSORS])
+        self.assertEqual([(t.dtype_name, t.dims("shape"), t.offset) for t in table],
+                         [(d, s, o) for _, d, s, o in TENSORS])
+        views = {}
+        for n, d, s, _ in TENSORS:
+            views[n], desc = c.view(n)
+            self.assertEqual(desc.nbytes(), nbytes(d, s))
+        self.check_bytes(1, views)
+
+        # Copy into the consumer's own buffers (same version: lease kept).
+        own, keep = {}, []
+        for n, d, s, _ in TENSORS:
+            if KIND == "vmm":
+                own[n] = wex.cuda_alloc(nbytes(d, s), 0)
+                self.addCleanup(wex.cuda_free, own[n], nbytes(d, s), 0)
+            else:
+                buf = ctypes.create_string_buffer(nbytes(d, s))
+                keep.append(buf)
+                own[n] = ctypes.addressof(buf)
+        c.attach([wex.tensor(n, d, s, ptr=own[n]) for n, d, s, _ in TENSORS])
+        r = c.sync(wex.SYNC_COPY, min_version=1)
+        self.assertEqual(r.version, 1)
+        self.assertEqual(r.bytes, sum(nbytes(d, s) for _, d, s, _ in TENSORS))
+        self.check_bytes(1, own)
+        self.assertFalse(c.is_dirty())
+
+        # A remap lease holds the producer's next write until released.
+        r = c.sync(wex.SYNC_REMAP_VIEW, min_version=1)
+        self.prod.stdin.write("2\n")
+        self.prod.stdin.flush()
+        ready, _, _ = select.select([self.prod.stdout], [], [], 0.5)
+        self.assertFalse(ready, "the producer wrote v2 under a remap lease")
+        c.release()
+        self.assertEqual(self.prod.stdout.readline().strip(), "published 2")
+
+        # Same address: reserved regions replaced by the producer's memory.
+        r = c.sync(wex.SYNC_REMAP_VIEW, min_version=2)
+        self.check_bytes(2, {n: c.view(n)[0] for n, *_ in TENSORS})
+        base = c.reserve(0, table[0].segment, SEG_SIZE)
+        fixed = {n: base + o for n, _, _, o in TENSORS}
+        c.attach([wex.tensor(n, d, s, ptr=fixed[n]) for n, d, s, _ in TENSORS])
+        r = c.sync(wex.SYNC_REMAP_FIXED, min_version=2)
+        self.assertEqual(r.version, 2)
+        self.check_bytes(2, fixed)
+        # Copy again, now into the reserved region (private memory again).
+        r = c.sync(wex.SYNC_COPY, min_version=2)
+        self.check_bytes(2, fixed)
+        # A copy's lease ends with the copy.
+        with self.assertRaises(wex.WexError) as e:
+            c.release()
+        self.assertEqual(e.exception.code, errno.ENOENT)
+
+        st = c.request("status")
+        self.assertTrue(st["ok"])
+        self.assertIn(MODEL, [m["name"] for m in st["models"]])
+
+    def test_bad_input(self):
+        with self.assertRaises(ValueError):
+            wex.tensor("x", "BF17", (2,))
+        with self.assertRaises(ValueError):
+            wex.tensor("", "BF16", (2,))
+        with self.assertRaises(ValueError):
+            wex.tensor("x" * wex.NAME_MAX, "BF16", (2,))
+        with self.assertRaises(ValueError):
+            wex.tensor("x", "BF16", (1,) * 9)
+        with self.assertRaises(ValueError):
+            wex.tensor("x", "BF16", (2, 2), start=(0,))
+
+        # No daemon at that socket.
+        with self.assertRaises(wex.WexError) as e:
+            wex.Client(wex.ROLE_CONSUMER, MODEL, socket=os.path.join(self.dir, "none.sock"))
+        self.assertIn(e.exception.code, (errno.ENOENT, errno.ECONNREFUSED))
+
+        # A tensor in a segment that does not exist: EINVAL naming it.
+        p = wex.Client(wex.ROLE_PRODUCER, "pyglue-bad", rank=0, world_size=1)
+        self.addCleanup(p.close)
+        with self.assertRaises(wex.WexError) as e:
+            p.register_tensors([wex.tensor("w.bad", "BF16", (4,), segment=99)])
+        self.assertEqual(e.exception.code, errno.EINVAL)
+        self.assertIn("w.bad", str(e.exception))
+
+        # Consumer calls on a producer, and an unknown view.
+        with self.assertRaises(wex.WexError) as e:
+            p.sync(wex.SYNC_COPY)
+        self.assertEqual(e.exception.code, errno.EPERM)
+        c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="bad", timeout_ms=5000)
+        self.addCleanup(c.close)
+        with self.assertRaises(wex.WexError) as e:
+            c.view("no.such.tensor")
+        self.assertEqual(e.exception.code, errno.ENOENT)
+        # Nothing of a model that was never published.
+        q = wex.Client(wex.ROLE_CONSUMER, "pyglue-none", group="g", timeout_ms=300)
+        self.addCleanup(q.close)
+        t0 = time.monotonic()
+        with self.assertRaises(wex.WexError) as e:
+            q.sync(wex.SYNC_REMAP_VIEW, timeout_ms=300)
+        self.assertLess(time.monotonic() - t0, 10)
+        self.assertIn(e.exception.code, (errno.ETIMEDOUT, wex.ENOPUBLISHED, wex.ENOMODEL))
+        # Closed clients refuse further calls.
+        c2 = wex.Client(wex.ROLE_CONSUMER, MODEL, group="closed")
+        c2.close()
+        with self.assertRaises(wex.WexError) as e:
+            c2.release()
+        self.assertEqual(e.exception.code, errno.EBADF)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "producer":
+        producer()
+        sys.exit(0)
+    unittest.main(verbosity=2)

@@ -1,0 +1,57 @@
+# Python glue (adapters/python/wex, ctypes over libwex): tests run with the
+# Debian interpreter (/usr/bin/python3 first, which serves Debian's
+# python3-* packages), against the libwex and wexd of this build.
+find_program(WEX_PYTHON3 python3 PATHS /usr/bin NO_DEFAULT_PATH)
+find_program(WEX_PYTHON3 python3)
+if(NOT WEX_PYTHON3)
+  message(STATUS "wex: no python3: the Python glue's tests are not built")
+  return()
+endif()
+
+set(WEX_PY_ENV
+  "WEX_LIB=$<TARGET_FILE:wex>"
+  "WEXD_BIN=$<TARGET_FILE:wexd>"
+  "PYTHONPATH=${CMAKE_SOURCE_DIR}/adapters/python"
+  "PYTHONDONTWRITEBYTECODE=1")
+if(WEX_SANITIZE)
+  # libwex is instrumented: the interpreter needs the ASan runtime first.
+  # Python's own allocations are not ours to leak-check.
+  execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libasan.so
+    OUTPUT_VARIABLE WEX_ASAN_RT OUTPUT_STRIP_TRAILING_WHITESPACE)
+  list(APPEND WEX_PY_ENV "LD_PRELOAD=${WEX_ASAN_RT}" "ASAN_OPTIONS=detect_leaks=0")
+endif()
+
+function(wex_py_test name script)
+  cmake_parse_arguments(P "" "TIMEOUT" "LABELS;ENV" ${ARGN})
+  if(NOT P_TIMEOUT)
+    set(P_TIMEOUT 120)
+  endif()
+  add_test(NAME ${name} COMMAND ${WEX_PYTHON3} ${CMAKE_SOURCE_DIR}/${script})
+  set_tests_properties(${name} PROPERTIES LABELS "${P_LABELS}" TIMEOUT ${P_TIMEOUT}
+    SKIP_RETURN_CODE 77 ENVIRONMENT "${WEX_PY_ENV};${P_ENV}")
+endfunction()
+
+wex_py_test(py_binding tests/python/binding_test.py LABELS python)
+# CPU PyTorch (Debian's python3-torch, which tests/run.sh installs).
+wex_py_test(py_torch_glue tests/python/torch_glue_test.py LABELS python)
+if(TARGET wex_emul_cuda)
+  # The same through wex_cuda_alloc and CUDA VMM segments, on the emulated
+  # driver (tests/gpu/emul_cuda.c).
+  wex_py_test(py_binding_vmm_emul tests/python/binding_test.py LABELS "python;cuda"
+    ENV "WEX_PY_KIND=vmm" "WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>" "WEX_EMUL_DEFER=1")
+endif()
+
+# PyTorch checks (need PyTorch with CUDA and a GPU; exit 77 with the reason
+# otherwise).  They run with the python3 first on PATH, where a CUDA build
+# of PyTorch usually lives (a venv), or $WEX_TORCH_PYTHON.
+if(DEFINED ENV{WEX_TORCH_PYTHON})
+  set(WEX_TORCH_PYTHON $ENV{WEX_TORCH_PYTHON})
+else()
+  find_program(WEX_TORCH_PYTHON python3)
+endif()
+foreach(mode mempool expandable)
+  add_test(NAME torch_${mode} COMMAND ${WEX_TORCH_PYTHON}
+    ${CMAKE_SOURCE_DIR}/tests/gpu/torch_check.py ${mode})
+  set_tests_properties(torch_${mode} PROPERTIES LABELS "gpu;python" TIMEOUT 600
+    SKIP_RETURN_CODE 77 ENVIRONMENT "${WEX_PY_ENV}")
+endforeach()

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""torch_glue_test - wex.torch_util with CPU PyTorch on host segments,
+through a real wexd: a producer process keeps a model's tensors (bf16 and
+f32) in a wex host segment, as torch tensors over it (from_ptr), and
+publishes versions written with torch ops; the test, an engine, reads them
+as tensors over the producer's memory (view_tensors), copies them in place
+into its own parameters (attach_module) and remaps them at reserved
+addresses (reserve_like), checking each with torch.equal.  The CUDA-only
+path (register_module over caching-allocator segments) is
+tests/gpu/torch_check.py; here it must refuse CPU tensors.
+
+Needs Debian's python3-torch (exit 77 with the reason without it).
+Environment: WEX_LIB, WEXD_BIN, PYTHONPATH with adapters/python.
+"""
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import unittest
+
+try:
+    import torch
+except ImportError as e:
+    if __name__ == "__main__" and len(sys.argv) == 1:
+        print("torch_glue_test: skipped: no PyTorch for %s: %s" % (sys.executable, e))
+        sys.exit(77)
+    raise
+
+import wex
+from wex import torch_util
+
+MODEL = "torch-glue"
+SHAPES = (("embed.weight", (1000, 64), torch.bfloat16),
+          ("layers.0.norm.weight", (64,), torch.float32),
+          ("layers.0.mlp.weight", (256, 64), torch.bfloat16),
+          ("lm_head.weight", (1000, 64), torch.bfloat16))
+
+
+def expected(v):
+    g = torch.Generator().manual_seed(v)
+    return {n: torch.randn(s, generator=g).to(d) for n, s, d in SHAPES}
+
+
+def layout():
+    """(name, shape, dtype, offset): each tensor 4 KiB aligned."""
+    out, off = [], 0
+    for n, s, d in SHAPES:
+        out.append((n, s, d, off))
+        nb = torch.empty(s, dtype=d).numel() * torch.empty((), dtype=d).element_size()
+        off += (nb + 4095) & ~4095
+    return out, off
+
+
+def producer():
+    c = wex.Client(wex.ROLE_PRODUCER, MODEL, rank=0, world_size=1)
+    lay, size = layout()
+    seg, base = c.segment_alloc(wex.SEG_HOST, size)
+    tensors = {n: torch_util.from_ptr(base + o, s, d, "cpu") for n, s, d, o in lay}
+    c.register_tensors([wex.tensor(n, torch_util.wex_dtype(d), s, segment=seg, offset=o)
+                        for n, s, d, o in lay])
+    for line in sys.stdin:
+        v = int(line)
+        c.begin_write(v, 5000)
+        for n, t in expected(v).items():
+            tensors[n].copy_(t)
+        c.publish(v)
+        print("published %d" % v, flush=True)
+    c.close()
+
+
+class TorchGlue(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="wex-torch-glue-")
+        os.environ["WEX_SOCKET"] = os.path.join(cls.dir, "wexd.sock")
+        r, w = os.pipe()
+        cls.wexd = subprocess.Popen([os.environ["WEXD_BIN"]],
+                                    env=dict(os.environ, WEXD_READY_FD=str(w)), pass_fds=(w,))
+        os.close(w)
+        ready, _, _ = select.select([r], [], [], 20)
+        assert ready and os.read(r, 8), "wexd did not become ready"
+        os.close(r)
+        cls.prod = subprocess.Popen([sys.executable, __file__, "producer"], text=True,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.prod.stdin.close()
+        assert cls.prod.wait(20) == 0, "producer exited with %s" % cls.prod.returncode
+        cls.wexd.terminate()
+        assert cls.wexd.wait(20) == 0, "wexd exited with %s" % cls.wexd.returncode
+
+    def publish(self, v):
+        self.prod.stdin.write("%d\n" % v)
+        self.prod.stdin.flush()
+        self.assertEqual(self.prod.stdout.readline().strip(), "published %d" % v)
+
+    def assert_equal(self, what, got, want):
+        self.assertEqual(sorted(got), sorted(want), what)
+        for n in want:
+            self.assertEqual(got[n].dtype, want[n].dtype, "%s: %s" % (what, n))
+            self.assertTrue(torch.equal(got[n], want[n]), "%s: %s differs" % (what, n))
+
+    def test_versions(self):
+        c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="engine", timeout_ms=10000)
+        self.addCleanup(c.close)
+        own = {n: torch.zeros(s, dtype=d) for n, s, d in SHAPES}
+        fixed = None
+        for v in (1, 2, 3):
+            self.publish(v)
+            want = expected(v)
+            r = c.sync(wex.SYNC_REMAP_VIEW, min_version=v)
+            self.assertEqual(r.version, v)
+            self.assert_equal("view v%d" % v, torch_util.view_tensors(c, device="cpu"), want)
+            if fixed is None:
+                fixed = torch_util.reserve_like(c, device="cpu")
+                # The engine's pointers, taken before the swap.
+                ptrs = {n: t.data_ptr() for n, t in fixed.items()}
+            torch_util.attach_module(c, fixed.items())
+            r = c.sync(wex.SYNC_REMAP_FIXED, min_version=v)
+            self.assertEqual(r.version, v)
+            self.assertEqual({n: t.data_ptr() for n, t in fixed.items()}, ptrs)
+            self.assert_equal("same-address v%d" % v, fixed, want)
+            torch_util.attach_module(c, own.items())
+            r = c.sync(wex.SYNC_COPY, min_version=v)
+            self.assertEqual(r.version, v)
+            self.assert_equal("copy v%d" % v, own, want)
+        # The copies are the engine's own: a later version leaves them be.
+        self.publish(4)
+        self.assert_equal("copy after v4", own, expected(3))
+        # A table naming a tensor the producer does not have: ELAYOUT,
+        # naming it.
+        buf = torch.zeros(4, dtype=torch.bfloat16)
+        with self.assertRaises(wex.WexError) as e:
+            c.attach([wex.tensor("no.such", "BF16", (4,), ptr=buf.data_ptr())])
+            c.sync(wex.SYNC_COPY, timeout_ms=5000)
+        self.assertEqual(e.exception.code, wex.ELAYOUT, str(e.exception))
+        self.assertIn("no.such", str(e.exception))
+        # ... and the failed sync gave its lease back: the producer writes on.
+        self.publish(5)
+
+    def test_refusals(self):
+        with self.assertRaises(ValueError):
+            torch_util.wex_dtype(torch.complex64)
+        with self.assertRaises(ValueError):
+            torch_util.torch_dtype("INVALID")
+        c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="refusals")
+        self.addCleanup(c.close)
+        with self.assertRaisesRegex(ValueError, "not contiguous"):
+            torch_util.attach_module(c, [("w", torch.zeros(4, 4).t())])
+        p = wex.Client(wex.ROLE_PRODUCER, "torch-glue-cpu", rank=0, world_size=1)
+        self.addCleanup(p.close)
+        with self.assertRaisesRegex(ValueError, "CUDA device"):
+            torch_util.register_module(p, [("w", torch.zeros(4))])
+        with self.assertRaisesRegex(ValueError, "no tensors"):
+            torch_util.register_module(p, [])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "producer":
+        producer()
+        sys.exit(0)
+    unittest.main(verbosity=2)
