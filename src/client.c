@@ -9,6 +9,7 @@
  * call; a consumer keeps its mappings and buffers meanwhile.
  */
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -93,6 +94,7 @@ struct wex_client {
 	 * buffers, and a COPY sync of that same version must still copy. */
 	uint64_t copied;
 	uint64_t lease_version; /* the version the held lease is on */
+	uint64_t conn_gen;      /* connections made after the first (reconnects) */
 	int has_lease;
 	int dirty;
 	json_t *report; /* the last finished sync, sent with the next request */
@@ -125,6 +127,7 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	char *s, *buf;
 	size_t len;
 	ssize_t n;
+	uint64_t limit;
 	int mflags = 0, got = 0, ret;
 	struct pollfd pfd = { .fd = c->fd, .events = POLLIN };
 	json_error_t je;
@@ -140,11 +143,21 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 		return (int)n;
 	/* wexd answers every wait by its own deadline; the margin here only
 	 * guards against a daemon that stopped answering. */
+	limit = (uint64_t)wait_ms + 5000;
+	if (limit > INT_MAX)
+		limit = INT_MAX;
 	do
-		ret = poll(&pfd, 1, (int)(wait_ms + 5000));
+		ret = poll(&pfd, 1, (int)limit);
 	while (ret < 0 && errno == EINTR);
-	if (ret == 0)
-		return set_err(c, -ETIMEDOUT, "wexd did not answer within %u ms", wait_ms + 5000);
+	if (ret == 0) {
+		/* The request may still be pending in wexd, and its reply would
+		 * be taken for the next request's: drop the connection (wexd
+		 * then drops what it held for us); the next call reconnects. */
+		close(c->fd);
+		c->fd = -1;
+		return set_err(c, -ETIMEDOUT, "wexd did not answer within %llu ms (connection dropped)",
+			       (unsigned long long)limit);
+	}
 	buf = malloc(1 << 20);
 	if (!buf)
 		return -ENOMEM;
@@ -281,9 +294,14 @@ static int reconnect(struct wex_client *c)
 		c->fd = -1;
 		return set_err(c, ret, "cannot connect to wexd at %s: %s", c->sock, strerror(-ret));
 	}
+	c->conn_gen++;
 	ret = hello(c);
-	if (ret < 0)
+	if (ret < 0) {
+		if (ret == -ECONNRESET || ret == -EPIPE)
+			set_err(c, ret, "wexd at %s closed the connection during hello (a daemon shutting down, or a socket left by a dead one)",
+				c->sock);
 		goto err;
+	}
 	if (c->role == WEX_ROLE_PRODUCER) {
 		for (size_t i = 0; i < c->nosegs; i++)
 			if ((ret = register_seg(c, &c->osegs[i])) < 0)
@@ -711,10 +729,17 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
 	ret = copy_tensors(c, t, n, 0, &copy);
 	if (ret < 0)
 		return ret;
+	/* Kept only once wexd accepted it: a reconnect re-sends what the
+	 * client keeps, and a refused table must not lock it out. */
+	ret = send_table(c, "register_tensors", copy, n);
+	if (ret < 0) {
+		free(copy);
+		return ret;
+	}
 	free(c->ptensors);
 	c->ptensors = copy;
 	c->nptensors = n;
-	return send_tensors(c);
+	return 0;
 }
 
 WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
@@ -789,12 +814,17 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 	ret = copy_tensors(c, t, n, 1, &copy);
 	if (ret < 0)
 		return ret;
+	ret = send_table(c, "attach", copy, n);
+	if (ret < 0) {
+		free(copy);
+		return ret;
+	}
 	free(c->layout);
 	c->layout = copy;
 	c->nlayout = n;
 	c->fetched = 0; /* the plan depends on the layout */
 	c->copied = 0;  /* and new buffers hold nothing yet */
-	return send_layout(c);
+	return 0;
 }
 
 static void stash_clear(struct stash *s)
@@ -945,6 +975,9 @@ static int fetch(struct wex_client *c)
 	int ret;
 
 	consumer_unmap_all(c);
+	/* Until this fetch completes, nothing fetched earlier holds: a failed
+	 * fetch is retried by the next sync. */
+	c->fetched = 0;
 	free(c->plan);
 	c->plan = NULL;
 	c->nplan = 0;
@@ -1116,8 +1149,26 @@ static int check_fixed_layout(struct wex_client *c, struct region *g)
 	return 0;
 }
 
+static void unmap_regions_of_call(struct wex_client *c, const char *done)
+{
+	for (size_t i = 0; i < c->nregions; i++) {
+		struct region *g = &c->regions[i];
+
+		if (!done[i])
+			continue;
+		if (g->r.fixed)
+			g->r.ops->unmap_fixed(&g->r);
+		g->mapped = NULL;
+	}
+}
+
+/* Shows the producer's segments in every reserved region.  All regions
+ * are checked before any is mapped, and a mapping that still fails undoes
+ * the ones this call made (they get private memory back): a failed sync
+ * leaves no region showing the producer without a lease. */
 static int map_regions(struct wex_client *c, uint64_t *bytes)
 {
+	char *done;
 	int ret;
 
 	for (size_t i = 0; i < c->nregions; i++) {
@@ -1138,19 +1189,32 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 				       (unsigned long long)g->r.size,
 				       (unsigned long long)(s->seg.desc.alloc_size -
 							    s->seg.desc.handle_offset));
+		if (!(g->mapped == &s->seg && g->r.fixed) && (ret = check_fixed_layout(c, g)) < 0)
+			return ret;
+	}
+	done = calloc(c->nregions ? c->nregions : 1, 1);
+	if (!done)
+		return -ENOMEM;
+	for (size_t i = 0; i < c->nregions; i++) {
+		struct region *g = &c->regions[i];
+		struct pseg *s = find_pseg(c, g->prank, g->segid);
+
 		*bytes += g->r.size;
 		if (g->mapped == &s->seg && g->r.fixed)
 			continue; /* already showing it: a metadata-only sync */
-		if ((ret = check_fixed_layout(c, g)) < 0)
-			return ret;
 		ret = g->r.ops->map_fixed(&g->r, &s->seg, s->seg.desc.handle_offset);
-		if (ret < 0)
+		if (ret < 0) {
+			unmap_regions_of_call(c, done);
+			free(done);
 			return set_err(c, ret, "remap: map_fixed: %s%s", wex_strerror(ret),
 				       ret == -EINVAL && s->seg.desc.handle_offset ?
 					       " (the producer's segment starts inside an allocation, off its granularity: register it from the allocation's start)" :
 					       "");
+		}
 		g->mapped = &s->seg;
+		done[i] = 1;
 	}
+	free(done);
 	return 0;
 }
 
@@ -1165,7 +1229,7 @@ WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint6
 	/* The region must be of the producer segment's kind, and by default
 	 * on the producer's device (the colocated case). */
 	if (!c->fetched)
-		fetch(c);
+		fetch(c); /* a producer not registered yet: a host region */
 	if (c->fetched) {
 		struct pseg *s = find_pseg(c, prank, segment);
 
@@ -1206,10 +1270,10 @@ static void set_report(struct wex_client *c, const char *mode, uint64_t bytes, u
 WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
 		     struct wex_sync_result *res)
 {
-	uint64_t t0 = wex__now_ns(), bytes = 0, version, gen;
+	uint64_t t0 = wex__now_ns(), bytes = 0, version, gen, conn;
 	json_t *req, *reply = NULL;
 	double waited;
-	int ret;
+	int ret, retried = 0;
 
 	if (c->role != WEX_ROLE_CONSUMER)
 		return set_err(c, -EPERM, "only consumers sync");
@@ -1221,6 +1285,7 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 		return set_err(c, -EINVAL, "sync mode %d unknown", mode);
 	if (!timeout_ms)
 		timeout_ms = c->timeout_ms;
+again:
 	req = json_pack("{s:s, s:I, s:I, s:i}", "op", "acquire", "min_version",
 			(json_int_t)min_version, "timeout_ms", (json_int_t)timeout_ms, "mode", mode);
 	/* wexd drops our previous lease when it sees this acquire. */
@@ -1234,10 +1299,22 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 	json_decref(reply);
 	c->has_lease = 1;
 	c->lease_version = version;
+	/* A wexd restart after the acquire takes the lease with it (the new
+	 * daemon knows none), and the producer may then write: every step
+	 * below checks that the connection is still the one that got it. */
+	conn = c->conn_gen;
 	if (!c->fetched || gen != c->layout_gen) {
 		ret = fetch(c);
 		if (ret < 0)
 			goto err_release;
+	}
+	if (c->conn_gen != conn) {
+		/* Restarted during the fetch: acquire again from the new one. */
+		c->has_lease = 0;
+		c->fetched = 0;
+		if (!retried++)
+			goto again;
+		return set_err(c, -WEX_EDAEMON, "wexd restarted twice during one sync: sync again");
 	}
 	if (mode == WEX_SYNC_COPY) {
 		int changed = version != c->copied || c->dirty;
@@ -1262,8 +1339,9 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 			c->dirty = 1;
 			ret = run_copy(c, &bytes);
 			if (ret < 0) {
-				set_err(c, ret, "copy of v%llu failed (%s): weights are dirty",
+				set_err(c, -WEX_EDIRTY, "copy of v%llu failed (%s): weights are dirty",
 					(unsigned long long)version, wex_strerror(ret));
+				ret = -WEX_EDIRTY;
 				goto err_release;
 			}
 			c->dirty = 0;
@@ -1272,6 +1350,20 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 		c->version = version;
 		set_report(c, "copy", bytes, t0);
 		ret = release_lease(c);
+		if (c->conn_gen != conn) {
+			/* The release found wexd restarted: the lease was gone
+			 * for part of the copy, so the producer may have
+			 * written under it. */
+			c->has_lease = 0;
+			if (changed) {
+				c->dirty = 1;
+				c->copied = 0;
+				return set_err(c, -WEX_EDIRTY,
+					       "wexd restarted during the copy of v%llu: its lease was lost, so the producer may have written meanwhile; the weights may be mixed: sync again",
+					       (unsigned long long)version);
+			}
+			ret = 0; /* nothing was copied: nothing to doubt */
+		}
 		if (ret < 0)
 			return ret;
 		if (res) {

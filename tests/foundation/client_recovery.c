@@ -1,0 +1,314 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * client_recovery - libwex keeps its state true to wexd's when a call
+ * fails half-way:
+ *  - wexd restarted during a copy sync: the lease went with it and the
+ *    producer wrote meanwhile, so the sync reports -WEX_EDIRTY (weights
+ *    marked dirty), or, when the copy was over before the restart, 0 with
+ *    every byte of the old version, or, when the restart came before the
+ *    copy, an error with nothing written; never mixed weights called
+ *    clean.  The next sync copies the new version whole;
+ *  - a wait with no limit (UINT32_MAX ms) waits, not 5 s (no wrap);
+ *  - a wexd that stops answering: the call times out and drops the
+ *    connection, so the next request does not read the stale reply;
+ *  - a REMAP_FIXED sync refused for one region maps none of them;
+ *  - a tensor table wexd refused is not kept: after a wexd restart the
+ *    producer re-registers the table wexd last accepted and writes on;
+ *  - a fetch that failed is retried by the next sync, not taken as done.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "wex.h"
+
+#define BIG (256ull << 20)
+
+static wex_client_t *opn(int role, const char *model, uint32_t timeout_ms)
+{
+	struct wex_client_params p = {
+		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL | WEX_CLIENT_FIELD_RANK |
+			      WEX_CLIENT_FIELD_TIMEOUT | WEX_CLIENT_FIELD_COPY_THREADS,
+		.role = role, .model = model, .rank = 0, .world_size = 1, .timeout_ms = timeout_ms,
+		.copy_threads = 1,
+	};
+	wex_client_t *c = NULL;
+	int ret = wex_client_open(&p, &c);
+
+	T_ASSERT(ret == 0, "wex_client_open(%s): %s", model, wex_strerror(ret));
+	return c;
+}
+
+static void mkt(struct wex_tensor *t, const char *name, uint64_t n, uint32_t seg, uint64_t off)
+{
+	memset(t, 0, sizeof(*t));
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	t->dtype = WEX_DT_U8;
+	t->ndim = 1;
+	t->shape[0] = t->extent[0] = n;
+	t->segment = seg;
+	t->offset = off;
+}
+
+static void write_v(wex_client_t *p, void *base, uint64_t n, uint64_t v)
+{
+	T_WEX(p, wex_begin_write(p, v, 5000));
+	memset(base, (int)v, n);
+	T_WEX(p, wex_publish(p, v));
+}
+
+static uint64_t count_not(const unsigned char *b, uint64_t n, unsigned char v)
+{
+	uint64_t bad = 0;
+
+	for (uint64_t i = 0; i < n; i++)
+		bad += b[i] != v;
+	return bad;
+}
+
+struct job {
+	wex_client_t *c;
+	int mode;
+	uint64_t min;
+	uint32_t wait;
+	int ret;
+	struct wex_sync_result r;
+};
+
+static void *syncer(void *a)
+{
+	struct job *j = a;
+
+	j->ret = wex_sync(j->c, j->mode, j->min, j->wait, &j->r);
+	return NULL;
+}
+
+static void restart_during_copy(struct t_wexd *d)
+{
+	wex_client_t *p = opn(WEX_ROLE_PRODUCER, "rc-copy", 5000);
+	wex_client_t *k = opn(WEX_ROLE_CONSUMER, "rc-copy", 5000);
+	unsigned char *buf = malloc(BIG);
+	struct wex_tensor t;
+	struct job j = { .c = k, .mode = WEX_SYNC_COPY, .min = 1, .wait = 5000 };
+	pthread_t th;
+	uint32_t seg;
+	void *base;
+
+	T_ASSERT(buf, "malloc");
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, BIG, &seg, &base));
+	mkt(&t, "w", BIG, seg, 0);
+	T_WEX(p, wex_register_tensors(p, &t, 1));
+	write_v(p, base, BIG, 1);
+	memset(buf, 0, BIG);
+	t.ptr = buf;
+	T_WEX(k, wex_attach(k, &t, 1));
+	T_ASSERT(pthread_create(&th, NULL, syncer, &j) == 0, "thread");
+	while (t_leases(d->sock, "rc-copy") == 0)
+		usleep(100);
+	t_wexd_kill(d);
+	t_wexd_restart(d);
+	write_v(p, base, BIG, 2); /* the new daemon knows no lease */
+	pthread_join(th, NULL);
+	if (j.ret == 0) {
+		T_ASSERT(count_not(buf, BIG, 1) == 0 && !wex_is_dirty(k),
+			 "a copy sync that succeeded holds v1 whole");
+		printf("restart during copy: the copy was over before the restart\n");
+	} else if (j.ret != -WEX_EDIRTY) {
+		/* The restart came before the copy (during the fetch, or the
+		 * reconnect found the new daemon not yet up). */
+		T_ASSERT(!wex_is_dirty(k) && count_not(buf, BIG, 0) == 0,
+			 "a sync that failed before copying (%s) wrote nothing", wex_strerror(j.ret));
+		printf("restart during copy: failed before copying: %s\n", wex_last_error(k));
+	} else {
+		T_ASSERT(wex_is_dirty(k), "and the weights are marked dirty");
+		printf("restart during copy: %s (%llu bytes not v1)\n", wex_last_error(k),
+		       (unsigned long long)count_not(buf, BIG, 1));
+	}
+	T_WEX(k, wex_sync(k, WEX_SYNC_COPY, 2, 5000, &j.r));
+	T_ASSERT(j.r.version == 2 && count_not(buf, BIG, 2) == 0 && !wex_is_dirty(k),
+		 "the next copy sync holds v2 whole");
+	wex_client_close(k);
+	wex_client_close(p);
+	free(buf);
+}
+
+static void waits_and_timeouts(struct t_wexd *d)
+{
+	wex_client_t *p = opn(WEX_ROLE_PRODUCER, "rc-wait", 5000);
+	wex_client_t *k = opn(WEX_ROLE_CONSUMER, "rc-wait", 5000);
+	struct job j = { .c = k, .mode = WEX_SYNC_REMAP_VIEW, .min = 2, .wait = UINT32_MAX };
+	struct wex_tensor t;
+	pthread_t th;
+	uint32_t seg;
+	void *base;
+	char *json = NULL;
+	double t0;
+	int ret;
+
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &seg, &base));
+	mkt(&t, "w", 4096, seg, 0);
+	T_WEX(p, wex_register_tensors(p, &t, 1));
+	write_v(p, base, 4096, 1);
+	/* No limit means no limit: still waiting after 6 s, served by v2. */
+	T_ASSERT(pthread_create(&th, NULL, syncer, &j) == 0, "thread");
+	sleep(6);
+	write_v(p, base, 4096, 2);
+	pthread_join(th, NULL);
+	T_ASSERT(j.ret == 0 && j.r.version == 2, "a wait with no limit is served by v2: %s",
+		 wex_strerror(j.ret));
+	T_WEX(k, wex_release(k));
+
+	/* wexd stops answering: the call times out and drops the connection. */
+	T_ASSERT(kill(d->pid, SIGSTOP) == 0, "SIGSTOP wexd");
+	t0 = t_now();
+	ret = wex_sync(k, WEX_SYNC_REMAP_VIEW, 3, 100, &j.r);
+	T_ASSERT(ret == -ETIMEDOUT, "a silent wexd: -ETIMEDOUT, got %s", wex_strerror(ret));
+	T_ASSERT(t_now() - t0 < 30, "in about 5 s");
+	T_ASSERT(kill(d->pid, SIGCONT) == 0, "SIGCONT wexd");
+	write_v(p, base, 4096, 3);
+	T_WEX(k, wex_request(k, "ping", NULL, &json));
+	T_ASSERT(!strstr(json, "version"), "the ping gets its own reply, not the stale acquire's: %s",
+		 json);
+	wex_free(json);
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_VIEW, 3, 5000, &j.r));
+	T_ASSERT(j.r.version == 3, "and syncs go on");
+	T_WEX(k, wex_release(k));
+	wex_client_close(k);
+	wex_client_close(p);
+}
+
+static void fixed_all_or_none(struct t_wexd *d)
+{
+	wex_client_t *p = opn(WEX_ROLE_PRODUCER, "rc-fixed", 5000);
+	wex_client_t *k = opn(WEX_ROLE_CONSUMER, "rc-fixed", 5000);
+	struct wex_tensor pt[2], ct[2];
+	struct wex_sync_result r;
+	uint32_t s0, s1;
+	void *b0, *b1, *r0, *r1;
+	int ret;
+
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 8192, &s0, &b0));
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 8192, &s1, &b1));
+	mkt(&pt[0], "a", 4096, s0, 0);
+	mkt(&pt[1], "b", 4096, s1, 0);
+	T_WEX(p, wex_register_tensors(p, pt, 2));
+	T_WEX(p, wex_begin_write(p, 1, 5000));
+	memset(b0, 1, 8192);
+	memset(b1, 1, 8192);
+	T_WEX(p, wex_publish(p, 1));
+	T_WEX(k, wex_reserve(k, 0, s0, 8192, &r0));
+	T_WEX(k, wex_reserve(k, 0, s1, 8192, &r1));
+	memset(r0, 0xEE, 8192);
+	memset(r1, 0xEE, 8192);
+	ct[0] = pt[0];
+	ct[0].ptr = r0;                /* where the producer has it */
+	ct[1] = pt[1];
+	ct[1].ptr = (char *)r1 + 4096; /* not where the producer has it */
+	T_WEX(k, wex_attach(k, ct, 2));
+	ret = wex_sync(k, WEX_SYNC_REMAP_FIXED, 1, 2000, &r);
+	T_ASSERT(ret == -WEX_ELAYOUT, "fixed sync with tensor b misplaced: -WEX_ELAYOUT, got %s",
+		 wex_strerror(ret));
+	T_ASSERT(strstr(wex_last_error(k), "'b'"), "naming b: %s", wex_last_error(k));
+	T_ASSERT(count_not(r0, 8192, 0xEE) == 0, "region a still holds the consumer's own bytes");
+	T_WEX(p, wex_begin_write(p, 2, 2000));
+	memset(b0, 2, 8192);
+	T_ASSERT(count_not(r0, 8192, 0xEE) == 0, "and the producer's next write does not show there");
+	T_WEX(p, wex_publish(p, 2));
+	wex_client_close(k);
+	wex_client_close(p);
+	(void)d;
+}
+
+static void refused_table_not_kept(struct t_wexd *d)
+{
+	wex_client_t *p = opn(WEX_ROLE_PRODUCER, "rc-table", 5000);
+	wex_client_t *k;
+	struct wex_tensor t, bad;
+	struct wex_sync_result r;
+	const struct wex_tensor *seen;
+	size_t n;
+	uint32_t seg;
+	void *base;
+	int ret;
+
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &seg, &base));
+	mkt(&t, "a", 4096, seg, 0);
+	T_WEX(p, wex_register_tensors(p, &t, 1));
+	write_v(p, base, 4096, 1);
+	mkt(&bad, "a", 4096, seg, 4096); /* past the segment's end */
+	ret = wex_register_tensors(p, &bad, 1);
+	T_ASSERT(ret == -EINVAL, "a tensor past its segment: -EINVAL, got %s", wex_strerror(ret));
+	t_wexd_kill(d);
+	t_wexd_restart(d);
+	ret = wex_begin_write(p, 2, 5000);
+	T_ASSERT(ret == 0, "after a restart the producer re-registers the accepted table: %s (%s)",
+		 wex_strerror(ret), wex_last_error(p));
+	memset(base, 2, 4096);
+	T_WEX(p, wex_publish(p, 2));
+	k = opn(WEX_ROLE_CONSUMER, "rc-table", 5000);
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_VIEW, 2, 5000, &r));
+	T_WEX(k, wex_producer_tensors(k, 0, &seen, &n));
+	T_ASSERT(n == 1 && seen[0].offset == 0, "the new daemon has the accepted table");
+	wex_client_close(k);
+	wex_client_close(p);
+}
+
+static void failed_fetch_retried(struct t_wexd *d)
+{
+	wex_client_t *p = opn(WEX_ROLE_PRODUCER, "rc-fetch", 5000);
+	wex_client_t *k = opn(WEX_ROLE_CONSUMER, "rc-fetch", 5000);
+	struct wex_tensor pt[2];
+	struct wex_sync_result r;
+	uint32_t s0, s2;
+	void *b0, *b2;
+	char *json = NULL;
+	int ret;
+
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &s0, &b0));
+	mkt(&pt[0], "a", 4096, s0, 0);
+	T_WEX(p, wex_register_tensors(p, pt, 1));
+	write_v(p, b0, 4096, 1);
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_VIEW, 1, 2000, &r));
+	T_WEX(k, wex_release(k));
+	/* A segment no consumer can import (a legacy IPC handle that opens
+	 * nothing), then a host segment with a tensor in it. */
+	T_WEX(p, wex_request(p, "register_segment",
+			     "{\"kind\":\"cuda_ipc\",\"size\":4096,\"device\":\"GPU-00000000-0000-0000-0000-000000000000\",\"handle\":\"00\"}",
+			     &json));
+	wex_free(json);
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &s2, &b2));
+	mkt(&pt[1], "b", 4096, s2, 0);
+	T_WEX(p, wex_register_tensors(p, pt, 2));
+	T_WEX(p, wex_begin_write(p, 2, 2000));
+	memset(b0, 2, 4096);
+	memset(b2, 2, 4096);
+	T_WEX(p, wex_publish(p, 2));
+	ret = wex_sync(k, WEX_SYNC_REMAP_VIEW, 0, 2000, &r);
+	T_ASSERT(ret < 0, "a sync whose fetch cannot import a segment fails");
+	ret = wex_sync(k, WEX_SYNC_REMAP_VIEW, 0, 2000, &r);
+	T_ASSERT(ret < 0, "and so does the next one (the fetch is retried, not taken as done): %s",
+		 ret < 0 ? wex_strerror(ret) : "succeeded");
+	printf("failed fetch: %s\n", wex_last_error(k));
+	T_ASSERT(t_leases(d->sock, "rc-fetch") == 0, "the failed syncs hold no lease");
+	wex_client_close(k);
+	wex_client_close(p);
+}
+
+int main(void)
+{
+	struct t_wexd d;
+
+	t_wexd_start(&d);
+	fixed_all_or_none(&d);
+	failed_fetch_retried(&d);
+	waits_and_timeouts(&d);
+	refused_table_not_kept(&d);
+	restart_during_copy(&d);
+	t_wexd_stop(&d);
+	return T_EXIT_PASS;
+}
