@@ -197,13 +197,8 @@ def main():
     workdir = tempfile.mkdtemp(prefix="wex-torch-")
     env = dict(os.environ, WEX_SOCKET=os.path.join(workdir, "wexd.sock"))
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    r, w = os.pipe()
-    wexd = subprocess.Popen([os.environ["WEXD_BIN"]], env=dict(env, WEXD_READY_FD=str(w)),
-                            pass_fds=(w,))
-    os.close(w)
-    ready, _, _ = select.select([r], [], [], 20)
-    assert ready and os.read(r, 8), "wexd did not become ready"
-    os.close(r)
+    from wexd_harness import start_wexd
+    wexd = start_wexd(env)
     tenv = dict(env)
     if mode == "expandable":
         tenv["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"

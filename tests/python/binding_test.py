@@ -17,13 +17,12 @@ import ctypes
 import errno
 import os
 import select
-import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
 import wex
+from wexd_harness import WexdProducerCase
 
 MODEL = "pyglue"
 SEG_SIZE = 4 << 20
@@ -67,34 +66,7 @@ def producer():
         wex.cuda_free(base, SEG_SIZE, 0)
 
 
-class Binding(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="wex-py-")
-        cls.sock = os.path.join(cls.dir, "wexd.sock")
-        os.environ["WEX_SOCKET"] = cls.sock
-        r, w = os.pipe()
-        env = dict(os.environ, WEXD_READY_FD=str(w))
-        cls.wexd = subprocess.Popen([os.environ["WEXD_BIN"]], env=env, pass_fds=(w,))
-        os.close(w)
-        ready, _, _ = select.select([r], [], [], 20)
-        assert ready and os.read(r, 8), "wexd did not become ready"
-        os.close(r)
-        cls.prod = subprocess.Popen([sys.executable, __file__, "producer"], text=True,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.prod.stdin.close()
-        assert cls.prod.wait(20) == 0, "producer exited with %s" % cls.prod.returncode
-        cls.wexd.terminate()
-        assert cls.wexd.wait(20) == 0, "wexd exited with %s" % cls.wexd.returncode
-
-    def publish(self, v):
-        self.prod.stdin.write("%d\n" % v)
-        self.prod.stdin.flush()
-        self.assertEqual(self.prod.stdout.readline().strip(), "published %d" % v)
-
+class Binding(WexdProducerCase):
     def check_bytes(self, v, ptrs):
         for i, (n, d, s, _) in enumerate(TENSORS):
             got = ctypes.string_at(ptrs[n], nbytes(d, s))

@@ -11,7 +11,7 @@ endif()
 set(WEX_PY_ENV
   "WEX_LIB=$<TARGET_FILE:wex>"
   "WEXD_BIN=$<TARGET_FILE:wexd>"
-  "PYTHONPATH=${CMAKE_SOURCE_DIR}/adapters/python"
+  "PYTHONPATH=${CMAKE_SOURCE_DIR}/adapters/python:${CMAKE_SOURCE_DIR}/tests/python"
   "PYTHONDONTWRITEBYTECODE=1")
 if(WEX_SANITIZE)
   # libwex is instrumented: the interpreter needs the ASan runtime first.

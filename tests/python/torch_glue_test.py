@@ -13,11 +13,7 @@ tests/gpu/torch_check.py; here it must refuse CPU tensors.
 Needs Debian's python3-torch (exit 77 with the reason without it).
 Environment: WEX_LIB, WEXD_BIN, PYTHONPATH with adapters/python.
 """
-import os
-import select
-import subprocess
 import sys
-import tempfile
 import unittest
 
 try:
@@ -29,6 +25,7 @@ except ImportError as e:
     raise
 
 import wex
+from wexd_harness import WexdProducerCase
 from wex import torch_util
 
 MODEL = "torch-glue"
@@ -70,33 +67,7 @@ def producer():
     c.close()
 
 
-class TorchGlue(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="wex-torch-glue-")
-        os.environ["WEX_SOCKET"] = os.path.join(cls.dir, "wexd.sock")
-        r, w = os.pipe()
-        cls.wexd = subprocess.Popen([os.environ["WEXD_BIN"]],
-                                    env=dict(os.environ, WEXD_READY_FD=str(w)), pass_fds=(w,))
-        os.close(w)
-        ready, _, _ = select.select([r], [], [], 20)
-        assert ready and os.read(r, 8), "wexd did not become ready"
-        os.close(r)
-        cls.prod = subprocess.Popen([sys.executable, __file__, "producer"], text=True,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.prod.stdin.close()
-        assert cls.prod.wait(20) == 0, "producer exited with %s" % cls.prod.returncode
-        cls.wexd.terminate()
-        assert cls.wexd.wait(20) == 0, "wexd exited with %s" % cls.wexd.returncode
-
-    def publish(self, v):
-        self.prod.stdin.write("%d\n" % v)
-        self.prod.stdin.flush()
-        self.assertEqual(self.prod.stdout.readline().strip(), "published %d" % v)
-
+class TorchGlue(WexdProducerCase):
     def assert_equal(self, what, got, want):
         self.assertEqual(sorted(got), sorted(want), what)
         for n in want:

@@ -1,0 +1,49 @@
+# SPDX-License-Identifier: MIT
+"""wexd_harness - a wexd of the test's own and a producer child, shared by
+the Python tests (tests/python, tests/gpu/torch_check.py)."""
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import unittest
+
+
+def start_wexd(env):
+    """Starts $WEXD_BIN with env and returns it once it is ready."""
+    r, w = os.pipe()
+    wexd = subprocess.Popen([os.environ["WEXD_BIN"]], env=dict(env, WEXD_READY_FD=str(w)),
+                            pass_fds=(w,))
+    os.close(w)
+    ready, _, _ = select.select([r], [], [], 20)
+    assert ready and os.read(r, 8), "wexd did not become ready"
+    os.close(r)
+    return wexd
+
+
+class WexdProducerCase(unittest.TestCase):
+    """A wexd in a fresh directory (WEX_SOCKET points at it) and the test
+    script run again as "producer": it publishes version v when told v on
+    its stdin, answering "published v"."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="wex-py-")
+        cls.sock = os.path.join(cls.dir, "wexd.sock")
+        os.environ["WEX_SOCKET"] = cls.sock
+        cls.wexd = start_wexd(os.environ)
+        script = sys.modules[cls.__module__].__file__
+        cls.prod = subprocess.Popen([sys.executable, script, "producer"], text=True,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.prod.stdin.close()
+        assert cls.prod.wait(20) == 0, "producer exited with %s" % cls.prod.returncode
+        cls.wexd.terminate()
+        assert cls.wexd.wait(20) == 0, "wexd exited with %s" % cls.wexd.returncode
+
+    def publish(self, v):
+        self.prod.stdin.write("%d\n" % v)
+        self.prod.stdin.flush()
+        self.assertEqual(self.prod.stdout.readline().strip(), "published %d" % v)
