@@ -1218,28 +1218,61 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 	return 0;
 }
 
+/* Fetches the producers' segments, waiting up to the client's timeout for
+ * every producer rank to register (a consumer may start first). */
+static int fetch_wait(struct wex_client *c, const char *what)
+{
+	uint64_t t0 = wex__now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull;
+	useconds_t nap = 2000;
+	int ret;
+
+	for (;;) {
+		ret = fetch(c);
+		if (ret == 0 || (ret != -EAGAIN && ret != -WEX_ENOPUBLISHED))
+			return ret;
+		if (wex__now_ns() - t0 >= limit) {
+			char why[sizeof(c->err)];
+
+			memcpy(why, c->err, sizeof(why));
+			return set_err(c, -ETIMEDOUT, "%s: model '%s' has no registered producer after %u ms (%s)",
+				       what, c->model, c->timeout_ms, why);
+		}
+		usleep(nap);
+		if (nap < 100000)
+			nap *= 2;
+	}
+}
+
 WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint64_t size, void **ptr)
 {
-	const struct wex_mem_ops *ops = &wex_mem_host_ops;
+	const struct wex_mem_ops *ops;
 	int ret, device = c->device;
 	struct region *n;
+	struct pseg *s;
 
 	if (c->role != WEX_ROLE_CONSUMER)
 		return set_err(c, -EPERM, "only consumers reserve");
+	if (!size)
+		return set_err(c, -EINVAL, "reserve: size 0");
 	/* The region must be of the producer segment's kind, and by default
-	 * on the producer's device (the colocated case). */
+	 * on the producer's device (the colocated case): learn it first.  A
+	 * held lease means the fetched tables are current (a sync fetched
+	 * them), and a fetch would unmap what that lease shows. */
+	if (!c->fetched && !c->has_lease && (ret = fetch_wait(c, "reserve")) < 0)
+		return ret;
 	if (!c->fetched)
-		fetch(c); /* a producer not registered yet: a host region */
-	if (c->fetched) {
-		struct pseg *s = find_pseg(c, prank, segment);
-
-		if (s) {
-			ops = s->seg.ops;
-			if (device < 0 && (ret = wex_mem_device_of(&s->seg.desc, &device)) < 0)
-				return set_err(c, ret, "reserve: producer rank %u's device %s is not visible here (set WEX_CLIENT_FIELD_DEVICE)",
-					       prank, s->seg.desc.device);
-		}
-	}
+		return set_err(c, -EAGAIN, "reserve: the producers' segments are not known yet (sync first)");
+	if (prank >= c->nprod)
+		return set_err(c, -EINVAL, "reserve: model '%s' has producer ranks 0..%u, not %u",
+			       c->model, c->nprod - 1, prank);
+	s = find_pseg(c, prank, segment);
+	if (!s)
+		return set_err(c, -EINVAL, "reserve: producer rank %u has no segment %u", prank,
+			       segment);
+	ops = s->seg.ops;
+	if (device < 0 && (ret = wex_mem_device_of(&s->seg.desc, &device)) < 0)
+		return set_err(c, ret, "reserve: producer rank %u's device %s is not visible here (set WEX_CLIENT_FIELD_DEVICE)",
+			       prank, s->seg.desc.device);
 	if (device < 0)
 		device = 0;
 	n = realloc(c->regions, (c->nregions + 1) * sizeof(*n));
@@ -1273,7 +1306,7 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 	uint64_t t0 = wex__now_ns(), bytes = 0, version, gen, conn;
 	json_t *req, *reply = NULL;
 	double waited;
-	int ret, retried = 0;
+	int ret, retried = 0, held;
 
 	if (c->role != WEX_ROLE_CONSUMER)
 		return set_err(c, -EPERM, "only consumers sync");
@@ -1288,11 +1321,20 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 again:
 	req = json_pack("{s:s, s:I, s:I, s:i}", "op", "acquire", "min_version",
 			(json_int_t)min_version, "timeout_ms", (json_int_t)timeout_ms, "mode", mode);
-	/* wexd drops our previous lease when it sees this acquire. */
+	/* wexd drops our previous lease once it takes this acquire on (and
+	 * then answers it or times it out); an acquire it refuses outright
+	 * (shutting down, bad arguments, a request in flight) leaves the
+	 * previous lease held, and the caller may still use and release it. */
+	held = c->has_lease;
+	conn = c->conn_gen;
 	c->has_lease = 0;
 	ret = rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, timeout_ms);
-	if (ret < 0)
+	if (ret < 0) {
+		if (held && c->conn_gen == conn && c->fd >= 0 &&
+		    (ret == -ESHUTDOWN || ret == -EINVAL || ret == -EPERM || ret == -EBUSY))
+			c->has_lease = 1;
 		return ret;
+	}
 	version = (uint64_t)json_integer_value(json_object_get(reply, "version"));
 	gen = (uint64_t)json_integer_value(json_object_get(reply, "layout_gen"));
 	waited = json_real_value(json_object_get(reply, "waited_ms")) / 1e3;

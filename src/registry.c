@@ -435,6 +435,12 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 	s.desc.size = (uint64_t)size;
 	s.desc.handle_offset = (uint64_t)hoff;
 	s.desc.alloc_size = asize ? (uint64_t)asize : (uint64_t)size;
+	if (s.desc.handle_offset > s.desc.alloc_size ||
+	    s.desc.size > s.desc.alloc_size - s.desc.handle_offset)
+		return wex__reply_error(-EINVAL,
+					"register_segment: handle_offset %lld + size %lld exceed the allocation's %llu bytes",
+					(long long)hoff, (long long)size,
+					(unsigned long long)s.desc.alloc_size);
 	s.part = part;
 	if (strlen(device) >= sizeof(s.desc.device))
 		return wex__reply_error(-EINVAL, "register_segment: device name too long");

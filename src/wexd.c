@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -61,9 +62,14 @@ int wexd_send(struct wexd *d, struct conn *c, json_t *reply, const int *fds, int
 	free(s);
 	if (n < 0) {
 		/* A client that does not read its replies is dropped rather than
-		 * allowed to stall the loop. */
+		 * allowed to stall the loop, and a reply that cannot go out must
+		 * not leave its client waiting for it: shutting the socket down
+		 * ends the client's wait at once (EOF), and the loop's receive
+		 * sees the same EOF and closes the connection, wherever the
+		 * reply came from (a request, a deferred wait, a fetch). */
 		wex_warn("conn", "client %llu (pid %d): send failed: %s: dropping",
 			 (unsigned long long)c->id, (int)c->pid, strerror((int)-n));
+		shutdown(c->io.fd, SHUT_RDWR);
 		return (int)n;
 	}
 	return 0;

@@ -238,9 +238,15 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n);
  * later replace with the producer's memory at the same address.  The
  * consumer places its weights there exactly as producer rank `prank` places
  * them in its segment `segment` (same offsets).  *ptr belongs to the client
- * and is unmapped by wex_client_close.  Blocks for a round trip the first
- * time (to learn the segment's kind); the region is of that kind, on the
- * client's device (WEX_CLIENT_FIELD_DEVICE) or else the segment's own.
+ * and is unmapped by wex_client_close.  The first call learns the
+ * producers' segments from wexd, waiting up to the client's timeout for
+ * every producer rank to register (a consumer may start first); the region
+ * is of the segment's kind, on the client's device (WEX_CLIENT_FIELD_DEVICE)
+ * or else the segment's own.  A region larger than the segment serves copy
+ * syncs; WEX_SYNC_REMAP_FIXED needs it to fit the producer's allocation.
+ * Errors: -ETIMEDOUT (no producer registered in time), -EINVAL (no such
+ * producer rank or segment, size 0), -EPERM (not a consumer), or the
+ * backend's error reserving the memory.
  */
 WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint64_t size,
 			void **ptr);
@@ -265,9 +271,11 @@ struct wex_sync_result {
  * rank holds keeps that lease and version (switching mode, e.g. view then
  * copy, without letting the producer in between).  A COPY sync first gives
  * same-address regions their private memory back, then copies into them.
- * Blocks.  Errors: -ETIMEDOUT, -WEX_ELAYOUT (remap with layouts that
- * differ), -WEX_EDIRTY when a copy was interrupted (the weights are mixed;
- * sync again before serving).
+ * Blocks.  Errors: -ETIMEDOUT (the previous lease is given up),
+ * -ESHUTDOWN (wexd is shutting down: the acquire is refused and a lease
+ * held before it stays held, to use and release), -WEX_ELAYOUT (remap with
+ * layouts that differ), -WEX_EDIRTY when a copy was interrupted (the
+ * weights are mixed; sync again before serving).
  */
 WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
 		     struct wex_sync_result *res);

@@ -123,6 +123,8 @@ int main(void)
 		   1, "EINVAL", "smaller than size", "segment fd shorter than its size");
 	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096}", NULL,
 		   0, "EINVAL", NULL, "host segment without its fd");
+	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096,\"handle_offset\":1,\"alloc_size\":4096}",
+		   &mfd, 1, "EINVAL", "exceed the allocation", "a segment running past its allocation");
 	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096}", &mfd,
 		   1, "OK", NULL, "good segment");
 

@@ -14,17 +14,29 @@
  *  - a REMAP_FIXED sync refused for one region maps none of them;
  *  - a tensor table wexd refused is not kept: after a wexd restart the
  *    producer re-registers the table wexd last accepted and writes on;
- *  - a fetch that failed is retried by the next sync, not taken as done.
+ *  - a fetch that failed is retried by the next sync, not taken as done;
+ *  - wex_reserve waits for the producer to register (up to the client's
+ *    timeout, then -ETIMEDOUT naming the model) and refuses a producer
+ *    rank or segment that does not exist: it never guesses a host region;
+ *  - an acquire wexd refuses (it is shutting down) leaves the previous
+ *    lease held: the consumer can still release it, and wexd's drain ends;
+ *  - a reply wexd cannot send (a client that does not read its fetch
+ *    replies) drops that connection at once instead of leaving the client
+ *    waiting for a reply that never comes.
  */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "helpers.h"
+#include "ipc/sock.h"
 #include "wex.h"
 
 #define BIG (256ull << 20)
@@ -299,6 +311,181 @@ static void failed_fetch_retried(struct t_wexd *d)
 	wex_client_close(p);
 }
 
+struct late {
+	wex_client_t *p;
+	uint32_t seg;
+	void *base;
+};
+
+static void *late_producer(void *a)
+{
+	struct late *l = a;
+	struct wex_tensor t;
+
+	usleep(400 * 1000);
+	l->p = opn(WEX_ROLE_PRODUCER, "rc-reserve", 5000);
+	T_WEX(l->p, wex_segment_alloc(l->p, WEX_SEG_HOST, 0, 8192, &l->seg, &l->base));
+	mkt(&t, "w", 8192, l->seg, 0);
+	T_WEX(l->p, wex_register_tensors(l->p, &t, 1));
+	return NULL;
+}
+
+static void reserve_waits_for_producer(struct t_wexd *d)
+{
+	wex_client_t *k = opn(WEX_ROLE_CONSUMER, "rc-reserve", 300);
+	struct late l = { 0 };
+	pthread_t th;
+	void *r;
+	double t0;
+	int ret;
+
+	/* No producer at all: a timeout that names the model. */
+	t0 = t_now();
+	ret = wex_reserve(k, 0, 0, 8192, &r);
+	T_ASSERT(ret == -ETIMEDOUT, "reserve with no producer: -ETIMEDOUT, got %s",
+		 wex_strerror(ret));
+	T_ASSERT(t_now() - t0 >= 0.29, "after the client's timeout (waited %.3f s)", t_now() - t0);
+	T_ASSERT(strstr(wex_last_error(k), "rc-reserve"), "naming the model: %s",
+		 wex_last_error(k));
+	wex_client_close(k);
+
+	/* A producer that comes later: reserve waits for it. */
+	k = opn(WEX_ROLE_CONSUMER, "rc-reserve", 5000);
+	T_ASSERT(pthread_create(&th, NULL, late_producer, &l) == 0, "thread");
+	t0 = t_now();
+	T_WEX(k, wex_reserve(k, 0, 0, 8192, &r));
+	T_ASSERT(t_now() - t0 >= 0.35, "reserve waited for the producer (%.3f s)", t_now() - t0);
+	pthread_join(th, NULL);
+	ret = wex_reserve(k, 1, 0, 8192, &r);
+	T_ASSERT(ret == -EINVAL && strstr(wex_last_error(k), "producer ranks 0..0"),
+		 "a producer rank that does not exist: -EINVAL, got %s: %s", wex_strerror(ret),
+		 wex_last_error(k));
+	ret = wex_reserve(k, 0, l.seg + 7, 8192, &r);
+	T_ASSERT(ret == -EINVAL && strstr(wex_last_error(k), "no segment"),
+		 "a segment that does not exist: -EINVAL, got %s: %s", wex_strerror(ret),
+		 wex_last_error(k));
+	ret = wex_reserve(k, 0, l.seg, 0, &r);
+	T_ASSERT(ret == -EINVAL, "a reserve of 0 bytes: -EINVAL, got %s", wex_strerror(ret));
+	wex_client_close(k);
+	wex_client_close(l.p);
+	(void)d;
+}
+
+static int raw_draining(int fd)
+{
+	json_t *st = t_raw_rpc(fd, "{\"v\":1,\"op\":\"status\"}", NULL, 0);
+	int draining = json_is_true(json_object_get(json_object_get(st, "daemon"), "draining"));
+
+	json_decref(st);
+	return draining;
+}
+
+/* Last: it ends wexd (a drain) and starts a new one. */
+static void refused_acquire_keeps_lease(struct t_wexd *d)
+{
+	wex_client_t *p = opn(WEX_ROLE_PRODUCER, "rc-drain", 5000);
+	wex_client_t *k = opn(WEX_ROLE_CONSUMER, "rc-drain", 5000);
+	struct wex_sync_result r;
+	struct wex_tensor t;
+	uint32_t seg;
+	void *base;
+	json_t *rep;
+	int hold, ret, st = -1, draining = 0;
+	pid_t w = 0;
+
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &seg, &base));
+	mkt(&t, "w", 4096, seg, 0);
+	T_WEX(p, wex_register_tensors(p, &t, 1));
+	write_v(p, base, 4096, 1);
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_VIEW, 1, 2000, &r));
+	/* Another group's consumer holds a copy lease: wexd's drain waits. */
+	hold = t_raw_connect(d->sock);
+	rep = t_raw_rpc(hold, "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"rc-drain\",\"group\":\"hold\"}",
+			NULL, 0);
+	T_ASSERT(!strcmp(t_code(rep), "OK"), "hold: hello: %s", t_msg(rep));
+	json_decref(rep);
+	rep = t_raw_rpc(hold, "{\"v\":1,\"op\":\"acquire\",\"mode\":1,\"timeout_ms\":2000}", NULL, 0);
+	T_ASSERT(!strcmp(t_code(rep), "OK"), "hold: acquire: %s", t_msg(rep));
+	json_decref(rep);
+	T_ASSERT(kill(d->pid, SIGTERM) == 0, "SIGTERM wexd");
+	for (double t0 = t_now(); !draining && t_now() - t0 < 5.0;)
+		draining = raw_draining(hold);
+	T_ASSERT(draining, "wexd drains");
+
+	ret = wex_sync(k, WEX_SYNC_REMAP_VIEW, 2, 1000, &r);
+	T_ASSERT(ret == -ESHUTDOWN, "an acquire while wexd drains: -ESHUTDOWN, got %s",
+		 wex_strerror(ret));
+	ret = wex_release(k);
+	T_ASSERT(ret == 0, "the v1 lease is still held and releases: %s (%s)", wex_strerror(ret),
+		 wex_last_error(k));
+	close(hold);
+	for (double t0 = t_now(); w == 0 && t_now() - t0 < 5.0; usleep(10000))
+		w = waitpid(d->pid, &st, WNOHANG);
+	T_ASSERT(w == d->pid && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+		 "the drain ends once the copy lease is gone: wexd exits 0");
+	d->pid = 0;
+	wex_client_close(k);
+	wex_client_close(p);
+	t_wexd_restart(d);
+}
+
+/* A client that sends fetches and reads none of the replies: once wexd
+ * cannot queue one more (its send buffer is full), it drops the
+ * connection, and the client reads the replies that went out, then EOF. */
+static void unsendable_reply_drops(struct t_wexd *d)
+{
+	wex_client_t *p = opn(WEX_ROLE_PRODUCER, "rc-send", 5000);
+	const char *fetch = "{\"v\":1,\"op\":\"fetch\"}";
+	struct wex_tensor t;
+	uint32_t seg;
+	void *base;
+	json_t *rep;
+	int fd, sent, got = 0, eof = 0;
+
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &seg, &base));
+	mkt(&t, "w", 4096, seg, 0);
+	T_WEX(p, wex_register_tensors(p, &t, 1));
+	write_v(p, base, 4096, 1);
+	fd = t_raw_connect(d->sock);
+	rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"rc-send\"}",
+			NULL, 0);
+	T_ASSERT(!strcmp(t_code(rep), "OK"), "hello: %s", t_msg(rep));
+	json_decref(rep);
+	/* Send as wexd takes them; it stops taking them once it has dropped
+	 * the connection (or the replies it queued fill its buffer). */
+	for (sent = 0; sent < 20000; sent++) {
+		struct pollfd pf = { .fd = fd, .events = POLLOUT };
+
+		if (poll(&pf, 1, 1000) <= 0 || !(pf.revents & POLLOUT) ||
+		    wex_sock_send(fd, fetch, strlen(fetch), NULL, 0, MSG_DONTWAIT) < 0)
+			break;
+	}
+	for (;;) {
+		struct pollfd pf = { .fd = fd, .events = POLLIN };
+		char buf[8192];
+		int fds[WEX_SOCK_MAX_FDS], nfds = 0, mflags = 0;
+		ssize_t n;
+
+		if (poll(&pf, 1, 5000) <= 0)
+			break;
+		n = wex_sock_recv(fd, buf, sizeof(buf), fds, WEX_SOCK_MAX_FDS, &nfds, &mflags, 0);
+		wex_sock_close_fds(fds, nfds);
+		if (n <= 0) {
+			eof = 1;
+			break;
+		}
+		got++;
+	}
+	printf("unread fetches: %d sent, %d replies, then %s\n", sent, got,
+	       eof ? "EOF" : "nothing for 5 s");
+	T_ASSERT(got < sent, "wexd could not send every reply (%d of %d): raise the count", got,
+		 sent);
+	T_ASSERT(eof, "the connection whose reply could not go out is closed, not left waiting");
+	close(fd);
+	T_ASSERT(t_leases(d->sock, "rc-send") == 0, "and wexd is healthy");
+	wex_client_close(p);
+}
+
 int main(void)
 {
 	struct t_wexd d;
@@ -309,6 +496,9 @@ int main(void)
 	waits_and_timeouts(&d);
 	refused_table_not_kept(&d);
 	restart_during_copy(&d);
+	reserve_waits_for_producer(&d);
+	unsendable_reply_drops(&d);
+	refused_acquire_keeps_lease(&d);
 	t_wexd_stop(&d);
 	return T_EXIT_PASS;
 }

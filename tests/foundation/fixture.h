@@ -85,10 +85,13 @@ static inline void t_prod_close(struct t_prod *p)
 	p->t = NULL;
 }
 
-/* A consumer rank mirroring producer rank `rank`'s shard, its weights in a
- * region reserved for same-address remap, its layout attached. */
-static inline void t_cons_open(struct t_cons *k, const char *model, const char *group,
-			       const char *preset, uint32_t rank, uint32_t world)
+/* A consumer rank of `world` holding its shard of `preset`, its weights in
+ * a region reserved against producer rank `prank`'s segment 0 (of that
+ * segment's kind, usable for same-address remap when the layouts match),
+ * its layout attached. */
+static inline void t_cons_open_from(struct t_cons *k, const char *model, const char *group,
+				    const char *preset, uint32_t rank, uint32_t world,
+				    uint32_t prank)
 {
 	struct ex_cfg cfg;
 
@@ -99,10 +102,17 @@ static inline void t_cons_open(struct t_cons *k, const char *model, const char *
 	T_ASSERT(k->n > 0, "ex_shards(%s, %u/%u)", preset, rank, world);
 	k->rank = rank;
 	k->c = t_open(WEX_ROLE_CONSUMER, model, group, rank, world);
-	T_WEX(k->c, wex_reserve(k->c, rank, 0, k->seg_bytes, &k->region));
+	T_WEX(k->c, wex_reserve(k->c, prank, 0, k->seg_bytes, &k->region));
 	for (int i = 0; i < k->n; i++)
 		k->t[i].ptr = (char *)k->region + k->t[i].offset;
 	T_WEX(k->c, wex_attach(k->c, k->t, (size_t)k->n));
+}
+
+/* A consumer rank mirroring producer rank `rank`'s shard. */
+static inline void t_cons_open(struct t_cons *k, const char *model, const char *group,
+			       const char *preset, uint32_t rank, uint32_t world)
+{
+	t_cons_open_from(k, model, group, preset, rank, world, rank);
 }
 
 static inline void t_cons_close(struct t_cons *k)

@@ -17,8 +17,9 @@ static void consume(const char *group, uint32_t world, uint64_t v)
 	struct t_cons k[4];
 	struct wex_sync_result r;
 
+	/* Buffers of the producers' kind (2 producer ranks). */
 	for (uint32_t i = 0; i < world; i++)
-		t_cons_open(&k[i], MODEL, group, "tiny", i, world);
+		t_cons_open_from(&k[i], MODEL, group, "tiny", i, world, i % 2);
 	for (uint32_t i = 0; i < world; i++) {
 		T_WEX(k[i].c, wex_sync(k[i].c, WEX_SYNC_COPY, v, 5000, &r));
 		T_ASSERT(r.version == v, "group %s rank %u got v%llu", group, i,

@@ -343,6 +343,9 @@ class Client:
         self._check(self._lib.wex_attach(self.handle, arr, len(tensors)), "attach")
 
     def reserve(self, prank, segment, size):
+        """Reserves `size` bytes of producer rank `prank`'s segment kind
+        (same-address regions); waits up to the client's timeout for the
+        producer to register.  Returns the region's address."""
         ptr = ctypes.c_void_p()
         self._check(self._lib.wex_reserve(self.handle, prank, segment, size,
                                           ctypes.byref(ptr)), "reserve")
