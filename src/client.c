@@ -409,7 +409,7 @@ static void consumer_unmap_all(struct wex_client *c)
 	c->npsegs = 0;
 }
 
-WEX_API void wex_client_close(wex_client_t *c)
+static void client_close(wex_client_t *c)
 {
 	if (!c)
 		return;
@@ -441,6 +441,15 @@ WEX_API void wex_client_close(wex_client_t *c)
 	free(c->rank_first);
 	free(c->plan);
 	free(c);
+}
+
+WEX_API void wex_client_close(wex_client_t *c)
+{
+	struct wex_mem_thread_state ts;
+
+	wex_mem_thread_save(&ts);
+	client_close(c);
+	wex_mem_thread_restore(&ts);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -593,8 +602,8 @@ static int backend_ready(struct wex_client *c, int kind, const struct wex_mem_op
 	return 0;
 }
 
-WEX_API int wex_segment_alloc(wex_client_t *c, int kind, int device, uint64_t size, uint32_t *id,
-			      void **ptr)
+static int segment_alloc(wex_client_t *c, int kind, int device, uint64_t size, uint32_t *id,
+			 void **ptr)
 {
 	const struct wex_mem_ops *ops;
 	struct wex_mem_seg seg;
@@ -620,6 +629,18 @@ WEX_API int wex_segment_alloc(wex_client_t *c, int kind, int device, uint64_t si
 	return 0;
 }
 
+WEX_API int wex_segment_alloc(wex_client_t *c, int kind, int device, uint64_t size, uint32_t *id,
+			      void **ptr)
+{
+	struct wex_mem_thread_state ts;
+	int ret;
+
+	wex_mem_thread_save(&ts);
+	ret = segment_alloc(c, kind, device, size, id, ptr);
+	wex_mem_thread_restore(&ts);
+	return ret;
+}
+
 WEX_API int wex_segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t size, uint32_t *id)
 {
 	struct wex_mem_seg seg;
@@ -641,8 +662,7 @@ WEX_API int wex_segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t
 	return 0;
 }
 
-WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint64_t size,
-				     uint32_t *id)
+static int segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint64_t size, uint32_t *id)
 {
 	const struct wex_mem_ops *ops;
 	struct wex_mem_seg seg;
@@ -672,6 +692,18 @@ WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint6
 	}
 	*id = sid;
 	return 0;
+}
+
+WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint64_t size,
+				     uint32_t *id)
+{
+	struct wex_mem_thread_state ts;
+	int ret;
+
+	wex_mem_thread_save(&ts);
+	ret = segment_register_ptr(c, kind, ptr, size, id);
+	wex_mem_thread_restore(&ts);
+	return ret;
 }
 
 static int send_table(struct wex_client *c, const char *op, const struct wex_tensor *t, size_t n)
@@ -759,7 +791,7 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
 	return ret;
 }
 
-WEX_API int wex_publish(wex_client_t *c, uint64_t version)
+static int publish(wex_client_t *c, uint64_t version)
 {
 	json_t *req;
 	int ret;
@@ -793,6 +825,17 @@ WEX_API int wex_publish(wex_client_t *c, uint64_t version)
 	ret = simple_rpc(c, req, NULL);
 	if (ret == 0)
 		c->writing = 0;
+	return ret;
+}
+
+WEX_API int wex_publish(wex_client_t *c, uint64_t version)
+{
+	struct wex_mem_thread_state ts;
+	int ret;
+
+	wex_mem_thread_save(&ts);
+	ret = publish(c, version);
+	wex_mem_thread_restore(&ts);
 	return ret;
 }
 
@@ -1243,7 +1286,7 @@ static int fetch_wait(struct wex_client *c, const char *what)
 	}
 }
 
-WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint64_t size, void **ptr)
+static int reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint64_t size, void **ptr)
 {
 	const struct wex_mem_ops *ops;
 	int ret, device = c->device;
@@ -1291,6 +1334,17 @@ WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint6
 	return 0;
 }
 
+WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint64_t size, void **ptr)
+{
+	struct wex_mem_thread_state ts;
+	int ret;
+
+	wex_mem_thread_save(&ts);
+	ret = reserve(c, prank, segment, size, ptr);
+	wex_mem_thread_restore(&ts);
+	return ret;
+}
+
 static void set_report(struct wex_client *c, const char *mode, uint64_t bytes, uint64_t t0)
 {
 	const char *backend = c->npsegs ? c->psegs[0].seg.ops->name : "host";
@@ -1300,8 +1354,8 @@ static void set_report(struct wex_client *c, const char *mode, uint64_t bytes, u
 			      (json_int_t)bytes, "seconds", (double)(wex__now_ns() - t0) / 1e9);
 }
 
-WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
-		     struct wex_sync_result *res)
+static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
+		 struct wex_sync_result *res)
 {
 	uint64_t t0 = wex__now_ns(), bytes = 0, version, gen, conn;
 	json_t *req, *reply = NULL;
@@ -1445,6 +1499,20 @@ err_release:
 		release_lease(c);
 		memcpy(c->err, why, sizeof(why));
 	}
+	return ret;
+}
+
+/* Every public call that may reach a GPU backend keeps the calling
+ * thread's device binding (see wex_mem_thread_save). */
+WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
+		     struct wex_sync_result *res)
+{
+	struct wex_mem_thread_state ts;
+	int ret;
+
+	wex_mem_thread_save(&ts);
+	ret = sync_(c, mode, min_version, timeout_ms, res);
+	wex_mem_thread_restore(&ts);
 	return ret;
 }
 

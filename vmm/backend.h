@@ -126,6 +126,17 @@ const struct wex_mem_ops *wex_mem_backend(int kind);
  * host memory); -ENODEV when it is not visible here. */
 int wex_mem_device_of(const struct wex_mem_desc *desc, int *dev);
 
+/* The calling thread's device binding (its current CUDA context), saved
+ * when a public call that may reach a GPU backend starts and given back
+ * when it ends, so that wex never moves an engine's thread to another
+ * device.  No-ops without a CUDA backend. */
+struct wex_mem_thread_state {
+	void *ctx;
+	int valid;
+};
+void wex_mem_thread_save(struct wex_mem_thread_state *s);
+void wex_mem_thread_restore(const struct wex_mem_thread_state *s);
+
 /* The host backend (always present). */
 extern const struct wex_mem_ops wex_mem_host_ops;
 

@@ -37,8 +37,8 @@ endif()
 if(WEX_HAVE_CUDA_HEADERS)
   # Need a GPU: each exits 77 printing the reason when there is no driver
   # or no device (the probe runs in a child, so the tests stay fork-safe).
-  foreach(t cuda_vmm cuda_remap cuda_copy cuda_ipc cuda_staging cuda_e2e cuda_chunks cuda_cycles)
-    wex_add_test(${t} SOURCES tests/gpu/${t}_test.c LIBS wex LABELS gpu TIMEOUT 300)
+  foreach(t cuda_facts cuda_vmm cuda_remap cuda_copy cuda_ipc cuda_staging cuda_e2e cuda_chunks cuda_cycles)
+    wex_add_test(${t} SOURCES tests/gpu/${t}_test.c LIBS wex LABELS gpu TIMEOUT 120)
   endforeach()
 endif()
 
@@ -49,7 +49,7 @@ if(WEX_HAVE_CUDA_HEADERS)
   target_link_libraries(gpu_sync PRIVATE wex_core m)
   target_compile_definitions(gpu_sync PRIVATE WEX_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
   add_test(NAME gpu_sync_smoke COMMAND gpu_sync)
-  set_tests_properties(gpu_sync_smoke PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
+  set_tests_properties(gpu_sync_smoke PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 180
     LABELS "gpu;bench"
     ENVIRONMENT "WEX_SRC=${CMAKE_SOURCE_DIR};WEX_BENCH_GB=1;WEX_BENCH_TENSORS=50;WEX_BENCH_TORCH=0")
 endif()
@@ -63,7 +63,7 @@ if(WEX_HAVE_CUDA_HEADERS)
   # wex shows as stale bytes.
   add_library(wex_emul_cuda MODULE tests/gpu/emul_cuda.c)
   set_target_properties(wex_emul_cuda PROPERTIES PREFIX "" C_VISIBILITY_PRESET hidden)
-  foreach(t cuda_vmm cuda_remap cuda_copy cuda_ipc cuda_staging gpu_sync cuda_e2e cuda_chunks cuda_cycles)
+  foreach(t cuda_facts cuda_vmm cuda_remap cuda_copy cuda_ipc cuda_staging gpu_sync cuda_e2e cuda_chunks cuda_cycles)
     add_test(NAME ${t}_emul COMMAND ${t})
     set_tests_properties(${t}_emul PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS cuda
       ENVIRONMENT "WEXD_BIN=$<TARGET_FILE:wexd>;WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_SRC=${CMAKE_SOURCE_DIR};WEX_BENCH_GB=0.25;WEX_BENCH_TENSORS=40;WEX_BENCH_SEG_MB=64;WEX_BENCH_TORCH=0")

@@ -107,8 +107,11 @@ static int copy2d(struct batch *b, uint64_t dst, int64_t dpitch, uint64_t src, i
 	if (spitch <= 0 || dpitch <= 0 || (uint64_t)spitch < len || (uint64_t)dpitch < len)
 		return -EINVAL;
 	r = wex__cu.cuMemcpy2DAsync(&c, b->s);
-	if (r == CUDA_ERROR_INVALID_VALUE)
-		return -EINVAL; /* e.g. a pitch above the device limit */
+	/* A pitch above the device limit, or one the driver does not take
+	 * for this pair of memories ("may fail for pitches not computed by
+	 * cuMemAllocPitch"): the caller cuts the copy into rows. */
+	if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED)
+		return -EINVAL;
 	return wex__cuda_err(r, "cuMemcpy2DAsync");
 }
 
@@ -162,8 +165,8 @@ static int copy3d(struct batch *b, const struct wex_copy_op *op)
 		.Depth = (size_t)op->count[1],
 	};
 	r = wex__cu.cuMemcpy3DAsync(&c, b->s);
-	if (r == CUDA_ERROR_INVALID_VALUE)
-		return -EINVAL;
+	if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED)
+		return -EINVAL; /* as for 2D: the caller cuts it smaller */
 	return wex__cuda_err(r, "cuMemcpy3DAsync");
 }
 

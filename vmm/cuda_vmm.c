@@ -149,6 +149,9 @@ static int cu_probe(char *why, size_t len)
 	return wex__cuda_probe(why, len);
 }
 
+/* Devices whose cuMemCreate refused fabric handles (no IMEX channel). */
+static uint64_t fabric_refused;
+
 static int vmm_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
 {
 	unsigned types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
@@ -169,7 +172,8 @@ static int vmm_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
 		wex_error("cuda", "device %d cannot export VMM memory as a POSIX fd", device);
 		return -EOPNOTSUPP;
 	}
-	if (dev_attr(device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED))
+	if (dev_attr(device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED) &&
+	    !(device < 64 && (__atomic_load_n(&fabric_refused, __ATOMIC_RELAXED) >> device) & 1))
 		types |= CU_MEM_HANDLE_TYPE_FABRIC;
 	set_prop(&prop, device, types);
 	if (dev_attr(device, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED))
@@ -184,6 +188,10 @@ static int vmm_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
 		 * failure the same way and falls back to POSIX fds. */
 		wex_debug("cuda", "fabric handles unavailable (%s): POSIX fd only",
 			  wex__cuda_errname(r));
+		/* Not asked again on this device (one failing cuMemCreate per
+		 * allocation otherwise). */
+		if (device < 64)
+			__atomic_fetch_or(&fabric_refused, 1ull << device, __ATOMIC_RELAXED);
 		types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 		prop.requestedHandleTypes = (CUmemAllocationHandleType)types;
 		r = wex__cu.cuMemCreate(&h, (size_t)asize, &prop, 0);
@@ -308,9 +316,13 @@ static int vmm_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 	if (!(prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
 		/* vLLM's CuMemAllocator and torch_memory_saver create memory
 		 * like this: it can never be exported. */
-		wex_error("cuda", "memory of %llu bytes was created without a POSIX fd handle type: "
-			  "not exportable (use PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or "
-			  "wex_cuda_alloc)", (unsigned long long)size);
+		wex_error("cuda", "memory of %llu bytes was created without a POSIX fd handle type "
+			  "(handle types %#x%s): not exportable (use "
+			  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or wex_cuda_alloc)",
+			  (unsigned long long)size, (unsigned)prop.requestedHandleTypes,
+			  prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC ?
+				  ", fabric only: PyTorch chose fabric handles, found usable here" :
+				  "");
 		ret = -EOPNOTSUPP;
 		goto err_release;
 	}

@@ -55,17 +55,17 @@ static CUresult getproc(pfn_getproc_v2 gp2, pfn_getproc_v1 gp1, const char *sym,
 	return r;
 }
 
+static const char *driver_path(void);
+
 static void load_driver(void)
 {
-	const char *path = getenv("WEX_CUDA_LIB");
+	const char *path = driver_path();
 	pfn_getproc_v2 gp2;
 	pfn_getproc_v1 gp1 = NULL;
 	void *pfn;
 	CUresult r;
 	int ver = 0;
 
-	if (!path || !*path)
-		path = "libcuda.so.1";
 	dlerror();
 	libcuda = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (!libcuda) {
@@ -119,7 +119,7 @@ static void load_driver(void)
 		goto err_close;
 	}
 	load_why[0] = '\0';
-	load_result = 0;
+	__atomic_store_n(&load_result, 0, __ATOMIC_RELEASE);
 	wex_debug("cuda", "driver %s loaded, version %d", path, ver);
 	return;
 err_close:
@@ -234,6 +234,42 @@ int wex__cuda_use_device(int dev)
 	if (wex__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx)
 		return 0;
 	return WEX_CU(wex__cu.cuCtxSetCurrent(ctx));
+}
+
+static const char *driver_path(void)
+{
+	const char *path = getenv("WEX_CUDA_LIB");
+
+	return path && *path ? path : "libcuda.so.1";
+}
+
+void wex__cuda_ctx_save(struct wex__cuda_ctx_saved *s)
+{
+	s->ctx = NULL;
+	s->valid = 1;
+	if (__atomic_load_n(&load_result, __ATOMIC_ACQUIRE) != 0) {
+		void *h = dlopen(driver_path(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+
+		if (!h)
+			return; /* nobody here uses CUDA yet: no thread has a context */
+		dlclose(h);
+		if (wex__cuda_load() != 0) {
+			s->valid = 0;
+			return;
+		}
+	}
+	if (wex__cu.cuCtxGetCurrent(&s->ctx) != CUDA_SUCCESS)
+		s->valid = 0;
+}
+
+void wex__cuda_ctx_restore(const struct wex__cuda_ctx_saved *s)
+{
+	CUcontext cur = NULL;
+
+	if (!s->valid || __atomic_load_n(&load_result, __ATOMIC_ACQUIRE) != 0)
+		return;
+	if (wex__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != s->ctx)
+		wex__cu.cuCtxSetCurrent(s->ctx);
 }
 
 int wex__cuda_ptr_device(uint64_t ptr, int *dev)

@@ -184,12 +184,16 @@ static uint64_t cycle(struct consumer *k, uint64_t v, int full, unsigned char *h
 }
 
 /* The consumer that gets killed: every sync copies (attach forgets what
- * the buffers hold). */
-static void copier(int ready)
+ * the buffers hold).  Forked before this process touches CUDA (a child
+ * of a CUDA process cannot use CUDA), it starts when `go` says so. */
+static void copier(int go, int ready)
 {
 	struct consumer k;
 	int n = 0;
+	char ch;
 
+	if (read(go, &ch, 1) != 1)
+		_exit(0); /* the test ended before the kill step */
 	consumer_open(&k, "victim");
 	for (;;) {
 		struct wex_tensor t[NT];
@@ -205,7 +209,7 @@ static void copier(int ready)
 
 int main(void)
 {
-	int rdy[2], st, fds0 = -1;
+	int rdy[2], go[2], st, fds0 = -1;
 	struct gpu_world w;
 	char ch;
 	uint64_t bad = 0, mem0 = 0, v;
@@ -217,6 +221,16 @@ int main(void)
 
 	gpu_require();
 	gpu_world_start(&w, producer);
+	CHECK(pipe(rdy) == 0 && pipe(go) == 0);
+	victim = fork();
+	CHECK(victim >= 0);
+	if (victim == 0) {
+		close(rdy[0]);
+		close(go[1]);
+		copier(go[0], rdy[1]);
+	}
+	close(rdy[1]);
+	close(go[0]);
 	h = malloc(TBYTES);
 	CHECK(h != NULL);
 
@@ -243,13 +257,8 @@ int main(void)
 	CHECK(mem_free() + NOISE >= mem0);
 
 	/* A consumer killed while it copies. */
-	CHECK(pipe(rdy) == 0);
-	victim = fork();
-	if (victim == 0) {
-		close(rdy[0]);
-		copier(rdy[1]);
-	}
-	close(rdy[1]);
+	CHECK(write(go[1], "g", 1) == 1);
+	close(go[1]);
 	CHECK(read(rdy[0], &ch, 1) == 1);
 	nanosleep(&ts, NULL);
 	CHECK(kill(victim, SIGKILL) == 0);

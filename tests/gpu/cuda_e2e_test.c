@@ -138,6 +138,43 @@ int main(void)
 		bad += bad_bytes(h + (size_t)i * ROWS * COLS, i);
 	CHECK(bad == 0);
 
+	/* 3. wex gives the calling thread its device binding back: no
+	 * context current before a call that copies on the GPU, none after;
+	 * with a second device, its context stays current through a call
+	 * whose memory is on device 0 (an engine thread stays on its GPU). */
+	{
+		CUcontext cur = (CUcontext)1, other = NULL;
+		CUdevice d1;
+		void *tmp;
+		int ndev = 0;
+
+		CU_OK(wex__cu.cuCtxSetCurrent(NULL));
+		CHECK_OK(wex_attach(c, t, NT)); /* forgets what the buffers hold: copies */
+		CHECK_OK(wex_sync(c, WEX_SYNC_COPY, 1, 5000, &r));
+		CHECK(r.bytes == total);
+		CU_OK(wex__cu.cuCtxGetCurrent(&cur));
+		CHECK(cur == NULL);
+		tmp = wex_cuda_alloc(1 << 20, 0, NULL);
+		CHECK(tmp != NULL);
+		wex_cuda_free(tmp, 1 << 20, 0, NULL);
+		CU_OK(wex__cu.cuCtxGetCurrent(&cur));
+		CHECK(cur == NULL);
+		CU_OK(wex__cu.cuDeviceGetCount(&ndev));
+		if (ndev > 1) {
+			CU_OK(wex__cu.cuDeviceGet(&d1, 1));
+			CU_OK(wex__cu.cuDevicePrimaryCtxRetain(&other, d1));
+			CU_OK(wex__cu.cuCtxSetCurrent(other));
+			CHECK_OK(wex_attach(c, t, NT));
+			CHECK_OK(wex_sync(c, WEX_SYNC_COPY, 1, 5000, &r));
+			CHECK(r.bytes == total);
+			CU_OK(wex__cu.cuCtxGetCurrent(&cur));
+			CHECK(cur == other);
+			CU_OK(wex__cu.cuCtxSetCurrent(NULL));
+		}
+		printf("device binding kept across wex calls (%s)\n",
+		       ndev > 1 ? "none, and device 1's" : "none; one device: device 1's not tried");
+	}
+
 	wex_client_close(c);
 	wex_cuda_free(mine, (ssize_t)total, 0, NULL);
 	gpu_world_stop(&w);

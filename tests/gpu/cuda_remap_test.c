@@ -16,7 +16,7 @@ enum { OP_SEG = 1, OP_MAPPED, OP_CHANGED, OP_DONE };
 
 static const char ptx[] =
 	".version 7.0\n"
-	".target sm_52\n"
+	".target sm_80\n"
 	".address_size 64\n"
 	"\n"
 	".visible .entry wex_copy_u32(\n"

@@ -15,9 +15,10 @@ static void producer(int sock)
 {
 	struct wex__cuda_staging st;
 	CUdeviceptr d;
-	int before = fd_count();
+	int before;
 
 	CHECK_OK(wex__cuda_use_device(0));
+	before = fd_count(); /* after the driver's own fds */
 	CU_OK(wex__cu.cuMemAlloc(&d, SSZ));
 	dev_fill(d, SSZ, 8);
 	CHECK_OK(wex__cuda_staging_create(SSZ + 100, 0, &st));
@@ -34,9 +35,12 @@ static void consumer(int sock)
 {
 	struct wex__cuda_staging st;
 	CUdeviceptr d;
-	int fd, before = fd_count();
-	struct tmsg m = trecv(sock, OP_STAGED, &fd);
+	int fd, before;
+	struct tmsg m;
 
+	CHECK_OK(wex__cuda_use_device(0));
+	before = fd_count(); /* after the driver's own fds */
+	m = trecv(sock, OP_STAGED, &fd);
 	CHECK(fd >= 0);
 	CHECK_OK(wex__cuda_staging_import(fd, m.a, 0, &st));
 	CU_OK(wex__cu.cuMemAlloc(&d, SSZ));

@@ -25,9 +25,19 @@ static const struct wex_mem_ops *vmm;
 static void p_export(int sock)
 {
 	struct wex_mem_seg seg;
-	int before = fd_count();
+	int before;
 
+	/* The driver keeps fds of its own from cuInit, the first context and
+	 * the first interprocess event on: count after them. */
 	CHECK_OK(wex__cuda_use_device(0));
+	{
+		struct wex_mem_desc ed = { 0 };
+		void *ev;
+
+		CHECK_OK(wex__cuda_event_record(NULL, &ev, ed.handle));
+		CHECK_OK(wex__cuda_event_destroy(ev));
+	}
+	before = fd_count();
 	CHECK_OK(vmm->alloc(SZ, 0, &seg));
 	CHECK(seg.desc.alloc_size >= SZ && seg.desc.size == SZ && seg.fd >= 0);
 	CHECK(strlen(seg.desc.device) >= 36);
@@ -57,13 +67,19 @@ static void c_import(int sock)
 	struct wex_mem_seg seg;
 	struct wex_copy_op op;
 	CUdeviceptr dst;
-	int fd, before = fd_count();
-	struct tmsg m = trecv(sock, OP_SEG, &fd);
+	int fd, before;
+	struct tmsg m = trecv(sock, OP_SEG, &fd), me = trecv(sock, OP_EVENT, NULL);
 
 	CHECK(fd >= 0);
+	/* The producer's fill is complete once its event is: wait for it on
+	 * the stream dev_check reads on (the legacy one).  The driver's own
+	 * fds (cuInit, context, the event) are open by now; the segment's fd
+	 * is counted and import takes it over. */
+	CHECK_OK(wex__cuda_use_device(0));
+	CHECK_OK(wex__cuda_event_wait(me.desc.handle, NULL, 0));
+	CU_OK(wex__cu.cuCtxSynchronize());
+	before = fd_count() - 1;
 	CHECK_OK(vmm->import(&m.desc, fd, &seg));
-	m = trecv(sock, OP_EVENT, NULL);
-	CHECK_OK(wex__cuda_event_wait(m.desc.handle, NULL, 0));
 	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, SZ, 1, 0));
 	/* In-place copy through the executor into a buffer of ours. */
 	CU_OK(wex__cu.cuMemAlloc(&dst, SZ));

@@ -18,6 +18,12 @@
  *    handle and mapping go, so leaks in the backends show as fd counts;
  *  - legacy IPC allocations are memfds; a handle names the exporter's pid
  *    and fd, and an importer opens /proc/<pid>/fd/<fd>;
+ *  - two devices (ordinals 0 and 1, distinct UUIDs, one primary context
+ *    each), so that a thread's current context can be told apart;
+ *  - as on a GPU, a process whose parent had initialised the driver before
+ *    fork() gets CUDA_ERROR_NOT_INITIALIZED from every call, and cuInit
+ *    and the first context keep fds open for the process's lifetime (so
+ *    fd-leak baselines must be taken after them);
  *  - copies are synchronous memcpy, except that with WEX_EMUL_DEFER=1
  *    cuMemcpyAsync and cuMemsetD8Async only queue their work, as a GPU
  *    does: it runs at the next cuCtxSynchronize, cuStreamSynchronize or
@@ -66,7 +72,10 @@ static struct range *rs;
 static size_t nrs, caprs;
 static uint64_t used;
 static unsigned seq;
-static __thread int ctx_current;
+/* The thread's current context: 0, or CTX(device) of the primary context. */
+#define NDEV 2
+#define CTX(d) (0x1000u + 0x100u * (unsigned)(d))
+static __thread uintptr_t ctx_current;
 
 /* Work queued by WEX_EMUL_DEFER=1 (see above). */
 struct pending {
@@ -156,13 +165,35 @@ static void unref(struct ealloc *a)
 	free(a);
 }
 
+/* CUDA does not survive fork: a child of a process that initialised the
+ * driver gets errors from every call (a test that forks a CUDA worker
+ * after using CUDA itself would fail or hang on a GPU). */
+static pid_t init_pid;
+
+#define FORKED()                                                                   \
+	do {                                                                       \
+		if (!init_pid || init_pid != getpid())                             \
+			return CUDA_ERROR_NOT_INITIALIZED;                         \
+	} while (0)
+
 static CUresult e_init(unsigned f)
 {
+	if (init_pid && init_pid != getpid())
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!init_pid) {
+		/* The driver keeps control-device fds open from here on. */
+		init_pid = getpid();
+		for (int i = 0; i < 2; i++)
+			if (open("/dev/null", O_RDONLY | O_CLOEXEC) < 0)
+				return CUDA_ERROR_OPERATING_SYSTEM;
+	}
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_version(int *v)
 {
+	if (init_pid && init_pid != getpid())
+		return CUDA_ERROR_NOT_INITIALIZED; /* callable before cuInit */
 	*v = 13000;
 	return CUDA_SUCCESS;
 }
@@ -178,27 +209,33 @@ static CUresult e_errname(CUresult r, const char **s)
 
 static CUresult e_dev_get(CUdevice *d, int ord)
 {
-	if (ord != 0)
+	FORKED();
+	if (ord < 0 || ord >= NDEV)
 		return CUDA_ERROR_INVALID_DEVICE;
-	*d = 0;
+	*d = ord;
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_dev_count(int *n)
 {
-	*n = 1;
+	FORKED();
+	*n = NDEV;
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_uuid(CUuuid *u, CUdevice d)
 {
+	FORKED();
+	if (d < 0 || d >= NDEV)
+		return CUDA_ERROR_INVALID_DEVICE;
 	for (int i = 0; i < 16; i++)
-		u->bytes[i] = (char)(0xa0 + i);
+		u->bytes[i] = (char)(0xa0 + i + 0x10 * d);
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_attr(int *v, CUdevice_attribute a, CUdevice d)
 {
+	FORKED();
 	*v = a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED ||
 	     a == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED;
 	return CUDA_SUCCESS;
@@ -206,37 +243,51 @@ static CUresult e_attr(int *v, CUdevice_attribute a, CUdevice d)
 
 static CUresult e_retain(CUcontext *c, CUdevice d)
 {
-	*c = (CUcontext)(uintptr_t)0x1000;
+	static int opened;
+
+	FORKED();
+	/* A context opens the device's fds and keeps them. */
+	for (; opened < 2; opened++)
+		if (open("/dev/null", O_RDONLY | O_CLOEXEC) < 0)
+			return CUDA_ERROR_OPERATING_SYSTEM;
+	if (d < 0 || d >= NDEV)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*c = (CUcontext)(uintptr_t)CTX(d);
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_set_cur(CUcontext c)
 {
-	ctx_current = c != NULL;
+	FORKED();
+	ctx_current = (uintptr_t)c;
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_get_cur(CUcontext *c)
 {
-	*c = ctx_current ? (CUcontext)(uintptr_t)0x1000 : NULL;
+	FORKED();
+	*c = (CUcontext)ctx_current;
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_ctx_dev(CUdevice *d)
 {
+	FORKED();
 	if (!ctx_current)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	*d = 0;
+	*d = (CUdevice)((ctx_current - CTX(0)) / (CTX(1) - CTX(0)));
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_ok(void)
 {
+	FORKED();
 	return ctx_current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 static CUresult e_gran(size_t *g, const CUmemAllocationProp *p, CUmemAllocationGranularity_flags f)
 {
+	FORKED();
 	*g = GRAN;
 	return CUDA_SUCCESS;
 }
@@ -244,6 +295,7 @@ static CUresult e_gran(size_t *g, const CUmemAllocationProp *p, CUmemAllocationG
 static CUresult e_create(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *p,
 			 unsigned long long flags)
 {
+	FORKED();
 	struct ealloc *a;
 	int fd;
 
@@ -269,6 +321,7 @@ static CUresult e_create(CUmemGenericAllocationHandle *h, size_t size, const CUm
 
 static CUresult e_release(CUmemGenericAllocationHandle h)
 {
+	FORKED();
 	flush();
 	if (!h)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -279,6 +332,7 @@ static CUresult e_release(CUmemGenericAllocationHandle h)
 static CUresult e_reserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr hint,
 			  unsigned long long flags)
 {
+	FORKED();
 	uint64_t al = align ? align : GRAN, a;
 	char *m;
 	struct range *r;
@@ -302,6 +356,7 @@ static CUresult e_reserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr
 
 static CUresult e_addr_free(CUdeviceptr p, size_t size)
 {
+	FORKED();
 	flush();
 	for (size_t i = 0; i < nrs; i++)
 		if (rs[i].kind == 0 && rs[i].va == p && rs[i].size == size) {
@@ -318,6 +373,7 @@ static CUresult e_addr_free(CUdeviceptr p, size_t size)
 static CUresult e_map(CUdeviceptr p, size_t size, size_t off, CUmemGenericAllocationHandle h,
 		      unsigned long long flags)
 {
+	FORKED();
 	struct ealloc *a = (struct ealloc *)(uintptr_t)h;
 	struct range *res = find_kind(p, 0), *r;
 
@@ -342,6 +398,7 @@ static CUresult e_map(CUdeviceptr p, size_t size, size_t off, CUmemGenericAlloca
 /* The whole range must consist of whole mappings. */
 static CUresult e_unmap(CUdeviceptr p, size_t size)
 {
+	FORKED();
 	uint64_t cur = p;
 
 	flush();
@@ -368,6 +425,7 @@ static CUresult e_unmap(CUdeviceptr p, size_t size)
 
 static CUresult e_access(CUdeviceptr p, size_t size, const CUmemAccessDesc *d, size_t count)
 {
+	FORKED();
 	uint64_t cur = p;
 	int prot;
 
@@ -388,6 +446,7 @@ static CUresult e_access(CUdeviceptr p, size_t size, const CUmemAccessDesc *d, s
 static CUresult e_export(void *out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType t,
 			 unsigned long long flags)
 {
+	FORKED();
 	struct ealloc *a = (struct ealloc *)(uintptr_t)h;
 	int fd;
 
@@ -404,6 +463,7 @@ static CUresult e_export(void *out, CUmemGenericAllocationHandle h, CUmemAllocat
 
 static CUresult e_import(CUmemGenericAllocationHandle *h, void *os, CUmemAllocationHandleType t)
 {
+	FORKED();
 	int fd = (int)(uintptr_t)os;
 	struct ealloc *a;
 	struct stat st;
@@ -423,6 +483,7 @@ static CUresult e_import(CUmemGenericAllocationHandle *h, void *os, CUmemAllocat
 
 static CUresult e_retain_handle(CUmemGenericAllocationHandle *h, void *addr)
 {
+	FORKED();
 	struct range *r = find_kind((uint64_t)(uintptr_t)addr, 1);
 
 	if (!r)
@@ -434,6 +495,7 @@ static CUresult e_retain_handle(CUmemGenericAllocationHandle *h, void *addr)
 
 static CUresult e_props(CUmemAllocationProp *p, CUmemGenericAllocationHandle h)
 {
+	FORKED();
 	struct ealloc *a = (struct ealloc *)(uintptr_t)h;
 
 	*p = (CUmemAllocationProp){
@@ -447,6 +509,7 @@ static CUresult e_props(CUmemAllocationProp *p, CUmemGenericAllocationHandle h)
 /* VMM: the mapping holding p (one allocation); others: the allocation. */
 static CUresult e_addr_range(CUdeviceptr *base, size_t *size, CUdeviceptr p)
 {
+	FORKED();
 	struct range *r = find_any(p);
 
 	if (!ctx_current)
@@ -462,6 +525,7 @@ static CUresult e_addr_range(CUdeviceptr *base, size_t *size, CUdeviceptr p)
 
 static CUresult e_info(size_t *f, size_t *t)
 {
+	FORKED();
 	*f = TOTAL - used;
 	*t = TOTAL;
 	return CUDA_SUCCESS;
@@ -469,6 +533,7 @@ static CUresult e_info(size_t *f, size_t *t)
 
 static CUresult e_alloc(CUdeviceptr *p, size_t size)
 {
+	FORKED();
 	struct range *r;
 	void *m;
 	int fd;
@@ -496,6 +561,7 @@ static CUresult e_alloc(CUdeviceptr *p, size_t size)
 
 static CUresult e_free(CUdeviceptr p)
 {
+	FORKED();
 	struct range *r = find_kind(p, 2);
 
 	flush();
@@ -510,6 +576,7 @@ static CUresult e_free(CUdeviceptr p)
 
 static CUresult e_ptr_attr(void *data, CUpointer_attribute a, CUdeviceptr p)
 {
+	FORKED();
 	if (a != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL || !find_any(p))
 		return CUDA_ERROR_INVALID_VALUE;
 	*(int *)data = 0;
@@ -518,6 +585,7 @@ static CUresult e_ptr_attr(void *data, CUpointer_attribute a, CUdeviceptr p)
 
 static CUresult e_ipc_get(CUipcMemHandle *h, CUdeviceptr p)
 {
+	FORKED();
 	struct range *r = find_kind(p, 2);
 
 	if (!r || r->va != p)
@@ -529,6 +597,7 @@ static CUresult e_ipc_get(CUipcMemHandle *h, CUdeviceptr p)
 
 static CUresult e_ipc_open(CUdeviceptr *p, CUipcMemHandle h, unsigned flags)
 {
+	FORKED();
 	char name[65];
 	struct range *r;
 	struct stat st;
@@ -573,6 +642,7 @@ static CUresult e_ipc_open(CUdeviceptr *p, CUipcMemHandle h, unsigned flags)
 
 static CUresult e_ipc_close(CUdeviceptr p)
 {
+	FORKED();
 	struct range *r = find_kind(p, 3);
 
 	flush();
@@ -587,52 +657,61 @@ static CUresult e_ipc_close(CUdeviceptr p)
 
 static CUresult e_ev_handle(CUipcEventHandle *h, CUevent e)
 {
+	FORKED();
 	memset(h, 0x5e, sizeof(*h));
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_ev_open(CUevent *e, CUipcEventHandle h)
 {
+	FORKED();
 	*e = (CUevent)malloc(8);
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_ev_create(CUevent *e, unsigned flags)
 {
+	FORKED();
 	*e = (CUevent)malloc(8);
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_ev_destroy(CUevent e)
 {
+	FORKED();
 	free(e);
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_ev_record(CUevent e, CUstream s)
 {
+	FORKED();
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_ev_sync(CUevent e)
 {
+	FORKED();
 	flush();
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_ev_elapsed(float *ms, CUevent a, CUevent b)
 {
+	FORKED();
 	*ms = 0;
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_wait_event(CUstream s, CUevent e, unsigned f)
 {
+	FORKED();
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_memcpy(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 {
+	FORKED();
 	if (deferring()) {
 		queue(d, s, n, 0, 0);
 		return CUDA_SUCCESS;
@@ -643,6 +722,7 @@ static CUresult e_memcpy(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 
 static CUresult e_htod(CUdeviceptr d, const void *s, size_t n)
 {
+	FORKED();
 	flush();
 	memcpy((void *)(uintptr_t)d, s, n);
 	return CUDA_SUCCESS;
@@ -650,6 +730,7 @@ static CUresult e_htod(CUdeviceptr d, const void *s, size_t n)
 
 static CUresult e_dtoh(void *d, CUdeviceptr s, size_t n)
 {
+	FORKED();
 	flush();
 	memcpy(d, (const void *)(uintptr_t)s, n);
 	return CUDA_SUCCESS;
@@ -657,6 +738,7 @@ static CUresult e_dtoh(void *d, CUdeviceptr s, size_t n)
 
 static CUresult e_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
 {
+	FORKED();
 	if (deferring()) {
 		queue(d, 0, n, 1, v);
 		return CUDA_SUCCESS;
@@ -667,6 +749,7 @@ static CUresult e_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
 
 static CUresult e_sync(void)
 {
+	FORKED();
 	flush();
 	return e_ok();
 }
@@ -678,6 +761,7 @@ static uint64_t addr_of(CUmemorytype t, const void *host, CUdeviceptr dev)
 
 static CUresult e_memcpy2d(const CUDA_MEMCPY2D *c, CUstream s)
 {
+	FORKED();
 	uint64_t sb = addr_of(c->srcMemoryType, c->srcHost, c->srcDevice);
 	uint64_t db = addr_of(c->dstMemoryType, c->dstHost, c->dstDevice);
 
@@ -693,6 +777,7 @@ static CUresult e_memcpy2d(const CUDA_MEMCPY2D *c, CUstream s)
 
 static CUresult e_memcpy3d(const CUDA_MEMCPY3D *c, CUstream s)
 {
+	FORKED();
 	uint64_t sb = addr_of(c->srcMemoryType, c->srcHost, c->srcDevice);
 	uint64_t db = addr_of(c->dstMemoryType, c->dstHost, c->dstDevice);
 
@@ -727,17 +812,20 @@ static CUresult batch(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, C
 static CUresult e_batch13(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count,
 			  CUmemcpyAttributes *a, size_t *idx, size_t na, CUstream st)
 {
+	FORKED();
 	return batch(d, s, n, count, a, idx, na, st);
 }
 
 static CUresult e_batch12(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count,
 			  CUmemcpyAttributes *a, size_t *idx, size_t na, size_t *fail, CUstream st)
 {
+	FORKED();
 	return batch(d, s, n, count, a, idx, na, st);
 }
 
 static CUresult e_host_reg(void *p, size_t size, unsigned flags)
 {
+	FORKED();
 	struct range *r;
 
 	if (find_kind((uint64_t)(uintptr_t)p, 4))
@@ -751,6 +839,7 @@ static CUresult e_host_reg(void *p, size_t size, unsigned flags)
 
 static CUresult e_host_unreg(void *p)
 {
+	FORKED();
 	struct range *r = find_kind((uint64_t)(uintptr_t)p, 4);
 
 	flush();
@@ -762,6 +851,7 @@ static CUresult e_host_unreg(void *p)
 
 static CUresult e_host_devptr(CUdeviceptr *d, void *p, unsigned flags)
 {
+	FORKED();
 	*d = (CUdeviceptr)(uintptr_t)p;
 	return CUDA_SUCCESS;
 }
@@ -780,18 +870,21 @@ struct estream {
 
 static CUresult e_stream_create(CUstream *s, unsigned flags)
 {
+	FORKED();
 	*s = (CUstream)calloc(1, sizeof(struct estream));
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_stream_destroy(CUstream s)
 {
+	FORKED();
 	free(s);
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_stream_sync(CUstream s)
 {
+	FORKED();
 	flush();
 	return CUDA_SUCCESS;
 }
@@ -800,6 +893,7 @@ static const char kernel_name[] = "wex_copy_u32";
 
 static CUresult e_mod_load(CUmodule *m, const void *image)
 {
+	FORKED();
 	if (!strstr(image, ".entry wex_copy_u32"))
 		return CUDA_ERROR_INVALID_PTX;
 	*m = (CUmodule)(uintptr_t)0x2000;
@@ -808,6 +902,7 @@ static CUresult e_mod_load(CUmodule *m, const void *image)
 
 static CUresult e_mod_func(CUfunction *f, CUmodule m, const char *name)
 {
+	FORKED();
 	if (strcmp(name, kernel_name))
 		return CUDA_ERROR_NOT_FOUND;
 	*f = (CUfunction)(uintptr_t)kernel_name;
@@ -816,6 +911,7 @@ static CUresult e_mod_func(CUfunction *f, CUmodule m, const char *name)
 
 static CUresult e_mod_unload(CUmodule m)
 {
+	FORKED();
 	return CUDA_SUCCESS;
 }
 
@@ -828,6 +924,7 @@ static void run(const struct launch *l)
 static CUresult e_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 			 unsigned by, unsigned bz, unsigned shm, CUstream s, void **params, void **extra)
 {
+	FORKED();
 	struct estream *es = (struct estream *)s;
 	struct launch l;
 
@@ -848,6 +945,7 @@ static CUresult e_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, un
 
 static CUresult e_begin_capture(CUstream s, CUstreamCaptureMode mode)
 {
+	FORKED();
 	struct estream *es = (struct estream *)s;
 
 	if (!es)
@@ -859,6 +957,7 @@ static CUresult e_begin_capture(CUstream s, CUstreamCaptureMode mode)
 
 static CUresult e_end_capture(CUstream s, CUgraph *g)
 {
+	FORKED();
 	struct estream *es = (struct estream *)s, *copy;
 
 	if (!es || !es->capturing)
@@ -873,6 +972,7 @@ static CUresult e_end_capture(CUstream s, CUgraph *g)
 
 static CUresult e_instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags)
 {
+	FORKED();
 	struct estream *copy = malloc(sizeof(*copy));
 
 	*copy = *(struct estream *)g;
@@ -882,6 +982,7 @@ static CUresult e_instantiate(CUgraphExec *e, CUgraph g, unsigned long long flag
 
 static CUresult e_graph_launch(CUgraphExec e, CUstream s)
 {
+	FORKED();
 	struct estream *g = (struct estream *)e;
 
 	flush();
@@ -892,6 +993,7 @@ static CUresult e_graph_launch(CUgraphExec e, CUstream s)
 
 static CUresult e_graph_free(void *g)
 {
+	FORKED();
 	free(g);
 	return CUDA_SUCCESS;
 }

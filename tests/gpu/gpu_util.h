@@ -12,10 +12,12 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -179,6 +181,9 @@ static inline void dev_fill(uint64_t d, size_t n, unsigned seed)
 	for (size_t i = 0; i < n; i++)
 		h[i] = (unsigned char)(i * 131u + seed * 7u + (i >> 12));
 	CU_OK(wex__cu.cuMemcpyHtoD((CUdeviceptr)d, h, n));
+	/* From pageable memory the call may return before the DMA reaches
+	 * the device: other processes read these bytes next. */
+	CU_OK(wex__cu.cuCtxSynchronize());
 	free(h);
 }
 
@@ -335,6 +340,9 @@ static inline pid_t gpu_start_wexd(void)
 	CHECK(pipe(p) == 0);
 	pid = fork();
 	if (pid == 0) {
+		/* A failed test must not leave wexd behind: it would keep the
+		 * exported allocations (and so device memory) alive. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		close(p[0]);
 		snprintf(fds, sizeof(fds), "%d", p[1]);
 		setenv("WEXD_READY_FD", fds, 1);
@@ -371,6 +379,7 @@ static inline void gpu_world_start(struct gpu_world *w, void (*producer)(int in,
 	w->prod = fork();
 	CHECK(w->prod >= 0);
 	if (w->prod == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		close(a[1]);
 		close(b[0]);
 		producer(a[0], b[1]);

@@ -1,0 +1,130 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuda_facts - driver behaviour that the CUDA backend relies on, checked
+ * on the GPU at hand, plus facts it does not rely on, reported so that the
+ * next change can (one JSON line at the end; also written to
+ * $WEX_FACTS_OUT when set).
+ *
+ * Asserted (wex depends on them):
+ *  - cuMemMap of the first part of an allocation (offset 0, size below
+ *    the allocation's): map_fixed maps the last producer allocation of a
+ *    region only as far as the region goes;
+ *  - cuMemGetAddressRange on VMM memory gives the one allocation mapped
+ *    at the address, not the whole reservation, for allocations mapped
+ *    back to back (how wex finds expandable-segment chunks);
+ *  - the driver keeps no fd per mapping: 100 map/unmap rounds leave the
+ *    process's fd count where it was.
+ * Reported only:
+ *  - whether cuMemMap accepts a non-zero offset into an allocation (the
+ *    reference manual says "currently must be zero"; wex needs it only for
+ *    a producer segment that starts inside an allocation);
+ *  - fds the driver opens for itself at cuInit + first context;
+ *  - fabric handles, cuMemcpyBatchAsync, compute capability, driver.
+ *
+ * Needs a CUDA driver and device (exit 77 with the reason otherwise); CI
+ * runs it against tests/gpu/emul_cuda.c (cuda_facts_emul).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "gpu_util.h"
+
+int main(void)
+{
+	CUmemAllocationProp prop = {
+		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+	};
+	CUmemAccessDesc acc = {
+		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+		.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+	};
+	CUmemGenericAllocationHandle h[2];
+	CUdeviceptr va, base = 0;
+	size_t g = 0, sz = 0;
+	int fds0, fds1, fds2, major = 0, minor = 0, fabric = 0, off_ok, fd_steady;
+	CUresult r;
+	const char *out = getenv("WEX_FACTS_OUT");
+	char json[1024];
+	CUdevice dev;
+
+	gpu_require();
+	fds0 = fd_count();
+	CHECK_OK(wex__cuda_use_device(0));
+	fds1 = fd_count();
+	CU_OK(wex__cu.cuDeviceGet(&dev, 0));
+	CU_OK(wex__cu.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
+	CU_OK(wex__cu.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+	CU_OK(wex__cu.cuDeviceGetAttribute(&fabric, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+					   dev));
+	CU_OK(wex__cu.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+	CU_OK(wex__cu.cuMemAddressReserve(&va, 4 * g, g, 0, 0));
+	CU_OK(wex__cu.cuMemCreate(&h[0], 2 * g, &prop, 0));
+	CU_OK(wex__cu.cuMemCreate(&h[1], 2 * g, &prop, 0));
+
+	/* Two allocations back to back: one range each. */
+	CU_OK(wex__cu.cuMemMap(va, 2 * g, 0, h[0], 0));
+	CU_OK(wex__cu.cuMemMap(va + 2 * g, 2 * g, 0, h[1], 0));
+	CU_OK(wex__cu.cuMemSetAccess(va, 4 * g, &acc, 1));
+	CU_OK(wex__cu.cuMemGetAddressRange(&base, &sz, va + 3 * g + 17));
+	printf("address range of an address in the second allocation: +%llu, %zu bytes\n",
+	       (unsigned long long)(base - va), sz);
+	CHECK(base == va + 2 * g && sz == 2 * g);
+	dev_fill(va, 4 * g, 3);
+	CU_OK(wex__cu.cuMemUnmap(va, 2 * g));
+	CU_OK(wex__cu.cuMemUnmap(va + 2 * g, 2 * g));
+
+	/* The first part of an allocation: what map_fixed does at a region's
+	 * end.  The bytes are the allocation's own. */
+	CU_OK(wex__cu.cuMemMap(va, g, 0, h[1], 0));
+	CU_OK(wex__cu.cuMemSetAccess(va, g, &acc, 1));
+	CHECK(dev_check(va, g, 3, 2 * g));
+	CU_OK(wex__cu.cuMemUnmap(va, g));
+	printf("mapping the first %zu of %zu bytes of an allocation: ok\n", g, 2 * g);
+
+	/* A non-zero offset into an allocation: reported. */
+	r = wex__cu.cuMemMap(va, g, g, h[1], 0);
+	off_ok = r == CUDA_SUCCESS;
+	if (off_ok) {
+		CU_OK(wex__cu.cuMemSetAccess(va, g, &acc, 1));
+		off_ok = dev_check(va, g, 3, 3 * g) ? 1 : -1;
+		CU_OK(wex__cu.cuMemUnmap(va, g));
+	}
+	printf("cuMemMap at offset %zu into an allocation: %s (CUresult %d)\n", g,
+	       off_ok > 0 ? "accepted, right bytes" : off_ok < 0 ? "accepted, WRONG bytes" :
+							   "refused", (int)r);
+
+	/* No fd per mapping. */
+	fds2 = fd_count();
+	for (int i = 0; i < 100; i++) {
+		CU_OK(wex__cu.cuMemMap(va, 2 * g, 0, h[i & 1], 0));
+		CU_OK(wex__cu.cuMemSetAccess(va, 2 * g, &acc, 1));
+		CU_OK(wex__cu.cuMemUnmap(va, 2 * g));
+	}
+	fd_steady = fd_count() == fds2;
+	CU_OK(wex__cu.cuMemRelease(h[0]));
+	CU_OK(wex__cu.cuMemRelease(h[1]));
+	CU_OK(wex__cu.cuMemAddressFree(va, 4 * g));
+	printf("fds: %d before cuInit, %d after cuInit + context; 100 map/unmap rounds: %s\n", fds0,
+	       fds1, fd_steady ? "steady" : "CHANGED");
+
+	snprintf(json, sizeof(json),
+		 "{\"driver_version\": %d, \"compute_capability\": \"%d.%d\", \"granularity\": %zu, "
+		 "\"fabric_handles\": %d, \"memcpy_batch\": %s, \"partial_map\": true, "
+		 "\"per_allocation_range\": true, \"map_nonzero_offset\": \"%s\", "
+		 "\"driver_fds\": %d, \"fds_steady_over_maps\": %s}",
+		 wex__cu.driver_version, major, minor, g, fabric,
+		 wex__cu.cuMemcpyBatchAsync13 || wex__cu.cuMemcpyBatchAsync12 ? "true" : "false",
+		 off_ok > 0 ? "ok" : off_ok < 0 ? "wrong-bytes" : "refused", fds1 - fds0,
+		 fd_steady ? "true" : "false");
+	if (out) {
+		FILE *f = fopen(out, "w");
+
+		CHECK(f && fprintf(f, "%s\n", json) > 0 && fclose(f) == 0);
+	}
+	CHECK(fd_steady);
+	CHECK(off_ok >= 0); /* accepted means right bytes */
+	printf("%s\n", json);
+	return T_EXIT_PASS;
+}
