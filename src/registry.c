@@ -423,8 +423,12 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 		return wex__reply_error(-EINVAL, "register_segment: a part cannot chain parts");
 	if (part && k != WEX_MEM_CUDA_VMM)
 		return wex__reply_error(-EINVAL, "register_segment: only cuda_vmm memory comes in parts");
-	/* A chained segment's memory travels with its parts. */
+	/* A chained segment's memory travels with its parts; VMM memory made
+	 * with fabric handles only (PyTorch's choice where IMEX works) as its
+	 * 64-byte fabric handle. */
 	need_fd = k != WEX_MEM_CUDA_IPC && !parts;
+	if (k == WEX_MEM_CUDA_VMM && need_fd && nfds == 0 && strlen(handle) == 2 * 64)
+		need_fd = 0;
 	if (nfds != need_fd)
 		return wex__reply_error(-EINVAL, "register_segment: %s%s takes %d fd, got %d",
 					parts ? "a chained " : "kind ", kind, need_fd, nfds);

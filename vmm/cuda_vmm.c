@@ -313,23 +313,23 @@ static int vmm_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 	ret = WEX_CU(wex__cu.cuMemGetAllocationPropertiesFromHandle(&prop, h));
 	if (ret)
 		goto err_release;
-	if (!(prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+	if (!(prop.requestedHandleTypes &
+	      (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC))) {
 		/* vLLM's CuMemAllocator and torch_memory_saver create memory
 		 * like this: it can never be exported. */
-		wex_error("cuda", "memory of %llu bytes was created without a POSIX fd handle type "
-			  "(handle types %#x%s): not exportable (use "
+		wex_error("cuda", "memory of %llu bytes was created without a POSIX fd or fabric "
+			  "handle type (handle types %#x): not exportable (use "
 			  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or wex_cuda_alloc)",
-			  (unsigned long long)size, (unsigned)prop.requestedHandleTypes,
-			  prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC ?
-				  ", fabric only: PyTorch chose fabric handles, found usable here" :
-				  "");
+			  (unsigned long long)size, (unsigned)prop.requestedHandleTypes);
 		ret = -EOPNOTSUPP;
 		goto err_release;
 	}
 	dev = prop.location.id;
-	ret = export_fd(h, &efd);
-	if (ret)
-		goto err_release;
+	if (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+		ret = export_fd(h, &efd);
+		if (ret)
+			goto err_release;
+	}
 	p = priv_new(1, dev);
 	if (!p) {
 		ret = -ENOMEM;
@@ -346,6 +346,15 @@ static int vmm_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 	seg->desc.handle_offset = ch.offset;
 	wex__cuda_device_uuid(dev, seg->desc.device, sizeof(seg->desc.device));
 	export_fabric(h, prop.requestedHandleTypes, &seg->desc);
+	if (efd < 0 && !seg->desc.handle_len) {
+		/* Fabric only (PyTorch's expandable segments where IMEX
+		 * works), and the export failed: nothing can import it. */
+		wex_error("cuda", "memory of %llu bytes has fabric handles only, and exporting its "
+			  "fabric handle failed (no IMEX channel?)", (unsigned long long)size);
+		free(p);
+		ret = -EOPNOTSUPP;
+		goto err_release;
+	}
 	seg->ptr = ptr;
 	seg->fd = efd;
 	seg->owner = 0;
@@ -483,9 +492,11 @@ int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds
 		if (fds[i] >= 0)
 			ret = WEX_CU(wex__cu.cuMemImportFromShareableHandle(
 				&h, (void *)(uintptr_t)fds[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
-		else
+		else if (descs[i].handle_len == sizeof(CUmemFabricHandle))
 			ret = WEX_CU(wex__cu.cuMemImportFromShareableHandle(
 				&h, (void *)descs[i].handle, CU_MEM_HANDLE_TYPE_FABRIC));
+		else
+			ret = -EINVAL; /* neither an fd nor a fabric handle */
 		/* The handle holds the memory now; the fd is one more reference
 		 * we need not keep (memMapIPCDrv closes it at once too). */
 		if (fds[i] >= 0)

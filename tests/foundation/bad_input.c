@@ -131,8 +131,12 @@ int main(void)
 	/* Chained segments (a range over several VMM allocations): wexd
 	 * checks the parts' bookkeeping; the fds are opaque to it here. */
 #define SEG "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"cuda_vmm\",\"device\":\"GPU-a\","
+#define FABRIC16 "0123456789abcdef"
+#define FABRIC64 FABRIC16 FABRIC16 FABRIC16 FABRIC16 FABRIC16 FABRIC16 FABRIC16 FABRIC16
 	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096,\"part\":true}",
 		   &mfd, 1, "EINVAL", "only cuda_vmm", "host memory as a part");
+	expect_req(prod, SEG "\"size\":4096,\"handle\":\"00ff\"}", NULL, 0, "EINVAL", "takes 1 fd",
+		   "VMM memory with neither an fd nor a fabric handle");
 	expect_req(prod, SEG "\"size\":4096,\"part\":true,\"parts\":[0,1]}", NULL, 0, "EINVAL",
 		   "cannot chain", "a part that chains parts");
 	expect_req(prod, SEG "\"size\":4096,\"parts\":[0,0]}", NULL, 0, "EINVAL", "not a part",
@@ -155,7 +159,11 @@ int main(void)
 		   "good chained segment");
 	expect_req(prod, SEG "\"size\":4096,\"parts\":[1,2]}", NULL, 0, "EINVAL", "already chained",
 		   "parts chained twice");
+	expect_req(prod, SEG "\"size\":4096,\"handle\":\"" FABRIC64 "\"}", NULL, 0, "OK", NULL,
+		   "VMM memory with a 64-byte fabric handle and no fd (fabric-only memory)");
 #undef SEG
+#undef FABRIC64
+#undef FABRIC16
 	t[0] = tensor("on.part", 0);
 	t[0].segment = 1;
 	tfd = wex__table_pack(t, NULL, 1);

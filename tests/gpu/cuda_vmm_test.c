@@ -16,7 +16,7 @@
 
 #include "gpu_util.h"
 
-enum { OP_SEG = 1, OP_DONE, OP_NEXT, OP_STARTED, OP_SEG2, OP_EVENT };
+enum { OP_SEG = 1, OP_DONE, OP_NEXT, OP_STARTED, OP_SEG2, OP_EVENT, OP_NONE };
 
 static const struct wex_mem_ops *vmm;
 
@@ -316,6 +316,83 @@ static void c_wrap(int sock)
 	tsend(sock, OP_DONE, NULL, 0, -1);
 }
 
+/* Memory made with fabric handles only (what PyTorch's expandable
+ * segments are where IMEX works): wrapped with no fd, imported from the
+ * 64-byte handle alone.  Where the driver refuses fabric-only memory
+ * (no IMEX channel, the usual single node) this pair says so and checks
+ * nothing more. */
+static void p_fabric(int sock)
+{
+	CUmemAllocationProp prop = {
+		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC,
+		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+	};
+	CUmemAccessDesc acc = {
+		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+		.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+	};
+	CUmemGenericAllocationHandle h;
+	CUmemFabricHandle fh;
+	struct wex_mem_seg w;
+	CUdeviceptr va;
+	size_t g;
+	CUresult r;
+	int ret;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	CU_OK(wex__cu.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+	r = wex__cu.cuMemCreate(&h, 2 * g, &prop, 0);
+	if (r != CUDA_SUCCESS) {
+		printf("  fabric-only memory refused here (%s): not tried\n", wex__cuda_errname(r));
+		tsend(sock, OP_NONE, NULL, 0, -1);
+		return;
+	}
+	CU_OK(wex__cu.cuMemAddressReserve(&va, 2 * g, g, 0, 0));
+	CU_OK(wex__cu.cuMemMap(va, 2 * g, 0, h, 0));
+	CU_OK(wex__cu.cuMemSetAccess(va, 2 * g, &acc, 1));
+	dev_fill(va, 2 * g, 11);
+	ret = vmm->wrap((void *)(uintptr_t)(va + 4096), g, -1, &w);
+	r = wex__cu.cuMemExportToShareableHandle(&fh, h, CU_MEM_HANDLE_TYPE_FABRIC, 0);
+	if (r != CUDA_SUCCESS) {
+		/* Created, but its handle does not export (a driver that takes
+		 * the type where fabric does not work): refused, as it must. */
+		printf("  fabric-only memory created but not exportable here (%s): wrap refuses it\n",
+		       wex__cuda_errname(r));
+		CHECK(ret == -EOPNOTSUPP);
+		tsend(sock, OP_NONE, NULL, 0, -1);
+	} else {
+		CHECK_OK(ret);
+		CHECK(w.fd < 0 && w.desc.handle_len == 64 && w.desc.handle_offset == 4096);
+		tsend(sock, OP_SEG, &w.desc, 0, -1);
+		trecv(sock, OP_DONE, NULL);
+		CHECK_OK(vmm->release(&w));
+	}
+	CU_OK(wex__cu.cuMemUnmap(va, 2 * g));
+	CU_OK(wex__cu.cuMemRelease(h));
+	CU_OK(wex__cu.cuMemAddressFree(va, 2 * g));
+}
+
+static void c_fabric(int sock)
+{
+	struct wex_mem_seg seg;
+	struct tmsg m;
+	int fd;
+
+	CHECK_OK(recv_msg(sock, &m, sizeof(m), &fd));
+	if (m.op == OP_NONE)
+		return;
+	CHECK(m.op == OP_SEG && fd < 0);
+	CHECK_OK(vmm->import(&m.desc, -1, &seg));
+	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, 1u << 20, 11, 4096));
+	CHECK_OK(vmm->release(&seg));
+	/* Neither an fd nor a fabric handle: refused. */
+	m.desc.handle_len = 0;
+	CHECK(vmm->import(&m.desc, -1, &seg) == -EINVAL);
+	printf("  fabric-only memory: wrapped without an fd, imported from its handle\n");
+	tsend(sock, OP_DONE, NULL, 0, -1);
+}
+
 int main(void)
 {
 	int ret = 0;
@@ -328,6 +405,7 @@ int main(void)
 	ret |= run_one("leak_alloc", leak_alloc);
 	ret |= killed();
 	ret |= run_pair("wrap_chunks", p_wrap, c_wrap);
+	ret |= run_pair("wrap_fabric", p_fabric, c_fabric);
 	printf("%s\n", ret ? "FAIL" : "PASS");
 	return ret ? T_EXIT_FAIL : T_EXIT_PASS;
 }

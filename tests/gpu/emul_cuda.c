@@ -18,6 +18,8 @@
  *    handle and mapping go, so leaks in the backends show as fd counts;
  *  - legacy IPC allocations are memfds; a handle names the exporter's pid
  *    and fd, and an importer opens /proc/<pid>/fd/<fd>;
+ *  - with WEX_EMUL_FABRIC=1, fabric handles (cuMemCreate with
+ *    CU_MEM_HANDLE_TYPE_FABRIC, export and import of the 64-byte handle);
  *  - two devices (ordinals 0 and 1, distinct UUIDs, one primary context
  *    each), so that a thread's current context can be told apart;
  *  - as on a GPU, a process whose parent had initialised the driver before
@@ -165,6 +167,15 @@ static void unref(struct ealloc *a)
 	free(a);
 }
 
+/* WEX_EMUL_FABRIC=1: fabric handles work (a node with IMEX), as 64 bytes
+ * naming the exporter's pid and the allocation's fd. */
+static int fabric(void)
+{
+	const char *e = getenv("WEX_EMUL_FABRIC");
+
+	return e && *e == '1';
+}
+
 /* CUDA does not survive fork: a child of a process that initialised the
  * driver gets errors from every call (a test that forks a CUDA worker
  * after using CUDA itself would fail or hang on a GPU). */
@@ -237,7 +248,8 @@ static CUresult e_attr(int *v, CUdevice_attribute a, CUdevice d)
 {
 	FORKED();
 	*v = a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED ||
-	     a == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED;
+	     a == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ||
+	     (a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED && fabric());
 	return CUDA_SUCCESS;
 }
 
@@ -301,7 +313,8 @@ static CUresult e_create(CUmemGenericAllocationHandle *h, size_t size, const CUm
 
 	if (!size || size % GRAN || p->type != CU_MEM_ALLOCATION_TYPE_PINNED)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (p->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+	if (p->requestedHandleTypes &
+	    ~(unsigned)(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | (fabric() ? CU_MEM_HANDLE_TYPE_FABRIC : 0)))
 		return CUDA_ERROR_NOT_SUPPORTED;
 	if (used + size > TOTAL)
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -450,6 +463,17 @@ static CUresult e_export(void *out, CUmemGenericAllocationHandle h, CUmemAllocat
 	struct ealloc *a = (struct ealloc *)(uintptr_t)h;
 	int fd;
 
+	if (t == CU_MEM_HANDLE_TYPE_FABRIC) {
+		/* The exporter's pid and the allocation's fd (importers open
+		 * /proc/<pid>/fd/<fd>, as for legacy IPC handles). */
+		CUmemFabricHandle *fh = out;
+
+		if (!fabric() || !(a->types & CU_MEM_HANDLE_TYPE_FABRIC))
+			return CUDA_ERROR_INVALID_VALUE;
+		memset(fh, 0, sizeof(*fh));
+		snprintf((char *)fh->data, sizeof(fh->data), "emulfab %d %d", (int)getpid(), a->fd);
+		return CUDA_SUCCESS;
+	}
 	if (t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
 		return CUDA_ERROR_NOT_SUPPORTED;
 	if (!(a->types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
@@ -464,19 +488,34 @@ static CUresult e_export(void *out, CUmemGenericAllocationHandle h, CUmemAllocat
 static CUresult e_import(CUmemGenericAllocationHandle *h, void *os, CUmemAllocationHandleType t)
 {
 	FORKED();
-	int fd = (int)(uintptr_t)os;
+	int fd = (int)(uintptr_t)os, pfd = -1, pid = 0, efd = -1;
 	struct ealloc *a;
 	struct stat st;
 
-	if (t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+	if (t == CU_MEM_HANDLE_TYPE_FABRIC) {
+		const CUmemFabricHandle *fh = os;
+		char path[64];
+
+		if (!fabric() || sscanf((const char *)fh->data, "emulfab %d %d", &pid, &efd) != 2)
+			return CUDA_ERROR_INVALID_VALUE;
+		snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, efd);
+		pfd = open(path, O_RDWR | O_CLOEXEC);
+		if (pfd < 0)
+			return CUDA_ERROR_INVALID_VALUE;
+		fd = pfd;
+	} else if (t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
 		return CUDA_ERROR_NOT_SUPPORTED;
-	if (fstat(fd, &st) < 0)
+	}
+	if (fstat(fd, &st) < 0) {
+		if (pfd >= 0)
+			close(pfd);
 		return CUDA_ERROR_INVALID_VALUE;
+	}
 	a = calloc(1, sizeof(*a));
-	a->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	a->fd = pfd >= 0 ? pfd : fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	a->size = (uint64_t)st.st_size;
 	a->refs = 1;
-	a->types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	a->types = (unsigned)t;
 	*h = (CUmemGenericAllocationHandle)(uintptr_t)a;
 	return CUDA_SUCCESS;
 }
