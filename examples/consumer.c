@@ -9,6 +9,9 @@
  *
  *   wex-consumer --rank K --world M [--group G] [--model NAME] [--preset P]
  *                [--modes view,fixed,copy] [--versions K] [--quiet] [--hold]
+ *
+ * Consumer rank K mirrors producer rank K, so M is the producers' world size
+ * (wex_reserve refuses a producer rank that does not exist).
  */
 #include <getopt.h>
 #include <signal.h>

@@ -98,6 +98,7 @@ struct wex_client {
 	int has_lease;
 	int dirty;
 	json_t *report; /* the last finished sync, sent with the next request */
+	int lease_kept; /* the last error reply said a held lease stands */
 };
 
 static int set_err(struct wex_client *c, int ret, const char *fmt, ...)
@@ -192,6 +193,7 @@ static int reply_status(struct wex_client *c, json_t *reply)
 		return 0;
 	json_unpack(reply, "{s:{s?s, s?s}}", "error", "code", &code, "message", &msg);
 	snprintf(c->err, sizeof(c->err), "%s", msg);
+	c->lease_kept = json_is_true(json_object_get(reply, "lease_kept"));
 	return wex__errcode(code);
 }
 
@@ -1376,16 +1378,19 @@ again:
 	req = json_pack("{s:s, s:I, s:I, s:i}", "op", "acquire", "min_version",
 			(json_int_t)min_version, "timeout_ms", (json_int_t)timeout_ms, "mode", mode);
 	/* wexd drops our previous lease once it takes this acquire on (and
-	 * then answers it or times it out); an acquire it refuses outright
-	 * (shutting down, bad arguments, a request in flight) leaves the
-	 * previous lease held, and the caller may still use and release it. */
+	 * then answers it, times it out or ends its wait at shutdown); an
+	 * acquire it refuses outright (shutting down, bad arguments) leaves
+	 * the previous lease held, says so ("lease_kept"), and the caller may
+	 * still use and release it. */
 	held = c->has_lease;
 	conn = c->conn_gen;
 	c->has_lease = 0;
+	c->lease_kept = 0;
 	ret = rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, timeout_ms);
 	if (ret < 0) {
-		if (held && c->conn_gen == conn && c->fd >= 0 &&
-		    (ret == -ESHUTDOWN || ret == -EINVAL || ret == -EPERM || ret == -EBUSY))
+		/* wexd says whether it refused the acquire before taking it on
+		 * (the previous lease stands) or dropped that lease first. */
+		if (held && c->lease_kept && c->conn_gen == conn && c->fd >= 0)
 			c->has_lease = 1;
 		return ret;
 	}

@@ -752,6 +752,16 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 	return 1;
 }
 
+/* An acquire refused before it was taken on leaves the previous lease
+ * held; the reply says so, and the client keeps it (anything else - a
+ * timeout, a wait ended by shutdown - has dropped it). */
+static json_t *lease_kept(struct conn *c, json_t *reply)
+{
+	if (c->has_lease)
+		json_object_set_new(reply, "lease_kept", json_true());
+	return reply;
+}
+
 json_t *wexd_acquire(struct wexd *d, struct conn *c, json_t *req)
 {
 	json_int_t minv = 0, timeout = -1, mode = WEX_SYNC_COPY;
@@ -762,11 +772,12 @@ json_t *wexd_acquire(struct wexd *d, struct conn *c, json_t *req)
 		return wex__reply_error(-EPERM, "acquire: only consumers acquire");
 	if (json_unpack_ex(req, &je, 0, "{s?I, s?I, s?I}", "min_version", &minv, "timeout_ms",
 			   &timeout, "mode", &mode) < 0)
-		return wex__reply_error(-EINVAL, "acquire: %s", je.text);
+		return lease_kept(c, wex__reply_error(-EINVAL, "acquire: %s", je.text));
 	if (mode < WEX_SYNC_COPY || mode > WEX_SYNC_REMAP_FIXED || minv < 0)
-		return wex__reply_error(-EINVAL, "acquire: mode %lld unknown", (long long)mode);
+		return lease_kept(c, wex__reply_error(-EINVAL, "acquire: mode %lld unknown",
+						      (long long)mode));
 	if (d->draining)
-		return wex__reply_error(-ESHUTDOWN, "acquire: wexd is shutting down");
+		return lease_kept(c, wex__reply_error(-ESHUTDOWN, "acquire: wexd is shutting down"));
 	/* Re-syncing a version this rank holds (a switch of mode) keeps the
 	 * lease.  Otherwise a new sync ends the previous rollout's lease: in
 	 * single-buffer mode the producer cannot write while it is held. */

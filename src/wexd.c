@@ -46,7 +46,7 @@ int wexd_send(struct wexd *d, struct conn *c, json_t *reply, const int *fds, int
 	char *s;
 	ssize_t n;
 
-	if (c->dead)
+	if (c->dead || c->dropping)
 		return -EPIPE;
 	if (json_is_false(json_object_get(reply, "ok")))
 		wex__metrics_count(WEX_M_ERRORS,
@@ -70,6 +70,7 @@ int wexd_send(struct wexd *d, struct conn *c, json_t *reply, const int *fds, int
 		wex_warn("conn", "client %llu (pid %d): send failed: %s: dropping",
 			 (unsigned long long)c->id, (int)c->pid, strerror((int)-n));
 		shutdown(c->io.fd, SHUT_RDWR);
+		c->dropping = 1;
 		return (int)n;
 	}
 	return 0;
@@ -273,8 +274,12 @@ static json_t *validate_and_run(struct wexd *d, struct conn *c, const char *buf,
 		return reply;
 	}
 	if (d->draining && strcmp(op, "release") && strcmp(op, "publish") && strcmp(op, "status")) {
-		json_decref(req);
-		return wex__reply_error(-ESHUTDOWN, "wexd is shutting down");
+		reply = wex__reply_error(-ESHUTDOWN, "wexd is shutting down");
+		/* Refused before it was taken on: a lease held stays held. */
+		if (!strcmp(op, "acquire") && c->has_lease)
+			json_object_set_new(reply, "lease_kept", json_true());
+		json_decref(req); /* op points into it */
+		return reply;
 	}
 	wex__metrics_count(WEX_M_REQUESTS, op, NULL, 1);
 	/* Clients report their finished syncs on their next request. */
@@ -290,7 +295,7 @@ static void on_msg(void *arg, struct wex_loop_io *io, ssize_t len, int *fds, int
 	struct conn *c = io->owner;
 	json_t *reply;
 
-	if (len <= 0) {
+	if (len <= 0 || c->dropping) {
 		if (len < 0)
 			wex_debug("conn", "client %llu: receive: %s", (unsigned long long)c->id,
 				  strerror((int)-len));

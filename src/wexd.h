@@ -33,6 +33,7 @@ struct conn {
 	struct cgroup *group;
 	uint32_t rank;
 	int dead;
+	int dropping; /* a reply could not be sent: closed on its next event */
 	int refused_logged;
 	/* A deferred request. */
 	int waiting;

@@ -188,13 +188,13 @@ static int vmm_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
 		 * failure the same way and falls back to POSIX fds. */
 		wex_debug("cuda", "fabric handles unavailable (%s): POSIX fd only",
 			  wex__cuda_errname(r));
-		/* Not asked again on this device (one failing cuMemCreate per
-		 * allocation otherwise). */
-		if (device < 64)
-			__atomic_fetch_or(&fabric_refused, 1ull << device, __ATOMIC_RELAXED);
 		types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 		prop.requestedHandleTypes = (CUmemAllocationHandleType)types;
 		r = wex__cu.cuMemCreate(&h, (size_t)asize, &prop, 0);
+		/* Fabric was the cause: not asked again on this device (one
+		 * failing cuMemCreate per allocation otherwise). */
+		if (r == CUDA_SUCCESS && device < 64)
+			__atomic_fetch_or(&fabric_refused, 1ull << device, __ATOMIC_RELAXED);
 	}
 	ret = wex__cuda_err(r, "cuMemCreate");
 	if (ret)

@@ -128,7 +128,7 @@ err_close:
 	dlclose(libcuda);
 	libcuda = NULL;
 err:
-	load_result = -WEX_ENOCUDA;
+	__atomic_store_n(&load_result, -WEX_ENOCUDA, __ATOMIC_RELEASE);
 	wex_debug("cuda", "CUDA unavailable: %s", load_why);
 }
 
@@ -248,15 +248,24 @@ void wex__cuda_ctx_save(struct wex__cuda_ctx_saved *s)
 	s->ctx = NULL;
 	s->valid = 1;
 	if (__atomic_load_n(&load_result, __ATOMIC_ACQUIRE) != 0) {
+		/* wex has not loaded the driver.  If someone else in this
+		 * process has, ask it for the thread's context without
+		 * initialising anything (an uninitialised driver: none). */
 		void *h = dlopen(driver_path(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+		pfn_getproc_v2 gp2;
+		CUresult (*get)(CUcontext *) = NULL;
+		void *pfn = NULL;
 
 		if (!h)
 			return; /* nobody here uses CUDA yet: no thread has a context */
+		gp2 = (pfn_getproc_v2)(uintptr_t)dlsym(h, "cuGetProcAddress_v2");
+		if (gp2 && gp2("cuCtxGetCurrent", &pfn, 4000, CU_GET_PROC_ADDRESS_DEFAULT, NULL) ==
+				   CUDA_SUCCESS)
+			get = (CUresult(*)(CUcontext *))(uintptr_t)pfn;
+		if (!get || get(&s->ctx) != CUDA_SUCCESS)
+			s->ctx = NULL;
 		dlclose(h);
-		if (wex__cuda_load() != 0) {
-			s->valid = 0;
-			return;
-		}
+		return;
 	}
 	if (wex__cu.cuCtxGetCurrent(&s->ctx) != CUDA_SUCCESS)
 		s->valid = 0;

@@ -20,6 +20,8 @@
  *    rank or segment that does not exist: it never guesses a host region;
  *  - an acquire wexd refuses (it is shutting down) leaves the previous
  *    lease held: the consumer can still release it, and wexd's drain ends;
+ *    one wexd had taken on (waiting when the drain began) has dropped it,
+ *    and the client does not claim it;
  *  - a reply wexd cannot send (a client that does not read its fetch
  *    replies) drops that connection at once instead of leaving the client
  *    waiting for a reply that never comes.
@@ -380,17 +382,49 @@ static int raw_draining(int fd)
 	return draining;
 }
 
-/* Last: it ends wexd (a drain) and starts a new one. */
+static int raw_waiting_acquire(int fd)
+{
+	json_t *st = t_raw_rpc(fd, "{\"v\":1,\"op\":\"clients\"}", NULL, 0);
+	char *s = json_dumps(st, JSON_COMPACT);
+	int waiting = s && strstr(s, "\"waiting\":\"acquire\"");
+
+	free(s);
+	json_decref(st);
+	return waiting;
+}
+
+static wex_client_t *opn_group(const char *model, const char *group)
+{
+	struct wex_client_params p = {
+		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL | WEX_CLIENT_FIELD_GROUP |
+			      WEX_CLIENT_FIELD_TIMEOUT,
+		.role = WEX_ROLE_CONSUMER, .model = model, .group = group, .timeout_ms = 5000,
+	};
+	wex_client_t *c = NULL;
+	int ret = wex_client_open(&p, &c);
+
+	T_ASSERT(ret == 0, "wex_client_open(%s, group %s): %s", model, group, wex_strerror(ret));
+	return c;
+}
+
+/* Last: it ends wexd (a drain) and starts a new one.  Two consumers hold
+ * v1: one is already waiting for v2 when wexd starts to drain (wexd took
+ * that acquire on and dropped its v1 lease: the drain ends the wait, and
+ * no lease is left to release), the other asks for v2 during the drain
+ * (refused outright: its v1 lease stands and releases). */
 static void refused_acquire_keeps_lease(struct t_wexd *d)
 {
 	wex_client_t *p = opn(WEX_ROLE_PRODUCER, "rc-drain", 5000);
 	wex_client_t *k = opn(WEX_ROLE_CONSUMER, "rc-drain", 5000);
+	wex_client_t *k2 = opn_group("rc-drain", "waiter");
+	struct job j = { .c = k2, .mode = WEX_SYNC_REMAP_VIEW, .min = 2, .wait = 10000 };
 	struct wex_sync_result r;
 	struct wex_tensor t;
+	pthread_t th;
 	uint32_t seg;
 	void *base;
 	json_t *rep;
-	int hold, ret, st = -1, draining = 0;
+	int hold, ret, st = -1, draining = 0, waiting = 0;
 	pid_t w = 0;
 
 	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &seg, &base));
@@ -398,6 +432,7 @@ static void refused_acquire_keeps_lease(struct t_wexd *d)
 	T_WEX(p, wex_register_tensors(p, &t, 1));
 	write_v(p, base, 4096, 1);
 	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_VIEW, 1, 2000, &r));
+	T_WEX(k2, wex_sync(k2, WEX_SYNC_REMAP_VIEW, 1, 2000, &r));
 	/* Another group's consumer holds a copy lease: wexd's drain waits. */
 	hold = t_raw_connect(d->sock);
 	rep = t_raw_rpc(hold, "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"rc-drain\",\"group\":\"hold\"}",
@@ -407,10 +442,21 @@ static void refused_acquire_keeps_lease(struct t_wexd *d)
 	rep = t_raw_rpc(hold, "{\"v\":1,\"op\":\"acquire\",\"mode\":1,\"timeout_ms\":2000}", NULL, 0);
 	T_ASSERT(!strcmp(t_code(rep), "OK"), "hold: acquire: %s", t_msg(rep));
 	json_decref(rep);
+	T_ASSERT(pthread_create(&th, NULL, syncer, &j) == 0, "thread");
+	for (double t0 = t_now(); !waiting && t_now() - t0 < 5.0;)
+		waiting = raw_waiting_acquire(hold);
+	T_ASSERT(waiting, "k2 waits for v2 (its v1 lease dropped)");
 	T_ASSERT(kill(d->pid, SIGTERM) == 0, "SIGTERM wexd");
 	for (double t0 = t_now(); !draining && t_now() - t0 < 5.0;)
 		draining = raw_draining(hold);
 	T_ASSERT(draining, "wexd drains");
+	pthread_join(th, NULL);
+	T_ASSERT(j.ret == -ESHUTDOWN, "the waiting acquire ends with -ESHUTDOWN, got %s",
+		 wex_strerror(j.ret));
+	ret = wex_release(k2);
+	T_ASSERT(ret == -ENOENT && !strcmp(wex_last_error(k2), "no lease held"),
+		 "and k2 knows it holds no lease (wexd dropped it), without asking wexd: %s (%s)",
+		 wex_strerror(ret), wex_last_error(k2));
 
 	ret = wex_sync(k, WEX_SYNC_REMAP_VIEW, 2, 1000, &r);
 	T_ASSERT(ret == -ESHUTDOWN, "an acquire while wexd drains: -ESHUTDOWN, got %s",
@@ -425,6 +471,7 @@ static void refused_acquire_keeps_lease(struct t_wexd *d)
 		 "the drain ends once the copy lease is gone: wexd exits 0");
 	d->pid = 0;
 	wex_client_close(k);
+	wex_client_close(k2);
 	wex_client_close(p);
 	t_wexd_restart(d);
 }
