@@ -7,10 +7,16 @@
  * with wex_segment_register_ptr (no copy: the VMM handle travels as an fd
  * through wexd) and publishes v1.  This process, the consumer, then
  *  1. syncs REMAP_VIEW and reads every byte of the producer's device memory
- *     through wex_view (device-to-host through the backend's executor);
+ *     through wex_view (device-to-host through the backend's executor), the
+ *     view mapped on the producer's device as found here by its UUID;
  *  2. syncs COPY into its own wex_cuda_alloc'd buffer, through the plan,
  *     and checks every byte;
+ *  3. syncs REMAP_FIXED into a region reserved on the producer's device;
+ *  4. checks that the calling thread's current context is what it was;
  * and a registration of non-exportable memory is refused with a reason.
+ * On the emulated driver the producer numbers the two devices the other
+ * way round (WEX_EMUL_VISIBLE, like CUDA_VISIBLE_DEVICES), so its memory
+ * is on this process's device 1 and ordinals alone would pick wrong.
  * Needs a CUDA driver and device (exit 77 with the reason otherwise); CI
  * also runs it against tests/gpu/emul_cuda.c (cuda_e2e_emul).
  */
@@ -62,6 +68,11 @@ static void producer(int go_fd, int done_fd)
 	char ch;
 	int ret;
 
+	/* On the emulated driver this process numbers the two devices the
+	 * other way round (as CUDA_VISIBLE_DEVICES may): its device 0 is the
+	 * consumer's device 1, so the device must travel by UUID.  A real
+	 * driver ignores the variable. */
+	setenv("WEX_EMUL_VISIBLE", "1,0", 1);
 	make_tensors(t, 0, &total);
 	dev = wex_cuda_alloc((ssize_t)total, 0, NULL);
 	CHECK(dev != NULL);
@@ -83,7 +94,12 @@ static void producer(int go_fd, int done_fd)
 	CHECK_OK(wex_register_tensors(c, t, NT));
 	CHECK_OK(wex_begin_write(c, 1, 5000));
 	CHECK_OK(wex_publish(c, 1));
-	CHECK(write(done_fd, "p", 1) == 1);
+	{
+		char msg[64] = "p";
+
+		CHECK_OK(wex__cuda_device_uuid(0, msg + 1, sizeof(msg) - 1));
+		CHECK(write(done_fd, msg, sizeof(msg)) == (ssize_t)sizeof(msg));
+	}
 	CHECK(read(go_fd, &ch, 1) >= 0); /* hold the memory until the consumer is done */
 	wex_client_close(c);
 	wex_cuda_free(dev, (ssize_t)total, 0, NULL);
@@ -102,11 +118,12 @@ int main(void)
 	wex_client_t *c;
 	uint16_t *h;
 	void *mine;
-	char ch;
+	char msg[64];
+	int pdev = -1, ord = -1;
 
 	gpu_require();
 	gpu_world_start(&w, producer);
-	CHECK(read(w.from_prod, &ch, 1) == 1);
+	CHECK(read(w.from_prod, msg, sizeof(msg)) == (ssize_t)sizeof(msg) && msg[0] == 'p');
 
 	make_tensors(t, 0, &total);
 	h = malloc(total);
@@ -119,6 +136,15 @@ int main(void)
 		void *v;
 
 		CHECK_OK(wex_view(c, 0, t[i].name, &v, NULL));
+		if (i == 0) {
+			/* Mapped on the producer's device, found by its UUID. */
+			CHECK_OK(wex__cuda_device_by_uuid(msg + 1, &pdev));
+			CU_OK(wex__cu.cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+							    (CUdeviceptr)(uintptr_t)v));
+			printf("producer's device %s is ordinal %d here; the view is on %d\n", msg + 1,
+			       pdev, ord);
+			CHECK(ord == pdev);
+		}
 		CHECK_OK(xfer(h, v, (uint64_t)ROWS * COLS * 2));
 		bad += bad_bytes(h, i);
 	}
@@ -138,10 +164,33 @@ int main(void)
 		bad += bad_bytes(h + (size_t)i * ROWS * COLS, i);
 	CHECK(bad == 0);
 
-	/* 3. wex gives the calling thread its device binding back: no
+	/* 3. Same addresses: a region reserved (by default on the producer's
+	 * device, found by UUID) shows the producer's memory in place. */
+	{
+		struct wex_tensor ft[NT];
+		void *region;
+
+		CHECK_OK(wex_reserve(c, 0, 0, total, &region));
+		CU_OK(wex__cu.cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+						    (CUdeviceptr)(uintptr_t)region));
+		CHECK(ord == pdev);
+		memcpy(ft, t, sizeof(ft));
+		for (int i = 0; i < NT; i++)
+			ft[i].ptr = (char *)region + ft[i].offset;
+		CHECK_OK(wex_attach(c, ft, NT));
+		CHECK_OK(wex_sync(c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+		CHECK_OK(xfer(h, region, total));
+		for (int i = 0; i < NT; i++)
+			bad += bad_bytes(h + (size_t)i * ROWS * COLS, i);
+		CHECK(bad == 0);
+		CHECK_OK(wex_release(c));
+		CHECK_OK(wex_attach(c, t, NT));
+	}
+
+	/* 4. wex gives the calling thread its device binding back: no
 	 * context current before a call that copies on the GPU, none after;
 	 * with a second device, its context stays current through a call
-	 * whose memory is on device 0 (an engine thread stays on its GPU). */
+	 * that copies between devices (an engine thread stays on its GPU). */
 	{
 		CUcontext cur = (CUcontext)1, other = NULL;
 		CUdevice d1;

@@ -21,7 +21,11 @@
  *  - with WEX_EMUL_FABRIC=1, fabric handles (cuMemCreate with
  *    CU_MEM_HANDLE_TYPE_FABRIC, export and import of the 64-byte handle);
  *  - two devices (ordinals 0 and 1, distinct UUIDs, one primary context
- *    each), so that a thread's current context can be told apart;
+ *    each); memory belongs to the device it was created on (or, imported,
+ *    to the device first given access), cuMemSetAccess for another device
+ *    fails, and pointer queries answer that device's ordinal;
+ *    WEX_EMUL_VISIBLE="1,0" numbers them the other way round in a process
+ *    (as CUDA_VISIBLE_DEVICES does), so devices must travel by UUID;
  *  - as on a GPU, a process whose parent had initialised the driver before
  *    fork() gets CUDA_ERROR_NOT_INITIALIZED from every call, and cuInit
  *    and the first context keep fds open for the process's lifetime (so
@@ -60,6 +64,7 @@ struct ealloc {
 	int refs;      /* handles + mappings */
 	unsigned types;
 	int counted;   /* created here: counts in cuMemGetInfo */
+	int dev;       /* physical device; -1: an import not mapped yet */
 };
 
 struct range {
@@ -68,6 +73,7 @@ struct range {
 	int kind;         /* 0 reservation, 1 mapping, 2 cuMemAlloc, 3 ipc open, 4 host reg */
 	char name[64];    /* IPC handle text (kinds 2, 3) */
 	int fd;
+	int dev;          /* physical device (kinds 1, 2) */
 };
 
 static struct range *rs;
@@ -78,6 +84,33 @@ static unsigned seq;
 #define NDEV 2
 #define CTX(d) (0x1000u + 0x100u * (unsigned)(d))
 static __thread uintptr_t ctx_current;
+
+/* Ordinal -> physical device, as CUDA_VISIBLE_DEVICES reorders them:
+ * WEX_EMUL_VISIBLE="1,0" swaps the two in this process. */
+static int phys(int ord)
+{
+	const char *v = getenv("WEX_EMUL_VISIBLE");
+
+	if (ord < 0 || ord >= NDEV)
+		return -1;
+	if (v && strlen(v) == 3 && v[0] != v[2] && v[0] >= '0' && v[0] < '0' + NDEV &&
+	    v[2] >= '0' && v[2] < '0' + NDEV)
+		return v[ord * 2] - '0';
+	return ord;
+}
+
+static int ord_of(int ph)
+{
+	for (int o = 0; o < NDEV; o++)
+		if (phys(o) == ph)
+			return o;
+	return -1;
+}
+
+static int cur_ord(void)
+{
+	return ctx_current ? (int)((ctx_current - CTX(0)) / (CTX(1) - CTX(0))) : -1;
+}
 
 /* Work queued by WEX_EMUL_DEFER=1 (see above). */
 struct pending {
@@ -240,7 +273,7 @@ static CUresult e_uuid(CUuuid *u, CUdevice d)
 	if (d < 0 || d >= NDEV)
 		return CUDA_ERROR_INVALID_DEVICE;
 	for (int i = 0; i < 16; i++)
-		u->bytes[i] = (char)(0xa0 + i + 0x10 * d);
+		u->bytes[i] = (char)(0xa0 + i + 0x10 * phys(d));
 	return CUDA_SUCCESS;
 }
 
@@ -287,7 +320,7 @@ static CUresult e_ctx_dev(CUdevice *d)
 	FORKED();
 	if (!ctx_current)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	*d = (CUdevice)((ctx_current - CTX(0)) / (CTX(1) - CTX(0)));
+	*d = (CUdevice)cur_ord();
 	return CUDA_SUCCESS;
 }
 
@@ -311,7 +344,8 @@ static CUresult e_create(CUmemGenericAllocationHandle *h, size_t size, const CUm
 	struct ealloc *a;
 	int fd;
 
-	if (!size || size % GRAN || p->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+	if (!size || size % GRAN || p->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+	    p->location.type != CU_MEM_LOCATION_TYPE_DEVICE || phys(p->location.id) < 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (p->requestedHandleTypes &
 	    ~(unsigned)(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | (fabric() ? CU_MEM_HANDLE_TYPE_FABRIC : 0)))
@@ -327,6 +361,7 @@ static CUresult e_create(CUmemGenericAllocationHandle *h, size_t size, const CUm
 	a->refs = 1;
 	a->types = p->requestedHandleTypes;
 	a->counted = 1;
+	a->dev = phys(p->location.id);
 	used += size;
 	*h = (CUmemGenericAllocationHandle)(uintptr_t)a;
 	return CUDA_SUCCESS;
@@ -403,6 +438,7 @@ static CUresult e_map(CUdeviceptr p, size_t size, size_t off, CUmemGenericAlloca
 	r->va = p;
 	r->size = size;
 	r->kind = 1;
+	r->dev = a->dev;
 	r->a = a;
 	a->refs++;
 	return CUDA_SUCCESS;
@@ -442,13 +478,26 @@ static CUresult e_access(CUdeviceptr p, size_t size, const CUmemAccessDesc *d, s
 	uint64_t cur = p;
 	int prot;
 
-	if (count != 1 || d->location.type != CU_MEM_LOCATION_TYPE_DEVICE || d->location.id != 0)
+	if (count != 1 || d->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+	    phys(d->location.id) < 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	while (cur < p + size) {
 		struct range *r = find_kind(cur, 1);
 
 		if (!r)
 			return CUDA_ERROR_INVALID_VALUE; /* not fully mapped */
+		/* Access for the device that holds the memory (wex never asks
+		 * for peer access): another device here is an ordinal mix-up. */
+		if (r->a->dev >= 0 && r->a->dev != phys(d->location.id))
+			return CUDA_ERROR_INVALID_DEVICE;
+		cur = r->va + r->size;
+	}
+	for (cur = p; cur < p + size;) {
+		struct range *r = find_kind(cur, 1);
+
+		if (r->a->dev < 0)
+			r->a->dev = phys(d->location.id);
+		r->dev = r->a->dev;
 		cur = r->va + r->size;
 	}
 	prot = d->flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE :
@@ -516,6 +565,7 @@ static CUresult e_import(CUmemGenericAllocationHandle *h, void *os, CUmemAllocat
 	a->size = (uint64_t)st.st_size;
 	a->refs = 1;
 	a->types = (unsigned)t;
+	a->dev = -1; /* learnt from the first cuMemSetAccess */
 	*h = (CUmemGenericAllocationHandle)(uintptr_t)a;
 	return CUDA_SUCCESS;
 }
@@ -540,7 +590,7 @@ static CUresult e_props(CUmemAllocationProp *p, CUmemGenericAllocationHandle h)
 	*p = (CUmemAllocationProp){
 		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
 		.requestedHandleTypes = (CUmemAllocationHandleType)a->types,
-		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = a->dev < 0 ? 0 : ord_of(a->dev) },
 	};
 	return CUDA_SUCCESS;
 }
@@ -592,6 +642,7 @@ static CUresult e_alloc(CUdeviceptr *p, size_t size)
 	r->size = size;
 	r->kind = 2;
 	r->fd = fd;
+	r->dev = phys(cur_ord());
 	snprintf(r->name, sizeof(r->name), "wexemul:%d:%d:%u", (int)getpid(), fd, seq++);
 	used += size;
 	*p = r->va;
@@ -616,9 +667,11 @@ static CUresult e_free(CUdeviceptr p)
 static CUresult e_ptr_attr(void *data, CUpointer_attribute a, CUdeviceptr p)
 {
 	FORKED();
-	if (a != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL || !find_any(p))
+	struct range *r = find_any(p);
+
+	if (a != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL || !r)
 		return CUDA_ERROR_INVALID_VALUE;
-	*(int *)data = 0;
+	*(int *)data = r->kind == 1 || r->kind == 2 ? ord_of(r->dev) : 0;
 	return CUDA_SUCCESS;
 }
 
