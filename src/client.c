@@ -101,6 +101,18 @@ struct wex_client {
 	int lease_kept; /* the last error reply said a held lease stands */
 };
 
+/* Runs `call` (an int expression) and gives the calling thread its device
+ * binding back afterwards: every public call that may reach a GPU backend
+ * goes through this (see wex_mem_thread_save). */
+#define KEEP_THREAD_DEVICE(ret, call)                                          \
+	do {                                                                   \
+		struct wex_mem_thread_state ts_;                               \
+									       \
+		wex_mem_thread_save(&ts_);                                     \
+		(ret) = (call);                                                \
+		wex_mem_thread_restore(&ts_);                                  \
+	} while (0)
+
 static int set_err(struct wex_client *c, int ret, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
@@ -447,11 +459,10 @@ static void client_close(wex_client_t *c)
 
 WEX_API void wex_client_close(wex_client_t *c)
 {
-	struct wex_mem_thread_state ts;
+	int ret = 0;
 
-	wex_mem_thread_save(&ts);
-	client_close(c);
-	wex_mem_thread_restore(&ts);
+	KEEP_THREAD_DEVICE(ret, (client_close(c), 0));
+	(void)ret;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -634,12 +645,9 @@ static int segment_alloc(wex_client_t *c, int kind, int device, uint64_t size, u
 WEX_API int wex_segment_alloc(wex_client_t *c, int kind, int device, uint64_t size, uint32_t *id,
 			      void **ptr)
 {
-	struct wex_mem_thread_state ts;
 	int ret;
 
-	wex_mem_thread_save(&ts);
-	ret = segment_alloc(c, kind, device, size, id, ptr);
-	wex_mem_thread_restore(&ts);
+	KEEP_THREAD_DEVICE(ret, segment_alloc(c, kind, device, size, id, ptr));
 	return ret;
 }
 
@@ -699,12 +707,9 @@ static int segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint64_t s
 WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint64_t size,
 				     uint32_t *id)
 {
-	struct wex_mem_thread_state ts;
 	int ret;
 
-	wex_mem_thread_save(&ts);
-	ret = segment_register_ptr(c, kind, ptr, size, id);
-	wex_mem_thread_restore(&ts);
+	KEEP_THREAD_DEVICE(ret, segment_register_ptr(c, kind, ptr, size, id));
 	return ret;
 }
 
@@ -832,12 +837,9 @@ static int publish(wex_client_t *c, uint64_t version)
 
 WEX_API int wex_publish(wex_client_t *c, uint64_t version)
 {
-	struct wex_mem_thread_state ts;
 	int ret;
 
-	wex_mem_thread_save(&ts);
-	ret = publish(c, version);
-	wex_mem_thread_restore(&ts);
+	KEEP_THREAD_DEVICE(ret, publish(c, version));
 	return ret;
 }
 
@@ -1338,12 +1340,9 @@ static int reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint64_t s
 
 WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint64_t size, void **ptr)
 {
-	struct wex_mem_thread_state ts;
 	int ret;
 
-	wex_mem_thread_save(&ts);
-	ret = reserve(c, prank, segment, size, ptr);
-	wex_mem_thread_restore(&ts);
+	KEEP_THREAD_DEVICE(ret, reserve(c, prank, segment, size, ptr));
 	return ret;
 }
 
@@ -1507,17 +1506,12 @@ err_release:
 	return ret;
 }
 
-/* Every public call that may reach a GPU backend keeps the calling
- * thread's device binding (see wex_mem_thread_save). */
 WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
 		     struct wex_sync_result *res)
 {
-	struct wex_mem_thread_state ts;
 	int ret;
 
-	wex_mem_thread_save(&ts);
-	ret = sync_(c, mode, min_version, timeout_ms, res);
-	wex_mem_thread_restore(&ts);
+	KEEP_THREAD_DEVICE(ret, sync_(c, mode, min_version, timeout_ms, res));
 	return ret;
 }
 

@@ -31,15 +31,8 @@
 
 int main(void)
 {
-	CUmemAllocationProp prop = {
-		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
-		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
-	};
-	CUmemAccessDesc acc = {
-		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
-		.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-	};
+	CUmemAllocationProp prop = gpu_vmm_prop(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	CUmemAccessDesc acc = gpu_rw_access();
 	CUmemGenericAllocationHandle h[2];
 	CUdeviceptr va, base = 0;
 	size_t g = 0, sz = 0;

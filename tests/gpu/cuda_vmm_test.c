@@ -229,15 +229,8 @@ static int killed(void)
 
 static void p_wrap(int sock)
 {
-	CUmemAllocationProp prop = {
-		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
-		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
-	};
-	CUmemAccessDesc acc = {
-		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
-		.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-	};
+	CUmemAllocationProp prop = gpu_vmm_prop(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	CUmemAccessDesc acc = gpu_rw_access();
 	CUmemGenericAllocationHandle h[2];
 	struct wex__cuda_chunk ch[4];
 	struct wex_mem_seg w, w0, w1, tmp;
@@ -323,15 +316,8 @@ static void c_wrap(int sock)
  * nothing more. */
 static void p_fabric(int sock)
 {
-	CUmemAllocationProp prop = {
-		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
-		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC,
-		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
-	};
-	CUmemAccessDesc acc = {
-		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
-		.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-	};
+	CUmemAllocationProp prop = gpu_vmm_prop(CU_MEM_HANDLE_TYPE_FABRIC);
+	CUmemAccessDesc acc = gpu_rw_access();
 	CUmemGenericAllocationHandle h;
 	CUmemFabricHandle fh;
 	struct wex_mem_seg w;

@@ -291,6 +291,29 @@ static inline int run_one(const char *name, void (*fn)(void))
 	return ret;
 }
 
+/* Pinned device memory on device 0 with handle types `types` (for tests
+ * that call cuMemCreate themselves), and read-write access to it. */
+static inline CUmemAllocationProp gpu_vmm_prop(unsigned types)
+{
+	CUmemAllocationProp prop = {
+		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+		.requestedHandleTypes = (CUmemAllocationHandleType)types,
+		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+	};
+
+	return prop;
+}
+
+static inline CUmemAccessDesc gpu_rw_access(void)
+{
+	CUmemAccessDesc acc = {
+		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+		.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+	};
+
+	return acc;
+}
+
 static inline uint64_t mem_free(void)
 {
 	size_t f = 0, t = 0;
