@@ -459,10 +459,11 @@ static void client_close(wex_client_t *c)
 
 WEX_API void wex_client_close(wex_client_t *c)
 {
-	int ret = 0;
+	struct wex_mem_thread_state ts;
 
-	KEEP_THREAD_DEVICE(ret, (client_close(c), 0));
-	(void)ret;
+	wex_mem_thread_save(&ts);
+	client_close(c);
+	wex_mem_thread_restore(&ts);
 }
 
 /* ---------------------------------------------------------------------- */

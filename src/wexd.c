@@ -273,13 +273,12 @@ static json_t *validate_and_run(struct wexd *d, struct conn *c, const char *buf,
 		json_decref(req);
 		return reply;
 	}
-	if (d->draining && strcmp(op, "release") && strcmp(op, "publish") && strcmp(op, "status")) {
-		reply = wex__reply_error(-ESHUTDOWN, "wexd is shutting down");
-		/* Refused before it was taken on: a lease held stays held. */
-		if (!strcmp(op, "acquire") && c->has_lease)
-			json_object_set_new(reply, "lease_kept", json_true());
-		json_decref(req); /* op points into it */
-		return reply;
+	/* acquire refuses itself while draining, saying whether a held lease
+	 * stands (wexd_acquire). */
+	if (d->draining && strcmp(op, "release") && strcmp(op, "publish") && strcmp(op, "status") &&
+	    strcmp(op, "acquire")) {
+		json_decref(req);
+		return wex__reply_error(-ESHUTDOWN, "wexd is shutting down");
 	}
 	wex__metrics_count(WEX_M_REQUESTS, op, NULL, 1);
 	/* Clients report their finished syncs on their next request. */

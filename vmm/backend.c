@@ -68,27 +68,16 @@ int wex_mem_device_of(const struct wex_mem_desc *desc, int *dev)
 #endif
 }
 
+#ifndef WEX_HAVE_CUDA_BACKEND
+/* No CUDA backend: no device binding to keep (vmm/cudawrap.c otherwise). */
 void wex_mem_thread_save(struct wex_mem_thread_state *s)
 {
-#ifdef WEX_HAVE_CUDA_BACKEND
-	struct wex__cuda_ctx_saved c;
-
-	wex__cuda_ctx_save(&c);
-	s->ctx = (void *)c.ctx;
-	s->valid = c.valid;
-#else
 	s->ctx = NULL;
 	s->valid = 0;
-#endif
 }
 
 void wex_mem_thread_restore(const struct wex_mem_thread_state *s)
 {
-#ifdef WEX_HAVE_CUDA_BACKEND
-	struct wex__cuda_ctx_saved c = { .ctx = (CUcontext)s->ctx, .valid = s->valid };
-
-	wex__cuda_ctx_restore(&c);
-#else
 	(void)s;
-#endif
 }
+#endif

@@ -129,7 +129,7 @@ int wex_mem_device_of(const struct wex_mem_desc *desc, int *dev);
 /* The calling thread's device binding (its current CUDA context), saved
  * when a public call that may reach a GPU backend starts and given back
  * when it ends, so that wex never moves an engine's thread to another
- * device.  No-ops without a CUDA backend. */
+ * device.  Never fail; no-ops without a CUDA backend. */
 struct wex_mem_thread_state {
 	void *ctx;
 	int valid;

@@ -47,7 +47,7 @@ static struct alloc_entry *alloc_list;
 
 WEX_API void *wex_cuda_alloc(ssize_t size, int device, void *stream)
 {
-	struct wex__cuda_ctx_saved saved;
+	struct wex_mem_thread_state saved;
 	struct alloc_entry *e;
 	int ret;
 
@@ -58,9 +58,9 @@ WEX_API void *wex_cuda_alloc(ssize_t size, int device, void *stream)
 		return NULL;
 	/* Fresh memory needs no ordering against `stream`.  The caller's
 	 * thread stays on its own device. */
-	wex__cuda_ctx_save(&saved);
+	wex_mem_thread_save(&saved);
 	ret = wex_mem_cuda_vmm_ops.alloc((uint64_t)size, device, &e->seg);
-	wex__cuda_ctx_restore(&saved);
+	wex_mem_thread_restore(&saved);
 	if (ret) {
 		wex_error("cuda", "wex_cuda_alloc(%zd bytes, device %d): %s%s%s", size, device,
 			  wex_strerror(ret), ret == -WEX_ENOCUDA ? ": " : "",
@@ -77,7 +77,7 @@ WEX_API void *wex_cuda_alloc(ssize_t size, int device, void *stream)
 
 WEX_API void wex_cuda_free(void *ptr, ssize_t size, int device, void *stream)
 {
-	struct wex__cuda_ctx_saved saved;
+	struct wex_mem_thread_state saved;
 	struct alloc_entry *e = NULL;
 	int ret;
 
@@ -96,11 +96,11 @@ WEX_API void wex_cuda_free(void *ptr, ssize_t size, int device, void *stream)
 		return;
 	}
 	/* Unmap does not wait for the stream's kernels (PyTorch syncs too). */
-	wex__cuda_ctx_save(&saved);
+	wex_mem_thread_save(&saved);
 	if (wex__cuda_use_device(device) == 0)
 		wex__cuda_stream_sync(stream);
 	ret = e->seg.ops->release(&e->seg);
-	wex__cuda_ctx_restore(&saved);
+	wex_mem_thread_restore(&saved);
 	if (ret)
 		wex_error("cuda", "wex_cuda_free: %s", wex_strerror(ret));
 	free(e);

@@ -13,6 +13,7 @@
 
 #include "wex.h"
 #include "src/log.h"
+#include "vmm/backend.h"
 #include "vmm/cudawrap.h"
 
 #define WEX_CUDA_MAX_DEVICES 64
@@ -55,7 +56,12 @@ static CUresult getproc(pfn_getproc_v2 gp2, pfn_getproc_v1 gp1, const char *sym,
 	return r;
 }
 
-static const char *driver_path(void);
+static const char *driver_path(void)
+{
+	const char *path = getenv("WEX_CUDA_LIB");
+
+	return path && *path ? path : "libcuda.so.1";
+}
 
 static void load_driver(void)
 {
@@ -236,15 +242,15 @@ int wex__cuda_use_device(int dev)
 	return WEX_CU(wex__cu.cuCtxSetCurrent(ctx));
 }
 
-static const char *driver_path(void)
+/* wex__cuda_use_device switches contexts: the public calls save the
+ * thread's context first and make it current again at their end.  When wex
+ * has not loaded the driver, one loaded by someone else (PyTorch) is asked
+ * without initialising it; with none loaded no thread has a context, and
+ * the restore unbinds the one wex made current. */
+void wex_mem_thread_save(struct wex_mem_thread_state *s)
 {
-	const char *path = getenv("WEX_CUDA_LIB");
+	CUcontext ctx = NULL;
 
-	return path && *path ? path : "libcuda.so.1";
-}
-
-void wex__cuda_ctx_save(struct wex__cuda_ctx_saved *s)
-{
 	s->ctx = NULL;
 	s->valid = 1;
 	if (__atomic_load_n(&load_result, __ATOMIC_ACQUIRE) != 0) {
@@ -262,23 +268,25 @@ void wex__cuda_ctx_save(struct wex__cuda_ctx_saved *s)
 		if (gp2 && gp2("cuCtxGetCurrent", &pfn, 4000, CU_GET_PROC_ADDRESS_DEFAULT, NULL) ==
 				   CUDA_SUCCESS)
 			get = (CUresult(*)(CUcontext *))(uintptr_t)pfn;
-		if (!get || get(&s->ctx) != CUDA_SUCCESS)
-			s->ctx = NULL;
+		if (get && get(&ctx) == CUDA_SUCCESS)
+			s->ctx = ctx;
 		dlclose(h);
 		return;
 	}
-	if (wex__cu.cuCtxGetCurrent(&s->ctx) != CUDA_SUCCESS)
+	if (wex__cu.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS)
+		s->ctx = ctx;
+	else
 		s->valid = 0;
 }
 
-void wex__cuda_ctx_restore(const struct wex__cuda_ctx_saved *s)
+void wex_mem_thread_restore(const struct wex_mem_thread_state *s)
 {
 	CUcontext cur = NULL;
 
 	if (!s->valid || __atomic_load_n(&load_result, __ATOMIC_ACQUIRE) != 0)
 		return;
-	if (wex__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != s->ctx)
-		wex__cu.cuCtxSetCurrent(s->ctx);
+	if (wex__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != (CUcontext)s->ctx)
+		wex__cu.cuCtxSetCurrent((CUcontext)s->ctx);
 }
 
 int wex__cuda_ptr_device(uint64_t ptr, int *dev)

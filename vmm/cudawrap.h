@@ -140,21 +140,6 @@ const char *wex__cuda_errname(CUresult r);
  */
 int wex__cuda_use_device(int dev);
 
-/*
- * The calling thread's current context, saved at the start of a public
- * call that may reach the CUDA backends and made current again at its end
- * (wex__cuda_use_device switches contexts; an engine's thread must stay on
- * its device).  Loads the driver only when the process already has it
- * loaded (by PyTorch, say); otherwise no thread had a context, and the
- * restore unbinds the one wex made current.  Never fails.
- */
-struct wex__cuda_ctx_saved {
-	CUcontext ctx;
-	int valid;
-};
-void wex__cuda_ctx_save(struct wex__cuda_ctx_saved *s);
-void wex__cuda_ctx_restore(const struct wex__cuda_ctx_saved *s);
-
 /* Device ordinal owning `ptr` (device memory, VMM mappings or registered
  * host memory); falls back to the current context's device. */
 int wex__cuda_ptr_device(uint64_t ptr, int *dev);

@@ -241,9 +241,8 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n);
  * and is unmapped by wex_client_close.  The first call learns the
  * producers' segments from wexd, waiting up to the client's timeout for
  * every producer rank to register its tensors (a consumer may start
- * first); the region
- * is of the segment's kind, on the client's device (WEX_CLIENT_FIELD_DEVICE)
- * or else the segment's own.  A region larger than the segment serves copy
+ * first); the region is of the segment's kind, on the client's device
+ * (WEX_CLIENT_FIELD_DEVICE) or else the segment's own.  A region larger than the segment serves copy
  * syncs; WEX_SYNC_REMAP_FIXED needs it to fit the producer's allocation.
  * Errors: -ETIMEDOUT (no producer registered in time), -EINVAL (no such
  * producer rank or segment, size 0), -EPERM (not a consumer), -EAGAIN (a
