@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* loop.c - backend choice and shared helpers. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "loop.h"
@@ -16,6 +18,8 @@ int wex__loop_init(struct wex_loop *l, const char *which, size_t msg_max, char *
 	l->msg_max = msg_max;
 	l->free_list = NULL;
 	l->why_fallback[0] = '\0';
+	l->emfile_refused = 0;
+	l->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	if (!which || !*which)
 		which = "auto";
 	if (!strcmp(which, "epoll")) {
@@ -52,6 +56,39 @@ int wex__loop_io_init(struct wex_loop *l, struct wex_loop_io *io, int fd, void *
 	io->buflen = l->msg_max + 1;
 	io->buf = malloc(io->buflen);
 	return io->buf ? 0 : -ENOMEM;
+}
+
+int wex__loop_emfile(struct wex_loop *l, int listen_fd)
+{
+	int fd;
+
+	if (l->reserve_fd < 0)
+		l->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (l->reserve_fd < 0) {
+		if (l->emfile_refused++ % 1000 == 0)
+			wex_warn("loop", "out of file descriptors, none in reserve: clients wait");
+		return 0;
+	}
+	close(l->reserve_fd);
+	fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	if (fd >= 0)
+		close(fd);
+	l->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	/* Once per thousand: a burst of refusals must not flood the log. */
+	if (l->emfile_refused++ % 1000 == 0)
+		wex_warn("loop", "out of file descriptors: refused a client (%llu so far); "
+			 "raise the limit (LimitNOFILE=) or find who holds them (wexctl clients)",
+			 (unsigned long long)l->emfile_refused);
+	return 1;
+}
+
+void wex__loop_fini_common(struct wex_loop *l)
+{
+	if (l->reserve_fd >= 0)
+		close(l->reserve_fd);
+	l->reserve_fd = -1;
 }
 
 void wex__loop_defer_free(struct wex_loop *l, struct wex_loop_io *io)

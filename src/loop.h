@@ -13,6 +13,7 @@
 #define WEX_LOOP_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -79,6 +80,8 @@ struct wex_loop {
 	void *priv;
 	struct wex_loop_io *free_list;
 	char why_fallback[256]; /* why io_uring was not used, if it was not */
+	int reserve_fd;         /* held for wex__loop_emfile, -1 if none */
+	uint64_t emfile_refused;
 };
 
 extern const struct wex_loop_ops wex__loop_epoll_ops;
@@ -91,6 +94,16 @@ int wex__loop_init(struct wex_loop *l, const char *which, size_t msg_max, char *
 
 /* Prepares io for a connected fd (allocates its buffer). */
 int wex__loop_io_init(struct wex_loop *l, struct wex_loop_io *io, int fd, void *owner);
+
+/* The listener's accept failed with EMFILE/ENFILE.  The pending connection
+ * would keep the listener readable (epoll) or fail every accept at once
+ * (io_uring): the loop would spin, logging each failure, and the client
+ * would wait for good.  Frees the reserved fd, accepts on it and closes the
+ * connection (the client sees it end), and reserves an fd again.  Returns 1
+ * if it took a connection, else 0.  Needs a non-blocking listener. */
+int wex__loop_emfile(struct wex_loop *l, int listen_fd);
+/* Closes the reserved fd (backends' fini). */
+void wex__loop_fini_common(struct wex_loop *l);
 
 /* Defers on_free until the loop no longer touches the io. */
 void wex__loop_defer_free(struct wex_loop *l, struct wex_loop_io *io);

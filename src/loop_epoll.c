@@ -78,8 +78,14 @@ static void ep_accept(struct wex_loop *l, struct wex_loop_watch *w)
 		int fd = accept4(w->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
 		if (fd < 0) {
-			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-				wex_warn("loop", "accept: %m");
+			int err = errno;
+
+			if (err == EMFILE || err == ENFILE) {
+				if (wex__loop_emfile(l, w->fd))
+					continue;
+			} else if (err != EAGAIN && err != EINTR && err != ECONNABORTED) {
+				wex_warn("loop", "accept: %s", strerror(err));
+			}
 			return;
 		}
 		l->cbs.on_accept(l->arg, fd);
@@ -133,6 +139,7 @@ static void ep_fini(struct wex_loop *l)
 	struct ep *e = l->priv;
 
 	wex__loop_reap(l);
+	wex__loop_fini_common(l);
 	if (e) {
 		close(e->epfd);
 		free(e);

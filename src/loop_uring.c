@@ -109,6 +109,17 @@ static int arm_poll(struct wex_loop *l, struct wex_loop_watch *w)
 	return 0;
 }
 
+/* Out of fds, io_uring fails an accept at once, a client waiting or not:
+ * the listener waits for a client with a poll instead (armed == 2). */
+static int arm_listen_poll(struct wex_loop *l, struct wex_loop_watch *w)
+{
+	int ret = arm_poll(l, w);
+
+	if (!ret)
+		w->armed = 2;
+	return ret;
+}
+
 static int ur_watch(struct wex_loop *l, struct wex_loop_watch *w)
 {
 	w->kind = WEX_LOOP_KIND_WATCH;
@@ -220,6 +231,11 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 		case WEX_LOOP_KIND_LISTEN: {
 			struct wex_loop_watch *w = data;
 
+			if (w->armed == 2) {
+				/* The poll of arm_listen_poll: a client waits. */
+				arm_accept(l, w);
+				break;
+			}
 			if (res >= 0) {
 				int fl = fcntl(res, F_GETFL);
 
@@ -228,6 +244,13 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 			} else if (res == -EINVAL && u->multishot_ok) {
 				/* Kernels before 5.19 reject multishot accept. */
 				u->multishot_ok = 0;
+			} else if (res == -EMFILE || res == -ENFILE) {
+				/* Refuses the client if one waits; then waits
+				 * for the next one rather than fail again. */
+				wex__loop_emfile(l, w->fd);
+				if (!(flags & IORING_CQE_F_MORE))
+					arm_listen_poll(l, w);
+				break;
 			} else if (res != -ECANCELED) {
 				wex_warn("loop", "accept: %s", strerror(-res));
 			}
@@ -259,6 +282,7 @@ static void ur_fini(struct wex_loop *l)
 	struct ur *u = l->priv;
 
 	wex__loop_reap(l);
+	wex__loop_fini_common(l);
 	if (u) {
 		io_uring_queue_exit(&u->ring);
 		free(u);

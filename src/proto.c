@@ -49,6 +49,37 @@ int wex__errcode(const char *name)
 	return -WEX_EREMOTE;
 }
 
+void wex__utf8_scrub(char *s)
+{
+	unsigned char *p = (unsigned char *)s;
+
+	while (*p) {
+		unsigned c = *p, n, i, cp;
+
+		if (c < 0x80) {
+			p++;
+			continue;
+		}
+		if (c >= 0xc2 && c <= 0xdf)
+			n = 1, cp = c & 0x1f;
+		else if (c >= 0xe0 && c <= 0xef)
+			n = 2, cp = c & 0x0f;
+		else if (c >= 0xf0 && c <= 0xf4)
+			n = 3, cp = c & 0x07;
+		else
+			n = 0, cp = 0;
+		/* A NUL ends the loop here too: it is not a continuation. */
+		for (i = 1; n && i <= n && (p[i] & 0xc0) == 0x80; i++)
+			cp = (cp << 6) | (p[i] & 0x3f);
+		if (!n || i <= n || (n == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+		    (n == 3 && (cp < 0x10000 || cp > 0x10ffff))) {
+			*p++ = '?';
+			continue;
+		}
+		p += n + 1;
+	}
+}
+
 json_t *wex__reply_error(int err, const char *fmt, ...)
 {
 	char msg[512];
@@ -57,6 +88,10 @@ json_t *wex__reply_error(int err, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
+	/* The message may quote a client's bytes (a tensor name from a
+	 * table) or be cut inside a character; jansson refuses invalid UTF-8,
+	 * and the client would wait for a reply that never came. */
+	wex__utf8_scrub(msg);
 	return json_pack("{s:b, s:{s:s, s:s}}", "ok", 0, "error", "code", wex__errname(err),
 			 "message", msg);
 }

@@ -36,7 +36,14 @@ const char *wex__errname(int err);
 /* Inverse; returns a negative code (-WEX_EREMOTE when unknown). */
 int wex__errcode(const char *name);
 
-/* {"ok":false,"error":{"code":...,"message":...}} (new reference). */
+/* Replaces, in place, each byte of s that does not begin a valid UTF-8
+ * sequence with '?' (as jansson validates: no overlong forms, surrogates or
+ * code points past U+10FFFF), so that text cut at a byte limit or copied
+ * from a client's binary data can go into a JSON string. */
+void wex__utf8_scrub(char *s);
+
+/* {"ok":false,"error":{"code":...,"message":...}} (new reference); the
+ * message is scrubbed to valid UTF-8. */
 json_t *wex__reply_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* {"ok":true} (new reference). */
 json_t *wex__reply_ok(void);

@@ -240,6 +240,9 @@ json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
 			   &name) < 0)
 		return wex__reply_error(-EINVAL, "hello: %s", je.text);
 	snprintf(c->name, sizeof(c->name), "%s", name);
+	/* Cut at 63 bytes, perhaps inside a character: clients and status
+	 * put it in JSON. */
+	wex__utf8_scrub(c->name);
 	if (!strcmp(role, "admin")) {
 		c->role = WEX_ROLE_ADMIN;
 		return json_pack("{s:b, s:i, s:s}", "ok", 1, "v", WEX_PROTO_VERSION, "io",
@@ -455,8 +458,12 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 	if (k == WEX_MEM_HOST) {
 		struct stat st;
 
-		/* A short file would make every consumer fault: check it here. */
-		if (fstat(fds[0], &st) < 0 || (uint64_t)st.st_size < s.desc.size)
+		/* Consumers map it: a pipe or a directory would fail there, a
+		 * short file would make every consumer fault.  Check it here. */
+		if (fstat(fds[0], &st) < 0 || !S_ISREG(st.st_mode))
+			return wex__reply_error(-EINVAL,
+						"register_segment: host memory must be a memfd or a regular file");
+		if ((uint64_t)st.st_size < s.desc.size)
 			return wex__reply_error(-EINVAL,
 						"register_segment: fd is %lld bytes, smaller than size %lld",
 						(long long)st.st_size, (long long)size);
@@ -611,6 +618,11 @@ json_t *wexd_begin_write(struct wexd *d, struct conn *c, json_t *req)
 		return wex__reply_error(-EPERM, "begin_write: only producers write");
 	if (json_unpack_ex(req, &je, 0, "{s:I, s?I}", "version", &v, "timeout_ms", &timeout) < 0)
 		return wex__reply_error(-EINVAL, "begin_write: %s", je.text);
+	/* In nanoseconds a larger one would wrap into a deadline already
+	 * past (or any other). */
+	if (timeout > (json_int_t)UINT32_MAX)
+		return wex__reply_error(-EINVAL, "begin_write: timeout_ms %lld exceeds %u",
+					(long long)timeout, UINT32_MAX);
 	m = c->model;
 	r = &m->ranks[c->rank];
 	if (v <= 0 || (uint64_t)v <= m->published || (uint64_t)v <= r->published)
@@ -776,6 +788,9 @@ json_t *wexd_acquire(struct wexd *d, struct conn *c, json_t *req)
 	if (mode < WEX_SYNC_COPY || mode > WEX_SYNC_REMAP_FIXED || minv < 0)
 		return lease_kept(c, wex__reply_error(-EINVAL, "acquire: mode %lld unknown",
 						      (long long)mode));
+	if (timeout > (json_int_t)UINT32_MAX) /* see begin_write */
+		return lease_kept(c, wex__reply_error(-EINVAL, "acquire: timeout_ms %lld exceeds %u",
+						      (long long)timeout, UINT32_MAX));
 	if (d->draining)
 		return lease_kept(c, wex__reply_error(-ESHUTDOWN, "acquire: wexd is shutting down"));
 	/* Re-syncing a version this rank holds (a switch of mode) keeps the

@@ -10,6 +10,7 @@
  * connection stays usable; fds it carried are closed.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
 #include <signal.h>
@@ -60,6 +61,23 @@ int wexd_send(struct wexd *d, struct conn *c, json_t *reply, const int *fds, int
 		return -ENOMEM;
 	n = wex_sock_send(c->io.fd, s, len, fds, nfds, MSG_DONTWAIT);
 	free(s);
+	if (n == -EMSGSIZE) {
+		/* Larger than one message on this socket can be (its send
+		 * buffer, about 208 KiB by default): a status or models listing
+		 * of tens of thousands of ranks.  The client gets a clear error
+		 * and keeps its connection. */
+		json_t *e = wex__reply_error(-EMSGSIZE,
+					     "reply of %zu bytes is larger than one message can carry",
+					     len);
+
+		wex__metrics_count(WEX_M_ERRORS, "EMSGSIZE", NULL, 1);
+		s = e ? wex__json_dump(e, &len) : NULL;
+		json_decref(e);
+		if (!s)
+			return -ENOMEM;
+		n = wex_sock_send(c->io.fd, s, len, NULL, 0, MSG_DONTWAIT);
+		free(s);
+	}
 	if (n < 0) {
 		/* A client that does not read its replies is dropped rather than
 		 * allowed to stall the loop, and a reply that cannot go out must
@@ -596,6 +614,13 @@ int main(int argc, char **argv)
 	}
 	if (d.listen_fd >= 0) {
 		wex_info("wexd", "using the socket passed by systemd (fd %d)", d.listen_fd);
+		/* systemd passes it blocking (no NonBlocking= in wexd.socket):
+		 * the epoll backend accepts until EAGAIN, and an accept that
+		 * waits would stop the loop for good. */
+		if (fcntl(d.listen_fd, F_SETFL, fcntl(d.listen_fd, F_GETFL) | O_NONBLOCK) < 0) {
+			wex_error("wexd", "passed socket: O_NONBLOCK: %m");
+			return 1;
+		}
 	} else {
 		int mode = (int)d.cfg.socket_mode;
 		gid_t gid = d.cfg.socket_group.gid >= 0 ? (gid_t)d.cfg.socket_group.gid : (gid_t)-1;

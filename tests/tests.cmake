@@ -2,7 +2,8 @@
 
 # ---------------------------------------------------------------------------
 # Issue 2, "foundation": protocol, fd passing, versions/leases/groups,
-# bad input, crash safety, remap modes, host copies, daemon restart and the
+# bad input (and a seeded protocol fuzz, WEX_FUZZ_ITERS/WEX_FUZZ_SEED), fd
+# exhaustion, crash safety, remap modes, host copies, daemon restart and the
 # quickstart.  One program per behaviour (tests/foundation/*.c); every test
 # that talks to wexd runs twice, once per event-loop backend, and checks via
 # `status` that the backend it asked for is the one in use.
@@ -40,6 +41,8 @@ wex_foundation_test(torn_reads LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(group_atomicity LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(begin_write_timeout LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(bad_input LOOP)
+wex_foundation_test(proto_fuzz LOOP LIBS ${WEX_FX_LIBS})
+wex_foundation_test(fd_exhaustion LOOP)
 wex_foundation_test(killed_consumer LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(remap_modes LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(host_copy)

@@ -10,8 +10,18 @@
  * that disconnects while its begin_write waits.  After each case wexd
  * still answers status, and at the end its open fd count equals the count
  * before the sequence (every fd a bad message carried was closed).
+ *
+ * Cases found by proto_fuzz: an error message cut inside a multi-byte
+ * character or quoting a tensor name that is not UTF-8 (jansson refused
+ * to build the reply and none was sent), a client name cut inside a
+ * character (the client vanished from clients and status), a reply too
+ * large for one message (the requester's connection was dropped: status
+ * while one producer claims a world of 65536 ranks), a timeout_ms too
+ * large for nanoseconds (it wrapped into an immediate timeout), and a
+ * pipe or a directory accepted as host memory.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -97,6 +107,38 @@ int main(void)
 		   "unknown op");
 	expect_req(fd, "{\"v\":2,\"op\":\"status\"}", NULL, 0, "WEX_EPROTO_VERSION", "version 2",
 		   "protocol version 2");
+	{
+		/* The error quotes at most 64 bytes of the op: 21 3-byte
+		 * characters and a third of the 22nd. */
+		char op[256] = "{\"v\":1,\"op\":\"";
+
+		for (int i = 0; i < 30; i++)
+			strcat(op, "\xe2\x82\xac");
+		strcat(op, "\"}");
+		expect_req(fd, op, NULL, 0, "EOPNOTSUPP", "unknown request",
+			   "unknown op cut inside a character");
+	}
+	{
+		/* A client name is kept to 63 bytes: 31 'é' and half of one. */
+		char hello[256] = "{\"v\":1,\"op\":\"hello\",\"role\":\"admin\",\"name\":\"";
+		int named = 0, anon = t_raw_connect(d.sock);
+		size_t i;
+		json_t *c;
+
+		for (int k = 0; k < 40; k++)
+			strcat(hello, "\xc3\xa9");
+		strcat(hello, "\"}");
+		expect_req(anon, hello, NULL, 0, "OK", NULL, "hello with a long multi-byte name");
+		r = t_raw_rpc(ctl, "{\"v\":1,\"op\":\"clients\"}", NULL, 0);
+		json_array_foreach(json_object_get(r, "clients"), i, c) {
+			const char *nm = json_string_value(json_object_get(c, "name"));
+
+			named |= nm && !strncmp(nm, "\xc3\xa9\xc3\xa9", 4);
+		}
+		json_decref(r);
+		T_ASSERT(named, "clients lists the client whose name was cut");
+		close(anon);
+	}
 	memset(big, ' ', sizeof(big));
 	memcpy(big, "{\"v\":1,\"op\":\"status\"", 20);
 	big[sizeof(big) - 1] = '}';
@@ -123,6 +165,18 @@ int main(void)
 		   1, "EINVAL", "smaller than size", "segment fd shorter than its size");
 	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096}", NULL,
 		   0, "EINVAL", NULL, "host segment without its fd");
+	{
+		int dfd = open(d.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), p[2];
+
+		T_ASSERT(dfd >= 0 && pipe2(p, O_CLOEXEC) == 0, "dir, pipe");
+		expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":16}",
+			   &dfd, 1, "EINVAL", "regular file", "a directory as host memory");
+		expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":16}",
+			   &p[0], 1, "EINVAL", "regular file", "a pipe as host memory");
+		close(dfd);
+		close(p[0]);
+		close(p[1]);
+	}
 	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096,\"handle_offset\":1,\"alloc_size\":4096}",
 		   &mfd, 1, "EINVAL", "exceed the allocation", "a segment running past its allocation");
 	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096}", &mfd,
@@ -230,12 +284,20 @@ int main(void)
 			   "NUL", "tensor name without NUL");
 		close(tfd);
 	}
+	t[1] = tensor("bad\xff\xc3.name", 1024); /* not UTF-8 */
+	t[1].dtype = 999;
+	tfd = wex__table_pack(t, NULL, 2);
+	expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", &tfd, 1, "EINVAL", "invalid dtype",
+		   "tensor name that is not UTF-8");
+	close(tfd);
 	t[1] = tensor("fine.weight", 2048);
 	tfd = wex__table_pack(t, NULL, 2);
 	expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", &tfd, 1, "OK", NULL, "good table");
 	close(tfd);
 	expect_req(prod, "{\"v\":1,\"op\":\"begin_write\",\"version\":-3}", NULL, 0, "EINVAL", NULL,
 		   "negative version");
+	expect_req(prod, "{\"v\":1,\"op\":\"begin_write\",\"version\":1,\"timeout_ms\":9223372036854775807}",
+		   NULL, 0, "EINVAL", "timeout_ms", "begin_write timeout_ms past nanoseconds");
 	expect_req(prod, "{\"v\":1,\"op\":\"publish\",\"version\":9}", NULL, 0, "EINVAL", NULL,
 		   "publish without begin_write");
 	expect_req(prod, "{\"v\":1,\"op\":\"begin_write\",\"version\":1}", NULL, 0, "OK", NULL,
@@ -249,6 +311,8 @@ int main(void)
 		   "OK", NULL, "consumer hello");
 	expect_req(cons, "{\"v\":1,\"op\":\"acquire\",\"mode\":99}", NULL, 0, "EINVAL", NULL,
 		   "acquire with an unknown mode");
+	expect_req(cons, "{\"v\":1,\"op\":\"acquire\",\"mode\":2,\"timeout_ms\":18446744073709}", NULL,
+		   0, "EINVAL", "timeout_ms", "acquire timeout_ms past nanoseconds");
 	expect_req(cons, "{\"v\":1,\"op\":\"acquire\",\"mode\":2,\"timeout_ms\":2000}", NULL, 0, "OK",
 		   NULL, "acquire v1");
 	{
@@ -273,6 +337,31 @@ int main(void)
 	alive("disconnect mid-request");
 	close(cons);
 	alive("consumer disconnect");
+	{
+		/* A status listing 65536 producer ranks is larger than one
+		 * message: an error for the requester, who stays connected. */
+		int wide = t_raw_connect(d.sock), ok = 0;
+
+		r = t_raw_rpc(wide, "{\"v\":1,\"op\":\"hello\",\"role\":\"producer\",\"model\":\"big\",\"world\":65536}",
+			      NULL, 0);
+		T_ASSERT(!strcmp(t_code(r), "OK"), "hello with world 65536: %s", t_msg(r));
+		json_decref(r);
+		r = t_raw_rpc(fd, "{\"v\":1,\"op\":\"status\"}", NULL, 0);
+		T_ASSERT(!strcmp(t_code(r), "EMSGSIZE"), "status too large: %s (%s)", t_code(r), t_msg(r));
+		printf("%-40s -> EMSGSIZE: %s\n", "status larger than a message", t_msg(r));
+		json_decref(r);
+		r = t_raw_rpc(fd, "{\"v\":1,\"op\":\"ping\"}", NULL, 0);
+		T_ASSERT(!strcmp(t_code(r), "OK"), "ping after a reply too large: %s", t_code(r));
+		json_decref(r);
+		close(wide);
+		/* Its disconnect is processed asynchronously. */
+		for (double t0 = t_now(); !ok && t_now() - t0 < 5.0;) {
+			r = t_raw_rpc(ctl, "{\"v\":1,\"op\":\"status\"}", NULL, 0);
+			ok = !strcmp(t_code(r), "OK");
+			json_decref(r);
+		}
+		T_ASSERT(ok, "status once the large producer left");
+	}
 	close(fd);
 	close(mfd);
 

@@ -2,20 +2,31 @@
 # socket_activate.sh WEXD WEXCTL PRODUCER - proves socket activation:
 # systemd-socket-activate holds a SOCK_SEQPACKET listener, starts wexd on the
 # first connection with LISTEN_FDS, and that first client is served (status
-# and a producer publishing); wexd reports it uses the passed socket.
+# and a producer publishing); wexd reports it uses the passed socket.  With
+# WEX_IO=epoll too: systemd passes the socket blocking, and the epoll
+# backend's accept loop once waited in accept4 for good.
 WEXD=$1 WEXCTL=$2 PRODUCER=$3
 . "$(dirname "$0")/lib.sh"
 command -v systemd-socket-activate >/dev/null || skip "systemd-socket-activate missing (package systemd)"
 export WEX_SOCKET="$TMP/act.sock"
 systemd-socket-activate --seqpacket -l "$WEX_SOCKET" -E WEX_SOCKET="$WEX_SOCKET" \
-	"$WEXD" 2>"$TMP/wexd.log" &
+	-E WEX_IO="${WEX_IO:-auto}" "$WEXD" 2>"$TMP/wexd.log" &
 ACT=$!
-cleanup_extra() { kill "$ACT" 2>/dev/null; wait "$ACT" 2>/dev/null; }
+# A wexd stuck in a system call never reads its SIGTERM: KILL after 5 s.
+cleanup_extra() {
+	kill "$ACT" 2>/dev/null
+	i=0; while kill -0 "$ACT" 2>/dev/null && [ $i -lt 100 ]; do i=$((i+1)); sleep 0.05; done
+	kill -KILL "$ACT" 2>/dev/null; wait "$ACT" 2>/dev/null
+}
 i=0; while [ ! -S "$WEX_SOCKET" ] && [ $i -lt 100 ]; do i=$((i+1)); sleep 0.05; done
 [ -S "$WEX_SOCKET" ] || fail "socket-activate did not listen"
 pgrep -P "$ACT" >/dev/null && fail "wexd started before the first connection"
-"$WEXCTL" status --json >"$TMP/status.json" || fail "first client not served: $(cat "$TMP/wexd.log")"
+timeout 20 "$WEXCTL" status --json >"$TMP/status.json" ||
+	fail "first client not served: $(cat "$TMP/wexd.log")"
+if [ -n "${WEX_IO:-}" ] && [ "$WEX_IO" != auto ]; then
+	grep -q "event loop: $WEX_IO" "$TMP/wexd.log" || fail "wexd did not use $WEX_IO: $(cat "$TMP/wexd.log")"
+fi
 grep -q "using the socket passed by systemd" "$TMP/wexd.log" || fail "wexd did not use LISTEN_FDS: $(cat "$TMP/wexd.log")"
-"$PRODUCER" --preset tiny --versions 2 >"$TMP/p.log" 2>&1 || fail "producer: $(cat "$TMP/p.log")"
+timeout 60 "$PRODUCER" --preset tiny --versions 2 >"$TMP/p.log" 2>&1 || fail "producer: $(cat "$TMP/p.log")"
 grep -q "published v2" "$TMP/p.log" || fail "producer did not publish"
 echo "PASS: wexd started on the first connection and served it"

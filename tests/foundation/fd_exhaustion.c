@@ -1,0 +1,129 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fd_exhaustion - proves that a wexd out of file descriptors stays in
+ * service: wexd starts with a limit of 64 fds, one producer registers host
+ * segments until wexd cannot take another fd (the message carrying it is
+ * refused, EINVAL); connections already open are still served; a new client
+ * is refused at once (its connection ends) instead of waiting unaccepted;
+ * wexd does not spin meanwhile; and once the producer leaves, new clients
+ * are served again and wexd's fd count is back to its start value.
+ *
+ * Found while fuzzing the protocol (proto_fuzz): out of fds, the epoll
+ * backend's listener stayed readable and io_uring failed every accept at
+ * once, so wexd spun at full CPU logging "accept: Too many open files"
+ * millions of times, and the new client waited for good.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "ipc/sock.h"
+
+#define LIMIT 64
+
+static long cpu_ticks(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long ut = 0, stt = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	T_ASSERT(f && fgets(buf, sizeof(buf), f), "read %s", path);
+	fclose(f);
+	/* Fields 14 and 15, after the parenthesised command name. */
+	p = strrchr(buf, ')');
+	T_ASSERT(p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut,
+			     &stt) == 2,
+		 "parse %s", path);
+	return (long)(ut + stt);
+}
+
+/* 1 if wexd ends the connection within 5 s, 0 if it answers. */
+static int refused(int fd)
+{
+	static const char ping[] = "{\"v\":1,\"op\":\"ping\"}";
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	char buf[256];
+	ssize_t n;
+
+	if (wex_sock_send(fd, ping, sizeof(ping) - 1, NULL, 0, 0) < 0)
+		return 1; /* refused before the send */
+	T_ASSERT(poll(&p, 1, 5000) == 1, "a new client waits unanswered and unrefused");
+	n = recv(fd, buf, sizeof(buf), 0);
+	return n <= 0;
+}
+
+int main(void)
+{
+	struct rlimit old, lim;
+	struct t_wexd d;
+	int ctl, prod, fd, before, after, nseg = 0, full = 0;
+	long t0;
+	json_t *r;
+
+	T_ASSERT(getrlimit(RLIMIT_NOFILE, &old) == 0, "getrlimit");
+	if (old.rlim_max < LIMIT)
+		T_SKIP("RLIMIT_NOFILE hard limit %llu < %d", (unsigned long long)old.rlim_max, LIMIT);
+	/* wexd inherits the low limit; this process takes its own back. */
+	lim = old;
+	lim.rlim_cur = LIMIT;
+	T_ASSERT(setrlimit(RLIMIT_NOFILE, &lim) == 0, "setrlimit");
+	t_wexd_start(&d);
+	T_ASSERT(setrlimit(RLIMIT_NOFILE, &old) == 0, "setrlimit");
+	t_check_backend(d.sock);
+	ctl = t_raw_connect(d.sock);
+	before = t_wexd_fds_settle(&d, -1);
+
+	prod = t_raw_connect(d.sock);
+	r = t_raw_rpc(prod, "{\"v\":1,\"op\":\"hello\",\"role\":\"producer\",\"model\":\"fds\"}", NULL,
+		      0);
+	T_ASSERT(!strcmp(t_code(r), "OK"), "hello: %s", t_msg(r));
+	json_decref(r);
+	while (!full && nseg < 2 * LIMIT) {
+		int mfd = memfd_create("t-seg", MFD_CLOEXEC);
+
+		T_ASSERT(mfd >= 0 && ftruncate(mfd, 4096) == 0, "memfd");
+		r = t_raw_rpc(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096}",
+			      &mfd, 1);
+		close(mfd);
+		if (!strcmp(t_code(r), "OK"))
+			nseg++;
+		else
+			full = !strcmp(t_code(r), "EINVAL");
+		T_ASSERT(full || !strcmp(t_code(r), "OK"), "register_segment: %s: %s", t_code(r),
+			 t_msg(r));
+		json_decref(r);
+	}
+	T_ASSERT(full, "wexd took %d segment fds under a limit of %d", nseg, LIMIT);
+	printf("wexd full after %d segments: %d fds\n", nseg, t_fd_count(d.pid));
+
+	r = t_raw_rpc(ctl, "{\"v\":1,\"op\":\"ping\"}", NULL, 0);
+	T_ASSERT(!strcmp(t_code(r), "OK"), "an open connection is served: %s", t_code(r));
+	json_decref(r);
+	for (int i = 0; i < 3; i++) {
+		fd = t_raw_connect(d.sock);
+		T_ASSERT(refused(fd), "a new client of a wexd out of fds is refused");
+		close(fd);
+	}
+	/* Nothing waits: wexd must be idle, not retrying accepts.  (CPU
+	 * ticks over half a second; a spinning wexd takes most of them.) */
+	t0 = cpu_ticks(d.pid);
+	poll(NULL, 0, 500);
+	T_ASSERT(cpu_ticks(d.pid) - t0 <= 15, "wexd used %ld ticks of CPU in 0.5 s idle",
+		 cpu_ticks(d.pid) - t0);
+
+	close(prod);
+	after = t_wexd_fds_settle(&d, before);
+	T_ASSERT(after == before, "wexd holds %d fds after the producer left, %d before", after,
+		 before);
+	r = t_status(d.sock);
+	json_decref(r);
+	close(ctl);
+	t_wexd_stop(&d);
+	return T_EXIT_PASS;
+}
