@@ -6,8 +6,9 @@
  * Two ways for a PyTorch trainer to get weights wex can export:
  *
  *  1. Zero code: start the trainer with
- *         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
- *     (PyTorch >= 2.5).  Every caching-allocator segment is then created
+ *         PYTORCH_ALLOC_CONF=expandable_segments:True
+ *     (PyTorch >= 2.5; the variable is PYTORCH_CUDA_ALLOC_CONF before 2.8).
+ *     Every caching-allocator segment is then created
  *     by cuMemCreate with a POSIX fd (or fabric) handle type, so wex can
  *     export any parameter in place: the cuda_vmm backend's wrap slot
  *     (cuMemRetainAllocationHandle + cuMemExportToShareableHandle).  A

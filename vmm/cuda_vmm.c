@@ -319,7 +319,7 @@ static int vmm_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 		 * like this: it can never be exported. */
 		wex_error("cuda", "memory of %llu bytes was created without a POSIX fd or fabric "
 			  "handle type (handle types %#x): not exportable (use "
-			  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or wex_cuda_alloc)",
+			  "PYTORCH_ALLOC_CONF=expandable_segments:True or wex_cuda_alloc)",
 			  (unsigned long long)size, (unsigned)prop.requestedHandleTypes);
 		ret = -EOPNOTSUPP;
 		goto err_release;

@@ -8,21 +8,28 @@ and syncs it the way SGLang's update_weights_from_tensor does:
 
   per_tensor  the producer calls torch.multiprocessing.reductions.reduce_tensor
               on every tensor and sends the handles; the consumer rebuilds
-              each tensor (one cudaIpcOpenMemHandle per caching-allocator
-              segment, cached by torch) and copies it into its own parameter;
+              each tensor (cudaIpcOpenMemHandle of its caching-allocator
+              segment, closed again when the rebuilt tensor dies, as in
+              SGLang) and copies it into its own parameter;
   bucket      the producer flattens the tensors into buckets of
               WEX_BENCH_BUCKET_MB (torch.cat, a copy), sends one handle per
               bucket; the consumer copies the slices out.
 
 Each sync is timed in the consumer from its request to torch.cuda.synchronize()
 after the last copy; the best of WEX_BENCH_REPS syncs after one warm-up is
-reported (the first, which opens the handles, separately).  Prints one JSON
-line; when torch or CUDA is missing, the timings are null and "torch_reason"
-says why.  Environment: WEX_BENCH_GB (16), WEX_BENCH_TENSORS (300),
-WEX_BENCH_REPS (3), WEX_BENCH_BUCKET_MB (512).
+reported (the first, with its one-time costs, separately).  Both processes
+run PyTorch's default allocator (cudaMalloc segments, legacy CUDA IPC):
+PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF are dropped, as expandable
+segments would share through another path.  Prints one JSON line; when
+torch or CUDA is missing, the timings are null and "torch_reason" says
+why; a producer that dies or hangs fails the baseline within
+WEX_BENCH_TORCH_S (150) instead of hanging the bench.  Environment:
+WEX_BENCH_GB (16), WEX_BENCH_TENSORS (300), WEX_BENCH_REPS (3),
+WEX_BENCH_BUCKET_MB (512).
 """
 import json
 import os
+import queue
 import sys
 import time
 
@@ -55,7 +62,8 @@ def producer(elems, bucket_bytes, req, resp):
         if msg == "per_tensor":
             torch.cuda.synchronize()
             resp.put([reduce_tensor(t) for t in ts])
-            req.get()  # the consumer's ack: the handles may be dropped
+            if req.get() == "stop":  # else the consumer's ack: handles may go
+                break
         elif msg == "bucket":
             buckets, cur, size = [], [], 0
             for t in ts:
@@ -70,7 +78,8 @@ def producer(elems, bucket_bytes, req, resp):
             flats = [torch.cat([t.view(-1) for t in b]) for b in buckets]
             torch.cuda.synchronize()
             resp.put([(reduce_tensor(f), [t.numel() for t in b]) for f, b in zip(flats, buckets)])
-            req.get()
+            if req.get() == "stop":
+                break
             del flats
 
 
@@ -79,7 +88,11 @@ def main():
     n = int(os.environ.get("WEX_BENCH_TENSORS", "300"))
     reps = int(os.environ.get("WEX_BENCH_REPS", "3"))
     bucket_bytes = int(os.environ.get("WEX_BENCH_BUCKET_MB", "512")) << 20
+    limit = float(os.environ.get("WEX_BENCH_TORCH_S", "150"))
     out = {"torch_ipc_per_tensor_ms": None, "torch_ipc_bucket_ms": None}
+    # Before torch reads them; the spawned producer inherits os.environ.
+    os.environ.pop("PYTORCH_ALLOC_CONF", None)
+    os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     try:
         import torch
         import torch.multiprocessing as mp
@@ -97,16 +110,29 @@ def main():
     req, resp = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=producer, args=(elems, bucket_bytes, req, resp))
     p.start()
+    deadline = time.monotonic() + limit
+
+    def answer():
+        """The producer's next message; fails if it died or time is up."""
+        while True:
+            try:
+                return resp.get(timeout=1)
+            except queue.Empty:
+                if not p.is_alive():
+                    raise RuntimeError("producer exited with %s" % p.exitcode) from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError("no answer from the producer in %.0f s" % limit) from None
+
     try:
         torch.cuda.set_device(0)
         own = [torch.empty((e,), dtype=torch.bfloat16, device="cuda") for e in elems]
-        if resp.get(timeout=600) != "ready":
+        if answer() != "ready":
             raise RuntimeError("producer did not start")
 
         def sync_per_tensor():
             t0 = time.perf_counter()
             req.put("per_tensor")
-            handles = resp.get(timeout=600)
+            handles = answer()
             for (fn, args), dst in zip(handles, own):
                 dst.copy_(fn(*args))
             torch.cuda.synchronize()
@@ -117,7 +143,7 @@ def main():
         def sync_bucket():
             t0 = time.perf_counter()
             req.put("bucket")
-            items = resp.get(timeout=600)
+            items = answer()
             k = 0
             for (fn, args), numels in items:
                 flat = fn(*args)
@@ -144,9 +170,10 @@ def main():
         out["torch_reason"] = "torch baseline failed: %r" % (e,)
     finally:
         req.put("stop")
-        p.join(timeout=60)
+        p.join(timeout=30)
         if p.is_alive():
             p.kill()
+            p.join()
     print(json.dumps(out))
     return 0
 

@@ -8,8 +8,9 @@ process on the same GPU, checked tensor by tensor with torch.equal.
                                 over wex_cuda_alloc/wex_cuda_free, in a
                                 torch.cuda.MemPool)
     torch_check.py expandable   trainer started with
-                                PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-                                (no allocator code); the embedding spans
+                                PYTORCH_ALLOC_CONF=expandable_segments:True
+                                (and the old name, PYTORCH_CUDA_ALLOC_CONF;
+                                no allocator code); the embedding spans
                                 several 20 MiB chunks
 
 Three processes: a wexd of the test's own, a trainer (a small bf16
@@ -66,25 +67,37 @@ def skip_reason():
 
 def trainer(mode, workdir):
     import contextlib
+    import gc
     import torch
     import wex
     from wex import torch_util
 
     torch.cuda.set_device(0)
-    ctx, keep = contextlib.nullcontext(), None
+    alloc = pool = None
+    ctx = contextlib.nullcontext()
     if mode == "mempool":
-        keep = torch_util.exportable_pool()
-        ctx = torch.cuda.use_mem_pool(keep[1])
+        alloc, pool = torch_util.exportable_pool()
+        ctx = torch.cuda.use_mem_pool(pool)
     with ctx:
         torch.manual_seed(1)
         model = build_model(torch)
+    del ctx  # it holds the pool too
     params = list(model.named_parameters())
+    if mode == "expandable":
+        # Else plain cudaMalloc segments, refused below as not exportable.
+        exp = [(s["address"], s["address"] + s["total_size"])
+               for s in torch.cuda.memory_snapshot() if s.get("is_expandable")]
+        if not all(any(a <= p.data_ptr() < e for a, e in exp) for _, p in params):
+            raise AssertionError("PyTorch %s did not put the parameters in expandable segments "
+                                 "(PYTORCH_ALLOC_CONF=%s)" % (torch.__version__,
+                                                              os.environ.get("PYTORCH_ALLOC_CONF")))
     c = wex.Client(wex.ROLE_PRODUCER, MODEL, rank=0, world_size=1)
     segs = torch_util.register_module(c, params)
     big = max(p.numel() * p.element_size() for _, p in params)
     print("segments %d %d %d" % (len(segs), sum(s for _, _, s in segs), big), flush=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     gen = torch.Generator(device="cuda").manual_seed(2)
+    loss = None
     for line in sys.stdin:
         v = int(line)
         c.begin_write(v, 60000)
@@ -100,7 +113,15 @@ def trainer(mode, workdir):
                    os.path.join(workdir, "v%d.pt" % v))
         print("published %d" % v, flush=True)
     c.close()
-    del keep
+    # The pool's tensors go first (pytorch#146431), then the pool (its
+    # destructor frees its segments through the allocator), then the
+    # allocator (held by a raw pointer, pytorch#171962).  loss's graph
+    # holds the parameters too (AccumulateGrad).
+    del model, params, opt, loss
+    gc.collect()
+    torch.cuda.synchronize()
+    del pool
+    del alloc
 
 
 def engine(workdir):
@@ -175,13 +196,16 @@ def engine(workdir):
     ccopy.close()
 
 
-def readline(p, timeout):
+def readline(p, timeout, deadline):
+    """A line from child p within timeout s, and before deadline (ctest's
+    TIMEOUT must not be what ends the test: it would say nothing)."""
+    timeout = max(0, min(timeout, deadline - time.monotonic()))
     ready, _, _ = select.select([p.stdout], [], [], timeout)
     if not ready:
-        raise AssertionError("no answer in %d s" % timeout)
+        raise AssertionError("%s: no answer in %d s" % (p.args[2], timeout))
     line = p.stdout.readline()
     if not line:
-        raise AssertionError("exited with %s" % p.wait())
+        raise AssertionError("%s exited with %s" % (p.args[2], p.wait()))
     return line.strip()
 
 
@@ -194,14 +218,24 @@ def main():
     if reason:
         print("torch_check %s: skipped: %s" % (mode, reason))
         return 77
+    # Under ctest's TIMEOUT (130 s) with time left to stop the children;
+    # both torch checks fit one step of tests/gpu/device_run.sh.
+    deadline = time.monotonic() + float(os.environ.get("WEX_TORCH_CHECK_S", "95"))
     workdir = tempfile.mkdtemp(prefix="wex-torch-")
     env = dict(os.environ, WEX_SOCKET=os.path.join(workdir, "wexd.sock"))
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    # PYTORCH_ALLOC_CONF is the name since torch 2.8 and wins over the old
+    # PYTORCH_CUDA_ALLOC_CONF (2.9.1 honoured only the old one for
+    # expandable_segments, pytorch#183387): both or neither.
+    # TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0 makes expandable segments
+    # unexportable.
+    for k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF",
+              "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC"):
+        env.pop(k, None)
     from wexd_harness import start_wexd
     wexd = start_wexd(env)
     tenv = dict(env)
     if mode == "expandable":
-        tenv["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        tenv["PYTORCH_ALLOC_CONF"] = tenv["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     me = os.path.abspath(__file__)
     tr = subprocess.Popen([sys.executable, me, "trainer", mode, workdir], env=tenv, text=True,
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -209,39 +243,48 @@ def main():
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     ok = False
     try:
-        nseg, segbytes, big = map(int, readline(tr, 120).split()[1:])
+        nseg, segbytes, big = map(int, readline(tr, 120, deadline).split()[1:])
         print("trainer (%s): %d segment(s) registered, %.1f MiB; largest tensor %.1f MiB"
               % (mode, nseg, segbytes / 2**20, big / 2**20))
         for v in range(1, VERSIONS + 1):
             t0 = time.monotonic()
             tr.stdin.write("%d\n" % v)
             tr.stdin.flush()
-            assert readline(tr, 120) == "published %d" % v
+            assert readline(tr, 120, deadline) == "published %d" % v
             en.stdin.write("%d\n" % v)
             en.stdin.flush()
-            fig = json.loads(readline(en, 300).split(" ", 1)[1])
+            fig = json.loads(readline(en, 120, deadline).split(" ", 1)[1])
             print("v%d: every tensor torch.equal in view, same-address (+graph) and copy; "
                   "view %.2f ms, same-address %.2f ms (freed %.0f MiB), copy %.2f ms "
                   "(%.1f GiB/s); round %.1f s" % (v, fig["view_ms"], fig["fixed_ms"],
                                                  fig["fixed_freed_mib"], fig["copy_ms"],
                                                  fig["copy_gib_s"], time.monotonic() - t0))
         ok = True
+    except (AssertionError, OSError, ValueError) as e:
+        print("torch_check %s: %s" % (mode, e))
     finally:
         for p in (tr, en):
             try:
                 p.stdin.close()
             except BrokenPipeError:
                 pass  # it died: its exit status says how
+        for p in (tr, en):
             try:
-                p.wait(60)
+                p.wait(20 if ok else 10)
             except subprocess.TimeoutExpired:
+                print("%s did not exit: killed" % p.args[2])
                 p.kill()
                 p.wait()
             if p.returncode != 0:
                 ok = False
                 print("%s exited with %d" % (p.args[2], p.returncode))
         wexd.terminate()
-        if wexd.wait(30) != 0:
+        try:
+            wexd.wait(10)
+        except subprocess.TimeoutExpired:
+            wexd.kill()
+            wexd.wait()
+        if wexd.returncode != 0:
             ok = False
             print("wexd exited with %d" % wexd.returncode)
     print("torch_check %s: %s" % (mode, "passed" if ok else "FAILED"))

@@ -52,6 +52,6 @@ endif()
 foreach(mode mempool expandable)
   add_test(NAME torch_${mode} COMMAND ${WEX_TORCH_PYTHON}
     ${CMAKE_SOURCE_DIR}/tests/gpu/torch_check.py ${mode})
-  set_tests_properties(torch_${mode} PROPERTIES LABELS "gpu;python" TIMEOUT 240
+  set_tests_properties(torch_${mode} PROPERTIES LABELS "gpu;python" TIMEOUT 130
     SKIP_RETURN_CODE 77 ENVIRONMENT "${WEX_PY_ENV}")
 endforeach()

@@ -11,8 +11,11 @@ caching-allocator segment):
     wex.torch_util.register_module(client, model.named_parameters())
 
 or with no code change at allocation time: start the trainer with
-PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and call register_module
-the same way (its segments are exportable; a parameter may span chunks).
+PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF before
+torch 2.8) and call register_module the same way (its segments are
+exportable; a parameter may span chunks).  Tensors over device memory
+(view_tensors, reserve_like) go through __cuda_array_interface__, which
+PyTorch reads with NumPy.
 """
 import ctypes
 
@@ -50,7 +53,10 @@ def torch_dtype(name):
 def exportable_pool():
     """(allocator, pool): a CUDAPluggableAllocator over wex_cuda_alloc and
     wex_cuda_free and a torch.cuda.MemPool using it.  Keep both alive as
-    long as any tensor allocated in the pool (pytorch#146431)."""
+    long as any tensor allocated in the pool (pytorch#146431), and drop the
+    pool before the allocator: the pool's destructor frees its cached
+    segments through the allocator, which the caching allocator may hold
+    by a raw pointer only (pytorch#171962)."""
     if not hasattr(torch.cuda, "MemPool"):
         raise RuntimeError("torch %s has no torch.cuda.MemPool (2.5 or later)" % torch.__version__)
     alloc = torch.cuda.memory.CUDAPluggableAllocator(wex.lib_path(), "wex_cuda_alloc",
@@ -138,7 +144,16 @@ def from_ptr(ptr, shape, dtype, device=None):
     if device is not None and torch.device(device).type == "cpu":
         raw = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(ptr), dtype=torch.uint8)
     else:
-        raw = torch.as_tensor(_CudaArray(ptr, nbytes), device=device)
+        try:
+            raw = torch.as_tensor(_CudaArray(ptr, nbytes), device=device)
+        except RuntimeError as e:
+            # PyTorch parses __cuda_array_interface__ with NumPy, which
+            # its wheels do not require.
+            if "Numpy is not available" not in str(e):
+                raise
+            raise RuntimeError("wex.torch_util: tensors over device memory need NumPy "
+                               "(torch %s reads __cuda_array_interface__ through it)"
+                               % torch.__version__) from e
     return raw.view(dtype).view(shape)
 
 
