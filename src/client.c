@@ -9,12 +9,14 @@
  * call; a consumer keeps its mappings and buffers meanwhile.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -134,6 +136,19 @@ WEX_API const char *wex_last_error(wex_client_t *c)
 /* ---------------------------------------------------------------------- */
 /* Transport.                                                              */
 
+/* 1 if this process cannot open another fd (the fds of a reply with
+ * MSG_CTRUNC were dropped for that reason). */
+static int fd_limit_reached(void)
+{
+	int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+
+	if (fd >= 0) {
+		close(fd);
+		return 0;
+	}
+	return errno == EMFILE || errno == ENFILE;
+}
+
 static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, json_t **reply,
 		   int *rfds, int maxr, int *nrfds, uint32_t wait_ms)
 {
@@ -182,6 +197,19 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	}
 	*reply = json_loadb(buf, (size_t)n, 0, &je);
 	free(buf);
+	if ((mflags & MSG_CTRUNC) && fd_limit_reached()) {
+		/* The kernel dropped the fds it could not install here. */
+		struct rlimit rl = { 0 };
+
+		json_decref(*reply);
+		*reply = NULL;
+		wex_sock_close_fds(tmpfds, got);
+		getrlimit(RLIMIT_NOFILE, &rl);
+		return set_err(c, -EMFILE,
+			       "this process is out of file descriptors (limit %llu): the fds of "
+			       "wexd's reply were dropped; raise it (ulimit -n, LimitNOFILE=)",
+			       (unsigned long long)rl.rlim_cur);
+	}
 	if (!*reply || (mflags & (MSG_TRUNC | MSG_CTRUNC)) || got > maxr) {
 		json_decref(*reply);
 		*reply = NULL;

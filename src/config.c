@@ -94,6 +94,11 @@ static const struct field fields[WEX_CF_COUNT] = {
 	[WEX_CF_DRAIN_TIMEOUT_MS] = { "drain_timeout_ms", FT_INT, FLD(drain_timeout_ms),
 		"WEX_DRAIN_TIMEOUT_MS", "10000", 0, 3600000, NULL, NULL, F_MODIFIABLE | F_RELOAD,
 		"on SIGTERM, how long to wait for leases and in-flight requests before exiting" },
+	[WEX_CF_MAX_OPEN_FILES] = { "max_open_files", FT_INT, FLD(max_open_files),
+		"WEX_MAX_OPEN_FILES", "0", 0, 1 << 30, NULL, NULL, 0,
+		"file-descriptor limit wexd sets for itself at start (it holds one per exported "
+		"allocation: an expandable-segments trainer exports one per 20 MiB); 0: raise "
+		"the soft limit to the hard limit" },
 	[WEX_CF_MODELS] = { "models", FT_MODELS, FLD(models), NULL, NULL, 0, 0, NULL, NULL, F_RELOAD,
 		"per-model access lists {\"<model>|*\": {\"producers\": {\"uids\": [..], \"gids\": "
 		"[..]}, \"consumers\": {..}}}; an absent model or role admits any local user, "

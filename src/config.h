@@ -66,6 +66,7 @@ enum wex_config_field {
 	WEX_CF_MAX_CLIENTS,
 	WEX_CF_WATCHDOG,
 	WEX_CF_DRAIN_TIMEOUT_MS,
+	WEX_CF_MAX_OPEN_FILES,
 	WEX_CF_MODELS,
 	WEX_CF_COUNT
 };
@@ -110,6 +111,7 @@ struct wex_config {
 	int64_t max_clients;
 	int watchdog;              /* send WATCHDOG=1 when systemd asks for it */
 	int64_t drain_timeout_ms;  /* SIGTERM: wait this long for leases, then exit */
+	int64_t max_open_files;    /* fd limit set at start; 0: the hard limit */
 	struct wex_models models;
 
 	/* bookkeeping */

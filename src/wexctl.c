@@ -86,19 +86,20 @@ static void fmt_bytes(uint64_t b, char *out, size_t len)
 
 static void print_daemon(json_t *d)
 {
-	printf("wexd pid %lld  up %.0f s  event loop %s%s%s  socket %s\n",
+	const char *why = json_string_value(json_object_get(d, "io_fallback_reason"));
+	json_t *fds = json_object_get(d, "fds");
+
+	why = why ? why : "";
+	printf("wexd pid %lld  up %.0f s  event loop %s%s%s%s  socket %s\n",
 	       (long long)json_integer_value(json_object_get(d, "pid")),
 	       json_real_value(json_object_get(d, "uptime_s")),
-	       json_string_value(json_object_get(d, "io")),
-	       *json_string_value(json_object_get(d, "io_fallback_reason")) ? " (" : "",
-	       *json_string_value(json_object_get(d, "io_fallback_reason")) ?
-		       json_string_value(json_object_get(d, "io_fallback_reason")) :
-		       "",
+	       json_string_value(json_object_get(d, "io")), *why ? " (" : "", why, *why ? ")" : "",
 	       json_string_value(json_object_get(d, "socket")));
-	if (*json_string_value(json_object_get(d, "io_fallback_reason")))
-		printf(")\n"), fflush(stdout);
-	printf("config %s  clients %lld%s\n", json_string_value(json_object_get(d, "config")),
+	printf("config %s  clients %lld  fds %lld of %lld%s\n",
+	       json_string_value(json_object_get(d, "config")),
 	       (long long)json_integer_value(json_object_get(d, "clients")),
+	       (long long)json_integer_value(json_object_get(fds, "open")),
+	       (long long)json_integer_value(json_object_get(fds, "limit")),
 	       json_is_true(json_object_get(d, "draining")) ? "  DRAINING" : "");
 }
 

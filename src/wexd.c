@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -255,9 +257,20 @@ static json_t *validate_and_run(struct wexd *d, struct conn *c, const char *buf,
 	if ((mflags & MSG_TRUNC) || len > d->msg_max)
 		return wex__reply_error(-EMSGSIZE, "message larger than %zu bytes: send tables as a sealed memfd",
 					d->msg_max);
-	if (mflags & MSG_CTRUNC)
+	if (mflags & MSG_CTRUNC) {
+		/* The kernel drops the fds it cannot install: wexd is out of
+		 * them (or the message carried too many). */
+		long open = wexd_fds_open();
+
+		if (open >= 0 && (uint64_t)open + 8 >= d->fd_limit)
+			return wex__reply_error(-EMFILE,
+						"wexd is out of file descriptors (%ld open, limit %llu): "
+						"the fds of this message were dropped; raise "
+						"max_open_files or LimitNOFILE=",
+						open, (unsigned long long)d->fd_limit);
 		return wex__reply_error(-EINVAL, "control data truncated: at most %d fds per message",
 					WEX_SOCK_MAX_FDS);
+	}
 	req = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
 	if (!req)
 		return wex__reply_error(-EBADMSG, "malformed JSON at line %d column %d: %s", je.line,
@@ -515,6 +528,65 @@ static void wexd_tick(struct wexd *d)
 	}
 }
 
+long wexd_fds_open(void)
+{
+	DIR *dir = opendir("/proc/self/fd");
+	struct dirent *e;
+	struct rlimit rl;
+	long n = 0;
+
+	if (!dir && errno == EMFILE && getrlimit(RLIMIT_NOFILE, &rl) == 0)
+		return (long)rl.rlim_cur; /* all taken: even this one */
+	if (!dir)
+		return -1;
+	while ((e = readdir(dir)))
+		n += e->d_name[0] != '.';
+	closedir(dir);
+	return n - 1; /* the directory's own fd */
+}
+
+/*
+ * wexd holds a duplicate of every exported allocation's fd, and a trainer
+ * on expandable segments exports one per 20 MiB: thousands per GPU, past
+ * the usual soft limit of 1024.  Sets the soft limit to max_open_files, or
+ * to the hard limit when that is 0 (systemd/wexd.service sets both).
+ */
+static void set_fd_limit(struct wexd *d)
+{
+	struct rlimit rl;
+	rlim_t was, want;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
+		wex_warn("wexd", "getrlimit(RLIMIT_NOFILE): %m");
+		return;
+	}
+	was = rl.rlim_cur;
+	want = d->cfg.max_open_files > 0 ? (rlim_t)d->cfg.max_open_files : rl.rlim_max;
+	if (want > rl.rlim_max) {
+		wex_warn("wexd", "max_open_files %lld is above the hard limit %llu: using that",
+			 (long long)d->cfg.max_open_files, (unsigned long long)rl.rlim_max);
+		want = rl.rlim_max;
+	}
+	if (want == RLIM_INFINITY) /* the kernel caps it at fs.nr_open */
+		want = 1 << 20;
+	rl.rlim_cur = want;
+	if (want != was && setrlimit(RLIMIT_NOFILE, &rl) < 0) {
+		wex_warn("wexd", "cannot set the file-descriptor limit to %llu: %m; keeping %llu",
+			 (unsigned long long)want, (unsigned long long)was);
+		rl.rlim_cur = was;
+	}
+	d->fd_limit = rl.rlim_cur;
+	if (d->fd_limit < 16384)
+		wex_warn("wexd", "file descriptors: limit %llu%s; wexd holds one per exported "
+			 "allocation (an expandable-segments trainer exports one per 20 MiB): raise "
+			 "the hard limit (LimitNOFILE=, ulimit -Hn) for large models",
+			 (unsigned long long)d->fd_limit,
+			 was < d->fd_limit ? " (raised)" : was > d->fd_limit ? " (lowered by max_open_files)" : "");
+	else
+		wex_info("wexd", "file descriptors: limit %llu%s", (unsigned long long)d->fd_limit,
+			 was != d->fd_limit ? " (raised from the soft limit)" : "");
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: wexd [--socket PATH] [--io auto|io_uring|epoll] [--config FILE]\n"
@@ -595,6 +667,7 @@ int main(int argc, char **argv)
 	d.msg_max = (size_t)d.cfg.max_message_bytes;
 	d.begin_write_timeout_ms = (uint32_t)d.cfg.begin_write_timeout_ms;
 	wex__config_log(&d.cfg);
+	set_fd_limit(&d);
 	(void)buf;
 	d.start_ns = wex__now_ns();
 	ret = wex__loop_init(&d.loop, io, d.msg_max, err, sizeof(err));

@@ -130,6 +130,7 @@ struct wexd {
 	uint32_t nconns;
 	struct model *models;
 	uint64_t start_ns;
+	uint64_t fd_limit; /* RLIMIT_NOFILE set at start */
 	uint64_t next_conn_id;
 	int draining;
 	uint64_t drain_deadline_ns;
@@ -146,6 +147,8 @@ struct wexd {
 /* registry.c: request handlers.  Each returns a reply (new reference), or
  * NULL when the reply is deferred (the conn waits). */
 json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req);
+/* wexd.c: fds open in wexd now (-1 if /proc cannot tell). */
+long wexd_fds_open(void);
 json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *fds, int nfds);
 json_t *wexd_register_tensors(struct wexd *d, struct conn *c, json_t *req, int *fds, int nfds);
 json_t *wexd_begin_write(struct wexd *d, struct conn *c, json_t *req);

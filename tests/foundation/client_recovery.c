@@ -25,7 +25,10 @@
  *    and the client does not claim it;
  *  - a reply wexd cannot send (a client that does not read its fetch
  *    replies) drops that connection at once instead of leaving the client
- *    waiting for a reply that never comes.
+ *    waiting for a reply that never comes;
+ *  - a consumer out of file descriptors (the kernel drops the fds of the
+ *    fetch reply) gets -EMFILE naming its limit, not "malformed reply", and
+ *    the next sync, with fds to spare, succeeds.
  */
 #include <errno.h>
 #include <poll.h>
@@ -34,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -541,6 +545,49 @@ static void unsendable_reply_drops(struct t_wexd *d)
 	wex_client_close(p);
 }
 
+static void consumer_out_of_fds(struct t_wexd *d)
+{
+	wex_client_t *p = opn(WEX_ROLE_PRODUCER, "rc-fds", 5000);
+	wex_client_t *k = opn(WEX_ROLE_CONSUMER, "rc-fds", 5000);
+	struct wex_tensor pt[8];
+	struct wex_sync_result r;
+	struct rlimit old, lim;
+	uint32_t seg;
+	void *base[8];
+	int ret;
+
+	(void)d;
+	for (int i = 0; i < 8; i++) {
+		char name[8];
+
+		T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &seg, &base[i]));
+		snprintf(name, sizeof(name), "t%d", i);
+		mkt(&pt[i], name, 4096, seg, 0);
+	}
+	T_WEX(p, wex_register_tensors(p, pt, 8));
+	T_WEX(p, wex_begin_write(p, 1, 2000));
+	for (int i = 0; i < 8; i++)
+		memset(base[i], 1, 4096);
+	T_WEX(p, wex_publish(p, 1));
+	/* Two fds to spare: the fetch reply carries 8 segments and a table. */
+	T_ASSERT(getrlimit(RLIMIT_NOFILE, &old) == 0, "getrlimit");
+	lim = old;
+	lim.rlim_cur = (rlim_t)t_fd_count(getpid()) + 2;
+	T_ASSERT(setrlimit(RLIMIT_NOFILE, &lim) == 0, "setrlimit");
+	ret = wex_sync(k, WEX_SYNC_REMAP_VIEW, 1, 2000, &r);
+	T_ASSERT(setrlimit(RLIMIT_NOFILE, &old) == 0, "setrlimit");
+	T_ASSERT(ret == -EMFILE, "a sync out of fds: %s (%s)", wex_strerror(ret),
+		 wex_last_error(k));
+	T_ASSERT(strstr(wex_last_error(k), "out of file descriptors (limit"),
+		 "the error names the cause: %s", wex_last_error(k));
+	printf("out of fds: %s\n", wex_last_error(k));
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_VIEW, 1, 2000, &r));
+	T_ASSERT(r.version == 1, "then the sync succeeds (v%llu)", (unsigned long long)r.version);
+	T_WEX(k, wex_release(k));
+	wex_client_close(k);
+	wex_client_close(p);
+}
+
 int main(void)
 {
 	struct t_wexd d;
@@ -554,6 +601,7 @@ int main(void)
 	reserve_waits_for_producer(&d);
 	unsendable_reply_drops(&d);
 	refused_acquire_keeps_lease(&d);
+	consumer_out_of_fds(&d);
 	t_wexd_stop(&d);
 	return T_EXIT_PASS;
 }

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * fd_exhaustion - proves that a wexd out of file descriptors stays in
- * service: wexd starts with a limit of 64 fds, one producer registers host
- * segments until wexd cannot take another fd (the message carrying it is
- * refused, EINVAL); connections already open are still served; a new client
+ * fd_exhaustion - proves that wexd raises its soft fd limit to the hard
+ * limit at start (it holds one fd per exported allocation), shown in status;
+ * and that a wexd out of file descriptors stays in service: wexd starts
+ * with max_open_files 64, one producer registers host segments until wexd
+ * cannot take another fd (the message carrying it is refused, EMFILE, naming
+ * the limit); connections already open are still served; a new client
  * is refused at once (its connection ends) instead of waiting unaccepted;
  * wexd does not spin meanwhile; and once the producer leaves, new clients
  * are served again and wexd's fd count is back to its start value.
@@ -64,17 +66,34 @@ int main(void)
 	struct t_wexd d;
 	int ctl, prod, fd, before, after, nseg = 0, full = 0;
 	long t0;
+	json_int_t fds_open = 0, fds_limit = 0;
 	json_t *r;
 
 	T_ASSERT(getrlimit(RLIMIT_NOFILE, &old) == 0, "getrlimit");
 	if (old.rlim_max < LIMIT)
 		T_SKIP("RLIMIT_NOFILE hard limit %llu < %d", (unsigned long long)old.rlim_max, LIMIT);
-	/* wexd inherits the low limit; this process takes its own back. */
+	/* wexd inherits a low soft limit and raises it to the hard limit
+	 * (capped at 2^20); this process takes its own back. */
 	lim = old;
 	lim.rlim_cur = LIMIT;
 	T_ASSERT(setrlimit(RLIMIT_NOFILE, &lim) == 0, "setrlimit");
 	t_wexd_start(&d);
 	T_ASSERT(setrlimit(RLIMIT_NOFILE, &old) == 0, "setrlimit");
+	r = t_status(d.sock);
+	T_ASSERT(json_unpack(r, "{s:{s:{s:I, s:I}}}", "daemon", "fds", "open", &fds_open, "limit",
+			     &fds_limit) == 0,
+		 "status has daemon.fds {open, limit}");
+	T_ASSERT((rlim_t)fds_limit == (old.rlim_max < (1u << 20) ? old.rlim_max : (1u << 20)),
+		 "wexd's fd limit is %lld, the hard limit %llu", (long long)fds_limit,
+		 (unsigned long long)old.rlim_max);
+	T_ASSERT(fds_open > 3 && fds_open < 64, "status: %lld fds open", (long long)fds_open);
+	json_decref(r);
+	t_wexd_stop(&d);
+
+	/* max_open_files sets it. */
+	setenv("WEX_MAX_OPEN_FILES", "64", 1);
+	t_wexd_start(&d);
+	unsetenv("WEX_MAX_OPEN_FILES");
 	t_check_backend(d.sock);
 	ctl = t_raw_connect(d.sock);
 	before = t_wexd_fds_settle(&d, -1);
@@ -94,7 +113,7 @@ int main(void)
 		if (!strcmp(t_code(r), "OK"))
 			nseg++;
 		else
-			full = !strcmp(t_code(r), "EINVAL");
+			full = !strcmp(t_code(r), "EMFILE") && strstr(t_msg(r), "limit 64");
 		T_ASSERT(full || !strcmp(t_code(r), "OK"), "register_segment: %s: %s", t_code(r),
 			 t_msg(r));
 		json_decref(r);

@@ -118,7 +118,7 @@ static void count_code(const char *code)
 	if (i == 64)
 		return;
 	if (!codes[i].code[0])
-		snprintf(codes[i].code, sizeof(codes[i].code), "%s", code);
+		snprintf(codes[i].code, sizeof(codes[i].code), "%.*s", (int)sizeof(codes[i].code) - 1, code);
 	codes[i].n++;
 }
 
