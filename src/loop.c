@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -19,7 +20,9 @@ int wex__loop_init(struct wex_loop *l, const char *which, size_t msg_max, char *
 	l->free_list = NULL;
 	l->why_fallback[0] = '\0';
 	l->emfile_refused = 0;
-	l->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	l->paused = NULL;
+	l->no_reserve = getenv("WEX_LOOP_NO_RESERVE") && !strcmp(getenv("WEX_LOOP_NO_RESERVE"), "1");
+	l->reserve_fd = l->no_reserve ? -1 : open("/dev/null", O_RDONLY | O_CLOEXEC);
 	if (!which || !*which)
 		which = "auto";
 	if (!strcmp(which, "epoll")) {
@@ -62,12 +65,13 @@ int wex__loop_emfile(struct wex_loop *l, int listen_fd)
 {
 	int fd;
 
-	if (l->reserve_fd < 0)
+	if (l->reserve_fd < 0 && !l->no_reserve)
 		l->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	if (l->reserve_fd < 0) {
 		if (l->emfile_refused++ % 1000 == 0)
-			wex_warn("loop", "out of file descriptors, none in reserve: clients wait");
-		return 0;
+			wex_warn("loop", "out of file descriptors, none in reserve: new clients wait "
+				 "(accepts paused, retried every %d ms)", WEX_LOOP_PAUSE_MS);
+		return -1;
 	}
 	close(l->reserve_fd);
 	fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -82,6 +86,42 @@ int wex__loop_emfile(struct wex_loop *l, int listen_fd)
 			 "raise the limit (LimitNOFILE=) or find who holds them (wexctl clients)",
 			 (unsigned long long)l->emfile_refused);
 	return 1;
+}
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void wex__loop_pause(struct wex_loop *l, struct wex_loop_watch *w)
+{
+	l->paused = w;
+	l->resume_ns = mono_ns() + WEX_LOOP_PAUSE_MS * 1000000ull;
+}
+
+int wex__loop_wait_ms(struct wex_loop *l, int timeout_ms)
+{
+	uint64_t now;
+	int left;
+
+	if (!l->paused)
+		return timeout_ms;
+	now = mono_ns();
+	left = now >= l->resume_ns ? 0 : (int)((l->resume_ns - now + 999999) / 1000000);
+	return timeout_ms < 0 || left < timeout_ms ? left : timeout_ms;
+}
+
+struct wex_loop_watch *wex__loop_resume_due(struct wex_loop *l)
+{
+	struct wex_loop_watch *w = l->paused;
+
+	if (!w || mono_ns() < l->resume_ns)
+		return NULL;
+	l->paused = NULL;
+	return w;
 }
 
 void wex__loop_fini_common(struct wex_loop *l)

@@ -81,7 +81,10 @@ struct wex_loop {
 	struct wex_loop_io *free_list;
 	char why_fallback[256]; /* why io_uring was not used, if it was not */
 	int reserve_fd;         /* held for wex__loop_emfile, -1 if none */
+	int no_reserve;         /* test hook (WEX_LOOP_NO_RESERVE=1): never hold one */
 	uint64_t emfile_refused;
+	struct wex_loop_watch *paused; /* listener paused by wex__loop_pause */
+	uint64_t resume_ns;            /* CLOCK_MONOTONIC */
 };
 
 extern const struct wex_loop_ops wex__loop_epoll_ops;
@@ -100,8 +103,19 @@ int wex__loop_io_init(struct wex_loop *l, struct wex_loop_io *io, int fd, void *
  * (io_uring): the loop would spin, logging each failure, and the client
  * would wait for good.  Frees the reserved fd, accepts on it and closes the
  * connection (the client sees it end), and reserves an fd again.  Returns 1
- * if it took a connection, else 0.  Needs a non-blocking listener. */
+ * if it took a connection, 0 if none was waiting, -1 if there is no reserve
+ * (another fd took its slot): the backend then pauses the listener with
+ * wex__loop_pause.  Needs a non-blocking listener. */
 int wex__loop_emfile(struct wex_loop *l, int listen_fd);
+/* Marks listener w paused for WEX_LOOP_PAUSE_MS (the backend has stopped
+ * watching it); the backend's run_once waits at most until then
+ * (wex__loop_wait_ms) and resumes it when wex__loop_resume_due says so. */
+#define WEX_LOOP_PAUSE_MS 100
+void wex__loop_pause(struct wex_loop *l, struct wex_loop_watch *w);
+int wex__loop_wait_ms(struct wex_loop *l, int timeout_ms);
+/* The paused listener if its pause is over (then no longer marked), else
+ * NULL. */
+struct wex_loop_watch *wex__loop_resume_due(struct wex_loop *l);
 /* Closes the reserved fd (backends' fini). */
 void wex__loop_fini_common(struct wex_loop *l);
 

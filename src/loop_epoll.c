@@ -81,8 +81,19 @@ static void ep_accept(struct wex_loop *l, struct wex_loop_watch *w)
 			int err = errno;
 
 			if (err == EMFILE || err == ENFILE) {
-				if (wex__loop_emfile(l, w->fd))
+				int r = wex__loop_emfile(l, w->fd);
+
+				if (r > 0)
 					continue;
+				if (r < 0) {
+					/* Level-triggered, the listener stays
+					 * readable: stop watching it a while. */
+					struct epoll_event ev = { .events = 0, .data.ptr = w };
+
+					epoll_ctl(((struct ep *)l->priv)->epfd, EPOLL_CTL_MOD, w->fd,
+						  &ev);
+					wex__loop_pause(l, w);
+				}
 			} else if (err != EAGAIN && err != EINTR && err != ECONNABORTED) {
 				wex_warn("loop", "accept: %s", strerror(err));
 			}
@@ -109,11 +120,17 @@ static int ep_run_once(struct wex_loop *l, int timeout_ms)
 {
 	struct ep *e = l->priv;
 	struct epoll_event evs[64];
+	struct wex_loop_watch *lw;
 	int n;
 
-	n = epoll_wait(e->epfd, evs, 64, timeout_ms);
+	n = epoll_wait(e->epfd, evs, 64, wex__loop_wait_ms(l, timeout_ms));
 	if (n < 0)
 		return errno == EINTR ? 0 : -errno;
+	if ((lw = wex__loop_resume_due(l))) {
+		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = lw };
+
+		epoll_ctl(e->epfd, EPOLL_CTL_MOD, lw->fd, &ev);
+	}
 	for (int i = 0; i < n; i++) {
 		int kind = *(int *)evs[i].data.ptr;
 

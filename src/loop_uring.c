@@ -206,14 +206,17 @@ static void handle_recv(struct wex_loop *l, struct wex_loop_io *io, int res)
 static int ur_run_once(struct wex_loop *l, int timeout_ms)
 {
 	struct ur *u = l->priv;
-	struct __kernel_timespec ts = {
-		.tv_sec = timeout_ms / 1000,
-		.tv_nsec = (long long)(timeout_ms % 1000) * 1000000,
-	};
+	struct wex_loop_watch *lw;
+	struct __kernel_timespec ts;
 	struct io_uring_cqe *cqe;
 	unsigned head, seen = 0;
 	int ret;
 
+	timeout_ms = wex__loop_wait_ms(l, timeout_ms);
+	ts = (struct __kernel_timespec){
+		.tv_sec = timeout_ms / 1000,
+		.tv_nsec = (long long)(timeout_ms % 1000) * 1000000,
+	};
 	ret = io_uring_submit_and_wait_timeout(&u->ring, &cqe, 1, timeout_ms >= 0 ? &ts : NULL,
 					       NULL);
 	if (ret < 0 && ret != -ETIME && ret != -EINTR)
@@ -247,8 +250,13 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 			} else if (res == -EMFILE || res == -ENFILE) {
 				/* Refuses the client if one waits; then waits
 				 * for the next one rather than fail again. */
-				wex__loop_emfile(l, w->fd);
-				if (!(flags & IORING_CQE_F_MORE))
+				int r = wex__loop_emfile(l, w->fd);
+
+				if (flags & IORING_CQE_F_MORE)
+					break;
+				if (r < 0) /* no reserve: a poll would fire at once */
+					wex__loop_pause(l, w);
+				else
 					arm_listen_poll(l, w);
 				break;
 			} else if (res != -ECANCELED) {
@@ -272,6 +280,8 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 		}
 	}
 	io_uring_cq_advance(&u->ring, seen);
+	if ((lw = wex__loop_resume_due(l)))
+		arm_listen_poll(l, lw);
 	io_uring_submit(&u->ring);
 	wex__loop_reap(l);
 	return (int)seen;

@@ -535,7 +535,7 @@ long wexd_fds_open(void)
 	struct rlimit rl;
 	long n = 0;
 
-	if (!dir && errno == EMFILE && getrlimit(RLIMIT_NOFILE, &rl) == 0)
+	if (!dir && (errno == EMFILE || errno == ENFILE) && getrlimit(RLIMIT_NOFILE, &rl) == 0)
 		return (long)rl.rlim_cur; /* all taken: even this one */
 	if (!dir)
 		return -1;
@@ -562,13 +562,19 @@ static void set_fd_limit(struct wexd *d)
 	}
 	was = rl.rlim_cur;
 	want = d->cfg.max_open_files > 0 ? (rlim_t)d->cfg.max_open_files : rl.rlim_max;
+	/* Containers may allow 2^30; an fd table that large wastes memory. */
+	if (!d->cfg.max_open_files && want > 1 << 20)
+		want = 1 << 20;
+	if (want < 64) { /* the listener, the loop, the logs need some */
+		wex_warn("wexd", "max_open_files %lld is too low: using 64",
+			 (long long)d->cfg.max_open_files);
+		want = 64;
+	}
 	if (want > rl.rlim_max) {
 		wex_warn("wexd", "max_open_files %lld is above the hard limit %llu: using that",
 			 (long long)d->cfg.max_open_files, (unsigned long long)rl.rlim_max);
 		want = rl.rlim_max;
 	}
-	if (want == RLIM_INFINITY) /* the kernel caps it at fs.nr_open */
-		want = 1 << 20;
 	rl.rlim_cur = want;
 	if (want != was && setrlimit(RLIMIT_NOFILE, &rl) < 0) {
 		wex_warn("wexd", "cannot set the file-descriptor limit to %llu: %m; keeping %llu",
@@ -581,7 +587,9 @@ static void set_fd_limit(struct wexd *d)
 			 "allocation (an expandable-segments trainer exports one per 20 MiB): raise "
 			 "the hard limit (LimitNOFILE=, ulimit -Hn) for large models",
 			 (unsigned long long)d->fd_limit,
-			 was < d->fd_limit ? " (raised)" : was > d->fd_limit ? " (lowered by max_open_files)" : "");
+			 was < d->fd_limit   ? " (raised)"
+			 : was > d->fd_limit ? " (lowered by max_open_files)"
+					     : "");
 	else
 		wex_info("wexd", "file descriptors: limit %llu%s", (unsigned long long)d->fd_limit,
 			 was != d->fd_limit ? " (raised from the soft limit)" : "");

@@ -521,8 +521,14 @@ static void run_torch(struct torch *T, double secs)
 		}
 	}
 	close(p[0]);
-	/* Its output is closed: give it until the deadline to exit. */
-	while (!timed_out && waitpid(pid, &st, WNOHANG) == 0) {
+	/* Its output is closed: give it until the deadline to exit.  It is
+	 * left unreaped (WNOWAIT) so that its group id cannot be reused
+	 * before the kill below. */
+	while (!timed_out) {
+		siginfo_t si = { 0 };
+
+		if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == pid)
+			break;
 		if (now_ms() > end)
 			timed_out = 1;
 		else
@@ -531,8 +537,8 @@ static void run_torch(struct torch *T, double secs)
 	/* The group goes whole: after a timeout everything, else whatever
 	 * the helper left behind. */
 	kill(-pid, SIGKILL);
-	if (timed_out)
-		waitpid(pid, &st, 0);
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
 	torch_pg = 0;
 	signal(SIGTERM, SIG_DFL);
 	signal(SIGINT, SIG_DFL);

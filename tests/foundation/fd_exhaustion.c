@@ -60,40 +60,27 @@ static int refused(int fd)
 	return n <= 0;
 }
 
-int main(void)
+/*
+ * wexd with max_open_files 64 filled up by one producer's segments.  With
+ * its reserve fd, a new client is refused at once; without one
+ * (no_reserve: WEX_LOOP_NO_RESERVE=1, as when another fd took the
+ * reserve's slot), accepts pause and are retried, the client waits and is
+ * served once fds are free.  Either way wexd does not spin.
+ */
+static void exhausted(int no_reserve)
 {
-	struct rlimit old, lim;
 	struct t_wexd d;
-	int ctl, prod, fd, before, after, nseg = 0, full = 0;
+	int ctl, prod, fd = -1, before, after, nseg = 0, full = 0;
 	long t0;
-	json_int_t fds_open = 0, fds_limit = 0;
 	json_t *r;
-
-	T_ASSERT(getrlimit(RLIMIT_NOFILE, &old) == 0, "getrlimit");
-	if (old.rlim_max < LIMIT)
-		T_SKIP("RLIMIT_NOFILE hard limit %llu < %d", (unsigned long long)old.rlim_max, LIMIT);
-	/* wexd inherits a low soft limit and raises it to the hard limit
-	 * (capped at 2^20); this process takes its own back. */
-	lim = old;
-	lim.rlim_cur = LIMIT;
-	T_ASSERT(setrlimit(RLIMIT_NOFILE, &lim) == 0, "setrlimit");
-	t_wexd_start(&d);
-	T_ASSERT(setrlimit(RLIMIT_NOFILE, &old) == 0, "setrlimit");
-	r = t_status(d.sock);
-	T_ASSERT(json_unpack(r, "{s:{s:{s:I, s:I}}}", "daemon", "fds", "open", &fds_open, "limit",
-			     &fds_limit) == 0,
-		 "status has daemon.fds {open, limit}");
-	T_ASSERT((rlim_t)fds_limit == (old.rlim_max < (1u << 20) ? old.rlim_max : (1u << 20)),
-		 "wexd's fd limit is %lld, the hard limit %llu", (long long)fds_limit,
-		 (unsigned long long)old.rlim_max);
-	T_ASSERT(fds_open > 3 && fds_open < 64, "status: %lld fds open", (long long)fds_open);
-	json_decref(r);
-	t_wexd_stop(&d);
 
 	/* max_open_files sets it. */
 	setenv("WEX_MAX_OPEN_FILES", "64", 1);
+	if (no_reserve)
+		setenv("WEX_LOOP_NO_RESERVE", "1", 1);
 	t_wexd_start(&d);
 	unsetenv("WEX_MAX_OPEN_FILES");
+	unsetenv("WEX_LOOP_NO_RESERVE");
 	t_check_backend(d.sock);
 	ctl = t_raw_connect(d.sock);
 	before = t_wexd_fds_settle(&d, -1);
@@ -124,10 +111,22 @@ int main(void)
 	r = t_raw_rpc(ctl, "{\"v\":1,\"op\":\"ping\"}", NULL, 0);
 	T_ASSERT(!strcmp(t_code(r), "OK"), "an open connection is served: %s", t_code(r));
 	json_decref(r);
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < 3 && !no_reserve; i++) {
 		fd = t_raw_connect(d.sock);
 		T_ASSERT(refused(fd), "a new client of a wexd out of fds is refused");
 		close(fd);
+		fd = -1;
+	}
+	if (no_reserve) {
+		/* Nothing to refuse it with: it waits, unaccepted. */
+		struct pollfd p;
+
+		fd = t_raw_connect(d.sock);
+		T_ASSERT(wex_sock_send(fd, "{\"v\":1,\"op\":\"ping\"}", 19, NULL, 0, 0) == 19,
+			 "send");
+		p = (struct pollfd){ .fd = fd, .events = POLLIN };
+		T_ASSERT(poll(&p, 1, 300) == 0, "a client of a wexd out of fds, without a reserve, "
+			 "waits");
 	}
 	/* Nothing waits: wexd must be idle, not retrying accepts.  (CPU
 	 * ticks over half a second; a spinning wexd takes most of them.) */
@@ -137,12 +136,54 @@ int main(void)
 		 cpu_ticks(d.pid) - t0);
 
 	close(prod);
-	after = t_wexd_fds_settle(&d, before);
-	T_ASSERT(after == before, "wexd holds %d fds after the producer left, %d before", after,
-		 before);
+	/* Plus the waiting client's connection, accepted now. */
+	after = t_wexd_fds_settle(&d, before + (fd >= 0));
+	T_ASSERT(after == before + (fd >= 0), "wexd holds %d fds after the producer left, %d before",
+		 after, before);
+	if (fd >= 0) {
+		/* Its accept is retried within the pause: now it is served. */
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		char buf[256];
+
+		T_ASSERT(poll(&p, 1, 5000) == 1 && recv(fd, buf, sizeof(buf), 0) > 0,
+			 "the waiting client is served once fds are free");
+		close(fd);
+	}
 	r = t_status(d.sock);
 	json_decref(r);
 	close(ctl);
 	t_wexd_stop(&d);
+}
+
+int main(void)
+{
+	struct rlimit old, lim;
+	struct t_wexd d;
+	json_int_t fds_open = 0, fds_limit = 0;
+	json_t *r;
+
+	T_ASSERT(getrlimit(RLIMIT_NOFILE, &old) == 0, "getrlimit");
+	if (old.rlim_max < LIMIT)
+		T_SKIP("RLIMIT_NOFILE hard limit %llu < %d", (unsigned long long)old.rlim_max, LIMIT);
+	/* wexd inherits a low soft limit and raises it to the hard limit
+	 * (capped at 2^20); this process takes its own back. */
+	lim = old;
+	lim.rlim_cur = LIMIT;
+	T_ASSERT(setrlimit(RLIMIT_NOFILE, &lim) == 0, "setrlimit");
+	t_wexd_start(&d);
+	T_ASSERT(setrlimit(RLIMIT_NOFILE, &old) == 0, "setrlimit");
+	r = t_status(d.sock);
+	T_ASSERT(json_unpack(r, "{s:{s:{s:I, s:I}}}", "daemon", "fds", "open", &fds_open, "limit",
+			     &fds_limit) == 0,
+		 "status has daemon.fds {open, limit}");
+	T_ASSERT((rlim_t)fds_limit == (old.rlim_max < (1u << 20) ? old.rlim_max : (1u << 20)),
+		 "wexd's fd limit is %lld, the hard limit %llu", (long long)fds_limit,
+		 (unsigned long long)old.rlim_max);
+	T_ASSERT(fds_open > 3 && fds_open < 64, "status: %lld fds open", (long long)fds_open);
+	json_decref(r);
+	t_wexd_stop(&d);
+
+	exhausted(0);
+	exhausted(1);
 	return T_EXIT_PASS;
 }
