@@ -13,6 +13,7 @@
 
 int wex__loop_init(struct wex_loop *l, const char *which, size_t msg_max, char *err, size_t len)
 {
+	const char *hook;
 	char why[256] = "";
 	int ret;
 
@@ -21,7 +22,8 @@ int wex__loop_init(struct wex_loop *l, const char *which, size_t msg_max, char *
 	l->why_fallback[0] = '\0';
 	l->emfile_refused = 0;
 	l->paused = NULL;
-	l->no_reserve = getenv("WEX_LOOP_NO_RESERVE") && !strcmp(getenv("WEX_LOOP_NO_RESERVE"), "1");
+	hook = getenv("WEX_LOOP_NO_RESERVE");
+	l->no_reserve = hook && !strcmp(hook, "1");
 	l->reserve_fd = l->no_reserve ? -1 : open("/dev/null", O_RDONLY | O_CLOEXEC);
 	if (!which || !*which)
 		which = "auto";
