@@ -101,6 +101,9 @@ struct wex_client {
 	int dirty;
 	json_t *report; /* the last finished sync, sent with the next request */
 	int lease_kept; /* the last error reply said a held lease stands */
+	/* Where the attached layout lives: -2 not looked at yet, -1 host
+	 * memory, else the CUDA ordinal of its first GPU-resident piece. */
+	int layout_dev;
 };
 
 /* Runs `call` (an int expression) and gives the calling thread its device
@@ -126,6 +129,46 @@ static int set_err(struct wex_client *c, int ret, const char *fmt, ...)
 	vsnprintf(c->err, sizeof(c->err), fmt, ap);
 	va_end(ap);
 	return ret;
+}
+
+/* Waits for this process's queued GPU work (the engine's kernels too) on
+ * the devices wex uses: before a lease whose memory those kernels may read
+ * ends (guarantee 1: the producer may write once it has), and before a
+ * copy overwrites weights they may read.  0 at once without CUDA. */
+static int settle(struct wex_client *c, const char *what)
+{
+	int ret = wex_mem_settle();
+
+	if (ret < 0)
+		return set_err(c, ret, "%s: waiting for this process's GPU work to complete: %s",
+			       what, wex_strerror(ret));
+	return 0;
+}
+
+/* The CUDA ordinal of the attached layout's first GPU-resident piece, or
+ * -1 when it is all host memory (asked once per attach). */
+static int layout_device(struct wex_client *c)
+{
+	if (c->layout_dev != -2)
+		return c->layout_dev;
+	c->layout_dev = -1;
+	for (size_t i = 0; i < c->nlayout; i++) {
+		int d = wex_mem_ptr_on_gpu((uint64_t)(uintptr_t)c->layout[i].ptr);
+
+		if (d >= 0) {
+			c->layout_dev = d;
+			break;
+		}
+	}
+	return c->layout_dev;
+}
+
+/* The device that must reach imported producer memory besides its owner:
+ * the client's device when set, else the device the attached layout lives
+ * on (copies run there), else none. */
+static int access_device(struct wex_client *c)
+{
+	return c->device >= 0 ? c->device : layout_device(c);
 }
 
 WEX_API const char *wex_last_error(wex_client_t *c)
@@ -411,6 +454,7 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 	}
 	c->timeout_ms = (p->field_mask & WEX_CLIENT_FIELD_TIMEOUT) && p->timeout_ms ? p->timeout_ms : 30000;
 	c->device = -1;
+	c->layout_dev = -2;
 	if (p->field_mask & WEX_CLIENT_FIELD_DEVICE) {
 		if (p->device < 0) {
 			free(c);
@@ -439,8 +483,12 @@ static void consumer_unmap_all(struct wex_client *c)
 	for (size_t i = 0; i < c->nregions; i++) {
 		struct region *g = &c->regions[i];
 
-		if (g->r.fixed)
-			g->r.ops->unmap_fixed(&g->r);
+		/* Lost bytes (-WEX_EDIRTY), or a region left showing the
+		 * producer's memory: either way its weights are not ours. */
+		if (g->r.fixed && g->r.ops->unmap_fixed(&g->r) < 0) {
+			c->dirty = 1;
+			c->copied = 0;
+		}
 		g->mapped = NULL;
 	}
 	for (size_t i = 0; i < c->npsegs; i++)
@@ -458,6 +506,8 @@ static void client_close(wex_client_t *c)
 	if (c->has_lease && c->fd >= 0) {
 		json_t *req = json_pack("{s:s}", "op", "release"), *reply = NULL;
 
+		/* The engine's kernels may still read what the lease shows. */
+		wex_mem_settle();
 		raw_rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, 1000);
 		json_decref(reply);
 		json_decref(req);
@@ -465,9 +515,15 @@ static void client_close(wex_client_t *c)
 	if (c->fd >= 0)
 		close(c->fd);
 	json_decref(c->report);
-	consumer_unmap_all(c);
-	for (size_t i = 0; i < c->nregions; i++)
+	/* Regions go without getting their contents back (unreserve unmaps
+	 * whatever they show): a copy of weights about to be freed would
+	 * only cost GPU memory, which may not be there. */
+	for (size_t i = 0; i < c->nregions; i++) {
 		c->regions[i].r.ops->unreserve(&c->regions[i].r);
+		c->regions[i].mapped = NULL;
+	}
+	c->nregions = 0;
+	consumer_unmap_all(c);
 	free(c->regions);
 	for (size_t i = 0; i < c->nosegs; i++) {
 		struct own_seg *o = &c->osegs[i];
@@ -840,10 +896,14 @@ static int publish(wex_client_t *c, uint64_t version)
 	/* GPU writes may still be queued (PyTorch returns before kernels
 	 * finish): the version becomes visible only once they completed, on
 	 * every device holding a segment of ours. */
+	int host = 0;
+
 	for (size_t i = 0; i < c->nosegs; i++) {
 		const struct own_seg *o = &c->osegs[i];
 		size_t j;
 
+		if (o->seg.desc.kind == WEX_MEM_HOST)
+			host = 1;
 		if (o->part || o->seg.desc.kind == WEX_MEM_HOST)
 			continue;
 		for (j = 0; j < i; j++)
@@ -857,6 +917,11 @@ static int publish(wex_client_t *c, uint64_t version)
 				       (unsigned long long)version, o->seg.desc.device,
 				       wex_strerror(ret));
 	}
+	/* Host segments filled from a GPU (host staging: the trainer's
+	 * asynchronous device-to-host copies) are complete only once the
+	 * process's GPU work is: a no-op where nobody loaded CUDA. */
+	if (host && (ret = settle(c, "publish")) < 0)
+		return ret;
 	req = json_pack("{s:s, s:I}", "op", "publish", "version", (json_int_t)version);
 	ret = simple_rpc(c, req, NULL);
 	if (ret == 0)
@@ -898,6 +963,7 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 	free(c->layout);
 	c->layout = copy;
 	c->nlayout = n;
+	c->layout_dev = -2;
 	c->fetched = 0; /* the plan depends on the layout */
 	c->copied = 0;  /* and new buffers hold nothing yet */
 	return 0;
@@ -949,7 +1015,7 @@ static int import_chained(struct wex_client *c, struct stash *sh, const struct w
 		fds[i] = st->fd;
 		st->fd = -1;
 	}
-	ret = ops->import_chunks(descs, fds, n, seg);
+	ret = ops->import_chunks(descs, fds, n, access_device(c), seg);
 	if (ret == 0)
 		seg->desc.size = whole->size;
 	free(descs);
@@ -1033,7 +1099,7 @@ static int import_segments(struct wex_client *c, struct stash *sh, json_t *segs,
 			ret = import_chained(c, sh, ops, &desc, (uint32_t)rank, parts,
 					     &n[c->npsegs].seg);
 		} else {
-			ret = ops->import(&desc, fd, &n[c->npsegs].seg);
+			ret = ops->import(&desc, fd, access_device(c), &n[c->npsegs].seg);
 		}
 		if (ret < 0)
 			return set_err(c, ret, "importing %s segment %lld of producer rank %lld%s: %s",
@@ -1129,15 +1195,30 @@ static struct pseg *find_pseg(struct wex_client *c, uint32_t rank, uint32_t id)
 	return NULL;
 }
 
-static int release_lease(struct wex_client *c)
+/* Gives the held lease back.  A remap lease first waits for the GPU work
+ * that may read the producer's memory (`wait`); a copy lease has nothing
+ * left to wait for (the executor waited for its copies).  The lease is
+ * given back even when that wait fails (a GPU fault ends the work too). */
+static int release_lease(struct wex_client *c, int wait)
 {
 	json_t *req;
-	int ret;
+	int ret, wret = 0;
 
 	if (!c->has_lease)
 		return 0;
+	if (wait)
+		wret = settle(c, "release");
 	req = json_pack("{s:s, s:I}", "op", "release", "version", (json_int_t)c->lease_version);
-	ret = simple_rpc(c, req, NULL);
+	if (wret < 0) {
+		char why[sizeof(c->err)];
+
+		memcpy(why, c->err, sizeof(why));
+		simple_rpc(c, req, NULL);
+		memcpy(c->err, why, sizeof(why));
+		ret = wret;
+	} else {
+		ret = simple_rpc(c, req, NULL);
+	}
 	c->has_lease = 0;
 	return ret;
 }
@@ -1161,13 +1242,10 @@ static int run_copy(struct wex_client *c, uint64_t *bytes)
 			free(ops);
 			return set_err(c, -EBADMSG, "plan op %zu names a missing segment or tensor", i);
 		}
-		if (!be)
+		/* Any CUDA kind's executor runs every copy of the plan: it
+		 * takes device and host addresses alike. */
+		if (!be || (be->kind == WEX_MEM_HOST && s->seg.ops->kind != WEX_MEM_HOST))
 			be = s->seg.ops;
-		else if (be != s->seg.ops) {
-			free(ops);
-			return set_err(c, -EOPNOTSUPP, "plan mixes %s and %s segments", be->name,
-				       s->seg.ops->name);
-		}
 		ops[i].src = (uint64_t)(uintptr_t)s->seg.ptr + p->src_off;
 		ops[i].dst = (uint64_t)(uintptr_t)c->layout[p->dst_piece].ptr + p->dst_off;
 		ops[i].len = p->len;
@@ -1180,6 +1258,19 @@ static int run_copy(struct wex_client *c, uint64_t *bytes)
 				rows *= p->count[k];
 		}
 		total += rows * p->len;
+	}
+	/* Host producer memory into GPU weights (host staging: the producer
+	 * wrote a host segment, this engine's layout is on a GPU): the GPU
+	 * executor, which takes host sources; memcpy cannot reach device
+	 * memory. */
+	if (be && be->kind == WEX_MEM_HOST && layout_device(c) >= 0) {
+		const struct wex_mem_ops *g = wex_mem_backend(WEX_MEM_CUDA_VMM);
+
+		if (!g) {
+			free(ops);
+			return set_err(c, -WEX_ENOCUDA, "copy: the layout is GPU memory but this build has no CUDA backend");
+		}
+		be = g;
 	}
 	ret = be ? be->copy(ops, c->nplan, c->threads) : 0;
 	free(ops);
@@ -1232,8 +1323,10 @@ static void unmap_regions_of_call(struct wex_client *c, const char *done)
 
 		if (!done[i])
 			continue;
-		if (g->r.fixed)
-			g->r.ops->unmap_fixed(&g->r);
+		if (g->r.fixed && g->r.ops->unmap_fixed(&g->r) < 0) {
+			c->dirty = 1;
+			c->copied = 0;
+		}
 		g->mapped = NULL;
 	}
 }
@@ -1280,12 +1373,18 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 			continue; /* already showing it: a metadata-only sync */
 		ret = g->r.ops->map_fixed(&g->r, &s->seg, s->seg.desc.handle_offset);
 		if (ret < 0) {
+			if (ret == -WEX_EDIRTY) {
+				/* Back on its own memory, its bytes lost. */
+				g->mapped = NULL;
+				c->dirty = 1;
+				c->copied = 0;
+			}
 			unmap_regions_of_call(c, done);
 			free(done);
 			return set_err(c, ret, "remap: map_fixed: %s%s", wex_strerror(ret),
-				       ret == -EINVAL && s->seg.desc.handle_offset ?
-					       " (the producer's segment starts inside an allocation, off its granularity: register it from the allocation's start)" :
-					       "");
+				       ret == -EINVAL && g->r.lead != s->seg.desc.handle_offset ?
+					       " (the region was reserved for a segment starting at another offset in its allocation: the producer registered it again; wex_reserve a new region)" :
+				       ret == -WEX_EDIRTY ? " (the region's own bytes were lost: copy-sync before serving from it)" : "");
 		}
 		g->mapped = &s->seg;
 		done[i] = 1;
@@ -1358,7 +1457,7 @@ static int reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint64_t s
 	memset(&n[c->nregions], 0, sizeof(n[0]));
 	n[c->nregions].prank = prank;
 	n[c->nregions].segid = segment;
-	ret = ops->reserve(size, device, &n[c->nregions].r);
+	ret = ops->reserve(size, s->seg.desc.handle_offset, device, &n[c->nregions].r);
 	if (ret < 0)
 		return set_err(c, ret, "reserve %llu bytes of %s memory on device %d: %s",
 			       (unsigned long long)size, ops->name, device, wex_strerror(ret));
@@ -1402,6 +1501,11 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 		return set_err(c, -EINVAL, "sync mode %d unknown", mode);
 	if (!timeout_ms)
 		timeout_ms = c->timeout_ms;
+	/* The acquire ends the lease held now (wexd drops it), and a copy
+	 * overwrites the weights in place: either way the engine's GPU work
+	 * that may still read them must be done first. */
+	if ((c->has_lease || mode == WEX_SYNC_COPY) && (ret = settle(c, "sync")) < 0)
+		return ret;
 again:
 	req = json_pack("{s:s, s:I, s:I, s:i}", "op", "acquire", "min_version",
 			(json_int_t)min_version, "timeout_ms", (json_int_t)timeout_ms, "mode", mode);
@@ -1455,8 +1559,14 @@ again:
 
 			if (!g->r.fixed)
 				continue;
-			if ((ret = g->r.ops->unmap_fixed(&g->r)) < 0) {
-				set_err(c, ret, "copy: restoring same-address region: %s",
+			/* -WEX_EDIRTY: back on its own memory with its
+			 * bytes lost, which the copy below rewrites. */
+			if ((ret = g->r.ops->unmap_fixed(&g->r)) < 0 && ret != -WEX_EDIRTY) {
+				/* Still showing the producer's memory, which the
+				 * producer may write once the lease ends. */
+				c->dirty = 1;
+				c->copied = 0;
+				set_err(c, ret, "copy: restoring same-address region: %s (it still shows the producer's memory: weights are dirty)",
 					wex_strerror(ret));
 				goto err_release;
 			}
@@ -1478,7 +1588,7 @@ again:
 		}
 		c->version = version;
 		set_report(c, "copy", bytes, t0);
-		ret = release_lease(c);
+		ret = release_lease(c, 0);
 		if (c->conn_gen != conn) {
 			/* The release found wexd restarted: the lease was gone
 			 * for part of the copy, so the producer may have
@@ -1529,7 +1639,7 @@ err_release:
 		char why[sizeof(c->err)];
 
 		memcpy(why, c->err, sizeof(why));
-		release_lease(c);
+		release_lease(c, 0);
 		memcpy(c->err, why, sizeof(why));
 	}
 	return ret;
@@ -1550,7 +1660,7 @@ WEX_API int wex_release(wex_client_t *c)
 		return set_err(c, -EPERM, "only consumers hold leases");
 	if (!c->has_lease)
 		return set_err(c, -ENOENT, "no lease held");
-	return release_lease(c);
+	return release_lease(c, 1);
 }
 
 WEX_API int wex_is_dirty(wex_client_t *c)
@@ -1561,6 +1671,8 @@ WEX_API int wex_is_dirty(wex_client_t *c)
 WEX_API int wex_view(wex_client_t *c, uint32_t prank, const char *name, void **ptr,
 		     struct wex_tensor *desc)
 {
+	if (!name || !ptr)
+		return set_err(c, -EINVAL, "view: name and ptr must not be NULL");
 	if (!c->fetched || prank >= c->nprod)
 		return set_err(c, -ENOENT, "no producer rank %u (sync first)", prank);
 	for (size_t j = c->rank_first[prank]; j < c->rank_first[prank + 1]; j++) {

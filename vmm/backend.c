@@ -30,7 +30,7 @@ const struct wex_mem_ops *wex_mem_backend(int kind)
 	}
 }
 
-int wex_mem_enotsup_reserve(uint64_t size, int device, struct wex_mem_region *r)
+int wex_mem_enotsup_reserve(uint64_t size, uint64_t lead, int device, struct wex_mem_region *r)
 {
 	return -EOPNOTSUPP;
 }
@@ -42,7 +42,7 @@ int wex_mem_enotsup_wrap_chunks(void *ptr, uint64_t size, struct wex_mem_seg *se
 }
 
 int wex_mem_enotsup_import_chunks(const struct wex_mem_desc *descs, const int *fds, size_t n,
-				  struct wex_mem_seg *seg)
+				  int access_dev, struct wex_mem_seg *seg)
 {
 	for (size_t i = 0; i < n; i++)
 		if (fds[i] >= 0)
@@ -65,6 +65,25 @@ int wex_mem_device_of(const struct wex_mem_desc *desc, int *dev)
 	return wex__cuda_device_by_uuid(desc->device, dev);
 #else
 	return -ENODEV; /* no CUDA backend in this build */
+#endif
+}
+
+int wex_mem_settle(void)
+{
+#ifdef WEX_HAVE_CUDA_BACKEND
+	return wex__cuda_settle();
+#else
+	return 0;
+#endif
+}
+
+int wex_mem_ptr_on_gpu(uint64_t addr)
+{
+#ifdef WEX_HAVE_CUDA_BACKEND
+	return wex__cuda_ptr_on_gpu(addr);
+#else
+	(void)addr;
+	return -1;
 #endif
 }
 

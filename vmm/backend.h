@@ -51,6 +51,7 @@ struct wex_mem_region {
 	uint64_t size;
 	int device;
 	int fixed;    /* 1 while a producer's memory is mapped there */
+	uint64_t lead; /* reserved bytes below addr (see the reserve slot) */
 	void *priv;
 };
 
@@ -81,18 +82,46 @@ struct wex_mem_ops {
 	 * address of exportable memory).  Fills seg. */
 	int (*wrap)(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg);
 	/* Importer: map the segment described by desc; takes ownership of fd
-	 * (closed on error too).  Fills seg. */
-	int (*import)(const struct wex_mem_desc *desc, int fd, struct wex_mem_seg *seg);
+	 * (closed on error too).  Fills seg.  `access_dev`: -1, or the ordinal
+	 * (in this process) of a device that must reach the mapping besides
+	 * the one owning the memory (the consumer's GPU, when it is another
+	 * one): granted through peer access, or an error naming both devices
+	 * when there is none.  Host memory ignores it.  Consumers' mappings
+	 * are read-only where the memory kind allows it. */
+	int (*import)(const struct wex_mem_desc *desc, int fd, int access_dev,
+		      struct wex_mem_seg *seg);
 	/* Either side: unmap/free, close fds, release handles.  Never fails
 	 * silently: returns the first error but frees everything it can. */
 	int (*release)(struct wex_mem_seg *seg);
-	/* Consumer: reserve `size` bytes of same-address-capable memory. */
-	int (*reserve)(uint64_t size, int device, struct wex_mem_region *r);
-	/* Consumer: put `seg`'s bytes [off, off+r->size) under r->addr. */
+	/* Consumer: reserve `size` bytes of same-address-capable memory at
+	 * r->addr, for a producer segment that starts `lead` bytes into its
+	 * first allocation (desc.handle_offset): the reservation also covers
+	 * those bytes below addr, so that map_fixed maps every allocation
+	 * from its start (cuMemMap's offset "must be zero").  Fills r. */
+	int (*reserve)(uint64_t size, uint64_t lead, int device, struct wex_mem_region *r);
+	/* Consumer: put `seg`'s bytes [off, off+r->size) under r->addr, where
+	 * off is the segment's desc.handle_offset; an off other than the
+	 * r->lead the region was reserved with is refused (-EINVAL) before
+	 * anything changes.  The producer's memory is mapped read-only where
+	 * the kind allows it.  Returns 0 (fixed = 1); -WEX_EDIRTY when the
+	 * call failed after the region's contents were lost (it was showing
+	 * another segment, or a swap failed half-way): the region holds its
+	 * own memory again with undefined bytes (fixed = 0), so the caller
+	 * must treat the weights there as dirty; any other negative errno:
+	 * the region is as it was (fixed and bytes unchanged).  Blocks. */
 	int (*map_fixed)(struct wex_mem_region *r, struct wex_mem_seg *seg, uint64_t off);
-	/* Consumer: give r its own memory back, holding the bytes it showed. */
+	/* Consumer: give r its own memory back, holding the bytes it showed.
+	 * Returns 0 (fixed = 0); -WEX_EDIRTY when the bytes were lost on the
+	 * way (own memory, fixed = 0, contents undefined: dirty); any other
+	 * negative errno: still showing the producer's memory (fixed = 1).
+	 * To drop a region without keeping its bytes (closing), call
+	 * unreserve directly: it frees a fixed region without copying.  In
+	 * both slots, where the driver refuses even fresh memory after a
+	 * failure, nothing is mapped at r->addr (-WEX_EDIRTY): unreserve it.
+	 * Blocks. */
 	int (*unmap_fixed)(struct wex_mem_region *r);
-	/* Consumer: free the region (after unmap_fixed when fixed). */
+	/* Consumer: free the region, fixed or not (a fixed one is unmapped
+	 * without copying its bytes back: nothing is allocated). */
 	int (*unreserve)(struct wex_mem_region *r);
 	/* Run copies; returns once they completed.  `threads` is a hint. */
 	int (*copy)(const struct wex_copy_op *ops, size_t n, int threads);
@@ -111,7 +140,7 @@ struct wex_mem_ops {
 	 * back to back as one seg; takes ownership of every fd (closed on error
 	 * too).  seg->ptr is where the exporter's range starts. */
 	int (*import_chunks)(const struct wex_mem_desc *descs, const int *fds, size_t n,
-			     struct wex_mem_seg *seg);
+			     int access_dev, struct wex_mem_seg *seg);
 	/* Exporter: returns once every piece of work queued on the device
 	 * holding seg (any stream of its context) has completed, so that a
 	 * publish is visible only after the writes it announces.  Host memory:
@@ -137,6 +166,18 @@ struct wex_mem_thread_state {
 void wex_mem_thread_save(struct wex_mem_thread_state *s);
 void wex_mem_thread_restore(const struct wex_mem_thread_state *s);
 
+/* Returns once all GPU work this process queued on the devices wex uses
+ * (every stream of their primary contexts, the engine's kernels included)
+ * has completed: before a lease whose memory the engine may still be
+ * reading ends, and before a copy overwrites the engine's weights.  0 at
+ * once where wex never loaded a CUDA driver.  Blocks. */
+int wex_mem_settle(void);
+
+/* The CUDA ordinal of the device holding addr when it is GPU memory per a
+ * CUDA driver already loaded in this process (nothing is loaded to ask);
+ * -1 otherwise, and always -1 in a build without the CUDA backend. */
+int wex_mem_ptr_on_gpu(uint64_t addr);
+
 /* The host backend (always present). */
 extern const struct wex_mem_ops wex_mem_host_ops;
 
@@ -145,11 +186,11 @@ extern const struct wex_mem_ops wex_mem_host_ops;
 int wex_mem_host_copy(const struct wex_copy_op *ops, size_t n, int threads);
 
 /* Shared stubs for unsupported slots. */
-int wex_mem_enotsup_reserve(uint64_t size, int device, struct wex_mem_region *r);
+int wex_mem_enotsup_reserve(uint64_t size, uint64_t lead, int device, struct wex_mem_region *r);
 int wex_mem_enotsup_wrap_chunks(void *ptr, uint64_t size, struct wex_mem_seg *segs, size_t max,
 				size_t *n);
 int wex_mem_enotsup_import_chunks(const struct wex_mem_desc *descs, const int *fds, size_t n,
-				  struct wex_mem_seg *seg);
+				  int access_dev, struct wex_mem_seg *seg);
 int wex_mem_nop_sync_device(const struct wex_mem_seg *seg);
 
 #endif

@@ -46,11 +46,23 @@ int wex__cuda_vmm_chunks(void *ptr, uint64_t size, struct wex__cuda_chunk *out, 
  * segment per chunk, as wrap produced them for consecutive chunks) back to
  * back into one new address range and fills one seg; seg->ptr points at
  * descs[0].handle_offset inside it.  Takes ownership of every fd (closed on
- * error too; -1 entries use the fabric handle in desc).  Release with
- * seg->ops->release.  Blocks briefly (driver mapping calls).
+ * error too; -1 entries use the fabric handle in desc).  The mapping is
+ * read-only (see wex__cuda_vmm_readonly) for the device holding the memory
+ * and, when access_dev >= 0 is another one, for access_dev too, through
+ * peer access (-EOPNOTSUPP, both devices named in the log, without it).
+ * Release with seg->ops->release.  Blocks briefly (driver mapping calls).
  */
 int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds, size_t n,
-				struct wex_mem_seg *seg);
+				int access_dev, struct wex_mem_seg *seg);
+
+/*
+ * Whether consumers' mappings of producer memory (imports, and producer
+ * memory under a same-address region) are read-only in this process: 1
+ * the driver took CU_MEM_ACCESS_FLAGS_PROT_READ, 0 it refused it and they
+ * are read-write (warned once: a stray write by the engine would change
+ * the trainer's weights), -1 not tried yet.  Does not block.
+ */
+int wex__cuda_vmm_readonly(void);
 
 /* ---------------------------------------------------------------------- */
 /* GPU copy executor (the copy slot of both CUDA tables).                 */
@@ -77,12 +89,14 @@ int wex__cuda_sync_device(const struct wex_mem_seg *seg);
 
 /*
  * Interprocess ordering.  The producer records an interprocess event on
- * its stream after its writes and sends the 64 handle bytes; the consumer
- * makes its stream (NULL: the executor's) wait for it, without blocking
- * the CPU.  *ev belongs to the producer (wex__cuda_event_destroy) and must
- * outlive the consumer's wait.
+ * `stream` (NULL: the legacy default stream), a stream of device `dev`'s
+ * primary context, after its writes, and sends the 64 handle bytes; the
+ * consumer makes its stream (NULL: the executor's) wait for it, without
+ * blocking the CPU.  Both make their device's context current.  *ev
+ * belongs to the producer (wex__cuda_event_destroy) and must outlive the
+ * consumer's wait.
  */
-int wex__cuda_event_record(void *stream, void **ev, unsigned char handle[64]);
+int wex__cuda_event_record(int dev, void *stream, void **ev, unsigned char handle[64]);
 int wex__cuda_event_wait(const unsigned char handle[64], void *stream, int dev);
 int wex__cuda_event_destroy(void *ev);
 

@@ -11,6 +11,7 @@
  * slices or rows.  Then the stream is synchronised once.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,9 +30,17 @@ struct batch {
 	size_t len[BATCH_MAX];
 };
 
-/* Cleared after the first failure so that a driver that rejects batches
+/* Cleared when the driver says it does not support batches, so that it
  * costs one failed call per process, not one per sync. */
 static int batch_usable = 1;
+static int batch_warned;
+
+/* Says once per process why copies go one call each (never silently). */
+static void warn_per_copy(const char *why)
+{
+	if (!__atomic_exchange_n(&batch_warned, 1, __ATOMIC_RELAXED))
+		wex_warn("cuda", "copies are issued one cuMemcpyAsync each, not batched: %s", why);
+}
 
 static int flush(struct batch *b)
 {
@@ -56,12 +65,27 @@ static int flush(struct batch *b)
 			b->n = 0;
 			return 0;
 		}
-		if (wex__cu.cuMemcpyBatchAsync13 || wex__cu.cuMemcpyBatchAsync12) {
-			/* Copies of a failed batch may have been queued: issuing
-			 * them again writes the same bytes. */
-			wex_warn("cuda", "cuMemcpyBatchAsync: %s; using cuMemcpyAsync per copy",
-				 wex__cuda_errname(r));
-			__atomic_store_n(&batch_usable, 0, __ATOMIC_RELAXED);
+		if (!wex__cu.cuMemcpyBatchAsync13 && !wex__cu.cuMemcpyBatchAsync12) {
+			char why[96];
+
+			snprintf(why, sizeof(why), "driver %d has no cuMemcpyBatchAsync (12.8 and later)",
+				 wex__cu.driver_version);
+			warn_per_copy(why);
+		} else if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE) {
+			char why[96];
+
+			/* Copies of a refused batch may have been queued:
+			 * issuing them again writes the same bytes.  Only an
+			 * unsupported API stops batching for good; a refused
+			 * batch (INVALID_VALUE: this mix of memories) goes one
+			 * by one this time. */
+			snprintf(why, sizeof(why), "cuMemcpyBatchAsync returned %s", wex__cuda_errname(r));
+			warn_per_copy(why);
+			if (r == CUDA_ERROR_NOT_SUPPORTED)
+				__atomic_store_n(&batch_usable, 0, __ATOMIC_RELAXED);
+		} else {
+			b->n = 0;
+			return wex__cuda_err(r, "cuMemcpyBatchAsync");
 		}
 	}
 	for (size_t i = 0; i < b->n && !ret; i++)
@@ -109,9 +133,18 @@ static int copy2d(struct batch *b, uint64_t dst, int64_t dpitch, uint64_t src, i
 	r = wex__cu.cuMemcpy2DAsync(&c, b->s);
 	/* A pitch above the device limit, or one the driver does not take
 	 * for this pair of memories ("may fail for pitches not computed by
-	 * cuMemAllocPitch"): the caller cuts the copy into rows. */
-	if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED)
+	 * cuMemAllocPitch"): the caller cuts the copy into rows, and says so
+	 * once (a slow path is never silent). */
+	if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED) {
+		static int warned;
+
+		if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+			wex_warn("cuda", "cuMemcpy2DAsync refused a strided copy (%s; pitches %lld/%lld, "
+				 "%llu-byte rows): such copies go one row per call",
+				 wex__cuda_errname(r), (long long)spitch, (long long)dpitch,
+				 (unsigned long long)len);
 		return -EINVAL;
+	}
 	return wex__cuda_err(r, "cuMemcpy2DAsync");
 }
 
@@ -226,9 +259,20 @@ static int issue(struct batch *b, const struct wex_copy_op *op)
 	return 0;
 }
 
+/* The device whose context runs the copies: the destination's when it is
+ * GPU memory (the engine's weights), else the source's (a GPU producer into
+ * host memory), else the thread's current one. */
 static int pick_device(const struct wex_copy_op *ops, size_t n, int dev, int *out)
 {
 	if (dev >= 0) {
+		*out = dev;
+		return 0;
+	}
+	if (n > 0 && (dev = wex__cuda_ptr_on_gpu(ops[0].dst)) >= 0) {
+		*out = dev;
+		return 0;
+	}
+	if (n > 0 && (dev = wex__cuda_ptr_on_gpu(ops[0].src)) >= 0) {
 		*out = dev;
 		return 0;
 	}
@@ -332,13 +376,15 @@ int wex__cuda_sync_device(const struct wex_mem_seg *seg)
 	return ret;
 }
 
-int wex__cuda_event_record(void *stream, void **ev, unsigned char handle[64])
+int wex__cuda_event_record(int dev, void *stream, void **ev, unsigned char handle[64])
 {
 	CUipcEventHandle h;
 	CUevent e;
 	int ret;
 
-	ret = wex__cuda_load();
+	/* The event must belong to the stream's context (driver rule), and
+	 * cuEventCreate needs one current. */
+	ret = wex__cuda_use_device(dev);
 	if (ret)
 		return ret;
 	/* Interprocess events must not time (driver rule). */

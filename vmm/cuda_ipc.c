@@ -168,7 +168,11 @@ static int ipc_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 	return export_base(base, asize, a - base, size, dev, 0, seg);
 }
 
-static int ipc_import(const struct wex_mem_desc *desc, int fd, struct wex_mem_seg *seg)
+/* The open enables peer access lazily (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS):
+ * another device reaches the memory when it can reach that device at all,
+ * which is checked here so that the error names both devices. */
+static int ipc_import(const struct wex_mem_desc *desc, int fd, int access_dev,
+		      struct wex_mem_seg *seg)
 {
 	struct ipc_entry *e;
 	CUipcMemHandle h;
@@ -184,6 +188,11 @@ static int ipc_import(const struct wex_mem_desc *desc, int fd, struct wex_mem_se
 	if (desc->kind != WEX_MEM_CUDA_IPC || desc->handle_len != CU_IPC_HANDLE_SIZE ||
 	    desc->size == 0 || desc->handle_offset + desc->size > desc->alloc_size)
 		return -EINVAL;
+	ret = wex__cuda_device_by_uuid(desc->device, &dev);
+	if (ret)
+		return ret;
+	if (access_dev >= 0 && (ret = wex__cuda_peer_check(access_dev, dev, "import")) != 0)
+		return ret;
 	pthread_mutex_lock(&ipc_lock);
 	e = find(desc->handle);
 	if (e) {
@@ -193,9 +202,6 @@ static int ipc_import(const struct wex_mem_desc *desc, int fd, struct wex_mem_se
 		goto out;
 	}
 	pthread_mutex_unlock(&ipc_lock);
-	ret = wex__cuda_device_by_uuid(desc->device, &dev);
-	if (ret)
-		return ret;
 	ret = wex__cuda_use_device(dev);
 	if (ret)
 		return ret;
@@ -267,7 +273,13 @@ static int ipc_release(struct wex_mem_seg *seg)
 			if (!ret)
 				ret = r;
 		} else {
-			ret = WEX_CU(wex__cu.cuIpcCloseMemHandle(base));
+			/* Closing does not wait for kernels still reading the
+			 * memory (as cuMemUnmap; vmm_release syncs the same way). */
+			ret = WEX_CU(wex__cu.cuCtxSynchronize());
+			int r = WEX_CU(wex__cu.cuIpcCloseMemHandle(base));
+
+			if (!ret)
+				ret = r;
 		}
 	}
 	if (seg->fd >= 0)

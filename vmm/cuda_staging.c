@@ -71,10 +71,13 @@ int wex__cuda_staging_create(uint64_t size, int device, struct wex__cuda_staging
 	return map_and_pin(fd, size, device, st);
 }
 
+/* Another process's memfd: sealed against shrinking (else it could cut
+ * the file under our mapping, and a copy would fault) and at least `size`
+ * bytes long. */
 int wex__cuda_staging_import(int fd, uint64_t size, int device, struct wex__cuda_staging *st)
 {
 	struct stat sb;
-	int ret;
+	int seals, ret;
 
 	ret = wex__cuda_load();
 	if (ret)
@@ -83,12 +86,26 @@ int wex__cuda_staging_import(int fd, uint64_t size, int device, struct wex__cuda
 		ret = -EINVAL;
 		goto err_close;
 	}
+	seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+		ret = -EINVAL;
+		if (seals < 0)
+			wex_error("cuda", "staging import: fd %d has no seals (F_GET_SEALS: "
+				  "%m): not a sealed memfd", fd);
+		else
+			wex_error("cuda", "staging import: fd %d is not sealed against shrinking "
+				  "(seals %#x lack F_SEAL_SHRINK)", fd, (unsigned)seals);
+		goto err_close;
+	}
 	if (fstat(fd, &sb) < 0) {
 		ret = -errno;
+		wex_error("cuda", "staging import: fstat of fd %d: %m", fd);
 		goto err_close;
 	}
 	if ((uint64_t)sb.st_size < size) {
 		ret = -EINVAL;
+		wex_error("cuda", "staging import: fd %d holds %lld bytes, %llu asked", fd,
+			  (long long)sb.st_size, (unsigned long long)size);
 		goto err_close;
 	}
 	return map_and_pin(fd, size, device, st);

@@ -17,7 +17,15 @@
  *  - memory is freed when no mapping and no handle (nor exported fd)
  *    refers to it, so handles may be released while a mapping lives;
  *  - unmap/release do not synchronise: we synchronise the context first
- *    (PyTorch CUDACachingAllocator does the same).
+ *    (PyTorch CUDACachingAllocator does the same);
+ *  - cuMemMap's offset "currently must be zero": every allocation is mapped
+ *    from its start, also under a same-address region (whose reservation
+ *    reaches below r->addr for a segment that starts inside its first
+ *    allocation); only the size may stop short of the allocation's end;
+ *  - another device reaches a mapping only through cuMemSetAccess, and
+ *    only where cuDeviceCanAccessPeer says it can.
+ * Consumers map producers' memory read-only (PROT_READ), their own
+ * memory read-write.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -38,20 +46,31 @@ struct vmm_chunk {
 
 /* State of one segment in this process. */
 struct vmm_priv {
-	int dev;
+	int dev;          /* the device holding the memory */
+	int peer;         /* another device given access (import), or -1 */
 	CUdeviceptr va;   /* our reservation (alloc, import); 0 for wrap */
 	uint64_t va_size;
 	size_t n;
 	struct vmm_chunk c[];
 };
 
-/* State of one same-address region. */
+/* One producer allocation (or its first part) mapped under a region. */
+struct piece {
+	uint64_t off;  /* from the region's base */
+	uint64_t size;
+};
+
+/* State of one same-address region: a reservation of `span` bytes at
+ * `base`, r->addr = base + r->lead. */
 struct region_priv {
 	int dev;
 	uint64_t gran;
-	CUmemGenericAllocationHandle own; /* 0 while the producer's is mapped */
+	CUdeviceptr base;
+	uint64_t span;
+	CUmemGenericAllocationHandle own; /* our memory; 0 once released */
+	int own_mapped;                   /* own is mapped over the span */
 	size_t npieces;                   /* producer pieces mapped (fixed) */
-	uint64_t *piece;                  /* their sizes, in address order */
+	struct piece *piece;              /* in address order */
 };
 
 static void set_prop(CUmemAllocationProp *prop, int dev, unsigned types)
@@ -92,16 +111,83 @@ static int dev_attr(int dev, CUdevice_attribute a)
 	return v;
 }
 
-static int set_access(CUdeviceptr va, uint64_t size, int dev)
-{
-	CUmemAccessDesc a = {
-		.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev },
-		/* Read-write, as cuda-samples memMapIPCDrv does: a read-only
-		 * device mapping has not been verified on hardware here. */
-		.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-	};
+/* -1 not tried yet, 1 the driver takes read-only access, 0 it refused. */
+static int ro_state = -1;
 
-	return WEX_CU(wex__cu.cuMemSetAccess(va, (size_t)size, &a, 1));
+int wex__cuda_vmm_readonly(void)
+{
+	return __atomic_load_n(&ro_state, __ATOMIC_RELAXED);
+}
+
+/*
+ * Access to [va, va+size) for the n (at most 2) devices in dev, in one
+ * call: read-write for memory of our own (rw), else read-only, so that a
+ * stray write by the engine into the producer's weights faults instead of
+ * changing them.  A driver that refuses read-only mappings gets read-write
+ * ones and a warning, once.
+ */
+static int set_access(CUdeviceptr va, uint64_t size, const int *dev, int n, int rw)
+{
+	int ro = !rw && __atomic_load_n(&ro_state, __ATOMIC_RELAXED) != 0;
+	CUmemAccessDesc a[2];
+	CUresult r;
+
+	memset(a, 0, sizeof(a));
+	if (n < 1 || n > 2)
+		return -EINVAL;
+	for (int i = 0; i < n; i++)
+		a[i] = (CUmemAccessDesc){
+			.location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev[i] },
+			.flags = ro ? CU_MEM_ACCESS_FLAGS_PROT_READ :
+				      CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+		};
+	r = wex__cu.cuMemSetAccess(va, (size_t)size, a, (size_t)n);
+	if (ro && r == CUDA_SUCCESS) {
+		int unknown = -1;
+
+		__atomic_compare_exchange_n(&ro_state, &unknown, 1, 0, __ATOMIC_RELAXED,
+					    __ATOMIC_RELAXED);
+	} else if (ro && (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED)) {
+		CUresult r2;
+
+		for (int i = 0; i < n && i < 2; i++)
+			a[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+		r2 = wex__cu.cuMemSetAccess(va, (size_t)size, a, (size_t)n);
+		if (r2 == CUDA_SUCCESS) {
+			if (__atomic_exchange_n(&ro_state, 0, __ATOMIC_RELAXED) != 0)
+				wex_warn("cuda", "the driver refuses read-only mappings "
+					 "(cuMemSetAccess with CU_MEM_ACCESS_FLAGS_PROT_READ: "
+					 "%s): consumers map the producers' memory read-write, "
+					 "so a stray write by the engine would change the "
+					 "trainer's weights", wex__cuda_errname(r));
+			return 0;
+		}
+		r = r2; /* not about read-only: the error of the read-write try */
+	}
+	return wex__cuda_err(r, "cuMemSetAccess");
+}
+
+static int set_access_rw(CUdeviceptr va, uint64_t size, int dev)
+{
+	return set_access(va, size, &dev, 1, 1);
+}
+
+/* The devices that reach producer memory held by `owner` where this
+ * process maps it: the owner, and `other` (-1: none) when it is another
+ * device with peer access.  Their count, or a negative errno (logged,
+ * naming both devices). */
+static int reach(int owner, int other, int dev[2], const char *what)
+{
+	int ret;
+
+	dev[0] = owner;
+	if (other < 0 || other == owner)
+		return 1;
+	ret = wex__cuda_peer_check(other, owner, what);
+	if (ret)
+		return ret;
+	dev[1] = other;
+	return 2;
 }
 
 /* Exports h as a close-on-exec fd (the driver's fd is inheritable). */
@@ -140,6 +226,7 @@ static struct vmm_priv *priv_new(size_t n, int dev)
 	if (p) {
 		p->n = n;
 		p->dev = dev;
+		p->peer = -1;
 	}
 	return p;
 }
@@ -205,7 +292,7 @@ static int vmm_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
 	ret = WEX_CU(wex__cu.cuMemMap(va, (size_t)asize, 0, h, 0));
 	if (ret)
 		goto err_free_va;
-	ret = set_access(va, asize, device);
+	ret = set_access_rw(va, asize, device);
 	if (ret)
 		goto err_unmap;
 	ret = export_fd(h, &fd);
@@ -438,14 +525,14 @@ static void close_fds(const int *fds, size_t n, size_t from)
 }
 
 int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds, size_t n,
-				struct wex_mem_seg *seg)
+				int access_dev, struct wex_mem_seg *seg)
 {
 	CUmemAllocationProp prop;
 	struct vmm_priv *p = NULL;
 	CUdeviceptr va = 0;
 	uint64_t g, total = 0, off;
 	size_t i = 0;
-	int dev, ret;
+	int dev, devs[2], nd, ret;
 
 	ret = wex__cuda_load();
 	if (ret)
@@ -469,6 +556,11 @@ int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds
 	ret = wex__cuda_device_by_uuid(descs[0].device, &dev);
 	if (ret)
 		goto err_fds;
+	nd = reach(dev, access_dev, devs, "import");
+	if (nd < 0) {
+		ret = nd;
+		goto err_fds;
+	}
 	ret = wex__cuda_use_device(dev);
 	if (ret)
 		goto err_fds;
@@ -486,6 +578,7 @@ int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds
 		goto err_free;
 	p->va = va;
 	p->va_size = total;
+	p->peer = nd > 1 ? access_dev : -1;
 	for (i = 0, off = 0; i < n; off += descs[i].alloc_size, i++) {
 		CUmemGenericAllocationHandle h = 0;
 
@@ -519,8 +612,9 @@ int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds
 		}
 		p->c[i].mapped = 1;
 	}
-	/* One cuMemSetAccess over the whole range: it is the expensive call. */
-	ret = set_access(va, total, dev);
+	/* One cuMemSetAccess over the whole range and both devices: it is
+	 * the expensive call.  Read-only: the producer's weights. */
+	ret = set_access(va, total, devs, nd, 0);
 	if (ret)
 		goto err_unmap;
 	memset(seg, 0, sizeof(*seg));
@@ -553,9 +647,10 @@ err_fds:
 	return ret;
 }
 
-static int vmm_import(const struct wex_mem_desc *desc, int fd, struct wex_mem_seg *seg)
+static int vmm_import(const struct wex_mem_desc *desc, int fd, int access_dev,
+		      struct wex_mem_seg *seg)
 {
-	return wex__cuda_vmm_import_chunks(desc, &fd, 1, seg);
+	return wex__cuda_vmm_import_chunks(desc, &fd, 1, access_dev, seg);
 }
 
 static int keep_first(int ret, int r)
@@ -569,9 +664,15 @@ static int vmm_release(struct wex_mem_seg *seg)
 	int ret = 0;
 
 	if (p && wex__cuda_load() == 0) {
-		ret = wex__cuda_use_device(p->dev);
+		/* Unmap does not wait for kernels still reading: those of the
+		 * other device given access too. */
+		if (p->va && p->peer >= 0) {
+			ret = wex__cuda_use_device(p->peer);
+			if (!ret)
+				ret = WEX_CU(wex__cu.cuCtxSynchronize());
+		}
+		ret = keep_first(ret, wex__cuda_use_device(p->dev));
 		if (p->va) {
-			/* Unmap does not wait for kernels still reading. */
 			ret = keep_first(ret, WEX_CU(wex__cu.cuCtxSynchronize()));
 			uint64_t off = 0;
 
@@ -606,101 +707,172 @@ static int own_create(int dev, uint64_t size, CUmemGenericAllocationHandle *h)
 	return WEX_CU(wex__cu.cuMemCreate(h, (size_t)size, &prop, 0));
 }
 
-static int vmm_reserve(uint64_t size, int device, struct wex_mem_region *r)
+/* The reservation starts `lead` bytes below r->addr, so that map_fixed
+ * can map the producer's first allocation from its start and still show
+ * the segment's first byte at r->addr; the region's own memory covers the
+ * whole reservation. */
+static int vmm_reserve(uint64_t size, uint64_t lead, int device, struct wex_mem_region *r)
 {
 	CUmemGenericAllocationHandle h = 0;
 	CUmemAllocationProp prop;
 	struct region_priv *p;
 	CUdeviceptr va = 0;
-	uint64_t g;
+	uint64_t g, span;
 	int ret;
 
 	ret = wex__cuda_use_device(device);
 	if (ret)
 		return ret;
-	if (size == 0)
+	if (size == 0 || lead + size < size)
 		return -EINVAL;
 	/* The producer's exportable allocations dictate the alignment. */
 	set_prop(&prop, device, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
 	ret = granularity(&prop, &g);
 	if (ret)
 		return ret;
-	size = round_up(size, g);
+	span = round_up(lead + size, g);
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return -ENOMEM;
-	ret = WEX_CU(wex__cu.cuMemAddressReserve(&va, (size_t)size, (size_t)g, 0, 0));
+	ret = WEX_CU(wex__cu.cuMemAddressReserve(&va, (size_t)span, (size_t)g, 0, 0));
 	if (ret)
 		goto err_free;
-	ret = own_create(device, size, &h);
+	ret = own_create(device, span, &h);
 	if (ret)
 		goto err_free_va;
-	ret = WEX_CU(wex__cu.cuMemMap(va, (size_t)size, 0, h, 0));
+	ret = WEX_CU(wex__cu.cuMemMap(va, (size_t)span, 0, h, 0));
 	if (ret)
 		goto err_release;
-	ret = set_access(va, size, device);
+	ret = set_access_rw(va, span, device);
 	if (ret)
 		goto err_unmap;
 	p->dev = device;
 	p->gran = g;
+	p->base = va;
+	p->span = span;
 	p->own = h;
+	p->own_mapped = 1;
 	memset(r, 0, sizeof(*r));
 	r->ops = &wex_mem_cuda_vmm_ops;
-	r->addr = (void *)(uintptr_t)va;
-	r->size = size;
+	r->addr = (void *)(uintptr_t)(va + lead);
+	r->size = span - lead;
+	r->lead = lead;
 	r->device = device;
 	r->priv = p;
 	return 0;
 err_unmap:
-	wex__cu.cuMemUnmap(va, (size_t)size);
+	wex__cu.cuMemUnmap(va, (size_t)span);
 err_release:
 	wex__cu.cuMemRelease(h);
 err_free_va:
-	wex__cu.cuMemAddressFree(va, (size_t)size);
+	wex__cu.cuMemAddressFree(va, (size_t)span);
 err_free:
 	free(p);
 	return ret;
 }
 
-/* Unmaps whatever is mapped at the region now: its own memory (one piece)
- * or the producer's pieces. */
-static int unmap_current(struct wex_mem_region *r, struct region_priv *p)
+/* Unmaps the producer's pieces from the region.  A piece the driver
+ * refuses to unmap stays listed (unreserve tries it again). */
+static int unmap_pieces(struct region_priv *p)
 {
-	CUdeviceptr va = (CUdeviceptr)(uintptr_t)r->addr;
+	size_t k = 0;
 	int ret = 0;
 
-	if (!r->fixed)
-		return p->own ? WEX_CU(wex__cu.cuMemUnmap(va, (size_t)r->size)) : 0;
-	for (size_t i = 0; i < p->npieces; va += p->piece[i], i++)
-		ret = keep_first(ret, WEX_CU(wex__cu.cuMemUnmap(va, (size_t)p->piece[i])));
-	free(p->piece);
-	p->piece = NULL;
-	p->npieces = 0;
+	for (size_t i = 0; i < p->npieces; i++) {
+		int r = WEX_CU(wex__cu.cuMemUnmap(p->base + p->piece[i].off,
+						  (size_t)p->piece[i].size));
+
+		if (r)
+			p->piece[k++] = p->piece[i];
+		ret = keep_first(ret, r);
+	}
+	p->npieces = k;
+	if (!k) {
+		free(p->piece);
+		p->piece = NULL;
+	}
 	return ret;
+}
+
+static int unmap_own(struct region_priv *p)
+{
+	int ret;
+
+	if (!p->own_mapped)
+		return 0;
+	ret = WEX_CU(wex__cu.cuMemUnmap(p->base, (size_t)p->span));
+	if (!ret)
+		p->own_mapped = 0;
+	return ret;
+}
+
+/*
+ * After a swap failed half-way: the region shows its own memory again,
+ * with fixed = 0.  0 when that memory still held the region's bytes;
+ * -WEX_EDIRTY when they are lost: fresh memory (the region had given its
+ * own back while it showed a producer's), or, where the driver refuses
+ * even that, nothing mapped at r->addr until unreserve.
+ */
+static int restore_own(struct wex_mem_region *r, struct region_priv *p)
+{
+	int lost = 0;
+
+	r->fixed = 0;
+	if (unmap_pieces(p))
+		return -WEX_EDIRTY;
+	if (!p->own_mapped) {
+		if (!p->own) {
+			lost = 1;
+			if (own_create(p->dev, p->span, &p->own)) {
+				p->own = 0;
+				return -WEX_EDIRTY;
+			}
+		}
+		if (WEX_CU(wex__cu.cuMemMap(p->base, (size_t)p->span, 0, p->own, 0)))
+			return -WEX_EDIRTY;
+		p->own_mapped = 1;
+	}
+	if (set_access_rw(p->base, p->span, p->dev))
+		return -WEX_EDIRTY;
+	return lost ? -WEX_EDIRTY : 0;
 }
 
 static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint64_t off)
 {
 	struct region_priv *p = r->priv;
 	struct vmm_priv *s = seg->priv;
-	CUdeviceptr va = (CUdeviceptr)(uintptr_t)r->addr;
-	uint64_t *piece, coff = 0, end = off + r->size, total = 0;
-	size_t np = 0, mapped = 0;
-	int ret;
+	struct piece *piece;
+	uint64_t coff = 0, total = 0;
+	size_t np = 0;
+	int devs[2], nd, ret, rret;
 
 	ret = wex__cuda_load();
 	if (ret)
 		return ret;
 	if (!p || !s || seg->ops != &wex_mem_cuda_vmm_ops || r->ops != &wex_mem_cuda_vmm_ops)
 		return -EINVAL;
+	if (off != r->lead) {
+		wex_error("cuda", "map_fixed: the segment starts %llu bytes into its first "
+			  "allocation, but the region was reserved for %llu (reserve with the "
+			  "segment's handle_offset as lead)", (unsigned long long)off,
+			  (unsigned long long)r->lead);
+		return -EINVAL;
+	}
 	for (size_t i = 0; i < s->n; i++) {
 		if (!s->c[i].h)
 			return -EINVAL; /* released: nothing to map */
 		total += s->c[i].size;
 	}
-	/* `off` counts from the start of the segment's first allocation. */
-	if (off % p->gran || end > total)
+	if (p->span > total) {
+		wex_error("cuda", "map_fixed: the region spans %llu bytes from the segment's first "
+			  "allocation, its allocations only %llu", (unsigned long long)p->span,
+			  (unsigned long long)total);
 		return -EINVAL;
+	}
+	/* The producer's memory, seen by the region's device too. */
+	nd = reach(s->dev, r->device, devs, "map_fixed");
+	if (nd < 0)
+		return nd;
 	piece = calloc(s->n, sizeof(*piece));
 	if (!piece)
 		return -ENOMEM;
@@ -711,34 +883,37 @@ static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint
 	ret = WEX_CU(wex__cu.cuCtxSynchronize());
 	if (ret)
 		goto err_free;
-	ret = unmap_current(r, p);
-	if (ret)
-		goto err_free;
-	for (size_t i = 0; i < s->n; coff += s->c[i].size, i++) {
-		uint64_t ps = off > coff ? off : coff;
-		uint64_t pe = end < coff + s->c[i].size ? end : coff + s->c[i].size;
-
-		if (ps >= pe)
-			continue;
-		ret = WEX_CU(wex__cu.cuMemMap(va + (ps - off), (size_t)(pe - ps), (size_t)(ps - coff),
-					      s->c[i].h, 0));
+	if (r->fixed) {
+		ret = unmap_pieces(p);
 		if (ret) {
-			/* The cuMemMap reference still says "offset: currently
-			 * must be zero"; newer drivers accept granularity
-			 * multiples.  Name the cause when that is the case. */
-			if (ps != coff)
-				wex_error("cuda", "map_fixed: the driver refused to map allocation %zu "
-					  "from offset %llu; give the region whole producer "
-					  "allocations (off at an allocation start)", i,
-					  (unsigned long long)(ps - coff));
-			goto err_unmap;
+			/* Part of the producer's memory is gone and our own
+			 * was given back: the bytes are lost. */
+			free(piece);
+			restore_own(r, p);
+			return -WEX_EDIRTY;
 		}
-		piece[np++] = pe - ps;
-		mapped += 1;
+	} else {
+		/* Pieces left by a failure the driver could not undo go first;
+		 * the region is unchanged when either fails. */
+		ret = unmap_pieces(p);
+		if (!ret)
+			ret = unmap_own(p);
+		if (ret)
+			goto err_free;
 	}
-	ret = set_access(va, r->size, r->device);
+	/* Every allocation from offset 0 (the driver's rule), the last one
+	 * cut where the reservation ends. */
+	for (size_t i = 0; i < s->n && coff < p->span; coff += s->c[i].size, i++) {
+		uint64_t len = p->span - coff < s->c[i].size ? p->span - coff : s->c[i].size;
+
+		ret = WEX_CU(wex__cu.cuMemMap(p->base + coff, (size_t)len, 0, s->c[i].h, 0));
+		if (ret)
+			goto err_restore;
+		piece[np++] = (struct piece){ .off = coff, .size = len };
+	}
+	ret = set_access(p->base, p->span, devs, nd, 0);
 	if (ret)
-		goto err_unmap;
+		goto err_restore;
 	/* The swap is done: our own physical memory is not needed while the
 	 * producer's is shown (zero extra memory). */
 	if (p->own) {
@@ -749,17 +924,12 @@ static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint
 	p->npieces = np;
 	r->fixed = 1;
 	return 0;
-err_unmap:
-	for (size_t i = 0, o = 0; i < mapped; o += piece[i], i++)
-		wex__cu.cuMemUnmap(va + o, (size_t)piece[i]);
-	r->fixed = 0;
-	/* Show our own memory again; if it was already gone (a swap from
-	 * one producer segment to another), fresh memory: the contents are
-	 * lost and the caller must re-sync. */
-	if (!p->own && own_create(r->device, r->size, &p->own) != 0)
-		p->own = 0;
-	if (p->own && WEX_CU(wex__cu.cuMemMap(va, (size_t)r->size, 0, p->own, 0)) == 0)
-		set_access(va, r->size, r->device);
+err_restore:
+	/* Take down what this call mapped and show our memory again. */
+	p->piece = piece;
+	p->npieces = np;
+	rret = restore_own(r, p);
+	return rret ? rret : ret;
 err_free:
 	free(piece);
 	return ret;
@@ -769,7 +939,7 @@ static int vmm_unmap_fixed(struct wex_mem_region *r)
 {
 	struct region_priv *p = r->priv;
 	CUmemGenericAllocationHandle h = 0;
-	CUdeviceptr va = (CUdeviceptr)(uintptr_t)r->addr, tmp = 0;
+	CUdeviceptr tmp = 0;
 	CUstream s;
 	int ret;
 
@@ -784,45 +954,53 @@ static int vmm_unmap_fixed(struct wex_mem_region *r)
 	/* New own memory at a temporary address first: the region keeps
 	 * showing the producer's bytes until the copy is complete, and an
 	 * error up to there leaves it as it was. */
-	ret = own_create(r->device, r->size, &h);
+	ret = own_create(r->device, p->span, &h);
 	if (ret)
 		return ret;
-	ret = WEX_CU(wex__cu.cuMemAddressReserve(&tmp, (size_t)r->size, (size_t)p->gran, 0, 0));
+	ret = WEX_CU(wex__cu.cuMemAddressReserve(&tmp, (size_t)p->span, (size_t)p->gran, 0, 0));
 	if (ret)
 		goto err_release;
-	ret = WEX_CU(wex__cu.cuMemMap(tmp, (size_t)r->size, 0, h, 0));
+	ret = WEX_CU(wex__cu.cuMemMap(tmp, (size_t)p->span, 0, h, 0));
 	if (ret)
 		goto err_free_tmp;
-	ret = set_access(tmp, r->size, r->device);
+	ret = set_access_rw(tmp, p->span, r->device);
 	if (ret)
 		goto err_unmap_tmp;
-	ret = WEX_CU(wex__cu.cuMemcpyAsync(tmp, va, (size_t)r->size, s));
+	ret = WEX_CU(wex__cu.cuMemcpyAsync(tmp, p->base, (size_t)p->span, s));
 	if (!ret)
 		ret = WEX_CU(wex__cu.cuStreamSynchronize(s));
+	/* Nothing reads the old pages any more (they go away next). */
+	if (!ret)
+		ret = WEX_CU(wex__cu.cuCtxSynchronize());
 	if (ret)
 		goto err_unmap_tmp;
-	wex__cu.cuMemUnmap(tmp, (size_t)r->size);
-	wex__cu.cuMemAddressFree(tmp, (size_t)r->size);
-	ret = WEX_CU(wex__cu.cuCtxSynchronize());
-	if (!ret)
-		ret = unmap_current(r, p);
-	r->fixed = 0;
+	if (wex__cu.cuMemUnmap(tmp, (size_t)p->span) == CUDA_SUCCESS)
+		wex__cu.cuMemAddressFree(tmp, (size_t)p->span);
+	/* The swap.  From here a failure leaves the region with its own
+	 * memory (holding the bytes, when it can be mapped at all). */
 	p->own = h;
-	if (ret)
-		return ret;
-	ret = WEX_CU(wex__cu.cuMemMap(va, (size_t)r->size, 0, h, 0));
+	r->fixed = 0;
+	ret = unmap_pieces(p);
+	if (!ret) {
+		ret = WEX_CU(wex__cu.cuMemMap(p->base, (size_t)p->span, 0, h, 0));
+		if (!ret)
+			p->own_mapped = 1;
+	}
 	if (!ret)
-		ret = set_access(va, r->size, r->device);
-	return ret;
+		ret = set_access_rw(p->base, p->span, r->device);
+	/* Tried again once; holding the bytes after all is a success. */
+	return ret && restore_own(r, p) ? -WEX_EDIRTY : 0;
 err_unmap_tmp:
-	wex__cu.cuMemUnmap(tmp, (size_t)r->size);
+	wex__cu.cuMemUnmap(tmp, (size_t)p->span);
 err_free_tmp:
-	wex__cu.cuMemAddressFree(tmp, (size_t)r->size);
+	wex__cu.cuMemAddressFree(tmp, (size_t)p->span);
 err_release:
 	wex__cu.cuMemRelease(h);
 	return ret;
 }
 
+/* Frees the region whatever it shows: a producer's pieces are unmapped
+ * (no copy of their bytes is made), its own memory released. */
 static int vmm_unreserve(struct wex_mem_region *r)
 {
 	struct region_priv *p = r->priv;
@@ -833,9 +1011,9 @@ static int vmm_unreserve(struct wex_mem_region *r)
 	ret = wex__cuda_use_device(r->device);
 	if (!ret) {
 		ret = WEX_CU(wex__cu.cuCtxSynchronize());
-		ret = keep_first(ret, unmap_current(r, p));
-		ret = keep_first(ret, WEX_CU(wex__cu.cuMemAddressFree((CUdeviceptr)(uintptr_t)r->addr,
-								      (size_t)r->size)));
+		ret = keep_first(ret, unmap_pieces(p));
+		ret = keep_first(ret, unmap_own(p));
+		ret = keep_first(ret, WEX_CU(wex__cu.cuMemAddressFree(p->base, (size_t)p->span)));
 		if (p->own)
 			ret = keep_first(ret, WEX_CU(wex__cu.cuMemRelease(p->own)));
 	}
@@ -844,6 +1022,7 @@ static int vmm_unreserve(struct wex_mem_region *r)
 	r->priv = NULL;
 	r->addr = NULL;
 	r->fixed = 0;
+	r->lead = 0;
 	return ret;
 }
 

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "wex.h"
 #include "src/log.h"
@@ -24,6 +25,9 @@ static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static int load_result = -WEX_ENOCUDA;
 static char load_why[512] = "CUDA driver not loaded yet";
 static void *libcuda;
+/* The process that loaded the driver: a child forked after that inherits
+ * the table but not a usable driver (CUDA does not survive fork). */
+static pid_t load_pid;
 
 static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext dev_ctx[WEX_CUDA_MAX_DEVICES];
@@ -102,9 +106,11 @@ static void load_driver(void)
 		ver = 0;
 	wex__cu.driver_version = ver;
 
+	/* Optional entry points only from a driver that said its version:
+	 * one that did not may be older than their ABI. */
 #define WEX_CU_RESOLVE(field, sym, v, req)                                                 \
 	do {                                                                               \
-		if (!(req) && ver && ver < (v))                                            \
+		if (!(req) && (!ver || ver < (v)))                                         \
 			break; /* optional and newer than this driver */                  \
 		r = getproc(gp2, gp1, #sym, &pfn, (v));                                    \
 		if (r != CUDA_SUCCESS && (req)) {                                          \
@@ -125,6 +131,7 @@ static void load_driver(void)
 		goto err_close;
 	}
 	load_why[0] = '\0';
+	__atomic_store_n(&load_pid, getpid(), __ATOMIC_RELAXED);
 	__atomic_store_n(&load_result, 0, __ATOMIC_RELEASE);
 	wex_debug("cuda", "driver %s loaded, version %d", path, ver);
 	return;
@@ -138,10 +145,37 @@ err:
 	wex_debug("cuda", "CUDA unavailable: %s", load_why);
 }
 
+/* A child forked after the driver was loaded here: its table points at a
+ * driver that refuses every call (or, worse, hangs). */
+static int forked_child(void)
+{
+	pid_t p = __atomic_load_n(&load_pid, __ATOMIC_RELAXED);
+
+	return p && p != getpid();
+}
+
+/* The driver is loaded and usable in this process (no load attempted). */
+static int driver_ready(void)
+{
+	return __atomic_load_n(&load_result, __ATOMIC_ACQUIRE) == 0 && !forked_child();
+}
+
 int wex__cuda_load(void)
 {
+	static pid_t why_pid;
+
 	pthread_once(&load_once, load_driver);
-	return load_result;
+	if (!forked_child())
+		return load_result;
+	/* Written once per child (the parent's reason is empty: it loaded). */
+	if (__atomic_load_n(&why_pid, __ATOMIC_RELAXED) != getpid()) {
+		snprintf(load_why, sizeof(load_why),
+			 "the CUDA driver was initialised by parent pid %d before fork(); CUDA "
+			 "cannot be used in a forked child (exec a new process or initialise "
+			 "CUDA after fork)", (int)__atomic_load_n(&load_pid, __ATOMIC_RELAXED));
+		__atomic_store_n(&why_pid, getpid(), __ATOMIC_RELAXED);
+	}
+	return -WEX_ENOCUDA;
 }
 
 const char *wex__cuda_why(void)
@@ -253,6 +287,8 @@ void wex_mem_thread_save(struct wex_mem_thread_state *s)
 
 	s->ctx = NULL;
 	s->valid = 1;
+	if (forked_child())
+		return; /* no CUDA here: no thread has a context */
 	if (__atomic_load_n(&load_result, __ATOMIC_ACQUIRE) != 0) {
 		/* wex has not loaded the driver.  If someone else in this
 		 * process has, ask it for the thread's context without
@@ -283,10 +319,90 @@ void wex_mem_thread_restore(const struct wex_mem_thread_state *s)
 {
 	CUcontext cur = NULL;
 
-	if (!s->valid || __atomic_load_n(&load_result, __ATOMIC_ACQUIRE) != 0)
+	if (!s->valid || !driver_ready())
 		return;
 	if (wex__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != (CUcontext)s->ctx)
 		wex__cu.cuCtxSetCurrent((CUcontext)s->ctx);
+}
+
+/* Waits for every piece of GPU work this process queued (any stream,
+ * blocking or not) in the primary contexts wex retained (the devices wex
+ * mapped or copied on) and in the calling thread's current context.
+ * PyTorch works in the primary contexts, so this covers the engine's
+ * kernels and a trainer's asynchronous device-to-host copies.  Where
+ * nobody in the process loaded libcuda there is no GPU work: 0 at once.
+ * The thread keeps its current context. */
+int wex__cuda_settle(void)
+{
+	CUcontext prev = NULL, ctx[WEX_CUDA_MAX_DEVICES + 1];
+	int ret = 0, n = 0;
+
+	if (!driver_ready()) {
+		void *h = dlopen(driver_path(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+
+		if (!h)
+			return 0;
+		dlclose(h);
+		if (wex__cuda_load() != 0)
+			return 0;
+	}
+	if (wex__cu.cuCtxGetCurrent(&prev) != CUDA_SUCCESS)
+		prev = NULL;
+	pthread_mutex_lock(&dev_lock);
+	for (int d = 0; d < WEX_CUDA_MAX_DEVICES; d++)
+		if (dev_ctx[d] && dev_ctx[d] != prev)
+			ctx[n++] = dev_ctx[d];
+	pthread_mutex_unlock(&dev_lock);
+	if (prev)
+		ctx[n++] = prev;
+	for (int i = 0; i < n; i++) {
+		int r = WEX_CU(wex__cu.cuCtxSetCurrent(ctx[i]));
+
+		if (!r)
+			r = WEX_CU(wex__cu.cuCtxSynchronize());
+		if (r && !ret)
+			ret = r;
+	}
+	wex__cu.cuCtxSetCurrent(prev);
+	return ret;
+}
+
+/* The ordinal of the device holding ptr when it is GPU memory (device,
+ * VMM-mapped or managed) according to a driver already loaded in this
+ * process; -1 for host memory, unknown pointers, or a process where nobody
+ * loaded libcuda (no GPU memory can exist there, and wex does not load the
+ * driver just to ask). */
+int wex__cuda_ptr_on_gpu(uint64_t ptr)
+{
+	unsigned int type = 0;
+	CUcontext cur = NULL;
+	int ord = -1;
+	void *h;
+
+	if (!driver_ready()) {
+		h = dlopen(driver_path(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+		if (!h)
+			return -1;
+		dlclose(h);
+		if (wex__cuda_load() != 0)
+			return -1;
+	}
+	if (wex__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+					  (CUdeviceptr)ptr) != CUDA_SUCCESS) {
+		/* The query may need a current context: borrow device 0's. */
+		if (wex__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur)
+			return -1;
+		if (wex__cuda_use_device(0) != 0 ||
+		    wex__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+						  (CUdeviceptr)ptr) != CUDA_SUCCESS)
+			return -1;
+	}
+	if (type != CU_MEMORYTYPE_DEVICE && type != CU_MEMORYTYPE_UNIFIED)
+		return -1;
+	if (wex__cu.cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+					  (CUdeviceptr)ptr) != CUDA_SUCCESS || ord < 0)
+		return -1;
+	return ord;
 }
 
 int wex__cuda_ptr_device(uint64_t ptr, int *dev)
@@ -385,6 +501,34 @@ int wex__cuda_device_by_uuid(const char *uuid, int *dev)
 	wex_error("cuda", "device %s is not visible to this process (%d devices; CUDA_VISIBLE_DEVICES?)",
 		  uuid, n);
 	return -ENODEV;
+}
+
+int wex__cuda_peer_check(int dev, int owner, const char *what)
+{
+	char ud[WEX_UUID_LEN] = "?", uo[WEX_UUID_LEN] = "?";
+	CUdevice d, o;
+	int can = 0, ret;
+
+	if (dev == owner)
+		return 0;
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	ret = WEX_CU(wex__cu.cuDeviceGet(&d, dev));
+	if (!ret)
+		ret = WEX_CU(wex__cu.cuDeviceGet(&o, owner));
+	if (!ret)
+		ret = WEX_CU(wex__cu.cuDeviceCanAccessPeer(&can, d, o));
+	if (ret)
+		return ret;
+	if (can)
+		return 0;
+	wex__cuda_device_uuid(dev, ud, sizeof(ud));
+	wex__cuda_device_uuid(owner, uo, sizeof(uo));
+	wex_error("cuda", "%s: device %d (%s) cannot access memory of device %d (%s): no peer "
+		  "access between them (cuDeviceCanAccessPeer); use the device holding the "
+		  "memory, or copy through host staging", what, dev, ud, owner, uo);
+	return -EOPNOTSUPP;
 }
 
 int wex__cuda_stream(int dev, CUstream *out)

@@ -36,6 +36,7 @@
 	X(cuDeviceGetCount, cuDeviceGetCount, 2000, 1)                                 \
 	X(cuDeviceGetUuid, cuDeviceGetUuid, 11040, 1)                                  \
 	X(cuDeviceGetAttribute, cuDeviceGetAttribute, 2000, 1)                         \
+	X(cuDeviceCanAccessPeer, cuDeviceCanAccessPeer, 4000, 1)                       \
 	X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000, 1)                 \
 	X(cuCtxSetCurrent, cuCtxSetCurrent, 4000, 1)                                   \
 	X(cuCtxGetCurrent, cuCtxGetCurrent, 4000, 1)                                   \
@@ -107,7 +108,9 @@ extern struct wex__cu_table wex__cu;
 /*
  * Loads the driver and calls cuInit once per process (thread-safe).  0, or
  * -WEX_ENOCUDA with the reason in wex__cuda_why().  Cheap after the first
- * call.  Blocks (dlopen, cuInit) the first time only.
+ * call.  Blocks (dlopen, cuInit) the first time only.  In a child forked
+ * after the driver was loaded (CUDA does not survive fork) every call
+ * returns -WEX_ENOCUDA, and wex__cuda_why() names the parent.
  */
 int wex__cuda_load(void);
 
@@ -143,6 +146,22 @@ int wex__cuda_use_device(int dev);
 /* Device ordinal owning `ptr` (device memory, VMM mappings or registered
  * host memory); falls back to the current context's device. */
 int wex__cuda_ptr_device(uint64_t ptr, int *dev);
+
+/* cuCtxSynchronize in every primary context wex retained; 0 when wex never
+ * loaded the driver.  Blocks. */
+int wex__cuda_settle(void);
+
+/* The device ordinal of ptr when it is GPU memory per a libcuda already
+ * loaded in this process (wex does not load it to ask); else -1. */
+int wex__cuda_ptr_on_gpu(uint64_t ptr);
+
+/*
+ * Whether device `dev` can reach memory that device `owner` holds (both
+ * ordinals in this process): 0 when dev == owner or cuDeviceCanAccessPeer
+ * says so; else -EOPNOTSUPP, with an error naming both devices (ordinal
+ * and UUID) and `what` logged.  Other negative errno on driver errors.
+ */
+int wex__cuda_peer_check(int dev, int owner, const char *what);
 
 /* Writes device `dev`'s UUID as text into out (at least WEX_UUID_LEN):
  * "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" when WEX_UUID_LEN allows

@@ -88,7 +88,9 @@ static int host_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 	return 0;
 }
 
-static int host_import(const struct wex_mem_desc *desc, int fd, struct wex_mem_seg *seg)
+/* access_dev: host memory is reached by every device (nothing to grant). */
+static int host_import(const struct wex_mem_desc *desc, int fd, int access_dev,
+		       struct wex_mem_seg *seg)
 {
 	struct stat st;
 	void *p;
@@ -137,12 +139,16 @@ static int host_release(struct wex_mem_seg *seg)
 	return ret;
 }
 
-static int host_reserve(uint64_t size, int device, struct wex_mem_region *r)
+/* Host segments are whole files mapped from offset 0 (their handle_offset
+ * is 0): a lead has no meaning here. */
+static int host_reserve(uint64_t size, uint64_t lead, int device, struct wex_mem_region *r)
 {
 	long pg = sysconf(_SC_PAGESIZE);
 	void *p;
 
 	if (size == 0)
+		return -EINVAL;
+	if (lead)
 		return -EINVAL;
 	size = (size + (uint64_t)pg - 1) & ~((uint64_t)pg - 1);
 	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -161,7 +167,9 @@ static int host_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uin
 	long pg = sysconf(_SC_PAGESIZE);
 	void *p;
 
-	if (seg->fd < 0 || off % (uint64_t)pg || off + r->size > seg->desc.alloc_size)
+	/* off must be the region's lead, 0 for host memory. */
+	if (off != r->lead || seg->fd < 0 || off % (uint64_t)pg ||
+	    off + r->size > seg->desc.alloc_size)
 		return -EINVAL;
 	/* MAP_FIXED replaces the consumer's pages atomically: every pointer into
 	 * the region now reads the producer's bytes.  Read-only, so a stray

@@ -208,7 +208,10 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
  * segments it first waits until every piece of work queued on their
  * devices completed (cuCtxSynchronize of each device's primary context:
  * all streams, including non-blocking ones), so consumers never see a
- * version before the kernels that wrote it finished.  The version becomes
+ * version before the kernels that wrote it finished.  With host segments
+ * in a process that uses CUDA (host staging: the trainer fills them with
+ * asynchronous device-to-host copies), it waits the same way for the GPU
+ * work of the calling thread's context.  The version becomes
  * visible to consumers once all N ranks of the producer group have
  * published it.  Blocks for that GPU wait and one round trip (not for the
  * other ranks).
@@ -273,6 +276,16 @@ struct wex_sync_result {
  * rank holds keeps that lease and version (switching mode, e.g. view then
  * copy, without letting the producer in between).  A COPY sync first gives
  * same-address regions their private memory back, then copies into them.
+ * GPU ordering: before the acquire, when a lease is held (its memory is
+ * about to be given up) or for a COPY (the weights are about to change),
+ * the call waits for this process's queued GPU work on the devices wex
+ * uses and on the calling thread's context (cuCtxSynchronize: every
+ * stream, the engine's kernels included), so no kernel still reads what
+ * changes; a COPY returns once its copies completed.  A COPY of a host
+ * segment into a layout in GPU memory runs on the GPU executor (host
+ * staging); GPU producer memory is mapped read-only where the driver
+ * allows it, and reachable from the client's device (or the layout's)
+ * through peer access when that is another GPU.
  * Blocks.  Errors: -ETIMEDOUT (the previous lease is given up),
  * -ESHUTDOWN (wexd is shutting down: the acquire is refused and a lease
  * held before it stays held, to use and release), -WEX_ELAYOUT (remap with
@@ -282,19 +295,22 @@ struct wex_sync_result {
 WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
 		     struct wex_sync_result *res);
 
-/* Releases the remap lease taken by the last sync.  Blocks for one round
- * trip.  View pointers stay mapped but may change under the reader. */
+/* Releases the remap lease taken by the last sync, after waiting for this
+ * process's queued GPU work on the devices wex uses (kernels reading the
+ * remapped weights must be done before the producer may write).  Blocks
+ * for that wait and one round trip.  View pointers stay mapped but may
+ * change under the reader. */
 WEX_API int wex_release(wex_client_t *c);
 
 /* 1 if the consumer's weights are half-written (an interrupted copy). */
 WEX_API int wex_is_dirty(wex_client_t *c);
 
 /*
- * After a REMAP_VIEW sync: the address of the producer tensor piece whose
- * box starts at `start` (NULL: the piece at the origin, or producer rank
- * `prank`'s piece) of canonical tensor `name`, as registered by producer
- * rank `prank`.  *desc (may be NULL) receives its description.  Does not
- * block.  -ENOENT when no such piece exists.
+ * After a REMAP_VIEW sync: the address of producer rank `prank`'s piece of
+ * canonical tensor `name`, as that rank registered it.  *desc (may be
+ * NULL) receives its description (box, strides, offset), with ptr set.
+ * Does not block.  -ENOENT when no such piece exists or nothing was
+ * fetched yet (sync first), -EINVAL when name or ptr is NULL.
  */
 WEX_API int wex_view(wex_client_t *c, uint32_t prank, const char *name, void **ptr,
 		     struct wex_tensor *desc);

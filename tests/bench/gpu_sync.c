@@ -233,12 +233,12 @@ static void consumer(int sock, int out)
 
 		CHECK(m.a < L.nseg);
 		t = now_ms();
-		CHECK_OK(vmm->import(&m.desc, fd, &s[m.a]));
+		CHECK_OK(vmm->import(&m.desc, fd, -1, &s[m.a]));
 		res.import_ms += now_ms() - t;
 	}
 	memcpy(res.device, s[0].desc.device, sizeof(res.device));
 	for (size_t k = 0; k < L.nseg; k++) {
-		CHECK_OK(vmm->reserve(s[k].desc.alloc_size, 0, &r[k]));
+		CHECK_OK(vmm->reserve(s[k].desc.alloc_size, 0, 0, &r[k]));
 		src[k] = (uint64_t)(uintptr_t)s[k].ptr;
 		dst[k] = (uint64_t)(uintptr_t)r[k].addr;
 	}

@@ -13,7 +13,12 @@
  *  2. copies v1 into a region it reserved (default device: the producer
  *     segment's, found by UUID) and checks every byte;
  *  3. swaps the producer's allocations under that region (REMAP_FIXED)
- *     and checks every byte at the same addresses;
+ *     and checks every byte at the same addresses; a second region shows
+ *     a segment the producer registered from inside its first allocation
+ *     (1.5 MiB in, off the granularity, as a tensor of an expandable
+ *     segment starts): the region is reserved with that lead and every
+ *     allocation is mapped from its start (the emulated driver refuses
+ *     cuMemMap offsets, as the reference says);
  *  4. restarts wexd (both sides register and import the chain again),
  *     then lets the producer write v2 with asynchronous copies on its own
  *     stream and publish without synchronising: wex_publish must wait for
@@ -93,13 +98,13 @@ static void producer(int go_fd, int done_fd)
 	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
 				       .role = WEX_ROLE_PRODUCER, .model = "chunks" };
 	CUmemGenericAllocationHandle h[NCH], hl[NLONG];
-	struct wex_tensor t[NT + 1];
+	struct wex_tensor t[2 * NT];
 	uint64_t total = NT * TBYTES, gran, chunk;
 	CUdeviceptr va, vl;
 	CUstream st;
 	wex_client_t *c;
 	uint16_t *host;
-	uint32_t seg, segl;
+	uint32_t seg, segl, segoff;
 	char ch;
 	int ret;
 
@@ -123,14 +128,25 @@ static void producer(int go_fd, int done_fd)
 	CHECK_OK(ret);
 	CHECK_OK(wex_segment_register_ptr(c, WEX_SEG_CUDA_VMM, (void *)(uintptr_t)vl, NLONG * gran,
 					  &segl));
+	/* The same range from tensor 1 on: a segment that starts inside its
+	 * first allocation, off the granularity. */
+	CHECK(TBYTES % gran != 0);
+	CHECK_OK(wex_segment_register_ptr(c, WEX_SEG_CUDA_VMM, (void *)(uintptr_t)(va + TBYTES),
+					  total - TBYTES, &segoff));
 	make_tensors(t, seg);
 	add_long(&t[NT], segl, gran);
+	for (int i = 1; i < NT; i++) {
+		t[NT + i] = t[i];
+		snprintf(t[NT + i].name, sizeof(t[NT + i].name), "off.%d.weight", i);
+		t[NT + i].segment = segoff;
+		t[NT + i].offset = (uint64_t)(i - 1) * TBYTES;
+	}
 	/* A part alone is not a segment tensors may name. */
 	t[0].segment = 0;
 	CHECK(wex_register_tensors(c, t, NT + 1) == -EINVAL);
 	CHECK(strstr(wex_last_error(c), "part") != NULL);
 	make_tensors(t, seg);
-	CHECK_OK(wex_register_tensors(c, t, NT + 1));
+	CHECK_OK(wex_register_tensors(c, t, 2 * NT));
 	CHECK_OK(wex_begin_write(c, 1, 5000));
 	CHECK_OK(wex_publish(c, 1));
 	CHECK(write(done_fd, "1", 1) == 1);
@@ -177,6 +193,20 @@ static void check_all(wex_client_t *c, char *base, int v, uint16_t *h, const cha
 	printf("ok: %s: v%d in every byte\n", what, v);
 }
 
+/* Tensors 1.. of the segment that starts at tensor 1, laid out from base. */
+static void check_off(char *base, int v, uint16_t *h, const char *what)
+{
+	uint64_t bad = 0;
+
+	for (int i = 1; i < NT; i++)
+		bad += bad_elems(base + (uint64_t)(i - 1) * TBYTES, v, i, h);
+	if (bad)
+		fprintf(stderr, "%s: %llu elements do not hold v%d\n", what,
+			(unsigned long long)bad, v);
+	CHECK(bad == 0);
+	printf("ok: %s: v%d in every byte\n", what, v);
+}
+
 /* Through a view: the first and last byte of every allocation of the
  * long range hold that allocation's value. */
 static void check_long(wex_client_t *c)
@@ -208,9 +238,9 @@ int main(void)
 	wex_client_t *c;
 	int st;
 	size_t npt;
-	uint32_t seg;
+	uint32_t seg, segoff = 0;
 	uint16_t *h;
-	void *region;
+	void *region, *region2;
 	char ch;
 
 	gpu_require();
@@ -226,8 +256,12 @@ int main(void)
 	CHECK(r.version == 1);
 	check_all(c, NULL, 1, h, "remap-view over 3 allocations");
 	check_long(c);
-	CHECK(wex_producer_tensors(c, 0, &pt, &npt) == 1 && npt == NT + 1);
+	CHECK(wex_producer_tensors(c, 0, &pt, &npt) == 1 && npt == 2 * NT);
 	seg = pt[0].segment;
+	for (size_t i = 0; i < npt; i++)
+		if (!strcmp(pt[i].name, "off.1.weight"))
+			segoff = pt[i].segment;
+	CHECK(segoff != 0 && segoff != seg);
 	CHECK_OK(wex_release(c));
 
 	/* 2. Copy into a reserved region (on the producer's device by
@@ -241,9 +275,13 @@ int main(void)
 	CHECK(r.version == 1 && r.bytes == total);
 	check_all(c, region, 1, h, "copy into the reserved region");
 
-	/* 3. The producer's allocations under the same addresses. */
+	/* 3. The producer's allocations under the same addresses; the
+	 *    second region for the segment that starts 1.5 MiB into its
+	 *    first allocation. */
+	CHECK_OK(wex_reserve(c, 0, segoff, total - TBYTES, &region2));
 	CHECK_OK(wex_sync(c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
 	check_all(c, region, 1, h, "remap-fixed over 3 allocations");
+	check_off(region2, 1, h, "remap-fixed of a segment starting inside its allocation");
 	CHECK_OK(wex_release(c));
 
 	/* wexd restarts: the producer re-registers its parts and the chain
@@ -259,6 +297,7 @@ int main(void)
 	CHECK_OK(wex_sync(c, WEX_SYNC_REMAP_FIXED, 2, 5000, &r));
 	CHECK(r.version == 2);
 	check_all(c, region, 2, h, "remap-fixed after an unsynchronised publish");
+	check_off(region2, 2, h, "remap-fixed (lead) after an unsynchronised publish");
 	CHECK_OK(wex_sync(c, WEX_SYNC_COPY, 2, 5000, &r));
 	check_all(c, region, 2, h, "copy after an unsynchronised publish");
 

@@ -7,7 +7,13 @@
  * (2D), two levels with compatible strides (3D), two levels that 3D cannot
  * express, three levels, contiguous-in-disguise, zero counts, pitches
  * below the row length (overlapping source rows), and > 4096 small ops
- * (several cuMemcpyBatchAsync calls).
+ * (several cuMemcpyBatchAsync calls).  On the emulated driver the run
+ * must have gone through cuMemcpy3DAsync and cuMemcpy2DAsync (so their
+ * emulation is what the bytes prove).
+ *   memcpy3d_offsets  cuMemcpy3DAsync itself with X/Y/Z offsets on both
+ *                     sides, device and host memory, against the same
+ *                     copy done on the CPU (the driver's semantics, which
+ *                     the emulation must match)
  */
 #include "gpu_util.h"
 
@@ -82,7 +88,11 @@ static void test(void)
 	CHECK_OK(wex_mem_host_copy(ops, nops, 1));
 	unbase((uint64_t)(uintptr_t)hs, (uint64_t)(uintptr_t)hd);
 	rebase(ds, dd);
+	unsigned long n3 = emul_calls("cuMemcpy3DAsync"), n2 = emul_calls("cuMemcpy2DAsync");
+
 	CHECK_OK(wex_mem_backend(WEX_MEM_CUDA_VMM)->copy(ops, nops, 1));
+	if (emulated())
+		CHECK(emul_calls("cuMemcpy3DAsync") > n3 && emul_calls("cuMemcpy2DAsync") > n2);
 	CU_OK(wex__cu.cuMemcpyDtoH(out, dd, BUF));
 	for (size_t i = 0; i < BUF; i++)
 		if (out[i] != hd[i]) {
@@ -103,12 +113,84 @@ static void test(void)
 	free(out);
 }
 
+/* The CPU's version of one CUDA_MEMCPY3D between host buffers. */
+static void ref3d(unsigned char *d, const unsigned char *s, const CUDA_MEMCPY3D *c)
+{
+	for (size_t z = 0; z < c->Depth; z++)
+		for (size_t y = 0; y < c->Height; y++)
+			memcpy(d + ((c->dstZ + z) * c->dstHeight + c->dstY + y) * c->dstPitch +
+				       c->dstXInBytes,
+			       s + ((c->srcZ + z) * c->srcHeight + c->srcY + y) * c->srcPitch +
+				       c->srcXInBytes,
+			       c->WidthInBytes);
+}
+
+#define B3 (1u << 20)
+
+static void memcpy3d_offsets(void)
+{
+	unsigned char *hs = malloc(B3), *hd = malloc(B3), *out = malloc(B3);
+	CUdeviceptr ds, dd;
+	CUDA_MEMCPY3D c;
+
+	CHECK(hs && hd && out);
+	CHECK_OK(wex__cuda_use_device(0));
+	CU_OK(wex__cu.cuMemAlloc(&ds, B3));
+	CU_OK(wex__cu.cuMemAlloc(&dd, B3));
+	dev_fill(ds, B3, 4);
+	dev_fill(dd, B3, 5);
+	CU_OK(wex__cu.cuMemcpyDtoH(hs, ds, B3));
+	CU_OK(wex__cu.cuMemcpyDtoH(hd, dd, B3));
+	/* Device to device: offsets in every dimension, different pitches
+	 * and slice heights on the two sides. */
+	memset(&c, 0, sizeof(c));
+	c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+	c.srcDevice = ds;
+	c.srcXInBytes = 7;
+	c.srcY = 3;
+	c.srcZ = 2;
+	c.srcPitch = 512;
+	c.srcHeight = 40;
+	c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+	c.dstDevice = dd;
+	c.dstXInBytes = 100;
+	c.dstY = 1;
+	c.dstZ = 4;
+	c.dstPitch = 384;
+	c.dstHeight = 33;
+	c.WidthInBytes = 250;
+	c.Height = 30;
+	c.Depth = 9;
+	CU_OK(wex__cu.cuMemcpy3DAsync(&c, NULL));
+	CU_OK(wex__cu.cuCtxSynchronize());
+	ref3d(hd, hs, &c);
+	CU_OK(wex__cu.cuMemcpyDtoH(out, dd, B3));
+	CHECK(memcmp(out, hd, B3) == 0);
+	/* Device to host, with offsets: the host side by pointer. */
+	memcpy(out, hd, B3);
+	c.dstMemoryType = CU_MEMORYTYPE_HOST;
+	c.dstHost = out;
+	c.dstDevice = 0;
+	c.srcZ = 0;
+	c.dstZ = 1;
+	CU_OK(wex__cu.cuMemcpy3DAsync(&c, NULL));
+	CU_OK(wex__cu.cuCtxSynchronize());
+	ref3d(hd, hs, &c);
+	CHECK(memcmp(out, hd, B3) == 0);
+	CU_OK(wex__cu.cuMemFree(ds));
+	CU_OK(wex__cu.cuMemFree(dd));
+	free(hs);
+	free(hd);
+	free(out);
+}
+
 int main(void)
 {
 	int ret;
 
 	gpu_require();
 	ret = run_one("strided_copy", test);
+	ret |= run_one("memcpy3d_offsets", memcpy3d_offsets);
 	printf("%s\n", ret ? "FAIL" : "PASS");
 	return ret ? T_EXIT_FAIL : T_EXIT_PASS;
 }

@@ -8,7 +8,8 @@
  * Asserted (wex depends on them):
  *  - cuMemMap of the first part of an allocation (offset 0, size below
  *    the allocation's): map_fixed maps the last producer allocation of a
- *    region only as far as the region goes;
+ *    region only as far as the region goes (and every one from offset 0:
+ *    a region reserves the bytes before a segment's start too);
  *  - cuMemGetAddressRange on VMM memory gives the one allocation mapped
  *    at the address, not the whole reservation, for allocations mapped
  *    back to back (how wex finds expandable-segment chunks);
@@ -16,8 +17,11 @@
  *    process's fd count where it was.
  * Reported only:
  *  - whether cuMemMap accepts a non-zero offset into an allocation (the
- *    reference manual says "currently must be zero"; wex needs it only for
- *    a producer segment that starts inside an allocation);
+ *    reference manual says "currently must be zero"; wex no longer uses
+ *    one);
+ *  - whether cuMemSetAccess takes CU_MEM_ACCESS_FLAGS_PROT_READ, and the
+ *    bytes read back through such a mapping (wex maps producers' memory
+ *    read-only in consumers, read-write where the driver refuses);
  *  - fds the driver opens for itself at cuInit + first context;
  *  - fabric handles, cuMemcpyBatchAsync, compute capability, driver.
  *
@@ -36,7 +40,7 @@ int main(void)
 	CUmemGenericAllocationHandle h[2];
 	CUdeviceptr va, base = 0;
 	size_t g = 0, sz = 0;
-	int fds0, fds1, fds2, major = 0, minor = 0, fabric = 0, off_ok, fd_steady;
+	int fds0, fds1, fds2, major = 0, minor = 0, fabric = 0, off_ok, ro_ok, fd_steady;
 	CUresult r;
 	const char *out = getenv("WEX_FACTS_OUT");
 	char json[1024];
@@ -88,6 +92,17 @@ int main(void)
 	       off_ok > 0 ? "accepted, right bytes" : off_ok < 0 ? "accepted, WRONG bytes" :
 							   "refused", (int)r);
 
+	/* A read-only mapping: reported. */
+	CU_OK(wex__cu.cuMemMap(va, 2 * g, 0, h[1], 0));
+	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+	r = wex__cu.cuMemSetAccess(va, 2 * g, &acc, 1);
+	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	ro_ok = r == CUDA_SUCCESS ? (dev_check(va, 2 * g, 3, 2 * g) ? 1 : -1) : 0;
+	CU_OK(wex__cu.cuMemUnmap(va, 2 * g));
+	printf("cuMemSetAccess with PROT_READ: %s (CUresult %d)\n",
+	       ro_ok > 0 ? "accepted, right bytes" :
+	       ro_ok < 0 ? "accepted, WRONG bytes" : "refused", (int)r);
+
 	/* No fd per mapping. */
 	fds2 = fd_count();
 	for (int i = 0; i < 100; i++) {
@@ -106,10 +121,11 @@ int main(void)
 		 "{\"driver_version\": %d, \"compute_capability\": \"%d.%d\", \"granularity\": %zu, "
 		 "\"fabric_handles\": %d, \"memcpy_batch\": %s, \"partial_map\": true, "
 		 "\"per_allocation_range\": true, \"map_nonzero_offset\": \"%s\", "
-		 "\"driver_fds\": %d, \"fds_steady_over_maps\": %s}",
+		 "\"prot_read\": \"%s\", \"driver_fds\": %d, \"fds_steady_over_maps\": %s}",
 		 wex__cu.driver_version, major, minor, g, fabric,
 		 wex__cu.cuMemcpyBatchAsync13 || wex__cu.cuMemcpyBatchAsync12 ? "true" : "false",
-		 off_ok > 0 ? "ok" : off_ok < 0 ? "wrong-bytes" : "refused", fds1 - fds0,
+		 off_ok > 0 ? "ok" : off_ok < 0 ? "wrong-bytes" : "refused",
+		 ro_ok > 0 ? "ok" : ro_ok < 0 ? "wrong-bytes" : "refused", fds1 - fds0,
 		 fd_steady ? "true" : "false");
 	if (out) {
 		FILE *f = fopen(out, "w");
@@ -117,7 +133,7 @@ int main(void)
 		CHECK(f && fprintf(f, "%s\n", json) > 0 && fclose(f) == 0);
 	}
 	CHECK(fd_steady);
-	CHECK(off_ok >= 0); /* accepted means right bytes */
+	CHECK(off_ok >= 0 && ro_ok >= 0); /* accepted means right bytes */
 	printf("%s\n", json);
 	return T_EXIT_PASS;
 }

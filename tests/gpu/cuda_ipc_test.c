@@ -7,7 +7,12 @@
  *   open_once     another process imports the same handle twice: one open,
  *                 the same pointer, still readable after the first release,
  *                 reopened after the last; a sub-allocation travels as
- *                 base handle + offset
+ *                 base handle + offset; an import another device must
+ *                 reach (access_dev) is refused without peer access
+ *                 (emulated: WEX_EMUL_NO_P2P=1), naming both devices; a
+ *                 copy still queued on the memory when it is released is
+ *                 waited for (emulated: queued work that outlives its
+ *                 memory fails the next synchronisation)
  *   vmm_refused   wrap of VMM memory fails loudly
  */
 #include "gpu_util.h"
@@ -24,7 +29,7 @@ static void same_process(void)
 	CHECK_OK(ipc->alloc(1u << 20, 0, &a));
 	CHECK(a.desc.handle_len == 64 && a.fd == -1);
 	dev_fill((uint64_t)(uintptr_t)a.ptr, 1u << 20, 4);
-	CHECK_OK(ipc->import(&a.desc, -1, &b));
+	CHECK_OK(ipc->import(&a.desc, -1, -1, &b));
 	CHECK(b.ptr == a.ptr);
 	CHECK(dev_check((uint64_t)(uintptr_t)b.ptr, 1u << 20, 4, 0));
 	CHECK_OK(ipc->release(&b));
@@ -59,10 +64,10 @@ static void consumer(int sock)
 	struct tmsg ms = trecv(sock, OP_SUB, NULL);
 	int before;
 
-	CHECK_OK(ipc->import(&m.desc, -1, &x));
-	CHECK_OK(ipc->import(&m.desc, -1, &y));
+	CHECK_OK(ipc->import(&m.desc, -1, -1, &x));
+	CHECK_OK(ipc->import(&m.desc, -1, -1, &y));
 	CHECK(x.ptr == y.ptr);
-	CHECK_OK(ipc->import(&ms.desc, -1, &z));
+	CHECK_OK(ipc->import(&ms.desc, -1, -1, &z));
 	CHECK((char *)z.ptr == (char *)x.ptr + (1u << 20));
 	CHECK(dev_check((uint64_t)(uintptr_t)z.ptr, 1u << 20, 6, 1u << 20));
 	CHECK_OK(ipc->release(&x));
@@ -73,10 +78,43 @@ static void consumer(int sock)
 	 * leaves no fd behind (counted from here: the driver keeps fds of its
 	 * own from the first context and IPC open on). */
 	before = fd_count();
-	CHECK_OK(ipc->import(&m.desc, -1, &x));
+	CHECK_OK(ipc->import(&m.desc, -1, -1, &x));
 	CHECK(dev_check((uint64_t)(uintptr_t)x.ptr, 4096, 6, 0));
 	CHECK_OK(ipc->release(&x));
 	CHECK(fd_count() == before);
+	/* A copy from the memory still queued at release: the release waits
+	 * for it before closing (a closed handle under a running copy is a
+	 * fault on a GPU; the emulation reports it at the next sync). */
+	{
+		CUdeviceptr d;
+		struct wex_copy_op op;
+
+		CHECK_OK(ipc->import(&m.desc, -1, -1, &x));
+		CHECK_OK(wex__cuda_use_device(0));
+		CU_OK(wex__cu.cuMemAlloc(&d, 4096));
+		op = (struct wex_copy_op){ .src = (uint64_t)(uintptr_t)x.ptr, .dst = d,
+					   .len = 4096 };
+		CHECK_OK(wex__cuda_copy_async(&op, 1, 0));
+		CHECK_OK(ipc->release(&x));
+		CHECK_OK(wex__cuda_copy_sync(0));
+		CHECK(dev_check(d, 4096, 6, 0));
+		CU_OK(wex__cu.cuMemFree(d));
+	}
+	if (gpu_count() > 1) {
+		int ret = ipc->import(&m.desc, -1, 1, &x);
+
+		if (gpu_can_peer(1, 0)) {
+			CHECK_OK(ret);
+			CHECK_OK(ipc->release(&x));
+		} else {
+			CHECK(ret == -EOPNOTSUPP);
+		}
+		if (emulated()) {
+			setenv("WEX_EMUL_NO_P2P", "1", 1);
+			CHECK(ipc->import(&m.desc, -1, 1, &x) == -EOPNOTSUPP);
+			unsetenv("WEX_EMUL_NO_P2P");
+		}
+	}
 	tsend(sock, OP_DONE, NULL, 0, -1);
 }
 

@@ -6,7 +6,11 @@
  *   nolib     - $WEX_CUDA_LIB names a file that does not exist;
  *   noproc    - a library without cuGetProcAddress (fake_cuda_noproc.so);
  *   missing   - a driver lacking cuMemCreate (fake_cuda.so);
- *   nodevice  - a complete driver whose cuInit says CUDA_ERROR_NO_DEVICE.
+ *   nodevice  - a complete driver whose cuInit says CUDA_ERROR_NO_DEVICE;
+ *               optional entry points are asked for only at ABI versions
+ *               the driver has (cuMemcpyBatchAsync at 12080, not 13000);
+ *   noversion - the same, with a cuDriverGetVersion that fails: no
+ *               optional entry point is asked for at all.
  * In every case each backend op returns -WEX_ENOCUDA (or -EOPNOTSUPP for
  * a slot the backend never supports), fds handed over are closed, no fd
  * leaks, and the probe's reason names the cause.  Also: wex_mem_backend
@@ -63,9 +67,9 @@ static void check_ops(const struct wex_mem_ops *o, int kind)
 	NOCUDA(o->alloc(1 << 20, 0, &seg));
 	NOCUDA(o->wrap(buf, sizeof(buf), -1, &seg));
 	/* import owns the fd: closed on this error too. */
-	NOCUDA(o->import(&d, memfd(), &seg));
+	NOCUDA(o->import(&d, memfd(), -1, &seg));
 	CHECK(o->release(&empty) == 0);
-	NOCUDA_OR_UNSUP(o->reserve(1 << 20, 0, &r));
+	NOCUDA_OR_UNSUP(o->reserve(1 << 20, 0, 0, &r));
 	NOCUDA_OR_UNSUP(o->map_fixed(&r, &empty, 0));
 	NOCUDA_OR_UNSUP(o->unmap_fixed(&r));
 	r.fixed = 0;
@@ -110,11 +114,11 @@ static void check_all(const char *want_in_why)
 	NOCUDA(wex__cuda_vmm_chunks(buf, sizeof(buf), ch, 2, &n));
 	fds[0] = memfd();
 	fds[1] = memfd();
-	NOCUDA(wex__cuda_vmm_import_chunks(ds, fds, 2, &seg));
+	NOCUDA(wex__cuda_vmm_import_chunks(ds, fds, 2, -1, &seg));
 	NOCUDA(wex__cuda_copy_async(NULL, 0, -1));
 	NOCUDA(wex__cuda_copy_sync(0));
 	NOCUDA(wex__cuda_stream_sync(NULL));
-	NOCUDA(wex__cuda_event_record(NULL, &ev, h));
+	NOCUDA(wex__cuda_event_record(0, NULL, &ev, h));
 	NOCUDA(wex__cuda_event_wait(h, NULL, 0));
 	NOCUDA(wex__cuda_use_device(0));
 	NOCUDA(wex__cuda_staging_create(1 << 20, 0, &st));
@@ -123,6 +127,23 @@ static void check_all(const char *want_in_why)
 	wex_cuda_free(NULL, 0, 0, NULL);
 	CHECK(wex__cuda_alloc_lookup(buf, &base, &size, NULL, NULL) == -ENOENT);
 	CHECK(fd_count() == before);
+}
+
+/* With the fake driver: which ABI versions of the optional
+ * cuMemcpyBatchAsync the loader asked for (it asks by name, once per
+ * entry of its table: 12080 and 13000). */
+static void check_optional(void *fake, int version_known)
+{
+	unsigned (*asked)(const char *);
+
+	if (!fake)
+		return;
+	asked = (unsigned (*)(const char *))(uintptr_t)dlsym(fake, "fake_cuda_asked");
+	CHECK(asked != NULL);
+	CHECK(asked("cuMemCreate") == 1);
+	printf("  cuMemcpyBatchAsync asked %u time(s)\n", asked("cuMemcpyBatchAsync"));
+	/* Known 12080: the 12080 entry only; unknown: none. */
+	CHECK(asked("cuMemcpyBatchAsync") == (version_known ? 1u : 0u));
 }
 
 static int run_case(const char *name, const char *lib, const char *missing, const char *want)
@@ -147,10 +168,18 @@ static int run_case(const char *name, const char *lib, const char *missing, cons
 				exit(T_EXIT_PASS);
 			}
 		}
+		void *fake = NULL;
+
 		setenv("WEX_CUDA_LIB", lib, 1);
 		if (missing)
 			setenv("FAKE_CUDA_MISSING", missing, 1);
+		/* Held open, so that its counters outlive the loader's dlclose. */
+		if (!strcmp(name, "nodevice") || !strcmp(name, "noversion"))
+			fake = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
 		check_all(want);
+		check_optional(fake, strcmp(name, "noversion") != 0);
+		if (fake)
+			dlclose(fake);
 		/* exit, not _exit: LeakSanitizer checks the child too. */
 		exit(T_EXIT_PASS);
 	}
@@ -169,6 +198,9 @@ int main(void)
 	fails += run_case("noproc", noproc, NULL, "cuGetProcAddress") != 0;
 	fails += run_case("missing", fake, "cuMemCreate", "cuMemCreate") != 0;
 	fails += run_case("nodevice", fake, NULL, "CUDA_ERROR_NO_DEVICE") != 0;
+	setenv("FAKE_CUDA_NOVERSION", "1", 1);
+	fails += run_case("noversion", fake, NULL, "CUDA_ERROR_NO_DEVICE") != 0;
+	unsetenv("FAKE_CUDA_NOVERSION");
 	if (fails) {
 		printf("FAIL: %d case(s)\n", fails);
 		return T_EXIT_FAIL;

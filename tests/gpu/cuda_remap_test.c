@@ -9,6 +9,20 @@
  * released meanwhile (free memory does not drop).  unmap_fixed gives the
  * region its own memory again holding B, which stays B when the producer
  * then overwrites its memory with C.
+ *
+ * lead: a segment that starts inside its first allocation (as a tensor of
+ * PyTorch's expandable segments does), over two allocations of 1 and 2
+ * granules.  The region is reserved with that lead: map_fixed maps both
+ * allocations from offset 0 (the driver's rule; the emulated driver
+ * refuses other offsets), the second one only in part, and the segment's
+ * first byte shows at r->addr.  Also: map_fixed with another offset is
+ * refused before anything changes; producer memory under the region is
+ * read-only (a CPU store faults, emulated); unmap_fixed keeps the bytes;
+ * unreserve of a region still showing the producer frees it without a
+ * copy; on the emulated driver, a swap failing half-way either leaves the
+ * region as it was or says -WEX_EDIRTY with the region on memory of its
+ * own; a region on the other device shows the producer's memory through
+ * peer access, and is refused without.
  */
 #include "gpu_util.h"
 
@@ -95,7 +109,7 @@ static void consumer(int sock)
 	/* Optional in the loader; every driver since CUDA 11.4 has them. */
 	CHECK(wex__cu.cuModuleLoadData && wex__cu.cuStreamBeginCapture &&
 	      wex__cu.cuGraphInstantiateWithFlags);
-	CHECK_OK(vmm->reserve(RSZ, 0, &r));
+	CHECK_OK(vmm->reserve(RSZ, 0, 0, &r));
 	CHECK(r.size >= RSZ && r.addr && !r.fixed);
 	dev_fill((uint64_t)(uintptr_t)r.addr, RSZ, 1); /* A */
 	CU_OK(wex__cu.cuModuleLoadData(&mod, ptx));
@@ -115,7 +129,7 @@ static void consumer(int sock)
 	CHECK(dev_check(out, RSZ, 1, 0));
 
 	m = trecv(sock, OP_SEG, &fd);
-	CHECK_OK(vmm->import(&m.desc, fd, &seg));
+	CHECK_OK(vmm->import(&m.desc, fd, -1, &seg));
 	free_before = mem_free();
 	CHECK_OK(vmm->map_fixed(&r, &seg, 0));
 	CHECK(r.fixed);
@@ -148,12 +162,156 @@ static void consumer(int sock)
 	tsend(sock, OP_DONE, NULL, 0, -1);
 }
 
+/* Where the segment starts in its first allocation: off the granularity,
+ * so the old scheme (map from this offset) could not work anywhere. */
+#define LEAD ((1u << 20) + 8192u)
+
+static void p_lead(int sock)
+{
+	const struct wex_mem_ops *vmm = wex_mem_backend(WEX_MEM_CUDA_VMM);
+	CUmemAllocationProp prop = gpu_vmm_prop(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	CUmemAccessDesc acc = gpu_rw_access();
+	CUmemGenericAllocationHandle h[2];
+	struct wex_mem_seg w[2];
+	uint64_t g, sz[2];
+	CUdeviceptr va;
+	size_t n = 0;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	g = gpu_granularity();
+	sz[0] = g;
+	sz[1] = 2 * g;
+	CU_OK(wex__cu.cuMemAddressReserve(&va, 3 * g, g, 0, 0));
+	for (int i = 0; i < 2; i++) {
+		CU_OK(wex__cu.cuMemCreate(&h[i], sz[i], &prop, 0));
+		CU_OK(wex__cu.cuMemMap(va + (i ? g : 0), sz[i], 0, h[i], 0));
+	}
+	CU_OK(wex__cu.cuMemSetAccess(va, 3 * g, &acc, 1));
+	dev_fill(va, 3 * g, 21);
+	CHECK_OK(vmm->wrap_chunks((void *)(uintptr_t)(va + LEAD), 3 * g - LEAD, w, 2, &n));
+	CHECK(n == 2 && w[0].desc.handle_offset == LEAD);
+	tsend(sock, OP_SEG, &w[0].desc, 0, w[0].fd);
+	tsend(sock, OP_SEG, &w[1].desc, 0, w[1].fd);
+	trecv(sock, OP_DONE, NULL);
+	/* Unchanged by everything the consumer did. */
+	CHECK(dev_check(va, 3 * g, 21, 0));
+	for (int i = 0; i < 2; i++) {
+		CHECK_OK(vmm->release(&w[i]));
+		CU_OK(wex__cu.cuMemUnmap(va + (i ? g : 0), sz[i]));
+		CU_OK(wex__cu.cuMemRelease(h[i]));
+	}
+	CU_OK(wex__cu.cuMemAddressFree(va, 3 * g));
+}
+
+static void c_lead(int sock)
+{
+	const struct wex_mem_ops *vmm = wex_mem_backend(WEX_MEM_CUDA_VMM);
+	struct wex_mem_desc ds[2];
+	struct wex_mem_region r, r2;
+	struct wex_mem_seg seg;
+	uint64_t g, free0;
+	unsigned long creates;
+	int fds[2], ret;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	g = gpu_granularity();
+	ds[0] = trecv(sock, OP_SEG, &fds[0]).desc;
+	ds[1] = trecv(sock, OP_SEG, &fds[1]).desc;
+	CHECK_OK(wex__cuda_vmm_import_chunks(ds, fds, 2, -1, &seg));
+	CHECK(seg.desc.handle_offset == LEAD);
+
+	/* 1. The region: g usable bytes from r.addr, LEAD reserved below. */
+	CHECK_OK(vmm->reserve(g, LEAD, 0, &r));
+	CHECK(r.lead == LEAD && r.size >= g && !r.fixed);
+	CHECK(((uint64_t)(uintptr_t)r.addr - LEAD) % g == 0);
+	dev_fill((uint64_t)(uintptr_t)r.addr, r.size, 1); /* A */
+	/* 2. Another offset: refused, nothing changed. */
+	CHECK(vmm->map_fixed(&r, &seg, 0) == -EINVAL);
+	CHECK(!r.fixed && dev_check((uint64_t)(uintptr_t)r.addr, r.size, 1, 0));
+	/* 3. The lead: both allocations from offset 0, the second in part
+	 * (2 granules reserved, 3 in the segment's allocations). */
+	CHECK_OK(vmm->map_fixed(&r, &seg, LEAD));
+	CHECK(r.fixed);
+	CHECK(dev_check((uint64_t)(uintptr_t)r.addr, r.size, 21, LEAD));
+	CHECK(store_faults(r.addr));
+	/* 4. Back to memory of its own, holding the same bytes. */
+	CHECK_OK(vmm->unmap_fixed(&r));
+	CHECK(!r.fixed && dev_check((uint64_t)(uintptr_t)r.addr, r.size, 21, LEAD));
+	/* 5. Dropped while showing the producer: no copy, no new memory. */
+	CHECK_OK(vmm->map_fixed(&r, &seg, LEAD));
+	free0 = mem_free();
+	creates = emul_calls("cuMemCreate");
+	CHECK_OK(vmm->unreserve(&r));
+	CHECK(!r.fixed && r.addr == NULL);
+	CHECK(mem_free() + (2u << 20) >= free0);
+	CHECK(emul_calls("cuMemCreate") == creates);
+
+	if (emulated()) {
+		/* 6. A swap that fails half-way (the second allocation's
+		 * cuMemMap) from private memory: the region is as it was. */
+		CHECK_OK(vmm->reserve(g, LEAD, 0, &r2));
+		CHECK_OK(wex__cuda_use_device(0));
+		dev_fill((uint64_t)(uintptr_t)r2.addr, r2.size, 2);
+		emul_fail("cuMemMap", 2, CUDA_ERROR_OUT_OF_MEMORY);
+		ret = vmm->map_fixed(&r2, &seg, LEAD);
+		CHECK(ret < 0 && ret != -WEX_EDIRTY && !r2.fixed);
+		CHECK(dev_check((uint64_t)(uintptr_t)r2.addr, r2.size, 2, 0));
+		/* 7. From the producer's memory (own memory given back): the
+		 * bytes are lost, the region gets fresh memory: -WEX_EDIRTY. */
+		CHECK_OK(vmm->map_fixed(&r2, &seg, LEAD));
+		emul_fail("cuMemMap", 1, CUDA_ERROR_OUT_OF_MEMORY);
+		CHECK(vmm->map_fixed(&r2, &seg, LEAD) == -WEX_EDIRTY);
+		CHECK(!r2.fixed);
+		dev_fill((uint64_t)(uintptr_t)r2.addr, r2.size, 3); /* usable */
+		CHECK(dev_check((uint64_t)(uintptr_t)r2.addr, r2.size, 3, 0));
+		/* 8. unmap_fixed failing before the swap: still showing the
+		 * producer; failing at the swap's cuMemMap and retried: done. */
+		CHECK_OK(vmm->map_fixed(&r2, &seg, LEAD));
+		emul_fail("cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY);
+		ret = vmm->unmap_fixed(&r2);
+		CHECK(ret < 0 && ret != -WEX_EDIRTY && r2.fixed);
+		CHECK(dev_check((uint64_t)(uintptr_t)r2.addr, r2.size, 21, LEAD));
+		emul_fail("cuMemMap", 2, CUDA_ERROR_OUT_OF_MEMORY);
+		CHECK_OK(vmm->unmap_fixed(&r2));
+		CHECK(!r2.fixed && dev_check((uint64_t)(uintptr_t)r2.addr, r2.size, 21, LEAD));
+		CHECK_OK(vmm->unreserve(&r2));
+		printf("  failed swaps: region unchanged, or -WEX_EDIRTY on memory of its own\n");
+	}
+
+	/* 9. A region on the other device, through peer access. */
+	if (gpu_count() > 1) {
+		CHECK_OK(vmm->reserve(g, LEAD, 1, &r2));
+		ret = vmm->map_fixed(&r2, &seg, LEAD);
+		if (!gpu_can_peer(1, 0)) {
+			CHECK(ret == -EOPNOTSUPP && !r2.fixed);
+		} else {
+			CHECK_OK(ret);
+			CHECK_OK(wex__cuda_use_device(1));
+			CHECK(dev_check((uint64_t)(uintptr_t)r2.addr, r2.size, 21, LEAD));
+			CHECK_OK(vmm->unmap_fixed(&r2));
+			CHECK_OK(wex__cuda_use_device(1));
+			CHECK(dev_check((uint64_t)(uintptr_t)r2.addr, r2.size, 21, LEAD));
+			if (emulated()) {
+				setenv("WEX_EMUL_NO_P2P", "1", 1);
+				CHECK(vmm->map_fixed(&r2, &seg, LEAD) == -EOPNOTSUPP && !r2.fixed);
+				unsetenv("WEX_EMUL_NO_P2P");
+			}
+		}
+		CHECK_OK(vmm->unreserve(&r2));
+		printf("  region on device 1 over device 0's memory: %s\n",
+		       ret ? "refused (no peer access)" : "mapped");
+	}
+	CHECK_OK(vmm->release(&seg));
+	tsend(sock, OP_DONE, NULL, 0, -1);
+}
+
 int main(void)
 {
 	int ret;
 
 	gpu_require();
 	ret = run_pair("same_address_graph", producer, consumer);
+	ret |= run_pair("lead", p_lead, c_lead);
 	printf("%s\n", ret ? "FAIL" : "PASS");
 	return ret ? T_EXIT_FAIL : T_EXIT_PASS;
 }

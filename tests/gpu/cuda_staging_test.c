@@ -4,7 +4,12 @@
  * device): the producer copies device memory once into a pinned memfd and
  * passes the fd; the consumer pins its own mapping of it and copies into
  * its device memory.  fds do not leak on either side.
+ *   import_checks  a memfd not sealed against shrinking (its owner could
+ *                  cut it under our mapping), or shorter than the size
+ *                  asked, is refused with -EINVAL; the fd is closed
  */
+#include <sys/mman.h>
+
 #include "gpu_util.h"
 
 enum { OP_STAGED = 1, OP_DONE };
@@ -52,12 +57,46 @@ static void consumer(int sock)
 	tsend(sock, OP_DONE, NULL, 0, -1);
 }
 
+static int staging_memfd(uint64_t size, unsigned seals)
+{
+	int fd = memfd_create("t-staging", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+	CHECK(fd >= 0 && ftruncate(fd, (off_t)size) == 0);
+	if (seals)
+		CHECK(fcntl(fd, F_ADD_SEALS, seals) == 0);
+	return fd;
+}
+
+static void import_checks(void)
+{
+	struct wex__cuda_staging st;
+	int before;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	before = fd_count(); /* after the driver's own fds */
+	/* Unsealed, and sealed only against growing: refused. */
+	CHECK(wex__cuda_staging_import(staging_memfd(1 << 20, 0), 1 << 20, 0, &st) == -EINVAL);
+	CHECK(wex__cuda_staging_import(staging_memfd(1 << 20, F_SEAL_GROW), 1 << 20, 0, &st) ==
+	      -EINVAL);
+	/* Sealed but shorter than asked: refused. */
+	CHECK(wex__cuda_staging_import(staging_memfd(1 << 20, F_SEAL_SHRINK), 2 << 20, 0, &st) ==
+	      -EINVAL);
+	/* Not a memfd at all (no seals to ask for): refused. */
+	CHECK(wex__cuda_staging_import(dup(STDERR_FILENO), 1 << 20, 0, &st) == -EINVAL);
+	CHECK(fd_count() == before);
+	/* Sealed against shrinking, long enough: taken. */
+	CHECK_OK(wex__cuda_staging_import(staging_memfd(2 << 20, F_SEAL_SHRINK), 1 << 20, 0, &st));
+	CHECK_OK(wex__cuda_staging_destroy(&st));
+	CHECK(fd_count() == before);
+}
+
 int main(void)
 {
 	int ret;
 
 	gpu_require();
 	ret = run_pair("staging", producer, consumer);
+	ret |= run_one("import_checks", import_checks);
 	printf("%s\n", ret ? "FAIL" : "PASS");
 	return ret ? T_EXIT_FAIL : T_EXIT_PASS;
 }

@@ -11,6 +11,24 @@
  *   wrap_chunks    wrap of foreign exportable memory (wex_cuda_alloc, and a
  *                  two-chunk range like PyTorch expandable segments),
  *                  chunk enumeration, multi-chunk import
+ *   readonly       an import is read-only: a CPU store through it faults
+ *                  (emulated driver; on a GPU a device address always does)
+ *                  and, emulated, a copy into it fails; where the driver
+ *                  refuses read-only mappings (emulated with
+ *                  WEX_EMUL_NO_PROT_READ=1) the import is read-write and
+ *                  wex__cuda_vmm_readonly() says 0
+ *   peer           access_dev: an import that device 1 must reach is
+ *                  copied from on device 1; without it (emulated) such a
+ *                  copy fails; without peer access the import is refused
+ *                  (-EOPNOTSUPP), its fd closed
+ *   event_context  wex__cuda_event_record makes its device's context
+ *                  current: it works from a thread with no context or
+ *                  another device's, on that device's stream (the emulated
+ *                  driver refuses an event of one context recorded on a
+ *                  stream of another, and one created without a context)
+ *   fork_child     a child forked after the driver was loaded gets
+ *                  -WEX_ENOCUDA from every call, with a reason naming the
+ *                  parent
  */
 #include <signal.h>
 
@@ -34,7 +52,7 @@ static void p_export(int sock)
 		struct wex_mem_desc ed = { 0 };
 		void *ev;
 
-		CHECK_OK(wex__cuda_event_record(NULL, &ev, ed.handle));
+		CHECK_OK(wex__cuda_event_record(0, NULL, &ev, ed.handle));
 		CHECK_OK(wex__cuda_event_destroy(ev));
 	}
 	before = fd_count();
@@ -51,7 +69,7 @@ static void p_export(int sock)
 		struct wex_mem_desc ed = { 0 };
 		void *ev;
 
-		CHECK_OK(wex__cuda_event_record(NULL, &ev, ed.handle));
+		CHECK_OK(wex__cuda_event_record(0, NULL, &ev, ed.handle));
 		tsend(sock, OP_EVENT, &ed, 0, -1);
 		trecv(sock, OP_DONE, NULL);
 		CHECK_OK(wex__cuda_event_destroy(ev));
@@ -79,7 +97,7 @@ static void c_import(int sock)
 	CHECK_OK(wex__cuda_event_wait(me.desc.handle, NULL, 0));
 	CU_OK(wex__cu.cuCtxSynchronize());
 	before = fd_count() - 1;
-	CHECK_OK(vmm->import(&m.desc, fd, &seg));
+	CHECK_OK(vmm->import(&m.desc, fd, -1, &seg));
 	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, SZ, 1, 0));
 	/* In-place copy through the executor into a buffer of ours. */
 	CU_OK(wex__cu.cuMemAlloc(&dst, SZ));
@@ -121,7 +139,7 @@ static void c_leak(int sock)
 
 		tsend(sock, OP_NEXT, NULL, 0, -1);
 		m = trecv(sock, OP_SEG, &fd);
-		CHECK_OK(vmm->import(&m.desc, fd, &seg));
+		CHECK_OK(vmm->import(&m.desc, fd, -1, &seg));
 		if (i % 100 == 0)
 			CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, 4096, 3, 0));
 		CHECK_OK(vmm->release(&seg));
@@ -181,7 +199,7 @@ static int killed(void)
 
 		close(sv[0]);
 		m = trecv(sv[1], OP_SEG, &fd);
-		CHECK_OK(vmm->import(&m.desc, fd, &seg));
+		CHECK_OK(vmm->import(&m.desc, fd, -1, &seg));
 		CU_OK(wex__cu.cuMemAlloc(&dst, BIG));
 		for (int i = 0; i < 200; i++) {
 			struct wex_copy_op op = { .src = (uint64_t)(uintptr_t)seg.ptr, .dst = dst,
@@ -293,7 +311,7 @@ static void c_wrap(int sock)
 	int fds[2];
 
 	m = trecv(sock, OP_SEG, &fds[0]);
-	CHECK_OK(vmm->import(&m.desc, fds[0], &seg));
+	CHECK_OK(vmm->import(&m.desc, fds[0], -1, &seg));
 	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, 1u << 20, 7, 4096));
 	CHECK_OK(vmm->release(&seg));
 	tsend(sock, OP_DONE, NULL, 0, -1);
@@ -302,7 +320,7 @@ static void c_wrap(int sock)
 	ds[0] = m.desc;
 	m = trecv(sock, OP_SEG2, &fds[1]);
 	ds[1] = m.desc;
-	CHECK_OK(wex__cuda_vmm_import_chunks(ds, fds, 2, &seg));
+	CHECK_OK(wex__cuda_vmm_import_chunks(ds, fds, 2, -1, &seg));
 	CHECK(seg.desc.size == ds[0].alloc_size + ds[1].alloc_size - 100);
 	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, seg.desc.size - 100, 9, 100));
 	CHECK_OK(vmm->release(&seg));
@@ -369,14 +387,233 @@ static void c_fabric(int sock)
 	if (m.op == OP_NONE)
 		return;
 	CHECK(m.op == OP_SEG && fd < 0);
-	CHECK_OK(vmm->import(&m.desc, -1, &seg));
+	CHECK_OK(vmm->import(&m.desc, -1, -1, &seg));
 	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, 1u << 20, 11, 4096));
 	CHECK_OK(vmm->release(&seg));
 	/* Neither an fd nor a fabric handle: refused. */
 	m.desc.handle_len = 0;
-	CHECK(vmm->import(&m.desc, -1, &seg) == -EINVAL);
+	CHECK(vmm->import(&m.desc, -1, -1, &seg) == -EINVAL);
 	printf("  fabric-only memory: wrapped without an fd, imported from its handle\n");
 	tsend(sock, OP_DONE, NULL, 0, -1);
+}
+
+#define RO_SZ (2u << 20)
+
+static void p_ro(int sock)
+{
+	struct wex_mem_seg seg;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	CHECK_OK(vmm->alloc(RO_SZ, 0, &seg));
+	dev_fill((uint64_t)(uintptr_t)seg.ptr, RO_SZ, 12);
+	for (int i = 0; i < 2; i++)
+		tsend(sock, OP_SEG, &seg.desc, 0, seg.fd);
+	trecv(sock, OP_DONE, NULL);
+	/* Nothing the consumer tried reached our bytes. */
+	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, RO_SZ, 12, 0));
+	CHECK_OK(vmm->release(&seg));
+}
+
+static void c_ro(int sock)
+{
+	struct wex_mem_seg seg;
+	CUdeviceptr mine;
+	struct tmsg m;
+	int fd;
+
+	CHECK(wex__cuda_vmm_readonly() == -1);
+	m = trecv(sock, OP_SEG, &fd);
+	CHECK_OK(vmm->import(&m.desc, fd, -1, &seg));
+	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, RO_SZ, 12, 0));
+	printf("  read-only imports: %d\n", wex__cuda_vmm_readonly());
+	CHECK(wex__cuda_vmm_readonly() >= 0);
+	CHECK(store_faults(seg.ptr));
+	if (emulated()) {
+		struct wex_copy_op op;
+
+		CHECK(wex__cuda_vmm_readonly() == 1);
+		/* A copy into the producer's weights is an illegal address
+		 * (on a GPU it would poison the context: not tried there). */
+		CHECK_OK(wex__cuda_use_device(0));
+		CU_OK(wex__cu.cuMemAlloc(&mine, 4096));
+		op = (struct wex_copy_op){ .src = mine, .dst = (uint64_t)(uintptr_t)seg.ptr,
+					   .len = 4096 };
+		CHECK(vmm->copy(&op, 1, 1) < 0);
+		CU_OK(wex__cu.cuMemFree(mine));
+	}
+	CHECK_OK(vmm->release(&seg));
+	m = trecv(sock, OP_SEG, &fd);
+	CHECK_OK(vmm->import(&m.desc, fd, -1, &seg));
+	CHECK_OK(vmm->release(&seg));
+	tsend(sock, OP_DONE, NULL, 0, -1);
+}
+
+/* A driver that refuses read-only mappings: read-write, said so. */
+static void c_ro_refused(int sock)
+{
+	struct wex_mem_seg seg;
+	struct tmsg m;
+	int fd;
+
+	setenv("WEX_EMUL_NO_PROT_READ", "1", 1); /* the emulated driver only */
+	m = trecv(sock, OP_SEG, &fd);
+	CHECK_OK(vmm->import(&m.desc, fd, -1, &seg));
+	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, RO_SZ, 12, 0));
+	if (emulated()) {
+		CHECK(wex__cuda_vmm_readonly() == 0);
+		printf("  read-only refused: read-write import, readonly() = 0\n");
+	}
+	CHECK_OK(vmm->release(&seg));
+	m = trecv(sock, OP_SEG, &fd);
+	close(fd);
+	unsetenv("WEX_EMUL_NO_PROT_READ");
+	tsend(sock, OP_DONE, NULL, 0, -1);
+}
+
+#define PEER_SZ (4u << 20)
+
+static void p_peer(int sock)
+{
+	struct wex_mem_seg seg;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	CHECK_OK(vmm->alloc(PEER_SZ, 0, &seg));
+	dev_fill((uint64_t)(uintptr_t)seg.ptr, PEER_SZ, 13);
+	for (int i = 0; i < 3; i++)
+		tsend(sock, OP_SEG, &seg.desc, 0, seg.fd);
+	trecv(sock, OP_DONE, NULL);
+	CHECK_OK(vmm->release(&seg));
+}
+
+static void c_peer(int sock)
+{
+	struct wex_mem_seg seg;
+	struct wex_copy_op op;
+	CUdeviceptr dst;
+	int fd, before, owner = -1, other, ret;
+	struct tmsg m[3];
+
+	for (int i = 0; i < 3; i++)
+		m[i] = trecv(sock, OP_SEG, &fd), m[i].a = (uint64_t)fd;
+	CHECK_OK(wex__cuda_device_by_uuid(m[0].desc.device, &owner));
+	if (gpu_count() < 2) {
+		printf("  one device: access_dev not tried\n");
+		for (int i = 0; i < 3; i++)
+			close((int)m[i].a);
+		tsend(sock, OP_DONE, NULL, 0, -1);
+		return;
+	}
+	other = owner == 0 ? 1 : 0;
+	/* 1. Reached from the other device, through peer access. */
+	ret = vmm->import(&m[0].desc, (int)m[0].a, other, &seg);
+	if (!gpu_can_peer(other, owner)) {
+		printf("  devices %d and %d have no peer access: import refused\n", other, owner);
+		CHECK(ret == -EOPNOTSUPP);
+	} else {
+		CHECK_OK(ret);
+		CHECK_OK(wex__cuda_use_device(other));
+		CU_OK(wex__cu.cuMemAlloc(&dst, PEER_SZ));
+		op = (struct wex_copy_op){ .src = (uint64_t)(uintptr_t)seg.ptr, .dst = dst,
+					   .len = PEER_SZ };
+		CHECK_OK(wex__cuda_copy_async(&op, 1, other));
+		CHECK_OK(wex__cuda_copy_sync(other));
+		CHECK(dev_check(dst, PEER_SZ, 13, 0));
+		CHECK_OK(vmm->release(&seg));
+		/* 2. Emulated: without access_dev the other device cannot
+		 * read it (on a GPU the fault would poison the context). */
+		if (emulated()) {
+			CHECK_OK(vmm->import(&m[1].desc, (int)m[1].a, -1, &seg));
+			op.src = (uint64_t)(uintptr_t)seg.ptr;
+			CHECK(wex__cuda_copy_async(&op, 1, other) < 0);
+			wex__cuda_copy_sync(other);
+			CHECK_OK(vmm->release(&seg));
+			m[1].a = (uint64_t)-1;
+		}
+		CHECK_OK(wex__cuda_use_device(other));
+		CU_OK(wex__cu.cuMemFree(dst));
+	}
+	if ((int)m[1].a >= 0)
+		close((int)m[1].a);
+	/* 3. No peer access (emulated): refused before anything is mapped,
+	 * naming both devices; the fd is closed. */
+	if (emulated()) {
+		setenv("WEX_EMUL_NO_P2P", "1", 1);
+		before = fd_count();
+		CHECK(vmm->import(&m[2].desc, (int)m[2].a, other, &seg) == -EOPNOTSUPP);
+		CHECK(fd_count() == before - 1);
+		unsetenv("WEX_EMUL_NO_P2P");
+		printf("  access_dev: copied on device %d; refused without peer access\n", other);
+	} else {
+		close((int)m[2].a);
+	}
+	tsend(sock, OP_DONE, NULL, 0, -1);
+}
+
+static void event_context(void)
+{
+	unsigned char h[64];
+	CUstream s;
+	void *ev;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	CHECK_OK(wex__cuda_stream(0, &s));
+	/* No context current. */
+	CU_OK(wex__cu.cuCtxSetCurrent(NULL));
+	CHECK_OK(wex__cuda_event_record(0, NULL, &ev, h));
+	CHECK_OK(wex__cuda_event_destroy(ev));
+	/* Another device's context current, device 0's stream. */
+	if (gpu_count() > 1) {
+		CHECK_OK(wex__cuda_use_device(1));
+		CHECK_OK(wex__cuda_event_record(0, s, &ev, h));
+		CHECK_OK(wex__cuda_event_destroy(ev));
+		CHECK_OK(wex__cuda_use_device(1));
+		CHECK_OK(wex__cuda_event_wait(h, NULL, 1));
+	}
+	if (emulated()) {
+		CUevent e;
+
+		/* What the driver refuses (the emulation enforces it). */
+		CU_OK(wex__cu.cuCtxSetCurrent(NULL));
+		CHECK(wex__cu.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) ==
+		      CUDA_ERROR_INVALID_CONTEXT);
+		CHECK_OK(wex__cuda_use_device(0));
+		CHECK(wex__cu.cuEventCreate(&e, CU_EVENT_INTERPROCESS) == CUDA_ERROR_INVALID_VALUE);
+		if (gpu_count() > 1) {
+			/* Device 1's event on device 0's stream. */
+			CHECK_OK(wex__cuda_use_device(1));
+			CU_OK(wex__cu.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+			CHECK(wex__cu.cuEventRecord(e, s) == CUDA_ERROR_INVALID_HANDLE);
+			CU_OK(wex__cu.cuEventDestroy(e));
+		}
+	}
+}
+
+static void fork_child(void)
+{
+	struct wex_mem_seg seg;
+	char want[64];
+	pid_t parent = getpid(), pid;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		/* No CUDA call may reach the driver here. */
+		CHECK(wex__cuda_load() == -WEX_ENOCUDA);
+		snprintf(want, sizeof(want), "parent pid %d before fork()", (int)parent);
+		printf("  child: %s\n", wex__cuda_why());
+		CHECK(strstr(wex__cuda_why(), want) != NULL);
+		CHECK(vmm->alloc(2u << 20, 0, &seg) == -WEX_ENOCUDA);
+		CHECK(wex__cuda_use_device(0) == -WEX_ENOCUDA);
+		CHECK(wex_cuda_alloc(1 << 20, 0, NULL) == NULL);
+		fflush(NULL);
+		_exit(0);
+	}
+	CHECK(wait_ok(pid, "forked child") == 0);
+	/* The parent is unaffected. */
+	CHECK_OK(wex__cuda_load());
+	CHECK_OK(vmm->alloc(2u << 20, 0, &seg));
+	CHECK_OK(vmm->release(&seg));
 }
 
 int main(void)
@@ -392,6 +629,11 @@ int main(void)
 	ret |= killed();
 	ret |= run_pair("wrap_chunks", p_wrap, c_wrap);
 	ret |= run_pair("wrap_fabric", p_fabric, c_fabric);
+	ret |= run_pair("readonly", p_ro, c_ro);
+	ret |= run_pair("readonly_refused", p_ro, c_ro_refused);
+	ret |= run_pair("peer", p_peer, c_peer);
+	ret |= run_one("event_context", event_context);
+	ret |= run_one("fork_child", fork_child);
 	printf("%s\n", ret ? "FAIL" : "PASS");
 	return ret ? T_EXIT_FAIL : T_EXIT_PASS;
 }

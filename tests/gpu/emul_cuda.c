@@ -10,7 +10,9 @@
  *    cuMemSetAccess (as on a GPU); exports dup the memfd; imports map the
  *    received fd, so two processes really share the bytes;
  *  - the rules the reference manual states are enforced: granularity,
- *    mapping only reserved and unmapped ranges, unmapping whole mappings,
+ *    mapping only reserved and unmapped ranges, cuMemMap offsets of zero
+ *    ("currently must be zero"; WEX_EMUL_MAP_OFFSET=1 takes granularity
+ *    multiples, as newer drivers do), unmapping whole mappings,
  *    freeing reservations only when nothing is mapped, one legacy IPC open
  *    per process and handle (a second one fails, as on older drivers), no
  *    open of one's own handle (CUDA_ERROR_INVALID_CONTEXT), pitches not
@@ -21,11 +23,28 @@
  *  - with WEX_EMUL_FABRIC=1, fabric handles (cuMemCreate with
  *    CU_MEM_HANDLE_TYPE_FABRIC, export and import of the 64-byte handle);
  *  - two devices (ordinals 0 and 1, distinct UUIDs, one primary context
- *    each); memory belongs to the device it was created on (or, imported,
- *    to the device first given access), cuMemSetAccess for another device
- *    fails, and pointer queries answer that device's ordinal;
+ *    each); memory belongs to the device it was created on (imports learn
+ *    it from the memfd's name), and pointer queries answer that device's
+ *    ordinal (CU_POINTER_ATTRIBUTE_MEMORY_TYPE too);
  *    WEX_EMUL_VISIBLE="1,0" numbers them the other way round in a process
  *    (as CUDA_VISIBLE_DEVICES does), so devices must travel by UUID;
+ *  - every VMM mapping keeps the access each device was given
+ *    (cuMemSetAccess, several devices in one call); a device other than
+ *    the owner only with peer access, which devices 0 and 1 have unless
+ *    WEX_EMUL_NO_P2P=1 (cuDeviceCanAccessPeer says so); PROT_READ maps
+ *    the host pages read-only, so a CPU store into a read-only mapping
+ *    faults (WEX_EMUL_NO_PROT_READ=1: the driver refuses PROT_READ with
+ *    CUDA_ERROR_NOT_SUPPORTED); copies (cuMemcpy*, cuMemsetD8Async) fail
+ *    with CUDA_ERROR_ILLEGAL_ADDRESS where the current context's device
+ *    may not read a VMM-mapped source or write a VMM-mapped destination,
+ *    or where they touch a reservation with nothing mapped (host memory,
+ *    cuMemAlloc memory and IPC opens are reachable from both devices);
+ *  - events are created in the current context (none: error), are
+ *    recorded only on a stream of that context, and an interprocess event
+ *    needs CU_EVENT_DISABLE_TIMING (and is the only kind with a handle);
+ *  - tests may count calls and make one fail: wex_emul_calls(name),
+ *    wex_emul_copy_calls() and wex_emul_fail(name, nth, result), found
+ *    with dlsym (see gpu_util.h);
  *  - as on a GPU, a process whose parent had initialised the driver before
  *    fork() gets CUDA_ERROR_NOT_INITIALIZED from every call, and cuInit
  *    and the first context keep fds open for the process's lifetime (so
@@ -36,8 +55,11 @@
  *    cuEventSynchronize (or before any other copy, launch or unmap of this
  *    process, to keep the order), so a test can tell whether the code
  *    under test waits for the GPU before it tells another process the
- *    bytes are there; the one kernel the tests load
- *    (wex_copy_u32) runs on the CPU, and stream capture records launches
+ *    bytes are there; queued work on memory that is unmapped or whose IPC
+ *    open is closed before it ran is dropped, and the next
+ *    synchronisation says CUDA_ERROR_ILLEGAL_ADDRESS (a kernel or copy
+ *    engine faulting on a GPU), so a missing wait before an unmap shows;
+ *    the one kernel the tests load (wex_copy_u32) runs on the CPU, and stream capture records launches
  *    into a graph that cuGraphLaunch replays.
  * What it cannot tell: real driver behaviour, performance, and anything
  * about the PTX itself.  Not thread-safe (the tests are single-threaded).
@@ -73,7 +95,8 @@ struct range {
 	int kind;         /* 0 reservation, 1 mapping, 2 cuMemAlloc, 3 ipc open, 4 host reg */
 	char name[64];    /* IPC handle text (kinds 2, 3) */
 	int fd;
-	int dev;          /* physical device (kinds 1, 2) */
+	int dev;          /* physical device (kinds 1, 2, 3) */
+	unsigned char acc[2]; /* mappings: CU_MEM_ACCESS_FLAGS_* per physical device */
 };
 
 static struct range *rs;
@@ -112,6 +135,82 @@ static int cur_ord(void)
 	return ctx_current ? (int)((ctx_current - CTX(0)) / (CTX(1) - CTX(0))) : -1;
 }
 
+static int env_on(const char *name)
+{
+	const char *e = getenv(name);
+
+	return e && *e == '1';
+}
+
+/* Calls counted for the tests, and one failure they may ask for. */
+static struct hook {
+	const char *name;
+	unsigned long calls, fail_at;
+	CUresult fail_with;
+} hooks[] = {
+	{ "cuMemMap" }, { "cuMemUnmap" }, { "cuMemSetAccess" }, { "cuMemCreate" },
+	{ "cuMemcpyAsync" }, { "cuMemcpy2DAsync" }, { "cuMemcpy3DAsync" }, { "cuMemcpyBatchAsync" },
+	{ "cuMemAddressReserve" },
+};
+
+static struct hook *hook_of(const char *name)
+{
+	for (size_t i = 0; i < sizeof(hooks) / sizeof(hooks[0]); i++)
+		if (strcmp(hooks[i].name, name) == 0)
+			return &hooks[i];
+	return NULL;
+}
+
+/* Counts a call of `name`; the failure asked for, or CUDA_SUCCESS. */
+static CUresult hook(const char *name)
+{
+	struct hook *h = hook_of(name);
+
+	if (!h)
+		abort();
+	h->calls++;
+	if (h->fail_at && h->calls == h->fail_at) {
+		h->fail_at = 0;
+		return h->fail_with;
+	}
+	return CUDA_SUCCESS;
+}
+
+#define HOOK(name)                                                                 \
+	do {                                                                       \
+		CUresult hook_r_ = hook(name);                                     \
+		if (hook_r_ != CUDA_SUCCESS)                                       \
+			return hook_r_;                                            \
+	} while (0)
+
+/* How often `name` was called in this process (0 for names not counted). */
+API unsigned long wex_emul_calls(const char *name)
+{
+	struct hook *h = hook_of(name);
+
+	return h ? h->calls : 0;
+}
+
+/* Copy calls so far: cuMemcpyAsync, cuMemcpy2DAsync, cuMemcpy3DAsync and
+ * cuMemcpyBatchAsync together. */
+API unsigned long long wex_emul_copy_calls(void)
+{
+	return (unsigned long long)wex_emul_calls("cuMemcpyAsync") +
+	       wex_emul_calls("cuMemcpy2DAsync") + wex_emul_calls("cuMemcpy3DAsync") +
+	       wex_emul_calls("cuMemcpyBatchAsync");
+}
+
+/* The nth call of `name` from now on (1: the next) returns r. */
+API void wex_emul_fail(const char *name, unsigned long nth, CUresult r)
+{
+	struct hook *h = hook_of(name);
+
+	if (h) {
+		h->fail_at = nth ? h->calls + nth : 0;
+		h->fail_with = r;
+	}
+}
+
 /* Work queued by WEX_EMUL_DEFER=1 (see above). */
 struct pending {
 	uint64_t dst, src, n;
@@ -143,6 +242,38 @@ static void flush(void)
 			       pend[i].n);
 	}
 	npend = 0;
+}
+
+/* An illegal address met by queued work: reported by the next sync. */
+static CUresult sticky = CUDA_SUCCESS;
+
+static int overlaps(uint64_t a, uint64_t n, uint64_t b, uint64_t m)
+{
+	return a < b + m && b < a + n;
+}
+
+/* [va, va+size) goes away: queued work touching it can no longer run. */
+static void drop_pending(uint64_t va, uint64_t size)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < npend; i++) {
+		if (overlaps(pend[i].dst, pend[i].n, va, size) ||
+		    (!pend[i].set && overlaps(pend[i].src, pend[i].n, va, size)))
+			sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
+		else
+			pend[k++] = pend[i];
+	}
+	npend = k;
+}
+
+/* The error of queued work that faulted, once. */
+static CUresult take_sticky(void)
+{
+	CUresult r = sticky;
+
+	sticky = CUDA_SUCCESS;
+	return r;
 }
 
 static void queue(uint64_t dst, uint64_t src, uint64_t n, int set, unsigned char val)
@@ -341,6 +472,7 @@ static CUresult e_create(CUmemGenericAllocationHandle *h, size_t size, const CUm
 			 unsigned long long flags)
 {
 	FORKED();
+	HOOK("cuMemCreate");
 	struct ealloc *a;
 	int fd;
 
@@ -352,7 +484,14 @@ static CUresult e_create(CUmemGenericAllocationHandle *h, size_t size, const CUm
 		return CUDA_ERROR_NOT_SUPPORTED;
 	if (used + size > TOTAL)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	fd = memfd_create("emul-vmm", MFD_CLOEXEC);
+	{
+		/* The name carries the device, for importers (as a real
+		 * handle carries its allocation's location). */
+		char name[32];
+
+		snprintf(name, sizeof(name), "emul-vmm-d%d", phys(p->location.id));
+		fd = memfd_create(name, MFD_CLOEXEC);
+	}
 	if (fd < 0 || ftruncate(fd, (off_t)size) < 0)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	a = calloc(1, sizeof(*a));
@@ -381,6 +520,7 @@ static CUresult e_reserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr
 			  unsigned long long flags)
 {
 	FORKED();
+	HOOK("cuMemAddressReserve");
 	uint64_t al = align ? align : GRAN, a;
 	char *m;
 	struct range *r;
@@ -422,11 +562,15 @@ static CUresult e_map(CUdeviceptr p, size_t size, size_t off, CUmemGenericAlloca
 		      unsigned long long flags)
 {
 	FORKED();
+	HOOK("cuMemMap");
 	struct ealloc *a = (struct ealloc *)(uintptr_t)h;
 	struct range *res = find_kind(p, 0), *r;
 
 	if (!a || !res || p % GRAN || size % GRAN || off % GRAN || off + size > a->size ||
-	    p + size > res->va + res->size)
+	    p + size > res->va + res->size || flags)
+		return CUDA_ERROR_INVALID_VALUE;
+	/* The reference: offset "currently must be zero". */
+	if (off && !env_on("WEX_EMUL_MAP_OFFSET"))
 		return CUDA_ERROR_INVALID_VALUE;
 	for (size_t i = 0; i < nrs; i++)
 		if (rs[i].kind == 1 && rs[i].va < p + size && p < rs[i].va + rs[i].size)
@@ -448,8 +592,10 @@ static CUresult e_map(CUdeviceptr p, size_t size, size_t off, CUmemGenericAlloca
 static CUresult e_unmap(CUdeviceptr p, size_t size)
 {
 	FORKED();
+	HOOK("cuMemUnmap");
 	uint64_t cur = p;
 
+	drop_pending(p, size);
 	flush();
 	while (cur < p + size) {
 		struct range *r = find_kind(cur, 1);
@@ -472,38 +618,117 @@ static CUresult e_unmap(CUdeviceptr p, size_t size)
 	return CUDA_SUCCESS;
 }
 
+/* Devices 0 and 1 reach each other's memory unless WEX_EMUL_NO_P2P=1. */
+static int peer_ok(int ph_dev, int ph_owner)
+{
+	return ph_dev == ph_owner || !env_on("WEX_EMUL_NO_P2P");
+}
+
+static CUresult e_can_peer(int *can, CUdevice dev, CUdevice peer)
+{
+	FORKED();
+	if (phys(dev) < 0 || phys(peer) < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*can = dev != peer && peer_ok(phys(dev), phys(peer));
+	return CUDA_SUCCESS;
+}
+
 static CUresult e_access(CUdeviceptr p, size_t size, const CUmemAccessDesc *d, size_t count)
 {
 	FORKED();
-	uint64_t cur = p;
-	int prot;
+	HOOK("cuMemSetAccess");
+	uint64_t cur;
 
-	if (count != 1 || d->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
-	    phys(d->location.id) < 0)
+	if (!d || count < 1 || count > NDEV)
 		return CUDA_ERROR_INVALID_VALUE;
-	while (cur < p + size) {
-		struct range *r = find_kind(cur, 1);
-
-		if (!r)
-			return CUDA_ERROR_INVALID_VALUE; /* not fully mapped */
-		/* Access for the device that holds the memory (wex never asks
-		 * for peer access): another device here is an ordinal mix-up. */
-		if (r->a->dev >= 0 && r->a->dev != phys(d->location.id))
-			return CUDA_ERROR_INVALID_DEVICE;
-		cur = r->va + r->size;
+	for (size_t i = 0; i < count; i++) {
+		if (d[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+		    phys(d[i].location.id) < 0 ||
+		    (d[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+		     d[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+		     d[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE))
+			return CUDA_ERROR_INVALID_VALUE;
+		for (size_t k = 0; k < i; k++)
+			if (d[k].location.id == d[i].location.id)
+				return CUDA_ERROR_INVALID_VALUE;
+		if (d[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ && env_on("WEX_EMUL_NO_PROT_READ"))
+			return CUDA_ERROR_NOT_SUPPORTED;
 	}
 	for (cur = p; cur < p + size;) {
 		struct range *r = find_kind(cur, 1);
 
-		if (r->a->dev < 0)
-			r->a->dev = phys(d->location.id);
-		r->dev = r->a->dev;
+		if (!r)
+			return CUDA_ERROR_INVALID_VALUE; /* not fully mapped */
+		/* A device other than the one holding the memory needs peer
+		 * access (an ordinal mix-up shows here too, with WEX_EMUL_NO_P2P
+		 * or at the first copy). */
+		for (size_t i = 0; i < count; i++)
+			if (r->a->dev >= 0 && !peer_ok(phys(d[i].location.id), r->a->dev))
+				return CUDA_ERROR_INVALID_DEVICE;
 		cur = r->va + r->size;
 	}
-	prot = d->flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE :
-	       d->flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? PROT_READ : PROT_NONE;
-	return mprotect((void *)(uintptr_t)p, size, prot) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+	for (cur = p; cur < p + size;) {
+		struct range *r = find_kind(cur, 1);
+		unsigned all = 0;
+		int prot;
+
+		if (r->a->dev < 0) /* an import whose memfd named no device */
+			r->a->dev = phys(d[0].location.id);
+		r->dev = r->a->dev;
+		for (size_t i = 0; i < count; i++)
+			r->acc[phys(d[i].location.id)] = (unsigned char)d[i].flags;
+		for (int k = 0; k < NDEV; k++)
+			all |= r->acc[k];
+		/* The host pages stand for what the most trusted device may do. */
+		prot = all == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE :
+		       all ? PROT_READ : PROT_NONE;
+		if (mprotect((void *)(uintptr_t)r->va, r->size, prot))
+			return CUDA_ERROR_INVALID_VALUE;
+		cur = r->va + r->size;
+	}
+	return CUDA_SUCCESS;
 }
+
+/* CUDA_SUCCESS when the current context's device may read (and, with
+ * `write`, write) [a, a+n) wherever it is VMM-mapped; a reservation with
+ * nothing mapped is an illegal address too.  Other memory (host, cuMemAlloc,
+ * IPC opens) is reachable from every device. */
+static CUresult reach(uint64_t a, uint64_t n, int write)
+{
+	unsigned need = write ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
+	uint64_t cur = a, end = a + n;
+	int dev;
+
+	if (!ctx_current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	dev = phys(cur_ord());
+	while (cur < end) {
+		struct range *m = find_kind(cur, 1);
+		uint64_t next = end;
+
+		if (m) {
+			if ((m->acc[dev] & need) != need)
+				return CUDA_ERROR_ILLEGAL_ADDRESS;
+			cur = m->va + m->size;
+			continue;
+		}
+		if (find_kind(cur, 0))
+			return CUDA_ERROR_ILLEGAL_ADDRESS;
+		for (size_t i = 0; i < nrs; i++)
+			if ((rs[i].kind == 0 || rs[i].kind == 1) && rs[i].va > cur &&
+			    rs[i].va < next)
+				next = rs[i].va;
+		cur = next;
+	}
+	return CUDA_SUCCESS;
+}
+
+#define REACH(a, n, w)                                                             \
+	do {                                                                       \
+		CUresult reach_r_ = reach((a), (n), (w));                         \
+		if (reach_r_ != CUDA_SUCCESS)                                      \
+			return reach_r_;                                           \
+	} while (0)
 
 static CUresult e_export(void *out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType t,
 			 unsigned long long flags)
@@ -565,7 +790,20 @@ static CUresult e_import(CUmemGenericAllocationHandle *h, void *os, CUmemAllocat
 	a->size = (uint64_t)st.st_size;
 	a->refs = 1;
 	a->types = (unsigned)t;
-	a->dev = -1; /* learnt from the first cuMemSetAccess */
+	a->dev = -1; /* unless the memfd's name says (else: the first cuMemSetAccess) */
+	{
+		char path[64], link[128];
+		ssize_t n;
+		int d;
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", a->fd);
+		n = readlink(path, link, sizeof(link) - 1);
+		if (n > 0) {
+			link[n] = '\0';
+			if (sscanf(link, "/memfd:emul-vmm-d%d", &d) == 1 && d >= 0 && d < NDEV)
+				a->dev = d;
+		}
+	}
 	*h = (CUmemGenericAllocationHandle)(uintptr_t)a;
 	return CUDA_SUCCESS;
 }
@@ -669,10 +907,18 @@ static CUresult e_ptr_attr(void *data, CUpointer_attribute a, CUdeviceptr p)
 	FORKED();
 	struct range *r = find_any(p);
 
-	if (a != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL || !r)
+	if (!r)
+		return CUDA_ERROR_INVALID_VALUE; /* not memory the driver knows */
+	switch (a) {
+	case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+		*(int *)data = r->kind == 1 || r->kind == 2 || r->kind == 3 ? ord_of(r->dev) : 0;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+		*(unsigned *)data = r->kind == 4 ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+		return CUDA_SUCCESS;
+	default:
 		return CUDA_ERROR_INVALID_VALUE;
-	*(int *)data = r->kind == 1 || r->kind == 2 ? ord_of(r->dev) : 0;
-	return CUDA_SUCCESS;
+	}
 }
 
 static CUresult e_ipc_get(CUipcMemHandle *h, CUdeviceptr p)
@@ -727,6 +973,7 @@ static CUresult e_ipc_open(CUdeviceptr *p, CUipcMemHandle h, unsigned flags)
 	r->va = (uint64_t)(uintptr_t)m;
 	r->size = (uint64_t)st.st_size;
 	r->kind = 3;
+	r->dev = phys(cur_ord());
 	snprintf(r->name, sizeof(r->name), "%.63s", name);
 	*p = r->va;
 	return CUDA_SUCCESS;
@@ -737,19 +984,39 @@ static CUresult e_ipc_close(CUdeviceptr p)
 	FORKED();
 	struct range *r = find_kind(p, 3);
 
-	flush();
 	if (!ctx_current)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (!r || r->va != p)
 		return CUDA_ERROR_INVALID_VALUE;
+	drop_pending(r->va, r->size);
+	flush();
 	munmap((void *)(uintptr_t)p, r->size);
 	del_range(r);
 	return CUDA_SUCCESS;
 }
 
+/* An event belongs to the context current at its creation. */
+struct eevent {
+	uintptr_t ctx;
+	unsigned flags;
+};
+
+static struct eevent *ev_new(uintptr_t ctx, unsigned flags)
+{
+	struct eevent *e = calloc(1, sizeof(*e));
+
+	if (!e)
+		abort();
+	e->ctx = ctx;
+	e->flags = flags;
+	return e;
+}
+
 static CUresult e_ev_handle(CUipcEventHandle *h, CUevent e)
 {
 	FORKED();
+	if (!e || !(((struct eevent *)e)->flags & CU_EVENT_INTERPROCESS))
+		return CUDA_ERROR_INVALID_VALUE;
 	memset(h, 0x5e, sizeof(*h));
 	return CUDA_SUCCESS;
 }
@@ -757,14 +1024,22 @@ static CUresult e_ev_handle(CUipcEventHandle *h, CUevent e)
 static CUresult e_ev_open(CUevent *e, CUipcEventHandle h)
 {
 	FORKED();
-	*e = (CUevent)malloc(8);
+	if (!ctx_current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*e = (CUevent)ev_new(ctx_current, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_ev_create(CUevent *e, unsigned flags)
 {
 	FORKED();
-	*e = (CUevent)malloc(8);
+	if (!ctx_current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	/* "CU_EVENT_INTERPROCESS must be specified along with
+	 * CU_EVENT_DISABLE_TIMING." */
+	if ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING))
+		return CUDA_ERROR_INVALID_VALUE;
+	*e = (CUevent)ev_new(ctx_current, flags);
 	return CUDA_SUCCESS;
 }
 
@@ -775,9 +1050,18 @@ static CUresult e_ev_destroy(CUevent e)
 	return CUDA_SUCCESS;
 }
 
+static uintptr_t stream_ctx(CUstream s);
+
 static CUresult e_ev_record(CUevent e, CUstream s)
 {
 	FORKED();
+	uintptr_t sc = stream_ctx(s);
+
+	if (!sc)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	/* The event and the stream must be of the same context. */
+	if (!e || ((struct eevent *)e)->ctx != sc)
+		return CUDA_ERROR_INVALID_HANDLE;
 	return CUDA_SUCCESS;
 }
 
@@ -785,12 +1069,15 @@ static CUresult e_ev_sync(CUevent e)
 {
 	FORKED();
 	flush();
-	return CUDA_SUCCESS;
+	return take_sticky();
 }
 
 static CUresult e_ev_elapsed(float *ms, CUevent a, CUevent b)
 {
 	FORKED();
+	if (!a || !b || ((((struct eevent *)a)->flags | ((struct eevent *)b)->flags) &
+			 CU_EVENT_DISABLE_TIMING))
+		return CUDA_ERROR_INVALID_HANDLE;
 	*ms = 0;
 	return CUDA_SUCCESS;
 }
@@ -804,6 +1091,9 @@ static CUresult e_wait_event(CUstream s, CUevent e, unsigned f)
 static CUresult e_memcpy(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 {
 	FORKED();
+	HOOK("cuMemcpyAsync");
+	REACH(s, n, 0);
+	REACH(d, n, 1);
 	if (deferring()) {
 		queue(d, s, n, 0, 0);
 		return CUDA_SUCCESS;
@@ -815,6 +1105,7 @@ static CUresult e_memcpy(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 static CUresult e_htod(CUdeviceptr d, const void *s, size_t n)
 {
 	FORKED();
+	REACH(d, n, 1);
 	flush();
 	memcpy((void *)(uintptr_t)d, s, n);
 	return CUDA_SUCCESS;
@@ -823,6 +1114,7 @@ static CUresult e_htod(CUdeviceptr d, const void *s, size_t n)
 static CUresult e_dtoh(void *d, CUdeviceptr s, size_t n)
 {
 	FORKED();
+	REACH(s, n, 0);
 	flush();
 	memcpy(d, (const void *)(uintptr_t)s, n);
 	return CUDA_SUCCESS;
@@ -831,6 +1123,7 @@ static CUresult e_dtoh(void *d, CUdeviceptr s, size_t n)
 static CUresult e_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
 {
 	FORKED();
+	REACH(d, n, 1);
 	if (deferring()) {
 		queue(d, 0, n, 1, v);
 		return CUDA_SUCCESS;
@@ -842,60 +1135,105 @@ static CUresult e_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
 static CUresult e_sync(void)
 {
 	FORKED();
+	CUresult r = e_ok();
+
 	flush();
-	return e_ok();
+	return r != CUDA_SUCCESS ? r : take_sticky();
 }
 
-static uint64_t addr_of(CUmemorytype t, const void *host, CUdeviceptr dev)
+/* A 2D/3D copy's base address: host pointer or device (unified) address;
+ * arrays are not emulated. */
+static int addr_of(CUmemorytype t, const void *host, CUdeviceptr dev, uint64_t *out)
 {
-	return t == CU_MEMORYTYPE_HOST ? (uint64_t)(uintptr_t)host : dev;
+	switch (t) {
+	case CU_MEMORYTYPE_HOST:
+		*out = (uint64_t)(uintptr_t)host;
+		return 0;
+	case CU_MEMORYTYPE_DEVICE:
+	case CU_MEMORYTYPE_UNIFIED:
+		*out = dev;
+		return 0;
+	default:
+		return -1;
+	}
+}
+
+/* Copies `depth` slices of `height` rows of `width` bytes; a row starts at
+ * base + ((z0 + z) * slice_rows + y0 + y) * pitch + x0 on either side.
+ * Every row is checked for access before any byte moves. */
+static CUresult copy3d(uint64_t db, uint64_t dx, uint64_t dy, uint64_t dz, uint64_t dpitch,
+		       uint64_t drows, uint64_t sb, uint64_t sx, uint64_t sy, uint64_t sz,
+		       uint64_t spitch, uint64_t srows, uint64_t width, uint64_t height,
+		       uint64_t depth)
+{
+	for (int pass = 0; pass < 2; pass++)
+		for (uint64_t z = 0; z < depth; z++)
+			for (uint64_t y = 0; y < height; y++) {
+				uint64_t d = db + ((dz + z) * drows + dy + y) * dpitch + dx;
+				uint64_t s = sb + ((sz + z) * srows + sy + y) * spitch + sx;
+
+				if (pass == 0) {
+					REACH(s, width, 0);
+					REACH(d, width, 1);
+				} else {
+					memcpy((void *)(uintptr_t)d, (const void *)(uintptr_t)s,
+					       width);
+				}
+			}
+	return CUDA_SUCCESS;
 }
 
 static CUresult e_memcpy2d(const CUDA_MEMCPY2D *c, CUstream s)
 {
 	FORKED();
-	uint64_t sb = addr_of(c->srcMemoryType, c->srcHost, c->srcDevice);
-	uint64_t db = addr_of(c->dstMemoryType, c->dstHost, c->dstDevice);
+	HOOK("cuMemcpy2DAsync");
+	uint64_t sb, db;
 
 	flush();
-	if (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes)
+	if (addr_of(c->srcMemoryType, c->srcHost, c->srcDevice, &sb) ||
+	    addr_of(c->dstMemoryType, c->dstHost, c->dstDevice, &db) ||
+	    c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes)
 		return CUDA_ERROR_INVALID_VALUE;
-	for (size_t y = 0; y < c->Height; y++)
-		memcpy((void *)(uintptr_t)(db + (c->dstY + y) * c->dstPitch + c->dstXInBytes),
-		       (const void *)(uintptr_t)(sb + (c->srcY + y) * c->srcPitch + c->srcXInBytes),
-		       c->WidthInBytes);
-	return CUDA_SUCCESS;
+	return copy3d(db, c->dstXInBytes, c->dstY, 0, c->dstPitch, 0, sb, c->srcXInBytes, c->srcY,
+		      0, c->srcPitch, 0, c->WidthInBytes, c->Height, 1);
 }
 
 static CUresult e_memcpy3d(const CUDA_MEMCPY3D *c, CUstream s)
 {
 	FORKED();
-	uint64_t sb = addr_of(c->srcMemoryType, c->srcHost, c->srcDevice);
-	uint64_t db = addr_of(c->dstMemoryType, c->dstHost, c->dstDevice);
+	HOOK("cuMemcpy3DAsync");
+	uint64_t sb, db;
 
 	flush();
-	if (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes ||
-	    c->srcHeight < c->Height || c->dstHeight < c->Height || c->reserved0 || c->reserved1)
+	if (addr_of(c->srcMemoryType, c->srcHost, c->srcDevice, &sb) ||
+	    addr_of(c->dstMemoryType, c->dstHost, c->dstDevice, &db) ||
+	    c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes ||
+	    (c->Depth > 1 && (c->srcHeight < c->srcY + c->Height ||
+			      c->dstHeight < c->dstY + c->Height)) ||
+	    c->srcLOD || c->dstLOD || c->reserved0 || c->reserved1)
 		return CUDA_ERROR_INVALID_VALUE;
-	for (size_t z = 0; z < c->Depth; z++)
-		for (size_t y = 0; y < c->Height; y++)
-			memcpy((void *)(uintptr_t)(db + ((c->dstZ + z) * c->dstHeight + c->dstY + y) *
-							   c->dstPitch + c->dstXInBytes),
-			       (const void *)(uintptr_t)(sb + ((c->srcZ + z) * c->srcHeight + c->srcY + y) *
-								 c->srcPitch + c->srcXInBytes),
-			       c->WidthInBytes);
-	return CUDA_SUCCESS;
+	return copy3d(db, c->dstXInBytes, c->dstY, c->dstZ, c->dstPitch, c->dstHeight, sb,
+		      c->srcXInBytes, c->srcY, c->srcZ, c->srcPitch, c->srcHeight, c->WidthInBytes,
+		      c->Height, c->Depth);
 }
 
 static CUresult batch(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, CUmemcpyAttributes *a,
 		      size_t *idx, size_t na, CUstream st)
 {
+	CUresult r = hook("cuMemcpyBatchAsync");
+
+	if (r != CUDA_SUCCESS)
+		return r;
 	flush();
 	if (!st || na < 1 || na > count || idx[0] != 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	for (size_t i = 0; i < na; i++)
 		if (a[i].srcAccessOrder == CU_MEMCPY_SRC_ACCESS_ORDER_INVALID)
 			return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < count; i++) {
+		REACH(s[i], n[i], 0);
+		REACH(d[i], n[i], 1);
+	}
 	for (size_t i = 0; i < count; i++)
 		memcpy((void *)(uintptr_t)d[i], (const void *)(uintptr_t)s[i], n[i]);
 	return CUDA_SUCCESS;
@@ -955,15 +1293,30 @@ struct launch {
 };
 
 struct estream {
+	uintptr_t ctx; /* the context current at creation */
 	int capturing;
 	struct launch l[16];
 	int nl;
 };
 
+/* NULL: the current context's legacy stream. */
+static uintptr_t stream_ctx(CUstream s)
+{
+	return s ? ((struct estream *)s)->ctx : ctx_current;
+}
+
 static CUresult e_stream_create(CUstream *s, unsigned flags)
 {
 	FORKED();
-	*s = (CUstream)calloc(1, sizeof(struct estream));
+	struct estream *es;
+
+	if (!ctx_current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	es = calloc(1, sizeof(*es));
+	if (!es)
+		abort();
+	es->ctx = ctx_current;
+	*s = (CUstream)es;
 	return CUDA_SUCCESS;
 }
 
@@ -978,7 +1331,7 @@ static CUresult e_stream_sync(CUstream s)
 {
 	FORKED();
 	flush();
-	return CUDA_SUCCESS;
+	return take_sticky();
 }
 
 static const char kernel_name[] = "wex_copy_u32";
@@ -1102,6 +1455,7 @@ static const struct {
 	{ "cuDeviceGetCount", (void *)e_dev_count },
 	{ "cuDeviceGetUuid", (void *)e_uuid },
 	{ "cuDeviceGetAttribute", (void *)e_attr },
+	{ "cuDeviceCanAccessPeer", (void *)e_can_peer },
 	{ "cuDevicePrimaryCtxRetain", (void *)e_retain },
 	{ "cuCtxSetCurrent", (void *)e_set_cur },
 	{ "cuCtxGetCurrent", (void *)e_get_cur },

@@ -4,8 +4,12 @@
  * GPU needed).  Built twice: with FAKE_NO_PROC it exports no
  * cuGetProcAddress at all; otherwise cuGetProcAddress_v2 resolves every
  * name, except the one in $FAKE_CUDA_MISSING, and cuInit reports
- * CUDA_ERROR_NO_DEVICE, like a driver on a machine without a GPU.
+ * CUDA_ERROR_NO_DEVICE, like a driver on a machine without a GPU.  With
+ * FAKE_CUDA_NOVERSION=1 cuDriverGetVersion fails.  fake_cuda_asked(name)
+ * says how often cuGetProcAddress was asked for a name (a test dlopen()s
+ * this library itself to keep it loaded after the loader gives up).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,8 +30,37 @@ static CUresult fake_init(unsigned int flags)
 
 static CUresult fake_version(int *v)
 {
+	const char *e = getenv("FAKE_CUDA_NOVERSION");
+
+	if (e && *e == '1')
+		return CUDA_ERROR_NOT_INITIALIZED;
 	*v = 12080;
 	return CUDA_SUCCESS;
+}
+
+static struct {
+	char name[64];
+	unsigned n;
+} asked[128];
+
+FAKE_API unsigned fake_cuda_asked(const char *sym)
+{
+	for (size_t i = 0; i < sizeof(asked) / sizeof(asked[0]) && asked[i].name[0]; i++)
+		if (strcmp(asked[i].name, sym) == 0)
+			return asked[i].n;
+	return 0;
+}
+
+static void count(const char *sym)
+{
+	for (size_t i = 0; i < sizeof(asked) / sizeof(asked[0]); i++) {
+		if (!asked[i].name[0])
+			snprintf(asked[i].name, sizeof(asked[i].name), "%s", sym);
+		if (strcmp(asked[i].name, sym) == 0) {
+			asked[i].n++;
+			return;
+		}
+	}
 }
 
 static CUresult fake_errname(CUresult r, const char **s)
@@ -49,6 +82,7 @@ FAKE_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, c
 {
 	const char *missing = getenv("FAKE_CUDA_MISSING");
 
+	count(symbol);
 	*pfn = NULL;
 	if (missing && strcmp(missing, symbol) == 0) {
 		if (st)

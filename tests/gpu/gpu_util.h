@@ -10,6 +10,7 @@
 #define WEX_TESTS_GPU_UTIL_H
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -340,14 +341,40 @@ static inline uint64_t gpu_bf16_tensors(struct wex_tensor *t, int n, uint64_t ro
 	return (uint64_t)n * rows * cols * 2;
 }
 
+/* The ordinal of the device holding p, or -1 for memory the driver does
+ * not know as device memory (host memory). */
+static inline int gpu_ptr_device(const void *p)
+{
+	unsigned type = 0;
+	int ord = -1;
+
+	if (wex__cuda_load() != 0 ||
+	    wex__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+					  (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS ||
+	    type != CU_MEMORYTYPE_DEVICE ||
+	    wex__cu.cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+					  (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS)
+		return -1;
+	return ord;
+}
+
 /* Host <-> device through the VMM backend's executor (unified
- * addressing).  Blocks until done. */
+ * addressing), on the device holding the device side (the destination's
+ * when both are): a device reaches another's VMM memory only where it was
+ * given access.  Blocks until done. */
 static inline int xfer(void *dst, const void *src, uint64_t len)
 {
 	struct wex_copy_op op = { .src = (uint64_t)(uintptr_t)src, .dst = (uint64_t)(uintptr_t)dst,
 				  .len = len };
+	int dev = gpu_ptr_device(dst), ret;
 
-	return wex_mem_backend(WEX_MEM_CUDA_VMM)->copy(&op, 1, 1);
+	if (dev < 0)
+		dev = gpu_ptr_device(src);
+	if (dev < 0)
+		return wex_mem_backend(WEX_MEM_CUDA_VMM)->copy(&op, 1, 1);
+	ret = wex__cuda_copy_async(&op, 1, dev);
+	/* Wait after an error too: nothing queued may outlive the call. */
+	return ret ? (wex__cuda_copy_sync(dev), ret) : wex__cuda_copy_sync(dev);
 }
 
 /* Starts $WEXD_BIN (a test's environment sets it and WEX_SOCKET) and
@@ -466,6 +493,99 @@ static inline void gpu_expandable_free(CUdeviceptr va, int n, uint64_t chunk,
 		CU_OK(wex__cu.cuMemRelease(h[i]));
 	}
 	CU_OK(wex__cu.cuMemAddressFree(va, n * chunk));
+}
+
+/*
+ * The emulated driver (tests/gpu/emul_cuda.c) exports a few test hooks;
+ * a real driver has none of them.  NULL when absent.
+ */
+static inline void *emul_sym(const char *name)
+{
+	const char *lib = getenv("WEX_CUDA_LIB");
+	void *h, *sym;
+
+	if (!lib || !*lib || !(h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD)))
+		return NULL;
+	sym = dlsym(h, name);
+	dlclose(h);
+	return sym;
+}
+
+/* 1 when the driver loaded here is the emulation (load it first). */
+static inline int emulated(void)
+{
+	return emul_sym("wex_emul_calls") != NULL;
+}
+
+/* How often the emulated driver ran `name` (0 on a GPU). */
+static inline unsigned long emul_calls(const char *name)
+{
+	unsigned long (*f)(const char *) =
+		(unsigned long (*)(const char *))(uintptr_t)emul_sym("wex_emul_calls");
+
+	return f ? f(name) : 0;
+}
+
+/* Emulated driver only: the nth call of `name` from now returns r. */
+static inline void emul_fail(const char *name, unsigned long nth, CUresult r)
+{
+	typedef void (*fail_fn)(const char *, unsigned long, CUresult);
+	fail_fn f = (fail_fn)(uintptr_t)emul_sym("wex_emul_fail");
+
+	CHECK(f != NULL);
+	f(name, nth, r);
+}
+
+static inline void store_fault_exit(int sig)
+{
+	_exit(99);
+}
+
+/*
+ * 1 when a plain CPU store to p faults.  The store runs in a forked child
+ * that makes no CUDA call (CUDA does not survive fork; a store does).  On
+ * the emulated driver device memory is host memory, so this tells a
+ * read-only mapping from a writable one; on a GPU a device address always
+ * faults on the CPU, and this shows nothing.
+ */
+static inline int store_faults(void *p)
+{
+	int st = 0;
+	pid_t pid = fork();
+
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		struct sigaction sa;
+
+		/* Our handler, not a sanitizer's report: exit 99 on a fault. */
+		memset(&sa, 0, sizeof(sa));
+		sa.sa_handler = store_fault_exit;
+		sigaction(SIGSEGV, &sa, NULL);
+		sigaction(SIGBUS, &sa, NULL);
+		*(volatile unsigned char *)p = 0xa5;
+		_exit(0);
+	}
+	CHECK(waitpid(pid, &st, 0) == pid);
+	return (WIFEXITED(st) && WEXITSTATUS(st) == 99) ||
+	       (WIFSIGNALED(st) && (WTERMSIG(st) == SIGSEGV || WTERMSIG(st) == SIGBUS));
+}
+
+/* The number of CUDA devices (the driver must be loaded). */
+static inline int gpu_count(void)
+{
+	int n = 0;
+
+	CU_OK(wex__cu.cuDeviceGetCount(&n));
+	return n;
+}
+
+/* 1 when device `dev` may reach memory on device `owner`. */
+static inline int gpu_can_peer(int dev, int owner)
+{
+	int can = 0;
+
+	CU_OK(wex__cu.cuDeviceCanAccessPeer(&can, dev, owner));
+	return can;
 }
 
 /* The minimum VMM granularity of device 0. */

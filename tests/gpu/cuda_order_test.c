@@ -1,0 +1,217 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuda_order - GPU ordering around leases and publishes, and host staging,
+ * through a real wexd.
+ *
+ *  1. Releasing a remap lease waits for the engine's GPU work: the consumer
+ *     queues an asynchronous copy that reads the producer's memory through
+ *     a view, releases its lease, and the producer then writes a new
+ *     version into that memory; the queued read must still see the old
+ *     version's bytes (the release waited for it).
+ *  2. Publishing a host segment waits for the trainer's asynchronous
+ *     device-to-host copies into it (host staging, producer side): the
+ *     consumer must see their bytes, not the segment's old ones.
+ *  3. A copy sync of that host segment into a layout in GPU memory (host
+ *     staging, consumer side) runs on the GPU executor and every byte
+ *     arrives; on the emulated driver the test also checks that the copy
+ *     went through the driver (memcpy to a device address would crash a
+ *     real GPU).
+ * On a GPU the queued copies are fast and cases 1 and 2 would usually pass
+ * even without the waits; against the emulated driver with WEX_EMUL_DEFER=1
+ * (asynchronous copies run only at a synchronisation) they fail unless wex
+ * waits.  Needs a CUDA driver and device (exit 77 with the reason
+ * otherwise); CI runs it against tests/gpu/emul_cuda.c (cuda_order_emul).
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gpu_util.h"
+#include "vmm/backend.h"
+#include "wex.h"
+
+#define NT 2
+#define ROWS 256
+#define COLS 1024 /* bf16: 512 KiB a tensor */
+
+static void say(int fd, char ch)
+{
+	CHECK(write(fd, &ch, 1) == 1);
+}
+
+static void expect(int fd, char want)
+{
+	char ch = 0;
+
+	CHECK(read(fd, &ch, 1) == 1 && ch == want);
+}
+
+static void producer(int in, int out)
+{
+	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
+				       .role = WEX_ROLE_PRODUCER, .model = "gpu" };
+	struct wex_tensor t[NT];
+	wex_client_t *c, *hc;
+	uint64_t total;
+	uint32_t seg;
+	void *dev, *stage, *host;
+	CUstream s;
+
+	total = gpu_bf16_tensors(t, NT, ROWS, COLS, 0);
+	/* Model "gpu": VMM memory, v1 = pattern 1.  The test's own driver
+	 * calls need a current context (wex calls give the thread its
+	 * binding back). */
+	dev = wex_cuda_alloc((ssize_t)total, 0, NULL);
+	CHECK(dev != NULL);
+	CHECK_OK(wex__cuda_use_device(0));
+	dev_fill((uint64_t)(uintptr_t)dev, total, 1);
+	CHECK_OK(wex_client_open(&p, &c));
+	CHECK_OK(wex_segment_register_ptr(c, WEX_SEG_CUDA_VMM, dev, total, &seg));
+	for (int i = 0; i < NT; i++)
+		t[i].segment = seg;
+	CHECK_OK(wex_register_tensors(c, t, NT));
+	CHECK_OK(wex_begin_write(c, 1, 5000));
+	CHECK_OK(wex_publish(c, 1));
+	say(out, '1');
+
+	/* Case 1: once the consumer released v1, v2 (pattern 2) overwrites
+	 * the same memory. */
+	expect(in, 'g');
+	CHECK_OK(wex_begin_write(c, 2, 5000));
+	CHECK_OK(wex__cuda_use_device(0));
+	dev_fill((uint64_t)(uintptr_t)dev, total, 2);
+	CHECK_OK(wex_publish(c, 2));
+	say(out, '2');
+
+	/* Case 2: model "host", a host segment filled by an asynchronous
+	 * device-to-host copy that is still queued when publish is called. */
+	p.model = "host";
+	CHECK_OK(wex_client_open(&p, &hc));
+	CHECK_OK(wex_segment_alloc(hc, WEX_SEG_HOST, 0, total, &seg, &host));
+	for (int i = 0; i < NT; i++)
+		t[i].segment = seg;
+	CHECK_OK(wex_register_tensors(hc, t, NT));
+	stage = wex_cuda_alloc((ssize_t)total, 0, NULL);
+	CHECK(stage != NULL);
+	CHECK_OK(wex__cuda_use_device(0));
+	dev_fill((uint64_t)(uintptr_t)stage, total, 3);
+	CHECK_OK(wex_begin_write(hc, 1, 5000));
+	CHECK_OK(wex__cuda_use_device(0));
+	CU_OK(wex__cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	CU_OK(wex__cu.cuMemcpyAsync((CUdeviceptr)(uintptr_t)host, (CUdeviceptr)(uintptr_t)stage,
+				    (size_t)total, s));
+	CHECK_OK(wex_publish(hc, 1)); /* must wait for the copy above */
+	say(out, '3');
+
+	expect(in, 'q');
+	CU_OK(wex__cu.cuStreamDestroy(s));
+	wex_client_close(hc);
+	wex_client_close(c);
+	wex_cuda_free(stage, (ssize_t)total, 0, NULL);
+	wex_cuda_free(dev, (ssize_t)total, 0, NULL);
+	_exit(0);
+}
+
+/* Copy calls the emulated driver made, or -1 on a real driver. */
+static long long emul_copies(void)
+{
+	const char *lib = getenv("WEX_CUDA_LIB");
+	unsigned long long (*fn)(void);
+	long long n = -1;
+	void *h;
+
+	if (!lib || !(h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD)))
+		return -1;
+	fn = (unsigned long long (*)(void))(uintptr_t)dlsym(h, "wex_emul_copy_calls");
+	if (fn)
+		n = (long long)fn();
+	dlclose(h);
+	return n;
+}
+
+int main(void)
+{
+	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
+				       .role = WEX_ROLE_CONSUMER, .model = "gpu" };
+	struct wex_tensor t[NT];
+	struct wex_sync_result r;
+	struct gpu_world w;
+	wex_client_t *c, *hc;
+	uint64_t total, tlen;
+	long long before, after;
+	void *v, *mine;
+	CUstream s;
+
+	gpu_require();
+	gpu_world_start(&w, producer);
+	expect(w.from_prod, '1');
+	total = gpu_bf16_tensors(t, NT, ROWS, COLS, 0);
+	tlen = (uint64_t)ROWS * COLS * 2;
+	mine = wex_cuda_alloc((ssize_t)total, 0, NULL);
+	CHECK(mine != NULL);
+
+	/* 1. A queued read of the view, then release: the producer writes
+	 * v2 right after; the read must have seen v1. */
+	CHECK_OK(wex_client_open(&p, &c));
+	CHECK_OK(wex_sync(c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+	CHECK(r.version == 1);
+	CHECK_OK(wex_view(c, 0, t[0].name, &v, NULL));
+	CHECK_OK(wex__cuda_use_device(0));
+	CU_OK(wex__cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	CU_OK(wex__cu.cuMemcpyAsync((CUdeviceptr)(uintptr_t)mine, (CUdeviceptr)(uintptr_t)v,
+				    (size_t)tlen, s));
+	CHECK_OK(wex_release(c));
+	say(w.to_prod, 'g');
+	expect(w.from_prod, '2');
+	CU_OK(wex__cu.cuStreamSynchronize(s));
+	CHECK(dev_check((uint64_t)(uintptr_t)mine, tlen, 1, 0));
+	printf("1. a read queued before wex_release saw v1, not the v2 written after it\n");
+
+	/* 2. The host segment shows the device-to-host copy's bytes. */
+	expect(w.from_prod, '3');
+	p.model = "host";
+	CHECK_OK(wex_client_open(&p, &hc));
+	CHECK_OK(wex_sync(hc, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+	CHECK_OK(wex_view(hc, 0, t[0].name, &v, NULL)); /* the segment's start */
+	{
+		const unsigned char *b = v;
+		uint64_t bad = 0;
+
+		for (uint64_t i = 0; i < total; i++)
+			bad += b[i] != (unsigned char)(i * 131u + 3u * 7u + (i >> 12));
+		if (bad)
+			fprintf(stderr, "%llu of %llu bytes are not the staged ones\n",
+				(unsigned long long)bad, (unsigned long long)total);
+		CHECK(bad == 0);
+	}
+	CHECK_OK(wex_release(hc));
+	printf("2. publish of a host segment waited for the device-to-host copy into it\n");
+
+	/* 3. Host segment into GPU weights: the GPU executor. */
+	CU_OK(wex__cu.cuMemsetD8Async((CUdeviceptr)(uintptr_t)mine, 0, (size_t)total, s));
+	CU_OK(wex__cu.cuStreamSynchronize(s));
+	for (int i = 0; i < NT; i++)
+		t[i].ptr = (char *)mine + t[i].offset;
+	CHECK_OK(wex_attach(hc, t, NT));
+	before = emul_copies();
+	CHECK_OK(wex_sync(hc, WEX_SYNC_COPY, 1, 5000, &r));
+	after = emul_copies();
+	CHECK(r.bytes == total);
+	CHECK(dev_check((uint64_t)(uintptr_t)mine, total, 3, 0));
+	if (before >= 0) {
+		printf("   the emulated driver made %lld copy calls for it\n", after - before);
+		CHECK(after > before);
+	}
+	printf("3. a host segment copied into GPU weights through the GPU executor\n");
+
+	CU_OK(wex__cu.cuStreamDestroy(s));
+	wex_client_close(hc);
+	wex_client_close(c);
+	say(w.to_prod, 'q');
+	gpu_world_stop(&w);
+	wex_cuda_free(mine, (ssize_t)total, 0, NULL);
+	printf("PASS: cuda_order\n");
+	return 0;
+}
