@@ -886,7 +886,7 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
 static int publish(wex_client_t *c, uint64_t version)
 {
 	json_t *req;
-	int ret;
+	int ret, host = 0;
 
 	if (c->role != WEX_ROLE_PRODUCER)
 		return set_err(c, -EPERM, "only producers publish");
@@ -896,8 +896,6 @@ static int publish(wex_client_t *c, uint64_t version)
 	/* GPU writes may still be queued (PyTorch returns before kernels
 	 * finish): the version becomes visible only once they completed, on
 	 * every device holding a segment of ours. */
-	int host = 0;
-
 	for (size_t i = 0; i < c->nosegs; i++) {
 		const struct own_seg *o = &c->osegs[i];
 		size_t j;

@@ -325,6 +325,23 @@ void wex_mem_thread_restore(const struct wex_mem_thread_state *s)
 		wex__cu.cuCtxSetCurrent((CUcontext)s->ctx);
 }
 
+/* 1 when the driver is usable through wex__cu: wex loaded it, or someone
+ * else in this process (PyTorch) did and wex now loads it too.  0 where
+ * nobody loaded libcuda: no GPU memory or work can exist there, and wex
+ * does not load the driver just to find that out. */
+static int driver_in_process(void)
+{
+	void *h;
+
+	if (driver_ready())
+		return 1;
+	h = dlopen(driver_path(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+	if (!h)
+		return 0;
+	dlclose(h);
+	return wex__cuda_load() == 0;
+}
+
 /* Waits for every piece of GPU work this process queued (any stream,
  * blocking or not) in the primary contexts wex retained (the devices wex
  * mapped or copied on) and in the calling thread's current context.
@@ -337,15 +354,8 @@ int wex__cuda_settle(void)
 	CUcontext prev = NULL, ctx[WEX_CUDA_MAX_DEVICES + 1];
 	int ret = 0, n = 0;
 
-	if (!driver_ready()) {
-		void *h = dlopen(driver_path(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
-
-		if (!h)
-			return 0;
-		dlclose(h);
-		if (wex__cuda_load() != 0)
-			return 0;
-	}
+	if (!driver_in_process())
+		return 0;
 	if (wex__cu.cuCtxGetCurrent(&prev) != CUDA_SUCCESS)
 		prev = NULL;
 	pthread_mutex_lock(&dev_lock);
@@ -377,16 +387,9 @@ int wex__cuda_ptr_on_gpu(uint64_t ptr)
 	unsigned int type = 0;
 	CUcontext cur = NULL;
 	int ord = -1;
-	void *h;
 
-	if (!driver_ready()) {
-		h = dlopen(driver_path(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
-		if (!h)
-			return -1;
-		dlclose(h);
-		if (wex__cuda_load() != 0)
-			return -1;
-	}
+	if (!driver_in_process())
+		return -1;
 	if (wex__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
 					  (CUdeviceptr)ptr) != CUDA_SUCCESS) {
 		/* The query may need a current context: borrow device 0's. */
