@@ -50,6 +50,7 @@ struct stash {
 struct pseg {
 	uint32_t rank, id;
 	struct wex_mem_seg seg;
+	int pin_tried; /* host staging: pinning this import was attempted */
 };
 
 struct region {
@@ -710,13 +711,27 @@ static int segment_alloc(wex_client_t *c, int kind, int device, uint64_t size, u
 
 	if (c->role != WEX_ROLE_PRODUCER)
 		return set_err(c, -EPERM, "only producers allocate segments");
-	ret = backend_ready(c, kind, &ops);
+	if (kind == WEX_SEG_HOST_PINNED) {
+		/* Pinning needs the driver: ask the CUDA backend first. */
+		ret = backend_ready(c, WEX_SEG_CUDA_VMM, &ops);
+		if (ret < 0)
+			return ret;
+	}
+	ret = backend_ready(c, kind == WEX_SEG_HOST_PINNED ? WEX_SEG_HOST : kind, &ops);
 	if (ret < 0)
 		return ret;
 	ret = ops->alloc(size, device, &seg);
 	if (ret < 0)
 		return set_err(c, ret, "%s: allocating %llu bytes: %s", ops->name,
 			       (unsigned long long)size, wex_strerror(ret));
+	if (kind == WEX_SEG_HOST_PINNED) {
+		ret = wex_mem_host_pin(&seg, device);
+		if (ret < 0) {
+			ops->release(&seg);
+			return set_err(c, ret, "pinning a host segment of %llu bytes for device %d: %s",
+				       (unsigned long long)size, device, wex_strerror(ret));
+		}
+	}
 	ret = add_seg(c, &seg, &sid);
 	if (ret < 0) {
 		ops->release(&seg);
@@ -1221,6 +1236,40 @@ static int release_lease(struct wex_client *c, int wait)
 	return ret;
 }
 
+/*
+ * Host staging, consumer side: page-locks each host segment the plan reads
+ * (read-only, once per import; the host backend unpins it when it unmaps)
+ * so that the host-to-device copies run by DMA at link speed instead of
+ * through the driver's pageable bounce buffers.  A segment that cannot be
+ * pinned is copied from pageable memory, with a warning saying why, once
+ * per import; WEX_HOST_PIN=0 turns pinning off.
+ */
+static void pin_host_sources(struct wex_client *c, int dev)
+{
+	const char *env = getenv("WEX_HOST_PIN");
+
+	if (env && strcmp(env, "0") == 0)
+		return;
+	for (size_t i = 0; i < c->nplan; i++) {
+		struct pseg *s = find_pseg(c, c->plan[i].src_rank, c->plan[i].src_seg);
+		int ret;
+
+		if (!s || s->pin_tried || s->seg.ops->kind != WEX_MEM_HOST)
+			continue;
+		s->pin_tried = 1;
+		ret = wex_mem_host_pin(&s->seg, dev);
+		if (ret == -EOPNOTSUPP)
+			wex_warn("client", "host segment %u of producer rank %u stays pageable: device %d "
+				 "cannot pin read-only host memory; its copies run slower",
+				 s->id, s->rank, dev);
+		else if (ret < 0)
+			wex_warn("client", "host segment %u of producer rank %u stays pageable: pinning "
+				 "%llu bytes for device %d failed (%s); its copies run slower",
+				 s->id, s->rank, (unsigned long long)s->seg.desc.size, dev,
+				 wex_strerror(ret));
+	}
+}
+
 static int run_copy(struct wex_client *c, uint64_t *bytes)
 {
 	struct wex_copy_op *ops;
@@ -1269,6 +1318,7 @@ static int run_copy(struct wex_client *c, uint64_t *bytes)
 			return set_err(c, -WEX_ENOCUDA, "copy: the layout is GPU memory but this build has no CUDA backend");
 		}
 		be = g;
+		pin_host_sources(c, layout_device(c));
 	}
 	ret = be ? be->copy(ops, c->nplan, c->threads) : 0;
 	free(ops);

@@ -87,6 +87,40 @@ int wex_mem_ptr_on_gpu(uint64_t addr)
 #endif
 }
 
+int wex_mem_host_pin(struct wex_mem_seg *seg, int device)
+{
+	int ret;
+
+	if (seg->desc.kind != WEX_MEM_HOST || !seg->ptr || device < 0)
+		return -EINVAL;
+	if (seg->pinned)
+		return 0;
+#ifdef WEX_HAVE_CUDA_BACKEND
+	/* An importer's mapping is PROT_READ (host_import). */
+	ret = wex__cuda_host_pin(seg->ptr, seg->desc.size, device, seg->owner == 2);
+
+	if (ret == 0)
+		seg->pinned = device + 1;
+	return ret;
+#else
+	(void)ret;
+	return -EOPNOTSUPP;
+#endif
+}
+
+int wex_mem_host_unpin(struct wex_mem_seg *seg)
+{
+	int ret = 0;
+
+	if (!seg->pinned)
+		return 0;
+#ifdef WEX_HAVE_CUDA_BACKEND
+	ret = wex__cuda_host_unpin(seg->ptr, seg->pinned - 1);
+#endif
+	seg->pinned = 0;
+	return ret;
+}
+
 #ifndef WEX_HAVE_CUDA_BACKEND
 /* No CUDA backend: no device binding to keep (vmm/cudawrap.c otherwise). */
 void wex_mem_thread_save(struct wex_mem_thread_state *s)

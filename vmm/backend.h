@@ -41,6 +41,7 @@ struct wex_mem_seg {
 	void *ptr;    /* host address, or device address cast to a pointer */
 	int fd;       /* exported or imported fd owned by this struct, or -1 */
 	int owner;    /* 1: this process allocated it (exporter) */
+	int pinned;   /* host: 1 + the ordinal that pinned it (wex_mem_host_pin) */
 	void *priv;   /* backend state */
 };
 
@@ -177,6 +178,19 @@ int wex_mem_settle(void);
  * CUDA driver already loaded in this process (nothing is loaded to ask);
  * -1 otherwise, and always -1 in a build without the CUDA backend. */
 int wex_mem_ptr_on_gpu(uint64_t addr);
+
+/*
+ * Host staging: page-locks a host segment's mapping (an exporter's, or an
+ * importer's read-only one) for DMA by every GPU context, with device
+ * `device` current, so that copies between it and GPU memory run at link
+ * speed; the host backend's release slot unpins it before unmapping.
+ * 0 when pinned (or already); -EOPNOTSUPP when the device cannot pin a
+ * read-only mapping or this build has no CUDA backend; the driver's error
+ * otherwise (logged).  Blocks: the driver pins every page.
+ */
+int wex_mem_host_pin(struct wex_mem_seg *seg, int device);
+/* Undoes wex_mem_host_pin (no-op on an unpinned seg). */
+int wex_mem_host_unpin(struct wex_mem_seg *seg);
 
 /* The host backend (always present). */
 extern const struct wex_mem_ops wex_mem_host_ops;

@@ -52,6 +52,13 @@ if(WEX_HAVE_CUDA_HEADERS)
   set_tests_properties(gpu_sync_smoke PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 180
     LABELS "gpu;bench"
     ENVIRONMENT "WEX_SRC=${CMAKE_SOURCE_DIR};WEX_BENCH_GB=1;WEX_BENCH_TENSORS=50;WEX_BENCH_TORCH=0")
+  # Host staging through wexd, pinned against pageable.  Full run:
+  # WEX_BENCH_GB=16 ./host_staging
+  add_executable(host_staging tests/bench/host_staging.c)
+  target_link_libraries(host_staging PRIVATE wex_core wex m)
+  add_test(NAME host_staging_smoke COMMAND host_staging)
+  set_tests_properties(host_staging_smoke PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 180
+    LABELS "gpu;bench" ENVIRONMENT "WEXD_BIN=$<TARGET_FILE:wexd>;WEX_BENCH_GB=1;WEX_BENCH_TENSORS=50")
 endif()
 
 if(WEX_HAVE_CUDA_HEADERS)
@@ -63,7 +70,7 @@ if(WEX_HAVE_CUDA_HEADERS)
   # wex shows as stale bytes.
   add_library(wex_emul_cuda MODULE tests/gpu/emul_cuda.c)
   set_target_properties(wex_emul_cuda PROPERTIES PREFIX "" C_VISIBILITY_PRESET hidden)
-  foreach(t cuda_facts cuda_vmm cuda_remap cuda_copy cuda_ipc cuda_staging gpu_sync cuda_e2e cuda_chunks cuda_cycles cuda_order)
+  foreach(t cuda_facts cuda_vmm cuda_remap cuda_copy cuda_ipc cuda_staging gpu_sync host_staging cuda_e2e cuda_chunks cuda_cycles cuda_order)
     add_test(NAME ${t}_emul COMMAND ${t})
     set_tests_properties(${t}_emul PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS cuda
       ENVIRONMENT "WEXD_BIN=$<TARGET_FILE:wexd>;WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_SRC=${CMAKE_SOURCE_DIR};WEX_BENCH_GB=0.25;WEX_BENCH_TENSORS=40;WEX_BENCH_SEG_MB=64;WEX_BENCH_TORCH=0")

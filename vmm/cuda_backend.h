@@ -103,6 +103,20 @@ int wex__cuda_event_destroy(void *ev);
 /* ---------------------------------------------------------------------- */
 /* Pinned host staging (split card without P2P).                          */
 
+/*
+ * Page-locks [p, p+size) for DMA from every context (cuMemHostRegister,
+ * PORTABLE|DEVICEMAP) with device `device`'s context current, so that
+ * copies between it and GPU memory run at link speed instead of through
+ * the driver's pageable bounce buffers.  `readonly`: the mapping is
+ * PROT_READ (a consumer's import), registered with READ_ONLY; -EOPNOTSUPP
+ * (nothing logged) when the device cannot do that
+ * (CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED is 0 and it does
+ * not use the host's page tables).  Blocks (the driver pins every page).
+ */
+int wex__cuda_host_pin(void *p, uint64_t size, int device, int readonly);
+/* Undoes wex__cuda_host_pin; call before the range is unmapped. */
+int wex__cuda_host_unpin(void *p, int device);
+
 struct wex__cuda_staging {
 	void *host;     /* mapping of the memfd in this process */
 	uint64_t size;

@@ -38,6 +38,7 @@ struct ipc_entry {
 	int allocd;  /* local and allocated by ipc_alloc (cuMemFree at the end) */
 	int refs;
 	pid_t pid;   /* the process the entry is valid in (fork copies it) */
+	uint64_t peers; /* other devices imports gave access (bit = ordinal) */
 };
 
 static pthread_mutex_t ipc_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -168,6 +169,13 @@ static int ipc_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 	return export_base(base, asize, a - base, size, dev, 0, seg);
 }
 
+/* The bit of access_dev in ipc_entry.peers when it is another device than
+ * the memory's. */
+static uint64_t peer_bit(int access_dev, int dev)
+{
+	return access_dev >= 0 && access_dev < 64 && access_dev != dev ? 1ull << access_dev : 0;
+}
+
 /* The open enables peer access lazily (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS):
  * another device reaches the memory when it can reach that device at all,
  * which is checked here so that the error names both devices. */
@@ -198,6 +206,7 @@ static int ipc_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 	if (e) {
 		/* Same process (local) or already open: one open per process. */
 		e->refs++;
+		e->peers |= peer_bit(access_dev, dev);
 		pthread_mutex_unlock(&ipc_lock);
 		goto out;
 	}
@@ -215,6 +224,7 @@ static int ipc_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 		/* Another thread opened it meanwhile: newer drivers refcount a
 		 * repeated open, so close ours once and share theirs. */
 		e->refs++;
+		e->peers |= peer_bit(access_dev, dev);
 		pthread_mutex_unlock(&ipc_lock);
 		wex__cu.cuIpcCloseMemHandle(p);
 		goto out;
@@ -229,6 +239,7 @@ static int ipc_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 	e->base = p;
 	e->dev = dev;
 	e->refs = 1;
+	e->peers = peer_bit(access_dev, dev);
 	e->pid = getpid();
 	e->next = ipc_list;
 	ipc_list = e;
@@ -248,6 +259,7 @@ static int ipc_release(struct wex_mem_seg *seg)
 {
 	struct ipc_entry *e = seg->priv;
 	CUdeviceptr base = 0;
+	uint64_t peers = 0;
 	int dev = 0, local = 0, allocd = 0, last = 0, ret = 0;
 
 	if (e) {
@@ -259,10 +271,21 @@ static int ipc_release(struct wex_mem_seg *seg)
 			dev = e->dev;
 			local = e->local;
 			allocd = e->allocd;
+			peers = e->peers;
 			free(e);
 		}
 		pthread_mutex_unlock(&ipc_lock);
 	}
+	/* Closing does not wait for kernels still reading the memory, those
+	 * of the other devices imports gave access included (as cuMemUnmap;
+	 * vmm_release syncs the same way). */
+	for (int d = 0; last && !local && d < 64; d++)
+		if ((peers >> d & 1) && wex__cuda_use_device(d) == 0) {
+			int r = WEX_CU(wex__cu.cuCtxSynchronize());
+
+			if (!ret)
+				ret = r;
+		}
 	if (last && (allocd || !local) && wex__cuda_use_device(dev) == 0) {
 		if (allocd) {
 			/* cudaFree while an importer still has it open is UB: the
@@ -273,11 +296,11 @@ static int ipc_release(struct wex_mem_seg *seg)
 			if (!ret)
 				ret = r;
 		} else {
-			/* Closing does not wait for kernels still reading the
-			 * memory (as cuMemUnmap; vmm_release syncs the same way). */
-			ret = WEX_CU(wex__cu.cuCtxSynchronize());
-			int r = WEX_CU(wex__cu.cuIpcCloseMemHandle(base));
+			int r = WEX_CU(wex__cu.cuCtxSynchronize());
 
+			if (!ret)
+				ret = r;
+			r = WEX_CU(wex__cu.cuIpcCloseMemHandle(base));
 			if (!ret)
 				ret = r;
 		}

@@ -18,6 +18,41 @@
 #include "vmm/cudawrap.h"
 #include "vmm/cuda_backend.h"
 
+int wex__cuda_host_pin(void *p, uint64_t size, int device, int readonly)
+{
+	/* PORTABLE: pinned for every context; DEVICEMAP: also reachable by
+	 * kernels. */
+	unsigned flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
+	int ret;
+
+	if (!p || size == 0)
+		return -EINVAL;
+	ret = wex__cuda_use_device(device);
+	if (ret)
+		return ret;
+	/* The driver pins a PROT_READ mapping only when told it is
+	 * read-only for the device too, which not every device takes; where
+	 * the GPU walks the host's page tables, registering needs no pinning
+	 * and no flag. */
+	if (readonly) {
+		if (wex__cuda_dev_attr(device, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED))
+			flags |= CU_MEMHOSTREGISTER_READ_ONLY;
+		else if (!wex__cuda_dev_attr(device,
+					     CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES))
+			return -EOPNOTSUPP;
+	}
+	return WEX_CU(wex__cu.cuMemHostRegister(p, (size_t)size, flags));
+}
+
+int wex__cuda_host_unpin(void *p, int device)
+{
+	int ret = wex__cuda_use_device(device);
+
+	if (ret)
+		return ret;
+	return WEX_CU(wex__cu.cuMemHostUnregister(p));
+}
+
 /* Maps fd, pins the mapping; on error closes fd (ownership passes). */
 static int map_and_pin(int fd, uint64_t size, int device, struct wex__cuda_staging *st)
 {
@@ -33,10 +68,8 @@ static int map_and_pin(int fd, uint64_t size, int device, struct wex__cuda_stagi
 		wex_error("cuda", "staging mmap of %llu bytes: %m", (unsigned long long)size);
 		goto err_close;
 	}
-	/* PORTABLE: usable from every context; DEVICEMAP: also reachable by
-	 * kernels.  Pinning is what makes the copies run at PCIe speed. */
-	ret = WEX_CU(wex__cu.cuMemHostRegister(p, (size_t)size,
-					       CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+	/* Pinning is what makes the copies run at PCIe speed. */
+	ret = wex__cuda_host_pin(p, size, device, 0);
 	if (ret)
 		goto err_unmap;
 	*st = (struct wex__cuda_staging){
@@ -144,8 +177,8 @@ int wex__cuda_staging_destroy(struct wex__cuda_staging *st)
 {
 	int ret = 0;
 
-	if (st->registered && wex__cuda_use_device(st->device) == 0)
-		ret = WEX_CU(wex__cu.cuMemHostUnregister(st->host));
+	if (st->registered)
+		ret = wex__cuda_host_unpin(st->host, st->device);
 	if (st->host && munmap(st->host, st->size) < 0 && !ret)
 		ret = -errno;
 	if (st->fd >= 0 && close(st->fd) < 0 && !ret)

@@ -100,7 +100,7 @@ static uint64_t round_up(uint64_t v, uint64_t g)
 	return (v + g - 1) / g * g;
 }
 
-static int dev_attr(int dev, CUdevice_attribute a)
+int wex__cuda_dev_attr(int dev, CUdevice_attribute a)
 {
 	CUdevice d;
 	int v = 0;
@@ -255,15 +255,15 @@ static int vmm_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
 		return ret;
 	if (size == 0)
 		return -EINVAL;
-	if (!dev_attr(device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)) {
+	if (!wex__cuda_dev_attr(device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)) {
 		wex_error("cuda", "device %d cannot export VMM memory as a POSIX fd", device);
 		return -EOPNOTSUPP;
 	}
-	if (dev_attr(device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED) &&
+	if (wex__cuda_dev_attr(device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED) &&
 	    !(device < 64 && (__atomic_load_n(&fabric_refused, __ATOMIC_RELAXED) >> device) & 1))
 		types |= CU_MEM_HANDLE_TYPE_FABRIC;
 	set_prop(&prop, device, types);
-	if (dev_attr(device, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED))
+	if (wex__cuda_dev_attr(device, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED))
 		prop.allocFlags.gpuDirectRDMACapable = 1;
 	ret = granularity(&prop, &g);
 	if (ret)

@@ -73,6 +73,7 @@
 	X(cuMemHostRegister, cuMemHostRegister, 6050, 1)                               \
 	X(cuMemHostUnregister, cuMemHostUnregister, 4000, 1)                           \
 	X(cuMemHostGetDevicePointer, cuMemHostGetDevicePointer, 3020, 1)               \
+	X(cuMemHostGetFlags, cuMemHostGetFlags, 2030, 0)                               \
 	X(cuStreamCreate, cuStreamCreate, 2000, 1)                                     \
 	X(cuStreamDestroy, cuStreamDestroy, 4000, 1)                                   \
 	X(cuStreamSynchronize, cuStreamSynchronize, 2000, 1)                           \
@@ -142,6 +143,10 @@ const char *wex__cuda_errname(CUresult r);
  * share it).  0 or negative errno.
  */
 int wex__cuda_use_device(int dev);
+
+/* Device attribute `a` of ordinal `dev`; 0 when the driver does not know
+ * it (older drivers) or the device is missing. */
+int wex__cuda_dev_attr(int dev, CUdevice_attribute a);
 
 /* Device ordinal owning `ptr` (device memory, VMM mappings or registered
  * host memory); falls back to the current context's device. */

@@ -128,9 +128,10 @@ err_close:
 
 static int host_release(struct wex_mem_seg *seg)
 {
-	int ret = 0;
+	/* Pinned pages must be unregistered while still mapped. */
+	int ret = wex_mem_host_unpin(seg);
 
-	if (seg->ptr && seg->owner != 0 && munmap(seg->ptr, seg->desc.size) < 0)
+	if (seg->ptr && seg->owner != 0 && munmap(seg->ptr, seg->desc.size) < 0 && !ret)
 		ret = -errno;
 	if (seg->fd >= 0 && close(seg->fd) < 0 && !ret)
 		ret = -errno;

@@ -146,12 +146,23 @@ WEX_API void wex_client_close(wex_client_t *c);
 /* ---------------------------------------------------------------------- */
 /* Producers.                                                             */
 
-enum wex_seg_kind { WEX_SEG_HOST = 1, WEX_SEG_CUDA_VMM = 2, WEX_SEG_CUDA_IPC = 3 };
+enum wex_seg_kind {
+	WEX_SEG_HOST = 1,
+	WEX_SEG_CUDA_VMM = 2,
+	WEX_SEG_CUDA_IPC = 3,
+	WEX_SEG_HOST_PINNED = 4, /* wex_segment_alloc only: see below */
+};
 
 /*
  * Allocates exportable memory of `size` bytes of `kind` (WEX_SEG_HOST: a
  * memfd mapped shared; the CUDA kinds on device `device`, an ordinal of this
- * process) and registers it with wexd.  The memory belongs to the client and
+ * process) and registers it with wexd.  WEX_SEG_HOST_PINNED is host
+ * staging for GPUs without peer access: a WEX_SEG_HOST segment that is
+ * also page-locked (cuMemHostRegister, portable) with `device` current, so
+ * the trainer's device-to-host copies into it run at link speed; consumers
+ * see a host segment (and pin their own mapping when they copy it onto a
+ * GPU, see wex_sync).  It needs a CUDA driver (-WEX_ENOCUDA) and pins all
+ * `size` bytes at once (the driver's error, e.g. -ENOMEM, otherwise).  The memory belongs to the client and
  * lives until wex_client_close (wexd keeps its own reference while any
  * consumer holds it).  *id receives the segment id for wex_tensor.segment,
  * *ptr its address in this process.  Blocks for one round trip.
@@ -283,7 +294,12 @@ struct wex_sync_result {
  * stream, the engine's kernels included), so no kernel still reads what
  * changes; a COPY returns once its copies completed.  A COPY of a host
  * segment into a layout in GPU memory runs on the GPU executor (host
- * staging); GPU producer memory is mapped read-only where the driver
+ * staging) and, the first time, page-locks this process's read-only
+ * mapping of the segment (cuMemHostRegister, once per import, kept until
+ * the segment is unmapped) so the host-to-device copies run at link speed;
+ * where the device cannot pin read-only memory the copies run from
+ * pageable memory, slower, with a warning in the log, and
+ * WEX_HOST_PIN=0 in the environment turns pinning off.  GPU producer memory is mapped read-only where the driver
  * allows it, and reachable from the client's device (or the layout's)
  * through peer access when that is another GPU.
  * Blocks.  Errors: -ETIMEDOUT (the previous lease is given up),

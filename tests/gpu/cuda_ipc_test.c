@@ -11,7 +11,8 @@
  *                 reach (access_dev) is refused without peer access
  *                 (emulated: WEX_EMUL_NO_P2P=1), naming both devices; a
  *                 copy still queued on the memory when it is released is
- *                 waited for (emulated: queued work that outlives its
+ *                 waited for, on the memory's device and on the device
+ *                 given access (emulated: queued work that outlives its
  *                 memory fails the next synchronisation)
  *   vmm_refused   wrap of VMM memory fails loudly
  */
@@ -104,8 +105,22 @@ static void consumer(int sock)
 		int ret = ipc->import(&m.desc, -1, 1, &x);
 
 		if (gpu_can_peer(1, 0)) {
+			CUdeviceptr d;
+			struct wex_copy_op op;
+
 			CHECK_OK(ret);
+			/* A copy on device 1 still reading it at release: the
+			 * release waits for device 1's work too. */
+			CHECK_OK(wex__cuda_use_device(1));
+			CU_OK(wex__cu.cuMemAlloc(&d, 4096));
+			op = (struct wex_copy_op){ .src = (uint64_t)(uintptr_t)x.ptr, .dst = d,
+						   .len = 4096 };
+			CHECK_OK(wex__cuda_copy_async(&op, 1, 1));
 			CHECK_OK(ipc->release(&x));
+			CHECK_OK(wex__cuda_copy_sync(1));
+			CHECK_OK(wex__cuda_use_device(1));
+			CHECK(dev_check(d, 4096, 6, 0));
+			CU_OK(wex__cu.cuMemFree(d));
 		} else {
 			CHECK(ret == -EOPNOTSUPP);
 		}

@@ -109,6 +109,9 @@ static void check_all(const char *want_in_why)
 	/* The host backend is unaffected. */
 	CHECK(wex_mem_backend(WEX_MEM_HOST)->probe(NULL, 0) == 0);
 	CHECK(wex_mem_backend(WEX_MEM_HOST)->alloc(4096, -1, &seg) == 0);
+	/* Pinning a host segment needs the driver; the segment stays usable. */
+	NOCUDA(wex_mem_host_pin(&seg, 0));
+	CHECK(seg.pinned == 0);
 	CHECK(wex_mem_backend(WEX_MEM_HOST)->release(&seg) == 0);
 
 	NOCUDA(wex__cuda_vmm_chunks(buf, sizeof(buf), ch, 2, &n));

@@ -11,11 +11,19 @@
  *  2. Publishing a host segment waits for the trainer's asynchronous
  *     device-to-host copies into it (host staging, producer side): the
  *     consumer must see their bytes, not the segment's old ones.
+ *     The segment is WEX_SEG_HOST_PINNED: the producer's mapping is
+ *     page-locked (cuMemHostGetFlags answers, PORTABLE).
  *  3. A copy sync of that host segment into a layout in GPU memory (host
  *     staging, consumer side) runs on the GPU executor and every byte
  *     arrives; on the emulated driver the test also checks that the copy
  *     went through the driver (memcpy to a device address would crash a
- *     real GPU).
+ *     real GPU).  The consumer's read-only mapping of the segment is
+ *     pinned by then (READ_ONLY, where the device takes it), and closing
+ *     the client unpins it before unmapping (emulated driver: no
+ *     registration left, and an unregister after the unmap fails).
+ *  4. Emulated driver only: a device that cannot pin read-only memory
+ *     (WEX_EMUL_NO_RO_HOSTREG=1), and WEX_HOST_PIN=0, leave the mapping
+ *     pageable and the copy still delivers every byte.
  * On a GPU the queued copies are fast and cases 1 and 2 would usually pass
  * even without the waits; against the emulated driver with WEX_EMUL_DEFER=1
  * (asynchronous copies run only at a synchronisation) they fail unless wex
@@ -89,7 +97,14 @@ static void producer(int in, int out)
 	 * device-to-host copy that is still queued when publish is called. */
 	p.model = "host";
 	CHECK_OK(wex_client_open(&p, &hc));
-	CHECK_OK(wex_segment_alloc(hc, WEX_SEG_HOST, 0, total, &seg, &host));
+	CHECK_OK(wex_segment_alloc(hc, WEX_SEG_HOST_PINNED, 0, total, &seg, &host));
+	{
+		unsigned f = 0;
+
+		CHECK(wex__cu.cuMemHostGetFlags != NULL);
+		CU_OK(wex__cu.cuMemHostGetFlags(&f, host));
+		CHECK(f & CU_MEMHOSTREGISTER_PORTABLE);
+	}
 	for (int i = 0; i < NT; i++)
 		t[i].segment = seg;
 	CHECK_OK(wex_register_tensors(hc, t, NT));
@@ -108,6 +123,7 @@ static void producer(int in, int out)
 	expect(in, 'q');
 	CU_OK(wex__cu.cuStreamDestroy(s));
 	wex_client_close(hc);
+	CHECK(emul_host_regs() <= 0); /* unpinned before unmapped */
 	wex_client_close(c);
 	wex_cuda_free(stage, (ssize_t)total, 0, NULL);
 	wex_cuda_free(dev, (ssize_t)total, 0, NULL);
@@ -141,7 +157,7 @@ int main(void)
 	wex_client_t *c, *hc;
 	uint64_t total, tlen;
 	long long before, after;
-	void *v, *mine;
+	void *v, *hv, *mine;
 	CUstream s;
 
 	gpu_require();
@@ -175,6 +191,7 @@ int main(void)
 	CHECK_OK(wex_client_open(&p, &hc));
 	CHECK_OK(wex_sync(hc, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
 	CHECK_OK(wex_view(hc, 0, t[0].name, &v, NULL)); /* the segment's start */
+	hv = v; /* the mapping stays while hc lives */
 	{
 		const unsigned char *b = v;
 		uint64_t bad = 0;
@@ -204,10 +221,63 @@ int main(void)
 		printf("   the emulated driver made %lld copy calls for it\n", after - before);
 		CHECK(after > before);
 	}
+	{
+		unsigned f = 0;
+		int ro = wex__cuda_dev_attr(0, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED);
+
+		if (ro) {
+			CU_OK(wex__cu.cuMemHostGetFlags(&f, hv));
+			CHECK(f & CU_MEMHOSTREGISTER_READ_ONLY);
+			CHECK(f & CU_MEMHOSTREGISTER_PORTABLE);
+			printf("   its read-only mapping of the segment is pinned (flags %#x)\n", f);
+		} else {
+			printf("   device 0 cannot pin read-only host memory: copied from pageable memory\n");
+		}
+		/* A second copy does not pin again. */
+		before = (long long)emul_calls("cuMemHostRegister");
+		CHECK_OK(wex_sync(hc, WEX_SYNC_COPY, 1, 5000, &r));
+		CHECK((long long)emul_calls("cuMemHostRegister") == before);
+	}
 	printf("3. a host segment copied into GPU weights through the GPU executor\n");
+	if (emulated()) {
+		/* Each fresh client imports the segment anew. */
+		static const char *const envs[][2] = { { "WEX_EMUL_NO_RO_HOSTREG", "1" },
+						       { "WEX_HOST_PIN", "0" } };
+
+		for (int k = 0; k < 2; k++) {
+			struct wex_client_params p2 = p;
+			wex_client_t *h2;
+			unsigned long regs;
+
+			/* Another group: hc still holds rank 0 of the default one. */
+			p2.field_mask |= WEX_CLIENT_FIELD_GROUP;
+			p2.group = k == 0 ? "no-ro-pin" : "no-pin";
+			setenv(envs[k][0], envs[k][1], 1);
+			CU_OK(wex__cu.cuMemsetD8Async((CUdeviceptr)(uintptr_t)mine, 0, (size_t)total, s));
+			CU_OK(wex__cu.cuStreamSynchronize(s));
+			CHECK_OK(wex_client_open(&p2, &h2));
+			CHECK_OK(wex_attach(h2, t, NT));
+			regs = emul_calls("cuMemHostRegister");
+			CHECK_OK(wex_sync(h2, WEX_SYNC_COPY, 1, 5000, &r));
+			CHECK(r.bytes == total);
+			CHECK(dev_check((uint64_t)(uintptr_t)mine, total, 3, 0));
+			/* Refused up front (the device attribute), or not
+			 * tried at all. */
+			CHECK(emul_calls("cuMemHostRegister") == regs);
+			CHECK(emul_host_regs() == 1); /* hc's only */
+			wex_client_close(h2);
+			unsetenv(envs[k][0]);
+		}
+		printf("4. without read-only pinning, or with WEX_HOST_PIN=0, the copy runs from pageable memory\n");
+	}
 
 	CU_OK(wex__cu.cuStreamDestroy(s));
 	wex_client_close(hc);
+	if (emulated()) {
+		/* The emulated driver refuses an unregister after the unmap. */
+		CHECK(emul_host_regs() == 0);
+		printf("5. closing the client unpinned its mapping before unmapping it\n");
+	}
 	wex_client_close(c);
 	say(w.to_prod, 'q');
 	gpu_world_stop(&w);

@@ -15,11 +15,14 @@
 #   torch     the PyTorch checks (torch_mempool, torch_expandable)
 #   bench     WEX_BENCH_GB=${WEX_BENCH_GB:-16} gpu_sync with the PyTorch
 #             baselines; its JSON line goes to OUTDIR/gpu_sync.json
+#   staging   WEX_STAGING_GB=${WEX_STAGING_GB:-16} host_staging (pinned
+#             against pageable host staging through wexd); its JSON line
+#             goes to OUTDIR/host_staging.json
 #   memcheck  compute-sanitizer --tool memcheck over the C gpu tests
 # WEX_DEVICE_STEPS selects steps.  One call of the device tool may run 10
 # minutes and the machine is not kept between calls, so the whole set is
 # two calls, each with its own build:
-#   WEX_DEVICE_STEPS="build gpu torch" WEX_STEP_TIMEOUT=240 tests/gpu/device_run.sh
+#   WEX_DEVICE_STEPS="build gpu torch staging" WEX_STEP_TIMEOUT=240 tests/gpu/device_run.sh
 #   WEX_DEVICE_STEPS="build bench memcheck" tests/gpu/device_run.sh
 # Every step runs under `timeout` (WEX_STEP_TIMEOUT s, default 270), so a
 # hang costs one step, not the call, and what was logged comes back.
@@ -27,7 +30,7 @@
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUTDIR=${WEX_DEVICE_OUTDIR:-${1:-${OUT:-/tmp/wex-gpu-out}}}
-STEPS=${WEX_DEVICE_STEPS:-build gpu torch bench memcheck}
+STEPS=${WEX_DEVICE_STEPS:-build gpu torch staging bench memcheck}
 STEP_TIMEOUT=${WEX_STEP_TIMEOUT:-270}
 B=${WEX_DEVICE_BUILD:-/tmp/wex-gpu-build}
 DEPS="$ROOT/.deps/root/usr"
@@ -59,6 +62,14 @@ bench() {
 	return $rc
 }
 
+staging() {
+	(cd "$B" && WEXD_BIN="$B/wexd" WEX_BENCH_GB=${WEX_STAGING_GB:-16} ./host_staging)
+	rc=$?
+	line=$(tail -n 1 "$OUTDIR/staging.log")
+	case $line in "{"*) printf "%s\n" "$line" >"$OUTDIR/host_staging.json" ;; esac
+	return $rc
+}
+
 memcheck() {
 	# The C tests fork and exec wexd and producer children: follow them.
 	# wex makes failing driver calls on purpose (a pointer query on host
@@ -78,7 +89,7 @@ memcheck() {
 
 # One step, run by step() below in a process of its own.
 if [ "${1:-}" = "--run-step" ]; then
-	case $2 in build | gpu | torch | bench | memcheck) "$2"; exit $? ;; esac
+	case $2 in build | gpu | torch | staging | bench | memcheck) "$2"; exit $? ;; esac
 	echo "unknown step $2"
 	exit 2
 fi
@@ -115,6 +126,7 @@ for s in $STEPS; do
 	     cat "$OUTDIR/cuda_facts.json" >>"$SUM" 2>/dev/null ;;
 	torch) step torch; grep -E "tests passed|Passed|Failed|Skipped|Timeout|\*\*\*" "$OUTDIR/torch.log" >>"$SUM" ;;
 	bench) step bench; tail -n 1 "$OUTDIR/bench.log" >>"$SUM" ;;
+	staging) step staging; tail -n 4 "$OUTDIR/staging.log" >>"$SUM" ;;
 	memcheck) step memcheck; grep -E "ERROR SUMMARY|== " "$OUTDIR/memcheck.log" >>"$SUM" ;;
 	*) note "unknown step $s"; status=1 ;;
 	esac

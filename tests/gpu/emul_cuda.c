@@ -39,6 +39,12 @@
  *    may not read a VMM-mapped source or write a VMM-mapped destination,
  *    or where they touch a reservation with nothing mapped (host memory,
  *    cuMemAlloc memory and IPC opens are reachable from both devices);
+ *  - cuMemHostRegister needs a current context and a mapped range, pins
+ *    a read-only mapping only with CU_MEMHOSTREGISTER_READ_ONLY (refused
+ *    with CUDA_ERROR_NOT_SUPPORTED when WEX_EMUL_NO_RO_HOSTREG=1, which
+ *    also clears READ_ONLY_HOST_REGISTER_SUPPORTED), never registers a
+ *    page twice, and cuMemHostUnregister fails once the range was
+ *    unmapped (wex_emul_host_regs() counts live registrations);
  *  - events are created in the current context (none: error), are
  *    recorded only on a stream of that context, and an interprocess event
  *    needs CU_EVENT_DISABLE_TIMING (and is the only kind with a handle);
@@ -51,8 +57,9 @@
  *    fd-leak baselines must be taken after them);
  *  - copies are synchronous memcpy, except that with WEX_EMUL_DEFER=1
  *    cuMemcpyAsync and cuMemsetD8Async only queue their work, as a GPU
- *    does: it runs at the next cuCtxSynchronize, cuStreamSynchronize or
- *    cuEventSynchronize (or before any other copy, launch or unmap of this
+ *    does: it runs at the next cuCtxSynchronize or cuStreamSynchronize in
+ *    the context it was queued in (each waits for its own context's work
+ *    only), or cuEventSynchronize (or before any other copy, launch or unmap of this
  *    process, to keep the order), so a test can tell whether the code
  *    under test waits for the GPU before it tells another process the
  *    bytes are there; queued work on memory that is unmapped or whose IPC
@@ -97,6 +104,7 @@ struct range {
 	int fd;
 	int dev;          /* physical device (kinds 1, 2, 3) */
 	unsigned char acc[2]; /* mappings: CU_MEM_ACCESS_FLAGS_* per physical device */
+	unsigned flags;       /* host registrations: CU_MEMHOSTREGISTER_* */
 };
 
 static struct range *rs;
@@ -150,7 +158,7 @@ static struct hook {
 } hooks[] = {
 	{ "cuMemMap" }, { "cuMemUnmap" }, { "cuMemSetAccess" }, { "cuMemCreate" },
 	{ "cuMemcpyAsync" }, { "cuMemcpy2DAsync" }, { "cuMemcpy3DAsync" }, { "cuMemcpyBatchAsync" },
-	{ "cuMemAddressReserve" },
+	{ "cuMemAddressReserve" }, { "cuMemHostRegister" }, { "cuMemHostUnregister" },
 };
 
 static struct hook *hook_of(const char *name)
@@ -216,6 +224,7 @@ struct pending {
 	uint64_t dst, src, n;
 	int set;           /* memset with `val` instead of a copy */
 	unsigned char val;
+	uintptr_t ctx;     /* the context of the stream it was queued on */
 };
 
 static struct pending *pend;
@@ -232,16 +241,26 @@ static int deferring(void)
 	return defer;
 }
 
-static void flush(void)
+/* Runs the queued work of context `ctx` (0: all of it), in order. */
+static void flush_ctx(uintptr_t ctx)
 {
+	size_t k = 0;
+
 	for (size_t i = 0; i < npend; i++) {
-		if (pend[i].set)
+		if (ctx && pend[i].ctx != ctx)
+			pend[k++] = pend[i];
+		else if (pend[i].set)
 			memset((void *)(uintptr_t)pend[i].dst, pend[i].val, pend[i].n);
 		else
 			memcpy((void *)(uintptr_t)pend[i].dst, (const void *)(uintptr_t)pend[i].src,
 			       pend[i].n);
 	}
-	npend = 0;
+	npend = k;
+}
+
+static void flush(void)
+{
+	flush_ctx(0);
 }
 
 /* An illegal address met by queued work: reported by the next sync. */
@@ -276,7 +295,8 @@ static CUresult take_sticky(void)
 	return r;
 }
 
-static void queue(uint64_t dst, uint64_t src, uint64_t n, int set, unsigned char val)
+static void queue(uint64_t dst, uint64_t src, uint64_t n, int set, unsigned char val,
+		  uintptr_t ctx)
 {
 	if (npend == cappend) {
 		cappend = cappend ? cappend * 2 : 64;
@@ -284,7 +304,8 @@ static void queue(uint64_t dst, uint64_t src, uint64_t n, int set, unsigned char
 		if (!pend)
 			abort();
 	}
-	pend[npend++] = (struct pending){ .dst = dst, .src = src, .n = n, .set = set, .val = val };
+	pend[npend++] = (struct pending){ .dst = dst, .src = src, .n = n, .set = set, .val = val,
+					  .ctx = ctx };
 }
 
 static struct range *add_range(void)
@@ -413,7 +434,9 @@ static CUresult e_attr(int *v, CUdevice_attribute a, CUdevice d)
 	FORKED();
 	*v = a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED ||
 	     a == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ||
-	     (a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED && fabric());
+	     (a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED && fabric()) ||
+	     (a == CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED &&
+	      !env_on("WEX_EMUL_NO_RO_HOSTREG"));
 	return CUDA_SUCCESS;
 }
 
@@ -1095,7 +1118,7 @@ static CUresult e_memcpy(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 	REACH(s, n, 0);
 	REACH(d, n, 1);
 	if (deferring()) {
-		queue(d, s, n, 0, 0);
+		queue(d, s, n, 0, 0, stream_ctx(st));
 		return CUDA_SUCCESS;
 	}
 	memcpy((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
@@ -1125,19 +1148,20 @@ static CUresult e_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
 	FORKED();
 	REACH(d, n, 1);
 	if (deferring()) {
-		queue(d, 0, n, 1, v);
+		queue(d, 0, n, 1, v, stream_ctx(s));
 		return CUDA_SUCCESS;
 	}
 	memset((void *)(uintptr_t)d, v, n);
 	return CUDA_SUCCESS;
 }
 
+/* Waits for the current context's work only, as on a GPU. */
 static CUresult e_sync(void)
 {
 	FORKED();
 	CUresult r = e_ok();
 
-	flush();
+	flush_ctx(ctx_current);
 	return r != CUDA_SUCCESS ? r : take_sticky();
 }
 
@@ -1253,30 +1277,104 @@ static CUresult e_batch12(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t coun
 	return batch(d, s, n, count, a, idx, na, st);
 }
 
+/*
+ * Whether [va, va+size) is mapped in this process, every page of it, and
+ * (when want_write) writable: what the driver's page pinning needs.
+ */
+static int host_mapped(uint64_t va, uint64_t size, int want_write)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	uint64_t at = va, end = va + size;
+	char line[512];
+
+	if (!f)
+		return 0;
+	while (at < end && fgets(line, sizeof(line), f)) {
+		unsigned long long lo, hi;
+		char perm[8];
+
+		if (sscanf(line, "%llx-%llx %7s", &lo, &hi, perm) != 3)
+			continue;
+		if (lo > at)
+			break; /* a hole (the file is sorted by address) */
+		if (hi <= at)
+			continue;
+		if (perm[0] != 'r' || (want_write && perm[1] != 'w'))
+			break;
+		at = hi;
+	}
+	fclose(f);
+	return at >= end;
+}
+
+/* Pinning: needs a current context; a read-only mapping only with
+ * CU_MEMHOSTREGISTER_READ_ONLY, which a device without
+ * READ_ONLY_HOST_REGISTER_SUPPORTED (WEX_EMUL_NO_RO_HOSTREG=1) refuses;
+ * no page may be registered twice. */
 static CUresult e_host_reg(void *p, size_t size, unsigned flags)
 {
 	FORKED();
+	HOOK("cuMemHostRegister");
+	uint64_t va = (uint64_t)(uintptr_t)p;
 	struct range *r;
 
-	if (find_kind((uint64_t)(uintptr_t)p, 4))
-		return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+	if (!ctx_current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (!p || size == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if ((flags & CU_MEMHOSTREGISTER_READ_ONLY) && env_on("WEX_EMUL_NO_RO_HOSTREG"))
+		return CUDA_ERROR_NOT_SUPPORTED;
+	for (size_t i = 0; i < nrs; i++)
+		if (rs[i].kind == 4 && va < rs[i].va + rs[i].size && rs[i].va < va + size)
+			return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+	if (!host_mapped(va, size, !(flags & CU_MEMHOSTREGISTER_READ_ONLY)))
+		return CUDA_ERROR_INVALID_VALUE;
 	r = add_range();
-	r->va = (uint64_t)(uintptr_t)p;
+	r->va = va;
 	r->size = size;
 	r->kind = 4;
+	r->flags = flags;
 	return CUDA_SUCCESS;
 }
 
+/* Takes the registered base only; the range must still be mapped (an
+ * unmap before the unregister is a bug in the caller). */
 static CUresult e_host_unreg(void *p)
 {
 	FORKED();
+	HOOK("cuMemHostUnregister");
 	struct range *r = find_kind((uint64_t)(uintptr_t)p, 4);
 
 	flush();
 	if (!r || r->va != (uint64_t)(uintptr_t)p)
 		return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+	if (!host_mapped(r->va, r->size, 0)) {
+		fprintf(stderr, "emul_cuda: cuMemHostUnregister(%p) after the range was unmapped\n", p);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
 	del_range(r);
 	return CUDA_SUCCESS;
+}
+
+static CUresult e_host_flags(unsigned *flags, void *p)
+{
+	FORKED();
+	struct range *r = find_kind((uint64_t)(uintptr_t)p, 4);
+
+	if (!r)
+		return CUDA_ERROR_INVALID_VALUE;
+	*flags = r->flags;
+	return CUDA_SUCCESS;
+}
+
+/* Host ranges registered now (cuMemHostRegister not yet undone). */
+API int wex_emul_host_regs(void)
+{
+	int n = 0;
+
+	for (size_t i = 0; i < nrs; i++)
+		n += rs[i].kind == 4;
+	return n;
 }
 
 static CUresult e_host_devptr(CUdeviceptr *d, void *p, unsigned flags)
@@ -1330,7 +1428,7 @@ static CUresult e_stream_destroy(CUstream s)
 static CUresult e_stream_sync(CUstream s)
 {
 	FORKED();
-	flush();
+	flush_ctx(stream_ctx(s));
 	return take_sticky();
 }
 
@@ -1491,6 +1589,7 @@ static const struct {
 	{ "cuMemsetD8Async", (void *)e_memset },
 	{ "cuMemHostRegister", (void *)e_host_reg },
 	{ "cuMemHostUnregister", (void *)e_host_unreg },
+	{ "cuMemHostGetFlags", (void *)e_host_flags },
 	{ "cuMemHostGetDevicePointer", (void *)e_host_devptr },
 	{ "cuStreamCreate", (void *)e_stream_create },
 	{ "cuStreamDestroy", (void *)e_stream_destroy },

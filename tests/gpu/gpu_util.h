@@ -526,6 +526,14 @@ static inline unsigned long emul_calls(const char *name)
 	return f ? f(name) : 0;
 }
 
+/* Host ranges the emulated driver holds registered now; -1 on a GPU. */
+static inline int emul_host_regs(void)
+{
+	int (*f)(void) = (int (*)(void))(uintptr_t)emul_sym("wex_emul_host_regs");
+
+	return f ? f() : -1;
+}
+
 /* Emulated driver only: the nth call of `name` from now returns r. */
 static inline void emul_fail(const char *name, unsigned long nth, CUresult r)
 {

@@ -163,6 +163,18 @@ class Binding(WexdProducerCase):
         self.assertEqual(e.exception.code, errno.EINVAL)
         self.assertIn("w.bad", str(e.exception))
 
+        # Pinned host staging needs a CUDA driver: without one, a clear
+        # ENOCUDA; with one (a GPU, or the emulated driver), a host
+        # segment this process can write.
+        try:
+            sid, ptr = p.segment_alloc(wex.SEG_HOST_PINNED, 1 << 16)
+        except wex.WexError as err:
+            self.assertEqual(err.code, wex.ENOCUDA)
+            self.assertIn("cuda", str(err).lower())
+        else:
+            ctypes.memset(ptr, 7, 1 << 16)
+            self.assertEqual(ctypes.string_at(ptr + 100, 1), b"\x07")
+
         # Consumer calls on a producer, and an unknown view.
         with self.assertRaises(wex.WexError) as e:
             p.sync(wex.SYNC_COPY)
