@@ -713,9 +713,16 @@ static int segment_alloc(wex_client_t *c, int kind, int device, uint64_t size, u
 		return set_err(c, -EPERM, "only producers allocate segments");
 	if (kind == WEX_SEG_HOST_PINNED) {
 		/* Pinning needs the driver: ask the CUDA backend first. */
-		ret = backend_ready(c, WEX_SEG_CUDA_VMM, &ops);
+		const struct wex_mem_ops *cu = wex_mem_backend(WEX_MEM_CUDA_VMM);
+		char why[256] = "";
+
+		if (!cu)
+			return set_err(c, -WEX_ENOCUDA, "WEX_SEG_HOST_PINNED: this build has no CUDA "
+				       "backend (cuda.h was not found at build time) to pin host memory");
+		ret = cu->probe(why, sizeof(why));
 		if (ret < 0)
-			return ret;
+			return set_err(c, ret, "WEX_SEG_HOST_PINNED needs the CUDA driver to pin host "
+				       "memory: %s", why);
 	}
 	ret = backend_ready(c, kind == WEX_SEG_HOST_PINNED ? WEX_SEG_HOST : kind, &ops);
 	if (ret < 0)
@@ -1246,10 +1253,15 @@ static int release_lease(struct wex_client *c, int wait)
  */
 static void pin_host_sources(struct wex_client *c, int dev)
 {
+	static int told;
 	const char *env = getenv("WEX_HOST_PIN");
 
-	if (env && strcmp(env, "0") == 0)
+	if (env && strcmp(env, "0") == 0) {
+		if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+			wex_info("client", "WEX_HOST_PIN=0: host segments are copied onto GPUs from "
+				 "pageable memory");
 		return;
+	}
 	for (size_t i = 0; i < c->nplan; i++) {
 		struct pseg *s = find_pseg(c, c->plan[i].src_rank, c->plan[i].src_seg);
 		int ret;
@@ -1258,13 +1270,9 @@ static void pin_host_sources(struct wex_client *c, int dev)
 			continue;
 		s->pin_tried = 1;
 		ret = wex_mem_host_pin(&s->seg, dev);
-		if (ret == -EOPNOTSUPP)
-			wex_warn("client", "host segment %u of producer rank %u stays pageable: device %d "
-				 "cannot pin read-only host memory; its copies run slower",
-				 s->id, s->rank, dev);
-		else if (ret < 0)
+		if (ret < 0)
 			wex_warn("client", "host segment %u of producer rank %u stays pageable: pinning "
-				 "%llu bytes for device %d failed (%s); its copies run slower",
+				 "%llu bytes for device %d failed (%s, reason above); its copies run slower",
 				 s->id, s->rank, (unsigned long long)s->seg.desc.size, dev,
 				 wex_strerror(ret));
 	}
@@ -1318,8 +1326,10 @@ static int run_copy(struct wex_client *c, uint64_t *bytes)
 			return set_err(c, -WEX_ENOCUDA, "copy: the layout is GPU memory but this build has no CUDA backend");
 		}
 		be = g;
-		pin_host_sources(c, layout_device(c));
 	}
+	/* The GPU executor copies host sources onto a GPU: pinned, by DMA. */
+	if (be && be->kind != WEX_MEM_HOST && layout_device(c) >= 0)
+		pin_host_sources(c, layout_device(c));
 	ret = be ? be->copy(ops, c->nplan, c->threads) : 0;
 	free(ops);
 	if (ret == 0)

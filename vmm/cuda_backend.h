@@ -109,12 +109,14 @@ int wex__cuda_event_destroy(void *ev);
  * copies between it and GPU memory run at link speed instead of through
  * the driver's pageable bounce buffers.  `readonly`: the mapping is
  * PROT_READ (a consumer's import), registered with READ_ONLY; -EOPNOTSUPP
- * (nothing logged) when the device cannot do that
+ * (the reason logged) when the device cannot do that
  * (CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED is 0 and it does
  * not use the host's page tables).  Blocks (the driver pins every page).
  */
 int wex__cuda_host_pin(void *p, uint64_t size, int device, int readonly);
-/* Undoes wex__cuda_host_pin; call before the range is unmapped. */
+/* Undoes wex__cuda_host_pin, after waiting for every context's queued work
+ * (wex__cuda_settle: copies may still use the pages); call before the
+ * range is unmapped.  Blocks. */
 int wex__cuda_host_unpin(void *p, int device);
 
 struct wex__cuda_staging {

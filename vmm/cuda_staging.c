@@ -38,19 +38,27 @@ int wex__cuda_host_pin(void *p, uint64_t size, int device, int readonly)
 		if (wex__cuda_dev_attr(device, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED))
 			flags |= CU_MEMHOSTREGISTER_READ_ONLY;
 		else if (!wex__cuda_dev_attr(device,
-					     CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES))
+					     CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES)) {
+			wex_warn("cuda", "device %d cannot pin read-only host memory "
+				 "(CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED is 0)", device);
 			return -EOPNOTSUPP;
+		}
 	}
 	return WEX_CU(wex__cu.cuMemHostRegister(p, (size_t)size, flags));
 }
 
 int wex__cuda_host_unpin(void *p, int device)
 {
-	int ret = wex__cuda_use_device(device);
+	/* Copies into or out of the pages may still run (the trainer's
+	 * device-to-host copies are asynchronous into pinned memory), in any
+	 * context (the registration is portable): let them finish before
+	 * the pages are unregistered and unmapped. */
+	int ret = wex__cuda_settle();
+	int r = wex__cuda_use_device(device);
 
-	if (ret)
-		return ret;
-	return WEX_CU(wex__cu.cuMemHostUnregister(p));
+	if (!r)
+		r = WEX_CU(wex__cu.cuMemHostUnregister(p));
+	return ret ? ret : r;
 }
 
 /* Maps fd, pins the mapping; on error closes fd (ownership passes). */

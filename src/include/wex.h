@@ -299,7 +299,9 @@ struct wex_sync_result {
  * the segment is unmapped) so the host-to-device copies run at link speed;
  * where the device cannot pin read-only memory the copies run from
  * pageable memory, slower, with a warning in the log, and
- * WEX_HOST_PIN=0 in the environment turns pinning off.  GPU producer memory is mapped read-only where the driver
+ * WEX_HOST_PIN=0 in the environment turns pinning off.  That first pin
+ * takes time in proportion to the segment's size and runs under the lease,
+ * so it also delays the producer's next wex_begin_write, once.  GPU producer memory is mapped read-only where the driver
  * allows it, and reachable from the client's device (or the layout's)
  * through peer access when that is another GPU.
  * Blocks.  Errors: -ETIMEDOUT (the previous lease is given up),

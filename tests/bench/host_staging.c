@@ -22,10 +22,16 @@
  *             checked to hold v.
  * Each side runs WEX_BENCH_REPS (3) + 1 versions per segment kind: the
  * first is reported as *_first_ms (the engine's first sync imports and
- * pins), the figure is the best of the others.  The last line is one JSON
+ * pins), the figure is the best of the others.  After it the engine takes
+ * a view of the segment to tell whether its mapping really is pinned
+ * ("engine_pinned"; where the device cannot pin read-only memory the
+ * "pinned" figures are pageable ones, and the JSON says so), and that the
+ * pageable run's is not ("engine_pageable").  The two limits are measured
+ * one after the other, each process alone.  The last line is one JSON
  * object; ratios: *_vs_limit = limit ms / wex ms (1: the driver's best),
  * pinned_vs_pageable = pageable ms / pinned ms (above 1: pinning pays).
- * Exit status 1 when a check or a process failed.  Without a GPU it
+ * Exit status 1 when a check or a process failed, or the pageable run's
+ * mapping was pinned.  Without a GPU it
  * prints the reason and exits 77; with the emulated driver
  * (host_staging_emul) it checks the logic, and its times mean nothing.
  */
@@ -133,6 +139,13 @@ static void producer(int in, int out)
 	buf = pinned_buffer();
 	f.limit_ms = limit_ms((CUdeviceptr)(uintptr_t)buf, (CUdeviceptr)(uintptr_t)train);
 	free_pinned(buf);
+	/* The engine measures its limit next, alone on the host. */
+	put(out, "L", 1);
+	{
+		char ch;
+
+		get(in, &ch, 1);
+	}
 	for (int k = 0; k < 2; k++) {
 		wex_client_t *c;
 		uint32_t seg;
@@ -173,6 +186,21 @@ static void producer(int in, int out)
 	wex_cuda_free(train, (ssize_t)total, 0, NULL);
 	free(t);
 	_exit(0);
+}
+
+/* Whether the driver holds the host memory at p registered (pinned):
+ * cuMemHostGetFlags where it answers for registered memory, else whether
+ * it knows p as host memory at all. */
+static int host_registered(void *p)
+{
+	unsigned flags = 0, type = 0;
+
+	if (wex__cu.cuMemHostGetFlags && wex__cu.cuMemHostGetFlags(&flags, p) == CUDA_SUCCESS)
+		return 1;
+	return !emulated() &&
+	       wex__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+					     (CUdeviceptr)(uintptr_t)p) == CUDA_SUCCESS &&
+	       type == CU_MEMORYTYPE_HOST;
 }
 
 /* First, middle and last 64 bytes of every tensor hold v. */
@@ -216,6 +244,7 @@ int main(void)
 	struct wex_tensor *t;
 	struct gpu_world w;
 	char dev[WEX_UUID_LEN] = "";
+	int pinned[2] = { 0, 0 };
 	void *mine, *buf;
 
 	nt = (int)env_num("WEX_BENCH_TENSORS", 300);
@@ -243,9 +272,15 @@ int main(void)
 		t[i].ptr = (char *)mine + t[i].offset;
 	CHECK_OK(wex__cuda_use_device(0));
 	CHECK_OK(wex__cuda_device_uuid(0, dev, sizeof(dev)));
+	{
+		char ch;
+
+		get(w.from_prod, &ch, 1); /* the trainer measured its limit */
+	}
 	buf = pinned_buffer();
 	cf.limit_ms = limit_ms((CUdeviceptr)(uintptr_t)mine, (CUdeviceptr)(uintptr_t)buf);
 	free_pinned(buf);
+	put(w.to_prod, "l", 1);
 	for (int k = 0; k < 2; k++) {
 		struct wex_sync_result r;
 		wex_client_t *c;
@@ -268,6 +303,17 @@ int main(void)
 			CHECK(r.version == (uint64_t)v && r.bytes == total);
 			CHECK_OK(wex__cuda_use_device(0));
 			cf.bad += check(mine, t, (unsigned char)v);
+			if (v == 1) {
+				/* Did the engine's mapping get pinned?  A view of the
+				 * same version shows where it is. */
+				void *hv;
+
+				CHECK_OK(wex_sync(c, WEX_SYNC_REMAP_VIEW, (uint64_t)v, 60000, &r));
+				CHECK_OK(wex_view(c, 0, t[0].name, &hv, NULL));
+				CHECK_OK(wex__cuda_use_device(0));
+				pinned[k] = host_registered(hv);
+				CHECK_OK(wex_release(c));
+			}
 			put(w.to_prod, "c", 1);
 		}
 		wex_client_close(c);
@@ -286,7 +332,10 @@ int main(void)
 	       "%.2fx faster than pageable\n",
 	       cf.ms[0], total / cf.ms[0] / 1e6, cf.first_ms[0], cf.ms[1], cf.limit_ms,
 	       total / cf.limit_ms / 1e6, cf.limit_ms / cf.ms[0], cf.ms[1] / cf.ms[0]);
-	printf("  check: %zu of %d tensor samples wrong\n", cf.bad, nt * 3 * 2 * (reps + 1));
+	printf("  check: %zu of %d tensor samples wrong; the engine's mapping was %s in the pinned "
+	       "run and %s in the pageable one\n", cf.bad, nt * 3 * 2 * (reps + 1),
+	       pinned[0] ? "pinned" : "NOT pinned (see the log: the pinned figures are pageable ones)",
+	       pinned[1] ? "pinned (WEX_HOST_PIN=0 was ignored)" : "pageable");
 	printf("{\"bench\":\"host_staging\",\"path\":\"wexd, WEX_SEG_HOST_PINNED vs WEX_SEG_HOST, copy sync into GPU memory\","
 	       "\"device\":\"%s\",\"emulated\":%s,\"bytes\":%llu,\"tensors\":%d,\"reps\":%d,",
 	       dev, emulated() ? "true" : "false", (unsigned long long)total, nt, reps);
@@ -303,7 +352,9 @@ int main(void)
 	json_num("copy_pinned_vs_limit", cf.limit_ms / cf.ms[0], 1);
 	json_num("d2h_pinned_vs_pageable", pf.ms[1] / pf.ms[0], 1);
 	json_num("copy_pinned_vs_pageable", cf.ms[1] / cf.ms[0], 1);
+	printf("\"engine_pinned\":%s,\"engine_pageable\":%s,", pinned[0] ? "true" : "false",
+	       pinned[1] ? "false" : "true");
 	printf("\"check\":%s}\n", cf.bad ? "false" : "true");
 	free(t);
-	return cf.bad ? 1 : 0;
+	return cf.bad || pinned[1] ? 1 : 0;
 }

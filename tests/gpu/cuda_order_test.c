@@ -24,6 +24,11 @@
  *  4. Emulated driver only: a device that cannot pin read-only memory
  *     (WEX_EMUL_NO_RO_HOSTREG=1), and WEX_HOST_PIN=0, leave the mapping
  *     pageable and the copy still delivers every byte.
+ *  5. Closing: the consumer unpins before it unmaps; the producer, closing
+ *     with a device-to-host copy into its pinned segment still queued,
+ *     waits for it before unpinning (emulated: the copy would fault).
+ *  6. A plan reading VMM memory and a host segment (the GPU executor runs
+ *     it all) pins the host segment too, and every byte arrives.
  * On a GPU the queued copies are fast and cases 1 and 2 would usually pass
  * even without the waits; against the emulated driver with WEX_EMUL_DEFER=1
  * (asynchronous copies run only at a synchronisation) they fail unless wex
@@ -56,12 +61,45 @@ static void expect(int fd, char want)
 	CHECK(read(fd, &ch, 1) == 1 && ch == want);
 }
 
+/*
+ * Whether the host range at p is registered with the driver (pinned).
+ * *flags: its CU_MEMHOSTREGISTER_* flags where cuMemHostGetFlags answers
+ * (the emulated driver does; the reference manual documents it for
+ * cuMemHostAlloc memory only), else 0, and a real driver is asked whether
+ * it knows p as host memory instead.
+ */
+static int host_pinned(void *p, unsigned *flags)
+{
+	unsigned type = 0;
+
+	*flags = 0;
+	if (wex__cu.cuMemHostGetFlags && wex__cu.cuMemHostGetFlags(flags, p) == CUDA_SUCCESS)
+		return 1;
+	*flags = 0;
+	return !emulated() &&
+	       wex__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+					     (CUdeviceptr)(uintptr_t)p) == CUDA_SUCCESS &&
+	       type == CU_MEMORYTYPE_HOST;
+}
+
+/* The pattern of dev_fill(seed) from index `from`, written by the CPU. */
+static void host_fill(void *p, size_t n, unsigned seed, size_t from)
+{
+	unsigned char *b = p;
+
+	for (size_t i = 0; i < n; i++) {
+		size_t k = i + from;
+
+		b[i] = (unsigned char)(k * 131u + seed * 7u + (k >> 12));
+	}
+}
+
 static void producer(int in, int out)
 {
 	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
 				       .role = WEX_ROLE_PRODUCER, .model = "gpu" };
 	struct wex_tensor t[NT];
-	wex_client_t *c, *hc;
+	wex_client_t *c, *hc, *mc;
 	uint64_t total;
 	uint32_t seg;
 	void *dev, *stage, *host;
@@ -99,11 +137,11 @@ static void producer(int in, int out)
 	CHECK_OK(wex_client_open(&p, &hc));
 	CHECK_OK(wex_segment_alloc(hc, WEX_SEG_HOST_PINNED, 0, total, &seg, &host));
 	{
-		unsigned f = 0;
+		unsigned f;
 
-		CHECK(wex__cu.cuMemHostGetFlags != NULL);
-		CU_OK(wex__cu.cuMemHostGetFlags(&f, host));
-		CHECK(f & CU_MEMHOSTREGISTER_PORTABLE);
+		CHECK_OK(wex__cuda_use_device(0));
+		CHECK(host_pinned(host, &f));
+		CHECK(!f || (f & CU_MEMHOSTREGISTER_PORTABLE));
 	}
 	for (int i = 0; i < NT; i++)
 		t[i].segment = seg;
@@ -120,9 +158,41 @@ static void producer(int in, int out)
 	CHECK_OK(wex_publish(hc, 1)); /* must wait for the copy above */
 	say(out, '3');
 
+	/* Case 6: model "mixed", tensor 0 in VMM memory and tensor 1 in a
+	 * pinned host segment, both pattern 5 as one range. */
+	{
+		uint64_t tlen = total / NT;
+		struct wex_tensor mt[NT];
+		uint32_t sv, sh;
+		void *va, *hb;
+
+		memcpy(mt, t, sizeof(mt));
+		p.model = "mixed";
+		CHECK_OK(wex_client_open(&p, &mc));
+		CHECK_OK(wex_segment_alloc(mc, WEX_SEG_CUDA_VMM, 0, tlen, &sv, &va));
+		CHECK_OK(wex_segment_alloc(mc, WEX_SEG_HOST_PINNED, 0, tlen, &sh, &hb));
+		CHECK_OK(wex__cuda_use_device(0));
+		dev_fill((uint64_t)(uintptr_t)va, tlen, 5);
+		host_fill(hb, tlen, 5, tlen);
+		mt[0].segment = sv;
+		mt[1].segment = sh;
+		mt[1].offset = 0;
+		CHECK_OK(wex_register_tensors(mc, mt, 2));
+		CHECK_OK(wex_begin_write(mc, 1, 5000));
+		CHECK_OK(wex_publish(mc, 1));
+		say(out, '4');
+	}
+
+	/* Closing a client unpins its pinned segment only after the DMA
+	 * still queued into it completed (here: a copy never published). */
 	expect(in, 'q');
-	CU_OK(wex__cu.cuStreamDestroy(s));
+	CHECK_OK(wex__cuda_use_device(0));
+	CU_OK(wex__cu.cuMemcpyAsync((CUdeviceptr)(uintptr_t)host, (CUdeviceptr)(uintptr_t)stage,
+				    (size_t)total, s));
 	wex_client_close(hc);
+	CU_OK(wex__cu.cuStreamSynchronize(s));
+	CU_OK(wex__cu.cuStreamDestroy(s));
+	wex_client_close(mc);
 	CHECK(emul_host_regs() <= 0); /* unpinned before unmapped */
 	wex_client_close(c);
 	wex_cuda_free(stage, (ssize_t)total, 0, NULL);
@@ -226,9 +296,9 @@ int main(void)
 		int ro = wex__cuda_dev_attr(0, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED);
 
 		if (ro) {
-			CU_OK(wex__cu.cuMemHostGetFlags(&f, hv));
-			CHECK(f & CU_MEMHOSTREGISTER_READ_ONLY);
-			CHECK(f & CU_MEMHOSTREGISTER_PORTABLE);
+			CHECK(host_pinned(hv, &f));
+			CHECK(!f || ((f & CU_MEMHOSTREGISTER_READ_ONLY) &&
+				     (f & CU_MEMHOSTREGISTER_PORTABLE)));
 			printf("   its read-only mapping of the segment is pinned (flags %#x)\n", f);
 		} else {
 			printf("   device 0 cannot pin read-only host memory: copied from pageable memory\n");
@@ -270,6 +340,31 @@ int main(void)
 		}
 		printf("4. without read-only pinning, or with WEX_HOST_PIN=0, the copy runs from pageable memory\n");
 	}
+
+	/* 6. A plan reading VMM memory and a host segment runs on the GPU
+	 * executor, and the host segment is pinned all the same. */
+	expect(w.from_prod, '4');
+	{
+		struct wex_client_params pm = p;
+		wex_client_t *mc;
+		unsigned f;
+		void *mv;
+
+		pm.model = "mixed";
+		CHECK_OK(wex_client_open(&pm, &mc));
+		CHECK_OK(wex_sync(mc, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+		CHECK_OK(wex_view(mc, 0, t[1].name, &mv, NULL)); /* the host segment's start */
+		CU_OK(wex__cu.cuMemsetD8Async((CUdeviceptr)(uintptr_t)mine, 0, (size_t)total, s));
+		CU_OK(wex__cu.cuStreamSynchronize(s));
+		CHECK_OK(wex_attach(mc, t, NT));
+		CHECK_OK(wex_sync(mc, WEX_SYNC_COPY, 1, 5000, &r));
+		CHECK(r.bytes == total);
+		CHECK(dev_check((uint64_t)(uintptr_t)mine, total, 5, 0));
+		if (wex__cuda_dev_attr(0, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED))
+			CHECK(host_pinned(mv, &f));
+		wex_client_close(mc);
+	}
+	printf("6. a plan from VMM memory and a host segment: every byte, the host segment pinned\n");
 
 	CU_OK(wex__cu.cuStreamDestroy(s));
 	wex_client_close(hc);

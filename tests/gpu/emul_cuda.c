@@ -44,7 +44,8 @@
  *    with CUDA_ERROR_NOT_SUPPORTED when WEX_EMUL_NO_RO_HOSTREG=1, which
  *    also clears READ_ONLY_HOST_REGISTER_SUPPORTED), never registers a
  *    page twice, and cuMemHostUnregister fails once the range was
- *    unmapped (wex_emul_host_regs() counts live registrations);
+ *    unmapped and drops work still queued on it, as unmapping does
+ *    (wex_emul_host_regs() counts live registrations);
  *  - events are created in the current context (none: error), are
  *    recorded only on a stream of that context, and an interprocess event
  *    needs CU_EVENT_DISABLE_TIMING (and is the only kind with a handle);
@@ -1161,6 +1162,8 @@ static CUresult e_sync(void)
 	FORKED();
 	CUresult r = e_ok();
 
+	if (r != CUDA_SUCCESS)
+		return r;
 	flush_ctx(ctx_current);
 	return r != CUDA_SUCCESS ? r : take_sticky();
 }
@@ -1345,9 +1348,12 @@ static CUresult e_host_unreg(void *p)
 	HOOK("cuMemHostUnregister");
 	struct range *r = find_kind((uint64_t)(uintptr_t)p, 4);
 
-	flush();
 	if (!r || r->va != (uint64_t)(uintptr_t)p)
 		return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+	/* DMA still queued on the pages when they stop being pinned: the
+	 * copy faults (reported by the next synchronisation). */
+	drop_pending(r->va, r->size);
+	flush();
 	if (!host_mapped(r->va, r->size, 0)) {
 		fprintf(stderr, "emul_cuda: cuMemHostUnregister(%p) after the range was unmapped\n", p);
 		return CUDA_ERROR_INVALID_VALUE;
@@ -1428,6 +1434,8 @@ static CUresult e_stream_destroy(CUstream s)
 static CUresult e_stream_sync(CUstream s)
 {
 	FORKED();
+	if (!stream_ctx(s))
+		return CUDA_ERROR_INVALID_CONTEXT; /* the legacy stream of no context */
 	flush_ctx(stream_ctx(s));
 	return take_sticky();
 }
