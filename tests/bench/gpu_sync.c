@@ -49,6 +49,7 @@
 #include <time.h>
 
 #include "tests/gpu/gpu_util.h"
+#include "tests/bench/bench_util.h"
 
 #ifndef WEX_SOURCE_DIR
 #define WEX_SOURCE_DIR "."
@@ -73,21 +74,6 @@ struct result {
 	size_t bad; /* tensor checks that failed */
 	char device[WEX_UUID_LEN];
 };
-
-static double now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static double env_num(const char *name, double def)
-{
-	const char *v = getenv(name);
-
-	return v && *v ? atof(v) : def;
-}
 
 /* Tensor sizes vary between 0.25x and 1.75x the mean (gpu_sync_torch.py
  * uses the same generator). */

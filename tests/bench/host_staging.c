@@ -40,6 +40,7 @@
 #include <time.h>
 
 #include "tests/gpu/gpu_util.h"
+#include "tests/bench/bench_util.h"
 
 #define COLS 4096 /* bf16 elements a row */
 
@@ -50,21 +51,6 @@ struct figures {
 	double limit_ms, ms[2], first_ms[2]; /* [0] pinned, [1] pageable */
 	size_t bad;
 };
-
-static double now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static double env_num(const char *name, double def)
-{
-	const char *v = getenv(name);
-
-	return v && *v ? atof(v) : def;
-}
 
 static void put(int fd, const void *p, size_t n)
 {
