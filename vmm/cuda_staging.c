@@ -67,9 +67,6 @@ static int map_and_pin(int fd, uint64_t size, int device, struct wex__cuda_stagi
 	void *p;
 	int ret;
 
-	ret = wex__cuda_use_device(device);
-	if (ret)
-		goto err_close;
 	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED) {
 		ret = -errno;

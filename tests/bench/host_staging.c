@@ -174,21 +174,6 @@ static void producer(int in, int out)
 	_exit(0);
 }
 
-/* Whether the driver holds the host memory at p registered (pinned):
- * cuMemHostGetFlags where it answers for registered memory, else whether
- * it knows p as host memory at all. */
-static int host_registered(void *p)
-{
-	unsigned flags = 0, type = 0;
-
-	if (wex__cu.cuMemHostGetFlags && wex__cu.cuMemHostGetFlags(&flags, p) == CUDA_SUCCESS)
-		return 1;
-	return !emulated() &&
-	       wex__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-					     (CUdeviceptr)(uintptr_t)p) == CUDA_SUCCESS &&
-	       type == CU_MEMORYTYPE_HOST;
-}
-
 /* First, middle and last 64 bytes of every tensor hold v. */
 static size_t check(const void *mine, const struct wex_tensor *t, unsigned char v)
 {
@@ -297,7 +282,7 @@ int main(void)
 				CHECK_OK(wex_sync(c, WEX_SYNC_REMAP_VIEW, (uint64_t)v, 60000, &r));
 				CHECK_OK(wex_view(c, 0, t[0].name, &hv, NULL));
 				CHECK_OK(wex__cuda_use_device(0));
-				pinned[k] = host_registered(hv);
+				pinned[k] = host_registered(hv, NULL);
 				CHECK_OK(wex_release(c));
 			}
 			put(w.to_prod, "c", 1);

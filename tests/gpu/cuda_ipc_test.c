@@ -58,6 +58,24 @@ static void producer(int sock)
 	CHECK_OK(ipc->release(&a));
 }
 
+/* Queues a copy of x's first 4 KiB on device `dev`, releases x, then
+ * checks the copy completed with the producer's bytes. */
+static void copy_then_release(struct wex_mem_seg *x, int dev)
+{
+	struct wex_copy_op op;
+	CUdeviceptr d;
+
+	CHECK_OK(wex__cuda_use_device(dev));
+	CU_OK(wex__cu.cuMemAlloc(&d, 4096));
+	op = (struct wex_copy_op){ .src = (uint64_t)(uintptr_t)x->ptr, .dst = d, .len = 4096 };
+	CHECK_OK(wex__cuda_copy_async(&op, 1, dev));
+	CHECK_OK(ipc->release(x));
+	CHECK_OK(wex__cuda_copy_sync(dev));
+	CHECK_OK(wex__cuda_use_device(dev));
+	CHECK(dev_check(d, 4096, 6, 0));
+	CU_OK(wex__cu.cuMemFree(d));
+}
+
 static void consumer(int sock)
 {
 	struct wex_mem_seg x, y, z;
@@ -86,41 +104,16 @@ static void consumer(int sock)
 	/* A copy from the memory still queued at release: the release waits
 	 * for it before closing (a closed handle under a running copy is a
 	 * fault on a GPU; the emulation reports it at the next sync). */
-	{
-		CUdeviceptr d;
-		struct wex_copy_op op;
-
-		CHECK_OK(ipc->import(&m.desc, -1, -1, &x));
-		CHECK_OK(wex__cuda_use_device(0));
-		CU_OK(wex__cu.cuMemAlloc(&d, 4096));
-		op = (struct wex_copy_op){ .src = (uint64_t)(uintptr_t)x.ptr, .dst = d,
-					   .len = 4096 };
-		CHECK_OK(wex__cuda_copy_async(&op, 1, 0));
-		CHECK_OK(ipc->release(&x));
-		CHECK_OK(wex__cuda_copy_sync(0));
-		CHECK(dev_check(d, 4096, 6, 0));
-		CU_OK(wex__cu.cuMemFree(d));
-	}
+	CHECK_OK(ipc->import(&m.desc, -1, -1, &x));
+	copy_then_release(&x, 0);
 	if (gpu_count() > 1) {
 		int ret = ipc->import(&m.desc, -1, 1, &x);
 
 		if (gpu_can_peer(1, 0)) {
-			CUdeviceptr d;
-			struct wex_copy_op op;
-
 			CHECK_OK(ret);
 			/* A copy on device 1 still reading it at release: the
 			 * release waits for device 1's work too. */
-			CHECK_OK(wex__cuda_use_device(1));
-			CU_OK(wex__cu.cuMemAlloc(&d, 4096));
-			op = (struct wex_copy_op){ .src = (uint64_t)(uintptr_t)x.ptr, .dst = d,
-						   .len = 4096 };
-			CHECK_OK(wex__cuda_copy_async(&op, 1, 1));
-			CHECK_OK(ipc->release(&x));
-			CHECK_OK(wex__cuda_copy_sync(1));
-			CHECK_OK(wex__cuda_use_device(1));
-			CHECK(dev_check(d, 4096, 6, 0));
-			CU_OK(wex__cu.cuMemFree(d));
+			copy_then_release(&x, 1);
 		} else {
 			CHECK(ret == -EOPNOTSUPP);
 		}

@@ -61,27 +61,6 @@ static void expect(int fd, char want)
 	CHECK(read(fd, &ch, 1) == 1 && ch == want);
 }
 
-/*
- * Whether the host range at p is registered with the driver (pinned).
- * *flags: its CU_MEMHOSTREGISTER_* flags where cuMemHostGetFlags answers
- * (the emulated driver does; the reference manual documents it for
- * cuMemHostAlloc memory only), else 0, and a real driver is asked whether
- * it knows p as host memory instead.
- */
-static int host_pinned(void *p, unsigned *flags)
-{
-	unsigned type = 0;
-
-	*flags = 0;
-	if (wex__cu.cuMemHostGetFlags && wex__cu.cuMemHostGetFlags(flags, p) == CUDA_SUCCESS)
-		return 1;
-	*flags = 0;
-	return !emulated() &&
-	       wex__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-					     (CUdeviceptr)(uintptr_t)p) == CUDA_SUCCESS &&
-	       type == CU_MEMORYTYPE_HOST;
-}
-
 /* The pattern of dev_fill(seed) from index `from`, written by the CPU. */
 static void host_fill(void *p, size_t n, unsigned seed, size_t from)
 {
@@ -140,7 +119,7 @@ static void producer(int in, int out)
 		unsigned f;
 
 		CHECK_OK(wex__cuda_use_device(0));
-		CHECK(host_pinned(host, &f));
+		CHECK(host_registered(host, &f));
 		CHECK(!f || (f & CU_MEMHOSTREGISTER_PORTABLE));
 	}
 	for (int i = 0; i < NT; i++)
@@ -296,7 +275,7 @@ int main(void)
 		int ro = wex__cuda_dev_attr(0, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED);
 
 		if (ro) {
-			CHECK(host_pinned(hv, &f));
+			CHECK(host_registered(hv, &f));
 			CHECK(!f || ((f & CU_MEMHOSTREGISTER_READ_ONLY) &&
 				     (f & CU_MEMHOSTREGISTER_PORTABLE)));
 			printf("   its read-only mapping of the segment is pinned (flags %#x)\n", f);
@@ -361,7 +340,7 @@ int main(void)
 		CHECK(r.bytes == total);
 		CHECK(dev_check((uint64_t)(uintptr_t)mine, total, 5, 0));
 		if (wex__cuda_dev_attr(0, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED))
-			CHECK(host_pinned(mv, &f));
+			CHECK(host_registered(mv, &f));
 		wex_client_close(mc);
 	}
 	printf("6. a plan from VMM memory and a host segment: every byte, the host segment pinned\n");

@@ -399,16 +399,25 @@ static void c_fabric(int sock)
 
 #define RO_SZ (2u << 20)
 
+/* Producer side of the consumer cases below: `size` bytes of pattern
+ * `seed` on device 0, exported `times` times; returns once the consumer is
+ * done. */
+static void serve_filled(struct wex_mem_seg *seg, int sock, uint64_t size, unsigned seed,
+			 int times)
+{
+	CHECK_OK(wex__cuda_use_device(0));
+	CHECK_OK(vmm->alloc(size, 0, seg));
+	dev_fill((uint64_t)(uintptr_t)seg->ptr, size, seed);
+	for (int i = 0; i < times; i++)
+		tsend(sock, OP_SEG, &seg->desc, 0, seg->fd);
+	trecv(sock, OP_DONE, NULL);
+}
+
 static void p_ro(int sock)
 {
 	struct wex_mem_seg seg;
 
-	CHECK_OK(wex__cuda_use_device(0));
-	CHECK_OK(vmm->alloc(RO_SZ, 0, &seg));
-	dev_fill((uint64_t)(uintptr_t)seg.ptr, RO_SZ, 12);
-	for (int i = 0; i < 2; i++)
-		tsend(sock, OP_SEG, &seg.desc, 0, seg.fd);
-	trecv(sock, OP_DONE, NULL);
+	serve_filled(&seg, sock, RO_SZ, 12, 2);
 	/* Nothing the consumer tried reached our bytes. */
 	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, RO_SZ, 12, 0));
 	CHECK_OK(vmm->release(&seg));
@@ -476,12 +485,7 @@ static void p_peer(int sock)
 {
 	struct wex_mem_seg seg;
 
-	CHECK_OK(wex__cuda_use_device(0));
-	CHECK_OK(vmm->alloc(PEER_SZ, 0, &seg));
-	dev_fill((uint64_t)(uintptr_t)seg.ptr, PEER_SZ, 13);
-	for (int i = 0; i < 3; i++)
-		tsend(sock, OP_SEG, &seg.desc, 0, seg.fd);
-	trecv(sock, OP_DONE, NULL);
+	serve_filled(&seg, sock, PEER_SZ, 13, 3);
 	CHECK_OK(vmm->release(&seg));
 }
 

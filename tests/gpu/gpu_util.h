@@ -534,6 +534,30 @@ static inline int emul_host_regs(void)
 	return f ? f() : -1;
 }
 
+/*
+ * Whether the host range at p is registered with the driver (pinned).
+ * *flags (when not NULL): its CU_MEMHOSTREGISTER_* flags where
+ * cuMemHostGetFlags answers (the emulated driver does; the reference
+ * manual documents it for cuMemHostAlloc memory only), else 0, and a real
+ * driver is asked whether it knows p as host memory instead.
+ */
+static inline int host_registered(void *p, unsigned *flags)
+{
+	unsigned f = 0, type = 0;
+
+	if (flags)
+		*flags = 0;
+	if (wex__cu.cuMemHostGetFlags && wex__cu.cuMemHostGetFlags(&f, p) == CUDA_SUCCESS) {
+		if (flags)
+			*flags = f;
+		return 1;
+	}
+	return !emulated() &&
+	       wex__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+					     (CUdeviceptr)(uintptr_t)p) == CUDA_SUCCESS &&
+	       type == CU_MEMORYTYPE_HOST;
+}
+
 /* Emulated driver only: the nth call of `name` from now returns r. */
 static inline void emul_fail(const char *name, unsigned long nth, CUresult r)
 {
