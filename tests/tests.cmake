@@ -45,6 +45,9 @@ wex_foundation_test(proto_fuzz LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(fd_exhaustion LOOP)
 wex_foundation_test(killed_consumer LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(remap_modes LOOP LIBS ${WEX_FX_LIBS})
+wex_foundation_test(host_remap_faults LIBS ${WEX_FX_LIBS})
+# It interposes mmap and mremap, for libwex.so's calls too: export them.
+set_target_properties(host_remap_faults PROPERTIES ENABLE_EXPORTS ON)
 wex_foundation_test(host_copy)
 wex_foundation_test(daemon_restart LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(quickstart_smoke LOOP

@@ -17,6 +17,8 @@
 #include <emmintrin.h>
 #endif
 
+#include "wex.h"
+#include "src/log.h"
 #include "vmm/backend.h"
 
 static int host_probe(char *why, size_t len)
@@ -163,10 +165,40 @@ static int host_reserve(uint64_t size, uint64_t lead, int device, struct wex_mem
 	return 0;
 }
 
+/* 1 when every page of [addr, addr+size) is mapped: msync answers ENOMEM
+ * for a range with a hole and, with MS_ASYNC, writes nothing back. */
+static int range_mapped(void *addr, uint64_t size)
+{
+	return msync(addr, size, MS_ASYNC) == 0 || errno != ENOMEM;
+}
+
+/* Fresh private memory at r->addr after a failed call left a hole there;
+ * NOREPLACE first, so that nothing another thread mapped into the hole
+ * is clobbered (MAP_FIXED only where part of the range is still ours).
+ * NULL when even that fails: nothing is mapped at r->addr. */
+static void *refill(struct wex_mem_region *r)
+{
+	void *p;
+
+	p = mmap(r->addr, r->size, PROT_READ | PROT_WRITE,
+		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+	if (p == r->addr)
+		return p;
+	/* Kernels before 4.17 take NOREPLACE as a hint: p is elsewhere. */
+	if (p != MAP_FAILED)
+		munmap(p, r->size);
+	else if (errno != EEXIST)
+		return NULL;
+	p = mmap(r->addr, r->size, PROT_READ | PROT_WRITE,
+		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
 static int host_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint64_t off)
 {
 	long pg = sysconf(_SC_PAGESIZE);
 	void *p;
+	int ret;
 
 	/* off must be the region's lead, 0 for host memory. */
 	if (off != r->lead || seg->fd < 0 || off % (uint64_t)pg ||
@@ -176,15 +208,31 @@ static int host_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uin
 	 * the region now reads the producer's bytes.  Read-only, so a stray
 	 * write by the engine faults instead of corrupting the trainer. */
 	p = mmap(r->addr, r->size, PROT_READ, MAP_SHARED | MAP_FIXED, seg->fd, (off_t)off);
-	if (p == MAP_FAILED)
-		return -errno;
-	r->fixed = 1;
-	return 0;
+	if (p != MAP_FAILED) {
+		r->fixed = 1;
+		return 0;
+	}
+	ret = -errno;
+	/* POSIX lets a failed MAP_FIXED request leave the range partly
+	 * unmapped (older Linux kernels removed the old mapping before the
+	 * file's mmap hook could fail).  Intact: the region is as it was.
+	 * Otherwise its bytes are gone: fresh memory keeps the reservation. */
+	if (range_mapped(r->addr, r->size))
+		return ret;
+	wex_warn("host", "remap: mmap(MAP_FIXED) failed (%s) and left a hole at %p: "
+		 "the region gets fresh memory, its bytes are lost", strerror(-ret), r->addr);
+	r->fixed = 0;
+	if (!refill(r))
+		wex_error("host", "remap: no memory to refill %p (%llu bytes): %s; nothing is "
+			  "mapped there until the region is unreserved", r->addr,
+			  (unsigned long long)r->size, strerror(errno));
+	return -WEX_EDIRTY;
 }
 
 static int host_unmap_fixed(struct wex_mem_region *r)
 {
 	void *tmp;
+	int ret;
 
 	if (!r->fixed)
 		return 0;
@@ -200,13 +248,33 @@ static int host_unmap_fixed(struct wex_mem_region *r)
 						   .dst = (uint64_t)(uintptr_t)tmp,
 						   .len = r->size },
 			  1, 4);
-	if (mremap(tmp, r->size, r->size, MREMAP_MAYMOVE | MREMAP_FIXED, r->addr) == MAP_FAILED) {
-		int ret = -errno;
-
-		munmap(tmp, r->size);
-		return ret;
+	if (mremap(tmp, r->size, r->size, MREMAP_MAYMOVE | MREMAP_FIXED, r->addr) != MAP_FAILED) {
+		r->fixed = 0;
+		return 0;
 	}
+	ret = -errno;
+	/* mremap unmaps the target before moving: a move that fails after
+	 * that leaves a hole.  tmp still holds the bytes: copy them into
+	 * fresh memory there (a reader may have faulted in between). */
+	if (range_mapped(r->addr, r->size)) {
+		munmap(tmp, r->size);
+		return ret; /* still showing the producer's memory */
+	}
+	wex_warn("host", "remap: mremap failed (%s) and left a hole at %p: refilling it by copy",
+		 strerror(-ret), r->addr);
 	r->fixed = 0;
+	if (!refill(r)) {
+		wex_error("host", "remap: no memory to refill %p (%llu bytes): %s; nothing is "
+			  "mapped there until the region is unreserved", r->addr,
+			  (unsigned long long)r->size, strerror(errno));
+		munmap(tmp, r->size);
+		return -WEX_EDIRTY;
+	}
+	wex_mem_host_copy(&(struct wex_copy_op){ .src = (uint64_t)(uintptr_t)tmp,
+						   .dst = (uint64_t)(uintptr_t)r->addr,
+						   .len = r->size },
+			  1, 4);
+	munmap(tmp, r->size);
 	return 0;
 }
 

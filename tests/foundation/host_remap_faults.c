@@ -1,0 +1,295 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * host_remap_faults - same-address remap on host memory when the kernel
+ * call that swaps the pages fails.  POSIX lets a failed mmap(MAP_FIXED)
+ * leave the target range partly unmapped (older Linux kernels removed the
+ * old mapping before the file's mmap hook could fail), and mremap with
+ * MREMAP_FIXED unmaps its target before moving.  This program interposes
+ * mmap and mremap (fault injection: it defines them, calls the real ones
+ * through dlsym(RTLD_NEXT) and fails the armed call) and checks the
+ * backend's contract (vmm/backend.h) in every case:
+ *  - map_fixed failing with the range intact returns the errno and leaves
+ *    the region as it was (its own bytes, or the segment it showed);
+ *  - map_fixed failing after unmapping the range returns -WEX_EDIRTY with
+ *    fresh writable private memory there (no hole, fixed = 0), also when
+ *    the region showed another segment; the next map_fixed works;
+ *  - unmap_fixed whose mremap fails with the range intact returns the
+ *    errno, still showing the producer (fixed = 1);
+ *  - unmap_fixed whose mremap leaves a hole refills it: 0, fixed = 0, the
+ *    bytes the region showed, private (a write does not reach the
+ *    producer); when even the refill fails: -WEX_EDIRTY, nothing mapped,
+ *    and unreserve still works;
+ * and through libwex and wexd: a REMAP_FIXED sync whose swap loses the
+ * region's bytes fails with -WEX_EDIRTY and says so, a COPY sync repairs
+ * the weights, and a later REMAP_FIXED sync works.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "fixture.h"
+#include "vmm/backend.h"
+
+#define MODEL "remap-faults"
+
+/* ---------------------------------------------------------------------- */
+/* Fault injection.                                                        */
+
+enum { F_NONE, F_KEEP, F_HOLE }; /* fail leaving the range; unmap it, then fail */
+
+static int arm_fixed_file;  /* next mmap(MAP_FIXED) of a file */
+static int arm_remap;       /* next mremap(MREMAP_FIXED) */
+static int arm_refill;      /* next anonymous mmap at a fixed address: F_KEEP fails it */
+static int hits_fixed_file, hits_remap, hits_refill;
+
+typedef void *(*mmap_fn)(void *, size_t, int, int, int, off_t);
+typedef void *(*mremap_fn)(void *, size_t, size_t, int, ...);
+static mmap_fn real_mmap;
+static mremap_fn real_mremap;
+
+/* Default visibility (the build hides symbols) and exported by the
+ * executable (tests.cmake), so that libwex.so's calls land here too. */
+#define INTERPOSE __attribute__((visibility("default")))
+
+INTERPOSE void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	if (!real_mmap)
+		real_mmap = (mmap_fn)(uintptr_t)dlsym(RTLD_NEXT, "mmap");
+	if ((flags & MAP_FIXED) && fd >= 0 && arm_fixed_file) {
+		int how = arm_fixed_file;
+
+		arm_fixed_file = F_NONE;
+		hits_fixed_file++;
+		if (how == F_HOLE)
+			munmap(addr, len);
+		errno = ENOMEM;
+		return MAP_FAILED;
+	}
+	if ((flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) && (flags & MAP_ANONYMOUS) && arm_refill) {
+		arm_refill = F_NONE;
+		hits_refill++;
+		errno = ENOMEM;
+		return MAP_FAILED;
+	}
+	return real_mmap(addr, len, prot, flags, fd, off);
+}
+
+INTERPOSE void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
+{
+	void *new_addr = NULL;
+	va_list ap;
+
+	if (!real_mremap)
+		real_mremap = (mremap_fn)(uintptr_t)dlsym(RTLD_NEXT, "mremap");
+	if (flags & MREMAP_FIXED) {
+		va_start(ap, flags);
+		new_addr = va_arg(ap, void *);
+		va_end(ap);
+		if (arm_remap) {
+			int how = arm_remap;
+
+			arm_remap = F_NONE;
+			hits_remap++;
+			if (how == F_HOLE)
+				munmap(new_addr, new_len);
+			errno = ENOMEM;
+			return MAP_FAILED;
+		}
+		return real_mremap(old, old_len, new_len, flags, new_addr);
+	}
+	return real_mremap(old, old_len, new_len, flags);
+}
+
+/* ---------------------------------------------------------------------- */
+
+static int mapped(void *addr, size_t len)
+{
+	return msync(addr, len, MS_ASYNC) == 0;
+}
+
+/* A /proc/self/maps line covering addr mentions `what`. */
+static int maps_has(void *addr, const char *what)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512];
+	unsigned long a = (unsigned long)addr;
+	int hit = 0;
+
+	T_ASSERT(f, "open /proc/self/maps");
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+
+		if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= a && a < hi) {
+			hit = strstr(line, what) != NULL;
+			break;
+		}
+	}
+	fclose(f);
+	return hit;
+}
+
+static int all_bytes(const void *p, size_t len, unsigned char v)
+{
+	const unsigned char *b = p;
+
+	for (size_t i = 0; i < len; i++)
+		if (b[i] != v)
+			return 0;
+	return 1;
+}
+
+#define SZ (1u << 20)
+
+static void backend_cases(void)
+{
+	const struct wex_mem_ops *ops = &wex_mem_host_ops;
+	struct wex_mem_seg a, b;
+	struct wex_mem_region r;
+	int ret;
+
+	T_ASSERT(ops->alloc(SZ, 0, &a) == 0 && ops->alloc(SZ, 0, &b) == 0, "two host segments");
+	memset(a.ptr, 0xaa, SZ);
+	memset(b.ptr, 0xbb, SZ);
+	T_ASSERT(ops->reserve(SZ, 0, -1, &r) == 0, "reserve");
+	memset(r.addr, 0x11, SZ);
+
+	/* map_fixed fails, range intact: as it was. */
+	arm_fixed_file = F_KEEP;
+	ret = ops->map_fixed(&r, &a, 0);
+	T_ASSERT(hits_fixed_file == 1, "the injected mmap failure was hit");
+	T_ASSERT(ret == -ENOMEM, "map_fixed, range intact: -ENOMEM, got %s", wex_strerror(ret));
+	T_ASSERT(!r.fixed && all_bytes(r.addr, SZ, 0x11), "the region keeps its own bytes");
+
+	/* map_fixed fails after unmapping: fresh private memory, -WEX_EDIRTY. */
+	arm_fixed_file = F_HOLE;
+	ret = ops->map_fixed(&r, &a, 0);
+	T_ASSERT(hits_fixed_file == 2, "the injected hole was hit");
+	T_ASSERT(ret == -WEX_EDIRTY, "map_fixed, hole: -WEX_EDIRTY, got %s", wex_strerror(ret));
+	T_ASSERT(!r.fixed, "fixed = 0 after a lost swap");
+	T_ASSERT(mapped(r.addr, SZ), "no hole is left at the region");
+	T_ASSERT(!maps_has(r.addr, "memfd:"), "the region is private memory again");
+	memset(r.addr, 0x22, SZ); /* writable: no fault */
+	T_ASSERT(all_bytes(a.ptr, SZ, 0xaa), "the producer's segment is untouched");
+
+	/* The next swap works. */
+	T_ASSERT(ops->map_fixed(&r, &a, 0) == 0 && r.fixed, "map_fixed after the repair");
+	T_ASSERT(all_bytes(r.addr, SZ, 0xaa), "the region shows segment a");
+
+	/* Switching to another segment fails, intact: still shows a. */
+	arm_fixed_file = F_KEEP;
+	ret = ops->map_fixed(&r, &b, 0);
+	T_ASSERT(ret == -ENOMEM && r.fixed && all_bytes(r.addr, SZ, 0xaa),
+		 "map_fixed of b, intact: -ENOMEM and still a (got %s)", wex_strerror(ret));
+
+	/* Switching fails with a hole: fresh memory, fixed = 0. */
+	arm_fixed_file = F_HOLE;
+	ret = ops->map_fixed(&r, &b, 0);
+	T_ASSERT(ret == -WEX_EDIRTY && !r.fixed && mapped(r.addr, SZ) &&
+		 !maps_has(r.addr, "memfd:"),
+		 "map_fixed of b, hole: -WEX_EDIRTY with private memory (got %s)", wex_strerror(ret));
+
+	/* unmap_fixed whose mremap fails, intact: still the producer's. */
+	T_ASSERT(ops->map_fixed(&r, &a, 0) == 0, "map a again");
+	arm_remap = F_KEEP;
+	ret = ops->unmap_fixed(&r);
+	T_ASSERT(hits_remap == 1, "the injected mremap failure was hit");
+	T_ASSERT(ret == -ENOMEM && r.fixed && maps_has(r.addr, "memfd:wex-seg"),
+		 "unmap_fixed, intact: -ENOMEM, still showing the producer (got %s)",
+		 wex_strerror(ret));
+
+	/* unmap_fixed whose mremap leaves a hole: refilled with the bytes. */
+	arm_remap = F_HOLE;
+	ret = ops->unmap_fixed(&r);
+	T_ASSERT(hits_remap == 2, "the injected mremap hole was hit");
+	T_ASSERT(ret == 0, "unmap_fixed, hole: refilled (0), got %s", wex_strerror(ret));
+	T_ASSERT(!r.fixed && mapped(r.addr, SZ) && !maps_has(r.addr, "memfd:"),
+		 "private memory at the region");
+	T_ASSERT(all_bytes(r.addr, SZ, 0xaa), "holding the bytes it showed");
+	memset(r.addr, 0x33, SZ);
+	T_ASSERT(all_bytes(a.ptr, SZ, 0xaa), "a write to the region does not reach the producer");
+
+	/* ... and when even the refill fails: -WEX_EDIRTY, nothing mapped. */
+	T_ASSERT(ops->map_fixed(&r, &a, 0) == 0, "map a once more");
+	arm_remap = F_HOLE;
+	arm_refill = F_KEEP;
+	ret = ops->unmap_fixed(&r);
+	T_ASSERT(hits_refill == 1, "the injected refill failure was hit");
+	T_ASSERT(ret == -WEX_EDIRTY && !r.fixed && !mapped(r.addr, SZ),
+		 "unmap_fixed, hole and no memory: -WEX_EDIRTY, nothing mapped (got %s)",
+		 wex_strerror(ret));
+	T_ASSERT(ops->unreserve(&r) == 0, "unreserve after a lost region");
+
+	/* map_fixed with a hole and no memory for the refill: same. */
+	T_ASSERT(ops->reserve(SZ, 0, -1, &r) == 0, "reserve again");
+	arm_fixed_file = F_HOLE;
+	arm_refill = F_KEEP;
+	ret = ops->map_fixed(&r, &a, 0);
+	T_ASSERT(hits_refill == 2 && ret == -WEX_EDIRTY && !r.fixed && !mapped(r.addr, SZ),
+		 "map_fixed, hole and no memory: -WEX_EDIRTY, nothing mapped (got %s)",
+		 wex_strerror(ret));
+	T_ASSERT(ops->unreserve(&r) == 0, "unreserve");
+	T_ASSERT(arm_fixed_file == F_NONE && arm_remap == F_NONE && arm_refill == F_NONE,
+		 "every armed fault fired");
+	T_ASSERT(ops->release(&a) == 0 && ops->release(&b) == 0, "release the segments");
+}
+
+static void client_cases(void)
+{
+	struct t_wexd d;
+	struct t_prod p;
+	struct t_cons k;
+	struct wex_sync_result res;
+	int ret, hits = hits_fixed_file, rhits;
+
+	t_wexd_start(&d);
+	t_prod_open(&p, MODEL, "tiny", 0, 1);
+	t_cons_open(&k, MODEL, "g", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+
+	/* The swap loses the region's bytes: the sync says so. */
+	arm_fixed_file = F_HOLE;
+	ret = wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 1, 5000, &res);
+	T_ASSERT(hits_fixed_file == hits + 1, "the consumer's swap hit the injected hole");
+	T_ASSERT(ret == -WEX_EDIRTY, "REMAP_FIXED sync with a lost swap: -WEX_EDIRTY, got %s (%s)",
+		 wex_strerror(ret), wex_last_error(k.c));
+	T_ASSERT(strstr(wex_last_error(k.c), "bytes were lost"), "the error says the bytes are lost: %s",
+		 wex_last_error(k.c));
+	T_ASSERT(t_leases(d.sock, MODEL) == 0, "the failed sync holds no lease");
+	T_ASSERT(!maps_has(k.region, "memfd:"), "the region is private memory");
+
+	/* A copy sync repairs the weights in the region. */
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 1, 5000, &res));
+	T_ASSERT(t_own_bad(&k, 1) == 0, "the copy rewrote every weight");
+
+	/* Same-address remap works again (v2). */
+	t_prod_write(&p, 2);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 2, 5000, &res));
+	T_ASSERT(res.version == 2 && t_own_bad(&k, 2) == 0, "REMAP_FIXED after the repair reads v2");
+	T_ASSERT(maps_has(k.region, "memfd:wex-seg"), "the region shows the producer's memfd");
+
+	/* Back to copy mode with a hole in the mremap: the bytes stay. */
+	rhits = hits_remap;
+	arm_remap = F_HOLE;
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 2, 5000, &res));
+	T_ASSERT(hits_remap == rhits + 1, "the consumer's restore hit the hole");
+	T_ASSERT(!maps_has(k.region, "memfd:") && t_own_bad(&k, 2) == 0,
+		 "private memory holding v2 after the refill");
+	T_ASSERT(t_leases(d.sock, MODEL) == 0, "no lease is left");
+
+	t_cons_close(&k);
+	t_prod_close(&p);
+	t_wexd_stop(&d);
+}
+
+int main(void)
+{
+	backend_cases();
+	client_cases();
+	printf("host_remap_faults: ok\n");
+	return 0;
+}
