@@ -1442,6 +1442,7 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 			return set_err(c, ret, "remap: map_fixed: %s%s", wex_strerror(ret),
 				       ret == -EINVAL && g->r.lead != s->seg.desc.handle_offset ?
 					       " (the region was reserved for a segment starting at another offset in its allocation: the producer registered it again; wex_reserve a new region)" :
+				       ret == -WEX_EDIRTY && g->r.lost ? " (the region's own bytes were lost and no memory could be mapped there again: reads there fault until a copy sync maps fresh memory)" :
 				       ret == -WEX_EDIRTY ? " (the region's own bytes were lost: copy-sync before serving from it)" : "");
 		}
 		g->mapped = &s->seg;
@@ -1615,17 +1616,24 @@ again:
 		for (size_t i = 0; i < c->nregions; i++) {
 			struct region *g = &c->regions[i];
 
-			if (!g->r.fixed)
+			/* A lost region (an earlier failure left it without
+			 * memory it can write) gets fresh memory first. */
+			if (!g->r.fixed && !g->r.lost)
 				continue;
 			/* -WEX_EDIRTY: back on its own memory with its
 			 * bytes lost, which the copy below rewrites. */
-			if ((ret = g->r.ops->unmap_fixed(&g->r)) < 0 && ret != -WEX_EDIRTY) {
-				/* Still showing the producer's memory, which the
-				 * producer may write once the lease ends. */
+			ret = g->r.ops->unmap_fixed(&g->r);
+			if (g->r.lost || (ret < 0 && ret != -WEX_EDIRTY)) {
 				c->dirty = 1;
 				c->copied = 0;
-				set_err(c, ret, "copy: restoring same-address region: %s (it still shows the producer's memory: weights are dirty)",
-					wex_strerror(ret));
+				if (g->r.lost)
+					set_err(c, ret < 0 ? ret : -WEX_EDIRTY, "copy: same-address region at %p has no memory of its own since a failed swap and none can be mapped there (%s): weights are dirty; sync again, or close the client",
+						g->r.addr, wex_strerror(ret));
+				else
+					/* Still showing the producer's memory, which
+					 * the producer may write once the lease ends. */
+					set_err(c, ret, "copy: restoring same-address region: %s (it still shows the producer's memory: weights are dirty)",
+						wex_strerror(ret));
 				goto err_release;
 			}
 			g->mapped = NULL;

@@ -52,6 +52,12 @@ struct wex_mem_region {
 	uint64_t size;
 	int device;
 	int fixed;    /* 1 while a producer's memory is mapped there */
+	/* 1 after a failure the backend could not undo left the region
+	 * without writable memory of its own (nothing mapped, or pieces of a
+	 * producer's memory it could not unmap): writes there fault.
+	 * unmap_fixed tries again to give it fresh memory; map_fixed may
+	 * still map a producer's memory there. */
+	int lost;
 	uint64_t lead; /* reserved bytes below addr (see the reserve slot) */
 	void *priv;
 };
@@ -109,17 +115,20 @@ struct wex_mem_ops {
 	 * another segment, or a swap failed half-way): the region holds its
 	 * own memory again with undefined bytes (fixed = 0), so the caller
 	 * must treat the weights there as dirty; any other negative errno:
-	 * the region is as it was (fixed and bytes unchanged).  Blocks. */
+	 * the region is as it was (fixed and bytes unchanged).  Success
+	 * clears lost.  Blocks. */
 	int (*map_fixed)(struct wex_mem_region *r, struct wex_mem_seg *seg, uint64_t off);
 	/* Consumer: give r its own memory back, holding the bytes it showed.
 	 * Returns 0 (fixed = 0); -WEX_EDIRTY when the bytes were lost on the
 	 * way (own memory, fixed = 0, contents undefined: dirty); any other
 	 * negative errno: still showing the producer's memory (fixed = 1).
-	 * To drop a region without keeping its bytes (closing), call
-	 * unreserve directly: it frees a fixed region without copying.  In
-	 * both slots, where the driver refuses even fresh memory after a
-	 * failure, nothing is mapped at r->addr (-WEX_EDIRTY): unreserve it.
-	 * Blocks. */
+	 * A region that is neither fixed nor lost: 0, nothing to do.  A lost
+	 * one gets fresh memory: -WEX_EDIRTY, lost = 0; or the error while
+	 * it still cannot (lost stays 1).  To drop a region without keeping
+	 * its bytes (closing), call unreserve directly: it frees a fixed
+	 * region without copying.  In both slots, where the driver refuses
+	 * even fresh memory after a failure, the call returns -WEX_EDIRTY
+	 * with lost = 1 (see lost above).  Blocks. */
 	int (*unmap_fixed)(struct wex_mem_region *r);
 	/* Consumer: free the region, fixed or not (a fixed one is unmapped
 	 * without copying its bytes back: nothing is allocated). */

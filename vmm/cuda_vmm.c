@@ -811,30 +811,36 @@ static int unmap_own(struct region_priv *p)
  * with fixed = 0.  0 when that memory still held the region's bytes;
  * -WEX_EDIRTY when they are lost: fresh memory (the region had given its
  * own back while it showed a producer's), or, where the driver refuses
- * even that, nothing mapped at r->addr until unreserve.
+ * even that, no writable memory at r->addr (lost = 1, the driver's error
+ * in *err when err is not NULL) until a later call succeeds.
  */
-static int restore_own(struct wex_mem_region *r, struct region_priv *p)
+static int restore_own(struct wex_mem_region *r, struct region_priv *p, int *err)
 {
-	int lost = 0;
+	int fresh = 0, ret;
 
 	r->fixed = 0;
-	if (unmap_pieces(p))
-		return -WEX_EDIRTY;
-	if (!p->own_mapped) {
+	r->lost = 1; /* until own memory is mapped and writable again */
+	ret = unmap_pieces(p);
+	if (!ret && !p->own_mapped) {
 		if (!p->own) {
-			lost = 1;
-			if (own_create(p->dev, p->span, &p->own)) {
+			fresh = 1;
+			ret = own_create(p->dev, p->span, &p->own);
+			if (ret)
 				p->own = 0;
-				return -WEX_EDIRTY;
-			}
 		}
-		if (WEX_CU(wex__cu.cuMemMap(p->base, (size_t)p->span, 0, p->own, 0)))
-			return -WEX_EDIRTY;
-		p->own_mapped = 1;
+		if (!ret)
+			ret = WEX_CU(wex__cu.cuMemMap(p->base, (size_t)p->span, 0, p->own, 0));
+		if (!ret)
+			p->own_mapped = 1;
 	}
-	if (set_access_rw(p->base, p->span, p->dev))
+	if (!ret)
+		ret = set_access_rw(p->base, p->span, p->dev);
+	if (err)
+		*err = ret;
+	if (ret)
 		return -WEX_EDIRTY;
-	return lost ? -WEX_EDIRTY : 0;
+	r->lost = 0;
+	return fresh ? -WEX_EDIRTY : 0;
 }
 
 static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint64_t off)
@@ -889,7 +895,7 @@ static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint
 			/* Part of the producer's memory is gone and our own
 			 * was given back: the bytes are lost. */
 			free(piece);
-			restore_own(r, p);
+			restore_own(r, p, NULL);
 			return -WEX_EDIRTY;
 		}
 	} else {
@@ -923,12 +929,13 @@ static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint
 	p->piece = piece;
 	p->npieces = np;
 	r->fixed = 1;
+	r->lost = 0;
 	return 0;
 err_restore:
 	/* Take down what this call mapped and show our memory again. */
 	p->piece = piece;
 	p->npieces = np;
-	rret = restore_own(r, p);
+	rret = restore_own(r, p, NULL);
 	return rret ? rret : ret;
 err_free:
 	free(piece);
@@ -943,11 +950,18 @@ static int vmm_unmap_fixed(struct wex_mem_region *r)
 	CUstream s;
 	int ret;
 
-	if (!r->fixed)
+	if (!r->fixed && !r->lost)
 		return 0;
 	ret = wex__cuda_use_device(r->device);
 	if (ret)
 		return ret;
+	if (!r->fixed) {
+		/* Lost in an earlier failure: try again to give it memory. */
+		int err = 0;
+
+		ret = restore_own(r, p, &err);
+		return r->lost ? err : ret;
+	}
 	ret = wex__cuda_stream(r->device, &s);
 	if (ret)
 		return ret;
@@ -989,7 +1003,7 @@ static int vmm_unmap_fixed(struct wex_mem_region *r)
 	if (!ret)
 		ret = set_access_rw(p->base, p->span, r->device);
 	/* Tried again once; holding the bytes after all is a success. */
-	return ret && restore_own(r, p) ? -WEX_EDIRTY : 0;
+	return ret && restore_own(r, p, NULL) ? -WEX_EDIRTY : 0;
 err_unmap_tmp:
 	wex__cu.cuMemUnmap(tmp, (size_t)p->span);
 err_free_tmp:

@@ -194,6 +194,24 @@ static void *refill(struct wex_mem_region *r)
 	return p == MAP_FAILED ? NULL : p;
 }
 
+/* refill(), with r->lost set and logged when it fails (errno kept). */
+static int lose_or_refill(struct wex_mem_region *r)
+{
+	int err;
+
+	if (refill(r)) {
+		r->lost = 0;
+		return 0;
+	}
+	err = errno;
+	r->lost = 1;
+	wex_error("host", "remap: no memory to refill %p (%llu bytes): %s; nothing is mapped "
+		  "there until a copy sync maps fresh memory", r->addr,
+		  (unsigned long long)r->size, strerror(err));
+	errno = err;
+	return -err;
+}
+
 static int host_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint64_t off)
 {
 	long pg = sysconf(_SC_PAGESIZE);
@@ -210,6 +228,7 @@ static int host_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uin
 	p = mmap(r->addr, r->size, PROT_READ, MAP_SHARED | MAP_FIXED, seg->fd, (off_t)off);
 	if (p != MAP_FAILED) {
 		r->fixed = 1;
+		r->lost = 0;
 		return 0;
 	}
 	ret = -errno;
@@ -222,10 +241,7 @@ static int host_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uin
 	wex_warn("host", "remap: mmap(MAP_FIXED) failed (%s) and left a hole at %p: "
 		 "the region gets fresh memory, its bytes are lost", strerror(-ret), r->addr);
 	r->fixed = 0;
-	if (!refill(r))
-		wex_error("host", "remap: no memory to refill %p (%llu bytes): %s; nothing is "
-			  "mapped there until the region is unreserved", r->addr,
-			  (unsigned long long)r->size, strerror(errno));
+	lose_or_refill(r);
 	return -WEX_EDIRTY;
 }
 
@@ -234,8 +250,13 @@ static int host_unmap_fixed(struct wex_mem_region *r)
 	void *tmp;
 	int ret;
 
-	if (!r->fixed)
-		return 0;
+	if (!r->fixed) {
+		/* Lost in an earlier failure: fresh memory, bytes undefined. */
+		if (!r->lost)
+			return 0;
+		ret = lose_or_refill(r);
+		return ret ? ret : -WEX_EDIRTY;
+	}
 	/* Give the region private memory holding what it showed, swapped in
 	 * with one mremap so that no reader sees a hole. */
 	/* MAP_POPULATE: the kernel faults the pages in bulk, much faster than
@@ -263,10 +284,7 @@ static int host_unmap_fixed(struct wex_mem_region *r)
 	wex_warn("host", "remap: mremap failed (%s) and left a hole at %p: refilling it by copy",
 		 strerror(-ret), r->addr);
 	r->fixed = 0;
-	if (!refill(r)) {
-		wex_error("host", "remap: no memory to refill %p (%llu bytes): %s; nothing is "
-			  "mapped there until the region is unreserved", r->addr,
-			  (unsigned long long)r->size, strerror(errno));
+	if (lose_or_refill(r)) {
 		munmap(tmp, r->size);
 		return -WEX_EDIRTY;
 	}

@@ -301,14 +301,18 @@ struct wex_sync_result {
  * pageable memory, slower, with a warning in the log, and
  * WEX_HOST_PIN=0 in the environment turns pinning off.  That first pin
  * takes time in proportion to the segment's size and runs under the lease,
- * so it also delays the producer's next wex_begin_write, once.  GPU producer memory is mapped read-only where the driver
- * allows it, and reachable from the client's device (or the layout's)
- * through peer access when that is another GPU.
+ * so it also delays the producer's next wex_begin_write, once.  GPU
+ * producer memory is mapped read-only where the driver allows it, and
+ * reachable from the client's device (or the layout's) through peer
+ * access when that is another GPU.
  * Blocks.  Errors: -ETIMEDOUT (the previous lease is given up),
  * -ESHUTDOWN (wexd is shutting down: the acquire is refused and a lease
  * held before it stays held, to use and release), -WEX_ELAYOUT (remap with
  * layouts that differ), -WEX_EDIRTY when a copy was interrupted (the
- * weights are mixed; sync again before serving).
+ * weights are mixed; sync again before serving) or a same-address swap
+ * failed after the region had lost its bytes (it holds fresh memory, or,
+ * where even that could not be mapped, nothing: reads there fault until a
+ * copy sync maps fresh memory, the message says which).
  */
 WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
 		     struct wex_sync_result *res);

@@ -18,10 +18,14 @@
  *  - unmap_fixed whose mremap leaves a hole refills it: 0, fixed = 0, the
  *    bytes the region showed, private (a write does not reach the
  *    producer); when even the refill fails: -WEX_EDIRTY, nothing mapped,
- *    and unreserve still works;
+ *    lost = 1; unmap_fixed of a lost region tries again (the error, or
+ *    -WEX_EDIRTY with fresh memory), map_fixed can still map there, and
+ *    unreserve still works;
  * and through libwex and wexd: a REMAP_FIXED sync whose swap loses the
  * region's bytes fails with -WEX_EDIRTY and says so, a COPY sync repairs
- * the weights, and a later REMAP_FIXED sync works.
+ * the weights, and a later REMAP_FIXED sync works; one that leaves nothing
+ * mapped says that, a COPY sync that cannot map memory there either fails
+ * with a clear error instead of faulting, and the next one repairs it.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -219,19 +223,34 @@ static void backend_cases(void)
 	arm_refill = F_KEEP;
 	ret = ops->unmap_fixed(&r);
 	T_ASSERT(hits_refill == 1, "the injected refill failure was hit");
-	T_ASSERT(ret == -WEX_EDIRTY && !r.fixed && !mapped(r.addr, SZ),
-		 "unmap_fixed, hole and no memory: -WEX_EDIRTY, nothing mapped (got %s)",
+	T_ASSERT(ret == -WEX_EDIRTY && !r.fixed && r.lost && !mapped(r.addr, SZ),
+		 "unmap_fixed, hole and no memory: -WEX_EDIRTY, lost, nothing mapped (got %s)",
 		 wex_strerror(ret));
-	T_ASSERT(ops->unreserve(&r) == 0, "unreserve after a lost region");
+	/* A lost region: unmap_fixed tries again; the error while it can't. */
+	arm_refill = F_KEEP;
+	ret = ops->unmap_fixed(&r);
+	T_ASSERT(hits_refill == 2 && ret == -ENOMEM && r.lost && !mapped(r.addr, SZ),
+		 "unmap_fixed of a lost region, still no memory: -ENOMEM, lost (got %s)",
+		 wex_strerror(ret));
+	ret = ops->unmap_fixed(&r);
+	T_ASSERT(ret == -WEX_EDIRTY && !r.lost && !r.fixed && mapped(r.addr, SZ),
+		 "unmap_fixed of a lost region: fresh memory, -WEX_EDIRTY (got %s)", wex_strerror(ret));
+	memset(r.addr, 0x44, SZ); /* writable */
+	T_ASSERT(ops->unmap_fixed(&r) == 0, "unmap_fixed of a repaired region: nothing to do");
+	T_ASSERT(ops->unreserve(&r) == 0, "unreserve after a repaired region");
 
 	/* map_fixed with a hole and no memory for the refill: same. */
 	T_ASSERT(ops->reserve(SZ, 0, -1, &r) == 0, "reserve again");
 	arm_fixed_file = F_HOLE;
 	arm_refill = F_KEEP;
 	ret = ops->map_fixed(&r, &a, 0);
-	T_ASSERT(hits_refill == 2 && ret == -WEX_EDIRTY && !r.fixed && !mapped(r.addr, SZ),
-		 "map_fixed, hole and no memory: -WEX_EDIRTY, nothing mapped (got %s)",
+	T_ASSERT(hits_refill == 3 && ret == -WEX_EDIRTY && !r.fixed && r.lost &&
+		 !mapped(r.addr, SZ),
+		 "map_fixed, hole and no memory: -WEX_EDIRTY, lost, nothing mapped (got %s)",
 		 wex_strerror(ret));
+	/* A producer's memory can still be mapped there. */
+	T_ASSERT(ops->map_fixed(&r, &a, 0) == 0 && r.fixed && !r.lost &&
+		 all_bytes(r.addr, SZ, 0xaa), "map_fixed into a lost region");
 	T_ASSERT(ops->unreserve(&r) == 0, "unreserve");
 	T_ASSERT(arm_fixed_file == F_NONE && arm_remap == F_NONE && arm_refill == F_NONE,
 		 "every armed fault fired");
@@ -265,6 +284,26 @@ static void client_cases(void)
 	/* A copy sync repairs the weights in the region. */
 	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 1, 5000, &res));
 	T_ASSERT(t_own_bad(&k, 1) == 0, "the copy rewrote every weight");
+
+	/* A lost swap with no memory to refill: the region has nothing
+	 * mapped; a copy sync that cannot map memory there either fails with
+	 * a clear error (no fault), the next one repairs it. */
+	arm_fixed_file = F_HOLE;
+	arm_refill = F_KEEP;
+	ret = wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 1, 5000, &res);
+	T_ASSERT(ret == -WEX_EDIRTY && strstr(wex_last_error(k.c), "no memory could be mapped"),
+		 "REMAP_FIXED sync leaving nothing mapped: -WEX_EDIRTY, says so (got %s: %s)",
+		 wex_strerror(ret), wex_last_error(k.c));
+	T_ASSERT(!mapped(k.region, k.seg_bytes) && wex_is_dirty(k.c), "nothing mapped, dirty");
+	arm_refill = F_KEEP;
+	ret = wex_sync(k.c, WEX_SYNC_COPY, 1, 5000, &res);
+	T_ASSERT(ret == -ENOMEM && strstr(wex_last_error(k.c), "has no memory of its own"),
+		 "COPY sync into a lost region that stays lost: -ENOMEM, says so (got %s: %s)",
+		 wex_strerror(ret), wex_last_error(k.c));
+	T_ASSERT(arm_refill == F_NONE && wex_is_dirty(k.c), "the refill was tried; still dirty");
+	T_ASSERT(t_leases(d.sock, MODEL) == 0, "the failed copy sync holds no lease");
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 1, 5000, &res));
+	T_ASSERT(!wex_is_dirty(k.c) && t_own_bad(&k, 1) == 0, "the next copy sync repairs the weights");
 
 	/* Same-address remap works again (v2). */
 	t_prod_write(&p, 2);

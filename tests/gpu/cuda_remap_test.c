@@ -21,7 +21,8 @@
  * unreserve of a region still showing the producer frees it without a
  * copy; on the emulated driver, a swap failing half-way either leaves the
  * region as it was or says -WEX_EDIRTY with the region on memory of its
- * own; a region on the other device shows the producer's memory through
+ * own, or, with no memory even for that, marks it lost (unmap_fixed gives
+ * it fresh memory later, map_fixed can still map there); a region on the other device shows the producer's memory through
  * peer access, and is refused without.
  */
 #include "gpu_util.h"
@@ -264,6 +265,30 @@ static void c_lead(int sock)
 		CHECK(!r2.fixed);
 		dev_fill((uint64_t)(uintptr_t)r2.addr, r2.size, 3); /* usable */
 		CHECK(dev_check((uint64_t)(uintptr_t)r2.addr, r2.size, 3, 0));
+		CHECK(!r2.lost);
+		/* 7b. The same with no memory for a fresh allocation either:
+		 * lost, nothing writable there; unmap_fixed tries again,
+		 * returning the driver's error while it still cannot. */
+		CHECK_OK(vmm->map_fixed(&r2, &seg, LEAD));
+		emul_fail("cuMemMap", 1, CUDA_ERROR_OUT_OF_MEMORY);
+		emul_fail("cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY);
+		CHECK(vmm->map_fixed(&r2, &seg, LEAD) == -WEX_EDIRTY);
+		CHECK(!r2.fixed && r2.lost);
+		emul_fail("cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY);
+		CHECK(vmm->unmap_fixed(&r2) == -ENOMEM && r2.lost);
+		CHECK(vmm->unmap_fixed(&r2) == -WEX_EDIRTY && !r2.lost && !r2.fixed);
+		dev_fill((uint64_t)(uintptr_t)r2.addr, r2.size, 4);
+		CHECK(dev_check((uint64_t)(uintptr_t)r2.addr, r2.size, 4, 0));
+		CHECK_OK(vmm->unmap_fixed(&r2)); /* nothing to do now */
+		/* A lost region can still show the producer's memory. */
+		CHECK_OK(vmm->map_fixed(&r2, &seg, LEAD));
+		emul_fail("cuMemMap", 1, CUDA_ERROR_OUT_OF_MEMORY);
+		emul_fail("cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY);
+		CHECK(vmm->map_fixed(&r2, &seg, LEAD) == -WEX_EDIRTY && r2.lost);
+		CHECK_OK(vmm->map_fixed(&r2, &seg, LEAD));
+		CHECK(r2.fixed && !r2.lost);
+		CHECK(dev_check((uint64_t)(uintptr_t)r2.addr, r2.size, 21, LEAD));
+		CHECK_OK(vmm->unmap_fixed(&r2));
 		/* 8. unmap_fixed failing before the swap: still showing the
 		 * producer; failing at the swap's cuMemMap and retried: done. */
 		CHECK_OK(vmm->map_fixed(&r2, &seg, LEAD));
