@@ -26,7 +26,8 @@
 #   WEX_DEVICE_STEPS="build bench memcheck" tests/gpu/device_run.sh
 # Every step runs under `timeout` (WEX_STEP_TIMEOUT s, default 270), so a
 # hang costs one step, not the call, and what was logged comes back.
-# Exits non-zero if any step failed.
+# Exits non-zero if any step failed.  Where nvidia-smi sees a GPU, a test
+# that skips fails the gpu or torch step (exit 3): it is not a result.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUTDIR=${WEX_DEVICE_OUTDIR:-${1:-${OUT:-/tmp/wex-gpu-out}}}
@@ -42,12 +43,28 @@ build() {
 		cmake --build "$B" -j "$(nproc)"
 }
 
+# On a machine with a GPU a skipped test is not a result: it fails the
+# step (the reason is in the step's log), so a summary never reads as a
+# pass when the driver, a device or PyTorch's CUDA was not found.
+no_skips_on_gpu() {
+	nvidia-smi -L >/dev/null 2>&1 || return 0
+	grep -q '\*\*\*Skipped' "$OUTDIR/$1.log" || return 0
+	echo "== $1: tests skipped on a machine with a GPU: counted as a failure"
+	return 1
+}
+
 gpu() {
-	cd "$B" && WEX_FACTS_OUT="$OUTDIR/cuda_facts.json" ctest -L gpu -E '^torch_' --output-on-failure
+	(cd "$B" && WEX_FACTS_OUT="$OUTDIR/cuda_facts.json" ctest -L gpu -E '^torch_' --output-on-failure)
+	rc=$?
+	no_skips_on_gpu gpu || [ $rc -ne 0 ] || rc=3
+	return $rc
 }
 
 torch() {
-	cd "$B" && ctest -R '^torch_' --output-on-failure
+	(cd "$B" && ctest -R '^torch_' --output-on-failure)
+	rc=$?
+	no_skips_on_gpu torch || [ $rc -ne 0 ] || rc=3
+	return $rc
 }
 
 bench() {
@@ -122,9 +139,9 @@ for s in $STEPS; do
 	case $s in
 	build) step build || break ;;
 	gpu) step gpu
-	     grep -E "tests passed|Passed|Failed|Skipped|Timeout|\*\*\*" "$OUTDIR/gpu.log" >>"$SUM"
+	     grep -E "tests passed|Passed|Failed|Skipped|Timeout|\*\*\*|^== " "$OUTDIR/gpu.log" >>"$SUM"
 	     cat "$OUTDIR/cuda_facts.json" >>"$SUM" 2>/dev/null ;;
-	torch) step torch; grep -E "tests passed|Passed|Failed|Skipped|Timeout|\*\*\*" "$OUTDIR/torch.log" >>"$SUM" ;;
+	torch) step torch; grep -E "tests passed|Passed|Failed|Skipped|Timeout|\*\*\*|^== " "$OUTDIR/torch.log" >>"$SUM" ;;
 	bench) step bench; tail -n 1 "$OUTDIR/bench.log" >>"$SUM" ;;
 	staging) step staging; tail -n 4 "$OUTDIR/staging.log" >>"$SUM" ;;
 	memcheck) step memcheck; grep -E "ERROR SUMMARY|== " "$OUTDIR/memcheck.log" >>"$SUM" ;;
