@@ -60,53 +60,44 @@ static mremap_fn real_mremap;
  * executable (tests.cmake), so that libwex.so's calls land here too. */
 #define INTERPOSE __attribute__((visibility("default")))
 
+/* Fires the fault armed in *arm (counting it in *hits): F_HOLE first
+ * unmaps [addr, addr+len), as a kernel may before failing. */
+static void *fire(int *arm, int *hits, void *addr, size_t len)
+{
+	if (*arm == F_HOLE)
+		munmap(addr, len);
+	*arm = F_NONE;
+	(*hits)++;
+	errno = ENOMEM;
+	return MAP_FAILED;
+}
+
 INTERPOSE void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	if (!real_mmap)
 		real_mmap = (mmap_fn)(uintptr_t)dlsym(RTLD_NEXT, "mmap");
-	if ((flags & MAP_FIXED) && fd >= 0 && arm_fixed_file) {
-		int how = arm_fixed_file;
-
-		arm_fixed_file = F_NONE;
-		hits_fixed_file++;
-		if (how == F_HOLE)
-			munmap(addr, len);
-		errno = ENOMEM;
-		return MAP_FAILED;
-	}
-	if ((flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) && (flags & MAP_ANONYMOUS) && arm_refill) {
-		arm_refill = F_NONE;
-		hits_refill++;
-		errno = ENOMEM;
-		return MAP_FAILED;
-	}
+	if ((flags & MAP_FIXED) && fd >= 0 && arm_fixed_file)
+		return fire(&arm_fixed_file, &hits_fixed_file, addr, len);
+	if ((flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) && (flags & MAP_ANONYMOUS) && arm_refill)
+		return fire(&arm_refill, &hits_refill, addr, len);
 	return real_mmap(addr, len, prot, flags, fd, off);
 }
 
 INTERPOSE void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 {
-	void *new_addr = NULL;
+	void *new_addr;
 	va_list ap;
 
 	if (!real_mremap)
 		real_mremap = (mremap_fn)(uintptr_t)dlsym(RTLD_NEXT, "mremap");
-	if (flags & MREMAP_FIXED) {
-		va_start(ap, flags);
-		new_addr = va_arg(ap, void *);
-		va_end(ap);
-		if (arm_remap) {
-			int how = arm_remap;
-
-			arm_remap = F_NONE;
-			hits_remap++;
-			if (how == F_HOLE)
-				munmap(new_addr, new_len);
-			errno = ENOMEM;
-			return MAP_FAILED;
-		}
-		return real_mremap(old, old_len, new_len, flags, new_addr);
-	}
-	return real_mremap(old, old_len, new_len, flags);
+	if (!(flags & MREMAP_FIXED))
+		return real_mremap(old, old_len, new_len, flags);
+	va_start(ap, flags);
+	new_addr = va_arg(ap, void *);
+	va_end(ap);
+	if (arm_remap)
+		return fire(&arm_remap, &hits_remap, new_addr, new_len);
+	return real_mremap(old, old_len, new_len, flags, new_addr);
 }
 
 /* ---------------------------------------------------------------------- */
