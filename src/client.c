@@ -1427,8 +1427,13 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 		struct pseg *s = find_pseg(c, g->prank, g->segid);
 
 		*bytes += g->r.size;
-		if (g->mapped == &s->seg && g->r.fixed)
-			continue; /* already showing it: a metadata-only sync */
+		if (g->mapped == &s->seg && g->r.fixed) {
+			/* Already showing it: a metadata-only sync.  Still
+			 * undone with the others if a later region fails (the
+			 * lease it is shown under is given back). */
+			done[i] = 1;
+			continue;
+		}
 		ret = g->r.ops->map_fixed(&g->r, &s->seg, s->seg.desc.handle_offset);
 		if (ret < 0) {
 			if (ret == -WEX_EDIRTY) {
@@ -1437,6 +1442,10 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 				c->dirty = 1;
 				c->copied = 0;
 			}
+			/* Still showing what it showed before (an older version
+			 * of the producer's memory): undone with the others. */
+			if (g->r.fixed)
+				done[i] = 1;
 			unmap_regions_of_call(c, done);
 			free(done);
 			return set_err(c, ret, "remap: map_fixed: %s%s", wex_strerror(ret),
@@ -1609,10 +1618,11 @@ again:
 		return set_err(c, -WEX_EDAEMON, "wexd restarted twice during one sync: sync again");
 	}
 	if (mode == WEX_SYNC_COPY) {
-		int changed = version != c->copied || c->dirty;
+		int changed = version != c->copied || c->dirty, first = 0;
 
 		/* A copy writes the consumer's own memory: regions showing the
-		 * producer's get their private memory back first. */
+		 * producer's get their private memory back first, every one
+		 * of them even when one fails (the first failure is reported). */
 		for (size_t i = 0; i < c->nregions; i++) {
 			struct region *g = &c->regions[i];
 
@@ -1623,21 +1633,30 @@ again:
 			/* -WEX_EDIRTY: back on its own memory with its
 			 * bytes lost, which the copy below rewrites. */
 			ret = g->r.ops->unmap_fixed(&g->r);
-			if (g->r.lost || (ret < 0 && ret != -WEX_EDIRTY)) {
-				c->dirty = 1;
-				c->copied = 0;
-				if (g->r.lost)
-					set_err(c, ret < 0 ? ret : -WEX_EDIRTY, "copy: same-address region at %p has no memory of its own since a failed swap and none can be mapped there (%s): weights are dirty; sync again, or close the client",
-						g->r.addr, wex_strerror(ret));
-				else
-					/* Still showing the producer's memory, which
-					 * the producer may write once the lease ends. */
-					set_err(c, ret, "copy: restoring same-address region: %s (it still shows the producer's memory: weights are dirty)",
-						wex_strerror(ret));
-				goto err_release;
-			}
-			g->mapped = NULL;
+			if (!g->r.fixed)
+				g->mapped = NULL;
 			changed = 1;
+			if (!g->r.lost && (ret >= 0 || ret == -WEX_EDIRTY))
+				continue;
+			c->dirty = 1;
+			c->copied = 0;
+			if (first)
+				continue;
+			if (g->r.lost) {
+				first = ret < 0 ? ret : -WEX_EDIRTY;
+				set_err(c, first, "copy: same-address region at %p has no memory of its own since a failed swap and none can be mapped there (%s): weights are dirty; sync again, or close the client",
+					g->r.addr, wex_strerror(ret));
+			} else {
+				/* Still showing the producer's memory, which the
+				 * producer may write once the lease ends. */
+				first = ret;
+				set_err(c, ret, "copy: restoring same-address region: %s (it still shows the producer's memory: weights are dirty)",
+					wex_strerror(ret));
+			}
+		}
+		if (first) {
+			ret = first;
+			goto err_release;
 		}
 
 		if (changed) {

@@ -810,13 +810,14 @@ static int unmap_own(struct region_priv *p)
  * After a swap failed half-way: the region shows its own memory again,
  * with fixed = 0.  0 when that memory still held the region's bytes;
  * -WEX_EDIRTY when they are lost: fresh memory (the region had given its
- * own back while it showed a producer's), or, where the driver refuses
+ * own back while it showed a producer's, or was lost already: memory
+ * created by an earlier attempt holds nothing either), or, where the driver refuses
  * even that, no writable memory at r->addr (lost = 1, the driver's error
  * in *err when err is not NULL) until a later call succeeds.
  */
 static int restore_own(struct wex_mem_region *r, struct region_priv *p, int *err)
 {
-	int fresh = 0, ret;
+	int fresh = r->lost, ret; /* a lost region's own memory holds nothing */
 
 	r->fixed = 0;
 	r->lost = 1; /* until own memory is mapped and writable again */
@@ -956,9 +957,14 @@ static int vmm_unmap_fixed(struct wex_mem_region *r)
 	if (ret)
 		return ret;
 	if (!r->fixed) {
-		/* Lost in an earlier failure: try again to give it memory. */
+		/* Lost in an earlier failure: try again to give it memory
+		 * (after our queued work, which may still read pieces left
+		 * mapped there). */
 		int err = 0;
 
+		ret = WEX_CU(wex__cu.cuCtxSynchronize());
+		if (ret)
+			return ret;
 		ret = restore_own(r, p, &err);
 		return r->lost ? err : ret;
 	}

@@ -172,10 +172,13 @@ static int range_mapped(void *addr, uint64_t size)
 	return msync(addr, size, MS_ASYNC) == 0 || errno != ENOMEM;
 }
 
-/* Fresh private memory at r->addr after a failed call left a hole there;
+/* Fresh private memory at r->addr after a failed call left a hole there.
  * NOREPLACE first, so that nothing another thread mapped into the hole
- * is clobbered (MAP_FIXED only where part of the range is still ours).
- * NULL when even that fails: nothing is mapped at r->addr. */
+ * is clobbered.  Where part of the range is still mapped (EEXIST) that
+ * part is normally the region's own, and MAP_FIXED replaces the whole
+ * range; a mapping another thread made in the hole meanwhile would be
+ * replaced too (the reservation is the region's, as with the MAP_FIXED
+ * swap itself).  NULL when even that fails: nothing is mapped there. */
 static void *refill(struct wex_mem_region *r)
 {
 	void *p;

@@ -25,7 +25,10 @@
  * region's bytes fails with -WEX_EDIRTY and says so, a COPY sync repairs
  * the weights, and a later REMAP_FIXED sync works; one that leaves nothing
  * mapped says that, a COPY sync that cannot map memory there either fails
- * with a clear error instead of faulting, and the next one repairs it.
+ * with a clear error instead of faulting, and the next one repairs it;
+ * with two regions, a failure on one still restores (copy sync) or undoes
+ * (fixed sync, the region already shown included) the other, so no region
+ * shows the producer once the failed sync has given its lease back.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -44,7 +47,8 @@
 /* ---------------------------------------------------------------------- */
 /* Fault injection.                                                        */
 
-enum { F_NONE, F_KEEP, F_HOLE }; /* fail leaving the range; unmap it, then fail */
+/* Fail leaving the range; unmap it, then fail; unmap its first half only. */
+enum { F_NONE, F_KEEP, F_HOLE, F_HALF };
 
 static int arm_fixed_file;  /* next mmap(MAP_FIXED) of a file */
 static int arm_remap;       /* next mremap(MREMAP_FIXED) */
@@ -61,11 +65,14 @@ static mremap_fn real_mremap;
 #define INTERPOSE __attribute__((visibility("default")))
 
 /* Fires the fault armed in *arm (counting it in *hits): F_HOLE first
- * unmaps [addr, addr+len), as a kernel may before failing. */
+ * unmaps [addr, addr+len), as a kernel may before failing, F_HALF the
+ * first half of it. */
 static void *fire(int *arm, int *hits, void *addr, size_t len)
 {
 	if (*arm == F_HOLE)
 		munmap(addr, len);
+	else if (*arm == F_HALF)
+		munmap(addr, len / 2);
 	*arm = F_NONE;
 	(*hits)++;
 	errno = ENOMEM;
@@ -102,13 +109,8 @@ INTERPOSE void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...
 
 /* ---------------------------------------------------------------------- */
 
-static int mapped(void *addr, size_t len)
-{
-	return msync(addr, len, MS_ASYNC) == 0;
-}
-
-/* A /proc/self/maps line covering addr mentions `what`. */
-static int maps_has(void *addr, const char *what)
+/* The /proc/self/maps line covering addr into line; 0 when none does. */
+static int map_line(const void *addr, char *out, size_t len)
 {
 	FILE *f = fopen("/proc/self/maps", "r");
 	char line[512];
@@ -116,16 +118,49 @@ static int maps_has(void *addr, const char *what)
 	int hit = 0;
 
 	T_ASSERT(f, "open /proc/self/maps");
-	while (fgets(line, sizeof(line), f)) {
+	while (!hit && fgets(line, sizeof(line), f)) {
 		unsigned long lo, hi;
 
 		if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= a && a < hi) {
-			hit = strstr(line, what) != NULL;
-			break;
+			snprintf(out, len, "%s", line);
+			hit = 1;
 		}
 	}
 	fclose(f);
 	return hit;
+}
+
+/* Every page of [addr, addr+len) is mapped (checked page by page against
+ * /proc/self/maps, independently of the msync test the backend uses). */
+static int mapped(void *addr, size_t len)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	char line[512];
+
+	for (size_t o = 0; o < len; o += (size_t)pg)
+		if (!map_line((char *)addr + o, line, sizeof(line)))
+			return 0;
+	return 1;
+}
+
+/* No page of [addr, addr+len) is mapped. */
+static int unmapped(void *addr, size_t len)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	char line[512];
+
+	for (size_t o = 0; o < len; o += (size_t)pg)
+		if (map_line((char *)addr + o, line, sizeof(line)))
+			return 0;
+	return 1;
+}
+
+/* The mapping covering addr mentions `what` (e.g. "memfd:"). */
+static int maps_has(void *addr, const char *what)
+{
+	char line[512];
+
+	return map_line(addr, line, sizeof(line)) && strstr(line, what);
 }
 
 static int all_bytes(const void *p, size_t len, unsigned char v)
@@ -188,6 +223,17 @@ static void backend_cases(void)
 		 !maps_has(r.addr, "memfd:"),
 		 "map_fixed of b, hole: -WEX_EDIRTY with private memory (got %s)", wex_strerror(ret));
 
+	/* Half a hole (the rest still shows a): the whole region gets fresh
+	 * private memory, the part still mapped included. */
+	T_ASSERT(ops->map_fixed(&r, &a, 0) == 0, "map a");
+	arm_fixed_file = F_HALF;
+	ret = ops->map_fixed(&r, &b, 0);
+	T_ASSERT(ret == -WEX_EDIRTY && !r.fixed && !r.lost && mapped(r.addr, SZ) &&
+		 !maps_has(r.addr, "memfd:") && !maps_has((char *)r.addr + SZ / 2, "memfd:"),
+		 "map_fixed of b, half a hole: -WEX_EDIRTY, all private (got %s)", wex_strerror(ret));
+	memset(r.addr, 0x55, SZ); /* writable, both halves */
+	T_ASSERT(all_bytes(a.ptr, SZ, 0xaa), "the producer's segment is untouched");
+
 	/* unmap_fixed whose mremap fails, intact: still the producer's. */
 	T_ASSERT(ops->map_fixed(&r, &a, 0) == 0, "map a again");
 	arm_remap = F_KEEP;
@@ -214,13 +260,13 @@ static void backend_cases(void)
 	arm_refill = F_KEEP;
 	ret = ops->unmap_fixed(&r);
 	T_ASSERT(hits_refill == 1, "the injected refill failure was hit");
-	T_ASSERT(ret == -WEX_EDIRTY && !r.fixed && r.lost && !mapped(r.addr, SZ),
+	T_ASSERT(ret == -WEX_EDIRTY && !r.fixed && r.lost && unmapped(r.addr, SZ),
 		 "unmap_fixed, hole and no memory: -WEX_EDIRTY, lost, nothing mapped (got %s)",
 		 wex_strerror(ret));
 	/* A lost region: unmap_fixed tries again; the error while it can't. */
 	arm_refill = F_KEEP;
 	ret = ops->unmap_fixed(&r);
-	T_ASSERT(hits_refill == 2 && ret == -ENOMEM && r.lost && !mapped(r.addr, SZ),
+	T_ASSERT(hits_refill == 2 && ret == -ENOMEM && r.lost && unmapped(r.addr, SZ),
 		 "unmap_fixed of a lost region, still no memory: -ENOMEM, lost (got %s)",
 		 wex_strerror(ret));
 	ret = ops->unmap_fixed(&r);
@@ -236,7 +282,7 @@ static void backend_cases(void)
 	arm_refill = F_KEEP;
 	ret = ops->map_fixed(&r, &a, 0);
 	T_ASSERT(hits_refill == 3 && ret == -WEX_EDIRTY && !r.fixed && r.lost &&
-		 !mapped(r.addr, SZ),
+		 unmapped(r.addr, SZ),
 		 "map_fixed, hole and no memory: -WEX_EDIRTY, lost, nothing mapped (got %s)",
 		 wex_strerror(ret));
 	/* A producer's memory can still be mapped there. */
@@ -285,7 +331,7 @@ static void client_cases(void)
 	T_ASSERT(ret == -WEX_EDIRTY && strstr(wex_last_error(k.c), "no memory could be mapped"),
 		 "REMAP_FIXED sync leaving nothing mapped: -WEX_EDIRTY, says so (got %s: %s)",
 		 wex_strerror(ret), wex_last_error(k.c));
-	T_ASSERT(!mapped(k.region, k.seg_bytes) && wex_is_dirty(k.c), "nothing mapped, dirty");
+	T_ASSERT(unmapped(k.region, k.seg_bytes) && wex_is_dirty(k.c), "nothing mapped, dirty");
 	arm_refill = F_KEEP;
 	ret = wex_sync(k.c, WEX_SYNC_COPY, 1, 5000, &res);
 	T_ASSERT(ret == -ENOMEM && strstr(wex_last_error(k.c), "has no memory of its own"),
@@ -316,10 +362,104 @@ static void client_cases(void)
 	t_wexd_stop(&d);
 }
 
+static void mkt(struct wex_tensor *t, const char *name, uint64_t n, uint32_t seg)
+{
+	memset(t, 0, sizeof(*t));
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	t->dtype = WEX_DT_U8;
+	t->ndim = 1;
+	t->shape[0] = t->extent[0] = n;
+	t->segment = seg;
+}
+
+static void publish(wex_client_t *p, void *b0, void *b1, size_t n, uint64_t v)
+{
+	T_WEX(p, wex_begin_write(p, v, 5000));
+	memset(b0, (int)v, n);
+	memset(b1, (int)v, n);
+	T_WEX(p, wex_publish(p, v));
+}
+
+/* Two same-address regions: a failure on one never leaves the other
+ * showing the producer after the lease is given back. */
+static void two_regions(struct t_wexd *d)
+{
+	enum { N = 8192 };
+	wex_client_t *p = t_open(WEX_ROLE_PRODUCER, MODEL "-2", NULL, 0, 1);
+	wex_client_t *k = t_open(WEX_ROLE_CONSUMER, MODEL "-2", "g", 0, 1);
+	struct wex_tensor pt[2], ct[2];
+	struct wex_sync_result res;
+	uint32_t s0, s1;
+	void *b0, *b1, *r0, *r1;
+	int ret;
+
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, N, &s0, &b0));
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, N, &s1, &b1));
+	mkt(&pt[0], "a", N, s0);
+	mkt(&pt[1], "b", N, s1);
+	T_WEX(p, wex_register_tensors(p, pt, 2));
+	publish(p, b0, b1, N, 1);
+	T_WEX(k, wex_reserve(k, 0, s0, N, &r0));
+	T_WEX(k, wex_reserve(k, 0, s1, N, &r1));
+	ct[0] = pt[0];
+	ct[0].ptr = r0;
+	ct[1] = pt[1];
+	ct[1].ptr = r1;
+	T_WEX(k, wex_attach(k, ct, 2));
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 1, 5000, &res));
+	T_ASSERT(maps_has(r0, "memfd:") && maps_has(r1, "memfd:"), "both regions show the producer");
+
+	/* A copy sync whose first restore fails (still showing the producer)
+	 * still restores the second, then fails. */
+	arm_remap = F_KEEP;
+	ret = wex_sync(k, WEX_SYNC_COPY, 1, 5000, &res);
+	T_ASSERT(ret == -ENOMEM && strstr(wex_last_error(k), "still shows the producer"),
+		 "copy sync with a restore failing: -ENOMEM, says so (got %s: %s)", wex_strerror(ret),
+		 wex_last_error(k));
+	T_ASSERT(maps_has(r0, "memfd:"), "region a still shows the producer (its restore failed)");
+	T_ASSERT(!maps_has(r1, "memfd:") && all_bytes(r1, N, 1),
+		 "region b was restored all the same, holding v1");
+	T_ASSERT(t_leases(d->sock, MODEL "-2") == 0, "the failed sync holds no lease");
+
+	/* A REMAP_FIXED sync in which a is already shown (nothing to map)
+	 * and b fails: a is undone too, so nothing shows the producer. */
+	publish(p, b0, b1, N, 2);
+	arm_fixed_file = F_KEEP;
+	ret = wex_sync(k, WEX_SYNC_REMAP_FIXED, 2, 5000, &res);
+	T_ASSERT(ret == -ENOMEM, "fixed sync with b's swap failing: -ENOMEM, got %s (%s)",
+		 wex_strerror(ret), wex_last_error(k));
+	T_ASSERT(!maps_has(r0, "memfd:") && !maps_has(r1, "memfd:"),
+		 "after the failed sync neither region shows the producer");
+	T_ASSERT(t_leases(d->sock, MODEL "-2") == 0, "and no lease is held");
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 2, 5000, &res));
+	T_ASSERT(all_bytes(r0, N, 2) && all_bytes(r1, N, 2), "the next fixed sync shows v2 in both");
+
+	/* a lost (hole, no memory for a refill): b is still restored. */
+	arm_remap = F_HOLE;
+	arm_refill = F_KEEP;
+	ret = wex_sync(k, WEX_SYNC_COPY, 2, 5000, &res);
+	T_ASSERT(ret == -WEX_EDIRTY && strstr(wex_last_error(k), "has no memory of its own"),
+		 "copy sync with a lost: -WEX_EDIRTY, says so (got %s: %s)", wex_strerror(ret),
+		 wex_last_error(k));
+	T_ASSERT(unmapped(r0, N) && !maps_has(r1, "memfd:"), "a has nothing mapped, b is private");
+	T_WEX(k, wex_sync(k, WEX_SYNC_COPY, 2, 5000, &res));
+	T_ASSERT(!wex_is_dirty(k) && all_bytes(r0, N, 2) && all_bytes(r1, N, 2),
+		 "the next copy sync repairs both");
+	T_ASSERT(arm_remap == F_NONE && arm_refill == F_NONE && arm_fixed_file == F_NONE,
+		 "every armed fault fired");
+	wex_client_close(k);
+	wex_client_close(p);
+}
+
 int main(void)
 {
+	struct t_wexd d;
+
 	backend_cases();
 	client_cases();
+	t_wexd_start(&d);
+	two_regions(&d);
+	t_wexd_stop(&d);
 	printf("host_remap_faults: ok\n");
 	return 0;
 }

@@ -273,13 +273,24 @@ static void c_lead(int sock)
 		emul_fail("cuMemMap", 1, CUDA_ERROR_OUT_OF_MEMORY);
 		emul_fail("cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY);
 		CHECK(vmm->map_fixed(&r2, &seg, LEAD) == -WEX_EDIRTY);
-		CHECK(!r2.fixed && r2.lost);
+		CHECK(!r2.fixed && r2.lost && store_faults(r2.addr));
 		emul_fail("cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY);
 		CHECK(vmm->unmap_fixed(&r2) == -ENOMEM && r2.lost);
 		CHECK(vmm->unmap_fixed(&r2) == -WEX_EDIRTY && !r2.lost && !r2.fixed);
 		dev_fill((uint64_t)(uintptr_t)r2.addr, r2.size, 4);
 		CHECK(dev_check((uint64_t)(uintptr_t)r2.addr, r2.size, 4, 0));
 		CHECK_OK(vmm->unmap_fixed(&r2)); /* nothing to do now */
+		/* Lost with fresh memory mapped but no access granted (its
+		 * cuMemSetAccess refused): the retry grants it and says the
+		 * bytes are lost, although the memory existed already. */
+		CHECK_OK(vmm->map_fixed(&r2, &seg, LEAD));
+		emul_fail("cuMemMap", 1, CUDA_ERROR_OUT_OF_MEMORY);
+		emul_fail("cuMemSetAccess", 1, CUDA_ERROR_OUT_OF_MEMORY);
+		CHECK(vmm->map_fixed(&r2, &seg, LEAD) == -WEX_EDIRTY);
+		CHECK(!r2.fixed && r2.lost && store_faults(r2.addr));
+		CHECK(vmm->unmap_fixed(&r2) == -WEX_EDIRTY && !r2.lost);
+		dev_fill((uint64_t)(uintptr_t)r2.addr, r2.size, 5);
+		CHECK(dev_check((uint64_t)(uintptr_t)r2.addr, r2.size, 5, 0));
 		/* A lost region can still show the producer's memory. */
 		CHECK_OK(vmm->map_fixed(&r2, &seg, LEAD));
 		emul_fail("cuMemMap", 1, CUDA_ERROR_OUT_OF_MEMORY);

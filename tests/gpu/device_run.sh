@@ -31,6 +31,7 @@
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUTDIR=${WEX_DEVICE_OUTDIR:-${1:-${OUT:-/tmp/wex-gpu-out}}}
+mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd) # steps cd into the build
 STEPS=${WEX_DEVICE_STEPS:-build gpu torch staging bench memcheck}
 STEP_TIMEOUT=${WEX_STEP_TIMEOUT:-270}
 B=${WEX_DEVICE_BUILD:-/tmp/wex-gpu-build}
