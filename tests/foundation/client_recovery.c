@@ -63,17 +63,6 @@ static wex_client_t *opn(int role, const char *model, uint32_t timeout_ms)
 	return c;
 }
 
-static void mkt(struct wex_tensor *t, const char *name, uint64_t n, uint32_t seg, uint64_t off)
-{
-	memset(t, 0, sizeof(*t));
-	snprintf(t->name, sizeof(t->name), "%s", name);
-	t->dtype = WEX_DT_U8;
-	t->ndim = 1;
-	t->shape[0] = t->extent[0] = n;
-	t->segment = seg;
-	t->offset = off;
-}
-
 static void write_v(wex_client_t *p, void *base, uint64_t n, uint64_t v)
 {
 	T_WEX(p, wex_begin_write(p, v, 5000));
@@ -120,7 +109,7 @@ static void restart_during_copy(struct t_wexd *d)
 
 	T_ASSERT(buf, "malloc");
 	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, BIG, &seg, &base));
-	mkt(&t, "w", BIG, seg, 0);
+	t_u8_tensor(&t, "w", BIG, seg, 0);
 	T_WEX(p, wex_register_tensors(p, &t, 1));
 	write_v(p, base, BIG, 1);
 	memset(buf, 0, BIG);
@@ -177,7 +166,7 @@ static void waits_and_timeouts(struct t_wexd *d)
 	int ret;
 
 	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &seg, &base));
-	mkt(&t, "w", 4096, seg, 0);
+	t_u8_tensor(&t, "w", 4096, seg, 0);
 	T_WEX(p, wex_register_tensors(p, &t, 1));
 	write_v(p, base, 4096, 1);
 	/* No limit means no limit: still waiting after 6 s, served by v2. */
@@ -220,8 +209,8 @@ static void fixed_all_or_none(struct t_wexd *d)
 
 	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 8192, &s0, &b0));
 	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 8192, &s1, &b1));
-	mkt(&pt[0], "a", 4096, s0, 0);
-	mkt(&pt[1], "b", 4096, s1, 0);
+	t_u8_tensor(&pt[0], "a", 4096, s0, 0);
+	t_u8_tensor(&pt[1], "b", 4096, s1, 0);
 	T_WEX(p, wex_register_tensors(p, pt, 2));
 	T_WEX(p, wex_begin_write(p, 1, 5000));
 	memset(b0, 1, 8192);
@@ -263,10 +252,10 @@ static void refused_table_not_kept(struct t_wexd *d)
 	int ret;
 
 	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &seg, &base));
-	mkt(&t, "a", 4096, seg, 0);
+	t_u8_tensor(&t, "a", 4096, seg, 0);
 	T_WEX(p, wex_register_tensors(p, &t, 1));
 	write_v(p, base, 4096, 1);
-	mkt(&bad, "a", 4096, seg, 4096); /* past the segment's end */
+	t_u8_tensor(&bad, "a", 4096, seg, 4096); /* past the segment's end */
 	ret = wex_register_tensors(p, &bad, 1);
 	T_ASSERT(ret == -EINVAL, "a tensor past its segment: -EINVAL, got %s", wex_strerror(ret));
 	t_wexd_kill(d);
@@ -296,7 +285,7 @@ static void failed_fetch_retried(struct t_wexd *d)
 	int ret;
 
 	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &s0, &b0));
-	mkt(&pt[0], "a", 4096, s0, 0);
+	t_u8_tensor(&pt[0], "a", 4096, s0, 0);
 	T_WEX(p, wex_register_tensors(p, pt, 1));
 	write_v(p, b0, 4096, 1);
 	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_VIEW, 1, 2000, &r));
@@ -308,7 +297,7 @@ static void failed_fetch_retried(struct t_wexd *d)
 			     &json));
 	wex_free(json);
 	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &s2, &b2));
-	mkt(&pt[1], "b", 4096, s2, 0);
+	t_u8_tensor(&pt[1], "b", 4096, s2, 0);
 	T_WEX(p, wex_register_tensors(p, pt, 2));
 	T_WEX(p, wex_begin_write(p, 2, 2000));
 	memset(b0, 2, 4096);
@@ -339,7 +328,7 @@ static void *late_producer(void *a)
 	usleep(400 * 1000);
 	l->p = opn(WEX_ROLE_PRODUCER, "rc-reserve", 5000);
 	T_WEX(l->p, wex_segment_alloc(l->p, WEX_SEG_HOST, 0, 8192, &l->seg, &l->base));
-	mkt(&t, "w", 8192, l->seg, 0);
+	t_u8_tensor(&t, "w", 8192, l->seg, 0);
 	T_WEX(l->p, wex_register_tensors(l->p, &t, 1));
 	return NULL;
 }
@@ -440,7 +429,7 @@ static void refused_acquire_keeps_lease(struct t_wexd *d)
 	pid_t w = 0;
 
 	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &seg, &base));
-	mkt(&t, "w", 4096, seg, 0);
+	t_u8_tensor(&t, "w", 4096, seg, 0);
 	T_WEX(p, wex_register_tensors(p, &t, 1));
 	write_v(p, base, 4096, 1);
 	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_VIEW, 1, 2000, &r));
@@ -502,7 +491,7 @@ static void unsendable_reply_drops(struct t_wexd *d)
 	int fd, sent, got = 0, eof = 0;
 
 	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &seg, &base));
-	mkt(&t, "w", 4096, seg, 0);
+	t_u8_tensor(&t, "w", 4096, seg, 0);
 	T_WEX(p, wex_register_tensors(p, &t, 1));
 	write_v(p, base, 4096, 1);
 	fd = t_raw_connect(d->sock);
@@ -562,7 +551,7 @@ static void consumer_out_of_fds(struct t_wexd *d)
 
 		T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &seg, &base[i]));
 		snprintf(name, sizeof(name), "t%d", i);
-		mkt(&pt[i], name, 4096, seg, 0);
+		t_u8_tensor(&pt[i], name, 4096, seg, 0);
 	}
 	T_WEX(p, wex_register_tensors(p, pt, 8));
 	T_WEX(p, wex_begin_write(p, 1, 2000));

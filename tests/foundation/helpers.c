@@ -15,6 +15,7 @@
 
 #include "ipc/sock.h"
 #include "helpers.h"
+#include "wex.h"
 
 static pid_t owner_pid;
 static void settle_close(void);
@@ -362,4 +363,15 @@ int t_leases(const char *sock, const char *model)
 
 	json_decref(s);
 	return n;
+}
+
+void t_u8_tensor(struct wex_tensor *t, const char *name, uint64_t n, uint32_t seg, uint64_t off)
+{
+	memset(t, 0, sizeof(*t));
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	t->dtype = WEX_DT_U8;
+	t->ndim = 1;
+	t->shape[0] = t->extent[0] = n;
+	t->segment = seg;
+	t->offset = off;
 }

@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/types.h>
@@ -115,5 +116,9 @@ int t_wait(pid_t pid);
 
 /* Monotonic seconds. */
 double t_now(void);
+
+struct wex_tensor;
+/* *t = a 1-D uint8 tensor `name` of n bytes at `off` in segment `seg`. */
+void t_u8_tensor(struct wex_tensor *t, const char *name, uint64_t n, uint32_t seg, uint64_t off);
 
 #endif

@@ -362,16 +362,6 @@ static void client_cases(void)
 	t_wexd_stop(&d);
 }
 
-static void mkt(struct wex_tensor *t, const char *name, uint64_t n, uint32_t seg)
-{
-	memset(t, 0, sizeof(*t));
-	snprintf(t->name, sizeof(t->name), "%s", name);
-	t->dtype = WEX_DT_U8;
-	t->ndim = 1;
-	t->shape[0] = t->extent[0] = n;
-	t->segment = seg;
-}
-
 static void publish(wex_client_t *p, void *b0, void *b1, size_t n, uint64_t v)
 {
 	T_WEX(p, wex_begin_write(p, v, 5000));
@@ -395,8 +385,8 @@ static void two_regions(struct t_wexd *d)
 
 	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, N, &s0, &b0));
 	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, N, &s1, &b1));
-	mkt(&pt[0], "a", N, s0);
-	mkt(&pt[1], "b", N, s1);
+	t_u8_tensor(&pt[0], "a", N, s0, 0);
+	t_u8_tensor(&pt[1], "b", N, s1, 0);
 	T_WEX(p, wex_register_tensors(p, pt, 2));
 	publish(p, b0, b1, N, 1);
 	T_WEX(k, wex_reserve(k, 0, s0, N, &r0));
