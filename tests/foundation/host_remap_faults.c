@@ -27,7 +27,8 @@
  * mapped says that, a COPY sync that cannot map memory there either fails
  * with a clear error instead of faulting, and the next one repairs it;
  * with two regions, a failure on one still restores (copy sync) or undoes
- * (fixed sync, the region already shown included) the other, so no region
+ * (fixed sync, the region already shown included, and one still showing
+ * an older mapping) the other, so no region
  * shows the producer once the failed sync has given its lease back.
  */
 #include <dlfcn.h>
@@ -435,6 +436,24 @@ static void two_regions(struct t_wexd *d)
 	T_WEX(k, wex_sync(k, WEX_SYNC_COPY, 2, 5000, &res));
 	T_ASSERT(!wex_is_dirty(k) && all_bytes(r0, N, 2) && all_bytes(r1, N, 2),
 		 "the next copy sync repairs both");
+
+	/* A region still showing an older mapping (its restore failed when a
+	 * new table was fetched) whose swap fails too is undone as well. */
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 2, 5000, &res));
+	T_WEX(k, wex_release(k));
+	T_WEX(p, wex_register_tensors(p, pt, 2)); /* a new table: the next sync fetches */
+	publish(p, b0, b1, N, 3);
+	arm_remap = F_KEEP;
+	arm_fixed_file = F_KEEP;
+	ret = wex_sync(k, WEX_SYNC_REMAP_FIXED, 3, 5000, &res);
+	T_ASSERT(ret == -ENOMEM && arm_remap == F_NONE,
+		 "fixed sync with a's restore and swap failing: -ENOMEM, got %s (%s)",
+		 wex_strerror(ret), wex_last_error(k));
+	T_ASSERT(!maps_has(r0, "memfd:") && !maps_has(r1, "memfd:"),
+		 "after that failed sync neither region shows the producer");
+	T_ASSERT(t_leases(d->sock, MODEL "-2") == 0, "and no lease is held");
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 3, 5000, &res));
+	T_ASSERT(all_bytes(r0, N, 3) && all_bytes(r1, N, 3), "the next fixed sync shows v3 in both");
 	T_ASSERT(arm_remap == F_NONE && arm_refill == F_NONE && arm_fixed_file == F_NONE,
 		 "every armed fault fired");
 	wex_client_close(k);

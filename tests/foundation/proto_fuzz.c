@@ -578,22 +578,12 @@ static void seed(struct fz_msg *m, int op, struct slot *s, int mutate_table)
 				 "name", "fz-admin");
 		break;
 	case OP_STATUS:
-		m->j = req("status");
-		break;
 	case OP_MODELS:
-		m->j = req("models");
-		break;
 	case OP_CLIENTS:
-		m->j = req("clients");
-		break;
 	case OP_PLANS:
-		m->j = req("plans");
-		break;
 	case OP_PING:
-		m->j = req("ping");
-		break;
 	case OP_METRICS:
-		m->j = req("metrics");
+		m->j = req(op_names[op]); /* requests without arguments: named as sent */
 		break;
 	case OP_CONFIG_GET:
 		m->j = json_pack("{s:i, s:s, s:s}", "v", 1, "op", "config_get", "name",

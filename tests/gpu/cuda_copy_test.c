@@ -70,47 +70,66 @@ static void unbase(uint64_t s, uint64_t d)
 	rebase(-s, -d);
 }
 
+/* Host and device buffers of n bytes each: ds filled with pattern vs,
+ * dd with vd, hs and hd holding the same bytes, out for read-backs. */
+struct bufs {
+	unsigned char *hs, *hd, *out;
+	CUdeviceptr ds, dd;
+};
+
+static void bufs_open(struct bufs *b, size_t n, int vs, int vd)
+{
+	b->hs = malloc(n);
+	b->hd = malloc(n);
+	b->out = malloc(n);
+	CHECK(b->hs && b->hd && b->out);
+	CHECK_OK(wex__cuda_use_device(0));
+	CU_OK(wex__cu.cuMemAlloc(&b->ds, n));
+	CU_OK(wex__cu.cuMemAlloc(&b->dd, n));
+	dev_fill(b->ds, n, vs);
+	dev_fill(b->dd, n, vd);
+	CU_OK(wex__cu.cuMemcpyDtoH(b->hs, b->ds, n));
+	CU_OK(wex__cu.cuMemcpyDtoH(b->hd, b->dd, n));
+}
+
+static void bufs_close(struct bufs *b)
+{
+	CU_OK(wex__cu.cuMemFree(b->ds));
+	CU_OK(wex__cu.cuMemFree(b->dd));
+	free(b->hs);
+	free(b->hd);
+	free(b->out);
+}
+
 static void test(void)
 {
-	unsigned char *hs = malloc(BUF), *hd = malloc(BUF), *out = malloc(BUF);
-	CUdeviceptr ds, dd;
+	struct bufs b;
 
-	CHECK(hs && hd && out);
-	CHECK_OK(wex__cuda_use_device(0));
-	CU_OK(wex__cu.cuMemAlloc(&ds, BUF));
-	CU_OK(wex__cu.cuMemAlloc(&dd, BUF));
-	dev_fill(ds, BUF, 1);
-	dev_fill(dd, BUF, 2);
-	CU_OK(wex__cu.cuMemcpyDtoH(hs, ds, BUF));
-	CU_OK(wex__cu.cuMemcpyDtoH(hd, dd, BUF));
+	bufs_open(&b, BUF, 1, 2);
 	build();
-	rebase((uint64_t)(uintptr_t)hs, (uint64_t)(uintptr_t)hd);
+	rebase((uint64_t)(uintptr_t)b.hs, (uint64_t)(uintptr_t)b.hd);
 	CHECK_OK(wex_mem_host_copy(ops, nops, 1));
-	unbase((uint64_t)(uintptr_t)hs, (uint64_t)(uintptr_t)hd);
-	rebase(ds, dd);
+	unbase((uint64_t)(uintptr_t)b.hs, (uint64_t)(uintptr_t)b.hd);
+	rebase(b.ds, b.dd);
 	unsigned long n3 = emul_calls("cuMemcpy3DAsync"), n2 = emul_calls("cuMemcpy2DAsync");
 
 	CHECK_OK(wex_mem_backend(WEX_MEM_CUDA_VMM)->copy(ops, nops, 1));
 	if (emulated())
 		CHECK(emul_calls("cuMemcpy3DAsync") > n3 && emul_calls("cuMemcpy2DAsync") > n2);
-	CU_OK(wex__cu.cuMemcpyDtoH(out, dd, BUF));
+	CU_OK(wex__cu.cuMemcpyDtoH(b.out, b.dd, BUF));
 	for (size_t i = 0; i < BUF; i++)
-		if (out[i] != hd[i]) {
-			fprintf(stderr, "byte %zu differs: gpu %u host %u\n", i, out[i], hd[i]);
+		if (b.out[i] != b.hd[i]) {
+			fprintf(stderr, "byte %zu differs: gpu %u host %u\n", i, b.out[i], b.hd[i]);
 			exit(T_EXIT_FAIL);
 		}
 	/* The same ops with device source and host (pageable) destination:
 	 * unified addressing lets one executor serve both. */
-	unbase(ds, dd);
-	memset(out, 0, BUF);
-	rebase(ds, (uint64_t)(uintptr_t)out);
+	unbase(b.ds, b.dd);
+	memset(b.out, 0, BUF);
+	rebase(b.ds, (uint64_t)(uintptr_t)b.out);
 	CHECK_OK(wex_mem_backend(WEX_MEM_CUDA_IPC)->copy(ops, 1, 1));
-	CHECK(memcmp(out, hd, 1u << 20) == 0);
-	CU_OK(wex__cu.cuMemFree(ds));
-	CU_OK(wex__cu.cuMemFree(dd));
-	free(hs);
-	free(hd);
-	free(out);
+	CHECK(memcmp(b.out, b.hd, 1u << 20) == 0);
+	bufs_close(&b);
 }
 
 /* The CPU's version of one CUDA_MEMCPY3D between host buffers. */
@@ -129,30 +148,22 @@ static void ref3d(unsigned char *d, const unsigned char *s, const CUDA_MEMCPY3D 
 
 static void memcpy3d_offsets(void)
 {
-	unsigned char *hs = malloc(B3), *hd = malloc(B3), *out = malloc(B3);
-	CUdeviceptr ds, dd;
+	struct bufs b;
 	CUDA_MEMCPY3D c;
 
-	CHECK(hs && hd && out);
-	CHECK_OK(wex__cuda_use_device(0));
-	CU_OK(wex__cu.cuMemAlloc(&ds, B3));
-	CU_OK(wex__cu.cuMemAlloc(&dd, B3));
-	dev_fill(ds, B3, 4);
-	dev_fill(dd, B3, 5);
-	CU_OK(wex__cu.cuMemcpyDtoH(hs, ds, B3));
-	CU_OK(wex__cu.cuMemcpyDtoH(hd, dd, B3));
+	bufs_open(&b, B3, 4, 5);
 	/* Device to device: offsets in every dimension, different pitches
 	 * and slice heights on the two sides. */
 	memset(&c, 0, sizeof(c));
 	c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-	c.srcDevice = ds;
+	c.srcDevice = b.ds;
 	c.srcXInBytes = 7;
 	c.srcY = 3;
 	c.srcZ = 2;
 	c.srcPitch = 512;
 	c.srcHeight = 40;
 	c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-	c.dstDevice = dd;
+	c.dstDevice = b.dd;
 	c.dstXInBytes = 100;
 	c.dstY = 1;
 	c.dstZ = 4;
@@ -163,25 +174,21 @@ static void memcpy3d_offsets(void)
 	c.Depth = 9;
 	CU_OK(wex__cu.cuMemcpy3DAsync(&c, NULL));
 	CU_OK(wex__cu.cuCtxSynchronize());
-	ref3d(hd, hs, &c);
-	CU_OK(wex__cu.cuMemcpyDtoH(out, dd, B3));
-	CHECK(memcmp(out, hd, B3) == 0);
+	ref3d(b.hd, b.hs, &c);
+	CU_OK(wex__cu.cuMemcpyDtoH(b.out, b.dd, B3));
+	CHECK(memcmp(b.out, b.hd, B3) == 0);
 	/* Device to host, with offsets: the host side by pointer. */
-	memcpy(out, hd, B3);
+	memcpy(b.out, b.hd, B3);
 	c.dstMemoryType = CU_MEMORYTYPE_HOST;
-	c.dstHost = out;
+	c.dstHost = b.out;
 	c.dstDevice = 0;
 	c.srcZ = 0;
 	c.dstZ = 1;
 	CU_OK(wex__cu.cuMemcpy3DAsync(&c, NULL));
 	CU_OK(wex__cu.cuCtxSynchronize());
-	ref3d(hd, hs, &c);
-	CHECK(memcmp(out, hd, B3) == 0);
-	CU_OK(wex__cu.cuMemFree(ds));
-	CU_OK(wex__cu.cuMemFree(dd));
-	free(hs);
-	free(hd);
-	free(out);
+	ref3d(b.hd, b.hs, &c);
+	CHECK(memcmp(b.out, b.hd, B3) == 0);
+	bufs_close(&b);
 }
 
 int main(void)
