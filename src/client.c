@@ -66,6 +66,7 @@ struct wex_client {
 	char group[WEX_NAME_MAX];
 	int role;
 	uint32_t rank, world, timeout_ms;
+	int timeout_set; /* timeout_ms came from the caller (else wexd's defaults for waits) */
 	int threads;
 	char err[512];
 	/* producer */
@@ -283,6 +284,26 @@ static int reply_status(struct wex_client *c, json_t *reply)
 
 static int reconnect(struct wex_client *c);
 
+/* Longest wait wexd accepts as a default (config.c: one day). */
+#define DAEMON_WAIT_MAX_MS 86400000u
+
+/*
+ * The wait of a blocking request (begin_write, acquire): the caller's
+ * timeout, else the client's if one was set, goes into req as timeout_ms;
+ * with neither, req names none and wexd's configured default applies
+ * (begin_write_timeout_ms, sync_timeout_ms).  Returns how long to wait for
+ * the reply (wexd answers every wait by its deadline).
+ */
+static uint32_t wait_of(const struct wex_client *c, uint32_t timeout_ms, json_t *req)
+{
+	if (!timeout_ms && c->timeout_set)
+		timeout_ms = c->timeout_ms;
+	if (!timeout_ms)
+		return DAEMON_WAIT_MAX_MS;
+	json_object_set_new(req, "timeout_ms", json_integer(timeout_ms));
+	return timeout_ms;
+}
+
 /* One request; on a lost daemon, reconnect once and retry. `req` is taken.
  * Received fds (if rfds) are the caller's. */
 static int rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, json_t **out,
@@ -453,7 +474,8 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 		c->rank = p->rank;
 		c->world = p->world_size ? p->world_size : 1;
 	}
-	c->timeout_ms = (p->field_mask & WEX_CLIENT_FIELD_TIMEOUT) && p->timeout_ms ? p->timeout_ms : 30000;
+	c->timeout_set = (p->field_mask & WEX_CLIENT_FIELD_TIMEOUT) && p->timeout_ms;
+	c->timeout_ms = c->timeout_set ? p->timeout_ms : 30000;
 	c->device = -1;
 	c->layout_dev = -2;
 	if (p->field_mask & WEX_CLIENT_FIELD_DEVICE) {
@@ -895,11 +917,8 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
 
 	if (c->role != WEX_ROLE_PRODUCER)
 		return set_err(c, -EPERM, "only producers write");
-	if (!timeout_ms)
-		timeout_ms = c->timeout_ms;
-	req = json_pack("{s:s, s:I, s:I}", "op", "begin_write", "version", (json_int_t)version,
-			"timeout_ms", (json_int_t)timeout_ms);
-	ret = rpc(c, req, NULL, 0, NULL, NULL, 0, NULL, timeout_ms);
+	req = json_pack("{s:s, s:I}", "op", "begin_write", "version", (json_int_t)version);
+	ret = rpc(c, req, NULL, 0, NULL, NULL, 0, NULL, wait_of(c, timeout_ms, req));
 	if (ret == 0)
 		c->writing = version;
 	return ret;
@@ -1557,6 +1576,7 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 	uint64_t t0 = wex__now_ns(), bytes = 0, version, gen, conn;
 	json_t *req, *reply = NULL;
 	double waited;
+	uint32_t wait;
 	int ret, retried = 0, held;
 
 	if (c->role != WEX_ROLE_CONSUMER)
@@ -1567,16 +1587,15 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 		return set_err(c, -EINVAL, "same-address sync: reserve regions first (wex_reserve)");
 	if (mode < WEX_SYNC_COPY || mode > WEX_SYNC_REMAP_FIXED)
 		return set_err(c, -EINVAL, "sync mode %d unknown", mode);
-	if (!timeout_ms)
-		timeout_ms = c->timeout_ms;
 	/* The acquire ends the lease held now (wexd drops it), and a copy
 	 * overwrites the weights in place: either way the engine's GPU work
 	 * that may still read them must be done first. */
 	if ((c->has_lease || mode == WEX_SYNC_COPY) && (ret = settle(c, "sync")) < 0)
 		return ret;
 again:
-	req = json_pack("{s:s, s:I, s:I, s:i}", "op", "acquire", "min_version",
-			(json_int_t)min_version, "timeout_ms", (json_int_t)timeout_ms, "mode", mode);
+	req = json_pack("{s:s, s:I, s:i}", "op", "acquire", "min_version", (json_int_t)min_version,
+			"mode", mode);
+	wait = wait_of(c, timeout_ms, req);
 	/* wexd drops our previous lease once it takes this acquire on (and
 	 * then answers it, times it out or ends its wait at shutdown); an
 	 * acquire it refuses outright (shutting down, bad arguments) leaves
@@ -1586,7 +1605,7 @@ again:
 	conn = c->conn_gen;
 	c->has_lease = 0;
 	c->lease_kept = 0;
-	ret = rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, timeout_ms);
+	ret = rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, wait);
 	if (ret < 0) {
 		/* wexd says whether it refused the acquire before taking it on
 		 * (the previous lease stands) or dropped that lease first. */

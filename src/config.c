@@ -791,6 +791,27 @@ int wex__config_set(struct wex_config *cfg, const char *name, const char *value,
 	return rc;
 }
 
+int wex__config_set_flag(struct wex_config *cfg, const char *name, const char *value,
+			 const char *where, char *err, size_t errlen)
+{
+	int i = wex__config_field_index(name);
+	json_t *v;
+	int rc;
+
+	if (i < 0) {
+		snprintf(err, errlen, "%s: field '%s': unknown field", where, name);
+		return -ENOENT;
+	}
+	v = text_json(&fields[i], value);
+	if (!v) {
+		snprintf(err, errlen, "%s: field '%s': out of memory", where, name);
+		return -ENOMEM;
+	}
+	rc = apply(cfg, i, v, WEX_CONFIG_SRC_FLAG, where, where, err, errlen);
+	json_decref(v);
+	return rc;
+}
+
 static void swap_field(struct wex_config *a, struct wex_config *b, int i)
 {
 	const struct field *f = &fields[i];
@@ -824,9 +845,9 @@ int wex__config_reload(struct wex_config *cfg, json_t **report, char *err, size_
 		json_t *a, *b;
 		int same;
 
-		/* Runtime values outrank the file and the environment, also
-		 * after a reload. */
-		if (cfg->source[i] == WEX_CONFIG_SRC_RUNTIME) {
+		/* Runtime values and command-line flags outrank the file and
+		 * the environment, also after a reload. */
+		if (cfg->source[i] == WEX_CONFIG_SRC_RUNTIME || cfg->source[i] == WEX_CONFIG_SRC_FLAG) {
 			swap_field(cfg, &next, i);
 			continue;
 		}
@@ -1023,7 +1044,7 @@ void wex__config_free(struct wex_config *cfg)
 
 const char *wex__config_source_name(int source)
 {
-	static const char *const names[] = { "default", "file", "env", "runtime" };
+	static const char *const names[] = { "default", "file", "env", "runtime", "flag" };
 
 	if (source < 0 || source >= (int)WEX_ARRAY_SIZE(names))
 		return "?";

@@ -51,6 +51,7 @@ enum wex_config_source {
 	WEX_CONFIG_SRC_FILE,
 	WEX_CONFIG_SRC_ENV,
 	WEX_CONFIG_SRC_RUNTIME,
+	WEX_CONFIG_SRC_FLAG, /* wexd's command line: kept across reloads */
 };
 
 /* Field indices, in table order (config.c's table is indexed by these). */
@@ -142,6 +143,16 @@ int wex__config_load(struct wex_config *out, const char *path, int path_explicit
  */
 int wex__config_set(struct wex_config *cfg, const char *name, const char *value, char *err,
 		    size_t errlen);
+
+/*
+ * A command-line flag of wexd: parses value (text) for the field called
+ * name, whether or not it is modifiable at run time, and stores it with the
+ * source "flag", which a reload keeps (a later "config set" still wins,
+ * being the newer word).  Errors as wex__config_set, with "--FLAG" named
+ * by the caller in err's prefix `where`.
+ */
+int wex__config_set_flag(struct wex_config *cfg, const char *name, const char *value,
+			 const char *where, char *err, size_t errlen);
 
 /*
  * SIGHUP: re-reads the same file and environment into a new configuration;

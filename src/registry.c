@@ -810,7 +810,7 @@ json_t *wexd_acquire(struct wexd *d, struct conn *c, json_t *req)
 	c->wait_mode = (int)mode;
 	c->wait_start_ns = wex__now_ns();
 	if (timeout < 0)
-		timeout = 30000;
+		timeout = d->sync_timeout_ms;
 	c->wait_deadline_ns = c->wait_start_ns + (uint64_t)timeout * 1000000ull;
 	if (acquire_try(d, c, &reply))
 		return reply;

@@ -446,10 +446,22 @@ static json_t *wexd_metrics(struct wexd *d)
 	return r;
 }
 
+/* What status says the configuration came from (the file may come or go
+ * between reloads). */
+static void set_config_source(struct wexd *d)
+{
+	if (d->cfg.path && access(d->cfg.path, R_OK) == 0)
+		snprintf(d->config_source, sizeof(d->config_source), "%s", d->cfg.path);
+	else
+		snprintf(d->config_source, sizeof(d->config_source), "defaults (no %s)",
+			 d->cfg.path ? d->cfg.path : "file");
+}
+
 static void apply_config(struct wexd *d)
 {
 	wex__log_level = d->cfg.log_level;
 	d->begin_write_timeout_ms = (uint32_t)d->cfg.begin_write_timeout_ms;
+	d->sync_timeout_ms = (uint32_t)d->cfg.sync_timeout_ms;
 }
 
 static json_t *wexd_config_req(struct wexd *d, struct conn *c, json_t *req, const char *op)
@@ -511,6 +523,7 @@ static void wexd_reload(struct wexd *d)
 		char *s = json_dumps(report, JSON_COMPACT);
 
 		apply_config(d);
+		set_config_source(d);
 		wex_info("config", "reloaded: %s", s ? s : "");
 		free(s);
 	}
@@ -610,11 +623,11 @@ int main(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },          { 0 }
 	};
 	struct wexd d = { .listen_fd = -1, .sig_fd = -1, .msg_max = WEX_MSG_MAX_DEFAULT,
-			  .begin_write_timeout_ms = 30000 };
-	const char *io = NULL, *sock = NULL, *cfg = NULL, *s;
+			  .begin_write_timeout_ms = 30000, .sync_timeout_ms = 60000 };
+	const char *io = NULL, *sock = NULL, *cfg = NULL, *level = NULL, *s;
 	char err[512] = "", buf[PATH_MAX];
 	sigset_t mask;
-	int opt, ret, log_forced = 0;
+	int opt, ret;
 
 	wex__log_init();
 	while ((opt = getopt_long(argc, argv, "s:i:c:l:h", lo, NULL)) != -1) {
@@ -633,8 +646,8 @@ int main(int argc, char **argv)
 				fprintf(stderr, "wexd: --log-level '%s' unknown\n", optarg);
 				return 2;
 			}
-			wex__log_level = ret;
-			log_forced = 1;
+			wex__log_level = ret; /* for what is logged while loading */
+			level = optarg;
 			break;
 		case 'h':
 			usage(stdout);
@@ -653,27 +666,22 @@ int main(int argc, char **argv)
 		fprintf(stderr, "wexd: %s\n", err);
 		return 2;
 	}
-	/* Command-line flags win over every layer of the configuration. */
-	if (sock) {
-		free(d.cfg.socket);
-		d.cfg.socket = strdup(sock);
-	}
-	if (io && strcmp(io, "auto") && strcmp(io, "io_uring") && strcmp(io, "epoll")) {
-		fprintf(stderr, "wexd: --io '%s' unknown (auto, io_uring, epoll)\n", io);
+	/* Command-line flags win over every layer of the configuration, also
+	 * after a reload (source "flag"). */
+	if ((sock && wex__config_set_flag(&d.cfg, "socket", sock, "--socket", err, sizeof(err)) < 0) ||
+	    (io && wex__config_set_flag(&d.cfg, "io_backend", io, "--io", err, sizeof(err)) < 0) ||
+	    (level && wex__config_set_flag(&d.cfg, "log_level", level, "--log-level", err,
+					   sizeof(err)) < 0)) {
+		fprintf(stderr, "wexd: %s\n", err);
+		wex__config_free(&d.cfg);
 		return 2;
 	}
-	if (!io)
-		io = wex__config_io_backend_name(d.cfg.io_backend);
-	if (!log_forced)
-		wex__log_level = d.cfg.log_level;
+	io = wex__config_io_backend_name(d.cfg.io_backend);
+	wex__log_level = d.cfg.log_level;
 	snprintf(d.socket_path, sizeof(d.socket_path), "%s", d.cfg.socket);
-	if (d.cfg.path && access(d.cfg.path, R_OK) == 0)
-		snprintf(d.config_source, sizeof(d.config_source), "%s", d.cfg.path);
-	else
-		snprintf(d.config_source, sizeof(d.config_source), "defaults (no %s)",
-			 d.cfg.path ? d.cfg.path : "file");
+	set_config_source(&d);
 	d.msg_max = (size_t)d.cfg.max_message_bytes;
-	d.begin_write_timeout_ms = (uint32_t)d.cfg.begin_write_timeout_ms;
+	apply_config(&d);
 	wex__config_log(&d.cfg);
 	set_fd_limit(&d);
 	(void)buf;

@@ -137,7 +137,8 @@ struct wexd {
 	int stop;
 	int exit_code;
 	size_t msg_max;
-	uint32_t begin_write_timeout_ms;
+	uint32_t begin_write_timeout_ms; /* requests without timeout_ms wait this long */
+	uint32_t sync_timeout_ms;
 	char config_source[PATH_MAX + 16];
 	struct wex_config cfg;
 	uint64_t watchdog_usec;

@@ -123,7 +123,11 @@ struct wex_client_params {
 	const char *group;     /* consumer group (one engine instance); default "default" */
 	uint32_t rank;         /* this process's rank in its group */
 	uint32_t world_size;   /* ranks in its group (producer N or consumer M) */
-	uint32_t timeout_ms;   /* default timeout of blocking calls; default 30000 */
+	uint32_t timeout_ms;   /* default timeout of blocking calls; default 30000,
+				* except the waits of wex_begin_write and wex_sync,
+				* which without it (and without one of their own)
+				* last as long as wexd's begin_write_timeout_ms and
+				* sync_timeout_ms say (30 s and 60 s by default) */
 	uint32_t copy_threads; /* threads for host copies; default min(8, cores) */
 	int device;            /* CUDA ordinal (in this process) of a consumer's
 				* reserved regions; default: the producer
@@ -209,7 +213,8 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
 /*
  * Announces that this rank is about to overwrite its weights with `version`
  * (greater than every earlier one).  Blocks until no consumer lease holds
- * the buffer, at most `timeout_ms` (0: the client's default); -EBUSY on
+ * the buffer, at most `timeout_ms` (0: the client's timeout_ms if set, else
+ * wexd's begin_write_timeout_ms); -EBUSY on
  * timeout, naming the holders in wex_last_error().
  */
 WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms);
@@ -278,8 +283,8 @@ struct wex_sync_result {
 
 /*
  * Brings this consumer rank to the newest published version (at least
- * `min_version`), waiting up to `timeout_ms` (0: client default) for one to
- * be published.  All ranks of the consumer group get the same version.
+ * `min_version`), waiting up to `timeout_ms` (0: the client's timeout_ms if
+ * set, else wexd's sync_timeout_ms) for one to be published.  All ranks of the consumer group get the same version.
  * COPY: leases the version for the length of the copy.  REMAP_*: leases it
  * until the next sync, wex_release or close (for the rollout's length).
  * min_version 0 means "the newest": a held lease is given up first, so the
