@@ -509,6 +509,25 @@ static json_t *wexd_config_req(struct wexd *d, struct conn *c, json_t *req, cons
 	return r;
 }
 
+/* A reload may take access away: a producer or consumer admitted under the
+ * old allow lists that the new ones refuse is disconnected (its leases and
+ * registrations go as for any client that leaves) and logged; connecting
+ * again, it is refused with EACCES. */
+static void recheck_access(struct wexd *d)
+{
+	for (struct conn *c = d->conns; c; c = c->next) {
+		if (c->dead || !c->model ||
+		    (c->role != WEX_ROLE_PRODUCER && c->role != WEX_ROLE_CONSUMER) ||
+		    wex__config_allowed(&d->cfg, c->model->name, c->role, c->uid, c->gid))
+			continue;
+		wex_warn("access", "reload: uid %d gid %d pid %d may no longer be a %s of model '%s': "
+			 "disconnected", (int)c->uid, (int)c->gid, (int)c->pid,
+			 c->role == WEX_ROLE_PRODUCER ? "producer" : "consumer", c->model->name);
+		wex__metrics_count(WEX_M_REFUSED, "access", NULL, 1);
+		conn_close(d, c);
+	}
+}
+
 static void wexd_reload(struct wexd *d)
 {
 	json_t *report = NULL;
@@ -526,6 +545,7 @@ static void wexd_reload(struct wexd *d)
 		set_config_source(d);
 		wex_info("config", "reloaded: %s", s ? s : "");
 		free(s);
+		recheck_access(d);
 	}
 	json_decref(report);
 	wex__sd_ready();

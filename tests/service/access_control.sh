@@ -4,7 +4,8 @@
 # producer, wex-allowed registers and publishes while wex-denied is refused
 # with EACCES (counted in metrics and logged once); the socket is created
 # with the configured mode and group, so a user outside the group cannot
-# even connect.  Needs root (useradd); skips with the reason otherwise.
+# even connect; a reload that removes an admitted producer from the list
+# disconnects it (one that keeps it does not).  Needs root (useradd); skips with the reason otherwise.
 WEXD=$1 PRODUCER=$2 WEXCTL=$3
 . "$(dirname "$0")/lib.sh"
 [ "$(id -u)" = 0 ] || skip "needs root to create test users"
@@ -44,4 +45,35 @@ grep -q 'wex_refused_connections_total{reason="access"} 1' "$TMP/metrics" ||
 	fail "refusal not counted once: $(grep refused "$TMP/metrics")"
 n=$(grep -c "refused uid" "$TMP/wexd.log")
 [ "$n" = 1 ] || fail "refusal logged $n times, expected once"
-echo "PASS: allowed producer served, denied producer refused with EACCES, outsider cannot connect"
+# A reload that takes access away disconnects a producer admitted before
+# (logged, counted); one that still may stays.
+runuser -u wex-allowed -- env WEX_SOCKET="$WEX_SOCKET" "$PRODUCER" --preset tiny --versions 1 \
+	--hold >"$TMP/held.log" 2>&1 &
+H=$!
+cleanup_extra() { kill "$H" 2>/dev/null; wait "$H" 2>/dev/null; }
+i=0; until grep -q "published v1" "$TMP/held.log"; do
+	kill -0 $H 2>/dev/null || fail "held producer: $(cat "$TMP/held.log")"
+	i=$((i+1)); [ $i -lt 400 ] || fail "held producer did not publish"; sleep 0.05; done
+producers() { "$WEXCTL" clients --json | /usr/bin/python3 -c \
+	"import json,sys; print(sum(c['role'] == 'producer' for c in json.load(sys.stdin)['clients']))"; }
+[ "$(producers)" = 1 ] || fail "the held producer is not listed"
+cat >"$TMP/wexd.json" <<JSON
+{ "socket_mode": "0660", "socket_group": "wextest",
+  "models": { "policy": { "producers": { "uids": ["wex-allowed"] } } }, "log_level": "debug" }
+JSON
+kill -HUP "$WEXD_PID"
+i=0; until grep -q "config info: reloaded" "$TMP/wexd.log"; do
+	i=$((i+1)); [ $i -lt 200 ] || fail "reload not logged"; sleep 0.05; done
+[ "$(producers)" = 1 ] || fail "a reload that keeps access disconnected the producer"
+cat >"$TMP/wexd.json" <<JSON
+{ "socket_mode": "0660", "socket_group": "wextest",
+  "models": { "policy": { "producers": { "uids": ["wex-denied"] } } } }
+JSON
+kill -HUP "$WEXD_PID"
+i=0; until grep -q "may no longer be a producer of model 'policy': disconnected" "$TMP/wexd.log"; do
+	i=$((i+1)); [ $i -lt 200 ] || fail "revoked producer not disconnected: $(tail -3 "$TMP/wexd.log")"; sleep 0.05; done
+i=0; until [ "$(producers)" = 0 ]; do
+	i=$((i+1)); [ $i -lt 200 ] || fail "the revoked producer is still listed"; sleep 0.05; done
+"$WEXCTL" metrics | grep -q 'wex_refused_connections_total{reason="access"} 2' ||
+	fail "revocation not counted: $("$WEXCTL" metrics | grep refused)"
+echo "PASS: allowed producer served, denied producer refused with EACCES, outsider cannot connect, a reload revoking access disconnects"
