@@ -44,6 +44,7 @@ struct wex_loop_watch {
 	int kind;
 	int fd;
 	int armed;
+	int stopped; /* listener: unlisten was called */
 	void (*cb)(void *arg, int fd, int res);
 	void *arg;
 };
@@ -68,6 +69,10 @@ struct wex_loop_ops {
 	int (*watch)(struct wex_loop *l, struct wex_loop_watch *w);
 	int (*add)(struct wex_loop *l, struct wex_loop_io *io);
 	void (*close)(struct wex_loop *l, struct wex_loop_io *io);
+	/* Stops accepting on listener w for good; connections not accepted
+	 * yet stay in the kernel's backlog (under socket activation, for the
+	 * next wexd).  An accept already under way may still complete. */
+	void (*unlisten)(struct wex_loop *l, struct wex_loop_watch *w);
 	int (*run_once)(struct wex_loop *l, int timeout_ms);
 	void (*fini)(struct wex_loop *l);
 };

@@ -164,6 +164,16 @@ static void ep_fini(struct wex_loop *l)
 	l->priv = NULL;
 }
 
+static void ep_unlisten(struct wex_loop *l, struct wex_loop_watch *w)
+{
+	if (w->stopped)
+		return;
+	w->stopped = 1;
+	if (l->paused == w)
+		l->paused = NULL;
+	epoll_ctl(((struct ep *)l->priv)->epfd, EPOLL_CTL_DEL, w->fd, NULL);
+}
+
 const struct wex_loop_ops wex__loop_epoll_ops = {
 	.name = "epoll",
 	.init = ep_init,
@@ -171,6 +181,7 @@ const struct wex_loop_ops wex__loop_epoll_ops = {
 	.watch = ep_watch,
 	.add = ep_add,
 	.close = ep_close,
+	.unlisten = ep_unlisten,
 	.run_once = ep_run_once,
 	.fini = ep_fini,
 };

@@ -234,6 +234,15 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 		case WEX_LOOP_KIND_LISTEN: {
 			struct wex_loop_watch *w = data;
 
+			if (w->stopped) {
+				/* Cancelled by unlisten; an accept that won the
+				 * race is handed on (and refused there). */
+				if (w->armed == 1 && res >= 0)
+					l->cbs.on_accept(l->arg, res);
+				if (!(flags & IORING_CQE_F_MORE))
+					w->armed = 0;
+				break;
+			}
 			if (w->armed == 2) {
 				/* The poll of arm_listen_poll: a client waits. */
 				arm_accept(l, w);
@@ -300,6 +309,23 @@ static void ur_fini(struct wex_loop *l)
 	l->priv = NULL;
 }
 
+static void ur_unlisten(struct wex_loop *l, struct wex_loop_watch *w)
+{
+	struct ur *u = l->priv;
+	struct io_uring_sqe *sqe;
+
+	if (w->stopped)
+		return;
+	w->stopped = 1;
+	if (l->paused == w)
+		l->paused = NULL;
+	if (w->armed && (sqe = get_sqe(u))) {
+		io_uring_prep_cancel(sqe, w, 0);
+		io_uring_sqe_set_data(sqe, NULL);
+		io_uring_submit(&u->ring);
+	}
+}
+
 const struct wex_loop_ops wex__loop_uring_ops = {
 	.name = "io_uring",
 	.init = ur_init,
@@ -307,6 +333,7 @@ const struct wex_loop_ops wex__loop_uring_ops = {
 	.watch = ur_watch,
 	.add = ur_add,
 	.close = ur_close,
+	.unlisten = ur_unlisten,
 	.run_once = ur_run_once,
 	.fini = ur_fini,
 };

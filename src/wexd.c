@@ -363,6 +363,12 @@ static void on_signal(void *arg, int fd, int res)
 				wex_info("wexd", "signal %u: draining (no new requests; in-flight copies finish)",
 					 si.ssi_signo);
 				d->draining = 1;
+				/* Under socket activation the socket outlives
+				 * us: clients that connect now wait in its
+				 * backlog for the next wexd instead of being
+				 * refused. */
+				if (!d->socket_owned)
+					d->loop.ops->unlisten(&d->loop, &d->listener);
 				d->drain_deadline_ns =
 					wex__now_ns() + (uint64_t)d->cfg.drain_timeout_ms * 1000000ull;
 				wexd_fail_waiters(d, -ESHUTDOWN, "wexd is shutting down");
