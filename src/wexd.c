@@ -32,7 +32,7 @@
 #include "metrics.h"
 #include "sdnotify.h"
 
-static void wexd_take_report(json_t *r);
+static void wexd_take_report(struct conn *c, json_t *r);
 static json_t *wexd_metrics(struct wexd *d);
 static json_t *wexd_config_req(struct wexd *d, struct conn *c, json_t *req, const char *op);
 static void wexd_reload(struct wexd *d);
@@ -313,7 +313,7 @@ static json_t *validate_and_run(struct wexd *d, struct conn *c, const char *buf,
 	}
 	wex__metrics_count(WEX_M_REQUESTS, op, NULL, 1);
 	/* Clients report their finished syncs on their next request. */
-	wexd_take_report(json_object_get(req, "report"));
+	wexd_take_report(c, json_object_get(req, "report"));
 	reply = dispatch(d, c, req, op, fds, nfds);
 	json_decref(req);
 	return reply;
@@ -412,16 +412,36 @@ int wexd_allowed(struct wexd *d, struct conn *c, const char *model, int role)
 	return 0;
 }
 
-static void wexd_take_report(json_t *r)
+static int one_of(const char *s, const char *const *v, size_t n)
 {
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(s, v[i]))
+			return 1;
+	return 0;
+}
+
+/* A consumer's report of its last finished sync, counted in the sync
+ * metrics.  Only consumers sync: anything else, an unknown mode or backend
+ * (labels are a closed set, so no client can add series) or more bytes
+ * than its model exports is dropped. */
+static void wexd_take_report(struct conn *c, json_t *r)
+{
+	static const char *const modes[] = { "copy", "remap-view", "remap-fixed" };
+	static const char *const backends[] = { "host", "cuda_vmm", "cuda_ipc" };
 	const char *mode = NULL, *backend = "host";
 	json_int_t bytes = 0;
+	uint64_t limit = 0;
 	double secs = 0;
 
-	if (!r || json_unpack(r, "{s:s, s?s, s:I, s:F}", "mode", &mode, "backend", &backend,
-			      "bytes", &bytes, "seconds", &secs) < 0)
+	if (!r || c->role != WEX_ROLE_CONSUMER || !c->model ||
+	    json_unpack(r, "{s:s, s?s, s:I, s:F}", "mode", &mode, "backend", &backend, "bytes",
+			&bytes, "seconds", &secs) < 0)
 		return;
-	if (bytes < 0 || secs < 0 || secs > 86400)
+	for (uint32_t i = 0; i < c->model->world; i++)
+		limit += c->model->ranks[i].bytes;
+	if (!one_of(mode, modes, WEX_ARRAY_SIZE(modes)) ||
+	    !one_of(backend, backends, WEX_ARRAY_SIZE(backends)) || bytes < 0 ||
+	    (uint64_t)bytes > limit || !(secs >= 0 && secs <= 86400))
 		return;
 	wex__metrics_sync(mode, backend, (uint64_t)bytes, secs);
 }

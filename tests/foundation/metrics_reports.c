@@ -1,0 +1,127 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * metrics_reports - proves that only consumers' reports of real syncs reach
+ * the sync metrics (libwex sends each finished sync's mode, backend, bytes
+ * and seconds with its next request): reports sent before hello, by a
+ * producer, with a mode or backend outside the known set (labels are a
+ * closed set: no client can add series) or with more bytes than the model
+ * exports are dropped; a consumer's valid report is counted once; and a
+ * real libwex copy sync is counted as "copy" on the "host" backend.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fixture.h"
+
+#define MODEL "metered"
+
+static void send_report(int fd, const char *report)
+{
+	char req[512];
+	json_t *r;
+
+	snprintf(req, sizeof(req), "{\"v\":1,\"op\":\"ping\",\"report\":%s}", report);
+	r = t_raw_rpc(fd, req, NULL, 0);
+	T_ASSERT(!strcmp(t_code(r), "OK"), "ping with a report: %s", t_msg(r));
+	json_decref(r);
+}
+
+static char *metrics(const char *sock)
+{
+	int fd = t_raw_connect(sock);
+	json_t *r = t_raw_rpc(fd, "{\"v\":1,\"op\":\"metrics\"}", NULL, 0);
+	char *text = strdup(json_string_value(json_object_get(r, "text")) ?: "");
+
+	json_decref(r);
+	close(fd);
+	return text;
+}
+
+/* The value of the sample line that starts with `series` (-1: none). */
+static double sample(const char *text, const char *series)
+{
+	size_t n = strlen(series);
+
+	for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+		if (!strncmp(p, series, n) && p[n] == ' ')
+			return strtod(p + n + 1, NULL);
+	return -1;
+}
+
+int main(void)
+{
+	struct t_wexd d;
+	struct t_prod p;
+	struct t_cons k;
+	struct wex_sync_result r;
+	int anon, prod2, cons;
+	char *text;
+	json_t *rep;
+
+	t_wexd_start(&d);
+	t_prod_open(&p, MODEL, "tiny", 0, 1);
+	t_prod_write(&p, 1);
+
+	anon = t_raw_connect(d.sock);
+	send_report(anon, "{\"mode\":\"copy\",\"backend\":\"host\",\"bytes\":1000,\"seconds\":0.1}");
+	prod2 = t_raw_connect(d.sock);
+	rep = t_raw_rpc(prod2, "{\"v\":1,\"op\":\"hello\",\"role\":\"producer\",\"model\":\"other\"}", NULL, 0);
+	T_ASSERT(!strcmp(t_code(rep), "OK"), "producer hello: %s", t_msg(rep));
+	json_decref(rep);
+	send_report(prod2, "{\"mode\":\"copy\",\"backend\":\"host\",\"bytes\":10,\"seconds\":0.1}");
+	cons = t_raw_connect(d.sock);
+	rep = t_raw_rpc(cons, "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"" MODEL
+			      "\",\"group\":\"raw\"}", NULL, 0);
+	T_ASSERT(!strcmp(t_code(rep), "OK"), "consumer hello: %s", t_msg(rep));
+	json_decref(rep);
+	send_report(cons, "{\"mode\":\"evil\",\"backend\":\"host\",\"bytes\":10,\"seconds\":0.1}");
+	send_report(cons, "{\"mode\":\"copy\",\"backend\":\"evil\",\"bytes\":10,\"seconds\":0.1}");
+	send_report(cons, "{\"mode\":\"copy\",\"backend\":\"host\",\"bytes\":4611686018427387904,"
+			  "\"seconds\":0.1}");
+	send_report(cons, "{\"mode\":\"copy\",\"backend\":\"host\",\"bytes\":10,\"seconds\":-1}");
+	text = metrics(d.sock);
+	T_ASSERT(!strstr(text, "evil"), "a client added a label value:\n%s", text);
+	T_ASSERT(sample(text, "wex_syncs_total{mode=\"copy\"}") <= 0,
+		 "a report from no consumer, or a bad one, was counted: %g",
+		 sample(text, "wex_syncs_total{mode=\"copy\"}"));
+	free(text);
+
+	send_report(cons, "{\"mode\":\"remap-view\",\"backend\":\"host\",\"bytes\":100,\"seconds\":0.01}");
+	text = metrics(d.sock);
+	T_ASSERT(sample(text, "wex_syncs_total{mode=\"remap-view\"}") == 1,
+		 "a consumer's valid report counts once: %g",
+		 sample(text, "wex_syncs_total{mode=\"remap-view\"}"));
+	T_ASSERT(sample(text, "wex_sync_bytes_total{mode=\"remap-view\",backend=\"host\"}") == 100,
+		 "its bytes count: %g",
+		 sample(text, "wex_sync_bytes_total{mode=\"remap-view\",backend=\"host\"}"));
+	free(text);
+
+	/* A real sync through libwex, reported with the next request. */
+	t_cons_open(&k, MODEL, "g", "tiny", 0, 1);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 1, 5000, &r));
+	T_ASSERT(t_own_bad(&k, 1) == 0, "copy sync holds v1");
+	{
+		char *json = NULL; /* the next request carries the report */
+
+		T_WEX(k.c, wex_request(k.c, "ping", NULL, &json));
+		wex_free(json);
+	}
+	text = metrics(d.sock);
+	T_ASSERT(sample(text, "wex_syncs_total{mode=\"copy\"}") == 1,
+		 "the real copy sync counts once: %g", sample(text, "wex_syncs_total{mode=\"copy\"}"));
+	T_ASSERT(sample(text, "wex_sync_bytes_total{mode=\"copy\",backend=\"host\"}") == (double)r.bytes,
+		 "with its %llu bytes: %g", (unsigned long long)r.bytes,
+		 sample(text, "wex_sync_bytes_total{mode=\"copy\",backend=\"host\"}"));
+	free(text);
+
+	close(anon);
+	close(prod2);
+	close(cons);
+	t_cons_close(&k);
+	t_prod_close(&p);
+	t_wexd_stop(&d);
+	printf("metrics_reports: PASS\n");
+	t_exit(T_EXIT_PASS);
+}
