@@ -729,6 +729,20 @@ int main(int argc, char **argv)
 	d.msg_max = (size_t)d.cfg.max_message_bytes;
 	apply_config(&d);
 	wex__config_log(&d.cfg);
+	d.watchdog_usec = wex__sd_watchdog_usec();
+	if (d.watchdog_usec && !d.cfg.watchdog) {
+		/* Not answering would get wexd killed in WatchdogSec: say so
+		 * now rather than die puzzlingly later. */
+		wex_error("wexd", "watchdog is false (%s%s%s) but systemd asks for watchdog pings every "
+			  "%llu ms (WatchdogSec= in the unit): remove WatchdogSec= (systemctl edit "
+			  "wexd.service) or set watchdog to true",
+			  wex__config_source_name(d.cfg.source[WEX_CF_WATCHDOG]),
+			  d.cfg.origin[WEX_CF_WATCHDOG] ? " " : "",
+			  d.cfg.origin[WEX_CF_WATCHDOG] ? d.cfg.origin[WEX_CF_WATCHDOG] : "",
+			  (unsigned long long)(d.watchdog_usec / 1000));
+		wex__config_free(&d.cfg);
+		return 2;
+	}
 	set_fd_limit(&d);
 	(void)buf;
 	d.start_ns = wex__now_ns();
@@ -790,7 +804,6 @@ int main(int argc, char **argv)
 	wex_info("wexd", "listening on %s (event loop: %s%s%s)", d.socket_path, wexd_io_backend(&d),
 		 d.loop.why_fallback[0] ? ", " : "", d.loop.why_fallback);
 	wex__metrics_set_info(WEX_VERSION_STRING, wexd_io_backend(&d));
-	d.watchdog_usec = d.cfg.watchdog ? wex__sd_watchdog_usec() : 0;
 	wex__sd_ready();
 	/* Tests and scripts wait for this line rather than sleeping. */
 	if ((s = getenv("WEXD_READY_FD"))) {
@@ -804,6 +817,9 @@ int main(int argc, char **argv)
 
 		if (timeout < 0 || timeout > 1000)
 			timeout = 1000;
+		/* Wake often enough to ping at half of WatchdogSec. */
+		if (d.watchdog_usec && (uint64_t)timeout > d.watchdog_usec / 4000)
+			timeout = d.watchdog_usec >= 8000 ? (int)(d.watchdog_usec / 4000) : 2;
 		wexd_tick(&d);
 		if (d.draining) {
 			if (drained(&d) || wex__now_ns() >= d.drain_deadline_ns)

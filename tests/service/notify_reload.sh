@@ -1,11 +1,13 @@
 #!/bin/sh
 # notify_reload.sh WEXD WEXCTL - proves, on a live wexd:
 #  - sd_notify: READY=1 once listening, WATCHDOG=1 pings when WATCHDOG_USEC
-#    asks for them, RELOADING=1 then READY=1 around a SIGHUP, STOPPING=1 on
+#    asks for them (at least 4 a second for 200 ms: half the interval), RELOADING=1 then READY=1 around a SIGHUP, STOPPING=1 on
 #    SIGTERM (read from a real NOTIFY_SOCKET);
 #  - SIGHUP reloads the --config file: a changed log_level is applied and
 #    reported with the file as its source; an invalid file is refused and
-#    the running configuration kept (and logged).
+#    the running configuration kept (and logged);
+#  - watchdog false while WATCHDOG_USEC asks for pings is refused at start
+#    with a message naming both.
 WEXD=$1 WEXCTL=$2
 . "$(dirname "$0")/lib.sh"
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -19,7 +21,8 @@ with open(sys.argv[2], "a", buffering=1) as f:
     f.write("listening\n")
     try:
         while True:
-            f.write(s.recv(4096).decode().replace("\n", " ") + "\n")
+            m = s.recv(4096).decode().replace("\n", " ")
+            f.write("%.3f %s\n" % (time.monotonic(), m))
     except socket.timeout:
         pass
 PYEOF
@@ -33,6 +36,16 @@ NOTIFY_SOCKET="$TMP/notify.sock" WATCHDOG_USEC=200000 start_wexd --config "$TMP/
 wait_for() { i=0; until grep -q "$1" "$TMP/notify.log"; do i=$((i+1)); [ $i -lt 200 ] || fail "no '$1' from sd_notify: $(cat "$TMP/notify.log")"; sleep 0.05; done; }
 wait_for "READY=1"
 wait_for "WATCHDOG=1"
+# Pings at half of WATCHDOG_USEC (200 ms): over one second at least 4 (the
+# idle loop once slept 1 s between them, and systemd would have killed wexd).
+sleep 1.2
+$PY - "$TMP/notify.log" <<'PYEOF' || fail "watchdog pings too rare: $(grep WATCHDOG "$TMP/notify.log" | tail -5)"
+import sys
+t = [float(l.split()[0]) for l in open(sys.argv[1]) if "WATCHDOG=1" in l]
+span = [x for x in t if x >= t[-1] - 1.0]
+print("WATCHDOG=1 pings in the last second: %d (largest gap %.3f s)" % (len(span), max(b - a for a, b in zip(t, t[1:])) if len(t) > 1 else 0))
+sys.exit(0 if len(span) >= 4 else 1)
+PYEOF
 "$WEXCTL" config get log_level --json | grep -q '"info"' || fail "log_level not info at start"
 echo '{ "log_level": "debug", "begin_write_timeout_ms": 5000 }' >"$TMP/wexd.json"
 kill -HUP "$WEXD_PID"
@@ -48,4 +61,10 @@ grep "reload refused" "$TMP/wexd.log" | grep -q "log_level" || fail "refusal doe
 kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; rc=$?; WEXD_PID=""
 [ $rc = 0 ] || fail "wexd exit code $rc"
 wait_for "STOPPING=1"
-echo "PASS: READY, WATCHDOG, RELOADING, STOPPING sent; SIGHUP reload applied and an invalid file refused"
+# watchdog false under a unit that asks for pings: refused at start, saying why.
+if NOTIFY_SOCKET="$TMP/notify.sock" WATCHDOG_USEC=200000 WEX_WATCHDOG=false WEX_SOCKET="$TMP/w2.sock" \
+	"$WEXD" 2>"$TMP/w2.log"; then fail "wexd started with watchdog false under WatchdogSec="; fi
+grep -q "watchdog is false (env WEX_WATCHDOG) but systemd asks for watchdog pings every 200 ms" "$TMP/w2.log" ||
+	fail "no clear refusal: $(cat "$TMP/w2.log")"
+[ -e "$TMP/w2.sock" ] && fail "the refused wexd left its socket behind"
+echo "PASS: READY, WATCHDOG (at half the interval), RELOADING, STOPPING sent; SIGHUP reload applied and an invalid file refused; watchdog false under WatchdogSec= refused"
