@@ -71,17 +71,23 @@ static int listener_gone(int fd)
 	return kill(pid, 0) < 0 && errno == ESRCH;
 }
 
-int wex_sock_listen(const char *path, int mode, gid_t gid)
+int wex_sock_listen(const char *path, int mode, gid_t gid, const char **step)
 {
 	struct sockaddr_un sa;
+	const char *unused;
 	int fd, ret;
 
+	if (!step)
+		step = &unused;
+	*step = "path";
 	ret = fill_addr(&sa, path);
 	if (ret < 0)
 		return ret;
+	*step = "mkdir of its directory";
 	ret = mkdir_parent(path);
 	if (ret < 0)
 		return ret;
+	*step = "socket";
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
@@ -90,6 +96,7 @@ int wex_sock_listen(const char *path, int mode, gid_t gid)
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
 		if (!listener_gone(fd)) {
 			close(fd);
+			*step = "check for a running daemon";
 			return -EADDRINUSE;
 		}
 		unlink(path);
@@ -100,18 +107,22 @@ int wex_sock_listen(const char *path, int mode, gid_t gid)
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
+	*step = "bind";
 	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 		ret = -errno;
 		goto err_close;
 	}
+	*step = "chmod";
 	if (chmod(path, (mode_t)mode) < 0) {
 		ret = -errno;
 		goto err_unlink;
 	}
+	*step = "chown";
 	if (gid != (gid_t)-1 && chown(path, (uid_t)-1, gid) < 0) {
 		ret = -errno;
 		goto err_unlink;
 	}
+	*step = "listen";
 	if (listen(fd, 128) < 0) {
 		ret = -errno;
 		goto err_unlink;

@@ -20,8 +20,11 @@
 
 /* Creates the listening socket at `path` (parent directory made 0755 if
  * missing; a stale socket file is replaced), non-blocking, close-on-exec,
- * chmod `mode`, chown to `gid` unless (gid_t)-1.  Returns the fd or -errno. */
-int wex_sock_listen(const char *path, int mode, gid_t gid);
+ * chmod `mode`, chown to `gid` unless (gid_t)-1.  Returns the fd or -errno;
+ * *step (if step is not NULL) names the step that failed: "path", "mkdir
+ * of its directory", "socket", "check for a running daemon", "bind",
+ * "chmod", "chown" or "listen". */
+int wex_sock_listen(const char *path, int mode, gid_t gid, const char **step);
 
 /* Connects to `path`; returns a blocking close-on-exec fd or -errno.
  * Blocks only for the connect. */

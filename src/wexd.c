@@ -117,8 +117,11 @@ static void on_accept(void *arg, int fd)
 	}
 	if (d->cfg.max_clients > 0 && d->nconns >= (uint64_t)d->cfg.max_clients) {
 		wex__metrics_count(WEX_M_REFUSED, "max_clients", NULL, 1);
-		wex_warn("conn", "refusing a client: max_clients %lld reached",
-			 (long long)d->cfg.max_clients);
+		/* Once per 1000: a connection flood cannot flood the log. */
+		if (d->max_clients_refused++ % 1000 == 0)
+			wex_warn("conn", "refusing a client: max_clients %lld reached (%llu refused so "
+				 "far, logged once per 1000)", (long long)d->cfg.max_clients,
+				 (unsigned long long)d->max_clients_refused);
 		close(fd);
 		return;
 	}
@@ -774,9 +777,24 @@ int main(int argc, char **argv)
 		int mode = (int)d.cfg.socket_mode;
 		gid_t gid = d.cfg.socket_group.gid >= 0 ? (gid_t)d.cfg.socket_group.gid : (gid_t)-1;
 
-		d.listen_fd = wex_sock_listen(d.socket_path, mode, gid);
+		const char *step = "";
+
+		d.listen_fd = wex_sock_listen(d.socket_path, mode, gid, &step);
 		if (d.listen_fd < 0) {
-			wex_error("wexd", "cannot listen on %s: %s", d.socket_path,
+			char what[128] = "";
+
+			/* Name the setting behind the step that failed. */
+			if (!strcmp(step, "chown"))
+				snprintf(what, sizeof(what), " to group %s (gid %lld; socket_group from %s)",
+					 d.cfg.socket_group.name ? d.cfg.socket_group.name : "?",
+					 (long long)d.cfg.socket_group.gid,
+					 wex__config_source_name(d.cfg.source[WEX_CF_SOCKET_GROUP]));
+			else if (!strcmp(step, "chmod"))
+				snprintf(what, sizeof(what), " to %04o (socket_mode from %s)", mode,
+					 wex__config_source_name(d.cfg.source[WEX_CF_SOCKET_MODE]));
+			else if (!strcmp(step, "check for a running daemon"))
+				snprintf(what, sizeof(what), ": another wexd listens there");
+			wex_error("wexd", "cannot listen on %s: %s%s: %s", d.socket_path, step, what,
 				  strerror(-d.listen_fd));
 			return 1;
 		}

@@ -132,6 +132,7 @@ struct wexd {
 	uint64_t start_ns;
 	uint64_t fd_limit; /* RLIMIT_NOFILE set at start */
 	uint64_t next_conn_id;
+	uint64_t max_clients_refused; /* connections refused at max_clients */
 	int draining;
 	uint64_t drain_deadline_ns;
 	int stop;

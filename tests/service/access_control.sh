@@ -76,4 +76,15 @@ i=0; until [ "$(producers)" = 0 ]; do
 	i=$((i+1)); [ $i -lt 200 ] || fail "the revoked producer is still listed"; sleep 0.05; done
 "$WEXCTL" metrics | grep -q 'wex_refused_connections_total{reason="access"} 2' ||
 	fail "revocation not counted: $("$WEXCTL" metrics | grep refused)"
-echo "PASS: allowed producer served, denied producer refused with EACCES, outsider cannot connect, a reload revoking access disconnects"
+# Start-up errors name the setting behind the failing step: a group the user
+# may not give the socket, and a path where a wexd already listens.
+mkdir -m 1777 "$TMP/g"
+if runuser -u wex-outsider -- env WEX_SOCKET="$TMP/g/w.sock" WEX_SOCKET_GROUP=root "$WEXD" \
+	2>"$TMP/group.log"; then fail "wexd started with a socket group its user may not give"; fi
+grep -q "cannot listen on $TMP/g/w.sock: chown to group root (gid 0; socket_group from env): Operation not permitted" \
+	"$TMP/group.log" || fail "unclear socket_group error: $(cat "$TMP/group.log")"
+[ -e "$TMP/g/w.sock" ] && fail "the refused wexd left its socket behind"
+if "$WEXD" 2>"$TMP/twice.log"; then fail "a second wexd started on the same socket"; fi
+grep -q "cannot listen on $WEX_SOCKET: check for a running daemon: another wexd listens there" \
+	"$TMP/twice.log" || fail "unclear error for a socket in use: $(cat "$TMP/twice.log")"
+echo "PASS: allowed producer served, denied producer refused with EACCES, outsider cannot connect, a reload revoking access disconnects, socket errors name the setting"
