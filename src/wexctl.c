@@ -265,8 +265,10 @@ static int cmd_watch(double interval, int count)
 		struct timespec ts = { .tv_sec = (time_t)interval,
 				       .tv_nsec = (long)((interval - (double)(time_t)interval) * 1e9) };
 
-		if (!j)
+		if (!j) {
+			ret = -1; /* query said why */
 			break;
+		}
 		/* Home the cursor and clear: the view refreshes in place. */
 		if (isatty(STDOUT_FILENO))
 			printf("\033[H\033[2J");
@@ -280,7 +282,7 @@ static int cmd_watch(double interval, int count)
 		nanosleep(&ts, NULL);
 	}
 	wex_client_close(c);
-	return 0;
+	return ret < 0 ? 1 : 0;
 }
 
 static int cmd_config(int argc, char **argv, int as_json)

@@ -5,7 +5,11 @@
 # errors or warnings under `systemd-analyze verify`.  The shipped service
 # runs /usr/local/bin/wexd, which is not installed on a build machine, so
 # the units are verified from a temporary copy whose ExecStart= points at
-# the wexd just built; nothing else is changed.  Exit 0 pass, 1 fail, 77 skip.
+# the wexd just built; nothing else is changed.  Also checks that the
+# service hides no device: no PrivateDevices=yes, DeviceAllow=, restrictive
+# DevicePolicy= or ProtectClock=yes (which implies DeviceAllow=char-rtc r,
+# turning the default policy into "listed devices only": /dev/nvidia* and
+# /dev/infiniband/* would be denied).  Exit 0 pass, 1 fail, 77 skip.
 set -u
 unit_dir=$1
 # systemd wants an absolute path in ExecStart=.
@@ -21,6 +25,13 @@ if [ ! -x "$wexd" ]; then
 fi
 if ! grep -q '^ExecStart=/usr/local/bin/wexd ' "$unit_dir/wexd.service"; then
 	echo "FAIL: wexd.service no longer starts /usr/local/bin/wexd; update this test"
+	exit 1
+fi
+
+if grep -Eq '^(PrivateDevices=(yes|true|1)|DeviceAllow=|DevicePolicy=(strict|closed)|ProtectClock=(yes|true|1))' \
+	"$unit_dir/wexd.service"; then
+	echo "FAIL: wexd.service restricts device access (GPUs, RDMA):"
+	grep -En '^(PrivateDevices|DeviceAllow|DevicePolicy|ProtectClock)=' "$unit_dir/wexd.service"
 	exit 1
 fi
 

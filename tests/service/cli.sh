@@ -49,4 +49,12 @@ fi
 "$WEXCTL" config get begin_write_timeout_ms --json | grep -q 1234 || fail "config get after set"
 if "$WEXCTL" config set socket /tmp/x 2>"$TMP/err"; then fail "socket changed at run time"; fi
 grep -q "socket" "$TMP/err" || fail "refusal does not name the field"
+# watch fails (exit 1, saying why) when wexd goes away under it.
+"$WEXCTL" watch -n 0.05 --count 100000 >/dev/null 2>"$TMP/watch.err" &
+W=$!
+sleep 0.3
+kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; WEXD_PID=""
+i=0; while kill -0 $W 2>/dev/null; do i=$((i+1)); [ $i -lt 200 ] || fail "watch goes on without wexd"; sleep 0.05; done
+wait $W && fail "watch exited 0 after losing wexd"
+[ -s "$TMP/watch.err" ] || fail "watch did not say why it stopped"
 echo "PASS: status, models, clients, plans, watch, metrics, config"
