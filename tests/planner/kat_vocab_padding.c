@@ -7,6 +7,10 @@
  * megatron tp=2 pads to 256 (128 per rank; rank 1 holds nothing), vLLM
  * tp=2 pads to 128 (64 per rank; rank 1 holds rows 64-99).  vLLM tp=3 with
  * vocab 100 (padded 128) cannot exist and the error names 128.
+ * Tied embeddings with pp=2, tp=2, vocab 100: the last stage holds the
+ * output head as a vocab-parallel copy of the embedding (vLLM keeps
+ * model.embed_tokens.weight there, SGLang lm_head.weight, Megatron
+ * output_layer.weight): rank 3 (pp stage 1, tp rank 1) holds rows 64-99.
  */
 #include "kat_common.h"
 
@@ -41,6 +45,10 @@ static void onec(const char *cfg, const char *lay, uint32_t rank, const char *na
 	       "\"num_attention_heads\":4,\"num_key_value_heads\":4,\"intermediate_size\":8," \
 	       "\"vocab_size\":" #V ",\"torch_dtype\":\"bfloat16\"}"
 
+#define CFG_TIE(V) "{\"model_type\":\"llama\",\"hidden_size\":8,\"num_hidden_layers\":2," \
+		   "\"num_attention_heads\":4,\"num_key_value_heads\":4,\"intermediate_size\":8," \
+		   "\"tie_word_embeddings\":true,\"vocab_size\":" #V ",\"torch_dtype\":\"bfloat16\"}"
+
 int main(void)
 {
 	one(CFG(1000), "megatron:tp=4", 3, "embedding.word_embeddings.weight", 256, 1, 768, 232);
@@ -50,6 +58,12 @@ int main(void)
 	one(CFG(100), "megatron:tp=2", 0, "embedding.word_embeddings.weight", 128, 1, 0, 100);
 	one(CFG(100), "vllm:tp=2", 1, "model.embed_tokens.weight", 64, 1, 64, 36);
 	onec(CFG(100), "vllm:tp=2", 1, "lm_head.weight", "lm_head.weight", 64, 1, 64, 36);
+	onec(CFG_TIE(100), "vllm:tp=2,pp=2", 3, "model.embed_tokens.weight",
+	     "model.embed_tokens.weight", 64, 1, 64, 36);
+	onec(CFG_TIE(100), "sglang:tp=2,pp=2", 3, "lm_head.weight", "model.embed_tokens.weight", 64,
+	     1, 64, 36);
+	onec(CFG_TIE(100), "megatron:tp=2,pp=2", 2, "output_layer.weight",
+	     "model.embed_tokens.weight", 128, 1, 0, 100);
 	{
 		struct wex_model *m = kat_model(CFG(100));
 		struct wex_layout_spec s;
