@@ -113,6 +113,7 @@ struct ex {
 	const char *s;
 	const struct wex_model *m;
 	int bad;
+	int overflow; /* a step left int64_t */
 };
 
 static int64_t ex_sum(struct ex *e);
@@ -139,8 +140,12 @@ static int64_t ex_factor(struct ex *e)
 	}
 	if (*e->s >= '0' && *e->s <= '9') {
 		char *end;
-		int64_t v = strtoll(e->s, &end, 10);
+		int64_t v;
 
+		errno = 0;
+		v = strtoll(e->s, &end, 10);
+		if (errno == ERANGE)
+			e->overflow = 1;
 		e->s = end;
 		return v;
 	}
@@ -171,7 +176,8 @@ static int64_t ex_term(struct ex *e)
 		ex_ws(e);
 		if (*e->s == '*') {
 			e->s++;
-			v *= ex_factor(e);
+			if (__builtin_mul_overflow(v, ex_factor(e), &v))
+				e->overflow = 1;
 		} else if (*e->s == '/') {
 			e->s++;
 			int64_t d = ex_factor(e);
@@ -194,10 +200,12 @@ static int64_t ex_sum(struct ex *e)
 		ex_ws(e);
 		if (*e->s == '+') {
 			e->s++;
-			v += ex_term(e);
+			if (__builtin_add_overflow(v, ex_term(e), &v))
+				e->overflow = 1;
 		} else if (*e->s == '-') {
 			e->s++;
-			v -= ex_term(e);
+			if (__builtin_sub_overflow(v, ex_term(e), &v))
+				e->overflow = 1;
 		} else if (e->s[0] == '=' && e->s[1] == '=') {
 			e->s += 2;
 			v = v == ex_term(e);
@@ -213,7 +221,9 @@ static int eval(const struct wex_model *m, const char *s, int64_t *v)
 
 	*v = ex_sum(&e);
 	ex_ws(&e);
-	return (e.bad || *e.s) ? -EINVAL : 0;
+	if (e.bad || *e.s)
+		return -EINVAL;
+	return e.overflow ? -ERANGE : 0;
 }
 
 /* "sym" true when nonzero, "!sym" when zero, "" always. */
@@ -340,20 +350,34 @@ static json_t *load_json(const char *dir, const char *sub, const char *name, cha
 	return j;
 }
 
-/* Integer value of a config key: numbers and booleans; null counts as absent. */
+/* Largest value a config key may give a symbol: sizes, counts and
+ * dimensions of any model stay far below it, and products of a few of them
+ * still fit int64_t. */
+#define CFG_INT_MAX (1ll << 40)
+
+/* Integer value of a config key: whole numbers from 0 to CFG_INT_MAX
+ * (4.0 counts as 4) and booleans; null counts as absent (-ENOENT);
+ * anything else is -EINVAL. */
 static int cfg_int(json_t *cfg, const char *key, int64_t *v)
 {
 	json_t *x = key && *key ? json_object_get(cfg, key) : NULL;
 
-	if (json_is_integer(x))
+	if (json_is_integer(x)) {
 		*v = json_integer_value(x);
-	else if (json_is_boolean(x))
+	} else if (json_is_boolean(x)) {
 		*v = json_is_true(x);
-	else if (json_is_real(x))
-		*v = (int64_t)json_real_value(x);
-	else
+	} else if (json_is_real(x)) {
+		double r = json_real_value(x);
+
+		if (!(r >= 0 && r <= (double)CFG_INT_MAX) || r != (double)(int64_t)r)
+			return -EINVAL;
+		*v = (int64_t)r;
+	} else if (!x || json_is_null(x)) {
 		return -ENOENT;
-	return 0;
+	} else {
+		return -EINVAL;
+	}
+	return *v >= 0 && *v <= CFG_INT_MAX ? 0 : -EINVAL;
 }
 
 static int family_has_type(json_t *fam, const char *mt)
@@ -425,7 +449,18 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 			seterr(err, errlen, "family %s: bad symbol entry %zu", m->family, i);
 			goto out;
 		}
-		if (cfg_int(cfg, key, &x) < 0) {
+		int rc = cfg_int(cfg, key, &x);
+
+		if (rc == -EINVAL) {
+			char *txt = json_dumps(json_object_get(cfg, key),
+					       JSON_ENCODE_ANY | JSON_REAL_PRECISION(12));
+
+			seterr(err, errlen, "config.json: %s is %s: expected a whole number from 0 to "
+			       "%lld", key, txt ? txt : "?", (long long)CFG_INT_MAX);
+			free(txt);
+			goto out;
+		}
+		if (rc < 0) {
 			if (!def || eval(m, def, &x) < 0) {
 				seterr(err, errlen, "config.json lacks %s (needed by family %s)",
 				       key && *key ? key : name, m->family);
@@ -494,15 +529,25 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 			seterr(err, errlen, "family %s: bad tensor entry %zu", m->family, i);
 			goto out;
 		}
+		uint64_t bytes = wex_dtype_size(m->dtype) ?: 4;
+
 		json_array_foreach(shape, k, d) {
 			int64_t x;
+			int rc = json_is_string(d) ? eval(m, json_string_value(d), &x) : -EINVAL;
 
-			if (!json_is_string(d) || eval(m, json_string_value(d), &x) < 0 || x < 0) {
-				seterr(err, errlen, "family %s: cannot evaluate shape of %s", m->family,
-				       f->name);
+			if (rc < 0 || x < 0) {
+				seterr(err, errlen, "family %s: cannot evaluate shape of %s%s", m->family,
+				       f->name, rc == -ERANGE ? " (the config's sizes overflow it)" : "");
 				goto out;
 			}
 			f->shape[k] = (uint64_t)x;
+			/* A tensor past 2^48 bytes is no model's: refuse it before
+			 * byte counts wrap anywhere downstream. */
+			if (__builtin_mul_overflow(bytes, f->shape[k], &bytes) || bytes > (1ull << 48)) {
+				seterr(err, errlen, "family %s: %s would be larger than 2^48 bytes: the "
+				       "config's sizes are not a model's", m->family, f->name);
+				goto out;
+			}
 		}
 		m->nft++;
 	}

@@ -5,7 +5,10 @@
  * real Qwen2-0.5B config (14 heads, 2 KV heads, 24 layers): vLLM tp=4 (14
  * heads), Megatron tp=4 (2 query groups), pp=5 (24 layers), uneven stages
  * that do not divide evenly, ep on a dense model; and that unknown engines,
- * unknown parameters and configs of unknown families are refused.
+ * unknown parameters and configs of unknown families are refused; and that
+ * config values that are not sizes (4.9 heads, negative, a string, past
+ * 2^40, a tensor past 2^48 bytes, expressions that overflow) are refused
+ * naming the key or the tensor, never truncated or left to wrap.
  */
 #include <errno.h>
 
@@ -25,6 +28,25 @@ static void bad(const char *lay, const char *needle)
 	CHECK(ret == -WEX_ELAYOUT, "%s: got %d (%s)", lay, ret, err);
 	CHECK(strstr(err, needle) != NULL, "%s: message \"%s\" lacks \"%s\"", lay, err, needle);
 	printf("%-40s %s\n", lay, err);
+}
+
+/* A small llama config with the members in `extra` (hidden_size and
+ * vocab_size get defaults unless extra names them) must be refused with a
+ * message containing needle. */
+static void bad_cfg(const char *extra, const char *needle)
+{
+	char cfg[512], err[512] = "";
+	struct wex_model *mm = NULL;
+	int ret;
+
+	snprintf(cfg, sizeof(cfg), "{\"model_type\":\"llama\",%s,\"num_hidden_layers\":1,"
+		 "\"num_key_value_heads\":4,\"intermediate_size\":8%s%s}", extra,
+		 strstr(extra, "hidden_size") ? "" : ",\"hidden_size\":8",
+		 strstr(extra, "vocab_size") ? "" : ",\"vocab_size\":64");
+	ret = wex__model_from_text(cfg, NULL, &mm, err, sizeof(err));
+	CHECK(ret < 0, "%s accepted", extra);
+	CHECK(strstr(err, needle) != NULL, "%s: message \"%s\" lacks \"%s\"", extra, err, needle);
+	printf("%-40.40s %s\n", extra, err);
 }
 
 int main(void)
@@ -61,5 +83,22 @@ int main(void)
 	CHECK(wex__model_from_text("{\"model_type\":\"llama\"}", NULL, &m, err, sizeof(err)) == -EINVAL,
 	      "config without sizes accepted");
 	printf("incomplete config: %s\n", err);
+	/* Config values that are not sizes: refused naming the key, never
+	 * truncated or left to overflow. */
+	bad_cfg("\"num_attention_heads\":4.9", "num_attention_heads is 4.9");
+	bad_cfg("\"num_attention_heads\":-4", "num_attention_heads is -4");
+	bad_cfg("\"num_attention_heads\":\"4\"", "num_attention_heads is \"4\"");
+	bad_cfg("\"num_attention_heads\":2199023255553", "num_attention_heads is 2199023255553");
+	bad_cfg("\"num_attention_heads\":4,\"vocab_size\":4294967296,\"hidden_size\":2147483648",
+		"larger than 2^48 bytes");
+	bad_cfg("\"num_attention_heads\":1099511627776,\"head_dim\":1099511627776",
+		"overflow");
+	/* 4.0 is a whole number. */
+	CHECK(wex__model_from_text("{\"model_type\":\"llama\",\"num_attention_heads\":4.0,"
+				   "\"hidden_size\":8,\"num_hidden_layers\":1,\"num_key_value_heads\":4,"
+				   "\"intermediate_size\":8,\"vocab_size\":64}",
+				   NULL, &m, err, sizeof(err)) == 0,
+	      "4.0 heads refused: %s", err);
+	wex__model_free(m);
 	return T_PASS;
 }
