@@ -9,7 +9,7 @@ set_source_files_properties(src/layout.c PROPERTIES
   COMPILE_DEFINITIONS "WEX_ADAPTERS_SRC_DIR=\"${CMAKE_SOURCE_DIR}/adapters\"")
 
 # Tests (tests/planner/): one behaviour per program, label `planner`.
-foreach(t property kat_qkv_interleave kat_kv_replication kat_vocab_padding roundtrip
+foreach(t property kat_qkv_interleave kat_kv_replication kat_vocab_padding kat_o_bias roundtrip
           bad_layout plan_basic safetensors_bad explicit_pieces kat_moe_experts kat_mla)
   wex_add_test(planner_${t} SOURCES tests/planner/${t}.c LABELS planner TIMEOUT 60)
 endforeach()
