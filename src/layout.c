@@ -116,7 +116,7 @@ struct ex {
 	int overflow; /* a step left int64_t */
 };
 
-static int64_t ex_sum(struct ex *e);
+static int64_t ex_cmp(struct ex *e);
 
 static void ex_ws(struct ex *e)
 {
@@ -129,7 +129,7 @@ static int64_t ex_factor(struct ex *e)
 	ex_ws(e);
 	if (*e->s == '(') {
 		e->s++;
-		int64_t v = ex_sum(e);
+		int64_t v = ex_cmp(e);
 
 		ex_ws(e);
 		if (*e->s != ')')
@@ -206,12 +206,23 @@ static int64_t ex_sum(struct ex *e)
 			e->s++;
 			if (__builtin_sub_overflow(v, ex_term(e), &v))
 				e->overflow = 1;
-		} else if (e->s[0] == '=' && e->s[1] == '=') {
-			e->s += 2;
-			v = v == ex_term(e);
 		} else {
 			return v;
 		}
+	}
+}
+
+/* Comparison binds loosest, as in C: a+b==c+d is (a+b)==(c+d). */
+static int64_t ex_cmp(struct ex *e)
+{
+	int64_t v = ex_sum(e);
+
+	for (;;) {
+		ex_ws(e);
+		if (e->s[0] != '=' || e->s[1] != '=')
+			return v;
+		e->s += 2;
+		v = v == ex_sum(e);
 	}
 }
 
@@ -219,7 +230,7 @@ static int eval(const struct wex_model *m, const char *s, int64_t *v)
 {
 	struct ex e = { .s = s, .m = m };
 
-	*v = ex_sum(&e);
+	*v = ex_cmp(&e);
 	ex_ws(&e);
 	if (e.bad || *e.s)
 		return -EINVAL;
