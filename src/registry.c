@@ -138,6 +138,63 @@ static void model_maybe_free(struct wexd *d, struct model *m)
 	model_free(d, m);
 }
 
+static void round_close(struct model *m, struct cgroup *g)
+{
+	if (!g->round_open)
+		return;
+	g->round_open = 0;
+	if (m->leases)
+		m->leases--; /* the group's hold */
+}
+
+/* (Re)sizes group g, which no rank holds, for `world` ranks. */
+static int group_resize(struct model *m, struct cgroup *g, uint32_t world)
+{
+	struct conn **ranks = calloc(world, sizeof(*ranks));
+	uint8_t *taken = calloc(world, 2);
+
+	if (!ranks || !taken) {
+		free(ranks);
+		free(taken);
+		return -ENOMEM;
+	}
+	round_close(m, g);
+	free(g->ranks);
+	free(g->taken);
+	g->ranks = ranks;
+	g->taken = taken;
+	g->lost = taken + world;
+	g->nlost = 0;
+	g->ntaken = 0;
+	g->world = world;
+	return 0;
+}
+
+/*
+ * The memory behind the model's published versions went: a producer rank
+ * left, or registered other memory after it had published.  Leases granted
+ * before are stale (keeping one, or fetching under one, is refused), and an
+ * open round is lost: the ranks that took it hold a version their peers can
+ * no longer get, so until each of them syncs again the others are refused
+ * (ESTALE) rather than handed another version.
+ */
+static void memory_gone(struct model *m)
+{
+	m->epoch++;
+	for (struct cgroup *g = m->groups; g; g = g->next) {
+		if (!g->round_open)
+			continue;
+		for (uint32_t i = 0; i < g->world; i++)
+			if (g->taken[i] && g->ranks[i] && !g->lost[i]) {
+				g->lost[i] = 1;
+				g->nlost++;
+			}
+		if (g->nlost)
+			g->lost_version = g->round_version;
+		round_close(m, g);
+	}
+}
+
 static struct model *model_get(struct wexd *d, const char *name, uint32_t world, int producer,
 			       char *err, size_t errlen)
 {
@@ -286,25 +343,29 @@ json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
 	for (g = m->groups; g; g = g->next)
 		if (!strcmp(g->name, group))
 			break;
-	if (g && g->world != (uint32_t)world)
-		return wex__reply_error(-EINVAL, "hello: group '%s' has %u ranks, this consumer says %lld",
-					group, g->world, (long long)world);
+	if (g && g->world != (uint32_t)world) {
+		int left = 1;
+
+		for (uint32_t i = 0; i < g->world; i++)
+			left &= g->ranks[i] == NULL;
+		if (!left)
+			return wex__reply_error(-EINVAL,
+						"hello: group '%s' has %u ranks, this consumer says %lld",
+						group, g->world, (long long)world);
+		/* Every rank of the old group left: the engine came back with
+		 * another world size, as a trainer may. */
+		if (group_resize(m, g, (uint32_t)world) < 0)
+			return wex__reply_error(-ENOMEM, "hello: out of memory");
+		wex_info("registry", "group '%s' of model '%s' now has %lld ranks", group, m->name,
+			 (long long)world);
+	}
 	if (!g) {
 		g = calloc(1, sizeof(*g));
-		if (g) {
-			g->ranks = calloc((size_t)world, sizeof(*g->ranks));
-			g->taken = calloc((size_t)world, 1);
-		}
-		if (!g || !g->ranks || !g->taken) {
-			if (g) {
-				free(g->ranks);
-				free(g->taken);
-			}
+		if (!g || group_resize(m, g, (uint32_t)world) < 0) {
 			free(g);
 			return wex__reply_error(-ENOMEM, "hello: out of memory");
 		}
 		snprintf(g->name, sizeof(g->name), "%s", group);
-		g->world = (uint32_t)world;
 		g->next = m->groups;
 		m->groups = g;
 	}
@@ -536,6 +597,16 @@ json_t *wexd_register_tensors(struct wexd *d, struct conn *c, json_t *req, int *
 			return e;
 		}
 	}
+	/* Other tensors (or memory) under a version already published change
+	 * what that version means: the rank holds none until it publishes
+	 * again, and leases and rounds on the old one are stale. */
+	if (r->published && (n != r->nt || memcmp(t, r->t, n * sizeof(*t)))) {
+		wex_info("registry", "producer rank %u of model '%s' registered other tensors after "
+			 "publishing v%llu: it holds no version until it publishes again", c->rank,
+			 c->model->name, (unsigned long long)r->published);
+		r->published = 0;
+		memory_gone(c->model);
+	}
 	free(r->t);
 	r->t = t;
 	r->nt = n;
@@ -580,13 +651,31 @@ static void lease_drop(struct model *m, struct conn *c)
 		m->leases--;
 }
 
-static void round_close(struct model *m, struct cgroup *g)
+
+/*
+ * A newer version v is asked for while version m->writing is unfinished
+ * and no rank is writing it any more (the ranks that published it wait for
+ * ranks that will never write it, e.g. after a wexd restart ended their
+ * writes): the unfinished version is abandoned, so the group can go on.
+ * Its ranks that published it hold no version (their buffers hold the
+ * abandoned bytes, never served).
+ */
+static void abandon_write(struct model *m, uint64_t v)
 {
-	if (!g->round_open)
-		return;
-	g->round_open = 0;
-	if (m->leases)
-		m->leases--; /* the group's hold */
+	uint64_t w = m->writing;
+
+	for (uint32_t i = 0; i < m->world; i++)
+		if (m->ranks[i].writing == w ||
+		    (m->ranks[i].c && m->ranks[i].c->waiting == WAIT_BEGIN_WRITE &&
+		     m->ranks[i].c->wait_version == w))
+			return; /* someone still writes it */
+	wex_warn("registry", "model '%s': v%llu abandoned unfinished for v%llu (published by only "
+		 "some ranks, and no rank writes it any more)", m->name, (unsigned long long)w,
+		 (unsigned long long)v);
+	for (uint32_t i = 0; i < m->world; i++)
+		if (m->ranks[i].published == w)
+			m->ranks[i].published = 0;
+	m->writing = 0;
 }
 
 static int begin_write_try(struct wexd *d, struct conn *c, json_t **reply)
@@ -628,10 +717,24 @@ json_t *wexd_begin_write(struct wexd *d, struct conn *c, json_t *req)
 	if (v <= 0 || (uint64_t)v <= m->published || (uint64_t)v <= r->published)
 		return wex__reply_error(-EINVAL, "begin_write: version %lld must exceed published v%llu",
 					(long long)v, (unsigned long long)m->published);
+	if (m->writing && m->writing != (uint64_t)v && (uint64_t)v > m->writing &&
+	    r->published != m->writing && r->writing != m->writing)
+		abandon_write(m, (uint64_t)v);
 	if (m->writing && m->writing != (uint64_t)v)
 		return wex__reply_error(-EINVAL,
 					"begin_write: v%lld while other ranks write v%llu: all ranks write the same version",
 					(long long)v, (unsigned long long)m->writing);
+	/* Ranks still waiting to begin theirs count too (m->writing is set
+	 * only once one is let in). */
+	for (uint32_t i = 0; i < m->world; i++) {
+		struct conn *o = m->ranks[i].c;
+
+		if (o && o != c && o->waiting == WAIT_BEGIN_WRITE && o->wait_version != (uint64_t)v)
+			return wex__reply_error(-EINVAL,
+						"begin_write: v%lld while rank %u waits to write v%llu: all "
+						"ranks write the same version", (long long)v, i,
+						(unsigned long long)o->wait_version);
+	}
 	if (r->writing == (uint64_t)v)
 		return json_pack("{s:b, s:I, s:f}", "ok", 1, "version", v, "waited_ms", 0.0);
 	if (r->nt == 0)
@@ -750,6 +853,7 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 	g->ntaken++;
 	c->has_lease = 1;
 	c->lease_version = v;
+	c->lease_epoch = m->epoch;
 	c->lease_mode = c->wait_mode;
 	m->leases++;
 	if (g->ntaken == g->world)
@@ -796,13 +900,26 @@ json_t *wexd_acquire(struct wexd *d, struct conn *c, json_t *req)
 	/* Re-syncing a version this rank holds (a switch of mode) keeps the
 	 * lease.  Otherwise a new sync ends the previous rollout's lease: in
 	 * single-buffer mode the producer cannot write while it is held. */
-	if (c->has_lease && minv && (uint64_t)minv <= c->lease_version) {
+	if (c->has_lease && minv && (uint64_t)minv <= c->lease_version &&
+	    c->lease_epoch == c->model->epoch) {
 		c->lease_mode = (int)mode;
 		c->syncs++;
 		c->last_sync_ns = wex__now_ns();
 		return json_pack("{s:b, s:I, s:I, s:f, s:b}", "ok", 1, "version",
 				 (json_int_t)c->lease_version, "layout_gen",
 				 (json_int_t)c->model->layout_gen, "waited_ms", 0.0, "kept", 1);
+	}
+	if (c->group->nlost) {
+		struct cgroup *g = c->group;
+
+		if (!g->lost[c->rank])
+			return lease_kept(c, wex__reply_error(
+				-ESTALE, "acquire: %u rank(s) of group '%s' hold v%llu from a round that was "
+				"lost when the producer's memory went; every rank of the group must sync "
+				"again before any gets another version", g->nlost, g->name,
+				(unsigned long long)g->lost_version));
+		g->lost[c->rank] = 0; /* this holder moves on */
+		g->nlost--;
 	}
 	lease_drop(c->model, c);
 	c->waiting = WAIT_ACQUIRE;
@@ -947,6 +1064,10 @@ json_t *wexd_fetch(struct wexd *d, struct conn *c, json_t *req)
 		return wex__reply_error(-EINVAL, "fetch: %s", je.text);
 	if (!m->world)
 		return wex__reply_error(-WEX_ENOPUBLISHED, "fetch: model '%s' has no producer", m->name);
+	if (c->has_lease && c->lease_epoch != m->epoch)
+		return wex__reply_error(-ESTALE, "fetch: the producer's memory behind v%llu changed "
+					"since it was acquired (a producer rank left or registered other "
+					"memory): sync again", (unsigned long long)c->lease_version);
 	for (uint32_t i = 0; i < m->world; i++)
 		if (!m->ranks[i].c || !m->ranks[i].nt)
 			return wex__reply_error(-EAGAIN, "fetch: producer rank %u of model '%s' is not registered",
@@ -1054,8 +1175,7 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 		 * round open on the old version must not hand out the
 		 * successor's fresh memory under that version's name. */
 		r->published = 0;
-		for (struct cgroup *g = m->groups; g; g = g->next)
-			round_close(m, g);
+		memory_gone(m);
 		/* A write that no live rank continues is over: without this the
 		 * model stayed "writing" forever and a restarted producer's
 		 * begin_write of a newer version was refused.  A version some
@@ -1074,6 +1194,11 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 	} else if (c->role == WEX_ROLE_CONSUMER) {
 		struct cgroup *g = c->group;
 		int any = 0;
+
+		if (g->lost[c->rank]) {
+			g->lost[c->rank] = 0;
+			g->nlost--;
+		}
 
 		if (c->has_lease)
 			wex_info("registry", "consumer rank %u of group '%s' (pid %d) left holding v%llu: lease dropped",
@@ -1216,10 +1341,11 @@ json_t *wexd_models_json(struct wexd *d)
 							"ranks", ranks));
 		}
 		json_array_append_new(arr,
-				      json_pack("{s:s, s:s, s:i, s:I, s:I, s:i, s:I, s:I, s:o, s:o}",
+				      json_pack("{s:s, s:s, s:i, s:I, s:I, s:i, s:i, s:I, s:I, s:o, s:o}",
 						"name", m->name, "state", state, "world", m->world,
 						"published", (json_int_t)m->published, "writing",
-						(json_int_t)m->writing, "leases", m->leases,
+						(json_int_t)m->writing, "write_pending",
+						(int)m->write_pending, "leases", m->leases,
 						"layout_gen", (json_int_t)m->layout_gen, "bytes",
 						(json_int_t)bytes, "producers", prods, "groups",
 						groups));

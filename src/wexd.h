@@ -44,6 +44,7 @@ struct conn {
 	/* Consumer state. */
 	int has_lease;
 	uint64_t lease_version;
+	uint64_t lease_epoch; /* the model's epoch when the lease was granted */
 	int lease_mode;
 	uint64_t served_version;
 	struct wex_tensor *layout;
@@ -86,6 +87,12 @@ struct cgroup {
 	uint32_t ntaken;
 	int round_open;
 	uint64_t round_version;
+	/* Ranks that took a round lost when the memory behind its version went
+	 * (taken + world): until each syncs again, its peers are refused
+	 * rather than handed another version. */
+	uint8_t *lost;
+	uint32_t nlost;
+	uint64_t lost_version;
 	struct cgroup *next;
 };
 
@@ -112,6 +119,7 @@ struct model {
 	uint32_t write_pending;
 	uint32_t leases;
 	uint64_t layout_gen;
+	uint64_t epoch; /* bumps when memory behind published versions goes */
 	int tables_fd; /* cached packed tables for layout_gen, or -1 */
 	struct cgroup *groups;
 	struct plan_entry *plans;

@@ -60,6 +60,9 @@ wex_foundation_test(msg_limit LOOP)
 wex_foundation_test(client_recovery LIBS wex TIMEOUT 120)
 wex_foundation_test(daemon_defaults LIBS ${WEX_FX_LIBS})
 wex_foundation_test(metrics_reports LIBS ${WEX_FX_LIBS})
+wex_foundation_test(stale_memory LOOP LIBS ${WEX_FX_LIBS})
+wex_foundation_test(write_versions LOOP LIBS ${WEX_FX_LIBS})
+wex_foundation_test(group_resize LIBS ${WEX_FX_LIBS})
 
 # ---------------------------------------------------------------------------
 # Issue 4, point 1: a build without the CUDA toolkit's headers has the host

@@ -317,7 +317,10 @@ struct wex_sync_result {
  * weights are mixed; sync again before serving) or a same-address swap
  * failed after the region had lost its bytes (it holds fresh memory, or,
  * where even that could not be mapped, nothing: reads there fault until a
- * copy sync maps fresh memory, the message says which).
+ * copy sync maps fresh memory, the message says which), -ESTALE when the
+ * producer's memory behind the version went since it was acquired, or when
+ * ranks of this group hold a version from a round lost that way (every
+ * rank of the group must sync again; the message names the version).
  */
 WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
 		     struct wex_sync_result *res);
