@@ -1802,7 +1802,8 @@ WEX_API int wex_producer_tensors(wex_client_t *c, uint32_t prank, const struct w
 				 size_t *n)
 {
 	if (!c->fetched || prank >= c->nprod)
-		return -ENOENT;
+		return set_err(c, -ENOENT, "no producer rank %u%s", prank,
+			       c->fetched ? "" : " (sync first)");
 	*t = c->tables + c->rank_first[prank];
 	*n = c->rank_first[prank + 1] - c->rank_first[prank];
 	return (int)c->nprod;

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -237,7 +238,7 @@ void wex__st_close(struct wex_st_file *f)
 {
 	if (f->map)
 		munmap(f->map, f->size);
-	if (f->fd > 0)
+	if (f->fd >= 0)
 		close(f->fd);
 	free(f->t);
 	memset(f, 0, sizeof(*f));
@@ -277,7 +278,7 @@ int wex__st_write(const char *path, const struct wex_st_tensor *t, size_t n, cha
 {
 	const struct wex_st_tensor **o = calloc(n + 1, sizeof(*o));
 	json_t *root = json_object();
-	char *hdr = NULL;
+	char *hdr = NULL, tmp[PATH_MAX + 32] = "";
 	FILE *f = NULL;
 	uint64_t at = 0;
 	int ret = -ENOMEM;
@@ -324,10 +325,17 @@ int wex__st_write(const char *path, const struct wex_st_tensor *t, size_t n, cha
 
 	for (int i = 0; i < 8; i++)
 		len8[i] = (unsigned char)(N >> (8 * i));
-	f = fopen(path, "wb");
+	/* Written beside and renamed over the target: an input mapped from
+	 * the same path (converting in place) keeps its old bytes. */
+	if (snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof(tmp)) {
+		ret = -ENAMETOOLONG;
+		seterr(err, errlen, "%s: path too long", path);
+		goto out;
+	}
+	f = fopen(tmp, "wb");
 	if (!f) {
 		ret = -errno;
-		seterr(err, errlen, "%s: %s", path, strerror(errno));
+		seterr(err, errlen, "%s: %s", tmp, strerror(errno));
 		goto out;
 	}
 	int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, hl, f) == hl;
@@ -343,13 +351,21 @@ int wex__st_write(const char *path, const struct wex_st_tensor *t, size_t n, cha
 	f = NULL;
 	if (!ok) {
 		ret = -EIO;
-		seterr(err, errlen, "%s: write failed", path);
+		seterr(err, errlen, "%s: write failed", tmp);
 		goto out;
 	}
+	if (rename(tmp, path) < 0) {
+		ret = -errno;
+		seterr(err, errlen, "rename %s to %s: %s", tmp, path, strerror(errno));
+		goto out;
+	}
+	tmp[0] = '\0';
 	ret = 0;
 out:
 	if (f)
 		fclose(f);
+	if (tmp[0])
+		unlink(tmp);
 	if (ret == -ENOMEM)
 		seterr(err, errlen, "out of memory");
 	free(hdr);

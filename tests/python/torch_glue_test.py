@@ -112,6 +112,60 @@ class TorchGlue(WexdProducerCase):
         # ... and the failed sync gave its lease back: the producer writes on.
         self.publish(5)
 
+    def test_tables(self):
+        """Strided and empty producer tensors, views that outlive their
+        client object, and several pieces of one name."""
+        import ctypes
+        import gc
+
+        p = wex.Client(wex.ROLE_PRODUCER, "torch-glue-tables", rank=0, world_size=1)
+        self.addCleanup(p.close)
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 16)
+        buf = (ctypes.c_float * 64).from_address(base)
+        for i in range(64):
+            buf[i] = float(i)
+        p.register_tensors([
+            wex.tensor("s", "F32", (4, 4), strides=(8, 1), segment=seg, offset=0),
+            wex.tensor("e", "F32", (0, 4), segment=seg, offset=4096),
+            wex.tensor("w", "F32", (4,), segment=seg, offset=8192)])
+        p.begin_write(1)
+        p.publish(1)
+        want = torch.arange(32, dtype=torch.float32).view(4, 8)[:, :4]
+
+        def views():
+            c = wex.Client(wex.ROLE_CONSUMER, "torch-glue-tables", group="views",
+                           timeout_ms=5000)
+            c.sync(wex.SYNC_REMAP_VIEW, 1)
+            return torch_util.view_tensors(c, device="cpu")
+
+        v = views()  # the client object is gone from here on
+        gc.collect()
+        self.assertTrue(torch.equal(v["s"], want), v["s"])
+        self.assertEqual(v["s"].stride(), (8, 1))
+        self.assertEqual(tuple(v["e"].shape), (0, 4))
+        self.assertEqual(float(v["w"].sum()), 0.0)  # offset 8192: zeros
+        c = wex.Client(wex.ROLE_CONSUMER, "torch-glue-tables", group="fixed", timeout_ms=5000)
+        self.addCleanup(c.close)
+        c.sync(wex.SYNC_REMAP_VIEW, 1)
+        r = torch_util.reserve_like(c, device="cpu")
+        self.assertEqual(r["s"].stride(), (8, 1))
+        self.assertEqual(tuple(r["e"].shape), (0, 4))
+        # Two pieces of one name cannot be a dict entry: refused, named.
+        q = wex.Client(wex.ROLE_PRODUCER, "torch-glue-pieces", rank=0, world_size=1)
+        self.addCleanup(q.close)
+        seg, base = q.segment_alloc(wex.SEG_HOST, 1 << 16)
+        q.register_tensors([
+            wex.tensor("w", "F32", (4, 4), start=(0, 0), extent=(2, 4), segment=seg, offset=0),
+            wex.tensor("w", "F32", (4, 4), start=(2, 0), extent=(2, 4), segment=seg,
+                       offset=4096)])
+        q.begin_write(1)
+        q.publish(1)
+        k = wex.Client(wex.ROLE_CONSUMER, "torch-glue-pieces", group="g", timeout_ms=5000)
+        self.addCleanup(k.close)
+        k.sync(wex.SYNC_REMAP_VIEW, 1)
+        with self.assertRaisesRegex(ValueError, "several pieces of w"):
+            torch_util.view_tensors(k, device="cpu")
+
     def test_refusals(self):
         with self.assertRaises(ValueError):
             torch_util.wex_dtype(torch.complex64)

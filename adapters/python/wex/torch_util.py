@@ -126,26 +126,48 @@ def attach_module(client, named_tensors):
 
 
 class _CudaArray:
-    def __init__(self, ptr, nbytes):
+    def __init__(self, ptr, nbytes, owner=None):
         self.__cuda_array_interface__ = {
             "shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 2,
         }
+        self._wex_owner = owner  # kept alive with the tensor
 
 
-def from_ptr(ptr, shape, dtype, device=None):
+def _span(shape, strides):
+    """Elements a box of `shape` spans with `strides` (None or all zero:
+    contiguous); 0 when any dimension is empty."""
+    if any(s == 0 for s in shape):
+        return 0
+    if not strides or not any(strides):
+        n = 1
+        for s in shape:
+            n *= s
+        return n
+    if any(st < 0 for st in strides):
+        raise ValueError("negative strides are not supported")
+    return sum((s - 1) * st for s, st in zip(shape, strides)) + 1
+
+
+def from_ptr(ptr, shape, dtype, device=None, strides=None, owner=None):
     """A tensor over memory at ptr (no copy): device memory when device is
     a CUDA device (or None with ptr a device address), else host memory.
-    The memory must outlive the tensor (the client's mapping)."""
+    strides are in elements (None or all zero: contiguous).  The memory
+    must outlive the tensor: pass the wex.Client as owner and the tensor
+    keeps it (and so its mappings) alive; a close() or the next sync of
+    that client still ends what a view shows."""
     shape = tuple(int(s) for s in shape)
-    n = 1
-    for s in shape:
-        n *= s
-    nbytes = n * torch.empty((), dtype=dtype).element_size()
+    strides = tuple(int(s) for s in strides) if strides is not None else None
+    esize = torch.empty((), dtype=dtype).element_size()
+    nbytes = _span(shape, strides) * esize
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype, device=device if device is not None else "cpu")
     if device is not None and torch.device(device).type == "cpu":
-        raw = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(ptr), dtype=torch.uint8)
+        buf = (ctypes.c_uint8 * nbytes).from_address(ptr)
+        buf._wex_owner = owner  # the storage keeps buf, buf keeps the client
+        raw = torch.frombuffer(buf, dtype=torch.uint8)
     else:
         try:
-            raw = torch.as_tensor(_CudaArray(ptr, nbytes), device=device)
+            raw = torch.as_tensor(_CudaArray(ptr, nbytes, owner), device=device)
         except RuntimeError as e:
             # PyTorch parses __cuda_array_interface__ with NumPy, which
             # its wheels do not require.
@@ -154,17 +176,37 @@ def from_ptr(ptr, shape, dtype, device=None):
             raise RuntimeError("wex.torch_util: tensors over device memory need NumPy "
                                "(torch %s reads __cuda_array_interface__ through it)"
                                % torch.__version__) from e
-    return raw.view(dtype).view(shape)
+    raw = raw.view(dtype)
+    if strides and any(strides):
+        return raw.as_strided(shape, strides)
+    return raw.view(shape)
+
+
+def _strides(t):
+    st = t.dims("strides")
+    return st if any(st) else None
+
+
+def _unique_names(table, prank):
+    names = [t.name.decode() for t in table]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError("producer rank %d holds several pieces of %s: a dict by name cannot "
+                         "hold them (use client.producer_tensors and client.view)"
+                         % (prank, ", ".join(dup[:3])))
+    return names
 
 
 def view_tensors(client, prank=0, device=None):
-    """After a REMAP_VIEW sync: {name: tensor over the producer's memory}."""
+    """After a REMAP_VIEW sync: {name: tensor over the producer's memory}.
+    The tensors keep the client alive; its next sync or close() ends what
+    they show."""
     out = {}
     table, _ = client.producer_tensors(prank)
-    for t in table:
-        name = t.name.decode()
+    for name in _unique_names(table, prank):
         ptr, desc = client.view(name, prank)
-        out[name] = from_ptr(ptr, desc.dims(), torch_dtype(desc.dtype_name), device)
+        out[name] = from_ptr(ptr, desc.dims(), torch_dtype(desc.dtype_name), device,
+                             strides=_strides(desc), owner=client)
     return out
 
 
@@ -173,9 +215,12 @@ def reserve_like(client, prank=0, device=None):
     prank and returns {name: tensor placed there at the producer's offset}.
     Attach them (attach_module) before a REMAP_FIXED sync."""
     table, _ = client.producer_tensors(prank)
+    _unique_names(table, prank)
     need = {}
     for t in table:
-        need[t.segment] = max(need.get(t.segment, 0), t.offset + t.nbytes())
+        span = _span(t.dims(), _strides(t)) * wex.DTYPE_SIZE[t.dtype_name]
+        need[t.segment] = max(need.get(t.segment, 0), t.offset + span)
     base = {sid: client.reserve(prank, sid, size) for sid, size in sorted(need.items())}
     return {t.name.decode(): from_ptr(base[t.segment] + t.offset, t.dims(),
-                                      torch_dtype(t.dtype_name), device) for t in table}
+                                      torch_dtype(t.dtype_name), device, strides=_strides(t),
+                                      owner=client) for t in table}
