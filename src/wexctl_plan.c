@@ -482,12 +482,26 @@ int wexctl_cmd_convert(int argc, char **argv)
 	ret = open_inputs(o.pos[0], src.world, rf, err, sizeof(err));
 	if (ret < 0)
 		goto fail;
-	/* The checkpoint's own dtype wins over config.json's torch_dtype. */
-	if (rf[0].n && rf[0].f[0].n)
-		wex__model_set_dtype(m, rf[0].f[0].t[0].dtype);
 	ret = side_load(m, o.from, &src, 1, err, sizeof(err));
 	if (ret < 0)
 		goto fail;
+	/* The checkpoint's own dtype wins over config.json's torch_dtype:
+	 * that of the first tensor the source layout names (a checkpoint may
+	 * carry other tensors too, e.g. an F32 rotary buffer, listed first). */
+	for (size_t i = 0; i < src.l[0].nt; i++) {
+		const struct wex_st_tensor *t = find_in(&rf[0], src.l[0].t[i].name);
+
+		if (!t)
+			continue;
+		if (t->dtype != wex__model_dtype(m)) {
+			wex__model_set_dtype(m, t->dtype);
+			side_free(&src);
+			ret = side_load(m, o.from, &src, 1, err, sizeof(err));
+			if (ret < 0)
+				goto fail;
+		}
+		break;
+	}
 	ret = side_load(m, o.to, &dst, 0, err, sizeof(err));
 	if (ret < 0)
 		goto fail;

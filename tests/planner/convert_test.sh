@@ -2,7 +2,8 @@
 # convert_test.sh - proves `wexctl convert` (the real binary, $WEXCTL_BIN)
 # reshards a generated tiny Qwen2-like HF checkpoint to megatron tp=2,pp=2,
 # then to vllm tp=2, then back to hf with every byte unchanged; converting
-# into the input directory itself gives the same bytes as into a fresh one.  Skips (77)
+# into the input directory itself gives the same bytes as into a fresh one,
+# and an extra tensor of another dtype in the checkpoint changes nothing.  Skips (77)
 # while wexctl does not dispatch `convert` yet.
 # Needs: WEXCTL_BIN, PLANNER_CONVERT_BIN (the planner_convert helper).
 set -u
@@ -28,5 +29,35 @@ for r in 0 1; do
 	cmp "$d/pp/rank-$r.safetensors" "$d/meg2/rank-$r.safetensors" || { echo "in-place convert wrote other bytes (rank $r)"; exit 1; }
 done
 ls "$d/meg2" | grep -q '\.tmp\.' && { echo "in-place convert left temporary files"; exit 1; }
+# A checkpoint carrying another tensor of another dtype (an F32 rotary
+# buffer, as older HF Llama checkpoints have) converts as without it: the
+# model's dtype comes from the tensors the layout names.
+PY=/usr/bin/python3; [ -x $PY ] || PY=python3
+$PY - "$d/hf" "$d/hf1" <<'PYEOF' || exit 1
+import glob, json, os, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+tensors = [("model.layers.0.self_attn.rotary_emb.inv_freq", "F32", [4], bytes(16))]
+for p in sorted(glob.glob(src + "/*.safetensors")):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    for k, v in sorted(h.items()):
+        if k != "__metadata__":
+            o = v["data_offsets"]
+            tensors.append((k, v["dtype"], v["shape"], b[8 + n + o[0]:8 + n + o[1]]))
+h, off, data = {}, 0, b""
+for name, dt, shape, by in tensors:
+    h[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(by)]}
+    off += len(by)
+    data += by
+s = json.dumps(h).encode()
+s += b" " * (-len(s) % 8)
+os.makedirs(dst)
+open(dst + "/model.safetensors", "wb").write(struct.pack("<Q", len(s)) + s + data)
+PYEOF
+"$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to vllm:tp=2 "$d/hf1" "$d/vllm1" || { echo "an extra F32 tensor broke the conversion"; exit 1; }
+for r in 0 1; do
+	cmp "$d/vllm/rank-$r.safetensors" "$d/vllm1/rank-$r.safetensors" || { echo "an extra tensor changed the output (rank $r)"; exit 1; }
+done
 "$WEXCTL_BIN" plan --config "$d/config.json" --from megatron:tp=2,pp=2,dp=2 --to vllm:tp=2 --json || exit 1
 echo "wexctl convert round trip is byte-identical"
