@@ -367,7 +367,12 @@ static int open_inputs(const char *in, uint32_t world, struct rank_files *rf, ch
 			for (size_t i = 0; i < nn; i++)
 				if (!strcmp(names[i], fn))
 					seen = 1;
-			if (!seen && nn < 4096)
+			if (!seen && nn == 4096) {
+				seterr(err, errlen, "%s: more than 4096 files", path);
+				json_decref(idx);
+				return -E2BIG;
+			}
+			if (!seen)
 				names[nn++] = fn;
 		}
 		qsort(names, nn, sizeof(names[0]), cmp_str);
@@ -398,10 +403,18 @@ static int open_inputs(const char *in, uint32_t world, struct rank_files *rf, ch
 			if (l > 12 && !strcmp(e->d_name + l - 12, ".safetensors")) {
 				char **x = realloc(names, (nn + 1) * sizeof(*names));
 
-				if (!x)
-					break;
+				if (!x || !(x[nn] = strdup(e->d_name))) {
+					/* Never a checkpoint with files left out. */
+					names = x ? x : names;
+					for (size_t i = 0; i < nn; i++)
+						free(names[i]);
+					free(names);
+					closedir(d);
+					seterr(err, errlen, "%s: out of memory listing its files", in);
+					return -ENOMEM;
+				}
 				names = x;
-				names[nn++] = strdup(e->d_name);
+				nn++;
 			}
 		}
 		closedir(d);
@@ -422,6 +435,44 @@ one_rank:
 	seterr(err, errlen, "the source layout has %u ranks but %s is one checkpoint "
 		 "(a sharded source is a directory of rank-K.safetensors)", world, in);
 	return -EINVAL;
+}
+
+static int cmp_tname(const void *a, const void *b)
+{
+	return strcmp((*(const struct wex_st_tensor *const *)a)->name,
+		      (*(const struct wex_st_tensor *const *)b)->name);
+}
+
+/* A tensor name in two files of one rank is ambiguous (which one would
+ * be read depended on the file names' order): refused, named. */
+static int check_unique(const struct rank_files *rf, uint32_t rank, char *err, size_t errlen)
+{
+	const struct wex_st_tensor **v;
+	size_t n = 0, k = 0;
+	int ret = 0;
+
+	for (size_t i = 0; i < rf->n; i++)
+		n += rf->f[i].n;
+	if (n < 2)
+		return 0;
+	v = malloc(n * sizeof(*v));
+	if (!v) {
+		seterr(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < rf->n; i++)
+		for (size_t j = 0; j < rf->f[i].n; j++)
+			v[k++] = &rf->f[i].t[j];
+	qsort(v, n, sizeof(*v), cmp_tname);
+	for (size_t i = 1; i < n; i++)
+		if (!strcmp(v[i - 1]->name, v[i]->name)) {
+			seterr(err, errlen, "source rank %u: tensor %s is in two of its files", rank,
+			       v[i]->name);
+			ret = -EINVAL;
+			break;
+		}
+	free(v);
+	return ret;
 }
 
 static const struct wex_st_tensor *find_in(const struct rank_files *rf, const char *name)
@@ -482,6 +533,11 @@ int wexctl_cmd_convert(int argc, char **argv)
 	ret = open_inputs(o.pos[0], src.world, rf, err, sizeof(err));
 	if (ret < 0)
 		goto fail;
+	for (uint32_t r = 0; r < src.world; r++) {
+		ret = check_unique(&rf[r], r, err, sizeof(err));
+		if (ret < 0)
+			goto fail;
+	}
 	ret = side_load(m, o.from, &src, 1, err, sizeof(err));
 	if (ret < 0)
 		goto fail;

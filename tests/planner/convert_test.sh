@@ -59,5 +59,12 @@ PYEOF
 for r in 0 1; do
 	cmp "$d/vllm/rank-$r.safetensors" "$d/vllm1/rank-$r.safetensors" || { echo "an extra tensor changed the output (rank $r)"; exit 1; }
 done
+# A tensor in two files of one source is ambiguous: refused, named.
+mkdir "$d/dup" && cp "$d/hf1/model.safetensors" "$d/dup/a.safetensors" &&
+	cp "$d/hf1/model.safetensors" "$d/dup/b.safetensors" || exit 1
+if "$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to vllm:tp=2 "$d/dup" "$d/o-dup" 2>"$d/dup.err"; then
+	echo "a checkpoint with a tensor in two files was converted"; exit 1
+fi
+grep -q "is in two of its files" "$d/dup.err" || { echo "unclear error: $(cat "$d/dup.err")"; exit 1; }
 "$WEXCTL_BIN" plan --config "$d/config.json" --from megatron:tp=2,pp=2,dp=2 --to vllm:tp=2 --json || exit 1
 echo "wexctl convert round trip is byte-identical"
