@@ -133,6 +133,17 @@ static int set_err(struct wex_client *c, int ret, const char *fmt, ...)
 	return ret;
 }
 
+/* Public entry points: no client, or a NULL the call needs, is -EINVAL
+ * (with the reason when there is a client to hold it), never a fault. */
+#define ARGS_OK(c, cond)                                                              \
+	do {                                                                          \
+		if (!(c))                                                             \
+			return -EINVAL;                                               \
+		if (!(cond))                                                          \
+			return set_err((c), -EINVAL, "%s: a required pointer is NULL", \
+				       __func__);                                     \
+	} while (0)
+
 /* Waits for this process's queued GPU work (the engine's kernels too) on
  * the devices wex uses: before a lease whose memory those kernels may read
  * ends (guarantee 1: the producer may write once it has), and before a
@@ -432,6 +443,10 @@ static int reconnect(struct wex_client *c)
 			goto err;
 		c->has_lease = 0;
 		c->fetched = 0;
+		/* A new wexd numbers versions afresh (a restarted trainer may
+		 * publish "v1" again): the next copy sync copies whatever its
+		 * version number. */
+		c->copied = 0;
 	}
 	return 0;
 err:
@@ -776,6 +791,7 @@ WEX_API int wex_segment_alloc(wex_client_t *c, int kind, int device, uint64_t si
 {
 	int ret;
 
+	ARGS_OK(c, id && ptr);
 	KEEP_THREAD_DEVICE(ret, segment_alloc(c, kind, device, size, id, ptr));
 	return ret;
 }
@@ -786,6 +802,7 @@ WEX_API int wex_segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t
 	uint32_t sid;
 	int ret;
 
+	ARGS_OK(c, id);
 	if (c->role != WEX_ROLE_PRODUCER)
 		return set_err(c, -EPERM, "only producers register segments");
 	ret = wex_mem_host_ops.wrap(ptr, size, fd, &seg);
@@ -838,6 +855,7 @@ WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint6
 {
 	int ret;
 
+	ARGS_OK(c, id);
 	KEEP_THREAD_DEVICE(ret, segment_register_ptr(c, kind, ptr, size, id));
 	return ret;
 }
@@ -892,6 +910,7 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
 	struct wex_tensor *copy;
 	int ret;
 
+	ARGS_OK(c, t || !n);
 	if (c->role != WEX_ROLE_PRODUCER)
 		return set_err(c, -EPERM, "only producers register tensors");
 	ret = copy_tensors(c, t, n, 0, &copy);
@@ -915,6 +934,7 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
 	json_t *req;
 	int ret;
 
+	ARGS_OK(c, 1);
 	if (c->role != WEX_ROLE_PRODUCER)
 		return set_err(c, -EPERM, "only producers write");
 	req = json_pack("{s:s, s:I}", "op", "begin_write", "version", (json_int_t)version);
@@ -972,6 +992,7 @@ WEX_API int wex_publish(wex_client_t *c, uint64_t version)
 {
 	int ret;
 
+	ARGS_OK(c, 1);
 	KEEP_THREAD_DEVICE(ret, publish(c, version));
 	return ret;
 }
@@ -989,6 +1010,7 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 	struct wex_tensor *copy;
 	int ret;
 
+	ARGS_OK(c, t || !n);
 	if (c->role != WEX_ROLE_CONSUMER)
 		return set_err(c, -EPERM, "only consumers attach");
 	ret = copy_tensors(c, t, n, 1, &copy);
@@ -1412,9 +1434,22 @@ static void unmap_regions_of_call(struct wex_client *c, const char *done)
  * are checked before any is mapped, and a mapping that still fails undoes
  * the ones this call made (they get private memory back): a failed sync
  * leaves no region showing the producer without a lease. */
-static int map_regions(struct wex_client *c, uint64_t *bytes)
+static void consumer_unmap_regions(struct wex_client *c)
 {
-	char *done;
+	for (size_t i = 0; i < c->nregions; i++) {
+		struct region *g = &c->regions[i];
+
+		if (g->r.fixed && g->r.ops->unmap_fixed(&g->r) < 0) {
+			c->dirty = 1;
+			c->copied = 0;
+		}
+		if (!g->r.fixed)
+			g->mapped = NULL;
+	}
+}
+
+static int map_regions_check(struct wex_client *c)
+{
 	int ret;
 
 	for (size_t i = 0; i < c->nregions; i++) {
@@ -1427,8 +1462,6 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 		if (g->r.ops != s->seg.ops)
 			return set_err(c, -WEX_ELAYOUT, "remap: region is %s memory, segment is %s",
 				       g->r.ops->name, s->seg.ops->name);
-		/* The region's start shows the segment's start (seg.ptr), which
-		 * lies handle_offset bytes into its first allocation. */
 		if (g->r.size > s->seg.desc.alloc_size - s->seg.desc.handle_offset)
 			return set_err(c, -WEX_ELAYOUT,
 				       "remap: region of %llu bytes exceeds producer segment of %llu",
@@ -1437,6 +1470,25 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 							    s->seg.desc.handle_offset));
 		if (!(g->mapped == &s->seg && g->r.fixed) && (ret = check_fixed_layout(c, g)) < 0)
 			return ret;
+	}
+	return 0;
+}
+
+static int map_regions(struct wex_client *c, uint64_t *bytes)
+{
+	char *done;
+	int ret;
+
+	ret = map_regions_check(c);
+	if (ret < 0) {
+		/* Regions still showing the producer from an earlier sync go
+		 * back to private memory: the lease is about to be given back. */
+		char why[sizeof(c->err)];
+
+		memcpy(why, c->err, sizeof(why));
+		consumer_unmap_regions(c);
+		memcpy(c->err, why, sizeof(why));
+		return ret;
 	}
 	done = calloc(c->nregions ? c->nregions : 1, 1);
 	if (!done)
@@ -1557,6 +1609,7 @@ WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint6
 {
 	int ret;
 
+	ARGS_OK(c, ptr);
 	KEEP_THREAD_DEVICE(ret, reserve(c, prank, segment, size, ptr));
 	return ret;
 }
@@ -1754,12 +1807,14 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 {
 	int ret;
 
+	ARGS_OK(c, res);
 	KEEP_THREAD_DEVICE(ret, sync_(c, mode, min_version, timeout_ms, res));
 	return ret;
 }
 
 WEX_API int wex_release(wex_client_t *c)
 {
+	ARGS_OK(c, 1);
 	if (c->role != WEX_ROLE_CONSUMER)
 		return set_err(c, -EPERM, "only consumers hold leases");
 	if (!c->has_lease)
@@ -1769,12 +1824,14 @@ WEX_API int wex_release(wex_client_t *c)
 
 WEX_API int wex_is_dirty(wex_client_t *c)
 {
+	ARGS_OK(c, 1);
 	return c->dirty;
 }
 
 WEX_API int wex_view(wex_client_t *c, uint32_t prank, const char *name, void **ptr,
 		     struct wex_tensor *desc)
 {
+	ARGS_OK(c, 1);
 	if (!name || !ptr)
 		return set_err(c, -EINVAL, "view: name and ptr must not be NULL");
 	if (!c->fetched || prank >= c->nprod)
@@ -1801,6 +1858,7 @@ WEX_API int wex_view(wex_client_t *c, uint32_t prank, const char *name, void **p
 WEX_API int wex_producer_tensors(wex_client_t *c, uint32_t prank, const struct wex_tensor **t,
 				 size_t *n)
 {
+	ARGS_OK(c, t && n);
 	if (!c->fetched || prank >= c->nprod)
 		return set_err(c, -ENOENT, "no producer rank %u%s", prank,
 			       c->fetched ? "" : " (sync first)");
@@ -1815,6 +1873,7 @@ WEX_API int wex_request(wex_client_t *c, const char *op, const char *args_json, 
 	json_error_t je;
 	int ret;
 
+	ARGS_OK(c, op && json);
 	if (args_json) {
 		req = json_loads(args_json, 0, &je);
 		if (!req || !json_is_object(req)) {

@@ -63,6 +63,7 @@ wex_foundation_test(metrics_reports LIBS ${WEX_FX_LIBS})
 wex_foundation_test(stale_memory LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(write_versions LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(group_resize LIBS ${WEX_FX_LIBS})
+wex_foundation_test(client_faults LIBS ${WEX_FX_LIBS})
 
 # ---------------------------------------------------------------------------
 # Issue 4, point 1: a build without the CUDA toolkit's headers has the host

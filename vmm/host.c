@@ -68,7 +68,7 @@ err_close:
 static int host_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 {
 	struct stat st;
-	int dfd;
+	int dfd, seals;
 
 	if (fd < 0 || size == 0)
 		return -EINVAL;
@@ -83,7 +83,11 @@ static int host_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 	seg->ops = &wex_mem_host_ops;
 	seg->desc.kind = WEX_MEM_HOST;
 	seg->desc.size = size;
-	seg->desc.alloc_size = (uint64_t)st.st_size;
+	/* Bytes past `size` are offered to same-address consumers only when
+	 * the file cannot shrink under them (F_SEAL_SHRINK): a mapping past
+	 * its end would SIGBUS the engine. */
+	seals = fcntl(fd, F_GET_SEALS);
+	seg->desc.alloc_size = seals >= 0 && (seals & F_SEAL_SHRINK) ? (uint64_t)st.st_size : size;
 	seg->ptr = ptr;
 	seg->fd = dfd;
 	seg->owner = 0; /* the mapping is the caller's */
@@ -119,6 +123,9 @@ static int host_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 	memset(seg, 0, sizeof(*seg));
 	seg->ops = &wex_mem_host_ops;
 	seg->desc = *desc;
+	/* Never more than the file holds now. */
+	if (seg->desc.alloc_size > (uint64_t)st.st_size)
+		seg->desc.alloc_size = (uint64_t)st.st_size;
 	seg->ptr = p;
 	seg->fd = fd;
 	seg->owner = 2; /* importer: the mapping is ours */
@@ -221,9 +228,17 @@ static int host_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uin
 	void *p;
 	int ret;
 
+	struct stat st;
+
 	/* off must be the region's lead, 0 for host memory. */
 	if (off != r->lead || seg->fd < 0 || off % (uint64_t)pg ||
 	    off + r->size > seg->desc.alloc_size)
+		return -EINVAL;
+	/* Pages past the file's end (a producer that shrank an unsealed file)
+	 * would SIGBUS the engine on its next read: refuse them. */
+	if (fstat(seg->fd, &st) < 0)
+		return -errno;
+	if (off + r->size > (((uint64_t)st.st_size + (uint64_t)pg - 1) & ~((uint64_t)pg - 1)))
 		return -EINVAL;
 	/* MAP_FIXED replaces the consumer's pages atomically: every pointer into
 	 * the region now reads the producer's bytes.  Read-only, so a stray
@@ -383,10 +398,14 @@ static void copy_bytes(char *dst, const char *src, uint64_t len)
 
 		memcpy(dst, src, head);
 #if defined(__x86_64__)
-		static int have_avx2 = -1;
+		/* Copy threads race to fill it in, with the same value. */
+		static int have_avx2_cache = -1;
+		int have_avx2 = __atomic_load_n(&have_avx2_cache, __ATOMIC_RELAXED);
 
-		if (have_avx2 < 0)
+		if (have_avx2 < 0) {
 			have_avx2 = __builtin_cpu_supports("avx2");
+			__atomic_store_n(&have_avx2_cache, have_avx2, __ATOMIC_RELAXED);
+		}
 		if (have_avx2) {
 			copy_nt_avx2(dst + head, src + head, len - head);
 			return;

@@ -332,7 +332,9 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
  * change under the reader. */
 WEX_API int wex_release(wex_client_t *c);
 
-/* 1 if the consumer's weights are half-written (an interrupted copy). */
+/* 1 if the consumer's weights are half-written (an interrupted copy).
+ * (Every call here returns -EINVAL for a NULL client or a NULL pointer it
+ * needs, with the reason in wex_last_error when there is a client.) */
 WEX_API int wex_is_dirty(wex_client_t *c);
 
 /*

@@ -1,0 +1,204 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * client_faults - proves that libwex fails cleanly where a caller or a
+ * producer gets things wrong:
+ *  - a same-address sync refused by its checks (a second region larger
+ *    than the producer's segment) gives back every region already showing
+ *    the producer (private memory again, holding what it showed), so the
+ *    producer's next version does not change the engine's weights;
+ *  - a producer that registers an unsealed file larger than its segment
+ *    and then shrinks it cannot make a consumer map past the file's end:
+ *    the region is refused (only the segment's size is offered) and no
+ *    sync dies of SIGBUS;
+ *  - after a wexd restart that also restarts the trainer's version numbers,
+ *    a copy sync of a version number already copied copies again;
+ *  - every public call given a NULL client, or a NULL pointer it needs,
+ *    returns -EINVAL (the reason in wex_last_error) instead of faulting.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fixture.h"
+
+static int shows_producer(void *addr)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512];
+	unsigned long a = (unsigned long)addr;
+	int ret = 0;
+
+	T_ASSERT(f, "open /proc/self/maps");
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+
+		if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= a && a < hi) {
+			ret = strstr(line, "memfd:wex-seg") != NULL;
+			break;
+		}
+	}
+	fclose(f);
+	return ret;
+}
+
+static void fixed_check_fails(void)
+{
+	struct t_prod p;
+	struct t_cons k;
+	struct wex_sync_result r;
+	void *big;
+	int ret;
+
+	t_prod_open(&p, "fixed-check", "tiny", 0, 1);
+	t_cons_open(&k, "fixed-check", "g", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	T_ASSERT(shows_producer(k.region) && t_own_bad(&k, 1) == 0, "region A shows v1");
+	T_WEX(k.c, wex_reserve(k.c, 0, 0, k.seg_bytes + (1 << 20), &big));
+	ret = wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 0, 5000, &r);
+	T_ASSERT(ret == -WEX_ELAYOUT, "a region larger than the segment: -WEX_ELAYOUT, got %s",
+		 wex_strerror(ret));
+	T_ASSERT(strstr(wex_last_error(k.c), "exceeds producer segment"), "the reason: %s",
+		 wex_last_error(k.c));
+	T_ASSERT(!shows_producer(k.region), "region A still shows the producer after the failed sync");
+	t_prod_write(&p, 2); /* no lease holds it back */
+	T_ASSERT(t_own_bad(&k, 1) == 0, "region A keeps v1 while the producer writes v2");
+	t_cons_close(&k);
+	t_prod_close(&p);
+}
+
+static void shrunk_file(void)
+{
+	struct wex_sync_result r;
+	struct wex_tensor t;
+	wex_client_t *p, *k;
+	uint32_t seg;
+	void *region;
+	char *base;
+	int fd, st, ret;
+	pid_t pid;
+
+	p = t_open(WEX_ROLE_PRODUCER, "short-file", NULL, 0, 1);
+	fd = memfd_create("user-seg", MFD_CLOEXEC);
+	T_ASSERT(fd >= 0 && ftruncate(fd, 3 * 4096) == 0, "memfd");
+	base = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	T_ASSERT(base != MAP_FAILED, "mmap");
+	T_WEX(p, wex_segment_register_fd(p, fd, base, 4096, &seg));
+	t_u8_tensor(&t, "w", 4096, seg, 0);
+	T_WEX(p, wex_register_tensors(p, &t, 1));
+	T_WEX(p, wex_begin_write(p, 1, 5000));
+	memset(base, 7, 4096);
+	T_WEX(p, wex_publish(p, 1));
+	T_ASSERT(ftruncate(fd, 4096) == 0, "shrink"); /* the producer's file shrinks */
+	k = t_open(WEX_ROLE_CONSUMER, "short-file", "g", 0, 1);
+	ret = wex_reserve(k, 0, seg, 3 * 4096, &region);
+	if (ret == 0) {
+		ret = wex_sync(k, WEX_SYNC_REMAP_FIXED, 1, 5000, &r);
+		T_ASSERT(ret < 0, "a same-address region past the segment's %d bytes was mapped", 4096);
+	}
+	printf("region past an unsealed segment: %s (%s)\n", wex_strerror(ret), wex_last_error(k));
+	wex_client_close(k);
+	k = t_open(WEX_ROLE_CONSUMER, "short-file", "g2", 0, 1);
+	T_WEX(k, wex_reserve(k, 0, seg, 4096, &region));
+	t.ptr = region;
+	T_WEX(k, wex_attach(k, &t, 1));
+	pid = fork();
+	if (pid == 0) {
+		ret = wex_sync(k, WEX_SYNC_REMAP_FIXED, 1, 5000, &r);
+		if (ret == 0)
+			ret = wex_sync(k, WEX_SYNC_COPY, 1, 5000, &r);
+		_exit(ret == 0 && ((unsigned char *)region)[4095] == 7 ? 0 : 1);
+	}
+	T_ASSERT(waitpid(pid, &st, 0) == pid, "waitpid");
+	T_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "syncs of the segment's own bytes: status %d",
+		 st);
+	wex_client_close(k);
+	wex_client_close(p);
+	close(fd);
+}
+
+static void restart_renumbers(struct t_wexd *d)
+{
+	struct t_prod p;
+	struct t_cons k;
+	struct wex_sync_result r;
+
+	t_prod_open(&p, "renumber", "tiny", 0, 1);
+	t_cons_open(&k, "renumber", "g", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 1, 5000, &r));
+	T_ASSERT(t_own_bad(&k, 1) == 0, "copied v1");
+	t_prod_close(&p);
+	t_wexd_kill(d);
+	t_wexd_restart(d);
+	t_prod_open(&p, "renumber", "tiny", 0, 1); /* the trainer restarts too */
+	T_WEX(p.c, wex_begin_write(p.c, 1, 5000)); /* and numbers from 1 again */
+	ex_fill(p.base, p.t, (size_t)p.n, 9, 1);
+	T_WEX(p.c, wex_publish(p.c, 1));
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 1, 5000, &r));
+	T_ASSERT(r.changed && t_own_bad(&k, 9) == 0, "the new daemon's v1 was copied (changed %d)",
+		 r.changed);
+	t_cons_close(&k);
+	t_prod_close(&p);
+}
+
+static void null_arguments(void)
+{
+	struct t_prod p;
+	struct t_cons k;
+	struct wex_sync_result r;
+	const struct wex_tensor *pt;
+	uint32_t id;
+	size_t n;
+	void *ptr;
+	char *json;
+
+#define EINVAL_FROM(call)                                                                  \
+	do {                                                                               \
+		int r_ = (call);                                                           \
+		T_ASSERT(r_ == -EINVAL, "%s: -EINVAL, got %s", #call, wex_strerror(r_));  \
+	} while (0)
+	t_prod_open(&p, "misuse", "tiny", 0, 1);
+	t_cons_open(&k, "misuse", "g", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	EINVAL_FROM(wex_sync(NULL, WEX_SYNC_COPY, 0, 100, &r));
+	EINVAL_FROM(wex_sync(k.c, WEX_SYNC_COPY, 0, 100, NULL));
+	EINVAL_FROM(wex_release(NULL));
+	EINVAL_FROM(wex_is_dirty(NULL));
+	EINVAL_FROM(wex_view(NULL, 0, "x", &ptr, NULL));
+	EINVAL_FROM(wex_producer_tensors(NULL, 0, &pt, &n));
+	EINVAL_FROM(wex_producer_tensors(k.c, 0, NULL, NULL));
+	EINVAL_FROM(wex_attach(k.c, NULL, 3));
+	EINVAL_FROM(wex_reserve(k.c, 0, 0, 4096, NULL));
+	EINVAL_FROM(wex_request(k.c, "status", NULL, NULL));
+	EINVAL_FROM(wex_request(k.c, NULL, NULL, &json));
+	EINVAL_FROM(wex_begin_write(NULL, 2, 0));
+	EINVAL_FROM(wex_publish(NULL, 2));
+	EINVAL_FROM(wex_register_tensors(p.c, NULL, 2));
+	EINVAL_FROM(wex_segment_register_fd(NULL, 3, NULL, 10, &id));
+	EINVAL_FROM(wex_segment_register_fd(p.c, 3, NULL, 10, NULL));
+	EINVAL_FROM(wex_segment_alloc(p.c, WEX_SEG_HOST, 0, 4096, NULL, &ptr));
+	T_ASSERT(strstr(wex_last_error(p.c), "NULL"), "the reason: %s", wex_last_error(p.c));
+	/* The clients still work. */
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 1, 5000, &r));
+	T_ASSERT(t_own_bad(&k, 1) == 0, "copy after the refusals");
+	t_cons_close(&k);
+	t_prod_close(&p);
+}
+
+int main(void)
+{
+	struct t_wexd d;
+
+	t_wexd_start(&d);
+	fixed_check_fails();
+	shrunk_file();
+	null_arguments();
+	restart_renumbers(&d);
+	t_wexd_stop(&d);
+	printf("client_faults: PASS\n");
+	t_exit(T_EXIT_PASS);
+}
