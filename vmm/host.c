@@ -283,10 +283,14 @@ static int host_unmap_fixed(struct wex_mem_region *r)
 		   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 	if (tmp == MAP_FAILED)
 		return -errno;
-	wex_mem_host_copy(&(struct wex_copy_op){ .src = (uint64_t)(uintptr_t)r->addr,
-						   .dst = (uint64_t)(uintptr_t)tmp,
-						   .len = r->size },
-			  1, 4);
+	ret = wex_mem_host_copy(&(struct wex_copy_op){ .src = (uint64_t)(uintptr_t)r->addr,
+							 .dst = (uint64_t)(uintptr_t)tmp,
+							 .len = r->size },
+				1, 4);
+	if (ret < 0) {
+		munmap(tmp, r->size);
+		return ret; /* still showing the producer's memory, unchanged */
+	}
 	if (mremap(tmp, r->size, r->size, MREMAP_MAYMOVE | MREMAP_FIXED, r->addr) != MAP_FAILED) {
 		r->fixed = 0;
 		return 0;
@@ -306,12 +310,12 @@ static int host_unmap_fixed(struct wex_mem_region *r)
 		munmap(tmp, r->size);
 		return -WEX_EDIRTY;
 	}
-	wex_mem_host_copy(&(struct wex_copy_op){ .src = (uint64_t)(uintptr_t)tmp,
-						   .dst = (uint64_t)(uintptr_t)r->addr,
-						   .len = r->size },
-			  1, 4);
+	ret = wex_mem_host_copy(&(struct wex_copy_op){ .src = (uint64_t)(uintptr_t)tmp,
+							 .dst = (uint64_t)(uintptr_t)r->addr,
+							 .len = r->size },
+				1, 4);
 	munmap(tmp, r->size);
-	return 0;
+	return ret < 0 ? -WEX_EDIRTY : 0; /* fresh memory without the bytes */
 }
 
 static int host_unreserve(struct wex_mem_region *r)
