@@ -516,11 +516,15 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 	return 0;
 }
 
-static void consumer_unmap_all(struct wex_client *c)
+/* Gives the same-address regions flagged in done (NULL: all) their own
+ * memory back. */
+static void unmap_regions(struct wex_client *c, const char *done)
 {
 	for (size_t i = 0; i < c->nregions; i++) {
 		struct region *g = &c->regions[i];
 
+		if (done && !done[i])
+			continue;
 		/* Lost bytes (-WEX_EDIRTY), or a region left showing the
 		 * producer's memory: either way its weights are not ours. */
 		if (g->r.fixed && g->r.ops->unmap_fixed(&g->r) < 0) {
@@ -529,6 +533,11 @@ static void consumer_unmap_all(struct wex_client *c)
 		}
 		g->mapped = NULL;
 	}
+}
+
+static void consumer_unmap_all(struct wex_client *c)
+{
+	unmap_regions(c, NULL);
 	for (size_t i = 0; i < c->npsegs; i++)
 		if (c->psegs[i].seg.ops)
 			c->psegs[i].seg.ops->release(&c->psegs[i].seg);
@@ -1415,39 +1424,7 @@ static int check_fixed_layout(struct wex_client *c, struct region *g)
 	return 0;
 }
 
-static void unmap_regions_of_call(struct wex_client *c, const char *done)
-{
-	for (size_t i = 0; i < c->nregions; i++) {
-		struct region *g = &c->regions[i];
-
-		if (!done[i])
-			continue;
-		if (g->r.fixed && g->r.ops->unmap_fixed(&g->r) < 0) {
-			c->dirty = 1;
-			c->copied = 0;
-		}
-		g->mapped = NULL;
-	}
-}
-
-/* Shows the producer's segments in every reserved region.  All regions
- * are checked before any is mapped, and a mapping that still fails undoes
- * the ones this call made (they get private memory back): a failed sync
- * leaves no region showing the producer without a lease. */
-static void consumer_unmap_regions(struct wex_client *c)
-{
-	for (size_t i = 0; i < c->nregions; i++) {
-		struct region *g = &c->regions[i];
-
-		if (g->r.fixed && g->r.ops->unmap_fixed(&g->r) < 0) {
-			c->dirty = 1;
-			c->copied = 0;
-		}
-		if (!g->r.fixed)
-			g->mapped = NULL;
-	}
-}
-
+/* Whether every reserved region can show its producer segment. */
 static int map_regions_check(struct wex_client *c)
 {
 	int ret;
@@ -1462,6 +1439,8 @@ static int map_regions_check(struct wex_client *c)
 		if (g->r.ops != s->seg.ops)
 			return set_err(c, -WEX_ELAYOUT, "remap: region is %s memory, segment is %s",
 				       g->r.ops->name, s->seg.ops->name);
+		/* The region's start shows the segment's start (seg.ptr), which
+		 * lies handle_offset bytes into its first allocation. */
 		if (g->r.size > s->seg.desc.alloc_size - s->seg.desc.handle_offset)
 			return set_err(c, -WEX_ELAYOUT,
 				       "remap: region of %llu bytes exceeds producer segment of %llu",
@@ -1474,6 +1453,11 @@ static int map_regions_check(struct wex_client *c)
 	return 0;
 }
 
+/* Shows the producer's segments in every reserved region.  All regions
+ * are checked before any is mapped; when a check fails, regions still
+ * showing the producer from an earlier sync go back to private memory, and
+ * a mapping that still fails undoes the ones this call made: a failed sync
+ * leaves no region showing the producer without a lease. */
 static int map_regions(struct wex_client *c, uint64_t *bytes)
 {
 	char *done;
@@ -1481,12 +1465,10 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 
 	ret = map_regions_check(c);
 	if (ret < 0) {
-		/* Regions still showing the producer from an earlier sync go
-		 * back to private memory: the lease is about to be given back. */
 		char why[sizeof(c->err)];
 
 		memcpy(why, c->err, sizeof(why));
-		consumer_unmap_regions(c);
+		unmap_regions(c, NULL);
 		memcpy(c->err, why, sizeof(why));
 		return ret;
 	}
@@ -1517,7 +1499,7 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 			 * of the producer's memory): undone with the others. */
 			if (g->r.fixed)
 				done[i] = 1;
-			unmap_regions_of_call(c, done);
+			unmap_regions(c, done);
 			free(done);
 			return set_err(c, ret, "remap: map_fixed: %s%s", wex_strerror(ret),
 				       ret == -EINVAL && g->r.lead != s->seg.desc.handle_offset ?
