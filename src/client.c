@@ -1716,6 +1716,12 @@ again:
 		if (changed) {
 			c->dirty = 1;
 			ret = run_copy(c, &bytes);
+			if (ret == -ENOTRECOVERABLE) {
+				/* A sticky CUDA error: no later sync can succeed. */
+				set_err(c, ret, "copy of v%llu failed: this process's CUDA context is unusable after a sticky error (see the log; it may come from the engine's own GPU work): weights are dirty; restart the process",
+					(unsigned long long)version);
+				goto err_release;
+			}
 			if (ret < 0) {
 				set_err(c, -WEX_EDIRTY, "copy of v%llu failed (%s): weights are dirty",
 					(unsigned long long)version, wex_strerror(ret));

@@ -51,6 +51,7 @@ struct ftensor {
 	uint64_t shape[WEX_MAX_DIMS];
 	int layers;
 	int experts;
+	int dtype; /* WEX_DT_*: 0 follows the model's dtype */
 };
 
 struct wex_model {
@@ -105,6 +106,13 @@ void wex__model_set_dtype(struct wex_model *m, int dtype)
 {
 	if (wex_dtype_size(dtype))
 		m->dtype = dtype;
+}
+
+/* A canonical tensor's element type: its own ("dtype" in the family, e.g.
+ * DeepSeek-V3's F32 router bias) or the model's. */
+static int ft_dtype(const struct wex_model *m, const struct ftensor *f)
+{
+	return f->dtype ? f->dtype : m->dtype;
 }
 
 /* ---- expressions: + - * / ( ) == over integers and symbols ---- */
@@ -536,11 +544,21 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 								      : LAY_ALL;
 		f->experts = json_is_true(json_object_get(v, "experts"));
 		f->ndim = (uint32_t)json_array_size(shape);
+		{
+			const char *dn = json_string_value(json_object_get(v, "dtype"));
+
+			f->dtype = dn ? wex_dtype_from_name(dn) : 0;
+			if (dn && !f->dtype) {
+				seterr(err, errlen, "family %s: tensor entry %zu has unknown dtype \"%s\"",
+				       m->family, i, dn);
+				goto out;
+			}
+		}
 		if (f->ndim > WEX_MAX_DIMS || !*f->role || !*f->name) {
 			seterr(err, errlen, "family %s: bad tensor entry %zu", m->family, i);
 			goto out;
 		}
-		uint64_t bytes = wex_dtype_size(m->dtype) ?: 4;
+		uint64_t bytes = wex_dtype_size(ft_dtype(m, f)) ?: 4;
 
 		json_array_foreach(shape, k, d) {
 			int64_t x;
@@ -643,7 +661,7 @@ int wex__model_canonical(const struct wex_model *m, struct wex_tensor **t, size_
 					free(a);
 					return -EINVAL;
 				}
-				x->dtype = m->dtype;
+				x->dtype = ft_dtype(m, f);
 				x->ndim = f->ndim;
 				for (uint32_t d = 0; d < f->ndim; d++)
 					x->shape[d] = x->extent[d] = f->shape[d];
@@ -783,6 +801,12 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 				FAIL(c, "expert parallel size %lld does not divide tensor parallel size %lld",
 				     (long long)c->ep, (long long)c->tp);
 			c->etp = c->tp / c->ep;
+		} else if (d && !strcmp(d, "tp_dp/ep")) {
+			/* vLLM: experts sharded over all tp*dp ranks of a stage. */
+			if ((c->tp * c->dp) % c->ep)
+				FAIL(c, "expert parallel size %lld does not divide tp*dp = %lld",
+				     (long long)c->ep, (long long)(c->tp * c->dp));
+			c->etp = c->tp * c->dp / c->ep;
 		}
 	}
 	if ((uint64_t)c->tp * (uint64_t)c->pp * (uint64_t)c->dp > (1u << 24))
@@ -795,6 +819,12 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 		if (sp % (c->etp * c->ep))
 			FAIL(c, "expert tensor parallel %lld x expert parallel %lld = %lld does not divide the %lld ranks of a stage they are drawn from",
 			     (long long)c->etp, (long long)c->ep, (long long)(c->etp * c->ep), (long long)sp);
+		/* vLLM has no expert-parallel size of its own: with
+		 * enable_expert_parallel every rank of the span is an EP rank. */
+		if (json_is_true(json_object_get(c->eng, "ep_spans_all")) && c->ep != 1 && c->ep != sp)
+			FAIL(c, "engine %s: expert parallelism spans all %s ranks: ep must be 1 or %lld, not %lld",
+			     spec->engine, span && !strcmp(span, "tp_dp") ? "tp*dp" : "tp", (long long)sp,
+			     (long long)c->ep);
 		if (nexp % c->ep)
 			FAIL(c, "expert parallel size %lld does not divide the %lld experts",
 			     (long long)c->ep, (long long)nexp);
@@ -1076,11 +1106,15 @@ static int emit(struct ctx *c, const struct etensor *et, int64_t L, int64_t nsta
 	uint32_t ind = f[0]->ndim ? f[0]->ndim : 1;
 	uint64_t inner_shape[WEX_MAX_DIMS];
 	int64_t st[WEX_MAX_DIMS];
-	size_t esz = wex_dtype_size(c->m->dtype);
+	int dtype = ft_dtype(c->m, f[0]);
+	size_t esz = wex_dtype_size(dtype);
 
+	for (int i = 1; i < et->nroles; i++)
+		if (ft_dtype(c->m, f[i]) != dtype)
+			FAIL(c, "%s: fused tensors disagree on dtype", et->name);
 	memset(t, 0, sizeof(*t));
 	snprintf(t->name, sizeof(t->name), "%s", pname);
-	t->dtype = c->m->dtype;
+	t->dtype = dtype;
 	inner_shape[0] = rows0;
 	for (uint32_t d = 1; d < ind; d++)
 		inner_shape[d] = nb ? b[0].ext[d] : f[0]->shape[d];
@@ -1108,7 +1142,7 @@ static int emit(struct ctx *c, const struct etensor *et, int64_t L, int64_t nsta
 			ret = expand(c->m, ff->name, L, l, E0 + s, s, p->name);
 			if (ret < 0)
 				FAIL(c, "cannot expand canonical name %s", ff->name);
-			p->dtype = c->m->dtype;
+			p->dtype = dtype;
 			p->ndim = ff->ndim;
 			for (uint32_t d = 0; d < ff->ndim; d++) {
 				p->shape[d] = ff->shape[d];

@@ -94,7 +94,8 @@ int wex__cuda_sync_device(const struct wex_mem_seg *seg);
  * consumer makes its stream (NULL: the executor's) wait for it, without
  * blocking the CPU.  Both make their device's context current.  *ev
  * belongs to the producer (wex__cuda_event_destroy) and must outlive the
- * consumer's wait.
+ * consumer's wait.  A wait in the process that recorded the event waits on
+ * the event itself (the driver refuses to open one's own handle).
  */
 int wex__cuda_event_record(int dev, void *stream, void **ev, unsigned char handle[64]);
 int wex__cuda_event_wait(const unsigned char handle[64], void *stream, int dev);

@@ -11,9 +11,11 @@
  * slices or rows.  Then the stream is synchronised once.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "wex.h"
 #include "src/log.h"
@@ -376,8 +378,28 @@ int wex__cuda_sync_device(const struct wex_mem_seg *seg)
 	return ret;
 }
 
+/*
+ * Interprocess events this process recorded.  The driver refuses to open
+ * a handle in the process that exported it (cuIpcOpenEventHandle:
+ * CUDA_ERROR_INVALID_CONTEXT, as for memory handles; platform-facts B), so
+ * a wait in the same process (producer and consumer in one process, or
+ * the tests) waits on the event itself.  Entries go with
+ * wex__cuda_event_destroy; a child forked after a record does not share
+ * them (pid).
+ */
+struct local_event {
+	struct local_event *next;
+	unsigned char h[64];
+	CUevent e;
+	pid_t pid;
+};
+
+static pthread_mutex_t ev_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct local_event *ev_list;
+
 int wex__cuda_event_record(int dev, void *stream, void **ev, unsigned char handle[64])
 {
+	struct local_event *le;
 	CUipcEventHandle h;
 	CUevent e;
 	int ret;
@@ -397,6 +419,18 @@ int wex__cuda_event_record(int dev, void *stream, void **ev, unsigned char handl
 	ret = WEX_CU(wex__cu.cuIpcGetEventHandle(&h, e));
 	if (ret)
 		goto err_destroy;
+	le = calloc(1, sizeof(*le));
+	if (!le) {
+		ret = -ENOMEM;
+		goto err_destroy;
+	}
+	memcpy(le->h, h.reserved, 64);
+	le->e = e;
+	le->pid = getpid();
+	pthread_mutex_lock(&ev_lock);
+	le->next = ev_list;
+	ev_list = le;
+	pthread_mutex_unlock(&ev_lock);
 	memcpy(handle, h.reserved, 64);
 	*ev = e;
 	return 0;
@@ -420,6 +454,17 @@ int wex__cuda_event_wait(const unsigned char handle[64], void *stream, int dev)
 		if (ret)
 			return ret;
 	}
+	/* Recorded here: wait on the event itself (a stream may wait for an
+	 * event of another context).  Under the lock, so that no destroy
+	 * runs meanwhile. */
+	pthread_mutex_lock(&ev_lock);
+	for (struct local_event *le = ev_list; le; le = le->next)
+		if (le->pid == getpid() && memcmp(le->h, handle, 64) == 0) {
+			ret = WEX_CU(wex__cu.cuStreamWaitEvent(s, le->e, 0));
+			pthread_mutex_unlock(&ev_lock);
+			return ret;
+		}
+	pthread_mutex_unlock(&ev_lock);
 	memcpy(h.reserved, handle, 64);
 	ret = WEX_CU(wex__cu.cuIpcOpenEventHandle(&e, h));
 	if (ret)
@@ -433,9 +478,19 @@ int wex__cuda_event_wait(const unsigned char handle[64], void *stream, int dev)
 
 int wex__cuda_event_destroy(void *ev)
 {
+	struct local_event *gone = NULL;
 	int ret = wex__cuda_load();
 
 	if (ret)
 		return ret;
+	pthread_mutex_lock(&ev_lock);
+	for (struct local_event **pp = &ev_list; *pp; pp = &(*pp)->next)
+		if ((*pp)->e == (CUevent)ev && (*pp)->pid == getpid()) {
+			gone = *pp;
+			*pp = gone->next;
+			break;
+		}
+	pthread_mutex_unlock(&ev_lock);
+	free(gone);
 	return WEX_CU(wex__cu.cuEventDestroy((CUevent)ev));
 }

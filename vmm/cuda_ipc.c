@@ -176,9 +176,12 @@ static uint64_t peer_bit(int access_dev, int dev)
 	return access_dev >= 0 && access_dev < 64 && access_dev != dev ? 1ull << access_dev : 0;
 }
 
-/* The open enables peer access lazily (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS):
- * another device reaches the memory when it can reach that device at all,
- * which is checked here so that the error names both devices. */
+/* The handle is opened in the context of the device holding the memory,
+ * where CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS has nothing to enable: kernels
+ * of another device (access_dev) reach it only once that device's context
+ * has peer access to the owner's (cuCtxEnablePeerAccess; copies work
+ * without it, kernels fault).  Whether it can is checked first, so that
+ * the error names both devices. */
 static int ipc_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 		      struct wex_mem_seg *seg)
 {
@@ -200,6 +203,8 @@ static int ipc_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 	if (ret)
 		return ret;
 	if (access_dev >= 0 && (ret = wex__cuda_peer_check(access_dev, dev, "import")) != 0)
+		return ret;
+	if (peer_bit(access_dev, dev) && (ret = wex__cuda_enable_peer(access_dev, dev)) != 0)
 		return ret;
 	pthread_mutex_lock(&ipc_lock);
 	e = find(desc->handle);
@@ -286,18 +291,25 @@ static int ipc_release(struct wex_mem_seg *seg)
 			if (!ret)
 				ret = r;
 		}
-	if (last && (allocd || !local) && wex__cuda_use_device(dev) == 0) {
-		if (allocd) {
+	if (last && (allocd || !local)) {
+		/* Without the memory's context neither free nor close can run:
+		 * say so (the handle stays open) rather than report it closed. */
+		int r = wex__cuda_use_device(dev);
+
+		if (r) {
+			if (!ret)
+				ret = r;
+		} else if (allocd) {
 			/* cudaFree while an importer still has it open is UB: the
 			 * caller ends every lease first (wexd enforces it). */
-			ret = WEX_CU(wex__cu.cuCtxSynchronize());
-			int r = WEX_CU(wex__cu.cuMemFree(base));
-
+			r = WEX_CU(wex__cu.cuCtxSynchronize());
+			if (!ret)
+				ret = r;
+			r = WEX_CU(wex__cu.cuMemFree(base));
 			if (!ret)
 				ret = r;
 		} else {
-			int r = WEX_CU(wex__cu.cuCtxSynchronize());
-
+			r = WEX_CU(wex__cu.cuCtxSynchronize());
 			if (!ret)
 				ret = r;
 			r = WEX_CU(wex__cu.cuIpcCloseMemHandle(base));

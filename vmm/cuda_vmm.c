@@ -265,6 +265,22 @@ static int vmm_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
 	set_prop(&prop, device, types);
 	if (wex__cuda_dev_attr(device, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED))
 		prop.allocFlags.gpuDirectRDMACapable = 1;
+	if (types & CU_MEM_HANDLE_TYPE_FABRIC) {
+		size_t v = 0;
+
+		/* A device that says it supports fabric handles may still
+		 * refuse them here (no IMEX channel): POSIX fds alone, as for
+		 * a refused cuMemCreate below. */
+		r = wex__cu.cuMemGetAllocationGranularity(&v, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+		if (r != CUDA_SUCCESS) {
+			wex_debug("cuda", "fabric handles unavailable (%s): POSIX fd only",
+				  wex__cuda_errname(r));
+			types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+			prop.requestedHandleTypes = (CUmemAllocationHandleType)types;
+			if (device < 64)
+				__atomic_fetch_or(&fabric_refused, 1ull << device, __ATOMIC_RELAXED);
+		}
+	}
 	ret = granularity(&prop, &g);
 	if (ret)
 		return ret;

@@ -231,7 +231,30 @@ int wex__cuda_errno(CUresult r)
 	case CUDA_ERROR_STUB_LIBRARY:
 		return -WEX_ENOCUDA;
 	default:
-		return -EIO;
+		return wex__cuda_sticky(r) ? -ENOTRECOVERABLE : -EIO;
+	}
+}
+
+int wex__cuda_sticky(CUresult r)
+{
+	/* "This leaves the process in an inconsistent state and any further
+	 * CUDA work will return the same error" (cuda.h, of each of these but
+	 * the assert, whose context "cannot be used anymore"). */
+	switch (r) {
+	case CUDA_ERROR_CONTAINED:
+	case CUDA_ERROR_ILLEGAL_ADDRESS:
+	case CUDA_ERROR_LAUNCH_TIMEOUT:
+	case CUDA_ERROR_ASSERT:
+	case CUDA_ERROR_HARDWARE_STACK_ERROR:
+	case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+	case CUDA_ERROR_MISALIGNED_ADDRESS:
+	case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+	case CUDA_ERROR_INVALID_PC:
+	case CUDA_ERROR_LAUNCH_FAILED:
+	case CUDA_ERROR_EXTERNAL_DEVICE:
+		return 1;
+	default:
+		return 0;
 	}
 }
 
@@ -243,7 +266,8 @@ int wex__cuda_err(CUresult r, const char *call)
 		return 0;
 	if (!wex__cu.cuGetErrorString || wex__cu.cuGetErrorString(r, &desc) != CUDA_SUCCESS)
 		desc = NULL;
-	wex_error("cuda", "%s: %s (%s)", call, wex__cuda_errname(r), desc ? desc : "no description");
+	wex_error("cuda", "%s: %s (%s)%s", call, wex__cuda_errname(r), desc ? desc : "no description",
+		  wex__cuda_sticky(r) ? ": a sticky error (this call's or earlier GPU work's of this process): the process's CUDA context is unusable from now on; restart the process" : "");
 	return wex__cuda_errno(r);
 }
 
@@ -386,14 +410,20 @@ int wex__cuda_ptr_on_gpu(uint64_t ptr)
 {
 	unsigned int type = 0;
 	CUcontext cur = NULL;
+	CUresult r;
 	int ord = -1;
 
 	if (!driver_in_process())
 		return -1;
-	if (wex__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-					  (CUdeviceptr)ptr) != CUDA_SUCCESS) {
-		/* The query may need a current context: borrow device 0's. */
-		if (wex__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur)
+	r = wex__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)ptr);
+	if (r != CUDA_SUCCESS) {
+		/* Only a query refused for want of a context borrows device 0's:
+		 * the driver answers CUDA_ERROR_INVALID_VALUE for host memory it
+		 * does not know (the usual case here), and retaining device 0's
+		 * primary context for that would cost GPU 0 memory in a process
+		 * that works on another device, and leave it current. */
+		if (r != CUDA_ERROR_INVALID_CONTEXT ||
+		    (wex__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur))
 			return -1;
 		if (wex__cuda_use_device(0) != 0 ||
 		    wex__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
@@ -412,20 +442,23 @@ int wex__cuda_ptr_device(uint64_t ptr, int *dev)
 {
 	CUcontext cur = NULL;
 	CUdevice d;
+	CUresult r;
 	int ord = -1;
 	int ret;
 
 	ret = wex__cuda_load();
 	if (ret)
 		return ret;
-	if (wex__cu.cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-					  (CUdeviceptr)ptr) == CUDA_SUCCESS && ord >= 0) {
+	r = wex__cu.cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)ptr);
+	if (r == CUDA_SUCCESS && ord >= 0) {
 		*dev = ord;
 		return 0;
 	}
-	/* Pointer queries may need a current context: borrow device 0's
-	 * primary context when the thread has none, and ask again. */
-	if (wex__cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur) {
+	/* A query refused for want of a context: borrow device 0's primary
+	 * context when the thread has none, and ask again (not for host
+	 * memory, CUDA_ERROR_INVALID_VALUE: see wex__cuda_ptr_on_gpu). */
+	if (r == CUDA_ERROR_INVALID_CONTEXT &&
+	    (wex__cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)) {
 		if (wex__cuda_use_device(0) == 0 &&
 		    wex__cu.cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
 						  (CUdeviceptr)ptr) == CUDA_SUCCESS && ord >= 0) {
@@ -440,6 +473,30 @@ int wex__cuda_ptr_device(uint64_t ptr, int *dev)
 		return 0;
 	}
 	return -ENODEV;
+}
+
+int wex__cuda_enable_peer(int dev, int owner)
+{
+	CUcontext octx;
+	CUresult r;
+	int ret;
+
+	if (dev == owner)
+		return 0;
+	/* Retains owner's primary context (dev_ctx) if nobody did yet. */
+	ret = wex__cuda_use_device(owner);
+	if (!ret)
+		ret = wex__cuda_use_device(dev);
+	if (ret)
+		return ret;
+	pthread_mutex_lock(&dev_lock);
+	octx = dev_ctx[owner];
+	pthread_mutex_unlock(&dev_lock);
+	r = wex__cu.cuCtxEnablePeerAccess(octx, 0);
+	/* PyTorch (or an earlier import) may have enabled it: fine. */
+	if (r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+		return 0;
+	return wex__cuda_err(r, "cuCtxEnablePeerAccess");
 }
 
 static void uuid_text(const CUuuid *u, char *out, size_t len)

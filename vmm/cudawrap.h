@@ -39,6 +39,7 @@
 	X(cuDeviceCanAccessPeer, cuDeviceCanAccessPeer, 4000, 1)                       \
 	X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000, 1)                 \
 	X(cuCtxSetCurrent, cuCtxSetCurrent, 4000, 1)                                   \
+	X(cuCtxEnablePeerAccess, cuCtxEnablePeerAccess, 4000, 1)                       \
 	X(cuCtxGetCurrent, cuCtxGetCurrent, 4000, 1)                                   \
 	X(cuCtxGetDevice, cuCtxGetDevice, 2000, 1)                                     \
 	X(cuCtxSynchronize, cuCtxSynchronize, 2000, 1)                                 \
@@ -129,8 +130,12 @@ int wex__cuda_probe(char *why, size_t len);
  * -ENOMEM, invalid value to -EINVAL, not supported to -EOPNOTSUPP.
  */
 int wex__cuda_err(CUresult r, const char *call);
-/* The same mapping, without logging (for expected failures). */
+/* The same mapping, without logging (for expected failures).  Sticky
+ * errors (wex__cuda_sticky) map to -ENOTRECOVERABLE. */
 int wex__cuda_errno(CUresult r);
+/* 1 for the errors after which the process's CUDA context is unusable
+ * (illegal address, launch failure, ...): every later call fails too. */
+int wex__cuda_sticky(CUresult r);
 /* "CUDA_ERROR_..." for r (never NULL). */
 const char *wex__cuda_errname(CUresult r);
 
@@ -167,6 +172,15 @@ int wex__cuda_ptr_on_gpu(uint64_t ptr);
  * and UUID) and `what` logged.  Other negative errno on driver errors.
  */
 int wex__cuda_peer_check(int dev, int owner, const char *what);
+
+/*
+ * Lets kernels in device `dev`'s primary context reach memory that
+ * `owner`'s primary context allocated or opened (cuMemAlloc, legacy IPC
+ * opens): cuCtxEnablePeerAccess, which such memory needs and VMM memory
+ * does not (cuMemSetAccess grants VMM access per device).  0 when already
+ * enabled or dev == owner.  Leaves dev's context current.
+ */
+int wex__cuda_enable_peer(int dev, int owner);
 
 /* Writes device `dev`'s UUID as text into out (at least WEX_UUID_LEN):
  * "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" when WEX_UUID_LEN allows

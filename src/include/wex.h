@@ -320,7 +320,10 @@ struct wex_sync_result {
  * copy sync maps fresh memory, the message says which), -ESTALE when the
  * producer's memory behind the version went since it was acquired, or when
  * ranks of this group hold a version from a round lost that way (every
- * rank of the group must sync again; the message names the version).
+ * rank of the group must sync again; the message names the version),
+ * -ENOTRECOVERABLE when a GPU copy met a sticky CUDA error (illegal
+ * address, launch failure, ...: the process's CUDA context is unusable,
+ * its weights are dirty, and only a new process can sync again).
  */
 WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
 		     struct wex_sync_result *res);

@@ -33,16 +33,23 @@
  * and last 64 bytes of every tensor are checked ("check").  remap_cold_ms
  * (import + first remap) is what the first remap sync of a layout waits
  * for; wexd's request round trip (~0.1 ms) is in neither.
- * The last line is one JSON object; ratios: copy_vs_d2d = copy GB/s / d2d
+ * The last line is one JSON object, with every key, whatever happened
+ * (without a GPU, after a failed process, when terminated: the figures
+ * null, "error" saying why); ratios: copy_vs_d2d = copy GB/s / d2d
  * GB/s; *_vs_torch_* = torch sync time / wex time (above 1: wex is
- * faster).  "torch_baseline" says whether the PyTorch figures were
- * measured; when not (skipped: WEX_BENCH_TORCH=0; unavailable: no python3,
- * torch or CUDA in torch; failed), they and their ratios are null and
- * "torch_reason" says why.  Exit status 1 when a check failed, a process
- * failed or the torch baseline failed; the whole run keeps within
- * WEX_BENCH_BUDGET_S (240) seconds, the torch baseline being killed (and
- * reported failed) when it would not.  Without a GPU it prints the reason
- * and exits 77.
+ * faster).  The torch figures include what a torch sync does every time
+ * (reduce_tensor, cudaIpcOpenMemHandle), the wex copy and remap figures
+ * not the import, done once per layout (import_ms, remap_cold_ms).
+ * "torch_baseline" says whether the PyTorch figures were measured
+ * (partial: per tensor only, the bucket phase failed); when not (skipped:
+ * WEX_BENCH_TORCH=0; unavailable: no python3, torch or CUDA in torch;
+ * failed), they and their ratios are null and "torch_reason" says why.
+ * The torch baseline runs even when the wex part failed.  Exit status 1
+ * when a check failed, a process failed or the torch baseline failed (or
+ * was unavailable, with WEX_BENCH_TORCH_REQUIRED=1); the whole run keeps
+ * within WEX_BENCH_BUDGET_S (240) seconds, the torch helper being told
+ * its share (WEX_BENCH_TORCH_S) and killed (reported failed) past it.
+ * Without a GPU it prints the reason and exits 77.
  */
 #include <math.h>
 #include <poll.h>
@@ -121,6 +128,9 @@ static unsigned char tval(size_t i)
  * leaves no process holding GPU memory. */
 static void child_init(pid_t parent)
 {
+	/* Not the parent's on_term: one JSON line, from the parent. */
+	signal(SIGTERM, SIG_DFL);
+	signal(SIGINT, SIG_DFL);
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	if (getppid() != parent)
 		_exit(T_EXIT_FAIL);
@@ -345,8 +355,10 @@ static int wait_pair(pid_t pp, pid_t pc, double secs)
 /* The PyTorch baseline: tests/bench/gpu_sync_torch.py, run once the C     */
 /* processes have exited (their GPU memory is free again).                */
 
-enum { TORCH_MEASURED, TORCH_SKIPPED, TORCH_UNAVAILABLE, TORCH_FAILED };
-static const char *const torch_state[] = { "measured", "skipped", "unavailable", "failed" };
+enum { TORCH_MEASURED, TORCH_PARTIAL, TORCH_SKIPPED, TORCH_UNAVAILABLE, TORCH_FAILED };
+/* partial: the per-tensor figures were measured, the bucket ones not. */
+static const char *const torch_state[] = { "measured", "partial", "skipped", "unavailable",
+					   "failed" };
 
 struct torch {
 	double per_tensor, bucket, per_tensor_first, bucket_first; /* NAN: none */
@@ -358,10 +370,20 @@ struct torch {
 /* The python process group, killed with us (see on_term). */
 static volatile sig_atomic_t torch_pg;
 
+/* Terminated (a step's timeout): the python group goes too, and the last
+ * line is still a JSON object, with the figures null. */
 static void on_term(int sig)
 {
+	static const char line[] =
+		"\n{\"bench\":\"gpu_sync\",\"error\":\"terminated by a signal before the end\","
+		"\"check\":null,\"remap_ms\":null,\"copy_vs_d2d\":null,"
+		"\"copy_vs_torch_ipc_per_tensor\":null,\"remap_vs_torch_ipc_per_tensor\":null}\n";
+
 	if (torch_pg > 0)
 		kill(-(pid_t)torch_pg, SIGKILL);
+	if (write(1, line, sizeof(line) - 1) < 0) {
+		/* nothing more to do */
+	}
 	signal(sig, SIG_DFL);
 	raise(sig);
 }
@@ -457,13 +479,17 @@ static void run_torch(struct torch *T, double secs)
 	printf("torch baseline: python3 %s (up to %.0f s)\n", script, secs);
 	fflush(stdout);
 	CHECK(pipe(p) == 0);
-	signal(SIGTERM, on_term);
-	signal(SIGINT, on_term);
 	pid = fork();
 	CHECK(pid >= 0);
 	if (pid == 0) {
+		char lim[32];
+
 		setpgid(0, 0);
 		child_init(parent);
+		/* Its own limit, inside ours: it reports what it measured
+		 * before we would have to kill it. */
+		snprintf(lim, sizeof(lim), "%.0f", secs - 10);
+		setenv("WEX_BENCH_TORCH_S", lim, 1);
 		dup2(p[1], 1);
 		dup2(p[1], 2);
 		close(p[0]);
@@ -526,8 +552,6 @@ static void run_torch(struct torch *T, double secs)
 	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
 		;
 	torch_pg = 0;
-	signal(SIGTERM, SIG_DFL);
-	signal(SIGINT, SIG_DFL);
 
 	if (timed_out) {
 		snprintf(T->reason, sizeof(T->reason),
@@ -549,13 +573,13 @@ static void run_torch(struct torch *T, double secs)
 	if (!isnan(json_num_of(last, "torch_check")))
 		T->check = json_num_of(last, "torch_check") != 0;
 	json_str_of(last, "torch_reason", T->reason, sizeof(T->reason));
-	if (T->check == 0) {
-		/* Its figures time a copy that went wrong: not a baseline. */
-		T->per_tensor = T->bucket = T->per_tensor_first = T->bucket_first = NAN;
-		snprintf(T->reason, sizeof(T->reason),
-			 "torch_check false: the consumer did not receive the producer's values");
-	} else if (!isnan(T->per_tensor) && !isnan(T->bucket)) {
+	/* The helper checks every sync and reports a phase's figures only
+	 * when all its syncs delivered (torch_check false: one did not, and
+	 * torch_reason says which). */
+	if (!isnan(T->per_tensor) && !isnan(T->bucket) && T->check != 0) {
 		T->state = TORCH_MEASURED;
+	} else if (!isnan(T->per_tensor)) {
+		T->state = TORCH_PARTIAL;
 	} else if (!json_at(last, "torch_version")) {
 		/* No torch, or torch without CUDA: the helper stopped before
 		 * naming its version. */
@@ -581,6 +605,64 @@ static const char *met(double v, double limit, int above)
 	return (above ? v >= limit : v < limit) ? "yes" : "no";
 }
 
+/*
+ * The last line: one JSON object with every key, whatever happened.  res
+ * is NULL when the wex part gave no figures (its keys are null then), T
+ * when the torch baseline was not tried; error, when not NULL, says what
+ * went wrong.
+ */
+static void print_json(const struct result *res, const struct torch *T, const char *error)
+{
+	static const struct result none = {
+		.import_ms = NAN, .copy_ms = NAN, .d2d_ms = NAN, .remap_ms = NAN,
+		.unmap_fixed_ms = NAN, .copy_first_ms = NAN, .d2d_first_ms = NAN,
+		.remap_first_ms = NAN, .unmap_fixed_first_ms = NAN,
+	};
+	const struct torch no_torch = { .per_tensor = NAN, .bucket = NAN, .per_tensor_first = NAN,
+					.bucket_first = NAN, .check = -1, .state = TORCH_FAILED,
+					.reason = "not run" };
+	const struct result *r = res ? res : &none;
+	double gbs = (double)L.total / 1e9;
+
+	if (!T)
+		T = &no_torch;
+	printf("{\"bench\":\"gpu_sync\",\"path\":\"cuda_vmm backend ops, 2 processes, fork+socketpair\","
+	       "\"device\":\"%s\",\"bytes\":%llu,\"tensors\":%zu,\"segments\":%zu,\"reps\":%d,"
+	       "\"check\":%s,",
+	       res ? res->device : "", (unsigned long long)L.total, L.n, L.nseg, reps,
+	       !res ? "null" : res->bad ? "false" : "true");
+	if (error)
+		printf("\"error\":\"%s\",", error);
+	json_num("import_ms", r->import_ms, 1);
+	json_num("remap_ms", r->remap_ms, 1);
+	json_num("remap_first_ms", r->remap_first_ms, 1);
+	json_num("remap_cold_ms", r->import_ms + r->remap_first_ms, 1);
+	json_num("unmap_fixed_ms", r->unmap_fixed_ms, 1);
+	json_num("unmap_fixed_first_ms", r->unmap_fixed_first_ms, 1);
+	json_num("copy_ms", r->copy_ms, 1);
+	json_num("copy_first_ms", r->copy_first_ms, 1);
+	json_num("d2d_ms", r->d2d_ms, 1);
+	json_num("d2d_first_ms", r->d2d_first_ms, 1);
+	json_num("copy_gbps", gbs / (r->copy_ms / 1e3), 1);
+	json_num("d2d_gbps", gbs / (r->d2d_ms / 1e3), 1);
+	json_num("copy_vs_d2d", r->d2d_ms / r->copy_ms, 1);
+	printf("\"torch_baseline\":\"%s\",", torch_state[T->state]);
+	json_num("torch_ipc_per_tensor_ms", T->per_tensor, 1);
+	json_num("torch_ipc_per_tensor_first_ms", T->per_tensor_first, 1);
+	json_num("torch_ipc_bucket_ms", T->bucket, 1);
+	json_num("torch_ipc_bucket_first_ms", T->bucket_first, 1);
+	if (T->check >= 0)
+		printf("\"torch_check\":%s,", T->check ? "true" : "false");
+	json_num("copy_vs_torch_ipc_per_tensor", T->per_tensor / r->copy_ms, 1);
+	json_num("remap_vs_torch_ipc_per_tensor", T->per_tensor / r->remap_ms, 1);
+	json_num("copy_vs_torch_ipc_bucket", T->bucket / r->copy_ms, 1);
+	json_num("remap_vs_torch_ipc_bucket", T->bucket / r->remap_ms, T->reason[0] != '\0');
+	if (T->reason[0])
+		printf("\"torch_reason\":\"%s\"", T->reason);
+	printf("}\n");
+	fflush(stdout);
+}
+
 int main(void)
 {
 	double t0 = now_ms(), budget = env_num("WEX_BENCH_BUDGET_S", 240), gb, gbs, cvd;
@@ -588,22 +670,35 @@ int main(void)
 	uint64_t segmax = (uint64_t)env_num("WEX_BENCH_SEG_MB", 1024) << 20;
 	struct result res;
 	struct torch T;
+	char why[512], err[640];
 	int sv[2], pf[2], ret = 0, fail;
 	pid_t pp, pc, self = getpid();
 
+	/* Line by line: what was printed before a kill is in the log. */
+	setvbuf(stdout, NULL, _IOLBF, 0);
 	gb = env_num("WEX_BENCH_GB", 16);
 	reps = (int)env_num("WEX_BENCH_REPS", 3);
 	if (reps < 1)
 		reps = 1;
 	if (n == 0 || gb <= 0 || segmax == 0) {
 		fprintf(stderr, "bad WEX_BENCH_GB / WEX_BENCH_TENSORS / WEX_BENCH_SEG_MB\n");
+		print_json(NULL, NULL, "bad WEX_BENCH_GB / WEX_BENCH_TENSORS / WEX_BENCH_SEG_MB");
 		return T_EXIT_FAIL;
 	}
-	gpu_require();
 	make_layout(&L, gb, n, segmax);
-	printf("gpu_sync: %.2f GiB in %zu bf16 tensors, %zu segments, %d reps + 1 warm-up\n",
-	       (double)L.total / (1u << 30), L.n, L.nseg, reps);
-	fflush(stdout);
+	if (gpu_probe(why, sizeof(why))) {
+		printf("SKIP: %s\n", why);
+		snprintf(err, sizeof(err), "skipped: %s", why);
+		for (char *c = err; *c; c++)
+			if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
+				*c = ' ';
+		print_json(NULL, NULL, err);
+		return T_EXIT_SKIP;
+	}
+	signal(SIGTERM, on_term);
+	signal(SIGINT, on_term);
+	printf("gpu_sync: %.2f GiB in %zu bf16 tensors, %zu segments, %d reps + 1 warm-up; "
+	       "budget %.0f s\n", (double)L.total / (1u << 30), L.n, L.nseg, reps, budget);
 	pair(sv);
 	CHECK(pipe(pf) == 0);
 	pp = fork();
@@ -626,13 +721,22 @@ int main(void)
 	close(sv[1]);
 	close(pf[1]);
 	/* The C part takes seconds; what is left of the budget after it goes
-	 * to the torch baseline. */
+	 * to the torch baseline (run even when the C part failed: its
+	 * figures are the baseline of the next run). */
 	ret = wait_pair(pp, pc, budget - 30 > 30 ? budget - 30 : 30);
-	if (ret || read(pf[0], &res, sizeof(res)) != (ssize_t)sizeof(res)) {
-		printf("{\"bench\":\"gpu_sync\",\"error\":\"a benchmark process failed\"}\n");
+	if (!ret && read(pf[0], &res, sizeof(res)) != (ssize_t)sizeof(res))
+		ret = -1;
+	run_torch(&T, budget - (now_ms() - t0) / 1e3);
+	if (T.state == TORCH_MEASURED || T.state == TORCH_PARTIAL)
+		printf("torch CUDA IPC: per tensor %.2f ms (first %.2f), bucket %.2f ms (first %.2f)%s%s\n",
+		       T.per_tensor, T.per_tensor_first, T.bucket, T.bucket_first,
+		       T.reason[0] ? ": " : "", T.reason);
+	else
+		printf("torch CUDA IPC: %s: %s\n", torch_state[T.state], T.reason);
+	if (ret) {
+		print_json(NULL, &T, "a benchmark process failed (see above)");
 		return T_EXIT_FAIL;
 	}
-	run_torch(&T, budget - (now_ms() - t0) / 1e3);
 	gbs = (double)res.bytes / 1e9;
 	cvd = res.d2d_ms / res.copy_ms;
 	printf("import %.2f ms; remap %.2f ms (first %.2f); unmap_fixed %.2f ms (first %.2f)\n",
@@ -641,51 +745,17 @@ int main(void)
 	printf("copy %.2f ms (%.1f GB/s, first %.2f ms); d2d %.2f ms (%.1f GB/s, first %.2f ms)\n",
 	       res.copy_ms, gbs / (res.copy_ms / 1e3), res.copy_first_ms, res.d2d_ms,
 	       gbs / (res.d2d_ms / 1e3), res.d2d_first_ms);
-	if (T.state == TORCH_MEASURED)
-		printf("torch CUDA IPC: per tensor %.2f ms (first %.2f), bucket %.2f ms (first %.2f)\n",
-		       T.per_tensor, T.per_tensor_first, T.bucket, T.bucket_first);
-	else
-		printf("torch CUDA IPC: %s: %s\n", torch_state[T.state], T.reason);
 	printf("targets: copy/d2d %.3f >= 0.85 %s; remap %.2f ms < 50 %s; vs torch per tensor: "
 	       "copy %.1fx >= 10 %s, remap %.1fx >= 10 %s; check %s\n",
 	       cvd, met(cvd, 0.85, 1), res.remap_ms, met(res.remap_ms, 50, 0),
 	       T.per_tensor / res.copy_ms, met(T.per_tensor / res.copy_ms, 10, 1),
 	       T.per_tensor / res.remap_ms, met(T.per_tensor / res.remap_ms, 10, 1),
 	       res.bad ? "FAILED" : "ok");
-	fail = res.bad || T.state == TORCH_FAILED;
-	printf("{\"bench\":\"gpu_sync\",\"path\":\"cuda_vmm backend ops, 2 processes, fork+socketpair\",\"device\":\"%s\","
-	       "\"bytes\":%llu,\"tensors\":%zu,\"segments\":%zu,\"reps\":%d,\"check\":%s,",
-	       res.device, (unsigned long long)res.bytes, L.n, L.nseg, reps,
-	       res.bad ? "false" : "true");
-	if (fail)
-		printf("\"error\":\"%s\",", res.bad ? "tensors lacked their bytes after a phase" :
+	fail = res.bad || T.state == TORCH_FAILED || T.state == TORCH_PARTIAL ||
+	       (T.state == TORCH_UNAVAILABLE && env_num("WEX_BENCH_TORCH_REQUIRED", 0) != 0);
+	print_json(&res, &T, !fail ? NULL : res.bad ? "tensors lacked their bytes after a phase" :
+			     T.state == TORCH_PARTIAL ? "the torch bucket baseline failed" :
+			     T.state == TORCH_UNAVAILABLE ? "the torch baseline is unavailable here" :
 							"the torch baseline failed");
-	json_num("import_ms", res.import_ms, 1);
-	json_num("remap_ms", res.remap_ms, 1);
-	json_num("remap_first_ms", res.remap_first_ms, 1);
-	json_num("remap_cold_ms", res.import_ms + res.remap_first_ms, 1);
-	json_num("unmap_fixed_ms", res.unmap_fixed_ms, 1);
-	json_num("unmap_fixed_first_ms", res.unmap_fixed_first_ms, 1);
-	json_num("copy_ms", res.copy_ms, 1);
-	json_num("copy_first_ms", res.copy_first_ms, 1);
-	json_num("d2d_ms", res.d2d_ms, 1);
-	json_num("d2d_first_ms", res.d2d_first_ms, 1);
-	json_num("copy_gbps", gbs / (res.copy_ms / 1e3), 1);
-	json_num("d2d_gbps", gbs / (res.d2d_ms / 1e3), 1);
-	json_num("copy_vs_d2d", cvd, 1);
-	printf("\"torch_baseline\":\"%s\",", torch_state[T.state]);
-	json_num("torch_ipc_per_tensor_ms", T.per_tensor, 1);
-	json_num("torch_ipc_per_tensor_first_ms", T.per_tensor_first, 1);
-	json_num("torch_ipc_bucket_ms", T.bucket, 1);
-	json_num("torch_ipc_bucket_first_ms", T.bucket_first, 1);
-	if (T.check >= 0)
-		printf("\"torch_check\":%s,", T.check ? "true" : "false");
-	json_num("copy_vs_torch_ipc_per_tensor", T.per_tensor / res.copy_ms, 1);
-	json_num("remap_vs_torch_ipc_per_tensor", T.per_tensor / res.remap_ms, 1);
-	json_num("copy_vs_torch_ipc_bucket", T.bucket / res.copy_ms, 1);
-	json_num("remap_vs_torch_ipc_bucket", T.bucket / res.remap_ms, T.reason[0] != '\0');
-	if (T.reason[0])
-		printf("\"torch_reason\":\"%s\"", T.reason);
-	printf("}\n");
 	return fail ? T_EXIT_FAIL : T_EXIT_PASS;
 }

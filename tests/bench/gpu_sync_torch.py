@@ -17,13 +17,19 @@ and syncs it the way SGLang's update_weights_from_tensor does:
 
 Each sync is timed in the consumer from its request to torch.cuda.synchronize()
 after the last copy; the best of WEX_BENCH_REPS syncs after one warm-up is
-reported (the first, with its one-time costs, separately).  Both processes
+reported (the first, with its one-time costs, separately).  Before each
+sync the consumer's tensors are zeroed (untimed), after it the first,
+middle and last element of every tensor must hold the producer's value: a
+phase's figures are reported only when all its syncs delivered
+("torch_check" false and "torch_reason" name the first that did not), and
+the per-tensor figures stay when the bucket phase fails.  Both processes
 run PyTorch's default allocator (cudaMalloc segments, legacy CUDA IPC):
 PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF are dropped, as expandable
 segments would share through another path.  Prints one JSON line; when
 torch or CUDA is missing, the timings are null and "torch_reason" says
 why; a producer that dies or hangs fails the baseline within
-WEX_BENCH_TORCH_S (150) instead of hanging the bench.  Environment:
+WEX_BENCH_TORCH_S (150; gpu_sync sets it to its remaining budget) instead
+of hanging the bench.  Environment:
 WEX_BENCH_GB (16), WEX_BENCH_TENSORS (300), WEX_BENCH_REPS (3),
 WEX_BENCH_BUCKET_MB (512).
 """
@@ -46,12 +52,22 @@ def tensor_elems(gb, n):
     return out
 
 
+class CheckError(RuntimeError):
+    """A sync did not deliver the producer's values."""
+
+
+def tval(i):
+    """Tensor i's value: never 0 (the consumer's tensors are zeroed before
+    each sync), exact in bf16, neighbours differ."""
+    return float(i % 7 + 1)
+
+
 def producer(elems, bucket_bytes, req, resp):
     import torch
     from torch.multiprocessing.reductions import reduce_tensor
 
     torch.cuda.set_device(0)
-    ts = [torch.full((e,), float(i % 7), dtype=torch.bfloat16, device="cuda")
+    ts = [torch.full((e,), tval(i), dtype=torch.bfloat16, device="cuda")
           for i, e in enumerate(elems)]
     torch.cuda.synchronize()
     resp.put("ready")
@@ -86,7 +102,7 @@ def producer(elems, bucket_bytes, req, resp):
 def main():
     gb = float(os.environ.get("WEX_BENCH_GB", "16"))
     n = int(os.environ.get("WEX_BENCH_TENSORS", "300"))
-    reps = int(os.environ.get("WEX_BENCH_REPS", "3"))
+    reps = max(1, int(os.environ.get("WEX_BENCH_REPS", "3")))
     bucket_bytes = int(os.environ.get("WEX_BENCH_BUCKET_MB", "512")) << 20
     limit = float(os.environ.get("WEX_BENCH_TORCH_S", "150"))
     out = {"torch_ipc_per_tensor_ms": None, "torch_ipc_bucket_ms": None}
@@ -123,11 +139,31 @@ def main():
                 if time.monotonic() > deadline:
                     raise RuntimeError("no answer from the producer in %.0f s" % limit) from None
 
+    phase = "start"
     try:
         torch.cuda.set_device(0)
+        out["torch_device"] = torch.cuda.get_device_name(0)
         own = [torch.empty((e,), dtype=torch.bfloat16, device="cuda") for e in elems]
+        want = torch.tensor([tval(i) for i in range(n)], dtype=torch.bfloat16, device="cuda")
         if answer() != "ready":
             raise RuntimeError("producer did not start")
+
+        def zero():
+            """Untimed: the consumer's tensors to 0, so that a check after a
+            sync tells whether that sync delivered."""
+            for t in own:
+                t.zero_()
+            torch.cuda.synchronize()
+
+        def check(what):
+            """First, middle and last element of every tensor hold the
+            producer's value."""
+            for k in (0, None, -1):
+                got = torch.stack([t[t.numel() // 2 if k is None else k] for t in own])
+                if not torch.equal(got, want):
+                    bad = (got != want).nonzero()[0].item()
+                    raise CheckError("%s: tensor %d holds %s, not %s" % (
+                        what, bad, got[bad].item(), want[bad].item()))
 
         def sync_per_tensor():
             t0 = time.perf_counter()
@@ -157,20 +193,31 @@ def main():
             req.put("ack")
             return (t1 - t0) * 1e3
 
-        first = sync_per_tensor()
-        out["torch_ipc_per_tensor_first_ms"] = first
-        out["torch_ipc_per_tensor_ms"] = min(sync_per_tensor() for _ in range(reps))
-        out["torch_ipc_bucket_first_ms"] = sync_bucket()
-        out["torch_ipc_bucket_ms"] = min(sync_bucket() for _ in range(reps))
-        ok = all(bool((t[:8] == float(i % 7)).all()) for i, t in enumerate(own[:16]))
-        out["torch_check"] = ok
+        def timed(sync, what):
+            """First (warm-up) and best of reps, each sync checked."""
+            times = []
+            for i in range(reps + 1):
+                zero()
+                times.append(sync())
+                check("%s sync %d" % (what, i))
+            return times[0], min(times[1:])
+
+        phase = "per-tensor"
+        (out["torch_ipc_per_tensor_first_ms"],
+         out["torch_ipc_per_tensor_ms"]) = timed(sync_per_tensor, "per-tensor")
+        phase = "bucket"
+        (out["torch_ipc_bucket_first_ms"],
+         out["torch_ipc_bucket_ms"]) = timed(sync_bucket, "bucket")
+        out["torch_check"] = True
     except Exception as e:  # noqa: BLE001
-        out["torch_ipc_per_tensor_ms"] = None
-        out["torch_ipc_bucket_ms"] = None
-        out["torch_reason"] = "torch baseline failed: %r" % (e,)
+        # What was measured (and checked) before the failure stays.
+        if isinstance(e, CheckError):
+            out["torch_check"] = False
+        out["torch_reason"] = "torch baseline failed in its %s phase: %r" % (phase, e)
     finally:
         req.put("stop")
-        p.join(timeout=30)
+        # Within the caller's limit (ours + 10 s): our JSON line must come.
+        p.join(timeout=max(1.0, min(30.0, deadline + 5 - time.monotonic())))
         if p.is_alive():
             p.kill()
             p.join()

@@ -12,10 +12,10 @@
  * so each routed expert lives on exactly one GPU and dense weights have 8
  * data-parallel replicas.
  *
- * Consumer: 32 vLLM instances of tp 16 with ep 16 (16 experts per GPU per
- * layer), 512 GPUs.  Planned instance by instance on one planner, the
- * group function balancing each instance's 16 ranks against the load of
- * all instances before it.
+ * Consumer: 32 independent vLLM instances of tp 16 with expert
+ * parallelism (ep 16: 16 experts per GPU per layer), 512 GPUs.  Planned
+ * instance by instance on one planner, the group function balancing each
+ * instance's 16 ranks against the load of all instances before it.
  *
  * Prints planner time and peak RSS (targets: < 2 s on one core, < 1 GiB),
  * bytes needed vs moved (must be equal), the busiest producer link vs its
@@ -49,7 +49,7 @@ int main(int argc, char **argv)
 {
 	const char *src = getenv("WEX_SRC");
 	const char *from = "megatron:tp=8,pp=16,dp=8,ep=64,etp=1,first=3,last=2";
-	const char *to = "vllm:tp=16,ep=16,dp=32";
+	const char *to = "vllm:tp=16,ep=16"; /* one instance; INSTANCES of them */
 	char path[600], err[1024];
 	struct wex_model *m;
 	struct wex_layout_spec fs, ts;
@@ -70,7 +70,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "plan_scale: %s\n", err);
 		return 1;
 	}
-	uint32_t per = cw / INSTANCES;
+	uint32_t per = cw;
+
+	cw = per * INSTANCES;
 	double t0 = now();
 	struct wex_rank_layout *pl_l = calloc(pw, sizeof(*pl_l)), *cl = calloc(per, sizeof(*cl));
 	struct wex_plan_src *srcs = calloc(pw, sizeof(*srcs));

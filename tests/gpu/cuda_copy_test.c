@@ -10,6 +10,9 @@
  * (several cuMemcpyBatchAsync calls).  On the emulated driver the run
  * must have gone through cuMemcpy3DAsync and cuMemcpy2DAsync (so their
  * emulation is what the bytes prove).
+ *   host_ptr_no_context  wex_mem_ptr_on_gpu of host memory from a thread
+ *                     with no context: -1, without retaining (creating)
+ *                     device 0's primary context to ask
  *   memcpy3d_offsets  cuMemcpy3DAsync itself with X/Y/Z offsets on both
  *                     sides, device and host memory, against the same
  *                     copy done on the CPU (the driver's semantics, which
@@ -191,12 +194,31 @@ static void memcpy3d_offsets(void)
 	bufs_close(&b);
 }
 
+/* Asking whether host memory is GPU memory, from a thread with no
+ * context: no (the driver answers INVALID_VALUE without one), and no
+ * primary context retained to ask (one on GPU 0 costs hundreds of MiB in
+ * a process working on another GPU), none left current. */
+static void host_ptr_no_context(void)
+{
+	static char host[4096];
+	CUcontext cur = (CUcontext)1;
+	unsigned long n;
+
+	CHECK_OK(wex__cuda_load());
+	n = emul_calls("cuDevicePrimaryCtxRetain");
+	CHECK(wex_mem_ptr_on_gpu((uint64_t)(uintptr_t)host) == -1);
+	CHECK(emul_calls("cuDevicePrimaryCtxRetain") == n);
+	CU_OK(wex__cu.cuCtxGetCurrent(&cur));
+	CHECK(cur == NULL);
+}
+
 int main(void)
 {
 	int ret;
 
 	gpu_require();
-	ret = run_one("strided_copy", test);
+	ret = run_one("host_ptr_no_context", host_ptr_no_context);
+	ret |= run_one("strided_copy", test);
 	ret |= run_one("memcpy3d_offsets", memcpy3d_offsets);
 	printf("%s\n", ret ? "FAIL" : "PASS");
 	return ret ? T_EXIT_FAIL : T_EXIT_PASS;

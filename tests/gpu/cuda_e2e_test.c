@@ -13,6 +13,8 @@
  *     and checks every byte;
  *  3. syncs REMAP_FIXED into a region reserved on the producer's device;
  *  4. checks that the calling thread's current context is what it was;
+ *  5. (emulated driver) a copy meeting a sticky CUDA error fails with
+ *     -ENOTRECOVERABLE, dirty, the message saying to restart the process;
  * and a registration of non-exportable memory is refused with a reason.
  * On the emulated driver the producer numbers the two devices the other
  * way round (WEX_EMUL_VISIBLE, like CUDA_VISIBLE_DEVICES), so its memory
@@ -198,6 +200,13 @@ int main(void)
 		int ndev = 0;
 
 		CU_OK(wex__cu.cuCtxSetCurrent(NULL));
+		/* Asking whether host memory is on a GPU creates no context and
+		 * binds none (the driver answers CUDA_ERROR_INVALID_VALUE for
+		 * it without one: nothing to borrow device 0's context for). */
+		CHECK(wex__cuda_ptr_on_gpu((uint64_t)(uintptr_t)h) == -1);
+		CU_OK(wex__cu.cuCtxGetCurrent(&cur));
+		CHECK(cur == NULL);
+		cur = (CUcontext)1;
 		CHECK_OK(wex_attach(c, t, NT)); /* forgets what the buffers hold: copies */
 		CHECK_OK(wex_sync(c, WEX_SYNC_COPY, 1, 5000, &r));
 		CHECK(r.bytes == total);
@@ -222,6 +231,20 @@ int main(void)
 		}
 		printf("device binding kept across wex calls (%s)\n",
 		       ndev > 1 ? "none, and device 1's" : "none; one device: device 1's not tried");
+	}
+
+	/* 5. A copy that meets a sticky CUDA error (illegal address: the
+	 * context is unusable from then on) says so, not "sync again". */
+	if (emulated()) {
+		CHECK_OK(wex_attach(c, t, NT));
+		emul_fail("cuMemcpyBatchAsync", 1, CUDA_ERROR_ILLEGAL_ADDRESS);
+		emul_fail("cuMemcpyAsync", 1, CUDA_ERROR_ILLEGAL_ADDRESS);
+		CHECK(wex_sync(c, WEX_SYNC_COPY, 1, 5000, &r) == -ENOTRECOVERABLE);
+		printf("sticky error: %s\n", wex_last_error(c));
+		CHECK(strstr(wex_last_error(c), "restart the process") != NULL);
+		CHECK(wex_is_dirty(c) == 1);
+		emul_fail("cuMemcpyBatchAsync", 0, CUDA_SUCCESS);
+		emul_fail("cuMemcpyAsync", 0, CUDA_SUCCESS);
 	}
 
 	wex_client_close(c);

@@ -9,7 +9,9 @@
  *                 reopened after the last; a sub-allocation travels as
  *                 base handle + offset; an import another device must
  *                 reach (access_dev) is refused without peer access
- *                 (emulated: WEX_EMUL_NO_P2P=1), naming both devices; a
+ *                 (emulated: WEX_EMUL_NO_P2P=1), naming both devices,
+ *                 and one it may reach is read by a kernel there (peer
+ *                 access enabled, which IPC memory needs for kernels); a
  *                 copy still queued on the memory when it is released is
  *                 waited for, on the memory's device and on the device
  *                 given access (emulated: queued work that outlives its
@@ -76,6 +78,30 @@ static void copy_then_release(struct wex_mem_seg *x, int dev)
 	CU_OK(wex__cu.cuMemFree(d));
 }
 
+/* A kernel on device `dev` reads x's first 4 KiB (as an engine's kernels
+ * read a view): legacy IPC memory another device opened needs peer access
+ * for that, which copies do not. */
+static void kernel_read(struct wex_mem_seg *x, int dev)
+{
+	unsigned n = 4096 / 4;
+	uint64_t src = (uint64_t)(uintptr_t)x->ptr;
+	CUdeviceptr d;
+	CUfunction fn;
+	CUmodule mod;
+	void *args[3] = { &src, &d, &n };
+
+	CHECK(wex__cu.cuModuleLoadData && wex__cu.cuLaunchKernel);
+	CHECK_OK(wex__cuda_use_device(dev));
+	CU_OK(wex__cu.cuMemAlloc(&d, 4096));
+	CU_OK(wex__cu.cuModuleLoadData(&mod, test_copy_ptx()));
+	CU_OK(wex__cu.cuModuleGetFunction(&fn, mod, "wex_copy_u32"));
+	CU_OK(wex__cu.cuLaunchKernel(fn, (n + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, args, NULL));
+	CU_OK(wex__cu.cuCtxSynchronize());
+	CHECK(dev_check(d, 4096, 6, 0));
+	CU_OK(wex__cu.cuModuleUnload(mod));
+	CU_OK(wex__cu.cuMemFree(d));
+}
+
 static void consumer(int sock)
 {
 	struct wex_mem_seg x, y, z;
@@ -111,6 +137,7 @@ static void consumer(int sock)
 
 		if (gpu_can_peer(1, 0)) {
 			CHECK_OK(ret);
+			kernel_read(&x, 1);
 			/* A copy on device 1 still reading it at release: the
 			 * release waits for device 1's work too. */
 			copy_then_release(&x, 1);
@@ -122,6 +149,15 @@ static void consumer(int sock)
 			CHECK(ipc->import(&m.desc, -1, 1, &x) == -EOPNOTSUPP);
 			unsetenv("WEX_EMUL_NO_P2P");
 		}
+	}
+	if (emulated()) {
+		/* The memory's context cannot be made current at release: the
+		 * close did not run, and release says so instead of 0 (last: the
+		 * handle stays open in this process). */
+		CHECK_OK(ipc->import(&m.desc, -1, -1, &x));
+		CU_OK(wex__cu.cuCtxSetCurrent(NULL));
+		emul_fail("cuCtxSetCurrent", 1, CUDA_ERROR_UNKNOWN);
+		CHECK(ipc->release(&x) < 0);
 	}
 	tsend(sock, OP_DONE, NULL, 0, -1);
 }

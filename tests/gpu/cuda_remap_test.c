@@ -29,41 +29,6 @@
 
 enum { OP_SEG = 1, OP_MAPPED, OP_CHANGED, OP_DONE };
 
-static const char ptx[] =
-	".version 7.0\n"
-	".target sm_80\n"
-	".address_size 64\n"
-	"\n"
-	".visible .entry wex_copy_u32(\n"
-	"	.param .u64 p_src,\n"
-	"	.param .u64 p_dst,\n"
-	"	.param .u32 p_n\n"
-	")\n"
-	"{\n"
-	"	.reg .pred %p<2>;\n"
-	"	.reg .b32 %r<7>;\n"
-	"	.reg .b64 %rd<8>;\n"
-	"\n"
-	"	ld.param.u64 %rd1, [p_src];\n"
-	"	ld.param.u64 %rd2, [p_dst];\n"
-	"	ld.param.u32 %r1, [p_n];\n"
-	"	mov.u32 %r2, %ctaid.x;\n"
-	"	mov.u32 %r3, %ntid.x;\n"
-	"	mov.u32 %r4, %tid.x;\n"
-	"	mad.lo.s32 %r5, %r2, %r3, %r4;\n"
-	"	setp.ge.u32 %p1, %r5, %r1;\n"
-	"	@%p1 bra DONE;\n"
-	"	cvta.to.global.u64 %rd3, %rd1;\n"
-	"	cvta.to.global.u64 %rd4, %rd2;\n"
-	"	mul.wide.u32 %rd5, %r5, 4;\n"
-	"	add.s64 %rd6, %rd3, %rd5;\n"
-	"	add.s64 %rd7, %rd4, %rd5;\n"
-	"	ld.global.u32 %r6, [%rd6];\n"
-	"	st.global.u32 [%rd7], %r6;\n"
-	"DONE:\n"
-	"	ret;\n"
-	"}\n";
-
 #define RSZ (4u << 20)
 
 static void producer(int sock)
@@ -113,7 +78,7 @@ static void consumer(int sock)
 	CHECK_OK(vmm->reserve(RSZ, 0, 0, &r));
 	CHECK(r.size >= RSZ && r.addr && !r.fixed);
 	dev_fill((uint64_t)(uintptr_t)r.addr, RSZ, 1); /* A */
-	CU_OK(wex__cu.cuModuleLoadData(&mod, ptx));
+	CU_OK(wex__cu.cuModuleLoadData(&mod, test_copy_ptx()));
 	CU_OK(wex__cu.cuModuleGetFunction(&fn, mod, "wex_copy_u32"));
 	CU_OK(wex__cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
 	CU_OK(wex__cu.cuMemAlloc(&out, RSZ));

@@ -25,7 +25,9 @@
  *                  current: it works from a thread with no context or
  *                  another device's, on that device's stream (the emulated
  *                  driver refuses an event of one context recorded on a
- *                  stream of another, and one created without a context)
+ *                  stream of another, and one created without a context);
+ *                  wex__cuda_event_wait in the recording process itself
+ *                  works (the driver refuses to open one's own handle)
  *   fork_child     a child forked after the driver was loaded gets
  *                  -WEX_ENOCUDA from every call, with a reason naming the
  *                  parent
@@ -345,8 +347,11 @@ static void p_fabric(int sock)
 	int ret;
 
 	CHECK_OK(wex__cuda_use_device(0));
-	CU_OK(wex__cu.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-	r = wex__cu.cuMemCreate(&h, 2 * g, &prop, 0);
+	/* A driver without fabric support may refuse the property already
+	 * (CUDA_ERROR_NOT_SUPPORTED): the same as a refused cuMemCreate. */
+	r = wex__cu.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+	if (r == CUDA_SUCCESS)
+		r = wex__cu.cuMemCreate(&h, 2 * g, &prop, 0);
 	if (r != CUDA_SUCCESS) {
 		printf("  fabric-only memory refused here (%s): not tried\n", wex__cuda_errname(r));
 		tsend(sock, OP_NONE, NULL, 0, -1);
@@ -561,17 +566,24 @@ static void event_context(void)
 
 	CHECK_OK(wex__cuda_use_device(0));
 	CHECK_OK(wex__cuda_stream(0, &s));
-	/* No context current. */
+	/* No context current.  A wait in the process that recorded the event
+	 * works too (the driver refuses to open one's own handle), and the
+	 * event lives until the wait is queued (using an opened handle after
+	 * its event is destroyed is undefined). */
 	CU_OK(wex__cu.cuCtxSetCurrent(NULL));
 	CHECK_OK(wex__cuda_event_record(0, NULL, &ev, h));
+	CHECK_OK(wex__cuda_event_wait(h, NULL, 0));
+	CHECK_OK(wex__cuda_copy_sync(0));
 	CHECK_OK(wex__cuda_event_destroy(ev));
-	/* Another device's context current, device 0's stream. */
+	/* Another device's context current, device 0's stream; device 1's
+	 * executor stream waits for it. */
 	if (gpu_count() > 1) {
 		CHECK_OK(wex__cuda_use_device(1));
 		CHECK_OK(wex__cuda_event_record(0, s, &ev, h));
-		CHECK_OK(wex__cuda_event_destroy(ev));
 		CHECK_OK(wex__cuda_use_device(1));
 		CHECK_OK(wex__cuda_event_wait(h, NULL, 1));
+		CHECK_OK(wex__cuda_copy_sync(1));
+		CHECK_OK(wex__cuda_event_destroy(ev));
 	}
 	if (emulated()) {
 		CUevent e;
@@ -590,6 +602,32 @@ static void event_context(void)
 			CU_OK(wex__cu.cuEventDestroy(e));
 		}
 	}
+}
+
+/* A device that reports fabric support may still refuse the fabric handle
+ * type in the granularity query (an H100 without an IMEX channel): the
+ * allocation goes on with POSIX fds alone, as for a refused cuMemCreate,
+ * and fabric is not asked for again on that device. */
+static void fabric_refused_early(void)
+{
+	struct wex_mem_seg seg;
+	unsigned long before;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	if (!emulated() || !wex__cuda_dev_attr(0, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)) {
+		printf("  not tried: needs the emulated driver with fabric support\n");
+		return;
+	}
+	emul_fail("cuMemGetAllocationGranularity", 1, CUDA_ERROR_NOT_SUPPORTED);
+	CHECK_OK(vmm->alloc(2u << 20, 0, &seg));
+	CHECK(seg.desc.handle_len == 0);
+	dev_fill((uint64_t)(uintptr_t)seg.ptr, 2u << 20, 3);
+	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, 2u << 20, 3, 0));
+	CHECK_OK(vmm->release(&seg));
+	before = emul_calls("cuMemGetAllocationGranularity");
+	CHECK_OK(vmm->alloc(2u << 20, 0, &seg));
+	CHECK(emul_calls("cuMemGetAllocationGranularity") == before + 1);
+	CHECK_OK(vmm->release(&seg));
 }
 
 static void fork_child(void)
@@ -637,6 +675,7 @@ int main(void)
 	ret |= run_pair("readonly_refused", p_ro, c_ro_refused);
 	ret |= run_pair("peer", p_peer, c_peer);
 	ret |= run_one("event_context", event_context);
+	ret |= run_one("fabric_refused_early", fabric_refused_early);
 	ret |= run_one("fork_child", fork_child);
 	printf("%s\n", ret ? "FAIL" : "PASS");
 	return ret ? T_EXIT_FAIL : T_EXIT_PASS;

@@ -7,11 +7,12 @@
 #
 #   tests/gpu/device_run.sh [OUTDIR]        (default $OUT, else /tmp/wex-gpu-out)
 #
-# Steps, each logged to OUTDIR/<step>.log and summed up in OUTDIR/summary.txt:
-#   build     Release build against .deps
+# Steps, each logged to OUTDIR/<step>.log and summed up in OUTDIR/summary.txt
+# (which starts with the machine: GPU, driver, kernel, python3 and torch):
+#   build     Release build against .deps (Ninja where there is one)
 #   gpu       ctest -L gpu but the PyTorch checks (cuda_facts, the CUDA
-#             tests, gpu_sync_smoke); cuda_facts' JSON goes to
-#             OUTDIR/cuda_facts.json
+#             tests, gpu_sync_smoke, host_staging_smoke); cuda_facts' JSON
+#             goes to OUTDIR/cuda_facts.json
 #   torch     the PyTorch checks (torch_mempool, torch_expandable)
 #   bench     WEX_BENCH_GB=${WEX_BENCH_GB:-16} gpu_sync with the PyTorch
 #             baselines; its JSON line goes to OUTDIR/gpu_sync.json
@@ -19,73 +20,124 @@
 #             against pageable host staging through wexd); its JSON line
 #             goes to OUTDIR/host_staging.json
 #   memcheck  compute-sanitizer --tool memcheck over the C gpu tests
+# The JSON files get a "machine" key (nvidia-smi's name, driver, memory).
 # WEX_DEVICE_STEPS selects steps.  One call of the device tool may run 10
-# minutes and the machine is not kept between calls, so the whole set is
-# two calls, each with its own build:
+# minutes (give it timeout_s 600) and the machine is not kept between
+# calls, so the whole set is two calls, each with its own build:
 #   WEX_DEVICE_STEPS="build gpu torch staging" WEX_STEP_TIMEOUT=240 tests/gpu/device_run.sh
 #   WEX_DEVICE_STEPS="build bench memcheck" tests/gpu/device_run.sh
-# Every step runs under `timeout` (WEX_STEP_TIMEOUT s, default 270), so a
-# hang costs one step, not the call, and what was logged comes back.
-# Exits non-zero if any step failed.  Where nvidia-smi sees a GPU, a test
-# that skips fails the gpu or torch step (exit 3): it is not a result.
+# Time: the call keeps within WEX_DEVICE_BUDGET_S (570) seconds.  Every
+# step runs under `timeout` in a process group of its own (killed whole
+# afterwards, so nothing it left holds GPU memory for the next step), for
+# WEX_STEP_TIMEOUT s where set, else its own default (memcheck 420, the
+# others 270), never past the budget; a step with under 30 s left is not
+# run and says so.  ctest runs with --stop-time at the step's end, so a
+# slow test is reported as a timeout and the step still prints its
+# summary; gpu_sync and memcheck divide what is left themselves.
+# summary.txt is written as steps start and end: a call cut short still
+# says how far it got.
+# Exits non-zero if any step failed or was not run.  A step whose tests
+# skipped is not a pass: it fails (exit 3) where a GPU is visible
+# (nvidia-smi or /dev/nvidia*), else exits 77 ("no GPU"); the skip reasons
+# are copied into its log and the summary.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUTDIR=${WEX_DEVICE_OUTDIR:-${1:-${OUT:-/tmp/wex-gpu-out}}}
 mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd) # steps cd into the build
 STEPS=${WEX_DEVICE_STEPS:-build gpu torch staging bench memcheck}
-STEP_TIMEOUT=${WEX_STEP_TIMEOUT:-270}
+BUDGET=${WEX_DEVICE_BUDGET_S:-570}
 B=${WEX_DEVICE_BUILD:-/tmp/wex-gpu-build}
 DEPS="$ROOT/.deps/root/usr"
 SUM="$OUTDIR/summary.txt"
 export LD_LIBRARY_PATH="$DEPS/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Python's output as it happens (a killed step keeps what was printed).
+export PYTHONUNBUFFERED=1
 
-build() {
-	cmake -S "$ROOT" -B "$B" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$DEPS" &&
-		cmake --build "$B" -j "$(nproc)"
+# Seconds left to the step (WEX_STEP_END, set by step() below).
+left() {
+	echo $((${WEX_STEP_END:-$(($(date +%s) + 270))} - $(date +%s)))
 }
 
-# On a machine with a GPU a skipped test is not a result: it fails the
-# step (the reason is in the step's log), so a summary never reads as a
-# pass when the driver, a device or PyTorch's CUDA was not found.
-no_skips_on_gpu() {
-	nvidia-smi -L >/dev/null 2>&1 || return 0
-	grep -q '\*\*\*Skipped' "$OUTDIR/$1.log" || return 0
-	echo "== $1: tests skipped on a machine with a GPU: counted as a failure"
-	return 1
+have_gpu() {
+	nvidia-smi -L 2>/dev/null | grep -q '^GPU' || ls /dev/nvidia[0-9]* >/dev/null 2>&1
+}
+
+build() {
+	gen=
+	# The GPU machine has ninja but maybe no make; an existing build
+	# directory keeps its generator.
+	[ ! -f "$B/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1 && gen="-G Ninja"
+	[ -f "$DEPS/include/liburing.h" ] ||
+		echo "build: no $DEPS/include/liburing.h: was .deps carried? (../shared/gpu/prepare-deps.sh here, carry .deps)"
+	cmake -S "$ROOT" -B "$B" $gen -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$DEPS" || return 1
+	# Without cuda.h the gpu tests would not exist and ctest would find
+	# nothing to run: not a result.
+	grep -q '^CUDA_DRIVER_INCLUDE_DIR:PATH=/' "$B/CMakeCache.txt" || {
+		echo "build: cuda.h not found (CUDA_HOME, /usr/local/cuda/include): no CUDA backend, no gpu tests"
+		return 1
+	}
+	cmake --build "$B" -j "$(nproc)"
+}
+
+# ctest in the build with the step's stop time; then the reasons of the
+# tests that skipped (ctest prints no output for them).  On a machine with
+# a GPU a skipped test is not a result: it fails the step, so a summary
+# never reads as a pass when the driver, a device or PyTorch's CUDA was
+# not found; without a GPU the step says "skipped" (77).
+run_ctest() {
+	# A time of day (ctest takes one in the past as tomorrow's): at
+	# least 10 s ahead.
+	secs=$(($(left) - 5))
+	[ "$secs" -lt 10 ] && secs=10
+	stop=$(date -d "@$(($(date +%s) + secs))" '+%H:%M:%S')
+	(cd "$B" && ctest --no-tests=error --output-on-failure --stop-time "$stop" "$@")
+	rc=$?
+	# ctest's own word for a skip (exit 77), in this step's log.
+	grep -q '\*\*\*Skipped' "$OUTDIR/$STEP.log" || return $rc
+	echo "== skip reasons:"
+	grep -hE '^(SKIP: |torch_check .*: skipped: )' "$B/Testing/Temporary/LastTest.log" | sort | uniq -c
+	[ $rc -ne 0 ] && return $rc
+	if have_gpu; then
+		echo "== tests skipped on a machine with a GPU: counted as a failure"
+		return 3
+	fi
+	echo "== no GPU here: tests skipped"
+	return 77
 }
 
 gpu() {
-	(cd "$B" && WEX_FACTS_OUT="$OUTDIR/cuda_facts.json" ctest -L gpu -E '^torch_' --output-on-failure)
-	rc=$?
-	no_skips_on_gpu gpu || [ $rc -ne 0 ] || rc=3
-	return $rc
+	export WEX_FACTS_OUT="$OUTDIR/cuda_facts.json"
+	run_ctest -L gpu -E '^torch_'
 }
 
 torch() {
-	(cd "$B" && ctest -R '^torch_' --output-on-failure)
-	rc=$?
-	no_skips_on_gpu torch || [ $rc -ne 0 ] || rc=3
-	return $rc
+	run_ctest -R '^torch_'
 }
 
 bench() {
-	# gpu_sync keeps within WEX_BENCH_BUDGET_S (it cuts its torch baseline
-	# short), so that it prints its JSON line before the step's timeout.
-	# Its status is the step's (77: no GPU); the JSON is kept either way.
-	(cd "$B" && WEX_SRC="$ROOT" WEX_BENCH_GB=${WEX_BENCH_GB:-16} \
-		WEX_BENCH_BUDGET_S=$((STEP_TIMEOUT - 20)) ./gpu_sync)
-	rc=$?
-	line=$(tail -n 1 "$OUTDIR/bench.log")
-	case $line in "{"*) printf "%s\n" "$line" >"$OUTDIR/gpu_sync.json" ;; esac
-	return $rc
+	# gpu_sync keeps within WEX_BENCH_BUDGET_S (its torch baseline is cut
+	# short), so that it prints its JSON line before the step ends.  Its
+	# status is the step's (77: no GPU); its last line is JSON either way.
+	# The torch baseline is half the point: missing, it fails the step.
+	(cd "$B" && WEX_SRC="$ROOT" WEX_BENCH_GB=${WEX_BENCH_GB:-16} WEX_BENCH_TORCH_REQUIRED=1 \
+		WEX_BENCH_BUDGET_S=$(($(left) - 15)) ./gpu_sync)
 }
 
 staging() {
 	(cd "$B" && WEXD_BIN="$B/wexd" WEX_BENCH_GB=${WEX_STAGING_GB:-16} ./host_staging)
-	rc=$?
-	line=$(tail -n 1 "$OUTDIR/staging.log")
-	case $line in "{"*) printf "%s\n" "$line" >"$OUTDIR/host_staging.json" ;; esac
-	return $rc
+}
+
+# Runs "$@" under timeout $1 in a process group of its own, and kills
+# whatever of that group is left afterwards.
+grouped() {
+	secs=$1
+	shift
+	timeout -k 5 "$secs" "$@" &
+	gpid=$!
+	wait $gpid
+	grc=$?
+	kill -KILL -- "-$gpid" 2>/dev/null
+	return $grc
 }
 
 memcheck() {
@@ -94,59 +146,165 @@ memcheck() {
 	# memory, fabric handles where there is no IMEX, refusals the tests
 	# check): only memory errors count, not API errors.
 	command -v compute-sanitizer >/dev/null || PATH=/usr/local/cuda/bin:$PATH
+	command -v compute-sanitizer >/dev/null || { echo "memcheck: no compute-sanitizer"; return 1; }
 	case $(uname -r) in 4.4.0*) echo "memcheck: SKIP: gVisor kernel, compute-sanitizer refuses it"; return 77 ;; esac
+	have_gpu || { echo "memcheck: SKIP: no GPU"; return 77; }
 	rc=0
-	for t in cuda_facts cuda_remap cuda_copy cuda_ipc cuda_staging cuda_e2e cuda_chunks cuda_vmm; do
-		echo "== memcheck $t"
-		(cd "$B" && WEXD_BIN="$B/wexd" WEXCTL_BIN="$B/wexctl" WEX_SRC="$ROOT" timeout --foreground -k 5 120 \
-			compute-sanitizer --tool memcheck --report-api-errors no \
-			--target-processes all --error-exitcode 99 "./$t") || { echo "== $t: exit $?"; rc=1; }
+	# Cheapest first, cuda_vmm (1000-cycle leak checks) last: a test cut
+	# short by the step's time costs the fewest results.
+	set -- cuda_facts cuda_copy cuda_ipc cuda_staging cuda_remap cuda_e2e cuda_order cuda_chunks cuda_vmm
+	while [ $# -gt 0 ]; do
+		t=$1
+		shift
+		secs=$(left)
+		if [ "$secs" -lt 20 ]; then
+			echo "== memcheck: not run for lack of time: $t $*"
+			rc=1
+			break
+		fi
+		[ "$secs" -gt 150 ] && secs=150
+		echo "== memcheck $t (up to $secs s)"
+		(cd "$B" && export WEXD_BIN="$B/wexd" WEXCTL_BIN="$B/wexctl" WEX_SRC="$ROOT" &&
+			grouped "$secs" compute-sanitizer --tool memcheck --report-api-errors no \
+			--target-processes all --error-exitcode 99 "./$t")
+		trc=$?
+		case $trc in
+		0) echo "== $t: ok" ;;
+		77) echo "== $t: skipped (not a pass)"; rc=1 ;;
+		99) echo "== $t: MEMORY ERRORS (exit 99)"; rc=1 ;;
+		124 | 137) echo "== $t: killed after $secs s"; rc=1 ;;
+		*) echo "== $t: exit $trc"; rc=1 ;;
+		esac
 	done
 	return $rc
 }
 
 # One step, run by step() below in a process of its own.
 if [ "${1:-}" = "--run-step" ]; then
+	STEP=$2
 	case $2 in build | gpu | torch | staging | bench | memcheck) "$2"; exit $? ;; esac
 	echo "unknown step $2"
 	exit 2
 fi
 
-mkdir -p "$OUTDIR"
+T0=$(date +%s)
+END=$((T0 + BUDGET))
 : >"$SUM"
 status=0
+skipped=
 
 note() { echo "$*" | tee -a "$SUM"; }
 
-# Runs step `name` under timeout in its own process group (timeout signals
-# the whole group: ctest, the tests, their wexd and children).
+# The step's own limit: WEX_STEP_TIMEOUT, else its default.
+step_limit() {
+	if [ -n "${WEX_STEP_TIMEOUT:-}" ]; then
+		echo "$WEX_STEP_TIMEOUT"
+	elif [ "$1" = memcheck ]; then
+		echo 420
+	else
+		echo 270
+	fi
+}
+
+# Runs step `name` under timeout, never past the call's budget, in its own
+# process group (timeout signals the whole group: ctest, the tests, their
+# wexd and children; what survives is killed after).
 step() {
 	name=$1
-	t0=$(date +%s)
-	WEX_DEVICE_OUTDIR="$OUTDIR" timeout -k 10 "$STEP_TIMEOUT" sh "$0" --run-step "$name" \
-		>"$OUTDIR/$name.log" 2>&1
+	now=$(date +%s)
+	lim=$(step_limit "$name")
+	[ $((END - now)) -lt "$lim" ] && lim=$((END - now))
+	if [ "$lim" -lt 30 ]; then
+		note "$name: NOT RUN: $((END - now)) s left of the call's $BUDGET s (WEX_DEVICE_BUDGET_S)"
+		status=1
+		return 1
+	fi
+	note "$name: started at +$((now - T0)) s, up to $lim s"
+	WEX_DEVICE_OUTDIR="$OUTDIR" WEX_STEP_END=$((now + lim - 10)) \
+		timeout -k 10 "$lim" sh "$0" --run-step "$name" >"$OUTDIR/$name.log" 2>&1 &
+	spid=$!
+	wait $spid
 	rc=$?
-	[ $rc -eq 124 ] && echo "== $name: killed after $STEP_TIMEOUT s" >>"$OUTDIR/$name.log"
-	note "$name: exit $rc in $(($(date +%s) - t0)) s$([ $rc -eq 77 ] && echo ' (skipped: not a pass)')"
+	kill -KILL -- "-$spid" 2>/dev/null
+	case $rc in 124 | 137) echo "== $name: killed after $lim s" >>"$OUTDIR/$name.log" ;; esac
+	note "$name: exit $rc in $(($(date +%s) - now)) s$([ $rc -eq 77 ] && echo ' (skipped: not a pass)')$([ $rc -eq 124 ] || [ $rc -eq 137 ] && echo ' (KILLED: out of time)')"
 	[ $rc -eq 0 ] || [ $rc -eq 77 ] || status=1
+	[ $rc -eq 77 ] && skipped="$skipped $name"
 	return $rc
 }
 
-note "wex device run $(date -u +%FT%TZ) on $(hostname), steps: $STEPS"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$SUM"
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tee -a "$SUM"
+# keep_json LOG NAME OUT RC: the last line of LOG that is a JSON object of
+# bench NAME, to file OUT, with the machine added (a step that skipped,
+# RC 77, may have none).
+keep_json() {
+	line=$(grep "^{\"bench\":\"$2\"" "$1" 2>/dev/null | tail -n 1)
+	if [ -z "$line" ]; then
+		[ "$4" -eq 77 ] || note "== no JSON line from $2 in $(basename "$1")"
+		return 1
+	fi
+	printf '%s\n' "$line" >"$3"
+	tag_json "$3"
+}
 
+# Adds "machine" to the JSON object in file $1 (one line).
+tag_json() {
+	[ -s "$1" ] || return 0
+	m=$(printf '%s' "$MACHINE" | tr -d '"\\/&')
+	sed -i "1s/^{/{\"machine\":\"$m\",/" "$1"
+}
+
+# The machine, first, so that every figure can name it.
+note "wex device run $(date -u +%FT%TZ) on $(hostname), steps: $STEPS; budget $BUDGET s"
+MACHINE=$(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)
+note "gpu: ${MACHINE:-none (nvidia-smi: $(command -v nvidia-smi || echo 'not found'))}"
+MACHINE=${MACHINE:-no GPU}
+note "kernel $(uname -r), $(nproc) cpus, $(grep -m1 MemTotal /proc/meminfo | tr -s ' ')"
+note "python3: $(command -v python3 || echo none): $(timeout 60 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tail -n 1)"
+note "cmake: $(cmake --version 2>/dev/null | head -n 1); ninja: $(command -v ninja || echo none); compute-sanitizer: $(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || echo none)"
+
+built=1
 for s in $STEPS; do
 	case $s in
-	build) step build || break ;;
-	gpu) step gpu
-	     grep -E "tests passed|Passed|Failed|Skipped|Timeout|\*\*\*|^== " "$OUTDIR/gpu.log" >>"$SUM"
-	     cat "$OUTDIR/cuda_facts.json" >>"$SUM" 2>/dev/null ;;
-	torch) step torch; grep -E "tests passed|Passed|Failed|Skipped|Timeout|\*\*\*|^== " "$OUTDIR/torch.log" >>"$SUM" ;;
-	bench) step bench; tail -n 1 "$OUTDIR/bench.log" >>"$SUM" ;;
-	staging) step staging; tail -n 4 "$OUTDIR/staging.log" >>"$SUM" ;;
-	memcheck) step memcheck; grep -E "ERROR SUMMARY|== " "$OUTDIR/memcheck.log" >>"$SUM" ;;
+	build)
+		if step build; then
+			# Which python3 the torch tests run with, where cuda.h was.
+			grep -E '^(WEX_TORCH_PYTHON|WEX_PYTHON3|CUDA_DRIVER_INCLUDE_DIR|URING_LIBRARY|JANSSON_LIBRARY):' \
+				"$B/CMakeCache.txt" >>"$SUM"
+		else
+			built=0
+			grep -E 'error|Error|not found|NOTFOUND|^build: ' "$OUTDIR/build.log" | head -n 20 >>"$SUM"
+		fi ;;
+	gpu | torch | bench | staging | memcheck)
+		if [ $built -eq 0 ]; then
+			note "$s: NOT RUN: the build failed or did not run"
+			status=1
+			continue
+		fi
+		step "$s"
+		src=$?
+		case $s in
+		gpu | torch)
+			grep -E "Test +#|tests passed|tests failed|^== |^ +[0-9]+ +(SKIP|torch_check)" "$OUTDIR/$s.log" >>"$SUM"
+			[ $s = gpu ] && tag_json "$OUTDIR/cuda_facts.json" && cat "$OUTDIR/cuda_facts.json" >>"$SUM" 2>/dev/null ;;
+		bench)
+			keep_json "$OUTDIR/bench.log" gpu_sync "$OUTDIR/gpu_sync.json" $src
+			grep -E "^(gpu_sync|import|copy|torch|targets)" "$OUTDIR/bench.log" >>"$SUM"
+			cat "$OUTDIR/gpu_sync.json" >>"$SUM" 2>/dev/null ;;
+		staging)
+			keep_json "$OUTDIR/staging.log" host_staging "$OUTDIR/host_staging.json" $src
+			tail -n 5 "$OUTDIR/staging.log" >>"$SUM" ;;
+		memcheck) grep -E "ERROR SUMMARY|^== " "$OUTDIR/memcheck.log" >>"$SUM" ;;
+		esac ;;
 	*) note "unknown step $s"; status=1 ;;
 	esac
 done
+# A skipped step is no pass: 77 when nothing failed but steps skipped.
+if [ $status -ne 0 ]; then
+	note "device_run: FAILED or incomplete (see above) in $(($(date +%s) - T0)) s"
+elif [ -n "$skipped" ]; then
+	note "device_run: nothing failed, but skipped (no result):$skipped; $(($(date +%s) - T0)) s"
+	status=77
+else
+	note "device_run: every step passed in $(($(date +%s) - T0)) s"
+fi
 exit $status

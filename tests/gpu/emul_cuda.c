@@ -26,6 +26,9 @@
  *    each); memory belongs to the device it was created on (imports learn
  *    it from the memfd's name), and pointer queries answer that device's
  *    ordinal (CU_POINTER_ATTRIBUTE_MEMORY_TYPE too);
+ *    pointer queries need no current context (as under unified
+ *    addressing), and memory the driver does not know (pageable host
+ *    memory) answers CUDA_ERROR_INVALID_VALUE;
  *    WEX_EMUL_VISIBLE="1,0" numbers them the other way round in a process
  *    (as CUDA_VISIBLE_DEVICES does), so devices must travel by UUID;
  *  - every VMM mapping keeps the access each device was given
@@ -38,7 +41,10 @@
  *    with CUDA_ERROR_ILLEGAL_ADDRESS where the current context's device
  *    may not read a VMM-mapped source or write a VMM-mapped destination,
  *    or where they touch a reservation with nothing mapped (host memory,
- *    cuMemAlloc memory and IPC opens are reachable from both devices);
+ *    cuMemAlloc memory and IPC opens are reachable from both devices by
+ *    copies; kernels (cuLaunchKernel, cuGraphLaunch) reach VMM mappings
+ *    as copies do, and cuMemAlloc memory or IPC opens of another device's
+ *    context only after cuCtxEnablePeerAccess to it, as on a GPU);
  *  - cuMemHostRegister needs a current context and a mapped range, pins
  *    a read-only mapping only with CU_MEMHOSTREGISTER_READ_ONLY (refused
  *    with CUDA_ERROR_NOT_SUPPORTED when WEX_EMUL_NO_RO_HOSTREG=1, which
@@ -49,6 +55,9 @@
  *  - events are created in the current context (none: error), are
  *    recorded only on a stream of that context, and an interprocess event
  *    needs CU_EVENT_DISABLE_TIMING (and is the only kind with a handle);
+ *    an event handle cannot be opened in the process that exported it
+ *    (CUDA_ERROR_INVALID_CONTEXT); waits on events order nothing (every
+ *    queued copy runs in issue order anyway);
  *  - tests may count calls and make one fail: wex_emul_calls(name),
  *    wex_emul_copy_calls() and wex_emul_fail(name, nth, result), found
  *    with dlsym (see gpu_util.h);
@@ -160,6 +169,7 @@ static struct hook {
 	{ "cuMemMap" }, { "cuMemUnmap" }, { "cuMemSetAccess" }, { "cuMemCreate" },
 	{ "cuMemcpyAsync" }, { "cuMemcpy2DAsync" }, { "cuMemcpy3DAsync" }, { "cuMemcpyBatchAsync" },
 	{ "cuMemAddressReserve" }, { "cuMemHostRegister" }, { "cuMemHostUnregister" },
+	{ "cuDevicePrimaryCtxRetain" }, { "cuCtxSetCurrent" }, { "cuMemGetAllocationGranularity" },
 };
 
 static struct hook *hook_of(const char *name)
@@ -214,10 +224,14 @@ API void wex_emul_fail(const char *name, unsigned long nth, CUresult r)
 {
 	struct hook *h = hook_of(name);
 
-	if (h) {
-		h->fail_at = nth ? h->calls + nth : 0;
-		h->fail_with = r;
+	if (!h) {
+		/* A test asking for a failure the emulation cannot give would
+		 * pass without testing anything. */
+		fprintf(stderr, "emul_cuda: wex_emul_fail: %s is not a counted call\n", name);
+		abort();
 	}
+	h->fail_at = nth ? h->calls + nth : 0;
+	h->fail_with = r;
 }
 
 /* Work queued by WEX_EMUL_DEFER=1 (see above). */
@@ -446,6 +460,7 @@ static CUresult e_retain(CUcontext *c, CUdevice d)
 	static int opened;
 
 	FORKED();
+	HOOK("cuDevicePrimaryCtxRetain");
 	/* A context opens the device's fds and keeps them. */
 	for (; opened < 2; opened++)
 		if (open("/dev/null", O_RDONLY | O_CLOEXEC) < 0)
@@ -459,6 +474,7 @@ static CUresult e_retain(CUcontext *c, CUdevice d)
 static CUresult e_set_cur(CUcontext c)
 {
 	FORKED();
+	HOOK("cuCtxSetCurrent");
 	ctx_current = (uintptr_t)c;
 	return CUDA_SUCCESS;
 }
@@ -488,6 +504,7 @@ static CUresult e_ok(void)
 static CUresult e_gran(size_t *g, const CUmemAllocationProp *p, CUmemAllocationGranularity_flags f)
 {
 	FORKED();
+	HOOK("cuMemGetAllocationGranularity");
 	*g = GRAN;
 	return CUDA_SUCCESS;
 }
@@ -1036,20 +1053,34 @@ static struct eevent *ev_new(uintptr_t ctx, unsigned flags)
 	return e;
 }
 
+/* A handle names the exporting process (as the driver's does). */
 static CUresult e_ev_handle(CUipcEventHandle *h, CUevent e)
 {
 	FORKED();
 	if (!e || !(((struct eevent *)e)->flags & CU_EVENT_INTERPROCESS))
 		return CUDA_ERROR_INVALID_VALUE;
-	memset(h, 0x5e, sizeof(*h));
+	memset(h, 0, sizeof(*h));
+	snprintf(h->reserved, sizeof(h->reserved), "wexemulev:%d:%p", (int)getpid(), (void *)e);
 	return CUDA_SUCCESS;
 }
 
+/* The driver refuses to open a handle in the process that exported it
+ * (CUDA_ERROR_INVALID_CONTEXT, as for memory handles: PyTorch PR 15974,
+ * HIP's test of hipIpcOpenEventHandle against CUDA). */
 static CUresult e_ev_open(CUevent *e, CUipcEventHandle h)
 {
 	FORKED();
+	char name[65];
+	int pid;
+
+	memcpy(name, h.reserved, 64);
+	name[64] = '\0';
 	if (!ctx_current)
 		return CUDA_ERROR_INVALID_CONTEXT;
+	if (sscanf(name, "wexemulev:%d:", &pid) != 1)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (pid == (int)getpid())
+		return CUDA_ERROR_INVALID_CONTEXT; /* our own event */
 	*e = (CUevent)ev_new(ctx_current, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
 	return CUDA_SUCCESS;
 }
@@ -1472,6 +1503,63 @@ static void run(const struct launch *l)
 		((uint32_t *)(uintptr_t)l->dst)[i] = ((const uint32_t *)(uintptr_t)l->src)[i];
 }
 
+/* Contexts given peer access (cuCtxEnablePeerAccess): peer_on[a][b], a's
+ * context reaches memory b's context allocated or opened.  Physical
+ * devices. */
+static unsigned char peer_on[NDEV][NDEV];
+
+static CUresult e_enable_peer(CUcontext peer, unsigned flags)
+{
+	FORKED();
+	uintptr_t pc = (uintptr_t)peer;
+	int me, other;
+
+	if (!ctx_current)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (flags || pc < CTX(0) || pc > CTX(NDEV - 1) || (pc - CTX(0)) % (CTX(1) - CTX(0)))
+		return CUDA_ERROR_INVALID_VALUE;
+	me = phys(cur_ord());
+	other = phys((int)((pc - CTX(0)) / (CTX(1) - CTX(0))));
+	if (me == other)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!peer_ok(me, other))
+		return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+	if (peer_on[me][other])
+		return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+	peer_on[me][other] = 1;
+	return CUDA_SUCCESS;
+}
+
+/* What a kernel of the current context may touch: VMM mappings as for
+ * copies (reach), and cuMemAlloc memory and IPC opens of another device's
+ * context only with peer access to it.  (Copies need no peer access: the
+ * driver stages them.) */
+static CUresult kernel_reach(uint64_t a, uint64_t n, int write)
+{
+	CUresult r = reach(a, n, write);
+	int dev;
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	dev = phys(cur_ord());
+	for (size_t i = 0; i < nrs; i++)
+		if ((rs[i].kind == 2 || rs[i].kind == 3) && rs[i].va < a + n &&
+		    a < rs[i].va + rs[i].size && rs[i].dev != dev && !peer_on[dev][rs[i].dev])
+			return CUDA_ERROR_ILLEGAL_ADDRESS;
+	return CUDA_SUCCESS;
+}
+
+static CUresult kernel_check(const struct launch *l)
+{
+	uint64_t n = (uint64_t)(l->n < l->threads ? l->n : l->threads) * 4;
+	CUresult r;
+
+	if (!n)
+		return CUDA_SUCCESS;
+	r = kernel_reach(l->src, n, 0);
+	return r != CUDA_SUCCESS ? r : kernel_reach(l->dst, n, 1);
+}
+
 static CUresult e_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 			 unsigned by, unsigned bz, unsigned shm, CUstream s, void **params, void **extra)
 {
@@ -1484,6 +1572,12 @@ static CUresult e_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, un
 		return CUDA_ERROR_INVALID_VALUE;
 	l = (struct launch){ .src = *(uint64_t *)params[0], .dst = *(uint64_t *)params[1],
 			     .n = *(unsigned *)params[2], .threads = gx * bx };
+	{
+		CUresult kr = kernel_check(&l);
+
+		if (kr != CUDA_SUCCESS)
+			return kr;
+	}
 	if (es && es->capturing) {
 		if (es->nl == 16)
 			return CUDA_ERROR_INVALID_VALUE;
@@ -1537,6 +1631,12 @@ static CUresult e_graph_launch(CUgraphExec e, CUstream s)
 	struct estream *g = (struct estream *)e;
 
 	flush();
+	for (int i = 0; i < g->nl; i++) {
+		CUresult kr = kernel_check(&g->l[i]);
+
+		if (kr != CUDA_SUCCESS)
+			return kr;
+	}
 	for (int i = 0; i < g->nl; i++)
 		run(&g->l[i]);
 	return CUDA_SUCCESS;
@@ -1564,6 +1664,7 @@ static const struct {
 	{ "cuDeviceCanAccessPeer", (void *)e_can_peer },
 	{ "cuDevicePrimaryCtxRetain", (void *)e_retain },
 	{ "cuCtxSetCurrent", (void *)e_set_cur },
+	{ "cuCtxEnablePeerAccess", (void *)e_enable_peer },
 	{ "cuCtxGetCurrent", (void *)e_get_cur },
 	{ "cuCtxGetDevice", (void *)e_ctx_dev },
 	{ "cuCtxSynchronize", (void *)e_sync },

@@ -71,14 +71,14 @@ static inline int fd_count(void)
 }
 
 /*
- * Exits 77 with the reason when this machine has no usable CUDA driver or
- * device.  The probe runs in a child so that the caller may still fork
- * CUDA workers afterwards.
+ * 0 when this machine has a usable CUDA driver and device, else -1 with
+ * the reason in why.  The probe runs in a child so that the caller may
+ * still fork CUDA workers afterwards.
  */
-static inline void gpu_require(void)
+static inline int gpu_probe(char *why, size_t len)
 {
-	char why[512] = "";
 	int p[2], st = 0;
+	ssize_t got;
 	pid_t pid;
 
 	if (pipe(p) < 0)
@@ -98,12 +98,25 @@ static inline void gpu_require(void)
 		_exit(ret ? 1 : 0);
 	}
 	close(p[1]);
-	if (read(p[0], why, sizeof(why) - 1) < 0)
-		why[0] = '\0';
+	got = read(p[0], why, len - 1);
+	why[got > 0 ? got : 0] = '\0';
 	close(p[0]);
 	waitpid(pid, &st, 0);
-	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-		printf("SKIP: %s\n", why[0] ? why : "CUDA probe crashed");
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+		return 0;
+	if (!why[0])
+		snprintf(why, len, "CUDA probe crashed");
+	return -1;
+}
+
+/* Exits 77 with the reason when this machine has no usable CUDA driver or
+ * device (gpu_probe). */
+static inline void gpu_require(void)
+{
+	char why[512];
+
+	if (gpu_probe(why, sizeof(why))) {
+		printf("SKIP: %s\n", why);
 		exit(T_EXIT_SKIP);
 	}
 }
@@ -632,6 +645,46 @@ static inline uint64_t gpu_granularity(void)
 	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	CU_OK(wex__cu.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
 	return g;
+}
+
+/* PTX of wex_copy_u32(src, dst, n): dst[i] = src[i] for i < n (32-bit
+ * words, one per thread); the one kernel the emulation runs. */
+static inline const char *test_copy_ptx(void)
+{
+	return
+		".version 7.0\n"
+		".target sm_80\n"
+		".address_size 64\n"
+		"\n"
+		".visible .entry wex_copy_u32(\n"
+		"	.param .u64 p_src,\n"
+		"	.param .u64 p_dst,\n"
+		"	.param .u32 p_n\n"
+		")\n"
+		"{\n"
+		"	.reg .pred %p<2>;\n"
+		"	.reg .b32 %r<7>;\n"
+		"	.reg .b64 %rd<8>;\n"
+		"\n"
+		"	ld.param.u64 %rd1, [p_src];\n"
+		"	ld.param.u64 %rd2, [p_dst];\n"
+		"	ld.param.u32 %r1, [p_n];\n"
+		"	mov.u32 %r2, %ctaid.x;\n"
+		"	mov.u32 %r3, %ntid.x;\n"
+		"	mov.u32 %r4, %tid.x;\n"
+		"	mad.lo.s32 %r5, %r2, %r3, %r4;\n"
+		"	setp.ge.u32 %p1, %r5, %r1;\n"
+		"	@%p1 bra DONE;\n"
+		"	cvta.to.global.u64 %rd3, %rd1;\n"
+		"	cvta.to.global.u64 %rd4, %rd2;\n"
+		"	mul.wide.u32 %rd5, %r5, 4;\n"
+		"	add.s64 %rd6, %rd3, %rd5;\n"
+		"	add.s64 %rd7, %rd4, %rd5;\n"
+		"	ld.global.u32 %r6, [%rd6];\n"
+		"	st.global.u32 [%rd7], %r6;\n"
+		"DONE:\n"
+		"	ret;\n"
+		"}\n";
 }
 
 #endif

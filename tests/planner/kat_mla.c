@@ -11,6 +11,9 @@
  *  - SGLang names the fused projection fused_qkv_a_proj_with_mqa.
  *  - Megatron tp=2 rank 1: linear_q_up_proj / linear_kv_up_proj the same
  *    rows; the layer norms ride on linear_*_up_proj.layer_norm_weight.
+ *  - The router's score-correction bias is F32 in a bf16 model everywhere:
+ *    HF (_keep_in_fp32_modules_strict), vLLM/SGLang (nn.Parameter of
+ *    torch.float32), Megatron (expert_bias buffer): 4 experts = 16 bytes.
  */
 #include "kat_common.h"
 
@@ -40,7 +43,12 @@ int main(void)
 	kat_find(&l, "model.layers.0.mlp.gate_up_proj.weight");
 	kat_find(&l, "model.layers.1.mlp.experts.w13_weight");
 	kat_find(&l, "model.layers.1.mlp.shared_experts.gate_up_proj.weight");
-	kat_find(&l, "model.layers.1.mlp.gate.e_score_correction_bias");
+	t = kat_find(&l, "model.layers.1.mlp.gate.e_score_correction_bias");
+	CHECK(t->dtype == WEX_DT_F32 && t->nbytes == 16 && l.p[t->first].dtype == WEX_DT_F32,
+	      "vllm e_score_correction_bias is %s, %llu bytes; wanted F32, 16",
+	      wex_dtype_name(t->dtype), (unsigned long long)t->nbytes);
+	t = kat_find(&l, "model.layers.1.mlp.gate.weight");
+	CHECK(t->dtype == WEX_DT_BF16, "router weight is %s", wex_dtype_name(t->dtype));
 	for (size_t i = 0; i < l.nt; i++)
 		CHECK(strcmp(l.t[i].name, "model.layers.1.mlp.gate_up_proj.weight") &&
 			      strcmp(l.t[i].name, "model.layers.0.mlp.experts.w13_weight"),
@@ -59,6 +67,17 @@ int main(void)
 	kat_find(&l, "decoder.layers.1.self_attention.linear_kv_up_proj.layer_norm_weight");
 	kat_find(&l, "decoder.layers.1.pre_mlp_layernorm.weight");
 	kat_find(&l, "decoder.layers.0.mlp.linear_fc1.layer_norm_weight");
+	t = kat_find(&l, "decoder.layers.1.mlp.router.expert_bias");
+	CHECK(t->dtype == WEX_DT_F32 && t->nbytes == 16, "megatron expert_bias is %s",
+	      wex_dtype_name(t->dtype));
+	wex__rank_layout_free(&l);
+
+	kat_rank(m, "hf", 0, &l);
+	t = kat_find(&l, "model.layers.1.mlp.gate.e_score_correction_bias");
+	CHECK(t->dtype == WEX_DT_F32 && t->nbytes == 16 && l.p[t->first].dtype == WEX_DT_F32,
+	      "hf e_score_correction_bias is %s", wex_dtype_name(t->dtype));
+	t = kat_find(&l, "model.layers.1.mlp.gate.weight");
+	CHECK(t->dtype == WEX_DT_BF16, "hf router weight is %s", wex_dtype_name(t->dtype));
 	wex__rank_layout_free(&l);
 	wex__model_free(m);
 	printf("MLA layouts match the hand-worked answers\n");

@@ -2,14 +2,20 @@
 /*
  * kat_moe_experts.c - known answer for expert layouts (Qwen3-MoE, 8 experts,
  * moe_intermediate 4, hidden 8; worked out by hand):
- *  - vLLM tp=4, ep=2 (so expert tp 2): rank 3 is expert-parallel rank 1,
- *    expert-tp rank 1: w13_weight is [4 local experts, 4, 8]; slot s holds
- *    rows 2-3 of gate_proj of expert 4+s at rows 0-1 and rows 2-3 of its
- *    up_proj at rows 2-3; w2_weight [4, 8, 2] holds columns 2-3 of
- *    down_proj.
+ *  - vLLM's FusedMoE flattens tp*dp (FusedMoEParallelConfig.make):
+ *    tp=2, dp=2 without expert parallelism splits every expert over the 4
+ *    ranks: rank 2 (tp rank 0, dp rank 1) is flattened rank 2, so
+ *    w13_weight is [8 experts, 2, 8] with row 2 of gate_proj at row 0 and
+ *    row 2 of up_proj at row 1; w2_weight [8, 8, 1] holds column 2.
+ *  - vLLM tp=2, dp=2 with enable_expert_parallel: ep = tp*dp = 4, experts
+ *    whole, rank 3 (ep rank 1*2+1 = 3) holds experts 6 and 7 contiguously:
+ *    w13_weight [2, 8, 8], slot s = [gate_proj (4 rows); up_proj (4 rows)]
+ *    of expert 6+s.  vLLM has no other ep size: tp=4, ep=2 cannot exist.
  *  - Megatron tp=2, dp=2, ep=4, etp=1: experts spread over the 4 tp*dp
  *    ranks; rank 3 holds experts 6 and 7 as local_experts.0 and .1, each
  *    linear_fc1 = [gate; up] whole.
+ *  - Megatron with --moe-grouped-gemm (TEGroupedMLP): the same experts as
+ *    mlp.experts.linear_fc1.weight0 / weight1.
  *  - Mixtral names: block_sparse_moe.experts.E.w1/w3/w2 in HF, vLLM's
  *    block_sparse_moe.experts.w13_weight.
  */
@@ -40,19 +46,48 @@ int main(void)
 	const struct wex_phys *t;
 	char a[128], b[128];
 
-	kat_rank(m, "vllm:tp=4,ep=2", 3, &l);
+	/* vLLM dp=2 without EP: experts split over the 4 flattened ranks. */
+	kat_rank(m, "vllm:tp=2,dp=2", 2, &l);
 	t = kat_find(&l, "model.layers.0.mlp.experts.w13_weight");
-	CHECK(t->ndim == 3 && t->shape[0] == 4 && t->shape[1] == 4 && t->shape[2] == 8, "w13 shape");
-	for (int s = 0; s < 4; s++) {
-		snprintf(a, sizeof(a), "model.layers.0.mlp.experts.%d.gate_proj.weight", 4 + s);
-		snprintf(b, sizeof(b), "model.layers.0.mlp.experts.%d.up_proj.weight", 4 + s);
-		piece(&l, t, 2 * (size_t)s, a, 0, 2, 2, (uint64_t)s * 32);
-		piece(&l, t, 2 * (size_t)s + 1, b, 0, 2, 2, (uint64_t)s * 32 + 16);
+	CHECK(t->ndim == 3 && t->shape[0] == 8 && t->shape[1] == 2 && t->shape[2] == 8,
+	      "vllm tp=2,dp=2 w13 shape %llux%llux%llu, wanted 8x2x8",
+	      (unsigned long long)t->shape[0], (unsigned long long)t->shape[1],
+	      (unsigned long long)t->shape[2]);
+	for (int s = 0; s < 8; s++) {
+		snprintf(a, sizeof(a), "model.layers.0.mlp.experts.%d.gate_proj.weight", s);
+		snprintf(b, sizeof(b), "model.layers.0.mlp.experts.%d.up_proj.weight", s);
+		piece(&l, t, 2 * (size_t)s, a, 0, 2, 1, (uint64_t)s * 16);
+		piece(&l, t, 2 * (size_t)s + 1, b, 0, 2, 1, (uint64_t)s * 16 + 8);
 	}
 	t = kat_find(&l, "model.layers.0.mlp.experts.w2_weight");
-	CHECK(t->ndim == 3 && t->shape[1] == 8 && t->shape[2] == 2, "w2 shape");
-	piece(&l, t, 1, "model.layers.0.mlp.experts.5.down_proj.weight", 1, 2, 2, 16);
+	CHECK(t->ndim == 3 && t->shape[1] == 8 && t->shape[2] == 1, "w2 shape");
+	piece(&l, t, 1, "model.layers.0.mlp.experts.1.down_proj.weight", 1, 2, 1, 8);
 	wex__rank_layout_free(&l);
+
+	/* vLLM dp=2 with expert parallelism: ep = tp*dp = 4, experts whole. */
+	kat_rank(m, "vllm:tp=2,dp=2,ep=4", 3, &l);
+	t = kat_find(&l, "model.layers.0.mlp.experts.w13_weight");
+	CHECK(t->ndim == 3 && t->shape[0] == 2 && t->shape[1] == 8 && t->shape[2] == 8, "w13 shape");
+	for (int s = 0; s < 2; s++) {
+		snprintf(a, sizeof(a), "model.layers.0.mlp.experts.%d.gate_proj.weight", 6 + s);
+		snprintf(b, sizeof(b), "model.layers.0.mlp.experts.%d.up_proj.weight", 6 + s);
+		piece(&l, t, 2 * (size_t)s, a, 0, 0, 4, (uint64_t)s * 64);
+		piece(&l, t, 2 * (size_t)s + 1, b, 0, 0, 4, (uint64_t)s * 64 + 32);
+	}
+	t = kat_find(&l, "model.layers.0.mlp.experts.w2_weight");
+	CHECK(t->ndim == 3 && t->shape[0] == 2 && t->shape[1] == 8 && t->shape[2] == 4, "w2 shape");
+	piece(&l, t, 1, "model.layers.0.mlp.experts.7.down_proj.weight", 1, 0, 4, 32);
+	wex__rank_layout_free(&l);
+	{
+		struct wex_layout_spec sp;
+		uint32_t w;
+		char err[256];
+
+		CHECK(wex__layout_parse("vllm:tp=4,ep=2", &sp, err, sizeof(err)) == 0, "%s", err);
+		CHECK(wex__layout_world(m, &sp, &w, err, sizeof(err)) == -WEX_ELAYOUT,
+		      "vllm tp=4,ep=2 accepted: vLLM's ep is all tp*dp ranks or none");
+		CHECK(strstr(err, "ep must be 1 or 4") != NULL, "error: %s", err);
+	}
 
 	kat_rank(m, "megatron:tp=2,dp=2,ep=4,etp=1", 3, &l);
 	for (int e = 0; e < 2; e++) {
@@ -63,6 +98,21 @@ int main(void)
 		snprintf(b, sizeof(b), "model.layers.0.mlp.experts.%d.up_proj.weight", 6 + e);
 		piece(&l, t, 0, a, 0, 0, 4, 0);
 		piece(&l, t, 1, b, 0, 0, 4, 32);
+	}
+	wex__rank_layout_free(&l);
+	kat_rank(m, "megatron_grouped:tp=2,dp=2,ep=4,etp=1", 3, &l);
+	for (int e = 0; e < 2; e++) {
+		snprintf(a, sizeof(a), "decoder.layers.0.mlp.experts.linear_fc1.weight%d", e);
+		t = kat_find(&l, a);
+		CHECK(t->shape[0] == 8 && t->shape[1] == 8, "grouped fc1 shape");
+		snprintf(a, sizeof(a), "model.layers.0.mlp.experts.%d.gate_proj.weight", 6 + e);
+		snprintf(b, sizeof(b), "model.layers.0.mlp.experts.%d.up_proj.weight", 6 + e);
+		piece(&l, t, 0, a, 0, 0, 4, 0);
+		piece(&l, t, 1, b, 0, 0, 4, 32);
+		snprintf(a, sizeof(a), "decoder.layers.0.mlp.experts.linear_fc2.weight%d", e);
+		t = kat_find(&l, a);
+		snprintf(b, sizeof(b), "model.layers.0.mlp.experts.%d.down_proj.weight", 6 + e);
+		piece(&l, t, 0, b, 1, 0, 4, 0);
 	}
 	wex__rank_layout_free(&l);
 	wex__model_free(m);
