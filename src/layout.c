@@ -30,9 +30,9 @@
 #define MAXROLES 4
 
 enum { LAY_NONE, LAY_ALL, LAY_DENSE, LAY_MOE };
-enum { P_TP, P_PP, P_DP, P_EP, P_ETP, P_FIRST, P_LAST };
-static const char *const param_names[WEX_LAYOUT_PARAMS] = { "tp", "pp", "dp", "ep",
-							     "etp", "first", "last" };
+enum { P_TP, P_PP, P_DP, P_EP, P_ETP, P_FIRST, P_LAST, P_FUSE_SHARED };
+static const char *const param_names[WEX_LAYOUT_PARAMS] = { "tp",    "pp",   "dp",   "ep",
+							     "etp",   "first", "last", "fuse_shared" };
 
 struct sym {
 	char name[32];
@@ -708,7 +708,7 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 				break;
 		long long v = strtoll(eq + 1, &stop, 10);
 		if (k == WEX_LAYOUT_PARAMS || stop != end || v < 0 || v > (1 << 20)) {
-			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: tp pp dp ep etp first last)",
+			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: tp pp dp ep etp first last fuse_shared)",
 			       (int)(end - p), p, s);
 			return -EINVAL;
 		}
@@ -728,6 +728,11 @@ struct etensor {
 	int nroles;
 	int etp_axis;
 	int experts;       /* 0 none, 1 local (one physical per expert), 2 stack */
+	/* A stack's extra slot with fuse_shared=1: the shared expert's roles,
+	 * cut as the routed experts' (SGLang's expert n_routed). */
+	const char *shared_roles[MAXROLES];
+	int nshared;
+	int unless_fused;  /* "unless": "fuse_shared": not emitted when fused */
 	const char *stage; /* NULL: per layer */
 	const char *when;
 	int layers;
@@ -738,7 +743,7 @@ struct ctx {
 	const struct wex_model *m;
 	json_t *eng;
 	int canonical;
-	int64_t tp, pp, dp, ep, etp, first, last;
+	int64_t tp, pp, dp, ep, etp, first, last, fuse_shared;
 	uint32_t world;
 	/* rank coordinates */
 	int64_t tpr, dpr, ppr, etpr, epr;
@@ -786,6 +791,7 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 	c->ep = v[P_EP] ? v[P_EP] : 1;
 	c->first = v[P_FIRST];
 	c->last = v[P_LAST];
+	c->fuse_shared = v[P_FUSE_SHARED];
 	if (c->tp < 1 || c->pp < 1 || c->dp < 1)
 		FAIL(c, "tp, pp and dp must be at least 1");
 	if (c->canonical && (c->tp != 1 || c->pp != 1))
@@ -830,6 +836,20 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 			     (long long)c->ep, (long long)nexp);
 	} else if (c->ep > 1) {
 		FAIL(c, "expert parallel size %lld given for a model without experts", (long long)c->ep);
+	}
+	if (c->fuse_shared) {
+		/* SGLang fuses one shared expert into the routed ones, and
+		 * only without expert parallelism (it would be replicated). */
+		int64_t ns = wex__model_sym(m, "n_shared");
+
+		if (c->fuse_shared != 1)
+			FAIL(c, "fuse_shared is 0 or 1, not %lld", (long long)c->fuse_shared);
+		if (nexp <= 0 || ns != 1)
+			FAIL(c, "fuse_shared=1 needs a model with routed experts and exactly one shared expert (n_shared_experts is %lld)",
+			     (long long)(ns > 0 ? ns : 0));
+		if (c->ep != 1)
+			FAIL(c, "fuse_shared=1 with ep=%lld: SGLang fuses the shared expert only without expert parallelism",
+			     (long long)c->ep);
 	}
 	if (c->pp > layers)
 		FAIL(c, "pipeline parallel size %lld exceeds the %lld layers", (long long)c->pp,
@@ -1091,15 +1111,49 @@ static int emit(struct ctx *c, const struct etensor *et, int64_t L, int64_t nsta
 	int stack = et->experts == 2;
 	int64_t l = L - c->L0;
 
+	/* SGLang's fused shared expert: one more slot after the routed ones,
+	 * cut the same way from the shared expert's tensors. */
+	struct block bs[MAXBLK];
+	int nbs = 0;
+	uint64_t rows_s = 0;
+	int64_t nslot = nstack;
+
 	for (int i = 0; i < et->nroles; i++)
 		f[i] = role_find(c->m, et->roles[i]);
 	ret = make_blocks(c, et, f, b, &nb, &rows0, L);
 	if (ret < 0)
 		return ret;
+	if (stack && c->fuse_shared && et->nshared) {
+		struct etensor se = *et;
+		const struct ftensor *fs[MAXROLES];
+
+		se.nroles = et->nshared;
+		for (int i = 0; i < et->nshared; i++) {
+			se.roles[i] = et->shared_roles[i];
+			fs[i] = role_find(c->m, et->shared_roles[i]);
+			if (!fs[i] || fs[i]->experts || !layer_has(c->m, fs[i]->layers, L))
+				FAIL(c, "%s: fuse_shared=1 but the model has no shared expert role %s at layer %lld",
+				     et->name, et->shared_roles[i], (long long)L);
+			if (ft_dtype(c->m, fs[i]) != ft_dtype(c->m, f[0]))
+				FAIL(c, "%s: the shared expert's dtype differs from the routed experts'", et->name);
+		}
+		ret = make_blocks(c, &se, fs, bs, &nbs, &rows_s, L);
+		if (ret < 0)
+			return ret;
+		if (rows_s != rows0 || nbs != nb)
+			FAIL(c, "%s: the shared expert is not shaped like a routed one (%llu rows, not %llu): it cannot be fused",
+			     et->name, (unsigned long long)rows_s, (unsigned long long)rows0);
+		for (int i = 0; i < nb; i++)
+			for (uint32_t d = 1; d < b[i].f->ndim; d++)
+				if (bs[i].ext[d] != b[i].ext[d])
+					FAIL(c, "%s: the shared expert is not shaped like a routed one: it cannot be fused",
+					     et->name);
+		nslot = nstack + 1;
+	}
 	ret = expand(c->m, et->name, L, l, E0, 0, pname);
 	if (ret < 0)
 		FAIL(c, "cannot expand physical name %s", et->name);
-	ret = out_grow(c, 1, (size_t)(nb * nstack));
+	ret = out_grow(c, 1, (size_t)(nb * nslot));
 	if (ret < 0)
 		return ret;
 	struct wex_phys *t = &c->out->t[c->out->nt];
@@ -1120,7 +1174,7 @@ static int emit(struct ctx *c, const struct etensor *et, int64_t L, int64_t nsta
 		inner_shape[d] = nb ? b[0].ext[d] : f[0]->shape[d];
 	t->ndim = ind + (stack ? 1 : 0);
 	if (stack)
-		t->shape[0] = (uint64_t)nstack;
+		t->shape[0] = (uint64_t)nslot;
 	for (uint32_t d = 0; d < ind; d++)
 		t->shape[d + (stack ? 1 : 0)] = inner_shape[d];
 	/* C order strides of the inner tensor. */
@@ -1129,14 +1183,15 @@ static int emit(struct ctx *c, const struct etensor *et, int64_t L, int64_t nsta
 		st[d] = (int64_t)inner_elems;
 		inner_elems *= inner_shape[d];
 	}
-	t->nbytes = inner_elems * (uint64_t)nstack * esz;
+	t->nbytes = inner_elems * (uint64_t)nslot * esz;
 	t->first = c->out->np;
-	for (int64_t s = 0; s < nstack; s++) {
+	for (int64_t s = 0; s < nslot; s++) {
+		const struct block *bb = s < nstack ? b : bs;
 		uint64_t row = 0;
 
 		for (int i = 0; i < nb; i++) {
 			struct wex_tensor *p = &c->out->p[c->out->np++];
-			const struct ftensor *ff = b[i].f;
+			const struct ftensor *ff = bb[i].f;
 
 			memset(p, 0, sizeof(*p));
 			ret = expand(c->m, ff->name, L, l, E0 + s, s, p->name);
@@ -1146,13 +1201,13 @@ static int emit(struct ctx *c, const struct etensor *et, int64_t L, int64_t nsta
 			p->ndim = ff->ndim;
 			for (uint32_t d = 0; d < ff->ndim; d++) {
 				p->shape[d] = ff->shape[d];
-				p->start[d] = b[i].start[d];
-				p->extent[d] = b[i].ext[d];
+				p->start[d] = bb[i].start[d];
+				p->extent[d] = bb[i].ext[d];
 				p->strides[d] = st[d];
 			}
 			p->segment = (uint32_t)c->out->nt;
 			p->offset = ((uint64_t)s * inner_elems + row * (uint64_t)st[0]) * esz;
-			row += ff->ndim ? b[i].ext[0] : 1;
+			row += ff->ndim ? bb[i].ext[0] : 1;
 		}
 	}
 	t->npieces = c->out->np - t->first;
@@ -1182,6 +1237,19 @@ static int parse_etensor(struct ctx *c, json_t *v, struct etensor *et)
 		if (i >= MAXROLES || !json_is_string(r))
 			FAIL(c, "engine tensor %s: bad roles", et->name ? et->name : "?");
 		et->roles[et->nroles++] = json_string_value(r);
+	}
+	json_array_foreach(json_object_get(v, "shared_roles"), i, r) {
+		if (i >= MAXROLES || !json_is_string(r) || et->experts != 2)
+			FAIL(c, "engine tensor %s: bad shared_roles (a stack's, at most %d)",
+			     et->name ? et->name : "?", MAXROLES);
+		et->shared_roles[et->nshared++] = json_string_value(r);
+	}
+	{
+		const char *u = json_string_value(json_object_get(v, "unless"));
+
+		if (u && strcmp(u, "fuse_shared"))
+			FAIL(c, "engine tensor %s: unknown \"unless\" %s", et->name ? et->name : "?", u);
+		et->unless_fused = u != NULL;
 	}
 	if (!et->name || !et->kind || !et->nroles)
 		FAIL(c, "engine tensor entry lacks name, kind or roles");
@@ -1289,7 +1357,7 @@ int wex__layout_rank(const struct wex_model *m, const struct wex_layout_spec *sp
 		ret = parse_etensor(&c, v, &et);
 		if (ret < 0)
 			goto out;
-		if (!when_true(m, et.when))
+		if (!when_true(m, et.when) || (et.unless_fused && c.fuse_shared))
 			continue;
 		if (et.stage) {
 			int ok = !strcmp(et.stage, "first") ? c.ppr == 0

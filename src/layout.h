@@ -38,11 +38,11 @@ int wex__model_dtype(const struct wex_model *m);
 /* Overrides config.json's torch_dtype (e.g. with a checkpoint's own). */
 void wex__model_set_dtype(struct wex_model *m, int dtype);
 
-/* "engine:k=v,k=v".  Known keys: tp pp dp ep etp first last. */
-#define WEX_LAYOUT_PARAMS 7
+/* "engine:k=v,k=v".  Known keys: tp pp dp ep etp first last fuse_shared. */
+#define WEX_LAYOUT_PARAMS 8
 struct wex_layout_spec {
 	char engine[32];
-	int64_t v[WEX_LAYOUT_PARAMS];   /* tp pp dp ep etp first last */
+	int64_t v[WEX_LAYOUT_PARAMS];   /* tp pp dp ep etp first last fuse_shared */
 	int set[WEX_LAYOUT_PARAMS];
 };
 int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, size_t errlen);

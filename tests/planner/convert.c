@@ -194,7 +194,8 @@ int main(int argc, char **argv)
 	/* A source that lacks a tensor: vllm rank files read as megatron. */
 	CHECK(run(wexctl_cmd_convert, "convert", cfg, "megatron:tp=2", "hf", b, c) != 0, "wrong source accepted");
 	/* DeepSeek-V3 with its F32 router bias among bf16 weights, through
-	 * Megatron tp=2,pp=2 (ep=2, etp=1) and vLLM tp=2 and back. */
+	 * Megatron tp=2,pp=2 (ep=2, etp=1) and vLLM tp=2 and back, and through
+	 * SGLang tp=2 with the shared expert fused. */
 	model_cfg = DSV3;
 	snprintf(a, sizeof(a), "%s/ds", dir);
 	gen(a);
@@ -219,6 +220,15 @@ int main(int argc, char **argv)
 	CHECK(run(wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf", c, b) == 0, "deepseek vllm -> hf");
 	snprintf(file, sizeof(file), "%s/rank-0.safetensors", b);
 	CHECK(compare(file) == T_PASS, "deepseek round trip through convert changed bytes");
+	/* SGLang with its shared expert fused into the routed ones. */
+	snprintf(c, sizeof(c), "%s/ds/sglang", dir);
+	CHECK(run(wexctl_cmd_convert, "convert", cfg, "hf", "sglang:tp=2,fuse_shared=1", file, c) == 0,
+	      "deepseek hf -> sglang fuse_shared");
+	snprintf(b, sizeof(b), "%s/ds/back2", dir);
+	CHECK(run(wexctl_cmd_convert, "convert", cfg, "sglang:tp=2,fuse_shared=1", "hf", c, b) == 0,
+	      "deepseek sglang fuse_shared -> hf");
+	snprintf(file, sizeof(file), "%s/rank-0.safetensors", b);
+	CHECK(compare(file) == T_PASS, "deepseek round trip through fused sglang changed bytes");
 	printf("convert round trip hf -> megatron -> vllm -> hf is byte-identical\n");
 	char rm[300];
 	snprintf(rm, sizeof(rm), "rm -rf '%s'", dir);

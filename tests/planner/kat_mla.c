@@ -8,7 +8,8 @@
  *    q_b_proj (6 rows per head); kv_b_proj rows 16-31 (8 per head); o_proj
  *    columns 8-15; layer 0 has mlp.gate_up_proj, layer 1 mlp.experts and
  *    mlp.shared_experts.gate_up_proj instead.
- *  - SGLang names the fused projection fused_qkv_a_proj_with_mqa.
+ *  - SGLang names the fused projection fused_qkv_a_proj_with_mqa, and with
+ *    fuse_shared=1 stacks the shared expert after the routed ones.
  *  - Megatron tp=2 rank 1: linear_q_up_proj / linear_kv_up_proj the same
  *    rows; the layer norms ride on linear_*_up_proj.layer_norm_weight.
  *  - The router's score-correction bias is F32 in a bf16 model everywhere:
@@ -58,6 +59,60 @@ int main(void)
 	kat_rank(m, "sglang:tp=2", 0, &l);
 	kat_find(&l, "model.layers.0.self_attn.fused_qkv_a_proj_with_mqa.weight");
 	wex__rank_layout_free(&l);
+
+	/* SGLang's shared-expert fusion (its default for DeepSeek-V3/R1):
+	 * tp=2 rank 1, layer 1: w13_weight [4 routed + 1 shared, 8, 16], the
+	 * fifth slot rows 4-7 of shared_experts.gate_proj then of up_proj;
+	 * w2_weight [5, 16, 4], the fifth slot columns 4-7 of down_proj; no
+	 * mlp.shared_experts tensors. */
+	kat_rank(m, "sglang:tp=2,fuse_shared=1", 1, &l);
+	t = kat_find(&l, "model.layers.1.mlp.experts.w13_weight");
+	CHECK(t->ndim == 3 && t->shape[0] == 5 && t->shape[1] == 8 && t->shape[2] == 16 &&
+		      t->npieces == 10 && t->nbytes == 5 * 8 * 16 * 2,
+	      "fused w13 is %llux%llux%llu in %zu pieces", (unsigned long long)t->shape[0],
+	      (unsigned long long)t->shape[1], (unsigned long long)t->shape[2], t->npieces);
+	{
+		const struct wex_tensor *g = &l.p[t->first + 8], *u = &l.p[t->first + 9];
+
+		CHECK(!strcmp(g->name, "model.layers.1.mlp.shared_experts.gate_proj.weight") &&
+			      g->start[0] == 4 && g->extent[0] == 4 && g->offset == 4 * 8 * 16 * 2,
+		      "slot 4 gate piece: %s rows %llu+%llu at %llu", g->name,
+		      (unsigned long long)g->start[0], (unsigned long long)g->extent[0],
+		      (unsigned long long)g->offset);
+		CHECK(!strcmp(u->name, "model.layers.1.mlp.shared_experts.up_proj.weight") &&
+			      u->start[0] == 4 && u->extent[0] == 4 && u->offset == (4 * 8 + 4) * 16 * 2,
+		      "slot 4 up piece: %s rows %llu+%llu at %llu", u->name,
+		      (unsigned long long)u->start[0], (unsigned long long)u->extent[0],
+		      (unsigned long long)u->offset);
+		g = &l.p[t->first + 2];
+		CHECK(!strcmp(g->name, "model.layers.1.mlp.experts.1.gate_proj.weight"),
+		      "slot 1 is %s", g->name);
+	}
+	t = kat_find(&l, "model.layers.1.mlp.experts.w2_weight");
+	CHECK(t->shape[0] == 5 && t->shape[1] == 16 && t->shape[2] == 4 && t->npieces == 5, "fused w2 shape");
+	{
+		const struct wex_tensor *d = &l.p[t->first + 4];
+
+		CHECK(!strcmp(d->name, "model.layers.1.mlp.shared_experts.down_proj.weight") &&
+			      d->start[1] == 4 && d->extent[1] == 4 && d->offset == 4 * 16 * 4 * 2,
+		      "slot 4 down piece: %s", d->name);
+	}
+	for (size_t i = 0; i < l.nt; i++)
+		CHECK(!strstr(l.t[i].name, "shared_experts"), "%s emitted though fused", l.t[i].name);
+	wex__rank_layout_free(&l);
+	{
+		struct wex_layout_spec sp;
+		uint32_t w;
+		char err[256];
+
+		CHECK(wex__layout_parse("sglang:tp=2,ep=2,fuse_shared=1", &sp, err, sizeof(err)) == 0, "%s", err);
+		CHECK(wex__layout_world(m, &sp, &w, err, sizeof(err)) == -WEX_ELAYOUT &&
+			      strstr(err, "without expert parallelism"),
+		      "fuse_shared with ep=2: %s", err);
+		CHECK(wex__layout_parse("vllm:tp=2,fuse_shared=1", &sp, err, sizeof(err)) == 0, "%s", err);
+		CHECK(wex__layout_world(m, &sp, &w, err, sizeof(err)) < 0 && strstr(err, "fuse_shared"),
+		      "vllm took fuse_shared: %s", err);
+	}
 
 	kat_rank(m, "megatron:tp=2", 1, &l);
 	t = kat_find(&l, "decoder.layers.1.self_attention.linear_q_up_proj.weight");
