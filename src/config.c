@@ -600,6 +600,74 @@ int wex__config_default_socket(char *buf, size_t len)
 	return socket_default(buf, len);
 }
 
+/* Edit distance of two short names ('-' and '_' counted equal), capped. */
+static int name_distance(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b);
+	int row[64], prev, cur;
+
+	if (la >= WEX_ARRAY_SIZE(row) || lb >= WEX_ARRAY_SIZE(row))
+		return INT_MAX;
+	for (size_t j = 0; j <= lb; j++)
+		row[j] = (int)j;
+	for (size_t i = 1; i <= la; i++) {
+		prev = row[0];
+		row[0] = (int)i;
+		for (size_t j = 1; j <= lb; j++) {
+			int same = a[i - 1] == b[j - 1] ||
+				   ((a[i - 1] == '-' || a[i - 1] == '_') &&
+				    (b[j - 1] == '-' || b[j - 1] == '_'));
+
+			cur = prev + !same;
+			if (row[j] + 1 < cur)
+				cur = row[j] + 1;
+			if (row[j - 1] + 1 < cur)
+				cur = row[j - 1] + 1;
+			prev = row[j];
+			row[j] = cur;
+		}
+	}
+	return row[lb];
+}
+
+/* "unknown field (did you mean 'log_level'?; fields: socket, ...)": what an
+ * operator needs to fix a typo without opening the documentation. */
+static void unknown_field(const char *name, char *why, size_t len)
+{
+	int best = -1, bestd = 3; /* suggest within 2 edits only */
+	size_t l;
+
+	for (int i = 0; i < WEX_CF_COUNT; i++) {
+		int dist = name_distance(name, fields[i].name);
+
+		/* "sync_timeout" for "sync_timeout_ms": a unit left out. */
+		if (dist >= bestd && strlen(name) >= 4 &&
+		    !strncmp(name, fields[i].name, strlen(name)))
+			dist = bestd - 1;
+
+		if (dist < bestd) {
+			bestd = dist;
+			best = i;
+		}
+	}
+	if (best >= 0)
+		snprintf(why, len, "unknown field (did you mean '%s'?; fields:", fields[best].name);
+	else
+		snprintf(why, len, "unknown field (fields:");
+	for (int i = 0; i < WEX_CF_COUNT; i++) {
+		l = strlen(why);
+		snprintf(why + l, len - l, "%s %s", i ? "," : "", fields[i].name);
+	}
+	l = strlen(why);
+	snprintf(why + l, len - l, ")");
+}
+
+int wex__config_unknown_field(const char *name, char *why, size_t len)
+{
+	unknown_field(name, why, len);
+	return -ENOENT;
+}
+
 /* Parses text or JSON for one field and stores it with its source. */
 static int apply(struct wex_config *cfg, int i, json_t *v, int source, const char *origin,
 		 const char *where, char *err, size_t errlen)
@@ -690,7 +758,10 @@ static int apply_file(struct wex_config *cfg, const char *path, int path_explici
 		int i = wex__config_field_index(key);
 
 		if (i < 0) {
-			snprintf(err, errlen, "config %s: field '%s': unknown field", path, key);
+			char why[384];
+
+			unknown_field(key, why, sizeof(why));
+			snprintf(err, errlen, "config %s: field '%s': %s", path, key, why);
 			rc = -EINVAL;
 			goto out_decref;
 		}
@@ -769,7 +840,10 @@ int wex__config_set(struct wex_config *cfg, const char *name, const char *value,
 	int rc;
 
 	if (i < 0) {
-		snprintf(err, errlen, "config set: field '%s': unknown field", name);
+		char why[384];
+
+		unknown_field(name, why, sizeof(why));
+		snprintf(err, errlen, "config set: field '%s': %s", name, why);
 		return -ENOENT;
 	}
 	if (!(fields[i].flags & F_MODIFIABLE)) {

@@ -192,6 +192,9 @@ void wex__config_free(struct wex_config *cfg);
 const char *wex__config_source_name(int source);
 const char *wex__config_io_backend_name(int backend);
 int wex__config_field_index(const char *name); /* -ENOENT if unknown */
+/* Writes "unknown field (did you mean ...; fields: ...)" for name to why;
+ * returns -ENOENT. */
+int wex__config_unknown_field(const char *name, char *why, size_t len);
 const char *wex__config_field_name(int field);
 int wex__config_field_modifiable(int field);
 

@@ -118,6 +118,15 @@ uint64_t wex__now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+const char *wex__socket_pick(const char *user, const char *system)
+{
+	/* The user's own wexd first; where it has none (its socket does not
+	 * exist) but the system's wexd listens, that one. */
+	if (access(user, F_OK) != 0 && errno == ENOENT && access(system, F_OK) == 0)
+		return system;
+	return user;
+}
+
 const char *wex__default_socket(char *buf, size_t len)
 {
 	const char *s = getenv("WEX_SOCKET");
@@ -127,8 +136,11 @@ const char *wex__default_socket(char *buf, size_t len)
 		return buf;
 	}
 	s = getenv("XDG_RUNTIME_DIR");
-	if (s && *s && geteuid() != 0) {
-		snprintf(buf, len, "%s/wex/wexd.sock", s);
+	if (s && s[0] == '/' && geteuid() != 0) {
+		char user[256];
+
+		snprintf(user, sizeof(user), "%s/wex/wexd.sock", s);
+		snprintf(buf, len, "%s", wex__socket_pick(user, "/run/wex/wexd.sock"));
 		return buf;
 	}
 	snprintf(buf, len, "/run/wex/wexd.sock");

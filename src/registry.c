@@ -1222,6 +1222,39 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 	model_maybe_free(d, m);
 }
 
+/*
+ * For a sync that timed out: when no producer of the model is connected
+ * and none ever published, the likeliest cause is a misspelt model name (or a trainer
+ * that never started), so say so and name the models that do have
+ * producers.  Writes "" otherwise.
+ */
+static void no_producer_hint(struct wexd *d, struct model *m, char *out, size_t len)
+{
+	size_t l;
+	int n = 0;
+
+	out[0] = '\0';
+	if (m->published)
+		return;
+	for (uint32_t i = 0; i < m->world; i++)
+		if (m->ranks[i].c)
+			return;
+	snprintf(out, len, "; no producer of model '%s' is connected: check the model name "
+		 "(models with producers:", m->name);
+	for (struct model *o = d->models; o; o = o->next) {
+		int live = 0;
+
+		for (uint32_t i = 0; i < o->world && !live; i++)
+			live = o->ranks[i].c != NULL;
+		if (o == m || !live)
+			continue;
+		l = strlen(out);
+		snprintf(out + l, len - l, "%s '%s'", n++ ? "," : "", o->name);
+	}
+	l = strlen(out);
+	snprintf(out + l, len - l, "%s)", n ? "" : " none");
+}
+
 int wexd_service_waiters(struct wexd *d)
 {
 	uint64_t now = wex__now_ns(), next = UINT64_MAX;
@@ -1255,13 +1288,15 @@ int wexd_service_waiters(struct wexd *d)
 								 (unsigned long long)((now - c->wait_start_ns) / 1000000),
 								 who);
 				} else {
+					no_producer_hint(d, m, who, sizeof(who));
 					reply = wex__reply_error(-ETIMEDOUT,
-								 "acquire: no version >= %llu of model '%s' available to group '%s' within %llu ms (published v%llu%s)",
+								 "acquire: no version >= %llu of model '%s' available to group '%s' within %llu ms (published v%llu%s)%s",
 								 (unsigned long long)c->wait_version, m->name,
 								 c->group->name,
 								 (unsigned long long)((now - c->wait_start_ns) / 1000000),
 								 (unsigned long long)m->published,
-								 m->writing ? ", a write is in progress" : "");
+								 m->writing ? ", a write is in progress" : "",
+								 who);
 				}
 				c->waiting = WAIT_NONE;
 				progress = 1;

@@ -49,10 +49,21 @@ static int open_admin(wex_client_t **c)
 	char buf[256];
 	int ret = wex_client_open(&p, c);
 
-	if (ret < 0)
-		fprintf(stderr, "wexctl: cannot reach wexd at %s: %s\n",
+	if (ret < 0) {
+		const char *hint = "";
+
+		/* Say what to do, not only what failed. */
+		if (ret == -ENOENT || ret == -ECONNREFUSED)
+			hint = "\n  is wexd running? Start it (systemctl start wexd.socket, or run "
+			       "wexd), or name its socket with --socket PATH or $WEX_SOCKET (the "
+			       "systemd service's is /run/wex/wexd.sock)";
+		else if (ret == -EACCES)
+			hint = "\n  this user may not connect: the socket's group (wex under "
+			       "systemd) must include it (usermod -aG wex USER, then log in again)";
+		fprintf(stderr, "wexctl: cannot reach wexd at %s: %s%s\n",
 			sock_path ? sock_path : wex__default_socket(buf, sizeof(buf)),
-			wex_strerror(ret));
+			wex_strerror(ret), hint);
+	}
 	return ret;
 }
 

@@ -50,7 +50,7 @@ static int usage(const char *cmd)
 		fprintf(stderr, "usage: wexctl convert --config config.json --from LAYOUT --to LAYOUT "
 				"[--adapters DIR] IN OUTDIR\n");
 	fprintf(stderr, "  LAYOUT: ENGINE[:tp=N,pp=N,dp=N,ep=N,etp=N,first=N,last=N]; engines: "
-			"hf megatron vllm sglang\n");
+			"hf megatron megatron_grouped vllm sglang\n");
 	return 2;
 }
 

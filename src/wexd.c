@@ -523,7 +523,8 @@ static json_t *wexd_config_req(struct wexd *d, struct conn *c, json_t *req, cons
 		return wex__reply_error(-ENOMEM, "config: out of memory");
 	if (name && !json_object_get(all, name)) {
 		json_decref(all);
-		return wex__reply_error(-ENOENT, "config: no field '%s'", name);
+		wex__config_unknown_field(name, err, sizeof(err));
+		return wex__reply_error(-ENOENT, "config get: field '%s': %s", name, err);
 	}
 	r = json_pack("{s:b, s:s}", "ok", 1, "file", d->cfg.path ? d->cfg.path : "");
 	fields = json_array();
@@ -660,7 +661,7 @@ static void set_fd_limit(struct wexd *d)
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: wexd [--socket PATH] [--io auto|io_uring|epoll] [--config FILE]\n"
-		   "            [--log-level error|warn|info|debug]\n"
+		   "            [--log-level error|warn|info|debug|trace]\n"
 		   "Runs the wex weight-exchange daemon in the foreground.\n");
 }
 

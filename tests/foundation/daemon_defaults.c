@@ -10,7 +10,9 @@
  *    fails with -ETIMEDOUT after about 0.7 s;
  *  - "config set sync_timeout_ms 2500" at run time applies to the next
  *    sync (it waits at least 2.5 s);
- *  - a client opened with timeout_ms 300 keeps its own wait.
+ *  - a client opened with timeout_ms 300 keeps its own wait;
+ *  - a sync of a misspelt model (no producer connected) times out saying
+ *    so and naming the models that have producers.
  * Lower bounds are tight (the wait really lasts that long); upper bounds
  * are loose, only far below the libwex default they replace.
  */
@@ -88,6 +90,23 @@ int main(void)
 	/* A client's own timeout_ms stands. */
 	T_WEX(NULL, wex_client_open(&cp, &own));
 	timed_sync(own, 0.25, 2.4, "sync, the client's timeout_ms 300");
+	wex_client_close(own);
+
+	/* A misspelt model: the timeout says that no producer serves it and
+	 * names the models that have producers. */
+	cp.model = "defualts";
+	T_WEX(NULL, wex_client_open(&cp, &own));
+	timed_sync(own, 0.25, 2.4, "sync of a misspelt model");
+	T_ASSERT(strstr(wex_last_error(own), "no producer of model 'defualts' is connected") &&
+		 strstr(wex_last_error(own), "models with producers: '" MODEL "'"),
+		 "a sync of a model without producers does not say so: %s", wex_last_error(own));
+	wex_client_close(own);
+	cp.model = MODEL;
+	/* Where the producers are there, the hint is not. */
+	T_WEX(NULL, wex_client_open(&cp, &own));
+	timed_sync(own, 0.25, 2.4, "sync, the client's timeout_ms 300, again");
+	T_ASSERT(!strstr(wex_last_error(own), "no producer"), "hint where producers are: %s",
+		 wex_last_error(own));
 	wex_client_close(own);
 
 	t_cons_close(&k);

@@ -2,7 +2,8 @@
 /*
  * ops_config_invalid: proves that a bad configuration is refused, never
  * half-applied: an unparsable file, a value of the wrong type or range, an
- * unknown field (top level or inside "models"), an unknown user name, a bad
+ * unknown field (top level or inside "models"; a top-level one gets the
+ * nearest field name and the list of fields), an unknown user name, a bad
  * WEX_* variable, and a missing explicitly given file each fail with a
  * message naming the file or variable, the field and the reason, and leave
  * the output struct untouched.  A missing default file is not an error.
@@ -56,7 +57,12 @@ int main(void)
 			  "'max_message_bytes': expected an integer in [4096, 16777216], got 100",
 			  NULL);
 	expect_file_error("{\"bogus\": 1}", -EINVAL, "config %s: field 'bogus': unknown field",
-			  NULL);
+			  "fields: socket, socket_mode,");
+	/* A typo gets the field it was probably meant to be. */
+	expect_file_error("{\"log-level\": \"debug\"}", -EINVAL, "field 'log-level': unknown field",
+			  "did you mean 'log_level'?");
+	expect_file_error("{\"sync_timeout\": 5}", -EINVAL, "field 'sync_timeout'",
+			  "did you mean 'sync_timeout_ms'?");
 	expect_file_error("{\"log_level\": \"loud\"}", -EINVAL, "field 'log_level'",
 			  "expected one of error|warn|info|debug|trace, got \"loud\"");
 	expect_file_error("{\"watchdog\": \"maybe\"}", -EINVAL, "field 'watchdog'",

@@ -11,6 +11,7 @@
 #include "config.h"
 #include "log.h"
 #include "ops_test.h"
+#include "proto.h"
 
 static const char *src(json_t *j, const char *field)
 {
@@ -36,7 +37,29 @@ int main(void)
 	setenv("WEX_SOCKET", "/tmp/explicit.sock", 1);
 	CHECK(wex__config_default_socket(sock, sizeof(sock)) == 0);
 	CHECK(!strcmp(sock, "/tmp/explicit.sock"));
+	CHECK(!strcmp(wex__default_socket(sock, sizeof(sock)), "/tmp/explicit.sock"));
 	unsetenv("WEX_SOCKET");
+	/* A user's clients use their own wexd's socket, or the system wexd's
+	 * when they have none and it exists (a service install needs no
+	 * WEX_SOCKET in every user's environment). */
+	{
+		char d[] = "/tmp/wex-pick-XXXXXX", user[300], sys[300];
+		FILE *f;
+
+		CHECK(mkdtemp(d) != NULL);
+		snprintf(user, sizeof(user), "%s/user.sock", d);
+		snprintf(sys, sizeof(sys), "%s/system.sock", d);
+		CHECK(!strcmp(wex__socket_pick(user, sys), user)); /* neither: the user's */
+		CHECK((f = fopen(sys, "w")) != NULL);
+		fclose(f);
+		CHECK(!strcmp(wex__socket_pick(user, sys), sys)); /* only the system's */
+		CHECK((f = fopen(user, "w")) != NULL);
+		fclose(f);
+		CHECK(!strcmp(wex__socket_pick(user, sys), user)); /* both: the user's */
+		unlink(user);
+		unlink(sys);
+		rmdir(d);
+	}
 
 	/* Defaults only: a missing default file is fine. */
 	CHECK(wex__config_load(&cfg, "/nonexistent/wexd.json", 0, err, sizeof(err)) == 0);

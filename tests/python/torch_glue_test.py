@@ -85,6 +85,11 @@ class TorchGlue(WexdProducerCase):
             r = c.sync(wex.SYNC_REMAP_VIEW, min_version=v)
             self.assertEqual(r.version, v)
             self.assert_equal("view v%d" % v, torch_util.view_tensors(c, device="cpu"), want)
+            if not torch.cuda.is_available():
+                # Without CUDA the default device is the host (README's
+                # engine lines, device left out).
+                self.assert_equal("view v%d, no device given" % v,
+                                  torch_util.view_tensors(c), want)
             if fixed is None:
                 fixed = torch_util.reserve_like(c, device="cpu")
                 # The engine's pointers, taken before the swap.

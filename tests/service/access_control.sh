@@ -39,6 +39,10 @@ grep -q "Permission denied" "$TMP/denied.log" || fail "denied user got no EACCES
 if runuser -u wex-outsider -- env WEX_SOCKET="$WEX_SOCKET" "$PRODUCER" --preset tiny --versions 1 \
 	>"$TMP/outsider.log" 2>&1; then fail "user outside the socket group connected"; fi
 grep -q "Permission denied" "$TMP/outsider.log" || fail "outsider: $(cat "$TMP/outsider.log")"
+# wexctl tells such a user what to do about it.
+if runuser -u wex-outsider -- env WEX_SOCKET="$WEX_SOCKET" "$WEXCTL" status \
+	>/dev/null 2>"$TMP/outsider-ctl.err"; then fail "outsider's wexctl connected"; fi
+grep -q "usermod -aG" "$TMP/outsider-ctl.err" || fail "outsider's wexctl: no hint: $(cat "$TMP/outsider-ctl.err")"
 
 "$WEXCTL" metrics >"$TMP/metrics" || fail "wexctl metrics"
 grep -q 'wex_refused_connections_total{reason="access"} 1' "$TMP/metrics" ||

@@ -3,10 +3,16 @@
 # live daemon: status/models/clients/plans tables and --json (valid JSON with
 # the expected fields), watch refreshing, metrics accepted by promtool with
 # sync counters from real syncs, config get/set (refusing a field that is
-# not modifiable, naming it), and the event-loop backend reported.
+# not modifiable, naming it), the event-loop backend reported, and, with no
+# wexd running, a wexctl error that says what to do.
 WEXD=$1 WEXCTL=$2 PRODUCER=$3 CONSUMER=$4
 . "$(dirname "$0")/lib.sh"
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
+# Before wexd runs: wexctl says what to do, not only what failed.
+if WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" status 2>"$TMP/nowexd.err"; then fail "status without wexd exited 0"; fi
+grep -q "is wexd running" "$TMP/nowexd.err" || fail "no hint without wexd: $(cat "$TMP/nowexd.err")"
+"$WEXD" --help | grep -q "|trace" || fail "wexd --help does not list log level trace"
+"$WEXCTL" plan 2>&1 | grep -q megatron_grouped || fail "plan's usage does not list megatron_grouped"
 start_wexd
 "$PRODUCER" --rank 0 --world 1 --preset tiny --versions 2 --wait-group engine --hold >"$TMP/p.log" 2>&1 &
 P=$!

@@ -151,6 +151,8 @@ def _span(shape, strides):
 def from_ptr(ptr, shape, dtype, device=None, strides=None, owner=None):
     """A tensor over memory at ptr (no copy): device memory when device is
     a CUDA device (or None with ptr a device address), else host memory.
+    Host segments on a machine with CUDA need device="cpu"; where PyTorch
+    has no CUDA, None means host memory (no device address can exist).
     strides are in elements (None or all zero: contiguous).  The memory
     must outlive the tensor: pass the wex.Client as owner and the tensor
     keeps it (and so its mappings) alive; a close() or the next sync of
@@ -159,6 +161,8 @@ def from_ptr(ptr, shape, dtype, device=None, strides=None, owner=None):
     strides = tuple(int(s) for s in strides) if strides is not None else None
     esize = torch.empty((), dtype=dtype).element_size()
     nbytes = _span(shape, strides) * esize
+    if device is None and not torch.cuda.is_available():
+        device = "cpu"
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype, device=device if device is not None else "cpu")
     if device is not None and torch.device(device).type == "cpu":
