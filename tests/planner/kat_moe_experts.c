@@ -89,32 +89,32 @@ int main(void)
 		CHECK(strstr(err, "ep must be 1 or 4") != NULL, "error: %s", err);
 	}
 
-	kat_rank(m, "megatron:tp=2,dp=2,ep=4,etp=1", 3, &l);
-	for (int e = 0; e < 2; e++) {
-		snprintf(a, sizeof(a), "decoder.layers.0.mlp.experts.local_experts.%d.linear_fc1.weight", e);
-		t = kat_find(&l, a);
-		CHECK(t->shape[0] == 8 && t->shape[1] == 8, "fc1 shape");
-		snprintf(a, sizeof(a), "model.layers.0.mlp.experts.%d.gate_proj.weight", 6 + e);
-		snprintf(b, sizeof(b), "model.layers.0.mlp.experts.%d.up_proj.weight", 6 + e);
-		piece(&l, t, 0, a, 0, 0, 4, 0);
-		piece(&l, t, 1, b, 0, 0, 4, 32);
+	/* Megatron's SequentialMLP and TEGroupedMLP (--moe-grouped-gemm): the
+	 * same experts under other names (fc1 [gate; up] whole, fc2 whole). */
+	for (int k = 0; k < 2; k++) {
+		kat_rank(m, k ? "megatron_grouped:tp=2,dp=2,ep=4,etp=1" : "megatron:tp=2,dp=2,ep=4,etp=1",
+			 3, &l);
+		for (int e = 0; e < 2; e++) {
+			if (k)
+				snprintf(a, sizeof(a), "decoder.layers.0.mlp.experts.linear_fc1.weight%d", e);
+			else
+				snprintf(a, sizeof(a), "decoder.layers.0.mlp.experts.local_experts.%d.linear_fc1.weight", e);
+			t = kat_find(&l, a);
+			CHECK(t->shape[0] == 8 && t->shape[1] == 8, "%s shape", a);
+			snprintf(a, sizeof(a), "model.layers.0.mlp.experts.%d.gate_proj.weight", 6 + e);
+			snprintf(b, sizeof(b), "model.layers.0.mlp.experts.%d.up_proj.weight", 6 + e);
+			piece(&l, t, 0, a, 0, 0, 4, 0);
+			piece(&l, t, 1, b, 0, 0, 4, 32);
+			if (k)
+				snprintf(a, sizeof(a), "decoder.layers.0.mlp.experts.linear_fc2.weight%d", e);
+			else
+				snprintf(a, sizeof(a), "decoder.layers.0.mlp.experts.local_experts.%d.linear_fc2.weight", e);
+			t = kat_find(&l, a);
+			snprintf(b, sizeof(b), "model.layers.0.mlp.experts.%d.down_proj.weight", 6 + e);
+			piece(&l, t, 0, b, 1, 0, 4, 0);
+		}
+		wex__rank_layout_free(&l);
 	}
-	wex__rank_layout_free(&l);
-	kat_rank(m, "megatron_grouped:tp=2,dp=2,ep=4,etp=1", 3, &l);
-	for (int e = 0; e < 2; e++) {
-		snprintf(a, sizeof(a), "decoder.layers.0.mlp.experts.linear_fc1.weight%d", e);
-		t = kat_find(&l, a);
-		CHECK(t->shape[0] == 8 && t->shape[1] == 8, "grouped fc1 shape");
-		snprintf(a, sizeof(a), "model.layers.0.mlp.experts.%d.gate_proj.weight", 6 + e);
-		snprintf(b, sizeof(b), "model.layers.0.mlp.experts.%d.up_proj.weight", 6 + e);
-		piece(&l, t, 0, a, 0, 0, 4, 0);
-		piece(&l, t, 1, b, 0, 0, 4, 32);
-		snprintf(a, sizeof(a), "decoder.layers.0.mlp.experts.linear_fc2.weight%d", e);
-		t = kat_find(&l, a);
-		snprintf(b, sizeof(b), "model.layers.0.mlp.experts.%d.down_proj.weight", 6 + e);
-		piece(&l, t, 0, b, 1, 0, 4, 0);
-	}
-	wex__rank_layout_free(&l);
 	wex__model_free(m);
 
 	m = kat_model(CFG("mixtral"));
