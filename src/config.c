@@ -632,7 +632,7 @@ static int name_distance(const char *a, const char *b)
 
 /* "unknown field (did you mean 'log_level'?; fields: socket, ...)": what an
  * operator needs to fix a typo without opening the documentation. */
-static void unknown_field(const char *name, char *why, size_t len)
+int wex__config_unknown_field(const char *name, char *why, size_t len)
 {
 	int best = -1, bestd = 3; /* suggest within 2 edits only */
 	size_t l;
@@ -660,11 +660,6 @@ static void unknown_field(const char *name, char *why, size_t len)
 	}
 	l = strlen(why);
 	snprintf(why + l, len - l, ")");
-}
-
-int wex__config_unknown_field(const char *name, char *why, size_t len)
-{
-	unknown_field(name, why, len);
 	return -ENOENT;
 }
 
@@ -760,7 +755,7 @@ static int apply_file(struct wex_config *cfg, const char *path, int path_explici
 		if (i < 0) {
 			char why[384];
 
-			unknown_field(key, why, sizeof(why));
+			wex__config_unknown_field(key, why, sizeof(why));
 			snprintf(err, errlen, "config %s: field '%s': %s", path, key, why);
 			rc = -EINVAL;
 			goto out_decref;
@@ -842,7 +837,7 @@ int wex__config_set(struct wex_config *cfg, const char *name, const char *value,
 	if (i < 0) {
 		char why[384];
 
-		unknown_field(name, why, sizeof(why));
+		wex__config_unknown_field(name, why, sizeof(why));
 		snprintf(err, errlen, "config set: field '%s': %s", name, why);
 		return -ENOENT;
 	}

@@ -49,8 +49,8 @@ static int usage(const char *cmd)
 	else
 		fprintf(stderr, "usage: wexctl convert --config config.json --from LAYOUT --to LAYOUT "
 				"[--adapters DIR] IN OUTDIR\n");
-	fprintf(stderr, "  LAYOUT: ENGINE[:tp=N,pp=N,dp=N,ep=N,etp=N,first=N,last=N]; engines: "
-			"hf megatron megatron_grouped vllm sglang\n");
+	fprintf(stderr, "  LAYOUT: ENGINE[:tp=N,pp=N,dp=N,ep=N,etp=N,first=N,last=N,fuse_shared=0|1]; "
+			"engines: hf megatron megatron_grouped vllm sglang (fuse_shared: sglang)\n");
 	return 2;
 }
 

@@ -239,6 +239,21 @@ static int cu_probe(char *why, size_t len)
 /* Devices whose cuMemCreate refused fabric handles (no IMEX channel). */
 static uint64_t fabric_refused;
 
+/* Fabric handles refused (`why`): this allocation asks for POSIX fds alone. */
+static void drop_fabric(CUmemAllocationProp *prop, unsigned *types, CUresult why)
+{
+	wex_debug("cuda", "fabric handles unavailable (%s): POSIX fd only", wex__cuda_errname(why));
+	*types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	prop->requestedHandleTypes = (CUmemAllocationHandleType)*types;
+}
+
+/* Fabric is not asked for again on this device. */
+static void fabric_off(int device)
+{
+	if (device < 64)
+		__atomic_fetch_or(&fabric_refused, 1ull << device, __ATOMIC_RELAXED);
+}
+
 static int vmm_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
 {
 	unsigned types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
@@ -273,12 +288,8 @@ static int vmm_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
 		 * a refused cuMemCreate below. */
 		r = wex__cu.cuMemGetAllocationGranularity(&v, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 		if (r != CUDA_SUCCESS) {
-			wex_debug("cuda", "fabric handles unavailable (%s): POSIX fd only",
-				  wex__cuda_errname(r));
-			types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-			prop.requestedHandleTypes = (CUmemAllocationHandleType)types;
-			if (device < 64)
-				__atomic_fetch_or(&fabric_refused, 1ull << device, __ATOMIC_RELAXED);
+			drop_fabric(&prop, &types, r);
+			fabric_off(device);
 		}
 	}
 	ret = granularity(&prop, &g);
@@ -289,15 +300,12 @@ static int vmm_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
 	if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && (types & CU_MEM_HANDLE_TYPE_FABRIC)) {
 		/* No IMEX channel or fabric manager: PyTorch treats any non-OOM
 		 * failure the same way and falls back to POSIX fds. */
-		wex_debug("cuda", "fabric handles unavailable (%s): POSIX fd only",
-			  wex__cuda_errname(r));
-		types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-		prop.requestedHandleTypes = (CUmemAllocationHandleType)types;
+		drop_fabric(&prop, &types, r);
 		r = wex__cu.cuMemCreate(&h, (size_t)asize, &prop, 0);
 		/* Fabric was the cause: not asked again on this device (one
 		 * failing cuMemCreate per allocation otherwise). */
-		if (r == CUDA_SUCCESS && device < 64)
-			__atomic_fetch_or(&fabric_refused, 1ull << device, __ATOMIC_RELAXED);
+		if (r == CUDA_SUCCESS)
+			fabric_off(device);
 	}
 	ret = wex__cuda_err(r, "cuMemCreate");
 	if (ret)

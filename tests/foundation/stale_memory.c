@@ -18,6 +18,22 @@
 
 #include "fixture.h"
 
+/* A producer of `model` that published v1, a viewer holding it, and a
+ * two-rank group whose rank 0 copied it while rank 1 has not synced. */
+static void v1_held(struct t_prod *p, struct t_cons *v, struct t_cons *k0, struct t_cons *k1,
+		    const char *model, struct wex_sync_result *r, struct wex_sync_result *r0)
+{
+	t_prod_open(p, model, "tiny", 0, 1);
+	t_prod_write(p, 1);
+	t_cons_open(v, model, "viewer", "tiny", 0, 1);
+	t_cons_open_from(k0, model, "g", "tiny", 0, 2, 0);
+	t_cons_open_from(k1, model, "g", "tiny", 1, 2, 0);
+	T_WEX(v->c, wex_sync(v->c, WEX_SYNC_REMAP_VIEW, 1, 5000, r));
+	T_ASSERT(r->version == 1 && t_view_bad(v, 0, 1) == 0, "viewer holds v1");
+	T_WEX(k0->c, wex_sync(k0->c, WEX_SYNC_COPY, 1, 5000, r0));
+	T_ASSERT(r0->version == 1 && t_own_bad(k0, 1) == 0, "group rank 0 copied v1");
+}
+
 static void producer_dies(struct t_wexd *d)
 {
 	struct t_prod p, q;
@@ -25,15 +41,7 @@ static void producer_dies(struct t_wexd *d)
 	struct wex_sync_result r, r0, r1;
 	int ret;
 
-	t_prod_open(&p, "dies", "tiny", 0, 1);
-	t_prod_write(&p, 1);
-	t_cons_open(&v, "dies", "viewer", "tiny", 0, 1);
-	t_cons_open_from(&k0, "dies", "g", "tiny", 0, 2, 0);
-	t_cons_open_from(&k1, "dies", "g", "tiny", 1, 2, 0);
-	T_WEX(v.c, wex_sync(v.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
-	T_ASSERT(r.version == 1 && t_view_bad(&v, 0, 1) == 0, "viewer holds v1");
-	T_WEX(k0.c, wex_sync(k0.c, WEX_SYNC_COPY, 1, 5000, &r0));
-	T_ASSERT(r0.version == 1 && t_own_bad(&k0, 1) == 0, "group rank 0 copied v1");
+	v1_held(&p, &v, &k0, &k1, "dies", &r, &r0);
 
 	t_prod_close(&p); /* the trainer dies; its successor loads other bytes */
 	t_prod_open(&q, "dies", "tiny", 0, 1);
@@ -72,13 +80,7 @@ static void producer_reregisters(struct t_wexd *d)
 	void *base;
 	int ret;
 
-	t_prod_open(&p, "rereg", "tiny", 0, 1);
-	t_prod_write(&p, 1);
-	t_cons_open(&v, "rereg", "viewer", "tiny", 0, 1);
-	t_cons_open_from(&k0, "rereg", "g", "tiny", 0, 2, 0);
-	t_cons_open_from(&k1, "rereg", "g", "tiny", 1, 2, 0);
-	T_WEX(v.c, wex_sync(v.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
-	T_WEX(k0.c, wex_sync(k0.c, WEX_SYNC_COPY, 1, 5000, &r0));
+	v1_held(&p, &v, &k0, &k1, "rereg", &r, &r0);
 	/* The trainer moves its weights to a new segment, already holding
 	 * other values, and registers them there. */
 	T_WEX(p.c, wex_segment_alloc(p.c, WEX_SEG_HOST, 0, p.seg_bytes, &seg, &base));
