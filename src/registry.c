@@ -445,7 +445,9 @@ static json_t *chain_parts(struct prank *r, struct seg *s, json_t *parts)
 						(unsigned long long)s->desc.handle_offset,
 						(unsigned long long)p->desc.handle_offset);
 		s->parts[i] = (uint32_t)id;
-		total += p->desc.alloc_size;
+		if (__builtin_add_overflow(total, p->desc.alloc_size, &total))
+			return wex__reply_error(-EOVERFLOW,
+						"register_segment: the parts' allocations add up past 2^64 bytes");
 	}
 	s->nparts = (uint32_t)json_array_size(parts);
 	if (s->desc.handle_offset + s->desc.size > total)
@@ -516,18 +518,30 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 	if (hex_decode(handle, s.desc.handle, sizeof(s.desc.handle), &s.desc.handle_len) < 0)
 		return wex__reply_error(-EINVAL, "register_segment: handle must be hex of at most %d bytes",
 					WEX_HANDLE_MAX);
-	if (k == WEX_MEM_HOST) {
+	if (need_fd) {
 		struct stat st;
 
-		/* Consumers map it: a pipe or a directory would fail there, a
-		 * short file would make every consumer fault.  Check it here. */
-		if (fstat(fds[0], &st) < 0 || !S_ISREG(st.st_mode))
+		if (fstat(fds[0], &st) < 0)
+			return wex__reply_error(-EINVAL, "register_segment: fstat of its fd: %s",
+						strerror(errno));
+		/* Consumers map host memory: a pipe or a directory would fail
+		 * there, a short file would make every consumer fault. */
+		if (k == WEX_MEM_HOST && !S_ISREG(st.st_mode))
 			return wex__reply_error(-EINVAL,
 						"register_segment: host memory must be a memfd or a regular file");
-		if ((uint64_t)st.st_size < s.desc.size)
+		if (k == WEX_MEM_HOST && (uint64_t)st.st_size < s.desc.size)
 			return wex__reply_error(-EINVAL,
 						"register_segment: fd is %lld bytes, smaller than size %lld",
 						(long long)st.st_size, (long long)size);
+		/* A CUDA handle's fd is opaque here, but wexd keeps it and hands
+		 * it to every consumer that fetches: a socket would be a live
+		 * connection passed on (the producer's own to wexd: wexd would
+		 * hold its end, never see it close, and keep its rank for good);
+		 * a pipe or a directory is never memory. */
+		if (S_ISSOCK(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISDIR(st.st_mode))
+			return wex__reply_error(-EINVAL, "register_segment: its fd is a %s, not memory",
+						S_ISSOCK(st.st_mode) ? "socket" :
+						S_ISFIFO(st.st_mode) ? "pipe" : "directory");
 	}
 	r = &c->model->ranks[c->rank];
 	if (r->nsegs >= 65536)
@@ -1004,6 +1018,11 @@ static struct plan_entry *plan_get(struct model *m, struct conn *c, char *err, s
 			p->uses++;
 			return p;
 		}
+	/* Before caching another plan, forget those no connected consumer
+	 * can use: a consumer attaching layout after layout, or a producer
+	 * registering segment after segment, would otherwise grow the cache
+	 * (one sealed memfd each) until wexd ran out of fds. */
+	plans_gc(m);
 	srcs = calloc(m->world ? m->world : 1, sizeof(*srcs));
 	p = calloc(1, sizeof(*p));
 	if (!srcs || !p) {
@@ -1047,6 +1066,11 @@ static struct plan_entry *plan_get(struct model *m, struct conn *c, char *err, s
 }
 
 #define FETCH_FDS_PER_MSG 60
+/* Segments without an fd (legacy CUDA IPC handles, chained segments) cost
+ * only bytes: a page also ends at this many bytes of segment entries, far
+ * below what one message can carry (the socket's send buffer, about 208
+ * KiB).  A page holds at least one entry, however large. */
+#define FETCH_BYTES_PER_MSG (64 * 1024)
 
 json_t *wexd_fetch(struct wexd *d, struct conn *c, json_t *req)
 {
@@ -1056,6 +1080,7 @@ json_t *wexd_fetch(struct wexd *d, struct conn *c, json_t *req)
 	struct model *m = c->model;
 	char err[EMSG_LEN] = "";
 	uint64_t idx = 0;
+	size_t bytes = 0;
 	json_error_t je;
 
 	if (c->role != WEX_ROLE_CONSUMER)
@@ -1110,6 +1135,7 @@ json_t *wexd_fetch(struct wexd *d, struct conn *c, json_t *req)
 		for (uint32_t s = 0; s < r->nsegs; s++, idx++) {
 			char hex[2 * WEX_HANDLE_MAX + 1];
 			json_t *js;
+			size_t len;
 
 			if (idx < (uint64_t)start)
 				continue;
@@ -1136,6 +1162,13 @@ json_t *wexd_fetch(struct wexd *d, struct conn *c, json_t *req)
 					json_array_append_new(pa, json_integer(r->segs[s].parts[q]));
 				json_object_set_new(js, "parts", pa);
 			}
+			len = json_dumpb(js, NULL, 0, JSON_COMPACT);
+			if (bytes && bytes + len > FETCH_BYTES_PER_MSG) {
+				json_decref(js);
+				json_object_set_new(reply, "more", json_integer((json_int_t)idx));
+				goto send;
+			}
+			bytes += len;
 			if (r->segs[s].fd >= 0)
 				fds[nfds++] = r->segs[s].fd;
 			json_array_append_new(segs, js);

@@ -64,6 +64,9 @@ wex_foundation_test(stale_memory LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(write_versions LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(group_resize LIBS ${WEX_FX_LIBS})
 wex_foundation_test(client_faults LIBS ${WEX_FX_LIBS})
+wex_foundation_test(plan_cache LOOP)
+wex_foundation_test(fetch_pages LOOP)
+wex_foundation_test(segment_fds LOOP)
 
 # ---------------------------------------------------------------------------
 # Issue 4, point 1: a build without the CUDA toolkit's headers has the host
