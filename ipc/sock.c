@@ -71,6 +71,21 @@ static int listener_gone(int fd)
 	return kill(pid, 0) < 0 && errno == ESRCH;
 }
 
+/* Removes a socket file left at path; anything else there (a regular file
+ * named by a typo in the configuration) is left alone: -EEXIST.  connect()
+ * answers ECONNREFUSED for both. */
+static int unlink_stale(const char *path)
+{
+	struct stat st;
+
+	if (lstat(path, &st) < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (!S_ISSOCK(st.st_mode))
+		return -EEXIST;
+	unlink(path);
+	return 0;
+}
+
 int wex_sock_listen(const char *path, int mode, gid_t gid, const char **step)
 {
 	struct sockaddr_un sa;
@@ -93,17 +108,22 @@ int wex_sock_listen(const char *path, int mode, gid_t gid, const char **step)
 		return -errno;
 	/* A socket file left by a dead daemon refuses connections; replace it,
 	 * but never steal the path from a live one. */
+	ret = 0;
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
 		if (!listener_gone(fd)) {
 			close(fd);
 			*step = "check for a running daemon";
 			return -EADDRINUSE;
 		}
-		unlink(path);
+		ret = unlink_stale(path);
 	} else if (errno == ECONNREFUSED) {
-		unlink(path);
+		ret = unlink_stale(path);
 	}
 	close(fd);
+	if (ret < 0) {
+		*step = "check of the file already there (not a socket: left alone)";
+		return ret;
+	}
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;

@@ -19,11 +19,12 @@
 #define WEX_SOCK_CBUF_LEN (CMSG_SPACE(sizeof(int) * WEX_SOCK_MAX_FDS) + CMSG_SPACE(64))
 
 /* Creates the listening socket at `path` (parent directory made 0755 if
- * missing; a stale socket file is replaced), non-blocking, close-on-exec,
- * chmod `mode`, chown to `gid` unless (gid_t)-1.  Returns the fd or -errno;
- * *step (if step is not NULL) names the step that failed: "path", "mkdir
- * of its directory", "socket", "check for a running daemon", "bind",
- * "chmod", "chown" or "listen". */
+ * missing; a stale socket file is replaced, any other file there is left
+ * alone: -EEXIST), non-blocking, close-on-exec, chmod `mode`, chown to
+ * `gid` unless (gid_t)-1.  Returns the fd or -errno; *step (if step is not
+ * NULL) names the step that failed: "path", "mkdir of its directory",
+ * "socket", "check for a running daemon", "check of the file already
+ * there (...)", "bind", "chmod", "chown" or "listen". */
 int wex_sock_listen(const char *path, int mode, gid_t gid, const char **step);
 
 /* Connects to `path`; returns a blocking close-on-exec fd or -errno.

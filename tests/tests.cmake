@@ -67,6 +67,7 @@ wex_foundation_test(client_faults LIBS ${WEX_FX_LIBS})
 wex_foundation_test(plan_cache LOOP)
 wex_foundation_test(fetch_pages LOOP)
 wex_foundation_test(segment_fds LOOP)
+wex_foundation_test(socket_path)
 
 # ---------------------------------------------------------------------------
 # Issue 4, point 1: a build without the CUDA toolkit's headers has the host
