@@ -67,6 +67,8 @@ wex_foundation_test(client_faults LIBS ${WEX_FX_LIBS})
 wex_foundation_test(plan_cache LOOP)
 wex_foundation_test(fetch_pages LOOP)
 wex_foundation_test(segment_fds LOOP)
+wex_foundation_test(mass_disconnect LOOP TIMEOUT 120)
+wex_foundation_test(lease_invariants LOOP)
 wex_foundation_test(socket_path)
 
 # ---------------------------------------------------------------------------
