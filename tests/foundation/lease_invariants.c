@@ -312,9 +312,10 @@ static void cons_step(struct cons *k)
 	}
 }
 
-/* wexd's view, after the last step's disconnects were processed (a ping
- * on each live connection orders them before the listing? no: different
- * connections are not ordered, so poll until the connected ranks match). */
+/* The model in wexd's `models` listing once the last step's disconnects
+ * are processed (connections are not ordered with one another: polls
+ * until the connected ranks match the live connections); NULL when the
+ * model is gone with its last client. */
 static json_t *model_view(void)
 {
 	for (double t0 = t_now(); t_now() - t0 < 5.0;) {
