@@ -31,7 +31,8 @@ static void usage(FILE *f)
 		"  models            models with versions, state, bytes, producers\n"
 		"  clients           connected clients (pid, uid, role, model, rank, lease)\n"
 		"  plans             cached copy plans and their statistics\n"
-		"  watch [-n SEC]    live view, refreshed in place (like top)\n"
+		"  watch [-n SEC] [--count N]\n"
+		"                    live view, refreshed in place (like top)\n"
 		"  metrics           Prometheus text exposition\n"
 		"  config get [NAME] | config set NAME VALUE\n"
 		"  plan --config config.json --from LAYOUT --to LAYOUT [--rank K] [--json]\n"
@@ -74,7 +75,13 @@ static json_t *query(wex_client_t *c, const char *op, const char *args)
 	int ret = wex_request(c, op, args, &s);
 
 	if (ret < 0) {
-		fprintf(stderr, "wexctl: %s: %s: %s\n", op, wex_strerror(ret), wex_last_error(c));
+		/* wexd's message names the command and what was wrong; the code's
+		 * own text ("No such file or directory" for an unknown field)
+		 * would only mislead beside it. */
+		if (*wex_last_error(c))
+			fprintf(stderr, "wexctl: %s\n", wex_last_error(c));
+		else
+			fprintf(stderr, "wexctl: %s: %s\n", op, wex_strerror(ret));
 		return NULL;
 	}
 	j = json_loads(s, 0, NULL);
@@ -304,7 +311,7 @@ static int cmd_config(int argc, char **argv, int as_json)
 	int ret;
 
 	if (argc < 2 || (strcmp(argv[1], "get") && strcmp(argv[1], "set")) ||
-	    (!strcmp(argv[1], "set") && argc != 4)) {
+	    (!strcmp(argv[1], "set") && argc != 4) || (!strcmp(argv[1], "get") && argc > 3)) {
 		fprintf(stderr, "usage: wexctl config get [NAME] | config set NAME VALUE\n");
 		return 2;
 	}
@@ -348,6 +355,14 @@ static int cmd_config(int argc, char **argv, int as_json)
 	return ret;
 }
 
+/* Refuses what a command does not take: a typo (--jsn) must not pass as
+ * the default. */
+static int bad_arg(const char *cmd, const char *what, const char *arg, const char *takes)
+{
+	fprintf(stderr, "wexctl: %s: %s '%s' (%s)\n", cmd, what, arg, takes);
+	return 2;
+}
+
 int main(int argc, char **argv)
 {
 	int as_json = 0, i = 1;
@@ -380,33 +395,49 @@ int main(int argc, char **argv)
 	if (!strcmp(cmd, "convert"))
 		return wexctl_cmd_convert(argc - i, argv + i);
 #endif
-	for (int k = i + 1; k < argc; k++)
-		if (!strcmp(argv[k], "--json"))
-			as_json = 1;
 	if (!strcmp(cmd, "status") || !strcmp(cmd, "models") || !strcmp(cmd, "clients") ||
-	    !strcmp(cmd, "plans") || !strcmp(cmd, "metrics"))
+	    !strcmp(cmd, "plans") || !strcmp(cmd, "metrics")) {
+		for (int k = i + 1; k < argc; k++) {
+			if (strcmp(argv[k], "--json"))
+				return bad_arg(cmd, "unexpected argument", argv[k], "takes only --json");
+			as_json = 1;
+		}
 		return cmd_query(cmd, as_json);
+	}
 	if (!strcmp(cmd, "watch")) {
 		double interval = 1.0;
-		int count = 0;
+		long count = 0;
 
 		for (int k = i + 1; k < argc; k++) {
-			if (!strcmp(argv[k], "-n") && k + 1 < argc)
-				interval = atof(argv[++k]);
-			else if (!strcmp(argv[k], "--count") && k + 1 < argc)
-				count = atoi(argv[++k]);
+			char *end = NULL;
+
+			if (!strcmp(argv[k], "-n") && k + 1 < argc) {
+				interval = strtod(argv[++k], &end);
+				if (end == argv[k] || *end || !(interval > 0 && interval <= 86400))
+					return bad_arg(cmd, "bad -n", argv[k], "seconds, more than 0 and at most 86400");
+			} else if (!strcmp(argv[k], "--count") && k + 1 < argc) {
+				count = strtol(argv[++k], &end, 10);
+				if (end == argv[k] || *end || count < 1 || count > 1000000000)
+					return bad_arg(cmd, "bad --count", argv[k], "a whole number, 1 or more");
+			} else {
+				return bad_arg(cmd, "unexpected argument", argv[k], "takes -n SEC and --count N");
+			}
 		}
-		if (interval <= 0)
-			interval = 1.0;
-		return cmd_watch(interval, count);
+		return cmd_watch(interval, (int)count);
 	}
 	if (!strcmp(cmd, "config")) {
 		int n = 0;
-		char *args[8];
+		char *args[4];
 
-		for (int k = i; k < argc && n < 8; k++)
-			if (strcmp(argv[k], "--json"))
-				args[n++] = argv[k];
+		for (int k = i; k < argc; k++) {
+			if (!strcmp(argv[k], "--json")) {
+				as_json = 1;
+				continue;
+			}
+			if (n == 4)
+				return bad_arg(cmd, "unexpected argument", argv[k], "takes get [NAME] or set NAME VALUE");
+			args[n++] = argv[k];
+		}
 		return cmd_config(n, args, as_json);
 	}
 	fprintf(stderr, "wexctl: unknown command '%s'\n", cmd);

@@ -3,7 +3,8 @@
 # live daemon: status/models/clients/plans tables and --json (valid JSON with
 # the expected fields), watch refreshing, metrics accepted by promtool with
 # sync counters from real syncs, config get/set (refusing a field that is
-# not modifiable, naming it), the event-loop backend reported, and, with no
+# not modifiable, naming it; an unknown field in wexd's words), typos and bad
+# values refused with exit 2, the event-loop backend reported, and, with no
 # wexd running, a wexctl error that says what to do.
 WEXD=$1 WEXCTL=$2 PRODUCER=$3 CONSUMER=$4
 . "$(dirname "$0")/lib.sh"
@@ -13,6 +14,17 @@ if WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" status 2>"$TMP/nowexd.err"; then fail "
 grep -q "is wexd running" "$TMP/nowexd.err" || fail "no hint without wexd: $(cat "$TMP/nowexd.err")"
 "$WEXD" --help | grep -q "|trace" || fail "wexd --help does not list log level trace"
 "$WEXCTL" plan 2>&1 | grep -q megatron_grouped || fail "plan's usage does not list megatron_grouped"
+# A typo or a bad value is refused (exit 2, naming it), never taken as the
+# default: checked before wexd runs, so nothing is asked of it.
+for args in "status --jsn" "models x" "watch -n 0" "watch -n abc" "watch --count 0" "watch -n" "config get a b"; do
+	# shellcheck disable=SC2086
+	WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" $args >/dev/null 2>"$TMP/arg.err"
+	rc=$?
+	[ $rc = 2 ] || fail "wexctl $args exited $rc, not 2"
+	[ -s "$TMP/arg.err" ] || fail "wexctl $args did not say why"
+done
+WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" status --jsn 2>&1 | grep -q "unexpected argument '--jsn'" || fail "typo not named"
+WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" watch -n 0 2>&1 | grep -q "bad -n '0'" || fail "bad interval not named"
 start_wexd
 "$PRODUCER" --rank 0 --world 1 --preset tiny --versions 2 --wait-group engine --hold >"$TMP/p.log" 2>&1 &
 P=$!
@@ -55,6 +67,10 @@ fi
 "$WEXCTL" config get begin_write_timeout_ms --json | grep -q 1234 || fail "config get after set"
 if "$WEXCTL" config set socket /tmp/x 2>"$TMP/err"; then fail "socket changed at run time"; fi
 grep -q "socket" "$TMP/err" || fail "refusal does not name the field"
+# An unknown field: wexd's words, not the code's ("No such file or directory").
+if "$WEXCTL" config set nope 3 2>"$TMP/err"; then fail "unknown field set"; fi
+grep -q "^wexctl: config set: field 'nope': unknown field" "$TMP/err" || fail "unknown field: $(cat "$TMP/err")"
+grep -q "No such file" "$TMP/err" && fail "unknown field reported as a missing file: $(cat "$TMP/err")"
 # watch fails (exit 1, saying why) when wexd goes away under it.
 "$WEXCTL" watch -n 0.05 --count 100000 >/dev/null 2>"$TMP/watch.err" &
 W=$!
