@@ -126,6 +126,14 @@ static int host_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 	/* Never more than the file holds now. */
 	if (seg->desc.alloc_size > (uint64_t)st.st_size)
 		seg->desc.alloc_size = (uint64_t)st.st_size;
+	/* Except its last page, which the kernel maps whole (the bytes past
+	 * the file's end read as zeros): a region, always whole pages, of the
+	 * segment's own size (5000 bytes: 8192 reserved) must fit. */
+	if (seg->desc.alloc_size == (uint64_t)st.st_size) {
+		uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+
+		seg->desc.alloc_size = (seg->desc.alloc_size + pg - 1) & ~(pg - 1);
+	}
 	seg->ptr = p;
 	seg->fd = fd;
 	seg->owner = 2; /* importer: the mapping is ours */

@@ -120,6 +120,38 @@ static void shrunk_file(void)
 	close(fd);
 }
 
+/* A segment whose size is not a multiple of the page size (wex_segment_alloc
+ * of the tensors' bytes): a region reserved with that same size fits it,
+ * and a same-address sync maps it (the page's tail past the segment reads
+ * zeros, as the producer's own mapping does). */
+static void odd_size_segment(void)
+{
+	struct wex_sync_result r;
+	struct wex_tensor t;
+	wex_client_t *p, *k;
+	uint32_t seg;
+	void *region;
+	char *base;
+
+	p = t_open(WEX_ROLE_PRODUCER, "odd-size", NULL, 0, 1);
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 5000, &seg, (void **)&base));
+	t_u8_tensor(&t, "w", 5000, seg, 0);
+	T_WEX(p, wex_register_tensors(p, &t, 1));
+	T_WEX(p, wex_begin_write(p, 1, 5000));
+	memset(base, 5, 5000);
+	T_WEX(p, wex_publish(p, 1));
+	k = t_open(WEX_ROLE_CONSUMER, "odd-size", "g", 0, 1);
+	T_WEX(k, wex_reserve(k, 0, seg, 5000, &region));
+	t.ptr = region;
+	T_WEX(k, wex_attach(k, &t, 1));
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	T_ASSERT(shows_producer(region) && ((unsigned char *)region)[4999] == 5,
+		 "the region shows the producer's 5000-byte segment");
+	T_WEX(k, wex_release(k));
+	wex_client_close(k);
+	wex_client_close(p);
+}
+
 static void restart_renumbers(struct t_wexd *d)
 {
 	struct t_prod p;
@@ -196,6 +228,7 @@ int main(void)
 	t_wexd_start(&d);
 	fixed_check_fails();
 	shrunk_file();
+	odd_size_segment();
 	null_arguments();
 	restart_renumbers(&d);
 	t_wexd_stop(&d);
