@@ -1271,6 +1271,7 @@ static struct pseg *find_pseg(struct wex_client *c, uint32_t rank, uint32_t id)
  * given back even when that wait fails (a GPU fault ends the work too). */
 static int release_lease(struct wex_client *c, int wait)
 {
+	uint64_t conn = c->conn_gen;
 	json_t *req;
 	int ret, wret = 0;
 
@@ -1290,6 +1291,14 @@ static int release_lease(struct wex_client *c, int wait)
 		ret = simple_rpc(c, req, NULL);
 	}
 	c->has_lease = 0;
+	/* The connection that held the lease was lost (wexd restarted, or a
+	 * call it did not answer dropped it): the lease went with it, and
+	 * the producer may have written since, while this rank served from
+	 * the producer's memory.  Say so, not the new daemon's "no lease". */
+	if (wret == 0 && c->conn_gen != conn)
+		ret = set_err(c, -WEX_EDAEMON,
+			      "release: the lease on v%llu was lost with wexd's connection (wexd restarted or stopped answering) before this release: the producer may have written while this rank read its memory",
+			      (unsigned long long)c->lease_version);
 	return ret;
 }
 

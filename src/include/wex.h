@@ -332,7 +332,11 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
  * process's queued GPU work on the devices wex uses (kernels reading the
  * remapped weights must be done before the producer may write).  Blocks
  * for that wait and one round trip.  View pointers stay mapped but may
- * change under the reader. */
+ * change under the reader.  -ENOENT when no lease is held; -WEX_EDAEMON
+ * when the lease was lost before this call with wexd's connection (wexd
+ * restarted, or a call it did not answer dropped the connection): the
+ * producer may have written while this rank read its memory (the lease
+ * is gone either way). */
 WEX_API int wex_release(wex_client_t *c);
 
 /* 1 if the consumer's weights are half-written (an interrupted copy).

@@ -13,7 +13,11 @@
  *  - after a wexd restart that also restarts the trainer's version numbers,
  *    a copy sync of a version number already copied copies again;
  *  - every public call given a NULL client, or a NULL pointer it needs,
- *    returns -EINVAL (the reason in wex_last_error) instead of faulting.
+ *    returns -EINVAL (the reason in wex_last_error) instead of faulting;
+ *  - a segment whose size is not a whole number of pages can be shown at
+ *    the same address in a region reserved with that size;
+ *  - releasing a remap lease that was lost with a restarted wexd returns
+ *    -WEX_EDAEMON saying so (not the new daemon's "no lease held").
  */
 #include <errno.h>
 #include <stdio.h>
@@ -221,6 +225,37 @@ static void null_arguments(void)
 	t_prod_close(&p);
 }
 
+/* A remap lease held across a wexd restart is gone with the old daemon:
+ * wex_release says that (the producer may have written under it), not the
+ * new daemon's "no lease held", and the client syncs on afterwards. */
+static void release_after_restart(struct t_wexd *d)
+{
+	struct t_prod p;
+	struct t_cons k;
+	struct wex_sync_result r;
+	int ret;
+
+	t_prod_open(&p, "lost-lease", "tiny", 0, 1);
+	t_cons_open(&k, "lost-lease", "g", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	t_wexd_kill(d);
+	t_wexd_restart(d);
+	ret = wex_release(k.c);
+	T_ASSERT(ret == -WEX_EDAEMON && strstr(wex_last_error(k.c), "lost"),
+		 "releasing a lease lost with the old wexd says so: %s (%s)", wex_strerror(ret),
+		 wex_last_error(k.c));
+	ret = wex_release(k.c);
+	T_ASSERT(ret == -ENOENT, "and then no lease is held: %s", wex_strerror(ret));
+	/* The client goes on with the new wexd. */
+	t_prod_write(&p, 2);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 2, 5000, &r));
+	T_ASSERT(t_own_bad(&k, 2) == 0, "fixed sync of v2 on the new wexd");
+	T_WEX(k.c, wex_release(k.c));
+	t_cons_close(&k);
+	t_prod_close(&p);
+}
+
 int main(void)
 {
 	struct t_wexd d;
@@ -231,6 +266,7 @@ int main(void)
 	odd_size_segment();
 	null_arguments();
 	restart_renumbers(&d);
+	release_after_restart(&d);
 	t_wexd_stop(&d);
 	printf("client_faults: PASS\n");
 	t_exit(T_EXIT_PASS);
