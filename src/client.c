@@ -445,8 +445,10 @@ static int reconnect(struct wex_client *c)
 		c->fetched = 0;
 		/* A new wexd numbers versions afresh (a restarted trainer may
 		 * publish "v1" again): the next copy sync copies whatever its
-		 * version number. */
+		 * version number, and the next sync of any mode reports a
+		 * change. */
 		c->copied = 0;
+		c->version = 0;
 	}
 	return 0;
 err:

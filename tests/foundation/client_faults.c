@@ -11,7 +11,8 @@
  *    the region is refused (only the segment's size is offered) and no
  *    sync dies of SIGBUS;
  *  - after a wexd restart that also restarts the trainer's version numbers,
- *    a copy sync of a version number already copied copies again;
+ *    a copy sync of a version number already copied copies again, and a
+ *    same-address sync of a version number already shown reports a change;
  *  - every public call given a NULL client, or a NULL pointer it needs,
  *    returns -EINVAL (the reason in wex_last_error) instead of faulting;
  *  - a segment whose size is not a whole number of pages can be shown at
@@ -181,6 +182,36 @@ static void restart_renumbers(struct t_wexd *d)
 	t_prod_close(&p);
 }
 
+/* The same for a same-address sync: the new daemon's v1 is other weights
+ * than the old one's, and the result says they changed (an engine drops
+ * its caches on that). */
+static void restart_renumbers_remap(struct t_wexd *d)
+{
+	struct t_prod p;
+	struct t_cons k;
+	struct wex_sync_result r;
+
+	t_prod_open(&p, "renumber-fixed", "tiny", 0, 1);
+	t_cons_open(&k, "renumber-fixed", "g", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	T_ASSERT(r.changed && t_own_bad(&k, 1) == 0, "v1 shown");
+	T_WEX(k.c, wex_release(k.c));
+	t_prod_close(&p);
+	t_wexd_kill(d);
+	t_wexd_restart(d);
+	t_prod_open(&p, "renumber-fixed", "tiny", 0, 1);
+	T_WEX(p.c, wex_begin_write(p.c, 1, 5000));
+	ex_fill(p.base, p.t, (size_t)p.n, 9, 1);
+	T_WEX(p.c, wex_publish(p.c, 1));
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	T_ASSERT(t_own_bad(&k, 9) == 0, "the new daemon's v1 is shown");
+	T_ASSERT(r.changed, "and reported as changed (changed %d)", r.changed);
+	T_WEX(k.c, wex_release(k.c));
+	t_cons_close(&k);
+	t_prod_close(&p);
+}
+
 static void null_arguments(void)
 {
 	struct t_prod p;
@@ -266,6 +297,7 @@ int main(void)
 	odd_size_segment();
 	null_arguments();
 	restart_renumbers(&d);
+	restart_renumbers_remap(&d);
 	release_after_restart(&d);
 	t_wexd_stop(&d);
 	printf("client_faults: PASS\n");
