@@ -143,8 +143,9 @@ struct wex_client_params {
 WEX_API int wex_client_open(const struct wex_client_params *params, wex_client_t **out);
 
 /* Releases every lease and mapping the client holds, closes every fd it
- * owns and frees it.  A consumer's same-address buffers keep their last
- * contents (private memory again).  Blocks for at most one round trip. */
+ * owns and frees it.  A consumer's same-address regions (wex_reserve) are
+ * unmapped, whatever they show: pointers into them are invalid from then
+ * on.  Blocks for at most one round trip. */
 WEX_API void wex_client_close(wex_client_t *c);
 
 /* ---------------------------------------------------------------------- */

@@ -154,6 +154,8 @@ static void odd_size_segment(void)
 		 "the region shows the producer's 5000-byte segment");
 	T_WEX(k, wex_release(k));
 	wex_client_close(k);
+	T_ASSERT(msync(region, 4096, MS_ASYNC) < 0 && errno == ENOMEM,
+		 "wex_client_close unmaps the region (wex.h)");
 	wex_client_close(p);
 }
 
