@@ -1507,9 +1507,12 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 				c->copied = 0;
 			}
 			/* Still showing what it showed before (an older version
-			 * of the producer's memory): undone with the others. */
-			if (g->r.fixed)
-				done[i] = 1;
+			 * of the producer's memory): undone with the others, and
+			 * so are the regions after it that still show the
+			 * producer (a failed restore left them so). */
+			for (size_t j = i; j < c->nregions; j++)
+				if (c->regions[j].r.fixed)
+					done[j] = 1;
 			unmap_regions(c, done);
 			free(done);
 			return set_err(c, ret, "remap: map_fixed: %s%s", wex_strerror(ret),

@@ -27,8 +27,9 @@
  * mapped says that, a COPY sync that cannot map memory there either fails
  * with a clear error instead of faulting, and the next one repairs it;
  * with two regions, a failure on one still restores (copy sync) or undoes
- * (fixed sync, the region already shown included, and one still showing
- * an older mapping) the other, so no region
+ * (fixed sync, the region already shown included, one still showing
+ * an older mapping, and one after the failing region that still shows the
+ * producer since a failed restore) the other, so no region
  * shows the producer once the failed sync has given its lease back.
  */
 #include <dlfcn.h>
@@ -53,6 +54,7 @@ enum { F_NONE, F_KEEP, F_HOLE, F_HALF };
 
 static int arm_fixed_file;  /* next mmap(MAP_FIXED) of a file */
 static int arm_remap;       /* next mremap(MREMAP_FIXED) */
+static int skip_remap;      /* mremaps to let through before arm_remap fires */
 static int arm_refill;      /* next anonymous mmap at a fixed address: F_KEEP fails it */
 static int hits_fixed_file, hits_remap, hits_refill;
 
@@ -103,7 +105,9 @@ INTERPOSE void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...
 	va_start(ap, flags);
 	new_addr = va_arg(ap, void *);
 	va_end(ap);
-	if (arm_remap)
+	if (arm_remap && skip_remap > 0)
+		skip_remap--;
+	else if (arm_remap)
 		return fire(&arm_remap, &hits_remap, new_addr, new_len);
 	return real_mremap(old, old_len, new_len, flags, new_addr);
 }
@@ -454,6 +458,26 @@ static void two_regions(struct t_wexd *d)
 	T_ASSERT(t_leases(d->sock, MODEL "-2") == 0, "and no lease is held");
 	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 3, 5000, &res));
 	T_ASSERT(all_bytes(r0, N, 3) && all_bytes(r1, N, 3), "the next fixed sync shows v3 in both");
+
+	/* A region still showing the producer after a failed restore, placed
+	 * after one whose swap fails: the sync gets no further than the
+	 * first, and still undoes the second. */
+	arm_remap = F_KEEP;
+	skip_remap = 1; /* a's restore works, b's fails */
+	ret = wex_sync(k, WEX_SYNC_COPY, 3, 5000, &res);
+	T_ASSERT(ret == -ENOMEM && !maps_has(r0, "memfd:") && maps_has(r1, "memfd:"),
+		 "copy sync with b's restore failing: a private, b shows the producer (got %s: %s)",
+		 wex_strerror(ret), wex_last_error(k));
+	publish(p, b0, b1, N, 4);
+	arm_fixed_file = F_KEEP;
+	ret = wex_sync(k, WEX_SYNC_REMAP_FIXED, 4, 5000, &res);
+	T_ASSERT(ret == -ENOMEM, "fixed sync with a's swap failing: -ENOMEM, got %s (%s)",
+		 wex_strerror(ret), wex_last_error(k));
+	T_ASSERT(!maps_has(r0, "memfd:") && !maps_has(r1, "memfd:"),
+		 "after the failed sync b (never reached) no longer shows the producer either");
+	T_ASSERT(t_leases(d->sock, MODEL "-2") == 0, "and no lease is held");
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 4, 5000, &res));
+	T_ASSERT(all_bytes(r0, N, 4) && all_bytes(r1, N, 4), "the next fixed sync shows v4 in both");
 	T_ASSERT(arm_remap == F_NONE && arm_refill == F_NONE && arm_fixed_file == F_NONE,
 		 "every armed fault fired");
 	wex_client_close(k);
