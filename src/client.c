@@ -100,6 +100,7 @@ struct wex_client {
 	uint64_t lease_version; /* the version the held lease is on */
 	uint64_t conn_gen;      /* connections made after the first (reconnects) */
 	int has_lease;
+	int lease_lost; /* a reconnect took the held lease with the old wexd */
 	int dirty;
 	json_t *report; /* the last finished sync, sent with the next request */
 	int lease_kept; /* the last error reply said a held lease stands */
@@ -441,6 +442,8 @@ static int reconnect(struct wex_client *c)
 	} else if (c->role == WEX_ROLE_CONSUMER) {
 		if (c->nlayout && (ret = send_layout(c)) < 0)
 			goto err;
+		if (c->has_lease)
+			c->lease_lost = 1;
 		c->has_lease = 0;
 		c->fetched = 0;
 		/* A new wexd numbers versions afresh (a restarted trainer may
@@ -1271,9 +1274,19 @@ static struct pseg *find_pseg(struct wex_client *c, uint32_t rank, uint32_t id)
  * that may read the producer's memory (`wait`); a copy lease has nothing
  * left to wait for (the executor waited for its copies).  The lease is
  * given back even when that wait fails (a GPU fault ends the work too). */
+/* The lease a reconnect took with the old wexd, reported once (by the
+ * release that would have ended it): the producer may have written while
+ * this rank read its memory; the new daemon would only say "no lease". */
+static int lease_lost_err(struct wex_client *c)
+{
+	c->lease_lost = 0;
+	return set_err(c, -WEX_EDAEMON,
+		       "release: the lease on v%llu was lost with wexd's connection (wexd restarted or stopped answering) before this release: the producer may have written while this rank read its memory",
+		       (unsigned long long)c->lease_version);
+}
+
 static int release_lease(struct wex_client *c, int wait)
 {
-	uint64_t conn = c->conn_gen;
 	json_t *req;
 	int ret, wret = 0;
 
@@ -1293,14 +1306,11 @@ static int release_lease(struct wex_client *c, int wait)
 		ret = simple_rpc(c, req, NULL);
 	}
 	c->has_lease = 0;
-	/* The connection that held the lease was lost (wexd restarted, or a
-	 * call it did not answer dropped it): the lease went with it, and
-	 * the producer may have written since, while this rank served from
-	 * the producer's memory.  Say so, not the new daemon's "no lease". */
-	if (wret == 0 && c->conn_gen != conn)
-		ret = set_err(c, -WEX_EDAEMON,
-			      "release: the lease on v%llu was lost with wexd's connection (wexd restarted or stopped answering) before this release: the producer may have written while this rank read its memory",
-			      (unsigned long long)c->lease_version);
+	/* The connection was lost during this release (the new daemon said
+	 * "no lease"). */
+	if (c->lease_lost && wret == 0)
+		ret = lease_lost_err(c);
+	c->lease_lost = 0;
 	return ret;
 }
 
@@ -1667,6 +1677,7 @@ again:
 	waited = json_real_value(json_object_get(reply, "waited_ms")) / 1e3;
 	json_decref(reply);
 	c->has_lease = 1;
+	c->lease_lost = 0;
 	c->lease_version = version;
 	/* A wexd restart after the acquire takes the lease with it (the new
 	 * daemon knows none), and the producer may then write: every step
@@ -1820,7 +1831,7 @@ WEX_API int wex_release(wex_client_t *c)
 	if (c->role != WEX_ROLE_CONSUMER)
 		return set_err(c, -EPERM, "only consumers hold leases");
 	if (!c->has_lease)
-		return set_err(c, -ENOENT, "no lease held");
+		return c->lease_lost ? lease_lost_err(c) : set_err(c, -ENOENT, "no lease held");
 	return release_lease(c, 1);
 }
 

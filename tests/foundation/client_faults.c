@@ -284,6 +284,25 @@ static void release_after_restart(struct t_wexd *d)
 	t_prod_write(&p, 2);
 	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 2, 5000, &r));
 	T_ASSERT(t_own_bad(&k, 2) == 0, "fixed sync of v2 on the new wexd");
+	/* Lost during another call (a status request reconnects first): the
+	 * release still says so, once. */
+	t_wexd_kill(d);
+	t_wexd_restart(d);
+	{
+		char *s = NULL;
+
+		T_WEX(k.c, wex_request(k.c, "status", NULL, &s));
+		wex_free(s);
+	}
+	ret = wex_release(k.c);
+	T_ASSERT(ret == -WEX_EDAEMON && strstr(wex_last_error(k.c), "v2"),
+		 "a lease lost before another call: release says so: %s (%s)", wex_strerror(ret),
+		 wex_last_error(k.c));
+	ret = wex_release(k.c);
+	T_ASSERT(ret == -ENOENT, "and then no lease is held: %s", wex_strerror(ret));
+	t_prod_write(&p, 3);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 3, 5000, &r));
+	T_ASSERT(t_own_bad(&k, 3) == 0, "fixed sync of v3 on the third wexd");
 	T_WEX(k.c, wex_release(k.c));
 	t_cons_close(&k);
 	t_prod_close(&p);
