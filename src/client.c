@@ -1410,9 +1410,42 @@ static int run_copy(struct wex_client *c, uint64_t *bytes)
 
 /* Same-address remap needs the consumer's tensors to sit exactly where the
  * producer's do: name the first that does not. */
+/* Whether two descriptions put the same elements at the same places: the
+ * first ndim dims only (what lies past them means nothing), strides as
+ * they act (all 0 is C order; a dim of extent 1 is never stepped).  0 if
+ * they do; else 1, with what differs (producer's value first) in `why`. */
+static int box_differs(const struct wex_tensor *a, const struct wex_tensor *b, char *why,
+		       size_t len)
+{
+	int64_t sa[WEX_MAX_DIMS], sb[WEX_MAX_DIMS];
+
+	if (a->dtype != b->dtype || a->ndim != b->ndim) {
+		snprintf(why, len, "dtype %s vs %s, ndim %u vs %u", wex_dtype_name(a->dtype),
+			 wex_dtype_name(b->dtype), a->ndim, b->ndim);
+		return 1;
+	}
+	wex__tensor_strides(a, sa);
+	wex__tensor_strides(b, sb);
+	for (uint32_t i = 0; i < a->ndim; i++) {
+		if (a->start[i] != b->start[i] || a->extent[i] != b->extent[i]) {
+			snprintf(why, len, "dim %u: box [%llu, +%llu) vs [%llu, +%llu)", i,
+				 (unsigned long long)a->start[i], (unsigned long long)a->extent[i],
+				 (unsigned long long)b->start[i], (unsigned long long)b->extent[i]);
+			return 1;
+		}
+		if (a->extent[i] > 1 && sa[i] != sb[i]) {
+			snprintf(why, len, "dim %u: stride %lld vs %lld elements", i,
+				 (long long)sa[i], (long long)sb[i]);
+			return 1;
+		}
+	}
+	return 0;
+}
+
 static int check_fixed_layout(struct wex_client *c, struct region *g)
 {
 	uint64_t base = (uint64_t)(uintptr_t)g->r.addr;
+	char why[128];
 
 	for (size_t i = 0; i < c->nlayout; i++) {
 		const struct wex_tensor *t = &c->layout[i];
@@ -1426,14 +1459,15 @@ static int check_fixed_layout(struct wex_client *c, struct region *g)
 
 			if (s->segment != g->segid || strcmp(s->name, t->name))
 				continue;
-			if (s->offset != p - base || s->dtype != t->dtype || s->ndim != t->ndim ||
-			    memcmp(s->start, t->start, sizeof(s->start)) ||
-			    memcmp(s->extent, t->extent, sizeof(s->extent)) ||
-			    memcmp(s->strides, t->strides, sizeof(s->strides)))
+			if (s->offset != p - base)
 				return set_err(c, -WEX_ELAYOUT,
-					       "remap: tensor '%s' differs from producer rank %u's (offset %llu vs %llu, or dtype/box/strides)",
-					       t->name, g->prank, (unsigned long long)(p - base),
+					       "remap: tensor '%s' is at offset %llu of the region, producer rank %u's at %llu",
+					       t->name, (unsigned long long)(p - base), g->prank,
 					       (unsigned long long)s->offset);
+			if (box_differs(s, t, why, sizeof(why)))
+				return set_err(c, -WEX_ELAYOUT,
+					       "remap: tensor '%s' differs from producer rank %u's: %s",
+					       t->name, g->prank, why);
 			found = 1;
 			break;
 		}

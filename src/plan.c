@@ -158,8 +158,7 @@ static uint64_t box_elems(const struct wex_tensor *t)
 	return n;
 }
 
-/* Element strides of a piece: its own, or C order over its extent. */
-static void piece_strides(const struct wex_tensor *t, int64_t *s)
+void wex__tensor_strides(const struct wex_tensor *t, int64_t *s)
 {
 	int zero = 1;
 
@@ -697,8 +696,8 @@ static int emit_cell(struct wex_plan *p, size_t *cap, const struct cell *c, cons
 	int nv = 0;
 	uint64_t len = (uint64_t)esz;
 
-	piece_strides(s, ss);
-	piece_strides(d, ds);
+	wex__tensor_strides(s, ss);
+	wex__tensor_strides(d, ds);
 	for (uint32_t k = 0; k < c->ndim; k++) {
 		soff += (c->start[k] - s->start[k]) * (uint64_t)ss[k] * (uint64_t)esz;
 		doff += (c->start[k] - d->start[k]) * (uint64_t)ds[k] * (uint64_t)esz;

@@ -122,6 +122,10 @@ int wex__planner_plan_group(struct wex_planner *pl, const struct wex_plan_dst *d
  * ranks can serve, spread evenly over that set). */
 void wex__planner_stats(const struct wex_planner *pl, struct wex_plan_stats *st);
 
+/* Element strides of the first t->ndim dims: the tensor's own, or C order
+ * over its extent when all are 0. */
+void wex__tensor_strides(const struct wex_tensor *t, int64_t *s);
+
 /* Deterministic 64-bit hash of a piece table (names, dtypes, shapes, boxes,
  * strides, segments and offsets; not pointers): the plan-cache key part for
  * one side's layout. */

@@ -159,6 +159,64 @@ static void odd_size_segment(void)
 	wex_client_close(p);
 }
 
+/* A same-address sync compares layouts as they act on memory: explicit
+ * C-order strides equal all-zero ones, a dim of extent 1 has no stride
+ * that matters, and what lies past ndim means nothing (a C caller need not
+ * zero it).  Strides that really differ are refused, naming the tensor. */
+static void strides_as_they_act(void)
+{
+	struct wex_sync_result r;
+	struct wex_tensor t, u;
+	wex_client_t *p, *k, *x;
+	uint32_t seg;
+	void *region, *region2;
+	char *base;
+	int ret;
+
+	p = t_open(WEX_ROLE_PRODUCER, "strides", NULL, 0, 1);
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &seg, (void **)&base));
+	t_u8_tensor(&t, "w", 8, seg, 0);
+	t.ndim = 3;
+	t.shape[1] = t.extent[1] = 1;
+	t.shape[2] = t.extent[2] = 64; /* [8, 1, 64], strides all 0 */
+	T_WEX(p, wex_register_tensors(p, &t, 1));
+	T_WEX(p, wex_begin_write(p, 1, 5000));
+	memset(base, 7, 512);
+	T_WEX(p, wex_publish(p, 1));
+
+	k = t_open(WEX_ROLE_CONSUMER, "strides", "g", 0, 1);
+	T_WEX(k, wex_reserve(k, 0, seg, 4096, &region));
+	u = t;
+	u.ptr = region;
+	u.strides[0] = 64;
+	u.strides[1] = 3; /* extent 1: never stepped */
+	u.strides[2] = 1;
+	u.start[5] = 99; /* past ndim */
+	u.extent[6] = 42;
+	u.strides[7] = -5;
+	T_WEX(k, wex_attach(k, &u, 1));
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	T_ASSERT(((unsigned char *)region)[511] == 7, "the region shows the producer's tensor");
+	T_WEX(k, wex_release(k));
+
+	x = t_open(WEX_ROLE_CONSUMER, "strides", "h", 0, 1);
+	T_WEX(x, wex_reserve(x, 0, seg, 4096, &region2));
+	u = t;
+	u.ptr = region2;
+	u.strides[0] = 1;
+	u.strides[1] = 1;
+	u.strides[2] = 8; /* the same bytes read in another order */
+	T_WEX(x, wex_attach(x, &u, 1));
+	ret = wex_sync(x, WEX_SYNC_REMAP_FIXED, 1, 5000, &r);
+	T_ASSERT(ret == -WEX_ELAYOUT && strstr(wex_last_error(x), "'w'") &&
+		 strstr(wex_last_error(x), "dim 0: stride 64 vs 1"),
+		 "other strides refused naming the tensor: %s (%s)", wex_strerror(ret),
+		 wex_last_error(x));
+	wex_client_close(x);
+	wex_client_close(k);
+	wex_client_close(p);
+}
+
 static void restart_renumbers(struct t_wexd *d)
 {
 	struct t_prod p;
@@ -316,6 +374,7 @@ int main(void)
 	fixed_check_fails();
 	shrunk_file();
 	odd_size_segment();
+	strides_as_they_act();
 	null_arguments();
 	restart_renumbers(&d);
 	restart_renumbers_remap(&d);
