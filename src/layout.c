@@ -122,6 +122,8 @@ struct ex {
 	const struct wex_model *m;
 	int bad;
 	int overflow; /* a step left int64_t */
+	int divzero;
+	int depth;    /* open parentheses: bounded, the parser recurses */
 };
 
 static int64_t ex_cmp(struct ex *e);
@@ -136,9 +138,15 @@ static int64_t ex_factor(struct ex *e)
 {
 	ex_ws(e);
 	if (*e->s == '(') {
+		if (e->depth >= 64) {
+			e->bad = 1;
+			return 0;
+		}
 		e->s++;
+		e->depth++;
 		int64_t v = ex_cmp(e);
 
+		e->depth--;
 		ex_ws(e);
 		if (*e->s != ')')
 			e->bad = 1;
@@ -191,7 +199,9 @@ static int64_t ex_term(struct ex *e)
 			int64_t d = ex_factor(e);
 
 			if (d == 0)
-				e->bad = 1;
+				e->divzero = 1;
+			else if (v == INT64_MIN && d == -1)
+				e->overflow = 1;
 			else
 				v /= d;
 		} else {
@@ -242,7 +252,7 @@ static int eval(const struct wex_model *m, const char *s, int64_t *v)
 	ex_ws(&e);
 	if (e.bad || *e.s)
 		return -EINVAL;
-	return e.overflow ? -ERANGE : 0;
+	return e.divzero ? -EDOM : e.overflow ? -ERANGE : 0;
 }
 
 /* "sym" true when nonzero, "!sym" when zero, "" always. */
@@ -373,6 +383,9 @@ static json_t *load_json(const char *dir, const char *sub, const char *name, cha
  * dimensions of any model stay far below it, and products of a few of them
  * still fit int64_t. */
 #define CFG_INT_MAX (1ll << 40)
+/* Whole-model limits: DeepSeek-V3 has about 47,000 tensors and 2^40 bytes. */
+#define MODEL_MAX_TENSORS (1ull << 22)
+#define MODEL_MAX_BYTES (1ull << 52)
 
 /* Integer value of a config key: whole numbers from 0 to CFG_INT_MAX
  * (4.0 counts as 4) and booleans; null counts as absent (-ENOENT);
@@ -480,7 +493,13 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 			goto out;
 		}
 		if (rc < 0) {
-			if (!def || eval(m, def, &x) < 0) {
+			rc = def ? eval(m, def, &x) : -EINVAL;
+			if (rc == -EDOM) {
+				seterr(err, errlen, "config.json lacks %s, and its default %s divides by "
+				       "zero (a size it uses is 0)", key && *key ? key : name, def);
+				goto out;
+			}
+			if (rc < 0) {
 				seterr(err, errlen, "config.json lacks %s (needed by family %s)",
 				       key && *key ? key : name, m->family);
 				goto out;
@@ -558,6 +577,20 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 			seterr(err, errlen, "family %s: bad tensor entry %zu", m->family, i);
 			goto out;
 		}
+		{
+			/* Names expand at every layout: check them once here, at
+			 * the longest layer and expert numbers. */
+			int64_t nl = wex__model_sym(m, "layers"), ne = wex__model_sym(m, "nexp");
+			char tmp[WEX_NAME_MAX];
+
+			nl = nl > 0 ? nl - 1 : 0;
+			ne = ne > 0 ? ne - 1 : 0;
+			if (expand(m, f->name, nl, nl, ne, ne, tmp) < 0) {
+				seterr(err, errlen, "family %s: tensor name %s has an unknown {key} or is "
+				       "longer than %d bytes", m->family, f->name, WEX_NAME_MAX - 1);
+				goto out;
+			}
+		}
 		uint64_t bytes = wex_dtype_size(ft_dtype(m, f)) ?: 4;
 
 		json_array_foreach(shape, k, d) {
@@ -566,7 +599,9 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 
 			if (rc < 0 || x < 0) {
 				seterr(err, errlen, "family %s: cannot evaluate shape of %s%s", m->family,
-				       f->name, rc == -ERANGE ? " (the config's sizes overflow it)" : "");
+				       f->name, rc == -ERANGE ? " (the config's sizes overflow it)"
+						: rc == -EDOM ? " (it divides by zero: a size it uses is 0)"
+							      : "");
 				goto out;
 			}
 			f->shape[k] = (uint64_t)x;
@@ -579,6 +614,39 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 			}
 		}
 		m->nft++;
+	}
+	/* Every tensor is laid out, planned and held in memory: a layer or
+	 * expert count no model has (a typo, a mutated config) is refused
+	 * here, not left to exhaust memory. */
+	{
+		int64_t layers = wex__model_sym(m, "layers"), nexp = wex__model_sym(m, "nexp");
+		int64_t fd = wex__model_sym(m, "first_dense");
+		uint64_t count = 0, total = 0;
+
+		if (layers < 0)
+			layers = 0;
+		fd = fd < 0 ? 0 : fd > layers ? layers : fd;
+		for (int t = 0; t < m->nft; t++) {
+			const struct ftensor *f = &m->ft[t];
+			uint64_t n = f->layers == LAY_NONE	  ? 1
+				     : f->layers == LAY_DENSE ? (uint64_t)fd
+				     : f->layers == LAY_MOE   ? (uint64_t)(layers - fd)
+							      : (uint64_t)layers;
+			uint64_t b = wex_dtype_size(ft_dtype(m, f)) ?: 4;
+
+			for (uint32_t d = 0; d < f->ndim; d++)
+				b *= f->shape[d];
+			if ((f->experts && __builtin_mul_overflow(n, (uint64_t)(nexp > 0 ? nexp : 0), &n)) ||
+			    __builtin_add_overflow(count, n, &count) || count > MODEL_MAX_TENSORS ||
+			    __builtin_mul_overflow(n, b, &b) || __builtin_add_overflow(total, b, &total) ||
+			    total > MODEL_MAX_BYTES) {
+				seterr(err, errlen, "family %s: the config's sizes (%lld layers, %lld experts) "
+				       "give more than %llu tensors or 2^52 bytes: they are not a model's",
+				       m->family, (long long)layers, (long long)(nexp > 0 ? nexp : 0),
+				       (unsigned long long)MODEL_MAX_TENSORS);
+				goto out;
+			}
+		}
 	}
 	*out = m;
 	m = NULL;
@@ -677,6 +745,9 @@ int wex__model_canonical(const struct wex_model *m, struct wex_tensor **t, size_
 
 /* ---- layout specs ---- */
 
+/* Largest parallel size or padding multiple (tp, pp, ..., vocab_pad). */
+#define LAYOUT_PARAM_MAX (1 << 20)
+
 int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, size_t errlen)
 {
 	const char *c = strchr(s, ':');
@@ -707,7 +778,7 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 			if (!strcmp(key, param_names[k]))
 				break;
 		long long v = strtoll(eq + 1, &stop, 10);
-		if (k == WEX_LAYOUT_PARAMS || stop != end || v < 0 || v > (1 << 20)) {
+		if (k == WEX_LAYOUT_PARAMS || stop != end || v < 0 || v > LAYOUT_PARAM_MAX) {
 			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: tp pp dp ep etp first last fuse_shared)",
 			       (int)(end - p), p, s);
 			return -EINVAL;
@@ -784,6 +855,10 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 		if (spec->set[k] && !d)
 			FAIL(c, "engine %s has no parameter %s", spec->engine, param_names[k]);
 		v[k] = spec->set[k] ? spec->v[k] : json_is_integer(d) ? json_integer_value(d) : 0;
+		/* The engine's defaults obey the limits of given values. */
+		if (v[k] < 0 || v[k] > LAYOUT_PARAM_MAX)
+			FAIL(c, "engine %s: parameter %s defaults to %lld, not 0 to %d", spec->engine,
+			     param_names[k], (long long)v[k], LAYOUT_PARAM_MAX);
 	}
 	c->tp = v[P_TP];
 	c->pp = v[P_PP];
@@ -859,6 +934,11 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 	c->vocab_pad = json_integer_value(json_object_get(c->eng, "vocab_pad"));
 	if (c->vocab_pad < 1)
 		c->vocab_pad = 1;
+	/* A multiple no engine pads to would wrap (times tp) or blow the
+	 * vocabulary up to terabytes. */
+	if (c->vocab_pad > LAYOUT_PARAM_MAX)
+		FAIL(c, "engine %s: vocab_pad %lld is larger than %d", spec->engine,
+		     (long long)c->vocab_pad, LAYOUT_PARAM_MAX);
 	c->pad_times_tp = json_is_true(json_object_get(c->eng, "vocab_pad_times_tp"));
 	return 0;
 }
@@ -1383,8 +1463,11 @@ int wex__layout_rank(const struct wex_model *m, const struct wex_layout_spec *sp
 					/* {e} is the local index in the name. */
 					struct wex_phys *t = &o.t[o.nt - 1];
 					ret = expand(m, et.name, L, L - c.L0, c.epr * nloc + e, e, t->name);
-					if (ret < 0)
+					if (ret < 0) {
+						seterr(err, errlen, "cannot expand physical name %s", et.name);
+						ret = -WEX_ELAYOUT;
 						goto out;
+					}
 				}
 			} else {
 				ret = emit(&c, &et, L, et.experts == 2 ? nloc : 1, c.epr * nloc);

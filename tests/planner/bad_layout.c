@@ -8,7 +8,9 @@
  * unknown parameters and configs of unknown families are refused; and that
  * config values that are not sizes (4.9 heads, negative, a string, past
  * 2^40, a tensor past 2^48 bytes, expressions that overflow) are refused
- * naming the key or the tensor, never truncated or left to wrap.
+ * naming the key or the tensor, never truncated or left to wrap; that 0
+ * heads is named as the reason head_dim cannot be derived; and that layer
+ * or expert counts giving millions of tensors are refused at load.
  */
 #include <errno.h>
 
@@ -93,6 +95,26 @@ int main(void)
 		"larger than 2^48 bytes");
 	bad_cfg("\"num_attention_heads\":1099511627776,\"head_dim\":1099511627776",
 		"overflow");
+	/* head_dim defaults to hidden/nh: with 0 heads, say so (the config
+	 * does not lack head_dim as much as it has no heads). */
+	bad_cfg("\"num_attention_heads\":0", "default hidden/nh divides by zero");
+	/* Layer and expert counts no model has (each tensor small, the model
+	 * millions of them): refused at load, not left to exhaust memory when
+	 * every tensor is laid out. */
+	CHECK(wex__model_from_text("{\"model_type\":\"llama\",\"num_attention_heads\":4,"
+				   "\"hidden_size\":8,\"num_hidden_layers\":50000000,"
+				   "\"intermediate_size\":8,\"vocab_size\":64}",
+				   NULL, &m, err, sizeof(err)) == -EINVAL,
+	      "50,000,000 layers accepted");
+	CHECK(strstr(err, "50000000 layers") && strstr(err, "not a model's"), "%s", err);
+	printf("50,000,000 layers: %s\n", err);
+	CHECK(wex__model_from_text("{\"model_type\":\"qwen3_moe\",\"num_attention_heads\":4,"
+				   "\"hidden_size\":8,\"num_hidden_layers\":2,\"num_experts\":1099511627776,"
+				   "\"moe_intermediate_size\":8,\"vocab_size\":64}",
+				   NULL, &m, err, sizeof(err)) == -EINVAL,
+	      "2^40 experts accepted");
+	CHECK(strstr(err, "1099511627776 experts") && strstr(err, "not a model's"), "%s", err);
+	printf("2^40 experts: %s\n", err);
 	/* 4.0 is a whole number. */
 	CHECK(wex__model_from_text("{\"model_type\":\"llama\",\"num_attention_heads\":4.0,"
 				   "\"hidden_size\":8,\"num_hidden_layers\":1,\"num_key_value_heads\":4,"

@@ -3,8 +3,12 @@
  * expr_eval.c - the adapter families' symbol expressions evaluate as in C:
  * * and / before + and -, == loosest (a+b==c+d is (a+b)==(c+d), not
  * ((a+b)==c)+d), parentheses first.  Uses a family of its own in a
- * temporary adapters directory.
+ * temporary adapters directory.  Expressions that cannot be evaluated
+ * (INT64_MIN / -1, parentheses nested 100,000 deep, division by zero) are
+ * refused with a message, never a crash; so are tensor names with an
+ * unknown {key}.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -46,6 +50,56 @@ int main(void)
 		      (long long)cases[i].want);
 	}
 	wex__model_free(m);
+	/* Expressions that cannot be evaluated are refused, never a crash:
+	 * INT64_MIN / -1 (traps on x86), parentheses nested deeper than the
+	 * parser recurses, division by zero. */
+	{
+		static const char *const bad[] = { "(0-9223372036854775807-1)/(0-1)", NULL, "a/(b-b)" };
+		char *deep = malloc(200001 + 16);
+
+		CHECK(deep, "oom");
+		memset(deep, '(', 100000);
+		strcpy(deep + 100000, "a");
+		memset(deep + 100001, ')', 100000);
+		deep[200001] = 0;
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			const char *e = bad[i] ? bad[i] : deep;
+			size_t n = strlen(e) + 512;
+			char *fam = malloc(n);
+
+			CHECK(fam, "oom");
+			snprintf(fam, n,
+				 "{\"family\":\"t\",\"model_types\":[\"exprtest\"],\"symbols\":["
+				 "[\"a\",\"a\"],[\"b\",\"b\"]],"
+				 "\"tensors\":[{\"role\":\"embed\",\"name\":\"w\",\"shape\":[\"%s\"]}]}",
+				 e);
+			f = fopen(path, "w");
+			CHECK(f && fputs(fam, f) >= 0 && fclose(f) == 0, "write %s", path);
+			err[0] = 0;
+			CHECK(wex__model_from_text("{\"model_type\":\"exprtest\",\"a\":2,\"b\":3}", dir,
+						   &m, err, sizeof(err)) == -EINVAL,
+			      "shape %.40s accepted", e);
+			CHECK(strstr(err, "cannot evaluate shape of w"), "%.40s: %s", e, err);
+			printf("%.40s: %s\n", e, err);
+			free(fam);
+		}
+		free(deep);
+	}
+	/* A name template with an unknown {key}: refused at load, naming the
+	 * tensor (it used to load and fail every whole-tensor layout with a
+	 * bare "Invalid argument"). */
+	f = fopen(path, "w");
+	CHECK(f && fputs("{\"family\":\"t\",\"model_types\":[\"exprtest\"],\"symbols\":"
+			 "[[\"a\",\"a\"]],\"tensors\":[{\"role\":\"embed\",\"name\":"
+			 "\"w.{nosuch}\",\"shape\":[\"a\"]}]}",
+			 f) >= 0 && fclose(f) == 0,
+	      "write %s", path);
+	err[0] = 0;
+	CHECK(wex__model_from_text("{\"model_type\":\"exprtest\",\"a\":2}", dir, &m, err,
+				   sizeof(err)) == -EINVAL,
+	      "name w.{nosuch} accepted");
+	CHECK(strstr(err, "w.{nosuch}"), "%s", err);
+	printf("%s\n", err);
 	unlink(path);
 	snprintf(path, sizeof(path), "%s/families", dir);
 	rmdir(path);

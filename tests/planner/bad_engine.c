@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bad_engine.c - proves engine layout files (adapters/engines/NAME.json,
+ * which users write for their own engines) with numbers no engine has are
+ * refused with -WEX_ELAYOUT and a message naming the engine and the value:
+ * a vocab_pad whose product with tp wraps to 0 (was a division by zero)
+ * or that would pad the vocabulary to terabytes, and parameter defaults
+ * outside the limits given values obey (tp*dp wrapped to a world of 0
+ * ranks).  The same engine with sane numbers lays out.  Uses a family and
+ * engines of its own in a temporary adapters directory.
+ */
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kat_common.h"
+
+static const char family[] =
+	"{\"family\":\"t\",\"model_types\":[\"enginetest\"],\"symbols\":["
+	"[\"layers\",\"layers\"],[\"vocab\",\"vocab\"],[\"hidden\",\"hidden\"]],"
+	"\"tensors\":[{\"role\":\"embed\",\"name\":\"w\",\"shape\":[\"vocab\",\"hidden\"]}]}";
+
+static char dir[] = "/tmp/wex-engine.XXXXXX";
+
+static void put(const char *name, const char *params, const char *pad)
+{
+	char path[256];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/engines/%s.json", dir, name);
+	f = fopen(path, "w");
+	CHECK(f, "open %s", path);
+	fprintf(f,
+		"{\"engine\":\"%s\",\"params\":%s,\"vocab_pad\":%s,\"vocab_pad_times_tp\":true,"
+		"\"tensors\":[{\"name\":\"e\",\"kind\":\"vocab\",\"roles\":[\"embed\"],"
+		"\"stage\":\"first\"}]}",
+		name, params, pad);
+	CHECK(fclose(f) == 0, "write %s", path);
+}
+
+static int world(const struct wex_model *m, const char *lay, uint32_t *w, char *err, size_t len)
+{
+	struct wex_layout_spec s;
+
+	CHECK(wex__layout_parse(lay, &s, err, len) == 0, "%s", err);
+	err[0] = 0;
+	return wex__layout_world(m, &s, w, err, len);
+}
+
+int main(void)
+{
+	char path[256], err[512];
+	struct wex_model *m = NULL;
+	struct wex_rank_layout l;
+	uint32_t w = 0;
+	FILE *f;
+	int ret;
+
+	CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+	snprintf(path, sizeof(path), "%s/families", dir);
+	CHECK(mkdir(path, 0755) == 0, "mkdir");
+	snprintf(path, sizeof(path), "%s/engines", dir);
+	CHECK(mkdir(path, 0755) == 0, "mkdir");
+	snprintf(path, sizeof(path), "%s/families/llama.json", dir);
+	f = fopen(path, "w");
+	CHECK(f && fputs(family, f) >= 0 && fclose(f) == 0, "write %s", path);
+	put("ok", "{\"tp\":1,\"pp\":1,\"dp\":1}", "64");
+	put("wrap", "{\"tp\":1,\"pp\":1,\"dp\":1}", "4611686018427387904");
+	put("huge", "{\"tp\":1,\"pp\":1,\"dp\":1}", "1000000000000");
+	put("defaults", "{\"tp\":4294967296,\"pp\":1,\"dp\":4294967296}", "64");
+	CHECK(wex__model_from_text("{\"model_type\":\"enginetest\",\"layers\":2,\"vocab\":100,"
+				   "\"hidden\":8}",
+				   dir, &m, err, sizeof(err)) == 0,
+	      "%s", err);
+
+	/* Sane: 100 rows padded to 64*4 = 256, 64 per rank. */
+	ret = world(m, "ok:tp=4", &w, err, sizeof(err));
+	CHECK(ret == 0 && w == 4, "ok:tp=4: %d %s", ret, err);
+	kat_rank(m, "ok:tp=4", 1, &l);
+	CHECK(l.nt == 1 && l.t[0].shape[0] == 64 && l.t[0].npieces == 1 &&
+		      l.p[0].start[0] == 64 && l.p[0].extent[0] == 36,
+	      "rank 1 holds %llu rows from row %llu", (unsigned long long)l.t[0].shape[0],
+	      (unsigned long long)l.p[0].start[0]);
+	wex__rank_layout_free(&l);
+
+	/* 2^62 * 4 wraps to 0: refused, not divided by. */
+	ret = world(m, "wrap:tp=4", &w, err, sizeof(err));
+	CHECK(ret == -WEX_ELAYOUT, "wrap:tp=4: %d %s", ret, err);
+	CHECK(strstr(err, "engine wrap") && strstr(err, "vocab_pad 4611686018427387904"), "%s", err);
+	printf("wrap:tp=4      %s\n", err);
+	/* 10^12 rows of padding: refused. */
+	ret = world(m, "huge:tp=2", &w, err, sizeof(err));
+	CHECK(ret == -WEX_ELAYOUT, "huge:tp=2: %d %s", ret, err);
+	CHECK(strstr(err, "vocab_pad 1000000000000"), "%s", err);
+	printf("huge:tp=2      %s\n", err);
+	/* Defaults of 2^32 (tp*dp wraps to 0 ranks): refused, named. */
+	ret = world(m, "defaults", &w, err, sizeof(err));
+	CHECK(ret == -WEX_ELAYOUT, "defaults: %d %s (world %u)", ret, err, w);
+	CHECK(strstr(err, "engine defaults") && strstr(err, "tp defaults to 4294967296"), "%s", err);
+	printf("defaults       %s\n", err);
+	/* Given values override bad defaults. */
+	ret = world(m, "defaults:tp=2,dp=1", &w, err, sizeof(err));
+	CHECK(ret == 0 && w == 2, "defaults:tp=2,dp=1: %d %s", ret, err);
+
+	wex__model_free(m);
+	const char *names[] = { "engines/ok", "engines/wrap", "engines/huge", "engines/defaults",
+				"families/llama" };
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		snprintf(path, sizeof(path), "%s/%s.json", dir, names[i]);
+		unlink(path);
+	}
+	snprintf(path, sizeof(path), "%s/engines", dir);
+	rmdir(path);
+	snprintf(path, sizeof(path), "%s/families", dir);
+	rmdir(path);
+	rmdir(dir);
+	return T_PASS;
+}
