@@ -1270,6 +1270,29 @@ static struct pseg *find_pseg(struct wex_client *c, uint32_t rank, uint32_t id)
 	return NULL;
 }
 
+/* An acquire failed after wexd dropped the lease held before it (a
+ * timeout, a lost connection): the producer may write now, so no
+ * same-address region may go on showing its memory (as after any failed
+ * sync).  Each gets private memory back holding what it showed, which the
+ * producer may already have been writing: the weights are dirty. */
+static int regions_leave(struct wex_client *c, int ret)
+{
+	char why[sizeof(c->err)];
+	int shown = 0;
+
+	for (size_t i = 0; i < c->nregions; i++)
+		shown |= c->regions[i].r.fixed;
+	if (!shown)
+		return ret;
+	memcpy(why, c->err, sizeof(why));
+	unmap_regions(c, NULL);
+	c->dirty = 1;
+	c->copied = 0;
+	return set_err(c, ret,
+		       "%.200s; the lease on v%llu went with it, so the same-address regions got private memory back holding what they showed, which the producer may have begun to overwrite: weights dirty, sync before serving",
+		       why, (unsigned long long)c->lease_version);
+}
+
 /* Gives the held lease back.  A remap lease first waits for the GPU work
  * that may read the producer's memory (`wait`); a copy lease has nothing
  * left to wait for (the executor waited for its copies).  The lease is
@@ -1704,6 +1727,8 @@ again:
 		 * (the previous lease stands) or dropped that lease first. */
 		if (held && c->lease_kept && c->conn_gen == conn && c->fd >= 0)
 			c->has_lease = 1;
+		else if (held)
+			ret = regions_leave(c, ret);
 		return ret;
 	}
 	version = (uint64_t)json_integer_value(json_object_get(reply, "version"));

@@ -311,7 +311,10 @@ struct wex_sync_result {
  * producer memory is mapped read-only where the driver allows it, and
  * reachable from the client's device (or the layout's) through peer
  * access when that is another GPU.
- * Blocks.  Errors: -ETIMEDOUT (the previous lease is given up),
+ * Blocks.  Errors: -ETIMEDOUT (the previous lease is given up; same-address
+ * regions that showed its memory get private memory back holding what
+ * they showed, which the producer may have begun to overwrite, so the
+ * weights are marked dirty: sync again before serving),
  * -ESHUTDOWN (wexd is shutting down: the acquire is refused and a lease
  * held before it stays held, to use and release), -WEX_ELAYOUT (remap with
  * layouts that differ), -WEX_EDIRTY when a copy was interrupted (the

@@ -217,6 +217,42 @@ static void strides_as_they_act(void)
 	wex_client_close(p);
 }
 
+/* A same-address sync that times out waiting for a newer version has
+ * given up the lease it held: its regions must stop showing the
+ * producer's memory, which the trainer may now overwrite (as after any
+ * failed sync).  They keep what they showed, marked dirty. */
+static void timeout_leaves_regions(void)
+{
+	struct wex_sync_result r;
+	struct t_prod p;
+	struct t_cons k;
+	int ret;
+
+	t_prod_open(&p, "timeout-fixed", "tiny", 0, 1);
+	t_cons_open(&k, "timeout-fixed", "g", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	T_ASSERT(shows_producer(k.region) && t_own_bad(&k, 1) == 0, "v1 shown");
+	ret = wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 2, 200, &r);
+	T_ASSERT(ret == -ETIMEDOUT, "no v2 in time: -ETIMEDOUT, got %s", wex_strerror(ret));
+	T_ASSERT(!shows_producer(k.region), "the region still shows the producer without a lease");
+	T_ASSERT(wex_is_dirty(k.c) == 1 && strstr(wex_last_error(k.c), "dirty"),
+		 "the weights are dirty and the error says so: %s", wex_last_error(k.c));
+	T_ASSERT(t_own_bad(&k, 1) == 0, "the region kept what it showed");
+	/* The trainer writes: the engine's memory does not change under it. */
+	T_WEX(p.c, wex_begin_write(p.c, 2, 5000));
+	ex_fill(p.base, p.t, (size_t)p.n, 2, 1);
+	T_ASSERT(t_own_bad(&k, 1) == 0, "the trainer's write reached the engine's region");
+	T_WEX(p.c, wex_publish(p.c, 2));
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 2, 5000, &r));
+	T_ASSERT(shows_producer(k.region) && t_own_bad(&k, 2) == 0, "v2 shown after");
+	T_WEX(k.c, wex_release(k.c));
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 2, 5000, &r));
+	T_ASSERT(wex_is_dirty(k.c) == 0 && t_own_bad(&k, 2) == 0, "a copy sync cleans it");
+	t_cons_close(&k);
+	t_prod_close(&p);
+}
+
 static void restart_renumbers(struct t_wexd *d)
 {
 	struct t_prod p;
@@ -375,6 +411,7 @@ int main(void)
 	shrunk_file();
 	odd_size_segment();
 	strides_as_they_act();
+	timeout_leaves_regions();
 	null_arguments();
 	restart_renumbers(&d);
 	restart_renumbers_remap(&d);
