@@ -343,7 +343,8 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
  * is gone either way). */
 WEX_API int wex_release(wex_client_t *c);
 
-/* 1 if the consumer's weights are half-written (an interrupted copy).
+/* 1 if the consumer's weights are half-written (an interrupted copy, or a
+ * same-address sync that lost its lease: see wex_sync).
  * (Every call here returns -EINVAL for a NULL client or a NULL pointer it
  * needs, with the reason in wex_last_error when there is a client.) */
 WEX_API int wex_is_dirty(wex_client_t *c);
@@ -353,7 +354,10 @@ WEX_API int wex_is_dirty(wex_client_t *c);
  * canonical tensor `name`, as that rank registered it.  *desc (may be
  * NULL) receives its description (box, strides, offset), with ptr set.
  * Does not block.  -ENOENT when no such piece exists or nothing was
- * fetched yet (sync first), -EINVAL when name or ptr is NULL.
+ * fetched yet (sync first), -EINVAL when name or ptr is NULL.  The address
+ * stays valid until a later sync fetches the producers' segments again
+ * (they re-registered, a producer restarted or wexd did: ask again after
+ * every sync) or the client is closed.
  */
 WEX_API int wex_view(wex_client_t *c, uint32_t prank, const char *name, void **ptr,
 		     struct wex_tensor *desc);
