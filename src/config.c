@@ -842,10 +842,18 @@ int wex__config_set(struct wex_config *cfg, const char *name, const char *value,
 		return -ENOENT;
 	}
 	if (!(fields[i].flags & F_MODIFIABLE)) {
-		snprintf(err, errlen,
-			 "config set: field '%s': cannot change at run time; set it in the file "
-			 "or the environment and %s wexd",
-			 name, fields[i].flags & F_RELOAD ? "reload" : "restart");
+		/* The environment is read once, at start: a reload (SIGHUP)
+		 * re-reads only the file. */
+		if (fields[i].flags & F_RELOAD)
+			snprintf(err, errlen,
+				 "config set: field '%s': cannot change at run time; set it in the "
+				 "file and reload wexd (SIGHUP)",
+				 name);
+		else
+			snprintf(err, errlen,
+				 "config set: field '%s': cannot change at run time; set it in the "
+				 "file%s and restart wexd",
+				 name, fields[i].env ? " or the environment" : "");
 		return -EPERM;
 	}
 	v = text_json(&fields[i], value);

@@ -3,7 +3,8 @@
  * ops_config_runtime: proves that "config set" changes only fields marked
  * modifiable: a field that needs a restart (socket, io_backend, ...) or
  * comes from the file only (models) is refused with -EPERM and a message
- * naming it, an unknown field with -ENOENT, a bad value with -EINVAL, and a
+ * naming it and the way to change it that works (the file and a reload,
+ * which never re-reads the environment; or a restart), an unknown field with -ENOENT, a bad value with -EINVAL, and a
  * refused set changes nothing; a modifiable field changes and is recorded
  * as set at run time.
  */
@@ -33,6 +34,13 @@ int main(void)
 		snprintf(want, sizeof(want), "field '%s': cannot change at run time", fixed[i]);
 		CHECK_CONTAINS(err, want);
 		CHECK(cfg.source[f] == WEX_CONFIG_SRC_DEFAULT);
+		/* The way to change it that works: a reload re-reads the file,
+		 * never the environment (read once, at start). */
+		if (!strcmp(fixed[i], "max_clients") || !strcmp(fixed[i], "models"))
+			CHECK_CONTAINS(err, "set it in the file and reload wexd");
+		else
+			CHECK_CONTAINS(err, "or the environment and restart wexd");
+		CHECK(!strstr(err, "environment and reload"));
 		printf("refused as expected: %s\n", err);
 	}
 	CHECK(!strcmp(cfg.socket, sock));
