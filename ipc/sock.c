@@ -121,7 +121,7 @@ int wex_sock_listen(const char *path, int mode, gid_t gid, const char **step)
 	}
 	close(fd);
 	if (ret < 0) {
-		*step = "check of the file already there (not a socket: left alone)";
+		*step = "check for a stale socket";
 		return ret;
 	}
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);

@@ -23,8 +23,8 @@
  * alone: -EEXIST), non-blocking, close-on-exec, chmod `mode`, chown to
  * `gid` unless (gid_t)-1.  Returns the fd or -errno; *step (if step is not
  * NULL) names the step that failed: "path", "mkdir of its directory",
- * "socket", "check for a running daemon", "check of the file already
- * there (...)", "bind", "chmod", "chown" or "listen". */
+ * "socket", "check for a running daemon", "check for a stale socket",
+ * "bind", "chmod", "chown" or "listen". */
 int wex_sock_listen(const char *path, int mode, gid_t gid, const char **step);
 
 /* Connects to `path`; returns a blocking close-on-exec fd or -errno.

@@ -386,15 +386,22 @@ static void on_signal(void *arg, int fd, int res)
 	}
 }
 
-static int drained(struct wexd *d)
+/* Copy leases still held: the copies a drain waits for. */
+static unsigned copies_in_flight(struct wexd *d)
 {
+	unsigned n = 0;
+
 	for (struct model *m = d->models; m; m = m->next)
 		for (struct cgroup *g = m->groups; g; g = g->next)
 			for (uint32_t i = 0; i < g->world; i++)
-				if (g->ranks[i] && g->ranks[i]->has_lease &&
-				    g->ranks[i]->lease_mode == WEX_SYNC_COPY)
-					return 0;
-	return 1;
+				n += g->ranks[i] && g->ranks[i]->has_lease &&
+				     g->ranks[i]->lease_mode == WEX_SYNC_COPY;
+	return n;
+}
+
+static int drained(struct wexd *d)
+{
+	return !copies_in_flight(d);
 }
 
 #ifndef WEX_VERSION_STRING
@@ -795,6 +802,10 @@ int main(int argc, char **argv)
 					 wex__config_source_name(d.cfg.source[WEX_CF_SOCKET_MODE]));
 			else if (!strcmp(step, "check for a running daemon"))
 				snprintf(what, sizeof(what), ": another wexd listens there");
+			else if (!strcmp(step, "check for a stale socket"))
+				snprintf(what, sizeof(what), ": something other than a socket is there "
+					 "(wexd replaces only a stale socket; check socket, --socket, "
+					 "WEX_SOCKET)");
 			wex_error("wexd", "cannot listen on %s: %s%s: %s", d.socket_path, step, what,
 				  strerror(-d.listen_fd));
 			return 1;
@@ -853,6 +864,15 @@ int main(int argc, char **argv)
 			break;
 		}
 	}
+	if (d.draining && !drained(&d))
+		/* The operator must learn that the drain did not finish: those
+		 * consumers' copies lose their lease mid-way. */
+		wex_warn("wexd", "drain cut short (%s): %u copy lease(s) still held; their "
+			 "consumers' copies are cut (raise drain_timeout_ms, and TimeoutStopSec= "
+			 "with it, if copies take longer)",
+			 d.stop ? "second signal" : d.exit_code ? "event loop error"
+							    : "drain_timeout_ms expired",
+			 copies_in_flight(&d));
 	wex_info("wexd", "stopping: %u client(s) told by disconnect", d.nconns);
 	for (struct conn *c = d.conns; c; c = c->next)
 		conn_close(&d, c);

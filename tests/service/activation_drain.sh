@@ -101,6 +101,8 @@ except subprocess.TimeoutExpired:
     fail("wexd did not stop after the lease went")
 if rc != 0:
     fail("wexd exit code %d" % rc)
+if "drain cut short" in open(os.path.join(tmp, "w1.log")).read():
+    fail("a drain that ended with its last lease released was reported as cut short")
 prod.kill()
 prod.wait()
 
