@@ -66,11 +66,14 @@ static const struct field fields[WEX_CF_COUNT] = {
 		"listening socket path; default $XDG_RUNTIME_DIR/wex/wexd.sock for a user, "
 		"/run/wex/wexd.sock for root or a system service; ignored under socket activation" },
 	[WEX_CF_SOCKET_MODE] = { "socket_mode", FT_MODE, FLD(socket_mode), "WEX_SOCKET_MODE", "0660",
-		0, 0, NULL, NULL, 0, "permission bits of the socket file, an octal string" },
+		0, 0, NULL, NULL, 0,
+		"permission bits of the socket file, an octal string; under socket activation "
+		"wexd.socket's SocketMode= applies instead" },
 	[WEX_CF_SOCKET_GROUP] = { "socket_group", FT_GROUP, FLD(socket_group), "WEX_SOCKET_GROUP",
 		NULL, 0, 0, NULL, NULL, 0,
 		"group (name or gid) that owns the socket file, so its members may connect; "
-		"null: the daemon's group" },
+		"null: the daemon's group; under socket activation wexd.socket's SocketGroup= "
+		"applies instead" },
 	[WEX_CF_IO_BACKEND] = { "io_backend", FT_ENUM, FLD(io_backend), "WEX_IO", "auto", 0, 0,
 		io_names, NULL, 0,
 		"event loop: auto (io_uring, epoll when io_uring is unavailable), io_uring or epoll" },

@@ -14,6 +14,7 @@
 #include <getopt.h>
 #include <grp.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "ipc/sock.h"
@@ -665,6 +667,47 @@ static void set_fd_limit(struct wexd *d)
 			 was != d->fd_limit ? " (raised from the soft limit)" : "");
 }
 
+/*
+ * Under socket activation the socket is systemd's: status and the log name
+ * the path it really listens on, and socket, socket_mode and socket_group
+ * set in the configuration, which cannot apply, are reported where the
+ * socket differs from them rather than ignored in silence.
+ */
+static void passed_socket(struct wexd *d)
+{
+	struct sockaddr_un sa;
+	socklen_t len = sizeof(sa);
+	size_t off = offsetof(struct sockaddr_un, sun_path);
+	struct stat st;
+
+	memset(&sa, 0, sizeof(sa));
+	if (getsockname(d->listen_fd, (struct sockaddr *)&sa, &len) < 0 || len <= off ||
+	    !sa.sun_path[0])
+		return;
+	sa.sun_path[sizeof(sa.sun_path) - 1] = '\0';
+	if (d->cfg.source[WEX_CF_SOCKET] != WEX_CONFIG_SRC_DEFAULT &&
+	    strcmp(d->cfg.socket, sa.sun_path))
+		wex_warn("wexd", "socket %s (from %s) is not used: systemd passed the socket at %s "
+			 "(ListenSequentialPacket= in wexd.socket)", d->cfg.socket,
+			 wex__config_source_name(d->cfg.source[WEX_CF_SOCKET]), sa.sun_path);
+	snprintf(d->socket_path, sizeof(d->socket_path), "%s", sa.sun_path);
+	if (stat(d->socket_path, &st) < 0)
+		return;
+	if (d->cfg.source[WEX_CF_SOCKET_MODE] != WEX_CONFIG_SRC_DEFAULT &&
+	    (st.st_mode & 0777) != d->cfg.socket_mode)
+		wex_warn("wexd", "socket_mode %04o (from %s) is not applied: the socket systemd "
+			 "passed has mode %04o (SocketMode= in wexd.socket)",
+			 (unsigned)d->cfg.socket_mode,
+			 wex__config_source_name(d->cfg.source[WEX_CF_SOCKET_MODE]),
+			 (unsigned)(st.st_mode & 0777));
+	if (d->cfg.socket_group.gid >= 0 && (int64_t)st.st_gid != d->cfg.socket_group.gid)
+		wex_warn("wexd", "socket_group %s (from %s) is not applied: the socket systemd "
+			 "passed has gid %u (SocketGroup= in wexd.socket)",
+			 d->cfg.socket_group.name ? d->cfg.socket_group.name : "?",
+			 wex__config_source_name(d->cfg.source[WEX_CF_SOCKET_GROUP]),
+			 (unsigned)st.st_gid);
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: wexd [--socket PATH] [--io auto|io_uring|epoll] [--config FILE]\n"
@@ -781,6 +824,7 @@ int main(int argc, char **argv)
 			wex_error("wexd", "passed socket: O_NONBLOCK: %m");
 			return 1;
 		}
+		passed_socket(&d);
 	} else {
 		int mode = (int)d.cfg.socket_mode;
 		gid_t gid = d.cfg.socket_group.gid >= 0 ? (gid_t)d.cfg.socket_group.gid : (gid_t)-1;

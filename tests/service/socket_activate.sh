@@ -4,13 +4,17 @@
 # first connection with LISTEN_FDS, and that first client is served (status
 # and a producer publishing); wexd reports it uses the passed socket.  With
 # WEX_IO=epoll too: systemd passes the socket blocking, and the epoll
-# backend's accept loop once waited in accept4 for good.
+# backend's accept loop once waited in accept4 for good.  wexd's own socket
+# settings cannot apply to systemd's socket: status and the log name the
+# path it really listens on (not its configured socket), and a configured
+# socket or socket_mode that differs from the passed socket is logged as
+# not applied.
 WEXD=$1 WEXCTL=$2 PRODUCER=$3
 . "$(dirname "$0")/lib.sh"
 command -v systemd-socket-activate >/dev/null || skip "systemd-socket-activate missing (package systemd)"
 export WEX_SOCKET="$TMP/act.sock"
-systemd-socket-activate --seqpacket -l "$WEX_SOCKET" -E WEX_SOCKET="$WEX_SOCKET" \
-	-E WEX_IO="${WEX_IO:-auto}" "$WEXD" 2>"$TMP/wexd.log" &
+systemd-socket-activate --seqpacket -l "$WEX_SOCKET" -E WEX_SOCKET="$TMP/configured.sock" \
+	-E WEX_SOCKET_MODE=0600 -E WEX_IO="${WEX_IO:-auto}" "$WEXD" 2>"$TMP/wexd.log" &
 ACT=$!
 # A wexd stuck in a system call never reads its SIGTERM: KILL after 5 s.
 cleanup_extra() {
@@ -27,6 +31,16 @@ if [ -n "${WEX_IO:-}" ] && [ "$WEX_IO" != auto ]; then
 	grep -q "event loop: $WEX_IO" "$TMP/wexd.log" || fail "wexd did not use $WEX_IO: $(cat "$TMP/wexd.log")"
 fi
 grep -q "using the socket passed by systemd" "$TMP/wexd.log" || fail "wexd did not use LISTEN_FDS: $(cat "$TMP/wexd.log")"
+/usr/bin/python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['daemon']['socket']; sys.exit(s != sys.argv[2] and 'status shows socket %s' % s)" \
+	"$TMP/status.json" "$WEX_SOCKET" || fail "status does not show the passed socket's path"
+grep -q "listening on $WEX_SOCKET " "$TMP/wexd.log" || fail "the log names another socket: $(grep listening "$TMP/wexd.log")"
+grep -q "socket $TMP/configured.sock (from env) is not used: systemd passed the socket at $WEX_SOCKET" "$TMP/wexd.log" ||
+	fail "a configured socket that cannot apply is not reported: $(cat "$TMP/wexd.log")"
+mode=$(stat -c %a "$WEX_SOCKET")
+# (systemd-socket-activate leaves the mode to the umask: 0755 as a rule.)
+[ "$mode" = 600 ] || grep -q "socket_mode 0600 (from env) is not applied: the socket systemd passed has mode 0$mode" \
+	"$TMP/wexd.log" || fail "a socket_mode that cannot apply is not reported: $(cat "$TMP/wexd.log")"
+[ -e "$TMP/configured.sock" ] && fail "wexd bound its configured socket under activation"
 timeout 60 "$PRODUCER" --preset tiny --versions 2 >"$TMP/p.log" 2>&1 || fail "producer: $(cat "$TMP/p.log")"
 grep -q "published v2" "$TMP/p.log" || fail "producer did not publish"
 echo "PASS: wexd started on the first connection and served it"
