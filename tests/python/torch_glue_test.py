@@ -155,6 +155,28 @@ class TorchGlue(WexdProducerCase):
         r = torch_util.reserve_like(c, device="cpu")
         self.assertEqual(r["s"].stride(), (8, 1))
         self.assertEqual(tuple(r["e"].shape), (0, 4))
+        # The reserved tensors attach as they are, the strided one with
+        # its strides and the empty one (PyTorch gives it no address)
+        # included, for same-address and copy syncs.
+        torch_util.attach_module(c, r.items())
+        c.sync(wex.SYNC_REMAP_FIXED, 1)
+        self.assertTrue(torch.equal(r["s"], want), r["s"])
+        c.sync(wex.SYNC_COPY, 1)
+        self.assertTrue(torch.equal(r["s"], want), r["s"])
+        # An engine's strided tensors: a transpose, and a slice at an
+        # offset into a wider buffer.
+        wide = torch.full((6, 10), -1.0)
+        own = {"s": torch.full((4, 4), -1.0).t(), "e": torch.zeros(0, 4), "w": wide[1, 3:7]}
+        torch_util.attach_module(c, own.items())
+        c.sync(wex.SYNC_COPY, 1)
+        self.assertTrue(torch.equal(own["s"], want), own["s"])
+        self.assertEqual(float(own["w"].abs().sum()), 0.0)
+        self.assertEqual(float(wide.sum()), -56.0)  # nothing else written
+        own = {"s": torch.full((6, 4), -1.0)[1:5], "w": wide[2:6, 0]}
+        torch_util.attach_module(c, own.items())
+        c.sync(wex.SYNC_COPY, 1)
+        self.assertTrue(torch.equal(own["s"], want), own["s"])
+        self.assertEqual(float(own["w"].abs().sum()), 0.0)
         # Two pieces of one name cannot be a dict entry: refused, named.
         q = wex.Client(wex.ROLE_PRODUCER, "torch-glue-pieces", rank=0, world_size=1)
         self.addCleanup(q.close)
@@ -171,6 +193,61 @@ class TorchGlue(WexdProducerCase):
         with self.assertRaisesRegex(ValueError, "several pieces of w"):
             torch_util.view_tensors(k, device="cpu")
 
+    def test_attach_keeps(self):
+        """attach_module keeps the tensors copy syncs write into alive (a
+        temporary, e.g. a .contiguous() copy, would otherwise be freed
+        memory that the next sync writes into) until the next attach or
+        close(), but not those over the client's own reserved regions: the
+        client can still be collected."""
+        import gc
+        import weakref
+
+        p = wex.Client(wex.ROLE_PRODUCER, "torch-glue-keep", rank=0, world_size=1)
+        self.addCleanup(p.close)
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 16)
+        p.register_tensors([wex.tensor("w", "F32", (64, 32), segment=seg)])
+        src = torch_util.from_ptr(base, (64, 32), torch.float32, "cpu")
+        p.begin_write(1)
+        src.copy_(torch.arange(64 * 32, dtype=torch.float32).view(64, 32))
+        p.publish(1)
+        want = src.clone()
+        c = wex.Client(wex.ROLE_CONSUMER, "torch-glue-keep", group="keep", timeout_ms=5000)
+        self.addCleanup(c.close)
+
+        def attach_temporary():
+            t = torch.zeros(32, 64).t().contiguous()  # the engine's copy
+            torch_util.attach_module(c, [("w", t)])
+            return weakref.ref(t)
+
+        ref = attach_temporary()
+        gc.collect()
+        self.assertIsNotNone(ref(), "the attached tensor was freed")
+        c.sync(wex.SYNC_COPY, 1)
+        self.assertTrue(torch.equal(ref(), want))
+        # A new attach lets the old tensors go; close() lets the new ones go.
+        ref2 = attach_temporary()
+        gc.collect()
+        self.assertIsNone(ref())
+        self.assertIsNotNone(ref2())
+        c.close()
+        gc.collect()
+        self.assertIsNone(ref2())
+
+        # Reserved tensors attached to their own client: no cycle.
+        def fixed():
+            k = wex.Client(wex.ROLE_CONSUMER, "torch-glue-keep", group="fixed",
+                           timeout_ms=5000)
+            k.sync(wex.SYNC_REMAP_VIEW, 1)
+            r = torch_util.reserve_like(k, device="cpu")
+            torch_util.attach_module(k, r.items())
+            k.sync(wex.SYNC_REMAP_FIXED, 1)
+            self.assertTrue(torch.equal(r["w"], want))
+            return weakref.ref(k)
+
+        kref = fixed()
+        gc.collect()
+        self.assertIsNone(kref(), "the client of reserved tensors was never collected")
+
     def test_refusals(self):
         with self.assertRaises(ValueError):
             torch_util.wex_dtype(torch.complex64)
@@ -178,8 +255,11 @@ class TorchGlue(WexdProducerCase):
             torch_util.torch_dtype("INVALID")
         c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="refusals")
         self.addCleanup(c.close)
-        with self.assertRaisesRegex(ValueError, "not contiguous"):
-            torch_util.attach_module(c, [("w", torch.zeros(4, 4).t())])
+        # Elements sharing an address cannot each receive their own bytes.
+        with self.assertRaisesRegex(ValueError, "w has overlapping elements"):
+            torch_util.attach_module(c, [("w", torch.zeros(4).expand(4, 4))])
+        with self.assertRaisesRegex(ValueError, "v has overlapping elements"):
+            torch_util.attach_module(c, [("v", torch.zeros(16).as_strided((4, 4), (1, 2)))])
         p = wex.Client(wex.ROLE_PRODUCER, "torch-glue-cpu", rank=0, world_size=1)
         self.addCleanup(p.close)
         with self.assertRaisesRegex(ValueError, "CUDA device"):

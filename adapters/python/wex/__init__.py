@@ -268,6 +268,8 @@ class Client:
             raise WexError(-ret, "wex_client_open: %s" % L.wex_strerror(ret).decode())
         self._h = h
         self._lib = L
+        self._regions = []  # (address, size) of what reserve() returned
+        self._attached = []  # what holds the attached buffers (torch_util.attach_module)
 
     def _check(self, ret, what):
         if ret < 0:
@@ -290,6 +292,8 @@ class Client:
         if self._h is not None:
             self._lib.wex_client_close(self._h)
             self._h = None
+            self._regions = []
+            self._attached = []
 
     def __enter__(self):
         return self
@@ -349,6 +353,7 @@ class Client:
         ptr = ctypes.c_void_p()
         self._check(self._lib.wex_reserve(self.handle, prank, segment, size,
                                           ctypes.byref(ptr)), "reserve")
+        self._regions.append((ptr.value, size))
         return ptr.value
 
     def sync(self, mode, min_version=0, timeout_ms=0):

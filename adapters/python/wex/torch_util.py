@@ -113,16 +113,45 @@ def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM):
     return [(sid, a, s) for (a, s), sid in used.items()]
 
 
+def _overlaps(t):
+    """Whether two elements of t share an address (a stride of 0, as
+    expand() makes, or strides too small for the dims inside them)."""
+    need = 1
+    for st, n in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n > 1):
+        if st < need:
+            return True
+        need = st * n
+    return False
+
+
 def attach_module(client, named_tensors):
     """Attaches a consumer's own tensors (its engine layout, same names and
-    shapes as the producer's) for copies in place."""
-    table = []
-    for name, t in named_tensors:
-        t = t.detach()
-        if not t.is_contiguous():
-            raise ValueError("%s is not contiguous" % name)
-        table.append(wex.tensor(name, wex_dtype(t.dtype), t.shape, ptr=t.data_ptr()))
+    shapes as the producer's) for copies in place.  Strided tensors (views,
+    slices, transposes, reserve_like's over strided producer tensors) go
+    with their strides; tensors whose elements overlap are refused.  Copy
+    syncs write into them, so the client keeps them alive until the next
+    attach_module or its close() (those in its own reserved regions need
+    no keeping).  Empty tensors are left out: they hold no bytes, and
+    PyTorch gives them no address."""
+    table, keep = [], []
+    regions = getattr(client, "_regions", ())
+    for name, held in named_tensors:
+        t = held.detach()
+        if t.numel() == 0:
+            continue
+        if _overlaps(t):
+            raise ValueError("%s has overlapping elements (strides %s for shape %s)"
+                             % (name, tuple(t.stride()), tuple(t.shape)))
+        p = t.data_ptr()
+        # A tensor over the client's own region keeps the client alive
+        # (from_ptr's owner): the client keeping it back would be a cycle
+        # through PyTorch's storage, which the garbage collector cannot see.
+        if not any(a <= p < a + s for a, s in regions):
+            keep.append(held)
+        table.append(wex.tensor(name, wex_dtype(t.dtype), t.shape, ptr=p,
+                                strides=None if t.is_contiguous() else t.stride()))
     client.attach(table)
+    client._attached = keep
 
 
 class _CudaArray:
