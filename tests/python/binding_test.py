@@ -150,6 +150,21 @@ class Binding(WexdProducerCase):
         with self.assertRaises(ValueError):
             wex.tensor("x", "BF16", (2, 2), start=(0,))
 
+        # Parameters wex_client_open refuses (or would truncate): EINVAL
+        # saying which.
+        for kw, why in ((dict(role=wex.ROLE_CONSUMER), "needs a model name"),
+                        (dict(role=7, model=MODEL), "role must be"),
+                        (dict(role=wex.ROLE_CONSUMER, model=MODEL, rank=1, world_size=1),
+                         "rank 1 is not in"),
+                        (dict(role=wex.ROLE_CONSUMER, model=MODEL, device=-1), "device must"),
+                        (dict(role=wex.ROLE_CONSUMER, model="m" * wex.NAME_MAX), "model must"),
+                        (dict(role=wex.ROLE_CONSUMER, model=MODEL, group="g" * 200),
+                         "group must")):
+            with self.assertRaises(wex.WexError, msg=str(kw)) as e:
+                wex.Client(**kw)
+            self.assertEqual(e.exception.code, errno.EINVAL)
+            self.assertIn(why, str(e.exception))
+
         # No daemon at that socket.
         with self.assertRaises(wex.WexError) as e:
             wex.Client(wex.ROLE_CONSUMER, MODEL, socket=os.path.join(self.dir, "none.sock"))

@@ -243,6 +243,23 @@ class Client:
                  socket=None, timeout_ms=None, copy_threads=None, device=None):
         self._h = None
         L = lib()
+        # wex_client_open says only EINVAL (there is no client to hold a
+        # reason) and truncates long names: say what is wrong here.
+        why = None
+        if role not in (ROLE_PRODUCER, ROLE_CONSUMER, ROLE_ADMIN):
+            why = "role must be ROLE_PRODUCER, ROLE_CONSUMER or ROLE_ADMIN, not %r" % (role,)
+        elif role != ROLE_ADMIN and not model:
+            why = "a producer or consumer needs a model name"
+        elif not 0 <= rank < max(world_size, 1):
+            why = "rank %d is not in 0..world_size-1 (world_size %d)" % (rank, world_size)
+        elif device is not None and device < 0:
+            why = "device must be a CUDA ordinal (0 or more), not %d" % device
+        for what, val, limit in (("model", model, NAME_MAX), ("group", group, NAME_MAX),
+                                 ("socket", socket, 256)):
+            if why is None and val is not None and len(val.encode()) >= limit:
+                why = "%s must be under %d bytes: %r" % (what, limit, val)
+        if why is not None:
+            raise WexError(errno.EINVAL, "wex_client_open: %s" % why)
         p = _Params()
         p.field_mask = _F_ROLE | _F_RANK
         p.role = role
