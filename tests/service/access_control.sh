@@ -43,6 +43,16 @@ grep -q "Permission denied" "$TMP/outsider.log" || fail "outsider: $(cat "$TMP/o
 if runuser -u wex-outsider -- env WEX_SOCKET="$WEX_SOCKET" "$WEXCTL" status \
 	>/dev/null 2>"$TMP/outsider-ctl.err"; then fail "outsider's wexctl connected"; fi
 grep -q "usermod -aG" "$TMP/outsider-ctl.err" || fail "outsider's wexctl: no hint: $(cat "$TMP/outsider-ctl.err")"
+# config set is for root and wexd's own user: a user who may connect reads
+# the configuration but cannot change it (exit 1, wexd's reason).
+runuser -u wex-allowed -- env WEX_SOCKET="$WEX_SOCKET" "$WEXCTL" config get log_level \
+	>/dev/null 2>"$TMP/get.err" || fail "member's config get: $(cat "$TMP/get.err")"
+runuser -u wex-allowed -- env WEX_SOCKET="$WEX_SOCKET" "$WEXCTL" config set log_level debug \
+	>/dev/null 2>"$TMP/set.err"
+rc=$?
+[ $rc = 1 ] || fail "member's config set exited $rc, not 1"
+grep -q "may not change wexd's configuration" "$TMP/set.err" || fail "member's config set: $(cat "$TMP/set.err")"
+"$WEXCTL" config get log_level --json | grep -q '"info"' || fail "a refused config set changed log_level"
 
 "$WEXCTL" metrics >"$TMP/metrics" || fail "wexctl metrics"
 grep -q 'wex_refused_connections_total{reason="access"} 1' "$TMP/metrics" ||
