@@ -36,7 +36,8 @@ static void usage(FILE *f)
 		"  metrics           Prometheus text exposition\n"
 		"  config get [NAME] | config set NAME VALUE\n"
 		"  plan --config config.json --from LAYOUT --to LAYOUT [--rank K] [--json]\n"
-		"  convert --config config.json --from LAYOUT --to LAYOUT IN OUTDIR\n"
+		"       [--adapters DIR]    (plan --help: the LAYOUT syntax)\n"
+		"  convert --config config.json --from LAYOUT --to LAYOUT [--adapters DIR] IN OUTDIR\n"
 		"The socket defaults to $WEX_SOCKET, $XDG_RUNTIME_DIR/wex/wexd.sock, /run/wex/wexd.sock.\n");
 }
 

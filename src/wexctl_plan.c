@@ -41,17 +41,20 @@ struct opts {
 	int json;
 };
 
-static int usage(const char *cmd)
+/* --help: to stdout, exit 0 (like wexctl --help); a usage error: stderr, 2. */
+static int usage(const char *cmd, int help)
 {
+	FILE *f = help ? stdout : stderr;
+
 	if (!strcmp(cmd, "plan"))
-		fprintf(stderr, "usage: wexctl plan --config config.json --from LAYOUT --to LAYOUT "
-				"[--rank K] [--json] [--adapters DIR]\n");
+		fprintf(f, "usage: wexctl plan --config config.json --from LAYOUT --to LAYOUT "
+			   "[--rank K] [--json] [--adapters DIR]\n");
 	else
-		fprintf(stderr, "usage: wexctl convert --config config.json --from LAYOUT --to LAYOUT "
-				"[--adapters DIR] IN OUTDIR\n");
-	fprintf(stderr, "  LAYOUT: ENGINE[:tp=N,pp=N,dp=N,ep=N,etp=N,first=N,last=N,fuse_shared=0|1]; "
-			"engines: hf megatron megatron_grouped vllm sglang (fuse_shared: sglang)\n");
-	return 2;
+		fprintf(f, "usage: wexctl convert --config config.json --from LAYOUT --to LAYOUT "
+			   "[--adapters DIR] IN OUTDIR\n");
+	fprintf(f, "  LAYOUT: ENGINE[:tp=N,pp=N,dp=N,ep=N,etp=N,first=N,last=N,fuse_shared=0|1]; "
+		   "engines: hf megatron megatron_grouped vllm sglang (fuse_shared: sglang)\n");
+	return help ? 0 : 2;
 }
 
 static int parse_opts(int argc, char **argv, struct opts *o)
@@ -83,7 +86,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 				return -1;
 			continue;
 		} else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-			return -1;
+			return 1;
 		} else if (a[0] == '-' && a[1] == '-') {
 			fprintf(stderr, "wexctl %s: unknown option %s\n", argv[0], a);
 			return -1;
@@ -159,8 +162,8 @@ int wexctl_cmd_plan(int argc, char **argv)
 	uint32_t first = 0, count = 0;
 	int ret, rc = 1;
 
-	if (parse_opts(argc, argv, &o) < 0 || o.npos)
-		return usage("plan");
+	if ((ret = parse_opts(argc, argv, &o)) != 0 || o.npos)
+		return usage("plan", ret == 1);
 	ret = wex__model_load(o.config, o.adapters, &m, err, sizeof(err));
 	if (ret < 0)
 		goto fail;
@@ -510,8 +513,8 @@ int wexctl_cmd_convert(int argc, char **argv)
 	char err[1024] = "";
 	int ret = 0, rc = 1;
 
-	if (parse_opts(argc, argv, &o) < 0 || o.npos != 2)
-		return usage("convert");
+	if ((ret = parse_opts(argc, argv, &o)) != 0 || o.npos != 2)
+		return usage("convert", ret == 1);
 	ret = wex__model_load(o.config, o.adapters, &m, err, sizeof(err));
 	if (ret < 0)
 		goto fail;

@@ -14,6 +14,12 @@ if WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" status 2>"$TMP/nowexd.err"; then fail "
 grep -q "is wexd running" "$TMP/nowexd.err" || fail "no hint without wexd: $(cat "$TMP/nowexd.err")"
 "$WEXD" --help | grep -q "|trace" || fail "wexd --help does not list log level trace"
 "$WEXCTL" plan 2>&1 | grep -q megatron_grouped || fail "plan's usage does not list megatron_grouped"
+# --help is an answer, not an error: on stdout, exit 0 (README: `wexctl plan
+# --help` gives the layout syntax).
+for cmd in plan convert; do
+	"$WEXCTL" $cmd --help >"$TMP/help.out" 2>/dev/null || fail "wexctl $cmd --help exited $?"
+	grep -q "LAYOUT: ENGINE" "$TMP/help.out" || fail "wexctl $cmd --help: no layout syntax on stdout"
+done
 # A typo or a bad value is refused (exit 2, naming it), never taken as the
 # default: checked before wexd runs, so nothing is asked of it.
 for args in "status --jsn" "models x" "watch -n 0" "watch -n abc" "watch --count 0" "watch -n" "config get a b"; do
