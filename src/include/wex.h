@@ -145,7 +145,8 @@ WEX_API int wex_client_open(const struct wex_client_params *params, wex_client_t
 /* Releases every lease and mapping the client holds, closes every fd it
  * owns and frees it.  A consumer's same-address regions (wex_reserve) are
  * unmapped, whatever they show: pointers into them are invalid from then
- * on.  Blocks for at most one round trip. */
+ * on.  Blocks for at most one round trip, after waiting for this process's
+ * queued GPU work (as wex_release does) when it holds a lease. */
 WEX_API void wex_client_close(wex_client_t *c);
 
 /* ---------------------------------------------------------------------- */
@@ -362,8 +363,11 @@ WEX_API int wex_is_dirty(wex_client_t *c);
 WEX_API int wex_view(wex_client_t *c, uint32_t prank, const char *name, void **ptr,
 		     struct wex_tensor *desc);
 
-/* Number of producer ranks and, per rank, the tensor count seen by the last
- * attach or sync.  Does not block. */
+/* Producer rank `prank`'s tensor table as the last fetch received it (a
+ * sync, or wex_reserve): *t points at its *n entries, owned by the client
+ * and valid like wex_view's addresses.  Returns the number of producer
+ * ranks.  -ENOENT when no such rank exists or nothing was fetched yet
+ * (sync first; wex_attach drops what was fetched).  Does not block. */
 WEX_API int wex_producer_tensors(wex_client_t *c, uint32_t prank, const struct wex_tensor **t,
 				 size_t *n);
 
