@@ -2,8 +2,10 @@
 /*
  * model.h - a synthetic model for the examples, tests and benchmarks: the
  * tensor set of a Qwen2-like decoder (Qwen2-0.5B by default: 290 tensors,
- * ~1 GB of bf16), sharded along dim 0 over `world` ranks as tensor-parallel
- * shards would be, with bytes derived from (version, tensor, element) so
+ * ~1 GB of bf16), every tensor sharded along dim 0 over `world` ranks (real
+ * tensor parallelism splits row-parallel weights along dim 1 and
+ * replicates norms; the resharding planner's tests cover those), with
+ * bytes derived from (version, tensor, element) so
  * that any reader can check every byte it got.
  */
 #ifndef WEX_EXAMPLE_MODEL_H

@@ -2,8 +2,8 @@
 # examples/quickstart.sh - installs what is missing, builds wex, and runs the
 # main job on the host-memory backend: wexd in a temporary directory, two
 # trainer ranks (each owning half of a Qwen2-0.5B-like model, ~1 GB of bf16,
-# as tensor-parallel shards would) publishing versions, and two inference
-# ranks of one engine syncing each version in each mode (remap view, remap at
+# every tensor split along its first dimension) publishing versions, and two
+# inference ranks of one engine syncing each version in each mode (remap view, remap at
 # the same addresses, copy) and checking every byte.  Prints each sync's
 # latency and bandwidth, then `wexctl status` and `wexctl metrics`, and shuts
 # everything down cleanly.
