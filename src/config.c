@@ -736,6 +736,7 @@ static int apply_file(struct wex_config *cfg, const char *path, int path_explici
 		snprintf(err, errlen, "config %s: %s", path, strerror(errno));
 		return rc;
 	}
+	cfg->file_found = 1;
 	root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
 	if (!root) {
 		/* jansson reports open/read failures with line -1. */
@@ -917,7 +918,10 @@ int wex__config_reload(struct wex_config *cfg, json_t **report, char *err, size_
 		snprintf(err, errlen, "config reload: out of memory");
 		goto out_decref;
 	}
-	rc = wex__config_load(&next, cfg->path, cfg->path_explicit, err, errlen);
+	/* A default file that was there and is gone now is more likely a
+	 * deployment half done than a wish for the defaults, which would drop
+	 * its access lists: refused, like an explicit file gone. */
+	rc = wex__config_load(&next, cfg->path, cfg->path_explicit || cfg->file_found, err, errlen);
 	if (rc < 0)
 		goto out_decref;
 	for (int i = 0; i < WEX_CF_COUNT; i++) {
@@ -961,6 +965,7 @@ int wex__config_reload(struct wex_config *cfg, json_t **report, char *err, size_
 		}
 		*report = rep;
 	}
+	next.path_explicit = cfg->path_explicit;
 	wex__config_free(cfg);
 	*cfg = next;
 	rc = 0;

@@ -116,8 +116,9 @@ struct wex_config {
 	struct wex_models models;
 
 	/* bookkeeping */
-	char *path;        /* file loaded (NULL: none was found) */
+	char *path;        /* the file (the default path when none was named) */
 	int path_explicit; /* path came from --config: missing is an error */
+	int file_found;    /* the file was there and loaded */
 	uint8_t source[WEX_CF_COUNT];      /* enum wex_config_source */
 	char *origin[WEX_CF_COUNT];        /* file path or env var name, or NULL */
 };
@@ -127,7 +128,8 @@ struct wex_config {
  * *out (which the caller owns afterwards and frees with wex__config_free).
  * path: the file; NULL means WEX_CONFIG_DEFAULT_PATH.  path_explicit: the
  * path was given on the command line, so a missing file is an error (a
- * missing default file is fine).  On failure returns -EINVAL (bad value,
+ * missing default file is fine, except at a reload: see
+ * wex__config_reload).  On failure returns -EINVAL (bad value,
  * unknown field, unparsable file), -ENOENT (explicit file missing) or
  * another negative errno, writes a one-line message naming the file or
  * variable, the field and the reason to err, and leaves *out untouched.
@@ -158,7 +160,9 @@ int wex__config_set_flag(struct wex_config *cfg, const char *name, const char *v
  * SIGHUP: re-reads the same file and environment into a new configuration;
  * only if it is valid is it swapped into *cfg.  Fields that need a restart
  * keep their running value; values set at run time keep overriding (the
- * precedence order holds across reloads).  If report is not NULL it gets a
+ * precedence order holds across reloads).  A file that was loaded before
+ * must still be there (a missing default file is refused too: its access
+ * lists would silently go).  If report is not NULL it gets a
  * new object {"changed":[names], "restart_needed":[names]} (caller
  * decrefs).  Changes are also logged.  Returns 0, or a negative errno with
  * err filled and *cfg untouched.

@@ -4,7 +4,8 @@
  * the running configuration exactly as it was; a valid one is swapped in,
  * reporting the fields that changed and those that need a restart (which
  * keep their running value), and values set at run time keep outranking the
- * file.
+ * file; a file gone at a reload is refused whether it was named or the
+ * default one that was loaded before.
  */
 #include <errno.h>
 
@@ -101,6 +102,24 @@ int main(void)
 	CHECK(wex__config_reload(&cfg, NULL, err, sizeof(err)) == -ENOENT);
 	CHECK(cfg.begin_write_timeout_ms == 2000);
 
+	wex__config_free(&cfg);
+
+	/* Not named on the command line (the default path): missing at start
+	 * is fine, and a reload then keeps the defaults; once loaded, the file
+	 * gone at a reload is refused too (its access lists would go). */
+	CHECK(wex__config_load(&cfg, path, 0, err, sizeof(err)) == 0);
+	CHECK(!cfg.file_found && cfg.source[WEX_CF_BEGIN_WRITE_TIMEOUT_MS] == WEX_CONFIG_SRC_DEFAULT);
+	CHECK(wex__config_reload(&cfg, NULL, err, sizeof(err)) == 0);
+	rewrite(path, "{\"begin_write_timeout_ms\": 3000,\n"
+		      " \"models\": {\"policy\": {\"producers\": {\"uids\": [1001]}}}}");
+	CHECK(wex__config_reload(&cfg, NULL, err, sizeof(err)) == 0);
+	CHECK(cfg.file_found && cfg.begin_write_timeout_ms == 3000 && !cfg.path_explicit);
+	unlink(path);
+	CHECK(wex__config_reload(&cfg, NULL, err, sizeof(err)) == -ENOENT);
+	CHECK_CONTAINS(err, path);
+	printf("default file gone, refused: %s\n", err);
+	CHECK(cfg.begin_write_timeout_ms == 3000);
+	CHECK(!wex__config_allowed(&cfg, "policy", WEX_ROLE_PRODUCER, 1000, 1000));
 	wex__config_free(&cfg);
 	free(path);
 	printf("PASS\n");
