@@ -1185,12 +1185,19 @@ static int import_segments(struct wex_client *c, struct stash *sh, json_t *segs,
 	return 0;
 }
 
+/* Pages after the first tell whether the producers' layout moved since
+ * the first (a rank registered another segment: wexd numbers segments
+ * across ranks, so later pages would repeat or shift entries).  The
+ * fetch then starts over; this many times at most. */
+#define FETCH_RESTARTS 8
+
 static int fetch(struct wex_client *c)
 {
 	struct stash sh = { 0 };
 	json_int_t start = 0;
-	int ret;
+	int ret, restarts = 0;
 
+restart:
 	consumer_unmap_all(c);
 	/* Until this fetch completes, nothing fetched earlier holds: a failed
 	 * fetch is retried by the next sync. */
@@ -1212,6 +1219,20 @@ static int fetch(struct wex_client *c)
 		}
 		json_unpack(reply, "{s:I, s:I, s:I, s:I, s?I}", "tables_fd", &tfd, "plan_fd", &pfd,
 			    "world", &world, "layout_gen", &gen, "more", &more);
+		if (start > 0 && (uint64_t)gen != c->layout_gen) {
+			wex_sock_close_fds(fds, nfds);
+			json_decref(reply);
+			stash_clear(&sh);
+			if (++restarts > FETCH_RESTARTS)
+				return set_err(c, -EAGAIN,
+					       "fetch: the producers' segments changed during each of %d fetches (layout %llu, then %llu): sync again once they stop registering",
+					       restarts, (unsigned long long)c->layout_gen,
+					       (unsigned long long)gen);
+			wex_debug("client", "fetch: the producers' layout moved from %llu to %llu between pages: fetching again",
+				  (unsigned long long)c->layout_gen, (unsigned long long)gen);
+			start = 0;
+			goto restart;
+		}
 		if (start == 0) {
 			c->layout_gen = (uint64_t)gen;
 			c->nprod = (uint32_t)world;

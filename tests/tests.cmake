@@ -56,6 +56,9 @@ wex_foundation_test(quickstart_smoke LOOP
 wex_foundation_test(killed_producer LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(producer_resize LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(many_segments LOOP LIBS ${WEX_FX_LIBS})
+wex_foundation_test(fetch_race LOOP LIBS ${WEX_FX_LIBS})
+# It interposes sendmsg, for libwex.so's calls too: export it.
+set_target_properties(fetch_race_epoll fetch_race_uring PROPERTIES ENABLE_EXPORTS ON)
 wex_foundation_test(reshard_copy LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(msg_limit LOOP)
 wex_foundation_test(client_recovery LIBS wex TIMEOUT 120)
