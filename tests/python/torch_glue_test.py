@@ -193,6 +193,50 @@ class TorchGlue(WexdProducerCase):
         with self.assertRaisesRegex(ValueError, "several pieces of w"):
             torch_util.view_tensors(k, device="cpu")
 
+    def test_register_module_segments(self):
+        """register_module over segments the producer registered itself
+        (here a host segment; on a GPU, wex_cuda_alloc memory): strided
+        tensors go with their strides and reach an engine exact, by view
+        and by copy; empty ones are left out; overlapping ones, ones
+        outside the segments and a table of empty ones are refused."""
+        p = wex.Client(wex.ROLE_PRODUCER, "torch-glue-regmod", rank=0, world_size=1)
+        self.addCleanup(p.close)
+        size = 1 << 16
+        seg, base = p.segment_alloc(wex.SEG_HOST, size)
+        buf = torch_util.from_ptr(base, (size // 4,), torch.float32, "cpu")
+        mine = {"t": buf[:512].view(16, 32).t(),                # strides (1, 32)
+                "c": buf[1024:1088].view(8, 8)[:, 2:6],         # a slice of a wider row
+                "x": buf[2048:2058],                            # contiguous at an offset
+                "e": buf[4096:4096].view(0, 4)}                 # empty
+        segs = [(seg, base, size)]
+        with self.assertRaisesRegex(ValueError, "o has overlapping elements"):
+            torch_util.register_module(p, [("o", buf[:4].expand(4, 4))], segments=segs)
+        with self.assertRaisesRegex(ValueError, "is in none of the segments given"):
+            torch_util.register_module(p, [("f", torch.zeros(4))], segments=segs)
+        with self.assertRaisesRegex(ValueError, "every tensor is empty"):
+            torch_util.register_module(p, [("e", mine["e"])], segments=segs)
+        got = torch_util.register_module(p, mine.items(), segments=segs)
+        self.assertEqual(got, [(seg, base, size)])
+        g = torch.Generator().manual_seed(7)
+        p.begin_write(1)
+        for t in mine.values():
+            t.copy_(torch.randn(t.shape, generator=g))
+        p.publish(1)
+        want = {n: t.clone() for n, t in mine.items() if n != "e"}
+        c = wex.Client(wex.ROLE_CONSUMER, "torch-glue-regmod", group="g", timeout_ms=5000)
+        self.addCleanup(c.close)
+        c.sync(wex.SYNC_REMAP_VIEW, 1)
+        v = torch_util.view_tensors(c, device="cpu")
+        self.assertEqual(sorted(v), ["c", "t", "x"])
+        for n, w in want.items():
+            self.assertTrue(torch.equal(v[n], w), n)
+        self.assertEqual(v["t"].stride(), (1, 32))
+        own = {n: torch.full(tuple(w.shape), -1.0) for n, w in want.items()}
+        torch_util.attach_module(c, own.items())
+        c.sync(wex.SYNC_COPY, 1)
+        for n, w in want.items():
+            self.assertTrue(torch.equal(own[n], w), n)
+
     def test_attach_keeps(self):
         """attach_module keeps the tensors copy syncs write into alive (a
         temporary, e.g. a .contiguous() copy, would otherwise be freed

@@ -76,39 +76,61 @@ def _segments(device):
     return out
 
 
-def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM):
-    """Registers the memory under named CUDA tensors (e.g.
-    model.named_parameters()) with a producer client and their table.
+def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None):
+    """Registers the memory under named tensors (e.g.
+    model.named_parameters()) with a producer client, and their table.
 
-    Every caching-allocator segment holding one of the tensors is
-    registered whole (once); each tensor must be contiguous.  Returns the
-    list of (segment id, address, size) registered.
+    By default the tensors are CUDA tensors of PyTorch's caching
+    allocator: every allocator segment holding one of them is registered
+    whole (once) as `kind`.  With `segments`, a list of (segment id,
+    address, size) the client registered already (segment_alloc,
+    register_ptr, register_fd), the tensors are looked up there instead,
+    on any device, and nothing more is registered.  Strided tensors (a
+    transpose, a slice of a wider buffer) go with their strides; tensors
+    whose elements overlap are refused; empty tensors are left out (they
+    hold no bytes, and PyTorch gives them no address).  Returns the list
+    of (segment id, address, size) the tensors are in.
     """
     items = [(n, t.detach()) for n, t in named_tensors]
     if not items:
         raise ValueError("no tensors to register")
     dev = items[0][1].device
-    if dev.type != "cuda":
-        raise ValueError("register_module: tensors must be on a CUDA device, %s is on %s"
-                         % (items[0][0], dev))
-    torch.cuda.synchronize(dev)
-    segs = _segments(dev.index)
+    if segments is not None:
+        ranges = sorted((int(a), int(s)) for _, a, s in segments)
+        ids = {(int(a), int(s)): int(i) for i, a, s in segments}
+        register = ids.__getitem__
+        where = "none of the segments given"
+    else:
+        if dev.type != "cuda":
+            raise ValueError("register_module: tensors must be on a CUDA device, %s is on %s"
+                             % (items[0][0], dev))
+        torch.cuda.synchronize(dev)
+        ranges = _segments(dev.index)
+        register = lambda r: client.register_ptr(kind, r[0], r[1])  # noqa: E731
+        where = "no caching-allocator segment of %s" % dev
     used = {}
     table = []
     for name, t in items:
         if t.device != dev:
             raise ValueError("%s is on %s, the others on %s" % (name, t.device, dev))
-        if not t.is_contiguous():
-            raise ValueError("%s is not contiguous" % name)
-        p, nb = t.data_ptr(), t.numel() * t.element_size()
-        seg = next(((a, s) for a, s in segs if a <= p and p + nb <= a + s), None)
+        if t.numel() == 0:
+            continue
+        if _overlaps(t):
+            raise ValueError("%s has overlapping elements (strides %s for shape %s)"
+                             % (name, tuple(t.stride()), tuple(t.shape)))
+        contiguous = t.is_contiguous()
+        p = t.data_ptr()
+        nb = _span(tuple(t.shape), None if contiguous else tuple(t.stride())) * t.element_size()
+        seg = next(((a, s) for a, s in ranges if a <= p and p + nb <= a + s), None)
         if seg is None:
-            raise ValueError("%s (0x%x, %d bytes) is in no caching-allocator segment of %s"
-                             % (name, p, nb, dev))
+            raise ValueError("%s (0x%x, %d bytes) is in %s" % (name, p, nb, where))
         if seg not in used:
-            used[seg] = client.register_ptr(kind, seg[0], seg[1])
+            used[seg] = register(seg)
         table.append(wex.tensor(name, wex_dtype(t.dtype), t.shape, segment=used[seg],
-                                offset=p - seg[0]))
+                                offset=p - seg[0],
+                                strides=None if contiguous else t.stride()))
+    if not table:
+        raise ValueError("register_module: every tensor is empty")
     client.register_tensors(table)
     return [(sid, a, s) for (a, s), sid in used.items()]
 
