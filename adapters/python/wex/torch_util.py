@@ -115,20 +115,16 @@ def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None)
             raise ValueError("%s is on %s, the others on %s" % (name, t.device, dev))
         if t.numel() == 0:
             continue
-        if _overlaps(t):
-            raise ValueError("%s has overlapping elements (strides %s for shape %s)"
-                             % (name, tuple(t.stride()), tuple(t.shape)))
-        contiguous = t.is_contiguous()
+        strides = _table_strides(name, t)
         p = t.data_ptr()
-        nb = _span(tuple(t.shape), None if contiguous else tuple(t.stride())) * t.element_size()
+        nb = _span(tuple(t.shape), strides) * t.element_size()
         seg = next(((a, s) for a, s in ranges if a <= p and p + nb <= a + s), None)
         if seg is None:
             raise ValueError("%s (0x%x, %d bytes) is in %s" % (name, p, nb, where))
         if seg not in used:
             used[seg] = register(seg)
         table.append(wex.tensor(name, wex_dtype(t.dtype), t.shape, segment=used[seg],
-                                offset=p - seg[0],
-                                strides=None if contiguous else t.stride()))
+                                offset=p - seg[0], strides=strides))
     if not table:
         raise ValueError("register_module: every tensor is empty")
     client.register_tensors(table)
@@ -146,6 +142,15 @@ def _overlaps(t):
     return False
 
 
+def _table_strides(name, t):
+    """t's strides for a wex table entry (None when contiguous); a tensor
+    whose elements overlap is refused: they cannot each hold their bytes."""
+    if _overlaps(t):
+        raise ValueError("%s has overlapping elements (strides %s for shape %s)"
+                         % (name, tuple(t.stride()), tuple(t.shape)))
+    return None if t.is_contiguous() else tuple(t.stride())
+
+
 def attach_module(client, named_tensors):
     """Attaches a consumer's own tensors (its engine layout, same names and
     shapes as the producer's) for copies in place.  Strided tensors (views,
@@ -161,9 +166,7 @@ def attach_module(client, named_tensors):
         t = held.detach()
         if t.numel() == 0:
             continue
-        if _overlaps(t):
-            raise ValueError("%s has overlapping elements (strides %s for shape %s)"
-                             % (name, tuple(t.stride()), tuple(t.shape)))
+        strides = _table_strides(name, t)
         p = t.data_ptr()
         # A tensor over the client's own region keeps the client alive
         # (from_ptr's owner): the client keeping it back would be a cycle
@@ -171,7 +174,7 @@ def attach_module(client, named_tensors):
         if not any(a <= p < a + s for a, s in regions):
             keep.append(held)
         table.append(wex.tensor(name, wex_dtype(t.dtype), t.shape, ptr=p,
-                                strides=None if t.is_contiguous() else t.stride()))
+                                strides=strides))
     client.attach(table)
     client._attached = keep
 
