@@ -1765,12 +1765,18 @@ again:
 	conn = c->conn_gen;
 	if (!c->fetched || gen != c->layout_gen) {
 		ret = fetch(c);
-		if (ret < 0)
+		/* A fetch that met a restart went on at the new wexd, which
+		 * may not know the producers yet (they reconnect on their next
+		 * call): its refusal is no answer; acquire again there. */
+		if (ret < 0 && c->conn_gen == conn)
 			goto err_release;
 	}
 	if (c->conn_gen != conn) {
-		/* Restarted during the fetch: acquire again from the new one. */
+		/* Restarted during the fetch: acquire again from the new one.
+		 * The lease the restart took was this sync's own, never the
+		 * caller's: no later wex_release reports it as lost. */
 		c->has_lease = 0;
+		c->lease_lost = 0;
 		c->fetched = 0;
 		if (!retried++)
 			goto again;
