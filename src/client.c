@@ -1314,10 +1314,6 @@ static int regions_leave(struct wex_client *c, int ret)
 		       why, (unsigned long long)c->lease_version);
 }
 
-/* Gives the held lease back.  A remap lease first waits for the GPU work
- * that may read the producer's memory (`wait`); a copy lease has nothing
- * left to wait for (the executor waited for its copies).  The lease is
- * given back even when that wait fails (a GPU fault ends the work too). */
 /* The lease a reconnect took with the old wexd, reported once (by the
  * release that would have ended it): the producer may have written while
  * this rank read its memory; the new daemon would only say "no lease". */
@@ -1329,6 +1325,10 @@ static int lease_lost_err(struct wex_client *c)
 		       (unsigned long long)c->lease_version);
 }
 
+/* Gives the held lease back.  A remap lease first waits for the GPU work
+ * that may read the producer's memory (`wait`); a copy lease has nothing
+ * left to wait for (the executor waited for its copies).  The lease is
+ * given back even when that wait fails (a GPU fault ends the work too). */
 static int release_lease(struct wex_client *c, int wait)
 {
 	json_t *req;
@@ -1452,8 +1452,6 @@ static int run_copy(struct wex_client *c, uint64_t *bytes)
 	return ret;
 }
 
-/* Same-address remap needs the consumer's tensors to sit exactly where the
- * producer's do: name the first that does not. */
 /* Whether two descriptions put the same elements at the same places: the
  * first ndim dims only (what lies past them means nothing), strides as
  * they act (all 0 is C order; a dim of extent 1 is never stepped).  0 if
@@ -1486,6 +1484,8 @@ static int box_differs(const struct wex_tensor *a, const struct wex_tensor *b, c
 	return 0;
 }
 
+/* Same-address remap needs the consumer's tensors to sit exactly where the
+ * producer's do: name the first that does not. */
 static int check_fixed_layout(struct wex_client *c, struct region *g)
 {
 	uint64_t base = (uint64_t)(uintptr_t)g->r.addr;
