@@ -126,10 +126,13 @@ static int host_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 	/* Never more than the file holds now. */
 	if (seg->desc.alloc_size > (uint64_t)st.st_size)
 		seg->desc.alloc_size = (uint64_t)st.st_size;
-	/* Except its last page, which the kernel maps whole (the bytes past
-	 * the file's end read as zeros): a region, always whole pages, of the
-	 * segment's own size (5000 bytes: 8192 reserved) must fit. */
-	if (seg->desc.alloc_size == (uint64_t)st.st_size) {
+	/* But whole pages: a region, always whole pages, of the segment's own
+	 * size (5000 bytes: 8192 reserved) must fit.  The page holding its
+	 * last byte is mapped whole whatever the file's size beyond it (bytes
+	 * past the file's end read as zeros), so this never reaches a page
+	 * past the end, also where the producer registered part of a larger
+	 * file it may later shrink (never below its segment). */
+	{
 		uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
 
 		seg->desc.alloc_size = (seg->desc.alloc_size + pg - 1) & ~(pg - 1);

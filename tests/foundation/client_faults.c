@@ -16,7 +16,9 @@
  *  - every public call given a NULL client, or a NULL pointer it needs,
  *    returns -EINVAL (the reason in wex_last_error) instead of faulting;
  *  - a segment whose size is not a whole number of pages can be shown at
- *    the same address in a region reserved with that size;
+ *    the same address in a region reserved with that size, whether
+ *    wex_segment_alloc made it or the caller registered part of a larger
+ *    unsealed file;
  *  - releasing a remap lease that was lost with a restarted wexd returns
  *    -WEX_EDAEMON saying so (not the new daemon's "no lease held").
  */
@@ -157,6 +159,45 @@ static void odd_size_segment(void)
 	T_ASSERT(msync(region, 4096, MS_ASYNC) < 0 && errno == ENOMEM,
 		 "wex_client_close unmaps the region (wex.h)");
 	wex_client_close(p);
+}
+
+/* The same through wex_segment_register_fd: 5000 bytes of the caller's
+ * own unsealed memfd, which is a page or more larger (it may shrink, but
+ * never below the 5000 bytes it registered, so the page that holds them
+ * stays mapped whole).  A region reserved with the segment's size fits. */
+static void odd_size_register_fd(void)
+{
+	struct wex_sync_result r;
+	struct wex_tensor t;
+	wex_client_t *p, *k;
+	uint32_t seg;
+	void *region;
+	char *base;
+	int fd;
+
+	p = t_open(WEX_ROLE_PRODUCER, "odd-size-fd", NULL, 0, 1);
+	fd = memfd_create("wex-seg-fd", MFD_CLOEXEC);
+	T_ASSERT(fd >= 0 && ftruncate(fd, 3 * 4096) == 0, "memfd");
+	base = mmap(NULL, 3 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	T_ASSERT(base != MAP_FAILED, "mmap");
+	T_WEX(p, wex_segment_register_fd(p, fd, base, 5000, &seg));
+	t_u8_tensor(&t, "w", 5000, seg, 0);
+	T_WEX(p, wex_register_tensors(p, &t, 1));
+	T_WEX(p, wex_begin_write(p, 1, 5000));
+	memset(base, 6, 5000);
+	T_WEX(p, wex_publish(p, 1));
+	k = t_open(WEX_ROLE_CONSUMER, "odd-size-fd", "g", 0, 1);
+	T_WEX(k, wex_reserve(k, 0, seg, 5000, &region));
+	t.ptr = region;
+	T_WEX(k, wex_attach(k, &t, 1));
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	T_ASSERT(shows_producer(region) && ((unsigned char *)region)[4999] == 6,
+		 "the region shows the producer's 5000 registered bytes");
+	T_WEX(k, wex_release(k));
+	wex_client_close(k);
+	wex_client_close(p);
+	munmap(base, 3 * 4096);
+	close(fd);
 }
 
 /* A same-address sync compares layouts as they act on memory: explicit
@@ -393,6 +434,7 @@ int main(void)
 	fixed_check_fails();
 	shrunk_file();
 	odd_size_segment();
+	odd_size_register_fd();
 	strides_as_they_act();
 	timeout_leaves_regions();
 	null_arguments();
