@@ -1973,6 +1973,10 @@ WEX_API int wex_request(wex_client_t *c, const char *op, const char *args_json, 
 	int ret;
 
 	ARGS_OK(c, op && json);
+	/* wexctl prints this call's message when there is one: none left
+	 * from an earlier call may stand in for a failure that sets none
+	 * (a lost connection). */
+	c->err[0] = '\0';
 	if (args_json) {
 		req = json_loads(args_json, 0, &je);
 		if (!req || !json_is_object(req)) {

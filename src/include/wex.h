@@ -328,7 +328,9 @@ struct wex_sync_result {
  * rank of the group must sync again; the message names the version),
  * -ENOTRECOVERABLE when a GPU copy met a sticky CUDA error (illegal
  * address, launch failure, ...: the process's CUDA context is unusable,
- * its weights are dirty, and only a new process can sync again).
+ * its weights are dirty, and only a new process can sync again), -EAGAIN
+ * when producers registered segments during each of several fetches of
+ * their memory (sync again once they stop).
  */
 WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
 		     struct wex_sync_result *res);
