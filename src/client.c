@@ -1523,6 +1523,26 @@ static int check_fixed_layout(struct wex_client *c, struct region *g)
 	return 0;
 }
 
+/* Whether every attached tensor starts in a same-address region (where
+ * check_fixed_layout placed it whole).  True too with none attached: the
+ * regions are then all the weights there are. */
+static int layout_in_regions(const struct wex_client *c)
+{
+	for (size_t i = 0; i < c->nlayout; i++) {
+		uint64_t p = (uint64_t)(uintptr_t)c->layout[i].ptr;
+		int in = 0;
+
+		for (size_t j = 0; j < c->nregions && !in; j++) {
+			uint64_t a = (uint64_t)(uintptr_t)c->regions[j].r.addr;
+
+			in = p >= a && p < a + c->regions[j].r.size;
+		}
+		if (!in)
+			return 0;
+	}
+	return 1;
+}
+
 /* Whether every reserved region can show its producer segment. */
 static int map_regions_check(struct wex_client *c)
 {
@@ -1868,6 +1888,10 @@ again:
 		ret = map_regions(c, &bytes);
 		if (ret < 0)
 			goto err_release;
+		/* Every region shows the version now: weights all in them
+		 * are whole again, whatever an earlier failure left. */
+		if (c->dirty && layout_in_regions(c))
+			c->dirty = 0;
 		if (res)
 			res->changed = version != c->version;
 		c->version = version;

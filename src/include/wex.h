@@ -347,7 +347,9 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 WEX_API int wex_release(wex_client_t *c);
 
 /* 1 if the consumer's weights are half-written (an interrupted copy, or a
- * same-address sync that lost its lease: see wex_sync).
+ * same-address sync that lost its lease: see wex_sync), until a copy sync
+ * completes, or a same-address sync does with every attached tensor in a
+ * region (they all show its version then).
  * (Every call here returns -EINVAL for a NULL client or a NULL pointer it
  * needs, with the reason in wex_last_error when there is a client.) */
 WEX_API int wex_is_dirty(wex_client_t *c);

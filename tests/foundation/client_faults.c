@@ -20,7 +20,10 @@
  *    wex_segment_alloc made it or the caller registered part of a larger
  *    unsealed file;
  *  - releasing a remap lease that was lost with a restarted wexd returns
- *    -WEX_EDAEMON saying so (not the new daemon's "no lease held").
+ *    -WEX_EDAEMON saying so (not the new daemon's "no lease held");
+ *  - a same-address sync that timed out leaves the weights dirty until a
+ *    copy sync, or a same-address sync with every attached tensor in a
+ *    region, completes.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -287,11 +290,58 @@ static void timeout_leaves_regions(void)
 	T_WEX(p.c, wex_publish(p.c, 2));
 	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 2, 5000, &r));
 	T_ASSERT(shows_producer(k.region) && t_own_bad(&k, 2) == 0, "v2 shown after");
+	/* Every attached tensor is in the region, which shows v2 whole. */
+	T_ASSERT(wex_is_dirty(k.c) == 0, "a same-address sync of every tensor cleans it");
 	T_WEX(k.c, wex_release(k.c));
 	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 2, 5000, &r));
-	T_ASSERT(wex_is_dirty(k.c) == 0 && t_own_bad(&k, 2) == 0, "a copy sync cleans it");
+	T_ASSERT(wex_is_dirty(k.c) == 0 && t_own_bad(&k, 2) == 0, "a copy sync keeps it clean");
 	t_cons_close(&k);
 	t_prod_close(&p);
+}
+
+/* The same, with one attached tensor outside the region: a same-address
+ * sync never writes it, so only a copy sync cleans the weights. */
+static void dirty_outside_regions(void)
+{
+	struct wex_sync_result r;
+	struct wex_tensor t[2], u[2];
+	unsigned char *base, own[64];
+	wex_client_t *p, *k;
+	uint32_t seg;
+	void *region;
+	int ret;
+
+	p = t_open(WEX_ROLE_PRODUCER, "dirty-outside", NULL, 0, 1);
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 8192, &seg, (void **)&base));
+	t_u8_tensor(&t[0], "a", 64, seg, 0);
+	t_u8_tensor(&t[1], "b", 64, seg, 4096);
+	T_WEX(p, wex_register_tensors(p, t, 2));
+	T_WEX(p, wex_begin_write(p, 1, 5000));
+	memset(base, 1, 8192);
+	T_WEX(p, wex_publish(p, 1));
+	k = t_open(WEX_ROLE_CONSUMER, "dirty-outside", "g", 0, 1);
+	T_WEX(k, wex_reserve(k, 0, seg, 4096, &region)); /* holds "a" only */
+	memcpy(u, t, sizeof(u));
+	u[0].ptr = region;
+	u[1].ptr = own;
+	T_WEX(k, wex_attach(k, u, 2));
+	T_WEX(k, wex_sync(k, WEX_SYNC_COPY, 1, 5000, &r));
+	T_ASSERT(own[63] == 1, "b copied");
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	ret = wex_sync(k, WEX_SYNC_REMAP_FIXED, 2, 200, &r);
+	T_ASSERT(ret == -ETIMEDOUT && wex_is_dirty(k) == 1, "timed out, dirty: %s",
+		 wex_strerror(ret));
+	T_WEX(p, wex_begin_write(p, 2, 5000));
+	memset(base, 2, 8192);
+	T_WEX(p, wex_publish(p, 2));
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 2, 5000, &r));
+	T_ASSERT(((unsigned char *)region)[63] == 2 && own[63] == 1, "a shows v2, b holds v1");
+	T_ASSERT(wex_is_dirty(k) == 1, "b outside the region is not v2: still dirty");
+	T_WEX(k, wex_release(k));
+	T_WEX(k, wex_sync(k, WEX_SYNC_COPY, 2, 5000, &r));
+	T_ASSERT(own[63] == 2 && wex_is_dirty(k) == 0, "a copy sync cleans it");
+	wex_client_close(k);
+	wex_client_close(p);
 }
 
 /* A new wexd numbers versions afresh, and a restarted trainer publishes
@@ -437,6 +487,7 @@ int main(void)
 	odd_size_register_fd();
 	strides_as_they_act();
 	timeout_leaves_regions();
+	dirty_outside_regions();
 	null_arguments();
 	restart_renumbers(&d, WEX_SYNC_COPY);
 	restart_renumbers(&d, WEX_SYNC_REMAP_FIXED);
