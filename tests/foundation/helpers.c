@@ -33,8 +33,22 @@ double t_now(void)
 
 void t_track_child(pid_t pid)
 {
+	/* A slot freed by t_wait first: a test that restarts its children
+	 * again and again keeps them all tracked. */
+	for (int i = 0; i < nchildren; i++)
+		if (children[i] == 0) {
+			children[i] = pid;
+			return;
+		}
 	if (nchildren < 64)
 		children[nchildren++] = pid;
+}
+
+void t_untrack_child(pid_t pid)
+{
+	for (int i = 0; i < nchildren; i++)
+		if (children[i] == pid)
+			children[i] = 0;
 }
 
 pid_t t_fork(void)
@@ -62,9 +76,7 @@ int t_wait(pid_t pid)
 	while (waitpid(pid, &st, 0) < 0)
 		if (errno != EINTR)
 			T_FAIL("waitpid %d: %s", (int)pid, strerror(errno));
-	for (int i = 0; i < nchildren; i++)
-		if (children[i] == pid)
-			children[i] = 0;
+	t_untrack_child(pid);
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 

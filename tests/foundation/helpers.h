@@ -109,6 +109,8 @@ int t_leases(const char *sock, const char *model);
 
 /* Children that t_exit kills (SIGKILL) when the test fails early. */
 void t_track_child(pid_t pid);
+/* Forgets a child the caller reaped itself (t_wait does this). */
+void t_untrack_child(pid_t pid);
 /* fork() that tracks the child; the child's t_exit only exits. */
 pid_t t_fork(void);
 /* waitpid; returns the exit code, or 128+signal. */
