@@ -253,6 +253,34 @@ static struct model *model_get(struct wexd *d, const char *name, uint32_t world,
 	return m;
 }
 
+/*
+ * The connection holding producer rank `rank` of `model`, or that rank of
+ * consumer group `group` (NULL: producer), is closed if its client has
+ * already gone (wexd_conn_close_if_gone): a rank is held by one live
+ * connection at a time, and a process restarted in place of a dead one
+ * gets its rank even when its hello overtakes the dead one's hang-up.
+ * Called before the model is looked up: closing may free it.
+ */
+static void free_rank_of_gone(struct wexd *d, const char *model, const char *group,
+			      json_int_t rank)
+{
+	struct model *m = model_find(d, model);
+	struct conn *c = NULL;
+
+	if (!m)
+		return;
+	if (!group) {
+		if ((uint64_t)rank < m->world)
+			c = m->ranks[rank].c;
+	} else {
+		for (struct cgroup *g = m->groups; g; g = g->next)
+			if (!strcmp(g->name, group) && (uint64_t)rank < g->world)
+				c = g->ranks[rank];
+	}
+	if (c)
+		wexd_conn_close_if_gone(d, c);
+}
+
 static const char *role_name(int role)
 {
 	switch (role) {
@@ -314,6 +342,7 @@ json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
 	if (world < 1 || world > 65536 || rank < 0 || rank >= world)
 		return wex__reply_error(-EINVAL, "hello: rank %lld outside world size %lld",
 					(long long)rank, (long long)world);
+	free_rank_of_gone(d, model, strcmp(role, "producer") ? group : NULL, rank);
 	if (!strcmp(role, "producer")) {
 		struct model *m = model_get(d, model, (uint32_t)world, 1, err, sizeof(err));
 

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
+#include <poll.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -105,6 +106,29 @@ static void conn_close(struct wexd *d, struct conn *c)
 	wexd_conn_drop(d, c);
 	c->dead = 1;
 	d->loop.ops->close(&d->loop, &c->io);
+}
+
+/*
+ * Closes c if its client has already hung up (or a reply to it could not
+ * go out) and wexd has not yet taken in that end.  A process restarted
+ * right after its predecessor died says hello on a new connection, and
+ * nothing orders that message after the old connection's end of file:
+ * without this the new process was refused its rank (EADDRINUSE, "held by
+ * pid N") by a connection whose process was already gone.  Returns 1 if
+ * it closed c (whose model may then be gone too), else 0.
+ */
+int wexd_conn_close_if_gone(struct wexd *d, struct conn *c)
+{
+	struct pollfd p = { .fd = c->io.fd, .events = POLLRDHUP };
+
+	if (c->dead)
+		return 0;
+	if (!c->dropping && (poll(&p, 1, 0) <= 0 || !(p.revents & (POLLHUP | POLLRDHUP | POLLERR))))
+		return 0;
+	wex_debug("conn", "client %llu (pid %d) hung up before wexd saw it: closed",
+		  (unsigned long long)c->id, (int)c->pid);
+	conn_close(d, c);
+	return 1;
 }
 
 static void on_accept(void *arg, int fd)

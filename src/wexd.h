@@ -186,6 +186,8 @@ void wexd_fail_waiters(struct wexd *d, int err, const char *why);
 int wexd_allowed(struct wexd *d, struct conn *c, const char *model, int role);
 void wexd_count_error(int err);
 int wexd_send(struct wexd *d, struct conn *c, json_t *reply, const int *fds, int nfds);
+/* Closes c if its client already hung up unseen; 1 if it did. */
+int wexd_conn_close_if_gone(struct wexd *d, struct conn *c);
 const char *wexd_io_backend(struct wexd *d);
 
 #endif
