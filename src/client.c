@@ -344,6 +344,15 @@ again:
 		wex_warn("client", "lost wexd (%s): reconnecting", strerror(-ret));
 		close(c->fd);
 		c->fd = -1;
+		/* The lease went with the connection, whether or not the
+		 * reconnect below succeeds (reconnect says the same once it
+		 * does): a release that then finds no wexd to reconnect to
+		 * must still report the lost lease, not only "cannot
+		 * connect", and the next one must not say "no lease held". */
+		if (c->has_lease) {
+			c->lease_lost = 1;
+			c->has_lease = 0;
+		}
 		goto again;
 	}
 	if (ret < 0) {
@@ -1865,16 +1874,17 @@ again:
 		c->version = version;
 		set_report(c, "copy", bytes, t0);
 		ret = release_lease(c, 0);
-		if (c->conn_gen != conn) {
-			/* The release found wexd restarted: the lease was gone
-			 * for part of the copy, so the producer may have
-			 * written under it. */
+		if (c->conn_gen != conn || ret == -WEX_EDAEMON) {
+			/* The release found wexd restarted, or gone and not yet
+			 * back (-WEX_EDAEMON: the lease went with the
+			 * connection): the lease was gone for part of the copy,
+			 * so the producer may have written under it. */
 			c->has_lease = 0;
 			if (changed) {
 				c->dirty = 1;
 				c->copied = 0;
 				return set_err(c, -WEX_EDIRTY,
-					       "wexd restarted during the copy of v%llu: its lease was lost, so the producer may have written meanwhile; the weights may be mixed: sync again",
+					       "wexd restarted or went away during the copy of v%llu: its lease was lost, so the producer may have written meanwhile; the weights may be mixed: sync again",
 					       (unsigned long long)version);
 			}
 			ret = 0; /* nothing was copied: nothing to doubt */
@@ -1920,6 +1930,9 @@ err_release:
 
 		memcpy(why, c->err, sizeof(why));
 		release_lease(c, 0);
+		/* A lease lost with the connection here was this sync's
+		 * own: its error says what happened. */
+		c->lease_lost = 0;
 		memcpy(c->err, why, sizeof(why));
 	}
 	return ret;

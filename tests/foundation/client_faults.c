@@ -20,7 +20,8 @@
  *    wex_segment_alloc made it or the caller registered part of a larger
  *    unsealed file;
  *  - releasing a remap lease that was lost with a restarted wexd returns
- *    -WEX_EDAEMON saying so (not the new daemon's "no lease held");
+ *    -WEX_EDAEMON saying so (not the new daemon's "no lease held"), also
+ *    when the new wexd is not yet up (not only "cannot connect");
  *  - a same-address sync that timed out leaves the weights dirty until a
  *    copy sync, or a same-address sync with every attached tensor in a
  *    region, completes.
@@ -422,13 +423,19 @@ static void null_arguments(void)
 	t_prod_close(&p);
 }
 
-/* Holding a same-address lease on v, wexd restarts; `status_first` makes
- * another call (a status request, which reconnects) before the release.
- * Either way wex_release says the lease on v was lost, once; the producer
- * then writes v+1 and the client syncs it from the new wexd. */
-static void lose_lease(struct t_wexd *d, struct t_prod *p, struct t_cons *k, uint64_t v,
-		       int status_first)
+enum { RELEASE_AFTER, STATUS_FIRST, RELEASE_WHILE_DOWN };
+
+/* Holding a same-address lease on v, wexd restarts; STATUS_FIRST makes
+ * another call (a status request, which reconnects) before the release,
+ * RELEASE_WHILE_DOWN releases before the new wexd is up (the reconnect
+ * fails: this release returned only -ECONNREFUSED, and the next one "no
+ * lease held").  Either way wex_release says the
+ * lease on v was lost, once; the producer then writes v+1 and the client
+ * syncs it from the new wexd. */
+static void lose_lease(struct t_wexd *d, struct t_prod *p, struct t_cons *k, uint64_t v, int how)
 {
+	static const char *const hows[] = { "", " (after a status request)",
+					    " (while wexd is down)" };
 	struct wex_sync_result r;
 	char want[32];
 	int ret;
@@ -436,8 +443,9 @@ static void lose_lease(struct t_wexd *d, struct t_prod *p, struct t_cons *k, uin
 	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_REMAP_FIXED, v, 5000, &r));
 	T_ASSERT(t_own_bad(k, v) == 0, "fixed sync of v%llu", (unsigned long long)v);
 	t_wexd_kill(d);
-	t_wexd_restart(d);
-	if (status_first) {
+	if (how != RELEASE_WHILE_DOWN)
+		t_wexd_restart(d);
+	if (how == STATUS_FIRST) {
 		char *s = NULL;
 
 		T_WEX(k->c, wex_request(k->c, "status", NULL, &s));
@@ -446,9 +454,10 @@ static void lose_lease(struct t_wexd *d, struct t_prod *p, struct t_cons *k, uin
 	ret = wex_release(k->c);
 	snprintf(want, sizeof(want), "lease on v%llu was lost", (unsigned long long)v);
 	T_ASSERT(ret == -WEX_EDAEMON && strstr(wex_last_error(k->c), want),
-		 "releasing a lease lost with the old wexd%s says so: %s (%s)",
-		 status_first ? " (after a status request)" : "", wex_strerror(ret),
-		 wex_last_error(k->c));
+		 "releasing a lease lost with the old wexd%s says so: %s (%s)", hows[how],
+		 wex_strerror(ret), wex_last_error(k->c));
+	if (how == RELEASE_WHILE_DOWN)
+		t_wexd_restart(d);
 	ret = wex_release(k->c);
 	T_ASSERT(ret == -ENOENT, "and then no lease is held: %s", wex_strerror(ret));
 	t_prod_write(p, v + 1);
@@ -467,10 +476,11 @@ static void release_after_restart(struct t_wexd *d)
 	t_prod_open(&p, "lost-lease", "tiny", 0, 1);
 	t_cons_open(&k, "lost-lease", "g", "tiny", 0, 1);
 	t_prod_write(&p, 1);
-	lose_lease(d, &p, &k, 1, 0);
-	lose_lease(d, &p, &k, 2, 1);
-	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 3, 5000, &r));
-	T_ASSERT(t_own_bad(&k, 3) == 0, "fixed sync of v3 on the third wexd");
+	lose_lease(d, &p, &k, 1, RELEASE_AFTER);
+	lose_lease(d, &p, &k, 2, STATUS_FIRST);
+	lose_lease(d, &p, &k, 3, RELEASE_WHILE_DOWN);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 4, 5000, &r));
+	T_ASSERT(t_own_bad(&k, 4) == 0, "fixed sync of v4 on the fourth wexd");
 	T_WEX(k.c, wex_release(k.c));
 	t_cons_close(&k);
 	t_prod_close(&p);

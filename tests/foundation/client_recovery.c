@@ -2,8 +2,8 @@
 /*
  * client_recovery - libwex keeps its state true to wexd's when a call
  * fails half-way:
- *  - wexd restarted during a copy sync: the lease went with it and the
- *    producer wrote meanwhile, so the sync reports -WEX_EDIRTY (weights
+ *  - wexd restarted during a copy sync (or killed, and not yet back when
+ *    the copy ends): the lease went with it and the producer wrote meanwhile, so the sync reports -WEX_EDIRTY (weights
  *    marked dirty), or, when the copy was over before the restart (or the
  *    restart came during the fetch and the sync acquired again), 0 with
  *    every byte of the version it reports, or, when the restart came before the
@@ -144,6 +144,63 @@ static void restart_during_copy(struct t_wexd *d)
 		printf("restart during copy: %s (%llu bytes not v1)\n", wex_last_error(k),
 		       (unsigned long long)count_not(buf, BIG, 1));
 	}
+	T_WEX(k, wex_sync(k, WEX_SYNC_COPY, 2, 5000, &j.r));
+	T_ASSERT(j.r.version == 2 && count_not(buf, BIG, 2) == 0 && !wex_is_dirty(k),
+		 "the next copy sync holds v2 whole");
+	wex_client_close(k);
+	wex_client_close(p);
+	free(buf);
+}
+
+/* wexd killed during a copy sync and not yet back when the copy ends: the
+ * lease went with it, so the sync returns -WEX_EDIRTY with the weights
+ * marked dirty (it returned the failed release's -ECONNREFUSED with the
+ * copied weights called clean); or 0 with v1 whole when the copy was over
+ * before the kill; or an error with nothing written when the kill came
+ * before the copy. */
+static void wexd_gone_during_copy(struct t_wexd *d)
+{
+	wex_client_t *p = opn(WEX_ROLE_PRODUCER, "rc-gone", 5000);
+	wex_client_t *k = opn(WEX_ROLE_CONSUMER, "rc-gone", 5000);
+	unsigned char *buf = malloc(BIG);
+	struct wex_tensor t;
+	struct job j = { .c = k, .mode = WEX_SYNC_COPY, .min = 1, .wait = 5000 };
+	pthread_t th;
+	uint32_t seg;
+	void *base;
+
+	T_ASSERT(buf, "malloc");
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, BIG, &seg, &base));
+	t_u8_tensor(&t, "w", BIG, seg, 0);
+	T_WEX(p, wex_register_tensors(p, &t, 1));
+	write_v(p, base, BIG, 1);
+	memset(buf, 0, BIG);
+	t.ptr = buf;
+	T_WEX(k, wex_attach(k, &t, 1));
+	/* Fetched now: the copy sync below is acquire, copy, release. */
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_VIEW, 1, 5000, &j.r));
+	T_WEX(k, wex_release(k));
+	T_ASSERT(pthread_create(&th, NULL, syncer, &j) == 0, "thread");
+	while (t_leases(d->sock, "rc-gone") == 0)
+		usleep(100);
+	t_wexd_kill(d);
+	pthread_join(th, NULL);
+	if (j.ret == 0) {
+		T_ASSERT(j.r.version == 1 && count_not(buf, BIG, 1) == 0 && !wex_is_dirty(k),
+			 "a copy sync that succeeded holds v1 whole");
+		printf("wexd gone during copy: the copy was over before the kill\n");
+	} else if (j.ret == -WEX_EDIRTY) {
+		T_ASSERT(wex_is_dirty(k), "-WEX_EDIRTY, and the weights are marked dirty");
+		printf("wexd gone during copy: %s\n", wex_last_error(k));
+	} else {
+		T_ASSERT(!wex_is_dirty(k) && count_not(buf, BIG, 0) == 0,
+			 "a copy sync that failed (%s: %s) and left the weights clean wrote nothing "
+			 "(%llu bytes written)", wex_strerror(j.ret), wex_last_error(k),
+			 (unsigned long long)count_not(buf, BIG, 0));
+		printf("wexd gone during copy: failed before copying: %s\n", wex_last_error(k));
+	}
+	t_wexd_restart(d);
+	write_v(p, base, BIG, 2);
 	T_WEX(k, wex_sync(k, WEX_SYNC_COPY, 2, 5000, &j.r));
 	T_ASSERT(j.r.version == 2 && count_not(buf, BIG, 2) == 0 && !wex_is_dirty(k),
 		 "the next copy sync holds v2 whole");
@@ -587,6 +644,7 @@ int main(void)
 	waits_and_timeouts(&d);
 	refused_table_not_kept(&d);
 	restart_during_copy(&d);
+	wexd_gone_during_copy(&d);
 	reserve_waits_for_producer(&d);
 	unsendable_reply_drops(&d);
 	refused_acquire_keeps_lease(&d);
