@@ -756,7 +756,8 @@ int main(void)
 		if (t_now() >= next_restart) {
 			restart_wexd(&d);
 			restarts++;
-			next_restart = t_now() + 0.5 + (double)rnd(1000) / 1000.0 * secs;
+			/* Every 0.5 to 2.5 s: a long run restarts it often too. */
+			next_restart = t_now() + 0.5 + (double)rnd(1000) / 500.0;
 			continue;
 		}
 		switch (rnd(20)) {
