@@ -138,7 +138,9 @@ struct wex_client_params {
  * Connects to wexd and introduces this process (hello).  Blocks for one
  * round trip.  On success *out is a new client that the caller closes with
  * wex_client_close.  Errors: -ENOENT/-ECONNREFUSED (no daemon), -EACCES
- * (refused by wexd's access control), -WEX_EPROTO_VERSION, -EINVAL.
+ * (refused by wexd's access control), -WEX_EPROTO_VERSION, -EINVAL,
+ * -EADDRINUSE (the rank is held by another connection that is still open;
+ * one whose process already died is taken over).
  */
 WEX_API int wex_client_open(const struct wex_client_params *params, wex_client_t **out);
 
