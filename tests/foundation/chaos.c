@@ -617,9 +617,11 @@ static void kill_wait(pid_t pid)
 
 static void kill_producer(int r)
 {
-	/* Mid-write when it is writing now. */
-	kill_wait(P[r].pid);
+	/* Mid-write when it is writing now.  Counted before the kill: wexd
+	 * sees the hang-up, and consumers its ESTALE, before waitpid returns
+	 * here. */
 	atomic_fetch_add(&S->prod_deaths, 1);
+	kill_wait(P[r].pid);
 	atomic_store(&S->writing[r], 0);
 	start_prod(r);
 }
