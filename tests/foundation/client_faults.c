@@ -131,14 +131,39 @@ static void shrunk_file(void)
 	close(fd);
 }
 
+/* Publishes v1 of producer p's 5000-byte segment `seg` (mapped at base,
+ * filled with `fill`), then has a consumer of the same model reserve a
+ * region of the segment's 5000 bytes and same-address sync it: the region
+ * must show the producer's bytes.  Returns the consumer, lease released. */
+static wex_client_t *odd_size_remap(wex_client_t *p, const char *model, uint32_t seg,
+				    char *base, int fill, void **region)
+{
+	struct wex_sync_result r;
+	struct wex_tensor t;
+	wex_client_t *k;
+
+	t_u8_tensor(&t, "w", 5000, seg, 0);
+	T_WEX(p, wex_register_tensors(p, &t, 1));
+	T_WEX(p, wex_begin_write(p, 1, 5000));
+	memset(base, fill, 5000);
+	T_WEX(p, wex_publish(p, 1));
+	k = t_open(WEX_ROLE_CONSUMER, model, "g", 0, 1);
+	T_WEX(k, wex_reserve(k, 0, seg, 5000, region));
+	t.ptr = *region;
+	T_WEX(k, wex_attach(k, &t, 1));
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	T_ASSERT(shows_producer(*region) && ((unsigned char *)*region)[4999] == fill,
+		 "the region shows the producer's 5000-byte segment");
+	T_WEX(k, wex_release(k));
+	return k;
+}
+
 /* A segment whose size is not a multiple of the page size (wex_segment_alloc
  * of the tensors' bytes): a region reserved with that same size fits it,
  * and a same-address sync maps it (the page's tail past the segment reads
  * zeros, as the producer's own mapping does). */
 static void odd_size_segment(void)
 {
-	struct wex_sync_result r;
-	struct wex_tensor t;
 	wex_client_t *p, *k;
 	uint32_t seg;
 	void *region;
@@ -146,19 +171,7 @@ static void odd_size_segment(void)
 
 	p = t_open(WEX_ROLE_PRODUCER, "odd-size", NULL, 0, 1);
 	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 5000, &seg, (void **)&base));
-	t_u8_tensor(&t, "w", 5000, seg, 0);
-	T_WEX(p, wex_register_tensors(p, &t, 1));
-	T_WEX(p, wex_begin_write(p, 1, 5000));
-	memset(base, 5, 5000);
-	T_WEX(p, wex_publish(p, 1));
-	k = t_open(WEX_ROLE_CONSUMER, "odd-size", "g", 0, 1);
-	T_WEX(k, wex_reserve(k, 0, seg, 5000, &region));
-	t.ptr = region;
-	T_WEX(k, wex_attach(k, &t, 1));
-	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
-	T_ASSERT(shows_producer(region) && ((unsigned char *)region)[4999] == 5,
-		 "the region shows the producer's 5000-byte segment");
-	T_WEX(k, wex_release(k));
+	k = odd_size_remap(p, "odd-size", seg, base, 5, &region);
 	wex_client_close(k);
 	T_ASSERT(msync(region, 4096, MS_ASYNC) < 0 && errno == ENOMEM,
 		 "wex_client_close unmaps the region (wex.h)");
@@ -171,8 +184,6 @@ static void odd_size_segment(void)
  * stays mapped whole).  A region reserved with the segment's size fits. */
 static void odd_size_register_fd(void)
 {
-	struct wex_sync_result r;
-	struct wex_tensor t;
 	wex_client_t *p, *k;
 	uint32_t seg;
 	void *region;
@@ -185,19 +196,7 @@ static void odd_size_register_fd(void)
 	base = mmap(NULL, 3 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	T_ASSERT(base != MAP_FAILED, "mmap");
 	T_WEX(p, wex_segment_register_fd(p, fd, base, 5000, &seg));
-	t_u8_tensor(&t, "w", 5000, seg, 0);
-	T_WEX(p, wex_register_tensors(p, &t, 1));
-	T_WEX(p, wex_begin_write(p, 1, 5000));
-	memset(base, 6, 5000);
-	T_WEX(p, wex_publish(p, 1));
-	k = t_open(WEX_ROLE_CONSUMER, "odd-size-fd", "g", 0, 1);
-	T_WEX(k, wex_reserve(k, 0, seg, 5000, &region));
-	t.ptr = region;
-	T_WEX(k, wex_attach(k, &t, 1));
-	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
-	T_ASSERT(shows_producer(region) && ((unsigned char *)region)[4999] == 6,
-		 "the region shows the producer's 5000 registered bytes");
-	T_WEX(k, wex_release(k));
+	k = odd_size_remap(p, "odd-size-fd", seg, base, 6, &region);
 	wex_client_close(k);
 	wex_client_close(p);
 	munmap(base, 3 * 4096);

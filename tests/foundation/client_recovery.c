@@ -96,60 +96,93 @@ static void *syncer(void *a)
 	return NULL;
 }
 
+/* A producer of model `model` that published v1 of one BIG-byte tensor
+ * (its segment at base), a consumer that attached a zeroed buffer (buf)
+ * for it, and that consumer's copy sync of v1 (j) running in thread th. */
+struct copy_case {
+	wex_client_t *p, *k;
+	unsigned char *buf;
+	void *base;
+	struct job j;
+	pthread_t th;
+};
+
+/* Sets the case up and starts the copy sync, returning once wexd holds its
+ * lease.  `fetched`: a view sync fetched the plan before, so the copy sync
+ * is acquire, copy, release. */
+static void copy_case_start(struct t_wexd *d, struct copy_case *cc, const char *model,
+			    int fetched)
+{
+	struct wex_tensor t;
+	uint32_t seg;
+
+	memset(cc, 0, sizeof(*cc));
+	cc->p = opn(WEX_ROLE_PRODUCER, model, 5000);
+	cc->k = opn(WEX_ROLE_CONSUMER, model, 5000);
+	cc->buf = malloc(BIG);
+	T_ASSERT(cc->buf, "malloc");
+	T_WEX(cc->p, wex_segment_alloc(cc->p, WEX_SEG_HOST, 0, BIG, &seg, &cc->base));
+	t_u8_tensor(&t, "w", BIG, seg, 0);
+	T_WEX(cc->p, wex_register_tensors(cc->p, &t, 1));
+	write_v(cc->p, cc->base, BIG, 1);
+	memset(cc->buf, 0, BIG);
+	t.ptr = cc->buf;
+	T_WEX(cc->k, wex_attach(cc->k, &t, 1));
+	if (fetched) {
+		T_WEX(cc->k, wex_sync(cc->k, WEX_SYNC_REMAP_VIEW, 1, 5000, &cc->j.r));
+		T_WEX(cc->k, wex_release(cc->k));
+	}
+	cc->j = (struct job){ .c = cc->k, .mode = WEX_SYNC_COPY, .min = 1, .wait = 5000 };
+	T_ASSERT(pthread_create(&cc->th, NULL, syncer, &cc->j) == 0, "thread");
+	while (t_leases(d->sock, model) == 0)
+		usleep(100);
+}
+
+/* Once v2 is being written or written: the next copy sync holds v2 whole,
+ * however the one in the thread ended. */
+static void copy_case_end(struct copy_case *cc)
+{
+	T_WEX(cc->k, wex_sync(cc->k, WEX_SYNC_COPY, 2, 5000, &cc->j.r));
+	T_ASSERT(cc->j.r.version == 2 && count_not(cc->buf, BIG, 2) == 0 && !wex_is_dirty(cc->k),
+		 "the next copy sync holds v2 whole");
+	wex_client_close(cc->k);
+	wex_client_close(cc->p);
+	free(cc->buf);
+}
+
 static void restart_during_copy(struct t_wexd *d)
 {
-	wex_client_t *p = opn(WEX_ROLE_PRODUCER, "rc-copy", 5000);
-	wex_client_t *k = opn(WEX_ROLE_CONSUMER, "rc-copy", 5000);
-	unsigned char *buf = malloc(BIG);
-	struct wex_tensor t;
-	struct job j = { .c = k, .mode = WEX_SYNC_COPY, .min = 1, .wait = 5000 };
-	pthread_t th;
-	uint32_t seg;
-	void *base;
+	struct copy_case cc;
+	struct job *j = &cc.j;
 
-	T_ASSERT(buf, "malloc");
-	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, BIG, &seg, &base));
-	t_u8_tensor(&t, "w", BIG, seg, 0);
-	T_WEX(p, wex_register_tensors(p, &t, 1));
-	write_v(p, base, BIG, 1);
-	memset(buf, 0, BIG);
-	t.ptr = buf;
-	T_WEX(k, wex_attach(k, &t, 1));
-	T_ASSERT(pthread_create(&th, NULL, syncer, &j) == 0, "thread");
-	while (t_leases(d->sock, "rc-copy") == 0)
-		usleep(100);
+	copy_case_start(d, &cc, "rc-copy", 0);
 	t_wexd_kill(d);
 	t_wexd_restart(d);
-	write_v(p, base, BIG, 2); /* the new daemon knows no lease */
-	pthread_join(th, NULL);
-	if (j.ret == 0) {
+	write_v(cc.p, cc.base, BIG, 2); /* the new daemon knows no lease */
+	pthread_join(cc.th, NULL);
+	if (j->ret == 0) {
 		/* Over before the restart (v1), or the restart came during the
 		 * fetch and the sync acquired again from the new daemon (v1,
 		 * or v2 once the producer's write was done): whole either way. */
-		T_ASSERT((j.r.version == 1 || j.r.version == 2) &&
-				 count_not(buf, BIG, (unsigned char)j.r.version) == 0 &&
-				 !wex_is_dirty(k),
+		T_ASSERT((j->r.version == 1 || j->r.version == 2) &&
+				 count_not(cc.buf, BIG, (unsigned char)j->r.version) == 0 &&
+				 !wex_is_dirty(cc.k),
 			 "a copy sync that succeeded holds its version (v%llu) whole",
-			 (unsigned long long)j.r.version);
+			 (unsigned long long)j->r.version);
 		printf("restart during copy: the sync succeeded with v%llu whole\n",
-		       (unsigned long long)j.r.version);
-	} else if (j.ret != -WEX_EDIRTY) {
+		       (unsigned long long)j->r.version);
+	} else if (j->ret != -WEX_EDIRTY) {
 		/* The restart came before the copy (during the fetch, or the
 		 * reconnect found the new daemon not yet up). */
-		T_ASSERT(!wex_is_dirty(k) && count_not(buf, BIG, 0) == 0,
-			 "a sync that failed before copying (%s) wrote nothing", wex_strerror(j.ret));
-		printf("restart during copy: failed before copying: %s\n", wex_last_error(k));
+		T_ASSERT(!wex_is_dirty(cc.k) && count_not(cc.buf, BIG, 0) == 0,
+			 "a sync that failed before copying (%s) wrote nothing", wex_strerror(j->ret));
+		printf("restart during copy: failed before copying: %s\n", wex_last_error(cc.k));
 	} else {
-		T_ASSERT(wex_is_dirty(k), "and the weights are marked dirty");
-		printf("restart during copy: %s (%llu bytes not v1)\n", wex_last_error(k),
-		       (unsigned long long)count_not(buf, BIG, 1));
+		T_ASSERT(wex_is_dirty(cc.k), "and the weights are marked dirty");
+		printf("restart during copy: %s (%llu bytes not v1)\n", wex_last_error(cc.k),
+		       (unsigned long long)count_not(cc.buf, BIG, 1));
 	}
-	T_WEX(k, wex_sync(k, WEX_SYNC_COPY, 2, 5000, &j.r));
-	T_ASSERT(j.r.version == 2 && count_not(buf, BIG, 2) == 0 && !wex_is_dirty(k),
-		 "the next copy sync holds v2 whole");
-	wex_client_close(k);
-	wex_client_close(p);
-	free(buf);
+	copy_case_end(&cc);
 }
 
 /* wexd killed during a copy sync and not yet back when the copy ends: the
@@ -160,53 +193,29 @@ static void restart_during_copy(struct t_wexd *d)
  * before the copy. */
 static void wexd_gone_during_copy(struct t_wexd *d)
 {
-	wex_client_t *p = opn(WEX_ROLE_PRODUCER, "rc-gone", 5000);
-	wex_client_t *k = opn(WEX_ROLE_CONSUMER, "rc-gone", 5000);
-	unsigned char *buf = malloc(BIG);
-	struct wex_tensor t;
-	struct job j = { .c = k, .mode = WEX_SYNC_COPY, .min = 1, .wait = 5000 };
-	pthread_t th;
-	uint32_t seg;
-	void *base;
+	struct copy_case cc;
+	struct job *j = &cc.j;
 
-	T_ASSERT(buf, "malloc");
-	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, BIG, &seg, &base));
-	t_u8_tensor(&t, "w", BIG, seg, 0);
-	T_WEX(p, wex_register_tensors(p, &t, 1));
-	write_v(p, base, BIG, 1);
-	memset(buf, 0, BIG);
-	t.ptr = buf;
-	T_WEX(k, wex_attach(k, &t, 1));
-	/* Fetched now: the copy sync below is acquire, copy, release. */
-	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_VIEW, 1, 5000, &j.r));
-	T_WEX(k, wex_release(k));
-	T_ASSERT(pthread_create(&th, NULL, syncer, &j) == 0, "thread");
-	while (t_leases(d->sock, "rc-gone") == 0)
-		usleep(100);
+	copy_case_start(d, &cc, "rc-gone", 1);
 	t_wexd_kill(d);
-	pthread_join(th, NULL);
-	if (j.ret == 0) {
-		T_ASSERT(j.r.version == 1 && count_not(buf, BIG, 1) == 0 && !wex_is_dirty(k),
+	pthread_join(cc.th, NULL);
+	if (j->ret == 0) {
+		T_ASSERT(j->r.version == 1 && count_not(cc.buf, BIG, 1) == 0 && !wex_is_dirty(cc.k),
 			 "a copy sync that succeeded holds v1 whole");
 		printf("wexd gone during copy: the copy was over before the kill\n");
-	} else if (j.ret == -WEX_EDIRTY) {
-		T_ASSERT(wex_is_dirty(k), "-WEX_EDIRTY, and the weights are marked dirty");
-		printf("wexd gone during copy: %s\n", wex_last_error(k));
+	} else if (j->ret == -WEX_EDIRTY) {
+		T_ASSERT(wex_is_dirty(cc.k), "-WEX_EDIRTY, and the weights are marked dirty");
+		printf("wexd gone during copy: %s\n", wex_last_error(cc.k));
 	} else {
-		T_ASSERT(!wex_is_dirty(k) && count_not(buf, BIG, 0) == 0,
+		T_ASSERT(!wex_is_dirty(cc.k) && count_not(cc.buf, BIG, 0) == 0,
 			 "a copy sync that failed (%s: %s) and left the weights clean wrote nothing "
-			 "(%llu bytes written)", wex_strerror(j.ret), wex_last_error(k),
-			 (unsigned long long)count_not(buf, BIG, 0));
-		printf("wexd gone during copy: failed before copying: %s\n", wex_last_error(k));
+			 "(%llu bytes written)", wex_strerror(j->ret), wex_last_error(cc.k),
+			 (unsigned long long)count_not(cc.buf, BIG, 0));
+		printf("wexd gone during copy: failed before copying: %s\n", wex_last_error(cc.k));
 	}
 	t_wexd_restart(d);
-	write_v(p, base, BIG, 2);
-	T_WEX(k, wex_sync(k, WEX_SYNC_COPY, 2, 5000, &j.r));
-	T_ASSERT(j.r.version == 2 && count_not(buf, BIG, 2) == 0 && !wex_is_dirty(k),
-		 "the next copy sync holds v2 whole");
-	wex_client_close(k);
-	wex_client_close(p);
-	free(buf);
+	write_v(cc.p, cc.base, BIG, 2);
+	copy_case_end(&cc);
 }
 
 static void waits_and_timeouts(struct t_wexd *d)

@@ -31,11 +31,7 @@ int main(void)
 	pid_t old;
 	int ret;
 
-	t_wexd_start(&d);
-	t_check_backend(d.sock);
-	t_prod_open(&p, MODEL, "tiny", 0, 1);
-	t_cons_open(&k, MODEL, "g", "tiny", 0, 1);
-	t_prod_write(&p, 1);
+	t_tiny_v1(&d, &p, &k, MODEL);
 	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 1, 5000, &r));
 	T_ASSERT(r.version == 1 && t_own_bad(&k, 1) == 0, "v1 copied");
 

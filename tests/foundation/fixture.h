@@ -149,4 +149,16 @@ static inline uint64_t t_own_bad(struct t_cons *k, uint64_t v)
 	return ex_check(NULL, k->t, (size_t)k->n, v, 1);
 }
 
+/* The smallest set-up: wexd started, one producer rank of the "tiny"
+ * preset that published v1, one consumer rank of group "g". */
+static inline void t_tiny_v1(struct t_wexd *d, struct t_prod *p, struct t_cons *k,
+			     const char *model)
+{
+	t_wexd_start(d);
+	t_check_backend(d->sock);
+	t_prod_open(p, model, "tiny", 0, 1);
+	t_cons_open(k, model, "g", "tiny", 0, 1);
+	t_prod_write(p, 1);
+}
+
 #endif

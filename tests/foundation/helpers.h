@@ -98,6 +98,16 @@ json_t *t_raw_rpc(int fd, const char *json, const int *fds, int nfds);
 const char *t_code(json_t *reply);
 const char *t_msg(json_t *reply);
 
+/* xorshift64 for seeded randomized tests: advances *state (never 0) and
+ * returns the new value modulo n. */
+static inline uint32_t t_rand(uint64_t *state, uint32_t n)
+{
+	*state ^= *state << 13;
+	*state ^= *state >> 7;
+	*state ^= *state << 17;
+	return (uint32_t)(*state % n);
+}
+
 /* One status request on a fresh connection (new reference). */
 json_t *t_status(const char *sock);
 /* Asserts that status reports the backend named by $WEX_IO (if set). */

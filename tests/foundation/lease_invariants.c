@@ -60,10 +60,7 @@ static int ctl;
 static uint64_t rnd_state;
 static uint32_t rnd(uint32_t n)
 {
-	rnd_state ^= rnd_state << 13;
-	rnd_state ^= rnd_state >> 7;
-	rnd_state ^= rnd_state << 17;
-	return (uint32_t)(rnd_state % n);
+	return t_rand(&rnd_state, n);
 }
 
 /* Exactly one reply: the next one, then nothing more waiting. */

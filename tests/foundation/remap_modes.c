@@ -56,12 +56,8 @@ int main(void)
 	struct wex_tensor vd;
 	int ret;
 
-	t_wexd_start(&d);
-	t_check_backend(d.sock);
-	t_prod_open(&p, MODEL, "tiny", 0, 1);
-	t_cons_open(&k, MODEL, "g", "tiny", 0, 1);
+	t_tiny_v1(&d, &p, &k, MODEL);
 	T_ASSERT(k.n <= 512, "model size");
-	t_prod_write(&p, 1);
 
 	/* REMAP_FIXED: same addresses, producer's bytes. */
 	for (int i = 0; i < k.n; i++)

@@ -85,11 +85,7 @@ int main(void)
 	struct t_cons k;
 	int ret;
 
-	t_wexd_start(&d);
-	t_check_backend(d.sock);
-	t_prod_open(&p, MODEL, "tiny", 0, 1);
-	t_cons_open(&k, MODEL, "g", "tiny", 0, 1);
-	t_prod_write(&p, 1);
+	t_tiny_v1(&d, &p, &k, MODEL);
 
 	/* The trainer publishes again once the sync acquires again. */
 	publish_v = 1;
