@@ -316,6 +316,19 @@ static uint32_t wait_of(const struct wex_client *c, uint32_t timeout_ms, json_t 
 	return timeout_ms;
 }
 
+/* The connection to wexd is gone, and the lease with it, whether or not
+ * a reconnect succeeds (reconnect says the same once it does): a release
+ * that then finds no wexd to reconnect to must still report the lost
+ * lease, not only "cannot connect", and the next one must not say "no
+ * lease held". */
+static void lease_went(struct wex_client *c)
+{
+	if (c->has_lease) {
+		c->lease_lost = 1;
+		c->has_lease = 0;
+	}
+}
+
 /* One request; on a lost daemon, reconnect once and retry. `req` is taken.
  * Received fds (if rfds) are the caller's. */
 static int rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, json_t **out,
@@ -344,17 +357,15 @@ again:
 		wex_warn("client", "lost wexd (%s): reconnecting", strerror(-ret));
 		close(c->fd);
 		c->fd = -1;
-		/* The lease went with the connection, whether or not the
-		 * reconnect below succeeds (reconnect says the same once it
-		 * does): a release that then finds no wexd to reconnect to
-		 * must still report the lost lease, not only "cannot
-		 * connect", and the next one must not say "no lease held". */
-		if (c->has_lease) {
-			c->lease_lost = 1;
-			c->has_lease = 0;
-		}
+		lease_went(c);
 		goto again;
 	}
+	/* A call wexd did not answer dropped the connection, and wexd drops
+	 * the lease with it: lost, unless this was the release of it, which
+	 * then ends it as asked. */
+	if (ret == -ETIMEDOUT && c->fd < 0 &&
+	    strcmp(json_string_value(json_object_get(req, "op")) ?: "", "release"))
+		lease_went(c);
 	if (ret < 0) {
 		if (ret == -EPIPE || ret == -ECONNRESET)
 			ret = set_err(c, -WEX_EDAEMON, "wexd closed the connection");

@@ -21,12 +21,15 @@
  *    unsealed file;
  *  - releasing a remap lease that was lost with a restarted wexd returns
  *    -WEX_EDAEMON saying so (not the new daemon's "no lease held"), also
- *    when the new wexd is not yet up (not only "cannot connect");
+ *    when the new wexd is not yet up (not only "cannot connect"), and
+ *    also when the lease went with a connection that libwex dropped itself
+ *    because wexd did not answer a call;
  *  - a same-address sync that timed out leaves the weights dirty until a
  *    copy sync, or a same-address sync with every attached tensor in a
  *    region, completes.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -485,6 +488,49 @@ static void release_after_restart(struct t_wexd *d)
 	t_prod_close(&p);
 }
 
+/* Holding a remap lease, a call that wexd does not answer (wexd stopped)
+ * makes libwex drop the connection, and wexd drops the lease with it.
+ * wexd then dies, so the release's reconnect fails: the release must
+ * still say the lease was lost (-WEX_EDAEMON), once, as wex.h says for
+ * "a call it did not answer dropped the connection" (it returned only
+ * -ECONNREFUSED, and the next release "no lease held"). */
+static void release_after_timeout(struct t_wexd *d)
+{
+	struct wex_client_params cp = {
+		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL |
+			      WEX_CLIENT_FIELD_GROUP | WEX_CLIENT_FIELD_TIMEOUT,
+		.role = WEX_ROLE_CONSUMER, .model = "timeout-lease", .group = "g",
+		.timeout_ms = 100,
+	};
+	struct wex_sync_result r;
+	struct t_prod p;
+	wex_client_t *k = NULL;
+	char *s = NULL;
+	int ret, st;
+
+	t_prod_open(&p, "timeout-lease", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	ret = wex_client_open(&cp, &k);
+	T_ASSERT(ret == 0, "consumer open: %s", wex_strerror(ret));
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+	T_ASSERT(kill(d->pid, SIGSTOP) == 0, "SIGSTOP wexd");
+	T_ASSERT(waitpid(d->pid, &st, WUNTRACED) == d->pid && WIFSTOPPED(st), "wexd stopped");
+	ret = wex_request(k, "status", NULL, &s);
+	T_ASSERT(ret == -ETIMEDOUT, "a request wexd does not answer: %s (%s), not -ETIMEDOUT",
+		 wex_strerror(ret), wex_last_error(k));
+	t_wexd_kill(d);
+	ret = wex_release(k);
+	T_ASSERT(ret == -WEX_EDAEMON && strstr(wex_last_error(k), "lease on v1 was lost"),
+		 "releasing a lease that went with a connection dropped for a timeout, wexd down: "
+		 "%s (%s), not -WEX_EDAEMON",
+		 wex_strerror(ret), wex_last_error(k));
+	t_wexd_restart(d);
+	ret = wex_release(k);
+	T_ASSERT(ret == -ENOENT, "and then no lease is held: %s", wex_strerror(ret));
+	wex_client_close(k);
+	t_prod_close(&p);
+}
+
 int main(void)
 {
 	struct t_wexd d;
@@ -501,6 +547,7 @@ int main(void)
 	restart_renumbers(&d, WEX_SYNC_COPY);
 	restart_renumbers(&d, WEX_SYNC_REMAP_FIXED);
 	release_after_restart(&d);
+	release_after_timeout(&d);
 	t_wexd_stop(&d);
 	printf("client_faults: PASS\n");
 	t_exit(T_EXIT_PASS);
