@@ -1508,7 +1508,7 @@ static int box_differs(const struct wex_tensor *a, const struct wex_tensor *b, c
  * producer's do: name the first that does not. */
 static int check_fixed_layout(struct wex_client *c, struct region *g)
 {
-	uint64_t base = (uint64_t)(uintptr_t)g->r.addr;
+	uint64_t base = (uint64_t)(uintptr_t)g->r.addr, span = 0;
 	char why[128];
 
 	for (size_t i = 0; i < c->nlayout; i++) {
@@ -1532,6 +1532,14 @@ static int check_fixed_layout(struct wex_client *c, struct region *g)
 				return set_err(c, -WEX_ELAYOUT,
 					       "remap: tensor '%s' differs from producer rank %u's: %s",
 					       t->name, g->prank, why);
+			/* The region shows its bytes only up to its end: the
+			 * rest would keep what it held (an older version). */
+			if (wex__tensor_span(s, &span) < 0 || span > g->r.size - (p - base))
+				return set_err(c, -WEX_ELAYOUT,
+					       "remap: tensor '%s' (%llu bytes at offset %llu) runs past the end of its region of %llu bytes",
+					       t->name, (unsigned long long)span,
+					       (unsigned long long)(p - base),
+					       (unsigned long long)g->r.size);
 			found = 1;
 			break;
 		}
@@ -1544,8 +1552,8 @@ static int check_fixed_layout(struct wex_client *c, struct region *g)
 }
 
 /* Whether every attached tensor starts in a same-address region (where
- * check_fixed_layout placed it whole).  True too with none attached: the
- * regions are then all the weights there are. */
+ * check_fixed_layout placed it whole: its end in the region too).  True
+ * too with none attached: the regions are then all the weights there are. */
 static int layout_in_regions(const struct wex_client *c)
 {
 	for (size_t i = 0; i < c->nlayout; i++) {

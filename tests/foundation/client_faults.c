@@ -24,6 +24,9 @@
  *    when the new wexd is not yet up (not only "cannot connect"), and
  *    also when the lease went with a connection that libwex dropped itself
  *    because wexd did not answer a call;
+ *  - a same-address sync refuses (-WEX_ELAYOUT) a tensor that starts in
+ *    a region but runs past its end: the region would show only part of
+ *    it (and such a sync counted the weights whole, wex_is_dirty 0);
  *  - a same-address sync that timed out leaves the weights dirty until a
  *    copy sync, or a same-address sync with every attached tensor in a
  *    region, completes.
@@ -204,6 +207,40 @@ static void odd_size_register_fd(void)
 	wex_client_close(p);
 	munmap(base, 3 * 4096);
 	close(fd);
+}
+
+/* A region of 4096 bytes reserved for an 8192-byte segment whose one
+ * tensor holds 6000 bytes: the consumer's tensor starts in the region, at
+ * the producer's offset, but its last 1904 bytes lie past the region's
+ * end, where no sync shows the producer's bytes.  A same-address sync
+ * must refuse it, not serve a tensor of two versions as whole. */
+static void tensor_past_region(void)
+{
+	struct wex_sync_result r;
+	struct wex_tensor t;
+	wex_client_t *p, *k;
+	unsigned char *base;
+	uint32_t seg;
+	void *region;
+	int ret;
+
+	p = t_open(WEX_ROLE_PRODUCER, "past-region", NULL, 0, 1);
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 8192, &seg, (void **)&base));
+	t_u8_tensor(&t, "w", 6000, seg, 0);
+	T_WEX(p, wex_register_tensors(p, &t, 1));
+	T_WEX(p, wex_begin_write(p, 1, 5000));
+	memset(base, 1, 8192);
+	T_WEX(p, wex_publish(p, 1));
+	k = t_open(WEX_ROLE_CONSUMER, "past-region", "g", 0, 1);
+	T_WEX(k, wex_reserve(k, 0, seg, 4096, &region));
+	t.ptr = region;
+	T_WEX(k, wex_attach(k, &t, 1));
+	ret = wex_sync(k, WEX_SYNC_REMAP_FIXED, 1, 5000, &r);
+	T_ASSERT(ret == -WEX_ELAYOUT && !shows_producer(region),
+		 "a same-address sync of a tensor running past its region: %s (%s), not -WEX_ELAYOUT",
+		 wex_strerror(ret), wex_last_error(k));
+	wex_client_close(k);
+	wex_client_close(p);
 }
 
 /* A same-address sync compares layouts as they act on memory: explicit
@@ -541,6 +578,7 @@ int main(void)
 	odd_size_segment();
 	odd_size_register_fd();
 	strides_as_they_act();
+	tensor_past_region();
 	timeout_leaves_regions();
 	dirty_outside_regions();
 	null_arguments();
