@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,6 +108,11 @@ struct wex_client {
 	/* Where the attached layout lives: -2 not looked at yet, -1 host
 	 * memory, else the CUDA ordinal of its first GPU-resident piece. */
 	int layout_dev;
+	/* This is a forked child's copy of a client its parent opened
+	 * (pid: the opener): it holds no connection, and calls refuse. */
+	int forked;
+	pid_t pid;
+	struct wex_client *next_open; /* this process's open clients */
 };
 
 /* Runs `call` (an int expression) and gives the calling thread its device
@@ -140,10 +146,104 @@ static int set_err(struct wex_client *c, int ret, const char *fmt, ...)
 	do {                                                                          \
 		if (!(c))                                                             \
 			return -EINVAL;                                               \
+		if ((c)->forked)                                                      \
+			return set_err((c), -ECHILD,                                  \
+				       "%s: this client was opened by process %d before a " \
+				       "fork; a child process opens its own",         \
+				       __func__, (int)(c)->pid);                      \
 		if (!(cond))                                                          \
 			return set_err((c), -EINVAL, "%s: a required pointer is NULL", \
 				       __func__);                                     \
 	} while (0)
+
+/*
+ * A fork copies the open clients into the child, their connection to wexd
+ * included.  A child that kept it (a data-loader worker, say) would keep
+ * the parent's leases and ranks alive after the parent died, and one that
+ * used it would interleave its requests with the parent's.  So the child
+ * closes every inherited connection and segment fd at once, and its copies
+ * only refuse (-ECHILD) and free (wex_client_close).
+ */
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct wex_client *open_clients;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_prepare(void)
+{
+	pthread_mutex_lock(&open_lock);
+}
+
+static void fork_parent(void)
+{
+	pthread_mutex_unlock(&open_lock);
+}
+
+static void close_fd(int *fd)
+{
+	if (*fd >= 0)
+		close(*fd);
+	*fd = -1;
+}
+
+static void fork_child(void)
+{
+	for (struct wex_client *c = open_clients; c; c = c->next_open) {
+		if (c->forked)
+			continue;
+		c->forked = 1;
+		close_fd(&c->fd);
+		for (size_t i = 0; i < c->nosegs; i++)
+			close_fd(&c->osegs[i].seg.fd);
+		for (size_t i = 0; i < c->npsegs; i++)
+			close_fd(&c->psegs[i].seg.fd);
+	}
+	pthread_mutex_unlock(&open_lock);
+}
+
+static void fork_init(void)
+{
+	pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+static void open_add(struct wex_client *c)
+{
+	pthread_once(&fork_once, fork_init);
+	pthread_mutex_lock(&open_lock);
+	c->next_open = open_clients;
+	open_clients = c;
+	pthread_mutex_unlock(&open_lock);
+}
+
+static void open_remove(struct wex_client *c)
+{
+	pthread_mutex_lock(&open_lock);
+	for (struct wex_client **p = &open_clients; *p; p = &(*p)->next_open)
+		if (*p == c) {
+			*p = c->next_open;
+			break;
+		}
+	pthread_mutex_unlock(&open_lock);
+}
+
+/* A forked child's copy: its fds went at the fork; the memory it maps is
+ * the child's copy of the parent's mappings, left to the child's exit
+ * (unmapping GPU memory is no call a forked child may make). */
+static void forked_free(struct wex_client *c)
+{
+	json_decref(c->report);
+	for (size_t i = 0; i < c->nosegs; i++)
+		free(c->osegs[i].parts);
+	free(c->osegs);
+	free(c->psegs);
+	free(c->regions);
+	free(c->ptensors);
+	free(c->layout);
+	free(c->tables);
+	free(c->table_ranks);
+	free(c->rank_first);
+	free(c->plan);
+	free(c);
+}
 
 /* Waits for this process's queued GPU work (the engine's kernels too) on
  * the devices wex uses: before a lease whose memory those kernels may read
@@ -532,8 +632,13 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 
 		c->threads = n > 8 ? 8 : n < 1 ? 1 : (int)n;
 	}
+	c->pid = getpid();
+	open_add(c); /* before its socket exists: a fork closes it from then on */
 	ret = reconnect(c);
 	if (ret < 0) {
+		open_remove(c);
+		if (c->fd >= 0)
+			close(c->fd);
 		free(c);
 		return ret;
 	}
@@ -575,6 +680,11 @@ static void client_close(wex_client_t *c)
 {
 	if (!c)
 		return;
+	open_remove(c);
+	if (c->forked) {
+		forked_free(c);
+		return;
+	}
 	if (c->has_lease && c->fd >= 0) {
 		json_t *req = json_pack("{s:s}", "op", "release"), *reply = NULL;
 

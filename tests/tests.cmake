@@ -78,6 +78,7 @@ wex_foundation_test(mass_disconnect LOOP TIMEOUT 120)
 wex_foundation_test(lease_invariants LOOP)
 wex_foundation_test(chaos LOOP LIBS ${WEX_FX_LIBS} TIMEOUT 120)
 wex_foundation_test(rank_takeover LOOP)
+wex_foundation_test(fork_child LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(socket_path)
 
 # ---------------------------------------------------------------------------

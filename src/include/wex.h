@@ -141,6 +141,13 @@ struct wex_client_params {
  * (refused by wexd's access control), -WEX_EPROTO_VERSION, -EINVAL,
  * -EADDRINUSE (the rank is held by another connection that is still open;
  * one whose process already died is taken over).
+ *
+ * A client belongs to the process that opened it.  After fork() the
+ * child's copy holds no connection and no segment fd (libwex closes them
+ * in the child at once, so the parent's death still ends its leases and
+ * frees its ranks even while the child lives); every call on the copy
+ * returns -ECHILD, and wex_client_close there only frees it.  A child that
+ * needs wex opens its own client.
  */
 WEX_API int wex_client_open(const struct wex_client_params *params, wex_client_t **out);
 

@@ -66,7 +66,12 @@ struct shared {
 	_Atomic uint64_t cur;
 	_Atomic uint64_t pub[NPROD];
 	_Atomic uint64_t writing[NPROD]; /* begun and not yet published */
-	_Atomic uint64_t prod_deaths;   /* producer ranks killed so far */
+	/* Producer ranks killed so far: counted before the kill, and again
+	 * (deaths_done) once wexd shows it has seen the rank leave.  A check
+	 * that a death excuses asks whether one began (prod_deaths) that was
+	 * not yet done when the call it checks began. */
+	_Atomic uint64_t prod_deaths;
+	_Atomic uint64_t deaths_done;
 	_Atomic uint64_t hold[NCONS];    /* lease marks */
 	_Atomic uint64_t last[NCONS];    /* highest version each slot synced */
 	_Atomic int close_req[NCONS];
@@ -330,7 +335,7 @@ static void cons_setup(struct cons *k, int slot)
 	memcpy(k->t, part[0], sizeof(*k->t) * (size_t)np[0]);
 	memcpy(k->t + np[0], part[1], sizeof(*k->t) * (size_t)np[1]);
 	for (;;) {
-		uint64_t g0 = gen(), deaths = atomic_load(&S->prod_deaths);
+		uint64_t g0 = gen(), deaths = atomic_load(&S->deaths_done);
 		int ret = 0;
 
 		k->c = open_client(WEX_ROLE_CONSUMER, slots[slot].group, slots[slot].rank,
@@ -439,7 +444,7 @@ static void consumer(int slot, int incarnation)
 		/* Now and then the held version in another mode (the lease is
 		 * kept), else the newest (the held lease is given up first). */
 		uint64_t minv = held && rnd(4) == 0 ? held_v : 0, g0, g1, v, bad, last,
-			 deaths = atomic_load(&S->prod_deaths);
+			 deaths = atomic_load(&S->deaths_done);
 
 		if (held && !minv && rnd(2)) {
 			cons_release(&k, slot, held_g, held_v, held_mode, 0);
@@ -486,8 +491,12 @@ static void consumer(int slot, int incarnation)
 		 * did (it numbers afresh; ours only grow). */
 		if (v < minv || (minv && v != minv && !restarted_since(g0) &&
 				 atomic_load(&S->prod_deaths) == held_deaths))
-			CF("%s sync keeping the lease on v%llu got v%llu", mode_name(mode),
-			   (unsigned long long)minv, (unsigned long long)v);
+			CF("%s sync keeping the lease on v%llu got v%llu (producer deaths: %llu begun "
+			   "now, %llu done when the lease was taken, %llu done now)",
+			   mode_name(mode), (unsigned long long)minv, (unsigned long long)v,
+			   (unsigned long long)atomic_load(&S->prod_deaths),
+			   (unsigned long long)held_deaths,
+			   (unsigned long long)atomic_load(&S->deaths_done));
 		last = atomic_load(&S->last[slot]);
 		if (v < last)
 			CF("%s sync got v%llu after this slot had synced v%llu", mode_name(mode),
@@ -612,13 +621,37 @@ static void kill_wait(pid_t pid)
 	t_wait(pid);
 }
 
-static void kill_producer(int r)
+/* The pid wexd's status shows for producer rank r (0: none). */
+static int prod_pid(const char *sock, int r)
 {
+	json_t *st = t_status(sock), *m = t_status_model(st, MODEL);
+	int pid = 0;
+
+	if (m)
+		pid = (int)json_integer_value(
+			json_object_get(json_array_get(json_object_get(m, "producers"), (size_t)r), "pid"));
+	json_decref(st);
+	return pid;
+}
+
+static void kill_producer(const char *sock, int r)
+{
+	pid_t pid = P[r].pid;
+	double t0;
+
 	/* Mid-write when it is writing now.  Counted before the kill: wexd
 	 * sees the hang-up, and consumers its ESTALE, before waitpid returns
-	 * here. */
+	 * here; and done only once wexd has let the rank go (it marks the
+	 * memory gone then), which may be after waitpid. */
 	atomic_fetch_add(&S->prod_deaths, 1);
-	kill_wait(P[r].pid);
+	kill_wait(pid);
+	for (t0 = t_now(); prod_pid(sock, r) == (int)pid; usleep(500))
+		if (t_now() - t0 > 30) {
+			fprintf(stderr, "FAIL seed %llu: wexd still shows killed producer rank %d "
+				"(pid %d) after 30 s\n", seed, r, (int)pid);
+			t_exit(T_EXIT_FAIL);
+		}
+	atomic_fetch_add(&S->deaths_done, 1);
 	atomic_store(&S->writing[r], 0);
 	start_prod(r);
 }
@@ -767,7 +800,7 @@ int main(void)
 				break;
 			if (!ld(&S->writing[r]))
 				r = !r;
-			kill_producer(r);
+			kill_producer(d.sock, r);
 			pkills++;
 			break;
 		}

@@ -1,0 +1,143 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fork_child - a process that forks (a data-loader worker, say) and then
+ * dies must not have its child keep its wexd connection: the lease it held
+ * and the ranks it had go as if it had been alone.  The child's copies of
+ * its clients refuse every call (-ECHILD, naming the fork) and free.
+ *
+ * Process A opens a consumer (holding a lease on v1) and a producer rank,
+ * forks B, and exits without closing anything.  B lives on.  wexd must
+ * drop the lease and give both ranks to new processes; B's calls on the
+ * inherited clients must fail with -ECHILD and close cleanly.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fixture.h"
+
+#define MODEL "fork"
+#define PMODEL "fork-p"
+
+struct report {
+	pid_t child;
+	int sync, begin, release, dirty;
+	char why[160];
+};
+
+/* B: the inherited clients refuse, close, and B stays alive holding
+ * nothing of them. */
+static void child_b(int wfd, wex_client_t *cons, wex_client_t *prod)
+{
+	struct wex_sync_result r;
+	struct report rep = { .child = getpid() };
+
+	alarm(30); /* never outlives a failed test for long */
+	rep.sync = wex_sync(cons, WEX_SYNC_REMAP_VIEW, 0, 1000, &r);
+	snprintf(rep.why, sizeof(rep.why), "%s", wex_last_error(cons));
+	rep.release = wex_release(cons);
+	rep.dirty = wex_is_dirty(cons);
+	rep.begin = wex_begin_write(prod, 2, 1000);
+	wex_client_close(cons);
+	wex_client_close(prod);
+	if (write(wfd, &rep, sizeof(rep)) != (ssize_t)sizeof(rep))
+		_exit(1);
+	for (;;)
+		pause();
+}
+
+static void process_a(int wfd)
+{
+	struct wex_sync_result r;
+	struct t_cons k;
+	wex_client_t *prod;
+	pid_t b;
+
+	t_cons_open(&k, MODEL, "g", "tiny", 0, 1);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+	prod = t_open(WEX_ROLE_PRODUCER, PMODEL, NULL, 0, 1);
+	b = fork();
+	T_ASSERT(b >= 0, "fork");
+	if (b == 0)
+		child_b(wfd, k.c, prod);
+	_exit(0); /* dies holding the lease and both ranks */
+}
+
+/* Opens `role` rank 0 again, retrying while wexd may not yet have seen
+ * A's connection go (it has no reason to wait long). */
+static wex_client_t *reopen(int role, const char *model, const char *group)
+{
+	struct wex_client_params p = {
+		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL |
+			      WEX_CLIENT_FIELD_RANK | (group ? WEX_CLIENT_FIELD_GROUP : 0),
+		.role = role, .model = model, .group = group, .rank = 0, .world_size = 1,
+	};
+	double t0 = t_now();
+	wex_client_t *c = NULL;
+	int ret;
+
+	while ((ret = wex_client_open(&p, &c)) == -EADDRINUSE && t_now() - t0 < 5)
+		usleep(2000);
+	T_ASSERT(ret == 0, "%s rank 0 of model '%s' free again once its holder died (its "
+		 "forked child lives on): %s", role == WEX_ROLE_PRODUCER ? "producer" : "consumer",
+		 model, wex_strerror(ret));
+	return c;
+}
+
+int main(void)
+{
+	struct t_wexd d;
+	struct t_prod p;
+	struct report rep;
+	wex_client_t *c;
+	int pfd[2], st, leases = -1;
+	double t0;
+	pid_t a;
+
+	t_wexd_start(&d);
+	t_check_backend(d.sock);
+	t_prod_open(&p, MODEL, "tiny", 0, 1);
+	t_prod_write(&p, 1);
+
+	T_ASSERT(pipe(pfd) == 0, "pipe");
+	a = fork();
+	T_ASSERT(a >= 0, "fork");
+	if (a == 0) {
+		close(pfd[0]);
+		process_a(pfd[1]);
+	}
+	close(pfd[1]);
+	T_ASSERT(read(pfd[0], &rep, sizeof(rep)) == (ssize_t)sizeof(rep), "B's report");
+	T_ASSERT(waitpid(a, &st, 0) == a && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+		 "A set up, forked B and exited (%d)", st);
+
+	T_ASSERT(rep.sync == -ECHILD && strstr(rep.why, "fork"),
+		 "a sync on a client inherited through fork: -ECHILD naming the fork, got %s (%s)",
+		 wex_strerror(rep.sync), rep.why);
+	T_ASSERT(rep.release == -ECHILD && rep.begin == -ECHILD && rep.dirty == -ECHILD,
+		 "release, is_dirty and begin_write there: -ECHILD (got %d, %d, %d)", rep.release,
+		 rep.dirty, rep.begin);
+	printf("B's calls: %s\n", rep.why);
+
+	/* A is dead and B alive: the lease goes, and the ranks with it. */
+	for (t0 = t_now(); t_now() - t0 < 5 && (leases = t_leases(d.sock, MODEL)) != 0;)
+		usleep(2000);
+	T_ASSERT(leases == 0, "the dead consumer's lease is dropped while its forked child "
+		 "lives (%d held)", leases);
+	c = reopen(WEX_ROLE_CONSUMER, MODEL, "g");
+	wex_client_close(c);
+	c = reopen(WEX_ROLE_PRODUCER, PMODEL, NULL);
+	wex_client_close(c);
+	/* And the producer may write again at once. */
+	t_prod_write(&p, 2);
+	printf("lease and ranks freed with B (pid %d) still alive\n", (int)rep.child);
+
+	T_ASSERT(kill(rep.child, 0) == 0, "B still alive at the end");
+	kill(rep.child, SIGKILL);
+	t_prod_close(&p);
+	t_wexd_stop(&d);
+	printf("fork_child: PASS\n");
+	t_exit(T_EXIT_PASS);
+}
