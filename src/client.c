@@ -225,10 +225,11 @@ static void open_remove(struct wex_client *c)
 	pthread_mutex_unlock(&open_lock);
 }
 
-/* A forked child's copy: its fds went at the fork; the memory it maps is
- * the child's copy of the parent's mappings, left to the child's exit
- * (unmapping GPU memory is no call a forked child may make). */
-static void forked_free(struct wex_client *c)
+/* The client's own allocations, once its memory and fds are dealt with
+ * (or, in a forked child's copy, left to the child's exit: its fds went
+ * at the fork, and unmapping GPU memory is no call a forked child may
+ * make). */
+static void client_free(struct wex_client *c)
 {
 	json_decref(c->report);
 	for (size_t i = 0; i < c->nosegs; i++)
@@ -682,7 +683,7 @@ static void client_close(wex_client_t *c)
 		return;
 	open_remove(c);
 	if (c->forked) {
-		forked_free(c);
+		client_free(c);
 		return;
 	}
 	if (c->has_lease && c->fd >= 0) {
@@ -696,7 +697,6 @@ static void client_close(wex_client_t *c)
 	}
 	if (c->fd >= 0)
 		close(c->fd);
-	json_decref(c->report);
 	/* Regions go without getting their contents back (unreserve unmaps
 	 * whatever they show): a copy of weights about to be freed would
 	 * only cost GPU memory, which may not be there. */
@@ -706,21 +706,9 @@ static void client_close(wex_client_t *c)
 	}
 	c->nregions = 0;
 	consumer_unmap_all(c);
-	free(c->regions);
-	for (size_t i = 0; i < c->nosegs; i++) {
-		struct own_seg *o = &c->osegs[i];
-
-		o->seg.ops->release(&o->seg);
-		free(o->parts);
-	}
-	free(c->osegs);
-	free(c->ptensors);
-	free(c->layout);
-	free(c->tables);
-	free(c->table_ranks);
-	free(c->rank_first);
-	free(c->plan);
-	free(c);
+	for (size_t i = 0; i < c->nosegs; i++)
+		c->osegs[i].seg.ops->release(&c->osegs[i].seg);
+	client_free(c);
 }
 
 WEX_API void wex_client_close(wex_client_t *c)
