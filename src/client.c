@@ -1313,6 +1313,7 @@ static int fetch(struct wex_client *c)
 {
 	struct stash sh = { 0 };
 	json_int_t start = 0;
+	uint64_t conn = 0;
 	int ret, restarts = 0;
 
 restart:
@@ -1337,10 +1338,21 @@ restart:
 		}
 		json_unpack(reply, "{s:I, s:I, s:I, s:I, s?I}", "tables_fd", &tfd, "plan_fd", &pfd,
 			    "world", &world, "layout_gen", &gen, "more", &more);
-		if (start > 0 && (uint64_t)gen != c->layout_gen) {
+		/* Pages of one layout from one daemon only: a restarted wexd
+		 * may number the same layout generation otherwise (producers
+		 * that re-registered in another order). */
+		if (start > 0 && ((uint64_t)gen != c->layout_gen || c->conn_gen != conn)) {
 			wex_sock_close_fds(fds, nfds);
 			json_decref(reply);
 			stash_clear(&sh);
+			if (c->conn_gen != conn) {
+				if (++restarts > FETCH_RESTARTS)
+					return set_err(c, -EAGAIN, "fetch: wexd restarted during each of %d fetches: sync again",
+						       restarts);
+				wex_debug("client", "fetch: wexd restarted between pages: fetching again");
+				start = 0;
+				goto restart;
+			}
 			if (++restarts > FETCH_RESTARTS)
 				return set_err(c, -EAGAIN,
 					       "fetch: the producers' segments changed during each of %d fetches (layout %llu, then %llu): sync again once they stop registering",
@@ -1352,6 +1364,7 @@ restart:
 			goto restart;
 		}
 		if (start == 0) {
+			conn = c->conn_gen;
 			c->layout_gen = (uint64_t)gen;
 			c->nprod = (uint32_t)world;
 			free(c->tables);

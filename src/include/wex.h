@@ -324,7 +324,10 @@ struct wex_sync_result {
  * Blocks.  Errors: -ETIMEDOUT (the previous lease is given up; same-address
  * regions that showed its memory get private memory back holding what
  * they showed, which the producer may have begun to overwrite, so the
- * weights are marked dirty: sync again before serving),
+ * weights are marked dirty: sync again before serving; or, from a COPY,
+ * the copy completed but wexd did not answer its release in time: the
+ * weights hold the version whole and are not marked dirty, wex_is_dirty
+ * tells the two apart),
  * -ESHUTDOWN (wexd is shutting down: the acquire is refused and a lease
  * held before it stays held, to use and release), -WEX_ELAYOUT (remap with
  * layouts that differ), -WEX_EDIRTY when a copy was interrupted (the
@@ -338,8 +341,8 @@ struct wex_sync_result {
  * -ENOTRECOVERABLE when a GPU copy met a sticky CUDA error (illegal
  * address, launch failure, ...: the process's CUDA context is unusable,
  * its weights are dirty, and only a new process can sync again), -EAGAIN
- * when producers registered segments during each of several fetches of
- * their memory (sync again once they stop).
+ * when producers registered segments, or wexd restarted, during each of
+ * several fetches of their memory (sync again once they stop).
  */
 WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
 		     struct wex_sync_result *res);

@@ -14,6 +14,13 @@
  * Found by review: the client ignored the layout generation that each
  * later page carries, so it mapped rank 1's segment 29 twice (the spare
  * mapping lived until the next fetch) and missed rank 0's new one.
+ *
+ * Then wexd restarts between two pages of a wex_reserve's fetch (no sync,
+ * so no acquire to start over), and rank 0 registers one more segment at
+ * the new daemon, whose layout generation is made to equal the old one's:
+ * the pages differ only in the daemon that sent them.  Found by review:
+ * the client took the new daemon's second page after the old one's first,
+ * mapping one of rank 1's segments twice and rank 0's new one not at all.
  */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -34,6 +41,30 @@ typedef ssize_t (*sendmsg_fn)(int, const struct msghdr *, int);
 static sendmsg_fn real_sendmsg;
 static wex_client_t *racer; /* rank 0, registers a segment when armed */
 static int armed, fired, inside;
+/* Phase 2: restarts wexd when armed, then both ranks register again,
+ * rank 1 first. */
+static struct t_wexd *daemon_;
+static wex_client_t *first_again, *second_again;
+static const struct wex_tensor *again_t; /* second_again's tensors */
+static int again_n, restart_armed;
+
+static uint64_t layout_gen(void)
+{
+	json_t *st = t_status(daemon_->sock), *m = t_status_model(st, MODEL);
+	uint64_t gen = m ? (uint64_t)json_integer_value(json_object_get(m, "layout_gen")) : 0;
+
+	json_decref(st);
+	return gen;
+}
+
+/* Any call: the producer reconnects and registers everything again. */
+static void register_again(wex_client_t *p)
+{
+	char *js = NULL;
+
+	T_WEX(p, wex_request(p, "status", NULL, &js));
+	free(js);
+}
 
 #define INTERPOSE __attribute__((visibility("default")))
 
@@ -68,6 +99,36 @@ INTERPOSE ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 		ret = wex_segment_alloc(racer, WEX_SEG_HOST, 0, 4096, &id, &base);
 		inside = 0;
 		T_ASSERT(ret == 0, "rank 0's extra segment between pages: %s", wex_strerror(ret));
+		fired++;
+	}
+	if (restart_armed && !inside && msg->msg_iovlen == 1 &&
+	    later_page(msg->msg_iov[0].iov_base, msg->msg_iov[0].iov_len)) {
+		uint64_t was = layout_gen(), now;
+
+		restart_armed = 0;
+		inside = 1;
+		t_wexd_kill(daemon_);
+		t_wexd_restart(daemon_);
+		register_again(first_again);
+		register_again(second_again);
+		/* Rank 0 has one segment more there, which moves the second
+		 * page's start back into rank 1's list... */
+		{
+			uint32_t id;
+			void *base;
+
+			T_WEX(second_again, wex_segment_alloc(second_again, WEX_SEG_HOST, 0, 4096,
+							      &id, &base));
+		}
+		/* ...under the same generation as the page before (registering
+		 * the same tensors again counts one more), so that only the
+		 * daemon tells the pages apart. */
+		while ((now = layout_gen()) < was)
+			T_WEX(second_again,
+			      wex_register_tensors(second_again, again_t, (size_t)again_n));
+		T_ASSERT(now == was, "layout generation %llu after the restart, %llu before",
+			 (unsigned long long)now, (unsigned long long)was);
+		inside = 0;
 		fired++;
 	}
 	return real_sendmsg(fd, msg, flags);
@@ -169,6 +230,39 @@ int main(void)
 	printf("%d segment inodes mapped, %d not twice\n", n, odd);
 	T_ASSERT(n == N0 + N1 + 1, "%d segments mapped in this process, want %d", n, N0 + N1 + 1);
 	T_ASSERT(!odd, "%d segments are not mapped exactly once by the consumer", odd);
+	wex_client_close(k);
+
+	/* Phase 2: wexd restarted between the pages of a reserve's fetch. */
+	daemon_ = &d;
+	first_again = p1;
+	second_again = p0;
+	again_t = t0;
+	again_n = N0;
+	/* The old daemon's generation ahead of what registering again
+	 * reaches at the new one, which then catches up. */
+	for (int i = 0; i < 4; i++)
+		T_WEX(p0, wex_register_tensors(p0, t0, N0));
+	k = t_open(WEX_ROLE_CONSUMER, MODEL, "g", 0, 1);
+	fired = 0;
+	restart_armed = 1;
+	{
+		void *region;
+
+		T_WEX(k, wex_reserve(k, 1, t1[0].segment, 4096, &region));
+	}
+	T_ASSERT(fired == 1, "the reserve's fetch asked for a second page (%d restarts)", fired);
+	n = seg_maps(ino, count, N0 + N1 + 8);
+	odd = 0;
+	for (int i = 0; i < n; i++)
+		if (count[i] != 2) {
+			printf("after the restart: segment inode %lu is mapped %d time(s)\n", ino[i],
+			       count[i]);
+			odd++;
+		}
+	printf("after a restart between pages: %d segment inodes mapped, %d not twice\n", n, odd);
+	T_ASSERT(n == N0 + N1 + 2 && !odd,
+		 "wexd restarted between pages: %d segments mapped (want %d), %d not exactly once "
+		 "by the consumer", n, N0 + N1 + 2, odd);
 	wex_client_close(k);
 	wex_client_close(p1);
 	wex_client_close(p0);
