@@ -1937,8 +1937,17 @@ again:
 		c->has_lease = 0;
 		c->lease_lost = 0;
 		c->fetched = 0;
-		if (!retried++)
+		if (!retried++) {
+			/* Within the caller's timeout, not a second one: the
+			 * acquire there waits what is left of it (at least a
+			 * moment, for a version already published). */
+			uint32_t limit = timeout_ms ? timeout_ms : c->timeout_set ? c->timeout_ms : 0;
+			uint64_t spent = (wex__now_ns() - t0) / 1000000ull;
+
+			if (limit)
+				timeout_ms = spent + 1 >= limit ? 1 : (uint32_t)(limit - spent);
 			goto again;
+		}
 		return set_err(c, -WEX_EDAEMON, "wexd restarted twice during one sync: sync again");
 	}
 	if (mode == WEX_SYNC_COPY) {

@@ -11,7 +11,10 @@
  *  - when nothing is published in time, the sync fails, and a
  *    wex_release after it says no lease is held (-ENOENT): the lease the
  *    restart took was the failed sync's own, never handed to the caller,
- *    so it is not reported as a held lease lost with wexd (-WEX_EDAEMON).
+ *    so it is not reported as a held lease lost with wexd (-WEX_EDAEMON);
+ *  - and it fails within its timeout: the acquire again waits what is left
+ *    of it, not a whole new one (found by review: a sync could take twice
+ *    its timeout).
  *
  * Found by review: the sync returned the new daemon's refusal of the
  * fetch at once (-WEX_ENOPUBLISHED), and the next wex_release reported
@@ -23,6 +26,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "fixture.h"
 
@@ -34,6 +38,7 @@ static struct t_wexd d;
 static struct t_prod p;
 static uint64_t publish_v; /* published by the producer at the re-acquire (0: none) */
 static int stage, inside;  /* 1: restart at the next fetch; 2: publish at the next acquire */
+static useconds_t stall;   /* before the restart: time the sync spends first */
 
 #define INTERPOSE __attribute__((visibility("default")))
 
@@ -61,6 +66,7 @@ INTERPOSE ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 
 		if (stage == 1 && is_op(buf, len, "fetch")) {
 			inside = 1;
+			usleep(stall);
 			t_wexd_kill(&d);
 			t_wexd_restart(&d);
 			inside = 0;
@@ -111,6 +117,25 @@ int main(void)
 	ret = wex_release(k.c);
 	T_ASSERT(ret == -ENOENT, "wex_release after the failed sync: %s (%s), not -ENOENT",
 		 wex_strerror(ret), wex_last_error(k.c));
+
+	/* 1.5 s of a 2 s timeout gone before the restart: the sync ends
+	 * about 2 s after it began, never 1.5 + 2 s (a second of slack for
+	 * the restart itself and a loaded machine). */
+	t_prod_write(&p, 3); /* at the old daemon only */
+	T_WEX(k.c, wex_attach(k.c, k.t, (size_t)k.n));
+	stall = 1500000;
+	stage = 1;
+	{
+		double t0 = t_now(), took;
+
+		ret = wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 3, 2000, &r);
+		took = t_now() - t0;
+		T_ASSERT(ret < 0 && stage == 0, "the sync with v3 nowhere after the restart: %s, stage %d",
+			 wex_strerror(ret), stage);
+		printf("sync with a 2 s timeout, 1.5 s of it spent before the restart: %s after "
+		       "%.2f s\n", wex_strerror(ret), took);
+		T_ASSERT(took < 3.0, "the sync took %.2f s of its 2 s timeout", took);
+	}
 
 	t_cons_close(&k);
 	t_prod_close(&p);
