@@ -638,8 +638,6 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 	ret = reconnect(c);
 	if (ret < 0) {
 		open_remove(c);
-		if (c->fd >= 0)
-			close(c->fd);
 		free(c);
 		return ret;
 	}
@@ -1305,8 +1303,9 @@ static int import_segments(struct wex_client *c, struct stash *sh, json_t *segs,
 
 /* Pages after the first tell whether the producers' layout moved since
  * the first (a rank registered another segment: wexd numbers segments
- * across ranks, so later pages would repeat or shift entries).  The
- * fetch then starts over; this many times at most. */
+ * across ranks, so later pages would repeat or shift entries), and the
+ * connection whether they come from the same wexd.  Otherwise the fetch
+ * starts over; this many times at most. */
 #define FETCH_RESTARTS 8
 
 static int fetch(struct wex_client *c)
@@ -1342,24 +1341,19 @@ restart:
 		 * may number the same layout generation otherwise (producers
 		 * that re-registered in another order). */
 		if (start > 0 && ((uint64_t)gen != c->layout_gen || c->conn_gen != conn)) {
+			const char *why = c->conn_gen != conn ? "wexd restarted" :
+								"the producers' segments changed";
+
 			wex_sock_close_fds(fds, nfds);
 			json_decref(reply);
 			stash_clear(&sh);
-			if (c->conn_gen != conn) {
-				if (++restarts > FETCH_RESTARTS)
-					return set_err(c, -EAGAIN, "fetch: wexd restarted during each of %d fetches: sync again",
-						       restarts);
-				wex_debug("client", "fetch: wexd restarted between pages: fetching again");
-				start = 0;
-				goto restart;
-			}
 			if (++restarts > FETCH_RESTARTS)
 				return set_err(c, -EAGAIN,
-					       "fetch: the producers' segments changed during each of %d fetches (layout %llu, then %llu): sync again once they stop registering",
-					       restarts, (unsigned long long)c->layout_gen,
+					       "fetch: %s during each of %d fetches (layout %llu, then %llu): sync again once that stops",
+					       why, restarts, (unsigned long long)c->layout_gen,
 					       (unsigned long long)gen);
-			wex_debug("client", "fetch: the producers' layout moved from %llu to %llu between pages: fetching again",
-				  (unsigned long long)c->layout_gen, (unsigned long long)gen);
+			wex_debug("client", "fetch: %s between pages (layout %llu, then %llu): fetching again",
+				  why, (unsigned long long)c->layout_gen, (unsigned long long)gen);
 			start = 0;
 			goto restart;
 		}

@@ -99,6 +99,7 @@ static int host_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 		       struct wex_mem_seg *seg)
 {
 	struct stat st;
+	uint64_t pg;
 	void *p;
 	int ret;
 
@@ -132,11 +133,8 @@ static int host_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 	 * past the file's end read as zeros), so this never reaches a page
 	 * past the end, also where the producer registered part of a larger
 	 * file it may later shrink (never below its segment). */
-	{
-		uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
-
-		seg->desc.alloc_size = (seg->desc.alloc_size + pg - 1) & ~(pg - 1);
-	}
+	pg = (uint64_t)sysconf(_SC_PAGESIZE);
+	seg->desc.alloc_size = (seg->desc.alloc_size + pg - 1) & ~(pg - 1);
 	seg->ptr = p;
 	seg->fd = fd;
 	seg->owner = 2; /* importer: the mapping is ours */
