@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -365,4 +366,35 @@ int wex_fd_count(pid_t pid)
 			n++;
 	closedir(d);
 	return n - (pid == getpid() ? 1 : 0); /* the DIR's own fd */
+}
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77 /* asm-generic/socket.h, Linux 6.5 */
+#endif
+
+int wex_sock_peer_pidfd(int fd, pid_t pid, const char **how)
+{
+	socklen_t len = sizeof(int);
+	int pfd = -1;
+
+	/* Test hook: the path of kernels before 6.5. */
+	const char *hook = getenv("WEX_SOCK_NO_PEERPIDFD");
+
+	*how = "SO_PEERPIDFD";
+	if (!(hook && !strcmp(hook, "1"))) {
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pfd, &len) == 0 && pfd >= 0)
+			return pfd;
+		/* Gone: its pid may name another process by now. */
+		if (errno == ESRCH)
+			return -ESRCH;
+	}
+	*how = "pidfd_open";
+	if (pid <= 0)
+		return -ENOENT;
+#ifdef SYS_pidfd_open
+	pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	return pfd >= 0 ? pfd : -errno;
+#else
+	return -ENOSYS;
+#endif
 }

@@ -51,6 +51,15 @@ int wex_sock_take_fds(struct msghdr *msg, int *fds, int maxfds, int *nfds);
 /* SO_PEERCRED of a connected socket. */
 int wex_sock_peercred(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
 
+/* A pidfd (close-on-exec) for the process at the other end of a connected
+ * socket, readable once it has exited: SO_PEERPIDFD (Linux 6.5), which
+ * names the very process that connected, else pidfd_open(pid) (5.3) on
+ * pid from SO_PEERCRED.  *how says which.  -ESRCH: that process is gone
+ * already (reaped); -ENOENT: its pid is not visible here (another pid
+ * namespace); other errors are pidfd_open's (ENOSYS, EPERM under a
+ * seccomp filter). */
+int wex_sock_peer_pidfd(int fd, pid_t pid, const char **how);
+
 /* Closes fds[0..n) and sets each to -1. */
 void wex_sock_close_fds(int *fds, int n);
 

@@ -56,6 +56,9 @@ int wex__loop_io_init(struct wex_loop *l, struct wex_loop_io *io, int fd, void *
 	io->kind = WEX_LOOP_KIND_CONN;
 	io->fd = fd;
 	io->owner = owner;
+	io->pid.kind = WEX_LOOP_KIND_PID;
+	io->pid.fd = -1;
+	io->pid.io = io;
 	/* One byte more than the limit, so that an oversized message shows as
 	 * MSG_TRUNC instead of passing at exactly the limit. */
 	io->buflen = l->msg_max + 1;
@@ -145,6 +148,9 @@ void wex__loop_reap(struct wex_loop *l)
 		struct wex_loop_io *io = l->free_list;
 
 		l->free_list = io->next_free;
+		if (io->pid.fd >= 0)
+			close(io->pid.fd);
+		io->pid.fd = -1;
 		free(io->buf);
 		io->buf = NULL;
 		l->cbs.on_free(l->arg, io);

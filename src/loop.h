@@ -19,7 +19,19 @@
 
 #include "ipc/sock.h"
 
-enum { WEX_LOOP_KIND_LISTEN = 1, WEX_LOOP_KIND_CONN, WEX_LOOP_KIND_WATCH };
+enum { WEX_LOOP_KIND_LISTEN = 1, WEX_LOOP_KIND_CONN, WEX_LOOP_KIND_WATCH, WEX_LOOP_KIND_PID };
+
+struct wex_loop_io;
+
+/* A connection's peer process, watched through a pidfd for its exit: the
+ * socket may outlive it (a child made with clone() without fork's
+ * handlers, an fd passed on), and its leases and ranks must not. */
+struct wex_loop_pid {
+	int kind; /* first member, as in the io: WEX_LOOP_KIND_PID */
+	int fd;   /* the pidfd, owned by the loop; -1 if not watched */
+	int armed; /* io_uring: its poll is in flight */
+	struct wex_loop_io *io;
+};
 
 /* Per-connection receive state, embedded in the daemon's connection. */
 struct wex_loop_io {
@@ -37,6 +49,7 @@ struct wex_loop_io {
 		char cbuf[WEX_SOCK_CBUF_LEN];
 		struct cmsghdr align;
 	} c;
+	struct wex_loop_pid pid;
 };
 
 /* A watched fd (listener or signalfd): callback when readable. */
@@ -60,6 +73,9 @@ struct wex_loop_cbs {
 		       int mflags);
 	/* The io is no longer referenced by the loop and may be freed. */
 	void (*on_free)(void *arg, struct wex_loop_io *io);
+	/* The process watched with watch_pid has exited (called once, and
+	 * never for an io being closed). */
+	void (*on_peer_exit)(void *arg, struct wex_loop_io *io);
 };
 
 struct wex_loop_ops {
@@ -69,6 +85,9 @@ struct wex_loop_ops {
 	int (*watch)(struct wex_loop *l, struct wex_loop_watch *w);
 	int (*add)(struct wex_loop *l, struct wex_loop_io *io);
 	void (*close)(struct wex_loop *l, struct wex_loop_io *io);
+	/* Watches pidfd (which the loop then owns and closes with io, and
+	 * closes at once on failure) for its process's exit: on_peer_exit. */
+	int (*watch_pid)(struct wex_loop *l, struct wex_loop_io *io, int pidfd);
 	/* Stops accepting on listener w for good; connections not accepted
 	 * yet stay in the kernel's backlog (under socket activation, for the
 	 * next wexd).  An accept already under way may still complete. */

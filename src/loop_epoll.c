@@ -59,6 +59,22 @@ static int ep_add(struct wex_loop *l, struct wex_loop_io *io)
 	return ep_add_ptr(l, io->fd, io);
 }
 
+/* One-shot: an exited process's pidfd stays readable. */
+static int ep_watch_pid(struct wex_loop *l, struct wex_loop_io *io, int pidfd)
+{
+	struct ep *e = l->priv;
+	struct epoll_event ev = { .events = EPOLLIN | EPOLLONESHOT, .data.ptr = &io->pid };
+
+	if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, pidfd, &ev) < 0) {
+		int ret = -errno;
+
+		close(pidfd);
+		return ret;
+	}
+	io->pid.fd = pidfd;
+	return 0;
+}
+
 static void ep_close(struct wex_loop *l, struct wex_loop_io *io)
 {
 	struct ep *e = l->priv;
@@ -69,6 +85,11 @@ static void ep_close(struct wex_loop *l, struct wex_loop_io *io)
 	epoll_ctl(e->epfd, EPOLL_CTL_DEL, io->fd, NULL);
 	close(io->fd);
 	io->fd = -1;
+	if (io->pid.fd >= 0) {
+		/* Its last reference: closing it takes it out of the set. */
+		close(io->pid.fd);
+		io->pid.fd = -1;
+	}
 	wex__loop_defer_free(l, io);
 }
 
@@ -140,6 +161,13 @@ static int ep_run_once(struct wex_loop *l, int timeout_ms)
 			struct wex_loop_watch *w = evs[i].data.ptr;
 
 			w->cb(w->arg, w->fd, 0);
+		} else if (kind == WEX_LOOP_KIND_PID) {
+			struct wex_loop_io *io = ((struct wex_loop_pid *)evs[i].data.ptr)->io;
+
+			/* An io closed earlier in this batch is still here
+			 * (freed at the reap below), its pidfd closed. */
+			if (!io->closing)
+				l->cbs.on_peer_exit(l->arg, io);
 		} else {
 			struct wex_loop_io *io = evs[i].data.ptr;
 
@@ -181,6 +209,7 @@ const struct wex_loop_ops wex__loop_epoll_ops = {
 	.watch = ep_watch,
 	.add = ep_add,
 	.close = ep_close,
+	.watch_pid = ep_watch_pid,
 	.unlisten = ep_unlisten,
 	.run_once = ep_run_once,
 	.fini = ep_fini,

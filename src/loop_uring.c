@@ -152,27 +152,62 @@ static int ur_add(struct wex_loop *l, struct wex_loop_io *io)
 	return arm_recv(l, io);
 }
 
+/* Watches the peer's pidfd with a one-shot poll (an exited process's
+ * pidfd stays readable). */
+static int ur_watch_pid(struct wex_loop *l, struct wex_loop_io *io, int pidfd)
+{
+	struct io_uring_sqe *sqe = get_sqe(l->priv);
+
+	if (!sqe) {
+		close(pidfd);
+		return -EBUSY;
+	}
+	io->pid.fd = pidfd;
+	io_uring_prep_poll_add(sqe, pidfd, POLLIN);
+	io_uring_sqe_set_data(sqe, &io->pid);
+	io->pid.armed = 1;
+	return 0;
+}
+
+/* Closes a closing io's socket once its receive is back, and frees the io
+ * once no operation in the ring names it (its pidfd poll is back too). */
+static void finish_close(struct wex_loop *l, struct wex_loop_io *io)
+{
+	if (io->inflight)
+		return;
+	close(io->fd);
+	io->fd = -1;
+	if (!io->pid.armed)
+		wex__loop_defer_free(l, io);
+}
+
 static void ur_close(struct wex_loop *l, struct wex_loop_io *io)
 {
 	struct ur *u = l->priv;
+	struct io_uring_sqe *sqe;
 
 	if (io->closing)
 		return;
 	io->closing = 1;
+	if (io->pid.armed && (sqe = get_sqe(u))) {
+		io_uring_prep_cancel(sqe, &io->pid, 0);
+		io_uring_sqe_set_data(sqe, NULL);
+	}
+	/* The ring holds its own reference for the poll: the pidfd goes now
+	 * (a count of wexd's fds sees the client gone at once). */
+	if (io->pid.fd >= 0) {
+		close(io->pid.fd);
+		io->pid.fd = -1;
+	}
 	if (io->inflight) {
-		struct io_uring_sqe *sqe = get_sqe(u);
-
-		if (sqe) {
+		if ((sqe = get_sqe(u))) {
 			io_uring_prep_cancel(sqe, io, 0);
 			io_uring_sqe_set_data(sqe, NULL);
 		}
 		/* Shutting the socket down also completes the pending recvmsg. */
 		shutdown(io->fd, SHUT_RDWR);
-		return;
 	}
-	close(io->fd);
-	io->fd = -1;
-	wex__loop_defer_free(l, io);
+	finish_close(l, io);
 }
 
 static void handle_recv(struct wex_loop *l, struct wex_loop_io *io, int res)
@@ -186,9 +221,7 @@ static void handle_recv(struct wex_loop *l, struct wex_loop_io *io, int res)
 			wex_sock_take_fds(&io->msg, fds, WEX_SOCK_MAX_FDS, &nfds);
 			wex_sock_close_fds(fds, nfds);
 		}
-		close(io->fd);
-		io->fd = -1;
-		wex__loop_defer_free(l, io);
+		finish_close(l, io);
 		return;
 	}
 	if (res < 0) {
@@ -283,6 +316,23 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 			arm_poll(l, w);
 			break;
 		}
+		case WEX_LOOP_KIND_PID: {
+			struct wex_loop_io *io = ((struct wex_loop_pid *)data)->io;
+
+			io->pid.armed = 0;
+			if (io->closing) {
+				/* The socket went with the receive (or goes
+				 * with it): only the io is left to free. */
+				if (io->fd < 0)
+					wex__loop_defer_free(l, io);
+			}
+			else if (res > 0)
+				l->cbs.on_peer_exit(l->arg, io);
+			else if (res < 0)
+				wex_warn("loop", "watching a client's process (pidfd poll): %s: its "
+					 "exit is no longer watched", strerror(-res));
+			break;
+		}
 		default:
 			handle_recv(l, data, res);
 			break;
@@ -333,6 +383,7 @@ const struct wex_loop_ops wex__loop_uring_ops = {
 	.watch = ur_watch,
 	.add = ur_add,
 	.close = ur_close,
+	.watch_pid = ur_watch_pid,
 	.unlisten = ur_unlisten,
 	.run_once = ur_run_once,
 	.fini = ur_fini,

@@ -1499,14 +1499,15 @@ json_t *wexd_status(struct wexd *d, struct conn *c, json_t *req)
 	json_t *r = wex__reply_ok();
 
 	json_object_set_new(r, "daemon",
-			    json_pack("{s:i, s:f, s:s, s:s, s:s, s:s, s:i, s:b, s:{s:I, s:I}}", "pid",
+			    json_pack("{s:i, s:f, s:s, s:s, s:s, s:s, s:i, s:b, s:{s:I, s:I}, s:s}", "pid",
 				      (int)getpid(), "uptime_s",
 				      (double)(wex__now_ns() - d->start_ns) / 1e9, "io",
 				      wexd_io_backend(d), "io_fallback_reason",
 				      d->loop.why_fallback, "socket", d->socket_path, "config",
 				      d->config_source, "clients", (int)d->nconns, "draining",
 				      d->draining, "fds", "open", (json_int_t)wexd_fds_open(),
-				      "limit", (json_int_t)d->fd_limit));
+				      "limit", (json_int_t)d->fd_limit, "exit_watch",
+				      d->exit_watch));
 	json_object_set_new(r, "models", wexd_models_json(d));
 	json_object_set_new(r, "clients", wexd_clients_json(d));
 	return r;

@@ -106,6 +106,7 @@ static void fmt_bytes(uint64_t b, char *out, size_t len)
 static void print_daemon(json_t *d)
 {
 	const char *why = json_string_value(json_object_get(d, "io_fallback_reason"));
+	const char *ew = json_string_value(json_object_get(d, "exit_watch"));
 	json_t *fds = json_object_get(d, "fds");
 
 	why = why ? why : "";
@@ -114,11 +115,11 @@ static void print_daemon(json_t *d)
 	       json_real_value(json_object_get(d, "uptime_s")),
 	       json_string_value(json_object_get(d, "io")), *why ? " (" : "", why, *why ? ")" : "",
 	       json_string_value(json_object_get(d, "socket")));
-	printf("config %s  clients %lld  fds %lld of %lld%s\n",
+	printf("config %s  clients %lld  fds %lld of %lld  client exits watched by %s%s\n",
 	       json_string_value(json_object_get(d, "config")),
 	       (long long)json_integer_value(json_object_get(d, "clients")),
 	       (long long)json_integer_value(json_object_get(fds, "open")),
-	       (long long)json_integer_value(json_object_get(fds, "limit")),
+	       (long long)json_integer_value(json_object_get(fds, "limit")), ew ? ew : "?",
 	       json_is_true(json_object_get(d, "draining")) ? "  DRAINING" : "");
 }
 

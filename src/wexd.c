@@ -131,10 +131,38 @@ int wexd_conn_close_if_gone(struct wexd *d, struct conn *c)
 	return 1;
 }
 
+/*
+ * The client's process exited.  Its socket closes with it unless another
+ * process holds it too: a child made with clone() without fork's handlers
+ * (libwex closes its connections in a fork()ed child), or an fd passed on.
+ * Either way the process that connected, whose leases and ranks these
+ * are, is gone: they go now, not when the last holder of the socket does.
+ */
+static void on_peer_exit(void *arg, struct wex_loop_io *io)
+{
+	struct wexd *d = arg;
+	struct conn *c = io->owner;
+	struct pollfd p = { .fd = c->io.fd, .events = POLLRDHUP };
+
+	if (c->dead)
+		return;
+	if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)))
+		wex_debug("conn", "client %llu (pid %d) exited", (unsigned long long)c->id,
+			  (int)c->pid);
+	else
+		wex_warn("conn", "client %llu: its process (pid %d) exited but another process "
+			 "still holds its connection (a child made with clone(), an fd passed "
+			 "on): closed, its ranks and leases released", (unsigned long long)c->id,
+			 (int)c->pid);
+	conn_close(d, c);
+}
+
 static void on_accept(void *arg, int fd)
 {
 	struct wexd *d = arg;
+	const char *how;
 	struct conn *c;
+	int pfd;
 
 	if (d->draining) {
 		wex__metrics_count(WEX_M_REFUSED, "draining", NULL, 1);
@@ -168,7 +196,23 @@ static void on_accept(void *arg, int fd)
 		close(fd);
 		return;
 	}
+	pfd = wex_sock_peer_pidfd(fd, c->pid, &how);
+	if (pfd == -EMFILE || pfd == -ENFILE) {
+		/* As for the socket itself: no fd for it, no client. */
+		wex__metrics_count(WEX_M_REFUSED, "fds", NULL, 1);
+		if (d->pidfd_refused++ % 1000 == 0)
+			wex_warn("conn", "refusing a client: no file descriptor left for its pidfd "
+				 "(%s; %llu refused so far, logged once per 1000): raise "
+				 "max_open_files or LimitNOFILE=", strerror(-pfd),
+				 (unsigned long long)d->pidfd_refused);
+		free(c->io.buf);
+		free(c);
+		close(fd);
+		return;
+	}
 	if (d->loop.ops->add(&d->loop, &c->io) < 0) {
+		if (pfd >= 0)
+			close(pfd);
 		free(c->io.buf);
 		free(c);
 		close(fd);
@@ -179,6 +223,38 @@ static void on_accept(void *arg, int fd)
 	d->nconns++;
 	wex_debug("conn", "client %llu connected: pid %d uid %d gid %d", (unsigned long long)c->id,
 		  (int)c->pid, (int)c->uid, (int)c->gid);
+	if (pfd >= 0 && (pfd = d->loop.ops->watch_pid(&d->loop, &c->io, pfd)) < 0)
+		wex_warn("conn", "client %llu (pid %d): cannot watch its process (%s): its ranks and "
+			 "leases go when its socket closes", (unsigned long long)c->id, (int)c->pid,
+			 strerror(-pfd));
+	else if (pfd == -ESRCH)
+		/* Exited before wexd took its connection in. */
+		on_peer_exit(d, &c->io);
+}
+
+/* The probe at start: how clients' processes will be watched (a
+ * socketpair's peer is wexd itself). */
+static void probe_exit_watch(struct wexd *d)
+{
+	const char *how = "socketpair";
+	int sv[2], pfd;
+
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+		pfd = -errno;
+	} else {
+		pfd = wex_sock_peer_pidfd(sv[0], getpid(), &how);
+		close(sv[0]);
+		close(sv[1]);
+	}
+	if (pfd >= 0) {
+		close(pfd);
+		snprintf(d->exit_watch, sizeof(d->exit_watch), "%s", how);
+		return;
+	}
+	snprintf(d->exit_watch, sizeof(d->exit_watch), "none: %s: %s", how, strerror(-pfd));
+	wex_warn("wexd", "cannot watch clients' processes (%s: %s): a client whose socket "
+		 "outlives its process (a child made with clone() without fork, an fd passed "
+		 "on) keeps its ranks and leases until that socket closes", how, strerror(-pfd));
 }
 
 static void on_free(void *arg, struct wex_loop_io *io)
@@ -832,6 +908,8 @@ int main(int argc, char **argv)
 	d.loop.cbs.on_accept = on_accept;
 	d.loop.cbs.on_msg = on_msg;
 	d.loop.cbs.on_free = on_free;
+	d.loop.cbs.on_peer_exit = on_peer_exit;
+	probe_exit_watch(&d);
 	d.loop.arg = &d;
 
 	d.listen_fd = wex__sd_listen_fd();

@@ -141,6 +141,9 @@ struct wexd {
 	uint64_t fd_limit; /* RLIMIT_NOFILE set at start */
 	uint64_t next_conn_id;
 	uint64_t max_clients_refused; /* connections refused at max_clients */
+	uint64_t pidfd_refused;       /* connections refused for want of a pidfd fd */
+	/* How clients' processes are watched for their exit (status). */
+	char exit_watch[160];
 	int draining;
 	uint64_t drain_deadline_ns;
 	int stop;

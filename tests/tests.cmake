@@ -79,6 +79,11 @@ wex_foundation_test(lease_invariants LOOP)
 wex_foundation_test(chaos LOOP LIBS ${WEX_FX_LIBS} TIMEOUT 120)
 wex_foundation_test(rank_takeover LOOP)
 wex_foundation_test(fork_child LOOP LIBS ${WEX_FX_LIBS})
+# Kernels before 6.5 have no SO_PEERPIDFD: wexd watches clients through
+# pidfd_open on their SO_PEERCRED pid.
+wex_add_test(fork_child_pidfd_open SOURCES tests/foundation/fork_child.c
+  LIBS wex_test_foundation ${WEX_FX_LIBS} ARGS pidfd_open LABELS foundation
+  ENV "WEX_IO=io_uring;WEX_SOCK_NO_PEERPIDFD=1")
 wex_foundation_test(socket_path)
 
 # ---------------------------------------------------------------------------

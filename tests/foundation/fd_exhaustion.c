@@ -136,10 +136,11 @@ static void exhausted(int no_reserve)
 		 cpu_ticks(d.pid) - t0);
 
 	close(prod);
-	/* Plus the waiting client's connection, accepted now. */
-	after = t_wexd_fds_settle(&d, before + (fd >= 0));
-	T_ASSERT(after == before + (fd >= 0), "wexd holds %d fds after the producer left, %d before",
-		 after, before);
+	/* Plus the waiting client's connection, accepted now: its socket and
+	 * the pidfd its process is watched by. */
+	after = t_wexd_fds_settle(&d, before + 2 * (fd >= 0));
+	T_ASSERT(after == before + 2 * (fd >= 0), "wexd holds %d fds after the producer left, %d "
+		 "before", after, before);
 	if (fd >= 0) {
 		/* Its accept is retried within the pause: now it is served. */
 		struct pollfd p = { .fd = fd, .events = POLLIN };

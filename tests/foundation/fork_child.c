@@ -9,10 +9,16 @@
  * forks B, and exits without closing anything.  B lives on.  wexd must
  * drop the lease and give both ranks to new processes; B's calls on the
  * inherited clients must fail with -ECHILD and close cleanly.
+ *
+ * Then the same with a child made by the raw clone() system call, which
+ * runs no fork handlers: the child keeps the connection's socket open, and
+ * wexd must still free the lease and ranks when A exits (it watches each
+ * client's process through a pidfd).
  */
 #include <errno.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -65,6 +71,31 @@ static void process_a(int wfd)
 	_exit(0); /* dies holding the lease and both ranks */
 }
 
+/* A again, with a child made by clone() (no atfork handlers: the child
+ * holds the very sockets A's clients use) that only sleeps. */
+static void process_a_clone(int wfd)
+{
+	struct wex_sync_result r;
+	struct t_cons k;
+	long b;
+
+	t_cons_open(&k, MODEL, "g", "tiny", 0, 1);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 2, 5000, &r));
+	(void)t_open(WEX_ROLE_PRODUCER, PMODEL, NULL, 0, 1);
+	b = syscall(SYS_clone, (unsigned long)SIGCHLD, NULL, NULL, NULL, NULL);
+	T_ASSERT(b >= 0, "clone: %s", strerror(errno));
+	if (b == 0) {
+		pid_t me = getpid();
+
+		alarm(30);
+		if (write(wfd, &me, sizeof(me)) != (ssize_t)sizeof(me))
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	_exit(0); /* dies holding the lease and both ranks */
+}
+
 /* Opens `role` rank 0 again, retrying while wexd may not yet have seen
  * A's connection go (it has no reason to wait long). */
 static wex_client_t *reopen(int role, const char *model, const char *group)
@@ -86,15 +117,16 @@ static wex_client_t *reopen(int role, const char *model, const char *group)
 	return c;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
 	struct t_wexd d;
 	struct t_prod p;
 	struct report rep;
 	wex_client_t *c;
 	int pfd[2], st, leases = -1;
+	char *exit_watch;
 	double t0;
-	pid_t a;
+	pid_t a, cpid;
 
 	t_wexd_start(&d);
 	t_check_backend(d.sock);
@@ -136,6 +168,46 @@ int main(void)
 
 	T_ASSERT(kill(rep.child, 0) == 0, "B still alive at the end");
 	kill(rep.child, SIGKILL);
+
+	/* The clone() case: wexd must see A go although its socket lives on. */
+	exit_watch = t_exit_watch(d.sock);
+	if (!strncmp(exit_watch, "none", 4)) {
+		printf("fork case PASS; clone case SKIP: wexd cannot watch client processes "
+		       "(%s)\n", exit_watch);
+		kill(rep.child, SIGKILL);
+		t_prod_close(&p);
+		t_wexd_stop(&d);
+		t_exit(T_EXIT_SKIP);
+	}
+	/* argv[1]: how wexd must be watching (a test hook forces one). */
+	T_ASSERT(argc < 2 || !strcmp(exit_watch, argv[1]), "wexd watches clients' processes "
+		 "with %s, got %s", argc < 2 ? "" : argv[1], exit_watch);
+	T_ASSERT(pipe(pfd) == 0, "pipe");
+	a = fork();
+	T_ASSERT(a >= 0, "fork");
+	if (a == 0) {
+		close(pfd[0]);
+		process_a_clone(pfd[1]);
+	}
+	close(pfd[1]);
+	T_ASSERT(read(pfd[0], &cpid, sizeof(cpid)) == (ssize_t)sizeof(cpid), "C's pid");
+	close(pfd[0]);
+	T_ASSERT(waitpid(a, &st, 0) == a && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+		 "A set up, cloned C and exited (%d)", st);
+	for (t0 = t_now(); t_now() - t0 < 5 && (leases = t_leases(d.sock, MODEL)) != 0;)
+		usleep(2000);
+	T_ASSERT(leases == 0, "the dead consumer's lease is dropped while a child made with "
+		 "clone() holds its very socket (%d held; exit watch: %s)", leases, exit_watch);
+	c = reopen(WEX_ROLE_CONSUMER, MODEL, "g");
+	wex_client_close(c);
+	c = reopen(WEX_ROLE_PRODUCER, PMODEL, NULL);
+	wex_client_close(c);
+	t_prod_write(&p, 3);
+	T_ASSERT(kill(cpid, 0) == 0, "C still alive at the end");
+	kill(cpid, SIGKILL);
+	printf("lease and ranks freed with C (pid %d, made by clone()) still alive, exit watch "
+	       "%s\n", (int)cpid, exit_watch);
+	free(exit_watch);
 	t_prod_close(&p);
 	t_wexd_stop(&d);
 	printf("fork_child: PASS\n");

@@ -377,6 +377,19 @@ int t_leases(const char *sock, const char *model)
 	return n;
 }
 
+char *t_exit_watch(const char *sock)
+{
+	json_t *s = t_status(sock);
+	const char *w = json_string_value(json_object_get(json_object_get(s, "daemon"),
+							  "exit_watch"));
+	char *r;
+
+	T_ASSERT(w, "status has daemon.exit_watch");
+	r = strdup(w);
+	json_decref(s);
+	return r;
+}
+
 void t_u8_tensor(struct wex_tensor *t, const char *name, uint64_t n, uint32_t seg, uint64_t off)
 {
 	memset(t, 0, sizeof(*t));

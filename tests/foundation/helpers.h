@@ -116,6 +116,9 @@ void t_check_backend(const char *sock);
 json_t *t_status_model(json_t *status, const char *model);
 /* Total leases of `model` per status (0 if the model is gone). */
 int t_leases(const char *sock, const char *model);
+/* wexd's status daemon.exit_watch (how it watches clients' processes),
+ * malloc'd. */
+char *t_exit_watch(const char *sock);
 
 /* Children that t_exit kills (SIGKILL) when the test fails early. */
 void t_track_child(pid_t pid);
