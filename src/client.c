@@ -103,6 +103,11 @@ struct wex_client {
 	int has_lease;
 	int lease_lost; /* a reconnect took the held lease with the old wexd */
 	int dirty;
+	/* Same-address regions got private memory back holding what they
+	 * showed while a lease was held, and wexd has not answered on that
+	 * lease's connection since: until it does, it may have died (the
+	 * lease with it) before the copy, and the producer have written. */
+	int restore_unconfirmed;
 	json_t *report; /* the last finished sync, sent with the next request */
 	int lease_kept; /* the last error reply said a held lease stands */
 	/* Where the attached layout lives: -2 not looked at yet, -1 host
@@ -307,6 +312,19 @@ static int fd_limit_reached(void)
 	return errno == EMFILE || errno == ENFILE;
 }
 
+/* The connection is gone (or dropped) with no reply since regions were
+ * restored under its lease (restore_unconfirmed): the copy may hold a mix
+ * of what the producer wrote after the lease went, so the weights are
+ * dirty. */
+static void restore_doubted(struct wex_client *c)
+{
+	if (!c->restore_unconfirmed)
+		return;
+	c->restore_unconfirmed = 0;
+	c->dirty = 1;
+	c->copied = 0;
+}
+
 static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, json_t **reply,
 		   int *rfds, int maxr, int *nrfds, uint32_t wait_ms)
 {
@@ -341,6 +359,7 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 		 * then drops what it held for us); the next call reconnects. */
 		close(c->fd);
 		c->fd = -1;
+		restore_doubted(c);
 		return set_err(c, -ETIMEDOUT, "wexd did not answer within %llu ms (connection dropped)",
 			       (unsigned long long)limit);
 	}
@@ -353,6 +372,8 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 		wex_sock_close_fds(tmpfds, got);
 		return n == 0 ? -ECONNRESET : (int)n;
 	}
+	/* wexd answered after any restore: the lease outlived it. */
+	c->restore_unconfirmed = 0;
 	*reply = json_loadb(buf, (size_t)n, 0, &je);
 	free(buf);
 	if ((mflags & MSG_CTRUNC) && fd_limit_reached()) {
@@ -528,6 +549,7 @@ static int reconnect(struct wex_client *c)
 {
 	int ret;
 
+	restore_doubted(c); /* the old connection, and its lease, went first */
 	c->fd = wex_sock_connect(c->sock);
 	if (c->fd < 0) {
 		ret = c->fd;
@@ -646,7 +668,10 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 }
 
 /* Gives the same-address regions flagged in done (NULL: all) their own
- * memory back. */
+ * memory back, holding what they showed: whole only if a lease kept the
+ * producer out until the copy was done, which a held lease does once wexd
+ * answers on its connection again (restore_unconfirmed); with none held,
+ * the weights are dirty at once. */
 static void unmap_regions(struct wex_client *c, const char *done)
 {
 	for (size_t i = 0; i < c->nregions; i++) {
@@ -654,13 +679,18 @@ static void unmap_regions(struct wex_client *c, const char *done)
 
 		if (done && !done[i])
 			continue;
-		/* Lost bytes (-WEX_EDIRTY), or a region left showing the
-		 * producer's memory: either way its weights are not ours. */
-		if (g->r.fixed && g->r.ops->unmap_fixed(&g->r) < 0) {
+		g->mapped = NULL;
+		if (!g->r.fixed)
+			continue;
+		/* Lost bytes (-WEX_EDIRTY), a region left showing the
+		 * producer's memory, or bytes it may have been writing:
+		 * either way its weights are not ours. */
+		if (g->r.ops->unmap_fixed(&g->r) < 0 || !c->has_lease) {
 			c->dirty = 1;
 			c->copied = 0;
+		} else {
+			c->restore_unconfirmed = 1;
 		}
-		g->mapped = NULL;
 	}
 }
 

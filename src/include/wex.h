@@ -275,6 +275,9 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n);
  * first); the region is of the segment's kind, on the client's device
  * (WEX_CLIENT_FIELD_DEVICE) or else the segment's own.  A region larger than the segment serves copy
  * syncs; WEX_SYNC_REMAP_FIXED needs it to fit the producer's allocation.
+ * A call that fetches again (after wex_attach) while regions show the
+ * producer with no lease held (after wex_release) gives them private
+ * memory back holding what they showed, and marks the weights dirty.
  * Errors: -ETIMEDOUT (no producer registered in time), -EINVAL (no such
  * producer rank or segment, size 0), -EPERM (not a consumer), -EAGAIN (a
  * lease is held but the segments are not known: sync first), wexd's error
@@ -358,8 +361,11 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
  * is gone either way). */
 WEX_API int wex_release(wex_client_t *c);
 
-/* 1 if the consumer's weights are half-written (an interrupted copy, or a
- * same-address sync that lost its lease: see wex_sync), until a copy sync
+/* 1 if the consumer's weights are half-written (an interrupted copy, a
+ * same-address sync that lost its lease: see wex_sync, or same-address
+ * regions given private memory back holding what they showed when no
+ * lease was known to keep the producer out: a wexd restart may have taken
+ * the lease first, or none was held), until a copy sync
  * completes, or a same-address sync does with every attached tensor in a
  * region (they all show its version then).
  * (Every call here returns -EINVAL for a NULL client or a NULL pointer it

@@ -29,7 +29,11 @@
  *    it (and such a sync counted the weights whole, wex_is_dirty 0);
  *  - a same-address sync that timed out leaves the weights dirty until a
  *    copy sync, or a same-address sync with every attached tensor in a
- *    region, completes.
+ *    region, completes;
+ *  - after wex_release no lease holds what the regions show, and the
+ *    trainer may be writing it: a wex_reserve whose fetch gives them
+ *    private memory back (holding that) marks the weights dirty (they
+ *    were called clean holding a half-written version).
  */
 #include <errno.h>
 #include <signal.h>
@@ -387,6 +391,55 @@ static void dirty_outside_regions(void)
 	wex_client_close(p);
 }
 
+/* After wex_release nothing keeps the trainer out of what the regions
+ * show: v1 shown and released, the trainer begins v2 and writes half of
+ * it. */
+static void released_open(struct t_prod *p, struct t_cons *k, const char *model)
+{
+	struct wex_sync_result r;
+
+	t_prod_open(p, model, "tiny", 0, 1);
+	t_cons_open(k, model, "g", "tiny", 0, 1);
+	t_prod_write(p, 1);
+	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	T_WEX(k->c, wex_release(k->c));
+	T_WEX(p->c, wex_begin_write(p->c, 2, 5000));
+	ex_fill(p->base, p->t, (size_t)p->n / 2, 2, 1);
+}
+
+/* The trainer ends v2; a same-address sync shows it whole, clean. */
+static void released_close(struct t_prod *p, struct t_cons *k)
+{
+	struct wex_sync_result r;
+
+	ex_fill(p->base, p->t, (size_t)p->n, 2, 1);
+	T_WEX(p->c, wex_publish(p->c, 2));
+	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_REMAP_FIXED, 2, 5000, &r));
+	T_ASSERT(t_own_bad(k, 2) == 0 && wex_is_dirty(k->c) == 0, "v2 shown after, clean");
+	T_WEX(k->c, wex_release(k->c));
+	t_cons_close(k);
+	t_prod_close(p);
+}
+
+/* A wex_reserve that fetches (a layout attached again) gives the region
+ * private memory back holding what it showed: what the trainer was
+ * writing, with no lease held. */
+static void released_reserve(void)
+{
+	struct t_prod p;
+	struct t_cons k;
+	void *more;
+
+	released_open(&p, &k, "released-reserve");
+	T_WEX(k.c, wex_attach(k.c, k.t, (size_t)k.n));
+	T_WEX(k.c, wex_reserve(k.c, 0, 0, 4096, &more));
+	T_ASSERT(!shows_producer(k.region) && t_own_bad(&k, 1) && t_own_bad(&k, 2),
+		 "the reserve's fetch gave the region private memory holding the half-written v2");
+	T_ASSERT(wex_is_dirty(k.c) == 1,
+		 "the region holds a copy taken with no lease held, but the weights are not dirty");
+	released_close(&p, &k);
+}
+
 /* A new wexd numbers versions afresh, and a restarted trainer publishes
  * "v1" again, with other weights: a copy sync copies them, a same-address
  * sync shows them, and either reports them as changed (an engine drops its
@@ -584,6 +637,7 @@ int main(void)
 	tensor_past_region();
 	timeout_leaves_regions();
 	dirty_outside_regions();
+	released_reserve();
 	null_arguments();
 	restart_renumbers(&d, WEX_SYNC_COPY);
 	restart_renumbers(&d, WEX_SYNC_REMAP_FIXED);

@@ -30,7 +30,11 @@
  * (fixed sync, the region already shown included, one still showing
  * an older mapping, and one after the failing region that still shows the
  * producer since a failed restore) the other, so no region
- * shows the producer once the failed sync has given its lease back.
+ * shows the producer once the failed sync has given its lease back; and
+ * when wexd restarted, and the trainer began its next version there,
+ * before that undo copied what the region showed (the failed swap waits
+ * for both here), the sync's release finds its lease gone, so the copy
+ * may be a mix and the weights are dirty (they were called clean).
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -53,6 +57,8 @@
 enum { F_NONE, F_KEEP, F_HOLE, F_HALF };
 
 static int arm_fixed_file;  /* next mmap(MAP_FIXED) of a file */
+static int skip_fixed_file; /* mmaps of a file to let through before arm_fixed_file fires */
+static void (*on_fire)(void); /* run once by the next fault, before it fails the call */
 static int arm_remap;       /* next mremap(MREMAP_FIXED) */
 static int skip_remap;      /* mremaps to let through before arm_remap fires */
 static int arm_refill;      /* next anonymous mmap at a fixed address: F_KEEP fails it */
@@ -67,16 +73,22 @@ static mremap_fn real_mremap;
  * executable (tests.cmake), so that libwex.so's calls land here too. */
 #define INTERPOSE __attribute__((visibility("default")))
 
-/* Fires the fault armed in *arm (counting it in *hits): F_HOLE first
- * unmaps [addr, addr+len), as a kernel may before failing, F_HALF the
- * first half of it. */
+/* Fires the fault armed in *arm (counting it in *hits): runs on_fire,
+ * then F_HOLE first unmaps [addr, addr+len), as a kernel may before
+ * failing, F_HALF the first half of it. */
 static void *fire(int *arm, int *hits, void *addr, size_t len)
 {
-	if (*arm == F_HOLE)
+	void (*f)(void) = on_fire;
+	int how = *arm;
+
+	*arm = F_NONE; /* disarmed first: on_fire's own calls go through */
+	on_fire = NULL;
+	if (f)
+		f();
+	if (how == F_HOLE)
 		munmap(addr, len);
-	else if (*arm == F_HALF)
+	else if (how == F_HALF)
 		munmap(addr, len / 2);
-	*arm = F_NONE;
 	(*hits)++;
 	errno = ENOMEM;
 	return MAP_FAILED;
@@ -86,7 +98,9 @@ INTERPOSE void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t 
 {
 	if (!real_mmap)
 		real_mmap = (mmap_fn)(uintptr_t)dlsym(RTLD_NEXT, "mmap");
-	if ((flags & MAP_FIXED) && fd >= 0 && arm_fixed_file)
+	if ((flags & MAP_FIXED) && fd >= 0 && arm_fixed_file && skip_fixed_file > 0)
+		skip_fixed_file--;
+	else if ((flags & MAP_FIXED) && fd >= 0 && arm_fixed_file)
 		return fire(&arm_fixed_file, &hits_fixed_file, addr, len);
 	if ((flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) && (flags & MAP_ANONYMOUS) && arm_refill)
 		return fire(&arm_refill, &hits_refill, addr, len);
@@ -375,6 +389,21 @@ static void publish(wex_client_t *p, void *b0, void *b1, size_t n, uint64_t v)
 	T_WEX(p, wex_publish(p, v));
 }
 
+/* on_fire for the restart case: wexd restarts, and the trainer begins v5
+ * on the new one (no lease there) and writes the first half of a segment. */
+static struct t_wexd *restart_d;
+static wex_client_t *restart_p;
+static void *restart_b;
+static size_t restart_n;
+
+static void restart_writing(void)
+{
+	t_wexd_kill(restart_d);
+	t_wexd_restart(restart_d);
+	T_WEX(restart_p, wex_begin_write(restart_p, 5, 5000));
+	memset(restart_b, 5, restart_n / 2);
+}
+
 /* Two same-address regions: a failure on one never leaves the other
  * showing the producer after the lease is given back. */
 static void two_regions(struct t_wexd *d)
@@ -478,6 +507,34 @@ static void two_regions(struct t_wexd *d)
 	T_ASSERT(t_leases(d->sock, MODEL "-2") == 0, "and no lease is held");
 	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 4, 5000, &res));
 	T_ASSERT(all_bytes(r0, N, 4) && all_bytes(r1, N, 4), "the next fixed sync shows v4 in both");
+
+	/* Both regions to map again (a copy sync restores them); a's swap
+	 * works, b's fails, and just before it fails wexd restarts and the
+	 * trainer begins v5 there and writes half of a's segment: undoing a
+	 * copies that mix, after the lease went. */
+	T_WEX(k, wex_sync(k, WEX_SYNC_COPY, 4, 5000, &res));
+	T_ASSERT(!maps_has(r0, "memfd:") && !wex_is_dirty(k), "a copy sync of v4, clean");
+	restart_d = d;
+	restart_p = p;
+	restart_b = b0;
+	restart_n = N;
+	on_fire = restart_writing;
+	arm_fixed_file = F_KEEP;
+	skip_fixed_file = 1;
+	ret = wex_sync(k, WEX_SYNC_REMAP_FIXED, 4, 5000, &res);
+	T_ASSERT(ret == -ENOMEM && !on_fire, "fixed sync with b's swap failing after a restart: "
+		 "-ENOMEM, got %s (%s)", wex_strerror(ret), wex_last_error(k));
+	T_ASSERT(!maps_has(r0, "memfd:") && !all_bytes(r0, N, 4) && !all_bytes(r0, N, 5),
+		 "a was undone holding a mix of v4 and v5 (the race this case stages)");
+	T_ASSERT(wex_is_dirty(k) == 1, "a holds what the trainer wrote after the restart took the "
+		 "lease, but the weights are not dirty");
+	memset(b0, 5, N);
+	memset(b1, 5, N);
+	T_WEX(p, wex_publish(p, 5));
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 5, 5000, &res));
+	T_ASSERT(all_bytes(r0, N, 5) && all_bytes(r1, N, 5) && !wex_is_dirty(k),
+		 "the next fixed sync shows v5 in both, clean");
+	T_WEX(k, wex_release(k));
 	T_ASSERT(arm_remap == F_NONE && arm_refill == F_NONE && arm_fixed_file == F_NONE,
 		 "every armed fault fired");
 	wex_client_close(k);

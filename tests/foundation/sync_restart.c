@@ -19,12 +19,25 @@
  * Found by review: the sync returned the new daemon's refusal of the
  * fetch at once (-WEX_ENOPUBLISHED), and the next wex_release reported
  * the sync's own lease as lost.
+ *
+ * And for same-address regions: a REMAP_FIXED sync whose fetch gives the
+ * regions private memory back (holding what they showed) does so under
+ * the lease its acquire got; here wexd restarts just after answering that
+ * acquire (this test interposes recvmsg), and the trainer begins its next
+ * version on the new wexd and writes half of it before the regions are
+ * restored.  The bytes they keep are that mix.  The sync acquires again,
+ * and then fails: the new acquire times out (nothing published), or the
+ * region cannot be mapped again (interposed mmap).  Either way the weights
+ * must be dirty (wex_is_dirty 1), and the next sync shows the version
+ * whole and cleans them.  Found by review: they stayed clean (dirty 0)
+ * with the mix in the engine's own memory.
  */
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -33,12 +46,21 @@
 #define MODEL "sync-restart"
 
 typedef ssize_t (*sendmsg_fn)(int, const struct msghdr *, int);
+typedef ssize_t (*recvmsg_fn)(int, struct msghdr *, int);
+typedef void *(*mmap_fn)(void *, size_t, int, int, int, off_t);
 static sendmsg_fn real_sendmsg;
+static recvmsg_fn real_recvmsg;
+static mmap_fn real_mmap;
 static struct t_wexd d;
 static struct t_prod p;
 static uint64_t publish_v; /* published by the producer at the re-acquire (0: none) */
-static int stage, inside;  /* 1: restart at the next fetch; 2: publish at the next acquire */
-static useconds_t stall;   /* before the restart: time the sync spends first */
+static uint64_t mix_v;     /* begun and half written on the new wexd at stage 4 */
+static int fail_map;       /* fail the re-acquire's mmap(MAP_FIXED) of the segment */
+/* 1: restart at the next fetch; 2: publish at the next acquire; 3: at the
+ * next acquire, 4: restart once its reply is in and half-write mix_v,
+ * then 2. */
+static int stage, inside;
+static useconds_t stall; /* before the restart: time the sync spends first */
 
 #define INTERPOSE __attribute__((visibility("default")))
 
@@ -73,16 +95,101 @@ INTERPOSE ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 			stage = 2;
 		} else if (stage == 2 && is_op(buf, len, "acquire")) {
 			stage = 0;
-			if (publish_v) {
+			inside = 1;
+			if (mix_v && publish_v == mix_v) {
+				/* The trainer ends the write it began. */
+				ex_fill(p.base, p.t, (size_t)p.n, mix_v, 1);
+				T_WEX(p.c, wex_publish(p.c, mix_v));
+				fail_map = 1;
+			} else if (publish_v) {
 				/* The trainer reconnects (re-registering) and
 				 * publishes on the new daemon. */
-				inside = 1;
 				t_prod_write(&p, publish_v);
-				inside = 0;
 			}
+			inside = 0;
+		} else if (stage == 3 && is_op(buf, len, "acquire")) {
+			stage = 4;
 		}
 	}
 	return real_sendmsg(fd, msg, flags);
+}
+
+INTERPOSE ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
+{
+	ssize_t n;
+
+	if (!real_recvmsg)
+		real_recvmsg = (recvmsg_fn)(uintptr_t)dlsym(RTLD_NEXT, "recvmsg");
+	n = real_recvmsg(fd, msg, flags);
+	if (stage == 4 && !inside && n > 0) {
+		/* The acquire's reply is in: wexd restarts, and the trainer
+		 * begins mix_v there (no lease holds it) and writes the first
+		 * half of its tensors. */
+		inside = 1;
+		t_wexd_kill(&d);
+		t_wexd_restart(&d);
+		T_WEX(p.c, wex_begin_write(p.c, mix_v, 10000));
+		ex_fill(p.base, p.t, (size_t)p.n / 2, mix_v, 1);
+		inside = 0;
+		stage = 2;
+	}
+	return n;
+}
+
+/* Fails the next mmap(MAP_FIXED) of a file once armed, the range left as
+ * it was (as for a segment the kernel refuses to map). */
+INTERPOSE void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	if (!real_mmap)
+		real_mmap = (mmap_fn)(uintptr_t)dlsym(RTLD_NEXT, "mmap");
+	if (fail_map && (flags & MAP_FIXED) && fd >= 0) {
+		fail_map = 0;
+		errno = ENOMEM;
+		return MAP_FAILED;
+	}
+	return real_mmap(addr, len, prot, flags, fd, off);
+}
+
+/* The region shows version w; a REMAP_FIXED sync meets the restart of
+ * stage 4 with the trainer half-way through v = w + 1, then fails (its
+ * acquire again times out, or, with map_fails, the trainer publishes v and
+ * the region cannot be mapped): the region holds the mix, so the weights
+ * are dirty; the next sync shows v whole and cleans them. */
+static void restored_without_lease(struct t_cons *k, uint64_t w, int map_fails)
+{
+	const char *how = map_fails ? "the mapping fails" : "the acquire again times out";
+	struct wex_sync_result r;
+	int ret;
+
+	t_prod_write(&p, w);
+	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_REMAP_FIXED, w, 5000, &r));
+	T_ASSERT(t_own_bad(k, w) == 0, "v%llu shown", (unsigned long long)w);
+	T_WEX(k->c, wex_attach(k->c, k->t, (size_t)k->n)); /* the next sync fetches */
+	mix_v = w + 1;
+	publish_v = map_fails ? mix_v : 0;
+	stage = 3;
+	ret = wex_sync(k->c, WEX_SYNC_REMAP_FIXED, 0, 1000, &r);
+	T_ASSERT(stage == 0 && !fail_map, "the sync never acquired again, or never mapped (stage %d)",
+		 stage);
+	T_ASSERT(ret == (map_fails ? -ENOMEM : -ETIMEDOUT), "when %s: %s (%s)", how,
+		 wex_strerror(ret), wex_last_error(k->c));
+	printf("restore during a fetch that met a restart, then %s: %s (%s)\n", how,
+	       wex_strerror(ret), wex_last_error(k->c));
+	T_ASSERT(t_own_bad(k, w) && t_own_bad(k, mix_v),
+		 "the region holds a mix of v%llu and v%llu (the race this case stages)",
+		 (unsigned long long)w, (unsigned long long)mix_v);
+	T_ASSERT(wex_is_dirty(k->c) == 1,
+		 "the region was restored from the trainer's memory under a lease the restart "
+		 "took, and holds a mix, but the weights are not dirty (%s)", how);
+	if (!map_fails) {
+		ex_fill(p.base, p.t, (size_t)p.n, mix_v, 1);
+		T_WEX(p.c, wex_publish(p.c, mix_v));
+	}
+	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_REMAP_FIXED, mix_v, 5000, &r));
+	T_ASSERT(t_own_bad(k, mix_v) == 0 && wex_is_dirty(k->c) == 0,
+		 "v%llu shown whole and clean after", (unsigned long long)mix_v);
+	T_WEX(k->c, wex_release(k->c));
+	mix_v = 0;
 }
 
 int main(void)
@@ -136,6 +243,10 @@ int main(void)
 		       "%.2f s\n", wex_strerror(ret), took);
 		T_ASSERT(took < 3.0, "the sync took %.2f s of its 2 s timeout", took);
 	}
+	stall = 0;
+
+	restored_without_lease(&k, 4, 0);
+	restored_without_lease(&k, 6, 1);
 
 	t_cons_close(&k);
 	t_prod_close(&p);
