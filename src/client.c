@@ -1447,11 +1447,12 @@ static struct pseg *find_pseg(struct wex_client *c, uint32_t rank, uint32_t id)
 }
 
 /* An acquire failed after wexd dropped the lease held before it (a
- * timeout, a lost connection): the producer may write now, so no
+ * timeout, a lost connection; `held`), or with none held since an earlier
+ * wex_release or a lost connection: the producer may write now, so no
  * same-address region may go on showing its memory (as after any failed
  * sync).  Each gets private memory back holding what it showed, which the
  * producer may already have been writing: the weights are dirty. */
-static int regions_leave(struct wex_client *c, int ret)
+static int regions_leave(struct wex_client *c, int ret, int held)
 {
 	char why[sizeof(c->err)];
 	int shown = 0;
@@ -1464,6 +1465,10 @@ static int regions_leave(struct wex_client *c, int ret)
 	unmap_regions(c, NULL);
 	c->dirty = 1;
 	c->copied = 0;
+	if (!held)
+		return set_err(c, ret,
+			       "%.200s; no lease held what the same-address regions showed (released, or lost with wexd's connection), so they got private memory back holding it, which the producer may have begun to overwrite: weights dirty, sync before serving",
+			       why);
 	return set_err(c, ret,
 		       "%.200s; the lease on v%llu went with it, so the same-address regions got private memory back holding what they showed, which the producer may have begun to overwrite: weights dirty, sync before serving",
 		       why, (unsigned long long)c->lease_version);
@@ -1931,8 +1936,8 @@ again:
 		 * (the previous lease stands) or dropped that lease first. */
 		if (held && c->lease_kept && c->conn_gen == conn && c->fd >= 0)
 			c->has_lease = 1;
-		else if (held)
-			ret = regions_leave(c, ret);
+		else
+			ret = regions_leave(c, ret, held);
 		return ret;
 	}
 	version = (uint64_t)json_integer_value(json_object_get(reply, "version"));

@@ -325,9 +325,10 @@ struct wex_sync_result {
  * reachable from the client's device (or the layout's) through peer
  * access when that is another GPU.
  * Blocks.  Errors: -ETIMEDOUT (the previous lease is given up; same-address
- * regions that showed its memory get private memory back holding what
- * they showed, which the producer may have begun to overwrite, so the
- * weights are marked dirty: sync again before serving; or, from a COPY,
+ * regions that showed its memory, or the producer's with no lease held
+ * since wex_release, get private memory back holding what they showed,
+ * which the producer may have begun to overwrite, so the weights are
+ * marked dirty: sync again before serving; or, from a COPY,
  * the copy completed but wexd did not answer its release in time: the
  * weights hold the version whole and are not marked dirty, wex_is_dirty
  * tells the two apart),

@@ -33,7 +33,9 @@
  *  - after wex_release no lease holds what the regions show, and the
  *    trainer may be writing it: a wex_reserve whose fetch gives them
  *    private memory back (holding that) marks the weights dirty (they
- *    were called clean holding a half-written version).
+ *    were called clean holding a half-written version), and a sync that
+ *    fails then leaves no region showing the producer, its weights dirty
+ *    (the regions went on showing it, called clean).
  */
 #include <errno.h>
 #include <signal.h>
@@ -440,6 +442,26 @@ static void released_reserve(void)
 	released_close(&p, &k);
 }
 
+/* A sync that fails after wex_release: no region may go on showing the
+ * producer (as after any failed sync), and what they keep is dirty. */
+static void released_fails(void)
+{
+	struct wex_sync_result r;
+	struct t_prod p;
+	struct t_cons k;
+	int ret;
+
+	released_open(&p, &k, "released-fails");
+	ret = wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 2, 200, &r);
+	T_ASSERT(ret == -ETIMEDOUT, "no v2 in time: -ETIMEDOUT, got %s", wex_strerror(ret));
+	T_ASSERT(!shows_producer(k.region),
+		 "after a sync that failed with no lease held the region still shows the producer");
+	T_ASSERT(t_own_bad(&k, 1) && t_own_bad(&k, 2), "the region holds the half-written v2");
+	T_ASSERT(wex_is_dirty(k.c) == 1 && strstr(wex_last_error(k.c), "dirty"),
+		 "the weights are dirty and the error says so: %s", wex_last_error(k.c));
+	released_close(&p, &k);
+}
+
 /* A new wexd numbers versions afresh, and a restarted trainer publishes
  * "v1" again, with other weights: a copy sync copies them, a same-address
  * sync shows them, and either reports them as changed (an engine drops its
@@ -638,6 +660,7 @@ int main(void)
 	timeout_leaves_regions();
 	dirty_outside_regions();
 	released_reserve();
+	released_fails();
 	null_arguments();
 	restart_renumbers(&d, WEX_SYNC_COPY);
 	restart_renumbers(&d, WEX_SYNC_REMAP_FIXED);
