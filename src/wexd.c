@@ -109,29 +109,6 @@ static void conn_close(struct wexd *d, struct conn *c)
 }
 
 /*
- * Closes c if its client has already hung up (or a reply to it could not
- * go out) and wexd has not yet taken in that end.  A process restarted
- * right after its predecessor died says hello on a new connection, and
- * nothing orders that message after the old connection's end of file:
- * without this the new process was refused its rank (EADDRINUSE, "held by
- * pid N") by a connection whose process was already gone.  Returns 1 if
- * it closed c (whose model may then be gone too), else 0.
- */
-int wexd_conn_close_if_gone(struct wexd *d, struct conn *c)
-{
-	struct pollfd p = { .fd = c->io.fd, .events = POLLRDHUP };
-
-	if (c->dead)
-		return 0;
-	if (!c->dropping && (poll(&p, 1, 0) <= 0 || !(p.revents & (POLLHUP | POLLRDHUP | POLLERR))))
-		return 0;
-	wex_debug("conn", "client %llu (pid %d) hung up before wexd saw it: closed",
-		  (unsigned long long)c->id, (int)c->pid);
-	conn_close(d, c);
-	return 1;
-}
-
-/*
  * The client's process exited.  Its socket closes with it unless another
  * process holds it too: a child made with clone() without fork's handlers
  * (libwex closes its connections in a fork()ed child), or an fd passed on.
@@ -155,6 +132,36 @@ static void on_peer_exit(void *arg, struct wex_loop_io *io)
 			 "on): closed, its ranks and leases released", (unsigned long long)c->id,
 			 (int)c->pid);
 	conn_close(d, c);
+}
+
+/*
+ * Closes c if its client has already hung up or its process exited (or a
+ * reply to it could not go out) and wexd has not yet taken that in.  A
+ * process restarted right after its predecessor died says hello on a new
+ * connection, and nothing orders that message after the old connection's
+ * end of file or its process's exit: without this the new process was
+ * refused its rank (EADDRINUSE, "held by pid N") by a connection whose
+ * process was already gone.  Returns 1 if it closed c (whose model may
+ * then be gone too), else 0.
+ */
+int wexd_conn_close_if_gone(struct wexd *d, struct conn *c)
+{
+	/* A pidfd of -1 (not watched) is left out by poll. */
+	struct pollfd p[2] = { { .fd = c->io.fd, .events = POLLRDHUP },
+			       { .fd = c->io.pid.fd, .events = POLLIN } };
+
+	if (c->dead)
+		return 0;
+	if (!c->dropping && poll(p, 2, 0) > 0 && (p[1].revents & POLLIN)) {
+		on_peer_exit(d, &c->io);
+		return 1;
+	}
+	if (!c->dropping && !(p[0].revents & (POLLHUP | POLLRDHUP | POLLERR)))
+		return 0;
+	wex_debug("conn", "client %llu (pid %d) hung up before wexd saw it: closed",
+		  (unsigned long long)c->id, (int)c->pid);
+	conn_close(d, c);
+	return 1;
 }
 
 static void on_accept(void *arg, int fd)
