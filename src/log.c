@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,6 +32,21 @@ const char *wex__log_level_name(int level)
 	return level_names[level];
 }
 
+/* Under systemd, JOURNAL_STREAM names the journal stream's device and
+ * inode.  Children inherit the variable even where their stderr goes
+ * elsewhere (wexd run by hand from a shell that a service started, a test
+ * runner), so it counts only when stderr is that stream (systemd.exec(5)). */
+static int stderr_is_journal(void)
+{
+	const char *s = getenv("JOURNAL_STREAM");
+	unsigned long long dev, ino;
+	struct stat st;
+
+	if (!s || sscanf(s, "%llu:%llu", &dev, &ino) != 2 || fstat(STDERR_FILENO, &st) < 0)
+		return 0;
+	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
 void wex__log_init(void)
 {
 	const char *s = getenv("WEX_LOG_LEVEL");
@@ -39,8 +55,7 @@ void wex__log_init(void)
 	if (s && (l = wex__log_level_from_name(s)) >= 0)
 		wex__log_level = l;
 	s = getenv("WEX_LOG_JOURNAL");
-	/* Under systemd, JOURNAL_STREAM says stderr is the journal. */
-	log_journal = (s && *s == '1') || getenv("JOURNAL_STREAM") != NULL;
+	log_journal = (s && *s == '1') || stderr_is_journal();
 }
 
 void wex__log(int level, const char *subsys, const char *fmt, ...)

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* log.h - one logging macro that checks the level before evaluating its
  * arguments (redis serverLog); lines go to stderr, one per event, in a form
- * journald keeps ("<N>" priority prefix when WEX_LOG_JOURNAL is set). */
+ * journald keeps ("<N>" priority prefix when stderr is the journal stream
+ * that JOURNAL_STREAM names, or when WEX_LOG_JOURNAL=1). */
 #ifndef WEX_LOG_H
 #define WEX_LOG_H
 
@@ -10,7 +11,7 @@
 enum wex_log_level { WEX_LOG_ERROR = 0, WEX_LOG_WARN, WEX_LOG_INFO, WEX_LOG_DEBUG, WEX_LOG_TRACE };
 
 extern int wex__log_level;
-void wex__log_init(void); /* reads WEX_LOG_LEVEL and WEX_LOG_JOURNAL */
+void wex__log_init(void); /* reads WEX_LOG_LEVEL, WEX_LOG_JOURNAL, JOURNAL_STREAM */
 int wex__log_level_from_name(const char *s);
 const char *wex__log_level_name(int level);
 void wex__log(int level, const char *subsys, const char *fmt, ...)

@@ -850,7 +850,7 @@ int main(int argc, char **argv)
 			break;
 		case 'l':
 			if ((ret = wex__log_level_from_name(optarg)) < 0) {
-				fprintf(stderr, "wexd: --log-level '%s' unknown\n", optarg);
+				wex_error("wexd", "--log-level '%s' unknown", optarg);
 				return 2;
 			}
 			wex__log_level = ret; /* for what is logged while loading */
@@ -865,12 +865,14 @@ int main(int argc, char **argv)
 		}
 	}
 	if (optind < argc) {
-		fprintf(stderr, "wexd: unexpected argument '%s'\n", argv[optind]);
+		wex_error("wexd", "unexpected argument '%s'", argv[optind]);
 		return 2;
 	}
+	/* Through the log, so that under systemd the reason wexd would not
+	 * start is journald's error priority, not its default (info). */
 	ret = wex__config_load(&d.cfg, cfg, cfg != NULL, err, sizeof(err));
 	if (ret < 0) {
-		fprintf(stderr, "wexd: %s\n", err);
+		wex_error("wexd", "%s", err);
 		return 2;
 	}
 	/* Command-line flags win over every layer of the configuration, also
@@ -879,7 +881,7 @@ int main(int argc, char **argv)
 	    (io && wex__config_set_flag(&d.cfg, "io_backend", io, "--io", err, sizeof(err)) < 0) ||
 	    (level && wex__config_set_flag(&d.cfg, "log_level", level, "--log-level", err,
 					   sizeof(err)) < 0)) {
-		fprintf(stderr, "wexd: %s\n", err);
+		wex_error("wexd", "%s", err);
 		wex__config_free(&d.cfg);
 		return 2;
 	}

@@ -1,0 +1,62 @@
+#!/bin/sh
+# journal_log.sh WEXD - proves README's "Logs go to stderr, one line per
+# event. Under systemd they carry a <N> priority prefix that journald
+# keeps":
+#  - with stderr on the journal (JOURNAL_STREAM naming stderr's device and
+#    inode, as systemd sets it), every line of wexd's carries a priority,
+#    the errors that stop it at start included: a bad configuration file
+#    is "<3>" naming the file and the field (it was a bare "wexd: ..."
+#    line, which journald files at the default priority, info, so
+#    `journalctl -p err -u wexd` did not show why wexd would not start);
+#  - with JOURNAL_STREAM inherited but stderr elsewhere (wexd run by hand
+#    from a shell a systemd service started, or a test runner), the lines
+#    are the timestamped ones meant for a terminal or a file, not "<6>..."
+#    (systemd.exec(5): compare JOURNAL_STREAM with stderr's fstat).
+WEXD=$1
+. "$(dirname "$0")/lib.sh"
+export WEX_SOCKET="$TMP/wexd.sock"
+unset WEX_LOG_JOURNAL
+
+# stderr is the journal: the file stands for journald's stream.
+: >"$TMP/j.log"
+echo '{ "drain_timeout_ms": -5 }' >"$TMP/bad.json"
+JOURNAL_STREAM=$(stat -c '%d:%i' "$TMP/j.log") "$WEXD" --config "$TMP/bad.json" 2>>"$TMP/j.log"
+rc=$?
+[ $rc = 2 ] || fail "a bad configuration file: wexd exited $rc, not 2"
+grep -q "^<3>.*config $TMP/bad.json: field 'drain_timeout_ms'" "$TMP/j.log" ||
+	fail "the start-up error has no error priority for journald: $(cat "$TMP/j.log")"
+grep -v '^<[0-7]>' "$TMP/j.log" | grep -q . && fail "lines without a priority: $(grep -v '^<[0-7]>' "$TMP/j.log")"
+: >"$TMP/j.log"
+JOURNAL_STREAM=$(stat -c '%d:%i' "$TMP/j.log") "$WEXD" --log-level loud 2>>"$TMP/j.log" && fail "--log-level loud accepted"
+grep -q "^<3>.*--log-level 'loud'" "$TMP/j.log" || fail "a bad flag has no error priority: $(cat "$TMP/j.log")"
+
+# A running wexd under the journal: info lines are "<6>".
+: >"$TMP/j.log"
+mkfifo "$TMP/ready"
+JOURNAL_STREAM=$(stat -c '%d:%i' "$TMP/j.log") WEXD_READY_FD=3 "$WEXD" 3>"$TMP/ready" 2>>"$TMP/j.log" &
+WEXD_PID=$!
+read -r _ <"$TMP/ready" || fail "wexd did not start: $(cat "$TMP/j.log")"
+rm -f "$TMP/ready"
+kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; WEXD_PID=""
+grep -q "^<6>wexd info: listening on $WEX_SOCKET" "$TMP/j.log" || fail "no <6> info line under the journal: $(cat "$TMP/j.log")"
+
+# JOURNAL_STREAM inherited, stderr a file of its own: no journal prefixes.
+: >"$TMP/other.log"
+JOURNAL_STREAM=$(stat -c '%d:%i' "$TMP/j.log") "$WEXD" --config "$TMP/bad.json" 2>>"$TMP/other.log"
+grep -q '^<[0-7]>' "$TMP/other.log" && fail "journal prefixes on a stderr that is not the journal: $(cat "$TMP/other.log")"
+grep -q "config $TMP/bad.json: field 'drain_timeout_ms'" "$TMP/other.log" || fail "start-up error lost: $(cat "$TMP/other.log")"
+mkfifo "$TMP/ready"
+JOURNAL_STREAM=$(stat -c '%d:%i' "$TMP/j.log") WEXD_READY_FD=3 "$WEXD" 3>"$TMP/ready" 2>>"$TMP/other.log" &
+WEXD_PID=$!
+read -r _ <"$TMP/ready" || fail "wexd did not start: $(cat "$TMP/other.log")"
+rm -f "$TMP/ready"
+kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; WEXD_PID=""
+grep -q '^<[0-7]>' "$TMP/other.log" && fail "journal prefixes on a stderr that is not the journal: $(cat "$TMP/other.log")"
+grep -Eq '^[0-9]{4}-[0-9]{2}-[0-9]{2}T.* wexd info: listening on' "$TMP/other.log" ||
+	fail "no timestamped line: $(cat "$TMP/other.log")"
+# WEX_LOG_JOURNAL=1 still forces the prefix (a unit whose stderr is a pipe
+# to a journal-aware logger).
+: >"$TMP/forced.log"
+WEX_LOG_JOURNAL=1 "$WEXD" --config "$TMP/bad.json" 2>>"$TMP/forced.log"
+grep -q "^<3>" "$TMP/forced.log" || fail "WEX_LOG_JOURNAL=1 no longer forces the prefix: $(cat "$TMP/forced.log")"
+echo "PASS: under the journal every line has a priority (start-up errors <3>); elsewhere lines are timestamped"
