@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -49,22 +50,37 @@ static int open_admin(wex_client_t **c)
 		.socket = sock_path,
 	};
 	char buf[256];
+	const char *path, *why;
+	struct stat st;
 	int ret = wex_client_open(&p, c);
 
 	if (ret < 0) {
 		const char *hint = "";
 
+		path = sock_path ? sock_path : wex__default_socket(buf, sizeof(buf));
+		why = wex_strerror(ret);
 		/* Say what to do, not only what failed. */
-		if (ret == -ENOENT || ret == -ECONNREFUSED)
+		if ((ret == -ECONNREFUSED || ret == -ENOTSOCK) && stat(path, &st) == 0 &&
+		    !S_ISSOCK(st.st_mode)) {
+			/* connect() calls a directory or a plain file "refused":
+			 * no wexd could ever listen there. */
+			why = "not a socket";
+			hint = "\n  name wexd's socket with --socket PATH or $WEX_SOCKET (the "
+			       "systemd service's is /run/wex/wexd.sock)";
+		} else if (ret == -ENOENT || ret == -ECONNREFUSED) {
 			hint = "\n  is wexd running? Start it (systemctl start wexd.socket, or run "
 			       "wexd), or name its socket with --socket PATH or $WEX_SOCKET (the "
 			       "systemd service's is /run/wex/wexd.sock)";
-		else if (ret == -EACCES)
+		} else if (ret == -EACCES) {
 			hint = "\n  this user may not connect: the socket's group (wex under "
 			       "systemd) must include it (usermod -aG wex USER, then log in again)";
-		fprintf(stderr, "wexctl: cannot reach wexd at %s: %s%s\n",
-			sock_path ? sock_path : wex__default_socket(buf, sizeof(buf)),
-			wex_strerror(ret), hint);
+		} else if (ret == -EPIPE || ret == -ECONNRESET) {
+			/* wexd accepted and closed the connection at once. */
+			hint = "\n  wexd closed the connection at once: it refuses new clients while "
+			       "max_clients are connected, while it drains after SIGTERM, and when it "
+			       "is out of file descriptors; its log says which";
+		}
+		fprintf(stderr, "wexctl: cannot reach wexd at %s: %s%s\n", path, why, hint);
 	}
 	return ret;
 }
@@ -365,19 +381,35 @@ static int bad_arg(const char *cmd, const char *what, const char *arg, const cha
 	return 2;
 }
 
+/* An option given last, without the value it takes. */
+static int no_value(const char *cmd, const char *opt, const char *what)
+{
+	fprintf(stderr, "wexctl: %s%s%s needs a value (%s)\n", cmd, *cmd ? ": " : "", opt, what);
+	return 2;
+}
+
+static int is_help(const char *a)
+{
+	return !strcmp(a, "-h") || !strcmp(a, "--help");
+}
+
 int main(int argc, char **argv)
 {
 	int as_json = 0, i = 1;
 	const char *cmd;
 
 	while (i < argc && argv[i][0] == '-') {
-		if (!strcmp(argv[i], "--socket") && i + 1 < argc) {
+		if (!strcmp(argv[i], "--socket")) {
+			if (i + 1 >= argc || !*argv[i + 1]) {
+				fprintf(stderr, "wexctl: --socket needs a PATH (wexd's socket)\n");
+				return 2;
+			}
 			sock_path = argv[i + 1];
 			i += 2;
 		} else if (!strcmp(argv[i], "--json")) {
 			as_json = 1;
 			i++;
-		} else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+		} else if (is_help(argv[i])) {
 			usage(stdout);
 			return 0;
 		} else {
@@ -400,6 +432,10 @@ int main(int argc, char **argv)
 	if (!strcmp(cmd, "status") || !strcmp(cmd, "models") || !strcmp(cmd, "clients") ||
 	    !strcmp(cmd, "plans") || !strcmp(cmd, "metrics")) {
 		for (int k = i + 1; k < argc; k++) {
+			if (is_help(argv[k])) {
+				usage(stdout);
+				return 0;
+			}
 			if (strcmp(argv[k], "--json"))
 				return bad_arg(cmd, "unexpected argument", argv[k], "takes only --json");
 			as_json = 1;
@@ -413,6 +449,12 @@ int main(int argc, char **argv)
 		for (int k = i + 1; k < argc; k++) {
 			char *end = NULL;
 
+			if (is_help(argv[k])) {
+				usage(stdout);
+				return 0;
+			}
+			if ((!strcmp(argv[k], "-n") || !strcmp(argv[k], "--count")) && k + 1 == argc)
+				return no_value(cmd, argv[k], !strcmp(argv[k], "-n") ? "seconds" : "a count");
 			if (!strcmp(argv[k], "-n") && k + 1 < argc) {
 				interval = strtod(argv[++k], &end);
 				if (end == argv[k] || *end || !(interval > 0 && interval <= 86400))
@@ -435,6 +477,20 @@ int main(int argc, char **argv)
 			if (!strcmp(argv[k], "--json")) {
 				as_json = 1;
 				continue;
+			}
+			if (is_help(argv[k])) {
+				usage(stdout);
+				return 0;
+			}
+			/* No field name starts with '-': a typo of an option
+			 * (--jsn) is refused here rather than asked of wexd.
+			 * A value may (config set NAME -1 gets wexd's reason). */
+			if (argv[k][0] == '-' && !(n == 3 && !strcmp(args[1], "set"))) {
+				char what[64];
+
+				snprintf(what, sizeof(what), "config%s%s", n >= 2 ? " " : "",
+					 n >= 2 ? args[1] : "");
+				return bad_arg(what, "unknown option", argv[k], "takes --json");
 			}
 			if (n == 4)
 				return bad_arg(cmd, "unexpected argument", argv[k], "takes get [NAME] or set NAME VALUE");

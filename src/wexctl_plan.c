@@ -57,8 +57,14 @@ static int usage(const char *cmd, int help)
 	return help ? 0 : 2;
 }
 
-static int parse_opts(int argc, char **argv, struct opts *o)
+/* Returns 0, 1 for --help, or -1 after naming what is wrong on stderr (the
+ * usage alone left a bad --rank or a missing option to guess).  npos: the
+ * positional arguments the command takes (IN OUTDIR for convert). */
+static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 {
+	const char *cmd = argv[0];
+	char missing[64] = "";
+
 	memset(o, 0, sizeof(*o));
 	o->rank = -1;
 	for (int i = 1; i < argc; i++) {
@@ -79,11 +85,16 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		} else if (!strcmp(a, "--rank")) {
 			char *end;
 
-			if (i + 1 >= argc)
+			if (i + 1 >= argc) {
+				fprintf(stderr, "wexctl %s: %s needs a value\n", cmd, a);
 				return -1;
+			}
 			o->rank = strtol(argv[++i], &end, 10);
-			if (*end || o->rank < 0)
+			if (!*argv[i] || *end || o->rank < 0) {
+				fprintf(stderr, "wexctl %s: bad --rank '%s' (a rank, 0 or more)\n", cmd,
+					argv[i]);
 				return -1;
+			}
 			continue;
 		} else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
 			return 1;
@@ -91,17 +102,29 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 			fprintf(stderr, "wexctl %s: unknown option %s\n", argv[0], a);
 			return -1;
 		} else {
-			if (o->npos >= 2)
+			if (o->npos >= npos) {
+				fprintf(stderr, "wexctl %s: unexpected argument '%s'\n", cmd, a);
 				return -1;
+			}
 			o->pos[o->npos++] = a;
 			continue;
 		}
-		if (i + 1 >= argc)
+		if (i + 1 >= argc) {
+			fprintf(stderr, "wexctl %s: %s needs a value\n", cmd, a);
 			return -1;
+		}
 		*dst = argv[++i];
 	}
-	if (!o->config || !o->from || !o->to)
+	snprintf(missing, sizeof(missing), "%s%s%s", o->config ? "" : " --config",
+		 o->from ? "" : " --from", o->to ? "" : " --to");
+	if (*missing) {
+		fprintf(stderr, "wexctl %s: missing%s\n", cmd, missing);
 		return -1;
+	}
+	if (o->npos < npos) {
+		fprintf(stderr, "wexctl %s: missing IN OUTDIR\n", cmd);
+		return -1;
+	}
 	return 0;
 }
 
@@ -162,7 +185,7 @@ int wexctl_cmd_plan(int argc, char **argv)
 	uint32_t first = 0, count = 0;
 	int ret, rc = 1;
 
-	if ((ret = parse_opts(argc, argv, &o)) != 0 || o.npos)
+	if ((ret = parse_opts(argc, argv, &o, 0)) != 0)
 		return usage("plan", ret == 1);
 	ret = wex__model_load(o.config, o.adapters, &m, err, sizeof(err));
 	if (ret < 0)
@@ -513,7 +536,7 @@ int wexctl_cmd_convert(int argc, char **argv)
 	char err[1024] = "";
 	int ret = 0, rc = 1;
 
-	if ((ret = parse_opts(argc, argv, &o)) != 0 || o.npos != 2)
+	if ((ret = parse_opts(argc, argv, &o, 2)) != 0)
 		return usage("convert", ret == 1);
 	ret = wex__model_load(o.config, o.adapters, &m, err, sizeof(err));
 	if (ret < 0)

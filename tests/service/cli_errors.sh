@@ -1,0 +1,82 @@
+#!/bin/sh
+# cli_errors.sh WEXD WEXCTL - proves that wexctl, given bad input or a wexd
+# it cannot use, exits nonzero with an error that names the problem
+# (README: "An argument a command does not take, or a bad value, exits 2
+# naming it"; "When wexd cannot be reached, wexctl exits 1 and says what to
+# check"), and that COMMAND --help is an answer (stdout, exit 0):
+#  - an option without its value (--socket, --socket '', watch -n, plan
+#    --config) is named as such, not as an unknown option ("unknown option
+#    '--socket'"), an unexpected argument, or "File name too long";
+#  - plan/convert name a bad --rank, a missing required option, a missing
+#    IN OUTDIR and an extra argument (they printed only the usage);
+#  - config get --jsn is refused as an option (exit 2), not sent to wexd as
+#    a field name (exit 1);
+#  - a socket path that is a directory or a plain file is called "not a
+#    socket" (it was "Connection refused" with "is wexd running?");
+#  - a wexd that closes the connection at once (max_clients reached, or a
+#    drain) is named as the likely cause (it was a bare "Broken pipe" or
+#    "Connection reset by peer").
+WEXD=$1 WEXCTL=$2
+. "$(dirname "$0")/lib.sh"
+PY=/usr/bin/python3; [ -x $PY ] || PY=python3
+CFG="$(cd "$(dirname "$0")/../data" && pwd)/qwen2-0.5b-config.json"
+export WEX_SOCKET="$TMP/wexd.sock"
+
+# expect RC WANT ARGS...: wexctl ARGS exits RC and the first line of its
+# stderr contains WANT.
+expect() {
+	want_rc=$1 want=$2; shift 2
+	"$WEXCTL" "$@" >"$TMP/out" 2>"$TMP/err"
+	rc=$?
+	[ $rc = "$want_rc" ] || fail "wexctl $*: exit $rc, not $want_rc: $(cat "$TMP/err")"
+	head -n 1 "$TMP/err" | grep -qF -- "$want" ||
+		fail "wexctl $*: first error line does not say \"$want\": $(head -n 1 "$TMP/err")"
+}
+expect 2 "--socket needs a PATH" --socket
+expect 2 "--socket needs a PATH" --socket "" status
+expect 2 "watch: -n needs a value" watch -n
+expect 2 "watch: --count needs a value" watch --count
+expect 2 "config get: unknown option '--jsn'" config get --jsn
+expect 2 "plan: --config needs a value" plan --config
+expect 2 "plan: bad --rank 'x'" plan --config "$CFG" --from hf --to vllm:tp=2 --rank x
+expect 2 "plan: missing --to" plan --config "$CFG" --from hf
+expect 2 "plan: unexpected argument 'extra'" plan --config "$CFG" --from hf --to hf extra
+expect 2 "convert: missing IN OUTDIR" convert --config "$CFG" --from hf --to hf "$TMP/in"
+expect 2 "convert: unexpected argument 'more'" convert --config "$CFG" --from hf --to hf a b more
+# --help on any command: its usage on stdout, exit 0.
+for cmd in status models clients plans metrics watch config; do
+	"$WEXCTL" $cmd --help >"$TMP/out" 2>"$TMP/err" || fail "wexctl $cmd --help exited $?: $(cat "$TMP/err")"
+	grep -q "^usage: wexctl" "$TMP/out" || fail "wexctl $cmd --help: no usage on stdout"
+done
+
+# A path that is there but is no socket.
+mkdir "$TMP/dir"; : >"$TMP/file"
+expect 1 "$TMP/dir: not a socket" --socket "$TMP/dir" status
+expect 1 "$TMP/file: not a socket" --socket "$TMP/file" status
+WEX_SOCKET="$TMP/file" "$WEXCTL" metrics 2>"$TMP/err" && fail "metrics through a plain file exited 0"
+grep -q "$TMP/file: not a socket" "$TMP/err" || fail "\$WEX_SOCKET a plain file: $(cat "$TMP/err")"
+grep -q "is wexd running" "$TMP/err" && fail "a file that is not a socket is blamed on wexd not running: $(cat "$TMP/err")"
+
+# wexd closes new connections at once: max_clients reached.
+WEX_MAX_CLIENTS=1 start_wexd
+$PY - "$WEX_SOCKET" "$TMP/held" <<'PYEOF' &
+import json, os, socket, sys, time
+c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+c.connect(sys.argv[1])
+c.send(json.dumps(dict(v=1, op="ping")).encode())
+c.settimeout(10)
+json.loads(c.recv(65536).decode())
+open(sys.argv[2], "w").close()
+while os.path.exists(sys.argv[2]):
+    time.sleep(0.05)
+PYEOF
+HOLD=$!
+cleanup_extra() { rm -f "$TMP/held"; wait "$HOLD" 2>/dev/null; }
+i=0; until [ -e "$TMP/held" ]; do i=$((i+1)); [ $i -lt 200 ] || fail "holder did not connect"; sleep 0.05; done
+for cmd in status metrics; do
+	"$WEXCTL" $cmd >/dev/null 2>"$TMP/err" && fail "wexctl $cmd served beyond max_clients 1"
+	grep -q "max_clients" "$TMP/err" || fail "wexctl $cmd: a connection closed by wexd does not name the cause: $(cat "$TMP/err")"
+done
+rm -f "$TMP/held"; wait "$HOLD"
+"$WEXCTL" status >/dev/null || fail "status once the holder left"
+echo "PASS: missing values, bad values, extra arguments and --help; a path that is no socket; a connection wexd closes at once"
