@@ -737,6 +737,12 @@ static int apply_file(struct wex_config *cfg, const char *path, int path_explici
 		return rc;
 	}
 	cfg->file_found = 1;
+	if (S_ISDIR(st.st_mode)) {
+		/* jansson reads a directory as an empty file. */
+		snprintf(err, errlen, "config %s: is a directory (name the JSON file, e.g. "
+			 "%s)", path, WEX_CONFIG_DEFAULT_PATH);
+		return -EISDIR;
+	}
 	root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
 	if (!root) {
 		/* jansson reports open/read failures with line -1. */

@@ -4,9 +4,10 @@
  * half-applied: an unparsable file, a value of the wrong type or range, an
  * unknown field (top level or inside "models"; a top-level one gets the
  * nearest field name and the list of fields), an unknown user name, a bad
- * WEX_* variable, and a missing explicitly given file each fail with a
- * message naming the file or variable, the field and the reason, and leave
- * the output struct untouched.  A missing default file is not an error.
+ * WEX_* variable, a missing explicitly given file and a directory given as
+ * the file each fail with a message naming the file or variable, the field
+ * and the reason, and leave the output struct untouched.  A missing
+ * default file is not an error.
  */
 #include <errno.h>
 #include <unistd.h>
@@ -110,6 +111,11 @@ int main(void)
 	CHECK_CONTAINS(err, "config /nonexistent/wexd.json:");
 	CHECK(wex__config_load(&cfg, "/nonexistent/wexd.json", 0, err, sizeof(err)) == 0);
 	wex__config_free(&cfg);
+	/* A directory named as the file (--config /etc/wex) says so; it was
+	 * "line 1 column 0: '[' or '{' expected near end of file". */
+	CHECK(wex__config_load(&cfg, "/", 1, err, sizeof(err)) == -EISDIR);
+	CHECK_CONTAINS(err, "config /: is a directory");
+	printf("refused as expected: %s\n", err);
 
 	/* The example shipped for /etc/wex/wexd.json loads. */
 	if (getenv("WEX_SRC")) {
