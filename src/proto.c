@@ -121,8 +121,12 @@ uint64_t wex__now_ns(void)
 const char *wex__socket_pick(const char *user, const char *system)
 {
 	/* The user's own wexd first; where it has none (its socket does not
-	 * exist) but the system's wexd listens, that one. */
-	if (access(user, F_OK) != 0 && errno == ENOENT && access(system, F_OK) == 0)
+	 * exist) but the system's wexd listens, that one.  Also where the
+	 * system's is out of this user's reach (/run/wex is root:wex 0750
+	 * under systemd): connecting there says EACCES, which points at the
+	 * missing group membership, where the user's path said ENOENT. */
+	if (access(user, F_OK) != 0 && errno == ENOENT &&
+	    (access(system, F_OK) == 0 || errno == EACCES))
 		return system;
 	return user;
 }

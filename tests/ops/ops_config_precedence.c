@@ -3,9 +3,14 @@
  * ops_config_precedence: proves the configuration's layer order, defaults <
  * JSON file < WEX_* environment < runtime set, and that each field records
  * the layer (and file or variable) its value came from, as status shows it.
- * Also proves the default socket path rule of DESIGN section 7.
+ * Also proves the default socket path rule of DESIGN section 7, and that a
+ * user's clients fall back to the system socket also where they may not
+ * reach it (so the error they get is the permission one).
  */
 #include <errno.h>
+#include <grp.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -58,6 +63,52 @@ int main(void)
 		CHECK(!strcmp(wex__socket_pick(user, sys), user)); /* both: the user's */
 		unlink(user);
 		unlink(sys);
+		rmdir(d);
+	}
+	/* The system's socket in a directory this user may not enter (/run/wex
+	 * is root:wex 0750 once wexd.service ran, and the user is not yet in
+	 * group wex): still the system's, so that connecting says "Permission
+	 * denied" and wexctl tells the user to join the group.  The user's own
+	 * path, which does not exist, gave "No such file or directory" and "is
+	 * wexd running?" while wexd ran. */
+	{
+		char d[] = "/tmp/wex-pick-XXXXXX", user[300], priv[300], sys[320];
+		int status;
+		FILE *f;
+		pid_t pid;
+
+		CHECK(mkdtemp(d) != NULL);
+		CHECK(chmod(d, 0755) == 0);
+		snprintf(user, sizeof(user), "%s/user.sock", d);
+		snprintf(priv, sizeof(priv), "%s/wex", d);
+		snprintf(sys, sizeof(sys), "%s/system.sock", priv);
+		CHECK(mkdir(priv, 0750) == 0);
+		CHECK((f = fopen(sys, "w")) != NULL);
+		fclose(f);
+		/* Root passes every permission check: the child drops to
+		 * nobody; another user shuts itself out of its own directory. */
+		if (geteuid() != 0)
+			CHECK(chmod(priv, 0) == 0);
+		pid = fork();
+		CHECK(pid >= 0);
+		if (pid == 0) {
+			if (geteuid() == 0 &&
+			    (setgroups(0, NULL) < 0 || setgid(65534) < 0 || setuid(65534) < 0))
+				_exit(T_EXIT_SKIP);
+			if (access(sys, F_OK) == 0 || errno != EACCES)
+				_exit(T_EXIT_SKIP); /* still reachable: nothing to prove */
+			_exit(strcmp(wex__socket_pick(user, sys), sys) ? T_EXIT_FAIL : T_EXIT_PASS);
+		}
+		CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status));
+		if (WEXITSTATUS(status) == T_EXIT_SKIP)
+			printf("note: cannot shut a user out of a directory here: pick under EACCES not checked\n");
+		else if (WEXITSTATUS(status) != T_EXIT_PASS) {
+			fprintf(stderr, "a system socket behind EACCES was not picked\n");
+			return T_EXIT_FAIL;
+		}
+		chmod(priv, 0750);
+		unlink(sys);
+		rmdir(priv);
 		rmdir(d);
 	}
 
