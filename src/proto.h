@@ -101,8 +101,9 @@ int wex__plan_unpack(int fd, struct wex_plan_op **ops, size_t *n, char *err, siz
 /* The socket clients use: $WEX_SOCKET; else, for a user other than root
  * with $XDG_RUNTIME_DIR set, $XDG_RUNTIME_DIR/wex/wexd.sock, or
  * /run/wex/wexd.sock when the user's does not exist and the system's does
- * or cannot be reached (EACCES: wex__socket_pick); else /run/wex/wexd.sock.  wexd itself listens on
- * the user's path (wex__config_default_socket): no fallback there. */
+ * or cannot be reached (EACCES: wex__socket_pick); else /run/wex/wexd.sock.
+ * wexd itself listens on the user's path (wex__config_default_socket): no
+ * fallback there. */
 const char *wex__default_socket(char *buf, size_t len);
 const char *wex__socket_pick(const char *user, const char *system);
 
