@@ -117,33 +117,44 @@ static wex_client_t *reopen(int role, const char *model, const char *group, int 
 	return c;
 }
 
-int main(int argc, char **argv)
+/* Runs fn(wfd) in a new process A, reads what A's child reports on wfd
+ * into out, and reaps A, which exits once it has made that child. */
+static void run_a(void (*fn)(int wfd), void *out, size_t len, const char *child)
 {
-	struct t_wexd d;
-	struct t_prod p;
-	struct report rep;
-	wex_client_t *c;
-	int pfd[2], st, leases = -1;
-	char *exit_watch;
-	double t0;
-	pid_t a, cpid;
-
-	t_wexd_start(&d);
-	t_check_backend(d.sock);
-	t_prod_open(&p, MODEL, "tiny", 0, 1);
-	t_prod_write(&p, 1);
+	int pfd[2], st;
+	pid_t a;
 
 	T_ASSERT(pipe(pfd) == 0, "pipe");
 	a = fork();
 	T_ASSERT(a >= 0, "fork");
 	if (a == 0) {
 		close(pfd[0]);
-		process_a(pfd[1]);
+		fn(pfd[1]);
 	}
 	close(pfd[1]);
-	T_ASSERT(read(pfd[0], &rep, sizeof(rep)) == (ssize_t)sizeof(rep), "B's report");
+	T_ASSERT(read(pfd[0], out, len) == (ssize_t)len, "%s's report", child);
+	close(pfd[0]);
 	T_ASSERT(waitpid(a, &st, 0) == a && WIFEXITED(st) && WEXITSTATUS(st) == 0,
-		 "A set up, forked B and exited (%d)", st);
+		 "A set up, made %s and exited (%d)", child, st);
+}
+
+int main(int argc, char **argv)
+{
+	struct t_wexd d;
+	struct t_prod p;
+	struct report rep;
+	wex_client_t *c;
+	int leases = -1;
+	char *exit_watch;
+	double t0;
+	pid_t cpid;
+
+	t_wexd_start(&d);
+	t_check_backend(d.sock);
+	t_prod_open(&p, MODEL, "tiny", 0, 1);
+	t_prod_write(&p, 1);
+
+	run_a(process_a, &rep, sizeof(rep), "B (by fork())");
 
 	T_ASSERT(rep.sync == -ECHILD && strstr(rep.why, "fork"),
 		 "a sync on a client inherited through fork: -ECHILD naming the fork, got %s (%s)",
@@ -182,18 +193,7 @@ int main(int argc, char **argv)
 	/* argv[1]: how wexd must be watching (a test hook forces one). */
 	T_ASSERT(argc < 2 || !strcmp(exit_watch, argv[1]), "wexd watches clients' processes "
 		 "with %s, got %s", argc < 2 ? "" : argv[1], exit_watch);
-	T_ASSERT(pipe(pfd) == 0, "pipe");
-	a = fork();
-	T_ASSERT(a >= 0, "fork");
-	if (a == 0) {
-		close(pfd[0]);
-		process_a_clone(pfd[1]);
-	}
-	close(pfd[1]);
-	T_ASSERT(read(pfd[0], &cpid, sizeof(cpid)) == (ssize_t)sizeof(cpid), "C's pid");
-	close(pfd[0]);
-	T_ASSERT(waitpid(a, &st, 0) == a && WIFEXITED(st) && WEXITSTATUS(st) == 0,
-		 "A set up, cloned C and exited (%d)", st);
+	run_a(process_a_clone, &cpid, sizeof(cpid), "C (by clone())");
 	/* A is reaped: its rank is free at once, whether or not wexd has yet
 	 * taken in its exit (a restarted trainer must not be refused). */
 	c = reopen(WEX_ROLE_PRODUCER, PMODEL, NULL, 1);

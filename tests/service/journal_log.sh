@@ -30,14 +30,20 @@ grep -v '^<[0-7]>' "$TMP/j.log" | grep -q . && fail "lines without a priority: $
 JOURNAL_STREAM=$(stat -c '%d:%i' "$TMP/j.log") "$WEXD" --log-level loud 2>>"$TMP/j.log" && fail "--log-level loud accepted"
 grep -q "^<3>.*--log-level 'loud'" "$TMP/j.log" || fail "a bad flag has no error priority: $(cat "$TMP/j.log")"
 
+# Starts wexd with JOURNAL_STREAM naming j.log and stderr appended to $1,
+# waits until it listens, and stops it.
+start_stop() {
+	mkfifo "$TMP/ready"
+	JOURNAL_STREAM=$(stat -c '%d:%i' "$TMP/j.log") WEXD_READY_FD=3 "$WEXD" 3>"$TMP/ready" 2>>"$1" &
+	WEXD_PID=$!
+	read -r _ <"$TMP/ready" || fail "wexd did not start: $(cat "$1")"
+	rm -f "$TMP/ready"
+	kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; WEXD_PID=""
+}
+
 # A running wexd under the journal: info lines are "<6>".
 : >"$TMP/j.log"
-mkfifo "$TMP/ready"
-JOURNAL_STREAM=$(stat -c '%d:%i' "$TMP/j.log") WEXD_READY_FD=3 "$WEXD" 3>"$TMP/ready" 2>>"$TMP/j.log" &
-WEXD_PID=$!
-read -r _ <"$TMP/ready" || fail "wexd did not start: $(cat "$TMP/j.log")"
-rm -f "$TMP/ready"
-kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; WEXD_PID=""
+start_stop "$TMP/j.log"
 grep -q "^<6>wexd info: listening on $WEX_SOCKET" "$TMP/j.log" || fail "no <6> info line under the journal: $(cat "$TMP/j.log")"
 
 # JOURNAL_STREAM inherited, stderr a file of its own: no journal prefixes.
@@ -45,12 +51,7 @@ grep -q "^<6>wexd info: listening on $WEX_SOCKET" "$TMP/j.log" || fail "no <6> i
 JOURNAL_STREAM=$(stat -c '%d:%i' "$TMP/j.log") "$WEXD" --config "$TMP/bad.json" 2>>"$TMP/other.log"
 grep -q '^<[0-7]>' "$TMP/other.log" && fail "journal prefixes on a stderr that is not the journal: $(cat "$TMP/other.log")"
 grep -q "config $TMP/bad.json: field 'drain_timeout_ms'" "$TMP/other.log" || fail "start-up error lost: $(cat "$TMP/other.log")"
-mkfifo "$TMP/ready"
-JOURNAL_STREAM=$(stat -c '%d:%i' "$TMP/j.log") WEXD_READY_FD=3 "$WEXD" 3>"$TMP/ready" 2>>"$TMP/other.log" &
-WEXD_PID=$!
-read -r _ <"$TMP/ready" || fail "wexd did not start: $(cat "$TMP/other.log")"
-rm -f "$TMP/ready"
-kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; WEXD_PID=""
+start_stop "$TMP/other.log"
 grep -q '^<[0-7]>' "$TMP/other.log" && fail "journal prefixes on a stderr that is not the journal: $(cat "$TMP/other.log")"
 grep -Eq '^[0-9]{4}-[0-9]{2}-[0-9]{2}T.* wexd info: listening on' "$TMP/other.log" ||
 	fail "no timestamped line: $(cat "$TMP/other.log")"
