@@ -26,7 +26,9 @@
  *    lease granted by the same wexd (shared memory marks, besides the
  *    consumers' byte checks);
  *  - every error is one wex.h documents for the situation (EBUSY, ETIMEDOUT,
- *    ESTALE once a producer died, connection errors and WEX_EDAEMON/EDIRTY
+ *    ESTALE after a producer death, and for a consumer only one that its
+ *    last successful sync had not seen done; connection errors and
+ *    WEX_EDAEMON/EDIRTY
  *    only across a wexd restart, EINVAL for ranks that must agree on a new
  *    version after a death or restart); wexd never dies;
  *  - at the end, with every client gone: no lease, wexd's fds back to
@@ -432,6 +434,13 @@ static void consumer(int slot, int incarnation)
 	 * sync since). */
 	uint64_t own_v = 0;
 	uint64_t held_v = 0, held_g = 0, held_deaths = 0;
+	/* The producer deaths done, and wexd's generation, when this
+	 * consumer's last successful sync began: memory lost in a death done
+	 * by then was behind no version that sync could get, so only a later
+	 * death (or a restart) excuses ESTALE.  Until the first success any
+	 * death does: the group may be held at a round a death made stale
+	 * before this consumer started. */
+	uint64_t ok_deaths = UINT64_MAX, ok_g = 0;
 
 	snprintf(who, sizeof(who), "consumer slot %d (group %s rank %u, pid %d, start %d)", slot,
 		 slots[slot].group, slots[slot].rank, (int)getpid(), incarnation);
@@ -472,7 +481,9 @@ static void consumer(int slot, int incarnation)
 			atomic_fetch_add(&S->n_timeout, 1);
 			continue;
 		}
-		if (ret == -ESTALE && atomic_load(&S->prod_deaths)) {
+		if (ret == -ESTALE && atomic_load(&S->prod_deaths) &&
+		    (ok_deaths == UINT64_MAX || atomic_load(&S->prod_deaths) != ok_deaths ||
+		     restarted_since(ok_g))) {
 			atomic_fetch_add(&S->n_stale, 1);
 			nap(2000);
 			continue;
@@ -483,9 +494,14 @@ static void consumer(int slot, int incarnation)
 			continue;
 		}
 		if (ret < 0)
-			CF("%s sync (min v%llu): %s: %s", mode_name(mode), (unsigned long long)minv,
-			   wex_strerror(ret), wex_last_error(k.c));
+			CF("%s sync (min v%llu): %s: %s (producer deaths: %llu begun now, %llu "
+			   "done when the last successful sync began)", mode_name(mode),
+			   (unsigned long long)minv, wex_strerror(ret), wex_last_error(k.c),
+			   (unsigned long long)atomic_load(&S->prod_deaths),
+			   (unsigned long long)ok_deaths);
 		v = res.version;
+		ok_deaths = deaths;
+		ok_g = g0;
 		/* The held lease is kept, unless the memory behind it went
 		 * since (a producer rank died: a newer version then) or wexd
 		 * did (it numbers afresh; ours only grow). */
