@@ -1459,7 +1459,7 @@ json_t *wexd_clients_json(struct wexd *d)
 		if (c->dead)
 			continue;
 		json_array_append_new(
-			arr, json_pack("{s:I, s:i, s:i, s:i, s:s, s:s, s:s, s:s, s:i, s:I, s:s, s:I, s:f, s:s}",
+			arr, json_pack("{s:I, s:i, s:i, s:i, s:s, s:s, s:s, s:s, s:i, s:I, s:s, s:I, s:f, s:s, s:b}",
 				       "id", (json_int_t)c->id, "pid", (int)c->pid, "uid", (int)c->uid,
 				       "gid", (int)c->gid, "role", role_name(c->role), "name", c->name,
 				       "model", c->model ? c->model->name : "", "group",
@@ -1470,7 +1470,8 @@ json_t *wexd_clients_json(struct wexd *d)
 				       c->last_sync_ns ? (double)(now - c->last_sync_ns) / 1e9 : -1.0,
 				       "waiting",
 				       c->waiting == WAIT_BEGIN_WRITE ? "begin_write" :
-				       c->waiting == WAIT_ACQUIRE ? "acquire" : ""));
+				       c->waiting == WAIT_ACQUIRE ? "acquire" : "", "exit_watched",
+				       c->io.pid.fd >= 0));
 	}
 	return arr;
 }

@@ -237,6 +237,11 @@ static void on_accept(void *arg, int fd)
 	else if (pfd == -ESRCH)
 		/* Exited before wexd took its connection in. */
 		on_peer_exit(d, &c->io);
+	else if (pfd < 0)
+		/* Shown in status (clients' exit_watched); wexd warned at
+		 * start if no client can be watched. */
+		wex_debug("conn", "client %llu (pid %d): its process is not watched (%s: %s)",
+			  (unsigned long long)c->id, (int)c->pid, how, strerror(-pfd));
 }
 
 /* The probe at start: how clients' processes will be watched (a

@@ -193,6 +193,17 @@ int main(int argc, char **argv)
 	/* argv[1]: how wexd must be watching (a test hook forces one). */
 	T_ASSERT(argc < 2 || !strcmp(exit_watch, argv[1]), "wexd watches clients' processes "
 		 "with %s, got %s", argc < 2 ? "" : argv[1], exit_watch);
+	{
+		json_t *st = t_status(d.sock), *cl;
+		size_t i;
+
+		json_array_foreach(json_object_get(st, "clients"), i, cl)
+			T_ASSERT(json_is_true(json_object_get(cl, "exit_watched")),
+				 "status: client %lld (pid %lld) not exit_watched",
+				 (long long)json_integer_value(json_object_get(cl, "id")),
+				 (long long)json_integer_value(json_object_get(cl, "pid")));
+		json_decref(st);
+	}
 	run_a(process_a_clone, &cpid, sizeof(cpid), "C (by clone())");
 	/* A is reaped: its rank is free at once, whether or not wexd has yet
 	 * taken in its exit (a restarted trainer must not be refused). */
