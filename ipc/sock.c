@@ -374,19 +374,24 @@ int wex_fd_count(pid_t pid)
 
 int wex_sock_peer_pidfd(int fd, pid_t pid, const char **how)
 {
-	socklen_t len = sizeof(int);
-	int pfd = -1;
-
 	/* Test hook: the path of kernels before 6.5. */
 	const char *hook = getenv("WEX_SOCK_NO_PEERPIDFD");
+	socklen_t len = sizeof(int);
+	int pfd = -1;
 
 	*how = "SO_PEERPIDFD";
 	if (!(hook && !strcmp(hook, "1"))) {
 		if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pfd, &len) == 0 && pfd >= 0)
 			return pfd;
-		/* Gone: its pid may name another process by now. */
-		if (errno == ESRCH)
+		/* Reaped (ESRCH; EINVAL from older kernels): its pid may name
+		 * another process by now, so no pidfd_open of it. */
+		if (errno == ESRCH || errno == EINVAL)
 			return -ESRCH;
+		/* Only a kernel without the option (ENOPROTOOPT) or a peer
+		 * without a pid (ENODATA) falls back; EMFILE and the rest are
+		 * the caller's to see. */
+		if (errno != ENOPROTOOPT && errno != ENODATA)
+			return -errno;
 	}
 	*how = "pidfd_open";
 	if (pid <= 0)

@@ -54,9 +54,10 @@ int wex_sock_peercred(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
 /* A pidfd (close-on-exec) for the process at the other end of a connected
  * socket, readable once it has exited: SO_PEERPIDFD (Linux 6.5), which
  * names the very process that connected, else pidfd_open(pid) (5.3) on
- * pid from SO_PEERCRED.  *how says which.  -ESRCH: that process is gone
- * already (reaped); -ENOENT: its pid is not visible here (another pid
- * namespace); other errors are pidfd_open's (ENOSYS, EPERM under a
+ * pid from SO_PEERCRED, only where the kernel lacks the option.  *how
+ * says which.  -ESRCH: that process is gone already (reaped); -ENOENT:
+ * its pid is not visible here (another pid namespace); -EMFILE/-ENFILE:
+ * no fd for it; other errors are pidfd_open's (ENOSYS, EPERM under a
  * seccomp filter). */
 int wex_sock_peer_pidfd(int fd, pid_t pid, const char **how);
 

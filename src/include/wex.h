@@ -275,7 +275,7 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n);
  * first); the region is of the segment's kind, on the client's device
  * (WEX_CLIENT_FIELD_DEVICE) or else the segment's own.  A region larger than the segment serves copy
  * syncs; WEX_SYNC_REMAP_FIXED needs it to fit the producer's allocation.
- * A call that fetches again (after wex_attach) while regions show the
+ * A call that fetches again (after wex_attach or a wexd restart) while regions show the
  * producer with no lease held (after wex_release) gives them private
  * memory back holding what they showed, and marks the weights dirty.
  * Errors: -ETIMEDOUT (no producer registered in time), -EINVAL (no such
@@ -324,6 +324,10 @@ struct wex_sync_result {
  * producer memory is mapped read-only where the driver allows it, and
  * reachable from the client's device (or the layout's) through peer
  * access when that is another GPU.
+ * A sync that fails, whatever the error, leaves no same-address region
+ * showing the producer without a lease: one that showed it gets private
+ * memory back holding what it showed, and the weights are marked dirty
+ * unless the lease that kept the producer out still stands (-ESHUTDOWN).
  * Blocks.  Errors: -ETIMEDOUT (the previous lease is given up; same-address
  * regions that showed its memory, or the producer's with no lease held
  * since wex_release, get private memory back holding what they showed,
