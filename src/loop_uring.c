@@ -325,12 +325,14 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 				 * with it): only the io is left to free. */
 				if (io->fd < 0)
 					wex__loop_defer_free(l, io);
-			}
-			else if (res > 0)
+			} else if (res > 0) {
 				l->cbs.on_peer_exit(l->arg, io);
-			else if (res < 0)
+			} else if (res < 0) {
 				wex_warn("loop", "watching a client's process (pidfd poll): %s: its "
 					 "exit is no longer watched", strerror(-res));
+				close(io->pid.fd); /* status shows it unwatched */
+				io->pid.fd = -1;
+			}
 			break;
 		}
 		default:
