@@ -16,8 +16,25 @@ for u in wex-allowed wex-denied; do
 	id "$u" >/dev/null 2>&1 || useradd --system --no-create-home -G wextest "$u" || fail "useradd $u"
 done
 id wex-outsider >/dev/null 2>&1 || useradd --system --no-create-home wex-outsider || fail "useradd"
-# The binaries must be reachable by the test users.
-for f in "$WEXD" "$PRODUCER"; do runuser -u wex-allowed -- test -x "$f" || skip "$f not executable by other users"; done
+# The binaries must be reachable by the test users.  A build under a
+# directory they cannot enter (a clone in /root, mode 700 on a fresh
+# Debian) is copied, with the libwex it links against, into $TMP (755).
+for f in "$WEXD" "$PRODUCER" "$WEXCTL"; do
+	runuser -u wex-allowed -- test -x "$f" && continue
+	mkdir -p "$TMP/bin"
+	for b in "$WEXD" "$PRODUCER" "$WEXCTL" "$(dirname "$PRODUCER")"/libwex.so*; do
+		cp -P "$b" "$TMP/bin/" || fail "copy $b for the test users"
+	done
+	chmod 755 "$TMP/bin"
+	export LD_LIBRARY_PATH="$TMP/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+	WEXD=$TMP/bin/$(basename "$WEXD") PRODUCER=$TMP/bin/$(basename "$PRODUCER")
+	WEXCTL=$TMP/bin/$(basename "$WEXCTL")
+	for g in "$WEXD" "$PRODUCER" "$WEXCTL"; do
+		runuser -u wex-allowed -- test -x "$g" || fail "$g (a copy of $f) not executable by other users"
+	done
+	echo "note: $f is out of the test users' reach: copies in $TMP/bin run instead"
+	break
+done
 cat >"$TMP/wexd.json" <<JSON
 { "socket_mode": "0660", "socket_group": "wextest",
   "models": { "policy": { "producers": { "uids": ["wex-allowed"] } } } }
