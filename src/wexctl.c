@@ -30,7 +30,7 @@ static void usage(FILE *f)
 		"commands:\n"
 		"  status            daemon, models, versions, producers, consumers, leases\n"
 		"  models            models with versions, state, bytes, producers\n"
-		"  clients           connected clients (pid, uid, role, model, rank, lease)\n"
+		"  clients           connected clients (pid, uid, role, model, rank, lease, exit watched)\n"
 		"  plans             cached copy plans and their statistics\n"
 		"  watch [-n SEC] [--count N]\n"
 		"                    live view, refreshed in place (like top)\n"
@@ -201,17 +201,19 @@ static void print_clients(json_t *clients)
 	size_t i;
 	json_t *c;
 
-	printf("\n%-4s %-8s %-6s %-9s %-14s %-10s %4s %6s %-12s %6s %9s %s\n", "ID", "PID", "UID",
-	       "ROLE", "MODEL", "GROUP", "RANK", "LEASE", "MODE", "SYNCS", "LAST(s)", "WAITING");
+	printf("\n%-4s %-8s %-6s %-9s %-14s %-10s %4s %6s %-12s %6s %9s %-7s %s\n", "ID", "PID",
+	       "UID", "ROLE", "MODEL", "GROUP", "RANK", "LEASE", "MODE", "SYNCS", "LAST(s)", "WATCHED",
+	       "WAITING");
 	json_array_foreach(clients, i, c) {
 		double ago = json_real_value(json_object_get(c, "last_sync_s_ago"));
+		json_t *w = json_object_get(c, "exit_watched");
 		char agos[32];
 
 		if (ago < 0)
 			snprintf(agos, sizeof(agos), "-");
 		else
 			snprintf(agos, sizeof(agos), "%.1f", ago);
-		printf("%-4lld %-8lld %-6lld %-9s %-14s %-10s %4lld %6lld %-12s %6lld %9s %s\n",
+		printf("%-4lld %-8lld %-6lld %-9s %-14s %-10s %4lld %6lld %-12s %6lld %9s %-7s %s\n",
 		       (long long)json_integer_value(json_object_get(c, "id")),
 		       (long long)json_integer_value(json_object_get(c, "pid")),
 		       (long long)json_integer_value(json_object_get(c, "uid")),
@@ -222,6 +224,7 @@ static void print_clients(json_t *clients)
 		       (long long)json_integer_value(json_object_get(c, "lease")),
 		       json_string_value(json_object_get(c, "mode")),
 		       (long long)json_integer_value(json_object_get(c, "syncs")), agos,
+		       !w ? "-" : json_is_true(w) ? "yes" : "no",
 		       json_string_value(json_object_get(c, "waiting")));
 	}
 }

@@ -59,6 +59,17 @@ assert m["published"] == 2 and m["producers"][0]["tensors"] == 26, m
 assert any(c["role"] == "producer" for c in s["clients"])
 PYEOF
 "$WEXCTL" plans | grep -q "policy" || fail "plans lists no plan"
+# The clients table says whether each client's exit is watched (the
+# producer's process through a pidfd: "yes" in the WATCHED column).
+"$WEXCTL" clients >"$TMP/clients.txt" || fail "clients"
+$PY - "$TMP/clients.txt" <<'PYEOF' || fail "clients table: $(cat "$TMP/clients.txt")"
+import sys
+lines = [l.rstrip("\n") for l in open(sys.argv[1]) if l.strip()]
+head = lines[0]
+col = lambda l, name: l[head.index(name):].split(" ", 1)[0]
+prod = [l for l in lines[1:] if col(l, "ROLE") == "producer"]
+assert prod and all(col(l, "WATCHED") == "yes" for l in prod), prod
+PYEOF
 "$WEXCTL" watch -n 0.1 --count 2 >"$TMP/watch.txt" || fail "watch"
 [ "$(grep -c '^wexd pid' "$TMP/watch.txt")" = 2 ] || fail "watch did not refresh twice"
 "$WEXCTL" metrics >"$TMP/metrics.txt" || fail "metrics"
