@@ -43,7 +43,8 @@ static struct family counters[WEX_M_COUNTER_COUNT] = {
 	[WEX_M_ERRORS] = { "wex_errors_total", "Requests answered with an error, by error code.",
 			   { "code" } },
 	[WEX_M_REFUSED] = { "wex_refused_connections_total",
-			    "Connections refused (access lists, max_clients, draining), by reason.",
+			    "Connections refused (access lists, max_clients, draining, no fd left "
+			    "for a pidfd) and config set requests refused, by reason.",
 			    { "reason" } },
 	[WEX_M_REQUESTS] = { "wex_requests_total", "Control requests received, by operation.",
 			     { "op" } },
