@@ -138,9 +138,11 @@ struct wex_client_params {
  * Connects to wexd and introduces this process (hello).  Blocks for one
  * round trip.  On success *out is a new client that the caller closes with
  * wex_client_close.  Errors: -ENOENT/-ECONNREFUSED (no daemon), -EACCES
- * (refused by wexd's access control), -WEX_EPROTO_VERSION, -EINVAL,
- * -EADDRINUSE (the rank is held by another connection that is still open;
- * one whose process already died is taken over).
+ * (refused by wexd's access control), -ECONNRESET or -EPIPE (wexd closed
+ * the connection at once: max_clients reached, or it is draining),
+ * -WEX_EPROTO_VERSION, -EINVAL, -EADDRINUSE (the rank is held by another
+ * connection that is still open; one whose process already died is taken
+ * over).
  *
  * A client belongs to the process that opened it.  After fork() the
  * child's copy holds no connection and no segment fd (libwex closes them
@@ -257,7 +259,9 @@ enum wex_sync_mode {
 /*
  * Describes this consumer rank's own weights (its engine layout): the
  * tensors it serves, each with `ptr` set.  Needed for WEX_SYNC_COPY (the
- * plan converts between layouts) and WEX_SYNC_REMAP_FIXED.  The array is
+ * plan converts between layouts).  WEX_SYNC_REMAP_FIXED needs only
+ * wex_reserve; attached tensors that lie in a reserved region must sit
+ * where the producer's do (-WEX_ELAYOUT from the sync otherwise).  The array is
  * copied; the buffers stay the caller's.  Blocks for one round trip (wexd
  * plans and caches the copy plan).  Errors: -WEX_ELAYOUT when a requested
  * element has no source.
