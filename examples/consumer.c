@@ -9,6 +9,11 @@
  *
  *   wex-consumer --rank K --world M [--group G] [--model NAME] [--preset P]
  *                [--modes view,fixed,copy] [--versions K] [--quiet] [--hold]
+ *                [--threads T] [--timeout-ms MS] [--socket PATH]
+ *
+ * Defaults: group "engine", model "policy", preset qwen2-0.5b, 3 versions,
+ * all three modes, 2 copy threads, syncs waiting up to 60000 ms.  --hold
+ * stays connected after the last version until SIGTERM.
  *
  * Consumer rank K mirrors producer rank K, so M is the producers' world size
  * (wex_reserve refuses a producer rank that does not exist).

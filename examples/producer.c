@@ -5,8 +5,11 @@
  * in a loop, each version's bytes derived from the version number.
  *
  *   wex-producer --rank R --world N [--model NAME] [--preset qwen2-0.5b|small|tiny]
- *                [--versions K] [--wait-group GROUP] [--hold] [--interval-ms MS]
+ *                [--versions K] [--first V] [--wait-group GROUP] [--hold]
+ *                [--interval-ms MS] [--threads T] [--socket PATH]
  *
+ * Defaults: model "policy", preset qwen2-0.5b, 3 versions numbered from
+ * --first (1), 2 threads filling the weights, the socket libwex picks.
  * --wait-group makes it wait, after each publish, until every rank of that
  * consumer group serves the version (a trainer waiting for its rollout);
  * --hold keeps the memory exported after the last version until SIGTERM.
