@@ -842,7 +842,10 @@ int main(int argc, char **argv)
 	int opt, ret;
 
 	wex__log_init();
-	while ((opt = getopt_long(argc, argv, "s:i:c:l:h", lo, NULL)) != -1) {
+	/* getopt's own messages would be bare lines: say it through the log,
+	 * like every other reason wexd will not start. */
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, ":s:i:c:l:h", lo, NULL)) != -1) {
 		switch (opt) {
 		case 's':
 			sock = optarg;
@@ -864,8 +867,19 @@ int main(int argc, char **argv)
 		case 'h':
 			usage(stdout);
 			return 0;
+		case ':':
+			wex_error("wexd", "%s needs a value (wexd --help lists the flags)",
+				  argv[optind - 1]);
+			return 2;
 		default:
-			usage(stderr);
+			if (strncmp(argv[optind - 1], "--", 2))
+				wex_error("wexd", "unknown option '-%c' (wexd --help lists the flags)",
+					  optopt);
+			else if (optopt) /* --help=x */
+				wex_error("wexd", "'%s': the option takes no value", argv[optind - 1]);
+			else
+				wex_error("wexd", "unknown option '%s' (wexd --help lists the flags)",
+					  argv[optind - 1]);
 			return 2;
 		}
 	}

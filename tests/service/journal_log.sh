@@ -29,6 +29,16 @@ grep -v '^<[0-7]>' "$TMP/j.log" | grep -q . && fail "lines without a priority: $
 : >"$TMP/j.log"
 JOURNAL_STREAM=$(stat -c '%d:%i' "$TMP/j.log") "$WEXD" --log-level loud 2>>"$TMP/j.log" && fail "--log-level loud accepted"
 grep -q "^<3>.*--log-level 'loud'" "$TMP/j.log" || fail "a bad flag has no error priority: $(cat "$TMP/j.log")"
+# getopt's own complaints (an unknown flag, a flag without its value)
+# were bare lines too.
+for args in --bogus --config; do
+	: >"$TMP/j.log"
+	JOURNAL_STREAM=$(stat -c '%d:%i' "$TMP/j.log") "$WEXD" $args 2>>"$TMP/j.log"
+	rc=$?
+	[ $rc = 2 ] || fail "wexd $args: exit $rc, not 2"
+	grep -q "^<3>.*$args" "$TMP/j.log" || fail "wexd $args: no error priority: $(cat "$TMP/j.log")"
+	grep -v '^<[0-7]>' "$TMP/j.log" | grep -q . && fail "wexd $args: lines without a priority: $(cat "$TMP/j.log")"
+done
 
 # Starts wexd with JOURNAL_STREAM naming j.log and stderr appended to $1,
 # waits until it listens, and stops it.
