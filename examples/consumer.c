@@ -46,36 +46,75 @@ int main(int argc, char **argv)
 		{ "model", 1, NULL, 'm' },  { "preset", 1, NULL, 'p' },   { "modes", 1, NULL, 'M' },
 		{ "versions", 1, NULL, 'v' }, { "quiet", 0, NULL, 'q' },  { "threads", 1, NULL, 't' },
 		{ "socket", 1, NULL, 's' }, { "timeout-ms", 1, NULL, 'T' }, { "hold", 0, NULL, 'H' },
-		{ 0 }
+		{ "help", 0, NULL, 'h' },   { 0 }
 	};
+	static const char usage[] =
+		"usage: wex-consumer --rank K --world M [--group G] [--model NAME] [--preset P]\n"
+		"                    [--modes view,fixed,copy] [--versions K] [--quiet] [--hold]\n"
+		"                    [--threads T] [--timeout-ms MS] [--socket PATH]\n"
+		"An inference rank syncing K versions in each mode and checking every byte\n"
+		"(see examples/consumer.c).\n";
 	const char *model = "policy", *preset = "qwen2-0.5b", *group = "engine", *sock = NULL;
 	char modes_arg[64] = "view,fixed,copy";
 	int modes[3], nmodes = 0, quiet = 0, threads = 2, opt, n, ret, failures = 0, hold = 0;
 	uint32_t rank = 0, world = 1, timeout = 60000;
-	uint64_t versions = 3, seg_bytes, last = 0;
+	uint64_t versions = 3, seg_bytes, last = 0, num;
 	struct wex_tensor *t;
 	struct ex_cfg cfg;
 	wex_client_t *c;
 	void *region;
 
 	while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		const char *name = "";
+
+		for (int k = 0; lo[k].name; k++)
+			if (lo[k].val == opt)
+				name = lo[k].name;
 		switch (opt) {
-		case 'r': rank = (uint32_t)atoi(optarg); break;
-		case 'w': world = (uint32_t)atoi(optarg); break;
+		case 'r':
+		case 'w':
+		case 't':
+		case 'T':
+			if (ex_num("consumer", name, optarg, opt == 'w' || opt == 't' ? 1 : 0,
+				   opt == 'T' ? UINT32_MAX : opt == 't' ? 256 : 65536, &num) < 0)
+				return 2;
+			if (opt == 'r')
+				rank = (uint32_t)num;
+			else if (opt == 'w')
+				world = (uint32_t)num;
+			else if (opt == 't')
+				threads = (int)num;
+			else
+				timeout = (uint32_t)num;
+			break;
+		case 'v':
+			if (ex_num("consumer", name, optarg, 0, UINT32_MAX, &versions) < 0)
+				return 2;
+			break;
 		case 'g': group = optarg; break;
 		case 'm': model = optarg; break;
 		case 'p': preset = optarg; break;
 		case 'M': snprintf(modes_arg, sizeof(modes_arg), "%s", optarg); break;
-		case 'v': versions = strtoull(optarg, NULL, 10); break;
 		case 'q': quiet = 1; break;
-		case 't': threads = atoi(optarg); break;
 		case 's': sock = optarg; break;
-		case 'T': timeout = (uint32_t)atoi(optarg); break;
 		case 'H': hold = 1; break;
-		default: fprintf(stderr, "usage: see the comment at the top of consumer.c\n"); return 2;
+		case 'h': fputs(usage, stdout); return 0;
+		default: fputs(usage, stderr); return 2;
 		}
 	}
-	for (char *tok = strtok(modes_arg, ","); tok && nmodes < 3; tok = strtok(NULL, ",")) {
+	if (optind < argc) {
+		fprintf(stderr, "consumer: unexpected argument '%s'\n%s", argv[optind], usage);
+		return 2;
+	}
+	if (rank >= world) {
+		fprintf(stderr, "consumer: --rank %u must be below --world %u\n", rank, world);
+		return 2;
+	}
+	for (char *tok = strtok(modes_arg, ","); tok; tok = strtok(NULL, ",")) {
+		if (nmodes == 3) {
+			fprintf(stderr, "consumer: --modes takes at most 3 modes\n");
+			return 2;
+		}
 		if (!strcmp(tok, "view"))
 			modes[nmodes++] = WEX_SYNC_REMAP_VIEW;
 		else if (!strcmp(tok, "fixed"))
@@ -87,8 +126,17 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (ex_cfg_preset(&cfg, preset) < 0 || (n = ex_shards(&cfg, rank, world, &t, &seg_bytes)) < 0) {
-		fprintf(stderr, "consumer: bad preset or world\n");
+	if (!nmodes) {
+		fprintf(stderr, "consumer: --modes names no mode (view, fixed, copy)\n");
+		return 2;
+	}
+	if (ex_cfg_preset(&cfg, preset) < 0) {
+		fprintf(stderr, "consumer: unknown preset '%s'\n", preset);
+		return 2;
+	}
+	n = ex_shards(&cfg, rank, world, &t, &seg_bytes);
+	if (n < 0) {
+		fprintf(stderr, "consumer: world %u does not divide the model's dims\n", world);
 		return 2;
 	}
 	struct wex_client_params p = {

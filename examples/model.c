@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,23 @@ double ex_now(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int ex_num(const char *prog, const char *opt, const char *s, uint64_t min, uint64_t max,
+	   uint64_t *out)
+{
+	unsigned long long v;
+	char *end = NULL;
+
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (!*s || *s == '-' || *end || errno || v < min || v > max) {
+		fprintf(stderr, "%s: bad --%s '%s': a whole number from %llu to %llu\n", prog, opt, s,
+			(unsigned long long)min, (unsigned long long)max);
+		return -1;
+	}
+	*out = v;
+	return 0;
 }
 
 int ex_cfg_preset(struct ex_cfg *cfg, const char *name)

@@ -26,6 +26,12 @@ struct ex_cfg {
  * layers.  Returns 0, or -1 for an unknown preset. */
 int ex_cfg_preset(struct ex_cfg *cfg, const char *name);
 
+/* Parses option `opt`'s value `s` as a whole number in [min, max] into
+ * *out; else says so on stderr, naming the program and option, and
+ * returns -1. */
+int ex_num(const char *prog, const char *opt, const char *s, uint64_t min, uint64_t max,
+	   uint64_t *out);
+
 /* The shards of `rank` of `world`: tensors with name, dtype BF16, global
  * shape and box; packed into one segment (offset, 256-byte aligned; segment
  * 0).  *out is malloc'd; *seg_bytes receives the segment size (page

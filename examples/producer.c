@@ -68,11 +68,17 @@ int main(int argc, char **argv)
 		{ "rank", 1, NULL, 'r' },    { "world", 1, NULL, 'w' },       { "model", 1, NULL, 'm' },
 		{ "preset", 1, NULL, 'p' },  { "versions", 1, NULL, 'v' },    { "wait-group", 1, NULL, 'g' },
 		{ "hold", 0, NULL, 'H' },    { "interval-ms", 1, NULL, 'i' }, { "threads", 1, NULL, 't' },
-		{ "socket", 1, NULL, 's' },  { "first", 1, NULL, 'f' },       { 0 }
+		{ "socket", 1, NULL, 's' },  { "first", 1, NULL, 'f' },       { "help", 0, NULL, 'h' },
+		{ 0 }
 	};
+	static const char usage[] =
+		"usage: wex-producer --rank R --world N [--model NAME] [--preset qwen2-0.5b|small|tiny]\n"
+		"                    [--versions K] [--first V] [--wait-group GROUP] [--hold]\n"
+		"                    [--interval-ms MS] [--threads T] [--socket PATH]\n"
+		"A trainer rank publishing K versions of its shard (see examples/producer.c).\n";
 	const char *model = "policy", *preset = "qwen2-0.5b", *wait_group = NULL, *sock = NULL;
 	uint32_t rank = 0, world = 1;
-	uint64_t versions = 3, first = 1, seg_bytes;
+	uint64_t versions = 3, first = 1, seg_bytes, num;
 	int hold = 0, interval_ms = 0, threads = 2, opt, n, ret;
 	struct wex_tensor *t;
 	struct ex_cfg cfg;
@@ -81,20 +87,52 @@ int main(int argc, char **argv)
 	void *base;
 
 	while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		const char *name = "";
+
+		for (int k = 0; lo[k].name; k++)
+			if (lo[k].val == opt)
+				name = lo[k].name;
 		switch (opt) {
-		case 'r': rank = (uint32_t)atoi(optarg); break;
-		case 'w': world = (uint32_t)atoi(optarg); break;
+		case 'r':
+		case 'w':
+		case 'i':
+		case 't':
+			if (ex_num("producer", name, optarg, opt == 'w' || opt == 't' ? 1 : 0,
+				   opt == 'i' ? 3600000 : opt == 't' ? 256 : 65536, &num) < 0)
+				return 2;
+			if (opt == 'r')
+				rank = (uint32_t)num;
+			else if (opt == 'w')
+				world = (uint32_t)num;
+			else if (opt == 'i')
+				interval_ms = (int)num;
+			else
+				threads = (int)num;
+			break;
+		case 'v':
+			if (ex_num("producer", name, optarg, 0, UINT32_MAX, &versions) < 0)
+				return 2;
+			break;
+		case 'f':
+			if (ex_num("producer", name, optarg, 1, INT64_MAX, &first) < 0)
+				return 2;
+			break;
 		case 'm': model = optarg; break;
 		case 'p': preset = optarg; break;
-		case 'v': versions = strtoull(optarg, NULL, 10); break;
 		case 'g': wait_group = optarg; break;
 		case 'H': hold = 1; break;
-		case 'i': interval_ms = atoi(optarg); break;
-		case 't': threads = atoi(optarg); break;
 		case 's': sock = optarg; break;
-		case 'f': first = strtoull(optarg, NULL, 10); break;
-		default: fprintf(stderr, "usage: see the comment at the top of producer.c\n"); return 2;
+		case 'h': fputs(usage, stdout); return 0;
+		default: fputs(usage, stderr); return 2;
 		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "producer: unexpected argument '%s'\n%s", argv[optind], usage);
+		return 2;
+	}
+	if (rank >= world) {
+		fprintf(stderr, "producer: --rank %u must be below --world %u\n", rank, world);
+		return 2;
 	}
 	if (ex_cfg_preset(&cfg, preset) < 0) {
 		fprintf(stderr, "producer: unknown preset '%s'\n", preset);

@@ -176,22 +176,35 @@ static void print_models(json_t *models)
 			       (long long)json_integer_value(json_object_get(x, "writing")));
 		}
 		json_array_foreach(json_object_get(m, "groups"), j, x) {
+			long long world = json_integer_value(json_object_get(x, "world"));
+			long long round = json_integer_value(json_object_get(x, "round"));
+			char rounds[48];
 			size_t k;
 			json_t *r;
 
-			printf("%s consumer group '%s' (%lld ranks, open round v%lld):\n  %-5s %-8s %8s %-12s %7s\n",
+			if (round)
+				snprintf(rounds, sizeof(rounds), "open round v%lld", round);
+			else
+				snprintf(rounds, sizeof(rounds), "no open round");
+			printf("%s consumer group '%s' (%lld rank%s, %s):\n  %-5s %-8s %8s %-12s %7s\n",
 			       json_string_value(json_object_get(m, "name")),
-			       json_string_value(json_object_get(x, "name")),
-			       (long long)json_integer_value(json_object_get(x, "world")),
-			       (long long)json_integer_value(json_object_get(x, "round")), "RANK", "PID",
-			       "LEASE", "MODE", "SERVED");
-			json_array_foreach(json_object_get(x, "ranks"), k, r)
-				printf("  %-5lld %-8lld %8lld %-12s %7lld\n",
-				       (long long)json_integer_value(json_object_get(r, "rank")),
-				       (long long)json_integer_value(json_object_get(r, "pid")),
+			       json_string_value(json_object_get(x, "name")), world, world == 1 ? "" : "s",
+			       rounds, "RANK", "PID", "LEASE", "MODE", "SERVED");
+			json_array_foreach(json_object_get(x, "ranks"), k, r) {
+				long long pid = json_integer_value(json_object_get(r, "pid"));
+				char pids[24];
+
+				/* pid 0: no client holds the rank (it left). */
+				if (pid)
+					snprintf(pids, sizeof(pids), "%lld", pid);
+				else
+					snprintf(pids, sizeof(pids), "-");
+				printf("  %-5lld %-8s %8lld %-12s %7lld\n",
+				       (long long)json_integer_value(json_object_get(r, "rank")), pids,
 				       (long long)json_integer_value(json_object_get(r, "lease")),
 				       json_string_value(json_object_get(r, "mode")),
 				       (long long)json_integer_value(json_object_get(r, "served")));
+			}
 		}
 	}
 }

@@ -278,8 +278,10 @@ int wexctl_cmd_plan(int argc, char **argv)
 		       (unsigned long long)dst_hash);
 	} else {
 		printf("model family        %s\n", wex__model_family(m));
-		printf("from                %s (%u ranks)\n", o.from, src.world);
-		printf("to                  %s (%u ranks; planned %s)\n", o.to, dst.world,
+		printf("from                %s (%u rank%s)\n", o.from, src.world,
+		       src.world == 1 ? "" : "s");
+		printf("to                  %s (%u rank%s; planned %s)\n", o.to, dst.world,
+		       dst.world == 1 ? "" : "s",
 		       count == 1 ? "one rank" : "all ranks, balanced as a group");
 		printf("bytes needed        %llu\n", (unsigned long long)st.bytes_needed);
 		printf("bytes moved         %llu (%s)\n", (unsigned long long)st.bytes_moved,
@@ -683,8 +685,9 @@ rank_out:
 		if (ret < 0)
 			goto fail;
 	}
-	printf("converted %s (%s, %u ranks) to %s (%s, %u ranks): %llu bytes copied\n", o.pos[0],
-	       o.from, src.world, o.pos[1], o.to, dst.world, (unsigned long long)total);
+	printf("converted %s (%s, %u rank%s) to %s (%s, %u rank%s): %llu bytes copied\n", o.pos[0],
+	       o.from, src.world, src.world == 1 ? "" : "s", o.pos[1], o.to, dst.world,
+	       dst.world == 1 ? "" : "s", (unsigned long long)total);
 	rc = 0;
 	goto out;
 fail:

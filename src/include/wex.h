@@ -38,9 +38,10 @@ enum wex_errno {
 	WEX_ENOCUDA,     /* no CUDA driver (libcuda.so.1) or no device */
 	WEX_ELAYOUT,     /* layouts differ where they must match, or cannot exist */
 	WEX_EDIRTY,      /* the consumer's weights are half-written: re-sync */
-	WEX_ENOPUBLISHED,/* no version of the model has been published yet */
+	WEX_ENOPUBLISHED,/* no producer has registered the model yet (fetch) */
 	WEX_EDAEMON,     /* wexd closed the connection or is shutting down */
-	WEX_ENOMODEL,    /* unknown model */
+	WEX_ENOMODEL,    /* unknown model (reserved: wexd makes a model when a
+			  * client first names it, so none is unknown) */
 	WEX_EREMOTE,     /* wexd answered with an error code this library lacks */
 	WEX_ERRNO_END
 };

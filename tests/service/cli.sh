@@ -46,6 +46,10 @@ grep -q MISMATCH "$TMP/c.log" && fail "consumer saw wrong bytes"
 "$WEXCTL" status >"$TMP/status.txt" || fail "status"
 grep -q "event loop" "$TMP/status.txt" || fail "status lacks the event loop"
 grep -q "policy" "$TMP/status.txt" || fail "status lacks the model"
+# The group line: its size in words, and no "open round v0" when the
+# consumer took the round (it holds no lease after its copy sync).
+grep -q "^policy consumer group 'engine' (1 rank, no open round):" "$TMP/status.txt" ||
+	fail "status group line: $(grep 'consumer group' "$TMP/status.txt")"
 for cmd in status models clients plans; do
 	"$WEXCTL" $cmd --json >"$TMP/$cmd.json" || fail "$cmd --json"
 	$PY -c "import json,sys; json.load(open(sys.argv[1]))" "$TMP/$cmd.json" || fail "$cmd --json is not JSON"

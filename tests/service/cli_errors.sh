@@ -15,8 +15,12 @@
 #    socket" (it was "Connection refused" with "is wexd running?");
 #  - a wexd that closes the connection at once (max_clients reached, or a
 #    drain) is named as the likely cause (it was a bare "Broken pipe" or
-#    "Connection reset by peer").
-WEXD=$1 WEXCTL=$2
+#    "Connection reset by peer");
+#  - the example trainer and engine (wex-producer, wex-consumer) answer
+#    --help with their usage and refuse a bad number (it was taken as 0), a
+#    rank not below the world size, an extra argument and an empty --modes,
+#    naming each, before they connect.
+WEXD=$1 WEXCTL=$2 PRODUCER=$3 CONSUMER=$4
 . "$(dirname "$0")/lib.sh"
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
 CFG="$(cd "$(dirname "$0")/../data" && pwd)/qwen2-0.5b-config.json"
@@ -79,4 +83,31 @@ for cmd in status metrics; do
 done
 rm -f "$TMP/held"; wait "$HOLD"
 "$WEXCTL" status >/dev/null || fail "status once the holder left"
-echo "PASS: missing values, bad values, extra arguments and --help; a path that is no socket; a connection wexd closes at once"
+# The examples: no wexd is needed for any of these (nothing connects).
+# xexpect PROG RC WANT ARGS...: PROG ARGS exits RC, its stderr contains WANT.
+xexpect() {
+	prog=$1 want_rc=$2 want=$3; shift 3
+	WEX_SOCKET="$TMP/none.sock" "$prog" "$@" >"$TMP/out" 2>"$TMP/err"
+	rc=$?
+	[ $rc = "$want_rc" ] || fail "$(basename "$prog") $*: exit $rc, not $want_rc: $(cat "$TMP/err")"
+	grep -qF -- "$want" "$TMP/err" ||
+		fail "$(basename "$prog") $*: stderr does not say \"$want\": $(cat "$TMP/err")"
+}
+for prog in "$PRODUCER" "$CONSUMER"; do
+	"$prog" --help >"$TMP/out" 2>"$TMP/err" || fail "$(basename "$prog") --help exited $?"
+	grep -q "^usage: $(basename "$prog") --rank" "$TMP/out" || fail "$(basename "$prog") --help: no usage on stdout"
+	name=${prog##*wex-}
+	xexpect "$prog" 2 "$name: bad --rank 'x': a whole number" --rank x
+	xexpect "$prog" 2 "$name: bad --world '0'" --world 0
+	xexpect "$prog" 2 "$name: bad --threads '2x'" --threads 2x
+	xexpect "$prog" 2 "$name: bad --versions '-1'" --versions -1
+	xexpect "$prog" 2 "$name: --rank 2 must be below --world 2" --rank 2 --world 2
+	xexpect "$prog" 2 "$name: unexpected argument 'extra'" extra
+	xexpect "$prog" 2 "usage: $(basename "$prog")" --bogus
+done
+xexpect "$CONSUMER" 2 "consumer: --modes names no mode" --modes ,
+xexpect "$CONSUMER" 2 "consumer: mode 'viwe' unknown" --modes viwe
+xexpect "$CONSUMER" 2 "consumer: bad --timeout-ms '5s'" --timeout-ms 5s
+xexpect "$PRODUCER" 2 "producer: bad --first '0'" --first 0
+xexpect "$PRODUCER" 2 "producer: unknown preset 'huge'" --preset huge
+echo "PASS: missing values, bad values, extra arguments and --help; a path that is no socket; a connection wexd closes at once; the examples' options"
