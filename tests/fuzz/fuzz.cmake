@@ -1,0 +1,18 @@
+# Coverage-guided fuzzing of wex's input parsers (tests/fuzz/*.c, one
+# LLVMFuzzerTestOneInput each).  Every build compiles each harness with
+# replay.c into fuzz_replay_NAME, a CTest test (label foundation) that runs
+# it on the committed seeds and regressions in tests/fuzz/regress/NAME.
+# With -DWEX_FUZZ=ON (clang) fuzz_NAME is also built, linked with libFuzzer;
+# the whole tree is then compiled with coverage, ASan and UBSan:
+#   fuzz_NAME -max_total_time=600 -timeout=5 -rss_limit_mb=2048 CORPUS \
+#     tests/fuzz/regress/NAME
+set(WEX_FUZZ_TARGETS safetensors layout_spec model_config proto_tables config)
+foreach(t ${WEX_FUZZ_TARGETS})
+  wex_add_test(fuzz_replay_${t} SOURCES tests/fuzz/${t}.c tests/fuzz/replay.c
+    ARGS ${CMAKE_SOURCE_DIR}/tests/fuzz/regress/${t} LABELS foundation TIMEOUT 120)
+  if(WEX_FUZZ)
+    add_executable(fuzz_${t} tests/fuzz/${t}.c)
+    target_link_libraries(fuzz_${t} PRIVATE wex_core)
+    target_link_options(fuzz_${t} PRIVATE -fsanitize=fuzzer)
+  endif()
+endforeach()

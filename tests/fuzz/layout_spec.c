@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * layout_spec.c - fuzzes wex__layout_parse, the reader of wexctl's
+ * --from/--to LAYOUT strings ("megatron:tp=8,pp=16,ep=64").
+ *
+ * A spec it accepts must be what the string said: an engine name of 1 to
+ * 31 bytes without ':' that begins the string, known keys set to values
+ * in [0, 2^20], unset keys 0; and writing it back and parsing that again
+ * gives the same spec.  A refusal must say why.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "fuzz.h"
+#include "layout.h"
+
+static const char *const keys[WEX_LAYOUT_PARAMS] = { "tp", "pp", "dp", "ep", "etp", "first",
+						     "last", "fuse_shared" };
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct wex_layout_spec spec, again;
+	char *s = fz_strdup(data, size), text[512], err[256] = "";
+	size_t el, l;
+	int ret;
+
+	ret = wex__layout_parse(s, &spec, err, sizeof(err));
+	if (ret < 0) {
+		FZ_ASSERT(ret == -EINVAL, "returned %d", ret);
+		FZ_ASSERT(err[0], "refused \"%s\" without a reason", s);
+		free(s);
+		return 0;
+	}
+	FZ_ASSERT(ret == 0, "returned %d", ret);
+	el = strnlen(spec.engine, sizeof(spec.engine));
+	FZ_ASSERT(el > 0 && el < sizeof(spec.engine), "engine of %zu bytes", el);
+	FZ_ASSERT(!strchr(spec.engine, ':') && !strncmp(spec.engine, s, el) &&
+		  (s[el] == '\0' || s[el] == ':'),
+		  "engine \"%s\" is not what \"%s\" begins with", spec.engine, s);
+	l = (size_t)snprintf(text, sizeof(text), "%s", spec.engine);
+	for (int k = 0; k < WEX_LAYOUT_PARAMS; k++) {
+		FZ_ASSERT(spec.set[k] == 0 || spec.set[k] == 1, "set[%d] = %d", k, spec.set[k]);
+		FZ_ASSERT(spec.set[k] || spec.v[k] == 0, "%s unset but %lld", keys[k],
+			  (long long)spec.v[k]);
+		FZ_ASSERT(spec.v[k] >= 0 && spec.v[k] <= (1 << 20), "%s = %lld", keys[k],
+			  (long long)spec.v[k]);
+		if (spec.set[k])
+			l += (size_t)snprintf(text + l, sizeof(text) - l, "%s%s=%lld",
+					      strchr(text, ':') ? "," : ":", keys[k],
+					      (long long)spec.v[k]);
+	}
+	ret = wex__layout_parse(text, &again, err, sizeof(err));
+	FZ_ASSERT(ret == 0, "\"%s\" (from \"%s\") refused: %s", text, s, err);
+	FZ_ASSERT(!memcmp(&spec, &again, sizeof(spec)), "\"%s\" and \"%s\" differ", text, s);
+	free(s);
+	return 0;
+}
