@@ -366,8 +366,11 @@ int wex__plan_unpack(int fd, struct wex_plan_op **ops, size_t *n, char *err, siz
 		return ret;
 	}
 	h = data;
-	if (len < sizeof(*h) || h->magic != WEX_PLAN_MAGIC ||
+	/* count first, as for a tensor table: count * entry size may wrap to
+	 * the length (2^61 ops of 112 bytes read as 0 bytes). */
+	if (len < sizeof(*h) || h->magic != WEX_PLAN_MAGIC || h->version != WEX_TABLE_VERSION ||
 	    h->entry_size != sizeof(struct wex_plan_op) ||
+	    h->count > (len - sizeof(*h)) / sizeof(struct wex_plan_op) ||
 	    len != sizeof(*h) + h->count * sizeof(struct wex_plan_op)) {
 		snprintf(err, errlen, "plan table: bad header or size");
 		ret = -EINVAL;
