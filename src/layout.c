@@ -777,8 +777,11 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 		for (k = 0; k < WEX_LAYOUT_PARAMS; k++)
 			if (!strcmp(key, param_names[k]))
 				break;
+		/* Digits only: strtoll also takes an empty value (as 0, which
+		 * then meant the engine's default), blanks and a sign. */
 		long long v = strtoll(eq + 1, &stop, 10);
-		if (k == WEX_LAYOUT_PARAMS || stop != end || v < 0 || v > LAYOUT_PARAM_MAX) {
+		if (k == WEX_LAYOUT_PARAMS || eq[1] < '0' || eq[1] > '9' || stop != end || v < 0 ||
+		    v > LAYOUT_PARAM_MAX) {
 			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: tp pp dp ep etp first last fuse_shared)",
 			       (int)(end - p), p, s);
 			return -EINVAL;

@@ -5,8 +5,9 @@
  *
  * A spec it accepts must be what the string said: an engine name of 1 to
  * 31 bytes without ':' that begins the string, known keys set to values
- * in [0, 2^20], unset keys 0; and writing it back and parsing that again
- * gives the same spec.  A refusal must say why.
+ * in [0, 2^20] written as digits (not empty, no sign or blank), unset
+ * keys 0; and writing it back and parsing that again gives the same spec.
+ * A refusal must say why.
  */
 #include <errno.h>
 #include <string.h>
@@ -37,6 +38,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	FZ_ASSERT(!strchr(spec.engine, ':') && !strncmp(spec.engine, s, el) &&
 		  (s[el] == '\0' || s[el] == ':'),
 		  "engine \"%s\" is not what \"%s\" begins with", spec.engine, s);
+	for (const char *p = strchr(s, ':'); p && (p = strchr(p, '=')); p++)
+		FZ_ASSERT(p[1] >= '0' && p[1] <= '9', "\"%s\" accepted: a value that is not digits",
+			  s);
 	l = (size_t)snprintf(text, sizeof(text), "%s", spec.engine);
 	for (int k = 0; k < WEX_LAYOUT_PARAMS; k++) {
 		FZ_ASSERT(spec.set[k] == 0 || spec.set[k] == 1, "set[%d] = %d", k, spec.set[k]);
