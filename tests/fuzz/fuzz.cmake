@@ -4,8 +4,10 @@
 # it on the committed seeds and regressions in tests/fuzz/regress/NAME.
 # With -DWEX_FUZZ=ON (clang) fuzz_NAME is also built, linked with libFuzzer;
 # the whole tree is then compiled with coverage, ASan and UBSan:
-#   fuzz_NAME -max_total_time=600 -timeout=5 -rss_limit_mb=2048 CORPUS \
-#     tests/fuzz/regress/NAME
+#   fuzz_NAME -max_total_time=600 -timeout=5 -rss_limit_mb=2048 \
+#     [-dict=tests/fuzz/NAME.dict] CORPUS tests/fuzz/regress/NAME
+# An input it reports (crash-*, leak-*, timeout-*) goes, once fixed, into
+# tests/fuzz/regress/NAME under a name that says what it was.
 set(WEX_FUZZ_TARGETS safetensors layout_spec model_config proto_tables config)
 foreach(t ${WEX_FUZZ_TARGETS})
   wex_add_test(fuzz_replay_${t} SOURCES tests/fuzz/${t}.c tests/fuzz/replay.c
