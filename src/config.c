@@ -867,6 +867,10 @@ int wex__config_set(struct wex_config *cfg, const char *name, const char *value,
 		return -EPERM;
 	}
 	v = text_json(&fields[i], value);
+	if (!v && fields[i].type == FT_MODELS) {
+		snprintf(err, errlen, "config set: field '%s': cannot parse \"%s\" (JSON)", name, value);
+		return -EINVAL;
+	}
 	if (!v) {
 		snprintf(err, errlen, "config set: field '%s': out of memory", name);
 		return -ENOMEM;
@@ -890,6 +894,10 @@ int wex__config_set_flag(struct wex_config *cfg, const char *name, const char *v
 		return -ENOENT;
 	}
 	v = text_json(&fields[i], value);
+	if (!v && fields[i].type == FT_MODELS) {
+		snprintf(err, errlen, "%s: field '%s': cannot parse \"%s\" (JSON)", where, name, value);
+		return -EINVAL;
+	}
 	if (!v) {
 		snprintf(err, errlen, "%s: field '%s': out of memory", where, name);
 		return -ENOMEM;

@@ -11,6 +11,7 @@
  * interleave, vLLM's [Q;K;V] with replicated KV heads, [gate;up], vocab
  * padding and fused experts.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <stdarg.h>
@@ -758,6 +759,14 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 		seterr(err, errlen, "bad layout \"%s\": expected ENGINE[:k=v,...]", s);
 		return -EINVAL;
 	}
+	/* The engine names a file (adapters/engines/ENGINE.json): letters,
+	 * digits and '_' only, so no path ("../families/llama") reaches it. */
+	for (size_t i = 0; i < n; i++)
+		if (!isalnum((unsigned char)s[i]) && s[i] != '_') {
+			seterr(err, errlen, "bad engine \"%.*s\" in \"%s\": letters, digits and '_' only",
+			       (int)n, s, s);
+			return -EINVAL;
+		}
 	memcpy(spec->engine, s, n);
 	if (!c)
 		return 0;

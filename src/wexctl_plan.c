@@ -125,6 +125,17 @@ static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 		fprintf(stderr, "wexctl %s: missing IN OUTDIR\n", cmd);
 		return -1;
 	}
+	/* A LAYOUT that does not parse is a bad value (exit 2); one that
+	 * parses but does not fit the model is the planner's refusal. */
+	for (int k = 0; k < 2; k++) {
+		struct wex_layout_spec s;
+		char err[512];
+
+		if (wex__layout_parse(k ? o->to : o->from, &s, err, sizeof(err)) < 0) {
+			fprintf(stderr, "wexctl %s: %s %s\n", cmd, k ? "--to:" : "--from:", err);
+			return -1;
+		}
+	}
 	return 0;
 }
 

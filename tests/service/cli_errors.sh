@@ -8,7 +8,9 @@
 #    --config) is named as such, not as an unknown option ("unknown option
 #    '--socket'"), an unexpected argument, or "File name too long";
 #  - plan/convert name a bad --rank, a missing required option, a missing
-#    IN OUTDIR and an extra argument (they printed only the usage);
+#    IN OUTDIR and an extra argument (they printed only the usage), and a
+#    LAYOUT that does not parse (an engine that is a path, an empty or
+#    non-numeric value: it exited 1, or was taken as the default);
 #  - config get --jsn is refused as an option (exit 2), not sent to wexd as
 #    a field name (exit 1);
 #  - a socket path that is a directory or a plain file is called "not a
@@ -44,6 +46,9 @@ expect 2 "config get: unknown option '--jsn'" config get --jsn
 expect 2 "plan: --config needs a value" plan --config
 expect 2 "plan: bad --rank 'x'" plan --config "$CFG" --from hf --to vllm:tp=2 --rank x
 expect 2 "plan: missing --to" plan --config "$CFG" --from hf
+expect 2 "plan: --to: bad engine \"../families/llama\"" plan --config "$CFG" --from hf --to ../families/llama
+expect 2 "plan: --from: bad layout parameter \"tp=\"" plan --config "$CFG" --from megatron:tp= --to hf
+expect 2 "convert: --to: bad layout parameter \"pp=x\"" convert --config "$CFG" --from hf --to vllm:pp=x a b
 expect 2 "plan: unexpected argument 'extra'" plan --config "$CFG" --from hf --to hf extra
 expect 2 "convert: missing IN OUTDIR" convert --config "$CFG" --from hf --to hf "$TMP/in"
 expect 2 "convert: unexpected argument 'more'" convert --config "$CFG" --from hf --to hf a b more
