@@ -12,8 +12,9 @@
  *                [--threads T] [--timeout-ms MS] [--socket PATH]
  *
  * Defaults: group "engine", model "policy", preset qwen2-0.5b, 3 versions,
- * all three modes, 2 copy threads, syncs waiting up to 60000 ms.  --hold
- * stays connected after the last version until SIGTERM.
+ * all three modes, 2 copy threads (0: libwex's own default), syncs waiting
+ * up to 60000 ms.  --hold stays connected after the last version until
+ * SIGTERM.
  *
  * Consumer rank K mirrors producer rank K, so M is the producers' world size
  * (wex_reserve refuses a producer rank that does not exist).
@@ -75,7 +76,7 @@ int main(int argc, char **argv)
 		case 'w':
 		case 't':
 		case 'T':
-			if (ex_num("consumer", name, optarg, opt == 'w' || opt == 't' ? 1 : 0,
+			if (ex_num("consumer", name, optarg, opt == 'w' ? 1 : 0,
 				   opt == 'T' ? UINT32_MAX : opt == 't' ? 256 : 65536, &num) < 0)
 				return 2;
 			if (opt == 'r')
@@ -94,7 +95,13 @@ int main(int argc, char **argv)
 		case 'g': group = optarg; break;
 		case 'm': model = optarg; break;
 		case 'p': preset = optarg; break;
-		case 'M': snprintf(modes_arg, sizeof(modes_arg), "%s", optarg); break;
+		case 'M':
+			if (strlen(optarg) >= sizeof(modes_arg)) {
+				fprintf(stderr, "consumer: --modes '%s' too long\n", optarg);
+				return 2;
+			}
+			snprintf(modes_arg, sizeof(modes_arg), "%s", optarg);
+			break;
 		case 'q': quiet = 1; break;
 		case 's': sock = optarg; break;
 		case 'H': hold = 1; break;

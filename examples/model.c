@@ -24,7 +24,7 @@ int ex_num(const char *prog, const char *opt, const char *s, uint64_t min, uint6
 
 	errno = 0;
 	v = strtoull(s, &end, 10);
-	if (!*s || *s == '-' || *end || errno || v < min || v > max) {
+	if (*s < '0' || *s > '9' || *end || errno || v < min || v > max) {
 		fprintf(stderr, "%s: bad --%s '%s': a whole number from %llu to %llu\n", prog, opt, s,
 			(unsigned long long)min, (unsigned long long)max);
 		return -1;

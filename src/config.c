@@ -867,13 +867,10 @@ int wex__config_set(struct wex_config *cfg, const char *name, const char *value,
 		return -EPERM;
 	}
 	v = text_json(&fields[i], value);
-	if (!v && fields[i].type == FT_MODELS) {
-		snprintf(err, errlen, "config set: field '%s': cannot parse \"%s\" (JSON)", name, value);
-		return -EINVAL;
-	}
 	if (!v) {
-		snprintf(err, errlen, "config set: field '%s': out of memory", name);
-		return -ENOMEM;
+		snprintf(err, errlen, "config set: field '%s': cannot parse \"%s\" (%s)", name, value,
+			 fields[i].type == FT_MODELS ? "JSON" : "not UTF-8 text");
+		return -EINVAL;
 	}
 	rc = apply(cfg, i, v, WEX_CONFIG_SRC_RUNTIME, NULL, "config set", err, errlen);
 	json_decref(v);
@@ -894,13 +891,12 @@ int wex__config_set_flag(struct wex_config *cfg, const char *name, const char *v
 		return -ENOENT;
 	}
 	v = text_json(&fields[i], value);
-	if (!v && fields[i].type == FT_MODELS) {
-		snprintf(err, errlen, "%s: field '%s': cannot parse \"%s\" (JSON)", where, name, value);
-		return -EINVAL;
-	}
 	if (!v) {
-		snprintf(err, errlen, "%s: field '%s': out of memory", where, name);
-		return -ENOMEM;
+		/* Not JSON (models), or not UTF-8 (a string); jansson says
+		 * the same NULL for want of memory, far less likely. */
+		snprintf(err, errlen, "%s: field '%s': cannot parse \"%s\" (%s)", where, name,
+			 value, fields[i].type == FT_MODELS ? "JSON" : "not UTF-8 text");
+		return -EINVAL;
 	}
 	rc = apply(cfg, i, v, WEX_CONFIG_SRC_FLAG, where, where, err, errlen);
 	json_decref(v);

@@ -760,10 +760,12 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 		return -EINVAL;
 	}
 	/* The engine names a file (adapters/engines/ENGINE.json): letters,
-	 * digits and '_' only, so no path ("../families/llama") reaches it. */
+	 * digits, '_' and '-' only, so no path ("../families/llama")
+	 * reaches it. */
 	for (size_t i = 0; i < n; i++)
-		if (!isalnum((unsigned char)s[i]) && s[i] != '_') {
-			seterr(err, errlen, "bad engine \"%.*s\" in \"%s\": letters, digits and '_' only",
+		if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '-') {
+			seterr(err, errlen,
+			       "bad engine \"%.*s\" in \"%s\": letters, digits, '_' and '-' only",
 			       (int)n, s, s);
 			return -EINVAL;
 		}

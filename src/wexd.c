@@ -872,14 +872,18 @@ int main(int argc, char **argv)
 				  argv[optind - 1]);
 			return 2;
 		default:
-			if (strncmp(argv[optind - 1], "--", 2))
-				wex_error("wexd", "unknown option '-%c' (wexd --help lists the flags)",
-					  optopt);
-			else if (optopt) /* --help=x */
-				wex_error("wexd", "'%s': the option takes no value", argv[optind - 1]);
-			else
+			/* optopt: 0 for an unknown long option (optind is past
+			 * it), a flag's letter for a long flag given a value it
+			 * does not take (--help=x), else an unknown letter (in a
+			 * group such as -xh, optind is not yet past it). */
+			if (!optopt)
 				wex_error("wexd", "unknown option '%s' (wexd --help lists the flags)",
 					  argv[optind - 1]);
+			else if (strchr("siclh", optopt))
+				wex_error("wexd", "'%s': the option takes no value", argv[optind - 1]);
+			else
+				wex_error("wexd", "unknown option '-%c' (wexd --help lists the flags)",
+					  optopt);
 			return 2;
 		}
 	}

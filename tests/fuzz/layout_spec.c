@@ -4,7 +4,7 @@
  * --from/--to LAYOUT strings ("megatron:tp=8,pp=16,ep=64").
  *
  * A spec it accepts must be what the string said: an engine name of 1 to
- * 31 letters, digits or '_' (it names a file: no path) that begins the
+ * 31 letters, digits, '_' or '-' (it names a file: no path) that begins the
  * string, known keys set to values
  * in [0, 2^20] written as digits (not empty, no sign or blank), unset
  * keys 0; and writing it back and parsing that again gives the same spec.
@@ -41,7 +41,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		  (s[el] == '\0' || s[el] == ':'),
 		  "engine \"%s\" is not what \"%s\" begins with", spec.engine, s);
 	for (size_t i = 0; i < el; i++)
-		FZ_ASSERT(isalnum((unsigned char)spec.engine[i]) || spec.engine[i] == '_',
+		FZ_ASSERT(isalnum((unsigned char)spec.engine[i]) || spec.engine[i] == '_' ||
+				  spec.engine[i] == '-',
 			  "engine \"%s\" accepted: it could name a path", spec.engine);
 	for (const char *p = strchr(s, ':'); p && (p = strchr(p, '=')); p++)
 		FZ_ASSERT(p[1] >= '0' && p[1] <= '9', "\"%s\" accepted: a value that is not digits",

@@ -63,16 +63,27 @@ assert m["published"] == 2 and m["producers"][0]["tensors"] == 26, m
 assert any(c["role"] == "producer" for c in s["clients"])
 PYEOF
 "$WEXCTL" plans | grep -q "policy" || fail "plans lists no plan"
-# The clients table says whether each client's exit is watched (the
-# producer's process through a pidfd: "yes" in the WATCHED column).
+# The clients table says whether each client's exit is watched: the
+# WATCHED column agrees with clients --json's exit_watched for every
+# client (read from the line's end: a long uid shifts the columns; it is
+# "no" everywhere where a seccomp filter blocks pidfds).
 "$WEXCTL" clients >"$TMP/clients.txt" || fail "clients"
-$PY - "$TMP/clients.txt" <<'PYEOF' || fail "clients table: $(cat "$TMP/clients.txt")"
-import sys
-lines = [l.rstrip("\n") for l in open(sys.argv[1]) if l.strip()]
-head = lines[0]
-col = lambda l, name: l[head.index(name):].split(" ", 1)[0]
-prod = [l for l in lines[1:] if col(l, "ROLE") == "producer"]
-assert prod and all(col(l, "WATCHED") == "yes" for l in prod), prod
+"$WEXCTL" clients --json >"$TMP/clients-w.json" || fail "clients --json"
+$PY - "$TMP/clients.txt" "$TMP/clients-w.json" <<'PYEOF' || fail "clients table: $(cat "$TMP/clients.txt")"
+import json, re, sys
+lines = [l.rstrip() for l in open(sys.argv[1]) if l.strip()]
+assert lines[0].split()[-2:] == ["WATCHED", "WAITING"], lines[0]
+clients = json.load(open(sys.argv[2]))["clients"]
+want = {c["id"]: ("yes" if c["exit_watched"] else "no") for c in clients}
+got = {}
+for l in lines[1:]:
+    m = re.match(r"(\d+)\s.*\s(yes|no|-)(\s+\S+)?$", l)
+    assert m, l
+    got[int(m.group(1))] = m.group(2)
+# Each wexctl call is an admin client of its own: compare the others.
+ids = {c["id"] for c in clients if c["role"] != "admin"}
+assert len(ids) == 2 and ids <= set(got), (ids, got)
+assert all(got[i] == want[i] for i in set(got) & set(want)), (got, want)
 PYEOF
 "$WEXCTL" watch -n 0.1 --count 2 >"$TMP/watch.txt" || fail "watch"
 [ "$(grep -c '^wexd pid' "$TMP/watch.txt")" = 2 ] || fail "watch did not refresh twice"

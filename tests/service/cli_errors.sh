@@ -111,6 +111,11 @@ for prog in "$PRODUCER" "$CONSUMER"; do
 	xexpect "$prog" 2 "usage: $(basename "$prog")" --bogus
 done
 xexpect "$CONSUMER" 2 "consumer: --modes names no mode" --modes ,
+xexpect "$CONSUMER" 2 "too long" --modes "view,fixed,copy$(printf '%064d' 0 | tr 0 ,)bogus"
+xexpect "$CONSUMER" 2 "consumer: bad --rank '+1'" --rank +1
+# --threads 0 is libwex's default, not a bad number: it gets as far as
+# connecting (to no wexd: exit 1).
+xexpect "$CONSUMER" 1 "consumer: connect:" --threads 0 --preset tiny
 xexpect "$CONSUMER" 2 "consumer: mode 'viwe' unknown" --modes viwe
 xexpect "$CONSUMER" 2 "consumer: bad --timeout-ms '5s'" --timeout-ms 5s
 xexpect "$PRODUCER" 2 "producer: bad --first '0'" --first 0

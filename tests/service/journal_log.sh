@@ -39,6 +39,14 @@ for args in --bogus --config; do
 	grep -q "^<3>.*$args" "$TMP/j.log" || fail "wexd $args: no error priority: $(cat "$TMP/j.log")"
 	grep -v '^<[0-7]>' "$TMP/j.log" | grep -q . && fail "wexd $args: lines without a priority: $(cat "$TMP/j.log")"
 done
+# Each is named as what it is: an unknown letter in a group (-xh), not the
+# argument before it; a long flag given a value it does not take.
+for c in "-xh|unknown option '-x'|--io=epoll -xh" "--help=3|'--help=3': the option takes no value|--help=3"; do
+	want=${c#*|}; want=${want%|*}; args=${c##*|}
+	# shellcheck disable=SC2086
+	"$WEXD" $args 2>"$TMP/flag.err" && fail "wexd $args started"
+	grep -qF -- "$want" "$TMP/flag.err" || fail "wexd $args: not \"$want\": $(cat "$TMP/flag.err")"
+done
 
 # Starts wexd with JOURNAL_STREAM naming j.log and stderr appended to $1,
 # waits until it listens, and stops it.
