@@ -66,30 +66,29 @@ int main(int argc, char **argv)
 	void *region;
 
 	while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-		const char *name = "";
-
-		for (int k = 0; lo[k].name; k++)
-			if (lo[k].val == opt)
-				name = lo[k].name;
 		switch (opt) {
 		case 'r':
-		case 'w':
-		case 't':
-		case 'T':
-			if (ex_num("consumer", name, optarg, opt == 'w' ? 1 : 0,
-				   opt == 'T' ? UINT32_MAX : opt == 't' ? 256 : 65536, &num) < 0)
+			if (ex_num("consumer", "rank", optarg, 0, 65535, &num) < 0)
 				return 2;
-			if (opt == 'r')
-				rank = (uint32_t)num;
-			else if (opt == 'w')
-				world = (uint32_t)num;
-			else if (opt == 't')
-				threads = (int)num;
-			else
-				timeout = (uint32_t)num;
+			rank = (uint32_t)num;
+			break;
+		case 'w':
+			if (ex_num("consumer", "world", optarg, 1, 65536, &num) < 0)
+				return 2;
+			world = (uint32_t)num;
+			break;
+		case 't':
+			if (ex_num("consumer", "threads", optarg, 0, 256, &num) < 0)
+				return 2;
+			threads = (int)num;
+			break;
+		case 'T':
+			if (ex_num("consumer", "timeout-ms", optarg, 0, UINT32_MAX, &num) < 0)
+				return 2;
+			timeout = (uint32_t)num;
 			break;
 		case 'v':
-			if (ex_num("consumer", name, optarg, 0, UINT32_MAX, &versions) < 0)
+			if (ex_num("consumer", "versions", optarg, 0, UINT32_MAX, &versions) < 0)
 				return 2;
 			break;
 		case 'g': group = optarg; break;

@@ -87,34 +87,33 @@ int main(int argc, char **argv)
 	void *base;
 
 	while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-		const char *name = "";
-
-		for (int k = 0; lo[k].name; k++)
-			if (lo[k].val == opt)
-				name = lo[k].name;
 		switch (opt) {
 		case 'r':
-		case 'w':
-		case 'i':
-		case 't':
-			if (ex_num("producer", name, optarg, opt == 'w' || opt == 't' ? 1 : 0,
-				   opt == 'i' ? 3600000 : opt == 't' ? 256 : 65536, &num) < 0)
+			if (ex_num("producer", "rank", optarg, 0, 65535, &num) < 0)
 				return 2;
-			if (opt == 'r')
-				rank = (uint32_t)num;
-			else if (opt == 'w')
-				world = (uint32_t)num;
-			else if (opt == 'i')
-				interval_ms = (int)num;
-			else
-				threads = (int)num;
+			rank = (uint32_t)num;
+			break;
+		case 'w':
+			if (ex_num("producer", "world", optarg, 1, 65536, &num) < 0)
+				return 2;
+			world = (uint32_t)num;
+			break;
+		case 'i':
+			if (ex_num("producer", "interval-ms", optarg, 0, 3600000, &num) < 0)
+				return 2;
+			interval_ms = (int)num;
+			break;
+		case 't':
+			if (ex_num("producer", "threads", optarg, 1, 256, &num) < 0)
+				return 2;
+			threads = (int)num;
 			break;
 		case 'v':
-			if (ex_num("producer", name, optarg, 0, UINT32_MAX, &versions) < 0)
+			if (ex_num("producer", "versions", optarg, 0, UINT32_MAX, &versions) < 0)
 				return 2;
 			break;
 		case 'f':
-			if (ex_num("producer", name, optarg, 1, INT64_MAX, &first) < 0)
+			if (ex_num("producer", "first", optarg, 1, INT64_MAX, &first) < 0)
 				return 2;
 			break;
 		case 'm': model = optarg; break;

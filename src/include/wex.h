@@ -262,8 +262,8 @@ enum wex_sync_mode {
  * tensors it serves, each with `ptr` set.  Needed for WEX_SYNC_COPY (the
  * plan converts between layouts).  WEX_SYNC_REMAP_FIXED needs only
  * wex_reserve; attached tensors that lie in a reserved region must sit
- * where the producer's do (-WEX_ELAYOUT from the sync otherwise).  The array is
- * copied; the buffers stay the caller's.  Blocks for one round trip (wexd
+ * where the producer's do (-WEX_ELAYOUT from the sync otherwise).  The
+ * array is copied; the buffers stay the caller's.  Blocks for one round trip (wexd
  * plans and caches the copy plan).  Errors: -WEX_ELAYOUT when a requested
  * element has no source.
  */
