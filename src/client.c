@@ -518,23 +518,31 @@ static const char *role_str(int role)
 	return role == WEX_ROLE_PRODUCER ? "producer" : role == WEX_ROLE_CONSUMER ? "consumer" : "admin";
 }
 
-static int hello(struct wex_client *c)
+/* Says hello on a new connection.  A consumer whose lease went with the
+ * old one (lease_lost) names it: a remap lease that wexd wrote down
+ * outlives a restart of wexd, and is taken back (*reclaimed = 1). */
+static int hello(struct wex_client *c, int *reclaimed)
 {
 	json_t *req, *reply = NULL;
 	char name[64];
 	int ret;
 
+	*reclaimed = 0;
 	snprintf(name, sizeof(name), "pid-%d", (int)getpid());
 	req = json_pack("{s:s, s:s, s:s, s:I, s:I, s:s}", "op", "hello", "role", role_str(c->role),
 			"name", name, "rank", (json_int_t)c->rank, "world", (json_int_t)c->world,
 			"group", c->group);
 	if (c->role != WEX_ROLE_ADMIN)
 		json_object_set_new(req, "model", json_string(c->model));
+	if (c->role == WEX_ROLE_CONSUMER && c->lease_lost && c->lease_version)
+		json_object_set_new(req, "lease", json_integer((json_int_t)c->lease_version));
 	ret = raw_rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, c->timeout_ms);
 	json_decref(req);
 	if (ret < 0)
 		return ret;
 	ret = reply_status(c, reply);
+	if (ret == 0)
+		*reclaimed = json_is_true(json_object_get(reply, "lease_reclaimed"));
 	json_decref(reply);
 	return ret;
 }
@@ -547,17 +555,20 @@ static int send_layout(struct wex_client *c);
  * client had registered, so that its peers find it again. */
 static int reconnect(struct wex_client *c)
 {
-	int ret;
+	/* Regions restored under a lease the old connection took with it
+	 * are whole only if the new wexd gives that lease back. */
+	int doubt = c->restore_unconfirmed, reclaimed = 0, ret;
 
-	restore_doubted(c); /* the old connection, and its lease, went first */
+	c->restore_unconfirmed = 0;
 	c->fd = wex_sock_connect(c->sock);
 	if (c->fd < 0) {
 		ret = c->fd;
 		c->fd = -1;
-		return set_err(c, ret, "cannot connect to wexd at %s: %s", c->sock, strerror(-ret));
+		set_err(c, ret, "cannot connect to wexd at %s: %s", c->sock, strerror(-ret));
+		goto doubted;
 	}
 	c->conn_gen++;
-	ret = hello(c);
+	ret = hello(c, &reclaimed);
 	if (ret < 0) {
 		if (ret == -ECONNRESET || ret == -EPIPE)
 			set_err(c, ret, "wexd at %s closed the connection during hello (a daemon shutting down, or a socket left by a dead one)",
@@ -585,9 +596,17 @@ static int reconnect(struct wex_client *c)
 	} else if (c->role == WEX_ROLE_CONSUMER) {
 		if (c->nlayout && (ret = send_layout(c)) < 0)
 			goto err;
-		if (c->has_lease)
-			c->lease_lost = 1;
-		c->has_lease = 0;
+		if (reclaimed) {
+			/* The new wexd held the producer off meanwhile: the
+			 * lease never lapsed, and the release ends it. */
+			c->has_lease = 1;
+			c->lease_lost = 0;
+			doubt = 0;
+		} else {
+			if (c->has_lease)
+				c->lease_lost = 1;
+			c->has_lease = 0;
+		}
 		c->fetched = 0;
 		/* A new wexd numbers versions afresh (a restarted trainer may
 		 * publish "v1" again): the next copy sync copies whatever its
@@ -596,10 +615,16 @@ static int reconnect(struct wex_client *c)
 		c->copied = 0;
 		c->version = 0;
 	}
-	return 0;
+	ret = 0;
+	goto doubted;
 err:
 	close(c->fd);
 	c->fd = -1;
+doubted:
+	if (doubt) {
+		c->dirty = 1;
+		c->copied = 0;
+	}
 	return ret;
 }
 
@@ -1479,9 +1504,19 @@ static int regions_leave(struct wex_client *c, int ret, int held)
  * this rank read its memory; the new daemon would only say "no lease". */
 static int lease_lost_err(struct wex_client *c)
 {
+	char why[256];
+
 	c->lease_lost = 0;
+	/* No wexd to give it back to: one started later reads the lease
+	 * from its journal, and ends it on this client's next call. */
+	if (c->fd < 0) {
+		snprintf(why, sizeof(why), "%.200s", c->err);
+		return set_err(c, -WEX_EDAEMON,
+			       "release: the lease on v%llu could not be given back (%s): a wexd started later keeps the producer waiting until this client's next call, or its exit",
+			       (unsigned long long)c->lease_version, why);
+	}
 	return set_err(c, -WEX_EDAEMON,
-		       "release: the lease on v%llu was lost with wexd's connection (wexd restarted or stopped answering) before this release: the producer may have written while this rank read its memory",
+		       "release: the lease on v%llu was lost with wexd's connection (wexd restarted without it, or stopped answering) before this release: the producer may have written while this rank read its memory",
 		       (unsigned long long)c->lease_version);
 }
 
@@ -2121,8 +2156,16 @@ WEX_API int wex_release(wex_client_t *c)
 	ARGS_OK(c, 1);
 	if (c->role != WEX_ROLE_CONSUMER)
 		return set_err(c, -EPERM, "only consumers hold leases");
-	if (!c->has_lease)
-		return c->lease_lost ? lease_lost_err(c) : set_err(c, -ENOENT, "no lease held");
+	if (!c->has_lease) {
+		if (c->lease_lost)
+			return lease_lost_err(c);
+		/* After a release that found no wexd: a wexd started since
+		 * holds that lease (read from its journal) until this client
+		 * connects again, and saying hello without it ends it. */
+		if (c->fd < 0)
+			reconnect(c);
+		return set_err(c, -ENOENT, "no lease held");
+	}
 	return release_lease(c, 1);
 }
 

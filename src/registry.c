@@ -26,6 +26,9 @@
 #include "wexd.h"
 
 #define EMSG_LEN 512
+/* How often leases held from before this wexd are checked for their
+ * processes' exit while a producer waits for them. */
+#define HELD_CHECK_NS 200000000ull
 
 static struct model *model_find(struct wexd *d, const char *name)
 {
@@ -128,6 +131,8 @@ static void model_free(struct wexd *d, struct model *m)
 /* A model with no client left is forgotten: its bytes lived in the clients. */
 static void model_maybe_free(struct wexd *d, struct model *m)
 {
+	if (m->held)
+		return;
 	for (uint32_t i = 0; i < m->world; i++)
 		if (m->ranks[i].c)
 			return;
@@ -309,21 +314,28 @@ static const char *mode_name(int mode)
 	}
 }
 
+static int held_claim(struct wexd *d, struct conn *c, uint64_t lease);
+
 /* ---------------------------------------------------------------------- */
 
 json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
 {
 	const char *role = NULL, *model = NULL, *group = "default", *name = "";
-	json_int_t rank = 0, world = 1;
+	json_int_t rank = 0, world = 1, lease = 0;
 	char err[EMSG_LEN] = "";
 	json_error_t je;
 
 	if (c->role)
 		return wex__reply_error(-EINVAL, "hello already done on this connection");
-	if (json_unpack_ex(req, &je, 0, "{s:s, s?s, s?s, s?I, s?I, s?s}", "role", &role, "model",
-			   &model, "group", &group, "rank", &rank, "world", &world, "name",
-			   &name) < 0)
+	/* lease: a consumer reconnecting holds this version (a remap lease an
+	 * earlier wexd granted), which it takes back if this wexd holds it. */
+	if (json_unpack_ex(req, &je, 0, "{s:s, s?s, s?s, s?I, s?I, s?s, s?I}", "role", &role,
+			   "model", &model, "group", &group, "rank", &rank, "world", &world,
+			   "name", &name, "lease", &lease) < 0)
 		return wex__reply_error(-EINVAL, "hello: %s", je.text);
+	if (lease < 0)
+		return wex__reply_error(-EINVAL, "hello: lease v%lld is not a version",
+					(long long)lease);
 	snprintf(c->name, sizeof(c->name), "%s", name);
 	/* Cut at 63 bytes, perhaps inside a character: clients and status
 	 * put it in JSON. */
@@ -408,8 +420,9 @@ json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
 	c->role = WEX_ROLE_CONSUMER;
 	wex_info("registry", "consumer pid %d joined model '%s' group '%s' as rank %lld/%lld",
 		 (int)c->pid, model, group, (long long)rank, (long long)world);
-	return json_pack("{s:b, s:i, s:I}", "ok", 1, "v", WEX_PROTO_VERSION, "published",
-			 (json_int_t)m->published);
+	return json_pack("{s:b, s:i, s:I, s:b}", "ok", 1, "v", WEX_PROTO_VERSION, "published",
+			 (json_int_t)m->published, "lease_reclaimed",
+			 held_claim(d, c, (uint64_t)lease));
 }
 
 static int hex_decode(const char *s, unsigned char *out, size_t max, uint32_t *len)
@@ -661,7 +674,7 @@ json_t *wexd_register_tensors(struct wexd *d, struct conn *c, json_t *req, int *
 /* ---------------------------------------------------------------------- */
 /* Versions and leases.                                                    */
 
-static void describe_leases(struct model *m, char *buf, size_t len)
+static void describe_leases(struct wexd *d, struct model *m, char *buf, size_t len)
 {
 	size_t off = 0;
 
@@ -677,12 +690,19 @@ static void describe_leases(struct model *m, char *buf, size_t len)
 
 			if (c && c->has_lease)
 				off += (size_t)snprintf(buf + off, len - off,
-							"%sgroup '%s' rank %u (pid %d) holds v%llu in %s mode",
+							"%sgroup '%s' rank %u (pid %d) holds v%llu in %s mode%s",
 							off ? "; " : "", g->name, i, (int)c->pid,
 							(unsigned long long)c->lease_version,
-							mode_name(c->lease_mode));
+							mode_name(c->lease_mode),
+							c->lease_reclaimed ? " (taken back from before wexd restarted)" : "");
 		}
 	}
+	for (struct held *h = d->held; h && off < len; h = h->next)
+		if (h->m == m)
+			off += (size_t)snprintf(buf + off, len - off,
+						"%sgroup '%s' rank %u (pid %d) holds v%llu in %s mode from before wexd restarted (until that process calls wexd again, or exits)",
+						off ? "; " : "", h->group, h->rank, (int)h->pid,
+						(unsigned long long)h->version, mode_name(h->mode));
 }
 
 static void lease_drop(struct model *m, struct conn *c)
@@ -690,8 +710,190 @@ static void lease_drop(struct model *m, struct conn *c)
 	if (!c->has_lease)
 		return;
 	c->has_lease = 0;
+	c->lease_reclaimed = 0;
 	if (m->leases)
 		m->leases--;
+	wex__journal_del(&c->d->journal, c->lease_file);
+}
+
+/*
+ * Writes c's lease down (journal.h) if it is a remap lease, before wexd
+ * answers the sync that took it: the engine may read the producer's
+ * memory for a whole rollout without calling again, and a wexd restarted
+ * meanwhile must still hold the producer off.  A copy lease is not
+ * written: it lasts one sync, whose release finds the restart and reports
+ * the weights dirty.  A failed write is logged (the lease is granted:
+ * only a restart before it ends would then lose it) and counted in status.
+ */
+static void lease_note(struct conn *c)
+{
+	struct wexd *d = c->d;
+	struct wex_journal_rec r = { 0 };
+	int fresh = !c->lease_file[0], ret;
+
+	if (!c->has_lease || c->lease_mode == WEX_SYNC_COPY) {
+		wex__journal_del(&d->journal, c->lease_file);
+		return;
+	}
+	if (d->journal.dirfd < 0)
+		return;
+	if (!c->start)
+		c->start = wex__proc_start(c->pid);
+	snprintf(r.model, sizeof(r.model), "%s", c->model->name);
+	snprintf(r.group, sizeof(r.group), "%s", c->group->name);
+	r.rank = c->rank;
+	r.world = c->group->world;
+	r.version = c->lease_version;
+	r.mode = c->lease_mode;
+	r.pid = c->pid;
+	r.uid = c->uid;
+	r.start = c->start;
+	ret = wex__journal_put(&d->journal, c->lease_file, &r);
+	if (ret < 0) {
+		if (fresh)
+			c->lease_file[0] = '\0';
+		if (d->journal.errors == 1 || d->journal.errors % 1000 == 0)
+			wex_warn("journal", "cannot write down the %s lease of pid %d on model '%s' v%llu in %s: %s: should wexd restart before it ends, the producer could write under it (%llu failed write(s) so far)",
+				 mode_name(c->lease_mode), (int)c->pid, c->model->name,
+				 (unsigned long long)c->lease_version, d->journal.path,
+				 strerror(-ret), (unsigned long long)d->journal.errors);
+	}
+}
+
+/* ---------------------------------------------------------------------- */
+/* Leases held from before this wexd (journal.h, struct held).             */
+
+static void held_drop(struct wexd *d, struct held *h, const char *why)
+{
+	struct held **pp = &d->held;
+	struct model *m = h->m;
+
+	while (*pp != h)
+		pp = &(*pp)->next;
+	*pp = h->next;
+	if (why)
+		wex_info("journal", "model '%s': the %s lease of pid %d (group '%s' rank %u) on v%llu, held from before this wexd, ended: %s",
+			 m->name, mode_name(h->mode), (int)h->pid, h->group, h->rank,
+			 (unsigned long long)h->version, why);
+	if (why)
+		wex__journal_del(&d->journal, h->file);
+	if (m->leases)
+		m->leases--;
+	m->held--;
+	free(h);
+	model_maybe_free(d, m);
+}
+
+static void held_add(void *arg, const char *name, const struct wex_journal_rec *r)
+{
+	struct wexd *d = arg;
+	char file[WEX_JOURNAL_NAME_MAX], err[EMSG_LEN] = "";
+	struct model *m;
+	struct held *h;
+
+	snprintf(file, sizeof(file), "%s", name);
+	if (!wex__journal_alive(r->pid, r->start)) {
+		wex_info("journal", "model '%s': the %s lease of pid %d on v%llu ended with its process while no wexd ran",
+			 r->model, mode_name(r->mode), (int)r->pid, (unsigned long long)r->version);
+		wex__journal_del(&d->journal, file);
+		return;
+	}
+	m = model_get(d, r->model, 0, 0, err, sizeof(err));
+	h = m ? calloc(1, sizeof(*h)) : NULL;
+	if (!h) {
+		/* Kept on disk: the next wexd may read it. */
+		wex_error("journal", "out of memory reading %s/%s: pid %d's lease on model '%s' v%llu is not held",
+			  d->journal.path, file, (int)r->pid, r->model,
+			  (unsigned long long)r->version);
+		if (m)
+			model_maybe_free(d, m);
+		return;
+	}
+	snprintf(h->file, sizeof(h->file), "%s", file);
+	snprintf(h->group, sizeof(h->group), "%s", r->group);
+	h->m = m;
+	h->rank = r->rank;
+	h->world = r->world;
+	h->version = r->version;
+	h->mode = r->mode;
+	h->pid = r->pid;
+	h->uid = r->uid;
+	h->start = r->start;
+	h->since_ns = wex__now_ns();
+	h->next = d->held;
+	d->held = h;
+	m->leases++;
+	m->held++;
+	wex_warn("journal", "model '%s': pid %d (group '%s' rank %u) still holds v%llu in %s mode from before this wexd started: producers wait until it calls wexd again or exits",
+		 m->name, (int)h->pid, h->group, h->rank, (unsigned long long)h->version,
+		 mode_name(h->mode));
+}
+
+void wexd_held_load(struct wexd *d)
+{
+	wex__journal_scan(&d->journal, held_add, d);
+	d->held_checked_ns = wex__now_ns();
+}
+
+/* Ends the held leases whose processes exited. */
+static void held_sweep(struct wexd *d)
+{
+	struct held *h = d->held, *next;
+
+	for (; h; h = next) {
+		next = h->next;
+		if (!wex__journal_alive(h->pid, h->start))
+			held_drop(d, h, "its process exited");
+	}
+	d->held_checked_ns = wex__now_ns();
+}
+
+void wexd_held_exit(struct wexd *d)
+{
+	d->journal.keep = 1;
+	while (d->held)
+		held_drop(d, d->held, NULL);
+}
+
+/*
+ * Consumer c said hello: a lease its process held from before this wexd
+ * on the same rank is taken over when the client still holds it (`lease`:
+ * the version it holds, 0 none), and ended otherwise.  1 if taken over.
+ */
+static int held_claim(struct wexd *d, struct conn *c, uint64_t lease)
+{
+	struct held *h;
+
+	for (h = d->held; h; h = h->next)
+		if (h->pid == c->pid && h->uid == c->uid && h->m == c->model &&
+		    h->rank == c->rank && !strcmp(h->group, c->group->name))
+			break;
+	if (!h)
+		return 0;
+	if (!c->start)
+		c->start = wex__proc_start(c->pid);
+	if (lease != h->version || (h->start && c->start && h->start != c->start)) {
+		held_drop(d, h, lease ? "its process holds another version" :
+			  "its process reconnected without it");
+		return 0;
+	}
+	c->has_lease = 1;
+	c->lease_reclaimed = 1;
+	c->lease_version = h->version;
+	c->lease_epoch = c->model->epoch;
+	c->lease_mode = h->mode;
+	snprintf(c->lease_file, sizeof(c->lease_file), "%s", h->file);
+	wex_info("journal", "model '%s': pid %d (group '%s' rank %u) took back its %s lease on v%llu",
+		 c->model->name, (int)c->pid, h->group, h->rank, mode_name(h->mode),
+		 (unsigned long long)h->version);
+	for (struct held **pp = &d->held; *pp; pp = &(*pp)->next)
+		if (*pp == h) {
+			*pp = h->next;
+			break;
+		}
+	c->model->held--; /* its count in m->leases is now c's */
+	free(h);
+	return 1;
 }
 
 
@@ -726,6 +928,9 @@ static int begin_write_try(struct wexd *d, struct conn *c, json_t **reply)
 	struct model *m = c->model;
 	struct prank *r = &m->ranks[c->rank];
 
+	/* Leases held from before this wexd end with their processes. */
+	if (m->held && wex__now_ns() - d->held_checked_ns >= HELD_CHECK_NS)
+		held_sweep(d);
 	if (m->leases)
 		return 0;
 	r->writing = c->wait_version;
@@ -899,6 +1104,7 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 	c->lease_epoch = m->epoch;
 	c->lease_mode = c->wait_mode;
 	m->leases++;
+	lease_note(c);
 	if (g->ntaken == g->world)
 		round_close(m, g);
 	c->waiting = WAIT_NONE;
@@ -944,8 +1150,9 @@ json_t *wexd_acquire(struct wexd *d, struct conn *c, json_t *req)
 	 * lease.  Otherwise a new sync ends the previous rollout's lease: in
 	 * single-buffer mode the producer cannot write while it is held. */
 	if (c->has_lease && minv && (uint64_t)minv <= c->lease_version &&
-	    c->lease_epoch == c->model->epoch) {
+	    c->lease_epoch == c->model->epoch && !c->lease_reclaimed) {
 		c->lease_mode = (int)mode;
+		lease_note(c);
 		c->syncs++;
 		c->last_sync_ns = wex__now_ns();
 		return json_pack("{s:b, s:I, s:I, s:f, s:b}", "ok", 1, "version",
@@ -1340,7 +1547,7 @@ int wexd_service_waiters(struct wexd *d)
 				struct model *m = c->model;
 
 				if (c->waiting == WAIT_BEGIN_WRITE) {
-					describe_leases(m, who, sizeof(who));
+					describe_leases(d, m, who, sizeof(who));
 					if (m->write_pending)
 						m->write_pending--;
 					reply = wex__reply_error(-EBUSY,
@@ -1365,6 +1572,11 @@ int wexd_service_waiters(struct wexd *d)
 			} else if (c->wait_deadline_ns < next) {
 				next = c->wait_deadline_ns;
 			}
+			/* Waiting for leases from before this wexd: look for
+			 * their processes' exit now and then. */
+			if (c->waiting == WAIT_BEGIN_WRITE && c->model->held &&
+			    now + HELD_CHECK_NS < next)
+				next = now + HELD_CHECK_NS;
 			if (reply) {
 				wexd_send(d, c, reply, NULL, 0);
 				json_decref(reply);
@@ -1437,15 +1649,26 @@ json_t *wexd_models_json(struct wexd *d)
 							(json_int_t)(g->round_open ? g->round_version : 0),
 							"ranks", ranks));
 		}
+		json_t *held = json_array();
+
+		for (struct held *h = d->held; h; h = h->next)
+			if (h->m == m)
+				json_array_append_new(
+					held, json_pack("{s:s, s:i, s:i, s:I, s:s, s:f}", "group",
+							h->group, "rank", (int)h->rank, "pid",
+							(int)h->pid, "version",
+							(json_int_t)h->version, "mode",
+							mode_name(h->mode), "since_s",
+							(double)(wex__now_ns() - h->since_ns) / 1e9));
 		json_array_append_new(arr,
-				      json_pack("{s:s, s:s, s:i, s:I, s:I, s:i, s:i, s:I, s:I, s:o, s:o}",
+				      json_pack("{s:s, s:s, s:i, s:I, s:I, s:i, s:i, s:I, s:I, s:o, s:o, s:o}",
 						"name", m->name, "state", state, "world", m->world,
 						"published", (json_int_t)m->published, "writing",
 						(json_int_t)m->writing, "write_pending",
 						(int)m->write_pending, "leases", m->leases,
 						"layout_gen", (json_int_t)m->layout_gen, "bytes",
 						(json_int_t)bytes, "producers", prods, "groups",
-						groups));
+						groups, "held", held));
 	}
 	return arr;
 }
@@ -1509,6 +1732,12 @@ json_t *wexd_status(struct wexd *d, struct conn *c, json_t *req)
 				      d->draining, "fds", "open", (json_int_t)wexd_fds_open(),
 				      "limit", (json_int_t)d->fd_limit, "exit_watch",
 				      d->exit_watch));
+	/* Where remap leases are written down to outlive wexd (journal.h). */
+	json_object_set_new(json_object_get(r, "daemon"), "lease_journal",
+			    d->journal.dirfd >= 0 ?
+			    json_pack("{s:s, s:I}", "dir", d->journal.path, "write_errors",
+				      (json_int_t)d->journal.errors) :
+			    json_pack("{s:n, s:s}", "dir", "off", d->journal.why));
 	json_object_set_new(r, "models", wexd_models_json(d));
 	json_object_set_new(r, "clients", wexd_clients_json(d));
 	return r;

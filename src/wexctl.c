@@ -137,6 +137,16 @@ static void print_daemon(json_t *d)
 	       (long long)json_integer_value(json_object_get(fds, "open")),
 	       (long long)json_integer_value(json_object_get(fds, "limit")), ew ? ew : "?",
 	       json_is_true(json_object_get(d, "draining")) ? "  DRAINING" : "");
+	json_t *lj = json_object_get(d, "lease_journal");
+	const char *dir = json_string_value(json_object_get(lj, "dir"));
+	long long errs = json_integer_value(json_object_get(lj, "write_errors"));
+
+	if (dir && errs)
+		printf("lease journal %s  (%lld failed writes: see the log)\n", dir, errs);
+	else if (dir)
+		printf("lease journal %s\n", dir);
+	else if (lj)
+		printf("lease journal OFF: %s\n", json_string_value(json_object_get(lj, "off")));
 }
 
 static void print_models(json_t *models)
@@ -205,6 +215,19 @@ static void print_models(json_t *models)
 				       json_string_value(json_object_get(r, "mode")),
 				       (long long)json_integer_value(json_object_get(r, "served")));
 			}
+		}
+		json_array_foreach(json_object_get(m, "held"), j, x) {
+			if (!j)
+				printf("%s leases held from before this wexd started (until their process calls wexd, or exits):\n  %-10s %-5s %-8s %8s %-12s %8s\n",
+				       json_string_value(json_object_get(m, "name")), "GROUP", "RANK",
+				       "PID", "LEASE", "MODE", "SINCE(s)");
+			printf("  %-10s %-5lld %-8lld %8lld %-12s %8.0f\n",
+			       json_string_value(json_object_get(x, "group")),
+			       (long long)json_integer_value(json_object_get(x, "rank")),
+			       (long long)json_integer_value(json_object_get(x, "pid")),
+			       (long long)json_integer_value(json_object_get(x, "version")),
+			       json_string_value(json_object_get(x, "mode")),
+			       json_real_value(json_object_get(x, "since_s")));
 		}
 	}
 }

@@ -834,7 +834,7 @@ int main(int argc, char **argv)
 		{ "config", required_argument, NULL, 'c' }, { "log-level", required_argument, NULL, 'l' },
 		{ "help", no_argument, NULL, 'h' },          { 0 }
 	};
-	struct wexd d = { .listen_fd = -1, .sig_fd = -1, .msg_max = WEX_MSG_MAX_DEFAULT,
+	struct wexd d = { .listen_fd = -1, .sig_fd = -1, .journal.dirfd = -1, .msg_max = WEX_MSG_MAX_DEFAULT,
 			  .begin_write_timeout_ms = 30000, .sync_timeout_ms = 60000 };
 	const char *io = NULL, *sock = NULL, *cfg = NULL, *level = NULL, *s;
 	char err[512] = "", buf[PATH_MAX];
@@ -1009,6 +1009,12 @@ int main(int argc, char **argv)
 		wex_error("wexd", "signalfd: %m");
 		return 1;
 	}
+	/* Remap leases granted by an earlier wexd whose engines still hold
+	 * them keep their producers waiting (journal.h). */
+	if (wex__journal_open(&d.journal, d.socket_path) < 0)
+		wex_warn("wexd", "lease journal off (%s): remap leases held across a restart of wexd will not hold their producers off",
+			 d.journal.why);
+	wexd_held_load(&d);
 	wex_info("wexd", "listening on %s (event loop: %s%s%s)", d.socket_path, wexd_io_backend(&d),
 		 d.loop.why_fallback[0] ? ", " : "", d.loop.why_fallback);
 	wex__metrics_set_info(WEX_VERSION_STRING, wexd_io_backend(&d));
@@ -1052,11 +1058,15 @@ int main(int argc, char **argv)
 							    : "drain_timeout_ms expired",
 			 copies_in_flight(&d));
 	wex_info("wexd", "stopping: %u client(s) told by disconnect", d.nconns);
+	/* Remap leases still held stay written down for the next wexd. */
+	d.journal.keep = 1;
 	for (struct conn *c = d.conns; c; c = c->next)
 		conn_close(&d, c);
 	/* io_uring frees a connection only once its cancelled receive is back. */
 	for (int i = 0; i < 100 && d.nconns; i++)
 		d.loop.ops->run_once(&d.loop, 10);
+	wexd_held_exit(&d);
+	wex__journal_close(&d.journal);
 	if (d.socket_owned)
 		unlink(d.socket_path);
 	close(d.listen_fd);

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include "config.h"
+#include "journal.h"
 #include "loop.h"
 #include "plan.h"
 #include "vmm/backend.h"
@@ -46,6 +47,11 @@ struct conn {
 	uint64_t lease_version;
 	uint64_t lease_epoch; /* the model's epoch when the lease was granted */
 	int lease_mode;
+	/* The lease was taken over from an earlier wexd (struct held): it
+	 * holds the producer off until released, but serves no sync. */
+	int lease_reclaimed;
+	char lease_file[WEX_JOURNAL_NAME_MAX]; /* its journal record ("": none) */
+	uint64_t start; /* the process's start time (journal.h), 0 until needed */
 	uint64_t served_version;
 	struct wex_tensor *layout;
 	size_t nlayout;
@@ -118,12 +124,33 @@ struct model {
 	uint64_t writing;
 	uint32_t write_pending;
 	uint32_t leases;
+	uint32_t held; /* of them, leases held from before this wexd (struct held) */
 	uint64_t layout_gen;
 	uint64_t epoch; /* bumps when memory behind published versions goes */
 	int tables_fd; /* cached packed tables for layout_gen, or -1 */
 	struct cgroup *groups;
 	struct plan_entry *plans;
 	struct model *next;
+};
+
+/*
+ * A remap lease an earlier wexd granted (journal.h), whose process still
+ * lived when this wexd started: it holds its model (counted in
+ * m->leases) until that process says hello again - taking the lease over
+ * when it still holds it, ending it otherwise - or exits.
+ */
+struct held {
+	char file[WEX_JOURNAL_NAME_MAX];
+	struct model *m;
+	char group[WEX_NAME_MAX];
+	uint32_t rank, world;
+	uint64_t version;
+	int mode;
+	pid_t pid;
+	uid_t uid;
+	uint64_t start;
+	uint64_t since_ns; /* when this wexd read it */
+	struct held *next;
 };
 
 struct wexd {
@@ -155,6 +182,9 @@ struct wexd {
 	struct wex_config cfg;
 	uint64_t watchdog_usec;
 	uint64_t last_watchdog_ns;
+	struct wex_journal journal;
+	struct held *held;
+	uint64_t held_checked_ns;
 };
 
 /* registry.c: request handlers.  Each returns a reply (new reference), or
@@ -181,6 +211,11 @@ void wexd_conn_drop(struct wexd *d, struct conn *c);
 /* Re-evaluates deferred requests; answers those now satisfiable or past
  * their deadline.  Returns ms until the next deadline (-1: none). */
 int wexd_service_waiters(struct wexd *d);
+/* Reads the leases an earlier wexd left in d->journal (at start). */
+void wexd_held_load(struct wexd *d);
+/* At exit: forgets leases held from before, leaving their records (and
+ * those of leases still held) for the next wexd. */
+void wexd_held_exit(struct wexd *d);
 /* Fails every deferred request with `err` (shutdown). */
 void wexd_fail_waiters(struct wexd *d, int err, const char *why);
 

@@ -364,11 +364,17 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
  * process's queued GPU work on the devices wex uses (kernels reading the
  * remapped weights must be done before the producer may write).  Blocks
  * for that wait and one round trip.  View pointers stay mapped but may
- * change under the reader.  -ENOENT when no lease is held; -WEX_EDAEMON
- * when the lease was lost before this call with wexd's connection (wexd
- * restarted, or a call it did not answer dropped the connection): the
- * producer may have written while this rank read its memory (the lease
- * is gone either way). */
+ * change under the reader.  A remap lease outlives a wexd restart: wexd
+ * writes it down (its lease journal, beside the socket), the new wexd
+ * holds the producer off, and the client's next call takes the lease back
+ * (this release then ends it: 0).  -ENOENT when no lease is held;
+ * -WEX_EDAEMON when the lease was lost before this call with wexd's
+ * connection (a wexd restarted without its journal, or a call it did not
+ * answer dropped the connection and wexd dropped the lease): the producer
+ * may have written while this rank read its memory; or when no wexd could
+ * be reached to give it back: a wexd started later holds the producer off
+ * until this client's next call (which ends it) or exit.  The lease is
+ * gone from the client either way. */
 WEX_API int wex_release(wex_client_t *c);
 
 /* 1 if the consumer's weights are half-written (an interrupted copy, a

@@ -19,11 +19,14 @@
  *    the same address in a region reserved with that size, whether
  *    wex_segment_alloc made it or the caller registered part of a larger
  *    unsealed file;
- *  - releasing a remap lease that was lost with a restarted wexd returns
- *    -WEX_EDAEMON saying so (not the new daemon's "no lease held"), also
- *    when the new wexd is not yet up (not only "cannot connect"), and
- *    also when the lease went with a connection that libwex dropped itself
- *    because wexd did not answer a call;
+ *  - a remap lease held across a wexd restart is read back from the lease
+ *    journal: the new wexd holds the producer off until the client, on its
+ *    next call, takes the lease back and releases it (0, weights clean);
+ *    a release while no wexd runs returns -WEX_EDAEMON saying the lease
+ *    could not be given back (not only "cannot connect"), also when the
+ *    lease went with a connection that libwex dropped itself because wexd
+ *    did not answer a call, and the next wexd holds the producer off until
+ *    the client's next call;
  *  - a same-address sync refuses (-WEX_ELAYOUT) a tensor that starts in
  *    a region but runs past its end: the region would show only part of
  *    it (and such a sync counted the weights whole, wex_is_dirty 0);
@@ -542,19 +545,22 @@ static void null_arguments(void)
 
 enum { RELEASE_AFTER, STATUS_FIRST, RELEASE_WHILE_DOWN };
 
-/* Holding a same-address lease on v, wexd restarts; STATUS_FIRST makes
- * another call (a status request, which reconnects) before the release,
- * RELEASE_WHILE_DOWN releases before the new wexd is up (the reconnect
- * fails: this release returned only -ECONNREFUSED, and the next one "no
- * lease held").  Either way wex_release says the
- * lease on v was lost, once; the producer then writes v+1 and the client
- * syncs it from the new wexd. */
-static void lose_lease(struct t_wexd *d, struct t_prod *p, struct t_cons *k, uint64_t v, int how)
+/* Holding a same-address lease on v, wexd restarts: the new wexd reads
+ * the lease back from its journal and keeps the producer waiting.
+ * STATUS_FIRST makes another call (a status request, which reconnects and
+ * takes the lease back) before the release; RELEASE_AFTER releases at
+ * once.  Either way the release ends the lease (0), the regions are whole,
+ * and then no lease is held.  RELEASE_WHILE_DOWN releases before the new
+ * wexd is up: the release cannot give it back and says so (-WEX_EDAEMON),
+ * once; the new wexd then holds the producer off until the client's next
+ * call, which ends it (and says no lease is held).  The producer then
+ * writes v+1 and the client syncs it from the new wexd. */
+static void keep_lease(struct t_wexd *d, struct t_prod *p, struct t_cons *k, uint64_t v, int how)
 {
 	static const char *const hows[] = { "", " (after a status request)",
 					    " (while wexd is down)" };
 	struct wex_sync_result r;
-	char want[32];
+	char want[64];
 	int ret;
 
 	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_REMAP_FIXED, v, 5000, &r));
@@ -568,22 +574,36 @@ static void lose_lease(struct t_wexd *d, struct t_prod *p, struct t_cons *k, uin
 		T_WEX(k->c, wex_request(k->c, "status", NULL, &s));
 		wex_free(s);
 	}
-	ret = wex_release(k->c);
-	snprintf(want, sizeof(want), "lease on v%llu was lost", (unsigned long long)v);
-	T_ASSERT(ret == -WEX_EDAEMON && strstr(wex_last_error(k->c), want),
-		 "releasing a lease lost with the old wexd%s says so: %s (%s)", hows[how],
-		 wex_strerror(ret), wex_last_error(k->c));
-	if (how == RELEASE_WHILE_DOWN)
+	if (how != RELEASE_WHILE_DOWN) {
+		ret = wex_begin_write(p->c, v + 1, 200);
+		T_ASSERT(ret == -EBUSY, "the new wexd holds the producer off%s: %s (%s)", hows[how],
+			 wex_strerror(ret), wex_last_error(p->c));
+		T_WEX(k->c, wex_release(k->c));
+		T_ASSERT(!wex_is_dirty(k->c) && t_own_bad(k, v) == 0,
+			 "the regions hold v%llu, clean, after the release%s",
+			 (unsigned long long)v, hows[how]);
+	} else {
+		ret = wex_release(k->c);
+		snprintf(want, sizeof(want), "lease on v%llu could not be given back",
+			 (unsigned long long)v);
+		T_ASSERT(ret == -WEX_EDAEMON && strstr(wex_last_error(k->c), want),
+			 "releasing a lease%s says so: %s (%s)", hows[how], wex_strerror(ret),
+			 wex_last_error(k->c));
 		t_wexd_restart(d);
+		ret = wex_begin_write(p->c, v + 1, 200);
+		T_ASSERT(ret == -EBUSY && strstr(wex_last_error(p->c), "before wexd restarted"),
+			 "the new wexd holds the producer off until the client calls: %s (%s)",
+			 wex_strerror(ret), wex_last_error(p->c));
+	}
 	ret = wex_release(k->c);
 	T_ASSERT(ret == -ENOENT, "and then no lease is held: %s", wex_strerror(ret));
 	t_prod_write(p, v + 1);
 }
 
-/* A remap lease held across a wexd restart is gone with the old daemon:
- * wex_release says that (the producer may have written under it), not the
- * new daemon's "no lease held", whether the restart is met by the release
- * itself or by a call before it; the client syncs on afterwards. */
+/* A remap lease held across a wexd restart is read back by the new wexd,
+ * whether the restart is met by the release itself or by a call before
+ * it, or the release comes while wexd is down; the client syncs on
+ * afterwards. */
 static void release_after_restart(struct t_wexd *d)
 {
 	struct t_prod p;
@@ -593,9 +613,9 @@ static void release_after_restart(struct t_wexd *d)
 	t_prod_open(&p, "lost-lease", "tiny", 0, 1);
 	t_cons_open(&k, "lost-lease", "g", "tiny", 0, 1);
 	t_prod_write(&p, 1);
-	lose_lease(d, &p, &k, 1, RELEASE_AFTER);
-	lose_lease(d, &p, &k, 2, STATUS_FIRST);
-	lose_lease(d, &p, &k, 3, RELEASE_WHILE_DOWN);
+	keep_lease(d, &p, &k, 1, RELEASE_AFTER);
+	keep_lease(d, &p, &k, 2, STATUS_FIRST);
+	keep_lease(d, &p, &k, 3, RELEASE_WHILE_DOWN);
 	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 4, 5000, &r));
 	T_ASSERT(t_own_bad(&k, 4) == 0, "fixed sync of v4 on the fourth wexd");
 	T_WEX(k.c, wex_release(k.c));
@@ -635,7 +655,8 @@ static void release_after_timeout(struct t_wexd *d)
 		 wex_strerror(ret), wex_last_error(k));
 	t_wexd_kill(d);
 	ret = wex_release(k);
-	T_ASSERT(ret == -WEX_EDAEMON && strstr(wex_last_error(k), "lease on v1 was lost"),
+	T_ASSERT(ret == -WEX_EDAEMON &&
+		 strstr(wex_last_error(k), "lease on v1 could not be given back"),
 		 "releasing a lease that went with a connection dropped for a timeout, wexd down: "
 		 "%s (%s), not -WEX_EDAEMON",
 		 wex_strerror(ret), wex_last_error(k));

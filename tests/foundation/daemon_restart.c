@@ -9,8 +9,9 @@
  * tensors), and the consumer's next COPY and REMAP_VIEW syncs get the new
  * version with every byte right.  While wexd is down, calls fail at once
  * (not after a timeout) and leave the consumer's weights clean; a restart
- * during a same-address rollout and one between begin_write and publish
- * (the publish still works) are survived too.
+ * during a same-address rollout keeps the trainer waiting until the engine
+ * releases (the lease journal), and one between begin_write and publish
+ * (the publish still works) is survived too.
  */
 #include <errno.h>
 #include <string.h>
@@ -82,11 +83,24 @@ int main(void)
 	T_ASSERT(t_view_bad(&k, 0, 2) == 0, "consumer views v2 after the restart");
 	T_WEX(k.c, wex_release(k.c));
 
-	/* And again once more, with the consumer mid-rollout (view lease). */
+	/* And again once more, with the consumer mid-rollout (same-address
+	 * lease): the new wexd reads the lease back from the journal, so the
+	 * trainer waits until the engine is done with v2. */
 	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 2, 5000, &r));
 	t_wexd_kill(&d);
 	T_ASSERT(t_own_bad(&k, 2) == 0, "fixed mapping still reads v2 while wexd is down");
 	t_wexd_restart(&d);
+	T_ASSERT(t_leases(d.sock, MODEL) == 1, "the new wexd holds the lease of the old");
+	ret = wex_begin_write(p.c, 3, 300);
+	T_ASSERT(ret == -EBUSY && strstr(wex_last_error(p.c), "from before wexd restarted"),
+		 "the trainer waits for the lease held across the restart: %s (%s)",
+		 wex_strerror(ret), wex_last_error(p.c));
+	T_ASSERT(t_own_bad(&k, 2) == 0, "the engine still reads v2, untouched");
+	ret = wex_release(k.c);
+	T_ASSERT(ret == 0, "the engine takes its lease back and releases it: %s (%s)",
+		 wex_strerror(ret), wex_last_error(k.c));
+	T_ASSERT(!wex_is_dirty(k.c), "the restored regions are whole (the lease never lapsed)");
+	T_ASSERT(t_leases(d.sock, MODEL) == 0, "and no lease is left");
 	t_prod_write(&p, 3);
 	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 3, 5000, &r));
 	T_ASSERT(r.version == 3 && t_own_bad(&k, 3) == 0, "fixed sync of v3 after the second restart");

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* helpers.c - see helpers.h. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -80,9 +81,29 @@ int t_wait(pid_t pid)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+int t_journal_wipe(struct t_wexd *d)
+{
+	char path[sizeof(d->sock) + 16];
+	struct dirent *e;
+	DIR *dir;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "%s.leases", d->sock);
+	dir = opendir(path);
+	if (!dir)
+		return 0;
+	while ((e = readdir(dir)))
+		if (e->d_name[0] != '.')
+			n += unlinkat(dirfd(dir), e->d_name, 0) == 0;
+	closedir(dir);
+	rmdir(path);
+	return n;
+}
+
 static void rm_dir(struct t_wexd *d)
 {
 	unlink(d->sock);
+	t_journal_wipe(d);
 	rmdir(d->dir);
 }
 

@@ -78,6 +78,10 @@ void t_wexd_stop(struct t_wexd *d);
 /* SIGKILL + waitpid (the socket file stays, as after a crash). */
 void t_wexd_kill(struct t_wexd *d);
 
+/* Removes wexd's lease journal (<sock>.leases, journal.h) with what it
+ * holds, as if it could not be written; returns the records removed. */
+int t_journal_wipe(struct t_wexd *d);
+
 /* Open fds of pid (/proc/PID/fd); fails the test on error. */
 int t_fd_count(pid_t pid);
 

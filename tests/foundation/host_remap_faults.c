@@ -389,7 +389,8 @@ static void publish(wex_client_t *p, void *b0, void *b1, size_t n, uint64_t v)
 	T_WEX(p, wex_publish(p, v));
 }
 
-/* on_fire for the restart case: wexd restarts, and the trainer begins v5
+/* on_fire for the restart case: wexd restarts without its lease journal
+ * (as if the lease could not be written down), and the trainer begins v5
  * on the new one (no lease there) and writes the first half of a segment. */
 static struct t_wexd *restart_d;
 static wex_client_t *restart_p;
@@ -399,6 +400,7 @@ static size_t restart_n;
 static void restart_writing(void)
 {
 	t_wexd_kill(restart_d);
+	T_ASSERT(t_journal_wipe(restart_d) == 1, "the remap lease was written down");
 	t_wexd_restart(restart_d);
 	T_WEX(restart_p, wex_begin_write(restart_p, 5, 5000));
 	memset(restart_b, 5, restart_n / 2);

@@ -23,9 +23,10 @@
  * And for same-address regions: a REMAP_FIXED sync whose fetch gives the
  * regions private memory back (holding what they showed) does so under
  * the lease its acquire got; here wexd restarts just after answering that
- * acquire (this test interposes recvmsg), and the trainer begins its next
- * version on the new wexd and writes half of it before the regions are
- * restored.  The bytes they keep are that mix.  The sync acquires again,
+ * acquire (this test interposes recvmsg) and loses its lease journal (as
+ * if the lease could not be written down: with it, the new wexd would hold
+ * the trainer off), and the trainer begins its next version on the new
+ * wexd and writes half of it before the regions are restored.  The bytes they keep are that mix.  The sync acquires again,
  * and then fails: the new acquire times out (nothing published), or the
  * region cannot be mapped again (interposed mmap).  Either way the weights
  * must be dirty (wex_is_dirty 1), and the next sync shows the version
@@ -94,6 +95,11 @@ INTERPOSE ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 			inside = 0;
 			stage = 2;
 		} else if (stage == 2 && is_op(buf, len, "acquire")) {
+			/* Once the acquire is out: it ends the lease the
+			 * reconnect took back (the lease journal kept it), which
+			 * the trainer's begin_write waits for. */
+			ssize_t n = real_sendmsg(fd, msg, flags);
+
 			stage = 0;
 			inside = 1;
 			if (mix_v && publish_v == mix_v) {
@@ -107,6 +113,7 @@ INTERPOSE ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 				t_prod_write(&p, publish_v);
 			}
 			inside = 0;
+			return n;
 		} else if (stage == 3 && is_op(buf, len, "acquire")) {
 			stage = 4;
 		}
@@ -122,11 +129,13 @@ INTERPOSE ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 		real_recvmsg = (recvmsg_fn)(uintptr_t)dlsym(RTLD_NEXT, "recvmsg");
 	n = real_recvmsg(fd, msg, flags);
 	if (stage == 4 && !inside && n > 0) {
-		/* The acquire's reply is in: wexd restarts, and the trainer
-		 * begins mix_v there (no lease holds it) and writes the first
-		 * half of its tensors. */
+		/* The acquire's reply is in: wexd restarts without its lease
+		 * journal (as if the lease could not be written down), and
+		 * the trainer begins mix_v there (no lease holds it) and
+		 * writes the first half of its tensors. */
 		inside = 1;
 		t_wexd_kill(&d);
+		T_ASSERT(t_journal_wipe(&d) == 1, "the remap lease was written down");
 		t_wexd_restart(&d);
 		T_WEX(p.c, wex_begin_write(p.c, mix_v, 10000));
 		ex_fill(p.base, p.t, (size_t)p.n / 2, mix_v, 1);

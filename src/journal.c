@@ -1,0 +1,302 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * journal.c - remap leases written down so that they outlive wexd (see
+ * journal.h).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "journal.h"
+#include "log.h"
+
+#define REC_MAX 4096
+#define TMP_PREFIX "tmp-"
+
+static uint64_t instance; /* this wexd's start, realtime ns: unique names */
+
+int wex__journal_open(struct wex_journal *j, const char *socket_path)
+{
+	struct timespec ts;
+	struct stat st;
+	int fd, ret;
+
+	j->dirfd = -1;
+	j->why[0] = '\0';
+	j->seq = 0;
+	j->errors = 0;
+	j->keep = 0;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	instance = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	if ((size_t)snprintf(j->path, sizeof(j->path), "%s.leases", socket_path) >=
+	    sizeof(j->path)) {
+		snprintf(j->why, sizeof(j->why), "path too long");
+		return -ENAMETOOLONG;
+	}
+	if (mkdir(j->path, 0700) < 0 && errno != EEXIST) {
+		ret = -errno;
+		snprintf(j->why, sizeof(j->why), "mkdir %s: %s", j->path, strerror(errno));
+		return ret;
+	}
+	fd = open(j->path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0) {
+		ret = -errno;
+		snprintf(j->why, sizeof(j->why), "%s: %s", j->path,
+			 errno == ELOOP || errno == ENOTDIR ? "not a directory (a link?)"
+							    : strerror(errno));
+		return ret;
+	}
+	/* Another user's directory could feed us leases that hold a model
+	 * forever, or read who syncs what. */
+	if (fstat(fd, &st) < 0 || st.st_uid != geteuid() || (st.st_mode & 077)) {
+		snprintf(j->why, sizeof(j->why),
+			 "%s is not wexd's own (owner uid %d, mode %03o; wants uid %d, mode 0700)",
+			 j->path, (int)st.st_uid, (unsigned)(st.st_mode & 0777), (int)geteuid());
+		close(fd);
+		return -EPERM;
+	}
+	j->dirfd = fd;
+	return 0;
+}
+
+void wex__journal_close(struct wex_journal *j)
+{
+	if (j->dirfd >= 0)
+		close(j->dirfd);
+	j->dirfd = -1;
+}
+
+static const char *mode_str(int mode)
+{
+	return mode == WEX_SYNC_REMAP_FIXED ? "remap-fixed" :
+	       mode == WEX_SYNC_REMAP_VIEW  ? "remap-view" : "copy";
+}
+
+int wex__journal_put(struct wex_journal *j, char name[WEX_JOURNAL_NAME_MAX],
+		     const struct wex_journal_rec *r)
+{
+	char tmp[WEX_JOURNAL_NAME_MAX + 8], *s;
+	json_t *o;
+	size_t len;
+	ssize_t n;
+	int fd, ret = 0;
+
+	if (j->dirfd < 0)
+		return -ENOTDIR;
+	if (!name[0])
+		snprintf(name, WEX_JOURNAL_NAME_MAX, "l-%llu-%llu", (unsigned long long)instance,
+			 (unsigned long long)++j->seq);
+	o = json_pack("{s:i, s:s, s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I}", "wex_lease", 1,
+		      "model", r->model, "group", r->group, "rank", (json_int_t)r->rank, "world",
+		      (json_int_t)r->world, "version", (json_int_t)r->version, "mode",
+		      mode_str(r->mode), "pid", (json_int_t)r->pid, "uid", (json_int_t)r->uid,
+		      "start", (json_int_t)r->start);
+	s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	if (!s)
+		return -ENOMEM;
+	len = strlen(s);
+	snprintf(tmp, sizeof(tmp), TMP_PREFIX "%s", name);
+	fd = openat(j->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		ret = -errno;
+		goto out;
+	}
+	n = write(fd, s, len);
+	if (n != (ssize_t)len)
+		ret = n < 0 ? -errno : -ENOSPC;
+	if (close(fd) < 0 && !ret)
+		ret = -errno;
+	if (!ret && renameat(j->dirfd, tmp, j->dirfd, name) < 0)
+		ret = -errno;
+	if (ret)
+		unlinkat(j->dirfd, tmp, 0);
+out:
+	free(s);
+	if (ret)
+		j->errors++;
+	return ret;
+}
+
+void wex__journal_del(struct wex_journal *j, char name[WEX_JOURNAL_NAME_MAX])
+{
+	if (!name[0])
+		return;
+	if (j->dirfd >= 0 && !j->keep && unlinkat(j->dirfd, name, 0) < 0 && errno != ENOENT)
+		wex_warn("journal", "cannot remove %s/%s: %m", j->path, name);
+	name[0] = '\0';
+}
+
+static int mode_parse(const char *s)
+{
+	if (!strcmp(s, "remap-view"))
+		return WEX_SYNC_REMAP_VIEW;
+	if (!strcmp(s, "remap-fixed"))
+		return WEX_SYNC_REMAP_FIXED;
+	return -1;
+}
+
+/* Parses one record; 0 or -EINVAL with why. */
+static int rec_parse(const char *buf, size_t len, struct wex_journal_rec *r, char *why,
+		     size_t wlen)
+{
+	const char *model, *group, *mode;
+	json_int_t tag, rank, world, version, pid, uid, start;
+	json_error_t je;
+	json_t *o = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+	int ret = -EINVAL;
+
+	if (!o) {
+		snprintf(why, wlen, "not JSON: %s", je.text);
+		return -EINVAL;
+	}
+	if (json_unpack_ex(o, &je, JSON_STRICT,
+			   "{s:I, s:s, s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I}", "wex_lease", &tag,
+			   "model", &model, "group", &group, "rank", &rank, "world", &world,
+			   "version", &version, "mode", &mode, "pid", &pid, "uid", &uid, "start",
+			   &start) < 0) {
+		snprintf(why, wlen, "%s", je.text);
+		goto out;
+	}
+	if (tag != 1 || !*model || strlen(model) >= WEX_NAME_MAX || !*group ||
+	    strlen(group) >= WEX_NAME_MAX || world < 1 || world > 65536 || rank < 0 ||
+	    rank >= world || version < 1 || pid < 1 || pid > INT32_MAX || uid < 0 ||
+	    uid > UINT32_MAX || start < 0 || (r->mode = mode_parse(mode)) < 0) {
+		snprintf(why, wlen, "a field is out of range");
+		goto out;
+	}
+	snprintf(r->model, sizeof(r->model), "%s", model);
+	snprintf(r->group, sizeof(r->group), "%s", group);
+	r->rank = (uint32_t)rank;
+	r->world = (uint32_t)world;
+	r->version = (uint64_t)version;
+	r->pid = (pid_t)pid;
+	r->uid = (uid_t)uid;
+	r->start = (uint64_t)start;
+	ret = 0;
+out:
+	json_decref(o);
+	return ret;
+}
+
+void wex__journal_scan(struct wex_journal *j,
+		       void (*cb)(void *arg, const char *name, const struct wex_journal_rec *r),
+		       void *arg)
+{
+	struct wex_journal_rec r;
+	struct dirent *e;
+	char buf[REC_MAX + 1], why[160];
+	DIR *dir;
+	int fd;
+
+	if (j->dirfd < 0)
+		return;
+	fd = dup(j->dirfd);
+	if (fd < 0 || !(dir = fdopendir(fd))) {
+		wex_warn("journal", "cannot read %s: %m: leases held before this wexd are unknown",
+			 j->path);
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	rewinddir(dir);
+	while ((e = readdir(dir))) {
+		ssize_t n;
+		int rfd;
+
+		if (e->d_name[0] == '.')
+			continue;
+		if (!strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX))) {
+			unlinkat(j->dirfd, e->d_name, 0); /* a write cut short */
+			continue;
+		}
+		rfd = openat(j->dirfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+		if (rfd < 0) {
+			wex_warn("journal", "%s/%s: %m: removed", j->path, e->d_name);
+			unlinkat(j->dirfd, e->d_name, 0);
+			continue;
+		}
+		n = read(rfd, buf, sizeof(buf));
+		close(rfd);
+		if (n < 0 || n > REC_MAX || strlen(e->d_name) >= WEX_JOURNAL_NAME_MAX) {
+			snprintf(why, sizeof(why), "%s", n < 0 ? strerror(errno) :
+				 n > REC_MAX ? "too long" : "name too long");
+		} else if (rec_parse(buf, (size_t)n, &r, why, sizeof(why)) == 0) {
+			cb(arg, e->d_name, &r);
+			continue;
+		}
+		wex_warn("journal", "%s/%s is not a lease record (%s): removed", j->path, e->d_name,
+			 why);
+		unlinkat(j->dirfd, e->d_name, 0);
+	}
+	closedir(dir);
+}
+
+/* Start time and state letter of process pid; 0 if unknown. */
+static uint64_t proc_stat(pid_t pid, char *state)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long start = 0;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	/* The command name may hold spaces and ')': fields start after the
+	 * last ')'.  Field 3 (state) follows it; starttime is field 22. */
+	p = strrchr(buf, ')');
+	if (!p)
+		return 0;
+	p++;
+	while (*p == ' ')
+		p++;
+	*state = *p;
+	for (int field = 3; field <= 22 && p; field++) {
+		while (*p == ' ')
+			p++;
+		if (field == 22) {
+			start = strtoull(p, NULL, 10);
+			break;
+		}
+		p = strchr(p, ' ');
+	}
+	return start;
+}
+
+uint64_t wex__proc_start(pid_t pid)
+{
+	char state;
+
+	return proc_stat(pid, &state);
+}
+
+int wex__journal_alive(pid_t pid, uint64_t start)
+{
+	char state = '?';
+	uint64_t now;
+
+	if (kill(pid, 0) < 0 && errno == ESRCH)
+		return 0;
+	now = proc_stat(pid, &state);
+	if (state == 'Z' || state == 'X')
+		return 0; /* exited, not yet reaped: its mappings are gone */
+	/* Unknown either way (a /proc that hides other users' processes):
+	 * the pid alone says it. */
+	return !start || !now || now == start;
+}

@@ -1,0 +1,316 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * lease_journal - proves that a remap lease outlives a wexd restart
+ * (src/journal.h): the engine reads the producer's memory for a whole
+ * rollout without calling wexd, so a wexd restarted meanwhile must still
+ * keep the trainer from writing under it.
+ *
+ *  - held_until_exit: an engine process holding a remap-view lease; wexd is
+ *    SIGKILLed and restarted.  The new wexd shows the lease (status "held",
+ *    with the engine's pid) and the trainer's begin_write ends in EBUSY
+ *    naming it; once the engine process is killed, the trainer's
+ *    begin_write gets in.
+ *  - stale_records: records left by processes that are gone (a reaped pid;
+ *    a live pid whose start time differs, i.e. a reused pid), a record
+ *    that does not parse and a half-written temporary file are all
+ *    removed when wexd starts, and hold nothing.
+ *  - claim_mismatch: a hello from the lease's process that names another
+ *    version ends the held lease instead of taking it; the client whose
+ *    lease that was then learns at its release that it was lost
+ *    (-WEX_EDAEMON), and the trainer writes at once.
+ *  - sigterm_keeps: a graceful stop (SIGTERM) leaves the records of remap
+ *    leases still held; the next wexd holds the trainer off until the
+ *    engine releases (0, weights clean).
+ *  - journal_off: a journal directory open to others is refused with a
+ *    warning and status says why; syncs still work, and a restart then
+ *    holds nothing (the documented cost of a journal that is off).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "fixture.h"
+
+static struct t_wexd d;
+
+static void journal_path(char *buf, size_t len)
+{
+	snprintf(buf, len, "%s.leases", d.sock);
+}
+
+static int journal_count(void)
+{
+	char path[400];
+	struct dirent *e;
+	DIR *dir;
+	int n = 0;
+
+	journal_path(path, sizeof(path));
+	dir = opendir(path);
+	if (!dir)
+		return -1;
+	while ((e = readdir(dir)))
+		n += e->d_name[0] != '.';
+	closedir(dir);
+	return n;
+}
+
+/* The status entries of leases held from before this wexd, for model. */
+static int held_count(const char *model, int pid, uint64_t version, const char *mode)
+{
+	json_t *st = t_status(d.sock), *m = t_status_model(st, model), *h, *e;
+	size_t i;
+	int n = 0;
+
+	h = m ? json_object_get(m, "held") : NULL;
+	json_array_foreach(h, i, e) {
+		T_ASSERT(json_integer_value(json_object_get(e, "pid")) == pid &&
+			 (uint64_t)json_integer_value(json_object_get(e, "version")) == version &&
+			 !strcmp(json_string_value(json_object_get(e, "mode")), mode),
+			 "held lease %zu of '%s' is pid %d v%llu %s", i, model, pid,
+			 (unsigned long long)version, mode);
+		n++;
+	}
+	json_decref(st);
+	return n;
+}
+
+/* wexctl status names the lease held from before, with its pid, and the
+ * journal's directory. */
+static void ctl_shows(pid_t pid)
+{
+	const char *bin = getenv("WEXCTL_BIN");
+	char cmd[600], out[16384], want[64];
+	size_t n;
+	FILE *f;
+
+	if (!bin)
+		T_FAIL("WEXCTL_BIN not set (run through ctest)");
+	snprintf(cmd, sizeof(cmd), "'%s' status", bin);
+	f = popen(cmd, "r");
+	T_ASSERT(f, "popen %s", cmd);
+	n = fread(out, 1, sizeof(out) - 1, f);
+	out[n] = '\0';
+	T_ASSERT(pclose(f) == 0, "wexctl status: %s", out);
+	snprintf(want, sizeof(want), "  g          0     %-8d        1 remap-view", (int)pid);
+	T_ASSERT(strstr(out, "leases held from before this wexd started") && strstr(out, want) &&
+		 strstr(out, "lease journal ") && strstr(out, ".leases"),
+		 "wexctl status shows the held lease ('%s') and the journal:\n%s", want, out);
+}
+
+static void restart(void)
+{
+	t_wexd_kill(&d);
+	t_wexd_restart(&d);
+}
+
+static void held_until_exit(void)
+{
+	struct t_prod p;
+	int pfd[2], ret;
+	char c = 0;
+	pid_t child;
+
+	t_prod_open(&p, "exit", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	T_ASSERT(pipe(pfd) == 0, "pipe");
+	child = t_fork();
+	if (child == 0) {
+		struct t_cons k;
+		struct wex_sync_result r;
+
+		close(pfd[0]);
+		t_cons_open(&k, "exit", "g", "tiny", 0, 1);
+		T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+		(void)!write(pfd[1], "s", 1);
+		for (;;)
+			pause(); /* the rollout */
+	}
+	close(pfd[1]);
+	T_ASSERT(read(pfd[0], &c, 1) == 1, "the engine synced");
+	close(pfd[0]);
+	T_ASSERT(journal_count() == 1, "the remap lease is written down (%d records)",
+		 journal_count());
+	restart();
+	T_ASSERT(held_count("exit", (int)child, 1, "remap-view") == 1,
+		 "status shows the engine's lease held from before the restart");
+	T_ASSERT(t_leases(d.sock, "exit") == 1, "and counts it");
+	ctl_shows(child);
+	ret = wex_begin_write(p.c, 2, 300);
+	T_ASSERT(ret == -EBUSY && strstr(wex_last_error(p.c), "before wexd restarted"),
+		 "the trainer waits for the engine's lease: %s (%s)", wex_strerror(ret),
+		 wex_last_error(p.c));
+	kill(child, SIGKILL);
+	T_ASSERT(t_wait(child) == 128 + SIGKILL, "the engine was killed");
+	/* The waiting begin_write looks for the engine's exit now and then. */
+	T_WEX(p.c, wex_begin_write(p.c, 2, 5000));
+	T_WEX(p.c, wex_publish(p.c, 2));
+	T_ASSERT(held_count("exit", 0, 0, "") == 0 && journal_count() == 0,
+		 "the held lease ended with its process, and its record with it");
+	t_prod_close(&p);
+}
+
+static void write_record(const char *name, const char *text)
+{
+	char path[600];
+	int fd;
+
+	journal_path(path, 400);
+	strcat(path, "/");
+	strcat(path, name);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	T_ASSERT(fd >= 0, "create %s: %s", path, strerror(errno));
+	T_ASSERT(write(fd, text, strlen(text)) == (ssize_t)strlen(text), "write %s", path);
+	close(fd);
+}
+
+static void stale_records(void)
+{
+	char rec[512];
+	pid_t gone = t_fork();
+	struct t_prod p;
+
+	if (gone == 0)
+		_exit(0);
+	t_wait(gone);
+	t_wexd_kill(&d);
+	snprintf(rec, sizeof(rec),
+		 "{\"wex_lease\":1,\"model\":\"stale\",\"group\":\"g\",\"rank\":0,\"world\":1,"
+		 "\"version\":3,\"mode\":\"remap-view\",\"pid\":%d,\"uid\":%d,\"start\":0}",
+		 (int)gone, (int)getuid());
+	write_record("l-1-1", rec);
+	/* This process, but started at another time: a reused pid. */
+	snprintf(rec, sizeof(rec),
+		 "{\"wex_lease\":1,\"model\":\"stale\",\"group\":\"g\",\"rank\":0,\"world\":1,"
+		 "\"version\":3,\"mode\":\"remap-fixed\",\"pid\":%d,\"uid\":%d,\"start\":1}",
+		 (int)getpid(), (int)getuid());
+	write_record("l-1-2", rec);
+	write_record("l-1-3", "{\"wex_lease\":1,\"model\":\"stale\"");
+	write_record("tmp-l-1-4", "{");
+	t_wexd_restart(&d);
+	T_ASSERT(journal_count() == 0, "every stale record was removed (%d left)", journal_count());
+	T_ASSERT(t_leases(d.sock, "stale") == 0, "and none holds the model");
+	t_prod_open(&p, "stale", "tiny", 0, 1);
+	T_WEX(p.c, wex_begin_write(p.c, 4, 200));
+	T_WEX(p.c, wex_publish(p.c, 4));
+	t_prod_close(&p);
+}
+
+static void claim_mismatch(void)
+{
+	struct t_prod p;
+	struct t_cons k;
+	struct wex_sync_result r;
+	json_t *rep;
+	int fd, ret;
+
+	t_prod_open(&p, "claim", "tiny", 0, 1);
+	t_cons_open(&k, "claim", "g", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+	restart();
+	T_ASSERT(held_count("claim", (int)getpid(), 1, "remap-view") == 1, "the lease is held");
+	fd = t_raw_connect(d.sock);
+	rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"claim\","
+			    "\"group\":\"g\",\"rank\":0,\"world\":1,\"lease\":7}", NULL, 0);
+	T_ASSERT(!strcmp(t_code(rep), "OK") &&
+		 json_is_false(json_object_get(rep, "lease_reclaimed")),
+		 "a hello naming v7 does not take the v1 lease: %s", t_code(rep));
+	json_decref(rep);
+	close(fd);
+	T_ASSERT(held_count("claim", 0, 0, "") == 0, "and ends it");
+	fd = t_raw_connect(d.sock);
+	rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"claim\","
+			    "\"group\":\"h\",\"lease\":-1}", NULL, 0);
+	T_ASSERT(!strcmp(t_code(rep), "EINVAL") && strstr(t_msg(rep), "not a version"),
+		 "a hello naming lease -1 is refused: %s %s", t_code(rep), t_msg(rep));
+	json_decref(rep);
+	close(fd);
+	T_WEX(p.c, wex_begin_write(p.c, 2, 5000));
+	ret = wex_release(k.c);
+	T_ASSERT(ret == -WEX_EDAEMON && strstr(wex_last_error(k.c), "lease on v1 was lost"),
+		 "the client learns its lease was lost: %s (%s)", wex_strerror(ret),
+		 wex_last_error(k.c));
+	t_prod_close(&p);
+	t_cons_close(&k);
+}
+
+static void sigterm_keeps(void)
+{
+	struct t_prod p;
+	struct t_cons k;
+	struct wex_sync_result r;
+	int st, ret;
+
+	t_prod_open(&p, "term", "tiny", 0, 1);
+	t_cons_open(&k, "term", "g", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	T_ASSERT(kill(d.pid, SIGTERM) == 0, "SIGTERM wexd");
+	T_ASSERT(waitpid(d.pid, &st, 0) == d.pid && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+		 "wexd stopped cleanly");
+	d.pid = 0;
+	T_ASSERT(journal_count() == 1, "the lease still held stays written down (%d records)",
+		 journal_count());
+	t_wexd_restart(&d);
+	ret = wex_begin_write(p.c, 2, 200);
+	T_ASSERT(ret == -EBUSY, "the next wexd holds the trainer off: %s", wex_strerror(ret));
+	T_WEX(k.c, wex_release(k.c));
+	T_ASSERT(!wex_is_dirty(k.c) && t_own_bad(&k, 1) == 0, "the engine's weights are whole");
+	T_ASSERT(journal_count() == 0, "the release removed the record");
+	t_prod_write(&p, 2);
+	t_prod_close(&p);
+	t_cons_close(&k);
+}
+
+static void journal_off(void)
+{
+	struct t_prod p;
+	struct t_cons k;
+	struct wex_sync_result r;
+	char path[400];
+	json_t *st, *j;
+
+	journal_path(path, sizeof(path));
+	t_wexd_kill(&d);
+	T_ASSERT(chmod(path, 0755) == 0, "chmod %s", path);
+	t_wexd_restart(&d);
+	st = t_status(d.sock);
+	j = json_object_get(json_object_get(st, "daemon"), "lease_journal");
+	T_ASSERT(json_is_null(json_object_get(j, "dir")) &&
+		 strstr(json_string_value(json_object_get(j, "off")) ?: "", "mode 0700"),
+		 "status says the journal is off and why");
+	json_decref(st);
+	t_prod_open(&p, "off", "tiny", 0, 1);
+	t_cons_open(&k, "off", "g", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+	T_ASSERT(journal_count() == 0, "nothing was written");
+	restart();
+	T_WEX(p.c, wex_begin_write(p.c, 2, 200)); /* nothing holds it */
+	T_ASSERT(chmod(path, 0700) == 0, "chmod %s back", path);
+	t_prod_close(&p);
+	t_cons_close(&k);
+}
+
+int main(void)
+{
+	t_wexd_start(&d);
+	t_check_backend(d.sock);
+	held_until_exit();
+	stale_records();
+	claim_mismatch();
+	sigterm_keeps();
+	journal_off();
+	t_wexd_stop(&d);
+	printf("lease_journal: PASS\n");
+	t_exit(T_EXIT_PASS);
+}
