@@ -17,9 +17,10 @@
  *    hang up without reading the reply.
  * The schedule is random; what is asserted is not:
  *  - a successful sync of v shows exactly v's bytes in every tensor, and
- *    still does just before the lease ends, unless wexd restarted under
- *    the lease, and then the release says so (-WEX_EDAEMON); a failed
- *    copy sync marks the weights dirty or leaves them as they were;
+ *    still does just before the lease ends, also when wexd restarted
+ *    under the lease (its lease journal holds the producers off); a
+ *    release says -WEX_EDAEMON only across a restart; a failed copy sync
+ *    marks the weights dirty or leaves them as they were;
  *  - a consumer slot never sees a version lower than one it synced before
  *    (the producers' version numbers only grow, across wexd restarts too);
  *  - a producer's begin_write never succeeds while a consumer holds a
@@ -81,7 +82,7 @@ struct shared {
 	_Atomic int stop_cons; /* the end, for consumers (first) */
 	/* What the run reached. */
 	_Atomic uint64_t n_publish, n_begin, n_busy, n_sync[4], n_timeout, n_stale, n_restart_err,
-		n_lost_lease, n_einval;
+		n_lost_lease, n_unreturned, n_einval;
 };
 
 static struct shared *S;
@@ -402,8 +403,8 @@ static uint64_t bad_bytes(struct cons *k, int mode, uint64_t v)
 }
 
 /* Ends a remap lease (g0: generation when the sync began).  `torn`: the
- * bytes changed under it, which only a wexd restart excuses, and then
- * the release must say that the lease was lost. */
+ * bytes changed under it, and then the release must say that the lease
+ * was lost (which only a restart excuses). */
 static void cons_release(struct cons *k, int slot, uint64_t g0, uint64_t v, int mode, int torn)
 {
 	int ret;
@@ -421,7 +422,12 @@ static void cons_release(struct cons *k, int slot, uint64_t g0, uint64_t v, int 
 	if (ret != -WEX_EDAEMON || !restarted_since(g0))
 		CF("release of the %s lease on v%llu: %s: %s", mode_name(mode),
 		   (unsigned long long)v, wex_strerror(ret), wex_last_error(k->c));
-	atomic_fetch_add(&S->n_lost_lease, 1);
+	/* No wexd to give it back to (the usual case here), or really lost
+	 * (a call wexd did not answer dropped the connection). */
+	if (strstr(wex_last_error(k->c), "could not be given back"))
+		atomic_fetch_add(&S->n_unreturned, 1);
+	else
+		atomic_fetch_add(&S->n_lost_lease, 1);
 }
 
 static void consumer(int slot, int incarnation)
@@ -540,20 +546,22 @@ static void consumer(int slot, int incarnation)
 		/* A remap lease: valid while wexd generation g0 lives. */
 		if (g0 == g1 && !(g0 & 1))
 			atomic_store(&S->hold[slot], MARK(g0, v));
+		/* Across wexd restarts too: the lease journal holds the
+		 * producers off until this lease ends. */
 		bad = bad_bytes(&k, mode, v);
-		if (bad && !restarted_since(g0))
-			CF("%s sync of v%llu: %llu elements from another version", mode_name(mode),
-			   (unsigned long long)v, (unsigned long long)bad);
-		if (!bad) {
-			nap(rnd(4) ? 3000 : 15000);
-			bad = bad_bytes(&k, mode, v);
-			if (bad && !restarted_since(g0))
-				CF("%s lease on v%llu: %llu elements changed while it was held "
-				   "(begin_write went through under a lease)", mode_name(mode),
-				   (unsigned long long)v, (unsigned long long)bad);
-		}
-		if (bad || rnd(3) == 0) {
-			cons_release(&k, slot, g0, v, mode, bad != 0);
+		if (bad)
+			CF("%s sync of v%llu: %llu elements from another version%s", mode_name(mode),
+			   (unsigned long long)v, (unsigned long long)bad,
+			   restarted_since(g0) ? " (wexd restarted meanwhile)" : "");
+		nap(rnd(4) ? 3000 : 15000);
+		bad = bad_bytes(&k, mode, v);
+		if (bad)
+			CF("%s lease on v%llu: %llu elements changed while it was held "
+			   "(begin_write went through under a lease%s)", mode_name(mode),
+			   (unsigned long long)v, (unsigned long long)bad,
+			   restarted_since(g0) ? ", held across a wexd restart" : "");
+		if (rnd(3) == 0) {
+			cons_release(&k, slot, g0, v, mode, 0);
 			continue;
 		}
 		held = 1;
@@ -877,15 +885,16 @@ int main(void)
 	printf("%d wexd restart(s), %d producer kill(s), %d consumer kill(s), %d clean close(s), "
 	       "%d raw connection(s)\n", restarts, pkills, ckills, closes, raws);
 	printf("%llu begin_write(s) (%llu EBUSY), %llu publish(es), syncs: %llu copy, %llu view, "
-	       "%llu fixed; %llu ETIMEDOUT, %llu ESTALE, %llu cut by restarts, %llu leases lost "
-	       "to a restart, %llu version disagreements\n",
+	       "%llu fixed; %llu ETIMEDOUT, %llu ESTALE, %llu cut by restarts, %llu releases "
+	       "while wexd was down, %llu leases lost, %llu version disagreements\n",
 	       (unsigned long long)ld(&S->n_begin), (unsigned long long)ld(&S->n_busy),
 	       (unsigned long long)ld(&S->n_publish),
 	       (unsigned long long)ld(&S->n_sync[WEX_SYNC_COPY]),
 	       (unsigned long long)ld(&S->n_sync[WEX_SYNC_REMAP_VIEW]),
 	       (unsigned long long)ld(&S->n_sync[WEX_SYNC_REMAP_FIXED]),
 	       (unsigned long long)ld(&S->n_timeout), (unsigned long long)ld(&S->n_stale),
-	       (unsigned long long)ld(&S->n_restart_err), (unsigned long long)ld(&S->n_lost_lease),
+	       (unsigned long long)ld(&S->n_restart_err), (unsigned long long)ld(&S->n_unreturned),
+	       (unsigned long long)ld(&S->n_lost_lease),
 	       (unsigned long long)ld(&S->n_einval));
 	T_ASSERT(ld(&S->n_publish) > 0, "seed %llu: the run published nothing", seed);
 
