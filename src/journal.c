@@ -156,7 +156,7 @@ static int rec_parse(const char *buf, size_t len, struct wex_journal_rec *r, cha
 	int ret = -EINVAL;
 
 	if (!o) {
-		snprintf(why, wlen, "not JSON: %s", je.text);
+		snprintf(why, wlen, "not JSON: %.120s", je.text);
 		return -EINVAL;
 	}
 	if (json_unpack_ex(o, &je, JSON_STRICT,
@@ -164,7 +164,7 @@ static int rec_parse(const char *buf, size_t len, struct wex_journal_rec *r, cha
 			   "model", &model, "group", &group, "rank", &rank, "world", &world,
 			   "version", &version, "mode", &mode, "pid", &pid, "uid", &uid, "start",
 			   &start) < 0) {
-		snprintf(why, wlen, "%s", je.text);
+		snprintf(why, wlen, "%.150s", je.text);
 		goto out;
 	}
 	if (tag != 1 || !*model || strlen(model) >= WEX_NAME_MAX || !*group ||
