@@ -20,7 +20,6 @@
 #include "log.h"
 
 #define REC_MAX 4096
-#define TMP_PREFIX "tmp-"
 
 static uint64_t instance; /* this wexd's start, realtime ns: unique names */
 
@@ -81,20 +80,48 @@ static const char *mode_str(int mode)
 	       mode == WEX_SYNC_REMAP_VIEW  ? "remap-view" : "copy";
 }
 
-int wex__journal_put(struct wex_journal *j, char name[WEX_JOURNAL_NAME_MAX],
+/* Writes a whole record (JSON padded with spaces) over the first page:
+ * one page-cache copy, so a wexd killed at any point leaves the old
+ * record or the new one, and a sync pays one pwrite, not a file creation
+ * and a rename. */
+static int rec_write(int fd, const char *json)
+{
+	char page[REC_MAX];
+	size_t len = strlen(json);
+	ssize_t n;
+
+	if (len >= sizeof(page))
+		return -ENAMETOOLONG;
+	memcpy(page, json, len);
+	memset(page + len, ' ', sizeof(page) - len - 1);
+	page[sizeof(page) - 1] = '\n';
+	n = pwrite(fd, page, sizeof(page), 0);
+	if (n == (ssize_t)sizeof(page))
+		return 0;
+	return n < 0 ? -errno : -ENOSPC;
+}
+
+int wex__journal_put(struct wex_journal *j, int *fd, char name[WEX_JOURNAL_NAME_MAX],
 		     const struct wex_journal_rec *r)
 {
-	char tmp[WEX_JOURNAL_NAME_MAX + 8], *s;
+	char *s;
 	json_t *o;
-	size_t len;
-	ssize_t n;
-	int fd, ret = 0;
+	int ret;
 
 	if (j->dirfd < 0)
 		return -ENOTDIR;
-	if (!name[0])
-		snprintf(name, WEX_JOURNAL_NAME_MAX, "l-%llu-%llu", (unsigned long long)instance,
-			 (unsigned long long)++j->seq);
+	if (*fd < 0) {
+		if (!name[0])
+			snprintf(name, WEX_JOURNAL_NAME_MAX, "l-%llu-%llu",
+				 (unsigned long long)instance, (unsigned long long)++j->seq);
+		*fd = openat(j->dirfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (*fd < 0) {
+			ret = -errno;
+			name[0] = '\0';
+			j->errors++;
+			return ret;
+		}
+	}
 	o = json_pack("{s:i, s:s, s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I}", "wex_lease", 1,
 		      "model", r->model, "group", r->group, "rank", (json_int_t)r->rank, "world",
 		      (json_int_t)r->world, "version", (json_int_t)r->version, "mode",
@@ -102,33 +129,32 @@ int wex__journal_put(struct wex_journal *j, char name[WEX_JOURNAL_NAME_MAX],
 		      "start", (json_int_t)r->start);
 	s = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);
-	if (!s)
-		return -ENOMEM;
-	len = strlen(s);
-	snprintf(tmp, sizeof(tmp), TMP_PREFIX "%s", name);
-	fd = openat(j->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (fd < 0) {
-		ret = -errno;
-		goto out;
-	}
-	n = write(fd, s, len);
-	if (n != (ssize_t)len)
-		ret = n < 0 ? -errno : -ENOSPC;
-	if (close(fd) < 0 && !ret)
-		ret = -errno;
-	if (!ret && renameat(j->dirfd, tmp, j->dirfd, name) < 0)
-		ret = -errno;
-	if (ret)
-		unlinkat(j->dirfd, tmp, 0);
-out:
+	ret = s ? rec_write(*fd, s) : -ENOMEM;
 	free(s);
 	if (ret)
 		j->errors++;
 	return ret;
 }
 
-void wex__journal_del(struct wex_journal *j, char name[WEX_JOURNAL_NAME_MAX])
+void wex__journal_clear(struct wex_journal *j, int fd)
 {
+	int ret;
+
+	if (fd < 0 || j->keep)
+		return;
+	ret = rec_write(fd, "{\"wex_lease\":0}");
+	if (ret) {
+		j->errors++;
+		wex_warn("journal", "cannot mark a lease ended in %s: %s: a wexd started later holds its producer off until the lease's process calls it, or exits",
+			 j->path, strerror(-ret));
+	}
+}
+
+void wex__journal_del(struct wex_journal *j, int *fd, char name[WEX_JOURNAL_NAME_MAX])
+{
+	if (*fd >= 0)
+		close(*fd);
+	*fd = -1;
 	if (!name[0])
 		return;
 	if (j->dirfd >= 0 && !j->keep && unlinkat(j->dirfd, name, 0) < 0 && errno != ENOENT)
@@ -188,6 +214,22 @@ out:
 	return ret;
 }
 
+/* A record of a lease that ended, or one whose first write never came
+ * (wexd died between creating the file and writing it). */
+static int ended(const char *buf, size_t n)
+{
+	json_t *o;
+	int ret;
+
+	if (n == 0)
+		return 1;
+	o = json_loadb(buf, n, 0, NULL);
+	ret = o && json_integer_value(json_object_get(o, "wex_lease")) == 0 &&
+	      json_object_size(o) == 1;
+	json_decref(o);
+	return ret;
+}
+
 void wex__journal_scan(struct wex_journal *j,
 		       void (*cb)(void *arg, const char *name, const struct wex_journal_rec *r),
 		       void *arg)
@@ -215,10 +257,6 @@ void wex__journal_scan(struct wex_journal *j,
 
 		if (e->d_name[0] == '.')
 			continue;
-		if (!strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX))) {
-			unlinkat(j->dirfd, e->d_name, 0); /* a write cut short */
-			continue;
-		}
 		rfd = openat(j->dirfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 		if (rfd < 0) {
 			wex_warn("journal", "%s/%s: %m: removed", j->path, e->d_name);
@@ -230,6 +268,9 @@ void wex__journal_scan(struct wex_journal *j,
 		if (n < 0 || n > REC_MAX || strlen(e->d_name) >= WEX_JOURNAL_NAME_MAX) {
 			snprintf(why, sizeof(why), "%s", n < 0 ? strerror(errno) :
 				 n > REC_MAX ? "too long" : "name too long");
+		} else if (ended(buf, (size_t)n)) {
+			unlinkat(j->dirfd, e->d_name, 0); /* a lease that ended */
+			continue;
 		} else if (rec_parse(buf, (size_t)n, &r, why, sizeof(why)) == 0) {
 			cb(arg, e->d_name, &r);
 			continue;

@@ -11,8 +11,9 @@
  * whose process still lives holds its model until that process reconnects
  * (and reclaims it, or says it no longer holds it) or exits.
  *
- * Files are written to a temporary name and renamed, so a reader sees a
- * whole record or none.  Nothing here blocks on anything but the local
+ * A record is one page, rewritten in place with one pwrite when its
+ * lease changes or ends (the file lives as long as the connection), so a
+ * reader sees the old record or the new one.  Nothing here blocks on anything but the local
  * file system (tmpfs under /run for the packaged unit).
  */
 #ifndef WEX_JOURNAL_H
@@ -51,12 +52,16 @@ struct wex_journal_rec {
 int wex__journal_open(struct wex_journal *j, const char *socket_path);
 void wex__journal_close(struct wex_journal *j);
 
-/* Writes r under `name` (empty: a new unique name is made and stored
- * there).  Returns 0 or -errno. */
-int wex__journal_put(struct wex_journal *j, char name[WEX_JOURNAL_NAME_MAX],
+/* Writes r into the record open at *fd, or (*fd < 0) opens the one named
+ * `name`, creating it (empty name: a new unique one, stored there).  A
+ * record is one page rewritten in place: one pwrite per change.  Returns
+ * 0 or -errno (counted in j->errors). */
+int wex__journal_put(struct wex_journal *j, int *fd, char name[WEX_JOURNAL_NAME_MAX],
 		     const struct wex_journal_rec *r);
-/* Removes `name` (empty: nothing) and empties it; kept while j->keep. */
-void wex__journal_del(struct wex_journal *j, char name[WEX_JOURNAL_NAME_MAX]);
+/* Marks the record at fd as a lease that ended (kept while j->keep). */
+void wex__journal_clear(struct wex_journal *j, int fd);
+/* Closes *fd and removes `name` (kept while j->keep); empties both. */
+void wex__journal_del(struct wex_journal *j, int *fd, char name[WEX_JOURNAL_NAME_MAX]);
 
 /* Calls cb for each whole record.  A file that does not parse is named in
  * a warning and removed; leftover temporary files are removed. */

@@ -713,7 +713,7 @@ static void lease_drop(struct model *m, struct conn *c)
 	c->lease_reclaimed = 0;
 	if (m->leases)
 		m->leases--;
-	wex__journal_del(&c->d->journal, c->lease_file);
+	wex__journal_clear(&c->d->journal, c->lease_fd);
 }
 
 /*
@@ -729,10 +729,10 @@ static void lease_note(struct conn *c)
 {
 	struct wexd *d = c->d;
 	struct wex_journal_rec r = { 0 };
-	int fresh = !c->lease_file[0], ret;
+	int ret;
 
 	if (!c->has_lease || c->lease_mode == WEX_SYNC_COPY) {
-		wex__journal_del(&d->journal, c->lease_file);
+		wex__journal_clear(&d->journal, c->lease_fd);
 		return;
 	}
 	if (d->journal.dirfd < 0)
@@ -748,10 +748,8 @@ static void lease_note(struct conn *c)
 	r.pid = c->pid;
 	r.uid = c->uid;
 	r.start = c->start;
-	ret = wex__journal_put(&d->journal, c->lease_file, &r);
+	ret = wex__journal_put(&d->journal, &c->lease_fd, c->lease_file, &r);
 	if (ret < 0) {
-		if (fresh)
-			c->lease_file[0] = '\0';
 		if (d->journal.errors == 1 || d->journal.errors % 1000 == 0)
 			wex_warn("journal", "cannot write down the %s lease of pid %d on model '%s' v%llu in %s: %s: should wexd restart before it ends, the producer could write under it (%llu failed write(s) so far)",
 				 mode_name(c->lease_mode), (int)c->pid, c->model->name,
@@ -775,8 +773,11 @@ static void held_drop(struct wexd *d, struct held *h, const char *why)
 		wex_info("journal", "model '%s': the %s lease of pid %d (group '%s' rank %u) on v%llu, held from before this wexd, ended: %s",
 			 m->name, mode_name(h->mode), (int)h->pid, h->group, h->rank,
 			 (unsigned long long)h->version, why);
-	if (why)
-		wex__journal_del(&d->journal, h->file);
+	if (why) {
+		int none = -1;
+
+		wex__journal_del(&d->journal, &none, h->file);
+	}
 	if (m->leases)
 		m->leases--;
 	m->held--;
@@ -793,9 +794,11 @@ static void held_add(void *arg, const char *name, const struct wex_journal_rec *
 
 	snprintf(file, sizeof(file), "%s", name);
 	if (!wex__journal_alive(r->pid, r->start)) {
+		int none = -1;
+
 		wex_info("journal", "model '%s': the %s lease of pid %d on v%llu ended with its process while no wexd ran",
 			 r->model, mode_name(r->mode), (int)r->pid, (unsigned long long)r->version);
-		wex__journal_del(&d->journal, file);
+		wex__journal_del(&d->journal, &none, file);
 		return;
 	}
 	m = model_get(d, r->model, 0, 0, err, sizeof(err));
@@ -882,7 +885,11 @@ static int held_claim(struct wexd *d, struct conn *c, uint64_t lease)
 	c->lease_version = h->version;
 	c->lease_epoch = c->model->epoch;
 	c->lease_mode = h->mode;
+	/* The record becomes this connection's (rewritten in place from now
+	 * on); a conn holds one record at most, so any of its own goes. */
+	wex__journal_del(&d->journal, &c->lease_fd, c->lease_file);
 	snprintf(c->lease_file, sizeof(c->lease_file), "%s", h->file);
+	lease_note(c);
 	wex_info("journal", "model '%s': pid %d (group '%s' rank %u) took back its %s lease on v%llu",
 		 c->model->name, (int)c->pid, h->group, h->rank, mode_name(h->mode),
 		 (unsigned long long)h->version);
@@ -1151,8 +1158,10 @@ json_t *wexd_acquire(struct wexd *d, struct conn *c, json_t *req)
 	 * single-buffer mode the producer cannot write while it is held. */
 	if (c->has_lease && minv && (uint64_t)minv <= c->lease_version &&
 	    c->lease_epoch == c->model->epoch && !c->lease_reclaimed) {
-		c->lease_mode = (int)mode;
-		lease_note(c);
+		if (c->lease_mode != (int)mode) {
+			c->lease_mode = (int)mode;
+			lease_note(c); /* written down only as a remap lease */
+		}
 		c->syncs++;
 		c->last_sync_ns = wex__now_ns();
 		return json_pack("{s:b, s:I, s:I, s:f, s:b}", "ok", 1, "version",
@@ -1474,6 +1483,7 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 				 c->rank, g->name, (int)c->pid,
 				 (unsigned long long)c->lease_version);
 		lease_drop(m, c);
+		wex__journal_del(&d->journal, &c->lease_fd, c->lease_file);
 		g->ranks[c->rank] = NULL;
 		plans_gc(m);
 		for (uint32_t i = 0; i < g->world; i++)

@@ -194,6 +194,7 @@ static void on_accept(void *arg, int fd)
 		return;
 	}
 	c->d = d;
+	c->lease_fd = -1;
 	c->id = ++d->next_conn_id;
 	c->connected_ns = wex__now_ns();
 	if (wex_sock_peercred(fd, &c->pid, &c->uid, &c->gid) < 0) {
