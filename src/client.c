@@ -582,8 +582,9 @@ static int reconnect(struct wex_client *c)
 		if (c->nptensors && (ret = send_tensors(c)) < 0)
 			goto err;
 		/* A write begun on the old daemon goes on: begin it again here
-		 * (no lease can hold the new daemon's fresh model), or the
-		 * publish that ends it is refused as "not begun".  If the new
+		 * (no lease held then, so none the new daemon read back from
+		 * its lease journal holds it), or the publish that ends it is
+		 * refused as "not begun".  If the new
 		 * daemon refuses, the publish reports that. */
 		if (c->writing) {
 			json_t *req = json_pack("{s:s, s:I, s:I}", "op", "begin_write", "version",
@@ -739,17 +740,24 @@ static void client_close(wex_client_t *c)
 		client_free(c);
 		return;
 	}
+	/* A lease this connection cannot give back (wexd restarted, or is
+	 * down) may be held for this process by a wexd that read it from its
+	 * lease journal: said hello to once the memory is unmapped, below. */
+	int owed = c->role == WEX_ROLE_CONSUMER && (c->lease_lost || (c->has_lease && c->fd < 0));
+
 	if (c->has_lease && c->fd >= 0) {
 		json_t *req = json_pack("{s:s}", "op", "release"), *reply = NULL;
 
 		/* The engine's kernels may still read what the lease shows. */
 		wex_mem_settle();
-		raw_rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, 1000);
+		if (raw_rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, 1000) < 0)
+			owed = 1;
 		json_decref(reply);
 		json_decref(req);
 	}
 	if (c->fd >= 0)
 		close(c->fd);
+	c->fd = -1;
 	/* Regions go without getting their contents back (unreserve unmaps
 	 * whatever they show): a copy of weights about to be freed would
 	 * only cost GPU memory, which may not be there. */
@@ -759,6 +767,20 @@ static void client_close(wex_client_t *c)
 	}
 	c->nregions = 0;
 	consumer_unmap_all(c);
+	if (owed) {
+		/* A hello that names no lease ends it there (at most one
+		 * bounded round trip; no wexd, nothing held). */
+		int reclaimed;
+
+		c->lease_lost = 0;
+		c->has_lease = 0;
+		c->timeout_ms = 1000;
+		c->fd = wex_sock_connect(c->sock);
+		if (c->fd >= 0) {
+			hello(c, &reclaimed);
+			close(c->fd);
+		}
+	}
 	for (size_t i = 0; i < c->nosegs; i++)
 		c->osegs[i].seg.ops->release(&c->osegs[i].seg);
 	client_free(c);
@@ -1950,7 +1972,10 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 	/* The acquire ends the lease held now (wexd drops it), and a copy
 	 * overwrites the weights in place: either way the engine's GPU work
 	 * that may still read them must be done first. */
-	if ((c->has_lease || mode == WEX_SYNC_COPY) && (ret = settle(c, "sync")) < 0)
+	/* (A lease lost with the connection may come back at a restarted
+	 * wexd, which this acquire then ends: settle for it too.) */
+	if ((c->has_lease || c->lease_lost || mode == WEX_SYNC_COPY) &&
+	    (ret = settle(c, "sync")) < 0)
 		return ret;
 again:
 	req = json_pack("{s:s, s:I, s:i}", "op", "acquire", "min_version", (json_int_t)min_version,
@@ -1969,10 +1994,15 @@ again:
 	if (ret < 0) {
 		/* wexd says whether it refused the acquire before taking it on
 		 * (the previous lease stands) or dropped that lease first. */
-		if (held && c->lease_kept && c->conn_gen == conn && c->fd >= 0)
+		/* A reconnect inside rpc may have taken a lease back from a
+		 * restarted wexd, which then stands only if wexd said so on
+		 * that connection. */
+		if (c->lease_kept && c->fd >= 0 && (held || c->conn_gen != conn)) {
 			c->has_lease = 1;
-		else
+		} else {
+			c->has_lease = 0;
 			ret = regions_leave(c, ret, held);
+		}
 		return ret;
 	}
 	version = (uint64_t)json_integer_value(json_object_get(reply, "version"));
@@ -1995,9 +2025,12 @@ again:
 			goto err_release;
 	}
 	if (c->conn_gen != conn) {
-		/* Restarted during the fetch: acquire again from the new one.
+		/* Restarted during the fetch: acquire again from the new one
+		 * (which ends the lease the reconnect may have taken back).
 		 * The lease the restart took was this sync's own, never the
 		 * caller's: no later wex_release reports it as lost. */
+		int back = c->has_lease;
+
 		c->has_lease = 0;
 		c->lease_lost = 0;
 		c->fetched = 0;
@@ -2011,6 +2044,12 @@ again:
 			if (limit)
 				timeout_ms = spent + 1 >= limit ? 1 : (uint32_t)(limit - spent);
 			goto again;
+		}
+		if (back) {
+			/* Taken back at the third wexd: give it back there. */
+			c->has_lease = 1;
+			release_lease(c, 0);
+			c->lease_lost = 0;
 		}
 		return set_err(c, -WEX_EDAEMON, "wexd restarted twice during one sync: sync again");
 	}

@@ -116,8 +116,8 @@ int wex__journal_put(struct wex_journal *j, int *fd, char name[WEX_JOURNAL_NAME_
 				 (unsigned long long)instance, (unsigned long long)++j->seq);
 		*fd = openat(j->dirfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
 		if (*fd < 0) {
+			/* The name stays: del removes a record left there. */
 			ret = -errno;
-			name[0] = '\0';
 			j->errors++;
 			return ret;
 		}
@@ -320,6 +320,24 @@ static uint64_t proc_stat(pid_t pid, char *state)
 	return start;
 }
 
+/* Threads of process pid (/proc/PID/status); 0 if unknown. */
+static long threads(pid_t pid)
+{
+	char path[64], line[256];
+	long n = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "Threads: %ld", &n) == 1)
+			break;
+	fclose(f);
+	return n;
+}
+
 uint64_t wex__proc_start(pid_t pid)
 {
 	char state;
@@ -335,8 +353,10 @@ int wex__journal_alive(pid_t pid, uint64_t start)
 	if (kill(pid, 0) < 0 && errno == ESRCH)
 		return 0;
 	now = proc_stat(pid, &state);
-	if (state == 'Z' || state == 'X')
-		return 0; /* exited, not yet reaped: its mappings are gone */
+	/* Exited, not yet reaped: its mappings are gone, unless only the
+	 * leader thread exited and others still run (they share them). */
+	if ((state == 'Z' || state == 'X') && threads(pid) <= 1)
+		return 0;
 	/* Unknown either way (a /proc that hides other users' processes):
 	 * the pid alone says it. */
 	return !start || !now || now == start;

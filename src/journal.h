@@ -5,9 +5,9 @@
  * A remap lease lets an engine read the producer's memory for a whole
  * rollout without asking wexd again; if wexd restarts meanwhile, the new
  * daemon must still keep the producer from writing under it.  wexd writes
- * one small file per remap lease into a directory beside its socket
- * (`<socket>.leases`, mode 0700) before it answers the sync, and removes it
- * when the lease ends.  A wexd that starts reads them back: each lease
+ * each remap lease into a directory beside its socket (`<socket>.leases`,
+ * mode 0700) before it answers the sync: one file per consumer connection,
+ * marked ended when the lease ends and removed with the connection.  A wexd that starts reads them back: each lease
  * whose process still lives holds its model until that process reconnects
  * (and reclaims it, or says it no longer holds it) or exits.
  *

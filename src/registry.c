@@ -13,6 +13,7 @@
  *  - A dead client loses its leases and registrations, nothing else.
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -737,6 +738,14 @@ static void lease_note(struct conn *c)
 	}
 	if (d->journal.dirfd < 0)
 		return;
+	if (c->pid <= 0) {
+		/* Peer in a pid namespace wexd cannot see: no process to
+		 * hold the lease for after a restart. */
+		if (d->journal.errors++ % 1000 == 0)
+			wex_warn("journal", "cannot write down the %s lease of a client whose pid wexd cannot see (another pid namespace): should wexd restart before it ends, the producer could write under it",
+				 mode_name(c->lease_mode));
+		return;
+	}
 	if (!c->start)
 		c->start = wex__proc_start(c->pid);
 	snprintf(r.model, sizeof(r.model), "%s", c->model->name);
@@ -873,6 +882,15 @@ static int held_claim(struct wexd *d, struct conn *c, uint64_t lease)
 			break;
 	if (!h)
 		return 0;
+	/* A hello that waited in the listen backlog longer than its client
+	 * did (a slow restart): the client hung up and will say hello again.
+	 * Taken here, the lease would end with this dead connection. */
+	{
+		struct pollfd pfd = { .fd = c->io.fd, .events = POLLRDHUP };
+
+		if (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+			return 0;
+	}
 	if (!c->start)
 		c->start = wex__proc_start(c->pid);
 	if (lease != h->version || (h->start && c->start && h->start != c->start)) {

@@ -10,6 +10,10 @@
  *    with the engine's pid) and the trainer's begin_write ends in EBUSY
  *    naming it; once the engine process is killed, the trainer's
  *    begin_write gets in.
+ *  - leader_exits: an engine whose main thread exited while another runs
+ *    (a zombie leader) still holds its lease after a restart;
+ *  - close_after_restart: wex_client_close with no call since the restart
+ *    ends the lease at the new wexd (a hello without it);
  *  - stale_records: records left by processes that are gone (a reaped pid;
  *    a live pid whose start time differs, i.e. a reused pid), a record
  *    that does not parse, an empty one (created, never written) and one
@@ -28,6 +32,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -187,6 +192,76 @@ static void held_until_exit(void)
 	t_prod_close(&p);
 }
 
+/* The engine's main thread exits (pthread_exit) while another thread of
+ * it goes on reading: the process is a zombie leader with a live thread,
+ * and still holds its lease. */
+static void *rollout(void *arg)
+{
+	(void)arg;
+	for (;;)
+		pause();
+	return NULL;
+}
+
+static void leader_exits(void)
+{
+	struct t_prod p;
+	int pfd[2], ret;
+	char c = 0;
+	pid_t child;
+
+	t_prod_open(&p, "leader", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	T_ASSERT(pipe(pfd) == 0, "pipe");
+	child = t_fork();
+	if (child == 0) {
+		struct t_cons k;
+		struct wex_sync_result r;
+		pthread_t th;
+
+		close(pfd[0]);
+		t_cons_open(&k, "leader", "g", "tiny", 0, 1);
+		T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+		pthread_create(&th, NULL, rollout, NULL);
+		(void)!write(pfd[1], "s", 1);
+		pthread_exit(NULL);
+	}
+	close(pfd[1]);
+	T_ASSERT(read(pfd[0], &c, 1) == 1, "the engine synced");
+	close(pfd[0]);
+	restart();
+	T_ASSERT(held_count("leader", (int)child, 1, "remap-view") == 1,
+		 "an engine whose main thread exited, another still running, holds its lease");
+	ret = wex_begin_write(p.c, 2, 600); /* past a few exit checks */
+	T_ASSERT(ret == -EBUSY, "the trainer waits for it: %s", wex_strerror(ret));
+	kill(child, SIGKILL);
+	t_wait(child);
+	T_WEX(p.c, wex_begin_write(p.c, 2, 5000));
+	T_WEX(p.c, wex_publish(p.c, 2));
+	t_prod_close(&p);
+}
+
+/* wex_client_close after a restart, with no call between: the close says
+ * hello to the new wexd, which ends the lease it read back. */
+static void close_after_restart(void)
+{
+	struct t_prod p;
+	struct t_cons k;
+	struct wex_sync_result r;
+
+	t_prod_open(&p, "close", "tiny", 0, 1);
+	t_cons_open(&k, "close", "g", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	restart();
+	T_ASSERT(held_count("close", (int)getpid(), 1, "remap-fixed") == 1, "the lease is held");
+	t_cons_close(&k);
+	T_ASSERT(held_count("close", 0, 0, "") == 0, "closing the client ended it");
+	T_WEX(p.c, wex_begin_write(p.c, 2, 200));
+	T_WEX(p.c, wex_publish(p.c, 2));
+	t_prod_close(&p);
+}
+
 static void write_record(const char *name, const char *text)
 {
 	char path[600];
@@ -341,6 +416,8 @@ int main(void)
 	t_wexd_start(&d);
 	t_check_backend(d.sock);
 	held_until_exit();
+	leader_exits();
+	close_after_restart();
 	stale_records();
 	claim_mismatch();
 	sigterm_keeps();
