@@ -702,8 +702,8 @@ static void describe_leases(struct wexd *d, struct model *m, char *buf, size_t l
 		if (h->m == m)
 			off += (size_t)snprintf(buf + off, len - off,
 						"%sgroup '%s' rank %u (pid %d) holds v%llu in %s mode from before wexd restarted (until that process calls wexd again, or exits)",
-						off ? "; " : "", h->group, h->rank, (int)h->pid,
-						(unsigned long long)h->version, mode_name(h->mode));
+						off ? "; " : "", h->r.group, h->r.rank, (int)h->r.pid,
+						(unsigned long long)h->r.version, mode_name(h->r.mode));
 }
 
 static void lease_drop(struct model *m, struct conn *c)
@@ -780,8 +780,8 @@ static void held_drop(struct wexd *d, struct held *h, const char *why)
 	*pp = h->next;
 	if (why)
 		wex_info("journal", "model '%s': the %s lease of pid %d (group '%s' rank %u) on v%llu, held from before this wexd, ended: %s",
-			 m->name, mode_name(h->mode), (int)h->pid, h->group, h->rank,
-			 (unsigned long long)h->version, why);
+			 m->name, mode_name(h->r.mode), (int)h->r.pid, h->r.group, h->r.rank,
+			 (unsigned long long)h->r.version, why);
 	if (why) {
 		int none = -1;
 
@@ -822,23 +822,16 @@ static void held_add(void *arg, const char *name, const struct wex_journal_rec *
 		return;
 	}
 	snprintf(h->file, sizeof(h->file), "%s", file);
-	snprintf(h->group, sizeof(h->group), "%s", r->group);
 	h->m = m;
-	h->rank = r->rank;
-	h->world = r->world;
-	h->version = r->version;
-	h->mode = r->mode;
-	h->pid = r->pid;
-	h->uid = r->uid;
-	h->start = r->start;
+	h->r = *r;
 	h->since_ns = wex__now_ns();
 	h->next = d->held;
 	d->held = h;
 	m->leases++;
 	m->held++;
 	wex_warn("journal", "model '%s': pid %d (group '%s' rank %u) still holds v%llu in %s mode from before this wexd started: producers wait until it calls wexd again or exits",
-		 m->name, (int)h->pid, h->group, h->rank, (unsigned long long)h->version,
-		 mode_name(h->mode));
+		 m->name, (int)h->r.pid, h->r.group, h->r.rank, (unsigned long long)h->r.version,
+		 mode_name(h->r.mode));
 }
 
 void wexd_held_load(struct wexd *d)
@@ -854,7 +847,7 @@ static void held_sweep(struct wexd *d)
 
 	for (; h; h = next) {
 		next = h->next;
-		if (!wex__journal_alive(h->pid, h->start))
+		if (!wex__journal_alive(h->r.pid, h->r.start))
 			held_drop(d, h, "its process exited");
 	}
 	d->held_checked_ns = wex__now_ns();
@@ -877,8 +870,8 @@ static int held_claim(struct wexd *d, struct conn *c, uint64_t lease)
 	struct held *h;
 
 	for (h = d->held; h; h = h->next)
-		if (h->pid == c->pid && h->uid == c->uid && h->m == c->model &&
-		    h->rank == c->rank && !strcmp(h->group, c->group->name))
+		if (h->r.pid == c->pid && h->r.uid == c->uid && h->m == c->model &&
+		    h->r.rank == c->rank && !strcmp(h->r.group, c->group->name))
 			break;
 	if (!h)
 		return 0;
@@ -893,24 +886,24 @@ static int held_claim(struct wexd *d, struct conn *c, uint64_t lease)
 	}
 	if (!c->start)
 		c->start = wex__proc_start(c->pid);
-	if (lease != h->version || (h->start && c->start && h->start != c->start)) {
+	if (lease != h->r.version || (h->r.start && c->start && h->r.start != c->start)) {
 		held_drop(d, h, lease ? "its process holds another version" :
 			  "its process reconnected without it");
 		return 0;
 	}
 	c->has_lease = 1;
 	c->lease_reclaimed = 1;
-	c->lease_version = h->version;
+	c->lease_version = h->r.version;
 	c->lease_epoch = c->model->epoch;
-	c->lease_mode = h->mode;
+	c->lease_mode = h->r.mode;
 	/* The record becomes this connection's (rewritten in place from now
 	 * on); a conn holds one record at most, so any of its own goes. */
 	wex__journal_del(&d->journal, &c->lease_fd, c->lease_file);
 	snprintf(c->lease_file, sizeof(c->lease_file), "%s", h->file);
 	lease_note(c);
 	wex_info("journal", "model '%s': pid %d (group '%s' rank %u) took back its %s lease on v%llu",
-		 c->model->name, (int)c->pid, h->group, h->rank, mode_name(h->mode),
-		 (unsigned long long)h->version);
+		 c->model->name, (int)c->pid, h->r.group, h->r.rank, mode_name(h->r.mode),
+		 (unsigned long long)h->r.version);
 	for (struct held **pp = &d->held; *pp; pp = &(*pp)->next)
 		if (*pp == h) {
 			*pp = h->next;
@@ -1683,10 +1676,10 @@ json_t *wexd_models_json(struct wexd *d)
 			if (h->m == m)
 				json_array_append_new(
 					held, json_pack("{s:s, s:i, s:i, s:I, s:s, s:f}", "group",
-							h->group, "rank", (int)h->rank, "pid",
-							(int)h->pid, "version",
-							(json_int_t)h->version, "mode",
-							mode_name(h->mode), "since_s",
+							h->r.group, "rank", (int)h->r.rank, "pid",
+							(int)h->r.pid, "version",
+							(json_int_t)h->r.version, "mode",
+							mode_name(h->r.mode), "since_s",
 							(double)(wex__now_ns() - h->since_ns) / 1e9));
 		json_array_append_new(arr,
 				      json_pack("{s:s, s:s, s:i, s:I, s:I, s:i, s:i, s:I, s:I, s:o, s:o, s:o}",

@@ -143,14 +143,8 @@ struct model {
 struct held {
 	char file[WEX_JOURNAL_NAME_MAX];
 	struct model *m;
-	char group[WEX_NAME_MAX];
-	uint32_t rank, world;
-	uint64_t version;
-	int mode;
-	pid_t pid;
-	uid_t uid;
-	uint64_t start;
-	uint64_t since_ns; /* when this wexd read it */
+	struct wex_journal_rec r; /* as read back */
+	uint64_t since_ns;        /* when this wexd read it */
 	struct held *next;
 };
 

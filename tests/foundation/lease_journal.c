@@ -51,9 +51,9 @@ static void journal_path(char *buf, size_t len)
 	snprintf(buf, len, "%s.leases", d.sock);
 }
 
-/* Records of leases held (a record whose lease ended stays, marked so,
- * while its connection lives). */
-static int journal_count(void)
+/* Files in the journal; `held`: only records of leases held (a record
+ * whose lease ended stays, marked so, while its connection lives). */
+static int journal_files(int held)
 {
 	char path[400], buf[64];
 	struct dirent *e;
@@ -73,29 +73,14 @@ static int journal_count(void)
 		got = read(fd, buf, sizeof(buf) - 1);
 		close(fd);
 		buf[got > 0 ? got : 0] = '\0';
-		n += strncmp(buf, "{\"wex_lease\":1,", 14) == 0;
+		n += !held || strncmp(buf, "{\"wex_lease\":1,", 14) == 0;
 	}
 	closedir(dir);
 	return n;
 }
 
-/* Files in the journal, whatever they hold. */
-static int files(void)
-{
-	char path[400];
-	struct dirent *e;
-	DIR *dir;
-	int n = 0;
-
-	journal_path(path, sizeof(path));
-	dir = opendir(path);
-	if (!dir)
-		return -1;
-	while ((e = readdir(dir)))
-		n += e->d_name[0] != '.';
-	closedir(dir);
-	return n;
-}
+#define journal_count() journal_files(1)
+#define files() journal_files(0)
 
 /* The status entries of leases held from before this wexd, for model. */
 static int held_count(const char *model, int pid, uint64_t version, const char *mode)
@@ -146,55 +131,26 @@ static void restart(void)
 	t_wexd_restart(&d);
 }
 
-static void held_until_exit(void)
+/* A trainer and an engine on `model`: v1 published, the engine synced
+ * it in `mode` (its lease held). */
+static void pair(const char *model, struct t_prod *p, struct t_cons *k, int mode)
 {
-	struct t_prod p;
-	int pfd[2], ret;
-	char c = 0;
-	pid_t child;
+	struct wex_sync_result r;
 
-	t_prod_open(&p, "exit", "tiny", 0, 1);
-	t_prod_write(&p, 1);
-	T_ASSERT(pipe(pfd) == 0, "pipe");
-	child = t_fork();
-	if (child == 0) {
-		struct t_cons k;
-		struct wex_sync_result r;
-
-		close(pfd[0]);
-		t_cons_open(&k, "exit", "g", "tiny", 0, 1);
-		T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
-		(void)!write(pfd[1], "s", 1);
-		for (;;)
-			pause(); /* the rollout */
-	}
-	close(pfd[1]);
-	T_ASSERT(read(pfd[0], &c, 1) == 1, "the engine synced");
-	close(pfd[0]);
-	T_ASSERT(journal_count() == 1, "the remap lease is written down (%d records)",
-		 journal_count());
-	restart();
-	T_ASSERT(held_count("exit", (int)child, 1, "remap-view") == 1,
-		 "status shows the engine's lease held from before the restart");
-	T_ASSERT(t_leases(d.sock, "exit") == 1, "and counts it");
-	ctl_shows(child);
-	ret = wex_begin_write(p.c, 2, 300);
-	T_ASSERT(ret == -EBUSY && strstr(wex_last_error(p.c), "before wexd restarted"),
-		 "the trainer waits for the engine's lease: %s (%s)", wex_strerror(ret),
-		 wex_last_error(p.c));
-	kill(child, SIGKILL);
-	T_ASSERT(t_wait(child) == 128 + SIGKILL, "the engine was killed");
-	/* The waiting begin_write looks for the engine's exit now and then. */
-	T_WEX(p.c, wex_begin_write(p.c, 2, 5000));
-	T_WEX(p.c, wex_publish(p.c, 2));
-	T_ASSERT(held_count("exit", 0, 0, "") == 0 && journal_count() == 0,
-		 "the held lease ended with its process, and its record with it");
-	t_prod_close(&p);
+	t_prod_open(p, model, "tiny", 0, 1);
+	t_cons_open(k, model, "g", "tiny", 0, 1);
+	t_prod_write(p, 1);
+	T_WEX(k->c, wex_sync(k->c, mode, 1, 5000, &r));
 }
 
-/* The engine's main thread exits (pthread_exit) while another thread of
- * it goes on reading: the process is a zombie leader with a live thread,
- * and still holds its lease. */
+/* The trainer writes v (begin_write within timeout_ms must succeed). */
+static void trainer_writes(struct t_prod *p, uint64_t v, uint32_t timeout_ms)
+{
+	T_WEX(p->c, wex_begin_write(p->c, v, timeout_ms));
+	T_WEX(p->c, wex_publish(p->c, v));
+}
+
+/* Its rollout: a thread that only waits. */
 static void *rollout(void *arg)
 {
 	(void)arg;
@@ -203,15 +159,15 @@ static void *rollout(void *arg)
 	return NULL;
 }
 
-static void leader_exits(void)
+/* A child engine process that syncs v1 of model in remap-view mode and
+ * then rolls out until killed; `leader_exit`: its main thread exits
+ * (pthread_exit) while the rollout thread runs on, a zombie leader. */
+static pid_t engine(const char *model, int leader_exit)
 {
-	struct t_prod p;
-	int pfd[2], ret;
+	int pfd[2];
 	char c = 0;
 	pid_t child;
 
-	t_prod_open(&p, "leader", "tiny", 0, 1);
-	t_prod_write(&p, 1);
 	T_ASSERT(pipe(pfd) == 0, "pipe");
 	child = t_fork();
 	if (child == 0) {
@@ -220,24 +176,49 @@ static void leader_exits(void)
 		pthread_t th;
 
 		close(pfd[0]);
-		t_cons_open(&k, "leader", "g", "tiny", 0, 1);
+		t_cons_open(&k, model, "g", "tiny", 0, 1);
 		T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
 		pthread_create(&th, NULL, rollout, NULL);
 		(void)!write(pfd[1], "s", 1);
-		pthread_exit(NULL);
+		if (leader_exit)
+			pthread_exit(NULL);
+		rollout(NULL);
 	}
 	close(pfd[1]);
 	T_ASSERT(read(pfd[0], &c, 1) == 1, "the engine synced");
 	close(pfd[0]);
+	return child;
+}
+
+/* `leader_exit`: the engine's main thread exited while another thread
+ * runs on (a zombie leader): it still holds the lease. */
+static void held_until_exit(const char *model, int leader_exit)
+{
+	struct t_prod p;
+	pid_t child;
+	int ret;
+
+	t_prod_open(&p, model, "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	child = engine(model, leader_exit);
+	T_ASSERT(journal_count() == 1, "the remap lease is written down (%d records)",
+		 journal_count());
 	restart();
-	T_ASSERT(held_count("leader", (int)child, 1, "remap-view") == 1,
-		 "an engine whose main thread exited, another still running, holds its lease");
+	T_ASSERT(held_count(model, (int)child, 1, "remap-view") == 1,
+		 "status shows the engine's lease held from before the restart%s",
+		 leader_exit ? " (its main thread exited, another runs)" : "");
+	T_ASSERT(t_leases(d.sock, model) == 1, "and counts it");
+	ctl_shows(child);
 	ret = wex_begin_write(p.c, 2, 600); /* past a few exit checks */
-	T_ASSERT(ret == -EBUSY, "the trainer waits for it: %s", wex_strerror(ret));
+	T_ASSERT(ret == -EBUSY && strstr(wex_last_error(p.c), "before wexd restarted"),
+		 "the trainer waits for the engine's lease: %s (%s)", wex_strerror(ret),
+		 wex_last_error(p.c));
 	kill(child, SIGKILL);
-	t_wait(child);
-	T_WEX(p.c, wex_begin_write(p.c, 2, 5000));
-	T_WEX(p.c, wex_publish(p.c, 2));
+	T_ASSERT(t_wait(child) == 128 + SIGKILL, "the engine was killed");
+	/* The waiting begin_write looks for the engine's exit now and then. */
+	trainer_writes(&p, 2, 5000);
+	T_ASSERT(held_count(model, 0, 0, "") == 0 && journal_count() == 0,
+		 "the held lease ended with its process, and its record with it");
 	t_prod_close(&p);
 }
 
@@ -247,18 +228,13 @@ static void close_after_restart(void)
 {
 	struct t_prod p;
 	struct t_cons k;
-	struct wex_sync_result r;
 
-	t_prod_open(&p, "close", "tiny", 0, 1);
-	t_cons_open(&k, "close", "g", "tiny", 0, 1);
-	t_prod_write(&p, 1);
-	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	pair("close", &p, &k, WEX_SYNC_REMAP_FIXED);
 	restart();
 	T_ASSERT(held_count("close", (int)getpid(), 1, "remap-fixed") == 1, "the lease is held");
 	t_cons_close(&k);
 	T_ASSERT(held_count("close", 0, 0, "") == 0, "closing the client ended it");
-	T_WEX(p.c, wex_begin_write(p.c, 2, 200));
-	T_WEX(p.c, wex_publish(p.c, 2));
+	trainer_writes(&p, 2, 200);
 	t_prod_close(&p);
 }
 
@@ -304,8 +280,7 @@ static void stale_records(void)
 	T_ASSERT(journal_count() == 0, "every stale record was removed (%d left)", journal_count());
 	T_ASSERT(t_leases(d.sock, "stale") == 0, "and none holds the model");
 	t_prod_open(&p, "stale", "tiny", 0, 1);
-	T_WEX(p.c, wex_begin_write(p.c, 4, 200));
-	T_WEX(p.c, wex_publish(p.c, 4));
+	trainer_writes(&p, 4, 200);
 	t_prod_close(&p);
 }
 
@@ -313,14 +288,10 @@ static void claim_mismatch(void)
 {
 	struct t_prod p;
 	struct t_cons k;
-	struct wex_sync_result r;
 	json_t *rep;
 	int fd, ret;
 
-	t_prod_open(&p, "claim", "tiny", 0, 1);
-	t_cons_open(&k, "claim", "g", "tiny", 0, 1);
-	t_prod_write(&p, 1);
-	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+	pair("claim", &p, &k, WEX_SYNC_REMAP_VIEW);
 	restart();
 	T_ASSERT(held_count("claim", (int)getpid(), 1, "remap-view") == 1, "the lease is held");
 	fd = t_raw_connect(d.sock);
@@ -352,13 +323,9 @@ static void sigterm_keeps(void)
 {
 	struct t_prod p;
 	struct t_cons k;
-	struct wex_sync_result r;
 	int st, ret;
 
-	t_prod_open(&p, "term", "tiny", 0, 1);
-	t_cons_open(&k, "term", "g", "tiny", 0, 1);
-	t_prod_write(&p, 1);
-	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	pair("term", &p, &k, WEX_SYNC_REMAP_FIXED);
 	T_ASSERT(kill(d.pid, SIGTERM) == 0, "SIGTERM wexd");
 	T_ASSERT(waitpid(d.pid, &st, 0) == d.pid && WIFEXITED(st) && WEXITSTATUS(st) == 0,
 		 "wexd stopped cleanly");
@@ -385,7 +352,6 @@ static void journal_off(void)
 {
 	struct t_prod p;
 	struct t_cons k;
-	struct wex_sync_result r;
 	char path[400];
 	json_t *st, *j;
 
@@ -399,10 +365,7 @@ static void journal_off(void)
 		 strstr(json_string_value(json_object_get(j, "off")) ?: "", "mode 0700"),
 		 "status says the journal is off and why");
 	json_decref(st);
-	t_prod_open(&p, "off", "tiny", 0, 1);
-	t_cons_open(&k, "off", "g", "tiny", 0, 1);
-	t_prod_write(&p, 1);
-	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+	pair("off", &p, &k, WEX_SYNC_REMAP_VIEW);
 	T_ASSERT(journal_count() == 0, "nothing was written");
 	restart();
 	T_WEX(p.c, wex_begin_write(p.c, 2, 200)); /* nothing holds it */
@@ -415,8 +378,8 @@ int main(void)
 {
 	t_wexd_start(&d);
 	t_check_backend(d.sock);
-	held_until_exit();
-	leader_exits();
+	held_until_exit("exit", 0);
+	held_until_exit("leader", 1);
 	close_after_restart();
 	stale_records();
 	claim_mismatch();
