@@ -706,6 +706,16 @@ static void describe_leases(struct wexd *d, struct model *m, char *buf, size_t l
 						(unsigned long long)h->r.version, mode_name(h->r.mode));
 }
 
+/* Marks c's journal record ended, if it holds a lease (a copy sync on a
+ * connection that once held a remap lease writes nothing). */
+static void lease_unnote(struct conn *c)
+{
+	if (!c->lease_noted)
+		return;
+	wex__journal_clear(&c->d->journal, c->lease_fd);
+	c->lease_noted = 0;
+}
+
 static void lease_drop(struct model *m, struct conn *c)
 {
 	if (!c->has_lease)
@@ -714,7 +724,7 @@ static void lease_drop(struct model *m, struct conn *c)
 	c->lease_reclaimed = 0;
 	if (m->leases)
 		m->leases--;
-	wex__journal_clear(&c->d->journal, c->lease_fd);
+	lease_unnote(c);
 }
 
 /*
@@ -733,7 +743,7 @@ static void lease_note(struct conn *c)
 	int ret;
 
 	if (!c->has_lease || c->lease_mode == WEX_SYNC_COPY) {
-		wex__journal_clear(&d->journal, c->lease_fd);
+		lease_unnote(c);
 		return;
 	}
 	if (d->journal.dirfd < 0)
@@ -758,6 +768,7 @@ static void lease_note(struct conn *c)
 	r.uid = c->uid;
 	r.start = c->start;
 	ret = wex__journal_put(&d->journal, &c->lease_fd, c->lease_file, &r);
+	c->lease_noted = c->lease_fd >= 0; /* a failed rewrite may leave the old record */
 	if (ret < 0) {
 		if (d->journal.errors == 1 || d->journal.errors % 1000 == 0)
 			wex_warn("journal", "cannot write down the %s lease of pid %d on model '%s' v%llu in %s: %s: should wexd restart before it ends, the producer could write under it (%llu failed write(s) so far)",
@@ -899,6 +910,7 @@ static int held_claim(struct wexd *d, struct conn *c, uint64_t lease)
 	/* The record becomes this connection's (rewritten in place from now
 	 * on); a conn holds one record at most, so any of its own goes. */
 	wex__journal_del(&d->journal, &c->lease_fd, c->lease_file);
+	c->lease_noted = 0;
 	snprintf(c->lease_file, sizeof(c->lease_file), "%s", h->file);
 	lease_note(c);
 	wex_info("journal", "model '%s': pid %d (group '%s' rank %u) took back its %s lease on v%llu",
@@ -1495,6 +1507,7 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 				 (unsigned long long)c->lease_version);
 		lease_drop(m, c);
 		wex__journal_del(&d->journal, &c->lease_fd, c->lease_file);
+		c->lease_noted = 0;
 		g->ranks[c->rank] = NULL;
 		plans_gc(m);
 		for (uint32_t i = 0; i < g->world; i++)

@@ -33,6 +33,15 @@ static int same_tensor(const struct wex_tensor *a, const struct wex_tensor *b)
 						      offsetof(struct wex_tensor, dtype));
 }
 
+/* An accepted table is its header and n whole entries of esize bytes. */
+static void whole_entries(size_t size, size_t esize, size_t n, const char *what)
+{
+	size_t hdr = sizeof(struct wex_table_hdr);
+
+	FZ_ASSERT(size >= hdr && n == (size - hdr) / esize && (size - hdr) % esize == 0,
+		  "%zu %s in %zu bytes", n, what, size);
+}
+
 static void tensor_table(const uint8_t *data, size_t size)
 {
 	struct wex_tensor *t = NULL, *t2 = NULL;
@@ -48,10 +57,7 @@ static void tensor_table(const uint8_t *data, size_t size)
 		FZ_ASSERT(err[0] || ret == -ENOMEM, "refused without a reason (%d)", ret);
 		return;
 	}
-	FZ_ASSERT(size >= sizeof(struct wex_table_hdr) &&
-			  n == (size - sizeof(struct wex_table_hdr)) / sizeof(struct wex_wire_tensor) &&
-			  (size - sizeof(struct wex_table_hdr)) % sizeof(struct wex_wire_tensor) == 0,
-		  "%zu tensors in %zu bytes", n, size);
+	whole_entries(size, sizeof(struct wex_wire_tensor), n, "tensors");
 	for (size_t i = 0; i < n; i++)
 		FZ_ASSERT(wex__tensor_check(&t[i], err, sizeof(err)) == 0, "entry %zu: %s", i, err);
 	fd2 = wex__table_pack(t, r, n);
@@ -83,10 +89,7 @@ static void plan_table(const uint8_t *data, size_t size)
 		FZ_ASSERT(err[0] || ret == -ENOMEM, "refused without a reason (%d)", ret);
 		return;
 	}
-	FZ_ASSERT(size >= sizeof(struct wex_table_hdr) &&
-			  n == (size - sizeof(struct wex_table_hdr)) / sizeof(struct wex_plan_op) &&
-			  (size - sizeof(struct wex_table_hdr)) % sizeof(struct wex_plan_op) == 0,
-		  "%zu ops in %zu bytes", n, size);
+	whole_entries(size, sizeof(struct wex_plan_op), n, "ops");
 	/* What libwex does with them: read every one. */
 	for (size_t i = 0; i < n; i++)
 		sum += ops[i].len + ops[i].src_off + ops[i].dst_off;
