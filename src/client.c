@@ -6,19 +6,23 @@
  * The daemon holds metadata only: weight bytes stay in the producer's
  * memory, which the consumer maps (remap) or copies from (copy).  When wexd
  * restarts, a client reconnects and re-registers by itself on its next
- * call; a consumer keeps its mappings and buffers meanwhile.
+ * call; a consumer keeps its mappings and buffers meanwhile.  A producer
+ * does not wait for its next call: its watch (a thread) reconnects as soon
+ * as wexd is back, and tells it the version its memory still holds.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/eventfd.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -76,6 +80,11 @@ struct wex_client {
 	struct wex_tensor *ptensors;
 	size_t nptensors;
 	uint64_t writing;
+	/* The version this producer last published, with no write begun
+	 * since (0: none): its memory still holds it, and a reconnect tells
+	 * a new wexd so (publish "restored"). */
+	uint64_t published;
+	struct watch *watch; /* NULL: none (not a producer, or WEX_CLIENT_NO_WATCH) */
 	/* consumer */
 	struct wex_tensor *layout;
 	size_t nlayout;
@@ -135,12 +144,22 @@ struct wex_client {
 static int set_err(struct wex_client *c, int ret, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
+/* Where the calling thread's errors go: the client's last error, except
+ * on a producer's watch thread, whose reconnects must not overwrite what
+ * the caller's last call said. */
+static __thread char *err_to;
+
+static char *err_buf(struct wex_client *c)
+{
+	return err_to ? err_to : c->err;
+}
+
 static int set_err(struct wex_client *c, int ret, const char *fmt, ...)
 {
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(c->err, sizeof(c->err), fmt, ap);
+	vsnprintf(err_buf(c), sizeof(c->err), fmt, ap);
 	va_end(ap);
 	return ret;
 }
@@ -172,14 +191,47 @@ static int set_err(struct wex_client *c, int ret, const char *fmt, ...)
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct wex_client *open_clients;
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+
+/*
+ * A producer's watch.  Between its calls (the whole rollout, from a
+ * publish to the next step's begin_write) a trainer makes none, so a wexd
+ * that restarted meanwhile would not learn of its memory, nor of the
+ * version that memory holds, until then, and engines waiting for that
+ * version would wait in vain.  The watch is a thread that polls a dup of
+ * the connection for a hang-up only (replies are the calling thread's)
+ * and reconnects at once, retrying until wexd is back; the reconnect
+ * re-registers everything and restores the published version.  Each call
+ * of the client holds `call`, so the watch acts only between calls (a
+ * call that meets a dead wexd reconnects by itself, as without a watch).
+ */
+struct watch {
+	pthread_t thread;
+	pthread_mutex_t call;  /* held by every call, and by the watch while it acts */
+	pthread_mutex_t state; /* held by the watch while it acts, and across fork():
+				* a child never copies a connection half made,
+				* nor an fd of the watch's it does not know of */
+	int efd;               /* eventfd: stop, or a new connection to watch */
+	int dupfd;             /* the connection watched (-1: none) */
+	uint64_t gen;          /* the conn_gen of dupfd */
+	int stop;
+	unsigned backoff_ms;   /* wait before the next try (0: none failed) */
+	char err[512];         /* the watch's own errors (not the caller's) */
+};
 
 static void fork_prepare(void)
 {
 	pthread_mutex_lock(&open_lock);
+	for (struct wex_client *c = open_clients; c; c = c->next_open)
+		if (c->watch && !c->forked)
+			pthread_mutex_lock(&c->watch->state);
 }
 
 static void fork_parent(void)
 {
+	for (struct wex_client *c = open_clients; c; c = c->next_open)
+		if (c->watch && !c->forked)
+			pthread_mutex_unlock(&c->watch->state);
 	pthread_mutex_unlock(&open_lock);
 }
 
@@ -190,6 +242,8 @@ static void close_fd(int *fd)
 	*fd = -1;
 }
 
+/* The child has no watch thread: its copy's locks are never taken again
+ * (every call refuses, and closing only frees). */
 static void fork_child(void)
 {
 	for (struct wex_client *c = open_clients; c; c = c->next_open) {
@@ -197,6 +251,11 @@ static void fork_child(void)
 			continue;
 		c->forked = 1;
 		close_fd(&c->fd);
+		if (c->watch) {
+			close_fd(&c->watch->dupfd);
+			close_fd(&c->watch->efd);
+			pthread_mutex_unlock(&c->watch->state);
+		}
 		for (size_t i = 0; i < c->nosegs; i++)
 			close_fd(&c->osegs[i].seg.fd);
 		for (size_t i = 0; i < c->npsegs; i++)
@@ -230,6 +289,27 @@ static void open_remove(struct wex_client *c)
 	pthread_mutex_unlock(&open_lock);
 }
 
+/* Every call of a client with a watch holds its `call` lock. */
+#define LOCKED(c, ret, expr)                                                   \
+	do {                                                                   \
+		if ((c)->watch)                                                \
+			pthread_mutex_lock(&(c)->watch->call);                 \
+		(ret) = (expr);                                                \
+		if ((c)->watch)                                                \
+			pthread_mutex_unlock(&(c)->watch->call);               \
+	} while (0)
+
+/* Ends the connection to wexd.  Shut down first: wexd must see it go
+ * even while the watch still holds a dup of it (which wakes it). */
+static void conn_drop(struct wex_client *c)
+{
+	if (c->fd >= 0) {
+		shutdown(c->fd, SHUT_RDWR);
+		close(c->fd);
+	}
+	c->fd = -1;
+}
+
 /* The client's own allocations, once its memory and fds are dealt with
  * (or, in a forked child's copy, left to the child's exit: its fds went
  * at the fork, and unmapping GPU memory is no call a forked child may
@@ -248,6 +328,7 @@ static void client_free(struct wex_client *c)
 	free(c->table_ranks);
 	free(c->rank_first);
 	free(c->plan);
+	free(c->watch);
 	free(c);
 }
 
@@ -357,8 +438,7 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 		/* The request may still be pending in wexd, and its reply would
 		 * be taken for the next request's: drop the connection (wexd
 		 * then drops what it held for us); the next call reconnects. */
-		close(c->fd);
-		c->fd = -1;
+		conn_drop(c);
 		restore_doubted(c);
 		return set_err(c, -ETIMEDOUT, "wexd did not answer within %llu ms (connection dropped)",
 			       (unsigned long long)limit);
@@ -411,12 +491,13 @@ static int reply_status(struct wex_client *c, json_t *reply)
 	if (json_is_true(json_object_get(reply, "ok")))
 		return 0;
 	json_unpack(reply, "{s:{s?s, s?s}}", "error", "code", &code, "message", &msg);
-	snprintf(c->err, sizeof(c->err), "%s", msg);
+	snprintf(err_buf(c), sizeof(c->err), "%s", msg);
 	c->lease_kept = json_is_true(json_object_get(reply, "lease_kept"));
 	return wex__errcode(code);
 }
 
 static int reconnect(struct wex_client *c);
+static void watch_kick(struct watch *w);
 
 /* Longest wait wexd accepts as a default (config.c: one day). */
 #define DAEMON_WAIT_MAX_MS 86400000u
@@ -477,8 +558,7 @@ again:
 	if ((ret == -EPIPE || ret == -ECONNRESET || ret == -ENOTCONN) && tries++ == 0 &&
 	    strcmp(json_string_value(json_object_get(req, "op")) ?: "", "hello")) {
 		wex_warn("client", "lost wexd (%s): reconnecting", strerror(-ret));
-		close(c->fd);
-		c->fd = -1;
+		conn_drop(c);
 		lease_went(c);
 		goto again;
 	}
@@ -593,6 +673,21 @@ static int reconnect(struct wex_client *c)
 
 			if (rpc(c, req, NULL, 0, NULL, NULL, 0, NULL, c->timeout_ms) < 0)
 				c->writing = 0;
+		} else if (c->published) {
+			/* The memory still holds the version last published (no
+			 * write begun since): a new wexd would otherwise know of
+			 * no version until the next step publishes, and engines
+			 * that wait for this one before the rollout that step
+			 * waits for would wait in vain. */
+			json_t *req = json_pack("{s:s, s:I, s:b}", "op", "publish", "version",
+						(json_int_t)c->published, "restored", 1);
+
+			ret = rpc(c, req, NULL, 0, NULL, NULL, 0, NULL, c->timeout_ms);
+			if (ret < 0 && c->fd < 0)
+				goto err; /* wexd went again */
+			if (ret < 0)
+				wex_warn("client", "wexd did not take back v%llu, which producer rank %u of model '%s' still holds (%s): consumers get it only once published again",
+					 (unsigned long long)c->published, c->rank, c->model, err_buf(c));
 		}
 	} else if (c->role == WEX_ROLE_CONSUMER) {
 		if (c->nlayout && (ret = send_layout(c)) < 0)
@@ -616,17 +711,173 @@ static int reconnect(struct wex_client *c)
 		c->copied = 0;
 		c->version = 0;
 	}
+	if (c->watch)
+		watch_kick(c->watch); /* a new connection to watch */
 	ret = 0;
 	goto doubted;
 err:
-	close(c->fd);
-	c->fd = -1;
+	conn_drop(c);
 doubted:
 	if (doubt) {
 		c->dirty = 1;
 		c->copied = 0;
 	}
 	return ret;
+}
+
+/* ---------------------------------------------------------------------- */
+/* A producer's watch (struct watch).                                      */
+
+static void watch_free(struct wex_client *c);
+
+static void watch_kick(struct watch *w)
+{
+	uint64_t one = 1;
+
+	if (w->efd >= 0)
+		(void)!write(w->efd, &one, sizeof(one));
+}
+
+/* One turn of the watch, under `call` and `state`; `hup`: the watched
+ * connection hung up.  Returns how long to wait for the next (-1: until
+ * woken). */
+static int watch_step(struct wex_client *c, struct watch *w, int hup)
+{
+	int ret;
+
+	if (c->fd >= 0 && w->dupfd >= 0 && w->gen == c->conn_gen) {
+		if (!hup)
+			return -1;
+		wex_warn("client", "wexd hung up on producer rank %u of model '%s': reconnecting",
+			 c->rank, c->model);
+		conn_drop(c);
+	}
+	close_fd(&w->dupfd);
+	if (c->fd < 0) {
+		ret = reconnect(c);
+		if (ret == -EACCES || ret == -EPERM || ret == -EADDRINUSE || ret == -EINVAL ||
+		    ret == -WEX_EPROTO_VERSION) {
+			/* wexd is there and refuses this client (access taken
+			 * away by a reload, its rank taken): asking again
+			 * would be refused again. */
+			wex_warn("client", "wexd refused producer rank %u of model '%s' (%s): it reconnects at its next call",
+				 c->rank, c->model, w->err);
+			w->backoff_ms = 0;
+			return -1;
+		}
+		if (ret < 0 || c->fd < 0) {
+			if (!w->backoff_ms)
+				wex_warn("client", "producer rank %u of model '%s' cannot reconnect yet (%s): retrying",
+					 c->rank, c->model, w->err);
+			w->backoff_ms = w->backoff_ms ? w->backoff_ms * 2 : 20;
+			if (w->backoff_ms > 1000)
+				w->backoff_ms = 1000;
+			return (int)w->backoff_ms;
+		}
+		wex_info("client", "producer rank %u of model '%s' reconnected to wexd%s", c->rank,
+			 c->model, c->writing ? " (its write goes on)" : c->published ? " (it holds its version again)" : "");
+	}
+	w->backoff_ms = 0;
+	w->dupfd = fcntl(c->fd, F_DUPFD_CLOEXEC, 0);
+	w->gen = c->conn_gen;
+	return w->dupfd < 0 ? 1000 : -1; /* out of fds: look again later */
+}
+
+static void *watch_main(void *arg)
+{
+	struct wex_client *c = arg;
+	struct watch *w = c->watch;
+	int wait_ms = -1;
+
+	err_to = w->err;
+	for (;;) {
+		struct pollfd p[2] = { { .fd = w->efd, .events = POLLIN },
+				       { .fd = w->dupfd, .events = POLLRDHUP } };
+		uint64_t n;
+		int hup;
+
+		if (poll(p, 2, wait_ms) < 0 && errno != EINTR)
+			p[0].revents = p[1].revents = 0;
+		if (p[0].revents & POLLIN)
+			(void)!read(w->efd, &n, sizeof(n));
+		hup = !!(p[1].revents & (POLLRDHUP | POLLHUP | POLLERR));
+		pthread_mutex_lock(&w->call);
+		if (w->stop) {
+			pthread_mutex_unlock(&w->call);
+			break;
+		}
+		pthread_mutex_lock(&w->state);
+		wait_ms = watch_step(c, w, hup);
+		pthread_mutex_unlock(&w->state);
+		pthread_mutex_unlock(&w->call);
+	}
+	return NULL;
+}
+
+/* Starts a producer's watch (open_add done: fork() sees it from now on).
+ * Its fds are made, and closed, under `state`, with the watch known to
+ * fork(): a child never inherits one unknown to its fork handler. */
+static int watch_start(struct wex_client *c)
+{
+	struct watch *w = calloc(1, sizeof(*w));
+	sigset_t all, old;
+	int ret = 0;
+
+	if (!w)
+		return -ENOMEM;
+	w->efd = w->dupfd = -1;
+	pthread_mutex_init(&w->call, NULL);
+	pthread_mutex_init(&w->state, NULL);
+	pthread_mutex_lock(&open_lock);
+	c->watch = w;
+	pthread_mutex_unlock(&open_lock);
+	pthread_mutex_lock(&w->state);
+	w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (w->efd < 0 || (w->dupfd = fcntl(c->fd, F_DUPFD_CLOEXEC, 0)) < 0)
+		ret = -errno;
+	w->gen = c->conn_gen;
+	pthread_mutex_unlock(&w->state);
+	if (ret == 0) {
+		/* The application's signals go to its own threads. */
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &old);
+		ret = -pthread_create(&w->thread, NULL, watch_main, c);
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+	}
+	if (ret < 0)
+		watch_free(c);
+	return ret;
+}
+
+/* Closes the watch's fds and forgets it (its thread ended, or never ran). */
+static void watch_free(struct wex_client *c)
+{
+	struct watch *w = c->watch;
+
+	pthread_mutex_lock(&w->state);
+	close_fd(&w->dupfd);
+	close_fd(&w->efd);
+	pthread_mutex_unlock(&w->state);
+	pthread_mutex_lock(&open_lock);
+	c->watch = NULL;
+	pthread_mutex_unlock(&open_lock);
+	pthread_mutex_destroy(&w->call);
+	pthread_mutex_destroy(&w->state);
+	free(w);
+}
+
+static void watch_stop(struct wex_client *c)
+{
+	struct watch *w = c->watch;
+
+	if (!w)
+		return;
+	pthread_mutex_lock(&w->call);
+	w->stop = 1;
+	pthread_mutex_unlock(&w->call);
+	watch_kick(w);
+	pthread_join(w->thread, NULL);
+	watch_free(c);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -647,7 +898,7 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
-	wex__log_init();
+	pthread_once(&log_once, wex__log_init); /* a producer's watch logs */
 	c->fd = -1;
 	c->role = p->role;
 	if ((p->field_mask & WEX_CLIENT_FIELD_SOCKET) && p->socket)
@@ -686,6 +937,16 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 	ret = reconnect(c);
 	if (ret < 0) {
 		open_remove(c);
+		free(c);
+		return ret;
+	}
+	if (c->role == WEX_ROLE_PRODUCER &&
+	    !((p->field_mask & WEX_CLIENT_FIELD_FLAGS) && (p->flags & WEX_CLIENT_NO_WATCH)) &&
+	    (ret = watch_start(c)) < 0) {
+		wex_warn("client", "cannot start the watch of producer rank %u of model '%s': %s (WEX_CLIENT_NO_WATCH opens without one)",
+			 c->rank, c->model, strerror(-ret));
+		open_remove(c);
+		conn_drop(c);
 		free(c);
 		return ret;
 	}
@@ -735,6 +996,8 @@ static void client_close(wex_client_t *c)
 {
 	if (!c)
 		return;
+	if (!c->forked)
+		watch_stop(c); /* (a forked copy has no thread to stop) */
 	open_remove(c);
 	if (c->forked) {
 		client_free(c);
@@ -993,23 +1256,31 @@ static int segment_alloc(wex_client_t *c, int kind, int device, uint64_t size, u
 	return 0;
 }
 
+static int segment_alloc_locked(wex_client_t *c, int kind, int device, uint64_t size,
+				uint32_t *id, void **ptr)
+{
+	int ret;
+
+	LOCKED(c, ret, segment_alloc(c, kind, device, size, id, ptr));
+	return ret;
+}
+
 WEX_API int wex_segment_alloc(wex_client_t *c, int kind, int device, uint64_t size, uint32_t *id,
 			      void **ptr)
 {
 	int ret;
 
 	ARGS_OK(c, id && ptr);
-	KEEP_THREAD_DEVICE(ret, segment_alloc(c, kind, device, size, id, ptr));
+	KEEP_THREAD_DEVICE(ret, segment_alloc_locked(c, kind, device, size, id, ptr));
 	return ret;
 }
 
-WEX_API int wex_segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t size, uint32_t *id)
+static int segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t size, uint32_t *id)
 {
 	struct wex_mem_seg seg;
 	uint32_t sid;
 	int ret;
 
-	ARGS_OK(c, id);
 	if (c->role != WEX_ROLE_PRODUCER)
 		return set_err(c, -EPERM, "only producers register segments");
 	ret = wex_mem_host_ops.wrap(ptr, size, fd, &seg);
@@ -1023,6 +1294,15 @@ WEX_API int wex_segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t
 	}
 	*id = sid;
 	return 0;
+}
+
+WEX_API int wex_segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t size, uint32_t *id)
+{
+	int ret;
+
+	ARGS_OK(c, id);
+	LOCKED(c, ret, segment_register_fd(c, fd, ptr, size, id));
+	return ret;
 }
 
 static int segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint64_t size, uint32_t *id)
@@ -1057,13 +1337,22 @@ static int segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint64_t s
 	return 0;
 }
 
+static int segment_register_ptr_locked(wex_client_t *c, int kind, void *ptr, uint64_t size,
+				       uint32_t *id)
+{
+	int ret;
+
+	LOCKED(c, ret, segment_register_ptr(c, kind, ptr, size, id));
+	return ret;
+}
+
 WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint64_t size,
 				     uint32_t *id)
 {
 	int ret;
 
 	ARGS_OK(c, id);
-	KEEP_THREAD_DEVICE(ret, segment_register_ptr(c, kind, ptr, size, id));
+	KEEP_THREAD_DEVICE(ret, segment_register_ptr_locked(c, kind, ptr, size, id));
 	return ret;
 }
 
@@ -1112,12 +1401,11 @@ static int copy_tensors(struct wex_client *c, const struct wex_tensor *t, size_t
 	return 0;
 }
 
-WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, size_t n)
+static int register_tensors(wex_client_t *c, const struct wex_tensor *t, size_t n)
 {
 	struct wex_tensor *copy;
 	int ret;
 
-	ARGS_OK(c, t || !n);
 	if (c->role != WEX_ROLE_PRODUCER)
 		return set_err(c, -EPERM, "only producers register tensors");
 	ret = copy_tensors(c, t, n, 0, &copy);
@@ -1130,24 +1418,47 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
 		free(copy);
 		return ret;
 	}
+	/* Other tensors change what the version published means (wexd
+	 * forgets it too). */
+	if (n != c->nptensors || (n && memcmp(copy, c->ptensors, n * sizeof(*copy))))
+		c->published = 0;
 	free(c->ptensors);
 	c->ptensors = copy;
 	c->nptensors = n;
 	return 0;
 }
 
-WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
+WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, size_t n)
+{
+	int ret;
+
+	ARGS_OK(c, t || !n);
+	LOCKED(c, ret, register_tensors(c, t, n));
+	return ret;
+}
+
+static int begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 {
 	json_t *req;
 	int ret;
 
-	ARGS_OK(c, 1);
 	if (c->role != WEX_ROLE_PRODUCER)
 		return set_err(c, -EPERM, "only producers write");
 	req = json_pack("{s:s, s:I}", "op", "begin_write", "version", (json_int_t)version);
 	ret = rpc(c, req, NULL, 0, NULL, NULL, 0, NULL, wait_of(c, timeout_ms, req));
-	if (ret == 0)
+	if (ret == 0) {
 		c->writing = version;
+		c->published = 0; /* the memory is being overwritten */
+	}
+	return ret;
+}
+
+WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
+{
+	int ret;
+
+	ARGS_OK(c, 1);
+	LOCKED(c, ret, begin_write(c, version, timeout_ms));
 	return ret;
 }
 
@@ -1190,8 +1501,18 @@ static int publish(wex_client_t *c, uint64_t version)
 		return ret;
 	req = json_pack("{s:s, s:I}", "op", "publish", "version", (json_int_t)version);
 	ret = simple_rpc(c, req, NULL);
-	if (ret == 0)
+	if (ret == 0) {
 		c->writing = 0;
+		c->published = version;
+	}
+	return ret;
+}
+
+static int publish_locked(wex_client_t *c, uint64_t version)
+{
+	int ret;
+
+	LOCKED(c, ret, publish(c, version));
 	return ret;
 }
 
@@ -1200,7 +1521,7 @@ WEX_API int wex_publish(wex_client_t *c, uint64_t version)
 	int ret;
 
 	ARGS_OK(c, 1);
-	KEEP_THREAD_DEVICE(ret, publish(c, version));
+	KEEP_THREAD_DEVICE(ret, publish_locked(c, version));
 	return ret;
 }
 
@@ -2274,7 +2595,7 @@ WEX_API int wex_request(wex_client_t *c, const char *op, const char *args_json, 
 		req = json_object();
 	}
 	json_object_set_new(req, "op", json_string(op));
-	ret = simple_rpc(c, req, &reply);
+	LOCKED(c, ret, simple_rpc(c, req, &reply));
 	if (ret < 0)
 		return ret;
 	*json = json_dumps(reply, JSON_INDENT(2));

@@ -1038,16 +1038,41 @@ json_t *wexd_publish(struct wexd *d, struct conn *c, json_t *req)
 	struct prank *r;
 	json_error_t je;
 	uint32_t done = 0;
+	int restored = 0;
 
 	if (c->role != WEX_ROLE_PRODUCER)
 		return wex__reply_error(-EPERM, "publish: only producers publish");
-	if (json_unpack_ex(req, &je, 0, "{s:I}", "version", &v) < 0)
+	if (json_unpack_ex(req, &je, 0, "{s:I, s?b}", "version", &v, "restored", &restored) < 0)
 		return wex__reply_error(-EINVAL, "publish: %s", je.text);
 	m = c->model;
 	r = &m->ranks[c->rank];
-	if (r->writing != (uint64_t)v || v <= 0)
+	if (restored) {
+		/*
+		 * A producer that reconnected (after a restart of wexd, or a
+		 * dropped connection) says its memory still holds the version
+		 * it last published with no write begun since: the rank holds
+		 * it again, as if published here, without a begin_write.
+		 */
+		if (v <= 0 || r->nt == 0 || r->writing || (r->published && r->published != (uint64_t)v))
+			return wex__reply_error(-EINVAL, "publish: rank %u cannot restore v%lld (%s)",
+						c->rank, (long long)v,
+						v <= 0 ? "no such version" :
+						r->nt == 0 ? "no tensors registered" :
+						r->writing ? "a write is begun" : "it holds another version");
+		if (m->writing && m->writing != (uint64_t)v)
+			return wex__reply_error(-EINVAL,
+						"publish: rank %u cannot restore v%lld while other ranks write v%llu",
+						c->rank, (long long)v, (unsigned long long)m->writing);
+		if ((uint64_t)v < m->published)
+			return wex__reply_error(-EINVAL,
+						"publish: rank %u cannot restore v%lld: the model is at v%llu",
+						c->rank, (long long)v, (unsigned long long)m->published);
+		wex_info("registry", "producer rank %u of model '%s' (pid %d) holds v%lld again",
+			 c->rank, m->name, (int)c->pid, (long long)v);
+	} else if (r->writing != (uint64_t)v || v <= 0) {
 		return wex__reply_error(-EINVAL, "publish: v%lld was not begun with begin_write on rank %u",
 					(long long)v, c->rank);
+	}
 	r->writing = 0;
 	r->published = (uint64_t)v;
 	if (m->first_publish_v != (uint64_t)v) {
@@ -1108,8 +1133,18 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 
 	if (g->round_open && !g->taken[c->rank]) {
 		v = g->round_version;
-		if (v < c->wait_version)
+		if (v < c->wait_version) {
+			/* This rank asks for a newer version than the round its
+			 * peers took (they took it from a wexd that restarted
+			 * since, say): it will never take that one, and the
+			 * round's hold would keep the producer from writing the
+			 * one it waits for.  It passes the round. */
+			g->taken[c->rank] = 1;
+			g->ntaken++;
+			if (g->ntaken == g->world)
+				round_close(m, g);
 			return 0;
+		}
 	} else if (g->round_open) {
 		return 0; /* this rank already took the round: peers first */
 	} else {

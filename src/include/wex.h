@@ -114,6 +114,17 @@ enum wex_client_field {
 	WEX_CLIENT_FIELD_TIMEOUT = 1u << 5,
 	WEX_CLIENT_FIELD_COPY_THREADS = 1u << 6,
 	WEX_CLIENT_FIELD_DEVICE = 1u << 7,
+	WEX_CLIENT_FIELD_FLAGS = 1u << 8,
+};
+
+enum wex_client_flag {
+	/* A producer opens without its watch: the thread that reconnects
+	 * as soon as wexd is back after a restart, between the producer's
+	 * calls, and gives the new wexd the version its memory still holds
+	 * (published, no write begun since).  Without it, that waits for
+	 * the producer's next call, and consumers waiting for the version
+	 * meanwhile time out. */
+	WEX_CLIENT_NO_WATCH = 1u << 0,
 };
 
 struct wex_client_params {
@@ -133,6 +144,7 @@ struct wex_client_params {
 	int device;            /* CUDA ordinal (in this process) of a consumer's
 				* reserved regions; default: the producer
 				* segment's device, found by UUID */
+	uint32_t flags;        /* WEX_CLIENT_NO_WATCH; default 0 */
 };
 
 /*
@@ -144,6 +156,13 @@ struct wex_client_params {
  * -WEX_EPROTO_VERSION, -EINVAL, -EADDRINUSE (the rank is held by another
  * connection that is still open; one whose process already died is taken
  * over).
+ *
+ * A producer's client runs one thread of its own, its watch, unless
+ * WEX_CLIENT_NO_WATCH: when wexd goes (a restart), it reconnects as soon
+ * as wexd is back, without waiting for the producer's next call, and
+ * re-registers the segments and tensors; the version last published
+ * stays visible to consumers when no write was begun since (else a write
+ * begun goes on).  The watch acts only between the producer's calls.
  *
  * A client belongs to the process that opened it.  After fork() the
  * child's copy holds no connection and no segment fd (libwex closes them

@@ -31,15 +31,18 @@ struct t_cons {
 	uint32_t rank;
 };
 
+/* Flags (WEX_CLIENT_*) of the clients t_open opens from then on. */
+static uint32_t t_client_flags __attribute__((unused));
+
 static inline wex_client_t *t_open(int role, const char *model, const char *group, uint32_t rank,
 				   uint32_t world)
 {
 	struct wex_client_params p = {
 		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_RANK |
-			      WEX_CLIENT_FIELD_COPY_THREADS |
+			      WEX_CLIENT_FIELD_COPY_THREADS | WEX_CLIENT_FIELD_FLAGS |
 			      (model ? WEX_CLIENT_FIELD_MODEL : 0) | (group ? WEX_CLIENT_FIELD_GROUP : 0),
 		.role = role, .model = model, .group = group, .rank = rank, .world_size = world,
-		.copy_threads = 2,
+		.copy_threads = 2, .flags = t_client_flags,
 	};
 	wex_client_t *c = NULL;
 	int ret = wex_client_open(&p, &c);

@@ -6,8 +6,9 @@
  * kills and restarts wexd just before that fetch goes out.  libwex
  * reconnects and sends the fetch again, which the new wexd refuses (no
  * producer has reconnected).  The sync must acquire again there:
- *  - when the trainer then publishes (done here as the acquire goes out),
- *    the sync succeeds with every byte of the new daemon's version;
+ *  - when the trainer then comes back (its next call, made here as the
+ *    acquire goes out, reconnects and restores the version it published),
+ *    the sync succeeds with every byte of that version;
  *  - when nothing is published in time, the sync fails, and a
  *    wex_release after it says no lease is held (-ENOENT): the lease the
  *    restart took was the failed sync's own, never handed to the caller,
@@ -32,6 +33,10 @@
  * must be dirty (wex_is_dirty 1), and the next sync shows the version
  * whole and cleans them.  Found by review: they stayed clean (dirty 0)
  * with the mix in the engine's own memory.
+ *
+ * The producer here has no watch (WEX_CLIENT_NO_WATCH), which would give
+ * the new wexd its memory and version at once (producer_watch tests
+ * that): the consumer's side must hold when no producer is back yet.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -55,6 +60,7 @@ static mmap_fn real_mmap;
 static struct t_wexd d;
 static struct t_prod p;
 static uint64_t publish_v; /* published by the producer at the re-acquire (0: none) */
+static int prod_back;      /* at the re-acquire, the producer makes a call (it reconnects) */
 static uint64_t mix_v;     /* begun and half written on the new wexd at stage 4 */
 static int fail_map;       /* fail the re-acquire's mmap(MAP_FIXED) of the segment */
 /* 1: restart at the next fetch; 2: publish at the next acquire; 3: at the
@@ -111,6 +117,14 @@ INTERPOSE ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 				/* The trainer reconnects (re-registering) and
 				 * publishes on the new daemon. */
 				t_prod_write(&p, publish_v);
+			} else if (prod_back) {
+				/* The trainer's next call reconnects: it
+				 * re-registers and restores what it published. */
+				char *st = NULL;
+
+				T_WEX(p.c, wex_request(p.c, "status", NULL, &st));
+				free(st);
+				prod_back = 0;
 			}
 			inside = 0;
 			return n;
@@ -207,10 +221,12 @@ int main(void)
 	struct t_cons k;
 	int ret;
 
+	t_client_flags = WEX_CLIENT_NO_WATCH;
 	t_tiny_v1(&d, &p, &k, MODEL);
 
-	/* The trainer publishes again once the sync acquires again. */
-	publish_v = 1;
+	/* The trainer comes back (its v1 with it) once the sync acquires
+	 * again. */
+	prod_back = 1;
 	stage = 1;
 	ret = wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r);
 	T_ASSERT(ret == 0, "a sync whose fetch met a wexd restart before the producers were back: "

@@ -170,6 +170,18 @@ class Binding(WexdProducerCase):
             wex.Client(wex.ROLE_CONSUMER, MODEL, socket=os.path.join(self.dir, "none.sock"))
         self.assertIn(e.exception.code, (errno.ENOENT, errno.ECONNREFUSED))
 
+        # A producer runs its watch (one thread of libwex's), unless
+        # watch=False; a consumer has none.
+        def tasks():
+            return len(os.listdir("/proc/self/task"))
+        for role, watch, more in ((wex.ROLE_PRODUCER, True, 1), (wex.ROLE_PRODUCER, False, 0),
+                                  (wex.ROLE_CONSUMER, True, 0)):
+            before = tasks()
+            w = wex.Client(role, "pyglue-watch", group="w", watch=watch)
+            self.assertEqual(tasks(), before + more, "role %d watch=%s" % (role, watch))
+            w.close()
+            self.assertEqual(tasks(), before)
+
         # A tensor in a segment that does not exist: EINVAL naming it.
         p = wex.Client(wex.ROLE_PRODUCER, "pyglue-bad", rank=0, world_size=1)
         self.addCleanup(p.close)

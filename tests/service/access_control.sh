@@ -105,8 +105,16 @@ i=0; until grep -q "may no longer be a producer of model 'policy': disconnected"
 	i=$((i+1)); [ $i -lt 200 ] || fail "revoked producer not disconnected: $(tail -3 "$TMP/wexd.log")"; sleep 0.05; done
 i=0; until [ "$(producers)" = 0 ]; do
 	i=$((i+1)); [ $i -lt 200 ] || fail "the revoked producer is still listed"; sleep 0.05; done
-"$WEXCTL" metrics | grep -q 'wex_refused_connections_total{reason="access"} 2' ||
-	fail "revocation not counted: $("$WEXCTL" metrics | grep refused)"
+# Counted: the revocation (2), then the producer's watch reconnecting at
+# once (3), refused; it then waits for the producer's next call instead of
+# asking again and again.
+refused() { "$WEXCTL" metrics | sed -n 's/^wex_refused_connections_total{reason="access"} //p'; }
+i=0; until [ "$(refused)" = 3 ]; do
+	i=$((i+1)); [ $i -lt 200 ] || fail "revocation and the one retry not counted: $("$WEXCTL" metrics | grep refused)"; sleep 0.05; done
+grep -q "wexd refused producer rank 0 of model 'policy' (.*): it reconnects at its next call" "$TMP/held.log" ||
+	fail "the producer's watch did not say it was refused: $(tail -3 "$TMP/held.log")"
+sleep 1.5
+[ "$(refused)" = 3 ] || fail "the revoked producer kept asking: $("$WEXCTL" metrics | grep refused)"
 # Start-up errors name the setting behind the failing step: a group the user
 # may not give the socket, and a path where a wexd already listens.
 mkdir -m 1777 "$TMP/g"

@@ -45,6 +45,8 @@ DTYPE_SIZE = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "F16": 2,
 
 _F_SOCKET, _F_ROLE, _F_MODEL, _F_GROUP, _F_RANK = 1, 2, 4, 8, 16
 _F_TIMEOUT, _F_COPY_THREADS, _F_DEVICE = 32, 64, 128
+_F_FLAGS = 256
+CLIENT_NO_WATCH = 1  # enum wex_client_flag
 
 
 class WexError(OSError):
@@ -117,6 +119,7 @@ class _Params(ctypes.Structure):
         ("timeout_ms", ctypes.c_uint32),
         ("copy_threads", ctypes.c_uint32),
         ("device", ctypes.c_int),
+        ("flags", ctypes.c_uint32),
     ]
 
 
@@ -240,7 +243,11 @@ class Client:
     """A libwex client (wex_client_open .. wex_client_close)."""
 
     def __init__(self, role, model=None, *, group=None, rank=0, world_size=1,
-                 socket=None, timeout_ms=None, copy_threads=None, device=None):
+                 socket=None, timeout_ms=None, copy_threads=None, device=None,
+                 watch=True):
+        """watch=False: a producer opens without its watch (the thread that
+        reconnects as soon as wexd is back after a restart, between this
+        producer's calls, and keeps its published version visible)."""
         self._h = None
         L = lib()
         # wex_client_open says only EINVAL (there is no client to hold a
@@ -261,7 +268,8 @@ class Client:
         if why is not None:
             raise WexError(errno.EINVAL, "wex_client_open: %s" % why)
         p = _Params()
-        p.field_mask = _F_ROLE | _F_RANK
+        p.field_mask = _F_ROLE | _F_RANK | _F_FLAGS
+        p.flags = 0 if watch else CLIENT_NO_WATCH
         p.role = role
         p.rank = rank
         p.world_size = world_size
