@@ -156,25 +156,38 @@ err_close:
 	return ret;
 }
 
-int wex_sock_connect(const char *path)
+int wex_sock_new(void)
+{
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+	return fd < 0 ? -errno : fd;
+}
+
+int wex_sock_connect_fd(int fd, const char *path)
 {
 	struct sockaddr_un sa;
-	int fd, ret;
+	int ret;
 
 	ret = fill_addr(&sa, path);
 	if (ret < 0)
 		return ret;
-	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	if (fd < 0)
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		return -errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		ret = -errno;
+	if (listener_gone(fd))
+		return -ECONNREFUSED; /* what the socket will say once torn down */
+	return 0;
+}
+
+int wex_sock_connect(const char *path)
+{
+	int fd = wex_sock_new(), ret;
+
+	if (fd < 0)
+		return fd;
+	ret = wex_sock_connect_fd(fd, path);
+	if (ret < 0) {
 		close(fd);
 		return ret;
-	}
-	if (listener_gone(fd)) {
-		close(fd);
-		return -ECONNREFUSED; /* what the socket will say once torn down */
 	}
 	return fd;
 }

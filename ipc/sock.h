@@ -31,6 +31,12 @@ int wex_sock_listen(const char *path, int mode, gid_t gid, const char **step);
  * Blocks only for the connect. */
 int wex_sock_connect(const char *path);
 
+/* The same in two steps, for a caller that must know of the fd before it
+ * blocks: a new unconnected close-on-exec socket (or -errno), then its
+ * connect to `path` (0 or -errno; the fd stays the caller's either way). */
+int wex_sock_new(void);
+int wex_sock_connect_fd(int fd, const char *path);
+
 /* Sends one message with `nfds` fds (not taken: the caller keeps them).
  * `flags` adds to MSG_NOSIGNAL (e.g. MSG_DONTWAIT).  Returns bytes or
  * -errno.  Blocks unless MSG_DONTWAIT. */

@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +109,10 @@ struct wex_client {
 	 * buffers, and a COPY sync of that same version must still copy. */
 	uint64_t copied;
 	uint64_t lease_version; /* the version the held lease is on */
+	/* The version the last successful sync got, kept across reconnects:
+	 * a new wexd's group round on it is passed, not waited for, by an
+	 * acquire of a newer one (acquire "held"). */
+	uint64_t took;
 	uint64_t conn_gen;      /* connections made after the first (reconnects) */
 	int has_lease;
 	int lease_lost; /* a reconnect took the held lease with the old wexd */
@@ -204,18 +209,24 @@ static pthread_once_t log_once = PTHREAD_ONCE_INIT;
  * re-registers everything and restores the published version.  Each call
  * of the client holds `call`, so the watch acts only between calls (a
  * call that meets a dead wexd reconnects by itself, as without a watch).
+ * `state` is held only while an fd of the client's is made or closed and
+ * stored (never across I/O), and by fork(): a child knows every fd it
+ * copied, and a fork never waits for wexd.  wex_client_close stops the
+ * watch through stopfd, which also ends any request the watch is waiting
+ * on (a hung wexd).
  */
 struct watch {
 	pthread_t thread;
 	pthread_mutex_t call;  /* held by every call, and by the watch while it acts */
-	pthread_mutex_t state; /* held by the watch while it acts, and across fork():
-				* a child never copies a connection half made,
-				* nor an fd of the watch's it does not know of */
-	int efd;               /* eventfd: stop, or a new connection to watch */
+	pthread_mutex_t state; /* see above */
+	int efd;               /* eventfd: a new connection to watch */
+	int stopfd;            /* eventfd: stop (written once) */
 	int dupfd;             /* the connection watched (-1: none) */
 	uint64_t gen;          /* the conn_gen of dupfd */
-	int stop;
-	unsigned backoff_ms;   /* wait before the next try (0: none failed) */
+	uint64_t up_ns;        /* when the watch last connected */
+	atomic_int stop;
+	int warned;            /* this outage's first failure was logged */
+	unsigned backoff_ms;   /* wait before the next try (0: at once) */
 	char err[512];         /* the watch's own errors (not the caller's) */
 };
 
@@ -254,6 +265,7 @@ static void fork_child(void)
 		if (c->watch) {
 			close_fd(&c->watch->dupfd);
 			close_fd(&c->watch->efd);
+			close_fd(&c->watch->stopfd);
 			pthread_mutex_unlock(&c->watch->state);
 		}
 		for (size_t i = 0; i < c->nosegs; i++)
@@ -299,16 +311,34 @@ static void open_remove(struct wex_client *c)
 			pthread_mutex_unlock(&(c)->watch->call);               \
 	} while (0)
 
+static void state_lock(struct wex_client *c)
+{
+	if (c->watch)
+		pthread_mutex_lock(&c->watch->state);
+}
+
+static void state_unlock(struct wex_client *c)
+{
+	if (c->watch)
+		pthread_mutex_unlock(&c->watch->state);
+}
+
 /* Ends the connection to wexd.  Shut down first: wexd must see it go
  * even while the watch still holds a dup of it (which wakes it). */
 static void conn_drop(struct wex_client *c)
 {
+	state_lock(c);
 	if (c->fd >= 0) {
 		shutdown(c->fd, SHUT_RDWR);
 		close(c->fd);
 	}
 	c->fd = -1;
+	state_unlock(c);
 }
+
+/* On a producer's watch thread: its stopfd, which ends a request it waits
+ * on (-1 elsewhere). */
+static __thread int cancel_fd = -1;
 
 /* The client's own allocations, once its memory and fds are dealt with
  * (or, in a forked child's copy, left to the child's exit: its fds went
@@ -414,7 +444,8 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	ssize_t n;
 	uint64_t limit;
 	int mflags = 0, got = 0, ret;
-	struct pollfd pfd = { .fd = c->fd, .events = POLLIN };
+	struct pollfd pfd[2] = { { .fd = c->fd, .events = POLLIN },
+				 { .fd = cancel_fd, .events = POLLIN } };
 	json_error_t je;
 	int tmpfds[WEX_SOCK_MAX_FDS];
 
@@ -432,8 +463,13 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	if (limit > INT_MAX)
 		limit = INT_MAX;
 	do
-		ret = poll(&pfd, 1, (int)limit);
+		ret = poll(pfd, cancel_fd >= 0 ? 2 : 1, (int)limit);
 	while (ret < 0 && errno == EINTR);
+	if (cancel_fd >= 0 && (pfd[1].revents & POLLIN)) {
+		/* The client is closing: its watch asks no more. */
+		conn_drop(c);
+		return set_err(c, -ECANCELED, "the client is closing");
+	}
 	if (ret == 0) {
 		/* The request may still be pending in wexd, and its reply would
 		 * be taken for the next request's: drop the connection (wexd
@@ -640,10 +676,15 @@ static int reconnect(struct wex_client *c)
 	int doubt = c->restore_unconfirmed, reclaimed = 0, ret;
 
 	c->restore_unconfirmed = 0;
-	c->fd = wex_sock_connect(c->sock);
-	if (c->fd < 0) {
-		ret = c->fd;
-		c->fd = -1;
+	state_lock(c); /* a fork copies this fd only with c->fd naming it */
+	c->fd = wex_sock_new();
+	state_unlock(c);
+	ret = c->fd < 0 ? c->fd : wex_sock_connect_fd(c->fd, c->sock);
+	if (ret < 0) {
+		if (c->fd < 0)
+			c->fd = -1;
+		else
+			conn_drop(c);
 		set_err(c, ret, "cannot connect to wexd at %s: %s", c->sock, strerror(-ret));
 		goto doubted;
 	}
@@ -671,7 +712,10 @@ static int reconnect(struct wex_client *c)
 						(json_int_t)c->writing, "timeout_ms",
 						(json_int_t)c->timeout_ms);
 
-			if (rpc(c, req, NULL, 0, NULL, NULL, 0, NULL, c->timeout_ms) < 0)
+			ret = rpc(c, req, NULL, 0, NULL, NULL, 0, NULL, c->timeout_ms);
+			if (ret < 0 && c->fd < 0)
+				goto err; /* wexd went again: the write goes on at the next */
+			if (ret < 0)
 				c->writing = 0;
 		} else if (c->published) {
 			/* The memory still holds the version last published (no
@@ -738,9 +782,31 @@ static void watch_kick(struct watch *w)
 		(void)!write(w->efd, &one, sizeof(one));
 }
 
-/* One turn of the watch, under `call` and `state`; `hup`: the watched
- * connection hung up.  Returns how long to wait for the next (-1: until
- * woken). */
+/* A connection that lasted less than this was not really back: the next
+ * try waits (a wexd that hangs up at once is not hammered). */
+#define WATCH_UP_NS 1000000000ull
+
+static int watch_backoff(struct watch *w)
+{
+	w->backoff_ms = w->backoff_ms ? w->backoff_ms * 2 : 20;
+	if (w->backoff_ms > 1000)
+		w->backoff_ms = 1000;
+	return (int)w->backoff_ms;
+}
+
+/* The watch's dup of the connection (NULL c->fd: none). */
+static void watch_dup(struct wex_client *c, struct watch *w)
+{
+	state_lock(c);
+	close_fd(&w->dupfd);
+	if (c->fd >= 0)
+		w->dupfd = fcntl(c->fd, F_DUPFD_CLOEXEC, 0);
+	w->gen = c->conn_gen;
+	state_unlock(c);
+}
+
+/* One turn of the watch, under `call`; `hup`: the watched connection hung
+ * up.  Returns how long to wait for the next (-1: until woken). */
 static int watch_step(struct wex_client *c, struct watch *w, int hup)
 {
 	int ret;
@@ -751,10 +817,15 @@ static int watch_step(struct wex_client *c, struct watch *w, int hup)
 		wex_warn("client", "wexd hung up on producer rank %u of model '%s': reconnecting",
 			 c->rank, c->model);
 		conn_drop(c);
+		watch_dup(c, w);
+		if (wex__now_ns() - w->up_ns < WATCH_UP_NS)
+			return watch_backoff(w);
+		w->backoff_ms = 0;
 	}
-	close_fd(&w->dupfd);
 	if (c->fd < 0) {
 		ret = reconnect(c);
+		if (ret == -ECANCELED)
+			return -1; /* closing */
 		if (ret == -EACCES || ret == -EPERM || ret == -EADDRINUSE || ret == -EINVAL ||
 		    ret == -WEX_EPROTO_VERSION) {
 			/* wexd is there and refuses this client (access taken
@@ -762,24 +833,24 @@ static int watch_step(struct wex_client *c, struct watch *w, int hup)
 			 * would be refused again. */
 			wex_warn("client", "wexd refused producer rank %u of model '%s' (%s): it reconnects at its next call",
 				 c->rank, c->model, w->err);
-			w->backoff_ms = 0;
+			watch_dup(c, w);
 			return -1;
 		}
 		if (ret < 0 || c->fd < 0) {
-			if (!w->backoff_ms)
+			if (!w->warned++)
 				wex_warn("client", "producer rank %u of model '%s' cannot reconnect yet (%s): retrying",
 					 c->rank, c->model, w->err);
-			w->backoff_ms = w->backoff_ms ? w->backoff_ms * 2 : 20;
-			if (w->backoff_ms > 1000)
-				w->backoff_ms = 1000;
-			return (int)w->backoff_ms;
+			watch_dup(c, w);
+			return watch_backoff(w);
 		}
+		w->warned = 0;
 		wex_info("client", "producer rank %u of model '%s' reconnected to wexd%s", c->rank,
 			 c->model, c->writing ? " (its write goes on)" : c->published ? " (it holds its version again)" : "");
 	}
-	w->backoff_ms = 0;
-	w->dupfd = fcntl(c->fd, F_DUPFD_CLOEXEC, 0);
-	w->gen = c->conn_gen;
+	if (w->gen != c->conn_gen || w->dupfd < 0) {
+		watch_dup(c, w);
+		w->up_ns = wex__now_ns();
+	}
 	return w->dupfd < 0 ? 1000 : -1; /* out of fds: look again later */
 }
 
@@ -790,25 +861,23 @@ static void *watch_main(void *arg)
 	int wait_ms = -1;
 
 	err_to = w->err;
+	cancel_fd = w->stopfd;
 	for (;;) {
-		struct pollfd p[2] = { { .fd = w->efd, .events = POLLIN },
+		struct pollfd p[3] = { { .fd = w->efd, .events = POLLIN },
+				       { .fd = w->stopfd, .events = POLLIN },
 				       { .fd = w->dupfd, .events = POLLRDHUP } };
 		uint64_t n;
 		int hup;
 
-		if (poll(p, 2, wait_ms) < 0 && errno != EINTR)
-			p[0].revents = p[1].revents = 0;
+		if (poll(p, 3, wait_ms) < 0 && errno != EINTR)
+			p[0].revents = p[2].revents = 0;
+		if (atomic_load(&w->stop))
+			break;
 		if (p[0].revents & POLLIN)
 			(void)!read(w->efd, &n, sizeof(n));
-		hup = !!(p[1].revents & (POLLRDHUP | POLLHUP | POLLERR));
+		hup = !!(p[2].revents & (POLLRDHUP | POLLHUP | POLLERR));
 		pthread_mutex_lock(&w->call);
-		if (w->stop) {
-			pthread_mutex_unlock(&w->call);
-			break;
-		}
-		pthread_mutex_lock(&w->state);
 		wait_ms = watch_step(c, w, hup);
-		pthread_mutex_unlock(&w->state);
 		pthread_mutex_unlock(&w->call);
 	}
 	return NULL;
@@ -825,7 +894,8 @@ static int watch_start(struct wex_client *c)
 
 	if (!w)
 		return -ENOMEM;
-	w->efd = w->dupfd = -1;
+	w->efd = w->stopfd = w->dupfd = -1;
+	atomic_init(&w->stop, 0);
 	pthread_mutex_init(&w->call, NULL);
 	pthread_mutex_init(&w->state, NULL);
 	pthread_mutex_lock(&open_lock);
@@ -833,9 +903,12 @@ static int watch_start(struct wex_client *c)
 	pthread_mutex_unlock(&open_lock);
 	pthread_mutex_lock(&w->state);
 	w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (w->efd < 0 || (w->dupfd = fcntl(c->fd, F_DUPFD_CLOEXEC, 0)) < 0)
+	if (w->efd >= 0)
+		w->stopfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (w->efd < 0 || w->stopfd < 0 || (w->dupfd = fcntl(c->fd, F_DUPFD_CLOEXEC, 0)) < 0)
 		ret = -errno;
 	w->gen = c->conn_gen;
+	w->up_ns = wex__now_ns();
 	pthread_mutex_unlock(&w->state);
 	if (ret == 0) {
 		/* The application's signals go to its own threads. */
@@ -857,6 +930,7 @@ static void watch_free(struct wex_client *c)
 	pthread_mutex_lock(&w->state);
 	close_fd(&w->dupfd);
 	close_fd(&w->efd);
+	close_fd(&w->stopfd);
 	pthread_mutex_unlock(&w->state);
 	pthread_mutex_lock(&open_lock);
 	c->watch = NULL;
@@ -869,13 +943,13 @@ static void watch_free(struct wex_client *c)
 static void watch_stop(struct wex_client *c)
 {
 	struct watch *w = c->watch;
+	uint64_t one = 1;
 
 	if (!w)
 		return;
-	pthread_mutex_lock(&w->call);
-	w->stop = 1;
-	pthread_mutex_unlock(&w->call);
-	watch_kick(w);
+	/* Not under `call`: the watch may hold it, waiting on wexd. */
+	atomic_store(&w->stop, 1);
+	(void)!write(w->stopfd, &one, sizeof(one));
 	pthread_join(w->thread, NULL);
 	watch_free(c);
 }
@@ -2301,6 +2375,8 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 again:
 	req = json_pack("{s:s, s:I, s:i}", "op", "acquire", "min_version", (json_int_t)min_version,
 			"mode", mode);
+	if (c->took)
+		json_object_set_new(req, "held", json_integer((json_int_t)c->took));
 	wait = wait_of(c, timeout_ms, req);
 	/* wexd drops our previous lease once it takes this acquire on (and
 	 * then answers it, times it out or ends its wait at shutdown); an
@@ -2435,6 +2511,7 @@ again:
 			c->copied = version;
 		}
 		c->version = version;
+		c->took = version;
 		set_report(c, "copy", bytes, t0);
 		ret = release_lease(c, 0);
 		if (c->conn_gen != conn || ret == -WEX_EDAEMON) {
@@ -2468,12 +2545,14 @@ again:
 		if (res)
 			res->changed = version != c->version;
 		c->version = version;
+		c->took = version;
 	} else {
 		for (size_t i = 0; i < c->npsegs; i++)
 			bytes += c->psegs[i].seg.desc.size;
 		if (res)
 			res->changed = version != c->version;
 		c->version = version;
+		c->took = version;
 	}
 	if (mode != WEX_SYNC_COPY)
 		set_report(c, mode == WEX_SYNC_REMAP_VIEW ? "remap-view" : "remap-fixed", bytes, t0);
@@ -2574,6 +2653,17 @@ WEX_API int wex_producer_tensors(wex_client_t *c, uint32_t prank, const struct w
 	return (int)c->nprod;
 }
 
+static int request_rpc(wex_client_t *c, const char *op, json_t *req, json_t **reply)
+{
+	/* What a producer's request changes is not tracked here: its memory
+	 * may no longer hold the version last published, so a reconnect
+	 * does not restore that. */
+	if (c->role == WEX_ROLE_PRODUCER && strcmp(op, "status") && strcmp(op, "ping") &&
+	    strcmp(op, "models") && strcmp(op, "clients") && strcmp(op, "metrics"))
+		c->published = 0;
+	return simple_rpc(c, req, reply);
+}
+
 WEX_API int wex_request(wex_client_t *c, const char *op, const char *args_json, char **json)
 {
 	json_t *req, *reply = NULL;
@@ -2595,7 +2685,7 @@ WEX_API int wex_request(wex_client_t *c, const char *op, const char *args_json, 
 		req = json_object();
 	}
 	json_object_set_new(req, "op", json_string(op));
-	LOCKED(c, ret, simple_rpc(c, req, &reply));
+	LOCKED(c, ret, request_rpc(c, op, req, &reply));
 	if (ret < 0)
 		return ret;
 	*json = json_dumps(reply, JSON_INDENT(2));

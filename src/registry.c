@@ -190,8 +190,9 @@ static void memory_gone(struct model *m)
 	for (struct cgroup *g = m->groups; g; g = g->next) {
 		if (!g->round_open)
 			continue;
+		/* (A rank that passed the round, 2, holds nothing of it.) */
 		for (uint32_t i = 0; i < g->world; i++)
-			if (g->taken[i] && g->ranks[i] && !g->lost[i]) {
+			if (g->taken[i] == 1 && g->ranks[i] && !g->lost[i]) {
 				g->lost[i] = 1;
 				g->nlost++;
 			}
@@ -1133,18 +1134,24 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 
 	if (g->round_open && !g->taken[c->rank]) {
 		v = g->round_version;
-		if (v < c->wait_version) {
-			/* This rank asks for a newer version than the round its
-			 * peers took (they took it from a wexd that restarted
-			 * since, say): it will never take that one, and the
-			 * round's hold would keep the producer from writing the
-			 * one it waits for.  It passes the round. */
-			g->taken[c->rank] = 1;
+		if (v < c->wait_version && c->wait_held == v) {
+			/* This rank holds the round's version already (it took
+			 * it from a wexd that restarted since, which this one
+			 * never saw) and asks for a newer one: it will never
+			 * take this round, whose hold would keep the producer
+			 * from writing the version it waits for.  It passes
+			 * (2: taken without a lease); the group stays on one
+			 * version.  A rank that does not hold it waits, as
+			 * every rank must take the same version. */
+			g->taken[c->rank] = 2;
 			g->ntaken++;
 			if (g->ntaken == g->world)
 				round_close(m, g);
+			d->round_passed = 1;
 			return 0;
 		}
+		if (v < c->wait_version)
+			return 0;
 	} else if (g->round_open) {
 		return 0; /* this rank already took the round: peers first */
 	} else {
@@ -1194,14 +1201,14 @@ static json_t *lease_kept(struct conn *c, json_t *reply)
 
 json_t *wexd_acquire(struct wexd *d, struct conn *c, json_t *req)
 {
-	json_int_t minv = 0, timeout = -1, mode = WEX_SYNC_COPY;
+	json_int_t minv = 0, timeout = -1, mode = WEX_SYNC_COPY, held = 0;
 	json_error_t je;
 	json_t *reply = NULL;
 
 	if (c->role != WEX_ROLE_CONSUMER)
 		return wex__reply_error(-EPERM, "acquire: only consumers acquire");
-	if (json_unpack_ex(req, &je, 0, "{s?I, s?I, s?I}", "min_version", &minv, "timeout_ms",
-			   &timeout, "mode", &mode) < 0)
+	if (json_unpack_ex(req, &je, 0, "{s?I, s?I, s?I, s?I}", "min_version", &minv, "timeout_ms",
+			   &timeout, "mode", &mode, "held", &held) < 0)
 		return lease_kept(c, wex__reply_error(-EINVAL, "acquire: %s", je.text));
 	if (mode < WEX_SYNC_COPY || mode > WEX_SYNC_REMAP_FIXED || minv < 0)
 		return lease_kept(c, wex__reply_error(-EINVAL, "acquire: mode %lld unknown",
@@ -1241,6 +1248,7 @@ json_t *wexd_acquire(struct wexd *d, struct conn *c, json_t *req)
 	lease_drop(c->model, c);
 	c->waiting = WAIT_ACQUIRE;
 	c->wait_version = (uint64_t)minv;
+	c->wait_held = held > 0 ? (uint64_t)held : 0;
 	c->wait_mode = (int)mode;
 	c->wait_start_ns = wex__now_ns();
 	if (timeout < 0)
@@ -1610,6 +1618,10 @@ int wexd_service_waiters(struct wexd *d)
 			if (c->waiting == WAIT_BEGIN_WRITE && begin_write_try(d, c, &reply)) {
 				progress = 1;
 			} else if (c->waiting == WAIT_ACQUIRE && acquire_try(d, c, &reply)) {
+				progress = 1;
+			} else if (d->round_passed) {
+				/* The round it passed closed: a writer may go. */
+				d->round_passed = 0;
 				progress = 1;
 			} else if (now >= c->wait_deadline_ns) {
 				char who[EMSG_LEN];

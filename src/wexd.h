@@ -39,6 +39,7 @@ struct conn {
 	/* A deferred request. */
 	int waiting;
 	uint64_t wait_version;
+	uint64_t wait_held; /* the version the waiting acquire says its rank holds (0: none) */
 	uint64_t wait_start_ns;
 	uint64_t wait_deadline_ns;
 	int wait_mode;
@@ -181,6 +182,7 @@ struct wexd {
 	struct wex_journal journal;
 	struct held *held;
 	uint64_t held_checked_ns;
+	int round_passed; /* an acquire passed its group's round (service_waiters) */
 };
 
 /* registry.c: request handlers.  Each returns a reply (new reference), or

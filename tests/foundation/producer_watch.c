@@ -26,6 +26,19 @@
  *    round on v1 (it will never take it), so the trainer may write v2
  *    (before: the round's hold kept the trainer out until rank 0's sync
  *    timed out), and both ranks get v2;
+ *  - split: with no restart, a rank that holds nothing does not pass its
+ *    group's round on v1 by asking for v2: the trainer's begin_write of
+ *    v2 stays refused (EBUSY), the group stays on one version;
+ *  - lost: a rank that passed a round is not counted among the ranks
+ *    holding it when the producer's memory goes (only a rank that took it
+ *    is): once those sync again, the others are served, not refused
+ *    (ESTALE) for the passer waiting on;
+ *  - hung: wexd replaced by a listener that never answers: fork() and
+ *    wex_client_close return at once while the watch waits on it;
+ *  - flapping: a daemon that takes the whole reconnect and then hangs up
+ *    at once is not reconnected to in a loop (the waits grow); one that
+ *    hangs up at the re-begin of a write leaves the write going on, so
+ *    the publish works at the real wexd after;
  *  - down: wexd stays down: the watch retries without spinning (CPU time
  *    of the process under 0.2 s in 1.5 s), never overwrites the caller's
  *    last error, and wex_client_close ends it at once (threads and fds as
@@ -38,13 +51,18 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "fixture.h"
+#include "ipc/sock.h"
 
 #define MODEL "watch"
 
@@ -240,6 +258,217 @@ static void round_(void)
 	t_prod_close(&p);
 }
 
+static void split(void)
+{
+	struct t_prod p;
+	struct t_cons k[2];
+	struct later l;
+	pthread_t th;
+	int ret;
+
+	t_prod_open(&p, MODEL, "tiny", 0, 1);
+	for (uint32_t r = 0; r < 2; r++)
+		t_cons_open_from(&k[r], MODEL, "g", "tiny", r, 2, 0);
+	t_prod_write(&p, 1);
+	T_ASSERT(sync_copy(&k[0], 1, 5000) == 0, "rank 0 takes v1: %s", wex_last_error(k[0].c));
+	l = (struct later){ .k = &k[1], .v = 2 };
+	T_ASSERT(pthread_create(&th, NULL, sync_later, &l) == 0, "pthread_create");
+	usleep(100000);
+	ret = wex_begin_write(p.c, 2, 300);
+	T_ASSERT(ret == -EBUSY, "a rank holding nothing passed its group's round on v1: begin_write v2 %s (%s)",
+		 wex_strerror(ret), wex_last_error(p.c));
+	pthread_join(th, NULL);
+	T_ASSERT(l.ret == -ETIMEDOUT, "rank 1's sync of v2 with v1 open to it: %s",
+		 wex_strerror(l.ret));
+	printf("split: a rank holding nothing does not pass the round (begin_write v2: EBUSY)\n");
+	for (uint32_t r = 0; r < 2; r++)
+		t_cons_close(&k[r]);
+	t_prod_close(&p);
+}
+
+static void lost(void)
+{
+	struct t_prod p;
+	struct t_cons k[4];
+	struct later l;
+	pthread_t th;
+
+	t_prod_open(&p, MODEL, "tiny", 0, 1);
+	for (uint32_t r = 0; r < 4; r++)
+		t_cons_open_from(&k[r], MODEL, "g", "tiny", r, 4, 0);
+	t_prod_write(&p, 1);
+	for (uint32_t r = 0; r < 4; r++)
+		T_ASSERT(sync_copy(&k[r], 1, 5000) == 0, "rank %u takes v1: %s", r,
+			 wex_last_error(k[r].c));
+	/* Rank 1 syncs v1 again: a round on v1 that rank 0 (holding v1)
+	 * passes, asking for v2. */
+	T_ASSERT(sync_copy(&k[1], 1, 5000) == 0, "rank 1 takes v1 again: %s", wex_last_error(k[1].c));
+	l = (struct later){ .k = &k[0], .v = 2 };
+	T_ASSERT(pthread_create(&th, NULL, sync_later, &l) == 0, "pthread_create");
+	usleep(100000);
+	/* The trainer restarts: its memory goes with the round open. */
+	t_prod_close(&p);
+	t_prod_open(&p, MODEL, "tiny", 0, 1);
+	t_prod_write(&p, 2);
+	pthread_join(th, NULL);
+	T_ASSERT(l.ret == 0, "rank 0's sync of v2: %s (%s)", wex_strerror(l.ret), wex_last_error(k[0].c));
+	T_ASSERT(sync_copy(&k[1], 2, 5000) == 0, "rank 1 (which took the lost round) syncs v2: %s",
+		 wex_last_error(k[1].c));
+	for (uint32_t r = 2; r < 4; r++)
+		T_ASSERT(sync_copy(&k[r], 2, 5000) == 0, "rank %u refused for the rank that passed: %s",
+			 r, wex_last_error(k[r].c));
+	printf("lost: the rank that passed the lost round is not held against its peers\n");
+	for (uint32_t r = 0; r < 4; r++)
+		t_cons_close(&k[r]);
+	t_prod_close(&p);
+}
+
+/* A stand-in for wexd on its socket, on a thread: `answer` 0 never reads
+ * (connections wait in its backlog); else it answers every request "ok"
+ * and hangs up after answering an op named `hang_after`, or instead of
+ * answering one named `hang_at`.  Counts connections. */
+static struct fake {
+	int lfd, answer;
+	const char *hang_after, *hang_at;
+	atomic_int stop, conns;
+	pthread_t th;
+} fk;
+
+static void *fake_main(void *arg)
+{
+	(void)arg;
+	while (!atomic_load(&fk.stop)) {
+		struct pollfd pl = { .fd = fk.lfd, .events = POLLIN };
+		int fd;
+
+		if (poll(&pl, 1, 50) <= 0)
+			continue;
+		fd = accept4(fk.lfd, NULL, NULL, SOCK_CLOEXEC);
+		if (fd < 0)
+			continue;
+		atomic_fetch_add(&fk.conns, 1);
+		for (;;) {
+			struct pollfd pc = { .fd = fd, .events = POLLIN };
+			char buf[65536], op[64] = "";
+			int fds[WEX_SOCK_MAX_FDS], nfds = 0, mflags = 0;
+			json_t *j;
+			ssize_t n;
+
+			if (poll(&pc, 1, 50) <= 0) {
+				if (atomic_load(&fk.stop))
+					break;
+				continue;
+			}
+			n = wex_sock_recv(fd, buf, sizeof(buf), fds, WEX_SOCK_MAX_FDS, &nfds, &mflags, 0);
+			wex_sock_close_fds(fds, nfds);
+			if (n <= 0)
+				break;
+			j = json_loadb(buf, (size_t)n, 0, NULL);
+			snprintf(op, sizeof(op), "%s", json_string_value(json_object_get(j, "op")) ?: "");
+			json_decref(j);
+			if (fk.hang_at && !strcmp(op, fk.hang_at))
+				break;
+			wex_sock_send(fd, "{\"ok\": true}", 12, NULL, 0, 0);
+			if (fk.hang_after && !strcmp(op, fk.hang_after))
+				break;
+		}
+		close(fd);
+	}
+	return NULL;
+}
+
+static void fake_start(int answer, const char *hang_after, const char *hang_at)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+
+	unlink(d.sock);
+	fk = (struct fake){ .answer = answer, .hang_after = hang_after, .hang_at = hang_at };
+	atomic_init(&fk.stop, 0);
+	atomic_init(&fk.conns, 0);
+	T_ASSERT(strlen(d.sock) < sizeof(sa.sun_path), "socket path too long: %s", d.sock);
+	memcpy(sa.sun_path, d.sock, strlen(d.sock) + 1);
+	fk.lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	T_ASSERT(fk.lfd >= 0 && bind(fk.lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+		 listen(fk.lfd, 16) == 0, "fake listener on %s: %s", d.sock, strerror(errno));
+	if (answer)
+		T_ASSERT(pthread_create(&fk.th, NULL, fake_main, NULL) == 0, "pthread_create");
+}
+
+static void fake_stop(void)
+{
+	if (fk.answer) {
+		atomic_store(&fk.stop, 1);
+		pthread_join(fk.th, NULL);
+	}
+	close(fk.lfd);
+	unlink(d.sock);
+}
+
+static void hung(void)
+{
+	struct t_prod p;
+	double t0, took;
+	pid_t pid;
+
+	t_prod_open(&p, MODEL, "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	t_wexd_kill(&d);
+	fake_start(0, NULL, NULL);
+	usleep(300000); /* the watch connects and waits for hello's answer */
+	t0 = t_now();
+	pid = t_fork();
+	if (pid == 0)
+		_exit(0);
+	took = t_now() - t0;
+	T_ASSERT(t_wait(pid) == 0, "child");
+	T_ASSERT(took < 0.5, "fork() waited %.2f s for the watch's hello to a hung wexd", took);
+	t0 = t_now();
+	t_prod_close(&p);
+	T_ASSERT(t_now() - t0 < 0.5, "wex_client_close waited %.2f s for a hung wexd", t_now() - t0);
+	printf("hung: fork() in %.3f s and close in %.3f s while the watch waits on a hung wexd\n",
+	       took, t_now() - t0);
+	fake_stop();
+	t_wexd_restart(&d);
+}
+
+static void flapping(void)
+{
+	struct t_prod p;
+	int ret;
+
+	/* The whole reconnect taken, then a hang-up, again and again. */
+	t_prod_open(&p, MODEL, "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	t_wexd_kill(&d);
+	fake_start(1, "publish", NULL);
+	usleep(2000000);
+	ret = atomic_load(&fk.conns);
+	T_ASSERT(ret >= 2 && ret <= 12,
+		 "%d reconnects in 2 s to a daemon that hangs up after each (the waits do not grow, or no retry)",
+		 ret);
+	printf("flapping: %d reconnects in 2 s to a daemon hanging up after each\n", ret);
+	fake_stop();
+	t_wexd_restart(&d);
+	t_prod_close(&p);
+
+	/* A hang-up at the re-begin of a write: the write goes on. */
+	t_prod_open(&p, MODEL, "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	T_WEX(p.c, wex_begin_write(p.c, 2, 5000));
+	t_wexd_kill(&d);
+	fake_start(1, NULL, "begin_write");
+	usleep(300000);
+	T_ASSERT(atomic_load(&fk.conns) >= 1, "the watch never reached the stand-in");
+	fake_stop();
+	t_wexd_restart(&d);
+	ex_fill(p.base, p.t, (size_t)p.n, 2, 1);
+	ret = wex_publish(p.c, 2);
+	T_ASSERT(ret == 0, "publish v2 after a daemon hung up at its re-begin: %s (%s)",
+		 wex_strerror(ret), wex_last_error(p.c));
+	printf("flapping: a write whose re-begin met a hang-up goes on and publishes\n");
+	t_prod_close(&p);
+}
+
 static void down(void)
 {
 	int th0 = tasks(), fd0 = t_fd_count(getpid());
@@ -311,6 +540,10 @@ int main(void)
 	writing();
 	ranks();
 	round_();
+	split();
+	lost();
+	hung();
+	flapping();
 	down();
 	fork_();
 	t_wexd_stop(&d);
