@@ -163,16 +163,22 @@ int wex_sock_new(void)
 	return fd < 0 ? -errno : fd;
 }
 
-int wex_sock_connect_fd(int fd, const char *path)
+int wex_sock_connect_fd(int fd, const char *path, int nowait)
 {
 	struct sockaddr_un sa;
-	int ret;
+	int ret, fl = 0;
 
 	ret = fill_addr(&sa, path);
 	if (ret < 0)
 		return ret;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+	/* (A UNIX socket connects at once or not at all: no EINPROGRESS.) */
+	if (nowait && ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0))
 		return -errno;
+	ret = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ? -errno : 0;
+	if (nowait && fcntl(fd, F_SETFL, fl) < 0 && ret == 0)
+		ret = -errno;
+	if (ret < 0)
+		return ret;
 	if (listener_gone(fd))
 		return -ECONNREFUSED; /* what the socket will say once torn down */
 	return 0;
@@ -184,7 +190,7 @@ int wex_sock_connect(const char *path)
 
 	if (fd < 0)
 		return fd;
-	ret = wex_sock_connect_fd(fd, path);
+	ret = wex_sock_connect_fd(fd, path, 0);
 	if (ret < 0) {
 		close(fd);
 		return ret;

@@ -85,6 +85,10 @@ struct wex_client {
 	 * since (0: none): its memory still holds it, and a reconnect tells
 	 * a new wexd so (publish "restored"). */
 	uint64_t published;
+	/* A write a reconnect could not go on with (wexd refused to begin it
+	 * again): its version, and what the publish of it says. */
+	uint64_t write_lost_v;
+	char write_lost[400];
 	struct watch *watch; /* NULL: none (not a producer, or WEX_CLIENT_NO_WATCH) */
 	/* consumer */
 	struct wex_tensor *layout;
@@ -679,7 +683,9 @@ static int reconnect(struct wex_client *c)
 	state_lock(c); /* a fork copies this fd only with c->fd naming it */
 	c->fd = wex_sock_new();
 	state_unlock(c);
-	ret = c->fd < 0 ? c->fd : wex_sock_connect_fd(c->fd, c->sock);
+	/* (The watch never waits for room in a hung wexd's queue: it could
+	 * not be stopped then.) */
+	ret = c->fd < 0 ? c->fd : wex_sock_connect_fd(c->fd, c->sock, cancel_fd >= 0);
 	if (ret < 0) {
 		if (c->fd < 0)
 			c->fd = -1;
@@ -715,8 +721,15 @@ static int reconnect(struct wex_client *c)
 			ret = rpc(c, req, NULL, 0, NULL, NULL, 0, NULL, c->timeout_ms);
 			if (ret < 0 && c->fd < 0)
 				goto err; /* wexd went again: the write goes on at the next */
-			if (ret < 0)
+			if (ret < 0) {
+				/* Refused: the write cannot go on, and the
+				 * publish that would end it says why. */
+				snprintf(c->write_lost, sizeof(c->write_lost),
+					 "wexd restarted during the write of v%llu and refused to let it go on (%s): begin_write it again",
+					 (unsigned long long)c->writing, err_buf(c));
+				c->write_lost_v = c->writing;
 				c->writing = 0;
+			}
 		} else if (c->published) {
 			/* The memory still holds the version last published (no
 			 * write begun since): a new wexd would otherwise know of
@@ -1522,6 +1535,7 @@ static int begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 	ret = rpc(c, req, NULL, 0, NULL, NULL, 0, NULL, wait_of(c, timeout_ms, req));
 	if (ret == 0) {
 		c->writing = version;
+		c->write_lost_v = 0;
 		c->published = 0; /* the memory is being overwritten */
 	}
 	return ret;
@@ -1543,6 +1557,9 @@ static int publish(wex_client_t *c, uint64_t version)
 
 	if (c->role != WEX_ROLE_PRODUCER)
 		return set_err(c, -EPERM, "only producers publish");
+	if (c->writing != version && c->write_lost_v == version && version)
+		return set_err(c, -EINVAL, "publish v%llu: %s", (unsigned long long)version,
+			       c->write_lost);
 	if (c->writing != version && c->fd >= 0)
 		return set_err(c, -EINVAL, "publish v%llu: begin_write it first",
 			       (unsigned long long)version);
@@ -2523,6 +2540,7 @@ again:
 			if (changed) {
 				c->dirty = 1;
 				c->copied = 0;
+				c->took = 0;
 				return set_err(c, -WEX_EDIRTY,
 					       "wexd restarted or went away during the copy of v%llu: its lease was lost, so the producer may have written meanwhile; the weights may be mixed: sync again",
 					       (unsigned long long)version);
@@ -2658,8 +2676,13 @@ static int request_rpc(wex_client_t *c, const char *op, json_t *req, json_t **re
 	/* What a producer's request changes is not tracked here: its memory
 	 * may no longer hold the version last published, so a reconnect
 	 * does not restore that. */
-	if (c->role == WEX_ROLE_PRODUCER && strcmp(op, "status") && strcmp(op, "ping") &&
-	    strcmp(op, "models") && strcmp(op, "clients") && strcmp(op, "metrics"))
+	static const char *const ro[] = { "status", "ping",    "models",    "clients",
+					  "metrics", "plans", "config_get" };
+	size_t i = 0;
+
+	while (i < sizeof(ro) / sizeof(ro[0]) && strcmp(op, ro[i]))
+		i++;
+	if (c->role == WEX_ROLE_PRODUCER && i == sizeof(ro) / sizeof(ro[0]))
 		c->published = 0;
 	return simple_rpc(c, req, reply);
 }

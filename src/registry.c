@@ -1074,6 +1074,7 @@ json_t *wexd_publish(struct wexd *d, struct conn *c, json_t *req)
 		return wex__reply_error(-EINVAL, "publish: v%lld was not begun with begin_write on rank %u",
 					(long long)v, c->rank);
 	}
+	r->restored = restored;
 	r->writing = 0;
 	r->published = (uint64_t)v;
 	if (m->first_publish_v != (uint64_t)v) {
@@ -1084,6 +1085,9 @@ json_t *wexd_publish(struct wexd *d, struct conn *c, json_t *req)
 		if (m->ranks[i].published == (uint64_t)v && !m->ranks[i].writing)
 			done++;
 	if (done == m->world) {
+		m->published_restored = 1;
+		for (uint32_t i = 0; i < m->world; i++)
+			m->published_restored &= m->ranks[i].restored;
 		m->published = (uint64_t)v;
 		m->published_ns = wex__now_ns();
 		m->writing = 0;
@@ -1134,10 +1138,12 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 
 	if (g->round_open && !g->taken[c->rank]) {
 		v = g->round_version;
-		if (v < c->wait_version && c->wait_held == v) {
+		if (v < c->wait_version && c->wait_held == v && v == m->published &&
+		    m->published_restored) {
 			/* This rank holds the round's version already (it took
 			 * it from a wexd that restarted since, which this one
-			 * never saw) and asks for a newer one: it will never
+			 * never saw: the producers restored the version, the
+			 * same bytes) and asks for a newer one: it will never
 			 * take this round, whose hold would keep the producer
 			 * from writing the version it waits for.  It passes
 			 * (2: taken without a lease); the group stays on one
@@ -1171,6 +1177,12 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 	}
 	g->taken[c->rank] = 1;
 	g->ntaken++;
+	if (g->lost[c->rank]) {
+		/* It moves on from a lost round (it may have waited since
+		 * before the memory went, unchecked). */
+		g->lost[c->rank] = 0;
+		g->nlost--;
+	}
 	c->has_lease = 1;
 	c->lease_version = v;
 	c->lease_epoch = m->epoch;

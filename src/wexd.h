@@ -85,6 +85,7 @@ struct prank {
 	size_t nt;
 	uint64_t writing;   /* version this rank was granted to write */
 	uint64_t published; /* newest version this rank published */
+	int restored;       /* ... restored: published before this wexd started */
 	uint64_t bytes;
 };
 
@@ -121,6 +122,7 @@ struct model {
 	uint32_t world;
 	struct prank *ranks;
 	uint64_t published;
+	int published_restored; /* every rank restored it: the bytes an earlier wexd served */
 	uint64_t published_ns;
 	uint64_t first_publish_v;  /* version whose first rank published at */
 	uint64_t first_publish_ns; /* ... this time (publish-to-visible) */

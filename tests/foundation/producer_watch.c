@@ -138,6 +138,7 @@ static void idle(uint32_t flags)
 {
 	struct t_prod p;
 	struct t_cons k;
+	double t0;
 	int ret;
 
 	t_client_flags = flags;
@@ -146,10 +147,13 @@ static void idle(uint32_t flags)
 	t_prod_write(&p, 1);
 	t_cons_open(&k, MODEL, "g", "tiny", 0, 1); /* attached, not synced */
 	restart();
+	t0 = t_now();
 	ret = sync_copy(&k, 1, flags ? 1000 : 5000);
 	if (!flags) {
 		T_ASSERT(ret == 0, "with the watch, v1 not served after a restart with the trainer idle: %s (%s)",
 			 wex_strerror(ret), wex_last_error(k.c));
+		printf("idle: the engine's sync of v1 returned %.1f ms after the new wexd was ready\n",
+		       (t_now() - t0) * 1000);
 		/* The trainer's next step goes on as if nothing happened. */
 		t_prod_write(&p, 2);
 		T_ASSERT(sync_copy(&k, 2, 5000) == 0, "v2 after the restart: %s", wex_last_error(k.c));
@@ -213,15 +217,47 @@ static void ranks(void)
 struct later {
 	struct t_cons *k;
 	uint64_t v;
+	uint32_t timeout_ms; /* 0: 8 s */
 	int ret;
+	pthread_t th;
 };
 
-static void *sync_later(void *arg)
+static void *sync_later_main(void *arg)
 {
 	struct later *l = arg;
 
-	l->ret = sync_copy(l->k, l->v, 8000);
+	l->ret = sync_copy(l->k, l->v, l->timeout_ms ? l->timeout_ms : 8000);
 	return NULL;
+}
+
+static void sync_later(struct later *l)
+{
+	T_ASSERT(pthread_create(&l->th, NULL, sync_later_main, l) == 0, "pthread_create");
+}
+
+/* Until n consumers wait in acquire at wexd (wexctl clients). */
+static void until_waiting(int n)
+{
+	wex_client_t *a = t_open(WEX_ROLE_ADMIN, NULL, NULL, 0, 1);
+
+	for (int i = 0;; i++) {
+		char *js = NULL;
+		json_t *j, *cl;
+		size_t k;
+		int w = 0;
+
+		T_WEX(a, wex_request(a, "clients", NULL, &js));
+		j = json_loads(js, 0, NULL);
+		free(js);
+		json_array_foreach(json_object_get(j, "clients"), k, cl)
+			w += !strcmp(json_string_value(json_object_get(cl, "waiting")) ?: "", "acquire");
+		json_decref(j);
+		if (w >= n)
+			break;
+		T_ASSERT(i < 500, "%d consumer(s) wait in acquire, not %d", w, n);
+		usleep(10000);
+	}
+	wex_client_close(a);
 }
 
 static void round_(void)
@@ -229,7 +265,6 @@ static void round_(void)
 	struct t_prod p;
 	struct t_cons k[2];
 	struct later l;
-	pthread_t th;
 	double t0;
 
 	t_prod_open(&p, MODEL, "tiny", 0, 1);
@@ -241,14 +276,14 @@ static void round_(void)
 	T_ASSERT(sync_copy(&k[1], 1, 5000) == 0, "rank 1 takes v1 from the new wexd: %s",
 		 wex_last_error(k[1].c));
 	l = (struct later){ .k = &k[0], .v = 2 };
-	T_ASSERT(pthread_create(&th, NULL, sync_later, &l) == 0, "pthread_create");
-	usleep(100000); /* rank 0's sync of v2 waits at wexd */
+	sync_later(&l);
+	until_waiting(1); /* rank 0's sync of v2 waits at wexd */
 	t0 = t_now();
 	T_WEX(p.c, wex_begin_write(p.c, 2, 3000));
 	ex_fill(p.base, p.t, (size_t)p.n, 2, 1);
 	T_WEX(p.c, wex_publish(p.c, 2));
 	T_ASSERT(sync_copy(&k[1], 2, 5000) == 0, "rank 1 takes v2: %s", wex_last_error(k[1].c));
-	pthread_join(th, NULL);
+	pthread_join(l.th, NULL);
 	T_ASSERT(l.ret == 0, "rank 0's sync of v2: %s (%s)", wex_strerror(l.ret),
 		 wex_last_error(k[0].c));
 	printf("round: rank 0 passed the new wexd's round on v1; the trainer began v2 after %.0f ms; both ranks got v2\n",
@@ -263,7 +298,6 @@ static void split(void)
 	struct t_prod p;
 	struct t_cons k[2];
 	struct later l;
-	pthread_t th;
 	int ret;
 
 	t_prod_open(&p, MODEL, "tiny", 0, 1);
@@ -271,13 +305,13 @@ static void split(void)
 		t_cons_open_from(&k[r], MODEL, "g", "tiny", r, 2, 0);
 	t_prod_write(&p, 1);
 	T_ASSERT(sync_copy(&k[0], 1, 5000) == 0, "rank 0 takes v1: %s", wex_last_error(k[0].c));
-	l = (struct later){ .k = &k[1], .v = 2 };
-	T_ASSERT(pthread_create(&th, NULL, sync_later, &l) == 0, "pthread_create");
-	usleep(100000);
+	l = (struct later){ .k = &k[1], .v = 2, .timeout_ms = 1500 };
+	sync_later(&l);
+	until_waiting(1);
 	ret = wex_begin_write(p.c, 2, 300);
 	T_ASSERT(ret == -EBUSY, "a rank holding nothing passed its group's round on v1: begin_write v2 %s (%s)",
 		 wex_strerror(ret), wex_last_error(p.c));
-	pthread_join(th, NULL);
+	pthread_join(l.th, NULL);
 	T_ASSERT(l.ret == -ETIMEDOUT, "rank 1's sync of v2 with v1 open to it: %s",
 		 wex_strerror(l.ret));
 	printf("split: a rank holding nothing does not pass the round (begin_write v2: EBUSY)\n");
@@ -286,12 +320,16 @@ static void split(void)
 	t_prod_close(&p);
 }
 
+/* Rank 0 passes the new wexd's round on the restored v1 (rank 1 took it
+ * there) and waits for v2; the trainer restarts (its memory goes, the
+ * round with it): rank 1 holds v1 of the lost round, rank 0 nothing of
+ * it.  Once rank 1 syncs again, ranks 2 and 3 are not refused (ESTALE)
+ * on rank 0's account, and all get v2. */
 static void lost(void)
 {
 	struct t_prod p;
 	struct t_cons k[4];
-	struct later l;
-	pthread_t th;
+	struct later l[4];
 
 	t_prod_open(&p, MODEL, "tiny", 0, 1);
 	for (uint32_t r = 0; r < 4; r++)
@@ -300,31 +338,68 @@ static void lost(void)
 	for (uint32_t r = 0; r < 4; r++)
 		T_ASSERT(sync_copy(&k[r], 1, 5000) == 0, "rank %u takes v1: %s", r,
 			 wex_last_error(k[r].c));
-	/* Rank 1 syncs v1 again: a round on v1 that rank 0 (holding v1)
-	 * passes, asking for v2. */
-	T_ASSERT(sync_copy(&k[1], 1, 5000) == 0, "rank 1 takes v1 again: %s", wex_last_error(k[1].c));
-	l = (struct later){ .k = &k[0], .v = 2 };
-	T_ASSERT(pthread_create(&th, NULL, sync_later, &l) == 0, "pthread_create");
-	usleep(100000);
-	/* The trainer restarts: its memory goes with the round open. */
+	restart();
+	T_ASSERT(sync_copy(&k[1], 1, 5000) == 0, "rank 1 takes the restored v1: %s",
+		 wex_last_error(k[1].c));
+	l[0] = (struct later){ .k = &k[0], .v = 2 };
+	sync_later(&l[0]);
+	until_waiting(1);
 	t_prod_close(&p);
+	l[1] = (struct later){ .k = &k[1], .v = 2 };
+	sync_later(&l[1]); /* rank 1 moves on from the lost round */
+	until_waiting(2);
+	for (uint32_t r = 2; r < 4; r++) {
+		l[r] = (struct later){ .k = &k[r], .v = 2 };
+		sync_later(&l[r]);
+	}
+	until_waiting(4);
 	t_prod_open(&p, MODEL, "tiny", 0, 1);
 	t_prod_write(&p, 2);
-	pthread_join(th, NULL);
-	T_ASSERT(l.ret == 0, "rank 0's sync of v2: %s (%s)", wex_strerror(l.ret), wex_last_error(k[0].c));
-	T_ASSERT(sync_copy(&k[1], 2, 5000) == 0, "rank 1 (which took the lost round) syncs v2: %s",
-		 wex_last_error(k[1].c));
-	for (uint32_t r = 2; r < 4; r++)
-		T_ASSERT(sync_copy(&k[r], 2, 5000) == 0, "rank %u refused for the rank that passed: %s",
-			 r, wex_last_error(k[r].c));
+	for (uint32_t r = 0; r < 4; r++) {
+		pthread_join(l[r].th, NULL);
+		T_ASSERT(l[r].ret == 0, "rank %u's sync of v2: %s (%s)", r, wex_strerror(l[r].ret),
+			 wex_last_error(k[r].c));
+	}
 	printf("lost: the rank that passed the lost round is not held against its peers\n");
 	for (uint32_t r = 0; r < 4; r++)
 		t_cons_close(&k[r]);
 	t_prod_close(&p);
 }
 
+/* Rank 0 took v1 and waits for v2 (its peer has not taken v1) when the
+ * trainer restarts: it holds v1 of a lost round until its wait gets v2,
+ * and then no more: rank 1 is served v2, not refused on its account. */
+static void lost_grant(void)
+{
+	struct t_prod p;
+	struct t_cons k[2];
+	struct later l;
+
+	t_prod_open(&p, MODEL, "tiny", 0, 1);
+	for (uint32_t r = 0; r < 2; r++)
+		t_cons_open_from(&k[r], MODEL, "g", "tiny", r, 2, 0);
+	t_prod_write(&p, 1);
+	T_ASSERT(sync_copy(&k[0], 1, 5000) == 0, "rank 0 takes v1: %s", wex_last_error(k[0].c));
+	l = (struct later){ .k = &k[0], .v = 2 };
+	sync_later(&l);
+	until_waiting(1);
+	t_prod_close(&p);
+	t_prod_open(&p, MODEL, "tiny", 0, 1);
+	t_prod_write(&p, 2);
+	pthread_join(l.th, NULL);
+	T_ASSERT(l.ret == 0, "rank 0's sync of v2: %s (%s)", wex_strerror(l.ret),
+		 wex_last_error(k[0].c));
+	T_ASSERT(sync_copy(&k[1], 2, 5000) == 0, "rank 1 refused for rank 0, which holds v2 now: %s",
+		 wex_last_error(k[1].c));
+	printf("lost_grant: a rank of a lost round that got a newer version while waiting is not held against its peers\n");
+	for (uint32_t r = 0; r < 2; r++)
+		t_cons_close(&k[r]);
+	t_prod_close(&p);
+}
+
 /* A stand-in for wexd on its socket, on a thread: `answer` 0 never reads
- * (connections wait in its backlog); else it answers every request "ok"
+ * (connections wait in its backlog; -1: a backlog already full); else it
+ * answers every request "ok"
  * and hangs up after answering an op named `hang_after`, or instead of
  * answering one named `hang_at`.  Counts connections. */
 static struct fake {
@@ -389,14 +464,15 @@ static void fake_start(int answer, const char *hang_after, const char *hang_at)
 	memcpy(sa.sun_path, d.sock, strlen(d.sock) + 1);
 	fk.lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	T_ASSERT(fk.lfd >= 0 && bind(fk.lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-		 listen(fk.lfd, 16) == 0, "fake listener on %s: %s", d.sock, strerror(errno));
-	if (answer)
+		 listen(fk.lfd, answer < 0 ? 0 : 16) == 0, "fake listener on %s: %s", d.sock,
+		 strerror(errno));
+	if (answer > 0)
 		T_ASSERT(pthread_create(&fk.th, NULL, fake_main, NULL) == 0, "pthread_create");
 }
 
 static void fake_stop(void)
 {
-	if (fk.answer) {
+	if (fk.answer > 0) {
 		atomic_store(&fk.stop, 1);
 		pthread_join(fk.th, NULL);
 	}
@@ -414,7 +490,13 @@ static void hung(void)
 	t_prod_write(&p, 1);
 	t_wexd_kill(&d);
 	fake_start(0, NULL, NULL);
-	usleep(300000); /* the watch connects and waits for hello's answer */
+	{
+		/* The watch connects and waits for hello's answer. */
+		struct pollfd pl = { .fd = fk.lfd, .events = POLLIN };
+
+		T_ASSERT(poll(&pl, 1, 5000) == 1, "the watch never connected to the hung stand-in");
+		usleep(50000);
+	}
 	t0 = t_now();
 	pid = t_fork();
 	if (pid == 0)
@@ -427,6 +509,27 @@ static void hung(void)
 	T_ASSERT(t_now() - t0 < 0.5, "wex_client_close waited %.2f s for a hung wexd", t_now() - t0);
 	printf("hung: fork() in %.3f s and close in %.3f s while the watch waits on a hung wexd\n",
 	       took, t_now() - t0);
+	fake_stop();
+	t_wexd_restart(&d);
+
+	/* A hung wexd whose queue is full: the watch never waits for room
+	 * (close could not stop it there). */
+	t_prod_open(&p, MODEL, "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	t_wexd_kill(&d);
+	fake_start(-1, NULL, NULL);
+	{
+		int filler = wex_sock_connect(d.sock);
+
+		T_ASSERT(filler >= 0, "filling the stand-in's queue: %s", strerror(-filler));
+		usleep(300000); /* the watch tries, and finds no room */
+		t0 = t_now();
+		t_prod_close(&p);
+		took = t_now() - t0;
+		close(filler);
+	}
+	T_ASSERT(took < 0.5, "wex_client_close waited %.2f s for room in a hung wexd's queue", took);
+	printf("hung: close in %.3f s while a hung wexd's queue is full\n", took);
 	fake_stop();
 	t_wexd_restart(&d);
 }
@@ -542,6 +645,7 @@ int main(void)
 	round_();
 	split();
 	lost();
+	lost_grant();
 	hung();
 	flapping();
 	down();
