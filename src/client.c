@@ -725,7 +725,7 @@ static int reconnect(struct wex_client *c)
 				/* Refused: the write cannot go on, and the
 				 * publish that would end it says why. */
 				snprintf(c->write_lost, sizeof(c->write_lost),
-					 "wexd restarted during the write of v%llu and refused to let it go on (%s): begin_write it again",
+					 "wexd restarted during the write of v%llu and refused to let it go on (%.200s): begin_write it again",
 					 (unsigned long long)c->writing, err_buf(c));
 				c->write_lost_v = c->writing;
 				c->writing = 0;

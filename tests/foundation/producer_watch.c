@@ -134,6 +134,26 @@ static int sync_copy(struct t_cons *k, uint64_t v, uint32_t timeout_ms)
 	return ret;
 }
 
+/* A producer rank with v1 published and consumer group "g" of `world`
+ * ranks, all reading producer rank 0; the first `take` ranks took v1. */
+static void group_open(struct t_prod *p, struct t_cons *k, uint32_t world, uint32_t take)
+{
+	t_prod_open(p, MODEL, "tiny", 0, 1);
+	for (uint32_t r = 0; r < world; r++)
+		t_cons_open_from(&k[r], MODEL, "g", "tiny", r, world, 0);
+	t_prod_write(p, 1);
+	for (uint32_t r = 0; r < take; r++)
+		T_ASSERT(sync_copy(&k[r], 1, 5000) == 0, "rank %u takes v1: %s", r,
+			 wex_last_error(k[r].c));
+}
+
+static void group_close(struct t_prod *p, struct t_cons *k, uint32_t world)
+{
+	for (uint32_t r = 0; r < world; r++)
+		t_cons_close(&k[r]);
+	t_prod_close(p);
+}
+
 static void idle(uint32_t flags)
 {
 	struct t_prod p;
@@ -267,11 +287,7 @@ static void round_(void)
 	struct later l;
 	double t0;
 
-	t_prod_open(&p, MODEL, "tiny", 0, 1);
-	for (uint32_t r = 0; r < 2; r++)
-		t_cons_open_from(&k[r], MODEL, "g", "tiny", r, 2, 0);
-	t_prod_write(&p, 1);
-	T_ASSERT(sync_copy(&k[0], 1, 5000) == 0, "rank 0 takes v1: %s", wex_last_error(k[0].c));
+	group_open(&p, k, 2, 1);
 	restart();
 	T_ASSERT(sync_copy(&k[1], 1, 5000) == 0, "rank 1 takes v1 from the new wexd: %s",
 		 wex_last_error(k[1].c));
@@ -288,9 +304,7 @@ static void round_(void)
 		 wex_last_error(k[0].c));
 	printf("round: rank 0 passed the new wexd's round on v1; the trainer began v2 after %.0f ms; both ranks got v2\n",
 	       (t_now() - t0) * 1000);
-	for (uint32_t r = 0; r < 2; r++)
-		t_cons_close(&k[r]);
-	t_prod_close(&p);
+	group_close(&p, k, 2);
 }
 
 static void split(void)
@@ -300,11 +314,7 @@ static void split(void)
 	struct later l;
 	int ret;
 
-	t_prod_open(&p, MODEL, "tiny", 0, 1);
-	for (uint32_t r = 0; r < 2; r++)
-		t_cons_open_from(&k[r], MODEL, "g", "tiny", r, 2, 0);
-	t_prod_write(&p, 1);
-	T_ASSERT(sync_copy(&k[0], 1, 5000) == 0, "rank 0 takes v1: %s", wex_last_error(k[0].c));
+	group_open(&p, k, 2, 1);
 	l = (struct later){ .k = &k[1], .v = 2, .timeout_ms = 1500 };
 	sync_later(&l);
 	until_waiting(1);
@@ -315,9 +325,7 @@ static void split(void)
 	T_ASSERT(l.ret == -ETIMEDOUT, "rank 1's sync of v2 with v1 open to it: %s",
 		 wex_strerror(l.ret));
 	printf("split: a rank holding nothing does not pass the round (begin_write v2: EBUSY)\n");
-	for (uint32_t r = 0; r < 2; r++)
-		t_cons_close(&k[r]);
-	t_prod_close(&p);
+	group_close(&p, k, 2);
 }
 
 /* Rank 0 passes the new wexd's round on the restored v1 (rank 1 took it
@@ -331,13 +339,7 @@ static void lost(void)
 	struct t_cons k[4];
 	struct later l[4];
 
-	t_prod_open(&p, MODEL, "tiny", 0, 1);
-	for (uint32_t r = 0; r < 4; r++)
-		t_cons_open_from(&k[r], MODEL, "g", "tiny", r, 4, 0);
-	t_prod_write(&p, 1);
-	for (uint32_t r = 0; r < 4; r++)
-		T_ASSERT(sync_copy(&k[r], 1, 5000) == 0, "rank %u takes v1: %s", r,
-			 wex_last_error(k[r].c));
+	group_open(&p, k, 4, 4);
 	restart();
 	T_ASSERT(sync_copy(&k[1], 1, 5000) == 0, "rank 1 takes the restored v1: %s",
 		 wex_last_error(k[1].c));
@@ -361,9 +363,7 @@ static void lost(void)
 			 wex_last_error(k[r].c));
 	}
 	printf("lost: the rank that passed the lost round is not held against its peers\n");
-	for (uint32_t r = 0; r < 4; r++)
-		t_cons_close(&k[r]);
-	t_prod_close(&p);
+	group_close(&p, k, 4);
 }
 
 /* Rank 0 took v1 and waits for v2 (its peer has not taken v1) when the
@@ -375,11 +375,7 @@ static void lost_grant(void)
 	struct t_cons k[2];
 	struct later l;
 
-	t_prod_open(&p, MODEL, "tiny", 0, 1);
-	for (uint32_t r = 0; r < 2; r++)
-		t_cons_open_from(&k[r], MODEL, "g", "tiny", r, 2, 0);
-	t_prod_write(&p, 1);
-	T_ASSERT(sync_copy(&k[0], 1, 5000) == 0, "rank 0 takes v1: %s", wex_last_error(k[0].c));
+	group_open(&p, k, 2, 1);
 	l = (struct later){ .k = &k[0], .v = 2 };
 	sync_later(&l);
 	until_waiting(1);
@@ -392,9 +388,7 @@ static void lost_grant(void)
 	T_ASSERT(sync_copy(&k[1], 2, 5000) == 0, "rank 1 refused for rank 0, which holds v2 now: %s",
 		 wex_last_error(k[1].c));
 	printf("lost_grant: a rank of a lost round that got a newer version while waiting is not held against its peers\n");
-	for (uint32_t r = 0; r < 2; r++)
-		t_cons_close(&k[r]);
-	t_prod_close(&p);
+	group_close(&p, k, 2);
 }
 
 /* A stand-in for wexd on its socket, on a thread: `answer` 0 never reads
