@@ -1754,9 +1754,10 @@ json_t *wexd_models_json(struct wexd *d)
 							mode_name(h->r.mode), "since_s",
 							(double)(wex__now_ns() - h->since_ns) / 1e9));
 		json_array_append_new(arr,
-				      json_pack("{s:s, s:s, s:i, s:I, s:I, s:i, s:i, s:I, s:I, s:o, s:o, s:o}",
+				      json_pack("{s:s, s:s, s:i, s:I, s:b, s:I, s:i, s:i, s:I, s:I, s:o, s:o, s:o}",
 						"name", m->name, "state", state, "world", m->world,
-						"published", (json_int_t)m->published, "writing",
+						"published", (json_int_t)m->published, "restored",
+						m->published && m->published_restored, "writing",
 						(json_int_t)m->writing, "write_pending",
 						(int)m->write_pending, "leases", m->leases,
 						"layout_gen", (json_int_t)m->layout_gen, "bytes",

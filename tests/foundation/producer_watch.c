@@ -154,6 +154,16 @@ static void group_close(struct t_prod *p, struct t_cons *k, uint32_t world)
 	t_prod_close(p);
 }
 
+/* The model's "restored" in wexd's status (-1: no such model). */
+static int restored(void)
+{
+	json_t *st = t_status(d.sock), *m = t_status_model(st, MODEL);
+	int r = m ? json_is_true(json_object_get(m, "restored")) : -1;
+
+	json_decref(st);
+	return r;
+}
+
 static void idle(uint32_t flags)
 {
 	struct t_prod p;
@@ -174,9 +184,11 @@ static void idle(uint32_t flags)
 			 wex_strerror(ret), wex_last_error(k.c));
 		printf("idle: the engine's sync of v1 returned %.1f ms after the new wexd was ready\n",
 		       (t_now() - t0) * 1000);
+		T_ASSERT(restored() == 1, "status does not say v1 was restored");
 		/* The trainer's next step goes on as if nothing happened. */
 		t_prod_write(&p, 2);
 		T_ASSERT(sync_copy(&k, 2, 5000) == 0, "v2 after the restart: %s", wex_last_error(k.c));
+		T_ASSERT(restored() == 0, "status says v2, published anew, was restored");
 		printf("idle: v1 served after a restart with the trainer idle, then v2\n");
 	} else {
 		T_ASSERT(ret == -ETIMEDOUT, "without the watch: %s (%s), not a timeout",
