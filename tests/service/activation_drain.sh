@@ -6,7 +6,9 @@
 # drain lasts); a client that connects during the drain and sends a ping
 # is neither answered nor reset by the draining wexd; once that one exits,
 # a second wexd started on the same socket answers the ping that waited in
-# the backlog.  Without socket activation (wexd owns the socket) a client
+# the backlog.  The producer, idle all along, is back at the second wexd
+# with its v1 (status: published 1, restored) by itself: its watch's
+# reconnect waited in the backlog too, with no retry.  Without socket activation (wexd owns the socket) a client
 # connecting during a drain is refused at once (counted as "draining"):
 # checked by the foundation tests.
 WEXD=$1 PRODUCER=$2
@@ -103,9 +105,8 @@ if rc != 0:
     fail("wexd exit code %d" % rc)
 if "drain cut short" in open(os.path.join(tmp, "w1.log")).read():
     fail("a drain that ended with its last lease released was reported as cut short")
-prod.kill()
-prod.wait()
 
+t2 = time.time()
 w2 = start_wexd("w2")
 late.settimeout(10)
 try:
@@ -114,8 +115,30 @@ except Exception as e:  # noqa: BLE001
     fail("the next wexd did not answer the waiting client: %r" % e)
 if not r.get("ok"):
     fail("ping answered with %r" % r)
+adm = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+adm.connect(path)
+if not rpc(adm, dict(op="hello", role="admin")).get("ok"):
+    fail("admin hello")
+end = time.time() + 10
+while True:
+    ms = [m for m in rpc(adm, dict(op="status"))["models"] if m["name"] == "policy"]
+    if ms and ms[0]["published"] == 1 and ms[0]["restored"]:
+        break
+    if time.time() > end:
+        fail("the idle producer's v1 is not back at the next wexd: %r" % ms)
+    time.sleep(0.05)
+print("the idle producer's v1 was back %.0f ms after the next wexd was started" % ((time.time() - t2) * 1000))
+adm.close()
+plog_text = open(os.path.join(tmp, "p.log")).read()
+if "reconnected to wexd (it holds its version again)" not in plog_text:
+    fail("the producer did not say it reconnected: " + plog_text[-800:])
+if "cannot reconnect yet" in plog_text:
+    fail("the producer's watch retried instead of waiting in the backlog: " + plog_text[-800:])
+prod.kill()
+prod.wait()
 w2.send_signal(signal.SIGTERM)
 if w2.wait(timeout=10) != 0:
     fail("second wexd exit code")
-print("PASS: a client connecting during the drain waits in the backlog and the next wexd serves it")
+print("PASS: a client connecting during the drain waits in the backlog and the next wexd serves it; "
+      "the idle producer's v1 is back there by itself, its reconnect having waited in the backlog")
 PYEOF
