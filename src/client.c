@@ -315,6 +315,16 @@ static void open_remove(struct wex_client *c)
 			pthread_mutex_unlock(&(c)->watch->call);               \
 	} while (0)
 
+/* Both: a call that may reach a GPU backend (KEEP_THREAD_DEVICE), locked. */
+#define LOCKED_KEEP_DEVICE(c, ret, expr)                                       \
+	do {                                                                   \
+		struct wex_mem_thread_state kts_;                              \
+									       \
+		wex_mem_thread_save(&kts_);                                    \
+		LOCKED(c, ret, expr);                                          \
+		wex_mem_thread_restore(&kts_);                                 \
+	} while (0)
+
 static void state_lock(struct wex_client *c)
 {
 	if (c->watch)
@@ -1343,22 +1353,13 @@ static int segment_alloc(wex_client_t *c, int kind, int device, uint64_t size, u
 	return 0;
 }
 
-static int segment_alloc_locked(wex_client_t *c, int kind, int device, uint64_t size,
-				uint32_t *id, void **ptr)
-{
-	int ret;
-
-	LOCKED(c, ret, segment_alloc(c, kind, device, size, id, ptr));
-	return ret;
-}
-
 WEX_API int wex_segment_alloc(wex_client_t *c, int kind, int device, uint64_t size, uint32_t *id,
 			      void **ptr)
 {
 	int ret;
 
 	ARGS_OK(c, id && ptr);
-	KEEP_THREAD_DEVICE(ret, segment_alloc_locked(c, kind, device, size, id, ptr));
+	LOCKED_KEEP_DEVICE(c, ret, segment_alloc(c, kind, device, size, id, ptr));
 	return ret;
 }
 
@@ -1424,22 +1425,13 @@ static int segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint64_t s
 	return 0;
 }
 
-static int segment_register_ptr_locked(wex_client_t *c, int kind, void *ptr, uint64_t size,
-				       uint32_t *id)
-{
-	int ret;
-
-	LOCKED(c, ret, segment_register_ptr(c, kind, ptr, size, id));
-	return ret;
-}
-
 WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint64_t size,
 				     uint32_t *id)
 {
 	int ret;
 
 	ARGS_OK(c, id);
-	KEEP_THREAD_DEVICE(ret, segment_register_ptr_locked(c, kind, ptr, size, id));
+	LOCKED_KEEP_DEVICE(c, ret, segment_register_ptr(c, kind, ptr, size, id));
 	return ret;
 }
 
@@ -1599,20 +1591,12 @@ static int publish(wex_client_t *c, uint64_t version)
 	return ret;
 }
 
-static int publish_locked(wex_client_t *c, uint64_t version)
-{
-	int ret;
-
-	LOCKED(c, ret, publish(c, version));
-	return ret;
-}
-
 WEX_API int wex_publish(wex_client_t *c, uint64_t version)
 {
 	int ret;
 
 	ARGS_OK(c, 1);
-	KEEP_THREAD_DEVICE(ret, publish_locked(c, version));
+	LOCKED_KEEP_DEVICE(c, ret, publish(c, version));
 	return ret;
 }
 

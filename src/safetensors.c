@@ -25,7 +25,7 @@
 
 #define seterr wex__seterr
 
-static int by_begin(const void *a, const void *b)
+int wex__st_by_begin(const void *a, const void *b)
 {
 	const struct wex_st_tensor *x = *(struct wex_st_tensor *const *)a;
 	const struct wex_st_tensor *y = *(struct wex_st_tensor *const *)b;
@@ -141,7 +141,7 @@ int wex__st_parse_header(const char *hdr, size_t n, uint64_t data_size, struct w
 		s[k] = x;
 		k++;
 	}
-	qsort(s, k, sizeof(*s), by_begin);
+	qsort(s, k, sizeof(*s), wex__st_by_begin);
 	uint64_t at = 0;
 	for (size_t i = 0; i < k; i++) {
 		if (s[i]->begin != at) {

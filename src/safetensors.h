@@ -34,6 +34,9 @@ struct wex_st_file {
 	size_t n;
 };
 
+/* qsort order of (struct wex_st_tensor *)s by [begin, end). */
+int wex__st_by_begin(const void *a, const void *b);
+
 /*
  * Validates a header of n bytes for a data area of data_size bytes and
  * returns its tensors (malloc'ed, data pointers unset).  Errors: -EINVAL

@@ -20,16 +20,6 @@
 #include "fuzz.h"
 #include "safetensors.h"
 
-static int by_begin(const void *a, const void *b)
-{
-	const struct wex_st_tensor *x = *(struct wex_st_tensor *const *)a;
-	const struct wex_st_tensor *y = *(struct wex_st_tensor *const *)b;
-
-	if (x->begin != y->begin)
-		return x->begin < y->begin ? -1 : 1;
-	return x->end < y->end ? -1 : x->end > y->end;
-}
-
 static void check_tensors(const struct wex_st_tensor *t, size_t n, uint64_t data_size)
 {
 	const struct wex_st_tensor **s = calloc(n + 1, sizeof(*s));
@@ -56,7 +46,7 @@ static void check_tensors(const struct wex_st_tensor *t, size_t n, uint64_t data
 			FZ_ASSERT(strcmp(t[i].name, t[j].name), "tensor %s twice", t[i].name);
 		s[i] = &t[i];
 	}
-	qsort(s, n, sizeof(*s), by_begin);
+	qsort(s, n, sizeof(*s), wex__st_by_begin);
 	for (size_t i = 0; i < n; i++) {
 		FZ_ASSERT(s[i]->begin == at, "tensor %s starts at %llu, not %llu", s[i]->name,
 			  (unsigned long long)s[i]->begin, (unsigned long long)at);
