@@ -94,7 +94,9 @@ def trainer(mode, workdir):
     c = wex.Client(wex.ROLE_PRODUCER, MODEL, rank=0, world_size=1)
     segs = torch_util.register_module(c, params)
     big = max(p.numel() * p.element_size() for _, p in params)
-    print("segments %d %d %d" % (len(segs), sum(s for _, _, s in segs), big), flush=True)
+    total = sum(p.numel() * p.element_size() for _, p in params)
+    print("segments %d %d %d %d" % (len(segs), sum(s for _, _, s in segs), big, total),
+          flush=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     gen = torch.Generator(device="cuda").manual_seed(2)
     loss = None
@@ -243,9 +245,16 @@ def main():
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     ok = False
     try:
-        nseg, segbytes, big = map(int, readline(tr, 120, deadline).split()[1:])
-        print("trainer (%s): %d segment(s) registered, %.1f MiB; largest tensor %.1f MiB"
-              % (mode, nseg, segbytes / 2**20, big / 2**20))
+        nseg, segbytes, big, total = map(int, readline(tr, 120, deadline).split()[1:])
+        print("trainer (%s): %d range(s) registered, %.1f MiB, for %.1f MiB of parameters; "
+              "largest tensor %.1f MiB" % (mode, nseg, segbytes / 2**20, total / 2**20,
+                                           big / 2**20))
+        # Only the bytes under the parameters (gaps under MERGE_GAP
+        # closed), not whole allocator segments.
+        from wex import torch_util
+        if segbytes > total + nseg * torch_util.MERGE_GAP:
+            raise AssertionError("registered %d bytes for %d bytes of parameters in %d ranges"
+                                 % (segbytes, total, nseg))
         for v in range(1, VERSIONS + 1):
             t0 = time.monotonic()
             tr.stdin.write("%d\n" % v)

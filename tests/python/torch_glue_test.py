@@ -237,6 +237,47 @@ class TorchGlue(WexdProducerCase):
         for n, w in want.items():
             self.assertTrue(torch.equal(own[n], w), n)
 
+    def test_register_ranges(self):
+        """register_module's default path registers only the bytes under
+        the tensors: per allocator segment, their spans with gaps under
+        the merge gap closed, split at larger gaps, never across a
+        segment's end; each tensor's table offset is from its range."""
+        self.assertEqual(torch_util.merge_spans([(50, 60), (0, 10), (12, 20), (30, 40)], 5),
+                         [(0, 20), (30, 40), (50, 60)])
+        self.assertEqual(torch_util.merge_spans([(0, 100), (10, 20), (99, 120)], 1),
+                         [(0, 120)])
+        buf = torch.zeros(4096, dtype=torch.float32)  # 16 KiB standing for two segments
+        base = buf.data_ptr()
+        segs = [(base, 8192), (base + 8192, 8192)]
+        items = [("a", buf[0:64]),                     # 0..256
+                 ("b", buf[80:144]),                   # 320..576: 64 B gap, merged
+                 ("t", buf[512:576].view(8, 8).t()),   # 2048..2304: strided, own range
+                 ("c", buf[2048:2112]),                # 8192.. (second segment, at its start:
+                 ("e", buf[0:0])]                      # not merged with t across the end)
+        placed = torch_util._placed(items, segs, "nowhere")
+        self.assertEqual([n for n, *_ in placed], ["a", "b", "t", "c"])
+
+        class Recorder:
+            def __init__(self):
+                self.calls = []
+
+            def register_ptr(self, kind, ptr, size):
+                self.calls.append((kind, ptr - base, size))
+                return 100 + len(self.calls)
+
+        rec = Recorder()
+        used, moved = torch_util._register_ranges(rec, wex.SEG_CUDA_VMM, placed, gap=1024)
+        self.assertEqual(rec.calls, [(wex.SEG_CUDA_VMM, 0, 576), (wex.SEG_CUDA_VMM, 2048, 256),
+                                     (wex.SEG_CUDA_VMM, 8192, 256)])
+        where = {n: (used[r], p - r[0]) for n, _, p, _, _, r in moved}
+        self.assertEqual(where, {"a": (101, 0), "b": (101, 320), "t": (102, 0), "c": (103, 0)})
+        # One gap wide enough to merge everything in a segment.
+        rec = Recorder()
+        torch_util._register_ranges(rec, wex.SEG_CUDA_VMM, placed, gap=1 << 20)
+        self.assertEqual([c[1:] for c in rec.calls], [(0, 2304), (8192, 256)])
+        with self.assertRaisesRegex(ValueError, r"^x \(0x[0-9a-f]+, 40 bytes\) is in nowhere$"):
+            torch_util._placed([("x", torch.zeros(10))], segs, "nowhere")
+
     def test_attach_keeps(self):
         """attach_module keeps the tensors copy syncs write into alive (a
         temporary, e.g. a .contiguous() copy, would otherwise be freed

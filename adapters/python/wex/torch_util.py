@@ -56,7 +56,11 @@ def exportable_pool():
     long as any tensor allocated in the pool (pytorch#146431), and drop the
     pool before the allocator: the pool's destructor frees its cached
     segments through the allocator, which the caching allocator may hold
-    by a raw pointer only (pytorch#171962)."""
+    by a raw pointer only (pytorch#171962).  Use it or
+    expandable_segments:True, not both: some PyTorch versions refuse
+    allocations in a MemPool while expandable segments are on ("MemPool
+    doesn't currently support expandable_segments"), and either way makes
+    the parameters exportable."""
     if not hasattr(torch.cuda, "MemPool"):
         raise RuntimeError("torch %s has no torch.cuda.MemPool (2.5 or later)" % torch.__version__)
     alloc = torch.cuda.memory.CUDAPluggableAllocator(wex.lib_path(), "wex_cuda_alloc",
@@ -76,43 +80,29 @@ def _segments(device):
     return out
 
 
-def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None):
-    """Registers the memory under named tensors (e.g.
-    model.named_parameters()) with a producer client, and their table.
+# Parameters closer than this share one registered range: PyTorch maps
+# expandable segments in chunks of 2 MiB (small) or 20 MiB (large), and
+# two ranges inside one chunk would export it twice.
+MERGE_GAP = 20 << 20
 
-    By default the tensors are CUDA tensors of PyTorch's caching
-    allocator: every allocator segment holding one of them is registered
-    whole (once) as `kind`.  With `segments`, a list of (segment id,
-    address, size) the client registered already (segment_alloc,
-    register_ptr, register_fd), the tensors are looked up there instead,
-    on any device, and nothing more is registered.  Strided tensors (a
-    transpose, a slice of a wider buffer) go with their strides; tensors
-    whose elements overlap are refused; empty tensors are left out (they
-    hold no bytes, and PyTorch gives them no address).  Returns the list
-    of (segment id, address, size) the tensors are in.
-    """
-    items = [(n, t.detach()) for n, t in named_tensors]
-    if not items:
-        raise ValueError("no tensors to register")
-    dev = items[0][1].device
-    if segments is not None:
-        ranges = sorted((int(a), int(s)) for _, a, s in segments)
-        ids = {(int(a), int(s)): int(i) for i, a, s in segments}
-        register = ids.__getitem__
-        where = "none of the segments given"
-    else:
-        if dev.type != "cuda":
-            raise ValueError("register_module: tensors must be on a CUDA device, %s is on %s"
-                             % (items[0][0], dev))
-        torch.cuda.synchronize(dev)
-        ranges = _segments(dev.index)
-        register = lambda r: client.register_ptr(kind, r[0], r[1])  # noqa: E731
-        where = "no caching-allocator segment of %s" % dev
-    used = {}
-    table = []
+
+def merge_spans(spans, gap=MERGE_GAP):
+    """[(start, end)] -> the sorted ranges covering them, spans less than
+    `gap` bytes apart merged into one."""
+    out = []
+    for a, e in sorted(spans):
+        if out and a - out[-1][1] < gap:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([a, e])
+    return [(a, e) for a, e in out]
+
+
+def _placed(items, ranges, where):
+    """[(name, tensor, address, bytes spanned, strides, containing range)]
+    for the non-empty tensors, each found in one of ranges."""
+    out = []
     for name, t in items:
-        if t.device != dev:
-            raise ValueError("%s is on %s, the others on %s" % (name, t.device, dev))
         if t.numel() == 0:
             continue
         strides = _table_strides(name, t)
@@ -121,14 +111,78 @@ def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None)
         seg = next(((a, s) for a, s in ranges if a <= p and p + nb <= a + s), None)
         if seg is None:
             raise ValueError("%s (0x%x, %d bytes) is in %s" % (name, p, nb, where))
-        if seg not in used:
-            used[seg] = register(seg)
-        table.append(wex.tensor(name, wex_dtype(t.dtype), t.shape, segment=used[seg],
-                                offset=p - seg[0], strides=strides))
-    if not table:
+        out.append((name, t, p, nb, strides, seg))
+    if not out:
         raise ValueError("register_module: every tensor is empty")
+    return out
+
+
+def plan_ranges(placed, gap=MERGE_GAP):
+    """The ranges register_module registers for tensors placed in
+    allocator segments: per segment, the tensors' spans merged
+    (merge_spans), never crossing a segment's bounds.  [(start, size)]."""
+    by_seg = {}
+    for _, _, p, nb, _, seg in placed:
+        by_seg.setdefault(seg, []).append((p, p + nb))
+    out = []
+    for seg in sorted(by_seg):
+        out += [(a, e - a) for a, e in merge_spans(by_seg[seg], gap)]
+    return out
+
+
+def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None):
+    """Registers the memory under named tensors (e.g.
+    model.named_parameters()) with a producer client, and their table.
+
+    By default the tensors are CUDA tensors of PyTorch's caching
+    allocator: only the bytes under them are registered, as `kind` (for
+    each allocator segment, the tensors' spans with gaps under MERGE_GAP
+    closed), so the gradients, optimizer state and cached free blocks that
+    share an expandable segment with them are neither exported nor held
+    by wex.  With `segments`, a list of (segment id, address, size) the
+    client registered already (segment_alloc, register_ptr,
+    register_fd), the tensors are looked up there instead, on any device,
+    and nothing more is registered.  Strided tensors (a transpose, a slice
+    of a wider buffer) go with their strides; tensors whose elements
+    overlap are refused; empty tensors are left out (they hold no bytes,
+    and PyTorch gives them no address).  Returns the list of (segment id,
+    address, size) the tensors are in.
+    """
+    items = [(n, t.detach()) for n, t in named_tensors]
+    if not items:
+        raise ValueError("no tensors to register")
+    dev = items[0][1].device
+    for name, t in items:
+        if t.device != dev:
+            raise ValueError("%s is on %s, the others on %s" % (name, t.device, dev))
+    if segments is not None:
+        ranges = sorted((int(a), int(s)) for _, a, s in segments)
+        ids = {(int(a), int(s)): int(i) for i, a, s in segments}
+        placed = _placed(items, ranges, "none of the segments given")
+        used = {seg: ids[seg] for *_, seg in placed}
+    else:
+        if dev.type != "cuda":
+            raise ValueError("register_module: tensors must be on a CUDA device, %s is on %s"
+                             % (items[0][0], dev))
+        torch.cuda.synchronize(dev)
+        placed = _placed(items, _segments(dev.index),
+                         "no caching-allocator segment of %s" % dev)
+        used, placed = _register_ranges(client, kind, placed)
+    table = [wex.tensor(name, wex_dtype(t.dtype), t.shape, segment=used[seg],
+                        offset=p - seg[0], strides=strides)
+             for name, t, p, _, strides, seg in placed]
     client.register_tensors(table)
     return [(sid, a, s) for (a, s), sid in used.items()]
+
+
+def _register_ranges(client, kind, placed, gap=MERGE_GAP):
+    """Registers plan_ranges(placed) with client.register_ptr; returns
+    ({(start, size): segment id}, placed with each tensor's range in place
+    of its allocator segment)."""
+    ranges = plan_ranges(placed, gap)
+    used = {r: client.register_ptr(kind, r[0], r[1]) for r in ranges}
+    return used, [(n, t, p, nb, st, next(r for r in ranges if r[0] <= p < r[0] + r[1]))
+                  for n, t, p, nb, st, _ in placed]
 
 
 def _overlaps(t):
