@@ -40,6 +40,9 @@ struct own_seg {
 	int part;      /* one allocation of a chained segment below */
 	size_t *parts; /* chained: indices of its parts in osegs */
 	size_t nparts;
+	/* Its fd was closed once wexd held one (seg.ops->export_fd makes
+	 * another for the next wexd). */
+	int reexport;
 };
 
 /* The parts of chained segments one fetch received, kept until the
@@ -1187,10 +1190,30 @@ static int register_seg(struct wex_client *c, struct own_seg *o)
 			json_array_append_new(pa, json_integer(c->osegs[o->parts[i]].id));
 		json_object_set_new(req, "parts", pa);
 	}
+	if (o->reexport && o->seg.fd < 0) {
+		/* Made and stored under the fork lock: a child closes it. */
+		state_lock(c);
+		ret = o->seg.ops->export_fd(&o->seg, &o->seg.fd);
+		state_unlock(c);
+		if (ret < 0) {
+			json_decref(req);
+			return set_err(c, ret, "%s: exporting a segment of %llu bytes again for the new wexd: %s",
+				       o->seg.ops->name, (unsigned long long)o->seg.desc.size,
+				       wex_strerror(ret));
+		}
+	}
 	ret = rpc(c, req, o->seg.fd >= 0 ? &o->seg.fd : NULL, o->seg.fd >= 0 ? 1 : 0, &reply, NULL,
 		  0, NULL, c->timeout_ms);
 	if (ret < 0)
-		return ret;
+		return ret; /* the fd stays: a failed add is released by its caller */
+	/* A wrapped segment's fd is only a way to share it, and wexd holds
+	 * its own copy now. */
+	if (o->seg.fd >= 0 && !o->seg.owner && o->seg.ops->export_fd) {
+		state_lock(c);
+		close_fd(&o->seg.fd);
+		state_unlock(c);
+		o->reexport = 1;
+	}
 	o->id = (uint32_t)json_integer_value(json_object_get(reply, "segment"));
 	json_decref(reply);
 	return 0;

@@ -156,6 +156,13 @@ struct wex_mem_ops {
 	 * publish is visible only after the writes it announces.  Host memory:
 	 * nothing to wait for.  Blocks. */
 	int (*sync_device)(const struct wex_mem_seg *seg);
+	/* Exporter, optional (NULL: the fd is the memory, keep it): a fresh
+	 * fd sharing a wrapped segment's memory, as wrap made it.  Lets a
+	 * producer close the fd once wexd holds a copy and make another only
+	 * when a new wexd needs one: a model over thousands of allocations
+	 * (expandable segments) holds no fd per allocation.  The calling
+	 * thread's current device is kept.  Blocks briefly. */
+	int (*export_fd)(const struct wex_mem_seg *seg, int *fd);
 };
 
 /* The backend for a kind, or NULL when this build lacks it. */

@@ -541,6 +541,26 @@ out:
 	return ret;
 }
 
+static int vmm_export_fd(const struct wex_mem_seg *seg, int *fd)
+{
+	const struct vmm_priv *p = seg->priv;
+	struct wex_mem_thread_state saved;
+	int ret;
+
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	/* One allocation wrap exported a POSIX fd of. */
+	if (!p || p->n != 1 || !p->c[0].h || p->va)
+		return -EINVAL;
+	wex_mem_thread_save(&saved);
+	ret = wex__cuda_use_device(p->dev);
+	if (!ret)
+		ret = export_fd(p->c[0].h, fd);
+	wex_mem_thread_restore(&saved);
+	return ret;
+}
+
 static void close_fds(const int *fds, size_t n, size_t from)
 {
 	for (size_t i = from; i < n; i++)
@@ -1086,4 +1106,5 @@ const struct wex_mem_ops wex_mem_cuda_vmm_ops = {
 	.wrap_chunks = vmm_wrap_chunks,
 	.import_chunks = wex__cuda_vmm_import_chunks,
 	.sync_device = wex__cuda_sync_device,
+	.export_fd = vmm_export_fd,
 };
