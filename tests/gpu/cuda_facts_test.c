@@ -22,6 +22,11 @@
  *  - whether cuMemSetAccess takes CU_MEM_ACCESS_FLAGS_PROT_READ, and the
  *    bytes read back through such a mapping (wex maps producers' memory
  *    read-only in consumers, read-write where the driver refuses);
+ *  - whether a process can import the POSIX fd of its own allocation and
+ *    read the right bytes through it (every GPU test imports in another
+ *    process; a consumer in the producer's process would do this);
+ *  - whether cuIpcGetMemHandle refuses VMM memory (the cuda_ipc backend
+ *    tells the two kinds apart by that refusal);
  *  - fds the driver opens for itself at cuInit + first context;
  *  - fabric handles, cuMemcpyBatchAsync, compute capability, driver.
  *
@@ -41,7 +46,8 @@ int main(void)
 	CUdeviceptr va, base = 0;
 	size_t g = 0, sz = 0;
 	int fds0, fds1, fds2, major = 0, minor = 0, fabric = 0, off_ok, ro_ok, fd_steady;
-	CUresult r;
+	int self_ok = 0;
+	CUresult r, self_r, ipc_r;
 	const char *out = getenv("WEX_FACTS_OUT");
 	char json[1024];
 	CUdevice dev;
@@ -103,6 +109,40 @@ int main(void)
 	       ro_ok > 0 ? "accepted, right bytes" :
 	       ro_ok < 0 ? "accepted, WRONG bytes" : "refused", (int)r);
 
+	/* A process importing its own allocation's fd: reported. */
+	{
+		CUmemGenericAllocationHandle hi = 0;
+		int efd = -1;
+
+		CU_OK(wex__cu.cuMemExportToShareableHandle(&efd, h[1],
+							   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+		r = wex__cu.cuMemImportFromShareableHandle(&hi, (void *)(uintptr_t)efd,
+							   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+		close(efd);
+		self_r = r;
+		if (r == CUDA_SUCCESS) {
+			CU_OK(wex__cu.cuMemMap(va, 2 * g, 0, hi, 0));
+			CU_OK(wex__cu.cuMemSetAccess(va, 2 * g, &acc, 1));
+			self_ok = dev_check(va, 2 * g, 3, 2 * g) ? 1 : -1;
+			CU_OK(wex__cu.cuMemUnmap(va, 2 * g));
+			CU_OK(wex__cu.cuMemRelease(hi));
+		}
+		printf("importing its own allocation's fd: %s (CUresult %d)\n",
+		       self_ok > 0 ? "accepted, right bytes" :
+		       self_ok < 0 ? "accepted, WRONG bytes" : "refused", (int)self_r);
+	}
+	/* Legacy IPC on VMM memory: reported. */
+	{
+		CUipcMemHandle ih;
+
+		CU_OK(wex__cu.cuMemMap(va, 2 * g, 0, h[0], 0));
+		CU_OK(wex__cu.cuMemSetAccess(va, 2 * g, &acc, 1));
+		ipc_r = wex__cu.cuIpcGetMemHandle(&ih, va);
+		CU_OK(wex__cu.cuMemUnmap(va, 2 * g));
+		printf("cuIpcGetMemHandle on VMM memory: %s (CUresult %d)\n",
+		       ipc_r == CUDA_SUCCESS ? "ACCEPTED" : "refused", (int)ipc_r);
+	}
+
 	/* No fd per mapping. */
 	fds2 = fd_count();
 	for (int i = 0; i < 100; i++) {
@@ -121,11 +161,14 @@ int main(void)
 		 "{\"driver_version\": %d, \"compute_capability\": \"%d.%d\", \"granularity\": %zu, "
 		 "\"fabric_handles\": %d, \"memcpy_batch\": %s, \"partial_map\": true, "
 		 "\"per_allocation_range\": true, \"map_nonzero_offset\": \"%s\", "
-		 "\"prot_read\": \"%s\", \"driver_fds\": %d, \"fds_steady_over_maps\": %s}",
+		 "\"prot_read\": \"%s\", \"self_import\": \"%s\", \"ipc_handle_on_vmm\": %s, "
+		 "\"driver_fds\": %d, \"fds_steady_over_maps\": %s}",
 		 wex__cu.driver_version, major, minor, g, fabric,
 		 wex__cu.cuMemcpyBatchAsync13 || wex__cu.cuMemcpyBatchAsync12 ? "true" : "false",
 		 off_ok > 0 ? "ok" : off_ok < 0 ? "wrong-bytes" : "refused",
-		 ro_ok > 0 ? "ok" : ro_ok < 0 ? "wrong-bytes" : "refused", fds1 - fds0,
+		 ro_ok > 0 ? "ok" : ro_ok < 0 ? "wrong-bytes" : "refused",
+		 self_ok > 0 ? "ok" : self_ok < 0 ? "wrong-bytes" : "refused",
+		 ipc_r == CUDA_SUCCESS ? "\"accepted\"" : "\"refused\"", fds1 - fds0,
 		 fd_steady ? "true" : "false");
 	if (out) {
 		FILE *f = fopen(out, "w");
@@ -133,7 +176,7 @@ int main(void)
 		CHECK(f && fprintf(f, "%s\n", json) > 0 && fclose(f) == 0);
 	}
 	CHECK(fd_steady);
-	CHECK(off_ok >= 0 && ro_ok >= 0); /* accepted means right bytes */
+	CHECK(off_ok >= 0 && ro_ok >= 0 && self_ok >= 0); /* accepted means right bytes */
 	printf("%s\n", json);
 	return T_EXIT_PASS;
 }
