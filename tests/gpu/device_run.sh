@@ -260,6 +260,9 @@ note "gpu: ${MACHINE:-none (nvidia-smi: $(command -v nvidia-smi || echo 'not fou
 MACHINE=${MACHINE:-no GPU}
 note "kernel $(uname -r), $(nproc) cpus, $(grep -m1 MemTotal /proc/meminfo | tr -s ' ')"
 note "python3: $(command -v python3 || echo none): $(timeout 60 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tail -n 1)"
+# wex.torch_util's tensors over device memory go through
+# __cuda_array_interface__, which PyTorch reads with NumPy.
+note "numpy: $(timeout 60 python3 -c 'import numpy; print(numpy.__version__)' 2>&1 | tail -n 1)"
 note "cmake: $(cmake --version 2>/dev/null | head -n 1); ninja: $(command -v ninja || echo none); compute-sanitizer: $(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || echo none)"
 
 built=1
