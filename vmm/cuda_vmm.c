@@ -124,7 +124,11 @@ int wex__cuda_vmm_readonly(void)
  * call: read-write for memory of our own (rw), else read-only, so that a
  * stray write by the engine into the producer's weights faults instead of
  * changing them.  A driver that refuses read-only mappings gets read-write
- * ones and a warning, once.
+ * ones and a warning naming its error, once.  Which error a driver refuses
+ * PROT_READ with is undocumented, so any but a sticky one is tried again
+ * read-write; an error that is not about read-only comes back from that
+ * try.  A sticky error is never retried: the context is gone and a retry
+ * would only hide which call lost it.
  */
 static int set_access(CUdeviceptr va, uint64_t size, const int *dev, int n, int rw)
 {
@@ -147,7 +151,7 @@ static int set_access(CUdeviceptr va, uint64_t size, const int *dev, int n, int 
 
 		__atomic_compare_exchange_n(&ro_state, &unknown, 1, 0, __ATOMIC_RELAXED,
 					    __ATOMIC_RELAXED);
-	} else if (ro && (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED)) {
+	} else if (ro && r != CUDA_SUCCESS && !wex__cuda_sticky(r)) {
 		CUresult r2;
 
 		for (int i = 0; i < n && i < 2; i++)

@@ -16,7 +16,9 @@
  *                  and, emulated, a copy into it fails; where the driver
  *                  refuses read-only mappings (emulated with
  *                  WEX_EMUL_NO_PROT_READ=1) the import is read-write and
- *                  wex__cuda_vmm_readonly() says 0
+ *                  wex__cuda_vmm_readonly() says 0, whatever the error
+ *                  (NOT_SUPPORTED, NOT_PERMITTED, UNKNOWN); a sticky one
+ *                  (ILLEGAL_ADDRESS) fails the import instead
  *   peer           access_dev: an import that device 1 must reach is
  *                  copied from on device 1; without it (emulated) such a
  *                  copy fails; without peer access the import is refused
@@ -462,14 +464,20 @@ static void c_ro(int sock)
 	tsend(sock, OP_DONE, NULL, 0, -1);
 }
 
-/* A driver that refuses read-only mappings: read-write, said so. */
+/* How the emulated driver refuses read-only access in c_ro_refused
+ * (WEX_EMUL_NO_PROT_READ): set before run_pair forks the consumer. */
+static const char *ro_refusal = "1";
+
+/* A driver that refuses read-only mappings, with whatever error:
+ * read-write, said so. */
 static void c_ro_refused(int sock)
 {
 	struct wex_mem_seg seg;
 	struct tmsg m;
 	int fd;
 
-	setenv("WEX_EMUL_NO_PROT_READ", "1", 1); /* the emulated driver only */
+	setenv("WEX_EMUL_NO_PROT_READ", ro_refusal, 1); /* the emulated driver only */
+	printf("  WEX_EMUL_NO_PROT_READ=%s\n", ro_refusal);
 	m = trecv(sock, OP_SEG, &fd);
 	CHECK_OK(vmm->import(&m.desc, fd, -1, &seg));
 	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, RO_SZ, 12, 0));
@@ -481,6 +489,32 @@ static void c_ro_refused(int sock)
 	m = trecv(sock, OP_SEG, &fd);
 	close(fd);
 	unsetenv("WEX_EMUL_NO_PROT_READ");
+	tsend(sock, OP_DONE, NULL, 0, -1);
+}
+
+/* A sticky error from the read-only try is not a refusal: the import
+ * fails with it (-ENOTRECOVERABLE) instead of retrying read-write, which
+ * the emulated driver, whose context survives, would grant. */
+static void c_ro_sticky(int sock)
+{
+	struct wex_mem_seg seg;
+	struct tmsg m;
+	int fd;
+
+	CHECK_OK(wex__cuda_load());
+	m = trecv(sock, OP_SEG, &fd);
+	if (emulated()) {
+		setenv("WEX_EMUL_NO_PROT_READ", "CUDA_ERROR_ILLEGAL_ADDRESS", 1);
+		CHECK(vmm->import(&m.desc, fd, -1, &seg) == -ENOTRECOVERABLE);
+		CHECK(wex__cuda_vmm_readonly() == -1);
+		unsetenv("WEX_EMUL_NO_PROT_READ");
+		printf("  sticky error: import failed, not retried read-write\n");
+	} else {
+		close(fd);
+		printf("  not tried: needs the emulated driver\n");
+	}
+	m = trecv(sock, OP_SEG, &fd);
+	close(fd);
 	tsend(sock, OP_DONE, NULL, 0, -1);
 }
 
@@ -673,6 +707,12 @@ int main(void)
 	ret |= run_pair("wrap_fabric", p_fabric, c_fabric);
 	ret |= run_pair("readonly", p_ro, c_ro);
 	ret |= run_pair("readonly_refused", p_ro, c_ro_refused);
+	/* Refused with errors other than NOT_SUPPORTED: named and numbered. */
+	ro_refusal = "CUDA_ERROR_NOT_PERMITTED";
+	ret |= run_pair("readonly_refused_not_permitted", p_ro, c_ro_refused);
+	ro_refusal = "999"; /* CUDA_ERROR_UNKNOWN */
+	ret |= run_pair("readonly_refused_unknown", p_ro, c_ro_refused);
+	ret |= run_pair("readonly_sticky", p_ro, c_ro_sticky);
 	ret |= run_pair("peer", p_peer, c_peer);
 	ret |= run_one("event_context", event_context);
 	ret |= run_one("fabric_refused_early", fabric_refused_early);

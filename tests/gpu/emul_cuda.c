@@ -37,7 +37,9 @@
  *    WEX_EMUL_NO_P2P=1 (cuDeviceCanAccessPeer says so); PROT_READ maps
  *    the host pages read-only, so a CPU store into a read-only mapping
  *    faults (WEX_EMUL_NO_PROT_READ=1: the driver refuses PROT_READ with
- *    CUDA_ERROR_NOT_SUPPORTED); copies (cuMemcpy*, cuMemsetD8Async) fail
+ *    CUDA_ERROR_NOT_SUPPORTED; an error name or number instead of 1, e.g.
+ *    CUDA_ERROR_NOT_PERMITTED, refuses it with that error: how a driver
+ *    refuses is undocumented); copies (cuMemcpy*, cuMemsetD8Async) fail
  *    with CUDA_ERROR_ILLEGAL_ADDRESS where the current context's device
  *    may not read a VMM-mapped source or write a VMM-mapped destination,
  *    or where they touch a reservation with nothing mapped (host memory,
@@ -409,13 +411,65 @@ static CUresult e_version(int *v)
 	return CUDA_SUCCESS;
 }
 
+/* The errors the emulation returns, or that a knob may ask for, by name:
+ * logs read as on a GPU, and knobs take the names the reference uses. */
+#define ERR(e) { e, #e }
+static const struct {
+	CUresult r;
+	const char *name;
+} errs[] = {
+	ERR(CUDA_SUCCESS), ERR(CUDA_ERROR_INVALID_VALUE), ERR(CUDA_ERROR_OUT_OF_MEMORY),
+	ERR(CUDA_ERROR_NOT_INITIALIZED), ERR(CUDA_ERROR_INVALID_DEVICE),
+	ERR(CUDA_ERROR_INVALID_CONTEXT), ERR(CUDA_ERROR_MAP_FAILED), ERR(CUDA_ERROR_ALREADY_MAPPED),
+	ERR(CUDA_ERROR_INVALID_PTX), ERR(CUDA_ERROR_INVALID_HANDLE), ERR(CUDA_ERROR_NOT_FOUND),
+	ERR(CUDA_ERROR_ILLEGAL_ADDRESS), ERR(CUDA_ERROR_LAUNCH_FAILED),
+	ERR(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED), ERR(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED),
+	ERR(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED), ERR(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED),
+	ERR(CUDA_ERROR_NOT_PERMITTED), ERR(CUDA_ERROR_NOT_SUPPORTED), ERR(CUDA_ERROR_ILLEGAL_STATE),
+	ERR(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), ERR(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+	ERR(CUDA_ERROR_OPERATING_SYSTEM), ERR(CUDA_ERROR_UNKNOWN),
+};
+#undef ERR
+
 static CUresult e_errname(CUresult r, const char **s)
 {
 	static char buf[32];
 
+	for (size_t i = 0; i < sizeof(errs) / sizeof(errs[0]); i++)
+		if (errs[i].r == r) {
+			*s = errs[i].name;
+			return CUDA_SUCCESS;
+		}
 	snprintf(buf, sizeof(buf), "CUDA_ERROR_EMUL_%d", (int)r);
 	*s = buf;
 	return CUDA_SUCCESS;
+}
+
+/*
+ * The error a knob asks the emulation to return: unset or "0", none
+ * (CUDA_SUCCESS); "1", `one` (the knob's original meaning); a name from
+ * errs[] ("CUDA_ERROR_NOT_PERMITTED") or a number ("800").  An unknown
+ * name aborts: a test asking for an error it cannot get would test nothing.
+ */
+static CUresult env_err(const char *knob, CUresult one)
+{
+	const char *e = getenv(knob);
+	char *end;
+	long v;
+
+	if (!e || !*e || strcmp(e, "0") == 0)
+		return CUDA_SUCCESS;
+	if (strcmp(e, "1") == 0)
+		return one;
+	for (size_t i = 0; i < sizeof(errs) / sizeof(errs[0]); i++)
+		if (strcmp(errs[i].name, e) == 0)
+			return errs[i].r;
+	v = strtol(e, &end, 10);
+	if (*end || v <= 0) {
+		fprintf(stderr, "emul_cuda: %s=%s: not an error name or number\n", knob, e);
+		abort();
+	}
+	return (CUresult)v;
 }
 
 static CUresult e_dev_get(CUdevice *d, int ord)
@@ -678,6 +732,7 @@ static CUresult e_access(CUdeviceptr p, size_t size, const CUmemAccessDesc *d, s
 {
 	FORKED();
 	HOOK("cuMemSetAccess");
+	CUresult no_ro = env_err("WEX_EMUL_NO_PROT_READ", CUDA_ERROR_NOT_SUPPORTED);
 	uint64_t cur;
 
 	if (!d || count < 1 || count > NDEV)
@@ -692,8 +747,8 @@ static CUresult e_access(CUdeviceptr p, size_t size, const CUmemAccessDesc *d, s
 		for (size_t k = 0; k < i; k++)
 			if (d[k].location.id == d[i].location.id)
 				return CUDA_ERROR_INVALID_VALUE;
-		if (d[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ && env_on("WEX_EMUL_NO_PROT_READ"))
-			return CUDA_ERROR_NOT_SUPPORTED;
+		if (d[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ && no_ro != CUDA_SUCCESS)
+			return no_ro;
 	}
 	for (cur = p; cur < p + size;) {
 		struct range *r = find_kind(cur, 1);
