@@ -69,7 +69,9 @@ int wex__cuda_vmm_readonly(void);
 
 /*
  * Runs `ops` on the dedicated stream of device `dev` (-1: the device
- * owning ops[0].dst, else the current context's) without waiting.  Use
+ * owning ops[0].dst, else the current context's) without waiting.  The
+ * ops must be independent (none writes what another reads or writes):
+ * they run in no particular order.  Use
  * wex__cuda_copy_sync() or the copy slot (which waits).
  */
 int wex__cuda_copy_async(const struct wex_copy_op *ops, size_t n, int dev);

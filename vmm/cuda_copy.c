@@ -9,6 +9,13 @@
  * one-level strided ones become cuMemcpy2DAsync, two-level ones with
  * compatible strides cuMemcpy3DAsync, and anything else is cut into 2D
  * slices or rows.  Then the stream is synchronised once.
+ *
+ * Nothing here orders one op (or row) against another: the copies of a
+ * batch run in no particular order, and a 2D/3D copy is issued at once,
+ * ahead of the batched copies gathered before it.  That is right because
+ * the ops of a plan are independent (the planner writes every element
+ * once, and sources are the producer's memory), as for the host executor,
+ * which runs them on several threads.  Callers must keep it so.
  */
 #include <errno.h>
 #include <pthread.h>

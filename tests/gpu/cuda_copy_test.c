@@ -8,8 +8,9 @@
  * express, three levels, contiguous-in-disguise, zero counts, pitches
  * below the row length (overlapping source rows), and > 4096 small ops
  * (several cuMemcpyBatchAsync calls).  On the emulated driver the run
- * must have gone through cuMemcpy3DAsync and cuMemcpy2DAsync (so their
- * emulation is what the bytes prove).
+ * must have gone through cuMemcpy3DAsync, cuMemcpy2DAsync and
+ * cuMemcpyBatchAsync (so their emulation is what the bytes prove; a
+ * batch's copies run there last first).
  *   host_ptr_no_context  wex_mem_ptr_on_gpu of host memory from a thread
  *                     with no context: -1, without retaining (creating)
  *                     device 0's primary context to ask
@@ -115,10 +116,15 @@ static void test(void)
 	unbase((uint64_t)(uintptr_t)b.hs, (uint64_t)(uintptr_t)b.hd);
 	rebase(b.ds, b.dd);
 	unsigned long n3 = emul_calls("cuMemcpy3DAsync"), n2 = emul_calls("cuMemcpy2DAsync");
+	unsigned long nb = emul_calls("cuMemcpyBatchAsync");
 
 	CHECK_OK(wex_mem_backend(WEX_MEM_CUDA_VMM)->copy(ops, nops, 1));
+	/* Batches too: the emulation runs a batch's copies last first (no
+	 * order is promised), so these bytes prove the executor's copies do
+	 * not depend on each other. */
 	if (emulated())
-		CHECK(emul_calls("cuMemcpy3DAsync") > n3 && emul_calls("cuMemcpy2DAsync") > n2);
+		CHECK(emul_calls("cuMemcpy3DAsync") > n3 && emul_calls("cuMemcpy2DAsync") > n2 &&
+		      emul_calls("cuMemcpyBatchAsync") > nb);
 	CU_OK(wex__cu.cuMemcpyDtoH(b.out, b.dd, BUF));
 	for (size_t i = 0; i < BUF; i++)
 		if (b.out[i] != b.hd[i]) {

@@ -67,9 +67,12 @@
  *    fork() gets CUDA_ERROR_NOT_INITIALIZED from every call, and cuInit
  *    and the first context keep fds open for the process's lifetime (so
  *    fd-leak baselines must be taken after them);
+ *  - the copies of one cuMemcpyBatchAsync run last first (the reference
+ *    promises no order within a batch, so copies that depend on each
+ *    other show as wrong bytes);
  *  - copies are synchronous memcpy, except that with WEX_EMUL_DEFER=1
- *    cuMemcpyAsync and cuMemsetD8Async only queue their work, as a GPU
- *    does: it runs at the next cuCtxSynchronize or cuStreamSynchronize in
+ *    cuMemcpyAsync, cuMemcpyBatchAsync and cuMemsetD8Async only queue
+ *    their work, as a GPU does: it runs at the next cuCtxSynchronize or cuStreamSynchronize in
  *    the context it was queued in (each waits for its own context's work
  *    only), or cuEventSynchronize (or before any other copy, launch or unmap of this
  *    process, to keep the order), so a test can tell whether the code
@@ -1347,8 +1350,17 @@ static CUresult batch(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, C
 		REACH(s[i], n[i], 0);
 		REACH(d[i], n[i], 1);
 	}
-	for (size_t i = 0; i < count; i++)
-		memcpy((void *)(uintptr_t)d[i], (const void *)(uintptr_t)s[i], n[i]);
+	/* "Copies within a batch are not guaranteed to execute in any
+	 * specific order": last first, so that a caller whose copies depend
+	 * on each other (one writing what another reads or writes) gets other
+	 * bytes than in issue order.  Queued under WEX_EMUL_DEFER=1, as
+	 * cuMemcpyAsync is (a batch is asynchronous too). */
+	for (size_t i = count; i-- > 0;) {
+		if (deferring())
+			queue(d[i], s[i], n[i], 0, 0, stream_ctx(st));
+		else
+			memcpy((void *)(uintptr_t)d[i], (const void *)(uintptr_t)s[i], n[i]);
+	}
 	return CUDA_SUCCESS;
 }
 
