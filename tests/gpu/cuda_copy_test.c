@@ -14,6 +14,9 @@
  *   host_ptr_no_context  wex_mem_ptr_on_gpu of host memory from a thread
  *                     with no context: -1, without retaining (creating)
  *                     device 0's primary context to ask
+ *   huge_pitch        2D and 3D shapes whose pitch is one above
+ *                     CU_DEVICE_ATTRIBUTE_MAX_PITCH (emulated: lowered to
+ *                     1 MiB) arrive whole, cut into rows
  *   memcpy3d_offsets  cuMemcpy3DAsync itself with X/Y/Z offsets on both
  *                     sides, device and host memory, against the same
  *                     copy done on the CPU (the driver's semantics, which
@@ -200,6 +203,56 @@ static void memcpy3d_offsets(void)
 	bufs_close(&b);
 }
 
+/* Strided copies whose pitch is above CU_DEVICE_ATTRIBUTE_MAX_PITCH, which
+ * cuMemcpy2DAsync/cuMemcpy3DAsync refuse: the executor cuts them into
+ * rows and every byte arrives.  The emulated driver's limit is lowered
+ * to 1 MiB (WEX_EMUL_MAX_PITCH); on a GPU the source spans 3 pitches of
+ * 2 GiB (6 GiB, only the rows touched). */
+static void huge_pitch(void)
+{
+	const uint64_t len = 4096;
+	struct wex_copy_op op[2];
+	unsigned long n2, nb;
+	CUdeviceptr ds, dd;
+	uint64_t p;
+	int max;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	if (emulated())
+		setenv("WEX_EMUL_MAX_PITCH", "1048576", 1);
+	max = wex__cuda_dev_attr(0, CU_DEVICE_ATTRIBUTE_MAX_PITCH);
+	printf("  CU_DEVICE_ATTRIBUTE_MAX_PITCH = %d\n", max);
+	CHECK(max > 0);
+	CHECK(!emulated() || max == 1 << 20);
+	p = (uint64_t)max + 1;
+	CU_OK(wex__cu.cuMemAlloc(&ds, 3 * p + len));
+	CU_OK(wex__cu.cuMemAlloc(&dd, 6 * len));
+	/* Source rows at 0, p, 2p and 3p, each its own pattern. */
+	for (unsigned k = 0; k < 4; k++)
+		dev_fill(ds + k * p, len, 20 + k);
+	/* 2D: rows 0 and 1 -> dd[0..2).  3D: rows 0, 1 (slice 0) and 2, 3
+	 * (slice 1: slice stride 2p) -> dd[2..6). */
+	op[0] = (struct wex_copy_op){ .src = ds, .dst = dd, .len = len, .nouter = 1,
+				      .count = { 2 }, .src_stride = { (int64_t)p },
+				      .dst_stride = { (int64_t)len } };
+	op[1] = (struct wex_copy_op){ .src = ds, .dst = dd + 2 * len, .len = len, .nouter = 2,
+				      .count = { 2, 2 },
+				      .src_stride = { (int64_t)p, 2 * (int64_t)p },
+				      .dst_stride = { (int64_t)len, 2 * (int64_t)len } };
+	n2 = emul_calls("cuMemcpy2DAsync");
+	nb = emul_calls("cuMemcpyBatchAsync");
+	CHECK_OK(wex_mem_backend(WEX_MEM_CUDA_VMM)->copy(op, 2, 1));
+	for (unsigned k = 0; k < 2; k++)
+		CHECK(dev_check(dd + k * len, len, 20 + k, 0));
+	for (unsigned k = 0; k < 4; k++)
+		CHECK(dev_check(dd + (2 + k) * len, len, 20 + k, 0));
+	/* Emulated: 2D was tried and refused, and the rows went in batches. */
+	if (emulated())
+		CHECK(emul_calls("cuMemcpy2DAsync") > n2 && emul_calls("cuMemcpyBatchAsync") > nb);
+	CU_OK(wex__cu.cuMemFree(ds));
+	CU_OK(wex__cu.cuMemFree(dd));
+}
+
 /* Asking whether host memory is GPU memory, from a thread with no
  * context: no (the driver answers INVALID_VALUE without one), and no
  * primary context retained to ask (one on GPU 0 costs hundreds of MiB in
@@ -226,6 +279,7 @@ int main(void)
 	ret = run_one("host_ptr_no_context", host_ptr_no_context);
 	ret |= run_one("strided_copy", test);
 	ret |= run_one("memcpy3d_offsets", memcpy3d_offsets);
+	ret |= run_one("huge_pitch", huge_pitch);
 	printf("%s\n", ret ? "FAIL" : "PASS");
 	return ret ? T_EXIT_FAIL : T_EXIT_PASS;
 }

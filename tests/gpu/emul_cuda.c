@@ -15,8 +15,10 @@
  *    multiples, as newer drivers do), unmapping whole mappings,
  *    freeing reservations only when nothing is mapped, one legacy IPC open
  *    per process and handle (a second one fails, as on older drivers), no
- *    open of one's own handle (CUDA_ERROR_INVALID_CONTEXT), pitches not
- *    below the row width; memory and fds are freed only when the last
+ *    open of one's own handle (CUDA_ERROR_INVALID_CONTEXT), 2D/3D pitches
+ *    not below the row width plus its X offset and not above
+ *    CU_DEVICE_ATTRIBUTE_MAX_PITCH (2^31 - 1, or WEX_EMUL_MAX_PITCH);
+ *    memory and fds are freed only when the last
  *    handle and mapping go, so leaks in the backends show as fd counts;
  *  - legacy IPC allocations are memfds; a handle names the exporter's pid
  *    and fd, and an importer opens /proc/<pid>/fd/<fd>;
@@ -501,9 +503,26 @@ static CUresult e_uuid(CUuuid *u, CUdevice d)
 	return CUDA_SUCCESS;
 }
 
+/* CU_DEVICE_ATTRIBUTE_MAX_PITCH: 2^31 - 1 as GPUs report it (deviceQuery's
+ * "Maximum memory pitch: 2147483647 bytes"); WEX_EMUL_MAX_PITCH=<bytes>
+ * lowers it, so that a test needs no 2 GiB buffers to go past it. */
+static uint64_t max_pitch(void)
+{
+	const char *e = getenv("WEX_EMUL_MAX_PITCH");
+	unsigned long long v;
+
+	if (e && sscanf(e, "%llu", &v) == 1 && v > 0 && v < 2147483647ull)
+		return v;
+	return 2147483647ull;
+}
+
 static CUresult e_attr(int *v, CUdevice_attribute a, CUdevice d)
 {
 	FORKED();
+	if (a == CU_DEVICE_ATTRIBUTE_MAX_PITCH) {
+		*v = (int)max_pitch();
+		return CUDA_SUCCESS;
+	}
 	*v = a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED ||
 	     a == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ||
 	     (a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED && fabric()) ||
@@ -1299,6 +1318,14 @@ static CUresult copy3d(uint64_t db, uint64_t dx, uint64_t dy, uint64_t dz, uint6
 	return CUDA_SUCCESS;
 }
 
+/* A pitch must hold the row from its X offset on ("greater than or equal
+ * to WidthInBytes + srcXInBytes"), and a copy "returns an error if any
+ * pitch is greater than the maximum allowed". */
+static int pitch_ok(uint64_t pitch, uint64_t x, uint64_t width)
+{
+	return pitch >= width + x && pitch <= max_pitch();
+}
+
 static CUresult e_memcpy2d(const CUDA_MEMCPY2D *c, CUstream s)
 {
 	FORKED();
@@ -1308,7 +1335,8 @@ static CUresult e_memcpy2d(const CUDA_MEMCPY2D *c, CUstream s)
 	flush();
 	if (addr_of(c->srcMemoryType, c->srcHost, c->srcDevice, &sb) ||
 	    addr_of(c->dstMemoryType, c->dstHost, c->dstDevice, &db) ||
-	    c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes)
+	    !pitch_ok(c->srcPitch, c->srcXInBytes, c->WidthInBytes) ||
+	    !pitch_ok(c->dstPitch, c->dstXInBytes, c->WidthInBytes))
 		return CUDA_ERROR_INVALID_VALUE;
 	return copy3d(db, c->dstXInBytes, c->dstY, 0, c->dstPitch, 0, sb, c->srcXInBytes, c->srcY,
 		      0, c->srcPitch, 0, c->WidthInBytes, c->Height, 1);
@@ -1323,7 +1351,8 @@ static CUresult e_memcpy3d(const CUDA_MEMCPY3D *c, CUstream s)
 	flush();
 	if (addr_of(c->srcMemoryType, c->srcHost, c->srcDevice, &sb) ||
 	    addr_of(c->dstMemoryType, c->dstHost, c->dstDevice, &db) ||
-	    c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes ||
+	    !pitch_ok(c->srcPitch, c->srcXInBytes, c->WidthInBytes) ||
+	    !pitch_ok(c->dstPitch, c->dstXInBytes, c->WidthInBytes) ||
 	    (c->Depth > 1 && (c->srcHeight < c->srcY + c->Height ||
 			      c->dstHeight < c->dstY + c->Height)) ||
 	    c->srcLOD || c->dstLOD || c->reserved0 || c->reserved1)
