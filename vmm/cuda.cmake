@@ -80,6 +80,12 @@ if(WEX_HAVE_CUDA_HEADERS)
       ENVIRONMENT "WEXD_BIN=$<TARGET_FILE:wexd>;WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_SRC=${CMAKE_SOURCE_DIR};WEX_BENCH_GB=0.25;WEX_BENCH_TENSORS=40;WEX_BENCH_SEG_MB=64;WEX_BENCH_TORCH=0")
     add_dependencies(${t} wex_emul_cuda)
   endforeach()
+  # A driver that counts a repeated cuIpcOpenMemHandle of one handle in a
+  # context and returns the same pointer (cuda.h; the default emulation
+  # refuses it, as older drivers do): each open must still get its close.
+  add_test(NAME cuda_ipc_refcount_emul COMMAND cuda_ipc)
+  set_tests_properties(cuda_ipc_refcount_emul PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS cuda
+    ENVIRONMENT "WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_EMUL_IPC_REFCOUNT=1")
   # A node where fabric handles work (IMEX): wex_cuda_alloc memory carries
   # a fabric handle beside its fd, and fabric-only memory is exported.
   foreach(t cuda_vmm cuda_e2e cuda_chunks)

@@ -6,8 +6,11 @@
  * in desc.handle_offset; no fd is involved.
  *
  * Two driver rules shape the importer (platform-facts B):
- *  - a handle may be opened once per process and context, so opens are
- *    cached by handle bytes and refcounted (PyTorch's shared_cache);
+ *  - a handle may be opened once per process and context (older drivers
+ *    refuse a second open with CUDA_ERROR_ALREADY_MAPPED; current ones
+ *    count it and return the same pointer, each open needing its close),
+ *    so opens are cached by handle bytes and refcounted (PyTorch's
+ *    shared_cache), and every open is paired with one close;
  *  - opening a handle in the process that exported it fails
  *    (CUDA_ERROR_INVALID_CONTEXT): every handle this process exports is
  *    recorded, and importing one of them uses the local pointer directly.
@@ -188,6 +191,7 @@ static int ipc_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 	struct ipc_entry *e;
 	CUipcMemHandle h;
 	CUdeviceptr p = 0;
+	CUresult r;
 	int dev, ret;
 
 	/* Legacy IPC needs no fd; one given to us is ours to close. */
@@ -220,11 +224,30 @@ static int ipc_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 	if (ret)
 		return ret;
 	memcpy(h.reserved, desc->handle, CU_IPC_HANDLE_SIZE);
-	ret = WEX_CU(wex__cu.cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
-	if (ret)
-		return ret;
+	r = wex__cu.cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
 	pthread_mutex_lock(&ipc_lock);
 	e = find(desc->handle);
+	if (r == CUDA_ERROR_ALREADY_MAPPED && e) {
+		/* A driver that refuses a second open, and another thread
+		 * opened it meanwhile: share theirs. */
+		e->refs++;
+		e->peers |= peer_bit(access_dev, dev);
+		pthread_mutex_unlock(&ipc_lock);
+		goto out;
+	}
+	if (r != CUDA_SUCCESS) {
+		pthread_mutex_unlock(&ipc_lock);
+		if (r == CUDA_ERROR_ALREADY_MAPPED) {
+			/* Not by wex: only the opener knows the pointer. */
+			wex_error("cuda", "import: the legacy IPC handle is already open in this "
+				  "process outside wex (e.g. a tensor received through "
+				  "torch.multiprocessing), and this driver refuses a second open "
+				  "(CUDA_ERROR_ALREADY_MAPPED; drivers that count repeated opens "
+				  "do not)");
+			return -EEXIST;
+		}
+		return wex__cuda_err(r, "cuIpcOpenMemHandle");
+	}
 	if (e) {
 		/* Another thread opened it meanwhile: newer drivers refcount a
 		 * repeated open, so close ours once and share theirs. */

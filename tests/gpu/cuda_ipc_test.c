@@ -16,6 +16,14 @@
  *                 waited for, on the memory's device and on the device
  *                 given access (emulated: queued work that outlives its
  *                 memory fails the next synchronisation)
+ *   foreign_open  the handle is already open in the importing process
+ *                 outside wex: where the driver counts repeated opens (a
+ *                 GPU, per cuda.h; emulated with WEX_EMUL_IPC_REFCOUNT=1)
+ *                 the import gets the same pointer and its release closes
+ *                 only its own open (the other still reads); where it
+ *                 refuses them (the emulation's default) the import fails
+ *                 with -EEXIST; emulated, the driver's count of opens
+ *                 shows each open paired with one close
  *   vmm_refused   wrap of VMM memory fails loudly
  */
 #include "gpu_util.h"
@@ -162,6 +170,50 @@ static void consumer(int sock)
 	tsend(sock, OP_DONE, NULL, 0, -1);
 }
 
+/* The handle is already open in this process outside wex (PyTorch
+ * rebuilding a tensor sent through torch.multiprocessing).  A driver that
+ * counts repeated opens (cuda.h; emulated with WEX_EMUL_IPC_REFCOUNT=1)
+ * gives wex the same pointer, and wex's release closes only its own open:
+ * the other one still reads.  One that refuses a second open (the
+ * emulation's default) fails the import with -EEXIST, opening nothing. */
+static void foreign_consumer(int sock)
+{
+	struct tmsg m = trecv(sock, OP_SEG, NULL);
+	struct wex_mem_seg x;
+	CUipcMemHandle h;
+	CUdeviceptr mine;
+	int refcount, ret;
+
+	trecv(sock, OP_SUB, NULL);
+	CHECK_OK(wex__cuda_use_device(0));
+	refcount = !emulated() || getenv("WEX_EMUL_IPC_REFCOUNT");
+	memcpy(h.reserved, m.desc.handle, sizeof(h.reserved));
+	CU_OK(wex__cu.cuIpcOpenMemHandle(&mine, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+	CHECK(emul_ipc_opens() == -1 || emul_ipc_opens() == 1);
+	ret = ipc->import(&m.desc, -1, -1, &x);
+	if (refcount) {
+		CHECK_OK(ret);
+		CHECK((uintptr_t)x.ptr == (uintptr_t)mine);
+		CHECK(emul_ipc_opens() == -1 || emul_ipc_opens() == 2);
+		CHECK_OK(ipc->release(&x));
+		CHECK(emul_ipc_opens() == -1 || emul_ipc_opens() == 1);
+		CHECK(dev_check(mine, 4u << 20, 6, 0));
+		printf("  repeated open counted: same pointer, one close each\n");
+	} else {
+		CHECK(ret == -EEXIST);
+		CHECK(emul_ipc_opens() == 1);
+		printf("  repeated open refused: -EEXIST, nothing opened\n");
+	}
+	CU_OK(wex__cu.cuIpcCloseMemHandle(mine));
+	CHECK(emul_ipc_opens() == -1 || emul_ipc_opens() == 0);
+	/* Opened by wex alone again: one open, closed at the last release. */
+	CHECK_OK(ipc->import(&m.desc, -1, -1, &x));
+	CHECK(emul_ipc_opens() == -1 || emul_ipc_opens() == 1);
+	CHECK_OK(ipc->release(&x));
+	CHECK(emul_ipc_opens() == -1 || emul_ipc_opens() == 0);
+	tsend(sock, OP_DONE, NULL, 0, -1);
+}
+
 static void vmm_refused(void)
 {
 	const struct wex_mem_ops *vmm = wex_mem_backend(WEX_MEM_CUDA_VMM);
@@ -181,6 +233,7 @@ int main(void)
 	CHECK(ipc);
 	ret |= run_one("same_process", same_process);
 	ret |= run_pair("open_once", producer, consumer);
+	ret |= run_pair("foreign_open", producer, foreign_consumer);
 	ret |= run_one("vmm_refused", vmm_refused);
 	printf("%s\n", ret ? "FAIL" : "PASS");
 	return ret ? T_EXIT_FAIL : T_EXIT_PASS;

@@ -14,7 +14,11 @@
  *    ("currently must be zero"; WEX_EMUL_MAP_OFFSET=1 takes granularity
  *    multiples, as newer drivers do), unmapping whole mappings,
  *    freeing reservations only when nothing is mapped, one legacy IPC open
- *    per process and handle (a second one fails, as on older drivers), no
+ *    per process and handle (a second one fails with
+ *    CUDA_ERROR_ALREADY_MAPPED, as on older drivers; with
+ *    WEX_EMUL_IPC_REFCOUNT=1 a second one in the same context returns the
+ *    same pointer and counts, as cuda.h says of current drivers, and each
+ *    needs its close; wex_emul_ipc_opens() counts opens not closed), no
  *    open of one's own handle (CUDA_ERROR_INVALID_CONTEXT), 2D/3D pitches
  *    not below the row width plus its X offset and not above
  *    CU_DEVICE_ATTRIBUTE_MAX_PITCH (2^31 - 1, or WEX_EMUL_MAX_PITCH);
@@ -122,6 +126,7 @@ struct range {
 	int dev;          /* physical device (kinds 1, 2, 3) */
 	unsigned char acc[2]; /* mappings: CU_MEM_ACCESS_FLAGS_* per physical device */
 	unsigned flags;       /* host registrations: CU_MEMHOSTREGISTER_* */
+	int opens;            /* IPC opens: cuIpcOpenMemHandle calls not yet closed */
 };
 
 static struct range *rs;
@@ -1067,8 +1072,17 @@ static CUresult e_ipc_open(CUdeviceptr *p, CUipcMemHandle h, unsigned flags)
 	for (size_t i = 0; i < nrs; i++) {
 		if (rs[i].kind == 2 && strcmp(rs[i].name, name) == 0)
 			return CUDA_ERROR_INVALID_CONTEXT; /* our own handle */
-		if (rs[i].kind == 3 && strcmp(rs[i].name, name) == 0)
-			return CUDA_ERROR_ALREADY_MAPPED; /* one open per process */
+		if (rs[i].kind != 3 || strcmp(rs[i].name, name) != 0)
+			continue;
+		/* "If the memory handle has already been opened by the current
+		 * context, the reference count on the handle is incremented by
+		 * 1 and the existing device pointer is returned" (cuda.h);
+		 * older drivers refuse, and so does another context. */
+		if (!env_on("WEX_EMUL_IPC_REFCOUNT") || rs[i].dev != phys(cur_ord()))
+			return CUDA_ERROR_ALREADY_MAPPED;
+		rs[i].opens++;
+		*p = rs[i].va;
+		return CUDA_SUCCESS;
 	}
 	{
 		char path[64];
@@ -1091,6 +1105,7 @@ static CUresult e_ipc_open(CUdeviceptr *p, CUipcMemHandle h, unsigned flags)
 	r->va = (uint64_t)(uintptr_t)m;
 	r->size = (uint64_t)st.st_size;
 	r->kind = 3;
+	r->opens = 1;
 	r->dev = phys(cur_ord());
 	snprintf(r->name, sizeof(r->name), "%.63s", name);
 	*p = r->va;
@@ -1106,11 +1121,24 @@ static CUresult e_ipc_close(CUdeviceptr p)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (!r || r->va != p)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (--r->opens > 0)
+		return CUDA_SUCCESS; /* an open of the same handle remains */
 	drop_pending(r->va, r->size);
 	flush();
 	munmap((void *)(uintptr_t)p, r->size);
 	del_range(r);
 	return CUDA_SUCCESS;
+}
+
+/* cuIpcOpenMemHandle calls of this process not yet closed. */
+API int wex_emul_ipc_opens(void)
+{
+	int n = 0;
+
+	for (size_t i = 0; i < nrs; i++)
+		if (rs[i].kind == 3)
+			n += rs[i].opens;
+	return n;
 }
 
 /* An event belongs to the context current at its creation. */

@@ -547,6 +547,15 @@ static inline int emul_host_regs(void)
 	return f ? f() : -1;
 }
 
+/* Legacy IPC opens the emulated driver holds now (each open of a handle
+ * counts, also a repeated one); -1 on a GPU. */
+static inline int emul_ipc_opens(void)
+{
+	int (*f)(void) = (int (*)(void))(uintptr_t)emul_sym("wex_emul_ipc_opens");
+
+	return f ? f() : -1;
+}
+
 /*
  * Whether the host range at p is registered with the driver (pinned).
  * *flags (when not NULL): its CU_MEMHOSTREGISTER_* flags where
