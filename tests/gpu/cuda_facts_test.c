@@ -27,6 +27,13 @@
  *    process; a consumer in the producer's process would do this);
  *  - whether cuIpcGetMemHandle refuses VMM memory (the cuda_ipc backend
  *    tells the two kinds apart by that refusal);
+ *  - cuPointerGetAttribute RANGE_START_ADDR/RANGE_SIZE/MAPPED in a
+ *    reservation, mapped and not: the reservation's range per cuda.h,
+ *    MAPPED 0 where nothing is mapped (asserted on the emulated driver,
+ *    which models that); DEVICE_ORDINAL there, and what
+ *    wex__cuda_ptr_on_gpu makes of it (an address of a lost same-address
+ *    region: -1 emulated; wex copies into such a region only after giving
+ *    it memory again);
  *  - fds the driver opens for itself at cuInit + first context;
  *  - fabric handles, cuMemcpyBatchAsync, compute capability, driver.
  *
@@ -46,8 +53,8 @@ int main(void)
 	CUdeviceptr va, base = 0;
 	size_t g = 0, sz = 0;
 	int fds0, fds1, fds2, major = 0, minor = 0, fabric = 0, off_ok, ro_ok, fd_steady;
-	int self_ok = 0;
-	CUresult r, self_r, ipc_r;
+	int self_ok = 0, range_q, unmapped_gpu;
+	CUresult r, self_r, ipc_r, unmapped_ord_r;
 	const char *out = getenv("WEX_FACTS_OUT");
 	char json[1024];
 	CUdevice dev;
@@ -75,8 +82,47 @@ int main(void)
 	       (unsigned long long)(base - va), sz);
 	CHECK(base == va + 2 * g && sz == 2 * g);
 	dev_fill(va, 4 * g, 3);
-	CU_OK(wex__cu.cuMemUnmap(va, 2 * g));
 	CU_OK(wex__cu.cuMemUnmap(va + 2 * g, 2 * g));
+
+	/* Pointer queries in a reservation, at a mapped address and at one
+	 * with nothing mapped (a lost same-address region looks like that). */
+	{
+		CUdeviceptr start[2] = { 0, 0 };
+		size_t size[2] = { 0, 0 };
+		int mapped[2] = { 0, 0 }, ord = -1;
+		CUresult rr[2];
+
+		for (int k = 0; k < 2; k++) {
+			CUdeviceptr at = k ? va + 3 * g + 17 : va + 17;
+
+			rr[k] = wex__cu.cuPointerGetAttribute(
+				&start[k], CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, at);
+			if (rr[k] == CUDA_SUCCESS)
+				rr[k] = wex__cu.cuPointerGetAttribute(
+					&size[k], CU_POINTER_ATTRIBUTE_RANGE_SIZE, at);
+			if (rr[k] == CUDA_SUCCESS)
+				rr[k] = wex__cu.cuPointerGetAttribute(
+					&mapped[k], CU_POINTER_ATTRIBUTE_MAPPED, at);
+		}
+		range_q = rr[0] == CUDA_SUCCESS && rr[1] == CUDA_SUCCESS && start[0] == va &&
+			  start[1] == va && size[0] == 4 * g && size[1] == 4 * g && mapped[0] &&
+			  !mapped[1];
+		unmapped_ord_r = wex__cu.cuPointerGetAttribute(
+			&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, va + 3 * g + 17);
+		unmapped_gpu = wex__cuda_ptr_on_gpu(va + 3 * g + 17);
+		printf("RANGE_START_ADDR/RANGE_SIZE/MAPPED in a reservation: mapped part %d: "
+		       "+%lld, %zu bytes, mapped %d; unmapped part %d: +%lld, %zu bytes, "
+		       "mapped %d (reservation: %zu bytes)\n", (int)rr[0],
+		       (long long)(start[0] - va), size[0], mapped[0], (int)rr[1],
+		       (long long)(start[1] - va), size[1], mapped[1], 4 * g);
+		printf("unmapped part of a reservation: DEVICE_ORDINAL CUresult %d (%d), "
+		       "wex__cuda_ptr_on_gpu %d\n", (int)unmapped_ord_r, ord, unmapped_gpu);
+		/* The emulation models the reference's words (cuda.h). */
+		if (emulated())
+			CHECK(range_q && unmapped_ord_r == CUDA_ERROR_INVALID_VALUE &&
+			      unmapped_gpu == -1);
+	}
+	CU_OK(wex__cu.cuMemUnmap(va, 2 * g));
 
 	/* The first part of an allocation: what map_fixed does at a region's
 	 * end.  The bytes are the allocation's own. */
@@ -162,14 +208,17 @@ int main(void)
 		 "\"fabric_handles\": %d, \"memcpy_batch\": %s, \"partial_map\": true, "
 		 "\"per_allocation_range\": true, \"map_nonzero_offset\": \"%s\", "
 		 "\"prot_read\": \"%s\", \"self_import\": \"%s\", \"ipc_handle_on_vmm\": %s, "
-		 "\"driver_fds\": %d, \"fds_steady_over_maps\": %s}",
+		 "\"driver_fds\": %d, \"fds_steady_over_maps\": %s, "
+		 "\"reservation_range_query\": %s, \"unmapped_ordinal_result\": %d, "
+		 "\"unmapped_ptr_on_gpu\": %d}",
 		 wex__cu.driver_version, major, minor, g, fabric,
 		 wex__cu.cuMemcpyBatchAsync13 || wex__cu.cuMemcpyBatchAsync12 ? "true" : "false",
 		 off_ok > 0 ? "ok" : off_ok < 0 ? "wrong-bytes" : "refused",
 		 ro_ok > 0 ? "ok" : ro_ok < 0 ? "wrong-bytes" : "refused",
 		 self_ok > 0 ? "ok" : self_ok < 0 ? "wrong-bytes" : "refused",
 		 ipc_r == CUDA_SUCCESS ? "\"accepted\"" : "\"refused\"", fds1 - fds0,
-		 fd_steady ? "true" : "false");
+		 fd_steady ? "true" : "false", range_q ? "true" : "false", (int)unmapped_ord_r,
+		 unmapped_gpu);
 	if (out) {
 		FILE *f = fopen(out, "w");
 

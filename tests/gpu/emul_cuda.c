@@ -34,7 +34,10 @@
  *    ordinal (CU_POINTER_ATTRIBUTE_MEMORY_TYPE too);
  *    pointer queries need no current context (as under unified
  *    addressing), and memory the driver does not know (pageable host
- *    memory) answers CUDA_ERROR_INVALID_VALUE;
+ *    memory) answers CUDA_ERROR_INVALID_VALUE; so does a reservation with
+ *    nothing mapped at the address, except for RANGE_START_ADDR and
+ *    RANGE_SIZE (the reservation's, mapped or not, as cuda.h says) and
+ *    MAPPED (0);
  *    WEX_EMUL_VISIBLE="1,0" numbers them the other way round in a process
  *    (as CUDA_VISIBLE_DEVICES does), so devices must travel by UUID;
  *  - every VMM mapping keeps the access each device was given
@@ -1028,8 +1031,34 @@ static CUresult e_free(CUdeviceptr p)
 static CUresult e_ptr_attr(void *data, CUpointer_attribute a, CUdeviceptr p)
 {
 	FORKED();
-	struct range *r = find_any(p);
+	struct range *r = find_any(p), *res = find_kind(p, 0);
+	struct range *span = res ? res : r && r->kind != 4 ? r : NULL;
 
+	/* The range is the reservation's, mapped or not ("not necessarily
+	 * the address of the mapped region, but the address of the mappable
+	 * address range ptr references (e.g. from cuMemAddressReserve)";
+	 * NVIDIA DALI's cu_vm_test reads it, MAPPED 0, on a reservation with
+	 * nothing mapped).  Host registrations' ranges are not modelled. */
+	switch (a) {
+	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+		if (!span)
+			return CUDA_ERROR_INVALID_VALUE;
+		*(CUdeviceptr *)data = span->va;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+		if (!span)
+			return CUDA_ERROR_INVALID_VALUE;
+		*(size_t *)data = span->size;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_MAPPED:
+		if (!span)
+			return CUDA_ERROR_INVALID_VALUE;
+		/* "A boolean": one byte, which a bool or a zeroed int reads. */
+		*(unsigned char *)data = r != NULL;
+		return CUDA_SUCCESS;
+	default:
+		break;
+	}
 	if (!r)
 		return CUDA_ERROR_INVALID_VALUE; /* not memory the driver knows */
 	switch (a) {
