@@ -92,5 +92,11 @@ if(WEX_HAVE_CUDA_HEADERS)
     add_test(NAME ${t}_fabric_emul COMMAND ${t})
     set_tests_properties(${t}_fabric_emul PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS cuda
       ENVIRONMENT "WEXD_BIN=$<TARGET_FILE:wexd>;WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_EMUL_FABRIC=1;WEX_SRC=${CMAKE_SOURCE_DIR}")
+    # The same node, but importers may not import fabric handles (no IMEX
+    # channel access for them): memory with an fd too imports through it;
+    # fabric-only memory fails to import, naming IMEX (cuda_vmm checks).
+    add_test(NAME ${t}_fabric_noimport_emul COMMAND ${t})
+    set_tests_properties(${t}_fabric_noimport_emul PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS cuda
+      ENVIRONMENT "WEXD_BIN=$<TARGET_FILE:wexd>;WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_EMUL_FABRIC=1;WEX_EMUL_NO_FABRIC_IMPORT=CUDA_ERROR_NOT_PERMITTED;WEX_SRC=${CMAKE_SOURCE_DIR}")
   endforeach()
 endif()

@@ -572,6 +572,28 @@ static void close_fds(const int *fds, size_t n, size_t from)
 			close(fds[i]);
 }
 
+/* Imports part i of n from its fabric handle (the segment has no fd:
+ * fabric-only memory, or a producer on another node).  A refusal is
+ * logged naming IMEX, the usual cause. */
+static int import_fabric(CUmemGenericAllocationHandle *h, const void *fh, size_t i, size_t n)
+{
+	CUresult r;
+
+	r = wex__cu.cuMemImportFromShareableHandle(h, (void *)fh, CU_MEM_HANDLE_TYPE_FABRIC);
+
+	if (r == CUDA_SUCCESS)
+		return 0;
+	if (wex__cuda_sticky(r))
+		return wex__cuda_err(r, "cuMemImportFromShareableHandle(FABRIC)");
+	wex_error("cuda", "import: the producer's memory (part %zu of %zu) has a fabric handle "
+		  "and no POSIX fd, and importing the fabric handle failed: %s: this process "
+		  "needs access to an IMEX channel (/dev/nvidia-caps-imex-channels/channelN, "
+		  "and the IMEX daemon on the node) where the producer has one; or the producer "
+		  "must export memory with a POSIX fd (PyTorch expandable segments allocate "
+		  "fabric-only memory where fabric works)", i, n, wex__cuda_errname(r));
+	return wex__cuda_errno(r);
+}
+
 int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds, size_t n,
 				int access_dev, struct wex_mem_seg *seg)
 {
@@ -630,12 +652,14 @@ int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds
 	for (i = 0, off = 0; i < n; off += descs[i].alloc_size, i++) {
 		CUmemGenericAllocationHandle h = 0;
 
+		/* The fd when the segment has one: a fabric handle needs IMEX
+		 * channel access here, which a node may give the producer and
+		 * not the consumer. */
 		if (fds[i] >= 0)
 			ret = WEX_CU(wex__cu.cuMemImportFromShareableHandle(
 				&h, (void *)(uintptr_t)fds[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
 		else if (descs[i].handle_len == sizeof(CUmemFabricHandle))
-			ret = WEX_CU(wex__cu.cuMemImportFromShareableHandle(
-				&h, (void *)descs[i].handle, CU_MEM_HANDLE_TYPE_FABRIC));
+			ret = import_fabric(&h, descs[i].handle, i, n);
 		else
 			ret = -EINVAL; /* neither an fd nor a fabric handle */
 		/* The handle holds the memory now; the fd is one more reference

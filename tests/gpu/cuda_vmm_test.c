@@ -10,7 +10,12 @@
  *   killed         a consumer killed mid-copy leaves the producer healthy
  *   wrap_chunks    wrap of foreign exportable memory (wex_cuda_alloc, and a
  *                  two-chunk range like PyTorch expandable segments),
- *                  chunk enumeration, multi-chunk import
+ *                  chunk enumeration, multi-chunk import; fabric-only
+ *                  memory imported from its handle, or, where the
+ *                  importer may not import fabric handles (emulated with
+ *                  WEX_EMUL_NO_FABRIC_IMPORT: no IMEX channel), refused
+ *                  with -EPERM and an error naming IMEX (memory with an fd
+ *                  as well imports through the fd: every other case)
  *   readonly       an import is read-only: a CPU store through it faults
  *                  (emulated driver; on a GPU a device address always does)
  *                  and, emulated, a copy into it fails; where the driver
@@ -35,6 +40,7 @@
  *                  parent
  */
 #include <signal.h>
+#include <sys/mman.h>
 
 #include "gpu_util.h"
 
@@ -384,16 +390,53 @@ static void p_fabric(int sock)
 	CU_OK(wex__cu.cuMemAddressFree(va, 2 * g));
 }
 
+/* vmm->import(d) with this process's stderr in a memfd: its result, and
+ * what wex logged in `log` (echoed to stderr too). */
+static int import_logged(const struct wex_mem_desc *d, struct wex_mem_seg *seg, char *log,
+			 size_t len)
+{
+	int mfd = memfd_create("wex-log", MFD_CLOEXEC), saved = dup(2), ret;
+	ssize_t got;
+
+	CHECK(mfd >= 0 && saved >= 0 && dup2(mfd, 2) == 2);
+	ret = vmm->import(d, -1, -1, seg);
+	CHECK(dup2(saved, 2) == 2);
+	close(saved);
+	got = pread(mfd, log, len - 1, 0);
+	log[got > 0 ? got : 0] = '\0';
+	close(mfd);
+	fputs(log, stderr);
+	return ret;
+}
+
 static void c_fabric(int sock)
 {
 	struct wex_mem_seg seg;
 	struct tmsg m;
 	int fd;
 
+	CHECK_OK(wex__cuda_load());
 	CHECK_OK(recv_msg(sock, &m, sizeof(m), &fd));
 	if (m.op == OP_NONE)
 		return;
 	CHECK(m.op == OP_SEG && fd < 0);
+	if (emulated() && getenv("WEX_EMUL_NO_FABRIC_IMPORT")) {
+		/* No IMEX channel here: the import fails, saying so, and
+		 * leaves nothing behind. */
+		char log[4096];
+		int before;
+
+		/* The driver's own fds (first context) are not the import's. */
+		CHECK_OK(wex__cuda_use_device(0));
+		before = fd_count();
+
+		CHECK(import_logged(&m.desc, &seg, log, sizeof(log)) == -EPERM);
+		CHECK(strstr(log, "IMEX") && strstr(log, "CUDA_ERROR_NOT_PERMITTED"));
+		CHECK(fd_count() == before);
+		printf("  fabric-only memory, fabric import refused: -EPERM naming IMEX\n");
+		tsend(sock, OP_DONE, NULL, 0, -1);
+		return;
+	}
 	CHECK_OK(vmm->import(&m.desc, -1, -1, &seg));
 	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, 1u << 20, 11, 4096));
 	CHECK_OK(vmm->release(&seg));

@@ -28,6 +28,10 @@
  *    and fd, and an importer opens /proc/<pid>/fd/<fd>;
  *  - with WEX_EMUL_FABRIC=1, fabric handles (cuMemCreate with
  *    CU_MEM_HANDLE_TYPE_FABRIC, export and import of the 64-byte handle);
+ *    WEX_EMUL_NO_FABRIC_IMPORT=1 (or an error name or number) refuses the
+ *    import with CUDA_ERROR_NOT_PERMITTED (or that error), as for a
+ *    process without access to an IMEX channel, creation and export
+ *    still working;
  *  - two devices (ordinals 0 and 1, distinct UUIDs, one primary context
  *    each); memory belongs to the device it was created on (imports learn
  *    it from the memfd's name), and pointer queries answer that device's
@@ -896,8 +900,12 @@ static CUresult e_import(CUmemGenericAllocationHandle *h, void *os, CUmemAllocat
 		const CUmemFabricHandle *fh = os;
 		char path[64];
 
+		CUresult no = env_err("WEX_EMUL_NO_FABRIC_IMPORT", CUDA_ERROR_NOT_PERMITTED);
+
 		if (!fabric() || sscanf((const char *)fh->data, "emulfab %d %d", &pid, &efd) != 2)
 			return CUDA_ERROR_INVALID_VALUE;
+		if (no != CUDA_SUCCESS)
+			return no; /* an importer without IMEX channel access */
 		snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, efd);
 		pfd = open(path, O_RDWR | O_CLOEXEC);
 		if (pfd < 0)
