@@ -127,6 +127,7 @@ void wex_mem_thread_save(struct wex_mem_thread_state *s)
 {
 	s->ctx = NULL;
 	s->valid = 0;
+	s->relaxed = 0;
 }
 
 void wex_mem_thread_restore(const struct wex_mem_thread_state *s)

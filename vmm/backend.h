@@ -175,10 +175,16 @@ int wex_mem_device_of(const struct wex_mem_desc *desc, int *dev);
 /* The calling thread's device binding (its current CUDA context), saved
  * when a public call that may reach a GPU backend starts and given back
  * when it ends, so that wex never moves an engine's thread to another
- * device.  Never fail; no-ops without a CUDA backend. */
+ * device.  In between the thread's stream capture mode is RELAXED, so
+ * that wex's synchronisations and allocations neither fail nor invalidate
+ * a CUDA graph another thread of the engine is capturing (NCCL does the
+ * same); the end gives the thread its mode back.  Never fail; no-ops
+ * without a CUDA backend. */
 struct wex_mem_thread_state {
 	void *ctx;
 	int valid;
+	int mode;    /* the thread's CUstreamCaptureMode before */
+	int relaxed; /* 1: save set RELAXED, restore gives `mode` back */
 };
 void wex_mem_thread_save(struct wex_mem_thread_state *s);
 void wex_mem_thread_restore(const struct wex_mem_thread_state *s);

@@ -300,49 +300,93 @@ int wex__cuda_use_device(int dev)
 	return WEX_CU(wex__cu.cuCtxSetCurrent(ctx));
 }
 
+/* An entry point of a libcuda someone else in this process loaded (wex
+ * has not): resolved without loading or initialising anything; NULL when
+ * there is none.  The library stays loaded by its user, so the pointer
+ * outlives our dlclose. */
+static void *foreign_sym(const char *sym, int ver)
+{
+	void *h = dlopen(driver_path(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+	pfn_getproc_v2 gp2;
+	void *pfn = NULL;
+
+	if (!h)
+		return NULL;
+	gp2 = (pfn_getproc_v2)(uintptr_t)dlsym(h, "cuGetProcAddress_v2");
+	if (!gp2 || gp2(sym, &pfn, ver, CU_GET_PROC_ADDRESS_DEFAULT, NULL) != CUDA_SUCCESS)
+		pfn = NULL;
+	dlclose(h);
+	return pfn;
+}
+
+/* The thread's stream capture mode becomes RELAXED until the restore:
+ * in the default GLOBAL mode, the driver refuses "potentially unsafe"
+ * calls (cuCtxSynchronize, cuMemAlloc, cuMemHostRegister, ...) while any
+ * thread captures a graph in GLOBAL mode, and invalidates that capture,
+ * so wex syncing in one thread would break an engine capturing CUDA
+ * graphs in another (NCCL wraps such calls the same way). */
+static void relax(struct wex_mem_thread_state *s, PFN_cuThreadExchangeStreamCaptureMode_v10010 xchg)
+{
+	CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+
+	if (xchg && xchg(&m) == CUDA_SUCCESS) {
+		s->mode = (int)m;
+		s->relaxed = 1;
+	}
+}
+
 /* wex__cuda_use_device switches contexts: the public calls save the
  * thread's context first and make it current again at their end.  When wex
  * has not loaded the driver, one loaded by someone else (PyTorch) is asked
  * without initialising it; with none loaded no thread has a context, and
- * the restore unbinds the one wex made current. */
+ * the restore unbinds the one wex made current.  The capture mode is
+ * relaxed in between (see relax): with no driver loaded yet nobody can be
+ * capturing. */
 void wex_mem_thread_save(struct wex_mem_thread_state *s)
 {
 	CUcontext ctx = NULL;
 
 	s->ctx = NULL;
 	s->valid = 1;
+	s->relaxed = 0;
 	if (forked_child())
 		return; /* no CUDA here: no thread has a context */
 	if (__atomic_load_n(&load_result, __ATOMIC_ACQUIRE) != 0) {
 		/* wex has not loaded the driver.  If someone else in this
 		 * process has, ask it for the thread's context without
 		 * initialising anything (an uninitialised driver: none). */
-		void *h = dlopen(driver_path(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
-		pfn_getproc_v2 gp2;
-		CUresult (*get)(CUcontext *) = NULL;
-		void *pfn = NULL;
+		CUresult (*get)(CUcontext *) =
+			(CUresult(*)(CUcontext *))(uintptr_t)foreign_sym("cuCtxGetCurrent", 4000);
 
-		if (!h)
+		if (!get)
 			return; /* nobody here uses CUDA yet: no thread has a context */
-		gp2 = (pfn_getproc_v2)(uintptr_t)dlsym(h, "cuGetProcAddress_v2");
-		if (gp2 && gp2("cuCtxGetCurrent", &pfn, 4000, CU_GET_PROC_ADDRESS_DEFAULT, NULL) ==
-				   CUDA_SUCCESS)
-			get = (CUresult(*)(CUcontext *))(uintptr_t)pfn;
-		if (get && get(&ctx) == CUDA_SUCCESS)
+		if (get(&ctx) == CUDA_SUCCESS)
 			s->ctx = ctx;
-		dlclose(h);
+		relax(s, (PFN_cuThreadExchangeStreamCaptureMode_v10010)(uintptr_t)foreign_sym(
+				 "cuThreadExchangeStreamCaptureMode", 10010));
 		return;
 	}
 	if (wex__cu.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS)
 		s->ctx = ctx;
 	else
 		s->valid = 0;
+	relax(s, wex__cu.cuThreadExchangeStreamCaptureMode);
 }
 
 void wex_mem_thread_restore(const struct wex_mem_thread_state *s)
 {
 	CUcontext cur = NULL;
 
+	if (s->relaxed) {
+		PFN_cuThreadExchangeStreamCaptureMode_v10010 xchg =
+			driver_ready() ? wex__cu.cuThreadExchangeStreamCaptureMode :
+			(PFN_cuThreadExchangeStreamCaptureMode_v10010)(uintptr_t)foreign_sym(
+				"cuThreadExchangeStreamCaptureMode", 10010);
+		CUstreamCaptureMode m = (CUstreamCaptureMode)s->mode;
+
+		if (xchg)
+			xchg(&m);
+	}
 	if (!s->valid || !driver_ready())
 		return;
 	if (wex__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != (CUcontext)s->ctx)

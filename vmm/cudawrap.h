@@ -90,6 +90,7 @@
 	X(cuLaunchKernel, cuLaunchKernel, 4000, 0)                                     \
 	X(cuStreamBeginCapture, cuStreamBeginCapture, 10010, 0)                        \
 	X(cuStreamEndCapture, cuStreamEndCapture, 10000, 0)                            \
+	X(cuThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode, 10010, 0) \
 	X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 11040, 0)          \
 	X(cuGraphLaunch, cuGraphLaunch, 10000, 0)                                      \
 	X(cuGraphDestroy, cuGraphDestroy, 10000, 0)                                    \

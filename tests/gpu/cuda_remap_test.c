@@ -24,7 +24,14 @@
  * own, or, with no memory even for that, marks it lost (unmap_fixed gives
  * it fresh memory later, map_fixed can still map there); a region on the other device shows the producer's memory through
  * peer access, and is refused without.
+ *
+ * capture_elsewhere: wex's public calls run in RELAXED stream capture
+ * mode (given back after): wex_cuda_free's synchronisations beside a
+ * GLOBAL-mode capture in another thread neither fail nor invalidate it;
+ * emulated, the same call made without wex does both.
  */
+#include <pthread.h>
+
 #include "gpu_util.h"
 
 enum { OP_SEG = 1, OP_MAPPED, OP_CHANGED, OP_DONE };
@@ -306,6 +313,143 @@ static void c_lead(int sock)
 	tsend(sock, OP_DONE, NULL, 0, -1);
 }
 
+/* A thread of the engine capturing a CUDA graph (GLOBAL mode, the
+ * default) while this one calls wex: one capture per round, the two
+ * threads taking turns. */
+struct capturer {
+	pthread_mutex_t m;
+	pthread_cond_t c;
+	int step;     /* 1 capturing, 2 the other thread is done, 3 ended */
+	CUresult end; /* cuStreamEndCapture's */
+	CUfunction fn;
+	CUdeviceptr src, dst;
+};
+
+static void step_to(struct capturer *k, int step)
+{
+	pthread_mutex_lock(&k->m);
+	k->step = step;
+	pthread_cond_broadcast(&k->c);
+	pthread_mutex_unlock(&k->m);
+}
+
+static void wait_step(struct capturer *k, int step)
+{
+	pthread_mutex_lock(&k->m);
+	while (k->step < step)
+		pthread_cond_wait(&k->c, &k->m);
+	pthread_mutex_unlock(&k->m);
+}
+
+static void *capture_thread(void *arg)
+{
+	struct capturer *k = arg;
+	unsigned n = 4096 / 4;
+	void *args[3] = { &k->src, &k->dst, &n };
+	CUgraphExec ge;
+	CUstream s;
+	CUgraph g;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	CU_OK(wex__cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	CU_OK(wex__cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+	CU_OK(wex__cu.cuLaunchKernel(k->fn, (n + 255) / 256, 1, 1, 256, 1, 1, 0, s, args, NULL));
+	step_to(k, 1);
+	wait_step(k, 2);
+	k->end = wex__cu.cuStreamEndCapture(s, &g);
+	if (k->end == CUDA_SUCCESS) {
+		CU_OK(wex__cu.cuGraphInstantiateWithFlags(&ge, g, 0));
+		CU_OK(wex__cu.cuGraphLaunch(ge, s));
+		CU_OK(wex__cu.cuStreamSynchronize(s));
+		CU_OK(wex__cu.cuGraphExecDestroy(ge));
+		CU_OK(wex__cu.cuGraphDestroy(g));
+	}
+	CU_OK(wex__cu.cuStreamDestroy(s));
+	step_to(k, 3);
+	return NULL;
+}
+
+/* Runs work() in this thread while another captures; the capture's end. */
+static CUresult beside_capture(struct capturer *k, void (*work)(void))
+{
+	pthread_t t;
+
+	k->step = 0;
+	CHECK(pthread_create(&t, NULL, capture_thread, k) == 0);
+	wait_step(k, 1);
+	work();
+	step_to(k, 2);
+	CHECK(pthread_join(t, NULL) == 0);
+	return k->end;
+}
+
+/* wex_cuda_alloc + wex_cuda_free: the free synchronises (stream, then the
+ * context before unmapping), calls a capture in GLOBAL mode forbids.
+ * Nothing else here: a query of the test's own could break the capture. */
+static void wex_work(void)
+{
+	void *p = wex_cuda_alloc(2u << 20, 0, NULL);
+
+	CHECK(p);
+	wex_cuda_free(p, 2u << 20, 0, NULL);
+}
+
+static CUresult raw_sync_result;
+
+static void raw_work(void)
+{
+	raw_sync_result = wex__cu.cuCtxSynchronize();
+}
+
+/*
+ * capture_elsewhere: wex's calls switch their thread to RELAXED capture
+ * mode (and back): wex_cuda_free's synchronisations while another thread
+ * captures a graph in GLOBAL mode neither fail nor invalidate the
+ * capture, whose graph then runs; the thread's mode is GLOBAL again
+ * afterwards.  Emulated, the control: the same cuCtxSynchronize made
+ * without wex fails and invalidates the capture.
+ */
+static void capture_elsewhere(void)
+{
+	struct capturer k = { .m = PTHREAD_MUTEX_INITIALIZER, .c = PTHREAD_COND_INITIALIZER };
+	CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+	unsigned long unmaps;
+	CUmodule mod;
+	CUresult r;
+
+	CHECK_OK(wex__cuda_use_device(0));
+	CHECK(wex__cu.cuThreadExchangeStreamCaptureMode);
+	CU_OK(wex__cu.cuModuleLoadData(&mod, test_copy_ptx()));
+	CU_OK(wex__cu.cuModuleGetFunction(&k.fn, mod, "wex_copy_u32"));
+	CU_OK(wex__cu.cuMemAlloc(&k.src, 4096));
+	CU_OK(wex__cu.cuMemAlloc(&k.dst, 4096));
+	dev_fill(k.src, 4096, 9);
+	dev_fill(k.dst, 4096, 1);
+
+	unmaps = emul_calls("cuMemUnmap");
+	r = beside_capture(&k, wex_work);
+	printf("  wex_cuda_alloc/free beside a GLOBAL capture: end capture %s\n",
+	       wex__cuda_errname(r));
+	CHECK(r == CUDA_SUCCESS);
+	CHECK(!emulated() || emul_calls("cuMemUnmap") > unmaps); /* the free did run */
+	CHECK(dev_check(k.dst, 4096, 9, 0));                     /* the graph did run */
+	CU_OK(wex__cu.cuThreadExchangeStreamCaptureMode(&mode));
+	CHECK(mode == CU_STREAM_CAPTURE_MODE_GLOBAL); /* given back */
+
+	if (emulated()) {
+		r = beside_capture(&k, raw_work);
+		printf("  cuCtxSynchronize without wex beside it: %s, end capture %s\n",
+		       wex__cuda_errname(raw_sync_result), wex__cuda_errname(r));
+		CHECK(raw_sync_result == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+		CHECK(r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+	} else {
+		printf("  control without wex: not tried on a GPU\n");
+	}
+	CU_OK(wex__cu.cuMemFree(k.src));
+	CU_OK(wex__cu.cuMemFree(k.dst));
+	CU_OK(wex__cu.cuModuleUnload(mod));
+}
+
 int main(void)
 {
 	int ret;
@@ -313,6 +457,7 @@ int main(void)
 	gpu_require();
 	ret = run_pair("same_address_graph", producer, consumer);
 	ret |= run_pair("lead", p_lead, c_lead);
+	ret |= run_one("capture_elsewhere", capture_elsewhere);
 	printf("%s\n", ret ? "FAIL" : "PASS");
 	return ret ? T_EXIT_FAIL : T_EXIT_PASS;
 }

@@ -95,9 +95,15 @@
  *    synchronisation says CUDA_ERROR_ILLEGAL_ADDRESS (a kernel or copy
  *    engine faulting on a GPU), so a missing wait before an unmap shows;
  *    the one kernel the tests load (wex_copy_u32) runs on the CPU, and stream capture records launches
- *    into a graph that cuGraphLaunch replays.
+ *    into a graph that cuGraphLaunch replays;
+ *  - stream capture modes (cuThreadExchangeStreamCaptureMode, per thread):
+ *    a "potentially unsafe" call (cuCtxSynchronize, cuMemAlloc, ...) from
+ *    a thread in GLOBAL mode while a GLOBAL capture is in progress in any
+ *    thread fails and invalidates the capture (see unsafe()).
  * What it cannot tell: real driver behaviour, performance, and anything
- * about the PTX itself.  Not thread-safe (the tests are single-threaded).
+ * about the PTX itself.  Not thread-safe: the tests call it from one
+ * thread at a time (a test with a capturing thread hands over between
+ * them); the current context and the capture mode are per thread.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -328,6 +334,43 @@ static CUresult take_sticky(void)
 	sticky = CUDA_SUCCESS;
 	return r;
 }
+
+/*
+ * Stream capture's rules for "potentially unsafe" calls (cuda.h,
+ * cuThreadExchangeStreamCaptureMode): a thread in GLOBAL mode (the
+ * default) may not make them while any thread captures in GLOBAL mode or
+ * it captures itself (not RELAXED); THREAD_LOCAL only minds its own
+ * captures; RELAXED never.  A refused call fails with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures in
+ * progress (all non-relaxed ones here: the emulation does not tell whose
+ * capture was at fault).  The unsafe calls modelled: cuCtxSynchronize,
+ * cuMemAlloc, cuMemFree, cuMemHostRegister, cuMemHostUnregister,
+ * cuMemcpyHtoD, cuMemcpyDtoH.
+ */
+static int captures_global;          /* GLOBAL captures, all threads */
+static unsigned long capture_breaks; /* refused unsafe calls so far */
+static __thread int own_global, own_strict; /* this thread's: GLOBAL, not RELAXED */
+static __thread CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+static CUresult unsafe(void)
+{
+	int others = __atomic_load_n(&captures_global, __ATOMIC_RELAXED) - own_global;
+
+	if (thread_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+		return CUDA_SUCCESS;
+	if (own_strict > 0 || (thread_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && others > 0)) {
+		__atomic_fetch_add(&capture_breaks, 1, __ATOMIC_RELAXED);
+		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	}
+	return CUDA_SUCCESS;
+}
+
+#define UNSAFE()                                                                   \
+	do {                                                                       \
+		CUresult unsafe_r_ = unsafe();                                     \
+		if (unsafe_r_ != CUDA_SUCCESS)                                     \
+			return unsafe_r_;                                          \
+	} while (0)
 
 static void queue(uint64_t dst, uint64_t src, uint64_t n, int set, unsigned char val,
 		  uintptr_t ctx)
@@ -995,6 +1038,7 @@ static CUresult e_info(size_t *f, size_t *t)
 static CUresult e_alloc(CUdeviceptr *p, size_t size)
 {
 	FORKED();
+	UNSAFE();
 	struct range *r;
 	void *m;
 	int fd;
@@ -1024,6 +1068,7 @@ static CUresult e_alloc(CUdeviceptr *p, size_t size)
 static CUresult e_free(CUdeviceptr p)
 {
 	FORKED();
+	UNSAFE();
 	struct range *r = find_kind(p, 2);
 
 	flush();
@@ -1302,6 +1347,7 @@ static CUresult e_memcpy(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 static CUresult e_htod(CUdeviceptr d, const void *s, size_t n)
 {
 	FORKED();
+	UNSAFE();
 	REACH(d, n, 1);
 	flush();
 	memcpy((void *)(uintptr_t)d, s, n);
@@ -1311,6 +1357,7 @@ static CUresult e_htod(CUdeviceptr d, const void *s, size_t n)
 static CUresult e_dtoh(void *d, CUdeviceptr s, size_t n)
 {
 	FORKED();
+	UNSAFE();
 	REACH(s, n, 0);
 	flush();
 	memcpy(d, (const void *)(uintptr_t)s, n);
@@ -1333,6 +1380,7 @@ static CUresult e_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
 static CUresult e_sync(void)
 {
 	FORKED();
+	UNSAFE();
 	CUresult r = e_ok();
 
 	if (r != CUDA_SUCCESS)
@@ -1510,6 +1558,7 @@ static CUresult e_host_reg(void *p, size_t size, unsigned flags)
 {
 	FORKED();
 	HOOK("cuMemHostRegister");
+	UNSAFE();
 	uint64_t va = (uint64_t)(uintptr_t)p;
 	struct range *r;
 
@@ -1538,6 +1587,7 @@ static CUresult e_host_unreg(void *p)
 {
 	FORKED();
 	HOOK("cuMemHostUnregister");
+	UNSAFE();
 	struct range *r = find_kind((uint64_t)(uintptr_t)p, 4);
 
 	if (!r || r->va != (uint64_t)(uintptr_t)p)
@@ -1591,6 +1641,8 @@ struct launch {
 struct estream {
 	uintptr_t ctx; /* the context current at creation */
 	int capturing;
+	CUstreamCaptureMode mode;  /* of the capture in progress */
+	unsigned long breaks;      /* capture_breaks when it began */
 	struct launch l[16];
 	int nl;
 };
@@ -1756,8 +1808,47 @@ static CUresult e_begin_capture(CUstream s, CUstreamCaptureMode mode)
 
 	if (!es)
 		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	if (es->capturing || (mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
+			      mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+			      mode != CU_STREAM_CAPTURE_MODE_RELAXED))
+		return CUDA_ERROR_INVALID_VALUE;
 	es->capturing = 1;
 	es->nl = 0;
+	es->mode = mode;
+	es->breaks = __atomic_load_n(&capture_breaks, __ATOMIC_RELAXED);
+	if (mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+		own_strict++;
+	if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+		own_global++;
+		__atomic_fetch_add(&captures_global, 1, __ATOMIC_RELAXED);
+	}
+	return CUDA_SUCCESS;
+}
+
+/* Ends in the thread that began it (the tests do; CUDA requires it for
+ * GLOBAL and THREAD_LOCAL captures). */
+static void capture_done(struct estream *es)
+{
+	if (es->mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+		own_strict--;
+	if (es->mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+		own_global--;
+		__atomic_fetch_sub(&captures_global, 1, __ATOMIC_RELAXED);
+	}
+	es->capturing = 0;
+}
+
+static CUresult e_xchg_mode(CUstreamCaptureMode *mode)
+{
+	FORKED();
+	CUstreamCaptureMode old = thread_mode;
+
+	if (!mode || (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
+		      *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+		      *mode != CU_STREAM_CAPTURE_MODE_RELAXED))
+		return CUDA_ERROR_INVALID_VALUE;
+	thread_mode = *mode;
+	*mode = old;
 	return CUDA_SUCCESS;
 }
 
@@ -1768,10 +1859,14 @@ static CUresult e_end_capture(CUstream s, CUgraph *g)
 
 	if (!es || !es->capturing)
 		return CUDA_ERROR_ILLEGAL_STATE;
+	capture_done(es);
+	if (es->mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
+	    __atomic_load_n(&capture_breaks, __ATOMIC_RELAXED) != es->breaks) {
+		*g = NULL;
+		return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+	}
 	copy = malloc(sizeof(*copy));
 	*copy = *es;
-	copy->capturing = 0;
-	es->capturing = 0;
 	*g = (CUgraph)copy;
 	return CUDA_SUCCESS;
 }
@@ -1876,6 +1971,7 @@ static const struct {
 	{ "cuLaunchKernel", (void *)e_launch },
 	{ "cuStreamBeginCapture", (void *)e_begin_capture },
 	{ "cuStreamEndCapture", (void *)e_end_capture },
+	{ "cuThreadExchangeStreamCaptureMode", (void *)e_xchg_mode },
 	{ "cuGraphInstantiateWithFlags", (void *)e_instantiate },
 	{ "cuGraphLaunch", (void *)e_graph_launch },
 	{ "cuGraphDestroy", (void *)e_graph_free },
