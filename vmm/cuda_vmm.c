@@ -176,22 +176,22 @@ static int set_access_rw(CUdeviceptr va, uint64_t size, int dev)
 	return set_access(va, size, &dev, 1, 1);
 }
 
-/* The devices that reach producer memory held by `owner` where this
- * process maps it: the owner, and `other` (-1: none) when it is another
- * device with peer access.  Their count, or a negative errno (logged,
- * naming both devices). */
-static int reach(int owner, int other, int dev[2], const char *what)
+/* The device that reaches producer memory held by `owner` where this
+ * process maps it, and in whose context it is mapped: `other` when that is
+ * another device with peer access, else the owner.  Only that device gets
+ * access and the owner's context is never used: a consumer on another GPU
+ * would otherwise make a primary context on the trainer's GPU (hundreds of
+ * MiB there); NCCL's P2P import of cuMem buffers grants only the local
+ * device too.  The device, or a negative errno (logged, naming both
+ * devices). */
+static int reach(int owner, int other, const char *what)
 {
 	int ret;
 
-	dev[0] = owner;
 	if (other < 0 || other == owner)
-		return 1;
+		return owner;
 	ret = wex__cuda_peer_check(other, owner, what);
-	if (ret)
-		return ret;
-	dev[1] = other;
-	return 2;
+	return ret ? ret : other;
 }
 
 /* Exports h as a close-on-exec fd (the driver's fd is inheritable). */
@@ -602,7 +602,7 @@ int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds
 	CUdeviceptr va = 0;
 	uint64_t g, total = 0, off;
 	size_t i = 0;
-	int dev, devs[2], nd, ret;
+	int dev, adev, ret;
 
 	ret = wex__cuda_load();
 	if (ret)
@@ -626,12 +626,12 @@ int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds
 	ret = wex__cuda_device_by_uuid(descs[0].device, &dev);
 	if (ret)
 		goto err_fds;
-	nd = reach(dev, access_dev, devs, "import");
-	if (nd < 0) {
-		ret = nd;
+	adev = reach(dev, access_dev, "import");
+	if (adev < 0) {
+		ret = adev;
 		goto err_fds;
 	}
-	ret = wex__cuda_use_device(dev);
+	ret = wex__cuda_use_device(adev);
 	if (ret)
 		goto err_fds;
 	set_prop(&prop, dev, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
@@ -648,7 +648,7 @@ int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds
 		goto err_free;
 	p->va = va;
 	p->va_size = total;
-	p->peer = nd > 1 ? access_dev : -1;
+	p->peer = adev != dev ? adev : -1;
 	for (i = 0, off = 0; i < n; off += descs[i].alloc_size, i++) {
 		CUmemGenericAllocationHandle h = 0;
 
@@ -684,9 +684,9 @@ int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds
 		}
 		p->c[i].mapped = 1;
 	}
-	/* One cuMemSetAccess over the whole range and both devices: it is
-	 * the expensive call.  Read-only: the producer's weights. */
-	ret = set_access(va, total, devs, nd, 0);
+	/* One cuMemSetAccess over the whole range: it is the expensive
+	 * call.  Read-only: the producer's weights. */
+	ret = set_access(va, total, &adev, 1, 0);
 	if (ret)
 		goto err_unmap;
 	memset(seg, 0, sizeof(*seg));
@@ -736,14 +736,10 @@ static int vmm_release(struct wex_mem_seg *seg)
 	int ret = 0;
 
 	if (p && wex__cuda_load() == 0) {
-		/* Unmap does not wait for kernels still reading: those of the
-		 * other device given access too. */
-		if (p->va && p->peer >= 0) {
-			ret = wex__cuda_use_device(p->peer);
-			if (!ret)
-				ret = WEX_CU(wex__cu.cuCtxSynchronize());
-		}
-		ret = keep_first(ret, wex__cuda_use_device(p->dev));
+		/* An import reached from another device was mapped in that
+		 * device's context (see reach): the owner's is not made here
+		 * either.  Unmap does not wait for kernels still reading. */
+		ret = wex__cuda_use_device(p->va && p->peer >= 0 ? p->peer : p->dev);
 		if (p->va) {
 			ret = keep_first(ret, WEX_CU(wex__cu.cuCtxSynchronize()));
 			uint64_t off = 0;
@@ -923,7 +919,7 @@ static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint
 	struct piece *piece;
 	uint64_t coff = 0, total = 0;
 	size_t np = 0;
-	int devs[2], nd, ret, rret;
+	int adev, ret, rret;
 
 	ret = wex__cuda_load();
 	if (ret)
@@ -948,10 +944,10 @@ static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint
 			  (unsigned long long)total);
 		return -EINVAL;
 	}
-	/* The producer's memory, seen by the region's device too. */
-	nd = reach(s->dev, r->device, devs, "map_fixed");
-	if (nd < 0)
-		return nd;
+	/* The producer's memory, seen by the region's device. */
+	adev = reach(s->dev, r->device, "map_fixed");
+	if (adev < 0)
+		return adev;
 	piece = calloc(s->n, sizeof(*piece));
 	if (!piece)
 		return -ENOMEM;
@@ -990,7 +986,7 @@ static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint
 			goto err_restore;
 		piece[np++] = (struct piece){ .off = coff, .size = len };
 	}
-	ret = set_access(p->base, p->span, devs, nd, 0);
+	ret = set_access(p->base, p->span, &adev, 1, 0);
 	if (ret)
 		goto err_restore;
 	/* The swap is done: our own physical memory is not needed while the

@@ -25,9 +25,10 @@
  *                  (NOT_SUPPORTED, NOT_PERMITTED, UNKNOWN); a sticky one
  *                  (ILLEGAL_ADDRESS) fails the import instead
  *   peer           access_dev: an import that device 1 must reach is
- *                  copied from on device 1; without it (emulated) such a
- *                  copy fails; without peer access the import is refused
- *                  (-EOPNOTSUPP), its fd closed
+ *                  copied from on device 1, and (emulated) the consumer
+ *                  never retains the owner's primary context; without it
+ *                  (emulated) such a copy fails; without peer access the
+ *                  import is refused (-EOPNOTSUPP), its fd closed
  *   event_context  wex__cuda_event_record makes its device's context
  *                  current: it works from a thread with no context or
  *                  another device's, on that device's stream (the emulated
@@ -605,6 +606,9 @@ static void c_peer(int sock)
 		CHECK_OK(wex__cuda_copy_sync(other));
 		CHECK(dev_check(dst, PEER_SZ, 13, 0));
 		CHECK_OK(vmm->release(&seg));
+		/* Imported, read and released with no context on the
+		 * producer's GPU (it would cost memory there). */
+		CHECK(emul_ctx_retained(owner) != 1);
 		/* 2. Emulated: without access_dev the other device cannot
 		 * read it (on a GPU the fault would poison the context). */
 		if (emulated()) {

@@ -18,7 +18,9 @@
  *    CUDA_ERROR_ALREADY_MAPPED, as on older drivers; with
  *    WEX_EMUL_IPC_REFCOUNT=1 a second one in the same context returns the
  *    same pointer and counts, as cuda.h says of current drivers, and each
- *    needs its close; wex_emul_ipc_opens() counts opens not closed), no
+ *    needs its close; wex_emul_ipc_opens() counts opens not closed;
+ *    wex_emul_ctx_retained(dev) says whether the process retained that
+ *    device's primary context, which costs GPU memory on a real one), no
  *    open of one's own handle (CUDA_ERROR_INVALID_CONTEXT), 2D/3D pitches
  *    not below the row width plus its X offset and not above
  *    CU_DEVICE_ATTRIBUTE_MAX_PITCH (2^31 - 1, or WEX_EMUL_MAX_PITCH);
@@ -586,6 +588,15 @@ static CUresult e_attr(int *v, CUdevice_attribute a, CUdevice d)
 	return CUDA_SUCCESS;
 }
 
+/* Devices (this process's ordinals) whose primary context was retained:
+ * wex_emul_ctx_retained(). */
+static unsigned char retained[NDEV];
+
+API int wex_emul_ctx_retained(int dev)
+{
+	return dev >= 0 && dev < NDEV && retained[dev];
+}
+
 static CUresult e_retain(CUcontext *c, CUdevice d)
 {
 	static int opened;
@@ -598,6 +609,7 @@ static CUresult e_retain(CUcontext *c, CUdevice d)
 			return CUDA_ERROR_OPERATING_SYSTEM;
 	if (d < 0 || d >= NDEV)
 		return CUDA_ERROR_INVALID_DEVICE;
+	retained[d] = 1;
 	*c = (CUcontext)(uintptr_t)CTX(d);
 	return CUDA_SUCCESS;
 }

@@ -547,6 +547,15 @@ static inline int emul_host_regs(void)
 	return f ? f() : -1;
 }
 
+/* Whether this process retained device dev's primary context (emulated
+ * driver); -1 on a GPU. */
+static inline int emul_ctx_retained(int dev)
+{
+	int (*f)(int) = (int (*)(int))(uintptr_t)emul_sym("wex_emul_ctx_retained");
+
+	return f ? f(dev) : -1;
+}
+
 /* Legacy IPC opens the emulated driver holds now (each open of a handle
  * counts, also a repeated one); -1 on a GPU. */
 static inline int emul_ipc_opens(void)
