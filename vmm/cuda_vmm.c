@@ -124,7 +124,9 @@ int wex__cuda_vmm_readonly(void)
  * call: read-write for memory of our own (rw), else read-only, so that a
  * stray write by the engine into the producer's weights faults instead of
  * changing them.  A driver that refuses read-only mappings gets read-write
- * ones and a warning naming its error, once.  Which error a driver refuses
+ * ones and a warning naming its error, once; a refusal after read-only
+ * mappings worked makes only that mapping read-write (and says so).
+ * Which error a driver refuses
  * PROT_READ with is undocumented, so any but a sticky one is tried again
  * read-write; an error that is not about read-only comes back from that
  * try.  A sticky error is never retried: the context is gone and a retry
@@ -158,12 +160,23 @@ static int set_access(CUdeviceptr va, uint64_t size, const int *dev, int n, int 
 			a[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 		r2 = wex__cu.cuMemSetAccess(va, (size_t)size, a, (size_t)n);
 		if (r2 == CUDA_SUCCESS) {
-			if (__atomic_exchange_n(&ro_state, 0, __ATOMIC_RELAXED) != 0)
+			int unknown = -1;
+
+			/* Read-only mappings are given up for good only when
+			 * they never worked: after one that did, a refusal
+			 * (another error, or peer devices) makes this mapping
+			 * read-write and is said each time. */
+			if (__atomic_compare_exchange_n(&ro_state, &unknown, 0, 0, __ATOMIC_RELAXED,
+							__ATOMIC_RELAXED))
 				wex_warn("cuda", "the driver refuses read-only mappings "
 					 "(cuMemSetAccess with CU_MEM_ACCESS_FLAGS_PROT_READ: "
 					 "%s): consumers map the producers' memory read-write, "
 					 "so a stray write by the engine would change the "
 					 "trainer's weights", wex__cuda_errname(r));
+			else
+				wex_warn("cuda", "a read-only mapping of %llu bytes was refused "
+					 "(%s) where others worked: this one is read-write",
+					 (unsigned long long)size, wex__cuda_errname(r));
 			return 0;
 		}
 		r = r2; /* not about read-only: the error of the read-write try */
@@ -176,14 +189,14 @@ static int set_access_rw(CUdeviceptr va, uint64_t size, int dev)
 	return set_access(va, size, &dev, 1, 1);
 }
 
-/* The device that reaches producer memory held by `owner` where this
- * process maps it, and in whose context it is mapped: `other` when that is
- * another device with peer access, else the owner.  Only that device gets
- * access and the owner's context is never used: a consumer on another GPU
- * would otherwise make a primary context on the trainer's GPU (hundreds of
- * MiB there); NCCL's P2P import of cuMem buffers grants only the local
- * device too.  The device, or a negative errno (logged, naming both
- * devices). */
+/* The device in whose context this process maps producer memory held by
+ * `owner`: `other` when that is another device with peer access, else
+ * the owner; the owner's context is not made for it (a consumer on
+ * another GPU would otherwise make a primary context on the trainer's GPU,
+ * hundreds of MiB there).  Both devices get access (access_devs): work
+ * that reads the mapping on the owner's device, a copy into host memory
+ * or a kernel on a tensor PyTorch placed by the pointer's device, still
+ * can.  The device, or a negative errno (logged, naming both devices). */
 static int reach(int owner, int other, const char *what)
 {
 	int ret;
@@ -192,6 +205,14 @@ static int reach(int owner, int other, const char *what)
 		return owner;
 	ret = wex__cuda_peer_check(other, owner, what);
 	return ret ? ret : other;
+}
+
+/* The devices given access: the owner, and adev when it is another. */
+static int access_devs(int owner, int adev, int dev[2])
+{
+	dev[0] = owner;
+	dev[1] = adev;
+	return adev != owner ? 2 : 1;
 }
 
 /* Exports h as a close-on-exec fd (the driver's fd is inheritable). */
@@ -602,7 +623,7 @@ int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds
 	CUdeviceptr va = 0;
 	uint64_t g, total = 0, off;
 	size_t i = 0;
-	int dev, adev, ret;
+	int dev, adev, devs[2], ret;
 
 	ret = wex__cuda_load();
 	if (ret)
@@ -684,9 +705,9 @@ int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds
 		}
 		p->c[i].mapped = 1;
 	}
-	/* One cuMemSetAccess over the whole range: it is the expensive
-	 * call.  Read-only: the producer's weights. */
-	ret = set_access(va, total, &adev, 1, 0);
+	/* One cuMemSetAccess over the whole range and both devices: it is
+	 * the expensive call.  Read-only: the producer's weights. */
+	ret = set_access(va, total, devs, access_devs(dev, adev, devs), 0);
 	if (ret)
 		goto err_unmap;
 	memset(seg, 0, sizeof(*seg));
@@ -736,10 +757,17 @@ static int vmm_release(struct wex_mem_seg *seg)
 	int ret = 0;
 
 	if (p && wex__cuda_load() == 0) {
-		/* An import reached from another device was mapped in that
-		 * device's context (see reach): the owner's is not made here
-		 * either.  Unmap does not wait for kernels still reading. */
-		ret = wex__cuda_use_device(p->va && p->peer >= 0 ? p->peer : p->dev);
+		/* Unmap does not wait for work still reading: the owner's
+		 * context's too where this process has one (a copy into host
+		 * memory runs there), but an import reached from another
+		 * device was mapped in that one's context (see reach), and the
+		 * owner's is not made for it here either. */
+		if (p->va && p->peer >= 0 && wex__cuda_device_active(p->dev)) {
+			ret = wex__cuda_use_device(p->dev);
+			if (!ret)
+				ret = WEX_CU(wex__cu.cuCtxSynchronize());
+		}
+		ret = keep_first(ret, wex__cuda_use_device(p->va && p->peer >= 0 ? p->peer : p->dev));
 		if (p->va) {
 			ret = keep_first(ret, WEX_CU(wex__cu.cuCtxSynchronize()));
 			uint64_t off = 0;
@@ -919,7 +947,7 @@ static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint
 	struct piece *piece;
 	uint64_t coff = 0, total = 0;
 	size_t np = 0;
-	int adev, ret, rret;
+	int adev, devs[2], ret, rret;
 
 	ret = wex__cuda_load();
 	if (ret)
@@ -944,7 +972,7 @@ static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint
 			  (unsigned long long)total);
 		return -EINVAL;
 	}
-	/* The producer's memory, seen by the region's device. */
+	/* The producer's memory, seen by the region's device too. */
 	adev = reach(s->dev, r->device, "map_fixed");
 	if (adev < 0)
 		return adev;
@@ -986,7 +1014,7 @@ static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint
 			goto err_restore;
 		piece[np++] = (struct piece){ .off = coff, .size = len };
 	}
-	ret = set_access(p->base, p->span, &adev, 1, 0);
+	ret = set_access(p->base, p->span, devs, access_devs(s->dev, adev, devs), 0);
 	if (ret)
 		goto err_restore;
 	/* The swap is done: our own physical memory is not needed while the

@@ -300,31 +300,52 @@ int wex__cuda_use_device(int dev)
 	return WEX_CU(wex__cu.cuCtxSetCurrent(ctx));
 }
 
-/* An entry point of a libcuda someone else in this process loaded (wex
- * has not): resolved without loading or initialising anything; NULL when
- * there is none.  The library stays loaded by its user, so the pointer
- * outlives our dlclose. */
-static void *foreign_sym(const char *sym, int ver)
+int wex__cuda_device_active(int dev)
 {
-	void *h = dlopen(driver_path(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
-	pfn_getproc_v2 gp2;
-	void *pfn = NULL;
+	int on;
 
+	if (dev < 0 || dev >= WEX_CUDA_MAX_DEVICES)
+		return 0;
+	pthread_mutex_lock(&dev_lock);
+	on = dev_ctx[dev] != NULL;
+	pthread_mutex_unlock(&dev_lock);
+	return on;
+}
+
+/* Entry points of a libcuda someone else in this process loaded (wex has
+ * not), resolved once without loading or initialising anything: NULL while
+ * there is none (asked again at the next call, one failed dlopen).  The
+ * library stays loaded by its user, so the pointers outlive our dlclose. */
+static void *fgn_get, *fgn_xchg;
+
+static void foreign_syms(void)
+{
+	void *h, *get = NULL, *xchg = NULL;
+	pfn_getproc_v2 gp2;
+
+	if (__atomic_load_n(&fgn_get, __ATOMIC_ACQUIRE))
+		return;
+	h = dlopen(driver_path(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
 	if (!h)
-		return NULL;
+		return;
 	gp2 = (pfn_getproc_v2)(uintptr_t)dlsym(h, "cuGetProcAddress_v2");
-	if (!gp2 || gp2(sym, &pfn, ver, CU_GET_PROC_ADDRESS_DEFAULT, NULL) != CUDA_SUCCESS)
-		pfn = NULL;
+	if (gp2 && gp2("cuCtxGetCurrent", &get, 4000, CU_GET_PROC_ADDRESS_DEFAULT, NULL) == CUDA_SUCCESS) {
+		if (gp2("cuThreadExchangeStreamCaptureMode", &xchg, 10010,
+			CU_GET_PROC_ADDRESS_DEFAULT, NULL) != CUDA_SUCCESS)
+			xchg = NULL;
+		__atomic_store_n(&fgn_xchg, xchg, __ATOMIC_RELAXED);
+		__atomic_store_n(&fgn_get, get, __ATOMIC_RELEASE);
+	}
 	dlclose(h);
-	return pfn;
 }
 
 /* The thread's stream capture mode becomes RELAXED until the restore:
  * in the default GLOBAL mode, the driver refuses "potentially unsafe"
- * calls (cuCtxSynchronize, cuMemAlloc, cuMemHostRegister, ...) while any
- * thread captures a graph in GLOBAL mode, and invalidates that capture,
- * so wex syncing in one thread would break an engine capturing CUDA
- * graphs in another (NCCL wraps such calls the same way). */
+ * calls (cuMemAlloc, cuMemHostRegister, ...) while any thread captures a
+ * graph in GLOBAL mode, and invalidates that capture, so wex allocating
+ * in one thread would break an engine capturing CUDA graphs in another
+ * (NCCL wraps such calls the same way).  Synchronising a context in which
+ * a stream captures is invalid whatever the mode (see backend.h). */
 static void relax(struct wex_mem_thread_state *s, PFN_cuThreadExchangeStreamCaptureMode_v10010 xchg)
 {
 	CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -355,15 +376,16 @@ void wex_mem_thread_save(struct wex_mem_thread_state *s)
 		/* wex has not loaded the driver.  If someone else in this
 		 * process has, ask it for the thread's context without
 		 * initialising anything (an uninitialised driver: none). */
-		CUresult (*get)(CUcontext *) =
-			(CUresult(*)(CUcontext *))(uintptr_t)foreign_sym("cuCtxGetCurrent", 4000);
+		CUresult (*get)(CUcontext *);
 
+		foreign_syms();
+		get = (CUresult(*)(CUcontext *))(uintptr_t)__atomic_load_n(&fgn_get, __ATOMIC_ACQUIRE);
 		if (!get)
 			return; /* nobody here uses CUDA yet: no thread has a context */
 		if (get(&ctx) == CUDA_SUCCESS)
 			s->ctx = ctx;
-		relax(s, (PFN_cuThreadExchangeStreamCaptureMode_v10010)(uintptr_t)foreign_sym(
-				 "cuThreadExchangeStreamCaptureMode", 10010));
+		relax(s, (PFN_cuThreadExchangeStreamCaptureMode_v10010)(uintptr_t)__atomic_load_n(
+				 &fgn_xchg, __ATOMIC_RELAXED));
 		return;
 	}
 	if (wex__cu.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS)
@@ -380,8 +402,8 @@ void wex_mem_thread_restore(const struct wex_mem_thread_state *s)
 	if (s->relaxed) {
 		PFN_cuThreadExchangeStreamCaptureMode_v10010 xchg =
 			driver_ready() ? wex__cu.cuThreadExchangeStreamCaptureMode :
-			(PFN_cuThreadExchangeStreamCaptureMode_v10010)(uintptr_t)foreign_sym(
-				"cuThreadExchangeStreamCaptureMode", 10010);
+			(PFN_cuThreadExchangeStreamCaptureMode_v10010)(uintptr_t)__atomic_load_n(
+				&fgn_xchg, __ATOMIC_RELAXED);
 		CUstreamCaptureMode m = (CUstreamCaptureMode)s->mode;
 
 		if (xchg)

@@ -149,6 +149,9 @@ const char *wex__cuda_errname(CUresult r);
  * share it).  0 or negative errno.
  */
 int wex__cuda_use_device(int dev);
+/* 1 when this process holds dev's primary context already (never makes
+ * one). */
+int wex__cuda_device_active(int dev);
 
 /* Device attribute `a` of ordinal `dev`; 0 when the driver does not know
  * it (older drivers) or the device is missing. */

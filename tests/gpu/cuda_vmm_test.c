@@ -26,7 +26,9 @@
  *                  (ILLEGAL_ADDRESS) fails the import instead
  *   peer           access_dev: an import that device 1 must reach is
  *                  copied from on device 1, and (emulated) the consumer
- *                  never retains the owner's primary context; without it
+ *                  has not retained the owner's primary context for it; a
+ *                  copy into host memory (run on the owner's device)
+ *                  reads it too; without it
  *                  (emulated) such a copy fails; without peer access the
  *                  import is refused (-EOPNOTSUPP), its fd closed
  *   event_context  wex__cuda_event_record makes its device's context
@@ -503,7 +505,20 @@ static void c_ro(int sock)
 	}
 	CHECK_OK(vmm->release(&seg));
 	m = trecv(sock, OP_SEG, &fd);
+	/* Emulated: one refusal after read-only worked makes that mapping
+	 * read-write, not the later ones. */
+	if (emulated())
+		emul_fail("cuMemSetAccess", 1, CUDA_ERROR_NOT_PERMITTED);
 	CHECK_OK(vmm->import(&m.desc, fd, -1, &seg));
+	if (emulated()) {
+		/* Emulated mappings are host pages: the store lands in the
+		 * producer's memory, which it checks after, so put it back. */
+		unsigned char was = *(volatile unsigned char *)seg.ptr;
+
+		CHECK(!store_faults(seg.ptr));
+		*(volatile unsigned char *)seg.ptr = was;
+		CHECK(wex__cuda_vmm_readonly() == 1);
+	}
 	CHECK_OK(vmm->release(&seg));
 	tsend(sock, OP_DONE, NULL, 0, -1);
 }
@@ -577,6 +592,7 @@ static void c_peer(int sock)
 	struct wex_mem_seg seg;
 	struct wex_copy_op op;
 	CUdeviceptr dst;
+	unsigned char *host;
 	int fd, before, owner = -1, other, ret;
 	struct tmsg m[3];
 
@@ -605,10 +621,20 @@ static void c_peer(int sock)
 		CHECK_OK(wex__cuda_copy_async(&op, 1, other));
 		CHECK_OK(wex__cuda_copy_sync(other));
 		CHECK(dev_check(dst, PEER_SZ, 13, 0));
-		CHECK_OK(vmm->release(&seg));
-		/* Imported, read and released with no context on the
-		 * producer's GPU (it would cost memory there). */
+		/* Imported and read with no context on the producer's GPU
+		 * (it would cost memory there). */
 		CHECK(emul_ctx_retained(owner) != 1);
+		/* The owner's device reaches it too: a copy into host memory
+		 * runs there (the source's device). */
+		host = malloc(PEER_SZ);
+		CHECK(host != NULL);
+		op.dst = (uint64_t)(uintptr_t)host;
+		CHECK_OK(vmm->copy(&op, 1, 1));
+		for (size_t i = 0; i < PEER_SZ; i++)
+			CHECK(host[i] == (unsigned char)(i * 131u + 13 * 7u + (i >> 12)));
+		free(host);
+		op.dst = dst;
+		CHECK_OK(vmm->release(&seg));
 		/* 2. Emulated: without access_dev the other device cannot
 		 * read it (on a GPU the fault would poison the context). */
 		if (emulated()) {
