@@ -176,10 +176,14 @@ int wex_mem_device_of(const struct wex_mem_desc *desc, int *dev);
  * when a public call that may reach a GPU backend starts and given back
  * when it ends, so that wex never moves an engine's thread to another
  * device.  In between the thread's stream capture mode is RELAXED, so
- * that wex's synchronisations and allocations neither fail nor invalidate
- * a CUDA graph another thread of the engine is capturing (NCCL does the
- * same); the end gives the thread its mode back.  Never fail; no-ops
- * without a CUDA backend. */
+ * that wex's allocations and host registrations neither fail nor
+ * invalidate a CUDA graph another thread of the engine is capturing (NCCL
+ * does the same); the end gives the thread its mode back.  Synchronising a
+ * context while one of its streams captures stays invalid in any mode (the
+ * programming guide's stream-capture rules): calls that synchronise
+ * (publish, a sync's lease release, same-address remap, freeing wex
+ * memory) must not overlap a capture in the same context.  Never fail;
+ * no-ops without a CUDA backend. */
 struct wex_mem_thread_state {
 	void *ctx;
 	int valid;

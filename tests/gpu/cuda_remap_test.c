@@ -26,9 +26,10 @@
  * peer access, and is refused without.
  *
  * capture_elsewhere: wex's public calls run in RELAXED stream capture
- * mode (given back after): wex_cuda_free's synchronisations beside a
- * GLOBAL-mode capture in another thread neither fail nor invalidate it;
- * emulated, the same call made without wex does both.
+ * mode (given back after): wex_cuda_alloc's allocation beside a
+ * GLOBAL-mode capture in another thread neither fails nor invalidates it;
+ * emulated, a cuMemAlloc made without wex does both.  (Synchronising the
+ * capturing context, as wex_cuda_free does, is invalid in any mode.)
  */
 #include <pthread.h>
 
@@ -383,37 +384,42 @@ static CUresult beside_capture(struct capturer *k, void (*work)(void))
 	return k->end;
 }
 
-/* wex_cuda_alloc + wex_cuda_free: the free synchronises (stream, then the
- * context before unmapping), calls a capture in GLOBAL mode forbids.
- * Nothing else here: a query of the test's own could break the capture. */
+/* wex_cuda_alloc: cuMemCreate and friends, allocations a capture in
+ * GLOBAL mode forbids to other threads in GLOBAL mode.  Nothing else here:
+ * a query of the test's own could break the capture.  Freed after the
+ * capture (the free synchronises the context, invalid during a capture in
+ * any mode). */
+static void *wex_work_p;
+
 static void wex_work(void)
 {
-	void *p = wex_cuda_alloc(2u << 20, 0, NULL);
-
-	CHECK(p);
-	wex_cuda_free(p, 2u << 20, 0, NULL);
+	wex_work_p = wex_cuda_alloc(2u << 20, 0, NULL);
 }
 
 static CUresult raw_sync_result;
 
 static void raw_work(void)
 {
-	raw_sync_result = wex__cu.cuCtxSynchronize();
+	CUdeviceptr p = 0;
+
+	raw_sync_result = wex__cu.cuMemAlloc(&p, 4096);
+	if (raw_sync_result == CUDA_SUCCESS)
+		wex__cu.cuMemFree(p);
 }
 
 /*
  * capture_elsewhere: wex's calls switch their thread to RELAXED capture
- * mode (and back): wex_cuda_free's synchronisations while another thread
- * captures a graph in GLOBAL mode neither fail nor invalidate the
+ * mode (and back): wex_cuda_alloc's allocation while another thread
+ * captures a graph in GLOBAL mode neither fails nor invalidates the
  * capture, whose graph then runs; the thread's mode is GLOBAL again
- * afterwards.  Emulated, the control: the same cuCtxSynchronize made
- * without wex fails and invalidates the capture.
+ * afterwards.  Emulated, the control: a cuMemAlloc made without wex fails
+ * and invalidates the capture.
  */
 static void capture_elsewhere(void)
 {
 	struct capturer k = { .m = PTHREAD_MUTEX_INITIALIZER, .c = PTHREAD_COND_INITIALIZER };
 	CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
-	unsigned long unmaps;
+	unsigned long creates;
 	CUmodule mod;
 	CUresult r;
 
@@ -426,19 +432,21 @@ static void capture_elsewhere(void)
 	dev_fill(k.src, 4096, 9);
 	dev_fill(k.dst, 4096, 1);
 
-	unmaps = emul_calls("cuMemUnmap");
+	creates = emul_calls("cuMemCreate");
 	r = beside_capture(&k, wex_work);
-	printf("  wex_cuda_alloc/free beside a GLOBAL capture: end capture %s\n",
+	printf("  wex_cuda_alloc beside a GLOBAL capture: end capture %s\n",
 	       wex__cuda_errname(r));
 	CHECK(r == CUDA_SUCCESS);
-	CHECK(!emulated() || emul_calls("cuMemUnmap") > unmaps); /* the free did run */
-	CHECK(dev_check(k.dst, 4096, 9, 0));                     /* the graph did run */
+	CHECK(wex_work_p != NULL);
+	CHECK(!emulated() || emul_calls("cuMemCreate") > creates); /* it did allocate */
+	CHECK(dev_check(k.dst, 4096, 9, 0));                       /* the graph did run */
+	wex_cuda_free(wex_work_p, 2u << 20, 0, NULL);
 	CU_OK(wex__cu.cuThreadExchangeStreamCaptureMode(&mode));
 	CHECK(mode == CU_STREAM_CAPTURE_MODE_GLOBAL); /* given back */
 
 	if (emulated()) {
 		r = beside_capture(&k, raw_work);
-		printf("  cuCtxSynchronize without wex beside it: %s, end capture %s\n",
+		printf("  cuMemAlloc without wex beside it: %s, end capture %s\n",
 		       wex__cuda_errname(raw_sync_result), wex__cuda_errname(r));
 		CHECK(raw_sync_result == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
 		CHECK(r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);

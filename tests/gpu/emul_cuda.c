@@ -101,7 +101,9 @@
  *  - stream capture modes (cuThreadExchangeStreamCaptureMode, per thread):
  *    a "potentially unsafe" call (cuCtxSynchronize, cuMemAlloc, ...) from
  *    a thread in GLOBAL mode while a GLOBAL capture is in progress in any
- *    thread fails and invalidates the capture (see unsafe()).
+ *    thread fails and invalidates the capture (see unsafe());
+ *    cuCtxSynchronize of a context one of whose streams captures fails
+ *    and invalidates that capture in any mode (see ctx_sync_ok()).
  * What it cannot tell: real driver behaviour, performance, and anything
  * about the PTX itself.  Not thread-safe: the tests call it from one
  * thread at a time (a test with a capturing thread hands over between
@@ -178,6 +180,14 @@ static int ord_of(int ph)
 static int cur_ord(void)
 {
 	return ctx_current ? (int)((ctx_current - CTX(0)) / (CTX(1) - CTX(0))) : -1;
+}
+
+/* The device (0..NDEV-1) of a stream's context; 0 for none. */
+static int ctx_ord(uintptr_t ctx)
+{
+	int d = ctx ? (int)((ctx - CTX(0)) / (CTX(1) - CTX(0))) : 0;
+
+	return d >= 0 && d < NDEV ? d : 0;
 }
 
 static int env_on(const char *name)
@@ -347,12 +357,32 @@ static CUresult take_sticky(void)
  * progress (all non-relaxed ones here: the emulation does not tell whose
  * capture was at fault).  The unsafe calls modelled: cuCtxSynchronize,
  * cuMemAlloc, cuMemFree, cuMemHostRegister, cuMemHostUnregister,
- * cuMemcpyHtoD, cuMemcpyDtoH.
+ * cuMemcpyHtoD, cuMemcpyDtoH, and cuMemCreate (an allocation like
+ * cuMemAlloc; cuda.h does not say whether the driver counts it: the
+ * stricter choice).
  */
 static int captures_global;          /* GLOBAL captures, all threads */
 static unsigned long capture_breaks; /* refused unsafe calls so far */
 static __thread int own_global, own_strict; /* this thread's: GLOBAL, not RELAXED */
 static __thread CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+/* Captures in progress per context (any mode, any thread), and refused
+ * synchronisations of a context while one was: the programming guide
+ * makes synchronising "a device or context handle when any associated
+ * stream is in capture mode" invalid whatever the capture mode, and it
+ * invalidates those captures. */
+static int ctx_captures[NDEV];
+static unsigned long ctx_breaks[NDEV];
+
+static CUresult ctx_sync_ok(void)
+{
+	int d = cur_ord();
+
+	if (d < 0 || d >= NDEV || __atomic_load_n(&ctx_captures[d], __ATOMIC_RELAXED) == 0)
+		return CUDA_SUCCESS;
+	__atomic_fetch_add(&ctx_breaks[d], 1, __ATOMIC_RELAXED);
+	return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
 
 static CUresult unsafe(void)
 {
@@ -657,6 +687,7 @@ static CUresult e_create(CUmemGenericAllocationHandle *h, size_t size, const CUm
 {
 	FORKED();
 	HOOK("cuMemCreate");
+	UNSAFE();
 	struct ealloc *a;
 	int fd;
 
@@ -1393,7 +1424,11 @@ static CUresult e_sync(void)
 {
 	FORKED();
 	UNSAFE();
-	CUresult r = e_ok();
+	CUresult r = ctx_sync_ok();
+
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = e_ok();
 
 	if (r != CUDA_SUCCESS)
 		return r;
@@ -1655,6 +1690,7 @@ struct estream {
 	int capturing;
 	CUstreamCaptureMode mode;  /* of the capture in progress */
 	unsigned long breaks;      /* capture_breaks when it began */
+	unsigned long cbreaks;     /* its context's ctx_breaks then */
 	struct launch l[16];
 	int nl;
 };
@@ -1828,6 +1864,8 @@ static CUresult e_begin_capture(CUstream s, CUstreamCaptureMode mode)
 	es->nl = 0;
 	es->mode = mode;
 	es->breaks = __atomic_load_n(&capture_breaks, __ATOMIC_RELAXED);
+	es->cbreaks = __atomic_load_n(&ctx_breaks[ctx_ord(es->ctx)], __ATOMIC_RELAXED);
+	__atomic_fetch_add(&ctx_captures[ctx_ord(es->ctx)], 1, __ATOMIC_RELAXED);
 	if (mode != CU_STREAM_CAPTURE_MODE_RELAXED)
 		own_strict++;
 	if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
@@ -1841,6 +1879,7 @@ static CUresult e_begin_capture(CUstream s, CUstreamCaptureMode mode)
  * GLOBAL and THREAD_LOCAL captures). */
 static void capture_done(struct estream *es)
 {
+	__atomic_fetch_sub(&ctx_captures[ctx_ord(es->ctx)], 1, __ATOMIC_RELAXED);
 	if (es->mode != CU_STREAM_CAPTURE_MODE_RELAXED)
 		own_strict--;
 	if (es->mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
@@ -1872,8 +1911,9 @@ static CUresult e_end_capture(CUstream s, CUgraph *g)
 	if (!es || !es->capturing)
 		return CUDA_ERROR_ILLEGAL_STATE;
 	capture_done(es);
-	if (es->mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
-	    __atomic_load_n(&capture_breaks, __ATOMIC_RELAXED) != es->breaks) {
+	if ((es->mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
+	     __atomic_load_n(&capture_breaks, __ATOMIC_RELAXED) != es->breaks) ||
+	    __atomic_load_n(&ctx_breaks[ctx_ord(es->ctx)], __ATOMIC_RELAXED) != es->cbreaks) {
 		*g = NULL;
 		return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
 	}
