@@ -45,6 +45,12 @@ struct ipc_entry {
 };
 
 static pthread_mutex_t ipc_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Held by an import from its look-up to its entry's insertion, around the
+ * driver's open, and by a release until its close is done: a handle is
+ * never opened by two threads at once nor while its last close is under
+ * way, so a driver refusing a second open (CUDA_ERROR_ALREADY_MAPPED)
+ * means an open from outside wex.  Taken before ipc_lock. */
+static pthread_mutex_t ipc_open_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ipc_entry *ipc_list;
 
 static struct ipc_entry *find(const unsigned char *h)
@@ -185,13 +191,13 @@ static uint64_t peer_bit(int access_dev, int dev)
  * has peer access to the owner's (cuCtxEnablePeerAccess; copies work
  * without it, kernels fault).  Whether it can is checked first, so that
  * the error names both devices. */
+static int ipc_open(const struct wex_mem_desc *desc, int dev, int access_dev,
+		    struct ipc_entry **out);
+
 static int ipc_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 		      struct wex_mem_seg *seg)
 {
-	struct ipc_entry *e;
-	CUipcMemHandle h;
-	CUdeviceptr p = 0;
-	CUresult r;
+	struct ipc_entry *e = NULL;
 	int dev, ret;
 
 	/* Legacy IPC needs no fd; one given to us is ours to close. */
@@ -210,6 +216,32 @@ static int ipc_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 		return ret;
 	if (peer_bit(access_dev, dev) && (ret = wex__cuda_enable_peer(access_dev, dev)) != 0)
 		return ret;
+	pthread_mutex_lock(&ipc_open_lock);
+	ret = ipc_open(desc, dev, access_dev, &e);
+	pthread_mutex_unlock(&ipc_open_lock);
+	if (ret)
+		return ret;
+	memset(seg, 0, sizeof(*seg));
+	seg->ops = &wex_mem_cuda_ipc_ops;
+	seg->desc = *desc;
+	seg->ptr = (void *)(uintptr_t)(e->base + desc->handle_offset);
+	seg->fd = -1;
+	seg->owner = 2;
+	seg->priv = e;
+	return 0;
+}
+
+/* ipc_import's look-up or open and insertion, under ipc_open_lock: the
+ * entry, with a reference taken for the caller, in *out. */
+static int ipc_open(const struct wex_mem_desc *desc, int dev, int access_dev,
+		    struct ipc_entry **out)
+{
+	struct ipc_entry *e;
+	CUipcMemHandle h;
+	CUdeviceptr p = 0;
+	CUresult r;
+	int ret;
+
 	pthread_mutex_lock(&ipc_lock);
 	e = find(desc->handle);
 	if (e) {
@@ -273,13 +305,7 @@ static int ipc_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 	ipc_list = e;
 	pthread_mutex_unlock(&ipc_lock);
 out:
-	memset(seg, 0, sizeof(*seg));
-	seg->ops = &wex_mem_cuda_ipc_ops;
-	seg->desc = *desc;
-	seg->ptr = (void *)(uintptr_t)(e->base + desc->handle_offset);
-	seg->fd = -1;
-	seg->owner = 2;
-	seg->priv = e;
+	*out = e;
 	return 0;
 }
 
@@ -290,6 +316,9 @@ static int ipc_release(struct wex_mem_seg *seg)
 	uint64_t peers = 0;
 	int dev = 0, local = 0, allocd = 0, last = 0, ret = 0;
 
+	/* Until the last close is done: an import meanwhile would find no
+	 * entry while the driver still holds the open. */
+	pthread_mutex_lock(&ipc_open_lock);
 	if (e) {
 		pthread_mutex_lock(&ipc_lock);
 		if (--e->refs == 0) {
@@ -340,6 +369,7 @@ static int ipc_release(struct wex_mem_seg *seg)
 				ret = r;
 		}
 	}
+	pthread_mutex_unlock(&ipc_open_lock);
 	if (seg->fd >= 0)
 		close(seg->fd);
 	seg->fd = -1;
