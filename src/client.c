@@ -1191,9 +1191,13 @@ static int register_seg(struct wex_client *c, struct own_seg *o)
 		json_object_set_new(req, "parts", pa);
 	}
 	if (o->reexport && o->seg.fd < 0) {
-		/* Made and stored under the fork lock: a child closes it. */
+		int nfd = -1;
+
+		/* Stored under the fork lock (a child closes it), made
+		 * outside it: no driver call under a lock fork() takes. */
+		ret = o->seg.ops->export_fd(&o->seg, &nfd);
 		state_lock(c);
-		ret = o->seg.ops->export_fd(&o->seg, &o->seg.fd);
+		o->seg.fd = nfd;
 		state_unlock(c);
 		if (ret < 0) {
 			json_decref(req);
@@ -1205,7 +1209,8 @@ static int register_seg(struct wex_client *c, struct own_seg *o)
 	ret = rpc(c, req, o->seg.fd >= 0 ? &o->seg.fd : NULL, o->seg.fd >= 0 ? 1 : 0, &reply, NULL,
 		  0, NULL, c->timeout_ms);
 	if (ret < 0)
-		return ret; /* the fd stays: a failed add is released by its caller */
+		return ret; /* the fd stays: released with the segment (a failed
+			     * add by its caller), or sent again at a retry */
 	/* A wrapped segment's fd is only a way to share it, and wexd holds
 	 * its own copy now. */
 	if (o->seg.fd >= 0 && !o->seg.owner && o->seg.ops->export_fd) {

@@ -138,8 +138,9 @@ def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None)
     allocator: only the bytes under them are registered, as `kind` (for
     each allocator segment, the tensors' spans with gaps under MERGE_GAP
     closed), so the gradients, optimizer state and cached free blocks that
-    share an expandable segment with them are neither exported nor held
-    by wex.  With `segments`, a list of (segment id, address, size) the
+    share an expandable segment with them are exported and held by wex
+    only where they share a driver allocation (a 2 or 20 MiB chunk) with
+    a tensor.  With `segments`, a list of (segment id, address, size) the
     client registered already (segment_alloc, register_ptr,
     register_fd), the tensors are looked up there instead, on any device,
     and nothing more is registered.  Strided tensors (a transpose, a slice
