@@ -1194,7 +1194,9 @@ static int register_seg(struct wex_client *c, struct own_seg *o)
 		int nfd = -1;
 
 		/* Stored under the fork lock (a child closes it), made
-		 * outside it: no driver call under a lock fork() takes. */
+		 * outside it: no driver call under a lock fork() takes.  A
+		 * fork in between leaves the child this one fd (close-on-exec;
+		 * it keeps the allocation alive until the child exits). */
 		ret = o->seg.ops->export_fd(&o->seg, &nfd);
 		state_lock(c);
 		o->seg.fd = nfd;

@@ -125,7 +125,8 @@ int wex__cuda_vmm_readonly(void)
  * stray write by the engine into the producer's weights faults instead of
  * changing them.  A driver that refuses read-only mappings gets read-write
  * ones and a warning naming its error, once; a refusal after read-only
- * mappings worked makes only that mapping read-write (and says so).
+ * mappings worked, or one for two devices (peer access may be the cause),
+ * makes only that mapping read-write (and says so).
  * Which error a driver refuses
  * PROT_READ with is undocumented, so any but a sticky one is tried again
  * read-write; an error that is not about read-only comes back from that
@@ -166,17 +167,19 @@ static int set_access(CUdeviceptr va, uint64_t size, const int *dev, int n, int 
 			 * they never worked: after one that did, a refusal
 			 * (another error, or peer devices) makes this mapping
 			 * read-write and is said each time. */
-			if (__atomic_compare_exchange_n(&ro_state, &unknown, 0, 0, __ATOMIC_RELAXED,
-							__ATOMIC_RELAXED))
+			/* A refusal for two devices at once may be about
+			 * peer access only: it decides nothing for good. */
+			if (n == 1 && __atomic_compare_exchange_n(&ro_state, &unknown, 0, 0,
+								  __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 				wex_warn("cuda", "the driver refuses read-only mappings "
 					 "(cuMemSetAccess with CU_MEM_ACCESS_FLAGS_PROT_READ: "
 					 "%s): consumers map the producers' memory read-write, "
 					 "so a stray write by the engine would change the "
 					 "trainer's weights", wex__cuda_errname(r));
-			else
-				wex_warn("cuda", "a read-only mapping of %llu bytes was refused "
-					 "(%s) where others worked: this one is read-write",
-					 (unsigned long long)size, wex__cuda_errname(r));
+			else if (__atomic_load_n(&ro_state, __ATOMIC_RELAXED) != 0)
+				wex_warn("cuda", "a read-only mapping of %llu bytes for %d device(s) "
+					 "was refused (%s): this one is read-write",
+					 (unsigned long long)size, n, wex__cuda_errname(r));
 			return 0;
 		}
 		r = r2; /* not about read-only: the error of the read-write try */
@@ -947,7 +950,7 @@ static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint
 	struct piece *piece;
 	uint64_t coff = 0, total = 0;
 	size_t np = 0;
-	int adev, devs[2], ret, rret;
+	int adev, ret, rret;
 
 	ret = wex__cuda_load();
 	if (ret)
@@ -972,7 +975,9 @@ static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint
 			  (unsigned long long)total);
 		return -EINVAL;
 	}
-	/* The producer's memory, seen by the region's device too. */
+	/* The producer's memory, seen by the region's device only: the
+	 * engine's tensors there were placed on it before any swap, and the
+	 * unmaps sync only its context. */
 	adev = reach(s->dev, r->device, "map_fixed");
 	if (adev < 0)
 		return adev;
@@ -1014,7 +1019,7 @@ static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint
 			goto err_restore;
 		piece[np++] = (struct piece){ .off = coff, .size = len };
 	}
-	ret = set_access(p->base, p->span, devs, access_devs(s->dev, adev, devs), 0);
+	ret = set_access(p->base, p->span, &adev, 1, 0);
 	if (ret)
 		goto err_restore;
 	/* The swap is done: our own physical memory is not needed while the

@@ -302,14 +302,19 @@ int wex__cuda_use_device(int dev)
 
 int wex__cuda_device_active(int dev)
 {
-	int on;
+	unsigned int flags = 0;
+	int on, active = 0;
+	CUdevice d;
 
 	if (dev < 0 || dev >= WEX_CUDA_MAX_DEVICES)
 		return 0;
 	pthread_mutex_lock(&dev_lock);
 	on = dev_ctx[dev] != NULL;
 	pthread_mutex_unlock(&dev_lock);
-	return on;
+	if (on || !wex__cu.cuDevicePrimaryCtxGetState)
+		return on;
+	return wex__cu.cuDeviceGet(&d, dev) == CUDA_SUCCESS &&
+	       wex__cu.cuDevicePrimaryCtxGetState(d, &flags, &active) == CUDA_SUCCESS && active;
 }
 
 /* Entry points of a libcuda someone else in this process loaded (wex has
@@ -434,7 +439,9 @@ static int driver_in_process(void)
 
 /* Waits for every piece of GPU work this process queued (any stream,
  * blocking or not) in the primary contexts wex retained (the devices wex
- * mapped or copied on) and in the calling thread's current context.
+ * mapped or copied on), in every other primary context that is active
+ * (the engine's, e.g. on the GPU owning memory a consumer imported from
+ * another one) and in the calling thread's current context.
  * PyTorch works in the primary contexts, so this covers the engine's
  * kernels and a trainer's asynchronous device-to-host copies.  Where
  * nobody in the process loaded libcuda there is no GPU work: 0 at once.
@@ -442,12 +449,21 @@ static int driver_in_process(void)
 int wex__cuda_settle(void)
 {
 	CUcontext prev = NULL, ctx[WEX_CUDA_MAX_DEVICES + 1];
-	int ret = 0, n = 0;
+	int ret = 0, n = 0, ndev = 0;
 
 	if (!driver_in_process())
 		return 0;
 	if (wex__cu.cuCtxGetCurrent(&prev) != CUDA_SUCCESS)
 		prev = NULL;
+	/* The engine's own primary contexts too (PyTorch places a tensor
+	 * over producer memory on the device owning it, where wex made no
+	 * context): retaining one that is active costs nothing. */
+	if (wex__cu.cuDevicePrimaryCtxGetState && wex__cu.cuDeviceGetCount(&ndev) == CUDA_SUCCESS)
+		for (int d = 0; d < ndev && d < WEX_CUDA_MAX_DEVICES; d++)
+			if (wex__cuda_device_active(d))
+				wex__cuda_use_device(d);
+	if (prev)
+		wex__cu.cuCtxSetCurrent(prev);
 	pthread_mutex_lock(&dev_lock);
 	for (int d = 0; d < WEX_CUDA_MAX_DEVICES; d++)
 		if (dev_ctx[d] && dev_ctx[d] != prev)

@@ -38,6 +38,7 @@
 	X(cuDeviceGetAttribute, cuDeviceGetAttribute, 2000, 1)                         \
 	X(cuDeviceCanAccessPeer, cuDeviceCanAccessPeer, 4000, 1)                       \
 	X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000, 1)                 \
+	X(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState, 7000, 0)             \
 	X(cuCtxSetCurrent, cuCtxSetCurrent, 4000, 1)                                   \
 	X(cuCtxEnablePeerAccess, cuCtxEnablePeerAccess, 4000, 1)                       \
 	X(cuCtxGetCurrent, cuCtxGetCurrent, 4000, 1)                                   \
@@ -149,8 +150,8 @@ const char *wex__cuda_errname(CUresult r);
  * share it).  0 or negative errno.
  */
 int wex__cuda_use_device(int dev);
-/* 1 when this process holds dev's primary context already (never makes
- * one). */
+/* 1 when dev's primary context is in use in this process, wex's or one
+ * the engine (PyTorch) made; never makes one. */
 int wex__cuda_device_active(int dev);
 
 /* Device attribute `a` of ordinal `dev`; 0 when the driver does not know

@@ -583,7 +583,7 @@ static void p_peer(int sock)
 {
 	struct wex_mem_seg seg;
 
-	serve_filled(&seg, sock, PEER_SZ, 13, 3);
+	serve_filled(&seg, sock, PEER_SZ, 13, 4);
 	CHECK_OK(vmm->release(&seg));
 }
 
@@ -593,15 +593,18 @@ static void c_peer(int sock)
 	struct wex_copy_op op;
 	CUdeviceptr dst;
 	unsigned char *host;
+	CUdeviceptr edst;
+	CUcontext ectx;
+	CUstream es;
 	int fd, before, owner = -1, other, ret;
-	struct tmsg m[3];
+	struct tmsg m[4];
 
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < 4; i++)
 		m[i] = trecv(sock, OP_SEG, &fd), m[i].a = (uint64_t)fd;
 	CHECK_OK(wex__cuda_device_by_uuid(m[0].desc.device, &owner));
 	if (gpu_count() < 2) {
 		printf("  one device: access_dev not tried\n");
-		for (int i = 0; i < 3; i++)
+		for (int i = 0; i < 4; i++)
 			close((int)m[i].a);
 		tsend(sock, OP_DONE, NULL, 0, -1);
 		return;
@@ -612,6 +615,7 @@ static void c_peer(int sock)
 	if (!gpu_can_peer(other, owner)) {
 		printf("  devices %d and %d have no peer access: import refused\n", other, owner);
 		CHECK(ret == -EOPNOTSUPP);
+		close((int)m[3].a);
 	} else {
 		CHECK_OK(ret);
 		CHECK_OK(wex__cuda_use_device(other));
@@ -624,10 +628,28 @@ static void c_peer(int sock)
 		/* Imported and read with no context on the producer's GPU
 		 * (it would cost memory there). */
 		CHECK(emul_ctx_retained(owner) != 1);
-		/* The owner's device reaches it too: a copy into host memory
-		 * runs there (the source's device). */
+		/* The engine reads it on the owner's device too (PyTorch puts
+		 * a tensor there by the pointer's device), in a context it
+		 * made itself: the release waits for that work before
+		 * unmapping (emulated: work queued on unmapped memory faults
+		 * at the next sync). */
+		CU_OK(wex__cu.cuDevicePrimaryCtxRetain(&ectx, owner));
+		CU_OK(wex__cu.cuCtxSetCurrent(ectx));
+		CU_OK(wex__cu.cuStreamCreate(&es, CU_STREAM_NON_BLOCKING));
+		CU_OK(wex__cu.cuMemAlloc(&edst, PEER_SZ));
+		CU_OK(wex__cu.cuMemcpyAsync(edst, (CUdeviceptr)(uintptr_t)seg.ptr, PEER_SZ, es));
+		CHECK_OK(vmm->release(&seg));
+		CU_OK(wex__cu.cuCtxSetCurrent(ectx));
+		CU_OK(wex__cu.cuCtxSynchronize());
+		CHECK(dev_check(edst, PEER_SZ, 13, 0));
+		CU_OK(wex__cu.cuMemFree(edst));
+		CU_OK(wex__cu.cuStreamDestroy(es));
+		/* The owner's device reaches it: a copy into host memory runs
+		 * there (the source's device). */
+		CHECK_OK(vmm->import(&m[3].desc, (int)m[3].a, other, &seg));
 		host = malloc(PEER_SZ);
 		CHECK(host != NULL);
+		op.src = (uint64_t)(uintptr_t)seg.ptr;
 		op.dst = (uint64_t)(uintptr_t)host;
 		CHECK_OK(vmm->copy(&op, 1, 1));
 		for (size_t i = 0; i < PEER_SZ; i++)

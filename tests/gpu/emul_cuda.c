@@ -644,6 +644,18 @@ static CUresult e_retain(CUcontext *c, CUdevice d)
 	return CUDA_SUCCESS;
 }
 
+/* Active: retained in this process (by wex or by the test standing in
+ * for the engine). */
+static CUresult e_ctx_state(CUdevice d, unsigned int *flags, int *active)
+{
+	FORKED();
+	if (d < 0 || d >= NDEV || !flags || !active)
+		return CUDA_ERROR_INVALID_VALUE;
+	*flags = 0;
+	*active = retained[d];
+	return CUDA_SUCCESS;
+}
+
 static CUresult e_set_cur(CUcontext c)
 {
 	FORKED();
@@ -1716,9 +1728,14 @@ static CUresult e_stream_create(CUstream *s, unsigned flags)
 	return CUDA_SUCCESS;
 }
 
+static void capture_done(struct estream *es);
+
 static CUresult e_stream_destroy(CUstream s)
 {
 	FORKED();
+	/* A capture in progress ends with its stream. */
+	if (s && ((struct estream *)s)->capturing)
+		capture_done((struct estream *)s);
 	free(s);
 	return CUDA_SUCCESS;
 }
@@ -1971,6 +1988,7 @@ static const struct {
 	{ "cuDeviceGetAttribute", (void *)e_attr },
 	{ "cuDeviceCanAccessPeer", (void *)e_can_peer },
 	{ "cuDevicePrimaryCtxRetain", (void *)e_retain },
+	{ "cuDevicePrimaryCtxGetState", (void *)e_ctx_state },
 	{ "cuCtxSetCurrent", (void *)e_set_cur },
 	{ "cuCtxEnablePeerAccess", (void *)e_enable_peer },
 	{ "cuCtxGetCurrent", (void *)e_get_cur },
