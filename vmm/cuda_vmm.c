@@ -464,6 +464,21 @@ static int vmm_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 		goto err_release;
 	}
 	dev = prop.location.id;
+	{
+		/* Which handles the allocator asked for (PyTorch's expandable
+		 * segments try FABRIC first): said once per process. */
+		static int said;
+
+		if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+			wex_info("cuda", "wrapping memory created with handle types %s%s%s (device %d)",
+				 prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ?
+					 "posix_fd" : "",
+				 (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) &&
+						 (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) ?
+					 "+" : "",
+				 prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC ? "fabric" : "",
+				 dev);
+	}
 	if (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
 		ret = export_fd(h, &efd);
 		if (ret)

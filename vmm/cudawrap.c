@@ -327,16 +327,19 @@ static void foreign_syms(void)
 {
 	void *h, *get = NULL, *xchg = NULL;
 	pfn_getproc_v2 gp2;
+	pfn_getproc_v1 gp1;
 
 	if (__atomic_load_n(&fgn_get, __ATOMIC_ACQUIRE))
 		return;
 	h = dlopen(driver_path(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
 	if (!h)
 		return;
+	/* v2 since CUDA 12.0, v1 before (as load_driver). */
 	gp2 = (pfn_getproc_v2)(uintptr_t)dlsym(h, "cuGetProcAddress_v2");
-	if (gp2 && gp2("cuCtxGetCurrent", &get, 4000, CU_GET_PROC_ADDRESS_DEFAULT, NULL) == CUDA_SUCCESS) {
-		if (gp2("cuThreadExchangeStreamCaptureMode", &xchg, 10010,
-			CU_GET_PROC_ADDRESS_DEFAULT, NULL) != CUDA_SUCCESS)
+	gp1 = gp2 ? NULL : (pfn_getproc_v1)(uintptr_t)dlsym(h, "cuGetProcAddress");
+	if ((gp2 || gp1) && getproc(gp2, gp1, "cuCtxGetCurrent", &get, 4000) == CUDA_SUCCESS) {
+		if (getproc(gp2, gp1, "cuThreadExchangeStreamCaptureMode", &xchg, 10010) !=
+		    CUDA_SUCCESS)
 			xchg = NULL;
 		__atomic_store_n(&fgn_xchg, xchg, __ATOMIC_RELAXED);
 		__atomic_store_n(&fgn_get, get, __ATOMIC_RELEASE);
