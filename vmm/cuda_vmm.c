@@ -126,12 +126,11 @@ int wex__cuda_vmm_readonly(void)
  * changing them.  A driver that refuses read-only mappings gets read-write
  * ones and a warning naming its error, once; a refusal after read-only
  * mappings worked, or one for two devices (peer access may be the cause),
- * makes only that mapping read-write (and says so).
- * Which error a driver refuses
- * PROT_READ with is undocumented, so any but a sticky one is tried again
- * read-write; an error that is not about read-only comes back from that
- * try.  A sticky error is never retried: the context is gone and a retry
- * would only hide which call lost it.
+ * makes only that mapping read-write (and says so).  Which error a driver
+ * refuses PROT_READ with is undocumented, so any but a sticky one is tried
+ * again read-write; an error that is not about read-only comes back from
+ * that try.  A sticky error is never retried: the context is gone and a
+ * retry would only hide which call lost it.
  */
 static int set_access(CUdeviceptr va, uint64_t size, const int *dev, int n, int rw)
 {
@@ -163,12 +162,8 @@ static int set_access(CUdeviceptr va, uint64_t size, const int *dev, int n, int 
 		if (r2 == CUDA_SUCCESS) {
 			int unknown = -1;
 
-			/* Read-only mappings are given up for good only when
-			 * they never worked: after one that did, a refusal
-			 * (another error, or peer devices) makes this mapping
-			 * read-write and is said each time. */
-			/* A refusal for two devices at once may be about
-			 * peer access only: it decides nothing for good. */
+			/* Given up for good only by a one-device refusal
+			 * before any read-only mapping worked. */
 			if (n == 1 && __atomic_compare_exchange_n(&ro_state, &unknown, 0, 0,
 								  __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 				wex_warn("cuda", "the driver refuses read-only mappings "
@@ -423,6 +418,8 @@ int wex__cuda_vmm_chunks(void *ptr, uint64_t size, struct wex__cuda_chunk *out, 
 	return k > max ? -ENOSPC : 0;
 }
 
+static int said_types; /* vmm_wrap logged the handle types */
+
 static int vmm_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 {
 	CUmemGenericAllocationHandle h = 0;
@@ -464,21 +461,13 @@ static int vmm_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 		goto err_release;
 	}
 	dev = prop.location.id;
-	{
-		/* Which handles the allocator asked for (PyTorch's expandable
-		 * segments try FABRIC first): said once per process. */
-		static int said;
-
-		if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
-			wex_info("cuda", "wrapping memory created with handle types %s%s%s (device %d)",
-				 prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ?
-					 "posix_fd" : "",
-				 (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) &&
-						 (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) ?
-					 "+" : "",
-				 prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC ? "fabric" : "",
-				 dev);
-	}
+	/* Which handles the allocator asked for (PyTorch's expandable
+	 * segments try FABRIC first): said once per process. */
+	if (!__atomic_exchange_n(&said_types, 1, __ATOMIC_RELAXED))
+		wex_info("cuda", "wrapping memory created with handle types:%s%s (device %d)",
+			 prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ?
+				 " posix_fd" : "",
+			 prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC ? " fabric" : "", dev);
 	if (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
 		ret = export_fd(h, &efd);
 		if (ret)
@@ -775,17 +764,19 @@ static int vmm_release(struct wex_mem_seg *seg)
 	int ret = 0;
 
 	if (p && wex__cuda_load() == 0) {
-		/* Unmap does not wait for work still reading: the owner's
-		 * context's too where this process has one (a copy into host
-		 * memory runs there), but an import reached from another
-		 * device was mapped in that one's context (see reach), and the
-		 * owner's is not made for it here either. */
-		if (p->va && p->peer >= 0 && wex__cuda_device_active(p->dev)) {
+		/* An import reached from another device was mapped in that
+		 * one's context (see reach).  Unmap does not wait for work
+		 * still reading: the owner's context's too where the process
+		 * has one (a copy into host memory, the engine's kernels), but
+		 * none is made for it here. */
+		int cdev = p->va && p->peer >= 0 ? p->peer : p->dev;
+
+		if (cdev != p->dev && wex__cuda_device_active(p->dev)) {
 			ret = wex__cuda_use_device(p->dev);
 			if (!ret)
 				ret = WEX_CU(wex__cu.cuCtxSynchronize());
 		}
-		ret = keep_first(ret, wex__cuda_use_device(p->va && p->peer >= 0 ? p->peer : p->dev));
+		ret = keep_first(ret, wex__cuda_use_device(cdev));
 		if (p->va) {
 			ret = keep_first(ret, WEX_CU(wex__cu.cuCtxSynchronize()));
 			uint64_t off = 0;

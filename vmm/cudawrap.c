@@ -300,21 +300,34 @@ int wex__cuda_use_device(int dev)
 	return WEX_CU(wex__cu.cuCtxSetCurrent(ctx));
 }
 
-int wex__cuda_device_active(int dev)
+/* Whether wex retained dev's primary context. */
+static int dev_retained(int dev)
 {
-	unsigned int flags = 0;
-	int on, active = 0;
-	CUdevice d;
+	int on;
 
-	if (dev < 0 || dev >= WEX_CUDA_MAX_DEVICES)
-		return 0;
 	pthread_mutex_lock(&dev_lock);
 	on = dev_ctx[dev] != NULL;
 	pthread_mutex_unlock(&dev_lock);
-	if (on || !wex__cu.cuDevicePrimaryCtxGetState)
-		return on;
-	return wex__cu.cuDeviceGet(&d, dev) == CUDA_SUCCESS &&
+	return on;
+}
+
+/* Whether dev's primary context is active (someone retained it), asked
+ * without retaining it; 0 where the driver cannot say. */
+static int primary_active(int dev)
+{
+	unsigned int flags = 0;
+	int active = 0;
+	CUdevice d;
+
+	return wex__cu.cuDevicePrimaryCtxGetState && wex__cu.cuDeviceGet(&d, dev) == CUDA_SUCCESS &&
 	       wex__cu.cuDevicePrimaryCtxGetState(d, &flags, &active) == CUDA_SUCCESS && active;
+}
+
+int wex__cuda_device_active(int dev)
+{
+	if (dev < 0 || dev >= WEX_CUDA_MAX_DEVICES)
+		return 0;
+	return dev_retained(dev) || primary_active(dev);
 }
 
 /* Entry points of a libcuda someone else in this process loaded (wex has
@@ -463,10 +476,8 @@ int wex__cuda_settle(void)
 	 * context): retaining one that is active costs nothing. */
 	if (wex__cu.cuDevicePrimaryCtxGetState && wex__cu.cuDeviceGetCount(&ndev) == CUDA_SUCCESS)
 		for (int d = 0; d < ndev && d < WEX_CUDA_MAX_DEVICES; d++)
-			if (wex__cuda_device_active(d))
+			if (!dev_retained(d) && primary_active(d))
 				wex__cuda_use_device(d);
-	if (prev)
-		wex__cu.cuCtxSetCurrent(prev);
 	pthread_mutex_lock(&dev_lock);
 	for (int d = 0; d < WEX_CUDA_MAX_DEVICES; d++)
 		if (dev_ctx[d] && dev_ctx[d] != prev)
