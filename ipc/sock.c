@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -163,19 +164,29 @@ int wex_sock_new(void)
 	return fd < 0 ? -errno : fd;
 }
 
-int wex_sock_connect_fd(int fd, const char *path, int nowait)
+int wex_sock_connect_fd(int fd, const char *path, int wait_ms)
 {
 	struct sockaddr_un sa;
+	struct timeval tv = { .tv_sec = wait_ms / 1000, .tv_usec = wait_ms % 1000 * 1000 };
+	static const struct timeval forever;
 	int ret, fl = 0;
 
 	ret = fill_addr(&sa, path);
 	if (ret < 0)
 		return ret;
-	/* (A UNIX socket connects at once or not at all: no EINPROGRESS.) */
-	if (nowait && ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0))
+	/* (A UNIX socket connects at once or not at all: no EINPROGRESS.  A
+	 * blocking connect waits for room in the queue up to SO_SNDTIMEO.) */
+	if (wait_ms == 0 &&
+	    ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0))
+		return -errno;
+	if (wait_ms > 0 && setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0)
 		return -errno;
 	ret = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ? -errno : 0;
-	if (nowait && fcntl(fd, F_SETFL, fl) < 0 && ret == 0)
+	if (wait_ms == 0 && fcntl(fd, F_SETFL, fl) < 0 && ret == 0)
+		ret = -errno;
+	/* Sends block as before. */
+	if (wait_ms > 0 && setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &forever, sizeof(forever)) < 0 &&
+	    ret == 0)
 		ret = -errno;
 	if (ret < 0)
 		return ret;
@@ -190,7 +201,7 @@ int wex_sock_connect(const char *path)
 
 	if (fd < 0)
 		return fd;
-	ret = wex_sock_connect_fd(fd, path, 0);
+	ret = wex_sock_connect_fd(fd, path, -1);
 	if (ret < 0) {
 		close(fd);
 		return ret;

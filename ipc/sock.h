@@ -34,10 +34,11 @@ int wex_sock_connect(const char *path);
 /* The same in two steps, for a caller that must know of the fd before it
  * blocks: a new unconnected close-on-exec socket (or -errno), then its
  * connect to `path` (0 or -errno; the fd stays the caller's and blocking
- * either way).  `nowait`: never block, -EAGAIN when the listener's queue
- * is full (a hung daemon) instead of waiting for room. */
+ * either way).  A connect waits only while the listener's queue is full
+ * (a hung daemon): for as long as it takes when `wait_ms` < 0, else for
+ * at most wait_ms (0: not at all), then -EAGAIN. */
 int wex_sock_new(void);
-int wex_sock_connect_fd(int fd, const char *path, int nowait);
+int wex_sock_connect_fd(int fd, const char *path, int wait_ms);
 
 /* Sends one message with `nfds` fds (not taken: the caller keeps them).
  * `flags` adds to MSG_NOSIGNAL (e.g. MSG_DONTWAIT).  Returns bytes or

@@ -93,6 +93,10 @@ struct wex_client {
 	uint64_t write_lost_v;
 	char write_lost[400];
 	struct watch *watch; /* NULL: none (not a producer, or WEX_CLIENT_NO_WATCH) */
+	/* Held only while an fd of the client's is made or closed and stored
+	 * (never across I/O), and by fork(): a child knows every fd it
+	 * copied (fork_child closes them), and a fork never waits for wexd. */
+	pthread_mutex_t state;
 	/* consumer */
 	struct wex_tensor *layout;
 	size_t nlayout;
@@ -121,6 +125,10 @@ struct wex_client {
 	 * acquire of a newer one (acquire "held"). */
 	uint64_t took;
 	uint64_t conn_gen;      /* connections made after the first (reconnects) */
+	/* Inside reconnect: its requests neither reconnect nor retry (a
+	 * second reconnect nested in the first would register everything on
+	 * the newest wexd, and the first then register the rest again). */
+	int reconnecting;
 	int has_lease;
 	int lease_lost; /* a reconnect took the held lease with the old wexd */
 	int dirty;
@@ -216,16 +224,13 @@ static pthread_once_t log_once = PTHREAD_ONCE_INIT;
  * re-registers everything and restores the published version.  Each call
  * of the client holds `call`, so the watch acts only between calls (a
  * call that meets a dead wexd reconnects by itself, as without a watch).
- * `state` is held only while an fd of the client's is made or closed and
- * stored (never across I/O), and by fork(): a child knows every fd it
- * copied, and a fork never waits for wexd.  wex_client_close stops the
+ * The client's `state` covers the watch's fds too.  wex_client_close stops the
  * watch through stopfd, which also ends any request the watch is waiting
  * on (a hung wexd).
  */
 struct watch {
 	pthread_t thread;
 	pthread_mutex_t call;  /* held by every call, and by the watch while it acts */
-	pthread_mutex_t state; /* see above */
 	int efd;               /* eventfd: a new connection to watch */
 	int stopfd;            /* eventfd: stop (written once) */
 	int dupfd;             /* the connection watched (-1: none) */
@@ -241,15 +246,15 @@ static void fork_prepare(void)
 {
 	pthread_mutex_lock(&open_lock);
 	for (struct wex_client *c = open_clients; c; c = c->next_open)
-		if (c->watch && !c->forked)
-			pthread_mutex_lock(&c->watch->state);
+		if (!c->forked)
+			pthread_mutex_lock(&c->state);
 }
 
 static void fork_parent(void)
 {
 	for (struct wex_client *c = open_clients; c; c = c->next_open)
-		if (c->watch && !c->forked)
-			pthread_mutex_unlock(&c->watch->state);
+		if (!c->forked)
+			pthread_mutex_unlock(&c->state);
 	pthread_mutex_unlock(&open_lock);
 }
 
@@ -273,8 +278,8 @@ static void fork_child(void)
 			close_fd(&c->watch->dupfd);
 			close_fd(&c->watch->efd);
 			close_fd(&c->watch->stopfd);
-			pthread_mutex_unlock(&c->watch->state);
 		}
+		pthread_mutex_unlock(&c->state);
 		for (size_t i = 0; i < c->nosegs; i++)
 			close_fd(&c->osegs[i].seg.fd);
 		for (size_t i = 0; i < c->npsegs; i++)
@@ -330,14 +335,12 @@ static void open_remove(struct wex_client *c)
 
 static void state_lock(struct wex_client *c)
 {
-	if (c->watch)
-		pthread_mutex_lock(&c->watch->state);
+	pthread_mutex_lock(&c->state);
 }
 
 static void state_unlock(struct wex_client *c)
 {
-	if (c->watch)
-		pthread_mutex_unlock(&c->watch->state);
+	pthread_mutex_unlock(&c->state);
 }
 
 /* Ends the connection to wexd.  Shut down first: wexd must see it go
@@ -376,6 +379,7 @@ static void client_free(struct wex_client *c)
 	free(c->rank_first);
 	free(c->plan);
 	free(c->watch);
+	pthread_mutex_destroy(&c->state);
 	free(c);
 }
 
@@ -453,6 +457,16 @@ static void restore_doubted(struct wex_client *c)
 	c->copied = 0;
 }
 
+/* How long a reply to a request that lets wexd wait wait_ms is waited
+ * for: wexd answers every wait by its own deadline; the margin only
+ * guards against a daemon that stopped answering. */
+static uint64_t reply_limit_ms(uint32_t wait_ms)
+{
+	uint64_t limit = (uint64_t)wait_ms + 5000;
+
+	return limit > INT_MAX ? INT_MAX : limit;
+}
+
 static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, json_t **reply,
 		   int *rfds, int maxr, int *nrfds, uint32_t wait_ms)
 {
@@ -474,11 +488,7 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	free(s);
 	if (n < 0)
 		return (int)n;
-	/* wexd answers every wait by its own deadline; the margin here only
-	 * guards against a daemon that stopped answering. */
-	limit = (uint64_t)wait_ms + 5000;
-	if (limit > INT_MAX)
-		limit = INT_MAX;
+	limit = reply_limit_ms(wait_ms);
 	do
 		ret = poll(pfd, cancel_fd >= 0 ? 2 : 1, (int)limit);
 	while (ret < 0 && errno == EINTR);
@@ -603,12 +613,14 @@ static int rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, json
 	}
 again:
 	if (c->fd < 0) {
-		ret = reconnect(c);
+		ret = c->reconnecting ? set_err(c, -WEX_EDAEMON, "lost wexd again while reconnecting") :
+					reconnect(c);
 		if (ret < 0)
 			goto out;
 	}
 	ret = raw_rpc(c, req, fds, nfds, &reply, rfds, maxr, nrfds, wait_ms);
-	if ((ret == -EPIPE || ret == -ECONNRESET || ret == -ENOTCONN) && tries++ == 0 &&
+	if ((ret == -EPIPE || ret == -ECONNRESET || ret == -ENOTCONN) && !c->reconnecting &&
+	    tries++ == 0 &&
 	    strcmp(json_string_value(json_object_get(req, "op")) ?: "", "hello")) {
 		wex_warn("client", "lost wexd (%s): reconnecting", strerror(-ret));
 		conn_drop(c);
@@ -622,6 +634,9 @@ again:
 	    strcmp(json_string_value(json_object_get(req, "op")) ?: "", "release"))
 		lease_went(c);
 	if (ret < 0) {
+		/* (Inside reconnect, which then starts over: gone is gone.) */
+		if ((ret == -EPIPE || ret == -ECONNRESET || ret == -ENOTCONN) && c->reconnecting)
+			conn_drop(c);
 		if (ret == -EPIPE || ret == -ECONNRESET)
 			ret = set_err(c, -WEX_EDAEMON, "wexd closed the connection");
 		goto out;
@@ -686,7 +701,7 @@ static int send_layout(struct wex_client *c);
 
 /* After a daemon restart: a new connection, hello, and everything this
  * client had registered, so that its peers find it again. */
-static int reconnect(struct wex_client *c)
+static int reconnect_once(struct wex_client *c, int *greeted)
 {
 	/* Regions restored under a lease the old connection took with it
 	 * are whole only if the new wexd gives that lease back. */
@@ -696,15 +711,21 @@ static int reconnect(struct wex_client *c)
 	state_lock(c); /* a fork copies this fd only with c->fd naming it */
 	c->fd = wex_sock_new();
 	state_unlock(c);
-	/* (The watch never waits for room in a hung wexd's queue: it could
-	 * not be stopped then.) */
-	ret = c->fd < 0 ? c->fd : wex_sock_connect_fd(c->fd, c->sock, cancel_fd >= 0);
+	/* A full queue (a hung wexd) is waited on as long as a reply would
+	 * be; the watch never waits: it could not be stopped then. */
+	ret = c->fd < 0 ? c->fd :
+			  wex_sock_connect_fd(c->fd, c->sock,
+					      cancel_fd >= 0 ? 0 : (int)reply_limit_ms(c->timeout_ms));
 	if (ret < 0) {
 		if (c->fd < 0)
 			c->fd = -1;
 		else
 			conn_drop(c);
-		set_err(c, ret, "cannot connect to wexd at %s: %s", c->sock, strerror(-ret));
+		if (ret == -EAGAIN)
+			set_err(c, ret, "cannot connect to wexd at %s: its queue of connections stayed full (a hung daemon?)",
+				c->sock);
+		else
+			set_err(c, ret, "cannot connect to wexd at %s: %s", c->sock, strerror(-ret));
 		goto doubted;
 	}
 	c->conn_gen++;
@@ -715,6 +736,7 @@ static int reconnect(struct wex_client *c)
 				c->sock);
 		goto err;
 	}
+	*greeted = 1;
 	if (c->role == WEX_ROLE_PRODUCER) {
 		for (size_t i = 0; i < c->nosegs; i++)
 			if ((ret = register_seg(c, &c->osegs[i])) < 0)
@@ -793,6 +815,26 @@ doubted:
 		c->copied = 0;
 	}
 	return ret;
+}
+
+/* A wexd that went again while this client re-registered (restarted
+ * twice in a row) is reconnected to from the start, a few times: each
+ * attempt registers everything once, on one daemon. */
+static int reconnect(struct wex_client *c)
+{
+	int ret;
+
+	for (int tries = 0;; tries++) {
+		int greeted = 0;
+
+		c->reconnecting = 1;
+		ret = reconnect_once(c, &greeted);
+		c->reconnecting = 0;
+		if (ret >= 0 || !greeted || tries == 2 ||
+		    (ret != -WEX_EDAEMON && ret != -EPIPE && ret != -ECONNRESET && ret != -ENOTCONN))
+			return ret;
+		wex_warn("client", "lost wexd again while reconnecting (%s): reconnecting", err_buf(c));
+	}
 }
 
 /* ---------------------------------------------------------------------- */
@@ -923,11 +965,10 @@ static int watch_start(struct wex_client *c)
 	w->efd = w->stopfd = w->dupfd = -1;
 	atomic_init(&w->stop, 0);
 	pthread_mutex_init(&w->call, NULL);
-	pthread_mutex_init(&w->state, NULL);
 	pthread_mutex_lock(&open_lock);
 	c->watch = w;
 	pthread_mutex_unlock(&open_lock);
-	pthread_mutex_lock(&w->state);
+	state_lock(c);
 	w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (w->efd >= 0)
 		w->stopfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -935,7 +976,7 @@ static int watch_start(struct wex_client *c)
 		ret = -errno;
 	w->gen = c->conn_gen;
 	w->up_ns = wex__now_ns();
-	pthread_mutex_unlock(&w->state);
+	state_unlock(c);
 	if (ret == 0) {
 		/* The application's signals go to its own threads. */
 		sigfillset(&all);
@@ -953,16 +994,15 @@ static void watch_free(struct wex_client *c)
 {
 	struct watch *w = c->watch;
 
-	pthread_mutex_lock(&w->state);
+	state_lock(c);
 	close_fd(&w->dupfd);
 	close_fd(&w->efd);
 	close_fd(&w->stopfd);
-	pthread_mutex_unlock(&w->state);
+	state_unlock(c);
 	pthread_mutex_lock(&open_lock);
 	c->watch = NULL;
 	pthread_mutex_unlock(&open_lock);
 	pthread_mutex_destroy(&w->call);
-	pthread_mutex_destroy(&w->state);
 	free(w);
 }
 
@@ -998,6 +1038,7 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
+	pthread_mutex_init(&c->state, NULL);
 	pthread_once(&log_once, wex__log_init); /* a producer's watch logs */
 	c->fd = -1;
 	c->role = p->role;
@@ -1020,7 +1061,7 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 	c->layout_dev = -2;
 	if (p->field_mask & WEX_CLIENT_FIELD_DEVICE) {
 		if (p->device < 0) {
-			free(c);
+			client_free(c);
 			return -EINVAL;
 		}
 		c->device = p->device;
@@ -1037,7 +1078,7 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 	ret = reconnect(c);
 	if (ret < 0) {
 		open_remove(c);
-		free(c);
+		client_free(c);
 		return ret;
 	}
 	if (c->role == WEX_ROLE_PRODUCER &&
@@ -1047,7 +1088,7 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 			 c->rank, c->model, strerror(-ret));
 		open_remove(c);
 		conn_drop(c);
-		free(c);
+		client_free(c);
 		return ret;
 	}
 	*out = c;
@@ -1113,7 +1154,10 @@ static void client_close(wex_client_t *c)
 
 		/* The engine's kernels may still read what the lease shows. */
 		wex_mem_settle();
-		if (raw_rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, 1000) < 0)
+		/* One that times out drops the connection, which ends the lease
+		 * (a hung wexd would not answer a hello either); one that finds
+		 * wexd gone leaves it to a hello. */
+		if (raw_rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, 1000) < 0 && c->fd >= 0)
 			owed = 1;
 		json_decref(reply);
 		json_decref(req);
@@ -1138,11 +1182,12 @@ static void client_close(wex_client_t *c)
 		c->lease_lost = 0;
 		c->has_lease = 0;
 		c->timeout_ms = 1000;
-		c->fd = wex_sock_connect(c->sock);
-		if (c->fd >= 0) {
+		c->fd = wex_sock_new();
+		if (c->fd >= 0 && wex_sock_connect_fd(c->fd, c->sock, 1000) == 0)
 			hello(c, &reclaimed);
+		if (c->fd >= 0)
 			close(c->fd);
-		}
+		c->fd = -1;
 	}
 	for (size_t i = 0; i < c->nosegs; i++)
 		c->osegs[i].seg.ops->release(&c->osegs[i].seg);
@@ -1736,6 +1781,10 @@ static int import_segments(struct wex_client *c, struct stash *sh, json_t *segs,
 				"id", &id, "kind", &kind, "size", &size, "device", &device, "handle",
 				&handle, "handle_offset", &hoff, "alloc_size", &asize, "fd", &fdi) < 0)
 			return set_err(c, -EBADMSG, "fetch: malformed segment entry");
+		if (rank < 0 || rank >= c->nprod || id < 0 || id > UINT32_MAX || size <= 0)
+			return set_err(c, -EBADMSG,
+				       "fetch: malformed segment entry (producer rank %lld of %u, segment %lld, %lld bytes)",
+				       (long long)rank, c->nprod, (long long)id, (long long)size);
 		memset(&desc, 0, sizeof(desc));
 		desc.kind = !strcmp(kind, "host") ? WEX_MEM_HOST :
 			    !strcmp(kind, "cuda_vmm") ? WEX_MEM_CUDA_VMM : WEX_MEM_CUDA_IPC;
@@ -1811,6 +1860,8 @@ static int import_segments(struct wex_client *c, struct stash *sh, json_t *segs,
  * starts over; this many times at most. */
 #define FETCH_RESTARTS 8
 
+static int fetched_check(struct wex_client *c);
+
 static int fetch(struct wex_client *c)
 {
 	struct stash sh = { 0 };
@@ -1863,29 +1914,34 @@ restart:
 		if (start == 0) {
 			conn = c->conn_gen;
 			c->layout_gen = (uint64_t)gen;
-			c->nprod = (uint32_t)world;
+			c->nprod = 0;
 			free(c->tables);
 			free(c->table_ranks);
 			c->tables = NULL;
 			c->table_ranks = NULL;
-			ret = tfd >= 0 && tfd < nfds ?
+			c->ntables = 0;
+			/* wexd's reply is checked as any input: indices name
+			 * fds of this message, the world is one wexd accepts,
+			 * and a layout attached gets its plan (without one a
+			 * copy sync would copy nothing and call it done). */
+			snprintf(err, sizeof(err), "malformed reply (tables_fd %lld, plan_fd %lld of %d fds, world %lld%s)",
+				 (long long)tfd, (long long)pfd, nfds, (long long)world,
+				 c->nlayout && pfd < 0 ? ", no plan for the attached layout" : "");
+			ret = tfd < 0 || tfd >= nfds || pfd >= nfds || pfd == tfd ||
+					      (pfd < 0 && c->nlayout) || world < 1 || world > WEX_WORLD_MAX ?
+				      -EBADMSG :
 				      wex__table_unpack(fds[tfd], &c->tables, &c->table_ranks,
-							&c->ntables, err, sizeof(err)) :
-				      -EBADMSG;
-			if (ret == 0 && pfd >= 0 && pfd < nfds)
+							&c->ntables, err, sizeof(err));
+			if (ret == 0 && pfd >= 0)
 				ret = wex__plan_unpack(fds[pfd], &c->plan, &c->nplan, err, sizeof(err));
 			if (ret < 0) {
 				set_err(c, ret, "fetch: %s", err);
 				goto chunk_out;
 			}
-			if (tfd >= 0) {
-				close(fds[tfd]);
-				fds[tfd] = -1;
-			}
-			if (pfd >= 0) {
-				close(fds[pfd]);
-				fds[pfd] = -1;
-			}
+			c->nprod = (uint32_t)world;
+			close_fd(&fds[tfd]);
+			if (pfd >= 0)
+				close_fd(&fds[pfd]);
 		}
 		ret = import_segments(c, &sh, json_object_get(reply, "segments"), fds, nfds);
 chunk_out:
@@ -1899,7 +1955,7 @@ chunk_out:
 	} while (start >= 0);
 	stash_clear(&sh); /* parts no segment chained: nothing names them */
 	free(c->rank_first);
-	c->rank_first = calloc(c->nprod + 1, sizeof(size_t));
+	c->rank_first = calloc((size_t)c->nprod + 1, sizeof(size_t));
 	if (!c->rank_first)
 		return -ENOMEM;
 	for (size_t i = 0; i < c->ntables; i++)
@@ -1907,6 +1963,9 @@ chunk_out:
 			c->rank_first[c->table_ranks[i] + 1]++;
 	for (uint32_t r = 0; r < c->nprod; r++)
 		c->rank_first[r + 1] += c->rank_first[r];
+	ret = fetched_check(c);
+	if (ret < 0)
+		return ret;
 	c->fetched = 1;
 	return 0;
 }
@@ -1917,6 +1976,73 @@ static struct pseg *find_pseg(struct wex_client *c, uint32_t rank, uint32_t id)
 		if (c->psegs[i].rank == rank && c->psegs[i].id == id)
 			return &c->psegs[i];
 	return NULL;
+}
+
+/* Whether the bytes one side of a plan op touches, from `off` on, stay
+ * within [0, size): len bytes per row, rows nouter levels deep. */
+static int op_side_ok(uint64_t off, uint64_t len, uint32_t nouter, const uint64_t *count,
+		      const int64_t *stride, uint64_t size)
+{
+	uint64_t below = 0, above = 0, end;
+
+	for (uint32_t k = 0; k < nouter; k++)
+		if (count[k] == 0)
+			return 1; /* no row: nothing touched */
+	for (uint32_t k = 0; k < nouter; k++) {
+		uint64_t step = stride[k] < 0 ? -(uint64_t)stride[k] : (uint64_t)stride[k], d;
+
+		if (__builtin_mul_overflow(count[k] - 1, step, &d) ||
+		    __builtin_add_overflow(stride[k] < 0 ? below : above, d,
+					   stride[k] < 0 ? &below : &above))
+			return 0;
+	}
+	return below <= off && !__builtin_add_overflow(off, above, &end) &&
+	       !__builtin_add_overflow(end, len, &end) && end <= size;
+}
+
+/*
+ * What wexd sent, checked before anything is copied or handed out: every
+ * tensor of the tables lies in its segment, and every plan op reads
+ * within its producer segment and writes within the attached tensor it
+ * names.  wexd is trusted with the weights, not with this process's
+ * memory: a reply it got wrong must fail the sync, not scribble on the
+ * engine's heap or GPU.
+ */
+static int fetched_check(struct wex_client *c)
+{
+	for (size_t i = 0; i < c->ntables; i++) {
+		const struct wex_tensor *t = &c->tables[i];
+		struct pseg *s;
+		uint64_t span;
+
+		if (c->table_ranks[i] >= c->nprod)
+			return set_err(c, -EBADMSG, "fetch: tensor '%s' names producer rank %u, of %u",
+				       t->name, c->table_ranks[i], c->nprod);
+		s = find_pseg(c, c->table_ranks[i], t->segment);
+		if (s && (wex__tensor_span(t, &span) < 0 || t->offset > s->seg.desc.size ||
+			  span > s->seg.desc.size - t->offset))
+			return set_err(c, -EBADMSG,
+				       "fetch: tensor '%s' of producer rank %u lies past the end of its segment %u (offset %llu, %llu bytes)",
+				       t->name, c->table_ranks[i], t->segment,
+				       (unsigned long long)t->offset,
+				       (unsigned long long)s->seg.desc.size);
+	}
+	for (size_t i = 0; i < c->nplan; i++) {
+		const struct wex_plan_op *p = &c->plan[i];
+		struct pseg *s = find_pseg(c, p->src_rank, p->src_seg);
+		uint64_t span;
+
+		if (!s || p->dst_piece >= c->nlayout || p->nouter > 3)
+			return set_err(c, -EBADMSG, "fetch: plan op %zu names a missing segment or tensor", i);
+		if (wex__tensor_span(&c->layout[p->dst_piece], &span) < 0 ||
+		    !op_side_ok(p->src_off, p->len, p->nouter, p->count, p->src_stride,
+				s->seg.desc.size) ||
+		    !op_side_ok(p->dst_off, p->len, p->nouter, p->count, p->dst_stride, span))
+			return set_err(c, -EBADMSG,
+				       "fetch: plan op %zu reaches past segment %u of producer rank %u or past tensor '%s'",
+				       i, p->src_seg, p->src_rank, c->layout[p->dst_piece].name);
+	}
+	return 0;
 }
 
 /* An acquire failed after wexd dropped the lease held before it (a

@@ -18,6 +18,7 @@
 
 #include "journal.h"
 #include "log.h"
+#include "proto.h"
 
 #define REC_MAX 4096
 
@@ -194,7 +195,7 @@ static int rec_parse(const char *buf, size_t len, struct wex_journal_rec *r, cha
 		goto out;
 	}
 	if (tag != 1 || !*model || strlen(model) >= WEX_NAME_MAX || !*group ||
-	    strlen(group) >= WEX_NAME_MAX || world < 1 || world > 65536 || rank < 0 ||
+	    strlen(group) >= WEX_NAME_MAX || world < 1 || world > WEX_WORLD_MAX || rank < 0 ||
 	    rank >= world || version < 1 || pid < 1 || pid > INT32_MAX || uid < 0 ||
 	    uid > UINT32_MAX || start < 0 || (r->mode = mode_parse(mode)) < 0) {
 		snprintf(why, wlen, "a field is out of range");

@@ -29,6 +29,8 @@
 #include "plan.h"
 
 #define WEX_MSG_MAX_DEFAULT 65536
+/* Producer ranks of one model at most (hello's world). */
+#define WEX_WORLD_MAX 65536
 #define WEX_TABLE_MAX (1ull << 32) /* largest table memfd accepted */
 
 /* "EBUSY" for -EBUSY, "WEX_ELAYOUT" for -WEX_ELAYOUT; "EUNKNOWN" otherwise. */

@@ -353,7 +353,7 @@ json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
 	if (!model || !*model || strlen(model) >= WEX_NAME_MAX)
 		return wex__reply_error(-EINVAL, "hello: a %s needs a model name (1..%d bytes)", role,
 					WEX_NAME_MAX - 1);
-	if (world < 1 || world > 65536 || rank < 0 || rank >= world)
+	if (world < 1 || world > WEX_WORLD_MAX || rank < 0 || rank >= world)
 		return wex__reply_error(-EINVAL, "hello: rank %lld outside world size %lld",
 					(long long)rank, (long long)world);
 	free_rank_of_gone(d, model, strcmp(role, "producer") ? group : NULL, rank);

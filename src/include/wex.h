@@ -153,7 +153,8 @@ struct wex_client_params {
  * wex_client_close.  Errors: -ENOENT/-ECONNREFUSED (no daemon), -EACCES
  * (refused by wexd's access control), -ECONNRESET or -EPIPE (wexd closed
  * the connection at once: max_clients reached, or it is draining),
- * -WEX_EPROTO_VERSION, -EINVAL, -EADDRINUSE (the rank is held by another
+ * -EAGAIN (its queue of connections stayed full for the timeout plus 5 s:
+ * a hung daemon), -WEX_EPROTO_VERSION, -EINVAL, -EADDRINUSE (the rank is held by another
  * connection that is still open; one whose process already died is taken
  * over).
  *
@@ -176,8 +177,9 @@ WEX_API int wex_client_open(const struct wex_client_params *params, wex_client_t
 /* Releases every lease and mapping the client holds, closes every fd it
  * owns and frees it.  A consumer's same-address regions (wex_reserve) are
  * unmapped, whatever they show: pointers into them are invalid from then
- * on.  Blocks for at most one round trip, after waiting for this process's
- * queued GPU work (as wex_release does) when it holds a lease. */
+ * on.  Blocks for at most one round trip (about 7 s at most when wexd does
+ * not answer), after waiting for this process's queued GPU work (as
+ * wex_release does) when it holds a lease. */
 WEX_API void wex_client_close(wex_client_t *c);
 
 /* ---------------------------------------------------------------------- */
