@@ -113,6 +113,16 @@ static int seg_fd(void)
 	return fd;
 }
 
+/* count rows of SEG/2 bytes, read src_stride apart, written SEG/2 apart. */
+static void half_rows(struct wex_plan_op *op, uint64_t count, int64_t src_stride)
+{
+	op->len = SEG / 2;
+	op->nouter = 1;
+	op->count[0] = count;
+	op->src_stride[0] = src_stride;
+	op->dst_stride[0] = SEG / 2;
+}
+
 /* The fetch reply of case fc: fds in fds[], their count returned. */
 static json_t *fetch_reply(int fc, int *fds, int *nfds)
 {
@@ -122,10 +132,7 @@ static json_t *fetch_reply(int fc, int *fds, int *nfds)
 
 	switch (fc) {
 	case F_GOOD_STRIDED: /* two rows of 2048 bytes, the last ending at SEG */
-		op.len = SEG / 2;
-		op.nouter = 1;
-		op.count[0] = 2;
-		op.src_stride[0] = op.dst_stride[0] = SEG / 2;
+		half_rows(&op, 2, SEG / 2);
 		break;
 	case F_DST_HUGE:
 		op.dst_off = 1ull << 40;
@@ -137,17 +144,10 @@ static json_t *fetch_reply(int fc, int *fds, int *nfds)
 		op.src_off = 1;
 		break;
 	case F_ROW_TOO_MANY:
-		op.len = SEG / 2;
-		op.nouter = 1;
-		op.count[0] = 3;
-		op.src_stride[0] = op.dst_stride[0] = SEG / 2;
+		half_rows(&op, 3, SEG / 2);
 		break;
 	case F_NEG_STRIDE:
-		op.len = SEG / 2;
-		op.nouter = 1;
-		op.count[0] = 2;
-		op.src_stride[0] = -(int64_t)(SEG / 2);
-		op.dst_stride[0] = SEG / 2;
+		half_rows(&op, 2, -(int64_t)(SEG / 2));
 		break;
 	case F_ROWS_OVERFLOW:
 		op.len = 1;
@@ -211,28 +211,10 @@ static void *fake_main(void *arg)
 			continue;
 		k = atomic_fetch_add(&fk.conns, 1) + 1;
 		for (;;) {
-			struct pollfd pc = { .fd = fd, .events = POLLIN };
-			char buf[65536], op[64] = "";
-			int fds[WEX_SOCK_MAX_FDS], nfds = 0, mflags = 0;
-			json_t *j;
-			ssize_t n;
+			char op[64];
 
-			if (atomic_load(&fk.drop)) {
-				atomic_store(&fk.drop, 0);
+			if (t_stand_in_request(fd, &fk.stop, &fk.drop, op, sizeof(op)) < 0)
 				break;
-			}
-			if (poll(&pc, 1, 20) <= 0) {
-				if (atomic_load(&fk.stop))
-					break;
-				continue;
-			}
-			n = wex_sock_recv(fd, buf, sizeof(buf), fds, WEX_SOCK_MAX_FDS, &nfds, &mflags, 0);
-			wex_sock_close_fds(fds, nfds);
-			if (n <= 0)
-				break;
-			j = json_loadb(buf, (size_t)n, 0, NULL);
-			snprintf(op, sizeof(op), "%s", json_string_value(json_object_get(j, "op")) ?: "");
-			json_decref(j);
 			if (!strcmp(op, "register_segment")) {
 				if (k == 2 && nreg == 1)
 					break; /* a second restart, mid re-registration */

@@ -298,6 +298,30 @@ void t_raw_send(int fd, const void *buf, size_t len, const int *fds, int nfds)
 		T_FAIL("send %zu bytes with %d fds: %s", len, nfds, strerror((int)-n));
 }
 
+int t_stand_in_request(int fd, atomic_int *stop, atomic_int *drop, char *op, size_t oplen)
+{
+	struct pollfd pc = { .fd = fd, .events = POLLIN };
+	int fds[WEX_SOCK_MAX_FDS], nfds = 0, mflags = 0;
+	static __thread char buf[65536];
+	json_t *j;
+	ssize_t n;
+
+	for (;;) {
+		if (atomic_load(stop) || (drop && atomic_exchange(drop, 0)))
+			return -1;
+		if (poll(&pc, 1, 20) > 0)
+			break;
+	}
+	n = wex_sock_recv(fd, buf, sizeof(buf), fds, WEX_SOCK_MAX_FDS, &nfds, &mflags, 0);
+	wex_sock_close_fds(fds, nfds);
+	if (n <= 0)
+		return -1;
+	j = json_loadb(buf, (size_t)n, 0, NULL);
+	snprintf(op, oplen, "%s", json_string_value(json_object_get(j, "op")) ?: "");
+	json_decref(j);
+	return 1;
+}
+
 json_t *t_raw_recv(int fd)
 {
 	struct pollfd p = { .fd = fd, .events = POLLIN };

@@ -9,6 +9,7 @@
 #define WEX_TEST_HELPERS_H
 
 #include <jansson.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -98,6 +99,11 @@ int t_raw_connect(const char *sock);
 void t_raw_send(int fd, const void *buf, size_t len, const int *fds, int nfds);
 json_t *t_raw_recv(int fd);
 json_t *t_raw_rpc(int fd, const char *json, const int *fds, int nfds);
+/* For a stand-in for wexd on a thread: waits for the next request on
+ * connection fd, closes any fds it carried and puts its "op" in op.  1: a
+ * request; -1: the client hung up, *stop was set, or *drop (if drop) was
+ * set (cleared then): the stand-in hangs up. */
+int t_stand_in_request(int fd, atomic_int *stop, atomic_int *drop, char *op, size_t oplen);
 /* "OK" for {"ok":true}, else the error code string (owned by reply). */
 const char *t_code(json_t *reply);
 const char *t_msg(json_t *reply);

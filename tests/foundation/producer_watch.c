@@ -429,24 +429,10 @@ static void *fake_main(void *arg)
 			continue;
 		atomic_fetch_add(&fk.conns, 1);
 		for (;;) {
-			struct pollfd pc = { .fd = fd, .events = POLLIN };
-			char buf[65536], op[64] = "";
-			int fds[WEX_SOCK_MAX_FDS], nfds = 0, mflags = 0;
-			json_t *j;
-			ssize_t n;
+			char op[64];
 
-			if (poll(&pc, 1, 50) <= 0) {
-				if (atomic_load(&fk.stop))
-					break;
-				continue;
-			}
-			n = wex_sock_recv(fd, buf, sizeof(buf), fds, WEX_SOCK_MAX_FDS, &nfds, &mflags, 0);
-			wex_sock_close_fds(fds, nfds);
-			if (n <= 0)
+			if (t_stand_in_request(fd, &fk.stop, NULL, op, sizeof(op)) < 0)
 				break;
-			j = json_loadb(buf, (size_t)n, 0, NULL);
-			snprintf(op, sizeof(op), "%s", json_string_value(json_object_get(j, "op")) ?: "");
-			json_decref(j);
 			if (fk.hang_at && !strcmp(op, fk.hang_at))
 				break;
 			wex_sock_send(fd, "{\"ok\": true}", 12, NULL, 0, 0);
