@@ -1099,9 +1099,11 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
  * memory back, holding what they showed: whole only if a lease kept the
  * producer out until the copy was done, which a held lease does once wexd
  * answers on its connection again (restore_unconfirmed); with none held,
- * the weights are dirty at once. */
-static void unmap_regions(struct wex_client *c, const char *done)
+ * the weights are dirty at once.  Returns how many showed the producer. */
+static int unmap_regions(struct wex_client *c, const char *done)
 {
+	int shown = 0;
+
 	for (size_t i = 0; i < c->nregions; i++) {
 		struct region *g = &c->regions[i];
 
@@ -1110,6 +1112,7 @@ static void unmap_regions(struct wex_client *c, const char *done)
 		g->mapped = NULL;
 		if (!g->r.fixed)
 			continue;
+		shown++;
 		/* Lost bytes (-WEX_EDIRTY), a region left showing the
 		 * producer's memory, or bytes it may have been writing:
 		 * either way its weights are not ours. */
@@ -1119,6 +1122,20 @@ static void unmap_regions(struct wex_client *c, const char *done)
 		} else {
 			c->restore_unconfirmed = 1;
 		}
+	}
+	return shown;
+}
+
+/* A same-address sync that failed gave the regions that showed the
+ * producer their own memory back, holding what they showed (unmap_regions
+ * returned `shown`): the version this sync acquired, while the regions it
+ * had not swapped yet, and weights outside regions, may hold an older one.
+ * Possibly two versions, called one: dirty (as wex_sync says). */
+static void regions_undone(struct wex_client *c, int shown)
+{
+	if (shown) {
+		c->dirty = 1;
+		c->copied = 0;
 	}
 }
 
@@ -2364,13 +2381,15 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 		char why[sizeof(c->err)];
 
 		memcpy(why, c->err, sizeof(why));
-		unmap_regions(c, NULL);
+		regions_undone(c, unmap_regions(c, NULL));
 		memcpy(c->err, why, sizeof(why));
 		return ret;
 	}
 	done = calloc(c->nregions ? c->nregions : 1, 1);
-	if (!done)
-		return -ENOMEM;
+	if (!done) {
+		regions_undone(c, unmap_regions(c, NULL));
+		return set_err(c, -ENOMEM, "remap: out of memory");
+	}
 	for (size_t i = 0; i < c->nregions; i++) {
 		struct region *g = &c->regions[i];
 		struct pseg *s = find_pseg(c, g->prank, g->segid);
@@ -2398,7 +2417,7 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 			for (size_t j = i; j < c->nregions; j++)
 				if (c->regions[j].r.fixed)
 					done[j] = 1;
-			unmap_regions(c, done);
+			regions_undone(c, unmap_regions(c, done));
 			free(done);
 			return set_err(c, ret, "remap: map_fixed: %s%s", wex_strerror(ret),
 				       ret == -EINVAL && g->r.lead != s->seg.desc.handle_offset ?
@@ -2472,7 +2491,7 @@ static int reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint64_t s
 		device = 0;
 	n = realloc(c->regions, (c->nregions + 1) * sizeof(*n));
 	if (!n)
-		return -ENOMEM;
+		return set_err(c, -ENOMEM, "reserve: out of memory");
 	c->regions = n;
 	memset(&n[c->nregions], 0, sizeof(n[0]));
 	n[c->nregions].prank = prank;

@@ -53,10 +53,13 @@ struct wex_mem_region {
 	int device;
 	int fixed;    /* 1 while a producer's memory is mapped there */
 	/* 1 after a failure the backend could not undo left the region
-	 * without writable memory of its own (nothing mapped, or pieces of a
-	 * producer's memory it could not unmap): writes there fault.
-	 * unmap_fixed tries again to give it fresh memory; map_fixed may
-	 * still map a producer's memory there. */
+	 * without writable memory of its own (its addresses held with no
+	 * access, nothing mapped, or pieces of a producer's memory it could
+	 * not unmap): writes there fault.  unmap_fixed tries again to give it
+	 * fresh memory; map_fixed may still map a producer's memory there.
+	 * 2 (host): not even the addresses could be held: unreserve leaves
+	 * them, and the region maps there again only where nothing else was
+	 * mapped meanwhile. */
 	int lost;
 	uint64_t lead; /* reserved bytes below addr (see the reserve slot) */
 	void *priv;

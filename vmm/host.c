@@ -195,38 +195,53 @@ static int range_mapped(void *addr, uint64_t size)
  * range; a mapping another thread made in the hole meanwhile would be
  * replaced too (the reservation is the region's, as with the MAP_FIXED
  * swap itself).  NULL when even that fails: nothing is mapped there. */
-static void *refill(struct wex_mem_region *r)
+static void *map_at(struct wex_mem_region *r, int prot, int flags)
 {
 	void *p;
 
-	p = mmap(r->addr, r->size, PROT_READ | PROT_WRITE,
-		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+	p = mmap(r->addr, r->size, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE | flags,
+		 -1, 0);
 	if (p == r->addr)
 		return p;
 	/* Kernels before 4.17 take NOREPLACE as a hint: p is elsewhere. */
-	if (p != MAP_FAILED)
+	if (p != MAP_FAILED) {
 		munmap(p, r->size);
-	else if (errno != EEXIST)
+		errno = EEXIST;
 		return NULL;
-	p = mmap(r->addr, r->size, PROT_READ | PROT_WRITE,
-		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+	}
+	/* Addresses no longer the region's (lost = 2): never replaced. */
+	if (errno != EEXIST || r->lost == 2)
+		return NULL;
+	p = mmap(r->addr, r->size, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | flags, -1, 0);
 	return p == MAP_FAILED ? NULL : p;
 }
 
-/* refill(), with r->lost set and logged when it fails (errno kept). */
+static void *refill(struct wex_mem_region *r)
+{
+	return map_at(r, PROT_READ | PROT_WRITE, 0);
+}
+
+/* refill(), with r->lost set and logged when it fails (errno kept).  The
+ * addresses are then held with no access and no memory behind them, so
+ * that nothing else the process maps lands there (and is later unmapped
+ * or overwritten as the region's); where even that fails they are given
+ * up (lost = 2): unreserve leaves them, and the region maps there again
+ * only where nothing else was mapped meanwhile. */
 static int lose_or_refill(struct wex_mem_region *r)
 {
-	int err;
+	int err, held;
 
 	if (refill(r)) {
 		r->lost = 0;
 		return 0;
 	}
 	err = errno;
-	r->lost = 1;
-	wex_error("host", "remap: no memory to refill %p (%llu bytes): %s; nothing is mapped "
-		  "there until a copy sync maps fresh memory", r->addr,
-		  (unsigned long long)r->size, strerror(err));
+	held = !!map_at(r, PROT_NONE, MAP_NORESERVE);
+	r->lost = held ? 1 : 2;
+	wex_error("host", "remap: no memory to refill %p (%llu bytes): %s; %s until a copy sync "
+		  "maps fresh memory", r->addr, (unsigned long long)r->size, strerror(err),
+		  held ? "its addresses are held with no access (reads fault)" :
+			 "nothing is mapped there and the region no longer holds its addresses");
 	errno = err;
 	return -err;
 }
@@ -252,13 +267,22 @@ static int host_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uin
 	/* MAP_FIXED replaces the consumer's pages atomically: every pointer into
 	 * the region now reads the producer's bytes.  Read-only, so a stray
 	 * write by the engine faults instead of corrupting the trainer. */
-	p = mmap(r->addr, r->size, PROT_READ, MAP_SHARED | MAP_FIXED, seg->fd, (off_t)off);
+	/* (A region whose addresses were given up maps only where nothing
+	 * else was mapped meanwhile.) */
+	p = mmap(r->addr, r->size, PROT_READ,
+		 MAP_SHARED | (r->lost == 2 ? MAP_FIXED_NOREPLACE : MAP_FIXED), seg->fd, (off_t)off);
+	if (p != MAP_FAILED && p != r->addr) {
+		munmap(p, r->size); /* NOREPLACE taken as a hint (before 4.17) */
+		return -EEXIST;
+	}
 	if (p != MAP_FAILED) {
 		r->fixed = 1;
 		r->lost = 0;
 		return 0;
 	}
 	ret = -errno;
+	if (r->lost == 2)
+		return ret; /* nothing of the region's there to lose */
 	/* POSIX lets a failed MAP_FIXED request leave the range partly
 	 * unmapped (older Linux kernels removed the old mapping before the
 	 * file's mmap hook could fail).  Intact: the region is as it was.
@@ -329,7 +353,8 @@ static int host_unmap_fixed(struct wex_mem_region *r)
 
 static int host_unreserve(struct wex_mem_region *r)
 {
-	if (r->addr && munmap(r->addr, r->size) < 0)
+	/* Given up addresses (lost = 2) may be another mapping's by now. */
+	if (r->addr && r->lost != 2 && munmap(r->addr, r->size) < 0)
 		return -errno;
 	r->addr = NULL;
 	return 0;

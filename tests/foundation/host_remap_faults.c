@@ -34,7 +34,13 @@
  * when wexd restarted, and the trainer began its next version there,
  * before that undo copied what the region showed (the failed swap waits
  * for both here), the sync's release finds its lease gone, so the copy
- * may be a mix and the weights are dirty (they were called clean).
+ * may be a mix and the weights are dirty (they were called clean); and
+ * when a fixed sync from copies of one version swaps one region, fails on
+ * the other and undoes the first, which then holds the new version, the
+ * weights are dirty too.  A region whose refill fails keeps its addresses
+ * with no access (no other mapping lands there); where even that fails it
+ * gives them up (lost = 2), and neither unmap_fixed, map_fixed nor
+ * unreserve touches what the process maps there afterwards.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -62,6 +68,7 @@ static void (*on_fire)(void); /* run once by the next fault, before it fails the
 static int arm_remap;       /* next mremap(MREMAP_FIXED) */
 static int skip_remap;      /* mremaps to let through before arm_remap fires */
 static int arm_refill;      /* next anonymous mmap at a fixed address: F_KEEP fails it */
+static int refill_fails;    /* and this many more after it (ENOMEM) */
 static int hits_fixed_file, hits_remap, hits_refill;
 
 typedef void *(*mmap_fn)(void *, size_t, int, int, int, off_t);
@@ -104,6 +111,11 @@ INTERPOSE void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t 
 		return fire(&arm_fixed_file, &hits_fixed_file, addr, len);
 	if ((flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) && (flags & MAP_ANONYMOUS) && arm_refill)
 		return fire(&arm_refill, &hits_refill, addr, len);
+	if ((flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) && (flags & MAP_ANONYMOUS) && refill_fails) {
+		refill_fails--;
+		errno = ENOMEM;
+		return MAP_FAILED;
+	}
 	return real_mmap(addr, len, prot, flags, fd, off);
 }
 
@@ -163,6 +175,19 @@ static int mapped(void *addr, size_t len)
 }
 
 /* No page of [addr, addr+len) is mapped. */
+/* Every page of [addr, addr+len) mapped with no access: the addresses a
+ * lost region keeps (nothing else the process maps can land there). */
+static int held(void *addr, size_t len)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	char line[512];
+
+	for (size_t o = 0; o < len; o += (size_t)pg)
+		if (!map_line((char *)addr + o, line, sizeof(line)) || !strstr(line, " ---p "))
+			return 0;
+	return 1;
+}
+
 static int unmapped(void *addr, size_t len)
 {
 	long pg = sysconf(_SC_PAGESIZE);
@@ -279,13 +304,13 @@ static void backend_cases(void)
 	arm_refill = F_KEEP;
 	ret = ops->unmap_fixed(&r);
 	T_ASSERT(hits_refill == 1, "the injected refill failure was hit");
-	T_ASSERT(ret == -WEX_EDIRTY && !r.fixed && r.lost && unmapped(r.addr, SZ),
-		 "unmap_fixed, hole and no memory: -WEX_EDIRTY, lost, nothing mapped (got %s)",
+	T_ASSERT(ret == -WEX_EDIRTY && !r.fixed && r.lost == 1 && held(r.addr, SZ),
+		 "unmap_fixed, hole and no memory: -WEX_EDIRTY, lost, addresses held with no access (got %s)",
 		 wex_strerror(ret));
 	/* A lost region: unmap_fixed tries again; the error while it can't. */
 	arm_refill = F_KEEP;
 	ret = ops->unmap_fixed(&r);
-	T_ASSERT(hits_refill == 2 && ret == -ENOMEM && r.lost && unmapped(r.addr, SZ),
+	T_ASSERT(hits_refill == 2 && ret == -ENOMEM && r.lost == 1 && held(r.addr, SZ),
 		 "unmap_fixed of a lost region, still no memory: -ENOMEM, lost (got %s)",
 		 wex_strerror(ret));
 	ret = ops->unmap_fixed(&r);
@@ -300,14 +325,42 @@ static void backend_cases(void)
 	arm_fixed_file = F_HOLE;
 	arm_refill = F_KEEP;
 	ret = ops->map_fixed(&r, &a, 0);
-	T_ASSERT(hits_refill == 3 && ret == -WEX_EDIRTY && !r.fixed && r.lost &&
-		 unmapped(r.addr, SZ),
-		 "map_fixed, hole and no memory: -WEX_EDIRTY, lost, nothing mapped (got %s)",
+	T_ASSERT(hits_refill == 3 && ret == -WEX_EDIRTY && !r.fixed && r.lost == 1 &&
+		 held(r.addr, SZ),
+		 "map_fixed, hole and no memory: -WEX_EDIRTY, lost, addresses held (got %s)",
 		 wex_strerror(ret));
 	/* A producer's memory can still be mapped there. */
 	T_ASSERT(ops->map_fixed(&r, &a, 0) == 0 && r.fixed && !r.lost &&
 		 all_bytes(r.addr, SZ, 0xaa), "map_fixed into a lost region");
 	T_ASSERT(ops->unreserve(&r) == 0, "unreserve");
+
+	/* ... and when not even the addresses can be held (lost = 2): what
+	 * the process maps there later is never unmapped or replaced as the
+	 * region's. */
+	T_ASSERT(ops->reserve(SZ, 0, -1, &r) == 0, "reserve once more");
+	arm_fixed_file = F_HOLE;
+	arm_refill = F_KEEP;
+	refill_fails = 1; /* the hold too */
+	ret = ops->map_fixed(&r, &a, 0);
+	T_ASSERT(ret == -WEX_EDIRTY && r.lost == 2 && unmapped(r.addr, SZ) && refill_fails == 0,
+		 "map_fixed, hole, no memory, no hold: -WEX_EDIRTY, lost = 2, nothing there (got %s)",
+		 wex_strerror(ret));
+	{
+		unsigned char *other = mmap(r.addr, SZ, PROT_READ | PROT_WRITE,
+					    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+
+		T_ASSERT(other == r.addr, "another mapping lands on the given-up addresses");
+		memset(other, 0x77, SZ);
+		ret = ops->unmap_fixed(&r);
+		T_ASSERT(ret < 0 && r.lost == 2 && all_bytes(other, SZ, 0x77),
+			 "unmap_fixed leaves the other mapping alone (got %s)", wex_strerror(ret));
+		ret = ops->map_fixed(&r, &a, 0);
+		T_ASSERT(ret == -EEXIST && !r.fixed && all_bytes(other, SZ, 0x77),
+			 "map_fixed does not replace it: -EEXIST (got %s)", wex_strerror(ret));
+		T_ASSERT(ops->unreserve(&r) == 0 && all_bytes(other, SZ, 0x77),
+			 "unreserve does not unmap it");
+		munmap(other, SZ);
+	}
 	T_ASSERT(arm_fixed_file == F_NONE && arm_remap == F_NONE && arm_refill == F_NONE,
 		 "every armed fault fired");
 	T_ASSERT(ops->release(&a) == 0 && ops->release(&b) == 0, "release the segments");
@@ -350,7 +403,7 @@ static void client_cases(void)
 	T_ASSERT(ret == -WEX_EDIRTY && strstr(wex_last_error(k.c), "no memory could be mapped"),
 		 "REMAP_FIXED sync leaving nothing mapped: -WEX_EDIRTY, says so (got %s: %s)",
 		 wex_strerror(ret), wex_last_error(k.c));
-	T_ASSERT(unmapped(k.region, k.seg_bytes) && wex_is_dirty(k.c), "nothing mapped, dirty");
+	T_ASSERT(held(k.region, k.seg_bytes) && wex_is_dirty(k.c), "nothing usable mapped, dirty");
 	arm_refill = F_KEEP;
 	ret = wex_sync(k.c, WEX_SYNC_COPY, 1, 5000, &res);
 	T_ASSERT(ret == -ENOMEM && strstr(wex_last_error(k.c), "has no memory of its own"),
@@ -467,7 +520,7 @@ static void two_regions(struct t_wexd *d)
 	T_ASSERT(ret == -WEX_EDIRTY && strstr(wex_last_error(k), "has no memory of its own"),
 		 "copy sync with a lost: -WEX_EDIRTY, says so (got %s: %s)", wex_strerror(ret),
 		 wex_last_error(k));
-	T_ASSERT(unmapped(r0, N) && !maps_has(r1, "memfd:"), "a has nothing mapped, b is private");
+	T_ASSERT(held(r0, N) && !maps_has(r1, "memfd:"), "a has nothing usable mapped, b is private");
 	T_WEX(k, wex_sync(k, WEX_SYNC_COPY, 2, 5000, &res));
 	T_ASSERT(!wex_is_dirty(k) && all_bytes(r0, N, 2) && all_bytes(r1, N, 2),
 		 "the next copy sync repairs both");
@@ -536,6 +589,24 @@ static void two_regions(struct t_wexd *d)
 	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 5, 5000, &res));
 	T_ASSERT(all_bytes(r0, N, 5) && all_bytes(r1, N, 5) && !wex_is_dirty(k),
 		 "the next fixed sync shows v5 in both, clean");
+
+	/* From copies of v5, a fixed sync of v6 swaps a, fails on b (which
+	 * keeps its own bytes), and undoes a, which then holds v6: two
+	 * versions, so the weights are dirty (they were called clean v5). */
+	T_WEX(k, wex_sync(k, WEX_SYNC_COPY, 5, 5000, &res));
+	T_ASSERT(!wex_is_dirty(k) && all_bytes(r0, N, 5) && all_bytes(r1, N, 5), "copies of v5");
+	publish(p, b0, b1, N, 6);
+	arm_fixed_file = F_KEEP;
+	skip_fixed_file = 1;
+	ret = wex_sync(k, WEX_SYNC_REMAP_FIXED, 6, 5000, &res);
+	T_ASSERT(ret == -ENOMEM, "fixed sync of v6 with b's swap failing: -ENOMEM, got %s (%s)",
+		 wex_strerror(ret), wex_last_error(k));
+	T_ASSERT(all_bytes(r0, N, 6) && all_bytes(r1, N, 5) && !maps_has(r0, "memfd:"),
+		 "a was undone holding v6, b kept v5 (the mix this case stages)");
+	T_ASSERT(wex_is_dirty(k) == 1, "a holds v6 and b v5, but the weights are not dirty");
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_FIXED, 6, 5000, &res));
+	T_ASSERT(all_bytes(r0, N, 6) && all_bytes(r1, N, 6) && !wex_is_dirty(k),
+		 "the next fixed sync shows v6 in both, clean");
 	T_WEX(k, wex_release(k));
 	T_ASSERT(arm_remap == F_NONE && arm_refill == F_NONE && arm_fixed_file == F_NONE,
 		 "every armed fault fired");
