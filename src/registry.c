@@ -12,6 +12,7 @@
  *    (one lease) until every rank took it.
  *  - A dead client loses its leases and registrations, nothing else.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -70,10 +71,11 @@ static void plans_gc(struct model *m)
 		struct plan_entry *p = *pp;
 		int used = 0;
 
+		/* Used: by a rank it was made for (the key of plan_get). */
 		for (struct cgroup *g = m->groups; g && !used; g = g->next)
-			for (uint32_t i = 0; i < g->world && !used; i++)
-				used = g->ranks[i] && g->ranks[i]->layout_hash == p->consumer_hash &&
-				       p->layout_gen == m->layout_gen;
+			used = p->layout_gen == m->layout_gen && p->cworld == g->world &&
+			       p->crank < g->world && g->ranks[p->crank] &&
+			       g->ranks[p->crank]->layout_hash == p->consumer_hash;
 		if (used) {
 			pp = &p->next;
 			continue;
@@ -102,6 +104,20 @@ static void prank_clear(struct prank *r)
 	r->bytes = 0;
 }
 
+
+/* Unlinks g from m and frees it. */
+static void group_free(struct model *m, struct cgroup *g)
+{
+	for (struct cgroup **gp = &m->groups; *gp; gp = &(*gp)->next)
+		if (*gp == g) {
+			*gp = g->next;
+			break;
+		}
+	free(g->ranks);
+	free(g->taken);
+	free(g);
+}
+
 static void model_free(struct wexd *d, struct model *m)
 {
 	struct model **pp;
@@ -114,14 +130,8 @@ static void model_free(struct wexd *d, struct model *m)
 	for (uint32_t i = 0; i < m->world; i++)
 		prank_clear(&m->ranks[i]);
 	free(m->ranks);
-	while (m->groups) {
-		struct cgroup *g = m->groups;
-
-		m->groups = g->next;
-		free(g->ranks);
-		free(g->taken);
-		free(g);
-	}
+	while (m->groups)
+		group_free(m, m->groups);
 	plans_free(m);
 	if (m->tables_fd >= 0)
 		close(m->tables_fd);
@@ -436,7 +446,9 @@ static int hex_decode(const char *s, unsigned char *out, size_t max, uint32_t *l
 	for (size_t i = 0; i < n / 2; i++) {
 		unsigned v;
 
-		if (sscanf(s + 2 * i, "%2x", &v) != 1)
+		/* (sscanf alone takes "+1", "-1" and "0g".) */
+		if (!isxdigit((unsigned char)s[2 * i]) || !isxdigit((unsigned char)s[2 * i + 1]) ||
+		    sscanf(s + 2 * i, "%2x", &v) != 1)
 			return -EINVAL;
 		out[i] = (unsigned char)v;
 	}
@@ -1139,16 +1151,18 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 	if (g->round_open && !g->taken[c->rank]) {
 		v = g->round_version;
 		if (v < c->wait_version && c->wait_held == v && v == m->published &&
-		    m->published_restored) {
+		    (m->published_restored ||
+		     (c->served_version == v && c->served_epoch == m->epoch))) {
 			/* This rank holds the round's version already (it took
 			 * it from a wexd that restarted since, which this one
 			 * never saw: the producers restored the version, the
-			 * same bytes) and asks for a newer one: it will never
-			 * take this round, whose hold would keep the producer
-			 * from writing the version it waits for.  It passes
-			 * (2: taken without a lease); the group stays on one
-			 * version.  A rank that does not hold it waits, as
-			 * every rank must take the same version. */
+			 * same bytes; or from this one, in a round a peer that
+			 * restarted since opened again) and asks for a newer
+			 * one: it will never take this round, whose hold would
+			 * keep the producer from writing the version it waits
+			 * for.  It passes (2: taken without a lease); the group
+			 * stays on one version.  A rank that does not hold it
+			 * waits, as every rank must take the same version. */
 			g->taken[c->rank] = 2;
 			g->ntaken++;
 			if (g->ntaken == g->world)
@@ -1195,6 +1209,7 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 	c->syncs++;
 	c->last_sync_ns = wex__now_ns();
 	c->served_version = v;
+	c->served_epoch = m->epoch;
 	*reply = json_pack("{s:b, s:I, s:I, s:f}", "ok", 1, "version", (json_int_t)v, "layout_gen",
 			   (json_int_t)m->layout_gen, "waited_ms",
 			   (double)(wex__now_ns() - c->wait_start_ns) / 1e6);
@@ -1568,9 +1583,15 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 		for (uint32_t i = 0; i < g->world; i++)
 			any |= g->ranks[i] != NULL;
 		/* With no rank left to take it, the group's round hold would
-		 * block the producer forever. */
-		if (!any)
+		 * block the producer forever; and the group itself goes (a
+		 * rank that comes back makes it again, with the world it says):
+		 * groups that only ever grew would let one client fill wexd's
+		 * memory, and its status replies, with empty rank slots. */
+		if (!any) {
 			round_close(m, g);
+			group_free(m, g);
+		}
+		c->group = NULL;
 	}
 	free(c->layout);
 	c->layout = NULL;

@@ -47,6 +47,7 @@ struct conn {
 	int has_lease;
 	uint64_t lease_version;
 	uint64_t lease_epoch; /* the model's epoch when the lease was granted */
+	uint64_t served_epoch; /* the model's epoch when served_version was granted */
 	int lease_mode;
 	/* The lease was taken over from an earlier wexd (struct held): it
 	 * holds the producer off until released, but serves no sync. */

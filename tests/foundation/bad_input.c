@@ -191,6 +191,8 @@ int main(void)
 		   &mfd, 1, "EINVAL", "only cuda_vmm", "host memory as a part");
 	expect_req(prod, SEG "\"size\":4096,\"handle\":\"00ff\"}", NULL, 0, "EINVAL", "takes 1 fd",
 		   "VMM memory with neither an fd nor a fabric handle");
+	expect_req(prod, SEG "\"size\":4096,\"handle\":\"+1-10g\"}", &mfd, 1, "EINVAL", "must be hex",
+		   "a handle with signs and a non-hex digit");
 	expect_req(prod, SEG "\"size\":4096,\"part\":true,\"parts\":[0,1]}", NULL, 0, "EINVAL",
 		   "cannot chain", "a part that chains parts");
 	expect_req(prod, SEG "\"size\":4096,\"parts\":[0,0]}", NULL, 0, "EINVAL", "not a part",

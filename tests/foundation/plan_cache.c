@@ -8,7 +8,10 @@
  *    and wexd's fd count grows by at most that plan;
  *  - after the producer registers another segment (the model's layout
  *    generation moves on), the consumer's next fetch leaves no plan of
- *    the older generation behind.
+ *    the older generation behind;
+ *  - consumers of 40 other group sizes that attach the same layout, fetch
+ *    and leave take their plans with them (a plan is keyed by rank and
+ *    world too, and only a rank it was made for keeps it).
  *
  * Found by review: plans were forgotten only when a consumer disconnected
  * or a producer re-registered its tensors, so attach + fetch in a loop
@@ -133,6 +136,32 @@ int main(void)
 	T_ASSERT(stale == 0 && all == 1,
 		 "%d plan(s) of an older layout generation kept (%d in all) after the consumer "
 		 "fetched against the new one", stale, all);
+
+	/* Consumers of other worlds with the same layout, each gone after
+	 * its fetch, while this one stays: their plans (keyed by rank and
+	 * world too) go with them, not kept alive by the layout alone. */
+	before = t_wexd_fds_settle(&d, -1);
+	for (int w = 2; w < 2 + LAYOUTS; w++) {
+		char hello[256];
+		int other = t_raw_connect(d.sock);
+
+		snprintf(hello, sizeof(hello),
+			 "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"" MODEL
+			 "\",\"group\":\"x\",\"rank\":0,\"world\":%d}", w);
+		ok(other, hello, NULL, 0, "hello of a consumer of another world");
+		fd = table(0, (uint64_t)(LAYOUTS - 1) * 1024); /* cons's current layout */
+		ok(other, "{\"v\":1,\"op\":\"attach\"}", &fd, 1, "attach the same layout");
+		close(fd);
+		ok(other, "{\"v\":1,\"op\":\"fetch\"}", NULL, 0, "fetch for another world");
+		close(other);
+	}
+	after = t_wexd_fds_settle(&d, before); /* (the last hang-up seen) */
+	count_plans(ctl, &all, &stale);
+	printf("after %d consumers of other worlds with the same layout came and went: %d plan(s), "
+	       "wexd fds %d -> %d\n", LAYOUTS, all, before, after);
+	T_ASSERT(all == 1 && after <= before,
+		 "%d plan(s) kept (wexd fds %d -> %d) for consumers that left: a plan of another "
+		 "rank or world was kept alive by a remaining consumer's layout", all, before, after);
 
 	close(cons);
 	close(prod);
