@@ -216,12 +216,20 @@ static void handle_recv(struct wex_loop *l, struct wex_loop_io *io, int res)
 
 	io->inflight = 0;
 	if (io->closing) {
-		/* Fds that raced in with the cancelled receive are ours to close. */
-		if (res > 0) {
+		/* Fds that raced in with the cancelled receive are ours to
+		 * close; an empty message (res 0) may carry them too. */
+		if (res >= 0) {
 			wex_sock_take_fds(&io->msg, fds, WEX_SOCK_MAX_FDS, &nfds);
 			wex_sock_close_fds(fds, nfds);
 		}
 		finish_close(l, io);
+		return;
+	}
+	/* A receive the kernel ran in a worker on the non-blocking socket
+	 * (older kernels), or one interrupted: nothing arrived, as epoll's
+	 * EAGAIN; wait again rather than take it for the client's end. */
+	if (res == -EAGAIN || res == -EINTR) {
+		arm_recv(l, io);
 		return;
 	}
 	if (res < 0) {
@@ -232,7 +240,8 @@ static void handle_recv(struct wex_loop *l, struct wex_loop_io *io, int res)
 	if (wex_sock_take_fds(&io->msg, fds, WEX_SOCK_MAX_FDS, &nfds) < 0)
 		mflags |= MSG_CTRUNC;
 	l->cbs.on_msg(l->arg, io, res, fds, nfds, mflags);
-	if (!io->closing && res > 0)
+	/* (0 is an empty message when the connection stays open.) */
+	if (!io->closing)
 		arm_recv(l, io);
 }
 
@@ -282,13 +291,20 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 				break;
 			}
 			if (res >= 0) {
-				int fl = fcntl(res, F_GETFL);
-
-				fcntl(res, F_SETFL, fl | O_NONBLOCK);
+				/* Left blocking: wexd sends with MSG_DONTWAIT, and
+				 * a receive on a non-blocking socket completes
+				 * with -EAGAIN on older kernels instead of
+				 * waiting. */
 				l->cbs.on_accept(l->arg, res);
 			} else if (res == -EINVAL && u->multishot_ok) {
 				/* Kernels before 5.19 reject multishot accept. */
 				u->multishot_ok = 0;
+			} else if (res == -EAGAIN && !(flags & IORING_CQE_F_MORE)) {
+				/* Kernels before 5.18 (5.15.90) complete an
+				 * accept on a non-blocking listener at once:
+				 * wait for a client instead of spinning. */
+				arm_listen_poll(l, w);
+				break;
 			} else if (res == -EMFILE || res == -ENFILE) {
 				/* Refuses the client if one waits; then waits
 				 * for the next one rather than fail again. */

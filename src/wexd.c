@@ -443,6 +443,20 @@ static void on_msg(void *arg, struct wex_loop_io *io, ssize_t len, int *fds, int
 	struct conn *c = io->owner;
 	json_t *reply;
 
+	/* SOCK_SEQPACKET carries empty messages: 0 is the end only when the
+	 * client hung up (an empty one is answered, as any bad message). */
+	if (len == 0 && !c->dropping) {
+		struct pollfd p = { .fd = c->io.fd, .events = POLLRDHUP };
+
+		if (poll(&p, 1, 0) == 0 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+			wex_sock_close_fds(fds, nfds);
+			reply = wex__reply_error(-EBADMSG, "empty message");
+			if (wexd_send(d, c, reply, NULL, 0) < 0)
+				conn_close(d, c);
+			json_decref(reply);
+			return;
+		}
+	}
 	if (len <= 0 || c->dropping) {
 		if (len < 0)
 			wex_debug("conn", "client %llu: receive: %s", (unsigned long long)c->id,
@@ -839,6 +853,7 @@ int main(int argc, char **argv)
 			  .begin_write_timeout_ms = 30000, .sync_timeout_ms = 60000 };
 	const char *io = NULL, *sock = NULL, *cfg = NULL, *level = NULL, *s;
 	char err[512] = "", buf[PATH_MAX];
+	struct stat st;
 	sigset_t mask;
 	int opt, ret;
 
@@ -990,6 +1005,10 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		d.socket_owned = 1;
+		if (stat(d.socket_path, &st) == 0) {
+			d.socket_dev = st.st_dev;
+			d.socket_ino = st.st_ino;
+		}
 	}
 	d.listener.fd = d.listen_fd;
 	if ((ret = d.loop.ops->listen(&d.loop, &d.listener)) < 0) {
@@ -1046,6 +1065,9 @@ int main(int argc, char **argv)
 		if (ret < 0) {
 			wex_error("wexd", "event loop: %s", strerror(-ret));
 			d.exit_code = 1;
+			/* No new client while the others are told below. */
+			d.draining = 1;
+			d.loop.ops->unlisten(&d.loop, &d.listener);
 			break;
 		}
 	}
@@ -1068,7 +1090,8 @@ int main(int argc, char **argv)
 		d.loop.ops->run_once(&d.loop, 10);
 	wexd_held_exit(&d);
 	wex__journal_close(&d.journal);
-	if (d.socket_owned)
+	if (d.socket_owned && stat(d.socket_path, &st) == 0 && st.st_dev == d.socket_dev &&
+	    st.st_ino == d.socket_ino)
 		unlink(d.socket_path);
 	close(d.listen_fd);
 	close(d.sig_fd);

@@ -161,6 +161,8 @@ struct wexd {
 	int sig_fd;
 	char socket_path[PATH_MAX];
 	int socket_owned;
+	dev_t socket_dev; /* the socket file wexd made (unlinked at exit only if */
+	ino_t socket_ino; /* it is still that file, not another daemon's) */
 	struct conn *conns;
 	uint32_t nconns;
 	struct model *models;

@@ -5,7 +5,8 @@
 # (connect() reports ECONNREFUSED for a regular file just as for a stale
 # socket, and wexd once deleted it); a stale socket left by a dead daemon is
 # replaced and served; a live wexd's socket is not taken by a second wexd,
-# and the first one still serves.
+# and the first one still serves; at exit wexd removes its socket file only
+# if it is still the one it made.
 WEXD=$1 WEXCTL=$2
 . "$(dirname "$0")/lib.sh"
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -36,4 +37,14 @@ grep -q "another wexd listens there" "$TMP/twice.log" || fail "unclear error: $(
 kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; rc=$?; WEXD_PID=""
 [ $rc = 0 ] || fail "wexd exit code $rc"
 [ -e "$WEX_SOCKET" ] && fail "wexd left its socket behind"
-echo "PASS: a non-socket at the path is kept and refused, a stale socket replaced, a live one not taken"
+# Its socket file replaced by another's while it runs: at exit wexd
+# removes only the file it made.
+start_wexd
+rm -f "$WEX_SOCKET"
+$PY -c "import socket,sys; s=socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.bind(sys.argv[1])" \
+	"$WEX_SOCKET" || fail "cannot bind the other socket"
+kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; rc=$?; WEXD_PID=""
+[ $rc = 0 ] || fail "wexd exit code $rc"
+[ -S "$WEX_SOCKET" ] || fail "wexd removed a socket file that another made at its path"
+rm -f "$WEX_SOCKET"
+echo "PASS: a non-socket at the path is kept and refused, a stale socket replaced, a live one not taken, another's file not removed at exit"
