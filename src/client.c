@@ -200,6 +200,14 @@ static int set_err(struct wex_client *c, int ret, const char *fmt, ...)
 				       __func__);                                     \
 	} while (0)
 
+/* ARGS_OK for a call that acts (not a query): its wex_last_error is its
+ * own from then on, never an earlier call's where it fails without one. */
+#define CALL_OK(c, cond)                                                              \
+	do {                                                                          \
+		ARGS_OK(c, cond);                                                     \
+		(c)->err[0] = '\0';                                                   \
+	} while (0)
+
 /*
  * A fork copies the open clients into the child, their connection to wexd
  * included.  A child that kept it (a data-loader worker, say) would keep
@@ -1450,7 +1458,7 @@ WEX_API int wex_segment_alloc(wex_client_t *c, int kind, int device, uint64_t si
 {
 	int ret;
 
-	ARGS_OK(c, id && ptr);
+	CALL_OK(c, id && ptr);
 	LOCKED_KEEP_DEVICE(c, ret, segment_alloc(c, kind, device, size, id, ptr));
 	return ret;
 }
@@ -1480,7 +1488,7 @@ WEX_API int wex_segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t
 {
 	int ret;
 
-	ARGS_OK(c, id);
+	CALL_OK(c, id);
 	LOCKED(c, ret, segment_register_fd(c, fd, ptr, size, id));
 	return ret;
 }
@@ -1522,7 +1530,7 @@ WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint6
 {
 	int ret;
 
-	ARGS_OK(c, id);
+	CALL_OK(c, id);
 	LOCKED_KEEP_DEVICE(c, ret, segment_register_ptr(c, kind, ptr, size, id));
 	return ret;
 }
@@ -1603,7 +1611,7 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
 {
 	int ret;
 
-	ARGS_OK(c, t || !n);
+	CALL_OK(c, t || !n);
 	LOCKED(c, ret, register_tensors(c, t, n));
 	return ret;
 }
@@ -1629,7 +1637,7 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
 {
 	int ret;
 
-	ARGS_OK(c, 1);
+	CALL_OK(c, 1);
 	LOCKED(c, ret, begin_write(c, version, timeout_ms));
 	return ret;
 }
@@ -1687,7 +1695,7 @@ WEX_API int wex_publish(wex_client_t *c, uint64_t version)
 {
 	int ret;
 
-	ARGS_OK(c, 1);
+	CALL_OK(c, 1);
 	LOCKED_KEEP_DEVICE(c, ret, publish(c, version));
 	return ret;
 }
@@ -1705,7 +1713,7 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 	struct wex_tensor *copy;
 	int ret;
 
-	ARGS_OK(c, t || !n);
+	CALL_OK(c, t || !n);
 	if (c->role != WEX_ROLE_CONSUMER)
 		return set_err(c, -EPERM, "only consumers attach");
 	ret = copy_tensors(c, t, n, 1, &copy);
@@ -2509,7 +2517,7 @@ WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint6
 {
 	int ret;
 
-	ARGS_OK(c, ptr);
+	CALL_OK(c, ptr);
 	KEEP_THREAD_DEVICE(ret, reserve(c, prank, segment, size, ptr));
 	return ret;
 }
@@ -2762,14 +2770,14 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 {
 	int ret;
 
-	ARGS_OK(c, res);
+	CALL_OK(c, res);
 	KEEP_THREAD_DEVICE(ret, sync_(c, mode, min_version, timeout_ms, res));
 	return ret;
 }
 
 WEX_API int wex_release(wex_client_t *c)
 {
-	ARGS_OK(c, 1);
+	CALL_OK(c, 1);
 	if (c->role != WEX_ROLE_CONSUMER)
 		return set_err(c, -EPERM, "only consumers hold leases");
 	if (!c->has_lease) {

@@ -442,7 +442,10 @@ WEX_API int wex_producer_tensors(wex_client_t *c, uint32_t prank, const struct w
 WEX_API int wex_request(wex_client_t *c, const char *op, const char *args_json, char **json);
 
 /* The last error message wexd or the library produced for this client
- * (never NULL; owned by the client; valid until the next call). */
+ * (never NULL; owned by the client; valid until the next call).  Every
+ * call that acts (all but wex_is_dirty, wex_view, wex_producer_tensors and
+ * this one) starts with it empty: a failure never shows an earlier
+ * call's message. */
 WEX_API const char *wex_last_error(wex_client_t *c);
 
 /* BEGIN cuda section (vmm/) */

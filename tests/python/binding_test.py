@@ -149,6 +149,14 @@ class Binding(WexdProducerCase):
             wex.tensor("x", "BF16", (1,) * 9)
         with self.assertRaises(ValueError):
             wex.tensor("x", "BF16", (2, 2), start=(0,))
+        # What ctypes would truncate or wrap: a NUL in a name, a negative
+        # dimension, values past their C type.
+        with self.assertRaises(ValueError):
+            wex.tensor("layers.0\0.evil", "BF16", (2,))
+        with self.assertRaises(ValueError):
+            wex.tensor("x", "BF16", (-1,))
+        with self.assertRaises(ValueError):
+            wex.tensor("x", "BF16", (2,), offset=1 << 64)
 
         # Parameters wex_client_open refuses (or would truncate): EINVAL
         # saying which.
@@ -202,10 +210,39 @@ class Binding(WexdProducerCase):
             ctypes.memset(ptr, 7, 1 << 16)
             self.assertEqual(ctypes.string_at(ptr + 100, 1), b"\x07")
 
+        # Versions and timeouts ctypes would wrap (-1 to 2**64-1, 2**32
+        # to 0, "wexd's default"): refused here.
+        for call in (lambda: p.begin_write(-1), lambda: p.begin_write(2, timeout_ms=1 << 32),
+                     lambda: p.publish(1 << 64)):
+            with self.assertRaises(ValueError):
+                call()
+
         # Consumer calls on a producer, and an unknown view.
         with self.assertRaises(wex.WexError) as e:
             p.sync(wex.SYNC_COPY)
         self.assertEqual(e.exception.code, errno.EPERM)
+        # A failure's message is its own, never an earlier call's: this
+        # one sets none in libwex (a forked child's copy says ECHILD).
+        self.assertIn("consumer", p.last_error)
+        # In a forked child every call refuses (ECHILD), is_dirty too (it
+        # said "dirty" for the error code).
+        pid = os.fork()
+        if pid == 0:
+            try:
+                c0 = wex.Client.__new__(wex.Client)
+                c0.__dict__.update(p.__dict__)
+                try:
+                    c0.is_dirty()
+                    code = 1
+                except wex.WexError as err:
+                    code = 0 if err.code == errno.ECHILD else 2
+                c0._h = None  # the child's copy: nothing of its own to close
+            except BaseException:
+                code = 3
+            os._exit(code)
+        _, st = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(st), 0,
+                         "is_dirty in a forked child: not WexError(ECHILD)")
         c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="bad", timeout_ms=5000)
         self.addCleanup(c.close)
         with self.assertRaises(wex.WexError) as e:

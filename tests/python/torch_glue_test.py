@@ -117,6 +117,48 @@ class TorchGlue(WexdProducerCase):
         # ... and the failed sync gave its lease back: the producer writes on.
         self.publish(5)
 
+    def test_close_waits_for_tensors(self):
+        """close() (or leaving a with block) while tensors over the
+        client's memory are alive: the client stays open, with a warning,
+        until the last goes (it crashed the process when they were read)."""
+        import gc
+        import warnings
+
+        model = "torch-glue-close"
+        p = wex.Client(wex.ROLE_PRODUCER, model, rank=0, world_size=1)
+        self.addCleanup(p.close)
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 16)
+        p.register_tensors([wex.tensor("w", "F32", (64, 32), segment=seg)])
+        src = torch_util.from_ptr(base, (64, 32), torch.float32, "cpu")
+        want = torch.arange(64 * 32, dtype=torch.float32).view(64, 32)
+        p.begin_write(1)
+        src.copy_(want)
+        p.publish(1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with wex.Client(wex.ROLE_CONSUMER, model, group="closer", timeout_ms=10000) as c:
+                c.sync(wex.SYNC_REMAP_VIEW, min_version=1)
+                views = torch_util.view_tensors(c, device="cpu")
+        self.assertTrue(any("still alive" in str(w.message) for w in caught),
+                        [str(w.message) for w in caught])
+        self.assertIsNotNone(c._h, "closed under live tensors")
+        self.assertTrue(torch.equal(views["w"], want), "views after the with block")
+        part = views["w"][3:5]  # a view of a view keeps it too
+        del views
+        gc.collect()
+        self.assertIsNotNone(c._h, "closed while a slice of a view lives")
+        self.assertTrue(torch.equal(part, want[3:5]))
+        del part
+        gc.collect()
+        self.assertIsNone(c._h, "still open once no tensor is left")
+        # close(force=True) closes at once.
+        c = wex.Client(wex.ROLE_CONSUMER, model, group="closer", timeout_ms=10000)
+        c.sync(wex.SYNC_REMAP_VIEW, min_version=1)
+        views = torch_util.view_tensors(c, device="cpu")
+        c.close(force=True)
+        self.assertIsNone(c._h)
+        del views
+
     def test_tables(self):
         """Strided and empty producer tensors, views that outlive their
         client object, and several pieces of one name."""

@@ -24,6 +24,9 @@ import ctypes.util
 import errno
 import json
 import os
+import threading
+import warnings
+import weakref
 
 NAME_MAX = 160
 MAX_DIMS = 8
@@ -55,6 +58,15 @@ class WexError(OSError):
     def __init__(self, code, message):
         super().__init__(code, message)
         self.code = code
+
+
+def _uint(val, bits, what):
+    """val as an unsigned integer of `bits` bits, or ValueError (ctypes
+    would wrap -1 to the largest value, 2**32 to 0)."""
+    v = int(val)
+    if not 0 <= v < 1 << bits:
+        raise ValueError("%s must be in 0..2**%d-1, not %r" % (what, bits, val))
+    return v
 
 
 class Tensor(ctypes.Structure):
@@ -133,8 +145,9 @@ def tensor(name, dtype, shape, *, start=None, extent=None, strides=None,
     """
     t = Tensor()
     raw = name.encode() if isinstance(name, str) else bytes(name)
-    if not raw or len(raw) >= NAME_MAX:
-        raise ValueError("tensor name must be 1..%d bytes: %r" % (NAME_MAX - 1, name))
+    if not raw or len(raw) >= NAME_MAX or b"\0" in raw:
+        raise ValueError("tensor name must be 1..%d bytes without NUL: %r"
+                         % (NAME_MAX - 1, name))
     t.name = raw
     if isinstance(dtype, str):
         if dtype not in DTYPE_SIZE:
@@ -151,14 +164,18 @@ def tensor(name, dtype, shape, *, start=None, extent=None, strides=None,
         raise ValueError("%s: start/extent must have %d dims" % (name, len(shape)))
     t.ndim = len(shape)
     for i, s in enumerate(shape):
-        t.shape[i], t.start[i], t.extent[i] = s, int(start[i]), int(extent[i])
+        t.shape[i] = _uint(s, 64, "%s: shape" % name)
+        t.start[i] = _uint(start[i], 64, "%s: start" % name)
+        t.extent[i] = _uint(extent[i], 64, "%s: extent" % name)
     if strides is not None:
         if len(strides) != len(shape):
             raise ValueError("%s: strides must have %d dims" % (name, len(shape)))
         for i, s in enumerate(strides):
+            if not -(1 << 63) <= int(s) < 1 << 63:
+                raise ValueError("%s: stride %r out of range" % (name, s))
             t.strides[i] = int(s)
-    t.segment = int(segment)
-    t.offset = int(offset)
+    t.segment = _uint(segment, 32, "%s: segment" % name)
+    t.offset = _uint(offset, 64, "%s: offset" % name)
     t.ptr = ptr
     return t
 
@@ -240,7 +257,15 @@ def cuda_free(ptr, size, device=0):
 
 
 class Client:
-    """A libwex client (wex_client_open .. wex_client_close)."""
+    """A libwex client (wex_client_open .. wex_client_close).
+
+    One client may be used from several threads: its calls take turns (a
+    lock; libwex needs them one at a time).  Tensors over its memory
+    (torch_util.from_ptr with owner=client: view_tensors, reserve_like)
+    keep it open: close() while any is alive closes it once the last is
+    gone, with a warning (close(force=True) closes at once, and reading
+    such a tensor afterwards crashes the process).
+    """
 
     def __init__(self, role, model=None, *, group=None, rank=0, world_size=1,
                  socket=None, timeout_ms=None, copy_threads=None, device=None,
@@ -249,6 +274,9 @@ class Client:
         reconnects as soon as wexd is back after a restart, between this
         producer's calls, and keeps its published version visible)."""
         self._h = None
+        self._lock = threading.RLock()
+        self._live = 0            # tensors over this client's memory alive
+        self._close_pending = False
         L = lib()
         # wex_client_open says only EINVAL (there is no client to hold a
         # reason) and truncates long names: say what is wrong here.
@@ -285,7 +313,7 @@ class Client:
                                  (_F_COPY_THREADS, "copy_threads", copy_threads),
                                  (_F_DEVICE, "device", device)):
             if val is not None:
-                setattr(p, field, val)
+                setattr(p, field, _uint(val, 31 if field == "device" else 32, field))
                 p.field_mask |= flag
         h = ctypes.c_void_p()
         ret = L.wex_client_open(ctypes.byref(p), ctypes.byref(h))
@@ -301,6 +329,23 @@ class Client:
             raise WexError(-ret, "%s: %s" % (what, self.last_error or strerror(ret)))
         return ret
 
+    def _call(self, what, fn, *args):
+        """fn(handle, *args) under the client's lock, checked."""
+        with self._lock:
+            return self._check(fn(self.handle, *args), what)
+
+    def _track(self, obj):
+        """obj (what holds a tensor's memory) keeps this client open."""
+        with self._lock:
+            self._live += 1
+        weakref.finalize(obj, self._untrack)
+
+    def _untrack(self):
+        with self._lock:
+            self._live -= 1
+            if self._live == 0 and self._close_pending:
+                self.close()
+
     @property
     def handle(self):
         if self._h is None:
@@ -313,8 +358,21 @@ class Client:
             return ""
         return self._lib.wex_last_error(self._h).decode(errors="replace")
 
-    def close(self):
-        if self._h is not None:
+    def close(self, force=False):
+        """Closes the client; deferred while tensors over its memory are
+        alive (see the class), unless force."""
+        with self._lock:
+            if self._h is None:
+                return
+            if self._live and not force:
+                if not self._close_pending:
+                    warnings.warn("wex.Client.close(): %d tensor(s) over this client's "
+                                  "memory are still alive: the client (its lease and "
+                                  "mappings) closes when the last is gone "
+                                  "(close(force=True) closes now)" % self._live,
+                                  RuntimeWarning, stacklevel=2)
+                self._close_pending = True
+                return
             self._lib.wex_client_close(self._h)
             self._h = None
             self._regions = []
@@ -327,8 +385,10 @@ class Client:
         self.close()
 
     def __del__(self):
+        # Nothing refers to the client any more, tensors over its memory
+        # included (they hold it).
         try:
-            self.close()
+            self.close(force=True)
         except Exception:
             pass
 
@@ -337,75 +397,80 @@ class Client:
     def segment_alloc(self, kind, size, device=0):
         """Returns (segment id, address in this process)."""
         sid, ptr = ctypes.c_uint32(), ctypes.c_void_p()
-        self._check(self._lib.wex_segment_alloc(self.handle, kind, device, size,
-                                                ctypes.byref(sid), ctypes.byref(ptr)),
-                    "segment_alloc")
+        self._call("segment_alloc", self._lib.wex_segment_alloc, kind, device,
+                   _uint(size, 64, "size"), ctypes.byref(sid), ctypes.byref(ptr))
         return sid.value, ptr.value
 
     def register_ptr(self, kind, ptr, size):
         sid = ctypes.c_uint32()
-        self._check(self._lib.wex_segment_register_ptr(self.handle, kind, ptr, size,
-                                                       ctypes.byref(sid)), "register_ptr")
+        self._call("register_ptr", self._lib.wex_segment_register_ptr, kind, ptr,
+                   _uint(size, 64, "size"), ctypes.byref(sid))
         return sid.value
 
     def register_fd(self, fd, ptr, size):
         sid = ctypes.c_uint32()
-        self._check(self._lib.wex_segment_register_fd(self.handle, fd, ptr, size,
-                                                      ctypes.byref(sid)), "register_fd")
+        self._call("register_fd", self._lib.wex_segment_register_fd, fd, ptr,
+                   _uint(size, 64, "size"), ctypes.byref(sid))
         return sid.value
 
     def register_tensors(self, tensors):
         arr = (Tensor * len(tensors))(*tensors)
-        self._check(self._lib.wex_register_tensors(self.handle, arr, len(tensors)),
-                    "register_tensors")
+        self._call("register_tensors", self._lib.wex_register_tensors, arr, len(tensors))
 
     def begin_write(self, version, timeout_ms=0):
-        self._check(self._lib.wex_begin_write(self.handle, version, timeout_ms), "begin_write")
+        self._call("begin_write", self._lib.wex_begin_write, _uint(version, 64, "version"),
+                   _uint(timeout_ms, 32, "timeout_ms"))
 
     def publish(self, version):
-        self._check(self._lib.wex_publish(self.handle, version), "publish")
+        self._call("publish", self._lib.wex_publish, _uint(version, 64, "version"))
 
     # Consumers ---------------------------------------------------------
 
     def attach(self, tensors):
         arr = (Tensor * len(tensors))(*tensors)
-        self._check(self._lib.wex_attach(self.handle, arr, len(tensors)), "attach")
+        self._call("attach", self._lib.wex_attach, arr, len(tensors))
 
     def reserve(self, prank, segment, size):
         """Reserves `size` bytes of producer rank `prank`'s segment kind
         (same-address regions); waits up to the client's timeout for the
         producer to register.  Returns the region's address."""
         ptr = ctypes.c_void_p()
-        self._check(self._lib.wex_reserve(self.handle, prank, segment, size,
-                                          ctypes.byref(ptr)), "reserve")
-        self._regions.append((ptr.value, size))
+        with self._lock:
+            self._call("reserve", self._lib.wex_reserve, _uint(prank, 32, "prank"),
+                       _uint(segment, 32, "segment"), _uint(size, 64, "size"),
+                       ctypes.byref(ptr))
+            self._regions.append((ptr.value, size))
         return ptr.value
 
     def sync(self, mode, min_version=0, timeout_ms=0):
         res = SyncResult()
-        self._check(self._lib.wex_sync(self.handle, mode, min_version, timeout_ms,
-                                       ctypes.byref(res)), "sync")
+        self._call("sync", self._lib.wex_sync, mode, _uint(min_version, 64, "min_version"),
+                   _uint(timeout_ms, 32, "timeout_ms"), ctypes.byref(res))
         return res
 
     def release(self):
-        self._check(self._lib.wex_release(self.handle), "release")
+        self._call("release", self._lib.wex_release)
 
     def is_dirty(self):
-        return bool(self._lib.wex_is_dirty(self.handle))
+        return bool(self._call("is_dirty", self._lib.wex_is_dirty))
 
     def view(self, name, prank=0):
         """Returns (address, Tensor) of producer rank prank's piece of name."""
         ptr, desc = ctypes.c_void_p(), Tensor()
-        self._check(self._lib.wex_view(self.handle, prank, name.encode(), ctypes.byref(ptr),
-                                       ctypes.byref(desc)), "view %s" % name)
+        raw = name.encode()
+        if b"\0" in raw:
+            raise ValueError("tensor name with NUL: %r" % name)
+        self._call("view %s" % name, self._lib.wex_view, _uint(prank, 32, "prank"), raw,
+                   ctypes.byref(ptr), ctypes.byref(desc))
         return ptr.value, desc
 
     def producer_tensors(self, prank=0):
         """The tensor table of producer rank prank (copies) and the rank count."""
         t, n = ctypes.POINTER(Tensor)(), ctypes.c_size_t()
-        nprod = self._check(self._lib.wex_producer_tensors(self.handle, prank, ctypes.byref(t),
-                                                           ctypes.byref(n)), "producer_tensors")
-        return [Tensor.from_buffer_copy(t[i]) for i in range(n.value)], nprod
+        with self._lock:  # (the table is the client's until its next call)
+            nprod = self._call("producer_tensors", self._lib.wex_producer_tensors,
+                               _uint(prank, 32, "prank"), ctypes.byref(t), ctypes.byref(n))
+            return [Tensor.from_buffer_copy(t[i]) for i in range(n.value)], nprod
 
     # Monitoring --------------------------------------------------------
 
@@ -413,8 +478,7 @@ class Client:
         """One request to wexd; returns its reply as a dict."""
         out = ctypes.c_void_p()
         a = json.dumps(args).encode() if args is not None else None
-        self._check(self._lib.wex_request(self.handle, op.encode(), a, ctypes.byref(out)),
-                    "request %s" % op)
+        self._call("request %s" % op, self._lib.wex_request, op.encode(), a, ctypes.byref(out))
         try:
             return json.loads(ctypes.string_at(out.value).decode())
         finally:

@@ -264,8 +264,11 @@ def from_ptr(ptr, shape, dtype, device=None, strides=None, owner=None):
     has no CUDA, None means host memory (no device address can exist).
     strides are in elements (None or all zero: contiguous).  The memory
     must outlive the tensor: pass the wex.Client as owner and the tensor
-    keeps it (and so its mappings) alive; a close() or the next sync of
-    that client still ends what a view shows."""
+    keeps it (and so its mappings) alive, and its close() waits for the
+    tensor to go (see wex.Client); the next sync of that client still
+    ends what a view shows.  Device memory stays on the GPU that holds it:
+    a device naming another GPU (or a default device that would move it)
+    raises ValueError rather than return a copy."""
     shape = tuple(int(s) for s in shape)
     strides = tuple(int(s) for s in strides) if strides is not None else None
     esize = torch.empty((), dtype=dtype).element_size()
@@ -274,13 +277,18 @@ def from_ptr(ptr, shape, dtype, device=None, strides=None, owner=None):
         device = "cpu"
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype, device=device if device is not None else "cpu")
+    track = getattr(owner, "_track", None)
     if device is not None and torch.device(device).type == "cpu":
         buf = (ctypes.c_uint8 * nbytes).from_address(ptr)
         buf._wex_owner = owner  # the storage keeps buf, buf keeps the client
         raw = torch.frombuffer(buf, dtype=torch.uint8)
+        holder = buf
     else:
+        holder = _CudaArray(ptr, nbytes, owner)
         try:
-            raw = torch.as_tensor(_CudaArray(ptr, nbytes, owner), device=device)
+            # No device here: PyTorch would copy to it when the memory is
+            # on another GPU (checked below instead).
+            raw = torch.as_tensor(holder)
         except RuntimeError as e:
             # PyTorch parses __cuda_array_interface__ with NumPy, which
             # its wheels do not require.
@@ -289,6 +297,16 @@ def from_ptr(ptr, shape, dtype, device=None, strides=None, owner=None):
             raise RuntimeError("wex.torch_util: tensors over device memory need NumPy "
                                "(torch %s reads __cuda_array_interface__ through it)"
                                % torch.__version__) from e
+        want = torch.device(device) if device is not None else None
+        if want is not None and (want.type != raw.device.type or
+                                 (want.index is not None and want.index != raw.device.index)):
+            raise ValueError("wex.torch_util.from_ptr: the memory at %#x is on %s, not %s "
+                             "(a tensor there would be a copy)" % (ptr, raw.device, want))
+    if raw.data_ptr() != ptr:
+        raise ValueError("wex.torch_util.from_ptr: PyTorch copied the memory at %#x to %s "
+                         "(a default device?) instead of viewing it" % (ptr, raw.device))
+    if track is not None:
+        track(holder)
     raw = raw.view(dtype)
     if strides and any(strides):
         return raw.as_strided(shape, strides)
