@@ -102,6 +102,28 @@ static int rec_write(int fd, const char *json)
 	return n < 0 ? -errno : -ENOSPC;
 }
 
+/* This boot's id (/proc/sys/kernel/random/boot_id), "" if unknown: a
+ * record from an earlier boot names pids of processes long gone, which
+ * new ones may have taken. */
+static const char *boot_id(void)
+{
+	static char id[40];
+	static int read_once;
+
+	if (!read_once) {
+		FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+
+		read_once = 1;
+		if (f) {
+			if (!fgets(id, sizeof(id), f))
+				id[0] = '\0';
+			id[strcspn(id, "\n")] = '\0';
+			fclose(f);
+		}
+	}
+	return id;
+}
+
 int wex__journal_put(struct wex_journal *j, int *fd, char name[WEX_JOURNAL_NAME_MAX],
 		     const struct wex_journal_rec *r)
 {
@@ -128,6 +150,8 @@ int wex__journal_put(struct wex_journal *j, int *fd, char name[WEX_JOURNAL_NAME_
 		      (json_int_t)r->world, "version", (json_int_t)r->version, "mode",
 		      mode_str(r->mode), "pid", (json_int_t)r->pid, "uid", (json_int_t)r->uid,
 		      "start", (json_int_t)r->start);
+	if (o && boot_id()[0])
+		json_object_set_new(o, "boot", json_string(boot_id()));
 	s = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);
 	ret = s ? rec_write(*fd, s) : -ENOMEM;
@@ -176,7 +200,7 @@ static int mode_parse(const char *s)
 static int rec_parse(const char *buf, size_t len, struct wex_journal_rec *r, char *why,
 		     size_t wlen)
 {
-	const char *model, *group, *mode;
+	const char *model, *group, *mode, *boot = "";
 	json_int_t tag, rank, world, version, pid, uid, start;
 	json_error_t je;
 	json_t *o = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
@@ -187,17 +211,18 @@ static int rec_parse(const char *buf, size_t len, struct wex_journal_rec *r, cha
 		return -EINVAL;
 	}
 	if (json_unpack_ex(o, &je, JSON_STRICT,
-			   "{s:I, s:s, s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I}", "wex_lease", &tag,
+			   "{s:I, s:s, s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I, s?s}", "wex_lease", &tag,
 			   "model", &model, "group", &group, "rank", &rank, "world", &world,
 			   "version", &version, "mode", &mode, "pid", &pid, "uid", &uid, "start",
-			   &start) < 0) {
+			   &start, "boot", &boot) < 0) {
 		snprintf(why, wlen, "%.150s", je.text);
 		goto out;
 	}
 	if (tag != 1 || !*model || strlen(model) >= WEX_NAME_MAX || !*group ||
 	    strlen(group) >= WEX_NAME_MAX || world < 1 || world > WEX_WORLD_MAX || rank < 0 ||
 	    rank >= world || version < 1 || pid < 1 || pid > INT32_MAX || uid < 0 ||
-	    uid > UINT32_MAX || start < 0 || (r->mode = mode_parse(mode)) < 0) {
+	    uid > UINT32_MAX || start < 0 || strlen(boot) >= sizeof(r->boot) ||
+	    (r->mode = mode_parse(mode)) < 0) {
 		snprintf(why, wlen, "a field is out of range");
 		goto out;
 	}
@@ -209,6 +234,7 @@ static int rec_parse(const char *buf, size_t len, struct wex_journal_rec *r, cha
 	r->pid = (pid_t)pid;
 	r->uid = (uid_t)uid;
 	r->start = (uint64_t)start;
+	snprintf(r->boot, sizeof(r->boot), "%s", boot);
 	ret = 0;
 out:
 	json_decref(o);
@@ -321,13 +347,15 @@ static uint64_t proc_stat(pid_t pid, char *state)
 	return start;
 }
 
-/* Threads of process pid (/proc/PID/status); 0 if unknown. */
-static long threads(pid_t pid)
+/* Threads and real uid of process pid (/proc/PID/status); 0 and -1 where
+ * unknown. */
+static long status_of(pid_t pid, long *uid)
 {
 	char path[64], line[256];
 	long n = 0;
 	FILE *f;
 
+	*uid = -1;
 	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
 	f = fopen(path, "re");
 	if (!f)
@@ -335,6 +363,8 @@ static long threads(pid_t pid)
 	while (fgets(line, sizeof(line), f))
 		if (sscanf(line, "Threads: %ld", &n) == 1)
 			break;
+		else
+			sscanf(line, "Uid: %ld", uid);
 	fclose(f);
 	return n;
 }
@@ -346,19 +376,25 @@ uint64_t wex__proc_start(pid_t pid)
 	return proc_stat(pid, &state);
 }
 
-int wex__journal_alive(pid_t pid, uint64_t start)
+int wex__journal_alive(const struct wex_journal_rec *r)
 {
 	char state = '?';
 	uint64_t now;
+	long uid, nthreads;
 
-	if (kill(pid, 0) < 0 && errno == ESRCH)
+	if (r->boot[0] && boot_id()[0] && strcmp(r->boot, boot_id()))
 		return 0;
-	now = proc_stat(pid, &state);
+	if (kill(r->pid, 0) < 0 && errno == ESRCH)
+		return 0;
+	now = proc_stat(r->pid, &state);
+	nthreads = status_of(r->pid, &uid);
 	/* Exited, not yet reaped: its mappings are gone, unless only the
 	 * leader thread exited and others still run (they share them). */
-	if ((state == 'Z' || state == 'X') && threads(pid) <= 1)
+	if ((state == 'Z' || state == 'X') && nthreads <= 1)
 		return 0;
+	if (uid >= 0 && (uid_t)uid != r->uid)
+		return 0; /* another user's process took the pid */
 	/* Unknown either way (a /proc that hides other users' processes):
 	 * the pid alone says it. */
-	return !start || !now || now == start;
+	return !r->start || !now || now == r->start;
 }

@@ -44,6 +44,7 @@ struct wex_journal_rec {
 	pid_t pid;
 	uid_t uid;
 	uint64_t start; /* the process's start time, clock ticks after boot (0: unknown) */
+	char boot[40];  /* read back: the boot it was written in ("": unknown) */
 };
 
 /* Opens (creating it, mode 0700) the directory `<socket>.leases`.  A
@@ -71,8 +72,9 @@ void wex__journal_scan(struct wex_journal *j,
 
 /* Start time of process pid (field 22 of /proc/PID/stat); 0 if unknown. */
 uint64_t wex__proc_start(pid_t pid);
-/* 1 if the process that held a record's lease still lives: pid alive
- * and, where both are known, with the same start time (not a reused pid). */
-int wex__journal_alive(pid_t pid, uint64_t start);
+/* 1 if the process that held a record's lease still lives: written in
+ * this boot (where the record says), pid alive and, where known, with the
+ * same start time and owner (not a reused pid). */
+int wex__journal_alive(const struct wex_journal_rec *r);
 
 #endif

@@ -826,7 +826,7 @@ static void held_add(void *arg, const char *name, const struct wex_journal_rec *
 	struct held *h;
 
 	snprintf(file, sizeof(file), "%s", name);
-	if (!wex__journal_alive(r->pid, r->start)) {
+	if (!wex__journal_alive(r)) {
 		int none = -1;
 
 		wex_info("journal", "model '%s': the %s lease of pid %d on v%llu ended with its process while no wexd ran",
@@ -871,7 +871,7 @@ static void held_sweep(struct wexd *d)
 
 	for (; h; h = next) {
 		next = h->next;
-		if (!wex__journal_alive(h->r.pid, h->r.start))
+		if (!wex__journal_alive(&h->r))
 			held_drop(d, h, "its process exited");
 	}
 	d->held_checked_ns = wex__now_ns();

@@ -15,7 +15,8 @@
  *  - close_after_restart: wex_client_close with no call since the restart
  *    ends the lease at the new wexd (a hello without it);
  *  - stale_records: records left by processes that are gone (a reaped pid;
- *    a live pid whose start time differs, i.e. a reused pid), a record
+ *    a live pid whose start time differs, i.e. a reused pid; a live pid in
+ *    a record of another boot, or of another user), a record
  *    that does not parse, an empty one (created, never written) and one
  *    marked ended are all removed when wexd starts, and hold nothing.
  *  - claim_mismatch: a hello from the lease's process that names another
@@ -273,6 +274,19 @@ static void stale_records(void)
 		 "\"version\":3,\"mode\":\"remap-fixed\",\"pid\":%d,\"uid\":%d,\"start\":1}",
 		 (int)getpid(), (int)getuid());
 	write_record("l-1-2", rec);
+	/* This process, start unknown, but written in another boot. */
+	snprintf(rec, sizeof(rec),
+		 "{\"wex_lease\":1,\"model\":\"stale\",\"group\":\"g\",\"rank\":0,\"world\":1,"
+		 "\"version\":3,\"mode\":\"remap-view\",\"pid\":%d,\"uid\":%d,\"start\":0,"
+		 "\"boot\":\"00000000-0000-0000-0000-000000000000\"}",
+		 (int)getpid(), (int)getuid());
+	write_record("l-1-6", rec);
+	/* This process, start unknown, but owned by another user. */
+	snprintf(rec, sizeof(rec),
+		 "{\"wex_lease\":1,\"model\":\"stale\",\"group\":\"g\",\"rank\":0,\"world\":1,"
+		 "\"version\":3,\"mode\":\"remap-view\",\"pid\":%d,\"uid\":%d,\"start\":0}",
+		 (int)getpid(), (int)getuid() + 4242);
+	write_record("l-1-7", rec);
 	write_record("l-1-3", "{\"wex_lease\":1,\"model\":\"stale\"");
 	write_record("l-1-4", ""); /* created, never written */
 	write_record("l-1-5", "{\"wex_lease\":0}"); /* ended */
