@@ -352,6 +352,13 @@ static int parse_models(json_t *obj, struct wex_models *m, char *sub, size_t sub
 			snprintf(why, len, "a model name must have 1 to %d bytes", WEX_NAME_MAX - 1);
 			return -EINVAL;
 		}
+		/* "*" is the only pattern: "prod-*" would match nothing and
+		 * leave those models open, silently. */
+		if (strchr(name, '*') && strcmp(name, "*")) {
+			snprintf(why, len, "'*' stands alone (every other model), not in a name: "
+				 "list the models by name");
+			return -EINVAL;
+		}
 		if (!json_is_object(entry)) {
 			snprintf(why, len, "expected an object with \"producers\" and/or \"consumers\"");
 			return -EINVAL;

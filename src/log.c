@@ -88,10 +88,14 @@ void wex__log(int level, const char *subsys, const char *fmt, ...)
 	va_end(ap);
 	if (off >= (int)sizeof(buf) - 1)
 		off = (int)sizeof(buf) - 2;
-	/* One event, one line: fold embedded newlines. */
+	/* One event, one line: fold embedded newlines; and no other control
+	 * character (a client's names may carry terminal escapes) reaches
+	 * the log. */
 	for (int i = 0; i < off; i++)
-		if (buf[i] == '\n')
+		if (buf[i] == '\n' || buf[i] == '\t')
 			buf[i] = ' ';
+		else if ((unsigned char)buf[i] < 0x20 || buf[i] == 0x7f)
+			buf[i] = '?';
 	buf[off++] = '\n';
 	(void)!write(STDERR_FILENO, buf, (size_t)off);
 }

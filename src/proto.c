@@ -158,6 +158,14 @@ static int mul_ok(uint64_t a, uint64_t b, uint64_t *r)
 	return !__builtin_mul_overflow(a, b, r);
 }
 
+int wex__name_printable(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			return 0;
+	return 1;
+}
+
 int wex__tensor_span(const struct wex_tensor *t, uint64_t *span)
 {
 	uint64_t es = wex_dtype_size(t->dtype), last = 0, n = 1;

@@ -29,6 +29,9 @@
 #include "plan.h"
 
 #define WEX_MSG_MAX_DEFAULT 65536
+/* 1 if s holds no control character (bytes below 0x20, and 0x7f). */
+int wex__name_printable(const char *s);
+
 /* Producer ranks of one model at most (hello's world). */
 #define WEX_WORLD_MAX 65536
 #define WEX_TABLE_MAX (1ull << 32) /* largest table memfd accepted */

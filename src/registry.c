@@ -352,6 +352,9 @@ json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
 	/* Cut at 63 bytes, perhaps inside a character: clients and status
 	 * put it in JSON. */
 	wex__utf8_scrub(c->name);
+	for (char *q = c->name; *q; q++)
+		if ((unsigned char)*q < 0x20 || *q == 0x7f)
+			*q = '?';
 	if (!strcmp(role, "admin")) {
 		c->role = WEX_ROLE_ADMIN;
 		return json_pack("{s:b, s:i, s:s}", "ok", 1, "v", WEX_PROTO_VERSION, "io",
@@ -363,6 +366,9 @@ json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
 	if (!model || !*model || strlen(model) >= WEX_NAME_MAX)
 		return wex__reply_error(-EINVAL, "hello: a %s needs a model name (1..%d bytes)", role,
 					WEX_NAME_MAX - 1);
+	/* Names go into logs and operators' terminals. */
+	if (!wex__name_printable(model) || !wex__name_printable(group))
+		return wex__reply_error(-EINVAL, "hello: model and group names may not hold control characters");
 	if (world < 1 || world > WEX_WORLD_MAX || rank < 0 || rank >= world)
 		return wex__reply_error(-EINVAL, "hello: rank %lld outside world size %lld",
 					(long long)rank, (long long)world);

@@ -376,6 +376,11 @@ static int cmd_config(int argc, char **argv, int as_json)
 		args = argc > 2 ? json_pack("{s:s}", "name", argv[2]) : json_object();
 	else
 		args = json_pack("{s:s, s:s}", "name", argv[2], "value", argv[3]);
+	if (!args) {
+		/* (A NULL here sent no name: "get" would have listed all.) */
+		fprintf(stderr, "wexctl: config: NAME and VALUE must be UTF-8 text\n");
+		return 2;
+	}
 	a = json_dumps(args, JSON_COMPACT);
 	json_decref(args);
 	if (open_admin(&c) < 0) {
@@ -432,7 +437,22 @@ static int is_help(const char *a)
 	return !strcmp(a, "-h") || !strcmp(a, "--help");
 }
 
+static int run(int argc, char **argv);
+
+/* A command whose output could not be written (a full disk, a closed
+ * pipe) fails, so that scripts writing a metrics file see it. */
 int main(int argc, char **argv)
+{
+	int ret = run(argc, argv);
+
+	if (fflush(stdout) == EOF || ferror(stdout)) {
+		fprintf(stderr, "wexctl: writing the output: %s\n", strerror(errno));
+		return ret ? ret : 1;
+	}
+	return ret;
+}
+
+static int run(int argc, char **argv)
 {
 	int as_json = 0, i = 1;
 	const char *cmd;

@@ -119,6 +119,17 @@ int main(void)
 			   "unknown op cut inside a character");
 	}
 	{
+		/* Names with control characters (terminal escapes, line
+		 * breaks) would reach logs and operators' terminals. */
+		int esc = t_raw_connect(d.sock);
+
+		expect_req(esc, "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"evil\\u001b[2J\"}",
+			   NULL, 0, "EINVAL", "control characters", "a model name with an escape");
+		expect_req(esc, "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"m\",\"group\":\"g\\nfake\"}",
+			   NULL, 0, "EINVAL", "control characters", "a group name with a line break");
+		close(esc);
+	}
+	{
 		/* A client name is kept to 63 bytes: 31 'é' and half of one. */
 		char hello[256] = "{\"v\":1,\"op\":\"hello\",\"role\":\"admin\",\"name\":\"";
 		int named = 0, anon = t_raw_connect(d.sock);

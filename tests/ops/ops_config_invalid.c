@@ -85,6 +85,8 @@ int main(void)
 			  "\"no-such-user-wex\"]}}}}", -EINVAL,
 			  "field 'models.policy.producers.uids[1]': unknown user \"no-such-user-wex\"",
 			  NULL);
+	expect_file_error("{\"models\": {\"prod-*\": {\"producers\": {\"uids\": [0]}}}}", -EINVAL,
+			  "'*' stands alone", NULL);
 	expect_file_error("{\"models\": {\"policy\": {\"writers\": {}}}}", -EINVAL,
 			  "field 'models.policy.writers': unknown field", NULL);
 	expect_file_error("{\"models\": {\"policy\": {\"consumers\": {\"uids\": [0], "

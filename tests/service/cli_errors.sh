@@ -88,6 +88,12 @@ for cmd in status metrics; do
 done
 rm -f "$TMP/held"; wait "$HOLD"
 "$WEXCTL" status >/dev/null || fail "status once the holder left"
+# Output that cannot be written fails the command (a metrics file left
+# empty must not look written); a name that is not UTF-8 is refused, not
+# sent as no name (which listed every field).
+"$WEXCTL" metrics >/dev/full 2>"$TMP/err" && fail "wexctl metrics > /dev/full exited 0"
+grep -q "writing the output" "$TMP/err" || fail "metrics > /dev/full: unclear error: $(cat "$TMP/err")"
+expect 2 "NAME and VALUE must be UTF-8" config get "$(printf 'log_level\377')"
 # The examples: no wexd is needed for any of these (nothing connects).
 # xexpect PROG RC WANT ARGS...: PROG ARGS exits RC, its stderr contains WANT.
 xexpect() {
