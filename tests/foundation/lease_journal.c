@@ -253,9 +253,21 @@ static void write_record(const char *name, const char *text)
 	close(fd);
 }
 
-static void stale_records(void)
+/* A remap-view lease record of model "stale" for pid (uid, start), with
+ * `more` JSON members. */
+static void stale_record(const char *name, pid_t pid, uid_t uid, int start, const char *more)
 {
 	char rec[512];
+
+	snprintf(rec, sizeof(rec),
+		 "{\"wex_lease\":1,\"model\":\"stale\",\"group\":\"g\",\"rank\":0,\"world\":1,"
+		 "\"version\":3,\"mode\":\"remap-view\",\"pid\":%d,\"uid\":%u,\"start\":%d%s}",
+		 (int)pid, (unsigned)uid, start, more);
+	write_record(name, rec);
+}
+
+static void stale_records(void)
+{
 	pid_t gone = t_fork();
 	struct t_prod p;
 
@@ -263,30 +275,14 @@ static void stale_records(void)
 		_exit(0);
 	t_wait(gone);
 	t_wexd_kill(&d);
-	snprintf(rec, sizeof(rec),
-		 "{\"wex_lease\":1,\"model\":\"stale\",\"group\":\"g\",\"rank\":0,\"world\":1,"
-		 "\"version\":3,\"mode\":\"remap-view\",\"pid\":%d,\"uid\":%d,\"start\":0}",
-		 (int)gone, (int)getuid());
-	write_record("l-1-1", rec);
+	stale_record("l-1-1", gone, getuid(), 0, "");
 	/* This process, but started at another time: a reused pid. */
-	snprintf(rec, sizeof(rec),
-		 "{\"wex_lease\":1,\"model\":\"stale\",\"group\":\"g\",\"rank\":0,\"world\":1,"
-		 "\"version\":3,\"mode\":\"remap-fixed\",\"pid\":%d,\"uid\":%d,\"start\":1}",
-		 (int)getpid(), (int)getuid());
-	write_record("l-1-2", rec);
+	stale_record("l-1-2", getpid(), getuid(), 1, "");
 	/* This process, start unknown, but written in another boot. */
-	snprintf(rec, sizeof(rec),
-		 "{\"wex_lease\":1,\"model\":\"stale\",\"group\":\"g\",\"rank\":0,\"world\":1,"
-		 "\"version\":3,\"mode\":\"remap-view\",\"pid\":%d,\"uid\":%d,\"start\":0,"
-		 "\"boot\":\"00000000-0000-0000-0000-000000000000\"}",
-		 (int)getpid(), (int)getuid());
-	write_record("l-1-6", rec);
+	stale_record("l-1-6", getpid(), getuid(), 0,
+		     ",\"boot\":\"00000000-0000-0000-0000-000000000000\"");
 	/* This process, start unknown, but owned by another user. */
-	snprintf(rec, sizeof(rec),
-		 "{\"wex_lease\":1,\"model\":\"stale\",\"group\":\"g\",\"rank\":0,\"world\":1,"
-		 "\"version\":3,\"mode\":\"remap-view\",\"pid\":%d,\"uid\":%d,\"start\":0}",
-		 (int)getpid(), (int)getuid() + 4242);
-	write_record("l-1-7", rec);
+	stale_record("l-1-7", getpid(), getuid() + 4242, 0, "");
 	write_record("l-1-3", "{\"wex_lease\":1,\"model\":\"stale\"");
 	write_record("l-1-4", ""); /* created, never written */
 	write_record("l-1-5", "{\"wex_lease\":0}"); /* ended */
