@@ -535,7 +535,11 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 			}
 	}
 	{
+		/* transformers 4.56 and later write "dtype". */
 		const char *dt = json_string_value(json_object_get(cfg, "torch_dtype"));
+
+		if (!dt)
+			dt = json_string_value(json_object_get(cfg, "dtype"));
 
 		m->dtype = WEX_DT_BF16;
 		if (dt && !strcmp(dt, "float16"))

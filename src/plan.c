@@ -363,8 +363,11 @@ static int hset_add(struct wex_planner *pl, const struct cand *c, uint32_t n, ui
 	uint32_t m[64];
 	uint64_t h = FNV0;
 
+	/* Too many holders to track: not tracked at all (a subset, with the
+	 * whole demand spread over fewer ranks, gave a bound above the true
+	 * one); the total bound still holds. */
 	if (n > 64)
-		n = 64; /* a subset still gives a valid (weaker) bound */
+		return 0;
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t v = c[i].src, j = i;
 

@@ -3,7 +3,8 @@
 # the real Qwen2-0.5B config.json (tests/data) and a generated full-size
 # checkpoint (494M parameters, bf16, Hugging Face's sharded form with its
 # index): hf -> megatron tp=2,pp=2 -> vllm tp=2 -> hf gives back every
-# tensor byte for byte; plan reports zero redundancy.
+# tensor byte for byte; plan reports zero redundancy, and with 128 trainer
+# replicas a lower bound the busiest source stays within 1.1x of.
 WEXCTL=$1 SRC=$2
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
 command -v "$PY" >/dev/null || { echo "SKIP: python3 missing"; exit 77; }
@@ -14,6 +15,29 @@ set -e
 $PY "$SRC/tests/planner/qwen2_ckpt.py" gen "$cfg" "$d/hf"
 "$WEXCTL" plan --config "$cfg" --from megatron:tp=2,pp=2,dp=2 --to vllm:tp=2 | tee "$d/plan.txt"
 grep -q "zero redundancy" "$d/plan.txt"
+# More trainer replicas than the planner tracks per holder set (128 > 64):
+# its bound stays a lower bound (it was the demand over only 64 ranks,
+# reported at 0.52x) and the busiest source within 1.1x of it.
+"$WEXCTL" plan --config "$cfg" --from megatron:tp=1,dp=128 --to vllm:tp=2 --json >"$d/plan.json"
+$PY - "$d/plan.json" <<'PYEOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+x = r["busiest_link_vs_bound"]
+print("dp=128: busiest source %.4fx its lower bound" % x)
+assert 1.0 <= x <= 1.1, "busiest_link_vs_bound %s at dp=128" % x
+PYEOF
+# transformers 4.56 and later name the dtype "dtype" (not "torch_dtype"):
+# float32 weights are twice the bytes of the bf16 default.
+$PY - "$cfg" "$d/f32.json" <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.pop("torch_dtype", None)
+c["dtype"] = "float32"
+json.dump(c, open(sys.argv[2], "w"))
+PYEOF
+b16=$("$WEXCTL" plan --config "$cfg" --from hf --to vllm:tp=2 --json | $PY -c 'import json,sys; print(json.load(sys.stdin)["bytes_needed"])')
+b32=$("$WEXCTL" plan --config "$d/f32.json" --from hf --to vllm:tp=2 --json | $PY -c 'import json,sys; print(json.load(sys.stdin)["bytes_needed"])')
+[ "$b32" = $((b16 * 2)) ] || { echo "FAIL: \"dtype\": \"float32\" planned $b32 bytes, not 2 x $b16"; exit 1; }
 "$WEXCTL" convert --config "$cfg" --from hf --to megatron:tp=2,pp=2 "$d/hf" "$d/meg"
 ls "$d/meg"
 "$WEXCTL" convert --config "$cfg" --from megatron:tp=2,pp=2 --to vllm:tp=2 "$d/meg" "$d/vllm"
