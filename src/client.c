@@ -540,6 +540,24 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 			       "wexd's reply were dropped; raise it (ulimit -n, LimitNOFILE=)",
 			       (unsigned long long)rl.rlim_cur);
 	}
+	/* A reply larger than one message comes whole in a sealed memfd
+	 * (a status listing of many clients), the message naming it. */
+	if (*reply && !(mflags & (MSG_TRUNC | MSG_CTRUNC)) && got == 1 &&
+	    json_is_true(json_object_get(*reply, "reply_in_fd"))) {
+		const void *data;
+		size_t dlen;
+
+		json_decref(*reply);
+		*reply = NULL;
+		if (wex_table_map(tmpfds[0], WEX_REPLY_MAX, &data, &dlen) == 0) {
+			*reply = json_loadb(data, dlen, 0, &je);
+			wex_table_unmap(data, dlen);
+		}
+		wex_sock_close_fds(tmpfds, got);
+		got = 0;
+		if (!*reply)
+			return set_err(c, -EBADMSG, "malformed reply from wexd (in its memfd)");
+	}
 	if (!*reply || (mflags & (MSG_TRUNC | MSG_CTRUNC)) || got > maxr) {
 		json_decref(*reply);
 		*reply = NULL;

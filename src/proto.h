@@ -35,6 +35,9 @@ int wex__name_printable(const char *s);
 /* Producer ranks of one model at most (hello's world). */
 #define WEX_WORLD_MAX 65536
 #define WEX_TABLE_MAX (1ull << 32) /* largest table memfd accepted */
+/* Largest reply accepted in a memfd ({"ok":true,"reply_in_fd":true} with
+ * one fd: a reply too large for one message). */
+#define WEX_REPLY_MAX (1ull << 30)
 
 /* "EBUSY" for -EBUSY, "WEX_ELAYOUT" for -WEX_ELAYOUT; "EUNKNOWN" otherwise. */
 const char *wex__errname(int err);

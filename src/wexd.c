@@ -65,12 +65,24 @@ int wexd_send(struct wexd *d, struct conn *c, json_t *reply, const int *fds, int
 	if (!s)
 		return -ENOMEM;
 	n = wex_sock_send(c->io.fd, s, len, fds, nfds, MSG_DONTWAIT);
+	if (n == -EMSGSIZE && !nfds && len <= WEX_REPLY_MAX) {
+		/* Larger than one message on this socket can be (its send
+		 * buffer, about 208 KiB by default): a status listing of a few
+		 * hundred clients.  It goes whole in a sealed memfd, and the
+		 * message says so. */
+		int mfd = wex_table_seal(s, len, "wex-reply");
+
+		if (mfd >= 0) {
+			static const char note[] = "{\"ok\":true,\"reply_in_fd\":true}";
+
+			n = wex_sock_send(c->io.fd, note, sizeof(note) - 1, &mfd, 1, MSG_DONTWAIT);
+			close(mfd);
+		}
+	}
 	free(s);
 	if (n == -EMSGSIZE) {
-		/* Larger than one message on this socket can be (its send
-		 * buffer, about 208 KiB by default): a status or models listing
-		 * of tens of thousands of ranks.  The client gets a clear error
-		 * and keeps its connection. */
+		/* Not even so (a reply with fds of its own, or no memfd): the
+		 * client gets a clear error and keeps its connection. */
 		json_t *e = wex__reply_error(-EMSGSIZE,
 					     "reply of %zu bytes is larger than one message can carry",
 					     len);
