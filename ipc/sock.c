@@ -317,6 +317,39 @@ int wex_sock_peercred(int fd, pid_t *pid, uid_t *uid, gid_t *gid)
 	return 0;
 }
 
+int wex_sock_peergroups(int fd, gid_t **groups)
+{
+#ifdef SO_PEERGROUPS
+	socklen_t len = 0;
+	gid_t *g = NULL;
+
+	*groups = NULL;
+	/* Asked with no room first: ERANGE and the size (0: no groups). */
+	for (int tries = 0; tries < 3; tries++) {
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) == 0) {
+			if (!len)
+				free(g), g = NULL;
+			*groups = g;
+			return (int)(len / sizeof(gid_t));
+		}
+		if (errno != ERANGE) {
+			free(g);
+			return -errno;
+		}
+		free(g);
+		g = malloc(len ? len : sizeof(gid_t));
+		if (!g)
+			return -ENOMEM;
+	}
+	free(g);
+	return -ERANGE;
+#else
+	(void)fd;
+	*groups = NULL;
+	return -ENOPROTOOPT;
+#endif
+}
+
 int wex_table_seal(const void *data, size_t len, const char *name)
 {
 	int fd, ret;

@@ -60,6 +60,12 @@ int wex_sock_take_fds(struct msghdr *msg, int *fds, int maxfds, int *nfds);
 /* SO_PEERCRED of a connected socket. */
 int wex_sock_peercred(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
 
+/* The supplementary groups the peer's process held when it connected
+ * (SO_PEERGROUPS, Linux 4.13): a malloc'd array in *groups (NULL when
+ * there are none) and their count, or -errno (-ENOPROTOOPT: a kernel
+ * without it). */
+int wex_sock_peergroups(int fd, gid_t **groups);
+
 /* A pidfd (close-on-exec) for the process at the other end of a connected
  * socket, readable once it has exited: SO_PEERPIDFD (Linux 6.5), which
  * names the very process that connected, else pidfd_open(pid) (5.3) on

@@ -1070,7 +1070,7 @@ static int id_in(const struct wex_idlist *l, uint32_t id)
 }
 
 int wex__config_allowed(const struct wex_config *cfg, const char *model, int role, uid_t uid,
-			gid_t gid)
+			gid_t gid, const gid_t *peer_groups, int npeer)
 {
 	const struct wex_model_acl *entry = NULL, *star = NULL;
 	const struct wex_role_acl *r;
@@ -1102,6 +1102,14 @@ int wex__config_allowed(const struct wex_config *cfg, const char *model, int rol
 		return 1;
 	if (!r->gids.n)
 		return 0;
+	/* The groups the process holds, where the kernel says: one that
+	 * dropped a group is no member, one given it (sg, setpriv) is. */
+	if (npeer >= 0) {
+		for (int i = 0; i < npeer; i++)
+			if (id_in(&r->gids, peer_groups[i]))
+				return 1;
+		return 0;
+	}
 	/* getgrouplist says how many groups there are when the array is too
 	 * small; one retry with that size suffices. */
 	for (int tries = 0; tries < 2; tries++) {

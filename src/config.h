@@ -183,11 +183,13 @@ void wex__config_log(const struct wex_config *cfg);
  * May uid (primary gid gid, as SO_PEERCRED reports) take role
  * (WEX_ROLE_PRODUCER or WEX_ROLE_CONSUMER from wex.h) on model?  Returns 1
  * yes, 0 no; other roles (WEX_ROLE_ADMIN) are not per model and give 0 for
- * anyone but root: the daemon decides those itself.  Looks up the uid's
- * supplementary groups (getgrouplist), which may block on NSS.
+ * anyone but root: the daemon decides those itself.  `groups` (ngroups of
+ * them) are the supplementary groups the client's process holds
+ * (SO_PEERGROUPS); with ngroups -1 (unknown) the uid's groups in the group
+ * database are looked up (getgrouplist), which may block on NSS.
  */
 int wex__config_allowed(const struct wex_config *cfg, const char *model, int role, uid_t uid,
-			gid_t gid);
+			gid_t gid, const gid_t *groups, int ngroups);
 
 /* Frees what the configuration owns; the struct itself is the caller's. */
 void wex__config_free(struct wex_config *cfg);

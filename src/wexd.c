@@ -216,6 +216,9 @@ static void on_accept(void *arg, int fd)
 		close(fd);
 		return;
 	}
+	c->ngroups = wex_sock_peergroups(fd, &c->groups);
+	if (c->ngroups < 0)
+		c->ngroups = -1;
 	pfd = wex_sock_peer_pidfd(fd, c->pid, &how);
 	if (pfd == -EMFILE || pfd == -ENFILE) {
 		/* As for the socket itself: no fd for it, no client. */
@@ -226,6 +229,7 @@ static void on_accept(void *arg, int fd)
 				 "max_open_files or LimitNOFILE=", strerror(-pfd),
 				 (unsigned long long)d->pidfd_refused);
 		free(c->io.buf);
+		free(c->groups);
 		free(c);
 		close(fd);
 		return;
@@ -234,6 +238,7 @@ static void on_accept(void *arg, int fd)
 		if (pfd >= 0)
 			close(pfd);
 		free(c->io.buf);
+		free(c->groups);
 		free(c);
 		close(fd);
 		return;
@@ -293,6 +298,7 @@ static void on_free(void *arg, struct wex_loop_io *io)
 			break;
 		}
 	d->nconns--;
+	free(c->groups);
 	free(c);
 }
 
@@ -551,7 +557,7 @@ static int drained(struct wexd *d)
 
 int wexd_allowed(struct wexd *d, struct conn *c, const char *model, int role)
 {
-	if (wex__config_allowed(&d->cfg, model, role, c->uid, c->gid))
+	if (wex__config_allowed(&d->cfg, model, role, c->uid, c->gid, c->groups, c->ngroups))
 		return 1;
 	wex__metrics_count(WEX_M_REFUSED, "access", NULL, 1);
 	/* Logged once per connection: a refused peer cannot flood the log. */
@@ -696,7 +702,8 @@ static void recheck_access(struct wexd *d)
 	for (struct conn *c = d->conns; c; c = c->next) {
 		if (c->dead || !c->model ||
 		    (c->role != WEX_ROLE_PRODUCER && c->role != WEX_ROLE_CONSUMER) ||
-		    wex__config_allowed(&d->cfg, c->model->name, c->role, c->uid, c->gid))
+		    wex__config_allowed(&d->cfg, c->model->name, c->role, c->uid, c->gid, c->groups,
+					c->ngroups))
 			continue;
 		wex_warn("access", "reload: uid %d gid %d pid %d may no longer be a %s of model '%s': "
 			 "disconnected", (int)c->uid, (int)c->gid, (int)c->pid,

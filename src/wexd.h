@@ -28,6 +28,10 @@ struct conn {
 	pid_t pid;
 	uid_t uid;
 	gid_t gid;
+	/* The groups the client's process held when it connected
+	 * (SO_PEERGROUPS); ngroups -1: unknown (the group database decides). */
+	gid_t *groups;
+	int ngroups;
 	int role; /* 0 until hello */
 	char name[64];
 	struct model *model;

@@ -6,7 +6,9 @@
  * user is admitted; an absent role admits anyone, a present empty role only
  * root; root is always admitted; user and group names resolve.  The
  * supplementary-group path is checked with a stand-in lookup, and with the
- * real getgrouplist when this machine has a user with a supplementary group.
+ * real getgrouplist when this machine has a user with a supplementary group;
+ * the groups a client's process holds (SO_PEERGROUPS), when given, decide
+ * instead of the group database.
  */
 #include <errno.h>
 #include <grp.h>
@@ -55,7 +57,7 @@ static void real_supplementary(void)
 				 (unsigned)groups[i]);
 			path = t_write_tmp(text);
 			CHECK(wex__config_load(&cfg, path, 1, err, sizeof(err)) == 0);
-			CHECK(wex__config_allowed(&cfg, "m", C, pw->pw_uid, pw->pw_gid));
+			CHECK(wex__config_allowed(&cfg, "m", C, pw->pw_uid, pw->pw_gid, NULL, -1));
 			printf("real getgrouplist: %s admitted through supplementary gid %u\n",
 			       pw->pw_name, (unsigned)groups[i]);
 			wex__config_free(&cfg);
@@ -79,8 +81,8 @@ int main(void)
 
 	/* No lists at all: any local user. */
 	CHECK(wex__config_load(&cfg, "/nonexistent/wexd.json", 0, err, sizeof(err)) == 0);
-	CHECK(wex__config_allowed(&cfg, "policy", P, 1234, 1234));
-	CHECK(wex__config_allowed(&cfg, "policy", C, 1234, 1234));
+	CHECK(wex__config_allowed(&cfg, "policy", P, 1234, 1234, NULL, -1));
+	CHECK(wex__config_allowed(&cfg, "policy", C, 1234, 1234, NULL, -1));
 	wex__config_free(&cfg);
 
 	path = t_write_tmp(
@@ -99,31 +101,44 @@ int main(void)
 	CHECK(cfg.models.n == 5);
 
 	/* uid, primary gid, supplementary gid. */
-	CHECK(wex__config_allowed(&cfg, "policy", P, 1000, 100));
-	CHECK(wex__config_allowed(&cfg, "policy", P, 1001, 2000));
-	CHECK(!wex__config_allowed(&cfg, "policy", P, 1001, 100));
-	CHECK(wex__config_allowed(&cfg, "policy", C, 1002, 100));
-	CHECK(!wex__config_allowed(&cfg, "policy", P, 1002, 100));
-	CHECK(!wex__config_allowed(&cfg, "policy", C, 1000, 100));
-	CHECK(!wex__config_allowed(&cfg, "policy", C, 1001, 2000));
-	CHECK(!wex__config_allowed(&cfg, "policy", WEX_ROLE_ADMIN, 1000, 100));
+	CHECK(wex__config_allowed(&cfg, "policy", P, 1000, 100, NULL, -1));
+	CHECK(wex__config_allowed(&cfg, "policy", P, 1001, 2000, NULL, -1));
+	CHECK(!wex__config_allowed(&cfg, "policy", P, 1001, 100, NULL, -1));
+	CHECK(wex__config_allowed(&cfg, "policy", C, 1002, 100, NULL, -1));
+	CHECK(!wex__config_allowed(&cfg, "policy", P, 1002, 100, NULL, -1));
+	CHECK(!wex__config_allowed(&cfg, "policy", C, 1000, 100, NULL, -1));
+	CHECK(!wex__config_allowed(&cfg, "policy", C, 1001, 2000, NULL, -1));
+	CHECK(!wex__config_allowed(&cfg, "policy", WEX_ROLE_ADMIN, 1000, 100, NULL, -1));
+
+	/* The groups the process holds (SO_PEERGROUPS), where known, decide
+	 * instead of the group database: uid 1002 is in 3000 there (the
+	 * stand-in lookup) but its process dropped it; uid 1001 is in no
+	 * group there but its process holds 2000. */
+	{
+		static const gid_t held[] = { 17, 2000 }, none[] = { 17 };
+
+		CHECK(wex__config_allowed(&cfg, "policy", P, 1001, 100, held, 2));
+		CHECK(!wex__config_allowed(&cfg, "policy", C, 1002, 100, none, 1));
+		CHECK(!wex__config_allowed(&cfg, "policy", C, 1002, 100, NULL, 0));
+		CHECK(wex__config_allowed(&cfg, "policy", P, 1000, 100, NULL, 0)); /* its uid */
+	}
 
 	/* Root, always. */
-	CHECK(wex__config_allowed(&cfg, "policy", C, 0, 0));
-	CHECK(wex__config_allowed(&cfg, "locked", C, 0, 0));
+	CHECK(wex__config_allowed(&cfg, "policy", C, 0, 0, NULL, -1));
+	CHECK(wex__config_allowed(&cfg, "locked", C, 0, 0, NULL, -1));
 
 	/* An entry without roles, and an empty role. */
-	CHECK(wex__config_allowed(&cfg, "open", P, 5, 5) && wex__config_allowed(&cfg, "open", C, 5, 5));
-	CHECK(!wex__config_allowed(&cfg, "locked", C, 5, 5));
-	CHECK(!wex__config_allowed(&cfg, "locked", C, 1002, 3000));
-	CHECK(wex__config_allowed(&cfg, "locked", P, 5, 5));
+	CHECK(wex__config_allowed(&cfg, "open", P, 5, 5, NULL, -1) && wex__config_allowed(&cfg, "open", C, 5, 5, NULL, -1));
+	CHECK(!wex__config_allowed(&cfg, "locked", C, 5, 5, NULL, -1));
+	CHECK(!wex__config_allowed(&cfg, "locked", C, 1002, 3000, NULL, -1));
+	CHECK(wex__config_allowed(&cfg, "locked", P, 5, 5, NULL, -1));
 
 	/* The wildcard covers models without an entry, not those with one. */
-	CHECK(wex__config_allowed(&cfg, "reward", P, 4242, 4242));
-	CHECK(!wex__config_allowed(&cfg, "reward", P, 5, 5));
-	CHECK(wex__config_allowed(&cfg, "reward", C, 5, 5));
-	CHECK(wex__config_allowed(&cfg, "open", P, 5, 5));
-	CHECK(!wex__config_allowed(&cfg, NULL, P, 5, 5));
+	CHECK(wex__config_allowed(&cfg, "reward", P, 4242, 4242, NULL, -1));
+	CHECK(!wex__config_allowed(&cfg, "reward", P, 5, 5, NULL, -1));
+	CHECK(wex__config_allowed(&cfg, "reward", C, 5, 5, NULL, -1));
+	CHECK(wex__config_allowed(&cfg, "open", P, 5, 5, NULL, -1));
+	CHECK(!wex__config_allowed(&cfg, NULL, P, 5, 5, NULL, -1));
 
 	/* Names resolve to ids. */
 	for (size_t i = 0; i < cfg.models.n; i++) {
@@ -142,8 +157,8 @@ int main(void)
 	/* Without the "*" entry an unlisted model is open. */
 	path = t_write_tmp("{\"models\": {\"policy\": {\"consumers\": {\"uids\": [1]}}}}");
 	CHECK(wex__config_load(&cfg, path, 1, err, sizeof(err)) == 0);
-	CHECK(wex__config_allowed(&cfg, "reward", C, 5, 5));
-	CHECK(!wex__config_allowed(&cfg, "policy", C, 5, 5));
+	CHECK(wex__config_allowed(&cfg, "reward", C, 5, 5, NULL, -1));
+	CHECK(!wex__config_allowed(&cfg, "policy", C, 5, 5, NULL, -1));
 	wex__config_free(&cfg);
 	unlink(path);
 	free(path);

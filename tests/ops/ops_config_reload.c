@@ -55,7 +55,7 @@ int main(void)
 	CHECK(!strcmp(cfg.socket, "/tmp/a.sock"));
 	CHECK(cfg.models.n == 1 && cfg.models.v[0].producers.uids.ids[0] == 1000);
 	CHECK(cfg.sync_timeout_ms == 1234);
-	CHECK(!wex__config_allowed(&cfg, "policy", WEX_ROLE_PRODUCER, 1001, 1001));
+	CHECK(!wex__config_allowed(&cfg, "policy", WEX_ROLE_PRODUCER, 1001, 1001, NULL, -1));
 
 	/* Unparsable: the same. */
 	rewrite(path, "{");
@@ -87,8 +87,8 @@ int main(void)
 
 	CHECK(cfg.begin_write_timeout_ms == 2000);
 	CHECK(cfg.max_clients == 7);
-	CHECK(wex__config_allowed(&cfg, "policy", WEX_ROLE_PRODUCER, 1001, 1001));
-	CHECK(!wex__config_allowed(&cfg, "policy", WEX_ROLE_PRODUCER, 1000, 1000));
+	CHECK(wex__config_allowed(&cfg, "policy", WEX_ROLE_PRODUCER, 1001, 1001, NULL, -1));
+	CHECK(!wex__config_allowed(&cfg, "policy", WEX_ROLE_PRODUCER, 1000, 1000, NULL, -1));
 	/* Restart-only fields keep what the daemon is actually using. */
 	CHECK(!strcmp(cfg.socket, "/tmp/a.sock"));
 	CHECK(cfg.io_backend == WEX_IO_AUTO);
@@ -119,7 +119,7 @@ int main(void)
 	CHECK_CONTAINS(err, path);
 	printf("default file gone, refused: %s\n", err);
 	CHECK(cfg.begin_write_timeout_ms == 3000);
-	CHECK(!wex__config_allowed(&cfg, "policy", WEX_ROLE_PRODUCER, 1000, 1000));
+	CHECK(!wex__config_allowed(&cfg, "policy", WEX_ROLE_PRODUCER, 1000, 1000, NULL, -1));
 	wex__config_free(&cfg);
 	free(path);
 	printf("PASS\n");

@@ -5,12 +5,16 @@
 # with EACCES (counted in metrics and logged once); the socket is created
 # with the configured mode and group, so a user outside the group cannot
 # even connect; a reload that removes an admitted producer from the list
-# disconnects it (one that keeps it does not).  Needs root (useradd); skips with the reason otherwise.
+# disconnects it (one that keeps it does not); a model open to a group
+# admits a process holding it (SO_PEERGROUPS), whatever its user's entry in
+# the group database, and refuses one that dropped it.  Needs root (useradd,
+# setpriv); skips with the reason otherwise.
 WEXD=$1 PRODUCER=$2 WEXCTL=$3
 . "$(dirname "$0")/lib.sh"
 [ "$(id -u)" = 0 ] || skip "needs root to create test users"
 command -v useradd >/dev/null || skip "useradd missing (package passwd)"
 command -v runuser >/dev/null || skip "runuser missing (package util-linux)"
+command -v setpriv >/dev/null || skip "setpriv missing (package util-linux)"
 getent group wextest >/dev/null || groupadd --system wextest || fail "groupadd"
 for u in wex-allowed wex-denied; do
 	id "$u" >/dev/null 2>&1 || useradd --system --no-create-home -G wextest "$u" || fail "useradd $u"
@@ -126,4 +130,26 @@ grep -q "cannot listen on $TMP/g/w.sock: chown to group root (gid 0; socket_grou
 if "$WEXD" 2>"$TMP/twice.log"; then fail "a second wexd started on the same socket"; fi
 grep -q "cannot listen on $WEX_SOCKET: check for a running daemon: another wexd listens there" \
 	"$TMP/twice.log" || fail "unclear error for a socket in use: $(cat "$TMP/twice.log")"
-echo "PASS: allowed producer served, denied producer refused with EACCES, outsider cannot connect, a reload revoking access disconnects, socket errors name the setting"
+# Group access goes by the groups the process holds (SO_PEERGROUPS), not
+# the group database: a member that dropped the group is refused, a user
+# outside it whose process was given it is admitted.
+getent group wexgid >/dev/null || groupadd --system wexgid || fail "groupadd wexgid"
+id -nG wex-allowed | grep -qw wexgid || usermod -aG wexgid wex-allowed || fail "usermod"
+cat >"$TMP/wexd.json" <<JSON
+{ "socket_mode": "0660", "socket_group": "wextest",
+  "models": { "bygroup": { "producers": { "gids": ["wexgid"] } } } }
+JSON
+n=$(grep -c "config info: reloaded" "$TMP/wexd.log")
+kill -HUP "$WEXD_PID"
+i=0; until [ "$(grep -c "config info: reloaded" "$TMP/wexd.log")" -gt "$n" ]; do
+	i=$((i+1)); [ $i -lt 200 ] || fail "reload not logged"; sleep 0.05; done
+bygroup() { # USER GROUPS
+	setpriv --reuid="$1" --regid="$1" --groups="$2" -- env WEX_SOCKET="$WEX_SOCKET" \
+		"$PRODUCER" --model bygroup --preset tiny --versions 1 >"$TMP/bygroup.log" 2>&1
+}
+bygroup wex-allowed wextest,wexgid || fail "a member holding wexgid refused: $(cat "$TMP/bygroup.log")"
+if bygroup wex-allowed wextest; then fail "a member whose process dropped wexgid was admitted"; fi
+grep -q "Permission denied" "$TMP/bygroup.log" || fail "dropped group: $(cat "$TMP/bygroup.log")"
+bygroup wex-outsider wextest,wexgid ||
+	fail "a process given wexgid (its user outside it) refused: $(cat "$TMP/bygroup.log")"
+echo "PASS: allowed producer served, denied producer refused with EACCES, outsider cannot connect, a reload revoking access disconnects, socket errors name the setting, groups go by what the process holds"
