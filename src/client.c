@@ -621,6 +621,12 @@ static void lease_went(struct wex_client *c)
 	}
 }
 
+/* The connection to wexd went (its end closed it, or it never was). */
+static int conn_lost(int ret)
+{
+	return ret == -EPIPE || ret == -ECONNRESET || ret == -ENOTCONN;
+}
+
 /* One request; on a lost daemon, reconnect once and retry. `req` is taken.
  * Received fds (if rfds) are the caller's. */
 static int rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, json_t **out,
@@ -645,8 +651,7 @@ again:
 			goto out;
 	}
 	ret = raw_rpc(c, req, fds, nfds, &reply, rfds, maxr, nrfds, wait_ms);
-	if ((ret == -EPIPE || ret == -ECONNRESET || ret == -ENOTCONN) && !c->reconnecting &&
-	    tries++ == 0 &&
+	if (conn_lost(ret) && !c->reconnecting && tries++ == 0 &&
 	    strcmp(json_string_value(json_object_get(req, "op")) ?: "", "hello")) {
 		wex_warn("client", "lost wexd (%s): reconnecting", strerror(-ret));
 		conn_drop(c);
@@ -661,7 +666,7 @@ again:
 		lease_went(c);
 	if (ret < 0) {
 		/* (Inside reconnect, which then starts over: gone is gone.) */
-		if ((ret == -EPIPE || ret == -ECONNRESET || ret == -ENOTCONN) && c->reconnecting)
+		if (conn_lost(ret) && c->reconnecting)
 			conn_drop(c);
 		if (ret == -EPIPE || ret == -ECONNRESET)
 			ret = set_err(c, -WEX_EDAEMON, "wexd closed the connection");
@@ -856,8 +861,7 @@ static int reconnect(struct wex_client *c)
 		c->reconnecting = 1;
 		ret = reconnect_once(c, &greeted);
 		c->reconnecting = 0;
-		if (ret >= 0 || !greeted || tries == 2 ||
-		    (ret != -WEX_EDAEMON && ret != -EPIPE && ret != -ECONNRESET && ret != -ENOTCONN))
+		if (ret >= 0 || !greeted || tries == 2 || (ret != -WEX_EDAEMON && !conn_lost(ret)))
 			return ret;
 		wex_warn("client", "lost wexd again while reconnecting (%s): reconnecting", err_buf(c));
 	}
@@ -1152,14 +1156,13 @@ static int unmap_regions(struct wex_client *c, const char *done)
 	return shown;
 }
 
-/* A same-address sync that failed gave the regions that showed the
- * producer their own memory back, holding what they showed (unmap_regions
- * returned `shown`): the version this sync acquired, while the regions it
+/* unmap_regions for a same-address sync that failed: the regions that
+ * showed the producer hold the version this sync acquired, while those it
  * had not swapped yet, and weights outside regions, may hold an older one.
  * Possibly two versions, called one: dirty (as wex_sync says). */
-static void regions_undone(struct wex_client *c, int shown)
+static void regions_undo(struct wex_client *c, const char *done)
 {
-	if (shown) {
+	if (unmap_regions(c, done)) {
 		c->dirty = 1;
 		c->copied = 0;
 	}
@@ -2407,13 +2410,13 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 		char why[sizeof(c->err)];
 
 		memcpy(why, c->err, sizeof(why));
-		regions_undone(c, unmap_regions(c, NULL));
+		regions_undo(c, NULL);
 		memcpy(c->err, why, sizeof(why));
 		return ret;
 	}
 	done = calloc(c->nregions ? c->nregions : 1, 1);
 	if (!done) {
-		regions_undone(c, unmap_regions(c, NULL));
+		regions_undo(c, NULL);
 		return set_err(c, -ENOMEM, "remap: out of memory");
 	}
 	for (size_t i = 0; i < c->nregions; i++) {
@@ -2443,7 +2446,7 @@ static int map_regions(struct wex_client *c, uint64_t *bytes)
 			for (size_t j = i; j < c->nregions; j++)
 				if (c->regions[j].r.fixed)
 					done[j] = 1;
-			regions_undone(c, unmap_regions(c, done));
+			regions_undo(c, done);
 			free(done);
 			return set_err(c, ret, "remap: map_fixed: %s%s", wex_strerror(ret),
 				       ret == -EINVAL && g->r.lead != s->seg.desc.handle_offset ?

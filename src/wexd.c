@@ -455,6 +455,14 @@ static json_t *validate_and_run(struct wexd *d, struct conn *c, const char *buf,
 	return reply;
 }
 
+/* The client hung up (its end of the connection is closed). */
+static int peer_hung_up(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+
+	return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 static void on_msg(void *arg, struct wex_loop_io *io, ssize_t len, int *fds, int nfds, int mflags)
 {
 	struct wexd *d = arg;
@@ -463,19 +471,9 @@ static void on_msg(void *arg, struct wex_loop_io *io, ssize_t len, int *fds, int
 
 	/* SOCK_SEQPACKET carries empty messages: 0 is the end only when the
 	 * client hung up (an empty one is answered, as any bad message). */
-	if (len == 0 && !c->dropping) {
-		struct pollfd p = { .fd = c->io.fd, .events = POLLRDHUP };
-
-		if (poll(&p, 1, 0) == 0 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
-			wex_sock_close_fds(fds, nfds);
-			reply = wex__reply_error(-EBADMSG, "empty message");
-			if (wexd_send(d, c, reply, NULL, 0) < 0)
-				conn_close(d, c);
-			json_decref(reply);
-			return;
-		}
-	}
-	if (len <= 0 || c->dropping) {
+	if (len == 0 && !c->dropping && !peer_hung_up(c->io.fd)) {
+		reply = wex__reply_error(-EBADMSG, "empty message");
+	} else if (len <= 0 || c->dropping) {
 		if (len < 0)
 			wex_debug("conn", "client %llu: receive: %s", (unsigned long long)c->id,
 				  strerror((int)-len));
@@ -484,8 +482,7 @@ static void on_msg(void *arg, struct wex_loop_io *io, ssize_t len, int *fds, int
 		wex_sock_close_fds(fds, nfds);
 		conn_close(d, c);
 		return;
-	}
-	if (c->waiting) {
+	} else if (c->waiting) {
 		/* One request at a time: a client that sends while waiting is
 		 * broken; answer and keep its first request. */
 		reply = wex__reply_error(-EBUSY, "a request is already in flight on this connection");

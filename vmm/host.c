@@ -188,13 +188,14 @@ static int range_mapped(void *addr, uint64_t size)
 	return msync(addr, size, MS_ASYNC) == 0 || errno != ENOMEM;
 }
 
-/* Fresh private memory at r->addr after a failed call left a hole there.
- * NOREPLACE first, so that nothing another thread mapped into the hole
- * is clobbered.  Where part of the range is still mapped (EEXIST) that
- * part is normally the region's own, and MAP_FIXED replaces the whole
- * range; a mapping another thread made in the hole meanwhile would be
- * replaced too (the reservation is the region's, as with the MAP_FIXED
- * swap itself).  NULL when even that fails: nothing is mapped there. */
+/* Fresh private memory (prot, extra mmap flags) at r->addr after a failed
+ * call left a hole there.  NOREPLACE first, so that nothing another thread
+ * mapped into the hole is clobbered.  Where part of the range is still
+ * mapped (EEXIST) that part is normally the region's own, and MAP_FIXED
+ * replaces the whole range (never for addresses given up, lost = 2); a
+ * mapping another thread made in the hole meanwhile would be replaced too
+ * (the reservation is the region's, as with the MAP_FIXED swap itself).
+ * NULL when even that fails: nothing is mapped there. */
 static void *map_at(struct wex_mem_region *r, int prot, int flags)
 {
 	void *p;
@@ -209,7 +210,6 @@ static void *map_at(struct wex_mem_region *r, int prot, int flags)
 		errno = EEXIST;
 		return NULL;
 	}
-	/* Addresses no longer the region's (lost = 2): never replaced. */
 	if (errno != EEXIST || r->lost == 2)
 		return NULL;
 	p = mmap(r->addr, r->size, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | flags, -1, 0);
