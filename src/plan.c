@@ -12,6 +12,8 @@
  * norms) are cut into chunks when large and given to the least loaded
  * holder, exclusive cells first and large ones first; ties rotate with the
  * consumer rank so that ranks planned by separate planners still spread.
+ * Holders on the consumer's own device (near), where a cell has any, are
+ * its only candidates.
  * Cells become strided copies; contiguous dims are merged, up to three outer
  * dims kept, the rest split, and neighbouring ops fused.
  */
@@ -24,6 +26,8 @@
 #include "plan.h"
 
 #define MAXD WEX_MAX_DIMS
+/* Smallest chunk a rank planned alone cuts a replicated cell into. */
+#define SPLIT_MIN (1u << 20)
 
 struct src_entry {
 	uint32_t name;     /* interned name id */
@@ -571,6 +575,19 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 			w->cands[w->ncands++] = (struct cand){ hits[i]->src, s };
 		}
 		c.ncand = (uint32_t)(w->ncands - c.cand_off);
+		if (c.ncand > 1) {
+			/* Holders on the consumer's own device first: a copy
+			 * there reads local memory instead of crossing a link. */
+			uint32_t nnear = 0;
+
+			for (uint32_t i = 0; i < c.ncand; i++)
+				if (pl->srcs[w->cands[c.cand_off + i].src].near)
+					w->cands[c.cand_off + nnear++] = w->cands[c.cand_off + i];
+			if (nnear) {
+				c.ncand = nnear;
+				w->ncands = c.cand_off + nnear;
+			}
+		}
 		if (c.ncand == 0) {
 			char where[256];
 			int n = 0;
@@ -893,7 +910,8 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 	 * ends within one chunk of it, so large cells are cut into chunks of
 	 * at most 1/16 of the bound (never more chunks than holders).  A rank
 	 * planned alone cannot see the others: with more holders than consumer
-	 * ranks, its cells are cut so that each holder can serve a part. */
+	 * ranks, its cells are cut so that each holder can serve a part, in
+	 * chunks of at least SPLIT_MIN. */
 	{
 		uint32_t ranks = cworld ? cworld : 1;
 		size_t n0 = w.ncells;
@@ -926,8 +944,12 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 				k = q < nc ? (uint32_t)q : nc;
 			} else {
 				k = nc > ranks ? (nc + ranks - 1) / ranks : 1;
-				/* Small cells (norms, biases) are not worth more ops. */
-				if (bytes < 65536)
+				/* Chunks under SPLIT_MIN are not worth their ops (64
+				 * replicas cut a 128 KiB cell into 64 ops of 2 KiB);
+				 * small cells (norms, biases) stay whole. */
+				if (k > bytes / SPLIT_MIN)
+					k = (uint32_t)(bytes / SPLIT_MIN);
+				if (k < 1)
 					k = 1;
 			}
 			if (k > 1) {

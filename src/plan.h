@@ -40,6 +40,10 @@ struct wex_plan_src {
 	uint32_t rank;               /* producer rank */
 	const struct wex_tensor *t;  /* pieces; t[i].segment/offset locate them */
 	size_t n;
+	int near;                    /* 1: its memory is on the consumer's device:
+				      * an element it holds is read from it (or
+				      * from another near rank), never from a
+				      * replica on another device */
 };
 
 /* For a plan built alone (wex__plan_build) the busiest source and bound are

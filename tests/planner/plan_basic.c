@@ -9,9 +9,18 @@
  * stays within 1.1x its lower bound, planned as a group, rank by rank on
  * one planner, and rank by rank on separate planners (wex__plan_build, as
  * wexd does: only crank/cworld spread the load);
- * (5) an element no producer holds is refused with -WEX_ELAYOUT.
+ * (5) an element no producer holds is refused with -WEX_ELAYOUT;
+ * (6) producer ranks marked near (memory on the consumer's device) serve
+ * every element they hold, and several near ranks share it, while without
+ * near ranks every replica serves a part; (7) a rank planned alone against
+ * 16 replicas cuts cells into chunks of at least 1 MiB (before, a 2 MiB
+ * cell became 16 ops of 128 KiB), and still spreads over several replicas.
  */
 #include "ptest.h"
+
+#define CFG_BIG "{\"model_type\":\"llama\",\"hidden_size\":1024,\"num_hidden_layers\":1," \
+		"\"num_attention_heads\":16,\"num_key_value_heads\":4,\"intermediate_size\":1024," \
+		"\"vocab_size\":1024,\"torch_dtype\":\"bfloat16\"}"
 
 #define CFG "{\"model_type\":\"llama\",\"hidden_size\":64,\"num_hidden_layers\":4," \
 	    "\"num_attention_heads\":8,\"num_key_value_heads\":4,\"intermediate_size\":128," \
@@ -22,6 +31,9 @@ struct setup {
 	uint32_t pw, cw;
 	struct wex_plan_src *srcs;
 };
+
+/* 0: producer pieces are laid out but not filled (plan shape only). */
+static int mk_fill = 1;
 
 static void mk(const struct wex_model *m, const char *from, const char *to, struct setup *s)
 {
@@ -36,7 +48,7 @@ static void mk(const struct wex_model *m, const char *from, const char *to, stru
 	s->cr = calloc(s->cw, sizeof(*s->cr));
 	s->srcs = calloc(s->pw, sizeof(*s->srcs));
 	for (uint32_t r = 0; r < s->pw; r++) {
-		CHECK(pt_rank_make(m, &fs, r, 1, &s->pr[r], err, sizeof(err)) == 0, "%s", err);
+		CHECK(pt_rank_make(m, &fs, r, mk_fill, &s->pr[r], err, sizeof(err)) == 0, "%s", err);
 		s->srcs[r] = (struct wex_plan_src){ r, s->pr[r].pieces, s->pr[r].l.np };
 	}
 	for (uint32_t r = 0; r < s->cw; r++)
@@ -174,6 +186,74 @@ int main(void)
 		free(load);
 	}
 	unmk(&s);
+
+	/* (6) near ranks: 4 full replicas (megatron tp=1, dp=4), one engine. */
+	mk(m, "megatron:tp=1,dp=4", "vllm:tp=1", &s);
+	for (int round = 0; round < 3; round++) {
+		/* round 0: none near; 1: rank 2 near; 2: ranks 1 and 3 near */
+		uint64_t load[4] = { 0 };
+		struct pt_srcs ps = { s.pr, s.pw };
+
+		for (uint32_t r = 0; r < s.pw; r++)
+			s.srcs[r].near = (round == 1 && r == 2) || (round == 2 && (r & 1));
+		CHECK(wex__plan_build(s.srcs, s.pw, s.cr[0].pieces, s.cr[0].l.np, 0, 1, &p, err,
+				      sizeof(err)) == 0, "%s", err);
+		for (size_t i = 0; i < p->nops; i++) {
+			uint64_t b = p->ops[i].len;
+
+			for (uint32_t k = 0; k < p->ops[i].nouter; k++)
+				b *= p->ops[i].count[k];
+			load[p->ops[i].src_rank] += b;
+		}
+		printf("near round %d: %zu ops, load %llu %llu %llu %llu\n", round, p->nops,
+		       (unsigned long long)load[0], (unsigned long long)load[1],
+		       (unsigned long long)load[2], (unsigned long long)load[3]);
+		CHECK(p->stats.bytes_moved == p->stats.bytes_needed, "near: moved != needed");
+		for (uint32_t r = 0; r < 4; r++) {
+			if (round == 0)
+				CHECK(load[r] > 0, "no near rank: replica %u serves nothing", r);
+			else
+				CHECK(!load[r] == !s.srcs[r].near,
+				      "round %d: rank %u (near %d) serves %llu bytes", round, r,
+				      s.srcs[r].near, (unsigned long long)load[r]);
+		}
+		memset(s.cr[0].count, 0, s.cr[0].size);
+		memset(s.cr[0].buf, 0xA5, s.cr[0].size);
+		pt_run(p, &ps, &s.cr[0]);
+		CHECK(pt_verify(&s.cr[0]) == 0, "near round %d data", round);
+		wex__plan_free(p);
+	}
+	unmk(&s);
+	wex__model_free(m);
+
+	/* (7) chunks of a rank planned alone: 16 replicas against one. */
+	CHECK(wex__model_from_text(CFG_BIG, NULL, &m, err, sizeof(err)) == 0, "%s", err);
+	{
+		size_t nops1;
+		uint32_t used = 0;
+		uint8_t seen[16] = { 0 };
+		mk_fill = 0; /* op sizes only: the bytes are checked above */
+		mk(m, "megatron:tp=1", "vllm:tp=1", &s);
+		CHECK(wex__plan_build(s.srcs, s.pw, s.cr[0].pieces, s.cr[0].l.np, 0, 1, &p, err,
+				      sizeof(err)) == 0, "%s", err);
+		nops1 = p->nops;
+		wex__plan_free(p);
+		unmk(&s);
+		mk(m, "megatron:tp=1,dp=16", "vllm:tp=1", &s);
+		CHECK(wex__plan_build(s.srcs, s.pw, s.cr[0].pieces, s.cr[0].l.np, 0, 1, &p, err,
+				      sizeof(err)) == 0, "%s", err);
+		for (size_t i = 0; i < p->nops; i++)
+			if (!seen[p->ops[i].src_rank]++)
+				used++;
+		printf("16 replicas: %zu ops (one replica: %zu) over %u replicas, %llu bytes\n",
+		       p->nops, nops1, used, (unsigned long long)p->stats.bytes_needed);
+		CHECK(p->nops <= 2 * nops1 + p->stats.bytes_needed / (1u << 20),
+		      "16 replicas: %zu ops, one replica %zu: cells cut below 1 MiB", p->nops, nops1);
+		CHECK(used >= 4, "16 replicas: only %u serve", used);
+		CHECK(p->stats.bytes_moved == p->stats.bytes_needed, "16 replicas: moved != needed");
+		wex__plan_free(p);
+		unmk(&s);
+	}
 	wex__model_free(m);
 	return T_PASS;
 }
