@@ -86,6 +86,14 @@ if(WEX_HAVE_CUDA_HEADERS)
   add_test(NAME cuda_ipc_refcount_emul COMMAND cuda_ipc)
   set_tests_properties(cuda_ipc_refcount_emul PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS cuda
     ENVIRONMENT "WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_EMUL_IPC_REFCOUNT=1")
+  # Drivers older than the headers, as a lent GPU may run: 12.8
+  # (cuMemcpyBatchAsync with failIdx) and 12.4 (no batches: one
+  # cuMemcpyAsync per copy).
+  foreach(v 12080 12040)
+    add_test(NAME cuda_copy_drv${v}_emul COMMAND cuda_copy)
+    set_tests_properties(cuda_copy_drv${v}_emul PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS cuda
+      ENVIRONMENT "WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_EMUL_DRIVER_VERSION=${v}")
+  endforeach()
   # A node where fabric handles work (IMEX): wex_cuda_alloc memory carries
   # a fabric handle beside its fd, and fabric-only memory is exported.
   foreach(t cuda_vmm cuda_e2e cuda_chunks)

@@ -82,6 +82,12 @@
  *    fork() gets CUDA_ERROR_NOT_INITIALIZED from every call, and cuInit
  *    and the first context keep fds open for the process's lifetime (so
  *    fd-leak baselines must be taken after them);
+ *  - the driver says CUDA 13.0, or WEX_EMUL_DRIVER_VERSION (12080, 12040:
+ *    an older driver; cuMemcpyBatchAsync only from 12080, with failIdx
+ *    below 13000); cuGetProcAddress refuses a version above the driver's
+ *    (CUDA_ERROR_INVALID_VALUE) and answers a symbol it lacks with
+ *    CUDA_SUCCESS, a NULL pointer and the status saying why, as cuda.h
+ *    says;
  *  - the copies of one cuMemcpyBatchAsync run last first (the reference
  *    promises no order within a batch, so copies that depend on each
  *    other show as wrong bytes);
@@ -495,11 +501,24 @@ static CUresult e_init(unsigned f)
 	return CUDA_SUCCESS;
 }
 
+/* The driver's CUDA version: 13000, or WEX_EMUL_DRIVER_VERSION (12080: a
+ * 12.8 driver, whose cuMemcpyBatchAsync takes failIdx; 12040: one without
+ * it), as a lent GPU's driver may be older than the headers. */
+static int drv_version(void)
+{
+	const char *e = getenv("WEX_EMUL_DRIVER_VERSION");
+	int v;
+
+	if (e && sscanf(e, "%d", &v) == 1 && v >= 11040 && v < 13000)
+		return v;
+	return 13000;
+}
+
 static CUresult e_version(int *v)
 {
 	if (init_pid && init_pid != getpid())
 		return CUDA_ERROR_NOT_INITIALIZED; /* callable before cuInit */
-	*v = 13000;
+	*v = drv_version();
 	return CUDA_SUCCESS;
 }
 
@@ -2051,13 +2070,28 @@ static const struct {
 API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags,
 				 CUdriverProcAddressQueryResult *st)
 {
+	int drv = drv_version();
+
 	*pfn = NULL;
-	if (strcmp(symbol, "cuMemcpyBatchAsync") == 0)
-		*pfn = ver >= 13000 ? (void *)e_batch13 : (void *)e_batch12;
+	/* "If the specified CUDA version is greater than the driver version,
+	 * the API will return CUDA_ERROR_INVALID_VALUE"; a symbol this
+	 * driver lacks, or one newer than `ver`, is CUDA_SUCCESS with pfn
+	 * NULL and the status saying which (cuda.h). */
+	if (ver > drv)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (strcmp(symbol, "cuMemcpyBatchAsync") == 0) {
+		if (drv >= 12080 && ver >= 12080)
+			*pfn = ver >= 13000 ? (void *)e_batch13 : (void *)e_batch12;
+		if (st)
+			*st = *pfn ? CU_GET_PROC_ADDRESS_SUCCESS :
+			      drv >= 12080 ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT :
+					     CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+		return CUDA_SUCCESS;
+	}
 	for (size_t i = 0; !*pfn && i < sizeof(table) / sizeof(table[0]); i++)
 		if (strcmp(table[i].name, symbol) == 0)
 			*pfn = table[i].fn;
 	if (st)
 		*st = *pfn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-	return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+	return CUDA_SUCCESS;
 }
