@@ -87,7 +87,11 @@ for cmd in status metrics; do
 	grep -q "max_clients" "$TMP/err" || fail "wexctl $cmd: a connection closed by wexd does not name the cause: $(cat "$TMP/err")"
 done
 rm -f "$TMP/held"; wait "$HOLD"
-"$WEXCTL" status >/dev/null || fail "status once the holder left"
+# wexd frees the holder's slot when its event loop sees the hang-up, which
+# may come a moment after the holder's exit on a busy machine.
+i=0; until "$WEXCTL" status >/dev/null 2>"$TMP/err"; do
+	i=$((i+1)); [ $i -lt 40 ] || fail "status once the holder left: $(cat "$TMP/err")"; sleep 0.05
+done
 # Output that cannot be written fails the command (a metrics file left
 # empty must not look written); a name that is not UTF-8 is refused, not
 # sent as no name (which listed every field).
