@@ -1565,6 +1565,21 @@ static int send_table(struct wex_client *c, const char *op, const struct wex_ten
 	if (fd < 0)
 		return set_err(c, fd, "cannot pack tensor table: %s", strerror(-fd));
 	req = json_pack("{s:s}", "op", op);
+	if (req && !strcmp(op, "attach")) {
+		/* The GPU the layout lives on: wexd plans its copies from
+		 * producer memory on that GPU wherever it holds them. */
+		char uuid[48];
+
+		for (size_t i = 0; i < n; i++) {
+			int d = wex_mem_ptr_on_gpu((uint64_t)(uintptr_t)t[i].ptr);
+
+			if (d >= 0) {
+				if (wex_mem_device_uuid(d, uuid, sizeof(uuid)) == 0)
+					json_object_set_new(req, "device", json_string(uuid));
+				break;
+			}
+		}
+	}
 	ret = rpc(c, req, &fd, 1, NULL, NULL, 0, NULL, c->timeout_ms);
 	close(fd);
 	return ret;

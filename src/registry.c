@@ -1129,6 +1129,19 @@ json_t *wexd_attach(struct wexd *d, struct conn *c, json_t *req, int *fds, int n
 		return wex__reply_error(-EPERM, "attach: only consumers attach");
 	if (nfds > 1)
 		return wex__reply_error(-EINVAL, "attach takes 0 or 1 fd, got %d", nfds);
+	/* The GPU the layout lives on (its UUID), when it is GPU memory. */
+	json_t *dv = json_object_get(req, "device");
+	const char *dev = "";
+
+	if (dv) {
+		if (!json_is_string(dv))
+			return wex__reply_error(-EINVAL, "attach: device must be a string");
+		dev = json_string_value(dv);
+		if (strlen(dev) >= sizeof(c->device) || !wex__name_printable(dev))
+			return wex__reply_error(-EINVAL,
+						"attach: device must be a printable name under %zu bytes",
+						sizeof(c->device));
+	}
 	if (nfds == 1) {
 		ret = wex__table_unpack(fds[0], &t, NULL, &n, err, sizeof(err));
 		if (ret < 0)
@@ -1137,12 +1150,16 @@ json_t *wexd_attach(struct wexd *d, struct conn *c, json_t *req, int *fds, int n
 	free(c->layout);
 	c->layout = t;
 	c->nlayout = n;
-	/* FNV-1a over the table: plans are cached per consumer layout. */
+	snprintf(c->device, sizeof(c->device), "%s", dev);
+	/* FNV-1a over the table and the device: plans are cached per
+	 * consumer layout, and depend on where it lives. */
 	uint64_t h = 1469598103934665603ull;
 	const unsigned char *p = (const unsigned char *)t;
 
 	for (size_t i = 0; i < n * sizeof(*t); i++)
 		h = (h ^ p[i]) * 1099511628211ull;
+	for (p = (const unsigned char *)c->device; *p; p++)
+		h = (h ^ *p) * 1099511628211ull;
 	c->layout_hash = h;
 	return json_pack("{s:b, s:I, s:I}", "ok", 1, "count", (json_int_t)n, "published",
 			 (json_int_t)c->model->published);
@@ -1354,6 +1371,7 @@ static struct plan_entry *plan_get(struct model *m, struct conn *c, char *err, s
 {
 	struct wex_plan_src *srcs;
 	struct plan_entry *p;
+	uint32_t nnear = 0;
 	uint64_t t0;
 
 	for (p = m->plans; p; p = p->next)
@@ -1379,6 +1397,11 @@ static struct plan_entry *plan_get(struct model *m, struct conn *c, char *err, s
 		srcs[i].rank = i;
 		srcs[i].t = m->ranks[i].t;
 		srcs[i].n = m->ranks[i].nt;
+		/* Near: a rank with memory on the consumer's GPU. */
+		for (uint32_t s = 0; c->device[0] && s < m->ranks[i].nsegs; s++)
+			if (!strcmp(m->ranks[i].segs[s].desc.device, c->device))
+				srcs[i].near = 1;
+		nnear += (uint32_t)srcs[i].near;
 	}
 	t0 = wex__now_ns();
 	*ret = wex__plan_build(srcs, m->world, c->layout, c->nlayout, c->rank, c->group->world,
@@ -1400,12 +1423,17 @@ static struct plan_entry *plan_get(struct model *m, struct conn *c, char *err, s
 	p->consumer_hash = c->layout_hash;
 	p->crank = c->rank;
 	p->cworld = c->group->world;
+	snprintf(p->device, sizeof(p->device), "%s", c->device);
+	p->near = nnear;
 	p->uses = 1;
 	p->next = m->plans;
 	m->plans = p;
-	wex_info("planner", "model '%s' plan for group '%s' rank %u: %zu ops, %llu bytes, %.2f ms",
+	wex_info("planner", "model '%s' plan for group '%s' rank %u: %zu ops, %llu bytes, %.2f ms%s%s%s",
 		 m->name, c->group->name, c->rank, p->plan->nops,
-		 (unsigned long long)p->plan->stats.bytes_moved, p->build_ms);
+		 (unsigned long long)p->plan->stats.bytes_moved, p->build_ms,
+		 c->device[0] ? ", on " : "", c->device,
+		 !c->device[0] ? "" : nnear ? " (read from producer ranks there first)" :
+		 " (no producer rank there)");
 	return p;
 }
 
@@ -1827,9 +1855,10 @@ json_t *wexd_plans_json(struct wexd *d)
 	for (struct model *m = d->models; m; m = m->next)
 		for (struct plan_entry *p = m->plans; p; p = p->next)
 			json_array_append_new(
-				arr, json_pack("{s:s, s:I, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:s}",
+				arr, json_pack("{s:s, s:I, s:i, s:i, s:s, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:s}",
 					       "model", m->name, "layout_gen", (json_int_t)p->layout_gen,
-					       "rank", p->crank, "world", p->cworld, "ops",
+					       "rank", p->crank, "world", p->cworld, "device", p->device,
+					       "near_ranks", (int)p->near, "ops",
 					       (json_int_t)p->plan->nops, "bytes_needed",
 					       (json_int_t)p->plan->stats.bytes_needed, "bytes_moved",
 					       (json_int_t)p->plan->stats.bytes_moved, "busiest_src_bytes",

@@ -270,8 +270,8 @@ static void print_plans(json_t *plans)
 	size_t i;
 	json_t *p;
 
-	printf("%-16s %4s %5s %5s %8s %12s %12s %9s %5s %s\n", "MODEL", "GEN", "RANK", "WORLD", "OPS",
-	       "NEEDED", "MOVED", "BUILD(ms)", "USES", "STALE");
+	printf("%-16s %4s %5s %5s %4s %8s %12s %12s %9s %5s %s\n", "MODEL", "GEN", "RANK", "WORLD",
+	       "NEAR", "OPS", "NEEDED", "MOVED", "BUILD(ms)", "USES", "STALE");
 	json_array_foreach(plans, i, p) {
 		char n[32], m[32];
 
@@ -279,11 +279,19 @@ static void print_plans(json_t *plans)
 			  sizeof(n));
 		fmt_bytes((uint64_t)json_integer_value(json_object_get(p, "bytes_moved")), m,
 			  sizeof(m));
-		printf("%-16s %4lld %5lld %5lld %8lld %12s %12s %9.2f %5lld %s\n",
+		const char *dev = json_string_value(json_object_get(p, "device"));
+		char near[16] = "-";
+
+		/* NEAR: producer ranks on the consumer layout's GPU ("-":
+		 * the layout is in host memory). */
+		if (dev && dev[0])
+			snprintf(near, sizeof(near), "%lld",
+				 (long long)json_integer_value(json_object_get(p, "near_ranks")));
+		printf("%-16s %4lld %5lld %5lld %4s %8lld %12s %12s %9.2f %5lld %s\n",
 		       json_string_value(json_object_get(p, "model")),
 		       (long long)json_integer_value(json_object_get(p, "layout_gen")),
 		       (long long)json_integer_value(json_object_get(p, "rank")),
-		       (long long)json_integer_value(json_object_get(p, "world")),
+		       (long long)json_integer_value(json_object_get(p, "world")), near,
 		       (long long)json_integer_value(json_object_get(p, "ops")), n, m,
 		       json_real_value(json_object_get(p, "build_ms")),
 		       (long long)json_integer_value(json_object_get(p, "uses")),

@@ -63,7 +63,8 @@ struct conn {
 	uint64_t served_version;
 	struct wex_tensor *layout;
 	size_t nlayout;
-	uint64_t layout_hash;
+	uint64_t layout_hash;   /* over the layout and device */
+	char device[WEX_UUID_LEN]; /* the GPU the layout lives on ("": host) */
 	uint64_t syncs;
 	uint64_t last_sync_ns;
 	uint64_t connected_ns;
@@ -115,6 +116,8 @@ struct plan_entry {
 	uint64_t layout_gen;
 	uint64_t consumer_hash;
 	uint32_t crank, cworld;
+	char device[WEX_UUID_LEN]; /* the consumer layout's GPU ("": host) */
+	uint32_t near;             /* producer ranks with memory there */
 	struct wex_plan *plan;
 	int fd;
 	uint64_t uses;

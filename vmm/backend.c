@@ -87,6 +87,18 @@ int wex_mem_ptr_on_gpu(uint64_t addr)
 #endif
 }
 
+int wex_mem_device_uuid(int dev, char *out, size_t len)
+{
+#ifdef WEX_HAVE_CUDA_BACKEND
+	return wex__cuda_device_uuid(dev, out, len);
+#else
+	(void)dev;
+	(void)out;
+	(void)len;
+	return -ENODEV;
+#endif
+}
+
 int wex_mem_host_pin(struct wex_mem_seg *seg, int device)
 {
 	int ret;

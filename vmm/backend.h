@@ -208,6 +208,11 @@ int wex_mem_settle(void);
  * -1 otherwise, and always -1 in a build without the CUDA backend. */
 int wex_mem_ptr_on_gpu(uint64_t addr);
 
+/* The UUID text of CUDA device `dev` ("GPU-..."; the name segments carry
+ * in desc.device) into out (at least 37 bytes); -ENODEV in a build without
+ * the CUDA backend, the driver's error otherwise. */
+int wex_mem_device_uuid(int dev, char *out, size_t len);
+
 /*
  * Host staging: page-locks a host segment's mapping (an exporter's, or an
  * importer's read-only one) for DMA by every GPU context, with device

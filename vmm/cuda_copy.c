@@ -51,6 +51,30 @@ static void warn_per_copy(const char *why)
 		wex_warn("cuda", "copies are issued one cuMemcpyAsync each, not batched: %s", why);
 }
 
+/* WEX_CUDA_BATCH=0 (or wex__cuda_copy_batch(0)): one cuMemcpyAsync per
+ * copy, said once; -1 until the variable is read. */
+static int batch_off = -1;
+
+void wex__cuda_copy_batch(int on)
+{
+	__atomic_store_n(&batch_off, !on, __ATOMIC_RELAXED);
+}
+
+static int batch_wanted(void)
+{
+	int off = __atomic_load_n(&batch_off, __ATOMIC_RELAXED);
+
+	if (off < 0) {
+		const char *env = getenv("WEX_CUDA_BATCH");
+
+		off = env && strcmp(env, "0") == 0;
+		__atomic_store_n(&batch_off, off, __ATOMIC_RELAXED);
+	}
+	if (off)
+		warn_per_copy("batching is off (WEX_CUDA_BATCH=0)");
+	return !off;
+}
+
 static int flush(struct batch *b)
 {
 	CUmemcpyAttributes attr = { .srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM };
@@ -60,7 +84,7 @@ static int flush(struct batch *b)
 
 	if (b->n == 0)
 		return 0;
-	if (b->n > 1 && __atomic_load_n(&batch_usable, __ATOMIC_RELAXED)) {
+	if (b->n > 1 && __atomic_load_n(&batch_usable, __ATOMIC_RELAXED) && batch_wanted()) {
 		if (wex__cu.cuMemcpyBatchAsync13) {
 			r = wex__cu.cuMemcpyBatchAsync13(b->dst, b->src, b->len, b->n, &attr, &idx, 1,
 							 b->s);

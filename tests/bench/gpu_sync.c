@@ -22,7 +22,11 @@
  *               d2d      one cuMemcpyAsync per segment, imported -> own
  *                        (the limit: same bytes, fewest calls);
  *               copy     the copy slot with one op per tensor (wex's
- *                        in-place copy);
+ *                        in-place copy), in cuMemcpyBatchAsync
+ *                        batches where the driver has them;
+ *               copy_unbatched  the same with batching off (what
+ *                        WEX_CUDA_BATCH=0 does: one cuMemcpyAsync per
+ *                        op), so that one run tells which is faster;
  *               remap    map_fixed of every region (same-address remap:
  *                        the producer's memory under the engine's
  *                        addresses; remap_ms) and unmap_fixed back
@@ -75,8 +79,9 @@ struct layout {
 
 /* Consumer -> parent.  *_first_ms: the warm-up; the others: best of reps. */
 struct result {
-	double import_ms, copy_ms, d2d_ms, remap_ms, unmap_fixed_ms;
+	double import_ms, copy_ms, d2d_ms, remap_ms, unmap_fixed_ms, copy_unbatched_ms;
 	double copy_first_ms, d2d_first_ms, remap_first_ms, unmap_fixed_first_ms;
+	double copy_unbatched_first_ms;
 	uint64_t bytes;
 	size_t bad; /* tensor checks that failed */
 	char device[WEX_UUID_LEN];
@@ -270,6 +275,16 @@ static void consumer(int sock, int out)
 		note(&res.copy_first_ms, &res.copy_ms, i, now_ms() - t);
 	}
 	res.bad += check_tensors(dst, "copy");
+	zero_regions(r, st);
+	wex__cuda_copy_batch(0);
+	res.copy_unbatched_ms = INFINITY;
+	for (int i = 0; i <= reps; i++) {
+		t = now_ms();
+		CHECK_OK(vmm->copy(ops, L.n, 1));
+		note(&res.copy_unbatched_first_ms, &res.copy_unbatched_ms, i, now_ms() - t);
+	}
+	wex__cuda_copy_batch(1);
+	res.bad += check_tensors(dst, "copy_unbatched");
 
 	/* Same-address remap of every region, and back; the regions' own
 	 * memory is zeroed first, so each check tells which one shows. */
@@ -616,7 +631,8 @@ static void print_json(const struct result *res, const struct torch *T, const ch
 	static const struct result none = {
 		.import_ms = NAN, .copy_ms = NAN, .d2d_ms = NAN, .remap_ms = NAN,
 		.unmap_fixed_ms = NAN, .copy_first_ms = NAN, .d2d_first_ms = NAN,
-		.remap_first_ms = NAN, .unmap_fixed_first_ms = NAN,
+		.remap_first_ms = NAN, .unmap_fixed_first_ms = NAN, .copy_unbatched_ms = NAN,
+		.copy_unbatched_first_ms = NAN,
 	};
 	const struct torch no_torch = { .per_tensor = NAN, .bucket = NAN, .per_tensor_first = NAN,
 					.bucket_first = NAN, .check = -1, .state = TORCH_FAILED,
@@ -646,6 +662,9 @@ static void print_json(const struct result *res, const struct torch *T, const ch
 	json_num("copy_gbps", gbs / (r->copy_ms / 1e3), 1);
 	json_num("d2d_gbps", gbs / (r->d2d_ms / 1e3), 1);
 	json_num("copy_vs_d2d", r->d2d_ms / r->copy_ms, 1);
+	json_num("copy_unbatched_ms", r->copy_unbatched_ms, 1);
+	json_num("copy_unbatched_first_ms", r->copy_unbatched_first_ms, 1);
+	json_num("copy_unbatched_vs_d2d", r->d2d_ms / r->copy_unbatched_ms, 1);
 	printf("\"torch_baseline\":\"%s\",", torch_state[T->state]);
 	json_num("torch_ipc_per_tensor_ms", T->per_tensor, 1);
 	json_num("torch_ipc_per_tensor_first_ms", T->per_tensor_first, 1);
@@ -745,6 +764,9 @@ int main(void)
 	printf("copy %.2f ms (%.1f GB/s, first %.2f ms); d2d %.2f ms (%.1f GB/s, first %.2f ms)\n",
 	       res.copy_ms, gbs / (res.copy_ms / 1e3), res.copy_first_ms, res.d2d_ms,
 	       gbs / (res.d2d_ms / 1e3), res.d2d_first_ms);
+	printf("copy unbatched (WEX_CUDA_BATCH=0) %.2f ms (%.1f GB/s, first %.2f ms, %.3f of d2d)\n",
+	       res.copy_unbatched_ms, gbs / (res.copy_unbatched_ms / 1e3),
+	       res.copy_unbatched_first_ms, res.d2d_ms / res.copy_unbatched_ms);
 	printf("targets: copy/d2d %.3f >= 0.85 %s; remap %.2f ms < 50 %s; vs torch per tensor: "
 	       "copy %.1fx >= 10 %s, remap %.1fx >= 10 %s; check %s\n",
 	       cvd, met(cvd, 0.85, 1), res.remap_ms, met(res.remap_ms, 50, 0),

@@ -322,6 +322,15 @@ int main(void)
 	cons = t_raw_connect(d.sock);
 	expect_req(cons, "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"bad\"}", NULL, 0,
 		   "OK", NULL, "consumer hello");
+	/* The GPU an attach names (its layout's): a printable UUID string. */
+	expect_req(cons, "{\"v\":1,\"op\":\"attach\",\"device\":7}", NULL, 0, "EINVAL",
+		   "device must be a string", "attach with a numeric device");
+	expect_req(cons, "{\"v\":1,\"op\":\"attach\",\"device\":\"GPU-\\u001b[2J\"}", NULL, 0,
+		   "EINVAL", "printable", "attach with a control character in its device");
+	expect_req(cons, "{\"v\":1,\"op\":\"attach\",\"device\":\"GPU-0123456789abcdef0123456789abcdef0123456789abcdef\"}",
+		   NULL, 0, "EINVAL", "printable", "attach with a device name too long");
+	expect_req(cons, "{\"v\":1,\"op\":\"attach\",\"device\":\"GPU-a\"}", NULL, 0, "OK", NULL,
+		   "attach with a device and no layout");
 	expect_req(cons, "{\"v\":1,\"op\":\"acquire\",\"mode\":99}", NULL, 0, "EINVAL", NULL,
 		   "acquire with an unknown mode");
 	expect_req(cons, "{\"v\":1,\"op\":\"acquire\",\"mode\":2,\"timeout_ms\":18446744073709}", NULL,

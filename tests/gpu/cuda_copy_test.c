@@ -140,6 +140,17 @@ static void test(void)
 			fprintf(stderr, "byte %zu differs: gpu %u host %u\n", i, b.out[i], b.hd[i]);
 			exit(T_EXIT_FAIL);
 		}
+	/* Batching off (WEX_CUDA_BATCH=0; gpu_sync's unbatched phase): the
+	 * same bytes, not one batch call. */
+	dev_fill(b.dd, BUF, 2);
+	nb = emul_calls("cuMemcpyBatchAsync");
+	wex__cuda_copy_batch(0);
+	CHECK_OK(wex_mem_backend(WEX_MEM_CUDA_VMM)->copy(ops, nops, 1));
+	wex__cuda_copy_batch(1);
+	if (emulated())
+		CHECK(emul_calls("cuMemcpyBatchAsync") == nb); /* batching off: no batch */
+	CU_OK(wex__cu.cuMemcpyDtoH(b.out, b.dd, BUF));
+	CHECK(memcmp(b.out, b.hd, BUF) == 0);
 	/* The same ops with device source and host (pageable) destination:
 	 * unified addressing lets one executor serve both. */
 	unbase(b.ds, b.dd);

@@ -152,7 +152,7 @@ memcheck() {
 	rc=0
 	# Cheapest first, cuda_vmm (1000-cycle leak checks) last: a test cut
 	# short by the step's time costs the fewest results.
-	set -- cuda_facts cuda_copy cuda_ipc cuda_staging cuda_remap cuda_e2e cuda_order cuda_chunks cuda_vmm
+	set -- cuda_facts cuda_copy cuda_ipc cuda_staging cuda_remap cuda_e2e cuda_near cuda_order cuda_chunks cuda_vmm
 	while [ $# -gt 0 ]; do
 		t=$1
 		shift

@@ -1,0 +1,193 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuda_near - a copy sync reads the replica on the engine's own GPU.
+ *
+ * Two producer ranks (data-parallel replicas: each holds every tensor)
+ * register the same tensors through a real wexd: rank 0 in cuda_vmm
+ * memory on device 0 (wex_cuda_alloc), rank 1 in a host segment.  Their
+ * bytes differ on purpose (rank 1 adds 1 to every element), so what a
+ * consumer reads tells where it read it.  This process, the consumer:
+ *  1. attaches a layout in host memory: no replica is on its device, so
+ *     the plan spreads over both (bytes of each arrive);
+ *  2. attaches a layout in device 0's memory: its attach names that GPU,
+ *     wexd plans every element from rank 0 (on that GPU, a local copy)
+ *     and none from the host replica; `plans` lists that plan with the
+ *     GPU's UUID and one near rank.
+ * Needs a CUDA driver and device (exit 77 with the reason otherwise); CI
+ * runs it against tests/gpu/emul_cuda.c (cuda_near_emul).
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "gpu_util.h"
+#include "vmm/backend.h"
+#include "wex.h"
+
+#define NT 8
+#define ROWS 512
+#define COLS 1024 /* bf16: 1 MiB a tensor */
+
+static uint16_t val(int t, uint64_t e, int rank)
+{
+	return (uint16_t)((e * 2654435761u ^ (uint32_t)t * 40503u) + (uint32_t)rank);
+}
+
+/* One producer rank: 0 on device 0, 1 in host memory. */
+static void rank_main(int rank, int go_fd, int done_fd)
+{
+	struct wex_client_params p = {
+		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL | WEX_CLIENT_FIELD_RANK,
+		.role = WEX_ROLE_PRODUCER, .model = "near", .rank = (uint32_t)rank, .world_size = 2,
+	};
+	struct wex_tensor t[NT];
+	uint64_t total = gpu_bf16_tensors(t, NT, ROWS, COLS, 0);
+	wex_client_t *c;
+	uint16_t *h = malloc(total);
+	uint32_t seg;
+	void *mem;
+	char ch = 'p';
+
+	CHECK(h != NULL);
+	for (int i = 0; i < NT; i++)
+		for (uint64_t e = 0; e < (uint64_t)ROWS * COLS; e++)
+			h[(size_t)i * ROWS * COLS + e] = val(i, e, rank);
+	CHECK_OK(wex_client_open(&p, &c));
+	if (rank == 0) {
+		mem = wex_cuda_alloc((ssize_t)total, 0, NULL);
+		CHECK(mem != NULL);
+		CHECK_OK(xfer(mem, h, total));
+		CHECK_OK(wex_segment_register_ptr(c, WEX_SEG_CUDA_VMM, mem, total, &seg));
+	} else {
+		CHECK_OK(wex_segment_alloc(c, WEX_SEG_HOST, 0, total, &seg, &mem));
+		memcpy(mem, h, total);
+	}
+	for (int i = 0; i < NT; i++)
+		t[i].segment = seg;
+	CHECK_OK(wex_register_tensors(c, t, NT));
+	CHECK_OK(wex_begin_write(c, 1, 5000));
+	CHECK_OK(wex_publish(c, 1));
+	CHECK(write(done_fd, &ch, 1) == 1);
+	/* Hold the memory until the test is done. */
+	CHECK(read(go_fd, &ch, 1) >= 0);
+	wex_client_close(c);
+	if (rank == 0)
+		wex_cuda_free(mem, (ssize_t)total, 0, NULL);
+	free(h);
+}
+
+/* Forks rank 1 before any CUDA call (no CUDA in a child forked after the
+ * driver was initialised), then is rank 0; exits 0 only if both did. */
+static void producer(int go_fd, int done_fd)
+{
+	pid_t pid = fork();
+	int st;
+
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		rank_main(1, go_fd, done_fd);
+		_exit(0);
+	}
+	rank_main(0, go_fd, done_fd);
+	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	_exit(0);
+}
+
+/* Syncs a copy into buf (host or device 0) and counts the elements that
+ * came from each rank; any other value fails. */
+static void copy_from(wex_client_t *c, void *buf, int on_gpu, uint64_t total, uint64_t from[2])
+{
+	struct wex_tensor t[NT];
+	struct wex_sync_result r;
+	uint16_t *h = malloc(total);
+
+	CHECK(h != NULL);
+	gpu_bf16_tensors(t, NT, ROWS, COLS, 0);
+	for (int i = 0; i < NT; i++)
+		t[i].ptr = (char *)buf + t[i].offset;
+	CHECK_OK(wex_attach(c, t, NT));
+	CHECK_OK(wex_sync(c, WEX_SYNC_COPY, 1, 10000, &r));
+	CHECK(r.version == 1 && r.bytes == total);
+	if (on_gpu)
+		CHECK_OK(xfer(h, buf, total));
+	else
+		memcpy(h, buf, total);
+	from[0] = from[1] = 0;
+	for (int i = 0; i < NT; i++)
+		for (uint64_t e = 0; e < (uint64_t)ROWS * COLS; e++) {
+			uint16_t v = h[(size_t)i * ROWS * COLS + e];
+
+			if (v == val(i, e, 0))
+				from[0]++;
+			else if (v == val(i, e, 1))
+				from[1]++;
+			else
+				CHECK(!"an element holds neither replica's value");
+		}
+	free(h);
+}
+
+int main(void)
+{
+	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
+				       .role = WEX_ROLE_CONSUMER, .model = "near" };
+	struct wex_tensor t[NT];
+	uint64_t total = gpu_bf16_tensors(t, NT, ROWS, COLS, 0), from[2];
+	struct gpu_world w;
+	wex_client_t *c;
+	void *hbuf, *dbuf;
+	char ch;
+
+	gpu_require();
+	gpu_world_start(&w, producer);
+	CHECK(read(w.from_prod, &ch, 1) == 1 && read(w.from_prod, &ch, 1) == 1);
+	CHECK_OK(wex_client_open(&p, &c));
+
+	/* 1. A layout in host memory: both replicas serve. */
+	hbuf = malloc(total);
+	CHECK(hbuf != NULL);
+	copy_from(c, hbuf, 0, total, from);
+	printf("host layout: %llu elements from rank 0 (device 0), %llu from rank 1 (host)\n",
+	       (unsigned long long)from[0], (unsigned long long)from[1]);
+	CHECK(from[0] > 0 && from[1] > 0);
+
+	/* 2. A layout on device 0: only the replica there. */
+	dbuf = wex_cuda_alloc((ssize_t)total, 0, NULL);
+	CHECK(dbuf != NULL);
+	copy_from(c, dbuf, 1, total, from);
+	printf("device 0 layout: %llu elements from rank 0 (device 0), %llu from rank 1 (host)\n",
+	       (unsigned long long)from[0], (unsigned long long)from[1]);
+	CHECK(from[1] == 0 && from[0] == total / 2);
+	{
+		/* wexd lists the plan with the GPU and its one near rank. */
+		char uuid[48], *js = NULL;
+		json_t *j, *pl;
+		size_t i;
+		int seen = 0;
+
+		CHECK_OK(wex__cuda_device_uuid(0, uuid, sizeof(uuid)));
+		CHECK_OK(wex_request(c, "plans", NULL, &js));
+		j = json_loads(js, 0, NULL);
+		CHECK(j != NULL);
+		json_array_foreach(json_object_get(j, "plans"), i, pl)
+			if (!strcmp(json_string_value(json_object_get(pl, "device")), uuid) &&
+			    json_integer_value(json_object_get(pl, "near_ranks")) == 1)
+				seen = 1;
+		printf("plans: %s\n", js);
+		CHECK(seen);
+		json_decref(j);
+		wex_free(js);
+	}
+
+	wex_client_close(c);
+	wex_cuda_free(dbuf, (ssize_t)total, 0, NULL);
+	free(hbuf);
+	gpu_world_stop(&w);
+	printf("PASS: copies read the replica on the engine's GPU\n");
+	return 0;
+}
