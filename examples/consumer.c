@@ -153,7 +153,7 @@ int main(int argc, char **argv)
 		.world_size = world, .copy_threads = (uint32_t)threads, .socket = sock,
 	};
 	if ((ret = wex_client_open(&p, &c)) < 0) {
-		fprintf(stderr, "consumer: connect: %s\n", wex_strerror(ret));
+		fprintf(stderr, "consumer: connect: %s: %s\n", wex_strerror(ret), wex_last_error(NULL));
 		return 1;
 	}
 	/* The engine's weights live in a region wex reserved, laid out as

@@ -152,7 +152,7 @@ int main(int argc, char **argv)
 	};
 	ret = wex_client_open(&p, &c);
 	if (ret < 0) {
-		fprintf(stderr, "producer: connect: %s\n", wex_strerror(ret));
+		fprintf(stderr, "producer: connect: %s: %s\n", wex_strerror(ret), wex_last_error(NULL));
 		return 1;
 	}
 	ret = wex_segment_alloc(c, WEX_SEG_HOST, 0, seg_bytes, &seg, &base);
@@ -177,7 +177,8 @@ int main(int argc, char **argv)
 		};
 
 		if ((ret = wex_client_open(&ap, &admin)) < 0) {
-			fprintf(stderr, "producer: admin connect: %s\n", wex_strerror(ret));
+			fprintf(stderr, "producer: admin connect: %s: %s\n", wex_strerror(ret),
+				wex_last_error(NULL));
 			return 1;
 		}
 	}

@@ -431,9 +431,25 @@ static int access_device(struct wex_client *c)
 	return c->device >= 0 ? c->device : layout_device(c);
 }
 
+/* Why the calling thread's last wex_client_open failed: there is no
+ * client to hold it (wex_last_error(NULL) returns it). */
+static __thread char open_err[512];
+
+static int open_fail(int ret, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int open_fail(int ret, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(open_err, sizeof(open_err), fmt, ap);
+	va_end(ap);
+	return ret;
+}
+
 WEX_API const char *wex_last_error(wex_client_t *c)
 {
-	return c ? c->err : "no client";
+	return c ? c->err : open_err;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -755,6 +771,9 @@ static int reconnect_once(struct wex_client *c, int *greeted)
 		if (ret == -EAGAIN)
 			set_err(c, ret, "cannot connect to wexd at %s: its queue of connections stayed full (a hung daemon?)",
 				c->sock);
+		else if (ret == -EACCES)
+			set_err(c, ret, "cannot connect to wexd at %s: %s (the socket's group, wex under systemd, must include this user)",
+				c->sock, strerror(-ret));
 		else
 			set_err(c, ret, "cannot connect to wexd at %s: %s", c->sock, strerror(-ret));
 		goto doubted;
@@ -1057,17 +1076,21 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 	struct wex_client *c;
 	int ret;
 
-	if (!p || !out || !(p->field_mask & WEX_CLIENT_FIELD_ROLE))
-		return -EINVAL;
-	if (p->role < WEX_ROLE_PRODUCER || p->role > WEX_ROLE_ADMIN)
-		return -EINVAL;
+	open_err[0] = '\0';
+	if (!p || !out)
+		return open_fail(-EINVAL, "wex_client_open: params and out may not be NULL");
+	if (!(p->field_mask & WEX_CLIENT_FIELD_ROLE) || p->role < WEX_ROLE_PRODUCER ||
+	    p->role > WEX_ROLE_ADMIN)
+		return open_fail(-EINVAL, "wex_client_open: role must be WEX_ROLE_PRODUCER, "
+				 "WEX_ROLE_CONSUMER or WEX_ROLE_ADMIN (with WEX_CLIENT_FIELD_ROLE)");
 	if (p->role != WEX_ROLE_ADMIN &&
 	    (!(p->field_mask & WEX_CLIENT_FIELD_MODEL) || !p->model || !*p->model ||
 	     strlen(p->model) >= WEX_NAME_MAX))
-		return -EINVAL;
+		return open_fail(-EINVAL, "wex_client_open: a producer or consumer needs a model "
+				 "name of 1..%d bytes (with WEX_CLIENT_FIELD_MODEL)", WEX_NAME_MAX - 1);
 	c = calloc(1, sizeof(*c));
 	if (!c)
-		return -ENOMEM;
+		return open_fail(-ENOMEM, "wex_client_open: out of memory");
 	pthread_mutex_init(&c->state, NULL);
 	pthread_once(&log_once, wex__log_init); /* a producer's watch logs */
 	c->fd = -1;
@@ -1092,7 +1115,8 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 	if (p->field_mask & WEX_CLIENT_FIELD_DEVICE) {
 		if (p->device < 0) {
 			client_free(c);
-			return -EINVAL;
+			return open_fail(-EINVAL, "wex_client_open: device must be a CUDA ordinal "
+					 "(0 or more), not %d", p->device);
 		}
 		c->device = p->device;
 	}
@@ -1107,6 +1131,12 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 	open_add(c); /* before its socket exists: a fork closes it from then on */
 	ret = reconnect(c);
 	if (ret < 0) {
+		/* wexd's reason (a rank held, another world size, access
+		 * refused) or the connect's, naming the socket. */
+		open_fail(ret, "%s%s", c->err[0] ? c->err : strerror(-ret),
+			  ret == -ENOENT || ret == -ECONNREFUSED ?
+				  " (is wexd running? $WEX_SOCKET or the client's socket names the path it listens on)" :
+				  "");
 		open_remove(c);
 		client_free(c);
 		return ret;
@@ -1116,6 +1146,9 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 	    (ret = watch_start(c)) < 0) {
 		wex_warn("client", "cannot start the watch of producer rank %u of model '%s': %s (WEX_CLIENT_NO_WATCH opens without one)",
 			 c->rank, c->model, strerror(-ret));
+		open_fail(ret, "cannot start the watch of producer rank %u of model '%s': %s "
+			  "(WEX_CLIENT_NO_WATCH opens without one)", c->rank, c->model,
+			  strerror(-ret));
 		open_remove(c);
 		conn_drop(c);
 		client_free(c);

@@ -91,6 +91,7 @@ wex_add_test(fork_child_pidfd_open SOURCES tests/foundation/fork_child.c
   LIBS wex_test_foundation ${WEX_FX_LIBS} ARGS pidfd_open LABELS foundation
   ENV "WEX_IO=io_uring;WEX_SOCK_NO_PEERPIDFD=1")
 wex_foundation_test(socket_path)
+wex_foundation_test(open_errors LIBS wex)
 
 # ---------------------------------------------------------------------------
 # Issue 4, point 1: a build without the CUDA toolkit's headers has the host

@@ -156,7 +156,8 @@ struct wex_client_params {
  * -EAGAIN (its queue of connections stayed full for the timeout plus 5 s:
  * a hung daemon), -WEX_EPROTO_VERSION, -EINVAL, -EADDRINUSE (the rank is held by another
  * connection that is still open; one whose process already died is taken
- * over).
+ * over).  On failure wex_last_error(NULL) says why (wexd's reason, or the
+ * socket path that could not be reached), in the calling thread.
  *
  * A producer's client runs one thread of its own, its watch, unless
  * WEX_CLIENT_NO_WATCH: when wexd goes (a restart), it reconnects as soon
@@ -448,7 +449,8 @@ WEX_API int wex_request(wex_client_t *c, const char *op, const char *args_json, 
  * (never NULL; owned by the client; valid until the next call).  Every
  * call that acts (all but wex_is_dirty, wex_view, wex_producer_tensors and
  * this one) starts with it empty: a failure never shows an earlier
- * call's message. */
+ * call's message.  With c NULL: why the calling thread's last
+ * wex_client_open failed ("" after one that succeeded). */
 WEX_API const char *wex_last_error(wex_client_t *c);
 
 /* BEGIN cuda section (vmm/) */

@@ -48,8 +48,8 @@ static inline wex_client_t *t_open(int role, const char *model, const char *grou
 	int ret = wex_client_open(&p, &c);
 
 	if (ret < 0)
-		T_FAIL("wex_client_open(role %d, model %s, rank %u/%u): %s", role, model ? model : "-",
-		       rank, world, wex_strerror(ret));
+		T_FAIL("wex_client_open(role %d, model %s, rank %u/%u): %s: %s", role,
+		       model ? model : "-", rank, world, wex_strerror(ret), wex_last_error(NULL));
 	return c;
 }
 

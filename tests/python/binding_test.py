@@ -177,6 +177,15 @@ class Binding(WexdProducerCase):
         with self.assertRaises(wex.WexError) as e:
             wex.Client(wex.ROLE_CONSUMER, MODEL, socket=os.path.join(self.dir, "none.sock"))
         self.assertIn(e.exception.code, (errno.ENOENT, errno.ECONNREFUSED))
+        self.assertIn("none.sock", str(e.exception))  # the path it tried
+
+        # A rank another connection holds: EADDRINUSE with wexd's reason.
+        held = wex.Client(wex.ROLE_PRODUCER, "pyglue-held", rank=0, world_size=1, watch=False)
+        self.addCleanup(held.close)
+        with self.assertRaises(wex.WexError) as e:
+            wex.Client(wex.ROLE_PRODUCER, "pyglue-held", rank=0, world_size=1, watch=False)
+        self.assertEqual(e.exception.code, errno.EADDRINUSE)
+        self.assertIn("held by pid %d" % os.getpid(), str(e.exception))
 
         # A producer runs its watch (one thread of libwex's), unless
         # watch=False; a consumer has none.

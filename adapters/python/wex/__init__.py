@@ -278,8 +278,8 @@ class Client:
         self._live = 0            # tensors over this client's memory alive
         self._close_pending = False
         L = lib()
-        # wex_client_open says only EINVAL (there is no client to hold a
-        # reason) and truncates long names: say what is wrong here.
+        # wex_client_open truncates a long group or socket name: say
+        # what is wrong here, before it connects.
         why = None
         if role not in (ROLE_PRODUCER, ROLE_CONSUMER, ROLE_ADMIN):
             why = "role must be ROLE_PRODUCER, ROLE_CONSUMER or ROLE_ADMIN, not %r" % (role,)
@@ -318,7 +318,9 @@ class Client:
         h = ctypes.c_void_p()
         ret = L.wex_client_open(ctypes.byref(p), ctypes.byref(h))
         if ret < 0:
-            raise WexError(-ret, "wex_client_open: %s" % L.wex_strerror(ret).decode())
+            # (wex_last_error(NULL): why this thread's last open failed.)
+            why = L.wex_last_error(None).decode(errors="replace")
+            raise WexError(-ret, "wex_client_open: %s" % (why or L.wex_strerror(ret).decode()))
         self._h = h
         self._lib = L
         self._regions = []  # (address, size) of what reserve() returned
