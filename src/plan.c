@@ -226,6 +226,20 @@ static int check_piece(const struct wex_tensor *t, const char *side, char *err, 
 	return 0;
 }
 
+/* "BF16 [896, 4864]": a tensor's element type and full shape, for errors. */
+static const char *dtype_shape(const struct wex_tensor *t, char *buf, size_t len)
+{
+	const char *dn = wex_dtype_name(t->dtype);
+	size_t n = (size_t)snprintf(buf, len, "%s [", dn ? dn : "?");
+
+	for (uint32_t d = 0; d < t->ndim && d < MAXD && n < len; d++)
+		n += (size_t)snprintf(buf + n, len - n, "%s%llu", d ? ", " : "",
+				      (unsigned long long)t->shape[d]);
+	if (n < len)
+		snprintf(buf + n, len - n, "]");
+	return buf;
+}
+
 static int ent_cmp(const void *a, const void *b)
 {
 	const struct src_entry *x = a, *y = b;
@@ -452,8 +466,11 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 	const struct wex_tensor *ref = pl->ent[ni->lo].t;
 	if (ref->dtype != d->dtype || ref->ndim != nd ||
 	    memcmp(ref->shape, d->shape, nd * sizeof(uint64_t))) {
-		seterr(err, errlen, "%.*s: consumer dtype/shape differs from the producer's",
-		       WEX_NAME_MAX, d->name);
+		char cs[128], ps[128];
+
+		seterr(err, errlen, "%.*s: consumer has %s, producer %s (element type and full shape must match)",
+		       WEX_NAME_MAX, d->name, dtype_shape(d, cs, sizeof(cs)),
+		       dtype_shape(ref, ps, sizeof(ps)));
 		return -WEX_ELAYOUT;
 	}
 	/* Entries whose start0 <= d0 - maxext0 end before d0: skip them. */

@@ -101,6 +101,23 @@ int main(void)
 		t.shape[0] += 1;
 		CHECK(wex__plan_build(s.srcs, 1, &t, 1, 0, 1, &p, err, sizeof(err)) == -WEX_ELAYOUT, "shape mismatch accepted");
 		printf("shape mismatch: %s\n", err);
+		/* The error says what each side has, so the user sees which. */
+		{
+			char want[64];
+
+			snprintf(want, sizeof(want), "consumer has BF16 [%llu, ",
+				 (unsigned long long)t.shape[0]);
+			CHECK(strstr(err, want), "shape mismatch: no \"%s\" in \"%s\"", want, err);
+			snprintf(want, sizeof(want), "producer BF16 [%llu, ",
+				 (unsigned long long)t.shape[0] - 1);
+			CHECK(strstr(err, want), "shape mismatch: no \"%s\" in \"%s\"", want, err);
+		}
+		t = s.cr[0].pieces[0];
+		t.dtype = WEX_DT_F16;
+		CHECK(wex__plan_build(s.srcs, 1, &t, 1, 0, 1, &p, err, sizeof(err)) == -WEX_ELAYOUT, "dtype mismatch accepted");
+		printf("dtype mismatch: %s\n", err);
+		CHECK(strstr(err, "consumer has F16 [") && strstr(err, "producer BF16 ["),
+		      "dtype mismatch: both element types not named: \"%s\"", err);
 	}
 	unmk(&s);
 
