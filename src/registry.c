@@ -1639,19 +1639,30 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
  * For a sync that timed out: when no producer of the model is connected
  * and none ever published, the likeliest cause is a misspelt model name (or a trainer
  * that never started), so say so and name the models that do have
- * producers.  Writes "" otherwise.
+ * producers.  When producers are connected but none published yet, how
+ * many are and how many did.  Writes "" otherwise.
  */
 static void no_producer_hint(struct wexd *d, struct model *m, char *out, size_t len)
 {
+	uint32_t up = 0, wrote = 0;
 	size_t l;
 	int n = 0;
 
 	out[0] = '\0';
 	if (m->published)
 		return;
-	for (uint32_t i = 0; i < m->world; i++)
-		if (m->ranks[i].c)
-			return;
+	for (uint32_t i = 0; i < m->world; i++) {
+		up += m->ranks[i].c != NULL;
+		wrote += m->ranks[i].c && m->ranks[i].published;
+	}
+	if (up) {
+		/* Its trainer is there but never published (or not every
+		 * rank has yet): say that, not only "published v0". */
+		snprintf(out, len, "; no version of it is published yet: %u of %u producer ranks "
+			 "connected, %u of them published (a version is visible once every rank "
+			 "publishes it)", up, m->world, wrote);
+		return;
+	}
 	snprintf(out, len, "; no producer of model '%s' is connected: check the model name "
 		 "(models with producers:", m->name);
 	for (struct model *o = d->models; o; o = o->next) {

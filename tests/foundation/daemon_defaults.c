@@ -12,7 +12,9 @@
  *    sync (it waits at least 2.5 s);
  *  - a client opened with timeout_ms 300 keeps its own wait;
  *  - a sync of a misspelt model (no producer connected) times out saying
- *    so and naming the models that have producers.
+ *    so and naming the models that have producers;
+ *  - a sync of a model whose producers never published times out saying
+ *    that, with how many ranks are connected and how many published.
  * Lower bounds are tight (the wait really lasts that long); upper bounds
  * are loose, only far below the libwex default they replace.
  */
@@ -108,6 +110,23 @@ int main(void)
 	T_ASSERT(!strstr(wex_last_error(own), "no producer"), "hint where producers are: %s",
 		 wex_last_error(own));
 	wex_client_close(own);
+
+	/* Producers connected (1 of 2 ranks) that never published: the
+	 * timeout says so, not only "published v0". */
+	{
+		wex_client_t *half = t_open(WEX_ROLE_PRODUCER, "unpublished", NULL, 0, 2);
+
+		cp.model = "unpublished";
+		T_WEX(NULL, wex_client_open(&cp, &own));
+		timed_sync(own, 0.25, 2.4, "sync of a model never published");
+		T_ASSERT(strstr(wex_last_error(own), "no version of it is published yet: 1 of 2 "
+						     "producer ranks connected, 0 of them published"),
+			 "a sync of a model never published does not say so: %s",
+			 wex_last_error(own));
+		wex_client_close(own);
+		wex_client_close(half);
+		cp.model = MODEL;
+	}
 
 	t_cons_close(&k);
 	t_prod_close(&p);
