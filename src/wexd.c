@@ -890,7 +890,8 @@ int main(int argc, char **argv)
 			break;
 		case 'l':
 			if ((ret = wex__log_level_from_name(optarg)) < 0) {
-				wex_error("wexd", "--log-level '%s' unknown", optarg);
+				wex_error("wexd", "--log-level '%s' unknown (error, warn, info, debug or trace)",
+					  optarg);
 				return 2;
 			}
 			wex__log_level = ret; /* for what is logged while loading */

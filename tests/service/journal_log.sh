@@ -29,6 +29,8 @@ grep -v '^<[0-7]>' "$TMP/j.log" | grep -q . && fail "lines without a priority: $
 : >"$TMP/j.log"
 JOURNAL_STREAM=$(stat -c '%d:%i' "$TMP/j.log") "$WEXD" --log-level loud 2>>"$TMP/j.log" && fail "--log-level loud accepted"
 grep -q "^<3>.*--log-level 'loud'" "$TMP/j.log" || fail "a bad flag has no error priority: $(cat "$TMP/j.log")"
+grep -q "^<3>.*--log-level 'loud' unknown (error, warn, info, debug or trace)" "$TMP/j.log" ||
+	fail "a bad --log-level does not list the levels: $(cat "$TMP/j.log")"
 # getopt's own complaints (an unknown flag, a flag without its value)
 # were bare lines too.
 for args in --bogus --config; do
