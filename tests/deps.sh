@@ -1,13 +1,15 @@
 #!/bin/sh
 # tests/deps.sh - installs the Debian packages wex builds and tests with,
 # if any is missing.  Sourced by tests/run.sh and examples/quickstart.sh.
-# Build: cmake, gcc, make, pkg-config, liburing-dev, libjansson-dev,
-# libsystemd-dev.  Tests: prometheus (promtool), systemd (systemd-analyze,
-# systemd-socket-activate), passwd (useradd), procps.  tests/run.sh adds
-# WEX_TEST_PACKAGES: python3 and Debian's CPU PyTorch for the Python glue's
-# tests (tests/python).
-WEX_PACKAGES="cmake gcc make pkg-config liburing-dev libjansson-dev libsystemd-dev prometheus systemd passwd procps"
-WEX_TEST_PACKAGES="python3 python3-torch"
+# WEX_PACKAGES, what the build needs (all the quickstart installs): cmake,
+# gcc, make, pkg-config, liburing-dev, libjansson-dev, libsystemd-dev.
+# tests/run.sh adds WEX_TEST_PACKAGES: prometheus (promtool), systemd
+# (systemd-analyze, systemd-socket-activate), passwd (useradd), procps,
+# python3 and Debian's CPU PyTorch for the Python glue's tests
+# (tests/python).  Not for the quickstart: Debian's prometheus package also
+# starts a Prometheus server (port 9090) on a machine run by systemd.
+WEX_PACKAGES="cmake gcc make pkg-config liburing-dev libjansson-dev libsystemd-dev"
+WEX_TEST_PACKAGES="prometheus systemd passwd procps python3 python3-torch"
 
 wex_install_deps() {
 	missing=""
