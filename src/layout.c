@@ -357,8 +357,11 @@ static void pick_adapters(const char *given, char *out, size_t len)
 	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
 		if (!c[i] || !*c[i])
 			continue;
+		/* A directory the user named (--adapters, $WEX_ADAPTERS) is
+		 * used as given: a typo there must fail naming it, not fall
+		 * back to another copy unsaid. */
 		snprintf(probe, sizeof(probe), "%s/engines/hf.json", c[i]);
-		if (access(probe, R_OK) == 0 || i == 0) {
+		if (access(probe, R_OK) == 0 || i <= 1) {
 			snprintf(out, len, "%s", c[i]);
 			return;
 		}

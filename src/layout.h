@@ -21,8 +21,8 @@
 struct wex_model;
 
 /* Loads the family for config.json at `config_path` from `adapters_dir`
- * (NULL: $WEX_ADAPTERS, then the source tree's adapters/, then
- * /usr/local/share/wex/adapters).  Blocks (reads files).  Errors: -ENOENT,
+ * (NULL: $WEX_ADAPTERS when set, used as given; else the source tree's
+ * adapters/, then /usr/local/share/wex/adapters).  Blocks (reads files).  Errors: -ENOENT,
  * -EINVAL (bad JSON or no family for the model type; message in err),
  * -ENOMEM. */
 int wex__model_load(const char *config_path, const char *adapters_dir, struct wex_model **out,

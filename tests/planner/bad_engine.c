@@ -7,7 +7,9 @@
  * or that would pad the vocabulary to terabytes, and parameter defaults
  * outside the limits given values obey (tp*dp wrapped to a world of 0
  * ranks).  The same engine with sane numbers lays out.  Uses a family and
- * engines of its own in a temporary adapters directory.
+ * engines of its own in a temporary adapters directory, also when
+ * $WEX_ADAPTERS names it (a directory named there is used as given, with
+ * no hf.json of its own; it was skipped for the source tree's copy).
  */
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -101,8 +103,25 @@ int main(void)
 	/* Given values override bad defaults. */
 	ret = world(m, "defaults:tp=2,dp=1", &w, err, sizeof(err));
 	CHECK(ret == 0 && w == 2, "defaults:tp=2,dp=1: %d %s", ret, err);
-
 	wex__model_free(m);
+	m = NULL;
+
+	/* $WEX_ADAPTERS names the directory: its family is found (no
+	 * directory given to the call). */
+	setenv("WEX_ADAPTERS", dir, 1);
+	CHECK(wex__model_from_text("{\"model_type\":\"enginetest\",\"layers\":2,\"vocab\":100,"
+				   "\"hidden\":8}",
+				   NULL, &m, err, sizeof(err)) == 0,
+	      "$WEX_ADAPTERS=%s not used: %s", dir, err);
+	wex__model_free(m);
+	m = NULL;
+	/* One that does not exist fails naming it. */
+	setenv("WEX_ADAPTERS", "/nonexistent-wex-adapters", 1);
+	CHECK(wex__model_from_text("{\"model_type\":\"llama\"}", NULL, &m, err, sizeof(err)) < 0 &&
+		      strstr(err, "/nonexistent-wex-adapters"),
+	      "$WEX_ADAPTERS naming no directory: not refused naming it: %s", err);
+	printf("WEX_ADAPTERS   %s\n", err);
+	unsetenv("WEX_ADAPTERS");
 	const char *names[] = { "engines/ok", "engines/wrap", "engines/huge", "engines/defaults",
 				"families/llama" };
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
