@@ -54,6 +54,11 @@ static int usage(const char *cmd, int help)
 			   "[--adapters DIR] IN OUTDIR\n");
 	fprintf(f, "  LAYOUT: ENGINE[:tp=N,pp=N,dp=N,ep=N,etp=N,first=N,last=N,fuse_shared=0|1]; "
 		   "engines: hf megatron megatron_grouped vllm sglang (fuse_shared: sglang)\n");
+	if (strcmp(cmd, "plan"))
+		fprintf(f, "  IN: a .safetensors file or a directory of them (an HF checkpoint, "
+			   "model.safetensors.index.json if there) when --from has one rank, else a "
+			   "directory of rank-K.safetensors; OUTDIR gets rank-K.safetensors, one per "
+			   "rank of --to\n");
 	return help ? 0 : 2;
 }
 

@@ -16,6 +16,11 @@ case "$out" in
 *"usage: wexctl convert"*) ;;
 *) echo "skip: wexctl does not dispatch 'convert' yet"; exit 77 ;;
 esac
+# The help says what IN may be and what OUTDIR gets.
+case "$out" in
+*"IN: "*"rank-K.safetensors"*"OUTDIR gets rank-K.safetensors"*) ;;
+*) echo "convert --help does not say what IN and OUTDIR hold: $out"; exit 1 ;;
+esac
 "$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to megatron:tp=2,pp=2 "$d/hf" "$d/meg" || exit 1
 "$WEXCTL_BIN" convert --config "$d/config.json" --from megatron:tp=2,pp=2 --to vllm:tp=2 "$d/meg" "$d/vllm" || exit 1
 "$WEXCTL_BIN" convert --config "$d/config.json" --from vllm:tp=2 --to hf "$d/vllm" "$d/back" || exit 1
