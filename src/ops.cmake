@@ -25,6 +25,9 @@ if(WEX_HAVE_SYSTEMD)
   target_compile_definitions(ops_sdnotify PRIVATE WEX_HAVE_SYSTEMD=1)
 endif()
 
+add_test(NAME ops_install_prefix
+  COMMAND sh ${CMAKE_SOURCE_DIR}/tests/ops/install_prefix.sh ${CMAKE_BINARY_DIR})
+set_tests_properties(ops_install_prefix PROPERTIES TIMEOUT 60 LABELS ops)
 add_test(NAME ops_systemd_verify
   COMMAND sh ${CMAKE_SOURCE_DIR}/tests/ops/systemd_verify.sh ${CMAKE_SOURCE_DIR}/systemd $<TARGET_FILE:wexd>)
 set_tests_properties(ops_systemd_verify PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 60 LABELS ops)
