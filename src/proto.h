@@ -13,7 +13,7 @@
  *   register_tensors producer  (+1 fd: sealed tensor table)
  *   begin_write      producer  version, timeout_ms          (deferred reply)
  *   publish          producer  version
- *   attach           consumer  (+0 or 1 fd: sealed tensor table of its own layout)
+ *   attach           consumer  device (+0 or 1 fd: sealed tensor table of its own layout)
  *   acquire          consumer  min_version, timeout_ms, mode (deferred reply)
  *   fetch            consumer  start  -> segments + fds, tables, plan
  *   release          consumer  version

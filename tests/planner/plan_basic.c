@@ -14,7 +14,11 @@
  * every element they hold, and several near ranks share it, while without
  * near ranks every replica serves a part; (7) a rank planned alone against
  * 16 replicas cuts cells into chunks of at least 1 MiB (before, a 2 MiB
- * cell became 16 ops of 128 KiB), and still spreads over several replicas.
+ * cell became 16 ops of 128 KiB), and still spreads over several replicas;
+ * (8) an engine on the GPU of one trainer rank of 8 (that rank near) reads
+ * nothing from the others with tp=1 replicas, and about half the bytes
+ * from them with tp=2 (README: no traffic between GPUs only in the first
+ * case).
  */
 #include "ptest.h"
 
@@ -268,6 +272,40 @@ int main(void)
 		      "16 replicas: %zu ops, one replica %zu: cells cut below 1 MiB", p->nops, nops1);
 		CHECK(used >= 4, "16 replicas: only %u serve", used);
 		CHECK(p->stats.bytes_moved == p->stats.bytes_needed, "16 replicas: moved != needed");
+		wex__plan_free(p);
+		unmk(&s);
+	}
+
+	/* (8) an engine (vllm tp=1) on the GPU of one trainer rank of 8: it
+	 * reads nothing across GPUs only where that rank holds all it needs
+	 * (tp=1 replicas); a tp=2 rank holds half of each sharded tensor, so
+	 * the other half comes from the other shard's ranks (other GPUs). */
+	for (int tp = 1; tp <= 2; tp++) {
+		char from[64];
+		uint64_t far = 0;
+
+		snprintf(from, sizeof(from), "megatron:tp=%d,dp=%d", tp, 8 / tp);
+		mk(m, from, "vllm:tp=1", &s);
+		for (uint32_t r = 0; r < s.pw; r++)
+			s.srcs[r].near = r == 0;
+		CHECK(wex__plan_build(s.srcs, s.pw, s.cr[0].pieces, s.cr[0].l.np, 0, 1, &p, err,
+				      sizeof(err)) == 0, "%s", err);
+		for (size_t i = 0; i < p->nops; i++) {
+			uint64_t b = p->ops[i].len;
+
+			for (uint32_t k = 0; k < p->ops[i].nouter; k++)
+				b *= p->ops[i].count[k];
+			if (p->ops[i].src_rank != 0)
+				far += b;
+		}
+		printf("%s, rank 0 near: %llu of %llu bytes from other ranks\n", from,
+		       (unsigned long long)far, (unsigned long long)p->stats.bytes_needed);
+		if (tp == 1)
+			CHECK(far == 0, "tp=1: %llu bytes from other GPUs", (unsigned long long)far);
+		else
+			CHECK(far > p->stats.bytes_needed / 4 && far <= p->stats.bytes_needed / 2,
+			      "tp=2: %llu of %llu bytes from other GPUs", (unsigned long long)far,
+			      (unsigned long long)p->stats.bytes_needed);
 		wex__plan_free(p);
 		unmk(&s);
 	}
