@@ -346,6 +346,10 @@ int wex__st_write(const char *path, const struct wex_st_tensor *t, size_t n, cha
 
 		ok = b == 0 || fwrite(o[i]->data, 1, b, f) == b;
 	}
+	/* On the disk before the rename publishes it: after a crash the name
+	 * holds the old file or the whole new one, never an empty one. */
+	if (ok && (fflush(f) != 0 || fsync(fileno(f)) < 0))
+		ok = 0;
 	if (fclose(f) != 0)
 		ok = 0;
 	f = NULL;

@@ -6,6 +6,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "layout.h"
 #include "plan.h"
@@ -553,6 +555,7 @@ int wexctl_cmd_convert(int argc, char **argv)
 	struct bases bs = { 0 };
 	char err[1024] = "";
 	int ret = 0, rc = 1;
+	uint32_t staged = 0; /* ranks written as .partial, removed on failure */
 
 	if ((ret = parse_opts(argc, argv, &o, 2)) != 0)
 		return usage("convert", ret == 1);
@@ -650,6 +653,11 @@ int wexctl_cmd_convert(int argc, char **argv)
 		ret = -errno;
 		goto fail;
 	}
+	/* Every rank is written as rank-K.safetensors.partial and renamed to
+	 * its name only once all ranks are: a convert that fails (disk full)
+	 * or is killed half way never leaves new ranks beside the old ones of
+	 * an earlier conversion, a set that looks complete but mixes two.
+	 * The staging name does not end in .safetensors: never read as input. */
 	uint64_t total = 0;
 	for (uint32_t r = 0; r < dst.world; r++) {
 		struct wex_rank_layout *l = &dst.l[r];
@@ -689,8 +697,10 @@ int wexctl_cmd_convert(int argc, char **argv)
 			goto rank_out;
 		}
 		total += p->stats.bytes_moved;
-		snprintf(path, sizeof(path), "%s/rank-%u.safetensors", o.pos[1], r);
+		snprintf(path, sizeof(path), "%s/rank-%u.safetensors.partial", o.pos[1], r);
 		ret = wex__st_write(path, out, l->nt, err, sizeof(err));
+		if (ret == 0)
+			staged = r + 1;
 rank_out:
 		wex__plan_free(p);
 		for (size_t i = 0; out && i < l->nt; i++)
@@ -701,6 +711,27 @@ rank_out:
 		if (ret < 0)
 			goto fail;
 	}
+	for (uint32_t r = 0; r < dst.world; r++) {
+		char to[4096], from[sizeof(to) + 16];
+
+		snprintf(to, sizeof(to), "%s/rank-%u.safetensors", o.pos[1], r);
+		snprintf(from, sizeof(from), "%s.partial", to);
+		if (rename(from, to) < 0) {
+			ret = -errno;
+			seterr(err, sizeof(err), "rename %s to %s: %s", from, to, strerror(errno));
+			goto fail;
+		}
+	}
+	staged = 0;
+	{
+		/* The renames themselves reach the disk before "converted". */
+		int dfd = open(o.pos[1], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+		if (dfd >= 0) {
+			fsync(dfd);
+			close(dfd);
+		}
+	}
 	printf("converted %s (%s, %u rank%s) to %s (%s, %u rank%s): %llu bytes copied\n", o.pos[0],
 	       o.from, src.world, src.world == 1 ? "" : "s", o.pos[1], o.to, dst.world,
 	       dst.world == 1 ? "" : "s", (unsigned long long)total);
@@ -708,6 +739,12 @@ rank_out:
 	goto out;
 fail:
 	fprintf(stderr, "wexctl convert: %s\n", err[0] ? err : wex_strerror(ret));
+	for (uint32_t r = 0; r < staged; r++) {
+		char path[4096];
+
+		snprintf(path, sizeof(path), "%s/rank-%u.safetensors.partial", o.pos[1], r);
+		unlink(path);
+	}
 out:
 	wex__planner_free(pl);
 	for (uint32_t r = 0; bs.b && r < bs.n; r++)

@@ -12,9 +12,11 @@
  *   planner_convert gen DIR          writes DIR/config.json and DIR/hf/
  *   planner_convert compare DIR FILE checks FILE holds DIR's original tensors
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -191,6 +193,34 @@ int main(int argc, char **argv)
 	CHECK(run(wexctl_cmd_convert, "convert", cfg, "sglang:tp=2", "hf", a, c) == 0, "sglang -> hf");
 	CHECK(compare(file) == T_PASS, "single-file round trip changed bytes");
 	CHECK(run(wexctl_cmd_plan, "plan", cfg, "megatron:tp=2,pp=2,dp=2", "vllm:tp=2", NULL, NULL) == 0, "plan");
+	/* A convert that fails half way (here: rank 0 fits under the file
+	 * size limit, rank 1 does not) leaves an earlier conversion in the
+	 * same OUTDIR whole: never its rank 1 beside a new rank 0, which
+	 * would look complete and mix two layouts. */
+	{
+		struct rlimit old_lim, lim;
+		char lay[256];
+
+		snprintf(a, sizeof(a), "%s/staged", dir);
+		CHECK(run(wexctl_cmd_convert, "convert", cfg, "hf", "megatron:tp=1,pp=2,first=3,last=1", in,
+			  a) == 0, "hf -> megatron first=3");
+		CHECK(getrlimit(RLIMIT_FSIZE, &old_lim) == 0, "getrlimit");
+		lim = old_lim;
+		lim.rlim_cur = 48 << 10; /* rank 0 of first=1 is 33 KB, rank 1 66 KB */
+		signal(SIGXFSZ, SIG_IGN);
+		CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0, "setrlimit");
+		int rc = run(wexctl_cmd_convert, "convert", cfg, "hf", "megatron:tp=1,pp=2,first=1,last=3", in, a);
+		CHECK(setrlimit(RLIMIT_FSIZE, &old_lim) == 0, "setrlimit");
+		signal(SIGXFSZ, SIG_DFL);
+		CHECK(rc != 0, "a convert past the file size limit succeeded");
+		snprintf(lay, sizeof(lay), "%s/staged/back", dir);
+		CHECK(run(wexctl_cmd_convert, "convert", cfg, "megatron:tp=1,pp=2,first=3,last=1", "hf", a, lay) == 0,
+		      "the earlier conversion no longer reads as its layout after a failed convert into it");
+		snprintf(file, sizeof(file), "%s/rank-0.safetensors", lay);
+		CHECK(compare(file) == T_PASS, "a failed convert changed the earlier conversion's bytes");
+		snprintf(file, sizeof(file), "%s/rank-0.safetensors.partial", a);
+		CHECK(access(file, F_OK) != 0, "a failed convert left %s", file);
+	}
 	/* A source that lacks a tensor: vllm rank files read as megatron. */
 	CHECK(run(wexctl_cmd_convert, "convert", cfg, "megatron:tp=2", "hf", b, c) != 0, "wrong source accepted");
 	/* DeepSeek-V3 with its F32 router bias among bf16 weights, through
