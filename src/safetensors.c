@@ -338,6 +338,9 @@ int wex__st_write(const char *path, const struct wex_st_tensor *t, size_t n, cha
 		seterr(err, errlen, "%s: %s", tmp, strerror(errno));
 		goto out;
 	}
+	/* The first failure's errno is kept: "No space left on device" tells
+	 * the user what to do, a bare "write failed" does not. */
+	int werr = 0;
 	int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, hl, f) == hl;
 	for (size_t i = hl; ok && i < padded; i++)
 		ok = fputc(' ', f) != EOF;
@@ -346,16 +349,22 @@ int wex__st_write(const char *path, const struct wex_st_tensor *t, size_t n, cha
 
 		ok = b == 0 || fwrite(o[i]->data, 1, b, f) == b;
 	}
+	if (!ok)
+		werr = errno;
 	/* On the disk before the rename publishes it: after a crash the name
 	 * holds the old file or the whole new one, never an empty one. */
-	if (ok && (fflush(f) != 0 || fsync(fileno(f)) < 0))
+	if (ok && (fflush(f) != 0 || fsync(fileno(f)) < 0)) {
 		ok = 0;
-	if (fclose(f) != 0)
+		werr = errno;
+	}
+	if (fclose(f) != 0 && ok) {
 		ok = 0;
+		werr = errno;
+	}
 	f = NULL;
 	if (!ok) {
-		ret = -EIO;
-		seterr(err, errlen, "%s: write failed", tmp);
+		ret = werr > 0 ? -werr : -EIO;
+		seterr(err, errlen, "%s: write failed: %s", tmp, strerror(-ret));
 		goto out;
 	}
 	if (rename(tmp, path) < 0) {

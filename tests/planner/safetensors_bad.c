@@ -5,12 +5,15 @@
  * tensors) and rejects malformed files with -EINVAL and a reason: too
  * short, header length over the limit or past the file, invalid JSON,
  * not an object, duplicate keys, unknown dtype, size/shape mismatch,
- * holes, overlaps, trailing bytes, missing bytes, non-string metadata.
+ * holes, overlaps, trailing bytes, missing bytes, non-string metadata;
+ * and that a failed write names its cause.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "safetensors.h"
@@ -75,6 +78,22 @@ int main(void)
 		CHECK(y->begin == 0 && ((uintptr_t)y->data % 4) == 0, "alignment");
 		wex__st_close(&f);
 		unlink(path);
+		/* A write that fails (disk full; here the file size limit) says
+		 * why, and leaves neither the file nor its temporary. */
+		struct rlimit old_lim, lim;
+		int ret;
+
+		CHECK(getrlimit(RLIMIT_FSIZE, &old_lim) == 0, "getrlimit");
+		lim = old_lim;
+		lim.rlim_cur = 16;
+		signal(SIGXFSZ, SIG_IGN);
+		CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0, "setrlimit");
+		ret = wex__st_write(path, t, 3, err, sizeof(err));
+		CHECK(setrlimit(RLIMIT_FSIZE, &old_lim) == 0, "setrlimit");
+		signal(SIGXFSZ, SIG_DFL);
+		printf("%-14s %s\n", "fsize", err);
+		CHECK(ret == -EFBIG && strstr(err, strerror(EFBIG)), "write past the size limit: %d %s", ret, err);
+		CHECK(access(path, F_OK) != 0, "failed write left %s", path);
 	}
 	reject("emptyheader", "", 0);
 	{
