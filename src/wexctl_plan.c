@@ -532,6 +532,28 @@ static const struct wex_st_tensor *find_in(const struct rank_files *rf, const ch
 	return NULL;
 }
 
+/* The first tensor of a source rank's files that its layout does not
+ * name, or NULL.  Names sorted and searched: DeepSeek-V3 has 47,000. */
+static const char *first_unnamed(const struct rank_files *rf, const struct wex_rank_layout *l)
+{
+	const char **v = malloc((l->nt + 1) * sizeof(*v)), *ret = NULL;
+
+	if (!v)
+		return NULL;
+	for (size_t i = 0; i < l->nt; i++)
+		v[i] = l->t[i].name;
+	qsort(v, l->nt, sizeof(*v), cmp_str);
+	for (size_t i = 0; !ret && i < rf->n; i++)
+		for (size_t j = 0; !ret && j < rf->f[i].n; j++) {
+			const char *k = rf->f[i].t[j].name;
+
+			if (!bsearch(&k, v, l->nt, sizeof(*v), cmp_str))
+				ret = k;
+		}
+	free(v);
+	return ret;
+}
+
 struct bases {
 	uint64_t **b; /* [rank][physical tensor] */
 	uint32_t n;
@@ -644,6 +666,32 @@ int wexctl_cmd_convert(int argc, char **argv)
 			bs.b[r][i] = (uint64_t)(uintptr_t)t->data;
 		}
 		srcs[r] = (struct wex_plan_src){ r, l->p, l->np };
+	}
+	/* Tensors of the source its layout does not name are not converted:
+	 * harmless for an F32 rotary buffer or DeepSeek-V3's MTP layer, data
+	 * lost for one the family does not describe (Llama's mlp_bias, an
+	 * lm_head beside tie_word_embeddings).  Said, never dropped unsaid.
+	 * Every named tensor was found once above, so the rest is the count. */
+	{
+		size_t unnamed = 0;
+		const char *example = NULL;
+
+		for (uint32_t r = 0; r < src.world; r++) {
+			size_t nf = 0;
+
+			for (size_t i = 0; i < rf[r].n; i++)
+				nf += rf[r].f[i].n;
+			if (nf <= src.l[r].nt)
+				continue;
+			unnamed += nf - src.l[r].nt;
+			if (!example)
+				example = first_unnamed(&rf[r], &src.l[r]);
+		}
+		if (unnamed)
+			fprintf(stderr, "wexctl convert: warning: %zu tensor%s of the source %s not in "
+				"layout %s and %s not converted (e.g. %s)\n", unnamed,
+				unnamed == 1 ? "" : "s", unnamed == 1 ? "is" : "are", o.from,
+				unnamed == 1 ? "is" : "are", example ? example : "?");
 	}
 	ret = wex__planner_new(srcs, src.world, &pl, err, sizeof(err));
 	if (ret < 0)

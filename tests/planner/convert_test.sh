@@ -3,7 +3,8 @@
 # reshards a generated tiny Qwen2-like HF checkpoint to megatron tp=2,pp=2,
 # then to vllm tp=2, then back to hf with every byte unchanged; converting
 # into the input directory itself gives the same bytes as into a fresh one,
-# and an extra tensor of another dtype in the checkpoint changes nothing.  Skips (77)
+# and an extra tensor of another dtype in the checkpoint changes nothing
+# (and is named on stderr as not converted).  Skips (77)
 # while wexctl does not dispatch `convert` yet.
 # Needs: WEXCTL_BIN, PLANNER_CONVERT_BIN (the planner_convert helper).
 set -u
@@ -60,7 +61,10 @@ s += b" " * (-len(s) % 8)
 os.makedirs(dst)
 open(dst + "/model.safetensors", "wb").write(struct.pack("<Q", len(s)) + s + data)
 PYEOF
-"$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to vllm:tp=2 "$d/hf1" "$d/vllm1" || { echo "an extra F32 tensor broke the conversion"; exit 1; }
+"$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to vllm:tp=2 "$d/hf1" "$d/vllm1" 2>"$d/extra.err" || { echo "an extra F32 tensor broke the conversion"; exit 1; }
+# ... but is not dropped unsaid: a tensor the family does not describe
+# (Llama's mlp_bias, an lm_head beside tie_word_embeddings) would be too.
+grep -q "1 tensor of the source.*not converted.*rotary_emb.inv_freq" "$d/extra.err" || { echo "a source tensor left out of the conversion went unsaid: $(cat "$d/extra.err")"; exit 1; }
 for r in 0 1; do
 	cmp "$d/vllm/rank-$r.safetensors" "$d/vllm1/rank-$r.safetensors" || { echo "an extra tensor changed the output (rank $r)"; exit 1; }
 done
