@@ -86,7 +86,12 @@ static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 			dst = &o->to;
 		else if (!strcmp(a, "--adapters"))
 			dst = &o->adapters;
-		else if (!strcmp(a, "--json")) {
+		else if (npos && (!strcmp(a, "--json") || !strcmp(a, "--rank"))) {
+			/* plan's options: convert writes every rank and prints
+			 * no JSON, so taking them would ignore what was asked. */
+			fprintf(stderr, "wexctl %s: %s is an option of wexctl plan only\n", cmd, a);
+			return -1;
+		} else if (!strcmp(a, "--json")) {
 			o->json = 1;
 			continue;
 		} else if (!strcmp(a, "--rank")) {

@@ -22,6 +22,13 @@ case "$out" in
 *"IN: "*"rank-K.safetensors"*"OUTDIR gets rank-K.safetensors"*) ;;
 *) echo "convert --help does not say what IN and OUTDIR hold: $out"; exit 1 ;;
 esac
+# plan's --rank and --json are not convert's: refused (2), not ignored
+# while every rank is written.
+for o in "--rank 1" --json; do
+	"$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to megatron:tp=2 $o "$d/hf" "$d/o-opt" 2>"$d/opt.err"
+	rc=$?
+	[ $rc = 2 ] && [ ! -e "$d/o-opt" ] || { echo "convert $o: exit $rc, not 2: $(cat "$d/opt.err")"; exit 1; }
+done
 "$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to megatron:tp=2,pp=2 "$d/hf" "$d/meg" || exit 1
 "$WEXCTL_BIN" convert --config "$d/config.json" --from megatron:tp=2,pp=2 --to vllm:tp=2 "$d/meg" "$d/vllm" || exit 1
 "$WEXCTL_BIN" convert --config "$d/config.json" --from vllm:tp=2 --to hf "$d/vllm" "$d/back" || exit 1
