@@ -785,6 +785,19 @@ rank_out:
 			close(dfd);
 		}
 	}
+	{
+		/* Ranks past ours are an earlier conversion's (into OUTDIR, or
+		 * in place from more ranks): left alone, but the directory
+		 * now mixes two layouts and reads as neither. */
+		char path[4096];
+		struct stat st;
+
+		snprintf(path, sizeof(path), "%s/rank-%u.safetensors", o.pos[1], dst.world);
+		if (stat(path, &st) == 0)
+			fprintf(stderr, "wexctl convert: warning: %s is not from this conversion (%s has "
+				"%u rank%s): remove it and the ranks after it before reading %s as %s\n",
+				path, o.to, dst.world, dst.world == 1 ? "" : "s", o.pos[1], o.to);
+	}
 	printf("converted %s (%s, %u rank%s) to %s (%s, %u rank%s): %llu bytes copied\n", o.pos[0],
 	       o.from, src.world, src.world == 1 ? "" : "s", o.pos[1], o.to, dst.world,
 	       dst.world == 1 ? "" : "s", (unsigned long long)total);
