@@ -1600,9 +1600,13 @@ static int send_table(struct wex_client *c, const char *op, const struct wex_ten
 	req = json_pack("{s:s}", "op", op);
 	if (req && !strcmp(op, "attach")) {
 		/* The GPU the layout lives on: wexd plans its copies from
-		 * producer memory on that GPU wherever it holds them. */
+		 * producer memory on that GPU wherever it holds them.  The
+		 * queries may bind a context: the thread gets its own back
+		 * (this runs on reconnects inside any call too). */
+		struct wex_mem_thread_state ts;
 		char uuid[48];
 
+		wex_mem_thread_save(&ts);
 		for (size_t i = 0; i < n; i++) {
 			int d = wex_mem_ptr_on_gpu((uint64_t)(uintptr_t)t[i].ptr);
 
@@ -1612,6 +1616,7 @@ static int send_table(struct wex_client *c, const char *op, const struct wex_ten
 				break;
 			}
 		}
+		wex_mem_thread_restore(&ts);
 	}
 	ret = rpc(c, req, &fd, 1, NULL, NULL, 0, NULL, c->timeout_ms);
 	close(fd);

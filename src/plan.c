@@ -437,6 +437,16 @@ static int hset_add(struct wex_planner *pl, const struct cand *c, uint32_t n, ui
 
 /* Cuts dst piece `di` into cells by the boundaries of the sources touching
  * it and appends them (with their candidates) to w. */
+/* Whether a candidate's memory is on the consumer's device. */
+static int cand_near(const struct wex_planner *pl, const struct cand *cd)
+{
+	const struct wex_plan_src *s = &pl->srcs[cd->src];
+
+	if (s->near_seg)
+		return cd->t->segment < s->nnear_seg && s->near_seg[cd->t->segment];
+	return s->near;
+}
+
 static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_tensor *d, uint32_t di,
 		     uint32_t plan, char *err, size_t errlen)
 {
@@ -598,7 +608,7 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 			uint32_t nnear = 0;
 
 			for (uint32_t i = 0; i < c.ncand; i++)
-				if (pl->srcs[w->cands[c.cand_off + i].src].near)
+				if (cand_near(pl, &w->cands[c.cand_off + i]))
 					w->cands[c.cand_off + nnear++] = w->cands[c.cand_off + i];
 			if (nnear) {
 				c.ncand = nnear;

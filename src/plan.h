@@ -44,6 +44,10 @@ struct wex_plan_src {
 				      * an element it holds is read from it (or
 				      * from another near rank), never from a
 				      * replica on another device */
+	const uint8_t *near_seg;     /* when set, per segment id instead of
+				      * `near`: near_seg[t.segment] for
+				      * t.segment < nnear_seg, else not near */
+	uint32_t nnear_seg;
 };
 
 /* For a plan built alone (wex__plan_build) the busiest source and bound are

@@ -1372,6 +1372,8 @@ static struct plan_entry *plan_get(struct model *m, struct conn *c, char *err, s
 	struct wex_plan_src *srcs;
 	struct plan_entry *p;
 	uint32_t nnear = 0;
+	size_t nsegs = 0;
+	uint8_t *near;
 	uint64_t t0;
 
 	for (p = m->plans; p; p = p->next)
@@ -1387,26 +1389,38 @@ static struct plan_entry *plan_get(struct model *m, struct conn *c, char *err, s
 	plans_gc(m);
 	srcs = calloc(m->world ? m->world : 1, sizeof(*srcs));
 	p = calloc(1, sizeof(*p));
-	if (!srcs || !p) {
+	/* Near: segments on the consumer's GPU (a rank may also hold host
+	 * segments, whose elements a replica on another GPU serves as well). */
+	for (uint32_t i = 0; i < m->world; i++)
+		nsegs += m->ranks[i].nsegs;
+	near = calloc(nsegs ? nsegs : 1, 1);
+	if (!srcs || !p || !near) {
 		free(srcs);
 		free(p);
+		free(near);
 		*ret = -ENOMEM;
 		return NULL;
 	}
+	nsegs = 0;
 	for (uint32_t i = 0; i < m->world; i++) {
+		int any = 0;
+
 		srcs[i].rank = i;
 		srcs[i].t = m->ranks[i].t;
 		srcs[i].n = m->ranks[i].nt;
-		/* Near: a rank with memory on the consumer's GPU. */
+		srcs[i].near_seg = near + nsegs;
+		srcs[i].nnear_seg = m->ranks[i].nsegs;
 		for (uint32_t s = 0; c->device[0] && s < m->ranks[i].nsegs; s++)
 			if (!strcmp(m->ranks[i].segs[s].desc.device, c->device))
-				srcs[i].near = 1;
-		nnear += (uint32_t)srcs[i].near;
+				near[nsegs + s] = 1, any = 1;
+		nsegs += m->ranks[i].nsegs;
+		nnear += (uint32_t)any;
 	}
 	t0 = wex__now_ns();
 	*ret = wex__plan_build(srcs, m->world, c->layout, c->nlayout, c->rank, c->group->world,
 			       &p->plan, err, errlen);
 	free(srcs);
+	free(near);
 	if (*ret < 0) {
 		free(p);
 		return NULL;

@@ -80,8 +80,9 @@ int wex__cuda_copy_async(const struct wex_copy_op *ops, size_t n, int dev);
 int wex__cuda_copy(const struct wex_copy_op *ops, size_t n, int threads);
 /* Whether copies go in cuMemcpyBatchAsync batches (the default, where the
  * driver has it) or one cuMemcpyAsync each, for this process from now on;
- * WEX_CUDA_BATCH=0 in the environment starts with them off. */
-void wex__cuda_copy_batch(int on);
+ * WEX_CUDA_BATCH=0 in the environment starts with them off.  Returns the
+ * setting before (1: batches). */
+int wex__cuda_copy_batch(int on);
 /* Waits for everything the executor queued on device `dev`. */
 int wex__cuda_copy_sync(int dev);
 

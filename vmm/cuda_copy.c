@@ -30,6 +30,8 @@
 #include "vmm/cuda_backend.h"
 
 #define BATCH_MAX 4096
+/* GPUs one copy slot call spreads over (vmm/cudawrap.c knows 64). */
+#define COPY_MAX_DEVICES 64
 
 struct batch {
 	CUstream s;
@@ -55,23 +57,37 @@ static void warn_per_copy(const char *why)
  * copy, said once; -1 until the variable is read. */
 static int batch_off = -1;
 
-void wex__cuda_copy_batch(int on)
-{
-	__atomic_store_n(&batch_off, !on, __ATOMIC_RELAXED);
-}
-
-static int batch_wanted(void)
+/* -1 -> what WEX_CUDA_BATCH says, unless a setter came first. */
+static int batch_off_now(void)
 {
 	int off = __atomic_load_n(&batch_off, __ATOMIC_RELAXED);
 
 	if (off < 0) {
 		const char *env = getenv("WEX_CUDA_BATCH");
+		int want = env && strcmp(env, "0") == 0, unset = -1;
 
-		off = env && strcmp(env, "0") == 0;
-		__atomic_store_n(&batch_off, off, __ATOMIC_RELAXED);
+		if (!__atomic_compare_exchange_n(&batch_off, &unset, want, 0, __ATOMIC_RELAXED,
+						 __ATOMIC_RELAXED))
+			want = unset;
+		off = want;
 	}
+	return off;
+}
+
+int wex__cuda_copy_batch(int on)
+{
+	int was = !batch_off_now();
+
+	__atomic_store_n(&batch_off, !on, __ATOMIC_RELAXED);
+	return was;
+}
+
+static int batch_wanted(void)
+{
+	int off = batch_off_now();
+
 	if (off)
-		warn_per_copy("batching is off (WEX_CUDA_BATCH=0)");
+		warn_per_copy("batching is off (WEX_CUDA_BATCH=0, or turned off by the program)");
 	return !off;
 }
 
@@ -355,6 +371,58 @@ int wex__cuda_copy_sync(int dev)
 	return WEX_CU(wex__cu.cuStreamSynchronize(s));
 }
 
+/* Copies into host memory whose sources lie on several GPUs: each runs on
+ * its source's GPU (a consumer whose layout is host memory maps an import
+ * for its owner only, so another GPU cannot read it), the ops of one GPU
+ * in one go, host sources with the first GPU's; then waits for every GPU
+ * used, after an error too.  1 when the sources span at most one GPU
+ * (nothing done: the caller's single-device path serves). */
+static int copy_by_source(const struct wex_copy_op *ops, size_t n)
+{
+	int devs[COPY_MAX_DEVICES], ndev = 0, ret = 0;
+	struct wex_copy_op *sub;
+	int *of;
+
+	of = malloc(n * sizeof(*of));
+	if (!of)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		int d = wex__cuda_ptr_on_gpu(ops[i].src), k = 0;
+
+		of[i] = d;
+		while (d >= 0 && k < ndev && devs[k] != d)
+			k++;
+		if (d >= 0 && k == ndev && ndev < COPY_MAX_DEVICES)
+			devs[ndev++] = d;
+	}
+	if (ndev < 2) {
+		free(of);
+		return 1;
+	}
+	sub = malloc(n * sizeof(*sub));
+	if (!sub) {
+		free(of);
+		return -ENOMEM;
+	}
+	for (int k = 0; k < ndev && !ret; k++) {
+		size_t m = 0;
+
+		for (size_t i = 0; i < n; i++)
+			if (of[i] == devs[k] || (k == 0 && of[i] < 0))
+				sub[m++] = ops[i];
+		ret = wex__cuda_copy_async(sub, m, devs[k]);
+	}
+	for (int k = 0; k < ndev; k++) {
+		int sret = wex__cuda_copy_sync(devs[k]);
+
+		if (!ret)
+			ret = sret;
+	}
+	free(sub);
+	free(of);
+	return ret;
+}
+
 /* The copy slot: issue, then wait, so that the caller may release its
  * lease (guarantee 3: a lease ends only after the copies completed). */
 int wex__cuda_copy(const struct wex_copy_op *ops, size_t n, int threads)
@@ -366,6 +434,9 @@ int wex__cuda_copy(const struct wex_copy_op *ops, size_t n, int threads)
 		return ret;
 	if (n == 0)
 		return 0;
+	if (n > 1 && wex__cuda_ptr_on_gpu(ops[0].dst) < 0 &&
+	    (ret = copy_by_source(ops, n)) != 1)
+		return ret;
 	pick_device(ops, n, -1, &dev);
 	ret = wex__cuda_copy_async(ops, n, dev);
 	/* Wait even after an error: queued copies must not outlive the call. */

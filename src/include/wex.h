@@ -288,11 +288,8 @@ enum wex_sync_mode {
  * array is copied; the buffers stay the caller's.  Blocks for one round trip (wexd
  * plans and caches the copy plan).  A layout in GPU memory names its GPU
  * (by UUID; a layout over several GPUs, its first piece's): an element
- * that producer ranks with memory on that GPU hold is copied from one of
- * them, never from a replica of a rank without memory there.  It is a
- * local copy where that rank holds the element on the GPU (a rank with a
- * segment there counts whole: an element it holds in host memory is read
- * from there).  Errors: -WEX_ELAYOUT when a requested
+ * that producer ranks hold in segments on that GPU is copied from one of
+ * those segments (a local copy), never from a replica elsewhere.  Errors: -WEX_ELAYOUT when a requested
  * element has no source.
  */
 WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n);

@@ -225,6 +225,7 @@ static void consumer(int sock, int out)
 	struct result res = { .bytes = L.total };
 	CUstream st;
 	double t;
+	int batched;
 
 	CHECK(s && r && ops && src && dst);
 	res.import_ms = 0;
@@ -276,14 +277,14 @@ static void consumer(int sock, int out)
 	}
 	res.bad += check_tensors(dst, "copy");
 	zero_regions(r, st);
-	wex__cuda_copy_batch(0);
+	batched = wex__cuda_copy_batch(0);
 	res.copy_unbatched_ms = INFINITY;
 	for (int i = 0; i <= reps; i++) {
 		t = now_ms();
 		CHECK_OK(vmm->copy(ops, L.n, 1));
 		note(&res.copy_unbatched_first_ms, &res.copy_unbatched_ms, i, now_ms() - t);
 	}
-	wex__cuda_copy_batch(1);
+	wex__cuda_copy_batch(batched); /* as WEX_CUDA_BATCH set it */
 	res.bad += check_tensors(dst, "copy_unbatched");
 
 	/* Same-address remap of every region, and back; the regions' own

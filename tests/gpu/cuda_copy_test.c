@@ -144,9 +144,9 @@ static void test(void)
 	 * same bytes, not one batch call. */
 	dev_fill(b.dd, BUF, 2);
 	nb = emul_calls("cuMemcpyBatchAsync");
-	wex__cuda_copy_batch(0);
+	CHECK(wex__cuda_copy_batch(0) == 1); /* on before (no WEX_CUDA_BATCH here) */
 	CHECK_OK(wex_mem_backend(WEX_MEM_CUDA_VMM)->copy(ops, nops, 1));
-	wex__cuda_copy_batch(1);
+	CHECK(wex__cuda_copy_batch(1) == 0);
 	if (emulated())
 		CHECK(emul_calls("cuMemcpyBatchAsync") == nb); /* batching off: no batch */
 	CU_OK(wex__cu.cuMemcpyDtoH(b.out, b.dd, BUF));

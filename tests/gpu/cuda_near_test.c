@@ -2,17 +2,21 @@
 /*
  * cuda_near - a copy sync reads the replica on the engine's own GPU.
  *
- * Two producer ranks (data-parallel replicas: each holds every tensor)
+ * Producer ranks (data-parallel replicas: each holds every tensor)
  * register the same tensors through a real wexd: rank 0 in cuda_vmm
- * memory on device 0 (wex_cuda_alloc), rank 1 in a host segment.  Their
- * bytes differ on purpose (rank 1 adds 1 to every element), so what a
- * consumer reads tells where it read it.  This process, the consumer:
+ * memory on device 0 (wex_cuda_alloc), rank 1 in a host segment and, with
+ * a second device, rank 2 on device 1.  Their bytes differ on purpose
+ * (rank r adds r to every element), so what a consumer reads tells where
+ * it read it.  This process, the consumer:
  *  1. attaches a layout in host memory: no replica is on its device, so
- *     the plan spreads over both (bytes of each arrive);
+ *     the plan spreads over all (bytes of each arrive; with rank 2, the
+ *     copies from two GPUs each run on their source's GPU, the only one
+ *     the import is mapped for);
  *  2. attaches a layout in device 0's memory: its attach names that GPU,
  *     wexd plans every element from rank 0 (on that GPU, a local copy)
- *     and none from the host replica; `plans` lists that plan with the
- *     GPU's UUID and one near rank.
+ *     and none from the others; `plans` lists that plan with the GPU's
+ *     UUID and one near rank;
+ *  3. with a second device, a layout on device 1 reads rank 2 only.
  * Needs a CUDA driver and device (exit 77 with the reason otherwise); CI
  * runs it against tests/gpu/emul_cuda.c (cuda_near_emul).
  */
@@ -38,12 +42,32 @@ static uint16_t val(int t, uint64_t e, int rank)
 	return (uint16_t)((e * 2654435761u ^ (uint32_t)t * 40503u) + (uint32_t)rank);
 }
 
-/* One producer rank: 0 on device 0, 1 in host memory. */
+/* CUDA devices, counted in a child (a process that forks producers
+ * later must not have initialised the driver). */
+static int device_count(void)
+{
+	int st = 0, n = 0;
+	pid_t pid = fork();
+
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		if (wex__cuda_load() != 0 || wex__cu.cuDeviceGetCount(&n) != CUDA_SUCCESS)
+			_exit(0);
+		_exit(n > 100 ? 100 : n);
+	}
+	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st));
+	return WEXITSTATUS(st);
+}
+
+static int world; /* 3 with a second device, else 2 */
+
+/* One producer rank: 0 on device 0, 1 in host memory, 2 on device 1. */
 static void rank_main(int rank, int go_fd, int done_fd)
 {
 	struct wex_client_params p = {
 		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL | WEX_CLIENT_FIELD_RANK,
-		.role = WEX_ROLE_PRODUCER, .model = "near", .rank = (uint32_t)rank, .world_size = 2,
+		.role = WEX_ROLE_PRODUCER, .model = "near", .rank = (uint32_t)rank,
+		.world_size = (uint32_t)world,
 	};
 	struct wex_tensor t[NT];
 	uint64_t total = gpu_bf16_tensors(t, NT, ROWS, COLS, 0);
@@ -58,8 +82,8 @@ static void rank_main(int rank, int go_fd, int done_fd)
 		for (uint64_t e = 0; e < (uint64_t)ROWS * COLS; e++)
 			h[(size_t)i * ROWS * COLS + e] = val(i, e, rank);
 	CHECK_OK(wex_client_open(&p, &c));
-	if (rank == 0) {
-		mem = wex_cuda_alloc((ssize_t)total, 0, NULL);
+	if (rank != 1) {
+		mem = wex_cuda_alloc((ssize_t)total, rank / 2, NULL);
 		CHECK(mem != NULL);
 		CHECK_OK(xfer(mem, h, total));
 		CHECK_OK(wex_segment_register_ptr(c, WEX_SEG_CUDA_VMM, mem, total, &seg));
@@ -76,31 +100,36 @@ static void rank_main(int rank, int go_fd, int done_fd)
 	/* Hold the memory until the test is done. */
 	CHECK(read(go_fd, &ch, 1) >= 0);
 	wex_client_close(c);
-	if (rank == 0)
-		wex_cuda_free(mem, (ssize_t)total, 0, NULL);
+	if (rank != 1)
+		wex_cuda_free(mem, (ssize_t)total, rank / 2, NULL);
 	free(h);
 }
 
-/* Forks rank 1 before any CUDA call (no CUDA in a child forked after the
- * driver was initialised), then is rank 0; exits 0 only if both did. */
+/* Forks ranks 1 (and 2) before any CUDA call (no CUDA in a child forked
+ * after the driver was initialised), then is rank 0; exits 0 only if all
+ * did. */
 static void producer(int go_fd, int done_fd)
 {
-	pid_t pid = fork();
+	pid_t pid[3];
 	int st;
 
-	CHECK(pid >= 0);
-	if (pid == 0) {
-		rank_main(1, go_fd, done_fd);
-		_exit(0);
+	for (int r = 1; r < world; r++) {
+		pid[r] = fork();
+		CHECK(pid[r] >= 0);
+		if (pid[r] == 0) {
+			rank_main(r, go_fd, done_fd);
+			_exit(0);
+		}
 	}
 	rank_main(0, go_fd, done_fd);
-	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	for (int r = 1; r < world; r++)
+		CHECK(waitpid(pid[r], &st, 0) == pid[r] && WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	_exit(0);
 }
 
-/* Syncs a copy into buf (host or device 0) and counts the elements that
- * came from each rank; any other value fails. */
-static void copy_from(wex_client_t *c, void *buf, int on_gpu, uint64_t total, uint64_t from[2])
+/* Syncs a copy into buf (host or device memory) and counts the elements
+ * that came from each rank; any other value fails. */
+static void copy_from(wex_client_t *c, void *buf, int on_gpu, uint64_t total, uint64_t from[3])
 {
 	struct wex_tensor t[NT];
 	struct wex_sync_result r;
@@ -117,17 +146,16 @@ static void copy_from(wex_client_t *c, void *buf, int on_gpu, uint64_t total, ui
 		CHECK_OK(xfer(h, buf, total));
 	else
 		memcpy(h, buf, total);
-	from[0] = from[1] = 0;
+	from[0] = from[1] = from[2] = 0;
 	for (int i = 0; i < NT; i++)
 		for (uint64_t e = 0; e < (uint64_t)ROWS * COLS; e++) {
 			uint16_t v = h[(size_t)i * ROWS * COLS + e];
+			int k = 0;
 
-			if (v == val(i, e, 0))
-				from[0]++;
-			else if (v == val(i, e, 1))
-				from[1]++;
-			else
-				CHECK(!"an element holds neither replica's value");
+			while (k < world && v != val(i, e, k))
+				k++;
+			CHECK(k < world); /* else no replica's value */
+			from[k]++;
 		}
 	free(h);
 }
@@ -137,32 +165,38 @@ int main(void)
 	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
 				       .role = WEX_ROLE_CONSUMER, .model = "near" };
 	struct wex_tensor t[NT];
-	uint64_t total = gpu_bf16_tensors(t, NT, ROWS, COLS, 0), from[2];
+	uint64_t total = gpu_bf16_tensors(t, NT, ROWS, COLS, 0), from[3];
 	struct gpu_world w;
 	wex_client_t *c;
 	void *hbuf, *dbuf;
 	char ch;
 
 	gpu_require();
+	world = device_count() > 1 ? 3 : 2;
+	if (world == 2)
+		printf("one device: rank 2 on device 1 not tried\n");
 	gpu_world_start(&w, producer);
-	CHECK(read(w.from_prod, &ch, 1) == 1 && read(w.from_prod, &ch, 1) == 1);
+	for (int r = 0; r < world; r++)
+		CHECK(read(w.from_prod, &ch, 1) == 1);
 	CHECK_OK(wex_client_open(&p, &c));
 
-	/* 1. A layout in host memory: both replicas serve. */
+	/* 1. A layout in host memory: every replica serves. */
 	hbuf = malloc(total);
 	CHECK(hbuf != NULL);
 	copy_from(c, hbuf, 0, total, from);
-	printf("host layout: %llu elements from rank 0 (device 0), %llu from rank 1 (host)\n",
-	       (unsigned long long)from[0], (unsigned long long)from[1]);
-	CHECK(from[0] > 0 && from[1] > 0);
+	printf("host layout: %llu elements from rank 0 (device 0), %llu from rank 1 (host), "
+	       "%llu from rank 2 (device 1)\n", (unsigned long long)from[0],
+	       (unsigned long long)from[1], (unsigned long long)from[2]);
+	CHECK(from[0] > 0 && from[1] > 0 && (world == 2 || from[2] > 0));
 
 	/* 2. A layout on device 0: only the replica there. */
 	dbuf = wex_cuda_alloc((ssize_t)total, 0, NULL);
 	CHECK(dbuf != NULL);
 	copy_from(c, dbuf, 1, total, from);
-	printf("device 0 layout: %llu elements from rank 0 (device 0), %llu from rank 1 (host)\n",
-	       (unsigned long long)from[0], (unsigned long long)from[1]);
-	CHECK(from[1] == 0 && from[0] == total / 2);
+	printf("device 0 layout: %llu elements from rank 0, %llu from rank 1, %llu from rank 2\n",
+	       (unsigned long long)from[0], (unsigned long long)from[1],
+	       (unsigned long long)from[2]);
+	CHECK(from[1] == 0 && from[2] == 0 && from[0] == total / 2);
 	{
 		/* wexd lists the plan with the GPU and its one near rank. */
 		char uuid[48], *js = NULL;
@@ -182,6 +216,19 @@ int main(void)
 		CHECK(seen);
 		json_decref(j);
 		wex_free(js);
+	}
+
+	/* 3. A layout on device 1: only the replica there. */
+	if (world == 3) {
+		void *d1 = wex_cuda_alloc((ssize_t)total, 1, NULL);
+
+		CHECK(d1 != NULL);
+		copy_from(c, d1, 1, total, from);
+		printf("device 1 layout: %llu elements from rank 0, %llu from rank 1, %llu from rank 2\n",
+		       (unsigned long long)from[0], (unsigned long long)from[1],
+		       (unsigned long long)from[2]);
+		CHECK(from[0] == 0 && from[1] == 0 && from[2] == total / 2);
+		wex_cuda_free(d1, (ssize_t)total, 1, NULL);
 	}
 
 	wex_client_close(c);

@@ -12,7 +12,8 @@
  * (5) an element no producer holds is refused with -WEX_ELAYOUT;
  * (6) producer ranks marked near (memory on the consumer's device) serve
  * every element they hold, and several near ranks share it, while without
- * near ranks every replica serves a part; (7) a rank planned alone against
+ * near ranks every replica serves a part; marked per segment, a rank is
+ * near only for pieces in its near segments; (7) a rank planned alone against
  * 16 replicas cuts cells into chunks of at least 1 MiB (before, a 2 MiB
  * cell became 16 ops of 128 KiB), and still spreads over several replicas;
  * (8) an engine on the GPU of one trainer rank of 8 (that rank near) reads
@@ -210,13 +211,21 @@ int main(void)
 
 	/* (6) near ranks: 4 full replicas (megatron tp=1, dp=4), one engine. */
 	mk(m, "megatron:tp=1,dp=4", "vllm:tp=1", &s);
-	for (int round = 0; round < 3; round++) {
-		/* round 0: none near; 1: rank 2 near; 2: ranks 1 and 3 near */
+	for (int round = 0; round < 5; round++) {
+		/* round 0: none near; 1: rank 2 near; 2: ranks 1 and 3 near;
+		 * per segment: 3: rank 2's segment 0 near (its pieces are
+		 * there), 4: rank 2 near as a whole but not its segment 0 */
+		static const uint8_t seg_near[] = { 1 }, seg_far[] = { 0 };
 		uint64_t load[4] = { 0 };
 		struct pt_srcs ps = { s.pr, s.pw };
 
-		for (uint32_t r = 0; r < s.pw; r++)
-			s.srcs[r].near = (round == 1 && r == 2) || (round == 2 && (r & 1));
+		for (uint32_t r = 0; r < s.pw; r++) {
+			s.srcs[r].near = (round == 1 && r == 2) || (round == 2 && (r & 1)) ||
+					 (round == 4 && r == 2);
+			s.srcs[r].near_seg = round == 3 && r == 2 ? seg_near :
+					     round == 4 && r == 2 ? seg_far : NULL;
+			s.srcs[r].nnear_seg = s.srcs[r].near_seg ? 1 : 0;
+		}
 		CHECK(wex__plan_build(s.srcs, s.pw, s.cr[0].pieces, s.cr[0].l.np, 0, 1, &p, err,
 				      sizeof(err)) == 0, "%s", err);
 		for (size_t i = 0; i < p->nops; i++) {
@@ -231,10 +240,11 @@ int main(void)
 		       (unsigned long long)load[2], (unsigned long long)load[3]);
 		CHECK(p->stats.bytes_moved == p->stats.bytes_needed, "near: moved != needed");
 		for (uint32_t r = 0; r < 4; r++) {
-			if (round == 0)
-				CHECK(load[r] > 0, "no near rank: replica %u serves nothing", r);
+			if (round == 0 || round == 4)
+				CHECK(load[r] > 0, "round %d: no near segment: replica %u serves nothing",
+				      round, r);
 			else
-				CHECK(!load[r] == !s.srcs[r].near,
+				CHECK(!load[r] == !(round == 3 ? r == 2 : s.srcs[r].near),
 				      "round %d: rank %u (near %d) serves %llu bytes", round, r,
 				      s.srcs[r].near, (unsigned long long)load[r]);
 		}
