@@ -128,8 +128,9 @@ static void producer(int go_fd, int done_fd)
 }
 
 /* Syncs a copy into buf (host or device memory) and counts the elements
- * that came from each rank; any other value fails. */
-static void copy_from(wex_client_t *c, void *buf, int on_gpu, uint64_t total, uint64_t from[3])
+ * that came from each rank, printed after `what`; any other value fails. */
+static void copy_from(wex_client_t *c, const char *what, void *buf, int on_gpu, uint64_t total,
+		      uint64_t from[3])
 {
 	struct wex_tensor t[NT];
 	struct wex_sync_result r;
@@ -157,6 +158,9 @@ static void copy_from(wex_client_t *c, void *buf, int on_gpu, uint64_t total, ui
 			CHECK(k < world); /* else no replica's value */
 			from[k]++;
 		}
+	printf("%s: %llu elements from rank 0 (device 0), %llu from rank 1 (host), %llu from "
+	       "rank 2 (device 1)\n", what, (unsigned long long)from[0], (unsigned long long)from[1],
+	       (unsigned long long)from[2]);
 	free(h);
 }
 
@@ -183,19 +187,13 @@ int main(void)
 	/* 1. A layout in host memory: every replica serves. */
 	hbuf = malloc(total);
 	CHECK(hbuf != NULL);
-	copy_from(c, hbuf, 0, total, from);
-	printf("host layout: %llu elements from rank 0 (device 0), %llu from rank 1 (host), "
-	       "%llu from rank 2 (device 1)\n", (unsigned long long)from[0],
-	       (unsigned long long)from[1], (unsigned long long)from[2]);
+	copy_from(c, "host layout", hbuf, 0, total, from);
 	CHECK(from[0] > 0 && from[1] > 0 && (world == 2 || from[2] > 0));
 
 	/* 2. A layout on device 0: only the replica there. */
 	dbuf = wex_cuda_alloc((ssize_t)total, 0, NULL);
 	CHECK(dbuf != NULL);
-	copy_from(c, dbuf, 1, total, from);
-	printf("device 0 layout: %llu elements from rank 0, %llu from rank 1, %llu from rank 2\n",
-	       (unsigned long long)from[0], (unsigned long long)from[1],
-	       (unsigned long long)from[2]);
+	copy_from(c, "device 0 layout", dbuf, 1, total, from);
 	CHECK(from[1] == 0 && from[2] == 0 && from[0] == total / 2);
 	{
 		/* wexd lists the plan with the GPU and its one near rank. */
@@ -223,10 +221,7 @@ int main(void)
 		void *d1 = wex_cuda_alloc((ssize_t)total, 1, NULL);
 
 		CHECK(d1 != NULL);
-		copy_from(c, d1, 1, total, from);
-		printf("device 1 layout: %llu elements from rank 0, %llu from rank 1, %llu from rank 2\n",
-		       (unsigned long long)from[0], (unsigned long long)from[1],
-		       (unsigned long long)from[2]);
+		copy_from(c, "device 1 layout", d1, 1, total, from);
 		CHECK(from[0] == 0 && from[1] == 0 && from[2] == total / 2);
 		wex_cuda_free(d1, (ssize_t)total, 1, NULL);
 	}

@@ -37,6 +37,18 @@ struct setup {
 	struct wex_plan_src *srcs;
 };
 
+/* Adds the bytes each op of p reads to load[its source rank]. */
+static void add_load(const struct wex_plan *p, uint64_t *load)
+{
+	for (size_t i = 0; i < p->nops; i++) {
+		uint64_t b = p->ops[i].len;
+
+		for (uint32_t k = 0; k < p->ops[i].nouter; k++)
+			b *= p->ops[i].count[k];
+		load[p->ops[i].src_rank] += b;
+	}
+}
+
 /* 0: producer pieces are laid out but not filled (plan shape only). */
 static int mk_fill = 1;
 
@@ -191,13 +203,7 @@ int main(void)
 		for (uint32_t r = 0; r < s.cw; r++) {
 			CHECK(wex__plan_build(s.srcs, s.pw, s.cr[r].pieces, s.cr[r].l.np, r, s.cw, &p, err,
 					      sizeof(err)) == 0, "%s", err);
-			for (size_t i = 0; i < p->nops; i++) {
-				uint64_t b = p->ops[i].len;
-
-				for (uint32_t k = 0; k < p->ops[i].nouter; k++)
-					b *= p->ops[i].count[k];
-				load[p->ops[i].src_rank] += b;
-			}
+			add_load(p, load);
 			wex__plan_free(p);
 		}
 		for (uint32_t i = 0; i < s.pw; i++)
@@ -228,13 +234,7 @@ int main(void)
 		}
 		CHECK(wex__plan_build(s.srcs, s.pw, s.cr[0].pieces, s.cr[0].l.np, 0, 1, &p, err,
 				      sizeof(err)) == 0, "%s", err);
-		for (size_t i = 0; i < p->nops; i++) {
-			uint64_t b = p->ops[i].len;
-
-			for (uint32_t k = 0; k < p->ops[i].nouter; k++)
-				b *= p->ops[i].count[k];
-			load[p->ops[i].src_rank] += b;
-		}
+		add_load(p, load);
 		printf("near round %d: %zu ops, load %llu %llu %llu %llu\n", round, p->nops,
 		       (unsigned long long)load[0], (unsigned long long)load[1],
 		       (unsigned long long)load[2], (unsigned long long)load[3]);
@@ -292,7 +292,7 @@ int main(void)
 	 * the other half comes from the other shard's ranks (other GPUs). */
 	for (int tp = 1; tp <= 2; tp++) {
 		char from[64];
-		uint64_t far = 0;
+		uint64_t far = 0, load8[8];
 
 		snprintf(from, sizeof(from), "megatron:tp=%d,dp=%d", tp, 8 / tp);
 		mk(m, from, "vllm:tp=1", &s);
@@ -300,14 +300,10 @@ int main(void)
 			s.srcs[r].near = r == 0;
 		CHECK(wex__plan_build(s.srcs, s.pw, s.cr[0].pieces, s.cr[0].l.np, 0, 1, &p, err,
 				      sizeof(err)) == 0, "%s", err);
-		for (size_t i = 0; i < p->nops; i++) {
-			uint64_t b = p->ops[i].len;
-
-			for (uint32_t k = 0; k < p->ops[i].nouter; k++)
-				b *= p->ops[i].count[k];
-			if (p->ops[i].src_rank != 0)
-				far += b;
-		}
+		memset(load8, 0, sizeof(load8));
+		add_load(p, load8);
+		for (uint32_t r = 1; r < 8; r++)
+			far += load8[r];
 		printf("%s, rank 0 near: %llu of %llu bytes from other ranks\n", from,
 		       (unsigned long long)far, (unsigned long long)p->stats.bytes_needed);
 		if (tp == 1)
