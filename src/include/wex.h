@@ -289,8 +289,8 @@ enum wex_sync_mode {
  * plans and caches the copy plan).  A layout in GPU memory names its GPU
  * (by UUID; a layout over several GPUs, its first piece's): an element
  * that producer ranks hold in segments on that GPU is copied from one of
- * those segments (a local copy), never from a replica elsewhere.  Errors: -WEX_ELAYOUT when a requested
- * element has no source.
+ * those segments (a local copy), never from a replica elsewhere.
+ * Errors: -WEX_ELAYOUT when a requested element has no source.
  */
 WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n);
 
