@@ -69,8 +69,15 @@ int main(void)
 	T_ASSERT(read(ready[0], &ch, 1) == 1, "producer ready");
 	t_cons_open(&k, MODEL, "g", PRESET, 0, 1);
 
+	/*
+	 * Read for 3 s, and on a loaded machine (the sanitizer build beside
+	 * other tests) on until 3 versions and all three modes were seen, for
+	 * 30 s at most: a producer that never publishes during reads still
+	 * fails below.
+	 */
 	t0 = t_now();
-	while (syncs < 200 && t_now() - t0 < 3.0) {
+	while (syncs < 200 && t_now() - t0 < 30.0 &&
+	       (t_now() - t0 < 3.0 || distinct < 3 || !views || !copies || !fixed)) {
 		static const int modes[3] = { WEX_SYNC_REMAP_VIEW, WEX_SYNC_COPY,
 					      WEX_SYNC_REMAP_FIXED };
 		int mode = modes[syncs % 3];
