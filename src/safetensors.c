@@ -273,22 +273,26 @@ static uint64_t st_bytes(const struct wex_st_tensor *t)
 	return n;
 }
 
-int wex__st_write(const char *path, const struct wex_st_tensor *t, size_t n, char *err,
-		  size_t errlen)
+/*
+ * The header of t[0..n) in write order (descending element size, then
+ * name; each tensor aligned to its element size), begin/end set in t.
+ * Returns the JSON text (malloc'ed) or NULL with ret set.
+ */
+static char *st_header(struct wex_st_tensor *t, size_t n, uint64_t *data_size, int *ret,
+		       char *err, size_t errlen)
 {
-	const struct wex_st_tensor **o = calloc(n + 1, sizeof(*o));
+	struct wex_st_tensor **o = calloc(n + 1, sizeof(*o));
 	json_t *root = json_object();
-	char *hdr = NULL, tmp[PATH_MAX + 32] = "";
-	FILE *f = NULL;
+	char *hdr = NULL;
 	uint64_t at = 0;
-	int ret = -ENOMEM;
 
+	*ret = -ENOMEM;
 	if (!o || !root)
 		goto out;
 	for (size_t i = 0; i < n; i++) {
 		if (!wex_dtype_size(t[i].dtype) || t[i].ndim > WEX_MAX_DIMS) {
 			seterr(err, errlen, "%s: bad dtype or rank", t[i].name);
-			ret = -EINVAL;
+			*ret = -EINVAL;
 			goto out;
 		}
 		o[i] = &t[i];
@@ -298,8 +302,11 @@ int wex__st_write(const char *path, const struct wex_st_tensor *t, size_t n, cha
 		json_t *e = json_object(), *shape = json_array();
 		uint64_t b = st_bytes(o[i]);
 
-		if (!e || !shape)
+		if (!e || !shape) {
+			json_decref(e);
+			json_decref(shape);
 			goto out;
+		}
 		for (uint32_t d = 0; d < o[i]->ndim; d++)
 			json_array_append_new(shape, json_integer((json_int_t)o[i]->shape[d]));
 		json_object_set_new(e, "dtype", json_string(wex_dtype_name(o[i]->dtype)));
@@ -309,80 +316,177 @@ int wex__st_write(const char *path, const struct wex_st_tensor *t, size_t n, cha
 		if (json_object_get(root, o[i]->name)) {
 			json_decref(e);
 			seterr(err, errlen, "duplicate tensor name %s", o[i]->name);
-			ret = -EINVAL;
+			*ret = -EINVAL;
 			goto out;
 		}
 		json_object_set_new(root, o[i]->name, e);
+		o[i]->begin = at;
+		o[i]->end = at + b;
 		at += b;
 	}
 	json_object_set_new(root, "__metadata__", json_pack("{ss}", "format", "pt"));
 	hdr = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS);
-	if (!hdr)
-		goto out;
-	size_t hl = strlen(hdr), padded = (hl + 7) & ~(size_t)7;
-	unsigned char len8[8];
-	uint64_t N = padded;
-
-	for (int i = 0; i < 8; i++)
-		len8[i] = (unsigned char)(N >> (8 * i));
-	/* Written beside and renamed over the target: an input mapped from
-	 * the same path (converting in place) keeps its old bytes. */
-	if (snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof(tmp)) {
-		ret = -ENAMETOOLONG;
-		seterr(err, errlen, "%s: path too long", path);
-		goto out;
-	}
-	f = fopen(tmp, "wb");
-	if (!f) {
-		ret = -errno;
-		seterr(err, errlen, "%s: %s", tmp, strerror(errno));
-		goto out;
-	}
-	/* The first failure's errno is kept: "No space left on device" tells
-	 * the user what to do, a bare "write failed" does not. */
-	int werr = 0;
-	int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, hl, f) == hl;
-	for (size_t i = hl; ok && i < padded; i++)
-		ok = fputc(' ', f) != EOF;
-	for (size_t i = 0; ok && i < n; i++) {
-		uint64_t b = st_bytes(o[i]);
-
-		ok = b == 0 || fwrite(o[i]->data, 1, b, f) == b;
-	}
-	if (!ok)
-		werr = errno;
-	/* On the disk before the rename publishes it: after a crash the name
-	 * holds the old file or the whole new one, never an empty one. */
-	if (ok && (fflush(f) != 0 || fsync(fileno(f)) < 0)) {
-		ok = 0;
-		werr = errno;
-	}
-	if (fclose(f) != 0 && ok) {
-		ok = 0;
-		werr = errno;
-	}
-	f = NULL;
-	if (!ok) {
-		ret = werr > 0 ? -werr : -EIO;
-		seterr(err, errlen, "%s: write failed: %s", tmp, strerror(-ret));
-		goto out;
-	}
-	if (rename(tmp, path) < 0) {
-		ret = -errno;
-		seterr(err, errlen, "rename %s to %s: %s", tmp, path, strerror(errno));
-		goto out;
-	}
-	tmp[0] = '\0';
-	ret = 0;
+	*data_size = at;
 out:
-	if (f)
-		fclose(f);
-	if (tmp[0])
-		unlink(tmp);
-	if (ret == -ENOMEM)
-		seterr(err, errlen, "out of memory");
-	free(hdr);
 	free(o);
 	json_decref(root);
+	return hdr;
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+
+	while (len) {
+		ssize_t w = write(fd, p, len);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return -errno;
+		if (w == 0)
+			return -EIO;
+		p += w;
+		len -= (size_t)w;
+	}
+	return 0;
+}
+
+int wex__st_create(const char *path, struct wex_st_tensor *t, size_t n, struct wex_st_out *out,
+		   char *err, size_t errlen)
+{
+	uint64_t data_size = 0;
+	char *hdr;
+	int ret;
+
+	memset(out, 0, sizeof(*out));
+	out->fd = -1;
+	out->map = MAP_FAILED;
+	hdr = st_header(t, n, &data_size, &ret, err, errlen);
+	if (!hdr) {
+		if (ret == -ENOMEM)
+			seterr(err, errlen, "out of memory");
+		return ret;
+	}
+	size_t hl = strlen(hdr), padded = (hl + 7) & ~(size_t)7;
+	unsigned char len8[8];
+
+	for (int i = 0; i < 8; i++)
+		len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+	out->data_off = 8 + padded;
+	out->size = out->data_off + data_size;
+	/* Written beside and renamed over the target: an input mapped from
+	 * the same path (converting in place) keeps its old bytes. */
+	if (snprintf(out->path, sizeof(out->path), "%s", path) >= (int)sizeof(out->path) ||
+	    snprintf(out->tmp, sizeof(out->tmp), "%s.tmp.%d", path, (int)getpid()) >=
+		    (int)sizeof(out->tmp)) {
+		free(hdr);
+		out->tmp[0] = '\0';
+		seterr(err, errlen, "%s: path too long", path);
+		return -ENAMETOOLONG;
+	}
+	out->fd = open(out->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (out->fd < 0) {
+		ret = -errno;
+		seterr(err, errlen, "%s: %s", out->tmp, strerror(errno));
+		out->tmp[0] = '\0';
+		free(hdr);
+		return ret;
+	}
+	ret = write_all(out->fd, len8, 8);
+	if (ret == 0)
+		ret = write_all(out->fd, hdr, hl);
+	for (size_t i = hl; ret == 0 && i < padded; i++)
+		ret = write_all(out->fd, " ", 1);
+	free(hdr);
+	/* The data's blocks are claimed now: a full disk or the file size
+	 * limit is an error here, never a SIGBUS when a mapped page is
+	 * first written.  The file reads as zeros until written. */
+	if (ret == 0 && data_size)
+		ret = -posix_fallocate(out->fd, 0, (off_t)out->size);
+	if (ret < 0) {
+		seterr(err, errlen, "%s: write failed: %s", out->tmp, strerror(-ret));
+		wex__st_abort(out);
+		return ret;
+	}
+	if (data_size) {
+		out->map = mmap(NULL, out->size, PROT_READ | PROT_WRITE, MAP_SHARED, out->fd, 0);
+		if (out->map == MAP_FAILED) {
+			ret = -errno;
+			seterr(err, errlen, "%s: mmap: %s", out->tmp, strerror(errno));
+			wex__st_abort(out);
+			return ret;
+		}
+	}
+	for (size_t i = 0; i < n; i++)
+		t[i].data = data_size ? (char *)out->map + out->data_off + t[i].begin : NULL;
+	return 0;
+}
+
+int wex__st_finish(struct wex_st_out *out, char *err, size_t errlen)
+{
+	int ret = 0;
+
+	/* On the disk before the rename publishes it: after a crash the name
+	 * holds the old file or the whole new one, never an empty one.  The
+	 * first failure's errno is kept ("No space left on device"). */
+	if (out->map != MAP_FAILED && msync(out->map, out->size, MS_SYNC) < 0)
+		ret = -errno;
+	if (ret == 0 && fsync(out->fd) < 0)
+		ret = -errno;
+	if (ret == 0 && close(out->fd) < 0)
+		ret = -errno;
+	else if (ret < 0)
+		close(out->fd);
+	out->fd = -1;
+	if (ret < 0) {
+		seterr(err, errlen, "%s: write failed: %s", out->tmp, strerror(-ret));
+		wex__st_abort(out);
+		return ret;
+	}
+	if (rename(out->tmp, out->path) < 0) {
+		ret = -errno;
+		seterr(err, errlen, "rename %s to %s: %s", out->tmp, out->path, strerror(errno));
+		wex__st_abort(out);
+		return ret;
+	}
+	out->tmp[0] = '\0';
+	wex__st_abort(out);
+	return 0;
+}
+
+void wex__st_abort(struct wex_st_out *out)
+{
+	if (out->map != MAP_FAILED && out->map)
+		munmap(out->map, out->size);
+	out->map = MAP_FAILED;
+	if (out->fd >= 0)
+		close(out->fd);
+	out->fd = -1;
+	if (out->tmp[0])
+		unlink(out->tmp);
+	out->tmp[0] = '\0';
+}
+
+int wex__st_write(const char *path, const struct wex_st_tensor *t, size_t n, char *err,
+		  size_t errlen)
+{
+	struct wex_st_tensor *c = calloc(n + 1, sizeof(*c));
+	struct wex_st_out out;
+	int ret;
+
+	if (!c) {
+		seterr(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	memcpy(c, t, n * sizeof(*c));
+	ret = wex__st_create(path, c, n, &out, err, errlen);
+	if (ret == 0) {
+		for (size_t i = 0; i < n; i++)
+			if (c[i].end > c[i].begin)
+				memcpy((void *)(uintptr_t)c[i].data, t[i].data, c[i].end - c[i].begin);
+		ret = wex__st_finish(&out, err, errlen);
+	}
+	free(c);
 	return ret;
 }

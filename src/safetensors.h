@@ -11,6 +11,7 @@
 #define WEX_SAFETENSORS_H
 
 #include <stddef.h>
+#include <limits.h>
 #include <stdint.h>
 #include "wex.h"
 
@@ -54,10 +55,34 @@ const struct wex_st_tensor *wex__st_find(const struct wex_st_file *f, const char
 /*
  * Writes t[0..n) (name, dtype, ndim, shape, data) to `path`: tensors
  * ordered by descending element size then name so each is aligned to its
- * element size; header padded with spaces to a multiple of 8.  Blocks.
- * Errors: -errno, -EINVAL (bad dtype, duplicate name).
+ * element size; header padded with spaces to a multiple of 8.  Written to
+ * `path`.tmp.PID, synced, then renamed.  Blocks.
+ * Errors: -errno (the cause named in err), -EINVAL (bad dtype, duplicate
+ * name).
  */
 int wex__st_write(const char *path, const struct wex_st_tensor *t, size_t n, char *err,
 		  size_t errlen);
+
+/*
+ * The same file written in place, without a copy of its data in memory:
+ * wex__st_create writes the header, claims the data's blocks (a full disk
+ * fails here) and maps the data area; each t[i].data then points at the
+ * tensor's bytes in the file (zeros until written; cast to write), and
+ * t[i].begin/end are set.  wex__st_finish syncs, renames over `path` and
+ * unmaps; wex__st_abort (after create, instead of finish) unmaps and
+ * removes the temporary.  Both leave `out` closed.
+ */
+struct wex_st_out {
+	int fd;
+	void *map;
+	uint64_t size, data_off;
+	char path[PATH_MAX];
+	char tmp[PATH_MAX + 32];
+};
+
+int wex__st_create(const char *path, struct wex_st_tensor *t, size_t n, struct wex_st_out *out,
+		   char *err, size_t errlen);
+int wex__st_finish(struct wex_st_out *out, char *err, size_t errlen);
+void wex__st_abort(struct wex_st_out *out);
 
 #endif

@@ -717,7 +717,9 @@ int wexctl_cmd_convert(int argc, char **argv)
 		struct wex_st_tensor *out = NULL;
 		struct wex_tensor *pieces = NULL;
 		struct wex_plan *p = NULL;
+		struct wex_st_out file = { .fd = -1 };
 		char path[4096];
+		int created = 0;
 
 		ret = wex__layout_rank(m, &dst.spec, r, l, err, sizeof(err));
 		if (ret < 0)
@@ -732,11 +734,16 @@ int wexctl_cmd_convert(int argc, char **argv)
 			out[i].dtype = l->t[i].dtype;
 			out[i].ndim = l->t[i].ndim;
 			memcpy(out[i].shape, l->t[i].shape, sizeof(out[i].shape));
-			/* Zeroed: padding rows (vocabulary) read as zeros. */
-			out[i].data = calloc(1, l->t[i].nbytes ? l->t[i].nbytes : 1);
-			if (!out[i].data)
-				goto rank_out;
 		}
+		/* The plan copies straight into the output file, mapped: a rank
+		 * is never held in memory (a 70B model converted to one hf
+		 * file is 140 GB), and padding rows (vocabulary) read as
+		 * zeros, as the file's claimed blocks do. */
+		snprintf(path, sizeof(path), "%s/rank-%u.safetensors.partial", o.pos[1], r);
+		ret = wex__st_create(path, out, l->nt, &file, err, sizeof(err));
+		if (ret < 0)
+			goto rank_out;
+		created = 1;
 		for (size_t i = 0; i < l->np; i++) {
 			pieces[i] = l->p[i];
 			pieces[i].ptr = (char *)(uintptr_t)out[l->p[i].segment].data + l->p[i].offset;
@@ -750,14 +757,14 @@ int wexctl_cmd_convert(int argc, char **argv)
 			goto rank_out;
 		}
 		total += p->stats.bytes_moved;
-		snprintf(path, sizeof(path), "%s/rank-%u.safetensors.partial", o.pos[1], r);
-		ret = wex__st_write(path, out, l->nt, err, sizeof(err));
+		created = 0;
+		ret = wex__st_finish(&file, err, sizeof(err));
 		if (ret == 0)
 			staged = r + 1;
 rank_out:
+		if (created)
+			wex__st_abort(&file);
 		wex__plan_free(p);
-		for (size_t i = 0; out && i < l->nt; i++)
-			free((void *)(uintptr_t)out[i].data);
 		free(out);
 		free(pieces);
 		wex__rank_layout_free(l);
