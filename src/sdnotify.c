@@ -2,9 +2,11 @@
 /* sdnotify.c - thin wrappers over libsystemd's sd-daemon; no-ops without
  * it.  See sdnotify.h. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -25,9 +27,17 @@ int wex__sd_ready(void)
 	return notify("READY=1");
 }
 
+/* MONOTONIC_USEC= must come with RELOADING=1 (systemd.service(5)): a manager
+ * running the unit as Type=notify-reload (systemd 253) ignores a
+ * RELOADING=1 without a timestamp later than its own SIGHUP, and the
+ * reload hangs until TimeoutStartSec=. */
 int wex__sd_reloading(void)
 {
-	return notify("RELOADING=1");
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%" PRIu64,
+			  (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u);
 }
 
 int wex__sd_watchdog(void)

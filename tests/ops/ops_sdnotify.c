@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * ops_sdnotify: proves the systemd wrappers speak the protocol: READY=1,
- * RELOADING=1, WATCHDOG=1, STOPPING=1 and STATUS= arrive on $NOTIFY_SOCKET;
+ * RELOADING=1 with MONOTONIC_USEC= (the clock now), WATCHDOG=1, STOPPING=1 and STATUS= arrive on $NOTIFY_SOCKET;
  * the watchdog interval is read from $WATCHDOG_USEC; a listening AF_UNIX
  * SOCK_SEQPACKET socket passed in LISTEN_FDS is returned (and a passed fd of
  * another kind is closed), only wrong kinds give -ENOTSOCK, not "none", and
@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 
 #include "ops_test.h"
 #include "sdnotify.h"
@@ -67,6 +68,7 @@ static void move_fd(int fd, int target)
 int main(void)
 {
 	char dir[] = "/tmp/wex-sd-XXXXXX", path[256], pid[32];
+	struct timespec t0, t1;
 	int nfd, lfd, sfd;
 
 	CHECK(mkdtemp(dir) != NULL);
@@ -112,8 +114,25 @@ int main(void)
 	setenv("NOTIFY_SOCKET", path, 1);
 	CHECK(wex__sd_ready() > 0);
 	expect_msg(nfd, "READY=1");
+	/* RELOADING=1 carries MONOTONIC_USEC= (CLOCK_MONOTONIC, now). */
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	CHECK(wex__sd_reloading() > 0);
-	expect_msg(nfd, "RELOADING=1");
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	{
+		char buf[256];
+		ssize_t n = recv(nfd, buf, sizeof(buf) - 1, MSG_DONTWAIT);
+		unsigned long long us;
+		int end = 0;
+
+		CHECK(n > 0);
+		buf[n] = '\0';
+		if (sscanf(buf, "RELOADING=1\nMONOTONIC_USEC=%llu%n", &us, &end) != 1 || buf[end]) {
+			fprintf(stderr, "notify: got \"%s\", want RELOADING=1 and MONOTONIC_USEC=\n", buf);
+			exit(T_EXIT_FAIL);
+		}
+		CHECK(us >= (unsigned long long)t0.tv_sec * 1000000 + t0.tv_nsec / 1000);
+		CHECK(us <= (unsigned long long)t1.tv_sec * 1000000 + t1.tv_nsec / 1000);
+	}
 	CHECK(wex__sd_watchdog() > 0);
 	expect_msg(nfd, "WATCHDOG=1");
 	CHECK(wex__sd_status("3 clients, 2 models") > 0);

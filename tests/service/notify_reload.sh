@@ -49,7 +49,7 @@ PYEOF
 "$WEXCTL" config get log_level --json | grep -q '"info"' || fail "log_level not info at start"
 echo '{ "log_level": "debug", "begin_write_timeout_ms": 5000 }' >"$TMP/wexd.json"
 kill -HUP "$WEXD_PID"
-wait_for "RELOADING=1"
+wait_for "RELOADING=1 MONOTONIC_USEC=[0-9]"
 i=0; until "$WEXCTL" config get log_level --json | grep -q '"debug"'; do
 	i=$((i+1)); [ $i -lt 200 ] || fail "reload did not apply log_level"; sleep 0.05; done
 "$WEXCTL" config get log_level --json | grep -q '"file"' || fail "source of log_level is not the file"
