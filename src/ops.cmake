@@ -1,7 +1,7 @@
 # Operating wexd as a service (issue 6): configuration, metrics, systemd.
 # config.c and metrics.c are core (wexctl computes the default socket path;
-# tests link them through wex_core); sdnotify.c needs libsystemd, which only
-# the wexd target links, so it is daemon-only.
+# tests link them through wex_core); sdnotify.c uses libsystemd where found,
+# which only the wexd target links, so it is daemon-only.
 list(APPEND WEX_CORE_SOURCES src/config.c src/metrics.c)
 list(APPEND WEX_DAEMON_SOURCES src/sdnotify.c)
 
@@ -17,12 +17,15 @@ foreach(t ${WEX_OPS_TESTS})
   wex_add_test(${t} SOURCES tests/ops/${t}.c LABELS ops TIMEOUT 30)
 endforeach()
 
-# sdnotify.c is compiled into its test with the same switch as wexd.
+# sdnotify.c is compiled into its test with the same switch as wexd; where
+# that is libsystemd, ops_sdnotify_native also tests the code a wexd built
+# without it runs.
 wex_add_test(ops_sdnotify SOURCES tests/ops/ops_sdnotify.c src/sdnotify.c LABELS ops TIMEOUT 30)
 if(WEX_HAVE_SYSTEMD)
   target_include_directories(ops_sdnotify PRIVATE ${SYSTEMD_INCLUDE_DIR})
   target_link_libraries(ops_sdnotify PRIVATE ${SYSTEMD_LIBRARY})
   target_compile_definitions(ops_sdnotify PRIVATE WEX_HAVE_SYSTEMD=1)
+  wex_add_test(ops_sdnotify_native SOURCES tests/ops/ops_sdnotify.c src/sdnotify.c LABELS ops TIMEOUT 30)
 endif()
 
 add_test(NAME ops_install_prefix

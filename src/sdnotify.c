@@ -1,16 +1,30 @@
 /* SPDX-License-Identifier: MIT */
-/* sdnotify.c - thin wrappers over libsystemd's sd-daemon; no-ops without
- * it.  See sdnotify.h. */
+/* sdnotify.c - readiness, watchdog and socket activation: through
+ * libsystemd's sd-daemon where wexd is built with it, else by the protocol
+ * itself (a datagram to $NOTIFY_SOCKET, fds from 3 named by LISTEN_PID and
+ * LISTEN_FDS), which systemd documents as stable for exactly this use.  The
+ * unit files are installed either way, so a wexd built without
+ * libsystemd-dev must still speak to them.  See sdnotify.h. */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "log.h"
 #include "sdnotify.h"
+
+/* The first passed fd (SD_LISTEN_FDS_START). */
+#define LISTEN_FDS_START 3
 
 #ifdef WEX_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -21,6 +35,139 @@ static int notify(const char *state)
 	 * message (watchdog pings, STOPPING). */
 	return sd_notify(0, state);
 }
+
+static uint64_t watchdog_usec(void)
+{
+	uint64_t usec = 0;
+
+	if (sd_watchdog_enabled(0, &usec) <= 0)
+		return 0;
+	return usec;
+}
+
+/* unset_environment=1: children must not take the fds for theirs. */
+static int listen_fds(void)
+{
+	return sd_listen_fds(1);
+}
+
+static int is_listener(int fd)
+{
+	return sd_is_socket_unix(fd, SOCK_SEQPACKET, 1, NULL, 0) > 0;
+}
+
+#else /* !WEX_HAVE_SYSTEMD: the protocol itself (sd_notify(3), sd_listen_fds(3)) */
+
+/* One datagram to $NOTIFY_SOCKET: a path, or an abstract name written with
+ * a leading '@'.  Returns 1 sent, 0 not under systemd, or a negative
+ * errno.  A manager that does not read its queue holds wexd's loop for a
+ * second at most (libsystemd's send would wait for good). */
+static int notify(const char *state)
+{
+	const char *e = getenv("NOTIFY_SOCKET");
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct timeval tv = { .tv_sec = 1 };
+	size_t len;
+	int fd, ret = 1;
+
+	if (!e || !*e)
+		return 0;
+	len = strlen(e);
+	if (e[0] != '/' && e[0] != '@')
+		return -EAFNOSUPPORT;
+	/* A path needs its NUL inside sun_path; an abstract name does not. */
+	if (len > sizeof(sa.sun_path) - (e[0] == '/'))
+		return -ENAMETOOLONG;
+	memcpy(sa.sun_path, e, len);
+	if (e[0] == '@')
+		sa.sun_path[0] = '\0';
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	(void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	if (sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa,
+		   (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len + (e[0] == '/'))) < 0)
+		ret = -errno;
+	close(fd);
+	return ret;
+}
+
+/* A whole decimal number, or -1. */
+static long long parse_num(const char *s)
+{
+	char *end;
+	long long v;
+
+	if (!s || *s < '0' || *s > '9')
+		return -1;
+	errno = 0;
+	v = strtoll(s, &end, 10);
+	return errno || *end ? -1 : v;
+}
+
+/* $WATCHDOG_USEC, when $WATCHDOG_PID (if set) is this process. */
+static uint64_t watchdog_usec(void)
+{
+	long long usec = parse_num(getenv("WATCHDOG_USEC"));
+	const char *pid = getenv("WATCHDOG_PID");
+
+	if (usec <= 0 || (pid && parse_num(pid) != (long long)getpid()))
+		return 0;
+	return (uint64_t)usec;
+}
+
+/* The number of fds passed from LISTEN_FDS_START on, 0 when none is for
+ * this process, or a negative errno; the variables go in every case. */
+static int listen_fds(void)
+{
+	const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+	long long p = parse_num(pid), n = parse_num(fds);
+	int ret = 0;
+
+	if (!pid || !fds)
+		goto out;
+	if (p <= 0) {
+		ret = -EINVAL;
+		goto out;
+	}
+	if (p != (long long)getpid())
+		goto out;
+	if (n < 0 || n > INT_MAX - LISTEN_FDS_START) {
+		ret = -EINVAL;
+		goto out;
+	}
+	for (int i = 0; i < (int)n; i++) {
+		if (fcntl(LISTEN_FDS_START + i, F_SETFD, FD_CLOEXEC) < 0) {
+			ret = -errno;
+			goto out;
+		}
+	}
+	ret = (int)n;
+out:
+	unsetenv("LISTEN_PID");
+	unsetenv("LISTEN_FDS");
+	unsetenv("LISTEN_FDNAMES");
+	return ret;
+}
+
+static int is_listener(int fd)
+{
+	struct stat st;
+	int v;
+	socklen_t len = sizeof(v);
+
+	if (fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
+		return 0;
+	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &len) < 0 || v != AF_UNIX)
+		return 0;
+	len = sizeof(v);
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &v, &len) < 0 || v != SOCK_SEQPACKET)
+		return 0;
+	len = sizeof(v);
+	return getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &v, &len) == 0 && v;
+}
+
+#endif
 
 int wex__sd_ready(void)
 {
@@ -34,10 +181,12 @@ int wex__sd_ready(void)
 int wex__sd_reloading(void)
 {
 	struct timespec ts;
+	char msg[64];
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%" PRIu64,
-			  (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u);
+	snprintf(msg, sizeof(msg), "RELOADING=1\nMONOTONIC_USEC=%" PRIu64,
+		 (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u);
+	return notify(msg);
 }
 
 int wex__sd_watchdog(void)
@@ -47,11 +196,7 @@ int wex__sd_watchdog(void)
 
 uint64_t wex__sd_watchdog_usec(void)
 {
-	uint64_t usec = 0;
-
-	if (sd_watchdog_enabled(0, &usec) <= 0)
-		return 0;
-	return usec;
+	return watchdog_usec();
 }
 
 int wex__sd_stopping(void)
@@ -61,24 +206,33 @@ int wex__sd_stopping(void)
 
 int wex__sd_status(const char *text)
 {
-	return sd_notifyf(0, "STATUS=%s", text ? text : "");
+	size_t len = strlen(text ? text : "") + sizeof("STATUS=");
+	char *msg = malloc(len);
+	int ret;
+
+	if (!msg)
+		return -ENOMEM;
+	snprintf(msg, len, "STATUS=%s", text ? text : "");
+	ret = notify(msg);
+	free(msg);
+	return ret;
 }
 
 int wex__sd_listen_fd(void)
 {
 	int n, fd = -1;
 
-	n = sd_listen_fds(1);
+	n = listen_fds();
 	if (n < 0) {
 		wex_error("sd", "cannot read the sockets systemd passed: %s", strerror(-n));
 		return n == -1 ? -EINVAL : n;
 	}
 	for (int i = 0; i < n; i++) {
-		int cur = SD_LISTEN_FDS_START + i;
+		int cur = LISTEN_FDS_START + i;
 
-		/* listening=1: wexd.socket passes the listening socket, not
+		/* listening: wexd.socket passes the listening socket, not
 		 * Accept=yes connections. */
-		if (fd < 0 && sd_is_socket_unix(cur, SOCK_SEQPACKET, 1, NULL, 0) > 0) {
+		if (fd < 0 && is_listener(cur)) {
 			fd = cur;
 			continue;
 		}
@@ -95,42 +249,3 @@ int wex__sd_listen_fd(void)
 	}
 	return fd;
 }
-
-#else /* !WEX_HAVE_SYSTEMD */
-
-int wex__sd_ready(void)
-{
-	return 0;
-}
-
-int wex__sd_reloading(void)
-{
-	return 0;
-}
-
-int wex__sd_watchdog(void)
-{
-	return 0;
-}
-
-uint64_t wex__sd_watchdog_usec(void)
-{
-	return 0;
-}
-
-int wex__sd_stopping(void)
-{
-	return 0;
-}
-
-int wex__sd_status(const char *text)
-{
-	return 0;
-}
-
-int wex__sd_listen_fd(void)
-{
-	return -1;
-}
-
-#endif

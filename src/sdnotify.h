@@ -4,11 +4,13 @@
  * stopping and status notifications (sd_notify), and a listening socket
  * passed by socket activation (wexd.socket).
  *
- * Built with libsystemd only where WEX_HAVE_SYSTEMD is defined (the wexd
- * target when libsystemd was found); otherwise every call is a no-op that
- * returns 0 (or -1 for wex__sd_listen_fd), so wexd runs the same outside
- * systemd.  Outside a unit (no $NOTIFY_SOCKET) the calls are also no-ops.
- * None of them blocks: sd_notify sends one datagram on a local socket.
+ * Through libsystemd where WEX_HAVE_SYSTEMD is defined (the wexd target
+ * when libsystemd was found); otherwise sdnotify.c speaks the protocol
+ * itself, so that a wexd built without libsystemd-dev still works under
+ * the shipped units (Type=notify, WatchdogSec=, wexd.socket).  Outside a
+ * unit (no $NOTIFY_SOCKET, no LISTEN_FDS) the calls are no-ops that return
+ * 0 (-1 for wex__sd_listen_fd), so wexd runs the same outside systemd.
+ * Each notification is one datagram on a local socket.
  */
 #ifndef WEX_SDNOTIFY_H
 #define WEX_SDNOTIFY_H
@@ -37,8 +39,8 @@ int wex__sd_status(const char *text);
 
 /*
  * Returns the AF_UNIX SOCK_SEQPACKET listening socket systemd passed
- * (LISTEN_FDS), which the caller then owns; -1 when none was passed (or
- * libsystemd is absent): bind your own socket; another negative errno
+ * (LISTEN_FDS), which the caller then owns; -1 when none was passed: bind
+ * your own socket; another negative errno
  * (-ENOTSOCK) when systemd passed fds but none of them is such a socket: a
  * broken wexd.socket, so exit rather than bind over systemd's path.
  * Clears the LISTEN_* variables so children do not inherit them.  Passed

@@ -26,7 +26,5 @@ wex_add_test(svc_sigterm_sync SOURCES tests/service/sigterm_sync.c LIBS wex wex_
 set_tests_properties(svc_access_control svc_cli_errors svc_journal_log svc_max_clients svc_socket_path svc_drain_timeout svc_reload_flags svc_activation_drain svc_activation_drain_epoll svc_socket_activate svc_socket_activate_epoll svc_cli
   svc_cli_epoll PROPERTIES
   LABELS service TIMEOUT 120 SKIP_RETURN_CODE 77)
-if(WEX_HAVE_SYSTEMD)
-  add_test(NAME svc_notify_reload COMMAND sh ${SVC}/notify_reload.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
-  set_tests_properties(svc_notify_reload PROPERTIES LABELS service TIMEOUT 120 SKIP_RETURN_CODE 77)
-endif()
+add_test(NAME svc_notify_reload COMMAND sh ${SVC}/notify_reload.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
+set_tests_properties(svc_notify_reload PROPERTIES LABELS service TIMEOUT 120 SKIP_RETURN_CODE 77)
