@@ -1103,15 +1103,23 @@ json_t *wexd_publish(struct wexd *d, struct conn *c, json_t *req)
 		if (m->ranks[i].published == (uint64_t)v && !m->ranks[i].writing)
 			done++;
 	if (done == m->world) {
+		int any_restored = 0;
+
 		m->published_restored = 1;
-		for (uint32_t i = 0; i < m->world; i++)
+		for (uint32_t i = 0; i < m->world; i++) {
 			m->published_restored &= m->ranks[i].restored;
+			any_restored |= m->ranks[i].restored;
+		}
 		m->published = (uint64_t)v;
 		m->published_ns = wex__now_ns();
 		m->writing = 0;
-		/* How long the group's first publish waited for its last. */
-		wex__metrics_observe(WEX_M_PUBLISH_VISIBLE, NULL,
-				     (double)(m->published_ns - m->first_publish_ns) / 1e9);
+		/* How long the group's first publish waited for its last.  Not
+		 * where a rank only said it holds v again (a restart of wexd, a
+		 * dropped connection): nothing was published, and the time is
+		 * that of reconnecting, or since v was first published, hours. */
+		if (!any_restored)
+			wex__metrics_observe(WEX_M_PUBLISH_VISIBLE, NULL,
+					     (double)(m->published_ns - m->first_publish_ns) / 1e9);
 		wex_debug("registry", "model '%s' v%lld published by all %u ranks", m->name,
 			  (long long)v, m->world);
 	}
