@@ -979,7 +979,10 @@ int main(int argc, char **argv)
 
 	d.listen_fd = wex__sd_listen_fd();
 	if (d.listen_fd < -1) {
-		wex_error("wexd", "systemd passed sockets but none is a listening SOCK_SEQPACKET socket");
+		/* The line before says why (unreadable LISTEN_FDS, or no
+		 * passed fd of the right kind). */
+		wex_error("wexd", "not starting: cannot use what systemd passed in LISTEN_FDS, and "
+			  "binding a socket of its own would take over systemd's path");
 		return 1;
 	}
 	if (d.listen_fd >= 0) {

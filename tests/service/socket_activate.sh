@@ -43,4 +43,14 @@ mode=$(stat -c %a "$WEX_SOCKET")
 [ -e "$TMP/configured.sock" ] && fail "wexd bound its configured socket under activation"
 timeout 60 "$PRODUCER" --preset tiny --versions 2 >"$TMP/p.log" 2>&1 || fail "producer: $(cat "$TMP/p.log")"
 grep -q "published v2" "$TMP/p.log" || fail "producer did not publish"
-echo "PASS: wexd started on the first connection and served it"
+# LISTEN_FDS that cannot be read: wexd stops (exit 1), and the log says
+# what was wrong, not that systemd passed sockets of the wrong kind.
+WEX_SOCKET="$TMP/bad.sock" sh -c 'LISTEN_PID=$$ LISTEN_FDS=abc exec "$0"' "$WEXD" 2>"$TMP/bad.log"
+rc=$?
+[ $rc = 1 ] || fail "unreadable LISTEN_FDS: wexd exited $rc, not 1: $(cat "$TMP/bad.log")"
+grep -q "cannot read the sockets systemd passed: Invalid argument" "$TMP/bad.log" ||
+	fail "unreadable LISTEN_FDS not named: $(cat "$TMP/bad.log")"
+grep -q "none is a listening" "$TMP/bad.log" &&
+	fail "unreadable LISTEN_FDS reported as sockets of the wrong kind: $(cat "$TMP/bad.log")"
+[ -e "$TMP/bad.sock" ] && fail "wexd bound a socket of its own beside systemd's"
+echo "PASS: wexd started on the first connection and served it; unreadable LISTEN_FDS stop it, named"
