@@ -733,6 +733,40 @@ static void wexd_reload(struct wexd *d)
 	wex__sd_ready();
 }
 
+/*
+ * STATUS= for systemctl status: clients, models (the one model's name and
+ * visible version), leases, and whether wexd drains.  Sent when it
+ * changes; a no-op outside a unit.
+ */
+static void wexd_sd_status(struct wexd *d)
+{
+	char text[sizeof(d->sd_status)], what[160] = "";
+	uint32_t models = 0, leases = 0;
+	const struct model *one = NULL;
+
+	for (const struct model *m = d->models; m; m = m->next, models++) {
+		leases += m->leases;
+		one = m;
+	}
+	if (models == 1 && one->published)
+		snprintf(what, sizeof(what), "model '%.64s' v%llu visible", one->name,
+			 (unsigned long long)one->published);
+	else if (models == 1)
+		snprintf(what, sizeof(what), "model '%.64s', nothing published", one->name);
+	else
+		snprintf(what, sizeof(what), "%u models", models);
+	snprintf(text, sizeof(text), "%s%u client%s, %s, %u lease%s", d->draining ? "draining: " : "",
+		 d->nconns, d->nconns == 1 ? "" : "s", what, leases, leases == 1 ? "" : "s");
+	/* One line of printable text: a name never breaks the datagram. */
+	for (char *c = text; *c; c++)
+		if ((unsigned char)*c < 0x20 || (unsigned char)*c == 0x7f)
+			*c = '?';
+	if (!strcmp(text, d->sd_status))
+		return;
+	snprintf(d->sd_status, sizeof(d->sd_status), "%s", text);
+	wex__sd_status(text);
+}
+
 static void wexd_tick(struct wexd *d)
 {
 	uint64_t now = wex__now_ns();
@@ -741,6 +775,8 @@ static void wexd_tick(struct wexd *d)
 		wex__sd_watchdog();
 		d->last_watchdog_ns = now;
 	}
+	if (d->notify)
+		wexd_sd_status(d);
 }
 
 long wexd_fds_open(void)
@@ -949,6 +985,7 @@ int main(int argc, char **argv)
 	apply_config(&d);
 	wex__config_log(&d.cfg);
 	d.watchdog_usec = wex__sd_watchdog_usec();
+	d.notify = getenv("NOTIFY_SOCKET") && *getenv("NOTIFY_SOCKET");
 	if (d.watchdog_usec && !d.cfg.watchdog) {
 		/* Not answering would get wexd killed in WatchdogSec: say so
 		 * now rather than die puzzlingly later. */

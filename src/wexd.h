@@ -191,6 +191,8 @@ struct wexd {
 	struct wex_config cfg;
 	uint64_t watchdog_usec;
 	uint64_t last_watchdog_ns;
+	int notify;          /* $NOTIFY_SOCKET set: under a unit */
+	char sd_status[256]; /* the last STATUS= sent (systemctl status) */
 	struct wex_journal journal;
 	struct held *held;
 	uint64_t held_checked_ns;

@@ -2,7 +2,7 @@
 # notify_reload.sh WEXD WEXCTL - proves, on a live wexd:
 #  - sd_notify: READY=1 once listening, WATCHDOG=1 pings when WATCHDOG_USEC
 #    asks for them (at least 4 a second for 200 ms: half the interval), RELOADING=1 then READY=1 around a SIGHUP, STOPPING=1 on
-#    SIGTERM (read from a real NOTIFY_SOCKET);
+#    SIGTERM, STATUS= (clients, models, leases, draining) when it changes (read from a real NOTIFY_SOCKET);
 #  - SIGHUP reloads the --config file: a changed log_level is applied and
 #    reported with the file as its source; an invalid file is refused and
 #    the running configuration kept (and logged);
@@ -36,6 +36,13 @@ NOTIFY_SOCKET="$TMP/notify.sock" WATCHDOG_USEC=200000 start_wexd --config "$TMP/
 wait_for() { i=0; until grep -q "$1" "$TMP/notify.log"; do i=$((i+1)); [ $i -lt 200 ] || fail "no '$1' from sd_notify: $(cat "$TMP/notify.log")"; sleep 0.05; done; }
 wait_for "READY=1"
 wait_for "WATCHDOG=1"
+# STATUS= for systemctl status, sent when it changes: a wexctl call is a
+# client while it runs.
+wait_for "STATUS=0 clients, 0 models, 0 leases"
+"$WEXCTL" status >/dev/null || fail "wexctl status"
+wait_for "STATUS=1 client, 0 models, 0 leases"
+i=0; until [ "$(grep STATUS= "$TMP/notify.log" | tail -1 | cut -d' ' -f2-)" = "STATUS=0 clients, 0 models, 0 leases" ]; do
+	i=$((i+1)); [ $i -lt 200 ] || fail "STATUS not back to 0 clients: $(grep STATUS= "$TMP/notify.log" | tail -3)"; sleep 0.05; done
 # Pings at half of WATCHDOG_USEC (200 ms): over one second at least 4 (the
 # idle loop once slept 1 s between them, and systemd would have killed wexd).
 sleep 1.2
@@ -61,10 +68,11 @@ grep "reload refused" "$TMP/wexd.log" | grep -q "log_level" || fail "refusal doe
 kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; rc=$?; WEXD_PID=""
 [ $rc = 0 ] || fail "wexd exit code $rc"
 wait_for "STOPPING=1"
+wait_for "STATUS=draining: "
 # watchdog false under a unit that asks for pings: refused at start, saying why.
 if NOTIFY_SOCKET="$TMP/notify.sock" WATCHDOG_USEC=200000 WEX_WATCHDOG=false WEX_SOCKET="$TMP/w2.sock" \
 	"$WEXD" 2>"$TMP/w2.log"; then fail "wexd started with watchdog false under WatchdogSec="; fi
 grep -q "watchdog is false (env WEX_WATCHDOG) but systemd asks for watchdog pings every 200 ms" "$TMP/w2.log" ||
 	fail "no clear refusal: $(cat "$TMP/w2.log")"
 [ -e "$TMP/w2.sock" ] && fail "the refused wexd left its socket behind"
-echo "PASS: READY, WATCHDOG (at half the interval), RELOADING, STOPPING sent; SIGHUP reload applied and an invalid file refused; watchdog false under WatchdogSec= refused"
+echo "PASS: READY, WATCHDOG (at half the interval), RELOADING, STOPPING, STATUS sent; SIGHUP reload applied and an invalid file refused; watchdog false under WatchdogSec= refused"
