@@ -60,7 +60,8 @@ static int usage(const char *cmd, int help)
 		fprintf(f, "  IN: a .safetensors file or a directory of them (an HF checkpoint, "
 			   "model.safetensors.index.json if there) when --from has one rank, else a "
 			   "directory of rank-K.safetensors; OUTDIR gets rank-K.safetensors, one per "
-			   "rank of --to\n");
+			   "rank of --to (--to hf: also model.safetensors.index.json, and config.json "
+			   "where OUTDIR has none; the tokenizer is not copied)\n");
 	return help ? 0 : 2;
 }
 
@@ -571,6 +572,109 @@ static uint64_t base_of(void *arg, uint32_t rank, uint32_t seg)
 	return rank < b->n ? b->b[rank][seg] : 0;
 }
 
+/* Writes `text` (len bytes) to dir/name through a temporary renamed over
+ * it, synced first. */
+static int write_beside(const char *dir, const char *name, const char *text, size_t len,
+			char *err, size_t errlen)
+{
+	char path[4096], tmp[4200];
+	int fd, ret = 0;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		seterr(err, errlen, "%s: %s", tmp, strerror(errno));
+		return -errno;
+	}
+	for (size_t at = 0; at < len && ret == 0;) {
+		ssize_t w = write(fd, text + at, len - at);
+
+		if (w > 0)
+			at += (size_t)w;
+		else if (w < 0 && errno != EINTR)
+			ret = -errno;
+	}
+	if (ret == 0 && fsync(fd) < 0)
+		ret = -errno;
+	if (close(fd) < 0 && ret == 0)
+		ret = -errno;
+	if (ret == 0 && rename(tmp, path) < 0)
+		ret = -errno;
+	if (ret < 0) {
+		seterr(err, errlen, "%s: %s", path, strerror(-ret));
+		unlink(tmp);
+	}
+	return ret;
+}
+
+/*
+ * An hf target is a Hugging Face checkpoint directory: beside
+ * rank-0.safetensors, model.safetensors.index.json naming that file for
+ * every tensor (what transformers' from_pretrained and vLLM look for when
+ * there is no model.safetensors), and config.json copied from --config
+ * where OUTDIR has none.  The tokenizer is not the layout's: not copied.
+ */
+static int hf_extras(const char *outdir, const char *config, char *err, size_t errlen)
+{
+	struct wex_st_file f;
+	char path[4096];
+	json_t *idx, *map;
+	uint64_t total = 0;
+	char *text;
+	int ret;
+
+	snprintf(path, sizeof(path), "%s/rank-0.safetensors", outdir);
+	ret = wex__st_open(path, &f, err, errlen);
+	if (ret < 0)
+		return ret;
+	idx = json_object();
+	map = json_object();
+	ret = -ENOMEM;
+	if (!idx || !map)
+		goto out;
+	for (size_t i = 0; i < f.n; i++) {
+		total += f.t[i].end - f.t[i].begin;
+		if (json_object_set_new(map, f.t[i].name, json_string("rank-0.safetensors")) < 0)
+			goto out;
+	}
+	if (json_object_set_new(idx, "metadata", json_pack("{s:I}", "total_size", (json_int_t)total)) < 0 ||
+	    json_object_set(idx, "weight_map", map) < 0)
+		goto out;
+	text = json_dumps(idx, JSON_INDENT(2) | JSON_SORT_KEYS);
+	if (!text)
+		goto out;
+	ret = write_beside(outdir, "model.safetensors.index.json", text, strlen(text), err, errlen);
+	free(text);
+	if (ret < 0)
+		goto out;
+	snprintf(path, sizeof(path), "%s/config.json", outdir);
+	if (access(path, F_OK) < 0 && errno == ENOENT) {
+		FILE *in = fopen(config, "rb");
+		char *buf = NULL;
+		long n = -1;
+
+		if (in && fseek(in, 0, SEEK_END) == 0 && (n = ftell(in)) >= 0 &&
+		    fseek(in, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) &&
+		    fread(buf, 1, (size_t)n, in) == (size_t)n)
+			ret = write_beside(outdir, "config.json", buf, (size_t)n, err, errlen);
+		else {
+			ret = errno ? -errno : -EIO;
+			seterr(err, errlen, "copying %s to %s: %s", config, path, strerror(-ret));
+		}
+		free(buf);
+		if (in)
+			fclose(in);
+	}
+out:
+	if (ret == -ENOMEM)
+		seterr(err, errlen, "out of memory");
+	json_decref(map);
+	json_decref(idx);
+	wex__st_close(&f);
+	return ret;
+}
+
 int wexctl_cmd_convert(int argc, char **argv)
 {
 	struct opts o;
@@ -791,6 +895,11 @@ rank_out:
 			fsync(dfd);
 			close(dfd);
 		}
+	}
+	if (!strcmp(dst.spec.engine, "hf")) {
+		ret = hf_extras(o.pos[1], o.config, err, sizeof(err));
+		if (ret < 0)
+			goto fail;
 	}
 	{
 		/* Ranks past ours are an earlier conversion's (into OUTDIR, or

@@ -5,7 +5,8 @@
  * in Hugging Face sharded form (two files + model.safetensors.index.json)
  * into megatron tp=2,pp=2 rank files, those into vllm tp=2 rank files, and
  * those back into an hf checkpoint equal byte for byte to the original
- * (and the same from a single .safetensors file through sglang tp=2);
+ * (and the same from a single .safetensors file through sglang tp=2), an
+ * hf target with model.safetensors.index.json and config.json beside it;
  * that `wexctl plan --json` runs on the same config; and that a source
  * missing a tensor is refused.
  * Also a helper for tests/planner/convert_test.sh:
@@ -20,6 +21,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "ptest.h"
 #include "safetensors.h"
@@ -211,6 +214,42 @@ int main(int argc, char **argv)
 	CHECK(run(wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf", b, c) == 0, "vllm -> hf");
 	snprintf(file, sizeof(file), "%s/rank-0.safetensors", c);
 	CHECK(compare(file) == T_PASS, "round trip through convert changed bytes");
+	{
+		/* An hf target reads as a Hugging Face checkpoint: an index
+		 * naming rank-0.safetensors for every tensor, and config.json. */
+		struct wex_model *m;
+		struct wex_tensor *t;
+		size_t n;
+		uint64_t bytes = 0;
+		json_error_t je;
+		json_t *idx, *v;
+		const char *k;
+		char path[300];
+
+		canon(&m, &t, &n);
+		for (size_t i = 0; i < n; i++)
+			bytes += wex_tensor_nbytes(&t[i]);
+		snprintf(path, sizeof(path), "%s/model.safetensors.index.json", c);
+		idx = json_load_file(path, 0, &je);
+		CHECK(idx, "%s: %s", path, je.text);
+		CHECK(json_object_size(json_object_get(idx, "weight_map")) == n,
+		      "index names %zu tensors, the checkpoint has %zu",
+		      json_object_size(json_object_get(idx, "weight_map")), n);
+		json_object_foreach(json_object_get(idx, "weight_map"), k, v)
+			CHECK(!strcmp(json_string_value(v), "rank-0.safetensors"), "index: %s in %s", k,
+			      json_string_value(v));
+		CHECK(json_integer_value(json_object_get(json_object_get(idx, "metadata"), "total_size")) ==
+			      (json_int_t)bytes, "index total_size is not the %llu bytes of the tensors",
+		      (unsigned long long)bytes);
+		json_decref(idx);
+		snprintf(path, sizeof(path), "%s/config.json", c);
+		idx = json_load_file(path, 0, &je);
+		CHECK(idx && !strcmp(json_string_value(json_object_get(idx, "model_type")), "qwen2"),
+		      "%s is not the model's config", path);
+		json_decref(idx);
+		free(t);
+		wex__model_free(m);
+	}
 	/* A single-file checkpoint as input (the one just written). */
 	snprintf(a, sizeof(a), "%s/single", dir);
 	CHECK(run(wexctl_cmd_convert, "convert", cfg, "hf", "sglang:tp=2", file, a) == 0, "file -> sglang");
