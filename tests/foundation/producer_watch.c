@@ -513,10 +513,13 @@ static void hung(void)
 		_exit(0);
 	took = t_now() - t0;
 	T_ASSERT(t_wait(pid) == 0, "child");
-	T_ASSERT(took < 0.5, "fork() waited %.2f s for the watch's hello to a hung wexd", took);
+	/* Waiting for the watch would take its hello's 35 s (the client's
+	 * 30 s timeout and the reply margin): 5 s leaves a loaded machine
+	 * room for fork() and close themselves. */
+	T_ASSERT(took < 5.0, "fork() waited %.2f s for the watch's hello to a hung wexd", took);
 	t0 = t_now();
 	t_prod_close(&p);
-	T_ASSERT(t_now() - t0 < 0.5, "wex_client_close waited %.2f s for a hung wexd", t_now() - t0);
+	T_ASSERT(t_now() - t0 < 5.0, "wex_client_close waited %.2f s for a hung wexd", t_now() - t0);
 	printf("hung: fork() in %.3f s and close in %.3f s while the watch waits on a hung wexd\n",
 	       took, t_now() - t0);
 	fake_stop();
@@ -538,7 +541,8 @@ static void hung(void)
 		took = t_now() - t0;
 		close(filler);
 	}
-	T_ASSERT(took < 0.5, "wex_client_close waited %.2f s for room in a hung wexd's queue", took);
+	/* (Waiting for room would be for ever.) */
+	T_ASSERT(took < 5.0, "wex_client_close waited %.2f s for room in a hung wexd's queue", took);
 	printf("hung: close in %.3f s while a hung wexd's queue is full\n", took);
 	fake_stop();
 	t_wexd_restart(&d);
