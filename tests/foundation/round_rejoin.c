@@ -38,6 +38,26 @@ static void *rank1_waits_v2(void *arg)
 	return NULL;
 }
 
+/* Polls status (a condition, not a timed sleep; 30 s at most) until a
+ * consumer of MODEL waits in acquire at wexd. */
+static void await_acquire(const char *sock)
+{
+	for (double t0 = t_now();;) {
+		json_t *s = t_status(sock), *c;
+		size_t i;
+		int n = 0;
+
+		json_array_foreach(json_object_get(s, "clients"), i, c)
+			n += !strcmp(json_string_value(json_object_get(c, "model")) ?: "", MODEL) &&
+			     !strcmp(json_string_value(json_object_get(c, "waiting")) ?: "", "acquire");
+		json_decref(s);
+		if (n)
+			return;
+		T_ASSERT(t_now() - t0 < 30.0, "rank 1's sync of v2 never waited at wexd");
+		usleep(10000);
+	}
+}
+
 int main(void)
 {
 	struct t_wexd d;
@@ -66,7 +86,7 @@ int main(void)
 	T_WEX(C[0].c, wex_release(C[0].c));
 	/* Rank 1 holds v1 and waits for v2. */
 	T_ASSERT(pthread_create(&th, NULL, rank1_waits_v2, &w) == 0, "pthread_create");
-	usleep(200000);
+	await_acquire(d.sock);
 	ret = wex_begin_write(P[0].c, 2, 3000);
 	T_ASSERT(ret == 0, "begin_write v2 while rank 1 waits for it: %s (%s)", wex_strerror(ret),
 		 wex_last_error(P[0].c));
