@@ -55,8 +55,9 @@ static void deferred_mismatch(void)
 	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
 	b0 = (struct bw){ p0.c, 5, 1 };
 	T_ASSERT(pthread_create(&t0, NULL, bw_run, &b0) == 0, "thread");
-	/* Rank 0's request waits for the lease: wait until wexd has it. */
-	for (int i = 0; i < 200; i++) {
+	/* Rank 0's request waits for the lease: wait until wexd has it (30 s
+	 * at most: a loaded machine). */
+	for (double t1 = t_now();;) {
 		json_t *st = t_status(getenv("WEX_SOCKET"));
 		json_t *m = t_status_model(st, "wedge");
 		json_int_t pend = json_integer_value(json_object_get(m, "write_pending"));
@@ -64,6 +65,7 @@ static void deferred_mismatch(void)
 		json_decref(st);
 		if (pend > 0)
 			break;
+		T_ASSERT(t_now() - t1 < 30.0, "rank 0's begin_write(5) never waited at wexd");
 		usleep(10000);
 	}
 	ret = wex_begin_write(p1.c, 6, 300);
