@@ -46,19 +46,24 @@ static void empty_answered(const char *sock)
 	printf("an empty message is answered EBADMSG; the connection goes on\n");
 }
 
+/* X connects and pings; its child Z, holding X's socket, sends a ping and
+ * the empty message with fds while wexd is stopped, and X exits.  Z holds
+ * the write end of z_gone until it exits. */
 static void race_round(struct t_wexd *d)
 {
-	int go_z[2], z_done[2], go_x[2];
+	int go_z[2], z_done[2], go_x[2], x_ready[2], z_gone[2];
 	char b;
 	pid_t x;
 
-	T_ASSERT(pipe(go_z) == 0 && pipe(z_done) == 0 && pipe(go_x) == 0, "pipes");
+	T_ASSERT(pipe(go_z) == 0 && pipe(z_done) == 0 && pipe(go_x) == 0 && pipe(x_ready) == 0 &&
+		 pipe(z_gone) == 0, "pipes");
 	x = t_fork();
 	if (x == 0) {
 		int s = t_raw_connect(d->sock);
 		json_t *r = t_raw_rpc(s, "{\"v\":1,\"op\":\"ping\"}", NULL, 0);
 
 		json_decref(r);
+		(void)!write(x_ready[1], "x", 1);
 		if (fork() == 0) {
 			int dn[NFDS];
 
@@ -71,22 +76,32 @@ static void race_round(struct t_wexd *d)
 			usleep(500000);
 			_exit(0);
 		}
+		close(z_gone[1]);
 		(void)!read(go_x[0], &b, 1);
 		_exit(0);
 	}
-	usleep(300000); /* X's ping answered, the next receive armed */
+	close(x_ready[1]);
+	close(z_gone[1]);
+	/* X's ping answered; one round trip more on a connection of our own,
+	 * and wexd has armed X's next receive (conditions, not a sleep: a
+	 * loaded machine may take its time). */
+	T_ASSERT(read(x_ready[0], &b, 1) == 1, "X connected and pinged");
+	t_wexd_fds_settle(d, -1);
 	T_ASSERT(kill(d->pid, SIGSTOP) == 0, "SIGSTOP wexd");
 	(void)!write(go_z[1], "g", 1);
 	(void)!read(z_done[0], &b, 1);
 	(void)!write(go_x[1], "g", 1);
 	t_wait(x);
 	T_ASSERT(kill(d->pid, SIGCONT) == 0, "SIGCONT wexd");
-	usleep(800000); /* and Z is gone */
+	/* And Z is gone (end of file once it exited). */
+	T_ASSERT(read(z_gone[0], &b, 1) == 0, "Z exits");
 	for (int i = 0; i < 2; i++) {
 		close(go_z[i]);
 		close(z_done[i]);
 		close(go_x[i]);
 	}
+	close(x_ready[0]);
+	close(z_gone[0]);
 }
 
 int main(void)
