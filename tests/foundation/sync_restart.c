@@ -250,23 +250,24 @@ int main(void)
 	T_ASSERT(ret == -ENOENT, "wex_release after the failed sync: %s (%s), not -ENOENT",
 		 wex_strerror(ret), wex_last_error(k.c));
 
-	/* 1.5 s of a 2 s timeout gone before the restart: the sync ends
-	 * about 2 s after it began, never 1.5 + 2 s (a second of slack for
-	 * the restart itself and a loaded machine). */
+	/* 2.5 s of a 3 s timeout gone before the restart: the sync ends
+	 * about 3 s after it began (or 2.5 s and the restart, where that
+	 * takes longer), never 2.5 + 3 s: under 5 s leaves the restart and
+	 * a loaded machine 2 s. */
 	t_prod_write(&p, 3); /* at the old daemon only */
 	T_WEX(k.c, wex_attach(k.c, k.t, (size_t)k.n));
-	stall = 1500000;
+	stall = 2500000;
 	stage = 1;
 	{
 		double t0 = t_now(), took;
 
-		ret = wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 3, 2000, &r);
+		ret = wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 3, 3000, &r);
 		took = t_now() - t0;
 		T_ASSERT(ret < 0 && stage == 0, "the sync with v3 nowhere after the restart: %s, stage %d",
 			 wex_strerror(ret), stage);
-		printf("sync with a 2 s timeout, 1.5 s of it spent before the restart: %s after "
+		printf("sync with a 3 s timeout, 2.5 s of it spent before the restart: %s after "
 		       "%.2f s\n", wex_strerror(ret), took);
-		T_ASSERT(took < 3.0, "the sync took %.2f s of its 2 s timeout", took);
+		T_ASSERT(took < 5.0, "the sync took %.2f s of its 3 s timeout", took);
 	}
 	stall = 0;
 
