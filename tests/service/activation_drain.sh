@@ -38,7 +38,9 @@ def fail(msg):
 
 
 def start_wexd(tag):
-    env = dict(os.environ, LISTEN_FDS="1", WEX_SOCKET=path, WEX_DRAIN_TIMEOUT_MS="4000")
+    # The drain must outlast the checks below on a loaded machine; it ends
+    # when the lease goes (checked: within 10 s, and not "cut short").
+    env = dict(os.environ, LISTEN_FDS="1", WEX_SOCKET=path, WEX_DRAIN_TIMEOUT_MS="30000")
     p = subprocess.Popen(["sh", "-c", "exec 3>&%d; LISTEN_PID=$$ exec \"$0\"" % L.fileno(), wexd],
                          env=env, pass_fds=(L.fileno(),),
                          stderr=open(os.path.join(tmp, tag + ".log"), "w"))
