@@ -43,15 +43,24 @@ wait_for "STATUS=0 clients, 0 models, 0 leases"
 wait_for "STATUS=1 client, 0 models, 0 leases"
 i=0; until [ "$(grep STATUS= "$TMP/notify.log" | tail -1 | cut -d' ' -f2-)" = "STATUS=0 clients, 0 models, 0 leases" ]; do
 	i=$((i+1)); [ $i -lt 200 ] || fail "STATUS not back to 0 clients: $(grep STATUS= "$TMP/notify.log" | tail -3)"; sleep 0.05; done
-# Pings at half of WATCHDOG_USEC (200 ms): over one second at least 4 (the
-# idle loop once slept 1 s between them, and systemd would have killed wexd).
-sleep 1.2
+# Pings at half of WATCHDOG_USEC (200 ms): at least 4 in a second of the
+# idle wexd, from 1 s after the first ping on (the idle loop once slept 1 s
+# between them, and systemd would have killed wexd).  A loaded machine may
+# stall wexd for a while: the log is read again until such a second is
+# there, for 20 s at most.
 $PY - "$TMP/notify.log" <<'PYEOF' || fail "watchdog pings too rare: $(grep WATCHDOG "$TMP/notify.log" | tail -5)"
-import sys
-t = [float(l.split()[0]) for l in open(sys.argv[1]) if "WATCHDOG=1" in l]
-span = [x for x in t if x >= t[-1] - 1.0]
-print("WATCHDOG=1 pings in the last second: %d (largest gap %.3f s)" % (len(span), max(b - a for a, b in zip(t, t[1:])) if len(t) > 1 else 0))
-sys.exit(0 if len(span) >= 4 else 1)
+import sys, time
+end = time.monotonic() + 20
+while True:
+    t = [float(l.split()[0]) for l in open(sys.argv[1]) if "WATCHDOG=1" in l]
+    idle = [x for x in t if x >= t[0] + 1.0]
+    best = max((sum(1 for y in idle[i:] if y - x <= 1.0) for i, x in enumerate(idle)), default=0)
+    if best >= 4 or time.monotonic() > end:
+        break
+    time.sleep(0.1)
+print("WATCHDOG=1 pings: %d within one second of the idle wexd (%d in all, largest gap %.3f s)" %
+      (best, len(t), max(b - a for a, b in zip(t, t[1:])) if len(t) > 1 else 0))
+sys.exit(0 if best >= 4 else 1)
 PYEOF
 "$WEXCTL" config get log_level --json | grep -q '"info"' || fail "log_level not info at start"
 echo '{ "log_level": "debug", "begin_write_timeout_ms": 5000 }' >"$TMP/wexd.json"
