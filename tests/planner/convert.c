@@ -159,6 +159,20 @@ static uint64_t vm_data(void)
 }
 #endif
 
+/* dir/sub gets a generated checkpoint of the model `text` (model_cfg from
+ * now on); cfg and in (len bytes each) its config.json and hf directory. */
+static void model_dir(const char *dir, const char *sub, const char *text, char *cfg, char *in,
+		      size_t len)
+{
+	char path[300];
+
+	model_cfg = text;
+	snprintf(path, sizeof(path), "%s/%s", dir, sub);
+	gen(path);
+	snprintf(cfg, len, "%s/%s/config.json", dir, sub);
+	snprintf(in, len, "%s/%s/hf", dir, sub);
+}
+
 static int run(int (*fn)(int, char **), const char *a0, const char *cfg, const char *from,
 	       const char *to, const char *in, const char *out)
 {
@@ -289,11 +303,7 @@ int main(int argc, char **argv)
 	/* DeepSeek-V3 with its F32 router bias among bf16 weights, through
 	 * Megatron tp=2,pp=2 (ep=2, etp=1) and vLLM tp=2 and back, and through
 	 * SGLang tp=2 with the shared expert fused. */
-	model_cfg = DSV3;
-	snprintf(a, sizeof(a), "%s/ds", dir);
-	gen(a);
-	snprintf(cfg, sizeof(cfg), "%s/ds/config.json", dir);
-	snprintf(in, sizeof(in), "%s/ds/hf", dir);
+	model_dir(dir, "ds", DSV3, cfg, in, sizeof(cfg));
 	snprintf(b, sizeof(b), "%s/ds/megatron", dir);
 	snprintf(c, sizeof(c), "%s/ds/vllm", dir);
 	CHECK(run(wexctl_cmd_convert, "convert", cfg, "hf", "megatron:tp=2,pp=2,ep=2,etp=1", in, b) == 0,
@@ -330,11 +340,7 @@ int main(int argc, char **argv)
 	printf("memory bound of convert: not checked under AddressSanitizer (its mappings count "
 	       "against RLIMIT_DATA)\n");
 #else
-	model_cfg = BIG;
-	snprintf(a, sizeof(a), "%s/big", dir);
-	gen(a);
-	snprintf(cfg, sizeof(cfg), "%s/big/config.json", dir);
-	snprintf(in, sizeof(in), "%s/big/hf", dir);
+	model_dir(dir, "big", BIG, cfg, in, sizeof(cfg));
 	snprintf(b, sizeof(b), "%s/big/vllm", dir);
 	snprintf(c, sizeof(c), "%s/big/back", dir);
 	fflush(stdout);
