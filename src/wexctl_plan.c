@@ -592,7 +592,9 @@ static int write_beside(const char *dir, const char *name, const char *text, siz
 
 		if (w > 0)
 			at += (size_t)w;
-		else if (w < 0 && errno != EINTR)
+		else if (w == 0)
+			ret = -EIO;
+		else if (errno != EINTR)
 			ret = -errno;
 	}
 	if (ret == 0 && fsync(fd) < 0)
