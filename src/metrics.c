@@ -48,6 +48,10 @@ static struct family counters[WEX_M_COUNTER_COUNT] = {
 			    { "reason" } },
 	[WEX_M_REQUESTS] = { "wex_requests_total", "Control requests received, by operation.",
 			     { "op" } },
+	[WEX_M_BEGIN_WRITE_TIMEOUTS] = { "wex_begin_write_timeouts_total",
+					 "begin_write calls that gave up waiting for leases (EBUSY), "
+					 "by model.",
+					 { "model" } },
 };
 
 static struct family histograms[WEX_M_HISTOGRAM_COUNT] = {
@@ -58,7 +62,8 @@ static struct family histograms[WEX_M_HISTOGRAM_COUNT] = {
 				    "Time from the first producer rank's publish of a version to "
 				    "its visibility (all ranks published)." },
 	[WEX_M_BEGIN_WRITE_WAIT] = { "wex_begin_write_wait_seconds",
-				     "Time begin_write waited for leases on the buffer to end." },
+				     "Time begin_write waited for leases on the buffer to end, "
+				     "including waits that timed out." },
 };
 
 static const struct {

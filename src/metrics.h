@@ -25,6 +25,7 @@ enum wex_counter {
 	WEX_M_ERRORS,       /* wex_errors_total{code} */
 	WEX_M_REFUSED,      /* wex_refused_connections_total{reason} */
 	WEX_M_REQUESTS,     /* wex_requests_total{op} */
+	WEX_M_BEGIN_WRITE_TIMEOUTS, /* wex_begin_write_timeouts_total{model} */
 	WEX_M_COUNTER_COUNT
 };
 

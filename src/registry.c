@@ -1731,6 +1731,11 @@ int wexd_service_waiters(struct wexd *d)
 					describe_leases(d, m, who, sizeof(who));
 					if (m->write_pending)
 						m->write_pending--;
+					/* The longest waits are those that time
+					 * out: they count as much as granted ones. */
+					wex__metrics_observe(WEX_M_BEGIN_WRITE_WAIT, NULL,
+							     (double)(now - c->wait_start_ns) / 1e9);
+					wex__metrics_count(WEX_M_BEGIN_WRITE_TIMEOUTS, m->name, NULL, 1);
 					reply = wex__reply_error(-EBUSY,
 								 "begin_write v%llu of model '%s': %u lease(s) still held after %llu ms: %s",
 								 (unsigned long long)c->wait_version, m->name,

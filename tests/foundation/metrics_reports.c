@@ -7,7 +7,11 @@
  * closed set: no client can add series) or with more bytes than the model
  * exports are dropped; a consumer's valid report is counted once; and a
  * real libwex copy sync is counted as "copy" on the "host" backend.
+ * A begin_write that times out under a lease is counted too: its wait in
+ * wex_begin_write_wait_seconds (at least its timeout) and the timeout in
+ * wex_begin_write_timeouts_total{model}.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +119,37 @@ int main(void)
 		 "with its %llu bytes: %g", (unsigned long long)r.bytes,
 		 sample(text, "wex_sync_bytes_total{mode=\"copy\",backend=\"host\"}"));
 	free(text);
+
+	/* A begin_write that times out under a remap lease: its wait is the
+	 * longest a producer has, and must show. */
+	{
+		double n0, s0;
+		int ret;
+
+		T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+		text = metrics(d.sock);
+		n0 = sample(text, "wex_begin_write_wait_seconds_count");
+		s0 = sample(text, "wex_begin_write_wait_seconds_sum");
+		free(text);
+		T_ASSERT(n0 >= 1, "v1's begin_write was observed: %g", n0);
+		ret = wex_begin_write(p.c, 2, 100);
+		T_ASSERT(ret == -EBUSY, "begin_write under a lease: expected EBUSY, got %s",
+			 wex_strerror(ret));
+		text = metrics(d.sock);
+		T_ASSERT(sample(text, "wex_begin_write_wait_seconds_count") == n0 + 1,
+			 "the timed-out begin_write is observed once: %g, was %g",
+			 sample(text, "wex_begin_write_wait_seconds_count"), n0);
+		T_ASSERT(sample(text, "wex_begin_write_wait_seconds_sum") - s0 >= 0.099,
+			 "with at least its 100 ms timeout: %g s",
+			 sample(text, "wex_begin_write_wait_seconds_sum") - s0);
+		T_ASSERT(sample(text, "wex_begin_write_wait_seconds_bucket{le=\"0.05\"}") <= n0,
+			 "and not in a bucket below its wait:\n%s", text);
+		T_ASSERT(sample(text, "wex_begin_write_timeouts_total{model=\"" MODEL "\"}") == 1,
+			 "the timeout counts under its model: %g",
+			 sample(text, "wex_begin_write_timeouts_total{model=\"" MODEL "\"}"));
+		free(text);
+		T_WEX(k.c, wex_release(k.c));
+	}
 
 	close(anon);
 	close(prod2);
