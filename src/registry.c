@@ -624,8 +624,15 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 	for (uint32_t i = 0; i < s.nparts; i++)
 		r->segs[s.parts[i]].claimed = 1;
 	r->segs[r->nsegs] = s;
-	if (!part)
+	if (!part) {
+		uint64_t sum = 0;
+
 		r->bytes += s.desc.size;
+		for (uint32_t i = 0; i < c->model->world; i++)
+			sum += c->model->ranks[i].bytes;
+		if (sum > c->model->bytes_peak)
+			c->model->bytes_peak = sum;
+	}
 	model_invalidate(c->model);
 	return json_pack("{s:b, s:i}", "ok", 1, "segment", r->nsegs++);
 }

@@ -577,25 +577,24 @@ static int one_of(const char *s, const char *const *v, size_t n)
 /* A consumer's report of its last finished sync, counted in the sync
  * metrics.  Only consumers sync: anything else, an unknown mode or backend
  * (labels are a closed set, so no client can add series) or more bytes
- * than its model exports is dropped. */
+ * than its model ever exported is dropped.  The bound is the model's peak,
+ * not what it exports now: the report comes with the consumer's next
+ * request, which may find its producer gone. */
 static void wexd_take_report(struct conn *c, json_t *r)
 {
 	static const char *const modes[] = { "copy", "remap-view", "remap-fixed" };
 	static const char *const backends[] = { "host", "cuda_vmm", "cuda_ipc" };
 	const char *mode = NULL, *backend = "host";
 	json_int_t bytes = 0;
-	uint64_t limit = 0;
 	double secs = 0;
 
 	if (!r || c->role != WEX_ROLE_CONSUMER || !c->model ||
 	    json_unpack(r, "{s:s, s?s, s:I, s:F}", "mode", &mode, "backend", &backend, "bytes",
 			&bytes, "seconds", &secs) < 0)
 		return;
-	for (uint32_t i = 0; i < c->model->world; i++)
-		limit += c->model->ranks[i].bytes;
 	if (!one_of(mode, modes, WEX_ARRAY_SIZE(modes)) ||
 	    !one_of(backend, backends, WEX_ARRAY_SIZE(backends)) || bytes < 0 ||
-	    (uint64_t)bytes > limit || !(secs >= 0 && secs <= 86400))
+	    (uint64_t)bytes > c->model->bytes_peak || !(secs >= 0 && secs <= 86400))
 		return;
 	wex__metrics_sync(mode, backend, (uint64_t)bytes, secs);
 }

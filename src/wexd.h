@@ -140,6 +140,9 @@ struct model {
 	uint32_t held; /* of them, leases held from before this wexd (struct held) */
 	uint64_t layout_gen;
 	uint64_t epoch; /* bumps when memory behind published versions goes */
+	/* The most bytes its ranks exported together: bounds consumers' sync
+	 * reports, which may arrive after the producer left (and its bytes). */
+	uint64_t bytes_peak;
 	int tables_fd; /* cached packed tables for layout_gen, or -1 */
 	struct cgroup *groups;
 	struct plan_entry *plans;

@@ -9,7 +9,9 @@
  * real libwex copy sync is counted as "copy" on the "host" backend.
  * A begin_write that times out under a lease is counted too: its wait in
  * wex_begin_write_wait_seconds (at least its timeout) and the timeout in
- * wex_begin_write_timeouts_total{model}.
+ * wex_begin_write_timeouts_total{model}.  And a consumer's last sync,
+ * reported after its producer left (and with it the bytes the model
+ * exports), is still counted.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -151,11 +153,38 @@ int main(void)
 		T_WEX(k.c, wex_release(k.c));
 	}
 
+	/* The consumer's last sync, a remap of v2, is reported with its next
+	 * request (here its release), which arrives after its producer left:
+	 * the bytes the model exports went with the producer. */
+	t_prod_write(&p, 2);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 2, 5000, &r));
+	T_ASSERT(t_view_bad(&k, 0, 2) == 0, "remap sync shows v2");
+	t_prod_close(&p);
+	for (double t0 = t_now();; usleep(1000)) {
+		json_t *st = t_status(d.sock), *m = t_status_model(st, MODEL);
+		json_t *pr = json_array_get(json_object_get(m, "producers"), 0);
+		int gone = m && pr && json_integer_value(json_object_get(pr, "pid")) == 0;
+
+		json_decref(st);
+		if (gone)
+			break;
+		T_ASSERT(t_now() - t0 < 60, "wexd still lists the producer after 60 s");
+	}
+	T_WEX(k.c, wex_release(k.c));
+	text = metrics(d.sock);
+	T_ASSERT(sample(text, "wex_syncs_total{mode=\"remap-view\"}") == 3,
+		 "the last sync, reported after its producer left, counts: %g",
+		 sample(text, "wex_syncs_total{mode=\"remap-view\"}"));
+	T_ASSERT(sample(text, "wex_sync_bytes_total{mode=\"remap-view\",backend=\"host\"}") ==
+			 100.0 + 2.0 * (double)r.bytes,
+		 "with its %llu bytes: %g", (unsigned long long)r.bytes,
+		 sample(text, "wex_sync_bytes_total{mode=\"remap-view\",backend=\"host\"}"));
+	free(text);
+
 	close(anon);
 	close(prod2);
 	close(cons);
 	t_cons_close(&k);
-	t_prod_close(&p);
 	t_wexd_stop(&d);
 	printf("metrics_reports: PASS\n");
 	t_exit(T_EXIT_PASS);
