@@ -1231,6 +1231,12 @@ static void client_close(wex_client_t *c)
 	if (c->has_lease && c->fd >= 0) {
 		json_t *req = json_pack("{s:s}", "op", "release"), *reply = NULL;
 
+		/* The last sync is reported with this release, as with any
+		 * request (rpc): there is no later one. */
+		if (req && c->report) {
+			json_object_set_new(req, "report", c->report);
+			c->report = NULL;
+		}
 		/* The engine's kernels may still read what the lease shows. */
 		wex_mem_settle();
 		/* One that times out drops the connection, which ends the lease

@@ -11,7 +11,8 @@
  * wex_begin_write_wait_seconds (at least its timeout) and the timeout in
  * wex_begin_write_timeouts_total{model}.  And a consumer's last sync,
  * reported after its producer left (and with it the bytes the model
- * exports), is still counted.
+ * exports), is still counted, as is the sync of a consumer that closes
+ * right after it (its close's release carries the report).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -157,6 +158,20 @@ int main(void)
 	 * request (here its release), which arrives after its producer left:
 	 * the bytes the model exports went with the producer. */
 	t_prod_write(&p, 2);
+	{
+		/* A consumer that closes after its sync: the release that
+		 * ends its lease at the close carries the report. */
+		struct t_cons k2;
+
+		t_cons_open(&k2, MODEL, "g2", "tiny", 0, 1);
+		T_WEX(k2.c, wex_sync(k2.c, WEX_SYNC_REMAP_VIEW, 2, 5000, &r));
+		t_cons_close(&k2);
+		text = metrics(d.sock);
+		T_ASSERT(sample(text, "wex_syncs_total{mode=\"remap-view\"}") == 3,
+			 "the sync before a close counts: %g",
+			 sample(text, "wex_syncs_total{mode=\"remap-view\"}"));
+		free(text);
+	}
 	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 2, 5000, &r));
 	T_ASSERT(t_view_bad(&k, 0, 2) == 0, "remap sync shows v2");
 	t_prod_close(&p);
@@ -172,11 +187,11 @@ int main(void)
 	}
 	T_WEX(k.c, wex_release(k.c));
 	text = metrics(d.sock);
-	T_ASSERT(sample(text, "wex_syncs_total{mode=\"remap-view\"}") == 3,
+	T_ASSERT(sample(text, "wex_syncs_total{mode=\"remap-view\"}") == 4,
 		 "the last sync, reported after its producer left, counts: %g",
 		 sample(text, "wex_syncs_total{mode=\"remap-view\"}"));
 	T_ASSERT(sample(text, "wex_sync_bytes_total{mode=\"remap-view\",backend=\"host\"}") ==
-			 100.0 + 2.0 * (double)r.bytes,
+			 100.0 + 3.0 * (double)r.bytes,
 		 "with its %llu bytes: %g", (unsigned long long)r.bytes,
 		 sample(text, "wex_sync_bytes_total{mode=\"remap-view\",backend=\"host\"}"));
 	free(text);
