@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: MIT */
-/* sdnotify.c - readiness, watchdog and socket activation: through
- * libsystemd's sd-daemon where wexd is built with it, else by the protocol
- * itself (a datagram to $NOTIFY_SOCKET, fds from 3 named by LISTEN_PID and
- * LISTEN_FDS), which systemd documents as stable for exactly this use.  The
- * unit files are installed either way, so a wexd built without
+/* sdnotify.c - readiness, watchdog and socket activation.  Notifications
+ * are always sent by the protocol itself (a datagram to $NOTIFY_SOCKET),
+ * without waiting: libsystemd's sd_notify blocks for as long as the
+ * manager's queue is full, and wexd's loop must not.  Socket activation and
+ * the watchdog interval go through libsystemd's sd-daemon where wexd is
+ * built with it, else by the protocol too (fds from 3 named by LISTEN_PID
+ * and LISTEN_FDS), which systemd documents as stable for exactly this use.
+ * The unit files are installed either way, so a wexd built without
  * libsystemd-dev must still speak to them.  See sdnotify.h. */
 #include <errno.h>
 #include <fcntl.h>
@@ -15,7 +18,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -23,18 +25,100 @@
 #include "log.h"
 #include "sdnotify.h"
 
+/* One datagram to $NOTIFY_SOCKET: a path, or an abstract name written with
+ * a leading '@'.  Never waits: a manager whose queue is full gets nothing
+ * (-EAGAIN).  Returns 1 sent, 0 not under systemd, or a negative errno. */
+static int send_notify(const char *state)
+{
+	const char *e = getenv("NOTIFY_SOCKET");
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	size_t len;
+	int fd, ret = 1;
+
+	if (!e || !*e)
+		return 0;
+	len = strlen(e);
+	if (e[0] != '/' && e[0] != '@')
+		return -EAFNOSUPPORT;
+	/* A path needs its NUL inside sun_path; an abstract name does not. */
+	if (len > sizeof(sa.sun_path) - (e[0] == '/'))
+		return -ENAMETOOLONG;
+	memcpy(sa.sun_path, e, len);
+	if (e[0] == '@')
+		sa.sun_path[0] = '\0';
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	if (sendto(fd, state, strlen(state), MSG_NOSIGNAL | MSG_DONTWAIT, (struct sockaddr *)&sa,
+		   (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len + (e[0] == '/'))) < 0)
+		ret = -errno;
+	close(fd);
+	if (ret == -EWOULDBLOCK)
+		ret = -EAGAIN;
+	return ret;
+}
+
+/* Changes of state (READY=1, RELOADING=1, STOPPING=1) the manager's full
+ * queue held back, oldest first; the manager needs each of them, in order,
+ * whereas a later WATCHDOG=1 or STATUS= stands for a lost one. */
+#define HELD_MAX 4
+static char held[HELD_MAX][64];
+static int nheld;
+static int queue_full; /* the last send found the queue full (logged once) */
+
+static int notify_result(int ret)
+{
+	if (ret == -EAGAIN && !queue_full)
+		wex_warn("sd", "the service manager's notify socket is full: state changes wait, "
+			 "status and watchdog pings are skipped, until it reads again");
+	else if (ret > 0 && queue_full)
+		wex_info("sd", "the service manager reads its notify socket again");
+	if (ret == -EAGAIN || ret > 0)
+		queue_full = ret == -EAGAIN;
+	return ret;
+}
+
+int wex__sd_flush(void)
+{
+	while (nheld) {
+		int ret = notify_result(send_notify(held[0]));
+
+		if (ret == -EAGAIN)
+			break;
+		if (ret < 0)
+			wex_warn("sd", "notify '%.16s': %s", held[0], strerror(-ret));
+		memmove(held[0], held[1], (size_t)(--nheld) * sizeof(held[0]));
+	}
+	return nheld;
+}
+
+/* A change of state: sent after those held back, or held back itself. */
+static int notify_state(const char *state)
+{
+	int ret = wex__sd_flush() ? -EAGAIN : notify_result(send_notify(state));
+
+	if (ret != -EAGAIN)
+		return ret;
+	if (nheld == HELD_MAX) {
+		wex_warn("sd", "notify '%.16s' dropped: the manager's queue has been full for %d "
+			 "state changes", held[0], HELD_MAX);
+		memmove(held[0], held[1], (size_t)(--nheld) * sizeof(held[0]));
+	}
+	snprintf(held[nheld++], sizeof(held[0]), "%s", state);
+	return ret;
+}
+
+/* WATCHDOG=1, STATUS=: after those held back, else skipped. */
+static int notify(const char *state)
+{
+	return wex__sd_flush() ? -EAGAIN : notify_result(send_notify(state));
+}
+
 /* The first passed fd (SD_LISTEN_FDS_START). */
 #define LISTEN_FDS_START 3
 
 #ifdef WEX_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
-
-static int notify(const char *state)
-{
-	/* unset_environment=0: the notify socket is needed for every later
-	 * message (watchdog pings, STOPPING). */
-	return sd_notify(0, state);
-}
 
 static uint64_t watchdog_usec(void)
 {
@@ -57,40 +141,6 @@ static int is_listener(int fd)
 }
 
 #else /* !WEX_HAVE_SYSTEMD: the protocol itself (sd_notify(3), sd_listen_fds(3)) */
-
-/* One datagram to $NOTIFY_SOCKET: a path, or an abstract name written with
- * a leading '@'.  Returns 1 sent, 0 not under systemd, or a negative
- * errno.  A manager that does not read its queue holds wexd's loop for a
- * second at most (libsystemd's send would wait for good). */
-static int notify(const char *state)
-{
-	const char *e = getenv("NOTIFY_SOCKET");
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct timeval tv = { .tv_sec = 1 };
-	size_t len;
-	int fd, ret = 1;
-
-	if (!e || !*e)
-		return 0;
-	len = strlen(e);
-	if (e[0] != '/' && e[0] != '@')
-		return -EAFNOSUPPORT;
-	/* A path needs its NUL inside sun_path; an abstract name does not. */
-	if (len > sizeof(sa.sun_path) - (e[0] == '/'))
-		return -ENAMETOOLONG;
-	memcpy(sa.sun_path, e, len);
-	if (e[0] == '@')
-		sa.sun_path[0] = '\0';
-	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	(void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-	if (sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa,
-		   (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len + (e[0] == '/'))) < 0)
-		ret = -errno;
-	close(fd);
-	return ret;
-}
 
 /* A whole decimal number, or -1. */
 static long long parse_num(const char *s)
@@ -171,7 +221,7 @@ static int is_listener(int fd)
 
 int wex__sd_ready(void)
 {
-	return notify("READY=1");
+	return notify_state("READY=1");
 }
 
 /* MONOTONIC_USEC= must come with RELOADING=1 (systemd.service(5)): a manager
@@ -186,7 +236,7 @@ int wex__sd_reloading(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	snprintf(msg, sizeof(msg), "RELOADING=1\nMONOTONIC_USEC=%" PRIu64,
 		 (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u);
-	return notify(msg);
+	return notify_state(msg);
 }
 
 int wex__sd_watchdog(void)
@@ -201,7 +251,7 @@ uint64_t wex__sd_watchdog_usec(void)
 
 int wex__sd_stopping(void)
 {
-	return notify("STOPPING=1");
+	return notify_state("STOPPING=1");
 }
 
 int wex__sd_status(const char *text)

@@ -10,7 +10,13 @@
  * the shipped units (Type=notify, WatchdogSec=, wexd.socket).  Outside a
  * unit (no $NOTIFY_SOCKET, no LISTEN_FDS) the calls are no-ops that return
  * 0 (-1 for wex__sd_listen_fd), so wexd runs the same outside systemd.
- * Each notification is one datagram on a local socket.
+ * Each notification is one datagram on a local socket, sent without
+ * waiting (never through libsystemd's sd_notify, which waits while the
+ * manager's queue is full): a manager that does not read cannot stall
+ * wexd's loop.  While its queue is full, the calls return -EAGAIN; changes
+ * of state (ready, reloading, stopping) are then held back, in order, for
+ * wex__sd_flush, and status and watchdog pings are skipped (the next one
+ * stands for them).
  */
 #ifndef WEX_SDNOTIFY_H
 #define WEX_SDNOTIFY_H
@@ -18,7 +24,8 @@
 #include <stdint.h>
 
 /* READY=1 (after the socket listens); returns >0 sent, 0 not under systemd,
- * or a negative errno. */
+ * or a negative errno (-EAGAIN: held back, see above).  The others return
+ * the same. */
 int wex__sd_ready(void);
 
 /* RELOADING=1 before a SIGHUP reload; call wex__sd_ready() when done. */
@@ -36,6 +43,11 @@ int wex__sd_stopping(void);
 
 /* STATUS=<text>, shown by systemctl status (e.g. "3 clients, 2 models"). */
 int wex__sd_status(const char *text);
+
+/* Sends the changes of state held back while the manager's queue was full,
+ * oldest first, as far as it takes them now; returns how many are still
+ * held.  Never blocks; call it now and then (wexd's tick). */
+int wex__sd_flush(void);
 
 /*
  * Returns the AF_UNIX SOCK_SEQPACKET listening socket systemd passed

@@ -763,13 +763,17 @@ static void wexd_sd_status(struct wexd *d)
 	if (!strcmp(text, d->sd_status))
 		return;
 	snprintf(d->sd_status, sizeof(d->sd_status), "%s", text);
-	wex__sd_status(text);
+	/* Not taken (the manager's queue is full): sent again on a later
+	 * tick, once it reads. */
+	if (wex__sd_status(text) < 0)
+		d->sd_status[0] = '\0';
 }
 
 static void wexd_tick(struct wexd *d)
 {
 	uint64_t now = wex__now_ns();
 
+	wex__sd_flush();
 	if (d->watchdog_usec && now - d->last_watchdog_ns >= d->watchdog_usec * 500ull) {
 		wex__sd_watchdog();
 		d->last_watchdog_ns = now;

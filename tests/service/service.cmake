@@ -30,3 +30,5 @@ set_tests_properties(svc_access_control svc_cli_errors svc_journal_log svc_metri
   LABELS service TIMEOUT 120 SKIP_RETURN_CODE 77)
 add_test(NAME svc_notify_reload COMMAND sh ${SVC}/notify_reload.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 set_tests_properties(svc_notify_reload PROPERTIES LABELS service TIMEOUT 120 SKIP_RETURN_CODE 77)
+add_test(NAME svc_notify_stuck COMMAND sh ${SVC}/notify_stuck.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
+set_tests_properties(svc_notify_stuck PROPERTIES LABELS service TIMEOUT 180 SKIP_RETURN_CODE 77)
