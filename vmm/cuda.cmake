@@ -11,13 +11,14 @@ else()
   # wex.h declares the allocator entry points either way: stubs that fail.
   list(APPEND WEX_CORE_SOURCES vmm/cuda_stub.c)
 endif()
-# wex_cuda_alloc/free live in the static wex_core: make libwex.so pull their
+# wex_cuda_alloc/free/malloc live in the static wex_core: make libwex.so pull their
 # object in (nothing in src/client.c references them) so that
 # CUDAPluggableAllocator("libwex.so", ...) finds them.  The wex target is
 # defined after this fragment, hence the deferred call.
 if(CMAKE_VERSION VERSION_GREATER_EQUAL 3.19)
   cmake_language(DEFER CALL target_link_options wex PRIVATE
-    "LINKER:--undefined=wex_cuda_alloc" "LINKER:--undefined=wex_cuda_free")
+    "LINKER:--undefined=wex_cuda_alloc" "LINKER:--undefined=wex_cuda_free"
+    "LINKER:--undefined=wex_cuda_malloc")
 endif()
 
 if(WEX_HAVE_CUDA_HEADERS)

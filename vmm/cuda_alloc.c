@@ -28,6 +28,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/types.h>
@@ -46,34 +47,44 @@ struct alloc_entry {
 static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct alloc_entry *alloc_list;
 
-WEX_API void *wex_cuda_alloc(ssize_t size, int device, void *stream)
+WEX_API int wex_cuda_malloc(size_t size, int device, void **ptr)
 {
 	struct wex_mem_thread_state saved;
 	struct alloc_entry *e;
 	int ret;
 
-	if (size <= 0)
-		return NULL;
+	if (!ptr || size == 0 || size > (size_t)SSIZE_MAX)
+		return -EINVAL;
 	e = calloc(1, sizeof(*e));
 	if (!e)
-		return NULL;
-	/* Fresh memory needs no ordering against `stream`.  The caller's
+		return -ENOMEM;
+	/* Fresh memory needs no ordering against a stream.  The caller's
 	 * thread stays on its own device. */
 	wex_mem_thread_save(&saved);
 	ret = wex_mem_cuda_vmm_ops.alloc((uint64_t)size, device, &e->seg);
 	wex_mem_thread_restore(&saved);
 	if (ret) {
-		wex_error("cuda", "wex_cuda_alloc(%zd bytes, device %d): %s%s%s", size, device,
+		wex_error("cuda", "wex_cuda_alloc(%zu bytes, device %d): %s%s%s", size, device,
 			  wex_strerror(ret), ret == -WEX_ENOCUDA ? ": " : "",
 			  ret == -WEX_ENOCUDA ? wex__cuda_why() : "");
 		free(e);
-		return NULL;
+		return ret;
 	}
 	pthread_mutex_lock(&alloc_lock);
 	e->next = alloc_list;
 	alloc_list = e;
 	pthread_mutex_unlock(&alloc_lock);
-	return e->seg.ptr;
+	*ptr = e->seg.ptr;
+	return 0;
+}
+
+WEX_API void *wex_cuda_alloc(ssize_t size, int device, void *stream)
+{
+	void *p = NULL;
+
+	if (size <= 0 || wex_cuda_malloc((size_t)size, device, &p) < 0)
+		return NULL;
+	return p;
 }
 
 WEX_API void wex_cuda_free(void *ptr, ssize_t size, int device, void *stream)

@@ -16,6 +16,12 @@ WEX_API void *wex_cuda_alloc(ssize_t size, int device, void *stream)
 	return NULL;
 }
 
+WEX_API int wex_cuda_malloc(size_t size, int device, void **ptr)
+{
+	wex_error("cuda", "wex_cuda_alloc: this libwex was built without CUDA headers");
+	return -WEX_ENOCUDA;
+}
+
 WEX_API void wex_cuda_free(void *ptr, ssize_t size, int device, void *stream)
 {
 	if (ptr)

@@ -469,13 +469,26 @@ WEX_API const char *wex_last_error(wex_client_t *c);
  * is PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF
  * before torch 2.8), whose segments are
  * exportable too.  The CUDA driver is loaded at run time; without one
- * wex_cuda_alloc returns NULL (and logs why).  `stream` is a cudaStream_t.
+ * wex_cuda_alloc returns NULL (and logs why; wex_cuda_malloc says which
+ * error).  `stream` is a cudaStream_t.
  * wex_cuda_alloc blocks briefly (driver calls); wex_cuda_free waits for
  * `stream` and the device's pending work before unmapping.
  */
 #include <sys/types.h>
 WEX_API void *wex_cuda_alloc(ssize_t size, int device, void *stream);
 WEX_API void wex_cuda_free(void *ptr, ssize_t size, int device, void *stream);
+
+/*
+ * wex_cuda_alloc for callers that want the error: one allocation of `size`
+ * bytes on `device`, its address in *ptr (written only on success), freed
+ * with wex_cuda_free(*ptr, size, device, stream).  Returns 0, or
+ * -WEX_ENOCUDA without a CUDA driver or device (or in a build without the
+ * CUDA headers; the log says which), -EINVAL for size 0, -ENODEV for a
+ * device that does not exist, -ENOMEM when the device is out of memory,
+ * -EOPNOTSUPP when it cannot export VMM memory.  Blocks briefly (driver
+ * calls).
+ */
+WEX_API int wex_cuda_malloc(size_t size, int device, void **ptr);
 /* END cuda section */
 
 #ifdef __cplusplus

@@ -12,7 +12,9 @@
  *   noversion - the same, with a cuDriverGetVersion that fails: no
  *               optional entry point is asked for at all.
  * In every case each backend op returns -WEX_ENOCUDA (or -EOPNOTSUPP for
- * a slot the backend never supports), fds handed over are closed, no fd
+ * a slot the backend never supports), as does wex_cuda_malloc (not an
+ * out-of-memory error: wex_cuda_alloc's NULL says no more), fds handed
+ * over are closed, no fd
  * leaks, and the probe's reason names the cause.  Also: wex_mem_backend
  * returns complete tables.
  */
@@ -127,6 +129,12 @@ static void check_all(const char *want_in_why)
 	NOCUDA(wex__cuda_staging_create(1 << 20, 0, &st));
 	NOCUDA(wex__cuda_staging_import(memfd(), 1 << 20, 0, &st));
 	CHECK(wex_cuda_alloc(1 << 20, 0, NULL) == NULL);
+	{
+		void *p = buf; /* written only on success */
+
+		NOCUDA(wex_cuda_malloc(1 << 20, 0, &p));
+		CHECK(p == buf);
+	}
 	wex_cuda_free(NULL, 0, 0, NULL);
 	CHECK(wex__cuda_alloc_lookup(buf, &base, &size, NULL, NULL) == -ENOENT);
 	CHECK(fd_count() == before);

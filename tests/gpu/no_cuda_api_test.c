@@ -4,7 +4,7 @@
  * headers (issue 4, point 1).  Registered only in such a build;
  * tests/gpu/no_cuda_build.sh makes one from a build that has them.
  *  - the allocator entry points exist and fail: wex_cuda_alloc returns
- *    NULL, wex_cuda_free ignores NULL;
+ *    NULL, wex_cuda_malloc -WEX_ENOCUDA, wex_cuda_free ignores NULL;
  *  - wex_segment_alloc of WEX_SEG_CUDA_VMM, WEX_SEG_CUDA_IPC and
  *    WEX_SEG_HOST_PINNED, and wex_segment_register_ptr of the CUDA kinds,
  *    fail with -WEX_ENOCUDA saying the build has no CUDA backend; the
@@ -159,6 +159,13 @@ int main(void)
 	struct t_wexd d;
 
 	T_ASSERT(wex_cuda_alloc(1 << 20, 0, NULL) == NULL, "wex_cuda_alloc fails without CUDA");
+	{
+		void *p = NULL;
+		int ret = wex_cuda_malloc(1 << 20, 0, &p);
+
+		T_ASSERT(ret == -WEX_ENOCUDA && !p, "wex_cuda_malloc: -WEX_ENOCUDA, got %s",
+			 wex_strerror(ret));
+	}
 	wex_cuda_free(NULL, 0, 0, NULL);
 	t_wexd_start(&d);
 	producer_side();

@@ -43,14 +43,14 @@ if ! cmake --build "$B" -j "$(nproc)" >"$B.build.log" 2>&1; then
 	exit 1
 fi
 syms=$(nm -D --defined-only "$B/libwex.so")
-for s in wex_cuda_alloc wex_cuda_free wex_client_open wex_sync; do
+for s in wex_cuda_alloc wex_cuda_free wex_cuda_malloc wex_client_open wex_sync; do
 	echo "$syms" | grep -q " T $s\$" || { echo "FAIL: libwex.so does not export $s"; exit 1; }
 done
 if grep -aq 'libcuda.so.1' "$B/libwex.so" "$B/wexd"; then
 	echo "FAIL: a build without cuda.h still carries the CUDA loader"
 	exit 1
 fi
-echo "libwex.so exports wex_cuda_alloc/wex_cuda_free (stubs) and loads no CUDA driver"
+echo "libwex.so exports wex_cuda_alloc/wex_cuda_free/wex_cuda_malloc (stubs) and loads no CUDA driver"
 
 echo "== tests of that build"
 out=$(cd "$B" && ctest --output-on-failure --timeout 120 -R '^(no_cuda_api|quickstart_smoke_uring)$' 2>&1) || {

@@ -5,7 +5,8 @@ end through a real wexd, with no torch: a producer process (this script,
 "producer") registers two tensors and publishes versions whose bytes derive
 from the version; the test, a consumer, checks every byte in REMAP_VIEW,
 COPY and REMAP_FIXED mode, that begin_write waits for its remap lease, and
-that bad input raises WexError / ValueError with the cause.
+that bad input raises WexError / ValueError with the cause, and that
+wex.cuda_alloc without a CUDA driver raises ENOCUDA saying so.
 
 WEX_PY_KIND=host (default) uses host segments; WEX_PY_KIND=vmm uses
 wex_cuda_alloc + register_ptr(WEX_SEG_CUDA_VMM) on the producer and
@@ -278,8 +279,40 @@ class Binding(WexdProducerCase):
         self.assertEqual(e.exception.code, errno.EBADF)
 
 
+class NoDriver(unittest.TestCase):
+    """wex.cuda_alloc without a CUDA driver: ENOCUDA saying so, not an
+    out-of-memory error.  In a child whose $WEX_CUDA_LIB names no file (the
+    driver is loaded once per process), so that it holds on a GPU machine
+    and under the emulated driver too."""
+
+    def test_cuda_alloc(self):
+        import subprocess
+        env = dict(os.environ, WEX_CUDA_LIB="/nonexistent/libcuda.so.1")
+        out = subprocess.run([sys.executable, __file__, "cuda_alloc"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr.decode())
+        code, text = out.stdout.decode().split(" ", 1)
+        self.assertEqual(int(code), wex.ENOCUDA, text)
+        self.assertIn("no CUDA driver", text)
+        self.assertNotIn("memory", text.lower())
+
+
+def cuda_alloc_child():
+    """Prints the code and text of wex.cuda_alloc's error (none: fails)."""
+    try:
+        p = wex.cuda_alloc(1 << 20, 0)
+    except wex.WexError as err:
+        print(err.code, str(err))
+        return
+    wex.cuda_free(p, 1 << 20, 0)
+    sys.exit("wex.cuda_alloc succeeded without a driver")
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "producer":
         producer()
+        sys.exit(0)
+    if len(sys.argv) > 1 and sys.argv[1] == "cuda_alloc":
+        cuda_alloc_child()
         sys.exit(0)
     unittest.main(verbosity=2)

@@ -226,6 +226,9 @@ def lib():
         L.wex_cuda_alloc.argtypes = [ctypes.c_ssize_t, I, P]
         L.wex_cuda_free.restype = None
         L.wex_cuda_free.argtypes = [P, ctypes.c_ssize_t, I, P]
+    if hasattr(L, "wex_cuda_malloc"):
+        L.wex_cuda_malloc.restype = I
+        L.wex_cuda_malloc.argtypes = [ctypes.c_size_t, I, ctypes.POINTER(P)]
     L._path = path
     _lib = L
     return L
@@ -241,15 +244,28 @@ def strerror(code):
 
 
 def cuda_alloc(size, device=0):
-    """wex_cuda_alloc: exportable VMM memory; returns the device address."""
+    """wex_cuda_alloc: exportable VMM memory; returns the device address.
+    Raises WexError: ENOCUDA without a CUDA driver or device, ENOMEM when
+    the device is out of memory, ... (wex_cuda_malloc's error)."""
     L = lib()
     if not hasattr(L, "wex_cuda_alloc"):
         raise WexError(ENOCUDA, "libwex was built without the CUDA headers")
-    p = L.wex_cuda_alloc(size, device, None)
-    if not p:
-        raise WexError(errno.ENOMEM, "wex_cuda_alloc(%d, device %d) failed (see stderr)"
-                       % (size, device))
-    return p
+    size = _uint(size, 63, "size")
+    if not hasattr(L, "wex_cuda_malloc"):
+        # An older libwex: NULL says nothing more.
+        p = L.wex_cuda_alloc(size, device, None)
+        if not p:
+            raise WexError(errno.ENOMEM, "wex_cuda_alloc(%d, device %d) failed (see stderr)"
+                           % (size, device))
+        return p
+    p = ctypes.c_void_p()
+    ret = L.wex_cuda_malloc(size, device, ctypes.byref(p))
+    if ret < 0:
+        why = strerror(ret)
+        if -ret == ENOCUDA:
+            why = "no CUDA driver or device (libwex's log on stderr says which)"
+        raise WexError(-ret, "wex_cuda_alloc(%d bytes, device %d): %s" % (size, device, why))
+    return p.value
 
 
 def cuda_free(ptr, size, device=0):
