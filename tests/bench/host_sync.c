@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -280,12 +281,17 @@ int main(int argc, char **argv)
 		return 1;
 	snprintf(sock, sizeof(sock), "%s/wexd.sock", dir);
 	setenv("WEX_SOCKET", sock, 1);
-	if (pipe(ready) < 0 || pipe(cmd) < 0 || pipe(ack) < 0)
+	/* Close-on-exec: wexd must not hold the producer's pipes open, or a
+	 * failed producer (or consumer) would leave the other side waiting
+	 * on them for ever. */
+	if (pipe(ready) < 0 || pipe2(cmd, O_CLOEXEC) < 0 || pipe2(ack, O_CLOEXEC) < 0)
 		return 1;
 	dpid = fork();
 	if (dpid == 0) {
 		char fds[16];
 
+		/* Dies with us, also when we exit on an error (die()). */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		close(ready[0]);
 		snprintf(fds, sizeof(fds), "%d", ready[1]);
 		setenv("WEXD_READY_FD", fds, 1);
@@ -303,8 +309,15 @@ int main(int argc, char **argv)
 		}
 	}
 	ppid = fork();
-	if (ppid == 0)
+	if (ppid == 0) {
+		/* Only our end of each pipe: when we exit, its read sees EOF. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		close(cmd[1]);
+		close(ack[0]);
 		producer(preset, cmd[0], ack[1]);
+	}
+	close(cmd[0]);
+	close(ack[1]);
 	{
 		char r;
 
