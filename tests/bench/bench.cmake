@@ -6,3 +6,10 @@ add_executable(host_sync tests/bench/host_sync.c)
 target_link_libraries(host_sync PRIVATE wex wex_example_model)
 add_test(NAME bench_host_sync COMMAND host_sync $<TARGET_FILE:wexd>)
 set_tests_properties(bench_host_sync PROPERTIES LABELS "bench" TIMEOUT 600 SKIP_RETURN_CODE 77)
+# host_sync with its copy syncs made to move nothing (lost_copy.c wraps
+# wex_sync): it must fail its check, not post a figure.
+add_executable(host_sync_lost_copy tests/bench/host_sync.c tests/bench/lost_copy.c)
+target_link_libraries(host_sync_lost_copy PRIVATE wex wex_example_model ${CMAKE_DL_LIBS})
+add_test(NAME bench_host_sync_lost_copy COMMAND host_sync_lost_copy $<TARGET_FILE:wexd>)
+set_tests_properties(bench_host_sync_lost_copy PROPERTIES LABELS "bench" TIMEOUT 60
+  ENVIRONMENT "WEX_BENCH_SMALL=1" PASS_REGULAR_EXPRESSION "host_sync: copied bytes are wrong")
