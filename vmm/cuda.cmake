@@ -112,4 +112,12 @@ if(WEX_HAVE_CUDA_HEADERS)
     set_tests_properties(${t}_fabric_noimport_emul PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS cuda
       ENVIRONMENT "WEXD_BIN=$<TARGET_FILE:wexd>;WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_EMUL_FABRIC=1;WEX_EMUL_NO_FABRIC_IMPORT=CUDA_ERROR_NOT_PERMITTED;WEX_SRC=${CMAKE_SOURCE_DIR}")
   endforeach()
+  # gpu_sync on a driver that loses the copies of the copy phase's timed
+  # runs (not its warm-up): it must fail its check, not post a figure.
+  # The layout of gpu_sync_emul moves T = 273785600 bytes a run; the d2d
+  # phase's 1 + 3 runs and the copy warm-up come first: [5T, 8T).
+  add_test(NAME gpu_sync_lost_copy_emul COMMAND gpu_sync)
+  set_tests_properties(gpu_sync_lost_copy_emul PROPERTIES TIMEOUT 300 LABELS "cuda;bench"
+    PASS_REGULAR_EXPRESSION "\"check\":false,\"error\":\"tensors lacked their bytes"
+    ENVIRONMENT "WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_SRC=${CMAKE_SOURCE_DIR};WEX_BENCH_GB=0.25;WEX_BENCH_TENSORS=40;WEX_BENCH_SEG_MB=64;WEX_BENCH_REPS=3;WEX_BENCH_TORCH=0;WEX_EMUL_LOSE_BYTES=1368928000-2190284800")
 endif()

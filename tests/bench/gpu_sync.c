@@ -33,8 +33,8 @@
  *                        (unmap_fixed_ms, copies the bytes).
  * Each phase runs WEX_BENCH_REPS (3) + 1 times: the first (warm-up) is
  * reported as *_first_ms, the figure is the best of the others.  Before
- * each phase the consumer's buffers are zeroed, after it the first, middle
- * and last 64 bytes of every tensor are checked ("check").  remap_cold_ms
+ * each run the consumer's buffers are zeroed, after it the first, middle
+ * and last 64 bytes of every tensor are checked ("check"; both untimed).  remap_cold_ms
  * (import + first remap) is what the first remap sync of a layout waits
  * for; wexd's request round trip (~0.1 ms) is in neither.
  * The last line is one JSON object, with every key, whatever happened
@@ -247,18 +247,20 @@ static void consumer(int sock, int out)
 	CU_OK(wex__cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
 	res.bad += check_tensors(src, "imported");
 
-	/* The limit: the same bytes in one copy per segment. */
-	zero_regions(r, st);
+	/* The limit: the same bytes in one copy per segment.  Every run's
+	 * bytes are checked (untimed), as in each phase below: a run that
+	 * moved nothing must not post the best time. */
 	res.d2d_ms = INFINITY;
 	for (int i = 0; i <= reps; i++) {
+		zero_regions(r, st);
 		t = now_ms();
 		for (size_t k = 0; k < L.nseg; k++)
 			CU_OK(wex__cu.cuMemcpyAsync((CUdeviceptr)dst[k], (CUdeviceptr)src[k],
 						    L.segsz[k], st));
 		CU_OK(wex__cu.cuStreamSynchronize(st));
 		note(&res.d2d_first_ms, &res.d2d_ms, i, now_ms() - t);
+		res.bad += check_tensors(dst, "d2d");
 	}
-	res.bad += check_tensors(dst, "d2d");
 
 	/* wex in-place copy: one op per tensor, into the engine's buffers;
 	 * the copy slot returns once the GPU has finished. */
@@ -268,24 +270,24 @@ static void consumer(int sock, int out)
 			.dst = dst[L.seg[i]] + L.off[i],
 			.len = L.bytes[i],
 		};
-	zero_regions(r, st);
 	res.copy_ms = INFINITY;
 	for (int i = 0; i <= reps; i++) {
+		zero_regions(r, st);
 		t = now_ms();
 		CHECK_OK(vmm->copy(ops, L.n, 1));
 		note(&res.copy_first_ms, &res.copy_ms, i, now_ms() - t);
+		res.bad += check_tensors(dst, "copy");
 	}
-	res.bad += check_tensors(dst, "copy");
-	zero_regions(r, st);
 	batched = wex__cuda_copy_batch(0);
 	res.copy_unbatched_ms = INFINITY;
 	for (int i = 0; i <= reps; i++) {
+		zero_regions(r, st);
 		t = now_ms();
 		CHECK_OK(vmm->copy(ops, L.n, 1));
 		note(&res.copy_unbatched_first_ms, &res.copy_unbatched_ms, i, now_ms() - t);
+		res.bad += check_tensors(dst, "copy_unbatched");
 	}
 	wex__cuda_copy_batch(batched); /* as WEX_CUDA_BATCH set it */
-	res.bad += check_tensors(dst, "copy_unbatched");
 
 	/* Same-address remap of every region, and back; the regions' own
 	 * memory is zeroed first, so each check tells which one shows. */

@@ -110,6 +110,11 @@
  *    thread fails and invalidates the capture (see unsafe());
  *    cuCtxSynchronize of a context one of whose streams captures fails
  *    and invalidates that capture in any mode (see ctx_sync_ok()).
+ *  - a driver that loses copies, for the benchmarks' own tests:
+ *    WEX_EMUL_LOSE_BYTES=<from>-<to> makes each cuMemcpyAsync or
+ *    cuMemcpyBatchAsync copy that starts at byte [from, to) of all the
+ *    bytes this process asked those calls to copy succeed without moving
+ *    a byte (a benchmark must then fail its check, not post a figure).
  * What it cannot tell: real driver behaviour, performance, and anything
  * about the PTX itself.  Not thread-safe: the tests call it from one
  * thread at a time (a test with a capturing thread hands over between
@@ -1404,12 +1409,32 @@ static CUresult e_wait_event(CUstream s, CUevent e, unsigned f)
 	return CUDA_SUCCESS;
 }
 
+/* WEX_EMUL_LOSE_BYTES (see above): whether the next n-byte copy is lost. */
+static int lose(size_t n)
+{
+	static unsigned long long from, to, issued;
+	static int parsed;
+	unsigned long long at = issued;
+
+	if (!parsed) {
+		const char *e = getenv("WEX_EMUL_LOSE_BYTES");
+
+		parsed = 1;
+		if (e && sscanf(e, "%llu-%llu", &from, &to) != 2)
+			from = to = 0;
+	}
+	issued += n;
+	return at >= from && at < to;
+}
+
 static CUresult e_memcpy(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 {
 	FORKED();
 	HOOK("cuMemcpyAsync");
 	REACH(s, n, 0);
 	REACH(d, n, 1);
+	if (lose(n))
+		return CUDA_SUCCESS;
 	if (deferring()) {
 		queue(d, s, n, 0, 0, stream_ctx(st));
 		return CUDA_SUCCESS;
@@ -1576,6 +1601,8 @@ static CUresult batch(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, C
 	 * bytes than in issue order.  Queued under WEX_EMUL_DEFER=1, as
 	 * cuMemcpyAsync is (a batch is asynchronous too). */
 	for (size_t i = count; i-- > 0;) {
+		if (lose(n[i]))
+			continue;
 		if (deferring())
 			queue(d[i], s[i], n[i], 0, 0, stream_ctx(st));
 		else
