@@ -17,7 +17,9 @@
  * instance by instance on one planner, the group function balancing each
  * instance's 16 ranks against the load of all instances before it.
  *
- * Prints planner time and peak RSS (targets: < 2 s on one core, < 1 GiB),
+ * Prints planner time and peak RSS (targets: < 2 s on one core, < 1 GiB;
+ * the time judged is the planning thread's CPU time, which a busy shared
+ * machine inflates less than the wall time printed beside it),
  * bytes needed vs moved (must be equal), the busiest producer link vs its
  * lower bound (target <= 1.1x), and an estimated sync time at 50 GB/s per
  * GPU link next to Awex's published figure (quoted, not measured here: 6 s
@@ -37,12 +39,24 @@
 #define AWEX_QUOTED_S 6.0
 #define INSTANCES 32
 
-static double now(void)
+static double clock_s(clockid_t id)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
+	clock_gettime(id, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double now(void)
+{
+	return clock_s(CLOCK_MONOTONIC);
+}
+
+/* The planner is single-threaded: this thread's CPU time is its time on
+ * one core, whatever else the machine runs. */
+static double cpu_now(void)
+{
+	return clock_s(CLOCK_THREAD_CPUTIME_ID);
 }
 
 int main(int argc, char **argv)
@@ -97,7 +111,7 @@ int main(int argc, char **argv)
 	}
 	double t_layout = now() - t0;
 
-	double t1 = now();
+	double t1 = now(), c1 = cpu_now();
 	struct wex_planner *pl;
 	uint64_t busiest_dst = 0, ops = 0;
 	if (wex__planner_new(srcs, pw, &pl, err, sizeof(err)) < 0) {
@@ -118,7 +132,7 @@ int main(int argc, char **argv)
 			wex__plan_free(plans[r]);
 		}
 	}
-	double t_plan = now() - t1;
+	double t_plan = now() - t1, c_plan = cpu_now() - c1;
 	struct wex_plan_stats st;
 	wex__planner_stats(pl, &st);
 	struct rusage ru;
@@ -136,7 +150,8 @@ int main(int argc, char **argv)
 	printf("producer             %s: %u GPUs, %zu pieces\n", from, pw, npieces);
 	printf("consumer             %s: %u instances x %u GPUs\n", to, INSTANCES, per);
 	printf("layout time          %.3f s (not counted as planning)\n", t_layout);
-	printf("plan time            %.3f s (limit 2 s: %.2fx of limit)\n", t_plan, t_plan / 2.0);
+	printf("plan time            %.3f s on one core (CPU time; limit 2 s: %.2fx of limit), %.3f s wall\n",
+	       c_plan, c_plan / 2.0, t_plan);
 	printf("peak RSS             %.1f MiB (limit 1024 MiB: %.2fx of limit)\n", rss_mib, rss_mib / 1024.0);
 	printf("bytes needed         %llu\n", (unsigned long long)st.bytes_needed);
 	printf("bytes moved          %llu (%.6fx of needed)\n", (unsigned long long)st.bytes_moved,
@@ -149,11 +164,11 @@ int main(int argc, char **argv)
 	       (double)link / 1e9);
 	printf("Awex (quoted figure, not measured here): 6 s for a 1T-parameter model; ratio %.2fx\n",
 	       est / AWEX_QUOTED_S);
-	printf("{\"plan_seconds\":%.4f,\"layout_seconds\":%.4f,\"peak_rss_mib\":%.1f,\"bytes_needed\":%llu,"
+	printf("{\"plan_cpu_seconds\":%.4f,\"plan_vs_limit\":%.4f,\"plan_seconds\":%.4f,\"layout_seconds\":%.4f,\"peak_rss_mib\":%.1f,\"bytes_needed\":%llu,"
 	       "\"bytes_moved\":%llu,\"ops\":%llu,\"busiest_link_vs_bound\":%.4f,\"busiest_src_bytes\":%llu,"
 	       "\"src_bound_bytes\":%llu,\"busiest_dst_bytes\":%llu,\"est_sync_seconds\":%.3f,"
 	       "\"awex_quoted_seconds\":%.1f,\"producer_gpus\":%u,\"consumer_gpus\":%u}\n",
-	       t_plan, t_layout, rss_mib, (unsigned long long)st.bytes_needed,
+	       c_plan, c_plan / 2.0, t_plan, t_layout, rss_mib, (unsigned long long)st.bytes_needed,
 	       (unsigned long long)st.bytes_moved, (unsigned long long)ops, ratio,
 	       (unsigned long long)st.busiest_src_bytes, (unsigned long long)st.src_bound_bytes,
 	       (unsigned long long)busiest_dst, est, AWEX_QUOTED_S, pw, cw);
