@@ -66,11 +66,17 @@ struct wex_model {
 	int nstrs;
 	struct ftensor *ft;
 	int nft;
+	/* Layers the config keeps dense whatever the other rules say (the
+	 * family's "dense_layer_list" key, Qwen's mlp_only_layers), sorted. */
+	int64_t *dense_list;
+	size_t ndense_list;
 };
 
 #include "log.h"
 
 #define seterr wex__seterr
+
+static int layer_is_moe(const struct wex_model *m, int64_t L);
 
 int64_t wex__model_sym(const struct wex_model *m, const char *name)
 {
@@ -416,6 +422,13 @@ static int cfg_int(json_t *cfg, const char *key, int64_t *v)
 	return *v >= 0 && *v <= CFG_INT_MAX ? 0 : -EINVAL;
 }
 
+static int cmp_i64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
 static int family_has_type(json_t *fam, const char *mt)
 {
 	size_t i;
@@ -510,6 +523,39 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 			}
 		}
 		sym_set(m, name, x);
+	}
+	if (wex__model_sym(m, "sparse_step") == 0) {
+		seterr(err, errlen, "config.json: decoder_sparse_step is 0: every layer would divide by "
+		       "it (1 makes every layer sparse)");
+		goto out;
+	}
+	{
+		/* transformers: a layer listed here has a plain MLP. */
+		const char *key = json_string_value(json_object_get(fam, "dense_layer_list"));
+		json_t *lst = key ? json_object_get(cfg, key) : NULL;
+
+		if (lst && !json_is_null(lst)) {
+			if (!json_is_array(lst)) {
+				seterr(err, errlen, "config.json: %s is not a list of layer numbers", key);
+				goto out;
+			}
+			m->dense_list = calloc(json_array_size(lst) + 1, sizeof(*m->dense_list));
+			if (!m->dense_list) {
+				ret = -ENOMEM;
+				goto out;
+			}
+			json_array_foreach(lst, i, v) {
+				int64_t x;
+
+				if (!json_is_integer(v) || (x = json_integer_value(v)) < 0) {
+					seterr(err, errlen, "config.json: %s[%zu] is not a layer number "
+					       "(a whole number from 0)", key, i);
+					goto out;
+				}
+				m->dense_list[m->ndense_list++] = x;
+			}
+			qsort(m->dense_list, m->ndense_list, sizeof(*m->dense_list), cmp_i64);
+		}
 	}
 	{
 		json_t *ov = json_object_get(json_object_get(fam, "model_type_symbols"), mt);
@@ -628,17 +674,20 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 	 * here, not left to exhaust memory. */
 	{
 		int64_t layers = wex__model_sym(m, "layers"), nexp = wex__model_sym(m, "nexp");
-		int64_t fd = wex__model_sym(m, "first_dense");
+		int64_t nmoe = 0;
 		uint64_t count = 0, total = 0;
 
 		if (layers < 0)
 			layers = 0;
-		fd = fd < 0 ? 0 : fd > layers ? layers : fd;
+		/* Every family has per-layer tensors: more layers than tensors
+		 * allowed fails below anyway, and bounds this count. */
+		for (int64_t L = 0; L < layers && L <= (int64_t)MODEL_MAX_TENSORS; L++)
+			nmoe += layer_is_moe(m, L);
 		for (int t = 0; t < m->nft; t++) {
 			const struct ftensor *f = &m->ft[t];
 			uint64_t n = f->layers == LAY_NONE	  ? 1
-				     : f->layers == LAY_DENSE ? (uint64_t)fd
-				     : f->layers == LAY_MOE   ? (uint64_t)(layers - fd)
+				     : f->layers == LAY_DENSE ? (uint64_t)(layers - nmoe)
+				     : f->layers == LAY_MOE   ? (uint64_t)nmoe
 							      : (uint64_t)layers;
 			uint64_t b = wex_dtype_size(ft_dtype(m, f)) ?: 4;
 
@@ -686,20 +735,35 @@ void wex__model_free(struct wex_model *m)
 	if (!m)
 		return;
 	free(m->ft);
+	free(m->dense_list);
 	free(m);
+}
+
+/* Whether layer L holds the router and experts, as transformers builds
+ * it: DeepSeek's first_k_dense_replace layers are dense; Qwen-MoE's layer
+ * L is sparse iff L is not in mlp_only_layers, num_experts > 0 and
+ * (L + 1) % decoder_sparse_step == 0 (Qwen2MoeDecoderLayer).  A family
+ * without a symbol leaves its rule out. */
+static int layer_is_moe(const struct wex_model *m, int64_t L)
+{
+	int64_t fd = wex__model_sym(m, "first_dense"), step = wex__model_sym(m, "sparse_step");
+
+	if (L < fd || wex__model_sym(m, "nexp") == 0)
+		return 0;
+	if (step > 0 && (L + 1) % step)
+		return 0;
+	return !bsearch(&L, m->dense_list, m->ndense_list, sizeof(*m->dense_list), cmp_i64);
 }
 
 static int layer_has(const struct wex_model *m, int layers, int64_t L)
 {
-	int64_t fd = wex__model_sym(m, "first_dense");
-
 	switch (layers) {
 	case LAY_ALL:
 		return 1;
 	case LAY_DENSE:
-		return L < fd;
+		return !layer_is_moe(m, L);
 	case LAY_MOE:
-		return L >= fd;
+		return layer_is_moe(m, L);
 	default:
 		return 0;
 	}

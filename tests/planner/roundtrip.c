@@ -4,7 +4,9 @@
  * stage, dp=2) -> vllm (tp=4, KV heads replicated) -> hf gives back the
  * original bytes of every canonical tensor, for a small Qwen2-like model
  * (qkv bias, tied embeddings, odd vocabulary) and for a small Qwen3-MoE
- * model (megatron ep=2 -> vllm ep=2) and a small DeepSeek-V3 model (MLA,
+ * model (megatron ep=2 -> vllm ep=2), one with decoder_sparse_step=2 and
+ * mlp_only_layers=[0] (dense MLPs on layers 0 and 2, experts on 1 and 3;
+ * megatron pp=2 -> vllm tp=2) and a small DeepSeek-V3 model (MLA,
  * a dense first layer, shared experts; megatron tp=2,pp=2,ep=4,etp=1 with
  * an uneven first stage -> sglang tp=4,ep=2).  Each hop plans every destination
  * rank against all ranks of the previous layout.
@@ -93,6 +95,12 @@ int main(void)
 	     "\"intermediate_size\":24,\"moe_intermediate_size\":8,\"num_experts\":4,"
 	     "\"vocab_size\":101,\"torch_dtype\":\"bfloat16\"}",
 	     "megatron:tp=2,dp=2,ep=2,etp=2", "vllm:tp=2,ep=2");
+	trip("{\"model_type\":\"qwen3_moe\",\"hidden_size\":16,\"num_hidden_layers\":4,"
+	     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":4,"
+	     "\"intermediate_size\":24,\"moe_intermediate_size\":8,\"num_experts\":4,"
+	     "\"decoder_sparse_step\":2,\"mlp_only_layers\":[0],"
+	     "\"vocab_size\":101,\"torch_dtype\":\"bfloat16\"}",
+	     "megatron:tp=2,pp=2,ep=2,etp=1", "vllm:tp=2");
 	trip("{\"model_type\":\"deepseek_v3\",\"hidden_size\":16,\"num_hidden_layers\":3,"
 	     "\"num_attention_heads\":4,\"intermediate_size\":24,\"moe_intermediate_size\":8,"
 	     "\"n_routed_experts\":8,\"n_shared_experts\":1,\"first_k_dense_replace\":1,"
