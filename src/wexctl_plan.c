@@ -60,8 +60,11 @@ static int usage(const char *cmd, int help)
 		fprintf(f, "  IN: a .safetensors file or a directory of them (an HF checkpoint, "
 			   "model.safetensors.index.json if there) when --from has one rank, else a "
 			   "directory of rank-K.safetensors; OUTDIR gets rank-K.safetensors, one per "
-			   "rank of --to (--to hf: also model.safetensors.index.json, and config.json "
-			   "where OUTDIR has none; the tokenizer is not copied)\n");
+			   "rank of --to (--to hf: also model.safetensors.index.json, and where OUTDIR has "
+			   "none config.json from --config and the tokenizer files (tokenizer.json, "
+			   "tokenizer_config.json, special_tokens_map.json, added_tokens.json, "
+			   "tokenizer.model, vocab.json, merges.txt, chat_template.jinja/.json) and "
+			   "generation_config.json found beside IN, else beside --config)\n");
 	return help ? 0 : 2;
 }
 
@@ -610,17 +613,77 @@ static int write_beside(const char *dir, const char *name, const char *text, siz
 	return ret;
 }
 
+/* Copies file `from` to dir/name unless dir/name exists: 0 also when it
+ * does; -errno with the cause in err. */
+static int copy_if_absent(const char *dir, const char *name, const char *from, char *err,
+			  size_t errlen)
+{
+	char path[4096];
+	FILE *in;
+	char *buf = NULL;
+	long n = -1;
+	int ret;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	if (access(path, F_OK) == 0 || errno != ENOENT)
+		return 0;
+	errno = 0;
+	in = fopen(from, "rb");
+	if (in && fseek(in, 0, SEEK_END) == 0 && (n = ftell(in)) >= 0 && fseek(in, 0, SEEK_SET) == 0 &&
+	    (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, in) == (size_t)n)
+		ret = write_beside(dir, name, buf, (size_t)n, err, errlen);
+	else {
+		ret = errno ? -errno : -EIO;
+		seterr(err, errlen, "copying %s to %s: %s", from, path, strerror(-ret));
+	}
+	free(buf);
+	if (in)
+		fclose(in);
+	return ret;
+}
+
+/* What a Hugging Face checkpoint directory holds beside its weights and
+ * config.json, the files transformers and vLLM load a tokenizer and
+ * generation defaults from: small, copied as they are. */
+static const char *const hf_side_files[] = {
+	"tokenizer.json",	   "tokenizer_config.json", "special_tokens_map.json",
+	"added_tokens.json",	   "tokenizer.model",	    "vocab.json",
+	"merges.txt",		   "generation_config.json", "chat_template.jinja",
+	"chat_template.json",
+};
+
+/* The directory holding `path`, or `path` itself when it is one. */
+static void dir_of(const char *path, char *out, size_t len)
+{
+	struct stat st;
+	const char *slash;
+
+	if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+		snprintf(out, len, "%s", path);
+		return;
+	}
+	slash = strrchr(path, '/');
+	if (!slash)
+		snprintf(out, len, ".");
+	else if (slash == path)
+		snprintf(out, len, "/");
+	else
+		snprintf(out, len, "%.*s", (int)(slash - path), path);
+}
+
 /*
  * An hf target is a Hugging Face checkpoint directory: beside
  * rank-0.safetensors, model.safetensors.index.json naming that file for
  * every tensor (what transformers' from_pretrained and vLLM look for when
- * there is no model.safetensors), and config.json copied from --config
- * where OUTDIR has none.  The tokenizer is not the layout's: not copied.
+ * there is no model.safetensors), config.json copied from --config, and
+ * the tokenizer and generation config (hf_side_files) from beside IN, else
+ * beside --config, each only where OUTDIR has none.
  */
-static int hf_extras(const char *outdir, const char *config, char *err, size_t errlen)
+static int hf_extras(const char *outdir, const char *in, const char *config, char *err,
+		     size_t errlen)
 {
 	struct wex_st_file f;
-	char path[4096];
+	char path[4096], dirs[2][4096];
 	json_t *idx, *map;
 	uint64_t total = 0;
 	char *text;
@@ -650,24 +713,19 @@ static int hf_extras(const char *outdir, const char *config, char *err, size_t e
 	free(text);
 	if (ret < 0)
 		goto out;
-	snprintf(path, sizeof(path), "%s/config.json", outdir);
-	if (access(path, F_OK) < 0 && errno == ENOENT) {
-		FILE *in = fopen(config, "rb");
-		char *buf = NULL;
-		long n = -1;
+	ret = copy_if_absent(outdir, "config.json", config, err, errlen);
+	dir_of(in, dirs[0], sizeof(dirs[0]));
+	dir_of(config, dirs[1], sizeof(dirs[1]));
+	for (size_t i = 0; ret == 0 && i < sizeof(hf_side_files) / sizeof(hf_side_files[0]); i++)
+		for (int k = 0; k < 2; k++) {
+			char side[sizeof(dirs[k]) + 64];
+			int n = snprintf(side, sizeof(side), "%s/%s", dirs[k], hf_side_files[i]);
 
-		if (in && fseek(in, 0, SEEK_END) == 0 && (n = ftell(in)) >= 0 &&
-		    fseek(in, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) &&
-		    fread(buf, 1, (size_t)n, in) == (size_t)n)
-			ret = write_beside(outdir, "config.json", buf, (size_t)n, err, errlen);
-		else {
-			ret = errno ? -errno : -EIO;
-			seterr(err, errlen, "copying %s to %s: %s", config, path, strerror(-ret));
+			if (n > 0 && (size_t)n < sizeof(side) && access(side, R_OK) == 0) {
+				ret = copy_if_absent(outdir, hf_side_files[i], side, err, errlen);
+				break;
+			}
 		}
-		free(buf);
-		if (in)
-			fclose(in);
-	}
 out:
 	if (ret == -ENOMEM)
 		seterr(err, errlen, "out of memory");
@@ -899,7 +957,7 @@ rank_out:
 		}
 	}
 	if (!strcmp(dst.spec.engine, "hf")) {
-		ret = hf_extras(o.pos[1], o.config, err, sizeof(err));
+		ret = hf_extras(o.pos[1], o.pos[0], o.config, err, sizeof(err));
 		if (ret < 0)
 			goto fail;
 	}

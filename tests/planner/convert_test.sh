@@ -4,7 +4,9 @@
 # then to vllm tp=2, then back to hf with every byte unchanged; converting
 # into the input directory itself gives the same bytes as into a fresh one,
 # and an extra tensor of another dtype in the checkpoint changes nothing
-# (and is named on stderr as not converted).  Skips (77)
+# (and is named on stderr as not converted).  --to hf also copies the
+# tokenizer and generation config found beside IN or --config (IN's
+# first), never over a file OUTDIR already has.  Skips (77)
 # while wexctl does not dispatch `convert` yet.
 # Needs: WEXCTL_BIN, PLANNER_CONVERT_BIN (the planner_convert helper).
 set -u
@@ -19,7 +21,7 @@ case "$out" in
 esac
 # The help says what IN may be and what OUTDIR gets.
 case "$out" in
-*"IN: "*"rank-K.safetensors"*"OUTDIR gets rank-K.safetensors"*) ;;
+*"IN: "*"rank-K.safetensors"*"OUTDIR gets rank-K.safetensors"*"tokenizer"*"generation_config.json"*) ;;
 *) echo "convert --help does not say what IN and OUTDIR hold: $out"; exit 1 ;;
 esac
 # plan's --rank and --json are not convert's: refused (2), not ignored
@@ -31,8 +33,24 @@ for o in "--rank 1" --json; do
 done
 "$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to megatron:tp=2,pp=2 "$d/hf" "$d/meg" || exit 1
 "$WEXCTL_BIN" convert --config "$d/config.json" --from megatron:tp=2,pp=2 --to vllm:tp=2 "$d/meg" "$d/vllm" || exit 1
+# The tokenizer files beside --config and beside IN (which wins); one
+# OUTDIR already has is kept.
+echo '{"model": "tok"}' >"$d/tokenizer.json"
+echo '{"max_new_tokens": 7}' >"$d/generation_config.json"
+echo 'from config dir' >"$d/special_tokens_map.json"
+echo 'from IN' >"$d/vllm/special_tokens_map.json"
+echo 'from config dir' >"$d/tokenizer_config.json"
+mkdir "$d/back" && echo 'already there' >"$d/back/tokenizer_config.json"
 "$WEXCTL_BIN" convert --config "$d/config.json" --from vllm:tp=2 --to hf "$d/vllm" "$d/back" || exit 1
 "$PLANNER_CONVERT_BIN" compare "$d" "$d/back/rank-0.safetensors" || exit 1
+for f in tokenizer.json generation_config.json; do
+	cmp "$d/$f" "$d/back/$f" || { echo "--to hf did not copy $f from beside --config"; exit 1; }
+done
+cmp "$d/vllm/special_tokens_map.json" "$d/back/special_tokens_map.json" || { echo "--to hf: special_tokens_map.json is not the one beside IN"; exit 1; }
+[ "$(cat "$d/back/tokenizer_config.json")" = "already there" ] || { echo "--to hf overwrote OUTDIR's tokenizer_config.json"; exit 1; }
+rm -f "$d/vllm/special_tokens_map.json"
+# Not for other targets: a rank directory holds ranks.
+[ ! -e "$d/meg/tokenizer.json" ] || { echo "--to megatron copied the tokenizer"; exit 1; }
 # In place (OUTDIR = the input): the same bytes as into a fresh directory
 # (outputs are written beside and renamed over the inputs, which stay mapped).
 cp -r "$d/meg" "$d/meg2"
