@@ -53,6 +53,8 @@ struct ftensor {
 	int layers;
 	int experts;
 	int dtype; /* WEX_DT_*: 0 follows the model's dtype */
+	int quant; /* "quant" in the family: FP8 with block scales when the config says so */
+	int scale; /* index of its weight_scale_inv tensor in ft[], -1 none */
 };
 
 struct wex_model {
@@ -70,6 +72,10 @@ struct wex_model {
 	 * family's "dense_layer_list" key, Qwen's mlp_only_layers), sorted. */
 	int64_t *dense_list;
 	size_t ndense_list;
+	/* quantization_config fp8 with weight_block_size: the dtype of the
+	 * "quant" tensors (0: not quantized) and the block of one scale. */
+	int fp8;
+	uint64_t qblk[2];
 };
 
 #include "log.h"
@@ -596,8 +602,43 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 		else if (dt && !strcmp(dt, "float32"))
 			m->dtype = WEX_DT_F32;
 	}
+	{
+		/* DeepSeek-V3's FP8 checkpoints: Linear weights F8_E4M3, each
+		 * with a weight_scale_inv of one F32 per 128x128 block. */
+		json_t *q = json_object_get(cfg, "quantization_config");
+		const char *qm = json_string_value(json_object_get(q, "quant_method"));
+		const char *fmt = json_string_value(json_object_get(q, "fmt"));
+		json_t *bs = json_object_get(q, "weight_block_size");
+
+		if (qm && !strcmp(qm, "fp8")) {
+			int64_t b0, b1;
+
+			m->fp8 = !fmt || !strcmp(fmt, "e4m3") ? WEX_DT_F8_E4M3
+				 : !strcmp(fmt, "e5m2")	      ? WEX_DT_F8_E5M2
+								      : 0;
+			if (!m->fp8) {
+				seterr(err, errlen, "config.json: quantization_config fmt \"%s\" is not "
+				       "e4m3 or e5m2", fmt);
+				goto out;
+			}
+			if (!json_is_array(bs) || json_array_size(bs) != 2 ||
+			    !json_is_integer(json_array_get(bs, 0)) ||
+			    !json_is_integer(json_array_get(bs, 1)) ||
+			    (b0 = json_integer_value(json_array_get(bs, 0))) < 1 ||
+			    (b1 = json_integer_value(json_array_get(bs, 1))) < 1 || b0 > CFG_INT_MAX ||
+			    b1 > CFG_INT_MAX) {
+				seterr(err, errlen, "config.json: FP8 quantization_config without a "
+				       "weight_block_size [rows, cols] (per-tensor FP8 scales) is not "
+				       "supported");
+				goto out;
+			}
+			m->qblk[0] = (uint64_t)b0;
+			m->qblk[1] = (uint64_t)b1;
+		}
+	}
 	json_t *ts = json_object_get(fam, "tensors");
-	m->ft = calloc(json_array_size(ts) + 1, sizeof(*m->ft));
+	/* Room for a weight_scale_inv beside every tensor. */
+	m->ft = calloc(2 * json_array_size(ts) + 1, sizeof(*m->ft));
 	if (!m->ft) {
 		ret = -ENOMEM;
 		goto out;
@@ -616,6 +657,8 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 					    : !strcmp(lay, "moe")     ? LAY_MOE
 								      : LAY_ALL;
 		f->experts = json_is_true(json_object_get(v, "experts"));
+		f->quant = json_is_true(json_object_get(v, "quant"));
+		f->scale = -1;
 		f->ndim = (uint32_t)json_array_size(shape);
 		{
 			const char *dn = json_string_value(json_object_get(v, "dtype"));
@@ -668,6 +711,52 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 			}
 		}
 		m->nft++;
+		if (m->fp8 && f->quant) {
+			/* The weight in FP8 and, after it, its scales: one F32
+			 * per block, partial blocks at the ends included. */
+			struct ftensor *sc = &m->ft[m->nft];
+			size_t n = strlen(f->name);
+
+			if (f->ndim != 2 || n < 7 || strcmp(f->name + n - 7, ".weight") ||
+			    n + 10 >= sizeof(f->name)) {
+				seterr(err, errlen, "family %s: quantized tensor %s is not a 2-D .weight",
+				       m->family, f->name);
+				goto out;
+			}
+			*sc = *f;
+			f->dtype = m->fp8;
+			f->scale = m->nft;
+			sc->dtype = WEX_DT_F32;
+			sc->quant = 0;
+			snprintf(sc->role, sizeof(sc->role), "%.24s_scale", f->role);
+			snprintf(sc->name + n, sizeof(sc->name) - n, "_scale_inv");
+			for (int k2 = 0; k2 < 2; k2++)
+				sc->shape[k2] = (f->shape[k2] + m->qblk[k2] - 1) / m->qblk[k2];
+			{
+				int64_t nl = wex__model_sym(m, "layers"), ne = wex__model_sym(m, "nexp");
+				char tmp[WEX_NAME_MAX];
+
+				if (expand(m, sc->name, nl > 0 ? nl - 1 : 0, nl > 0 ? nl - 1 : 0,
+					   ne > 0 ? ne - 1 : 0, ne > 0 ? ne - 1 : 0, tmp) < 0) {
+					seterr(err, errlen, "family %s: tensor name %s is longer than %d bytes",
+					       m->family, sc->name, WEX_NAME_MAX - 1);
+					goto out;
+				}
+			}
+			m->nft++;
+		}
+	}
+	if (m->fp8) {
+		int any = 0;
+
+		for (int t = 0; t < m->nft; t++)
+			any |= m->ft[t].scale >= 0;
+		if (!any) {
+			seterr(err, errlen, "config.json: FP8 block-quantized checkpoints "
+			       "(quantization_config) are not supported for family %s (only deepseek_v3)",
+			       m->family);
+			goto out;
+		}
 	}
 	/* Every tensor is laid out, planned and held in memory: a layer or
 	 * expert count no model has (a typo, a mutated config) is refused
@@ -1266,6 +1355,107 @@ static int out_grow(struct ctx *c, size_t nt, size_t np)
 
 /* Emits one physical tensor: `nstack` copies of the inner blocks (one per
  * local expert, each from its own canonical tensors) or a plain one. */
+/* Emits one physical tensor named pname from blocks b (nstack slots) and,
+ * for a slot past nstack, bs (the fused shared expert). */
+static int emit_phys(struct ctx *c, const char *pname, const struct ftensor *f0,
+		     const struct block *b, int nb, uint64_t rows0, const struct block *bs, int64_t nstack, int64_t nslot, int stack,
+		     int64_t L, int64_t l, int64_t E0)
+{
+	int ret = out_grow(c, 1, (size_t)(nb * nslot));
+
+	if (ret < 0)
+		return ret;
+	struct wex_phys *t = &c->out->t[c->out->nt];
+	uint32_t ind = f0->ndim ? f0->ndim : 1;
+	uint64_t inner_shape[WEX_MAX_DIMS];
+	int64_t st[WEX_MAX_DIMS];
+	int dtype = ft_dtype(c->m, f0);
+	size_t esz = wex_dtype_size(dtype);
+
+	memset(t, 0, sizeof(*t));
+	snprintf(t->name, sizeof(t->name), "%s", pname);
+	t->dtype = dtype;
+	inner_shape[0] = rows0;
+	for (uint32_t d = 1; d < ind; d++)
+		inner_shape[d] = nb ? b[0].ext[d] : f0->shape[d];
+	t->ndim = ind + (stack ? 1 : 0);
+	if (stack)
+		t->shape[0] = (uint64_t)nslot;
+	for (uint32_t d = 0; d < ind; d++)
+		t->shape[d + (stack ? 1 : 0)] = inner_shape[d];
+	/* C order strides of the inner tensor. */
+	uint64_t inner_elems = 1;
+	for (int d = (int)ind - 1; d >= 0; d--) {
+		st[d] = (int64_t)inner_elems;
+		inner_elems *= inner_shape[d];
+	}
+	t->nbytes = inner_elems * (uint64_t)nslot * esz;
+	t->first = c->out->np;
+	for (int64_t s = 0; s < nslot; s++) {
+		const struct block *bb = s < nstack ? b : bs;
+		uint64_t row = 0;
+
+		for (int i = 0; i < nb; i++) {
+			struct wex_tensor *p = &c->out->p[c->out->np++];
+			const struct ftensor *ff = bb[i].f;
+
+			memset(p, 0, sizeof(*p));
+			ret = expand(c->m, ff->name, L, l, E0 + s, s, p->name);
+			if (ret < 0)
+				FAIL(c, "cannot expand canonical name %s", ff->name);
+			p->dtype = dtype;
+			p->ndim = ff->ndim;
+			for (uint32_t d = 0; d < ff->ndim; d++) {
+				p->shape[d] = ff->shape[d];
+				p->start[d] = bb[i].start[d];
+				p->extent[d] = bb[i].ext[d];
+				p->strides[d] = st[d];
+			}
+			p->segment = (uint32_t)c->out->nt;
+			p->offset = ((uint64_t)s * inner_elems + row * (uint64_t)st[0]) * esz;
+			row += ff->ndim ? bb[i].ext[0] : 1;
+		}
+	}
+	t->npieces = c->out->np - t->first;
+	c->out->total_bytes += t->nbytes;
+	c->out->nt++;
+	return 0;
+}
+
+/* FP8 scales of blocks b: the same boxes in units of quantization blocks;
+ * a shard that does not start on a block boundary, or ends inside a block
+ * short of its tensor's end, has no scales of its own: refused. */
+static int scale_blocks(struct ctx *c, const char *pname, const struct block *b, struct block *sb,
+			int nb, uint64_t *rows)
+{
+	for (int i = 0; i < nb; i++) {
+		const struct ftensor *f = b[i].f;
+
+		if (f->scale < 0)
+			FAIL(c, "%s: fuses FP8 and unquantized tensors (%s)", pname, f->name);
+		sb[i].f = &c->m->ft[f->scale];
+		for (uint32_t d = 0; d < 2; d++) {
+			uint64_t q = c->m->qblk[d], a = b[i].start[d], e = a + b[i].ext[d];
+
+			if (a % q || (e % q && e != f->shape[d])) {
+				char nm[WEX_NAME_MAX];
+
+				if (expand(c->m, sb[i].f->name, 0, 0, 0, 0, nm) < 0)
+					snprintf(nm, sizeof(nm), "%s", sb[i].f->name);
+				FAIL(c, "%s: its shard [%llu, %llu) of dim %u of %s does not fall on the "
+				     "%llu-element blocks of the FP8 scales (%s, weight_block_size): choose "
+				     "a tensor/expert parallel size that cuts whole blocks",
+				     pname, (unsigned long long)a, (unsigned long long)e, d, f->name,
+				     (unsigned long long)q, nm);
+			}
+			sb[i].start[d] = a / q;
+			sb[i].ext[d] = (e + q - 1) / q - a / q;
+		}
+		*rows += sb[i].ext[0];
+	}
+	return 0;
+}
+
 static int emit(struct ctx *c, const struct etensor *et, int64_t L, int64_t nstack, int64_t E0)
 {
 	struct block b[MAXBLK];
@@ -1318,67 +1508,40 @@ static int emit(struct ctx *c, const struct etensor *et, int64_t L, int64_t nsta
 	ret = expand(c->m, et->name, L, l, E0, 0, pname);
 	if (ret < 0)
 		FAIL(c, "cannot expand physical name %s", et->name);
-	ret = out_grow(c, 1, (size_t)(nb * nslot));
-	if (ret < 0)
-		return ret;
-	struct wex_phys *t = &c->out->t[c->out->nt];
-	uint32_t ind = f[0]->ndim ? f[0]->ndim : 1;
-	uint64_t inner_shape[WEX_MAX_DIMS];
-	int64_t st[WEX_MAX_DIMS];
-	int dtype = ft_dtype(c->m, f[0]);
-	size_t esz = wex_dtype_size(dtype);
-
 	for (int i = 1; i < et->nroles; i++)
-		if (ft_dtype(c->m, f[i]) != dtype)
+		if (ft_dtype(c->m, f[i]) != ft_dtype(c->m, f[0]))
 			FAIL(c, "%s: fused tensors disagree on dtype", et->name);
-	memset(t, 0, sizeof(*t));
-	snprintf(t->name, sizeof(t->name), "%s", pname);
-	t->dtype = dtype;
-	inner_shape[0] = rows0;
-	for (uint32_t d = 1; d < ind; d++)
-		inner_shape[d] = nb ? b[0].ext[d] : f[0]->shape[d];
-	t->ndim = ind + (stack ? 1 : 0);
-	if (stack)
-		t->shape[0] = (uint64_t)nslot;
-	for (uint32_t d = 0; d < ind; d++)
-		t->shape[d + (stack ? 1 : 0)] = inner_shape[d];
-	/* C order strides of the inner tensor. */
-	uint64_t inner_elems = 1;
-	for (int d = (int)ind - 1; d >= 0; d--) {
-		st[d] = (int64_t)inner_elems;
-		inner_elems *= inner_shape[d];
-	}
-	t->nbytes = inner_elems * (uint64_t)nslot * esz;
-	t->first = c->out->np;
-	for (int64_t s = 0; s < nslot; s++) {
-		const struct block *bb = s < nstack ? b : bs;
-		uint64_t row = 0;
+	for (int i = 1; i < et->nroles; i++)
+		if ((f[i]->scale < 0) != (f[0]->scale < 0))
+			FAIL(c, "%s: fuses FP8 and unquantized tensors", et->name);
+	ret = emit_phys(c, pname, f[0], b, nb, rows0, bs, nstack, nslot, stack, L, l, E0);
+	if (ret < 0 || f[0]->scale < 0)
+		return ret;
+	/* FP8 block scales: a second tensor cut like the weight, in blocks
+	 * (vLLM's and SGLang's weight_scale_inv beside every FP8 weight). */
+	{
+		struct block sb[MAXBLK], sbs[MAXBLK];
+		uint64_t srows = 0;
+		size_t n = strlen(pname);
 
-		for (int i = 0; i < nb; i++) {
-			struct wex_tensor *p = &c->out->p[c->out->np++];
-			const struct ftensor *ff = bb[i].f;
-
-			memset(p, 0, sizeof(*p));
-			ret = expand(c->m, ff->name, L, l, E0 + s, s, p->name);
-			if (ret < 0)
-				FAIL(c, "cannot expand canonical name %s", ff->name);
-			p->dtype = dtype;
-			p->ndim = ff->ndim;
-			for (uint32_t d = 0; d < ff->ndim; d++) {
-				p->shape[d] = ff->shape[d];
-				p->start[d] = bb[i].start[d];
-				p->extent[d] = bb[i].ext[d];
-				p->strides[d] = st[d];
-			}
-			p->segment = (uint32_t)c->out->nt;
-			p->offset = ((uint64_t)s * inner_elems + row * (uint64_t)st[0]) * esz;
-			row += ff->ndim ? bb[i].ext[0] : 1;
-		}
+		if (!json_is_true(json_object_get(c->eng, "fp8_block_scales")))
+			FAIL(c, "engine %s has no layout for FP8 block scales: %s_scale_inv (and the FP8 "
+			     "weights) cannot be placed; convert FP8 checkpoints to hf, vllm or sglang",
+			     json_string_value(json_object_get(c->eng, "engine")) ?: "?", pname);
+		if (n < 6 || strcmp(pname + n - 6, "weight") || n + 10 >= sizeof(pname))
+			FAIL(c, "%s: an FP8 weight's physical name must end in weight", pname);
+		ret = scale_blocks(c, pname, b, sb, nb, &srows);
+		if (ret == 0 && nslot > nstack)
+			ret = scale_blocks(c, pname, bs, sbs, nb, &srows);
+		if (ret < 0)
+			return ret;
+		srows = 0;
+		for (int i = 0; i < nb; i++)
+			srows += sb[i].ext[0];
+		snprintf(pname + n, sizeof(pname) - n, "_scale_inv");
+		return emit_phys(c, pname, &c->m->ft[f[0]->scale], sb, nb, srows, sbs, nstack, nslot,
+				 stack, L, l, E0);
 	}
-	t->npieces = c->out->np - t->first;
-	c->out->total_bytes += t->nbytes;
-	c->out->nt++;
-	return 0;
 }
 
 static int parse_etensor(struct ctx *c, json_t *v, struct etensor *et)
@@ -1542,16 +1705,25 @@ int wex__layout_rank(const struct wex_model *m, const struct wex_layout_spec *sp
 				continue;
 			if (et.experts == 1) {
 				for (int64_t e = 0; e < nloc; e++) {
+					size_t nt0 = o.nt;
+
 					ret = emit(&c, &et, L, 1, c.epr * nloc + e);
 					if (ret < 0)
 						goto out;
-					/* {e} is the local index in the name. */
-					struct wex_phys *t = &o.t[o.nt - 1];
-					ret = expand(m, et.name, L, L - c.L0, c.epr * nloc + e, e, t->name);
-					if (ret < 0) {
-						seterr(err, errlen, "cannot expand physical name %s", et.name);
-						ret = -WEX_ELAYOUT;
-						goto out;
+					/* {e} is the local index in the name (of
+					 * the weight and of its FP8 scales). */
+					for (size_t k = nt0; k < o.nt; k++) {
+						struct wex_phys *t = &o.t[k];
+
+						ret = expand(m, et.name, L, L - c.L0, c.epr * nloc + e, e, t->name);
+						if (ret < 0) {
+							seterr(err, errlen, "cannot expand physical name %s", et.name);
+							ret = -WEX_ELAYOUT;
+							goto out;
+						}
+						if (k > nt0)
+							strncat(t->name, "_scale_inv",
+								sizeof(t->name) - strlen(t->name) - 1);
 					}
 				}
 			} else {

@@ -781,11 +781,13 @@ int wexctl_cmd_convert(int argc, char **argv)
 		goto fail;
 	/* The checkpoint's own dtype wins over config.json's torch_dtype:
 	 * that of the first tensor the source layout names (a checkpoint may
-	 * carry other tensors too, e.g. an F32 rotary buffer, listed first). */
+	 * carry other tensors too, e.g. an F32 rotary buffer, listed first)
+	 * and gives the model's dtype (not an F32 router bias, FP8 weights
+	 * or their scales, whose dtypes the family pins). */
 	for (size_t i = 0; i < src.l[0].nt; i++) {
 		const struct wex_st_tensor *t = find_in(&rf[0], src.l[0].t[i].name);
 
-		if (!t)
+		if (!t || src.l[0].t[i].dtype != wex__model_dtype(m))
 			continue;
 		if (t->dtype != wex__model_dtype(m)) {
 			wex__model_set_dtype(m, t->dtype);

@@ -61,6 +61,7 @@ enum wex_dtype {
 	WEX_DT_BOOL, WEX_DT_U8, WEX_DT_I8, WEX_DT_I16, WEX_DT_U16,
 	WEX_DT_F16, WEX_DT_BF16, WEX_DT_I32, WEX_DT_U32, WEX_DT_F32,
 	WEX_DT_I64, WEX_DT_U64, WEX_DT_F64, WEX_DT_F8_E4M3, WEX_DT_F8_E5M2,
+	WEX_DT_F8_E8M0, /* an exponent: MX block scales */
 	WEX_DT_COUNT
 };
 /* Size of one element in bytes, or 0 for an invalid type. */

@@ -8,7 +8,9 @@
  * mlp_only_layers=[0] (dense MLPs on layers 0 and 2, experts on 1 and 3;
  * megatron pp=2 -> vllm tp=2) and a small DeepSeek-V3 model (MLA,
  * a dense first layer, shared experts; megatron tp=2,pp=2,ep=4,etp=1 with
- * an uneven first stage -> sglang tp=4,ep=2).  Each hop plans every destination
+ * an uneven first stage -> sglang tp=4,ep=2), and that DeepSeek-V3 FP8
+ * block-quantized (F8_E4M3 weights and F32 weight_scale_inv; vllm tp=2,ep=2
+ * -> sglang with the shared expert fused).  Each hop plans every destination
  * rank against all ranks of the previous layout.
  */
 #include "ptest.h"
@@ -107,5 +109,13 @@ int main(void)
 	     "\"q_lora_rank\":12,\"kv_lora_rank\":8,\"qk_nope_head_dim\":4,\"qk_rope_head_dim\":2,"
 	     "\"v_head_dim\":4,\"vocab_size\":129,\"torch_dtype\":\"bfloat16\"}",
 	     "megatron:tp=2,pp=2,dp=2,ep=4,etp=1,first=1", "sglang:tp=4,ep=2");
+	/* FP8 (block 4x4): F8_E4M3 weights with their F32 scales. */
+	trip("{\"model_type\":\"deepseek_v3\",\"hidden_size\":16,\"num_hidden_layers\":3,"
+	     "\"num_attention_heads\":4,\"intermediate_size\":24,\"moe_intermediate_size\":8,"
+	     "\"n_routed_experts\":8,\"n_shared_experts\":1,\"first_k_dense_replace\":1,"
+	     "\"q_lora_rank\":12,\"kv_lora_rank\":8,\"qk_nope_head_dim\":4,\"qk_rope_head_dim\":2,"
+	     "\"v_head_dim\":4,\"vocab_size\":129,\"torch_dtype\":\"bfloat16\","
+	     "\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":[4,4]}}",
+	     "vllm:tp=2,ep=2", "sglang:tp=2,fuse_shared=1");
 	return T_PASS;
 }

@@ -41,10 +41,10 @@ ERRNO_BASE = 4096
 
 # enum wex_dtype, in the header's order; names are safetensors'.
 DTYPES = ("INVALID", "BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32",
-          "U32", "F32", "I64", "U64", "F64", "F8_E4M3", "F8_E5M2")
+          "U32", "F32", "I64", "U64", "F64", "F8_E4M3", "F8_E5M2", "F8_E8M0")
 DTYPE_SIZE = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "F16": 2,
               "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8,
-              "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+              "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
 
 _F_SOCKET, _F_ROLE, _F_MODEL, _F_GROUP, _F_RANK = 1, 2, 4, 8, 16
 _F_TIMEOUT, _F_COPY_THREADS, _F_DEVICE = 32, 64, 128

@@ -29,7 +29,8 @@ _TO_WEX = {
     torch.float32: "F32", torch.int64: "I64", torch.float64: "F64",
 }
 for _n, _w in (("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64"),
-               ("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
+               ("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"),
+               ("float8_e8m0fnu", "F8_E8M0")):
     if hasattr(torch, _n):
         _TO_WEX[getattr(torch, _n)] = _w
 _FROM_WEX = {v: k for k, v in _TO_WEX.items()}
