@@ -841,7 +841,8 @@ static int layer_is_moe(const struct wex_model *m, int64_t L)
 		return 0;
 	if (step > 0 && (L + 1) % step)
 		return 0;
-	return !bsearch(&L, m->dense_list, m->ndense_list, sizeof(*m->dense_list), cmp_i64);
+	return !m->ndense_list ||
+	       !bsearch(&L, m->dense_list, m->ndense_list, sizeof(*m->dense_list), cmp_i64);
 }
 
 static int layer_has(const struct wex_model *m, int layers, int64_t L)
@@ -1353,13 +1354,12 @@ static int out_grow(struct ctx *c, size_t nt, size_t np)
 	return 0;
 }
 
-/* Emits one physical tensor: `nstack` copies of the inner blocks (one per
- * local expert, each from its own canonical tensors) or a plain one. */
-/* Emits one physical tensor named pname from blocks b (nstack slots) and,
- * for a slot past nstack, bs (the fused shared expert). */
+/* Emits physical tensor pname from blocks b (f0: the first role's
+ * tensor): nslot slots when stacked, those past nstack from bs (the fused
+ * shared expert). */
 static int emit_phys(struct ctx *c, const char *pname, const struct ftensor *f0,
-		     const struct block *b, int nb, uint64_t rows0, const struct block *bs, int64_t nstack, int64_t nslot, int stack,
-		     int64_t L, int64_t l, int64_t E0)
+		     const struct block *b, int nb, uint64_t rows0, const struct block *bs,
+		     int64_t nstack, int64_t nslot, int stack, int64_t L, int64_t l, int64_t E0)
 {
 	int ret = out_grow(c, 1, (size_t)(nb * nslot));
 
@@ -1456,6 +1456,9 @@ static int scale_blocks(struct ctx *c, const char *pname, const struct block *b,
 	return 0;
 }
 
+/* Emits one physical tensor: `nstack` copies of the inner blocks (one per
+ * local expert, each from its own canonical tensors) or a plain one; and
+ * after it, for FP8 weights, their scales cut the same way. */
 static int emit(struct ctx *c, const struct etensor *et, int64_t L, int64_t nstack, int64_t E0)
 {
 	struct block b[MAXBLK];
@@ -1530,14 +1533,13 @@ static int emit(struct ctx *c, const struct etensor *et, int64_t L, int64_t nsta
 			     json_string_value(json_object_get(c->eng, "engine")) ?: "?", pname);
 		if (n < 6 || strcmp(pname + n - 6, "weight") || n + 10 >= sizeof(pname))
 			FAIL(c, "%s: an FP8 weight's physical name must end in weight", pname);
+		uint64_t srows_s = 0;
+
 		ret = scale_blocks(c, pname, b, sb, nb, &srows);
 		if (ret == 0 && nslot > nstack)
-			ret = scale_blocks(c, pname, bs, sbs, nb, &srows);
+			ret = scale_blocks(c, pname, bs, sbs, nb, &srows_s);
 		if (ret < 0)
 			return ret;
-		srows = 0;
-		for (int i = 0; i < nb; i++)
-			srows += sb[i].ext[0];
 		snprintf(pname + n, sizeof(pname) - n, "_scale_inv");
 		return emit_phys(c, pname, &c->m->ft[f[0]->scale], sb, nb, srows, sbs, nstack, nslot,
 				 stack, L, l, E0);
