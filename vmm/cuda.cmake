@@ -120,4 +120,27 @@ if(WEX_HAVE_CUDA_HEADERS)
   set_tests_properties(gpu_sync_lost_copy_emul PROPERTIES TIMEOUT 300 LABELS "cuda;bench"
     PASS_REGULAR_EXPRESSION "\"check\":false,\"error\":\"tensors lacked their bytes"
     ENVIRONMENT "WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_SRC=${CMAKE_SOURCE_DIR};WEX_BENCH_GB=0.25;WEX_BENCH_TENSORS=40;WEX_BENCH_SEG_MB=64;WEX_BENCH_REPS=3;WEX_BENCH_TORCH=0;WEX_EMUL_LOSE_BYTES=1368928000-2190284800")
+  # The benchmarks' last line is their JSON object whatever happens, once,
+  # from the benchmark itself (tests/bench/bench_json.py): without a driver
+  # (exit 77), after a failed run (exit 1) and when terminated.
+  find_program(WEX_PYTHON3 python3 PATHS /usr/bin NO_DEFAULT_PATH)
+  find_program(WEX_PYTHON3 python3)
+  if(WEX_PYTHON3)
+    set(bj ${WEX_PYTHON3} ${CMAKE_SOURCE_DIR}/tests/bench/bench_json.py)
+    set(bj_emul "WEXD_BIN=$<TARGET_FILE:wexd>;WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_SRC=${CMAKE_SOURCE_DIR};WEX_BENCH_TORCH=0")
+    # host_staging: a wexd that cannot start; a driver that loses every
+    # copy (the check fails); SIGTERM mid-run (many versions, so that the
+    # run is still going).
+    add_test(NAME host_staging_json_fail_emul COMMAND ${bj} fail host_staging $<TARGET_FILE:host_staging>)
+    set_tests_properties(host_staging_json_fail_emul PROPERTIES ENVIRONMENT
+      "${bj_emul};WEXD_BIN=/bin/false;WEX_BENCH_GB=0.01;WEX_BENCH_TENSORS=8;WEX_BENCH_REPS=1")
+    add_test(NAME host_staging_lost_copy_emul COMMAND ${bj} fail host_staging $<TARGET_FILE:host_staging>)
+    set_tests_properties(host_staging_lost_copy_emul PROPERTIES ENVIRONMENT
+      "${bj_emul};WEX_BENCH_GB=0.01;WEX_BENCH_TENSORS=8;WEX_BENCH_REPS=1;WEX_EMUL_LOSE_BYTES=0-18446744073709551615")
+    add_test(NAME host_staging_json_term_emul COMMAND ${bj} term host_staging $<TARGET_FILE:host_staging>)
+    set_tests_properties(host_staging_json_term_emul PROPERTIES ENVIRONMENT
+      "${bj_emul};WEX_BENCH_GB=0.01;WEX_BENCH_TENSORS=8;WEX_BENCH_REPS=100000")
+    set_tests_properties(host_staging_json_fail_emul host_staging_lost_copy_emul
+      host_staging_json_term_emul PROPERTIES TIMEOUT 300 LABELS "cuda;bench")
+  endif()
 endif()
