@@ -140,7 +140,11 @@ if(WEX_HAVE_CUDA_HEADERS)
     add_test(NAME host_staging_json_term_emul COMMAND ${bj} term host_staging $<TARGET_FILE:host_staging>)
     set_tests_properties(host_staging_json_term_emul PROPERTIES ENVIRONMENT
       "${bj_emul};WEX_BENCH_GB=0.01;WEX_BENCH_TENSORS=8;WEX_BENCH_REPS=100000")
+    # gpu_sync: SIGTERM mid-run; the line has every key, the ratios too.
+    add_test(NAME gpu_sync_json_term_emul COMMAND ${bj} term gpu_sync $<TARGET_FILE:gpu_sync>)
+    set_tests_properties(gpu_sync_json_term_emul PROPERTIES ENVIRONMENT
+      "${bj_emul};WEX_BENCH_GB=0.01;WEX_BENCH_TENSORS=8;WEX_BENCH_REPS=100000;WEX_BENCH_JSON_KEYS=copy_vs_d2d,remap_ms,copy_vs_torch_ipc_per_tensor,remap_vs_torch_ipc_per_tensor")
     set_tests_properties(host_staging_json_fail_emul host_staging_lost_copy_emul
-      host_staging_json_term_emul PROPERTIES TIMEOUT 300 LABELS "cuda;bench")
+      host_staging_json_term_emul gpu_sync_json_term_emul PROPERTIES TIMEOUT 300 LABELS "cuda;bench")
   endif()
 endif()

@@ -39,7 +39,8 @@
  * for; wexd's request round trip (~0.1 ms) is in neither.
  * The last line is one JSON object, with every key, whatever happened
  * (without a GPU, after a failed process, when terminated: the figures
- * null, "error" saying why); ratios: copy_vs_d2d = copy GB/s / d2d
+ * null, "error" saying why; "torch_check" only where the torch helper
+ * reported one, "error" only where something went wrong); ratios: copy_vs_d2d = copy GB/s / d2d
  * GB/s; *_vs_torch_* = torch sync time / wex time (above 1: wex is
  * faster).  The torch figures include what a torch sync does every time
  * (reduce_tensor, cudaIpcOpenMemHandle), the wex copy and remap figures
@@ -389,17 +390,17 @@ struct torch {
 static volatile sig_atomic_t torch_pg;
 
 /* Terminated (a step's timeout): the python group goes too, and the last
- * line is still a JSON object, with the figures null. */
+ * line is still the JSON object, with every key (the figures null):
+ * print_json's, preformatted by main (make_term_line), so that only
+ * write() runs here. */
+static char term_line[8192];
+static size_t term_len;
+
 static void on_term(int sig)
 {
-	static const char line[] =
-		"\n{\"bench\":\"gpu_sync\",\"error\":\"terminated by a signal before the end\","
-		"\"check\":null,\"remap_ms\":null,\"copy_vs_d2d\":null,"
-		"\"copy_vs_torch_ipc_per_tensor\":null,\"remap_vs_torch_ipc_per_tensor\":null}\n";
-
 	if (torch_pg > 0)
 		kill(-(pid_t)torch_pg, SIGKILL);
-	if (write(1, line, sizeof(line) - 1) < 0) {
+	if (write(1, term_line, term_len) < 0) {
 		/* nothing more to do */
 	}
 	signal(sig, SIG_DFL);
@@ -607,12 +608,12 @@ static void run_torch(struct torch *T, double secs)
 		snprintf(T->reason, sizeof(T->reason), "gpu_sync_torch.py gave no figure");
 }
 
-static void json_num(const char *key, double v, int comma)
+static void json_num(FILE *f, const char *key, double v, int comma)
 {
 	if (isnan(v) || isinf(v))
-		printf("\"%s\":null%s", key, comma ? "," : "");
+		fprintf(f, "\"%s\":null%s", key, comma ? "," : "");
 	else
-		printf("\"%s\":%.4f%s", key, v, comma ? "," : "");
+		fprintf(f, "\"%s\":%.4f%s", key, v, comma ? "," : "");
 }
 
 /* "yes"/"no" for a target, "n/a" when a figure is missing. */
@@ -624,12 +625,13 @@ static const char *met(double v, double limit, int above)
 }
 
 /*
- * The last line: one JSON object with every key, whatever happened.  res
- * is NULL when the wex part gave no figures (its keys are null then), T
- * when the torch baseline was not tried; error, when not NULL, says what
- * went wrong.
+ * The last line: one JSON object with every key, whatever happened, to f
+ * (stdout; on_term's line is made by it too).  res is NULL when the wex
+ * part gave no figures (its keys are null then), T when the torch
+ * baseline was not tried; error, when not NULL, says what went wrong.
  */
-static void print_json(const struct result *res, const struct torch *T, const char *error)
+static void print_json(FILE *f, const struct result *res, const struct torch *T,
+		       const char *error)
 {
 	static const struct result none = {
 		.import_ms = NAN, .copy_ms = NAN, .d2d_ms = NAN, .remap_ms = NAN,
@@ -645,44 +647,78 @@ static void print_json(const struct result *res, const struct torch *T, const ch
 
 	if (!T)
 		T = &no_torch;
-	printf("{\"bench\":\"gpu_sync\",\"path\":\"cuda_vmm backend ops, 2 processes, fork+socketpair\","
+	fprintf(f, "{\"bench\":\"gpu_sync\",\"path\":\"cuda_vmm backend ops, 2 processes, fork+socketpair\","
 	       "\"device\":\"%s\",\"bytes\":%llu,\"tensors\":%zu,\"segments\":%zu,\"reps\":%d,"
 	       "\"check\":%s,",
 	       res ? res->device : "", (unsigned long long)L.total, L.n, L.nseg, reps,
 	       !res ? "null" : res->bad ? "false" : "true");
 	if (error)
-		printf("\"error\":\"%s\",", error);
-	json_num("import_ms", r->import_ms, 1);
-	json_num("remap_ms", r->remap_ms, 1);
-	json_num("remap_first_ms", r->remap_first_ms, 1);
-	json_num("remap_cold_ms", r->import_ms + r->remap_first_ms, 1);
-	json_num("unmap_fixed_ms", r->unmap_fixed_ms, 1);
-	json_num("unmap_fixed_first_ms", r->unmap_fixed_first_ms, 1);
-	json_num("copy_ms", r->copy_ms, 1);
-	json_num("copy_first_ms", r->copy_first_ms, 1);
-	json_num("d2d_ms", r->d2d_ms, 1);
-	json_num("d2d_first_ms", r->d2d_first_ms, 1);
-	json_num("copy_gbps", gbs / (r->copy_ms / 1e3), 1);
-	json_num("d2d_gbps", gbs / (r->d2d_ms / 1e3), 1);
-	json_num("copy_vs_d2d", r->d2d_ms / r->copy_ms, 1);
-	json_num("copy_unbatched_ms", r->copy_unbatched_ms, 1);
-	json_num("copy_unbatched_first_ms", r->copy_unbatched_first_ms, 1);
-	json_num("copy_unbatched_vs_d2d", r->d2d_ms / r->copy_unbatched_ms, 1);
-	printf("\"torch_baseline\":\"%s\",", torch_state[T->state]);
-	json_num("torch_ipc_per_tensor_ms", T->per_tensor, 1);
-	json_num("torch_ipc_per_tensor_first_ms", T->per_tensor_first, 1);
-	json_num("torch_ipc_bucket_ms", T->bucket, 1);
-	json_num("torch_ipc_bucket_first_ms", T->bucket_first, 1);
+		fprintf(f, "\"error\":\"%s\",", error);
+	json_num(f, "import_ms", r->import_ms, 1);
+	json_num(f, "remap_ms", r->remap_ms, 1);
+	json_num(f, "remap_first_ms", r->remap_first_ms, 1);
+	json_num(f, "remap_cold_ms", r->import_ms + r->remap_first_ms, 1);
+	json_num(f, "unmap_fixed_ms", r->unmap_fixed_ms, 1);
+	json_num(f, "unmap_fixed_first_ms", r->unmap_fixed_first_ms, 1);
+	json_num(f, "copy_ms", r->copy_ms, 1);
+	json_num(f, "copy_first_ms", r->copy_first_ms, 1);
+	json_num(f, "d2d_ms", r->d2d_ms, 1);
+	json_num(f, "d2d_first_ms", r->d2d_first_ms, 1);
+	json_num(f, "copy_gbps", gbs / (r->copy_ms / 1e3), 1);
+	json_num(f, "d2d_gbps", gbs / (r->d2d_ms / 1e3), 1);
+	json_num(f, "copy_vs_d2d", r->d2d_ms / r->copy_ms, 1);
+	json_num(f, "copy_unbatched_ms", r->copy_unbatched_ms, 1);
+	json_num(f, "copy_unbatched_first_ms", r->copy_unbatched_first_ms, 1);
+	json_num(f, "copy_unbatched_vs_d2d", r->d2d_ms / r->copy_unbatched_ms, 1);
+	fprintf(f, "\"torch_baseline\":\"%s\",", torch_state[T->state]);
+	json_num(f, "torch_ipc_per_tensor_ms", T->per_tensor, 1);
+	json_num(f, "torch_ipc_per_tensor_first_ms", T->per_tensor_first, 1);
+	json_num(f, "torch_ipc_bucket_ms", T->bucket, 1);
+	json_num(f, "torch_ipc_bucket_first_ms", T->bucket_first, 1);
 	if (T->check >= 0)
-		printf("\"torch_check\":%s,", T->check ? "true" : "false");
-	json_num("copy_vs_torch_ipc_per_tensor", T->per_tensor / r->copy_ms, 1);
-	json_num("remap_vs_torch_ipc_per_tensor", T->per_tensor / r->remap_ms, 1);
-	json_num("copy_vs_torch_ipc_bucket", T->bucket / r->copy_ms, 1);
-	json_num("remap_vs_torch_ipc_bucket", T->bucket / r->remap_ms, T->reason[0] != '\0');
+		fprintf(f, "\"torch_check\":%s,", T->check ? "true" : "false");
+	json_num(f, "copy_vs_torch_ipc_per_tensor", T->per_tensor / r->copy_ms, 1);
+	json_num(f, "remap_vs_torch_ipc_per_tensor", T->per_tensor / r->remap_ms, 1);
+	json_num(f, "copy_vs_torch_ipc_bucket", T->bucket / r->copy_ms, 1);
+	json_num(f, "remap_vs_torch_ipc_bucket", T->bucket / r->remap_ms, T->reason[0] != '\0');
 	if (T->reason[0])
-		printf("\"torch_reason\":\"%s\"", T->reason);
-	printf("}\n");
-	fflush(stdout);
+		fprintf(f, "\"torch_reason\":\"%s\"", T->reason);
+	fprintf(f, "}\n");
+	fflush(f);
+}
+
+/* print_json of a run cut short into term_line, after a newline (the
+ * signal may cut a line in the middle). */
+static void make_term_line(void)
+{
+	const struct torch none = { .per_tensor = NAN, .bucket = NAN, .per_tensor_first = NAN,
+				    .bucket_first = NAN, .check = -1, .state = TORCH_FAILED,
+				    .reason = "not finished: terminated by a signal" };
+	FILE *f = fmemopen(term_line, sizeof(term_line), "w");
+
+	if (!f)
+		return;
+	setvbuf(f, NULL, _IONBF, 0);
+	fputc('\n', f);
+	print_json(f, NULL, &none, "terminated by a signal before the end");
+	term_len = (size_t)ftell(f);
+	fclose(f);
+}
+
+/* The last line, once: a signal from here on waits until it is out, then
+ * ends us as it would have (on_term's line would be a second one). */
+static void last_line(const struct result *res, const struct torch *T, const char *error)
+{
+	sigset_t term;
+
+	sigemptyset(&term);
+	sigaddset(&term, SIGTERM);
+	sigaddset(&term, SIGINT);
+	sigprocmask(SIG_BLOCK, &term, NULL);
+	signal(SIGTERM, SIG_DFL);
+	signal(SIGINT, SIG_DFL);
+	print_json(stdout, res, T, error);
+	sigprocmask(SIG_UNBLOCK, &term, NULL);
 }
 
 int main(void)
@@ -704,7 +740,7 @@ int main(void)
 		reps = 1;
 	if (n == 0 || gb <= 0 || segmax == 0) {
 		fprintf(stderr, "bad WEX_BENCH_GB / WEX_BENCH_TENSORS / WEX_BENCH_SEG_MB\n");
-		print_json(NULL, NULL, "bad WEX_BENCH_GB / WEX_BENCH_TENSORS / WEX_BENCH_SEG_MB");
+		print_json(stdout, NULL, NULL, "bad WEX_BENCH_GB / WEX_BENCH_TENSORS / WEX_BENCH_SEG_MB");
 		return T_EXIT_FAIL;
 	}
 	make_layout(&L, gb, n, segmax);
@@ -714,9 +750,10 @@ int main(void)
 		for (char *c = err; *c; c++)
 			if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
 				*c = ' ';
-		print_json(NULL, NULL, err);
+		print_json(stdout, NULL, NULL, err);
 		return T_EXIT_SKIP;
 	}
+	make_term_line();
 	signal(SIGTERM, on_term);
 	signal(SIGINT, on_term);
 	printf("gpu_sync: %.2f GiB in %zu bf16 tensors, %zu segments, %d reps + 1 warm-up; "
@@ -756,7 +793,7 @@ int main(void)
 	else
 		printf("torch CUDA IPC: %s: %s\n", torch_state[T.state], T.reason);
 	if (ret) {
-		print_json(NULL, &T, "a benchmark process failed (see above)");
+		last_line(NULL, &T, "a benchmark process failed (see above)");
 		return T_EXIT_FAIL;
 	}
 	gbs = (double)res.bytes / 1e9;
@@ -778,9 +815,9 @@ int main(void)
 	       res.bad ? "FAILED" : "ok");
 	fail = res.bad || T.state == TORCH_FAILED || T.state == TORCH_PARTIAL ||
 	       (T.state == TORCH_UNAVAILABLE && env_num("WEX_BENCH_TORCH_REQUIRED", 0) != 0);
-	print_json(&res, &T, !fail ? NULL : res.bad ? "tensors lacked their bytes after a phase" :
-			     T.state == TORCH_PARTIAL ? "the torch bucket baseline failed" :
-			     T.state == TORCH_UNAVAILABLE ? "the torch baseline is unavailable here" :
-							"the torch baseline failed");
+	last_line(&res, &T, !fail ? NULL : res.bad ? "tensors lacked their bytes after a phase" :
+			    T.state == TORCH_PARTIAL ? "the torch bucket baseline failed" :
+			    T.state == TORCH_UNAVAILABLE ? "the torch baseline is unavailable here" :
+							   "the torch baseline failed");
 	return fail ? T_EXIT_FAIL : T_EXIT_PASS;
 }
