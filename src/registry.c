@@ -1782,6 +1782,14 @@ int wexd_service_waiters(struct wexd *d)
 	return next <= now ? 0 : (int)((next - now) / 1000000 + 1);
 }
 
+/*
+ * Waits ended here (the SIGTERM drain: ESHUTDOWN) are not observed in
+ * wex_begin_write_wait_seconds, unlike timeouts: from the drain on, wexd
+ * refuses "metrics" and new connections, and its metrics die with it, so
+ * nobody could ever read the observation.  A waiter that disconnects
+ * (wexd_conn_drop) is not observed either: nobody waits any more, and its
+ * wait has no end that a producer saw.
+ */
 void wexd_fail_waiters(struct wexd *d, int err, const char *why)
 {
 	for (struct conn *c = d->conns; c; c = c->next) {
