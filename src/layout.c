@@ -1094,6 +1094,12 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 
 		if (c->fuse_shared != 1)
 			FAIL(c, "fuse_shared is 0 or 1, not %lld", (long long)c->fuse_shared);
+		/* Qwen2-MoE scales its shared expert by sigmoid(shared_expert_gate
+		 * x): as one more routed slot it would lose that gate. */
+		if (wex__model_sym(m, "shared_gate") > 0)
+			FAIL(c, "fuse_shared=1: the shared expert is scaled by its own gate "
+			     "(mlp.shared_expert_gate.weight), so it cannot be fused into the routed "
+			     "experts; use fuse_shared=0");
 		if (nexp <= 0 || ns != 1)
 			FAIL(c, "fuse_shared=1 needs a model with routed experts and exactly one shared expert (n_shared_experts is %lld)",
 			     (long long)(ns > 0 ? ns : 0));

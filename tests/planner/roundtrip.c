@@ -10,8 +10,11 @@
  * a dense first layer, shared experts; megatron tp=2,pp=2,ep=4,etp=1 with
  * an uneven first stage -> sglang tp=4,ep=2), and that DeepSeek-V3 FP8
  * block-quantized (F8_E4M3 weights and F32 weight_scale_inv; vllm tp=2,ep=2
- * -> sglang with the shared expert fused).  Each hop plans every destination
- * rank against all ranks of the previous layout.
+ * -> sglang with the shared expert fused), and a small Qwen2-MoE (qkv
+ * biases, a sigmoid-gated shared expert, a dense layer from mlp_only_layers:
+ * vllm tp=2 -> sglang tp=2,ep=2 and megatron tp=2,pp=3,ep=2,etp=1 -> vllm
+ * tp=2,ep=2).  Each hop plans every destination rank against all ranks of
+ * the previous layout.
  */
 #include "ptest.h"
 
@@ -117,5 +120,11 @@ int main(void)
 	     "\"v_head_dim\":4,\"vocab_size\":129,\"torch_dtype\":\"bfloat16\","
 	     "\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":[4,4]}}",
 	     "vllm:tp=2,ep=2", "sglang:tp=2,fuse_shared=1");
+#define QWEN2_MOE "{\"model_type\":\"qwen2_moe\",\"hidden_size\":16,\"num_hidden_layers\":3," \
+	"\"num_attention_heads\":4,\"num_key_value_heads\":2,\"intermediate_size\":24," \
+	"\"moe_intermediate_size\":8,\"shared_expert_intermediate_size\":12,\"num_experts\":4," \
+	"\"mlp_only_layers\":[1],\"vocab_size\":101,\"torch_dtype\":\"bfloat16\"}"
+	trip(QWEN2_MOE, "vllm:tp=2", "sglang:tp=2,ep=2");
+	trip(QWEN2_MOE, "megatron:tp=2,pp=3,ep=2,etp=1", "vllm:tp=2,ep=2");
 	return T_PASS;
 }
