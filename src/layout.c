@@ -1430,9 +1430,14 @@ static int emit_phys(struct ctx *c, const char *pname, const struct ftensor *f0,
 
 /* FP8 scales of blocks b: the same boxes in units of quantization blocks;
  * a shard that does not start on a block boundary, or ends inside a block
- * short of its tensor's end, has no scales of its own: refused. */
+ * short of its tensor's end, has no scales of its own: refused.  Fused
+ * parts (qkv_proj, gate_up_proj, w13) stack their scales as vLLM's and
+ * SGLang's loaders do, part k at row ceil(offset_k / R): that is the
+ * concatenation of each part's own block rows only when every part but the
+ * last ends on a block (their validate_fp8_block_shape refuses the rest).
+ * L and E name the layer and expert in messages. */
 static int scale_blocks(struct ctx *c, const char *pname, const struct block *b, struct block *sb,
-			int nb, uint64_t *rows)
+			int nb, uint64_t *rows, int64_t L, int64_t E)
 {
 	for (int i = 0; i < nb; i++) {
 		const struct ftensor *f = b[i].f;
@@ -1442,20 +1447,28 @@ static int scale_blocks(struct ctx *c, const char *pname, const struct block *b,
 		sb[i].f = &c->m->ft[f->scale];
 		for (uint32_t d = 0; d < 2; d++) {
 			uint64_t q = c->m->qblk[d], a = b[i].start[d], e = a + b[i].ext[d];
+			char nm[WEX_NAME_MAX], wn[WEX_NAME_MAX];
 
-			if (a % q || (e % q && e != f->shape[d])) {
-				char nm[WEX_NAME_MAX];
-
-				if (expand(c->m, sb[i].f->name, 0, 0, 0, 0, nm) < 0)
-					snprintf(nm, sizeof(nm), "%s", sb[i].f->name);
+			if (!(a % q || (e % q && e != f->shape[d])) && !(d == 0 && i < nb - 1 && e % q)) {
+				sb[i].start[d] = a / q;
+				sb[i].ext[d] = (e + q - 1) / q - a / q;
+				continue;
+			}
+			if (expand(c->m, sb[i].f->name, L, L, E, E, nm) < 0)
+				snprintf(nm, sizeof(nm), "%s", sb[i].f->name);
+			if (expand(c->m, f->name, L, L, E, E, wn) < 0)
+				snprintf(wn, sizeof(wn), "%s", f->name);
+			if (a % q || (e % q && e != f->shape[d]))
 				FAIL(c, "%s: its shard [%llu, %llu) of dim %u of %s does not fall on the "
 				     "%llu-element blocks of the FP8 scales (%s, weight_block_size): choose "
 				     "a tensor/expert parallel size that cuts whole blocks",
-				     pname, (unsigned long long)a, (unsigned long long)e, d, f->name,
+				     pname, (unsigned long long)a, (unsigned long long)e, d, wn,
 				     (unsigned long long)q, nm);
-			}
-			sb[i].start[d] = a / q;
-			sb[i].ext[d] = (e + q - 1) / q - a / q;
+			FAIL(c, "%s: its part %s (rows [%llu, %llu)) ends inside a %llu-row block of the "
+			     "FP8 scales (%s, weight_block_size), so the fused scales of the parts after "
+			     "it cannot be placed: every fused part but the last must be a multiple of %llu rows",
+			     pname, wn, (unsigned long long)a, (unsigned long long)e,
+			     (unsigned long long)q, nm, (unsigned long long)q);
 		}
 		*rows += sb[i].ext[0];
 	}
@@ -1541,9 +1554,9 @@ static int emit(struct ctx *c, const struct etensor *et, int64_t L, int64_t nsta
 			FAIL(c, "%s: an FP8 weight's physical name must end in weight", pname);
 		uint64_t srows_s = 0;
 
-		ret = scale_blocks(c, pname, b, sb, nb, &srows);
+		ret = scale_blocks(c, pname, b, sb, nb, &srows, L, E0);
 		if (ret == 0 && nslot > nstack)
-			ret = scale_blocks(c, pname, bs, sbs, nb, &srows_s);
+			ret = scale_blocks(c, pname, bs, sbs, nb, &srows_s, L, 0);
 		if (ret < 0)
 			return ret;
 		snprintf(pname + n, sizeof(pname) - n, "_scale_inv");

@@ -14,7 +14,13 @@
  *  - a shard that cuts a block (vllm tp=4: q_b's 24 rows in 6) is refused
  *    naming the scales and the blocks; an engine with no FP8 layout
  *    (megatron) is refused naming the tensor, and so is the fp8 config for
- *    a family without quantized tensors (moe).
+ *    a family without quantized tensors (moe);
+ *  - a fused part that ends inside a block short of the last part
+ *    (q_lora_rank 10: q_a's 10 rows, then kv_a, in fused_qkv_a_proj) is
+ *    refused naming the part: vLLM places kv_a's scales at row ceil(10/4)
+ *    = 3 of ceil(20/4) = 5, not after q_a's 3 rows, and refuses such a
+ *    model (validate_fp8_block_shape); a shard error names the layer it
+ *    is at (the first MoE layer, 1), not layer 0.
  * roundtrip.c carries the same model hf -> vllm -> sglang (fused shared
  * expert) -> hf byte for byte.
  */
@@ -154,6 +160,23 @@ int main(void)
 
 	refused(m, "vllm:tp=4", "_scale_inv", "blocks");
 	refused(m, "megatron:tp=1", "linear_q_down_proj.weight_scale_inv", "FP8 block scales");
+	wex__model_free(m);
+
+	m = kat_model("{\"model_type\":\"deepseek_v3\",\"hidden_size\":16,\"num_hidden_layers\":2,"
+		      "\"num_attention_heads\":4,\"intermediate_size\":24,\"moe_intermediate_size\":8,"
+		      "\"n_routed_experts\":4,\"n_shared_experts\":1,\"first_k_dense_replace\":1,"
+		      "\"q_lora_rank\":10,\"kv_lora_rank\":8,\"qk_nope_head_dim\":4,"
+		      "\"qk_rope_head_dim\":2,\"v_head_dim\":4,\"vocab_size\":64,"
+		      "\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":[4,4]}}");
+	refused(m, "vllm:tp=1", "fused_qkv_a_proj.weight: its part model.layers.0.self_attn.q_a_proj.weight",
+		"multiple of 4 rows");
+	refused(m, "sglang:tp=1", "fused_qkv_a_proj_with_mqa.weight: its part", "q_a_proj");
+	wex__model_free(m);
+
+	/* moe_intermediate_size 8 over etp=4: 2 rows of a 4-row block, at layer 1. */
+	m = kat_model(DSV3(""));
+	refused(m, "vllm:tp=2,dp=2", "model.layers.1.mlp.experts.0.gate_proj.weight",
+		"model.layers.1.mlp.experts.0.gate_proj.weight_scale_inv");
 	wex__model_free(m);
 
 	m = kat_model(DSV3("\"fmt\":\"e5m2\","));
