@@ -83,6 +83,7 @@ struct wex_model {
 #define seterr wex__seterr
 
 static int layer_is_moe(const struct wex_model *m, int64_t L);
+static int layer_has(const struct wex_model *m, int layers, int64_t L);
 
 int64_t wex__model_sym(const struct wex_model *m, const char *name)
 {
@@ -753,7 +754,7 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 			any |= m->ft[t].scale >= 0;
 		if (!any) {
 			seterr(err, errlen, "config.json: FP8 block-quantized checkpoints "
-			       "(quantization_config) are not supported for family %s (only deepseek_v3)",
+			       "(quantization_config) are not supported for family %s (it marks no tensor quant)",
 			       m->family);
 			goto out;
 		}
@@ -791,6 +792,45 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 				       m->family, (long long)layers, (long long)(nexp > 0 ? nexp : 0),
 				       (unsigned long long)MODEL_MAX_TENSORS);
 				goto out;
+			}
+		}
+	}
+	/* FP8 checkpoints that keep some Linear weights in BF16 (transformers
+	 * skips a module whose name contains a modules_to_not_convert entry,
+	 * vLLM reads ignored_layers with rules of its own) are not described:
+	 * an entry that names a module the family quantizes is refused, one
+	 * that names lm_head or another unquantized module is harmless. */
+	for (int k = 0; m->fp8 && k < 2; k++) {
+		const char *key = k ? "ignored_layers" : "modules_to_not_convert";
+		json_t *list = json_object_get(json_object_get(cfg, "quantization_config"), key), *qv;
+		int64_t layers = wex__model_sym(m, "layers"), nexp = wex__model_sym(m, "nexp");
+		size_t qi;
+
+		json_array_foreach(list, qi, qv) {
+			const char *s = json_string_value(qv);
+
+			for (int t = 0; s && *s && t < m->nft; t++) {
+				const struct ftensor *f = &m->ft[t];
+				int64_t L0 = f->layers == LAY_NONE ? -1 : 0, L1 = f->layers == LAY_NONE ? 0 : layers;
+
+				for (int64_t L = L0; f->scale >= 0 && L < L1; L++) {
+					if (f->layers != LAY_NONE && !layer_has(m, f->layers, L))
+						continue;
+					for (int64_t E = 0; E < (f->experts ? nexp : 1); E++) {
+						char nm[WEX_NAME_MAX];
+
+						if (expand(m, f->name, L, L, E, E, nm) < 0)
+							continue;
+						nm[strlen(nm) - 7] = 0; /* the module: no ".weight" */
+						if (!strstr(nm, s))
+							continue;
+						seterr(err, errlen, "config.json: quantization_config %s lists \"%s\", "
+						       "which leaves %s unquantized: FP8 checkpoints with some Linear "
+						       "weights in BF16 are not supported", key, s, nm);
+						ret = -EINVAL;
+						goto out;
+					}
+				}
 			}
 		}
 	}

@@ -13,7 +13,8 @@
  * -> sglang with the shared expert fused), and a small Qwen2-MoE (qkv
  * biases, a sigmoid-gated shared expert, a dense layer from mlp_only_layers:
  * vllm tp=2 -> sglang tp=2,ep=2 and megatron tp=2,pp=3,ep=2,etp=1 -> vllm
- * tp=2,ep=2).  Each hop plans every destination rank against all ranks of
+ * tp=2,ep=2), and Qwen3 and that Qwen2-MoE block-quantized FP8 (vllm ->
+ * sglang).  Each hop plans every destination rank against all ranks of
  * the previous layout.
  */
 #include "ptest.h"
@@ -126,5 +127,17 @@ int main(void)
 	"\"mlp_only_layers\":[1],\"vocab_size\":101,\"torch_dtype\":\"bfloat16\"}"
 	trip(QWEN2_MOE, "vllm:tp=2", "sglang:tp=2,ep=2");
 	trip(QWEN2_MOE, "megatron:tp=2,pp=3,ep=2,etp=1", "vllm:tp=2,ep=2");
+	/* FP8 (block 4x4) for the llama and moe families. */
+	trip("{\"model_type\":\"qwen3\",\"hidden_size\":16,\"num_hidden_layers\":2,"
+	     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":4,"
+	     "\"intermediate_size\":24,\"vocab_size\":101,\"torch_dtype\":\"bfloat16\","
+	     "\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":[4,4]}}",
+	     "vllm:tp=2", "sglang:tp=2");
+	trip("{\"model_type\":\"qwen2_moe\",\"hidden_size\":16,\"num_hidden_layers\":3,"
+	     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"intermediate_size\":24,"
+	     "\"moe_intermediate_size\":8,\"shared_expert_intermediate_size\":16,\"num_experts\":4,"
+	     "\"mlp_only_layers\":[1],\"vocab_size\":101,\"torch_dtype\":\"bfloat16\","
+	     "\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":[4,4]}}",
+	     "vllm:tp=2,ep=2", "sglang:tp=2");
 	return T_PASS;
 }
