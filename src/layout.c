@@ -635,6 +635,18 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 			}
 			m->qblk[0] = (uint64_t)b0;
 			m->qblk[1] = (uint64_t)b1;
+			{
+				/* Static activation scales would be input_scale
+				 * tensors no family describes (dropped on convert);
+				 * vLLM refuses them with block scales too. */
+				const char *as = json_string_value(json_object_get(q, "activation_scheme"));
+
+				if (as && strcmp(as, "dynamic")) {
+					seterr(err, errlen, "config.json: FP8 quantization_config activation_scheme "
+					       "\"%s\": only \"dynamic\" (no input_scale tensors) is supported", as);
+					goto out;
+				}
+			}
 		}
 	}
 	json_t *ts = json_object_get(fam, "tensors");

@@ -20,7 +20,10 @@
  *    refused naming the part: vLLM places kv_a's scales at row ceil(10/4)
  *    = 3 of ceil(20/4) = 5, not after q_a's 3 rows, and refuses such a
  *    model (validate_fp8_block_shape); a shard error names the layer it
- *    is at (the first MoE layer, 1), not layer 0.
+ *    is at (the first MoE layer, 1), not layer 0;
+ *  - activation_scheme static (per-tensor input_scale tensors the families
+ *    do not describe, and vLLM refuses with block scales) is refused
+ *    naming the key; dynamic is accepted.
  * roundtrip.c carries the same model hf -> vllm -> sglang (fused shared
  * expert) -> hf byte for byte.
  */
@@ -112,6 +115,7 @@ int main(void)
 	struct wex_model *m;
 	struct wex_rank_layout l;
 	const struct wex_phys *t;
+	char err[256] = "";
 
 	st_types();
 
@@ -176,6 +180,14 @@ int main(void)
 	m = kat_model(DSV3(""));
 	refused(m, "vllm:tp=2,dp=2", "model.layers.1.mlp.experts.0.gate_proj.weight",
 		"model.layers.1.mlp.experts.0.gate_proj.weight_scale_inv");
+	wex__model_free(m);
+
+	/* activation_scheme static: input_scale tensors, not described. */
+	m = NULL;
+	CHECK(wex__model_from_text(DSV3("\"activation_scheme\":\"static\","), NULL, &m, err,
+				   sizeof(err)) < 0 && strstr(err, "activation_scheme"),
+	      "activation_scheme static accepted: %s", err);
+	m = kat_model(DSV3("\"activation_scheme\":\"dynamic\","));
 	wex__model_free(m);
 
 	m = kat_model(DSV3("\"fmt\":\"e5m2\","));
