@@ -25,6 +25,10 @@
  * GPU link next to Awex's published figure (quoted, not measured here: 6 s
  * for a 1T-parameter model).  Last line: one JSON object.
  * Usage: plan_scale [config.json]   (default: $WEX_SRC/tests/data/...)
+ * For measuring the planner (e.g. under callgrind): WEX_PLAN_SCALE_INSTANCES
+ * plans fewer (or more) instances than 32, and WEX_PLAN_SCALE_HASH=1 prints
+ * a hash over every plan's hash to stderr, so that a change to the planner
+ * can be checked to leave its output byte for byte the same.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,9 +88,14 @@ int main(int argc, char **argv)
 		fprintf(stderr, "plan_scale: %s\n", err);
 		return 1;
 	}
-	uint32_t per = cw;
+	uint32_t per = cw, instances = INSTANCES;
+	const char *env = getenv("WEX_PLAN_SCALE_INSTANCES");
+	int print_hash = getenv("WEX_PLAN_SCALE_HASH") && atoi(getenv("WEX_PLAN_SCALE_HASH"));
+	uint64_t all_hash = 1469598103934665603ull;
 
-	cw = per * INSTANCES;
+	if (env && atoi(env) > 0)
+		instances = (uint32_t)atoi(env);
+	cw = per * instances;
 	double t0 = now();
 	struct wex_rank_layout *pl_l = calloc(pw, sizeof(*pl_l)), *cl = calloc(per, sizeof(*cl));
 	struct wex_plan_src *srcs = calloc(pw, sizeof(*srcs));
@@ -118,7 +127,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "plan_scale: %s\n", err);
 		return 1;
 	}
-	for (uint32_t inst = 0; inst < INSTANCES; inst++) {
+	for (uint32_t inst = 0; inst < instances; inst++) {
 		for (uint32_t r = 0; r < per; r++)
 			dsts[r] = (struct wex_plan_dst){ inst * per + r, cl[r].p, cl[r].np };
 		if (wex__planner_plan_group(pl, dsts, per, cw, plans, err, sizeof(err)) < 0) {
@@ -129,10 +138,14 @@ int main(int argc, char **argv)
 			if (plans[r]->stats.bytes_needed > busiest_dst)
 				busiest_dst = plans[r]->stats.bytes_needed;
 			ops += plans[r]->nops;
+			all_hash = (all_hash ^ plans[r]->hash) * 1099511628211ull;
 			wex__plan_free(plans[r]);
 		}
 	}
 	double t_plan = now() - t1, c_plan = cpu_now() - c1;
+	if (print_hash)
+		fprintf(stderr, "plan_scale: %u instances, hash over all plans %016llx\n", instances,
+			(unsigned long long)all_hash);
 	struct wex_plan_stats st;
 	wex__planner_stats(pl, &st);
 	struct rusage ru;
@@ -148,7 +161,7 @@ int main(int argc, char **argv)
 	printf("model                DeepSeek-V3 (%s), bf16, %.1f GB per instance (padding and replicated norms included)\n",
 	       wex__model_family(m), (double)model_bytes / 1e9);
 	printf("producer             %s: %u GPUs, %zu pieces\n", from, pw, npieces);
-	printf("consumer             %s: %u instances x %u GPUs\n", to, INSTANCES, per);
+	printf("consumer             %s: %u instances x %u GPUs\n", to, instances, per);
 	printf("layout time          %.3f s (not counted as planning)\n", t_layout);
 	printf("plan time            %.3f s on one core (CPU time; limit 2 s: %.2fx of limit), %.3f s wall\n",
 	       c_plan, c_plan / 2.0, t_plan);
