@@ -135,13 +135,11 @@ static uint64_t mix64(uint64_t x)
 	return x;
 }
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
+static int grow_slow(void **p, size_t *cap, size_t need, size_t elem)
 {
 	size_t c = *cap ? *cap : 64;
 	void *n;
 
-	if (need <= *cap)
-		return 0;
 	while (c < need)
 		c *= 2;
 	n = realloc(*p, c * elem);
@@ -150,6 +148,15 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
 	*p = n;
 	*cap = c;
 	return 0;
+}
+
+/* Called once per cell, candidate and op: the check that almost always
+ * passes is inlined, the realloc is not. */
+static inline int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+	if (need <= *cap)
+		return 0;
+	return grow_slow(p, cap, need, elem);
 }
 
 /* Elements of a piece's box; a 0-dim tensor is one element. */
