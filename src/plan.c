@@ -64,6 +64,7 @@ struct wex_planner {
 	uint64_t *load;    /* bytes read from srcs[i] over all plans */
 	uint64_t *stamp;   /* per source: last cell that listed it */
 	uint64_t serial;
+	int any_near;      /* some source can be near: cells filter candidates */
 	/* holder sets */
 	struct hset *hs;
 	size_t nhs, caphs;
@@ -285,6 +286,13 @@ int wex__planner_new(const struct wex_plan_src *srcs, size_t nsrc, struct wex_pl
 	if (!pl->ent || !pl->load || !pl->stamp || !pl->names || !pl->ntab)
 		goto err;
 	for (size_t i = 0; i < nsrc; i++) {
+		if (srcs[i].near_seg) {
+			for (uint32_t g = 0; g < srcs[i].nnear_seg; g++)
+				if (srcs[i].near_seg[g])
+					pl->any_near = 1;
+		} else if (srcs[i].near) {
+			pl->any_near = 1;
+		}
 		for (size_t j = 0; j < srcs[i].n; j++) {
 			const struct wex_tensor *t = &srcs[i].t[j];
 			uint64_t h;
@@ -609,7 +617,7 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 			w->cands[w->ncands++] = (struct cand){ hits[i]->src, s };
 		}
 		c.ncand = (uint32_t)(w->ncands - c.cand_off);
-		if (c.ncand > 1) {
+		if (c.ncand > 1 && pl->any_near) {
 			/* Holders on the consumer's own device first: a copy
 			 * there reads local memory instead of crossing a link. */
 			uint32_t nnear = 0;
