@@ -1031,17 +1031,34 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 			struct cell *c = order[i];
 			uint64_t h = cell_hash(c) +
 				     (group ? 0 : dsts[c->plan].crank);
-			uint32_t best = (uint32_t)(h % c->ncand);
+			const struct cand *cc = &w.cands[c->cand_off];
+			uint32_t n = c->ncand, best = (uint32_t)(h % n);
+			uint64_t bl = pl->load[cc[best].src];
 
-			for (uint32_t q = 1; q < c->ncand; q++) {
-				uint32_t j = (uint32_t)((q + h) % c->ncand);
+			if (h <= UINT64_MAX - n) {
+				/* Holders in the order (h + q) % n, counted without
+				 * a division per holder. */
+				for (uint32_t q = 1, j = best; q < n; q++) {
+					if (++j == n)
+						j = 0;
+					if (pl->load[cc[j].src] < bl) {
+						best = j;
+						bl = pl->load[cc[j].src];
+					}
+				}
+			} else {
+				/* h + q wraps around 2^64: keep that order. */
+				for (uint32_t q = 1; q < n; q++) {
+					uint32_t j = (uint32_t)((q + h) % n);
 
-				if (pl->load[w.cands[c->cand_off + j].src] <
-				    pl->load[w.cands[c->cand_off + best].src])
-					best = j;
+					if (pl->load[cc[j].src] < bl) {
+						best = j;
+						bl = pl->load[cc[j].src];
+					}
+				}
 			}
 			c->chosen = (int32_t)best;
-			pl->load[w.cands[c->cand_off + best].src] += c->bytes;
+			pl->load[cc[best].src] += c->bytes;
 		}
 	}
 	/* Emit in a deterministic order: plan, piece, cell position. */
