@@ -72,6 +72,7 @@ struct wex_planner {
 	size_t htab_mask;
 	uint32_t *hmem;
 	size_t nhmem, caphmem;
+	uint32_t *hsingle; /* per source: index + 1 of the set of it alone */
 	/* totals */
 	uint64_t needed, moved, ops;
 	struct work *w;    /* scratch kept between calls */
@@ -278,12 +279,13 @@ int wex__planner_new(const struct wex_plan_src *srcs, size_t nsrc, struct wex_pl
 	pl->ent = calloc(total ? total : 1, sizeof(*pl->ent));
 	pl->load = calloc(nsrc ? nsrc : 1, sizeof(uint64_t));
 	pl->stamp = calloc(nsrc ? nsrc : 1, sizeof(uint64_t));
+	pl->hsingle = calloc(nsrc ? nsrc : 1, sizeof(uint32_t));
 	pl->names = calloc(total ? total : 1, sizeof(*pl->names));
 	while (tabn < 2 * total + 16)
 		tabn *= 2;
 	pl->ntab = calloc(tabn, sizeof(uint32_t));
 	pl->ntab_mask = tabn - 1;
-	if (!pl->ent || !pl->load || !pl->stamp || !pl->names || !pl->ntab)
+	if (!pl->ent || !pl->load || !pl->stamp || !pl->hsingle || !pl->names || !pl->ntab)
 		goto err;
 	for (size_t i = 0; i < nsrc; i++) {
 		if (srcs[i].near_seg) {
@@ -368,6 +370,7 @@ void wex__planner_free(struct wex_planner *pl)
 	free(pl->ntab);
 	free(pl->load);
 	free(pl->stamp);
+	free(pl->hsingle);
 	free(pl->hs);
 	free(pl->htab);
 	free(pl->hmem);
@@ -390,17 +393,28 @@ void wex__plan_free(struct wex_plan *p)
 	free(p);
 }
 
-/* Adds `bytes` of demand for the set of producer ranks in c[0..n). */
-static int hset_add(struct wex_planner *pl, const struct cand *c, uint32_t n, uint64_t bytes)
+#define HSET_NONE UINT32_MAX
+
+/* Adds `bytes` of demand for the set of producer ranks in c[0..n); *set is
+ * the set's index in pl->hs, HSET_NONE when it is not tracked. */
+static int hset_add(struct wex_planner *pl, const struct cand *c, uint32_t n, uint64_t bytes,
+		    uint32_t *set)
 {
 	uint32_t m[64];
 	uint64_t h = FNV0;
 
+	*set = HSET_NONE;
 	/* Too many holders to track: not tracked at all (a subset, with the
 	 * whole demand spread over fewer ranks, gave a bound above the true
 	 * one); the total bound still holds. */
 	if (n > 64)
 		return 0;
+	/* Most cells have one holder: its set is found without hashing. */
+	if (n == 1 && pl->hsingle[c[0].src]) {
+		*set = pl->hsingle[c[0].src] - 1;
+		pl->hs[*set].demand += bytes;
+		return 0;
+	}
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t v = c[i].src, j = i;
 
@@ -437,6 +451,7 @@ static int hset_add(struct wex_planner *pl, const struct cand *c, uint32_t n, ui
 
 		if (e->hash == h && e->n == n && !memcmp(&pl->hmem[e->off], m, n * sizeof(uint32_t))) {
 			e->demand += bytes;
+			*set = pl->htab[s] - 1;
 			return 0;
 		}
 	}
@@ -446,6 +461,9 @@ static int hset_add(struct wex_planner *pl, const struct cand *c, uint32_t n, ui
 	memcpy(&pl->hmem[pl->nhmem], m, n * sizeof(uint32_t));
 	pl->hs[pl->nhs] = (struct hset){ .hash = h, .off = (uint32_t)pl->nhmem, .n = n, .demand = bytes };
 	pl->nhmem += n;
+	*set = (uint32_t)pl->nhs;
+	if (n == 1)
+		pl->hsingle[m[0]] = *set + 1;
 	pl->htab[s] = (uint32_t)++pl->nhs;
 	return 0;
 }
@@ -942,10 +960,30 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 		}
 	}
 	/* Demand per holder set, for the lower bound (before splitting). */
-	for (size_t i = 0; i < w.ncells; i++) {
-		ret = hset_add(pl, &w.cands[w.cells[i].cand_off], w.cells[i].ncand, w.cells[i].bytes);
-		if (ret < 0)
-			goto out;
+	{
+		const struct cand *pc = NULL;
+		uint32_t pn = 0, pset = HSET_NONE;
+
+		for (size_t i = 0; i < w.ncells; i++) {
+			const struct cand *c = &w.cands[w.cells[i].cand_off];
+			uint32_t n = w.cells[i].ncand, k = 0;
+
+			/* Neighbouring cells often have the same holders, in the
+			 * same order: the previous cell's set, without hashing. */
+			if (n == pn && n > 1)
+				while (k < n && c[k].src == pc[k].src)
+					k++;
+			if (n == pn && n > 1 && k == n) {
+				if (pset != HSET_NONE)
+					pl->hs[pset].demand += w.cells[i].bytes;
+				continue;
+			}
+			ret = hset_add(pl, c, n, w.cells[i].bytes, &pset);
+			if (ret < 0)
+				goto out;
+			pc = c;
+			pn = n;
+		}
 	}
 	/* Cells with several holders may be split so that each holder serves a
 	 * part.  A group knows the bound its load must meet: greedy assignment
