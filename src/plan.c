@@ -17,6 +17,7 @@
  * Cells become strided copies; contiguous dims are merged, up to three outer
  * dims kept, the rest split, and neighbouring ops fused.
  */
+#include <assert.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -107,7 +108,6 @@ struct work {
 	size_t capbp;
 	struct cell **order;
 	size_t caporder;
-	int split;
 };
 
 #include "log.h"
@@ -694,7 +694,6 @@ static int split_cell(struct work *w, size_t ci, uint32_t k)
 		}
 	if (dim < 0 || k < 2)
 		return 0;
-	w->split = 1;
 	uint64_t e = c.ext[dim], inner = c.bytes / e;
 	for (uint32_t j = 0; j < k; j++) {
 		uint64_t a = e * j / k, b = e * (j + 1) / k;
@@ -931,6 +930,7 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 	size_t *caps = calloc(ndst ? ndst : 1, sizeof(size_t));
 	uint64_t *pload = calloc(pl->nsrc ? pl->nsrc : 1, sizeof(uint64_t));
 	struct cell **order = NULL;
+	size_t n0 = 0; /* cells before splitting */
 	int ret = -ENOMEM;
 
 	if (!pl->w)
@@ -945,7 +945,6 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 	/* Scratch arrays live in the planner: no page faults per call. */
 	w = *pl->w;
 	w.ncells = w.ncands = 0;
-	w.split = 0;
 	if (!plans || !caps || !pload)
 		goto out;
 	for (size_t r = 0; r < ndst; r++) {
@@ -994,8 +993,9 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 	 * chunks of at least SPLIT_MIN. */
 	{
 		uint32_t ranks = cworld ? cworld : 1;
-		size_t n0 = w.ncells;
 		uint64_t gran = 0;
+
+		n0 = w.ncells;
 
 		if (group) {
 			struct wex_plan_stats bs;
@@ -1099,12 +1099,26 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 			pl->load[cc[best].src] += c->bytes;
 		}
 	}
-	/* Emit in a deterministic order: plan, piece, cell position. */
-	/* Cells come out of cut_piece in this order unless split. */
-	if (w.split)
-		qsort(w.cells, w.ncells, sizeof(*w.cells), cell_order);
-	for (size_t i = 0; i < w.ncells; i++) {
-		struct cell *c = &w.cells[i];
+	/* Emit in a deterministic order: plan, piece, cell position.  Cells
+	 * come out of cut_piece in this order; splitting keeps the first chunk
+	 * in place and appends the others, so only those are sorted and the
+	 * two runs merged (keys are unique: the order is the full sort's). */
+	qsort(w.cells + n0, w.ncells - n0, sizeof(*w.cells), cell_order);
+#ifndef NDEBUG
+	const struct cell *prev = NULL;
+#endif
+	for (size_t a = 0, b = n0; a < n0 || b < w.ncells;) {
+		struct cell *c;
+
+		if (b == w.ncells || (a < n0 && cell_order(&w.cells[a], &w.cells[b]) < 0))
+			c = &w.cells[a++];
+		else
+			c = &w.cells[b++];
+#ifndef NDEBUG
+		/* Strictly increasing: the order a sort of all cells gives. */
+		assert(!prev || cell_order(prev, c) < 0);
+		prev = c;
+#endif
 		struct wex_plan *p = plans[c->plan];
 		const struct cand *cd = &w.cands[c->cand_off + (uint32_t)c->chosen];
 
