@@ -1104,6 +1104,20 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 	 * in place and appends the others, so only those are sorted and the
 	 * two runs merged (keys are unique: the order is the full sort's). */
 	qsort(w.cells + n0, w.ncells - n0, sizeof(*w.cells), cell_order);
+	/* Ops arrays sized once, at one op per cell (fusing makes fewer,
+	 * splitting outer dims more), instead of doubling from 64: caps[]
+	 * counts each plan's cells first. */
+	for (size_t i = 0; i < w.ncells; i++)
+		caps[w.cells[i].plan]++;
+	for (size_t r = 0; r < ndst; r++) {
+		size_t n = caps[r];
+
+		caps[r] = 0;
+		if (n && grow_slow((void **)&plans[r]->ops, &caps[r], n, sizeof(struct wex_plan_op))) {
+			ret = -ENOMEM;
+			goto out;
+		}
+	}
 #ifndef NDEBUG
 	const struct cell *prev = NULL;
 #endif
