@@ -171,7 +171,8 @@ static uint64_t box_elems(const struct wex_tensor *t)
 	return n;
 }
 
-void wex__tensor_strides(const struct wex_tensor *t, int64_t *s)
+/* Inlined where cells are emitted (two calls per cell). */
+static inline void tensor_strides(const struct wex_tensor *t, int64_t *s)
 {
 	int zero = 1;
 
@@ -188,6 +189,11 @@ void wex__tensor_strides(const struct wex_tensor *t, int64_t *s)
 		s[i] = acc;
 		acc *= (int64_t)t->extent[i];
 	}
+}
+
+void wex__tensor_strides(const struct wex_tensor *t, int64_t *s)
+{
+	tensor_strides(t, s);
 }
 
 static uint64_t name_hash(const char *s)
@@ -481,7 +487,7 @@ static int cand_near(const struct wex_planner *pl, const struct cand *cd)
 }
 
 static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_tensor *d, uint32_t di,
-		     uint32_t plan, char *err, size_t errlen)
+		     uint32_t plan, uint64_t *nbytes, char *err, size_t errlen)
 {
 	uint64_t h = name_hash(d->name);
 	long id = name_find(pl, d->name, h);
@@ -499,7 +505,11 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 	ret = check_piece(d, "consumer", err, errlen);
 	if (ret < 0)
 		return ret;
-	if (box_elems(d) == 0)
+	/* wex_tensor_nbytes(d), from the box and dtype already checked. */
+	uint64_t nel = box_elems(d);
+
+	*nbytes = nel * esz;
+	if (nel == 0)
 		return 0;
 	if (id < 0) {
 		seterr(err, errlen, "no producer holds %.*s", WEX_NAME_MAX, d->name);
@@ -775,8 +785,8 @@ static int emit_cell(struct wex_plan *p, size_t *cap, const struct cell *c, cons
 	int nv = 0;
 	uint64_t len = (uint64_t)esz;
 
-	wex__tensor_strides(s, ss);
-	wex__tensor_strides(d, ds);
+	tensor_strides(s, ss);
+	tensor_strides(d, ds);
 	for (uint32_t k = 0; k < c->ndim; k++) {
 		soff += (c->start[k] - s->start[k]) * (uint64_t)ss[k] * (uint64_t)esz;
 		doff += (c->start[k] - d->start[k]) * (uint64_t)ds[k] * (uint64_t)esz;
@@ -952,10 +962,14 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 		if (!plans[r])
 			goto out;
 		for (size_t i = 0; i < dsts[r].n; i++) {
-			ret = cut_piece(pl, &w, &dsts[r].t[i], (uint32_t)i, (uint32_t)r, err, errlen);
+			uint64_t nbytes = 0;
+
+			ret = cut_piece(pl, &w, &dsts[r].t[i], (uint32_t)i, (uint32_t)r, &nbytes, err,
+					errlen);
 			if (ret < 0)
 				goto out;
-			plans[r]->stats.bytes_needed += wex_tensor_nbytes(&dsts[r].t[i]);
+			assert(nbytes == wex_tensor_nbytes(&dsts[r].t[i]));
+			plans[r]->stats.bytes_needed += nbytes;
 		}
 	}
 	/* Demand per holder set, for the lower bound (before splitting). */
