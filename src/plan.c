@@ -486,6 +486,18 @@ static int cand_near(const struct wex_planner *pl, const struct cand *cd)
 	return s->near;
 }
 
+/* Whether source entry e holds cell c (whose first coordinates are c0, c1). */
+static inline int cell_in(const struct src_entry *e, const struct cell *c, uint64_t c0, uint64_t c1)
+{
+	const struct wex_tensor *s = e->t;
+	int in = c0 >= e->start0 && c0 < e->end0 && c1 >= e->start1 && c1 < e->end1;
+
+	for (uint32_t k = 2; k < c->ndim && in; k++)
+		if (c->start[k] < s->start[k] || c->start[k] >= s->start[k] + s->extent[k])
+			in = 0;
+	return in;
+}
+
 static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_tensor *d, uint32_t di,
 		     uint32_t plan, uint64_t *nbytes, char *err, size_t errlen)
 {
@@ -607,6 +619,11 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 				bp[k][u++] = bp[k][i];
 		nbp[k] = u;
 	}
+	/* No boundary inside the box: one cell, which every hit holds whole. */
+	int one = 1;
+	for (uint32_t k = 0; k < nd; k++)
+		if (nbp[k] != 2)
+			one = 0;
 	/* Walk the grid cells in C order. */
 	size_t idx[MAXD] = { 0 };
 	for (;;) {
@@ -626,11 +643,9 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 		for (size_t i = 0; i < nhit; i++) {
 			const struct src_entry *e = hits[i];
 			const struct wex_tensor *s = e->t;
-			int in = c0 >= e->start0 && c0 < e->end0 && c1 >= e->start1 && c1 < e->end1;
+			int in = one || cell_in(e, &c, c0, c1);
 
-			for (uint32_t k = 2; k < nd && in; k++)
-				if (c.start[k] < s->start[k] || c.start[k] >= s->start[k] + s->extent[k])
-					in = 0;
+			assert(in == cell_in(e, &c, c0, c1));
 			if (!in)
 				continue;
 			/* One candidate per producer rank (a rank holding an element
