@@ -711,12 +711,7 @@ static void last_line(const struct result *res, const struct torch *T, const cha
 {
 	sigset_t term;
 
-	sigemptyset(&term);
-	sigaddset(&term, SIGTERM);
-	sigaddset(&term, SIGINT);
-	sigprocmask(SIG_BLOCK, &term, NULL);
-	signal(SIGTERM, SIG_DFL);
-	signal(SIGINT, SIG_DFL);
+	bench_hold_term(&term);
 	print_json(stdout, res, T, error);
 	sigprocmask(SIG_UNBLOCK, &term, NULL);
 }

@@ -490,12 +490,7 @@ int main(void)
 	}
 	/* Exactly one JSON line: a signal from here on waits until it is
 	 * out, and then ends us as it would have (no second line). */
-	sigemptyset(&term);
-	sigaddset(&term, SIGTERM);
-	sigaddset(&term, SIGINT);
-	sigprocmask(SIG_BLOCK, &term, NULL);
-	signal(SIGTERM, SIG_DFL);
-	signal(SIGINT, SIG_DFL);
+	bench_hold_term(&term);
 	if (!got)
 		print_json(stdout, NULL, err);
 	else

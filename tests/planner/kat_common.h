@@ -53,4 +53,19 @@ static inline void kat_piece(const struct wex_rank_layout *l, const struct wex_p
 	      (unsigned long long)p->offset, (unsigned long long)prow);
 }
 
+/* `layout` of m must be refused (-WEX_ELAYOUT) with an error naming both
+ * `a` and `b`. */
+static inline void kat_refused(const struct wex_model *m, const char *layout, const char *a,
+			       const char *b)
+{
+	struct wex_layout_spec sp;
+	uint32_t w;
+	char err[512] = "";
+
+	CHECK(wex__layout_parse(layout, &sp, err, sizeof(err)) == 0, "%s", err);
+	CHECK(wex__layout_world(m, &sp, &w, err, sizeof(err)) == -WEX_ELAYOUT, "%s accepted", layout);
+	CHECK(strstr(err, a) && strstr(err, b), "%s: error does not name %s and %s: %s", layout, a, b,
+	      err);
+}
+
 #endif

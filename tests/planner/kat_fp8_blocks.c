@@ -66,17 +66,6 @@ static int has(const struct wex_rank_layout *l, const char *name)
 	return 0;
 }
 
-static void refused(const struct wex_model *m, const char *layout, const char *a, const char *b)
-{
-	struct wex_layout_spec sp;
-	uint32_t w;
-	char err[512] = "";
-
-	CHECK(wex__layout_parse(layout, &sp, err, sizeof(err)) == 0, "%s", err);
-	CHECK(wex__layout_world(m, &sp, &w, err, sizeof(err)) == -WEX_ELAYOUT, "%s accepted", layout);
-	CHECK(strstr(err, a) && strstr(err, b), "%s: error does not name %s and %s: %s", layout, a, b,
-	      err);
-}
 
 static void st_types(void)
 {
@@ -161,8 +150,8 @@ int main(void)
 	CHECK(t->shape[0] == 3 + 3 && t->shape[1] == 4, "fused_qkv_a_proj scales: q_a's 3 rows, kv_a's 3");
 	wex__rank_layout_free(&l);
 
-	refused(m, "vllm:tp=4", "_scale_inv", "blocks");
-	refused(m, "megatron:tp=1", "linear_q_down_proj.weight_scale_inv", "FP8 block scales");
+	kat_refused(m, "vllm:tp=4", "_scale_inv", "blocks");
+	kat_refused(m, "megatron:tp=1", "linear_q_down_proj.weight_scale_inv", "FP8 block scales");
 	wex__model_free(m);
 
 	m = kat_model("{\"model_type\":\"deepseek_v3\",\"hidden_size\":16,\"num_hidden_layers\":2,"
@@ -171,14 +160,14 @@ int main(void)
 		      "\"q_lora_rank\":10,\"kv_lora_rank\":8,\"qk_nope_head_dim\":4,"
 		      "\"qk_rope_head_dim\":2,\"v_head_dim\":4,\"vocab_size\":64,"
 		      "\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":[4,4]}}");
-	refused(m, "vllm:tp=1", "fused_qkv_a_proj.weight: its part model.layers.0.self_attn.q_a_proj.weight",
+	kat_refused(m, "vllm:tp=1", "fused_qkv_a_proj.weight: its part model.layers.0.self_attn.q_a_proj.weight",
 		"multiple of 4 rows");
-	refused(m, "sglang:tp=1", "fused_qkv_a_proj_with_mqa.weight: its part", "q_a_proj");
+	kat_refused(m, "sglang:tp=1", "fused_qkv_a_proj_with_mqa.weight: its part", "q_a_proj");
 	wex__model_free(m);
 
 	/* moe_intermediate_size 8 over etp=4: 2 rows of a 4-row block, at layer 1. */
 	m = kat_model(DSV3(""));
-	refused(m, "vllm:tp=2,dp=2", "model.layers.1.mlp.experts.0.gate_proj.weight",
+	kat_refused(m, "vllm:tp=2,dp=2", "model.layers.1.mlp.experts.0.gate_proj.weight",
 		"model.layers.1.mlp.experts.0.gate_proj.weight_scale_inv");
 	wex__model_free(m);
 

@@ -72,18 +72,6 @@ static void shape(const struct wex_phys *t, int dtype, uint32_t nd, uint64_t d0,
 	      (unsigned long long)t->shape[1], (unsigned long long)(nd > 2 ? t->shape[2] : 0));
 }
 
-static void refused_layout(const struct wex_model *m, const char *layout, const char *a,
-			   const char *b)
-{
-	struct wex_layout_spec sp;
-	uint32_t w;
-	char err[512] = "";
-
-	CHECK(wex__layout_parse(layout, &sp, err, sizeof(err)) == 0, "%s", err);
-	CHECK(wex__layout_world(m, &sp, &w, err, sizeof(err)) == -WEX_ELAYOUT, "%s accepted", layout);
-	CHECK(strstr(err, a) && strstr(err, b), "%s: error does not name %s and %s: %s", layout, a, b,
-	      err);
-}
 
 int main(void)
 {
@@ -127,9 +115,9 @@ int main(void)
 	CHECK(l.p[t->first].start[1] == 2 && l.p[t->first].extent[1] == 2, "o_proj scale columns");
 	shape(kat_find(&l, "model.layers.1.mlp.down_proj.weight_scale_inv"), WEX_DT_F32, 2, 4, 3, 0);
 	wex__rank_layout_free(&l);
-	refused_layout(m, "vllm:tp=4", "model.layers.0.mlp.gate_proj.weight",
+	kat_refused(m, "vllm:tp=4", "model.layers.0.mlp.gate_proj.weight",
 		       "model.layers.0.mlp.gate_proj.weight_scale_inv");
-	refused_layout(m, "megatron:tp=2", "FP8 block scales", "linear_qkv.weight_scale_inv");
+	kat_refused(m, "megatron:tp=2", "FP8 block scales", "linear_qkv.weight_scale_inv");
 	wex__model_free(m);
 
 	/* Mixed FP8/BF16 Linear weights are not described: refused. */
@@ -168,7 +156,7 @@ int main(void)
 	no_scales(&l, "model.layers.0.self_attn.qkv_proj.bias");
 	wex__rank_layout_free(&l);
 	/* moe_intermediate_size 8 over etp = tp*dp = 4: 2 rows, half a block. */
-	refused_layout(m, "vllm:tp=2,dp=2", "model.layers.0.mlp.experts.0.gate_proj.weight",
+	kat_refused(m, "vllm:tp=2,dp=2", "model.layers.0.mlp.experts.0.gate_proj.weight",
 		       "model.layers.0.mlp.experts.0.gate_proj.weight_scale_inv");
 	wex__model_free(m);
 	return T_PASS;
