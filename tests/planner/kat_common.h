@@ -53,6 +53,29 @@ static inline void kat_piece(const struct wex_rank_layout *l, const struct wex_p
 	      (unsigned long long)p->offset, (unsigned long long)prow);
 }
 
+/* Canonical tensor `name` of l must be `dtype` of shape [d0, d1], or [d0]
+ * where d1 is 0. */
+static inline const struct wex_tensor *kat_canon(const struct wex_rank_layout *l, const char *name,
+						 int dtype, uint64_t d0, uint64_t d1)
+{
+	for (size_t i = 0; i < l->np; i++) {
+		const struct wex_tensor *t = &l->p[i];
+
+		if (strcmp(t->name, name))
+			continue;
+		CHECK(t->dtype == dtype, "%s is %s, wanted %s", name, wex_dtype_name(t->dtype),
+		      wex_dtype_name(dtype));
+		CHECK(t->ndim == (d1 ? 2u : 1u) && t->shape[0] == d0 && (!d1 || t->shape[1] == d1),
+		      "%s is %uD %llux%llu, wanted %llux%llu", name, t->ndim,
+		      (unsigned long long)t->shape[0],
+		      (unsigned long long)(t->ndim > 1 ? t->shape[1] : 0), (unsigned long long)d0,
+		      (unsigned long long)d1);
+		return t;
+	}
+	CHECK(0, "no canonical tensor %s", name);
+	return NULL;
+}
+
 /* `layout` of m must be refused (-WEX_ELAYOUT) with an error naming both
  * `a` and `b`. */
 static inline void kat_refused(const struct wex_model *m, const char *layout, const char *a,

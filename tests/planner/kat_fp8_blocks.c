@@ -39,25 +39,6 @@
 	"\"v_head_dim\":4,\"vocab_size\":64,\"torch_dtype\":\"bfloat16\"," \
 	"\"quantization_config\":{\"quant_method\":\"fp8\"," FMT "\"weight_block_size\":[4,4]}}"
 
-static const struct wex_tensor *canon(const struct wex_rank_layout *l, const char *name, int dtype,
-				      uint64_t d0, uint64_t d1)
-{
-	for (size_t i = 0; i < l->np; i++) {
-		const struct wex_tensor *t = &l->p[i];
-
-		if (strcmp(t->name, name))
-			continue;
-		CHECK(t->dtype == dtype, "%s is %s, wanted %s", name, wex_dtype_name(t->dtype),
-		      wex_dtype_name(dtype));
-		CHECK(t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1,
-		      "%s is %llux%llu, wanted %llux%llu", name, (unsigned long long)t->shape[0],
-		      (unsigned long long)t->shape[1], (unsigned long long)d0, (unsigned long long)d1);
-		return t;
-	}
-	CHECK(0, "no canonical tensor %s", name);
-	return NULL;
-}
-
 static int has(const struct wex_rank_layout *l, const char *name)
 {
 	for (size_t i = 0; i < l->np; i++)
@@ -65,7 +46,6 @@ static int has(const struct wex_rank_layout *l, const char *name)
 			return 1;
 	return 0;
 }
-
 
 static void st_types(void)
 {
@@ -110,16 +90,16 @@ int main(void)
 
 	m = kat_model(DSV3("\"fmt\":\"e4m3\","));
 	kat_rank(m, "hf", 0, &l);
-	canon(&l, "model.layers.0.self_attn.q_a_proj.weight", WEX_DT_F8_E4M3, 12, 16);
-	canon(&l, "model.layers.0.self_attn.q_a_proj.weight_scale_inv", WEX_DT_F32, 3, 4);
-	canon(&l, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight_scale_inv", WEX_DT_F32, 3, 4);
-	canon(&l, "model.layers.0.mlp.gate_proj.weight_scale_inv", WEX_DT_F32, 6, 4);
-	canon(&l, "model.layers.1.mlp.experts.3.down_proj.weight", WEX_DT_F8_E4M3, 16, 8);
-	canon(&l, "model.layers.1.mlp.experts.3.down_proj.weight_scale_inv", WEX_DT_F32, 4, 2);
-	canon(&l, "model.layers.1.mlp.shared_experts.up_proj.weight_scale_inv", WEX_DT_F32, 2, 4);
-	canon(&l, "model.layers.1.mlp.gate.weight", WEX_DT_BF16, 4, 16);
-	canon(&l, "model.embed_tokens.weight", WEX_DT_BF16, 64, 16);
-	canon(&l, "lm_head.weight", WEX_DT_BF16, 64, 16);
+	kat_canon(&l, "model.layers.0.self_attn.q_a_proj.weight", WEX_DT_F8_E4M3, 12, 16);
+	kat_canon(&l, "model.layers.0.self_attn.q_a_proj.weight_scale_inv", WEX_DT_F32, 3, 4);
+	kat_canon(&l, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight_scale_inv", WEX_DT_F32, 3, 4);
+	kat_canon(&l, "model.layers.0.mlp.gate_proj.weight_scale_inv", WEX_DT_F32, 6, 4);
+	kat_canon(&l, "model.layers.1.mlp.experts.3.down_proj.weight", WEX_DT_F8_E4M3, 16, 8);
+	kat_canon(&l, "model.layers.1.mlp.experts.3.down_proj.weight_scale_inv", WEX_DT_F32, 4, 2);
+	kat_canon(&l, "model.layers.1.mlp.shared_experts.up_proj.weight_scale_inv", WEX_DT_F32, 2, 4);
+	kat_canon(&l, "model.layers.1.mlp.gate.weight", WEX_DT_BF16, 4, 16);
+	kat_canon(&l, "model.embed_tokens.weight", WEX_DT_BF16, 64, 16);
+	kat_canon(&l, "lm_head.weight", WEX_DT_BF16, 64, 16);
 	CHECK(!has(&l, "model.layers.1.mlp.gate.weight_scale_inv") &&
 	      !has(&l, "lm_head.weight_scale_inv") && !has(&l, "model.embed_tokens.weight_scale_inv"),
 	      "an unquantized tensor got scales");
@@ -181,7 +161,7 @@ int main(void)
 
 	m = kat_model(DSV3("\"fmt\":\"e5m2\","));
 	kat_rank(m, "hf", 0, &l);
-	canon(&l, "model.layers.0.self_attn.o_proj.weight", WEX_DT_F8_E5M2, 16, 16);
+	kat_canon(&l, "model.layers.0.self_attn.o_proj.weight", WEX_DT_F8_E5M2, 16, 16);
 	wex__rank_layout_free(&l);
 	wex__model_free(m);
 

@@ -32,25 +32,6 @@
 	"\"moe_intermediate_size\":8,\"shared_expert_intermediate_size\":16,\"num_experts\":4," \
 	"\"mlp_only_layers\":[1],\"vocab_size\":64,\"torch_dtype\":\"bfloat16\"," QCFG("")
 
-static void canon(const struct wex_rank_layout *l, const char *name, int dtype, uint64_t d0,
-		  uint64_t d1)
-{
-	for (size_t i = 0; i < l->np; i++) {
-		const struct wex_tensor *t = &l->p[i];
-
-		if (strcmp(t->name, name))
-			continue;
-		CHECK(t->dtype == dtype, "%s is %s, wanted %s", name, wex_dtype_name(t->dtype),
-		      wex_dtype_name(dtype));
-		CHECK(t->shape[0] == d0 && (t->ndim == 1 ? d1 == 0 : t->shape[1] == d1),
-		      "%s is %llux%llu, wanted %llux%llu", name, (unsigned long long)t->shape[0],
-		      (unsigned long long)(t->ndim > 1 ? t->shape[1] : 0), (unsigned long long)d0,
-		      (unsigned long long)d1);
-		return;
-	}
-	CHECK(0, "no canonical tensor %s", name);
-}
-
 /* No tensor, canonical or physical, named with a scale suffix after `stem`. */
 static void no_scales(const struct wex_rank_layout *l, const char *stem)
 {
@@ -72,7 +53,6 @@ static void shape(const struct wex_phys *t, int dtype, uint32_t nd, uint64_t d0,
 	      (unsigned long long)t->shape[1], (unsigned long long)(nd > 2 ? t->shape[2] : 0));
 }
 
-
 int main(void)
 {
 	struct wex_model *m = kat_model(QWEN3(""));
@@ -81,16 +61,16 @@ int main(void)
 	char err[512] = "";
 
 	kat_rank(m, "hf", 0, &l);
-	canon(&l, "model.layers.1.self_attn.q_proj.weight", WEX_DT_F8_E4M3, 16, 16);
-	canon(&l, "model.layers.1.self_attn.q_proj.weight_scale_inv", WEX_DT_F32, 4, 4);
-	canon(&l, "model.layers.1.self_attn.k_proj.weight_scale_inv", WEX_DT_F32, 2, 4);
-	canon(&l, "model.layers.1.self_attn.o_proj.weight", WEX_DT_F8_E4M3, 16, 16);
-	canon(&l, "model.layers.0.mlp.gate_proj.weight_scale_inv", WEX_DT_F32, 6, 4);
-	canon(&l, "model.layers.0.mlp.down_proj.weight", WEX_DT_F8_E4M3, 16, 24);
-	canon(&l, "model.layers.0.mlp.down_proj.weight_scale_inv", WEX_DT_F32, 4, 6);
-	canon(&l, "model.layers.0.self_attn.q_norm.weight", WEX_DT_BF16, 4, 0);
-	canon(&l, "model.embed_tokens.weight", WEX_DT_BF16, 64, 16);
-	canon(&l, "lm_head.weight", WEX_DT_BF16, 64, 16);
+	kat_canon(&l, "model.layers.1.self_attn.q_proj.weight", WEX_DT_F8_E4M3, 16, 16);
+	kat_canon(&l, "model.layers.1.self_attn.q_proj.weight_scale_inv", WEX_DT_F32, 4, 4);
+	kat_canon(&l, "model.layers.1.self_attn.k_proj.weight_scale_inv", WEX_DT_F32, 2, 4);
+	kat_canon(&l, "model.layers.1.self_attn.o_proj.weight", WEX_DT_F8_E4M3, 16, 16);
+	kat_canon(&l, "model.layers.0.mlp.gate_proj.weight_scale_inv", WEX_DT_F32, 6, 4);
+	kat_canon(&l, "model.layers.0.mlp.down_proj.weight", WEX_DT_F8_E4M3, 16, 24);
+	kat_canon(&l, "model.layers.0.mlp.down_proj.weight_scale_inv", WEX_DT_F32, 4, 6);
+	kat_canon(&l, "model.layers.0.self_attn.q_norm.weight", WEX_DT_BF16, 4, 0);
+	kat_canon(&l, "model.embed_tokens.weight", WEX_DT_BF16, 64, 16);
+	kat_canon(&l, "lm_head.weight", WEX_DT_BF16, 64, 16);
 	no_scales(&l, "lm_head.weight");
 	no_scales(&l, "model.embed_tokens.weight");
 	no_scales(&l, "model.layers.0.self_attn.q_norm.weight");
@@ -131,13 +111,13 @@ int main(void)
 
 	m = kat_model(QWEN2MOE);
 	kat_rank(m, "hf", 0, &l);
-	canon(&l, "model.layers.0.self_attn.q_proj.bias", WEX_DT_BF16, 16, 0);
-	canon(&l, "model.layers.0.mlp.gate.weight", WEX_DT_BF16, 4, 16);
-	canon(&l, "model.layers.0.mlp.shared_expert_gate.weight", WEX_DT_BF16, 1, 16);
-	canon(&l, "model.layers.0.mlp.experts.2.down_proj.weight", WEX_DT_F8_E4M3, 16, 8);
-	canon(&l, "model.layers.0.mlp.experts.2.down_proj.weight_scale_inv", WEX_DT_F32, 4, 2);
-	canon(&l, "model.layers.0.mlp.shared_expert.up_proj.weight_scale_inv", WEX_DT_F32, 4, 4);
-	canon(&l, "model.layers.1.mlp.up_proj.weight_scale_inv", WEX_DT_F32, 6, 4);
+	kat_canon(&l, "model.layers.0.self_attn.q_proj.bias", WEX_DT_BF16, 16, 0);
+	kat_canon(&l, "model.layers.0.mlp.gate.weight", WEX_DT_BF16, 4, 16);
+	kat_canon(&l, "model.layers.0.mlp.shared_expert_gate.weight", WEX_DT_BF16, 1, 16);
+	kat_canon(&l, "model.layers.0.mlp.experts.2.down_proj.weight", WEX_DT_F8_E4M3, 16, 8);
+	kat_canon(&l, "model.layers.0.mlp.experts.2.down_proj.weight_scale_inv", WEX_DT_F32, 4, 2);
+	kat_canon(&l, "model.layers.0.mlp.shared_expert.up_proj.weight_scale_inv", WEX_DT_F32, 4, 4);
+	kat_canon(&l, "model.layers.1.mlp.up_proj.weight_scale_inv", WEX_DT_F32, 6, 4);
 	no_scales(&l, "model.layers.0.mlp.gate.weight");
 	no_scales(&l, "model.layers.0.mlp.shared_expert_gate.weight");
 	no_scales(&l, "model.layers.0.self_attn.q_proj.bias");
