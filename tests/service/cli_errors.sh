@@ -92,6 +92,10 @@ rm -f "$TMP/held"; wait "$HOLD"
 i=0; until "$WEXCTL" status >/dev/null 2>"$TMP/err"; do
 	i=$((i+1)); [ $i -lt 200 ] || fail "status once the holder left: $(cat "$TMP/err")"; sleep 0.05
 done
+# The checks below connect one after the other: under max_clients 1 each
+# could find the last one's slot not yet freed.  A wexd without the limit.
+kill -TERM "$WEXD_PID"; wait "$WEXD_PID" || fail "wexd (max_clients 1) exited $? on SIGTERM"
+start_wexd
 # Output that cannot be written fails the command (a metrics file left
 # empty must not look written); a name that is not UTF-8 is refused, not
 # sent as no name (which listed every field).
