@@ -38,7 +38,8 @@ static void usage(FILE *f)
 		"  config get [NAME] | config set NAME VALUE\n"
 		"  plan --config config.json --from LAYOUT --to LAYOUT [--rank K] [--json]\n"
 		"       [--adapters DIR]    (plan --help: the LAYOUT syntax)\n"
-		"  convert --config config.json --from LAYOUT --to LAYOUT [--adapters DIR] IN OUTDIR\n"
+		"  convert --config config.json --from LAYOUT --to LAYOUT [--max-shard-size SIZE]\n"
+		"       [--adapters DIR] IN OUTDIR    (convert --help: what IN and OUTDIR hold)\n"
 		"The socket defaults to $WEX_SOCKET, $XDG_RUNTIME_DIR/wex/wexd.sock, /run/wex/wexd.sock.\n");
 }
 

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -41,7 +42,40 @@ struct opts {
 	int npos;
 	long rank;
 	int json;
+	uint64_t max_shard; /* convert --to hf: bytes of tensors per file */
 };
+
+#define HF_SHARD_DEFAULT 5000000000ull /* transformers' save_pretrained: "5GB" */
+
+/* A size as transformers' max_shard_size takes it: digits, then
+ * optionally B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB
+ * (of 1024), any case.  0 if it is not one, or is 0 or too large. */
+static uint64_t parse_size(const char *s)
+{
+	static const struct {
+		const char *unit;
+		uint64_t mul;
+	} units[] = {
+		{ "", 1 },		  { "B", 1 },		 { "KB", 1000ull },
+		{ "MB", 1000000ull },	  { "GB", 1000000000ull }, { "TB", 1000000000000ull },
+		{ "KIB", 1ull << 10 },	  { "MIB", 1ull << 20 },   { "GIB", 1ull << 30 },
+		{ "TIB", 1ull << 40 },
+	};
+	uint64_t v = 0;
+	const char *p = s;
+
+	if (*p < '0' || *p > '9')
+		return 0;
+	for (; *p >= '0' && *p <= '9'; p++) {
+		if (v > (UINT64_MAX - 9) / 10)
+			return 0;
+		v = v * 10 + (uint64_t)(*p - '0');
+	}
+	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+		if (!strcasecmp(p, units[i].unit))
+			return v && v <= UINT64_MAX / units[i].mul ? v * units[i].mul : 0;
+	return 0;
+}
 
 /* --help: to stdout, exit 0 (like wexctl --help); a usage error: stderr, 2. */
 static int usage(const char *cmd, int help)
@@ -53,18 +87,22 @@ static int usage(const char *cmd, int help)
 			   "[--rank K] [--json] [--adapters DIR]\n");
 	else
 		fprintf(f, "usage: wexctl convert --config config.json --from LAYOUT --to LAYOUT "
-			   "[--adapters DIR] IN OUTDIR\n");
+			   "[--max-shard-size SIZE] [--adapters DIR] IN OUTDIR\n");
 	fprintf(f, "  LAYOUT: ENGINE[:tp=N,pp=N,dp=N,ep=N,etp=N,first=N,last=N,fuse_shared=0|1]; "
 		   "engines: hf megatron megatron_grouped vllm sglang (fuse_shared: sglang)\n");
 	if (strcmp(cmd, "plan"))
 		fprintf(f, "  IN: a .safetensors file or a directory of them (an HF checkpoint, "
 			   "model.safetensors.index.json if there) when --from has one rank, else a "
 			   "directory of rank-K.safetensors; OUTDIR gets rank-K.safetensors, one per "
-			   "rank of --to (--to hf: also model.safetensors.index.json, and where OUTDIR has "
-			   "none config.json from --config and the tokenizer files (tokenizer.json, "
-			   "tokenizer_config.json, special_tokens_map.json, added_tokens.json, "
-			   "tokenizer.model, vocab.json, merges.txt, chat_template.jinja/.json) and "
-			   "generation_config.json found beside IN, else beside --config)\n");
+			   "rank of --to; --to hf writes a Hugging Face checkpoint instead: "
+			   "model.safetensors, or model-0000K-of-0000N.safetensors files of at most "
+			   "SIZE bytes of tensors each (--max-shard-size, default 5GB; B KB MB GB TB, "
+			   "KiB MiB GiB TiB), model.safetensors.index.json naming each tensor's file, and "
+			   "where OUTDIR has none config.json from --config and the tokenizer files "
+			   "(tokenizer.json, tokenizer_config.json, special_tokens_map.json, "
+			   "added_tokens.json, tokenizer.model, vocab.json, merges.txt, "
+			   "chat_template.jinja/.json) and generation_config.json found beside IN, else "
+			   "beside --config)\n");
 	return help ? 0 : 2;
 }
 
@@ -112,6 +150,24 @@ static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 				return -1;
 			}
 			continue;
+		} else if (!strcmp(a, "--max-shard-size")) {
+			if (!npos) {
+				fprintf(stderr, "wexctl %s: %s is an option of wexctl convert only\n",
+					cmd, a);
+				return -1;
+			}
+			if (i + 1 >= argc) {
+				fprintf(stderr, "wexctl %s: %s needs a value\n", cmd, a);
+				return -1;
+			}
+			o->max_shard = parse_size(argv[++i]);
+			if (!o->max_shard) {
+				fprintf(stderr, "wexctl %s: bad --max-shard-size '%s' (bytes, more than 0, "
+					"optionally followed by B KB MB GB TB KiB MiB GiB TiB)\n", cmd,
+					argv[i]);
+				return -1;
+			}
+			continue;
 		} else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
 			return 1;
 		} else if (a[0] == '-' && a[1] == '-') {
@@ -151,7 +207,14 @@ static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 			fprintf(stderr, "wexctl %s: %s %s\n", cmd, k ? "--to:" : "--from:", err);
 			return -1;
 		}
+		if (k && o->max_shard && strcmp(s.engine, "hf")) {
+			fprintf(stderr, "wexctl %s: --max-shard-size applies to --to hf only (--to %s "
+				"writes one file per rank)\n", cmd, o->to);
+			return -1;
+		}
 	}
+	if (npos && !o->max_shard)
+		o->max_shard = HF_SHARD_DEFAULT;
 	return 0;
 }
 
@@ -363,8 +426,9 @@ static int cmp_str(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The files of each source rank: a file (one rank), rank-K.safetensors,
- * an HF index, or every *.safetensors of a directory (one rank). */
+/* The files of each source rank: a file (one rank), an HF index (one
+ * rank), rank-K.safetensors, or every *.safetensors of a directory (one
+ * rank). */
 static int open_inputs(const char *in, uint32_t world, struct rank_files *rf, char *err,
 		       size_t errlen)
 {
@@ -381,25 +445,11 @@ static int open_inputs(const char *in, uint32_t world, struct rank_files *rf, ch
 			goto one_rank;
 		return add_file(&rf[0], in, err, errlen);
 	}
-	snprintf(path, sizeof(path), "%s/rank-0.safetensors", in);
-	if (stat(path, &st) == 0) {
-		for (uint32_t r = 0; r < world; r++) {
-			snprintf(path, sizeof(path), "%s/rank-%u.safetensors", in, r);
-			ret = add_file(&rf[r], path, err, errlen);
-			if (ret < 0)
-				return ret;
-		}
-		snprintf(path, sizeof(path), "%s/rank-%u.safetensors", in, world);
-		if (stat(path, &st) == 0) {
-			seterr(err, errlen, "%s holds more than the source layout's %u ranks", in, world);
-			return -EINVAL;
-		}
-		return 0;
-	}
-	if (world != 1)
-		goto one_rank;
+	/* An HF checkpoint's index names its files: read first, since a
+	 * directory may also hold files it does not name (an earlier
+	 * conversion's, which transformers and vLLM ignore as well). */
 	snprintf(path, sizeof(path), "%s/model.safetensors.index.json", in);
-	if (stat(path, &st) == 0) {
+	if (world == 1 && stat(path, &st) == 0) {
 		json_error_t je;
 		json_t *idx = json_load_file(path, 0, &je), *v;
 		const char *k, *names[4096];
@@ -442,6 +492,23 @@ static int open_inputs(const char *in, uint32_t world, struct rank_files *rf, ch
 		json_decref(idx);
 		return 0;
 	}
+	snprintf(path, sizeof(path), "%s/rank-0.safetensors", in);
+	if (stat(path, &st) == 0) {
+		for (uint32_t r = 0; r < world; r++) {
+			snprintf(path, sizeof(path), "%s/rank-%u.safetensors", in, r);
+			ret = add_file(&rf[r], path, err, errlen);
+			if (ret < 0)
+				return ret;
+		}
+		snprintf(path, sizeof(path), "%s/rank-%u.safetensors", in, world);
+		if (stat(path, &st) == 0) {
+			seterr(err, errlen, "%s holds more than the source layout's %u ranks", in, world);
+			return -EINVAL;
+		}
+		return 0;
+	}
+	if (world != 1)
+		goto one_rank;
 	{
 		DIR *d = opendir(in);
 		struct dirent *e;
@@ -672,36 +739,45 @@ static void dir_of(const char *path, char *out, size_t len)
 }
 
 /*
- * An hf target is a Hugging Face checkpoint directory: beside
- * rank-0.safetensors, model.safetensors.index.json naming that file for
- * every tensor (what transformers' from_pretrained and vLLM look for when
- * there is no model.safetensors), config.json copied from --config, and
- * the tokenizer and generation config (hf_side_files) from beside IN, else
- * beside --config, each only where OUTDIR has none.
+ * An hf target is a Hugging Face checkpoint directory, as transformers'
+ * save_pretrained writes one: the tensors in model.safetensors, or in
+ * model-0000K-of-0000N.safetensors files of at most --max-shard-size bytes
+ * of tensors each (one larger tensor alone in its file), in the family's
+ * order; model.safetensors.index.json naming each tensor's file (written
+ * for one file too: vLLM reads only the files an index names, so an
+ * earlier conversion's index must never outlive it); config.json copied
+ * from --config, and the tokenizer and generation config (hf_side_files)
+ * from beside IN, else beside --config, each only where OUTDIR has none.
  */
-static int hf_extras(const char *outdir, const char *in, const char *config, char *err,
-		     size_t errlen)
+static int hf_extras(const char *outdir, char *const *files, size_t nfiles, const char *in,
+		     const char *config, char *err, size_t errlen)
 {
-	struct wex_st_file f;
-	char path[4096], dirs[2][4096];
+	char dirs[2][4096];
 	json_t *idx, *map;
 	uint64_t total = 0;
 	char *text;
-	int ret;
+	int ret = -ENOMEM;
 
-	snprintf(path, sizeof(path), "%s/rank-0.safetensors", outdir);
-	ret = wex__st_open(path, &f, err, errlen);
-	if (ret < 0)
-		return ret;
 	idx = json_object();
 	map = json_object();
-	ret = -ENOMEM;
 	if (!idx || !map)
 		goto out;
-	for (size_t i = 0; i < f.n; i++) {
-		total += f.t[i].end - f.t[i].begin;
-		if (json_object_set_new(map, f.t[i].name, json_string("rank-0.safetensors")) < 0)
+	for (size_t k = 0; k < nfiles; k++) {
+		struct wex_st_file f;
+		const char *base = strrchr(files[k], '/') ? strrchr(files[k], '/') + 1 : files[k];
+
+		ret = wex__st_open(files[k], &f, err, errlen);
+		if (ret < 0)
 			goto out;
+		ret = -ENOMEM;
+		for (size_t i = 0; i < f.n; i++) {
+			total += f.t[i].end - f.t[i].begin;
+			if (json_object_set_new(map, f.t[i].name, json_string(base)) < 0) {
+				wex__st_close(&f);
+				goto out;
+			}
+		}
+		wex__st_close(&f);
 	}
 	if (json_object_set_new(idx, "metadata", json_pack("{s:I}", "total_size", (json_int_t)total)) < 0 ||
 	    json_object_set(idx, "weight_map", map) < 0)
@@ -731,8 +807,64 @@ out:
 		seterr(err, errlen, "out of memory");
 	json_decref(map);
 	json_decref(idx);
-	wex__st_close(&f);
 	return ret;
+}
+
+/* Warns of *.safetensors files in an hf OUTDIR that this conversion did
+ * not write (an earlier one's shards, or its rank-0.safetensors): the
+ * index leaves them out, as transformers and vLLM then do, but they are
+ * not part of the checkpoint. */
+static void hf_warn_strays(const char *outdir, char *const *files, size_t nfiles)
+{
+	DIR *d = opendir(outdir);
+	struct dirent *e;
+	char first[256] = "";
+	size_t n = 0;
+
+	if (!d)
+		return;
+	while ((e = readdir(d))) {
+		size_t l = strlen(e->d_name);
+		int ours = 0;
+
+		if (l <= 12 || strcmp(e->d_name + l - 12, ".safetensors"))
+			continue;
+		for (size_t k = 0; !ours && k < nfiles; k++) {
+			const char *base = strrchr(files[k], '/') ? strrchr(files[k], '/') + 1 : files[k];
+
+			ours = !strcmp(base, e->d_name);
+		}
+		if (!ours && !n++)
+			snprintf(first, sizeof(first), "%s", e->d_name);
+	}
+	closedir(d);
+	if (n)
+		fprintf(stderr, "wexctl convert: warning: %s holds %zu .safetensors file%s not from this "
+			"conversion (e.g. %s): model.safetensors.index.json does not name %s, but "
+			"remove %s before reading %s with tools that take every file\n", outdir, n,
+			n == 1 ? "" : "s", first, n == 1 ? "it" : "them", n == 1 ? "it" : "them",
+			outdir);
+}
+
+struct names {
+	char **v;
+	size_t cap;
+};
+
+/* Room for n names, the new slots NULL. */
+static int grow_names(struct names *nm, size_t n)
+{
+	char **v;
+
+	if (n <= nm->cap)
+		return 0;
+	v = realloc(nm->v, n * sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	memset(v + nm->cap, 0, (n - nm->cap) * sizeof(*v));
+	nm->v = v;
+	nm->cap = n;
+	return 0;
 }
 
 int wexctl_cmd_convert(int argc, char **argv)
@@ -746,7 +878,9 @@ int wexctl_cmd_convert(int argc, char **argv)
 	struct bases bs = { 0 };
 	char err[1024] = "";
 	int ret = 0, rc = 1;
-	uint32_t staged = 0; /* ranks written as .partial, removed on failure */
+	struct names names = { 0 }; /* the files written, as NAME.partial until renamed */
+	size_t nnames = 0;
+	int staged = 1, hf;
 
 	if ((ret = parse_opts(argc, argv, &o, 2)) != 0)
 		return usage("convert", ret == 1);
@@ -801,6 +935,13 @@ int wexctl_cmd_convert(int argc, char **argv)
 	ret = side_load(m, o.to, &dst, 0, err, sizeof(err));
 	if (ret < 0)
 		goto fail;
+	hf = !strcmp(dst.spec.engine, "hf");
+	if (hf && dst.world != 1) {
+		seterr(err, sizeof(err), "--to %s: a Hugging Face checkpoint is one copy of the model, "
+			 "not %u", o.to, dst.world);
+		ret = -EINVAL;
+		goto fail;
+	}
 	srcs = calloc(src.world, sizeof(*srcs));
 	bs.b = calloc(src.world, sizeof(*bs.b));
 	bs.n = src.world;
@@ -872,44 +1013,81 @@ int wexctl_cmd_convert(int argc, char **argv)
 		ret = -errno;
 		goto fail;
 	}
-	/* Every rank is written as rank-K.safetensors.partial and renamed to
-	 * its name only once all ranks are: a convert that fails (disk full)
-	 * or is killed half way never leaves new ranks beside the old ones of
-	 * an earlier conversion, a set that looks complete but mixes two.
-	 * The staging name does not end in .safetensors: never read as input. */
+	/* Every file is written as NAME.partial and renamed to its name only
+	 * once all files are: a convert that fails (disk full) or is killed
+	 * half way never leaves new ranks beside the old ones of an earlier
+	 * conversion, a set that looks complete but mixes two.  The staging
+	 * name does not end in .safetensors: never read as input. */
 	uint64_t total = 0;
 	for (uint32_t r = 0; r < dst.world; r++) {
 		struct wex_rank_layout *l = &dst.l[r];
 		struct wex_st_tensor *out = NULL;
 		struct wex_tensor *pieces = NULL;
 		struct wex_plan *p = NULL;
-		struct wex_st_out file = { .fd = -1 };
-		char path[4096];
-		int created = 0;
+		struct wex_st_out *files = NULL;
+		size_t *first = NULL, nfiles = 0, created = 0, base = nnames;
+		uint64_t bytes = 0;
 
 		ret = wex__layout_rank(m, &dst.spec, r, l, err, sizeof(err));
 		if (ret < 0)
 			goto fail;
 		out = calloc(l->nt + 1, sizeof(*out));
 		pieces = calloc(l->np + 1, sizeof(*pieces));
+		first = calloc(l->nt + 2, sizeof(*first));
 		ret = -ENOMEM;
-		if (!out || !pieces)
+		if (!out || !pieces || !first)
 			goto rank_out;
+		/* The files of this rank: one, or for hf shards of at most
+		 * max_shard bytes of tensors (first[k] .. first[k + 1]). */
+		first[nfiles++] = 0;
 		for (size_t i = 0; i < l->nt; i++) {
+			uint64_t nb = wex_dtype_size(l->t[i].dtype);
+
 			snprintf(out[i].name, sizeof(out[i].name), "%s", l->t[i].name);
 			out[i].dtype = l->t[i].dtype;
 			out[i].ndim = l->t[i].ndim;
 			memcpy(out[i].shape, l->t[i].shape, sizeof(out[i].shape));
+			for (uint32_t d = 0; d < l->t[i].ndim; d++)
+				nb *= l->t[i].shape[d];
+			if (hf && bytes && bytes + nb > o.max_shard) {
+				first[nfiles++] = i;
+				bytes = 0;
+			}
+			bytes += nb;
 		}
-		/* The plan copies straight into the output file, mapped: a rank
-		 * is never held in memory (a 70B model converted to one hf
-		 * file is 140 GB), and padding rows (vocabulary) read as
-		 * zeros, as the file's claimed blocks do. */
-		snprintf(path, sizeof(path), "%s/rank-%u.safetensors.partial", o.pos[1], r);
-		ret = wex__st_create(path, out, l->nt, &file, err, sizeof(err));
-		if (ret < 0)
+		first[nfiles] = l->nt;
+		files = calloc(nfiles, sizeof(*files));
+		if (!files || grow_names(&names, nnames + nfiles) < 0) {
+			nfiles = 0;
 			goto rank_out;
-		created = 1;
+		}
+		/* The plan copies straight into the output files, mapped: a
+		 * rank is never held in memory (a 70B model converted to hf is
+		 * 140 GB), and padding rows (vocabulary) read as zeros, as the
+		 * files' claimed blocks do. */
+		for (size_t k = 0; k < nfiles; k++) {
+			char path[4096];
+
+			if (!hf)
+				snprintf(path, sizeof(path), "%s/rank-%u.safetensors", o.pos[1], r);
+			else if (nfiles == 1)
+				snprintf(path, sizeof(path), "%s/model.safetensors", o.pos[1]);
+			else
+				snprintf(path, sizeof(path), "%s/model-%05zu-of-%05zu.safetensors", o.pos[1],
+					 k + 1, nfiles);
+			names.v[nnames + k] = strdup(path);
+			if (!names.v[nnames + k]) {
+				ret = -ENOMEM;
+				goto rank_out;
+			}
+			snprintf(path + strlen(path), sizeof(path) - strlen(path), ".partial");
+			files[k].fd = -1;
+			ret = wex__st_create(path, out + first[k], first[k + 1] - first[k], &files[k], err,
+					     sizeof(err));
+			if (ret < 0)
+				goto rank_out;
+			created = k + 1;
+		}
 		for (size_t i = 0; i < l->np; i++) {
 			pieces[i] = l->p[i];
 			pieces[i].ptr = (char *)(uintptr_t)out[l->p[i].segment].data + l->p[i].offset;
@@ -923,28 +1101,49 @@ int wexctl_cmd_convert(int argc, char **argv)
 			goto rank_out;
 		}
 		total += p->stats.bytes_moved;
-		created = 0;
-		ret = wex__st_finish(&file, err, sizeof(err));
-		if (ret == 0)
-			staged = r + 1;
+		created = 0; /* finish closes each file, whatever it returns */
+		for (size_t k = 0; k < nfiles; k++) {
+			ret = wex__st_finish(&files[k], err, sizeof(err));
+			if (ret < 0) {
+				/* The files before k were staged; those after
+				 * still need aborting. */
+				for (size_t j = k + 1; j < nfiles; j++)
+					wex__st_abort(&files[j]);
+				nnames += k;
+				goto rank_out;
+			}
+		}
+		nnames += nfiles;
 rank_out:
-		if (created)
-			wex__st_abort(&file);
+		for (size_t k = 0; k < created; k++)
+			wex__st_abort(&files[k]);
+		for (size_t k = nnames; ret < 0 && names.v && k < base + nfiles; k++) {
+			free(names.v[k]);
+			names.v[k] = NULL;
+		}
 		wex__plan_free(p);
+		free(files);
+		free(first);
 		free(out);
 		free(pieces);
 		wex__rank_layout_free(l);
 		if (ret < 0)
 			goto fail;
 	}
-	for (uint32_t r = 0; r < dst.world; r++) {
-		char to[4096], from[sizeof(to) + 16];
+	for (size_t k = 0; k < nnames; k++) {
+		char from[4200];
 
-		snprintf(to, sizeof(to), "%s/rank-%u.safetensors", o.pos[1], r);
-		snprintf(from, sizeof(from), "%s.partial", to);
-		if (rename(from, to) < 0) {
+		snprintf(from, sizeof(from), "%s.partial", names.v[k]);
+		if (rename(from, names.v[k]) < 0) {
 			ret = -errno;
-			seterr(err, sizeof(err), "rename %s to %s: %s", from, to, strerror(errno));
+			seterr(err, sizeof(err), "rename %s to %s: %s", from, names.v[k], strerror(errno));
+			/* Those renamed are in place; the rest still staged. */
+			for (size_t j = 0; j < k; j++)
+				free(names.v[j]);
+			memmove(names.v, names.v + k, (nnames - k) * sizeof(*names.v));
+			for (size_t j = nnames - k; j < nnames; j++)
+				names.v[j] = NULL;
+			nnames -= k;
 			goto fail;
 		}
 	}
@@ -958,12 +1157,12 @@ rank_out:
 			close(dfd);
 		}
 	}
-	if (!strcmp(dst.spec.engine, "hf")) {
-		ret = hf_extras(o.pos[1], o.pos[0], o.config, err, sizeof(err));
+	if (hf) {
+		ret = hf_extras(o.pos[1], names.v, nnames, o.pos[0], o.config, err, sizeof(err));
 		if (ret < 0)
 			goto fail;
-	}
-	{
+		hf_warn_strays(o.pos[1], names.v, nnames);
+	} else {
 		/* Ranks past ours are an earlier conversion's (into OUTDIR, or
 		 * in place from more ranks): left alone, but the directory
 		 * now mixes two layouts and reads as neither. */
@@ -976,20 +1175,25 @@ rank_out:
 				"%u rank%s): remove it and the ranks after it before reading %s as %s\n",
 				path, o.to, dst.world, dst.world == 1 ? "" : "s", o.pos[1], o.to);
 	}
-	printf("converted %s (%s, %u rank%s) to %s (%s, %u rank%s): %llu bytes copied\n", o.pos[0],
-	       o.from, src.world, src.world == 1 ? "" : "s", o.pos[1], o.to, dst.world,
-	       dst.world == 1 ? "" : "s", (unsigned long long)total);
+	printf("converted %s (%s, %u rank%s) to %s (%s, %u rank%s", o.pos[0], o.from, src.world,
+	       src.world == 1 ? "" : "s", o.pos[1], o.to, dst.world, dst.world == 1 ? "" : "s");
+	if (hf)
+		printf(", %zu file%s", nnames, nnames == 1 ? "" : "s");
+	printf("): %llu bytes copied\n", (unsigned long long)total);
 	rc = 0;
 	goto out;
 fail:
 	fprintf(stderr, "wexctl convert: %s\n", err[0] ? err : wex_strerror(ret));
-	for (uint32_t r = 0; r < staged; r++) {
-		char path[4096];
+	for (size_t k = 0; staged && k < nnames; k++) {
+		char path[4200];
 
-		snprintf(path, sizeof(path), "%s/rank-%u.safetensors.partial", o.pos[1], r);
+		snprintf(path, sizeof(path), "%s.partial", names.v[k]);
 		unlink(path);
 	}
 out:
+	for (size_t k = 0; k < names.cap; k++)
+		free(names.v[k]);
+	free(names.v);
 	wex__planner_free(pl);
 	for (uint32_t r = 0; bs.b && r < bs.n; r++)
 		free(bs.b[r]);

@@ -6,13 +6,17 @@
  * into megatron tp=2,pp=2 rank files, those into vllm tp=2 rank files, and
  * those back into an hf checkpoint equal byte for byte to the original
  * (and the same from a single .safetensors file through sglang tp=2), an
- * hf target with model.safetensors.index.json and config.json beside it;
+ * hf target with model.safetensors.index.json and config.json beside it,
+ * in model-0000K-of-0000N.safetensors shards under --max-shard-size, read
+ * back through its index with a stray file beside it;
  * that `wexctl plan --json` runs on the same config; and that a source
  * missing a tensor is refused.
  * Also a helper for tests/planner/convert_test.sh:
  *   planner_convert gen DIR          writes DIR/config.json and DIR/hf/
- *   planner_convert compare DIR FILE checks FILE holds DIR's original tensors
+ *   planner_convert compare DIR PATH checks PATH (a file, or an hf directory
+ *                                    through its index) holds DIR's tensors
  */
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,30 +115,74 @@ static void gen(const char *dir)
 	wex__model_free(m);
 }
 
-static int compare(const char *file)
+/* Checks that `path` holds the original tensors: a .safetensors file, or
+ * an hf directory read through its model.safetensors.index.json (every
+ * tensor in the file the index names, every file's tensors in the index,
+ * total_size their bytes). */
+static int compare(const char *path)
 {
 	struct wex_model *m;
 	struct wex_tensor *t;
-	struct wex_st_file f;
-	size_t n;
-	char err[512];
+	struct wex_st_file f[64];
+	char names[64][128], file[512], err[512];
+	json_t *idx = NULL, *map = NULL;
+	size_t n, nf = 0, held = 0;
+	uint64_t bytes = 0;
+	struct stat st;
 	int bad = 0;
 
 	canon(&m, &t, &n);
-	CHECK(wex__st_open(file, &f, err, sizeof(err)) == 0, "%s", err);
-	CHECK(f.n == n, "%s holds %zu tensors, expected %zu", file, f.n, n);
-	for (size_t i = 0; i < n; i++) {
-		const struct wex_st_tensor *x = wex__st_find(&f, t[i].name);
-		void *want = values(&t[i]);
+	CHECK(stat(path, &st) == 0, "%s: missing", path);
+	if (S_ISDIR(st.st_mode)) {
+		json_error_t je;
 
+		snprintf(file, sizeof(file), "%s/model.safetensors.index.json", path);
+		idx = json_load_file(file, 0, &je);
+		CHECK(idx, "%s: %s", file, je.text);
+		map = json_object_get(idx, "weight_map");
+		CHECK(json_object_size(map) == n, "%s names %zu tensors, the model has %zu", file,
+		      json_object_size(map), n);
+	} else {
+		CHECK(wex__st_open(path, &f[0], err, sizeof(err)) == 0, "%s", err);
+		snprintf(names[nf++], sizeof(names[0]), "%s", path);
+	}
+	for (size_t i = 0; i < n; i++) {
+		const struct wex_st_tensor *x = NULL;
+		void *want = values(&t[i]);
+		size_t k = 0;
+
+		if (map) {
+			const char *fn = json_string_value(json_object_get(map, t[i].name));
+
+			CHECK(fn && !strchr(fn, '/'), "%s: the index names no file for %s", path, t[i].name);
+			while (k < nf && strcmp(names[k], fn))
+				k++;
+			if (k == nf) {
+				CHECK(nf < 64, "too many files");
+				snprintf(file, sizeof(file), "%s/%s", path, fn);
+				CHECK(wex__st_open(file, &f[nf], err, sizeof(err)) == 0, "%s", err);
+				snprintf(names[nf++], sizeof(names[0]), "%s", fn);
+			}
+		}
+		x = wex__st_find(&f[k], t[i].name);
 		if (!x || x->dtype != t[i].dtype || x->end - x->begin != wex_tensor_nbytes(&t[i]) ||
 		    memcmp(x->data, want, wex_tensor_nbytes(&t[i]))) {
-			fprintf(stderr, "%s: %s differs from the original\n", file, t[i].name);
+			fprintf(stderr, "%s: %s differs from the original\n", path, t[i].name);
 			bad++;
 		}
+		bytes += wex_tensor_nbytes(&t[i]);
 		free(want);
 	}
-	wex__st_close(&f);
+	for (size_t k = 0; k < nf; k++) {
+		held += f[k].n;
+		wex__st_close(&f[k]);
+	}
+	CHECK(held == n, "%s: its files hold %zu tensors, the model has %zu", path, held, n);
+	if (idx)
+		CHECK(json_integer_value(json_object_get(json_object_get(idx, "metadata"), "total_size")) ==
+			      (json_int_t)bytes, "%s: index total_size is not the %llu bytes of the tensors",
+		      path, (unsigned long long)bytes);
+	json_decref(idx);
 	free(t);
 	wex__model_free(m);
 	return bad ? T_FAIL : T_PASS;
@@ -173,10 +221,12 @@ static void model_dir(const char *dir, const char *sub, const char *text, char *
 	snprintf(in, len, "%s/%s/hf", dir, sub);
 }
 
-static int run(int (*fn)(int, char **), const char *a0, const char *cfg, const char *from,
-	       const char *to, const char *in, const char *out)
+/* Runs fn (wexctl's plan or convert) with an option and its value
+ * (opt NULL: none); with out NULL, --json instead of IN OUTDIR. */
+static int run_opt(int (*fn)(int, char **), const char *a0, const char *cfg, const char *from,
+		   const char *to, const char *in, const char *out, const char *opt, const char *val)
 {
-	char *argv[12];
+	char *argv[14];
 	int argc = 0;
 
 	argv[argc++] = (char *)a0;
@@ -186,6 +236,10 @@ static int run(int (*fn)(int, char **), const char *a0, const char *cfg, const c
 	argv[argc++] = (char *)from;
 	argv[argc++] = "--to";
 	argv[argc++] = (char *)to;
+	if (opt) {
+		argv[argc++] = (char *)opt;
+		argv[argc++] = (char *)val;
+	}
 	if (in)
 		argv[argc++] = (char *)in;
 	if (out)
@@ -194,6 +248,37 @@ static int run(int (*fn)(int, char **), const char *a0, const char *cfg, const c
 		argv[argc++] = "--json";
 	argv[argc] = NULL;
 	return fn(argc, argv);
+}
+
+static int run(int (*fn)(int, char **), const char *a0, const char *cfg, const char *from,
+	       const char *to, const char *in, const char *out)
+{
+	return run_opt(fn, a0, cfg, from, to, in, out, NULL, NULL);
+}
+
+/* run_opt with stderr captured into buf (NUL-terminated). */
+static int run_err(char *buf, size_t len, int (*fn)(int, char **), const char *a0, const char *cfg,
+		   const char *from, const char *to, const char *in, const char *out, const char *opt,
+		   const char *val)
+{
+	FILE *tmp = tmpfile();
+	int saved, rc;
+	size_t n;
+
+	CHECK(tmp, "tmpfile");
+	fflush(stderr);
+	saved = dup(2);
+	CHECK(saved >= 0 && dup2(fileno(tmp), 2) == 2, "dup2");
+	rc = run_opt(fn, a0, cfg, from, to, in, out, opt, val);
+	fflush(stderr);
+	CHECK(dup2(saved, 2) == 2, "dup2 back");
+	close(saved);
+	rewind(tmp);
+	n = fread(buf, 1, len - 1, tmp);
+	buf[n] = '\0';
+	fclose(tmp);
+	fputs(buf, stderr);
+	return rc;
 }
 
 int main(int argc, char **argv)
@@ -226,11 +311,11 @@ int main(int argc, char **argv)
 	wex__st_close(&f);
 	CHECK(run(wexctl_cmd_convert, "convert", cfg, "megatron:tp=2,pp=2", "vllm:tp=2", a, b) == 0, "megatron -> vllm");
 	CHECK(run(wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf", b, c) == 0, "vllm -> hf");
-	snprintf(file, sizeof(file), "%s/rank-0.safetensors", c);
+	snprintf(file, sizeof(file), "%s/model.safetensors", c);
 	CHECK(compare(file) == T_PASS, "round trip through convert changed bytes");
 	{
 		/* An hf target reads as a Hugging Face checkpoint: an index
-		 * naming rank-0.safetensors for every tensor, and config.json. */
+		 * naming model.safetensors for every tensor, and config.json. */
 		struct wex_model *m;
 		struct wex_tensor *t;
 		size_t n;
@@ -250,7 +335,7 @@ int main(int argc, char **argv)
 		      "index names %zu tensors, the checkpoint has %zu",
 		      json_object_size(json_object_get(idx, "weight_map")), n);
 		json_object_foreach(json_object_get(idx, "weight_map"), k, v)
-			CHECK(!strcmp(json_string_value(v), "rank-0.safetensors"), "index: %s in %s", k,
+			CHECK(!strcmp(json_string_value(v), "model.safetensors"), "index: %s in %s", k,
 			      json_string_value(v));
 		CHECK(json_integer_value(json_object_get(json_object_get(idx, "metadata"), "total_size")) ==
 			      (json_int_t)bytes, "index total_size is not the %llu bytes of the tensors",
@@ -269,6 +354,110 @@ int main(int argc, char **argv)
 	CHECK(run(wexctl_cmd_convert, "convert", cfg, "hf", "sglang:tp=2", file, a) == 0, "file -> sglang");
 	CHECK(run(wexctl_cmd_convert, "convert", cfg, "sglang:tp=2", "hf", a, c) == 0, "sglang -> hf");
 	CHECK(compare(file) == T_PASS, "single-file round trip changed bytes");
+	CHECK(compare(c) == T_PASS, "hf directory read through its index differs");
+	/* --to hf shards as transformers' save_pretrained does: files
+	 * model-0000K-of-0000N.safetensors of at most --max-shard-size bytes
+	 * of tensors each (a larger tensor alone in its file), in the
+	 * family's order, the index naming each tensor's file. */
+	{
+		char sh[256], msg[4096], path[1024];
+		unsigned nsh = 0;
+		DIR *d;
+		struct dirent *e;
+
+		snprintf(sh, sizeof(sh), "%s/shards", dir);
+		CHECK(run_opt(wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf", b, sh,
+			      "--max-shard-size", "8KiB") == 0, "vllm -> hf in 8 KiB shards");
+		d = opendir(sh);
+		CHECK(d, "%s", sh);
+		while ((e = readdir(d))) {
+			unsigned k, of;
+			char tail[32];
+
+			if (strstr(e->d_name, ".safetensors") &&
+			    strcmp(e->d_name, "model.safetensors.index.json")) {
+				CHECK(sscanf(e->d_name, "model-%5u-of-%5u%31s", &k, &of, tail) == 3 &&
+					      !strcmp(tail, ".safetensors") && k >= 1 && k <= of,
+				      "%s: unexpected file %s", sh, e->d_name);
+				nsh = of;
+			}
+		}
+		closedir(d);
+		CHECK(nsh >= 3, "8 KiB shards of a 100 KB model: %u files", nsh);
+		for (unsigned k = 1; k <= nsh; k++) {
+			struct wex_st_file sf;
+			uint64_t bytes = 0;
+
+			snprintf(path, sizeof(path), "%s/model-%05u-of-%05u.safetensors", sh, k, nsh);
+			CHECK(wex__st_open(path, &sf, err, sizeof(err)) == 0, "%s", err);
+			for (size_t i = 0; i < sf.n; i++)
+				bytes += sf.t[i].end - sf.t[i].begin;
+			CHECK(sf.n >= 1 && (bytes <= 8192 || sf.n == 1),
+			      "%s: %zu tensors, %llu bytes, over the 8 KiB limit", path, sf.n,
+			      (unsigned long long)bytes);
+			wex__st_close(&sf);
+		}
+		CHECK(compare(sh) == T_PASS, "sharded hf checkpoint differs from the original");
+		snprintf(path, sizeof(path), "%s/model.safetensors", sh);
+		CHECK(access(path, F_OK) != 0, "%s beside the shards", path);
+		/* Read back through the index, a stray file beside it (an
+		 * earlier conversion's rank-0.safetensors, here a vllm rank's)
+		 * ignored, as transformers and vLLM ignore it. */
+		snprintf(path, sizeof(path), "cp '%s/rank-1.safetensors' '%s/rank-0.safetensors'", b, sh);
+		CHECK(system(path) == 0, "%s", path);
+		snprintf(a, sizeof(a), "%s/shards-sglang", dir);
+		CHECK(run(wexctl_cmd_convert, "convert", cfg, "hf", "sglang:tp=2", sh, a) == 0,
+		      "sharded hf with a stray rank-0.safetensors -> sglang");
+		snprintf(path, sizeof(path), "%s/shards-back", dir);
+		CHECK(run(wexctl_cmd_convert, "convert", cfg, "sglang:tp=2", "hf", a, path) == 0,
+		      "sglang -> hf");
+		CHECK(compare(path) == T_PASS, "sharded round trip changed bytes");
+		/* Converted again into the same OUTDIR as one file: the new
+		 * index names only it; the old shards are left, said. */
+		CHECK(run_err(msg, sizeof(msg), wexctl_cmd_convert, "convert", cfg, "sglang:tp=2", "hf", a,
+			      sh, NULL, NULL) == 0, "sglang -> hf over the shards");
+		CHECK(strstr(msg, "not from this conversion") && strstr(msg, "files not from"),
+		      "no warning of the earlier shards and the stray in %s: '%s'", sh, msg);
+		CHECK(compare(sh) == T_PASS, "hf over the shards differs from the original");
+		/* A sharded convert that fails at its third file (a directory
+		 * where that file's temporary goes) removes the two before it
+		 * and leaves the checkpoint there whole. */
+		snprintf(path, sizeof(path), "%s/model-00003-of-00011.safetensors.partial.tmp.%d", sh,
+			 (int)getpid());
+		CHECK(mkdir(path, 0755) == 0, "mkdir %s", path);
+		CHECK(run_err(msg, sizeof(msg), wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf", b, sh,
+			      "--max-shard-size", "8KiB") == 1 && strstr(msg, "model-00003-of-00011"),
+		      "a convert that cannot write its third file did not fail naming it: '%s'", msg);
+		CHECK(rmdir(path) == 0, "rmdir %s", path);
+		d = opendir(sh);
+		CHECK(d, "%s", sh);
+		while ((e = readdir(d)))
+			CHECK(!strstr(e->d_name, ".partial") && !strstr(e->d_name, ".tmp."),
+			      "a failed convert left %s/%s", sh, e->d_name);
+		closedir(d);
+		CHECK(compare(sh) == T_PASS, "a failed sharded convert changed the checkpoint there");
+	}
+	/* --max-shard-size: a size, for --to hf, of convert only. */
+	{
+		static const char *bad[] = { "0", "", "8XB", "-1", "8 KB", "99999999999999999999" };
+		char msg[4096];
+
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			CHECK(run_err(msg, sizeof(msg), wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf",
+				      b, c, "--max-shard-size", bad[i]) == 2 &&
+				      strstr(msg, "bad --max-shard-size"),
+			      "--max-shard-size '%s' not refused: '%s'", bad[i], msg);
+		}
+		CHECK(run_err(msg, sizeof(msg), wexctl_cmd_convert, "convert", cfg, "hf", "vllm:tp=2", in, b,
+			      "--max-shard-size", "5GB") == 2 && strstr(msg, "applies to --to hf only"),
+		      "--max-shard-size with --to vllm not refused: '%s'", msg);
+		CHECK(run_err(msg, sizeof(msg), wexctl_cmd_plan, "plan", cfg, "hf", "vllm:tp=2", NULL, NULL,
+			      "--max-shard-size", "5GB") == 2 && strstr(msg, "of wexctl convert only"),
+		      "wexctl plan --max-shard-size not refused: '%s'", msg);
+		CHECK(run_err(msg, sizeof(msg), wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf:dp=2",
+			      b, c, NULL, NULL) == 1 && strstr(msg, "one copy of the model"),
+		      "--to hf:dp=2 not refused: '%s'", msg);
+	}
 	CHECK(run(wexctl_cmd_plan, "plan", cfg, "megatron:tp=2,pp=2,dp=2", "vllm:tp=2", NULL, NULL) == 0, "plan");
 	/* A convert that fails half way (here: rank 0 fits under the file
 	 * size limit, rank 1 does not) leaves an earlier conversion in the
@@ -293,7 +482,7 @@ int main(int argc, char **argv)
 		snprintf(lay, sizeof(lay), "%s/staged/back", dir);
 		CHECK(run(wexctl_cmd_convert, "convert", cfg, "megatron:tp=1,pp=2,first=3,last=1", "hf", a, lay) == 0,
 		      "the earlier conversion no longer reads as its layout after a failed convert into it");
-		snprintf(file, sizeof(file), "%s/rank-0.safetensors", lay);
+		snprintf(file, sizeof(file), "%s/model.safetensors", lay);
 		CHECK(compare(file) == T_PASS, "a failed convert changed the earlier conversion's bytes");
 		snprintf(file, sizeof(file), "%s/rank-0.safetensors.partial", a);
 		CHECK(access(file, F_OK) != 0, "a failed convert left %s", file);
@@ -321,7 +510,7 @@ int main(int argc, char **argv)
 	      "deepseek megatron -> vllm");
 	snprintf(b, sizeof(b), "%s/ds/back", dir);
 	CHECK(run(wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf", c, b) == 0, "deepseek vllm -> hf");
-	snprintf(file, sizeof(file), "%s/rank-0.safetensors", b);
+	snprintf(file, sizeof(file), "%s/model.safetensors", b);
 	CHECK(compare(file) == T_PASS, "deepseek round trip through convert changed bytes");
 	/* SGLang with its shared expert fused into the routed ones. */
 	snprintf(c, sizeof(c), "%s/ds/sglang", dir);
@@ -330,7 +519,7 @@ int main(int argc, char **argv)
 	snprintf(b, sizeof(b), "%s/ds/back2", dir);
 	CHECK(run(wexctl_cmd_convert, "convert", cfg, "sglang:tp=2,fuse_shared=1", "hf", c, b) == 0,
 	      "deepseek sglang fuse_shared -> hf");
-	snprintf(file, sizeof(file), "%s/rank-0.safetensors", b);
+	snprintf(file, sizeof(file), "%s/model.safetensors", b);
 	CHECK(compare(file) == T_PASS, "deepseek round trip through fused sglang changed bytes");
 	/* A rank is written straight into its mapped output file, never held
 	 * in memory: 121 MB converted there and back with 40 MB of private
@@ -369,7 +558,7 @@ int main(int argc, char **argv)
 		CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == T_PASS,
 		      "convert under a memory limit failed (status %#x)", st);
 	}
-	snprintf(file, sizeof(file), "%s/rank-0.safetensors", c);
+	snprintf(file, sizeof(file), "%s/model.safetensors", c);
 	CHECK(compare(file) == T_PASS, "big round trip under a memory limit changed bytes");
 #endif
 	printf("convert round trip hf -> megatron -> vllm -> hf is byte-identical\n");

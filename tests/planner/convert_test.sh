@@ -42,7 +42,8 @@ echo 'from IN' >"$d/vllm/special_tokens_map.json"
 echo 'from config dir' >"$d/tokenizer_config.json"
 mkdir "$d/back" && echo 'already there' >"$d/back/tokenizer_config.json"
 "$WEXCTL_BIN" convert --config "$d/config.json" --from vllm:tp=2 --to hf "$d/vllm" "$d/back" || exit 1
-"$PLANNER_CONVERT_BIN" compare "$d" "$d/back/rank-0.safetensors" || exit 1
+"$PLANNER_CONVERT_BIN" compare "$d" "$d/back/model.safetensors" || exit 1
+"$PLANNER_CONVERT_BIN" compare "$d" "$d/back" || exit 1
 for f in tokenizer.json generation_config.json; do
 	cmp "$d/$f" "$d/back/$f" || { echo "--to hf did not copy $f from beside --config"; exit 1; }
 done

@@ -3,7 +3,10 @@
 for the `wexctl convert` test, with the standard library only.
 
   qwen2_ckpt.py gen CONFIG OUTDIR      sharded HF checkpoint (2 files + index)
-  qwen2_ckpt.py compare REFDIR FILE    every tensor of REFDIR byte-equal in FILE
+  qwen2_ckpt.py compare REFDIR PATH [MAX]
+                                       every tensor of REFDIR byte-equal in PATH
+                                       (a file, or an HF directory with its
+                                       index; MAX: bytes of tensors per file)
 """
 import json, os, random, struct, sys
 
@@ -75,32 +78,55 @@ def gen(cfg_path, out):
     print(f"generated {len(ts)} tensors, {total} bytes in {out}")
 
 
-def compare(ref, path):
-    idx = json.load(open(os.path.join(ref, "model.safetensors.index.json")))
-    got, goff = read_header(path)
-    n = 0
-    with open(path, "rb") as g:
-        for fn in sorted(set(idx["weight_map"].values())):
-            hdr, off = read_header(os.path.join(ref, fn))
-            with open(os.path.join(ref, fn), "rb") as f:
-                for name, e in hdr.items():
-                    if name == "__metadata__":
-                        continue
-                    if name not in got:
-                        sys.exit(f"FAIL: {name} missing from {path}")
-                    o = got[name]
-                    if o["shape"] != e["shape"] or o["dtype"] != e["dtype"]:
-                        sys.exit(f"FAIL: {name}: shape/dtype {o['shape']} {o['dtype']} != {e['shape']} {e['dtype']}")
-                    f.seek(off + e["data_offsets"][0])
-                    g.seek(goff + o["data_offsets"][0])
-                    size = e["data_offsets"][1] - e["data_offsets"][0]
-                    while size:
-                        k = min(size, 1 << 24)
-                        if f.read(k) != g.read(k):
-                            sys.exit(f"FAIL: {name}: bytes differ")
-                        size -= k
-                    n += 1
-    print(f"all {n} tensors byte-identical")
+def located(path, max_shard=None):
+    """name -> (file, header entry, data offset) of a .safetensors file, or
+    of an HF directory read through its index, checked: the index names
+    every tensor its files hold and no other, total_size is their bytes,
+    and with max_shard each file holds at most that many bytes of tensors
+    (or one tensor)."""
+    if not os.path.isdir(path):
+        hdr, off = read_header(path)
+        return {k: (path, e, off) for k, e in hdr.items() if k != "__metadata__"}
+    idx = json.load(open(os.path.join(path, "model.safetensors.index.json")))
+    wmap, out, total = idx["weight_map"], {}, 0
+    for fn in sorted(set(wmap.values())):
+        hdr, off = read_header(os.path.join(path, fn))
+        held = {k: e for k, e in hdr.items() if k != "__metadata__"}
+        size = sum(e["data_offsets"][1] - e["data_offsets"][0] for e in held.values())
+        if max_shard is not None and size > max_shard and len(held) > 1:
+            sys.exit(f"FAIL: {fn} holds {size} bytes in {len(held)} tensors, over {max_shard}")
+        for k, e in held.items():
+            if wmap.get(k) != fn:
+                sys.exit(f"FAIL: {fn} holds {k}, which the index puts in {wmap.get(k)}")
+            out[k] = (os.path.join(path, fn), e, off)
+        total += size
+    if set(out) != set(wmap):
+        sys.exit(f"FAIL: the index names {len(wmap)} tensors, its files hold {len(out)}")
+    if idx["metadata"]["total_size"] != total:
+        sys.exit(f"FAIL: total_size {idx['metadata']['total_size']} != {total}")
+    print(f"{path}: {len(set(wmap.values()))} files, {total} bytes")
+    return out
+
+
+def compare(ref, path, max_shard=None):
+    want, got = located(ref), located(path, max_shard)
+    if set(want) != set(got):
+        sys.exit(f"FAIL: {len(set(want) ^ set(got))} tensors in one checkpoint only, e.g. "
+                 f"{sorted(set(want) ^ set(got))[0]}")
+    for name in sorted(want):
+        (ff, e, off), (gf, o, goff) = want[name], got[name]
+        if o["shape"] != e["shape"] or o["dtype"] != e["dtype"]:
+            sys.exit(f"FAIL: {name}: shape/dtype {o['shape']} {o['dtype']} != {e['shape']} {e['dtype']}")
+        with open(ff, "rb") as f, open(gf, "rb") as g:
+            f.seek(off + e["data_offsets"][0])
+            g.seek(goff + o["data_offsets"][0])
+            size = e["data_offsets"][1] - e["data_offsets"][0]
+            while size:
+                k = min(size, 1 << 24)
+                if f.read(k) != g.read(k):
+                    sys.exit(f"FAIL: {name}: bytes differ")
+                size -= k
+    print(f"all {len(want)} tensors byte-identical")
 
 
 if __name__ == "__main__":
@@ -108,5 +134,7 @@ if __name__ == "__main__":
         gen(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 4 and sys.argv[1] == "compare":
         compare(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 5 and sys.argv[1] == "compare":
+        compare(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
         sys.exit(__doc__)

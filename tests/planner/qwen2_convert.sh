@@ -3,7 +3,7 @@
 # the real Qwen2-0.5B config.json (tests/data) and a generated full-size
 # checkpoint (494M parameters, bf16, Hugging Face's sharded form with its
 # index): hf -> megatron tp=2,pp=2 -> vllm tp=2 -> hf gives back every
-# tensor byte for byte; plan reports zero redundancy, and with 128 trainer
+# tensor byte for byte, in one file and in 200 MB shards; plan reports zero redundancy, and with 128 trainer
 # replicas a lower bound the busiest source stays within 1.1x of.
 WEXCTL=$1 SRC=$2
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -43,5 +43,14 @@ ls "$d/meg"
 "$WEXCTL" convert --config "$cfg" --from megatron:tp=2,pp=2 --to vllm:tp=2 "$d/meg" "$d/vllm"
 rm -rf "$d/meg"
 "$WEXCTL" convert --config "$cfg" --from vllm:tp=2 --to hf "$d/vllm" "$d/back"
-$PY "$SRC/tests/planner/qwen2_ckpt.py" compare "$d/hf" "$d/back/rank-0.safetensors"
-echo "PASS: Qwen2-0.5B hf -> megatron tp2 pp2 -> vllm tp2 -> hf is byte-identical"
+$PY "$SRC/tests/planner/qwen2_ckpt.py" compare "$d/hf" "$d/back/model.safetensors"
+$PY "$SRC/tests/planner/qwen2_ckpt.py" compare "$d/hf" "$d/back"
+# In shards of at most 200 MB of tensors, as save_pretrained writes them
+# (the 272 MB embedding alone in its file).
+"$WEXCTL" convert --config "$cfg" --from vllm:tp=2 --to hf --max-shard-size 200MB "$d/vllm" "$d/shards"
+ls "$d/shards"
+# 988 MB: the embedding, then 716 MB in four files of at most 200 MB.
+n=$(ls "$d/shards" | grep -c '^model-0000[1-5]-of-00005\.safetensors$' || true)
+[ "$n" = 5 ] || { echo "FAIL: 200 MB shards: $n files named model-0000K-of-00005.safetensors, not 5"; exit 1; }
+$PY "$SRC/tests/planner/qwen2_ckpt.py" compare "$d/hf" "$d/shards" 200000000
+echo "PASS: Qwen2-0.5B hf -> megatron tp2 pp2 -> vllm tp2 -> hf (one file, and 200 MB shards) is byte-identical"
