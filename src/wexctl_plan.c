@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -1019,6 +1020,9 @@ int wexctl_cmd_convert(int argc, char **argv)
 	 * conversion, a set that looks complete but mixes two.  The staging
 	 * name does not end in .safetensors: never read as input. */
 	uint64_t total = 0;
+	size_t in_files = 0;
+	for (uint32_t r = 0; r < src.world; r++)
+		in_files += rf[r].n;
 	for (uint32_t r = 0; r < dst.world; r++) {
 		struct wex_rank_layout *l = &dst.l[r];
 		struct wex_st_tensor *out = NULL;
@@ -1056,6 +1060,30 @@ int wexctl_cmd_convert(int argc, char **argv)
 			bytes += nb;
 		}
 		first[nfiles] = l->nt;
+		/* Every file of a rank stays open until the plan has filled
+		 * them all: within the open files allowed (raised to the hard
+		 * limit), with room for the inputs. */
+		if (nfiles > 1) {
+			struct rlimit rl;
+			uint64_t need = nfiles + in_files + 64;
+
+			if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < need &&
+			    rl.rlim_cur < rl.rlim_max) {
+				rl.rlim_cur = rl.rlim_max < need ? rl.rlim_max : need;
+				setrlimit(RLIMIT_NOFILE, &rl);
+			}
+			if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+			    rl.rlim_cur < need) {
+				seterr(err, sizeof(err), "--max-shard-size %llu gives %zu files, open at "
+					 "once with the %zu input files: more than the %llu open files "
+					 "allowed (ulimit -n); raise that or the shard size",
+					 (unsigned long long)o.max_shard, nfiles, in_files,
+					 (unsigned long long)rl.rlim_cur);
+				ret = -EMFILE;
+				nfiles = 0;
+				goto rank_out;
+			}
+		}
 		files = calloc(nfiles, sizeof(*files));
 		if (!files || grow_names(&names, nnames + nfiles) < 0) {
 			nfiles = 0;

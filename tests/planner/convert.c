@@ -454,6 +454,42 @@ int main(int argc, char **argv)
 		CHECK(run_err(msg, sizeof(msg), wexctl_cmd_plan, "plan", cfg, "hf", "vllm:tp=2", NULL, NULL,
 			      "--max-shard-size", "5GB") == 2 && strstr(msg, "of wexctl convert only"),
 		      "wexctl plan --max-shard-size not refused: '%s'", msg);
+		/* Every shard of a rank is open at once: the soft limit on
+		 * open files is raised to what it takes; past the hard limit
+		 * the convert is refused before it writes. */
+		{
+			struct rlimit old_lim, lim;
+			char sh[300];
+			pid_t pid;
+			int st = 0;
+
+			snprintf(sh, sizeof(sh), "%s/shards-nofile", dir);
+			CHECK(getrlimit(RLIMIT_NOFILE, &old_lim) == 0, "getrlimit");
+			lim = old_lim;
+			lim.rlim_cur = 24;
+			CHECK(setrlimit(RLIMIT_NOFILE, &lim) == 0, "setrlimit");
+			CHECK(run_opt(wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf", b, sh,
+				      "--max-shard-size", "8KiB") == 0,
+			      "11 shards with a soft limit of 24 open files");
+			CHECK(setrlimit(RLIMIT_NOFILE, &old_lim) == 0, "setrlimit");
+			CHECK(compare(sh) == T_PASS, "shards written under a raised limit differ");
+			fflush(stdout);
+			fflush(stderr);
+			pid = fork();
+			CHECK(pid >= 0, "fork");
+			if (pid == 0) {
+				lim.rlim_cur = lim.rlim_max = 24;
+				CHECK(setrlimit(RLIMIT_NOFILE, &lim) == 0, "setrlimit");
+				CHECK(run_err(msg, sizeof(msg), wexctl_cmd_convert, "convert", cfg, "vllm:tp=2",
+					      "hf", b, sh, "--max-shard-size", "4KiB") == 1 &&
+					      strstr(msg, "ulimit -n"),
+				      "shards past a hard limit of 24 open files not refused: '%s'", msg);
+				_exit(T_PASS);
+			}
+			CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == T_PASS,
+			      "open-files limit check failed (status %#x)", st);
+			CHECK(compare(sh) == T_PASS, "a refused convert changed the shards there");
+		}
 		CHECK(run_err(msg, sizeof(msg), wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf:dp=2",
 			      b, c, NULL, NULL) == 1 && strstr(msg, "one copy of the model"),
 		      "--to hf:dp=2 not refused: '%s'", msg);
