@@ -256,6 +256,17 @@ static int run(int (*fn)(int, char **), const char *a0, const char *cfg, const c
 	return run_opt(fn, a0, cfg, from, to, in, out, NULL, NULL);
 }
 
+/* Converts hf checkpoint `in` to layout `lay` in `mid` and back to hf in
+ * `back`: T_PASS when every byte came back (compare). */
+static int there_and_back(const char *cfg, const char *lay, const char *in, const char *mid,
+			  const char *back)
+{
+	if (run(wexctl_cmd_convert, "convert", cfg, "hf", lay, in, mid) != 0 ||
+	    run(wexctl_cmd_convert, "convert", cfg, lay, "hf", mid, back) != 0)
+		return T_FAIL;
+	return compare(back);
+}
+
 /* run_opt with stderr captured into buf (NUL-terminated). */
 static int run_err(char *buf, size_t len, int (*fn)(int, char **), const char *a0, const char *cfg,
 		   const char *from, const char *to, const char *in, const char *out, const char *opt,
@@ -351,10 +362,8 @@ int main(int argc, char **argv)
 	}
 	/* A single-file checkpoint as input (the one just written). */
 	snprintf(a, sizeof(a), "%s/single", dir);
-	CHECK(run(wexctl_cmd_convert, "convert", cfg, "hf", "sglang:tp=2", file, a) == 0, "file -> sglang");
-	CHECK(run(wexctl_cmd_convert, "convert", cfg, "sglang:tp=2", "hf", a, c) == 0, "sglang -> hf");
-	CHECK(compare(file) == T_PASS, "single-file round trip changed bytes");
-	CHECK(compare(c) == T_PASS, "hf directory read through its index differs");
+	CHECK(there_and_back(cfg, "sglang:tp=2", file, a, c) == T_PASS,
+	      "single file -> sglang -> hf changed bytes");
 	/* --to hf shards as transformers' save_pretrained does: files
 	 * model-0000K-of-0000N.safetensors of at most --max-shard-size bytes
 	 * of tensors each (a larger tensor alone in its file), in the
@@ -406,12 +415,9 @@ int main(int argc, char **argv)
 		snprintf(path, sizeof(path), "cp '%s/rank-1.safetensors' '%s/rank-0.safetensors'", b, sh);
 		CHECK(system(path) == 0, "%s", path);
 		snprintf(a, sizeof(a), "%s/shards-sglang", dir);
-		CHECK(run(wexctl_cmd_convert, "convert", cfg, "hf", "sglang:tp=2", sh, a) == 0,
-		      "sharded hf with a stray rank-0.safetensors -> sglang");
 		snprintf(path, sizeof(path), "%s/shards-back", dir);
-		CHECK(run(wexctl_cmd_convert, "convert", cfg, "sglang:tp=2", "hf", a, path) == 0,
-		      "sglang -> hf");
-		CHECK(compare(path) == T_PASS, "sharded round trip changed bytes");
+		CHECK(there_and_back(cfg, "sglang:tp=2", sh, a, path) == T_PASS,
+		      "sharded hf with a stray rank-0.safetensors -> sglang -> hf changed bytes");
 		/* Converted again into the same OUTDIR as one file: the new
 		 * index names only it; the old shards are left, said. */
 		CHECK(run_err(msg, sizeof(msg), wexctl_cmd_convert, "convert", cfg, "sglang:tp=2", "hf", a,
@@ -550,13 +556,9 @@ int main(int argc, char **argv)
 	CHECK(compare(file) == T_PASS, "deepseek round trip through convert changed bytes");
 	/* SGLang with its shared expert fused into the routed ones. */
 	snprintf(c, sizeof(c), "%s/ds/sglang", dir);
-	CHECK(run(wexctl_cmd_convert, "convert", cfg, "hf", "sglang:tp=2,fuse_shared=1", file, c) == 0,
-	      "deepseek hf -> sglang fuse_shared");
 	snprintf(b, sizeof(b), "%s/ds/back2", dir);
-	CHECK(run(wexctl_cmd_convert, "convert", cfg, "sglang:tp=2,fuse_shared=1", "hf", c, b) == 0,
-	      "deepseek sglang fuse_shared -> hf");
-	snprintf(file, sizeof(file), "%s/model.safetensors", b);
-	CHECK(compare(file) == T_PASS, "deepseek round trip through fused sglang changed bytes");
+	CHECK(there_and_back(cfg, "sglang:tp=2,fuse_shared=1", file, c, b) == T_PASS,
+	      "deepseek hf -> sglang fuse_shared -> hf changed bytes");
 	/* A rank is written straight into its mapped output file, never held
 	 * in memory: 121 MB converted there and back with 40 MB of private
 	 * memory allowed (RLIMIT_DATA; file mappings do not count).  Under
