@@ -962,6 +962,61 @@ int wex__model_canonical(const struct wex_model *m, struct wex_tensor **t, size_
 /* Largest parallel size or padding multiple (tp, pp, ..., vocab_pad). */
 #define LAYOUT_PARAM_MAX (1 << 20)
 
+/* stages=N/N/... (v up to end): the layers of each pipeline stage, as
+ * vLLM's VLLM_PP_LAYER_PARTITION and SGLang's SGLANG_PP_LAYER_PARTITION
+ * give them ('/' where they write ','), each 1 to LAYOUT_PARAM_MAX layers
+ * written as digits.  Given twice, the last list counts (as other keys). */
+static int parse_stages(const char *v, const char *end, struct wex_layout_spec *spec,
+			const char *s, char *err, size_t errlen)
+{
+	uint32_t n = 0;
+
+	memset(spec->stages, 0, sizeof(spec->stages));
+	spec->nstages = 0;
+	for (const char *p = v;; n++) {
+		const char *q = p;
+		uint64_t x = 0;
+		int digits = 1;
+
+		while (q < end && *q != '/')
+			q++;
+		if (n == WEX_LAYOUT_MAX_STAGES) {
+			seterr(err, errlen, "bad stages: more than %d entries, one per pipeline stage (in \"%s\")",
+			       WEX_LAYOUT_MAX_STAGES, s);
+			return -EINVAL;
+		}
+		for (const char *d = p; d < q; d++) {
+			if (*d < '0' || *d > '9')
+				digits = 0;
+			else if (x <= LAYOUT_PARAM_MAX)
+				x = x * 10 + (uint64_t)(*d - '0');
+		}
+		if (q == p || !digits) {
+			seterr(err, errlen,
+			       "bad stages: entry %u (\"%.*s\") is not a number of layers written in digits (stages=N/N/..., one per pipeline stage; in \"%s\")",
+			       n + 1, q - p > 32 ? 32 : (int)(q - p), p, s);
+			return -EINVAL;
+		}
+		if (x == 0) {
+			seterr(err, errlen,
+			       "bad stages: entry %u is 0, but a pipeline stage with no layers cannot exist (in \"%s\")",
+			       n + 1, s);
+			return -EINVAL;
+		}
+		if (x > LAYOUT_PARAM_MAX) {
+			seterr(err, errlen, "bad stages: entry %u is larger than %d layers (in \"%s\")", n + 1,
+			       LAYOUT_PARAM_MAX, s);
+			return -EINVAL;
+		}
+		spec->stages[n] = (uint32_t)x;
+		if (q == end)
+			break;
+		p = q + 1;
+	}
+	spec->nstages = n + 1;
+	return 0;
+}
+
 int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, size_t errlen)
 {
 	const char *c = strchr(s, ':');
@@ -998,6 +1053,12 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 		}
 		memcpy(key, p, (size_t)(eq - p));
 		key[eq - p] = 0;
+		if (!strcmp(key, "stages")) {
+			if (parse_stages(eq + 1, end, spec, s, err, errlen) < 0)
+				return -EINVAL;
+			p = *end ? end + 1 : end;
+			continue;
+		}
 		for (k = 0; k < WEX_LAYOUT_PARAMS; k++)
 			if (!strcmp(key, param_names[k]))
 				break;
@@ -1006,7 +1067,7 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 		long long v = strtoll(eq + 1, &stop, 10);
 		if (k == WEX_LAYOUT_PARAMS || eq[1] < '0' || eq[1] > '9' || stop != end || v < 0 ||
 		    v > LAYOUT_PARAM_MAX) {
-			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: tp pp dp ep etp first last fuse_shared)",
+			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: tp pp dp ep etp first last fuse_shared stages)",
 			       (int)(end - p), p, s);
 			return -EINVAL;
 		}
@@ -1042,6 +1103,11 @@ struct ctx {
 	json_t *eng;
 	int canonical;
 	int64_t tp, pp, dp, ep, etp, first, last, fuse_shared;
+	/* Layers of each stage when given (stages=), else the engine's rule
+	 * for layers that do not divide by pp (pp_remainder: PP_REM_*). */
+	const uint32_t *stages;
+	uint32_t nstages;
+	int pp_rem;
 	uint32_t world;
 	/* rank coordinates */
 	int64_t tpr, dpr, ppr, etpr, epr;
@@ -1053,6 +1119,9 @@ struct ctx {
 	struct wex_rank_layout *out;
 	size_t capt, capp;
 };
+
+/* pp_remainder: where the L % pp layers left over go (one each). */
+enum { PP_REM_NONE, PP_REM_BEFORE_LAST, PP_REM_LAST };
 
 #define FAIL(c, ...)                                                                       \
 	do {                                                                               \
@@ -1164,6 +1233,58 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 		     (long long)layers);
 	if (c->pp == 1 && (c->first || c->last))
 		FAIL(c, "first/last stage sizes need pp > 1");
+	{
+		json_t *r = json_object_get(c->eng, "pp_remainder");
+		const char *rs = json_string_value(r);
+
+		if (!r)
+			c->pp_rem = PP_REM_NONE;
+		else if (rs && !strcmp(rs, "before_last"))
+			c->pp_rem = PP_REM_BEFORE_LAST;
+		else if (rs && !strcmp(rs, "last"))
+			c->pp_rem = PP_REM_LAST;
+		else
+			FAIL(c, "engine %s: pp_remainder is \"%s\", not \"before_last\" or \"last\"",
+			     spec->engine, rs ? rs : "(not a string)");
+	}
+	{
+		/* params.stages: [] where the engine takes stages= (there is
+		 * no default split: it depends on the layers). */
+		json_t *d = json_object_get(par, "stages");
+
+		if (d && (!json_is_array(d) || json_array_size(d)))
+			FAIL(c, "engine %s: parameter stages must default to [] (a layout gives the split)",
+			     spec->engine);
+		if (spec->nstages && !d)
+			FAIL(c, "engine %s has no parameter stages", spec->engine);
+	}
+	if (spec->nstages) {
+		char list[64];
+		size_t n = 0;
+		int64_t sum = 0;
+
+		/* The list, for messages ("15/15/16/15", cut short). */
+		list[0] = '\0';
+		for (uint32_t i = 0; i < spec->nstages && n < sizeof(list); i++)
+			n += (size_t)snprintf(list + n, sizeof(list) - n, "%s%u", i ? "/" : "",
+					      spec->stages[i]);
+		for (uint32_t i = 0; i < spec->nstages; i++)
+			sum += spec->stages[i];
+		if (c->pp < 2)
+			FAIL(c, "stages=%s gives the layers of each pipeline stage: it needs pp > 1 (pp=%lld)",
+			     list, (long long)c->pp);
+		if (c->first || c->last)
+			FAIL(c, "stages=%s and first/last (first=%lld, last=%lld) both give stage sizes: give one",
+			     list, (long long)c->first, (long long)c->last);
+		if (spec->nstages != c->pp)
+			FAIL(c, "stages=%s lists %u stages for pp=%lld", list, spec->nstages,
+			     (long long)c->pp);
+		if (sum != layers)
+			FAIL(c, "stages=%s holds %lld layers in all, but the model has %lld layers", list,
+			     (long long)sum, (long long)layers);
+		c->stages = spec->stages;
+		c->nstages = spec->nstages;
+	}
 	c->vocab_pad = json_integer_value(json_object_get(c->eng, "vocab_pad"));
 	if (c->vocab_pad < 1)
 		c->vocab_pad = 1;
@@ -1176,7 +1297,11 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 	return 0;
 }
 
-/* Layer range of stage s: uneven first/last stages, the rest even. */
+/* Layer range of stage s: as stages= gives them; else uneven first/last
+ * stages, the rest even; else, when the layers do not divide by pp, the
+ * engine's pp_remainder rule: L / pp layers each and the L % pp left over
+ * one each to the stages before the last, from the one before last
+ * backwards (vLLM's get_pp_indices), or to the last ones (SGLang's). */
 static int stage_range(struct ctx *c, int64_t s, int64_t *a, int64_t *b)
 {
 	int64_t layers = wex__model_sym(c->m, "layers"), pp = c->pp;
@@ -1185,6 +1310,24 @@ static int stage_range(struct ctx *c, int64_t s, int64_t *a, int64_t *b)
 	if (pp == 1) {
 		*a = 0;
 		*b = layers;
+		return 0;
+	}
+	if (c->nstages) {
+		*a = 0;
+		for (int64_t i = 0; i < s; i++)
+			*a += c->stages[i];
+		*b = *a + c->stages[s];
+		return 0;
+	}
+	if (!f && !l && layers % pp && c->pp_rem != PP_REM_NONE) {
+		/* pp <= layers (ctx_setup): every stage gets base >= 1. */
+		int64_t base = layers / pp, r = layers % pp;
+		/* Stages [x0, x0 + r) hold base + 1 layers. */
+		int64_t x0 = c->pp_rem == PP_REM_LAST ? pp - r : pp - 1 - r;
+		int64_t before = s < x0 ? 0 : s - x0 < r ? s - x0 : r;
+
+		*a = s * base + before;
+		*b = *a + base + (s >= x0 && s < x0 + r);
 		return 0;
 	}
 	nmid = pp - (f ? 1 : 0) - (l ? 1 : 0);

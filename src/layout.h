@@ -38,12 +38,19 @@ int wex__model_dtype(const struct wex_model *m);
 /* Overrides config.json's torch_dtype (e.g. with a checkpoint's own). */
 void wex__model_set_dtype(struct wex_model *m, int dtype);
 
-/* "engine:k=v,k=v".  Known keys: tp pp dp ep etp first last fuse_shared. */
+/* "engine:k=v,k=v".  Known keys: tp pp dp ep etp first last fuse_shared,
+ * and stages=N/N/... (the layers of each pipeline stage, in order). */
 #define WEX_LAYOUT_PARAMS 8
+#define WEX_LAYOUT_MAX_STAGES 256
 struct wex_layout_spec {
 	char engine[32];
 	int64_t v[WEX_LAYOUT_PARAMS];   /* tp pp dp ep etp first last fuse_shared */
 	int set[WEX_LAYOUT_PARAMS];
+	/* stages=: nstages entries of 1 to 2^20 layers (0 entries: not given,
+	 * the engine's rule splits the layers); the rest of stages[] is 0, so
+	 * that equal specs compare equal byte for byte. */
+	uint32_t nstages;
+	uint32_t stages[WEX_LAYOUT_MAX_STAGES];
 };
 int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, size_t errlen);
 

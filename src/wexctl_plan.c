@@ -89,8 +89,12 @@ static int usage(const char *cmd, int help)
 	else
 		fprintf(f, "usage: wexctl convert --config config.json --from LAYOUT --to LAYOUT "
 			   "[--max-shard-size SIZE] [--adapters DIR] IN OUTDIR\n");
-	fprintf(f, "  LAYOUT: ENGINE[:tp=N,pp=N,dp=N,ep=N,etp=N,first=N,last=N,fuse_shared=0|1]; "
-		   "engines: hf megatron megatron_grouped vllm sglang (fuse_shared: sglang)\n");
+	fprintf(f, "  LAYOUT: ENGINE[:tp=N,pp=N,dp=N,ep=N,etp=N,first=N,last=N,stages=N/N/...,"
+		   "fuse_shared=0|1]; engines: hf megatron megatron_grouped vllm sglang "
+		   "(fuse_shared: sglang; stages: vllm sglang, the layers of each of the pp stages, "
+		   "as VLLM_PP_LAYER_PARTITION / SGLANG_PP_LAYER_PARTITION; without it layers that "
+		   "do not divide by pp go one each to the stages before the last (vllm) or to the "
+		   "last ones (sglang), and megatron needs first/last)\n");
 	if (strcmp(cmd, "plan"))
 		fprintf(f, "  IN: a .safetensors file or a directory of them (an HF checkpoint, "
 			   "model.safetensors.index.json if there) when --from has one rank, else a "

@@ -7,8 +7,10 @@
  * 31 letters, digits, '_' or '-' (it names a file: no path) that begins the
  * string, known keys set to values
  * in [0, 2^20] written as digits (not empty, no sign or blank), unset
- * keys 0; and writing it back and parsing that again gives the same spec.
- * A refusal must say why.
+ * keys 0; stages= a list of 1 to 256 layer counts in [1, 2^20], digits
+ * separated by '/' (every '/' after the engine lies between digits), the
+ * unused entries 0; and writing it back and parsing that again gives the
+ * same spec, byte for byte.  A refusal must say why.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -23,7 +25,7 @@ static const char *const keys[WEX_LAYOUT_PARAMS] = { "tp", "pp", "dp", "ep", "et
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct wex_layout_spec spec, again;
-	char *s = fz_strdup(data, size), text[512], err[256] = "";
+	char *s = fz_strdup(data, size), text[4096], err[256] = "";
 	size_t el, l;
 	int ret;
 
@@ -47,6 +49,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	for (const char *p = strchr(s, ':'); p && (p = strchr(p, '=')); p++)
 		FZ_ASSERT(p[1] >= '0' && p[1] <= '9', "\"%s\" accepted: a value that is not digits",
 			  s);
+	for (const char *p = strchr(s, ':'); p && (p = strchr(p, '/')); p++)
+		FZ_ASSERT(p[-1] >= '0' && p[-1] <= '9' && p[1] >= '0' && p[1] <= '9',
+			  "\"%s\" accepted: a '/' not between digits", s);
+	FZ_ASSERT(spec.nstages <= WEX_LAYOUT_MAX_STAGES, "%u stages", spec.nstages);
+	for (uint32_t i = 0; i < WEX_LAYOUT_MAX_STAGES; i++)
+		FZ_ASSERT(i < spec.nstages ? spec.stages[i] >= 1 && spec.stages[i] <= (1 << 20)
+					   : spec.stages[i] == 0,
+			  "stage %u of %u holds %u layers", i, spec.nstages, spec.stages[i]);
 	l = (size_t)snprintf(text, sizeof(text), "%s", spec.engine);
 	for (int k = 0; k < WEX_LAYOUT_PARAMS; k++) {
 		FZ_ASSERT(spec.set[k] == 0 || spec.set[k] == 1, "set[%d] = %d", k, spec.set[k]);
@@ -59,6 +69,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 					      strchr(text, ':') ? "," : ":", keys[k],
 					      (long long)spec.v[k]);
 	}
+	for (uint32_t i = 0; i < spec.nstages; i++)
+		l += (size_t)snprintf(text + l, sizeof(text) - l, "%s%u",
+				      i ? "/" : strchr(text, ':') ? ",stages=" : ":stages=",
+				      spec.stages[i]);
+	FZ_ASSERT(l < sizeof(text), "\"%s\" written back in %zu bytes", s, l);
 	ret = wex__layout_parse(text, &again, err, sizeof(err));
 	FZ_ASSERT(ret == 0, "\"%s\" (from \"%s\") refused: %s", text, s, err);
 	FZ_ASSERT(!memcmp(&spec, &again, sizeof(spec)), "\"%s\" and \"%s\" differ", text, s);

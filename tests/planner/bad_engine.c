@@ -6,7 +6,9 @@
  * a vocab_pad whose product with tp wraps to 0 (was a division by zero)
  * or that would pad the vocabulary to terabytes, and parameter defaults
  * outside the limits given values obey (tp*dp wrapped to a world of 0
- * ranks).  The same engine with sane numbers lays out.  Uses a family and
+ * ranks), a pp_remainder other than before_last or last, and a
+ * default for stages other than [] (none).  The same engine with sane
+ * numbers lays out.  Uses a family and
  * engines of its own in a temporary adapters directory, also when
  * $WEX_ADAPTERS names it (a directory named there is used as given, with
  * no hf.json of its own; it was skipped for the source tree's copy).
@@ -70,6 +72,9 @@ int main(void)
 	put("wrap", "{\"tp\":1,\"pp\":1,\"dp\":1}", "4611686018427387904");
 	put("huge", "{\"tp\":1,\"pp\":1,\"dp\":1}", "1000000000000");
 	put("defaults", "{\"tp\":4294967296,\"pp\":1,\"dp\":4294967296}", "64");
+	/* Top-level keys after params, through its text. */
+	put("rem", "{\"tp\":1,\"pp\":1,\"dp\":1},\"pp_remainder\":\"middle\"", "64");
+	put("stages", "{\"tp\":1,\"pp\":1,\"dp\":1,\"stages\":[1,1]}", "64");
 	CHECK(wex__model_from_text("{\"model_type\":\"enginetest\",\"layers\":2,\"vocab\":100,"
 				   "\"hidden\":8}",
 				   dir, &m, err, sizeof(err)) == 0,
@@ -100,6 +105,15 @@ int main(void)
 	CHECK(ret == -WEX_ELAYOUT, "defaults: %d %s (world %u)", ret, err, w);
 	CHECK(strstr(err, "engine defaults") && strstr(err, "tp defaults to 4294967296"), "%s", err);
 	printf("defaults       %s\n", err);
+	/* Rules no engine has: refused even where the layers divide evenly. */
+	ret = world(m, "rem", &w, err, sizeof(err));
+	CHECK(ret == -WEX_ELAYOUT, "rem: %d %s", ret, err);
+	CHECK(strstr(err, "engine rem") && strstr(err, "pp_remainder is \"middle\""), "%s", err);
+	printf("rem            %s\n", err);
+	ret = world(m, "stages:pp=2", &w, err, sizeof(err));
+	CHECK(ret == -WEX_ELAYOUT, "stages:pp=2: %d %s", ret, err);
+	CHECK(strstr(err, "engine stages") && strstr(err, "stages must default to []"), "%s", err);
+	printf("stages:pp=2    %s\n", err);
 	/* Given values override bad defaults. */
 	ret = world(m, "defaults:tp=2,dp=1", &w, err, sizeof(err));
 	CHECK(ret == 0 && w == 2, "defaults:tp=2,dp=1: %d %s", ret, err);
@@ -122,8 +136,8 @@ int main(void)
 	      "$WEX_ADAPTERS naming no directory: not refused naming it: %s", err);
 	printf("WEX_ADAPTERS   %s\n", err);
 	unsetenv("WEX_ADAPTERS");
-	const char *names[] = { "engines/ok", "engines/wrap", "engines/huge", "engines/defaults",
-				"families/llama" };
+	const char *names[] = { "engines/ok",  "engines/wrap",   "engines/huge", "engines/defaults",
+				"engines/rem", "engines/stages", "families/llama" };
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
 		snprintf(path, sizeof(path), "%s/%s.json", dir, names[i]);
 		unlink(path);
