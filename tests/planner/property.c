@@ -3,7 +3,8 @@
  * property.c - proves, over randomized models and layouts (dense GQA with
  * and without bias / q-k norms / tied embeddings, Qwen3-MoE and Mixtral
  * style MoE, DeepSeek-V3 style MLA+MoE; TP 1-8, PP with uneven first/last
- * stages, DP replicas, EP and expert TP, KV heads fewer than TP, odd
+ * stages (Megatron), vLLM's and SGLang's own splits of layers that do not
+ * divide by PP and explicit stages=, DP replicas, EP and expert TP, KV heads fewer than TP, odd
  * vocabulary sizes) that plan + host executor write every destination
  * element exactly once, with the value of the same canonical element, and
  * never touch padding.  Both the per-rank and the group planner are used.
@@ -118,10 +119,20 @@ static void make_layout(char *buf, size_t len, int producer, int family, unsigne
 			n += snprintf(buf + n, len - (size_t)n, ",ep=%u,etp=%u", ep, 1u << rnd(2));
 		}
 	} else {
-		int n = snprintf(buf, len, "%s:tp=%u,dp=%u", rnd(2) ? "vllm" : "sglang", tp, 1 + rnd(2));
+		unsigned pp = 1 + rnd(layers < 4 ? layers : 4);
+		int n = snprintf(buf, len, "%s:tp=%u,dp=%u,pp=%u", rnd(2) ? "vllm" : "sglang", tp,
+				 1 + rnd(2), pp);
 
 		if (family && rnd(2))
 			n += snprintf(buf + n, len - (size_t)n, ",ep=%u", 1u << rnd(3));
+		/* An explicit split: pp parts of at least one layer. */
+		if (pp > 1 && rnd(3) == 0)
+			for (unsigned s = 0, left = layers; s < pp; s++) {
+				unsigned k = s == pp - 1 ? left : 1 + rnd(left - (pp - 1 - s));
+
+				n += snprintf(buf + n, len - (size_t)n, "%s%u", s ? "/" : ",stages=", k);
+				left -= k;
+			}
 	}
 }
 

@@ -14,8 +14,12 @@
  * biases, a sigmoid-gated shared expert, a dense layer from mlp_only_layers:
  * vllm tp=2 -> sglang tp=2,ep=2 and megatron tp=2,pp=3,ep=2,etp=1 -> vllm
  * tp=2,ep=2), and Qwen3 and that Qwen2-MoE block-quantized FP8 (vllm ->
- * sglang).  Each hop plans every destination rank against all ranks of
- * the previous layout.
+ * sglang).  And pipeline splits whose layers do not divide by pp: vLLM's
+ * (the remainder before the last stage: 5 layers pp=3 -> 2/2/1) to
+ * SGLang's (to the last stages: pp=2 -> 2/3), an explicit stages=1/3/1 to
+ * Megatron's first=2, and the DeepSeek-V3 model (3 layers) vllm pp=2
+ * (2/1) -> sglang pp=2 (1/2).  Each hop plans every destination rank
+ * against all ranks of the previous layout.
  */
 #include "ptest.h"
 
@@ -92,10 +96,13 @@ static void trip(const char *cfg, const char *a, const char *b)
 
 int main(void)
 {
-	trip("{\"model_type\":\"qwen2\",\"hidden_size\":16,\"num_hidden_layers\":5,"
-	     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"intermediate_size\":24,"
-	     "\"vocab_size\":203,\"tie_word_embeddings\":true,\"torch_dtype\":\"bfloat16\"}",
-	     "megatron:tp=2,pp=3,dp=2,first=1", "vllm:tp=4");
+#define QWEN2_5L "{\"model_type\":\"qwen2\",\"hidden_size\":16,\"num_hidden_layers\":5," \
+	"\"num_attention_heads\":4,\"num_key_value_heads\":2,\"intermediate_size\":24," \
+	"\"vocab_size\":203,\"tie_word_embeddings\":true,\"torch_dtype\":\"bfloat16\"}"
+	trip(QWEN2_5L, "megatron:tp=2,pp=3,dp=2,first=1", "vllm:tp=4");
+	/* Uneven pipeline splits: each engine's own, and stages=. */
+	trip(QWEN2_5L, "vllm:tp=2,pp=3", "sglang:tp=2,pp=2,dp=2");
+	trip(QWEN2_5L, "sglang:tp=2,pp=3,stages=1/3/1", "megatron:tp=2,pp=2,first=2");
 	trip("{\"model_type\":\"qwen3_moe\",\"hidden_size\":16,\"num_hidden_layers\":2,"
 	     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":4,"
 	     "\"intermediate_size\":24,\"moe_intermediate_size\":8,\"num_experts\":4,"
@@ -113,6 +120,12 @@ int main(void)
 	     "\"q_lora_rank\":12,\"kv_lora_rank\":8,\"qk_nope_head_dim\":4,\"qk_rope_head_dim\":2,"
 	     "\"v_head_dim\":4,\"vocab_size\":129,\"torch_dtype\":\"bfloat16\"}",
 	     "megatron:tp=2,pp=2,dp=2,ep=4,etp=1,first=1", "sglang:tp=4,ep=2");
+	trip("{\"model_type\":\"deepseek_v3\",\"hidden_size\":16,\"num_hidden_layers\":3,"
+	     "\"num_attention_heads\":4,\"intermediate_size\":24,\"moe_intermediate_size\":8,"
+	     "\"n_routed_experts\":8,\"n_shared_experts\":1,\"first_k_dense_replace\":1,"
+	     "\"q_lora_rank\":12,\"kv_lora_rank\":8,\"qk_nope_head_dim\":4,\"qk_rope_head_dim\":2,"
+	     "\"v_head_dim\":4,\"vocab_size\":129,\"torch_dtype\":\"bfloat16\"}",
+	     "vllm:tp=2,pp=2,ep=2", "sglang:tp=2,pp=2,fuse_shared=1");
 	/* FP8 (block 4x4): F8_E4M3 weights with their F32 scales. */
 	trip("{\"model_type\":\"deepseek_v3\",\"hidden_size\":16,\"num_hidden_layers\":3,"
 	     "\"num_attention_heads\":4,\"intermediate_size\":24,\"moe_intermediate_size\":8,"
