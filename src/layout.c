@@ -83,6 +83,7 @@ struct wex_model {
 #define seterr wex__seterr
 
 static int layer_is_moe(const struct wex_model *m, int64_t L);
+static int64_t count_moe_layers(const struct wex_model *m, int64_t layers);
 static int layer_has(const struct wex_model *m, int layers, int64_t L);
 
 int64_t wex__model_sym(const struct wex_model *m, const char *name)
@@ -781,10 +782,7 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 
 		if (layers < 0)
 			layers = 0;
-		/* Every family has per-layer tensors: more layers than tensors
-		 * allowed fails below anyway, and bounds this count. */
-		for (int64_t L = 0; L < layers && L <= (int64_t)MODEL_MAX_TENSORS; L++)
-			nmoe += layer_is_moe(m, L);
+		nmoe = count_moe_layers(m, layers);
 		for (int t = 0; t < m->nft; t++) {
 			const struct ftensor *f = &m->ft[t];
 			uint64_t n = f->layers == LAY_NONE	  ? 1
@@ -884,17 +882,45 @@ void wex__model_free(struct wex_model *m)
  * it: DeepSeek's first_k_dense_replace layers are dense; Qwen-MoE's layer
  * L is sparse iff L is not in mlp_only_layers, num_experts > 0 and
  * (L + 1) % decoder_sparse_step == 0 (Qwen2MoeDecoderLayer).  A family
- * without a symbol leaves its rule out. */
-static int layer_is_moe(const struct wex_model *m, int64_t L)
+ * without a symbol leaves its rule out.  layer_rule_moe: all but the list. */
+static int layer_rule_moe(const struct wex_model *m, int64_t L)
 {
 	int64_t fd = wex__model_sym(m, "first_dense"), step = wex__model_sym(m, "sparse_step");
 
 	if (L < fd || wex__model_sym(m, "nexp") == 0)
 		return 0;
-	if (step > 0 && (L + 1) % step)
+	return step <= 0 || (L + 1) % step == 0;
+}
+
+static int layer_is_moe(const struct wex_model *m, int64_t L)
+{
+	return layer_rule_moe(m, L) &&
+	       (!m->ndense_list ||
+		!bsearch(&L, m->dense_list, m->ndense_list, sizeof(*m->dense_list), cmp_i64));
+}
+
+/* The number of layers L < layers that layer_is_moe says are MoE, counted
+ * without a pass over the layers: a config's layer count is only bounded
+ * by CFG_INT_MAX, and a count no model has must be refused at once. */
+static int64_t count_moe_layers(const struct wex_model *m, int64_t layers)
+{
+	int64_t fd = wex__model_sym(m, "first_dense"), step = wex__model_sym(m, "sparse_step");
+	int64_t n;
+
+	if (fd < 0)
+		fd = 0;
+	if (layers <= fd || wex__model_sym(m, "nexp") == 0)
 		return 0;
-	return !m->ndense_list ||
-	       !bsearch(&L, m->dense_list, m->ndense_list, sizeof(*m->dense_list), cmp_i64);
+	/* L in [fd, layers) with (L + 1) % step == 0: the multiples of step
+	 * in [fd + 1, layers]. */
+	n = step > 0 ? layers / step - fd / step : layers - fd;
+	for (size_t i = 0; i < m->ndense_list; i++) {
+		int64_t L = m->dense_list[i];
+
+		if ((i == 0 || L != m->dense_list[i - 1]) && L < layers && layer_rule_moe(m, L))
+			n--;
+	}
+	return n;
 }
 
 static int layer_has(const struct wex_model *m, int layers, int64_t L)

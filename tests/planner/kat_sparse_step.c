@@ -12,7 +12,9 @@
  * fused into linear_fc1) and by planning hf -> megatron -> vllm -> hf with
  * every byte back.  A decoder_sparse_step of 0 (a modulo by zero in
  * transformers) or a mlp_only_layers that is not a list of layer numbers
- * is refused naming the key.
+ * is refused naming the key.  The whole-model tensor limit counts sparse
+ * layers by the same rule: exactly 2^22 tensors pass, more do not, and 2^40
+ * layers are refused without a pass over them.
  */
 #include "kat_common.h"
 
@@ -93,6 +95,37 @@ static void refused(const char *cfg, const char *what)
 	CHECK(strstr(err, what) != NULL, "error does not name %s: %s", what, err);
 }
 
+/* The whole-model tensor limit (2^22 tensors) counts MoE layers by the
+ * same rule, in closed form: a 310691-layer Qwen3-MoE with 4 experts,
+ * decoder_sparse_step 4 and mlp_only_layers [3, 3, 5, 7, 310695] (a
+ * duplicate, a layer dense by the step anyway, one past the last) has
+ * 77670 sparse layers and 3 + 8*310691 + 3*(310691-77670) + 13*77670 =
+ * 2^22 tensors: accepted; one more layer (sparse) is 21 tensors over:
+ * refused.  So is 2^40 layers, at once (no pass over the layers). */
+static void tensor_limit(void)
+{
+	char cfg[512];
+	struct wex_model *m;
+	const long layers[] = { 310691, 310692, 1l << 40 };
+
+	for (int i = 0; i < 3; i++) {
+		snprintf(cfg, sizeof(cfg),
+			 "{\"model_type\":\"qwen3_moe\",\"hidden_size\":8,\"num_hidden_layers\":%ld,"
+			 "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":2,"
+			 "\"intermediate_size\":24,\"moe_intermediate_size\":4,\"num_experts\":4,"
+			 "\"vocab_size\":64,\"decoder_sparse_step\":4,"
+			 "\"mlp_only_layers\":[3,3,5,7,310695]}",
+			 layers[i]);
+		if (i == 0) {
+			m = kat_model(cfg);
+			CHECK(wex__model_sym(m, "layers") == layers[i], "layers");
+			wex__model_free(m);
+		} else {
+			refused(cfg, "not a model's");
+		}
+	}
+}
+
 int main(void)
 {
 	const int step2[] = { 0, 1, 0, 1 }, only2[] = { 1, 1, 0, 1 }, none[] = { 0, 0, 0, 0 };
@@ -105,5 +138,6 @@ int main(void)
 	refused(CFG(",\"decoder_sparse_step\":0"), "decoder_sparse_step");
 	refused(CFG(",\"mlp_only_layers\":[\"1\"]"), "mlp_only_layers");
 	refused(CFG(",\"mlp_only_layers\":3"), "mlp_only_layers");
+	tensor_limit();
 	return T_PASS;
 }
