@@ -450,6 +450,103 @@ static int family_has_type(json_t *fam, const char *mt)
 
 static const char *const family_files[] = { "llama", "moe", "deepseek_v3" };
 
+/* Aho-Corasick automaton over the strings of a JSON list (others are
+ * skipped, and so is ""): which of them occurs in a text, found in one
+ * pass over the text whatever the number of strings.  A node is a prefix
+ * of some string; fail is the node of its longest proper suffix that is
+ * one too; hit is the index in the list of a string that ends at the node
+ * or at a node its fail links lead to, -1 none. */
+struct ac_node {
+	int64_t child, sibling, fail, hit;
+	unsigned char c;
+};
+
+struct ac {
+	struct ac_node *n;
+	size_t nn;
+};
+
+static int64_t ac_child(const struct ac *a, int64_t u, unsigned char c)
+{
+	for (int64_t v = a->n[u].child; v >= 0; v = a->n[v].sibling)
+		if (a->n[v].c == c)
+			return v;
+	return -1;
+}
+
+static int ac_build(struct ac *a, json_t *list)
+{
+	size_t cap = 1, i, qh = 0, qt = 0;
+	int64_t *q;
+	json_t *v;
+
+	json_array_foreach(list, i, v)
+		cap += json_string_length(v);
+	a->nn = 0;
+	a->n = malloc(cap * sizeof(*a->n));
+	q = malloc(cap * sizeof(*q));
+	if (!a->n || !q) {
+		free(a->n);
+		free(q);
+		return -ENOMEM;
+	}
+	a->n[a->nn++] = (struct ac_node){ .child = -1, .sibling = -1, .hit = -1 };
+	json_array_foreach(list, i, v) {
+		const char *s = json_string_value(v);
+		int64_t u = 0;
+
+		for (; s && *s; s++) {
+			int64_t w = ac_child(a, u, (unsigned char)*s);
+
+			if (w < 0) {
+				w = (int64_t)a->nn++;
+				a->n[w] = (struct ac_node){ .child = -1, .sibling = a->n[u].child, .hit = -1,
+							    .c = (unsigned char)*s };
+				a->n[u].child = w;
+			}
+			u = w;
+		}
+		if (u && a->n[u].hit < 0)
+			a->n[u].hit = (int64_t)i;
+	}
+	/* Breadth first: a node's fail link and hit are set from shallower
+	 * nodes, which are complete by then. */
+	q[qt++] = 0;
+	while (qh < qt) {
+		int64_t u = q[qh++];
+
+		for (int64_t x = a->n[u].child; x >= 0; x = a->n[x].sibling) {
+			int64_t f = a->n[u].fail, w = -1;
+
+			while (u && (w = ac_child(a, f, a->n[x].c)) < 0 && f)
+				f = a->n[f].fail;
+			a->n[x].fail = w >= 0 ? w : 0;
+			if (a->n[x].hit < 0)
+				a->n[x].hit = a->n[a->n[x].fail].hit;
+			q[qt++] = x;
+		}
+	}
+	free(q);
+	return 0;
+}
+
+/* The index of a string of the automaton's list that occurs in s, -1 none. */
+static int64_t ac_find(const struct ac *a, const char *s)
+{
+	int64_t u = 0;
+
+	for (; *s; s++) {
+		int64_t w;
+
+		while ((w = ac_child(a, u, (unsigned char)*s)) < 0 && u)
+			u = a->n[u].fail;
+		u = w >= 0 ? w : 0;
+		if (a->n[u].hit >= 0)
+			return a->n[u].hit;
+	}
+	return -1;
+}
+
 int wex__model_from_text(const char *config_json, const char *adapters_dir,
 			 struct wex_model **out, char *err, size_t errlen)
 {
@@ -809,40 +906,49 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 	 * skips a module whose name contains a modules_to_not_convert entry,
 	 * vLLM reads ignored_layers with rules of its own) are not described:
 	 * an entry that names a module the family quantizes is refused, one
-	 * that names lm_head or another unquantized module is harmless. */
+	 * that names lm_head or another unquantized module is harmless.  Real
+	 * lists name every layer's norms and router (Qwen3-MoE-FP8: 3 entries a
+	 * layer, against 384 expert weights a layer): each module name is
+	 * matched against all entries at once, in one pass over its text. */
 	for (int k = 0; m->fp8 && k < 2; k++) {
 		const char *key = k ? "ignored_layers" : "modules_to_not_convert";
-		json_t *list = json_object_get(json_object_get(cfg, "quantization_config"), key), *qv;
+		json_t *list = json_object_get(json_object_get(cfg, "quantization_config"), key);
 		int64_t layers = wex__model_sym(m, "layers"), nexp = wex__model_sym(m, "nexp");
-		size_t qi;
+		struct ac ac;
 
-		json_array_foreach(list, qi, qv) {
-			const char *s = json_string_value(qv);
+		ret = ac_build(&ac, list);
+		if (ret < 0) {
+			seterr(err, errlen, "out of memory");
+			goto out;
+		}
+		ret = -EINVAL;
+		for (int t = 0; ac.nn > 1 && t < m->nft; t++) {
+			const struct ftensor *f = &m->ft[t];
+			int64_t L0 = f->layers == LAY_NONE ? -1 : 0, L1 = f->layers == LAY_NONE ? 0 : layers;
 
-			for (int t = 0; s && *s && t < m->nft; t++) {
-				const struct ftensor *f = &m->ft[t];
-				int64_t L0 = f->layers == LAY_NONE ? -1 : 0, L1 = f->layers == LAY_NONE ? 0 : layers;
+			for (int64_t L = L0; f->scale >= 0 && L < L1; L++) {
+				if (f->layers != LAY_NONE && !layer_has(m, f->layers, L))
+					continue;
+				for (int64_t E = 0; E < (f->experts ? nexp : 1); E++) {
+					char nm[WEX_NAME_MAX];
+					int64_t hit;
 
-				for (int64_t L = L0; f->scale >= 0 && L < L1; L++) {
-					if (f->layers != LAY_NONE && !layer_has(m, f->layers, L))
+					if (expand(m, f->name, L, L, E, E, nm) < 0)
 						continue;
-					for (int64_t E = 0; E < (f->experts ? nexp : 1); E++) {
-						char nm[WEX_NAME_MAX];
-
-						if (expand(m, f->name, L, L, E, E, nm) < 0)
-							continue;
-						nm[strlen(nm) - 7] = 0; /* the module: no ".weight" */
-						if (!strstr(nm, s))
-							continue;
-						seterr(err, errlen, "config.json: quantization_config %s lists \"%s\", "
-						       "which leaves %s unquantized: FP8 checkpoints with some Linear "
-						       "weights in BF16 are not supported", key, s, nm);
-						ret = -EINVAL;
-						goto out;
-					}
+					nm[strlen(nm) - 7] = 0; /* the module: no ".weight" */
+					hit = ac_find(&ac, nm);
+					if (hit < 0)
+						continue;
+					seterr(err, errlen, "config.json: quantization_config %s lists \"%s\", "
+					       "which leaves %s unquantized: FP8 checkpoints with some Linear "
+					       "weights in BF16 are not supported", key,
+					       json_string_value(json_array_get(list, (size_t)hit)), nm);
+					free(ac.n);
+					goto out;
 				}
 			}
 		}
+		free(ac.n);
 	}
 	*out = m;
 	m = NULL;

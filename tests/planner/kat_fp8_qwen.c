@@ -17,7 +17,10 @@
  *  - a shard that cuts a block (vllm tp=4: gate_proj's 24 rows in 6, an
  *    expert's 8 in 2 with tp=2,dp=2) is refused naming the weight and its scales; modules_to_not_convert
  *    naming a module the family quantizes (mixed FP8/BF16 Linear weights)
- *    is refused naming the entry, one naming lm_head is accepted.
+ *    is refused naming the entry, one naming lm_head is accepted; entries
+ *    match anywhere in a module name (transformers' test), also where one
+ *    entry's partial match runs into another's, and Qwen3-235B-A22B-FP8's
+ *    real list (every layer's norms and router) is accepted.
  * roundtrip.c carries both models hf -> vllm -> sglang -> hf byte for byte.
  */
 #include "kat_common.h"
@@ -27,10 +30,11 @@
 #define QWEN3(EXTRA) "{\"model_type\":\"qwen3\",\"hidden_size\":16,\"num_hidden_layers\":2," \
 	"\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":4," \
 	"\"intermediate_size\":24,\"vocab_size\":64,\"torch_dtype\":\"bfloat16\"," QCFG(EXTRA)
-#define QWEN2MOE "{\"model_type\":\"qwen2_moe\",\"hidden_size\":16,\"num_hidden_layers\":2," \
+#define QWEN2MOE_Q(EXTRA) "{\"model_type\":\"qwen2_moe\",\"hidden_size\":16,\"num_hidden_layers\":2," \
 	"\"num_attention_heads\":4,\"num_key_value_heads\":2,\"intermediate_size\":24," \
 	"\"moe_intermediate_size\":8,\"shared_expert_intermediate_size\":16,\"num_experts\":4," \
-	"\"mlp_only_layers\":[1],\"vocab_size\":64,\"torch_dtype\":\"bfloat16\"," QCFG("")
+	"\"mlp_only_layers\":[1],\"vocab_size\":64,\"torch_dtype\":\"bfloat16\"," QCFG(EXTRA)
+#define QWEN2MOE QWEN2MOE_Q("")
 
 /* No tensor, canonical or physical, named with a scale suffix after `stem`. */
 static void no_scales(const struct wex_rank_layout *l, const char *stem)
@@ -51,6 +55,54 @@ static void shape(const struct wex_phys *t, int dtype, uint32_t nd, uint64_t d0,
 	      (nd < 3 || t->shape[2] == d2), "%s is %s %llux%llux%llu", t->name,
 	      wex_dtype_name(t->dtype), (unsigned long long)t->shape[0],
 	      (unsigned long long)t->shape[1], (unsigned long long)(nd > 2 ? t->shape[2] : 0));
+}
+
+/* The Qwen2-MoE above with modules_to_not_convert LIST: accepted when
+ * `entry` is NULL, else refused naming it and the module it lies in. */
+static void not_convert(const char *list, const char *entry, const char *module)
+{
+	char cfg[2048], err[512] = "";
+	struct wex_model *m = NULL;
+
+	snprintf(cfg, sizeof(cfg), QWEN2MOE_Q(",\"modules_to_not_convert\":%s"), list);
+	if (!entry) {
+		wex__model_free(kat_model(cfg));
+		return;
+	}
+	CHECK(wex__model_from_text(cfg, NULL, &m, err, sizeof(err)) < 0, "accepted: %s", list);
+	CHECK(strstr(err, entry) && strstr(err, module), "%s: wanted \"%s\" in %s: %s", list, entry,
+	      module, err);
+}
+
+/* Qwen3-235B-A22B-FP8's modules_to_not_convert: lm_head, then each of its
+ * 94 layers' input_layernorm, mlp.gate (the router) and
+ * post_attention_layernorm, none of them quantized: accepted, and without
+ * comparing each of the 282 entries with each of the 36,472 FP8 weights. */
+static void qwen3_235b_list(void)
+{
+	size_t cap = 65536, n = 0;
+	char *cfg = malloc(cap);
+	struct wex_model *m;
+
+	CHECK(cfg, "out of memory");
+	n += (size_t)snprintf(cfg + n, cap - n,
+			      "{\"model_type\":\"qwen3_moe\",\"hidden_size\":4096,"
+			      "\"num_hidden_layers\":94,\"num_attention_heads\":64,"
+			      "\"num_key_value_heads\":4,\"head_dim\":128,\"intermediate_size\":12288,"
+			      "\"moe_intermediate_size\":1536,\"num_experts\":128,\"decoder_sparse_step\":1,"
+			      "\"mlp_only_layers\":[],\"vocab_size\":151936,\"torch_dtype\":\"bfloat16\","
+			      "\"quantization_config\":{\"activation_scheme\":\"dynamic\",\"fmt\":\"e4m3\","
+			      "\"quant_method\":\"fp8\",\"weight_block_size\":[128,128],"
+			      "\"modules_to_not_convert\":[\"lm_head\"");
+	for (int L = 0; L < 94; L++)
+		n += (size_t)snprintf(cfg + n, cap - n,
+				      ",\"model.layers.%d.input_layernorm\",\"model.layers.%d.mlp.gate\","
+				      "\"model.layers.%d.post_attention_layernorm\"", L, L, L);
+	snprintf(cfg + n, cap - n, "]}}");
+	CHECK(n < cap - 8, "config too long");
+	m = kat_model(cfg);
+	wex__model_free(m);
+	free(cfg);
 }
 
 int main(void)
@@ -139,5 +191,24 @@ int main(void)
 	kat_refused(m, "vllm:tp=2,dp=2", "model.layers.0.mlp.experts.0.gate_proj.weight",
 		       "model.layers.0.mlp.experts.0.gate_proj.weight_scale_inv");
 	wex__model_free(m);
+
+	/* Entries are matched as transformers does, anywhere inside a module
+	 * name.  Layer 0 is sparse (no mlp.gate_proj: its router mlp.gate is
+	 * unquantized), layer 1 dense. */
+	not_convert("[\"lm_head\",\"model.embed_tokens\",\"model.norm\",\"model.layers.0.input_layernorm\","
+		    "\"model.layers.0.mlp.gate\",\"model.layers.0.mlp.shared_expert_gate\","
+		    "\"model.layers.1.post_attention_layernorm\",7,\"\",null]", NULL, NULL);
+	/* After "layers.0.mlp.experts." the first entry wants 9, the module
+	 * goes on with 1: the match goes on in the second entry. */
+	not_convert("[\"layers.0.mlp.experts.9\",\"0.mlp.experts.1.up_proj\"]",
+		    "0.mlp.experts.1.up_proj", "model.layers.0.mlp.experts.1.up_proj");
+	/* "mlp.up_proj" ends inside the match of the longer first entry
+	 * (layer 1's dense MLP; layer 0 has experts.E.up_proj and
+	 * shared_expert.up_proj only). */
+	not_convert("[\"1.mlp.up_proj_x\",\"mlp.up_proj\"]", "mlp.up_proj", "model.layers.1.mlp.up_proj");
+	not_convert("[\"lm_head\",\"xpert.dow\"]", "xpert.dow", "model.layers.0.mlp.shared_expert.down_proj");
+	not_convert("[\"model.layers.1.mlp.gate\"]", "model.layers.1.mlp.gate",
+		    "model.layers.1.mlp.gate_proj");
+	qwen3_235b_list();
 	return T_PASS;
 }
