@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "examples/model.h"
+#include "tests/wexd_dir.h"
 #include "wex.h"
 
 #define RUNS 5
@@ -450,7 +451,7 @@ int main(int argc, char **argv)
 	wex_client_close(c);
 	kill(dpid, SIGTERM);
 	waitpid(dpid, NULL, 0);
-	rmdir(dir);
+	rm_wexd_dir(dir);
 
 	double copy_s = median(copy_t, RUNS), meta_s = median(meta_t, RUNS),
 	       touch_s = median(touch_t, RUNS), fixed_s = median(fixed_t, RUNS),

@@ -63,7 +63,7 @@ static int run(const char *path, int *st)
 
 int main(void)
 {
-	char dir[256], path[300], buf[64];
+	char dir[256], path[300], lp[320], buf[64];
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct stat sb;
 	int fd, st;
@@ -100,6 +100,9 @@ int main(void)
 	T_ASSERT(run(path, &st), "wexd did not start over a stale socket (exit %d)", st);
 	T_ASSERT(st == 0, "wexd exited %d on SIGTERM", st);
 	unlink(path);
+	/* The lease journal's directory, which wexd keeps. */
+	snprintf(lp, sizeof(lp), "%s.leases", path);
+	rmdir(lp);
 	rmdir(dir);
 	return T_EXIT_PASS;
 }

@@ -28,6 +28,7 @@
 #include "vmm/backend.h"
 #include "vmm/cudawrap.h"
 #include "vmm/cuda_backend.h"
+#include "tests/wexd_dir.h"
 
 #define T_EXIT_PASS 0
 #define T_EXIT_FAIL 1
@@ -470,7 +471,7 @@ static inline void gpu_world_stop(struct gpu_world *w)
 	close(w->from_prod);
 	kill(w->wexd, SIGTERM);
 	CHECK(waitpid(w->wexd, &st, 0) == w->wexd && WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	rmdir(w->dir);
+	rm_wexd_dir(w->dir);
 }
 
 /*

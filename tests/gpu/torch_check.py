@@ -32,6 +32,7 @@ adapters/python.
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -304,6 +305,11 @@ def main():
         if wexd.returncode != 0:
             ok = False
             print("wexd exited with %d" % wexd.returncode)
+    if ok:
+        # The reference weights saved per version are as large as the model.
+        shutil.rmtree(workdir)
+    else:
+        print("torch_check %s: kept %s (wexd's socket, the saved weights)" % (mode, workdir))
     print("torch_check %s: %s" % (mode, "passed" if ok else "FAILED"))
     return 0 if ok else 1
 

@@ -3,6 +3,7 @@
 the Python tests (tests/python, tests/gpu/torch_check.py)."""
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,7 @@ class WexdProducerCase(unittest.TestCase):
         assert cls.prod.wait(20) == 0, "producer exited with %s" % cls.prod.returncode
         cls.wexd.terminate()
         assert cls.wexd.wait(20) == 0, "wexd exited with %s" % cls.wexd.returncode
+        shutil.rmtree(cls.dir)
 
     def publish(self, v):
         self.prod.stdin.write("%d\n" % v)

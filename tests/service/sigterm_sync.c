@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "examples/model.h"
+#include "tests/wexd_dir.h"
 #include "wex.h"
 
 #define CHECK(cond, ...)                                                                   \
@@ -215,7 +216,7 @@ int main(void)
 	waitpid(prod, NULL, 0);
 	free(buf);
 	free(t);
-	rmdir(dir);
+	rm_wexd_dir(dir);
 	printf("PASS: sigterm drains: waiting sync told ESHUTDOWN, weights intact; in-flight copy finished first\n");
 	return 0;
 }
