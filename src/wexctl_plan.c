@@ -22,6 +22,7 @@
 #include "plan.h"
 #include "safetensors.h"
 #include "wexctl_plan.h"
+#include "vmm/backend.h"
 
 #define LINK_GBPS 50.0 /* per GPU link, for the estimate */
 #define PLAN_BATCH 64  /* consumer ranks planned per group call */
@@ -44,6 +45,7 @@ struct opts {
 	long rank;
 	int json;
 	uint64_t max_shard; /* convert --to hf: bytes of tensors per file */
+	int progress; /* convert: -1 auto (stderr is a terminal), 0 never, 1 always */
 };
 
 #define HF_SHARD_DEFAULT 5000000000ull /* transformers' save_pretrained: "5GB" */
@@ -88,7 +90,8 @@ static int usage(const char *cmd, int help)
 			   "[--rank K] [--json] [--adapters DIR]\n");
 	else
 		fprintf(f, "usage: wexctl convert --config config.json --from LAYOUT --to LAYOUT "
-			   "[--max-shard-size SIZE] [--adapters DIR] IN OUTDIR\n");
+			   "[--max-shard-size SIZE] [--progress auto|always|never] [--adapters DIR] "
+			   "IN OUTDIR\n");
 	fprintf(f, "  LAYOUT: ENGINE[:tp=N,pp=N,dp=N,ep=N,etp=N,first=N,last=N,stages=N/N/...,"
 		   "fuse_shared=0|1]; engines: hf megatron megatron_grouped vllm sglang "
 		   "(fuse_shared: sglang; stages: vllm sglang, the layers of each of the pp stages, "
@@ -107,7 +110,10 @@ static int usage(const char *cmd, int help)
 			   "(tokenizer.json, tokenizer_config.json, special_tokens_map.json, "
 			   "added_tokens.json, tokenizer.model, vocab.json, merges.txt, "
 			   "chat_template.jinja/.json) and generation_config.json found beside IN, else "
-			   "beside --config)\n");
+			   "beside --config)\n"
+			   "  --progress: how far each rank is, on stderr (auto: when it is a terminal, "
+			   "a line redrawn in place; always: also into a log, a line every 10 s and one "
+			   "per rank)\n");
 	return help ? 0 : 2;
 }
 
@@ -121,6 +127,7 @@ static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 
 	memset(o, 0, sizeof(*o));
 	o->rank = -1;
+	o->progress = -1;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char **dst = NULL;
@@ -170,6 +177,31 @@ static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 				fprintf(stderr, "wexctl %s: bad --max-shard-size '%s' (bytes, more than 0, "
 					"optionally followed by B KB MB GB TB KiB MiB GiB TiB)\n", cmd,
 					argv[i]);
+				return -1;
+			}
+			continue;
+		} else if (!strcmp(a, "--progress")) {
+			const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+
+			if (!npos) {
+				fprintf(stderr, "wexctl %s: %s is an option of wexctl convert only\n",
+					cmd, a);
+				return -1;
+			}
+			if (!v) {
+				fprintf(stderr, "wexctl %s: %s needs a value\n", cmd, a);
+				return -1;
+			}
+			i++;
+			if (!strcmp(v, "auto")) {
+				o->progress = -1;
+			} else if (!strcmp(v, "always")) {
+				o->progress = 1;
+			} else if (!strcmp(v, "never")) {
+				o->progress = 0;
+			} else {
+				fprintf(stderr, "wexctl %s: bad --progress '%s' (auto, always or never)\n",
+					cmd, v);
 				return -1;
 			}
 			continue;
@@ -872,6 +904,95 @@ static int grow_names(struct names *nm, size_t n)
 	return 0;
 }
 
+/* --progress: how far the rank being written is.  On a terminal, one line
+ * redrawn in place (at most five times a second); into a log, a line every
+ * 10 s.  Each rank ends with a line of its own once its files are on disk. */
+struct progress {
+	int on, tty, mid; /* mid: a terminal line not ended yet */
+	uint32_t rank, world;
+	size_t files;
+	uint64_t done, total; /* bytes of this rank's copies */
+	double t0, shown;
+};
+
+#define PROGRESS_STEP (256ull << 20) /* bytes copied between two looks */
+
+/* b as "12.3 MiB" (KiB below 1 MiB, GiB from 1 GiB) into buf. */
+static const char *size_str(char *buf, size_t len, uint64_t b)
+{
+	static const char *const unit[] = { "KiB", "MiB", "GiB", "TiB" };
+	double v = (double)b / 1024.0;
+	int u = 0;
+
+	while (v >= 1024.0 && u < 3) {
+		v /= 1024.0;
+		u++;
+	}
+	snprintf(buf, len, "%.1f %s", v, unit[u]);
+	return buf;
+}
+
+/* what: "copied" while copying, "syncing" before the files' fsync (both
+ * at most every 10 s into a log; "syncing" always on a terminal), NULL
+ * for the rank's last line. */
+static void progress_show(struct progress *pg, const char *what)
+{
+	double t = now(), el = t - pg->t0;
+	char a[32], b[32];
+
+	if (!pg->on || (what && t - pg->shown < (!pg->tty ? 10.0 : !strcmp(what, "copied") ? 0.2 : 0)))
+		return;
+	pg->shown = t;
+	pg->mid = pg->tty && what;
+	if (what)
+		fprintf(stderr, "%swexctl convert: rank %u/%u: %s %s of %s (%.0f %%), %.1f s%s",
+			pg->tty ? "\r" : "", pg->rank + 1, pg->world, what,
+			size_str(a, sizeof(a), pg->done), size_str(b, sizeof(b), pg->total), pg->total ? 100.0 * (double)pg->done / (double)pg->total : 100.0,
+			el, pg->tty ? "\033[K" : "\n");
+	else
+		fprintf(stderr, "%swexctl convert: rank %u/%u: %s in %zu file%s on disk, %.1f s "
+			"(%s/s)%s\n", pg->tty ? "\r" : "", pg->rank + 1, pg->world,
+			size_str(a, sizeof(a), pg->total), pg->files, pg->files == 1 ? "" : "s", el,
+			size_str(b, sizeof(b), el > 0 ? (uint64_t)((double)pg->total / el) : 0),
+			pg->tty ? "\033[K" : "");
+	fflush(stderr);
+}
+
+static uint64_t op_bytes(const struct wex_copy_op *op)
+{
+	uint64_t b = op->len;
+
+	for (uint32_t i = 0; i < op->nouter && i < 3; i++)
+		b *= op->count[i];
+	return b;
+}
+
+/* Runs a rank's plan on the host executor, in steps of about
+ * PROGRESS_STEP bytes when progress is shown (one step otherwise). */
+static int copy_rank(const struct wex_plan *p, struct bases *bs, const struct wex_tensor *pieces,
+		     struct progress *pg)
+{
+	struct wex_copy_op *ops;
+	int ret = wex__plan_resolve(p, base_of, bs, pieces, &ops);
+
+	if (ret < 0)
+		return ret;
+	pg->done = pg->total = 0;
+	for (size_t i = 0; i < p->nops; i++)
+		pg->total += op_bytes(&ops[i]);
+	for (size_t i = 0, j; i < p->nops && ret == 0; i = j) {
+		uint64_t b = 0;
+
+		for (j = i; j < p->nops && (!pg->on || b < PROGRESS_STEP); j++)
+			b += op_bytes(&ops[j]);
+		ret = wex_mem_host_copy(ops + i, j - i, 2);
+		pg->done += b;
+		progress_show(pg, "copied");
+	}
+	free(ops);
+	return ret;
+}
+
 int wexctl_cmd_convert(int argc, char **argv)
 {
 	struct opts o;
@@ -881,6 +1002,7 @@ int wexctl_cmd_convert(int argc, char **argv)
 	struct wex_plan_src *srcs = NULL;
 	struct wex_planner *pl = NULL;
 	struct bases bs = { 0 };
+	struct progress pg = { 0 };
 	char err[1024] = "";
 	int ret = 0, rc = 1;
 	struct names names = { 0 }; /* the files written, as NAME.partial until renamed */
@@ -1025,6 +1147,9 @@ int wexctl_cmd_convert(int argc, char **argv)
 	 * name does not end in .safetensors: never read as input. */
 	uint64_t total = 0;
 	size_t in_files = 0;
+	pg.tty = isatty(STDERR_FILENO);
+	pg.on = o.progress == 1 || (o.progress < 0 && pg.tty);
+	pg.world = dst.world;
 	for (uint32_t r = 0; r < src.world; r++)
 		in_files += rf[r].n;
 	for (uint32_t r = 0; r < dst.world; r++) {
@@ -1127,12 +1252,16 @@ int wexctl_cmd_convert(int argc, char **argv)
 		ret = wex__planner_plan(pl, pieces, l->np, r, dst.world, &p, err, sizeof(err));
 		if (ret < 0)
 			goto rank_out;
-		ret = wex__plan_exec_host(p, base_of, &bs, pieces, 2);
+		pg.rank = r;
+		pg.files = nfiles;
+		pg.t0 = pg.shown = now();
+		ret = copy_rank(p, &bs, pieces, &pg);
 		if (ret < 0) {
 			seterr(err, sizeof(err), "copy failed: %s", strerror(-ret));
 			goto rank_out;
 		}
 		total += p->stats.bytes_moved;
+		progress_show(&pg, "syncing");
 		created = 0; /* finish closes each file, whatever it returns */
 		for (size_t k = 0; k < nfiles; k++) {
 			ret = wex__st_finish(&files[k], err, sizeof(err));
@@ -1146,6 +1275,7 @@ int wexctl_cmd_convert(int argc, char **argv)
 			}
 		}
 		nnames += nfiles;
+		progress_show(&pg, NULL);
 rank_out:
 		for (size_t k = 0; k < created; k++)
 			wex__st_abort(&files[k]);
@@ -1215,6 +1345,8 @@ rank_out:
 	rc = 0;
 	goto out;
 fail:
+	if (pg.mid)
+		fputc('\n', stderr);
 	fprintf(stderr, "wexctl convert: %s\n", err[0] ? err : wex_strerror(ret));
 	for (size_t k = 0; staged && k < nnames; k++) {
 		char path[4200];

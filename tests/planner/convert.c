@@ -460,6 +460,38 @@ int main(int argc, char **argv)
 		CHECK(run_err(msg, sizeof(msg), wexctl_cmd_plan, "plan", cfg, "hf", "vllm:tp=2", NULL, NULL,
 			      "--max-shard-size", "5GB") == 2 && strstr(msg, "of wexctl convert only"),
 		      "wexctl plan --max-shard-size not refused: '%s'", msg);
+		/* --progress always: a line per rank once its files are on
+		 * disk; auto (the default) into a file, and never: none. */
+		{
+			static const char *const quiet[] = { "auto", "never", NULL };
+			char pr[300];
+			const char *p;
+			int lines = 0;
+
+			snprintf(pr, sizeof(pr), "%s/progress", dir);
+			CHECK(run_err(msg, sizeof(msg), wexctl_cmd_convert, "convert", cfg, "hf",
+				      "vllm:tp=2", in, pr, "--progress", "always") == 0,
+			      "--progress always: '%s'", msg);
+			for (p = msg; (p = strstr(p, "wexctl convert: rank ")); p++)
+				lines++;
+			CHECK(strstr(msg, "rank 1/2: ") && strstr(msg, "rank 2/2: ") &&
+				      strstr(msg, "KiB in 1 file on disk") && lines == 2,
+			      "--progress always into a file: not one line per rank: '%s'", msg);
+			for (int i = 0; quiet[i]; i++) {
+				CHECK(run_err(msg, sizeof(msg), wexctl_cmd_convert, "convert", cfg, "hf",
+					      "vllm:tp=2", in, pr, quiet[i] == quiet[0] ? NULL : "--progress",
+					      quiet[i]) == 0 && !strstr(msg, "wexctl convert: rank"),
+				      "--progress %s into a file showed progress: '%s'", quiet[i], msg);
+			}
+			CHECK(run_err(msg, sizeof(msg), wexctl_cmd_convert, "convert", cfg, "hf",
+				      "vllm:tp=2", in, pr, "--progress", "sometimes") == 2 &&
+				      strstr(msg, "bad --progress 'sometimes' (auto, always or never)"),
+			      "--progress sometimes not refused: '%s'", msg);
+			CHECK(run_err(msg, sizeof(msg), wexctl_cmd_plan, "plan", cfg, "hf", "vllm:tp=2",
+				      NULL, NULL, "--progress", "always") == 2 &&
+				      strstr(msg, "--progress is an option of wexctl convert only"),
+			      "wexctl plan --progress not refused: '%s'", msg);
+		}
 		/* Every shard of a rank is open at once: the soft limit on
 		 * open files is raised to what it takes; past the hard limit
 		 * the convert is refused before it writes. */
