@@ -31,9 +31,12 @@
 #define MAXROLES 4
 
 enum { LAY_NONE, LAY_ALL, LAY_DENSE, LAY_MOE };
-enum { P_TP, P_PP, P_DP, P_EP, P_ETP, P_FIRST, P_LAST, P_FUSE_SHARED };
-static const char *const param_names[WEX_LAYOUT_PARAMS] = { "tp",    "pp",   "dp",   "ep",
-							     "etp",   "first", "last", "fuse_shared" };
+enum { P_TP, P_PP, P_DP, P_EP, P_ETP, P_FIRST, P_LAST, P_FUSE_SHARED, P_DP_ATTENTION,
+       P_DENSE_TP, P_DP_LM_HEAD };
+static const char *const param_names[WEX_LAYOUT_PARAMS] = {
+	"tp", "pp", "dp", "ep", "etp", "first", "last", "fuse_shared", "dp_attention", "dense_tp",
+	"dp_lm_head"
+};
 
 struct sym {
 	char name[32];
@@ -1199,7 +1202,7 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 		long long v = strtoll(eq + 1, &stop, 10);
 		if (k == WEX_LAYOUT_PARAMS || eq[1] < '0' || eq[1] > '9' || stop != end || v < 0 ||
 		    v > LAYOUT_PARAM_MAX) {
-			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: tp pp dp ep etp first last fuse_shared stages)",
+			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: tp pp dp ep etp first last fuse_shared dp_attention dense_tp dp_lm_head stages)",
 			       (int)(end - p), p, s);
 			return -EINVAL;
 		}
@@ -1212,18 +1215,25 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 
 /* ---- the interpreter ---- */
 
+/* The ranks a kind splits over: all tp ranks of a stage; the expert
+ * tensor-parallel ranks; the attention-TP group (tp/dp ranks with
+ * dp_attention=1, else all tp ranks). */
+enum { AX_TP, AX_ETP, AX_ATTN };
+
 struct etensor {
 	const char *name;
 	const char *kind;
 	const char *roles[MAXROLES];
 	int nroles;
-	int etp_axis;
+	int axis;          /* AX_* */
 	int experts;       /* 0 none, 1 local (one physical per expert), 2 stack */
 	/* A stack's extra slot with fuse_shared=1: the shared expert's roles,
 	 * cut as the routed experts' (SGLang's expert n_routed). */
 	const char *shared_roles[MAXROLES];
 	int nshared;
-	int unless_fused;  /* "unless": "fuse_shared": not emitted when fused */
+	/* "if" / "unless": a layout parameter (P_*) that must be non-zero /
+	 * zero for the entry to be emitted; -1 none. */
+	int if_param, unless_param;
 	const char *stage; /* NULL: per layer */
 	const char *when;
 	int layers;
@@ -1235,14 +1245,22 @@ struct ctx {
 	json_t *eng;
 	int canonical;
 	int64_t tp, pp, dp, ep, etp, first, last, fuse_shared;
+	/* Every parameter's value (the engine's default where not given),
+	 * for "if"/"unless"; dense_tp equal to tp counts as 0. */
+	int64_t pv[WEX_LAYOUT_PARAMS];
+	/* dp_attention=1: dp is the attention data-parallel size inside the
+	 * tp ranks, whose attention-TP groups are attn_tp = tp/dp ranks;
+	 * a stage has stage_ranks = tp ranks (else tp*dp, dp replicas). */
+	int dp_attention;
+	int64_t attn_tp, stage_ranks;
 	/* Layers of each stage when given (stages=), else the engine's rule
 	 * for layers that do not divide by pp (pp_remainder: PP_REM_*). */
 	const uint32_t *stages;
 	uint32_t nstages;
 	int pp_rem;
 	uint32_t world;
-	/* rank coordinates */
-	int64_t tpr, dpr, ppr, etpr, epr;
+	/* rank coordinates; atpr: rank in the attention-TP group */
+	int64_t tpr, dpr, ppr, etpr, epr, atpr;
 	int64_t L0, L1;
 	int64_t vocab_pad;
 	int pad_times_tp;
@@ -1299,6 +1317,67 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 		FAIL(c, "tp, pp and dp must be at least 1");
 	if (c->canonical && (c->tp != 1 || c->pp != 1))
 		FAIL(c, "layout %s holds whole tensors: tp and pp must be 1", spec->engine);
+	for (int k = P_DP_ATTENTION; k <= P_DP_LM_HEAD; k++)
+		if (k != P_DENSE_TP && v[k] > 1)
+			FAIL(c, "%s is 0 or 1, not %lld", param_names[k], (long long)v[k]);
+	/* SGLang's --moe-dense-tp-size: unset (the dense MLPs split over all
+	 * tp ranks, also written as tp) or 1 (whole on every rank). */
+	if (v[P_DENSE_TP] > 1 && v[P_DENSE_TP] != c->tp)
+		FAIL(c, "dense_tp=%lld: the dense MLPs are split over tp (%lld) ranks or, with "
+		     "dense_tp=1, whole on every rank; no other size", (long long)v[P_DENSE_TP],
+		     (long long)c->tp);
+	if (v[P_DENSE_TP] == c->tp)
+		v[P_DENSE_TP] = 0;
+	c->dp_attention = (int)v[P_DP_ATTENTION];
+	c->attn_tp = c->tp;
+	if (c->dp_attention) {
+		/* SGLang's compute_dp_attention_world_info: attn_tp_size =
+		 * tp_size // dp_size, attn_tp_rank = tp_rank % attn_tp_size. */
+		if (c->tp % c->dp)
+			FAIL(c, "dp_attention=1: dp=%lld attention data-parallel groups must divide "
+			     "tp=%lld, the ranks they are carved from", (long long)c->dp, (long long)c->tp);
+		c->attn_tp = c->tp / c->dp;
+	}
+	if (v[P_DP_LM_HEAD] && !c->dp_attention)
+		FAIL(c, "dp_lm_head=1 splits lm_head over the attention-TP group: it needs "
+		     "dp_attention=1 (SGLang refuses --enable-dp-lm-head without "
+		     "--enable-dp-attention)");
+	{
+		/* An engine may describe a parameter for some model types only
+		 * (SGLang's attention-TP group exists in its MoE models). */
+		json_t *pm = json_object_get(c->eng, "param_model_types");
+
+		for (int k = 0; pm && k < WEX_LAYOUT_PARAMS; k++) {
+			json_t *lst = json_object_get(pm, param_names[k]), *x;
+			char names[256];
+			size_t i, n = 0;
+			int found = 0;
+
+			if (!lst || !v[k])
+				continue;
+			if (!json_is_array(lst))
+				FAIL(c, "engine %s: param_model_types.%s is not a list of model types",
+				     spec->engine, param_names[k]);
+			names[0] = '\0';
+			json_array_foreach(lst, i, x) {
+				const char *mt = json_string_value(x);
+
+				if (!mt)
+					FAIL(c, "engine %s: param_model_types.%s[%zu] is not a model type",
+					     spec->engine, param_names[k], i);
+				found |= !strcmp(mt, m->model_type);
+				if (n < sizeof(names))
+					n += (size_t)snprintf(names + n, sizeof(names) - n, "%s%s",
+							      i ? " " : "", mt);
+			}
+			if (!found)
+				FAIL(c, "engine %s: %s=%lld is described for model types %s only, not %s",
+				     spec->engine, param_names[k], (long long)v[k], names,
+				     m->model_type);
+		}
+	}
+	memcpy(c->pv, v, sizeof(c->pv));
+	c->stage_ranks = c->tp * (c->dp_attention ? 1 : c->dp);
 	if (v[P_ETP]) {
 		c->etp = v[P_ETP];
 	} else {
@@ -1312,18 +1391,18 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 			c->etp = c->tp / c->ep;
 		} else if (d && !strcmp(d, "tp_dp/ep")) {
 			/* vLLM: experts sharded over all tp*dp ranks of a stage. */
-			if ((c->tp * c->dp) % c->ep)
+			if (c->stage_ranks % c->ep)
 				FAIL(c, "expert parallel size %lld does not divide tp*dp = %lld",
-				     (long long)c->ep, (long long)(c->tp * c->dp));
-			c->etp = c->tp * c->dp / c->ep;
+				     (long long)c->ep, (long long)c->stage_ranks);
+			c->etp = c->stage_ranks / c->ep;
 		}
 	}
 	if ((uint64_t)c->tp * (uint64_t)c->pp * (uint64_t)c->dp > (1u << 24))
 		FAIL(c, "layout has too many ranks");
-	c->world = (uint32_t)(c->tp * c->pp * c->dp);
+	c->world = (uint32_t)(c->stage_ranks * c->pp);
 	if (nexp > 0) {
 		const char *span = json_string_value(json_object_get(c->eng, "expert_span"));
-		int64_t sp = span && !strcmp(span, "tp_dp") ? c->tp * c->dp : c->tp;
+		int64_t sp = span && !strcmp(span, "tp_dp") ? c->stage_ranks : c->tp;
 
 		if (sp % (c->etp * c->ep))
 			FAIL(c, "expert tensor parallel %lld x expert parallel %lld = %lld does not divide the %lld ranks of a stage they are drawn from",
@@ -1526,7 +1605,12 @@ static int make_blocks(struct ctx *c, const struct etensor *et, const struct fte
 	for (int i = 0; i < et->nroles; i++)
 		if (expand(c->m, f[i]->name, L, L, 0, 0, fname[i]) < 0)
 			snprintf(fname[i], sizeof(fname[i]), "%s", f[i]->name);
-	int64_t T = et->etp_axis ? c->etp : c->tp, r = et->etp_axis ? c->etpr : c->tpr;
+	int64_t T = et->axis == AX_ETP ? c->etp : et->axis == AX_ATTN ? c->attn_tp : c->tp;
+	int64_t r = et->axis == AX_ETP ? c->etpr : et->axis == AX_ATTN ? c->atpr : c->tpr;
+	/* What T is, in messages: the attention-TP size is not the tp given. */
+	const char *tpn = et->axis == AX_ATTN && c->dp_attention
+				  ? "attention tensor parallel size (tp/dp)"
+				  : "tensor parallel size";
 	const char *k = et->kind;
 	int n = 0;
 	uint64_t rows = 0;
@@ -1535,7 +1619,7 @@ static int make_blocks(struct ctx *c, const struct etensor *et, const struct fte
 		int64_t h = wex__model_sym(c->m, et->heads);
 
 		if (h > 0 && h % T)
-			FAIL(c, "tensor parallel size %lld does not divide %s=%lld (for %s)",
+			FAIL(c, "%s %lld does not divide %s=%lld (for %s)", tpn,
 			     (long long)T, et->heads, (long long)h, fname[0]);
 	}
 	if (!strcmp(k, "rep")) {
@@ -1546,7 +1630,7 @@ static int make_blocks(struct ctx *c, const struct etensor *et, const struct fte
 			uint64_t n0 = f[i]->ndim ? f[i]->shape[0] : 1;
 
 			if (n0 % (uint64_t)T)
-				FAIL(c, "tensor parallel size %lld does not divide dim 0 (%llu) of %s",
+				FAIL(c, "%s %lld does not divide dim 0 (%llu) of %s", tpn,
 				     (long long)T, (unsigned long long)n0, fname[i]);
 			blk_full(&b[n], f[i]);
 			b[n].start[0] = (uint64_t)r * (n0 / (uint64_t)T);
@@ -1557,7 +1641,7 @@ static int make_blocks(struct ctx *c, const struct etensor *et, const struct fte
 		uint64_t n1 = f[0]->ndim > 1 ? f[0]->shape[1] : 0;
 
 		if (f[0]->ndim < 2 || n1 % (uint64_t)T)
-			FAIL(c, "tensor parallel size %lld does not divide dim 1 (%llu) of %s",
+			FAIL(c, "%s %lld does not divide dim 1 (%llu) of %s", tpn,
 			     (long long)T, (unsigned long long)n1, fname[0]);
 		blk_full(&b[n], f[0]);
 		b[n].start[1] = (uint64_t)r * (n1 / (uint64_t)T);
@@ -1576,8 +1660,8 @@ static int make_blocks(struct ctx *c, const struct etensor *et, const struct fte
 			int64_t ng, qpg = nh / nkv;
 
 			if (nkv % T)
-				FAIL(c, "tensor parallel size %lld does not divide num_key_value_heads (query groups) %lld",
-				     (long long)T, (long long)nkv);
+				FAIL(c, "%s %lld does not divide num_key_value_heads (query groups) %lld",
+				     tpn, (long long)T, (long long)nkv);
 			ng = nkv / T;
 			if (3 * ng > MAXBLK)
 				FAIL(c, "%s: too many query groups per rank", et->name);
@@ -1599,17 +1683,17 @@ static int make_blocks(struct ctx *c, const struct etensor *et, const struct fte
 			uint64_t k0, kn;
 
 			if (nh % T)
-				FAIL(c, "tensor parallel size %lld does not divide num_attention_heads %lld",
+				FAIL(c, "%s %lld does not divide num_attention_heads %lld", tpn,
 				     (long long)T, (long long)nh);
 			if (T >= nkv) {
 				if (T % nkv)
-					FAIL(c, "tensor parallel size %lld is not a multiple of num_key_value_heads %lld, so KV heads cannot be replicated evenly",
-					     (long long)T, (long long)nkv);
+					FAIL(c, "%s %lld is not a multiple of num_key_value_heads %lld, so KV heads cannot be replicated evenly",
+					     tpn, (long long)T, (long long)nkv);
 				k0 = (uint64_t)(r / (T / nkv));
 				kn = 1;
 			} else {
 				if (nkv % T)
-					FAIL(c, "tensor parallel size %lld does not divide num_key_value_heads %lld",
+					FAIL(c, "%s %lld does not divide num_key_value_heads %lld", tpn,
 					     (long long)T, (long long)nkv);
 				kn = (uint64_t)(nkv / T);
 				k0 = (uint64_t)r * kn;
@@ -1628,8 +1712,8 @@ static int make_blocks(struct ctx *c, const struct etensor *et, const struct fte
 		uint64_t Vp = (V + mult - 1) / mult * mult, per, a, e;
 
 		if (Vp % (uint64_t)T)
-			FAIL(c, "tensor parallel size %lld does not divide the padded vocabulary %llu (vocab_size %llu padded to a multiple of %llu)",
-			     (long long)T, (unsigned long long)Vp, (unsigned long long)V,
+			FAIL(c, "%s %lld does not divide the padded vocabulary %llu (vocab_size %llu padded to a multiple of %llu)",
+			     tpn, (long long)T, (unsigned long long)Vp, (unsigned long long)V,
 			     (unsigned long long)mult);
 		per = Vp / (uint64_t)T;
 		a = (uint64_t)r * per;
@@ -1906,7 +1990,10 @@ static int parse_etensor(struct ctx *c, json_t *v, struct etensor *et)
 	et->stage = json_string_value(json_object_get(v, "stage"));
 	et->when = json_string_value(json_object_get(v, "when"));
 	et->heads = json_string_value(json_object_get(v, "heads"));
-	et->etp_axis = ax && !strcmp(ax, "etp");
+	et->axis = !ax ? AX_TP : !strcmp(ax, "etp") ? AX_ETP : !strcmp(ax, "attn") ? AX_ATTN : -1;
+	if (et->axis < 0)
+		FAIL(c, "engine tensor %s: unknown axis \"%s\" (etp or attn; none: tp)",
+		     et->name ? et->name : "?", ax);
 	et->experts = !ex ? 0 : !strcmp(ex, "stack") ? 2 : 1;
 	et->layers = !lay ? LAY_ALL : !strcmp(lay, "dense") ? LAY_DENSE : !strcmp(lay, "moe") ? LAY_MOE : LAY_ALL;
 	json_array_foreach(roles, i, r) {
@@ -1920,12 +2007,17 @@ static int parse_etensor(struct ctx *c, json_t *v, struct etensor *et)
 			     et->name ? et->name : "?", MAXROLES);
 		et->shared_roles[et->nshared++] = json_string_value(r);
 	}
-	{
-		const char *u = json_string_value(json_object_get(v, "unless"));
+	for (int w = 0; w < 2; w++) {
+		const char *u = json_string_value(json_object_get(v, w ? "unless" : "if"));
+		int k = 0;
 
-		if (u && strcmp(u, "fuse_shared"))
-			FAIL(c, "engine tensor %s: unknown \"unless\" %s", et->name ? et->name : "?", u);
-		et->unless_fused = u != NULL;
+		while (u && k < WEX_LAYOUT_PARAMS && strcmp(u, param_names[k]))
+			k++;
+		if (u && k == WEX_LAYOUT_PARAMS)
+			FAIL(c, "engine tensor %s: unknown \"%s\" %s (a layout parameter: tp pp dp ep "
+			     "etp first last fuse_shared dp_attention dense_tp dp_lm_head)",
+			     et->name ? et->name : "?", w ? "unless" : "if", u);
+		*(w ? &et->unless_param : &et->if_param) = u ? k : -1;
 	}
 	if (!et->name || !et->kind || !et->nroles)
 		FAIL(c, "engine tensor entry lacks name, kind or roles");
@@ -1957,7 +2049,7 @@ int wex__layout_world(const struct wex_model *m, const struct wex_layout_spec *s
 	for (int64_t s = 0; ret == 0 && s < c.pp; s++) {
 		struct wex_rank_layout l;
 
-		ret = wex__layout_rank(m, spec, (uint32_t)(s * c.tp * c.dp), &l, err, errlen);
+		ret = wex__layout_rank(m, spec, (uint32_t)(s * c.stage_ranks), &l, err, errlen);
 		if (ret == 0)
 			wex__rank_layout_free(&l);
 	}
@@ -1986,8 +2078,9 @@ int wex__layout_rank(const struct wex_model *m, const struct wex_layout_spec *sp
 		goto out;
 	}
 	c.tpr = rank % c.tp;
-	c.dpr = (rank / c.tp) % c.dp;
-	c.ppr = rank / (c.tp * c.dp);
+	c.dpr = c.dp_attention ? 0 : (rank / c.tp) % c.dp;
+	c.ppr = rank / c.stage_ranks;
+	c.atpr = c.tpr % c.attn_tp;
 	ret = stage_range(&c, c.ppr, &c.L0, &c.L1);
 	if (ret < 0)
 		goto out;
@@ -2033,7 +2126,8 @@ int wex__layout_rank(const struct wex_model *m, const struct wex_layout_spec *sp
 		ret = parse_etensor(&c, v, &et);
 		if (ret < 0)
 			goto out;
-		if (!when_true(m, et.when) || (et.unless_fused && c.fuse_shared))
+		if (!when_true(m, et.when) || (et.if_param >= 0 && !c.pv[et.if_param]) ||
+		    (et.unless_param >= 0 && c.pv[et.unless_param]))
 			continue;
 		if (et.stage) {
 			int ok = !strcmp(et.stage, "first") ? c.ppr == 0

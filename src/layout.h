@@ -38,13 +38,15 @@ int wex__model_dtype(const struct wex_model *m);
 /* Overrides config.json's torch_dtype (e.g. with a checkpoint's own). */
 void wex__model_set_dtype(struct wex_model *m, int dtype);
 
-/* "engine:k=v,k=v".  Known keys: tp pp dp ep etp first last fuse_shared,
- * and stages=N/N/... (the layers of each pipeline stage, in order). */
-#define WEX_LAYOUT_PARAMS 8
+/* "engine:k=v,k=v".  Known keys: tp pp dp ep etp first last fuse_shared
+ * dp_attention dense_tp dp_lm_head, and stages=N/N/... (the layers of each
+ * pipeline stage, in order). */
+#define WEX_LAYOUT_PARAMS 11
 #define WEX_LAYOUT_MAX_STAGES 256
 struct wex_layout_spec {
 	char engine[32];
-	int64_t v[WEX_LAYOUT_PARAMS];   /* tp pp dp ep etp first last fuse_shared */
+	/* tp pp dp ep etp first last fuse_shared dp_attention dense_tp dp_lm_head */
+	int64_t v[WEX_LAYOUT_PARAMS];
 	int set[WEX_LAYOUT_PARAMS];
 	/* stages=: nstages entries of 1 to 2^20 layers (0 entries: not given,
 	 * the engine's rule splits the layers); the rest of stages[] is 0, so

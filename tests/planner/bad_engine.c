@@ -7,7 +7,10 @@
  * or that would pad the vocabulary to terabytes, and parameter defaults
  * outside the limits given values obey (tp*dp wrapped to a world of 0
  * ranks), a pp_remainder other than before_last or last, and a
- * default for stages other than [] (none).  The same engine with sane
+ * default for stages other than [] (none), a tensor entry with an axis
+ * other than etp or attn or an "if" naming no layout parameter (both were
+ * taken as the plain tp split / ignored), and param_model_types that is
+ * not a list or does not list the model's type.  The same engine with sane
  * numbers lays out.  Uses a family and
  * engines of its own in a temporary adapters directory, also when
  * $WEX_ADAPTERS names it (a directory named there is used as given, with
@@ -39,6 +42,22 @@ static void put(const char *name, const char *params, const char *pad)
 		"\"tensors\":[{\"name\":\"e\",\"kind\":\"vocab\",\"roles\":[\"embed\"],"
 		"\"stage\":\"first\"}]}",
 		name, params, pad);
+	CHECK(fclose(f) == 0, "write %s", path);
+}
+
+/* An engine "ok"-like but with `extra` members in its one tensor entry. */
+static void put_entry(const char *name, const char *params, const char *extra)
+{
+	char path[256];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/engines/%s.json", dir, name);
+	f = fopen(path, "w");
+	CHECK(f, "open %s", path);
+	fprintf(f,
+		"{\"engine\":\"%s\",\"params\":%s,\"vocab_pad\":64,\"tensors\":[{\"name\":\"e\","
+		"\"kind\":\"vocab\",\"roles\":[\"embed\"],\"stage\":\"first\"%s}]}",
+		name, params, extra);
 	CHECK(fclose(f) == 0, "write %s", path);
 }
 
@@ -75,6 +94,13 @@ int main(void)
 	/* Top-level keys after params, through its text. */
 	put("rem", "{\"tp\":1,\"pp\":1,\"dp\":1},\"pp_remainder\":\"middle\"", "64");
 	put("stages", "{\"tp\":1,\"pp\":1,\"dp\":1,\"stages\":[1,1]}", "64");
+	put_entry("axis", "{\"tp\":1,\"pp\":1,\"dp\":1}", ",\"axis\":\"attention\"");
+	put_entry("if", "{\"tp\":1,\"pp\":1,\"dp\":1}", ",\"if\":\"dp_attn\"");
+	put_entry("pmt", "{\"tp\":1,\"pp\":1,\"dp\":1,\"dp_attention\":0},"
+		  "\"param_model_types\":{\"dp_attention\":\"enginetest\"}", "");
+	put_entry("pmt2", "{\"tp\":1,\"pp\":1,\"dp\":1,\"dp_attention\":0},"
+		  "\"param_model_types\":{\"dp_attention\":[\"deepseek_v3\"]}",
+		  ",\"axis\":\"attn\"");
 	CHECK(wex__model_from_text("{\"model_type\":\"enginetest\",\"layers\":2,\"vocab\":100,"
 				   "\"hidden\":8}",
 				   dir, &m, err, sizeof(err)) == 0,
@@ -114,6 +140,26 @@ int main(void)
 	CHECK(ret == -WEX_ELAYOUT, "stages:pp=2: %d %s", ret, err);
 	CHECK(strstr(err, "engine stages") && strstr(err, "stages must default to []"), "%s", err);
 	printf("stages:pp=2    %s\n", err);
+	/* Tensor entries with words no engine has: refused, named. */
+	ret = world(m, "axis:tp=2", &w, err, sizeof(err));
+	CHECK(ret == -WEX_ELAYOUT && strstr(err, "unknown axis \"attention\""), "axis: %d %s", ret,
+	      err);
+	printf("axis:tp=2      %s\n", err);
+	ret = world(m, "if:tp=2", &w, err, sizeof(err));
+	CHECK(ret == -WEX_ELAYOUT && strstr(err, "unknown \"if\" dp_attn"), "if: %d %s", ret, err);
+	printf("if:tp=2        %s\n", err);
+	/* param_model_types: a list, naming the model types a parameter is
+	 * described for; off, the parameter is not checked. */
+	ret = world(m, "pmt:tp=2,dp=2,dp_attention=1", &w, err, sizeof(err));
+	CHECK(ret == -WEX_ELAYOUT && strstr(err, "param_model_types.dp_attention is not a list"),
+	      "pmt: %d %s", ret, err);
+	printf("pmt            %s\n", err);
+	ret = world(m, "pmt2:tp=2,dp=2,dp_attention=1", &w, err, sizeof(err));
+	CHECK(ret == -WEX_ELAYOUT && strstr(err, "deepseek_v3 only, not enginetest"), "pmt2: %d %s",
+	      ret, err);
+	printf("pmt2           %s\n", err);
+	ret = world(m, "pmt2:tp=2,dp=2", &w, err, sizeof(err));
+	CHECK(ret == 0 && w == 4, "pmt2:tp=2,dp=2: %d %s", ret, err);
 	/* Given values override bad defaults. */
 	ret = world(m, "defaults:tp=2,dp=1", &w, err, sizeof(err));
 	CHECK(ret == 0 && w == 2, "defaults:tp=2,dp=1: %d %s", ret, err);
@@ -136,8 +182,9 @@ int main(void)
 	      "$WEX_ADAPTERS naming no directory: not refused naming it: %s", err);
 	printf("WEX_ADAPTERS   %s\n", err);
 	unsetenv("WEX_ADAPTERS");
-	const char *names[] = { "engines/ok",  "engines/wrap",   "engines/huge", "engines/defaults",
-				"engines/rem", "engines/stages", "families/llama" };
+	const char *names[] = { "engines/ok",	  "engines/wrap", "engines/huge", "engines/defaults",
+				"engines/rem",	  "engines/stages", "engines/axis", "engines/if",
+				"engines/pmt",	  "engines/pmt2",   "families/llama" };
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
 		snprintf(path, sizeof(path), "%s/%s.json", dir, names[i]);
 		unlink(path);

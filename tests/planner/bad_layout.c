@@ -4,7 +4,8 @@
  * -WEX_ELAYOUT and a message naming the number that does not fit, using the
  * real Qwen2-0.5B config (14 heads, 2 KV heads, 24 layers): vLLM tp=4 (14
  * heads), Megatron tp=4 (2 query groups), pp=5 (24 layers), uneven stages
- * that do not divide evenly, ep on a dense model; and that unknown engines,
+ * that do not divide evenly, ep on a dense model, SGLang's dp-attention
+ * (described for its MoE models only); and that unknown engines,
  * unknown parameters and configs of unknown families are refused; and that
  * config values that are not sizes (4.9 heads, negative, a string, past
  * 2^40, a tensor past 2^48 bytes, expressions that overflow) are refused
@@ -66,6 +67,10 @@ int main(void)
 	bad("megatron:pp=4,first=7,last=6", "11 layers");
 	bad("vllm:tp=2,ep=2", "2");
 	bad("sglang:tp=8", "14");
+	/* SGLang's Qwen2 attention is split over all tp ranks: its
+	 * dp-attention layout is not described. */
+	bad("sglang:tp=2,dp=2,dp_attention=1", "for model types deepseek_v3 deepseek_v2 qwen3_moe "
+		"qwen2_moe only, not qwen2");
 	/* And good ones pass. */
 	CHECK(wex__layout_parse("vllm:tp=14", &s, err, sizeof(err)) == 0, "%s", err);
 	CHECK(wex__layout_world(m, &s, &w, err, sizeof(err)) == -WEX_ELAYOUT, "tp=14: vocab 151936 padded to 64 is not a multiple of 14");
