@@ -5,7 +5,8 @@
  * style MoE, DeepSeek-V3 style MLA+MoE; TP 1-8, PP with uneven first/last
  * stages (Megatron), vLLM's and SGLang's own splits of layers that do not
  * divide by PP and explicit stages=, DP replicas, EP and expert TP, KV heads fewer than TP, odd
- * vocabulary sizes) that plan + host executor write every destination
+ * vocabulary sizes, SGLang's dp-attention with lm_head over the attention
+ * group or all ranks and DeepSeek's dense MLPs whole) that plan + host executor write every destination
  * element exactly once, with the value of the same canonical element, and
  * never touch padding.  Both the per-rank and the group planner are used.
  * Layouts that cannot exist are drawn too; they must fail with
@@ -120,9 +121,25 @@ static void make_layout(char *buf, size_t len, int producer, int family, unsigne
 		}
 	} else {
 		unsigned pp = 1 + rnd(layers < 4 ? layers : 4);
-		int n = snprintf(buf, len, "%s:tp=%u,dp=%u,pp=%u", rnd(2) ? "vllm" : "sglang", tp,
-				 1 + rnd(2), pp);
+		const char *eng = rnd(2) ? "vllm" : "sglang";
+		/* SGLang's dp-attention on its MoE models: dp attention groups
+		 * carved out of the tp ranks (1, 2 or 4, mostly dividing tp;
+		 * one that does not is an impossible layout), lm_head over
+		 * them or over all ranks, DeepSeek's dense MLPs whole or split. */
+		int dpa = eng[0] == 's' && family && rnd(3);
+		unsigned dp = 1 + rnd(2);
 
+		if (dpa)
+			do
+				dp = 1u << rnd(3);
+			while (rnd(5) && tp % dp);
+		int n = snprintf(buf, len, "%s:tp=%u,dp=%u,pp=%u", eng, tp, dp, pp);
+
+		if (dpa)
+			n += snprintf(buf + n, len - (size_t)n, ",dp_attention=1%s",
+				      rnd(2) ? ",dp_lm_head=1" : "");
+		if (eng[0] == 's' && family == 2 && rnd(3) == 0)
+			n += snprintf(buf + n, len - (size_t)n, ",dense_tp=1");
 		if (family && rnd(2))
 			n += snprintf(buf + n, len - (size_t)n, ",ep=%u", 1u << rnd(3));
 		/* An explicit split: pp parts of at least one layer. */

@@ -18,7 +18,11 @@
  * (the remainder before the last stage: 5 layers pp=3 -> 2/2/1) to
  * SGLang's (to the last stages: pp=2 -> 2/3), an explicit stages=1/3/1 to
  * Megatron's first=2, and the DeepSeek-V3 model (3 layers) vllm pp=2
- * (2/1) -> sglang pp=2 (1/2).  Each hop plans every destination rank
+ * (2/1) -> sglang pp=2 (1/2).  And SGLang's dp-attention (dp_attention=1:
+ * attention split over tp/dp ranks and repeated dp times): DeepSeek-V3
+ * sglang tp=4,dp=2,ep=2 with dense_tp=1 -> tp=4,dp=4,pp=2 with
+ * dp_lm_head=1 and the shared expert fused, and Qwen3-MoE megatron ->
+ * sglang tp=8,dp=2,ep=4 (4 attention ranks for 2 KV heads).  Each hop plans every destination rank
  * against all ranks of the previous layout.
  */
 #include "ptest.h"
@@ -152,5 +156,21 @@ int main(void)
 	     "\"mlp_only_layers\":[1],\"vocab_size\":101,\"torch_dtype\":\"bfloat16\","
 	     "\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":[4,4]}}",
 	     "vllm:tp=2,ep=2", "sglang:tp=2");
+	/* SGLang's dp-attention: attention over tp/dp ranks, replicated dp
+	 * times; experts, shared experts and lm_head over all tp ranks
+	 * (dp_lm_head=1: lm_head over the attention group; dense_tp=1: the
+	 * dense MLP whole), and KV heads replicated over the attention group. */
+	trip("{\"model_type\":\"deepseek_v3\",\"hidden_size\":16,\"num_hidden_layers\":3,"
+	     "\"num_attention_heads\":4,\"intermediate_size\":24,\"moe_intermediate_size\":8,"
+	     "\"n_routed_experts\":8,\"n_shared_experts\":1,\"first_k_dense_replace\":1,"
+	     "\"q_lora_rank\":12,\"kv_lora_rank\":8,\"qk_nope_head_dim\":4,\"qk_rope_head_dim\":2,"
+	     "\"v_head_dim\":4,\"vocab_size\":129,\"torch_dtype\":\"bfloat16\"}",
+	     "sglang:tp=4,dp=2,dp_attention=1,ep=2,dense_tp=1",
+	     "sglang:tp=4,dp=4,dp_attention=1,pp=2,dp_lm_head=1,fuse_shared=1");
+	trip("{\"model_type\":\"qwen3_moe\",\"hidden_size\":16,\"num_hidden_layers\":2,"
+	     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":4,"
+	     "\"intermediate_size\":24,\"moe_intermediate_size\":8,\"num_experts\":4,"
+	     "\"vocab_size\":101,\"torch_dtype\":\"bfloat16\"}",
+	     "megatron:tp=2,dp=2,ep=2,etp=2", "sglang:tp=8,dp=2,dp_attention=1,ep=4,dp_lm_head=1");
 	return T_PASS;
 }
