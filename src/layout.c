@@ -32,10 +32,10 @@
 
 enum { LAY_NONE, LAY_ALL, LAY_DENSE, LAY_MOE };
 enum { P_TP, P_PP, P_DP, P_EP, P_ETP, P_FIRST, P_LAST, P_FUSE_SHARED, P_DP_ATTENTION,
-       P_DENSE_TP, P_DP_LM_HEAD };
+       P_DENSE_TP, P_DP_LM_HEAD, P_FSDP };
 static const char *const param_names[WEX_LAYOUT_PARAMS] = {
 	"tp", "pp", "dp", "ep", "etp", "first", "last", "fuse_shared", "dp_attention", "dense_tp",
-	"dp_lm_head"
+	"dp_lm_head", "fsdp"
 };
 
 struct sym {
@@ -1202,7 +1202,7 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 		long long v = strtoll(eq + 1, &stop, 10);
 		if (k == WEX_LAYOUT_PARAMS || eq[1] < '0' || eq[1] > '9' || stop != end || v < 0 ||
 		    v > LAYOUT_PARAM_MAX) {
-			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: tp pp dp ep etp first last fuse_shared dp_attention dense_tp dp_lm_head stages)",
+			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: tp pp dp ep etp first last fuse_shared dp_attention dense_tp dp_lm_head fsdp stages)",
 			       (int)(end - p), p, s);
 			return -EINVAL;
 		}
@@ -1244,7 +1244,10 @@ struct ctx {
 	const struct wex_model *m;
 	json_t *eng;
 	int canonical;
-	int64_t tp, pp, dp, ep, etp, first, last, fuse_shared;
+	/* chunk_dim0 (FSDP2): each canonical tensor cut along dim 0 over the
+	 * fsdp ranks as torch.chunk cuts it (fsdp is 1 otherwise). */
+	int chunk_dim0;
+	int64_t tp, pp, dp, ep, etp, first, last, fuse_shared, fsdp;
 	/* Every parameter's value (the engine's default where not given),
 	 * for "if"/"unless"; dense_tp equal to tp counts as 0. */
 	int64_t pv[WEX_LAYOUT_PARAMS];
@@ -1260,7 +1263,7 @@ struct ctx {
 	int pp_rem;
 	uint32_t world;
 	/* rank coordinates; atpr: rank in the attention-TP group */
-	int64_t tpr, dpr, ppr, etpr, epr, atpr;
+	int64_t tpr, fsdpr, dpr, ppr, etpr, epr, atpr;
 	int64_t L0, L1;
 	int64_t vocab_pad;
 	int pad_times_tp;
@@ -1300,7 +1303,12 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 
 		if (spec->set[k] && !d)
 			FAIL(c, "engine %s has no parameter %s", spec->engine, param_names[k]);
-		v[k] = spec->set[k] ? spec->v[k] : json_is_integer(d) ? json_integer_value(d) : 0;
+		/* A parallel size the engine does not take is 1 (fsdp has
+		 * neither tp nor pp); other keys are 0. */
+		v[k] = spec->set[k]	    ? spec->v[k]
+		       : json_is_integer(d) ? json_integer_value(d)
+		       : k == P_TP || k == P_PP || k == P_DP || k == P_FSDP ? 1
+									    : 0;
 		/* The engine's defaults obey the limits of given values. */
 		if (v[k] < 0 || v[k] > LAYOUT_PARAM_MAX)
 			FAIL(c, "engine %s: parameter %s defaults to %lld, not 0 to %d", spec->engine,
@@ -1313,10 +1321,22 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 	c->first = v[P_FIRST];
 	c->last = v[P_LAST];
 	c->fuse_shared = v[P_FUSE_SHARED];
+	c->fsdp = v[P_FSDP];
+	c->chunk_dim0 = json_is_true(json_object_get(c->eng, "chunk_dim0"));
 	if (c->tp < 1 || c->pp < 1 || c->dp < 1)
 		FAIL(c, "tp, pp and dp must be at least 1");
+	if (c->fsdp < 1)
+		FAIL(c, "fsdp (ranks a tensor is sharded over) must be at least 1, not %lld",
+		     (long long)c->fsdp);
 	if (c->canonical && (c->tp != 1 || c->pp != 1))
 		FAIL(c, "layout %s holds whole tensors: tp and pp must be 1", spec->engine);
+	/* chunk_dim0 cuts canonical tensors, and only it has fsdp ranks. */
+	if (c->chunk_dim0 && !c->canonical)
+		FAIL(c, "engine %s: chunk_dim0 cuts canonical tensors: it needs \"canonical\": true",
+		     spec->engine);
+	if (c->fsdp != 1 && !c->chunk_dim0)
+		FAIL(c, "engine %s: parameter fsdp=%lld needs \"chunk_dim0\": true", spec->engine,
+		     (long long)c->fsdp);
 	for (int k = P_DP_ATTENTION; k <= P_DP_LM_HEAD; k++)
 		if (k != P_DENSE_TP && v[k] > 1)
 			FAIL(c, "%s is 0 or 1, not %lld", param_names[k], (long long)v[k]);
@@ -1377,7 +1397,7 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 		}
 	}
 	memcpy(c->pv, v, sizeof(c->pv));
-	c->stage_ranks = c->tp * (c->dp_attention ? 1 : c->dp);
+	c->stage_ranks = c->tp * c->fsdp * (c->dp_attention ? 1 : c->dp);
 	if (v[P_ETP]) {
 		c->etp = v[P_ETP];
 	} else {
@@ -1397,7 +1417,7 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 			c->etp = c->stage_ranks / c->ep;
 		}
 	}
-	if ((uint64_t)c->tp * (uint64_t)c->pp * (uint64_t)c->dp > (1u << 24))
+	if ((uint64_t)c->tp * (uint64_t)c->pp * (uint64_t)c->dp * (uint64_t)c->fsdp > (1u << 24))
 		FAIL(c, "layout has too many ranks");
 	c->world = (uint32_t)(c->stage_ranks * c->pp);
 	if (nexp > 0) {
@@ -2038,6 +2058,65 @@ static int roles_exist(const struct ctx *c, const struct etensor *et, int64_t L)
 	return 1;
 }
 
+/* The rows [*r0, *r0 + *n) of a d0-row dim 0 that rank r of an n-way
+ * FSDP2 shard holds: torch.chunk's chunks of ceil(d0 / n) rows, and an
+ * empty one for each rank past the last chunk (_chunk_with_empty). */
+static void fsdp_rows(uint64_t d0, uint64_t n, uint64_t r, uint64_t *r0, uint64_t *nr)
+{
+	uint64_t c = d0 / n + (d0 % n != 0), a = r * c, b = a + c;
+
+	a = a < d0 ? a : d0;
+	b = b < d0 ? b : d0;
+	*r0 = a;
+	*nr = b - a;
+}
+
+/* A canonical engine's rank: every canonical tensor under its own name,
+ * whole (hf), or its dim-0 chunk for this fsdp rank (chunk_dim0), one
+ * piece each; an empty chunk is a tensor of 0 rows without pieces (FSDP2's
+ * local tensor there is empty). */
+static int canonical_rank(const struct ctx *c, struct wex_rank_layout *o)
+{
+	struct wex_tensor *ct;
+	size_t n, np = 0;
+	int ret = wex__model_canonical(c->m, &ct, &n);
+
+	if (ret < 0)
+		return ret;
+	o->t = calloc(n ? n : 1, sizeof(*o->t));
+	if (!o->t) {
+		free(ct);
+		return -ENOMEM;
+	}
+	o->p = ct;
+	o->nt = n;
+	for (size_t k = 0; k < n; k++) {
+		struct wex_phys *t = &o->t[k];
+		struct wex_tensor x = ct[k];
+		uint64_t r0 = 0, nr = x.shape[0];
+
+		if (c->chunk_dim0)
+			fsdp_rows(x.shape[0], (uint64_t)c->fsdp, (uint64_t)c->fsdpr, &r0, &nr);
+		x.start[0] = r0;
+		x.extent[0] = nr;
+		snprintf(t->name, sizeof(t->name), "%s", x.name);
+		t->dtype = x.dtype;
+		t->ndim = x.ndim;
+		memcpy(t->shape, x.extent, sizeof(x.extent));
+		t->nbytes = wex_tensor_nbytes(&x);
+		t->first = np;
+		t->npieces = nr ? 1 : 0;
+		o->total_bytes += t->nbytes;
+		/* Pieces in place: np <= k. */
+		if (nr) {
+			x.segment = (uint32_t)k;
+			ct[np++] = x;
+		}
+	}
+	o->np = np;
+	return 0;
+}
+
 int wex__layout_world(const struct wex_model *m, const struct wex_layout_spec *spec,
 		      uint32_t *world, char *err, size_t errlen)
 {
@@ -2078,7 +2157,8 @@ int wex__layout_rank(const struct wex_model *m, const struct wex_layout_spec *sp
 		goto out;
 	}
 	c.tpr = rank % c.tp;
-	c.dpr = c.dp_attention ? 0 : (rank / c.tp) % c.dp;
+	c.fsdpr = (rank / c.tp) % c.fsdp;
+	c.dpr = c.dp_attention ? 0 : (rank / (c.tp * c.fsdp)) % c.dp;
 	c.ppr = rank / c.stage_ranks;
 	c.atpr = c.tpr % c.attn_tp;
 	ret = stage_range(&c, c.ppr, &c.L0, &c.L1);
@@ -2092,31 +2172,9 @@ int wex__layout_rank(const struct wex_model *m, const struct wex_layout_spec *sp
 		c.epr = (idx / c.etp) % c.ep;
 	}
 	if (c.canonical) {
-		/* Whole canonical tensors, one piece each. */
-		struct wex_tensor *ct;
-		size_t n;
-
-		ret = wex__model_canonical(m, &ct, &n);
+		ret = canonical_rank(&c, &o);
 		if (ret < 0)
 			goto out;
-		o.t = calloc(n ? n : 1, sizeof(*o.t));
-		if (!o.t) {
-			free(ct);
-			ret = -ENOMEM;
-			goto out;
-		}
-		o.p = ct;
-		o.np = o.nt = n;
-		for (size_t k = 0; k < n; k++) {
-			snprintf(o.t[k].name, sizeof(o.t[k].name), "%s", ct[k].name);
-			o.t[k].dtype = ct[k].dtype;
-			o.t[k].ndim = ct[k].ndim;
-			memcpy(o.t[k].shape, ct[k].shape, sizeof(ct[k].shape));
-			o.t[k].nbytes = wex_tensor_nbytes(&ct[k]);
-			o.t[k].first = k;
-			o.t[k].npieces = 1;
-			o.total_bytes += o.t[k].nbytes;
-		}
 		goto done;
 	}
 	json_array_foreach(json_object_get(c.eng, "tensors"), i, v) {

@@ -6,7 +6,9 @@
  * shapes written in terms of config symbols) plus a Hugging Face
  * config.json.  An engine layout (adapters/engines/NAME.json) says which
  * physical tensors each rank holds and how they are cut (kinds: rep, col,
- * row, qkv_group, qkv_cat, vocab; per expert or stacked experts).  The
+ * row, qkv_group, qkv_cat, vocab; per expert or stacked experts), or that
+ * each rank holds every canonical tensor whole ("canonical": hf) or its
+ * torch.chunk of dim 0 over the fsdp ranks ("chunk_dim0": FSDP2).  The
  * interpreter turns (model, layout, rank) into that rank's physical tensors,
  * each a list of pieces in canonical coordinates.  Pure computation over
  * files read once at load; nothing here blocks except wex__model_load.
@@ -39,13 +41,14 @@ int wex__model_dtype(const struct wex_model *m);
 void wex__model_set_dtype(struct wex_model *m, int dtype);
 
 /* "engine:k=v,k=v".  Known keys: tp pp dp ep etp first last fuse_shared
- * dp_attention dense_tp dp_lm_head, and stages=N/N/... (the layers of each
- * pipeline stage, in order). */
-#define WEX_LAYOUT_PARAMS 11
+ * dp_attention dense_tp dp_lm_head fsdp, and stages=N/N/... (the layers of
+ * each pipeline stage, in order). */
+#define WEX_LAYOUT_PARAMS 12
 #define WEX_LAYOUT_MAX_STAGES 256
 struct wex_layout_spec {
 	char engine[32];
-	/* tp pp dp ep etp first last fuse_shared dp_attention dense_tp dp_lm_head */
+	/* tp pp dp ep etp first last fuse_shared dp_attention dense_tp dp_lm_head
+	 * fsdp */
 	int64_t v[WEX_LAYOUT_PARAMS];
 	int set[WEX_LAYOUT_PARAMS];
 	/* stages=: nstages entries of 1 to 2^20 layers (0 entries: not given,
@@ -77,7 +80,8 @@ struct wex_rank_layout {
 	uint64_t total_bytes;   /* sum of physical tensor sizes */
 };
 
-/* Number of ranks of the layout, after checking that it can exist (every
+/* Ranks are rank = tp_rank + tp*(fsdp_rank + fsdp*(dp_rank + dp*pp_rank)).
+ * Number of ranks of the layout, after checking that it can exist (every
  * size divides what it must).  Errors: -WEX_ELAYOUT with the number that
  * does not fit in err; -ENOENT for an unknown engine. */
 int wex__layout_world(const struct wex_model *m, const struct wex_layout_spec *spec,

@@ -19,10 +19,10 @@
 #include "fuzz.h"
 #include "layout.h"
 
-static const char *const keys[WEX_LAYOUT_PARAMS] = { "tp",	  "pp",		  "dp",
-						     "ep",	  "etp",	  "first",
-						     "last",	  "fuse_shared",  "dp_attention",
-						     "dense_tp", "dp_lm_head" };
+static const char *const keys[WEX_LAYOUT_PARAMS] = {
+	"tp", "pp", "dp", "ep", "etp", "first", "last", "fuse_shared", "dp_attention", "dense_tp",
+	"dp_lm_head", "fsdp"
+};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -9,9 +9,11 @@
  * ranks), a pp_remainder other than before_last or last, and a
  * default for stages other than [] (none), a tensor entry with an axis
  * other than etp or attn or an "if" naming no layout parameter (both were
- * taken as the plain tp split / ignored), and param_model_types that is
- * not a list or does not list the model's type.  The same engine with sane
- * numbers lays out.  Uses a family and
+ * taken as the plain tp split / ignored), param_model_types that is not a
+ * list or does not list the model's type, chunk_dim0 (FSDP2's dim-0
+ * chunks of canonical tensors) on an engine that is not canonical, and an
+ * fsdp parameter above 1 on an engine without chunk_dim0.  The same engine
+ * with sane numbers lays out.  Uses a family and
  * engines of its own in a temporary adapters directory, also when
  * $WEX_ADAPTERS names it (a directory named there is used as given, with
  * no hf.json of its own; it was skipped for the source tree's copy).
@@ -101,6 +103,8 @@ int main(void)
 	put_entry("pmt2", "{\"tp\":1,\"pp\":1,\"dp\":1,\"dp_attention\":0},"
 		  "\"param_model_types\":{\"dp_attention\":[\"deepseek_v3\"]}",
 		  ",\"axis\":\"attn\"");
+	put("chunky", "{\"fsdp\":1},\"chunk_dim0\":true", "64");
+	put("nochunk", "{\"tp\":1,\"fsdp\":1}", "64");
 	CHECK(wex__model_from_text("{\"model_type\":\"enginetest\",\"layers\":2,\"vocab\":100,"
 				   "\"hidden\":8}",
 				   dir, &m, err, sizeof(err)) == 0,
@@ -160,6 +164,20 @@ int main(void)
 	printf("pmt2           %s\n", err);
 	ret = world(m, "pmt2:tp=2,dp=2", &w, err, sizeof(err));
 	CHECK(ret == 0 && w == 4, "pmt2:tp=2,dp=2: %d %s", ret, err);
+	/* chunk_dim0 cuts canonical tensors; fsdp ranks need it. */
+	ret = world(m, "chunky:fsdp=2", &w, err, sizeof(err));
+	CHECK(ret == -WEX_ELAYOUT, "chunky:fsdp=2: %d %s", ret, err);
+	CHECK(strstr(err, "engine chunky") && strstr(err, "chunk_dim0") && strstr(err, "canonical"),
+	      "%s", err);
+	printf("chunky:fsdp=2  %s\n", err);
+	ret = world(m, "nochunk:fsdp=2", &w, err, sizeof(err));
+	CHECK(ret == -WEX_ELAYOUT, "nochunk:fsdp=2: %d %s", ret, err);
+	CHECK(strstr(err, "engine nochunk") && strstr(err, "fsdp=2") && strstr(err, "chunk_dim0"),
+	      "%s", err);
+	printf("nochunk:fsdp=2 %s\n", err);
+	/* Without fsdp= it is an engine like any other (fsdp is 1). */
+	ret = world(m, "nochunk:tp=2", &w, err, sizeof(err));
+	CHECK(ret == 0 && w == 2, "nochunk:tp=2: %d %s", ret, err);
 	/* Given values override bad defaults. */
 	ret = world(m, "defaults:tp=2,dp=1", &w, err, sizeof(err));
 	CHECK(ret == 0 && w == 2, "defaults:tp=2,dp=1: %d %s", ret, err);
@@ -182,9 +200,11 @@ int main(void)
 	      "$WEX_ADAPTERS naming no directory: not refused naming it: %s", err);
 	printf("WEX_ADAPTERS   %s\n", err);
 	unsetenv("WEX_ADAPTERS");
-	const char *names[] = { "engines/ok",	  "engines/wrap", "engines/huge", "engines/defaults",
-				"engines/rem",	  "engines/stages", "engines/axis", "engines/if",
-				"engines/pmt",	  "engines/pmt2",   "families/llama" };
+	const char *names[] = { "engines/ok",	  "engines/wrap",   "engines/huge",
+				"engines/defaults", "engines/rem",    "engines/stages",
+				"engines/axis",	  "engines/if",	    "engines/pmt",
+				"engines/pmt2",	  "engines/chunky", "engines/nochunk",
+				"families/llama" };
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
 		snprintf(path, sizeof(path), "%s/%s.json", dir, names[i]);
 		unlink(path);

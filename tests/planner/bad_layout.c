@@ -10,7 +10,9 @@
  * config values that are not sizes (4.9 heads, negative, a string, past
  * 2^40, a tensor past 2^48 bytes, expressions that overflow) are refused
  * naming the key or the tensor, never truncated or left to wrap; that 0
- * heads is named as the reason head_dim cannot be derived; and that layer
+ * heads is named as the reason head_dim cannot be derived; that the fsdp
+ * engine (FSDP2) refuses the keys it does not take (tp, pp, ep, etp,
+ * stages) and fsdp=0, and engines other than fsdp refuse fsdp=; and that layer
  * or expert counts giving millions of tensors are refused at load.
  */
 #include <errno.h>
@@ -71,6 +73,23 @@ int main(void)
 	 * dp-attention layout is not described. */
 	bad("sglang:tp=2,dp=2,dp_attention=1", "for model types deepseek_v3 deepseek_v2 qwen3_moe "
 		"qwen2_moe only, not qwen2");
+	/* FSDP2 shards whole canonical tensors along dim 0 only. */
+	bad("fsdp:tp=2", "engine fsdp has no parameter tp");
+	bad("fsdp:pp=2", "engine fsdp has no parameter pp");
+	bad("fsdp:fsdp=2,ep=2", "engine fsdp has no parameter ep");
+	bad("fsdp:etp=2", "engine fsdp has no parameter etp");
+	bad("fsdp:fsdp=0", "fsdp (ranks a tensor is sharded over) must be at least 1, not 0");
+	bad("vllm:tp=2,fsdp=2", "engine vllm has no parameter fsdp");
+	bad("hf:fsdp=2", "engine hf has no parameter fsdp");
+	bad("fsdp:fsdp=8192,dp=4096", "too many ranks");
+	CHECK(wex__layout_parse("fsdp:fsdp=4,stages=12/12", &s, err, sizeof(err)) == 0, "%s", err);
+	CHECK(wex__layout_world(m, &s, &w, err, sizeof(err)) == -WEX_ELAYOUT &&
+		      strstr(err, "engine fsdp has no parameter stages"),
+	      "fsdp with stages=: %s", err);
+	/* Qwen2-0.5B's 14 heads, 2 KV heads and 24 layers do not matter to
+	 * dim-0 chunks. */
+	CHECK(wex__layout_parse("fsdp:fsdp=7,dp=3", &s, err, sizeof(err)) == 0, "%s", err);
+	CHECK(wex__layout_world(m, &s, &w, err, sizeof(err)) == 0 && w == 21, "%s", err);
 	/* And good ones pass. */
 	CHECK(wex__layout_parse("vllm:tp=14", &s, err, sizeof(err)) == 0, "%s", err);
 	CHECK(wex__layout_world(m, &s, &w, err, sizeof(err)) == -WEX_ELAYOUT, "tp=14: vocab 151936 padded to 64 is not a multiple of 14");
