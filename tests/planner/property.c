@@ -6,7 +6,8 @@
  * stages (Megatron), vLLM's and SGLang's own splits of layers that do not
  * divide by PP and explicit stages=, DP replicas, EP and expert TP, KV heads fewer than TP, odd
  * vocabulary sizes, SGLang's dp-attention with lm_head over the attention
- * group or all ranks and DeepSeek's dense MLPs whole) that plan + host executor write every destination
+ * group or all ranks and DeepSeek's dense MLPs whole, FSDP2 dim-0 chunks
+ * over 1 to 32 ranks with HSDP replicas) that plan + host executor write every destination
  * element exactly once, with the value of the same canonical element, and
  * never touch padding.  Both the per-rank and the group planner are used.
  * Layouts that cannot exist are drawn too; they must fail with
@@ -103,8 +104,14 @@ static void make_layout(char *buf, size_t len, int producer, int family, unsigne
 	int meg = e == 1 || (producer && e != 3);
 	unsigned tp = pick_tp(meg && family != 2 ? nkv : nh);
 
-	if (e == 0) {
+	if (e == 0 && rnd(2)) {
 		snprintf(buf, len, "hf:dp=%u", 1 + rnd(2));
+	} else if (e == 0) {
+		/* FSDP2 dim-0 chunks: 1 to 8 ranks, sometimes more than a
+		 * tensor's rows (empty shards), HSDP replicas. */
+		unsigned n = rnd(4) ? 1 + rnd(8) : 13 + rnd(20);
+
+		snprintf(buf, len, "fsdp:fsdp=%u,dp=%u", n, 1 + rnd(2));
 	} else if (meg) {
 		unsigned pp = 1 + rnd(layers < 4 ? layers : 4);
 		unsigned dp = 1 + rnd(3);

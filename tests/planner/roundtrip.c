@@ -22,8 +22,13 @@
  * attention split over tp/dp ranks and repeated dp times): DeepSeek-V3
  * sglang tp=4,dp=2,ep=2 with dense_tp=1 -> tp=4,dp=4,pp=2 with
  * dp_lm_head=1 and the shared expert fused, and Qwen3-MoE megatron ->
- * sglang tp=8,dp=2,ep=4 (4 attention ranks for 2 KV heads).  Each hop plans every destination rank
- * against all ranks of the previous layout.
+ * sglang tp=8,dp=2,ep=4 (4 attention ranks for 2 KV heads).  And FSDP2
+ * dim-0 shards, whose rows do not divide (16 over 6 ranks: 3,3,3,3,3,1;
+ * 5 over 4 ranks: 2,2,1,0 with an empty last shard): hf -> fsdp=4 -> hf,
+ * fsdp -> vllm tp=2 -> fsdp, HSDP fsdp=3,dp=2 -> megatron -> fsdp=6, and
+ * the FP8 DeepSeek-V3 model fsdp=3 -> vllm tp=2,ep=2 -> fsdp=5,dp=2.  Each
+ * hop plans every destination rank against all ranks of the previous
+ * layout.
  */
 #include "ptest.h"
 
@@ -59,13 +64,16 @@ static void hop(const struct wex_model *m, const char *from, struct pt_rank *pr,
 	*ow = cw;
 }
 
-static void trip(const char *cfg, const char *a, const char *b)
+/* hf -> lays[0] -> lays[1] -> ... -> hf (lays NULL-terminated). */
+static void tripv(const char *cfg, const char *const *lays)
 {
 	struct wex_model *m;
 	struct wex_layout_spec hs;
-	struct pt_rank *h0 = calloc(1, sizeof(*h0)), *x, *y, *h1;
-	uint32_t nx, ny, nh;
-	char err[512];
+	struct pt_rank *h0 = calloc(1, sizeof(*h0)), *x = h0, *y, *h1;
+	uint32_t nx = 1, ny, nh;
+	const char *from = "hf";
+	char err[512], path[512];
+	size_t n = (size_t)snprintf(path, sizeof(path), "hf");
 
 	CHECK(wex__model_from_text(cfg, NULL, &m, err, sizeof(err)) == 0, "%s", err);
 	CHECK(wex__layout_parse("hf", &hs, err, sizeof(err)) == 0, "%s", err);
@@ -73,29 +81,45 @@ static void trip(const char *cfg, const char *a, const char *b)
 	/* Random bytes, not the pattern: the round trip must keep any data. */
 	for (uint64_t i = 0; i < h0->size; i++)
 		h0->buf[i] = (unsigned char)(pt_mix(i + 77) & 0xff);
-	hop(m, "hf", h0, 1, a, &x, &nx);
-	hop(m, a, x, nx, b, &y, &ny);
-	hop(m, b, y, ny, "hf", &h1, &nh);
+	for (const char *const *l = lays; *l; l++) {
+		hop(m, from, x, nx, *l, &y, &ny);
+		if (x != h0) {
+			for (uint32_t r = 0; r < nx; r++)
+				pt_rank_free(&x[r]);
+			free(x);
+		}
+		x = y;
+		nx = ny;
+		from = *l;
+		n += (size_t)snprintf(path + n, n < sizeof(path) ? sizeof(path) - n : 0, " -> %s", *l);
+	}
+	hop(m, from, x, nx, "hf", &h1, &nh);
 	CHECK(nh == 1 && h1->size == h0->size, "hf sizes differ");
 	for (size_t i = 0; i < h0->l.nt; i++) {
 		uint64_t off = h0->toff[i];
 
 		CHECK(!memcmp(h0->buf + off, h1->buf + off, h0->l.t[i].nbytes),
-		      "%s differs after hf -> %s -> %s -> hf", h0->l.t[i].name, a, b);
+		      "%s differs after %s -> hf", h0->l.t[i].name, path);
 	}
-	printf("hf -> %s -> %s -> hf: %zu tensors, %llu bytes identical\n", a, b, h0->l.nt,
+	printf("%s -> hf: %zu tensors, %llu bytes identical\n", path, h0->l.nt,
 	       (unsigned long long)h0->l.total_bytes);
-	for (uint32_t r = 0; r < nx; r++)
-		pt_rank_free(&x[r]);
-	for (uint32_t r = 0; r < ny; r++)
-		pt_rank_free(&y[r]);
+	if (x != h0) {
+		for (uint32_t r = 0; r < nx; r++)
+			pt_rank_free(&x[r]);
+		free(x);
+	}
 	pt_rank_free(h0);
 	pt_rank_free(h1);
-	free(x);
-	free(y);
 	free(h0);
 	free(h1);
 	wex__model_free(m);
+}
+
+static void trip(const char *cfg, const char *a, const char *b)
+{
+	const char *const lays[] = { a, b, NULL };
+
+	tripv(cfg, lays);
 }
 
 int main(void)
@@ -172,5 +196,31 @@ int main(void)
 	     "\"intermediate_size\":24,\"moe_intermediate_size\":8,\"num_experts\":4,"
 	     "\"vocab_size\":101,\"torch_dtype\":\"bfloat16\"}",
 	     "megatron:tp=2,dp=2,ep=2,etp=2", "sglang:tp=8,dp=2,dp_attention=1,ep=4,dp_lm_head=1");
+	/* FSDP2 dim-0 shards (fsdp engine). */
+	trip(QWEN2_5L, "fsdp:fsdp=4", "hf");
+	{
+		const char *const a[] = { "fsdp:fsdp=4", "vllm:tp=2", "fsdp:fsdp=4", NULL };
+		const char *const b[] = { "fsdp:fsdp=3,dp=2", "megatron:tp=2,pp=3,first=1", "fsdp:fsdp=6",
+					  NULL };
+
+		tripv(QWEN2_5L, a);
+		tripv(QWEN2_5L, b);
+	}
+	trip("{\"model_type\":\"llama\",\"hidden_size\":5,\"num_hidden_layers\":2,"
+	     "\"num_attention_heads\":1,\"num_key_value_heads\":1,\"intermediate_size\":6,"
+	     "\"vocab_size\":7,\"torch_dtype\":\"bfloat16\"}",
+	     "fsdp:fsdp=4", "fsdp:fsdp=8,dp=2");
+	{
+		const char *const c[] = { "fsdp:fsdp=3", "vllm:tp=2,ep=2", "fsdp:fsdp=5,dp=2", NULL };
+
+		tripv("{\"model_type\":\"deepseek_v3\",\"hidden_size\":16,\"num_hidden_layers\":3,"
+		      "\"num_attention_heads\":4,\"intermediate_size\":24,\"moe_intermediate_size\":8,"
+		      "\"n_routed_experts\":8,\"n_shared_experts\":1,\"first_k_dense_replace\":1,"
+		      "\"q_lora_rank\":12,\"kv_lora_rank\":8,\"qk_nope_head_dim\":4,"
+		      "\"qk_rope_head_dim\":2,\"v_head_dim\":4,\"vocab_size\":129,"
+		      "\"torch_dtype\":\"bfloat16\",\"quantization_config\":{\"quant_method\":"
+		      "\"fp8\",\"weight_block_size\":[4,4]}}",
+		      c);
+	}
 	return T_PASS;
 }
