@@ -34,6 +34,8 @@ endfunction()
 wex_py_test(py_binding tests/python/binding_test.py LABELS python)
 # CPU PyTorch (Debian's python3-torch, which tests/run.sh installs).
 wex_py_test(py_torch_glue tests/python/torch_glue_test.py LABELS python)
+# FSDP2 shards (boxes= and DTensor-like parameters) gathered by a consumer.
+wex_py_test(py_fsdp_glue tests/python/fsdp_glue_test.py LABELS python)
 if(TARGET wex_emul_cuda)
   # The same through wex_cuda_alloc and CUDA VMM segments, on the emulated
   # driver (tests/gpu/emul_cuda.c).

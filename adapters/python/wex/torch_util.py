@@ -16,6 +16,12 @@ torch 2.8) and call register_module the same way (its segments are
 exportable; a parameter may span chunks).  Tensors over device memory
 (view_tensors, reserve_like) go through __cuda_array_interface__, which
 PyTorch reads with NumPy.
+
+An FSDP2 trainer (fully_shard, HSDP) registers its sharded parameters as
+they are: each DTensor's local shard goes in as the rows of dim 0 it holds
+of the whole tensor (fsdp_rows), so an engine attaches whole or TP-cut
+tensors and wex gathers the rows from the ranks, with no all-gather in
+the trainer.  A trainer that shards by hand passes boxes=.
 """
 import ctypes
 
@@ -131,7 +137,100 @@ def plan_ranges(placed, gap=MERGE_GAP):
     return out
 
 
-def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None):
+def fsdp_rows(d0, n, r):
+    """(first row, rows) of a d0-row dim 0 that rank r of an n-way FSDP2
+    shard holds: torch.chunk's chunks of ceil(d0 / n) rows, then empty
+    ones for the ranks past the last chunk (FSDP2's _chunk_with_empty: 5
+    rows over 4 ranks are 2, 2, 1, 0)."""
+    d0, n, r = int(d0), int(n), int(r)
+    if d0 < 0 or n < 1 or not 0 <= r < n:
+        raise ValueError("fsdp_rows: rank %d of %d ranks over %d rows" % (r, n, d0))
+    c = -(-d0 // n)
+    a, b = min(r * c, d0), min((r + 1) * c, d0)
+    return a, b - a
+
+
+def _placement_name(p):
+    d = getattr(p, "dim", None)
+    return "%s(%s)" % (type(p).__name__, "" if d is None else d)
+
+
+def _dtensor_box(name, t):
+    """(local tensor, global shape, start) of a DTensor sharded as FSDP2
+    and HSDP shard: Shard(0) over at most one mesh dim, Replicate over the
+    others; anything else is refused naming the parameter."""
+    placements, mesh = tuple(t.placements), t.device_mesh
+    local = t.to_local()
+    shape = tuple(int(s) for s in t.shape)
+    coord = mesh.get_coordinate()
+    if coord is None:
+        raise ValueError("%s: this rank is not in the parameter's device mesh" % name)
+    shard = None
+    for i, p in enumerate(placements):
+        if p.is_replicate():
+            continue
+        # _StridedShard (FSDP over TP) is a Shard too, with other rows.
+        if not (p.is_shard() and type(p).__name__ == "Shard" and p.dim == 0) or shard is not None:
+            raise ValueError("%s: placements %s: wex describes FSDP2/HSDP shards, Shard(0) "
+                             "on one mesh dim and Replicate on the others (not %s on mesh "
+                             "dim %d)" % (name, "(" + ", ".join(map(_placement_name, placements))
+                                         + ")", _placement_name(p), i))
+        shard = i
+    start = [0] * len(shape)
+    if shard is not None:
+        start[0], rows = fsdp_rows(shape[0], mesh.size(shard), coord[shard])
+        if tuple(local.shape) != (rows,) + shape[1:]:
+            raise ValueError("%s: local shard of shape %s, but rank %d of %d of a %s tensor "
+                             "holds %d rows (torch.chunk)" % (name, tuple(local.shape),
+                                                             coord[shard], mesh.size(shard),
+                                                             shape, rows))
+    return local, shape, tuple(start)
+
+
+def _is_dtensor(t):
+    return all(hasattr(t, a) for a in ("to_local", "placements", "device_mesh"))
+
+
+def _boxed(items, boxes):
+    """[(name, local tensor, global shape, start)]: DTensors by their
+    placements, boxes' entries by (shape, start), the rest whole."""
+    boxes = dict(boxes or {})
+    unknown = sorted(set(boxes) - {n for n, _ in items})
+    if unknown:
+        raise ValueError("boxes names %s, which is not among the tensors" % ", ".join(unknown[:3]))
+    out = []
+    for name, t in items:
+        if _is_dtensor(t):
+            if name in boxes:
+                raise ValueError("%s: a DTensor has its box from its placements: leave it out "
+                                 "of boxes" % name)
+            out.append((name,) + _dtensor_box(name, t))
+            continue
+        if name not in boxes:
+            out.append((name, t, tuple(t.shape), (0,) * t.dim()))
+            continue
+        try:
+            shape, start = boxes[name]
+        except (TypeError, ValueError):
+            raise ValueError("boxes[%r]: expected (shape, start), got %r"
+                             % (name, boxes[name])) from None
+        shape = tuple(int(s) for s in shape)
+        if isinstance(start, int):
+            start = (start,) + (0,) * (len(shape) - 1)
+        start = tuple(int(s) for s in start)
+        if len(shape) != t.dim() or len(start) != t.dim():
+            raise ValueError("%s: boxes gives shape %s and start %s for a %d-dim tensor"
+                             % (name, shape, start, t.dim()))
+        for d, (a, e, s) in enumerate(zip(start, t.shape, shape)):
+            if a < 0 or a + e > s:
+                raise ValueError("%s: dim %d holds [%d, %d) of %d (boxes start %s, tensor "
+                                 "shape %s, whole shape %s)"
+                                 % (name, d, a, a + e, s, start, tuple(t.shape), shape))
+        out.append((name, t, shape, start))
+    return out
+
+
+def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None, boxes=None):
     """Registers the memory under named tensors (e.g.
     model.named_parameters()) with a producer client, and their table.
 
@@ -149,10 +248,25 @@ def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None)
     overlap are refused; empty tensors are left out (they hold no bytes,
     and PyTorch gives them no address).  Returns the list of (segment id,
     address, size) the tensors are in.
+
+    Each tensor is registered whole (start 0, extent its shape), except:
+    an FSDP2 DTensor parameter (to_local, placements and device_mesh, as
+    fully_shard makes; PyTorch 2.x) is its local shard, registered as rows
+    fsdp_rows(...) of dim 0 of its global shape, under Shard(0) on one mesh
+    dim (FSDP) and Replicate on the others (HSDP); other placements
+    (Shard(1) from shard_placement_fn, FSDP over TP, Partial) are refused
+    naming the parameter.  And boxes={name: (shape, start)} says that the
+    tensor of that name is the box of the whole `shape` starting at
+    `start` (a tuple, or an int: the first row of dim 0), extent its own
+    shape: for trainers that shard by hand (e.g. a tensor's rows
+    fsdp_rows(shape[0], n, r) on rank r).
     """
     items = [(n, t.detach()) for n, t in named_tensors]
     if not items:
         raise ValueError("no tensors to register")
+    boxed = _boxed(items, boxes)
+    whole = {n: (shape, start) for n, _, shape, start in boxed}
+    items = [(n, t) for n, t, _, _ in boxed]
     dev = items[0][1].device
     for name, t in items:
         if t.device != dev:
@@ -170,8 +284,9 @@ def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None)
         placed = _placed(items, _segments(dev.index),
                          "no caching-allocator segment of %s" % dev)
         used, placed = _register_ranges(client, kind, placed)
-    table = [wex.tensor(name, wex_dtype(t.dtype), t.shape, segment=used[seg],
-                        offset=p - seg[0], strides=strides)
+    table = [wex.tensor(name, wex_dtype(t.dtype), whole[name][0], start=whole[name][1],
+                        extent=t.shape, segment=used[seg], offset=p - seg[0],
+                        strides=strides)
              for name, t, p, _, strides, seg in placed]
     client.register_tensors(table)
     return [(sid, a, s) for (a, s), sid in used.items()]
