@@ -93,8 +93,10 @@ static int usage(const char *cmd, int help)
 			   "[--max-shard-size SIZE] [--progress auto|always|never] [--adapters DIR] "
 			   "IN OUTDIR\n");
 	fprintf(f, "  LAYOUT: ENGINE[:tp=N,pp=N,dp=N,ep=N,etp=N,first=N,last=N,stages=N/N/...,"
-		   "fuse_shared=0|1,dp_attention=0|1,dp_lm_head=0|1,dense_tp=1]; engines: hf "
-		   "megatron megatron_grouped vllm sglang (fuse_shared, dp_attention, dp_lm_head, "
+		   "fuse_shared=0|1,dp_attention=0|1,dp_lm_head=0|1,dense_tp=1,fsdp=N]; engines: hf "
+		   "fsdp megatron megatron_grouped vllm sglang (fsdp: dim-0 chunks of every tensor "
+		   "over fsdp=N ranks as torch.chunk cuts them, PyTorch FSDP2, dp=M HSDP replicas, "
+		   "rank = shard + N*replica; fuse_shared, dp_attention, dp_lm_head, "
 		   "dense_tp: sglang; dp_attention=1: --enable-dp-attention, tp ranks in all with "
 		   "attention split over tp/dp of them; stages: vllm sglang, the layers of each of the pp stages, "
 		   "as VLLM_PP_LAYER_PARTITION / SGLANG_PP_LAYER_PARTITION; without it layers that "

@@ -5,7 +5,7 @@
 # PyTorch's torch.chunk agrees with, rank file by rank file
 # (fsdp_ckpt_check.py, with /usr/bin/python3's torch): fsdp=5 holds 7,7,7,
 # 7,4 rows of 32 and 4,4,4,4,0 of the k/v projections (an empty tensor on
-# rank 4).  fsdp -> vllm tp=2 -> fsdp gives the same rank files as hf ->
+# rank 4).  The help names the engine.  fsdp -> vllm tp=2 -> fsdp gives the same rank files as hf ->
 # fsdp, and back to hf every byte of the checkpoint.
 # Needs: WEXCTL_BIN, PLANNER_CONVERT_BIN (the planner_convert helper),
 # SRC (the source tree).
@@ -17,6 +17,11 @@ $PY -c 'import torch' 2>/dev/null || { echo "skip: $PY has no torch"; exit 77; }
 d=$(mktemp -d /tmp/wex-convert-fsdp-XXXXXX) || exit 1
 trap 'rm -rf "$d"' EXIT
 "$PLANNER_CONVERT_BIN" gen "$d" || exit 1
+# The help names the engine and its key.
+case "$("$WEXCTL_BIN" convert --help 2>&1)" in
+*"fsdp=N"*"engines: hf fsdp "*"fsdp: dim-0 chunks"*) ;;
+*) echo "convert --help does not name the fsdp engine and fsdp=N"; exit 1 ;;
+esac
 cv() { "$WEXCTL_BIN" convert --config "$d/config.json" --from "$1" --to "$2" "$3" "$4" || exit 1; }
 cv hf fsdp:fsdp=5 "$d/hf" "$d/f5"
 $PY "$SRC/tests/planner/fsdp_ckpt_check.py" "$d/hf" "$d/f5" 5 1 || exit 1
