@@ -5,21 +5,31 @@
  * without its cleanup leaves it), the lease journal's directory
  * DIR/wexd.sock.leases (a wexd keeps it, empty or not, for the next one:
  * journal.h) and DIR itself.  A journal record left behind (a remap lease
- * still held) keeps the directory, so that a test which left one shows it.
+ * still held) keeps the directory, so that a test which left one shows it,
+ * unless `wipe` (a test that failed and killed its wexd) removes them.
  */
 #ifndef WEX_TESTS_WEXD_DIR_H
 #define WEX_TESTS_WEXD_DIR_H
 
+#include <dirent.h>
 #include <stdio.h>
 #include <unistd.h>
 
-static inline void rm_wexd_dir(const char *dir)
+static inline void rm_wexd_dir(const char *dir, int wipe)
 {
 	char p[512];
+	struct dirent *e;
+	DIR *d;
 
 	snprintf(p, sizeof(p), "%s/wexd.sock", dir);
 	unlink(p);
 	snprintf(p, sizeof(p), "%s/wexd.sock.leases", dir);
+	if (wipe && (d = opendir(p))) {
+		while ((e = readdir(d)))
+			if (e->d_name[0] != '.')
+				unlinkat(dirfd(d), e->d_name, 0);
+		closedir(d);
+	}
 	rmdir(p);
 	rmdir(dir);
 }

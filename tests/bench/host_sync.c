@@ -268,6 +268,23 @@ static void producer(const char *preset, int cmd_fd, int ack_fd)
 	_exit(0);
 }
 
+/* An early return (a failed check) leaves wexd to PR_SET_PDEATHSIG: its
+ * socket and journal directory would stay in /tmp. */
+static char bench_dir[64];
+static pid_t bench_wexd, bench_main;
+
+static void bench_cleanup(void)
+{
+	if (getpid() != bench_main)
+		return; /* the producer child's die() */
+	if (bench_wexd > 0) {
+		kill(bench_wexd, SIGKILL);
+		waitpid(bench_wexd, NULL, 0);
+	}
+	if (bench_dir[0])
+		rm_wexd_dir(bench_dir, 1);
+}
+
 int main(int argc, char **argv)
 {
 	const char *wexd = argc > 1 ? argv[1] : getenv("WEXD_BIN");
@@ -293,6 +310,9 @@ int main(int argc, char **argv)
 	threads = ncpu > 8 ? 8 : ncpu < 1 ? 1 : (int)ncpu;
 	if (!mkdtemp(dir))
 		return 1;
+	snprintf(bench_dir, sizeof(bench_dir), "%s", dir);
+	bench_main = getpid();
+	atexit(bench_cleanup);
 	snprintf(sock, sizeof(sock), "%s/wexd.sock", dir);
 	setenv("WEX_SOCKET", sock, 1);
 	/* Close-on-exec: wexd must not hold the producer's pipes open, or a
@@ -313,6 +333,7 @@ int main(int argc, char **argv)
 		execl(wexd, wexd, (char *)NULL);
 		_exit(127);
 	}
+	bench_wexd = dpid;
 	close(ready[1]);
 	{
 		char b[8];
@@ -451,7 +472,8 @@ int main(int argc, char **argv)
 	wex_client_close(c);
 	kill(dpid, SIGTERM);
 	waitpid(dpid, NULL, 0);
-	rm_wexd_dir(dir);
+	bench_wexd = 0;
+	rm_wexd_dir(dir, 0);
 
 	double copy_s = median(copy_t, RUNS), meta_s = median(meta_t, RUNS),
 	       touch_s = median(touch_t, RUNS), fixed_s = median(fixed_t, RUNS),

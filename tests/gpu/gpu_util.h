@@ -471,7 +471,7 @@ static inline void gpu_world_stop(struct gpu_world *w)
 	close(w->from_prod);
 	kill(w->wexd, SIGTERM);
 	CHECK(waitpid(w->wexd, &st, 0) == w->wexd && WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	rm_wexd_dir(w->dir);
+	rm_wexd_dir(w->dir, 0);
 }
 
 /*

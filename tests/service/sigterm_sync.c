@@ -216,7 +216,7 @@ int main(void)
 	waitpid(prod, NULL, 0);
 	free(buf);
 	free(t);
-	rm_wexd_dir(dir);
+	rm_wexd_dir(dir, 0);
 	printf("PASS: sigterm drains: waiting sync told ESHUTDOWN, weights intact; in-flight copy finished first\n");
 	return 0;
 }
