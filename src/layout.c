@@ -32,10 +32,10 @@
 
 enum { LAY_NONE, LAY_ALL, LAY_DENSE, LAY_MOE };
 enum { P_TP, P_PP, P_DP, P_EP, P_ETP, P_FIRST, P_LAST, P_FUSE_SHARED, P_DP_ATTENTION,
-       P_DENSE_TP, P_DP_LM_HEAD, P_FSDP };
+       P_DENSE_TP, P_DP_LM_HEAD, P_FSDP, P_VPP };
 static const char *const param_names[WEX_LAYOUT_PARAMS] = {
 	"tp", "pp", "dp", "ep", "etp", "first", "last", "fuse_shared", "dp_attention", "dense_tp",
-	"dp_lm_head", "fsdp"
+	"dp_lm_head", "fsdp", "vpp"
 };
 
 struct sym {
@@ -1202,7 +1202,7 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 		long long v = strtoll(eq + 1, &stop, 10);
 		if (k == WEX_LAYOUT_PARAMS || eq[1] < '0' || eq[1] > '9' || stop != end || v < 0 ||
 		    v > LAYOUT_PARAM_MAX) {
-			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: tp pp dp ep etp first last fuse_shared dp_attention dense_tp dp_lm_head fsdp stages)",
+			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: tp pp dp ep etp first last fuse_shared dp_attention dense_tp dp_lm_head fsdp vpp stages)",
 			       (int)(end - p), p, s);
 			return -EINVAL;
 		}
@@ -1265,6 +1265,11 @@ struct ctx {
 	/* rank coordinates; atpr: rank in the attention-TP group */
 	int64_t tpr, fsdpr, dpr, ppr, etpr, epr, atpr;
 	int64_t L0, L1;
+	/* Megatron's virtual pipeline: vpp model chunks per pp rank, vpr the
+	 * one being laid out; chunk_first / chunk_last: it holds the
+	 * embedding / the final norm and output layer. */
+	int64_t vpp, vpr;
+	int chunk_first, chunk_last;
 	int64_t vocab_pad;
 	int pad_times_tp;
 	char *err;
@@ -1281,6 +1286,34 @@ enum { PP_REM_NONE, PP_REM_BEFORE_LAST, PP_REM_LAST };
 		seterr((c)->err, (c)->errlen, __VA_ARGS__);                                \
 		return -WEX_ELAYOUT;                                                       \
 	} while (0)
+
+/* vpp=V: Megatron-Core's virtual pipeline (--num-virtual-stages-per-
+ * pipeline-rank, the interleaved 1F1B schedule).  Each pp rank holds V
+ * model chunks of L/(pp*V) layers (get_num_layers_to_build); Megatron-Core
+ * refuses V > 1 without pipeline parallelism (initialize_model_parallel:
+ * "pipeline-model-parallel size should be greater than 1 with interleaved
+ * schedule").  Uneven first/last stages under it are not described here.
+ * An engine without the key (its default 0) has one chunk. */
+static int vpp_setup(struct ctx *c, int given, int64_t vpp, int64_t layers)
+{
+	c->vpp = vpp || given ? vpp : 1;
+	if (c->vpp < 1)
+		FAIL(c, "vpp=%lld: a pipeline rank holds at least 1 model chunk", (long long)c->vpp);
+	if (c->vpp == 1)
+		return 0;
+	if (c->pp < 2)
+		FAIL(c, "vpp=%lld needs pp > 1 (pp=%lld): Megatron-Core has no interleaved schedule "
+		     "without pipeline parallelism", (long long)c->vpp, (long long)c->pp);
+	if (c->first || c->last)
+		FAIL(c, "vpp=%lld with first=%lld, last=%lld: uneven first/last stages under a virtual "
+		     "pipeline are not described; give vpp or first/last", (long long)c->vpp,
+		     (long long)c->first, (long long)c->last);
+	if (layers % (c->pp * c->vpp))
+		FAIL(c, "vpp=%lld: the %lld layers do not divide into pp*vpp = %lld*%lld = %lld model "
+		     "chunks of equal size", (long long)c->vpp, (long long)layers, (long long)c->pp,
+		     (long long)c->vpp, (long long)(c->pp * c->vpp));
+	return 0;
+}
 
 /* Checks the parallel sizes against the model and sets the stage range. */
 static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_layout_spec *spec)
@@ -1525,7 +1558,7 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 		FAIL(c, "engine %s: vocab_pad %lld is larger than %d", spec->engine,
 		     (long long)c->vocab_pad, LAYOUT_PARAM_MAX);
 	c->pad_times_tp = json_is_true(json_object_get(c->eng, "vocab_pad_times_tp"));
-	return 0;
+	return vpp_setup(c, spec->set[P_VPP], v[P_VPP], layers);
 }
 
 /* Layer range of stage s: as stages= gives them; else uneven first/last
@@ -1587,6 +1620,50 @@ static int stage_range(struct ctx *c, int64_t s, int64_t *a, int64_t *b)
 	} else {
 		*a = fs + (s - 1) * mid;
 		*b = (s == pp - 1) ? layers : *a + mid;
+	}
+	return 0;
+}
+
+/* Enters model chunk c->vpr of the rank's pp stage: its layers and
+ * whether it holds the embedding or the output layer.  Chunk v of pp rank p
+ * holds the n = L/(pp*vpp) layers from v*L/vpp + p*n on (Megatron-Core's
+ * layer offset: each of the vpp rounds runs through all pp ranks in
+ * order); the embedding is in chunk 0 of pp rank 0 only, the final norm
+ * and output layer in the last chunk of the last pp rank
+ * (is_pipeline_first_stage / is_pipeline_last_stage without
+ * ignore_virtual).  One chunk is the whole stage. */
+static int chunk_enter(struct ctx *c)
+{
+	int64_t layers = wex__model_sym(c->m, "layers"), n;
+
+	c->chunk_first = c->ppr == 0 && c->vpr == 0;
+	c->chunk_last = c->ppr == c->pp - 1 && c->vpr == c->vpp - 1;
+	if (c->vpp == 1)
+		return stage_range(c, c->ppr, &c->L0, &c->L1);
+	n = layers / (c->pp * c->vpp);
+	c->L0 = c->vpr * (layers / c->vpp) + c->ppr * n;
+	c->L1 = c->L0 + n;
+	return 0;
+}
+
+/* Names the physical tensors from nt0 on as chunk c->vpr's: prefixed
+ * model{v}. when a rank holds several chunks, as Megatron's checkpoints
+ * store them (state_dict['model%d' % v] per chunk, state_dict['model']
+ * for one: then no prefix, the names as they were). */
+static int chunk_prefix(struct ctx *c, size_t nt0)
+{
+	char name[WEX_NAME_MAX];
+
+	if (c->vpp == 1)
+		return 0;
+	for (size_t k = nt0; k < c->out->nt; k++) {
+		struct wex_phys *t = &c->out->t[k];
+
+		if ((size_t)snprintf(name, sizeof(name), "model%lld.%s", (long long)c->vpr, t->name) >=
+		    sizeof(name))
+			FAIL(c, "model%lld.%s: a physical name longer than %d bytes", (long long)c->vpr,
+			     t->name, WEX_NAME_MAX - 1);
+		memcpy(t->name, name, sizeof(name));
 	}
 	return 0;
 }
@@ -2035,7 +2112,7 @@ static int parse_etensor(struct ctx *c, json_t *v, struct etensor *et)
 			k++;
 		if (u && k == WEX_LAYOUT_PARAMS)
 			FAIL(c, "engine tensor %s: unknown \"%s\" %s (a layout parameter: tp pp dp ep "
-			     "etp first last fuse_shared dp_attention dense_tp dp_lm_head)",
+			     "etp first last fuse_shared dp_attention dense_tp dp_lm_head vpp)",
 			     et->name ? et->name : "?", w ? "unless" : "if", u);
 		*(w ? &et->unless_param : &et->if_param) = u ? k : -1;
 	}
@@ -2145,7 +2222,7 @@ int wex__layout_rank(const struct wex_model *m, const struct wex_layout_spec *sp
 	struct ctx c = { .err = err, .errlen = errlen, .out = &o };
 	int64_t nexp = wex__model_sym(m, "nexp");
 	int ret;
-	size_t i;
+	size_t i, chunk_nt0;
 	json_t *v;
 
 	ret = ctx_setup(&c, m, spec);
@@ -2177,6 +2254,14 @@ int wex__layout_rank(const struct wex_model *m, const struct wex_layout_spec *sp
 			goto out;
 		goto done;
 	}
+	/* One pass over the engine's entries per model chunk (vpp; one
+	 * chunk without it), each chunk's tensors after the previous ones'. */
+	c.vpr = 0;
+chunk:
+	ret = chunk_enter(&c);
+	if (ret < 0)
+		goto out;
+	chunk_nt0 = o.nt;
 	json_array_foreach(json_object_get(c.eng, "tensors"), i, v) {
 		struct etensor et;
 		int64_t nloc = nexp > 0 ? nexp / c.ep : 0;
@@ -2188,9 +2273,9 @@ int wex__layout_rank(const struct wex_model *m, const struct wex_layout_spec *sp
 		    (et.unless_param >= 0 && c.pv[et.unless_param]))
 			continue;
 		if (et.stage) {
-			int ok = !strcmp(et.stage, "first") ? c.ppr == 0
-				 : !strcmp(et.stage, "last") ? c.ppr == c.pp - 1
-				 : !strcmp(et.stage, "last_not_first") ? (c.ppr == c.pp - 1 && c.ppr != 0)
+			int ok = !strcmp(et.stage, "first") ? c.chunk_first
+				 : !strcmp(et.stage, "last") ? c.chunk_last
+				 : !strcmp(et.stage, "last_not_first") ? (c.chunk_last && !c.chunk_first)
 				 : 0;
 
 			if (!ok || !roles_exist(&c, &et, -1))
@@ -2233,6 +2318,11 @@ int wex__layout_rank(const struct wex_model *m, const struct wex_layout_spec *sp
 			}
 		}
 	}
+	ret = chunk_prefix(&c, chunk_nt0);
+	if (ret < 0)
+		goto out;
+	if (++c.vpr < c.vpp)
+		goto chunk;
 done:
 	*out = o;
 	memset(&o, 0, sizeof(o));

@@ -19,10 +19,14 @@
 #include "fuzz.h"
 #include "layout.h"
 
-static const char *const keys[WEX_LAYOUT_PARAMS] = {
+static const char *const keys[] = {
 	"tp", "pp", "dp", "ep", "etp", "first", "last", "fuse_shared", "dp_attention", "dense_tp",
-	"dp_lm_head", "fsdp"
+	"dp_lm_head", "fsdp", "vpp"
 };
+/* A key added to the layout spec must be added here too: a missing one
+ * would be written back as "(null)=". */
+_Static_assert(sizeof(keys) / sizeof(keys[0]) == WEX_LAYOUT_PARAMS,
+	       "keys[] lists every layout parameter");
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
