@@ -4,7 +4,8 @@
  * and without bias / q-k norms / tied embeddings, Qwen3-MoE and Mixtral
  * style MoE, DeepSeek-V3 style MLA+MoE; TP 1-8, PP with uneven first/last
  * stages (Megatron), vLLM's and SGLang's own splits of layers that do not
- * divide by PP and explicit stages=, DP replicas, EP and expert TP, KV heads fewer than TP, odd
+ * divide by PP and explicit stages=, Megatron's virtual pipeline (vpp
+ * model chunks per pp rank), DP replicas, EP and expert TP, KV heads fewer than TP, odd
  * vocabulary sizes, SGLang's dp-attention with lm_head over the attention
  * group or all ranks and DeepSeek's dense MLPs whole, FSDP2 dim-0 chunks
  * over 1 to 32 ranks with HSDP replicas) that plan + host executor write every destination
@@ -113,13 +114,34 @@ static void make_layout(char *buf, size_t len, int producer, int family, unsigne
 
 		snprintf(buf, len, "fsdp:fsdp=%u,dp=%u", n, 1 + rnd(2));
 	} else if (meg) {
-		unsigned pp = 1 + rnd(layers < 4 ? layers : 4);
+		unsigned pp = 1 + rnd(layers < 4 ? layers : 4), vpp = 0;
 		unsigned dp = 1 + rnd(3);
+
+		/* The virtual pipeline (1 in 3): mostly pp and V > 1 chunks per
+		 * rank whose product divides the layers; else V as drawn
+		 * (refused when the layers do not divide into pp*V chunks or
+		 * pp is 1). */
+		if (rnd(3) == 0) {
+			int fit = rnd(5) != 0;
+
+			vpp = 2 + rnd(3);
+			for (unsigned k = 0; fit && k < 32; k++) {
+				unsigned p2 = 2 + rnd(2), v2 = 2 + rnd(2);
+
+				if (layers % (p2 * v2) == 0) {
+					pp = p2;
+					vpp = v2;
+					break;
+				}
+			}
+		}
 		int n = snprintf(buf, len, "megatron:tp=%u,pp=%u,dp=%u", tp, pp, dp);
 
-		if (pp > 2 && rnd(2))
+		if (vpp)
+			n += snprintf(buf + n, len - (size_t)n, ",vpp=%u", vpp);
+		if (!vpp && pp > 2 && rnd(2))
 			n += snprintf(buf + n, len - (size_t)n, ",first=%u", 1 + rnd(2));
-		if (pp > 2 && rnd(2))
+		if (!vpp && pp > 2 && rnd(2))
 			n += snprintf(buf + n, len - (size_t)n, ",last=%u", 1 + rnd(2));
 		if (family && rnd(2)) {
 			unsigned ep = 1u << rnd(3);

@@ -26,8 +26,13 @@
  * dim-0 shards, whose rows do not divide (16 over 6 ranks: 3,3,3,3,3,1;
  * 5 over 4 ranks: 2,2,1,0 with an empty last shard): hf -> fsdp=4 -> hf,
  * fsdp -> vllm tp=2 -> fsdp, HSDP fsdp=3,dp=2 -> megatron -> fsdp=6, and
- * the FP8 DeepSeek-V3 model fsdp=3 -> vllm tp=2,ep=2 -> fsdp=5,dp=2.  Each
- * hop plans every destination rank against all ranks of the previous
+ * the FP8 DeepSeek-V3 model fsdp=3 -> vllm tp=2,ep=2 -> fsdp=5,dp=2.  And
+ * Megatron's virtual pipeline (vpp: model chunks interleaved over the pp
+ * ranks): an 8-layer Qwen2 (tied) megatron tp=2,pp=2,vpp=2 -> vllm tp=2 and
+ * tp=2,pp=2,dp=2,vpp=4 -> pp=4,vpp=2; the sparse Qwen3-MoE
+ * megatron_grouped tp=2,pp=2,vpp=2,ep=2,etp=1 -> vllm tp=2,ep=2; a 4-layer
+ * DeepSeek-V3 megatron tp=2,pp=2,dp=2,ep=4,etp=1,vpp=2 -> sglang tp=4,ep=2.
+ * Each hop plans every destination rank against all ranks of the previous
  * layout.
  */
 #include "ptest.h"
@@ -222,5 +227,25 @@ int main(void)
 		      "\"fp8\",\"weight_block_size\":[4,4]}}",
 		      c);
 	}
+	/* Megatron's virtual pipeline: V model chunks per pp rank, layers
+	 * interleaved over the ranks (tied embeddings: the output layer's
+	 * copy in the last chunk), chunk to chunk between two vpp sizes. */
+#define QWEN2_8L "{\"model_type\":\"qwen2\",\"hidden_size\":16,\"num_hidden_layers\":8," \
+	"\"num_attention_heads\":4,\"num_key_value_heads\":2,\"intermediate_size\":24," \
+	"\"vocab_size\":203,\"tie_word_embeddings\":true,\"torch_dtype\":\"bfloat16\"}"
+	trip(QWEN2_8L, "megatron:tp=2,pp=2,vpp=2", "vllm:tp=2");
+	trip(QWEN2_8L, "megatron:tp=2,pp=2,dp=2,vpp=4", "megatron:pp=4,vpp=2");
+	trip("{\"model_type\":\"qwen3_moe\",\"hidden_size\":16,\"num_hidden_layers\":4,"
+	     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":4,"
+	     "\"intermediate_size\":24,\"moe_intermediate_size\":8,\"num_experts\":4,"
+	     "\"decoder_sparse_step\":2,\"mlp_only_layers\":[0],"
+	     "\"vocab_size\":101,\"torch_dtype\":\"bfloat16\"}",
+	     "megatron_grouped:tp=2,pp=2,vpp=2,ep=2,etp=1", "vllm:tp=2,ep=2");
+	trip("{\"model_type\":\"deepseek_v3\",\"hidden_size\":16,\"num_hidden_layers\":4,"
+	     "\"num_attention_heads\":4,\"intermediate_size\":24,\"moe_intermediate_size\":8,"
+	     "\"n_routed_experts\":8,\"n_shared_experts\":1,\"first_k_dense_replace\":1,"
+	     "\"q_lora_rank\":12,\"kv_lora_rank\":8,\"qk_nope_head_dim\":4,\"qk_rope_head_dim\":2,"
+	     "\"v_head_dim\":4,\"vocab_size\":129,\"torch_dtype\":\"bfloat16\"}",
+	     "megatron:tp=2,pp=2,dp=2,ep=4,etp=1,vpp=2", "sglang:tp=4,ep=2");
 	return T_PASS;
 }
