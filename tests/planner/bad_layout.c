@@ -5,7 +5,9 @@
  * real Qwen2-0.5B config (14 heads, 2 KV heads, 24 layers): vLLM tp=4 (14
  * heads), Megatron tp=4 (2 query groups), pp=5 (24 layers), uneven stages
  * that do not divide evenly, ep on a dense model, SGLang's dp-attention
- * (described for its MoE models only); and that unknown engines,
+ * (described for its MoE models only), Megatron's virtual pipeline (24
+ * layers in pp*vpp = 16 chunks, vpp without pp or with first/last, vpp=0,
+ * vpp on vLLM); and that unknown engines,
  * unknown parameters and configs of unknown families are refused; and that
  * config values that are not sizes (4.9 heads, negative, a string, past
  * 2^40, a tensor past 2^48 bytes, expressions that overflow) are refused
@@ -90,11 +92,21 @@ int main(void)
 	 * dim-0 chunks. */
 	CHECK(wex__layout_parse("fsdp:fsdp=7,dp=3", &s, err, sizeof(err)) == 0, "%s", err);
 	CHECK(wex__layout_world(m, &s, &w, err, sizeof(err)) == 0 && w == 21, "%s", err);
+	/* Megatron's virtual pipeline: pp*vpp chunks of equal size, pp > 1,
+	 * no first/last with it; Megatron engines only. */
+	bad("megatron:tp=2,pp=4,vpp=4", "the 24 layers do not divide into pp*vpp = 4*4 = 16");
+	bad("megatron_grouped:tp=2,pp=5,vpp=2", "24 layers");
+	bad("megatron:tp=2,vpp=2", "vpp=2 needs pp > 1 (pp=1)");
+	bad("megatron:tp=2,pp=4,vpp=2,first=4,last=4", "vpp=2 with first=4, last=4");
+	bad("megatron:pp=2,vpp=0", "vpp=0");
+	bad("vllm:tp=2,pp=2,vpp=2", "engine vllm has no parameter vpp");
 	/* And good ones pass. */
 	CHECK(wex__layout_parse("vllm:tp=14", &s, err, sizeof(err)) == 0, "%s", err);
 	CHECK(wex__layout_world(m, &s, &w, err, sizeof(err)) == -WEX_ELAYOUT, "tp=14: vocab 151936 padded to 64 is not a multiple of 14");
 	CHECK(wex__layout_parse("megatron:tp=2,pp=4,dp=2,first=3,last=3", &s, err, sizeof(err)) == 0, "%s", err);
 	CHECK(wex__layout_world(m, &s, &w, err, sizeof(err)) == 0 && w == 16, "%s", err);
+	CHECK(wex__layout_parse("megatron:tp=2,pp=4,dp=2,vpp=3", &s, err, sizeof(err)) == 0, "%s", err);
+	CHECK(wex__layout_world(m, &s, &w, err, sizeof(err)) == 0 && w == 16, "vpp=3: %s", err);
 	CHECK(wex__layout_parse("vllm:tp=7", &s, err, sizeof(err)) == 0, "%s", err);
 	CHECK(wex__layout_world(m, &s, &w, err, sizeof(err)) == -WEX_ELAYOUT, "vllm tp=7 accepted (2 KV heads)");
 	/* Not layouts at all. */
