@@ -364,6 +364,26 @@ int main(int argc, char **argv)
 	snprintf(a, sizeof(a), "%s/single", dir);
 	CHECK(there_and_back(cfg, "sglang:tp=2", file, a, c) == T_PASS,
 	      "single file -> sglang -> hf changed bytes");
+	/* Megatron's virtual pipeline through the CLI: 4 layers, pp=2 with
+	 * 2 chunks each, rank 0 (pp rank 0) holds layer 0 as model0's layer 0
+	 * and layer 2 as model1's, the embedding in model0 only. */
+	{
+		struct wex_st_file vf;
+		char path[300];
+
+		snprintf(a, sizeof(a), "%s/vpp", dir);
+		CHECK(there_and_back(cfg, "megatron:tp=2,pp=2,vpp=2", file, a, c) == T_PASS,
+		      "hf -> megatron vpp=2 -> hf changed bytes");
+		snprintf(path, sizeof(path), "%s/rank-0.safetensors", a);
+		CHECK(wex__st_open(path, &vf, err, sizeof(err)) == 0, "%s", err);
+		CHECK(wex__st_find(&vf, "model0.decoder.layers.0.self_attention.linear_qkv.weight") &&
+			      wex__st_find(&vf, "model1.decoder.layers.0.self_attention.linear_qkv.weight") &&
+			      !wex__st_find(&vf, "model0.decoder.layers.1.self_attention.linear_qkv.weight") &&
+			      wex__st_find(&vf, "model0.embedding.word_embeddings.weight") &&
+			      !wex__st_find(&vf, "model1.embedding.word_embeddings.weight"),
+		      "megatron vpp=2 rank 0: not model0/model1 chunks of one layer each");
+		wex__st_close(&vf);
+	}
 	/* --to hf shards as transformers' save_pretrained does: files
 	 * model-0000K-of-0000N.safetensors of at most --max-shard-size bytes
 	 * of tensors each (a larger tensor alone in its file), in the

@@ -235,6 +235,14 @@ int main(void)
 	"\"vocab_size\":203,\"tie_word_embeddings\":true,\"torch_dtype\":\"bfloat16\"}"
 	trip(QWEN2_8L, "megatron:tp=2,pp=2,vpp=2", "vllm:tp=2");
 	trip(QWEN2_8L, "megatron:tp=2,pp=2,dp=2,vpp=4", "megatron:pp=4,vpp=2");
+	/* The three new layouts together: an FSDP2/HSDP trainer's dim-0 chunks
+	 * to Megatron model chunks and back. */
+	{
+		const char *const v[] = { "fsdp:fsdp=3,dp=2", "megatron:tp=2,pp=2,vpp=2", "fsdp:fsdp=5",
+					  NULL };
+
+		tripv(QWEN2_8L, v);
+	}
 	trip("{\"model_type\":\"qwen3_moe\",\"hidden_size\":16,\"num_hidden_layers\":4,"
 	     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":4,"
 	     "\"intermediate_size\":24,\"moe_intermediate_size\":8,\"num_experts\":4,"
