@@ -32,11 +32,14 @@
 
 enum { LAY_NONE, LAY_ALL, LAY_DENSE, LAY_MOE };
 enum { P_TP, P_PP, P_DP, P_EP, P_ETP, P_FIRST, P_LAST, P_FUSE_SHARED, P_DP_ATTENTION,
-       P_DENSE_TP, P_DP_LM_HEAD, P_FSDP, P_VPP };
+       P_DENSE_TP, P_DP_LM_HEAD, P_FSDP, P_VPP, P_A2A, P_EMBED_REP };
 static const char *const param_names[WEX_LAYOUT_PARAMS] = {
 	"tp", "pp", "dp", "ep", "etp", "first", "last", "fuse_shared", "dp_attention", "dense_tp",
-	"dp_lm_head", "fsdp", "vpp"
+	"dp_lm_head", "fsdp", "vpp", "a2a", "embed_rep"
 };
+#define PARAM_KEYS "tp pp dp ep etp first last fuse_shared dp_attention dense_tp dp_lm_head " \
+	"fsdp vpp a2a embed_rep"
+_Static_assert(WEX_LAYOUT_PARAMS <= 32, "if/unless keep layout parameters in a 32-bit mask");
 
 struct sym {
 	char name[32];
@@ -1202,7 +1205,7 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 		long long v = strtoll(eq + 1, &stop, 10);
 		if (k == WEX_LAYOUT_PARAMS || eq[1] < '0' || eq[1] > '9' || stop != end || v < 0 ||
 		    v > LAYOUT_PARAM_MAX) {
-			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: tp pp dp ep etp first last fuse_shared dp_attention dense_tp dp_lm_head fsdp vpp stages)",
+			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: " PARAM_KEYS " stages)",
 			       (int)(end - p), p, s);
 			return -EINVAL;
 		}
@@ -1217,8 +1220,9 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 
 /* The ranks a kind splits over: all tp ranks of a stage; the expert
  * tensor-parallel ranks; the attention-TP group (tp/dp ranks with
- * dp_attention=1, else all tp ranks). */
-enum { AX_TP, AX_ETP, AX_ATTN };
+ * dp_attention=1, else all tp ranks); none (one rank: the tensor whole on
+ * every rank, a vocab kind still padded). */
+enum { AX_TP, AX_ETP, AX_ATTN, AX_NONE };
 
 struct etensor {
 	const char *name;
@@ -1231,9 +1235,9 @@ struct etensor {
 	 * cut as the routed experts' (SGLang's expert n_routed). */
 	const char *shared_roles[MAXROLES];
 	int nshared;
-	/* "if" / "unless": a layout parameter (P_*) that must be non-zero /
-	 * zero for the entry to be emitted; -1 none. */
-	int if_param, unless_param;
+	/* "if" / "unless": layout parameters (bit P_* set) that must all be
+	 * non-zero / all be zero for the entry to be emitted. */
+	uint32_t if_mask, unless_mask;
 	const char *stage; /* NULL: per layer */
 	const char *when;
 	int layers;
@@ -1370,9 +1374,14 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 	if (c->fsdp != 1 && !c->chunk_dim0)
 		FAIL(c, "engine %s: parameter fsdp=%lld needs \"chunk_dim0\": true", spec->engine,
 		     (long long)c->fsdp);
-	for (int k = P_DP_ATTENTION; k <= P_DP_LM_HEAD; k++)
-		if (k != P_DENSE_TP && v[k] > 1)
-			FAIL(c, "%s is 0 or 1, not %lld", param_names[k], (long long)v[k]);
+	{
+		static const int flags[] = { P_DP_ATTENTION, P_DP_LM_HEAD, P_A2A, P_EMBED_REP };
+
+		for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++)
+			if (v[flags[i]] > 1)
+				FAIL(c, "%s is 0 or 1, not %lld", param_names[flags[i]],
+				     (long long)v[flags[i]]);
+	}
 	/* SGLang's --moe-dense-tp-size: unset (the dense MLPs split over all
 	 * tp ranks, also written as tp) or 1 (whole on every rank). */
 	if (v[P_DENSE_TP] > 1 && v[P_DENSE_TP] != c->tp)
@@ -1395,6 +1404,13 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 		FAIL(c, "dp_lm_head=1 splits lm_head over the attention-TP group: it needs "
 		     "dp_attention=1 (SGLang refuses --enable-dp-lm-head without "
 		     "--enable-dp-attention)");
+	/* Before SGLang PR #17403 (and with SGLANG_ENABLE_EMBED_REPLICATION=1)
+	 * the embedding is whole on every rank under dp-attention; without
+	 * dp-attention it is split over all tp ranks in every version. */
+	if (v[P_EMBED_REP] && !c->dp_attention)
+		FAIL(c, "embed_rep=1 lays out the embedding whole on every rank, as SGLang does "
+		     "under dp-attention before PR #17403: it needs dp_attention=1 (without it "
+		     "the embedding is split over all tp ranks)");
 	{
 		/* An engine may describe a parameter for some model types only
 		 * (SGLang's attention-TP group exists in its MoE models). */
@@ -1429,6 +1445,17 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 				     m->model_type);
 		}
 	}
+	/* --moe-a2a-backend deepep/mooncake: SGLang's server_args sets ep_size
+	 * to tp_size, and DeepSeek's shared experts are built with tp_size 1;
+	 * shared-expert fusion is off under it (expert parallelism). */
+	if (v[P_A2A] && v[P_FUSE_SHARED])
+		FAIL(c, "fuse_shared=1 with a2a=1: SGLang does not fuse the shared expert into the "
+		     "routed ones under --moe-a2a-backend deepep/mooncake (it keeps "
+		     "mlp.shared_experts whole on every rank); use fuse_shared=0");
+	if (v[P_A2A] && (v[P_EP] ? v[P_EP] : 1) != c->tp)
+		FAIL(c, "a2a=1 with ep=%lld: under --moe-a2a-backend deepep/mooncake SGLang sets the "
+		     "expert parallel size to tp; write ep=%lld", (long long)(v[P_EP] ? v[P_EP] : 1),
+		     (long long)c->tp);
 	memcpy(c->pv, v, sizeof(c->pv));
 	c->stage_ranks = c->tp * c->fsdp * (c->dp_attention ? 1 : c->dp);
 	if (v[P_ETP]) {
@@ -1702,8 +1729,10 @@ static int make_blocks(struct ctx *c, const struct etensor *et, const struct fte
 	for (int i = 0; i < et->nroles; i++)
 		if (expand(c->m, f[i]->name, L, L, 0, 0, fname[i]) < 0)
 			snprintf(fname[i], sizeof(fname[i]), "%s", f[i]->name);
-	int64_t T = et->axis == AX_ETP ? c->etp : et->axis == AX_ATTN ? c->attn_tp : c->tp;
-	int64_t r = et->axis == AX_ETP ? c->etpr : et->axis == AX_ATTN ? c->atpr : c->tpr;
+	int64_t T = et->axis == AX_ETP ? c->etp : et->axis == AX_ATTN ? c->attn_tp
+						: et->axis == AX_NONE ? 1 : c->tp;
+	int64_t r = et->axis == AX_ETP ? c->etpr : et->axis == AX_ATTN ? c->atpr
+						 : et->axis == AX_NONE ? 0 : c->tpr;
 	/* What T is, in messages: the attention-TP size is not the tp given. */
 	const char *tpn = et->axis == AX_ATTN && c->dp_attention
 				  ? "attention tensor parallel size (tp/dp)"
@@ -2087,9 +2116,10 @@ static int parse_etensor(struct ctx *c, json_t *v, struct etensor *et)
 	et->stage = json_string_value(json_object_get(v, "stage"));
 	et->when = json_string_value(json_object_get(v, "when"));
 	et->heads = json_string_value(json_object_get(v, "heads"));
-	et->axis = !ax ? AX_TP : !strcmp(ax, "etp") ? AX_ETP : !strcmp(ax, "attn") ? AX_ATTN : -1;
+	et->axis = !ax ? AX_TP : !strcmp(ax, "etp") ? AX_ETP : !strcmp(ax, "attn") ? AX_ATTN
+		   : !strcmp(ax, "none") ? AX_NONE : -1;
 	if (et->axis < 0)
-		FAIL(c, "engine tensor %s: unknown axis \"%s\" (etp or attn; none: tp)",
+		FAIL(c, "engine tensor %s: unknown axis \"%s\" (etp, attn or none; absent: tp)",
 		     et->name ? et->name : "?", ax);
 	et->experts = !ex ? 0 : !strcmp(ex, "stack") ? 2 : 1;
 	et->layers = !lay ? LAY_ALL : !strcmp(lay, "dense") ? LAY_DENSE : !strcmp(lay, "moe") ? LAY_MOE : LAY_ALL;
@@ -2104,21 +2134,41 @@ static int parse_etensor(struct ctx *c, json_t *v, struct etensor *et)
 			     et->name ? et->name : "?", MAXROLES);
 		et->shared_roles[et->nshared++] = json_string_value(r);
 	}
+	/* "if"/"unless": one layout parameter, or a list of them. */
 	for (int w = 0; w < 2; w++) {
-		const char *u = json_string_value(json_object_get(v, w ? "unless" : "if"));
-		int k = 0;
+		const char *what = w ? "unless" : "if";
+		json_t *cond = json_object_get(v, what), *one = cond;
+		uint32_t *mask = w ? &et->unless_mask : &et->if_mask;
+		size_t j = 0, n = json_is_array(cond) ? json_array_size(cond) : cond ? 1 : 0;
 
-		while (u && k < WEX_LAYOUT_PARAMS && strcmp(u, param_names[k]))
-			k++;
-		if (u && k == WEX_LAYOUT_PARAMS)
-			FAIL(c, "engine tensor %s: unknown \"%s\" %s (a layout parameter: tp pp dp ep "
-			     "etp first last fuse_shared dp_attention dense_tp dp_lm_head vpp)",
-			     et->name ? et->name : "?", w ? "unless" : "if", u);
-		*(w ? &et->unless_param : &et->if_param) = u ? k : -1;
+		for (; j < n; j++) {
+			const char *u;
+			int k = 0;
+
+			if (json_is_array(cond))
+				one = json_array_get(cond, j);
+			u = json_string_value(one);
+			while (u && k < WEX_LAYOUT_PARAMS && strcmp(u, param_names[k]))
+				k++;
+			if (!u || k == WEX_LAYOUT_PARAMS)
+				FAIL(c, "engine tensor %s: unknown \"%s\" %s (a layout parameter: %s; "
+				     "or a list of them)", et->name ? et->name : "?", what,
+				     u ? u : "(not a string)", PARAM_KEYS);
+			*mask |= 1u << k;
+		}
 	}
 	if (!et->name || !et->kind || !et->nroles)
 		FAIL(c, "engine tensor entry lacks name, kind or roles");
 	return 0;
+}
+
+/* The entry's "if" parameters are all set and its "unless" ones all 0. */
+static int params_match(const struct ctx *c, const struct etensor *et)
+{
+	for (int k = 0; k < WEX_LAYOUT_PARAMS; k++)
+		if (((et->if_mask >> k & 1) && !c->pv[k]) || ((et->unless_mask >> k & 1) && c->pv[k]))
+			return 0;
+	return 1;
 }
 
 /* All roles present, as per-layer or global tensors as the entry needs. */
@@ -2269,8 +2319,7 @@ chunk:
 		ret = parse_etensor(&c, v, &et);
 		if (ret < 0)
 			goto out;
-		if (!when_true(m, et.when) || (et.if_param >= 0 && !c.pv[et.if_param]) ||
-		    (et.unless_param >= 0 && c.pv[et.unless_param]))
+		if (!when_true(m, et.when) || !params_match(&c, &et))
 			continue;
 		if (et.stage) {
 			int ok = !strcmp(et.stage, "first") ? c.chunk_first

@@ -8,12 +8,15 @@
  * outside the limits given values obey (tp*dp wrapped to a world of 0
  * ranks), a pp_remainder other than before_last or last, and a
  * default for stages other than [] (none), a tensor entry with an axis
- * other than etp or attn or an "if" naming no layout parameter (both were
- * taken as the plain tp split / ignored), param_model_types that is not a
+ * other than etp, attn or none or an "if" naming no layout parameter (both
+ * were taken as the plain tp split / ignored), an "unless" list with a
+ * member that is not a parameter's name, param_model_types that is not a
  * list or does not list the model's type, chunk_dim0 (FSDP2's dim-0
  * chunks of canonical tensors) on an engine that is not canonical, and an
  * fsdp parameter above 1 on an engine without chunk_dim0.  The same engine
- * with sane numbers lays out.  Uses a family and
+ * with sane numbers lays out, axis none holds the padded vocabulary whole
+ * on every rank, and an "unless" list drops the entry when any of its
+ * parameters is set.  Uses a family and
  * engines of its own in a temporary adapters directory, also when
  * $WEX_ADAPTERS names it (a directory named there is used as given, with
  * no hf.json of its own; it was skipped for the source tree's copy).
@@ -98,6 +101,10 @@ int main(void)
 	put("stages", "{\"tp\":1,\"pp\":1,\"dp\":1,\"stages\":[1,1]}", "64");
 	put_entry("axis", "{\"tp\":1,\"pp\":1,\"dp\":1}", ",\"axis\":\"attention\"");
 	put_entry("if", "{\"tp\":1,\"pp\":1,\"dp\":1}", ",\"if\":\"dp_attn\"");
+	put_entry("iflist", "{\"tp\":1,\"pp\":1,\"dp\":1}", ",\"unless\":[\"dp\",7]");
+	put_entry("unlesses", "{\"tp\":1,\"pp\":1,\"dp\":1,\"dense_tp\":0,\"dp_attention\":0}",
+		  ",\"unless\":[\"dense_tp\",\"dp_attention\"]");
+	put_entry("none", "{\"tp\":1,\"pp\":1,\"dp\":1}", ",\"axis\":\"none\"");
 	put_entry("pmt", "{\"tp\":1,\"pp\":1,\"dp\":1,\"dp_attention\":0},"
 		  "\"param_model_types\":{\"dp_attention\":\"enginetest\"}", "");
 	put_entry("pmt2", "{\"tp\":1,\"pp\":1,\"dp\":1,\"dp_attention\":0},"
@@ -152,6 +159,26 @@ int main(void)
 	ret = world(m, "if:tp=2", &w, err, sizeof(err));
 	CHECK(ret == -WEX_ELAYOUT && strstr(err, "unknown \"if\" dp_attn"), "if: %d %s", ret, err);
 	printf("if:tp=2        %s\n", err);
+	ret = world(m, "iflist:tp=2", &w, err, sizeof(err));
+	CHECK(ret == -WEX_ELAYOUT && strstr(err, "unknown \"unless\" (not a string)"),
+	      "iflist: %d %s", ret, err);
+	printf("iflist:tp=2    %s\n", err);
+	/* An "unless" list: the entry goes when any of them is set. */
+	kat_rank(m, "unlesses:tp=2", 1, &l);
+	CHECK(l.nt == 1, "unlesses:tp=2: %zu tensors", l.nt);
+	wex__rank_layout_free(&l);
+	kat_rank(m, "unlesses:tp=2,dense_tp=1", 1, &l);
+	CHECK(l.nt == 0, "unlesses:tp=2,dense_tp=1: %zu tensors", l.nt);
+	wex__rank_layout_free(&l);
+	kat_rank(m, "unlesses:tp=2,dp=2,dp_attention=1", 1, &l);
+	CHECK(l.nt == 0, "unlesses with dp_attention=1: %zu tensors", l.nt);
+	wex__rank_layout_free(&l);
+	/* axis none: 100 rows padded to 128, whole on every one of 4 ranks. */
+	kat_rank(m, "none:tp=4", 3, &l);
+	CHECK(l.nt == 1 && l.t[0].shape[0] == 128 && l.t[0].npieces == 1 &&
+		      l.p[0].start[0] == 0 && l.p[0].extent[0] == 100,
+	      "axis none: rank 3 holds %llu rows", (unsigned long long)l.t[0].shape[0]);
+	wex__rank_layout_free(&l);
 	/* param_model_types: a list, naming the model types a parameter is
 	 * described for; off, the parameter is not checked. */
 	ret = world(m, "pmt:tp=2,dp=2,dp_attention=1", &w, err, sizeof(err));
@@ -203,6 +230,7 @@ int main(void)
 	const char *names[] = { "engines/ok",	  "engines/wrap",   "engines/huge",
 				"engines/defaults", "engines/rem",    "engines/stages",
 				"engines/axis",	  "engines/if",	    "engines/pmt",
+				"engines/iflist", "engines/unlesses", "engines/none",
 				"engines/pmt2",	  "engines/chunky", "engines/nochunk",
 				"families/llama" };
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {

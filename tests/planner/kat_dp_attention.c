@@ -7,7 +7,11 @@
  * MoE experts, shared experts and dense MLPs stay split over all tp ranks
  * and lm_head too unless dp_lm_head=1 (--enable-dp-lm-head); the
  * embedding is vocab-parallel over the attention-TP group; dense_tp=1
- * (--moe-dense-tp-size 1) keeps DeepSeek's dense MLPs whole.
+ * (--moe-dense-tp-size 1) keeps DeepSeek's dense MLPs whole.  a2a=1
+ * (--moe-a2a-backend deepep or mooncake) keeps DeepSeek's shared experts
+ * whole on every rank, with ep = tp (whole routed experts); embed_rep=1
+ * (SGLang before PR #17403, or SGLANG_ENABLE_EMBED_REPLICATION=1) keeps the
+ * embedding whole (padded to 192 rows) on every rank.
  *
  * Worked by hand for a small DeepSeek-V3 (4 heads, q_lora 12, kv_lora 8,
  * nope 4, rope 2, v 4: q_b_proj 24x12, kv_b_proj 32x8, o_proj 16x16;
@@ -229,9 +233,102 @@ static void qwen3_moe(void)
 	printf("qwen3_moe tp=8 dp=2 dp_attention=1 ep=4: the hand-worked boxes\n");
 }
 
+/* a2a=1: --moe-a2a-backend deepep/mooncake; embed_rep=1: the embedding
+ * whole under dp-attention (SGLang before PR #17403). */
+static void a2a_embed_rep(void)
+{
+	struct wex_model *m = kat_model(DSV3), *q = kat_model(QWEN3_MOE);
+	const char *lay = "sglang:tp=4,dp=2,dp_attention=1,ep=4,a2a=1";
+	const char *sg = "model.layers.1.mlp.shared_experts.gate_proj.weight";
+	const char *su = "model.layers.1.mlp.shared_experts.up_proj.weight";
+	const char *sd = "model.layers.1.mlp.shared_experts.down_proj.weight";
+	const char *qb = "model.layers.0.self_attn.q_b_proj.weight";
+	const char *emb = "model.embed_tokens.weight";
+	struct wex_rank_layout l;
+	const struct wex_phys *t;
+
+	CHECK(world(m, lay) == 4, "%s: not 4 ranks", lay);
+	/* Rank 3: the shared expert whole (gate 8 rows, then up 8 rows;
+	 * down_proj all 8 columns), routed experts 6 and 7 whole (ep = tp =
+	 * 4: 2 a rank, moe_tp 1), attention as without a2a (heads 2, 3),
+	 * the dense MLP still over all 4 ranks. */
+	kat_rank(m, lay, 3, &l);
+	t = kat_find(&l, "model.layers.1.mlp.shared_experts.gate_up_proj.weight");
+	CHECK(t->shape[0] == 16 && t->shape[1] == 16 && t->npieces == 2,
+	      "a2a shared gate_up_proj: %llu rows, %zu pieces", (unsigned long long)t->shape[0],
+	      t->npieces);
+	kat_piece(&l, t, 0, sg, 0, 8, 0);
+	kat_piece(&l, t, 1, su, 0, 8, 8);
+	cols(&l, kat_find(&l, "model.layers.1.mlp.shared_experts.down_proj.weight"), sd, 0, 8);
+	t = kat_find(&l, "model.layers.1.mlp.experts.w13_weight");
+	CHECK(t->ndim == 3 && t->shape[0] == 2 && t->shape[1] == 16, "a2a w13_weight shape");
+	stack_piece(&l, t, 0, "model.layers.1.mlp.experts.6.gate_proj.weight", 0, 8, 0);
+	stack_piece(&l, t, 1, "model.layers.1.mlp.experts.6.up_proj.weight", 0, 8, 8);
+	kat_piece(&l, kat_find(&l, qb), 0, qb, 12, 12, 0);
+	kat_piece(&l, kat_find(&l, "model.layers.0.mlp.gate_up_proj.weight"), 0,
+		  "model.layers.0.mlp.gate_proj.weight", 18, 6, 0);
+	kat_piece(&l, kat_find(&l, emb), 0, emb, 96, 33, 0);
+	wex__rank_layout_free(&l);
+	/* Rank 0 holds the same whole shared expert. */
+	kat_rank(m, lay, 0, &l);
+	kat_piece(&l, kat_find(&l, "model.layers.1.mlp.shared_experts.gate_up_proj.weight"), 1, su,
+		  0, 8, 8);
+	wex__rank_layout_free(&l);
+	/* DeepEP without dp-attention (attention over all tp ranks). */
+	CHECK(world(m, "sglang:tp=4,ep=4,a2a=1") == 4, "a2a without dp_attention");
+	kat_rank(m, "sglang:tp=4,ep=4,a2a=1", 2, &l);
+	kat_piece(&l, kat_find(&l, "model.layers.1.mlp.shared_experts.gate_up_proj.weight"), 0, sg,
+		  0, 8, 0);
+	kat_piece(&l, kat_find(&l, qb), 0, qb, 12, 6, 0);
+	wex__rank_layout_free(&l);
+
+	/* embed_rep=1: the embedding whole, padded to 192 rows, on every
+	 * rank; lm_head unchanged (over all 4 ranks, rows 48..95 on rank 1). */
+	kat_rank(m, "sglang:tp=4,dp=2,dp_attention=1,embed_rep=1", 1, &l);
+	t = kat_find(&l, emb);
+	CHECK(t->shape[0] == 192 && t->shape[1] == 16 && t->npieces == 1,
+	      "embed_rep: %llu rows, %zu pieces", (unsigned long long)t->shape[0], t->npieces);
+	kat_piece(&l, t, 0, emb, 0, 129, 0);
+	t = kat_find(&l, "lm_head.weight");
+	CHECK(t->shape[0] == 48, "embed_rep lm_head: %llu rows", (unsigned long long)t->shape[0]);
+	kat_piece(&l, t, 0, "lm_head.weight", 48, 48, 0);
+	wex__rank_layout_free(&l);
+	/* Both, with dp_lm_head=1 (lm_head over the attention group). */
+	kat_rank(m, "sglang:tp=4,dp=2,dp_attention=1,ep=4,a2a=1,embed_rep=1,dp_lm_head=1", 3, &l);
+	kat_piece(&l, kat_find(&l, emb), 0, emb, 0, 129, 0);
+	kat_piece(&l, kat_find(&l, "lm_head.weight"), 0, "lm_head.weight", 96, 33, 0);
+	cols(&l, kat_find(&l, "model.layers.1.mlp.shared_experts.down_proj.weight"), sd, 0, 8);
+	wex__rank_layout_free(&l);
+	/* Qwen3-MoE: 101 rows padded to 128, whole on rank 6. */
+	kat_rank(q, "sglang:tp=8,dp=2,dp_attention=1,ep=4,embed_rep=1", 6, &l);
+	t = kat_find(&l, emb);
+	CHECK(t->shape[0] == 128 && t->npieces == 1, "qwen3_moe embed_rep: %llu rows",
+	      (unsigned long long)t->shape[0]);
+	kat_piece(&l, t, 0, emb, 0, 101, 0);
+	wex__rank_layout_free(&l);
+
+	/* Refused, naming what does not fit. */
+	kat_refused(m, "sglang:tp=4,a2a=1", "a2a=1", "ep=4");
+	kat_refused(m, "sglang:tp=4,ep=2,a2a=1", "ep=2", "ep=4");
+	kat_refused(m, "sglang:tp=1,a2a=1,fuse_shared=1", "fuse_shared=1", "a2a=1");
+	kat_refused(m, "sglang:tp=4,ep=4,a2a=2", "a2a", "2");
+	kat_refused(m, "vllm:tp=4,ep=4,a2a=1", "engine vllm", "a2a");
+	kat_refused(m, "megatron:tp=4,ep=4,a2a=1", "engine megatron", "a2a");
+	kat_refused(q, "sglang:tp=8,ep=8,a2a=1", "a2a", "qwen3_moe");
+	kat_refused(m, "sglang:tp=4,dp=2,embed_rep=1", "embed_rep=1", "dp_attention=1");
+	kat_refused(m, "sglang:tp=4,embed_rep=1", "embed_rep=1", "dp_attention=1");
+	kat_refused(m, "sglang:tp=4,dp=2,dp_attention=1,embed_rep=2", "embed_rep", "2");
+	kat_refused(m, "vllm:tp=4,embed_rep=1", "engine vllm", "embed_rep");
+	kat_refused(m, "hf:embed_rep=1", "engine hf", "embed_rep");
+	wex__model_free(q);
+	wex__model_free(m);
+	printf("deepseek_v3 a2a=1, embed_rep=1; qwen3_moe embed_rep=1: the hand-worked boxes\n");
+}
+
 int main(void)
 {
 	deepseek();
 	qwen3_moe();
+	a2a_embed_rep();
 	return T_PASS;
 }
