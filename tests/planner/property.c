@@ -7,7 +7,9 @@
  * divide by PP and explicit stages=, Megatron's virtual pipeline (vpp
  * model chunks per pp rank), DP replicas, EP and expert TP, KV heads fewer than TP, odd
  * vocabulary sizes, SGLang's dp-attention with lm_head over the attention
- * group or all ranks and DeepSeek's dense MLPs whole, FSDP2 dim-0 chunks
+ * group or all ranks, the embedding whole (embed_rep) and DeepSeek's
+ * dense MLPs whole, DeepSeek under DeepEP (a2a: shared experts whole, ep
+ * = tp; other ep refused), FSDP2 dim-0 chunks
  * over 1 to 32 ranks with HSDP replicas) that plan + host executor write every destination
  * element exactly once, with the value of the same canonical element, and
  * never touch padding.  Both the per-rank and the group planner are used.
@@ -165,11 +167,15 @@ static void make_layout(char *buf, size_t len, int producer, int family, unsigne
 		int n = snprintf(buf, len, "%s:tp=%u,dp=%u,pp=%u", eng, tp, dp, pp);
 
 		if (dpa)
-			n += snprintf(buf + n, len - (size_t)n, ",dp_attention=1%s",
-				      rnd(2) ? ",dp_lm_head=1" : "");
+			n += snprintf(buf + n, len - (size_t)n, ",dp_attention=1%s%s",
+				      rnd(2) ? ",dp_lm_head=1" : "", rnd(2) ? ",embed_rep=1" : "");
 		if (eng[0] == 's' && family == 2 && rnd(3) == 0)
 			n += snprintf(buf + n, len - (size_t)n, ",dense_tp=1");
-		if (family && rnd(2))
+		/* DeepSeek under SGLang's DeepEP (a2a=1): ep is tp, mostly. */
+		if (eng[0] == 's' && family == 2 && rnd(3) == 0)
+			n += snprintf(buf + n, len - (size_t)n, ",a2a=1,ep=%u",
+				      rnd(5) ? tp : 1u << rnd(3));
+		else if (family && rnd(2))
 			n += snprintf(buf + n, len - (size_t)n, ",ep=%u", 1u << rnd(3));
 		/* An explicit split: pp parts of at least one layer. */
 		if (pp > 1 && rnd(3) == 0)

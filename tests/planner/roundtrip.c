@@ -22,7 +22,10 @@
  * attention split over tp/dp ranks and repeated dp times): DeepSeek-V3
  * sglang tp=4,dp=2,ep=2 with dense_tp=1 -> tp=4,dp=4,pp=2 with
  * dp_lm_head=1 and the shared expert fused, and Qwen3-MoE megatron ->
- * sglang tp=8,dp=2,ep=4 (4 attention ranks for 2 KV heads).  And FSDP2
+ * sglang tp=8,dp=2,ep=4 (4 attention ranks for 2 KV heads); DeepSeek-V3
+ * under DeepEP (a2a=1, shared experts whole, ep = tp) and with the
+ * embedding whole (embed_rep=1) hf -> sglang tp=4,dp=4 -> hf, both with
+ * pp=2 and dp_lm_head=1, and Qwen3-MoE embed_rep=1 -> vllm.  And FSDP2
  * dim-0 shards, whose rows do not divide (16 over 6 ranks: 3,3,3,3,3,1;
  * 5 over 4 ranks: 2,2,1,0 with an empty last shard): hf -> fsdp=4 -> hf,
  * fsdp -> vllm tp=2 -> fsdp, HSDP fsdp=3,dp=2 -> megatron -> fsdp=6, and
@@ -201,6 +204,28 @@ int main(void)
 	     "\"intermediate_size\":24,\"moe_intermediate_size\":8,\"num_experts\":4,"
 	     "\"vocab_size\":101,\"torch_dtype\":\"bfloat16\"}",
 	     "megatron:tp=2,dp=2,ep=2,etp=2", "sglang:tp=8,dp=2,dp_attention=1,ep=4,dp_lm_head=1");
+	/* DeepEP (a2a=1: the shared experts whole on every rank, ep = tp)
+	 * and the embedding whole under dp-attention (embed_rep=1), each on
+	 * its own and together with pp and dp_lm_head; Qwen3-MoE embed_rep. */
+	{
+#define DSV3_3L "{\"model_type\":\"deepseek_v3\",\"hidden_size\":16,\"num_hidden_layers\":3," \
+	"\"num_attention_heads\":4,\"intermediate_size\":24,\"moe_intermediate_size\":8," \
+	"\"n_routed_experts\":8,\"n_shared_experts\":1,\"first_k_dense_replace\":1," \
+	"\"q_lora_rank\":12,\"kv_lora_rank\":8,\"qk_nope_head_dim\":4,\"qk_rope_head_dim\":2," \
+	"\"v_head_dim\":4,\"vocab_size\":129,\"torch_dtype\":\"bfloat16\"}"
+		const char *const a[] = { "sglang:tp=4,dp=4,dp_attention=1,ep=4,a2a=1", "hf", NULL };
+		const char *const b[] = { "sglang:tp=4,dp=4,dp_attention=1,embed_rep=1", "hf", NULL };
+
+		tripv(DSV3_3L, a);
+		tripv(DSV3_3L, b);
+		trip(DSV3_3L, "sglang:tp=4,ep=4,a2a=1,dense_tp=1",
+		     "sglang:tp=4,dp=2,dp_attention=1,pp=2,ep=4,a2a=1,embed_rep=1,dp_lm_head=1");
+		trip("{\"model_type\":\"qwen3_moe\",\"hidden_size\":16,\"num_hidden_layers\":2,"
+		     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":4,"
+		     "\"intermediate_size\":24,\"moe_intermediate_size\":8,\"num_experts\":4,"
+		     "\"vocab_size\":101,\"torch_dtype\":\"bfloat16\"}",
+		     "sglang:tp=8,dp=2,dp_attention=1,ep=4,embed_rep=1", "vllm:tp=2");
+	}
 	/* FSDP2 dim-0 shards (fsdp engine). */
 	trip(QWEN2_5L, "fsdp:fsdp=4", "hf");
 	{
