@@ -5,7 +5,9 @@
  * real Qwen2-0.5B config (14 heads, 2 KV heads, 24 layers): vLLM tp=4 (14
  * heads), Megatron tp=4 (2 query groups), pp=5 (24 layers), uneven stages
  * that do not divide evenly, ep on a dense model, SGLang's dp-attention
- * (described for its MoE models only), Megatron's virtual pipeline (24
+ * (described for its MoE models only), SGLang's DeepEP layout (a2a:
+ * DeepSeek only, ep = tp, no fuse_shared; on DeepSeek-V3's own config) and
+ * replicated embedding (embed_rep: under dp_attention only), Megatron's virtual pipeline (24
  * layers in pp*vpp = 16 chunks, vpp without pp or with first/last, vpp=0,
  * vpp on vLLM); and that unknown engines,
  * unknown parameters and configs of unknown families are refused; and that
@@ -75,6 +77,36 @@ int main(void)
 	 * dp-attention layout is not described. */
 	bad("sglang:tp=2,dp=2,dp_attention=1", "for model types deepseek_v3 deepseek_v2 qwen3_moe "
 		"qwen2_moe only, not qwen2");
+	/* SGLang's DeepEP layout (a2a) is checked for DeepSeek only, the
+	 * replicated embedding (embed_rep) for the dp-attention models and
+	 * only under dp-attention; other engines have neither. */
+	bad("sglang:tp=2,ep=2,a2a=1", "a2a=1 is described for model types deepseek_v3 deepseek_v2 "
+		"only, not qwen2");
+	bad("sglang:tp=2,dp=2,dp_attention=1,embed_rep=1", "for model types deepseek_v3 deepseek_v2 "
+		"qwen3_moe qwen2_moe only, not qwen2");
+	bad("sglang:tp=2,embed_rep=1", "embed_rep=1");
+	bad("vllm:tp=2,a2a=1", "engine vllm has no parameter a2a");
+	bad("megatron:tp=2,a2a=1", "engine megatron has no parameter a2a");
+	bad("vllm:tp=2,embed_rep=1", "engine vllm has no parameter embed_rep");
+	bad("hf:embed_rep=1", "engine hf has no parameter embed_rep");
+	{
+		struct wex_model *qwen2 = m;
+
+		snprintf(path, sizeof(path), "%s/tests/data/deepseek-v3-config.json", src ? src : "..");
+		CHECK(wex__model_load(path, NULL, &m, err, sizeof(err)) == 0, "%s", err);
+		bad("sglang:tp=32,dp=32,dp_attention=1,ep=32,a2a=1,fuse_shared=1",
+		    "fuse_shared=1 with a2a=1");
+		bad("sglang:tp=32,dp=32,dp_attention=1,a2a=1", "a2a=1 with ep=1");
+		bad("sglang:tp=32,ep=8,a2a=1", "write ep=32");
+		bad("sglang:tp=32,ep=32,embed_rep=1", "it needs dp_attention=1");
+		bad("sglang:tp=32,dp=32,dp_attention=1,ep=32,a2a=2", "a2a is 0 or 1, not 2");
+		bad("sglang:tp=32,dp=32,dp_attention=1,embed_rep=3", "embed_rep is 0 or 1, not 3");
+		CHECK(wex__layout_parse("sglang:tp=32,dp=32,dp_attention=1,ep=32,a2a=1,embed_rep=1", &s,
+					err, sizeof(err)) == 0, "%s", err);
+		CHECK(wex__layout_world(m, &s, &w, err, sizeof(err)) == 0 && w == 32, "%s", err);
+		wex__model_free(m);
+		m = qwen2;
+	}
 	/* FSDP2 shards whole canonical tensors along dim 0 only. */
 	bad("fsdp:tp=2", "engine fsdp has no parameter tp");
 	bad("fsdp:pp=2", "engine fsdp has no parameter pp");
