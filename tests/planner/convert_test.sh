@@ -24,6 +24,11 @@ case "$out" in
 *"IN: "*"rank-K.safetensors"*"OUTDIR gets rank-K.safetensors"*"tokenizer"*"generation_config.json"*) ;;
 *) echo "convert --help does not say what IN and OUTDIR hold: $out"; exit 1 ;;
 esac
+# The LAYOUT help names SGLang's DeepEP and replicated-embedding keys.
+case "$out" in
+*"a2a=0|1,embed_rep=0|1"*"a2a=1: --moe-a2a-backend deepep|mooncake"*"embed_rep=1 (with dp_attention=1)"*) ;;
+*) echo "convert --help does not describe a2a= and embed_rep=: $out"; exit 1 ;;
+esac
 # plan's --rank and --json are not convert's: refused (2), not ignored
 # while every rank is written.
 for o in "--rank 1" --json; do
