@@ -34,7 +34,10 @@ static const char family[] =
 
 static char dir[] = "/tmp/wex-engine.XXXXXX";
 
-static void put(const char *name, const char *params, const char *pad)
+/* An engine of one vocab-parallel tensor entry ("e"), with `extra`
+ * members in the entry; times_tp: vocab_pad_times_tp. */
+static void put_engine(const char *name, const char *params, const char *pad, int times_tp,
+		       const char *extra)
 {
 	char path[256];
 	FILE *f;
@@ -43,27 +46,21 @@ static void put(const char *name, const char *params, const char *pad)
 	f = fopen(path, "w");
 	CHECK(f, "open %s", path);
 	fprintf(f,
-		"{\"engine\":\"%s\",\"params\":%s,\"vocab_pad\":%s,\"vocab_pad_times_tp\":true,"
-		"\"tensors\":[{\"name\":\"e\",\"kind\":\"vocab\",\"roles\":[\"embed\"],"
-		"\"stage\":\"first\"}]}",
-		name, params, pad);
+		"{\"engine\":\"%s\",\"params\":%s,\"vocab_pad\":%s,%s\"tensors\":[{\"name\":\"e\","
+		"\"kind\":\"vocab\",\"roles\":[\"embed\"],\"stage\":\"first\"%s}]}",
+		name, params, pad, times_tp ? "\"vocab_pad_times_tp\":true," : "", extra);
 	CHECK(fclose(f) == 0, "write %s", path);
+}
+
+static void put(const char *name, const char *params, const char *pad)
+{
+	put_engine(name, params, pad, 1, "");
 }
 
 /* An engine "ok"-like but with `extra` members in its one tensor entry. */
 static void put_entry(const char *name, const char *params, const char *extra)
 {
-	char path[256];
-	FILE *f;
-
-	snprintf(path, sizeof(path), "%s/engines/%s.json", dir, name);
-	f = fopen(path, "w");
-	CHECK(f, "open %s", path);
-	fprintf(f,
-		"{\"engine\":\"%s\",\"params\":%s,\"vocab_pad\":64,\"tensors\":[{\"name\":\"e\","
-		"\"kind\":\"vocab\",\"roles\":[\"embed\"],\"stage\":\"first\"%s}]}",
-		name, params, extra);
-	CHECK(fclose(f) == 0, "write %s", path);
+	put_engine(name, params, "64", 0, extra);
 }
 
 static int world(const struct wex_model *m, const char *lay, uint32_t *w, char *err, size_t len)

@@ -89,6 +89,7 @@ static inline void kat_refused(const struct wex_model *m, const char *layout, co
 	CHECK(wex__layout_world(m, &sp, &w, err, sizeof(err)) == -WEX_ELAYOUT, "%s accepted", layout);
 	CHECK(strstr(err, a) && strstr(err, b), "%s: error does not name %s and %s: %s", layout, a, b,
 	      err);
+	printf("%-44s %s\n", layout, err);
 }
 
 #endif

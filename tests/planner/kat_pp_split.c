@@ -133,14 +133,8 @@ static void parse_refused(const char *layout, const char *a, const char *b)
 static void refused(const char *cfg, const char *layout, const char *a, const char *b)
 {
 	struct wex_model *m = kat_model(cfg);
-	struct wex_layout_spec sp;
-	char err[512] = "";
-	uint32_t w;
 
 	kat_refused(m, layout, a, b);
-	wex__layout_parse(layout, &sp, err, sizeof(err));
-	wex__layout_world(m, &sp, &w, err, sizeof(err));
-	printf("%-32s %s\n", layout, err);
 	wex__model_free(m);
 }
 
