@@ -2201,7 +2201,9 @@ static void fsdp_rows(uint64_t d0, uint64_t n, uint64_t r, uint64_t *r0, uint64_
 /* A canonical engine's rank: every canonical tensor under its own name,
  * whole (hf), or its dim-0 chunk for this fsdp rank (chunk_dim0), one
  * piece each; an empty chunk is a tensor of 0 rows without pieces (FSDP2's
- * local tensor there is empty). */
+ * local tensor there is empty).  A 0-dim tensor is one element, whole;
+ * FSDP2 has no dim 0 to shard it on (FSDPParam refuses "Shard dim 0 is
+ * invalid for 0D tensor"), so chunk_dim0 refuses it. */
 static int canonical_rank(const struct ctx *c, struct wex_rank_layout *o)
 {
 	struct wex_tensor *ct;
@@ -2210,6 +2212,13 @@ static int canonical_rank(const struct ctx *c, struct wex_rank_layout *o)
 
 	if (ret < 0)
 		return ret;
+	for (size_t k = 0; c->chunk_dim0 && k < n; k++)
+		if (!ct[k].ndim) {
+			seterr(c->err, c->errlen, "%.*s is a 0-dim tensor: FSDP2 shards dim 0, which "
+			       "it lacks (not described; hf holds it whole)", WEX_NAME_MAX, ct[k].name);
+			free(ct);
+			return -WEX_ELAYOUT;
+		}
 	o->t = calloc(n ? n : 1, sizeof(*o->t));
 	if (!o->t) {
 		free(ct);
@@ -2220,12 +2229,14 @@ static int canonical_rank(const struct ctx *c, struct wex_rank_layout *o)
 	for (size_t k = 0; k < n; k++) {
 		struct wex_phys *t = &o->t[k];
 		struct wex_tensor x = ct[k];
-		uint64_t r0 = 0, nr = x.shape[0];
+		uint64_t r0 = 0, nr = x.ndim ? x.shape[0] : 1;
 
 		if (c->chunk_dim0)
 			fsdp_rows(x.shape[0], (uint64_t)c->fsdp, (uint64_t)c->fsdpr, &r0, &nr);
-		x.start[0] = r0;
-		x.extent[0] = nr;
+		if (x.ndim) {
+			x.start[0] = r0;
+			x.extent[0] = nr;
+		}
 		snprintf(t->name, sizeof(t->name), "%s", x.name);
 		t->dtype = x.dtype;
 		t->ndim = x.ndim;
