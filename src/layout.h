@@ -80,7 +80,9 @@ struct wex_rank_layout {
 	uint64_t total_bytes;   /* sum of physical tensor sizes */
 };
 
-/* Ranks are rank = tp_rank + tp*(fsdp_rank + fsdp*(dp_rank + dp*pp_rank)).
+/* Ranks are rank = tp_rank + tp*(fsdp_rank + fsdp*(dp_rank + dp*pp_rank));
+ * with dp_attention=1 dp is carved out of the tp ranks and does not
+ * multiply them: rank = tp_rank + tp*pp_rank.
  * Number of ranks of the layout, after checking that it can exist (every
  * size divides what it must).  Errors: -WEX_ELAYOUT with the number that
  * does not fit in err; -ENOENT for an unknown engine. */
