@@ -37,9 +37,18 @@ static const char *const param_names[WEX_LAYOUT_PARAMS] = {
 	"tp", "pp", "dp", "ep", "etp", "first", "last", "fuse_shared", "dp_attention", "dense_tp",
 	"dp_lm_head", "fsdp", "vpp", "a2a", "embed_rep"
 };
-#define PARAM_KEYS "tp pp dp ep etp first last fuse_shared dp_attention dense_tp dp_lm_head " \
-	"fsdp vpp a2a embed_rep"
 _Static_assert(WEX_LAYOUT_PARAMS <= 32, "if/unless keep layout parameters in a 32-bit mask");
+
+/* The layout keys, space-separated, into buf (for error messages). */
+static const char *param_keys(char *buf, size_t len)
+{
+	size_t n = 0;
+
+	buf[0] = '\0';
+	for (int k = 0; k < WEX_LAYOUT_PARAMS && n < len; k++)
+		n += (size_t)snprintf(buf + n, len - n, "%s%s", k ? " " : "", param_names[k]);
+	return buf;
+}
 
 struct sym {
 	char name[32];
@@ -1205,8 +1214,10 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 		long long v = strtoll(eq + 1, &stop, 10);
 		if (k == WEX_LAYOUT_PARAMS || eq[1] < '0' || eq[1] > '9' || stop != end || v < 0 ||
 		    v > LAYOUT_PARAM_MAX) {
-			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: " PARAM_KEYS " stages)",
-			       (int)(end - p), p, s);
+			char keys[256];
+
+			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: %s stages)",
+			       (int)(end - p), p, s, param_keys(keys, sizeof(keys)));
 			return -EINVAL;
 		}
 		spec->v[k] = v;
@@ -2150,10 +2161,13 @@ static int parse_etensor(struct ctx *c, json_t *v, struct etensor *et)
 			u = json_string_value(one);
 			while (u && k < WEX_LAYOUT_PARAMS && strcmp(u, param_names[k]))
 				k++;
-			if (!u || k == WEX_LAYOUT_PARAMS)
+			if (!u || k == WEX_LAYOUT_PARAMS) {
+				char keys[256];
+
 				FAIL(c, "engine tensor %s: unknown \"%s\" %s (a layout parameter: %s; "
 				     "or a list of them)", et->name ? et->name : "?", what,
-				     u ? u : "(not a string)", PARAM_KEYS);
+				     u ? u : "(not a string)", param_keys(keys, sizeof(keys)));
+			}
 			*mask |= 1u << k;
 		}
 	}
