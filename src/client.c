@@ -31,6 +31,7 @@
 #include "log.h"
 #include "plan.h"
 #include "proto.h"
+#include "verify.h"
 #include "vmm/backend.h"
 #include "wex.h"
 
@@ -138,6 +139,7 @@ struct wex_client {
 	 * lease with it) before the copy, and the producer have written. */
 	int restore_unconfirmed;
 	json_t *report; /* the last finished sync, sent with the next request */
+	uint64_t verify_ask; /* the last acquire's ask to verify (wexctl verify's ticket), or 0 */
 	int lease_kept; /* the last error reply said a held lease stands */
 	/* Where the attached layout lives: -2 not looked at yet, -1 host
 	 * memory, else the CUDA ordinal of its first GPU-resident piece. */
@@ -2267,12 +2269,16 @@ static void pin_host_sources(struct wex_client *c, int dev)
 	}
 }
 
-static int run_copy(struct wex_client *c, uint64_t *bytes)
+/* The plan resolved into absolute copies (*out, c->nplan of them, free()),
+ * the bytes they move and the executor that runs them: the CUDA one when
+ * any producer segment or the layout is GPU memory (it takes device and
+ * host addresses alike), else the host one; NULL for an empty plan. */
+static int plan_ops(struct wex_client *c, struct wex_copy_op **out, uint64_t *bytes,
+		    const struct wex_mem_ops **exec)
 {
 	struct wex_copy_op *ops;
 	const struct wex_mem_ops *be = NULL;
 	uint64_t total = 0;
-	int ret;
 
 	ops = malloc((c->nplan ? c->nplan : 1) * sizeof(*ops));
 	if (!ops)
@@ -2316,6 +2322,21 @@ static int run_copy(struct wex_client *c, uint64_t *bytes)
 		}
 		be = g;
 	}
+	*out = ops;
+	*bytes = total;
+	*exec = be;
+	return 0;
+}
+
+static int run_copy(struct wex_client *c, uint64_t *bytes)
+{
+	struct wex_copy_op *ops;
+	const struct wex_mem_ops *be;
+	uint64_t total;
+	int ret = plan_ops(c, &ops, &total, &be);
+
+	if (ret < 0)
+		return ret;
 	/* The GPU executor copies host sources onto a GPU: pinned, by DMA. */
 	if (be && be->kind != WEX_MEM_HOST && layout_device(c) >= 0)
 		pin_host_sources(c, layout_device(c));
@@ -2324,6 +2345,83 @@ static int run_copy(struct wex_client *c, uint64_t *bytes)
 	if (ret == 0)
 		*bytes = total;
 	return ret;
+}
+
+/*
+ * Verification (WEX_SYNC_VERIFY, or wexd's ask for `wexctl verify`): every
+ * byte the plan covers in the attached layout is compared with the
+ * producer's memory it comes from, while this sync's lease keeps the
+ * producer out.  0 when equal (*bytes compared); -WEX_EVERIFY naming the
+ * first difference (the weights are then dirty); or the error that kept
+ * the comparison from finishing.  *rep (set in every case) is what wexd
+ * is told.
+ */
+static int verify_plan(struct wex_client *c, uint64_t version, uint64_t *bytes, json_t **rep)
+{
+	struct wex_copy_op *ops;
+	const struct wex_mem_ops *be;
+	struct wex_verify_diff diff;
+	uint64_t total, t0 = wex__now_ns();
+	int ret = plan_ops(c, &ops, &total, &be);
+
+	*bytes = 0;
+	if (ret == 0) {
+		ret = wex__verify_ops(ops, c->nplan, be && be->kind != WEX_MEM_HOST ? be : NULL,
+				      c->threads, &diff);
+		free(ops);
+	}
+	if (ret < 0) {
+		*rep = json_pack("{s:s, s:I, s:s}", "result", "failed", "version", (json_int_t)version,
+				 "why", wex_strerror(ret));
+		return set_err(c, ret, "verify of v%llu could not compare the weights: %s",
+			       (unsigned long long)version, wex_strerror(ret));
+	}
+	*bytes = total;
+	*rep = json_pack("{s:s, s:I, s:I, s:f}", "result", ret ? "differ" : "equal", "version",
+			 (json_int_t)version, "bytes", (json_int_t)total, "seconds",
+			 (double)(wex__now_ns() - t0) / 1e9);
+	if (ret == 0)
+		return 0;
+	{
+		const struct wex_plan_op *p = &c->plan[diff.op];
+		const struct wex_tensor *t = &c->layout[p->dst_piece];
+		uint64_t off = p->dst_off + diff.dst_off;
+		size_t es = wex_dtype_size(t->dtype);
+
+		json_object_set_new(*rep, "differ_bytes", json_integer((json_int_t)diff.bytes));
+		json_object_set_new(*rep, "tensor", json_string(t->name));
+		json_object_set_new(*rep, "offset", json_integer((json_int_t)off));
+		c->dirty = 1;
+		c->copied = 0;
+		return set_err(c, -WEX_EVERIFY,
+			       "verify of v%llu: %llu of %llu bytes differ from the producer's; the first is in '%s' (piece %u of this rank) at byte %llu of its buffer (element %llu), read from producer rank %u segment %u at byte %llu: weights are dirty; sync again",
+			       (unsigned long long)version, (unsigned long long)diff.bytes,
+			       (unsigned long long)total, t->name, p->dst_piece, (unsigned long long)off,
+			       (unsigned long long)(es ? off / es : off), p->src_rank, p->src_seg,
+			       (unsigned long long)(p->src_off + diff.src_off));
+	}
+}
+
+/* Whether a verification that ended in `ret` (< 0) lets the sync go on:
+ * 1 when only wexd asked (wexctl verify) and the comparison could not run
+ * (out of memory, say): the weights are whole as far as anything knows,
+ * wexd hears that it failed and the log says why.  0 (fail the sync) for
+ * a difference, a sticky CUDA error, or a caller that asked. */
+static int verify_goes_on(struct wex_client *c, int ret, int asked)
+{
+	if (asked || ret == -WEX_EVERIFY || ret == -ENOTRECOVERABLE)
+		return 0;
+	wex_warn("client", "%s (wexctl verify asked; the sync goes on)", c->err);
+	c->err[0] = 0;
+	return 1;
+}
+
+/* wexd asked for a verification that this sync cannot make (a view, or a
+ * same-address sync with no layout attached): it is told why. */
+static json_t *verify_none(uint64_t version, const char *why)
+{
+	return json_pack("{s:s, s:I, s:s}", "result", "unverifiable", "version", (json_int_t)version,
+			 "why", why);
 }
 
 /* Whether two descriptions put the same elements at the same places: the
@@ -2611,17 +2709,35 @@ static void set_report(struct wex_client *c, const char *mode, uint64_t bytes, u
 			      (json_int_t)bytes, "seconds", (double)(wex__now_ns() - t0) / 1e9);
 }
 
+/* Adds a verification's outcome (taken) to the report of the sync, with
+ * the ticket of wexd's ask it answers (0: the caller asked). */
+static void report_verify(struct wex_client *c, json_t *v)
+{
+	if (!v)
+		return;
+	json_object_set_new(v, "ticket", json_integer((json_int_t)c->verify_ask));
+	if (c->report)
+		json_object_set_new(c->report, "verify", v);
+	else
+		json_decref(v);
+}
+
 static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
 		 struct wex_sync_result *res)
 {
-	uint64_t t0 = wex__now_ns(), bytes = 0, version, gen, conn;
-	json_t *req, *reply = NULL;
+	uint64_t t0 = wex__now_ns(), bytes = 0, version, gen, conn, vbytes = 0, vt0 = 0, vt1 = 0;
+	json_t *req, *reply = NULL, *vrep = NULL;
 	double waited;
 	uint32_t wait;
-	int ret, retried = 0, held;
+	int ret, retried = 0, held, verify = !!(mode & WEX_SYNC_VERIFY);
 
+	mode &= ~WEX_SYNC_VERIFY;
 	if (c->role != WEX_ROLE_CONSUMER)
 		return set_err(c, -EPERM, "only consumers sync");
+	if (verify && mode == WEX_SYNC_REMAP_VIEW)
+		return set_err(c, -EINVAL, "verify: a view sync has no weights of its own to compare (wex_view reads the producer's memory): verify a copy or same-address sync");
+	if (verify && mode == WEX_SYNC_REMAP_FIXED && !c->nlayout)
+		return set_err(c, -EINVAL, "verify: a same-address sync is verified through the attached layout (the tensors in the regions): wex_attach it first");
 	if (mode == WEX_SYNC_COPY && !c->nlayout)
 		return set_err(c, -EINVAL, "copy sync: attach this rank's layout first (wex_attach)");
 	if (mode == WEX_SYNC_REMAP_FIXED && !c->nregions)
@@ -2668,6 +2784,8 @@ again:
 	}
 	version = (uint64_t)json_integer_value(json_object_get(reply, "version"));
 	gen = (uint64_t)json_integer_value(json_object_get(reply, "layout_gen"));
+	/* wexctl verify: wexd asks this rank to verify this sync. */
+	c->verify_ask = (uint64_t)json_integer_value(json_object_get(reply, "verify"));
 	waited = json_real_value(json_object_get(reply, "waited_ms")) / 1e3;
 	json_decref(reply);
 	c->has_lease = 1;
@@ -2774,9 +2892,21 @@ again:
 			c->dirty = 0;
 			c->copied = version;
 		}
+		if (verify || c->verify_ask) {
+			vt0 = wex__now_ns();
+			ret = verify_plan(c, version, &vbytes, &vrep);
+			vt1 = wex__now_ns();
+			if (ret < 0 && !verify_goes_on(c, ret, verify)) {
+				set_report(c, "copy", bytes, t0);
+				report_verify(c, vrep);
+				goto err_release;
+			}
+		}
 		c->version = version;
 		c->took = version;
 		set_report(c, "copy", bytes, t0);
+		report_verify(c, vrep);
+		vrep = NULL;
 		ret = release_lease(c, 0);
 		if (c->conn_gen != conn || ret == -WEX_EDAEMON) {
 			/* The release found wexd restarted, or gone and not yet
@@ -2803,6 +2933,24 @@ again:
 		ret = map_regions(c, &bytes);
 		if (ret < 0)
 			goto err_release;
+		if (verify || (c->verify_ask && c->nlayout)) {
+			vt0 = wex__now_ns();
+			ret = verify_plan(c, version, &vbytes, &vrep);
+			vt1 = wex__now_ns();
+			if (ret < 0 && !verify_goes_on(c, ret, verify)) {
+				/* The regions show the producer's memory at
+				 * places that do not hold what the layout says:
+				 * they get their own memory back (dirty). */
+				regions_undo(c, NULL);
+				c->dirty = 1;
+				c->copied = 0;
+				set_report(c, "remap-fixed", bytes, t0);
+				report_verify(c, vrep);
+				goto err_release;
+			}
+		} else if (c->verify_ask) {
+			vrep = verify_none(version, "same-address sync with no attached layout");
+		}
 		/* Every region shows the version now: weights all in them
 		 * are whole again, whatever an earlier failure left. */
 		if (c->dirty && layout_in_regions(c))
@@ -2818,15 +2966,27 @@ again:
 			res->changed = version != c->version;
 		c->version = version;
 		c->took = version;
+		if (c->verify_ask)
+			vrep = verify_none(version, "view sync: it reads the producer's memory, nothing of its own to compare");
 	}
-	if (mode != WEX_SYNC_COPY)
+	if (mode != WEX_SYNC_COPY) {
 		set_report(c, mode == WEX_SYNC_REMAP_VIEW ? "remap-view" : "remap-fixed", bytes, t0);
+		if (vrep) {
+			/* A remap lease lasts the rollout: wexctl verify
+			 * hears now rather than at its end. */
+			report_verify(c, vrep);
+			vrep = NULL;
+			simple_rpc(c, json_pack("{s:s}", "op", "ping"), NULL);
+		}
+	}
 	if (res) {
 		res->version = version;
 		res->bytes = bytes;
 		res->ops = mode == WEX_SYNC_COPY ? c->nplan : 0;
 		res->seconds = (double)(wex__now_ns() - t0) / 1e9;
 		res->waited = waited;
+		res->verified = vbytes;
+		res->verify_seconds = (double)(vt1 - vt0) / 1e9;
 	}
 	return 0;
 err_release:

@@ -52,6 +52,11 @@ static struct family counters[WEX_M_COUNTER_COUNT] = {
 					 "begin_write calls that gave up waiting for leases (EBUSY), "
 					 "by model.",
 					 { "model" } },
+	[WEX_M_VERIFIES] = { "wex_verifications_total",
+			     "Consumer ranks' comparisons of their weights with the producer's "
+			     "(wexctl verify, WEX_SYNC_VERIFY), by result: equal, differ, "
+			     "unverifiable (a view sync), failed (could not compare).",
+			     { "result" } },
 };
 
 static struct family histograms[WEX_M_HISTOGRAM_COUNT] = {

@@ -1251,6 +1251,7 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 	*reply = json_pack("{s:b, s:I, s:I, s:f}", "ok", 1, "version", (json_int_t)v, "layout_gen",
 			   (json_int_t)m->layout_gen, "waited_ms",
 			   (double)(wex__now_ns() - c->wait_start_ns) / 1e6);
+	wexd_verify_ask(c, *reply);
 	return 1;
 }
 
@@ -1294,9 +1295,11 @@ json_t *wexd_acquire(struct wexd *d, struct conn *c, json_t *req)
 		}
 		c->syncs++;
 		c->last_sync_ns = wex__now_ns();
-		return json_pack("{s:b, s:I, s:I, s:f, s:b}", "ok", 1, "version",
-				 (json_int_t)c->lease_version, "layout_gen",
-				 (json_int_t)c->model->layout_gen, "waited_ms", 0.0, "kept", 1);
+		reply = json_pack("{s:b, s:I, s:I, s:f, s:b}", "ok", 1, "version",
+				  (json_int_t)c->lease_version, "layout_gen",
+				  (json_int_t)c->model->layout_gen, "waited_ms", 0.0, "kept", 1);
+		wexd_verify_ask(c, reply);
+		return reply;
 	}
 	if (c->group->nlost) {
 		struct cgroup *g = c->group;
@@ -1837,12 +1840,13 @@ json_t *wexd_models_json(struct wexd *d)
 				struct conn *c = g->ranks[i];
 
 				json_array_append_new(ranks,
-						      json_pack("{s:i, s:i, s:I, s:s, s:I}", "rank", i,
+						      json_pack("{s:i, s:i, s:I, s:s, s:I, s:o}", "rank", i,
 								"pid", c ? (int)c->pid : 0, "lease",
 								(json_int_t)(c && c->has_lease ? c->lease_version : 0),
 								"mode", c && c->has_lease ? mode_name(c->lease_mode) : "-",
 								"served",
-								(json_int_t)(c ? c->served_version : 0)));
+								(json_int_t)(c ? c->served_version : 0),
+								"verify", c ? wexd_verify_json(c) : json_null()));
 			}
 			json_array_append_new(groups,
 					      json_pack("{s:s, s:i, s:I, s:o}", "name", g->name, "world",

@@ -15,6 +15,7 @@ static const char *wex_err_str[] = {
 	[WEX_EDAEMON - WEX_ERRNO_BASE] = "wexd closed the connection",
 	[WEX_ENOMODEL - WEX_ERRNO_BASE] = "unknown model",
 	[WEX_EREMOTE - WEX_ERRNO_BASE] = "wexd reported an unknown error",
+	[WEX_EVERIFY - WEX_ERRNO_BASE] = "weights differ from the published version (verify): sync again before serving",
 };
 
 WEX_API const char *wex_strerror(int err)

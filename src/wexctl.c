@@ -36,6 +36,11 @@ static void usage(FILE *f)
 		"                    live view, refreshed in place (like top)\n"
 		"  metrics           Prometheus text exposition\n"
 		"  config get [NAME] | config set NAME VALUE\n"
+		"  verify MODEL [--group G] [--timeout SEC] [--no-wait]\n"
+		"                    ask every engine rank of MODEL (or group G) to compare, on its\n"
+		"                    next sync, each byte of its weights with the trainer's, and\n"
+		"                    wait (60 s) for the answers; exit 0 all equal, 3 a rank differs,\n"
+		"                    4 not every rank verified (no sync in time, a view sync, ...)\n"
 		"  plan --config config.json --from LAYOUT --to LAYOUT [--rank K] [--json]\n"
 		"       [--adapters DIR]    (plan --help: the LAYOUT syntax)\n"
 		"  convert --config config.json --from LAYOUT --to LAYOUT [--max-shard-size SIZE]\n"
@@ -426,6 +431,154 @@ static int cmd_config(int argc, char **argv, int as_json)
 	return ret;
 }
 
+/* What a rank of wexctl verify's reply counts as: 0 equal, 1 differ, 2
+ * still to answer (pending, absent), 3 anything else (not asked,
+ * unverifiable, failed). */
+static int verify_class(json_t *r)
+{
+	const char *st = json_string_value(json_object_get(r, "state")) ?: "";
+	const char *res = json_string_value(json_object_get(json_object_get(r, "verify"), "result"));
+
+	if (res && !strcmp(res, "equal"))
+		return 0;
+	if (res && !strcmp(res, "differ"))
+		return 1;
+	return !strcmp(st, "pending") || !strcmp(st, "absent") ? 2 : 3;
+}
+
+/* One rank's line of wexctl verify. */
+static void print_verify_rank(const char *group, json_t *r)
+{
+	json_t *v = json_object_get(r, "verify");
+	const char *state = json_string_value(json_object_get(r, "state")) ?: "?";
+	const char *res = json_string_value(json_object_get(v, "result")) ?: "-";
+	char bytes[32] = "-", detail[WEX_NAME_MAX + 160] = "";
+	char secs[32] = "-";
+
+	if (v) {
+		fmt_bytes((uint64_t)json_integer_value(json_object_get(v, "bytes")), bytes,
+			  sizeof(bytes));
+		snprintf(secs, sizeof(secs), "%.3f", json_real_value(json_object_get(v, "seconds")));
+	}
+	if (!strcmp(res, "differ"))
+		snprintf(detail, sizeof(detail), "%lld bytes differ; the first in '%s' at byte %lld",
+			 (long long)json_integer_value(json_object_get(v, "differ_bytes")),
+			 json_string_value(json_object_get(v, "tensor")) ?: "?",
+			 (long long)json_integer_value(json_object_get(v, "offset")));
+	else if (json_object_get(v, "why"))
+		snprintf(detail, sizeof(detail), "%s", json_string_value(json_object_get(v, "why")));
+	else if (!strcmp(state, "pending"))
+		snprintf(detail, sizeof(detail), "no sync since the ask (serves v%lld)",
+			 (long long)json_integer_value(json_object_get(r, "served")));
+	else if (!strcmp(state, "absent"))
+		snprintf(detail, sizeof(detail), "no engine connected as this rank");
+	else if (!strcmp(state, "not-asked"))
+		snprintf(detail, sizeof(detail), "the group attached after the ask");
+	printf("%-16s %-5lld %-8lld %-9s %-8lld %-12s %-12s %10s %8s  %s\n", group,
+	       (long long)json_integer_value(json_object_get(r, "rank")),
+	       (long long)json_integer_value(json_object_get(r, "pid")), state,
+	       (long long)json_integer_value(json_object_get(v, "version")),
+	       json_string_value(json_object_get(v, "mode")) ?: "-", res, bytes, secs, detail);
+}
+
+/* Whether a rank of the reply has not answered yet. */
+static int verify_waiting(json_t *j)
+{
+	size_t i, k;
+	json_t *g, *r;
+
+	json_array_foreach(json_object_get(j, "groups"), i, g)
+		json_array_foreach(json_object_get(g, "ranks"), k, r)
+			if (verify_class(r) == 2)
+				return 1;
+	return 0;
+}
+
+static int cmd_verify(const char *model, const char *group, double timeout, int wait, int as_json)
+{
+	struct timespec tick = { 0, 100 * 1000 * 1000 }, t0, now;
+	wex_client_t *c;
+	json_t *args, *j, *g, *r;
+	char *a;
+	int n[4] = { 0 };
+	size_t i, k;
+
+	args = json_pack("{s:s}", "model", model);
+	if (args && group)
+		json_object_set_new(args, "group", json_string(group));
+	if (!args) {
+		fprintf(stderr, "wexctl: verify: MODEL and GROUP must be UTF-8 text\n");
+		return 2;
+	}
+	if (open_admin(&c) < 0) {
+		json_decref(args);
+		return 1;
+	}
+	a = json_dumps(args, JSON_COMPACT);
+	j = query(c, "verify", a);
+	free(a);
+	if (!j) {
+		json_decref(args);
+		wex_client_close(c);
+		return 1;
+	}
+	json_object_set(args, "ticket", json_object_get(j, "ticket"));
+	if (!as_json)
+		printf("asked model '%s'%s%s%s to verify its next sync (ticket %lld, published v%lld)%s\n",
+		       model, group ? " group '" : "", group ? group : "", group ? "'" : "",
+		       (long long)json_integer_value(json_object_get(j, "ticket")),
+		       (long long)json_integer_value(json_object_get(j, "published")),
+		       wait ? "; waiting for every rank's answer" : "");
+	fflush(stdout); /* before the wait: a log sees the ask at once */
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (wait && verify_waiting(j)) {
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if ((double)(now.tv_sec - t0.tv_sec) + (double)(now.tv_nsec - t0.tv_nsec) / 1e9 >=
+		    timeout)
+			break;
+		nanosleep(&tick, NULL);
+		a = json_dumps(args, JSON_COMPACT);
+		json_decref(j);
+		j = query(c, "verify", a);
+		free(a);
+		if (!j) {
+			json_decref(args);
+			wex_client_close(c);
+			return 1;
+		}
+	}
+	json_decref(args);
+	wex_client_close(c);
+	if (as_json) {
+		json_object_del(j, "ok");
+		json_dumpf(j, stdout, JSON_INDENT(2));
+		printf("\n");
+	} else {
+		printf("%-16s %-5s %-8s %-9s %-8s %-12s %-12s %10s %8s  %s\n", "GROUP", "RANK", "PID",
+		       "STATE", "VERSION", "MODE", "RESULT", "COMPARED", "SECONDS", "DETAIL");
+	}
+	json_array_foreach(json_object_get(j, "groups"), i, g)
+		json_array_foreach(json_object_get(g, "ranks"), k, r) {
+			n[verify_class(r)]++;
+			if (!as_json)
+				print_verify_rank(json_string_value(json_object_get(g, "name")) ?: "?", r);
+		}
+	json_decref(j);
+	if (!as_json) {
+		if (n[1])
+			printf("%d rank(s) hold weights that differ from the trainer's: they are marked dirty and must sync again (their engines got WEX_EVERIFY)\n",
+			       n[1]);
+		else if (n[2] || n[3])
+			printf("%d rank(s) equal; %d not verified%s\n", n[0], n[2] + n[3],
+			       !wait ? " yet (--no-wait: ask again with --json or watch wexctl status)" :
+			       n[2] ? " (no sync within the timeout: a rank verifies only when it syncs)" : "");
+		else
+			printf("every rank's weights equal the trainer's, byte for byte (%d rank(s))\n",
+			       n[0]);
+	}
+	return n[1] ? 3 : (n[2] || n[3]) ? 4 : 0;
+}
+
 /* Refuses what a command does not take: a typo (--jsn) must not pass as
  * the default. */
 static int bad_arg(const char *cmd, const char *what, const char *arg, const char *takes)
@@ -565,6 +718,46 @@ static int run(int argc, char **argv)
 			args[n++] = argv[k];
 		}
 		return cmd_config(n, args, as_json);
+	}
+	if (!strcmp(cmd, "verify")) {
+		const char *model = NULL, *group = NULL;
+		double timeout = 60;
+		int wait = 1;
+
+		for (int k = i + 1; k < argc; k++) {
+			char *end = NULL;
+
+			if (is_help(argv[k])) {
+				usage(stdout);
+				return 0;
+			}
+			if ((!strcmp(argv[k], "--group") || !strcmp(argv[k], "--timeout")) && k + 1 == argc)
+				return no_value(cmd, argv[k], !strcmp(argv[k], "--group") ? "a consumer group" : "seconds");
+			if (!strcmp(argv[k], "--group")) {
+				group = argv[++k];
+				if (!*group)
+					return bad_arg(cmd, "empty --group", group, "a consumer group's name");
+			} else if (!strcmp(argv[k], "--timeout")) {
+				timeout = strtod(argv[++k], &end);
+				if (end == argv[k] || *end || !(timeout >= 0 && timeout <= 86400))
+					return bad_arg(cmd, "bad --timeout", argv[k], "seconds, 0 to 86400");
+			} else if (!strcmp(argv[k], "--no-wait")) {
+				wait = 0;
+			} else if (!strcmp(argv[k], "--json")) {
+				as_json = 1;
+			} else if (argv[k][0] == '-') {
+				return bad_arg(cmd, "unknown option", argv[k], "takes --group G, --timeout SEC, --no-wait, --json");
+			} else if (model) {
+				return bad_arg(cmd, "unexpected argument", argv[k], "takes one MODEL");
+			} else {
+				model = argv[k];
+			}
+		}
+		if (!model || !*model) {
+			fprintf(stderr, "wexctl: verify: name the MODEL (wexctl models lists them)\n");
+			return 2;
+		}
+		return cmd_verify(model, group, timeout, wait, as_json);
 	}
 	fprintf(stderr, "wexctl: unknown command '%s'\n", cmd);
 	usage(stderr);

@@ -313,7 +313,7 @@ static const struct {
 	{ "register_tensors", 1, 1, 1 }, { "begin_write", 0, 0, 1 }, { "publish", 0, 0, 1 },
 	{ "attach", 0, 1, 1 },         { "acquire", 0, 0, 1 },      { "fetch", 0, 0, 1 },
 	{ "release", 0, 0, 1 },        { "ping", 0, 0, 0 },         { "metrics", 0, 0, 0 },
-	{ "config_get", 0, 0, 0 },     { "config_set", 0, 0, 0 },
+	{ "config_get", 0, 0, 0 },     { "config_set", 0, 0, 0 },   { "verify", 0, 0, 0 },
 };
 
 static json_t *dispatch(struct wexd *d, struct conn *c, json_t *req, const char *op, int *fds,
@@ -356,6 +356,8 @@ static json_t *dispatch(struct wexd *d, struct conn *c, json_t *req, const char 
 	}
 	if (!strcmp(op, "metrics"))
 		return wexd_metrics(d);
+	if (!strcmp(op, "verify"))
+		return wexd_verify(d, c, req);
 	if (!strcmp(op, "config_get") || !strcmp(op, "config_set"))
 		return wexd_config_req(d, c, req, op);
 	if (!c->role)
@@ -590,10 +592,11 @@ static void wexd_take_report(struct conn *c, json_t *r)
 
 	if (!r || c->role != WEX_ROLE_CONSUMER || !c->model ||
 	    json_unpack(r, "{s:s, s?s, s:I, s:F}", "mode", &mode, "backend", &backend, "bytes",
-			&bytes, "seconds", &secs) < 0)
+			&bytes, "seconds", &secs) < 0 || !one_of(mode, modes, WEX_ARRAY_SIZE(modes)))
 		return;
-	if (!one_of(mode, modes, WEX_ARRAY_SIZE(modes)) ||
-	    !one_of(backend, backends, WEX_ARRAY_SIZE(backends)) || bytes < 0 ||
+	/* A verification (wexctl verify) answered with this sync. */
+	wexd_verify_take(c->d, c, mode, json_object_get(r, "verify"));
+	if (!one_of(backend, backends, WEX_ARRAY_SIZE(backends)) || bytes < 0 ||
 	    (uint64_t)bytes > c->model->bytes_peak || !(secs >= 0 && secs <= 86400))
 		return;
 	wex__metrics_sync(mode, backend, (uint64_t)bytes, secs);

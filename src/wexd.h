@@ -21,6 +21,21 @@ enum { WAIT_NONE = 0, WAIT_BEGIN_WRITE, WAIT_ACQUIRE };
 struct model;
 struct cgroup;
 
+/* A consumer rank's last verification (wexctl verify, WEX_SYNC_VERIFY). */
+struct verify_rec {
+	uint64_t ticket;  /* the ask it answered (0: the engine's own) */
+	uint64_t version;
+	uint64_t bytes;   /* compared */
+	uint64_t differ_bytes;
+	uint64_t offset;  /* of the first difference, in the rank's piece */
+	double seconds;
+	uint64_t at_ns;   /* when it came (0: none yet) */
+	char result[16];  /* equal, differ, unverifiable, failed */
+	char mode[16];    /* the sync's */
+	char tensor[WEX_NAME_MAX]; /* holding the first difference */
+	char why[160];
+};
+
 struct conn {
 	struct wex_loop_io io; /* first: the loop hands it back */
 	struct wexd *d;
@@ -68,6 +83,8 @@ struct conn {
 	uint64_t syncs;
 	uint64_t last_sync_ns;
 	uint64_t connected_ns;
+	uint64_t verify_done; /* the newest ask (ticket) this rank answered */
+	struct verify_rec verify;
 	struct conn *next;
 };
 
@@ -109,6 +126,10 @@ struct cgroup {
 	uint8_t *lost;
 	uint32_t nlost;
 	uint64_t lost_version;
+	/* wexctl verify asked every rank to verify its next sync (0: never);
+	 * a rank whose conn answered an older ticket is asked on acquire. */
+	uint64_t verify_ticket;
+	uint64_t verify_asked_ns;
 	struct cgroup *next;
 };
 
@@ -200,6 +221,7 @@ struct wexd {
 	struct held *held;
 	uint64_t held_checked_ns;
 	int round_passed; /* an acquire passed its group's round (service_waiters) */
+	uint64_t verify_seq; /* the last ticket wexctl verify was given */
 };
 
 /* registry.c: request handlers.  Each returns a reply (new reference), or
@@ -220,6 +242,14 @@ json_t *wexd_status(struct wexd *d, struct conn *c, json_t *req);
 json_t *wexd_models_json(struct wexd *d);
 json_t *wexd_clients_json(struct wexd *d);
 json_t *wexd_plans_json(struct wexd *d);
+
+/* wexd_verify.c: the "verify" request (ask, or poll with a ticket); the
+ * ask added to an acquire's reply; a consumer's verification taken from
+ * its report; a rank's last one for status (null: none). */
+json_t *wexd_verify(struct wexd *d, struct conn *c, json_t *req);
+void wexd_verify_ask(struct conn *c, json_t *reply);
+void wexd_verify_take(struct wexd *d, struct conn *c, const char *mode, json_t *v);
+json_t *wexd_verify_json(const struct conn *c);
 
 /* Drops everything a connection held (leases, registrations, waits). */
 void wexd_conn_drop(struct wexd *d, struct conn *c);

@@ -97,6 +97,10 @@ wex_add_test(fork_child_pidfd_open SOURCES tests/foundation/fork_child.c
   ENV "WEX_IO=io_uring;WEX_SOCK_NO_PEERPIDFD=1")
 wex_foundation_test(socket_path)
 wex_foundation_test(open_errors LIBS wex)
+# Guarantee 4 on demand: the byte comparison, and WEX_SYNC_VERIFY and
+# wexctl verify against a real wexd.
+wex_foundation_test(verify_ops)
+wex_foundation_test(verify_sync LOOP LIBS ${WEX_FX_LIBS} ARGS $<TARGET_FILE:wexctl>)
 
 # ---------------------------------------------------------------------------
 # Issue 4, point 1: a build without the CUDA toolkit's headers has the host

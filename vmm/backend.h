@@ -233,6 +233,10 @@ extern const struct wex_mem_ops wex_mem_host_ops;
  * ranges split evenly.  Blocks until done. */
 int wex_mem_host_copy(const struct wex_copy_op *ops, size_t n, int threads);
 
+/* Rows that follow each other in both source and destination are one
+ * longer row: folds them so that each row is as long as it can be. */
+void wex_mem_fold_op(struct wex_copy_op *op);
+
 /* Shared stubs for unsupported slots. */
 int wex_mem_enotsup_reserve(uint64_t size, uint64_t lead, int device, struct wex_mem_region *r);
 int wex_mem_enotsup_wrap_chunks(void *ptr, uint64_t size, struct wex_mem_seg *segs, size_t max,

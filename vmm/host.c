@@ -551,9 +551,7 @@ static void *copy_worker(void *arg)
 
 static int host_copy_run(const struct wex_copy_op *ops, size_t n, int threads);
 
-/* Rows that follow each other in both source and destination are one
- * longer row: fold them so that each memcpy is as long as it can be. */
-static void fold_op(struct wex_copy_op *op)
+void wex_mem_fold_op(struct wex_copy_op *op)
 {
 	while (op->nouter > 0 && op->src_stride[0] == (int64_t)op->len &&
 	       op->dst_stride[0] == (int64_t)op->len) {
@@ -579,7 +577,7 @@ int wex_mem_host_copy(const struct wex_copy_op *in, size_t n, int threads)
 		return -ENOMEM;
 	memcpy(ops, in, n * sizeof(*ops));
 	for (size_t i = 0; i < n; i++)
-		fold_op(&ops[i]);
+		wex_mem_fold_op(&ops[i]);
 	ret = host_copy_run(ops, n, threads);
 	free(ops);
 	return ret;

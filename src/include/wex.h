@@ -43,6 +43,7 @@ enum wex_errno {
 	WEX_ENOMODEL,    /* unknown model (reserved: wexd makes a model when a
 			  * client first names it, so none is unknown) */
 	WEX_EREMOTE,     /* wexd answered with an error code this library lacks */
+	WEX_EVERIFY,     /* a verified sync found weights that differ from the published version */
 	WEX_ERRNO_END
 };
 
@@ -278,6 +279,10 @@ enum wex_sync_mode {
 	WEX_SYNC_COPY = 1,        /* copy the needed slices into the consumer's buffers */
 	WEX_SYNC_REMAP_VIEW = 2,  /* map the producer's memory; read through wex_view */
 	WEX_SYNC_REMAP_FIXED = 3, /* map the producer's memory over the consumer's buffers */
+	/* Or'ed into the mode of a COPY or REMAP_FIXED sync: before the lease
+	 * ends, compare every byte of the attached layout with the
+	 * producer's memory (see wex_sync). */
+	WEX_SYNC_VERIFY = 1 << 8,
 };
 
 /*
@@ -324,6 +329,8 @@ struct wex_sync_result {
 	double seconds;        /* wall time of the sync, waiting included */
 	int changed;           /* 0 if the consumer already served this version */
 	double waited;         /* of which waiting for the version to be published */
+	uint64_t verified;     /* bytes compared with the producer's (0: not verified) */
+	double verify_seconds; /* of `seconds`, the time the comparison took */
 };
 
 /*

@@ -27,6 +27,10 @@
  *               copy_unbatched  the same with batching off (what
  *                        WEX_CUDA_BATCH=0 does: one cuMemcpyAsync per
  *                        op), so that one run tells which is faster;
+ *               verify   every byte the copy wrote compared with the
+ *                        producer's (WEX_SYNC_VERIFY's comparison, both
+ *                        sides brought to the host by the copy slot);
+ *                        it must find them equal;
  *               remap    map_fixed of every region (same-address remap:
  *                        the producer's memory under the engine's
  *                        addresses; remap_ms) and unmap_fixed back
@@ -62,6 +66,7 @@
 
 #include "tests/gpu/gpu_util.h"
 #include "tests/bench/bench_util.h"
+#include "src/verify.h"
 
 #ifndef WEX_SOURCE_DIR
 #define WEX_SOURCE_DIR "."
@@ -82,7 +87,7 @@ struct layout {
 struct result {
 	double import_ms, copy_ms, d2d_ms, remap_ms, unmap_fixed_ms, copy_unbatched_ms;
 	double copy_first_ms, d2d_first_ms, remap_first_ms, unmap_fixed_first_ms;
-	double copy_unbatched_first_ms;
+	double copy_unbatched_first_ms, verify_ms, verify_first_ms;
 	uint64_t bytes;
 	size_t bad; /* tensor checks that failed */
 	char device[WEX_UUID_LEN];
@@ -289,6 +294,24 @@ static void consumer(int sock, int out)
 		res.bad += check_tensors(dst, "copy_unbatched");
 	}
 	wex__cuda_copy_batch(batched); /* as WEX_CUDA_BATCH set it */
+
+	/* Verification of what the last copy wrote (untimed zeroing would
+	 * undo it: the buffers hold the copy). */
+	res.verify_ms = INFINITY;
+	for (int i = 0; i <= reps; i++) {
+		struct wex_verify_diff diff;
+		int vr;
+
+		t = now_ms();
+		vr = wex__verify_ops(ops, L.n, vmm, 1, &diff);
+		note(&res.verify_first_ms, &res.verify_ms, i, now_ms() - t);
+		if (vr != 0) {
+			fprintf(stderr, "gpu_sync: verify found %s (%d: op %zu, byte %llu, %llu bytes)\n",
+				vr < 0 ? "an error" : "a difference", vr, diff.op,
+				(unsigned long long)diff.dst_off, (unsigned long long)diff.bytes);
+			res.bad++;
+		}
+	}
 
 	/* Same-address remap of every region, and back; the regions' own
 	 * memory is zeroed first, so each check tells which one shows. */
@@ -637,7 +660,7 @@ static void print_json(FILE *f, const struct result *res, const struct torch *T,
 		.import_ms = NAN, .copy_ms = NAN, .d2d_ms = NAN, .remap_ms = NAN,
 		.unmap_fixed_ms = NAN, .copy_first_ms = NAN, .d2d_first_ms = NAN,
 		.remap_first_ms = NAN, .unmap_fixed_first_ms = NAN, .copy_unbatched_ms = NAN,
-		.copy_unbatched_first_ms = NAN,
+		.copy_unbatched_first_ms = NAN, .verify_ms = NAN, .verify_first_ms = NAN,
 	};
 	const struct torch no_torch = { .per_tensor = NAN, .bucket = NAN, .per_tensor_first = NAN,
 					.bucket_first = NAN, .check = -1, .state = TORCH_FAILED,
@@ -670,6 +693,10 @@ static void print_json(FILE *f, const struct result *res, const struct torch *T,
 	json_num(f, "copy_unbatched_ms", r->copy_unbatched_ms, 1);
 	json_num(f, "copy_unbatched_first_ms", r->copy_unbatched_first_ms, 1);
 	json_num(f, "copy_unbatched_vs_d2d", r->d2d_ms / r->copy_unbatched_ms, 1);
+	json_num(f, "verify_ms", r->verify_ms, 1);
+	json_num(f, "verify_first_ms", r->verify_first_ms, 1);
+	json_num(f, "verify_gbps", gbs / (r->verify_ms / 1e3), 1);
+	json_num(f, "verify_vs_d2d", r->d2d_ms / r->verify_ms, 1);
 	fprintf(f, "\"torch_baseline\":\"%s\",", torch_state[T->state]);
 	json_num(f, "torch_ipc_per_tensor_ms", T->per_tensor, 1);
 	json_num(f, "torch_ipc_per_tensor_first_ms", T->per_tensor_first, 1);
@@ -802,6 +829,9 @@ int main(void)
 	printf("copy unbatched (WEX_CUDA_BATCH=0) %.2f ms (%.1f GB/s, first %.2f ms, %.3f of d2d)\n",
 	       res.copy_unbatched_ms, gbs / (res.copy_unbatched_ms / 1e3),
 	       res.copy_unbatched_first_ms, res.d2d_ms / res.copy_unbatched_ms);
+	printf("verify (every byte compared, via host) %.2f ms (%.1f GB/s of weights, first %.2f ms, %.3f of d2d)\n",
+	       res.verify_ms, gbs / (res.verify_ms / 1e3), res.verify_first_ms,
+	       res.d2d_ms / res.verify_ms);
 	printf("targets: copy/d2d %.3f >= 0.85 %s; remap %.2f ms < 50 %s; vs torch per tensor: "
 	       "copy %.1fx >= 10 %s, remap %.1fx >= 10 %s; check %s\n",
 	       cvd, met(cvd, 0.85, 1), res.remap_ms, met(res.remap_ms, 50, 0),

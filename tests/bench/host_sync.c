@@ -11,8 +11,13 @@
  *   - copy sync bandwidth (plan executed with memcpy over T threads;
  *     before each the engine's buffer is zeroed, after it every byte is
  *     compared with the producer's, both untimed);
+ *   - verification (WEX_SYNC_VERIFY on the version held: every byte of
+ *     the engine's buffer compared with the producer's, nothing copied),
+ *     its comparison time (res.verify_seconds) and the whole sync;
  * and in the same run, the baselines:
  *   - memcpy of the same bytes with the same thread count (the limit);
+ *   - memcmp of the same two buffers with the same thread count (the
+ *     limit for verification: both sides read once);
  *   - streaming the bytes through a UNIX stream socket (one stream);
  *   - writing then reading a safetensors file in /dev/shm (what RL
  *     frameworks do today).
@@ -91,6 +96,43 @@ static void par_memcpy(char *dst, const char *src, size_t len, int threads)
 	mc_worker(&m[0]);
 	for (int i = 1; i < threads; i++)
 		pthread_join(t[i], NULL);
+}
+
+struct mcmp {
+	const char *a, *b;
+	size_t len;
+	int differ;
+};
+
+static void *mcmp_worker(void *arg)
+{
+	struct mcmp *m = arg;
+
+	m->differ = memcmp(m->a, m->b, m->len) != 0;
+	return NULL;
+}
+
+/* memcmp over `threads` threads; 1 if the buffers differ. */
+static int par_memcmp(const char *a, const char *b, size_t len, int threads)
+{
+	pthread_t t[64];
+	struct mcmp m[64];
+	int differ = 0;
+
+	for (int i = 0; i < threads; i++) {
+		size_t lo = len * (size_t)i / (size_t)threads;
+		size_t hi = len * (size_t)(i + 1) / (size_t)threads;
+
+		m[i] = (struct mcmp){ a + lo, b + lo, hi - lo, 0 };
+		if (i)
+			pthread_create(&t[i], NULL, mcmp_worker, &m[i]);
+	}
+	mcmp_worker(&m[0]);
+	for (int i = 1; i < threads; i++)
+		pthread_join(t[i], NULL);
+	for (int i = 0; i < threads; i++)
+		differ |= m[i].differ;
+	return differ;
 }
 
 static double socket_stream(char *dst, const char *src, size_t len)
@@ -292,6 +334,7 @@ int main(int argc, char **argv)
 	const char *preset = small ? "small" : "qwen2-0.5b";
 	char dir[] = "/tmp/wex-bench-XXXXXX", sock[128];
 	int ready[2], cmd[2], ack[2], threads, n, ret;
+	double vfy_t[RUNS], vsync_t[RUNS], cmp_t[RUNS];
 	double copy_t[RUNS], meta_t[RUNS], touch_t[RUNS], fixed_t[RUNS], mc_t[RUNS], sock_t[3],
 		st_t[3], first_ms, cold_touch_ms, fixed_first_ms = 0;
 	pid_t dpid, ppid;
@@ -440,6 +483,28 @@ int main(int argc, char **argv)
 		par_memcpy(dst, src, bytes, threads);
 		mc_t[k] = ex_now() - t0;
 	}
+	/* Verification of the version held (nothing to copy): every byte of
+	 * the engine's buffer against the producer's, and the same-run
+	 * limit, memcmp of the two with the same threads. */
+	for (int k = 0; k < RUNS; k++) {
+		t0 = ex_now();
+		if ((ret = wex_sync(c, WEX_SYNC_COPY | WEX_SYNC_VERIFY, last, 0, &r)) < 0)
+			die("verify", ret, c);
+		vsync_t[k] = ex_now() - t0;
+		vfy_t[k] = r.verify_seconds;
+		if (r.changed || r.verified != model_bytes) {
+			fprintf(stderr, "host_sync: verify run %d compared %llu of %llu bytes (changed %d)\n",
+				k, (unsigned long long)r.verified, (unsigned long long)model_bytes,
+				r.changed);
+			return 1;
+		}
+		t0 = ex_now();
+		if (par_memcmp(region, src, bytes, threads)) {
+			fprintf(stderr, "host_sync: the engine's buffer differs from the producer's\n");
+			return 1;
+		}
+		cmp_t[k] = ex_now() - t0;
+	}
 	/* Same-address: the first maps the producer's memory over the
 	 * engine's buffer; later versions keep the mapping. */
 	for (int k = 0; k < RUNS; k++) {
@@ -477,7 +542,9 @@ int main(int argc, char **argv)
 
 	double copy_s = median(copy_t, RUNS), meta_s = median(meta_t, RUNS),
 	       touch_s = median(touch_t, RUNS), fixed_s = median(fixed_t, RUNS),
-	       mc_s = median(mc_t, RUNS), sock_s = median(sock_t, 3), st_s = median(st_t, 3);
+	       mc_s = median(mc_t, RUNS), sock_s = median(sock_t, 3), st_s = median(st_t, 3),
+	       vfy_s = median(vfy_t, RUNS), vsync_s = median(vsync_t, RUNS),
+	       cmp_s = median(cmp_t, RUNS);
 	double gib = (double)model_bytes / (1 << 30);
 
 	printf("%-40s %10s %12s\n", "measure (median)", "ms", "GiB/s");
@@ -488,23 +555,28 @@ int main(int argc, char **argv)
 	printf("%-40s %10.3f %12s\n", "first remap (fetch+mmap), pages touched", cold_touch_ms, "-");
 	printf("%-40s %10.3f %12.2f\n", "copy sync", copy_s * 1e3, gib / copy_s);
 	printf("%-40s %10.3f %12.2f\n", "baseline: memcpy, same threads (limit)", mc_s * 1e3, gib / mc_s);
+	printf("%-40s %10.3f %12.2f\n", "verify: compare every byte", vfy_s * 1e3, gib / vfy_s);
+	printf("%-40s %10.3f %12.2f\n", "verified sync (held version)", vsync_s * 1e3, gib / vsync_s);
+	printf("%-40s %10.3f %12.2f\n", "baseline: memcmp, same threads (limit)", cmp_s * 1e3,
+	       gib / cmp_s);
 	printf("%-40s %10.3f %12.2f\n", "baseline: UNIX stream socket", sock_s * 1e3, gib / sock_s);
 	printf("%-40s %10.3f %12.2f\n", "baseline: safetensors write+read /dev/shm", st_s * 1e3,
 	       gib / st_s);
 	printf("{\"bench\":\"host_sync\",\"preset\":\"%s\",\"tensors\":%d,\"bytes\":%llu,\"threads\":%d,"
 	       "\"remap_metadata_ms\":%.4f,\"remap_touched_ms\":%.4f,\"remap_fixed_ms\":%.4f,\"remap_fixed_first_ms\":%.3f,"
 	       "\"remap_first_ms\":%.3f,\"remap_first_touched_ms\":%.3f,"
-	       "\"copy_ms\":%.3f,\"copy_gib_s\":%.3f,"
-	       "\"baselines\":{\"memcpy_ms\":%.3f,\"memcpy_gib_s\":%.3f,\"socket_ms\":%.3f,"
+	       "\"copy_ms\":%.3f,\"copy_gib_s\":%.3f,\"verify_ms\":%.3f,\"verified_sync_ms\":%.3f,"
+	       "\"baselines\":{\"memcpy_ms\":%.3f,\"memcpy_gib_s\":%.3f,\"memcmp_ms\":%.3f,\"socket_ms\":%.3f,"
 	       "\"socket_gib_s\":%.3f,\"safetensors_ms\":%.3f},"
-	       "\"ratios\":{\"copy_vs_memcpy\":%.3f,\"remap_touched_vs_copy\":%.4f,"
+	       "\"ratios\":{\"copy_vs_memcpy\":%.3f,\"verify_vs_memcmp\":%.3f,\"remap_touched_vs_copy\":%.4f,"
 	       "\"copy_vs_socket\":%.2f,\"remap_touched_vs_socket\":%.2f,\"copy_vs_safetensors\":%.2f,"
 	       "\"remap_first_touched_vs_copy\":%.3f},"
 	       "\"targets\":{\"copy_vs_memcpy>=0.9\":%s,\"remap_touched_vs_copy<=0.5\":%s,"
 	       "\"remap_metadata_ms<2\":%s,\"copy_vs_socket>=5\":%s,\"remap_touched_vs_socket>=5\":%s}}\n",
 	       preset, n, (unsigned long long)model_bytes, threads, meta_s * 1e3, touch_s * 1e3,
-	       fixed_s * 1e3, fixed_first_ms, first_ms, cold_touch_ms, copy_s * 1e3, gib / copy_s, mc_s * 1e3,
-	       gib / mc_s, sock_s * 1e3, gib / sock_s, st_s * 1e3, mc_s / copy_s, touch_s / copy_s,
+	       fixed_s * 1e3, fixed_first_ms, first_ms, cold_touch_ms, copy_s * 1e3, gib / copy_s,
+	       vfy_s * 1e3, vsync_s * 1e3, mc_s * 1e3, gib / mc_s, cmp_s * 1e3, sock_s * 1e3,
+	       gib / sock_s, st_s * 1e3, mc_s / copy_s, cmp_s / vfy_s, touch_s / copy_s,
 	       sock_s / copy_s, sock_s / touch_s, st_s / copy_s, cold_touch_ms / 1e3 / copy_s,
 	       mc_s / copy_s >= 0.9 ? "true" : "false", touch_s / copy_s <= 0.5 ? "true" : "false",
 	       meta_s * 1e3 < 2 ? "true" : "false", sock_s / copy_s >= 5 ? "true" : "false",

@@ -464,7 +464,7 @@ enum {
 	OP_HELLO_P, OP_SEG_HOST, OP_SEG_PART, OP_SEG_CHAIN, OP_SEG_IPC, OP_SEG_FABRIC, OP_TENSORS,
 	OP_BEGIN, OP_PUBLISH, OP_HELLO_C, OP_ATTACH, OP_ACQUIRE, OP_FETCH, OP_RELEASE,
 	OP_HELLO_A, OP_STATUS, OP_MODELS, OP_CLIENTS, OP_PLANS, OP_PING, OP_METRICS,
-	OP_CONFIG_GET, OP_CONFIG_SET, NOPS
+	OP_CONFIG_GET, OP_CONFIG_SET, OP_VERIFY, NOPS
 };
 
 static const char *const op_names[NOPS] = {
@@ -472,7 +472,7 @@ static const char *const op_names[NOPS] = {
 	"register_segment(chain)", "register_segment(ipc)", "register_segment(fabric)",
 	"register_tensors", "begin_write", "publish", "hello(c)", "attach", "acquire", "fetch",
 	"release", "hello(admin)", "status", "models", "clients", "plans", "ping", "metrics",
-	"config_get", "config_set",
+	"config_get", "config_set", "verify",
 };
 
 /* What each connection has been told, so that seeds stay plausible. */
@@ -589,6 +589,14 @@ static void seed(struct fz_msg *m, int op, struct slot *s, int mutate_table)
 		m->j = json_pack("{s:i, s:s, s:s}", "v", 1, "op", "config_get", "name",
 				 chance(50) ? "sync_timeout_ms" : "max_clients");
 		break;
+	case OP_VERIFY:
+		/* An ask (wexctl verify), or a poll of an early ticket. */
+		m->j = json_pack("{s:i, s:s, s:s}", "v", 1, "op", "verify", "model", model);
+		if (chance(40))
+			json_object_set_new(m->j, "ticket", json_integer((json_int_t)rn(3)));
+		if (chance(30))
+			json_object_set_new(m->j, "group", json_string(chance(50) ? "g0" : "nope"));
+		break;
 	default:
 		/* Only fields whose change cannot disturb the rest of the test. */
 		m->j = json_pack("{s:i, s:s, s:s, s:s}", "v", 1, "op", "config_set", "name",
@@ -601,6 +609,15 @@ static void seed(struct fz_msg *m, int op, struct slot *s, int mutate_table)
 		json_object_set_new(m->j, "report",
 				    json_pack("{s:s, s:s, s:I, s:f}", "mode", "copy", "backend",
 					      "host", "bytes", (json_int_t)4096, "seconds", 0.001));
+	/* A consumer's verification in its report (wexctl verify's answer). */
+	if (chance(5) && json_object_get(m->j, "report"))
+		json_object_set_new(json_object_get(m->j, "report"), "verify",
+				    json_pack("{s:I, s:s, s:I, s:I, s:f, s:I, s:s, s:I}", "ticket",
+					      (json_int_t)rn(3), "result",
+					      chance(50) ? "equal" : "differ", "version",
+					      (json_int_t)s->lease_v, "bytes", (json_int_t)4096,
+					      "seconds", 0.001, "differ_bytes", (json_int_t)1,
+					      "tensor", "t0", "offset", (json_int_t)rn(4096)));
 }
 
 /* ---------------------------------------------------------------------- */

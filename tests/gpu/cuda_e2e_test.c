@@ -10,8 +10,10 @@
  *     through wex_view (device-to-host through the backend's executor), the
  *     view mapped on the producer's device as found here by its UUID;
  *  2. syncs COPY into its own wex_cuda_alloc'd buffer, through the plan,
- *     and checks every byte;
- *  3. syncs REMAP_FIXED into a region reserved on the producer's device;
+ *     and checks every byte; then verifies it (WEX_SYNC_VERIFY), and
+ *     finds one element changed in it;
+ *  3. syncs REMAP_FIXED into a region reserved on the producer's device,
+ *     verified;
  *  4. checks that the calling thread's current context is what it was;
  *  5. (emulated driver) a copy meeting a sticky CUDA error fails with
  *     -ENOTRECOVERABLE, dirty, the message saying to restart the process;
@@ -166,6 +168,27 @@ int main(void)
 		bad += bad_bytes(h + (size_t)i * ROWS * COLS, i);
 	CHECK(bad == 0);
 
+	/* 2b. Verified (WEX_SYNC_VERIFY): every byte of the engine's device
+	 * memory compared with the producer's (both gathered into host
+	 * buffers by the GPU executor); one element the engine changed is
+	 * found, named, and leaves the weights dirty until a copy. */
+	CHECK_OK(wex_sync(c, WEX_SYNC_COPY | WEX_SYNC_VERIFY, 1, 5000, &r));
+	CHECK(r.verified == total && !r.changed);
+	{
+		uint16_t x = (uint16_t)(val(3, 500) ^ 0x01); /* its low byte: byte 1000 */
+		char want[WEX_NAME_MAX + 64];
+
+		CHECK_OK(xfer((char *)mine + t[3].offset + 1000, &x, sizeof(x)));
+		CHECK(wex_sync(c, WEX_SYNC_COPY | WEX_SYNC_VERIFY, 1, 5000, &r) == -WEX_EVERIFY);
+		printf("verify: %s\n", wex_last_error(c));
+		snprintf(want, sizeof(want), "'%s' (piece 3 of this rank) at byte 1000 ", t[3].name);
+		CHECK(strstr(wex_last_error(c), want) != NULL);
+		CHECK(strstr(wex_last_error(c), "1 of ") != NULL);
+		CHECK(wex_is_dirty(c) == 1);
+		CHECK_OK(wex_sync(c, WEX_SYNC_COPY | WEX_SYNC_VERIFY, 1, 5000, &r));
+		CHECK(r.changed && r.verified == total && wex_is_dirty(c) == 0);
+	}
+
 	/* 3. Same addresses: a region reserved (by default on the producer's
 	 * device, found by UUID) shows the producer's memory in place. */
 	{
@@ -180,7 +203,8 @@ int main(void)
 		for (int i = 0; i < NT; i++)
 			ft[i].ptr = (char *)region + ft[i].offset;
 		CHECK_OK(wex_attach(c, ft, NT));
-		CHECK_OK(wex_sync(c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+		CHECK_OK(wex_sync(c, WEX_SYNC_REMAP_FIXED | WEX_SYNC_VERIFY, 1, 5000, &r));
+		CHECK(r.verified == total);
 		CHECK_OK(xfer(h, region, total));
 		for (int i = 0; i < NT; i++)
 			bad += bad_bytes(h + (size_t)i * ROWS * COLS, i);

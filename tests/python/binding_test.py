@@ -4,7 +4,8 @@
 end through a real wexd, with no torch: a producer process (this script,
 "producer") registers two tensors and publishes versions whose bytes derive
 from the version; the test, a consumer, checks every byte in REMAP_VIEW,
-COPY and REMAP_FIXED mode, that begin_write waits for its remap lease, and
+COPY and REMAP_FIXED mode, that a verified copy sync (verify=True) finds a
+byte changed in the engine's buffers, that begin_write waits for its remap lease, and
 that bad input raises WexError / ValueError with the cause, and that
 wex.cuda_alloc without a CUDA driver raises ENOCUDA saying so.
 
@@ -108,6 +109,25 @@ class Binding(WexdProducerCase):
         self.assertEqual(r.bytes, sum(nbytes(d, s) for _, d, s, _ in TENSORS))
         self.check_bytes(1, own)
         self.assertFalse(c.is_dirty())
+
+        # Verified: every byte compared; one the engine changed is found.
+        total = sum(nbytes(d, s) for _, d, s, _ in TENSORS)
+        r = c.sync(wex.SYNC_COPY, min_version=1, verify=True)
+        self.assertEqual((r.verified, r.changed), (total, 0))
+        b = own["layers.0.b"] + 12
+        ctypes.memmove(b, bytes([ctypes.string_at(b, 1)[0] ^ 0xFF]), 1)
+        with self.assertRaises(wex.WexError) as e:
+            c.sync(wex.SYNC_COPY, min_version=1, verify=True)
+        self.assertEqual(e.exception.code, wex.EVERIFY)
+        self.assertIn("'layers.0.b' (piece 1 of this rank) at byte 12 ", str(e.exception))
+        self.assertTrue(c.is_dirty())
+        r = c.sync(wex.SYNC_COPY, min_version=1, verify=True)
+        self.assertEqual((r.verified, r.changed), (total, 1))
+        self.check_bytes(1, own)
+        self.assertFalse(c.is_dirty())
+        with self.assertRaises(wex.WexError) as e:
+            c.sync(wex.SYNC_REMAP_VIEW, min_version=1, verify=True)
+        self.assertEqual(e.exception.code, errno.EINVAL)
 
         # A remap lease holds the producer's next write until released.
         r = c.sync(wex.SYNC_REMAP_VIEW, min_version=1)

@@ -34,10 +34,11 @@ MAX_DIMS = 8
 ROLE_PRODUCER, ROLE_CONSUMER, ROLE_ADMIN = 1, 2, 3
 SEG_HOST, SEG_CUDA_VMM, SEG_CUDA_IPC, SEG_HOST_PINNED = 1, 2, 3, 4
 SYNC_COPY, SYNC_REMAP_VIEW, SYNC_REMAP_FIXED = 1, 2, 3
+SYNC_VERIFY = 1 << 8  # or'ed into SYNC_COPY / SYNC_REMAP_FIXED: compare every byte
 
 ERRNO_BASE = 4096
 (EPROTO_VERSION, ENOCUDA, ELAYOUT, EDIRTY, ENOPUBLISHED, EDAEMON, ENOMODEL,
- EREMOTE) = range(ERRNO_BASE, ERRNO_BASE + 8)
+ EREMOTE, EVERIFY) = range(ERRNO_BASE, ERRNO_BASE + 9)
 
 # enum wex_dtype, in the header's order; names are safetensors'.
 DTYPES = ("INVALID", "BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32",
@@ -112,6 +113,8 @@ class SyncResult(ctypes.Structure):
         ("seconds", ctypes.c_double),
         ("changed", ctypes.c_int),
         ("waited", ctypes.c_double),
+        ("verified", ctypes.c_uint64),
+        ("verify_seconds", ctypes.c_double),
     ]
 
     def as_dict(self):
@@ -460,8 +463,14 @@ class Client:
             self._regions.append((ptr.value, size))
         return ptr.value
 
-    def sync(self, mode, min_version=0, timeout_ms=0):
+    def sync(self, mode, min_version=0, timeout_ms=0, verify=False):
+        """wex_sync; verify=True compares every byte of the attached layout
+        with the producer's before the lease ends (WEX_SYNC_VERIFY): a
+        difference raises WexError with code EVERIFY and leaves the weights
+        dirty."""
         res = SyncResult()
+        if verify:
+            mode |= SYNC_VERIFY
         self._call("sync", self._lib.wex_sync, mode, _uint(min_version, 64, "min_version"),
                    _uint(timeout_ms, 32, "timeout_ms"), ctypes.byref(res))
         return res

@@ -1,0 +1,373 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * verify.c - compares what a plan's copies wrote with where they read it
+ * (verify.h).  Each op is cut into units: boxes of its rows of at most
+ * unit_max bytes (a row longer than that is cut by bytes), so that
+ * threads share large ops and a gathered unit fits its host buffer.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "verify.h"
+#include "vmm/backend.h"
+
+#define MAX_THREADS 64
+
+/* Bytes of one side of a unit; the gather buffers' size. */
+static uint64_t unit_max = 64ull << 20;
+
+uint64_t wex__verify_unit(uint64_t bytes)
+{
+	uint64_t was = unit_max;
+
+	unit_max = bytes ? bytes : was;
+	return was;
+}
+
+struct unit {
+	struct wex_copy_op u; /* absolute addresses, as the op's */
+	size_t op;
+};
+
+struct units {
+	struct unit *v;
+	size_t n, cap;
+};
+
+uint64_t wex__ops_bytes(const struct wex_copy_op *ops, size_t n)
+{
+	uint64_t total = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		uint64_t rows = 1;
+
+		for (uint32_t k = 0; k < ops[i].nouter && k < 3; k++)
+			rows *= ops[i].count[k];
+		total += rows * ops[i].len;
+	}
+	return total;
+}
+
+static int push(struct units *v, const struct wex_copy_op *u, size_t op)
+{
+	if (v->n == v->cap) {
+		size_t cap = v->cap ? v->cap * 2 : 64;
+		struct unit *nv = realloc(v->v, cap * sizeof(*nv));
+
+		if (!nv)
+			return -ENOMEM;
+		v->v = nv;
+		v->cap = cap;
+	}
+	v->v[v->n].u = *u;
+	v->v[v->n].op = op;
+	v->n++;
+	return 0;
+}
+
+/* Cuts op (already folded) into units of at most max bytes: dims below d
+ * whole, dim d in runs of m, the dims above one index at a time; a row
+ * longer than max in pieces of max bytes. */
+static int cut(struct units *v, const struct wex_copy_op *op, size_t idx, uint64_t max)
+{
+	uint32_t nd = op->nouter > 3 ? 3 : op->nouter, d = 0;
+	uint64_t c[3] = { 1, 1, 1 }, inner = op->len, outer = 1, m;
+	int ret;
+
+	for (uint32_t k = 0; k < nd; k++)
+		c[k] = op->count[k];
+	if (!op->len || !c[0] || !c[1] || !c[2])
+		return 0;
+	while (d < nd && inner <= max && c[d] <= max / inner)
+		inner *= c[d++];
+	if (d == nd && inner <= max)
+		return push(v, op, idx);
+	/* The units walk dims d+1.. one index at a time (all dims when a row
+	 * is longer than max: then d is 0 and dim 0 too is walked). */
+	int rowcut = inner > max;
+	uint32_t from = rowcut ? 0 : d + 1;
+
+	for (uint32_t k = from; k < nd; k++)
+		outer *= c[k];
+	m = rowcut ? 0 : max / inner;
+	for (uint64_t o = 0; o < outer; o++) {
+		struct wex_copy_op u = *op;
+		uint64_t rest = o;
+
+		for (uint32_t k = from; k < nd; k++) {
+			uint64_t i = rest % c[k];
+
+			rest /= c[k];
+			u.src += (uint64_t)((int64_t)i * op->src_stride[k]);
+			u.dst += (uint64_t)((int64_t)i * op->dst_stride[k]);
+		}
+		if (rowcut) {
+			u.nouter = 0;
+			for (uint64_t b = 0; b < op->len; b += max) {
+				struct wex_copy_op p = u;
+
+				p.src += b;
+				p.dst += b;
+				p.len = op->len - b < max ? op->len - b : max;
+				if ((ret = push(v, &p, idx)) < 0)
+					return ret;
+			}
+			continue;
+		}
+		u.nouter = d + 1;
+		for (uint64_t a = 0; a < c[d]; a += m) {
+			struct wex_copy_op p = u;
+
+			p.src += (uint64_t)((int64_t)a * op->src_stride[d]);
+			p.dst += (uint64_t)((int64_t)a * op->dst_stride[d]);
+			p.count[d] = c[d] - a < m ? c[d] - a : m;
+			if ((ret = push(v, &p, idx)) < 0)
+				return ret;
+		}
+	}
+	return 0;
+}
+
+static uint64_t unit_rows(const struct wex_copy_op *u)
+{
+	uint64_t r = 1;
+
+	for (uint32_t k = 0; k < u->nouter; k++)
+		r *= u->count[k];
+	return r;
+}
+
+/* Byte offsets of row r of u from u.src and u.dst. */
+static void row_at(const struct wex_copy_op *u, uint64_t r, int64_t *so, int64_t *dso)
+{
+	*so = *dso = 0;
+	for (uint32_t k = 0; k < u->nouter; k++) {
+		uint64_t i = r % u->count[k];
+
+		r /= u->count[k];
+		*so += (int64_t)i * u->src_stride[k];
+		*dso += (int64_t)i * u->dst_stride[k];
+	}
+}
+
+struct job {
+	const struct units *units;
+	const struct wex_copy_op *ops;
+	uint64_t next; /* atomic: the next unit to compare */
+	pthread_mutex_t lock;
+	int found;
+	struct wex_verify_diff diff;
+};
+
+/* Notes `cnt` different bytes, the first of them at byte `col` of row r of
+ * unit `un`. */
+static void note(struct job *j, const struct unit *un, uint64_t r, uint64_t col, uint64_t cnt)
+{
+	const struct wex_copy_op *op = &j->ops[un->op];
+	int64_t so, dso;
+	uint64_t dst_off, src_off;
+
+	row_at(&un->u, r, &so, &dso);
+	dst_off = un->u.dst + (uint64_t)dso + col - op->dst;
+	src_off = un->u.src + (uint64_t)so + col - op->src;
+	pthread_mutex_lock(&j->lock);
+	if (!j->found || un->op < j->diff.op ||
+	    (un->op == j->diff.op && dst_off < j->diff.dst_off)) {
+		j->diff.op = un->op;
+		j->diff.dst_off = dst_off;
+		j->diff.src_off = src_off;
+	}
+	j->found = 1;
+	j->diff.bytes += cnt;
+	pthread_mutex_unlock(&j->lock);
+}
+
+/* Row r of a unit holds different bytes at a and b (len each): counts them
+ * and notes where the first is. */
+static void row_differs(struct job *j, const struct unit *un, uint64_t r, const unsigned char *a,
+			const unsigned char *b, uint64_t len)
+{
+	uint64_t first = len, cnt = 0;
+
+	for (uint64_t i = 0; i < len; i++) {
+		if (a[i] == b[i])
+			continue;
+		if (first == len)
+			first = i;
+		cnt++;
+	}
+	if (cnt)
+		note(j, un, r, first, cnt);
+}
+
+static void compare_unit(struct job *j, const struct unit *un)
+{
+	const struct wex_copy_op *u = &un->u;
+	uint64_t rows = unit_rows(u);
+
+	for (uint64_t r = 0; r < rows; r++) {
+		int64_t so, dso;
+		const unsigned char *s, *d;
+
+		row_at(u, r, &so, &dso);
+		s = (const unsigned char *)(uintptr_t)(u->src + (uint64_t)so);
+		d = (const unsigned char *)(uintptr_t)(u->dst + (uint64_t)dso);
+		if (memcmp(d, s, u->len))
+			row_differs(j, un, r, s, d, u->len);
+	}
+}
+
+static void *worker(void *arg)
+{
+	struct job *j = arg;
+	uint64_t k;
+
+	while ((k = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->units->n)
+		compare_unit(j, &j->units->v[k]);
+	return NULL;
+}
+
+static int compare_host(struct job *j, int threads)
+{
+	pthread_t tid[MAX_THREADS];
+	int started = 0;
+
+	if (threads < 1)
+		threads = 1;
+	if (threads > MAX_THREADS)
+		threads = MAX_THREADS;
+	if ((uint64_t)threads > j->units->n)
+		threads = (int)j->units->n;
+	for (int t = 1; t < threads; t++) {
+		if (pthread_create(&tid[started], NULL, worker, j) != 0)
+			break;
+		started++;
+	}
+	worker(j);
+	for (int t = 0; t < started; t++)
+		pthread_join(tid[t], NULL);
+	return 0;
+}
+
+/* The copy that gathers one side of a unit (its src side, or its dst side
+ * read as a source) into buf, rows packed. */
+static void gather_op(const struct wex_copy_op *u, int dst_side, unsigned char *buf,
+		      struct wex_copy_op *g)
+{
+	int64_t packed = (int64_t)u->len;
+
+	*g = *u;
+	g->src = dst_side ? u->dst : u->src;
+	g->dst = (uint64_t)(uintptr_t)buf;
+	for (uint32_t k = 0; k < u->nouter; k++) {
+		g->src_stride[k] = dst_side ? u->dst_stride[k] : u->src_stride[k];
+		g->dst_stride[k] = packed;
+		packed *= (int64_t)u->count[k];
+	}
+}
+
+/* A run of units [lo, hi) gathered into a (sources) and b (destinations):
+ * compares them unit by unit. */
+static void compare_gathered(struct job *j, size_t lo, size_t hi, const unsigned char *a,
+			     const unsigned char *b)
+{
+	uint64_t pos = 0;
+
+	for (size_t k = lo; k < hi; k++) {
+		const struct unit *un = &j->units->v[k];
+		uint64_t bytes = unit_rows(&un->u) * un->u.len;
+
+		if (memcmp(a + pos, b + pos, bytes)) {
+			for (uint64_t r = 0; r < bytes / un->u.len; r++) {
+				uint64_t at = pos + r * un->u.len;
+
+				if (memcmp(a + at, b + at, un->u.len))
+					row_differs(j, un, r, a + at, b + at, un->u.len);
+			}
+		}
+		pos += bytes;
+	}
+}
+
+static int compare_gather(struct job *j, const struct wex_mem_ops *gather, int threads)
+{
+	const struct units *v = j->units;
+	struct wex_copy_op *ga = NULL, *gb = NULL;
+	unsigned char *a = NULL, *b = NULL;
+	uint64_t cap = 0;
+	int ret = -ENOMEM;
+
+	for (size_t k = 0; k < v->n; k++) {
+		uint64_t bytes = unit_rows(&v->v[k].u) * v->v[k].u.len;
+
+		cap = bytes > cap ? bytes : cap;
+	}
+	/* Runs of units fill buffers of unit_max (a unit is never larger). */
+	cap = cap < unit_max ? unit_max : cap;
+	a = malloc(cap);
+	b = malloc(cap);
+	ga = malloc(v->n * sizeof(*ga));
+	gb = malloc(v->n * sizeof(*gb));
+	if (!a || !b || !ga || !gb)
+		goto out;
+	ret = 0;
+	for (size_t lo = 0; lo < v->n && !ret;) {
+		size_t hi = lo;
+		uint64_t pos = 0;
+
+		while (hi < v->n) {
+			uint64_t bytes = unit_rows(&v->v[hi].u) * v->v[hi].u.len;
+
+			if (pos + bytes > cap)
+				break;
+			gather_op(&v->v[hi].u, 0, a + pos, &ga[hi - lo]);
+			gather_op(&v->v[hi].u, 1, b + pos, &gb[hi - lo]);
+			pos += bytes;
+			hi++;
+		}
+		ret = gather->copy(ga, hi - lo, threads);
+		if (!ret)
+			ret = gather->copy(gb, hi - lo, threads);
+		if (!ret)
+			compare_gathered(j, lo, hi, a, b);
+		lo = hi;
+	}
+out:
+	free(a);
+	free(b);
+	free(ga);
+	free(gb);
+	return ret;
+}
+
+int wex__verify_ops(const struct wex_copy_op *ops, size_t n, const struct wex_mem_ops *gather,
+		    int threads, struct wex_verify_diff *diff)
+{
+	struct units v = { 0 };
+	struct job j = { .units = &v, .ops = ops };
+	int ret = 0;
+
+	memset(diff, 0, sizeof(*diff));
+	for (size_t i = 0; i < n && !ret; i++) {
+		struct wex_copy_op f = ops[i];
+
+		wex_mem_fold_op(&f);
+		ret = cut(&v, &f, i, unit_max);
+	}
+	if (ret) {
+		free(v.v);
+		return ret;
+	}
+	pthread_mutex_init(&j.lock, NULL);
+	ret = gather ? compare_gather(&j, gather, threads) : compare_host(&j, threads);
+	pthread_mutex_destroy(&j.lock);
+	free(v.v);
+	if (ret < 0)
+		return ret;
+	if (!j.found)
+		return 0;
+	*diff = j.diff;
+	return 1;
+}

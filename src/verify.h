@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * verify.h - proves a consumer's weights bit-exact (DESIGN section 4,
+ * guarantee 4): every byte a plan wrote is compared with the producer's
+ * memory it came from, while the lease keeps the producer out.
+ *
+ * This compares the bytes themselves rather than checksums: in colocated
+ * modes both sides are mapped in the consumer, so an exact comparison
+ * costs one read of each side and cannot miss a difference.
+ */
+#ifndef WEX_VERIFY_H
+#define WEX_VERIFY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct wex_copy_op;
+struct wex_mem_ops;
+
+struct wex_verify_diff {
+	size_t op;          /* the first op (in order) holding a difference */
+	uint64_t dst_off;   /* its first different byte, from op.dst */
+	uint64_t src_off;   /* ... the same byte, from op.src */
+	uint64_t bytes;     /* different bytes over all ops */
+};
+
+/*
+ * Compares the `len`-byte rows of every op at dst with those at src (the
+ * op's strides, as a copy would walk them).  With `gather` NULL both sides
+ * are host memory this process reads, compared in place over `threads`
+ * threads.  Otherwise (GPU memory on either side) `gather`'s copy slot
+ * brings both sides into host buffers, 64 MiB at a time, and they are
+ * compared there.  Returns 0 when every byte is equal, 1 when some differ
+ * (*diff says where the first is and how many differ), or a negative
+ * errno (the gather's error, -ENOMEM).  Blocks.
+ */
+int wex__verify_ops(const struct wex_copy_op *ops, size_t n, const struct wex_mem_ops *gather,
+		    int threads, struct wex_verify_diff *diff);
+
+/* The size of a unit (and of each gather buffer), 64 MiB, for tests that
+ * want ops cut at small sizes; returns the previous one.  Not for use
+ * while a comparison runs. */
+uint64_t wex__verify_unit(uint64_t bytes);
+
+/* Bytes the ops span (the sum of len times their rows). */
+uint64_t wex__ops_bytes(const struct wex_copy_op *ops, size_t n);
+
+#endif

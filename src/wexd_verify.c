@@ -1,0 +1,217 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * wexd_verify.c - `wexctl verify` in the daemon (DESIGN section 4,
+ * guarantee 4: exactness proved on demand).
+ *
+ * wexd never touches weight bytes, so it cannot compare them itself.  An
+ * operator's ask marks the model's consumer groups with a ticket; each
+ * rank's next acquire carries the ticket, and the rank's libwex compares
+ * what its sync made visible with the producer's memory before its lease
+ * ends, then reports the outcome with its next request (a copy's release,
+ * at once for a remap).  The operator polls the ticket.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "metrics.h"
+#include "proto.h"
+#include "wexd.h"
+
+static const char *const results[] = { "equal", "differ", "unverifiable", "failed" };
+
+static struct model *find_model(struct wexd *d, const char *name)
+{
+	for (struct model *m = d->models; m; m = m->next)
+		if (!strcmp(m->name, name))
+			return m;
+	return NULL;
+}
+
+void wexd_verify_ask(struct conn *c, json_t *reply)
+{
+	struct cgroup *g = c->group;
+
+	if (g && g->verify_ticket > c->verify_done)
+		json_object_set_new(reply, "verify", json_integer((json_int_t)g->verify_ticket));
+}
+
+static void copy_str(char *dst, size_t len, const char *src)
+{
+	snprintf(dst, len, "%s", src ? src : "");
+}
+
+void wexd_verify_take(struct wexd *d, struct conn *c, const char *mode, json_t *v)
+{
+	struct verify_rec r = { 0 };
+	const char *result = NULL, *tensor = NULL, *why = NULL;
+	json_int_t ticket = 0, version = 0, bytes = 0, differ = 0, offset = 0;
+	double secs = 0;
+	size_t i;
+
+	if (!v || json_unpack(v, "{s:I, s:s, s:I, s?I, s?F, s?I, s?s, s?I, s?s}", "ticket",
+			      &ticket, "result", &result, "version", &version, "bytes", &bytes,
+			      "seconds", &secs, "differ_bytes", &differ, "tensor", &tensor,
+			      "offset", &offset, "why", &why) < 0)
+		return;
+	for (i = 0; i < sizeof(results) / sizeof(results[0]); i++)
+		if (!strcmp(result, results[i]))
+			break;
+	/* A ticket this wexd never gave, or negative figures: dropped. */
+	if (i == sizeof(results) / sizeof(results[0]) || ticket < 0 ||
+	    (uint64_t)ticket > d->verify_seq || version < 0 || bytes < 0 || differ < 0 ||
+	    offset < 0 || !(secs >= 0 && secs <= 86400))
+		return;
+	r.ticket = (uint64_t)ticket;
+	r.version = (uint64_t)version;
+	r.bytes = (uint64_t)bytes;
+	r.differ_bytes = (uint64_t)differ;
+	r.offset = (uint64_t)offset;
+	r.seconds = secs;
+	r.at_ns = wex__now_ns();
+	copy_str(r.result, sizeof(r.result), result);
+	copy_str(r.mode, sizeof(r.mode), mode);
+	copy_str(r.tensor, sizeof(r.tensor), tensor);
+	copy_str(r.why, sizeof(r.why), why);
+	c->verify = r;
+	if (r.ticket > c->verify_done)
+		c->verify_done = r.ticket;
+	wex__metrics_count(WEX_M_VERIFIES, r.result, NULL, 1);
+	if (!strcmp(r.result, "differ"))
+		wex_warn("verify", "model '%s' group '%s' rank %u (pid %d): v%llu differs from the producer's: %llu bytes, the first in '%s' at byte %llu",
+			 c->model ? c->model->name : "?", c->group ? c->group->name : "?", c->rank,
+			 (int)c->pid, (unsigned long long)r.version,
+			 (unsigned long long)r.differ_bytes, r.tensor, (unsigned long long)r.offset);
+	else
+		wex_info("verify", "model '%s' group '%s' rank %u (pid %d): v%llu %s (%s, %llu bytes)%s%s",
+			 c->model ? c->model->name : "?", c->group ? c->group->name : "?", c->rank,
+			 (int)c->pid, (unsigned long long)r.version, r.result, r.mode,
+			 (unsigned long long)r.bytes, *r.why ? ": " : "", r.why);
+}
+
+json_t *wexd_verify_json(const struct conn *c)
+{
+	const struct verify_rec *r = &c->verify;
+	json_t *o;
+
+	if (!r->at_ns)
+		return json_null();
+	o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:f, s:f}", "result", r->result, "mode", r->mode,
+		      "ticket", (json_int_t)r->ticket, "version", (json_int_t)r->version, "bytes",
+		      (json_int_t)r->bytes, "seconds", r->seconds, "age_s",
+		      (double)(wex__now_ns() - r->at_ns) / 1e9);
+	if (!strcmp(r->result, "differ")) {
+		json_object_set_new(o, "differ_bytes", json_integer((json_int_t)r->differ_bytes));
+		json_object_set_new(o, "tensor", json_string(r->tensor));
+		json_object_set_new(o, "offset", json_integer((json_int_t)r->offset));
+	}
+	if (*r->why)
+		json_object_set_new(o, "why", json_string(r->why));
+	return o;
+}
+
+/* The names of m's consumer groups, for an error message. */
+static void group_names(const struct model *m, char *out, size_t len)
+{
+	size_t at = 0;
+
+	out[0] = 0;
+	for (const struct cgroup *g = m->groups; g && at + 1 < len; g = g->next) {
+		int n = snprintf(out + at, len - at, "%s%s", at ? ", " : "", g->name);
+
+		if (n < 0)
+			break;
+		at += (size_t)n;
+	}
+}
+
+/* Where every rank of g stands on `ticket`. */
+static json_t *group_state(const struct cgroup *g, uint64_t ticket)
+{
+	json_t *ranks = json_array();
+	uint64_t now = wex__now_ns();
+
+	for (uint32_t i = 0; i < g->world; i++) {
+		const struct conn *c = g->ranks[i];
+		const char *state;
+		json_t *o;
+
+		if (g->verify_ticket < ticket)
+			state = "not-asked";
+		else if (!c)
+			state = "absent";
+		else if (c->verify.at_ns && c->verify.ticket >= ticket)
+			state = "done";
+		else
+			state = "pending";
+		o = json_pack("{s:i, s:i, s:s, s:I}", "rank", (int)i, "pid", c ? (int)c->pid : 0,
+			      "state", state, "served", (json_int_t)(c ? c->served_version : 0));
+		if (c && c->last_sync_ns)
+			json_object_set_new(o, "last_sync_s",
+					    json_real((double)(now - c->last_sync_ns) / 1e9));
+		if (c && !strcmp(state, "done"))
+			json_object_set_new(o, "verify", wexd_verify_json(c));
+		json_array_append_new(ranks, o);
+	}
+	return json_pack("{s:s, s:i, s:o}", "name", g->name, "world", (int)g->world, "ranks", ranks);
+}
+
+json_t *wexd_verify(struct wexd *d, struct conn *c, json_t *req)
+{
+	const char *model = NULL, *group = NULL;
+	json_int_t ticket = 0;
+	json_error_t je;
+	struct model *m;
+	json_t *groups;
+	char names[512];
+	int found = 0;
+
+	if (json_unpack_ex(req, &je, 0, "{s:s, s?s, s?I}", "model", &model, "group", &group,
+			   "ticket", &ticket) < 0)
+		return wex__reply_error(-EINVAL, "verify: %s", je.text);
+	m = find_model(d, model);
+	if (!m)
+		return wex__reply_error(-ENOENT, "verify: wexd has no model '%.*s' (wexctl models lists them)",
+					WEX_NAME_MAX, model);
+	for (struct cgroup *g = m->groups; g; g = g->next)
+		found |= !group || !strcmp(g->name, group);
+	if (!found && group) {
+		group_names(m, names, sizeof(names));
+		return wex__reply_error(-ENOENT, "verify: model '%s' has no consumer group '%.*s' (%s%s)",
+					m->name, WEX_NAME_MAX, group, *names ? "groups: " : "none yet",
+					names);
+	}
+	if (!found)
+		return wex__reply_error(-ENOENT, "verify: model '%s' has no consumer group yet: no engine has attached to verify",
+					m->name);
+	if (ticket < 0 || (uint64_t)ticket > d->verify_seq)
+		return wex__reply_error(-EINVAL, "verify: ticket %lld was never given (the last is %llu; wexd restarted?)",
+					(long long)ticket, (unsigned long long)d->verify_seq);
+	if (!ticket) {
+		/* Asking costs every engine of the model a comparison: the
+		 * daemon's owner and root only, as for config set. */
+		if (c->uid != 0 && c->uid != geteuid()) {
+			wex__metrics_count(WEX_M_REFUSED, "verify", NULL, 1);
+			return wex__reply_error(-EACCES, "verify: uid %d may not ask engines to verify (wexd's owner and root may)",
+						(int)c->uid);
+		}
+		ticket = (json_int_t)++d->verify_seq;
+		for (struct cgroup *g = m->groups; g; g = g->next) {
+			if (group && strcmp(g->name, group))
+				continue;
+			g->verify_ticket = (uint64_t)ticket;
+			g->verify_asked_ns = wex__now_ns();
+		}
+		wex_info("verify", "uid %d (pid %d) asked model '%s'%s%s%s to verify its next sync (ticket %lld)",
+			 (int)c->uid, (int)c->pid, m->name, group ? " group '" : "", group ? group : "",
+			 group ? "'" : "", (long long)ticket);
+	}
+	groups = json_array();
+	for (struct cgroup *g = m->groups; g; g = g->next)
+		if (!group || !strcmp(g->name, group))
+			json_array_append_new(groups, group_state(g, (uint64_t)ticket));
+	return json_pack("{s:b, s:I, s:s, s:I, s:o}", "ok", 1, "ticket", ticket, "model", m->name,
+			 "published", (json_int_t)m->published, "groups", groups);
+}

@@ -1,0 +1,225 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * verify_ops - unit test of wex__verify_ops (src/verify.h), the byte
+ * comparison behind WEX_SYNC_VERIFY and wexctl verify, in both of its
+ * paths: in place over threads (host memory), and gathered into host
+ * buffers through a backend's copy slot (the host backend's here, which
+ * runs the same gather code the GPU path runs).  Ops of 0-3 outer dims,
+ * with the unit (the gather buffers' size) set to 64 KiB: a row longer
+ * than a unit, ops cut along their first and second outer dims.  Equal copies must compare equal; then single bytes flipped at
+ * random places (in the destination, then in the source) must be found:
+ * the first one in op order, its offsets from the op's dst and src, and
+ * the count of different bytes.  Bytes outside every op may differ
+ * freely and must not be reported.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "helpers.h"
+#include "src/verify.h"
+#include "vmm/backend.h"
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+static uint64_t rnd(uint64_t n)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return n ? rng % n : 0;
+}
+
+/* An op of rows of `len` bytes over `nouter` dims (count[0] innermost),
+ * with gaps of `gap` bytes between rows in the source, none in the
+ * destination, placed at *so / *dof (then advanced past it). */
+static struct wex_copy_op make_op(char *src, char *dst, uint64_t *so, uint64_t *dof,
+				  uint32_t nouter, uint64_t len, const uint64_t *count, int gap)
+{
+	struct wex_copy_op op;
+	uint64_t ss = len + (uint64_t)gap, ds = len;
+
+	memset(&op, 0, sizeof(op));
+	op.len = len;
+	op.nouter = nouter;
+	for (uint32_t k = 0; k < nouter; k++) {
+		op.count[k] = count[k];
+		op.src_stride[k] = (int64_t)ss;
+		op.dst_stride[k] = (int64_t)ds;
+		ss *= count[k];
+		ds *= count[k];
+	}
+	op.src = (uint64_t)(uintptr_t)(src + *so);
+	op.dst = (uint64_t)(uintptr_t)(dst + *dof);
+	*so += ss + 128;
+	*dof += ds + 128;
+	return op;
+}
+
+static uint64_t rows_of(const struct wex_copy_op *op)
+{
+	uint64_t r = 1;
+
+	for (uint32_t k = 0; k < op->nouter; k++)
+		r *= op->count[k];
+	return r;
+}
+
+/* Byte offsets (from src and dst) of byte b of row r of op. */
+static void at(const struct wex_copy_op *op, uint64_t r, uint64_t b, uint64_t *s, uint64_t *d)
+{
+	int64_t so = 0, dso = 0;
+
+	for (uint32_t k = 0; k < op->nouter; k++) {
+		uint64_t i = r % op->count[k];
+
+		r /= op->count[k];
+		so += (int64_t)i * op->src_stride[k];
+		dso += (int64_t)i * op->dst_stride[k];
+	}
+	*s = (uint64_t)so + b;
+	*d = (uint64_t)dso + b;
+}
+
+/* Copies every op (the reference: byte loops). */
+static void fill(const struct wex_copy_op *ops, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		for (uint64_t r = 0; r < rows_of(&ops[i]); r++) {
+			uint64_t s, d;
+
+			at(&ops[i], r, 0, &s, &d);
+			memcpy((char *)(uintptr_t)(ops[i].dst + d),
+			       (const char *)(uintptr_t)(ops[i].src + s), ops[i].len);
+		}
+	}
+}
+
+static void check(const char *what, const struct wex_copy_op *ops, size_t n, int threads,
+		  int want, size_t op, uint64_t dst_off, uint64_t src_off, uint64_t bytes)
+{
+	for (int path = 0; path < 2; path++) {
+		const struct wex_mem_ops *g = path ? &wex_mem_host_ops : NULL;
+		struct wex_verify_diff diff;
+		int ret = wex__verify_ops(ops, n, g, threads, &diff);
+
+		T_ASSERT(ret == want, "%s (%s, %d threads): returned %d, expected %d", what,
+			 path ? "gathered" : "in place", threads, ret, want);
+		if (!want)
+			continue;
+		T_ASSERT(diff.op == op && diff.dst_off == dst_off && diff.src_off == src_off &&
+				 diff.bytes == bytes,
+			 "%s (%s, %d threads): first difference at op %zu dst+%llu src+%llu, %llu bytes; expected op %zu dst+%llu src+%llu, %llu bytes",
+			 what, path ? "gathered" : "in place", threads, diff.op,
+			 (unsigned long long)diff.dst_off, (unsigned long long)diff.src_off,
+			 (unsigned long long)diff.bytes, op, (unsigned long long)dst_off,
+			 (unsigned long long)src_off, (unsigned long long)bytes);
+	}
+}
+
+/* Flips `k` distinct random bytes inside the ops (in dst, or in src when
+ * in_src) and checks that the first and the count are found; then flips
+ * them back. */
+static void flip_case(const char *what, const struct wex_copy_op *ops, size_t n, int threads,
+		      int k, int in_src)
+{
+	size_t fo[8];
+	uint64_t fs[8], fd[8];
+	size_t best = 0;
+
+	for (int i = 0; i < k; i++) {
+		size_t o;
+		uint64_t r, b;
+		int dup;
+
+		do {
+			o = (size_t)rnd(n);
+			r = rnd(rows_of(&ops[o]));
+			b = rnd(ops[o].len);
+			at(&ops[o], r, b, &fs[i], &fd[i]);
+			fo[i] = o;
+			dup = 0;
+			for (int j = 0; j < i; j++)
+				dup |= fo[j] == o && fd[j] == fd[i];
+		} while (dup);
+		*(char *)(uintptr_t)((in_src ? ops[o].src + fs[i] : ops[o].dst + fd[i])) ^= 0x5A;
+		if (i && (fo[i] < fo[best] || (fo[i] == fo[best] && fd[i] < fd[best])))
+			best = (size_t)i;
+	}
+	check(what, ops, n, threads, 1, fo[best], fd[best], fs[best], (uint64_t)k);
+	for (int i = 0; i < k; i++)
+		*(char *)(uintptr_t)((in_src ? ops[fo[i]].src + fs[i] : ops[fo[i]].dst + fd[i])) ^=
+			0x5A;
+	check(what, ops, n, threads, 0, 0, 0, 0, 0);
+}
+
+int main(void)
+{
+	/* Units (and gather buffers) of 64 KiB instead of 64 MiB: the ops
+	 * below are cut the way a model's are, at a thousandth of the size. */
+	const uint64_t unit = 64u << 10;
+	const size_t cap = 4u << 20;
+	char *src = malloc(cap), *dst = malloc(cap);
+	struct wex_copy_op ops[128];
+	static const int threads[] = { 1, 2, 7 };
+	uint64_t so = 0, dof = 0;
+	size_t n = 0;
+
+	T_ASSERT(src && dst, "malloc");
+	T_ASSERT(wex__verify_unit(unit) == 64u << 20, "the default unit is 64 MiB");
+	for (size_t i = 0; i < cap; i++) {
+		src[i] = (char)(i * 131 + (i >> 9));
+		dst[i] = (char)~src[i]; /* outside every op: all different */
+	}
+	/* One row longer than a unit: cut by bytes. */
+	ops[n++] = make_op(src, dst, &so, &dof, 0, unit + (unit >> 3) + 13, NULL, 0);
+	/* 3000 rows of 300 bytes with gaps: cut along dim 0. */
+	ops[n++] = make_op(src, dst, &so, &dof, 1, 300, (const uint64_t[]){ 3000 }, 40);
+	/* Rows of 100 bytes, 50 x 30 x 3: dim 0 whole in a unit, dim 1 cut,
+	 * dim 2 walked. */
+	ops[n++] = make_op(src, dst, &so, &dof, 3, 100, (const uint64_t[]){ 50, 30, 3 }, 8);
+	/* A small op of each depth. */
+	for (uint32_t nd = 0; nd <= 3; nd++) {
+		static const uint64_t cnt[3] = { 7, 5, 3 };
+
+		ops[n++] = make_op(src, dst, &so, &dof, nd, 1 + rnd(900), cnt, (int)rnd(33));
+	}
+	/* Many small ops, rows that abut (folded) and that do not. */
+	while (n < 100) {
+		uint64_t cnt[3] = { 1 + rnd(9), 1 + rnd(4), 1 + rnd(3) };
+
+		ops[n] = make_op(src, dst, &so, &dof, (uint32_t)rnd(4), 1 + rnd(700), cnt,
+				 rnd(2) ? 0 : (int)rnd(50));
+		n++;
+	}
+	T_ASSERT(so <= cap && dof <= cap, "ops fit (%llu, %llu of %zu)", (unsigned long long)so,
+		 (unsigned long long)dof, cap);
+	fill(ops, n);
+	T_ASSERT(wex__ops_bytes(ops, n) > 8 * unit, "ops span %llu bytes",
+		 (unsigned long long)wex__ops_bytes(ops, n));
+	for (size_t t = 0; t < sizeof(threads) / sizeof(threads[0]); t++) {
+		int th = threads[t];
+
+		check("equal copies", ops, n, th, 0, 0, 0, 0, 0);
+		for (int round = 0; round < 20; round++) {
+			flip_case("one byte flipped in a destination", ops, n, th, 1, 0);
+			flip_case("one byte flipped in a source", ops, n, th, 1, 1);
+			flip_case("five bytes flipped", ops, n, th, 5, round & 1);
+			/* The cut ops alone, where every flip lands in a cut. */
+			flip_case("one byte flipped in a cut op", ops, 3, th, 1, round & 1);
+			flip_case("three bytes flipped in cut ops", ops, 3, th, 3, 0);
+		}
+		/* The long row's last byte, the last op's first. */
+		*(char *)(uintptr_t)(ops[0].dst + ops[0].len - 1) ^= 1;
+		check("the long row's last byte", ops, n, th, 1, 0, ops[0].len - 1, ops[0].len - 1, 1);
+		*(char *)(uintptr_t)(ops[0].dst + ops[0].len - 1) ^= 1;
+		*(char *)(uintptr_t)(ops[n - 1].dst) ^= 1;
+		check("the last op's first byte", ops, n, th, 1, n - 1, 0, 0, 1);
+		*(char *)(uintptr_t)(ops[n - 1].dst) ^= 1;
+	}
+	/* Nothing to compare. */
+	check("no ops", ops, 0, 2, 0, 0, 0, 0, 0);
+	free(src);
+	free(dst);
+	return T_EXIT_PASS;
+}

@@ -1,0 +1,297 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * verify_sync - exactness proved on demand (DESIGN section 4, guarantee
+ * 4), through libwex and through `wexctl verify` (argv[1]) against a real
+ * wexd, on host memory:
+ *  - a copy sync with WEX_SYNC_VERIFY compares every byte and says how
+ *    many (res.verified); a byte the engine changed in its own weights
+ *    afterwards is found by the next verified sync: -WEX_EVERIFY naming
+ *    the tensor and the byte, the weights dirty; the sync after that
+ *    copies again and verifies equal;
+ *  - a same-address sync with WEX_SYNC_VERIFY compares the layout in the
+ *    regions with the producer's memory;
+ *  - refused: verify on a view sync, on a same-address sync without an
+ *    attached layout, unknown mode bits;
+ *  - wexctl verify: the rank's next plain sync verifies (exit 0, "equal");
+ *    a changed byte makes that sync fail with -WEX_EVERIFY and wexctl
+ *    exit 3 naming the tensor; a view sync answers "unverifiable" (exit
+ *    4); no sync before the timeout is "pending" (exit 4, also with
+ *    --no-wait --json); an unknown
+ *    model or group is refused (exit 1) naming what exists; status and
+ *    metrics show the results.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fixture.h"
+
+#define MODEL "vfy"
+
+static const char *wexctl;
+static struct t_wexd d;
+
+/* Runs wexctl with args (NULL-terminated, after "--socket S") in a child,
+ * its output into `out`; returns the child's pid. */
+static pid_t wexctl_start(const char *out, const char *const *args)
+{
+	pid_t pid;
+
+	unlink(out); /* wait_asked reads this run's output, not the last's */
+	pid = t_fork();
+
+	if (pid == 0) {
+		const char *argv[16] = { "wexctl", "--socket", d.sock };
+		int n = 3, fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+
+		while (*args && n < 15)
+			argv[n++] = *args++;
+		argv[n] = NULL;
+		if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
+			_exit(126);
+		execv(wexctl, (char *const *)argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+static char *slurp(const char *path)
+{
+	static char buf[16384];
+	FILE *f = fopen(path, "r");
+	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	return buf;
+}
+
+/* Waits (up to 10 s) until wexctl said it asked. */
+static void wait_asked(const char *out)
+{
+	double t0 = t_now();
+
+	while (!strstr(slurp(out), "asked model")) {
+		T_ASSERT(t_now() - t0 < 10, "wexctl never said it asked: %s", slurp(out));
+		usleep(10000);
+	}
+}
+
+static int wexctl_run(const char *out, const char *const *args)
+{
+	return t_wait(wexctl_start(out, args));
+}
+
+/* The byte at `off` of consumer tensor i flipped (the engine changing its
+ * own weights). */
+static void flip(struct t_cons *k, int i, uint64_t off)
+{
+	((unsigned char *)k->t[i].ptr)[off] ^= 0x40;
+}
+
+static uint64_t layout_bytes(const struct t_cons *k)
+{
+	uint64_t b = 0;
+
+	for (int i = 0; i < k->n; i++)
+		b += wex_tensor_nbytes(&k->t[i]);
+	return b;
+}
+
+static void library_checks(struct t_cons *k)
+{
+	struct wex_sync_result r;
+	char want[256];
+	int ret;
+
+	memset(&r, 0, sizeof(r));
+	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY | WEX_SYNC_VERIFY, 1, 5000, &r));
+	T_ASSERT(r.version == 1 && r.changed && r.bytes == layout_bytes(k) && r.verified == r.bytes,
+		 "verified copy: v%llu, %llu bytes copied, %llu verified (layout %llu)",
+		 (unsigned long long)r.version, (unsigned long long)r.bytes,
+		 (unsigned long long)r.verified, (unsigned long long)layout_bytes(k));
+	T_ASSERT(t_own_bad(k, 1) == 0, "the copy holds v1");
+
+	/* A plain sync of what is held verifies nothing. */
+	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, 1, 5000, &r));
+	T_ASSERT(!r.changed && r.verified == 0, "plain sync: changed %d, verified %llu", r.changed,
+		 (unsigned long long)r.verified);
+
+	/* The engine writes one byte of its weights: the next verified sync
+	 * (nothing to copy) finds it. */
+	flip(k, 3, 5);
+	ret = wex_sync(k->c, WEX_SYNC_COPY | WEX_SYNC_VERIFY, 1, 5000, &r);
+	T_ASSERT(ret == -WEX_EVERIFY, "changed weights: sync returned %d (%s), not WEX_EVERIFY", ret,
+		 wex_last_error(k->c));
+	snprintf(want, sizeof(want), "'%s' (piece 3 of this rank) at byte 5 of its buffer",
+		 k->t[3].name);
+	T_ASSERT(strstr(wex_last_error(k->c), want) && strstr(wex_last_error(k->c), "1 of "),
+		 "the message names the tensor, the byte and the count: %s", wex_last_error(k->c));
+	T_ASSERT(wex_is_dirty(k->c) == 1, "a difference leaves the weights dirty");
+	T_ASSERT(t_leases(d.sock, MODEL) == 0, "the lease was given back");
+
+	/* Dirty: the next sync copies everything again, then verifies. */
+	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY | WEX_SYNC_VERIFY, 1, 5000, &r));
+	T_ASSERT(r.changed && r.verified == layout_bytes(k) && !wex_is_dirty(k->c) &&
+			 t_own_bad(k, 1) == 0,
+		 "re-sync: changed %d, verified %llu, dirty %d", r.changed,
+		 (unsigned long long)r.verified, wex_is_dirty(k->c));
+
+	/* Same-address: the layout lies in the region, which now shows the
+	 * producer's memory; verified through it. */
+	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_REMAP_FIXED | WEX_SYNC_VERIFY, 1, 5000, &r));
+	T_ASSERT(r.verified == layout_bytes(k) && t_own_bad(k, 1) == 0,
+		 "verified same-address sync: %llu bytes", (unsigned long long)r.verified);
+	T_WEX(k->c, wex_release(k->c));
+
+	ret = wex_sync(k->c, WEX_SYNC_REMAP_VIEW | WEX_SYNC_VERIFY, 1, 5000, &r);
+	T_ASSERT(ret == -EINVAL && strstr(wex_last_error(k->c), "view sync has no weights"),
+		 "verify on a view: %d %s", ret, wex_last_error(k->c));
+	ret = wex_sync(k->c, WEX_SYNC_COPY | (1 << 9), 1, 5000, &r);
+	T_ASSERT(ret == -EINVAL, "unknown mode bits: %d", ret);
+}
+
+/* A consumer with regions but no attached layout cannot verify a
+ * same-address sync. */
+static void no_layout_check(void)
+{
+	wex_client_t *c = t_open(WEX_ROLE_CONSUMER, MODEL, "bare", 0, 1);
+	struct wex_sync_result r;
+	void *region;
+	int ret;
+
+	T_WEX(c, wex_reserve(c, 0, 0, 4096, &region));
+	ret = wex_sync(c, WEX_SYNC_REMAP_FIXED | WEX_SYNC_VERIFY, 1, 5000, &r);
+	T_ASSERT(ret == -EINVAL && strstr(wex_last_error(c), "wex_attach it first"),
+		 "same-address verify without a layout: %d %s", ret, wex_last_error(c));
+	wex_client_close(c);
+}
+
+static void wexctl_checks(struct t_cons *k)
+{
+	char out[400];
+	struct wex_sync_result r;
+	json_t *st, *ranks, *v;
+	pid_t pid;
+	int ret;
+
+	snprintf(out, sizeof(out), "%s/wexctl.out", d.dir);
+
+	/* Refusals name what exists. */
+	ret = wexctl_run(out, (const char *const[]){ "verify", "nosuch", NULL });
+	T_ASSERT(ret == 1 && strstr(slurp(out), "no model 'nosuch'"), "unknown model: exit %d: %s",
+		 ret, slurp(out));
+	ret = wexctl_run(out, (const char *const[]){ "verify", MODEL, "--group", "nope", NULL });
+	T_ASSERT(ret == 1 && strstr(slurp(out), "no consumer group 'nope' (groups: ") &&
+			 strstr(slurp(out), "g"),
+		 "unknown group: exit %d: %s", ret, slurp(out));
+	ret = wexctl_run(out, (const char *const[]){ "verify", NULL });
+	T_ASSERT(ret == 2, "no model named: exit %d: %s", ret, slurp(out));
+	ret = wexctl_run(out, (const char *const[]){ "verify", MODEL, "--timeout", "x", NULL });
+	T_ASSERT(ret == 2 && strstr(slurp(out), "bad --timeout"), "bad timeout: exit %d: %s", ret,
+		 slurp(out));
+
+	/* No sync within the timeout: pending, exit 4. */
+	ret = wexctl_run(out, (const char *const[]){ "verify", MODEL, "--group", "g", "--timeout",
+						    "0.3", NULL });
+	T_ASSERT(ret == 4 && strstr(slurp(out), "pending") && strstr(slurp(out), "not verified"),
+		 "no sync in time: exit %d: %s", ret, slurp(out));
+
+	/* --no-wait --json: the ask and where each rank stands, at once. */
+	ret = wexctl_run(out, (const char *const[]){ "verify", MODEL, "--no-wait", "--json", NULL });
+	T_ASSERT(ret == 4 && strstr(slurp(out), "\"ticket\"") && strstr(slurp(out), "\"pending\""),
+		 "--no-wait --json: exit %d: %s", ret, slurp(out));
+
+	/* The rank's next plain sync verifies (the ask above is still open:
+	 * a new one is made anyway). */
+	pid = wexctl_start(out, (const char *const[]){ "verify", MODEL, "--group", "g",
+						      "--timeout", "20", NULL });
+	wait_asked(out);
+	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, 1, 5000, &r));
+	T_ASSERT(r.verified == layout_bytes(k), "asked by wexctl: %llu bytes verified",
+		 (unsigned long long)r.verified);
+	ret = t_wait(pid);
+	T_ASSERT(ret == 0 && strstr(slurp(out), " equal ") &&
+			 strstr(slurp(out), "every rank's weights equal the trainer's"),
+		 "wexctl verify, equal: exit %d: %s", ret, slurp(out));
+	/* Answered: the next sync is not asked again. */
+	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, 1, 5000, &r));
+	T_ASSERT(r.verified == 0, "a second sync verified again (%llu bytes)",
+		 (unsigned long long)r.verified);
+
+	/* A changed byte: the asked sync fails, wexctl names it, exit 3. */
+	pid = wexctl_start(out, (const char *const[]){ "verify", MODEL, "--timeout", "20", NULL });
+	wait_asked(out);
+	flip(k, 1, 2);
+	ret = wex_sync(k->c, WEX_SYNC_COPY, 1, 5000, &r);
+	T_ASSERT(ret == -WEX_EVERIFY && wex_is_dirty(k->c), "asked sync over changed weights: %d %s",
+		 ret, wex_last_error(k->c));
+	ret = t_wait(pid);
+	T_ASSERT(ret == 3 && strstr(slurp(out), " differ ") && strstr(slurp(out), k->t[1].name) &&
+			 strstr(slurp(out), "1 bytes differ; the first in"),
+		 "wexctl verify, differ: exit %d: %s", ret, slurp(out));
+	st = t_status(d.sock);
+	{
+		json_t *g;
+		size_t i;
+
+		ranks = NULL;
+		json_array_foreach(json_object_get(t_status_model(st, MODEL), "groups"), i, g)
+			if (!strcmp(json_string_value(json_object_get(g, "name")) ?: "", "g"))
+				ranks = json_object_get(g, "ranks");
+	}
+	v = json_object_get(json_array_get(ranks, 0), "verify");
+	T_ASSERT(v && !strcmp(json_string_value(json_object_get(v, "result")) ?: "", "differ") &&
+			 !strcmp(json_string_value(json_object_get(v, "tensor")) ?: "", k->t[1].name),
+		 "status shows the rank's last verification");
+	json_decref(st);
+	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, 1, 5000, &r));
+	T_ASSERT(!wex_is_dirty(k->c) && t_own_bad(k, 1) == 0, "re-synced after the difference");
+
+	/* A view sync cannot verify: it says so, exit 4. */
+	pid = wexctl_start(out, (const char *const[]){ "verify", MODEL, "--timeout", "20", NULL });
+	wait_asked(out);
+	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+	ret = t_wait(pid);
+	T_ASSERT(ret == 4 && strstr(slurp(out), "unverifiable") && strstr(slurp(out), "view sync"),
+		 "wexctl verify over a view sync: exit %d: %s", ret, slurp(out));
+	T_WEX(k->c, wex_release(k->c));
+
+	/* Metrics count each result. */
+	{
+		char *reply = NULL;
+		json_t *j;
+		const char *text;
+
+		T_WEX(k->c, wex_request(k->c, "metrics", NULL, &reply));
+		j = json_loads(reply, 0, NULL);
+		text = json_string_value(json_object_get(j, "text")) ?: "";
+		T_ASSERT(strstr(text, "wex_verifications_total{result=\"equal\"}") &&
+				 strstr(text, "wex_verifications_total{result=\"differ\"} 2\n") &&
+				 strstr(text, "wex_verifications_total{result=\"unverifiable\"} 1\n"),
+			 "metrics: %.400s", strstr(text, "wex_verif") ? strstr(text, "wex_verif") : text);
+		json_decref(j);
+		wex_free(reply);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	struct t_prod p;
+	struct t_cons k;
+
+	if (argc < 2)
+		T_FAIL("usage: verify_sync WEXCTL");
+	wexctl = argv[1];
+	t_tiny_v1(&d, &p, &k, MODEL);
+	library_checks(&k);
+	no_layout_check();
+	wexctl_checks(&k);
+	t_cons_close(&k);
+	t_prod_close(&p);
+	t_wexd_stop(&d);
+	return T_EXIT_PASS;
+}
