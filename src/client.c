@@ -2386,7 +2386,6 @@ static int verify_plan(struct wex_client *c, uint64_t version, uint64_t *bytes, 
 		const struct wex_plan_op *p = &c->plan[diff.op];
 		const struct wex_tensor *t = &c->layout[p->dst_piece];
 		uint64_t off = p->dst_off + diff.dst_off;
-		size_t es = wex_dtype_size(t->dtype);
 
 		json_object_set_new(*rep, "differ_bytes", json_integer((json_int_t)diff.bytes));
 		json_object_set_new(*rep, "tensor", json_string(t->name));
@@ -2394,11 +2393,11 @@ static int verify_plan(struct wex_client *c, uint64_t version, uint64_t *bytes, 
 		c->dirty = 1;
 		c->copied = 0;
 		return set_err(c, -WEX_EVERIFY,
-			       "verify of v%llu: %llu of %llu bytes differ from the producer's; the first is in '%s' (piece %u of this rank) at byte %llu of its buffer (element %llu), read from producer rank %u segment %u at byte %llu: weights are dirty; sync again",
+			       "verify of v%llu: %llu of %llu bytes differ from the producer's; the first in the plan's order is in '%s' (piece %u of this rank, %s) at byte %llu of its buffer, read from producer rank %u segment %u at byte %llu: weights are dirty; sync again",
 			       (unsigned long long)version, (unsigned long long)diff.bytes,
-			       (unsigned long long)total, t->name, p->dst_piece, (unsigned long long)off,
-			       (unsigned long long)(es ? off / es : off), p->src_rank, p->src_seg,
-			       (unsigned long long)(p->src_off + diff.src_off));
+			       (unsigned long long)total, t->name, p->dst_piece,
+			       wex_dtype_name(t->dtype), (unsigned long long)off, p->src_rank,
+			       p->src_seg, (unsigned long long)(p->src_off + diff.src_off));
 	}
 }
 
@@ -2985,8 +2984,12 @@ again:
 		res->ops = mode == WEX_SYNC_COPY ? c->nplan : 0;
 		res->seconds = (double)(wex__now_ns() - t0) / 1e9;
 		res->waited = waited;
-		res->verified = vbytes;
-		res->verify_seconds = (double)(vt1 - vt0) / 1e9;
+		/* Only for a caller that asked: one built before these
+		 * fields existed never asks, and its struct ends before. */
+		if (verify) {
+			res->verified = vbytes;
+			res->verify_seconds = (double)(vt1 - vt0) / 1e9;
+		}
 	}
 	return 0;
 err_release:

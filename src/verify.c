@@ -18,6 +18,15 @@
 /* Bytes of one side of a unit; the gather buffers' size. */
 static uint64_t unit_max = 64ull << 20;
 
+/* Whether an address is GPU memory (the gather path copies only those
+ * sides through the backend). */
+static int (*gpu_of)(uint64_t addr) = wex_mem_ptr_on_gpu;
+
+void wex__verify_where(int (*fn)(uint64_t addr))
+{
+	gpu_of = fn ? fn : wex_mem_ptr_on_gpu;
+}
+
 uint64_t wex__verify_unit(uint64_t bytes)
 {
 	uint64_t was = unit_max;
@@ -291,50 +300,105 @@ static void compare_gathered(struct job *j, size_t lo, size_t hi, const unsigned
 	}
 }
 
+/* Brings one side of a run of units into its buffer: the sides in GPU
+ * memory through the gather backend, those in host memory with memcpy
+ * (the backend would run a host-to-host copy in some GPU's context,
+ * making one where the process has none). */
+static int gather_side(const struct wex_mem_ops *gather, struct wex_copy_op *g, size_t n,
+		       const uint8_t *on_gpu, int threads)
+{
+	size_t k = 0;
+	int ret;
+
+	/* GPU sides first, then the host ones (order does not matter: each
+	 * op fills its own part of the buffer). */
+	for (size_t i = 0; i < n; i++)
+		if (on_gpu[i]) {
+			struct wex_copy_op t = g[k];
+
+			g[k++] = g[i];
+			g[i] = t;
+		}
+	ret = k ? gather->copy(g, k, threads) : 0;
+	if (!ret && k < n)
+		ret = wex_mem_host_copy(g + k, n - k, threads);
+	return ret;
+}
+
+/* Units in one run, at most: bounds the op arrays for plans of millions
+ * of ops. */
+#define RUN_MAX 16384
+
 static int compare_gather(struct job *j, const struct wex_mem_ops *gather, int threads)
 {
 	const struct units *v = j->units;
 	struct wex_copy_op *ga = NULL, *gb = NULL;
 	unsigned char *a = NULL, *b = NULL;
-	uint64_t cap = 0;
+	uint8_t *ka = NULL, *kb = NULL;
+	uint64_t cap = 0, total = 0;
 	int ret = -ENOMEM;
 
 	for (size_t k = 0; k < v->n; k++) {
 		uint64_t bytes = unit_rows(&v->v[k].u) * v->v[k].u.len;
 
 		cap = bytes > cap ? bytes : cap;
+		total += bytes;
 	}
-	/* Runs of units fill buffers of unit_max (a unit is never larger). */
-	cap = cap < unit_max ? unit_max : cap;
-	a = malloc(cap);
-	b = malloc(cap);
-	ga = malloc(v->n * sizeof(*ga));
-	gb = malloc(v->n * sizeof(*gb));
-	if (!a || !b || !ga || !gb)
+	/* Runs of units fill buffers of unit_max (a unit is never larger),
+	 * or of what there is to compare when that is less. */
+	if (cap < unit_max)
+		cap = total < unit_max ? total : unit_max;
+	a = malloc(cap ? cap : 1);
+	b = malloc(cap ? cap : 1);
+	ga = malloc(RUN_MAX * sizeof(*ga));
+	gb = malloc(RUN_MAX * sizeof(*gb));
+	ka = malloc(RUN_MAX);
+	kb = malloc(RUN_MAX);
+	if (!a || !b || !ga || !gb || !ka || !kb)
 		goto out;
 	ret = 0;
 	for (size_t lo = 0; lo < v->n && !ret;) {
-		size_t hi = lo;
+		size_t hi = lo, m = 0;
 		uint64_t pos = 0;
 
-		while (hi < v->n) {
-			uint64_t bytes = unit_rows(&v->v[hi].u) * v->v[hi].u.len;
+		while (hi < v->n && m < RUN_MAX) {
+			const struct unit *un = &v->v[hi];
+			uint64_t bytes = unit_rows(&un->u) * un->u.len;
+			int sg = gpu_of(un->u.src) >= 0;
+			int dg = gpu_of(un->u.dst) >= 0;
 
+			if (!sg && !dg) {
+				/* Host memory on both sides: compared where it is
+				 * (in order, so the run's units stay together). */
+				if (m)
+					break;
+				compare_unit(j, un);
+				hi++;
+				lo = hi;
+				continue;
+			}
 			if (pos + bytes > cap)
 				break;
-			gather_op(&v->v[hi].u, 0, a + pos, &ga[hi - lo]);
-			gather_op(&v->v[hi].u, 1, b + pos, &gb[hi - lo]);
+			gather_op(&un->u, 0, a + pos, &ga[m]);
+			gather_op(&un->u, 1, b + pos, &gb[m]);
+			ka[m] = (uint8_t)sg;
+			kb[m] = (uint8_t)dg;
+			m++;
 			pos += bytes;
 			hi++;
 		}
-		ret = gather->copy(ga, hi - lo, threads);
+		if (!m)
+			continue;
+		ret = gather_side(gather, ga, m, ka, threads);
 		if (!ret)
-			ret = gather->copy(gb, hi - lo, threads);
+			ret = gather_side(gather, gb, m, kb, threads);
 		if (!ret)
 			compare_gathered(j, lo, hi, a, b);
 		lo = hi;
 	}
 out:
+	free(ka);
+	free(kb);
 	free(a);
 	free(b);
 	free(ga);

@@ -29,10 +29,13 @@ struct wex_verify_diff {
  * op's strides, as a copy would walk them).  With `gather` NULL both sides
  * are host memory this process reads, compared in place over `threads`
  * threads.  Otherwise (GPU memory on either side) `gather`'s copy slot
- * brings both sides into host buffers, 64 MiB at a time, and they are
- * compared there.  Returns 0 when every byte is equal, 1 when some differ
- * (*diff says where the first is and how many differ), or a negative
- * errno (the gather's error, -ENOMEM).  Blocks.
+ * brings each side in GPU memory into a host buffer, 64 MiB at a time
+ * (sides in host memory are copied there with memcpy, and ops with both
+ * sides in host memory compared in place), and they are compared there.
+ * Returns 0 when every byte is equal, 1 when some differ (*diff says
+ * where the first in op order is, as address differences from the op's
+ * dst and src, and how many differ), or a negative errno (the gather's
+ * error, -ENOMEM).  Blocks.
  */
 int wex__verify_ops(const struct wex_copy_op *ops, size_t n, const struct wex_mem_ops *gather,
 		    int threads, struct wex_verify_diff *diff);
@@ -41,6 +44,11 @@ int wex__verify_ops(const struct wex_copy_op *ops, size_t n, const struct wex_me
  * want ops cut at small sizes; returns the previous one.  Not for use
  * while a comparison runs. */
 uint64_t wex__verify_unit(uint64_t bytes);
+
+/* Tests: how the gather path tells GPU memory (>= 0: a device), in place
+ * of wex_mem_ptr_on_gpu (NULL: that again), so that host memory can take
+ * the path GPU memory takes. */
+void wex__verify_where(int (*fn)(uint64_t addr));
 
 /* Bytes the ops span (the sum of len times their rows). */
 uint64_t wex__ops_bytes(const struct wex_copy_op *ops, size_t n);

@@ -38,9 +38,11 @@ static void usage(FILE *f)
 		"  config get [NAME] | config set NAME VALUE\n"
 		"  verify MODEL [--group G] [--timeout SEC] [--no-wait]\n"
 		"                    ask every engine rank of MODEL (or group G) to compare, on its\n"
-		"                    next sync, each byte of its weights with the trainer's, and\n"
-		"                    wait (60 s) for the answers; exit 0 all equal, 3 a rank differs,\n"
-		"                    4 not every rank verified (no sync in time, a view sync, ...)\n"
+		"                    next sync within SEC (60), each byte of its weights with the\n"
+		"                    trainer's (under the sync's lease: the trainer's begin_write\n"
+		"                    waits for it), and wait that long for the answers; exit 0 all\n"
+		"                    equal, 3 a rank differs, 4 not every rank verified (no sync in\n"
+		"                    time, a view sync, ...)\n"
 		"  plan --config config.json --from LAYOUT --to LAYOUT [--rank K] [--json]\n"
 		"       [--adapters DIR]    (plan --help: the LAYOUT syntax)\n"
 		"  convert --config config.json --from LAYOUT --to LAYOUT [--max-shard-size SIZE]\n"
@@ -474,6 +476,9 @@ static void print_verify_rank(const char *group, json_t *r)
 		snprintf(detail, sizeof(detail), "no engine connected as this rank");
 	else if (!strcmp(state, "not-asked"))
 		snprintf(detail, sizeof(detail), "the group attached after the ask");
+	else if (!strcmp(state, "expired"))
+		snprintf(detail, sizeof(detail), "no sync while the ask stood (serves v%lld)",
+			 (long long)json_integer_value(json_object_get(r, "served")));
 	printf("%-16s %-5lld %-8lld %-9s %-8lld %-12s %-12s %10s %8s  %s\n", group,
 	       (long long)json_integer_value(json_object_get(r, "rank")),
 	       (long long)json_integer_value(json_object_get(r, "pid")), state,
@@ -503,7 +508,10 @@ static int cmd_verify(const char *model, const char *group, double timeout, int 
 	int n[4] = { 0 };
 	size_t i, k;
 
-	args = json_pack("{s:s}", "model", model);
+	/* The ask stands as long as this waits (--no-wait: as long as it
+	 * would have): ranks that sync later are not asked. */
+	args = json_pack("{s:s, s:I}", "model", model, "stand_ms",
+			 (json_int_t)(timeout * 1e3 < 1 ? 1 : timeout * 1e3));
 	if (args && group)
 		json_object_set_new(args, "group", json_string(group));
 	if (!args) {
@@ -523,6 +531,7 @@ static int cmd_verify(const char *model, const char *group, double timeout, int 
 		return 1;
 	}
 	json_object_set(args, "ticket", json_object_get(j, "ticket"));
+	json_object_del(args, "stand_ms");
 	if (!as_json)
 		printf("asked model '%s'%s%s%s to verify its next sync (ticket %lld, published v%lld)%s\n",
 		       model, group ? " group '" : "", group ? group : "", group ? "'" : "",
@@ -570,8 +579,8 @@ static int cmd_verify(const char *model, const char *group, double timeout, int 
 			       n[1]);
 		else if (n[2] || n[3])
 			printf("%d rank(s) equal; %d not verified%s\n", n[0], n[2] + n[3],
-			       !wait ? " yet (--no-wait: ask again with --json or watch wexctl status)" :
-			       n[2] ? " (no sync within the timeout: a rank verifies only when it syncs)" : "");
+			       !wait ? " yet (--no-wait: each rank's last result is in wexctl status --json)" :
+			       " (see DETAIL: a rank verifies only when it syncs while the ask stands)");
 		else
 			printf("every rank's weights equal the trainer's, byte for byte (%d rank(s))\n",
 			       n[0]);

@@ -84,7 +84,8 @@ struct conn {
 	uint64_t last_sync_ns;
 	uint64_t connected_ns;
 	uint64_t verify_done; /* the newest ask (ticket) this rank answered */
-	struct verify_rec verify;
+	struct verify_rec verify;   /* its last verification, whoever asked */
+	struct verify_rec answered; /* its answer to the ask verify_done */
 	struct conn *next;
 };
 
@@ -127,9 +128,11 @@ struct cgroup {
 	uint32_t nlost;
 	uint64_t lost_version;
 	/* wexctl verify asked every rank to verify its next sync (0: never);
-	 * a rank whose conn answered an older ticket is asked on acquire. */
+	 * until verify_until_ns, a rank whose conn has not answered that
+	 * ticket is asked on acquire. */
 	uint64_t verify_ticket;
 	uint64_t verify_asked_ns;
+	uint64_t verify_until_ns;
 	struct cgroup *next;
 };
 

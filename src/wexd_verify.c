@@ -8,7 +8,10 @@
  * rank's next acquire carries the ticket, and the rank's libwex compares
  * what its sync made visible with the producer's memory before its lease
  * ends, then reports the outcome with its next request (a copy's release,
- * at once for a remap).  The operator polls the ticket.
+ * at once for a remap).  The operator polls the ticket.  An ask stands
+ * for a time the operator gives (its wait): ranks that sync after it are
+ * not asked, so an engine restarted days later does not verify for an
+ * ask nobody waits on.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -34,13 +37,18 @@ void wexd_verify_ask(struct conn *c, json_t *reply)
 {
 	struct cgroup *g = c->group;
 
-	if (g && g->verify_ticket > c->verify_done)
+	if (g && g->verify_ticket > c->verify_done && wex__now_ns() < g->verify_until_ns)
 		json_object_set_new(reply, "verify", json_integer((json_int_t)g->verify_ticket));
 }
 
+/* A client's string, kept for status and the log: control characters
+ * become '?', so that a name cannot forge log lines. */
 static void copy_str(char *dst, size_t len, const char *src)
 {
 	snprintf(dst, len, "%s", src ? src : "");
+	for (char *p = dst; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			*p = '?';
 }
 
 void wexd_verify_take(struct wexd *d, struct conn *c, const char *mode, json_t *v)
@@ -76,8 +84,12 @@ void wexd_verify_take(struct wexd *d, struct conn *c, const char *mode, json_t *
 	copy_str(r.tensor, sizeof(r.tensor), tensor);
 	copy_str(r.why, sizeof(r.why), why);
 	c->verify = r;
-	if (r.ticket > c->verify_done)
+	/* The answer to an ask is kept apart: a verification the engine
+	 * asked for itself later does not take its place. */
+	if (r.ticket && r.ticket >= c->verify_done) {
 		c->verify_done = r.ticket;
+		c->answered = r;
+	}
 	wex__metrics_count(WEX_M_VERIFIES, r.result, NULL, 1);
 	if (!strcmp(r.result, "differ"))
 		wex_warn("verify", "model '%s' group '%s' rank %u (pid %d): v%llu differs from the producer's: %llu bytes, the first in '%s' at byte %llu",
@@ -91,9 +103,8 @@ void wexd_verify_take(struct wexd *d, struct conn *c, const char *mode, json_t *
 			 (unsigned long long)r.bytes, *r.why ? ": " : "", r.why);
 }
 
-json_t *wexd_verify_json(const struct conn *c)
+static json_t *rec_json(const struct verify_rec *r)
 {
-	const struct verify_rec *r = &c->verify;
 	json_t *o;
 
 	if (!r->at_ns)
@@ -110,6 +121,11 @@ json_t *wexd_verify_json(const struct conn *c)
 	if (*r->why)
 		json_object_set_new(o, "why", json_string(r->why));
 	return o;
+}
+
+json_t *wexd_verify_json(const struct conn *c)
+{
+	return rec_json(&c->verify);
 }
 
 /* The names of m's consumer groups, for an error message. */
@@ -140,10 +156,12 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 
 		if (g->verify_ticket < ticket)
 			state = "not-asked";
+		else if (c && c->verify_done >= ticket)
+			state = "done";
+		else if (now >= g->verify_until_ns)
+			state = "expired"; /* no sync answered it in time */
 		else if (!c)
 			state = "absent";
-		else if (c->verify.at_ns && c->verify.ticket >= ticket)
-			state = "done";
 		else
 			state = "pending";
 		o = json_pack("{s:i, s:i, s:s, s:I}", "rank", (int)i, "pid", c ? (int)c->pid : 0,
@@ -152,7 +170,7 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 			json_object_set_new(o, "last_sync_s",
 					    json_real((double)(now - c->last_sync_ns) / 1e9));
 		if (c && !strcmp(state, "done"))
-			json_object_set_new(o, "verify", wexd_verify_json(c));
+			json_object_set_new(o, "verify", rec_json(&c->answered));
 		json_array_append_new(ranks, o);
 	}
 	return json_pack("{s:s, s:i, s:o}", "name", g->name, "world", (int)g->world, "ranks", ranks);
@@ -161,16 +179,19 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 json_t *wexd_verify(struct wexd *d, struct conn *c, json_t *req)
 {
 	const char *model = NULL, *group = NULL;
-	json_int_t ticket = 0;
+	json_int_t ticket = 0, stand = 60000;
 	json_error_t je;
 	struct model *m;
 	json_t *groups;
 	char names[512];
 	int found = 0;
 
-	if (json_unpack_ex(req, &je, 0, "{s:s, s?s, s?I}", "model", &model, "group", &group,
-			   "ticket", &ticket) < 0)
+	if (json_unpack_ex(req, &je, 0, "{s:s, s?s, s?I, s?I}", "model", &model, "group", &group,
+			   "ticket", &ticket, "stand_ms", &stand) < 0)
 		return wex__reply_error(-EINVAL, "verify: %s", je.text);
+	if (stand < 1 || stand > 86400000)
+		return wex__reply_error(-EINVAL, "verify: stand_ms %lld: 1 to 86400000 (how long the ask stands)",
+					(long long)stand);
 	m = find_model(d, model);
 	if (!m)
 		return wex__reply_error(-ENOENT, "verify: wexd has no model '%.*s' (wexctl models lists them)",
@@ -203,10 +224,11 @@ json_t *wexd_verify(struct wexd *d, struct conn *c, json_t *req)
 				continue;
 			g->verify_ticket = (uint64_t)ticket;
 			g->verify_asked_ns = wex__now_ns();
+			g->verify_until_ns = g->verify_asked_ns + (uint64_t)stand * 1000000ull;
 		}
-		wex_info("verify", "uid %d (pid %d) asked model '%s'%s%s%s to verify its next sync (ticket %lld)",
+		wex_info("verify", "uid %d (pid %d) asked model '%s'%s%s%s to verify its next sync within %.1f s (ticket %lld)",
 			 (int)c->uid, (int)c->pid, m->name, group ? " group '" : "", group ? group : "",
-			 group ? "'" : "", (long long)ticket);
+			 group ? "'" : "", (double)stand / 1e3, (long long)ticket);
 	}
 	groups = json_array();
 	for (struct cgroup *g = m->groups; g; g = g->next)

@@ -329,7 +329,10 @@ struct wex_sync_result {
 	double seconds;        /* wall time of the sync, waiting included */
 	int changed;           /* 0 if the consumer already served this version */
 	double waited;         /* of which waiting for the version to be published */
-	uint64_t verified;     /* bytes compared with the producer's (0: not verified) */
+	/* Written only when the mode has WEX_SYNC_VERIFY (a program built
+	 * before they existed never passes it, and is not written past its
+	 * struct): */
+	uint64_t verified;     /* bytes compared with the producer's */
 	double verify_seconds; /* of `seconds`, the time the comparison took */
 };
 
@@ -362,6 +365,14 @@ struct wex_sync_result {
  * producer memory is mapped read-only where the driver allows it, and
  * reachable from the client's device (or the layout's) through peer
  * access when that is another GPU.
+ * WEX_SYNC_VERIFY or'ed into COPY or REMAP_FIXED, or wexd's ask for
+ * `wexctl verify` in any mode: before the lease ends (the producer's
+ * begin_write waits for it), every byte the plan covers in the attached
+ * layout is compared with the producer's memory; a difference fails the
+ * sync with -WEX_EVERIFY, naming the first in the plan's order (tensor,
+ * piece, byte) and how many bytes differ, and leaves the weights dirty.
+ * VERIFY with REMAP_VIEW, or with REMAP_FIXED and no attached layout:
+ * -EINVAL.  A view sync wexd asked to verify answers "unverifiable".
  * A sync that fails, whatever the error, leaves no same-address region
  * showing the producer without a lease: one that showed it gets private
  * memory back holding what it showed, and the weights are marked dirty

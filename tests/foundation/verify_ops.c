@@ -4,7 +4,9 @@
  * comparison behind WEX_SYNC_VERIFY and wexctl verify, in both of its
  * paths: in place over threads (host memory), and gathered into host
  * buffers through a backend's copy slot (the host backend's here, which
- * runs the same gather code the GPU path runs).  Ops of 0-3 outer dims,
+ * runs the same gather code the GPU path runs: every address taken for
+ * GPU memory, or only those in odd pages, so that host and GPU sides mix
+ * in one run).  Ops of 0-3 outer dims,
  * with the unit (the gather buffers' size) set to 64 KiB: a row longer
  * than a unit, ops cut along their first and second outer dims.  Equal copies must compare equal; then single bytes flipped at
  * random places (in the destination, then in the source) must be found:
@@ -95,22 +97,41 @@ static void fill(const struct wex_copy_op *ops, size_t n)
 	}
 }
 
+/* The gather path's test of where memory is: every address "on a GPU",
+ * or those in odd 4 KiB pages only (sides of each kind in one run). */
+static int all_gpu(uint64_t addr)
+{
+	(void)addr;
+	return 0;
+}
+
+static int odd_pages_gpu(uint64_t addr)
+{
+	return (addr >> 12) & 1 ? 0 : -1;
+}
+
+static const char *const path_name[] = { "in place", "gathered", "gathered, mixed" };
+
 static void check(const char *what, const struct wex_copy_op *ops, size_t n, int threads,
 		  int want, size_t op, uint64_t dst_off, uint64_t src_off, uint64_t bytes)
 {
-	for (int path = 0; path < 2; path++) {
+	for (int path = 0; path < 3; path++) {
 		const struct wex_mem_ops *g = path ? &wex_mem_host_ops : NULL;
 		struct wex_verify_diff diff;
-		int ret = wex__verify_ops(ops, n, g, threads, &diff);
+		int ret;
+
+		wex__verify_where(path == 1 ? all_gpu : path == 2 ? odd_pages_gpu : NULL);
+		ret = wex__verify_ops(ops, n, g, threads, &diff);
+		wex__verify_where(NULL);
 
 		T_ASSERT(ret == want, "%s (%s, %d threads): returned %d, expected %d", what,
-			 path ? "gathered" : "in place", threads, ret, want);
+			 path_name[path], threads, ret, want);
 		if (!want)
 			continue;
 		T_ASSERT(diff.op == op && diff.dst_off == dst_off && diff.src_off == src_off &&
 				 diff.bytes == bytes,
 			 "%s (%s, %d threads): first difference at op %zu dst+%llu src+%llu, %llu bytes; expected op %zu dst+%llu src+%llu, %llu bytes",
-			 what, path ? "gathered" : "in place", threads, diff.op,
+			 what, path_name[path], threads, diff.op,
 			 (unsigned long long)diff.dst_off, (unsigned long long)diff.src_off,
 			 (unsigned long long)diff.bytes, op, (unsigned long long)dst_off,
 			 (unsigned long long)src_off, (unsigned long long)bytes);

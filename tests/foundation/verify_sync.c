@@ -9,10 +9,15 @@
  *    the tensor and the byte, the weights dirty; the sync after that
  *    copies again and verifies equal;
  *  - a same-address sync with WEX_SYNC_VERIFY compares the layout in the
- *    regions with the producer's memory;
+ *    regions with the producer's memory, and finds a tensor the layout
+ *    keeps outside them (-WEX_EVERIFY, regions back on their own memory,
+ *    no lease left, dirty until a copy);
  *  - refused: verify on a view sync, on a same-address sync without an
  *    attached layout, unknown mode bits;
- *  - wexctl verify: the rank's next plain sync verifies (exit 0, "equal");
+ *  - wexctl verify: the rank's next plain sync verifies (exit 0, "equal"),
+ *    the one after it does not, and the answer stays the ticket's after
+ *    the engine verifies on its own; a sync after the ask stood is not
+ *    asked;
  *    a changed byte makes that sync fail with -WEX_EVERIFY and wexctl
  *    exit 3 naming the tensor; a view sync answers "unverifiable" (exit
  *    4); no sync before the timeout is "pending" (exit 4, also with
@@ -101,6 +106,44 @@ static uint64_t layout_bytes(const struct t_cons *k)
 	return b;
 }
 
+/* wex_verifications_total over every result, from wexd's metrics. */
+static long verifications(wex_client_t *c)
+{
+	char *reply = NULL;
+	const char *text, *p;
+	long n = 0;
+	json_t *j;
+
+	T_WEX(c, wex_request(c, "metrics", NULL, &reply));
+	j = json_loads(reply, 0, NULL);
+	text = json_string_value(json_object_get(j, "text")) ?: "";
+	for (p = text; (p = strstr(p, "\nwex_verifications_total{")); p++)
+		n += strtol(strchr(p, '}') + 1, NULL, 10);
+	json_decref(j);
+	wex_free(reply);
+	return n;
+}
+
+/* wexd's answer to a poll of `ticket` for group g: rank 0's state and
+ * result ("" where there is none). */
+static void poll_ticket(wex_client_t *c, long ticket, char *state, char *result)
+{
+	char args[128], *reply = NULL;
+	json_t *j, *r;
+
+	snprintf(args, sizeof(args), "{\"model\":\"%s\",\"group\":\"g\",\"ticket\":%ld}", MODEL,
+		 ticket);
+	T_WEX(c, wex_request(c, "verify", args, &reply));
+	j = json_loads(reply, 0, NULL);
+	r = json_array_get(json_object_get(json_array_get(json_object_get(j, "groups"), 0),
+					   "ranks"), 0);
+	snprintf(state, 32, "%s", json_string_value(json_object_get(r, "state")) ?: "");
+	snprintf(result, 32, "%s",
+		 json_string_value(json_object_get(json_object_get(r, "verify"), "result")) ?: "");
+	json_decref(j);
+	wex_free(reply);
+}
+
 static void library_checks(struct t_cons *k)
 {
 	struct wex_sync_result r;
@@ -115,10 +158,17 @@ static void library_checks(struct t_cons *k)
 		 (unsigned long long)r.verified, (unsigned long long)layout_bytes(k));
 	T_ASSERT(t_own_bad(k, 1) == 0, "the copy holds v1");
 
-	/* A plain sync of what is held verifies nothing. */
-	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, 1, 5000, &r));
-	T_ASSERT(!r.changed && r.verified == 0, "plain sync: changed %d, verified %llu", r.changed,
-		 (unsigned long long)r.verified);
+	/* A plain sync of what is held verifies nothing (and does not write
+	 * the verify fields: a program built before them never asks). */
+	{
+		long before = verifications(k->c);
+
+		r.verified = 12345;
+		T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, 1, 5000, &r));
+		T_ASSERT(!r.changed && r.verified == 12345 && verifications(k->c) == before,
+			 "plain sync: changed %d, verified %llu", r.changed,
+			 (unsigned long long)r.verified);
+	}
 
 	/* The engine writes one byte of its weights: the next verified sync
 	 * (nothing to copy) finds it. */
@@ -126,8 +176,8 @@ static void library_checks(struct t_cons *k)
 	ret = wex_sync(k->c, WEX_SYNC_COPY | WEX_SYNC_VERIFY, 1, 5000, &r);
 	T_ASSERT(ret == -WEX_EVERIFY, "changed weights: sync returned %d (%s), not WEX_EVERIFY", ret,
 		 wex_last_error(k->c));
-	snprintf(want, sizeof(want), "'%s' (piece 3 of this rank) at byte 5 of its buffer",
-		 k->t[3].name);
+	snprintf(want, sizeof(want), "'%s' (piece 3 of this rank, %s) at byte 5 of its buffer",
+		 k->t[3].name, wex_dtype_name(k->t[3].dtype));
 	T_ASSERT(strstr(wex_last_error(k->c), want) && strstr(wex_last_error(k->c), "1 of "),
 		 "the message names the tensor, the byte and the count: %s", wex_last_error(k->c));
 	T_ASSERT(wex_is_dirty(k->c) == 1, "a difference leaves the weights dirty");
@@ -152,6 +202,36 @@ static void library_checks(struct t_cons *k)
 		 "verify on a view: %d %s", ret, wex_last_error(k->c));
 	ret = wex_sync(k->c, WEX_SYNC_COPY | (1 << 9), 1, 5000, &r);
 	T_ASSERT(ret == -EINVAL, "unknown mode bits: %d", ret);
+}
+
+/* A same-address sync changes only what lies in its regions: a tensor the
+ * layout keeps outside them (a private buffer, still zero) does not hold
+ * the version, and a verified sync says so: -WEX_EVERIFY naming it, the
+ * regions given their own memory back (no lease is left showing the
+ * producer), the weights dirty until a copy sync. */
+static void fixed_outside_check(void)
+{
+	struct t_cons k;
+	struct wex_sync_result r;
+	void *own;
+	int ret;
+
+	t_cons_open_from(&k, MODEL, "fx", "tiny", 0, 1, 0);
+	own = calloc(1, wex_tensor_nbytes(&k.t[2]));
+	T_ASSERT(own, "calloc");
+	k.t[2].ptr = own;
+	T_WEX(k.c, wex_attach(k.c, k.t, (size_t)k.n));
+	ret = wex_sync(k.c, WEX_SYNC_REMAP_FIXED | WEX_SYNC_VERIFY, 1, 5000, &r);
+	T_ASSERT(ret == -WEX_EVERIFY && strstr(wex_last_error(k.c), k.t[2].name) &&
+			 wex_is_dirty(k.c) == 1,
+		 "same-address sync with a tensor outside the region: %d %s", ret,
+		 wex_last_error(k.c));
+	T_ASSERT(t_leases(d.sock, MODEL) == 0, "no lease left after the failed verify");
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY | WEX_SYNC_VERIFY, 1, 5000, &r));
+	T_ASSERT(r.verified == layout_bytes(&k) && !wex_is_dirty(k.c) && t_own_bad(&k, 1) == 0,
+		 "copy after it: %llu verified", (unsigned long long)r.verified);
+	t_cons_close(&k);
+	free(own);
 }
 
 /* A consumer with regions but no attached layout cannot verify a
@@ -194,11 +274,20 @@ static void wexctl_checks(struct t_cons *k)
 	T_ASSERT(ret == 2 && strstr(slurp(out), "bad --timeout"), "bad timeout: exit %d: %s", ret,
 		 slurp(out));
 
-	/* No sync within the timeout: pending, exit 4. */
+	/* No sync within the timeout: pending or expired, exit 4; a sync
+	 * after the ask stood is not asked. */
 	ret = wexctl_run(out, (const char *const[]){ "verify", MODEL, "--group", "g", "--timeout",
 						    "0.3", NULL });
-	T_ASSERT(ret == 4 && strstr(slurp(out), "pending") && strstr(slurp(out), "not verified"),
+	T_ASSERT(ret == 4 && (strstr(slurp(out), "pending") || strstr(slurp(out), "expired")) &&
+			 strstr(slurp(out), "not verified"),
 		 "no sync in time: exit %d: %s", ret, slurp(out));
+	{
+		long before = verifications(k->c);
+
+		usleep(100000);
+		T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, 1, 5000, &r));
+		T_ASSERT(verifications(k->c) == before, "a sync after the ask expired verified");
+	}
 
 	/* --no-wait --json: the ask and where each rank stands, at once. */
 	ret = wexctl_run(out, (const char *const[]){ "verify", MODEL, "--no-wait", "--json", NULL });
@@ -210,17 +299,28 @@ static void wexctl_checks(struct t_cons *k)
 	pid = wexctl_start(out, (const char *const[]){ "verify", MODEL, "--group", "g",
 						      "--timeout", "20", NULL });
 	wait_asked(out);
-	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, 1, 5000, &r));
-	T_ASSERT(r.verified == layout_bytes(k), "asked by wexctl: %llu bytes verified",
-		 (unsigned long long)r.verified);
-	ret = t_wait(pid);
-	T_ASSERT(ret == 0 && strstr(slurp(out), " equal ") &&
-			 strstr(slurp(out), "every rank's weights equal the trainer's"),
-		 "wexctl verify, equal: exit %d: %s", ret, slurp(out));
-	/* Answered: the next sync is not asked again. */
-	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, 1, 5000, &r));
-	T_ASSERT(r.verified == 0, "a second sync verified again (%llu bytes)",
-		 (unsigned long long)r.verified);
+	{
+		long before = verifications(k->c), ticket;
+		char state[32], result[32];
+
+		T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, 1, 5000, &r));
+		T_ASSERT(verifications(k->c) == before + 1, "the asked sync did not verify");
+		ret = t_wait(pid);
+		T_ASSERT(ret == 0 && strstr(slurp(out), " equal ") &&
+				 strstr(slurp(out), "every rank's weights equal the trainer's"),
+			 "wexctl verify, equal: exit %d: %s", ret, slurp(out));
+		ticket = strtol(strstr(slurp(out), "(ticket ") + 8, NULL, 10);
+		/* Answered: the next sync is not asked again. */
+		T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, 1, 5000, &r));
+		T_ASSERT(verifications(k->c) == before + 1, "a second sync verified again");
+		/* The engine's own verification later does not take the place
+		 * of its answer to the ask. */
+		T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY | WEX_SYNC_VERIFY, 1, 5000, &r));
+		poll_ticket(k->c, ticket, state, result);
+		T_ASSERT(!strcmp(state, "done") && !strcmp(result, "equal"),
+			 "ticket %ld after the engine's own verification: %s %s", ticket, state,
+			 result);
+	}
 
 	/* A changed byte: the asked sync fails, wexctl names it, exit 3. */
 	pid = wexctl_start(out, (const char *const[]){ "verify", MODEL, "--timeout", "20", NULL });
@@ -270,7 +370,7 @@ static void wexctl_checks(struct t_cons *k)
 		j = json_loads(reply, 0, NULL);
 		text = json_string_value(json_object_get(j, "text")) ?: "";
 		T_ASSERT(strstr(text, "wex_verifications_total{result=\"equal\"}") &&
-				 strstr(text, "wex_verifications_total{result=\"differ\"} 2\n") &&
+				 strstr(text, "wex_verifications_total{result=\"differ\"} 3\n") &&
 				 strstr(text, "wex_verifications_total{result=\"unverifiable\"} 1\n"),
 			 "metrics: %.400s", strstr(text, "wex_verif") ? strstr(text, "wex_verif") : text);
 		json_decref(j);
@@ -288,6 +388,7 @@ int main(int argc, char **argv)
 	wexctl = argv[1];
 	t_tiny_v1(&d, &p, &k, MODEL);
 	library_checks(&k);
+	fixed_outside_check();
 	no_layout_check();
 	wexctl_checks(&k);
 	t_cons_close(&k);

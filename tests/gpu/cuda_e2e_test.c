@@ -181,7 +181,7 @@ int main(void)
 		CHECK_OK(xfer((char *)mine + t[3].offset + 1000, &x, sizeof(x)));
 		CHECK(wex_sync(c, WEX_SYNC_COPY | WEX_SYNC_VERIFY, 1, 5000, &r) == -WEX_EVERIFY);
 		printf("verify: %s\n", wex_last_error(c));
-		snprintf(want, sizeof(want), "'%s' (piece 3 of this rank) at byte 1000 ", t[3].name);
+		snprintf(want, sizeof(want), "'%s' (piece 3 of this rank, BF16) at byte 1000 ", t[3].name);
 		CHECK(strstr(wex_last_error(c), want) != NULL);
 		CHECK(strstr(wex_last_error(c), "1 of ") != NULL);
 		CHECK(wex_is_dirty(c) == 1);

@@ -119,7 +119,7 @@ class Binding(WexdProducerCase):
         with self.assertRaises(wex.WexError) as e:
             c.sync(wex.SYNC_COPY, min_version=1, verify=True)
         self.assertEqual(e.exception.code, wex.EVERIFY)
-        self.assertIn("'layers.0.b' (piece 1 of this rank) at byte 12 ", str(e.exception))
+        self.assertIn("'layers.0.b' (piece 1 of this rank, F32) at byte 12 ", str(e.exception))
         self.assertTrue(c.is_dirty())
         r = c.sync(wex.SYNC_COPY, min_version=1, verify=True)
         self.assertEqual((r.verified, r.changed), (total, 1))
