@@ -1695,7 +1695,7 @@ static int chunk_prefix(struct ctx *c, size_t nt0)
 	if (c->vpp == 1)
 		return 0;
 	for (size_t k = nt0; k < c->out->nt; k++) {
-		struct wex_phys *t = &c->out->t[k];
+		struct wex_layout_tensor *t = &c->out->t[k];
 
 		if ((size_t)snprintf(name, sizeof(name), "model%lld.%s", (long long)c->vpr, t->name) >=
 		    sizeof(name))
@@ -1919,7 +1919,7 @@ static int emit_phys(struct ctx *c, const char *pname, const struct ftensor *f0,
 
 	if (ret < 0)
 		return ret;
-	struct wex_phys *t = &c->out->t[c->out->nt];
+	struct wex_layout_tensor *t = &c->out->t[c->out->nt];
 	uint32_t ind = f0->ndim ? f0->ndim : 1;
 	uint64_t inner_shape[WEX_MAX_DIMS];
 	int64_t st[WEX_MAX_DIMS];
@@ -2241,7 +2241,7 @@ static int canonical_rank(const struct ctx *c, struct wex_rank_layout *o)
 	o->p = ct;
 	o->nt = n;
 	for (size_t k = 0; k < n; k++) {
-		struct wex_phys *t = &o->t[k];
+		struct wex_layout_tensor *t = &o->t[k];
 		struct wex_tensor x = ct[k];
 		uint64_t r0 = 0, nr = x.ndim ? x.shape[0] : 1;
 
@@ -2372,7 +2372,7 @@ chunk:
 					/* {e} is the local index in the name (of
 					 * the weight and of its FP8 scales). */
 					for (size_t k = nt0; k < o.nt; k++) {
-						struct wex_phys *t = &o.t[k];
+						struct wex_layout_tensor *t = &o.t[k];
 
 						ret = expand(m, et.name, L, L - c.L0, c.epr * nloc + e, e, t->name);
 						if (ret < 0) {

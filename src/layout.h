@@ -59,21 +59,14 @@ struct wex_layout_spec {
 };
 int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, size_t errlen);
 
-/* One physical tensor of a rank: pieces [first, first+npieces) of the
- * rank's piece array.  A piece's offset is bytes from the physical tensor's
- * start, its strides are the physical tensor's (elements), its segment is
- * the physical tensor's index.  Bytes not covered by a piece are padding. */
-struct wex_phys {
-	char name[WEX_NAME_MAX];
-	int32_t dtype;
-	uint32_t ndim;
-	uint64_t shape[WEX_MAX_DIMS];
-	uint64_t nbytes;
-	size_t first, npieces;
-};
+/* One physical tensor of a rank is a struct wex_layout_tensor (wex.h):
+ * pieces [first, first+npieces) of the rank's piece array.  A piece's
+ * offset is bytes from the physical tensor's start, its strides are the
+ * physical tensor's (elements), its segment is the physical tensor's
+ * index.  Bytes not covered by a piece are padding. */
 
 struct wex_rank_layout {
-	struct wex_phys *t;
+	struct wex_layout_tensor *t;
 	size_t nt;
 	struct wex_tensor *p;
 	size_t np;

@@ -33,6 +33,9 @@ add_test(NAME planner_convert_fsdp COMMAND sh ${CMAKE_SOURCE_DIR}/tests/planner/
 set_tests_properties(planner_convert_fsdp PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120 LABELS planner
   ENVIRONMENT "WEXCTL_BIN=$<TARGET_FILE:wexctl>;PLANNER_CONVERT_BIN=$<TARGET_FILE:planner_convert>;SRC=${CMAKE_SOURCE_DIR}")
 
+# The adaptation layer in libwex's public API (wex_layout_*).
+wex_add_test(planner_layout_api SOURCES tests/planner/layout_api.c LIBS wex LABELS planner)
+
 # Benchmark: DeepSeek-V3 from 1024 Megatron GPUs to 32 vLLM instances.
 wex_add_test(bench_plan_scale SOURCES tests/bench/plan_scale.c LABELS bench TIMEOUT 600)
 

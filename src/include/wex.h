@@ -472,6 +472,60 @@ WEX_API int wex_request(wex_client_t *c, const char *op, const char *args_json, 
  * wex_client_open failed ("" after one that succeeded). */
 WEX_API const char *wex_last_error(wex_client_t *c);
 
+/* ---------------------------------------------------------------------- */
+/* Engine and trainer layouts (the model adaptation layer, DESIGN §5).     */
+
+typedef struct wex_layout wex_layout_t;
+
+/* One physical tensor of a layout's rank (what the engine or trainer
+ * allocates under `name`): pieces [first, first + npieces) of the rank's
+ * piece array are the canonical boxes it holds; bytes no piece covers are
+ * padding (a padded vocabulary, say). */
+struct wex_layout_tensor {
+	char name[WEX_NAME_MAX];
+	int32_t dtype;
+	uint32_t ndim;
+	uint64_t shape[WEX_MAX_DIMS];
+	uint64_t nbytes;
+	size_t first, npieces;
+};
+
+/*
+ * Reads the model's config.json at `config` and the model family it names
+ * (adapters/families, looked up in `adapters`, or with NULL in
+ * $WEX_ADAPTERS, the source tree's adapters/, /usr/local/share/wex/adapters)
+ * and parses `spec`, a layout as `wexctl plan` takes it ("vllm:tp=2",
+ * "megatron:tp=8,pp=4", "sglang:tp=8,dp=8,dp_attention=1,ep=8", "fsdp:fsdp=8",
+ * "hf").  *world (may be NULL) receives its number of ranks.  Blocks
+ * (reads files).  Errors: -ENOENT (no such file or engine), -EINVAL (bad
+ * JSON, unknown model type, bad spec), -WEX_ELAYOUT (a layout that cannot
+ * exist, naming the number that does not fit), -ENOMEM; *err (when not
+ * NULL) receives why, malloc'ed: free it with wex_free.
+ */
+WEX_API int wex_layout_open(const char *config, const char *spec, const char *adapters,
+			    wex_layout_t **out, uint32_t *world, char **err);
+
+/*
+ * The physical tensors of `rank` (*phys, *nphys of them, in the layout's
+ * order) and their pieces (*pieces, *npieces).  A piece is a struct
+ * wex_tensor naming a canonical tensor, its dtype and whole shape, the box
+ * of it held (start, extent), and where in its physical tensor: `segment`
+ * is the physical tensor's index in *phys, `offset` bytes from its start,
+ * `strides` its strides in elements (C order over its shape); ptr is NULL.
+ * A consumer attaches the pieces with ptr = the physical tensor's address
+ * + offset; a producer registers them with the segment and offset where
+ * the physical tensor lies.  Owned by l, valid until the next call or
+ * wex_layout_close.  Pure computation.  Errors: -EINVAL (rank past the
+ * world, NULL arguments), -WEX_ELAYOUT, -ENOMEM; wex_layout_error says why.
+ */
+WEX_API int wex_layout_rank(wex_layout_t *l, uint32_t rank, const struct wex_layout_tensor **phys,
+			    size_t *nphys, const struct wex_tensor **pieces, size_t *npieces);
+
+/* Why the last wex_layout_rank failed ("" when it did not); owned by l. */
+WEX_API const char *wex_layout_error(wex_layout_t *l);
+
+WEX_API void wex_layout_close(wex_layout_t *l);
+
 /* BEGIN cuda section (vmm/) */
 /*
  * Exportable GPU memory for PyTorch trainers, with the signatures of

@@ -213,7 +213,7 @@ static int check_rank(const struct wex_model *m, const struct wex_layout_spec *s
 	names = calloc(l.nt + 1, sizeof(*names));
 	FZ_ASSERT(order && names, "out of memory");
 	for (size_t i = 0; i < l.nt; i++) {
-		const struct wex_phys *t = &l.t[i];
+		const struct wex_layout_tensor *t = &l.t[i];
 		uint64_t nb = wex_dtype_size(t->dtype);
 
 		FZ_ASSERT(nb && t->ndim <= WEX_MAX_DIMS, "%s: dtype %d ndim %u", t->name, t->dtype,

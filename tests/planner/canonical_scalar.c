@@ -32,7 +32,7 @@ static void put(const char *rel, const char *text)
 	CHECK(f && fputs(text, f) >= 0 && fclose(f) == 0, "write %s", path);
 }
 
-static const struct wex_phys *find(const struct wex_rank_layout *l, const char *name)
+static const struct wex_layout_tensor *find(const struct wex_rank_layout *l, const char *name)
 {
 	for (size_t i = 0; i < l->nt; i++)
 		if (!strcmp(l->t[i].name, name))
@@ -84,7 +84,7 @@ int main(void)
 	struct wex_model *m = NULL;
 	struct wex_layout_spec s;
 	struct wex_rank_layout l;
-	const struct wex_phys *t;
+	const struct wex_layout_tensor *t;
 	uint32_t w = 0;
 
 	CHECK(mkdtemp(dir) != NULL, "mkdtemp");

@@ -25,7 +25,7 @@ static inline void kat_rank(const struct wex_model *m, const char *layout, uint3
 	      err);
 }
 
-static inline const struct wex_phys *kat_find(const struct wex_rank_layout *l, const char *name)
+static inline const struct wex_layout_tensor *kat_find(const struct wex_rank_layout *l, const char *name)
 {
 	for (size_t i = 0; i < l->nt; i++)
 		if (!strcmp(l->t[i].name, name))
@@ -36,7 +36,7 @@ static inline const struct wex_phys *kat_find(const struct wex_rank_layout *l, c
 
 /* Piece k of t must hold rows [r0, r0+n) of canonical `cname` (whole
  * columns) starting at physical row `prow`. */
-static inline void kat_piece(const struct wex_rank_layout *l, const struct wex_phys *t, size_t k,
+static inline void kat_piece(const struct wex_rank_layout *l, const struct wex_layout_tensor *t, size_t k,
 			     const char *cname, uint64_t r0, uint64_t n, uint64_t prow)
 {
 	CHECK(k < t->npieces, "%s has %zu pieces, wanted piece %zu", t->name, t->npieces, k);

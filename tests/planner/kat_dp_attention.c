@@ -46,7 +46,7 @@ static uint32_t world(const struct wex_model *m, const char *layout)
 }
 
 /* t (one piece) must hold columns [c0, c0+n) of canonical `cname`, all rows. */
-static void cols(const struct wex_rank_layout *l, const struct wex_phys *t, const char *cname,
+static void cols(const struct wex_rank_layout *l, const struct wex_layout_tensor *t, const char *cname,
 		 uint64_t c0, uint64_t n)
 {
 	const struct wex_tensor *p = &l->p[t->first];
@@ -62,7 +62,7 @@ static void cols(const struct wex_rank_layout *l, const struct wex_phys *t, cons
 
 /* Piece k of stacked-experts tensor t ([slots, rows, cols]) must hold rows
  * [r0, r0+n) of `cname` at row `prow` of slot 0. */
-static void stack_piece(const struct wex_rank_layout *l, const struct wex_phys *t, size_t k,
+static void stack_piece(const struct wex_rank_layout *l, const struct wex_layout_tensor *t, size_t k,
 			const char *cname, uint64_t r0, uint64_t n, uint64_t prow)
 {
 	const struct wex_tensor *p = &l->p[t->first + k];
@@ -83,7 +83,7 @@ static void deepseek(void)
 	const char *kvb = "model.layers.1.self_attn.kv_b_proj.weight";
 	const char *emb = "model.embed_tokens.weight";
 	struct wex_rank_layout l, l1;
-	const struct wex_phys *t;
+	const struct wex_layout_tensor *t;
 
 	/* tp ranks in all: dp does not multiply them. */
 	CHECK(world(m, "sglang:tp=4,dp=2,dp_attention=1") == 4, "dp_attention=1: not tp ranks");
@@ -192,7 +192,7 @@ static void qwen3_moe(void)
 	const char *k = "model.layers.1.self_attn.k_proj.weight";
 	const char *v = "model.layers.1.self_attn.v_proj.weight";
 	struct wex_rank_layout l;
-	const struct wex_phys *t;
+	const struct wex_layout_tensor *t;
 
 	CHECK(world(m, lay) == 8, "%s: not 8 ranks", lay);
 	/* Rank 6: attention-TP rank 2 of 4: q head 2, KV head 1 (2 per head). */
@@ -245,7 +245,7 @@ static void a2a_embed_rep(void)
 	const char *qb = "model.layers.0.self_attn.q_b_proj.weight";
 	const char *emb = "model.embed_tokens.weight";
 	struct wex_rank_layout l;
-	const struct wex_phys *t;
+	const struct wex_layout_tensor *t;
 
 	CHECK(world(m, lay) == 4, "%s: not 4 ranks", lay);
 	/* Rank 3: the shared expert whole (gate 8 rows, then up 8 rows;

@@ -83,7 +83,7 @@ int main(void)
 {
 	struct wex_model *m;
 	struct wex_rank_layout l;
-	const struct wex_phys *t;
+	const struct wex_layout_tensor *t;
 	char err[256] = "";
 
 	st_types();

@@ -48,7 +48,7 @@ static void no_scales(const struct wex_rank_layout *l, const char *stem)
 		CHECK(strcmp(l->t[i].name, nm), "an unquantized tensor got scales: %s", nm);
 }
 
-static void shape(const struct wex_phys *t, int dtype, uint32_t nd, uint64_t d0, uint64_t d1,
+static void shape(const struct wex_layout_tensor *t, int dtype, uint32_t nd, uint64_t d0, uint64_t d1,
 		  uint64_t d2)
 {
 	CHECK(t->dtype == dtype && t->ndim == nd && t->shape[0] == d0 && t->shape[1] == d1 &&
@@ -109,7 +109,7 @@ int main(void)
 {
 	struct wex_model *m = kat_model(QWEN3(""));
 	struct wex_rank_layout l;
-	const struct wex_phys *t;
+	const struct wex_layout_tensor *t;
 	char err[512] = "";
 
 	kat_rank(m, "hf", 0, &l);

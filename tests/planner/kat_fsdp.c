@@ -35,7 +35,7 @@ static void want(const struct wex_model *m, const char *lay, uint32_t rank, cons
 		 uint64_t r0, uint64_t n)
 {
 	struct wex_rank_layout l;
-	const struct wex_phys *t;
+	const struct wex_layout_tensor *t;
 
 	kat_rank(m, lay, rank, &l);
 	t = kat_find(&l, name);
@@ -66,7 +66,7 @@ static void formula(const struct wex_model *m, const char *lay, uint32_t n, uint
 		kat_rank(m, lay, r, &l);
 		CHECK(l.nt == h.nt, "%s rank %u: %zu tensors, hf has %zu", lay, r, l.nt, h.nt);
 		for (size_t i = 0; i < h.nt; i++) {
-			const struct wex_phys *c = &h.t[i], *t = &l.t[i];
+			const struct wex_layout_tensor *c = &h.t[i], *t = &l.t[i];
 			uint64_t r0, nr, rowbytes = wex_dtype_size(c->dtype);
 
 			rows(c->shape[0], n, r % n, &r0, &nr);

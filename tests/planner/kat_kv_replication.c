@@ -22,7 +22,7 @@ int main(void)
 
 	for (uint32_t r = 0; r < 4; r++) {
 		struct wex_rank_layout l;
-		const struct wex_phys *t;
+		const struct wex_layout_tensor *t;
 
 		kat_rank(m, "vllm:tp=4", r, &l);
 		t = kat_find(&l, "model.layers.0.self_attn.qkv_proj.weight");
@@ -34,7 +34,7 @@ int main(void)
 	}
 	{
 		struct wex_rank_layout l;
-		const struct wex_phys *t;
+		const struct wex_layout_tensor *t;
 
 		kat_rank(m, "vllm:tp=2", 1, &l);
 		t = kat_find(&l, "model.layers.0.self_attn.qkv_proj.weight");

@@ -28,7 +28,7 @@ int main(void)
 {
 	struct wex_model *m = kat_model(CFG);
 	struct wex_rank_layout l;
-	const struct wex_phys *t;
+	const struct wex_layout_tensor *t;
 
 	kat_rank(m, "vllm:tp=2", 1, &l);
 	t = kat_find(&l, "model.layers.0.self_attn.fused_qkv_a_proj.weight");

@@ -26,7 +26,7 @@
 	       "\"intermediate_size\":16,\"moe_intermediate_size\":4,\"num_experts\":8," \
 	       "\"num_local_experts\":8,\"vocab_size\":64,\"torch_dtype\":\"bfloat16\"}"
 
-static void piece(const struct wex_rank_layout *l, const struct wex_phys *t, size_t k,
+static void piece(const struct wex_rank_layout *l, const struct wex_layout_tensor *t, size_t k,
 		  const char *cname, uint32_t dim, uint64_t s0, uint64_t n, uint64_t off_elems)
 {
 	CHECK(k < t->npieces, "%s: piece %zu missing", t->name, k);
@@ -43,7 +43,7 @@ int main(void)
 {
 	struct wex_model *m = kat_model(CFG("qwen3_moe"));
 	struct wex_rank_layout l;
-	const struct wex_phys *t;
+	const struct wex_layout_tensor *t;
 	char a[128], b[128];
 
 	/* vLLM dp=2 without EP: experts split over the 4 flattened ranks. */

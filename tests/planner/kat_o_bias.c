@@ -34,7 +34,7 @@ static void check(const char *cfg, const char *lay, uint32_t rank, const char *n
 	CHECK(has(&l, name) == want, "%s rank %u: %s %s", lay, rank, name,
 	      want ? "missing" : "present though the model has no o bias");
 	if (want) {
-		const struct wex_phys *t = kat_find(&l, name);
+		const struct wex_layout_tensor *t = kat_find(&l, name);
 
 		CHECK(t->ndim == 1 && t->shape[0] == 8, "%s: shape [%llu]", name,
 		      (unsigned long long)t->shape[0]);

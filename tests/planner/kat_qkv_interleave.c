@@ -20,7 +20,7 @@ int main(void)
 {
 	struct wex_model *m = kat_model(CFG);
 	struct wex_rank_layout l;
-	const struct wex_phys *t;
+	const struct wex_layout_tensor *t;
 	const char *q = "model.layers.0.self_attn.q_proj.weight";
 	const char *k = "model.layers.0.self_attn.k_proj.weight";
 	const char *v = "model.layers.0.self_attn.v_proj.weight";
@@ -64,7 +64,7 @@ int main(void)
 	struct pt_srcs s = { &src, 1 };
 	pt_run(p, &s, &dst);
 	CHECK(pt_verify(&dst) == 0, "data check");
-	const struct wex_phys *qkv = NULL, *qp = NULL;
+	const struct wex_layout_tensor *qkv = NULL, *qp = NULL;
 	size_t qi = 0, qpi = 0;
 	for (size_t i = 0; i < dst.l.nt; i++)
 		if (!strcmp(dst.l.t[i].name, "decoder.layers.0.self_attention.linear_qkv.weight"))

@@ -44,7 +44,7 @@ static void canon(const struct wex_rank_layout *l, const char *name, uint64_t d0
 	CHECK(0, "no canonical tensor %s", name);
 }
 
-static void shape2(const struct wex_phys *t, uint64_t d0, uint64_t d1)
+static void shape2(const struct wex_layout_tensor *t, uint64_t d0, uint64_t d1)
 {
 	CHECK(t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1, "%s is %llux%llu, wanted %llux%llu",
 	      t->name, (unsigned long long)t->shape[0], (unsigned long long)t->shape[1],
@@ -63,7 +63,7 @@ int main(void)
 {
 	struct wex_model *m = kat_model(CFG(""));
 	struct wex_rank_layout l;
-	const struct wex_phys *t;
+	const struct wex_layout_tensor *t;
 	struct wex_layout_spec sp;
 	uint32_t w;
 	char name[128], err[512] = "";

@@ -28,7 +28,7 @@ static void onec(const char *cfg, const char *lay, uint32_t rank, const char *na
 {
 	struct wex_model *m = kat_model(cfg);
 	struct wex_rank_layout l;
-	const struct wex_phys *t;
+	const struct wex_layout_tensor *t;
 
 	kat_rank(m, lay, rank, &l);
 	t = kat_find(&l, name);

@@ -75,7 +75,7 @@ static void chunks(const char *cfg, const char *layout, uint32_t tp, int pp, int
 
 		kat_rank(m, layout, rank, &l);
 		for (size_t i = 0; i < l.nt; i++) {
-			const struct wex_phys *t = &l.t[i];
+			const struct wex_layout_tensor *t = &l.t[i];
 			const char *rest = t->name;
 			int v = 0, k = 0, loc;
 
@@ -188,7 +188,7 @@ static void holds(const char *cfg, const char *layout, uint32_t rank, const char
 {
 	struct wex_model *m = kat_model(cfg);
 	struct wex_rank_layout l;
-	const struct wex_phys *t;
+	const struct wex_layout_tensor *t;
 
 	kat_rank(m, layout, rank, &l);
 	t = kat_find(&l, name);

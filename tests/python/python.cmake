@@ -36,6 +36,10 @@ wex_py_test(py_binding tests/python/binding_test.py LABELS python)
 wex_py_test(py_torch_glue tests/python/torch_glue_test.py LABELS python)
 # FSDP2 shards (boxes= and DTensor-like parameters) gathered by a consumer.
 wex_py_test(py_fsdp_glue tests/python/fsdp_glue_test.py LABELS python)
+# Trainer and engine parameters in their own layouts (Megatron tp=2 ->
+# vLLM tp=2) through wex.Layout, checked against the real wexctl convert.
+wex_py_test(py_layout_glue tests/python/layout_glue_test.py LABELS python
+  ENV "WEXCTL_BIN=$<TARGET_FILE:wexctl>")
 if(TARGET wex_emul_cuda)
   # The same through wex_cuda_alloc and CUDA VMM segments, on the emulated
   # driver (tests/gpu/emul_cuda.c).

@@ -121,6 +121,87 @@ class SyncResult(ctypes.Structure):
         return {f: getattr(self, f) for f, _ in self._fields_}
 
 
+class LayoutTensor(ctypes.Structure):
+    """struct wex_layout_tensor: one physical tensor of a layout's rank."""
+    _fields_ = [
+        ("name", ctypes.c_char * NAME_MAX),
+        ("dtype", ctypes.c_int32),
+        ("ndim", ctypes.c_uint32),
+        ("shape", ctypes.c_uint64 * MAX_DIMS),
+        ("nbytes", ctypes.c_uint64),
+        ("first", ctypes.c_size_t),
+        ("npieces", ctypes.c_size_t),
+    ]
+
+
+class Layout:
+    """An engine or trainer layout of a model (wex_layout_open): which
+    physical tensors each rank holds, and which canonical boxes each holds
+    (its pieces).  ``config`` is the model's config.json, ``spec`` a layout
+    as ``wexctl plan`` takes it ("vllm:tp=2", "megatron:tp=2,pp=2", "hf",
+    "fsdp:fsdp=8"; ``wexctl plan --help`` lists them).  Pure computation
+    after the files are read; raises WexError with the reason."""
+
+    def __init__(self, config, spec, adapters=None):
+        L = lib()
+        self._lib = L
+        self.handle = ctypes.c_void_p()
+        world = ctypes.c_uint32()
+        err = ctypes.c_void_p()
+        ret = L.wex_layout_open(os.fsencode(config), spec.encode(),
+                                os.fsencode(adapters) if adapters else None,
+                                ctypes.byref(self.handle), ctypes.byref(world), ctypes.byref(err))
+        if ret < 0:
+            why = ctypes.string_at(err.value).decode() if err.value else strerror(ret)
+            if err.value:
+                L.wex_free(err)
+            raise WexError(-ret, "layout %s of %s: %s" % (spec, config, why))
+        self.spec = spec
+        self.world = world.value
+
+    def rank(self, rank):
+        """[(name, dtype name, shape, [Tensor pieces])] of rank's physical
+        tensors, in the layout's order.  A piece names a canonical tensor
+        and the box of it that the physical tensor holds, at ``offset``
+        bytes from the physical tensor's start with ``strides`` (elements);
+        the pieces are copies, free to change."""
+        phys, nphys = ctypes.POINTER(LayoutTensor)(), ctypes.c_size_t()
+        pieces, npieces = ctypes.POINTER(Tensor)(), ctypes.c_size_t()
+        ret = self._lib.wex_layout_rank(self.handle, _uint(rank, 32, "rank"), ctypes.byref(phys),
+                                        ctypes.byref(nphys), ctypes.byref(pieces),
+                                        ctypes.byref(npieces))
+        if ret < 0:
+            raise WexError(-ret, "layout %s, rank %d: %s"
+                           % (self.spec, rank, self._lib.wex_layout_error(self.handle).decode()
+                              or strerror(ret)))
+        out = []
+        for i in range(nphys.value):
+            p = phys[i]
+            own = []
+            for k in range(p.first, p.first + p.npieces):
+                own.append(Tensor.from_buffer_copy(pieces[k]))
+            out.append((p.name.decode(), DTYPES[p.dtype] if 0 <= p.dtype < len(DTYPES)
+                        else "INVALID", tuple(p.shape[d] for d in range(p.ndim)), own))
+        return out
+
+    def close(self):
+        if self.handle:
+            self._lib.wex_layout_close(self.handle)
+            self.handle = ctypes.c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 class _Params(ctypes.Structure):
     """struct wex_client_params."""
     _fields_ = [
@@ -219,6 +300,14 @@ def lib():
                                      ctypes.POINTER(ctypes.c_size_t)]),
         "wex_request": (I, [P, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(P)]),
         "wex_last_error": (ctypes.c_char_p, [P]),
+        "wex_layout_open": (I, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                ctypes.POINTER(P), ctypes.POINTER(U32), ctypes.POINTER(P)]),
+        "wex_layout_rank": (I, [P, U32, ctypes.POINTER(ctypes.POINTER(LayoutTensor)),
+                                ctypes.POINTER(ctypes.c_size_t),
+                                ctypes.POINTER(ctypes.POINTER(Tensor)),
+                                ctypes.POINTER(ctypes.c_size_t)]),
+        "wex_layout_error": (ctypes.c_char_p, [P]),
+        "wex_layout_close": (None, [P]),
     }
     for name, (res, args) in sig.items():
         f = getattr(L, name)

@@ -230,7 +230,62 @@ def _boxed(items, boxes):
     return out
 
 
-def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None, boxes=None):
+def layout_tensors(layout, rank, device="cpu"):
+    """{name: zeroed tensor} of the physical tensors that rank `rank` of
+    `layout` (a wex.Layout) holds, in its shapes and dtypes, on `device`:
+    buffers to attach_module or register_module with that layout (an
+    engine's or trainer's own parameters, where they exist, serve as
+    they are)."""
+    return {name: torch.zeros(shape, dtype=torch_dtype(dt), device=device)
+            for name, dt, shape, _ in layout.rank(rank)}
+
+
+def _layout_items(items, layout, rank):
+    """[(name, tensor, [pieces])] for named physical tensors laid out as
+    rank `rank` of `layout`: every tensor the layout's rank holds, by
+    name, in its shape and dtype, contiguous (the pieces' offsets and
+    strides are the layout's); nothing else."""
+    if rank is None:
+        raise ValueError("layout=%s needs rank=: which rank of its %d these tensors are"
+                         % (layout.spec, layout.world))
+    phys = {name: (dt, shape, pieces) for name, dt, shape, pieces in layout.rank(rank)}
+    given = dict(items)
+    missing = [n for n in phys if n not in given]
+    extra = [n for n in given if n not in phys]
+    if missing or extra:
+        raise ValueError("%s rank %d: %s%s%s" % (
+            layout.spec, rank,
+            "missing %s" % ", ".join(missing[:3]) + (" and %d more" % (len(missing) - 3)
+                                                      if len(missing) > 3 else "")
+            if missing else "", "; " if missing and extra else "",
+            "not in the layout: %s" % ", ".join(extra[:3]) if extra else ""))
+    out = []
+    for name, t in items:
+        dt, shape, pieces = phys[name]
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError("%s: shape %s, the layout %s (rank %d) has %s"
+                             % (name, tuple(t.shape), layout.spec, rank, tuple(shape)))
+        if wex_dtype(t.dtype) != dt:
+            raise ValueError("%s: dtype %s, the layout %s has %s"
+                             % (name, wex_dtype(t.dtype), layout.spec, dt))
+        if not t.is_contiguous():
+            raise ValueError("%s: not contiguous (strides %s): the layout's pieces assume "
+                             "C order" % (name, tuple(t.stride())))
+        out.append((name, t, pieces))
+    return out
+
+
+def _piece(piece, **where):
+    """A copy of a layout piece placed by segment/offset (a producer's) or
+    ptr (a consumer's)."""
+    t = wex.Tensor.from_buffer_copy(piece)
+    for k, v in where.items():
+        setattr(t, k, v)
+    return t
+
+
+def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None, boxes=None,
+                    layout=None, rank=None):
     """Registers the memory under named tensors (e.g.
     model.named_parameters()) with a producer client, and their table.
 
@@ -260,10 +315,22 @@ def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None,
     `start` (a tuple, or an int: the first row of dim 0), extent its own
     shape: for trainers that shard by hand (e.g. a tensor's rows
     fsdp_rows(shape[0], n, r) on rank r).
+
+    With layout= (a wex.Layout, e.g. wex.Layout(config, "megatron:tp=8"))
+    and rank=, the tensors are that rank's physical tensors under their
+    own names (linear_qkv, linear_fc1, ...): each is registered as the
+    canonical pieces the layout says it holds (Megatron's interleaved
+    QKV, fused gate/up, TP shards), so no conversion runs in the
+    trainer.  Every physical tensor of the rank must be there, in its
+    shape and dtype, contiguous, and nothing else.
     """
     items = [(n, t.detach()) for n, t in named_tensors]
     if not items:
         raise ValueError("no tensors to register")
+    if layout is not None:
+        if boxes:
+            raise ValueError("register_module: a layout gives every box; leave boxes out")
+        pieces = {n: ps for n, _, ps in _layout_items(items, layout, rank)}
     boxed = _boxed(items, boxes)
     whole = {n: (shape, start) for n, _, shape, start in boxed}
     items = [(n, t) for n, t, _, _ in boxed]
@@ -284,10 +351,14 @@ def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None,
         placed = _placed(items, _segments(dev.index),
                          "no caching-allocator segment of %s" % dev)
         used, placed = _register_ranges(client, kind, placed)
-    table = [wex.tensor(name, wex_dtype(t.dtype), whole[name][0], start=whole[name][1],
-                        extent=t.shape, segment=used[seg], offset=p - seg[0],
-                        strides=strides)
-             for name, t, p, _, strides, seg in placed]
+    if layout is not None:
+        table = [_piece(pc, segment=used[seg], offset=p - seg[0] + pc.offset)
+                 for name, t, p, _, strides, seg in placed for pc in pieces[name]]
+    else:
+        table = [wex.tensor(name, wex_dtype(t.dtype), whole[name][0], start=whole[name][1],
+                            extent=t.shape, segment=used[seg], offset=p - seg[0],
+                            strides=strides)
+                 for name, t, p, _, strides, seg in placed]
     client.register_tensors(table)
     return [(sid, a, s) for (a, s), sid in used.items()]
 
@@ -322,7 +393,7 @@ def _table_strides(name, t):
     return None if t.is_contiguous() else tuple(t.stride())
 
 
-def attach_module(client, named_tensors):
+def attach_module(client, named_tensors, layout=None, rank=None):
     """Attaches a consumer's own tensors (its engine layout, same names and
     shapes as the producer's) for copies in place.  Strided tensors (views,
     slices, transposes, reserve_like's over strided producer tensors) go
@@ -330,10 +401,23 @@ def attach_module(client, named_tensors):
     syncs write into them, so the client keeps them alive until the next
     attach_module or its close() (those in its own reserved regions need
     no keeping).  Empty tensors are left out: they hold no bytes, and
-    PyTorch gives them no address."""
+    PyTorch gives them no address.
+
+    With layout= (a wex.Layout, e.g. wex.Layout(config, "vllm:tp=2")) and
+    rank=, the tensors are the engine's own parameters under its names
+    (qkv_proj, gate_up_proj, a padded vocabulary, ...): each is attached
+    as the canonical pieces the layout says it holds, and a copy sync
+    fills it from the trainer's layout whatever that is.  Every physical
+    tensor of the rank must be there, in its shape and dtype, contiguous,
+    and nothing else."""
+    items = [(n, held) for n, held in named_tensors]
+    pieces = None
+    if layout is not None:
+        pieces = {n: ps for n, _, ps in _layout_items([(n, h.detach()) for n, h in items],
+                                                       layout, rank)}
     table, keep = [], []
     regions = getattr(client, "_regions", ())
-    for name, held in named_tensors:
+    for name, held in items:
         t = held.detach()
         if t.numel() == 0:
             continue
@@ -344,8 +428,12 @@ def attach_module(client, named_tensors):
         # through PyTorch's storage, which the garbage collector cannot see.
         if not any(a <= p < a + s for a, s in regions):
             keep.append(held)
-        table.append(wex.tensor(name, wex_dtype(t.dtype), t.shape, ptr=p,
-                                strides=strides))
+        if pieces is not None:
+            table.extend(_piece(pc, ptr=p + pc.offset, offset=0, segment=0)
+                         for pc in pieces[name])
+        else:
+            table.append(wex.tensor(name, wex_dtype(t.dtype), t.shape, ptr=p,
+                                    strides=strides))
     client.attach(table)
     client._attached = keep
 

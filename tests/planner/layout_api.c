@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * layout_api.c - the adaptation layer through libwex's public API
+ * (wex_layout_open / wex_layout_rank / wex_layout_close), on the real
+ * Qwen2-0.5B config (14 heads, 2 KV heads of 64, hidden 896):
+ *  - vllm:tp=2 has 2 ranks; rank 1's qkv_proj is [9*64, 896] bf16 and
+ *    holds three pieces: rows [448, 896) of q_proj at byte 0, rows
+ *    [64, 128) of k_proj after them, then v_proj's, each with the
+ *    physical tensor's index as segment, ptr NULL; the pieces of every
+ *    physical tensor lie inside it and name canonical tensors of the hf
+ *    layout;
+ *  - asking another rank replaces the arrays (ASan checks nothing leaks);
+ *  - refused, each saying why: a rank past the world (wex_layout_error),
+ *    tp=3 (-WEX_ELAYOUT: "tensor parallel size 3 does not divide ..."), an unknown engine, a
+ *    config that does not exist, NULL arguments.
+ */
+#include <errno.h>
+
+#include "ptest.h"
+#include "wex.h"
+
+static const struct wex_layout_tensor *find(const struct wex_layout_tensor *t, size_t n,
+					    const char *name)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(t[i].name, name))
+			return &t[i];
+	CHECK(0, "no physical tensor %s", name);
+	return NULL;
+}
+
+static int refused(const char *config, const char *spec, int want, const char *says)
+{
+	wex_layout_t *l = (wex_layout_t *)1;
+	char *err = NULL;
+	int ret = wex_layout_open(config, spec, NULL, &l, NULL, &err);
+
+	CHECK(ret == want && err && strstr(err, says), "%s on %s: %d (want %d), '%s' (want '%s')",
+	      spec, config, ret, want, err ? err : "(null)", says);
+	printf("refused: %s: %s\n", spec, err);
+	wex_free(err);
+	return 0;
+}
+
+int main(void)
+{
+	const char *src = getenv("WEX_SRC");
+	char cfg[512];
+	wex_layout_t *l = NULL, *hf = NULL;
+	const struct wex_layout_tensor *phys, *hphys, *qkv;
+	const struct wex_tensor *pc, *hpc;
+	size_t nphys, npc, nh, nhp;
+	uint32_t world = 0;
+	char *err = NULL;
+	int ret;
+
+	CHECK(src, "WEX_SRC unset");
+	snprintf(cfg, sizeof(cfg), "%s/tests/data/qwen2-0.5b-config.json", src);
+	ret = wex_layout_open(cfg, "vllm:tp=2", NULL, &l, &world, &err);
+	CHECK(ret == 0 && world == 2 && !err, "open: %d %s", ret, err ? err : "");
+	CHECK(wex_layout_open(cfg, "hf", NULL, &hf, NULL, NULL) == 0, "open hf");
+	CHECK(wex_layout_rank(hf, 0, &hphys, &nh, &hpc, &nhp) == 0, "hf rank 0");
+
+	CHECK(wex_layout_rank(l, 0, &phys, &nphys, &pc, &npc) == 0, "rank 0");
+	CHECK(wex_layout_rank(l, 1, &phys, &nphys, &pc, &npc) == 0, "rank 1");
+	qkv = find(phys, nphys, "model.layers.0.self_attn.qkv_proj.weight");
+	CHECK(qkv->dtype == WEX_DT_BF16 && qkv->ndim == 2 && qkv->shape[0] == 9 * 64 &&
+		      qkv->shape[1] == 896 && qkv->nbytes == 9 * 64 * 896 * 2 && qkv->npieces == 3,
+	      "qkv_proj: dtype %d, [%llu, %llu], %llu bytes, %zu pieces", qkv->dtype,
+	      (unsigned long long)qkv->shape[0], (unsigned long long)qkv->shape[1],
+	      (unsigned long long)qkv->nbytes, qkv->npieces);
+	{
+		static const struct { const char *name; uint64_t start, rows, off; } want[3] = {
+			{ "model.layers.0.self_attn.q_proj.weight", 448, 448, 0 },
+			{ "model.layers.0.self_attn.k_proj.weight", 64, 64, 448ull * 896 * 2 },
+			{ "model.layers.0.self_attn.v_proj.weight", 64, 64, 512ull * 896 * 2 },
+		};
+
+		for (int i = 0; i < 3; i++) {
+			const struct wex_tensor *p = &pc[qkv->first + (size_t)i];
+
+			CHECK(!strcmp(p->name, want[i].name) && p->start[0] == want[i].start &&
+				      p->extent[0] == want[i].rows && p->start[1] == 0 &&
+				      p->extent[1] == 896 && p->offset == want[i].off &&
+				      p->segment == (uint32_t)(qkv - phys) && !p->ptr,
+			      "piece %d: %s rows [%llu, +%llu) at byte %llu, segment %u", i, p->name,
+			      (unsigned long long)p->start[0], (unsigned long long)p->extent[0],
+			      (unsigned long long)p->offset, p->segment);
+		}
+	}
+	for (size_t i = 0; i < nphys; i++)
+		for (size_t k = phys[i].first; k < phys[i].first + phys[i].npieces; k++) {
+			const struct wex_tensor *p = &pc[k];
+			const struct wex_layout_tensor *c = find(hphys, nh, p->name);
+
+			CHECK(k < npc && p->segment == i && p->dtype == phys[i].dtype &&
+				      p->offset + wex_tensor_nbytes(p) <= phys[i].nbytes &&
+				      p->ndim == c->ndim && p->shape[0] == c->shape[0],
+			      "piece %zu of %s (%s) lies outside it or matches no canonical tensor", k,
+			      phys[i].name, p->name);
+		}
+
+	CHECK(wex_layout_rank(l, 2, &phys, &nphys, &pc, &npc) == -EINVAL &&
+		      strstr(wex_layout_error(l), "2 ranks"),
+	      "rank 2: '%s'", wex_layout_error(l));
+	CHECK(wex_layout_rank(l, 0, NULL, &nphys, &pc, &npc) == -EINVAL, "NULL phys");
+	refused(cfg, "vllm:tp=3", -WEX_ELAYOUT, "tensor parallel size 3");
+	refused(cfg, "nosuchengine:tp=2", -ENOENT, "nosuchengine");
+	refused("/nonexistent/config.json", "hf", -ENOENT, "/nonexistent/config.json");
+	CHECK(wex_layout_open(NULL, "hf", NULL, &l, NULL, NULL) == -EINVAL, "NULL config");
+	wex_layout_close(l);
+	wex_layout_close(hf);
+	wex_layout_close(NULL);
+	printf("PASS: wex_layout_* on Qwen2-0.5B vllm:tp=2\n");
+	return T_PASS;
+}

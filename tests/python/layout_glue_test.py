@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""layout_glue_test - trainer and engine parameters in their own layouts,
+attached and registered through wex.Layout (wex_layout_*: the adaptation
+layer in libwex's public API) and wex.torch_util, through a real wexd, CPU
+PyTorch on host segments.
+
+A tiny Qwen2 (2 layers, 4 heads, 2 KV heads, QKV biases, untied lm_head)
+gets random bf16 weights, written as a Hugging Face checkpoint; the real
+`wexctl convert` writes them as Megatron tp=2 ranks (QKV interleaved per
+query group, gate/up fused) and as vLLM tp=2 ranks (qkv_proj, gate_up_proj
+fused, vocab-parallel embedding) - the reference, checked against Python
+readers and round trips elsewhere (planner_convert*).  Then:
+  - a producer child (2 clients, Megatron ranks 0 and 1, each its own host
+    segment) fills its physical tensors from the Megatron files and
+    registers them with register_module(..., layout=megatron:tp=2);
+  - an engine of 2 ranks allocates its vLLM parameters (layout_tensors),
+    attaches them with attach_module(..., layout=vllm:tp=2), copy-syncs
+    (verified) and holds, byte for byte, what wexctl convert wrote for its
+    rank; an engine of 1 rank with the hf layout holds the checkpoint;
+  - refused, naming the tensor: a parameter of the wrong shape or dtype, a
+    missing one, one the layout does not have, a non-contiguous one, and
+    layouts that cannot exist (tp=3 of 4 heads) or a rank past the world.
+Needs Debian's python3-torch (exit 77 with the reason without it).
+Environment: WEX_LIB, WEXD_BIN, WEXCTL_BIN, PYTHONPATH with adapters/python.
+"""
+import ctypes
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+try:
+    import torch
+except ImportError as e:
+    if __name__ == "__main__" and len(sys.argv) == 1:
+        print("layout_glue_test: skipped: no PyTorch for %s: %s" % (sys.executable, e))
+        sys.exit(77)
+    raise
+
+import wex
+from wex import torch_util
+from wexd_harness import WexdProducerCase
+
+MODEL = "tinyqwen"
+CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "vocab_size": 128, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6, "max_position_embeddings": 256,
+    "rope_theta": 1000000.0,
+}
+
+
+def to_bytes(t):
+    return t.contiguous().view(torch.int16).numpy().tobytes()
+
+
+def write_safetensors(path, tensors):
+    """tensors: [(name, dtype name, shape, bytes)]."""
+    header, off = {}, 0
+    for name, dt, shape, b in tensors:
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for _, _, _, b in tensors:
+            f.write(b)
+
+
+def read_safetensors(path):
+    """{name: (dtype name, shape, bytes)}."""
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    header.pop("__metadata__", None)
+    base = 8 + n
+    return {k: (v["dtype"], tuple(v["shape"]), data[base + v["data_offsets"][0]:
+                                                    base + v["data_offsets"][1]])
+            for k, v in header.items()}
+
+
+def paths():
+    d = os.environ["WEX_LAYOUT_TEST_DIR"]
+    return d, os.path.join(d, "config.json")
+
+
+def producer():
+    """Megatron tp=2 ranks 0 and 1, clients of this process, each filling
+    its host segment from the converted files and registering it through
+    the megatron layout; publishes v when told v."""
+    d, cfg = paths()
+    layout = wex.Layout(cfg, "megatron:tp=2")
+    clients = []
+    for k in range(layout.world):
+        files = read_safetensors(os.path.join(d, "megatron", "rank-%d.safetensors" % k))
+        size = sum(len(b) + 64 for _, _, b in files.values())
+        c = wex.Client(wex.ROLE_PRODUCER, MODEL, rank=k, world_size=layout.world)
+        seg, base = c.segment_alloc(wex.SEG_HOST, size)
+        named, at = [], base
+        for name, (dt, shape, b) in files.items():
+            t = torch_util.from_ptr(at, shape, torch_util.torch_dtype(dt), device="cpu")
+            ctypes.memmove(at, b, len(b))
+            named.append((name, t))
+            at += len(b) + 64
+        torch_util.register_module(c, named, segments=[(seg, base, size)], layout=layout, rank=k)
+        clients.append(c)
+    for line in sys.stdin:
+        v = int(line)
+        for c in clients:
+            c.begin_write(v, 20000)
+        for c in clients:
+            c.publish(v)
+        print("published %d" % v, flush=True)
+    for c in clients:
+        c.close()
+
+
+class LayoutGlue(WexdProducerCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="wex-layout-")
+        d = cls.tmp.name
+        os.environ["WEX_LAYOUT_TEST_DIR"] = d
+        cfg = os.path.join(d, "config.json")
+        with open(cfg, "w") as f:
+            json.dump(CONFIG, f)
+        hf = wex.Layout(cfg, "hf")
+        g = torch.Generator().manual_seed(7)
+        cls.canonical = {}
+        for name, dt, shape, _ in hf.rank(0):
+            cls.canonical[name] = to_bytes(torch.randn(shape, generator=g).to(torch.bfloat16))
+        os.mkdir(os.path.join(d, "hf"))
+        write_safetensors(os.path.join(d, "hf", "model.safetensors"),
+                          [(n, dt, s, cls.canonical[n]) for n, dt, s, _ in hf.rank(0)])
+        for spec, out in (("megatron:tp=2", "megatron"), ("vllm:tp=2", "vllm")):
+            r = subprocess.run([os.environ["WEXCTL_BIN"], "convert", "--config", cfg, "--from",
+                                "hf", "--to", spec, os.path.join(d, "hf"),
+                                os.path.join(d, out)], capture_output=True, text=True)
+            assert r.returncode == 0, "wexctl convert --to %s: %s" % (spec, r.stderr)
+        super().setUpClass()
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        cls.tmp.cleanup()
+
+    def test_engine_layouts(self):
+        d, cfg = paths()
+        self.publish(1)
+        vllm = wex.Layout(cfg, "vllm:tp=2")
+        self.assertEqual(vllm.world, 2)
+        engines = []
+        for k in range(vllm.world):
+            c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="vllm", rank=k, world_size=2,
+                           timeout_ms=10000)
+            self.addCleanup(c.close)
+            params = torch_util.layout_tensors(vllm, k)
+            self.assertIn("model.layers.0.self_attn.qkv_proj.weight", params)
+            torch_util.attach_module(c, params.items(), layout=vllm, rank=k)
+            engines.append((c, params))
+        for k, (c, params) in enumerate(engines):
+            r = c.sync(wex.SYNC_COPY, min_version=1, verify=True)
+            self.assertEqual(r.version, 1)
+            self.assertEqual(r.verified, sum(t.numel() * 2 for t in params.values()))
+            want = read_safetensors(os.path.join(d, "vllm", "rank-%d.safetensors" % k))
+            self.assertEqual(sorted(want), sorted(params))
+            for name, t in params.items():
+                self.assertEqual(to_bytes(t), want[name][2], "vllm rank %d: %s" % (k, name))
+
+        # The canonical layout: the checkpoint itself.
+        hf = wex.Layout(cfg, "hf")
+        c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="hf", timeout_ms=10000)
+        self.addCleanup(c.close)
+        params = torch_util.layout_tensors(hf, 0)
+        torch_util.attach_module(c, params.items(), layout=hf, rank=0)
+        c.sync(wex.SYNC_COPY, min_version=1)
+        for name, t in params.items():
+            self.assertEqual(to_bytes(t), self.canonical[name], name)
+
+    def test_refusals(self):
+        _, cfg = paths()
+        vllm = wex.Layout(cfg, "vllm:tp=2")
+        c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="bad", timeout_ms=10000)
+        self.addCleanup(c.close)
+        qkv = "model.layers.0.self_attn.qkv_proj.weight"
+
+        def attach(change):
+            params = torch_util.layout_tensors(vllm, 0)
+            change(params)
+            with self.assertRaises(ValueError) as e:
+                torch_util.attach_module(c, params.items(), layout=vllm, rank=0)
+            return str(e.exception)
+
+        msg = attach(lambda p: p.__setitem__(qkv, torch.zeros(3, 3, dtype=torch.bfloat16)))
+        self.assertIn(qkv, msg)
+        self.assertIn("shape", msg)
+        msg = attach(lambda p: p.__setitem__(qkv, p[qkv].float()))
+        self.assertIn(qkv, msg)
+        self.assertIn("dtype", msg)
+        msg = attach(lambda p: p.pop(qkv))
+        self.assertIn("missing", msg)
+        self.assertIn(qkv, msg)
+        msg = attach(lambda p: p.__setitem__("model.extra.weight", torch.zeros(2)))
+        self.assertIn("model.extra.weight", msg)
+        msg = attach(lambda p: p.__setitem__(qkv, p[qkv].t().contiguous().t()))
+        self.assertIn("contiguous", msg)
+        with self.assertRaises(wex.WexError) as e:
+            wex.Layout(cfg, "vllm:tp=3")
+        self.assertEqual(e.exception.code, wex.ELAYOUT)
+        self.assertIn("tp=3", str(e.exception))
+        with self.assertRaises(wex.WexError) as e:
+            vllm.rank(2)
+        self.assertIn("2 ranks", str(e.exception))
+        with self.assertRaises(wex.WexError) as e:
+            wex.Layout(os.path.join(cfg + ".missing"), "hf")
+        with self.assertRaises(ValueError):
+            torch_util.attach_module(c, torch_util.layout_tensors(vllm, 0).items(),
+                                     layout=vllm)  # no rank
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "producer":
+        producer()
+    else:
+        unittest.main()
