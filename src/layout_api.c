@@ -40,6 +40,8 @@ WEX_API int wex_layout_open(const char *config, const char *spec, const char *ad
 
 	if (err)
 		*err = NULL;
+	if (out)
+		*out = NULL;
 	if (!config || !spec || !out)
 		return fail(err, -EINVAL, "wex_layout_open: config, spec and out must not be NULL");
 	l = calloc(1, sizeof(*l));
@@ -65,9 +67,13 @@ WEX_API int wex_layout_rank(wex_layout_t *l, uint32_t rank, const struct wex_lay
 {
 	struct wex_rank_layout r;
 
-	if (!l || !phys || !nphys || !pieces || !npieces)
+	if (!l)
 		return -EINVAL;
 	l->err[0] = 0;
+	if (!phys || !nphys || !pieces || !npieces) {
+		snprintf(l->err, sizeof(l->err), "wex_layout_rank: phys, nphys, pieces and npieces must not be NULL");
+		return -EINVAL;
+	}
 	if (rank >= l->world) {
 		snprintf(l->err, sizeof(l->err), "rank %u: the layout has %u ranks", rank, l->world);
 		return -EINVAL;

@@ -521,7 +521,9 @@ WEX_API int wex_layout_open(const char *config, const char *spec, const char *ad
 WEX_API int wex_layout_rank(wex_layout_t *l, uint32_t rank, const struct wex_layout_tensor **phys,
 			    size_t *nphys, const struct wex_tensor **pieces, size_t *npieces);
 
-/* Why the last wex_layout_rank failed ("" when it did not); owned by l. */
+/* Why the last wex_layout_rank failed ("" when it did not); owned by l.
+ * A wex_layout_t is not thread-safe: calls on one handle must take turns
+ * (Python's wex.Layout does); *out is NULL after a failed open. */
 WEX_API const char *wex_layout_error(wex_layout_t *l);
 
 WEX_API void wex_layout_close(wex_layout_t *l);

@@ -103,11 +103,24 @@ int main(void)
 	CHECK(wex_layout_rank(l, 2, &phys, &nphys, &pc, &npc) == -EINVAL &&
 		      strstr(wex_layout_error(l), "2 ranks"),
 	      "rank 2: '%s'", wex_layout_error(l));
-	CHECK(wex_layout_rank(l, 0, NULL, &nphys, &pc, &npc) == -EINVAL, "NULL phys");
+	CHECK(wex_layout_rank(l, 0, NULL, &nphys, &pc, &npc) == -EINVAL &&
+		      strstr(wex_layout_error(l), "must not be NULL"),
+	      "NULL phys: '%s' (not the previous error)", wex_layout_error(l));
+	{
+		wex_layout_t *bad = (wex_layout_t *)1;
+
+		CHECK(wex_layout_open("/nonexistent", "hf", NULL, &bad, NULL, NULL) < 0 && !bad,
+		      "a failed open leaves *out NULL");
+	}
 	refused(cfg, "vllm:tp=3", -WEX_ELAYOUT, "tensor parallel size 3");
 	refused(cfg, "nosuchengine:tp=2", -ENOENT, "nosuchengine");
 	refused("/nonexistent/config.json", "hf", -ENOENT, "/nonexistent/config.json");
-	CHECK(wex_layout_open(NULL, "hf", NULL, &l, NULL, NULL) == -EINVAL, "NULL config");
+	{
+		wex_layout_t *none;
+
+		CHECK(wex_layout_open(NULL, "hf", NULL, &none, NULL, NULL) == -EINVAL && !none,
+		      "NULL config");
+	}
 	wex_layout_close(l);
 	wex_layout_close(hf);
 	wex_layout_close(NULL);

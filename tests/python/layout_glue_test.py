@@ -19,8 +19,11 @@ readers and round trips elsewhere (planner_convert*).  Then:
     (verified) and holds, byte for byte, what wexctl convert wrote for its
     rank; an engine of 1 rank with the hf layout holds the checkpoint;
   - refused, naming the tensor: a parameter of the wrong shape or dtype, a
-    missing one, one the layout does not have, a non-contiguous one, and
-    layouts that cannot exist (tp=3 of 4 heads) or a rank past the world.
+    missing one, one the layout does not have, a non-contiguous one, an
+    FSDP2 DTensor (its local shard goes with an fsdp layout), and
+    layouts that cannot exist (tp=3 of 4 heads) or a rank past the world;
+  - four threads asking one Layout for ranks 0 and 1 at once get the
+    same tables as one thread (its calls take turns).
 Needs Debian's python3-torch (exit 77 with the reason without it).
 Environment: WEX_LIB, WEXD_BIN, WEXCTL_BIN, PYTHONPATH with adapters/python.
 """
@@ -223,6 +226,44 @@ class LayoutGlue(WexdProducerCase):
         with self.assertRaises(ValueError):
             torch_util.attach_module(c, torch_util.layout_tensors(vllm, 0).items(),
                                      layout=vllm)  # no rank
+
+        class StandInDTensor:
+            # What the glue reads of an FSDP2 DTensor (torch 1.13 has none).
+            shape = (128, 64)
+            placements = ()
+            device_mesh = None
+
+            def detach(self):
+                return self
+
+            def to_local(self):
+                return torch.zeros(64, 64, dtype=torch.bfloat16)
+
+        with self.assertRaises(ValueError) as e:
+            torch_util.register_module(None, [("model.embed_tokens.weight", StandInDTensor())],
+                                       segments=[], layout=wex.Layout(cfg, "hf"), rank=0)
+        self.assertIn("DTensor", str(e.exception))
+
+    def test_layout_threads(self):
+        # wex_layout_rank's arrays live until its next call: threads take turns.
+        import threading
+        _, cfg = paths()
+        L = wex.Layout(cfg, "vllm:tp=2")
+        want = [[(n, d, s, [bytes(p) for p in ps]) for n, d, s, ps in L.rank(r)] for r in (0, 1)]
+        bad = []
+
+        def run(r):
+            for _ in range(200):
+                got = [(n, d, s, [bytes(p) for p in ps]) for n, d, s, ps in L.rank(r)]
+                if got != want[r]:
+                    bad.append(r)
+
+        ts = [threading.Thread(target=run, args=(r,)) for r in (0, 1, 0, 1)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(bad, [])
 
 
 if __name__ == "__main__":

@@ -158,8 +158,15 @@ class Layout:
             raise WexError(-ret, "layout %s of %s: %s" % (spec, config, why))
         self.spec = spec
         self.world = world.value
+        # The arrays wex_layout_rank returns live until its next call:
+        # one thread's call and another's copies take turns.
+        self._lock = threading.Lock()
 
     def rank(self, rank):
+        with self._lock:
+            return self._rank(rank)
+
+    def _rank(self, rank):
         """[(name, dtype name, shape, [Tensor pieces])] of rank's physical
         tensors, in the layout's order.  A piece names a canonical tensor
         and the box of it that the physical tensor holds, at ``offset``

@@ -248,6 +248,10 @@ def _layout_items(items, layout, rank):
     if rank is None:
         raise ValueError("layout=%s needs rank=: which rank of its %d these tensors are"
                          % (layout.spec, layout.world))
+    for name, t in items:
+        if _is_dtensor(t):
+            raise ValueError("%s is a DTensor: pass its local shard (to_local()) with an "
+                             "fsdp:fsdp=N layout, whose rank holds that shard" % name)
     phys = {name: (dt, shape, pieces) for name, dt, shape, pieces in layout.rank(rank)}
     given = dict(items)
     missing = [n for n in phys if n not in given]
