@@ -40,6 +40,10 @@ wex_py_test(py_fsdp_glue tests/python/fsdp_glue_test.py LABELS python)
 # vLLM tp=2) through wex.Layout, checked against the real wexctl convert.
 wex_py_test(py_layout_glue tests/python/layout_glue_test.py LABELS python
   ENV "WEXCTL_BIN=$<TARGET_FILE:wexctl>")
+# The hooks inside vLLM's and SGLang's workers (wex.vllm, wex.sglang,
+# wex.engine) on stand-ins for the engines' workers, through a real wexd.
+wex_py_test(py_engine_hooks tests/python/engine_hooks_test.py LABELS python
+  ENV "WEXCTL_BIN=$<TARGET_FILE:wexctl>")
 if(TARGET wex_emul_cuda)
   # The same through wex_cuda_alloc and CUDA VMM segments, on the emulated
   # driver (tests/gpu/emul_cuda.c).

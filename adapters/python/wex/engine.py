@@ -1,0 +1,164 @@
+# SPDX-License-Identifier: MIT
+"""wex.engine - what one inference-engine rank runs: attach its own
+parameters once, copy the trainer's newest version into them in place
+before each rollout.
+
+The engine-specific hooks (wex.vllm, wex.sglang) find the rank, the
+layout and the parameters inside the engine's worker process and hand
+them to EngineRank; a custom engine uses it directly:
+
+    from wex.engine import EngineRank
+    r = EngineRank("policy", model.named_parameters(), rank=tp_rank,
+                   world_size=tp, layout="vllm:tp=2", config="/ckpt/config.json",
+                   group="rollout0")
+    r.sync(min_version=step)        # before each rollout; in place, so
+                                    # CUDA graphs stay valid
+
+Every parameter the layout holds must be given, in its shape and dtype
+(the layout's names: strip a wrapper's prefix with strip_prefix=); a
+parameter the layout does not hold is refused by name unless `ignore=`
+lists it (fnmatch patterns): an ignored parameter is never updated, so
+the list is the caller's statement that it should not be.
+"""
+import fnmatch
+import time
+
+import wex
+from wex import torch_util
+
+try:
+    import torch
+except ImportError:  # the hooks need PyTorch; importing this module does not
+    torch = None
+
+
+def select_parameters(named, strip_prefix=None, ignore=()):
+    """([(name, tensor)] kept, [names ignored]): names with strip_prefix
+    (a string or a tuple of them) removed where they start with it, those
+    matching an `ignore` pattern left out.  Two parameters that end up
+    under one name are refused."""
+    if isinstance(strip_prefix, str):
+        strip_prefix = (strip_prefix,)
+    if isinstance(ignore, str):
+        ignore = (ignore,)
+    kept, dropped, seen = [], [], {}
+    for name, t in named:
+        full = name
+        for p in strip_prefix or ():
+            if p and name.startswith(p):
+                name = name[len(p):]
+                break
+        if any(fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(full, pat)
+               for pat in ignore):
+            dropped.append(name)
+            continue
+        if name in seen:
+            raise ValueError("parameters %s and %s are both %s once %r is stripped"
+                             % (seen[name], full, name, strip_prefix))
+        seen[name] = full
+        kept.append((name, t))
+    return kept, dropped
+
+
+def as_layout(layout, config=None, adapters=None):
+    """A wex.Layout from a Layout or a spec string (which needs the
+    model's config.json); None stays None (the canonical names)."""
+    if layout is None or isinstance(layout, wex.Layout):
+        return layout
+    if not isinstance(layout, str):
+        raise TypeError("layout must be a wex.Layout or a spec string such as 'vllm:tp=2', "
+                        "not %r" % (layout,))
+    if not config:
+        raise ValueError("layout %r needs config=, the model's config.json" % layout)
+    return wex.Layout(config, layout, adapters)
+
+
+class EngineRank:
+    """One engine rank: a consumer client of `group` with its parameters
+    attached (in `layout`, rank `rank` of `world_size`), syncing in place.
+
+    model: the name the trainer publishes under.  named_parameters: the
+    engine's (name, tensor) pairs, e.g. model.named_parameters().  layout:
+    a wex.Layout, a spec string with config=, or None when the engine's
+    tensors carry the canonical (Hugging Face) names and shapes.  device:
+    the CUDA ordinal the rank's weights are on (None: the client's
+    default).  timeout_ms: how long each call to wexd may take (the
+    client's); sync(timeout_ms=) is how long a sync waits for a version.
+    """
+
+    def __init__(self, model, named_parameters, *, rank=0, world_size=1, layout=None,
+                 config=None, adapters=None, group=None, socket=None, timeout_ms=None,
+                 copy_threads=None, device=None, strip_prefix=None, ignore=()):
+        self.layout = as_layout(layout, config, adapters)
+        if self.layout is not None and self.layout.world != world_size:
+            raise ValueError("layout %s has %d ranks, but this engine runs %d"
+                             % (self.layout.spec, self.layout.world, world_size))
+        if not 0 <= rank < world_size:
+            raise ValueError("rank %d is not in 0..%d" % (rank, world_size - 1))
+        items, self.ignored = select_parameters(named_parameters, strip_prefix, ignore)
+        if not items:
+            raise ValueError("no parameters to attach (%d ignored)" % len(self.ignored))
+        self.model = model
+        self.group = group or "default"
+        self.rank = rank
+        self.world_size = world_size
+        self._cuda = [t.device for _, t in items if getattr(t, "is_cuda", False)]
+        self.client = wex.Client(wex.ROLE_CONSUMER, model, group=self.group, rank=rank,
+                                 world_size=world_size, socket=socket, timeout_ms=timeout_ms,
+                                 copy_threads=copy_threads, device=device)
+        try:
+            torch_util.attach_module(self.client, items,
+                                     layout=self.layout, rank=rank if self.layout else None)
+        except BaseException:
+            self.client.close(force=True)
+            raise
+        self.tensors = len(items)
+        self.bytes = sum(t.numel() * t.element_size() for _, t in items)
+        self.version = 0
+
+    def _drain(self):
+        """The engine's queued kernels (which read the weights) finish
+        before the weights change: wex copies on its own stream."""
+        for d in sorted(set(self._cuda), key=str):
+            torch.cuda.synchronize(d)
+
+    def sync(self, min_version=0, timeout_ms=0, verify=False):
+        """Copies the newest published version (at least min_version,
+        waiting up to timeout_ms for it; 0: wexd's sync_timeout_ms) into
+        the parameters in place; verify=True compares every byte with the
+        trainer's before returning.  Returns a dict: version, bytes, ops,
+        seconds, changed, waited, verified, verify_seconds (libwex's
+        struct wex_sync_result), rank, group and wall_seconds.  Raises
+        wex.WexError (the weights are dirty on EVERIFY and on a copy that
+        failed half-way: the next sync copies everything again)."""
+        if self.client is None:
+            raise ValueError("this engine rank is closed")
+        t0 = time.monotonic()
+        self._drain()
+        r = self.client.sync(wex.SYNC_COPY, min_version=min_version, timeout_ms=timeout_ms,
+                             verify=verify)
+        self.version = r.version
+        out = r.as_dict()
+        if not verify:
+            out["verified"], out["verify_seconds"] = 0, 0.0
+        out.update(rank=self.rank, group=self.group, wall_seconds=time.monotonic() - t0)
+        return out
+
+    def describe(self):
+        """What is attached: a dict for logs and RPC replies."""
+        return {"model": self.model, "group": self.group, "rank": self.rank,
+                "world_size": self.world_size,
+                "layout": self.layout.spec if self.layout else "canonical",
+                "tensors": self.tensors, "bytes": self.bytes, "ignored": list(self.ignored),
+                "version": self.version}
+
+    def close(self):
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
