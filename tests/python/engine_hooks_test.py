@@ -29,7 +29,12 @@ engine is installed here).  Checked:
     dp replicas without dp-attention, a request changing the group, a
     loader call without a request, post_load on a model without
     post_load_weights; a version that never comes times out with
-    wex.WexError.
+    wex.WexError;
+  - wex.trainer.TrainerRank: Megatron tp=2 ranks registered through their
+    layout (a wrapper prefix stripped, a parameter ignored) publish around
+    a step that changes them in place, engines (wex.engine.EngineRank,
+    vllm:tp=2) hold the new bytes; a step that raises publishes nothing,
+    another version is refused while it is open, and its retry publishes.
 Needs Debian's python3-torch (exit 77 with the reason without it).
 Environment: WEX_LIB, WEXD_BIN, WEXCTL_BIN, PYTHONPATH with adapters/python.
 """
@@ -344,6 +349,106 @@ class EngineHooks(WexdProducerCase):
         self.assertIn("config=", str(e.exception))
         # Nothing stayed attached after the refusals.
         self.assertEqual(wex.sglang._ranks, {})
+
+
+    def test_trainer_rank(self):
+        """wex.trainer.TrainerRank: Megatron tp=2 ranks registered through
+        their layout, versions published by write(), read by two
+        wex.engine.EngineRank engines in vLLM's layout."""
+        import ctypes
+        import wex.trainer
+        d = self.tmp.name
+        cfg = os.path.join(d, "config.json")
+        model = "trainer-hook"
+        trainers = []
+        for k in range(2):
+            files = glue.read_safetensors(os.path.join(d, "megatron", "rank-%d.safetensors" % k))
+            c = wex.Client(wex.ROLE_PRODUCER, model, rank=k, world_size=2)
+            self.addCleanup(c.close)
+            size = sum(len(b) for _, _, b in files.values())
+            seg, base = c.segment_alloc(wex.SEG_HOST, size)
+            named, at = {}, base
+            for name, (dt, shape, b) in files.items():
+                ctypes.memmove(at, b, len(b))
+                named[name] = torch_util.from_ptr(at, shape, torch_util.torch_dtype(dt),
+                                                  device="cpu")
+                at += len(b)
+            m = module_of(named, prefix="module.")
+            m.extra = torch.nn.Parameter(torch.zeros(3))  # not in the layout
+            with self.assertRaises(ValueError) as e:
+                wex.trainer.TrainerRank(model, m.named_parameters(), rank=k, world_size=2,
+                                        layout="megatron:tp=2", config=cfg, client=c,
+                                        segments=[(seg, base, size)], strip_prefix="module.")
+            self.assertIn("extra", str(e.exception))
+            with self.assertRaises(ValueError) as e:
+                wex.trainer.TrainerRank(model, m.named_parameters(), rank=k, world_size=4,
+                                        layout="megatron:tp=2", config=cfg, client=c)
+            self.assertIn("has 2 ranks, but this trainer runs 4", str(e.exception))
+            t = wex.trainer.TrainerRank(model, m.named_parameters(), rank=k, world_size=2,
+                                        layout="megatron:tp=2", config=cfg, client=c,
+                                        segments=[(seg, base, size)], strip_prefix="module.",
+                                        ignore=["extra"])
+            self.assertEqual(t.describe()["ignored"], ["extra"])
+            trainers.append((t, m))
+        for t, _ in trainers:
+            t.publish(1)
+        engines = []
+        for k in range(2):
+            p = self.engine_params("vllm", k)
+            e = wex.engine.EngineRank(model, p.items(), rank=k, world_size=2,
+                                      layout="vllm:tp=2", config=cfg, group="g",
+                                      timeout_ms=10000)
+            self.addCleanup(e.close)
+            self.assertEqual(e.sync(min_version=1)["version"], 1)
+            self.assert_holds(p, "vllm", k)
+            engines.append((e, p))
+
+        # A step that changes the weights in place, then published.
+        for t, m in trainers:
+            with t.write(2):
+                self.assertEqual(t.describe()["writing"], 2)
+                with torch.no_grad():
+                    for name, p in m.named_parameters():
+                        if name != "extra":
+                            p.fill_(1.5)
+            self.assertEqual(t.describe()["version"], 2)
+        for e, p in engines:
+            self.assertEqual(e.sync(min_version=2)["version"], 2)
+            for name, x in p.items():
+                self.assertTrue(bool((x == 1.5).all()), name)
+        with self.assertRaises(ValueError):
+            with trainers[0][0].write(2):
+                pass
+
+        # A step that fails: nothing published, engines keep version 2.
+        for t, _ in trainers:
+            with self.assertRaises(RuntimeError):
+                with t.write(3):
+                    raise RuntimeError("the optimizer step failed")
+            self.assertEqual(t.describe()["version"], 2)
+        with self.assertRaises(wex.WexError):
+            engines[0][0].sync(min_version=3, timeout_ms=300)
+        # wexd refuses another version while the group writes 3: the step
+        # is retried as version 3.
+        with self.assertRaises(wex.WexError) as e:
+            with trainers[0][0].write(4):
+                pass
+        self.assertIn("write the same version", str(e.exception))
+        for t, m in trainers:
+            with t.write(3):
+                with torch.no_grad():
+                    for name, p in m.named_parameters():
+                        if name != "extra":
+                            p.fill_(-2.0)
+        for e, p in engines:
+            self.assertEqual(e.sync(min_version=3)["version"], 3)
+            for name, x in p.items():
+                self.assertTrue(bool((x == -2.0).all()), name)
+        for t, _ in trainers:
+            t.close()
+            with self.assertRaises(ValueError):
+                with t.write(4):
+                    pass
 
 
 def producer():

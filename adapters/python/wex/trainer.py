@@ -1,0 +1,114 @@
+# SPDX-License-Identifier: MIT
+"""wex.trainer - what one trainer rank runs: register its parameters once,
+then publish a version after each optimizer step.
+
+    from wex.trainer import TrainerRank
+    t = TrainerRank("policy", model.named_parameters(), rank=rank, world_size=world,
+                    layout="megatron:tp=2", config="/ckpt/config.json",
+                    strip_prefix="module.")        # Megatron's DDP wrapper
+    for step in range(1, steps + 1):
+        loss.backward()
+        with t.write(step):                        # engines wait; nothing reads
+            optimizer.step()                       # the weights change in place
+        # published: engines' next sync gets `step`
+
+Parameters stay where the trainer's allocator put them (exportable CUDA
+memory: torch_util.exportable_pool or expandable_segments:True); wex
+exports them once and engines read them there.  A layout (a spec with
+config=, or a wex.Layout) registers the trainer's own tensors (Megatron's
+linear_qkv, FSDP2 shards with an fsdp layout) as the canonical pieces they
+hold; without one, parameters go under their names (FSDP2 DTensors as
+their shards, see torch_util.register_module).
+"""
+import contextlib
+
+import wex
+from wex import torch_util
+from wex.engine import as_layout, select_parameters
+
+
+class TrainerRank:
+    """One producer rank of `model`: its parameters registered (as
+    register_module does: `kind`, `segments`, `boxes`, or `layout`), and
+    versions published by write()."""
+
+    def __init__(self, model, named_parameters, *, rank=0, world_size=1, layout=None,
+                 config=None, adapters=None, socket=None, timeout_ms=None,
+                 kind=wex.SEG_CUDA_VMM, segments=None, boxes=None, strip_prefix=None,
+                 ignore=(), watch=True, client=None):
+        """client: a producer wex.Client the caller opened already (to
+        allocate segments= with it first); it is then the caller's to
+        close as well."""
+        self.layout = as_layout(layout, config, adapters)
+        if self.layout is not None and self.layout.world != world_size:
+            raise ValueError("layout %s has %d ranks, but this trainer runs %d"
+                             % (self.layout.spec, self.layout.world, world_size))
+        items, self.ignored = select_parameters(named_parameters, strip_prefix, ignore)
+        if not items:
+            raise ValueError("no parameters to register (%d ignored)" % len(self.ignored))
+        self.model, self.rank, self.world_size = model, rank, world_size
+        self._own = client is None
+        self.client = client or wex.Client(wex.ROLE_PRODUCER, model, rank=rank,
+                                           world_size=world_size, socket=socket,
+                                           timeout_ms=timeout_ms, watch=watch)
+        try:
+            self.segments = torch_util.register_module(
+                self.client, items, kind=kind, segments=segments, boxes=boxes,
+                layout=self.layout, rank=rank if self.layout is not None else None)
+        except BaseException:
+            if self._own:
+                self.client.close(force=True)
+            raise
+        self.tensors = len(items)
+        self.version = 0
+        self._writing = None
+
+    @contextlib.contextmanager
+    def write(self, version, timeout_ms=0):
+        """begin_write(version) on entry (waits, up to timeout_ms or wexd's
+        begin_write_timeout_ms, until no engine reads this rank's memory),
+        publish(version) when the block ends without an exception (after
+        the GPU work queued on the weights' devices completed).  An
+        exception leaves the version unpublished, the weights half-written,
+        and the exception goes on: engines keep the version they hold, and
+        this rank is still writing `version`; wexd refuses another version
+        while a rank of the group writes this one, so the step is retried
+        with the same version (a write() of it again, on every rank that
+        began it)."""
+        if self.client is None:
+            raise ValueError("this trainer rank is closed")
+        if version <= self.version:
+            raise ValueError("version %d is not newer than %d, the last published"
+                             % (version, self.version))
+        self.client.begin_write(version, timeout_ms)
+        self._writing = version
+        try:
+            yield self
+        finally:
+            self._writing = None
+        self.client.publish(version)
+        self.version = version
+
+    def publish(self, version, timeout_ms=0):
+        """A write with nothing inside: the weights changed already (or
+        this is the first version, the initial weights)."""
+        with self.write(version, timeout_ms):
+            pass
+
+    def describe(self):
+        return {"model": self.model, "rank": self.rank, "world_size": self.world_size,
+                "layout": self.layout.spec if self.layout is not None else "canonical",
+                "tensors": self.tensors, "ignored": list(self.ignored),
+                "segments": len(self.segments), "version": self.version,
+                "writing": self._writing}
+
+    def close(self):
+        if self.client is not None and self._own:
+            self.client.close()
+        self.client = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
