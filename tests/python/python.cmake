@@ -44,6 +44,9 @@ wex_py_test(py_layout_glue tests/python/layout_glue_test.py LABELS python
 # wex.engine) on stand-ins for the engines' workers, through a real wexd.
 wex_py_test(py_engine_hooks tests/python/engine_hooks_test.py LABELS python
   ENV "WEXCTL_BIN=$<TARGET_FILE:wexctl>")
+# The Python example: a trainer and an engine process through the hooks,
+# the engine's outputs equal to the trainer's after each sync.
+wex_py_test(py_example_rl_loop examples/rl_loop.py LABELS python)
 if(TARGET wex_emul_cuda)
   # The same through wex_cuda_alloc and CUDA VMM segments, on the emulated
   # driver (tests/gpu/emul_cuda.c).

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""rl_loop.py - an RL-style loop through wex on host memory, in PyTorch:
+a trainer process trains a small policy and publishes its weights after
+each optimizer step (wex.trainer.TrainerRank); an engine process, with a
+model of its own, copies each version into its parameters in place before
+its "rollout" (wex.engine.EngineRank) and checks that it computes exactly
+what the trainer's model computes.  Every 5th sync also compares every
+byte with the trainer's (verify=True).
+
+    PYTHONPATH=adapters/python WEX_LIB=build/libwex.so \\
+        python3 examples/rl_loop.py --wexd build/wexd [--steps 20]
+
+--wexd starts a wexd of its own in a temporary directory; without it the
+script uses the wexd at $WEX_SOCKET (or the default socket).  Needs
+PyTorch (Debian's python3-torch serves /usr/bin/python3).  On a GPU the
+same hooks take CUDA parameters: the trainer's in exportable memory
+(torch_util.exportable_pool, or PYTORCH_CUDA_ALLOC_CONF=
+expandable_segments:True) with no segments=, the engine's wherever they
+are; see README's "Sync hooks".
+"""
+import argparse
+import ctypes
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+MODEL = "rl-loop-policy"
+
+
+def policy():
+    import torch
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                               torch.nn.Linear(256, 256), torch.nn.GELU(),
+                               torch.nn.Linear(256, 16))
+
+
+def trainer(steps, to_engine, from_engine):
+    import torch
+    import wex
+    from wex import torch_util
+    from wex.trainer import TrainerRank
+
+    torch.manual_seed(1)
+    model = policy()
+    # CPU parameters must live in memory wex can share: one host segment,
+    # the parameters moved into it (a GPU trainer skips this: its
+    # parameters are exported where its allocator put them).
+    client = wex.Client(wex.ROLE_PRODUCER, MODEL, rank=0, world_size=1)
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    seg, base = client.segment_alloc(wex.SEG_HOST, size)
+    at = base
+    for p in model.parameters():
+        t = torch_util.from_ptr(at, p.shape, p.dtype, device="cpu")
+        t.copy_(p.data)
+        p.data = t
+        at += p.numel() * p.element_size()
+    t = TrainerRank(MODEL, model.named_parameters(), client=client,
+                    segments=[(seg, base, size)])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # updates in place
+    target = torch.nn.Linear(64, 16)
+    t.publish(1)  # the initial weights
+    for step in range(1, steps + 1):
+        x = torch.randn(128, 64)
+        loss = torch.nn.functional.mse_loss(model(x), target(x).detach())
+        opt.zero_grad()
+        loss.backward()
+        with t.write(step + 1):  # engines do not read while the step writes
+            opt.step()
+        probe = torch.randn(8, 64)
+        with torch.no_grad():
+            to_engine.put((step + 1, float(loss), probe, model(probe)))
+        from_engine.get()  # the engine's rollout is done
+    to_engine.put(None)
+    t.close()
+    client.close()
+
+
+def engine(to_engine, from_engine):
+    import torch
+    from wex.engine import EngineRank
+
+    torch.manual_seed(2)  # other weights than the trainer's
+    model = policy()
+    e = EngineRank(MODEL, model.named_parameters(), group="rollout", timeout_ms=10000)
+    ptrs = [p.data_ptr() for p in model.parameters()]
+    while True:
+        msg = to_engine.get()
+        if msg is None:
+            break
+        version, loss, probe, want = msg
+        r = e.sync(min_version=version, verify=version % 5 == 0)
+        with torch.no_grad():
+            got = model(probe)  # the "rollout"
+        same = torch.equal(got, want)
+        print("version %3d  loss %.4f  sync %6.3f ms  %7d bytes%s  outputs %s"
+              % (r["version"], loss, r["seconds"] * 1e3, r["bytes"],
+                 "  verified %d bytes" % r["verified"] if r["verified"] else "",
+                 "equal" if same else "DIFFER"), flush=True)
+        if not same or r["version"] != version:
+            raise SystemExit("engine: version %d does not compute what the trainer's does"
+                             % version)
+        from_engine.put(version)
+    assert ptrs == [p.data_ptr() for p in model.parameters()], "parameters moved"
+    e.close()
+
+
+def start_wexd(path, tmp):
+    env = dict(os.environ, WEX_SOCKET=os.path.join(tmp, "wexd.sock"))
+    d = subprocess.Popen([path], env=env, stdout=subprocess.DEVNULL,
+                         stderr=open(os.path.join(tmp, "wexd.log"), "w"))
+    for _ in range(200):
+        if os.path.exists(env["WEX_SOCKET"]):
+            os.environ["WEX_SOCKET"] = env["WEX_SOCKET"]
+            return d
+        if d.poll() is not None:
+            break
+        time.sleep(0.05)
+    d.kill()
+    raise SystemExit("wexd did not start: see %s" % os.path.join(tmp, "wexd.log"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--wexd", default=os.environ.get("WEXD_BIN"),
+                    help="start this wexd in a temporary directory")
+    ap.add_argument("--steps", type=int, default=20)
+    a = ap.parse_args()
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        print("rl_loop: skipped: no PyTorch for %s: %s" % (sys.executable, e))
+        return 77
+    tmp = tempfile.TemporaryDirectory(prefix="wex-rl-")
+    wexd = start_wexd(a.wexd, tmp.name) if a.wexd else None
+    try:
+        ctx = mp.get_context("spawn")
+        q_to, q_from = ctx.Queue(), ctx.Queue()
+        procs = [ctx.Process(target=trainer, args=(a.steps, q_to, q_from), name="trainer"),
+                 ctx.Process(target=engine, args=(q_to, q_from), name="engine")]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(300)
+        bad = [(p.name, p.exitcode) for p in procs if p.exitcode != 0]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        if bad:
+            print("rl_loop: failed: %s" % bad)
+            return 1
+        print("rl_loop: %d versions trained, published, synced in place and checked" % a.steps)
+        return 0
+    finally:
+        if wexd is not None:
+            wexd.terminate()
+            wexd.wait(20)
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
