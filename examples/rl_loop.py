@@ -20,7 +20,6 @@ expandable_segments:True) with no segments=, the engine's wherever they
 are; see README's "Sync hooks".
 """
 import argparse
-import ctypes
 import multiprocessing as mp
 import os
 import subprocess

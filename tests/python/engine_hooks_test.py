@@ -6,30 +6,36 @@ through a real wexd, CPU PyTorch on host segments.
 
 The trainer is layout_glue_test's producer child: Megatron tp=2 ranks of a
 tiny Qwen2 registered with register_module(layout=megatron:tp=2).  The
-engines are stand-ins for the workers vLLM and SGLang build: objects with
-the attributes the hooks read (vLLM: model_runner.model, device,
-vllm_config.model_config.model; SGLang: the model passed to the loader),
-whose models are torch modules holding the engines' own parameters under
-their names (qkv_proj, gate_up_proj, padded vocabulary) as `wexctl
-convert` writes them.  The parallel sizes the hooks read from
-vllm.distributed / sglang.srt.distributed are given to them (neither
-engine is installed here).  Checked:
-  - vLLM: collective_rpc's wex_attach derives the layout (vllm:tp=2) and
-    the rank from the parallel sizes and the config from the model
-    directory; wex_sync copies in place, verified, byte for byte what
-    wexctl convert writes for each rank; a later version overwrites
-    weights the engine changed; wrapper prefixes stripped, ignored
-    parameters left alone and listed;
-  - SGLang: the loader's request survives SGLang's serialization, attaches
-    on the first call, syncs on each, runs post_load_weights when asked,
-    detaches, and holds what wexctl convert writes for sglang:tp=2;
+engines are stand-ins: objects with the attributes the hooks read of
+vLLM's Worker (model_runner.model, device, vllm_config) and SGLang's
+loader arguments, the modules the hooks import from the engines
+(vllm.distributed.parallel_state, sglang.srt.distributed,
+sglang.srt.server_args; neither engine is installed here) answering given
+parallel sizes, and torch modules holding the engines' parameters under
+the layouts' names (qkv_proj, gate_up_proj, padded vocabulary).  Checked:
+  - vLLM: wex_attach derives the layout (vllm:tp=2) and the rank from the
+    parallel state and the config from the model directory; wex_sync
+    copies in place, verified, byte for byte what wexctl convert writes
+    for each rank, and wexd's view (check_group) agrees; a later version
+    overwrites weights the engine changed; wrapper prefixes stripped,
+    ignored parameters left alone and listed; a re-allocated parameter is
+    refused by name;
   - refused with a message that says what to do: a sync before attach, a
     second attach, a parameter the layout lacks, a model directory
-    without config.json, a layout whose world is not the engine's, SGLang
-    dp replicas without dp-attention, a request changing the group, a
-    loader call without a request, post_load on a model without
-    post_load_weights; a version that never comes times out with
-    wex.WexError;
+    without config.json, a layout whose world is not the engine's, MLA,
+    EPLB, prefill context parallelism, a dense DP replica without {dp}
+    in its group (and {dp} substituted);
+  - default specs from SGLang's server arguments (dp-attention, ep,
+    dp_lm_head, dense_tp, a2a, fuse_shared) and their refusals (dp
+    replicas, EPLB, redundant experts, a placement file, attention CP,
+    moe-dp, an SGLang without get_global_server_args);
+  - SGLang: the request read twice by an unrelated process after torch's
+    ForkingPickler; the loader attaches on the first call, syncs on each,
+    runs post_load_weights unless told not to, detaches (only its own
+    group); a failure that leaves the weights as they were is logged and
+    returns (status() says why, check() names the rank behind) and the
+    retry syncs; one that leaves them mixed raises; bad requests are
+    logged; the draft model is skipped;
   - wex.trainer.TrainerRank: Megatron tp=2 ranks registered through their
     layout (a wrapper prefix stripped, a parameter ignored) publish around
     a step that changes them in place, engines (wex.engine.EngineRank,
@@ -40,7 +46,6 @@ Environment: WEX_LIB, WEXD_BIN, WEXCTL_BIN, PYTHONPATH with adapters/python.
 """
 import json
 import os
-import pickle
 import subprocess
 import sys
 import tempfile
@@ -85,19 +90,61 @@ def params_of(module, prefix=""):
     return {n[len(prefix):]: p.data for n, p in module.named_parameters()}
 
 
+# What the hooks import from the engines, which are not installed here:
+# vllm.distributed.parallel_state's groups, sglang.srt.distributed's and
+# sglang.srt.server_args.get_global_server_args, answering from PAR and
+# SERVER_ARGS, so the hooks' own detection code runs.
+PAR = {}
+SERVER_ARGS = types.SimpleNamespace()
+
+
+def _group(key):
+    def get():
+        size, rank = PAR.get(key, (1, 0))
+        return types.SimpleNamespace(world_size=size, rank_in_group=rank)
+    return get
+
+
+def install_engine_stubs():
+    mods = {}
+    for name in ("vllm", "vllm.distributed", "vllm.distributed.parallel_state", "sglang",
+                 "sglang.srt", "sglang.srt.distributed", "sglang.srt.server_args"):
+        mods[name] = types.ModuleType(name)
+        sys.modules[name] = mods[name]
+    ps = mods["vllm.distributed.parallel_state"]
+    ps.get_tp_group, ps.get_pp_group = _group("tp"), _group("pp")
+    ps.get_dp_group, ps.get_pcp_group = _group("dp"), _group("pcp")
+    mods["vllm.distributed"].parallel_state = ps
+    sd = mods["sglang.srt.distributed"]
+    sd.get_tp_group, sd.get_pp_group = _group("tp"), _group("pp")
+    mods["sglang.srt.server_args"].get_global_server_args = lambda: SERVER_ARGS
+
+
+install_engine_stubs()
+
+
+def set_par(tp=(2, 0), pp=(1, 0), dp=(1, 0), pcp=(1, 0)):
+    PAR.clear()
+    PAR.update(tp=tp, pp=pp, dp=dp, pcp=pcp)
+
+
+def set_server_args(model_path, **kw):
+    SERVER_ARGS.__dict__.clear()
+    SERVER_ARGS.__dict__.update(dict(model_path=model_path, dp_size=1,
+                                     enable_dp_attention=False, ep_size=1), **kw)
+
+
 class VllmWorker(wex.vllm.WorkerExtension):
     """What wex.vllm.WorkerExtension reads of vLLM's Worker."""
 
-    def __init__(self, model_dir, par, module, expert_parallel=False):
+    def __init__(self, model_dir, module, use_mla=False, **parallel):
         self.model_runner = types.SimpleNamespace(model=module)
         self.device = torch.device("cpu")
         self.vllm_config = types.SimpleNamespace(
-            model_config=types.SimpleNamespace(model=model_dir),
-            parallel_config=types.SimpleNamespace(enable_expert_parallel=expert_parallel))
-        self._par = par
-
-    def _wex_parallel(self):
-        return self._par
+            model_config=types.SimpleNamespace(model=model_dir, use_mla=use_mla),
+            parallel_config=types.SimpleNamespace(**dict(
+                dict(enable_expert_parallel=False, enable_eplb=False,
+                     data_parallel_index=0), **parallel)))
 
 
 def vpar(tp_rank, tp=2, pp=1, pp_rank=0, dp=1, dp_rank=0):
@@ -165,29 +212,34 @@ class EngineHooks(WexdProducerCase):
             p["model.rotary_emb.inv_freq"] = torch.ones(4)
             m = module_of(p, prefix="module.")
             modules.append(m)
-            workers.append(VllmWorker(d, vpar(k), m))
+            workers.append(VllmWorker(d, m))
+
+        def on(k, fn, *a, **kw):  # runs a worker's method as rank k of tp=2
+            set_par(tp=(2, k))
+            return getattr(workers[k], fn)(*a, **kw)
+
         # The parameter the layout lacks is refused by name unless ignored.
         with self.assertRaises(ValueError) as e:
-            workers[0].wex_attach(model=MODEL, group="vllm", strip_prefix="module.")
+            on(0, "wex_attach", model=MODEL, group="vllm", strip_prefix="module.")
         self.assertIn("model.rotary_emb.inv_freq", str(e.exception))
         self.assertIsNone(workers[0].wex_status())
         with self.assertRaises(ValueError) as e:
-            workers[0].wex_sync(min_version=1)
+            on(0, "wex_sync", min_version=1)
         self.assertIn("wex_attach first", str(e.exception))
         for k, w in enumerate(workers):
-            info = w.wex_attach(model=MODEL, group="vllm", strip_prefix="module.",
-                                ignore=["model.rotary_emb.*"])
+            info = on(k, "wex_attach", model=MODEL, group="vllm", strip_prefix="module.",
+                      ignore=["model.rotary_emb.*"])
             self.addCleanup(w.wex_detach)
             self.assertEqual((info["rank"], info["world_size"], info["layout"]), (k, 2, "vllm:tp=2"))
             self.assertEqual(info["ignored"], ["model.rotary_emb.inv_freq"])
             self.assertEqual(info["tensors"], len(self.want("vllm", k)))
         with self.assertRaises(ValueError) as e:
-            workers[0].wex_attach(model=MODEL, group="vllm")
+            on(0, "wex_attach", model=MODEL, group="vllm")
         self.assertIn("already attached", str(e.exception))
 
         v = self.next_version()
         for k, w in enumerate(workers):
-            r = w.wex_sync(min_version=v, verify=True)
+            r = on(k, "wex_sync", min_version=v, verify=True)
             self.assertEqual((r["version"], r["rank"], r["group"]), (v, k, "vllm"))
             params = params_of(modules[k], "module.")
             ignored = params.pop("model.rotary_emb.inv_freq")
@@ -196,6 +248,9 @@ class EngineHooks(WexdProducerCase):
             self.assertGreater(r["bytes"], 0)
             self.assertEqual(w.wex_status()["version"], v)
             self.assert_holds(params, "vllm", k)
+        # wexd's view agrees (what a driver checks with DP engines).
+        ranks = wex.engine.check_group(MODEL, "vllm", v, world_size=2)
+        self.assertEqual([r["served"] for r in ranks], [v, v])
 
         # The engine's weights changed under it (or a failed rollout scribbled
         # on them): the next version is copied whole into the same tensors.
@@ -205,21 +260,34 @@ class EngineHooks(WexdProducerCase):
             for p in modules[1].parameters():
                 p.zero_()
         v = self.next_version()
-        for w in workers:
-            self.assertEqual(w.wex_sync(min_version=v)["version"], v)
+        for k in range(2):
+            self.assertEqual(on(k, "wex_sync", min_version=v)["version"], v)
         self.assertEqual(qkv.data_ptr(), ptr)
         params = params_of(modules[1], "module.")
         params.pop("model.rotary_emb.inv_freq")
         self.assert_holds(params, "vllm", 1)
 
-        # A version that never comes: the wait ends with an error.
+        # A version that never comes: the wait ends with an error, and
+        # check_group names the ranks behind.
         with self.assertRaises(wex.WexError):
-            workers[0].wex_sync(min_version=v + 100, timeout_ms=300)
+            on(0, "wex_sync", min_version=v + 100, timeout_ms=300)
+        with self.assertRaises(RuntimeError) as e:
+            wex.engine.check_group(MODEL, "vllm", v + 100)
+        self.assertIn("rank 0 at version %d" % v, str(e.exception))
+
+        # The engine re-allocated a parameter (a reload): its old memory is
+        # not written; the sync is refused until attached again.
+        qkv.data = qkv.data.clone()
+        with self.assertRaises(ValueError) as e:
+            on(1, "wex_sync", min_version=v)
+        self.assertIn("re-allocated", str(e.exception))
+        self.assertIn("qkv_proj", str(e.exception))
 
     def test_vllm_refusals(self):
         d = self.tmp.name
         m = module_of(self.engine_params("vllm", 0))
-        w = VllmWorker(os.path.join(d, "noconfig"), vpar(0), m)
+        set_par(tp=(2, 0))
+        w = VllmWorker(os.path.join(d, "noconfig"), m)
         with self.assertRaises(ValueError) as e:
             w.wex_attach(model=MODEL, group="cfg")
         self.assertIn("config=", str(e.exception))
@@ -229,7 +297,8 @@ class EngineHooks(WexdProducerCase):
         w.wex_detach()
         self.assertIsNone(w.wex_status())
         # The layout's world is not the engine's.
-        w = VllmWorker(d, vpar(0, tp=4), m)
+        set_par(tp=(4, 0))
+        w = VllmWorker(d, m)
         with self.assertRaises(ValueError) as e:
             w.wex_attach(model=MODEL, group="world", layout="vllm:tp=2")
         self.assertIn("has 2 ranks, but this engine runs 4", str(e.exception))
@@ -237,6 +306,25 @@ class EngineHooks(WexdProducerCase):
         with self.assertRaises(ValueError) as e:
             w.wex_attach(model=MODEL, group="world")
         self.assertIn("shape", str(e.exception))
+        # What a copy of the checkpoint's tensors cannot keep right.
+        set_par(tp=(2, 0))
+        for kw, words in (({"use_mla": True}, "MLA"), ({"enable_eplb": True}, "EPLB")):
+            with self.assertRaises(ValueError) as e:
+                VllmWorker(d, m, **kw).wex_attach(model=MODEL, group="x")
+            self.assertIn(words, str(e.exception))
+        set_par(tp=(2, 0), pcp=(2, 0))
+        with self.assertRaises(ValueError) as e:
+            VllmWorker(d, m).wex_attach(model=MODEL, group="x")
+        self.assertIn("context parallel", str(e.exception))
+        # Dense data parallelism: engine 1 is an engine of its own; without
+        # {dp} in the group it would take engine 0's ranks.
+        set_par(tp=(2, 0))
+        with self.assertRaises(ValueError) as e:
+            VllmWorker(d, m, data_parallel_index=1).wex_attach(model=MODEL, group="roll")
+        self.assertIn("{dp}", str(e.exception))
+        w = VllmWorker(d, m, data_parallel_index=1)
+        self.assertEqual(w.wex_attach(model=MODEL, group="roll-{dp}")["group"], "roll-1")
+        w.wex_detach()
 
     def test_default_specs(self):
         self.assertEqual(wex.vllm.default_spec(vpar(0, tp=4)), "vllm:tp=4")
@@ -245,28 +333,61 @@ class EngineHooks(WexdProducerCase):
         # vLLM's layout rank orders dp inside pp.
         self.assertEqual(wex.vllm.layout_rank(vpar(1, tp=2, pp=2, pp_rank=1, dp=2, dp_rank=1)),
                          1 + 2 * (1 + 2 * 1))
-        sp = {"tp": 8, "tp_rank": 0, "pp": 1, "pp_rank": 0, "dp": 4, "dp_attention": True,
-              "ep": 8}
-        self.assertEqual(wex.sglang.default_spec(sp), "sglang:tp=8,dp=4,dp_attention=1,ep=8")
-        sp.update(dp_attention=False)
+        # SGLang's, from its server arguments through parallel_info.
+        set_par(tp=(8, 3))
+        set_server_args("/m", dp_size=4, enable_dp_attention=True, ep_size=8,
+                        enable_dp_lm_head=True, moe_dense_tp_size=1, moe_a2a_backend="deepep")
+        par = wex.sglang.parallel_info()
+        self.assertEqual((par["tp"], par["tp_rank"], par["model_path"]), (8, 3, "/m"))
+        self.assertEqual(wex.sglang.default_spec(par, fuse_shared=False),
+                         "sglang:tp=8,dp=4,dp_attention=1,ep=8,dp_lm_head=1,dense_tp=1,a2a=1")
+        set_server_args("/m", ep_size=2)
+        self.assertEqual(wex.sglang.default_spec(wex.sglang.parallel_info(), fuse_shared=True),
+                         "sglang:tp=8,ep=2,fuse_shared=1")
+        for kw, words in (({"dp_size": 2}, "enable-dp-attention"),
+                          ({"enable_eplb": True}, "EPLB"),
+                          ({"ep_num_redundant_experts": 8}, "redundant"),
+                          ({"init_expert_location": "/tmp/placement.json"}, "EPLB"),
+                          ({"attn_cp_size": 2}, "context parallelism"),
+                          ({"moe_dp_size": 2}, "moe-dp-size")):
+            set_server_args("/m", **kw)
+            with self.assertRaises(ValueError) as e:
+                wex.sglang.default_spec(wex.sglang.parallel_info())
+            self.assertIn(words, str(e.exception), kw)
+        # An SGLang without get_global_server_args: the layout must be given.
+        sa = sys.modules["sglang.srt.server_args"]
+        real = sa.get_global_server_args
+        del sa.get_global_server_args
+        self.addCleanup(setattr, sa, "get_global_server_args", real)
         with self.assertRaises(ValueError) as e:
-            wex.sglang.default_spec(sp)
-        self.assertIn("enable-dp-attention", str(e.exception))
+            wex.sglang.default_spec(wex.sglang.parallel_info())
+        self.assertIn("layout=", str(e.exception))
         # select_parameters: two names stripped onto one are refused.
         with self.assertRaises(ValueError):
             wex.engine.select_parameters([("a.w", 1), ("b.w", 2)], strip_prefix=("a.", "b."))
 
+    def test_sglang_request_serialization(self):
+        # SGLang serializes the request (MultiprocessingSerializer: torch's
+        # ForkingPickler) in the driver, and every rank reads it, through
+        # its HTTP API from a process of no relation: the tensor must
+        # travel by value.
+        from torch.multiprocessing.reductions import ForkingPickler
+        import io
+        buf = io.BytesIO()
+        ForkingPickler(buf).dump(wex.sglang.request(MODEL, group="g", min_version=3))
+        code = ("import pickle, sys\n"
+                "b = sys.stdin.buffer.read()\n"
+                "for _ in range(2):\n"
+                "    (name, t), = pickle.loads(b)\n"
+                "print(name, tuple(t.shape))\n")
+        r = subprocess.run([sys.executable, "-c", code], input=buf.getvalue(),
+                           capture_output=True)
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        self.assertIn(b'"min_version": 3', r.stdout)
+
     def test_sglang_loader(self):
         d = self.tmp.name
-        real = wex.sglang.parallel_info
-        rank = {"k": 0}
-
-        def par():
-            return {"tp": 2, "tp_rank": rank["k"], "pp": 1, "pp_rank": 0, "dp": 1,
-                    "dp_attention": False, "ep": 1, "model_path": d}
-
-        wex.sglang.parallel_info = par
-        self.addCleanup(setattr, wex.sglang, "parallel_info", real)
+        set_server_args(d)
         models = []
         for k in range(2):
             m = module_of(self.engine_params("sglang", k))
@@ -278,78 +399,114 @@ class EngineHooks(WexdProducerCase):
             models.append(m)
 
         def load(k, req):
-            rank["k"] = k
+            set_par(tp=(2, k))
             return wex.sglang.load(models[k], req)
 
         v = self.next_version()
-        req = wex.sglang.request(MODEL, group="sglang", min_version=v, verify=True,
-                                 post_load=True)
-        # What SGLang's MultiprocessingSerializer does to it on the way.
-        from torch.multiprocessing.reductions import ForkingPickler
-        req = pickle.loads(ForkingPickler.dumps(req))
+        req = wex.sglang.request(MODEL, group="sglang", min_version=v, verify=True)
         for k in range(2):
-            self.addCleanup(load, k, wex.sglang.request(MODEL, detach=True))
+            self.addCleanup(load, k, wex.sglang.request(MODEL, group="sglang", detach=True))
             r = load(k, req)
             self.assertEqual((r["version"], r["rank"], r["group"]), (v, k, "sglang"))
-            self.assertEqual(models[k].post_loads, 1)
+            self.assertEqual(models[k].post_loads, 1)  # the model has post_load_weights
             self.assertGreater(r["verified"], 0)
+            self.assertTrue(wex.sglang.status(models[k])["ok"])
             self.assert_holds(params_of(models[k]), "sglang", k)
+        self.assertEqual(len(wex.sglang.check(MODEL, "sglang", v, world_size=2)), 2)
 
-        # Same arguments again: syncs, no second attach.
+        # Same arguments again: syncs, no second attach; post_load=False skips it.
         v = self.next_version()
         with torch.no_grad():
             for p in models[0].parameters():
                 p.fill_(1)
-        r = load(0, wex.sglang.request(MODEL, group="sglang", min_version=v))
+        r = load(0, wex.sglang.request(MODEL, group="sglang", min_version=v, post_load=False))
         self.assertEqual(r["version"], v)
         self.assertEqual(models[0].post_loads, 1)
         self.assert_holds(params_of(models[0]), "sglang", 0)
-        # Changing what was attached is refused; detach, then it attaches again.
-        with self.assertRaises(ValueError) as e:
-            load(0, wex.sglang.request(MODEL, group="other", min_version=v))
-        self.assertIn("group", str(e.exception))
-        self.assertIsNone(load(0, wex.sglang.request(MODEL, detach=True)))
+        # Rank 1 has not synced v: the driver's check says so.
+        with self.assertRaises(RuntimeError) as e:
+            wex.sglang.check(MODEL, "sglang", v)
+        self.assertIn("rank 1 at version %d" % (v - 1), str(e.exception))
+
+        # A failure that leaves the weights as they were is logged, not
+        # raised (SGLang would stop the server): no version in time.
+        with self.assertLogs("wex.sglang", "ERROR") as logs:
+            self.assertIsNone(load(1, wex.sglang.request(MODEL, group="sglang",
+                                                         min_version=v + 50,
+                                                         sync_timeout_ms=300)))
+        self.assertIn("weights unchanged", logs.output[0])
+        st = wex.sglang.status(models[1])
+        self.assertFalse(st["ok"])
+        self.assertIn("WexError", st["error"])
+        self.assertEqual(load(1, wex.sglang.request(MODEL, group="sglang", min_version=v))
+                         ["version"], v)
+        self.assertEqual(len(wex.sglang.check(MODEL, "sglang", v, world_size=2)), 2)
+
+        # Changing what was attached is refused (logged); detach, then it
+        # attaches again.
+        with self.assertLogs("wex.sglang", "ERROR") as logs:
+            self.assertIsNone(load(0, wex.sglang.request(MODEL, group="other", min_version=v)))
+        self.assertIn("group", logs.output[0])
+        with self.assertLogs("wex.sglang", "ERROR"):
+            load(0, wex.sglang.request(MODEL, group="other", detach=True))  # not its group
+        self.assertIsNone(load(0, wex.sglang.request(MODEL, group="sglang", detach=True)))
         r = load(0, wex.sglang.request(MODEL, group="other", min_version=v))
         self.assertEqual((r["group"], r["version"]), ("other", v))
-        load(0, wex.sglang.request(MODEL, detach=True))
+        load(0, wex.sglang.request(MODEL, group="other", detach=True))
+        load(0, req)  # back in its group, for the cleanup
+
+        # A failure that leaves the weights mixed raises.
+        held = wex.sglang._ranks[id(models[0])][0]
+
+        def interrupted(**kw):
+            raise wex.WexError(wex.EDIRTY, "sync: the copy was interrupted")
+        held.sync, held.dirty = interrupted, lambda: True
+        self.addCleanup(delattr, held, "sync")
+        self.addCleanup(delattr, held, "dirty")
+        with self.assertLogs("wex.sglang", "ERROR"):
+            with self.assertRaises(wex.WexError):
+                load(0, wex.sglang.request(MODEL, group="sglang", min_version=v))
 
         # Not a request, or a request this version of the loader does not know.
         for bad in ([], [("model.embed_tokens.weight", torch.zeros(1))],
                     [("wex:{not json", torch.zeros(1))],
                     [('wex:{"model": "m", "colour": 1}', torch.zeros(1))]):
-            with self.assertRaises(ValueError):
-                load(0, bad)
-        # post_load on a model without post_load_weights.
+            with self.assertLogs("wex.sglang", "ERROR"):
+                self.assertIsNone(load(1, bad))
+        # post_load=True on a model without post_load_weights.
         plain = module_of(self.engine_params("sglang", 0))
-        self.addCleanup(wex.sglang.load, plain, wex.sglang.request(MODEL, detach=True))
-        rank["k"] = 0
-        with self.assertRaises(ValueError) as e:
+        set_par(tp=(2, 0))
+        self.addCleanup(wex.sglang.load, plain,
+                        wex.sglang.request(MODEL, group="plain", detach=True))
+        with self.assertLogs("wex.sglang", "ERROR") as logs:
             wex.sglang.load(plain, wex.sglang.request(MODEL, group="plain", min_version=v,
                                                       post_load=True))
-        self.assertIn("post_load_weights", str(e.exception))
+        self.assertIn("post_load_weights", logs.output[0])
         with self.assertRaises(ValueError):
             wex.sglang.request("")
 
+        # Speculative decoding's draft model: skipped.
+        class DeepseekV3ForCausalLMNextN(torch.nn.Module):
+            pass
+        with self.assertLogs("wex.sglang", "INFO") as logs:
+            self.assertIsNone(wex.sglang.load(DeepseekV3ForCausalLMNextN(), req))
+        self.assertIn("draft", logs.output[0])
+
     def test_sglang_refusals(self):
         d = self.tmp.name
-        real = wex.sglang.parallel_info
-        self.addCleanup(setattr, wex.sglang, "parallel_info", real)
         m = module_of(self.engine_params("sglang", 0))
-        wex.sglang.parallel_info = lambda: {"tp": 2, "tp_rank": 0, "pp": 1, "pp_rank": 0,
-                                            "dp": 2, "dp_attention": False, "ep": 1,
-                                            "model_path": d}
-        with self.assertRaises(ValueError) as e:
+        set_par(tp=(2, 0))
+        set_server_args(d, dp_size=2)
+        with self.assertLogs("wex.sglang", "ERROR") as logs:
             wex.sglang.load(m, wex.sglang.request(MODEL, group="dp"))
-        self.assertIn("one engine per replica", str(e.exception))
-        wex.sglang.parallel_info = lambda: {"tp": 2, "tp_rank": 0, "pp": 1, "pp_rank": 0,
-                                            "dp": 1, "dp_attention": False, "ep": 1,
-                                            "model_path": os.path.join(d, "noconfig")}
-        with self.assertRaises(ValueError) as e:
+        self.assertIn("one engine per replica", logs.output[0])
+        set_server_args(os.path.join(d, "noconfig"))
+        with self.assertLogs("wex.sglang", "ERROR") as logs:
             wex.sglang.load(m, wex.sglang.request(MODEL, group="cfg"))
-        self.assertIn("config=", str(e.exception))
+        self.assertIn("config=", logs.output[0])
+        self.assertFalse(wex.sglang.status(m)["ok"])
         # Nothing stayed attached after the refusals.
-        self.assertEqual(wex.sglang._ranks, {})
-
+        self.assertNotIn(id(m), wex.sglang._ranks)
 
     def test_trainer_rank(self):
         """wex.trainer.TrainerRank: Megatron tp=2 ranks registered through

@@ -21,15 +21,11 @@ lists it (fnmatch patterns): an ignored parameter is never updated, so
 the list is the caller's statement that it should not be.
 """
 import fnmatch
+import os
 import time
 
 import wex
 from wex import torch_util
-
-try:
-    import torch
-except ImportError:  # the hooks need PyTorch; importing this module does not
-    torch = None
 
 
 def select_parameters(named, strip_prefix=None, ignore=()):
@@ -58,6 +54,63 @@ def select_parameters(named, strip_prefix=None, ignore=()):
         seen[name] = full
         kept.append((name, t))
     return kept, dropped
+
+
+def config_path(model_path):
+    """The config.json of a model an engine was started with: in its
+    directory, or, for a Hugging Face hub id, in the local hub cache
+    (huggingface_hub.try_to_load_from_cache; nothing is downloaded).
+    Raises ValueError asking for config= when neither has it."""
+    if model_path and os.path.isfile(os.path.join(model_path, "config.json")):
+        return os.path.join(model_path, "config.json")
+    if model_path and not os.path.isabs(model_path):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+            found = try_to_load_from_cache(repo_id=model_path, filename="config.json")
+            if isinstance(found, str) and os.path.isfile(found):
+                return found
+        except Exception:  # no huggingface_hub, or not a repo id
+            pass
+    raise ValueError("the model %r is neither a directory with a config.json nor in the local "
+                     "Hugging Face cache; pass config= (the path of the model's config.json)"
+                     % (model_path,))
+
+
+def group_status(model, group, socket=None):
+    """[{rank, pid, served, ...}] of consumer group `group` of `model` as
+    wexd reports them (wexctl status: pid 0 for a rank not attached;
+    served, the version last handed to it), or [] when no rank of it is
+    attached.  An admin request: the caller must be allowed wexctl
+    status."""
+    with wex.Client(wex.ROLE_ADMIN, socket=socket) as c:
+        models = c.request("status").get("models", [])
+    for m in models:
+        if m.get("name") == model:
+            for g in m.get("groups", []):
+                if g.get("name") == group:
+                    return g.get("ranks", [])
+    return []
+
+
+def check_group(model, group, min_version, world_size=None, socket=None):
+    """Raises RuntimeError naming the ranks of `group` that are not
+    attached or were not served min_version (the engine's log says why:
+    the SGLang hook logs a failed sync instead of raising); returns the
+    ranks' status otherwise.  world_size: how many ranks there must be."""
+    ranks = group_status(model, group, socket)
+    if not ranks:
+        raise RuntimeError("no rank of group %r of model %r is attached: see the engine's log"
+                           % (group, model))
+    if world_size is not None and len(ranks) != world_size:
+        raise RuntimeError("group %r of model %r has %d ranks, not %d"
+                           % (group, model, len(ranks), world_size))
+    behind = ["rank %d %s" % (r["rank"], "not attached" if not r.get("pid") else
+                              "at version %d" % r.get("served", 0))
+              for r in ranks if not r.get("pid") or r.get("served", 0) < min_version]
+    if behind:
+        raise RuntimeError("group %r of model %r is not at version %d: %s (see the engine's "
+                           "log)" % (group, model, min_version, ", ".join(behind)))
+    return ranks
 
 
 def as_layout(layout, config=None, adapters=None):
@@ -102,7 +155,10 @@ class EngineRank:
         self.group = group or "default"
         self.rank = rank
         self.world_size = world_size
-        self._cuda = [t.device for _, t in items if getattr(t, "is_cuda", False)]
+        # Where each parameter was attached: an engine that re-allocates
+        # its weights (a reload, quantization post-processing) would have
+        # wex copy into memory its allocator gave to something else.
+        self._where = [(name, t, t.data_ptr()) for name, t in items]
         self.client = wex.Client(wex.ROLE_CONSUMER, model, group=self.group, rank=rank,
                                  world_size=world_size, socket=socket, timeout_ms=timeout_ms,
                                  copy_threads=copy_threads, device=device)
@@ -116,25 +172,32 @@ class EngineRank:
         self.bytes = sum(t.numel() * t.element_size() for _, t in items)
         self.version = 0
 
-    def _drain(self):
-        """The engine's queued kernels (which read the weights) finish
-        before the weights change: wex copies on its own stream."""
-        for d in sorted(set(self._cuda), key=str):
-            torch.cuda.synchronize(d)
+    def moved(self):
+        """Names of the parameters whose memory changed since attach."""
+        return [name for name, t, p in self._where if t.data_ptr() != p]
 
     def sync(self, min_version=0, timeout_ms=0, verify=False):
         """Copies the newest published version (at least min_version,
-        waiting up to timeout_ms for it; 0: wexd's sync_timeout_ms) into
-        the parameters in place; verify=True compares every byte with the
-        trainer's before returning.  Returns a dict: version, bytes, ops,
-        seconds, changed, waited, verified, verify_seconds (libwex's
-        struct wex_sync_result), rank, group and wall_seconds.  Raises
-        wex.WexError (the weights are dirty on EVERIFY and on a copy that
-        failed half-way: the next sync copies everything again)."""
+        waiting up to timeout_ms for it; 0: the client's timeout_ms if
+        given, else wexd's sync_timeout_ms) into the parameters in place;
+        verify=True compares every byte with the trainer's before
+        returning.  libwex first waits for the process's queued GPU work
+        (the engine's kernels that read the weights).  Returns a dict:
+        version, bytes, ops, seconds, changed, waited, verified,
+        verify_seconds (libwex's struct wex_sync_result), rank, group and
+        wall_seconds.  Raises ValueError when the engine re-allocated a
+        parameter since attach (attach again), wex.WexError otherwise (the
+        weights are dirty on EVERIFY and on a copy that failed half-way,
+        dirty() says so: the next sync copies everything again)."""
         if self.client is None:
             raise ValueError("this engine rank is closed")
+        moved = self.moved()
+        if moved:
+            raise ValueError("the engine re-allocated %d parameter(s) since they were attached "
+                             "(%s%s): their old memory may be in other use; detach and attach "
+                             "again" % (len(moved), ", ".join(moved[:3]),
+                                        " ..." if len(moved) > 3 else ""))
         t0 = time.monotonic()
-        self._drain()
         r = self.client.sync(wex.SYNC_COPY, min_version=min_version, timeout_ms=timeout_ms,
                              verify=verify)
         self.version = r.version
@@ -143,6 +206,11 @@ class EngineRank:
             out["verified"], out["verify_seconds"] = 0, 0.0
         out.update(rank=self.rank, group=self.group, wall_seconds=time.monotonic() - t0)
         return out
+
+    def dirty(self):
+        """True when the weights are mixed (a copy failed half-way, or a
+        verification found a difference) until a sync succeeds."""
+        return self.client is not None and self.client.is_dirty()
 
     def describe(self):
         """What is attached: a dict for logs and RPC replies."""

@@ -13,32 +13,43 @@ trainer's newest version into its own parameters in place:
     engine.update_weights_from_tensor(
         wex.sglang.request(model="policy", group="rollout0", min_version=step),
         load_format="wex.sglang.load")
+    wex.sglang.check("policy", "rollout0", step)   # raises unless every rank has it
 
 The first request of a worker attaches its parameters (SGLang's names:
 qkv_proj, gate_up_proj, w13_weight, a padded vocabulary) as rank
-tp_rank + tp * pp_rank of the layout "sglang:tp=T,pp=P" (",dp=N,
-dp_attention=1" with --enable-dp-attention, ",ep=E" with --ep-size),
-from the model's config.json; `layout=` gives another spec (fuse_shared,
-a2a, dense_tp, ...).  Later requests must ask for the same model, group
-and layout.  post_load=True runs the model's post_load_weights() after
-each sync (DeepSeek's MLA keeps w_kc/w_vc, copies of kv_b_proj).
+tp_rank + tp * pp_rank of the layout SGLang's server arguments describe
+("sglang:tp=T,pp=P"; ",dp=N,dp_attention=1" with --enable-dp-attention,
+",ep=E" with --ep-size, dp_lm_head, dense_tp, a2a, and fuse_shared when
+the model fused DeepSeek's shared expert), from the model's config.json
+(its directory, or the local Hugging Face cache); `layout=` gives another
+spec.  Later requests must ask for the same model, group and layout.  A
+model with post_load_weights() (DeepSeek's MLA keeps w_kc/w_vc, copies of
+kv_b_proj) has it run after each sync unless post_load=False.
 
-SGLang ignores what a loader returns: a failed sync raises in the
-worker, which SGLang treats as it treats any failed weight update (its
-scheduler logs the exception; the version an engine holds is in
-`wexctl status`).  Not covered: --dp N without --enable-dp-attention
-(independent replicas: run one engine per replica, each with its own
-group), and the draft model of speculative decoding (the loader is
-called for it too; it has its own names).
+Errors.  SGLang stops the whole server when a loader raises, and ignores
+what a loader returns.  So a failure that leaves the weights as they
+were (a refusal at attach, no version in time, wexd unreachable) is
+logged, not raised: the worker keeps serving the version it holds, and
+check() (wexd's view of the group) tells the driver.  A failure that
+leaves them mixed (a copy interrupted half-way, a verification that found
+a difference) raises: serving mixed weights is worse than stopping.
+
+Refused (logged): --dp N without --enable-dp-attention (independent
+replicas that a worker cannot tell apart: run one engine per replica,
+each its own group), EPLB and redundant experts (experts move between
+ranks), attention context parallelism and --moe-dp-size.  Skipped
+(logged): the draft model of speculative decoding (the loader is called
+for it too; it holds other tensors).  While SGLang has released its
+memory (release_memory_occupation) the weights are not mapped: resume
+first.  SGLang flushes its cache after an update (flush_cache=True).
 """
 import json
 import logging
-import os
 
 import wex
-from wex.engine import EngineRank
+from wex.engine import EngineRank, check_group, config_path
 
-__all__ = ["request", "load", "parallel_info", "default_spec"]
+__all__ = ["request", "load", "check", "status", "parallel_info", "default_spec"]
 
 log = logging.getLogger("wex.sglang")
 
@@ -46,30 +57,37 @@ PREFIX = "wex:"
 _ATTACH_KEYS = ("model", "group", "layout", "config", "adapters", "socket", "timeout_ms",
                 "copy_threads", "strip_prefix", "ignore")
 _SYNC_KEYS = ("min_version", "sync_timeout_ms", "verify", "post_load", "detach")
-_ranks = {}  # id(model) -> (EngineRank, attach arguments, model: kept, so the id stays its)
+_DRAFT_CLASSES = ("NextN", "Eagle", "MTP", "Draft")
+_ranks = {}   # id(model) -> (EngineRank, attach arguments, model: kept, so the id stays its)
+_status = {}  # id(model) -> the last request's outcome, for status()
 
 
 def request(model, *, group=None, layout=None, config=None, adapters=None, socket=None,
             timeout_ms=None, copy_threads=None, strip_prefix=None, ignore=(), min_version=0,
-            sync_timeout_ms=0, verify=False, post_load=False, detach=False):
+            sync_timeout_ms=0, verify=False, post_load=None, detach=False):
     """The named_tensors for engine.update_weights_from_tensor(...,
     load_format="wex.sglang.load"): one (name, tensor) pair whose name
     carries the arguments (SGLang sends names as they are to every
-    worker; the one-byte tensor is there because it wants a tensor).
-    sync_timeout_ms is how long a sync waits for min_version (0: wexd's
-    sync_timeout_ms); timeout_ms is each call to wexd's.  detach=True
-    closes the worker's client instead of syncing."""
+    worker; the tensor, empty, is there because it wants one: an empty
+    tensor pickles by value, so the request also goes through SGLang's
+    HTTP API and to every rank).  sync_timeout_ms: how long a sync waits
+    for min_version (0: timeout_ms if given, else wexd's
+    sync_timeout_ms); timeout_ms: the client's, for each call to wexd.
+    post_load: None runs the model's post_load_weights() where it has
+    one, True requires it, False never.  detach=True closes the worker's
+    client (of this model and group) instead of syncing."""
     import torch
 
+    if not model or not isinstance(model, str):
+        raise ValueError("request: model must be the name the trainer publishes under")
     args = {"model": model, "group": group, "layout": layout, "config": config,
             "adapters": adapters, "socket": socket, "timeout_ms": timeout_ms,
             "copy_threads": copy_threads, "strip_prefix": strip_prefix,
             "ignore": list(ignore) if not isinstance(ignore, str) else [ignore],
             "min_version": int(min_version), "sync_timeout_ms": int(sync_timeout_ms),
-            "verify": bool(verify), "post_load": bool(post_load), "detach": bool(detach)}
-    if not model or not isinstance(model, str):
-        raise ValueError("request: model must be the name the trainer publishes under")
-    return [(PREFIX + json.dumps(args, sort_keys=True), torch.zeros(1, dtype=torch.uint8))]
+            "verify": bool(verify), "post_load": post_load if post_load is None else
+            bool(post_load), "detach": bool(detach)}
+    return [(PREFIX + json.dumps(args, sort_keys=True), torch.empty(0, dtype=torch.uint8))]
 
 
 def _parse(named_tensors):
@@ -92,35 +110,64 @@ def _parse(named_tensors):
 
 
 def _server_args():
+    """SGLang's server arguments, or None in an SGLang without
+    get_global_server_args (then the layout must be given)."""
     try:
         from sglang.srt.server_args import get_global_server_args
-        return get_global_server_args()
-    except ImportError:  # SGLang before get_global_server_args
-        from sglang.srt.managers.schedule_batch import global_server_args_dict
-        return type("ServerArgs", (), dict(global_server_args_dict))
+    except ImportError:
+        return None
+    return get_global_server_args()
 
 
 def parallel_info():
-    """{tp, tp_rank, pp, pp_rank, dp, dp_attention, ep, model_path} of this
-    SGLang worker: sglang.srt.distributed's groups and the server args."""
+    """This SGLang worker's parallel state: tp, tp_rank, pp, pp_rank
+    (sglang.srt.distributed's groups) and, from the server arguments,
+    dp, dp_attention, ep, dp_lm_head, dense_tp, a2a, eplb, attn_cp, moe_dp
+    and model_path (None for those an older SGLang does not say)."""
     from sglang.srt.distributed import get_pp_group, get_tp_group
 
-    sa = _server_args()
     tp, pp = get_tp_group(), get_pp_group()
-    return {"tp": tp.world_size, "tp_rank": tp.rank_in_group, "pp": pp.world_size,
-            "pp_rank": pp.rank_in_group, "dp": int(getattr(sa, "dp_size", 1) or 1),
-            "dp_attention": bool(getattr(sa, "enable_dp_attention", False)),
-            "ep": int(getattr(sa, "ep_size", 1) or 1),
-            "model_path": getattr(sa, "model_path", None)}
+    out = {"tp": tp.world_size, "tp_rank": tp.rank_in_group, "pp": pp.world_size,
+           "pp_rank": pp.rank_in_group}
+    sa = _server_args()
+    if sa is None:
+        return dict(out, known=False, model_path=None)
+    a2a = getattr(sa, "moe_a2a_backend", None)
+    location = getattr(sa, "init_expert_location", None)
+    out.update(
+        known=True, model_path=getattr(sa, "model_path", None),
+        dp=int(getattr(sa, "dp_size", 1) or 1),
+        dp_attention=bool(getattr(sa, "enable_dp_attention", False)),
+        ep=int(getattr(sa, "ep_size", 1) or 1),
+        dp_lm_head=bool(getattr(sa, "enable_dp_lm_head", False)),
+        dense_tp=getattr(sa, "moe_dense_tp_size", None) == 1,
+        a2a=a2a in ("deepep", "mooncake") or bool(getattr(sa, "enable_deepep_moe", False)),
+        eplb=bool(getattr(sa, "enable_eplb", False)) or
+        int(getattr(sa, "ep_num_redundant_experts", 0) or 0) > 0 or
+        location not in (None, "trivial"),
+        attn_cp=int(getattr(sa, "attn_cp_size", 1) or 1),
+        moe_dp=int(getattr(sa, "moe_dp_size", 1) or 1))
+    return out
 
 
-def default_spec(par):
-    """The sglang layout spec for these parallel sizes; refuses what one
-    worker cannot place (dp replicas without dp-attention)."""
+def default_spec(par, fuse_shared=False):
+    """The sglang layout spec for this worker's parallel state; refuses
+    what the layout cannot describe or a worker cannot place."""
+    if not par.get("known"):
+        raise ValueError("this SGLang has no get_global_server_args: its parallel sizes are "
+                         "unknown here, pass layout= (e.g. 'sglang:tp=%d')" % par["tp"])
     if par["dp"] > 1 and not par["dp_attention"]:
         raise ValueError("SGLang --dp %d without --enable-dp-attention runs independent "
                          "replicas, and a worker cannot tell which it is: run one engine per "
                          "replica, each syncing as its own group" % par["dp"])
+    if par["eplb"]:
+        raise ValueError("EPLB or redundant experts move experts between ranks; the sglang "
+                         "layout places them in order (--init-expert-location trivial, no "
+                         "--enable-eplb, --ep-num-redundant-experts 0)")
+    if par["attn_cp"] > 1 or par["moe_dp"] > 1:
+        raise ValueError("attention context parallelism (attn_cp_size %d) and --moe-dp-size "
+                         "(%d) are not described by the sglang layout"
+                         % (par["attn_cp"], par["moe_dp"]))
     spec = "sglang:tp=%d" % par["tp"]
     if par["pp"] > 1:
         spec += ",pp=%d" % par["pp"]
@@ -128,27 +175,20 @@ def default_spec(par):
         spec += ",dp=%d,dp_attention=1" % par["dp"]
     if par["ep"] > 1:
         spec += ",ep=%d" % par["ep"]
+    for key in ("dp_lm_head", "dense_tp", "a2a"):
+        if par[key]:
+            spec += ",%s=1" % key
+    if fuse_shared:
+        spec += ",fuse_shared=1"
     return spec
-
-
-def _config_path(par, config):
-    if config:
-        return config
-    path = par.get("model_path")
-    if path and os.path.isfile(os.path.join(path, "config.json")):
-        return os.path.join(path, "config.json")
-    raise ValueError("wex.sglang.load: the model %r is not a local directory with a "
-                     "config.json; pass config= (the path of the model's config.json)"
-                     % (path,))
 
 
 def _attach(model, args):
     par = parallel_info()
-    if par["dp"] > 1 and not par["dp_attention"]:
-        default_spec(par)  # raises, saying why
-    spec = args.get("layout")
-    layout = wex.Layout(_config_path(par, args.get("config")),
-                        spec or default_spec(par), args.get("adapters"))
+    spec = args.get("layout") or default_spec(
+        par, int(getattr(model, "num_fused_shared_experts", 0) or 0) > 0)
+    layout = wex.Layout(args.get("config") or config_path(par.get("model_path")), spec,
+                        args.get("adapters"))
     device = None
     for _, t in model.named_parameters():
         if getattr(t, "is_cuda", False):
@@ -163,18 +203,18 @@ def _attach(model, args):
                       ignore=args.get("ignore") or ())
 
 
-def load(model, named_tensors):
-    """SGLang's custom weight loader (--custom-weight-loader
-    wex.sglang.load): attaches this worker's parameters on its first
-    request, then syncs them in place.  Returns the sync's dict (SGLang
-    drops it) or None for detach."""
-    args = _parse(named_tensors)
+def _load(model, args):
     attach = {k: args.get(k) for k in _ATTACH_KEYS}
     held = _ranks.get(id(model))
     if args.get("detach"):
-        if held is not None:
-            held[0].close()
-            del _ranks[id(model)]
+        if held is None:
+            return None
+        if (held[1]["model"], held[1]["group"]) != (args["model"], args.get("group")):
+            raise ValueError("detach: this worker is attached to %r group %r, not %r group %r"
+                             % (held[1]["model"], held[1]["group"], args["model"],
+                                args.get("group")))
+        held[0].close()
+        del _ranks[id(model)]
         return None
     if held is None:
         rank = _attach(model, args)
@@ -182,17 +222,62 @@ def load(model, named_tensors):
         log.info("wex: attached %s", rank.describe())
     elif held[1] != attach:
         changed = sorted(k for k in _ATTACH_KEYS if held[1].get(k) != attach.get(k))
-        raise ValueError("wex.sglang.load: this worker is attached with other arguments "
-                         "(%s differ): send detach=True first" % ", ".join(changed))
+        raise ValueError("this worker is attached with other arguments (%s differ): send "
+                         "detach=True first" % ", ".join(changed))
     out = held[0].sync(min_version=args.get("min_version", 0),
                        timeout_ms=args.get("sync_timeout_ms", 0),
                        verify=args.get("verify", False))
-    if args.get("post_load"):
-        fn = getattr(model, "post_load_weights", None)
-        if fn is None:
-            raise ValueError("post_load=True, but %s has no post_load_weights()"
-                             % type(model).__name__)
+    post = args.get("post_load")
+    fn = getattr(model, "post_load_weights", None)
+    if post and fn is None:
+        raise ValueError("post_load=True, but %s has no post_load_weights()"
+                         % type(model).__name__)
+    if fn is not None and post is not False:
         fn()
+        out["post_load"] = True
     log.info("wex: rank %d of %s now holds version %d (%d bytes copied in %.3f s)",
              out["rank"], out["group"], out["version"], out["bytes"], out["seconds"])
     return out
+
+
+def load(model, named_tensors):
+    """SGLang's custom weight loader (--custom-weight-loader
+    wex.sglang.load): attaches this worker's parameters on its first
+    request, then syncs them in place.  Returns the sync's dict (SGLang
+    drops it; status() keeps it), None for a detach or a skipped draft
+    model, or, for a failure that left the weights as they were, None
+    after logging it (see the module's doc); raises when the weights are
+    mixed."""
+    name = type(model).__name__
+    if any(k in name for k in _DRAFT_CLASSES):
+        log.info("wex: %s is a speculative-decoding draft model: not synced", name)
+        return None
+    try:
+        args = _parse(named_tensors)
+        out = _load(model, args)
+    except Exception as e:
+        held = _ranks.get(id(model))
+        _status[id(model)] = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
+        if held is not None and held[0].dirty():
+            log.error("wex: the weights of rank %d of %s are mixed: %s", held[0].rank,
+                      held[0].group, e)
+            raise
+        log.error("wex: weights unchanged (%s holds version %s): %s", name,
+                  held[0].version if held is not None else "none", e)
+        return None
+    _status[id(model)] = dict(out or {}, ok=True)
+    return out
+
+
+def status(model):
+    """The last request's outcome in this worker for `model` (SGLang's
+    model object): the sync's dict with ok=True, or ok=False and error."""
+    return _status.get(id(model))
+
+
+def check(model, group, min_version, world_size=None, socket=None):
+    """For the driver, after update_weights_from_tensor: raises
+    RuntimeError unless every rank of `group` of wex model `model` was
+    served min_version (wex.engine.check_group; the server's log says
+    why a rank was not)."""
+    return check_group(model, group, min_version, world_size=world_size, socket=socket)
