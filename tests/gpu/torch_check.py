@@ -22,6 +22,8 @@ with its own copy of the model.  For every version the engine
     captured over them before the first swap, replayed after each swap; the
     reserved physical memory is given back while mapped (free memory rises);
   * copies in place into its own parameters;
+  * copies, verified, through the engine hook (wex.engine.EngineRank) into
+    another copy of the model;
 and compares every tensor with torch.equal against the trainer's own copy
 of that version (saved to a file after publishing).
 
@@ -143,6 +145,13 @@ def engine(workdir):
     own_params = dict(own.named_parameters())
     ccopy = wex.Client(wex.ROLE_CONSUMER, MODEL, group="copy", timeout_ms=60000)
     torch_util.attach_module(ccopy, own_params.items())
+    # The engine hook (wex.engine.EngineRank, what wex.vllm and wex.sglang
+    # run in the engines' workers) on a model of its own, verified.
+    from wex.engine import EngineRank
+    hooked = build_model(torch)
+    hooked_params = dict(hooked.named_parameters())
+    hook = EngineRank(MODEL, hooked.named_parameters(), group="hook", timeout_ms=60000,
+                      device=0)
     cmap = wex.Client(wex.ROLE_CONSUMER, MODEL, group="remap", timeout_ms=60000)
     fixed = graph = clones = None
 
@@ -199,11 +208,20 @@ def engine(workdir):
         fig["copy_ms"] = r.seconds * 1e3
         fig["copy_gib_s"] = r.bytes / max(r.seconds, 1e-9) / 2**30
         compare("copy v%d" % v, own_params, ref)
+
+        r = hook.sync(min_version=v, verify=True)
+        assert r["version"] == v, "hook sync served v%d, wanted v%d" % (r["version"], v)
+        assert r["verified"] == sum(t.numel() * t.element_size() for t in ref.values()), \
+            "hook sync verified %d bytes" % r["verified"]
+        fig["hook_ms"] = r["seconds"] * 1e3
+        fig["hook_verify_ms"] = r["verify_seconds"] * 1e3
+        compare("hook v%d" % v, hooked_params, ref)
         print("checked " + json.dumps(fig), flush=True)
     # Tensors over cmap's regions would keep it open past close().
     fixed = clones = graph = None
     cmap.close()
     ccopy.close()
+    hook.close()
 
 
 def readline(p, timeout, deadline):
