@@ -9,9 +9,12 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "log.h"
 #include "verify.h"
 #include "vmm/backend.h"
+#include "wex.h"
 
 #define MAX_THREADS 64
 
@@ -329,15 +332,172 @@ static int gather_side(const struct wex_mem_ops *gather, struct wex_copy_op *g, 
  * of ops. */
 #define RUN_MAX 16384
 
+/*
+ * The gather path keeps two pairs of buffers: while the caller gathers run
+ * k+1 into one, a thread compares run k in the other.  The result cannot
+ * depend on that overlap: every unit is compared once, note() keeps the
+ * smallest (op, dst_off) whatever order the units come in and adds up the
+ * count.  The comparison thread only reads memory: every backend call
+ * (copies, pinning) stays on the caller's thread, whose device binding and
+ * stream-capture mode the public call set (wex_mem_thread_save).
+ */
+struct pair {
+	unsigned char *a, *b; /* sources, destinations: one allocation at a */
+	uint64_t bytes;       /* of the allocation, whole pages */
+	int pin;              /* 1 + the device it was pinned with; 0 not */
+	int tried;            /* pinning was tried (once per pair) */
+};
+
+/* Page-aligned and whole pages, so that no other allocation shares a page
+ * the driver pins (it refuses to register a page twice). */
+static int pair_alloc(struct pair *p, uint64_t cap)
+{
+	long ps = sysconf(_SC_PAGESIZE);
+	uint64_t page = ps > 0 ? (uint64_t)ps : 4096, half = (cap + page - 1) / page * page;
+
+	p->a = aligned_alloc(page, 2 * half);
+	if (!p->a)
+		return -ENOMEM;
+	p->b = p->a + half;
+	p->bytes = 2 * half;
+	return 0;
+}
+
+static int pin_warned;
+
+/*
+ * Pins a pair for the backend's copies before its first gather, with
+ * `dev` (a device the run reads) current; the pinning serves every device
+ * (CUDA: PORTABLE), so later runs reading others use it too.
+ * Device-to-host copies into pageable memory go through the driver's
+ * bounce buffers at a fraction of the link's speed.  Pinning changes how
+ * fast the bytes arrive, never which: where the backend refuses (its kind
+ * has no pinning, the driver is out of memory it may lock, ...) the
+ * comparison goes on through the pageable buffer, with the same result,
+ * and says so once per process (wex_warn) rather than fail a check of the
+ * weights for being slow.
+ */
+static void pair_pin(const struct wex_mem_ops *gather, struct pair *p, int dev)
+{
+	int ret;
+
+	if (p->tried)
+		return;
+	p->tried = 1;
+	ret = gather->host_pin(p->a, p->bytes, dev, 0);
+	if (!ret) {
+		p->pin = dev + 1;
+		return;
+	}
+	if (!__atomic_exchange_n(&pin_warned, 1, __ATOMIC_RELAXED))
+		wex_warn("verify", "the %s backend did not pin %llu bytes of gather buffers (%s): "
+			 "verification reads GPU memory through pageable host memory, slower "
+			 "(said once per process)", gather->name, (unsigned long long)p->bytes,
+			 wex_strerror(ret));
+}
+
+/* Unpins and frees p (its comparison over); the unpin's error. */
+static int pair_free(const struct wex_mem_ops *gather, struct pair *p)
+{
+	int ret = 0;
+
+	if (p->pin)
+		ret = gather->host_unpin(p->a, p->pin - 1);
+	free(p->a);
+	*p = (struct pair){ 0 };
+	return ret;
+}
+
+/* The comparison thread and the one run it is handed at a time. */
+struct cmp {
+	pthread_mutex_t lock;
+	pthread_cond_t cv;
+	pthread_t tid;
+	int started, failed, stop;
+	int queued, running; /* the run below waits; is being compared */
+	struct job *j;
+	size_t lo, hi;
+	const unsigned char *a, *b;
+};
+
+static void *cmp_thread(void *arg)
+{
+	struct cmp *c = arg;
+
+	pthread_mutex_lock(&c->lock);
+	for (;;) {
+		while (!c->queued && !c->stop)
+			pthread_cond_wait(&c->cv, &c->lock);
+		if (!c->queued)
+			break;
+		c->queued = 0;
+		c->running = 1;
+		pthread_mutex_unlock(&c->lock);
+		compare_gathered(c->j, c->lo, c->hi, c->a, c->b);
+		pthread_mutex_lock(&c->lock);
+		c->running = 0;
+		pthread_cond_broadcast(&c->cv);
+	}
+	pthread_mutex_unlock(&c->lock);
+	return NULL;
+}
+
+/*
+ * Hands units [lo, hi), gathered into a and b, to the thread once it has
+ * compared the run before (which read the other pair): so the pair the
+ * caller gathers into next is free.  Where no thread can be started the
+ * caller compares (the same result, without the overlap).
+ */
+static void cmp_post(struct cmp *c, size_t lo, size_t hi, const unsigned char *a,
+		     const unsigned char *b)
+{
+	if (!c->started && !c->failed) {
+		if (pthread_create(&c->tid, NULL, cmp_thread, c) == 0)
+			c->started = 1;
+		else
+			c->failed = 1;
+	}
+	if (!c->started) {
+		compare_gathered(c->j, lo, hi, a, b);
+		return;
+	}
+	pthread_mutex_lock(&c->lock);
+	while (c->queued || c->running)
+		pthread_cond_wait(&c->cv, &c->lock);
+	c->lo = lo;
+	c->hi = hi;
+	c->a = a;
+	c->b = b;
+	c->queued = 1;
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* Returns once the thread compared what it was handed, and ended. */
+static void cmp_stop(struct cmp *c)
+{
+	if (!c->started)
+		return;
+	pthread_mutex_lock(&c->lock);
+	c->stop = 1;
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->lock);
+	pthread_join(c->tid, NULL);
+	c->started = 0;
+}
+
 static int compare_gather(struct job *j, const struct wex_mem_ops *gather, int threads)
 {
 	const struct units *v = j->units;
 	struct wex_copy_op *ga = NULL, *gb = NULL;
-	unsigned char *a = NULL, *b = NULL;
+	struct pair pr[2] = { { 0 }, { 0 } };
+	struct cmp c = { .j = j };
 	uint8_t *ka = NULL, *kb = NULL;
 	uint64_t cap = 0, total = 0;
-	int ret = -ENOMEM;
+	int ret = -ENOMEM, cur = 0;
 
+	if (!v->n)
+		return 0;
 	for (size_t k = 0; k < v->n; k++) {
 		uint64_t bytes = unit_rows(&v->v[k].u) * v->v[k].u.len;
 
@@ -345,29 +505,36 @@ static int compare_gather(struct job *j, const struct wex_mem_ops *gather, int t
 		total += bytes;
 	}
 	/* Runs of units fill buffers of unit_max (a unit is never larger),
-	 * or of what there is to compare when that is less. */
+	 * or of what there is to compare when that is less; the second pair
+	 * is made when a second run comes. */
 	if (cap < unit_max)
 		cap = total < unit_max ? total : unit_max;
-	a = malloc(cap ? cap : 1);
-	b = malloc(cap ? cap : 1);
+	pthread_mutex_init(&c.lock, NULL);
+	pthread_cond_init(&c.cv, NULL);
 	ga = malloc(RUN_MAX * sizeof(*ga));
 	gb = malloc(RUN_MAX * sizeof(*gb));
 	ka = malloc(RUN_MAX);
 	kb = malloc(RUN_MAX);
-	if (!a || !b || !ga || !gb || !ka || !kb)
+	if (!ga || !gb || !ka || !kb)
 		goto out;
 	ret = 0;
 	for (size_t lo = 0; lo < v->n && !ret;) {
+		struct pair *p = &pr[cur];
 		size_t hi = lo, m = 0;
 		uint64_t pos = 0;
+		int dev = -1;
 
+		/* The run p held last was compared before the run of the
+		 * other pair was handed over (cmp_post): p is free. */
+		if (!p->a && (ret = pair_alloc(p, cap)) < 0)
+			break;
 		while (hi < v->n && m < RUN_MAX) {
 			const struct unit *un = &v->v[hi];
 			uint64_t bytes = unit_rows(&un->u) * un->u.len;
-			int sg = gpu_of(un->u.src) >= 0;
-			int dg = gpu_of(un->u.dst) >= 0;
+			int sg = gpu_of(un->u.src);
+			int dg = gpu_of(un->u.dst);
 
-			if (!sg && !dg) {
+			if (sg < 0 && dg < 0) {
 				/* Host memory on both sides: compared where it is
 				 * (in order, so the run's units stay together). */
 				if (m)
@@ -379,28 +546,48 @@ static int compare_gather(struct job *j, const struct wex_mem_ops *gather, int t
 			}
 			if (pos + bytes > cap)
 				break;
-			gather_op(&un->u, 0, a + pos, &ga[m]);
-			gather_op(&un->u, 1, b + pos, &gb[m]);
-			ka[m] = (uint8_t)sg;
-			kb[m] = (uint8_t)dg;
+			if (dev < 0)
+				dev = sg >= 0 ? sg : dg;
+			gather_op(&un->u, 0, p->a + pos, &ga[m]);
+			gather_op(&un->u, 1, p->b + pos, &gb[m]);
+			ka[m] = (uint8_t)(sg >= 0);
+			kb[m] = (uint8_t)(dg >= 0);
 			m++;
 			pos += bytes;
 			hi++;
 		}
 		if (!m)
 			continue;
+		/* dev >= 0: a gathered unit has a side in GPU memory. */
+		pair_pin(gather, p, dev);
 		ret = gather_side(gather, ga, m, ka, threads);
 		if (!ret)
 			ret = gather_side(gather, gb, m, kb, threads);
-		if (!ret)
-			compare_gathered(j, lo, hi, a, b);
+		if (ret)
+			break;
+		/* The last units: nothing left to gather meanwhile. */
+		if (hi == v->n)
+			compare_gathered(j, lo, hi, p->a, p->b);
+		else
+			cmp_post(&c, lo, hi, p->a, p->b);
+		cur = !cur;
 		lo = hi;
 	}
 out:
+	/* A run handed over is compared even after an error (bounded, and
+	 * the result is dropped): the thread must end before the buffers
+	 * go. */
+	cmp_stop(&c);
+	for (int i = 0; i < 2; i++) {
+		int r = pair_free(gather, &pr[i]);
+
+		if (!ret)
+			ret = r;
+	}
+	pthread_cond_destroy(&c.cv);
+	pthread_mutex_destroy(&c.lock);
 	free(ka);
 	free(kb);
-	free(a);
-	free(b);
 	free(ga);
 	free(gb);
 	return ret;

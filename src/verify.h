@@ -31,11 +31,15 @@ struct wex_verify_diff {
  * threads.  Otherwise (GPU memory on either side) `gather`'s copy slot
  * brings each side in GPU memory into a host buffer, 64 MiB at a time
  * (sides in host memory are copied there with memcpy, and ops with both
- * sides in host memory compared in place), and they are compared there.
- * Returns 0 when every byte is equal, 1 when some differ (*diff says
- * where the first in op order is, as address differences from the op's
- * dst and src, and how many differ), or a negative errno (the gather's
- * error, -ENOMEM).  Blocks.
+ * sides in host memory compared in place), and they are compared there:
+ * two pairs of buffers pinned with gather's host_pin slot (pageable,
+ * warned once per process, where it refuses), one run gathered on the
+ * calling thread while another thread compares the run before.  Every
+ * call to `gather` is made on the calling thread.  Returns 0 when every
+ * byte is equal, 1 when some differ (*diff says where the first in op
+ * order is, as address differences from the op's dst and src, and how
+ * many differ), or a negative errno (the gather's error, which ends the
+ * comparison; -ENOMEM; else host_unpin's).  Blocks.
  */
 int wex__verify_ops(const struct wex_copy_op *ops, size_t n, const struct wex_mem_ops *gather,
 		    int threads, struct wex_verify_diff *diff);

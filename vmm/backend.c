@@ -55,6 +55,16 @@ int wex_mem_nop_sync_device(const struct wex_mem_seg *seg)
 	return 0;
 }
 
+int wex_mem_enotsup_host_pin(void *p, uint64_t size, int device, int readonly)
+{
+	return -EOPNOTSUPP;
+}
+
+int wex_mem_enotsup_host_unpin(void *p, int device)
+{
+	return -EOPNOTSUPP;
+}
+
 int wex_mem_device_of(const struct wex_mem_desc *desc, int *dev)
 {
 	if (desc->kind == WEX_MEM_HOST) {

@@ -166,6 +166,22 @@ struct wex_mem_ops {
 	 * (expandable segments) holds no fd per allocation.  The calling
 	 * thread's current device is kept.  Blocks briefly. */
 	int (*export_fd)(const struct wex_mem_seg *seg, int *fd);
+	/*
+	 * A caller's own host buffer [p, p+size) (verification's gather
+	 * buffers) page-locked for DMA by every context of this kind's
+	 * devices, with device `device` current, so that the copy slot moves
+	 * bytes between it and this kind's memory at link speed rather than
+	 * through the driver's pageable bounce buffers; `readonly`: the
+	 * mapping is PROT_READ.  0 when pinned; -EOPNOTSUPP where the kind
+	 * has no such thing (host memory); else the driver's error (logged).
+	 * p and size are best page-aligned (no other buffer may share a
+	 * pinned page).  Blocks: every page is pinned.
+	 */
+	int (*host_pin)(void *p, uint64_t size, int device, int readonly);
+	/* Undoes host_pin (the same p and device) after waiting for work
+	 * queued in this kind's contexts, which may still use the pages;
+	 * call before the buffer is freed.  Blocks. */
+	int (*host_unpin)(void *p, int device);
 };
 
 /* The backend for a kind, or NULL when this build lacks it. */
@@ -244,5 +260,7 @@ int wex_mem_enotsup_wrap_chunks(void *ptr, uint64_t size, struct wex_mem_seg *se
 int wex_mem_enotsup_import_chunks(const struct wex_mem_desc *descs, const int *fds, size_t n,
 				  int access_dev, struct wex_mem_seg *seg);
 int wex_mem_nop_sync_device(const struct wex_mem_seg *seg);
+int wex_mem_enotsup_host_pin(void *p, uint64_t size, int device, int readonly);
+int wex_mem_enotsup_host_unpin(void *p, int device);
 
 #endif

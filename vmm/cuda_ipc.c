@@ -405,4 +405,6 @@ const struct wex_mem_ops wex_mem_cuda_ipc_ops = {
 	.wrap_chunks = wex_mem_enotsup_wrap_chunks,
 	.import_chunks = wex_mem_enotsup_import_chunks,
 	.sync_device = wex__cuda_sync_device,
+	.host_pin = wex__cuda_host_pin,
+	.host_unpin = wex__cuda_host_unpin,
 };

@@ -1169,5 +1169,7 @@ const struct wex_mem_ops wex_mem_cuda_vmm_ops = {
 	.wrap_chunks = vmm_wrap_chunks,
 	.import_chunks = wex__cuda_vmm_import_chunks,
 	.sync_device = wex__cuda_sync_device,
+	.host_pin = wex__cuda_host_pin,
+	.host_unpin = wex__cuda_host_unpin,
 	.export_fd = vmm_export_fd,
 };

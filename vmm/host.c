@@ -662,4 +662,7 @@ const struct wex_mem_ops wex_mem_host_ops = {
 	.wrap_chunks = wex_mem_enotsup_wrap_chunks,
 	.import_chunks = wex_mem_enotsup_import_chunks,
 	.sync_device = wex_mem_nop_sync_device,
+	/* Host-to-host copies gain nothing from pinned buffers. */
+	.host_pin = wex_mem_enotsup_host_pin,
+	.host_unpin = wex_mem_enotsup_host_unpin,
 };

@@ -3,20 +3,34 @@
  * verify_ops - unit test of wex__verify_ops (src/verify.h), the byte
  * comparison behind WEX_SYNC_VERIFY and wexctl verify, in both of its
  * paths: in place over threads (host memory), and gathered into host
- * buffers through a backend's copy slot (the host backend's here, which
- * runs the same gather code the GPU path runs: every address taken for
- * GPU memory, or only those in odd pages, so that host and GPU sides mix
- * in one run).  Ops of 0-3 outer dims,
+ * buffers through a backend's copy slot (a stand-in backend here: the host
+ * backend's copies, with pinning that records what it pinned; it runs the
+ * same gather code the GPU path runs: every address taken for GPU memory,
+ * or only those in odd pages, so that host and GPU sides mix in one run).
+ * Ops of 0-3 outer dims,
  * with the unit (the gather buffers' size) set to 64 KiB: a row longer
  * than a unit, ops cut along their first and second outer dims.  Equal copies must compare equal; then single bytes flipped at
  * random places (in the destination, then in the source) must be found:
  * the first one in op order, its offsets from the op's dst and src, and
  * the count of different bytes.  Bytes outside every op may differ
  * freely and must not be reported.
+ * After every gathered comparison: the backend's copies wrote only into
+ * pinned memory, at most two buffer pairs were pinned, none larger than
+ * two units, and every one was unpinned before the call returned.
+ * Several runs (the gather of one overlaps the comparison of the one
+ * before): a byte in the first run and one in the last, two in late runs,
+ * counted and the first reported exactly.  The first, second, a middle
+ * or the last copy call of the gather failing: its error returned (not a
+ * difference found before it), no copy after it, everything unpinned.  Pinning refused
+ * for the first or the second pair: the same results through pageable
+ * memory, the other pair unpinned.  An unpin that fails: its error
+ * returned, the other pair unpinned still.
  */
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "helpers.h"
 #include "src/verify.h"
@@ -112,17 +126,122 @@ static int odd_pages_gpu(uint64_t addr)
 
 static const char *const path_name[] = { "in place", "gathered", "gathered, mixed" };
 
+/*
+ * The gather backend: the host backend's table with its own pinning and
+ * copy slot.  host_pin records the ranges (never two overlapping), the
+ * copy slot counts the ops that write outside every pinned range, and
+ * each can be made to fail at its nth call.  verify.c calls them from the
+ * caller's thread only (its comparison thread touches no backend).
+ */
+static struct wex_mem_ops fake;
+static struct {
+	void *p;
+	uint64_t size;
+} pinned[8];
+static int npinned;
+static unsigned long pin_calls, unpin_calls, copy_calls, unpinned_copies;
+static unsigned long fail_pin_at, fail_copy_at, fail_unpin_at; /* call numbers; 0: none */
+static uint64_t pin_max;
+
+static int fake_pin(void *p, uint64_t size, int device, int readonly)
+{
+	uint64_t a = (uint64_t)(uintptr_t)p;
+
+	if (++pin_calls == fail_pin_at)
+		return -ENOMEM;
+	T_ASSERT(npinned < 8 && size > 0 && !readonly && device >= 0, "pin %d %llu %d %d", npinned,
+		 (unsigned long long)size, device, readonly);
+	for (int i = 0; i < npinned; i++) {
+		uint64_t b = (uint64_t)(uintptr_t)pinned[i].p;
+
+		T_ASSERT(a + size <= b || b + pinned[i].size <= a, "a page pinned twice");
+	}
+	pinned[npinned].p = p;
+	pinned[npinned].size = size;
+	npinned++;
+	pin_max = size > pin_max ? size : pin_max;
+	return 0;
+}
+
+static int fake_unpin(void *p, int device)
+{
+	int i = 0;
+
+	unpin_calls++;
+	while (i < npinned && pinned[i].p != p)
+		i++;
+	T_ASSERT(i < npinned, "unpin of %p, which is not pinned", p);
+	pinned[i] = pinned[--npinned];
+	return unpin_calls == fail_unpin_at ? -EBUSY : 0;
+}
+
+static int in_pinned(uint64_t a, uint64_t n)
+{
+	for (int i = 0; i < npinned; i++) {
+		uint64_t b = (uint64_t)(uintptr_t)pinned[i].p;
+
+		if (a >= b && a + n <= b + pinned[i].size)
+			return 1;
+	}
+	return 0;
+}
+
+static int fake_copy(const struct wex_copy_op *ops, size_t n, int threads)
+{
+	if (++copy_calls == fail_copy_at)
+		return -EIO;
+	/* The gather packs rows: an op's destination is one range. */
+	for (size_t i = 0; i < n; i++)
+		if (!in_pinned(ops[i].dst, wex__ops_bytes(&ops[i], 1)))
+			unpinned_copies++;
+	return wex_mem_host_copy(ops, n, threads);
+}
+
+/* What the backend counted, to compare before and after a call. */
+struct counts {
+	unsigned long pins, unpins, copies, unpinned;
+};
+
+static struct counts counts(void)
+{
+	return (struct counts){ pin_calls, unpin_calls, copy_calls, unpinned_copies };
+}
+
+/* After a gathered call: nothing left pinned, at most two pairs of at
+ * most two units each, and (unless a pin was refused: `refused`) no copy
+ * into memory that was not pinned. */
+static void check_pins(const char *what, struct counts was, int refused)
+{
+	long ps = sysconf(_SC_PAGESIZE);
+	uint64_t page = ps > 0 ? (uint64_t)ps : 4096;
+	uint64_t unit = wex__verify_unit(0);
+
+	T_ASSERT(npinned == 0, "%s: %d buffers left pinned", what, npinned);
+	T_ASSERT(pin_calls - was.pins <= 2, "%s: %lu pins", what, pin_calls - was.pins);
+	T_ASSERT(unpin_calls - was.unpins == pin_calls - was.pins - (unsigned long)refused,
+		 "%s: %lu pins (%d refused), %lu unpins", what, pin_calls - was.pins, refused,
+		 unpin_calls - was.unpins);
+	T_ASSERT(pin_max <= 2 * ((unit + page - 1) / page * page), "%s: %llu bytes pinned at once",
+		 what, (unsigned long long)pin_max);
+	if (!refused)
+		T_ASSERT(unpinned_copies == was.unpinned, "%s: %lu copies into pageable memory", what,
+			 unpinned_copies - was.unpinned);
+}
+
 static void check(const char *what, const struct wex_copy_op *ops, size_t n, int threads,
 		  int want, size_t op, uint64_t dst_off, uint64_t src_off, uint64_t bytes)
 {
 	for (int path = 0; path < 3; path++) {
-		const struct wex_mem_ops *g = path ? &wex_mem_host_ops : NULL;
+		const struct wex_mem_ops *g = path ? &fake : NULL;
 		struct wex_verify_diff diff;
+		struct counts was = counts();
 		int ret;
 
 		wex__verify_where(path == 1 ? all_gpu : path == 2 ? odd_pages_gpu : NULL);
 		ret = wex__verify_ops(ops, n, g, threads, &diff);
 		wex__verify_where(NULL);
+		if (path)
+			check_pins(what, was, 0);
 
 		T_ASSERT(ret == want, "%s (%s, %d threads): returned %d, expected %d", what,
 			 path_name[path], threads, ret, want);
@@ -174,6 +293,142 @@ static void flip_case(const char *what, const struct wex_copy_op *ops, size_t n,
 	check(what, ops, n, threads, 0, 0, 0, 0, 0);
 }
 
+/* Runs one gathered comparison (path 1 or 2) and checks its answer. */
+static int gathered(const struct wex_copy_op *ops, size_t n, int path, int threads,
+		    struct wex_verify_diff *diff)
+{
+	int ret;
+
+	wex__verify_where(path == 1 ? all_gpu : odd_pages_gpu);
+	ret = wex__verify_ops(ops, n, &fake, threads, diff);
+	wex__verify_where(NULL);
+	return ret;
+}
+
+/* Byte b of row r of op o, flipped in its destination or source. */
+struct flip {
+	size_t o;
+	uint64_t s, d;
+	int in_src;
+};
+
+static struct flip flip_at(const struct wex_copy_op *ops, size_t o, uint64_t r, uint64_t b,
+			   int in_src)
+{
+	struct flip f = { .o = o, .in_src = in_src };
+
+	at(&ops[o], r, b, &f.s, &f.d);
+	return f;
+}
+
+static void flip(const struct wex_copy_op *ops, const struct flip *f)
+{
+	*(char *)(uintptr_t)(f->in_src ? ops[f->o].src + f->s : ops[f->o].dst + f->d) ^= 0x5A;
+}
+
+/*
+ * Several runs, compared while the next is gathered: differences in the
+ * first run and the last, or in two late runs, both counted and the first
+ * in op order reported, on both gathered paths.  Then failures: the
+ * first, second, a middle and the last copy slot call failing (the call
+ * returns -EIO even though differences were there to find, and unpins
+ * everything); pinning refused for either pair (the same answer); an
+ * unpin failing (its error, the other pair still unpinned).
+ */
+static void runs_case(const struct wex_copy_op *ops, size_t n)
+{
+	size_t last = n - 1;
+	struct flip early = flip_at(ops, 0, 0, 3, 0);
+	struct flip late = flip_at(ops, last, rows_of(&ops[last]) - 1, ops[last].len - 1, 1);
+	struct flip later = flip_at(ops, last - 1, 0, 0, 0);
+	struct wex_verify_diff d;
+
+	for (int path = 1; path <= 2; path++) {
+		for (int th = 1; th <= 4; th += 3) {
+			struct counts was = counts();
+
+			T_ASSERT(gathered(ops, n, path, th, &d) == 0, "equal, %s", path_name[path]);
+			check_pins("several runs", was, 0);
+			/* Dozens of runs (path 1: two copy calls each). */
+			T_ASSERT(pin_calls - was.pins == 2 && copy_calls - was.copies >= 8,
+				 "%s: %lu pins, %lu copy calls", path_name[path],
+				 pin_calls - was.pins, copy_calls - was.copies);
+
+			flip(ops, &early);
+			flip(ops, &late);
+			was = counts();
+			T_ASSERT(gathered(ops, n, path, th, &d) == 1 && d.op == 0 &&
+					 d.dst_off == early.d && d.src_off == early.s && d.bytes == 2,
+				 "first and last run (%s, %d threads): op %zu dst+%llu, %llu bytes",
+				 path_name[path], th, d.op, (unsigned long long)d.dst_off,
+				 (unsigned long long)d.bytes);
+			check_pins("first and last run", was, 0);
+			flip(ops, &early);
+
+			flip(ops, &later);
+			T_ASSERT(gathered(ops, n, path, th, &d) == 1 && d.op == last - 1 &&
+					 d.dst_off == later.d && d.src_off == later.s && d.bytes == 2,
+				 "two late runs (%s, %d threads): op %zu dst+%llu, %llu bytes",
+				 path_name[path], th, d.op, (unsigned long long)d.dst_off,
+				 (unsigned long long)d.bytes);
+			flip(ops, &later);
+			flip(ops, &late);
+		}
+	}
+
+	/* A failing copy, with differences before and after it. */
+	flip(ops, &early);
+	flip(ops, &late);
+	for (int path = 1; path <= 2; path++) {
+		unsigned long calls = copy_calls, at_call[4];
+
+		T_ASSERT(gathered(ops, n, path, 2, &d) == 1, "before the failures");
+		calls = copy_calls - calls;
+		at_call[0] = 1;
+		at_call[1] = 2;
+		at_call[2] = calls / 2;
+		at_call[3] = calls;
+		for (int i = 0; i < 4; i++) {
+			struct counts was = counts();
+			int ret;
+
+			fail_copy_at = copy_calls + at_call[i];
+			ret = gathered(ops, n, path, 2, &d);
+			fail_copy_at = 0;
+			T_ASSERT(ret == -EIO, "copy call %lu of %lu failing (%s): returned %d",
+				 at_call[i], calls, path_name[path], ret);
+			T_ASSERT(copy_calls - was.copies == at_call[i], "stopped at the failure");
+			check_pins("a failing copy", was, 0);
+		}
+		/* Pinning refused for the first pair, then the second. */
+		for (unsigned long nth = 1; nth <= 2; nth++) {
+			struct counts was = counts();
+
+			fail_pin_at = pin_calls + nth;
+			T_ASSERT(gathered(ops, n, path, 2, &d) == 1 && d.op == 0 &&
+					 d.dst_off == early.d && d.bytes == 2,
+				 "pin %lu refused (%s)", nth, path_name[path]);
+			fail_pin_at = 0;
+			check_pins("pinning refused", was, 1);
+			T_ASSERT(unpinned_copies > was.unpinned, "pageable copies counted");
+		}
+		/* The first unpin fails: its error; the second pair unpinned. */
+		{
+			struct counts was = counts();
+			int ret;
+
+			fail_unpin_at = unpin_calls + 1;
+			ret = gathered(ops, n, path, 2, &d);
+			fail_unpin_at = 0;
+			T_ASSERT(ret == -EBUSY, "a failed unpin (%s): returned %d", path_name[path],
+				 ret);
+			check_pins("a failed unpin", was, 0);
+		}
+	}
+	flip(ops, &early);
+	flip(ops, &late);
+}
+
 int main(void)
 {
 	/* Units (and gather buffers) of 64 KiB instead of 64 MiB: the ops
@@ -187,6 +442,11 @@ int main(void)
 	size_t n = 0;
 
 	T_ASSERT(src && dst, "malloc");
+	fake = wex_mem_host_ops;
+	fake.name = "stand-in";
+	fake.host_pin = fake_pin;
+	fake.host_unpin = fake_unpin;
+	fake.copy = fake_copy;
 	T_ASSERT(wex__verify_unit(unit) == 64u << 20, "the default unit is 64 MiB");
 	for (size_t i = 0; i < cap; i++) {
 		src[i] = (char)(i * 131 + (i >> 9));
@@ -238,6 +498,7 @@ int main(void)
 		check("the last op's first byte", ops, n, th, 1, n - 1, 0, 0, 1);
 		*(char *)(uintptr_t)(ops[n - 1].dst) ^= 1;
 	}
+	runs_case(ops, n);
 	/* Nothing to compare. */
 	check("no ops", ops, 0, 2, 0, 0, 0, 0, 0);
 	free(src);

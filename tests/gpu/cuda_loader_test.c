@@ -40,7 +40,9 @@ static void check_tables(void)
 		CHECK(o);
 		CHECK(o->kind == k);
 		CHECK(o->name && o->probe && o->alloc && o->wrap && o->import && o->release &&
-		      o->reserve && o->map_fixed && o->unmap_fixed && o->unreserve && o->copy);
+		      o->reserve && o->map_fixed && o->unmap_fixed && o->unreserve && o->copy &&
+		      o->wrap_chunks && o->import_chunks && o->sync_device && o->host_pin &&
+		      o->host_unpin);
 	}
 	CHECK(wex_mem_backend(0) == NULL);
 	CHECK(wex_mem_backend(WEX_MEM_KINDS) == NULL);
@@ -81,6 +83,8 @@ static void check_ops(const struct wex_mem_ops *o, int kind)
 		CHECK(ret == 0 || ret == -EOPNOTSUPP);
 	}
 	NOCUDA(o->copy(&op, 1, 1));
+	NOCUDA(o->host_pin(buf, sizeof(buf), 0, 0));
+	NOCUDA(o->host_unpin(buf, 0));
 	CHECK(fd_count() == before);
 }
 

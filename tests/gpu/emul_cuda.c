@@ -68,7 +68,9 @@
  *    also clears READ_ONLY_HOST_REGISTER_SUPPORTED), never registers a
  *    page twice, and cuMemHostUnregister fails once the range was
  *    unmapped and drops work still queued on it, as unmapping does
- *    (wex_emul_host_regs() counts live registrations);
+ *    (wex_emul_host_regs() counts live registrations;
+ *    wex_emul_pageable_copies() the copies so far that moved host memory
+ *    not registered, which a GPU copies slowly through bounce buffers);
  *  - events are created in the current context (none: error), are
  *    recorded only on a stream of that context, and an interprocess event
  *    needs CU_EVENT_DISABLE_TIMING (and is the only kind with a handle);
@@ -1427,12 +1429,42 @@ static int lose(size_t n)
 	return at >= from && at < to;
 }
 
+/* Copies so far (each cuMemcpy* call, each copy of a batch) that read or
+ * wrote host memory not registered with cuMemHostRegister: pageable
+ * memory, which a GPU moves through the driver's bounce buffers at a
+ * fraction of the link's speed (here it is copied alike; tests count). */
+static unsigned long pageable;
+
+/* Whether [a, a+n) is host memory not wholly inside one registration. */
+static int pageable_range(uint64_t a, uint64_t n)
+{
+	struct range *r = find_any(a);
+
+	if (n == 0 || (r && r->kind >= 1 && r->kind <= 3))
+		return 0; /* device memory (or nothing copied) */
+	r = find_kind(a, 4);
+	return !r || a + n > r->va + r->size;
+}
+
+static void count_pageable(uint64_t d, uint64_t s, uint64_t n)
+{
+	if (pageable_range(d, n) || pageable_range(s, n))
+		pageable++;
+}
+
+/* Copies that moved pageable host memory so far (see above). */
+API unsigned long wex_emul_pageable_copies(void)
+{
+	return pageable;
+}
+
 static CUresult e_memcpy(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 {
 	FORKED();
 	HOOK("cuMemcpyAsync");
 	REACH(s, n, 0);
 	REACH(d, n, 1);
+	count_pageable(d, s, n);
 	if (lose(n))
 		return CUDA_SUCCESS;
 	if (deferring()) {
@@ -1448,6 +1480,7 @@ static CUresult e_htod(CUdeviceptr d, const void *s, size_t n)
 	FORKED();
 	UNSAFE();
 	REACH(d, n, 1);
+	count_pageable(d, (uint64_t)(uintptr_t)s, n);
 	flush();
 	memcpy((void *)(uintptr_t)d, s, n);
 	return CUDA_SUCCESS;
@@ -1458,6 +1491,7 @@ static CUresult e_dtoh(void *d, CUdeviceptr s, size_t n)
 	FORKED();
 	UNSAFE();
 	REACH(s, n, 0);
+	count_pageable((uint64_t)(uintptr_t)d, s, n);
 	flush();
 	memcpy(d, (const void *)(uintptr_t)s, n);
 	return CUDA_SUCCESS;
@@ -1517,6 +1551,8 @@ static CUresult copy3d(uint64_t db, uint64_t dx, uint64_t dy, uint64_t dz, uint6
 		       uint64_t spitch, uint64_t srows, uint64_t width, uint64_t height,
 		       uint64_t depth)
 {
+	int slow = 0;
+
 	for (int pass = 0; pass < 2; pass++)
 		for (uint64_t z = 0; z < depth; z++)
 			for (uint64_t y = 0; y < height; y++) {
@@ -1526,6 +1562,9 @@ static CUresult copy3d(uint64_t db, uint64_t dx, uint64_t dy, uint64_t dz, uint6
 				if (pass == 0) {
 					REACH(s, width, 0);
 					REACH(d, width, 1);
+					slow |= pageable_range(d, width) || pageable_range(s, width);
+					if (z == depth - 1 && y == height - 1)
+						pageable += (unsigned long)slow;
 				} else {
 					memcpy((void *)(uintptr_t)d, (const void *)(uintptr_t)s,
 					       width);
@@ -1595,6 +1634,8 @@ static CUresult batch(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, C
 		REACH(s[i], n[i], 0);
 		REACH(d[i], n[i], 1);
 	}
+	for (size_t i = 0; i < count; i++)
+		count_pageable(d[i], s[i], n[i]);
 	/* "Copies within a batch are not guaranteed to execute in any
 	 * specific order": last first, so that a caller whose copies depend
 	 * on each other (one writing what another reads or writes) gets other

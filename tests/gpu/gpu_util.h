@@ -553,6 +553,16 @@ static inline int emul_host_regs(void)
 	return f ? f() : -1;
 }
 
+/* Copies the emulated driver made so far that moved host memory not
+ * registered with cuMemHostRegister (pageable); -1 on a GPU. */
+static inline long emul_pageable_copies(void)
+{
+	unsigned long (*f)(void) =
+		(unsigned long (*)(void))(uintptr_t)emul_sym("wex_emul_pageable_copies");
+
+	return f ? (long)f() : -1;
+}
+
 /* Whether this process retained device dev's primary context (emulated
  * driver); -1 on a GPU. */
 static inline int emul_ctx_retained(int dev)
