@@ -105,7 +105,7 @@ def _group(key):
     return get
 
 
-def install_engine_stubs():
+def install_engine_modules():
     mods = {}
     for name in ("vllm", "vllm.distributed", "vllm.distributed.parallel_state", "sglang",
                  "sglang.srt", "sglang.srt.distributed", "sglang.srt.server_args"):
@@ -120,7 +120,7 @@ def install_engine_stubs():
     mods["sglang.srt.server_args"].get_global_server_args = lambda: SERVER_ARGS
 
 
-install_engine_stubs()
+install_engine_modules()
 
 
 def set_par(tp=(2, 0), pp=(1, 0), dp=(1, 0), pcp=(1, 0)):

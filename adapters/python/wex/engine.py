@@ -113,17 +113,22 @@ def check_group(model, group, min_version, world_size=None, socket=None):
     return ranks
 
 
-def as_layout(layout, config=None, adapters=None):
+def as_layout(layout, config=None, adapters=None, world_size=None, who="engine"):
     """A wex.Layout from a Layout or a spec string (which needs the
-    model's config.json); None stays None (the canonical names)."""
-    if layout is None or isinstance(layout, wex.Layout):
-        return layout
-    if not isinstance(layout, str):
-        raise TypeError("layout must be a wex.Layout or a spec string such as 'vllm:tp=2', "
-                        "not %r" % (layout,))
-    if not config:
-        raise ValueError("layout %r needs config=, the model's config.json" % layout)
-    return wex.Layout(config, layout, adapters)
+    model's config.json); None stays None (the canonical names).  With
+    world_size, a layout of another number of ranks is refused (`who`
+    runs world_size ranks)."""
+    if layout is not None and not isinstance(layout, wex.Layout):
+        if not isinstance(layout, str):
+            raise TypeError("layout must be a wex.Layout or a spec string such as "
+                            "'vllm:tp=2', not %r" % (layout,))
+        if not config:
+            raise ValueError("layout %r needs config=, the model's config.json" % layout)
+        layout = wex.Layout(config, layout, adapters)
+    if layout is not None and world_size is not None and layout.world != world_size:
+        raise ValueError("layout %s has %d ranks, but this %s runs %d"
+                         % (layout.spec, layout.world, who, world_size))
+    return layout
 
 
 class EngineRank:
@@ -142,10 +147,7 @@ class EngineRank:
     def __init__(self, model, named_parameters, *, rank=0, world_size=1, layout=None,
                  config=None, adapters=None, group=None, socket=None, timeout_ms=None,
                  copy_threads=None, device=None, strip_prefix=None, ignore=()):
-        self.layout = as_layout(layout, config, adapters)
-        if self.layout is not None and self.layout.world != world_size:
-            raise ValueError("layout %s has %d ranks, but this engine runs %d"
-                             % (self.layout.spec, self.layout.world, world_size))
+        self.layout = as_layout(layout, config, adapters, world_size, "engine")
         if not 0 <= rank < world_size:
             raise ValueError("rank %d is not in 0..%d" % (rank, world_size - 1))
         items, self.ignored = select_parameters(named_parameters, strip_prefix, ignore)

@@ -39,10 +39,7 @@ class TrainerRank:
         """client: a producer wex.Client the caller opened already (to
         allocate segments= with it first); it is then the caller's to
         close as well."""
-        self.layout = as_layout(layout, config, adapters)
-        if self.layout is not None and self.layout.world != world_size:
-            raise ValueError("layout %s has %d ranks, but this trainer runs %d"
-                             % (self.layout.spec, self.layout.world, world_size))
+        self.layout = as_layout(layout, config, adapters, world_size, "trainer")
         items, self.ignored = select_parameters(named_parameters, strip_prefix, ignore)
         if not items:
             raise ValueError("no parameters to register (%d ignored)" % len(self.ignored))
