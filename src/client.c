@@ -793,7 +793,9 @@ static int reconnect_once(struct wex_client *c, int *greeted)
 		for (size_t i = 0; i < c->nosegs; i++)
 			if ((ret = register_seg(c, &c->osegs[i])) < 0)
 				goto err;
-		if (c->nptensors && (ret = send_tensors(c)) < 0)
+		/* Any table wexd accepted, an empty one too (a rank whose FSDP
+		 * shards are all empty): ptensors is set once one was. */
+		if (c->ptensors && (ret = send_tensors(c)) < 0)
 			goto err;
 		/* A write begun on the old daemon goes on: begin it again here
 		 * (no lease held then, so none the new daemon read back from
@@ -1654,7 +1656,8 @@ static int copy_tensors(struct wex_client *c, const struct wex_tensor *t, size_t
 	copy = malloc((n ? n : 1) * sizeof(*copy));
 	if (!copy)
 		return -ENOMEM;
-	memcpy(copy, t, n * sizeof(*t));
+	if (n) /* t may be NULL for an empty table */
+		memcpy(copy, t, n * sizeof(*t));
 	if (!need_ptr)
 		for (size_t i = 0; i < n; i++)
 			copy[i].ptr = NULL;

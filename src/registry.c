@@ -101,6 +101,7 @@ static void prank_clear(struct prank *r)
 	r->nsegs = 0;
 	r->t = NULL;
 	r->nt = 0;
+	r->has_table = 0;
 	r->bytes = 0;
 }
 
@@ -683,7 +684,7 @@ json_t *wexd_register_tensors(struct wexd *d, struct conn *c, json_t *req, int *
 	/* Other tensors (or memory) under a version already published change
 	 * what that version means: the rank holds none until it publishes
 	 * again, and leases and rounds on the old one are stale. */
-	if (r->published && (n != r->nt || memcmp(t, r->t, n * sizeof(*t)))) {
+	if (r->published && (n != r->nt || (n && memcmp(t, r->t, n * sizeof(*t))))) {
 		wex_info("registry", "producer rank %u of model '%s' registered other tensors after "
 			 "publishing v%llu: it holds no version until it publishes again", c->rank,
 			 c->model->name, (unsigned long long)r->published);
@@ -693,6 +694,7 @@ json_t *wexd_register_tensors(struct wexd *d, struct conn *c, json_t *req, int *
 	free(r->t);
 	r->t = t;
 	r->nt = n;
+	r->has_table = 1;
 	model_invalidate(c->model);
 	plans_free(c->model);
 	return json_pack("{s:b, s:I}", "ok", 1, "count", (json_int_t)n);
@@ -1041,7 +1043,7 @@ json_t *wexd_begin_write(struct wexd *d, struct conn *c, json_t *req)
 	}
 	if (r->writing == (uint64_t)v)
 		return json_pack("{s:b, s:I, s:f}", "ok", 1, "version", v, "waited_ms", 0.0);
-	if (r->nt == 0)
+	if (!r->has_table)
 		return wex__reply_error(-EINVAL, "begin_write: register tensors first");
 	if (d->draining)
 		return wex__reply_error(-ESHUTDOWN, "begin_write: wexd is shutting down");
@@ -1079,11 +1081,11 @@ json_t *wexd_publish(struct wexd *d, struct conn *c, json_t *req)
 		 * it last published with no write begun since: the rank holds
 		 * it again, as if published here, without a begin_write.
 		 */
-		if (v <= 0 || r->nt == 0 || r->writing || (r->published && r->published != (uint64_t)v))
+		if (v <= 0 || !r->has_table || r->writing || (r->published && r->published != (uint64_t)v))
 			return wex__reply_error(-EINVAL, "publish: rank %u cannot restore v%lld (%s)",
 						c->rank, (long long)v,
 						v <= 0 ? "no such version" :
-						r->nt == 0 ? "no tensors registered" :
+						!r->has_table ? "no tensors registered" :
 						r->writing ? "a write is begun" : "it holds another version");
 		if (m->writing && m->writing != (uint64_t)v)
 			return wex__reply_error(-EINVAL,
@@ -1498,7 +1500,7 @@ json_t *wexd_fetch(struct wexd *d, struct conn *c, json_t *req)
 					"since it was acquired (a producer rank left or registered other "
 					"memory): sync again", (unsigned long long)c->lease_version);
 	for (uint32_t i = 0; i < m->world; i++)
-		if (!m->ranks[i].c || !m->ranks[i].nt)
+		if (!m->ranks[i].c || !m->ranks[i].has_table)
 			return wex__reply_error(-EAGAIN, "fetch: producer rank %u of model '%s' is not registered",
 						i, m->name);
 	reply = json_pack("{s:b, s:I, s:i, s:i, s:i}", "ok", 1, "layout_gen",

@@ -107,6 +107,7 @@ struct prank {
 	uint32_t nsegs;
 	struct wex_tensor *t;
 	size_t nt;
+	int has_table;      /* registered a table, possibly empty (FSDP shards) */
 	uint64_t writing;   /* version this rank was granted to write */
 	uint64_t published; /* newest version this rank published */
 	int restored;       /* ... restored: published before this wexd started */

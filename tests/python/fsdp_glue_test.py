@@ -9,7 +9,10 @@ producer group of 4 ranks (clients of one child process, each with its own
 host segment) registers only its dim-0 chunk of every tensor, by boxes=
 (model fsdp-boxes: 5 rows over 4 ranks are 2,2,1,0, the empty one left
 out), and an HSDP group of 2 shards x 2 replicas registers DTensor-like
-parameters (model fsdp-hsdp); an engine attaches whole tensors, copy-syncs
+parameters (model fsdp-hsdp), and 8 DTensor shards of at most 10 rows
+(model fsdp-wide) leave rank 7 with no row of any parameter: it registers
+no memory and an empty table, and publishes each version with the others;
+an engine attaches whole tensors, copy-syncs
 each version and finds them equal (torch.equal) to what the producers
 wrote.  Placements FSDP2 tensors do not have here (Shard(1) from
 shard_placement_fn, _StridedShard of FSDP over TP, Partial, Shard(0) on
@@ -46,7 +49,10 @@ SHAPES = (("embed.weight", (7, 6), torch.bfloat16),
           ("layers.0.mlp.weight", (3, 8), torch.bfloat16),
           ("lm_head.weight", (10, 4), torch.bfloat16))
 # (model, shards, replicas, how the ranks register)
-GROUPS = (("fsdp-boxes", 4, 1, "boxes"), ("fsdp-hsdp", 2, 2, "dtensor"))
+# fsdp-wide: 8 shards of at most 10 rows, ranks 5-7 hold no row of some
+# parameters and rank 7 none of any (no memory, an empty table).
+GROUPS = (("fsdp-boxes", 4, 1, "boxes"), ("fsdp-hsdp", 2, 2, "dtensor"),
+          ("fsdp-wide", 8, 1, "dtensor"))
 
 
 def expected(v):
@@ -127,9 +133,14 @@ def producer():
                 lay.append((name, shape, dt, local, a, off))
                 nb = torch.empty(local, dtype=dt).numel() * torch.empty((), dtype=dt).element_size()
                 off += (nb + 4095) & ~4095
-            seg, base = c.segment_alloc(wex.SEG_HOST, off)
-            mine = {name: torch_util.from_ptr(base + o, local, dt, "cpu")
-                    for name, _, dt, local, _, o in lay}
+            if off:
+                seg, base = c.segment_alloc(wex.SEG_HOST, off)
+                mine = {name: torch_util.from_ptr(base + o, local, dt, "cpu")
+                        for name, _, dt, local, _, o in lay}
+                segs = [(seg, base, off)]
+            else:
+                mine = {name: torch.empty(local, dtype=dt) for name, _, dt, local, _, _ in lay}
+                segs = []
             if how == "boxes":
                 items = list(mine.items())
                 boxes = {name: (shape, a) for name, shape, _, _, a, _ in lay}
@@ -138,7 +149,8 @@ def producer():
                 items = [(name, StandInDTensor(shape, mine[name], (Replicate(), Shard(0)), mesh))
                          for name, shape, _, _, _, _ in lay]
                 boxes = None
-            torch_util.register_module(c, items, segments=[(seg, base, off)], boxes=boxes)
+            got = torch_util.register_module(c, items, segments=segs, boxes=boxes)
+            assert off or got == [], got
             ranks.append((c, n, s, mine))
     for line in sys.stdin:
         v = int(line)

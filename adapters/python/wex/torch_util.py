@@ -107,7 +107,8 @@ def merge_spans(spans, gap=MERGE_GAP):
 
 def _placed(items, ranges, where):
     """[(name, tensor, address, bytes spanned, strides, containing range)]
-    for the non-empty tensors, each found in one of ranges."""
+    for the non-empty tensors, each found in one of ranges (none when
+    every tensor is empty: an FSDP2 rank past the last chunk of each)."""
     out = []
     for name, t in items:
         if t.numel() == 0:
@@ -119,8 +120,6 @@ def _placed(items, ranges, where):
         if seg is None:
             raise ValueError("%s (0x%x, %d bytes) is in %s" % (name, p, nb, where))
         out.append((name, t, p, nb, strides, seg))
-    if not out:
-        raise ValueError("register_module: every tensor is empty")
     return out
 
 
@@ -306,7 +305,10 @@ def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None,
     of a wider buffer) go with their strides; tensors whose elements
     overlap are refused; empty tensors are left out (they hold no bytes,
     and PyTorch gives them no address).  Returns the list of (segment id,
-    address, size) the tensors are in.
+    address, size) the tensors are in.  A rank whose every tensor is
+    empty (FSDP2 shards past the last chunk: 5 rows over 8 ranks) registers
+    no memory and an empty table, and takes part in each version like the
+    others.
 
     Each tensor is registered whole (start 0, extent its shape), except:
     an FSDP2 DTensor parameter (to_local, placements and device_mesh, as
