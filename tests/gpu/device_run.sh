@@ -7,35 +7,41 @@
 #
 #   tests/gpu/device_run.sh [OUTDIR]        (default $OUT, else /tmp/wex-gpu-out)
 #
-# Steps, each logged to OUTDIR/<step>.log and summed up in OUTDIR/summary.txt
-# (which starts with the machine: GPU, driver, kernel, python3 and torch):
+# Steps, in this order (the most wanted results first), each logged to
+# OUTDIR/logs/<step>.log (packed into OUTDIR/logs.tar.gz when the call
+# ends) and summed up in OUTDIR/summary.txt (which starts with the machine:
+# GPU, driver, kernel, python3 and torch):
 #   build     Release build against .deps (Ninja where there is one)
 #   gpu       ctest -L gpu but the PyTorch checks (cuda_facts, the CUDA
 #             tests, gpu_sync_smoke, host_staging_smoke); cuda_facts' JSON
 #             goes to OUTDIR/cuda_facts.json
-#   torch     the PyTorch checks (torch_mempool, torch_expandable)
 #   bench     WEX_BENCH_GB=${WEX_BENCH_GB:-16} gpu_sync with the PyTorch
 #             baselines; its JSON line goes to OUTDIR/gpu_sync.json
+#   torch     the PyTorch checks (torch_mempool, torch_expandable)
 #   staging   WEX_STAGING_GB=${WEX_STAGING_GB:-16} host_staging (pinned
 #             against pageable host staging through wexd); its JSON line
 #             goes to OUTDIR/host_staging.json
-#   memcheck  compute-sanitizer --tool memcheck over the C gpu tests
+#   memcheck  compute-sanitizer --tool memcheck over the C gpu tests, with
+#             the time the others left
 # The JSON files get a "machine" key (nvidia-smi's name, driver, memory).
-# WEX_DEVICE_STEPS selects steps.  One call of the device tool may run 10
-# minutes (give it timeout_s 600) and the machine is not kept between
-# calls, so the whole set is two calls, each with its own build:
-#   WEX_DEVICE_STEPS="build gpu torch staging" WEX_STEP_TIMEOUT=240 tests/gpu/device_run.sh
-#   WEX_DEVICE_STEPS="build bench memcheck" tests/gpu/device_run.sh
-# Time: the call keeps within WEX_DEVICE_BUDGET_S (570) seconds.  Every
+# At most 5 files come back (the device tool returns 8).
+# WEX_DEVICE_STEPS selects steps.  A task lent a GPU has 15 minutes of
+# device time in all, the machine's start (a minute or more) included, and
+# a machine stays warm only 30 s after a call; so the whole set is one
+# call (timeout_s 480), and a rerun of what failed follows it at once, on
+# the warm machine, whose build directory is still there:
+#   tests/gpu/device_run.sh
+#   WEX_DEVICE_STEPS="build memcheck" WEX_DEVICE_BUDGET_S=200 tests/gpu/device_run.sh
+# Time: the call keeps within WEX_DEVICE_BUDGET_S (420) seconds.  Every
 # step runs under `timeout` in a process group of its own (killed whole
 # afterwards, so nothing it left holds GPU memory for the next step), for
-# WEX_STEP_TIMEOUT s where set, else its own default (memcheck 420, the
-# others 270), never past the budget; a step with under 30 s left is not
-# run and says so.  ctest runs with --stop-time at the step's end, so a
-# slow test is reported as a timeout and the step still prints its
-# summary; gpu_sync and memcheck divide what is left themselves.
-# summary.txt is written as steps start and end: a call cut short still
-# says how far it got.
+# WEX_STEP_TIMEOUT s where set, else its own default (build and gpu 150,
+# bench 120, torch 90, staging 60, memcheck what is left), never past the
+# budget; a step with under 30 s left is not run and says so.  ctest runs
+# with --stop-time at the step's end, so a slow test is reported as a
+# timeout and the step still prints its summary; gpu_sync and memcheck
+# divide what is left themselves.  summary.txt is written as steps start
+# and end: a call cut short still says how far it got.
 # Exits non-zero if any step failed or was not run.  A step whose tests
 # skipped is not a pass: it fails (exit 3) where a GPU is visible
 # (nvidia-smi or /dev/nvidia*), else exits 77 ("no GPU"); the skip reasons
@@ -44,11 +50,15 @@ set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUTDIR=${WEX_DEVICE_OUTDIR:-${1:-${OUT:-/tmp/wex-gpu-out}}}
 mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd) # steps cd into the build
-STEPS=${WEX_DEVICE_STEPS:-build gpu torch staging bench memcheck}
-BUDGET=${WEX_DEVICE_BUDGET_S:-570}
+STEPS=${WEX_DEVICE_STEPS:-build gpu bench torch staging memcheck}
+BUDGET=${WEX_DEVICE_BUDGET_S:-420}
 B=${WEX_DEVICE_BUILD:-/tmp/wex-gpu-build}
 DEPS="$ROOT/.deps/root/usr"
 SUM="$OUTDIR/summary.txt"
+# The steps' logs, packed into OUTDIR/logs.tar.gz when the call ends (the
+# device tool brings back at most 8 files).
+LOGDIR="$OUTDIR/logs"
+mkdir -p "$LOGDIR"
 export LD_LIBRARY_PATH="$DEPS/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # Python's output as it happens (a killed step keeps what was printed).
 export PYTHONUNBUFFERED=1
@@ -93,7 +103,7 @@ run_ctest() {
 	(cd "$B" && ctest --no-tests=error --output-on-failure --stop-time "$stop" "$@")
 	rc=$?
 	# ctest's own word for a skip (exit 77), in this step's log.
-	grep -q '\*\*\*Skipped' "$OUTDIR/$STEP.log" || return $rc
+	grep -q '\*\*\*Skipped' "$LOGDIR/$STEP.log" || return $rc
 	echo "== skip reasons:"
 	grep -hE '^(SKIP: |torch_check .*: skipped: )' "$B/Testing/Temporary/LastTest.log" | sort | uniq -c
 	[ $rc -ne 0 ] && return $rc
@@ -198,16 +208,30 @@ skipped=
 
 note() { echo "$*" | tee -a "$SUM"; }
 
-# The step's own limit: WEX_STEP_TIMEOUT, else its default.
+# The step's own limit: WEX_STEP_TIMEOUT, else its default (memcheck
+# takes what the others left).
 step_limit() {
 	if [ -n "${WEX_STEP_TIMEOUT:-}" ]; then
 		echo "$WEX_STEP_TIMEOUT"
-	elif [ "$1" = memcheck ]; then
-		echo 420
 	else
-		echo 270
+		case $1 in
+		build | gpu) echo 150 ;;
+		bench) echo 120 ;;
+		torch) echo 90 ;;
+		staging) echo 60 ;;
+		*) echo 600 ;;
+		esac
 	fi
 }
+
+# Packs the steps' logs into OUTDIR/logs.tar.gz (also when the call is
+# cut short by a signal).
+pack_logs() {
+	[ -d "$LOGDIR" ] || return 0
+	tar czf "$OUTDIR/logs.tar.gz" -C "$OUTDIR" logs && rm -rf "$LOGDIR"
+}
+trap 'pack_logs; exit 143' TERM INT
+trap pack_logs EXIT
 
 # Runs step `name` under timeout, never past the call's budget, in its own
 # process group (timeout signals the whole group: ctest, the tests, their
@@ -224,12 +248,12 @@ step() {
 	fi
 	note "$name: started at +$((now - T0)) s, up to $lim s"
 	WEX_DEVICE_OUTDIR="$OUTDIR" WEX_STEP_END=$((now + lim - 10)) \
-		timeout -k 10 "$lim" sh "$0" --run-step "$name" >"$OUTDIR/$name.log" 2>&1 &
+		timeout -k 10 "$lim" sh "$0" --run-step "$name" >"$LOGDIR/$name.log" 2>&1 &
 	spid=$!
 	wait $spid
 	rc=$?
 	kill -KILL -- "-$spid" 2>/dev/null
-	case $rc in 124 | 137) echo "== $name: killed after $lim s" >>"$OUTDIR/$name.log" ;; esac
+	case $rc in 124 | 137) echo "== $name: killed after $lim s" >>"$LOGDIR/$name.log" ;; esac
 	note "$name: exit $rc in $(($(date +%s) - now)) s$([ $rc -eq 77 ] && echo ' (skipped: not a pass)')$([ $rc -eq 124 ] || [ $rc -eq 137 ] && echo ' (KILLED: out of time)')"
 	[ $rc -eq 0 ] || [ $rc -eq 77 ] || status=1
 	[ $rc -eq 77 ] && skipped="$skipped $name"
@@ -278,7 +302,7 @@ for s in $STEPS; do
 				"$B/CMakeCache.txt" >>"$SUM"
 		else
 			built=0
-			grep -E 'error|Error|not found|NOTFOUND|^build: ' "$OUTDIR/build.log" | head -n 20 >>"$SUM"
+			grep -E 'error|Error|not found|NOTFOUND|^build: ' "$LOGDIR/build.log" | head -n 20 >>"$SUM"
 		fi ;;
 	gpu | torch | bench | staging | memcheck)
 		if [ $built -eq 0 ]; then
@@ -290,16 +314,16 @@ for s in $STEPS; do
 		src=$?
 		case $s in
 		gpu | torch)
-			grep -E "Test +#|tests passed|tests failed|^== |^ +[0-9]+ +(SKIP|torch_check)" "$OUTDIR/$s.log" >>"$SUM"
+			grep -E "Test +#|tests passed|tests failed|^== |^ +[0-9]+ +(SKIP|torch_check)" "$LOGDIR/$s.log" >>"$SUM"
 			[ $s = gpu ] && tag_json "$OUTDIR/cuda_facts.json" && cat "$OUTDIR/cuda_facts.json" >>"$SUM" 2>/dev/null ;;
 		bench)
-			keep_json "$OUTDIR/bench.log" gpu_sync "$OUTDIR/gpu_sync.json" $src
-			grep -E "^(gpu_sync|import|copy|torch|targets)" "$OUTDIR/bench.log" >>"$SUM"
+			keep_json "$LOGDIR/bench.log" gpu_sync "$OUTDIR/gpu_sync.json" $src
+			grep -E "^(gpu_sync|import|copy|torch|targets)" "$LOGDIR/bench.log" >>"$SUM"
 			cat "$OUTDIR/gpu_sync.json" >>"$SUM" 2>/dev/null ;;
 		staging)
-			keep_json "$OUTDIR/staging.log" host_staging "$OUTDIR/host_staging.json" $src
-			tail -n 5 "$OUTDIR/staging.log" >>"$SUM" ;;
-		memcheck) grep -E "ERROR SUMMARY|^== " "$OUTDIR/memcheck.log" >>"$SUM" ;;
+			keep_json "$LOGDIR/staging.log" host_staging "$OUTDIR/host_staging.json" $src
+			tail -n 5 "$LOGDIR/staging.log" >>"$SUM" ;;
+		memcheck) grep -E "ERROR SUMMARY|^== " "$LOGDIR/memcheck.log" >>"$SUM" ;;
 		esac ;;
 	*) note "unknown step $s"; status=1 ;;
 	esac
