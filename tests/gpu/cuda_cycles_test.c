@@ -253,7 +253,7 @@ int main(void)
 	       "free device memory %llu -> %llu MiB\n", CYCLES, (unsigned long long)bad, fds0,
 	       fd_count(), (unsigned long long)(mem0 >> 20), (unsigned long long)(mem_free() >> 20));
 	CHECK(bad == 0);
-	CHECK(fd_count() == fds0);
+	CHECK_FDS(fds0);
 	CHECK(mem_free() + NOISE >= mem0);
 
 	/* A consumer killed while it copies. */

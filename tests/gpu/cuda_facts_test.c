@@ -53,6 +53,7 @@ int main(void)
 	CUdeviceptr va, base = 0;
 	size_t g = 0, sz = 0;
 	int fds0, fds1, fds2, major = 0, minor = 0, fabric = 0, off_ok, ro_ok, fd_steady;
+	int pageable = 0;
 	int self_ok = 0, range_q, unmapped_gpu;
 	CUresult r, self_r, ipc_r, unmapped_ord_r;
 	const char *out = getenv("WEX_FACTS_OUT");
@@ -67,6 +68,10 @@ int main(void)
 	CU_OK(wex__cu.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
 	CU_OK(wex__cu.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
 	CU_OK(wex__cu.cuDeviceGetAttribute(&fabric, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+					   dev));
+	/* HMM: the device reaches pageable memory itself (host_staging's
+	 * "pinned" test and the pageable baselines read differently there). */
+	CU_OK(wex__cu.cuDeviceGetAttribute(&pageable, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
 					   dev));
 	CU_OK(wex__cu.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
 	CU_OK(wex__cu.cuMemAddressReserve(&va, 4 * g, g, 0, 0));
@@ -210,7 +215,7 @@ int main(void)
 		 "\"prot_read\": \"%s\", \"self_import\": \"%s\", \"ipc_handle_on_vmm\": %s, "
 		 "\"driver_fds\": %d, \"fds_steady_over_maps\": %s, "
 		 "\"reservation_range_query\": %s, \"unmapped_ordinal_result\": %d, "
-		 "\"unmapped_ptr_on_gpu\": %d}",
+		 "\"unmapped_ptr_on_gpu\": %d, \"pageable_memory_access\": %d}",
 		 wex__cu.driver_version, major, minor, g, fabric,
 		 wex__cu.cuMemcpyBatchAsync13 || wex__cu.cuMemcpyBatchAsync12 ? "true" : "false",
 		 off_ok > 0 ? "ok" : off_ok < 0 ? "wrong-bytes" : "refused",
@@ -218,7 +223,7 @@ int main(void)
 		 self_ok > 0 ? "ok" : self_ok < 0 ? "wrong-bytes" : "refused",
 		 ipc_r == CUDA_SUCCESS ? "\"accepted\"" : "\"refused\"", fds1 - fds0,
 		 fd_steady ? "true" : "false", range_q ? "true" : "false", (int)unmapped_ord_r,
-		 unmapped_gpu);
+		 unmapped_gpu, pageable);
 	if (out) {
 		FILE *f = fopen(out, "w");
 

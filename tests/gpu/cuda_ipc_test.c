@@ -134,7 +134,7 @@ static void consumer(int sock)
 	CHECK_OK(ipc->import(&m.desc, -1, -1, &x));
 	CHECK(dev_check((uint64_t)(uintptr_t)x.ptr, 4096, 6, 0));
 	CHECK_OK(ipc->release(&x));
-	CHECK(fd_count() == before);
+	CHECK_FDS(before);
 	/* A copy from the memory still queued at release: the release waits
 	 * for it before closing (a closed handle under a running copy is a
 	 * fault on a GPU; the emulation reports it at the next sync). */

@@ -85,7 +85,7 @@ static void check_ops(const struct wex_mem_ops *o, int kind)
 	NOCUDA(o->copy(&op, 1, 1));
 	NOCUDA(o->host_pin(buf, sizeof(buf), 0, 0));
 	NOCUDA(o->host_unpin(buf, 0));
-	CHECK(fd_count() == before);
+	CHECK_FDS(before);
 }
 
 static void check_all(const char *want_in_why)
@@ -141,7 +141,7 @@ static void check_all(const char *want_in_why)
 	}
 	wex_cuda_free(NULL, 0, 0, NULL);
 	CHECK(wex__cuda_alloc_lookup(buf, &base, &size, NULL, NULL) == -ENOENT);
-	CHECK(fd_count() == before);
+	CHECK_FDS(before);
 }
 
 /* With the fake driver: which ABI versions of the optional

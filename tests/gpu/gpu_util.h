@@ -72,6 +72,65 @@ static inline int fd_count(void)
 }
 
 /*
+ * 1 under compute-sanitizer (tests/gpu/device_run.sh's memcheck step sets
+ * WEX_UNDER_SANITIZER=1): the tool opens fds of its own in each target
+ * and instruments children forked to fault or be killed on purpose, so
+ * the fd counts and the fault probes are left to the plain runs, and
+ * the leak loops run fewer cycles (memcheck looks for memory errors).
+ */
+static inline int under_sanitizer(void)
+{
+	const char *e = getenv("WEX_UNDER_SANITIZER");
+
+	return e && *e && strcmp(e, "0") != 0;
+}
+
+/* Cycles of a leak loop: n, or a tenth of it under compute-sanitizer. */
+static inline int cycles(int n)
+{
+	return under_sanitizer() ? (n / 10 > 0 ? n / 10 : 1) : n;
+}
+
+/* Prints this process's fds and what each is (to stderr), so that a count
+ * that differs on a real driver tells the driver's own fds (/dev/nvidia*,
+ * anon_inode) from a leak of the code under test in one unattended run. */
+static inline void fd_list(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	char path[300], to[256];
+
+	if (!d)
+		return;
+	while ((e = readdir(d))) {
+		ssize_t n;
+
+		if (e->d_name[0] == '.' || atoi(e->d_name) == dirfd(d))
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+		n = readlink(path, to, sizeof(to) - 1);
+		to[n > 0 ? n : 0] = '\0';
+		fprintf(stderr, "  fd %s -> %s\n", e->d_name, to);
+	}
+	closedir(d);
+}
+
+/* fd_count() must be `want` again; where it is not, the fds are listed
+ * before the check fails.  Not checked under compute-sanitizer. */
+#define CHECK_FDS(want)                                                                    \
+	do {                                                                               \
+		int fds_now_ = fd_count(), fds_want_ = (want);                             \
+		if (under_sanitizer())                                                     \
+			break;                                                             \
+		if (fds_now_ != fds_want_) {                                               \
+			fprintf(stderr, "%s:%d: %d fds open, %d expected:\n", __FILE__,      \
+				__LINE__, fds_now_, fds_want_);                            \
+			fd_list();                                                         \
+		}                                                                          \
+		CHECK(fds_now_ == fds_want_);                                              \
+	} while (0)
+
+/*
  * 0 when this machine has a usable CUDA driver and device, else -1 with
  * the reason in why.  The probe runs in a child so that the caller may
  * still fork CUDA workers afterwards.
@@ -586,11 +645,12 @@ static inline int emul_ipc_opens(void)
  * *flags (when not NULL): its CU_MEMHOSTREGISTER_* flags where
  * cuMemHostGetFlags answers (the emulated driver does; the reference
  * manual documents it for cuMemHostAlloc memory only), else 0, and a real
- * driver is asked whether it knows p as host memory instead.
+ * driver is asked for p's device pointer instead.
  */
 static inline int host_registered(void *p, unsigned *flags)
 {
-	unsigned f = 0, type = 0;
+	unsigned f = 0;
+	CUdeviceptr d = 0;
 
 	if (flags)
 		*flags = 0;
@@ -599,10 +659,10 @@ static inline int host_registered(void *p, unsigned *flags)
 			*flags = f;
 		return 1;
 	}
-	return !emulated() &&
-	       wex__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-					     (CUdeviceptr)(uintptr_t)p) == CUDA_SUCCESS &&
-	       type == CU_MEMORYTYPE_HOST;
+	/* Not the pointer's memory type: a driver with HMM may call pageable
+	 * memory "host" too.  A device pointer exists only for page-locked
+	 * memory (wex registers with DEVICEMAP). */
+	return !emulated() && wex__cu.cuMemHostGetDevicePointer(&d, p, 0) == CUDA_SUCCESS;
 }
 
 /* Emulated driver only: the nth call of `name` from now returns r. */
@@ -648,6 +708,17 @@ static inline int store_faults(void *p)
 	return (WIFEXITED(st) && WEXITSTATUS(st) == 99) ||
 	       (WIFSIGNALED(st) && (WTERMSIG(st) == SIGSEGV || WTERMSIG(st) == SIGBUS));
 }
+
+/* store_faults(p) must be `want`; not tried under compute-sanitizer (the
+ * forked child that faults on purpose would be one of its targets). */
+#define CHECK_STORE(p, want)                                                               \
+	do {                                                                               \
+		if (under_sanitizer())                                                     \
+			printf("  %s:%d: store probe not tried under compute-sanitizer\n", \
+			       __FILE__, __LINE__);                                        \
+		else                                                                       \
+			CHECK(store_faults(p) == (want));                                  \
+	} while (0)
 
 /* The number of CUDA devices (the driver must be loaded). */
 static inline int gpu_count(void)
