@@ -196,10 +196,10 @@ static void note(struct job *j, const struct unit *un, uint64_t r, uint64_t col,
 	pthread_mutex_unlock(&j->lock);
 }
 
-/* Row r of a unit holds different bytes at a and b (len each): counts them
- * and notes where the first is. */
-static void row_differs(struct job *j, const struct unit *un, uint64_t r, const unsigned char *a,
-			const unsigned char *b, uint64_t len)
+/* Bytes [col, col + len) of row r of a unit hold different bytes at a and
+ * b: counts them and notes where the first is. */
+static void row_differs(struct job *j, const struct unit *un, uint64_t r, uint64_t col,
+			const unsigned char *a, const unsigned char *b, uint64_t len)
 {
 	uint64_t first = len, cnt = 0;
 
@@ -211,7 +211,7 @@ static void row_differs(struct job *j, const struct unit *un, uint64_t r, const 
 		cnt++;
 	}
 	if (cnt)
-		note(j, un, r, first, cnt);
+		note(j, un, r, col + first, cnt);
 }
 
 static void compare_unit(struct job *j, const struct unit *un)
@@ -227,7 +227,7 @@ static void compare_unit(struct job *j, const struct unit *un)
 		s = (const unsigned char *)(uintptr_t)(u->src + (uint64_t)so);
 		d = (const unsigned char *)(uintptr_t)(u->dst + (uint64_t)dso);
 		if (memcmp(d, s, u->len))
-			row_differs(j, un, r, s, d, u->len);
+			row_differs(j, un, r, 0, s, d, u->len);
 	}
 }
 
@@ -280,27 +280,41 @@ static void gather_op(const struct wex_copy_op *u, int dst_side, unsigned char *
 	}
 }
 
-/* A run of units [lo, hi) gathered into a (sources) and b (destinations):
- * compares them unit by unit. */
-static void compare_gathered(struct job *j, size_t lo, size_t hi, const unsigned char *a,
-			     const unsigned char *b)
+/* Bytes [s, e) of a run of units [lo, hi) gathered into a (sources) and b
+ * (destinations), the units' rows packed one after another: compares
+ * them, row by row (or the part of a row in the slice) where they differ. */
+static void compare_slice(struct job *j, size_t lo, size_t hi, const unsigned char *a,
+			  const unsigned char *b, uint64_t s, uint64_t e)
 {
 	uint64_t pos = 0;
 
-	for (size_t k = lo; k < hi; k++) {
+	for (size_t k = lo; k < hi && pos < e; k++) {
 		const struct unit *un = &j->units->v[k];
-		uint64_t bytes = unit_rows(&un->u) * un->u.len;
+		uint64_t len = un->u.len, bytes = unit_rows(&un->u) * len;
+		uint64_t us = s > pos ? s : pos, ue = e < pos + bytes ? e : pos + bytes;
 
-		if (memcmp(a + pos, b + pos, bytes)) {
-			for (uint64_t r = 0; r < bytes / un->u.len; r++) {
-				uint64_t at = pos + r * un->u.len;
+		if (us < ue && memcmp(a + us, b + us, ue - us)) {
+			for (uint64_t r = (us - pos) / len; pos + r * len < ue; r++) {
+				uint64_t row = pos + r * len;
+				uint64_t rs = us > row ? us : row;
+				uint64_t re = ue < row + len ? ue : row + len;
 
-				if (memcmp(a + at, b + at, un->u.len))
-					row_differs(j, un, r, a + at, b + at, un->u.len);
+				if (memcmp(a + rs, b + rs, re - rs))
+					row_differs(j, un, r, rs - row, a + rs, b + rs, re - rs);
 			}
 		}
 		pos += bytes;
 	}
+}
+
+/* Bytes in the run of units [lo, hi). */
+static uint64_t run_bytes(const struct job *j, size_t lo, size_t hi)
+{
+	uint64_t total = 0;
+
+	for (size_t k = lo; k < hi; k++)
+		total += unit_rows(&j->units->v[k].u) * j->units->v[k].u.len;
+	return total;
 }
 
 /* Brings one side of a run of units into its buffer: the sides in GPU
@@ -334,10 +348,11 @@ static int gather_side(const struct wex_mem_ops *gather, struct wex_copy_op *g, 
 
 /*
  * The gather path keeps two pairs of buffers: while the caller gathers run
- * k+1 into one, a thread compares run k in the other.  The result cannot
- * depend on that overlap: every unit is compared once, note() keeps the
- * smallest (op, dst_off) whatever order the units come in and adds up the
- * count.  The comparison thread only reads memory: every backend call
+ * k+1 into one, up to `threads` threads compare run k in the other, each
+ * a slice of its bytes.  The result cannot depend on that overlap or on
+ * the slicing: every byte is compared once, note() keeps the smallest
+ * (op, dst_off) whatever order they come in and adds up the count.  The
+ * comparison threads only read memory: every backend call
  * (copies, pinning) stays on the caller's thread, whose device binding and
  * stream-capture mode the public call set (wex_mem_thread_save).
  */
@@ -408,16 +423,26 @@ static int pair_free(const struct wex_mem_ops *gather, struct pair *p)
 	return ret;
 }
 
-/* The comparison thread and the one run it is handed at a time. */
+/*
+ * The comparison threads and the one run they are handed at a time: its
+ * bytes cut into slices (a slice may cut a unit or a row: note() keeps
+ * the smallest (op, dst_off) and adds up the counts, so the result is the
+ * same however it is cut), each taken by the next thread free.  Slices of
+ * less than unit_max / SLICES_PER_UNIT (1 MiB) are not worth a thread.
+ */
+#define SLICES_PER_UNIT 64
+
 struct cmp {
 	pthread_mutex_t lock;
 	pthread_cond_t cv;
-	pthread_t tid;
-	int started, failed, stop;
-	int queued, running; /* the run below waits; is being compared */
+	pthread_t tid[MAX_THREADS];
+	int threads, started, stop;
+	int queued;                /* a run is handed over, not all compared */
+	int nslices, next, done;   /* its slices: made, taken, compared */
 	struct job *j;
 	size_t lo, hi;
 	const unsigned char *a, *b;
+	uint64_t total;
 };
 
 static void *cmp_thread(void *arg)
@@ -426,63 +451,77 @@ static void *cmp_thread(void *arg)
 
 	pthread_mutex_lock(&c->lock);
 	for (;;) {
-		while (!c->queued && !c->stop)
+		int t;
+
+		while (!(c->queued && c->next < c->nslices) && !c->stop)
 			pthread_cond_wait(&c->cv, &c->lock);
-		if (!c->queued)
-			break;
-		c->queued = 0;
-		c->running = 1;
+		if (!(c->queued && c->next < c->nslices))
+			break; /* stopped, and nothing left to take */
+		t = c->next++;
 		pthread_mutex_unlock(&c->lock);
-		compare_gathered(c->j, c->lo, c->hi, c->a, c->b);
+		compare_slice(c->j, c->lo, c->hi, c->a, c->b,
+			      c->total * (uint64_t)t / (uint64_t)c->nslices,
+			      c->total * (uint64_t)(t + 1) / (uint64_t)c->nslices);
 		pthread_mutex_lock(&c->lock);
-		c->running = 0;
-		pthread_cond_broadcast(&c->cv);
+		if (++c->done == c->nslices) {
+			c->queued = 0;
+			pthread_cond_broadcast(&c->cv);
+		}
 	}
 	pthread_mutex_unlock(&c->lock);
 	return NULL;
 }
 
 /*
- * Hands units [lo, hi), gathered into a and b, to the thread once it has
- * compared the run before (which read the other pair): so the pair the
- * caller gathers into next is free.  Where no thread can be started the
- * caller compares (the same result, without the overlap).
+ * Hands units [lo, hi), gathered into a and b, to the threads once they
+ * have compared the run before (which read the other pair): so the pair
+ * the caller gathers into next is free.  The threads are started with the
+ * first run; where none can be, the caller compares (the same result,
+ * without the overlap).
  */
 static void cmp_post(struct cmp *c, size_t lo, size_t hi, const unsigned char *a,
 		     const unsigned char *b)
 {
-	if (!c->started && !c->failed) {
-		if (pthread_create(&c->tid, NULL, cmp_thread, c) == 0)
-			c->started = 1;
-		else
-			c->failed = 1;
+	uint64_t total = run_bytes(c->j, lo, hi);
+	uint64_t min = unit_max / SLICES_PER_UNIT ? unit_max / SLICES_PER_UNIT : 1;
+	int n = c->threads;
+
+	while (c->started < c->threads && !c->stop) {
+		if (pthread_create(&c->tid[c->started], NULL, cmp_thread, c) != 0)
+			break;
+		c->started++;
 	}
 	if (!c->started) {
-		compare_gathered(c->j, lo, hi, a, b);
+		compare_slice(c->j, lo, hi, a, b, 0, total);
 		return;
 	}
+	if ((uint64_t)n > total / min)
+		n = total / min > 1 ? (int)(total / min) : 1;
 	pthread_mutex_lock(&c->lock);
-	while (c->queued || c->running)
+	while (c->queued)
 		pthread_cond_wait(&c->cv, &c->lock);
 	c->lo = lo;
 	c->hi = hi;
 	c->a = a;
 	c->b = b;
+	c->total = total;
+	c->nslices = n;
+	c->next = 0;
+	c->done = 0;
 	c->queued = 1;
 	pthread_cond_broadcast(&c->cv);
 	pthread_mutex_unlock(&c->lock);
 }
 
-/* Returns once the thread compared what it was handed, and ended. */
+/* Returns once the threads compared what they were handed, and ended. */
 static void cmp_stop(struct cmp *c)
 {
-	if (!c->started)
-		return;
 	pthread_mutex_lock(&c->lock);
 	c->stop = 1;
 	pthread_cond_broadcast(&c->cv);
 	pthread_mutex_unlock(&c->lock);
-	pthread_join(c->tid, NULL);
+	for (int t = 0; t < c->started; t++)
+		pthread_join(c->tid[t], NULL);
 	c->started = 0;
 }
 
@@ -491,7 +530,7 @@ static int compare_gather(struct job *j, const struct wex_mem_ops *gather, int t
 	const struct units *v = j->units;
 	struct wex_copy_op *ga = NULL, *gb = NULL;
 	struct pair pr[2] = { { 0 }, { 0 } };
-	struct cmp c = { .j = j };
+	struct cmp c = { .j = j, .threads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads };
 	uint8_t *ka = NULL, *kb = NULL;
 	uint64_t cap = 0, total = 0;
 	int ret = -ENOMEM, cur = 0;
@@ -565,11 +604,7 @@ static int compare_gather(struct job *j, const struct wex_mem_ops *gather, int t
 			ret = gather_side(gather, gb, m, kb, threads);
 		if (ret)
 			break;
-		/* The last units: nothing left to gather meanwhile. */
-		if (hi == v->n)
-			compare_gathered(j, lo, hi, p->a, p->b);
-		else
-			cmp_post(&c, lo, hi, p->a, p->b);
+		cmp_post(&c, lo, hi, p->a, p->b);
 		cur = !cur;
 		lo = hi;
 	}

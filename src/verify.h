@@ -34,7 +34,8 @@ struct wex_verify_diff {
  * sides in host memory compared in place), and they are compared there:
  * two pairs of buffers pinned with gather's host_pin slot (pageable,
  * warned once per process, where it refuses), one run gathered on the
- * calling thread while another thread compares the run before.  Every
+ * calling thread while up to `threads` threads compare the run before,
+ * each a slice of its bytes (one thread per MiB at most).  Every
  * call to `gather` is made on the calling thread.  Returns 0 when every
  * byte is equal, 1 when some differ (*diff says where the first in op
  * order is, as address differences from the op's dst and src, and how

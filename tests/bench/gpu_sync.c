@@ -29,8 +29,11 @@
  *                        op), so that one run tells which is faster;
  *               verify   every byte the copy wrote compared with the
  *                        producer's (WEX_SYNC_VERIFY's comparison, both
- *                        sides brought to the host by the copy slot);
- *                        it must find them equal;
+ *                        sides brought to the host by the copy slot,
+ *                        compared there over verify_threads threads:
+ *                        libwex's default, the processors up to 8, or
+ *                        WEX_BENCH_VERIFY_THREADS); it must find them
+ *                        equal;
  *               remap    map_fixed of every region (same-address remap:
  *                        the producer's memory under the engine's
  *                        addresses; remap_ms) and unmap_fixed back
@@ -127,6 +130,9 @@ static void make_layout(struct layout *L, double gb, size_t n, uint64_t segmax)
 
 static struct layout L;
 static int reps;
+/* Threads of the verify phase's comparison: libwex's default copy_threads
+ * (the processors, at most 8), or WEX_BENCH_VERIFY_THREADS. */
+static int vthreads = 1;
 
 /* The byte tensor i holds: never 0 (the consumer's buffers are zeroed
  * before each phase), neighbours differ (a copy to the wrong place shows). */
@@ -303,7 +309,7 @@ static void consumer(int sock, int out)
 		int vr;
 
 		t = now_ms();
-		vr = wex__verify_ops(ops, L.n, vmm, 1, &diff);
+		vr = wex__verify_ops(ops, L.n, vmm, vthreads, &diff);
 		note(&res.verify_first_ms, &res.verify_ms, i, now_ms() - t);
 		if (vr != 0) {
 			fprintf(stderr, "gpu_sync: verify found %s (%d: op %zu, byte %llu, %llu bytes)\n",
@@ -697,6 +703,7 @@ static void print_json(FILE *f, const struct result *res, const struct torch *T,
 	json_num(f, "verify_first_ms", r->verify_first_ms, 1);
 	json_num(f, "verify_gbps", gbs / (r->verify_ms / 1e3), 1);
 	json_num(f, "verify_vs_d2d", r->d2d_ms / r->verify_ms, 1);
+	fprintf(f, "\"verify_threads\":%d,", vthreads);
 	fprintf(f, "\"torch_baseline\":\"%s\",", torch_state[T->state]);
 	json_num(f, "torch_ipc_per_tensor_ms", T->per_tensor, 1);
 	json_num(f, "torch_ipc_per_tensor_first_ms", T->per_tensor_first, 1);
@@ -758,6 +765,14 @@ int main(void)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	gb = env_num("WEX_BENCH_GB", 16);
 	reps = (int)env_num("WEX_BENCH_REPS", 3);
+	{
+		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+		vthreads = (int)env_num("WEX_BENCH_VERIFY_THREADS",
+					cpus > 8 ? 8 : cpus < 1 ? 1 : (double)cpus);
+		if (vthreads < 1)
+			vthreads = 1;
+	}
 	if (reps < 1)
 		reps = 1;
 	if (n == 0 || gb <= 0 || segmax == 0) {
@@ -829,8 +844,8 @@ int main(void)
 	printf("copy unbatched (WEX_CUDA_BATCH=0) %.2f ms (%.1f GB/s, first %.2f ms, %.3f of d2d)\n",
 	       res.copy_unbatched_ms, gbs / (res.copy_unbatched_ms / 1e3),
 	       res.copy_unbatched_first_ms, res.d2d_ms / res.copy_unbatched_ms);
-	printf("verify (every byte compared, via host) %.2f ms (%.1f GB/s of weights, first %.2f ms, %.3f of d2d)\n",
-	       res.verify_ms, gbs / (res.verify_ms / 1e3), res.verify_first_ms,
+	printf("verify (every byte compared, via host, %d threads) %.2f ms (%.1f GB/s of weights, first %.2f ms, %.3f of d2d)\n",
+	       vthreads, res.verify_ms, gbs / (res.verify_ms / 1e3), res.verify_first_ms,
 	       res.d2d_ms / res.verify_ms);
 	printf("targets: copy/d2d %.3f >= 0.85 %s; remap %.2f ms < 50 %s; vs torch per tensor: "
 	       "copy %.1fx >= 10 %s, remap %.1fx >= 10 %s; check %s\n",

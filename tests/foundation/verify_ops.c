@@ -13,7 +13,10 @@
  * random places (in the destination, then in the source) must be found:
  * the first one in op order, its offsets from the op's dst and src, and
  * the count of different bytes.  Bytes outside every op may differ
- * freely and must not be reported.
+ * freely and must not be reported.  Every byte of an op different (the
+ * long row, the 3000 rows): all counted, the first at the op's start,
+ * with 1, 2 and 7 threads (a run's bytes are compared in slices over
+ * threads; a byte lost at a slice's edge shows in the count).
  * After every gathered comparison: the backend's copies wrote only into
  * pinned memory, at most two buffer pairs were pinned, none larger than
  * two units, and every one was unpinned before the call returned.
@@ -293,6 +296,27 @@ static void flip_case(const char *what, const struct wex_copy_op *ops, size_t n,
 	check(what, ops, n, threads, 0, 0, 0, 0, 0);
 }
 
+/* Every byte of ops[o]'s destination differs (the other ops equal): each
+ * must be counted, the first at the op's start, however the comparison is
+ * cut (units, runs, and the slices that threads compare of a run: a byte
+ * lost at a slice's edge shows in the count). */
+static void whole_op_case(const struct wex_copy_op *ops, size_t n, size_t o, int threads)
+{
+	uint64_t rows = rows_of(&ops[o]), s, d;
+
+	for (int pass = 0; pass < 2; pass++) {
+		for (uint64_t r = 0; r < rows; r++) {
+			at(&ops[o], r, 0, &s, &d);
+			for (uint64_t b = 0; b < ops[o].len; b++)
+				((char *)(uintptr_t)ops[o].dst)[d + b] ^= 0x5A;
+		}
+		if (pass == 0)
+			check("every byte of an op differs", ops, n, threads, 1, o, 0, 0,
+			      rows * ops[o].len);
+	}
+	check("every byte of an op equal again", ops, n, threads, 0, 0, 0, 0, 0);
+}
+
 /* Runs one gathered comparison (path 1 or 2) and checks its answer. */
 static int gathered(const struct wex_copy_op *ops, size_t n, int path, int threads,
 		    struct wex_verify_diff *diff)
@@ -490,6 +514,10 @@ int main(void)
 			flip_case("one byte flipped in a cut op", ops, 3, th, 1, round & 1);
 			flip_case("three bytes flipped in cut ops", ops, 3, th, 3, 0);
 		}
+		/* The long row (cut by bytes) and the 3000 rows (cut along dim
+		 * 0), all of their bytes different. */
+		whole_op_case(ops, n, 0, th);
+		whole_op_case(ops, n, 1, th);
 		/* The long row's last byte, the last op's first. */
 		*(char *)(uintptr_t)(ops[0].dst + ops[0].len - 1) ^= 1;
 		check("the long row's last byte", ops, n, th, 1, 0, ops[0].len - 1, ops[0].len - 1, 1);

@@ -36,7 +36,7 @@
 # step runs under `timeout` in a process group of its own (killed whole
 # afterwards, so nothing it left holds GPU memory for the next step), for
 # WEX_STEP_TIMEOUT s where set, else its own default (build 120, gpu 180,
-# bench 120, torch 130, staging 60, memcheck what is left), never past the
+# bench 150, torch 130, staging 60, memcheck what is left), never past the
 # budget; a step with under 30 s left is not run and says so.  ctest runs
 # with --stop-time at the step's end, so a slow test is reported as a
 # timeout and the step still prints its summary; gpu_sync and memcheck
@@ -222,7 +222,7 @@ step_limit() {
 		case $1 in
 		build) echo 120 ;;
 		gpu) echo 180 ;;
-		bench) echo 120 ;;
+		bench) echo 150 ;;
 		torch) echo 130 ;;
 		staging) echo 60 ;;
 		*) echo 600 ;;
