@@ -1828,9 +1828,10 @@ json_t *wexd_models_json(struct wexd *d)
 
 			bytes += r->bytes;
 			json_array_append_new(prods,
-					      json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I}", "rank", i,
-							"pid", r->c ? (int)r->c->pid : 0, "segments",
-							r->nsegs, "tensors", (json_int_t)r->nt, "bytes",
+					      json_pack("{s:i, s:i, s:i, s:b, s:I, s:I, s:I, s:I}",
+							"rank", i, "pid", r->c ? (int)r->c->pid : 0,
+							"segments", r->nsegs, "registered", r->has_table,
+							"tensors", (json_int_t)r->nt, "bytes",
 							(json_int_t)r->bytes, "published",
 							(json_int_t)r->published, "writing",
 							(json_int_t)r->writing));

@@ -181,15 +181,21 @@ static void print_models(json_t *models)
 		       json_string_value(json_object_get(m, "name")), "RANK", "PID", "SEGS", "TENSORS",
 		       "BYTES", "PUBLISHED", "WRITING");
 		json_array_foreach(json_object_get(m, "producers"), j, x) {
-			char b[32];
+			char b[32], tn[24];
 
 			fmt_bytes((uint64_t)json_integer_value(json_object_get(x, "bytes")), b,
 				  sizeof(b));
-			printf("  %-5lld %-8lld %5lld %8lld %10s %9lld %8lld\n",
+			/* "-": no table yet (0: an empty one, an FSDP rank past
+			 * the last chunk of every parameter). */
+			if (json_is_false(json_object_get(x, "registered")))
+				snprintf(tn, sizeof(tn), "-");
+			else
+				snprintf(tn, sizeof(tn), "%lld",
+					 (long long)json_integer_value(json_object_get(x, "tensors")));
+			printf("  %-5lld %-8lld %5lld %8s %10s %9lld %8lld\n",
 			       (long long)json_integer_value(json_object_get(x, "rank")),
 			       (long long)json_integer_value(json_object_get(x, "pid")),
-			       (long long)json_integer_value(json_object_get(x, "segments")),
-			       (long long)json_integer_value(json_object_get(x, "tensors")), b,
+			       (long long)json_integer_value(json_object_get(x, "segments")), tn, b,
 			       (long long)json_integer_value(json_object_get(x, "published")),
 			       (long long)json_integer_value(json_object_get(x, "writing")));
 		}

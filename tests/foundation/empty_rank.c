@@ -5,8 +5,8 @@
  * leave ranks 5-7 empty) takes part like any other: it registers an empty
  * table and no segment, begins and publishes each version, and a consumer
  * copies the whole model from the ranks that hold it.  Before it
- * registers, its begin_write is refused; wexd's status counts it with 0
- * tensors.  After wexd is killed and restarted, its client re-registers the
+ * registers, its begin_write is refused and wexd's status says it is not
+ * registered; then registered, with 0 tensors.  After wexd is killed and restarted, its client re-registers the
  * empty table by itself (the producer's watch restores v1 with every rank),
  * and the next version is written and copied exactly.
  */
@@ -85,11 +85,16 @@ int main(void)
 	T_ASSERT(ret == -EINVAL && strstr(wex_last_error(e), "register tensors first"),
 		 "begin_write before any table is refused: %s (%s)", wex_strerror(ret),
 		 wex_last_error(e));
+	pr = rank_status(d.sock, 2, &st);
+	T_ASSERT(json_is_false(json_object_get(pr, "registered")),
+		 "status: the rank is not registered before its table");
+	json_decref(st);
 	T_WEX(e, wex_register_tensors(e, NULL, 0));
 	pr = rank_status(d.sock, 2, &st);
-	T_ASSERT(json_integer_value(json_object_get(pr, "tensors")) == 0 &&
+	T_ASSERT(json_is_true(json_object_get(pr, "registered")) &&
+			 json_integer_value(json_object_get(pr, "tensors")) == 0 &&
 			 json_integer_value(json_object_get(pr, "segments")) == 0,
-		 "status: the empty rank holds 0 tensors in 0 segments");
+		 "status: the empty rank is registered, with 0 tensors in 0 segments");
 	json_decref(st);
 
 	write_all(p, e, 1);

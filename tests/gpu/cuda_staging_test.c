@@ -23,16 +23,22 @@ static void warm_up(void)
 {
 	struct wex__cuda_staging st, in;
 	CUdeviceptr d;
+	int fd;
 
 	CU_OK(wex__cu.cuMemAlloc(&d, 1 << 20));
 	dev_fill(d, 1 << 20, 3);
 	CHECK_OK(wex__cuda_staging_create(1 << 20, 0, &st));
 	CHECK_OK(wex__cuda_staging_d2h(&st, 0, d, 1 << 20));
-	CHECK_OK(wex__cuda_staging_import(dup(st.fd), 1 << 20, 0, &in));
+	/* One pinned mapping of the memfd at a time, as in the test. */
+	fd = dup(st.fd);
+	CHECK(fd >= 0);
+	CHECK_OK(wex__cuda_staging_destroy(&st));
+	CHECK_OK(wex__cuda_staging_import(fd, 1 << 20, 0, &in));
+	CU_OK(wex__cu.cuMemsetD8Async(d, 0, 1 << 20, NULL));
+	CU_OK(wex__cu.cuCtxSynchronize());
 	CHECK_OK(wex__cuda_staging_h2d(&in, 0, d, 1 << 20));
 	CHECK(dev_check(d, 1 << 20, 3, 0));
 	CHECK_OK(wex__cuda_staging_destroy(&in));
-	CHECK_OK(wex__cuda_staging_destroy(&st));
 	CU_OK(wex__cu.cuMemFree(d));
 }
 
