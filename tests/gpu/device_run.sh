@@ -152,7 +152,7 @@ grouped() {
 	gpid=$!
 	wait $gpid
 	grc=$?
-	kill -KILL -- "-$gpid" 2>/dev/null
+	kill -KILL "-$gpid" 2>/dev/null
 	return $grc
 }
 
@@ -237,9 +237,10 @@ pack_logs() {
 	[ -d "$LOGDIR" ] || return 0
 	tar czf "$OUTDIR/logs.tar.gz" -C "$OUTDIR" logs && rm -rf "$LOGDIR"
 }
+# (kill -SIG -PGID, no "--": dash's kill takes none and would kill nothing.)
 # A call cut short takes its running step down too (it would hold the GPU
 # into the next call on the warm machine).
-trap '[ -n "${spid:-}" ] && kill -KILL -- "-$spid" 2>/dev/null; pack_logs; exit 143' TERM INT
+trap '[ -n "${spid:-}" ] && kill -KILL "-$spid" 2>/dev/null; pack_logs; exit 143' TERM INT
 trap pack_logs EXIT
 
 # Runs step `name` under timeout, never past the call's budget, in its own
@@ -261,7 +262,7 @@ step() {
 	spid=$!
 	wait $spid
 	rc=$?
-	kill -KILL -- "-$spid" 2>/dev/null
+	kill -KILL "-$spid" 2>/dev/null
 	case $rc in 124 | 137) echo "== $name: killed after $lim s" >>"$LOGDIR/$name.log" ;; esac
 	note "$name: exit $rc in $(($(date +%s) - now)) s$([ $rc -eq 77 ] && echo ' (skipped: not a pass)')$([ $rc -eq 124 ] || [ $rc -eq 137 ] && echo ' (KILLED: out of time)')"
 	[ $rc -eq 0 ] || [ $rc -eq 77 ] || status=1
