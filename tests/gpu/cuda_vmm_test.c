@@ -99,12 +99,28 @@ static void p_export(int sock)
 	CHECK_FDS(before);
 }
 
-static void c_import(int sock)
+/* Imports the segment of `d` through fd (which import takes over), reads
+ * it, copies it in place through the executor into a buffer of ours,
+ * checks that, and lets it all go. */
+static void import_copy_release(const struct wex_mem_desc *d, int fd)
 {
 	struct wex_mem_seg seg;
 	struct wex_copy_op op;
 	CUdeviceptr dst;
-	int fd, before;
+
+	CHECK_OK(vmm->import(d, fd, -1, &seg));
+	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, SZ, 1, 0));
+	CU_OK(wex__cu.cuMemAlloc(&dst, SZ));
+	op = (struct wex_copy_op){ .src = (uint64_t)(uintptr_t)seg.ptr, .dst = dst, .len = SZ };
+	CHECK_OK(vmm->copy(&op, 1, 1));
+	CHECK(dev_check(dst, SZ, 1, 0));
+	CU_OK(wex__cu.cuMemFree(dst));
+	CHECK_OK(vmm->release(&seg));
+}
+
+static void c_import(int sock)
+{
+	int fd, fd2, before;
 	struct tmsg m = trecv(sock, OP_SEG, &fd), me = trecv(sock, OP_EVENT, NULL);
 
 	CHECK(fd >= 0);
@@ -117,28 +133,11 @@ static void c_import(int sock)
 	CU_OK(wex__cu.cuCtxSynchronize());
 	/* The driver may keep fds from the first import, executor copy and
 	 * release on: one round first, on a second fd of the same memory. */
-	{
-		int fd2 = dup(fd);
-
-		CHECK(fd2 >= 0);
-		CHECK_OK(vmm->import(&m.desc, fd2, -1, &seg));
-		CU_OK(wex__cu.cuMemAlloc(&dst, SZ));
-		op = (struct wex_copy_op){ .src = (uint64_t)(uintptr_t)seg.ptr, .dst = dst, .len = SZ };
-		CHECK_OK(vmm->copy(&op, 1, 1));
-		CHECK(dev_check(dst, SZ, 1, 0));
-		CU_OK(wex__cu.cuMemFree(dst));
-		CHECK_OK(vmm->release(&seg));
-	}
+	fd2 = dup(fd);
+	CHECK(fd2 >= 0);
+	import_copy_release(&m.desc, fd2);
 	before = fd_count() - 1;
-	CHECK_OK(vmm->import(&m.desc, fd, -1, &seg));
-	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, SZ, 1, 0));
-	/* In-place copy through the executor into a buffer of ours. */
-	CU_OK(wex__cu.cuMemAlloc(&dst, SZ));
-	op = (struct wex_copy_op){ .src = (uint64_t)(uintptr_t)seg.ptr, .dst = dst, .len = SZ };
-	CHECK_OK(vmm->copy(&op, 1, 1));
-	CHECK(dev_check(dst, SZ, 1, 0));
-	CU_OK(wex__cu.cuMemFree(dst));
-	CHECK_OK(vmm->release(&seg));
+	import_copy_release(&m.desc, fd);
 	CHECK_FDS(before);
 	tsend(sock, OP_DONE, NULL, 0, -1);
 }

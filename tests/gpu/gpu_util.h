@@ -74,8 +74,9 @@ static inline int fd_count(void)
 /*
  * 1 under compute-sanitizer (tests/gpu/device_run.sh's memcheck step sets
  * WEX_UNDER_SANITIZER=1): the tool opens fds of its own in each target
- * and instruments children forked to fault or be killed on purpose, so
- * the fd counts and the fault probes are left to the plain runs, and
+ * and instruments children forked to fault or be killed on purpose, and
+ * allocates device memory of its own, so the fd counts, the fault probes
+ * and cuda_remap's 2 MiB free-memory check are left to the plain runs, and
  * the leak loops run fewer cycles (memcheck looks for memory errors).
  */
 static inline int under_sanitizer(void)
