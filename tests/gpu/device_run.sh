@@ -17,7 +17,8 @@
 #             goes to OUTDIR/cuda_facts.json
 #   bench     WEX_BENCH_GB=${WEX_BENCH_GB:-16} gpu_sync with the PyTorch
 #             baselines; its JSON line goes to OUTDIR/gpu_sync.json
-#   torch     the PyTorch checks (torch_mempool, torch_expandable)
+#   torch     the PyTorch checks (torch_mempool, torch_expandable, then
+#             torch_fsdp)
 #   staging   WEX_STAGING_GB=${WEX_STAGING_GB:-4} host_staging (pinned
 #             against pageable host staging through wexd); its JSON line
 #             goes to OUTDIR/host_staging.json

@@ -12,6 +12,11 @@ process on the same GPU, checked tensor by tensor with torch.equal.
                                 (and the old name, PYTORCH_CUDA_ALLOC_CONF;
                                 no allocator code); the embedding spans
                                 several 20 MiB chunks
+    torch_check.py fsdp         as expandable, the model under FSDP2
+                                (fully_shard over a 1-GPU NCCL mesh):
+                                register_module takes the DTensor
+                                parameters' local shards (a 1-way shard
+                                holds every row) where FSDP2 keeps them
 
 Three processes: a wexd of the test's own, a trainer (a small bf16
 decoder-like model; v1 = its initial weights, v2 and v3 each after one real
@@ -65,7 +70,33 @@ def skip_reason():
     mode = sys.argv[1]
     if mode == "mempool" and not hasattr(torch.cuda, "use_mem_pool"):
         return "PyTorch %s has no torch.cuda.use_mem_pool (2.6 or later)" % torch.__version__
+    if mode == "fsdp":
+        if fsdp_api() is None:
+            return "PyTorch %s has no FSDP2 fully_shard / init_device_mesh" % torch.__version__
+        import torch.distributed as dist
+        if not dist.is_available() or not dist.is_nccl_available():
+            return "PyTorch %s has no NCCL process group" % torch.__version__
     return None
+
+
+def fsdp_api():
+    """(fully_shard, init_device_mesh) of this PyTorch (2.6+:
+    torch.distributed.fsdp; 2.4-2.5: torch.distributed._composable.fsdp),
+    or None."""
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:
+            from torch.distributed._composable.fsdp import fully_shard
+    except ImportError:
+        return None
+    return fully_shard, init_device_mesh
+
+
+def whole(p):
+    """The whole tensor of parameter p: a DTensor's full_tensor()."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
 def trainer(mode, workdir):
@@ -85,12 +116,28 @@ def trainer(mode, workdir):
         torch.manual_seed(1)
         model = build_model(torch)
     del ctx  # it holds the pool too
+    if mode == "fsdp":
+        import torch.distributed as dist
+        fully_shard, init_device_mesh = fsdp_api()
+        dist.init_process_group("nccl", init_method="file://" + os.path.join(workdir, "pg"),
+                                rank=0, world_size=1)
+        # Each parameter becomes a DTensor (Shard(0)) whose local shard
+        # FSDP2 copies into a buffer of its own, kept for the run: the
+        # optimizer steps it in place; forward and backward all-gather
+        # into other memory, freed after.
+        fully_shard(model, mesh=init_device_mesh("cuda", (1,)))
     params = list(model.named_parameters())
-    if mode == "expandable":
+    if mode == "fsdp":
+        bad = [n for n, p in params if not hasattr(p, "to_local")]
+        if bad:
+            raise AssertionError("fully_shard left %d parameters plain tensors, first %s"
+                                 % (len(bad), bad[0]))
+    if mode in ("expandable", "fsdp"):
         # Else plain cudaMalloc segments, refused below as not exportable.
         exp = [(s["address"], s["address"] + s["total_size"])
                for s in torch.cuda.memory_snapshot() if s.get("is_expandable")]
-        if not all(any(a <= p.data_ptr() < e for a, e in exp) for _, p in params):
+        local = [(n, p.to_local() if hasattr(p, "to_local") else p) for n, p in params]
+        if not all(any(a <= p.data_ptr() < e for a, e in exp) for _, p in local):
             raise AssertionError("PyTorch %s did not put the parameters in expandable segments "
                                  "(PYTORCH_ALLOC_CONF=%s)" % (torch.__version__,
                                                               os.environ.get("PYTORCH_ALLOC_CONF")))
@@ -119,7 +166,7 @@ def trainer(mode, workdir):
             opt.zero_grad(set_to_none=True)
         # No torch.cuda.synchronize(): publish must wait for the step.
         c.publish(v)
-        torch.save({n: p.detach().cpu() for n, p in params},
+        torch.save({n: whole(p).detach().cpu() for n, p in params},
                    os.path.join(workdir, "v%d.pt" % v))
         print("published %d" % v, flush=True)
     c.close()
@@ -132,6 +179,9 @@ def trainer(mode, workdir):
     torch.cuda.synchronize()
     del pool
     del alloc
+    if mode == "fsdp":
+        import torch.distributed as dist
+        dist.destroy_process_group()
 
 
 def engine(workdir):
@@ -239,8 +289,8 @@ def readline(p, timeout, deadline):
 
 def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
-    if mode not in ("mempool", "expandable"):
-        print("usage: torch_check.py mempool|expandable", file=sys.stderr)
+    if mode not in ("mempool", "expandable", "fsdp"):
+        print("usage: torch_check.py mempool|expandable|fsdp", file=sys.stderr)
         return 2
     reason = skip_reason()
     if reason:
@@ -262,7 +312,7 @@ def main():
     from wexd_harness import start_wexd
     wexd = start_wexd(env)
     tenv = dict(env)
-    if mode == "expandable":
+    if mode in ("expandable", "fsdp"):
         tenv["PYTORCH_ALLOC_CONF"] = tenv["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     me = os.path.abspath(__file__)
     tr = subprocess.Popen([sys.executable, me, "trainer", mode, workdir], env=tenv, text=True,

@@ -188,7 +188,14 @@ class Binding(WexdProducerCase):
                         (dict(role=wex.ROLE_CONSUMER, model=MODEL, device=-1), "device must"),
                         (dict(role=wex.ROLE_CONSUMER, model="m" * wex.NAME_MAX), "model must"),
                         (dict(role=wex.ROLE_CONSUMER, model=MODEL, group="g" * 200),
-                         "group must")):
+                         "group must"),
+                        # ctypes would pass these cut at the NUL: another
+                        # model, group or socket than the one named.
+                        (dict(role=wex.ROLE_CONSUMER, model=MODEL + "\0x"), "model contains a NUL"),
+                        (dict(role=wex.ROLE_CONSUMER, model=MODEL, group="g\0h"),
+                         "group contains a NUL"),
+                        (dict(role=wex.ROLE_CONSUMER, model=MODEL, socket=self.sock + "\0x"),
+                         "socket contains a NUL")):
             with self.assertRaises(wex.WexError, msg=str(kw)) as e:
                 wex.Client(**kw)
             self.assertEqual(e.exception.code, errno.EINVAL)
@@ -283,6 +290,15 @@ class Binding(WexdProducerCase):
         with self.assertRaises(wex.WexError) as e:
             c.view("no.such.tensor")
         self.assertEqual(e.exception.code, errno.ENOENT)
+        # Strings ctypes would cut at a NUL: refused before any call.
+        with self.assertRaisesRegex(ValueError, "tensor name contains a NUL"):
+            c.view(TENSORS[0][0] + "\0x")
+        with self.assertRaisesRegex(ValueError, "request op contains a NUL"):
+            c.request("status\0x")
+        with self.assertRaisesRegex(ValueError, "config contains a NUL"):
+            wex.Layout("/nonexistent\0/config.json", "hf")
+        with self.assertRaisesRegex(ValueError, "layout spec contains a NUL"):
+            wex.Layout("/nonexistent/config.json", "hf\0tp=2")
         # Nothing of a model that was never published.
         q = wex.Client(wex.ROLE_CONSUMER, "pyglue-none", group="g", timeout_ms=300)
         self.addCleanup(q.close)

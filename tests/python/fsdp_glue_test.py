@@ -23,8 +23,9 @@ PyTorch here is Debian's 1.13, which has no DTensor: StandInDTensor stands
 in for torch.distributed.tensor.DTensor with the attributes the glue reads
 (to_local, placements, device_mesh, shape; placements with is_shard,
 is_replicate and dim; a mesh with size and get_coordinate).  A real FSDP2
-parameter is registered in tests/gpu/torch_check.py (torch 2.x, one GPU:
-a 1-way shard, its only rank holding every row).
+parameter is registered by tests/gpu/torch_check.py fsdp (torch_fsdp:
+torch 2.4+, one GPU, a 1-way shard, its only rank holding every row;
+written, not yet run on a GPU).
 
 Needs Debian's python3-torch (exit 77 with the reason without it).
 Environment: WEX_LIB, WEXD_BIN, PYTHONPATH with adapters/python.

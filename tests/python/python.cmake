@@ -62,7 +62,7 @@ if(DEFINED ENV{WEX_TORCH_PYTHON})
 else()
   find_program(WEX_TORCH_PYTHON python3)
 endif()
-foreach(mode mempool expandable)
+foreach(mode mempool expandable fsdp)
   add_test(NAME torch_${mode} COMMAND ${WEX_TORCH_PYTHON}
     ${CMAKE_SOURCE_DIR}/tests/gpu/torch_check.py ${mode})
   set_tests_properties(torch_${mode} PROPERTIES LABELS "gpu;python" TIMEOUT 130

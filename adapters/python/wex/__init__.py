@@ -61,6 +61,16 @@ class WexError(OSError):
         self.code = code
 
 
+def _cstr(val, what, path=False):
+    """val encoded for a C string parameter, or ValueError: ctypes would
+    pass a NUL-containing value cut at its first NUL ("pol\\0icy" as
+    "pol"), so a different name or path than the caller gave."""
+    b = os.fsencode(val) if path else val.encode()
+    if b"\0" in b:
+        raise ValueError("%s contains a NUL byte: %r" % (what, val))
+    return b
+
+
 def _uint(val, bits, what):
     """val as an unsigned integer of `bits` bits, or ValueError (ctypes
     would wrap -1 to the largest value, 2**32 to 0)."""
@@ -148,8 +158,8 @@ class Layout:
         self.handle = ctypes.c_void_p()
         world = ctypes.c_uint32()
         err = ctypes.c_void_p()
-        ret = L.wex_layout_open(os.fsencode(config), spec.encode(),
-                                os.fsencode(adapters) if adapters else None,
+        ret = L.wex_layout_open(_cstr(config, "config", True), _cstr(spec, "layout spec"),
+                                _cstr(adapters, "adapters", True) if adapters else None,
                                 ctypes.byref(self.handle), ctypes.byref(world), ctypes.byref(err))
         if ret < 0:
             why = ctypes.string_at(err.value).decode() if err.value else strerror(ret)
@@ -408,6 +418,8 @@ class Client:
                                  ("socket", socket, 256)):
             if why is None and val is not None and len(val.encode()) >= limit:
                 why = "%s must be under %d bytes: %r" % (what, limit, val)
+            if why is None and val is not None and "\0" in val:
+                why = "%s contains a NUL byte: %r" % (what, val)
         if why is not None:
             raise WexError(errno.EINVAL, "wex_client_open: %s" % why)
         p = _Params()
@@ -580,9 +592,7 @@ class Client:
     def view(self, name, prank=0):
         """Returns (address, Tensor) of producer rank prank's piece of name."""
         ptr, desc = ctypes.c_void_p(), Tensor()
-        raw = name.encode()
-        if b"\0" in raw:
-            raise ValueError("tensor name with NUL: %r" % name)
+        raw = _cstr(name, "tensor name")
         self._call("view %s" % name, self._lib.wex_view, _uint(prank, 32, "prank"), raw,
                    ctypes.byref(ptr), ctypes.byref(desc))
         return ptr.value, desc
@@ -601,7 +611,8 @@ class Client:
         """One request to wexd; returns its reply as a dict."""
         out = ctypes.c_void_p()
         a = json.dumps(args).encode() if args is not None else None
-        self._call("request %s" % op, self._lib.wex_request, op.encode(), a, ctypes.byref(out))
+        self._call("request %s" % op, self._lib.wex_request, _cstr(op, "request op"), a,
+                   ctypes.byref(out))
         try:
             return json.loads(ctypes.string_at(out.value).decode())
         finally:
