@@ -139,6 +139,7 @@ struct wex_client {
 	 * lease with it) before the copy, and the producer have written. */
 	int restore_unconfirmed;
 	json_t *report; /* the last finished sync, sent with the next request */
+	unsigned sync_fb; /* WEX_FB_* the sync running now took */
 	uint64_t verify_ask; /* the last acquire's ask to verify (wexctl verify's ticket), or 0 */
 	int lease_kept; /* the last error reply said a held lease stands */
 	/* Where the attached layout lives: -2 not looked at yet, -1 host
@@ -2241,35 +2242,58 @@ static int release_lease(struct wex_client *c, int wait)
  * Host staging, consumer side: page-locks each host segment the plan reads
  * (read-only, once per import; the host backend unpins it when it unmaps)
  * so that the host-to-device copies run by DMA at link speed instead of
- * through the driver's pageable bounce buffers.  A segment that cannot be
- * pinned is copied from pageable memory, with a warning saying why, once
- * per import; WEX_HOST_PIN=0 turns pinning off.
+ * through the driver's pageable bounce buffers.  WEX_HOST_PIN says what
+ * happens to a segment that cannot be pinned: unset or 1, the sync fails
+ * naming why, before anything is copied (no unexpected slow path); try,
+ * it is copied from pageable memory (a warning once per import); 0,
+ * nothing is pinned.  A sync that copies from pageable memory reports the
+ * fallback to wexd (pageable_staging: wexctl status, metrics).  0, or a
+ * negative errno with c's error set.
  */
-static void pin_host_sources(struct wex_client *c, int dev)
+static int pin_host_sources(struct wex_client *c, int dev)
 {
 	static int told;
 	const char *env = getenv("WEX_HOST_PIN");
+	int pin = 1; /* 1: required; 2: tried; 0: never */
 
-	if (env && strcmp(env, "0") == 0) {
-		if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
-			wex_info("client", "WEX_HOST_PIN=0: host segments are copied onto GPUs from "
-				 "pageable memory");
-		return;
+	if (env && *env && strcmp(env, "1")) {
+		if (!strcmp(env, "0"))
+			pin = 0;
+		else if (!strcmp(env, "try"))
+			pin = 2;
+		else
+			return set_err(c, -EINVAL, "copy: WEX_HOST_PIN=%s: use 1 (page-lock host segments copied onto a GPU, or fail; the default), try (copy from pageable memory where that fails) or 0 (never page-lock)",
+				       env);
 	}
+	if (!pin && !__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+		wex_info("client", "WEX_HOST_PIN=0: host segments are copied onto GPUs from "
+			 "pageable memory");
 	for (size_t i = 0; i < c->nplan; i++) {
 		struct pseg *s = find_pseg(c, c->plan[i].src_rank, c->plan[i].src_seg);
 		int ret;
 
-		if (!s || s->pin_tried || s->seg.ops->kind != WEX_MEM_HOST)
+		if (!s || s->seg.ops->kind != WEX_MEM_HOST || s->seg.pinned)
 			continue;
+		if (!pin || (pin == 2 && s->pin_tried)) {
+			c->sync_fb |= WEX_FB_PAGEABLE_STAGING;
+			continue;
+		}
 		s->pin_tried = 1;
 		ret = wex_mem_host_pin(&s->seg, dev);
-		if (ret < 0)
-			wex_warn("client", "host segment %u of producer rank %u stays pageable: pinning "
-				 "%llu bytes for device %d failed (%s, reason above); its copies run slower",
-				 s->id, s->rank, (unsigned long long)s->seg.desc.size, dev,
-				 wex_strerror(ret));
+		if (!ret)
+			continue;
+		if (pin == 1)
+			return set_err(c, ret, "copy: host segment %u of producer rank %u (%llu bytes) could not be page-locked for device %d (%s; the log says why): copied from pageable memory it would move at a fraction of the link's speed; nothing was copied. WEX_HOST_PIN=try allows that (reported in wexctl status), WEX_HOST_PIN=0 never page-locks",
+				       s->id, s->rank, (unsigned long long)s->seg.desc.size, dev,
+				       wex_strerror(ret));
+		wex_warn("client", "host segment %u of producer rank %u stays pageable "
+			 "(WEX_HOST_PIN=try): pinning %llu bytes for device %d failed (%s, reason "
+			 "above); its copies run slower",
+			 s->id, s->rank, (unsigned long long)s->seg.desc.size, dev,
+			 wex_strerror(ret));
+		c->sync_fb |= WEX_FB_PAGEABLE_STAGING;
 	}
+	return 0;
 }
 
 /* The plan resolved into absolute copies (*out, c->nplan of them, free()),
@@ -2331,7 +2355,9 @@ static int plan_ops(struct wex_client *c, struct wex_copy_op **out, uint64_t *by
 	return 0;
 }
 
-static int run_copy(struct wex_client *c, uint64_t *bytes)
+/* *refused: 1 when host staging was refused before any copy (the
+ * weights are as they were), with c's error set. */
+static int run_copy(struct wex_client *c, uint64_t *bytes, int *refused)
 {
 	struct wex_copy_op *ops;
 	const struct wex_mem_ops *be;
@@ -2342,7 +2368,12 @@ static int run_copy(struct wex_client *c, uint64_t *bytes)
 		return ret;
 	/* The GPU executor copies host sources onto a GPU: pinned, by DMA. */
 	if (be && be->kind != WEX_MEM_HOST && layout_device(c) >= 0)
-		pin_host_sources(c, layout_device(c));
+		ret = pin_host_sources(c, layout_device(c));
+	*refused = ret < 0;
+	if (ret < 0) {
+		free(ops);
+		return ret;
+	}
 	ret = be ? be->copy(ops, c->nplan, c->threads) : 0;
 	free(ops);
 	if (ret == 0)
@@ -2363,7 +2394,7 @@ static int verify_plan(struct wex_client *c, uint64_t version, uint64_t *bytes, 
 {
 	struct wex_copy_op *ops;
 	const struct wex_mem_ops *be;
-	struct wex_verify_diff diff;
+	struct wex_verify_diff diff = { 0 };
 	uint64_t total, t0 = wex__now_ns();
 	int ret = plan_ops(c, &ops, &total, &be);
 
@@ -2373,6 +2404,8 @@ static int verify_plan(struct wex_client *c, uint64_t version, uint64_t *bytes, 
 				      c->threads, &diff);
 		free(ops);
 	}
+	if (diff.unpinned)
+		c->sync_fb |= WEX_FB_UNPINNED_VERIFY;
 	if (ret < 0) {
 		*rep = json_pack("{s:s, s:I, s:s}", "result", "failed", "version", (json_int_t)version,
 				 "why", wex_strerror(ret));
@@ -2702,13 +2735,26 @@ WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint6
 	return ret;
 }
 
+/* The report of the sync just finished, sent with the next request: its
+ * mode, backend, bytes and time, and the fallbacks it ran on (the sync's
+ * own, and any producer memory this client maps read-write because the
+ * driver refused read-only). */
 static void set_report(struct wex_client *c, const char *mode, uint64_t bytes, uint64_t t0)
 {
 	const char *backend = c->npsegs ? c->psegs[0].seg.ops->name : "host";
+	unsigned fb = c->sync_fb;
 
+	for (size_t i = 0; i < c->npsegs && !(fb & WEX_FB_RW_MAPPING); i++)
+		if (c->psegs[i].seg.rw)
+			fb |= WEX_FB_RW_MAPPING;
+	for (size_t i = 0; i < c->nregions && !(fb & WEX_FB_RW_MAPPING); i++)
+		if (c->regions[i].r.fixed && c->regions[i].r.rw)
+			fb |= WEX_FB_RW_MAPPING;
 	json_decref(c->report);
 	c->report = json_pack("{s:s, s:s, s:I, s:f}", "mode", mode, "backend", backend, "bytes",
 			      (json_int_t)bytes, "seconds", (double)(wex__now_ns() - t0) / 1e9);
+	if (c->report && fb)
+		json_object_set_new(c->report, "fallbacks", wex__fallbacks_json(fb));
 }
 
 /* Adds a verification's outcome (taken) to the report of the sync, with
@@ -2746,6 +2792,7 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 		return set_err(c, -EINVAL, "same-address sync: reserve regions first (wex_reserve)");
 	if (mode < WEX_SYNC_COPY || mode > WEX_SYNC_REMAP_FIXED)
 		return set_err(c, -EINVAL, "sync mode %d unknown", mode);
+	c->sync_fb = 0;
 	/* The acquire ends the lease held now (wexd drops it), and a copy
 	 * overwrites the weights in place: either way the engine's GPU work
 	 * that may still read them must be done first. */
@@ -2877,8 +2924,15 @@ again:
 		}
 
 		if (changed) {
+			int was_dirty = c->dirty, refused = 0;
+
 			c->dirty = 1;
-			ret = run_copy(c, &bytes);
+			ret = run_copy(c, &bytes, &refused);
+			if (refused) {
+				/* Nothing copied: the weights are as they were. */
+				c->dirty = was_dirty;
+				goto err_release;
+			}
 			if (ret == -ENOTRECOVERABLE) {
 				/* A sticky CUDA error: no later sync can succeed. */
 				set_err(c, ret, "copy of v%llu failed: this process's CUDA context is unusable after a sticky error (see the log; it may come from the engine's own GPU work): weights are dirty; restart the process",

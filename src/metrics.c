@@ -57,6 +57,13 @@ static struct family counters[WEX_M_COUNTER_COUNT] = {
 			     "(wexctl verify, WEX_SYNC_VERIFY), by result: equal, differ, "
 			     "unverifiable (a view sync), failed (could not compare).",
 			     { "result" } },
+	[WEX_M_FALLBACKS] = { "wex_sync_fallbacks_total",
+			      "Consumer syncs that ran on a weaker path than wex's default, by "
+			      "fallback: pageable_staging (host memory copied onto a GPU "
+			      "unpinned), rw_mapping (a trainer's GPU memory mapped read-write: "
+			      "the driver refused read-only), unpinned_verify (verification's "
+			      "gather buffers not page-locked).",
+			      { "fallback" } },
 };
 
 static struct family histograms[WEX_M_HISTOGRAM_COUNT] = {

@@ -27,6 +27,7 @@ enum wex_counter {
 	WEX_M_REQUESTS,     /* wex_requests_total{op} */
 	WEX_M_BEGIN_WRITE_TIMEOUTS, /* wex_begin_write_timeouts_total{model} */
 	WEX_M_VERIFIES,     /* wex_verifications_total{result} */
+	WEX_M_FALLBACKS,    /* wex_sync_fallbacks_total{fallback} */
 	WEX_M_COUNTER_COUNT
 };
 

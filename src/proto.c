@@ -41,6 +41,47 @@ const char *wex__errname(int err)
 	return "EUNKNOWN";
 }
 
+static const char *const fallback_names[WEX_FB_COUNT] = {
+	"pageable_staging",
+	"rw_mapping",
+	"unpinned_verify",
+};
+
+const char *wex__fallback_name(int i)
+{
+	return i >= 0 && i < WEX_FB_COUNT ? fallback_names[i] : "unknown";
+}
+
+unsigned wex__fallbacks_parse(const json_t *names)
+{
+	unsigned bits = 0;
+	size_t k;
+	json_t *v;
+
+	if (!json_is_array(names))
+		return 0;
+	json_array_foreach(names, k, v) {
+		const char *s = json_string_value(v);
+
+		for (int i = 0; s && i < WEX_FB_COUNT; i++)
+			if (!strcmp(s, fallback_names[i]))
+				bits |= 1u << i;
+	}
+	return bits;
+}
+
+json_t *wex__fallbacks_json(unsigned bits)
+{
+	json_t *a = json_array();
+
+	for (int i = 0; a && i < WEX_FB_COUNT; i++)
+		if ((bits & (1u << i)) && json_array_append_new(a, json_string(fallback_names[i]))) {
+			json_decref(a);
+			return NULL;
+		}
+	return a;
+}
+
 int wex__errcode(const char *name)
 {
 	for (size_t i = 0; name && i < sizeof(errnames) / sizeof(errnames[0]); i++)

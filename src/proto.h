@@ -118,4 +118,26 @@ const char *wex__socket_pick(const char *user, const char *system);
 /* Monotonic time. */
 uint64_t wex__now_ns(void);
 
+/* Weaker paths a consumer's sync ran on, named in its sync report
+ * ("fallbacks": [names]), counted and shown by wexd: host memory copied
+ * onto a GPU from pageable memory (WEX_HOST_PIN=try or 0), a trainer's GPU
+ * memory mapped read-write (the driver refused read-only), verification
+ * through gather buffers that could not be page-locked. */
+enum {
+	WEX_FB_PAGEABLE_STAGING = 1u << 0,
+	WEX_FB_RW_MAPPING = 1u << 1,
+	WEX_FB_UNPINNED_VERIFY = 1u << 2,
+	WEX_FB_COUNT = 3
+};
+
+/* The name of fallback bit i (0 <= i < WEX_FB_COUNT). */
+const char *wex__fallback_name(int i);
+
+/* The bits named in a JSON array of strings; unknown names and non-strings
+ * are left out (clients cannot add series to wexd's metrics). */
+unsigned wex__fallbacks_parse(const json_t *names);
+
+/* A new JSON array of the names of the bits set (NULL: out of memory). */
+json_t *wex__fallbacks_json(unsigned bits);
+
 #endif

@@ -1888,22 +1888,27 @@ json_t *wexd_clients_json(struct wexd *d)
 	uint64_t now = wex__now_ns();
 
 	for (struct conn *c = d->conns; c; c = c->next) {
+		json_t *o;
+
 		if (c->dead)
 			continue;
-		json_array_append_new(
-			arr, json_pack("{s:I, s:i, s:i, s:i, s:s, s:s, s:s, s:s, s:i, s:I, s:s, s:I, s:f, s:s, s:b}",
-				       "id", (json_int_t)c->id, "pid", (int)c->pid, "uid", (int)c->uid,
-				       "gid", (int)c->gid, "role", role_name(c->role), "name", c->name,
-				       "model", c->model ? c->model->name : "", "group",
-				       c->group ? c->group->name : "", "rank", (int)c->rank, "lease",
-				       (json_int_t)(c->has_lease ? c->lease_version : 0), "mode",
-				       c->has_lease ? mode_name(c->lease_mode) : "-", "syncs",
-				       (json_int_t)c->syncs, "last_sync_s_ago",
-				       c->last_sync_ns ? (double)(now - c->last_sync_ns) / 1e9 : -1.0,
-				       "waiting",
-				       c->waiting == WAIT_BEGIN_WRITE ? "begin_write" :
-				       c->waiting == WAIT_ACQUIRE ? "acquire" : "", "exit_watched",
-				       c->io.pid.fd >= 0));
+		o = json_pack("{s:I, s:i, s:i, s:i, s:s, s:s, s:s, s:s, s:i, s:I, s:s, s:I, s:f, s:s, s:b}",
+			      "id", (json_int_t)c->id, "pid", (int)c->pid, "uid", (int)c->uid,
+			      "gid", (int)c->gid, "role", role_name(c->role), "name", c->name,
+			      "model", c->model ? c->model->name : "", "group",
+			      c->group ? c->group->name : "", "rank", (int)c->rank, "lease",
+			      (json_int_t)(c->has_lease ? c->lease_version : 0), "mode",
+			      c->has_lease ? mode_name(c->lease_mode) : "-", "syncs",
+			      (json_int_t)c->syncs, "last_sync_s_ago",
+			      c->last_sync_ns ? (double)(now - c->last_sync_ns) / 1e9 : -1.0,
+			      "waiting",
+			      c->waiting == WAIT_BEGIN_WRITE ? "begin_write" :
+			      c->waiting == WAIT_ACQUIRE ? "acquire" : "", "exit_watched",
+			      c->io.pid.fd >= 0);
+		/* Weaker paths its syncs ran on (a consumer's reports). */
+		if (o && c->fallbacks)
+			json_object_set_new(o, "fallbacks", wex__fallbacks_json(c->fallbacks));
+		json_array_append_new(arr, o);
 	}
 	return arr;
 }

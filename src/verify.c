@@ -170,6 +170,7 @@ struct job {
 	uint64_t next; /* atomic: the next unit to compare */
 	pthread_mutex_t lock;
 	int found;
+	int unpinned; /* a gather buffer could not be pinned */
 	struct wex_verify_diff diff;
 };
 
@@ -599,6 +600,8 @@ static int compare_gather(struct job *j, const struct wex_mem_ops *gather, int t
 			continue;
 		/* dev >= 0: a gathered unit has a side in GPU memory. */
 		pair_pin(gather, p, dev);
+		if (!p->pin)
+			j->unpinned = 1;
 		ret = gather_side(gather, ga, m, ka, threads);
 		if (!ret)
 			ret = gather_side(gather, gb, m, kb, threads);
@@ -650,10 +653,12 @@ int wex__verify_ops(const struct wex_copy_op *ops, size_t n, const struct wex_me
 	ret = gather ? compare_gather(&j, gather, threads) : compare_host(&j, threads);
 	pthread_mutex_destroy(&j.lock);
 	free(v.v);
+	diff->unpinned = j.unpinned;
 	if (ret < 0)
 		return ret;
 	if (!j.found)
 		return 0;
 	*diff = j.diff;
+	diff->unpinned = j.unpinned;
 	return 1;
 }

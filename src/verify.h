@@ -22,6 +22,9 @@ struct wex_verify_diff {
 	uint64_t dst_off;   /* its first different byte, from op.dst */
 	uint64_t src_off;   /* ... the same byte, from op.src */
 	uint64_t bytes;     /* different bytes over all ops */
+	/* Set whatever the result: 1 when runs were gathered through buffers
+	 * host_pin refused (pageable, slower: a fallback the sync reports). */
+	int unpinned;
 };
 
 /*

@@ -30,7 +30,8 @@ static void usage(FILE *f)
 		"commands:\n"
 		"  status            daemon, models, versions, producers, consumers, leases\n"
 		"  models            models with versions, state, bytes, producers\n"
-		"  clients           connected clients (pid, uid, role, model, rank, lease, exit watched)\n"
+		"  clients           connected clients (pid, uid, role, model, rank, lease, exit watched,\n"
+		"                    fallbacks their syncs ran on)\n"
 		"  plans             cached copy plans and their statistics\n"
 		"  watch [-n SEC] [--count N]\n"
 		"                    live view, refreshed in place (like top)\n"
@@ -276,6 +277,20 @@ static void print_clients(json_t *clients)
 		       (long long)json_integer_value(json_object_get(c, "syncs")), agos,
 		       !w ? "-" : json_is_true(w) ? "yes" : "no",
 		       json_string_value(json_object_get(c, "waiting")));
+	}
+	/* Weaker paths a consumer's syncs ran on: said under the table. */
+	json_array_foreach(clients, i, c) {
+		json_t *fb = json_object_get(c, "fallbacks"), *v;
+		size_t k;
+
+		if (!json_array_size(fb))
+			continue;
+		printf("client %lld (pid %lld) ran syncs on a fallback:",
+		       (long long)json_integer_value(json_object_get(c, "id")),
+		       (long long)json_integer_value(json_object_get(c, "pid")));
+		json_array_foreach(fb, k, v)
+			printf(" %s", json_string_value(v) ?: "?");
+		printf("\n");
 	}
 }
 

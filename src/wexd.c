@@ -576,6 +576,23 @@ static int one_of(const char *s, const char *const *v, size_t n)
 	return 0;
 }
 
+/* The weaker paths (WEX_FB_*) a consumer's sync ran on: counted, kept for
+ * status, and logged the first time each is seen on a connection. */
+static void wexd_take_fallbacks(struct conn *c, const char *mode, unsigned fb)
+{
+	for (int i = 0; i < WEX_FB_COUNT; i++) {
+		if (!(fb & (1u << i)))
+			continue;
+		wex__metrics_count(WEX_M_FALLBACKS, wex__fallback_name(i), NULL, 1);
+		if (!(c->fallbacks & (1u << i)))
+			wex_warn("wexd", "client %llu (pid %d, model '%s', group '%s', rank %u): a %s sync ran on a fallback: %s (wexctl status lists it)",
+				 (unsigned long long)c->id, (int)c->pid, c->model->name,
+				 c->group ? c->group->name : "", c->rank, mode,
+				 wex__fallback_name(i));
+	}
+	c->fallbacks |= fb;
+}
+
 /* A consumer's report of its last finished sync, counted in the sync
  * metrics.  Only consumers sync: anything else, an unknown mode or backend
  * (labels are a closed set, so no client can add series) or more bytes
@@ -600,6 +617,7 @@ static void wexd_take_report(struct conn *c, json_t *r)
 	    (uint64_t)bytes > c->model->bytes_peak || !(secs >= 0 && secs <= 86400))
 		return;
 	wex__metrics_sync(mode, backend, (uint64_t)bytes, secs);
+	wexd_take_fallbacks(c, mode, wex__fallbacks_parse(json_object_get(r, "fallbacks")));
 }
 
 static json_t *wexd_metrics(struct wexd *d)

@@ -82,6 +82,7 @@ struct conn {
 	char device[WEX_UUID_LEN]; /* the GPU the layout lives on ("": host) */
 	uint64_t syncs;
 	uint64_t last_sync_ns;
+	unsigned fallbacks; /* WEX_FB_* its syncs have reported (status) */
 	uint64_t connected_ns;
 	uint64_t verify_done; /* the newest ask (ticket) this rank answered */
 	struct verify_rec verify;   /* its last verification, whoever asked */

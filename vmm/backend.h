@@ -42,6 +42,7 @@ struct wex_mem_seg {
 	int fd;       /* exported or imported fd owned by this struct, or -1 */
 	int owner;    /* 1: this process allocated it (exporter) */
 	int pinned;   /* host: 1 + the ordinal that pinned it (wex_mem_host_pin) */
+	int rw;       /* import mapped read-write: the driver refused read-only */
 	void *priv;   /* backend state */
 };
 
@@ -61,6 +62,8 @@ struct wex_mem_region {
 	 * them, and the region maps there again only where nothing else was
 	 * mapped meanwhile. */
 	int lost;
+	int rw;        /* while fixed: the producer's memory is mapped there
+			* read-write (the driver refused read-only) */
 	uint64_t lead; /* reserved bytes below addr (see the reserve slot) */
 	void *priv;
 };

@@ -130,7 +130,9 @@ int wex__cuda_vmm_readonly(void)
  * refuses PROT_READ with is undocumented, so any but a sticky one is tried
  * again read-write; an error that is not about read-only comes back from
  * that try.  A sticky error is never retried: the context is gone and a
- * retry would only hide which call lost it.
+ * retry would only hide which call lost it.  0 when mapped as asked, 1
+ * when read-write in place of read-only (the caller marks the mapping, and
+ * the client reports it to wexd), or a negative errno.
  */
 static int set_access(CUdeviceptr va, uint64_t size, const int *dev, int n, int rw)
 {
@@ -175,10 +177,12 @@ static int set_access(CUdeviceptr va, uint64_t size, const int *dev, int n, int 
 				wex_warn("cuda", "a read-only mapping of %llu bytes for %d device(s) "
 					 "was refused (%s): this one is read-write",
 					 (unsigned long long)size, n, wex__cuda_errname(r));
-			return 0;
+			return 1;
 		}
 		r = r2; /* not about read-only: the error of the read-write try */
 	}
+	if (r == CUDA_SUCCESS)
+		return !rw && !ro; /* read-only given up for good: read-write */
 	return wex__cuda_err(r, "cuMemSetAccess");
 }
 
@@ -715,9 +719,10 @@ int wex__cuda_vmm_import_chunks(const struct wex_mem_desc *descs, const int *fds
 	/* One cuMemSetAccess over the whole range and both devices: it is
 	 * the expensive call.  Read-only: the producer's weights. */
 	ret = set_access(va, total, devs, access_devs(dev, adev, devs), 0);
-	if (ret)
+	if (ret < 0)
 		goto err_unmap;
 	memset(seg, 0, sizeof(*seg));
+	seg->rw = ret;
 	seg->ops = &wex_mem_cuda_vmm_ops;
 	seg->desc = descs[0];
 	seg->desc.alloc_size = total;
@@ -925,6 +930,7 @@ static int restore_own(struct wex_mem_region *r, struct region_priv *p, int *err
 	int fresh = r->lost, ret; /* a lost region's own memory holds nothing */
 
 	r->fixed = 0;
+	r->rw = 0;
 	r->lost = 1; /* until own memory is mapped and writable again */
 	ret = unmap_pieces(p);
 	if (!ret && !p->own_mapped) {
@@ -1026,8 +1032,9 @@ static int vmm_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint
 		piece[np++] = (struct piece){ .off = coff, .size = len };
 	}
 	ret = set_access(p->base, p->span, &adev, 1, 0);
-	if (ret)
+	if (ret < 0)
 		goto err_restore;
+	r->rw = ret;
 	/* The swap is done: our own physical memory is not needed while the
 	 * producer's is shown (zero extra memory). */
 	if (p->own) {
@@ -1107,6 +1114,7 @@ static int vmm_unmap_fixed(struct wex_mem_region *r)
 	 * memory (holding the bytes, when it can be mapped at all). */
 	p->own = h;
 	r->fixed = 0;
+	r->rw = 0;
 	ret = unmap_pieces(p);
 	if (!ret) {
 		ret = WEX_CU(wex__cu.cuMemMap(p->base, (size_t)p->span, 0, h, 0));
@@ -1149,6 +1157,7 @@ static int vmm_unreserve(struct wex_mem_region *r)
 	r->priv = NULL;
 	r->addr = NULL;
 	r->fixed = 0;
+	r->rw = 0;
 	r->lead = 0;
 	return ret;
 }

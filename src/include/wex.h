@@ -356,15 +356,21 @@ struct wex_sync_result {
  * segment into a layout in GPU memory runs on the GPU executor (host
  * staging) and, the first time, page-locks this process's read-only
  * mapping of the segment (cuMemHostRegister, once per import, kept until
- * the segment is unmapped) so the host-to-device copies run at link speed;
- * where the device cannot pin read-only memory the copies run from
- * pageable memory, slower, with a warning in the log, and
- * WEX_HOST_PIN=0 in the environment turns pinning off.  That first pin
- * takes time in proportion to the segment's size and runs under the lease,
- * so it also delays the producer's next wex_begin_write, once.  GPU
- * producer memory is mapped read-only where the driver allows it, and
+ * the segment is unmapped) so the host-to-device copies run at link speed.
+ * Where it cannot be pinned (a device that cannot pin read-only memory)
+ * the sync fails naming why, before anything is copied (not dirty),
+ * unless WEX_HOST_PIN=try is in the environment (the copies then run from
+ * pageable memory, slower, with a warning in the log); WEX_HOST_PIN=0
+ * never pins.  That first pin takes time in proportion to the segment's
+ * size and runs under the lease, so it also delays the producer's next
+ * wex_begin_write, once.  GPU producer memory is mapped read-only where
+ * the driver allows it (else read-write, with a warning in the log), and
  * reachable from the client's device (or the layout's) through peer
- * access when that is another GPU.
+ * access when that is another GPU.  A sync that ran on such a weaker path
+ * (pageable host staging, a read-write mapping, verification through
+ * unpinned buffers) says so to wexd with its report, sent with the
+ * client's next request: `wexctl clients` and `wexctl status` list it for
+ * the client, and wex_sync_fallbacks_total counts it.
  * WEX_SYNC_VERIFY or'ed into COPY or REMAP_FIXED, or wexd's ask for
  * `wexctl verify` in any mode: before the lease ends (the producer's
  * begin_write waits for it), every byte the plan covers in the attached

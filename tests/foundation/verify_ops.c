@@ -432,6 +432,9 @@ static void runs_case(const struct wex_copy_op *ops, size_t n)
 			T_ASSERT(gathered(ops, n, path, 2, &d) == 1 && d.op == 0 &&
 					 d.dst_off == early.d && d.bytes == 2,
 				 "pin %lu refused (%s)", nth, path_name[path]);
+			/* What the sync reports (unpinned_verify). */
+			T_ASSERT(d.unpinned == 1, "pin %lu refused (%s): unpinned %d", nth,
+				 path_name[path], d.unpinned);
 			fail_pin_at = 0;
 			check_pins("pinning refused", was, 1);
 			T_ASSERT(unpinned_copies > was.unpinned, "pageable copies counted");
@@ -446,6 +449,8 @@ static void runs_case(const struct wex_copy_op *ops, size_t n)
 			fail_unpin_at = 0;
 			T_ASSERT(ret == -EBUSY, "a failed unpin (%s): returned %d", path_name[path],
 				 ret);
+			T_ASSERT(d.unpinned == 0, "every buffer pinned (%s): unpinned %d",
+				 path_name[path], d.unpinned);
 			check_pins("a failed unpin", was, 0);
 		}
 	}

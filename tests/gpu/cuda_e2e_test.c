@@ -15,6 +15,8 @@
  *  3. syncs REMAP_FIXED into a region reserved on the producer's device,
  *     verified;
  *  4. checks that the calling thread's current context is what it was;
+ *  4b. wexd lists no fallback for those syncs, and (emulated driver)
+ *     lists rw_mapping for a client whose read-only mapping was refused;
  *  5. (emulated driver) a copy meeting a sticky CUDA error fails with
  *     -ENOTRECOVERABLE, dirty, the message saying to restart the process;
  * and a registration of non-exportable memory is refused with a reason.
@@ -255,6 +257,30 @@ int main(void)
 		}
 		printf("device binding kept across wex calls (%s)\n",
 		       ndev > 1 ? "none, and device 1's" : "none; one device: device 1's not tried");
+	}
+
+	/* 4b. The syncs so far ran on read-only mappings and pinned gather
+	 * buffers: wexd lists no fallback for this client.  A driver that
+	 * refuses a read-only mapping (emulated): a fresh client maps the
+	 * producer's memory read-write, and wexd lists that (rw_mapping). */
+	CHECK(!client_fallback(c, NULL, "rw_mapping"));
+	CHECK(!client_fallback(c, NULL, "unpinned_verify"));
+	if (emulated()) {
+		struct wex_client_params p2 = p;
+		wex_client_t *c2;
+
+		p2.field_mask |= WEX_CLIENT_FIELD_GROUP;
+		p2.group = "rw";
+		setenv("WEX_EMUL_NO_PROT_READ", "1", 1);
+		CHECK_OK(wex_client_open(&p2, &c2));
+		CHECK_OK(wex_sync(c2, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+		CHECK_OK(wex_release(c2)); /* carries the sync's report */
+		unsetenv("WEX_EMUL_NO_PROT_READ");
+		CHECK(client_fallback(c, "rw", "rw_mapping"));
+		CHECK(!client_fallback(c, "rw", "pageable_staging"));
+		CHECK(!client_fallback(c, NULL, "unpinned_verify"));
+		wex_client_close(c2);
+		printf("a read-write mapping (read-only refused) is listed by wexd: rw_mapping\n");
 	}
 
 	/* 5. A copy that meets a sticky CUDA error (illegal address: the

@@ -289,35 +289,70 @@ int main(void)
 	}
 	printf("3. a host segment copied into GPU weights through the GPU executor\n");
 	if (emulated()) {
-		/* Each fresh client imports the segment anew. */
-		static const char *const envs[][2] = { { "WEX_EMUL_NO_RO_HOSTREG", "1" },
-						       { "WEX_HOST_PIN", "0" } };
+		/* Each fresh client imports the segment anew.  A device that
+		 * cannot pin read-only memory: refused by default, copied
+		 * from pageable memory with WEX_HOST_PIN=try; WEX_HOST_PIN=0
+		 * never pins; a value it does not know is refused.  The
+		 * pageable copies are reported to wexd (status). */
+		static const struct {
+			const char *group, *no_ro, *pin;
+			int ok;
+		} cases[] = {
+			{ "no-ro-pin", "1", NULL, 0 },
+			{ "no-ro-try", "1", "try", 1 },
+			{ "no-pin", NULL, "0", 1 },
+			{ "bad-pin", NULL, "yes", 0 },
+		};
 
-		for (int k = 0; k < 2; k++) {
+		for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
 			struct wex_client_params p2 = p;
 			wex_client_t *h2;
 			unsigned long regs;
+			unsigned char *back;
+			int ret;
 
 			/* Another group: hc still holds rank 0 of the default one. */
 			p2.field_mask |= WEX_CLIENT_FIELD_GROUP;
-			p2.group = k == 0 ? "no-ro-pin" : "no-pin";
-			setenv(envs[k][0], envs[k][1], 1);
+			p2.group = cases[k].group;
+			if (cases[k].no_ro)
+				setenv("WEX_EMUL_NO_RO_HOSTREG", cases[k].no_ro, 1);
+			if (cases[k].pin)
+				setenv("WEX_HOST_PIN", cases[k].pin, 1);
 			CU_OK(wex__cu.cuMemsetD8Async((CUdeviceptr)(uintptr_t)mine, 0, (size_t)total, s));
 			CU_OK(wex__cu.cuStreamSynchronize(s));
 			CHECK_OK(wex_client_open(&p2, &h2));
 			CHECK_OK(wex_attach(h2, t, NT));
 			regs = emul_calls("cuMemHostRegister");
-			CHECK_OK(wex_sync(h2, WEX_SYNC_COPY, 1, 5000, &r));
-			CHECK(r.bytes == total);
-			CHECK(dev_check((uint64_t)(uintptr_t)mine, total, 3, 0));
+			ret = wex_sync(h2, WEX_SYNC_COPY, 1, 5000, &r);
+			printf("   %s: sync %d (%s)\n", cases[k].group, ret,
+			       ret ? wex_last_error(h2) : "ok");
+			if (cases[k].ok) {
+				CHECK(ret == 0 && r.bytes == total);
+				CHECK(dev_check((uint64_t)(uintptr_t)mine, total, 3, 0));
+				CHECK(client_fallback(hc, cases[k].group, "pageable_staging"));
+			} else {
+				CHECK(ret < 0 && strstr(wex_last_error(h2), "WEX_HOST_PIN"));
+				/* Refused before a byte moved: not dirty. */
+				CHECK(wex_is_dirty(h2) == 0);
+				back = malloc(total);
+				CHECK(back);
+				CU_OK(wex__cu.cuMemcpyDtoH(back, (CUdeviceptr)(uintptr_t)mine, total));
+				for (uint64_t i = 0; i < total; i++)
+					CHECK(back[i] == 0);
+				free(back);
+				CHECK(!client_fallback(hc, cases[k].group, "pageable_staging"));
+			}
 			/* Refused up front (the device attribute), or not
 			 * tried at all. */
 			CHECK(emul_calls("cuMemHostRegister") == regs);
 			CHECK(emul_host_regs() == 1); /* hc's only */
 			wex_client_close(h2);
-			unsetenv(envs[k][0]);
+			unsetenv("WEX_EMUL_NO_RO_HOSTREG");
+			unsetenv("WEX_HOST_PIN");
 		}
-		printf("4. without read-only pinning, or with WEX_HOST_PIN=0, the copy runs from pageable memory\n");
+		/* Pinned host staging reports nothing. */
+		CHECK(!client_fallback(hc, NULL, "pageable_staging"));
+		printf("4. without read-only pinning the copy is refused, naming WEX_HOST_PIN; with WEX_HOST_PIN=try or 0 it runs from pageable memory, reported to wexd\n");
 	}
 
 	/* 6. A plan reading VMM memory and a host segment runs on the GPU

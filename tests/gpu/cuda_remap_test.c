@@ -107,6 +107,8 @@ static void consumer(int sock)
 	free_before = mem_free();
 	CHECK_OK(vmm->map_fixed(&r, &seg, 0));
 	CHECK(r.fixed);
+	/* Read-write only where the driver refused read-only (reported). */
+	CHECK(r.rw == !wex__cuda_vmm_readonly());
 	free_after = mem_free();
 	printf("  free before map_fixed %llu MiB, after %llu MiB\n",
 	       (unsigned long long)(free_before >> 20), (unsigned long long)(free_after >> 20));
@@ -121,7 +123,7 @@ static void consumer(int sock)
 	CHECK(dev_check(out, RSZ, 2, 0));
 
 	CHECK_OK(vmm->unmap_fixed(&r));
-	CHECK(!r.fixed);
+	CHECK(!r.fixed && !r.rw);
 	CHECK(dev_check((uint64_t)(uintptr_t)r.addr, RSZ, 2, 0));
 	tsend(sock, OP_MAPPED, NULL, 0, -1);
 	trecv(sock, OP_CHANGED, NULL);

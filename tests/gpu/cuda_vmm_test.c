@@ -514,6 +514,9 @@ static void c_ro(int sock)
 	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, RO_SZ, 12, 0));
 	printf("  read-only imports: %d\n", wex__cuda_vmm_readonly());
 	CHECK(wex__cuda_vmm_readonly() >= 0);
+	/* Marked read-write (the client reports rw_mapping) only when the
+	 * driver refused read-only. */
+	CHECK(seg.rw == !wex__cuda_vmm_readonly());
 	CHECK_STORE(seg.ptr, 1);
 	if (emulated()) {
 		struct wex_copy_op op;
@@ -543,6 +546,7 @@ static void c_ro(int sock)
 		CHECK_STORE(seg.ptr, 0);
 		*(volatile unsigned char *)seg.ptr = was;
 		CHECK(wex__cuda_vmm_readonly() == 1);
+		CHECK(seg.rw == 1);
 	}
 	CHECK_OK(vmm->release(&seg));
 	tsend(sock, OP_DONE, NULL, 0, -1);
@@ -567,7 +571,8 @@ static void c_ro_refused(int sock)
 	CHECK(dev_check((uint64_t)(uintptr_t)seg.ptr, RO_SZ, 12, 0));
 	if (emulated()) {
 		CHECK(wex__cuda_vmm_readonly() == 0);
-		printf("  read-only refused: read-write import, readonly() = 0\n");
+		CHECK(seg.rw == 1);
+		printf("  read-only refused: read-write import, marked so, readonly() = 0\n");
 	}
 	CHECK_OK(vmm->release(&seg));
 	m = trecv(sock, OP_SEG, &fd);

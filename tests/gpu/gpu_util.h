@@ -24,6 +24,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "wex.h"
 #include "vmm/backend.h"
 #include "vmm/cudawrap.h"
@@ -281,6 +283,33 @@ static inline int dev_check(uint64_t d, size_t n, unsigned seed, size_t from)
 	}
 	free(h);
 	return ok;
+}
+
+/* Whether wexd's client list (asked through c) shows a client of `group`
+ * (NULL: any) whose syncs reported the fallback `name` (pageable_staging,
+ * rw_mapping, unpinned_verify). */
+static inline int client_fallback(wex_client_t *c, const char *group, const char *name)
+{
+	char *js = NULL;
+	json_t *j, *cl, *v;
+	size_t i, k;
+	int seen = 0;
+
+	CHECK_OK(wex_request(c, "clients", NULL, &js));
+	j = json_loads(js, 0, NULL);
+	CHECK(j != NULL);
+	json_array_foreach(json_object_get(j, "clients"), i, cl) {
+		const char *g = json_string_value(json_object_get(cl, "group"));
+
+		if (group && (!g || strcmp(g, group)))
+			continue;
+		json_array_foreach(json_object_get(cl, "fallbacks"), k, v)
+			if (json_string_value(v) && !strcmp(json_string_value(v), name))
+				seen = 1;
+	}
+	json_decref(j);
+	wex_free(js);
+	return seen;
 }
 
 /* One message between the two processes of a test. */
