@@ -2253,27 +2253,33 @@ static int release_lease(struct wex_client *c, int wait)
 static int pin_host_sources(struct wex_client *c, int dev)
 {
 	static int told;
-	const char *env = getenv("WEX_HOST_PIN");
-	int pin = 1; /* 1: required; 2: tried; 0: never */
+	int pin = -1; /* 1: required; 2: tried; 0: never; -1: not read yet */
 
-	if (env && *env && strcmp(env, "1")) {
-		if (!strcmp(env, "0"))
-			pin = 0;
-		else if (!strcmp(env, "try"))
-			pin = 2;
-		else
-			return set_err(c, -EINVAL, "copy: WEX_HOST_PIN=%s: use 1 (page-lock host segments copied onto a GPU, or fail; the default), try (copy from pageable memory where that fails) or 0 (never page-lock)",
-				       env);
-	}
-	if (!pin && !__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
-		wex_info("client", "WEX_HOST_PIN=0: host segments are copied onto GPUs from "
-			 "pageable memory");
 	for (size_t i = 0; i < c->nplan; i++) {
 		struct pseg *s = find_pseg(c, c->plan[i].src_rank, c->plan[i].src_seg);
 		int ret;
 
 		if (!s || s->seg.ops->kind != WEX_MEM_HOST || s->seg.pinned)
 			continue;
+		/* Read where it matters: a plan with no host segment to pin
+		 * never fails on it. */
+		if (pin < 0) {
+			const char *env = getenv("WEX_HOST_PIN");
+
+			pin = 1;
+			if (env && *env && strcmp(env, "1")) {
+				if (!strcmp(env, "0"))
+					pin = 0;
+				else if (!strcmp(env, "try"))
+					pin = 2;
+				else
+					return set_err(c, -EINVAL, "copy: WEX_HOST_PIN=%s: use 1 (page-lock host segments copied onto a GPU, or fail; the default), try (copy from pageable memory where that fails) or 0 (never page-lock); nothing was copied",
+						       env);
+			}
+			if (!pin && !__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+				wex_info("client", "WEX_HOST_PIN=0: host segments are copied onto GPUs "
+					 "from pageable memory");
+		}
 		if (!pin || (pin == 2 && s->pin_tried)) {
 			c->sync_fb |= WEX_FB_PAGEABLE_STAGING;
 			continue;
@@ -2355,9 +2361,7 @@ static int plan_ops(struct wex_client *c, struct wex_copy_op **out, uint64_t *by
 	return 0;
 }
 
-/* *refused: 1 when host staging was refused before any copy (the
- * weights are as they were), with c's error set. */
-static int run_copy(struct wex_client *c, uint64_t *bytes, int *refused)
+static int run_copy(struct wex_client *c, uint64_t *bytes)
 {
 	struct wex_copy_op *ops;
 	const struct wex_mem_ops *be;
@@ -2366,14 +2370,6 @@ static int run_copy(struct wex_client *c, uint64_t *bytes, int *refused)
 
 	if (ret < 0)
 		return ret;
-	/* The GPU executor copies host sources onto a GPU: pinned, by DMA. */
-	if (be && be->kind != WEX_MEM_HOST && layout_device(c) >= 0)
-		ret = pin_host_sources(c, layout_device(c));
-	*refused = ret < 0;
-	if (ret < 0) {
-		free(ops);
-		return ret;
-	}
 	ret = be ? be->copy(ops, c->nplan, c->threads) : 0;
 	free(ops);
 	if (ret == 0)
@@ -2884,6 +2880,15 @@ again:
 	if (mode == WEX_SYNC_COPY) {
 		int changed = version != c->copied || c->dirty, first = 0;
 
+		for (size_t i = 0; i < c->nregions && !changed; i++)
+			changed = c->regions[i].r.fixed || c->regions[i].r.lost;
+		/* A layout in GPU memory takes the GPU executor, which copies
+		 * host sources by DMA from page-locked memory: pinned (or
+		 * refused) before anything of the weights changes. */
+		if (changed && layout_device(c) >= 0 &&
+		    (ret = pin_host_sources(c, layout_device(c))) < 0)
+			goto err_release;
+
 		/* A copy writes the consumer's own memory: regions showing the
 		 * producer's get their private memory back first, every one
 		 * of them even when one fails (the first failure is reported). */
@@ -2924,15 +2929,8 @@ again:
 		}
 
 		if (changed) {
-			int was_dirty = c->dirty, refused = 0;
-
 			c->dirty = 1;
-			ret = run_copy(c, &bytes, &refused);
-			if (refused) {
-				/* Nothing copied: the weights are as they were. */
-				c->dirty = was_dirty;
-				goto err_release;
-			}
+			ret = run_copy(c, &bytes);
 			if (ret == -ENOTRECOVERABLE) {
 				/* A sticky CUDA error: no later sync can succeed. */
 				set_err(c, ret, "copy of v%llu failed: this process's CUDA context is unusable after a sticky error (see the log; it may come from the engine's own GPU work): weights are dirty; restart the process",

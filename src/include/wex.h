@@ -363,8 +363,10 @@ struct wex_sync_result {
  * pageable memory, slower, with a warning in the log); WEX_HOST_PIN=0
  * never pins.  That first pin takes time in proportion to the segment's
  * size and runs under the lease, so it also delays the producer's next
- * wex_begin_write, once.  GPU producer memory is mapped read-only where
- * the driver allows it (else read-write, with a warning in the log), and
+ * wex_begin_write, once.  cuda_vmm producer memory is mapped read-only
+ * where the driver allows it (else read-write, with a warning in the log;
+ * legacy cuda_ipc opens are always read-write: CUDA IPC has no read-only
+ * open, so that is no fallback and is not reported), and
  * reachable from the client's device (or the layout's) through peer
  * access when that is another GPU.  A sync that ran on such a weaker path
  * (pageable host staging, a read-write mapping, verification through

@@ -13,6 +13,9 @@
  * reported after its producer left (and with it the bytes the model
  * exports), is still counted, as is the sync of a consumer that closes
  * right after it (its close's release carries the report).
+ * Fallbacks a report names (pageable_staging, rw_mapping, unpinned_verify)
+ * count in wex_sync_fallbacks_total and show in the client's status entry
+ * only from a consumer's valid report, and only known names.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -72,7 +75,8 @@ int main(void)
 	t_prod_write(&p, 1);
 
 	anon = t_raw_connect(d.sock);
-	send_report(anon, "{\"mode\":\"copy\",\"backend\":\"host\",\"bytes\":1000,\"seconds\":0.1}");
+	send_report(anon, "{\"mode\":\"copy\",\"backend\":\"host\",\"bytes\":1000,\"seconds\":0.1,"
+			  "\"fallbacks\":[\"rw_mapping\"]}");
 	prod2 = t_raw_connect(d.sock);
 	rep = t_raw_rpc(prod2, "{\"v\":1,\"op\":\"hello\",\"role\":\"producer\",\"model\":\"other\"}", NULL, 0);
 	T_ASSERT(!strcmp(t_code(rep), "OK"), "producer hello: %s", t_msg(rep));
@@ -83,7 +87,12 @@ int main(void)
 			      "\",\"group\":\"raw\"}", NULL, 0);
 	T_ASSERT(!strcmp(t_code(rep), "OK"), "consumer hello: %s", t_msg(rep));
 	json_decref(rep);
-	send_report(cons, "{\"mode\":\"evil\",\"backend\":\"host\",\"bytes\":10,\"seconds\":0.1}");
+	send_report(cons, "{\"mode\":\"evil\",\"backend\":\"host\",\"bytes\":10,\"seconds\":0.1,"
+			  "\"fallbacks\":[\"rw_mapping\"]}");
+	/* A valid sync whose fallbacks are not a list of names: the sync
+	 * counts (remap-fixed), no fallback does. */
+	send_report(cons, "{\"mode\":\"remap-fixed\",\"backend\":\"host\",\"bytes\":10,\"seconds\":0.1,"
+			  "\"fallbacks\":\"pageable_staging\"}");
 	send_report(cons, "{\"mode\":\"copy\",\"backend\":\"evil\",\"bytes\":10,\"seconds\":0.1}");
 	send_report(cons, "{\"mode\":\"copy\",\"backend\":\"host\",\"bytes\":4611686018427387904,"
 			  "\"seconds\":0.1}");
@@ -93,10 +102,38 @@ int main(void)
 	T_ASSERT(sample(text, "wex_syncs_total{mode=\"copy\"}") <= 0,
 		 "a report from no consumer, or a bad one, was counted: %g",
 		 sample(text, "wex_syncs_total{mode=\"copy\"}"));
+	T_ASSERT(!strstr(text, "wex_sync_fallbacks_total{"),
+		 "a fallback of no consumer, of a bad report, or not in a list, was counted:\n%s",
+		 text);
 	free(text);
 
-	send_report(cons, "{\"mode\":\"remap-view\",\"backend\":\"host\",\"bytes\":100,\"seconds\":0.01}");
+	/* A valid report's fallbacks: the known names count, once each;
+	 * others (unknown, not strings) add nothing. */
+	send_report(cons, "{\"mode\":\"remap-view\",\"backend\":\"host\",\"bytes\":100,\"seconds\":0.01,"
+			  "\"fallbacks\":[\"rw_mapping\",\"evil\",3,\"rw_mapping\"]}");
 	text = metrics(d.sock);
+	T_ASSERT(!strstr(text, "evil"), "a client added a fallback label:\n%s", text);
+	T_ASSERT(sample(text, "wex_sync_fallbacks_total{fallback=\"rw_mapping\"}") == 1,
+		 "a reported fallback counts once per sync: %g",
+		 sample(text, "wex_sync_fallbacks_total{fallback=\"rw_mapping\"}"));
+	T_ASSERT(sample(text, "wex_sync_fallbacks_total{fallback=\"pageable_staging\"}") < 0,
+		 "a fallback not reported was counted");
+	{
+		/* ... and status lists it for that client. */
+		json_t *cl = t_raw_rpc(anon, "{\"v\":1,\"op\":\"clients\"}", NULL, 0), *c;
+		size_t i;
+		int seen = 0;
+
+		json_array_foreach(json_object_get(cl, "clients"), i, c)
+			if (!strcmp(json_string_value(json_object_get(c, "group")) ?: "", "raw")) {
+				json_t *fb = json_object_get(c, "fallbacks");
+
+				seen = json_array_size(fb) == 1 &&
+				       !strcmp(json_string_value(json_array_get(fb, 0)) ?: "", "rw_mapping");
+			}
+		T_ASSERT(seen, "clients lists rw_mapping for the consumer that reported it");
+		json_decref(cl);
+	}
 	T_ASSERT(sample(text, "wex_syncs_total{mode=\"remap-view\"}") == 1,
 		 "a consumer's valid report counts once: %g",
 		 sample(text, "wex_syncs_total{mode=\"remap-view\"}"));

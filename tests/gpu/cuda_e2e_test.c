@@ -259,11 +259,12 @@ int main(void)
 		       ndev > 1 ? "none, and device 1's" : "none; one device: device 1's not tried");
 	}
 
-	/* 4b. The syncs so far ran on read-only mappings and pinned gather
-	 * buffers: wexd lists no fallback for this client.  A driver that
-	 * refuses a read-only mapping (emulated): a fresh client maps the
-	 * producer's memory read-write, and wexd lists that (rw_mapping). */
-	CHECK(!client_fallback(c, NULL, "rw_mapping"));
+	/* 4b. wexd lists rw_mapping for this client only where the driver
+	 * refused read-only mappings, and no unpinned_verify (the gather
+	 * buffers were pinned).  A driver that refuses a read-only mapping
+	 * (emulated): a fresh client maps the producer's memory read-write,
+	 * and wexd lists that (rw_mapping). */
+	CHECK(client_fallback(c, NULL, "rw_mapping") == (wex__cuda_vmm_readonly() == 0));
 	CHECK(!client_fallback(c, NULL, "unpinned_verify"));
 	if (emulated()) {
 		struct wex_client_params p2 = p;
@@ -277,6 +278,7 @@ int main(void)
 		CHECK_OK(wex_release(c2)); /* carries the sync's report */
 		unsetenv("WEX_EMUL_NO_PROT_READ");
 		CHECK(client_fallback(c, "rw", "rw_mapping"));
+		CHECK(!client_fallback(c, "default", "rw_mapping")); /* c: read-only */
 		CHECK(!client_fallback(c, "rw", "pageable_staging"));
 		CHECK(!client_fallback(c, NULL, "unpinned_verify"));
 		wex_client_close(c2);
