@@ -346,6 +346,23 @@ json_t *t_raw_recv(int fd)
 	return j;
 }
 
+void t_wexctl(const char *args, char *out, size_t len)
+{
+	const char *bin = getenv("WEXCTL_BIN");
+	char cmd[600];
+	size_t n;
+	FILE *f;
+
+	if (!bin)
+		T_FAIL("WEXCTL_BIN not set (run through ctest)");
+	snprintf(cmd, sizeof(cmd), "'%s' %s", bin, args);
+	f = popen(cmd, "r");
+	T_ASSERT(f, "popen %s", cmd);
+	n = fread(out, 1, len - 1, f);
+	out[n] = '\0';
+	T_ASSERT(pclose(f) == 0, "wexctl %s: %s", args, out);
+}
+
 json_t *t_raw_rpc(int fd, const char *json, const int *fds, int nfds)
 {
 	t_raw_send(fd, json, strlen(json), fds, nfds);

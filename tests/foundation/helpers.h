@@ -104,6 +104,10 @@ json_t *t_raw_rpc(int fd, const char *json, const int *fds, int nfds);
  * request; -1: the client hung up, *stop was set, or *drop (if drop) was
  * set (cleared then): the stand-in hangs up. */
 int t_stand_in_request(int fd, atomic_int *stop, atomic_int *drop, char *op, size_t oplen);
+/* Runs `$WEXCTL_BIN args` (args split by the shell) against the wexd of
+ * $WEX_SOCKET and puts its stdout, NUL-terminated, in out; fails the test
+ * unless it exits 0. */
+void t_wexctl(const char *args, char *out, size_t len);
 /* "OK" for {"ok":true}, else the error code string (owned by reply). */
 const char *t_code(json_t *reply);
 const char *t_msg(json_t *reply);

@@ -107,19 +107,9 @@ static int held_count(const char *model, int pid, uint64_t version, const char *
  * journal's directory. */
 static void ctl_shows(pid_t pid)
 {
-	const char *bin = getenv("WEXCTL_BIN");
-	char cmd[600], out[16384], want[64];
-	size_t n;
-	FILE *f;
+	char out[16384], want[64];
 
-	if (!bin)
-		T_FAIL("WEXCTL_BIN not set (run through ctest)");
-	snprintf(cmd, sizeof(cmd), "'%s' status", bin);
-	f = popen(cmd, "r");
-	T_ASSERT(f, "popen %s", cmd);
-	n = fread(out, 1, sizeof(out) - 1, f);
-	out[n] = '\0';
-	T_ASSERT(pclose(f) == 0, "wexctl status: %s", out);
+	t_wexctl("status", out, sizeof(out));
 	snprintf(want, sizeof(want), "  g          0     %-8d        1 remap-view", (int)pid);
 	T_ASSERT(strstr(out, "leases held from before this wexd started") && strstr(out, want) &&
 		 strstr(out, "lease journal ") && strstr(out, ".leases"),

@@ -136,19 +136,9 @@ int main(void)
 	}
 	{
 		/* wexctl clients says it under its table. */
-		const char *bin = getenv("WEXCTL_BIN");
-		char cmd[600], out[16384];
-		size_t n;
-		FILE *f;
+		char out[16384];
 
-		if (!bin)
-			T_FAIL("WEXCTL_BIN not set (run through ctest)");
-		snprintf(cmd, sizeof(cmd), "'%s' clients", bin);
-		f = popen(cmd, "r");
-		T_ASSERT(f, "popen %s", cmd);
-		n = fread(out, 1, sizeof(out) - 1, f);
-		out[n] = '\0';
-		T_ASSERT(pclose(f) == 0, "wexctl clients: %s", out);
+		t_wexctl("clients", out, sizeof(out));
 		T_ASSERT(strstr(out, "ran syncs on a fallback: rw_mapping\n") != NULL,
 			 "wexctl clients does not name the fallback:\n%s", out);
 	}
