@@ -63,9 +63,14 @@ struct wex_plan_stats {
 	uint64_t src_bound_bytes;   /* lower bound for the busiest source */
 };
 
+struct wex_ops_block; /* plan.c */
+
 struct wex_plan {
 	struct wex_plan_op *ops;
 	size_t nops;
+	struct wex_ops_block *block; /* private: when set, ops lie in a block
+				      * shared by the plans of one group call
+				      * (released by the last wex__plan_free) */
 	uint64_t hash;            /* deterministic over the ops */
 	struct wex_plan_stats stats;
 };
