@@ -11,6 +11,9 @@
  *   - copy sync bandwidth (plan executed with memcpy over T threads;
  *     before each the engine's buffer is zeroed, after it every byte is
  *     compared with the producer's, both untimed);
+ *   - a copy sync right after same-address syncs: the region first gets
+ *     private memory holding what it showed (new memory, written whole),
+ *     then the plan copies into it; against the copy sync above;
  *   - verification (WEX_SYNC_VERIFY on the version held: every byte of
  *     the engine's buffer compared with the producer's, nothing copied),
  *     its comparison time (res.verify_seconds) and the whole sync;
@@ -335,7 +338,7 @@ int main(int argc, char **argv)
 	char dir[] = "/tmp/wex-bench-XXXXXX", sock[128];
 	int ready[2], cmd[2], ack[2], threads, n, ret;
 	double vfy_t[RUNS], vsync_t[RUNS], cmp_t[RUNS];
-	double copy_t[RUNS], meta_t[RUNS], touch_t[RUNS], fixed_t[RUNS], mc_t[RUNS], sock_t[3],
+	double copy_t[RUNS], meta_t[RUNS], touch_t[RUNS], fixed_t[RUNS], mc_t[RUNS], back_t[RUNS], sock_t[3],
 		st_t[3], first_ms, cold_touch_ms, fixed_first_ms = 0;
 	pid_t dpid, ppid;
 	struct wex_tensor *t;
@@ -524,6 +527,30 @@ int main(int argc, char **argv)
 		fprintf(stderr, "host_sync: same-address remapped bytes are wrong\n");
 		return 1;
 	}
+	/* Back to copying: each time the region gives up the producer's
+	 * memory for private memory holding what it showed, then copies
+	 * (same-address again between runs). */
+	for (int k = 0; k < RUNS; k++) {
+		if (k) {
+			if (next_version(c, cmd[1], ack[0]) < 0)
+				return 1;
+			if ((ret = wex_sync(c, WEX_SYNC_REMAP_FIXED, last + 1, 0, &r)) < 0)
+				die("remap fixed", ret, c);
+			last = r.version;
+		}
+		if (next_version(c, cmd[1], ack[0]) < 0)
+			return 1;
+		t0 = ex_now();
+		if ((ret = wex_sync(c, WEX_SYNC_COPY, last + 1, 0, &r)) < 0)
+			die("copy after same-address", ret, c);
+		back_t[k] = ex_now() - t0;
+		last = r.version;
+		if (r.bytes != model_bytes || !same_tensors(region, src, t, n)) {
+			fprintf(stderr, "host_sync: copy after same-address: bytes are wrong (run %d)\n", k);
+			return 1;
+		}
+	}
+	wex_release(c);
 	for (int k = 0; k < 3; k++) {
 		sock_t[k] = socket_stream(dst, src, bytes);
 		st_t[k] = safetensors_roundtrip(dst, src, t, n);
@@ -543,7 +570,7 @@ int main(int argc, char **argv)
 	double copy_s = median(copy_t, RUNS), meta_s = median(meta_t, RUNS),
 	       touch_s = median(touch_t, RUNS), fixed_s = median(fixed_t, RUNS),
 	       mc_s = median(mc_t, RUNS), sock_s = median(sock_t, 3), st_s = median(st_t, 3),
-	       vfy_s = median(vfy_t, RUNS), vsync_s = median(vsync_t, RUNS),
+	       vfy_s = median(vfy_t, RUNS), vsync_s = median(vsync_t, RUNS), back_s = median(back_t, RUNS),
 	       cmp_s = median(cmp_t, RUNS);
 	double gib = (double)model_bytes / (1 << 30);
 
@@ -554,6 +581,8 @@ int main(int argc, char **argv)
 	printf("%-40s %10.3f %12s\n", "remap same-address sync (first map)", fixed_first_ms, "-");
 	printf("%-40s %10.3f %12s\n", "first remap (fetch+mmap), pages touched", cold_touch_ms, "-");
 	printf("%-40s %10.3f %12.2f\n", "copy sync", copy_s * 1e3, gib / copy_s);
+	printf("%-40s %10.3f %12.2f\n", "copy sync after same-address (new mem)", back_s * 1e3,
+	       gib / back_s);
 	printf("%-40s %10.3f %12.2f\n", "baseline: memcpy, same threads (limit)", mc_s * 1e3, gib / mc_s);
 	printf("%-40s %10.3f %12.2f\n", "verify: compare every byte", vfy_s * 1e3, gib / vfy_s);
 	printf("%-40s %10.3f %12.2f\n", "verified sync (held version)", vsync_s * 1e3, gib / vsync_s);
@@ -565,19 +594,19 @@ int main(int argc, char **argv)
 	printf("{\"bench\":\"host_sync\",\"preset\":\"%s\",\"tensors\":%d,\"bytes\":%llu,\"threads\":%d,"
 	       "\"remap_metadata_ms\":%.4f,\"remap_touched_ms\":%.4f,\"remap_fixed_ms\":%.4f,\"remap_fixed_first_ms\":%.3f,"
 	       "\"remap_first_ms\":%.3f,\"remap_first_touched_ms\":%.3f,"
-	       "\"copy_ms\":%.3f,\"copy_gib_s\":%.3f,\"verify_ms\":%.3f,\"verified_sync_ms\":%.3f,"
+	       "\"copy_ms\":%.3f,\"copy_gib_s\":%.3f,\"copy_after_fixed_ms\":%.3f,\"verify_ms\":%.3f,\"verified_sync_ms\":%.3f,"
 	       "\"baselines\":{\"memcpy_ms\":%.3f,\"memcpy_gib_s\":%.3f,\"memcmp_ms\":%.3f,\"socket_ms\":%.3f,"
 	       "\"socket_gib_s\":%.3f,\"safetensors_ms\":%.3f},"
 	       "\"ratios\":{\"copy_vs_memcpy\":%.3f,\"verify_vs_memcmp\":%.3f,\"remap_touched_vs_copy\":%.4f,"
 	       "\"copy_vs_socket\":%.2f,\"remap_touched_vs_socket\":%.2f,\"copy_vs_safetensors\":%.2f,"
-	       "\"remap_first_touched_vs_copy\":%.3f},"
+	       "\"remap_first_touched_vs_copy\":%.3f,\"copy_vs_copy_after_fixed\":%.3f},"
 	       "\"targets\":{\"copy_vs_memcpy>=0.9\":%s,\"remap_touched_vs_copy<=0.5\":%s,"
 	       "\"remap_metadata_ms<2\":%s,\"copy_vs_socket>=5\":%s,\"remap_touched_vs_socket>=5\":%s}}\n",
 	       preset, n, (unsigned long long)model_bytes, threads, meta_s * 1e3, touch_s * 1e3,
 	       fixed_s * 1e3, fixed_first_ms, first_ms, cold_touch_ms, copy_s * 1e3, gib / copy_s,
-	       vfy_s * 1e3, vsync_s * 1e3, mc_s * 1e3, gib / mc_s, cmp_s * 1e3, sock_s * 1e3,
+	       back_s * 1e3, vfy_s * 1e3, vsync_s * 1e3, mc_s * 1e3, gib / mc_s, cmp_s * 1e3, sock_s * 1e3,
 	       gib / sock_s, st_s * 1e3, mc_s / copy_s, cmp_s / vfy_s, touch_s / copy_s,
-	       sock_s / copy_s, sock_s / touch_s, st_s / copy_s, cold_touch_ms / 1e3 / copy_s,
+	       sock_s / copy_s, sock_s / touch_s, st_s / copy_s, cold_touch_ms / 1e3 / copy_s, copy_s / back_s,
 	       mc_s / copy_s >= 0.9 ? "true" : "false", touch_s / copy_s <= 0.5 ? "true" : "false",
 	       meta_s * 1e3 < 2 ? "true" : "false", sock_s / copy_s >= 5 ? "true" : "false",
 	       sock_s / touch_s >= 5 ? "true" : "false");
