@@ -19,28 +19,42 @@ the layouts' names (qkv_proj, gate_up_proj, padded vocabulary).  Checked:
     for each rank, and wexd's view (check_group) agrees; a later version
     overwrites weights the engine changed; wrapper prefixes stripped,
     ignored parameters left alone and listed; a re-allocated parameter is
-    refused by name;
+    refused by name (its memory still held), and so is one replaced by a
+    new Parameter object (nothing written into the orphaned one), or
+    removed or added, when the parameters are given as a callable;
   - refused with a message that says what to do: a sync before attach, a
     second attach, a parameter the layout lacks, a model directory
     without config.json, a layout whose world is not the engine's, MLA,
-    EPLB, prefill context parallelism, a dense DP replica without {dp}
-    in its group (and {dp} substituted);
+    EPLB, expert_placement_strategy round_robin, enable_elastic_ep,
+    prefill context parallelism, a dense DP replica without {dp} in its
+    group (and {dp} substituted), {dp} with experts and dp > 1; for a
+    model with experts, the MoE settings that re-lay out expert weights
+    (VLLM_USE_FLASHINFER_MOE_*, VLLM_ROCM_USE_AITER[_MOE], moe_backend, a
+    FusedMoE quant_method's backend), which a dense model ignores; a
+    dense model with enable_expert_parallel (or SGLang --ep-size) gets no
+    ep= in its spec;
   - default specs from SGLang's server arguments (dp-attention, ep,
     dp_lm_head, dense_tp, a2a, fuse_shared) and their refusals (dp
     replicas, EPLB, redundant experts, a placement file, attention CP,
     moe-dp, an SGLang without get_global_server_args);
   - SGLang: the request read twice by an unrelated process after torch's
-    ForkingPickler; the loader attaches on the first call, syncs on each,
-    runs post_load_weights unless told not to, detaches (only its own
+    ForkingPickler, refused under the file_system sharing strategy; the
+    loader attaches on the first call, syncs on each, runs
+    post_load_weights after a sync that changed the weights unless told
+    not to (not for the same version again), detaches (only its own
     group); a failure that leaves the weights as they were is logged and
     returns (status() says why, check() names the rank behind) and the
-    retry syncs; one that leaves them mixed raises; bad requests are
+    retry syncs; one that leaves them mixed raises, post_load_weights
+    failing after a changed sync included (the rank detached, check()
+    fails, the next request recovers); post_load=True without
+    post_load_weights is refused before attaching; bad requests are
     logged; the draft model is skipped;
   - wex.trainer.TrainerRank: Megatron tp=2 ranks registered through their
     layout (a wrapper prefix stripped, a parameter ignored) publish around
     a step that changes them in place, engines (wex.engine.EngineRank,
-    vllm:tp=2) hold the new bytes; a step that raises publishes nothing,
-    another version is refused while it is open, and its retry publishes.
+    vllm:tp=2) hold the new bytes; a step that raises publishes nothing
+    and leaves describe()["writing"] at its version, another version is
+    refused while it is open, and its retry publishes.
 Needs Debian's python3-torch (exit 77 with the reason without it).
 Environment: WEX_LIB, WEXD_BIN, WEXCTL_BIN, PYTHONPATH with adapters/python.
 """
@@ -137,10 +151,11 @@ def set_server_args(model_path, **kw):
 class VllmWorker(wex.vllm.WorkerExtension):
     """What wex.vllm.WorkerExtension reads of vLLM's Worker."""
 
-    def __init__(self, model_dir, module, use_mla=False, **parallel):
+    def __init__(self, model_dir, module, use_mla=False, moe_backend=None, **parallel):
         self.model_runner = types.SimpleNamespace(model=module)
         self.device = torch.device("cpu")
         self.vllm_config = types.SimpleNamespace(
+            kernel_config=types.SimpleNamespace(moe_backend=moe_backend or "auto"),
             model_config=types.SimpleNamespace(model=model_dir, use_mla=use_mla),
             parallel_config=types.SimpleNamespace(**dict(
                 dict(enable_expert_parallel=False, enable_eplb=False,
@@ -176,6 +191,12 @@ class EngineHooks(WexdProducerCase):
             assert r.returncode == 0, "wexctl convert --to %s: %s" % (spec, r.stderr)
         # A model directory without config.json (a hub id, say).
         os.mkdir(os.path.join(d, "noconfig"))
+        # A config of a model with experts (the refusals that depend on
+        # it come before the layout is opened).
+        os.mkdir(os.path.join(d, "moe"))
+        with open(os.path.join(d, "moe", "config.json"), "w") as f:
+            json.dump(dict(glue.CONFIG, model_type="qwen3_moe", num_experts=4,
+                           moe_intermediate_size=32), f)
         super().setUpClass()
         cls.version = 0
 
@@ -282,6 +303,11 @@ class EngineHooks(WexdProducerCase):
             on(1, "wex_sync", min_version=v)
         self.assertIn("re-allocated", str(e.exception))
         self.assertIn("qkv_proj", str(e.exception))
+        # The memory attached is still held by the client (not freed for
+        # another tensor while wex may write it).
+        kept = [x for e in workers[1]._wex.client._attached
+                for x in (e if isinstance(e, tuple) else (e,))]
+        self.assertTrue(any(t.data_ptr() == ptr for t in kept))
 
     def test_vllm_refusals(self):
         d = self.tmp.name
@@ -325,6 +351,151 @@ class EngineHooks(WexdProducerCase):
         w = VllmWorker(d, m, data_parallel_index=1)
         self.assertEqual(w.wex_attach(model=MODEL, group="roll-{dp}")["group"], "roll-1")
         w.wex_detach()
+        # Experts placed other than contiguously, or DP/EP resized at run time.
+        for kw, words in (({"expert_placement_strategy": "round_robin"},
+                           "expert_placement_strategy='round_robin'"),
+                          ({"enable_elastic_ep": True}, "enable_elastic_ep")):
+            with self.assertRaises(ValueError) as e:
+                VllmWorker(d, m, **kw).wex_attach(model=MODEL, group="x")
+            self.assertIn(words, str(e.exception))
+        w = VllmWorker(d, m, expert_placement_strategy="linear", enable_elastic_ep=False)
+        w.wex_attach(model=MODEL, group="x")
+        w.wex_detach()
+        # A dense model with enable_expert_parallel (vLLM ignores it): no ep=.
+        w = VllmWorker(d, m, enable_expert_parallel=True)
+        self.assertEqual(w.wex_attach(model=MODEL, group="x")["layout"], "vllm:tp=2")
+        w.wex_detach()
+        # {dp} with a model with experts and dp > 1: one engine, one group.
+        moe = os.path.join(d, "moe")
+        set_par(tp=(2, 0), dp=(2, 1))
+        with self.assertRaises(ValueError) as e:
+            VllmWorker(moe, m, data_parallel_index=1).wex_attach(model=MODEL, group="r-{dp}")
+        self.assertIn("{dp}", str(e.exception))
+        self.assertIn("one engine", str(e.exception))
+        set_par(tp=(2, 0))
+
+    def test_vllm_moe_relayout_refused(self):
+        """MoE kernels that re-lay out the experts' weights in their shape
+        (FlashInfer's w13 -> [w3; w1], ROCm AITER's shuffle): refused for
+        a model with experts, by the variable or setting that selects
+        them; a dense model is not refused for them."""
+        d = self.tmp.name
+        moe = os.path.join(d, "moe")
+        m = module_of(self.engine_params("vllm", 0))
+        set_par(tp=(2, 0))
+        saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("VLLM_")}
+        self.addCleanup(os.environ.update, saved)
+
+        def attach_error(model_dir, module=m, **kw):
+            w = VllmWorker(model_dir, module, **kw)
+            try:
+                w.wex_attach(model=MODEL, group="moe")
+            except Exception as e:
+                return str(e)
+            finally:
+                w.wex_detach()
+            return None
+
+        def with_env(env, fn):
+            old = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                return fn()
+            finally:
+                for k, v in old.items():
+                    if v is None:
+                        del os.environ[k]
+                    else:
+                        os.environ[k] = v
+
+        # No such setting: the MoE checks pass (the layout of this small
+        # config then refuses the dense parameters for other reasons).
+        clean = attach_error(moe)
+        self.assertNotIn("re-lay", clean or "")
+        for env, name in (({"VLLM_USE_FLASHINFER_MOE_FP16": "1"}, "VLLM_USE_FLASHINFER_MOE_FP16"),
+                          ({"VLLM_USE_FLASHINFER_MOE_FP8": "1"}, "VLLM_USE_FLASHINFER_MOE_FP8"),
+                          ({"VLLM_ROCM_USE_AITER": "1"}, "VLLM_ROCM_USE_AITER"),
+                          ({"VLLM_ROCM_USE_AITER": "true", "VLLM_ROCM_USE_AITER_MOE": "1"},
+                           "VLLM_ROCM_USE_AITER_MOE")):
+            err = with_env(env, lambda: attach_error(moe))
+            self.assertIsNotNone(err, env)
+            self.assertIn(name, err)
+            # The same environment does not refuse a dense model.
+            self.assertIsNone(with_env(env, lambda: attach_error(d)), env)
+        # Set false: not refused for it.
+        for env in ({"VLLM_USE_FLASHINFER_MOE_FP16": "0"},
+                    {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE": "0"}):
+            self.assertNotIn("re-lay", with_env(env, lambda: attach_error(moe)) or "", env)
+        # vLLM's moe_backend setting, and a FusedMoE layer's quant_method.
+        err = attach_error(moe, moe_backend="flashinfer_cutlass")
+        self.assertIn("moe_backend='flashinfer_cutlass'", err)
+        self.assertNotIn("re-lay", attach_error(moe, moe_backend="triton") or "")
+        m2 = module_of(self.engine_params("vllm", 0))
+        experts = m2.model.layers._modules["0"].mlp
+        experts.quant_method = types.SimpleNamespace(
+            unquantized_backend=types.SimpleNamespace(name="FLASHINFER_CUTLASS"))
+        err = attach_error(moe, m2)
+        self.assertIn("model.layers.0.mlp", err)
+        self.assertIn("FLASHINFER_CUTLASS", err)
+        experts.quant_method = types.SimpleNamespace(rocm_aiter_moe_enabled=True)
+        self.assertIn("rocm_aiter_moe_enabled", attach_error(moe, m2))
+        experts.quant_method = types.SimpleNamespace(
+            unquantized_backend=types.SimpleNamespace(name="TRITON"))
+        self.assertNotIn("re-lay", attach_error(moe, m2) or "")
+
+    def test_replaced_parameter_refused(self):
+        """A parameter the engine replaced with a new Parameter object
+        since attach (layer.weight = Parameter(new), vLLM's
+        process_weights_after_loading on a reload) is refused by name at
+        the next sync; nothing is written into the orphaned tensor."""
+        d = self.tmp.name
+        modules, workers = [], []
+        for k in range(2):
+            m = module_of(self.engine_params("vllm", k))
+            modules.append(m)
+            workers.append(VllmWorker(d, m))
+            set_par(tp=(2, k))
+            workers[k].wex_attach(model=MODEL, group="replaced")
+            self.addCleanup(workers[k].wex_detach)
+        v = self.next_version()
+        for k in range(2):
+            set_par(tp=(2, k))
+            self.assertEqual(workers[k].wex_sync(min_version=v)["version"], v)
+        attn = modules[0].model.layers._modules["0"].self_attn
+        old = attn.qkv_proj.weight
+        attn.qkv_proj.weight = torch.nn.Parameter(torch.zeros_like(old), requires_grad=False)
+        with torch.no_grad():
+            old.fill_(3)
+        v = self.next_version()
+        set_par(tp=(2, 0))
+        with self.assertRaises(ValueError) as e:
+            workers[0].wex_sync(min_version=v)
+        self.assertIn("qkv_proj", str(e.exception))
+        self.assertIn("replaced", str(e.exception))
+        self.assertTrue(bool((old == 3).all()))        # not written
+        self.assertTrue(bool((attn.qkv_proj.weight == 0).all()))
+        self.assertIn("model.layers.0.self_attn.qkv_proj.weight (replaced by a new object)",
+                      workers[0]._wex.moved())
+        # Re-attached, the new Parameter is the one synced.
+        workers[0].wex_detach()
+        workers[0].wex_attach(model=MODEL, group="replaced")
+        self.assertEqual(workers[0].wex_sync(min_version=v)["version"], v)
+        self.assert_holds(params_of(modules[0]), "vllm", 0)
+        # EngineRank given the bound method: the same; a parameter removed
+        # or added is named too.
+        m = module_of(self.engine_params("vllm", 1))
+        r = wex.engine.EngineRank(MODEL, m.named_parameters, rank=1, world_size=2,
+                                  layout="vllm:tp=2", config=os.path.join(d, "config.json"),
+                                  group="replaced-er")
+        self.addCleanup(r.close)
+        self.assertEqual(r.sync(min_version=v)["version"], v)
+        norm = m.model.norm
+        norm.weight = torch.nn.Parameter(norm.weight.detach().clone(), requires_grad=False)
+        m.model.extra = torch.nn.Parameter(torch.zeros(2))
+        self.assertEqual(sorted(r.moved()), ["model.extra (added)",
+                                             "model.norm.weight (replaced by a new object)"])
+        with self.assertRaises(ValueError):
+            r.sync(min_version=v)
 
     def test_default_specs(self):
         self.assertEqual(wex.vllm.default_spec(vpar(0, tp=4)), "vllm:tp=4")
@@ -384,6 +555,17 @@ class EngineHooks(WexdProducerCase):
                            capture_output=True)
         self.assertEqual(r.returncode, 0, r.stderr.decode())
         self.assertIn(b'"min_version": 3', r.stdout)
+        # Under the file_system strategy torch pickles even an empty
+        # tensor as a shared-memory file name: refused, saying why.
+        import torch.multiprocessing as tmp
+        was = tmp.get_sharing_strategy()
+        self.addCleanup(tmp.set_sharing_strategy, was)
+        tmp.set_sharing_strategy("file_system")
+        with self.assertRaises(ValueError) as e:
+            wex.sglang.request(MODEL, group="g", min_version=3)
+        self.assertIn("file_system", str(e.exception))
+        tmp.set_sharing_strategy("file_descriptor")
+        self.assertEqual(len(wex.sglang.request(MODEL, group="g")), 1)
 
     def test_sglang_loader(self):
         d = self.tmp.name
@@ -413,6 +595,13 @@ class EngineHooks(WexdProducerCase):
             self.assertTrue(wex.sglang.status(models[k])["ok"])
             self.assert_holds(params_of(models[k]), "sglang", k)
         self.assertEqual(len(wex.sglang.check(MODEL, "sglang", v, world_size=2)), 2)
+        # The same version again (to every rank, as SGLang sends it):
+        # nothing changed, post_load_weights not run.
+        for k in range(2):
+            r = load(k, req)
+            self.assertEqual((r["version"], r["changed"]), (v, 0))
+            self.assertNotIn("post_load", r)
+            self.assertEqual(models[k].post_loads, 1)
 
         # Same arguments again: syncs, no second attach; post_load=False skips it.
         v = self.next_version()
@@ -482,6 +671,8 @@ class EngineHooks(WexdProducerCase):
             wex.sglang.load(plain, wex.sglang.request(MODEL, group="plain", min_version=v,
                                                       post_load=True))
         self.assertIn("post_load_weights", logs.output[0])
+        self.assertNotIn(id(plain), wex.sglang._ranks)            # refused before attaching
+        self.assertEqual(wex.engine.group_status(MODEL, "plain"), [])
         with self.assertRaises(ValueError):
             wex.sglang.request("")
 
@@ -491,6 +682,68 @@ class EngineHooks(WexdProducerCase):
         with self.assertLogs("wex.sglang", "INFO") as logs:
             self.assertIsNone(wex.sglang.load(DeepseekV3ForCausalLMNextN(), req))
         self.assertIn("draft", logs.output[0])
+
+    def test_sglang_post_load_failure(self):
+        """post_load_weights() failing after a sync that changed the
+        weights leaves them mixed: load raises, the rank is detached (so
+        check() does not report it served), status() says mixed; the next
+        request attaches, copies and runs post_load_weights again."""
+        d = self.tmp.name
+        set_server_args(d)
+        models = []
+        for k in range(2):
+            m = module_of(self.engine_params("sglang", k))
+            m.post_loads, m.fail = 0, True
+
+            def post_load_weights(m=m):
+                if m.fail:
+                    raise RuntimeError("post_load exploded")
+                m.post_loads += 1
+            m.post_load_weights = post_load_weights
+            models.append(m)
+
+        def load(k, req):
+            set_par(tp=(2, k))
+            return wex.sglang.load(models[k], req)
+
+        v = self.next_version()
+        req = wex.sglang.request(MODEL, group="sg-post", min_version=v)
+        for k in range(2):
+            self.addCleanup(load, k, wex.sglang.request(MODEL, group="sg-post", detach=True))
+            with self.assertLogs("wex.sglang", "ERROR") as logs:
+                with self.assertRaises(wex.sglang.MixedWeights) as e:
+                    load(k, req)
+            self.assertIn("post_load exploded", str(e.exception))
+            self.assertIn("mixed", logs.output[0])
+            self.assertNotIn("unchanged", "\n".join(logs.output))
+            st = wex.sglang.status(models[k])
+            self.assertEqual((st["ok"], st["mixed"]), (False, True))
+        with self.assertRaises(RuntimeError):
+            wex.sglang.check(MODEL, "sg-post", v)
+        # Fixed: the next request attaches, copies and runs it.
+        for k in range(2):
+            models[k].fail = False
+            r = load(k, req)
+            self.assertEqual((r["version"], r.get("post_load")), (v, True))
+            self.assertEqual(models[k].post_loads, 1)
+            self.assert_holds(params_of(models[k]), "sglang", k)
+        self.assertEqual(len(wex.sglang.check(MODEL, "sg-post", v, world_size=2)), 2)
+
+    def test_sglang_dense_ep(self):
+        """--ep-size on a dense model (SGLang ignores it) leaves ep out of
+        the default spec; a model with experts keeps it."""
+        d = self.tmp.name
+        set_server_args(d, ep_size=2)
+        set_par(tp=(2, 0))
+        par = wex.sglang.parallel_info()
+        self.assertEqual(wex.sglang.default_spec(par, experts=False), "sglang:tp=2")
+        self.assertEqual(wex.sglang.default_spec(par, experts=True), "sglang:tp=2,ep=2")
+        m = module_of(self.engine_params("sglang", 0))
+        req = wex.sglang.request(MODEL, group="sg-ep")
+        self.addCleanup(wex.sglang.load, m, wex.sglang.request(MODEL, group="sg-ep",
+                                                               detach=True))
+        self.assertIsNotNone(wex.sglang.load(m, req), wex.sglang.status(m))
+        self.assertEqual(wex.sglang._ranks[id(m)][0].describe()["layout"], "sglang:tp=2")
 
     def test_sglang_refusals(self):
         d = self.tmp.name
@@ -583,6 +836,7 @@ class EngineHooks(WexdProducerCase):
                 with t.write(3):
                     raise RuntimeError("the optimizer step failed")
             self.assertEqual(t.describe()["version"], 2)
+            self.assertEqual(t.describe()["writing"], 3)   # as wexd sees it
         with self.assertRaises(wex.WexError):
             engines[0][0].sync(min_version=3, timeout_ms=300)
         # wexd refuses another version while the group writes 3: the step
@@ -597,6 +851,8 @@ class EngineHooks(WexdProducerCase):
                     for name, p in m.named_parameters():
                         if name != "extra":
                             p.fill_(-2.0)
+        for t, _ in trainers:
+            self.assertEqual((t.describe()["version"], t.describe()["writing"]), (3, None))
         for e, p in engines:
             self.assertEqual(e.sync(min_version=3)["version"], 3)
             for name, x in p.items():

@@ -19,8 +19,17 @@ Every parameter the layout holds must be given, in its shape and dtype
 parameter the layout does not hold is refused by name unless `ignore=`
 lists it (fnmatch patterns): an ignored parameter is never updated, so
 the list is the caller's statement that it should not be.
+
+Give the parameters as a callable (model.named_parameters, the bound
+method, not its result) and each sync enumerates the module again: a
+parameter the engine replaced since attach (layer.weight =
+Parameter(new), as vLLM's process_weights_after_loading does on a
+reload) is then refused by name instead of copied into the orphaned
+tensor.  Given as pairs, only a parameter whose memory moved (p.data =
+new) can be seen.
 """
 import fnmatch
+import json
 import os
 import time
 
@@ -74,6 +83,25 @@ def config_path(model_path):
     raise ValueError("the model %r is neither a directory with a config.json nor in the local "
                      "Hugging Face cache; pass config= (the path of the model's config.json)"
                      % (model_path,))
+
+
+_EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
+
+
+def has_experts(config):
+    """Whether the model of config.json `config` (a path) has routed
+    experts (n_routed_experts, num_experts or num_local_experts above 0,
+    the keys the MoE families read).  A config that cannot be read
+    raises."""
+    with open(config) as f:
+        cfg = json.load(f)
+    if not isinstance(cfg, dict):
+        raise ValueError("%s is not a JSON object" % config)
+    for key in _EXPERT_KEYS:
+        n = cfg.get(key)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return True
+    return False
 
 
 def group_status(model, group, socket=None):
@@ -136,7 +164,10 @@ class EngineRank:
     attached (in `layout`, rank `rank` of `world_size`), syncing in place.
 
     model: the name the trainer publishes under.  named_parameters: the
-    engine's (name, tensor) pairs, e.g. model.named_parameters().  layout:
+    engine's (name, tensor) pairs, or better a callable returning them
+    (model.named_parameters): then each sync enumerates them again and
+    refuses, by name, a parameter the engine replaced, removed or added
+    since attach (see the module's doc).  layout:
     a wex.Layout, a spec string with config=, or None when the engine's
     tensors carry the canonical (Hugging Face) names and shapes.  device:
     the CUDA ordinal the rank's weights are on (None: the client's
@@ -150,16 +181,22 @@ class EngineRank:
         self.layout = as_layout(layout, config, adapters, world_size, "engine")
         if not 0 <= rank < world_size:
             raise ValueError("rank %d is not in 0..%d" % (rank, world_size - 1))
-        items, self.ignored = select_parameters(named_parameters, strip_prefix, ignore)
+        self._resolve = named_parameters if callable(named_parameters) else None
+        self._select = (strip_prefix, ignore)
+        items, self.ignored = select_parameters(
+            named_parameters() if self._resolve else named_parameters, strip_prefix, ignore)
         if not items:
             raise ValueError("no parameters to attach (%d ignored)" % len(self.ignored))
         self.model = model
         self.group = group or "default"
         self.rank = rank
         self.world_size = world_size
-        # Where each parameter was attached: an engine that re-allocates
-        # its weights (a reload, quantization post-processing) would have
-        # wex copy into memory its allocator gave to something else.
+        # What each parameter was at attach (the object and its memory):
+        # an engine that re-allocates its weights (p.data = new) or
+        # replaces them (layer.weight = Parameter(new): a reload,
+        # quantization post-processing) would have wex copy into memory
+        # the engine no longer reads.  attach_module keeps the attached
+        # storage alive, so that memory is never another tensor's.
         self._where = [(name, t, t.data_ptr()) for name, t in items]
         self.client = wex.Client(wex.ROLE_CONSUMER, model, group=self.group, rank=rank,
                                  world_size=world_size, socket=socket, timeout_ms=timeout_ms,
@@ -175,8 +212,26 @@ class EngineRank:
         self.version = 0
 
     def moved(self):
-        """Names of the parameters whose memory changed since attach."""
-        return [name for name, t, p in self._where if t.data_ptr() != p]
+        """["name (why)"] of the parameters that are not what was attached:
+        memory moved (re-allocated), and, when the parameters were given
+        as a callable, a different object under the name (replaced), a
+        name gone (removed) or a new one (added)."""
+        if self._resolve is None:
+            return ["%s (re-allocated)" % name for name, t, p in self._where
+                    if t.data_ptr() != p]
+        now, _ = select_parameters(self._resolve(), *self._select)
+        now = dict(now)
+        out = []
+        for name, t, p in self._where:
+            cur = now.pop(name, None)
+            if cur is None:
+                out.append("%s (removed)" % name)
+            elif cur is not t:
+                out.append("%s (replaced by a new object)" % name)
+            elif cur.data_ptr() != p:
+                out.append("%s (re-allocated)" % name)
+        out.extend("%s (added)" % name for name in sorted(now))
+        return out
 
     def sync(self, min_version=0, timeout_ms=0, verify=False):
         """Copies the newest published version (at least min_version,
@@ -187,18 +242,20 @@ class EngineRank:
         (the engine's kernels that read the weights).  Returns a dict:
         version, bytes, ops, seconds, changed, waited, verified,
         verify_seconds (libwex's struct wex_sync_result), rank, group and
-        wall_seconds.  Raises ValueError when the engine re-allocated a
-        parameter since attach (attach again), wex.WexError otherwise (the
+        wall_seconds.  Raises ValueError, naming them, when the engine
+        re-allocated or replaced parameters since attach (moved(); attach
+        again), before anything is copied; wex.WexError otherwise (the
         weights are dirty on EVERIFY and on a copy that failed half-way,
         dirty() says so: the next sync copies everything again)."""
         if self.client is None:
             raise ValueError("this engine rank is closed")
         moved = self.moved()
         if moved:
-            raise ValueError("the engine re-allocated %d parameter(s) since they were attached "
-                             "(%s%s): their old memory may be in other use; detach and attach "
-                             "again" % (len(moved), ", ".join(moved[:3]),
-                                        " ..." if len(moved) > 3 else ""))
+            raise ValueError("the engine re-allocated or replaced %d parameter(s) since they "
+                             "were attached (%s%s): the engine no longer reads the memory wex "
+                             "would write; nothing copied, detach and attach again"
+                             % (len(moved), ", ".join(moved[:3]),
+                                " ..." if len(moved) > 3 else ""))
         t0 = time.monotonic()
         r = self.client.sync(wex.SYNC_COPY, min_version=min_version, timeout_ms=timeout_ms,
                              verify=verify)

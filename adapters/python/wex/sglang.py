@@ -22,9 +22,17 @@ tp_rank + tp * pp_rank of the layout SGLang's server arguments describe
 ",ep=E" with --ep-size, dp_lm_head, dense_tp, a2a, and fuse_shared when
 the model fused DeepSeek's shared expert), from the model's config.json
 (its directory, or the local Hugging Face cache); `layout=` gives another
-spec.  Later requests must ask for the same model, group and layout.  A
-model with post_load_weights() (DeepSeek's MLA keeps w_kc/w_vc, copies of
-kv_b_proj) has it run after each sync unless post_load=False.
+spec (",ep=E" only for a model with experts).  Later requests must ask
+for the same model, group and layout.  Each sync enumerates the model's
+parameters again: one the engine replaced or re-allocated since attach
+is refused by name, nothing copied (detach, then attach again).  A model
+with post_load_weights() (DeepSeek's MLA keeps w_kc/w_vc, copies of
+kv_b_proj) has it run after each sync that changed the weights (not for
+a version the rank holds already) unless post_load=False; post_load=True
+on a model without it is refused before anything is attached or copied.
+Some post_load_weights rewrite attached tensors in place (DeepSeek's
+DeepGEMM UE8M0 requantization): a later verify of that rank (verify=True,
+wexctl verify) then reports a difference.
 
 Errors.  SGLang stops the whole server when a loader raises, and ignores
 what a loader returns.  So a failure that leaves the weights as they
@@ -32,7 +40,10 @@ were (a refusal at attach, no version in time, wexd unreachable) is
 logged, not raised: the worker keeps serving the version it holds, and
 check() (wexd's view of the group) tells the driver.  A failure that
 leaves them mixed (a copy interrupted half-way, a verification that found
-a difference) raises: serving mixed weights is worse than stopping.
+a difference, post_load_weights() failing after a sync that changed
+the weights: MixedWeights) raises: serving mixed weights is worse than
+stopping.  After a post_load_weights() failure the rank is also detached,
+so check() names it as not attached; status() says mixed=True.
 
 Refused (logged): --dp N without --enable-dp-attention (independent
 replicas that a worker cannot tell apart: run one engine per replica,
@@ -41,15 +52,22 @@ ranks), attention context parallelism and --moe-dp-size.  Skipped
 (logged): the draft model of speculative decoding (the loader is called
 for it too; it holds other tensors).  While SGLang has released its
 memory (release_memory_occupation) the weights are not mapped: resume
-first.  SGLang flushes its cache after an update (flush_cache=True).
+first.  SGLang flushes its cache after an update (flush_cache=True) and
+asserts that the flush worked, which it does not while requests run or
+wait: pause generation or drain the server before the request (or pass
+flush_cache=False and flush once it is idle).  The draft is recognised by
+its class name (NextN, Eagle, MTP, Draft): a STANDALONE draft that is a
+plain model class is attached with the target's layout and refused (logged)
+on each request.
 """
 import json
 import logging
 
 import wex
-from wex.engine import EngineRank, check_group, config_path
+from wex.engine import EngineRank, check_group, config_path, has_experts
 
-__all__ = ["request", "load", "check", "status", "parallel_info", "default_spec"]
+__all__ = ["request", "load", "check", "status", "parallel_info", "default_spec",
+           "MixedWeights"]
 
 log = logging.getLogger("wex.sglang")
 
@@ -68,9 +86,13 @@ def request(model, *, group=None, layout=None, config=None, adapters=None, socke
     """The named_tensors for engine.update_weights_from_tensor(...,
     load_format="wex.sglang.load"): one (name, tensor) pair whose name
     carries the arguments (SGLang sends names as they are to every
-    worker; the tensor, empty, is there because it wants one: an empty
-    tensor pickles by value, so the request also goes through SGLang's
-    HTTP API and to every rank).  sync_timeout_ms: how long a sync waits
+    worker; the tensor, empty, is there because it wants one).  Under
+    torch.multiprocessing's default sharing strategy, file_descriptor,
+    torch pickles an empty tensor by value, so the request also goes
+    through SGLang's HTTP API and to every rank; under "file_system" it
+    pickles even an empty tensor as the name of a shared-memory file,
+    which a rank in another container or host cannot open: refused
+    (ValueError) while that strategy is set.  sync_timeout_ms: how long a sync waits
     for min_version (0: timeout_ms if given, else wexd's
     sync_timeout_ms); timeout_ms: the client's, for each call to wexd.
     post_load: None runs the model's post_load_weights() where it has
@@ -80,6 +102,16 @@ def request(model, *, group=None, layout=None, config=None, adapters=None, socke
 
     if not model or not isinstance(model, str):
         raise ValueError("request: model must be the name the trainer publishes under")
+    # torch/multiprocessing/reductions.py, reduce_storage: the file_system
+    # strategy is tested before the empty-storage case (pickled by value).
+    import torch.multiprocessing
+    if torch.multiprocessing.get_sharing_strategy() == "file_system":
+        raise ValueError("request: torch.multiprocessing's sharing strategy is 'file_system', "
+                         "under which torch pickles even the request's empty tensor as a "
+                         "shared-memory file name that an SGLang rank in another process "
+                         "tree, container or host cannot open; set 'file_descriptor' "
+                         "(torch.multiprocessing.set_sharing_strategy) around this call and "
+                         "update_weights_from_tensor")
     args = {"model": model, "group": group, "layout": layout, "config": config,
             "adapters": adapters, "socket": socket, "timeout_ms": timeout_ms,
             "copy_threads": copy_threads, "strip_prefix": strip_prefix,
@@ -150,9 +182,11 @@ def parallel_info():
     return out
 
 
-def default_spec(par, fuse_shared=False):
+def default_spec(par, fuse_shared=False, experts=True):
     """The sglang layout spec for this worker's parallel state; refuses
-    what the layout cannot describe or a worker cannot place."""
+    what the layout cannot describe or a worker cannot place.  experts:
+    whether the model has routed experts (--ep-size is left out of a dense
+    model's spec: SGLang ignores it there, the layout refuses it)."""
     if not par.get("known"):
         raise ValueError("this SGLang has no get_global_server_args: its parallel sizes are "
                          "unknown here, pass layout= (e.g. 'sglang:tp=%d')" % par["tp"])
@@ -173,7 +207,7 @@ def default_spec(par, fuse_shared=False):
         spec += ",pp=%d" % par["pp"]
     if par["dp"] > 1:
         spec += ",dp=%d,dp_attention=1" % par["dp"]
-    if par["ep"] > 1:
+    if par["ep"] > 1 and experts:
         spec += ",ep=%d" % par["ep"]
     for key in ("dp_lm_head", "dense_tp", "a2a"):
         if par[key]:
@@ -185,22 +219,31 @@ def default_spec(par, fuse_shared=False):
 
 def _attach(model, args):
     par = parallel_info()
+    cfg = args.get("config") or config_path(par.get("model_path"))
     spec = args.get("layout") or default_spec(
-        par, int(getattr(model, "num_fused_shared_experts", 0) or 0) > 0)
-    layout = wex.Layout(args.get("config") or config_path(par.get("model_path")), spec,
-                        args.get("adapters"))
+        par, int(getattr(model, "num_fused_shared_experts", 0) or 0) > 0,
+        experts=has_experts(cfg))
+    layout = wex.Layout(cfg, spec, args.get("adapters"))
     device = None
     for _, t in model.named_parameters():
         if getattr(t, "is_cuda", False):
             device = t.device.index
             break
-    return EngineRank(args["model"], model.named_parameters(),
+    # The bound method, not its result: each sync enumerates the
+    # parameters again and refuses one the engine replaced.
+    return EngineRank(args["model"], model.named_parameters,
                       rank=par["tp_rank"] + par["tp"] * par["pp_rank"],
                       world_size=par["tp"] * par["pp"], layout=layout,
                       group=args.get("group"), socket=args.get("socket"),
                       timeout_ms=args.get("timeout_ms"), copy_threads=args.get("copy_threads"),
                       device=device, strip_prefix=args.get("strip_prefix"),
                       ignore=args.get("ignore") or ())
+
+
+class MixedWeights(RuntimeError):
+    """The sync changed the weights, then post_load_weights() failed:
+    the attached tensors hold the new version, what the model derives
+    from them (DeepSeek's w_kc/w_vc, requantized scales) does not."""
 
 
 def _load(model, args):
@@ -216,6 +259,11 @@ def _load(model, args):
         held[0].close()
         del _ranks[id(model)]
         return None
+    post = args.get("post_load")
+    fn = getattr(model, "post_load_weights", None)
+    if post and fn is None:  # before anything is attached or copied
+        raise ValueError("post_load=True, but %s has no post_load_weights()"
+                         % type(model).__name__)
     if held is None:
         rank = _attach(model, args)
         _ranks[id(model)] = held = (rank, attach, model)
@@ -227,13 +275,24 @@ def _load(model, args):
     out = held[0].sync(min_version=args.get("min_version", 0),
                        timeout_ms=args.get("sync_timeout_ms", 0),
                        verify=args.get("verify", False))
-    post = args.get("post_load")
-    fn = getattr(model, "post_load_weights", None)
-    if post and fn is None:
-        raise ValueError("post_load=True, but %s has no post_load_weights()"
-                         % type(model).__name__)
-    if fn is not None and post is not False:
-        fn()
+    # Only after a sync that copied something: post_load_weights rewrites
+    # derived tensors (and in some models attached ones) in place, and a
+    # second run over the same version need not leave them as the first.
+    if fn is not None and post is not False and out.get("changed"):
+        try:
+            fn()
+        except Exception as e:
+            # The weights are the new version, what post_load derives is
+            # not: mixed.  Detach, so that wexd (and check()) no longer
+            # count this rank as served; the next request attaches again,
+            # copies everything and runs post_load_weights again.
+            rank = held[0]
+            del _ranks[id(model)]
+            rank.close()
+            raise MixedWeights("post_load_weights() of %s failed after the sync copied version "
+                               "%d (%s: %s): detached this rank; the next request attaches "
+                               "again" % (type(model).__name__, out["version"],
+                                          type(e).__name__, e)) from e
         out["post_load"] = True
     log.info("wex: rank %d of %s now holds version %d (%d bytes copied in %.3f s)",
              out["rank"], out["group"], out["version"], out["bytes"], out["seconds"])
@@ -247,7 +306,9 @@ def load(model, named_tensors):
     drops it; status() keeps it), None for a detach or a skipped draft
     model, or, for a failure that left the weights as they were, None
     after logging it (see the module's doc); raises when the weights are
-    mixed."""
+    mixed (a copy interrupted, a verification that failed, or
+    post_load_weights() failing after a sync that changed them:
+    MixedWeights)."""
     name = type(model).__name__
     if any(k in name for k in _DRAFT_CLASSES):
         log.info("wex: %s is a speculative-decoding draft model: not synced", name)
@@ -257,10 +318,11 @@ def load(model, named_tensors):
         out = _load(model, args)
     except Exception as e:
         held = _ranks.get(id(model))
-        _status[id(model)] = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
-        if held is not None and held[0].dirty():
-            log.error("wex: the weights of rank %d of %s are mixed: %s", held[0].rank,
-                      held[0].group, e)
+        mixed = isinstance(e, MixedWeights) or (held is not None and held[0].dirty())
+        _status[id(model)] = {"ok": False, "mixed": mixed,
+                              "error": "%s: %s" % (type(e).__name__, e)}
+        if mixed:
+            log.error("wex: the weights of %s are mixed: %s", name, e)
             raise
         log.error("wex: weights unchanged (%s holds version %s): %s", name,
                   held[0].version if held is not None else "none", e)
@@ -271,7 +333,8 @@ def load(model, named_tensors):
 
 def status(model):
     """The last request's outcome in this worker for `model` (SGLang's
-    model object): the sync's dict with ok=True, or ok=False and error."""
+    model object): the sync's dict with ok=True, or ok=False, error and
+    mixed (True when the request left the weights mixed)."""
     return _status.get(id(model))
 
 

@@ -404,8 +404,9 @@ def attach_module(client, named_tensors, layout=None, rank=None):
     shapes as the producer's) for copies in place.  Strided tensors (views,
     slices, transposes, reserve_like's over strided producer tensors) go
     with their strides; tensors whose elements overlap are refused.  Copy
-    syncs write into them, so the client keeps them alive until the next
-    attach_module or its close() (those in its own reserved regions need
+    syncs write into them, so the client keeps their storage alive until
+    the next attach_module or its close(), even where the caller's tensor
+    is later given other memory (those in its own reserved regions need
     no keeping).  Empty tensors are left out: they hold no bytes, and
     PyTorch gives them no address.
 
@@ -432,8 +433,13 @@ def attach_module(client, named_tensors, layout=None, rank=None):
         # A tensor over the client's own region keeps the client alive
         # (from_ptr's owner): the client keeping it back would be a cycle
         # through PyTorch's storage, which the garbage collector cannot see.
+        # The caller's tensor, and the detached one: that keeps the
+        # storage written to whatever the engine does with its Parameter
+        # later (p.data = new, or a new Parameter under the name), so the
+        # memory stays ours to write until the next attach or close(),
+        # never another tensor's.
         if not any(a <= p < a + s for a, s in regions):
-            keep.append(held)
+            keep.append((held, t))
         if pieces is not None:
             table.extend(_piece(pc, ptr=p + pc.offset, offset=0, segment=0)
                          for pc in pieces[name])

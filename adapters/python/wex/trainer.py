@@ -68,7 +68,8 @@ class TrainerRank:
         the GPU work queued on the weights' devices completed).  An
         exception leaves the version unpublished, the weights half-written,
         and the exception goes on: engines keep the version they hold, and
-        this rank is still writing `version`; wexd refuses another version
+        this rank is still writing `version` (describe()["writing"] says
+        so, as wexd does); wexd refuses another version
         while a rank of the group writes this one, so the step is retried
         with the same version (a write() of it again, on every rank that
         began it)."""
@@ -78,13 +79,13 @@ class TrainerRank:
             raise ValueError("version %d is not newer than %d, the last published"
                              % (version, self.version))
         self.client.begin_write(version, timeout_ms)
+        # Until publish succeeds this rank writes `version`, as wexd sees
+        # it (describe()["writing"]), a failed step included.
         self._writing = version
-        try:
-            yield self
-        finally:
-            self._writing = None
+        yield self
         self.client.publish(version)
         self.version = version
+        self._writing = None
 
     def publish(self, version, timeout_ms=0):
         """A write with nothing inside: the weights changed already (or

@@ -17,33 +17,51 @@ runs its methods through collective_rpc:
 wex_attach attaches the worker's own parameters (model_runner.model,
 vLLM's names: qkv_proj, gate_up_proj, a padded vocabulary) as rank
 tp_rank + tp * (dp_rank + dp * pp_rank) of the layout
-"vllm:tp=T,pp=P,dp=D" (",ep=T*D" with enable_expert_parallel), from the
-model's config.json (its directory, or the local Hugging Face cache for a
-hub id); `layout=` gives another spec (e.g. stages=...).  wex_sync copies
+"vllm:tp=T,pp=P,dp=D" (",ep=T*D" with enable_expert_parallel, for a
+model with experts: vLLM ignores it for a dense one), from the model's
+config.json (its directory, or the local Hugging Face cache for a hub
+id); `layout=` gives another spec (e.g. stages=...).  wex_sync copies
 the trainer's newest version (at least min_version) into them in place,
 resharded from whatever layout the trainer registered; the pointers
-vLLM's CUDA graphs captured stay valid.  collective_rpc returns each
-worker's dict (with data parallelism through vLLM's DP client, the first
-engine's only: check the others with wex.engine.check_group); an error
-raises in the caller.
+vLLM's CUDA graphs captured stay valid.  Each sync enumerates the
+model's parameters again: one vLLM replaced (a new Parameter object, as
+process_weights_after_loading makes on a reload) or re-allocated since
+attach is refused by name, nothing copied (detach and attach again).
+collective_rpc returns each worker's dict (with data parallelism
+through vLLM's DP client, the first engine's only: check the others
+with wex.engine.check_group); an error raises in the caller.
 
 Data parallelism: for MoE models vLLM's DP ranks are one engine (dp in
-the layout).  For dense models each DP rank is an engine of its own
-(vLLM resets its data_parallel_size to 1): give each its own group with
-"{dp}" in the group name, which becomes the engine's data_parallel_index
+the layout, one group: "{dp}" in the group name is refused there).  For
+dense models each DP rank is an engine of its own (vLLM resets its
+data_parallel_size to 1): give each its own group with "{dp}" in the
+group name, which becomes the engine's data_parallel_index
 (group="rollout-{dp}"); attaching a second dense replica without it is
 refused.
 
 Refused, because a copy of the checkpoint's tensors would leave the
-engine computing with stale copies: MLA models (vLLM builds W_UK/W_UV from
-kv_b_proj after loading), EPLB (experts move between ranks; the layout's
-placement is linear), prefill context parallelism.  Quantized models whose
-weights vLLM transforms after loading (process_weights_after_loading:
-Marlin repacking) hold tensors in other shapes and are refused by shape.
-While vLLM sleeps (sleep mode) its weights are not mapped: wake it first.
+engine computing with stale or misplaced copies: MLA models (vLLM builds
+W_UK/W_UV from kv_b_proj after loading), EPLB and
+expert_placement_strategy other than "linear" (the layout's placement is
+contiguous), enable_elastic_ep, prefill context parallelism.  Models
+with experts are refused where vLLM's MoE kernels re-lay out the
+experts' weights in their own shape: a VLLM_USE_FLASHINFER_MOE_*
+variable set true, VLLM_ROCM_USE_AITER with VLLM_ROCM_USE_AITER_MOE (its
+default), a moe_backend other than auto/triton, or a FusedMoE
+quant_method that says it runs another backend.  Other transforms that
+keep the shape (another backend, another version's attribute names)
+are not detected, and verify=True cannot see them (it compares what wex
+wrote, not how a kernel reads it): compare the engine's outputs after
+the first sync.  Quantized models whose weights vLLM transforms after loading
+into other shapes (Marlin repacking) are refused by shape.  The
+speculative-decoding drafter (model_runner.drafter) is not attached:
+its own layers keep the weights it loaded.  While vLLM sleeps (sleep
+mode) its weights are not mapped: wake it first.
 """
+import os
+
 import wex
-from wex.engine import EngineRank, config_path
+from wex.engine import EngineRank, config_path, has_experts
 
 __all__ = ["WorkerExtension", "parallel_info", "default_spec"]
 
@@ -84,6 +102,76 @@ def layout_rank(par):
     return par["tp_rank"] + par["tp"] * (par["dp_rank"] + par["dp"] * par["pp_rank"])
 
 
+def _env_true(name):
+    """Whether environment variable `name` is set to a true value (as
+    vLLM's envs.py parses its flags: "1"/"true"; any value but
+    0/false/no/off/empty counts here, to refuse rather than guess)."""
+    v = os.environ.get(name)
+    return v is not None and v.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+# MoE kernels that re-lay out w13_weight/w2_weight after loading, keeping
+# their shape, so a copy of the canonical [gate; up] rows would be read as
+# something else.  vllm-project/vllm vllm/envs.py: VLLM_USE_FLASHINFER_MOE_FP16,
+# _FP8, _FP4 (and later _MXFP4_*) are "bool(int(os.getenv(NAME, "0")))";
+# VLLM_ROCM_USE_AITER defaults to False and is the parent switch of
+# VLLM_ROCM_USE_AITER_MOE, which defaults to True.  vllm/model_executor/
+# layers/fused_moe/oracle/unquantized.py, convert_to_unquantized_kernel_format:
+# AITER runs rocm_aiter_ops.shuffle_weights(w13, w2), FLASHINFER_CUTLASS
+# swap_w13_to_w31 ("[w3; w1]"); quantization/fp8.py (Fp8MoEMethod) does the
+# same for its weights and scales.  vllm/config/kernel.py (recent vLLM):
+# KernelConfig.moe_backend, "auto" or a named backend.
+_FLASHINFER_MOE_PREFIX = "VLLM_USE_FLASHINFER_MOE_"
+_MOE_BACKENDS_OK = ("auto", "triton")
+_UNQUANTIZED_OK = ("TRITON", "BATCHED_TRITON")
+
+
+def _refuse_moe_relayout(vllm_config, module):
+    """Raises ValueError, naming the setting, where vLLM's environment or
+    configuration selects an MoE backend that re-lays out expert weights
+    in their shape (FlashInfer, ROCm AITER); also where a FusedMoE
+    layer's quant_method says it runs one (unquantized_backend,
+    rocm_aiter_moe_enabled, flashinfer_moe_backend: names that vary by
+    vLLM version; a version with other names is not checked this way)."""
+    why = sorted(k for k in os.environ if k.startswith(_FLASHINFER_MOE_PREFIX) and _env_true(k))
+    if why:
+        raise ValueError("wex_attach: %s=%s selects FlashInfer MoE kernels, for which vLLM "
+                         "re-lays out the experts' weights after loading in the same shape "
+                         "(w13 as [w3; w1]): a copy would be read wrong; unset it (or set 0)"
+                         % (why[0], os.environ[why[0]]))
+    if _env_true("VLLM_ROCM_USE_AITER") and (
+            "VLLM_ROCM_USE_AITER_MOE" not in os.environ or _env_true("VLLM_ROCM_USE_AITER_MOE")):
+        raise ValueError("wex_attach: VLLM_ROCM_USE_AITER=%s (with VLLM_ROCM_USE_AITER_MOE, "
+                         "default on) selects ROCm AITER MoE kernels, for which vLLM shuffles "
+                         "the experts' weights after loading in the same shape: a copy would "
+                         "be read wrong; set VLLM_ROCM_USE_AITER_MOE=0"
+                         % os.environ["VLLM_ROCM_USE_AITER"])
+    backend = getattr(getattr(vllm_config, "kernel_config", None), "moe_backend", None)
+    if backend is not None and str(backend) not in _MOE_BACKENDS_OK:
+        raise ValueError("wex_attach: moe_backend=%r may re-lay out the experts' weights after "
+                         "loading in the same shape: use moe_backend='triton' (or 'auto' with "
+                         "no FlashInfer/AITER MoE variable set)" % (backend,))
+    for name, m in module.named_modules():
+        qm = getattr(m, "quant_method", None)
+        if qm is None:
+            continue
+        ub = getattr(qm, "unquantized_backend", None)
+        ub = getattr(ub, "name", ub)
+        if ub is not None and str(ub) not in _UNQUANTIZED_OK:
+            raise ValueError("wex_attach: %s runs the %s MoE backend (unquantized_backend), "
+                             "which may re-lay out its weights after loading in the same "
+                             "shape: use moe_backend='triton'" % (name, ub))
+        if getattr(qm, "rocm_aiter_moe_enabled", False):
+            raise ValueError("wex_attach: %s runs ROCm AITER MoE kernels "
+                             "(rocm_aiter_moe_enabled), which shuffle its weights after loading: "
+                             "set VLLM_ROCM_USE_AITER_MOE=0" % name)
+        if getattr(qm, "flashinfer_moe_backend", None) is not None:
+            raise ValueError("wex_attach: %s runs FlashInfer MoE kernels "
+                             "(flashinfer_moe_backend=%s), which re-lay out its weights after "
+                             "loading: unset the VLLM_USE_FLASHINFER_MOE_* variables"
+                             % (name, qm.flashinfer_moe_backend))
+
+
 class WorkerExtension:
     """Mixed into vLLM's worker class (worker_extension_cls): uses
     self.model_runner.model, self.device and self.vllm_config, as vLLM's
@@ -117,12 +205,36 @@ class WorkerExtension:
         if getattr(pc, "enable_eplb", False):
             raise ValueError("wex_attach: EPLB moves experts between ranks; the vllm layout "
                              "places them in order (start vLLM without --enable-eplb)")
+        placement = getattr(pc, "expert_placement_strategy", "linear")
+        if placement not in (None, "linear"):
+            raise ValueError("wex_attach: expert_placement_strategy=%r places experts on other "
+                             "ranks than the vllm layout's contiguous ('linear') placement: "
+                             "start vLLM with expert_placement_strategy='linear'" % (placement,))
+        if getattr(pc, "enable_elastic_ep", False):
+            raise ValueError("wex_attach: enable_elastic_ep resizes data/expert parallelism at "
+                             "run time, and the ranks attached would no longer be the "
+                             "layout's: start vLLM without it")
         par = parallel_info()
         if par["pcp"] > 1:
             raise ValueError("wex_attach: prefill context parallelism (%d) is not described "
                              "by the vllm layout" % par["pcp"])
+        cfg = None
+        if config or not isinstance(layout, wex.Layout):
+            cfg = config or config_path(getattr(mc, "model", None))
+        # Whether the model has routed experts: from its config.json, or,
+        # given only a wex.Layout, from vLLM's FusedMoE parameter names.
+        experts = has_experts(cfg) if cfg else any(
+            "w13_weight" in n for n, _ in self._wex_model().named_parameters())
+        if experts:
+            _refuse_moe_relayout(getattr(self, "vllm_config", None), self._wex_model())
         index = getattr(pc, "data_parallel_index", None)
         if group and "{dp}" in group:
+            if experts and par["dp"] > 1:
+                raise ValueError("wex_attach: {dp} in group %r, but with a model with experts "
+                                 "vLLM's %d data-parallel ranks are one engine (its experts "
+                                 "sharded over them, dp in the layout): one group name for "
+                                 "all of them, or they could hold different versions"
+                                 % (group, par["dp"]))
             group = group.replace("{dp}", str(index or 0))
         elif index and par["dp"] == 1:
             raise ValueError("wex_attach: this is data-parallel engine %d of a dense model, an "
@@ -130,12 +242,15 @@ class WorkerExtension:
                              "each engine syncs as its own group"
                              % (index, (group or "default") + "-{dp}"))
         world = par["tp"] * par["pp"] * par["dp"]
-        spec = layout or default_spec(par, bool(getattr(pc, "enable_expert_parallel", False)))
+        spec = layout or default_spec(
+            par, experts and bool(getattr(pc, "enable_expert_parallel", False)))
         if isinstance(spec, str):
-            spec = wex.Layout(config or config_path(getattr(mc, "model", None)), spec, adapters)
+            spec = wex.Layout(cfg, spec, adapters)
         device = getattr(self, "device", None)
         ordinal = device.index if getattr(device, "type", None) == "cuda" else None
-        self._wex = EngineRank(model, self._wex_model().named_parameters(),
+        # The callable, not its result: each sync enumerates the parameters
+        # again and refuses one vLLM replaced (a reload).
+        self._wex = EngineRank(model, lambda: self._wex_model().named_parameters(),
                                rank=layout_rank(par), world_size=world, layout=spec,
                                group=group, socket=socket, timeout_ms=timeout_ms,
                                copy_threads=copy_threads, device=ordinal,
