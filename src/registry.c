@@ -1228,6 +1228,19 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 		g->ntaken = 0;
 		memset(g->taken, 0, g->world);
 		m->leases++; /* the group's hold until every rank took v */
+		/* Peers that hold v already (served it from this wexd, in this
+		 * epoch) pass at once (2: taken without a lease): a rank that
+		 * syncs v again (a repeated request, a restarted engine) must
+		 * not hold the producer until every peer takes v again, which
+		 * idle peers never do. */
+		for (uint32_t i = 0; i < g->world; i++) {
+			const struct conn *p = g->ranks[i];
+
+			if (i != c->rank && p && p->served_version == v && p->served_epoch == m->epoch) {
+				g->taken[i] = 2;
+				g->ntaken++;
+			}
+		}
 	}
 	g->taken[c->rank] = 1;
 	g->ntaken++;

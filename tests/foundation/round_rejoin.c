@@ -4,11 +4,11 @@
  * stalling the producer: both ranks of a group took v1; rank 0's process
  * restarts and syncs v1 again, which opens a new round on v1; rank 1,
  * which holds v1, asks for v2 (as engines ask for the version after the
- * last they served).  It passes that round (it took v1 from this wexd,
- * in this epoch) instead of holding it open: the producers' begin_write
- * of v2 is granted, and rank 1's sync gets v2.  (Before, the round waited
- * for rank 1 for good: begin_write EBUSY, rank 1 ETIMEDOUT, every retry
- * the same.)
+ * last they served).  It passed that round (it took v1 from this wexd,
+ * in this epoch: since round_repeat's change, already when rank 0 opened
+ * it) instead of holding it open: the producers' begin_write of v2 is
+ * granted, and rank 1's sync gets v2.  (Before, the round waited for rank
+ * 1 for good: begin_write EBUSY, rank 1 ETIMEDOUT, every retry the same.)
  */
 #include <errno.h>
 #include <pthread.h>
