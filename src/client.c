@@ -2209,7 +2209,7 @@ static int lease_lost_err(struct wex_client *c)
  * that may read the producer's memory (`wait`); a copy lease has nothing
  * left to wait for (the executor waited for its copies).  The lease is
  * given back even when that wait fails (a GPU fault ends the work too). */
-static int release_lease(struct wex_client *c, int wait)
+static int release_lease_ex(struct wex_client *c, int wait, int failed)
 {
 	json_t *req;
 	int ret, wret = 0;
@@ -2219,6 +2219,10 @@ static int release_lease(struct wex_client *c, int wait)
 	if (wait)
 		wret = settle(c, "release");
 	req = json_pack("{s:s, s:I}", "op", "release", "version", (json_int_t)c->lease_version);
+	/* The sync under this lease failed: wexd then does not count this
+	 * rank as holding the version (older wexds ignore the key). */
+	if (req && failed)
+		json_object_set_new(req, "failed", json_true());
 	if (wret < 0) {
 		char why[sizeof(c->err)];
 
@@ -2236,6 +2240,11 @@ static int release_lease(struct wex_client *c, int wait)
 		ret = lease_lost_err(c);
 	c->lease_lost = 0;
 	return ret;
+}
+
+static int release_lease(struct wex_client *c, int wait)
+{
+	return release_lease_ex(c, wait, 0);
 }
 
 /*
@@ -2872,7 +2881,7 @@ again:
 		if (back) {
 			/* Taken back at the third wexd: give it back there. */
 			c->has_lease = 1;
-			release_lease(c, 0);
+			release_lease_ex(c, 0, 1);
 			c->lease_lost = 0;
 		}
 		return set_err(c, -WEX_EDAEMON, "wexd restarted twice during one sync: sync again");
@@ -3054,7 +3063,7 @@ err_release:
 		char why[sizeof(c->err)];
 
 		memcpy(why, c->err, sizeof(why));
-		release_lease(c, 0);
+		release_lease_ex(c, 0, 1);
 		/* A lease lost with the connection here was this sync's
 		 * own: its error says what happened. */
 		c->lease_lost = 0;

@@ -441,12 +441,14 @@ void wex__planner_free(struct wex_planner *pl)
 }
 
 /*
- * The ops of a large group call (DeepSeek-V3 to 16 vLLM ranks: 6.5 MB) are
- * new memory each call.  In 4 KiB pages every first write faults, and in
- * a virtual machine a fault is slow (measured on the dev VM: 32 x 6.5 MB
- * written fresh in 0.95 s, 0.38 s prefaulted, 0.02 s in transparent huge
- * pages).  Such calls put every plan's ops in one block of 2 MiB pages;
- * smaller ones malloc an array per plan and prefault it.
+ * The ops of a large planner call (DeepSeek-V3 to 16 vLLM ranks: 6.5 MB)
+ * are new memory each call.  In 4 KiB pages every first write faults, and
+ * in a virtual machine a fault is slow (measured on the dev VM: 32 x 6.5
+ * MB written fresh in 0.95 s, 0.38 s prefaulted, 0.02 s in transparent
+ * huge pages).  A call whose ops take 2 MiB or more (a group, or one plan
+ * that large) puts every plan's ops in one block of 2 MiB pages; smaller
+ * calls, and any call whose block cannot be mapped, malloc an array per
+ * plan and prefault it.
  */
 #define HUGE_PAGE (2u << 20)
 #define OPS_BLOCK_MIN HUGE_PAGE
@@ -1327,15 +1329,13 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 				caps[r] += caps[r] / 16 + 8;
 		for (size_t r = 0; r < ndst; r++)
 			total += caps[r];
-		if (total * sizeof(struct wex_plan_op) >= OPS_BLOCK_MIN) {
-			struct wex_ops_block *b = ops_block_new(total * sizeof(struct wex_plan_op));
-			struct wex_plan_op *o;
+		struct wex_ops_block *b = NULL;
 
-			if (!b) {
-				ret = -ENOMEM;
-				goto out;
-			}
-			o = b->map;
+		if (total * sizeof(struct wex_plan_op) >= OPS_BLOCK_MIN)
+			b = ops_block_new(total * sizeof(struct wex_plan_op));
+		if (b) {
+			struct wex_plan_op *o = b->map;
+
 			for (size_t r = 0; r < ndst; r++) {
 				if (!caps[r])
 					continue;

@@ -201,7 +201,9 @@ static void memory_gone(struct model *m)
 	for (struct cgroup *g = m->groups; g; g = g->next) {
 		if (!g->round_open)
 			continue;
-		/* (A rank that passed the round, 2, holds nothing of it.) */
+		/* (A rank that passed the round, 2, holds no lease of it:
+		 * either it waits for a newer version, or it held this one
+		 * before the round opened and, like its peers, syncs again.) */
 		for (uint32_t i = 0; i < g->world; i++)
 			if (g->taken[i] == 1 && g->ranks[i] && !g->lost[i]) {
 				g->lost[i] = 1;
@@ -1178,6 +1180,9 @@ json_t *wexd_attach(struct wexd *d, struct conn *c, json_t *req, int *fds, int n
 	for (p = (const unsigned char *)c->device; *p; p++)
 		h = (h ^ *p) * 1099511628211ull;
 	c->layout_hash = h;
+	/* New buffers: until this rank syncs into them it holds no version
+	 * (a round its peers open waits for it). */
+	c->served_version = 0;
 	return json_pack("{s:b, s:I, s:I}", "ok", 1, "count", (json_int_t)n, "published",
 			 (json_int_t)c->model->published);
 }
@@ -1213,7 +1218,14 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 		if (v < c->wait_version)
 			return 0;
 	} else if (g->round_open) {
-		return 0; /* this rank already took the round: peers first */
+		/* This rank already took the round: peers first.  One that
+		 * passed it (2: it held the version, or the slot's previous
+		 * process did) and now asks for that version takes it like
+		 * any rank (counted once). */
+		if (g->taken[c->rank] != 2 || g->round_version < c->wait_version)
+			return 0;
+		v = g->round_version;
+		g->ntaken--;
 	} else {
 		if (!m->published || m->writing || m->write_pending || m->published < c->wait_version)
 			return 0;
@@ -1349,13 +1361,20 @@ json_t *wexd_release(struct wexd *d, struct conn *c, json_t *req)
 
 	if (c->role != WEX_ROLE_CONSUMER)
 		return wex__reply_error(-EPERM, "release: only consumers hold leases");
-	if (json_unpack_ex(req, &je, 0, "{s?I}", "version", &v) < 0)
+	int failed = 0;
+
+	if (json_unpack_ex(req, &je, 0, "{s?I, s?b}", "version", &v, "failed", &failed) < 0)
 		return wex__reply_error(-EINVAL, "release: %s", je.text);
 	if (!c->has_lease)
 		return wex__reply_error(-ENOENT, "release: no lease held");
 	if (v && (uint64_t)v != c->lease_version)
 		return wex__reply_error(-EINVAL, "release: lease is on v%llu, not v%lld",
 					(unsigned long long)c->lease_version, (long long)v);
+	/* The sync under it failed: the rank may not hold the version (a
+	 * copy that stopped half-way), so a round its peers open on it
+	 * waits for this rank instead of passing it. */
+	if (failed && c->served_version == c->lease_version)
+		c->served_version = 0;
 	lease_drop(c->model, c);
 	return wex__reply_ok();
 }

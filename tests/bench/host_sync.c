@@ -550,6 +550,10 @@ int main(int argc, char **argv)
 			die("copy after same-address", ret, c);
 		back_t[k] = ex_now() - t0;
 		last = r.version;
+		/* Every version carries v1's bytes: this checks that the
+		 * restore and the copy left the producer's bytes and that the
+		 * plan copied all of them (r.bytes), not that this very copy
+		 * wrote them (the copy runs above do that). */
 		if (r.bytes != model_bytes || !same_tensors(region, src, t, n)) {
 			fprintf(stderr, "host_sync: copy after same-address: bytes are wrong (run %d)\n", k);
 			return 1;

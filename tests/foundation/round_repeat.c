@@ -7,7 +7,16 @@
  *   1. rank 0 copies v1 again (a repeated request: the same connection);
  *   2. rank 0's engine restarts (a new connection) and copies v1;
  * and after each, with rank 1 doing nothing, the producers' begin_write of
- * the next version is granted at once and both ranks get it.  Rank 1
+ * the next version is granted at once and both ranks get it.  Then, in a
+ * group of 4 whose ranks 2 and 3 left after taking a version:
+ *   3. rank 0 syncs it again (a round that waits for the empty slots) and
+ *      rank 1, passed when that round opened, syncs it again too: it gets
+ *      it at once instead of waiting for its peers; ranks 2 and 3 come
+ *      back, take it, and the producers write the next version.
+ *   4. a rank whose sync failed (its release says so) is not taken for
+ *      holding that version: a round its peer opens on it again waits
+ *      for it (begin_write EBUSY), until it syncs again.
+ * Rank 1
  * passes the round its peer opens because it holds v1 from this wexd in
  * this epoch; a rank that never took v1 would still be waited for (the
  * group atomicity tests).  Before, each begin_write ended in EBUSY
@@ -15,6 +24,7 @@
  */
 #include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fixture.h"
 
@@ -22,15 +32,24 @@
 #define PRESET "tiny"
 
 static struct t_prod P[2];
-static struct t_cons C[2];
+static struct t_cons C[2], W[4];
+
+static void copy_into(struct t_cons *k, const char *who, uint32_t r, uint64_t v)
+{
+	struct wex_sync_result res;
+	int ret = wex_sync(k->c, WEX_SYNC_COPY, v, 5000, &res);
+
+	T_ASSERT(ret == 0, "%s rank %u: copy sync of v%llu: %s (%s)", who, r, (unsigned long long)v,
+		 wex_strerror(ret), wex_last_error(k->c));
+	T_ASSERT(res.version == v, "%s rank %u got v%llu, not v%llu", who, r,
+		 (unsigned long long)res.version, (unsigned long long)v);
+	T_ASSERT(ex_check(NULL, k->t, (size_t)k->n, v, 1) == 0, "%s rank %u: v%llu copied wrong", who,
+		 r, (unsigned long long)v);
+}
 
 static void copy_version(uint32_t r, uint64_t v)
 {
-	struct wex_sync_result res;
-
-	T_WEX(C[r].c, wex_sync(C[r].c, WEX_SYNC_COPY, v, 5000, &res));
-	T_ASSERT(res.version == v, "rank %u got v%llu, not v%llu", r, (unsigned long long)res.version,
-		 (unsigned long long)v);
+	copy_into(&C[r], "engine", r, v);
 }
 
 /* With rank 1 idle, begin_write of v must be granted (3 s at most: the
@@ -80,8 +99,68 @@ int main(void)
 	T_ASSERT(ex_check(NULL, C[0].t, (size_t)C[0].n, 2, 1) == 0, "the restarted rank's v2 is wrong");
 	next_version(3, "rank 0 restarted and took v2");
 
+	/* 3. A group of 4 (reserved against producer ranks 0, 1, 0, 1). */
+	for (uint32_t r = 0; r < 4; r++)
+		t_cons_open_from(&W[r], MODEL, "wide", PRESET, r, 4, r % 2);
+	for (uint32_t r = 0; r < 4; r++)
+		copy_into(&W[r], "wide", r, 3);
+	t_cons_close(&W[2]);
+	t_cons_close(&W[3]);
+	copy_into(&W[0], "wide", 0, 3);
+	copy_into(&W[1], "wide", 1, 3);
+	for (uint32_t r = 2; r < 4; r++) {
+		t_cons_open_from(&W[r], MODEL, "wide", PRESET, r, 4, r % 2);
+		copy_into(&W[r], "wide", r, 3);
+	}
+	next_version(4, "a group of 4 took v3 again");
+	for (uint32_t r = 0; r < 4; r++) {
+		copy_into(&W[r], "wide", r, 4);
+		t_cons_close(&W[r]);
+	}
+
+	/* 4. Rank 1 of group "raw" speaks the protocol itself, to say that
+	 * its sync of v4 failed. */
+	{
+		int fd = t_raw_connect(d.sock);
+		json_t *rep;
+		char req[256];
+		int ret;
+
+		snprintf(req, sizeof(req),
+			 "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"%s\","
+			 "\"group\":\"raw\",\"rank\":1,\"world\":2}", MODEL);
+		rep = t_raw_rpc(fd, req, NULL, 0);
+		T_ASSERT(!strcmp(t_code(rep), "OK"), "raw rank 1: hello: %s", t_msg(rep));
+		json_decref(rep);
+		t_cons_open_from(&W[0], MODEL, "raw", PRESET, 0, 2, 0);
+		copy_into(&W[0], "raw", 0, 4);
+		rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"acquire\",\"min_version\":4,\"mode\":1,"
+				    "\"timeout_ms\":5000}", NULL, 0);
+		T_ASSERT(!strcmp(t_code(rep), "OK"), "raw rank 1: acquire v4: %s", t_msg(rep));
+		json_decref(rep);
+		rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"release\",\"version\":4,\"failed\":true}",
+				NULL, 0);
+		T_ASSERT(!strcmp(t_code(rep), "OK"), "raw rank 1: release: %s", t_msg(rep));
+		json_decref(rep);
+		copy_into(&W[0], "raw", 0, 4);
+		ret = wex_begin_write(P[0].c, 5, 500);
+		T_ASSERT(ret == -EBUSY, "begin_write v5 while the round on v4 waits for a rank whose "
+			 "sync of v4 failed: %s, expected EBUSY", wex_strerror(ret));
+		rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"acquire\",\"min_version\":4,\"mode\":1,"
+				    "\"timeout_ms\":5000}", NULL, 0);
+		T_ASSERT(!strcmp(t_code(rep), "OK"), "raw rank 1: acquire v4 again: %s", t_msg(rep));
+		json_decref(rep);
+		rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"release\",\"version\":4}", NULL, 0);
+		T_ASSERT(!strcmp(t_code(rep), "OK"), "raw rank 1: release: %s", t_msg(rep));
+		json_decref(rep);
+		next_version(5, "the rank whose sync failed took v4");
+		close(fd);
+		t_cons_close(&W[0]);
+	}
+
 	printf("round_repeat: a repeated sync and a restarted rank each took the version their "
-	       "group held; begin_write of the next granted with the peer idle, both ranks got it\n");
+	       "group held; begin_write of the next granted with the peer idle, both ranks got it; "
+	       "a passed rank of a waiting round took its version again at once\n");
 	for (uint32_t r = 0; r < 2; r++) {
 		t_cons_close(&C[r]);
 		t_prod_close(&P[r]);

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * ops_block.c - a group call whose ops take 2 MiB or more puts every plan's
- * ops in one shared block (of huge pages, where the kernel gives them);
- * smaller calls, and wex__plan_build, give each plan an array of its own.
+ * ops_block.c - a planner call whose ops take 2 MiB or more puts every
+ * plan's ops in one shared block (of huge pages, where the kernel gives
+ * them); smaller calls (here each rank planned alone by wex__plan_build,
+ * 1.2 and 1.5 MiB) give each plan an array of its own.
  * Proves that the block changes nothing a caller sees:
  *   - a group of two consumer ranks (12000 small tensors each, 1000 6-D
  *     boxes more on rank 0 whose outer dims split into 4 ops per cell, so
@@ -140,7 +141,7 @@ int main(void)
 		CHECK(wex__plan_build(&ps, 1, dst[r], r ? n1 : n0, (uint32_t)r, 2, &alone[r], err,
 				      sizeof(err)) == 0,
 		      "rank %d alone: %s", r, err);
-		CHECK(!alone[r]->block, "rank %d alone: a plan built alone is in a block", r);
+		CHECK(!alone[r]->block, "rank %d alone: a plan under 2 MiB of ops is in a block", r);
 	}
 	CHECK(alone[0]->nops == NSMALL + 4 * NBOX, "rank 0: %zu ops, expected %d (4 per box)",
 	      alone[0]->nops, NSMALL + 4 * NBOX);
