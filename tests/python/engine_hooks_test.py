@@ -501,6 +501,20 @@ class EngineHooks(WexdProducerCase):
         self.assertEqual(wex.vllm.default_spec(vpar(0, tp=4)), "vllm:tp=4")
         self.assertEqual(wex.vllm.default_spec(vpar(0, tp=2, pp=2, dp=2), expert_parallel=True),
                          "vllm:tp=2,pp=2,dp=2,ep=4")
+        # A custom pipeline split from the engines' variables.
+        for var, spec in (("VLLM_PP_LAYER_PARTITION",
+                           lambda: wex.vllm.default_spec(vpar(0, tp=2, pp=3))),):
+            self.addCleanup(os.environ.pop, var, None)
+            os.environ[var] = "10,12,6"
+            self.assertEqual(spec(), "vllm:tp=2,pp=3,stages=10/12/6")
+            for bad in ("10,18", "10,x,6"):
+                os.environ[var] = bad
+                with self.assertRaises(ValueError) as e:
+                    spec()
+                self.assertIn(var, str(e.exception))
+            os.environ[var] = "28"
+            self.assertEqual(wex.vllm.default_spec(vpar(0, tp=2)), "vllm:tp=2")
+            os.environ.pop(var)
         # vLLM's layout rank orders dp inside pp.
         self.assertEqual(wex.vllm.layout_rank(vpar(1, tp=2, pp=2, pp_rank=1, dp=2, dp_rank=1)),
                          1 + 2 * (1 + 2 * 1))
@@ -515,6 +529,18 @@ class EngineHooks(WexdProducerCase):
         set_server_args("/m", ep_size=2)
         self.assertEqual(wex.sglang.default_spec(wex.sglang.parallel_info(), fuse_shared=True),
                          "sglang:tp=8,ep=2,fuse_shared=1")
+        set_par(tp=(8, 3), pp=(2, 1))
+        set_server_args("/m")
+        self.addCleanup(os.environ.pop, "SGLANG_PP_LAYER_PARTITION", None)
+        os.environ["SGLANG_PP_LAYER_PARTITION"] = "20,8"
+        self.assertEqual(wex.sglang.default_spec(wex.sglang.parallel_info()),
+                         "sglang:tp=8,pp=2,stages=20/8")
+        os.environ["SGLANG_PP_LAYER_PARTITION"] = "28"
+        with self.assertRaises(ValueError) as e:
+            wex.sglang.default_spec(wex.sglang.parallel_info())
+        self.assertIn("SGLANG_PP_LAYER_PARTITION", str(e.exception))
+        del os.environ["SGLANG_PP_LAYER_PARTITION"]
+        set_par(tp=(8, 3))
         for kw, words in (({"dp_size": 2}, "enable-dp-attention"),
                           ({"enable_eplb": True}, "EPLB"),
                           ({"ep_num_redundant_experts": 8}, "redundant"),

@@ -85,6 +85,28 @@ def config_path(model_path):
                      % (model_path,))
 
 
+def stages_from_env(name, pp):
+    """",stages=a/b/..." for a layout spec from environment variable `name`
+    (comma-separated layer counts, one per pipeline stage: vLLM's
+    VLLM_PP_LAYER_PARTITION, SGLang's SGLANG_PP_LAYER_PARTITION, as the
+    engine reads it), "" when it is unset or pp is 1.  Raises ValueError,
+    naming the variable, for one that is not pp counts (the engine
+    refuses it too); the layout checks that they sum to the model's
+    layers."""
+    value = os.environ.get(name)
+    if pp <= 1 or value is None or not value.strip():
+        return ""
+    try:
+        counts = [int(x) for x in value.split(",")]
+    except ValueError:
+        raise ValueError("%s=%r: expected comma-separated layer counts, one per pipeline stage"
+                         % (name, value)) from None
+    if len(counts) != pp or any(c < 0 for c in counts):
+        raise ValueError("%s=%r gives %d stage(s); the engine runs %d pipeline stages"
+                         % (name, value, len(counts), pp))
+    return ",stages=" + "/".join(str(c) for c in counts)
+
+
 _EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
 
 

@@ -64,7 +64,7 @@ import json
 import logging
 
 import wex
-from wex.engine import EngineRank, check_group, config_path, has_experts
+from wex.engine import EngineRank, check_group, config_path, has_experts, stages_from_env
 
 __all__ = ["request", "load", "check", "status", "parallel_info", "default_spec",
            "MixedWeights"]
@@ -186,7 +186,8 @@ def default_spec(par, fuse_shared=False, experts=True):
     """The sglang layout spec for this worker's parallel state; refuses
     what the layout cannot describe or a worker cannot place.  experts:
     whether the model has routed experts (--ep-size is left out of a dense
-    model's spec: SGLang ignores it there, the layout refuses it)."""
+    model's spec: SGLang ignores it there, the layout refuses it).  The
+    stages SGLANG_PP_LAYER_PARTITION gives, where set, go in the spec."""
     if not par.get("known"):
         raise ValueError("this SGLang has no get_global_server_args: its parallel sizes are "
                          "unknown here, pass layout= (e.g. 'sglang:tp=%d')" % par["tp"])
@@ -204,7 +205,7 @@ def default_spec(par, fuse_shared=False, experts=True):
                          % (par["attn_cp"], par["moe_dp"]))
     spec = "sglang:tp=%d" % par["tp"]
     if par["pp"] > 1:
-        spec += ",pp=%d" % par["pp"]
+        spec += ",pp=%d" % par["pp"] + stages_from_env("SGLANG_PP_LAYER_PARTITION", par["pp"])
     if par["dp"] > 1:
         spec += ",dp=%d,dp_attention=1" % par["dp"]
     if par["ep"] > 1 and experts:

@@ -61,7 +61,7 @@ mode) its weights are not mapped: wake it first.
 import os
 
 import wex
-from wex.engine import EngineRank, config_path, has_experts
+from wex.engine import EngineRank, config_path, has_experts, stages_from_env
 
 __all__ = ["WorkerExtension", "parallel_info", "default_spec"]
 
@@ -85,10 +85,11 @@ def parallel_info():
 
 
 def default_spec(par, expert_parallel=False):
-    """The vllm layout spec for these parallel sizes."""
+    """The vllm layout spec for these parallel sizes (with the stages
+    VLLM_PP_LAYER_PARTITION gives, where set)."""
     spec = "vllm:tp=%d" % par["tp"]
     if par["pp"] > 1:
-        spec += ",pp=%d" % par["pp"]
+        spec += ",pp=%d" % par["pp"] + stages_from_env("VLLM_PP_LAYER_PARTITION", par["pp"])
     if par["dp"] > 1:
         spec += ",dp=%d" % par["dp"]
     if expert_parallel:
