@@ -2208,8 +2208,9 @@ static int lease_lost_err(struct wex_client *c)
 /* Gives the held lease back.  A remap lease first waits for the GPU work
  * that may read the producer's memory (`wait`); a copy lease has nothing
  * left to wait for (the executor waited for its copies).  The lease is
- * given back even when that wait fails (a GPU fault ends the work too). */
-static int release_lease_ex(struct wex_client *c, int wait, int failed)
+ * given back even when that wait fails (a GPU fault ends the work too).
+ * `failed`: the sync under the lease failed (wexd is told so). */
+static int release_lease(struct wex_client *c, int wait, int failed)
 {
 	json_t *req;
 	int ret, wret = 0;
@@ -2240,11 +2241,6 @@ static int release_lease_ex(struct wex_client *c, int wait, int failed)
 		ret = lease_lost_err(c);
 	c->lease_lost = 0;
 	return ret;
-}
-
-static int release_lease(struct wex_client *c, int wait)
-{
-	return release_lease_ex(c, wait, 0);
 }
 
 /*
@@ -2881,7 +2877,7 @@ again:
 		if (back) {
 			/* Taken back at the third wexd: give it back there. */
 			c->has_lease = 1;
-			release_lease_ex(c, 0, 1);
+			release_lease(c, 0, 1);
 			c->lease_lost = 0;
 		}
 		return set_err(c, -WEX_EDAEMON, "wexd restarted twice during one sync: sync again");
@@ -2970,7 +2966,7 @@ again:
 		set_report(c, "copy", bytes, t0);
 		report_verify(c, vrep);
 		vrep = NULL;
-		ret = release_lease(c, 0);
+		ret = release_lease(c, 0, 0);
 		if (c->conn_gen != conn || ret == -WEX_EDAEMON) {
 			/* The release found wexd restarted, or gone and not yet
 			 * back (-WEX_EDAEMON: the lease went with the
@@ -3063,7 +3059,7 @@ err_release:
 		char why[sizeof(c->err)];
 
 		memcpy(why, c->err, sizeof(why));
-		release_lease_ex(c, 0, 1);
+		release_lease(c, 0, 1);
 		/* A lease lost with the connection here was this sync's
 		 * own: its error says what happened. */
 		c->lease_lost = 0;
@@ -3097,7 +3093,7 @@ WEX_API int wex_release(wex_client_t *c)
 			reconnect(c);
 		return set_err(c, -ENOENT, "no lease held");
 	}
-	return release_lease(c, 1);
+	return release_lease(c, 1, 0);
 }
 
 WEX_API int wex_is_dirty(wex_client_t *c)

@@ -27,6 +27,7 @@
 #include <sys/mman.h>
 
 #include "plan.h"
+#include "vmm/backend.h"
 
 #define MAXD WEX_MAX_DIMS
 /* Smallest chunk a rank planned alone cuts a replicated cell into. */
@@ -442,16 +443,13 @@ void wex__planner_free(struct wex_planner *pl)
 
 /*
  * The ops of a large planner call (DeepSeek-V3 to 16 vLLM ranks: 6.5 MB)
- * are new memory each call.  In 4 KiB pages every first write faults, and
- * in a virtual machine a fault is slow (measured on the dev VM: 32 x 6.5
- * MB written fresh in 0.95 s, 0.38 s prefaulted, 0.02 s in transparent
- * huge pages).  A call whose ops take 2 MiB or more (a group, or one plan
- * that large) puts every plan's ops in one block of 2 MiB pages; smaller
- * calls, and any call whose block cannot be mapped, malloc an array per
- * plan and prefault it.
+ * are new memory each call, and a first write to a 4 KiB page is slow in a
+ * virtual machine (wex_mem_map_anon says how slow).  A call whose ops take
+ * 2 MiB or more (a group, or one plan that large) puts every plan's ops in
+ * one block of huge pages; smaller calls, and any call whose block cannot
+ * be mapped, malloc an array per plan and prefault it.
  */
-#define HUGE_PAGE (2u << 20)
-#define OPS_BLOCK_MIN HUGE_PAGE
+#define OPS_BLOCK_MIN (2u << 20)
 
 struct wex_ops_block {
 	atomic_uint refs; /* plans whose ops lie here */
@@ -459,49 +457,21 @@ struct wex_ops_block {
 	size_t maplen;
 };
 
-/* Faults in the pages of a new array with one call instead of one fault
- * per page.  A hint: where the kernel lacks it the pages fault as usual. */
-static void prefault(void *p, size_t len)
-{
-#ifdef MADV_POPULATE_WRITE
-	uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095;
-	uintptr_t b = ((uintptr_t)p + len) & ~(uintptr_t)4095;
-
-	if (b > a)
-		(void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);
-#else
-	(void)p;
-	(void)len;
-#endif
-}
-
-/* A block of at least `len` bytes, aligned to HUGE_PAGE and asked to be
- * backed by huge pages (a hint: without transparent huge pages it is
- * ordinary memory), with no references yet.  NULL when out of memory. */
+/* A block of at least `len` bytes (len >= OPS_BLOCK_MIN) in huge pages,
+ * faulted in, with no references yet.  NULL when out of memory. */
 static struct wex_ops_block *ops_block_new(size_t len)
 {
 	struct wex_ops_block *b = calloc(1, sizeof(*b));
-	size_t maplen = (len + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
-	char *m, *a;
+	size_t maplen = (len + OPS_BLOCK_MIN - 1) & ~(size_t)(OPS_BLOCK_MIN - 1);
 
 	if (!b)
 		return NULL;
-	/* Over-allocate by one huge page, then unmap the unaligned ends. */
-	m = mmap(NULL, maplen + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (m == MAP_FAILED) {
+	b->map = wex_mem_map_anon(maplen, 0);
+	if (b->map == MAP_FAILED) {
 		free(b);
 		return NULL;
 	}
-	a = (char *)(((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
-	if (a > m)
-		munmap(m, (size_t)(a - m));
-	if (a + maplen < m + maplen + HUGE_PAGE)
-		munmap(a + maplen, (size_t)(m + maplen + HUGE_PAGE - (a + maplen)));
-#ifdef MADV_HUGEPAGE
-	(void)madvise(a, maplen, MADV_HUGEPAGE);
-#endif
-	prefault(a, maplen);
-	b->map = a;
+	(void)wex_mem_populate(b->map, maplen, 1);
 	b->maplen = maplen;
 	atomic_init(&b->refs, 0);
 	return b;
@@ -1355,7 +1325,8 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 					goto out;
 				}
 				if (n)
-					prefault(plans[r]->ops, caps[r] * sizeof(struct wex_plan_op));
+					(void)wex_mem_populate(plans[r]->ops,
+							       caps[r] * sizeof(struct wex_plan_op), 1);
 			}
 		}
 	}

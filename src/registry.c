@@ -1358,11 +1358,10 @@ json_t *wexd_release(struct wexd *d, struct conn *c, json_t *req)
 {
 	json_int_t v = 0;
 	json_error_t je;
+	int failed = 0;
 
 	if (c->role != WEX_ROLE_CONSUMER)
 		return wex__reply_error(-EPERM, "release: only consumers hold leases");
-	int failed = 0;
-
 	if (json_unpack_ex(req, &je, 0, "{s?I, s?b}", "version", &v, "failed", &failed) < 0)
 		return wex__reply_error(-EINVAL, "release: %s", je.text);
 	if (!c->has_lease)

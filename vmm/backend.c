@@ -2,6 +2,8 @@
 /* backend.c - the table of memory backends by kind. */
 #include <errno.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "vmm/backend.h"
@@ -157,3 +159,45 @@ void wex_mem_thread_restore(const struct wex_mem_thread_state *s)
 	(void)s;
 }
 #endif
+
+#define HUGE_PAGE (UINT64_C(2) << 20)
+
+void *wex_mem_map_anon(uint64_t size, int flags)
+{
+	char *m, *a;
+
+	if (size < HUGE_PAGE)
+		return mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | flags,
+			    -1, 0);
+	/* Over-allocate by one huge page, then unmap the unaligned ends. */
+	m = mmap(NULL, size + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | flags,
+		 -1, 0);
+	if (m == MAP_FAILED)
+		return m;
+	a = (char *)(((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+	if (a > m)
+		munmap(m, (size_t)(a - m));
+	munmap(a + size, (size_t)(m + size + HUGE_PAGE - (a + size)));
+#ifdef MADV_HUGEPAGE
+	(void)madvise(a, size, MADV_HUGEPAGE);
+#endif
+	return a;
+}
+
+int wex_mem_populate(void *p, uint64_t size, int write)
+{
+#if defined(MADV_POPULATE_WRITE) && defined(MADV_POPULATE_READ)
+	long pg = sysconf(_SC_PAGESIZE);
+	uintptr_t a = ((uintptr_t)p + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
+	uintptr_t b = ((uintptr_t)p + size) & ~(uintptr_t)(pg - 1);
+
+	if (b <= a)
+		return 0;
+	return madvise((void *)a, b - a, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+#else
+	(void)p;
+	(void)size;
+	(void)write;
+	return -1;
+#endif
+}

@@ -256,6 +256,26 @@ int wex_mem_host_copy(const struct wex_copy_op *ops, size_t n, int threads);
  * longer row: folds them so that each row is as long as it can be. */
 void wex_mem_fold_op(struct wex_copy_op *op);
 
+/*
+ * New private memory that is about to be written whole (a consumer's
+ * reserved weights, the copy a same-address region gets back, a planner
+ * call's ops).  On the dev VM, writing 208 MB of new memory took 0.95 s in
+ * 4 KiB pages, 0.38 s prefaulted and 0.02 s in transparent huge pages.
+ *
+ * wex_mem_map_anon: `size` bytes (a page multiple) of private anonymous
+ * memory (mmap `flags` added), at a 2 MiB boundary when 2 MiB or more and
+ * then asked for in transparent huge pages, so that huge pages back all of
+ * it and stay whole when it is moved to another such boundary.  The ask is
+ * a hint: without THP it is ordinary pages.  MAP_FAILED (errno set) when
+ * out of memory.
+ *
+ * wex_mem_populate: faults in the pages wholly inside [p, p+size), for
+ * writing (write = 1) or reading, with one call.  A hint too: -1 where the
+ * kernel refuses it (before 5.14), and the pages then fault one by one.
+ */
+void *wex_mem_map_anon(uint64_t size, int flags);
+int wex_mem_populate(void *p, uint64_t size, int write);
+
 /* Shared stubs for unsupported slots. */
 int wex_mem_enotsup_reserve(uint64_t size, uint64_t lead, int device, struct wex_mem_region *r);
 int wex_mem_enotsup_wrap_chunks(void *ptr, uint64_t size, struct wex_mem_seg *segs, size_t max,

@@ -158,63 +158,6 @@ static int host_release(struct wex_mem_seg *seg)
 	return ret;
 }
 
-/*
- * Private memory that is about to be written whole (a consumer's reserved
- * weights, the copy a same-address region gets back on detach) is asked
- * for in transparent huge pages: one fault per 2 MiB instead of 512.  On
- * the dev VM, writing 208 MB of new memory took 0.95 s in 4 KiB pages,
- * 0.38 s prefaulted and 0.02 s in huge pages.  Hints: with transparent
- * huge pages off (or `never`) the memory is ordinary pages, same bytes.
- */
-static void huge_hint(void *p, uint64_t size)
-{
-#ifdef MADV_HUGEPAGE
-	if (size >= (2u << 20))
-		(void)madvise(p, size, MADV_HUGEPAGE);
-#else
-	(void)p;
-	(void)size;
-#endif
-}
-
-/* Faults in [p, p+size) for writing (write = 1) or reading with one call.
- * A hint too: -1 where the kernel refuses it (before 5.14), and the pages
- * then fault one by one. */
-static int populate(void *p, uint64_t size, int write)
-{
-#if defined(MADV_POPULATE_WRITE) && defined(MADV_POPULATE_READ)
-	return madvise(p, size, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
-#else
-	(void)p;
-	(void)size;
-	(void)write;
-	return -1;
-#endif
-}
-
-/* size bytes (a multiple of the page size) of private anonymous memory, at
- * a 2 MiB boundary when 2 MiB or more, so that huge pages can back all of
- * it and stay whole when it is moved to another such boundary.  MAP_FAILED
- * (errno set) when out of memory. */
-static void *map_private(uint64_t size, int flags)
-{
-	const uint64_t huge = 2u << 20;
-	char *m, *a;
-
-	if (size < huge)
-		return mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | flags,
-			    -1, 0);
-	m = mmap(NULL, size + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | flags,
-		 -1, 0);
-	if (m == MAP_FAILED)
-		return m;
-	a = (char *)(((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1));
-	if (a > m)
-		munmap(m, (size_t)(a - m));
-	munmap(a + size, (size_t)(m + size + huge - (a + size)));
-	return a;
-}
-
 /* Host segments are whole files mapped from offset 0 (their handle_offset
  * is 0): a lead has no meaning here. */
 static int host_reserve(uint64_t size, uint64_t lead, int device, struct wex_mem_region *r)
@@ -227,10 +170,9 @@ static int host_reserve(uint64_t size, uint64_t lead, int device, struct wex_mem
 	if (lead)
 		return -EINVAL;
 	size = (size + (uint64_t)pg - 1) & ~((uint64_t)pg - 1);
-	p = map_private(size, 0);
+	p = wex_mem_map_anon(size, 0);
 	if (p == MAP_FAILED)
 		return -errno;
-	huge_hint(p, size);
 	memset(r, 0, sizeof(*r));
 	r->ops = &wex_mem_host_ops;
 	r->addr = p;
@@ -368,23 +310,22 @@ static int host_unmap_fixed(struct wex_mem_region *r)
 	}
 	/* Give the region private memory holding what it showed, swapped in
 	 * with one mremap so that no reader sees a hole. */
-	tmp = map_private(r->size, 0);
+	tmp = wex_mem_map_anon(r->size, 0);
 	if (tmp == MAP_FAILED)
 		return -errno;
 	/* In huge pages where the kernel gives them, faulted in bulk: much
 	 * faster than a fault per 4 KiB page during the copy.  A kernel
 	 * without MADV_POPULATE_WRITE gets MAP_POPULATE (4 KiB pages). */
-	huge_hint(tmp, r->size);
-	if (populate(tmp, r->size, 1) < 0) {
+	if (wex_mem_populate(tmp, r->size, 1) < 0) {
 		munmap(tmp, r->size);
-		tmp = map_private(r->size, MAP_POPULATE);
+		tmp = wex_mem_map_anon(r->size, MAP_POPULATE);
 		if (tmp == MAP_FAILED)
 			return -errno;
 	}
 	/* The producer's pages the region shows, faulted in with one call
 	 * too (a mapping made by a same-address sync is new to this
 	 * process, and the copy reads all of it). */
-	populate(r->addr, r->size, 0);
+	(void)wex_mem_populate(r->addr, r->size, 0);
 	ret = wex_mem_host_copy(&(struct wex_copy_op){ .src = (uint64_t)(uintptr_t)r->addr,
 							 .dst = (uint64_t)(uintptr_t)tmp,
 							 .len = r->size },

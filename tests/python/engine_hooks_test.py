@@ -593,15 +593,19 @@ class EngineHooks(WexdProducerCase):
         tmp.set_sharing_strategy("file_descriptor")
         self.assertEqual(len(wex.sglang.request(MODEL, group="g")), 1)
 
-    def test_sglang_loader(self):
-        d = self.tmp.name
-        set_server_args(d)
+    def sglang_ranks(self, fail=False):
+        """Two SGLang rank models of this test's checkpoint, each with a
+        post_load_weights that counts its runs (m.post_loads) and raises
+        while m.fail; and load(k, req), the hook run as rank k."""
+        set_server_args(self.tmp.name)
         models = []
         for k in range(2):
             m = module_of(self.engine_params("sglang", k))
-            m.post_loads = 0
+            m.post_loads, m.fail = 0, fail
 
             def post_load_weights(m=m):
+                if m.fail:
+                    raise RuntimeError("post_load exploded")
                 m.post_loads += 1
             m.post_load_weights = post_load_weights
             models.append(m)
@@ -609,7 +613,10 @@ class EngineHooks(WexdProducerCase):
         def load(k, req):
             set_par(tp=(2, k))
             return wex.sglang.load(models[k], req)
+        return models, load
 
+    def test_sglang_loader(self):
+        models, load = self.sglang_ranks()
         v = self.next_version()
         req = wex.sglang.request(MODEL, group="sglang", min_version=v, verify=True)
         for k in range(2):
@@ -714,24 +721,7 @@ class EngineHooks(WexdProducerCase):
         weights leaves them mixed: load raises, the rank is detached (so
         check() does not report it served), status() says mixed; the next
         request attaches, copies and runs post_load_weights again."""
-        d = self.tmp.name
-        set_server_args(d)
-        models = []
-        for k in range(2):
-            m = module_of(self.engine_params("sglang", k))
-            m.post_loads, m.fail = 0, True
-
-            def post_load_weights(m=m):
-                if m.fail:
-                    raise RuntimeError("post_load exploded")
-                m.post_loads += 1
-            m.post_load_weights = post_load_weights
-            models.append(m)
-
-        def load(k, req):
-            set_par(tp=(2, k))
-            return wex.sglang.load(models[k], req)
-
+        models, load = self.sglang_ranks(fail=True)
         v = self.next_version()
         req = wex.sglang.request(MODEL, group="sg-post", min_version=v)
         for k in range(2):
