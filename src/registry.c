@@ -1220,8 +1220,8 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 	} else if (g->round_open) {
 		/* This rank already took the round: peers first.  One that
 		 * passed it (2: it held the version, or the slot's previous
-		 * process did) and now asks for that version takes it like
-		 * any rank (counted once). */
+		 * process did, or took the round and left) and now asks for
+		 * that version takes it like any rank (counted once). */
 		if (g->taken[c->rank] != 2 || g->round_version < c->wait_version)
 			return 0;
 		v = g->round_version;
@@ -1677,6 +1677,12 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 		lease_drop(m, c);
 		wex__journal_del(&d->journal, &c->lease_fd, c->lease_file);
 		c->lease_noted = 0;
+		/* A rank that took the open round and left: the slot's next
+		 * process holds nothing, and must be able to take the round's
+		 * version at once (counted once) rather than wait for its peers
+		 * to close the round.  It passed (2), as far as the round goes. */
+		if (g->round_open && g->taken[c->rank] == 1)
+			g->taken[c->rank] = 2;
 		g->ranks[c->rank] = NULL;
 		plans_gc(m);
 		for (uint32_t i = 0; i < g->world; i++)

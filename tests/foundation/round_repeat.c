@@ -16,6 +16,9 @@
  *   4. a rank whose sync failed (its release says so) is not taken for
  *      holding that version: a round its peer opens on it again waits
  *      for it (begin_write EBUSY), until it syncs again.
+ *   5. a rank that took an open round and died: its restarted process
+ *      takes the round's version at once (its peer idle), and the round
+ *      still waits for the peer.
  * Rank 1
  * passes the round its peer opens because it holds v1 from this wexd in
  * this epoch; a rank that never took v1 would still be waited for (the
@@ -157,6 +160,37 @@ int main(void)
 		close(fd);
 		t_cons_close(&W[0]);
 	}
+
+	/* 5. Rank 0 of group "mid" takes v5 (the round waits for rank 1)
+	 * and its engine dies; the restarted rank 0 syncs v5: it gets it at
+	 * once, not after rank 1 closes the round (before: ETIMEDOUT, since
+	 * rank 1 is idle).  Rank 1 then takes v5 and the producers go on. */
+	for (uint32_t r = 0; r < 2; r++)
+		t_cons_open_from(&W[r], MODEL, "mid", PRESET, r, 2, r);
+	copy_into(&W[0], "mid", 0, 5);
+	t_cons_close(&W[0]);
+	t_cons_open_from(&W[0], MODEL, "mid", PRESET, 0, 2, 0);
+	{
+		struct wex_sync_result res;
+		int ret = wex_sync(W[0].c, WEX_SYNC_COPY, 5, 1500, &res);
+
+		T_ASSERT(ret == 0, "mid rank 0, restarted after taking the open round on v5: copy "
+			 "sync of v5: %s (%s), expected it at once", wex_strerror(ret),
+			 wex_last_error(W[0].c));
+		T_ASSERT(res.version == 5 && ex_check(NULL, W[0].t, (size_t)W[0].n, 5, 1) == 0,
+			 "mid rank 0, restarted: v%llu copied, or copied wrong",
+			 (unsigned long long)res.version);
+	}
+	{
+		int ret = wex_begin_write(P[0].c, 6, 300);
+
+		T_ASSERT(ret == -EBUSY, "begin_write v6 while group mid's round on v5 waits for "
+			 "rank 1: %s, expected EBUSY", wex_strerror(ret));
+	}
+	copy_into(&W[1], "mid", 1, 5);
+	next_version(6, "a restarted rank took its group's open round");
+	for (uint32_t r = 0; r < 2; r++)
+		t_cons_close(&W[r]);
 
 	printf("round_repeat: a repeated sync and a restarted rank each took the version their "
 	       "group held; begin_write of the next granted with the peer idle, both ranks got it; "
