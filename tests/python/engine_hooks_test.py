@@ -60,6 +60,7 @@ Environment: WEX_LIB, WEXD_BIN, WEXCTL_BIN, PYTHONPATH with adapters/python.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -75,6 +76,7 @@ except ImportError as e:
     raise
 
 import wex
+import wex.checkpoint
 import wex.engine
 import wex.sglang
 import wex.vllm
@@ -151,7 +153,8 @@ def set_server_args(model_path, **kw):
 class VllmWorker(wex.vllm.WorkerExtension):
     """What wex.vllm.WorkerExtension reads of vLLM's Worker."""
 
-    def __init__(self, model_dir, module, use_mla=False, moe_backend=None, **parallel):
+    def __init__(self, model_dir, module, use_mla=False, moe_backend=None, load_format=None,
+                 **parallel):
         self.model_runner = types.SimpleNamespace(model=module)
         self.device = torch.device("cpu")
         self.vllm_config = types.SimpleNamespace(
@@ -160,6 +163,8 @@ class VllmWorker(wex.vllm.WorkerExtension):
             parallel_config=types.SimpleNamespace(**dict(
                 dict(enable_expert_parallel=False, enable_eplb=False,
                      data_parallel_index=0), **parallel)))
+        if load_format is not None:  # vLLM's LoadConfig
+            self.vllm_config.load_config = types.SimpleNamespace(load_format=load_format)
 
 
 def vpar(tp_rank, tp=2, pp=1, pp_rank=0, dp=1, dp_rank=0):
@@ -776,6 +781,163 @@ class EngineHooks(WexdProducerCase):
         self.assertFalse(wex.sglang.status(m)["ok"])
         # Nothing stayed attached after the refusals.
         self.assertNotIn(id(m), wex.sglang._ranks)
+
+    def checkpoint_dir(self):
+        """A model directory as engines load it: config.json and the
+        checkpoint's model.safetensors."""
+        d = self.tmp.name
+        ck = os.path.join(d, "ckpt")
+        if not os.path.isdir(ck):
+            os.mkdir(ck)
+            shutil.copy(os.path.join(d, "config.json"), ck)
+            shutil.copy(os.path.join(d, "hf", "model.safetensors"), ck)
+        return ck
+
+    def loaded_params(self, spec, k):
+        """engine_params holding what the engine loads from the checkpoint
+        (wexctl convert's bytes for rank k)."""
+        params = self.engine_params(spec, k)
+        for name, (_, _, b) in self.want(spec, k).items():
+            params[name].view(-1).view(torch.int16).copy_(
+                torch.frombuffer(bytearray(b), dtype=torch.int16))
+        return params
+
+    @staticmethod
+    def swap_gate_up(module):
+        """[up; gate] in every gate_up_proj, in place (FlashInfer's w13
+        swap, the kind of re-layout that keeps the shape)."""
+        with torch.no_grad():
+            for n, p in module.named_parameters():
+                if n.endswith("gate_up_proj.weight"):
+                    h = p.shape[0] // 2
+                    p.copy_(torch.cat([p[h:], p[:h]]))
+
+    def test_vllm_checkpoint_check(self):
+        """wex_attach compares the worker's tensors with the checkpoint
+        vLLM loaded (load_format auto) before attaching: a same-shape
+        re-layout is refused by name, nothing attached; a correct rank
+        attaches and says what it compared; after a sync changed the
+        weights, attaching again does not compare; dummy weights and
+        checkpoint=False are not compared (and say why); checkpoint=
+        with dummy weights is refused."""
+        ck = self.checkpoint_dir()
+        workers, modules = [], []
+        for k in range(2):
+            m = module_of(self.loaded_params("vllm", k))
+            modules.append(m)
+            workers.append(VllmWorker(ck, m, load_format="auto"))
+            self.addCleanup(workers[k].wex_detach)
+
+        def on(k, fn, *a, **kw):
+            set_par(tp=(2, k))
+            return getattr(workers[k], fn)(*a, **kw)
+
+        # Rank 1's gate_up_proj re-laid out in its shape: refused, naming it.
+        self.swap_gate_up(modules[1])
+        with self.assertRaises(wex.checkpoint.CheckpointMismatch) as e:
+            on(1, "wex_attach", model=MODEL, group="vllm-ck")
+        self.assertIn("gate_up_proj", str(e.exception))
+        self.assertIn("up_proj.weight", str(e.exception))
+        self.assertIsNone(workers[1].wex_status())
+        self.assertEqual(wex.engine.group_status(MODEL, "vllm-ck"), [])
+        # As loaded: both ranks attach, every piece of theirs compared.
+        self.swap_gate_up(modules[1])
+        layout = wex.Layout(os.path.join(ck, "config.json"), "vllm:tp=2")
+        for k in range(2):
+            info = on(k, "wex_attach", model=MODEL, group="vllm-ck")
+            chk = info["checkpoint_check"]
+            self.assertIsInstance(chk, dict, chk)
+            self.assertEqual(chk["checkpoint"], ck)
+            self.assertEqual(chk["pieces"], sum(len(ps) for _, _, _, ps in layout.rank(k)))
+            self.assertEqual(chk["skipped"], 0)
+        v = self.next_version()
+        for k in range(2):
+            self.assertEqual(on(k, "wex_sync", min_version=v)["changed"], 1)
+            self.assert_holds(params_of(modules[k]), "vllm", k)
+        # The weights are the trainer's now, not the checkpoint's: attaching
+        # again (after a detach) does not compare them.
+        on(0, "wex_detach")
+        info = on(0, "wex_attach", model=MODEL, group="vllm-ck")
+        self.assertEqual(info["checkpoint_check"],
+                         "not checked: a sync changed the weights since the engine loaded them")
+        self.assertEqual(on(0, "wex_sync", min_version=v)["version"], v)
+
+        # Dummy weights: not compared, and checkpoint= is refused.
+        m = module_of(self.loaded_params("vllm", 0))
+        w = VllmWorker(ck, m, load_format="dummy")
+        self.addCleanup(w.wex_detach)
+        set_par(tp=(2, 0))
+        self.swap_gate_up(m)  # not looked at
+        with self.assertRaises(ValueError) as e:
+            w.wex_attach(model=MODEL, group="vllm-dummy", checkpoint=ck)
+        self.assertIn("load_format='dummy'", str(e.exception))
+        self.assertEqual(w.wex_attach(model=MODEL, group="vllm-dummy")["checkpoint_check"],
+                         "not checked: the engine's load_format is dummy")
+        w.wex_detach()
+        # checkpoint=False: not compared; an explicit checkpoint where the
+        # model directory holds none (d has only config.json) is compared.
+        self.assertEqual(w.wex_attach(model=MODEL, group="vllm-dummy", checkpoint=False)
+                         ["checkpoint_check"], "not checked: checkpoint=False")
+        w.wex_detach()
+        m2 = module_of(self.loaded_params("vllm", 0))
+        w2 = VllmWorker(self.tmp.name, m2)
+        self.addCleanup(w2.wex_detach)
+        self.assertEqual(w2.wex_attach(model=MODEL, group="vllm-explicit")["checkpoint_check"],
+                         "not checked: the engine's load_format is unknown")
+        w2.wex_detach()
+        info = w2.wex_attach(model=MODEL, group="vllm-explicit",
+                             checkpoint=os.path.join(self.tmp.name, "hf"))
+        self.assertGreater(info["checkpoint_check"]["pieces"], 0)
+        w2.wex_detach()
+        self.swap_gate_up(m2)
+        with self.assertRaises(wex.checkpoint.CheckpointMismatch):
+            w2.wex_attach(model=MODEL, group="vllm-explicit",
+                          checkpoint=os.path.join(self.tmp.name, "hf"))
+
+    def test_sglang_checkpoint_check(self):
+        """The SGLang loader compares each worker's tensors with the
+        checkpoint SGLang loaded (load_format auto) on the first
+        request: a re-laid-out rank is refused (logged, not attached,
+        check() names it); a correct one attaches and syncs; attached
+        again after a sync changed its weights, it does not compare."""
+        ck = self.checkpoint_dir()
+        set_server_args(ck, load_format="auto")
+        models = [module_of(self.loaded_params("sglang", k)) for k in range(2)]
+        self.swap_gate_up(models[1])
+
+        def load(k, req):
+            set_par(tp=(2, k))
+            return wex.sglang.load(models[k], req)
+
+        v = self.next_version()
+        req = wex.sglang.request(MODEL, group="sg-ck", min_version=v)
+        for k in range(2):
+            self.addCleanup(load, k, wex.sglang.request(MODEL, group="sg-ck", detach=True))
+        with self.assertLogs("wex.sglang", "ERROR") as logs:
+            self.assertIsNone(load(1, req))
+        self.assertIn("gate_up_proj", logs.output[0])
+        self.assertIn("weights unchanged", logs.output[0])
+        self.assertNotIn(id(models[1]), wex.sglang._ranks)
+        self.assertIn("CheckpointMismatch", wex.sglang.status(models[1])["error"])
+        r = load(0, req)
+        self.assertEqual((r["version"], r["changed"]), (v, 1))
+        chk = wex.sglang._ranks[id(models[0])][0].describe()["checkpoint_check"]
+        self.assertIsInstance(chk, dict, chk)
+        self.assertGreater(chk["pieces"], 0)
+        with self.assertRaises(RuntimeError) as e:
+            wex.sglang.check(MODEL, "sg-ck", v, world_size=2)
+        self.assertIn("rank 1 not attached", str(e.exception))
+        self.assert_holds(params_of(models[0]), "sglang", 0)
+        # Detached and attached again: the weights are the trainer's, not compared.
+        load(0, wex.sglang.request(MODEL, group="sg-ck", detach=True))
+        self.assertEqual(load(0, req)["version"], v)
+        self.assertEqual(wex.sglang._ranks[id(models[0])][0].describe()["checkpoint_check"],
+                         "not checked: a sync changed the weights since the engine loaded them")
+        # checkpoint=False for the rank that re-laid out: attaches.
+        req2 = wex.sglang.request(MODEL, group="sg-ck2", min_version=v, checkpoint=False)
+        self.addCleanup(load, 1, wex.sglang.request(MODEL, group="sg-ck2", checkpoint=False,
+                                                    detach=True))
+        self.assertEqual(load(1, req2)["version"], v)
 
     def test_trainer_rank(self):
         """wex.trainer.TrainerRank: Megatron tp=2 ranks registered through

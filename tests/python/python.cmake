@@ -44,6 +44,10 @@ wex_py_test(py_layout_glue tests/python/layout_glue_test.py LABELS python
 # wex.engine) on stand-ins for the engines' workers, through a real wexd.
 wex_py_test(py_engine_hooks tests/python/engine_hooks_test.py LABELS python
   ENV "WEXCTL_BIN=$<TARGET_FILE:wexctl>")
+# wex.checkpoint: an engine's tensors compared in samples with the
+# safetensors checkpoint it loaded, where its layout places each piece.
+wex_py_test(py_checkpoint_check tests/python/checkpoint_check_test.py LABELS python
+  ENV "WEXCTL_BIN=$<TARGET_FILE:wexctl>")
 # The Python example: a trainer and an engine process through the hooks,
 # the engine's outputs equal to the trainer's after each sync.
 wex_py_test(py_example_rl_loop examples/rl_loop.py LABELS python)

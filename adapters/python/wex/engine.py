@@ -29,6 +29,7 @@ tensor.  Given as pairs, only a parameter whose memory moved (p.data =
 new) can be seen.
 """
 import fnmatch
+import glob
 import json
 import os
 import time
@@ -65,24 +66,66 @@ def select_parameters(named, strip_prefix=None, ignore=()):
     return kept, dropped
 
 
-def config_path(model_path):
+def config_path(model_path, revision=None):
     """The config.json of a model an engine was started with: in its
-    directory, or, for a Hugging Face hub id, in the local hub cache
-    (huggingface_hub.try_to_load_from_cache; nothing is downloaded).
-    Raises ValueError asking for config= when neither has it."""
+    directory, or, for a Hugging Face hub id, in the local hub cache at
+    `revision` (the engine's; None: main) (huggingface_hub's
+    try_to_load_from_cache; nothing is downloaded).  Raises ValueError
+    asking for config= when neither has it.  The engine's config
+    overrides (vLLM's hf_overrides, SGLang's --json-model-override-args)
+    are not applied: a model they change needs config= naming a
+    config.json that has them."""
     if model_path and os.path.isfile(os.path.join(model_path, "config.json")):
         return os.path.join(model_path, "config.json")
     if model_path and not os.path.isabs(model_path):
         try:
             from huggingface_hub import try_to_load_from_cache
-            found = try_to_load_from_cache(repo_id=model_path, filename="config.json")
+            found = try_to_load_from_cache(repo_id=model_path, filename="config.json",
+                                           revision=revision)
             if isinstance(found, str) and os.path.isfile(found):
                 return found
         except Exception:  # no huggingface_hub, or not a repo id
             pass
-    raise ValueError("the model %r is neither a directory with a config.json nor in the local "
+    raise ValueError("the model %r%s is neither a directory with a config.json nor in the local "
                      "Hugging Face cache; pass config= (the path of the model's config.json)"
-                     % (model_path,))
+                     % (model_path, " at revision %r" % revision if revision else ""))
+
+
+# Load formats that read the model directory's safetensors as they are.
+_SAFETENSORS_FORMATS = ("auto", "safetensors", "fastsafetensors")
+
+
+def checkpoint_for(checkpoint, model_path, load_format, config=None, updated=False):
+    """(the checkpoint to compare an engine's weights with before its
+    first copy, or None; why None): wex.checkpoint.compare, run by
+    EngineRank(checkpoint=).  checkpoint: False (never), a path (always;
+    refused for an engine started with dummy weights), or None (auto:
+    the engine's model directory, or, for a hub id, the directory of
+    its cached `config`, when it holds .safetensors files that the
+    engine's load_format reads and `updated` is False, i.e. no sync of
+    this process has changed the weights since they were loaded)."""
+    lf = getattr(load_format, "value", load_format)
+    lf = str(lf).lower() if lf is not None else None
+    if checkpoint is False:
+        return None, "checkpoint=False"
+    if checkpoint is not None:
+        if not isinstance(checkpoint, str) or not checkpoint:
+            raise ValueError("checkpoint must be a path, False or None, not %r" % (checkpoint,))
+        if lf == "dummy":
+            raise ValueError("checkpoint=%r given, but the engine was started with "
+                             "load_format='dummy': its weights are random, not the "
+                             "checkpoint's" % checkpoint)
+        return checkpoint, None
+    if updated:
+        return None, "a sync changed the weights since the engine loaded them"
+    if lf not in _SAFETENSORS_FORMATS:
+        return None, ("the engine's load_format is %s" % lf if lf else
+                      "the engine's load_format is unknown")
+    d = model_path if model_path and os.path.isdir(model_path) else (
+        os.path.dirname(config) if config else None)
+    if not d or not glob.glob(os.path.join(d, "*.safetensors")):
+        return None, "no .safetensors checkpoint found at %s" % (d or model_path)
+    return d, None
 
 
 def stages_from_env(name, pp):
@@ -195,11 +238,22 @@ class EngineRank:
     the CUDA ordinal the rank's weights are on (None: the client's
     default).  timeout_ms: how long each call to wexd may take (the
     client's); sync(timeout_ms=) is how long a sync waits for a version.
+    checkpoint: the safetensors checkpoint (a directory or a file) the
+    engine loaded these weights from, not yet updated: before attaching,
+    a sample of every piece the rank holds is compared with it
+    (wex.checkpoint.compare; config=, the model's config.json, maps
+    canonical names to the checkpoint's), and a tensor the engine holds
+    otherwise than the layout says (re-laid out in its shape by a kernel
+    backend, transformed) is refused by name (CheckpointMismatch, a
+    ValueError) instead of being written where the engine reads
+    something else.  describe()["checkpoint_check"] says what was
+    compared (or why nothing was).
     """
 
     def __init__(self, model, named_parameters, *, rank=0, world_size=1, layout=None,
                  config=None, adapters=None, group=None, socket=None, timeout_ms=None,
-                 copy_threads=None, device=None, strip_prefix=None, ignore=()):
+                 copy_threads=None, device=None, strip_prefix=None, ignore=(),
+                 checkpoint=None):
         self.layout = as_layout(layout, config, adapters, world_size, "engine")
         if not 0 <= rank < world_size:
             raise ValueError("rank %d is not in 0..%d" % (rank, world_size - 1))
@@ -209,6 +263,24 @@ class EngineRank:
             named_parameters() if self._resolve else named_parameters, strip_prefix, ignore)
         if not items:
             raise ValueError("no parameters to attach (%d ignored)" % len(self.ignored))
+        # Before anything is attached: the engine must hold the bytes the
+        # layout says where it says (a backend that re-laid them out in
+        # their shape would read wex's copies as something else).
+        self.checked = "not checked (no checkpoint given)"
+        if checkpoint:
+            from wex import checkpoint as ckpt
+
+            rep = ckpt.compare(items, checkpoint, layout=self.layout,
+                               rank=rank if self.layout else 0, config=config,
+                               adapters=adapters)
+            if not rep["pieces"]:
+                raise ValueError("checkpoint %s shows none of this rank's %d parameters (%s): "
+                                 "nothing compared; give the checkpoint the engine loaded, or "
+                                 "checkpoint=False" % (checkpoint, len(items),
+                                                       ", ".join(rep["skipped"][:3]) or
+                                                       "no piece"))
+            self.checked = {k: rep[k] for k in ("checkpoint", "pieces", "elements", "seconds")}
+            self.checked["skipped"] = len(rep["skipped"])
         self.model = model
         self.group = group or "default"
         self.rank = rank
@@ -299,7 +371,7 @@ class EngineRank:
                 "world_size": self.world_size,
                 "layout": self.layout.spec if self.layout else "canonical",
                 "tensors": self.tensors, "bytes": self.bytes, "ignored": list(self.ignored),
-                "version": self.version}
+                "version": self.version, "checkpoint_check": self.checked}
 
     def close(self):
         if self.client is not None:

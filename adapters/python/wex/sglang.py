@@ -32,7 +32,17 @@ a version the rank holds already) unless post_load=False; post_load=True
 on a model without it is refused before anything is attached or copied.
 Some post_load_weights rewrite attached tensors in place (DeepSeek's
 DeepGEMM UE8M0 requantization): a later verify of that rank (verify=True,
-wexctl verify) then reports a difference.
+wexctl verify) then reports a difference, and the comparison with the
+checkpoint at attach (below) refuses the rank: pass checkpoint=False.
+
+Before the first attach, where SGLang loaded the model's safetensors
+(load_format auto or safetensors) and no sync changed the weights since,
+each worker compares samples of every piece it holds with the
+checkpoint where the layout places them (wex.checkpoint): a tensor
+SGLang or a kernel backend re-laid out or transformed after loading,
+keeping its shape, is refused by name (logged), instead of being
+written where a kernel reads something else.  With dummy weights
+nothing is compared (status() and the attach log say so).
 
 Errors.  SGLang stops the whole server when a loader raises, and ignores
 what a loader returns.  So a failure that leaves the weights as they
@@ -62,9 +72,11 @@ on each request.
 """
 import json
 import logging
+import weakref
 
 import wex
-from wex.engine import EngineRank, check_group, config_path, has_experts, stages_from_env
+from wex.engine import (EngineRank, check_group, checkpoint_for, config_path, has_experts,
+                        stages_from_env)
 
 __all__ = ["request", "load", "check", "status", "parallel_info", "default_spec",
            "MixedWeights"]
@@ -73,16 +85,17 @@ log = logging.getLogger("wex.sglang")
 
 PREFIX = "wex:"
 _ATTACH_KEYS = ("model", "group", "layout", "config", "adapters", "socket", "timeout_ms",
-                "copy_threads", "strip_prefix", "ignore")
+                "copy_threads", "strip_prefix", "ignore", "checkpoint")
 _SYNC_KEYS = ("min_version", "sync_timeout_ms", "verify", "post_load", "detach")
 _DRAFT_CLASSES = ("NextN", "Eagle", "MTP", "Draft")
 _ranks = {}   # id(model) -> (EngineRank, attach arguments, model: kept, so the id stays its)
 _status = {}  # id(model) -> the last request's outcome, for status()
+_changed = weakref.WeakSet()  # models a sync changed since SGLang loaded them
 
 
 def request(model, *, group=None, layout=None, config=None, adapters=None, socket=None,
             timeout_ms=None, copy_threads=None, strip_prefix=None, ignore=(), min_version=0,
-            sync_timeout_ms=0, verify=False, post_load=None, detach=False):
+            sync_timeout_ms=0, verify=False, post_load=None, detach=False, checkpoint=None):
     """The named_tensors for engine.update_weights_from_tensor(...,
     load_format="wex.sglang.load"): one (name, tensor) pair whose name
     carries the arguments (SGLang sends names as they are to every
@@ -97,7 +110,15 @@ def request(model, *, group=None, layout=None, config=None, adapters=None, socke
     sync_timeout_ms); timeout_ms: the client's, for each call to wexd.
     post_load: None runs the model's post_load_weights() where it has
     one, True requires it, False never.  detach=True closes the worker's
-    client (of this model and group) instead of syncing."""
+    client (of this model and group) instead of syncing.  checkpoint: the
+    safetensors checkpoint SGLang loaded, compared in samples with each
+    worker's tensors where the layout places each piece when it attaches
+    (a tensor re-laid out or transformed after loading is refused, naming
+    it: wex.checkpoint); None: the model's directory (or its hub cache
+    snapshot) when SGLang loaded its safetensors (load_format auto or
+    safetensors, not dummy) and no sync changed the weights since;
+    False: never (the weights were updated by other means since they
+    were loaded, or a post_load_weights() rewrites them in place)."""
     import torch
 
     if not model or not isinstance(model, str):
@@ -118,7 +139,7 @@ def request(model, *, group=None, layout=None, config=None, adapters=None, socke
             "ignore": list(ignore) if not isinstance(ignore, str) else [ignore],
             "min_version": int(min_version), "sync_timeout_ms": int(sync_timeout_ms),
             "verify": bool(verify), "post_load": post_load if post_load is None else
-            bool(post_load), "detach": bool(detach)}
+            bool(post_load), "detach": bool(detach), "checkpoint": checkpoint}
     return [(PREFIX + json.dumps(args, sort_keys=True), torch.empty(0, dtype=torch.uint8))]
 
 
@@ -155,7 +176,8 @@ def parallel_info():
     """This SGLang worker's parallel state: tp, tp_rank, pp, pp_rank
     (sglang.srt.distributed's groups) and, from the server arguments,
     dp, dp_attention, ep, dp_lm_head, dense_tp, a2a, eplb, attn_cp, moe_dp
-    and model_path (None for those an older SGLang does not say)."""
+    and model_path, load_format, revision (None for those an older SGLang
+    does not say)."""
     from sglang.srt.distributed import get_pp_group, get_tp_group
 
     tp, pp = get_tp_group(), get_pp_group()
@@ -163,11 +185,12 @@ def parallel_info():
            "pp_rank": pp.rank_in_group}
     sa = _server_args()
     if sa is None:
-        return dict(out, known=False, model_path=None)
+        return dict(out, known=False, model_path=None, load_format=None, revision=None)
     a2a = getattr(sa, "moe_a2a_backend", None)
     location = getattr(sa, "init_expert_location", None)
     out.update(
         known=True, model_path=getattr(sa, "model_path", None),
+        load_format=getattr(sa, "load_format", None), revision=getattr(sa, "revision", None),
         dp=int(getattr(sa, "dp_size", 1) or 1),
         dp_attention=bool(getattr(sa, "enable_dp_attention", False)),
         ep=int(getattr(sa, "ep_size", 1) or 1),
@@ -220,7 +243,10 @@ def default_spec(par, fuse_shared=False, experts=True):
 
 def _attach(model, args):
     par = parallel_info()
-    cfg = args.get("config") or config_path(par.get("model_path"))
+    cfg = args.get("config") or config_path(par.get("model_path"), par.get("revision"))
+    ckpt, why = checkpoint_for(args.get("checkpoint"), par.get("model_path"),
+                               par.get("load_format"), None if args.get("config") else cfg,
+                               model in _changed)
     spec = args.get("layout") or default_spec(
         par, int(getattr(model, "num_fused_shared_experts", 0) or 0) > 0,
         experts=has_experts(cfg))
@@ -232,13 +258,17 @@ def _attach(model, args):
             break
     # The bound method, not its result: each sync enumerates the
     # parameters again and refuses one the engine replaced.
-    return EngineRank(args["model"], model.named_parameters,
+    rank = EngineRank(args["model"], model.named_parameters,
                       rank=par["tp_rank"] + par["tp"] * par["pp_rank"],
                       world_size=par["tp"] * par["pp"], layout=layout,
                       group=args.get("group"), socket=args.get("socket"),
                       timeout_ms=args.get("timeout_ms"), copy_threads=args.get("copy_threads"),
                       device=device, strip_prefix=args.get("strip_prefix"),
-                      ignore=args.get("ignore") or ())
+                      ignore=args.get("ignore") or (), checkpoint=ckpt, config=cfg,
+                      adapters=args.get("adapters"))
+    if why:
+        rank.checked = "not checked: " + why
+    return rank
 
 
 class MixedWeights(RuntimeError):
@@ -273,9 +303,17 @@ def _load(model, args):
         changed = sorted(k for k in _ATTACH_KEYS if held[1].get(k) != attach.get(k))
         raise ValueError("this worker is attached with other arguments (%s differ): send "
                          "detach=True first" % ", ".join(changed))
-    out = held[0].sync(min_version=args.get("min_version", 0),
-                       timeout_ms=args.get("sync_timeout_ms", 0),
-                       verify=args.get("verify", False))
+    try:
+        out = held[0].sync(min_version=args.get("min_version", 0),
+                           timeout_ms=args.get("sync_timeout_ms", 0),
+                           verify=args.get("verify", False))
+    except BaseException:
+        if held[0].dirty():  # a copy that failed half-way changed them too
+            _changed.add(model)
+        raise
+    if out.get("changed"):
+        # No longer the checkpoint's: a later attach does not compare.
+        _changed.add(model)
     # Only after a sync that copied something: post_load_weights rewrites
     # derived tensors (and in some models attached ones) in place, and a
     # second run over the same version need not leave them as the first.

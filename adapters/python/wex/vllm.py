@@ -50,9 +50,16 @@ variable set true, VLLM_ROCM_USE_AITER with VLLM_ROCM_USE_AITER_MOE (its
 default), a moe_backend other than auto/triton, or a FusedMoE
 quant_method that says it runs another backend.  Other transforms that
 keep the shape (another backend, another version's attribute names)
-are not detected, and verify=True cannot see them (it compares what wex
-wrote, not how a kernel reads it): compare the engine's outputs after
-the first sync.  Quantized models whose weights vLLM transforms after loading
+are caught by comparing the worker's tensors with the safetensors
+checkpoint vLLM loaded, in samples of every piece, before the first
+attach (wex.checkpoint; checkpoint= of wex_attach): a tensor that does
+not hold the checkpoint's values where the layout places them is
+refused by name.  That needs the weights vLLM loaded from the
+checkpoint: with load_format="dummy" (common in RL, where the first
+sync brings the weights) nothing is compared, describe() says so, and
+such transforms go unseen (verify=True cannot see them: it compares
+what wex wrote, not how a kernel reads it): compare the engine's
+outputs after the first sync.  Quantized models whose weights vLLM transforms after loading
 into other shapes (Marlin repacking) are refused by shape.  The
 speculative-decoding drafter (model_runner.drafter) is not attached:
 its own layers keep the weights it loaded.  While vLLM sleeps (sleep
@@ -61,7 +68,7 @@ mode) its weights are not mapped: wake it first.
 import os
 
 import wex
-from wex.engine import EngineRank, config_path, has_experts, stages_from_env
+from wex.engine import EngineRank, checkpoint_for, config_path, has_experts, stages_from_env
 
 __all__ = ["WorkerExtension", "parallel_info", "default_spec"]
 
@@ -179,6 +186,7 @@ class WorkerExtension:
     own RLHF examples do."""
 
     _wex = None
+    _wex_changed = False  # a sync changed the weights since vLLM loaded them
 
     def _wex_model(self):
         runner = self.model_runner
@@ -190,11 +198,19 @@ class WorkerExtension:
 
     def wex_attach(self, model, group=None, layout=None, config=None, adapters=None,
                    socket=None, timeout_ms=None, copy_threads=None, strip_prefix=None,
-                   ignore=()):
+                   ignore=(), checkpoint=None):
         """Attaches this worker's parameters for in-place syncs of `model`
         as a rank of consumer group `group` (one per vLLM instance).
+        checkpoint: the safetensors checkpoint vLLM loaded, compared in
+        samples with the worker's tensors where the layout places each
+        piece before anything is attached (a backend that re-laid them
+        out is refused, naming the tensor: wex.checkpoint); None: the
+        model's directory (or its hub cache snapshot) when vLLM loaded
+        its safetensors (load_format auto/safetensors, not dummy) and no
+        sync of this worker changed the weights since; False: never.
         Returns a dict: model, group, rank, world_size, layout, tensors,
-        bytes, ignored, version."""
+        bytes, ignored, version, checkpoint_check (what was compared, or
+        why nothing was)."""
         if self._wex is not None:
             raise ValueError("wex_attach: already attached as %s (wex_detach first)"
                              % self._wex.describe())
@@ -221,7 +237,11 @@ class WorkerExtension:
                              "by the vllm layout" % par["pcp"])
         cfg = None
         if config or not isinstance(layout, wex.Layout):
-            cfg = config or config_path(getattr(mc, "model", None))
+            cfg = config or config_path(getattr(mc, "model", None), getattr(mc, "revision", None))
+        load_format = getattr(getattr(getattr(self, "vllm_config", None), "load_config", None),
+                              "load_format", None) or getattr(mc, "load_format", None)
+        ckpt, why = checkpoint_for(checkpoint, getattr(mc, "model", None), load_format,
+                                   None if config else cfg, self._wex_changed)
         # Whether the model has routed experts: from its config.json, or,
         # given only a wex.Layout, from vLLM's FusedMoE parameter names.
         experts = has_experts(cfg) if cfg else any(
@@ -255,7 +275,10 @@ class WorkerExtension:
                                rank=layout_rank(par), world_size=world, layout=spec,
                                group=group, socket=socket, timeout_ms=timeout_ms,
                                copy_threads=copy_threads, device=ordinal,
-                               strip_prefix=strip_prefix, ignore=ignore)
+                               strip_prefix=strip_prefix, ignore=ignore, checkpoint=ckpt,
+                               config=cfg, adapters=adapters)
+        if why:
+            self._wex.checked = "not checked: " + why
         return self._wex.describe()
 
     def wex_sync(self, min_version=0, timeout_ms=0, verify=False):
@@ -263,7 +286,18 @@ class WorkerExtension:
         min_version); see wex.engine.EngineRank.sync."""
         if self._wex is None:
             raise ValueError("wex_sync: call wex_attach first")
-        return self._wex.sync(min_version=min_version, timeout_ms=timeout_ms, verify=verify)
+        try:
+            out = self._wex.sync(min_version=min_version, timeout_ms=timeout_ms, verify=verify)
+        except BaseException:
+            # A copy that failed half-way changed them too.
+            if self._wex.dirty():
+                self._wex_changed = True
+            raise
+        if out.get("changed"):
+            # The weights are no longer the checkpoint's: a later attach
+            # (after wex_detach) does not compare them with it.
+            self._wex_changed = True
+        return out
 
     def wex_status(self):
         return self._wex.describe() if self._wex is not None else None

@@ -1,0 +1,288 @@
+# SPDX-License-Identifier: MIT
+"""wex.checkpoint - does an engine hold its weights as the layout says?
+
+wex copies the trainer's weights into the engine's tensors where the
+layout says each canonical piece lives.  An engine (or a kernel backend
+it picked) that re-lays out a tensor after loading, keeping its shape
+(MoE kernels that store w13 as [w3; w1] or shuffle it in tiles,
+quantization post-processing), would read those copies as something
+else: wrong outputs, no error.  Checking backends by name cannot know
+every one; comparing bytes can.  Before the first copy, while the
+engine still holds what it loaded, compare() reads a sample of every
+piece the rank holds from the model's safetensors checkpoint and from
+the engine's tensor, where the layout places it, and raises
+CheckpointMismatch, naming the tensor and the element, on the first
+difference.
+
+The sample: for each piece, up to `elems` elements of its first, middle
+and last rows (the innermost dimension), so a swap of halves, an
+interleave or a tile shuffle shows while a 700 GB checkpoint costs a few
+reads per piece.  Only what the engine loaded from that checkpoint can
+be compared: an engine started with dummy weights, or one the weights
+were already updated in, differs everywhere.
+
+    from wex.checkpoint import compare
+    report = compare(model.named_parameters(), "/ckpt/qwen3-moe",
+                     layout=wex.Layout(cfg, "vllm:tp=2"), rank=tp_rank, config=cfg)
+"""
+import glob
+import json
+import os
+import struct
+import time
+
+import wex
+from wex import torch_util
+
+__all__ = ["CheckpointMismatch", "compare", "index"]
+
+# A safetensors header is JSON; this caps what a corrupt length makes us read.
+_HEADER_MAX = 256 << 20
+
+
+class CheckpointMismatch(ValueError):
+    """The engine's tensor does not hold the checkpoint's values where
+    the layout places them."""
+
+
+def index(checkpoint):
+    """{name: (path, dtype, shape, data offset in the file, nbytes)} of
+    every tensor in `checkpoint` (a .safetensors file, or a directory:
+    every *.safetensors in it, as sharded checkpoints keep them).  Raises
+    ValueError naming the file for one that is not safetensors, a tensor
+    in two files, or a directory with none."""
+    if os.path.isdir(checkpoint):
+        files = sorted(glob.glob(os.path.join(checkpoint, "*.safetensors")))
+        if not files:
+            raise ValueError("checkpoint %s holds no .safetensors file" % checkpoint)
+    elif os.path.isfile(checkpoint):
+        files = [checkpoint]
+    else:
+        raise ValueError("checkpoint %s: no such file or directory" % checkpoint)
+    out = {}
+    for path in files:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else None
+            if n is None or n > min(size - 8, _HEADER_MAX):
+                raise ValueError("%s is not a safetensors file (header length %s, file of "
+                                 "%d bytes)" % (path, n, size))
+            try:
+                header = json.loads(f.read(n))
+            except ValueError as e:
+                raise ValueError("%s: safetensors header is not JSON: %s" % (path, e)) from None
+        if not isinstance(header, dict):
+            raise ValueError("%s: safetensors header is not a JSON object" % path)
+        base = 8 + n
+        for name, v in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                dtype, shape = str(v["dtype"]), tuple(int(d) for d in v["shape"])
+                start, end = (int(x) for x in v["data_offsets"])
+            except (KeyError, TypeError, ValueError):
+                raise ValueError("%s: tensor %s has no valid dtype, shape and data_offsets"
+                                 % (path, name)) from None
+            if not 0 <= start <= end or base + end > size:
+                raise ValueError("%s: tensor %s's data_offsets [%d, %d] lie outside the file"
+                                 % (path, name, start, end))
+            if name in out:
+                raise ValueError("tensor %s is in both %s and %s" % (name, out[name][0], path))
+            out[name] = (path, dtype, shape, base + start, end - start)
+    return out
+
+
+def _sample(extent, elems):
+    """Index deltas (a numpy int64 array, one row per element, one column
+    per dimension) of the sampled elements of a box of `extent`: up to
+    `elems` elements at the start, the middle and the end of its first,
+    middle and last rows."""
+    import numpy as np
+
+    nd = len(extent)
+    if nd == 0:
+        return np.zeros((1, 0), dtype=np.int64)
+    last = extent[-1]
+    rows = []
+    for pick in (lambda e: 0, lambda e: e // 2, lambda e: e - 1):
+        rows.append(tuple(pick(e) for e in extent[:-1]))
+    rows = sorted(set(rows))
+    k = min(elems, last)
+    cols = sorted({c for s in (0, (last - k) // 2, last - k) for c in range(s, s + k)})
+    cols = np.array(cols, dtype=np.int64)
+    out = np.empty((len(rows) * len(cols), nd), dtype=np.int64)
+    for i, r in enumerate(rows):
+        blk = out[i * len(cols):(i + 1) * len(cols)]
+        blk[:, :-1] = r
+        blk[:, -1] = cols
+    return out
+
+
+def _offsets(piece, deltas, start=None):
+    """Element offsets, from the piece's physical tensor's start, of the
+    canonical elements at `deltas` from the box's start (or, with start,
+    from that canonical index: the same elements seen from another
+    piece of the same tensor)."""
+    import numpy as np
+
+    nd = piece.ndim
+    isz = wex.DTYPE_SIZE[piece.dtype_name]
+    strides = [piece.strides[d] for d in range(nd)]
+    if not any(strides):
+        # All zero: C order over the box (as the planner reads them).
+        acc = 1
+        for d in reversed(range(nd)):
+            strides[d] = acc
+            acc *= piece.extent[d]
+    strides = np.array(strides, dtype=np.int64)
+    if start is not None:
+        shift = np.array([start[d] - piece.start[d] for d in range(nd)], dtype=np.int64)
+        deltas = deltas + shift
+    return piece.offset // isz + (deltas @ strides if nd else np.zeros(len(deltas), np.int64))
+
+
+def _canonical(config, adapters):
+    """{canonical name: (checkpoint tensor name, its piece)} from the hf
+    layout of config (every canonical tensor whole, under the checkpoint's
+    own names)."""
+    out = {}
+    with wex.Layout(config, "hf", adapters) as hf:
+        for name, _, _, pieces in hf.rank(0):
+            for p in pieces:
+                out[p.name.decode()] = (name, p)
+    return out
+
+
+def _as_bytes(x):
+    """The bytes of the elements of tensor x, in order, as a numpy uint8
+    array (copied to the host)."""
+    import torch
+
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+    return x.detach().reshape(-1).contiguous().view(view).cpu().numpy().view("u1")
+
+
+def _ckpt_bytes(maps, entry, idx, isz):
+    import numpy as np
+
+    path, _, _, data, _ = entry
+    mm = maps.get(path)
+    if mm is None:
+        mm = maps[path] = np.memmap(path, dtype=np.uint8, mode="r")
+    pos = data + idx[:, None] * isz + np.arange(isz, dtype=np.int64)
+    return np.asarray(mm[pos.reshape(-1)])
+
+
+def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapters=None,
+            elems=64):
+    """Compares a sample of each piece of this rank's tensors with the
+    checkpoint; returns {"pieces", "elements", "bytes", "skipped",
+    "seconds", "checkpoint"} (skipped: ["name (why)"] of pieces the
+    checkpoint cannot show: a tensor it lacks, such as a tied lm_head,
+    or holds in another dtype).  Raises CheckpointMismatch on the first
+    difference, ValueError for a checkpoint that cannot be read.
+
+    named_tensors: the engine's (name, tensor) pairs, as attached
+    (wex.engine.select_parameters).  layout, rank: the engine's wex.Layout
+    and rank (the tensors are then its physical tensors, contiguous);
+    without a layout, tensors carry canonical names and shapes.  config:
+    the model's config.json, to map canonical names to the checkpoint's
+    (the hf layout; without it they are the same)."""
+    import numpy as np
+    import torch
+
+    t0 = time.monotonic()
+    ckpt = index(checkpoint)
+    names = _canonical(config, adapters) if config else {}
+    tensors = [(n, t) for n, t in named_tensors if t.numel()]
+    if layout is not None:
+        where = {n: (dt, tuple(shape), ps) for n, dt, shape, ps in layout.rank(rank)}
+    maps, skipped = {}, []
+    pieces = elements = nbytes = 0
+    for name, t in tensors:
+        own = (None,)
+        if layout is not None:
+            dt, shape, own = where.get(name, (None, None, ()))
+            if own and (torch_util.wex_dtype(t.dtype) != dt or tuple(t.shape) != shape or
+                        not t.is_contiguous()):
+                # Attaching refuses it, saying why; nothing to read here.
+                skipped.append("%s (the engine's %s %s%s is not the layout's %s %s)"
+                               % (name, torch_util.wex_dtype(t.dtype), list(t.shape),
+                                  "" if t.is_contiguous() else " strided", dt, list(shape)))
+                continue
+        # (piece or None, canonical name, its start, sampled deltas,
+        # checkpoint entry, the checkpoint's element offsets)
+        todo = []
+        for p in own:
+            if p is not None:
+                cname, dtype, extent = p.name.decode(), p.dtype_name, p.dims()
+                start = p.dims("start")
+            else:
+                # The whole canonical tensor, wherever its strides put it.
+                cname, dtype, extent = name, torch_util.wex_dtype(t.dtype), tuple(t.shape)
+                start = (0,) * len(extent)
+            if not all(extent):
+                continue
+            hname, hp = names.get(cname, (cname, None))
+            entry = ckpt.get(hname)
+            if entry is None:
+                skipped.append("%s (not in the checkpoint)" % cname)
+                continue
+            if entry[1] != dtype:
+                skipped.append("%s (the checkpoint holds %s, the engine %s)"
+                               % (cname, entry[1], dtype))
+                continue
+            shape = entry[2]
+            deltas = _sample(extent, elems)
+            if hp is not None:
+                cidx = _offsets(hp, deltas, start=start)
+            else:
+                # The checkpoint's tensor is the canonical one, C order.
+                cstr = np.array([int(np.prod(shape[d + 1:], dtype=np.int64))
+                                 for d in range(len(shape))], dtype=np.int64)
+                cidx = ((deltas + np.array(start, dtype=np.int64)) @ cstr if len(shape)
+                        else np.zeros(len(deltas), np.int64))
+            if len(shape) != len(extent) or cidx.min() < 0 or \
+                    (cidx.max() + 1) * wex.DTYPE_SIZE[dtype] > entry[4]:
+                skipped.append("%s (the checkpoint's shape %s does not hold the piece)"
+                               % (cname, list(shape)))
+                continue
+            todo.append((p, cname, start, deltas, entry, cidx))
+        if not todo:
+            continue
+        # One small gather on the tensor's device for all its pieces.
+        if layout is not None:
+            idx = np.concatenate([_offsets(p, deltas) for p, _, _, deltas, _, _ in todo])
+            got = _as_bytes(t.detach().reshape(-1)[torch.from_numpy(idx).to(t.device)])
+        else:
+            deltas = todo[0][3]
+            cols = tuple(torch.from_numpy(deltas[:, d]).to(t.device)
+                         for d in range(deltas.shape[1]))
+            got = _as_bytes(t.detach()[cols])
+        isz = t.element_size()
+        at = 0
+        for p, cname, start, deltas, entry, cidx in todo:
+            n = len(deltas) * isz
+            mine, want = got[at:at + n], _ckpt_bytes(maps, entry, cidx, isz)
+            at += n
+            if not np.array_equal(mine, want):
+                diff = (mine != want).reshape(-1, isz).any(axis=1)
+                bad = int(np.nonzero(diff)[0][0])
+                raise CheckpointMismatch(
+                    "engine tensor %s does not hold the checkpoint's %s where the layout %s "
+                    "places it: element %s differs (%d of %d sampled elements of this piece "
+                    "do; checkpoint %s): the engine re-laid out or transformed its weights "
+                    "after loading (an MoE kernel backend, quantization post-processing), "
+                    "was loaded from another checkpoint, or was already updated; a copy "
+                    "would be read wrong. Pass checkpoint=False to skip this check only if "
+                    "the engine reads the layout's bytes as they are"
+                    % (name, cname, layout.spec if layout is not None else "(canonical)",
+                       [int(deltas[bad][d]) + start[d] for d in range(len(start))],
+                       int(diff.sum()), len(deltas), entry[0]))
+            pieces += 1
+            elements += len(deltas)
+            nbytes += n
+    return {"checkpoint": checkpoint, "pieces": pieces, "elements": elements, "bytes": nbytes,
+            "skipped": skipped, "seconds": time.monotonic() - t0}
+

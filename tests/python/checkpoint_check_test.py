@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""checkpoint_check_test - wex.checkpoint.compare: does an engine hold its
+weights where its layout says, judged against the safetensors checkpoint
+it loaded?  CPU PyTorch; the engine's tensors are what `wexctl convert`
+writes for each rank of the layout (the bytes a correct engine holds).
+
+Checked, on a tiny Qwen3-MoE (4 experts, fused w13) and a dense Qwen2:
+  - vllm:tp=2 and sglang:tp=2 ranks of the MoE model against a sharded
+    checkpoint (two files): every piece the rank holds compared (the
+    count equals the layout's pieces), nothing skipped;
+  - same-shape re-layouts refused, naming the engine tensor, the
+    checkpoint tensor and the element: w13 as [w3; w1] (FlashInfer's
+    swap), an expert's gate rows reversed (a shuffle), one element
+    changed in the middle row of a piece, a padded-vocabulary
+    embedding's rows shifted; each fails compare() on the rank it is in;
+  - canonical names without a layout (hf), a strided (transposed view)
+    tensor with the same values passing;
+  - what the checkpoint cannot show is skipped with the reason: a tensor
+    it lacks, one stored in another dtype, an engine tensor not in the
+    layout's shape or dtype (attaching refuses it); the hook refuses a
+    rank with nothing compared (wex.engine.EngineRank);
+  - unreadable checkpoints refused naming the file: no safetensors file,
+    a truncated header, data offsets past the end, a tensor in two
+    files, a path that does not exist.
+Needs Debian's python3-torch and python3-numpy (exit 77 without).
+Environment: WEX_LIB, WEXCTL_BIN, PYTHONPATH with adapters/python.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+try:
+    __import__("numpy")  # wex.checkpoint reads the checkpoint with it
+    import torch
+except ImportError as e:
+    if __name__ == "__main__" and len(sys.argv) == 1:
+        print("checkpoint_check_test: skipped: no PyTorch/numpy for %s: %s" % (sys.executable, e))
+        sys.exit(77)
+    raise
+
+import wex
+import wex.engine
+from wex import checkpoint
+import layout_glue_test as glue
+
+MOE = dict(glue.CONFIG, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+           num_experts=4, moe_intermediate_size=32, head_dim=16, vocab_size=120)
+
+
+def tensors_of(path):
+    """{name: tensor} of a safetensors file wexctl convert wrote."""
+    out = {}
+    for name, (dt, shape, b) in glue.read_safetensors(path).items():
+        assert dt == "BF16", dt
+        out[name] = torch.frombuffer(bytearray(b), dtype=torch.int16).view(
+            torch.bfloat16).reshape(shape)
+    return out
+
+
+class CheckpointCompare(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="wex-ckpt-")
+        cls.dirs = {}
+        for name, cfg in (("moe", MOE), ("dense", glue.CONFIG)):
+            d = os.path.join(cls.tmp.name, name)
+            os.makedirs(os.path.join(d, "ckpt"))
+            path = os.path.join(d, "ckpt", "config.json")
+            with open(path, "w") as f:
+                json.dump(cfg, f)
+            hf = wex.Layout(path, "hf")
+            g = torch.Generator().manual_seed(5)
+            ts = [(n, dt, s, glue.to_bytes(torch.randn(s, generator=g).to(torch.bfloat16)))
+                  for n, dt, s, _ in hf.rank(0)]
+            # Sharded, as large checkpoints are.
+            half = len(ts) // 2
+            glue.write_safetensors(os.path.join(d, "ckpt", "model-00001-of-00002.safetensors"),
+                                   ts[:half])
+            glue.write_safetensors(os.path.join(d, "ckpt", "model-00002-of-00002.safetensors"),
+                                   ts[half:])
+            for spec in ("vllm:tp=2", "sglang:tp=2"):
+                out = os.path.join(d, spec.split(":")[0])
+                r = subprocess.run([os.environ["WEXCTL_BIN"], "convert", "--config", path,
+                                    "--from", "hf", "--to", spec, os.path.join(d, "ckpt"), out],
+                                   capture_output=True, text=True)
+                assert r.returncode == 0, "wexctl convert --to %s: %s" % (spec, r.stderr)
+            cls.dirs[name] = (d, path, ts)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def rank(self, model, engine, k):
+        d, cfg, _ = self.dirs[model]
+        layout = wex.Layout(cfg, "%s:tp=2" % engine)
+        return (tensors_of(os.path.join(d, engine, "rank-%d.safetensors" % k)), layout,
+                os.path.join(d, "ckpt"), cfg)
+
+    def compare(self, params, layout, ckpt, cfg, k):
+        return checkpoint.compare(list(params.items()), ckpt, layout=layout, rank=k, config=cfg)
+
+    def test_correct_ranks_pass(self):
+        for model in ("moe", "dense"):
+            for engine in ("vllm", "sglang"):
+                for k in range(2):
+                    params, layout, ckpt, cfg = self.rank(model, engine, k)
+                    rep = self.compare(params, layout, ckpt, cfg, k)
+                    npieces = sum(len(ps) for _, _, _, ps in layout.rank(k))
+                    self.assertEqual(rep["pieces"], npieces, (model, engine, k))
+                    self.assertEqual(rep["skipped"], [], (model, engine, k))
+                    self.assertGreater(rep["elements"], npieces)
+                    self.assertEqual(rep["bytes"], 2 * rep["elements"])
+
+    def assert_refused(self, params, layout, ckpt, cfg, k, tensor, canonical):
+        with self.assertRaises(checkpoint.CheckpointMismatch) as e:
+            self.compare(params, layout, ckpt, cfg, k)
+        msg = str(e.exception)
+        self.assertIn("engine tensor %s " % tensor, msg)
+        self.assertIn(canonical, msg)
+        self.assertIn(layout.spec, msg)
+        return msg
+
+    def test_same_shape_relayouts_refused(self):
+        # FlashInfer's w13 as [w3; w1]: the halves of every expert swapped.
+        for engine, w13 in (("vllm", "model.layers.1.mlp.experts.w13_weight"),
+                            ("sglang", "model.layers.1.mlp.experts.w13_weight")):
+            for k in range(2):
+                params, layout, ckpt, cfg = self.rank("moe", engine, k)
+                w = params[w13]
+                h = w.shape[1] // 2
+                params[w13] = torch.cat([w[:, h:], w[:, :h]], 1)
+                msg = self.assert_refused(params, layout, ckpt, cfg, k, w13,
+                                          "model.layers.1.mlp.experts.0.gate_proj.weight")
+                self.assertIn("element [%d, 0] differs" % (16 * k), msg)
+        # An expert's gate rows reversed (a shuffle that keeps the shape).
+        params, layout, ckpt, cfg = self.rank("moe", "vllm", 0)
+        w13 = "model.layers.0.mlp.experts.w13_weight"
+        params[w13] = params[w13].clone()
+        params[w13][2, :16] = params[w13][2, :16].flip(0)
+        self.assert_refused(params, layout, ckpt, cfg, 0, w13,
+                            "model.layers.0.mlp.experts.2.gate_proj.weight")
+        # One element of a middle row of w2 (down_proj of expert 3).
+        params, layout, ckpt, cfg = self.rank("moe", "vllm", 1)
+        w2 = "model.layers.0.mlp.experts.w2_weight"
+        params[w2] = params[w2].clone()
+        params[w2][3, 32, 0] += 1
+        msg = self.assert_refused(params, layout, ckpt, cfg, 1, w2,
+                                  "model.layers.0.mlp.experts.3.down_proj.weight")
+        self.assertIn("element [32, 16] differs (1 of", msg)
+        # Dense: the padded embedding's rows shifted by one.
+        params, layout, ckpt, cfg = self.rank("dense", "vllm", 0)
+        emb = "model.embed_tokens.weight"
+        params[emb] = params[emb].roll(1, 0)
+        self.assert_refused(params, layout, ckpt, cfg, 0, emb, emb)
+        # The other rank, untouched, still passes.
+        params, layout, ckpt, cfg = self.rank("dense", "vllm", 1)
+        self.assertGreater(self.compare(params, layout, ckpt, cfg, 1)["pieces"], 0)
+
+    def test_canonical_names(self):
+        d, cfg, ts = self.dirs["dense"]
+        params = {n: torch.frombuffer(bytearray(b), dtype=torch.int16).view(
+            torch.bfloat16).reshape(s) for n, _, s, b in ts}
+        ckpt = os.path.join(d, "ckpt")
+        for config in (cfg, None):
+            rep = checkpoint.compare(list(params.items()), ckpt, config=config)
+            self.assertEqual((rep["pieces"], rep["skipped"]), (len(params), []))
+        # A transposed view holding the same values (strides (1, rows)).
+        name = "model.layers.0.self_attn.q_proj.weight"
+        params[name] = params[name].t().contiguous().t()
+        self.assertFalse(params[name].is_contiguous())
+        self.assertEqual(checkpoint.compare(list(params.items()), ckpt)["pieces"], len(params))
+        params[name] = params[name].t()  # the transpose itself: other values per index
+        with self.assertRaises(checkpoint.CheckpointMismatch) as e:
+            checkpoint.compare(list(params.items()), ckpt)
+        self.assertIn("(canonical)", str(e.exception))
+
+    def test_skipped_and_nothing_compared(self):
+        d, cfg, ts = self.dirs["dense"]
+        sub = os.path.join(self.tmp.name, "partial")
+        os.makedirs(sub, exist_ok=True)
+        # lm_head left out, the final norm stored as F32.
+        kept = []
+        for n, dt, s, b in ts:
+            if n == "lm_head.weight":
+                continue
+            if n == "model.norm.weight":
+                t = torch.frombuffer(bytearray(b), dtype=torch.int16).view(torch.bfloat16)
+                dt, b = "F32", t.float().numpy().tobytes()
+            kept.append((n, dt, s, b))
+        glue.write_safetensors(os.path.join(sub, "model.safetensors"), kept)
+        params, layout, _, _ = self.rank("dense", "vllm", 0)
+        rep = self.compare(params, layout, sub, cfg, 0)
+        self.assertEqual(sorted(rep["skipped"]),
+                         ["lm_head.weight (not in the checkpoint)",
+                          "model.norm.weight (the checkpoint holds F32, the engine BF16)"])
+        self.assertGreater(rep["pieces"], 0)
+        # An engine tensor not in the layout's shape or dtype is left to
+        # attach_module's refusal, named here.
+        bad = dict(params)
+        bad["model.norm.weight"] = torch.zeros(63, dtype=torch.bfloat16)
+        bad["model.layers.0.input_layernorm.weight"] = torch.zeros(64)
+        rep = self.compare(bad, layout, os.path.join(d, "ckpt"), cfg, 0)
+        self.assertEqual(sorted(rep["skipped"]),
+                         ["model.layers.0.input_layernorm.weight (the engine's F32 [64] is "
+                          "not the layout's BF16 [64])",
+                          "model.norm.weight (the engine's BF16 [63] is not the layout's "
+                          "BF16 [64])"])
+        # A checkpoint that shows none of the rank's tensors: EngineRank
+        # refuses rather than call that checked.
+        glue.write_safetensors(os.path.join(sub, "model.safetensors"),
+                               [("other.weight", "BF16", (2,), b"\0" * 4)])
+        with self.assertRaises(ValueError) as e:
+            wex.engine.EngineRank("m", list(params.items()), rank=0, world_size=2,
+                                  layout=layout, checkpoint=sub, config=cfg)
+        self.assertIn("nothing compared", str(e.exception))
+
+    def test_bad_checkpoints(self):
+        params, layout, _, cfg = self.rank("dense", "vllm", 0)
+        base = os.path.join(self.tmp.name, "bad")
+
+        def fresh(name):
+            p = os.path.join(base, name)
+            shutil.rmtree(p, ignore_errors=True)
+            os.makedirs(p)
+            return p
+
+        def refused(path, *words):
+            with self.assertRaises(ValueError) as e:
+                self.compare(params, layout, path, cfg, 0)
+            self.assertNotIsInstance(e.exception, checkpoint.CheckpointMismatch)
+            for w in words:
+                self.assertIn(w, str(e.exception))
+
+        refused(fresh("empty"), "no .safetensors file")
+        refused(os.path.join(base, "missing"), "no such file")
+        p = fresh("short")
+        with open(os.path.join(p, "model.safetensors"), "wb") as f:
+            f.write(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+        refused(p, "model.safetensors", "not a safetensors file")
+        p = fresh("past")
+        glue.write_safetensors(os.path.join(p, "model.safetensors"),
+                               [("model.norm.weight", "BF16", (64,), b"\0" * 128)])
+        with open(os.path.join(p, "model.safetensors"), "r+b") as f:
+            f.truncate(os.path.getsize(os.path.join(p, "model.safetensors")) - 2)
+        refused(p, "model.norm.weight", "outside the file")
+        p = fresh("twice")
+        for i in (1, 2):
+            glue.write_safetensors(os.path.join(p, "m%d.safetensors" % i),
+                                   [("model.norm.weight", "BF16", (64,), b"\0" * 128)])
+        refused(p, "model.norm.weight", "m1.safetensors", "m2.safetensors")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
