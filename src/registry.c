@@ -203,7 +203,8 @@ static void memory_gone(struct model *m)
 			continue;
 		/* (A rank that passed the round, 2, holds no lease of it:
 		 * either it waits for a newer version, or it held this one
-		 * before the round opened and, like its peers, syncs again.) */
+		 * before the round opened, or it took the round and left or
+		 * failed, and, like its peers, syncs again.) */
 		for (uint32_t i = 0; i < g->world; i++)
 			if (g->taken[i] == 1 && g->ranks[i] && !g->lost[i]) {
 				g->lost[i] = 1;
@@ -1218,11 +1219,17 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 		if (v < c->wait_version)
 			return 0;
 	} else if (g->round_open) {
-		/* This rank already took the round: peers first.  One that
-		 * passed it (2: it held the version, or the slot's previous
-		 * process did, or took the round and left) and now asks for
-		 * that version takes it like any rank (counted once). */
-		if (g->taken[c->rank] != 2 || g->round_version < c->wait_version)
+		/* This rank already took the round: for a newer version, peers
+		 * first.  One that asks for the round's version again takes it
+		 * again (counted once) where it holds it (took it and was
+		 * served it by this wexd in this epoch: a repeated request, as
+		 * while a peer never syncs), or passed it (2: it held the
+		 * version, or the slot's previous process did, or took the
+		 * round and left, or its sync of it failed). */
+		if (g->round_version < c->wait_version)
+			return 0;
+		if (g->taken[c->rank] == 1 &&
+		    (c->served_version != g->round_version || c->served_epoch != m->epoch))
 			return 0;
 		v = g->round_version;
 		g->ntaken--;
@@ -1374,6 +1381,12 @@ json_t *wexd_release(struct wexd *d, struct conn *c, json_t *req)
 	 * waits for this rank instead of passing it. */
 	if (failed && c->served_version == c->lease_version)
 		c->served_version = 0;
+	/* And if it took its group's open round on that version, it may take
+	 * it again at once (2: passed, counted once), as the slot of a rank
+	 * that left may: its retry must not wait for idle peers. */
+	if (failed && c->group->round_open && c->group->round_version == c->lease_version &&
+	    c->group->taken[c->rank] == 1)
+		c->group->taken[c->rank] = 2;
 	lease_drop(c->model, c);
 	return wex__reply_ok();
 }

@@ -18,7 +18,11 @@
  *      for it (begin_write EBUSY), until it syncs again.
  *   5. a rank that took an open round and died: its restarted process
  *      takes the round's version at once (its peer idle), and the round
- *      still waits for the peer.
+ *      still waits for the peer;
+ *   6. likewise a rank that took an open round and said its sync failed:
+ *      its retry takes the version at once;
+ *   7. a rank that took an open round and syncs its version again (its
+ *      peer idle) gets it at once, nothing to copy.
  * Rank 1
  * passes the round its peer opens because it holds v1 from this wexd in
  * this epoch; a rank that never took v1 would still be waited for (the
@@ -189,6 +193,74 @@ int main(void)
 	}
 	copy_into(&W[1], "mid", 1, 5);
 	next_version(6, "a restarted rank took its group's open round");
+	for (uint32_t r = 0; r < 2; r++)
+		t_cons_close(&W[r]);
+
+	/* 6. Rank 0 of group "fail" (raw protocol) takes v6, the round
+	 * waiting for rank 1, and says its sync failed; its retry takes v6
+	 * at once (before: it waited for idle rank 1, ETIMEDOUT), and the
+	 * round still waits for rank 1. */
+	{
+		int fd = t_raw_connect(d.sock);
+		json_t *rep;
+		char req[256];
+		int ret;
+
+		snprintf(req, sizeof(req),
+			 "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"%s\","
+			 "\"group\":\"fail\",\"rank\":0,\"world\":2}", MODEL);
+		rep = t_raw_rpc(fd, req, NULL, 0);
+		T_ASSERT(!strcmp(t_code(rep), "OK"), "fail rank 0: hello: %s", t_msg(rep));
+		json_decref(rep);
+		t_cons_open_from(&W[1], MODEL, "fail", PRESET, 1, 2, 1);
+		rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"acquire\",\"min_version\":6,\"mode\":1,"
+				    "\"timeout_ms\":5000}", NULL, 0);
+		T_ASSERT(!strcmp(t_code(rep), "OK"), "fail rank 0: acquire v6: %s", t_msg(rep));
+		json_decref(rep);
+		rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"release\",\"version\":6,\"failed\":true}",
+				NULL, 0);
+		T_ASSERT(!strcmp(t_code(rep), "OK"), "fail rank 0: release: %s", t_msg(rep));
+		json_decref(rep);
+		rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"acquire\",\"min_version\":6,\"mode\":1,"
+				    "\"timeout_ms\":1500}", NULL, 0);
+		T_ASSERT(!strcmp(t_code(rep), "OK"), "fail rank 0: acquire v6 again after a failed "
+			 "sync, its peer idle: %s, expected it at once", t_msg(rep));
+		json_decref(rep);
+		rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"release\",\"version\":6}", NULL, 0);
+		T_ASSERT(!strcmp(t_code(rep), "OK"), "fail rank 0: release: %s", t_msg(rep));
+		json_decref(rep);
+		ret = wex_begin_write(P[0].c, 7, 300);
+		T_ASSERT(ret == -EBUSY, "begin_write v7 while group fail's round on v6 waits for "
+			 "rank 1: %s, expected EBUSY", wex_strerror(ret));
+		copy_into(&W[1], "fail", 1, 6);
+		next_version(7, "a rank whose sync failed took its group's round again");
+		close(fd);
+		t_cons_close(&W[1]);
+	}
+
+	/* 7. Rank 0 of group "again" copies v7, the round waiting for rank
+	 * 1, and syncs v7 again (a repeated request while its peer has not
+	 * synced, or never will): it gets v7 at once, nothing to copy
+	 * (before: it waited for rank 1, ETIMEDOUT); the round still waits
+	 * for rank 1. */
+	for (uint32_t r = 0; r < 2; r++)
+		t_cons_open_from(&W[r], MODEL, "again", PRESET, r, 2, r);
+	copy_into(&W[0], "again", 0, 7);
+	{
+		struct wex_sync_result res;
+		int ret = wex_sync(W[0].c, WEX_SYNC_COPY, 7, 1500, &res);
+
+		T_ASSERT(ret == 0, "again rank 0: v7 again while its group's round waits for rank "
+			 "1: %s (%s), expected it at once", wex_strerror(ret), wex_last_error(W[0].c));
+		T_ASSERT(res.version == 7 && res.changed == 0,
+			 "again rank 0: v%llu again, %d changed: expected v7, nothing copied",
+			 (unsigned long long)res.version, (int)res.changed);
+		ret = wex_begin_write(P[0].c, 8, 300);
+		T_ASSERT(ret == -EBUSY, "begin_write v8 while group again's round on v7 waits for "
+			 "rank 1: %s, expected EBUSY", wex_strerror(ret));
+	}
+	copy_into(&W[1], "again", 1, 7);
+	next_version(8, "a rank synced its group's open round again");
 	for (uint32_t r = 0; r < 2; r++)
 		t_cons_close(&W[r]);
 

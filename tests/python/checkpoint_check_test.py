@@ -17,9 +17,13 @@ Checked, on a tiny Qwen3-MoE (4 experts, fused w13) and a dense Qwen2:
   - canonical names without a layout (hf), a strided (transposed view)
     tensor with the same values passing;
   - what the checkpoint cannot show is skipped with the reason: a tensor
-    it lacks, one stored in another dtype, an engine tensor not in the
-    layout's shape or dtype (attaching refuses it); the hook refuses a
-    rank with nothing compared (wex.engine.EngineRank);
+    it lacks, one stored in a dtype the engine's cannot be cast from
+    (F8 for BF16), an engine tensor not in the layout's shape or dtype
+    (attaching refuses it); F32 and F16 checkpoints compared after the
+    cast to the engine's BF16 that its loader does; a rank with nothing
+    compared refused when the checkpoint was given, "not checked" when
+    the hook chose it (wex.engine.EngineRank); the hook's choice
+    (checkpoint_for); model.safetensors.index.json selecting the files;
   - unreadable checkpoints refused naming the file: no safetensors file,
     a truncated header, data offsets past the end, a tensor in two
     files, a path that does not exist.
@@ -28,6 +32,7 @@ Environment: WEX_LIB, WEXCTL_BIN, PYTHONPATH with adapters/python.
 """
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -183,13 +188,17 @@ class CheckpointCompare(unittest.TestCase):
         d, cfg, ts = self.dirs["dense"]
         sub = os.path.join(self.tmp.name, "partial")
         os.makedirs(sub, exist_ok=True)
-        # lm_head left out, the final norm stored as F32.
+        # lm_head left out, the final norm stored as F8_E4M3 (no cast to
+        # BF16 is the engine's), the embedding as F32 and layer 0's q_proj
+        # as F16 (cast as the engine's loader casts them: compared).
         kept = []
         for n, dt, s, b in ts:
+            t = torch.frombuffer(bytearray(b), dtype=torch.int16).view(torch.bfloat16)
             if n == "lm_head.weight":
                 continue
             if n == "model.norm.weight":
-                t = torch.frombuffer(bytearray(b), dtype=torch.int16).view(torch.bfloat16)
+                dt, b = "F8_E4M3", b[:len(b) // 2]
+            elif n == "model.embed_tokens.weight":
                 dt, b = "F32", t.float().numpy().tobytes()
             kept.append((n, dt, s, b))
         glue.write_safetensors(os.path.join(sub, "model.safetensors"), kept)
@@ -197,8 +206,29 @@ class CheckpointCompare(unittest.TestCase):
         rep = self.compare(params, layout, sub, cfg, 0)
         self.assertEqual(sorted(rep["skipped"]),
                          ["lm_head.weight (not in the checkpoint)",
-                          "model.norm.weight (the checkpoint holds F32, the engine BF16)"])
-        self.assertGreater(rep["pieces"], 0)
+                          "model.norm.weight (the checkpoint holds F8_E4M3, the engine BF16)"])
+        npieces = sum(len(ps) for _, _, _, ps in layout.rank(0))
+        self.assertEqual(rep["pieces"], npieces - 2)
+        # An F32 checkpoint of values BF16 cannot hold: the engine holds
+        # them rounded (torch's .to, as its loader's copy_); compared so.
+        name = "model.layers.0.self_attn.q_proj.weight"
+        full = torch.randn(64, 64, generator=torch.Generator().manual_seed(9))
+        f16 = torch.randn(32, 64, generator=torch.Generator().manual_seed(8)).half()
+        glue.write_safetensors(os.path.join(sub, "model.safetensors"),
+                               [(name, "F32", (64, 64), full.numpy().tobytes()),
+                                ("model.layers.0.self_attn.k_proj.weight", "F16", (32, 64),
+                                 f16.view(torch.int16).numpy().tobytes())])
+        qkv = "model.layers.0.self_attn.qkv_proj.weight"
+        params[qkv] = params[qkv].clone()
+        params[qkv][:32] = full[:32].to(torch.bfloat16)       # rank 0's q rows
+        params[qkv][32:48] = f16[:16].to(torch.bfloat16)      # its k rows
+        rep = self.compare(params, layout, sub, cfg, 0)
+        self.assertEqual(rep["pieces"], 2)
+        params[qkv][0, 5] = full[0, 5].to(torch.bfloat16) + 1  # one element off
+        with self.assertRaises(checkpoint.CheckpointMismatch) as e:
+            self.compare(params, layout, sub, cfg, 0)
+        self.assertIn("element [0, 5] differs", str(e.exception))
+        params, layout, _, _ = self.rank("dense", "vllm", 0)
         # An engine tensor not in the layout's shape or dtype is left to
         # attach_module's refusal, named here.
         bad = dict(params)
@@ -211,13 +241,68 @@ class CheckpointCompare(unittest.TestCase):
                           "model.norm.weight (the engine's BF16 [63] is not the layout's "
                           "BF16 [64])"])
         # A checkpoint that shows none of the rank's tensors: EngineRank
-        # refuses rather than call that checked.
+        # refuses one it was given rather than call that checked, and says
+        # "not checked" for one it chose itself (checkpoint_auto).
         glue.write_safetensors(os.path.join(sub, "model.safetensors"),
                                [("other.weight", "BF16", (2,), b"\0" * 4)])
         with self.assertRaises(ValueError) as e:
             wex.engine.EngineRank("m", list(params.items()), rank=0, world_size=2,
                                   layout=layout, checkpoint=sub, config=cfg)
         self.assertIn("nothing compared", str(e.exception))
+        # (checkpoint_auto gets as far as the client: no wexd here.)
+        with self.assertRaises(wex.WexError):
+            wex.engine.EngineRank("m", list(params.items()), rank=0, world_size=2,
+                                  layout=layout, checkpoint=sub, config=cfg,
+                                  checkpoint_auto=True, socket=os.path.join(sub, "none.sock"),
+                                  timeout_ms=200)
+
+    def test_checkpoint_for(self):
+        """The hooks' choice of checkpoint (wex.engine.checkpoint_for)."""
+        d, cfg, _ = self.dirs["dense"]
+        ck = os.path.join(d, "ckpt")
+        cf = wex.engine.checkpoint_for
+        self.assertEqual(cf(None, ck, "auto"), (ck, None, True))
+        self.assertEqual(cf(None, ck, "fastsafetensors"), (ck, None, True))
+        self.assertEqual(cf(None, "org/model", "safetensors", config=os.path.join(ck, "x.json")),
+                         (ck, None, True))
+        self.assertEqual(cf(None, ck, "dummy")[:2], (None, "the engine's load_format is dummy"))
+        self.assertEqual(cf(None, ck, None)[1], "the engine's load_format is unknown")
+        self.assertEqual(cf(None, d, "auto")[1], "no .safetensors checkpoint found at %s" % d)
+        self.assertEqual(cf(False, ck, "auto")[:2], (None, "checkpoint=False"))
+        # Given: used as given (a pathlib.Path too), not chosen here ...
+        self.assertEqual(cf(pathlib.Path(ck), d, "pt"), (ck, None, False))
+        with self.assertRaises(ValueError):
+            cf(ck, d, "dummy")
+        with self.assertRaises(ValueError):
+            cf(3, d, "auto")
+        # ... and neither once a sync changed the weights.
+        for given in (None, ck):
+            self.assertEqual(cf(given, ck, "auto", updated=True)[:2],
+                             (None, "a sync changed the weights since the engine loaded them"))
+
+    def test_index_json(self):
+        """A directory with both a merged file and shards: the files its
+        model.safetensors.index.json maps are read (as vLLM does)."""
+        d, cfg, ts = self.dirs["dense"]
+        both = os.path.join(self.tmp.name, "both")
+        shutil.copytree(os.path.join(d, "ckpt"), both)
+        glue.write_safetensors(os.path.join(both, "model.safetensors"), ts)
+        with self.assertRaises(ValueError) as e:
+            checkpoint.index(both)
+        self.assertIn("is in both", str(e.exception))
+        half = len(ts) // 2
+        wm = {n: "model-0000%d-of-00002.safetensors" % (1 if i < half else 2)
+              for i, (n, _, _, _) in enumerate(ts)}
+        with open(os.path.join(both, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": wm}, f)
+        got = checkpoint.index(both)
+        self.assertEqual(sorted(got), sorted(n for n, _, _, _ in ts))
+        self.assertNotIn("model.safetensors", {os.path.basename(v[0]) for v in got.values()})
+        with open(os.path.join(both, "model.safetensors.index.json"), "w") as f:
+            f.write("[1]")
+        with self.assertRaises(ValueError) as e:
+            checkpoint.index(both)
+        self.assertIn("not a safetensors index", str(e.exception))
 
     def test_bad_checkpoints(self):
         params, layout, _, cfg = self.rank("dense", "vllm", 0)

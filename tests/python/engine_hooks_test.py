@@ -60,6 +60,7 @@ Environment: WEX_LIB, WEXD_BIN, WEXCTL_BIN, PYTHONPATH with adapters/python.
 """
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -856,11 +857,40 @@ class EngineHooks(WexdProducerCase):
             self.assert_holds(params_of(modules[k]), "vllm", k)
         # The weights are the trainer's now, not the checkpoint's: attaching
         # again (after a detach) does not compare them.
-        on(0, "wex_detach")
-        info = on(0, "wex_attach", model=MODEL, group="vllm-ck")
-        self.assertEqual(info["checkpoint_check"],
-                         "not checked: a sync changed the weights since the engine loaded them")
-        self.assertEqual(on(0, "wex_sync", min_version=v)["version"], v)
+        # Named explicitly, nor then.
+        for given in (None, ck):
+            on(0, "wex_detach")
+            info = on(0, "wex_attach", model=MODEL, group="vllm-ck", checkpoint=given)
+            self.assertEqual(info["checkpoint_check"], "not checked: a sync changed the "
+                             "weights since the engine loaded them")
+            self.assertEqual(on(0, "wex_sync", min_version=v)["version"], v)
+        # A model directory whose checkpoint shows none of the rank's
+        # tensors (other names): chosen automatically, it is "not
+        # checked", saying why; named explicitly, it is refused.
+        other = os.path.join(self.tmp.name, "ckpt-other")
+        if not os.path.isdir(other):
+            os.mkdir(other)
+            shutil.copy(os.path.join(ck, "config.json"), other)
+            glue.write_safetensors(os.path.join(other, "model.safetensors"),
+                                   [("transformer.wte.weight", "BF16", (2,), b"\0" * 4)])
+        w3 = VllmWorker(other, module_of(self.loaded_params("vllm", 0)), load_format="auto")
+        self.addCleanup(w3.wex_detach)
+        set_par(tp=(2, 0))
+        chk = w3.wex_attach(model=MODEL, group="vllm-other")["checkpoint_check"]
+        self.assertTrue(chk.startswith("not checked: %s shows none of this rank's parameters"
+                                       % other), chk)
+        w3.wex_detach()
+        with self.assertRaises(ValueError) as e:
+            w3.wex_attach(model=MODEL, group="vllm-other", checkpoint=other)
+        self.assertIn("nothing compared", str(e.exception))
+        # The refusal of an automatic choice says so, and how to skip it.
+        m4 = module_of(self.loaded_params("vllm", 0))
+        self.swap_gate_up(m4)
+        w4 = VllmWorker(ck, m4, load_format="auto")
+        with self.assertRaises(wex.checkpoint.CheckpointMismatch) as e:
+            w4.wex_attach(model=MODEL, group="vllm-other")
+        self.assertIn("checkpoint=None compared with the model directory", str(e.exception))
+        self.assertIn("checkpoint=False", str(e.exception))
 
         # Dummy weights: not compared, and checkpoint= is refused.
         m = module_of(self.loaded_params("vllm", 0))
@@ -933,11 +963,37 @@ class EngineHooks(WexdProducerCase):
         self.assertEqual(load(0, req)["version"], v)
         self.assertEqual(wex.sglang._ranks[id(models[0])][0].describe()["checkpoint_check"],
                          "not checked: a sync changed the weights since the engine loaded them")
-        # checkpoint=False for the rank that re-laid out: attaches.
+        # checkpoint=False for the rank that re-laid out: attaches; later
+        # requests need not repeat it.
         req2 = wex.sglang.request(MODEL, group="sg-ck2", min_version=v, checkpoint=False)
-        self.addCleanup(load, 1, wex.sglang.request(MODEL, group="sg-ck2", checkpoint=False,
-                                                    detach=True))
+        self.addCleanup(load, 1, wex.sglang.request(MODEL, group="sg-ck2", detach=True))
         self.assertEqual(load(1, req2)["version"], v)
+        self.assertEqual(load(1, wex.sglang.request(MODEL, group="sg-ck2", min_version=v))
+                         ["version"], v)
+        # A pathlib.Path is a path.
+        self.assertIn(ck, wex.sglang.request(MODEL, checkpoint=pathlib.Path(ck))[0][0])
+
+    def test_sglang_ue8m0(self):
+        """SGLang's DeepGEMM UE8M0 requantization of block-FP8 scales
+        (deep_gemm_wrapper.DEEPGEMM_SCALE_UE8M0): the automatic checkpoint
+        comparison is skipped for such models."""
+        d = self.tmp.name
+        fp8 = os.path.join(d, "fp8.json")
+        with open(fp8, "w") as f:
+            json.dump(dict(glue.CONFIG, quantization_config={
+                "quant_method": "fp8", "weight_block_size": [128, 128]}), f)
+        mod = types.ModuleType("sglang.srt.layers.deep_gemm_wrapper")
+        mod.DEEPGEMM_SCALE_UE8M0 = False
+        layers = types.ModuleType("sglang.srt.layers")
+        layers.deep_gemm_wrapper = mod
+        for name, m in (("sglang.srt.layers", layers),
+                        ("sglang.srt.layers.deep_gemm_wrapper", mod)):
+            self.addCleanup(sys.modules.pop, name, None)
+            sys.modules[name] = m
+        self.assertFalse(wex.sglang._ue8m0_requant(fp8))
+        mod.DEEPGEMM_SCALE_UE8M0 = True
+        self.assertTrue(wex.sglang._ue8m0_requant(fp8))
+        self.assertFalse(wex.sglang._ue8m0_requant(os.path.join(d, "config.json")))
 
     def test_trainer_rank(self):
         """wex.trainer.TrainerRank: Megatron tp=2 ranks registered through

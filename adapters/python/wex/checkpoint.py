@@ -48,17 +48,36 @@ class CheckpointMismatch(ValueError):
 def index(checkpoint):
     """{name: (path, dtype, shape, data offset in the file, nbytes)} of
     every tensor in `checkpoint` (a .safetensors file, or a directory:
-    every *.safetensors in it, as sharded checkpoints keep them).  Raises
-    ValueError naming the file for one that is not safetensors, a tensor
-    in two files, or a directory with none."""
+    the files its model.safetensors.index.json maps, else every
+    *.safetensors in it, as sharded checkpoints keep them).  Raises
+    ValueError naming the file for one that cannot be read or is not
+    safetensors, a tensor in two files, or a directory with none."""
+    checkpoint = os.fspath(checkpoint)
     if os.path.isdir(checkpoint):
         files = sorted(glob.glob(os.path.join(checkpoint, "*.safetensors")))
+        idx = os.path.join(checkpoint, "model.safetensors.index.json")
+        if os.path.isfile(idx):
+            # What the engines read where both a merged file and shards
+            # are there (vLLM's filter_duplicate_safetensors_files).
+            try:
+                with open(idx) as f:
+                    mapped = set(json.load(f)["weight_map"].values())
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                raise ValueError("%s: not a safetensors index (%s)" % (idx, e)) from None
+            files = [f for f in files if os.path.basename(f) in mapped]
         if not files:
             raise ValueError("checkpoint %s holds no .safetensors file" % checkpoint)
     elif os.path.isfile(checkpoint):
         files = [checkpoint]
     else:
         raise ValueError("checkpoint %s: no such file or directory" % checkpoint)
+    try:
+        return _read_headers(files)
+    except OSError as e:
+        raise ValueError("checkpoint %s: %s" % (checkpoint, e)) from None
+
+
+def _read_headers(files):
     out = {}
     for path in files:
         with open(path, "rb") as f:
@@ -154,24 +173,44 @@ def _canonical(config, adapters):
     return out
 
 
-def _as_bytes(x):
-    """The bytes of the elements of tensor x, in order, as a numpy uint8
-    array (copied to the host)."""
+_INT_OF_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+# Float types an engine may load a checkpoint's tensor as (its --dtype);
+# the loader's copy_ casts, round to nearest even, as torch's .to does.
+_FLOATS = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def _ints(t):
+    """t (detached) viewed as integers of its element size: indexing works
+    on those for every dtype (not on float8 in every PyTorch)."""
     import torch
 
-    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
-    return x.detach().reshape(-1).contiguous().view(view).cpu().numpy().view("u1")
+    return t.detach().view(getattr(torch, _INT_OF_SIZE[t.element_size()]))
 
 
-def _ckpt_bytes(maps, entry, idx, isz):
+def _as_bytes(x):
+    """The bytes of the elements of integer tensor x, in order, as a numpy
+    uint8 array (copied to the host)."""
+    return x.reshape(-1).contiguous().cpu().numpy().view("u1")
+
+
+def _ckpt_bytes(maps, entry, idx, dtype):
+    """The bytes of the checkpoint tensor's elements at `idx`, cast to
+    `dtype` (the engine's) where the checkpoint holds another float type."""
     import numpy as np
+    import torch
 
-    path, _, _, data, _ = entry
+    path, have, _, data, _ = entry
+    isz = wex.DTYPE_SIZE[have]
     mm = maps.get(path)
     if mm is None:
         mm = maps[path] = np.memmap(path, dtype=np.uint8, mode="r")
     pos = data + idx[:, None] * isz + np.arange(isz, dtype=np.int64)
-    return np.asarray(mm[pos.reshape(-1)])
+    raw = np.ascontiguousarray(mm[pos.reshape(-1)])
+    if have == dtype:
+        return raw
+    ints = torch.from_numpy(raw.view(_INT_OF_SIZE[isz]))
+    cast = ints.view(getattr(torch, _FLOATS[have])).to(getattr(torch, _FLOATS[dtype]))
+    return _as_bytes(_ints(cast))
 
 
 def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapters=None,
@@ -229,13 +268,17 @@ def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapter
             if entry is None:
                 skipped.append("%s (not in the checkpoint)" % cname)
                 continue
-            if entry[1] != dtype:
+            if entry[1] != dtype and (entry[1] not in _FLOATS or dtype not in _FLOATS):
                 skipped.append("%s (the checkpoint holds %s, the engine %s)"
                                % (cname, entry[1], dtype))
                 continue
             shape = entry[2]
             deltas = _sample(extent, elems)
             if hp is not None:
+                if shape != hp.dims("shape"):
+                    skipped.append("%s (the checkpoint's shape %s is not the config's %s)"
+                                   % (cname, list(shape), list(hp.dims("shape"))))
+                    continue
                 cidx = _offsets(hp, deltas, start=start)
             else:
                 # The checkpoint's tensor is the canonical one, C order.
@@ -244,7 +287,7 @@ def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapter
                 cidx = ((deltas + np.array(start, dtype=np.int64)) @ cstr if len(shape)
                         else np.zeros(len(deltas), np.int64))
             if len(shape) != len(extent) or cidx.min() < 0 or \
-                    (cidx.max() + 1) * wex.DTYPE_SIZE[dtype] > entry[4]:
+                    (cidx.max() + 1) * wex.DTYPE_SIZE[entry[1]] > entry[4]:
                 skipped.append("%s (the checkpoint's shape %s does not hold the piece)"
                                % (cname, list(shape)))
                 continue
@@ -254,17 +297,18 @@ def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapter
         # One small gather on the tensor's device for all its pieces.
         if layout is not None:
             idx = np.concatenate([_offsets(p, deltas) for p, _, _, deltas, _, _ in todo])
-            got = _as_bytes(t.detach().reshape(-1)[torch.from_numpy(idx).to(t.device)])
+            got = _as_bytes(_ints(t).reshape(-1)[torch.from_numpy(idx).to(t.device)])
         else:
             deltas = todo[0][3]
             cols = tuple(torch.from_numpy(deltas[:, d]).to(t.device)
                          for d in range(deltas.shape[1]))
-            got = _as_bytes(t.detach()[cols])
+            got = _as_bytes(_ints(t)[cols])
         isz = t.element_size()
         at = 0
         for p, cname, start, deltas, entry, cidx in todo:
             n = len(deltas) * isz
-            mine, want = got[at:at + n], _ckpt_bytes(maps, entry, cidx, isz)
+            mine = got[at:at + n]
+            want = _ckpt_bytes(maps, entry, cidx, torch_util.wex_dtype(t.dtype))
             at += n
             if not np.array_equal(mine, want):
                 diff = (mine != want).reshape(-1, isz).any(axis=1)
@@ -274,9 +318,10 @@ def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapter
                     "places it: element %s differs (%d of %d sampled elements of this piece "
                     "do; checkpoint %s): the engine re-laid out or transformed its weights "
                     "after loading (an MoE kernel backend, quantization post-processing), "
-                    "was loaded from another checkpoint, or was already updated; a copy "
-                    "would be read wrong. Pass checkpoint=False to skip this check only if "
-                    "the engine reads the layout's bytes as they are"
+                    "was loaded from another checkpoint, or its weights were changed since "
+                    "(its own weight-update API, sleep mode level 2); a copy would be read "
+                    "wrong. Pass checkpoint=False to skip this check only if the engine "
+                    "reads the layout's bytes as they are"
                     % (name, cname, layout.spec if layout is not None else "(canonical)",
                        [int(deltas[bad][d]) + start[d] for d in range(len(start))],
                        int(diff.sum()), len(deltas), entry[0]))

@@ -97,35 +97,41 @@ _SAFETENSORS_FORMATS = ("auto", "safetensors", "fastsafetensors")
 
 def checkpoint_for(checkpoint, model_path, load_format, config=None, updated=False):
     """(the checkpoint to compare an engine's weights with before its
-    first copy, or None; why None): wex.checkpoint.compare, run by
-    EngineRank(checkpoint=).  checkpoint: False (never), a path (always;
-    refused for an engine started with dummy weights), or None (auto:
-    the engine's model directory, or, for a hub id, the directory of
-    its cached `config`, when it holds .safetensors files that the
-    engine's load_format reads and `updated` is False, i.e. no sync of
-    this process has changed the weights since they were loaded)."""
+    first copy, or None; why None; whether it was chosen here):
+    wex.checkpoint.compare, run by EngineRank(checkpoint=).  checkpoint:
+    False (never), a path (refused for an engine started with dummy
+    weights), or None (auto: the engine's model directory, or, for a hub
+    id, the directory of its cached `config`, when it holds .safetensors
+    files that the engine's load_format, auto, safetensors or
+    fastsafetensors, reads).  Either way not once `updated`: a sync of
+    this process changed the weights since they were loaded."""
     lf = getattr(load_format, "value", load_format)
     lf = str(lf).lower() if lf is not None else None
     if checkpoint is False:
-        return None, "checkpoint=False"
+        return None, "checkpoint=False", False
     if checkpoint is not None:
+        try:
+            checkpoint = os.fspath(checkpoint)
+        except TypeError:
+            checkpoint = None
         if not isinstance(checkpoint, str) or not checkpoint:
-            raise ValueError("checkpoint must be a path, False or None, not %r" % (checkpoint,))
+            raise ValueError("checkpoint must be a path, False or None")
         if lf == "dummy":
             raise ValueError("checkpoint=%r given, but the engine was started with "
                              "load_format='dummy': its weights are random, not the "
                              "checkpoint's" % checkpoint)
-        return checkpoint, None
     if updated:
-        return None, "a sync changed the weights since the engine loaded them"
+        return None, "a sync changed the weights since the engine loaded them", False
+    if checkpoint is not None:
+        return checkpoint, None, False
     if lf not in _SAFETENSORS_FORMATS:
         return None, ("the engine's load_format is %s" % lf if lf else
-                      "the engine's load_format is unknown")
+                      "the engine's load_format is unknown"), False
     d = model_path if model_path and os.path.isdir(model_path) else (
         os.path.dirname(config) if config else None)
     if not d or not glob.glob(os.path.join(d, "*.safetensors")):
-        return None, "no .safetensors checkpoint found at %s" % (d or model_path)
-    return d, None
+        return None, "no .safetensors checkpoint found at %s" % (d or model_path), False
+    return d, None, True
 
 
 def stages_from_env(name, pp):
@@ -253,7 +259,7 @@ class EngineRank:
     def __init__(self, model, named_parameters, *, rank=0, world_size=1, layout=None,
                  config=None, adapters=None, group=None, socket=None, timeout_ms=None,
                  copy_threads=None, device=None, strip_prefix=None, ignore=(),
-                 checkpoint=None):
+                 checkpoint=None, checkpoint_auto=False):
         self.layout = as_layout(layout, config, adapters, world_size, "engine")
         if not 0 <= rank < world_size:
             raise ValueError("rank %d is not in 0..%d" % (rank, world_size - 1))
@@ -270,17 +276,32 @@ class EngineRank:
         if checkpoint:
             from wex import checkpoint as ckpt
 
-            rep = ckpt.compare(items, checkpoint, layout=self.layout,
-                               rank=rank if self.layout else 0, config=config,
-                               adapters=adapters)
-            if not rep["pieces"]:
+            try:
+                rep = ckpt.compare(items, checkpoint, layout=self.layout,
+                                   rank=rank if self.layout else 0, config=config,
+                                   adapters=adapters)
+            except ckpt.CheckpointMismatch as e:
+                if not checkpoint_auto:
+                    raise
+                raise ckpt.CheckpointMismatch(
+                    "%s (checkpoint=None compared with the model directory the engine "
+                    "loaded; if its weights were changed since by other means, pass "
+                    "checkpoint=False)" % e) from None
+            why = ", ".join(rep["skipped"][:3]) or "no piece"
+            if not rep["pieces"] and checkpoint_auto:
+                self.checked = "not checked: %s shows none of this rank's parameters as the " \
+                               "engine holds them (%s)" % (checkpoint, why)
+            elif not rep["pieces"]:
                 raise ValueError("checkpoint %s shows none of this rank's %d parameters (%s): "
                                  "nothing compared; give the checkpoint the engine loaded, or "
-                                 "checkpoint=False" % (checkpoint, len(items),
-                                                       ", ".join(rep["skipped"][:3]) or
-                                                       "no piece"))
-            self.checked = {k: rep[k] for k in ("checkpoint", "pieces", "elements", "seconds")}
-            self.checked["skipped"] = len(rep["skipped"])
+                                 "checkpoint=False" % (checkpoint, len(items), why))
+            else:
+                self.checked = {k: rep[k] for k in ("checkpoint", "pieces", "elements",
+                                                    "seconds")}
+                # The first few: a rank whose experts were all skipped
+                # must not read as checked.
+                self.checked["skipped"] = len(rep["skipped"])
+                self.checked["skipped_first"] = rep["skipped"][:5]
         self.model = model
         self.group = group or "default"
         self.rank = rank

@@ -33,10 +33,11 @@ on a model without it is refused before anything is attached or copied.
 Some post_load_weights rewrite attached tensors in place (DeepSeek's
 DeepGEMM UE8M0 requantization): a later verify of that rank (verify=True,
 wexctl verify) then reports a difference, and the comparison with the
-checkpoint at attach (below) refuses the rank: pass checkpoint=False.
+checkpoint at attach (below) is skipped for them.
 
 Before the first attach, where SGLang loaded the model's safetensors
-(load_format auto or safetensors) and no sync changed the weights since,
+(load_format auto, safetensors or fastsafetensors) and no sync changed
+the weights since,
 each worker compares samples of every piece it holds with the
 checkpoint where the layout places them (wex.checkpoint): a tensor
 SGLang or a kernel backend re-laid out or transformed after loading,
@@ -72,6 +73,7 @@ on each request.
 """
 import json
 import logging
+import os
 import weakref
 
 import wex
@@ -85,8 +87,9 @@ log = logging.getLogger("wex.sglang")
 
 PREFIX = "wex:"
 _ATTACH_KEYS = ("model", "group", "layout", "config", "adapters", "socket", "timeout_ms",
-                "copy_threads", "strip_prefix", "ignore", "checkpoint")
-_SYNC_KEYS = ("min_version", "sync_timeout_ms", "verify", "post_load", "detach")
+                "copy_threads", "strip_prefix", "ignore")
+# checkpoint is read when a request attaches, and need not be repeated.
+_SYNC_KEYS = ("min_version", "sync_timeout_ms", "verify", "post_load", "detach", "checkpoint")
 _DRAFT_CLASSES = ("NextN", "Eagle", "MTP", "Draft")
 _ranks = {}   # id(model) -> (EngineRank, attach arguments, model: kept, so the id stays its)
 _status = {}  # id(model) -> the last request's outcome, for status()
@@ -115,10 +118,12 @@ def request(model, *, group=None, layout=None, config=None, adapters=None, socke
     worker's tensors where the layout places each piece when it attaches
     (a tensor re-laid out or transformed after loading is refused, naming
     it: wex.checkpoint); None: the model's directory (or its hub cache
-    snapshot) when SGLang loaded its safetensors (load_format auto or
-    safetensors, not dummy) and no sync changed the weights since;
-    False: never (the weights were updated by other means since they
-    were loaded, or a post_load_weights() rewrites them in place)."""
+    snapshot) when SGLang loaded its safetensors (load_format auto,
+    safetensors or fastsafetensors; not dummy), unless SGLang requantizes
+    the model's FP8 scales (DeepGEMM UE8M0); False: never (the weights
+    were updated by other means since they were loaded).  Either way not
+    once a sync changed the weights.  Read when a request attaches; later
+    requests need not repeat it."""
     import torch
 
     if not model or not isinstance(model, str):
@@ -139,7 +144,8 @@ def request(model, *, group=None, layout=None, config=None, adapters=None, socke
             "ignore": list(ignore) if not isinstance(ignore, str) else [ignore],
             "min_version": int(min_version), "sync_timeout_ms": int(sync_timeout_ms),
             "verify": bool(verify), "post_load": post_load if post_load is None else
-            bool(post_load), "detach": bool(detach), "checkpoint": checkpoint}
+            bool(post_load), "detach": bool(detach),
+            "checkpoint": checkpoint if checkpoint in (None, False) else os.fspath(checkpoint)}
     return [(PREFIX + json.dumps(args, sort_keys=True), torch.empty(0, dtype=torch.uint8))]
 
 
@@ -241,12 +247,34 @@ def default_spec(par, fuse_shared=False, experts=True):
     return spec
 
 
+def _ue8m0_requant(cfg):
+    """Whether SGLang rewrites this model's FP8 weight scales to UE8M0
+    after loading (DeepGEMM on Blackwell: deep_gemm_wrapper's
+    DEEPGEMM_SCALE_UE8M0, for block-quantized FP8 checkpoints)."""
+    try:
+        from sglang.srt.layers import deep_gemm_wrapper
+    except ImportError:
+        return False
+    if not getattr(deep_gemm_wrapper, "DEEPGEMM_SCALE_UE8M0", False):
+        return False
+    try:
+        with open(cfg) as f:
+            q = json.load(f).get("quantization_config") or {}
+    except (OSError, ValueError, AttributeError):
+        return True  # cannot tell: do not compare
+    return isinstance(q, dict) and q.get("weight_block_size") is not None
+
+
 def _attach(model, args):
     par = parallel_info()
     cfg = args.get("config") or config_path(par.get("model_path"), par.get("revision"))
-    ckpt, why = checkpoint_for(args.get("checkpoint"), par.get("model_path"),
-                               par.get("load_format"), None if args.get("config") else cfg,
-                               model in _changed)
+    ckpt, why, auto = checkpoint_for(args.get("checkpoint"), par.get("model_path"),
+                                     par.get("load_format"),
+                                     None if args.get("config") else cfg, model in _changed)
+    if auto and _ue8m0_requant(cfg) and args.get("post_load") is not False:
+        # SGLang requantized the FP8 weights' scales at load (and does
+        # again in post_load_weights after each sync): not the checkpoint's.
+        ckpt, why = None, "SGLang requantizes this FP8 model's scales to UE8M0 (DeepGEMM)"
     spec = args.get("layout") or default_spec(
         par, int(getattr(model, "num_fused_shared_experts", 0) or 0) > 0,
         experts=has_experts(cfg))
@@ -264,8 +292,8 @@ def _attach(model, args):
                       group=args.get("group"), socket=args.get("socket"),
                       timeout_ms=args.get("timeout_ms"), copy_threads=args.get("copy_threads"),
                       device=device, strip_prefix=args.get("strip_prefix"),
-                      ignore=args.get("ignore") or (), checkpoint=ckpt, config=cfg,
-                      adapters=args.get("adapters"))
+                      ignore=args.get("ignore") or (), checkpoint=ckpt,
+                      checkpoint_auto=auto, config=cfg, adapters=args.get("adapters"))
     if why:
         rank.checked = "not checked: " + why
     return rank

@@ -206,8 +206,9 @@ class WorkerExtension:
         piece before anything is attached (a backend that re-laid them
         out is refused, naming the tensor: wex.checkpoint); None: the
         model's directory (or its hub cache snapshot) when vLLM loaded
-        its safetensors (load_format auto/safetensors, not dummy) and no
-        sync of this worker changed the weights since; False: never.
+        its safetensors (load_format auto, safetensors or
+        fastsafetensors; not dummy); False: never.  Either way not once a
+        sync of this worker changed the weights.
         Returns a dict: model, group, rank, world_size, layout, tensors,
         bytes, ignored, version, checkpoint_check (what was compared, or
         why nothing was)."""
@@ -240,8 +241,8 @@ class WorkerExtension:
             cfg = config or config_path(getattr(mc, "model", None), getattr(mc, "revision", None))
         load_format = getattr(getattr(getattr(self, "vllm_config", None), "load_config", None),
                               "load_format", None) or getattr(mc, "load_format", None)
-        ckpt, why = checkpoint_for(checkpoint, getattr(mc, "model", None), load_format,
-                                   None if config else cfg, self._wex_changed)
+        ckpt, why, auto = checkpoint_for(checkpoint, getattr(mc, "model", None), load_format,
+                                         None if config else cfg, self._wex_changed)
         # Whether the model has routed experts: from its config.json, or,
         # given only a wex.Layout, from vLLM's FusedMoE parameter names.
         experts = has_experts(cfg) if cfg else any(
@@ -276,7 +277,7 @@ class WorkerExtension:
                                group=group, socket=socket, timeout_ms=timeout_ms,
                                copy_threads=copy_threads, device=ordinal,
                                strip_prefix=strip_prefix, ignore=ignore, checkpoint=ckpt,
-                               config=cfg, adapters=adapters)
+                               checkpoint_auto=auto, config=cfg, adapters=adapters)
         if why:
             self._wex.checked = "not checked: " + why
         return self._wex.describe()
