@@ -164,6 +164,17 @@ static void round_close(struct model *m, struct cgroup *g)
 		m->leases--; /* the group's hold */
 }
 
+/* Rank r of group g holds nothing of the open round any more (it left,
+ * its sync of the round's version failed, it attached new buffers): the
+ * round waits for it again, as for a rank that never took it. */
+static void round_untake(struct cgroup *g, uint32_t r)
+{
+	if (g->round_open && g->taken[r]) {
+		g->taken[r] = 0;
+		g->ntaken--;
+	}
+}
+
 /* (Re)sizes group g, which no rank holds, for `world` ranks. */
 static int group_resize(struct model *m, struct cgroup *g, uint32_t world)
 {
@@ -203,8 +214,7 @@ static void memory_gone(struct model *m)
 			continue;
 		/* (A rank that passed the round, 2, holds no lease of it:
 		 * either it waits for a newer version, or it held this one
-		 * before the round opened, or it took the round and left or
-		 * failed, and, like its peers, syncs again.) */
+		 * before the round opened and, like its peers, syncs again.) */
 		for (uint32_t i = 0; i < g->world; i++)
 			if (g->taken[i] == 1 && g->ranks[i] && !g->lost[i]) {
 				g->lost[i] = 1;
@@ -1182,8 +1192,10 @@ json_t *wexd_attach(struct wexd *d, struct conn *c, json_t *req, int *fds, int n
 		h = (h ^ *p) * 1099511628211ull;
 	c->layout_hash = h;
 	/* New buffers: until this rank syncs into them it holds no version
-	 * (a round its peers open waits for it). */
+	 * (a round its peers open, or the one open now, waits for it). */
 	c->served_version = 0;
+	if (c->group)
+		round_untake(c->group, c->rank);
 	return json_pack("{s:b, s:I, s:I}", "ok", 1, "count", (json_int_t)n, "published",
 			 (json_int_t)c->model->published);
 }
@@ -1219,17 +1231,13 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 		if (v < c->wait_version)
 			return 0;
 	} else if (g->round_open) {
-		/* This rank already took the round: for a newer version, peers
-		 * first.  One that asks for the round's version again takes it
-		 * again (counted once) where it holds it (took it and was
-		 * served it by this wexd in this epoch: a repeated request, as
-		 * while a peer never syncs), or passed it (2: it held the
-		 * version, or the slot's previous process did, or took the
-		 * round and left, or its sync of it failed). */
+		/* This rank already took the round (1) or passed it (2: it held
+		 * the version, or the slot's previous process did): for a newer
+		 * version, peers first.  One that asks for the round's version
+		 * again takes it again at once, counted once (a repeated
+		 * request, as while a peer never syncs): the group stays on
+		 * one version. */
 		if (g->round_version < c->wait_version)
-			return 0;
-		if (g->taken[c->rank] == 1 &&
-		    (c->served_version != g->round_version || c->served_epoch != m->epoch))
 			return 0;
 		v = g->round_version;
 		g->ntaken--;
@@ -1381,12 +1389,12 @@ json_t *wexd_release(struct wexd *d, struct conn *c, json_t *req)
 	 * waits for this rank instead of passing it. */
 	if (failed && c->served_version == c->lease_version)
 		c->served_version = 0;
-	/* And if it took its group's open round on that version, it may take
-	 * it again at once (2: passed, counted once), as the slot of a rank
-	 * that left may: its retry must not wait for idle peers. */
-	if (failed && c->group->round_open && c->group->round_version == c->lease_version &&
-	    c->group->taken[c->rank] == 1)
-		c->group->taken[c->rank] = 2;
+	/* And if it took its group's open round on that version, the round
+	 * waits for it again (its peers must not close it, and the producer
+	 * write the next version, while it holds no good copy); its retry
+	 * takes the version at once. */
+	if (failed && c->group->round_open && c->group->round_version == c->lease_version)
+		round_untake(c->group, c->rank);
 	lease_drop(c->model, c);
 	return wex__reply_ok();
 }
@@ -1690,12 +1698,9 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 		lease_drop(m, c);
 		wex__journal_del(&d->journal, &c->lease_fd, c->lease_file);
 		c->lease_noted = 0;
-		/* A rank that took the open round and left: the slot's next
-		 * process holds nothing, and must be able to take the round's
-		 * version at once (counted once) rather than wait for its peers
-		 * to close the round.  It passed (2), as far as the round goes. */
-		if (g->round_open && g->taken[c->rank] == 1)
-			g->taken[c->rank] = 2;
+		/* The slot's next process holds nothing: the open round waits
+		 * for it, and it takes the round's version at once. */
+		round_untake(g, c->rank);
 		g->ranks[c->rank] = NULL;
 		plans_gc(m);
 		for (uint32_t i = 0; i < g->world; i++)

@@ -37,6 +37,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types
 import unittest
 
 try:
@@ -189,8 +190,8 @@ class CheckpointCompare(unittest.TestCase):
         sub = os.path.join(self.tmp.name, "partial")
         os.makedirs(sub, exist_ok=True)
         # lm_head left out, the final norm stored as F8_E4M3 (no cast to
-        # BF16 is the engine's), the embedding as F32 and layer 0's q_proj
-        # as F16 (cast as the engine's loader casts them: compared).
+        # BF16 is the engine's), the embedding as F32 (cast as the engine's
+        # loader casts it: compared), layer 1's k_proj in another shape.
         kept = []
         for n, dt, s, b in ts:
             t = torch.frombuffer(bytearray(b), dtype=torch.int16).view(torch.bfloat16)
@@ -200,15 +201,27 @@ class CheckpointCompare(unittest.TestCase):
                 dt, b = "F8_E4M3", b[:len(b) // 2]
             elif n == "model.embed_tokens.weight":
                 dt, b = "F32", t.float().numpy().tobytes()
+            elif n == "model.layers.1.self_attn.k_proj.weight":
+                s = (s[1], s[0])
             kept.append((n, dt, s, b))
         glue.write_safetensors(os.path.join(sub, "model.safetensors"), kept)
         params, layout, _, _ = self.rank("dense", "vllm", 0)
         rep = self.compare(params, layout, sub, cfg, 0)
         self.assertEqual(sorted(rep["skipped"]),
                          ["lm_head.weight (not in the checkpoint)",
+                          "model.layers.1.self_attn.k_proj.weight (the checkpoint's shape "
+                          "[64, 32] is not the config's [32, 64])",
                           "model.norm.weight (the checkpoint holds F8_E4M3, the engine BF16)"])
         npieces = sum(len(ps) for _, _, _, ps in layout.rank(0))
-        self.assertEqual(rep["pieces"], npieces - 2)
+        self.assertEqual(rep["pieces"], npieces - 3)
+        # A caller's skip (what the engine rewrites after loading).
+        rep = checkpoint.compare(list(params.items()), os.path.join(d, "ckpt"), layout=layout,
+                                 rank=0, config=cfg,
+                                 skip=lambda n, dt: "rewritten" if "mlp" in n else None)
+        self.assertEqual(rep["pieces"] + len(rep["skipped"]), npieces)
+        self.assertTrue(rep["skipped"] and
+                        all(x.endswith(" (rewritten)") and "mlp" in x for x in rep["skipped"]),
+                        rep["skipped"])
         # An F32 checkpoint of values BF16 cannot hold: the engine holds
         # them rounded (torch's .to, as its loader's copy_); compared so.
         name = "model.layers.0.self_attn.q_proj.weight"
@@ -249,12 +262,27 @@ class CheckpointCompare(unittest.TestCase):
             wex.engine.EngineRank("m", list(params.items()), rank=0, world_size=2,
                                   layout=layout, checkpoint=sub, config=cfg)
         self.assertIn("nothing compared", str(e.exception))
-        # (checkpoint_auto gets as far as the client: no wexd here.)
-        with self.assertRaises(wex.WexError):
-            wex.engine.EngineRank("m", list(params.items()), rank=0, world_size=2,
-                                  layout=layout, checkpoint=sub, config=cfg,
-                                  checkpoint_auto=True, socket=os.path.join(sub, "none.sock"),
-                                  timeout_ms=200)
+        # One the hook chose itself (auto) is reported, not refused: one
+        # that shows nothing, and one that cannot be read.
+        rank = types.SimpleNamespace(layout=layout)
+        check = wex.engine.EngineRank._check
+        got = check(rank, list(params.items()), sub, True, None, 0, cfg, None)
+        self.assertTrue(got.startswith("not checked: %s shows none" % sub), got)
+        with self.assertRaises(ValueError):
+            check(rank, list(params.items()), sub, False, None, 0, cfg, None)
+        bad = os.path.join(self.tmp.name, "unreadable")
+        os.makedirs(bad, exist_ok=True)
+        with open(os.path.join(bad, "model.safetensors"), "wb") as f:
+            f.write(b"garbage")
+        got = check(rank, list(params.items()), bad, True, None, 0, cfg, None)
+        self.assertTrue(got.startswith("not checked: ") and "not a safetensors file" in got, got)
+        with self.assertRaises(ValueError):
+            check(rank, list(params.items()), bad, False, None, 0, cfg, None)
+        # A difference is refused either way, saying how it was chosen.
+        params["model.norm.weight"] = params["model.norm.weight"] + 1
+        with self.assertRaises(checkpoint.CheckpointMismatch) as e:
+            check(rank, list(params.items()), os.path.join(d, "ckpt"), True, None, 0, cfg, None)
+        self.assertIn("checkpoint=None compared with the model directory", str(e.exception))
 
     def test_checkpoint_for(self):
         """The hooks' choice of checkpoint (wex.engine.checkpoint_for)."""
@@ -298,6 +326,11 @@ class CheckpointCompare(unittest.TestCase):
         got = checkpoint.index(both)
         self.assertEqual(sorted(got), sorted(n for n, _, _, _ in ts))
         self.assertNotIn("model.safetensors", {os.path.basename(v[0]) for v in got.values()})
+        with open(os.path.join(both, "model.safetensors.index.json"), "w") as f:
+            json.dump({"weight_map": {"x": "gone.safetensors"}}, f)
+        with self.assertRaises(ValueError) as e:
+            checkpoint.index(both)
+        self.assertIn("maps no .safetensors file", str(e.exception))
         with open(os.path.join(both, "model.safetensors.index.json"), "w") as f:
             f.write("[1]")
         with self.assertRaises(ValueError) as e:

@@ -994,6 +994,22 @@ class EngineHooks(WexdProducerCase):
         mod.DEEPGEMM_SCALE_UE8M0 = True
         self.assertTrue(wex.sglang._ue8m0_requant(fp8))
         self.assertFalse(wex.sglang._ue8m0_requant(os.path.join(d, "config.json")))
+        # Older SGLang: the module under sglang.srt.layers.quantization.
+        for name in ("sglang.srt.layers", "sglang.srt.layers.deep_gemm_wrapper"):
+            del sys.modules[name]
+        quant = types.ModuleType("sglang.srt.layers.quantization")
+        quant.deep_gemm_wrapper = mod
+        for name, m in (("sglang.srt.layers", layers),
+                        ("sglang.srt.layers.quantization", quant),
+                        ("sglang.srt.layers.quantization.deep_gemm_wrapper", mod)):
+            self.addCleanup(sys.modules.pop, name, None)
+            sys.modules[name] = m
+        del layers.deep_gemm_wrapper
+        self.assertTrue(wex.sglang._ue8m0_requant(fp8))
+        mod.DEEPGEMM_SCALE_UE8M0 = False
+        self.assertFalse(wex.sglang._ue8m0_requant(fp8))
+        with self.assertRaises(ValueError):
+            wex.sglang.request(MODEL, checkpoint=True)
 
     def test_trainer_rank(self):
         """wex.trainer.TrainerRank: Megatron tp=2 ranks registered through

@@ -65,6 +65,8 @@ def index(checkpoint):
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
                 raise ValueError("%s: not a safetensors index (%s)" % (idx, e)) from None
             files = [f for f in files if os.path.basename(f) in mapped]
+            if not files:
+                raise ValueError("%s maps no .safetensors file that is there" % idx)
         if not files:
             raise ValueError("checkpoint %s holds no .safetensors file" % checkpoint)
     elif os.path.isfile(checkpoint):
@@ -214,7 +216,7 @@ def _ckpt_bytes(maps, entry, idx, dtype):
 
 
 def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapters=None,
-            elems=64):
+            elems=64, skip=None):
     """Compares a sample of each piece of this rank's tensors with the
     checkpoint; returns {"pieces", "elements", "bytes", "skipped",
     "seconds", "checkpoint"} (skipped: ["name (why)"] of pieces the
@@ -227,7 +229,9 @@ def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapter
     and rank (the tensors are then its physical tensors, contiguous);
     without a layout, tensors carry canonical names and shapes.  config:
     the model's config.json, to map canonical names to the checkpoint's
-    (the hf layout; without it they are the same)."""
+    (the hf layout; without it they are the same).  skip: a function of
+    (canonical name, dtype name) returning why a piece is not to be
+    compared (the engine rewrites it after loading), or None."""
     import numpy as np
     import torch
 
@@ -262,6 +266,10 @@ def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapter
                 cname, dtype, extent = name, torch_util.wex_dtype(t.dtype), tuple(t.shape)
                 start = (0,) * len(extent)
             if not all(extent):
+                continue
+            why = skip(cname, dtype) if skip is not None else None
+            if why:
+                skipped.append("%s (%s)" % (cname, why))
                 continue
             hname, hp = names.get(cname, (cname, None))
             entry = ckpt.get(hname)

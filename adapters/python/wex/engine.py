@@ -110,12 +110,13 @@ def checkpoint_for(checkpoint, model_path, load_format, config=None, updated=Fal
     if checkpoint is False:
         return None, "checkpoint=False", False
     if checkpoint is not None:
+        given = checkpoint
         try:
             checkpoint = os.fspath(checkpoint)
         except TypeError:
             checkpoint = None
         if not isinstance(checkpoint, str) or not checkpoint:
-            raise ValueError("checkpoint must be a path, False or None")
+            raise ValueError("checkpoint must be a path, False or None, not %r" % (given,))
         if lf == "dummy":
             raise ValueError("checkpoint=%r given, but the engine was started with "
                              "load_format='dummy': its weights are random, not the "
@@ -259,7 +260,7 @@ class EngineRank:
     def __init__(self, model, named_parameters, *, rank=0, world_size=1, layout=None,
                  config=None, adapters=None, group=None, socket=None, timeout_ms=None,
                  copy_threads=None, device=None, strip_prefix=None, ignore=(),
-                 checkpoint=None, checkpoint_auto=False):
+                 checkpoint=None, checkpoint_auto=False, checkpoint_skip=None):
         self.layout = as_layout(layout, config, adapters, world_size, "engine")
         if not 0 <= rank < world_size:
             raise ValueError("rank %d is not in 0..%d" % (rank, world_size - 1))
@@ -274,34 +275,8 @@ class EngineRank:
         # their shape would read wex's copies as something else).
         self.checked = "not checked (no checkpoint given)"
         if checkpoint:
-            from wex import checkpoint as ckpt
-
-            try:
-                rep = ckpt.compare(items, checkpoint, layout=self.layout,
-                                   rank=rank if self.layout else 0, config=config,
-                                   adapters=adapters)
-            except ckpt.CheckpointMismatch as e:
-                if not checkpoint_auto:
-                    raise
-                raise ckpt.CheckpointMismatch(
-                    "%s (checkpoint=None compared with the model directory the engine "
-                    "loaded; if its weights were changed since by other means, pass "
-                    "checkpoint=False)" % e) from None
-            why = ", ".join(rep["skipped"][:3]) or "no piece"
-            if not rep["pieces"] and checkpoint_auto:
-                self.checked = "not checked: %s shows none of this rank's parameters as the " \
-                               "engine holds them (%s)" % (checkpoint, why)
-            elif not rep["pieces"]:
-                raise ValueError("checkpoint %s shows none of this rank's %d parameters (%s): "
-                                 "nothing compared; give the checkpoint the engine loaded, or "
-                                 "checkpoint=False" % (checkpoint, len(items), why))
-            else:
-                self.checked = {k: rep[k] for k in ("checkpoint", "pieces", "elements",
-                                                    "seconds")}
-                # The first few: a rank whose experts were all skipped
-                # must not read as checked.
-                self.checked["skipped"] = len(rep["skipped"])
-                self.checked["skipped_first"] = rep["skipped"][:5]
+            self.checked = self._check(items, checkpoint, checkpoint_auto, checkpoint_skip,
+                                       rank, config, adapters)
         self.model = model
         self.group = group or "default"
         self.rank = rank
@@ -325,6 +300,43 @@ class EngineRank:
         self.tensors = len(items)
         self.bytes = sum(t.numel() * t.element_size() for _, t in items)
         self.version = 0
+
+    def _check(self, items, checkpoint, auto, skip, rank, config, adapters):
+        """What describe()["checkpoint_check"] says: wex.checkpoint.compare
+        of the tensors with `checkpoint`; raises for a difference, and,
+        for a checkpoint the caller named (not `auto`), for one that
+        cannot be read or shows nothing."""
+        from wex import checkpoint as ckpt
+
+        try:
+            rep = ckpt.compare(items, checkpoint, layout=self.layout,
+                               rank=rank if self.layout else 0, config=config,
+                               adapters=adapters, skip=skip)
+        except ckpt.CheckpointMismatch as e:
+            if not auto:
+                raise
+            raise ckpt.CheckpointMismatch(
+                "%s (checkpoint=None compared with the model directory the engine loaded; "
+                "if its weights were changed since by other means, pass checkpoint=False)"
+                % e) from None
+        except ValueError as e:
+            if not auto:
+                raise
+            return "not checked: %s" % e
+        if not rep["pieces"]:
+            why = ", ".join(rep["skipped"][:3]) or "no piece"
+            if auto:
+                return ("not checked: %s shows none of this rank's parameters as the engine "
+                        "holds them (%s)" % (checkpoint, why))
+            raise ValueError("checkpoint %s shows none of this rank's %d parameters (%s): "
+                             "nothing compared; give the checkpoint the engine loaded, or "
+                             "checkpoint=False" % (checkpoint, len(items), why))
+        out = {k: rep[k] for k in ("checkpoint", "pieces", "elements", "seconds")}
+        # The first few: a rank whose experts were all skipped must not
+        # read as checked.
+        out["skipped"] = len(rep["skipped"])
+        out["skipped_first"] = rep["skipped"][:5]
+        return out
 
     def moved(self):
         """["name (why)"] of the parameters that are not what was attached:

@@ -33,7 +33,7 @@ on a model without it is refused before anything is attached or copied.
 Some post_load_weights rewrite attached tensors in place (DeepSeek's
 DeepGEMM UE8M0 requantization): a later verify of that rank (verify=True,
 wexctl verify) then reports a difference, and the comparison with the
-checkpoint at attach (below) is skipped for them.
+checkpoint at attach (below) leaves those FP8 weights and scales out.
 
 Before the first attach, where SGLang loaded the model's safetensors
 (load_format auto, safetensors or fastsafetensors) and no sync changed
@@ -119,8 +119,8 @@ def request(model, *, group=None, layout=None, config=None, adapters=None, socke
     (a tensor re-laid out or transformed after loading is refused, naming
     it: wex.checkpoint); None: the model's directory (or its hub cache
     snapshot) when SGLang loaded its safetensors (load_format auto,
-    safetensors or fastsafetensors; not dummy), unless SGLang requantizes
-    the model's FP8 scales (DeepGEMM UE8M0); False: never (the weights
+    safetensors or fastsafetensors; not dummy), leaving out the FP8
+    weights and scales SGLang requantizes (DeepGEMM UE8M0); False: never (the weights
     were updated by other means since they were loaded).  Either way not
     once a sync changed the weights.  Read when a request attaches; later
     requests need not repeat it."""
@@ -145,8 +145,18 @@ def request(model, *, group=None, layout=None, config=None, adapters=None, socke
             "min_version": int(min_version), "sync_timeout_ms": int(sync_timeout_ms),
             "verify": bool(verify), "post_load": post_load if post_load is None else
             bool(post_load), "detach": bool(detach),
-            "checkpoint": checkpoint if checkpoint in (None, False) else os.fspath(checkpoint)}
+            "checkpoint": _path_arg(checkpoint)}
     return [(PREFIX + json.dumps(args, sort_keys=True), torch.empty(0, dtype=torch.uint8))]
+
+
+def _path_arg(checkpoint):
+    if checkpoint is None or checkpoint is False:
+        return checkpoint
+    try:
+        return os.fspath(checkpoint)
+    except TypeError:
+        raise ValueError("request: checkpoint must be a path, False or None, not %r"
+                         % (checkpoint,)) from None
 
 
 def _parse(named_tensors):
@@ -248,14 +258,21 @@ def default_spec(par, fuse_shared=False, experts=True):
 
 
 def _ue8m0_requant(cfg):
-    """Whether SGLang rewrites this model's FP8 weight scales to UE8M0
-    after loading (DeepGEMM on Blackwell: deep_gemm_wrapper's
-    DEEPGEMM_SCALE_UE8M0, for block-quantized FP8 checkpoints)."""
-    try:
-        from sglang.srt.layers import deep_gemm_wrapper
-    except ImportError:
-        return False
-    if not getattr(deep_gemm_wrapper, "DEEPGEMM_SCALE_UE8M0", False):
+    """Whether SGLang rewrites this model's FP8 weights and scales to
+    UE8M0 after loading (DeepGEMM on Blackwell: deep_gemm_wrapper's
+    DEEPGEMM_SCALE_UE8M0, in sglang.srt.layers or, in older SGLang,
+    sglang.srt.layers.quantization; for block-quantized FP8 checkpoints)."""
+    import importlib
+
+    flag = False
+    for where in ("sglang.srt.layers.deep_gemm_wrapper",
+                  "sglang.srt.layers.quantization.deep_gemm_wrapper"):
+        try:
+            flag = bool(getattr(importlib.import_module(where), "DEEPGEMM_SCALE_UE8M0", False))
+            break
+        except ImportError:
+            continue
+    if not flag:
         return False
     try:
         with open(cfg) as f:
@@ -271,10 +288,15 @@ def _attach(model, args):
     ckpt, why, auto = checkpoint_for(args.get("checkpoint"), par.get("model_path"),
                                      par.get("load_format"),
                                      None if args.get("config") else cfg, model in _changed)
+    skip = None
     if auto and _ue8m0_requant(cfg) and args.get("post_load") is not False:
-        # SGLang requantized the FP8 weights' scales at load (and does
-        # again in post_load_weights after each sync): not the checkpoint's.
-        ckpt, why = None, "SGLang requantizes this FP8 model's scales to UE8M0 (DeepGEMM)"
+        # SGLang requantized the FP8 weights and their scales at load (and
+        # does again in post_load_weights after each sync): those are not
+        # the checkpoint's; everything else still is.
+        def skip(name, dtype):
+            if dtype.startswith("F8_") or name.endswith("weight_scale_inv"):
+                return "SGLang requantizes FP8 weights and scales to UE8M0 (DeepGEMM)"
+            return None
     spec = args.get("layout") or default_spec(
         par, int(getattr(model, "num_fused_shared_experts", 0) or 0) > 0,
         experts=has_experts(cfg))
@@ -293,7 +315,8 @@ def _attach(model, args):
                       timeout_ms=args.get("timeout_ms"), copy_threads=args.get("copy_threads"),
                       device=device, strip_prefix=args.get("strip_prefix"),
                       ignore=args.get("ignore") or (), checkpoint=ckpt,
-                      checkpoint_auto=auto, config=cfg, adapters=args.get("adapters"))
+                      checkpoint_auto=auto, checkpoint_skip=skip, config=cfg,
+                      adapters=args.get("adapters"))
     if why:
         rank.checked = "not checked: " + why
     return rank
