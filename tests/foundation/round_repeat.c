@@ -82,6 +82,64 @@ static void next_version(uint64_t v, const char *after)
 	}
 }
 
+/* A consumer of group `group` that speaks the protocol itself (to say
+ * that its sync failed): the connected fd, hello answered. */
+static int raw_consumer(const char *sock, const char *group, uint32_t rank)
+{
+	int fd = t_raw_connect(sock);
+	char req[256];
+	json_t *rep;
+
+	snprintf(req, sizeof(req),
+		 "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"%s\","
+		 "\"group\":\"%s\",\"rank\":%u,\"world\":2}", MODEL, group, rank);
+	rep = t_raw_rpc(fd, req, NULL, 0);
+	T_ASSERT(!strcmp(t_code(rep), "OK"), "%s rank %u: hello: %s", group, rank, t_msg(rep));
+	json_decref(rep);
+	return fd;
+}
+
+/* The raw rank's acquire of v (a copy lease), granted within timeout_ms. */
+static void raw_acquire(int fd, const char *who, uint64_t v, int timeout_ms)
+{
+	char req[160];
+	json_t *rep;
+
+	snprintf(req, sizeof(req), "{\"v\":1,\"op\":\"acquire\",\"min_version\":%llu,"
+		 "\"mode\":1,\"timeout_ms\":%d}", (unsigned long long)v, timeout_ms);
+	rep = t_raw_rpc(fd, req, NULL, 0);
+	T_ASSERT(!strcmp(t_code(rep), "OK"), "%s: acquire v%llu within %d ms: %s", who,
+		 (unsigned long long)v, timeout_ms, t_msg(rep));
+	T_ASSERT((uint64_t)json_integer_value(json_object_get(rep, "version")) == v,
+		 "%s: got v%lld, not v%llu", who,
+		 (long long)json_integer_value(json_object_get(rep, "version")),
+		 (unsigned long long)v);
+	json_decref(rep);
+}
+
+/* Its release of v, saying whether the sync under it failed. */
+static void raw_release(int fd, const char *who, uint64_t v, int failed)
+{
+	char req[128];
+	json_t *rep;
+
+	snprintf(req, sizeof(req), "{\"v\":1,\"op\":\"release\",\"version\":%llu%s}",
+		 (unsigned long long)v, failed ? ",\"failed\":true" : "");
+	rep = t_raw_rpc(fd, req, NULL, 0);
+	T_ASSERT(!strcmp(t_code(rep), "OK"), "%s: release v%llu: %s", who, (unsigned long long)v,
+		 t_msg(rep));
+	json_decref(rep);
+}
+
+/* begin_write of v must be refused (EBUSY) within ms: a round waits. */
+static void write_refused(uint64_t v, int ms, const char *why)
+{
+	int ret = wex_begin_write(P[0].c, v, ms);
+
+	T_ASSERT(ret == -EBUSY, "begin_write v%llu while %s: %s, expected EBUSY",
+		 (unsigned long long)v, why, wex_strerror(ret));
+}
+
 int main(void)
 {
 	struct t_wexd d;
@@ -129,38 +187,16 @@ int main(void)
 	/* 4. Rank 1 of group "raw" speaks the protocol itself, to say that
 	 * its sync of v4 failed. */
 	{
-		int fd = t_raw_connect(d.sock);
-		json_t *rep;
-		char req[256];
-		int ret;
+		int fd = raw_consumer(d.sock, "raw", 1);
 
-		snprintf(req, sizeof(req),
-			 "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"%s\","
-			 "\"group\":\"raw\",\"rank\":1,\"world\":2}", MODEL);
-		rep = t_raw_rpc(fd, req, NULL, 0);
-		T_ASSERT(!strcmp(t_code(rep), "OK"), "raw rank 1: hello: %s", t_msg(rep));
-		json_decref(rep);
 		t_cons_open_from(&W[0], MODEL, "raw", PRESET, 0, 2, 0);
 		copy_into(&W[0], "raw", 0, 4);
-		rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"acquire\",\"min_version\":4,\"mode\":1,"
-				    "\"timeout_ms\":5000}", NULL, 0);
-		T_ASSERT(!strcmp(t_code(rep), "OK"), "raw rank 1: acquire v4: %s", t_msg(rep));
-		json_decref(rep);
-		rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"release\",\"version\":4,\"failed\":true}",
-				NULL, 0);
-		T_ASSERT(!strcmp(t_code(rep), "OK"), "raw rank 1: release: %s", t_msg(rep));
-		json_decref(rep);
+		raw_acquire(fd, "raw rank 1", 4, 5000);
+		raw_release(fd, "raw rank 1", 4, 1);
 		copy_into(&W[0], "raw", 0, 4);
-		ret = wex_begin_write(P[0].c, 5, 500);
-		T_ASSERT(ret == -EBUSY, "begin_write v5 while the round on v4 waits for a rank whose "
-			 "sync of v4 failed: %s, expected EBUSY", wex_strerror(ret));
-		rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"acquire\",\"min_version\":4,\"mode\":1,"
-				    "\"timeout_ms\":5000}", NULL, 0);
-		T_ASSERT(!strcmp(t_code(rep), "OK"), "raw rank 1: acquire v4 again: %s", t_msg(rep));
-		json_decref(rep);
-		rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"release\",\"version\":4}", NULL, 0);
-		T_ASSERT(!strcmp(t_code(rep), "OK"), "raw rank 1: release: %s", t_msg(rep));
-		json_decref(rep);
+		write_refused(5, 500, "the round on v4 waits for a rank whose sync of v4 failed");
+		raw_acquire(fd, "raw rank 1, again", 4, 5000);
+		raw_release(fd, "raw rank 1", 4, 0);
 		next_version(5, "the rank whose sync failed took v4");
 		close(fd);
 		t_cons_close(&W[0]);
@@ -186,12 +222,7 @@ int main(void)
 			 "mid rank 0, restarted: v%llu copied, or copied wrong",
 			 (unsigned long long)res.version);
 	}
-	{
-		int ret = wex_begin_write(P[0].c, 6, 300);
-
-		T_ASSERT(ret == -EBUSY, "begin_write v6 while group mid's round on v5 waits for "
-			 "rank 1: %s, expected EBUSY", wex_strerror(ret));
-	}
+	write_refused(6, 300, "group mid's round on v5 waits for rank 1");
 	copy_into(&W[1], "mid", 1, 5);
 	next_version(6, "a restarted rank took its group's open round");
 	for (uint32_t r = 0; r < 2; r++)
@@ -202,44 +233,19 @@ int main(void)
 	 * rank 0 again after rank 1 took v6, and rank 0's retry takes v6 at
 	 * once. */
 	{
-		int fd = t_raw_connect(d.sock);
-		json_t *rep;
-		char req[256];
-		int ret;
+		int fd = raw_consumer(d.sock, "fail", 0);
 
-		snprintf(req, sizeof(req),
-			 "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"%s\","
-			 "\"group\":\"fail\",\"rank\":0,\"world\":2}", MODEL);
-		rep = t_raw_rpc(fd, req, NULL, 0);
-		T_ASSERT(!strcmp(t_code(rep), "OK"), "fail rank 0: hello: %s", t_msg(rep));
-		json_decref(rep);
 		t_cons_open_from(&W[1], MODEL, "fail", PRESET, 1, 2, 1);
-		rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"acquire\",\"min_version\":6,\"mode\":1,"
-				    "\"timeout_ms\":5000}", NULL, 0);
-		T_ASSERT(!strcmp(t_code(rep), "OK"), "fail rank 0: acquire v6: %s", t_msg(rep));
-		json_decref(rep);
-		rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"release\",\"version\":6,\"failed\":true}",
-				NULL, 0);
-		T_ASSERT(!strcmp(t_code(rep), "OK"), "fail rank 0: release: %s", t_msg(rep));
-		json_decref(rep);
+		raw_acquire(fd, "fail rank 0", 6, 5000);
+		raw_release(fd, "fail rank 0", 6, 1);
 		/* Rank 1 takes v6: the round still waits for rank 0, which
 		 * holds no good copy (before: it closed, and the producer
 		 * could write v7 while rank 0 had none of v6). */
 		copy_into(&W[1], "fail", 1, 6);
-		ret = wex_begin_write(P[0].c, 7, 300);
-		T_ASSERT(ret == -EBUSY, "begin_write v7 while group fail's round on v6 waits for "
-			 "rank 0, whose sync of v6 failed: %s, expected EBUSY", wex_strerror(ret));
-		rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"acquire\",\"min_version\":6,\"mode\":1,"
-				    "\"timeout_ms\":1500}", NULL, 0);
-		T_ASSERT(!strcmp(t_code(rep), "OK"), "fail rank 0: acquire v6 again after a failed "
-			 "sync: %s, expected it at once", t_msg(rep));
-		T_ASSERT(json_integer_value(json_object_get(rep, "version")) == 6,
-			 "fail rank 0: retry got v%lld, not v6",
-			 (long long)json_integer_value(json_object_get(rep, "version")));
-		json_decref(rep);
-		rep = t_raw_rpc(fd, "{\"v\":1,\"op\":\"release\",\"version\":6}", NULL, 0);
-		T_ASSERT(!strcmp(t_code(rep), "OK"), "fail rank 0: release: %s", t_msg(rep));
-		json_decref(rep);
+		write_refused(7, 300, "group fail's round on v6 waits for rank 0, whose sync of v6 "
+			      "failed");
+		raw_acquire(fd, "fail rank 0, again after a failed sync (at once)", 6, 1500);
+		raw_release(fd, "fail rank 0", 6, 0);
 		next_version(7, "a rank whose sync failed took its group's round again");
 		close(fd);
 		t_cons_close(&W[1]);
@@ -262,9 +268,7 @@ int main(void)
 		T_ASSERT(res.version == 7 && res.changed == 0,
 			 "again rank 0: v%llu again, %d changed: expected v7, nothing copied",
 			 (unsigned long long)res.version, (int)res.changed);
-		ret = wex_begin_write(P[0].c, 8, 300);
-		T_ASSERT(ret == -EBUSY, "begin_write v8 while group again's round on v7 waits for "
-			 "rank 1: %s, expected EBUSY", wex_strerror(ret));
+		write_refused(8, 300, "group again's round on v7 waits for rank 1");
 	}
 	copy_into(&W[1], "again", 1, 7);
 	next_version(8, "a rank synced its group's open round again");

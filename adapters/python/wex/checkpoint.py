@@ -256,7 +256,7 @@ def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapter
                 continue
         # (piece or None, canonical name, its start, sampled deltas,
         # checkpoint entry, the checkpoint's element offsets)
-        todo = []
+        wanted = []
         for p in own:
             if p is not None:
                 cname, dtype, extent = p.name.decode(), p.dtype_name, p.dims()
@@ -299,21 +299,21 @@ def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapter
                 skipped.append("%s (the checkpoint's shape %s does not hold the piece)"
                                % (cname, list(shape)))
                 continue
-            todo.append((p, cname, start, deltas, entry, cidx))
-        if not todo:
+            wanted.append((p, cname, start, deltas, entry, cidx))
+        if not wanted:
             continue
         # One small gather on the tensor's device for all its pieces.
         if layout is not None:
-            idx = np.concatenate([_offsets(p, deltas) for p, _, _, deltas, _, _ in todo])
+            idx = np.concatenate([_offsets(p, deltas) for p, _, _, deltas, _, _ in wanted])
             got = _as_bytes(_ints(t).reshape(-1)[torch.from_numpy(idx).to(t.device)])
         else:
-            deltas = todo[0][3]
+            deltas = wanted[0][3]
             cols = tuple(torch.from_numpy(deltas[:, d]).to(t.device)
                          for d in range(deltas.shape[1]))
             got = _as_bytes(_ints(t)[cols])
         isz = t.element_size()
         at = 0
-        for p, cname, start, deltas, entry, cidx in todo:
+        for p, cname, start, deltas, entry, cidx in wanted:
             n = len(deltas) * isz
             mine = got[at:at + n]
             want = _ckpt_bytes(maps, entry, cidx, torch_util.wex_dtype(t.dtype))
