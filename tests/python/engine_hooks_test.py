@@ -49,6 +49,14 @@ the layouts' names (qkv_proj, gate_up_proj, padded vocabulary).  Checked:
     fails, the next request recovers); post_load=True without
     post_load_weights is refused before attaching; bad requests are
     logged; the draft model is skipped;
+  - sleep mode (vLLM's sleep/wake_up, SGLang's torch_memory_saver
+    pause/resume, both simulated on the CPU by scribbling on the
+    weights): a sync (request) while the weights are released is refused
+    before touching them, as is a vLLM attach; woken with a CPU backup
+    (vLLM level 1, --enable-weights-cpu-backup) the version held stands;
+    woken without one, a sync of the version held copies it whole again
+    (a sync would otherwise copy nothing and serve the scribble); a vLLM
+    sleep before wex_attach is seen in vLLM's state;
   - wex.trainer.TrainerRank: Megatron tp=2 ranks registered through their
     layout (a wrapper prefix stripped, a parameter ignored) publish around
     a step that changes them in place, engines (wex.engine.EngineRank,
@@ -166,6 +174,70 @@ class VllmWorker(wex.vllm.WorkerExtension):
                      data_parallel_index=0), **parallel)))
         if load_format is not None:  # vLLM's LoadConfig
             self.vllm_config.load_config = types.SimpleNamespace(load_format=load_format)
+
+
+def scribble(module, value):
+    """What new physical memory holds in place of the weights (here
+    `value` everywhere: a CPU tensor cannot be unmapped)."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.fill_(value)
+
+
+class SleepyWorker(VllmWorker):
+    """VllmWorker with vLLM's sleep mode as its Worker and CuMemAllocator
+    do it: sleep(level) backs the weights up at level 1, then releases
+    their memory (scribbled on here: 3 everywhere); wake_up(tags) maps
+    new memory (7 everywhere) and, after level 1, copies the backup
+    back, for tags None or with "weights"."""
+
+    def sleep(self, level=1):
+        module = self.model_runner.model
+        self.backup = ([p.detach().clone() for p in module.parameters()]
+                       if level == 1 else None)
+        scribble(module, 3)
+
+    def wake_up(self, tags=None):
+        if tags is not None and "weights" not in tags:
+            return
+        module = self.model_runner.model
+        scribble(module, 7)
+        if self.backup is not None:
+            with torch.no_grad():
+                for p, b in zip(module.parameters(), self.backup):
+                    p.copy_(b)
+        self.backup = None
+
+
+class MemorySaver:
+    """torch_memory_saver's process-wide instance as SGLang's
+    release/resume_memory_occupation use it: pause(tag) releases the
+    memory of that tag's regions (None: all), resume(tag) maps new memory,
+    with the content copied back where `backup` (enable_cpu_backup)."""
+
+    def __init__(self, models):
+        self.models, self.backup, self.saved = models, False, None
+
+    def pause(self, tag=None):
+        if tag in (None, "weights"):
+            self.saved = ([[p.detach().clone() for p in m.parameters()] for m in self.models]
+                          if self.backup else None)
+            for m in self.models:
+                scribble(m, 3)
+
+    def resume(self, tag=None):
+        if tag in (None, "weights"):
+            for i, m in enumerate(self.models):
+                scribble(m, 7)
+                if self.saved is not None:
+                    with torch.no_grad():
+                        for p, b in zip(m.parameters(), self.saved[i]):
+                            p.copy_(b)
+            self.saved = None
+
+
+def all_equal(module, value):
+    return all(bool((p == value).all()) for p in module.parameters())
 
 
 def vpar(tp_rank, tp=2, pp=1, pp_rank=0, dp=1, dp_rank=0):
@@ -1010,6 +1082,157 @@ class EngineHooks(WexdProducerCase):
         self.assertFalse(wex.sglang._ue8m0_requant(fp8))
         with self.assertRaises(ValueError):
             wex.sglang.request(MODEL, checkpoint=True)
+
+    def test_vllm_sleep_mode(self):
+        """vLLM's sleep mode: a sync while the weights sleep is refused
+        before touching them; after level 1 (backed up) the version held
+        stands; after level 2 (memory new, bytes lost) a sync of the
+        version held copies it whole again; a sleep before wex_attach is
+        seen in vLLM's state."""
+        d = self.tmp.name
+        workers, modules = [], []
+        for k in range(2):
+            modules.append(module_of(self.engine_params("vllm", k)))
+            workers.append(SleepyWorker(d, modules[-1], load_format="dummy"))
+
+        def on(k, fn, *a, **kw):
+            set_par(tp=(2, k))
+            return getattr(workers[k], fn)(*a, **kw)
+
+        for k, w in enumerate(workers):
+            on(k, "wex_attach", model=MODEL, group="vllm-sleep")
+            self.addCleanup(w.wex_detach)
+        v = self.next_version()
+        for k in range(2):
+            self.assertTrue(on(k, "wex_sync", min_version=v)["changed"])
+
+        # Level 1: refused while asleep (and after waking only the KV
+        # cache); nothing written.
+        for w in workers:
+            w.sleep(level=1)
+        for k in range(2):
+            with self.assertRaises(ValueError) as e:
+                on(k, "wex_sync", min_version=v)
+            self.assertIn("vLLM is asleep (sleep level 1)", str(e.exception))
+            self.assertIn("nothing copied", str(e.exception))
+            self.assertTrue(all_equal(modules[k], 3))
+        self.assertEqual(workers[0].wex_status()["released"], "vLLM is asleep (sleep level 1)")
+        workers[0].wake_up(tags=["kv_cache"])
+        with self.assertRaises(ValueError):
+            on(0, "wex_sync", min_version=v)
+        for w in workers:
+            w.wake_up(tags=["weights"])
+        for k in range(2):  # the backup came back: the version held stands
+            r = on(k, "wex_sync", min_version=v)
+            self.assertEqual((r["version"], r["changed"], r["bytes"]), (v, 0, 0))
+            self.assert_holds(params_of(modules[k]), "vllm", k)
+            self.assertEqual(workers[k].wex_status()["forgotten"], 0)
+
+        # Level 2: the bytes are lost on waking; the version held is
+        # copied whole again (without the hook, changed 0 and 7s served).
+        for w in workers:
+            w.sleep(level=2)
+            w.wake_up()
+        self.assertTrue(all_equal(modules[1], 7))
+        for k in range(2):
+            r = on(k, "wex_sync", min_version=v)
+            self.assertEqual((r["version"], r["changed"]), (v, 1))
+            self.assertEqual(r["bytes"], workers[k].wex_status()["bytes"])
+            self.assert_holds(params_of(modules[k]), "vllm", k)
+            self.assertEqual(workers[k].wex_status()["forgotten"], 1)
+            self.assertTrue(workers[k]._wex_changed)
+            self.assertEqual(on(k, "wex_sync", min_version=v)["changed"], 0)
+        self.assertEqual(len(wex.engine.check_group(MODEL, "vllm-sleep", v, world_size=2)), 2)
+
+        # Detached while asleep: attach refused until the weights wake.
+        workers[0].sleep(level=2)
+        workers[0].wex_detach()
+        with self.assertRaises(ValueError) as e:
+            on(0, "wex_attach", model=MODEL, group="vllm-sleep")
+        self.assertIn("wake_up(tags=['weights'])", str(e.exception))
+        workers[0].wake_up()
+        on(0, "wex_attach", model=MODEL, group="vllm-sleep")
+        self.assertEqual(on(0, "wex_sync", min_version=v)["changed"], 1)
+        self.assert_holds(params_of(modules[0]), "vllm", 0)
+
+        # A sleep before the first wex_attach (nothing wrapped yet), seen
+        # in vLLM's state: level 2's saved buffers, level 1's CPU backups.
+        fresh = SleepyWorker(d, module_of(self.engine_params("vllm", 1)), load_format="dummy")
+        fresh._sleep_saved_buffers = {"model.rotary_emb.inv_freq": torch.ones(4)}
+        set_par(tp=(2, 1))
+        with self.assertRaises(ValueError) as e:
+            fresh.wex_attach(model=MODEL, group="vllm-fresh")
+        self.assertIn("sleep level 2", str(e.exception))
+        fresh._sleep_saved_buffers = {}
+        cumem = types.ModuleType("vllm.device_allocator.cumem")
+        backup = types.SimpleNamespace(tag="weights", cpu_backup_tensor=torch.zeros(1))
+
+        class CuMemAllocator:
+            instance = types.SimpleNamespace(pointer_to_data={
+                1: types.SimpleNamespace(tag="kv_cache", cpu_backup_tensor=None), 2: backup})
+        cumem.CuMemAllocator = CuMemAllocator
+        for name, mod in (("vllm.device_allocator", types.ModuleType("vllm.device_allocator")),
+                          ("vllm.device_allocator.cumem", cumem)):
+            sys.modules[name] = mod
+            self.addCleanup(sys.modules.pop, name)
+        fresh.vllm_config.model_config.enable_sleep_mode = True
+        with self.assertRaises(ValueError) as e:
+            fresh.wex_attach(model=MODEL, group="vllm-fresh")
+        self.assertIn("sleep level 1", str(e.exception))
+        backup.cpu_backup_tensor = None  # woken
+        fresh.wex_attach(model=MODEL, group="vllm-fresh")
+        fresh.wex_detach()
+
+    def test_sglang_memory_saver(self):
+        """SGLang's release/resume_memory_occupation (torch_memory_saver's
+        pause/resume): a request while the weights are released is refused
+        (logged) before touching them; resumed without a CPU backup, the
+        version held is copied whole again; with one, it stands."""
+        models, load = self.sglang_ranks()
+        saver = MemorySaver(models)
+        tms = types.ModuleType("torch_memory_saver")
+        tms.torch_memory_saver = saver
+        sys.modules["torch_memory_saver"] = tms
+        self.addCleanup(sys.modules.pop, "torch_memory_saver")
+        self.addCleanup(setattr, wex.sglang, "_released", None)
+        v = self.next_version()
+        req = wex.sglang.request(MODEL, group="sglang-saver", min_version=v, post_load=False)
+        for k in range(2):
+            self.addCleanup(load, k, wex.sglang.request(MODEL, group="sglang-saver",
+                                                        detach=True))
+            self.assertEqual(load(k, req)["changed"], 1)
+        self.assertTrue(saver._wex_wrapped)
+
+        saver.pause("kv_cache")  # not the weights: served as before
+        self.assertEqual(load(0, req)["changed"], 0)
+        saver.resume("kv_cache")
+        saver.pause("weights")
+        for k in range(2):
+            with self.assertLogs("wex.sglang", "ERROR") as logs:
+                self.assertIsNone(load(k, req))
+            self.assertIn("released its weights' memory", logs.output[0])
+            self.assertFalse(wex.sglang.status(models[k])["ok"])
+            self.assertTrue(all_equal(models[k], 3))  # nothing written
+        saver.resume("weights")  # no CPU backup: new memory
+        for k in range(2):
+            r = load(k, req)
+            self.assertEqual((r["version"], r["changed"]), (v, 1))
+            self.assert_holds(params_of(models[k]), "sglang", k)
+            self.assertEqual(load(k, req)["changed"], 0)
+        self.assertEqual(len(wex.sglang.check(MODEL, "sglang-saver", v, world_size=2)), 2)
+
+        # --enable-weights-cpu-backup: the bytes come back; pause() with no
+        # tag releases every tag, the weights included.
+        SERVER_ARGS.enable_weights_cpu_backup = True
+        saver.backup = True
+        saver.pause()
+        with self.assertLogs("wex.sglang", "ERROR"):
+            self.assertIsNone(load(0, req))
+        saver.resume()
+        for k in range(2):
+            r = load(k, req)
+            self.assertEqual((r["version"], r["changed"]), (v, 0))
+            self.assert_holds(params_of(models[k]), "sglang", k)
 
     def test_trainer_rank(self):
         """wex.trainer.TrainerRank: Megatron tp=2 ranks registered through

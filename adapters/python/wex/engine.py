@@ -300,6 +300,9 @@ class EngineRank:
         self.tensors = len(items)
         self.bytes = sum(t.numel() * t.element_size() for _, t in items)
         self.version = 0
+        self.released_why = None  # see released()
+        self._lost = False        # restored() with the memory's bytes lost
+        self.forgotten = 0        # forget() calls
 
     def _check(self, items, checkpoint, auto, skip, rank, config, adapters):
         """What describe()["checkpoint_check"] says: wex.checkpoint.compare
@@ -360,6 +363,41 @@ class EngineRank:
         out.extend("%s (added)" % name for name in sorted(now))
         return out
 
+    def released(self, why):
+        """The engine released its weights' physical memory (vLLM's sleep
+        mode, SGLang's release_memory_occupation: the addresses stay,
+        nothing is mapped there): until restored(), sync() refuses,
+        naming `why`, before anything touches that memory (a copy there
+        would fault and leave the process's CUDA context unusable)."""
+        self.released_why = why
+
+    def restored(self, kept):
+        """The weights' memory is mapped again.  kept: it holds what it
+        held before released() (a CPU backup was copied back); otherwise
+        it holds nothing meaningful, and the next sync copies the whole
+        version again, even one this rank held (forget())."""
+        self.released_why = None
+        if not kept:
+            self._lost = True  # forgotten at the next sync, where errors reach its caller
+
+    def forget(self):
+        """The parameters no longer hold what wex copied into them (the
+        engine lost or overwrote their bytes): attaches them again, so
+        the next sync copies every byte of its version, even one this
+        rank holds (a sync of the version held copies nothing
+        otherwise).  One round trip to wexd."""
+        if self.client is None:
+            raise ValueError("this engine rank is closed")
+        moved = self.moved()
+        if moved:
+            raise ValueError("the engine re-allocated or replaced %d parameter(s) since they "
+                             "were attached (%s): detach and attach again"
+                             % (len(moved), ", ".join(moved[:3])))
+        torch_util.attach_module(self.client, [(n, t) for n, t, _ in self._where],
+                                 layout=self.layout, rank=self.rank if self.layout else None)
+        self.version = 0
+        self.forgotten += 1
+
     def sync(self, min_version=0, timeout_ms=0, verify=False):
         """Copies the newest published version (at least min_version,
         waiting up to timeout_ms for it; 0: the client's timeout_ms if
@@ -376,6 +414,10 @@ class EngineRank:
         dirty() says so: the next sync copies everything again)."""
         if self.client is None:
             raise ValueError("this engine rank is closed")
+        if self.released_why is not None:
+            raise ValueError("%s: the weights' memory is released (nothing is mapped at their "
+                             "addresses); wake the engine's weights first; nothing copied"
+                             % self.released_why)
         moved = self.moved()
         if moved:
             raise ValueError("the engine re-allocated or replaced %d parameter(s) since they "
@@ -383,6 +425,9 @@ class EngineRank:
                              "would write; nothing copied, detach and attach again"
                              % (len(moved), ", ".join(moved[:3]),
                                 " ..." if len(moved) > 3 else ""))
+        if self._lost:
+            self.forget()
+            self._lost = False
         t0 = time.monotonic()
         r = self.client.sync(wex.SYNC_COPY, min_version=min_version, timeout_ms=timeout_ms,
                              verify=verify)
@@ -404,7 +449,8 @@ class EngineRank:
                 "world_size": self.world_size,
                 "layout": self.layout.spec if self.layout else "canonical",
                 "tensors": self.tensors, "bytes": self.bytes, "ignored": list(self.ignored),
-                "version": self.version, "checkpoint_check": self.checked}
+                "version": self.version, "checkpoint_check": self.checked,
+                "released": self.released_why, "forgotten": self.forgotten}
 
     def close(self):
         if self.client is not None:

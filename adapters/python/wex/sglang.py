@@ -61,9 +61,20 @@ replicas that a worker cannot tell apart: run one engine per replica,
 each its own group), EPLB and redundant experts (experts move between
 ranks), attention context parallelism and --moe-dp-size.  Skipped
 (logged): the draft model of speculative decoding (the loader is called
-for it too; it holds other tensors).  While SGLang has released its
-memory (release_memory_occupation) the weights are not mapped: resume
-first.  SGLang flushes its cache after an update (flush_cache=True) and
+for it too; it holds other tensors).
+
+Memory saver: the first request wraps torch_memory_saver's pause() and
+resume(), which SGLang's release_memory_occupation and
+resume_memory_occupation call.  While the weights are released nothing
+is mapped at their addresses: requests are refused (logged; check()
+names the rank) before anything touches them; resume them first.
+Resumed without --enable-weights-cpu-backup they hold nothing
+meaningful: the next request copies the whole version, even the one the
+rank held, and the checkpoint is not compared again.  A release before
+the first request is not seen (nothing is wrapped yet): send the first
+request while the weights are resident.
+
+SGLang flushes its cache after an update (flush_cache=True) and
 asserts that the flush worked, which it does not while requests run or
 wait: pause generation or drain the server before the request (or pass
 flush_cache=False and flush once it is idle).  The draft is recognised by
@@ -94,6 +105,72 @@ _DRAFT_CLASSES = ("NextN", "Eagle", "MTP", "Draft")
 _ranks = {}   # id(model) -> (EngineRank, attach arguments, model: kept, so the id stays its)
 _status = {}  # id(model) -> the last request's outcome, for status()
 _changed = weakref.WeakSet()  # models a sync changed since SGLang loaded them
+# While SGLang's weights are released (torch_memory_saver paused): why.
+_released = None
+_WEIGHTS_TAG = "weights"  # SGLang's GPU_MEMORY_TYPE_WEIGHTS
+
+
+def _watch_memory_saver():
+    """Wraps pause() and resume() of torch_memory_saver's process-wide
+    instance, which SGLang's release_memory_occupation and
+    resume_memory_occupation call with tag "weights" (or None: every
+    tag).  While the weights are paused nothing is mapped at their
+    addresses: requests are refused (logged, check() names the rank)
+    before anything touches them.  Resumed without a CPU backup (SGLang's
+    --enable-weights-cpu-backup), they hold nothing meaningful: the next
+    request copies the whole version, even the one held, and the
+    checkpoint is not compared again.  Nothing to watch where
+    torch_memory_saver is not installed (SGLang cannot release memory
+    then)."""
+    try:
+        import torch_memory_saver
+    except ImportError:
+        return
+    saver = getattr(torch_memory_saver, "torch_memory_saver", None)
+    if saver is None or getattr(saver, "_wex_wrapped", False):
+        return
+    pause, resume = saver.pause, saver.resume
+
+    def weights(args, kwargs):
+        tag = kwargs.get("tag", args[0] if args else None)
+        return tag is None or tag == _WEIGHTS_TAG
+
+    def wex_pause(*args, **kwargs):
+        global _released
+        if weights(args, kwargs):
+            # Before: a pause that fails half-way leaves them unknown.
+            _released = "SGLang released its weights' memory (release_memory_occupation)"
+            for rank, _, _ in _ranks.values():
+                rank.released(_released)
+        return pause(*args, **kwargs)
+
+    def wex_resume(*args, **kwargs):
+        global _released
+        out = resume(*args, **kwargs)
+        if weights(args, kwargs) and _released is not None:
+            sa = _server_args()
+            kept = bool(getattr(sa, "enable_weights_cpu_backup", False))
+            _released = None
+            for rank, _, _ in _ranks.values():
+                rank.restored(kept)
+            if not kept:
+                _lost_all()
+        return out
+
+    saver.pause, saver.resume = wex_pause, wex_resume
+    saver._wex_wrapped = True
+
+
+def _lost_all():
+    """The weights of every model in this process lost their bytes:
+    none is compared with the checkpoint again."""
+    global _all_changed
+    _all_changed = True
+    for _, _, model in _ranks.values():
+        _changed.add(model)
+
+
+_all_changed = False  # every model's weights were lost since loading
 
 
 def request(model, *, group=None, layout=None, config=None, adapters=None, socket=None,
@@ -287,7 +364,8 @@ def _attach(model, args):
     cfg = args.get("config") or config_path(par.get("model_path"), par.get("revision"))
     ckpt, why, auto = checkpoint_for(args.get("checkpoint"), par.get("model_path"),
                                      par.get("load_format"),
-                                     None if args.get("config") else cfg, model in _changed)
+                                     None if args.get("config") else cfg,
+                                     _all_changed or model in _changed)
     skip = None
     if auto and _ue8m0_requant(cfg) and args.get("post_load") is not False:
         # SGLang requantized the FP8 weights and their scales at load (and
@@ -346,7 +424,11 @@ def _load(model, args):
     if post and fn is None:  # before anything is attached or copied
         raise ValueError("post_load=True, but %s has no post_load_weights()"
                          % type(model).__name__)
+    _watch_memory_saver()
     if held is None:
+        if _released is not None:
+            raise ValueError("%s: nothing is mapped at the weights' addresses; "
+                             "resume_memory_occupation first; not attached" % _released)
         rank = _attach(model, args)
         _ranks[id(model)] = held = (rank, attach, model)
         log.info("wex: attached %s", rank.describe())

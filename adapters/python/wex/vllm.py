@@ -62,8 +62,17 @@ what wex wrote, not how a kernel reads it): compare the engine's
 outputs after the first sync.  Quantized models whose weights vLLM transforms after loading
 into other shapes (Marlin repacking) are refused by shape.  The
 speculative-decoding drafter (model_runner.drafter) is not attached:
-its own layers keep the weights it loaded.  While vLLM sleeps (sleep
-mode) its weights are not mapped: wake it first.
+its own layers keep the weights it loaded.
+
+Sleep mode: wex_attach wraps the worker's sleep() and wake_up().  While
+the weights sleep nothing is mapped at their addresses: wex_sync (and
+wex_attach) are refused, saying so, before anything touches them; wake
+them first (wake_up(tags=["weights"])).  Waking them from a sleep of
+level 2 (or any but 1, which copies a CPU backup back) leaves them
+holding nothing meaningful: the next wex_sync copies the whole version,
+even the one the worker held, and the checkpoint is not compared again.
+A sleep before the first wex_attach is seen in vLLM's state (the CPU
+backups of level 1, the saved buffers of level 2) and refused.
 """
 import os
 
@@ -187,6 +196,68 @@ class WorkerExtension:
 
     _wex = None
     _wex_changed = False  # a sync changed the weights since vLLM loaded them
+    _wex_asleep = None    # while vLLM's weights sleep: why (see _wex_watch_sleep)
+    _wex_lost = False     # ... and whether their bytes are lost on waking
+
+    def _wex_watch_sleep(self):
+        """Wraps this worker's sleep() and wake_up() (instance attributes,
+        which vLLM's collective_rpc finds before the class's methods) to
+        tell the attached rank: while vLLM's weights sleep nothing is
+        mapped at their addresses, so a sync is refused; waking them from
+        any sleep but level 1 (which copies a CPU backup back) leaves
+        them holding nothing meaningful, so the next sync copies the
+        whole version, even the one held."""
+        if "_wex_sleep_wrapped" in self.__dict__:
+            return
+        sleep, wake_up = getattr(self, "sleep", None), getattr(self, "wake_up", None)
+        if not callable(sleep) or not callable(wake_up):
+            return  # a vLLM without sleep mode
+        self._wex_sleep_wrapped = True
+
+        def wex_sleep(*args, **kwargs):
+            level = kwargs.get("level", args[0] if args else 1)
+            # Before: a sleep that fails half-way leaves them unknown.
+            self._wex_asleep = "vLLM is asleep (sleep level %s)" % (level,)
+            self._wex_lost = self._wex_lost or level != 1
+            if self._wex is not None:
+                self._wex.released(self._wex_asleep)
+            return sleep(*args, **kwargs)
+
+        def wex_wake_up(*args, **kwargs):
+            tags = kwargs.get("tags", args[0] if args else None)
+            out = wake_up(*args, **kwargs)
+            if self._wex_asleep is not None and (tags is None or "weights" in tags):
+                lost, self._wex_asleep, self._wex_lost = self._wex_lost, None, False
+                if lost:
+                    self._wex_changed = True  # not the checkpoint's any more
+                if self._wex is not None:
+                    self._wex.restored(kept=not lost)
+            return out
+
+        self.sleep, self.wake_up = wex_sleep, wex_wake_up
+
+    def _wex_sleeping(self):
+        """Why vLLM's weights sleep now, seen in its state (for a sleep
+        before wex_attach wrapped sleep()), or None: level 1 leaves CPU
+        backups of the "weights" allocations in CuMemAllocator, level 2
+        the model's buffers in the worker's _sleep_saved_buffers."""
+        if self._wex_asleep is not None:
+            return self._wex_asleep
+        if getattr(self, "_sleep_saved_buffers", None):
+            return "vLLM is asleep (sleep level 2: its saved buffers are not restored)"
+        mc, _ = self._wex_configs()
+        if not getattr(mc, "enable_sleep_mode", False):
+            return None
+        try:
+            from vllm.device_allocator.cumem import CuMemAllocator
+        except ImportError:
+            return None
+        inst = getattr(CuMemAllocator, "instance", None)
+        for data in getattr(inst, "pointer_to_data", {}).values():
+            if getattr(data, "tag", None) == "weights" and \
+                    getattr(data, "cpu_backup_tensor", None) is not None:
+                return "vLLM is asleep (sleep level 1: its weights are backed up in CPU memory)"
+        return None
 
     def _wex_model(self):
         runner = self.model_runner
@@ -215,6 +286,10 @@ class WorkerExtension:
         if self._wex is not None:
             raise ValueError("wex_attach: already attached as %s (wex_detach first)"
                              % self._wex.describe())
+        asleep = self._wex_sleeping()
+        if asleep:
+            raise ValueError("wex_attach: %s: its weights' memory is released; wake_up("
+                             "tags=['weights']) first" % asleep)
         mc, pc = self._wex_configs()
         if getattr(mc, "use_mla", False):
             raise ValueError("wex_attach: %s uses MLA, whose absorbed W_UK/W_UV vLLM computes "
@@ -280,6 +355,7 @@ class WorkerExtension:
                                checkpoint_auto=auto, config=cfg, adapters=adapters)
         if why:
             self._wex.checked = "not checked: " + why
+        self._wex_watch_sleep()
         return self._wex.describe()
 
     def wex_sync(self, min_version=0, timeout_ms=0, verify=False):
