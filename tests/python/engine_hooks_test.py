@@ -75,6 +75,7 @@ import sys
 import tempfile
 import types
 import unittest
+import unittest.mock
 
 try:
     import torch
@@ -216,7 +217,7 @@ class MemorySaver:
     with the content copied back where `backup` (enable_cpu_backup)."""
 
     def __init__(self, models):
-        self.models, self.backup, self.saved = models, False, None
+        self.models, self.backup, self.saved, self.fail = models, False, None, False
 
     def pause(self, tag=None):
         if tag in (None, "weights"):
@@ -226,6 +227,8 @@ class MemorySaver:
                 scribble(m, 3)
 
     def resume(self, tag=None):
+        if self.fail:
+            raise RuntimeError("cuMemCreate: out of memory")
         if tag in (None, "weights"):
             for i, m in enumerate(self.models):
                 scribble(m, 7)
@@ -1021,6 +1024,14 @@ class EngineHooks(WexdProducerCase):
         self.assertIn("weights unchanged", logs.output[0])
         self.assertNotIn(id(models[1]), wex.sglang._ranks)
         self.assertIn("CheckpointMismatch", wex.sglang.status(models[1])["error"])
+        # The same request again: refused at once, not compared again.
+        with unittest.mock.patch.object(wex.checkpoint, "compare",
+                                        side_effect=AssertionError("compared again")):
+            with self.assertLogs("wex.sglang", "ERROR") as logs:
+                self.assertIsNone(load(1, req))
+        self.assertIn("gate_up_proj", logs.output[0])
+        self.assertIn("not compared again", logs.output[0])
+        self.assertNotIn(id(models[1]), wex.sglang._ranks)
         r = load(0, req)
         self.assertEqual((r["version"], r["changed"]), (v, 1))
         chk = wex.sglang._ranks[id(models[0])][0].describe()["checkpoint_check"]
@@ -1086,8 +1097,9 @@ class EngineHooks(WexdProducerCase):
     def test_vllm_sleep_mode(self):
         """vLLM's sleep mode: a sync while the weights sleep is refused
         before touching them; after level 1 (backed up) the version held
-        stands; after level 2 (memory new, bytes lost) a sync of the
-        version held copies it whole again; a sleep before wex_attach is
+        stands; after level 2 (memory new, bytes lost) the rank forgets
+        its version at once and the next sync copies it whole again; a
+        wake-up that raises counts as lost; a sleep before wex_attach is
         seen in vLLM's state."""
         d = self.tmp.name
         workers, modules = [], []
@@ -1107,42 +1119,90 @@ class EngineHooks(WexdProducerCase):
             self.assertTrue(on(k, "wex_sync", min_version=v)["changed"])
 
         # Level 1: refused while asleep (and after waking only the KV
-        # cache); nothing written.
+        # cache), with a new version that a sync would copy: nothing written.
         for w in workers:
             w.sleep(level=1)
+        v2 = self.next_version()
         for k in range(2):
             with self.assertRaises(ValueError) as e:
-                on(k, "wex_sync", min_version=v)
+                on(k, "wex_sync", min_version=v2)
             self.assertIn("vLLM is asleep (sleep level 1)", str(e.exception))
             self.assertIn("nothing copied", str(e.exception))
             self.assertTrue(all_equal(modules[k], 3))
         self.assertEqual(workers[0].wex_status()["released"], "vLLM is asleep (sleep level 1)")
         workers[0].wake_up(tags=["kv_cache"])
         with self.assertRaises(ValueError):
-            on(0, "wex_sync", min_version=v)
+            on(0, "wex_sync", min_version=v2)
         for w in workers:
             w.wake_up(tags=["weights"])
-        for k in range(2):  # the backup came back: the version held stands
-            r = on(k, "wex_sync", min_version=v)
-            self.assertEqual((r["version"], r["changed"], r["bytes"]), (v, 0, 0))
+        for k in range(2):
+            self.assertEqual(on(k, "wex_sync", min_version=v2)["changed"], 1)
+        # Level 1 with no new version: the backup comes back, the version
+        # held stands (nothing copied).
+        for w in workers:
+            w.sleep(level=1)
+            w.wake_up()
+        for k in range(2):
+            r = on(k, "wex_sync", min_version=v2)
+            self.assertEqual((r["version"], r["changed"], r["bytes"]), (v2, 0, 0))
             self.assert_holds(params_of(modules[k]), "vllm", k)
-            self.assertEqual(workers[k].wex_status()["forgotten"], 0)
+            st = workers[k].wex_status()
+            self.assertEqual((st["forgotten"], st["lost"]), (0, None))
 
-        # Level 2: the bytes are lost on waking; the version held is
-        # copied whole again (without the hook, changed 0 and 7s served).
+        # Level 2: the bytes are lost on waking.  The ranks forget v2 at
+        # once (wexd no longer counts them), and a sync of v2 copies it
+        # whole again (without the hook: changed 0, the 7s served).
         for w in workers:
             w.sleep(level=2)
             w.wake_up()
         self.assertTrue(all_equal(modules[1], 7))
+        self.assertEqual([r.get("served", 0)
+                          for r in wex.engine.group_status(MODEL, "vllm-sleep")], [0, 0])
         for k in range(2):
-            r = on(k, "wex_sync", min_version=v)
-            self.assertEqual((r["version"], r["changed"]), (v, 1))
-            self.assertEqual(r["bytes"], workers[k].wex_status()["bytes"])
+            st = workers[k].wex_status()
+            self.assertEqual(st["forgotten"], 1)
+            self.assertIn("without its bytes", st["lost"])
+            self.assertTrue(workers[k]._wex.dirty())
+            r = on(k, "wex_sync", min_version=v2)
+            self.assertEqual((r["version"], r["changed"]), (v2, 1))
+            self.assertEqual(r["bytes"], st["bytes"])
             self.assert_holds(params_of(modules[k]), "vllm", k)
-            self.assertEqual(workers[k].wex_status()["forgotten"], 1)
+            self.assertIsNone(workers[k].wex_status()["lost"])
+            self.assertFalse(workers[k]._wex.dirty())
             self.assertTrue(workers[k]._wex_changed)
-            self.assertEqual(on(k, "wex_sync", min_version=v)["changed"], 0)
-        self.assertEqual(len(wex.engine.check_group(MODEL, "vllm-sleep", v, world_size=2)), 2)
+            self.assertEqual(on(k, "wex_sync", min_version=v2)["changed"], 0)
+        self.assertEqual(len(wex.engine.check_group(MODEL, "vllm-sleep", v2, world_size=2)), 2)
+
+        # A wake-up that raises (its rollback unmaps the weights again, the
+        # backups spent): still asleep, then lost even after level 1.  The
+        # class's method is looked up at each call (patched later: seen).
+        def broken(worker, tags=None):
+            raise RuntimeError("cuMemMap: out of memory")
+        workers[0].sleep(level=1)
+        with unittest.mock.patch.object(SleepyWorker, "wake_up", broken):
+            with self.assertRaises(RuntimeError):
+                workers[0].wake_up()
+        with self.assertRaises(ValueError):
+            on(0, "wex_sync", min_version=v2)
+        workers[0].wake_up()
+        r = on(0, "wex_sync", min_version=v2)
+        self.assertEqual((r["version"], r["changed"]), (v2, 1))
+        self.assert_holds(params_of(modules[0]), "vllm", 0)
+
+        # Forgetting fails (a parameter re-allocated while asleep): said in
+        # "lost"; the sync refuses by name until attached again.
+        workers[1].sleep(level=2)
+        qkv = modules[1].model.layers._modules["0"].self_attn.qkv_proj.weight
+        qkv.data = qkv.data.clone()
+        workers[1].wake_up()
+        self.assertIn("attaching again failed", workers[1].wex_status()["lost"])
+        with self.assertRaises(ValueError) as e:
+            on(1, "wex_sync", min_version=v2)
+        self.assertIn("qkv_proj", str(e.exception))
+        workers[1].wex_detach()
+        on(1, "wex_attach", model=MODEL, group="vllm-sleep")
+        self.assertEqual(on(1, "wex_sync", min_version=v2)["changed"], 1)
+        self.assert_holds(params_of(modules[1]), "vllm", 1)
 
         # Detached while asleep: attach refused until the weights wake.
         workers[0].sleep(level=2)
@@ -1152,7 +1212,7 @@ class EngineHooks(WexdProducerCase):
         self.assertIn("wake_up(tags=['weights'])", str(e.exception))
         workers[0].wake_up()
         on(0, "wex_attach", model=MODEL, group="vllm-sleep")
-        self.assertEqual(on(0, "wex_sync", min_version=v)["changed"], 1)
+        self.assertEqual(on(0, "wex_sync", min_version=v2)["changed"], 1)
         self.assert_holds(params_of(modules[0]), "vllm", 0)
 
         # A sleep before the first wex_attach (nothing wrapped yet), seen
@@ -1185,41 +1245,62 @@ class EngineHooks(WexdProducerCase):
 
     def test_sglang_memory_saver(self):
         """SGLang's release/resume_memory_occupation (torch_memory_saver's
-        pause/resume): a request while the weights are released is refused
-        (logged) before touching them; resumed without a CPU backup, the
-        version held is copied whole again; with one, it stands."""
+        pause/resume, called as SGLang does, tag=...): a request while the
+        weights are released is refused (logged) before touching them, an
+        attach too; resumed without a CPU backup, the ranks forget their
+        version at once and the next request copies it whole again; with
+        one, it stands; a resume that raises counts as lost."""
         models, load = self.sglang_ranks()
         saver = MemorySaver(models)
         tms = types.ModuleType("torch_memory_saver")
         tms.torch_memory_saver = saver
         sys.modules["torch_memory_saver"] = tms
         self.addCleanup(sys.modules.pop, "torch_memory_saver")
-        self.addCleanup(setattr, wex.sglang, "_released", None)
+        for name, value in (("_released", None), ("_lost", False), ("_all_changed", False)):
+            self.addCleanup(setattr, wex.sglang, name, value)
+        self.addCleanup(SERVER_ARGS.__dict__.pop, "enable_weights_cpu_backup", None)
         v = self.next_version()
         req = wex.sglang.request(MODEL, group="sglang-saver", min_version=v, post_load=False)
+        detach = wex.sglang.request(MODEL, group="sglang-saver", detach=True)
         for k in range(2):
-            self.addCleanup(load, k, wex.sglang.request(MODEL, group="sglang-saver",
-                                                        detach=True))
+            self.addCleanup(load, k, detach)
             self.assertEqual(load(k, req)["changed"], 1)
         self.assertTrue(saver._wex_wrapped)
 
-        saver.pause("kv_cache")  # not the weights: served as before
+        saver.pause(tag="kv_cache")  # not the weights: served as before
         self.assertEqual(load(0, req)["changed"], 0)
-        saver.resume("kv_cache")
-        saver.pause("weights")
+        saver.resume(tag="kv_cache")
+        saver.pause(tag="weights")
+        v2 = self.next_version()  # a request would copy it
+        req2 = wex.sglang.request(MODEL, group="sglang-saver", min_version=v2, post_load=False)
         for k in range(2):
             with self.assertLogs("wex.sglang", "ERROR") as logs:
-                self.assertIsNone(load(k, req))
+                self.assertIsNone(load(k, req2))
             self.assertIn("released its weights' memory", logs.output[0])
             self.assertFalse(wex.sglang.status(models[k])["ok"])
             self.assertTrue(all_equal(models[k], 3))  # nothing written
-        saver.resume("weights")  # no CPU backup: new memory
+        saver.resume(tag="kv_cache")  # the weights stay released
+        with self.assertLogs("wex.sglang", "ERROR"):
+            self.assertIsNone(load(1, req2))
+        # Attaching is refused too while they are released.
+        load(0, detach)
+        with self.assertLogs("wex.sglang", "ERROR") as logs:
+            self.assertIsNone(load(0, req2))
+        self.assertIn("not attached", logs.output[0])
+        self.assertNotIn(id(models[0]), wex.sglang._ranks)
+
+        saver.resume(tag="weights")  # no CPU backup: new memory
+        # Rank 1 forgot v at once: wexd no longer counts it as served.
+        served = {r["rank"]: r.get("served", 0)
+                  for r in wex.engine.group_status(MODEL, "sglang-saver")}
+        self.assertEqual(served.get(1), 0)
+        self.assertIn("without its bytes", wex.sglang._ranks[id(models[1])][0].lost)
         for k in range(2):
-            r = load(k, req)
-            self.assertEqual((r["version"], r["changed"]), (v, 1))
+            r = load(k, req2)
+            self.assertEqual((r["version"], r["changed"]), (v2, 1))
             self.assert_holds(params_of(models[k]), "sglang", k)
-            self.assertEqual(load(k, req)["changed"], 0)
-        self.assertEqual(len(wex.sglang.check(MODEL, "sglang-saver", v, world_size=2)), 2)
+            self.assertEqual(load(k, req2)["changed"], 0)
+        self.assertEqual(len(wex.sglang.check(MODEL, "sglang-saver", v2, world_size=2)), 2)
 
         # --enable-weights-cpu-backup: the bytes come back; pause() with no
         # tag releases every tag, the weights included.
@@ -1227,11 +1308,25 @@ class EngineHooks(WexdProducerCase):
         saver.backup = True
         saver.pause()
         with self.assertLogs("wex.sglang", "ERROR"):
-            self.assertIsNone(load(0, req))
+            self.assertIsNone(load(0, req2))
         saver.resume()
         for k in range(2):
-            r = load(k, req)
-            self.assertEqual((r["version"], r["changed"]), (v, 0))
+            r = load(k, req2)
+            self.assertEqual((r["version"], r["changed"]), (v2, 0))
+            self.assert_holds(params_of(models[k]), "sglang", k)
+
+        # A resume that raises: still released; the next one counts the
+        # bytes as lost, backup or not.
+        saver.pause(tag="weights")
+        saver.fail = True
+        with self.assertRaises(RuntimeError):
+            saver.resume(tag="weights")
+        saver.fail = False
+        with self.assertLogs("wex.sglang", "ERROR"):
+            self.assertIsNone(load(0, req2))
+        saver.resume(tag="weights")
+        for k in range(2):
+            self.assertEqual(load(k, req2)["changed"], 1)
             self.assert_holds(params_of(models[k]), "sglang", k)
 
     def test_trainer_rank(self):

@@ -300,9 +300,10 @@ class EngineRank:
         self.tensors = len(items)
         self.bytes = sum(t.numel() * t.element_size() for _, t in items)
         self.version = 0
-        self.released_why = None  # see released()
-        self._lost = False        # restored() with the memory's bytes lost
-        self.forgotten = 0        # forget() calls
+        self.released_why = None     # see released()
+        self.lost = None             # see restored(): why the weights hold nothing
+        self._forget_pending = False  # restored() lost them, forget() not yet done
+        self.forgotten = 0           # forget() calls
 
     def _check(self, items, checkpoint, auto, skip, rank, config, adapters):
         """What describe()["checkpoint_check"] says: wex.checkpoint.compare
@@ -374,11 +375,21 @@ class EngineRank:
     def restored(self, kept):
         """The weights' memory is mapped again.  kept: it holds what it
         held before released() (a CPU backup was copied back); otherwise
-        it holds nothing meaningful, and the next sync copies the whole
-        version again, even one this rank held (forget())."""
+        it holds nothing meaningful: forget() at once (so wexd, and
+        check_group, no longer count this rank as holding its version),
+        or, where that fails, at the next sync, which copies the whole
+        version again, even one this rank held.  Until a sync succeeds,
+        dirty() is True and describe()["lost"] says why.  Never raises
+        for a failed forget() (it runs inside the engine's wake-up)."""
         self.released_why = None
-        if not kept:
-            self._lost = True  # forgotten at the next sync, where errors reach its caller
+        if kept:
+            return
+        self.lost = "the engine's memory was released and mapped again without its bytes"
+        self._forget_pending = True
+        try:
+            self.forget()
+        except Exception as e:  # the next sync tries again, and raises
+            self.lost += " (attaching again failed: %s; the next sync retries)" % e
 
     def forget(self):
         """The parameters no longer hold what wex copied into them (the
@@ -397,6 +408,7 @@ class EngineRank:
                                  layout=self.layout, rank=self.rank if self.layout else None)
         self.version = 0
         self.forgotten += 1
+        self._forget_pending = False
 
     def sync(self, min_version=0, timeout_ms=0, verify=False):
         """Copies the newest published version (at least min_version,
@@ -407,9 +419,12 @@ class EngineRank:
         (the engine's kernels that read the weights).  Returns a dict:
         version, bytes, ops, seconds, changed, waited, verified,
         verify_seconds (libwex's struct wex_sync_result), rank, group and
-        wall_seconds.  Raises ValueError, naming them, when the engine
-        re-allocated or replaced parameters since attach (moved(); attach
-        again), before anything is copied; wex.WexError otherwise (the
+        wall_seconds.  Raises ValueError, before anything is copied,
+        while the weights' memory is released (released(): wake it
+        first), and, naming them, when the engine re-allocated or
+        replaced parameters since attach (moved(); attach again).  The
+        first sync after restored(kept=False) copies the whole version,
+        even one this rank held.  wex.WexError otherwise (the
         weights are dirty on EVERIFY and on a copy that failed half-way,
         dirty() says so: the next sync copies everything again)."""
         if self.client is None:
@@ -425,12 +440,12 @@ class EngineRank:
                              "would write; nothing copied, detach and attach again"
                              % (len(moved), ", ".join(moved[:3]),
                                 " ..." if len(moved) > 3 else ""))
-        if self._lost:
+        if self._forget_pending:
             self.forget()
-            self._lost = False
         t0 = time.monotonic()
         r = self.client.sync(wex.SYNC_COPY, min_version=min_version, timeout_ms=timeout_ms,
                              verify=verify)
+        self.lost = None
         self.version = r.version
         out = r.as_dict()
         if not verify:
@@ -440,8 +455,9 @@ class EngineRank:
 
     def dirty(self):
         """True when the weights are mixed (a copy failed half-way, or a
-        verification found a difference) until a sync succeeds."""
-        return self.client is not None and self.client.is_dirty()
+        verification found a difference) or lost (restored(kept=False))
+        until a sync succeeds."""
+        return self.client is not None and (self.lost is not None or self.client.is_dirty())
 
     def describe(self):
         """What is attached: a dict for logs and RPC replies."""
@@ -450,7 +466,7 @@ class EngineRank:
                 "layout": self.layout.spec if self.layout else "canonical",
                 "tensors": self.tensors, "bytes": self.bytes, "ignored": list(self.ignored),
                 "version": self.version, "checkpoint_check": self.checked,
-                "released": self.released_why, "forgotten": self.forgotten}
+                "released": self.released_why, "lost": self.lost, "forgotten": self.forgotten}
 
     def close(self):
         if self.client is not None:

@@ -69,10 +69,13 @@ resume_memory_occupation call.  While the weights are released nothing
 is mapped at their addresses: requests are refused (logged; check()
 names the rank) before anything touches them; resume them first.
 Resumed without --enable-weights-cpu-backup they hold nothing
-meaningful: the next request copies the whole version, even the one the
-rank held, and the checkpoint is not compared again.  A release before
-the first request is not seen (nothing is wrapped yet): send the first
-request while the weights are resident.
+meaningful: each rank forgets its version at once (check() no longer
+counts it), the next request copies the whole version, and the
+checkpoint is not compared again; until one succeeds the weights count
+as lost, and a request that fails raises, as for mixed weights.  A
+release before the first request is not seen (nothing is wrapped yet),
+and that request would read and write unmapped memory, which faults:
+send the first request while the weights are resident.
 
 SGLang flushes its cache after an update (flush_cache=True) and
 asserts that the flush worked, which it does not while requests run or
@@ -88,6 +91,7 @@ import os
 import weakref
 
 import wex
+import wex.checkpoint
 from wex.engine import (EngineRank, check_group, checkpoint_for, config_path, has_experts,
                         stages_from_env)
 
@@ -105,6 +109,9 @@ _DRAFT_CLASSES = ("NextN", "Eagle", "MTP", "Draft")
 _ranks = {}   # id(model) -> (EngineRank, attach arguments, model: kept, so the id stays its)
 _status = {}  # id(model) -> the last request's outcome, for status()
 _changed = weakref.WeakSet()  # models a sync changed since SGLang loaded them
+# model -> ((attach arguments, checkpoint), message) of its last attach
+# refused by the checkpoint comparison.
+_refused = weakref.WeakKeyDictionary()
 # While SGLang's weights are released (torch_memory_saver paused): why.
 _released = None
 _WEIGHTS_TAG = "weights"  # SGLang's GPU_MEMORY_TYPE_WEIGHTS
@@ -117,17 +124,27 @@ def _watch_memory_saver():
     tag).  While the weights are paused nothing is mapped at their
     addresses: requests are refused (logged, check() names the rank)
     before anything touches them.  Resumed without a CPU backup (SGLang's
-    --enable-weights-cpu-backup), they hold nothing meaningful: the next
-    request copies the whole version, even the one held, and the
-    checkpoint is not compared again.  Nothing to watch where
-    torch_memory_saver is not installed (SGLang cannot release memory
-    then)."""
+    --enable-weights-cpu-backup), they hold nothing meaningful: each rank
+    forgets its version (check() no longer counts it), the next request
+    copies the whole version, and the checkpoint is not compared again.
+    A pause or resume that raises leaves them counted as lost; the
+    wrappers never raise but what torch_memory_saver raises.  Nothing to
+    watch where torch_memory_saver is not installed (SGLang cannot
+    release memory then)."""
     try:
         import torch_memory_saver
     except ImportError:
         return
     saver = getattr(torch_memory_saver, "torch_memory_saver", None)
-    if saver is None or getattr(saver, "_wex_wrapped", False):
+    if saver is None:
+        global _unwatched
+        if not _unwatched:
+            _unwatched = True
+            log.warning("wex: this torch_memory_saver has no process-wide torch_memory_saver "
+                        "instance to watch: a request while SGLang's weights are released "
+                        "is not refused, and resumed weights are not known to be lost")
+        return
+    if getattr(saver, "_wex_wrapped", False):
         return
     pause, resume = saver.pause, saver.resume
 
@@ -136,29 +153,47 @@ def _watch_memory_saver():
         return tag is None or tag == _WEIGHTS_TAG
 
     def wex_pause(*args, **kwargs):
-        global _released
+        global _released, _lost
         if weights(args, kwargs):
             # Before: a pause that fails half-way leaves them unknown.
             _released = "SGLang released its weights' memory (release_memory_occupation)"
             for rank, _, _ in _ranks.values():
                 rank.released(_released)
-        return pause(*args, **kwargs)
+        try:
+            return pause(*args, **kwargs)
+        except BaseException:
+            if weights(args, kwargs):
+                _lost = True
+            raise
 
     def wex_resume(*args, **kwargs):
-        global _released
-        out = resume(*args, **kwargs)
-        if weights(args, kwargs) and _released is not None:
-            sa = _server_args()
-            kept = bool(getattr(sa, "enable_weights_cpu_backup", False))
-            _released = None
+        global _released, _lost
+        ours = weights(args, kwargs) and _released is not None
+        try:
+            out = resume(*args, **kwargs)
+        except BaseException:
+            if ours:
+                _lost = True  # what is mapped now, and holds what, is unknown
+            raise
+        if ours:
+            try:
+                sa = _server_args()
+                kept = not _lost and bool(getattr(sa, "enable_weights_cpu_backup", False))
+            except Exception:
+                kept = False
+            _released, _lost = None, False
             for rank, _, _ in _ranks.values():
-                rank.restored(kept)
+                rank.restored(kept)  # never raises
             if not kept:
                 _lost_all()
         return out
 
     saver.pause, saver.resume = wex_pause, wex_resume
     saver._wex_wrapped = True
+
+
+_unwatched = False  # warned that torch_memory_saver cannot be watched
+_lost = False       # a pause or resume raised while the weights were released
 
 
 def _lost_all():
@@ -429,7 +464,20 @@ def _load(model, args):
         if _released is not None:
             raise ValueError("%s: nothing is mapped at the weights' addresses; "
                              "resume_memory_occupation first; not attached" % _released)
-        rank = _attach(model, args)
+        key = (attach, args.get("checkpoint"))
+        before = _refused.get(model)
+        if before is not None and before[0] == key and not (_all_changed or model in _changed):
+            # The same weights, the same request: the same difference
+            # (a compare costs seconds per request on a large model).
+            raise wex.checkpoint.CheckpointMismatch(
+                "%s (found by this worker's first request like this one; not compared "
+                "again)" % before[1])
+        try:
+            rank = _attach(model, args)
+        except wex.checkpoint.CheckpointMismatch as e:
+            _refused[model] = (key, str(e))
+            raise
+        _refused.pop(model, None)
         _ranks[id(model)] = held = (rank, attach, model)
         log.info("wex: attached %s", rank.describe())
     elif held[1] != attach:
@@ -494,7 +542,8 @@ def load(model, named_tensors):
         _status[id(model)] = {"ok": False, "mixed": mixed,
                               "error": "%s: %s" % (type(e).__name__, e)}
         if mixed:
-            log.error("wex: the weights of %s are mixed: %s", name, e)
+            log.error("wex: the weights of %s are %s: %s", name,
+                      "lost" if held is not None and held[0].lost else "mixed", e)
             raise
         log.error("wex: weights unchanged (%s holds version %s): %s", name,
                   held[0].version if held is not None else "none", e)

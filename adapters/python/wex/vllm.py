@@ -71,12 +71,18 @@ them first (wake_up(tags=["weights"])).  Waking them from a sleep of
 level 2 (or any but 1, which copies a CPU backup back) leaves them
 holding nothing meaningful: the next wex_sync copies the whole version,
 even the one the worker held, and the checkpoint is not compared again.
-A sleep before the first wex_attach is seen in vLLM's state (the CPU
-backups of level 1, the saved buffers of level 2) and refused.
+Where the worker sleeps when wex_attach is called (before anything was
+wrapped), vLLM's state shows it (the CPU backups of level 1; the saved
+buffers of level 2, for a model that has buffers) and the attach is
+refused; a model without buffers asleep at level 2 is not seen, and
+neither is a level-2 sleep and wake-up before the first attach, whose
+weights the checkpoint comparison then finds different (the message
+says so): call wex_attach before the first sleep.
 """
 import os
 
 import wex
+from wex.checkpoint import CheckpointMismatch
 from wex.engine import EngineRank, checkpoint_for, config_path, has_experts, stages_from_env
 
 __all__ = ["WorkerExtension", "parallel_info", "default_spec"]
@@ -205,13 +211,22 @@ class WorkerExtension:
         tell the attached rank: while vLLM's weights sleep nothing is
         mapped at their addresses, so a sync is refused; waking them from
         any sleep but level 1 (which copies a CPU backup back) leaves
-        them holding nothing meaningful, so the next sync copies the
-        whole version, even the one held."""
+        them holding nothing meaningful, so the rank forgets its version
+        and the next sync copies the whole of it.  A sleep or wake-up
+        that raises leaves them counted as lost; the wrappers never raise
+        but what vLLM's own methods raise."""
         if "_wex_sleep_wrapped" in self.__dict__:
             return
-        sleep, wake_up = getattr(self, "sleep", None), getattr(self, "wake_up", None)
-        if not callable(sleep) or not callable(wake_up):
+        if not callable(getattr(self, "sleep", None)) or \
+                not callable(getattr(self, "wake_up", None)):
             return  # a vLLM without sleep mode
+        # The methods as found at each call (a class patched later is
+        # still called), unless the instance had its own already.
+        own = {k: self.__dict__[k] for k in ("sleep", "wake_up") if k in self.__dict__}
+
+        def method(name):
+            return own[name] if name in own else getattr(type(self), name).__get__(self)
+
         self._wex_sleep_wrapped = True
 
         def wex_sleep(*args, **kwargs):
@@ -221,17 +236,27 @@ class WorkerExtension:
             self._wex_lost = self._wex_lost or level != 1
             if self._wex is not None:
                 self._wex.released(self._wex_asleep)
-            return sleep(*args, **kwargs)
+            try:
+                return method("sleep")(*args, **kwargs)
+            except BaseException:
+                self._wex_lost = True  # some memory went without its backup, perhaps
+                raise
 
         def wex_wake_up(*args, **kwargs):
             tags = kwargs.get("tags", args[0] if args else None)
-            out = wake_up(*args, **kwargs)
-            if self._wex_asleep is not None and (tags is None or "weights" in tags):
+            weights = self._wex_asleep is not None and (tags is None or "weights" in tags)
+            try:
+                out = method("wake_up")(*args, **kwargs)
+            except BaseException:
+                if weights:  # its rollback unmaps them again, backups spent
+                    self._wex_lost = True
+                raise
+            if weights:
                 lost, self._wex_asleep, self._wex_lost = self._wex_lost, None, False
                 if lost:
                     self._wex_changed = True  # not the checkpoint's any more
                 if self._wex is not None:
-                    self._wex.restored(kept=not lost)
+                    self._wex.restored(kept=not lost)  # never raises
             return out
 
         self.sleep, self.wake_up = wex_sleep, wex_wake_up
@@ -347,12 +372,20 @@ class WorkerExtension:
         ordinal = device.index if getattr(device, "type", None) == "cuda" else None
         # The callable, not its result: each sync enumerates the parameters
         # again and refuses one vLLM replaced (a reload).
-        self._wex = EngineRank(model, lambda: self._wex_model().named_parameters(),
-                               rank=layout_rank(par), world_size=world, layout=spec,
-                               group=group, socket=socket, timeout_ms=timeout_ms,
-                               copy_threads=copy_threads, device=ordinal,
-                               strip_prefix=strip_prefix, ignore=ignore, checkpoint=ckpt,
-                               checkpoint_auto=auto, config=cfg, adapters=adapters)
+        try:
+            self._wex = EngineRank(model, lambda: self._wex_model().named_parameters(),
+                                   rank=layout_rank(par), world_size=world, layout=spec,
+                                   group=group, socket=socket, timeout_ms=timeout_ms,
+                                   copy_threads=copy_threads, device=ordinal,
+                                   strip_prefix=strip_prefix, ignore=ignore, checkpoint=ckpt,
+                                   checkpoint_auto=auto, config=cfg, adapters=adapters)
+        except CheckpointMismatch as e:
+            if not getattr(mc, "enable_sleep_mode", False):
+                raise
+            raise CheckpointMismatch(
+                "%s; vLLM runs with enable_sleep_mode: a sleep of level 2 and a wake-up "
+                "before the first wex_attach discard the weights unseen: attach before the "
+                "first sleep, or pass checkpoint=False" % e) from None
         if why:
             self._wex.checked = "not checked: " + why
         self._wex_watch_sleep()
