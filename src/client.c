@@ -1600,6 +1600,50 @@ WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint6
 	return ret;
 }
 
+/* Whether addr lies in one of the client's reserved regions. */
+static int in_regions(const struct wex_client *c, uint64_t addr)
+{
+	for (size_t j = 0; j < c->nregions; j++) {
+		uint64_t a = (uint64_t)(uintptr_t)c->regions[j].r.addr;
+
+		if (addr >= a && addr < a + c->regions[j].r.size)
+			return 1;
+	}
+	return 0;
+}
+
+/*
+ * Refuses a layout with a tensor where the engine released its GPU memory
+ * and kept the addresses (vLLM's sleep mode, SGLang's
+ * release_memory_occupation): a copy or a comparison there would fault,
+ * on the GPU (a sticky error: the process's CUDA context is lost) or on
+ * the CPU.  The engine hooks refuse that first; this covers every
+ * engine.  Tensors in the client's own regions are wex's to map.
+ */
+static int check_mapped(struct wex_client *c, const struct wex_tensor *t, size_t n,
+			const char *what)
+{
+	struct wex_mem_thread_state ts;
+	struct wex_mem_span known = { 0, 0, 0 };
+	uint64_t span, at;
+	int ret = 0;
+
+	wex_mem_thread_save(&ts);
+	for (size_t i = 0; i < n && !ret; i++) {
+		uint64_t p = (uint64_t)(uintptr_t)t[i].ptr;
+
+		if (!p || in_regions(c, p) || wex__tensor_span(&t[i], &span) < 0)
+			continue;
+		if (wex_mem_ptr_released(p, span, &at, &known) == 1)
+			ret = set_err(c, -EFAULT, "%s: tensor '%s' (%llu bytes at 0x%llx): nothing is mapped at 0x%llx, which the CUDA driver knows as a reserved range: the engine released this memory and kept its addresses (vLLM's sleep mode, SGLang's release_memory_occupation); wake its weights first; nothing was %s",
+				      what, t[i].name, (unsigned long long)span,
+				      (unsigned long long)p, (unsigned long long)at,
+				      strcmp(what, "attach") ? "copied" : "attached");
+	}
+	wex_mem_thread_restore(&ts);
+	return ret;
+}
+
 static int send_table(struct wex_client *c, const char *op, const struct wex_tensor *t, size_t n)
 {
 	json_t *req;
@@ -1805,6 +1849,11 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 	ret = copy_tensors(c, t, n, 1, &copy);
 	if (ret < 0)
 		return ret;
+	ret = check_mapped(c, copy, n, "attach");
+	if (ret < 0) {
+		free(copy);
+		return ret;
+	}
 	ret = send_table(c, "attach", copy, n);
 	if (ret < 0) {
 		free(copy);
@@ -2544,18 +2593,9 @@ static int check_fixed_layout(struct wex_client *c, struct region *g)
  * too with none attached: the regions are then all the weights there are. */
 static int layout_in_regions(const struct wex_client *c)
 {
-	for (size_t i = 0; i < c->nlayout; i++) {
-		uint64_t p = (uint64_t)(uintptr_t)c->layout[i].ptr;
-		int in = 0;
-
-		for (size_t j = 0; j < c->nregions && !in; j++) {
-			uint64_t a = (uint64_t)(uintptr_t)c->regions[j].r.addr;
-
-			in = p >= a && p < a + c->regions[j].r.size;
-		}
-		if (!in)
+	for (size_t i = 0; i < c->nlayout; i++)
+		if (!in_regions(c, (uint64_t)(uintptr_t)c->layout[i].ptr))
 			return 0;
-	}
 	return 1;
 }
 
@@ -2794,6 +2834,11 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 	if (mode < WEX_SYNC_COPY || mode > WEX_SYNC_REMAP_FIXED)
 		return set_err(c, -EINVAL, "sync mode %d unknown", mode);
 	c->sync_fb = 0;
+	/* Before anything is acquired: memory the engine released. */
+	if (mode != WEX_SYNC_REMAP_VIEW && c->nlayout &&
+	    (ret = check_mapped(c, c->layout, c->nlayout,
+				mode == WEX_SYNC_COPY ? "copy sync" : "same-address sync")) < 0)
+		return ret;
 	/* The acquire ends the lease held now (wexd drops it), and a copy
 	 * overwrites the weights in place: either way the engine's GPU work
 	 * that may still read them must be done first. */
@@ -3100,6 +3145,23 @@ WEX_API int wex_is_dirty(wex_client_t *c)
 {
 	ARGS_OK(c, 1);
 	return c->dirty;
+}
+
+WEX_API int wex_released(const void *ptr, uint64_t len, uint64_t *at)
+{
+	struct wex_mem_thread_state ts;
+	struct wex_mem_span known = { 0, 0, 0 };
+	uint64_t a = 0;
+	int ret;
+
+	if (!ptr)
+		return -EINVAL;
+	wex_mem_thread_save(&ts);
+	ret = wex_mem_ptr_released((uint64_t)(uintptr_t)ptr, len, &a, &known);
+	wex_mem_thread_restore(&ts);
+	if (ret == 1 && at)
+		*at = a;
+	return ret;
 }
 
 WEX_API int wex_view(wex_client_t *c, uint32_t prank, const char *name, void **ptr,

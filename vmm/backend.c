@@ -99,6 +99,19 @@ int wex_mem_ptr_on_gpu(uint64_t addr)
 #endif
 }
 
+int wex_mem_ptr_released(uint64_t addr, uint64_t len, uint64_t *at, struct wex_mem_span *known)
+{
+#ifdef WEX_HAVE_CUDA_BACKEND
+	return wex__cuda_ptr_released(addr, len, at, known);
+#else
+	(void)addr;
+	(void)len;
+	(void)at;
+	(void)known;
+	return 0;
+#endif
+}
+
 int wex_mem_device_uuid(int dev, char *out, size_t len)
 {
 #ifdef WEX_HAVE_CUDA_BACKEND

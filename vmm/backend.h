@@ -227,6 +227,29 @@ int wex_mem_settle(void);
  * -1 otherwise, and always -1 in a build without the CUDA backend. */
 int wex_mem_ptr_on_gpu(uint64_t addr);
 
+/*
+ * Whether [addr, addr + len) lies partly where the CUDA driver knows a
+ * virtual address range with nothing mapped: memory an engine released
+ * while keeping its addresses (vLLM's sleep mode, torch_memory_saver's
+ * pause: cuMemUnmap under a kept cuMemAddressReserve).  A copy there
+ * faults: on the GPU a sticky error (the process's CUDA context is lost),
+ * and where the driver no longer counts the address as device memory, on
+ * the CPU.  1 with *at the first such address found; 0 otherwise (mapped,
+ * host memory, memory the driver does not know, no driver loaded in this
+ * process, or a build without the CUDA backend: nothing is loaded to
+ * ask).  `known` (may be NULL; zeroed before the first call) caches
+ * whether a driver is loaded and one mapping found whole around the
+ * range, so that the pieces of one tensor cost one query.  Asks the
+ * driver CU_POINTER_ATTRIBUTE_MAPPED and cuMemGetAddressRange; may make
+ * device 0's primary context current in a thread with none (wrap it in
+ * wex_mem_thread_save/restore).
+ */
+struct wex_mem_span {
+	uint64_t lo, hi;
+	int asked; /* 1: a driver is loaded to ask, -1: none, 0: not yet known */
+};
+int wex_mem_ptr_released(uint64_t addr, uint64_t len, uint64_t *at, struct wex_mem_span *known);
+
 /* The UUID text of CUDA device `dev` ("GPU-..."; the name segments carry
  * in desc.device) into out (at least 37 bytes); -ENODEV in a build without
  * the CUDA backend, the driver's error otherwise. */

@@ -534,6 +534,62 @@ int wex__cuda_ptr_on_gpu(uint64_t ptr)
 	return ord;
 }
 
+/* cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MAPPED) at p: 1 mapped, 0 a
+ * range the driver knows (a VMM reservation) with nothing mapped at p, -1
+ * no answer (memory the driver does not know: host memory).  A query
+ * refused for want of a context borrows device 0's primary context where
+ * the thread has none (see wex__cuda_ptr_on_gpu). */
+static int mapped_at(uint64_t p)
+{
+	CUcontext cur = NULL;
+	unsigned int m = 0; /* "a boolean": one byte or four, read zeroed */
+	CUresult r;
+
+	r = wex__cu.cuPointerGetAttribute(&m, CU_POINTER_ATTRIBUTE_MAPPED, (CUdeviceptr)p);
+	if (r == CUDA_ERROR_INVALID_CONTEXT &&
+	    (wex__cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur) && wex__cuda_use_device(0) == 0)
+		r = wex__cu.cuPointerGetAttribute(&m, CU_POINTER_ATTRIBUTE_MAPPED, (CUdeviceptr)p);
+	if (r != CUDA_SUCCESS)
+		return -1;
+	return m != 0;
+}
+
+int wex__cuda_ptr_released(uint64_t addr, uint64_t len, uint64_t *at, struct wex_mem_span *known)
+{
+	uint64_t p = addr, end = addr + len;
+	CUdeviceptr base;
+	size_t size;
+
+	if (!len || (known && addr >= known->lo && end <= known->hi))
+		return 0;
+	if (known && !known->asked)
+		known->asked = driver_in_process() ? 1 : -1;
+	if (known ? known->asked < 0 : !driver_in_process())
+		return 0;
+	/* Mapping by mapping (a VMM range maps several allocations back to
+	 * back, and cuMemGetAddressRange gives one mapping's extent), as far
+	 * as the driver gives extents; then the last byte. */
+	while (p < end) {
+		if (mapped_at(p) == 0) {
+			*at = p;
+			return 1;
+		}
+		if (wex__cu.cuMemGetAddressRange(&base, &size, (CUdeviceptr)p) != CUDA_SUCCESS ||
+		    base > p || base + size <= p)
+			break;
+		if (known && p == addr && base + size >= end) {
+			known->lo = base; /* one mapping holds it all */
+			known->hi = base + size;
+		}
+		p = base + size;
+	}
+	if (p < end && end - 1 != p && mapped_at(end - 1) == 0) {
+		*at = end - 1;
+		return 1;
+	}
+	return 0;
+}
+
 int wex__cuda_ptr_device(uint64_t ptr, int *dev)
 {
 	CUcontext cur = NULL;

@@ -170,6 +170,9 @@ int wex__cuda_settle(void);
  * loaded in this process (wex does not load it to ask); else -1. */
 int wex__cuda_ptr_on_gpu(uint64_t ptr);
 
+/* wex_mem_ptr_released (backend.h) on the CUDA driver. */
+int wex__cuda_ptr_released(uint64_t addr, uint64_t len, uint64_t *at, struct wex_mem_span *known);
+
 /*
  * Whether device `dev` can reach memory that device `owner` holds (both
  * ordinals in this process): 0 when dev == owner or cuDeviceCanAccessPeer

@@ -296,7 +296,11 @@ enum wex_sync_mode {
  * (by UUID; a layout over several GPUs, its first piece's): an element
  * that producer ranks hold in segments on that GPU is copied from one of
  * those segments (a local copy), never from a replica elsewhere.
- * Errors: -WEX_ELAYOUT when a requested element has no source.
+ * Errors: -WEX_ELAYOUT when a requested element has no source; -EFAULT
+ * when a tensor lies where the CUDA driver knows a reserved address range
+ * with nothing mapped (GPU memory the engine released and kept the
+ * addresses of: vLLM's sleep mode, torch_memory_saver's pause), nothing
+ * attached.
  */
 WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n);
 
@@ -403,6 +407,12 @@ struct wex_sync_result {
  * producer's memory behind the version went since it was acquired, or when
  * ranks of this group hold a version from a round lost that way (every
  * rank of the group must sync again; the message names the version),
+ * -EFAULT when an attached tensor (outside the client's own regions) lies
+ * where the CUDA driver knows a reserved address range with nothing mapped
+ * (the engine released that GPU memory and kept its addresses: vLLM's
+ * sleep mode, torch_memory_saver's pause; a copy there would fault and
+ * lose the process's CUDA context), checked before anything is acquired
+ * (nothing copied, not dirty; wake the weights and sync again),
  * -ENOTRECOVERABLE when a GPU copy met a sticky CUDA error (illegal
  * address, launch failure, ...: the process's CUDA context is unusable,
  * its weights are dirty, and only a new process can sync again), -EAGAIN
@@ -439,6 +449,19 @@ WEX_API int wex_release(wex_client_t *c);
  * (Every call here returns -EINVAL for a NULL client or a NULL pointer it
  * needs, with the reason in wex_last_error when there is a client.) */
 WEX_API int wex_is_dirty(wex_client_t *c);
+
+/* 1 when [ptr, ptr + len) lies partly where the CUDA driver loaded in this
+ * process knows a reserved address range with nothing mapped: GPU memory
+ * an engine released while keeping its addresses (vLLM's sleep mode,
+ * torch_memory_saver's pause), which a copy or a read would fault on;
+ * *at (may be NULL) gets the first such address found.  0 otherwise
+ * (mapped memory, host memory, no driver loaded in this process: nothing
+ * is loaded to ask).  -EINVAL for a NULL ptr.  wex_attach and wex_sync
+ * refuse such layouts themselves (-EFAULT); this is for callers that read
+ * the memory first (the engine hooks' checkpoint comparison).  Asks the
+ * driver (CU_POINTER_ATTRIBUTE_MAPPED, cuMemGetAddressRange), never waits
+ * for GPU work; the calling thread's context is left as it was. */
+WEX_API int wex_released(const void *ptr, uint64_t len, uint64_t *at);
 
 /*
  * After a REMAP_VIEW sync: the address of producer rank `prank`'s piece of

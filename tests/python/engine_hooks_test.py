@@ -1243,6 +1243,24 @@ class EngineHooks(WexdProducerCase):
         fresh.wex_attach(model=MODEL, group="vllm-fresh")
         fresh.wex_detach()
 
+        # libwex's own check (wex.released), which EngineRank asks before
+        # reading or attaching anything: host memory is not released; a
+        # tensor the driver says is (patched here: there is no GPU) refuses
+        # the attach by name.
+        host = torch.zeros(4)
+        self.assertIsNone(wex.released(host.data_ptr(), 16))
+        with self.assertRaises(wex.WexError):
+            wex.released(0, 1)
+        name, first = next(iter(fresh.model_runner.model.named_parameters()))
+        gone = first.data_ptr()
+        with unittest.mock.patch.object(wex, "released",
+                                        lambda p, n: p if p == gone else None):
+            with self.assertRaises(ValueError) as e:
+                fresh.wex_attach(model=MODEL, group="vllm-fresh")
+        self.assertIn("released the memory of %s (nothing mapped at %#x)" % (name, gone),
+                      str(e.exception))
+        self.assertIsNone(fresh.wex_status())
+
     def test_sglang_memory_saver(self):
         """SGLang's release/resume_memory_occupation (torch_memory_saver's
         pause/resume, called as SGLang does, tag=...): a request while the

@@ -312,6 +312,7 @@ def lib():
         "wex_sync": (I, [P, I, U64, U32, ctypes.POINTER(SyncResult)]),
         "wex_release": (I, [P]),
         "wex_is_dirty": (I, [P]),
+        "wex_released": (I, [P, U64, ctypes.POINTER(U64)]),
         "wex_view": (I, [P, U32, ctypes.c_char_p, ctypes.POINTER(P), ctypes.POINTER(Tensor)]),
         "wex_producer_tensors": (I, [P, U32, ctypes.POINTER(ctypes.POINTER(Tensor)),
                                      ctypes.POINTER(ctypes.c_size_t)]),
@@ -341,6 +342,20 @@ def lib():
     L._path = path
     _lib = L
     return L
+
+
+def released(ptr, nbytes):
+    """The first address in [ptr, ptr + nbytes) where the CUDA driver
+    loaded in this process knows a reserved range with nothing mapped (GPU
+    memory an engine released keeping its addresses: vLLM's sleep mode,
+    torch_memory_saver's pause), or None (mapped, host memory, or no
+    driver loaded: wex_released)."""
+    at = ctypes.c_uint64()
+    ret = lib().wex_released(_uint(ptr, 64, "ptr") or None, _uint(nbytes, 64, "nbytes"),
+                             ctypes.byref(at))
+    if ret < 0:
+        raise WexError(ret, "released: %s" % strerror(ret))
+    return at.value if ret == 1 else None
 
 
 def lib_path():

@@ -231,6 +231,20 @@ def as_layout(layout, config=None, adapters=None, world_size=None, who="engine")
     return layout
 
 
+def _released(items):
+    """'name (nothing mapped at ADDRESS)' of the first tensor whose GPU
+    memory the engine released keeping its addresses (wex.released), or
+    None."""
+    for name, t in items:
+        if not t.numel():
+            continue
+        span = t.element_size() * (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())))
+        at = wex.released(t.data_ptr(), span)
+        if at is not None:
+            return "%s (nothing mapped at %#x)" % (name, at)
+    return None
+
+
 class EngineRank:
     """One engine rank: a consumer client of `group` with its parameters
     attached (in `layout`, rank `rank` of `world_size`), syncing in place.
@@ -274,6 +288,13 @@ class EngineRank:
         # layout says where it says (a backend that re-laid them out in
         # their shape would read wex's copies as something else).
         self.checked = "not checked (no checkpoint given)"
+        gone = _released(items)
+        if gone:
+            # Reading them (the comparison below) or copying into them
+            # would fault; libwex's attach refuses them too.
+            raise ValueError("the engine released the memory of %s and kept its addresses "
+                             "(vLLM's sleep mode, SGLang's release_memory_occupation): wake "
+                             "its weights first; nothing compared or attached" % gone)
         if checkpoint:
             self.checked = self._check(items, checkpoint, checkpoint_auto, checkpoint_skip,
                                        rank, config, adapters)

@@ -73,9 +73,10 @@ meaningful: each rank forgets its version at once (check() no longer
 counts it), the next request copies the whole version, and the
 checkpoint is not compared again; until one succeeds the weights count
 as lost, and a request that fails raises, as for mixed weights.  A
-release before the first request is not seen (nothing is wrapped yet),
-and that request would read and write unmapped memory, which faults:
-send the first request while the weights are resident.
+release before the first request is not seen by the hook (nothing is
+wrapped yet); libwex refuses that request where the CUDA driver reports
+nothing mapped at the weights (wex.released): send the first request
+while the weights are resident.
 
 SGLang flushes its cache after an update (flush_cache=True) and
 asserts that the flush worked, which it does not while requests run or

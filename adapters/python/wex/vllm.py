@@ -74,10 +74,12 @@ even the one the worker held, and the checkpoint is not compared again.
 Where the worker sleeps when wex_attach is called (before anything was
 wrapped), vLLM's state shows it (the CPU backups of level 1; the saved
 buffers of level 2, for a model that has buffers) and the attach is
-refused; a model without buffers asleep at level 2 is not seen, and
-neither is a level-2 sleep and wake-up before the first attach, whose
-weights the checkpoint comparison then finds different (the message
-says so): call wex_attach before the first sleep.
+refused; a model without buffers asleep at level 2 is not seen there,
+but libwex refuses it where the CUDA driver reports nothing mapped at
+the weights (wex.released).  A level-2 sleep and wake-up before the
+first attach is not seen at all: the checkpoint comparison then finds
+the weights different (the message says so): call wex_attach before the
+first sleep.
 """
 import os
 

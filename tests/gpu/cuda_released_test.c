@@ -1,0 +1,227 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuda_released - copy syncs into GPU memory the engine released while
+ * keeping its addresses, as vLLM's sleep mode and torch_memory_saver do
+ * (cuMemUnmap and cuMemRelease under a kept cuMemAddressReserve; waking
+ * maps new allocations at the same addresses).
+ *
+ * A producer child holds NT tensors in a VMM range and writes version v
+ * as bytes of vbyte(v).  This process, the consumer, holds its own copy
+ * of them in a range of two allocations it mapped itself (not wex's
+ * regions: the engine's memory), and checks:
+ *  1. a copy sync of v1 fills every byte;
+ *  2. both allocations released ("asleep"), v2 published: the copy sync
+ *     fails with -EFAULT before anything is acquired or copied, naming a
+ *     tensor and saying that nothing is mapped there; not dirty; a
+ *     re-attach is refused the same way; wexd still hands v2 to another
+ *     consumer, and the producer can write v3 (no lease was taken);
+ *  3. only the second allocation released: refused, naming a tensor of
+ *     the second half (w.2);
+ *  4. new allocations mapped ("awake"): the copy sync copies the newest
+ *     version into every byte, and this process's CUDA context still
+ *     works (no sticky error from a copy into unmapped memory);
+ * and wex_released says where nothing is mapped (the first address of
+ * the second allocation in step 3), 0 for mapped and host memory.
+ * Needs a CUDA driver and device (exit 77 with the reason otherwise); CI
+ * runs it against tests/gpu/emul_cuda.c (cuda_released_emul), where a
+ * copy into a reservation with nothing mapped fails with
+ * CUDA_ERROR_ILLEGAL_ADDRESS, the driver's sticky error.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gpu_util.h"
+#include "wex.h"
+
+#define NT 4
+
+static uint64_t tbytes; /* half an allocation: two tensors in each */
+
+static unsigned char vbyte(uint64_t v)
+{
+	return (unsigned char)(v * 37 + 11);
+}
+
+static void make_tensors(struct wex_tensor *t, uint32_t seg, uint64_t base)
+{
+	memset(t, 0, sizeof(*t) * NT);
+	for (int i = 0; i < NT; i++) {
+		snprintf(t[i].name, sizeof(t[i].name), "w.%d", i);
+		t[i].dtype = WEX_DT_U8;
+		t[i].ndim = 1;
+		t[i].shape[0] = t[i].extent[0] = tbytes;
+		t[i].segment = seg;
+		t[i].offset = (uint64_t)i * tbytes;
+		if (base)
+			t[i].ptr = (void *)(uintptr_t)(base + t[i].offset);
+	}
+}
+
+/* The producer: writes version after version on request ('w' in, 'k' out). */
+static void producer(int cmd, int ack)
+{
+	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
+				       .role = WEX_ROLE_PRODUCER, .model = "released" };
+	uint64_t total, v = 0;
+	CUmemGenericAllocationHandle h[2];
+	struct wex_tensor t[NT];
+	wex_client_t *c;
+	CUdeviceptr va;
+	uint32_t seg;
+	char ch;
+
+	/* Forked before the test touched CUDA, it asks the driver itself. */
+	tbytes = gpu_granularity() / 2;
+	total = NT * tbytes;
+	va = gpu_expandable(2, total / 2, h);
+	CHECK_OK(wex_client_open(&p, &c));
+	CHECK_OK(wex_segment_register_ptr(c, WEX_SEG_CUDA_VMM, (void *)(uintptr_t)va, total, &seg));
+	make_tensors(t, seg, 0);
+	CHECK_OK(wex_register_tensors(c, t, NT));
+	while (read(cmd, &ch, 1) == 1 && ch == 'w') {
+		v++;
+		CHECK_OK(wex_begin_write(c, v, 10000));
+		CU_OK(wex__cu.cuMemsetD8Async(va, vbyte(v), total, 0));
+		CHECK_OK(wex_publish(c, v));
+		CHECK(write(ack, "k", 1) == 1);
+	}
+	wex_client_close(c);
+	gpu_expandable_free(va, 2, total / 2, h);
+	_exit(0);
+}
+
+static void next_version(struct gpu_world *w)
+{
+	char ch;
+
+	CHECK(write(w->to_prod, "w", 1) == 1);
+	CHECK(read(w->from_prod, &ch, 1) == 1 && ch == 'k');
+}
+
+/* Bytes of the engine's weights at va that do not hold version v. */
+static uint64_t bad_bytes(CUdeviceptr va, uint64_t v)
+{
+	unsigned char *h = calloc(1, NT * tbytes);
+	uint64_t bad = 0;
+
+	CHECK(h != NULL);
+	CHECK_OK(xfer(h, (void *)(uintptr_t)va, NT * tbytes));
+	for (uint64_t b = 0; b < NT * tbytes; b++)
+		bad += h[b] != vbyte(v);
+	free(h);
+	return bad;
+}
+
+/* The engine's allocation i of the range at va: released, or mapped anew
+ * (as vLLM's CuMemAllocator and torch_memory_saver do). */
+static void release(CUdeviceptr va, CUmemGenericAllocationHandle *h, int i)
+{
+	CU_OK(wex__cu.cuMemUnmap(va + i * 2 * tbytes, 2 * tbytes));
+	CU_OK(wex__cu.cuMemRelease(h[i]));
+}
+
+static void map_new(CUdeviceptr va, CUmemGenericAllocationHandle *h, int i)
+{
+	CUmemAllocationProp prop = gpu_vmm_prop(CU_MEM_HANDLE_TYPE_NONE);
+	CUmemAccessDesc acc = gpu_rw_access();
+
+	CU_OK(wex__cu.cuMemCreate(&h[i], 2 * tbytes, &prop, 0));
+	CU_OK(wex__cu.cuMemMap(va + i * 2 * tbytes, 2 * tbytes, 0, h[i], 0));
+	CU_OK(wex__cu.cuMemSetAccess(va + i * 2 * tbytes, 2 * tbytes, &acc, 1));
+}
+
+static wex_client_t *consumer(const char *group)
+{
+	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL |
+						     WEX_CLIENT_FIELD_GROUP,
+				       .role = WEX_ROLE_CONSUMER, .model = "released", .group = group };
+	wex_client_t *c;
+
+	CHECK_OK(wex_client_open(&p, &c));
+	return c;
+}
+
+/* A copy sync refused for released memory: -EFAULT before anything was
+ * acquired, naming `tensor`, not dirty. */
+static void refused(wex_client_t *c, const char *tensor)
+{
+	struct wex_sync_result r;
+	int ret = wex_sync(c, WEX_SYNC_COPY, 0, 3000, &r);
+	const char *err = wex_last_error(c);
+
+	printf("refused: %s\n", err);
+	CHECK(ret == -EFAULT);
+	CHECK(strstr(err, tensor) != NULL);
+	CHECK(strstr(err, "nothing is mapped") != NULL);
+	CHECK(strstr(err, "nothing was copied") != NULL);
+	CHECK(wex_is_dirty(c) == 0);
+}
+
+int main(void)
+{
+	CUmemGenericAllocationHandle h[2];
+	struct wex_sync_result r;
+	struct wex_tensor t[NT];
+	struct gpu_world w;
+	wex_client_t *c, *other;
+	CUdeviceptr va;
+	uint64_t at;
+	int ret;
+
+	gpu_require();
+	gpu_world_start(&w, producer);
+	tbytes = gpu_granularity() / 2;
+	next_version(&w);
+
+	/* 1. The engine's weights in its own VMM range; a copy sync of v1. */
+	va = gpu_expandable(2, 2 * tbytes, h);
+	c = consumer("engine");
+	make_tensors(t, 0, va);
+	CHECK_OK(wex_attach(c, t, NT));
+	CHECK_OK(wex_sync(c, WEX_SYNC_COPY, 1, 10000, &r));
+	CHECK(r.version == 1 && r.changed && bad_bytes(va, 1) == 0);
+
+	/* 2. Asleep: both allocations released, the addresses kept. */
+	release(va, h, 0);
+	release(va, h, 1);
+	next_version(&w);
+	CHECK(wex_released((void *)(uintptr_t)va, NT * tbytes, &at) == 1 && at == va);
+	refused(c, "'w.0'");
+	ret = wex_attach(c, t, NT);
+	printf("attach refused: %s\n", wex_last_error(c));
+	CHECK(ret == -EFAULT && strstr(wex_last_error(c), "nothing was attached") != NULL);
+	/* No lease was taken: wexd serves v2 to another group, and the
+	 * producer writes v3. */
+	other = consumer("other");
+	CHECK_OK(wex_sync(other, WEX_SYNC_REMAP_VIEW, 2, 10000, &r));
+	CHECK(r.version == 2);
+	CHECK_OK(wex_release(other));
+	wex_client_close(other);
+	next_version(&w);
+
+	/* 3. Half asleep: the first allocation back, the second released. */
+	map_new(va, h, 0);
+	CHECK(wex_released((void *)(uintptr_t)va, 2 * tbytes, &at) == 0);
+	CHECK(wex_released((void *)(uintptr_t)va, NT * tbytes, &at) == 1 && at == va + 2 * tbytes);
+	refused(c, "'w.2'");
+
+	/* 4. Awake: the newest version copied into every byte, and CUDA in
+	 * this process still works. */
+	map_new(va, h, 1);
+	CHECK_OK(wex_sync(c, WEX_SYNC_COPY, 3, 10000, &r));
+	CHECK(r.version == 3 && r.changed && !wex_is_dirty(c));
+	CHECK(bad_bytes(va, 3) == 0); /* a device-to-host copy: the context works */
+	CHECK(wex_released((void *)(uintptr_t)va, NT * tbytes, &at) == 0);
+	CHECK(wex_released(&at, sizeof(at), NULL) == 0); /* host memory */
+	CHECK(wex_released(NULL, 1, NULL) == -EINVAL);
+	printf("released memory: copy and attach refused (-EFAULT), nothing acquired; "
+	       "mapped again: v3 copied whole\n");
+
+	wex_client_close(c);
+	gpu_expandable_free(va, 2, 2 * tbytes, h);
+	gpu_world_stop(&w);
+	printf("PASS\n");
+	return 0;
+}
