@@ -101,6 +101,7 @@ struct wex_client {
 	/* consumer */
 	struct wex_tensor *layout;
 	size_t nlayout;
+	uint8_t *layout_host; /* per tensor: memory the CUDA driver did not know at attach */
 	uint64_t layout_gen;
 	int fetched;
 	uint32_t nprod;
@@ -385,6 +386,7 @@ static void client_free(struct wex_client *c)
 	free(c->regions);
 	free(c->ptensors);
 	free(c->layout);
+	free(c->layout_host);
 	free(c->tables);
 	free(c->table_ranks);
 	free(c->rank_first);
@@ -1618,13 +1620,15 @@ static int in_regions(const struct wex_client *c, uint64_t addr)
  * release_memory_occupation): a copy or a comparison there would fault,
  * on the GPU (a sticky error: the process's CUDA context is lost) or on
  * the CPU.  The engine hooks refuse that first; this covers every
- * engine.  Tensors in the client's own regions are wex's to map.
+ * engine.  Tensors in the client's own regions are wex's to map.  At
+ * attach, `host` (n bytes) gets 1 for each tensor whose memory the
+ * driver did not know (host memory): a sync skips those (see c->layout_host).
  */
 static int check_mapped(struct wex_client *c, const struct wex_tensor *t, size_t n,
-			const char *what)
+			const char *what, uint8_t *host)
 {
 	struct wex_mem_thread_state ts;
-	struct wex_mem_span known = { 0, 0, 0 };
+	struct wex_mem_span known = { 0, 0, 0, 0 };
 	uint64_t span, at;
 	int ret = 0;
 
@@ -1632,13 +1636,18 @@ static int check_mapped(struct wex_client *c, const struct wex_tensor *t, size_t
 	for (size_t i = 0; i < n && !ret; i++) {
 		uint64_t p = (uint64_t)(uintptr_t)t[i].ptr;
 
-		if (!p || in_regions(c, p) || wex__tensor_span(&t[i], &span) < 0)
+		if (!p || in_regions(c, p) || (!host && c->layout_host && c->layout_host[i]) ||
+		    wex__tensor_span(&t[i], &span) < 0)
 			continue;
 		if (wex_mem_ptr_released(p, span, &at, &known) == 1)
 			ret = set_err(c, -EFAULT, "%s: tensor '%s' (%llu bytes at 0x%llx): nothing is mapped at 0x%llx, which the CUDA driver knows as a reserved range: the engine released this memory and kept its addresses (vLLM's sleep mode, SGLang's release_memory_occupation); wake its weights first; nothing was %s",
 				      what, t[i].name, (unsigned long long)span,
 				      (unsigned long long)p, (unsigned long long)at,
-				      strcmp(what, "attach") ? "copied" : "attached");
+				      host ? "attached" : strcmp(what, "verify") ? "acquired or copied" :
+				      "compared");
+		else if (host && known.asked > 0 && known.unknown &&
+			 !(p >= known.lo && p + span <= known.hi))
+			host[i] = 1;
 	}
 	wex_mem_thread_restore(&ts);
 	return ret;
@@ -1841,6 +1850,7 @@ static int send_layout(struct wex_client *c)
 WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 {
 	struct wex_tensor *copy;
+	uint8_t *host;
 	int ret;
 
 	CALL_OK(c, t || !n);
@@ -1849,18 +1859,23 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 	ret = copy_tensors(c, t, n, 1, &copy);
 	if (ret < 0)
 		return ret;
-	ret = check_mapped(c, copy, n, "attach");
-	if (ret < 0) {
+	host = calloc(n ? n : 1, 1);
+	if (!host) {
 		free(copy);
-		return ret;
+		return -ENOMEM;
 	}
-	ret = send_table(c, "attach", copy, n);
+	ret = check_mapped(c, copy, n, "attach", host);
+	if (ret >= 0)
+		ret = send_table(c, "attach", copy, n);
 	if (ret < 0) {
 		free(copy);
+		free(host);
 		return ret;
 	}
 	free(c->layout);
+	free(c->layout_host);
 	c->layout = copy;
+	c->layout_host = host;
 	c->nlayout = n;
 	c->layout_dev = -2;
 	c->fetched = 0; /* the plan depends on the layout */
@@ -2446,9 +2461,18 @@ static int verify_plan(struct wex_client *c, uint64_t version, uint64_t *bytes, 
 	const struct wex_mem_ops *be;
 	struct wex_verify_diff diff = { 0 };
 	uint64_t total, t0 = wex__now_ns();
-	int ret = plan_ops(c, &ops, &total, &be);
+	int ret;
 
 	*bytes = 0;
+	/* wexd's ask (wexctl verify) comes with the acquire, after the
+	 * sync's own check: the layout may have been released since. */
+	ret = check_mapped(c, c->layout, c->nlayout, "verify", NULL);
+	if (ret < 0) {
+		*rep = json_pack("{s:s, s:I, s:s}", "result", "failed", "version",
+				 (json_int_t)version, "why", c->err);
+		return ret;
+	}
+	ret = plan_ops(c, &ops, &total, &be);
 	if (ret == 0) {
 		ret = wex__verify_ops(ops, c->nplan, be && be->kind != WEX_MEM_HOST ? be : NULL,
 				      c->threads, &diff);
@@ -2834,10 +2858,13 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 	if (mode < WEX_SYNC_COPY || mode > WEX_SYNC_REMAP_FIXED)
 		return set_err(c, -EINVAL, "sync mode %d unknown", mode);
 	c->sync_fb = 0;
-	/* Before anything is acquired: memory the engine released. */
-	if (mode != WEX_SYNC_REMAP_VIEW && c->nlayout &&
+	/* Before anything is acquired: memory the engine released, which a
+	 * copy would write or a verification read (a same-address sync
+	 * writes only the client's regions). */
+	if ((mode == WEX_SYNC_COPY || verify) && c->nlayout &&
 	    (ret = check_mapped(c, c->layout, c->nlayout,
-				mode == WEX_SYNC_COPY ? "copy sync" : "same-address sync")) < 0)
+				mode == WEX_SYNC_COPY ? "copy sync" : "verified same-address sync",
+				NULL)) < 0)
 		return ret;
 	/* The acquire ends the lease held now (wexd drops it), and a copy
 	 * overwrites the weights in place: either way the engine's GPU work

@@ -239,14 +239,18 @@ int wex_mem_ptr_on_gpu(uint64_t addr);
  * process, or a build without the CUDA backend: nothing is loaded to
  * ask).  `known` (may be NULL; zeroed before the first call) caches
  * whether a driver is loaded and one mapping found whole around the
- * range, so that the pieces of one tensor cost one query.  Asks the
- * driver CU_POINTER_ATTRIBUTE_MAPPED and cuMemGetAddressRange; may make
+ * range, so that the pieces of one tensor cost one query; `unknown` says
+ * whether the driver knew the range's first address (host memory: not).
+ * A MAPPED of 0 counts only where RANGE_START_ADDR and RANGE_SIZE answer
+ * with a range holding the address.  -EINVAL when addr + len overflows.
+ * Asks the driver (pointer attributes, cuMemGetAddressRange); may make
  * device 0's primary context current in a thread with none (wrap it in
  * wex_mem_thread_save/restore).
  */
 struct wex_mem_span {
 	uint64_t lo, hi;
-	int asked; /* 1: a driver is loaded to ask, -1: none, 0: not yet known */
+	int asked;   /* 1: a driver is loaded to ask, -1: none, 0: not yet known */
+	int unknown; /* out: the driver did not know the range's first address */
 };
 int wex_mem_ptr_released(uint64_t addr, uint64_t len, uint64_t *at, struct wex_mem_span *known);
 

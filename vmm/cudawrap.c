@@ -534,24 +534,51 @@ int wex__cuda_ptr_on_gpu(uint64_t ptr)
 	return ord;
 }
 
-/* cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MAPPED) at p: 1 mapped, 0 a
- * range the driver knows (a VMM reservation) with nothing mapped at p, -1
- * no answer (memory the driver does not know: host memory).  A query
- * refused for want of a context borrows device 0's primary context where
- * the thread has none (see wex__cuda_ptr_on_gpu). */
-static int mapped_at(uint64_t p)
+/* cuPointerGetAttribute, a query refused for want of a context retried
+ * with device 0's primary context current where the thread has none (see
+ * wex__cuda_ptr_on_gpu); cuMemGetAddressRange likewise. */
+static CUresult ptr_attr(void *data, CUpointer_attribute a, uint64_t p)
 {
 	CUcontext cur = NULL;
-	unsigned int m = 0; /* "a boolean": one byte or four, read zeroed */
-	CUresult r;
+	CUresult r = wex__cu.cuPointerGetAttribute(data, a, (CUdeviceptr)p);
 
-	r = wex__cu.cuPointerGetAttribute(&m, CU_POINTER_ATTRIBUTE_MAPPED, (CUdeviceptr)p);
 	if (r == CUDA_ERROR_INVALID_CONTEXT &&
 	    (wex__cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur) && wex__cuda_use_device(0) == 0)
-		r = wex__cu.cuPointerGetAttribute(&m, CU_POINTER_ATTRIBUTE_MAPPED, (CUdeviceptr)p);
-	if (r != CUDA_SUCCESS)
+		r = wex__cu.cuPointerGetAttribute(data, a, (CUdeviceptr)p);
+	return r;
+}
+
+static CUresult addr_range(CUdeviceptr *base, size_t *size, uint64_t p)
+{
+	CUcontext cur = NULL;
+	CUresult r = wex__cu.cuMemGetAddressRange(base, size, (CUdeviceptr)p);
+
+	if (r == CUDA_ERROR_INVALID_CONTEXT &&
+	    (wex__cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur) && wex__cuda_use_device(0) == 0)
+		r = wex__cu.cuMemGetAddressRange(base, size, (CUdeviceptr)p);
+	return r;
+}
+
+/* What the driver says of address p: 0 mapped; 1 in an address range it
+ * knows (RANGE_START_ADDR and RANGE_SIZE answer, and hold p: a VMM
+ * reservation) with nothing mapped at p (MAPPED 0); -1 no such answer
+ * (memory it does not know, host memory: a MAPPED of 0 alone is not
+ * taken for released, as cuPointerGetAttributes fills 0 in for unknown
+ * pointers). */
+static int released_at(uint64_t p)
+{
+	uint64_t m = 0, start = 0; /* MAPPED is "a boolean": read zeroed */
+	size_t size = 0;
+
+	if (ptr_attr(&m, CU_POINTER_ATTRIBUTE_MAPPED, p) != CUDA_SUCCESS)
 		return -1;
-	return m != 0;
+	if (m)
+		return 0;
+	if (ptr_attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) != CUDA_SUCCESS ||
+	    ptr_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) != CUDA_SUCCESS || !size ||
+	    p < start || p - start >= size)
+		return -1;
+	return 1;
 }
 
 int wex__cuda_ptr_released(uint64_t addr, uint64_t len, uint64_t *at, struct wex_mem_span *known)
@@ -559,7 +586,10 @@ int wex__cuda_ptr_released(uint64_t addr, uint64_t len, uint64_t *at, struct wex
 	uint64_t p = addr, end = addr + len;
 	CUdeviceptr base;
 	size_t size;
+	int first;
 
+	if (end < addr)
+		return -EINVAL;
 	if (!len || (known && addr >= known->lo && end <= known->hi))
 		return 0;
 	if (known && !known->asked)
@@ -569,13 +599,16 @@ int wex__cuda_ptr_released(uint64_t addr, uint64_t len, uint64_t *at, struct wex
 	/* Mapping by mapping (a VMM range maps several allocations back to
 	 * back, and cuMemGetAddressRange gives one mapping's extent), as far
 	 * as the driver gives extents; then the last byte. */
+	first = released_at(p);
+	if (known)
+		known->unknown = first < 0;
 	while (p < end) {
-		if (mapped_at(p) == 0) {
+		if ((p == addr ? first : released_at(p)) == 1) {
 			*at = p;
 			return 1;
 		}
-		if (wex__cu.cuMemGetAddressRange(&base, &size, (CUdeviceptr)p) != CUDA_SUCCESS ||
-		    base > p || base + size <= p)
+		if (addr_range(&base, &size, p) != CUDA_SUCCESS || !size || base > p ||
+		    base + size <= p)
 			break;
 		if (known && p == addr && base + size >= end) {
 			known->lo = base; /* one mapping holds it all */
@@ -583,7 +616,7 @@ int wex__cuda_ptr_released(uint64_t addr, uint64_t len, uint64_t *at, struct wex
 		}
 		p = base + size;
 	}
-	if (p < end && end - 1 != p && mapped_at(end - 1) == 0) {
+	if (p < end && end - 1 != p && released_at(end - 1) == 1) {
 		*at = end - 1;
 		return 1;
 	}

@@ -407,12 +407,14 @@ struct wex_sync_result {
  * producer's memory behind the version went since it was acquired, or when
  * ranks of this group hold a version from a round lost that way (every
  * rank of the group must sync again; the message names the version),
- * -EFAULT when an attached tensor (outside the client's own regions) lies
- * where the CUDA driver knows a reserved address range with nothing mapped
- * (the engine released that GPU memory and kept its addresses: vLLM's
- * sleep mode, torch_memory_saver's pause; a copy there would fault and
- * lose the process's CUDA context), checked before anything is acquired
- * (nothing copied, not dirty; wake the weights and sync again),
+ * -EFAULT when a COPY or a verified sync finds an attached tensor (outside
+ * the client's own regions) where the CUDA driver knows a reserved address
+ * range with nothing mapped (the engine released that GPU memory and kept
+ * its addresses: vLLM's sleep mode, torch_memory_saver's pause; a copy
+ * there would fault and lose the process's CUDA context), checked before
+ * anything is acquired (nothing copied, not dirty; wake the weights and
+ * sync again; a verification wexd asked for is reported failed and the
+ * sync goes on),
  * -ENOTRECOVERABLE when a GPU copy met a sticky CUDA error (illegal
  * address, launch failure, ...: the process's CUDA context is unusable,
  * its weights are dirty, and only a new process can sync again), -EAGAIN

@@ -21,12 +21,17 @@
  *     version into every byte, and this process's CUDA context still
  *     works (no sticky error from a copy into unmapped memory);
  * and wex_released says where nothing is mapped (the first address of
- * the second allocation in step 3), 0 for mapped and host memory.
+ * the second allocation in step 3; the middle one of three, also from a
+ * thread with no CUDA context current), 0 for mapped memory (VMM,
+ * cuMemAlloc) and host memory, -EINVAL for NULL or a length that
+ * overflows.
  * Needs a CUDA driver and device (exit 77 with the reason otherwise); CI
  * runs it against tests/gpu/emul_cuda.c (cuda_released_emul), where a
  * copy into a reservation with nothing mapped fails with
  * CUDA_ERROR_ILLEGAL_ADDRESS, the driver's sticky error.
  */
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +137,21 @@ static void map_new(CUdeviceptr va, CUmemGenericAllocationHandle *h, int i)
 	CU_OK(wex__cu.cuMemSetAccess(va + i * 2 * tbytes, 2 * tbytes, &acc, 1));
 }
 
+/* wex_released from a thread of its own: no CUDA context current there. */
+struct probe {
+	CUdeviceptr va;
+	uint64_t len, at;
+	int ret;
+};
+
+static void *probe_thread(void *arg)
+{
+	struct probe *pr = arg;
+
+	pr->ret = wex_released((void *)(uintptr_t)pr->va, pr->len, &pr->at);
+	return NULL;
+}
+
 static wex_client_t *consumer(const char *group)
 {
 	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL |
@@ -155,7 +175,7 @@ static void refused(wex_client_t *c, const char *tensor)
 	CHECK(ret == -EFAULT);
 	CHECK(strstr(err, tensor) != NULL);
 	CHECK(strstr(err, "nothing is mapped") != NULL);
-	CHECK(strstr(err, "nothing was copied") != NULL);
+	CHECK(strstr(err, "nothing was acquired or copied") != NULL);
 	CHECK(wex_is_dirty(c) == 0);
 }
 
@@ -216,6 +236,30 @@ int main(void)
 	CHECK(wex_released((void *)(uintptr_t)va, NT * tbytes, &at) == 0);
 	CHECK(wex_released(&at, sizeof(at), NULL) == 0); /* host memory */
 	CHECK(wex_released(NULL, 1, NULL) == -EINVAL);
+	CHECK(wex_released((void *)(uintptr_t)va, UINT64_MAX, NULL) == -EINVAL);
+
+	/* Three allocations, the middle one released: found walking mapping
+	 * by mapping, here and in a thread with no context current; memory
+	 * from cuMemAlloc is not released. */
+	{
+		CUmemGenericAllocationHandle h3[3];
+		CUdeviceptr v3 = gpu_expandable(3, 2 * tbytes, h3), plain;
+		struct probe pr = { v3, 6 * tbytes, 0, 0 };
+		pthread_t th;
+
+		release(v3, h3, 1);
+		CHECK(wex_released((void *)(uintptr_t)v3, 6 * tbytes, &at) == 1 &&
+		      at == v3 + 2 * tbytes);
+		CHECK(pthread_create(&th, NULL, probe_thread, &pr) == 0);
+		CHECK(pthread_join(th, NULL) == 0);
+		CHECK(pr.ret == 1 && pr.at == v3 + 2 * tbytes);
+		map_new(v3, h3, 1);
+		CHECK(wex_released((void *)(uintptr_t)v3, 6 * tbytes, &at) == 0);
+		gpu_expandable_free(v3, 3, 2 * tbytes, h3);
+		CU_OK(wex__cu.cuMemAlloc(&plain, 2 * tbytes));
+		CHECK(wex_released((void *)(uintptr_t)plain, 2 * tbytes, &at) == 0);
+		CU_OK(wex__cu.cuMemFree(plain));
+	}
 	printf("released memory: copy and attach refused (-EFAULT), nothing acquired; "
 	       "mapped again: v3 copied whole\n");
 

@@ -43,7 +43,10 @@
  *    memory) answers CUDA_ERROR_INVALID_VALUE; so does a reservation with
  *    nothing mapped at the address, except for RANGE_START_ADDR and
  *    RANGE_SIZE (the reservation's, mapped or not, as cuda.h says) and
- *    MAPPED (0);
+ *    MAPPED (0); WEX_EMUL_MAPPED_ZERO=1 answers MAPPED 0 with success for
+ *    memory it does not know too (as cuPointerGetAttributes documents
+ *    for the attributes it fills in for unknown pointers; what a driver's
+ *    cuPointerGetAttribute answers there is not documented);
  *    WEX_EMUL_VISIBLE="1,0" numbers them the other way round in a process
  *    (as CUDA_VISIBLE_DEVICES does), so devices must travel by UUID;
  *  - every VMM mapping keeps the access each device was given
@@ -1185,6 +1188,10 @@ static CUresult e_ptr_attr(void *data, CUpointer_attribute a, CUdeviceptr p)
 		*(size_t *)data = span->size;
 		return CUDA_SUCCESS;
 	case CU_POINTER_ATTRIBUTE_MAPPED:
+		if (!span && env_on("WEX_EMUL_MAPPED_ZERO")) {
+			*(unsigned char *)data = 0; /* see the header */
+			return CUDA_SUCCESS;
+		}
 		if (!span)
 			return CUDA_ERROR_INVALID_VALUE;
 		/* "A boolean": one byte, which a bool or a zeroed int reads. */

@@ -1252,13 +1252,23 @@ class EngineHooks(WexdProducerCase):
         with self.assertRaises(wex.WexError):
             wex.released(0, 1)
         name, first = next(iter(fresh.model_runner.model.named_parameters()))
-        gone = first.data_ptr()
-        with unittest.mock.patch.object(wex, "released",
-                                        lambda p, n: p if p == gone else None):
+        gone, asked = first.data_ptr(), {}
+
+        def released(p, n):
+            asked[p] = n
+            return p if p == gone else None
+        with unittest.mock.patch.object(wex, "released", released):
             with self.assertRaises(ValueError) as e:
                 fresh.wex_attach(model=MODEL, group="vllm-fresh")
         self.assertIn("released the memory of %s (nothing mapped at %#x)" % (name, gone),
                       str(e.exception))
+        self.assertEqual(asked[gone], first.numel() * first.element_size())
+        # A strided view's span: from its first element to past its last.
+        view = torch.zeros(6, 8)[:, 2:5]
+        asked.clear()
+        with unittest.mock.patch.object(wex, "released", released):
+            self.assertIsNone(wex.engine._released([("v", view)]))
+        self.assertEqual(asked[view.data_ptr()], (5 * 8 + 3) * 4)
         self.assertIsNone(fresh.wex_status())
 
     def test_sglang_memory_saver(self):

@@ -236,7 +236,7 @@ def _released(items):
     memory the engine released keeping its addresses (wex.released), or
     None."""
     for name, t in items:
-        if not t.numel():
+        if not t.numel() or not t.data_ptr():  # no memory (meta tensors)
             continue
         span = t.element_size() * (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())))
         at = wex.released(t.data_ptr(), span)
