@@ -34,6 +34,10 @@
  *    wex__cuda_ptr_on_gpu makes of it (an address of a lost same-address
  *    region: -1 emulated; wex copies into such a region only after giving
  *    it memory again);
+ *  - what the released-memory check builds on: MAPPED (CUresult and the
+ *    raw value) of pageable host memory and of cuMemAlloc memory, and
+ *    wex_released of those and of the unmapped part (1, 0, 0 asserted on
+ *    the emulated driver);
  *  - fds the driver opens for itself at cuInit + first context;
  *  - fabric handles, cuMemcpyBatchAsync, compute capability, driver.
  *
@@ -54,7 +58,11 @@ int main(void)
 	size_t g = 0, sz = 0;
 	int fds0, fds1, fds2, major = 0, minor = 0, fabric = 0, off_ok, ro_ok, fd_steady;
 	int pageable = 0;
-	int self_ok = 0, range_q, unmapped_gpu;
+	int self_ok = 0, range_q, unmapped_gpu, rel[3];
+	static char host_buf[64];
+	uint64_t host_m = 7, dev_m = 7;
+	CUdeviceptr dm = 0;
+	CUresult host_r, dev_r;
 	CUresult r, self_r, ipc_r, unmapped_ord_r;
 	const char *out = getenv("WEX_FACTS_OUT");
 	char json[1024];
@@ -126,6 +134,25 @@ int main(void)
 		if (emulated())
 			CHECK(range_q && unmapped_ord_r == CUDA_ERROR_INVALID_VALUE &&
 			      unmapped_gpu == -1);
+
+		/* What the released-memory check (wex_released) builds on: MAPPED
+		 * of pageable host memory and of cuMemAlloc memory, raw (the
+		 * value starts at 7, to show what the driver wrote), and the
+		 * check's answer for those and for the unmapped part. */
+		CU_OK(wex__cu.cuMemAlloc(&dm, g));
+		host_r = wex__cu.cuPointerGetAttribute(&host_m, CU_POINTER_ATTRIBUTE_MAPPED,
+						       (CUdeviceptr)(uintptr_t)host_buf);
+		dev_r = wex__cu.cuPointerGetAttribute(&dev_m, CU_POINTER_ATTRIBUTE_MAPPED, dm);
+		rel[0] = wex_released((void *)(uintptr_t)(va + 3 * g + 17), 16, NULL);
+		rel[1] = wex_released(host_buf, sizeof(host_buf), NULL);
+		rel[2] = wex_released((void *)(uintptr_t)dm, g, NULL);
+		CU_OK(wex__cu.cuMemFree(dm));
+		printf("MAPPED of pageable host memory: CUresult %d, value %#llx; of cuMemAlloc "
+		       "memory: CUresult %d, value %#llx; wex_released: unmapped part %d, host %d, "
+		       "cuMemAlloc %d\n", (int)host_r, (unsigned long long)host_m, (int)dev_r,
+		       (unsigned long long)dev_m, rel[0], rel[1], rel[2]);
+		if (emulated())
+			CHECK(rel[0] == 1 && rel[1] == 0 && rel[2] == 0);
 	}
 	CU_OK(wex__cu.cuMemUnmap(va, 2 * g));
 
@@ -215,7 +242,9 @@ int main(void)
 		 "\"prot_read\": \"%s\", \"self_import\": \"%s\", \"ipc_handle_on_vmm\": %s, "
 		 "\"driver_fds\": %d, \"fds_steady_over_maps\": %s, "
 		 "\"reservation_range_query\": %s, \"unmapped_ordinal_result\": %d, "
-		 "\"unmapped_ptr_on_gpu\": %d, \"pageable_memory_access\": %d}",
+		 "\"unmapped_ptr_on_gpu\": %d, \"pageable_memory_access\": %d, "
+		 "\"mapped_host\": [%d, %llu], \"mapped_devmem\": [%d, %llu], "
+		 "\"released_unmapped_host_devmem\": [%d, %d, %d]}",
 		 wex__cu.driver_version, major, minor, g, fabric,
 		 wex__cu.cuMemcpyBatchAsync13 || wex__cu.cuMemcpyBatchAsync12 ? "true" : "false",
 		 off_ok > 0 ? "ok" : off_ok < 0 ? "wrong-bytes" : "refused",
@@ -223,7 +252,8 @@ int main(void)
 		 self_ok > 0 ? "ok" : self_ok < 0 ? "wrong-bytes" : "refused",
 		 ipc_r == CUDA_SUCCESS ? "\"accepted\"" : "\"refused\"", fds1 - fds0,
 		 fd_steady ? "true" : "false", range_q ? "true" : "false", (int)unmapped_ord_r,
-		 unmapped_gpu, pageable);
+		 unmapped_gpu, pageable, (int)host_r, (unsigned long long)host_m, (int)dev_r,
+		 (unsigned long long)dev_m, rel[0], rel[1], rel[2]);
 	if (out) {
 		FILE *f = fopen(out, "w");
 
