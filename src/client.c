@@ -1628,7 +1628,7 @@ static int check_mapped(struct wex_client *c, const struct wex_tensor *t, size_t
 			const char *what, uint8_t *host)
 {
 	struct wex_mem_thread_state ts;
-	struct wex_mem_span known = { 0, 0, 0, 0 };
+	struct wex_mem_span known = { 0 };
 	uint64_t span, at;
 	int ret = 0;
 
@@ -1862,7 +1862,7 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 	host = calloc(n ? n : 1, 1);
 	if (!host) {
 		free(copy);
-		return -ENOMEM;
+		return set_err(c, -ENOMEM, "attach: out of memory");
 	}
 	ret = check_mapped(c, copy, n, "attach", host);
 	if (ret >= 0)
@@ -3177,7 +3177,7 @@ WEX_API int wex_is_dirty(wex_client_t *c)
 WEX_API int wex_released(const void *ptr, uint64_t len, uint64_t *at)
 {
 	struct wex_mem_thread_state ts;
-	struct wex_mem_span known = { 0, 0, 0 };
+	struct wex_mem_span known = { 0 };
 	uint64_t a = 0;
 	int ret;
 

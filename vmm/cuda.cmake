@@ -84,13 +84,17 @@ if(WEX_HAVE_CUDA_HEADERS)
   # 300 of the GPU run's 1000 cycles of view, same-address and copy syncs:
   # over emulated device memory each cycle faults 16 MiB of new pages in
   # (86 ms a cycle on a 2-core VM, 118 ms under the sanitizers).
-  set_tests_properties(cuda_cycles_emul PROPERTIES
-    ENVIRONMENT "WEXD_BIN=$<TARGET_FILE:wexd>;WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_TEST_CYCLES=300")
+  set_property(TEST cuda_cycles_emul APPEND PROPERTY ENVIRONMENT "WEX_TEST_CYCLES=300")
   # A driver answering MAPPED 0 for memory it does not know (host memory):
-  # only a range it knows counts as released.
-  add_test(NAME cuda_released_mapped0_emul COMMAND cuda_released)
-  set_tests_properties(cuda_released_mapped0_emul PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
-    LABELS cuda ENVIRONMENT "WEXD_BIN=$<TARGET_FILE:wexd>;WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_EMUL_MAPPED_ZERO=1")
+  # only a range it knows counts as released.  One answering MAPPED with an
+  # error everywhere: cuMemGetAddressRange tells mapped from released.
+  foreach(v ZERO ERR)
+    string(TOLOWER ${v} lv)
+    add_test(NAME cuda_released_mapped_${lv}_emul COMMAND cuda_released)
+    set_tests_properties(cuda_released_mapped_${lv}_emul PROPERTIES SKIP_RETURN_CODE 77
+      TIMEOUT 300 LABELS cuda ENVIRONMENT
+      "WEXD_BIN=$<TARGET_FILE:wexd>;WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_EMUL_MAPPED_${v}=1")
+  endforeach()
   # A driver that counts a repeated cuIpcOpenMemHandle of one handle in a
   # context and returns the same pointer (cuda.h; the default emulation
   # refuses it, as older drivers do): each open must still get its close.

@@ -561,24 +561,28 @@ static CUresult addr_range(CUdeviceptr *base, size_t *size, uint64_t p)
 
 /* What the driver says of address p: 0 mapped; 1 in an address range it
  * knows (RANGE_START_ADDR and RANGE_SIZE answer, and hold p: a VMM
- * reservation) with nothing mapped at p (MAPPED 0); -1 no such answer
- * (memory it does not know, host memory: a MAPPED of 0 alone is not
- * taken for released, as cuPointerGetAttributes fills 0 in for unknown
- * pointers). */
+ * reservation) with nothing mapped at p; -1 no such range (memory it does
+ * not know: host memory).  Nothing mapped: MAPPED 0, or, where MAPPED has
+ * no answer there (undocumented for this call), cuMemGetAddressRange
+ * finding no allocation at p.  A MAPPED of 0 alone is not taken for
+ * released: cuPointerGetAttributes fills 0 in for unknown pointers. */
 static int released_at(uint64_t p)
 {
 	uint64_t m = 0, start = 0; /* MAPPED is "a boolean": read zeroed */
+	CUdeviceptr base;
 	size_t size = 0;
+	CUresult mr;
 
-	if (ptr_attr(&m, CU_POINTER_ATTRIBUTE_MAPPED, p) != CUDA_SUCCESS)
-		return -1;
-	if (m)
+	mr = ptr_attr(&m, CU_POINTER_ATTRIBUTE_MAPPED, p);
+	if (mr == CUDA_SUCCESS && m)
 		return 0;
 	if (ptr_attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) != CUDA_SUCCESS ||
 	    ptr_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) != CUDA_SUCCESS || !size ||
 	    p < start || p - start >= size)
 		return -1;
-	return 1;
+	if (mr == CUDA_SUCCESS)
+		return 1;
+	return addr_range(&base, &size, p) == CUDA_SUCCESS ? 0 : 1;
 }
 
 int wex__cuda_ptr_released(uint64_t addr, uint64_t len, uint64_t *at, struct wex_mem_span *known)

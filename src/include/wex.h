@@ -408,8 +408,9 @@ struct wex_sync_result {
  * ranks of this group hold a version from a round lost that way (every
  * rank of the group must sync again; the message names the version),
  * -EFAULT when a COPY or a verified sync finds an attached tensor (outside
- * the client's own regions) where the CUDA driver knows a reserved address
- * range with nothing mapped (the engine released that GPU memory and kept
+ * the client's own regions, and not one the driver did not know at attach:
+ * host memory) where the CUDA driver knows an address range with nothing
+ * mapped (wex_released) (the engine released that GPU memory and kept
  * its addresses: vLLM's sleep mode, torch_memory_saver's pause; a copy
  * there would fault and lose the process's CUDA context), checked before
  * anything is acquired (nothing copied, not dirty; wake the weights and
@@ -458,11 +459,16 @@ WEX_API int wex_is_dirty(wex_client_t *c);
  * torch_memory_saver's pause), which a copy or a read would fault on;
  * *at (may be NULL) gets the first such address found.  0 otherwise
  * (mapped memory, host memory, no driver loaded in this process: nothing
- * is loaded to ask).  -EINVAL for a NULL ptr.  wex_attach and wex_sync
- * refuse such layouts themselves (-EFAULT); this is for callers that read
- * the memory first (the engine hooks' checkpoint comparison).  Asks the
- * driver (CU_POINTER_ATTRIBUTE_MAPPED, cuMemGetAddressRange), never waits
- * for GPU work; the calling thread's context is left as it was. */
+ * is loaded to ask).  -EINVAL for a NULL ptr or a range past the end of
+ * the address space.  wex_attach and wex_sync refuse such layouts
+ * themselves (-EFAULT); this is for callers that read the memory first
+ * (the engine hooks' checkpoint comparison).  "Nothing mapped": MAPPED 0
+ * inside a range RANGE_START_ADDR/RANGE_SIZE report, or, where MAPPED has
+ * no answer, no allocation there for cuMemGetAddressRange.  The answer
+ * holds when it is given: a release just after is not seen.  Never waits
+ * for GPU work; the calling thread's context is left as it was (a thread
+ * with none borrows device 0's primary context for the queries, which
+ * stays retained, as for wex's other pointer queries). */
 WEX_API int wex_released(const void *ptr, uint64_t len, uint64_t *at);
 
 /*

@@ -223,7 +223,7 @@ static uint64_t cycle_count(void)
 	if (*end || n < MIN_CYCLES || n > CYCLES) {
 		fprintf(stderr, "cuda_cycles: WEX_TEST_CYCLES=%s: want %d to %d\n", e, MIN_CYCLES,
 			CYCLES);
-		exit(2);
+		exit(T_EXIT_FAIL);
 	}
 	return n;
 }

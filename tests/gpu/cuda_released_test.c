@@ -23,8 +23,10 @@
  * and wex_released says where nothing is mapped (the first address of
  * the second allocation in step 3; the middle one of three, also from a
  * thread with no CUDA context current), 0 for mapped memory (VMM,
- * cuMemAlloc) and host memory, -EINVAL for NULL or a length that
- * overflows.
+ * cuMemAlloc), page-locked and pageable host memory, -EINVAL for NULL or
+ * a length that overflows.  Also run with the driver answering MAPPED 0
+ * for memory it does not know (cuda_released_mapped_zero_emul) and with
+ * an error everywhere (cuda_released_mapped_err_emul).
  * Needs a CUDA driver and device (exit 77 with the reason otherwise); CI
  * runs it against tests/gpu/emul_cuda.c (cuda_released_emul), where a
  * copy into a reservation with nothing mapped fails with
@@ -245,6 +247,7 @@ int main(void)
 		CUmemGenericAllocationHandle h3[3];
 		CUdeviceptr v3 = gpu_expandable(3, 2 * tbytes, h3), plain;
 		struct probe pr = { v3, 6 * tbytes, 0, 0 };
+		void *pinned;
 		pthread_t th;
 
 		release(v3, h3, 1);
@@ -259,6 +262,14 @@ int main(void)
 		CU_OK(wex__cu.cuMemAlloc(&plain, 2 * tbytes));
 		CHECK(wex_released((void *)(uintptr_t)plain, 2 * tbytes, &at) == 0);
 		CU_OK(wex__cu.cuMemFree(plain));
+		/* Page-locked host memory (a layout a CPU-offloading engine
+		 * keeps there) is not released either. */
+		pinned = aligned_alloc(4096, 16 * 4096);
+		CHECK(pinned != NULL);
+		CU_OK(wex__cu.cuMemHostRegister(pinned, 16 * 4096, 0));
+		CHECK(wex_released(pinned, 16 * 4096, &at) == 0);
+		CU_OK(wex__cu.cuMemHostUnregister(pinned));
+		free(pinned);
 	}
 	printf("released memory: copy and attach refused (-EFAULT), nothing acquired; "
 	       "mapped again: v3 copied whole\n");

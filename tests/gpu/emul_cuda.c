@@ -47,6 +47,9 @@
  *    memory it does not know too (as cuPointerGetAttributes documents
  *    for the attributes it fills in for unknown pointers; what a driver's
  *    cuPointerGetAttribute answers there is not documented);
+ *    WEX_EMUL_MAPPED_ERR=1 answers MAPPED with CUDA_ERROR_INVALID_VALUE
+ *    everywhere (no answer: a driver without the attribute, or one that
+ *    refuses it where nothing is mapped);
  *    WEX_EMUL_VISIBLE="1,0" numbers them the other way round in a process
  *    (as CUDA_VISIBLE_DEVICES does), so devices must travel by UUID;
  *  - every VMM mapping keeps the access each device was given
@@ -1188,6 +1191,8 @@ static CUresult e_ptr_attr(void *data, CUpointer_attribute a, CUdeviceptr p)
 		*(size_t *)data = span->size;
 		return CUDA_SUCCESS;
 	case CU_POINTER_ATTRIBUTE_MAPPED:
+		if (env_on("WEX_EMUL_MAPPED_ERR"))
+			return CUDA_ERROR_INVALID_VALUE; /* see the header */
 		if (!span && env_on("WEX_EMUL_MAPPED_ZERO")) {
 			*(unsigned char *)data = 0; /* see the header */
 			return CUDA_SUCCESS;

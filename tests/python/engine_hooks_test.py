@@ -1024,14 +1024,33 @@ class EngineHooks(WexdProducerCase):
         self.assertIn("weights unchanged", logs.output[0])
         self.assertNotIn(id(models[1]), wex.sglang._ranks)
         self.assertIn("CheckpointMismatch", wex.sglang.status(models[1])["error"])
-        # The same request again: refused at once, not compared again.
+        # The same request again: refused at once, not compared again;
+        # and so after SGLang released and resumed the weights without a
+        # backup (the first request watched its memory saver): a rank
+        # never attached was never changed by wex.
+        tms = types.ModuleType("torch_memory_saver")
+        tms.torch_memory_saver = saver = MemorySaver([models[1]])
+        sys.modules["torch_memory_saver"] = tms
+        self.addCleanup(sys.modules.pop, "torch_memory_saver")
+        self.addCleanup(setattr, wex.sglang, "_released", None)
         with unittest.mock.patch.object(wex.checkpoint, "compare",
                                         side_effect=AssertionError("compared again")):
-            with self.assertLogs("wex.sglang", "ERROR") as logs:
-                self.assertIsNone(load(1, req))
-        self.assertIn("gate_up_proj", logs.output[0])
-        self.assertIn("not compared again", logs.output[0])
-        self.assertNotIn(id(models[1]), wex.sglang._ranks)
+            for release in (False, True):
+                if release:
+                    saver.pause(tag="weights")
+                    saver.resume(tag="weights")
+                with self.assertLogs("wex.sglang", "ERROR") as logs:
+                    self.assertIsNone(load(1, req))
+                self.assertIn("gate_up_proj", logs.output[0])
+                self.assertIn("not compared again", logs.output[0])
+                self.assertNotIn(id(models[1]), wex.sglang._ranks)
+        self.assertTrue(saver._wex_wrapped)
+        # detach=True: the next request compares again (and refuses).
+        load(1, wex.sglang.request(MODEL, group="sg-ck", detach=True))
+        with self.assertLogs("wex.sglang", "ERROR") as logs:
+            self.assertIsNone(load(1, req))
+        self.assertNotIn("not compared again", logs.output[0])
+        self.assertIn("CheckpointMismatch", wex.sglang.status(models[1])["error"])
         r = load(0, req)
         self.assertEqual((r["version"], r["changed"]), (v, 1))
         chk = wex.sglang._ranks[id(models[0])][0].describe()["checkpoint_check"]
@@ -1189,6 +1208,20 @@ class EngineHooks(WexdProducerCase):
         self.assertEqual((r["version"], r["changed"]), (v2, 1))
         self.assert_holds(params_of(modules[0]), "vllm", 0)
 
+        # A sleep that raises: vLLM counts itself awake; the hook too,
+        # with the bytes counted lost (libwex refuses what is left
+        # unmapped): the next sync copies the version whole.
+        def broken_sleep(worker, level=1):
+            scribble(worker.model_runner.model, 3)
+            raise RuntimeError("cudaMemcpy: out of pinned memory")
+        with unittest.mock.patch.object(SleepyWorker, "sleep", broken_sleep):
+            with self.assertRaises(RuntimeError):
+                workers[0].sleep(level=1)
+        self.assertIsNone(workers[0].wex_status()["released"])
+        r = on(0, "wex_sync", min_version=v2)
+        self.assertEqual((r["version"], r["changed"]), (v2, 1))
+        self.assert_holds(params_of(modules[0]), "vllm", 0)
+
         # Forgetting fails (a parameter re-allocated while asleep): said in
         # "lost"; the sync refuses by name until attached again.
         workers[1].sleep(level=2)
@@ -1244,9 +1277,9 @@ class EngineHooks(WexdProducerCase):
         fresh.wex_detach()
 
         # libwex's own check (wex.released), which EngineRank asks before
-        # reading or attaching anything: host memory is not released; a
-        # tensor the driver says is (patched here: there is no GPU) refuses
-        # the attach by name.
+        # reading or attaching anything (the binding here: no driver is
+        # loaded, so None; NULL refused); a tensor the driver says is
+        # released (patched: there is no GPU) refuses the attach by name.
         host = torch.zeros(4)
         self.assertIsNone(wex.released(host.data_ptr(), 16))
         with self.assertRaises(wex.WexError):
@@ -1284,8 +1317,7 @@ class EngineHooks(WexdProducerCase):
         tms.torch_memory_saver = saver
         sys.modules["torch_memory_saver"] = tms
         self.addCleanup(sys.modules.pop, "torch_memory_saver")
-        for name, value in (("_released", None), ("_lost", False), ("_all_changed", False)):
-            self.addCleanup(setattr, wex.sglang, name, value)
+        self.addCleanup(setattr, wex.sglang, "_released", None)
         self.addCleanup(SERVER_ARGS.__dict__.pop, "enable_weights_cpu_backup", None)
         v = self.next_version()
         req = wex.sglang.request(MODEL, group="sglang-saver", min_version=v, post_load=False)
@@ -1343,16 +1375,15 @@ class EngineHooks(WexdProducerCase):
             self.assertEqual((r["version"], r["changed"]), (v2, 0))
             self.assert_holds(params_of(models[k]), "sglang", k)
 
-        # A resume that raises: still released; the next one counts the
-        # bytes as lost, backup or not.
+        # A resume that raises counts as one that lost the bytes, backup
+        # or not (what is left unmapped, libwex refuses: cuda_released):
+        # the ranks forget their version, the next request copies whole.
         saver.pause(tag="weights")
         saver.fail = True
         with self.assertRaises(RuntimeError):
             saver.resume(tag="weights")
         saver.fail = False
-        with self.assertLogs("wex.sglang", "ERROR"):
-            self.assertIsNone(load(0, req2))
-        saver.resume(tag="weights")
+        self.assertIsNone(wex.sglang._released)
         for k in range(2):
             self.assertEqual(load(k, req2)["changed"], 1)
             self.assert_holds(params_of(models[k]), "sglang", k)

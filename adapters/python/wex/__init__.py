@@ -349,7 +349,8 @@ def released(ptr, nbytes):
     loaded in this process knows a reserved range with nothing mapped (GPU
     memory an engine released keeping its addresses: vLLM's sleep mode,
     torch_memory_saver's pause), or None (mapped, host memory, or no
-    driver loaded: wex_released)."""
+    driver loaded: wex_released).  WexError (EINVAL) for ptr 0 or a
+    range past the end of the address space."""
     at = ctypes.c_uint64()
     ret = lib().wex_released(_uint(ptr, 64, "ptr") or None, _uint(nbytes, 64, "nbytes"),
                              ctypes.byref(at))

@@ -113,6 +113,7 @@ _changed = weakref.WeakSet()  # models a sync changed since SGLang loaded them
 # model -> ((attach arguments, checkpoint), message) of its last attach
 # refused by the checkpoint comparison.
 _refused = weakref.WeakKeyDictionary()
+_seen = weakref.WeakSet()  # models attached at some point
 # While SGLang's weights are released (torch_memory_saver paused): why.
 _released = None
 _WEIGHTS_TAG = "weights"  # SGLang's GPU_MEMORY_TYPE_WEIGHTS
@@ -128,17 +129,18 @@ def _watch_memory_saver():
     --enable-weights-cpu-backup), they hold nothing meaningful: each rank
     forgets its version (check() no longer counts it), the next request
     copies the whole version, and the checkpoint is not compared again.
-    A pause or resume that raises leaves them counted as lost; the
-    wrappers never raise but what torch_memory_saver raises.  Nothing to
+    A pause or resume that raises counts as a resume that lost them
+    (libwex refuses what is left unmapped); the wrappers never raise but
+    what torch_memory_saver raises.  Nothing to
     watch where torch_memory_saver is not installed (SGLang cannot
     release memory then)."""
+    global _unwatched
     try:
         import torch_memory_saver
     except ImportError:
         return
     saver = getattr(torch_memory_saver, "torch_memory_saver", None)
     if saver is None:
-        global _unwatched
         if not _unwatched:
             _unwatched = True
             log.warning("wex: this torch_memory_saver has no process-wide torch_memory_saver "
@@ -154,39 +156,34 @@ def _watch_memory_saver():
         return tag is None or tag == _WEIGHTS_TAG
 
     def wex_pause(*args, **kwargs):
-        global _released, _lost
-        if weights(args, kwargs):
-            # Before: a pause that fails half-way leaves them unknown.
-            _released = "SGLang released its weights' memory (release_memory_occupation)"
-            for rank, _, _ in _ranks.values():
-                rank.released(_released)
+        global _released
+        if not weights(args, kwargs):
+            return pause(*args, **kwargs)
+        _released = "SGLang released its weights' memory (release_memory_occupation)"
+        for rank, _, _ in _ranks.values():
+            rank.released(_released)
         try:
             return pause(*args, **kwargs)
         except BaseException:
-            if weights(args, kwargs):
-                _lost = True
+            # SGLang goes on as if it had not paused, with some of the
+            # memory released perhaps: libwex refuses what is not mapped,
+            # and what is holds nothing certain.
+            _back(False)
             raise
 
     def wex_resume(*args, **kwargs):
-        global _released, _lost
-        ours = weights(args, kwargs) and _released is not None
+        if not (weights(args, kwargs) and _released is not None):
+            return resume(*args, **kwargs)
         try:
             out = resume(*args, **kwargs)
         except BaseException:
-            if ours:
-                _lost = True  # what is mapped now, and holds what, is unknown
+            _back(False)  # as above: what is mapped now holds nothing certain
             raise
-        if ours:
-            try:
-                sa = _server_args()
-                kept = not _lost and bool(getattr(sa, "enable_weights_cpu_backup", False))
-            except Exception:
-                kept = False
-            _released, _lost = None, False
-            for rank, _, _ in _ranks.values():
-                rank.restored(kept)  # never raises
-            if not kept:
-                _lost_all()
+        try:
+            kept = bool(getattr(_server_args(), "enable_weights_cpu_backup", False))
+        except Exception:
+            kept = False
+        _back(kept)
         return out
 
     saver.pause, saver.resume = wex_pause, wex_resume
@@ -194,19 +191,20 @@ def _watch_memory_saver():
 
 
 _unwatched = False  # warned that torch_memory_saver cannot be watched
-_lost = False       # a pause or resume raised while the weights were released
 
 
-def _lost_all():
-    """The weights of every model in this process lost their bytes:
-    none is compared with the checkpoint again."""
-    global _all_changed
-    _all_changed = True
-    for _, _, model in _ranks.values():
-        _changed.add(model)
-
-
-_all_changed = False  # every model's weights were lost since loading
+def _back(kept):
+    """SGLang's weights are mapped again (or their pause or resume
+    raised): every attached rank is told; without their bytes (not kept),
+    no model attached before is compared with the checkpoint again (a
+    model never attached still is: its refusal stands)."""
+    global _released
+    _released = None
+    for rank, _, _ in _ranks.values():
+        rank.restored(kept)  # never raises
+    if not kept:
+        for model in _seen:
+            _changed.add(model)
 
 
 def request(model, *, group=None, layout=None, config=None, adapters=None, socket=None,
@@ -400,8 +398,7 @@ def _attach(model, args):
     cfg = args.get("config") or config_path(par.get("model_path"), par.get("revision"))
     ckpt, why, auto = checkpoint_for(args.get("checkpoint"), par.get("model_path"),
                                      par.get("load_format"),
-                                     None if args.get("config") else cfg,
-                                     _all_changed or model in _changed)
+                                     None if args.get("config") else cfg, model in _changed)
     skip = None
     if auto and _ue8m0_requant(cfg) and args.get("post_load") is not False:
         # SGLang requantized the FP8 weights and their scales at load (and
@@ -446,6 +443,7 @@ def _load(model, args):
     attach = {k: args.get(k) for k in _ATTACH_KEYS}
     held = _ranks.get(id(model))
     if args.get("detach"):
+        _refused.pop(model, None)  # the next request compares again
         if held is None:
             return None
         if (held[1]["model"], held[1]["group"]) != (args["model"], args.get("group")):
@@ -467,18 +465,19 @@ def _load(model, args):
                              "resume_memory_occupation first; not attached" % _released)
         key = (attach, args.get("checkpoint"))
         before = _refused.get(model)
-        if before is not None and before[0] == key and not (_all_changed or model in _changed):
+        if before is not None and before[0] == key and model not in _changed:
             # The same weights, the same request: the same difference
             # (a compare costs seconds per request on a large model).
             raise wex.checkpoint.CheckpointMismatch(
                 "%s (found by this worker's first request like this one; not compared "
-                "again)" % before[1])
+                "again: send detach=True to compare again, or checkpoint=False)" % before[1])
         try:
             rank = _attach(model, args)
         except wex.checkpoint.CheckpointMismatch as e:
             _refused[model] = (key, str(e))
             raise
         _refused.pop(model, None)
+        _seen.add(model)
         _ranks[id(model)] = held = (rank, attach, model)
         log.info("wex: attached %s", rank.describe())
     elif held[1] != attach:

@@ -214,9 +214,11 @@ class WorkerExtension:
         mapped at their addresses, so a sync is refused; waking them from
         any sleep but level 1 (which copies a CPU backup back) leaves
         them holding nothing meaningful, so the rank forgets its version
-        and the next sync copies the whole of it.  A sleep or wake-up
-        that raises leaves them counted as lost; the wrappers never raise
-        but what vLLM's own methods raise."""
+        and the next sync copies the whole of it.  A sleep that raises
+        counts as a wake-up that lost them (vLLM counts itself awake;
+        libwex refuses what is left unmapped); a wake-up that raises
+        leaves them asleep, then lost.  The wrappers never raise but what
+        vLLM's own methods raise."""
         if "_wex_sleep_wrapped" in self.__dict__:
             return
         if not callable(getattr(self, "sleep", None)) or \
@@ -227,7 +229,12 @@ class WorkerExtension:
         own = {k: self.__dict__[k] for k in ("sleep", "wake_up") if k in self.__dict__}
 
         def method(name):
-            return own[name] if name in own else getattr(type(self), name).__get__(self)
+            if name in own:
+                return own[name]
+            f = getattr(type(self), name)
+            # A function binds; a callable object a framework patched in
+            # (functools.partial) is called as it is.
+            return f.__get__(self, type(self)) if hasattr(type(f), "__get__") else f
 
         self._wex_sleep_wrapped = True
 
@@ -241,7 +248,13 @@ class WorkerExtension:
             try:
                 return method("sleep")(*args, **kwargs)
             except BaseException:
-                self._wex_lost = True  # some memory went without its backup, perhaps
+                # vLLM counts itself awake (its executor marks it asleep
+                # only after a sleep that returned), with some memory
+                # released perhaps: libwex refuses what is not mapped,
+                # and what is holds nothing certain.
+                self._wex_asleep, self._wex_lost, self._wex_changed = None, False, True
+                if self._wex is not None:
+                    self._wex.restored(kept=False)  # never raises
                 raise
 
         def wex_wake_up(*args, **kwargs):
@@ -309,7 +322,9 @@ class WorkerExtension:
         sync of this worker changed the weights.
         Returns a dict: model, group, rank, world_size, layout, tensors,
         bytes, ignored, version, checkpoint_check (what was compared, or
-        why nothing was)."""
+        why nothing was), released (why the weights' memory is released
+        now, or None), lost (why they hold nothing, until a sync
+        succeeds), forgotten (how often the rank forgot its version)."""
         if self._wex is not None:
             raise ValueError("wex_attach: already attached as %s (wex_detach first)"
                              % self._wex.describe())
