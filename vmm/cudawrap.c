@@ -497,6 +497,42 @@ int wex__cuda_settle(void)
 	return ret;
 }
 
+/* Whether a pointer query that answered r may be asked again: refused for
+ * want of a context (r CUDA_ERROR_INVALID_CONTEXT) in a thread with none,
+ * which now has device 0's primary context current.  Only such a refusal
+ * borrows it: the driver answers CUDA_ERROR_INVALID_VALUE for host memory
+ * it does not know (the usual case), and retaining device 0's primary
+ * context for that would cost GPU 0 memory in a process that works on
+ * another device, and leave it current. */
+static int borrowed_ctx(CUresult r)
+{
+	CUcontext cur = NULL;
+
+	return r == CUDA_ERROR_INVALID_CONTEXT &&
+	       (wex__cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur) &&
+	       wex__cuda_use_device(0) == 0;
+}
+
+/* cuPointerGetAttribute and cuMemGetAddressRange, asked again where the
+ * thread had no context (borrowed_ctx). */
+static CUresult ptr_attr(void *data, CUpointer_attribute a, uint64_t p)
+{
+	CUresult r = wex__cu.cuPointerGetAttribute(data, a, (CUdeviceptr)p);
+
+	if (borrowed_ctx(r))
+		r = wex__cu.cuPointerGetAttribute(data, a, (CUdeviceptr)p);
+	return r;
+}
+
+static CUresult addr_range(CUdeviceptr *base, size_t *size, uint64_t p)
+{
+	CUresult r = wex__cu.cuMemGetAddressRange(base, size, (CUdeviceptr)p);
+
+	if (borrowed_ctx(r))
+		r = wex__cu.cuMemGetAddressRange(base, size, (CUdeviceptr)p);
+	return r;
+}
+
 /* The ordinal of the device holding ptr when it is GPU memory (device,
  * VMM-mapped or managed) according to a driver already loaded in this
  * process; -1 for host memory, unknown pointers, or a process where nobody
@@ -505,58 +541,18 @@ int wex__cuda_settle(void)
 int wex__cuda_ptr_on_gpu(uint64_t ptr)
 {
 	unsigned int type = 0;
-	CUcontext cur = NULL;
-	CUresult r;
 	int ord = -1;
 
 	if (!driver_in_process())
 		return -1;
-	r = wex__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)ptr);
-	if (r != CUDA_SUCCESS) {
-		/* Only a query refused for want of a context borrows device 0's:
-		 * the driver answers CUDA_ERROR_INVALID_VALUE for host memory it
-		 * does not know (the usual case here), and retaining device 0's
-		 * primary context for that would cost GPU 0 memory in a process
-		 * that works on another device, and leave it current. */
-		if (r != CUDA_ERROR_INVALID_CONTEXT ||
-		    (wex__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur))
-			return -1;
-		if (wex__cuda_use_device(0) != 0 ||
-		    wex__cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-						  (CUdeviceptr)ptr) != CUDA_SUCCESS)
-			return -1;
-	}
+	if (ptr_attr(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr) != CUDA_SUCCESS)
+		return -1;
 	if (type != CU_MEMORYTYPE_DEVICE && type != CU_MEMORYTYPE_UNIFIED)
 		return -1;
 	if (wex__cu.cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
 					  (CUdeviceptr)ptr) != CUDA_SUCCESS || ord < 0)
 		return -1;
 	return ord;
-}
-
-/* cuPointerGetAttribute, a query refused for want of a context retried
- * with device 0's primary context current where the thread has none (see
- * wex__cuda_ptr_on_gpu); cuMemGetAddressRange likewise. */
-static CUresult ptr_attr(void *data, CUpointer_attribute a, uint64_t p)
-{
-	CUcontext cur = NULL;
-	CUresult r = wex__cu.cuPointerGetAttribute(data, a, (CUdeviceptr)p);
-
-	if (r == CUDA_ERROR_INVALID_CONTEXT &&
-	    (wex__cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur) && wex__cuda_use_device(0) == 0)
-		r = wex__cu.cuPointerGetAttribute(data, a, (CUdeviceptr)p);
-	return r;
-}
-
-static CUresult addr_range(CUdeviceptr *base, size_t *size, uint64_t p)
-{
-	CUcontext cur = NULL;
-	CUresult r = wex__cu.cuMemGetAddressRange(base, size, (CUdeviceptr)p);
-
-	if (r == CUDA_ERROR_INVALID_CONTEXT &&
-	    (wex__cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur) && wex__cuda_use_device(0) == 0)
-		r = wex__cu.cuMemGetAddressRange(base, size, (CUdeviceptr)p);
-	return r;
 }
 
 /* What the driver says of address p: 0 mapped; 1 in an address range it
@@ -631,29 +627,15 @@ int wex__cuda_ptr_device(uint64_t ptr, int *dev)
 {
 	CUcontext cur = NULL;
 	CUdevice d;
-	CUresult r;
 	int ord = -1;
 	int ret;
 
 	ret = wex__cuda_load();
 	if (ret)
 		return ret;
-	r = wex__cu.cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)ptr);
-	if (r == CUDA_SUCCESS && ord >= 0) {
+	if (ptr_attr(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) == CUDA_SUCCESS && ord >= 0) {
 		*dev = ord;
 		return 0;
-	}
-	/* A query refused for want of a context: borrow device 0's primary
-	 * context when the thread has none, and ask again (not for host
-	 * memory, CUDA_ERROR_INVALID_VALUE: see wex__cuda_ptr_on_gpu). */
-	if (r == CUDA_ERROR_INVALID_CONTEXT &&
-	    (wex__cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)) {
-		if (wex__cuda_use_device(0) == 0 &&
-		    wex__cu.cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-						  (CUdeviceptr)ptr) == CUDA_SUCCESS && ord >= 0) {
-			*dev = ord;
-			return 0;
-		}
 	}
 	/* Host memory or an unknown pointer: the current context's device. */
 	if (wex__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur &&
