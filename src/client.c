@@ -102,6 +102,7 @@ struct wex_client {
 	struct wex_tensor *layout;
 	size_t nlayout;
 	uint8_t *layout_host; /* per tensor: memory the CUDA driver did not know at attach */
+	size_t *layout_order; /* the layout's indexes in address order (check_mapped) */
 	uint64_t layout_gen;
 	int fetched;
 	uint32_t nprod;
@@ -387,6 +388,7 @@ static void client_free(struct wex_client *c)
 	free(c->ptensors);
 	free(c->layout);
 	free(c->layout_host);
+	free(c->layout_order);
 	free(c->tables);
 	free(c->table_ranks);
 	free(c->rank_first);
@@ -1614,6 +1616,42 @@ static int in_regions(const struct wex_client *c, uint64_t addr)
 	return 0;
 }
 
+struct addr_index {
+	uint64_t p;
+	size_t i;
+};
+
+static int addr_index_cmp(const void *a, const void *b)
+{
+	const struct addr_index *x = a, *y = b;
+
+	return x->p < y->p ? -1 : x->p > y->p ? 1 : (x->i > y->i) - (x->i < y->i);
+}
+
+/* The indexes of t[0..n) in the order of their addresses (malloc'ed;
+ * NULL when out of memory): check_mapped walks them so, asking the driver
+ * once or twice per mapping however the layout orders its tensors. */
+static size_t *address_order(const struct wex_tensor *t, size_t n)
+{
+	struct addr_index *a = calloc(n ? n : 1, sizeof(*a));
+	size_t *order = calloc(n ? n : 1, sizeof(*order));
+
+	if (!a || !order) {
+		free(a);
+		free(order);
+		return NULL;
+	}
+	for (size_t i = 0; i < n; i++) {
+		a[i].p = (uint64_t)(uintptr_t)t[i].ptr;
+		a[i].i = i;
+	}
+	qsort(a, n, sizeof(*a), addr_index_cmp);
+	for (size_t i = 0; i < n; i++)
+		order[i] = a[i].i;
+	free(a);
+	return order;
+}
+
 /*
  * Refuses a layout with a tensor where the engine released its GPU memory
  * and kept the addresses (vLLM's sleep mode, SGLang's
@@ -1623,9 +1661,11 @@ static int in_regions(const struct wex_client *c, uint64_t addr)
  * engine.  Tensors in the client's own regions are wex's to map.  At
  * attach, `host` (n bytes) gets 1 for each tensor whose memory the
  * driver did not know (host memory): a sync skips those (see c->layout_host).
+ * The tensors are taken in `order` (address order: the first one released
+ * is the one named; the driver is asked about each mapping once or twice).
  */
 static int check_mapped(struct wex_client *c, const struct wex_tensor *t, size_t n,
-			const char *what, uint8_t *host)
+			const size_t *order, const char *what, uint8_t *host)
 {
 	struct wex_mem_thread_state ts;
 	struct wex_mem_span known = { 0 };
@@ -1633,7 +1673,8 @@ static int check_mapped(struct wex_client *c, const struct wex_tensor *t, size_t
 	int ret = 0;
 
 	wex_mem_thread_save(&ts);
-	for (size_t i = 0; i < n && !ret; i++) {
+	for (size_t k = 0; k < n && !ret; k++) {
+		size_t i = order[k];
 		uint64_t p = (uint64_t)(uintptr_t)t[i].ptr;
 
 		if (!p || in_regions(c, p) || (!host && c->layout_host && c->layout_host[i]) ||
@@ -1851,6 +1892,7 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 {
 	struct wex_tensor *copy;
 	uint8_t *host;
+	size_t *order;
 	int ret;
 
 	CALL_OK(c, t || !n);
@@ -1860,22 +1902,28 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 	if (ret < 0)
 		return ret;
 	host = calloc(n ? n : 1, 1);
-	if (!host) {
+	order = address_order(copy, n);
+	if (!host || !order) {
 		free(copy);
+		free(host);
+		free(order);
 		return set_err(c, -ENOMEM, "attach: out of memory");
 	}
-	ret = check_mapped(c, copy, n, "attach", host);
+	ret = check_mapped(c, copy, n, order, "attach", host);
 	if (ret >= 0)
 		ret = send_table(c, "attach", copy, n);
 	if (ret < 0) {
 		free(copy);
 		free(host);
+		free(order);
 		return ret;
 	}
 	free(c->layout);
 	free(c->layout_host);
+	free(c->layout_order);
 	c->layout = copy;
 	c->layout_host = host;
+	c->layout_order = order;
 	c->nlayout = n;
 	c->layout_dev = -2;
 	c->fetched = 0; /* the plan depends on the layout */
@@ -2466,7 +2514,7 @@ static int verify_plan(struct wex_client *c, uint64_t version, uint64_t *bytes, 
 	*bytes = 0;
 	/* wexd's ask (wexctl verify) comes with the acquire, after the
 	 * sync's own check: the layout may have been released since. */
-	ret = check_mapped(c, c->layout, c->nlayout, "verify", NULL);
+	ret = check_mapped(c, c->layout, c->nlayout, c->layout_order, "verify", NULL);
 	if (ret < 0) {
 		*rep = json_pack("{s:s, s:I, s:s}", "result", "failed", "version",
 				 (json_int_t)version, "why", c->err);
@@ -2862,7 +2910,7 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 	 * copy would write or a verification read (a same-address sync
 	 * writes only the client's regions). */
 	if ((mode == WEX_SYNC_COPY || verify) && c->nlayout &&
-	    (ret = check_mapped(c, c->layout, c->nlayout,
+	    (ret = check_mapped(c, c->layout, c->nlayout, c->layout_order,
 				mode == WEX_SYNC_COPY ? "copy sync" : "verified same-address sync",
 				NULL)) < 0)
 		return ret;

@@ -610,8 +610,8 @@ int wex__cuda_ptr_released(uint64_t addr, uint64_t len, uint64_t *at, struct wex
 		if (addr_range(&base, &size, p) != CUDA_SUCCESS || !size || base > p ||
 		    base + size <= p)
 			break;
-		if (known && p == addr && base + size >= end) {
-			known->lo = base; /* one mapping holds it all */
+		if (known && base + size >= end) {
+			known->lo = base; /* the mapping holding the end, mapped */
 			known->hi = base + size;
 		}
 		p = base + size;

@@ -20,6 +20,24 @@
  *  4. new allocations mapped ("awake"): the copy sync copies the newest
  *     version into every byte, and this process's CUDA context still
  *     works (no sticky error from a copy into unmapped memory);
+ *  5. same-address syncs of a consumer whose layout keeps w.0 and w.1 in
+ *     its reserved region and w.2 and w.3 in the engine's range, the
+ *     second allocation released: a plain one maps the region (nothing
+ *     outside it is touched); one with WEX_SYNC_VERIFY is refused
+ *     (-EFAULT naming w.2) before anything is acquired, the regions
+ *     untouched; a plain one that `wexctl verify` asked to verify
+ *     (wexd's ask comes with the acquire, after the sync's own check)
+ *     goes on, and wexd hears "failed" saying that nothing is mapped at
+ *     w.2, with nothing compared (without that check the comparison
+ *     reads there: emulated, the process dies of SIGSEGV);
+ *  6. a layout of 1024 pieces of the producer's tensors spread over an
+ *     engine range of 8 allocations, listed so that each piece lies in
+ *     another allocation than the one before: attached and copied whole,
+ *     the driver asked about each allocation a few times, not about each
+ *     piece (emulated: at most 3 queries per allocation for the attach
+ *     and for the sync, 6 where MAPPED has no answer, against 2 per piece
+ *     or more when taken in the layout's order); the middle allocation
+ *     released: refused, naming the piece at its first address;
  * and wex_released says where nothing is mapped (the first address of
  * the second allocation in step 3; the middle one of three, also from a
  * thread with no CUDA context current), 0 for mapped memory (VMM,
@@ -38,6 +56,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "gpu_util.h"
 #include "wex.h"
@@ -181,6 +201,178 @@ static void refused(wex_client_t *c, const char *tensor)
 	CHECK(wex_is_dirty(c) == 0);
 }
 
+/* Asks group `group` to verify its next sync, as `wexctl verify` does:
+ * returns the ticket. */
+static long ask_verify(wex_client_t *c, const char *group)
+{
+	char args[160], *reply = NULL;
+	json_t *j;
+	long ticket;
+
+	snprintf(args, sizeof(args), "{\"model\":\"released\",\"group\":\"%s\",\"stand_ms\":60000}",
+		 group);
+	CHECK_OK(wex_request(c, "verify", args, &reply));
+	j = json_loads(reply, 0, NULL);
+	CHECK(j != NULL);
+	ticket = (long)json_integer_value(json_object_get(j, "ticket"));
+	CHECK(ticket > 0);
+	json_decref(j);
+	wex_free(reply);
+	return ticket;
+}
+
+/* wexd's record of rank 0 of `group`'s answer to `ticket`: its result
+ * and why, in result and why ("" where there is none). */
+static void ticket_answer(wex_client_t *c, const char *group, long ticket, char *result,
+			  char *why, size_t whylen)
+{
+	char args[160], *reply = NULL;
+	json_t *j, *v;
+
+	snprintf(args, sizeof(args), "{\"model\":\"released\",\"group\":\"%s\",\"ticket\":%ld}",
+		 group, ticket);
+	CHECK_OK(wex_request(c, "verify", args, &reply));
+	j = json_loads(reply, 0, NULL);
+	CHECK(j != NULL);
+	v = json_object_get(json_array_get(json_object_get(json_array_get(json_object_get(j, "groups"), 0),
+							   "ranks"),
+					   0),
+			    "verify");
+	snprintf(result, 32, "%s", json_string_value(json_object_get(v, "result")) ?: "");
+	snprintf(why, whylen, "%s", json_string_value(json_object_get(v, "why")) ?: "");
+	json_decref(j);
+	wex_free(reply);
+}
+
+/* 5. Same-address syncs with a layout partly outside the regions, in the
+ * engine's range at va, whose second allocation (w.2, w.3) is released
+ * here and mapped anew before returning.  wexd serves v3. */
+static void same_address(CUdeviceptr va, CUmemGenericAllocationHandle *h)
+{
+	struct wex_tensor ft[NT];
+	struct wex_sync_result r;
+	char result[32], why[512];
+	wex_client_t *f = consumer("fixed");
+	const struct wex_tensor *pt;
+	unsigned char *hb;
+	void *region;
+	long ticket;
+	size_t n;
+	int ret;
+
+	/* The producer's segment id, from a view sync. */
+	CHECK_OK(wex_sync(f, WEX_SYNC_REMAP_VIEW, 3, 10000, &r));
+	CHECK(wex_producer_tensors(f, 0, &pt, &n) == 1 && n == NT);
+	CHECK_OK(wex_reserve(f, 0, pt[0].segment, NT * tbytes, &region));
+	CHECK_OK(wex_release(f));
+	make_tensors(ft, 0, (uint64_t)(uintptr_t)region);
+	ft[2].ptr = (void *)(uintptr_t)(va + 2 * tbytes);
+	ft[3].ptr = (void *)(uintptr_t)(va + 3 * tbytes);
+	CHECK_OK(wex_attach(f, ft, NT));
+	/* Awake, holding v3 (step 4): equal where the layout says. */
+	CHECK_OK(wex_sync(f, WEX_SYNC_REMAP_FIXED | WEX_SYNC_VERIFY, 3, 10000, &r));
+	CHECK(r.version == 3 && r.verified == NT * tbytes);
+	CHECK_OK(wex_release(f));
+
+	release(va, h, 1);
+	/* Plain: only the region is written, and it shows v3. */
+	CHECK_OK(wex_sync(f, WEX_SYNC_REMAP_FIXED, 3, 10000, &r));
+	CHECK(r.version == 3 && !wex_is_dirty(f));
+	hb = malloc(NT * tbytes);
+	CHECK(hb != NULL);
+	CHECK_OK(xfer(hb, region, NT * tbytes));
+	for (uint64_t b = 0; b < NT * tbytes; b++)
+		CHECK(hb[b] == vbyte(3));
+	free(hb);
+	CHECK_OK(wex_release(f));
+	/* Verified by the caller: refused before the acquire. */
+	ret = wex_sync(f, WEX_SYNC_REMAP_FIXED | WEX_SYNC_VERIFY, 3, 3000, &r);
+	printf("verified same-address sync refused: %s\n", wex_last_error(f));
+	CHECK(ret == -EFAULT);
+	CHECK(strstr(wex_last_error(f), "verified same-address sync: tensor 'w.2'") != NULL);
+	CHECK(strstr(wex_last_error(f), "nothing was acquired or copied") != NULL);
+	CHECK(!wex_is_dirty(f));
+	/* Asked by wexd: the sync goes on, the verification fails saying why. */
+	ticket = ask_verify(f, "fixed");
+	CHECK_OK(wex_sync(f, WEX_SYNC_REMAP_FIXED, 3, 10000, &r));
+	CHECK(r.version == 3 && !wex_is_dirty(f));
+	ticket_answer(f, "fixed", ticket, result, why, sizeof(why));
+	printf("wexctl verify's answer: %s: %s\n", result, why);
+	CHECK(!strcmp(result, "failed"));
+	CHECK(strstr(why, "verify: tensor 'w.2'") != NULL && strstr(why, "nothing is mapped") &&
+	      strstr(why, "nothing was compared"));
+	CHECK_OK(wex_release(f));
+	wex_client_close(f);
+	map_new(va, h, 1);
+}
+
+/* Driver queries so far (emulated; 0 on a GPU). */
+static unsigned long queries(void)
+{
+	return emul_calls("cuPointerGetAttribute") + emul_calls("cuMemGetAddressRange");
+}
+
+#define NMAP 8
+#define NPIECE 1024
+
+/* 6. Many pieces over many allocations, in an order that jumps between
+ * them.  wexd serves v3. */
+static void many_pieces(void)
+{
+	uint64_t gran = 2 * tbytes, bs = NT * tbytes / NPIECE, per = NPIECE / NT, q0;
+	/* Two queries an allocation; five where MAPPED has no answer. */
+	unsigned long most = (getenv("WEX_EMUL_MAPPED_ERR") ? 6 : 3) * NMAP;
+	CUmemGenericAllocationHandle h[NMAP];
+	struct wex_tensor *t = calloc(NPIECE, sizeof(*t));
+	unsigned char *hb = malloc(gran);
+	struct wex_sync_result r;
+	wex_client_t *c = consumer("pieces");
+	char want[64];
+	CUdeviceptr va;
+	int ret;
+
+	CHECK(t != NULL && hb != NULL && NPIECE / NMAP * bs <= gran);
+	va = gpu_expandable(NMAP, gran, h);
+	/* Piece k: bytes [k % per * bs, +bs) of w.(k / per), placed in
+	 * allocation k % NMAP. */
+	for (int k = 0; k < NPIECE; k++) {
+		snprintf(t[k].name, sizeof(t[k].name), "w.%d", (int)(k / per));
+		t[k].dtype = WEX_DT_U8;
+		t[k].ndim = 1;
+		t[k].shape[0] = tbytes;
+		t[k].start[0] = k % per * bs;
+		t[k].extent[0] = bs;
+		t[k].ptr = (void *)(uintptr_t)(va + k % NMAP * gran + k / NMAP * bs);
+	}
+	q0 = queries();
+	CHECK_OK(wex_attach(c, t, NPIECE));
+	printf("%d pieces over %d allocations: %lu driver queries to attach", NPIECE, NMAP,
+	       queries() - q0);
+	CHECK(queries() - q0 <= most);
+	q0 = queries();
+	CHECK_OK(wex_sync(c, WEX_SYNC_COPY, 3, 10000, &r));
+	printf(", %lu to sync\n", queries() - q0);
+	CHECK(queries() - q0 <= most);
+	CHECK(r.version == 3 && r.changed && r.bytes == NT * tbytes);
+	for (int m = 0; m < NMAP; m++) {
+		CHECK_OK(xfer(hb, (void *)(uintptr_t)(va + m * gran), NPIECE / NMAP * bs));
+		for (uint64_t b = 0; b < NPIECE / NMAP * bs; b++)
+			CHECK(hb[b] == vbyte(3));
+	}
+
+	/* The middle allocation released: the piece at its first address. */
+	release(va, h, NMAP / 2); /* (allocations of 2 * tbytes, as release() takes) */
+	ret = wex_sync(c, WEX_SYNC_COPY, 3, 3000, &r);
+	printf("refused: %s\n", wex_last_error(c));
+	snprintf(want, sizeof(want), "bytes at 0x%llx)", (unsigned long long)(va + NMAP / 2 * gran));
+	CHECK(ret == -EFAULT && strstr(wex_last_error(c), want) != NULL);
+	map_new(va, h, NMAP / 2);
+	wex_client_close(c);
+	gpu_expandable_free(va, NMAP, gran, h);
+	free(hb);
+	free(t);
+}
+
 int main(void)
 {
 	CUmemGenericAllocationHandle h[2];
@@ -236,6 +428,9 @@ int main(void)
 	CHECK(r.version == 3 && r.changed && !wex_is_dirty(c));
 	CHECK(bad_bytes(va, 3) == 0); /* a device-to-host copy: the context works */
 	CHECK(wex_released((void *)(uintptr_t)va, NT * tbytes, &at) == 0);
+
+	same_address(va, h);
+	many_pieces();
 	CHECK(wex_released(&at, sizeof(at), NULL) == 0); /* host memory */
 	CHECK(wex_released(NULL, 1, NULL) == -EINVAL);
 	CHECK(wex_released((void *)(uintptr_t)va, UINT64_MAX, NULL) == -EINVAL);

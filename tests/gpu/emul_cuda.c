@@ -226,6 +226,7 @@ static struct hook {
 	{ "cuMemcpyAsync" }, { "cuMemcpy2DAsync" }, { "cuMemcpy3DAsync" }, { "cuMemcpyBatchAsync" },
 	{ "cuMemAddressReserve" }, { "cuMemHostRegister" }, { "cuMemHostUnregister" },
 	{ "cuDevicePrimaryCtxRetain" }, { "cuCtxSetCurrent" }, { "cuMemGetAllocationGranularity" },
+	{ "cuPointerGetAttribute" }, { "cuMemGetAddressRange" },
 };
 
 static struct hook *hook_of(const char *name)
@@ -1103,6 +1104,7 @@ static CUresult e_addr_range(CUdeviceptr *base, size_t *size, CUdeviceptr p)
 	FORKED();
 	struct range *r = find_any(p);
 
+	HOOK("cuMemGetAddressRange");
 	if (!ctx_current)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (!r || r->kind == 4)
@@ -1174,6 +1176,7 @@ static CUresult e_ptr_attr(void *data, CUpointer_attribute a, CUdeviceptr p)
 	struct range *r = find_any(p), *res = find_kind(p, 0);
 	struct range *span = res ? res : r && r->kind != 4 ? r : NULL;
 
+	HOOK("cuPointerGetAttribute");
 	/* The range is the reservation's, mapped or not ("not necessarily
 	 * the address of the mapped region, but the address of the mappable
 	 * address range ptr references (e.g. from cuMemAddressReserve)";

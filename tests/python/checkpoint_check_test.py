@@ -307,6 +307,9 @@ class CheckpointCompare(unittest.TestCase):
         for given in (None, ck):
             self.assertEqual(cf(given, ck, "auto", updated=True)[:2],
                              (None, "a sync changed the weights since the engine loaded them"))
+        # ... or once they were lost otherwise: the reason given is said.
+        self.assertEqual(cf(None, ck, "auto", updated="vLLM's sleep mode discarded them")[:2],
+                         (None, "vLLM's sleep mode discarded them"))
 
     def test_index_json(self):
         """A directory with both a merged file and shards: the files its

@@ -1182,6 +1182,8 @@ class EngineHooks(WexdProducerCase):
             self.assertEqual(st["forgotten"], 1)
             self.assertIn("without its bytes", st["lost"])
             self.assertTrue(workers[k]._wex.dirty())
+            # A later attach is not compared with the checkpoint, saying why.
+            self.assertIn("sleep mode discarded the weights", workers[k]._wex_changed)
             r = on(k, "wex_sync", min_version=v2)
             self.assertEqual((r["version"], r["changed"]), (v2, 1))
             self.assertEqual(r["bytes"], st["bytes"])
@@ -1355,6 +1357,7 @@ class EngineHooks(WexdProducerCase):
                   for r in wex.engine.group_status(MODEL, "sglang-saver")}
         self.assertEqual(served.get(1), 0)
         self.assertIn("without its bytes", wex.sglang._ranks[id(models[1])][0].lost)
+        self.assertIn("without their bytes", wex.sglang._changed[models[0]])
         for k in range(2):
             r = load(k, req2)
             self.assertEqual((r["version"], r["changed"]), (v2, 1))
@@ -1384,6 +1387,7 @@ class EngineHooks(WexdProducerCase):
             saver.resume(tag="weights")
         saver.fail = False
         self.assertIsNone(wex.sglang._released)
+        self.assertIn("resume that failed", wex.sglang._changed[models[0]])
         for k in range(2):
             self.assertEqual(load(k, req2)["changed"], 1)
             self.assert_holds(params_of(models[k]), "sglang", k)

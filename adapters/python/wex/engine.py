@@ -103,8 +103,9 @@ def checkpoint_for(checkpoint, model_path, load_format, config=None, updated=Fal
     weights), or None (auto: the engine's model directory, or, for a hub
     id, the directory of its cached `config`, when it holds .safetensors
     files that the engine's load_format, auto, safetensors or
-    fastsafetensors, reads).  Either way not once `updated`: a sync of
-    this process changed the weights since they were loaded."""
+    fastsafetensors, reads).  Either way not once `updated`: the weights
+    are not the loaded ones any more (True: a sync of this process
+    changed them; a string: why else, the reason given)."""
     lf = getattr(load_format, "value", load_format)
     lf = str(lf).lower() if lf is not None else None
     if checkpoint is False:
@@ -122,7 +123,8 @@ def checkpoint_for(checkpoint, model_path, load_format, config=None, updated=Fal
                              "load_format='dummy': its weights are random, not the "
                              "checkpoint's" % checkpoint)
     if updated:
-        return None, "a sync changed the weights since the engine loaded them", False
+        return None, (updated if isinstance(updated, str) else
+                      "a sync changed the weights since the engine loaded them"), False
     if checkpoint is not None:
         return checkpoint, None, False
     if lf not in _SAFETENSORS_FORMATS:

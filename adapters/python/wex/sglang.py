@@ -109,7 +109,9 @@ _SYNC_KEYS = ("min_version", "sync_timeout_ms", "verify", "post_load", "detach",
 _DRAFT_CLASSES = ("NextN", "Eagle", "MTP", "Draft")
 _ranks = {}   # id(model) -> (EngineRank, attach arguments, model: kept, so the id stays its)
 _status = {}  # id(model) -> the last request's outcome, for status()
-_changed = weakref.WeakSet()  # models a sync changed since SGLang loaded them
+# model -> why its weights are not the ones SGLang loaded: True (a sync
+# changed them) or a reason (checkpoint_for's `updated`).
+_changed = weakref.WeakKeyDictionary()
 # model -> ((attach arguments, checkpoint), message) of its last attach
 # refused by the checkpoint comparison.
 _refused = weakref.WeakKeyDictionary()
@@ -168,7 +170,7 @@ def _watch_memory_saver():
             # SGLang goes on as if it had not paused, with some of the
             # memory released perhaps: libwex refuses what is not mapped,
             # and what is holds nothing certain.
-            _back(False)
+            _back(False, "an SGLang pause that failed may have discarded the weights")
             raise
 
     def wex_resume(*args, **kwargs):
@@ -177,7 +179,8 @@ def _watch_memory_saver():
         try:
             out = resume(*args, **kwargs)
         except BaseException:
-            _back(False)  # as above: what is mapped now holds nothing certain
+            # As above: what is mapped now holds nothing certain.
+            _back(False, "an SGLang resume that failed may have discarded the weights")
             raise
         try:
             kept = bool(getattr(_server_args(), "enable_weights_cpu_backup", False))
@@ -193,18 +196,19 @@ def _watch_memory_saver():
 _unwatched = False  # warned that torch_memory_saver cannot be watched
 
 
-def _back(kept):
+def _back(kept, why=None):
     """SGLang's weights are mapped again (or their pause or resume
-    raised): every attached rank is told; without their bytes (not kept),
-    no model attached before is compared with the checkpoint again (a
-    model never attached still is: its refusal stands)."""
+    raised: `why`): every attached rank is told; without their bytes (not
+    kept), no model attached before is compared with the checkpoint again
+    (a model never attached still is: its refusal stands)."""
     global _released
     _released = None
     for rank, _, _ in _ranks.values():
         rank.restored(kept)  # never raises
     if not kept:
         for model in _seen:
-            _changed.add(model)
+            _changed[model] = why or ("SGLang released the weights and resumed them "
+                                      "without their bytes (no --enable-weights-cpu-backup)")
 
 
 def request(model, *, group=None, layout=None, config=None, adapters=None, socket=None,
@@ -398,7 +402,7 @@ def _attach(model, args):
     cfg = args.get("config") or config_path(par.get("model_path"), par.get("revision"))
     ckpt, why, auto = checkpoint_for(args.get("checkpoint"), par.get("model_path"),
                                      par.get("load_format"),
-                                     None if args.get("config") else cfg, model in _changed)
+                                     None if args.get("config") else cfg, _changed.get(model, False))
     skip = None
     if auto and _ue8m0_requant(cfg) and args.get("post_load") is not False:
         # SGLang requantized the FP8 weights and their scales at load (and
@@ -490,11 +494,11 @@ def _load(model, args):
                            verify=args.get("verify", False))
     except BaseException:
         if held[0].dirty():  # a copy that failed half-way changed them too
-            _changed.add(model)
+            _changed[model] = True
         raise
     if out.get("changed"):
         # No longer the checkpoint's: a later attach does not compare.
-        _changed.add(model)
+        _changed[model] = True
     # Only after a sync that copied something: post_load_weights rewrites
     # derived tensors (and in some models attached ones) in place, and a
     # second run over the same version need not leave them as the first.

@@ -203,7 +203,9 @@ class WorkerExtension:
     own RLHF examples do."""
 
     _wex = None
-    _wex_changed = False  # a sync changed the weights since vLLM loaded them
+    # The weights are not the ones vLLM loaded: True (a sync changed
+    # them) or why else (checkpoint_for's `updated`).
+    _wex_changed = False
     _wex_asleep = None    # while vLLM's weights sleep: why (see _wex_watch_sleep)
     _wex_lost = False     # ... and whether their bytes are lost on waking
 
@@ -252,7 +254,8 @@ class WorkerExtension:
                 # only after a sleep that returned), with some memory
                 # released perhaps: libwex refuses what is not mapped,
                 # and what is holds nothing certain.
-                self._wex_asleep, self._wex_lost, self._wex_changed = None, False, True
+                self._wex_asleep, self._wex_lost = None, False
+                self._wex_changed = "a vLLM sleep that failed may have discarded the weights"
                 if self._wex is not None:
                     self._wex.restored(kept=False)  # never raises
                 raise
@@ -268,8 +271,9 @@ class WorkerExtension:
                 raise
             if weights:
                 lost, self._wex_asleep, self._wex_lost = self._wex_lost, None, False
-                if lost:
-                    self._wex_changed = True  # not the checkpoint's any more
+                if lost:  # not the checkpoint's any more
+                    self._wex_changed = ("vLLM's sleep mode discarded the weights (woken "
+                                         "without a CPU backup)")
                 if self._wex is not None:
                     self._wex.restored(kept=not lost)  # never raises
             return out
