@@ -186,6 +186,9 @@ static int set_err(struct wex_client *c, int ret, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(err_buf(c), sizeof(c->err), fmt, ap);
 	va_end(ap);
+	/* UTF-8 even when cut inside a sequence: it goes to wexd as JSON
+	 * (a verification's why) and to Python as str. */
+	wex__utf8_scrub(err_buf(c));
 	return ret;
 }
 
@@ -1629,8 +1632,9 @@ static int addr_index_cmp(const void *a, const void *b)
 }
 
 /* The indexes of t[0..n) in the order of their addresses (malloc'ed;
- * NULL when out of memory): check_mapped walks them so, asking the driver
- * once or twice per mapping however the layout orders its tensors. */
+ * NULL when out of memory): check_mapped walks them so, and asks the
+ * driver about each mapping once (two queries) however the layout orders
+ * its tensors, unless they overlap. */
 static size_t *address_order(const struct wex_tensor *t, size_t n)
 {
 	struct addr_index *a = calloc(n ? n : 1, sizeof(*a));
@@ -1661,8 +1665,8 @@ static size_t *address_order(const struct wex_tensor *t, size_t n)
  * engine.  Tensors in the client's own regions are wex's to map.  At
  * attach, `host` (n bytes) gets 1 for each tensor whose memory the
  * driver did not know (host memory): a sync skips those (see c->layout_host).
- * The tensors are taken in `order` (address order: the first one released
- * is the one named; the driver is asked about each mapping once or twice).
+ * The tensors are taken in `order` (address order: the released tensor at
+ * the lowest address is the one named; see address_order).
  */
 static int check_mapped(struct wex_client *c, const struct wex_tensor *t, size_t n,
 			const size_t *order, const char *what, uint8_t *host)

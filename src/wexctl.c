@@ -475,7 +475,7 @@ static void print_verify_rank(const char *group, json_t *r)
 	json_t *v = json_object_get(r, "verify");
 	const char *state = json_string_value(json_object_get(r, "state")) ?: "?";
 	const char *res = json_string_value(json_object_get(v, "result")) ?: "-";
-	char bytes[32] = "-", detail[WEX_NAME_MAX + 400] = "";
+	char bytes[32] = "-", detail[WEX_NAME_MAX + 512] = "";
 	char secs[32] = "-";
 
 	if (v) {

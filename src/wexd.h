@@ -33,7 +33,7 @@ struct verify_rec {
 	char result[16];  /* equal, differ, unverifiable, failed */
 	char mode[16];    /* the sync's */
 	char tensor[WEX_NAME_MAX]; /* holding the first difference */
-	char why[400]; /* room for libwex's longest reasons (a released tensor's) */
+	char why[512]; /* as long as libwex's error text (struct wex_client's err) */
 };
 
 struct conn {

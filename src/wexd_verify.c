@@ -42,10 +42,12 @@ void wexd_verify_ask(struct conn *c, json_t *reply)
 }
 
 /* A client's string, kept for status and the log: control characters
- * become '?', so that a name cannot forge log lines. */
+ * become '?', so that a name cannot forge log lines, and so does what is
+ * not UTF-8 (a cut inside a sequence too: JSON takes UTF-8 only). */
 static void copy_str(char *dst, size_t len, const char *src)
 {
 	snprintf(dst, len, "%s", src ? src : "");
+	wex__utf8_scrub(dst);
 	for (char *p = dst; *p; p++)
 		if ((unsigned char)*p < 0x20 || *p == 0x7f)
 			*p = '?';

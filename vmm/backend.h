@@ -237,9 +237,12 @@ int wex_mem_ptr_on_gpu(uint64_t addr);
  * the CPU.  1 with *at the first such address found; 0 otherwise (mapped,
  * host memory, memory the driver does not know, no driver loaded in this
  * process, or a build without the CUDA backend: nothing is loaded to
- * ask).  `known` (may be NULL; zeroed before the first call) caches
- * whether a driver is loaded and one mapping found whole around the
- * range, so that the pieces of one tensor cost one query; `unknown` says
+ * ask).  `known` (may be NULL; zeroed before the first call, then
+ * passed to calls in address order) caches whether a driver is loaded and
+ * the mapping found mapped that holds the end of the last range walked: a
+ * range inside it costs no query, one starting in it is walked from the
+ * next mapping on, each other mapping costs two queries (MAPPED and
+ * cuMemGetAddressRange; five where MAPPED has no answer); `unknown` says
  * whether the driver knew the range's first address (host memory: not).
  * A MAPPED of 0 counts only where RANGE_START_ADDR and RANGE_SIZE answer
  * with a range holding the address.  -EINVAL when addr + len overflows.

@@ -586,7 +586,7 @@ int wex__cuda_ptr_released(uint64_t addr, uint64_t len, uint64_t *at, struct wex
 	uint64_t p = addr, end = addr + len;
 	CUdeviceptr base;
 	size_t size;
-	int first;
+	int first = 0;
 
 	if (end < addr)
 		return -EINVAL;
@@ -596,12 +596,18 @@ int wex__cuda_ptr_released(uint64_t addr, uint64_t len, uint64_t *at, struct wex
 		known->asked = driver_in_process() ? 1 : -1;
 	if (known ? known->asked < 0 : !driver_in_process())
 		return 0;
+	if (known && addr >= known->lo && addr < known->hi) {
+		/* It starts in the mapping known mapped: from the next one. */
+		p = known->hi;
+		known->unknown = 0;
+	} else {
+		first = released_at(p);
+		if (known)
+			known->unknown = first < 0;
+	}
 	/* Mapping by mapping (a VMM range maps several allocations back to
 	 * back, and cuMemGetAddressRange gives one mapping's extent), as far
 	 * as the driver gives extents; then the last byte. */
-	first = released_at(p);
-	if (known)
-		known->unknown = first < 0;
 	while (p < end) {
 		if ((p == addr ? first : released_at(p)) == 1) {
 			*at = p;

@@ -96,6 +96,11 @@
 	X(cuGraphLaunch, cuGraphLaunch, 10000, 0)                                      \
 	X(cuGraphDestroy, cuGraphDestroy, 10000, 0)                                    \
 	X(cuGraphExecDestroy, cuGraphExecDestroy, 10000, 0)                            \
+	X(cuMemHostAlloc, cuMemHostAlloc, 2020, 0)                                     \
+	X(cuMemFreeHost, cuMemFreeHost, 2000, 0)                                       \
+	X(cuMemAllocManaged, cuMemAllocManaged, 6000, 0)                               \
+	X(cuMemAllocAsync, cuMemAllocAsync, 11020, 0)                                  \
+	X(cuMemFreeAsync, cuMemFreeAsync, 11020, 0)                                    \
 	X(cuMemcpyBatchAsync13, cuMemcpyBatchAsync, 13000, 0)                          \
 	X(cuMemcpyBatchAsync12, cuMemcpyBatchAsync, 12080, 0)
 

@@ -299,8 +299,8 @@ enum wex_sync_mode {
  * Errors: -WEX_ELAYOUT when a requested element has no source; -EFAULT
  * when a tensor lies where the CUDA driver knows a reserved address range
  * with nothing mapped (GPU memory the engine released and kept the
- * addresses of: vLLM's sleep mode, torch_memory_saver's pause), nothing
- * attached.
+ * addresses of: vLLM's sleep mode, torch_memory_saver's pause), naming
+ * the one at the lowest address, nothing attached.
  */
 WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n);
 
@@ -410,9 +410,10 @@ struct wex_sync_result {
  * -EFAULT when a COPY or a verified sync finds an attached tensor (outside
  * the client's own regions, and not one the driver did not know at attach:
  * host memory) where the CUDA driver knows an address range with nothing
- * mapped (wex_released) (the engine released that GPU memory and kept
- * its addresses: vLLM's sleep mode, torch_memory_saver's pause; a copy
- * there would fault and lose the process's CUDA context), checked before
+ * mapped (wex_released; the one at the lowest address is named) (the
+ * engine released that GPU memory and kept its addresses: vLLM's sleep
+ * mode, torch_memory_saver's pause; a copy there would fault and lose
+ * the process's CUDA context), checked before
  * anything is acquired (nothing copied, not dirty; wake the weights and
  * sync again; a verification wexd asked for is reported failed and the
  * sync goes on),

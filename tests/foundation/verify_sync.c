@@ -23,7 +23,10 @@
  *    4); no sync before the timeout is "pending" (exit 4, also with
  *    --no-wait --json); an unknown
  *    model or group is refused (exit 1) naming what exists; status and
- *    metrics show the results.
+ *    metrics show the results;
+ *  - a verification's why longer than wexd keeps, cut inside a UTF-8
+ *    sequence, still shows in status (as UTF-8: the cut byte becomes
+ *    '?'; JSON takes nothing else, and it was dropped before).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -250,6 +253,44 @@ static void no_layout_check(void)
 	wex_client_close(c);
 }
 
+static void long_why_check(void)
+{
+	wex_client_t *c = t_open(WEX_ROLE_CONSUMER, MODEL, "longwhy", 0, 1);
+	char why[700], *req, *s = NULL;
+	json_t *rep, *st, *v = NULL, *g;
+	const char *got;
+	size_t i;
+
+	/* 300 two-byte characters: wexd keeps 511 bytes, the last the first
+	 * byte of a character. */
+	for (i = 0; i < 300; i++)
+		memcpy(why + 2 * i, "\xc3\xa9", 2);
+	why[600] = 0;
+	rep = json_pack("{s:{s:s, s:I, s:f, s:{s:I, s:s, s:I, s:s}}}", "report", "mode", "copy",
+			"bytes", (json_int_t)0, "seconds", 0.0, "verify", "ticket", (json_int_t)0,
+			"result", "failed", "version", (json_int_t)1, "why", why);
+	T_ASSERT(rep != NULL, "json_pack of the report");
+	req = json_dumps(rep, JSON_COMPACT);
+	json_decref(rep);
+	T_WEX(c, wex_request(c, "ping", req, &s));
+	free(req);
+	wex_free(s);
+	T_WEX(c, wex_request(c, "status", NULL, &s));
+	st = json_loads(s, 0, NULL);
+	wex_free(s);
+	T_ASSERT(st != NULL, "status is JSON");
+	json_array_foreach(json_object_get(json_array_get(json_object_get(st, "models"), 0),
+					   "groups"), i, g)
+		if (!strcmp(json_string_value(json_object_get(g, "name")) ?: "", "longwhy"))
+			v = json_object_get(json_array_get(json_object_get(g, "ranks"), 0), "verify");
+	got = json_string_value(json_object_get(v, "why"));
+	T_ASSERT(got && strlen(got) == 511 && !strncmp(got, why, 510) && got[510] == '?',
+		 "a cut why shows as UTF-8: %zu bytes, ends %s", got ? strlen(got) : 0,
+		 got ? got + 500 : "(none)");
+	json_decref(st);
+	wex_client_close(c);
+}
+
 static void wexctl_checks(struct t_cons *k)
 {
 	char out[400];
@@ -390,6 +431,7 @@ int main(int argc, char **argv)
 	library_checks(&k);
 	fixed_outside_check();
 	no_layout_check();
+	long_why_check();
 	wexctl_checks(&k);
 	t_cons_close(&k);
 	t_prod_close(&p);

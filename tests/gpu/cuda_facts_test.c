@@ -38,6 +38,12 @@
  *    raw value) of pageable host memory and of cuMemAlloc memory, and
  *    wex_released of those and of the unmapped part (1, 0, 0 asserted on
  *    the emulated driver);
+ *  - wex_released of page-locked memory from cuMemHostAlloc, managed
+ *    memory (cuMemAllocManaged) and stream-ordered pool memory
+ *    (cuMemAllocAsync, as PyTorch's cudaMallocAsync backend), and MAPPED
+ *    there: asserted 0 (not released) where the driver has the call (a 1
+ *    would refuse every sync of an engine keeping weights there); -2 in
+ *    the JSON where it does not or the allocation fails (printed);
  *  - fds the driver opens for itself at cuInit + first context;
  *  - fabric handles, cuMemcpyBatchAsync, compute capability, driver.
  *
@@ -60,12 +66,13 @@ int main(void)
 	int pageable = 0;
 	int self_ok = 0, range_q, unmapped_gpu, rel[3];
 	static char host_buf[64];
-	uint64_t host_m = 7, dev_m = 7;
+	uint64_t host_m = 7, dev_m = 7, kind_m[3] = { 7, 7, 7 };
+	int kind_rel[3] = { -2, -2, -2 };
 	CUdeviceptr dm = 0;
 	CUresult host_r, dev_r;
 	CUresult r, self_r, ipc_r, unmapped_ord_r;
 	const char *out = getenv("WEX_FACTS_OUT");
-	char json[1024];
+	char json[2048];
 	CUdevice dev;
 
 	gpu_require();
@@ -156,6 +163,52 @@ int main(void)
 	}
 	CU_OK(wex__cu.cuMemUnmap(va, 2 * g));
 
+	/* Memory of other kinds an engine may keep weights in: not released. */
+	if (wex__cu.cuMemHostAlloc && wex__cu.cuMemFreeHost) {
+		void *ph = NULL;
+
+		CU_OK(wex__cu.cuMemHostAlloc(&ph, g, 0));
+		(void)wex__cu.cuPointerGetAttribute(&kind_m[0], CU_POINTER_ATTRIBUTE_MAPPED,
+						    (CUdeviceptr)(uintptr_t)ph);
+		kind_rel[0] = wex_released(ph, g, NULL);
+		CU_OK(wex__cu.cuMemFreeHost(ph));
+	}
+	if (wex__cu.cuMemAllocManaged) {
+		CUdeviceptr mm;
+
+		r = wex__cu.cuMemAllocManaged(&mm, g, CU_MEM_ATTACH_GLOBAL);
+		if (r == CUDA_SUCCESS) {
+			(void)wex__cu.cuPointerGetAttribute(&kind_m[1], CU_POINTER_ATTRIBUTE_MAPPED,
+							    mm);
+			kind_rel[1] = wex_released((void *)(uintptr_t)mm, g, NULL);
+			CU_OK(wex__cu.cuMemFree(mm));
+		} else {
+			printf("cuMemAllocManaged: CUresult %d (no managed memory here?)\n", (int)r);
+		}
+	}
+	if (wex__cu.cuMemAllocAsync && wex__cu.cuMemFreeAsync) {
+		CUdeviceptr pm;
+
+		r = wex__cu.cuMemAllocAsync(&pm, g, 0);
+		if (r == CUDA_SUCCESS) {
+			CU_OK(wex__cu.cuStreamSynchronize(0));
+			(void)wex__cu.cuPointerGetAttribute(&kind_m[2], CU_POINTER_ATTRIBUTE_MAPPED,
+							    pm);
+			kind_rel[2] = wex_released((void *)(uintptr_t)pm, g, NULL);
+			CU_OK(wex__cu.cuMemFreeAsync(pm, 0));
+			CU_OK(wex__cu.cuStreamSynchronize(0));
+		} else {
+			printf("cuMemAllocAsync: CUresult %d (no memory pools on this device?)\n",
+			       (int)r);
+		}
+	}
+	printf("wex_released of cuMemHostAlloc, managed and pool memory: %d %d %d (-2: not "
+	       "tried); MAPPED there: %#llx %#llx %#llx\n", kind_rel[0], kind_rel[1], kind_rel[2],
+	       (unsigned long long)kind_m[0], (unsigned long long)kind_m[1],
+	       (unsigned long long)kind_m[2]);
+	for (int k = 0; k < 3; k++)
+		CHECK(kind_rel[k] == 0 || kind_rel[k] == -2);
+
 	/* The first part of an allocation: what map_fixed does at a region's
 	 * end.  The bytes are the allocation's own. */
 	CU_OK(wex__cu.cuMemMap(va, g, 0, h[1], 0));
@@ -244,7 +297,9 @@ int main(void)
 		 "\"reservation_range_query\": %s, \"unmapped_ordinal_result\": %d, "
 		 "\"unmapped_ptr_on_gpu\": %d, \"pageable_memory_access\": %d, "
 		 "\"mapped_host\": [%d, %llu], \"mapped_devmem\": [%d, %llu], "
-		 "\"released_unmapped_host_devmem\": [%d, %d, %d]}",
+		 "\"released_unmapped_host_devmem\": [%d, %d, %d], "
+		 "\"released_pinned_managed_pool\": [%d, %d, %d], "
+		 "\"mapped_pinned_managed_pool\": [%llu, %llu, %llu]}",
 		 wex__cu.driver_version, major, minor, g, fabric,
 		 wex__cu.cuMemcpyBatchAsync13 || wex__cu.cuMemcpyBatchAsync12 ? "true" : "false",
 		 off_ok > 0 ? "ok" : off_ok < 0 ? "wrong-bytes" : "refused",
@@ -253,7 +308,9 @@ int main(void)
 		 ipc_r == CUDA_SUCCESS ? "\"accepted\"" : "\"refused\"", fds1 - fds0,
 		 fd_steady ? "true" : "false", range_q ? "true" : "false", (int)unmapped_ord_r,
 		 unmapped_gpu, pageable, (int)host_r, (unsigned long long)host_m, (int)dev_r,
-		 (unsigned long long)dev_m, rel[0], rel[1], rel[2]);
+		 (unsigned long long)dev_m, rel[0], rel[1], rel[2], kind_rel[0], kind_rel[1],
+		 kind_rel[2], (unsigned long long)kind_m[0], (unsigned long long)kind_m[1],
+		 (unsigned long long)kind_m[2]);
 	if (out) {
 		FILE *f = fopen(out, "w");
 

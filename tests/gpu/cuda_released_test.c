@@ -31,13 +31,16 @@
  *     w.2, with nothing compared (without that check the comparison
  *     reads there: emulated, the process dies of SIGSEGV);
  *  6. a layout of 1024 pieces of the producer's tensors spread over an
- *     engine range of 8 allocations, listed so that each piece lies in
- *     another allocation than the one before: attached and copied whole,
- *     the driver asked about each allocation a few times, not about each
- *     piece (emulated: at most 3 queries per allocation for the attach
- *     and for the sync, 6 where MAPPED has no answer, against 2 per piece
- *     or more when taken in the layout's order); the middle allocation
- *     released: refused, naming the piece at its first address;
+ *     engine range of 8 allocations, listed round-robin over them (the
+ *     middle one's from its end), plus 7 pieces across the boundaries
+ *     listed last: attached and copied whole, the driver asked about each
+ *     allocation twice, not about each piece (emulated: at most 2
+ *     queries per allocation, 5 where MAPPED has no answer, plus 8, for
+ *     the attach and for the sync; 2066 in the layout's order, 32 where
+ *     a piece across a boundary made the next ones ask again); the middle
+ *     allocation released: refused, naming the piece across its start
+ *     (the lowest address reaching it) and saying that nothing is mapped
+ *     at its first address;
  * and wex_released says where nothing is mapped (the first address of
  * the second allocation in step 3; the middle one of three, also from a
  * thread with no CUDA context current), 0 for mapped memory (VMM,
@@ -314,16 +317,20 @@ static unsigned long queries(void)
 
 #define NMAP 8
 #define NPIECE 1024
+#define NSPAN (NMAP - 1)
 
 /* 6. Many pieces over many allocations, in an order that jumps between
- * them.  wexd serves v3. */
+ * them, and pieces across each boundary.  wexd serves v3. */
 static void many_pieces(void)
 {
 	uint64_t gran = 2 * tbytes, bs = NT * tbytes / NPIECE, per = NPIECE / NT, q0;
-	/* Two queries an allocation; five where MAPPED has no answer. */
-	unsigned long most = (getenv("WEX_EMUL_MAPPED_ERR") ? 6 : 3) * NMAP;
+	uint64_t slots = NPIECE / NMAP;
+	/* Two queries an allocation (five where MAPPED has no answer), plus
+	 * a few of the call's own (attach: the layout's device; sync: the
+	 * copies' devices): 2 and 6 now. */
+	unsigned long most = (getenv("WEX_EMUL_MAPPED_ERR") ? 5 : 2) * NMAP + 8;
 	CUmemGenericAllocationHandle h[NMAP];
-	struct wex_tensor *t = calloc(NPIECE, sizeof(*t));
+	struct wex_tensor *t = calloc(NPIECE + NSPAN, sizeof(*t));
 	unsigned char *hb = malloc(gran);
 	struct wex_sync_result r;
 	wex_client_t *c = consumer("pieces");
@@ -331,41 +338,62 @@ static void many_pieces(void)
 	CUdeviceptr va;
 	int ret;
 
-	CHECK(t != NULL && hb != NULL && NPIECE / NMAP * bs <= gran);
+	CHECK(t != NULL && hb != NULL && (slots + 1) * bs <= gran - bs / 2);
 	va = gpu_expandable(NMAP, gran, h);
-	/* Piece k: bytes [k % per * bs, +bs) of w.(k / per), placed in
-	 * allocation k % NMAP. */
+	/* Piece k: bytes [k % per * bs, +bs) of w.(k / per), in allocation
+	 * k % NMAP at slot k / NMAP (from the end in the middle allocation:
+	 * its first piece listed is its last in address order), slot s at
+	 * offset (s + 1) * bs. */
 	for (int k = 0; k < NPIECE; k++) {
+		uint64_t m = (uint64_t)k % NMAP, kk = (uint64_t)k / NMAP;
+		uint64_t slot = m == NMAP / 2 ? slots - 1 - kk : kk;
+
 		snprintf(t[k].name, sizeof(t[k].name), "w.%d", (int)(k / per));
 		t[k].dtype = WEX_DT_U8;
 		t[k].ndim = 1;
 		t[k].shape[0] = tbytes;
 		t[k].start[0] = k % per * bs;
 		t[k].extent[0] = bs;
-		t[k].ptr = (void *)(uintptr_t)(va + k % NMAP * gran + k / NMAP * bs);
+		t[k].ptr = (void *)(uintptr_t)(va + m * gran + (slot + 1) * bs);
+	}
+	/* Listed last: piece j across the boundary of allocations j and
+	 * j + 1 (bytes [0, bs) of w.0 again). */
+	for (int j = 0; j < NSPAN; j++) {
+		struct wex_tensor *x = &t[NPIECE + j];
+
+		*x = t[0];
+		x->ptr = (void *)(uintptr_t)(va + (j + 1) * gran - bs / 2);
 	}
 	q0 = queries();
-	CHECK_OK(wex_attach(c, t, NPIECE));
-	printf("%d pieces over %d allocations: %lu driver queries to attach", NPIECE, NMAP,
-	       queries() - q0);
+	CHECK_OK(wex_attach(c, t, NPIECE + NSPAN));
+	printf("%d pieces over %d allocations (%d across boundaries): %lu driver queries to "
+	       "attach", NPIECE + NSPAN, NMAP, NSPAN, queries() - q0);
 	CHECK(queries() - q0 <= most);
 	q0 = queries();
 	CHECK_OK(wex_sync(c, WEX_SYNC_COPY, 3, 10000, &r));
-	printf(", %lu to sync\n", queries() - q0);
+	printf(", %lu to sync (at most %lu)\n", queries() - q0, most);
 	CHECK(queries() - q0 <= most);
-	CHECK(r.version == 3 && r.changed && r.bytes == NT * tbytes);
+	CHECK(r.version == 3 && r.changed && r.bytes == NT * tbytes + NSPAN * bs);
 	for (int m = 0; m < NMAP; m++) {
-		CHECK_OK(xfer(hb, (void *)(uintptr_t)(va + m * gran), NPIECE / NMAP * bs));
-		for (uint64_t b = 0; b < NPIECE / NMAP * bs; b++)
+		CHECK_OK(xfer(hb, (void *)(uintptr_t)(va + m * gran), gran));
+		for (uint64_t b = bs; b < (slots + 1) * bs; b++)
 			CHECK(hb[b] == vbyte(3));
+		for (uint64_t b = 0; b < bs / 2; b++) /* the pieces across */
+			CHECK((m == 0 || hb[b] == vbyte(3)) &&
+			      (m == NMAP - 1 || hb[gran - 1 - b] == vbyte(3)));
 	}
 
-	/* The middle allocation released: the piece at its first address. */
+	/* The middle allocation released: refused, naming the piece at the
+	 * lowest address that reaches it (the one across its start). */
 	release(va, h, NMAP / 2); /* (allocations of 2 * tbytes, as release() takes) */
 	ret = wex_sync(c, WEX_SYNC_COPY, 3, 3000, &r);
 	printf("refused: %s\n", wex_last_error(c));
-	snprintf(want, sizeof(want), "bytes at 0x%llx)", (unsigned long long)(va + NMAP / 2 * gran));
+	snprintf(want, sizeof(want), "bytes at 0x%llx)",
+		 (unsigned long long)(va + NMAP / 2 * gran - bs / 2));
 	CHECK(ret == -EFAULT && strstr(wex_last_error(c), want) != NULL);
+	snprintf(want, sizeof(want), "nothing is mapped at 0x%llx,",
+		 (unsigned long long)(va + NMAP / 2 * gran));
+	CHECK(strstr(wex_last_error(c), want) != NULL);
 	map_new(va, h, NMAP / 2);
 	wex_client_close(c);
 	gpu_expandable_free(va, NMAP, gran, h);

@@ -77,6 +77,9 @@
  *    (wex_emul_host_regs() counts live registrations;
  *    wex_emul_pageable_copies() the copies so far that moved host memory
  *    not registered, which a GPU copies slowly through bounce buffers);
+ *    cuMemHostAlloc is an anonymous mapping registered so, and
+ *    cuMemAllocManaged and cuMemAllocAsync allocate as cuMemAlloc does
+ *    (cuda_facts asks wex_released of each);
  *  - events are created in the current context (none: error), are
  *    recorded only on a stream of that context, and an interprocess event
  *    needs CU_EVENT_DISABLE_TIMING (and is the only kind with a handle);
@@ -1765,6 +1768,63 @@ static CUresult e_host_unreg(void *p)
 	return CUDA_SUCCESS;
 }
 
+/* cuMemHostAlloc: page-locked host memory, modelled as an anonymous
+ * mapping registered as cuMemHostRegister does (kind 4). */
+static CUresult e_host_alloc(void **pp, size_t size, unsigned flags)
+{
+	void *m;
+	CUresult r;
+
+	(void)flags;
+	if (!pp || !size)
+		return CUDA_ERROR_INVALID_VALUE;
+	m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	r = e_host_reg(m, size, 0);
+	if (r != CUDA_SUCCESS) {
+		munmap(m, size);
+		return r;
+	}
+	*pp = m;
+	return CUDA_SUCCESS;
+}
+
+static CUresult e_host_free(void *p)
+{
+	struct range *r = find_kind((uint64_t)(uintptr_t)p, 4);
+	size_t size = r ? r->size : 0;
+	CUresult res;
+
+	if (!r || r->va != (uint64_t)(uintptr_t)p)
+		return CUDA_ERROR_INVALID_VALUE;
+	res = e_host_unreg(p);
+	if (res == CUDA_SUCCESS)
+		munmap(p, size);
+	return res;
+}
+
+/* Managed and stream-ordered pool memory: modelled as cuMemAlloc's (the
+ * pool's allocation is complete at once; cuMemFree and cuMemFreeAsync
+ * free either). */
+static CUresult e_alloc_managed(CUdeviceptr *p, size_t size, unsigned flags)
+{
+	(void)flags;
+	return e_alloc(p, size);
+}
+
+static CUresult e_alloc_async(CUdeviceptr *p, size_t size, CUstream s)
+{
+	(void)s;
+	return e_alloc(p, size);
+}
+
+static CUresult e_free_async(CUdeviceptr p, CUstream s)
+{
+	(void)s;
+	return e_free(p);
+}
+
 static CUresult e_host_flags(unsigned *flags, void *p)
 {
 	FORKED();
@@ -2127,6 +2187,11 @@ static const struct {
 	{ "cuMemHostRegister", (void *)e_host_reg },
 	{ "cuMemHostUnregister", (void *)e_host_unreg },
 	{ "cuMemHostGetFlags", (void *)e_host_flags },
+	{ "cuMemHostAlloc", (void *)e_host_alloc },
+	{ "cuMemFreeHost", (void *)e_host_free },
+	{ "cuMemAllocManaged", (void *)e_alloc_managed },
+	{ "cuMemAllocAsync", (void *)e_alloc_async },
+	{ "cuMemFreeAsync", (void *)e_free_async },
 	{ "cuMemHostGetDevicePointer", (void *)e_host_devptr },
 	{ "cuStreamCreate", (void *)e_stream_create },
 	{ "cuStreamDestroy", (void *)e_stream_destroy },

@@ -1193,6 +1193,18 @@ class EngineHooks(WexdProducerCase):
             self.assertTrue(workers[k]._wex_changed)
             self.assertEqual(on(k, "wex_sync", min_version=v2)["changed"], 0)
         self.assertEqual(len(wex.engine.check_group(MODEL, "vllm-sleep", v2, world_size=2)), 2)
+        # Attached again after a wake-up that lost them: not compared with
+        # the checkpoint, saying why; after the next sync, that a sync
+        # changed them.
+        workers[0].sleep(level=2)
+        workers[0].wake_up()
+        for why in ("vLLM's sleep mode discarded the weights", "a sync changed the weights"):
+            workers[0].wex_detach()
+            on(0, "wex_attach", model=MODEL, group="vllm-sleep")
+            self.assertTrue(workers[0].wex_status()["checkpoint_check"].startswith(
+                "not checked: " + why), workers[0].wex_status()["checkpoint_check"])
+            self.assertEqual(on(0, "wex_sync", min_version=v2)["version"], v2)
+        self.assert_holds(params_of(modules[0]), "vllm", 0)
 
         # A wake-up that raises (its rollback unmaps the weights again, the
         # backups spent): still asleep, then lost even after level 1.  The
@@ -1363,6 +1375,9 @@ class EngineHooks(WexdProducerCase):
             self.assertEqual((r["version"], r["changed"]), (v2, 1))
             self.assert_holds(params_of(models[k]), "sglang", k)
             self.assertEqual(load(k, req2)["changed"], 0)
+        # Model 0 attached after the loss: not compared, saying why.
+        self.assertIn("not checked: SGLang released the weights and resumed them without",
+                      wex.sglang._ranks[id(models[0])][0].describe()["checkpoint_check"])
         self.assertEqual(len(wex.sglang.check(MODEL, "sglang-saver", v2, world_size=2)), 2)
 
         # --enable-weights-cpu-backup: the bytes come back; pause() with no
