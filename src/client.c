@@ -1633,8 +1633,9 @@ static int addr_index_cmp(const void *a, const void *b)
 
 /* The indexes of t[0..n) in the order of their addresses (malloc'ed;
  * NULL when out of memory): check_mapped walks them so, and asks the
- * driver about each mapping once (two queries) however the layout orders
- * its tensors, unless they overlap. */
+ * driver about each GPU mapping once (two queries) however the layout
+ * orders its tensors, unless they overlap (host memory: a few queries a
+ * tensor at attach, none at a sync). */
 static size_t *address_order(const struct wex_tensor *t, size_t n)
 {
 	struct addr_index *a = calloc(n ? n : 1, sizeof(*a));

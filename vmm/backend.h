@@ -242,7 +242,9 @@ int wex_mem_ptr_on_gpu(uint64_t addr);
  * the mapping found mapped that holds the end of the last range walked: a
  * range inside it costs no query, one starting in it is walked from the
  * next mapping on, each other mapping costs two queries (MAPPED and
- * cuMemGetAddressRange; five where MAPPED has no answer); `unknown` says
+ * cuMemGetAddressRange; five where MAPPED has no answer: GPU memory;
+ * memory the driver does not know costs two to four); `unknown`, set by
+ * each call that asks the driver (not by one answered from `known`), says
  * whether the driver knew the range's first address (host memory: not).
  * A MAPPED of 0 counts only where RANGE_START_ADDR and RANGE_SIZE answer
  * with a range holding the address.  -EINVAL when addr + len overflows.

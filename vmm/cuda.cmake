@@ -63,6 +63,14 @@ if(WEX_HAVE_CUDA_HEADERS)
   add_test(NAME host_staging_smoke COMMAND host_staging)
   set_tests_properties(host_staging_smoke PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 180
     LABELS "gpu;bench" ENVIRONMENT "WEXD_BIN=$<TARGET_FILE:wexd>;WEX_BENCH_GB=1;WEX_BENCH_TENSORS=50")
+  # What the released-memory check costs per mapping, against the
+  # device-to-device copy of the same bytes: 2048 mappings of the
+  # granularity (4 GiB at 2 MiB), the most mappings per byte there are.
+  add_executable(released_check tests/bench/released_check.c)
+  target_link_libraries(released_check PRIVATE wex_core wex m)
+  add_test(NAME released_check_smoke COMMAND released_check)
+  set_tests_properties(released_check_smoke PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120
+    LABELS "gpu;bench")
   wex_add_test(cuda_cycles SOURCES tests/gpu/cuda_cycles_test.c LIBS wex LABELS gpu TIMEOUT 120)
 endif()
 
@@ -85,6 +93,8 @@ if(WEX_HAVE_CUDA_HEADERS)
   # over emulated device memory each cycle faults 16 MiB of new pages in
   # (86 ms a cycle on a 2-core VM, 118 ms under the sanitizers).
   set_property(TEST cuda_cycles_emul APPEND PROPERTY ENVIRONMENT "WEX_TEST_CYCLES=300")
+  # The benchmarks' logic needs one timed run after the warm-up, not three.
+  set_property(TEST gpu_sync_emul host_staging_emul APPEND PROPERTY ENVIRONMENT "WEX_BENCH_REPS=1")
   # A driver answering MAPPED 0 for memory it does not know (host memory):
   # only a range it knows counts as released.  One answering MAPPED with an
   # error everywhere: cuMemGetAddressRange tells mapped from released.
@@ -131,6 +141,12 @@ if(WEX_HAVE_CUDA_HEADERS)
       LABELS cuda
       ENVIRONMENT "WEXD_BIN=$<TARGET_FILE:wexd>;WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_UNDER_SANITIZER=1;WEX_SRC=${CMAKE_SOURCE_DIR}")
   endforeach()
+  # The released-check benchmark's logic (2 driver queries a mapping,
+  # the released middle one found) on 64 emulated mappings.
+  add_test(NAME released_check_emul COMMAND released_check)
+  set_tests_properties(released_check_emul PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120
+    LABELS "cuda;bench" ENVIRONMENT "WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_BENCH_MAPPINGS=64")
+  add_dependencies(released_check wex_emul_cuda)
   # gpu_sync on a driver that loses the copies of the copy phase's timed
   # runs (not its warm-up): it must fail its check, not post a figure.
   # The layout of gpu_sync_emul moves T = 273785600 bytes a run; the d2d
@@ -163,7 +179,16 @@ if(WEX_HAVE_CUDA_HEADERS)
     add_test(NAME gpu_sync_json_term_emul COMMAND ${bj} term gpu_sync $<TARGET_FILE:gpu_sync>)
     set_tests_properties(gpu_sync_json_term_emul PROPERTIES ENVIRONMENT
       "${bj_emul};WEX_BENCH_GB=0.01;WEX_BENCH_TENSORS=8;WEX_BENCH_REPS=100000;WEX_BENCH_JSON_KEYS=copy_vs_d2d,remap_ms,copy_vs_torch_ipc_per_tensor,remap_vs_torch_ipc_per_tensor")
+    # released_check: a driver answering MAPPED with an error (five
+    # queries a mapping: the check fails); SIGTERM mid-run.
+    add_test(NAME released_check_json_fail_emul COMMAND ${bj} fail released_check $<TARGET_FILE:released_check>)
+    set_tests_properties(released_check_json_fail_emul PROPERTIES ENVIRONMENT
+      "${bj_emul};WEX_BENCH_MAPPINGS=16;WEX_EMUL_MAPPED_ERR=1")
+    add_test(NAME released_check_json_term_emul COMMAND ${bj} term released_check $<TARGET_FILE:released_check>)
+    set_tests_properties(released_check_json_term_emul PROPERTIES ENVIRONMENT
+      "${bj_emul};WEX_BENCH_MAPPINGS=16;WEX_BENCH_REPS=1000000;WEX_BENCH_JSON_KEYS=check_ms,d2d_ms,check_vs_d2d")
     set_tests_properties(host_staging_json_fail_emul host_staging_lost_copy_emul
-      host_staging_json_term_emul gpu_sync_json_term_emul PROPERTIES TIMEOUT 300 LABELS "cuda;bench")
+      host_staging_json_term_emul gpu_sync_json_term_emul released_check_json_fail_emul
+      released_check_json_term_emul PROPERTIES TIMEOUT 300 LABELS "cuda;bench")
   endif()
 endif()

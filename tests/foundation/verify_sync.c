@@ -279,8 +279,7 @@ static void long_why_check(void)
 	st = json_loads(s, 0, NULL);
 	wex_free(s);
 	T_ASSERT(st != NULL, "status is JSON");
-	json_array_foreach(json_object_get(json_array_get(json_object_get(st, "models"), 0),
-					   "groups"), i, g)
+	json_array_foreach(json_object_get(t_status_model(st, MODEL), "groups"), i, g)
 		if (!strcmp(json_string_value(json_object_get(g, "name")) ?: "", "longwhy"))
 			v = json_object_get(json_array_get(json_object_get(g, "ranks"), 0), "verify");
 	got = json_string_value(json_object_get(v, "why"));

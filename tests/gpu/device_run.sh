@@ -13,8 +13,10 @@
 # GPU, driver, kernel, python3 and torch):
 #   build     Release build against .deps (Ninja where there is one)
 #   gpu       ctest -L gpu but the PyTorch checks (cuda_facts, the CUDA
-#             tests, gpu_sync_smoke, host_staging_smoke); cuda_facts' JSON
-#             goes to OUTDIR/cuda_facts.json
+#             tests, gpu_sync_smoke, host_staging_smoke,
+#             released_check_smoke); cuda_facts' JSON goes to
+#             OUTDIR/cuda_facts.json, the smoke benchmarks' JSON lines
+#             to summary.txt, ctest's whole output to logs/gpu-ctest.log
 #   bench     WEX_BENCH_GB=${WEX_BENCH_GB:-16} gpu_sync with the PyTorch
 #             baselines; its JSON line goes to OUTDIR/gpu_sync.json
 #   torch     the PyTorch checks (torch_mempool, torch_expandable, then
@@ -330,6 +332,10 @@ for s in $STEPS; do
 		case $s in
 		gpu | torch)
 			grep -E "Test +#|tests passed|tests failed|^== |^ +[0-9]+ +(SKIP|torch_check)" "$LOGDIR/$s.log" >>"$SUM"
+			# ctest shows only failed tests' output: all of it (the
+			# smoke benchmarks' JSON lines too) is in LastTest.log.
+			cp "$B/Testing/Temporary/LastTest.log" "$LOGDIR/$s-ctest.log" 2>/dev/null
+			[ $s = gpu ] && grep -h '^{"bench":"' "$LOGDIR/$s-ctest.log" >>"$SUM" 2>/dev/null
 			[ $s = gpu ] && tag_json "$OUTDIR/cuda_facts.json" && cat "$OUTDIR/cuda_facts.json" >>"$SUM" 2>/dev/null ;;
 		bench)
 			keep_json "$LOGDIR/bench.log" gpu_sync "$OUTDIR/gpu_sync.json" $src
