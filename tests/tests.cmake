@@ -110,7 +110,8 @@ wex_foundation_test(verify_sync LOOP LIBS ${WEX_FX_LIBS} ARGS $<TARGET_FILE:wexc
 # configures and builds the tree again with it hidden and runs no_cuda_api
 # (registered only in such a build) and the quickstart smoke test there;
 # in the build without sanitizers only (tests/run.sh runs both: the tree
-# built a third time under them would add half a minute for stubs).
+# built a third time under them would add half a minute for the same
+# checks).
 if(WEX_HAVE_CUDA_HEADERS)
   if(NOT WEX_SANITIZE)
     add_test(NAME build_without_cuda

@@ -4,8 +4,11 @@
 #define WEX_TESTS_BENCH_UTIL_H
 
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/types.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Monotonic wall clock in milliseconds. */
 static inline double now_ms(void)
@@ -36,6 +39,46 @@ static inline void bench_hold_term(sigset_t *held)
 	sigprocmask(SIG_BLOCK, held, NULL);
 	signal(SIGTERM, SIG_DFL);
 	signal(SIGINT, SIG_DFL);
+}
+
+/*
+ * SIGTERM/SIGINT before a benchmark's last line: what bench_term_kill
+ * names is SIGKILLed (a pid, or minus a process group; 0: nothing), and
+ * the line bench_term_arm preformatted is written, so that the last line
+ * is still the JSON object; then the signal ends the process as it would
+ * have.  Only kill() and write() run in the handler.
+ */
+static char bench_term_line[8192];
+static size_t bench_term_len;
+static volatile sig_atomic_t bench_term_kill;
+
+static inline void bench_on_term(int sig)
+{
+	if (bench_term_kill)
+		kill((pid_t)bench_term_kill, SIGKILL);
+	if (write(1, bench_term_line, bench_term_len) < 0) {
+		/* nothing more to do */
+	}
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+/* Formats the line a signal leaves, print(f, arg), after a newline (the
+ * signal may cut a line in the middle), and installs bench_on_term for
+ * SIGTERM and SIGINT. */
+static inline void bench_term_arm(void (*print)(FILE *f, void *arg), void *arg)
+{
+	FILE *f = fmemopen(bench_term_line, sizeof(bench_term_line), "w");
+
+	if (f) {
+		setvbuf(f, NULL, _IONBF, 0);
+		fputc('\n', f);
+		print(f, arg);
+		bench_term_len = (size_t)ftell(f);
+		fclose(f);
+	}
+	signal(SIGTERM, bench_on_term);
+	signal(SIGINT, bench_on_term);
 }
 
 #endif

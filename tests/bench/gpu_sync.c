@@ -145,7 +145,7 @@ static unsigned char tval(size_t i)
  * leaves no process holding GPU memory. */
 static void child_init(pid_t parent)
 {
-	/* Not the parent's on_term: one JSON line, from the parent. */
+	/* Not the parent's handler: one JSON line, from the parent. */
 	signal(SIGTERM, SIG_DFL);
 	signal(SIGINT, SIG_DFL);
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -415,26 +415,6 @@ struct torch {
 	char reason[512];
 };
 
-/* The python process group, killed with us (see on_term). */
-static volatile sig_atomic_t torch_pg;
-
-/* Terminated (a step's timeout): the python group goes too, and the last
- * line is still the JSON object, with every key (the figures null):
- * print_json's, preformatted by main (make_term_line), so that only
- * write() runs here. */
-static char term_line[8192];
-static size_t term_len;
-
-static void on_term(int sig)
-{
-	if (torch_pg > 0)
-		kill(-(pid_t)torch_pg, SIGKILL);
-	if (write(1, term_line, term_len) < 0) {
-		/* nothing more to do */
-	}
-	signal(sig, SIG_DFL);
-	raise(sig);
-}
 
 /* Position just after `"key":` in a one-line JSON object, or NULL. */
 static const char *json_at(const char *line, const char *key)
@@ -547,7 +527,7 @@ static void run_torch(struct torch *T, double secs)
 		_exit(127);
 	}
 	setpgid(pid, pid);
-	torch_pg = pid;
+	bench_term_kill = -pid; /* the python process group, killed with us */
 	close(p[1]);
 	while (!eof) {
 		struct pollfd pf = { .fd = p[0], .events = POLLIN };
@@ -599,7 +579,7 @@ static void run_torch(struct torch *T, double secs)
 	kill(-pid, SIGKILL);
 	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
 		;
-	torch_pg = 0;
+	bench_term_kill = 0;
 
 	if (timed_out) {
 		snprintf(T->reason, sizeof(T->reason),
@@ -655,7 +635,7 @@ static const char *met(double v, double limit, int above)
 
 /*
  * The last line: one JSON object with every key, whatever happened, to f
- * (stdout; on_term's line is made by it too).  res is NULL when the wex
+ * (stdout; bench_on_term's line is made by it too).  res is NULL when the wex
  * part gave no figures (its keys are null then), T when the torch
  * baseline was not tried; error, when not NULL, says what went wrong.
  */
@@ -721,26 +701,20 @@ static void print_json(FILE *f, const struct result *res, const struct torch *T,
 	fflush(f);
 }
 
-/* print_json of a run cut short into term_line, after a newline (the
- * signal may cut a line in the middle). */
-static void make_term_line(void)
+/* The line a SIGTERM/SIGINT (a step's timeout) leaves (bench_term_arm):
+ * the python group goes too, and the figures are null. */
+static void print_term(FILE *f, void *arg)
 {
 	const struct torch none = { .per_tensor = NAN, .bucket = NAN, .per_tensor_first = NAN,
 				    .bucket_first = NAN, .check = -1, .state = TORCH_FAILED,
 				    .reason = "not finished: terminated by a signal" };
-	FILE *f = fmemopen(term_line, sizeof(term_line), "w");
 
-	if (!f)
-		return;
-	setvbuf(f, NULL, _IONBF, 0);
-	fputc('\n', f);
+	(void)arg;
 	print_json(f, NULL, &none, "terminated by a signal before the end");
-	term_len = (size_t)ftell(f);
-	fclose(f);
 }
 
 /* The last line, once: a signal from here on waits until it is out, then
- * ends us as it would have (on_term's line would be a second one). */
+ * ends us as it would have (bench_on_term's line would be a second one). */
 static void last_line(const struct result *res, const struct torch *T, const char *error)
 {
 	sigset_t term;
@@ -790,9 +764,7 @@ int main(void)
 		print_json(stdout, NULL, NULL, err);
 		return T_EXIT_SKIP;
 	}
-	make_term_line();
-	signal(SIGTERM, on_term);
-	signal(SIGINT, on_term);
+	bench_term_arm(print_term, NULL);
 	printf("gpu_sync: %.2f GiB in %zu bf16 tensors, %zu segments, %d reps + 1 warm-up; "
 	       "budget %.0f s\n", (double)L.total / (1u << 30), L.n, L.nseg, reps, budget);
 	pair(sv);

@@ -359,36 +359,12 @@ static void run(struct wex_tensor *t, int out)
 	put(out, &o, sizeof(o));
 }
 
-/* SIGTERM/SIGINT: the run goes (its wexd and trainer with it), and the
- * last line is still the JSON object, preformatted by main (write() only
- * here). */
-static char term_line[4096];
-static size_t term_len;
-static volatile sig_atomic_t run_pid;
-
-static void on_term(int sig)
+/* The line a SIGTERM/SIGINT leaves (bench_term_arm): the run goes, its
+ * wexd and trainer with it. */
+static void print_term(FILE *f, void *arg)
 {
-	if (run_pid > 0)
-		kill((pid_t)run_pid, SIGKILL);
-	if (write(1, term_line, term_len) < 0) {
-		/* nothing more to do */
-	}
-	signal(sig, SIG_DFL);
-	raise(sig);
-}
-
-/* print_json into term_line, after a newline (the signal may cut a line). */
-static void make_term_line(void)
-{
-	FILE *f = fmemopen(term_line, sizeof(term_line), "w");
-
-	if (!f)
-		return;
-	setvbuf(f, NULL, _IONBF, 0);
-	fputc('\n', f);
+	(void)arg;
 	print_json(f, NULL, "terminated by a signal before the end");
-	term_len = (size_t)ftell(f);
-	fclose(f);
 }
 
 int main(void)
@@ -428,9 +404,7 @@ int main(void)
 		free(t);
 		return T_EXIT_SKIP;
 	}
-	make_term_line();
-	signal(SIGTERM, on_term);
-	signal(SIGINT, on_term);
+	bench_term_arm(print_term, NULL);
 	printf("host_staging: %.2f GiB in %d bf16 tensors, %d timed versions per segment kind; "
 	       "budget %.0f s\n", (double)total / (1ull << 30), nt, reps, budget);
 	if (pipe2(pr, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
@@ -440,7 +414,7 @@ int main(void)
 		return T_EXIT_FAIL;
 	}
 	if (pid == 0) {
-		/* Not the parent's on_term: one JSON line, from the parent. */
+		/* Not the parent's handler: one JSON line, from the parent. */
 		signal(SIGTERM, SIG_DFL);
 		signal(SIGINT, SIG_DFL);
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -450,7 +424,7 @@ int main(void)
 		run(t, pr[1]);
 		_exit(0);
 	}
-	run_pid = pid;
+	bench_term_kill = pid;
 	close(pr[1]);
 	/* The figures (a few hundred bytes: the pipe holds them) come just
 	 * before the run exits; past the budget it is killed, and wexd and

@@ -170,21 +170,11 @@ static void run(int fd)
 	CHECK(write(fd, &o, sizeof(o)) == (ssize_t)sizeof(o));
 }
 
-/* SIGTERM/SIGINT: the run goes, and the last line is still the JSON
- * object, preformatted by main (write() only here). */
-static char term_line[1024];
-static size_t term_len;
-static volatile sig_atomic_t run_pid;
-
-static void on_term(int sig)
+/* The line a SIGTERM/SIGINT leaves (bench_term_arm): the run goes. */
+static void print_term(FILE *f, void *arg)
 {
-	if (run_pid > 0)
-		kill((pid_t)run_pid, SIGKILL);
-	if (write(1, term_line, term_len) < 0) {
-		/* nothing more to do */
-	}
-	signal(sig, SIG_DFL);
-	raise(sig);
+	(void)arg;
+	print_json(f, NULL, "terminated by a signal before the end");
 }
 
 int main(void)
@@ -194,7 +184,6 @@ int main(void)
 	pid_t pid, self = getpid();
 	int pr[2], st = 0, got = 0;
 	sigset_t term;
-	FILE *f;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	nmap = (int)env_num("WEX_BENCH_MAPPINGS", 2048);
@@ -210,23 +199,14 @@ int main(void)
 		print_json(stdout, NULL, err);
 		return T_EXIT_SKIP;
 	}
-	f = fmemopen(term_line, sizeof(term_line), "w");
-	if (f) {
-		setvbuf(f, NULL, _IONBF, 0);
-		fputc('\n', f); /* the signal may cut a line */
-		print_json(f, NULL, "terminated by a signal before the end");
-		term_len = (size_t)ftell(f);
-		fclose(f);
-	}
-	signal(SIGTERM, on_term);
-	signal(SIGINT, on_term);
+	bench_term_arm(print_term, NULL);
 	if (pipe2(pr, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
 		fprintf(stderr, "released_check: %m\n");
 		print_json(stdout, NULL, "cannot start the run (pipe or fork failed)");
 		return T_EXIT_FAIL;
 	}
 	if (pid == 0) {
-		/* Not the parent's on_term: one JSON line, from the parent. */
+		/* Not the parent's handler: one JSON line, from the parent. */
 		signal(SIGTERM, SIG_DFL);
 		signal(SIGINT, SIG_DFL);
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -236,7 +216,7 @@ int main(void)
 		run(pr[1]);
 		_exit(0);
 	}
-	run_pid = pid;
+	bench_term_kill = pid;
 	close(pr[1]);
 	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
 		;
