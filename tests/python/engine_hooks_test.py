@@ -56,7 +56,9 @@ the layouts' names (qkv_proj, gate_up_proj, padded vocabulary).  Checked:
     (vLLM level 1, --enable-weights-cpu-backup) the version held stands;
     woken without one, a sync of the version held copies it whole again
     (a sync would otherwise copy nothing and serve the scribble); a vLLM
-    sleep before wex_attach is seen in vLLM's state;
+    sleep before wex_attach is seen in vLLM's state; a vLLM sleep called
+    while a sync waits for its version in another thread waits for it
+    (its CPU backup holds the copied bytes);
   - wex.trainer.TrainerRank: Megatron tp=2 ranks registered through their
     layout (a wrapper prefix stripped, a parameter ignored) publish around
     a step that changes them in place, engines (wex.engine.EngineRank,
@@ -73,6 +75,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import types
 import unittest
 import unittest.mock
@@ -1317,6 +1321,60 @@ class EngineHooks(WexdProducerCase):
             self.assertIsNone(wex.engine._released([("v", view)]))
         self.assertEqual(asked[view.data_ptr()], (5 * 8 + 3) * 4)
         self.assertIsNone(fresh.wex_status())
+
+    def test_vllm_sleep_waits_for_sync(self):
+        """A sleep called while a sync runs in another thread (here one
+        waiting for its version) releases nothing until the sync is done:
+        the sleep's CPU backup (level 1) holds the bytes the sync copied,
+        not what the weights held before; a sync after it is refused."""
+        d = self.tmp.name
+        module = module_of(self.engine_params("vllm", 0))
+        worker = SleepyWorker(d, module, load_format="dummy")
+        other = VllmWorker(d, module_of(self.engine_params("vllm", 1)), load_format="dummy")
+        for k, w in enumerate((worker, other)):  # the trainer waits for both ranks
+            set_par(tp=(2, k))
+            w.wex_attach(model=MODEL, group="vllm-busy")
+            self.addCleanup(w.wex_detach)
+        v = self.next_version()
+        for w in (worker, other):
+            self.assertEqual(w.wex_sync(min_version=v)["version"], v)
+        scribble(module, 5)  # what the weights hold before the next copy
+        out = {}
+
+        def sync():
+            try:
+                out["sync"] = worker.wex_sync(min_version=v + 1, timeout_ms=60000)
+            except BaseException as e:  # reported by the assertions below
+                out["sync"] = e
+
+        def sleep():
+            out["sleep"] = worker.sleep(level=1)
+        syncer = threading.Thread(target=sync)
+        syncer.start()
+        while worker._wex._syncing == 0 and syncer.is_alive():
+            time.sleep(0.01)
+        sleeper = threading.Thread(target=sleep)
+        sleeper.start()
+        # It waits as long as the sync does (a failure here: the sleep
+        # went ahead under a sync that had not copied yet).
+        sleeper.join(0.5)
+        self.assertTrue(sleeper.is_alive(), "the sleep did not wait for the sync")
+        self.assertNotIn("sleep", out)
+        self.assertEqual(self.next_version(), v + 1)
+        self.assertEqual(other.wex_sync(min_version=v + 1)["version"], v + 1)
+        syncer.join(60)
+        sleeper.join(60)
+        self.assertFalse(syncer.is_alive() or sleeper.is_alive())
+        self.assertIsInstance(out["sync"], dict, out["sync"])
+        self.assertEqual((out["sync"]["version"], out["sync"]["changed"]), (v + 1, 1))
+        self.assertEqual(worker.wex_status()["released"], "vLLM is asleep (sleep level 1)")
+        with self.assertRaises(ValueError):
+            worker.wex_sync(min_version=v + 1)
+        worker.wake_up()
+        # The backup taken by the sleep: the copied version, not the 5s.
+        self.assert_holds(params_of(module), "vllm", 0)
+        r = worker.wex_sync(min_version=v + 1)
+        self.assertEqual((r["version"], r["changed"], r["bytes"]), (v + 1, 0, 0))
 
     def test_sglang_memory_saver(self):
         """SGLang's release/resume_memory_occupation (torch_memory_saver's

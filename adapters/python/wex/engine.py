@@ -32,6 +32,7 @@ import fnmatch
 import glob
 import json
 import os
+import threading
 import time
 
 import wex
@@ -324,6 +325,9 @@ class EngineRank:
         self.bytes = sum(t.numel() * t.element_size() for _, t in items)
         self.version = 0
         self.released_why = None     # see released()
+        # sync() calls running (in any thread); released() waits for them.
+        self._syncs = threading.Condition()
+        self._syncing = 0
         self.lost = None             # see restored(): why the weights hold nothing
         self._forget_pending = False  # restored() lost them, forget() not yet done
         self.forgotten = 0           # forget() calls
@@ -392,8 +396,15 @@ class EngineRank:
         mode, SGLang's release_memory_occupation: the addresses stay,
         nothing is mapped there): until restored(), sync() refuses,
         naming `why`, before anything touches that memory (a copy there
-        would fault and leave the process's CUDA context unusable)."""
-        self.released_why = why
+        would fault and leave the process's CUDA context unusable).
+        A sync running in another thread when it is called ends first:
+        released() returns once it has (its copies done, or its wait for
+        a version timed out), so the engine releases nothing under a
+        copy; a sync that starts after it is refused."""
+        with self._syncs:
+            self.released_why = why
+            while self._syncing:
+                self._syncs.wait()
 
     def restored(self, kept):
         """The weights' memory is mapped again.  kept: it holds what it
@@ -450,12 +461,22 @@ class EngineRank:
         even one this rank held.  wex.WexError otherwise (the
         weights are dirty on EVERIFY and on a copy that failed half-way,
         dirty() says so: the next sync copies everything again)."""
-        if self.client is None:
-            raise ValueError("this engine rank is closed")
-        if self.released_why is not None:
-            raise ValueError("%s: the weights' memory is released (nothing is mapped at their "
-                             "addresses); wake the engine's weights first; nothing copied"
-                             % self.released_why)
+        with self._syncs:
+            if self.client is None:
+                raise ValueError("this engine rank is closed")
+            if self.released_why is not None:
+                raise ValueError("%s: the weights' memory is released (nothing is mapped at "
+                                 "their addresses); wake the engine's weights first; nothing "
+                                 "copied" % self.released_why)
+            self._syncing += 1
+        try:
+            return self._sync(min_version, timeout_ms, verify)
+        finally:
+            with self._syncs:
+                self._syncing -= 1
+                self._syncs.notify_all()
+
+    def _sync(self, min_version, timeout_ms, verify):
         moved = self.moved()
         if moved:
             raise ValueError("the engine re-allocated or replaced %d parameter(s) since they "

@@ -67,7 +67,8 @@ its own layers keep the weights it loaded.
 Sleep mode: wex_attach wraps the worker's sleep() and wake_up().  While
 the weights sleep nothing is mapped at their addresses: wex_sync (and
 wex_attach) are refused, saying so, before anything touches them; wake
-them first (wake_up(tags=["weights"])).  Waking them from a sleep of
+them first (wake_up(tags=["weights"])).  A sleep called while a
+wex_sync runs in another thread waits for it to end first.  Waking them from a sleep of
 level 2 (or any but 1, which copies a CPU backup back) leaves them
 holding nothing meaningful: the next wex_sync copies the whole version,
 even the one the worker held, and the checkpoint is not compared again.
