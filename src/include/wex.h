@@ -416,9 +416,10 @@ struct wex_sync_result {
  * the process's CUDA context), checked before
  * anything is acquired (nothing copied, not dirty; wake the weights and
  * sync again; a verification wexd asked for is reported failed and the
- * sync goes on; memory released while the sync runs is not seen: an
- * engine must not release its weights' memory until wex_sync returned,
- * which wex.engine.EngineRank.released() waits for),
+ * sync goes on; memory released while the sync runs is not seen: the
+ * copy faults there and the process's CUDA context is lost, so an engine
+ * must not release its weights' memory until wex_sync returned, which
+ * wex.engine.EngineRank.released() waits for),
  * -ENOTRECOVERABLE when a GPU copy met a sticky CUDA error (illegal
  * address, launch failure, ...: the process's CUDA context is unusable,
  * its weights are dirty, and only a new process can sync again), -EAGAIN

@@ -1326,7 +1326,9 @@ class EngineHooks(WexdProducerCase):
         """A sleep called while a sync runs in another thread (here one
         waiting for its version) releases nothing until the sync is done:
         the sleep's CPU backup (level 1) holds the bytes the sync copied,
-        not what the weights held before; a sync after it is refused."""
+        not what the weights held before; a sync started while it waits
+        is refused; one interrupted while it waits leaves nothing asleep;
+        released() from inside a sync of the rank is refused."""
         d = self.tmp.name
         module = module_of(self.engine_params("vllm", 0))
         worker = SleepyWorker(d, module, load_format="dummy")
@@ -1349,17 +1351,29 @@ class EngineHooks(WexdProducerCase):
 
         def sleep():
             out["sleep"] = worker.sleep(level=1)
-        syncer = threading.Thread(target=sync)
+        syncer = threading.Thread(target=sync, daemon=True)
         syncer.start()
-        while worker._wex._syncing == 0 and syncer.is_alive():
+        while not worker._wex._syncing and syncer.is_alive():
             time.sleep(0.01)
-        sleeper = threading.Thread(target=sleep)
+        # A sleep interrupted while it waits (Ctrl-C): nothing slept.
+        with unittest.mock.patch.object(worker._wex._syncs, "wait",
+                                        side_effect=KeyboardInterrupt):
+            with self.assertRaises(KeyboardInterrupt):
+                worker.sleep(level=1)
+        self.assertIsNone(worker.wex_status()["released"])
+        self.assertIsNone(worker._wex_sleeping())
+        self.assertTrue(all_equal(module, 5))
+        sleeper = threading.Thread(target=sleep, daemon=True)
         sleeper.start()
         # It waits as long as the sync does (a failure here: the sleep
         # went ahead under a sync that had not copied yet).
         sleeper.join(0.5)
         self.assertTrue(sleeper.is_alive(), "the sleep did not wait for the sync")
         self.assertNotIn("sleep", out)
+        # A sync that starts while the sleep waits is refused.
+        with self.assertRaises(ValueError) as e:
+            worker.wex_sync(min_version=v + 1)
+        self.assertIn("vLLM is asleep (sleep level 1)", str(e.exception))
         self.assertEqual(self.next_version(), v + 1)
         self.assertEqual(other.wex_sync(min_version=v + 1)["version"], v + 1)
         syncer.join(60)
@@ -1375,6 +1389,16 @@ class EngineHooks(WexdProducerCase):
         self.assert_holds(params_of(module), "vllm", 0)
         r = worker.wex_sync(min_version=v + 1)
         self.assertEqual((r["version"], r["changed"], r["bytes"]), (v + 1, 0, 0))
+        # released() from inside a sync of the rank (it would wait for
+        # itself): refused, the sync fails, nothing counts as released.
+        rank = worker._wex
+        with unittest.mock.patch.object(rank, "moved",
+                                        side_effect=lambda: rank.released("inside")):
+            with self.assertRaises(ValueError) as e:
+                worker.wex_sync(min_version=v + 1)
+        self.assertIn("called from inside a sync of this rank", str(e.exception))
+        self.assertEqual((rank.released_why, rank._syncing), (None, {}))
+        self.assertEqual(worker.wex_sync(min_version=v + 1)["version"], v + 1)
 
     def test_sglang_memory_saver(self):
         """SGLang's release/resume_memory_occupation (torch_memory_saver's
@@ -1382,7 +1406,8 @@ class EngineHooks(WexdProducerCase):
         weights are released is refused (logged) before touching them, an
         attach too; resumed without a CPU backup, the ranks forget their
         version at once and the next request copies it whole again; with
-        one, it stands; a resume that raises counts as lost."""
+        one, it stands; a resume that raises counts as lost; a pause
+        interrupted while a rank waits for a sync pauses nothing."""
         models, load = self.sglang_ranks()
         saver = MemorySaver(models)
         tms = types.ModuleType("torch_memory_saver")
@@ -1464,6 +1489,24 @@ class EngineHooks(WexdProducerCase):
         for k in range(2):
             self.assertEqual(load(k, req2)["changed"], 1)
             self.assert_holds(params_of(models[k]), "sglang", k)
+
+        # A pause interrupted (released() raising, as Ctrl-C would) while
+        # the rank told last waits for a sync of its own: nothing paused,
+        # the rank told first told so, requests served as before.
+        ranks = [r for r, _, _ in wex.sglang._ranks.values()]
+        self.assertEqual(len(ranks), 2)
+        with unittest.mock.patch.object(ranks[1]._syncs, "wait", side_effect=KeyboardInterrupt):
+            ranks[1]._syncing[-1] = 1  # a sync on another thread
+            try:
+                with self.assertRaises(KeyboardInterrupt):
+                    saver.pause(tag="weights")
+            finally:
+                del ranks[1]._syncing[-1]
+        self.assertIsNone(wex.sglang._released)
+        self.assertEqual([r.released_why for r in ranks], [None, None])
+        for k in range(2):  # saver.pause not called (it writes 3s)
+            self.assert_holds(params_of(models[k]), "sglang", k)
+            self.assertEqual(load(k, req2)["changed"], 0)
 
     def test_trainer_rank(self):
         """wex.trainer.TrainerRank: Megatron tp=2 ranks registered through

@@ -31,12 +31,15 @@ new) can be seen.
 import fnmatch
 import glob
 import json
+import logging
 import os
 import threading
 import time
 
 import wex
 from wex import torch_util
+
+log = logging.getLogger("wex.engine")
 
 
 def select_parameters(named, strip_prefix=None, ignore=()):
@@ -325,9 +328,10 @@ class EngineRank:
         self.bytes = sum(t.numel() * t.element_size() for _, t in items)
         self.version = 0
         self.released_why = None     # see released()
-        # sync() calls running (in any thread); released() waits for them.
+        # sync() calls running: thread ident -> count; released() waits
+        # for them (under _syncs, with released_why).
         self._syncs = threading.Condition()
-        self._syncing = 0
+        self._syncing = {}
         self.lost = None             # see restored(): why the weights hold nothing
         self._forget_pending = False  # restored() lost them, forget() not yet done
         self.forgotten = 0           # forget() calls
@@ -397,14 +401,32 @@ class EngineRank:
         nothing is mapped there): until restored(), sync() refuses,
         naming `why`, before anything touches that memory (a copy there
         would fault and leave the process's CUDA context unusable).
-        A sync running in another thread when it is called ends first:
-        released() returns once it has (its copies done, or its wait for
-        a version timed out), so the engine releases nothing under a
-        copy; a sync that starts after it is refused."""
+        A sync of this rank running in another thread when it is called
+        ends first: released() returns once it has (its copies done, or
+        its wait for a version over: published, or timed out after the
+        sync's timeout_ms, wexd's sync_timeout_ms by default), logging a
+        warning every 5 s it waits, so the engine releases nothing under
+        a copy; a sync that starts after it is refused.  Called from a
+        thread inside a sync of this rank: ValueError (it would wait for
+        itself).  Interrupted while it waits (KeyboardInterrupt): the
+        weights count as not released, and the exception propagates."""
         with self._syncs:
-            self.released_why = why
-            while self._syncing:
-                self._syncs.wait()
+            if threading.get_ident() in self._syncing:
+                raise ValueError("released(%r) called from inside a sync of this rank: the "
+                                 "sync must return before the weights' memory is released"
+                                 % (why,))
+            before, self.released_why = self.released_why, why
+            t0 = time.monotonic()
+            try:
+                while self._syncing:
+                    if not self._syncs.wait(5.0) and self._syncing:
+                        log.warning("wex: %s: rank %d of %s waits %.0f s for a sync to end "
+                                    "before the weights' memory is released (a sync waiting "
+                                    "for a version waits up to its timeout_ms)", why, self.rank,
+                                    self.group, time.monotonic() - t0)
+            except BaseException:
+                self.released_why = before
+                raise
 
     def restored(self, kept):
         """The weights' memory is mapped again.  kept: it holds what it
@@ -414,16 +436,20 @@ class EngineRank:
         or, where that fails, at the next sync, which copies the whole
         version again, even one this rank held.  Until a sync succeeds,
         dirty() is True and describe()["lost"] says why.  Never raises
-        for a failed forget() (it runs inside the engine's wake-up)."""
-        self.released_why = None
-        if kept:
-            return
-        self.lost = "the engine's memory was released and mapped again without its bytes"
-        self._forget_pending = True
+        for a failed forget() (it runs inside the engine's wake-up).
+        Syncs stay refused until it returns."""
         try:
-            self.forget()
-        except Exception as e:  # the next sync tries again, and raises
-            self.lost += " (attaching again failed: %s; the next sync retries)" % e
+            if kept:
+                return
+            self.lost = "the engine's memory was released and mapped again without its bytes"
+            self._forget_pending = True
+            try:
+                self.forget()
+            except Exception as e:  # the next sync tries again, and raises
+                self.lost += " (attaching again failed: %s; the next sync retries)" % e
+        finally:
+            with self._syncs:
+                self.released_why = None
 
     def forget(self):
         """The parameters no longer hold what wex copied into them (the
@@ -461,20 +487,25 @@ class EngineRank:
         even one this rank held.  wex.WexError otherwise (the
         weights are dirty on EVERIFY and on a copy that failed half-way,
         dirty() says so: the next sync copies everything again)."""
-        with self._syncs:
-            if self.client is None:
-                raise ValueError("this engine rank is closed")
-            if self.released_why is not None:
-                raise ValueError("%s: the weights' memory is released (nothing is mapped at "
-                                 "their addresses); wake the engine's weights first; nothing "
-                                 "copied" % self.released_why)
-            self._syncing += 1
+        me, entered = threading.get_ident(), False
         try:
+            with self._syncs:
+                if self.client is None:
+                    raise ValueError("this engine rank is closed")
+                if self.released_why is not None:
+                    raise ValueError("%s: the weights' memory is released (nothing is mapped "
+                                     "at their addresses); wake the engine's weights first; "
+                                     "nothing copied" % self.released_why)
+                self._syncing[me] = self._syncing.get(me, 0) + 1
+                entered = True
             return self._sync(min_version, timeout_ms, verify)
         finally:
-            with self._syncs:
-                self._syncing -= 1
-                self._syncs.notify_all()
+            if entered:
+                with self._syncs:
+                    self._syncing[me] -= 1
+                    if not self._syncing[me]:
+                        del self._syncing[me]
+                    self._syncs.notify_all()
 
     def _sync(self, min_version, timeout_ms, verify):
         moved = self.moved()

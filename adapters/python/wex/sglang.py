@@ -161,9 +161,19 @@ def _watch_memory_saver():
         global _released
         if not weights(args, kwargs):
             return pause(*args, **kwargs)
-        _released = "SGLang released its weights' memory (release_memory_occupation)"
-        for rank, _, _ in _ranks.values():
-            rank.released(_released)
+        before, _released = _released, ("SGLang released its weights' memory "
+                                         "(release_memory_occupation)")
+        told = []
+        try:  # each waits for a sync of its rank running in another thread
+            for rank, _, _ in list(_ranks.values()):
+                rank.released(_released)
+                told.append(rank)
+        except BaseException:  # interrupted: nothing paused (by this call)
+            _released = before
+            if before is None:
+                for rank in told:
+                    rank.restored(True)
+            raise
         try:
             return pause(*args, **kwargs)
         except BaseException:

@@ -68,7 +68,10 @@ Sleep mode: wex_attach wraps the worker's sleep() and wake_up().  While
 the weights sleep nothing is mapped at their addresses: wex_sync (and
 wex_attach) are refused, saying so, before anything touches them; wake
 them first (wake_up(tags=["weights"])).  A sleep called while a
-wex_sync runs in another thread waits for it to end first.  Waking them from a sleep of
+wex_sync runs in another thread waits for it to end first (for one
+waiting for its version, until that is published or the sync times
+out; vLLM's own RPCs to a worker run one at a time, so this concerns
+syncs run from threads of your own).  Waking them from a sleep of
 level 2 (or any but 1, which copies a CPU backup back) leaves them
 holding nothing meaningful: the next wex_sync copies the whole version,
 even the one the worker held, and the checkpoint is not compared again.
@@ -244,10 +247,15 @@ class WorkerExtension:
         def wex_sleep(*args, **kwargs):
             level = kwargs.get("level", args[0] if args else 1)
             # Before: a sleep that fails half-way leaves them unknown.
+            before = (self._wex_asleep, self._wex_lost)
             self._wex_asleep = "vLLM is asleep (sleep level %s)" % (level,)
             self._wex_lost = self._wex_lost or level != 1
             if self._wex is not None:
-                self._wex.released(self._wex_asleep)
+                try:  # waits for a sync running in another thread
+                    self._wex.released(self._wex_asleep)
+                except BaseException:  # interrupted: nothing slept
+                    self._wex_asleep, self._wex_lost = before
+                    raise
             try:
                 return method("sleep")(*args, **kwargs)
             except BaseException:
@@ -420,6 +428,10 @@ class WorkerExtension:
             raise ValueError("wex_sync: call wex_attach first")
         try:
             out = self._wex.sync(min_version=min_version, timeout_ms=timeout_ms, verify=verify)
+        except ValueError:
+            # Refused before anything was copied (released, moved): and
+            # dirty() would wait for a sync running in another thread.
+            raise
         except BaseException:
             # A copy that failed half-way changed them too.
             if self._wex.dirty():
