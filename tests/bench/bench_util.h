@@ -3,9 +3,11 @@
 #ifndef WEX_TESTS_BENCH_UTIL_H
 #define WEX_TESTS_BENCH_UTIL_H
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
@@ -79,6 +81,42 @@ static inline void bench_term_arm(void (*print)(FILE *f, void *arg), void *arg)
 	}
 	signal(SIGTERM, bench_on_term);
 	signal(SIGINT, bench_on_term);
+}
+
+/*
+ * Forks the process that runs the benchmark, with a pipe for its figures.
+ * Parent: returns the child's pid, named in bench_term_kill, with the
+ * pipe's read end in *fd.  Child: returns 0 with the write end in *fd,
+ * SIGTERM and SIGINT at their default (one JSON line, from the parent)
+ * and killed with the parent.  -1 (errno set) when pipe or fork fails.
+ */
+static inline pid_t bench_fork_run(int *fd)
+{
+	pid_t pid, parent = getpid();
+	int p[2];
+
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -1;
+	pid = fork();
+	if (pid < 0) {
+		close(p[0]);
+		close(p[1]);
+		return -1;
+	}
+	if (pid == 0) {
+		signal(SIGTERM, SIG_DFL);
+		signal(SIGINT, SIG_DFL);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(1);
+		close(p[0]);
+		*fd = p[1];
+		return 0;
+	}
+	bench_term_kill = pid;
+	close(p[1]);
+	*fd = p[0];
+	return pid;
 }
 
 #endif

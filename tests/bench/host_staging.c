@@ -373,8 +373,8 @@ int main(void)
 	struct outcome o;
 	struct wex_tensor *t;
 	char why[512], err[640];
-	pid_t pid, self = getpid();
-	int pr[2], st = 0, got = 0, killed = 0;
+	pid_t pid;
+	int fd, st = 0, got = 0, killed = 0;
 	sigset_t term;
 
 	/* Line by line: what was printed before a kill is in the log, and
@@ -407,25 +407,17 @@ int main(void)
 	bench_term_arm(print_term, NULL);
 	printf("host_staging: %.2f GiB in %d bf16 tensors, %d timed versions per segment kind; "
 	       "budget %.0f s\n", (double)total / (1ull << 30), nt, reps, budget);
-	if (pipe2(pr, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
+	pid = bench_fork_run(&fd);
+	if (pid < 0) {
 		fprintf(stderr, "host_staging: %m\n");
 		print_json(stdout, NULL, "cannot start the run (pipe or fork failed)");
 		free(t);
 		return T_EXIT_FAIL;
 	}
 	if (pid == 0) {
-		/* Not the parent's handler: one JSON line, from the parent. */
-		signal(SIGTERM, SIG_DFL);
-		signal(SIGINT, SIG_DFL);
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != self)
-			_exit(T_EXIT_FAIL);
-		close(pr[0]);
-		run(t, pr[1]);
+		run(t, fd);
 		_exit(0);
 	}
-	bench_term_kill = pid;
-	close(pr[1]);
 	/* The figures (a few hundred bytes: the pipe holds them) come just
 	 * before the run exits; past the budget it is killed, and wexd and
 	 * the trainer with it (PR_SET_PDEATHSIG). */
@@ -452,8 +444,8 @@ int main(void)
 		usleep(10000);
 	}
 	if (!killed && WIFEXITED(st) && WEXITSTATUS(st) == 0)
-		got = read(pr[0], &o, sizeof(o)) == (ssize_t)sizeof(o);
-	close(pr[0]);
+		got = read(fd, &o, sizeof(o)) == (ssize_t)sizeof(o);
+	close(fd);
 	free(t);
 	if (!got) {
 		if (killed)

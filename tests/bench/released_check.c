@@ -32,11 +32,9 @@
  * without a GPU.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 
 #include "tests/gpu/gpu_util.h"
@@ -181,8 +179,8 @@ int main(void)
 {
 	struct outcome o;
 	char why[512], err[640];
-	pid_t pid, self = getpid();
-	int pr[2], st = 0, got = 0;
+	pid_t pid;
+	int fd, st = 0, got = 0;
 	sigset_t term;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -200,29 +198,21 @@ int main(void)
 		return T_EXIT_SKIP;
 	}
 	bench_term_arm(print_term, NULL);
-	if (pipe2(pr, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
+	pid = bench_fork_run(&fd);
+	if (pid < 0) {
 		fprintf(stderr, "released_check: %m\n");
 		print_json(stdout, NULL, "cannot start the run (pipe or fork failed)");
 		return T_EXIT_FAIL;
 	}
 	if (pid == 0) {
-		/* Not the parent's handler: one JSON line, from the parent. */
-		signal(SIGTERM, SIG_DFL);
-		signal(SIGINT, SIG_DFL);
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != self)
-			_exit(T_EXIT_FAIL);
-		close(pr[0]);
-		run(pr[1]);
+		run(fd);
 		_exit(0);
 	}
-	bench_term_kill = pid;
-	close(pr[1]);
 	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
 		;
 	if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
-		got = read(pr[0], &o, sizeof(o)) == (ssize_t)sizeof(o);
-	close(pr[0]);
+		got = read(fd, &o, sizeof(o)) == (ssize_t)sizeof(o);
+	close(fd);
 	if (!got)
 		snprintf(err, sizeof(err), "the run failed (%s %d, see above)",
 			 WIFEXITED(st) ? "exit" : "signal",
