@@ -152,6 +152,16 @@ struct wex_client {
 	int forked;
 	pid_t pid;
 	struct wex_client *next_open; /* this process's open clients */
+	/* wex_cancel, from any thread: call_seq is odd while a call it may
+	 * cancel runs (wex_sync, wex_begin_write; changed only by the
+	 * thread that runs it), cancel_seq the call it cancelled, and
+	 * cancel_efd wakes that call's wait for wexd's answer
+	 * (cancel_wait: only then, on the calling thread).  wexd_cancels:
+	 * the wexd said hello with "cancel" (ends a wait at a "cancel"). */
+	_Atomic uint64_t call_seq, cancel_seq;
+	_Atomic int wexd_cancels;
+	int cancel_efd;
+	int cancel_wait;
 };
 
 /* Runs `call` (an int expression) and gives the calling thread its device
@@ -290,6 +300,7 @@ static void fork_child(void)
 			continue;
 		c->forked = 1;
 		close_fd(&c->fd);
+		close_fd(&c->cancel_efd);
 		if (c->watch) {
 			close_fd(&c->watch->dupfd);
 			close_fd(&c->watch->efd);
@@ -397,6 +408,7 @@ static void client_free(struct wex_client *c)
 	free(c->rank_first);
 	free(c->plan);
 	free(c->watch);
+	close_fd(&c->cancel_efd);
 	pthread_mutex_destroy(&c->state);
 	free(c);
 }
@@ -501,6 +513,81 @@ static uint64_t reply_limit_ms(uint32_t wait_ms)
 	return limit > INT_MAX ? INT_MAX : limit;
 }
 
+/* wex_cancel asked to cancel the call this thread runs now. */
+static int cancel_asked(struct wex_client *c)
+{
+	uint64_t s = atomic_load(&c->call_seq);
+
+	return (s & 1) && atomic_load(&c->cancel_seq) == s;
+}
+
+/* wex_cancel may be called from a signal handler. */
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
+	       "wex_cancel needs lock-free 64-bit atomics");
+
+/* Around a call wex_cancel may cancel (on the thread that runs it,
+ * before it waits for the watch's lock: a cancel then is not lost). */
+static void cancelable_begin(struct wex_client *c)
+{
+	atomic_fetch_add(&c->call_seq, 1); /* odd */
+}
+
+static void cancelable_end(struct wex_client *c)
+{
+	atomic_fetch_add(&c->call_seq, 1); /* even */
+}
+
+/* req is a wait wex_cancel may end: the call's acquire or begin_write
+ * (cancel_wait, set under the watch's lock), not one of a reconnect
+ * inside it (which begins a write again). */
+static int cancelable_req(const struct wex_client *c, json_t *req)
+{
+	const char *op = json_string_value(json_object_get(req, "op")) ?: "";
+
+	return c->cancel_wait && !c->reconnecting &&
+	       (!strcmp(op, "acquire") || !strcmp(op, "begin_write"));
+}
+
+/*
+ * Polls pfd (wexd's answer, the watch's stop, wex_cancel's wake-up) for up
+ * to limit_ms.  A cancel of the call waiting here asks wexd, once, to end
+ * the wait: its answer (-ECANCELED, or the one it sent before the cancel
+ * came) is this request's, and is waited for as before.  Returns poll's
+ * count (0: nothing came in time), or a negative errno.
+ */
+static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_ms)
+{
+	uint64_t end = wex__now_ns() + limit_ms * 1000000ull, now, tick;
+	int ret, sent = 0;
+
+	for (;;) {
+		/* (Also when cancelled before this request went: its wake-up
+		 * was read by an earlier wait of the same call.) */
+		if (pfd[2].fd >= 0 && !sent && cancel_asked(c) && atomic_load(&c->wexd_cancels)) {
+			char msg[64];
+			ssize_t n;
+
+			snprintf(msg, sizeof(msg), "{\"v\": %d, \"op\": \"cancel\"}", WEX_PROTO_VERSION);
+			/* Sent or not, once: where the connection is gone,
+			 * the receive says so (after any answer already in). */
+			n = wex_sock_send(c->fd, msg, strlen(msg), NULL, 0, 0);
+			if (n < 0)
+				wex_debug("client", "cancel: %s", strerror((int)-n));
+			sent = 1;
+		}
+		now = wex__now_ns();
+		ret = poll(pfd, 3, now >= end ? 0 : (int)((end - now + 999999) / 1000000));
+		if (ret < 0 && errno == EINTR)
+			continue;
+		if (ret <= 0 || !(pfd[2].revents & POLLIN) ||
+		    (pfd[0].revents | pfd[1].revents))
+			return ret < 0 ? -errno : ret;
+		/* (A wake-up for a call before this one is no cancel.) */
+		if (read(pfd[2].fd, &tick, sizeof(tick)) < 0 && errno != EAGAIN)
+			return -errno;
+	}
+}
+
 static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, json_t **reply,
 		   int *rfds, int maxr, int *nrfds, uint32_t wait_ms)
 {
@@ -509,8 +596,10 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	ssize_t n;
 	uint64_t limit;
 	int mflags = 0, got = 0, ret;
-	struct pollfd pfd[2] = { { .fd = c->fd, .events = POLLIN },
-				 { .fd = cancel_fd, .events = POLLIN } };
+	/* (poll skips the entries with fd -1.) */
+	struct pollfd pfd[3] = { { .fd = c->fd, .events = POLLIN },
+				 { .fd = cancel_fd, .events = POLLIN },
+				 { .fd = -1, .events = POLLIN } };
 	json_error_t je;
 	int tmpfds[WEX_SOCK_MAX_FDS];
 
@@ -522,10 +611,14 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	free(s);
 	if (n < 0)
 		return (int)n;
+	/* A wait wex_cancel may end (wexd's answer to the cancel is this
+	 * request's). */
+	if (cancelable_req(c, req))
+		pfd[2].fd = c->cancel_efd;
 	limit = reply_limit_ms(wait_ms);
-	do
-		ret = poll(pfd, cancel_fd >= 0 ? 2 : 1, (int)limit);
-	while (ret < 0 && errno == EINTR);
+	ret = wait_answer(c, pfd, limit);
+	if (ret < 0)
+		return ret;
 	if (cancel_fd >= 0 && (pfd[1].revents & POLLIN)) {
 		/* The client is closing: its watch asks no more. */
 		conn_drop(c);
@@ -677,7 +770,9 @@ again:
 			goto out;
 	}
 	ret = raw_rpc(c, req, fds, nfds, &reply, rfds, maxr, nrfds, wait_ms);
+	/* (A cancelled wait is not sent again to a new wexd.) */
 	if (conn_lost(ret) && !c->reconnecting && tries++ == 0 &&
+	    !(cancel_asked(c) && cancelable_req(c, req)) &&
 	    strcmp(json_string_value(json_object_get(req, "op")) ?: "", "hello")) {
 		wex_warn("client", "lost wexd (%s): reconnecting", strerror(-ret));
 		conn_drop(c);
@@ -746,8 +841,10 @@ static int hello(struct wex_client *c, int *reclaimed)
 	if (ret < 0)
 		return ret;
 	ret = reply_status(c, reply);
-	if (ret == 0)
+	if (ret == 0) {
 		*reclaimed = json_is_true(json_object_get(reply, "lease_reclaimed"));
+		atomic_store(&c->wexd_cancels, json_is_true(json_object_get(reply, "cancel")));
+	}
 	json_decref(reply);
 	return ret;
 }
@@ -1106,6 +1203,7 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 	pthread_mutex_init(&c->state, NULL);
 	pthread_once(&log_once, wex__log_init); /* a producer's watch logs */
 	c->fd = -1;
+	c->cancel_efd = -1;
 	c->role = p->role;
 	if ((p->field_mask & WEX_CLIENT_FIELD_SOCKET) && p->socket)
 		snprintf(c->sock, sizeof(c->sock), "%s", p->socket);
@@ -1140,7 +1238,16 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 		c->threads = n > 8 ? 8 : n < 1 ? 1 : (int)n;
 	}
 	c->pid = getpid();
-	open_add(c); /* before its socket exists: a fork closes it from then on */
+	open_add(c); /* before its fds exist: a fork closes them from then on */
+	state_lock(c);
+	c->cancel_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	ret = c->cancel_efd < 0 ? -errno : 0;
+	state_unlock(c);
+	if (ret < 0) {
+		open_remove(c);
+		client_free(c);
+		return open_fail(ret, "wex_client_open: eventfd: %s", strerror(-ret));
+	}
 	ret = reconnect(c);
 	if (ret < 0) {
 		/* wexd's reason (a rank held, another world size, access
@@ -1808,6 +1915,9 @@ static int begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 
 	if (c->role != WEX_ROLE_PRODUCER)
 		return set_err(c, -EPERM, "only producers write");
+	if (cancel_asked(c))
+		return set_err(c, -ECANCELED, "begin_write v%llu cancelled (wex_cancel) before it was sent to wexd",
+			       (unsigned long long)version);
 	req = json_pack("{s:s, s:I}", "op", "begin_write", "version", (json_int_t)version);
 	ret = rpc(c, req, NULL, 0, NULL, NULL, 0, NULL, wait_of(c, timeout_ms, req));
 	if (ret == 0) {
@@ -1818,12 +1928,24 @@ static int begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 	return ret;
 }
 
+static int begin_write_call(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
+{
+	int ret;
+
+	c->cancel_wait = 1;
+	ret = begin_write(c, version, timeout_ms);
+	c->cancel_wait = 0;
+	return ret;
+}
+
 WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 {
 	int ret;
 
 	CALL_OK(c, 1);
-	LOCKED(c, ret, begin_write(c, version, timeout_ms));
+	cancelable_begin(c);
+	LOCKED(c, ret, begin_write_call(c, version, timeout_ms));
+	cancelable_end(c);
 	return ret;
 }
 
@@ -2928,6 +3050,12 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 	    (ret = settle(c, "sync")) < 0)
 		return ret;
 again:
+	/* Nothing sent: a lease held stands.  (Not on an acquire again
+	 * after a restart: it ends the lease the reconnect may have taken
+	 * back, and wexd then ends its wait at the cancel.) */
+	if (!retried && cancel_asked(c))
+		return set_err(c, -ECANCELED, "sync cancelled (wex_cancel) before it acquired a version%s",
+			       c->has_lease ? ": the lease held before stands" : "");
 	req = json_pack("{s:s, s:I, s:i}", "op", "acquire", "min_version", (json_int_t)min_version,
 			"mode", mode);
 	if (c->took)
@@ -3199,8 +3327,34 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 	int ret;
 
 	CALL_OK(c, res);
+	cancelable_begin(c);
+	c->cancel_wait = 1;
 	KEEP_THREAD_DEVICE(ret, sync_(c, mode, min_version, timeout_ms, res));
+	c->cancel_wait = 0;
+	cancelable_end(c);
 	return ret;
+}
+
+WEX_API int wex_cancel(wex_client_t *c)
+{
+	uint64_t s, cur, one = 1;
+
+	if (!c)
+		return -EINVAL;
+	if (c->forked)
+		return -ECHILD;
+	s = atomic_load(&c->call_seq);
+	if (!(s & 1))
+		return 0;
+	/* Never back to an older call's number (a second canceller, or a
+	 * handler, that read call_seq before this one). */
+	cur = atomic_load(&c->cancel_seq);
+	while (cur < s && !atomic_compare_exchange_weak(&c->cancel_seq, &cur, s))
+		;
+	/* (Full only after 2^64 - 2 unread wake-ups.) */
+	if (write(c->cancel_efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		return -errno;
+	return atomic_load(&c->wexd_cancels) ? 1 : -EOPNOTSUPP;
 }
 
 WEX_API int wex_release(wex_client_t *c)
@@ -3310,6 +3464,10 @@ WEX_API int wex_request(wex_client_t *c, const char *op, const char *args_json, 
 	 * from an earlier call may stand in for a failure that sets none
 	 * (a lost connection). */
 	c->err[0] = '\0';
+	/* wexd answers none that finds nothing waiting: this call would
+	 * wait for a reply in vain, then drop the connection (and a lease). */
+	if (!strcmp(op, "cancel"))
+		return set_err(c, -EINVAL, "request 'cancel': wexd answers it only in place of a waiting request; call wex_cancel");
 	if (args_json) {
 		req = json_loads(args_json, 0, &je);
 		if (!req || !json_is_object(req)) {

@@ -17,6 +17,9 @@
  *   acquire          consumer  min_version, timeout_ms, mode (deferred reply)
  *   fetch            consumer  start  -> segments + fds, tables, plan
  *   release          consumer  version
+ *   cancel           any       (while a deferred reply is awaited: it comes
+ *                              now, -ECANCELED; otherwise ignored, no reply;
+ *                              hello's reply says "cancel": true)
  *   status, models, clients, plans        any
  */
 #ifndef WEX_PROTO_H

@@ -402,8 +402,8 @@ json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
 		c->role = WEX_ROLE_PRODUCER;
 		wex_info("registry", "producer pid %d joined model '%s' as rank %lld/%lld",
 			 (int)c->pid, model, (long long)rank, (long long)world);
-		return json_pack("{s:b, s:i, s:I}", "ok", 1, "v", WEX_PROTO_VERSION, "published",
-				 (json_int_t)m->published);
+		return json_pack("{s:b, s:i, s:I, s:b}", "ok", 1, "v", WEX_PROTO_VERSION, "published",
+				 (json_int_t)m->published, "cancel", 1);
 	}
 	/* consumer */
 	if (strlen(group) >= WEX_NAME_MAX || !*group)
@@ -452,9 +452,12 @@ json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
 	c->role = WEX_ROLE_CONSUMER;
 	wex_info("registry", "consumer pid %d joined model '%s' group '%s' as rank %lld/%lld",
 		 (int)c->pid, model, group, (long long)rank, (long long)world);
-	return json_pack("{s:b, s:i, s:I, s:b}", "ok", 1, "v", WEX_PROTO_VERSION, "published",
+	/* "cancel": a wait of this connection's ends at a "cancel" request
+	 * (wexd_cancel); a client never sends one to a wexd that does not
+	 * say so, which would answer it as a second request in flight. */
+	return json_pack("{s:b, s:i, s:I, s:b, s:b}", "ok", 1, "v", WEX_PROTO_VERSION, "published",
 			 (json_int_t)m->published, "lease_reclaimed",
-			 held_claim(d, c, (uint64_t)lease));
+			 held_claim(d, c, (uint64_t)lease), "cancel", 1);
 }
 
 static int hex_decode(const char *s, unsigned char *out, size_t max, uint32_t *len)
@@ -1840,6 +1843,34 @@ int wexd_service_waiters(struct wexd *d)
 		return -1;
 	now = wex__now_ns();
 	return next <= now ? 0 : (int)((next - now) / 1000000 + 1);
+}
+
+json_t *wexd_cancel(struct wexd *d, struct conn *c)
+{
+	uint64_t now = wex__now_ns(), ms;
+	struct model *m = c->model;
+	const char *what;
+
+	(void)d;
+	if (c->waiting == WAIT_NONE)
+		return NULL; /* the wait's answer went before this came */
+	ms = (now - c->wait_start_ns) / 1000000;
+	if (c->waiting == WAIT_BEGIN_WRITE) {
+		if (m->write_pending)
+			m->write_pending--;
+		/* As a timeout's: the longest waits end this way too. */
+		wex__metrics_observe(WEX_M_BEGIN_WRITE_WAIT, NULL, (double)(now - c->wait_start_ns) / 1e9);
+		what = "begin_write";
+	} else {
+		what = "acquire";
+	}
+	c->waiting = WAIT_NONE;
+	wex_info("registry", "%s rank %u (pid %d) of model '%s' cancelled its %s of v%llu after %llu ms",
+		 c->role == WEX_ROLE_PRODUCER ? "producer" : "consumer", c->rank, (int)c->pid,
+		 m->name, what, (unsigned long long)c->wait_version, (unsigned long long)ms);
+	return wex__reply_error(-ECANCELED, "%s v%llu of model '%s' cancelled by the client after %llu ms",
+				what, (unsigned long long)c->wait_version, m->name,
+				(unsigned long long)ms);
 }
 
 /*

@@ -314,6 +314,7 @@ static const struct {
 	{ "attach", 0, 1, 1 },         { "acquire", 0, 0, 1 },      { "fetch", 0, 0, 1 },
 	{ "release", 0, 0, 1 },        { "ping", 0, 0, 0 },         { "metrics", 0, 0, 0 },
 	{ "config_get", 0, 0, 0 },     { "config_set", 0, 0, 0 },   { "verify", 0, 0, 0 },
+	{ "cancel", 0, 0, 0 },
 };
 
 static json_t *dispatch(struct wexd *d, struct conn *c, json_t *req, const char *op, int *fds,
@@ -332,6 +333,8 @@ static json_t *dispatch(struct wexd *d, struct conn *c, json_t *req, const char 
 						(int)c->uid, role, model);
 		return wexd_hello(d, c, req);
 	}
+	if (!strcmp(op, "cancel"))
+		return NULL; /* nothing waits (wexd_cancel): no reply */
 	if (!strcmp(op, "ping"))
 		return wex__reply_ok();
 	if (!strcmp(op, "status"))
@@ -445,7 +448,7 @@ static json_t *validate_and_run(struct wexd *d, struct conn *c, const char *buf,
 	/* acquire refuses itself while draining, saying whether a held lease
 	 * stands (wexd_acquire). */
 	if (d->draining && strcmp(op, "release") && strcmp(op, "publish") && strcmp(op, "status") &&
-	    strcmp(op, "acquire")) {
+	    strcmp(op, "acquire") && strcmp(op, "cancel")) {
 		json_decref(req);
 		return wex__reply_error(-ESHUTDOWN, "wexd is shutting down");
 	}
@@ -463,6 +466,23 @@ static int peer_hung_up(int fd)
 	struct pollfd p = { .fd = fd, .events = POLLRDHUP };
 
 	return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* A well-formed {"v":WEX_PROTO_VERSION, "op":"cancel"}, without fds. */
+static int is_cancel(const char *buf, size_t len, int nfds, int mflags)
+{
+	json_int_t v = 0;
+	const char *op = NULL;
+	json_t *req;
+	int yes;
+
+	if (nfds || (mflags & (MSG_TRUNC | MSG_CTRUNC)))
+		return 0;
+	req = json_loadb(buf, len, JSON_REJECT_DUPLICATES, NULL);
+	yes = req && !json_unpack(req, "{s:I, s:s}", "v", &v, "op", &op) &&
+	      v == WEX_PROTO_VERSION && !strcmp(op, "cancel");
+	json_decref(req);
+	return yes;
 }
 
 static void on_msg(void *arg, struct wex_loop_io *io, ssize_t len, int *fds, int nfds, int mflags)
@@ -484,6 +504,10 @@ static void on_msg(void *arg, struct wex_loop_io *io, ssize_t len, int *fds, int
 		wex_sock_close_fds(fds, nfds);
 		conn_close(d, c);
 		return;
+	} else if (c->waiting && is_cancel(io->buf, (size_t)len, nfds, mflags)) {
+		/* Its answer is the waiting request's. */
+		wex__metrics_count(WEX_M_REQUESTS, "cancel", NULL, 1);
+		reply = wexd_cancel(d, c);
 	} else if (c->waiting) {
 		/* One request at a time: a client that sends while waiting is
 		 * broken; answer and keep its first request. */

@@ -256,6 +256,11 @@ void wexd_verify_ask(struct conn *c, json_t *reply);
 void wexd_verify_take(struct wexd *d, struct conn *c, const char *mode, json_t *v);
 json_t *wexd_verify_json(const struct conn *c);
 
+/* A "cancel" request: ends the connection's wait (begin_write, acquire)
+ * with -ECANCELED, whose reply answers the request that waited; NULL
+ * (no reply) when none waits: that one was answered before it came,
+ * and a reply to the cancel would be read as the next request's. */
+json_t *wexd_cancel(struct wexd *d, struct conn *c);
 /* Drops everything a connection held (leases, registrations, waits). */
 void wexd_conn_drop(struct wexd *d, struct conn *c);
 /* Re-evaluates deferred requests; answers those now satisfiable or past

@@ -253,7 +253,8 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
  * (greater than every earlier one).  Blocks until no consumer lease holds
  * the buffer, at most `timeout_ms` (0: the client's timeout_ms if set, else
  * wexd's begin_write_timeout_ms); -EBUSY on
- * timeout, naming the holders in wex_last_error().
+ * timeout, naming the holders in wex_last_error(); -ECANCELED when
+ * wex_cancel ended the wait (nothing begun).
  */
 WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms);
 
@@ -419,7 +420,9 @@ struct wex_sync_result {
  * sync goes on; memory released while the sync runs is not seen: the
  * copy faults there and the process's CUDA context is lost, so an engine
  * must not release its weights' memory until wex_sync returned, which
- * wex.engine.EngineRank.released() waits for),
+ * wex.engine.EngineRank.released() waits for, after a wex_cancel that
+ * ends the sync's wait for a version),
+ * -ECANCELED when wex_cancel ended its wait (see there),
  * -ENOTRECOVERABLE when a GPU copy met a sticky CUDA error (illegal
  * address, launch failure, ...: the process's CUDA context is unusable,
  * its weights are dirty, and only a new process can sync again), -EAGAIN
@@ -428,6 +431,31 @@ struct wex_sync_result {
  */
 WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
 		     struct wex_sync_result *res);
+
+/*
+ * Cancels the wex_sync or wex_begin_write running now on this client in
+ * another thread (or a signal handler: it only reads two atomics and
+ * writes an eventfd): a wait of that call for a version to be published
+ * (wex_sync's acquire) or for leases to end (begin_write) ends at once,
+ * and the call returns -ECANCELED (with why in wex_last_error), as after
+ * a timeout of that wait: a sync's previous lease is given up, and
+ * same-address regions are handled as for -ETIMEDOUT; a begin_write
+ * begins nothing.  A call cancelled before it sent that request returns
+ * -ECANCELED without sending it (nothing acquired or begun; a lease held
+ * stands).  A call whose wait already ended goes on: a sync that
+ * acquired its version copies it whole and returns as usual (cancel is
+ * for waits, not copies; nor are the GPU settle and the released-memory
+ * check before the acquire, or the requests of a reconnect inside the
+ * call, cancelled).  It never blocks and takes no lock, so it is safe
+ * while the call holds the client; c must stay open until it returns.
+ * wex_request refuses "cancel" (-EINVAL).  Returns 1 when such a call
+ * runs (it is cancelled), 0 when none does (nothing happens: a later
+ * call is not cancelled), -EOPNOTSUPP
+ * when one runs but the wexd it talks to predates cancels (a call that
+ * had not yet sent its request is cancelled; one already waiting waits
+ * on), -ECHILD in a forked child's copy, -EINVAL for a NULL client.
+ */
+WEX_API int wex_cancel(wex_client_t *c);
 
 /* Releases the remap lease taken by the last sync, after waiting for this
  * process's queued GPU work on the devices wex uses (kernels reading the

@@ -20,6 +20,7 @@ import errno
 import os
 import select
 import sys
+import threading
 import time
 import unittest
 
@@ -158,6 +159,38 @@ class Binding(WexdProducerCase):
         st = c.request("status")
         self.assertTrue(st["ok"])
         self.assertIn(MODEL, [m["name"] for m in st["models"]])
+
+    def test_cancel(self):
+        """Client.cancel() from another thread ends a sync's wait for a
+        version: WexError ECANCELED there; idle or closed: False."""
+        c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="cancel", timeout_ms=10000)
+        self.assertFalse(c.cancel())
+        out = {}
+
+        def sync():
+            try:
+                out["r"] = c.sync(wex.SYNC_REMAP_VIEW, min_version=1 << 40, timeout_ms=30000)
+            except wex.WexError as e:
+                out["r"] = e
+        t = threading.Thread(target=sync, daemon=True)
+        t.start()
+        t0 = time.monotonic()
+        # Once wexd lists it waiting: the cancel ends wexd's wait.
+        with wex.Client(wex.ROLE_ADMIN) as admin:
+            while time.monotonic() - t0 < 10 and not any(
+                    k["pid"] == os.getpid() and k["role"] == "consumer" and
+                    k["waiting"] == "acquire" for k in admin.request("clients")["clients"]):
+                time.sleep(0.01)
+        self.assertTrue(c.cancel())
+        t.join(10)
+        self.assertFalse(t.is_alive(), "the cancelled sync still waits")
+        self.assertIsInstance(out["r"], wex.WexError)
+        self.assertEqual(out["r"].code, errno.ECANCELED)
+        self.assertIn("cancelled by the client", str(out["r"]))
+        self.assertLess(time.monotonic() - t0, 10)
+        self.assertFalse(c.cancel())
+        c.close()
+        self.assertFalse(c.cancel())
 
     def test_bad_input(self):
         with self.assertRaises(ValueError):

@@ -68,6 +68,7 @@ the layouts' names (qkv_proj, gate_up_proj, padded vocabulary).  Checked:
 Needs Debian's python3-torch (exit 77 with the reason without it).
 Environment: WEX_LIB, WEXD_BIN, WEXCTL_BIN, PYTHONPATH with adapters/python.
 """
+import errno
 import json
 import os
 import pathlib
@@ -1322,13 +1323,15 @@ class EngineHooks(WexdProducerCase):
         self.assertEqual(asked[view.data_ptr()], (5 * 8 + 3) * 4)
         self.assertIsNone(fresh.wex_status())
 
-    def test_vllm_sleep_waits_for_sync(self):
-        """A sleep called while a sync runs in another thread (here one
-        waiting for its version) releases nothing until the sync is done:
-        the sleep's CPU backup (level 1) holds the bytes the sync copied,
-        not what the weights held before; a sync started while it waits
-        is refused; one interrupted while it waits leaves nothing asleep;
-        released() from inside a sync of the rank is refused."""
+    def test_vllm_sleep_during_sync(self):
+        """A sleep called while a sync runs in another thread: a sync
+        waiting for its version is cancelled (WexError ECANCELED, nothing
+        copied; the sleep goes on at once, its CPU backup holding what the
+        weights held); one past its wait (here held in its last step)
+        ends first, and the sleep's backup holds the bytes it copied; a
+        sync started while the sleep waits is refused; a sleep interrupted
+        while it waits leaves nothing asleep; released() from inside a
+        sync of the rank is refused."""
         d = self.tmp.name
         module = module_of(self.engine_params("vllm", 0))
         worker = SleepyWorker(d, module, load_format="dummy")
@@ -1343,41 +1346,84 @@ class EngineHooks(WexdProducerCase):
         scribble(module, 5)  # what the weights hold before the next copy
         out = {}
 
-        def sync():
+        def sync(**kw):
             try:
-                out["sync"] = worker.wex_sync(min_version=v + 1, timeout_ms=60000)
+                out["sync"] = worker.wex_sync(timeout_ms=60000, **kw)
             except BaseException as e:  # reported by the assertions below
                 out["sync"] = e
 
         def sleep():
             out["sleep"] = worker.sleep(level=1)
-        syncer = threading.Thread(target=sync, daemon=True)
+
+        # 1. Waiting for v + 1 (not published): cancelled by the sleep.
+        syncer = threading.Thread(target=sync, kwargs={"min_version": v + 1}, daemon=True)
         syncer.start()
-        while not worker._wex._syncing and syncer.is_alive():
-            time.sleep(0.01)
-        # A sleep interrupted while it waits (Ctrl-C): nothing slept.
-        with unittest.mock.patch.object(worker._wex._syncs, "wait",
-                                        side_effect=KeyboardInterrupt):
-            with self.assertRaises(KeyboardInterrupt):
-                worker.sleep(level=1)
-        self.assertIsNone(worker.wex_status()["released"])
-        self.assertIsNone(worker._wex_sleeping())
-        self.assertTrue(all_equal(module, 5))
+        # Once wexd lists it waiting: the sleep cancels wexd's wait.
+        with wex.Client(wex.ROLE_ADMIN) as admin:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 10 and not any(
+                    k["pid"] == os.getpid() and k["group"] == "vllm-busy" and
+                    k["waiting"] == "acquire" for k in admin.request("clients")["clients"]):
+                time.sleep(0.01)
+        t0 = time.monotonic()
         sleeper = threading.Thread(target=sleep, daemon=True)
         sleeper.start()
-        # It waits as long as the sync does (a failure here: the sleep
-        # went ahead under a sync that had not copied yet).
-        sleeper.join(0.5)
-        self.assertTrue(sleeper.is_alive(), "the sleep did not wait for the sync")
-        self.assertNotIn("sleep", out)
-        # A sync that starts while the sleep waits is refused.
-        with self.assertRaises(ValueError) as e:
-            worker.wex_sync(min_version=v + 1)
-        self.assertIn("vLLM is asleep (sleep level 1)", str(e.exception))
+        syncer.join(30)
+        sleeper.join(30)
+        self.assertFalse(syncer.is_alive() or sleeper.is_alive())
+        self.assertLess(time.monotonic() - t0, 10, "the sleep waited for the sync's timeout")
+        self.assertIsInstance(out["sync"], wex.WexError, out["sync"])
+        self.assertEqual(out["sync"].code, errno.ECANCELED)
+        self.assertIn("vLLM is asleep (sleep level 1): the weights' memory is being released: "
+                      "this sync was cancelled", str(out["sync"]))
+        self.assertIn("cancelled by the client", str(out["sync"].__cause__))
+        self.assertFalse(worker._wex.dirty())
+        worker.wake_up()
+        self.assertTrue(all_equal(module, 5))  # nothing copied, before or after the backup
         self.assertEqual(self.next_version(), v + 1)
         self.assertEqual(other.wex_sync(min_version=v + 1)["version"], v + 1)
-        syncer.join(60)
-        sleeper.join(60)
+        r = worker.wex_sync(min_version=v + 1)
+        self.assertEqual((r["version"], r["changed"]), (v + 1, 1))
+        self.assert_holds(params_of(module), "vllm", 0)
+
+        # 2. Past its wait: the sleep waits for it to end.
+        scribble(module, 5)
+        worker._wex.forget()  # (so the next sync copies every byte again)
+        out.clear()
+        copied, go = threading.Event(), threading.Event()
+        real = worker._wex.client.sync
+
+        def held_sync(*a, **kw):
+            r = real(*a, **kw)
+            copied.set()
+            go.wait(60)
+            return r
+        with unittest.mock.patch.object(worker._wex.client, "sync", side_effect=held_sync):
+            syncer = threading.Thread(target=sync, kwargs={"min_version": v + 1},
+                                      daemon=True)
+            syncer.start()
+            self.assertTrue(copied.wait(30))
+            # A sleep interrupted while it waits (Ctrl-C): nothing slept.
+            with unittest.mock.patch.object(worker._wex._syncs, "wait",
+                                            side_effect=KeyboardInterrupt):
+                with self.assertRaises(KeyboardInterrupt):
+                    worker.sleep(level=1)
+            self.assertIsNone(worker.wex_status()["released"])
+            self.assertIsNone(worker._wex_sleeping())
+            sleeper = threading.Thread(target=sleep, daemon=True)
+            sleeper.start()
+            # It waits as long as the sync runs (a failure here: the sleep
+            # went ahead under a sync that had not ended).
+            sleeper.join(0.5)
+            self.assertTrue(sleeper.is_alive(), "the sleep did not wait for the sync")
+            self.assertNotIn("sleep", out)
+            # A sync that starts while the sleep waits is refused.
+            with self.assertRaises(ValueError) as e:
+                worker.wex_sync(min_version=v + 1)
+            self.assertIn("vLLM is asleep (sleep level 1)", str(e.exception))
+            go.set()
+            syncer.join(60)
+            sleeper.join(60)
         self.assertFalse(syncer.is_alive() or sleeper.is_alive())
         self.assertIsInstance(out["sync"], dict, out["sync"])
         self.assertEqual((out["sync"]["version"], out["sync"]["changed"]), (v + 1, 1))

@@ -311,6 +311,7 @@ def lib():
         "wex_reserve": (I, [P, U32, U32, U64, ctypes.POINTER(P)]),
         "wex_sync": (I, [P, I, U64, U32, ctypes.POINTER(SyncResult)]),
         "wex_release": (I, [P]),
+        "wex_cancel": (I, [P]),
         "wex_is_dirty": (I, [P]),
         "wex_released": (I, [P, U64, ctypes.POINTER(U64)]),
         "wex_view": (I, [P, U32, ctypes.c_char_p, ctypes.POINTER(P), ctypes.POINTER(Tensor)]),
@@ -416,6 +417,9 @@ class Client:
         producer's calls, and keeps its published version visible)."""
         self._h = None
         self._lock = threading.RLock()
+        # cancel() does not take _lock (the call it cancels holds it):
+        # this one keeps the handle from being closed under it.
+        self._handle_lock = threading.Lock()
         self._live = 0            # tensors over this client's memory alive
         self._close_pending = False
         L = lib()
@@ -518,8 +522,9 @@ class Client:
                                   RuntimeWarning, stacklevel=2)
                 self._close_pending = True
                 return
-            self._lib.wex_client_close(self._h)
-            self._h = None
+            with self._handle_lock:
+                self._lib.wex_client_close(self._h)
+                self._h = None
             self._regions = []
             self._attached = []
 
@@ -601,6 +606,26 @@ class Client:
 
     def release(self):
         self._call("release", self._lib.wex_release)
+
+    def cancel(self):
+        """wex_cancel: a sync or begin_write this client runs in another
+        thread stops waiting (for a version to be published, or for
+        leases to end) and raises WexError with code ECANCELED there; one
+        whose wait is over goes on (a copy completes).  Never waits for
+        that call.  True when one ran, False when none did (or the client
+        is closed); WexError EOPNOTSUPP when the wexd it talks to predates
+        cancels (a call already waiting then waits on)."""
+        with self._handle_lock:
+            if self._h is None:
+                return False
+            ret = self._lib.wex_cancel(self._h)
+        if ret == -errno.EOPNOTSUPP:
+            raise WexError(errno.EOPNOTSUPP, "cancel: the wexd this client talks to cannot "
+                           "cancel a wait (it predates cancels): the call waits on until "
+                           "answered or timed out")
+        if ret < 0:
+            raise WexError(-ret, "cancel: %s" % strerror(ret))
+        return ret == 1
 
     def is_dirty(self):
         return bool(self._call("is_dirty", self._lib.wex_is_dirty))

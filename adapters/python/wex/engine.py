@@ -28,6 +28,7 @@ reload) is then refused by name instead of copied into the orphaned
 tensor.  Given as pairs, only a parameter whose memory moved (p.data =
 new) can be seen.
 """
+import errno
 import fnmatch
 import glob
 import json
@@ -332,6 +333,7 @@ class EngineRank:
         # for them (under _syncs, with released_why).
         self._syncs = threading.Condition()
         self._syncing = {}
+        self._cancel_warned = False
         self.lost = None             # see restored(): why the weights hold nothing
         self._forget_pending = False  # restored() lost them, forget() not yet done
         self.forgotten = 0           # forget() calls
@@ -402,11 +404,15 @@ class EngineRank:
         naming `why`, before anything touches that memory (a copy there
         would fault and leave the process's CUDA context unusable).
         A sync of this rank running in another thread when it is called
-        ends first: released() returns once it has (its copies done, or
-        its wait for a version over: published, or timed out after the
-        sync's timeout_ms, wexd's sync_timeout_ms by default), logging a
-        warning every 5 s it waits, so the engine releases nothing under
-        a copy; a sync that starts after it is refused.  Called from a
+        ends first: one waiting for a version to be published is
+        cancelled (wex_cancel: it raises WexError with code ECANCELED,
+        nothing copied), one copying completes; released() returns once
+        it has ended, logging a warning every 5 s it waits, so the engine
+        releases nothing under a copy, and a trainer that waits for the
+        engine's memory before it publishes does not wait on a sync that
+        waits for that publish.  A sync that starts after it is refused.
+        (Against a wexd that predates cancels, the wait runs to its
+        publish or timeout, with a warning saying so.)  Called from a
         thread inside a sync of this rank: ValueError (it would wait for
         itself).  Interrupted while it waits (KeyboardInterrupt): the
         weights count as not released, and the exception propagates."""
@@ -416,17 +422,38 @@ class EngineRank:
                                  "sync must return before the weights' memory is released"
                                  % (why,))
             before, self.released_why = self.released_why, why
-            t0 = time.monotonic()
+            t0 = warned = time.monotonic()
             try:
                 while self._syncing:
-                    if not self._syncs.wait(5.0) and self._syncing:
+                    # Again each turn: a sync counted here may not have
+                    # reached its wait (or libwex) yet; a cancel of one
+                    # that copies changes nothing.
+                    self._cancel_syncs(why)
+                    self._syncs.wait(0.05)
+                    if self._syncing and time.monotonic() - warned >= 5.0:
+                        warned = time.monotonic()
                         log.warning("wex: %s: rank %d of %s waits %.0f s for a sync to end "
-                                    "before the weights' memory is released (a sync waiting "
-                                    "for a version waits up to its timeout_ms)", why, self.rank,
-                                    self.group, time.monotonic() - t0)
+                                    "before the weights' memory is released (its copy runs)",
+                                    why, self.rank, self.group, warned - t0)
             except BaseException:
                 self.released_why = before
                 raise
+
+    def _cancel_syncs(self, why):
+        """Cancels the wait of this rank's sync running in another thread
+        (under _syncs, from released())."""
+        client = self.client
+        if client is None:
+            return
+        try:
+            client.cancel()
+        except wex.WexError as e:
+            if not self._cancel_warned:
+                self._cancel_warned = True
+                log.warning("wex: %s: rank %d of %s cannot cancel a sync waiting for a "
+                            "version (%s)%s", why, self.rank, self.group, e,
+                            ": the release waits for its publish or timeout"
+                            if e.code == errno.EOPNOTSUPP else "")
 
     def restored(self, kept):
         """The weights' memory is mapped again.  kept: it holds what it
@@ -484,7 +511,9 @@ class EngineRank:
         first), and, naming them, when the engine re-allocated or
         replaced parameters since attach (moved(); attach again).  The
         first sync after restored(kept=False) copies the whole version,
-        even one this rank held.  wex.WexError otherwise (the
+        even one this rank held.  wex.WexError with code ECANCELED,
+        nothing copied, when released() in another thread cancelled its
+        wait for a version.  wex.WexError otherwise (the
         weights are dirty on EVERIFY and on a copy that failed half-way,
         dirty() says so: the next sync copies everything again)."""
         me, entered = threading.get_ident(), False
@@ -499,6 +528,13 @@ class EngineRank:
                 self._syncing[me] = self._syncing.get(me, 0) + 1
                 entered = True
             return self._sync(min_version, timeout_ms, verify)
+        except wex.WexError as e:
+            if e.code == errno.ECANCELED and self.released_why is not None:
+                raise wex.WexError(errno.ECANCELED, "%s: the weights' memory is being "
+                                   "released: this sync was cancelled while it waited for a "
+                                   "version; nothing copied (sync again once the weights are "
+                                   "back)" % self.released_why) from e
+            raise
         finally:
             if entered:
                 with self._syncs:

@@ -68,10 +68,10 @@ Sleep mode: wex_attach wraps the worker's sleep() and wake_up().  While
 the weights sleep nothing is mapped at their addresses: wex_sync (and
 wex_attach) are refused, saying so, before anything touches them; wake
 them first (wake_up(tags=["weights"])).  A sleep called while a
-wex_sync runs in another thread waits for it to end first (for one
-waiting for its version, until that is published or the sync times
-out; vLLM's own RPCs to a worker run one at a time, so this concerns
-syncs run from threads of your own).  Waking them from a sleep of
+wex_sync runs in another thread cancels it if it still waits for its
+version (it raises WexError ECANCELED, nothing copied), else waits for
+its copy to end first (vLLM's own RPCs to a worker run one at a time,
+so this concerns syncs run from threads of your own).  Waking them from a sleep of
 level 2 (or any but 1, which copies a CPU backup back) leaves them
 holding nothing meaningful: the next wex_sync copies the whole version,
 even the one the worker held, and the checkpoint is not compared again.
