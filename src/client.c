@@ -159,9 +159,12 @@ struct wex_client {
 	 * (cancel_wait: only then, on the calling thread).  wexd_cancels:
 	 * the wexd said hello with "cancel" (ends a wait at a "cancel"). */
 	_Atomic uint64_t call_seq, cancel_seq;
+	_Atomic uint64_t asked_seq; /* cancel_seq's by wex_cancel only (not signals) */
 	_Atomic int wexd_cancels;
 	int cancel_efd;
 	int cancel_wait;
+	int eintr;     /* WEX_CLIENT_EINTR: a signal ends a wait */
+	int signalled; /* a signal ended the wait of the call running now */
 };
 
 /* Runs `call` (an int expression) and gives the calling thread its device
@@ -525,6 +528,39 @@ static int cancel_asked(struct wex_client *c)
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
 	       "wex_cancel needs lock-free 64-bit atomics");
 
+/* WEX_CLIENT_EINTR: holds (blocks) every signal on the calling thread
+ * but those a fault raises (they cannot wait), puts its mask as it was in
+ * *mask and the one to wait under in *wait: *mask plus the signals that
+ * end no wait (held through it: children, terminal size, profilers'
+ * timers, sockets, real-time signals). */
+static void signals_held(sigset_t *mask, sigset_t *wait)
+{
+	static const int faults[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT };
+	static const int quiet[] = { SIGCHLD, SIGWINCH, SIGURG, SIGPROF, SIGVTALRM, SIGPIPE, SIGIO };
+	sigset_t held;
+
+	sigfillset(&held);
+	for (size_t i = 0; i < WEX_ARRAY_SIZE(faults); i++)
+		sigdelset(&held, faults[i]);
+	pthread_sigmask(SIG_BLOCK, &held, mask);
+	*wait = *mask;
+	for (size_t i = 0; i < WEX_ARRAY_SIZE(quiet); i++)
+		sigaddset(wait, quiet[i]);
+	for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++)
+		sigaddset(wait, sig);
+}
+
+/* Marks the call s (call_seq's value while it runs) cancelled, never
+ * going back to an older call's number (a second canceller, or a
+ * handler, that read call_seq before this one). */
+static void cancel_mark(_Atomic uint64_t *seq, uint64_t s)
+{
+	uint64_t cur = atomic_load(seq);
+
+	while (cur < s && !atomic_compare_exchange_weak(seq, &cur, s))
+		;
+}
+
 /* Around a call wex_cancel may cancel (on the thread that runs it,
  * before it waits for the watch's lock: a cancel then is not lost). */
 static void cancelable_begin(struct wex_client *c)
@@ -553,11 +589,14 @@ static int cancelable_req(const struct wex_client *c, json_t *req)
  * to limit_ms.  A cancel of the call waiting here asks wexd, once, to end
  * the wait: its answer (-ECANCELED, or the one it sent before the cancel
  * came) is this request's, and is waited for as before.  Returns poll's
- * count (0: nothing came in time), or a negative errno.
+ * count (0: nothing came in time), or a negative errno.  mask (may be
+ * NULL): the signal mask to wait under (ppoll; signals_held's `wait`).
  */
-static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_ms)
+static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_ms,
+		       const sigset_t *mask)
 {
-	uint64_t end = wex__now_ns() + limit_ms * 1000000ull, now, tick;
+	uint64_t end = wex__now_ns() + limit_ms * 1000000ull, now, left, tick;
+	struct timespec ts;
 	int ret, sent = 0;
 
 	for (;;) {
@@ -576,9 +615,19 @@ static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_
 			sent = 1;
 		}
 		now = wex__now_ns();
-		ret = poll(pfd, 3, now >= end ? 0 : (int)((end - now + 999999) / 1000000));
-		if (ret < 0 && errno == EINTR)
+		left = now >= end ? 0 : end - now;
+		ts.tv_sec = (time_t)(left / 1000000000ull);
+		ts.tv_nsec = (long)(left % 1000000000ull);
+		ret = ppoll(pfd, 3, &ts, mask);
+		if (ret < 0 && errno == EINTR) {
+			/* A signal (its handler ran): WEX_CLIENT_EINTR ends
+			 * the wait, for the caller's runtime to act on it. */
+			if (pfd[2].fd >= 0 && c->eintr && atomic_load(&c->wexd_cancels)) {
+				c->signalled = 1;
+				cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
+			}
 			continue;
+		}
 		if (ret <= 0 || !(pfd[2].revents & POLLIN) ||
 		    (pfd[0].revents | pfd[1].revents))
 			return ret < 0 ? -errno : ret;
@@ -603,20 +652,44 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	json_error_t je;
 	int tmpfds[WEX_SOCK_MAX_FDS];
 
+	sigset_t mask, wait;
+	int masked = 0;
+
 	json_object_set_new(req, "v", json_integer(WEX_PROTO_VERSION));
 	s = wex__json_dump(req, &len);
 	if (!s)
 		return -ENOMEM;
-	n = wex_sock_send(c->fd, s, len, fds, nfds, 0);
-	free(s);
-	if (n < 0)
-		return (int)n;
 	/* A wait wex_cancel may end (wexd's answer to the cancel is this
 	 * request's). */
-	if (cancelable_req(c, req))
+	if (cancelable_req(c, req)) {
 		pfd[2].fd = c->cancel_efd;
+		/* WEX_CLIENT_EINTR: a signal from here on is held until the
+		 * wait's ppoll, which takes it (EINTR): one handled before
+		 * (between the send and the poll) would end no wait. */
+		if (c->eintr) {
+			signals_held(&mask, &wait);
+			masked = 1;
+		}
+	}
+	n = wex_sock_send(c->fd, s, len, fds, nfds, masked ? MSG_DONTWAIT : 0);
+	if (n == -EAGAIN && masked) {
+		/* wexd's queue is full (a hung wexd): a send that waits does
+		 * so with the signals free (a SIGTERM still acts), and one
+		 * handled meanwhile is not seen by the wait. */
+		pthread_sigmask(SIG_SETMASK, &mask, NULL);
+		n = wex_sock_send(c->fd, s, len, fds, nfds, 0);
+		signals_held(&mask, &wait);
+	}
+	free(s);
+	if (n < 0) {
+		if (masked)
+			pthread_sigmask(SIG_SETMASK, &mask, NULL);
+		return (int)n;
+	}
 	limit = reply_limit_ms(wait_ms);
-	ret = wait_answer(c, pfd, limit);
+	ret = wait_answer(c, pfd, limit, masked ? &wait : NULL);
+	if (masked)
+		pthread_sigmask(SIG_SETMASK, &mask, NULL);
 	if (ret < 0)
 		return ret;
 	if (cancel_fd >= 0 && (pfd[1].revents & POLLIN)) {
@@ -1218,6 +1291,7 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 		c->rank = p->rank;
 		c->world = p->world_size ? p->world_size : 1;
 	}
+	c->eintr = (p->field_mask & WEX_CLIENT_FIELD_FLAGS) && (p->flags & WEX_CLIENT_EINTR);
 	c->timeout_set = (p->field_mask & WEX_CLIENT_FIELD_TIMEOUT) && p->timeout_ms;
 	c->timeout_ms = c->timeout_set ? p->timeout_ms : 30000;
 	c->device = -1;
@@ -1928,12 +2002,26 @@ static int begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 	return ret;
 }
 
+/* A call whose wait a signal ended (WEX_CLIENT_EINTR): -EINTR. */
+static int signal_ended(struct wex_client *c, int ret)
+{
+	char why[sizeof(c->err)];
+
+	/* (Not when wex_cancel asked too: that cancel is reported.) */
+	if (!c->signalled || ret != -ECANCELED ||
+	    atomic_load(&c->asked_seq) == atomic_load(&c->call_seq))
+		return ret;
+	memcpy(why, c->err, sizeof(why));
+	return set_err(c, -EINTR, "interrupted by a signal (WEX_CLIENT_EINTR): %s", why);
+}
+
 static int begin_write_call(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 {
 	int ret;
 
 	c->cancel_wait = 1;
-	ret = begin_write(c, version, timeout_ms);
+	c->signalled = 0;
+	ret = signal_ended(c, begin_write(c, version, timeout_ms));
 	c->cancel_wait = 0;
 	return ret;
 }
@@ -3329,7 +3417,9 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 	CALL_OK(c, res);
 	cancelable_begin(c);
 	c->cancel_wait = 1;
+	c->signalled = 0;
 	KEEP_THREAD_DEVICE(ret, sync_(c, mode, min_version, timeout_ms, res));
+	ret = signal_ended(c, ret);
 	c->cancel_wait = 0;
 	cancelable_end(c);
 	return ret;
@@ -3337,7 +3427,7 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 
 WEX_API int wex_cancel(wex_client_t *c)
 {
-	uint64_t s, cur, one = 1;
+	uint64_t s, one = 1;
 
 	if (!c)
 		return -EINVAL;
@@ -3346,11 +3436,8 @@ WEX_API int wex_cancel(wex_client_t *c)
 	s = atomic_load(&c->call_seq);
 	if (!(s & 1))
 		return 0;
-	/* Never back to an older call's number (a second canceller, or a
-	 * handler, that read call_seq before this one). */
-	cur = atomic_load(&c->cancel_seq);
-	while (cur < s && !atomic_compare_exchange_weak(&c->cancel_seq, &cur, s))
-		;
+	cancel_mark(&c->cancel_seq, s);
+	cancel_mark(&c->asked_seq, s);
 	/* (Full only after 2^64 - 2 unread wake-ups.) */
 	if (write(c->cancel_efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
 		return -errno;

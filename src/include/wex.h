@@ -127,6 +127,24 @@ enum wex_client_flag {
 	 * the producer's next call, and consumers waiting for the version
 	 * meanwhile time out. */
 	WEX_CLIENT_NO_WATCH = 1u << 0,
+	/* A signal whose handler interrupts the wait of wex_sync or
+	 * wex_begin_write for wexd's answer (ppoll() ends with EINTR) ends
+	 * that wait, as wex_cancel would, and the call returns -EINTR
+	 * (-ECANCELED when wex_cancel asked too).  For runtimes whose signal
+	 * handlers run only once the call returns: Python's
+	 * KeyboardInterrupt (Ctrl-C) would otherwise wait up to the wait's
+	 * timeout; the wex module sets it, and calls again, for what is left
+	 * of the timeout, when no handler raised.  Signals that end no wait
+	 * are held on the calling thread through it (their handlers run
+	 * after): SIGCHLD, SIGWINCH, SIGURG, SIGPROF, SIGVTALRM, SIGPIPE,
+	 * SIGIO and the real-time ones.  From the request's send to the
+	 * wait, the calling thread holds every signal but those of faults,
+	 * so one sent to it in between is handled in the wait, not lost; one
+	 * handled before (during a GPU settle), or by another thread (a
+	 * process-directed signal while this one holds them), ends no wait.
+	 * Against a wexd that predates cancels, nothing ends.  Without the
+	 * flag a signal ends no wait. */
+	WEX_CLIENT_EINTR = 1u << 1,
 };
 
 struct wex_client_params {
@@ -146,7 +164,7 @@ struct wex_client_params {
 	int device;            /* CUDA ordinal (in this process) of a consumer's
 				* reserved regions; default: the producer
 				* segment's device, found by UUID */
-	uint32_t flags;        /* WEX_CLIENT_NO_WATCH; default 0 */
+	uint32_t flags;        /* WEX_CLIENT_NO_WATCH, WEX_CLIENT_EINTR; default 0 */
 };
 
 /*
@@ -254,7 +272,8 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
  * the buffer, at most `timeout_ms` (0: the client's timeout_ms if set, else
  * wexd's begin_write_timeout_ms); -EBUSY on
  * timeout, naming the holders in wex_last_error(); -ECANCELED when
- * wex_cancel ended the wait (nothing begun).
+ * wex_cancel ended the wait (nothing begun), -EINTR when a signal did
+ * (WEX_CLIENT_EINTR).
  */
 WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms);
 
@@ -422,7 +441,8 @@ struct wex_sync_result {
  * must not release its weights' memory until wex_sync returned, which
  * wex.engine.EngineRank.released() waits for, after a wex_cancel that
  * ends the sync's wait for a version),
- * -ECANCELED when wex_cancel ended its wait (see there),
+ * -ECANCELED when wex_cancel ended its wait (see there), -EINTR when a
+ * signal did (WEX_CLIENT_EINTR),
  * -ENOTRECOVERABLE when a GPU copy met a sticky CUDA error (illegal
  * address, launch failure, ...: the process's CUDA context is unusable,
  * its weights are dirty, and only a new process can sync again), -EAGAIN

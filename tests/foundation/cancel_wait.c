@@ -13,6 +13,12 @@
  *    cancelled: the lease is given up (status shows none), as after a
  *    timeout, so the producer's begin_write goes at once;
  *  - signal: wex_cancel from a SIGALRM handler ends the wait;
+ *  - eintr: a signal to the waiting thread, whose handler does nothing,
+ *    ends the wait of a client opened with WEX_CLIENT_EINTR (-EINTR,
+ *    wexd's wait over) and not that of one without (its timeout); also
+ *    one that comes as the acquire goes out, before the wait's poll
+ *    (held until the poll takes it); a wait both wex_cancel and a signal
+ *    ended returns -ECANCELED (the cancel is reported);
  *  - begin_write: a producer waiting for a consumer's lease is cancelled
  *    (-ECANCELED, nothing begun: a publish is refused); wexd no longer
  *    counts its pending write, so another consumer's acquire of the
@@ -59,6 +65,9 @@ static struct t_wexd d;
 typedef ssize_t (*sendmsg_fn)(int, const struct msghdr *, int);
 static sendmsg_fn real_sendmsg;
 static const char *_Atomic cancel_at;
+/* At the next request whose op is kill_at: SIGUSR1 to the sending thread
+ * first. */
+static const char *_Atomic kill_at;
 static wex_client_t *cancel_client;
 static atomic_int cancel_ret, cancels_sent;
 
@@ -84,11 +93,17 @@ __attribute__((visibility("default"))) ssize_t sendmsg(int fd, const struct msgh
 		size_t len = msg->msg_iov[0].iov_len;
 		const char *at = atomic_load(&cancel_at);
 
-		if (is_op(buf, len, "cancel")) {
+		const char *k = atomic_load(&kill_at);
+
+		if (is_op(buf, len, "cancel"))
 			atomic_fetch_add(&cancels_sent, 1);
-		} else if (at && is_op(buf, len, at)) {
+		if (at && is_op(buf, len, at)) {
 			atomic_store(&cancel_at, NULL);
 			atomic_store(&cancel_ret, wex_cancel(cancel_client));
+		}
+		if (k && is_op(buf, len, k)) {
+			atomic_store(&kill_at, NULL);
+			pthread_kill(pthread_self(), SIGUSR1);
 		}
 	}
 	return real_sendmsg(fd, msg, flags);
@@ -125,10 +140,13 @@ static void sync_start(struct syncer *s, wex_client_t *c, int mode, uint64_t min
 	T_ASSERT(pthread_create(&s->th, NULL, sync_main, s) == 0, "pthread_create");
 }
 
-/* The id of the client of `role` with this pid that wexd lists, and
- * whether it waits ("acquire", "begin_write" or ""). */
+/* The id of the client of `role` ("consumer@group": of that group only)
+ * with this pid that wexd lists, and whether it waits ("acquire",
+ * "begin_write" or ""). */
 static long client_state(const char *role, char *waiting, size_t len)
 {
+	const char *at = strchr(role, '@');
+	size_t rlen = at ? (size_t)(at - role) : strlen(role);
 	json_t *r, *c;
 	size_t i;
 	long id = -1;
@@ -137,8 +155,11 @@ static long client_state(const char *role, char *waiting, size_t len)
 	r = t_raw_rpc(fd, "{\"v\":1,\"op\":\"clients\"}", NULL, 0);
 	snprintf(waiting, len, "?");
 	json_array_foreach(json_object_get(r, "clients"), i, c) {
-		if (strcmp(json_string_value(json_object_get(c, "role")) ?: "", role) ||
-		    json_integer_value(json_object_get(c, "pid")) != getpid())
+		const char *cr = json_string_value(json_object_get(c, "role")) ?: "";
+
+		if (strlen(cr) != rlen || strncmp(cr, role, rlen) ||
+		    json_integer_value(json_object_get(c, "pid")) != getpid() ||
+		    (at && strcmp(json_string_value(json_object_get(c, "group")) ?: "", at + 1)))
 			continue;
 		id = (long)json_integer_value(json_object_get(c, "id"));
 		snprintf(waiting, len, "%s", json_string_value(json_object_get(c, "waiting")) ?: "");
@@ -247,6 +268,98 @@ static void case_signal(struct t_cons *k)
 	T_ASSERT(t_now() - t0 < 5.0, "ended by the cancel, not its 20 s timeout (%.3f s)",
 		 t_now() - t0);
 	signal(SIGALRM, SIG_DFL);
+}
+
+static void on_nothing(int sig)
+{
+	(void)sig;
+}
+
+struct kicker {
+	pthread_t target, th;
+	const char *role;
+};
+
+/* Sends SIGUSR1 to the target thread once wexd lists the client of
+ * this role waiting. */
+static void *kick_main(void *arg)
+{
+	struct kicker *k = arg;
+
+	wait_for_waiting(k->role, "acquire");
+	pthread_kill(k->target, SIGUSR1);
+	return NULL;
+}
+
+static void case_eintr(struct t_cons *k)
+{
+	sigset_t after;
+	struct sigaction sa = { .sa_handler = on_nothing };
+	struct kicker kk = { .target = pthread_self(), .role = "consumer@g" };
+	struct wex_sync_result r;
+	struct t_cons ke;
+	char w[32];
+	double t0;
+	int ret;
+
+	sigemptyset(&sa.sa_mask);
+	T_ASSERT(sigaction(SIGUSR1, &sa, NULL) == 0, "sigaction");
+	/* Without the flag: the signal ends nothing. */
+	T_ASSERT(pthread_create(&kk.th, NULL, kick_main, &kk) == 0, "pthread_create");
+	t0 = t_now();
+	ret = wex_sync(k->c, WEX_SYNC_COPY, 100, 1000, &r);
+	pthread_join(kk.th, NULL);
+	T_ASSERT(ret == -ETIMEDOUT && t_now() - t0 >= 0.95,
+		 "without WEX_CLIENT_EINTR the sync waits its 1 s: %s after %.3f s",
+		 wex_strerror(ret), t_now() - t0);
+
+	t_client_flags = WEX_CLIENT_EINTR;
+	t_cons_open(&ke, MODEL, "eintr", "tiny", 0, 1);
+	t_client_flags = 0;
+	kk.role = "consumer@eintr";
+	T_ASSERT(pthread_create(&kk.th, NULL, kick_main, &kk) == 0, "pthread_create");
+	t0 = t_now();
+	ret = wex_sync(ke.c, WEX_SYNC_COPY, 100, 20000, &r);
+	pthread_join(kk.th, NULL);
+	printf("eintr: sync returned %s after %.3f s: %s\n", wex_strerror(ret), t_now() - t0,
+	       wex_last_error(ke.c));
+	T_ASSERT(ret == -EINTR, "with WEX_CLIENT_EINTR: -EINTR, got %s: %s", wex_strerror(ret),
+		 wex_last_error(ke.c));
+	T_ASSERT(t_now() - t0 < 5.0, "not its 20 s timeout (%.3f s)", t_now() - t0);
+	T_ASSERT(strstr(wex_last_error(ke.c), "interrupted by a signal") &&
+		 strstr(wex_last_error(ke.c), "cancelled by the client"),
+		 "the error says why: %s", wex_last_error(ke.c));
+	client_state("consumer@eintr", w, sizeof(w));
+	T_ASSERT(!strcmp(w, ""), "wexd's wait is over ('%s')", w);
+	T_ASSERT(wex_cancel(ke.c) == 0 && wex_is_dirty(ke.c) == 0, "nothing runs, not dirty");
+	/* A signal before the wait's poll (as the acquire goes out). */
+	atomic_store(&kill_at, "acquire");
+	t0 = t_now();
+	ret = wex_sync(ke.c, WEX_SYNC_COPY, 100, 20000, &r);
+	T_ASSERT(atomic_load(&kill_at) == NULL, "the signal was sent");
+	T_ASSERT(ret == -EINTR && t_now() - t0 < 5.0,
+		 "a signal before the poll ends the wait too: %s after %.3f s: %s",
+		 wex_strerror(ret), t_now() - t0, wex_last_error(ke.c));
+	/* Both a wex_cancel and a signal (its handler cancels, in the
+	 * wait's poll): the cancel is reported. */
+	sa.sa_handler = on_alarm;
+	alarm_client = ke.c;
+	atomic_store(&alarm_ret, 99);
+	T_ASSERT(sigaction(SIGUSR1, &sa, NULL) == 0, "sigaction");
+	atomic_store(&kill_at, "acquire");
+	ret = wex_sync(ke.c, WEX_SYNC_COPY, 100, 20000, &r);
+	T_ASSERT(atomic_load(&kill_at) == NULL && atomic_load(&alarm_ret) == 1,
+		 "the signal was sent, its handler cancelled (%d)", atomic_load(&alarm_ret));
+	T_ASSERT(ret == -ECANCELED, "cancelled and signalled: -ECANCELED, got %s: %s",
+		 wex_strerror(ret), wex_last_error(ke.c));
+	T_ASSERT(pthread_sigmask(SIG_BLOCK, NULL, &after) == 0 && sigismember(&after, SIGUSR1) == 0 &&
+		 sigismember(&after, SIGINT) == 0 && sigismember(&after, SIGCHLD) == 0,
+		 "the thread's signal mask is as it was (nothing left held)");
+	T_WEX(ke.c, wex_sync(ke.c, WEX_SYNC_COPY, 1, 5000, &r));
+	T_ASSERT(t_own_bad(&ke, r.version) == 0, "then it syncs v%llu whole",
+		 (unsigned long long)r.version);
+	t_cons_close(&ke);
+	signal(SIGUSR1, SIG_DFL);
 }
 
 struct writer {
@@ -486,6 +599,7 @@ int main(void)
 	case_idle_and_acquire(&p, &k);
 	case_lease(&p, &k);
 	case_signal(&k);
+	case_eintr(&k);
 	case_begin_write(&p, &k);
 	case_late(&p, &k);
 	case_protocol();

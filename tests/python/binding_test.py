@@ -19,6 +19,7 @@ import ctypes
 import errno
 import os
 import select
+import signal
 import sys
 import threading
 import time
@@ -191,6 +192,95 @@ class Binding(WexdProducerCase):
         self.assertFalse(c.cancel())
         c.close()
         self.assertFalse(c.cancel())
+
+    def test_signal(self):
+        """A signal during a sync's wait on the main thread: Python runs
+        its handler at once (CLIENT_EINTR), not at the wait's timeout:
+        Ctrl-C's KeyboardInterrupt, or what a handler raises, propagates;
+        a handler that raises nothing lets the sync wait on."""
+        c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="signal", timeout_ms=10000)
+        self.addCleanup(c.close)
+        main = threading.main_thread().ident
+        self.assertEqual(threading.get_ident(), main)
+
+        def waiting():
+            with wex.Client(wex.ROLE_ADMIN) as admin:
+                return [k["waiting"] for k in admin.request("clients")["clients"]
+                        if k["pid"] == os.getpid() and k["group"] == "signal"]
+
+        def cancels():  # cancels wexd received
+            with wex.Client(wex.ROLE_ADMIN) as admin:
+                text = admin.request("metrics")["text"]
+            return sum(float(line.split()[-1]) for line in text.splitlines()
+                       if line.startswith('wex_requests_total{op="cancel"}'))
+
+        def kill_when_waiting(sig):
+            t0 = time.monotonic()
+            while waiting() != ["acquire"] and time.monotonic() - t0 < 10:
+                time.sleep(0.01)
+            signal.pthread_kill(main, sig)
+        far = 1 << 40
+        for sig, handler, exc in ((signal.SIGINT, signal.default_int_handler, KeyboardInterrupt),
+                                  (signal.SIGUSR1, self._raise_stop, RuntimeError)):
+            old = signal.signal(sig, handler)
+            try:
+                threading.Thread(target=kill_when_waiting, args=(sig,), daemon=True).start()
+                t0 = time.monotonic()
+                with self.assertRaises(exc):
+                    c.sync(wex.SYNC_REMAP_VIEW, min_version=far, timeout_ms=30000)
+                self.assertLess(time.monotonic() - t0, 10, "%s waited for the timeout" % sig)
+            finally:
+                signal.signal(sig, old)
+            self.assertEqual(waiting(), [""])  # wexd's wait ended too
+            self.assertFalse(c.cancel())
+        # A handler that raises nothing, called every 50 ms for 2 s: the
+        # sync waits on, and times out after its 3 s in all (what is left
+        # is waited again, not the whole timeout: that would be 5 s).
+        seen, stop = [], threading.Event()
+
+        def keep_killing():
+            kill_when_waiting(signal.SIGUSR1)
+            t0 = time.monotonic()
+            while not stop.wait(0.05) and time.monotonic() - t0 < 2:
+                signal.pthread_kill(main, signal.SIGUSR1)
+        old = signal.signal(signal.SIGUSR1, lambda *a: seen.append(a[0]))
+        try:
+            threading.Thread(target=keep_killing, daemon=True).start()
+            t0 = time.monotonic()
+            with self.assertRaises(wex.WexError) as e:
+                c.sync(wex.SYNC_REMAP_VIEW, min_version=far, timeout_ms=3000)
+            took = time.monotonic() - t0
+        finally:
+            stop.set()
+            signal.signal(signal.SIGUSR1, old)
+        self.assertEqual(e.exception.code, errno.ETIMEDOUT)
+        self.assertGreater(len(seen), 5)
+        self.assertGreater(cancels(), 5)  # each ended a wait
+        self.assertGreaterEqual(took, 2.9)
+        self.assertLess(took, 4.3, "a signal restarted the whole wait")
+        # SIGCHLD (a DataLoader worker's exit) ends no wait: it is held
+        # through it, its handler runs after.
+        seen.clear()
+        before = cancels()
+        old = signal.signal(signal.SIGCHLD, lambda *a: seen.append(a[0]))
+        try:
+            threading.Thread(target=kill_when_waiting, args=(signal.SIGCHLD,),
+                             daemon=True).start()
+            t0 = time.monotonic()
+            with self.assertRaises(wex.WexError) as e:
+                c.sync(wex.SYNC_REMAP_VIEW, min_version=far, timeout_ms=1000)
+            took = time.monotonic() - t0
+        finally:
+            signal.signal(signal.SIGCHLD, old)
+        self.assertEqual(e.exception.code, errno.ETIMEDOUT)
+        self.assertGreaterEqual(took, 0.95)
+        self.assertEqual(seen, [signal.SIGCHLD])
+        self.assertEqual(cancels(), before, "SIGCHLD cancelled the wait")
+        self.assertTrue(c.request("status")["ok"])
+
+    @staticmethod
+    def _raise_stop(*_):
+        raise RuntimeError("stop")
 
     def test_bad_input(self):
         with self.assertRaises(ValueError):

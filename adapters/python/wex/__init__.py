@@ -25,6 +25,7 @@ import errno
 import json
 import os
 import threading
+import time
 import warnings
 import weakref
 
@@ -51,6 +52,7 @@ _F_SOCKET, _F_ROLE, _F_MODEL, _F_GROUP, _F_RANK = 1, 2, 4, 8, 16
 _F_TIMEOUT, _F_COPY_THREADS, _F_DEVICE = 32, 64, 128
 _F_FLAGS = 256
 CLIENT_NO_WATCH = 1  # enum wex_client_flag
+CLIENT_EINTR = 2
 
 
 class WexError(OSError):
@@ -420,6 +422,7 @@ class Client:
         # cancel() does not take _lock (the call it cancels holds it):
         # this one keeps the handle from being closed under it.
         self._handle_lock = threading.Lock()
+        self._cancels = 0  # cancel() calls
         self._live = 0            # tensors over this client's memory alive
         self._close_pending = False
         L = lib()
@@ -444,7 +447,9 @@ class Client:
             raise WexError(errno.EINVAL, "wex_client_open: %s" % why)
         p = _Params()
         p.field_mask = _F_ROLE | _F_RANK | _F_FLAGS
-        p.flags = 0 if watch else CLIENT_NO_WATCH
+        # A signal ends a wait for wexd (-EINTR): Python runs its handler
+        # once the call returns (see _call), not a timeout later.
+        p.flags = CLIENT_EINTR | (0 if watch else CLIENT_NO_WATCH)
         p.role = role
         p.rank = rank
         p.world_size = world_size
@@ -482,6 +487,33 @@ class Client:
         """fn(handle, *args) under the client's lock, checked."""
         with self._lock:
             return self._check(fn(self.handle, *args), what)
+
+    def _call_wait(self, what, fn, timeout_ms, args):
+        """_call of a call that waits for wexd (sync, begin_write):
+        fn(handle, *args(timeout_ms)).  A signal during that wait ends
+        the call (-EINTR, CLIENT_EINTR) so that Python runs the signal's
+        handler now, not at the wait's timeout: Ctrl-C's
+        KeyboardInterrupt, or any exception a handler raises, propagates
+        from here.  Where none raises, the call is made again with what
+        is left of timeout_ms (the whole default again when 0), unless
+        cancel() was called meanwhile (WexError ECANCELED)."""
+        end = time.monotonic() + timeout_ms / 1000.0 if timeout_ms else None
+        with self._lock:
+            cancels = self._cancels
+            while True:
+                ret = fn(self.handle, *args(timeout_ms))
+                # (Python ran the handler as the call returned.)
+                if ret != -errno.EINTR:
+                    return self._check(ret, what)
+                if self._cancels != cancels:
+                    raise WexError(errno.ECANCELED, "%s: cancelled (cancel()) while a signal "
+                                   "interrupted its wait" % what)
+                if end is not None:
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        raise WexError(errno.ETIMEDOUT, "%s: no answer within %d ms (its "
+                                       "wait was interrupted by signals)" % (what, timeout_ms))
+                    timeout_ms = max(1, int(left * 1000))
 
     def _track(self, obj):
         """obj (what holds a tensor's memory) keeps this client open."""
@@ -568,8 +600,9 @@ class Client:
         self._call("register_tensors", self._lib.wex_register_tensors, arr, len(tensors))
 
     def begin_write(self, version, timeout_ms=0):
-        self._call("begin_write", self._lib.wex_begin_write, _uint(version, 64, "version"),
-                   _uint(timeout_ms, 32, "timeout_ms"))
+        v = _uint(version, 64, "version")
+        self._call_wait("begin_write", self._lib.wex_begin_write,
+                        _uint(timeout_ms, 32, "timeout_ms"), lambda t: (v, t))
 
     def publish(self, version):
         self._call("publish", self._lib.wex_publish, _uint(version, 64, "version"))
@@ -600,8 +633,9 @@ class Client:
         res = SyncResult()
         if verify:
             mode |= SYNC_VERIFY
-        self._call("sync", self._lib.wex_sync, mode, _uint(min_version, 64, "min_version"),
-                   _uint(timeout_ms, 32, "timeout_ms"), ctypes.byref(res))
+        minv = _uint(min_version, 64, "min_version")
+        self._call_wait("sync", self._lib.wex_sync, _uint(timeout_ms, 32, "timeout_ms"),
+                        lambda t: (mode, minv, t, ctypes.byref(res)))
         return res
 
     def release(self):
@@ -615,6 +649,7 @@ class Client:
         that call.  True when one ran, False when none did (or the client
         is closed); WexError EOPNOTSUPP when the wexd it talks to predates
         cancels (a call already waiting then waits on)."""
+        self._cancels += 1  # (seen by a call that a signal interrupted)
         with self._handle_lock:
             if self._h is None:
                 return False
