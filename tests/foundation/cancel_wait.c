@@ -417,6 +417,24 @@ static void case_begin_write(struct t_prod *p, struct t_cons *k)
 	T_ASSERT(r.version == 4 && t_own_bad(k, 4) == 0, "v4 copied after the cancelled write");
 }
 
+/* Publishes v, then copy-syncs it with a wex_cancel made as its request
+ * `op` goes out, which must return 1; returns the cancels sent before. */
+static int late_sync(struct t_prod *p, struct t_cons *k, uint64_t v, const char *op,
+		     struct wex_sync_result *r)
+{
+	int sent;
+
+	t_prod_write(p, v);
+	cancel_client = k->c;
+	atomic_store(&cancel_ret, 99);
+	sent = atomic_load(&cancels_sent);
+	atomic_store(&cancel_at, op);
+	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, v, 5000, r));
+	T_ASSERT(atomic_load(&cancel_ret) == 1, "cancel as the %s went: 1, got %d", op,
+		 atomic_load(&cancel_ret));
+	return sent;
+}
+
 static void case_late(struct t_prod *p, struct t_cons *k)
 {
 	struct wex_sync_result r;
@@ -426,14 +444,7 @@ static void case_late(struct t_prod *p, struct t_cons *k)
 	int sent;
 
 	/* Crossing the answer. */
-	t_prod_write(p, 5);
-	cancel_client = k->c;
-	atomic_store(&cancel_ret, 99);
-	sent = atomic_load(&cancels_sent);
-	atomic_store(&cancel_at, "acquire");
-	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, 5, 5000, &r));
-	T_ASSERT(atomic_load(&cancel_ret) == 1, "cancel as the acquire went: 1, got %d",
-		 atomic_load(&cancel_ret));
+	sent = late_sync(p, k, 5, "acquire", &r);
 	T_ASSERT(atomic_load(&cancels_sent) == sent + 1, "the cancel went to wexd (%d sent)",
 		 atomic_load(&cancels_sent) - sent);
 	T_ASSERT(r.version == 5 && r.changed && t_own_bad(k, 5) == 0, "v5 copied whole");
@@ -444,13 +455,7 @@ static void case_late(struct t_prod *p, struct t_cons *k)
 	T_ASSERT(client_state("consumer", w, sizeof(w)) == id, "same connection");
 
 	/* After the wait: no cancel is sent. */
-	t_prod_write(p, 6);
-	atomic_store(&cancel_ret, 99);
-	sent = atomic_load(&cancels_sent);
-	atomic_store(&cancel_at, "release");
-	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, 6, 5000, &r));
-	T_ASSERT(atomic_load(&cancel_ret) == 1, "cancel as the copy's release went: 1, got %d",
-		 atomic_load(&cancel_ret));
+	sent = late_sync(p, k, 6, "release", &r);
 	T_ASSERT(atomic_load(&cancels_sent) == sent, "no cancel was sent after the wait");
 	T_ASSERT(r.version == 6 && t_own_bad(k, 6) == 0, "v6 copied whole");
 

@@ -448,7 +448,7 @@ class Client:
         p = _Params()
         p.field_mask = _F_ROLE | _F_RANK | _F_FLAGS
         # A signal ends a wait for wexd (-EINTR): Python runs its handler
-        # once the call returns (see _call), not a timeout later.
+        # once the call returns (see _call_wait), not a timeout later.
         p.flags = CLIENT_EINTR | (0 if watch else CLIENT_NO_WATCH)
         p.role = role
         p.rank = rank
