@@ -591,8 +591,12 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 					(long long)hoff, (long long)size,
 					(unsigned long long)s.desc.alloc_size);
 	s.part = part;
-	if (strlen(device) >= sizeof(s.desc.device))
-		return wex__reply_error(-EINVAL, "register_segment: device name too long");
+	/* (It reaches status, wexctl's tables and the planner's log, as an
+	 * attach's device does.) */
+	if (strlen(device) >= sizeof(s.desc.device) || !wex__name_printable(device))
+		return wex__reply_error(-EINVAL,
+					"register_segment: device must be a printable name under %zu bytes",
+					sizeof(s.desc.device));
 	snprintf(s.desc.device, sizeof(s.desc.device), "%s", device);
 	if (hex_decode(handle, s.desc.handle, sizeof(s.desc.handle), &s.desc.handle_len) < 0)
 		return wex__reply_error(-EINVAL, "register_segment: handle must be hex of at most %d bytes",
@@ -1334,10 +1338,24 @@ json_t *wexd_acquire(struct wexd *d, struct conn *c, json_t *req)
 	 * single-buffer mode the producer cannot write while it is held. */
 	if (c->has_lease && minv && (uint64_t)minv <= c->lease_version &&
 	    c->lease_epoch == c->model->epoch && !c->lease_reclaimed) {
+		struct cgroup *g = c->group;
+
 		if (c->lease_mode != (int)mode) {
 			c->lease_mode = (int)mode;
 			lease_note(c); /* written down only as a remap lease */
 		}
+		/* It takes the version again (into the buffers it attached
+		 * since, which un-took it): an open round on that version
+		 * counts it once more, or would wait for it for good (the
+		 * producer's begin_write EBUSY, the group's next sync
+		 * ETIMEDOUT).  A failed copy's release un-takes it again. */
+		if (g->round_open && g->round_version == c->lease_version && !g->taken[c->rank]) {
+			g->taken[c->rank] = 1;
+			if (++g->ntaken == g->world)
+				round_close(c->model, g);
+		}
+		c->served_version = c->lease_version;
+		c->served_epoch = c->model->epoch;
 		c->syncs++;
 		c->last_sync_ns = wex__now_ns();
 		reply = json_pack("{s:b, s:I, s:I, s:f, s:b}", "ok", 1, "version",

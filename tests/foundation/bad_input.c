@@ -200,6 +200,10 @@ int main(void)
 #define FABRIC64 FABRIC16 FABRIC16 FABRIC16 FABRIC16 FABRIC16 FABRIC16 FABRIC16 FABRIC16
 	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096,\"part\":true}",
 		   &mfd, 1, "EINVAL", "only cuda_vmm", "host memory as a part");
+	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"cuda_vmm\",\"device\":\"GPU-\\u001b[2J\",\"size\":4096}",
+		   &mfd, 1, "EINVAL", "printable", "a device name with a control character");
+	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"cuda_vmm\",\"device\":\"GPU-0123456789abcdef0123456789abcdef0123456789abcdef\",\"size\":4096}",
+		   &mfd, 1, "EINVAL", "printable", "a device name too long");
 	expect_req(prod, SEG "\"size\":4096,\"handle\":\"00ff\"}", NULL, 0, "EINVAL", "takes 1 fd",
 		   "VMM memory with neither an fd nor a fabric handle");
 	expect_req(prod, SEG "\"size\":4096,\"handle\":\"+1-10g\"}", &mfd, 1, "EINVAL", "must be hex",

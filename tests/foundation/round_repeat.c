@@ -23,7 +23,13 @@
  *      waits for it again (its peer's take does not close it), and its
  *      retry takes the version at once;
  *   7. a rank that took an open round and syncs its version again (its
- *      peer idle) gets it at once, nothing to copy.
+ *      peer idle) gets it at once, nothing to copy;
+ *   8. a rank that views an open round's version (its lease held),
+ *      attaches new buffers and copies that version into them (the lease
+ *      kept): the round counts it again, and once its peer took the
+ *      version the producers write the next (before: the round waited
+ *      for it for good, begin_write EBUSY, every sync of the next
+ *      version ETIMEDOUT).
  * Rank 1
  * passes the round its peer opens because it holds v1 from this wexd in
  * this epoch; a rank that never took v1 would still be waited for (the
@@ -272,6 +278,27 @@ int main(void)
 	}
 	copy_into(&W[1], "again", 1, 7);
 	next_version(8, "a rank synced its group's open round again");
+	for (uint32_t r = 0; r < 2; r++)
+		t_cons_close(&W[r]);
+
+	/* 8. Rank 0 of group "attach" views v8 (the round waits for rank
+	 * 1), attaches its own buffers and copies v8 into them under the
+	 * lease it holds. */
+	for (uint32_t r = 0; r < 2; r++)
+		t_cons_open_from(&W[r], MODEL, "attach", PRESET, r, 2, r);
+	{
+		struct wex_sync_result res;
+
+		T_WEX(W[0].c, wex_sync(W[0].c, WEX_SYNC_REMAP_VIEW, 8, 5000, &res));
+		T_ASSERT(res.version == 8, "attach rank 0 viewed v%llu, not v8",
+			 (unsigned long long)res.version);
+		T_WEX(W[0].c, wex_attach(W[0].c, W[0].t, (size_t)W[0].n));
+		memset(W[0].region, 0, W[0].seg_bytes);
+	}
+	copy_into(&W[0], "attach (new buffers, lease kept)", 0, 8);
+	write_refused(9, 300, "group attach's round on v8 waits for rank 1");
+	copy_into(&W[1], "attach", 1, 8);
+	next_version(9, "a rank attached new buffers and copied its lease's version into them");
 	for (uint32_t r = 0; r < 2; r++)
 		t_cons_close(&W[r]);
 
