@@ -68,6 +68,7 @@ the layouts' names (qkv_proj, gate_up_proj, padded vocabulary).  Checked:
 Needs Debian's python3-torch (exit 77 with the reason without it).
 Environment: WEX_LIB, WEXD_BIN, WEXCTL_BIN, PYTHONPATH with adapters/python.
 """
+import enum
 import errno
 import json
 import os
@@ -132,6 +133,8 @@ SERVER_ARGS = types.SimpleNamespace()
 def _group(key):
     def get():
         size, rank = PAR.get(key, (1, 0))
+        if size is None:  # as vLLM's get_pcp_group() where _PCP was never made
+            raise AssertionError("%s group is not initialized" % key)
         return types.SimpleNamespace(world_size=size, rank_in_group=rank)
     return get
 
@@ -437,6 +440,32 @@ class EngineHooks(WexdProducerCase):
         w = VllmWorker(d, m, data_parallel_index=1)
         self.assertEqual(w.wex_attach(model=MODEL, group="roll-{dp}")["group"], "roll-1")
         w.wex_detach()
+        # Dense data parallelism vLLM keeps in one world (external_launcher:
+        # data_parallel_size stays 2): with {dp}, replica 1's ranks are a
+        # group of their own, tp ranks from 0, no dp in the layout (its
+        # world was tp * dp, which that group could never complete);
+        # without {dp}, one group of all replicas, dp in the layout.
+        for k in range(2):
+            set_par(tp=(2, k), dp=(2, 1))
+            w = VllmWorker(d, m, data_parallel_index=1,
+                           distributed_executor_backend="external_launcher")
+            info = w.wex_attach(model=MODEL, group="roll-{dp}")
+            self.assertEqual((info["group"], info["rank"], info["world_size"], info["layout"]),
+                             ("roll-1", k, 2, "vllm:tp=2"))
+            w.wex_detach()
+            w = VllmWorker(d, m, data_parallel_index=1,
+                           distributed_executor_backend="external_launcher")
+            info = w.wex_attach(model=MODEL, group="roll")
+            self.assertEqual((info["group"], info["rank"], info["world_size"], info["layout"]),
+                             ("roll", k + 2, 4, "vllm:tp=2,dp=2"))
+            w.wex_detach()
+        # A vLLM whose get_pcp_group()/get_dp_group() assert (never
+        # initialised): none of that parallelism, not an AssertionError.
+        set_par(tp=(2, 0), dp=(None, 0), pcp=(None, 0))
+        w = VllmWorker(d, m)
+        self.assertEqual(w.wex_attach(model=MODEL, group="x")["world_size"], 2)
+        w.wex_detach()
+        set_par(tp=(2, 0))
         # Experts placed other than contiguously, or DP/EP resized at run time.
         for kw, words in (({"expert_placement_strategy": "round_robin"},
                            "expert_placement_strategy='round_robin'"),
@@ -527,6 +556,34 @@ class EngineHooks(WexdProducerCase):
         self.assertIn("rocm_aiter_moe_enabled", attach_error(moe, m2))
         experts.quant_method = types.SimpleNamespace(
             unquantized_backend=types.SimpleNamespace(name="TRITON"))
+        self.assertNotIn("re-lay", attach_error(moe, m2) or "")
+        # An FP8 MoE method's backend, which vLLM picks with no variable or
+        # setting (oracle/fp8.py: FlashInfer, DeepGEMM, AITER, Marlin
+        # rewrite w13/w2; Triton and vLLM's CUTLASS leave them as loaded).
+        Backend = enum.Enum("Fp8MoeBackend", "TRITON VLLM_CUTLASS FLASHINFER_CUTLASS AITER")
+
+        class Fp8MoEMethod:
+            def __init__(self, **kw):
+                self.__dict__.update(kw)
+
+        for name in ("FLASHINFER_CUTLASS", "AITER"):
+            experts.quant_method = Fp8MoEMethod(fp8_backend=Backend[name])
+            err = attach_error(moe, m2)
+            self.assertIn("%s MoE kernel backend (Fp8MoEMethod.fp8_backend)" % name, err or "")
+        for name in ("TRITON", "VLLM_CUTLASS"):
+            experts.quant_method = Fp8MoEMethod(fp8_backend=Backend[name])
+            self.assertNotIn("re-lay", attach_error(moe, m2) or "", name)
+        # A backend attribute of an MoE method that wex does not know:
+        # refused (fails closed), even for a name that is fine elsewhere.
+        experts.quant_method = Fp8MoEMethod(mxfp4_backend=Backend.TRITON)
+        err = attach_error(moe, m2)
+        self.assertIn("Fp8MoEMethod.mxfp4_backend", err or "")
+        self.assertIn("does not know", err)
+        # ... but a linear method's backend is not the experts'.
+        LinearMethod = type("Fp8LinearMethod", (), {})
+        lm = LinearMethod()
+        lm.kernel_backend = Backend.AITER
+        experts.quant_method = lm
         self.assertNotIn("re-lay", attach_error(moe, m2) or "")
 
     def test_replaced_parameter_refused(self):
@@ -648,6 +705,14 @@ class EngineHooks(WexdProducerCase):
         # select_parameters: two names stripped onto one are refused.
         with self.assertRaises(ValueError):
             wex.engine.select_parameters([("a.w", 1), ("b.w", 2)], strip_prefix=("a.", "b."))
+        # Megatron's wrappers, as README and wex.trainer give them: DDP
+        # around Float16Module (bf16) and DDP alone; the first match only.
+        megatron = ("module.module.", "module.")
+        for names in (["module.module.decoder.x", "module.module.embedding.y"],
+                      ["module.decoder.x", "module.embedding.y"]):
+            kept, _ = wex.engine.select_parameters([(n, 0) for n in names],
+                                                   strip_prefix=megatron)
+            self.assertEqual([n for n, _ in kept], ["decoder.x", "embedding.y"])
 
     def test_sglang_request_serialization(self):
         # SGLang serializes the request (MultiprocessingSerializer: torch's
@@ -801,6 +866,34 @@ class EngineHooks(WexdProducerCase):
         with self.assertLogs("wex.sglang", "INFO") as logs:
             self.assertIsNone(wex.sglang.load(DeepseekV3ForCausalLMNextN(), req))
         self.assertIn("draft", logs.output[0])
+        # A STANDALONE draft of a plain model class, shaped as the target
+        # (rank 0's parameters): recognised by its config's checkpoint.
+        draft = module_of(self.engine_params("sglang", 0))
+        draft.config = types.SimpleNamespace(name_or_path="/ckpt/draft")
+        set_server_args(self.tmp.name, speculative_algorithm="STANDALONE",
+                        speculative_draft_model_path="/ckpt/draft")
+        set_par(tp=(2, 0))
+        with self.assertLogs("wex.sglang", "INFO") as logs:
+            self.assertIsNone(wex.sglang.load(draft, req))
+        self.assertIn("draft checkpoint /ckpt/draft", logs.output[0])
+        self.assertNotIn(id(draft), wex.sglang._ranks)
+        # ... and one the hook cannot tell from the target (loaded from the
+        # target's path): refused as a second model for rank 0, which
+        # stays the target's.
+        draft.config.name_or_path = self.tmp.name
+        with self.assertLogs("wex.sglang", "ERROR") as logs:
+            self.assertIsNone(wex.sglang.load(draft, req))
+        self.assertIn("another model of the same worker", logs.output[0])
+        self.assertNotIn(id(draft), wex.sglang._ranks)
+        self.assertEqual(wex.sglang._ranks[id(models[0])][0].rank, 0)
+        # Server args not set (not an SGLang worker): the hook's own
+        # message, not SGLang's ValueError.
+        def unset():
+            raise ValueError("Global server args is not set yet!")
+        sys.modules["sglang.srt.server_args"].get_global_server_args = unset
+        self.addCleanup(setattr, sys.modules["sglang.srt.server_args"],
+                        "get_global_server_args", lambda: SERVER_ARGS)
+        self.assertEqual(wex.sglang.parallel_info()["known"], False)
 
     def test_sglang_post_load_failure(self):
         """post_load_weights() failing after a sync that changed the

@@ -82,9 +82,14 @@ SGLang flushes its cache after an update (flush_cache=True) and
 asserts that the flush worked, which it does not while requests run or
 wait: pause generation or drain the server before the request (or pass
 flush_cache=False and flush once it is idle).  The draft is recognised by
-its class name (NextN, Eagle, MTP, Draft): a STANDALONE draft that is a
-plain model class is attached with the target's layout and refused (logged)
-on each request.
+its class name (NextN, Eagle, MTP, Draft), or, for a STANDALONE draft of
+a plain model class, by its config's checkpoint path
+(--speculative-draft-model-path).  One the hook does not recognise is
+refused (logged): by the target's layout, or, once the target is
+attached, as a second model for the same rank; SGLang calls the loader
+for the draft first, so a draft recognised by neither and shaped as the
+target would take the rank on the first request (the target is then
+refused): give such a draft another class or path.
 """
 import json
 import logging
@@ -310,7 +315,10 @@ def _server_args():
         from sglang.srt.server_args import get_global_server_args
     except ImportError:
         return None
-    return get_global_server_args()
+    try:
+        return get_global_server_args()
+    except ValueError:  # "Global server args is not set yet!" (not an SGLang worker)
+        return None
 
 
 def parallel_info():
@@ -477,6 +485,19 @@ def _load(model, args):
         if _released is not None:
             raise ValueError("%s: nothing is mapped at the weights' addresses; "
                              "resume_memory_occupation first; not attached" % _released)
+        par = parallel_info()
+        me = par["tp_rank"] + par["tp"] * par["pp_rank"]  # _attach's rank
+        for other in _ranks.values():
+            if other[2] is not model and (other[1]["model"], other[1]["group"], other[0].rank) \
+                    == (args["model"], args.get("group"), me):
+                # Another model of this worker holds that rank (a draft not
+                # recognised, a second engine in one process): it would
+                # take the rank over, and the two would alternate.
+                raise ValueError("this worker attached %s as rank %d of %r group %r already; "
+                                 "%s is another model of the same worker (a speculative-"
+                                 "decoding draft?): not attached"
+                                 % (type(other[2]).__name__, other[0].rank, args["model"],
+                                    other[0].group, type(model).__name__))
         key = (attach, args.get("checkpoint"))
         before = _refused.get(model)
         if before is not None and before[0] == key and model not in _changed:
@@ -533,6 +554,28 @@ def _load(model, args):
     return out
 
 
+def _draft(model):
+    """Why `model` is a speculative-decoding draft (SGLang calls the loader
+    for the draft too, before the target), or None: its class name
+    (NextN, Eagle, MTP, Draft), or, for a draft of a plain model class
+    (--speculative-algorithm STANDALONE), the checkpoint its config was
+    read from: --speculative-draft-model-path, not --model-path."""
+    name = type(model).__name__
+    if any(k in name for k in _DRAFT_CLASSES):
+        return "%s is a speculative-decoding draft model" % name
+    try:
+        sa = _server_args()
+    except Exception:
+        return None
+    draft = getattr(sa, "speculative_draft_model_path", None)
+    cfg = getattr(model, "config", None)
+    src = getattr(cfg, "name_or_path", None) or getattr(cfg, "_name_or_path", None)
+    if draft and src and src == draft and draft != getattr(sa, "model_path", None):
+        return ("%s was loaded from the speculative-decoding draft checkpoint %s"
+                % (name, draft))
+    return None
+
+
 def load(model, named_tensors):
     """SGLang's custom weight loader (--custom-weight-loader
     wex.sglang.load): attaches this worker's parameters on its first
@@ -544,8 +587,9 @@ def load(model, named_tensors):
     post_load_weights() failing after a sync that changed them:
     MixedWeights)."""
     name = type(model).__name__
-    if any(k in name for k in _DRAFT_CLASSES):
-        log.info("wex: %s is a speculative-decoding draft model: not synced", name)
+    draft = _draft(model)
+    if draft:
+        log.info("wex: %s: not synced", draft)
         return None
     try:
         args = _parse(named_tensors)

@@ -5,7 +5,8 @@ then publish a version after each optimizer step.
     from wex.trainer import TrainerRank
     t = TrainerRank("policy", model.named_parameters(), rank=rank, world_size=world,
                     layout="megatron:tp=2", config="/ckpt/config.json",
-                    strip_prefix="module.")        # Megatron's DDP wrapper
+                    # Megatron's DDP (around Float16Module for bf16/fp16)
+                    strip_prefix=("module.module.", "module."))
     for step in range(1, steps + 1):
         loss.backward()
         with t.write(step):                        # engines wait; nothing reads

@@ -33,11 +33,15 @@ with wex.engine.check_group); an error raises in the caller.
 
 Data parallelism: for MoE models vLLM's DP ranks are one engine (dp in
 the layout, one group: "{dp}" in the group name is refused there).  For
-dense models each DP rank is an engine of its own (vLLM resets its
-data_parallel_size to 1): give each its own group with "{dp}" in the
-group name, which becomes the engine's data_parallel_index
-(group="rollout-{dp}"); attaching a second dense replica without it is
-refused.
+dense models each DP rank is an engine of its own (vLLM's own DP
+launcher resets its data_parallel_size to 1): give each its own group
+with "{dp}" in the group name, which becomes the engine's
+data_parallel_index (group="rollout-{dp}"); attaching a second dense
+replica without it is refused.  Under distributed_executor_backend=
+"external_launcher" (torchrun starts every rank) vLLM keeps
+data_parallel_size D for a dense model: with "{dp}" each replica is
+still a group of its own tp * pp ranks; without it, all D replicas are
+one group (dp=D in the layout), which switches version together.
 
 Refused, because a copy of the checkpoint's tensors would leave the
 engine computing with stale or misplaced copies: MLA models (vLLM builds
@@ -48,7 +52,10 @@ with experts are refused where vLLM's MoE kernels re-lay out the
 experts' weights in their own shape: a VLLM_USE_FLASHINFER_MOE_*
 variable set true, VLLM_ROCM_USE_AITER with VLLM_ROCM_USE_AITER_MOE (its
 default), a moe_backend other than auto/triton, or a FusedMoE
-quant_method that says it runs another backend.  Other transforms that
+quant_method whose kernel backend (unquantized_backend, fp8_backend, any
+other *_backend of an MoE method), which vLLM picks by platform with no
+setting, is not one known to keep the weights as loaded (Triton; for
+FP8 also vLLM's CUTLASS).  Other transforms that
 keep the shape (another backend, another version's attribute names)
 are caught by comparing the worker's tensors with the safetensors
 checkpoint vLLM loaded, in samples of every piece, before the first
@@ -85,6 +92,7 @@ first attach is not seen at all: the checkpoint comparison then finds
 the weights different (the message says so): call wex_attach before the
 first sleep.
 """
+import enum
 import os
 
 import wex
@@ -104,11 +112,13 @@ def parallel_info():
     for key, get in (("tp", ps.get_tp_group), ("pp", ps.get_pp_group),
                      ("dp", getattr(ps, "get_dp_group", None)),
                      ("pcp", getattr(ps, "get_pcp_group", None))):
-        if get is None:  # a vLLM without that kind of parallelism
-            out[key], out[key + "_rank"] = 1, 0
-            continue
-        g = get()
-        out[key], out[key + "_rank"] = g.world_size, g.rank_in_group
+        g = None
+        if get is not None:  # None: a vLLM without that kind of parallelism
+            try:
+                g = get()
+            except AssertionError:  # "... group is not initialized": none of it
+                pass
+        out[key], out[key + "_rank"] = (g.world_size, g.rank_in_group) if g else (1, 0)
     return out
 
 
@@ -152,16 +162,50 @@ def _env_true(name):
 # KernelConfig.moe_backend, "auto" or a named backend.
 _FLASHINFER_MOE_PREFIX = "VLLM_USE_FLASHINFER_MOE_"
 _MOE_BACKENDS_OK = ("auto", "triton")
-_UNQUANTIZED_OK = ("TRITON", "BATCHED_TRITON")
+# A FusedMoE quant_method's kernel backend (an Enum, in an attribute named
+# *_backend: unquantized_backend, fp8_backend, ...; vLLM picks it by
+# platform and shape even with no variable or setting, e.g. FlashInfer
+# CUTLASS for bf16 experts on Blackwell, AITER for FP8 on ROCm): the ones
+# whose convert_to_*_kernel_format leaves the weights as loaded
+# (vllm/model_executor/layers/fused_moe/oracle/unquantized.py and fp8.py:
+# TRITON and BATCHED_TRITON for both; VLLM_CUTLASS and
+# BATCHED_VLLM_CUTLASS, and NONE, for FP8).  Any other value, or such an
+# attribute this list does not know (another quantization, a later vLLM),
+# is refused: a re-layout in the same shape would go unseen otherwise.
+_KERNEL_BACKENDS_OK = {
+    "unquantized_backend": ("TRITON", "BATCHED_TRITON"),
+    "fp8_backend": ("TRITON", "BATCHED_TRITON", "VLLM_CUTLASS", "BATCHED_VLLM_CUTLASS", "NONE"),
+    "flashinfer_moe_backend": (),  # an older vLLM's: set only for FlashInfer
+}
+
+
+def _kernel_backends(qm, moe):
+    """[(attribute, backend name)] of a quant_method: those named in
+    _KERNEL_BACKENDS_OK (MoE methods' own names) and, for an MoE method
+    (`moe`: its class or a base is named *MoE*, or its layer holds
+    w13_weight), every other attribute named *_backend whose value is an
+    Enum member (a linear method's own backends are not the experts')."""
+    try:
+        attrs = dict(vars(qm))
+    except TypeError:  # __slots__: only the known names
+        attrs = {k: getattr(qm, k, None) for k in _KERNEL_BACKENDS_OK}
+    out = []
+    for k in sorted(attrs):
+        v = attrs[k]
+        if not k.endswith("_backend") or v is None:
+            continue
+        if k in _KERNEL_BACKENDS_OK or (moe and isinstance(v, enum.Enum)):
+            out.append((k, str(getattr(v, "name", v))))
+    return out
 
 
 def _refuse_moe_relayout(vllm_config, module):
     """Raises ValueError, naming the setting, where vLLM's environment or
     configuration selects an MoE backend that re-lays out expert weights
     in their shape (FlashInfer, ROCm AITER); also where a FusedMoE
-    layer's quant_method says it runs one (unquantized_backend,
-    rocm_aiter_moe_enabled, flashinfer_moe_backend: names that vary by
-    vLLM version; a version with other names is not checked this way)."""
+    layer's quant_method runs a kernel backend other than those known to
+    keep the weights as loaded (_KERNEL_BACKENDS_OK), or says it runs
+    AITER (rocm_aiter_moe_enabled, an older vLLM's name)."""
     why = sorted(k for k in os.environ if k.startswith(_FLASHINFER_MOE_PREFIX) and _env_true(k))
     if why:
         raise ValueError("wex_attach: %s=%s selects FlashInfer MoE kernels, for which vLLM "
@@ -184,21 +228,25 @@ def _refuse_moe_relayout(vllm_config, module):
         qm = getattr(m, "quant_method", None)
         if qm is None:
             continue
-        ub = getattr(qm, "unquantized_backend", None)
-        ub = getattr(ub, "name", ub)
-        if ub is not None and str(ub) not in _UNQUANTIZED_OK:
-            raise ValueError("wex_attach: %s runs the %s MoE backend (unquantized_backend), "
-                             "which may re-lay out its weights after loading in the same "
-                             "shape: use moe_backend='triton'" % (name, ub))
         if getattr(qm, "rocm_aiter_moe_enabled", False):
             raise ValueError("wex_attach: %s runs ROCm AITER MoE kernels "
                              "(rocm_aiter_moe_enabled), which shuffle its weights after loading: "
                              "set VLLM_ROCM_USE_AITER_MOE=0" % name)
-        if getattr(qm, "flashinfer_moe_backend", None) is not None:
-            raise ValueError("wex_attach: %s runs FlashInfer MoE kernels "
-                             "(flashinfer_moe_backend=%s), which re-lay out its weights after "
-                             "loading: unset the VLLM_USE_FLASHINFER_MOE_* variables"
-                             % (name, qm.flashinfer_moe_backend))
+        moe = hasattr(m, "w13_weight") or any(
+            "MoE" in c.__name__ for c in type(qm).__mro__)
+        for attr, value in _kernel_backends(qm, moe):
+            ok = _KERNEL_BACKENDS_OK.get(attr)
+            if ok is not None and value in ok:
+                continue
+            raise ValueError("wex_attach: %s runs the %s MoE kernel backend (%s.%s)%s, which "
+                             "may re-lay out its weights after loading in the same shape: "
+                             "start vLLM with moe_backend='triton'"
+                             % (name, value, type(qm).__name__, attr,
+                                "" if ok is not None else
+                                ", a backend attribute wex does not know (known to keep the "
+                                "weights as loaded: %s)" % ", ".join(
+                                    "%s %s" % (k, "/".join(v))
+                                    for k, v in sorted(_KERNEL_BACKENDS_OK.items()) if v)))
 
 
 class WorkerExtension:
@@ -387,6 +435,14 @@ class WorkerExtension:
                                  "sharded over them, dp in the layout): one group name for "
                                  "all of them, or they could hold different versions"
                                  % (group, par["dp"]))
+            if par["dp"] > 1:
+                # A dense model's DP ranks that vLLM keeps in one world
+                # (distributed_executor_backend="external_launcher":
+                # torchrun starts every rank, data_parallel_size stays D):
+                # each is still an engine of its own, here a group of
+                # its own tp * pp ranks.
+                index = par["dp_rank"] if index is None else index
+                par = dict(par, dp=1, dp_rank=0)
             group = group.replace("{dp}", str(index or 0))
         elif index and par["dp"] == 1:
             raise ValueError("wex_attach: this is data-parallel engine %d of a dense model, an "
