@@ -185,10 +185,12 @@ def _kernel_backends(qm, moe):
     (`moe`: its class or a base is named *MoE*, or its layer holds
     w13_weight), every other attribute named *_backend whose value is an
     Enum member (a linear method's own backends are not the experts')."""
+    # The known names read as attributes too (a property, __slots__).
+    attrs = {k: getattr(qm, k, None) for k in _KERNEL_BACKENDS_OK}
     try:
-        attrs = dict(vars(qm))
-    except TypeError:  # __slots__: only the known names
-        attrs = {k: getattr(qm, k, None) for k in _KERNEL_BACKENDS_OK}
+        attrs.update(vars(qm))
+    except TypeError:  # no __dict__
+        pass
     out = []
     for k in sorted(attrs):
         v = attrs[k]
