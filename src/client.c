@@ -1256,6 +1256,8 @@ static void watch_stop(struct wex_client *c)
 WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **out)
 {
 	struct wex_client *c;
+	const char *group, *sock;
+	char sockbuf[PATH_MAX + 64]; /* $WEX_SOCKET past c->sock is refused, not cut */
 	int ret;
 
 	open_err[0] = '\0';
@@ -1270,6 +1272,18 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 	     strlen(p->model) >= WEX_NAME_MAX))
 		return open_fail(-EINVAL, "wex_client_open: a producer or consumer needs a model "
 				 "name of 1..%d bytes (with WEX_CLIENT_FIELD_MODEL)", WEX_NAME_MAX - 1);
+	/* Cut short, a name would be another's: a group that differs only
+	 * past the cut would share ranks and rounds, a socket another wexd. */
+	group = (p->field_mask & WEX_CLIENT_FIELD_GROUP) && p->group ? p->group : "default";
+	if (strlen(group) >= WEX_NAME_MAX)
+		return open_fail(-EINVAL, "wex_client_open: the group name is %zu bytes long, "
+				 "over the %d a group name may have", strlen(group), WEX_NAME_MAX - 1);
+	sock = (p->field_mask & WEX_CLIENT_FIELD_SOCKET) && p->socket ?
+		       p->socket : wex__default_socket(sockbuf, sizeof(sockbuf));
+	if (strlen(sock) >= sizeof(c->sock))
+		return open_fail(-EINVAL, "wex_client_open: the socket path is %zu bytes long, "
+				 "over the %zu a socket path may have", strlen(sock),
+				 sizeof(c->sock) - 1);
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return open_fail(-ENOMEM, "wex_client_open: out of memory");
@@ -1278,14 +1292,10 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 	c->fd = -1;
 	c->cancel_efd = -1;
 	c->role = p->role;
-	if ((p->field_mask & WEX_CLIENT_FIELD_SOCKET) && p->socket)
-		snprintf(c->sock, sizeof(c->sock), "%s", p->socket);
-	else
-		wex__default_socket(c->sock, sizeof(c->sock));
+	snprintf(c->sock, sizeof(c->sock), "%s", sock);
 	if (p->field_mask & WEX_CLIENT_FIELD_MODEL)
 		snprintf(c->model, sizeof(c->model), "%s", p->model);
-	snprintf(c->group, sizeof(c->group), "%s",
-		 (p->field_mask & WEX_CLIENT_FIELD_GROUP) && p->group ? p->group : "default");
+	snprintf(c->group, sizeof(c->group), "%s", group);
 	c->world = 1;
 	if (p->field_mask & WEX_CLIENT_FIELD_RANK) {
 		c->rank = p->rank;
@@ -1396,13 +1406,18 @@ static void regions_undo(struct wex_client *c, const char *done)
 
 static void consumer_unmap_all(struct wex_client *c)
 {
+	struct pseg *p = c->psegs;
+
 	unmap_regions(c, NULL);
 	for (size_t i = 0; i < c->npsegs; i++)
 		if (c->psegs[i].seg.ops)
 			c->psegs[i].seg.ops->release(&c->psegs[i].seg);
-	free(c->psegs);
+	/* A fork's handler reads the array (its fds): never a freed one. */
+	state_lock(c);
 	c->psegs = NULL;
 	c->npsegs = 0;
+	state_unlock(c);
+	free(p);
 }
 
 static void client_close(wex_client_t *c)
@@ -1411,8 +1426,8 @@ static void client_close(wex_client_t *c)
 		return;
 	if (!c->forked)
 		watch_stop(c); /* (a forked copy has no thread to stop) */
-	open_remove(c);
 	if (c->forked) {
+		open_remove(c);
 		client_free(c);
 		return;
 	}
@@ -1440,9 +1455,7 @@ static void client_close(wex_client_t *c)
 		json_decref(reply);
 		json_decref(req);
 	}
-	if (c->fd >= 0)
-		close(c->fd);
-	c->fd = -1;
+	conn_drop(c);
 	/* Regions go without getting their contents back (unreserve unmaps
 	 * whatever they show): a copy of weights about to be freed would
 	 * only cost GPU memory, which may not be there. */
@@ -1460,15 +1473,21 @@ static void client_close(wex_client_t *c)
 		c->lease_lost = 0;
 		c->has_lease = 0;
 		c->timeout_ms = 1000;
+		state_lock(c); /* a fork copies this fd only with c->fd naming it */
 		c->fd = wex_sock_new();
+		if (c->fd < 0)
+			c->fd = -1;
+		state_unlock(c);
 		if (c->fd >= 0 && wex_sock_connect_fd(c->fd, c->sock, 1000) == 0)
 			hello(c, &reclaimed);
-		if (c->fd >= 0)
-			close(c->fd);
-		c->fd = -1;
+		conn_drop(c);
 	}
 	for (size_t i = 0; i < c->nosegs; i++)
 		c->osegs[i].seg.ops->release(&c->osegs[i].seg);
+	/* Off fork()'s list only now that its fds are closed: a child that
+	 * another thread forked meanwhile closed its copies, so wexd saw the
+	 * connection end here (a copy would hold the rank for the child). */
+	open_remove(c);
 	client_free(c);
 }
 
@@ -2389,6 +2408,14 @@ chunk_out:
 			stash_clear(&sh);
 			return ret;
 		}
+		/* A next page that is not past this one would be asked for
+		 * again and again, each time importing its segments anew. */
+		if (more >= 0 && more <= start) {
+			stash_clear(&sh);
+			return set_err(c, -EBADMSG,
+				       "fetch: malformed reply (the page at %lld says the next starts at %lld)",
+				       (long long)start, (long long)more);
+		}
 		start = more;
 	} while (start >= 0);
 	stash_clear(&sh); /* parts no segment chained: nothing names them */
@@ -2456,6 +2483,13 @@ static int fetched_check(struct wex_client *c)
 		if (c->table_ranks[i] >= c->nprod)
 			return set_err(c, -EBADMSG, "fetch: tensor '%s' names producer rank %u, of %u",
 				       t->name, c->table_ranks[i], c->nprod);
+		/* Each rank's entries are one slice of the table (rank_first):
+		 * out of order, a rank's slice would hold another's tensors,
+		 * checked against that other rank's segments. */
+		if (i > 0 && c->table_ranks[i] < c->table_ranks[i - 1])
+			return set_err(c, -EBADMSG,
+				       "fetch: malformed reply (tensor '%s' of producer rank %u follows one of rank %u: the table is not in rank order)",
+				       t->name, c->table_ranks[i], c->table_ranks[i - 1]);
 		s = find_pseg(c, c->table_ranks[i], t->segment);
 		if (s && (wex__tensor_span(t, &span) < 0 || t->offset > s->seg.desc.size ||
 			  span > s->seg.desc.size - t->offset))
@@ -3101,11 +3135,12 @@ static void report_verify(struct wex_client *c, json_t *v)
 static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
 		 struct wex_sync_result *res)
 {
-	uint64_t t0 = wex__now_ns(), bytes = 0, version, gen, conn, vbytes = 0, vt0 = 0, vt1 = 0;
+	uint64_t t0 = wex__now_ns(), bytes = 0, ops = 0, version, gen, conn, vbytes = 0, vt0 = 0,
+		 vt1 = 0;
 	json_t *req, *reply = NULL, *vrep = NULL;
 	double waited;
 	uint32_t wait;
-	int ret, retried = 0, held, verify = !!(mode & WEX_SYNC_VERIFY);
+	int ret, retried = 0, held, restored = 0, verify = !!(mode & WEX_SYNC_VERIFY);
 
 	mode &= ~WEX_SYNC_VERIFY;
 	if (c->role != WEX_ROLE_CONSUMER)
@@ -3171,6 +3206,12 @@ again:
 			c->has_lease = 0;
 			ret = regions_leave(c, ret, held);
 		}
+		/* Acquiring again after a restart: what the first fetch gave
+		 * regions back is mixed weights, whatever lease stands. */
+		if (restored) {
+			c->dirty = 1;
+			c->copied = 0;
+		}
 		return ret;
 	}
 	version = (uint64_t)json_integer_value(json_object_get(reply, "version"));
@@ -3187,6 +3228,12 @@ again:
 	 * below checks that the connection is still the one that got it. */
 	conn = c->conn_gen;
 	if (!c->fetched || gen != c->layout_gen) {
+		/* The fetch gives regions that show the producer their own
+		 * memory back, holding this version there (under its lease),
+		 * while the weights outside them may hold an older one: if
+		 * the sync fails from here on, that mix is dirty (err_release). */
+		for (size_t i = 0; i < c->nregions; i++)
+			restored |= c->regions[i].r.fixed;
 		ret = fetch(c);
 		/* A fetch that met a restart went on at the new wexd, which
 		 * may not know the producers yet (they reconnect on their next
@@ -3220,6 +3267,10 @@ again:
 			c->has_lease = 1;
 			release_lease(c, 0, 1);
 			c->lease_lost = 0;
+		}
+		if (restored) {
+			c->dirty = 1;
+			c->copied = 0;
 		}
 		return set_err(c, -WEX_EDAEMON, "wexd restarted twice during one sync: sync again");
 	}
@@ -3329,6 +3380,7 @@ again:
 		if (res) {
 			res->changed = changed;
 		}
+		ops = changed ? c->nplan : 0;
 	} else if (mode == WEX_SYNC_REMAP_FIXED) {
 		ret = map_regions(c, &bytes);
 		if (ret < 0)
@@ -3382,7 +3434,7 @@ again:
 	if (res) {
 		res->version = version;
 		res->bytes = bytes;
-		res->ops = mode == WEX_SYNC_COPY ? c->nplan : 0;
+		res->ops = ops;
 		res->seconds = (double)(wex__now_ns() - t0) / 1e9;
 		res->waited = waited;
 		/* Only for a caller that asked: one built before these
@@ -3394,6 +3446,14 @@ again:
 	}
 	return 0;
 err_release:
+	/* Regions this sync gave their own memory back hold its version,
+	 * which it did not make the one served: mixed weights (wex_sync).
+	 * (No lease stands here: this one is given back below.  The one an
+	 * -ESHUTDOWN leaves standing is refused before any fetch.) */
+	if (restored) {
+		c->dirty = 1;
+		c->copied = 0;
+	}
 	/* Give the new lease back; the caller learns why the sync failed,
 	 * not how the release went. */
 	{

@@ -182,6 +182,12 @@ void *wex_mem_map_anon(uint64_t size, int flags)
 	if (size < HUGE_PAGE)
 		return mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | flags,
 			    -1, 0);
+	/* No address space is that large; the sums below would wrap, and
+	 * the trim would unmap what the small mapping lies next to. */
+	if (size > SIZE_MAX - HUGE_PAGE) {
+		errno = ENOMEM;
+		return MAP_FAILED;
+	}
 	/* Over-allocate by one huge page, then unmap the unaligned ends. */
 	m = mmap(NULL, size + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | flags,
 		 -1, 0);

@@ -322,6 +322,8 @@ static int vmm_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
 	ret = granularity(&prop, &g);
 	if (ret)
 		return ret;
+	if (size > UINT64_MAX - (g - 1)) /* rounded up, it would wrap */
+		return -ENOMEM;
 	asize = round_up(size, g);
 	r = wex__cu.cuMemCreate(&h, (size_t)asize, &prop, 0);
 	if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && (types & CU_MEM_HANDLE_TYPE_FABRIC)) {
@@ -840,6 +842,8 @@ static int vmm_reserve(uint64_t size, uint64_t lead, int device, struct wex_mem_
 	ret = granularity(&prop, &g);
 	if (ret)
 		return ret;
+	if (lead + size > UINT64_MAX - (g - 1)) /* rounded up, it would wrap */
+		return -ENOMEM;
 	span = round_up(lead + size, g);
 	p = calloc(1, sizeof(*p));
 	if (!p)

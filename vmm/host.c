@@ -169,6 +169,9 @@ static int host_reserve(uint64_t size, uint64_t lead, int device, struct wex_mem
 		return -EINVAL;
 	if (lead)
 		return -EINVAL;
+	/* (Rounded up past 2^64 it would wrap to a size of 0.) */
+	if (size > UINT64_MAX - ((uint64_t)pg - 1))
+		return -ENOMEM;
 	size = (size + (uint64_t)pg - 1) & ~((uint64_t)pg - 1);
 	p = wex_mem_map_anon(size, 0);
 	if (p == MAP_FAILED)

@@ -174,7 +174,9 @@ struct wex_client_params {
  * (refused by wexd's access control), -ECONNRESET or -EPIPE (wexd closed
  * the connection at once: max_clients reached, or it is draining),
  * -EAGAIN (its queue of connections stayed full for the timeout plus 5 s:
- * a hung daemon), -WEX_EPROTO_VERSION, -EINVAL, -EADDRINUSE (the rank is held by another
+ * a hung daemon), -WEX_EPROTO_VERSION, -EINVAL (among others, a model or
+ * group name of WEX_NAME_MAX bytes or more, or a socket path of 256 bytes
+ * or more: refused, never cut short), -EADDRINUSE (the rank is held by another
  * connection that is still open; one whose process already died is taken
  * over).  On failure wex_last_error(NULL) says why (wexd's reason, or the
  * socket path that could not be reached), in the calling thread.
@@ -349,7 +351,8 @@ WEX_API int wex_reserve(wex_client_t *c, uint32_t prank, uint32_t segment, uint6
 struct wex_sync_result {
 	uint64_t version;      /* the version now served */
 	uint64_t bytes;        /* bytes copied (copy) or mapped (remap) */
-	uint64_t ops;          /* copy operations executed */
+	uint64_t ops;          /* copy operations executed (0 when a copy had
+				* nothing to copy, changed 0, and for remaps) */
 	double seconds;        /* wall time of the sync, waiting included */
 	int changed;           /* 0 if the consumer already served this version */
 	double waited;         /* of which waiting for the version to be published */

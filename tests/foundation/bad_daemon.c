@@ -9,8 +9,12 @@
  *    end of its segment, and plan ops that read past the producer's
  *    segment or write past the attached tensor (an offset of 2^40, one
  *    byte too far, one row too many, a negative stride, a count whose
- *    rows overflow 64 bits): the sync fails with -EBADMSG, the consumer
- *    process lives, its own fds stay open, and its buffer is untouched;
+ *    rows overflow 64 bits), a tensor table out of producer-rank order
+ *    (each rank's slice would hold another's tensors), and a page whose
+ *    "more" does not name a later page (fetched again and again, each time
+ *    importing its segments anew, until the fds ran out): the sync fails
+ *    with -EBADMSG, the consumer process lives, its own fds stay open, and
+ *    its buffer is untouched;
  *  - the same stand-in answering correctly (with a strided op that ends
  *    exactly at the segment's end) gets a copy of every byte: the checks
  *    refuse only what is wrong;
@@ -31,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -63,6 +68,8 @@ enum fetch_case {
 	F_ROW_TOO_MANY,
 	F_NEG_STRIDE,
 	F_ROWS_OVERFLOW,
+	F_RANK_ORDER,
+	F_MORE_STUCK,
 	F_NCASES
 };
 
@@ -71,7 +78,7 @@ static const char *const case_name[F_NCASES] = {
 	"tables_fd past the fds", "no plan for the layout", "world 0", "world 2^32-1",
 	"segment of rank 1 of 1", "tensor past its segment", "dst_off 2^40",
 	"dst one byte past",  "src one byte past", "one row too many", "negative stride",
-	"rows overflow",
+	"rows overflow", "table out of rank order", "more: 0 again",
 };
 
 static struct {
@@ -92,6 +99,17 @@ static int table_fd(uint64_t offset)
 
 	t_u8_tensor(&t, "w", SEG, 0, offset);
 	return wex__table_pack(&t, &rank, 1);
+}
+
+/* Two valid entries, rank 1's first: rank 0's slice would be rank 1's. */
+static int table_fd_unsorted(void)
+{
+	struct wex_tensor t[2];
+	uint32_t rank[2] = { 1, 0 };
+
+	t_u8_tensor(&t[0], "w1", SEG, 0, 0);
+	t_u8_tensor(&t[1], "w", SEG, 0, 0);
+	return wex__table_pack(t, rank, 2);
 }
 
 static int plan_fd(const struct wex_plan_op *op)
@@ -157,7 +175,7 @@ static json_t *fetch_reply(int fc, int *fds, int *nfds)
 		break;
 	}
 	*nfds = 0;
-	fds[(*nfds)++] = table_fd(fc == F_TABLE_PAST ? 8 : 0);
+	fds[(*nfds)++] = fc == F_RANK_ORDER ? table_fd_unsorted() : table_fd(fc == F_TABLE_PAST ? 8 : 0);
 	if (fc != F_NO_PLAN)
 		fds[(*nfds)++] = plan_fd(&op);
 	fds[*nfds] = seg_fd();
@@ -173,6 +191,8 @@ static json_t *fetch_reply(int fc, int *fds, int *nfds)
 		world = 0;
 	else if (fc == F_WORLD_HUGE)
 		world = 4294967295ll;
+	else if (fc == F_RANK_ORDER)
+		world = 2;
 	else if (fc == F_SEG_RANK)
 		srank = 1;
 	seg = json_pack("{s:I, s:i, s:s, s:i, s:s, s:s, s:i, s:i, s:i}", "rank", srank, "id", 0,
@@ -181,6 +201,9 @@ static json_t *fetch_reply(int fc, int *fds, int *nfds)
 	(*nfds)++;
 	r = json_pack("{s:b, s:I, s:I, s:I, s:i, s:[o]}", "ok", 1, "tables_fd", tfd, "plan_fd",
 		      pfd, "world", world, "layout_gen", 1, "segments", seg);
+	/* The page asked for (start 0) again, as the next. */
+	if (fc == F_MORE_STUCK)
+		json_object_set_new(r, "more", json_integer(0));
 	return r;
 }
 
@@ -260,6 +283,14 @@ static void consumer_case(int fc, int mode)
 	wex_client_t *c;
 	int own[NCASES_FDS], good = fc == F_GOOD || fc == F_GOOD_STRIDED, ret;
 
+	/* A client that fetches one page for ever runs out of fds soon,
+	 * and fails some other way, instead of filling the machine's. */
+	if (fc == F_MORE_STUCK) {
+		struct rlimit rl = { 256, 256 };
+
+		T_ASSERT(setrlimit(RLIMIT_NOFILE, &rl) == 0, "setrlimit: %s", strerror(errno));
+		alarm(20);
+	}
 	for (int i = 0; i < NCASES_FDS; i++) {
 		own[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
 		T_ASSERT(own[i] >= 0, "open /dev/null");

@@ -10,14 +10,25 @@
  * drop the lease and give both ranks to new processes; B's calls on the
  * inherited clients must fail with -ECHILD and close cleanly.
  *
+ * A fork by another thread while wex_client_close waits for wexd's answer
+ * to its release (wexd stopped, so the wait is certain): the child holds
+ * no socket of the client, and once close returns wexd has the
+ * connection's end, so this process gets the rank again while the child
+ * lives (close used to take the client off fork()'s list first, and the
+ * child kept the connection, and the rank, open).
+ *
  * Then the same with a child made by the raw clone() system call, which
  * runs no fork handlers: the child keeps the connection's socket open, and
  * wexd must still free the lease and ranks when A exits (it watches each
  * client's process through a pidfd).
  */
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -117,6 +128,139 @@ static wex_client_t *reopen(int role, const char *model, const char *group, int 
 	return c;
 }
 
+#define NFDS 1024
+
+/* Marks in is[] which of fds 0..NFDS-1 are sockets (no allocation: also
+ * for a child forked from threads). */
+static void sockets_of(char *is)
+{
+	struct stat st;
+
+	for (int fd = 0; fd < NFDS; fd++)
+		is[fd] = fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+static wex_client_t *closing;
+static atomic_int closing_tid;
+
+static void *closer(void *arg)
+{
+	(void)arg;
+	atomic_store(&closing_tid, (int)syscall(SYS_gettid));
+	wex_client_close(closing);
+	return NULL;
+}
+
+/* Whether thread tid waits in a poll system call (close's wait). */
+static int in_poll(int tid)
+{
+	char path[64], buf[64] = "";
+	FILE *f;
+	long nr;
+
+	snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", tid);
+	f = fopen(path, "r");
+	T_ASSERT(f, "open %s: %s", path, strerror(errno));
+	if (!fgets(buf, sizeof(buf), f))
+		buf[0] = '\0';
+	fclose(f);
+	if (sscanf(buf, "%ld", &nr) != 1)
+		return 0; /* "running" */
+#ifdef SYS_poll
+	if (nr == SYS_poll)
+		return 1;
+#endif
+	return nr == SYS_ppoll;
+}
+
+/* Whether process pid is stopped (its SIGSTOP taken: a group stop). */
+static int stopped(pid_t pid)
+{
+	char path[64], buf[512], *e;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	T_ASSERT(f && fgets(buf, sizeof(buf), f), "read %s", path);
+	fclose(f);
+	/* The state follows the ") " that ends the command name. */
+	e = strrchr(buf, ')');
+	return e && e[1] == ' ' && e[2] == 'T';
+}
+
+/* A consumer holding a remap lease is closed on a thread while wexd is
+ * stopped; the main thread forks once close waits for the release's
+ * answer.  The child reports the sockets it holds that this process did
+ * not before the client opened, and lives until the parent has reopened
+ * the rank. */
+static void close_fork(struct t_wexd *d)
+{
+	struct wex_client_params p = {
+		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL |
+			      WEX_CLIENT_FIELD_RANK | WEX_CLIENT_FIELD_GROUP,
+		.role = WEX_ROLE_CONSUMER, .model = MODEL, .group = "close", .rank = 0,
+		.world_size = 1,
+	};
+	static char before[NFDS], after[NFDS];
+	struct wex_sync_result r;
+	int rep[2], go[2], extra = -1, ret, st;
+	wex_client_t *c = NULL;
+	pthread_t th;
+	double t0;
+	pid_t b;
+
+	T_ASSERT(pipe(rep) == 0 && pipe(go) == 0, "pipe");
+	sockets_of(before);
+	T_WEX(NULL, wex_client_open(&p, &closing));
+	T_WEX(closing, wex_sync(closing, WEX_SYNC_REMAP_VIEW, 0, 5000, &r));
+	T_ASSERT(kill(d->pid, SIGSTOP) == 0, "SIGSTOP wexd");
+	while (!stopped(d->pid))
+		sched_yield();
+	T_ASSERT(pthread_create(&th, NULL, closer, NULL) == 0, "pthread_create");
+	/* Close waits up to 1 s for the answer: fork in that wait. */
+	while (!atomic_load(&closing_tid) || !in_poll(atomic_load(&closing_tid)))
+		sched_yield();
+	fflush(stdout);
+	b = fork();
+	T_ASSERT(b >= 0, "fork");
+	if (b == 0) {
+		char c1;
+		int n = 0;
+
+		alarm(30);
+		close(go[1]); /* the parent's exit, even a failed test's, ends it */
+		sockets_of(after);
+		for (int fd = 0; fd < NFDS; fd++)
+			n += after[fd] && !before[fd];
+		if (write(rep[1], &n, sizeof(n)) != (ssize_t)sizeof(n))
+			_exit(1);
+		(void)!read(go[0], &c1, 1);
+		_exit(0);
+	}
+	T_ASSERT(kill(d->pid, SIGCONT) == 0, "SIGCONT wexd");
+	T_ASSERT(read(rep[0], &extra, sizeof(extra)) == (ssize_t)sizeof(extra), "the child's report");
+	pthread_join(th, NULL);
+	/* Closed, with the child alive: the rank is this process's again
+	 * (wexd takes in the connection's end on its own time). */
+	for (t0 = t_now(); (ret = wex_client_open(&p, &c)) == -EADDRINUSE && t_now() - t0 < 3;)
+		usleep(2000);
+	if (ret == 0)
+		wex_client_close(c);
+	T_ASSERT(write(go[1], "x", 1) == 1, "end the child");
+	T_ASSERT(waitpid(b, &st, 0) == b && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+		 "the child exited (%d)", st);
+	T_ASSERT(extra == 0, "a child forked while wex_client_close waited holds %d socket(s) of "
+		 "the client (its connection to wexd)", extra);
+	T_ASSERT(ret == 0, "consumer rank 0 of group 'close' free again once closed, while a child "
+		 "forked during the close lives: %s (%s)", wex_strerror(ret), wex_last_error(NULL));
+	close(rep[0]);
+	close(rep[1]);
+	close(go[0]);
+	close(go[1]);
+	printf("fork during close: the child held no socket of it, and the rank was free again "
+	       "with the child alive\n");
+}
+
 /* Runs fn(wfd) in a new process A, reads what A's child reports on wfd
  * into out, and reaps A, which exits once it has made that child. */
 static void run_a(void (*fn)(int wfd), void *out, size_t len, const char *child)
@@ -179,6 +323,8 @@ int main(int argc, char **argv)
 
 	T_ASSERT(kill(rep.child, 0) == 0, "B still alive at the end");
 	kill(rep.child, SIGKILL);
+
+	close_fork(&d);
 
 	/* The clone() case: wexd must see A go although its socket lives on. */
 	exit_watch = t_exit_watch(d.sock);

@@ -40,7 +40,9 @@
  * weights are dirty too.  A region whose refill fails keeps its addresses
  * with no access (no other mapping lands there); where even that fails it
  * gives them up (lost = 2), and neither unmap_fixed, map_fixed nor
- * unreserve touches what the process maps there afterwards.
+ * unreserve touches what the process maps there afterwards.  A reserve
+ * of a size within a page or a huge page of 2^64 fails with -ENOMEM
+ * (the sizes wrapped: it "succeeded" with next to nothing mapped).
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -226,6 +228,22 @@ static void backend_cases(void)
 	struct wex_mem_region r;
 	int ret;
 
+	/* Sizes no address space holds: refused, not wrapped to small
+	 * mappings (rounding up to a page, adding a huge page to align). */
+	{
+		static const uint64_t huge[] = { UINT64_MAX, UINT64_MAX - 4095,
+						 UINT64_MAX - (1u << 20), UINT64_MAX - (2u << 20) };
+
+		for (size_t i = 0; i < sizeof(huge) / sizeof(huge[0]); i++) {
+			ret = ops->reserve(huge[i], 0, -1, &r);
+			T_ASSERT(ret == -ENOMEM, "reserve of %#llx bytes: %s, not ENOMEM",
+				 (unsigned long long)huge[i], wex_strerror(ret));
+		}
+		errno = 0;
+		T_ASSERT(wex_mem_map_anon(UINT64_MAX - 4095, 0) == MAP_FAILED && errno == ENOMEM,
+			 "wex_mem_map_anon of 2^64 - 4096 bytes: MAP_FAILED, ENOMEM (%s)",
+			 strerror(errno));
+	}
 	T_ASSERT(ops->alloc(SZ, 0, &a) == 0 && ops->alloc(SZ, 0, &b) == 0, "two host segments");
 	memset(a.ptr, 0xaa, SZ);
 	memset(b.ptr, 0xbb, SZ);

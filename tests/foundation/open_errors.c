@@ -7,13 +7,17 @@
  * "Address already in use").  Another world size than the model's
  * producers: wexd's reason (not only "Invalid argument").  Parameters
  * refused before connecting: which one.  An open that succeeds leaves it
- * empty.
+ * empty.  A group name of WEX_NAME_MAX bytes or more, or a socket path
+ * (given, or in $WEX_SOCKET) that does not fit, is refused (-EINVAL,
+ * naming it), not cut short: two groups that differ only past the cut
+ * were one group, sharing ranks.
  *
  * Found by following the README as a new user: these opens returned only
  * the errno, and the Python binding raised "wex_client_open: Address
  * already in use" for a rank held by a live process.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -34,6 +38,18 @@ static int open_as(int role, const char *model, uint32_t rank, uint32_t world, c
 	return wex_client_open(&p, c);
 }
 
+/* A consumer of group `group` (rank 0 of 1) at the test's wexd. */
+static int open_group(const char *group, wex_client_t **c)
+{
+	struct wex_client_params p = {
+		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL | WEX_CLIENT_FIELD_GROUP,
+		.role = WEX_ROLE_CONSUMER, .model = "oe", .group = group,
+	};
+
+	*c = NULL;
+	return wex_client_open(&p, c);
+}
+
 static void expect(int ret, int code, const char *has, const char *what)
 {
 	const char *why = wex_last_error(NULL);
@@ -47,8 +63,8 @@ static void expect(int ret, int code, const char *has, const char *what)
 int main(void)
 {
 	struct t_wexd d;
-	wex_client_t *held, *c;
-	char none[400], pid[32];
+	wex_client_t *held, *longest, *c;
+	char none[400], pid[32], group[WEX_NAME_MAX + 40], longsock[512];
 	int ret;
 
 	t_wexd_start(&d);
@@ -64,6 +80,27 @@ int main(void)
 	expect(ret, -EINVAL, "model name", "no model");
 	ret = open_as(9, "oe", 0, 1, NULL, &c);
 	expect(ret, -EINVAL, "role", "bad role");
+
+	/* Names that do not fit: refused, where they were cut short to
+	 * the group (rank 0 held) of the longest name that fits. */
+	memset(group, 'g', WEX_NAME_MAX - 1);
+	group[WEX_NAME_MAX - 1] = '\0';
+	T_WEX(NULL, open_group(group, &longest));
+	snprintf(group + WEX_NAME_MAX - 1, sizeof(group) - (WEX_NAME_MAX - 1), "x");
+	ret = open_group(group, &c);
+	expect(ret, -EINVAL, "group name", "a group name of WEX_NAME_MAX bytes");
+	T_ASSERT(c == NULL, "*out written on failure");
+	snprintf(group + WEX_NAME_MAX - 1, sizeof(group) - (WEX_NAME_MAX - 1), "-another-group");
+	ret = open_group(group, &c);
+	expect(ret, -EINVAL, "group name", "a group name past WEX_NAME_MAX bytes");
+	wex_client_close(longest);
+	snprintf(longsock, sizeof(longsock), "%.100s/%0300d.sock", d.dir, 0);
+	ret = open_as(WEX_ROLE_CONSUMER, "oe", 0, 1, longsock, &c);
+	expect(ret, -EINVAL, "socket path", "a socket path that does not fit");
+	T_ASSERT(setenv("WEX_SOCKET", longsock, 1) == 0, "setenv");
+	ret = open_as(WEX_ROLE_CONSUMER, "oe", 0, 1, NULL, &c);
+	expect(ret, -EINVAL, "socket path", "a $WEX_SOCKET that does not fit");
+	T_ASSERT(setenv("WEX_SOCKET", d.sock, 1) == 0, "setenv");
 
 	T_WEX(NULL, open_as(WEX_ROLE_PRODUCER, "oe", 0, 1, NULL, &held));
 	T_ASSERT(!strcmp(wex_last_error(NULL), ""), "after an open that succeeded: \"%s\"",

@@ -14,7 +14,14 @@
  *    served an older version, and reports its own cause;
  *  - COPY right after REMAP_VIEW of the same version (a mode switch that
  *    keeps the lease), and COPY into newly attached buffers, write the
- *    consumer's buffers although that version is already served.
+ *    consumer's buffers although that version is already served; a COPY
+ *    of the version already copied copies nothing and reports 0 bytes
+ *    and 0 ops;
+ *  - wex_reserve of a size within a page of 2^64 fails with -ENOMEM;
+ *  - a REMAP_FIXED sync that fails after its fetch gave the region its
+ *    own memory back (the producer moved a tensor: -WEX_ELAYOUT) leaves
+ *    the new version in the region and the old one outside it: the
+ *    weights are dirty (they were called clean), until a COPY sync.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -45,6 +52,67 @@ static void map_of(void *addr, char *out, size_t len)
 	fclose(f);
 }
 
+#define SZ 4096
+
+/* Tensor A in the region, B in the engine's own buffer; the producer
+ * moves A in its next version, so the same-address sync of that version
+ * fails its layout check after the fetch gave the region its memory back. */
+static void fixed_fail_dirty(void)
+{
+	wex_client_t *p = t_open(WEX_ROLE_PRODUCER, MODEL "-mixed", NULL, 0, 1), *c;
+	static unsigned char bbuf[SZ];
+	struct wex_tensor t[2], l[2];
+	struct wex_sync_result r;
+	unsigned char *base, *region;
+	uint32_t seg;
+	int ret;
+
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4 * SZ, &seg, (void **)&base));
+	t_u8_tensor(&t[0], "A", SZ, seg, 0);
+	t_u8_tensor(&t[1], "B", SZ, seg, SZ);
+	T_WEX(p, wex_register_tensors(p, t, 2));
+	T_WEX(p, wex_begin_write(p, 1, 5000));
+	memset(base, 1, 4 * SZ);
+	T_WEX(p, wex_publish(p, 1));
+
+	c = t_open(WEX_ROLE_CONSUMER, MODEL "-mixed", NULL, 0, 1);
+	T_WEX(c, wex_reserve(c, 0, seg, 4 * SZ, (void **)&region));
+	l[0] = t[0];
+	l[0].ptr = region;
+	l[1] = t[1];
+	l[1].ptr = bbuf;
+	T_WEX(c, wex_attach(c, l, 2));
+	T_WEX(c, wex_sync(c, WEX_SYNC_COPY, 1, 5000, &r));
+	T_WEX(c, wex_sync(c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	T_ASSERT(region[0] == 1 && bbuf[0] == 1 && wex_is_dirty(c) == 0, "v1 served, clean");
+	T_WEX(c, wex_release(c)); /* the rollout ends */
+
+	/* v2: A at 2 * SZ; offset 0 holds something else. */
+	T_WEX(p, wex_begin_write(p, 2, 5000));
+	t[0].offset = 2 * SZ;
+	T_WEX(p, wex_register_tensors(p, t, 2));
+	memset(base, 0x77, 4 * SZ);
+	memset(base + SZ, 2, SZ);
+	memset(base + 2 * SZ, 2, SZ);
+	T_WEX(p, wex_publish(p, 2));
+
+	ret = wex_sync(c, WEX_SYNC_REMAP_FIXED, 0, 5000, &r);
+	T_ASSERT(ret == -WEX_ELAYOUT, "same-address sync of the moved tensor: %s, not ELAYOUT",
+		 wex_strerror(ret));
+	T_ASSERT(region[0] == 0x77 && bbuf[0] == 1,
+		 "the region holds the producer's new bytes (%#x), B still v1 (%d)", region[0],
+		 bbuf[0]);
+	T_ASSERT(wex_is_dirty(c) == 1, "mixed weights after the failed sync are dirty, got %d",
+		 wex_is_dirty(c));
+	printf("failed same-address sync after its fetch restored the region: dirty (%s)\n",
+	       wex_last_error(c));
+	/* A copy repairs them. */
+	T_WEX(c, wex_sync(c, WEX_SYNC_COPY, 2, 5000, &r));
+	T_ASSERT(region[0] == 2 && bbuf[0] == 2 && wex_is_dirty(c) == 0, "copy of v2: clean");
+	wex_client_close(c);
+	wex_client_close(p);
+}
+
 int main(void)
 {
 	struct t_wexd d;
@@ -58,6 +126,9 @@ int main(void)
 
 	t_tiny_v1(&d, &p, &k, MODEL);
 	T_ASSERT(k.n <= 512, "model size");
+	ret = wex_reserve(k.c, 0, p.t[0].segment, UINT64_MAX - 4095, &vp);
+	T_ASSERT(ret == -ENOMEM, "reserve of 2^64 - 4096 bytes: %s (%s), not ENOMEM",
+		 wex_strerror(ret), wex_last_error(k.c));
 
 	/* REMAP_FIXED: same addresses, producer's bytes. */
 	for (int i = 0; i < k.n; i++)
@@ -145,6 +216,14 @@ int main(void)
 		T_WEX(c3, wex_sync(c3, WEX_SYNC_COPY, 3, 5000, &r));
 		T_ASSERT(ex_check(NULL, mine, (size_t)k.n, 3, 1) == 0,
 			 "a copy sync into newly attached buffers fills them");
+		T_ASSERT(r.changed && r.bytes > 0 && r.ops > 0, "that copy reports %llu bytes, %llu ops",
+			 (unsigned long long)r.bytes, (unsigned long long)r.ops);
+		/* Once more: nothing to copy, and no op executed. */
+		T_WEX(c3, wex_sync(c3, WEX_SYNC_COPY, 3, 5000, &r));
+		T_ASSERT(!r.changed && r.bytes == 0 && r.ops == 0,
+			 "a copy sync of the version already copied: changed %d, %llu bytes, %llu ops, "
+			 "not 0, 0, 0", r.changed, (unsigned long long)r.bytes,
+			 (unsigned long long)r.ops);
 		wex_client_close(c3);
 		free(mine);
 		free(buf);
@@ -164,6 +243,8 @@ int main(void)
 	T_WEX(p.c, wex_begin_write(p.c, 5, 2000));
 	ex_fill(p.base, p.t, (size_t)p.n, 5, 1);
 	T_WEX(p.c, wex_publish(p.c, 5));
+
+	fixed_fail_dirty();
 
 	t_cons_close(&k2);
 	t_cons_close(&k);

@@ -817,6 +817,22 @@ static void fork_child(void)
 	CHECK_OK(vmm->release(&seg));
 }
 
+/* Sizes whose rounding up to the granularity would wrap past 2^64 (to
+ * a small allocation or reservation that then "succeeds"): refused. */
+static void huge_sizes(void)
+{
+	struct wex_mem_region r;
+	struct wex_mem_seg seg;
+
+	for (uint64_t back = 1; back <= (2u << 20); back <<= 4) {
+		memset(&seg, 0, sizeof(seg));
+		memset(&r, 0, sizeof(r));
+		CHECK(vmm->alloc(UINT64_MAX - back + 1, 0, &seg) == -ENOMEM);
+		CHECK(vmm->reserve(UINT64_MAX - back + 1, 0, 0, &r) == -ENOMEM);
+		CHECK(vmm->reserve(1, UINT64_MAX - back, 0, &r) == -ENOMEM);
+	}
+}
+
 int main(void)
 {
 	int ret = 0;
@@ -842,6 +858,7 @@ int main(void)
 	ret |= run_one("event_context", event_context);
 	ret |= run_one("fabric_refused_early", fabric_refused_early);
 	ret |= run_one("fork_child", fork_child);
+	ret |= run_one("huge_sizes", huge_sizes);
 	printf("%s\n", ret ? "FAIL" : "PASS");
 	return ret ? T_EXIT_FAIL : T_EXIT_PASS;
 }

@@ -426,8 +426,8 @@ class Client:
         self._live = 0            # tensors over this client's memory alive
         self._close_pending = False
         L = lib()
-        # wex_client_open truncates a long group or socket name: say
-        # what is wrong here, before it connects.
+        # What wex_client_open refuses, said here in Python's terms
+        # before anything is opened (and a NUL, which C would cut at).
         why = None
         if role not in (ROLE_PRODUCER, ROLE_CONSUMER, ROLE_ADMIN):
             why = "role must be ROLE_PRODUCER, ROLE_CONSUMER or ROLE_ADMIN, not %r" % (role,)
