@@ -2008,6 +2008,9 @@ static int begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 
 	if (c->role != WEX_ROLE_PRODUCER)
 		return set_err(c, -EPERM, "only producers write");
+	if (version > INT64_MAX) /* JSON integers are signed 64-bit */
+		return set_err(c, -EINVAL, "begin_write: version %llu is over 2^63-1, the largest wexd takes",
+			       (unsigned long long)version);
 	if (cancel_asked(c))
 		return set_err(c, -ECANCELED, "begin_write v%llu cancelled (wex_cancel) before it was sent to wexd",
 			       (unsigned long long)version);
@@ -2283,13 +2286,18 @@ static int import_segments(struct wex_client *c, struct stash *sh, json_t *segs,
 				       "producer rank %lld exports %s memory; this build has no CUDA backend",
 				       (long long)rank, kind);
 		}
+		/* A fork's handler walks the array (its fds), under the state
+		 * lock: never a freed one. */
+		state_lock(c);
 		n = realloc(c->psegs, (c->npsegs + 1) * sizeof(*n));
+		if (n)
+			c->psegs = n;
+		state_unlock(c);
 		if (!n) {
 			if (fd >= 0)
 				close(fd);
 			return -ENOMEM;
 		}
-		c->psegs = n;
 		memset(&n[c->npsegs], 0, sizeof(n[0]));
 		n[c->npsegs].rank = (uint32_t)rank;
 		n[c->npsegs].id = (uint32_t)id;
@@ -2305,7 +2313,9 @@ static int import_segments(struct wex_client *c, struct stash *sh, json_t *segs,
 			return set_err(c, ret, "importing %s segment %lld of producer rank %lld%s: %s",
 				       kind, (long long)id, (long long)rank,
 				       parts ? " (chained allocations)" : "", wex_strerror(ret));
+		state_lock(c); /* a fork's child closes its fd from here on */
 		c->npsegs++;
+		state_unlock(c);
 	}
 	return 0;
 }
@@ -3145,6 +3155,9 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 	mode &= ~WEX_SYNC_VERIFY;
 	if (c->role != WEX_ROLE_CONSUMER)
 		return set_err(c, -EPERM, "only consumers sync");
+	if (min_version > INT64_MAX) /* JSON integers are signed 64-bit */
+		return set_err(c, -EINVAL, "sync: min_version %llu is over 2^63-1, the largest wexd takes",
+			       (unsigned long long)min_version);
 	if (verify && mode == WEX_SYNC_REMAP_VIEW)
 		return set_err(c, -EINVAL, "verify: a view sync has no weights of its own to compare (wex_view reads the producer's memory): verify a copy or same-address sync");
 	if (verify && mode == WEX_SYNC_REMAP_FIXED && !c->nlayout)
@@ -3414,6 +3427,13 @@ again:
 	} else {
 		for (size_t i = 0; i < c->npsegs; i++)
 			bytes += c->psegs[i].seg.desc.size;
+		/* Its fetch gave same-address regions their own memory back,
+		 * holding this version, while weights outside them hold the
+		 * one copied before: the engine's own weights are mixed. */
+		if (restored && c->copied != version && !layout_in_regions(c)) {
+			c->dirty = 1;
+			c->copied = 0;
+		}
 		if (res)
 			res->changed = version != c->version;
 		c->version = version;

@@ -275,7 +275,8 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
  * wexd's begin_write_timeout_ms); -EBUSY on
  * timeout, naming the holders in wex_last_error(); -ECANCELED when
  * wex_cancel ended the wait (nothing begun), -EINTR when a signal did
- * (WEX_CLIENT_EINTR).
+ * (WEX_CLIENT_EINTR); -EINVAL for a version over 2^63-1 (JSON's largest
+ * integer), nothing sent.
  */
 WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms);
 
@@ -450,7 +451,8 @@ struct wex_sync_result {
  * address, launch failure, ...: the process's CUDA context is unusable,
  * its weights are dirty, and only a new process can sync again), -EAGAIN
  * when producers registered segments, or wexd restarted, during each of
- * several fetches of their memory (sync again once they stop).
+ * several fetches of their memory (sync again once they stop), -EINVAL
+ * for a min_version over 2^63-1 (JSON's largest integer), nothing sent.
  */
 WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
 		     struct wex_sync_result *res);
@@ -501,7 +503,9 @@ WEX_API int wex_release(wex_client_t *c);
  * same-address sync that lost its lease: see wex_sync, or same-address
  * regions given private memory back holding what they showed when no
  * lease was known to keep the producer out: a wexd restart may have taken
- * the lease first, or none was held), until a copy sync
+ * the lease first, or none was held; or holding a newer version than the
+ * attached tensors outside them, as a view sync's fetch after the
+ * producers registered again leaves them), until a copy sync
  * completes, or a same-address sync does with every attached tensor in a
  * region (they all show its version then).
  * (Every call here returns -EINVAL for a NULL client or a NULL pointer it

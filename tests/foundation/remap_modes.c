@@ -113,6 +113,52 @@ static void fixed_fail_dirty(void)
 	wex_client_close(p);
 }
 
+/* The same with a view sync that succeeds: its fetch gives the region
+ * its own memory back holding v2 (the producer re-registered its table),
+ * B holds v1: the engine's own weights are mixed, dirty until a copy. */
+static void view_after_fixed_dirty(void)
+{
+	wex_client_t *p = t_open(WEX_ROLE_PRODUCER, MODEL "-viewmix", NULL, 0, 1), *c;
+	static unsigned char bbuf[SZ];
+	struct wex_tensor t[2], l[2];
+	struct wex_sync_result r;
+	unsigned char *base, *region;
+	uint32_t seg;
+
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 2 * SZ, &seg, (void **)&base));
+	t_u8_tensor(&t[0], "A", SZ, seg, 0);
+	t_u8_tensor(&t[1], "B", SZ, seg, SZ);
+	T_WEX(p, wex_register_tensors(p, t, 2));
+	T_WEX(p, wex_begin_write(p, 1, 5000));
+	memset(base, 1, 2 * SZ);
+	T_WEX(p, wex_publish(p, 1));
+	c = t_open(WEX_ROLE_CONSUMER, MODEL "-viewmix", NULL, 0, 1);
+	T_WEX(c, wex_reserve(c, 0, seg, SZ, (void **)&region));
+	l[0] = t[0];
+	l[0].ptr = region;
+	l[1] = t[1];
+	l[1].ptr = bbuf;
+	T_WEX(c, wex_attach(c, l, 2));
+	T_WEX(c, wex_sync(c, WEX_SYNC_COPY, 1, 5000, &r));
+	T_WEX(c, wex_sync(c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	T_WEX(c, wex_release(c));
+	T_WEX(p, wex_begin_write(p, 2, 5000));
+	T_WEX(p, wex_register_tensors(p, t, 2)); /* a new table: the engine fetches again */
+	memset(base, 2, 2 * SZ);
+	T_WEX(p, wex_publish(p, 2));
+	T_WEX(c, wex_sync(c, WEX_SYNC_REMAP_VIEW, 2, 5000, &r));
+	T_ASSERT(r.version == 2 && region[0] == 2 && bbuf[0] == 1,
+		 "view of v2: the region holds v2 (%d), B v1 (%d)", region[0], bbuf[0]);
+	T_ASSERT(wex_is_dirty(c) == 1, "the engine's own weights are mixed after the view sync "
+		 "restored its region: dirty, got %d", wex_is_dirty(c));
+	T_WEX(c, wex_release(c));
+	T_WEX(c, wex_sync(c, WEX_SYNC_COPY, 2, 5000, &r));
+	T_ASSERT(r.changed && region[0] == 2 && bbuf[0] == 2 && wex_is_dirty(c) == 0,
+		 "copy of v2 after it: every byte copied, clean");
+	wex_client_close(c);
+	wex_client_close(p);
+}
+
 int main(void)
 {
 	struct t_wexd d;
@@ -245,6 +291,7 @@ int main(void)
 	T_WEX(p.c, wex_publish(p.c, 5));
 
 	fixed_fail_dirty();
+	view_after_fixed_dirty();
 
 	t_cons_close(&k2);
 	t_cons_close(&k);

@@ -9,7 +9,9 @@
  *    writing it: rank 1's publish of v2 goes through (libwex replays its
  *    begin_write), but v2 can never complete; the next begin_write(3) of
  *    either rank abandons it (logged) and the group publishes v3, which a
- *    consumer then syncs, every byte checked.
+ *    consumer then syncs, every byte checked;
+ *  - versions over 2^63-1 are refused by libwex (-EINVAL) before they
+ *    reach wexd as negative JSON integers.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -52,6 +54,16 @@ static void deferred_mismatch(void)
 	t_prod_write(&p0, 1);
 	t_prod_write(&p1, 1);
 	t_cons_open(&k, "wedge", "g", "tiny", 0, 1);
+	/* Versions over 2^63-1 (JSON's integers are signed): refused by
+	 * libwex, naming the limit, before anything is sent. */
+	ret = wex_begin_write(p0.c, (uint64_t)INT64_MAX + 1, 1000);
+	T_ASSERT(ret == -EINVAL && strstr(wex_last_error(p0.c), "2^63-1"),
+		 "begin_write(2^63): -EINVAL naming the limit, got %s (%s)", wex_strerror(ret),
+		 wex_last_error(p0.c));
+	ret = wex_sync(k.c, WEX_SYNC_COPY, UINT64_MAX, 1000, &r);
+	T_ASSERT(ret == -EINVAL && strstr(wex_last_error(k.c), "2^63-1"),
+		 "sync(min_version 2^64-1): -EINVAL naming the limit, got %s (%s)", wex_strerror(ret),
+		 wex_last_error(k.c));
 	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
 	b0 = (struct bw){ p0.c, 5, 1 };
 	T_ASSERT(pthread_create(&t0, NULL, bw_run, &b0) == 0, "thread");
