@@ -2290,6 +2290,39 @@ int wex__layout_world(const struct wex_model *m, const struct wex_layout_spec *s
 	return ret;
 }
 
+static int name_cmp(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A rank's physical tensors are found by name (attach, convert, the
+ * Python glue): two under one name (an entry without {L} in a per-layer
+ * name, say) would be one tensor for all but the layout. */
+static int unique_names(const struct wex_rank_layout *o, const char *engine, uint32_t rank,
+			char *err, size_t errlen)
+{
+	const char **v;
+	int ret = 0;
+
+	if (o->nt < 2)
+		return 0;
+	v = malloc(o->nt * sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	for (size_t i = 0; i < o->nt; i++)
+		v[i] = o->t[i].name;
+	qsort(v, o->nt, sizeof(*v), name_cmp);
+	for (size_t i = 1; i < o->nt; i++)
+		if (!strcmp(v[i - 1], v[i])) {
+			seterr(err, errlen, "engine %s rank %u: two physical tensors are both named %s (a per-layer or per-expert name without {L} or {e}?)",
+			       engine, rank, v[i]);
+			ret = -WEX_ELAYOUT;
+			break;
+		}
+	free(v);
+	return ret;
+}
+
 int wex__layout_rank(const struct wex_model *m, const struct wex_layout_spec *spec, uint32_t rank,
 		     struct wex_rank_layout *out, char *err, size_t errlen)
 {
@@ -2380,9 +2413,16 @@ chunk:
 							ret = -WEX_ELAYOUT;
 							goto out;
 						}
+						/* (emit checked the name's length for
+						 * expert 0, fewer digits than e may have.) */
+						if (k > nt0 && strlen(t->name) + 10 >= sizeof(t->name)) {
+							seterr(err, errlen, "%s_scale_inv: the physical name of expert %lld's FP8 scales is %zu bytes or more, over the %d a name may have",
+							       t->name, (long long)e, strlen(t->name) + 10, WEX_NAME_MAX - 1);
+							ret = -WEX_ELAYOUT;
+							goto out;
+						}
 						if (k > nt0)
-							strncat(t->name, "_scale_inv",
-								sizeof(t->name) - strlen(t->name) - 1);
+							strcat(t->name, "_scale_inv");
 					}
 				}
 			} else {
@@ -2398,6 +2438,9 @@ chunk:
 	if (++c.vpr < c.vpp)
 		goto chunk;
 done:
+	ret = unique_names(&o, spec->engine, rank, err, errlen);
+	if (ret < 0)
+		goto out;
 	*out = o;
 	memset(&o, 0, sizeof(o));
 	ret = 0;

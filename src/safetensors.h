@@ -33,6 +33,7 @@ struct wex_st_file {
 	uint64_t data_off;     /* 8 + N */
 	struct wex_st_tensor *t;
 	size_t n;
+	struct wex_st_tensor **by_name; /* t's entries sorted by name (wex__st_find) */
 };
 
 /* qsort order of (struct wex_st_tensor *)s by [begin, end). */

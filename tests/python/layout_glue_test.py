@@ -28,6 +28,7 @@ Needs Debian's python3-torch (exit 77 with the reason without it).
 Environment: WEX_LIB, WEXD_BIN, WEXCTL_BIN, PYTHONPATH with adapters/python.
 """
 import ctypes
+import errno
 import json
 import os
 import struct
@@ -49,6 +50,7 @@ from wex import torch_util
 from wexd_harness import WexdProducerCase
 
 MODEL = "tinyqwen"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = {
     "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,
     "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -264,6 +266,65 @@ class LayoutGlue(WexdProducerCase):
         for t in ts:
             t.join()
         self.assertEqual(bad, [])
+        # close() waits for a rank() in another thread (it frees the C
+        # layout and the arrays rank() reads): here, one holding the lock.
+        closed = threading.Event()
+        with L._lock:
+            t = threading.Thread(target=lambda: (L.close(), closed.set()))
+            t.start()
+            self.assertFalse(closed.wait(0.3), "close() freed the layout under a rank() call")
+            self.assertTrue(L.handle)
+        t.join()
+        self.assertTrue(closed.is_set())
+        with self.assertRaises(wex.WexError) as e:
+            L.rank(0)
+        self.assertEqual(e.exception.code, errno.EBADF)
+        self.assertIn("closed", str(e.exception))
+
+    def test_bad_engine_names(self):
+        """An engine file (users write their own) whose physical names
+        collide in a rank (a per-layer name without {L}), or whose FP8
+        scale names outgrow the limit past expert 9 (the length was checked
+        for expert 0 only), is refused naming the tensor, not laid out with
+        one name for two tensors or a name cut short."""
+        import shutil
+        d, cfg = paths()
+        ad = os.path.join(d, "adapters-bad")
+        shutil.rmtree(ad, ignore_errors=True)
+        shutil.copytree(os.path.join(REPO, "adapters", "families"), os.path.join(ad, "families"))
+        os.mkdir(os.path.join(ad, "engines"))
+        with open(os.path.join(REPO, "adapters", "engines", "vllm.json")) as f:
+            vllm = json.load(f)
+        dup = dict(vllm, engine="dupnames", tensors=[
+            dict(t, name=t["name"].replace("{L}", "0")) if "input_layernorm" in t["name"]
+            else t for t in vllm["tensors"]])
+        self.assertNotEqual(dup["tensors"], vllm["tensors"])
+        # 149 bytes for expert 0 (its scales fit), 150 from expert 10 on.
+        long_name = "model.layers.{L}.mlp.experts.{e}." + "y" * 110 + ".w1.weight"
+        loc = dict(vllm, engine="locfp8", tensors=[
+            t for t in vllm["tensors"] if "experts.w" not in t["name"]] + [
+            {"name": long_name, "kind": "col", "roles": ["e_gate"], "axis": "etp",
+             "experts": "local"}])
+        for e in (dup, loc):
+            with open(os.path.join(ad, "engines", e["engine"] + ".json"), "w") as f:
+                json.dump(e, f)
+        with self.assertRaises(wex.WexError) as e:
+            wex.Layout(cfg, "dupnames:tp=2", adapters=ad)
+        self.assertEqual(e.exception.code, wex.ELAYOUT)
+        self.assertIn("both named model.layers.0.input_layernorm.weight", str(e.exception))
+        moe = os.path.join(d, "fp8moe.json")
+        with open(moe, "w") as f:
+            json.dump({"model_type": "qwen3_moe", "hidden_size": 32, "intermediate_size": 48,
+                       "moe_intermediate_size": 16, "num_experts": 12, "num_hidden_layers": 1,
+                       "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 100,
+                       "torch_dtype": "bfloat16", "head_dim": 8,
+                       "quantization_config": {"quant_method": "fp8",
+                                               "weight_block_size": [4, 4],
+                                               "activation_scheme": "dynamic"}}, f)
+        with self.assertRaises(wex.WexError) as e:
+            wex.Layout(moe, "locfp8", adapters=ad).rank(0)
+        self.assertEqual(e.exception.code, wex.ELAYOUT)
+        self.assertIn("expert 10's FP8 scales", str(e.exception))
 
 
 if __name__ == "__main__":

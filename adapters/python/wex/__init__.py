@@ -176,6 +176,8 @@ class Layout:
 
     def rank(self, rank):
         with self._lock:
+            if not self.handle:
+                raise WexError(errno.EBADF, "layout %s is closed" % self.spec)
             return self._rank(rank)
 
     def _rank(self, rank):
@@ -204,9 +206,12 @@ class Layout:
         return out
 
     def close(self):
-        if self.handle:
-            self._lib.wex_layout_close(self.handle)
-            self.handle = ctypes.c_void_p()
+        # After a rank() running in another thread (the C layout and the
+        # arrays it returned are freed here).
+        with self._lock:
+            if self.handle:
+                self._lib.wex_layout_close(self.handle)
+                self.handle = ctypes.c_void_p()
 
     def __enter__(self):
         return self
