@@ -46,7 +46,12 @@ echo "== starting wexd on $WEX_SOCKET"
 mkfifo "$TMP/ready"
 WEXD_READY_FD=3 "$B/wexd" 3>"$TMP/ready" 2>"$TMP/wexd.log" &
 WEXD_PID=$!
-read -r _ <"$TMP/ready"
+if ! read -r _ <"$TMP/ready"; then
+	# (It exited before it was ready; its log goes with $TMP.)
+	echo "quickstart: wexd did not start; its log:" >&2
+	cat "$TMP/wexd.log" >&2
+	exit 1
+fi
 
 echo "== 2 producer ranks (trainer), model 'policy', preset $PRESET, $VERSIONS versions"
 for r in 0 1; do

@@ -9,6 +9,7 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "wex.h"
 
 /* Seconds; from a 100 us remap to a minute-long copy over a slow link. */
 static const double bucket_le[] = { 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
@@ -19,6 +20,8 @@ static const char *const bucket_text[] = { "0.0001", "0.00025", "0.0005", "0.001
 					   "0.25",   "0.5",     "1",      "2.5",   "5",
 					   "10",     "30",      "60",     "120" };
 #define NBUCKETS ((int)WEX_ARRAY_SIZE(bucket_le))
+
+_Static_assert(WEX_METRICS_LABEL_MAX >= WEX_NAME_MAX, "metric labels hold whole names");
 
 struct series {
 	char label[2][WEX_METRICS_LABEL_MAX];

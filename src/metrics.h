@@ -17,7 +17,9 @@
 #include <stdint.h>
 
 #define WEX_METRICS_MAX_SERIES 32
-#define WEX_METRICS_LABEL_MAX 48
+/* A model or group name whole (WEX_NAME_MAX): cut short, two would share
+ * one series under a name that is neither. */
+#define WEX_METRICS_LABEL_MAX 160
 
 enum wex_counter {
 	WEX_M_SYNCS = 0,    /* wex_syncs_total{mode} */

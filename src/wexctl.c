@@ -675,10 +675,23 @@ static int run(int argc, char **argv)
 	}
 	cmd = argv[i];
 #ifdef WEXCTL_HAVE_PLAN
-	if (!strcmp(cmd, "plan"))
-		return wexctl_cmd_plan(argc - i, argv + i);
-	if (!strcmp(cmd, "convert"))
-		return wexctl_cmd_convert(argc - i, argv + i);
+	if (!strcmp(cmd, "plan") || !strcmp(cmd, "convert")) {
+		/* A --json before the command is the command's (plan prints
+		 * JSON; convert refuses it, as after the command). */
+		char **args = calloc((size_t)(argc - i + 2), sizeof(*args));
+		int n = argc - i, ret;
+
+		if (!args) {
+			fprintf(stderr, "wexctl: out of memory\n");
+			return 1;
+		}
+		memcpy(args, argv + i, (size_t)n * sizeof(*args));
+		if (as_json)
+			args[n++] = "--json";
+		ret = !strcmp(cmd, "plan") ? wexctl_cmd_plan(n, args) : wexctl_cmd_convert(n, args);
+		free(args);
+		return ret;
+	}
 #endif
 	if (!strcmp(cmd, "status") || !strcmp(cmd, "models") || !strcmp(cmd, "clients") ||
 	    !strcmp(cmd, "plans") || !strcmp(cmd, "metrics")) {
@@ -697,6 +710,9 @@ static int run(int argc, char **argv)
 		double interval = 1.0;
 		long count = 0;
 
+		if (as_json) /* (refused after the command too) */
+			return bad_arg(cmd, "unexpected argument", "--json",
+				       "prints tables; takes -n SEC and --count N");
 		for (int k = i + 1; k < argc; k++) {
 			char *end = NULL;
 

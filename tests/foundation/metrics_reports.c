@@ -9,7 +9,8 @@
  * real libwex copy sync is counted as "copy" on the "host" backend.
  * A begin_write that times out under a lease is counted too: its wait in
  * wex_begin_write_wait_seconds (at least its timeout) and the timeout in
- * wex_begin_write_timeouts_total{model}.  And a consumer's last sync,
+ * wex_begin_write_timeouts_total{model} (two models whose names share
+ * their first 100 bytes counted apart).  And a consumer's last sync,
  * reported after its producer left (and with it the bytes the model
  * exports), is still counted, as is the sync of a consumer that closes
  * right after it (its close's release carries the report).
@@ -245,6 +246,38 @@ int main(void)
 	close(prod2);
 	close(cons);
 	t_cons_close(&k);
+	/* Two models whose names share their first 100 bytes: their
+	 * timeouts count under their own full names (label values were cut
+	 * at 47 bytes: one series for both, named neither). */
+	{
+#define LONGM "metrics-long-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+		const char *names[2] = { LONGM "-policy", LONGM "-critic" };
+		struct t_prod lp[2];
+		struct t_cons lk[2];
+		char want[256];
+
+		for (int i = 0; i < 2; i++) {
+			t_prod_open(&lp[i], names[i], "tiny", 0, 1);
+			t_prod_write(&lp[i], 1);
+			t_cons_open(&lk[i], names[i], "g", "tiny", 0, 1);
+			T_WEX(lk[i].c, wex_sync(lk[i].c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+			T_ASSERT(wex_begin_write(lp[i].c, 2, 50) == -EBUSY, "%s: EBUSY", names[i]);
+		}
+		text = metrics(d.sock);
+		for (int i = 0; i < 2; i++) {
+			snprintf(want, sizeof(want), "wex_begin_write_timeouts_total{model=\"%s\"}",
+				 names[i]);
+			T_ASSERT(sample(text, want) == 1, "%s: %g, expected 1 (its own series)\n%s",
+				 want, sample(text, want), text);
+		}
+		free(text);
+		for (int i = 0; i < 2; i++) {
+			t_cons_close(&lk[i]);
+			t_prod_close(&lp[i]);
+		}
+#undef LONGM
+	}
+
 	t_wexd_stop(&d);
 	printf("metrics_reports: PASS\n");
 	t_exit(T_EXIT_PASS);

@@ -36,6 +36,15 @@ for o in "--rank 1" --json; do
 	rc=$?
 	[ $rc = 2 ] && [ ! -e "$d/o-opt" ] || { echo "convert $o: exit $rc, not 2: $(cat "$d/opt.err")"; exit 1; }
 done
+# ... also given before the command (wexctl --json convert).
+"$WEXCTL_BIN" --json convert --config "$d/config.json" --from hf --to megatron:tp=2 "$d/hf" "$d/o-opt" 2>"$d/opt.err"
+rc=$?
+[ $rc = 2 ] && [ ! -e "$d/o-opt" ] || { echo "wexctl --json convert: exit $rc, not 2: $(cat "$d/opt.err")"; exit 1; }
+# wexctl --json plan prints JSON, as plan --json does.
+"$WEXCTL_BIN" --json plan --config "$d/config.json" --from hf --to megatron:tp=2 >"$d/plan.json" || exit 1
+PYJ=/usr/bin/python3; [ -x $PYJ ] || PYJ=python3
+$PYJ -c 'import json,sys; json.load(open(sys.argv[1]))["bytes_needed"]' "$d/plan.json" ||
+	{ echo "wexctl --json plan did not print JSON: $(head -c 300 "$d/plan.json")"; exit 1; }
 "$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to megatron:tp=2,pp=2 "$d/hf" "$d/meg" || exit 1
 "$WEXCTL_BIN" convert --config "$d/config.json" --from megatron:tp=2,pp=2 --to vllm:tp=2 "$d/meg" "$d/vllm" || exit 1
 # The tokenizer files beside --config and beside IN (which wins); one

@@ -309,6 +309,11 @@ class Binding(WexdProducerCase):
                         (dict(role=wex.ROLE_CONSUMER, model=MODEL, rank=1, world_size=1),
                          "rank 1 is not in"),
                         (dict(role=wex.ROLE_CONSUMER, model=MODEL, device=-1), "device must"),
+                        # ctypes would cut it to 32 bits: a 2-rank group.
+                        (dict(role=wex.ROLE_CONSUMER, model=MODEL, rank=1,
+                              world_size=(1 << 32) + 2), "world_size must"),
+                        (dict(role=wex.ROLE_CONSUMER, model=MODEL, world_size=-1),
+                         "world_size must"),
                         (dict(role=wex.ROLE_CONSUMER, model="m" * wex.NAME_MAX), "model must"),
                         (dict(role=wex.ROLE_CONSUMER, model=MODEL, group="g" * 200),
                          "group must"),
@@ -323,6 +328,11 @@ class Binding(WexdProducerCase):
                 wex.Client(**kw)
             self.assertEqual(e.exception.code, errno.EINVAL)
             self.assertIn(why, str(e.exception))
+
+        # wex.released: the error's code is the errno (EINVAL for ptr 0).
+        with self.assertRaises(wex.WexError) as e:
+            wex.released(0, 4096)
+        self.assertEqual((e.exception.code, e.exception.errno), (errno.EINVAL, errno.EINVAL))
 
         # No daemon at that socket.
         with self.assertRaises(wex.WexError) as e:

@@ -22,7 +22,7 @@ for cmd in plan convert; do
 done
 # A typo or a bad value is refused (exit 2, naming it), never taken as the
 # default: checked before wexd runs, so nothing is asked of it.
-for args in "status --jsn" "models x" "watch -n 0" "watch -n abc" "watch --count 0" "watch -n" "config get a b"; do
+for args in "status --jsn" "models x" "watch -n 0" "watch -n abc" "watch --count 0" "watch -n" "config get a b" "--json watch" "watch --json"; do
 	# shellcheck disable=SC2086
 	WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" $args >/dev/null 2>"$TMP/arg.err"
 	rc=$?

@@ -363,7 +363,7 @@ def released(ptr, nbytes):
     ret = lib().wex_released(_uint(ptr, 64, "ptr") or None, _uint(nbytes, 64, "nbytes"),
                              ctypes.byref(at))
     if ret < 0:
-        raise WexError(ret, "released: %s" % strerror(ret))
+        raise WexError(-ret, "released: %s" % strerror(ret))
     return at.value if ret == 1 else None
 
 
@@ -438,6 +438,8 @@ class Client:
             why = "role must be ROLE_PRODUCER, ROLE_CONSUMER or ROLE_ADMIN, not %r" % (role,)
         elif role != ROLE_ADMIN and not model:
             why = "a producer or consumer needs a model name"
+        elif not 0 <= world_size < 1 << 32:  # (ctypes would cut it to 32 bits)
+            why = "world_size must be in 0..2**32-1, not %r" % (world_size,)
         elif not 0 <= rank < max(world_size, 1):
             why = "rank %d is not in 0..world_size-1 (world_size %d)" % (rank, world_size)
         elif device is not None and device < 0:
