@@ -469,12 +469,12 @@ int wex__cuda_sync_device(const struct wex_mem_seg *seg)
 	    wex__cuda_device_by_uuid(seg->desc.device, &dev) < 0)
 		return -ENODEV;
 	ret = wex__cuda_use_device(dev);
-	if (ret)
-		return ret;
 	/* Every stream of the context, blocking or not: PyTorch's side
 	 * streams are created non-blocking, so the legacy default stream
 	 * alone would not cover them. */
-	ret = WEX_CU(wex__cu.cuCtxSynchronize());
+	if (!ret)
+		ret = WEX_CU(wex__cu.cuCtxSynchronize());
+	/* (Also after a failed switch, which may have left another.) */
 	if (prev)
 		wex__cu.cuCtxSetCurrent(prev);
 	return ret;

@@ -192,6 +192,24 @@ class Binding(WexdProducerCase):
         self.assertFalse(c.cancel())
         c.close()
         self.assertFalse(c.cancel())
+        # close() while a sync waits in another thread: the wait is
+        # cancelled (it held the client's lock: close waited its timeout).
+        c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="cancel-close", timeout_ms=10000)
+        t = threading.Thread(target=sync, daemon=True)
+        out.clear()
+        t.start()
+        t0 = time.monotonic()
+        with wex.Client(wex.ROLE_ADMIN) as admin:
+            while time.monotonic() - t0 < 10 and not any(
+                    k["pid"] == os.getpid() and k["group"] == "cancel-close" and
+                    k["waiting"] == "acquire" for k in admin.request("clients")["clients"]):
+                time.sleep(0.01)
+        c.close()
+        self.assertLess(time.monotonic() - t0, 10, "close() waited for the sync's timeout")
+        t.join(10)
+        self.assertIsInstance(out["r"], wex.WexError)
+        self.assertEqual(out["r"].code, errno.ECANCELED)
+        self.assertFalse(c.cancel())
 
     def test_signal(self):
         """A signal during a sync's wait on the main thread: Python runs

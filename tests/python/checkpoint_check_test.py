@@ -253,6 +253,19 @@ class CheckpointCompare(unittest.TestCase):
                           "not the layout's BF16 [64])",
                           "model.norm.weight (the engine's BF16 [63] is not the layout's "
                           "BF16 [64])"])
+        # No layout: an engine tensor is the whole canonical one, so one
+        # in another shape than the checkpoint's is skipped, named (half
+        # its rows compared as equal; the same bytes reshaped, as
+        # different).
+        w = torch.randn(8, 8, generator=torch.Generator().manual_seed(3))
+        glue.write_safetensors(os.path.join(sub, "model.safetensors"),
+                               [("w", "F32", (8, 8), w.numpy().tobytes())])
+        for t in (w[:4].clone(), w.reshape(4, 16).clone()):
+            rep = checkpoint.compare([("w", t)], sub)
+            self.assertEqual((rep["pieces"], rep["skipped"]),
+                             (0, ["w (the checkpoint's shape [8, 8] is not the engine's %s)"
+                                  % list(t.shape)]))
+        self.assertEqual(checkpoint.compare([("w", w.clone())], sub)["pieces"], 1)
         # A checkpoint that shows none of the rank's tensors: EngineRank
         # refuses one it was given rather than call that checked, and says
         # "not checked" for one it chose itself (checkpoint_auto).

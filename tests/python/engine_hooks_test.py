@@ -640,6 +640,66 @@ class EngineHooks(WexdProducerCase):
         with self.assertRaises(ValueError):
             r.sync(min_version=v)
 
+    def test_close_during_sync(self):
+        """EngineRank.close() while a sync of the rank waits for a version
+        in another thread cancels that wait (was: close waited the sync's
+        whole timeout, and a sync it overtook failed with AttributeError):
+        the sync raises WexError ECANCELED saying the rank is being
+        closed; syncs after it raise ValueError; close() inside a sync of
+        the rank is refused."""
+        d = self.tmp.name
+        m = module_of(self.engine_params("vllm", 0))
+        r = wex.engine.EngineRank(MODEL, m.named_parameters, rank=0, world_size=2,
+                                  layout="vllm:tp=2", config=os.path.join(d, "config.json"),
+                                  group="closing")
+        self.addCleanup(r.close)
+        v = self.next_version()
+        out = {}
+
+        def sync():
+            try:
+                out["sync"] = r.sync(min_version=v + 50, timeout_ms=60000)
+            except BaseException as e:  # reported by the assertions below
+                out["sync"] = e
+        t = threading.Thread(target=sync, daemon=True)
+        t.start()
+        with wex.Client(wex.ROLE_ADMIN) as admin:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 10 and not any(
+                    k["pid"] == os.getpid() and k["group"] == "closing" and
+                    k["waiting"] == "acquire" for k in admin.request("clients")["clients"]):
+                time.sleep(0.01)
+        t0 = time.monotonic()
+        r.close()
+        self.assertLess(time.monotonic() - t0, 10, "close() waited for the sync's timeout")
+        t.join(10)
+        self.assertFalse(t.is_alive())
+        self.assertIsInstance(out["sync"], wex.WexError, out["sync"])
+        self.assertEqual(out["sync"].code, errno.ECANCELED)
+        self.assertIn("being closed", str(out["sync"]))
+        self.assertIsNone(r.client)
+        self.assertFalse(r.dirty())
+        with self.assertRaises(ValueError):
+            r.sync(min_version=v)
+        r.close()  # again: nothing to do
+        # From inside a sync of the rank (a parameter callable that closes).
+        r2 = wex.engine.EngineRank(MODEL, m.named_parameters, rank=0, world_size=2,
+                                   layout="vllm:tp=2", config=os.path.join(d, "config.json"),
+                                   group="closing2")
+        self.addCleanup(r2.close)
+        errs = []
+
+        def closing_params():
+            try:
+                r2.close()
+            except ValueError as e:
+                errs.append(str(e))
+            return m.named_parameters()
+        r2._resolve = closing_params
+        self.assertEqual(r2.sync(min_version=v)["version"], v)
+        self.assertTrue(errs and "inside a sync" in errs[0], errs)
+        self.assertIsNotNone(r2.client)
+
     def test_default_specs(self):
         self.assertEqual(wex.vllm.default_spec(vpar(0, tp=4)), "vllm:tp=4")
         self.assertEqual(wex.vllm.default_spec(vpar(0, tp=2, pp=2, dp=2), expert_parallel=True),

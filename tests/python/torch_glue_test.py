@@ -389,6 +389,14 @@ class TorchGlue(WexdProducerCase):
             torch_util.attach_module(c, [("w", torch.zeros(4).expand(4, 4))])
         with self.assertRaisesRegex(ValueError, "v has overlapping elements"):
             torch_util.attach_module(c, [("v", torch.zeros(16).as_strided((4, 4), (1, 2)))])
+        # Strides not nested whose elements are all apart: taken (offsets
+        # 0 3 2 5 4 7); too many elements to compare one by one: refused
+        # as possibly overlapping.
+        self.assertEqual(torch_util._table_strides("u", torch.zeros(8).as_strided((3, 2), (2, 3))),
+                         (2, 3))
+        big = torch.zeros(1025 * 1025).as_strided((1025, 1025), (1, 1024))
+        with self.assertRaisesRegex(ValueError, "big has strides that are not nested"):
+            torch_util._table_strides("big", big)
         p = wex.Client(wex.ROLE_PRODUCER, "torch-glue-cpu", rank=0, world_size=1)
         self.addCleanup(p.close)
         with self.assertRaisesRegex(ValueError, "CUDA device"):

@@ -548,24 +548,40 @@ class Client:
 
     def close(self, force=False):
         """Closes the client; deferred while tensors over its memory are
-        alive (see the class), unless force."""
-        with self._lock:
-            if self._h is None:
-                return
-            if self._live and not force:
-                if not self._close_pending:
-                    warnings.warn("wex.Client.close(): %d tensor(s) over this client's "
-                                  "memory are still alive: the client (its lease and "
-                                  "mappings) closes when the last is gone "
-                                  "(close(force=True) closes now)" % self._live,
-                                  RuntimeWarning, stacklevel=2)
-                self._close_pending = True
-                return
-            with self._handle_lock:
-                self._lib.wex_client_close(self._h)
-                self._h = None
-            self._regions = []
-            self._attached = []
+        alive (see the class), unless force.  A sync or begin_write of
+        this client waiting for wexd in another thread is cancelled first
+        (WexError ECANCELED there), not waited for up to its timeout; one
+        copying completes first."""
+        # The waiting call holds the lock until it returns.
+        cancel_failed = False
+        while not self._lock.acquire(timeout=0.05):
+            if not cancel_failed:
+                try:
+                    self.cancel()
+                except WexError:  # an older wexd: the call waits on
+                    cancel_failed = True
+        try:
+            self._close_locked(force)
+        finally:
+            self._lock.release()
+
+    def _close_locked(self, force):
+        if self._h is None:
+            return
+        if self._live and not force:
+            if not self._close_pending:
+                warnings.warn("wex.Client.close(): %d tensor(s) over this client's "
+                              "memory are still alive: the client (its lease and "
+                              "mappings) closes when the last is gone "
+                              "(close(force=True) closes now)" % self._live,
+                              RuntimeWarning, stacklevel=3)
+            self._close_pending = True
+            return
+        with self._handle_lock:
+            self._lib.wex_client_close(self._h)
+            self._h = None
+        self._regions = []
+        self._attached = []
 
     def __enter__(self):
         return self

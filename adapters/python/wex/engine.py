@@ -334,6 +334,7 @@ class EngineRank:
         self._syncs = threading.Condition()
         self._syncing = {}
         self._cancel_warned = False
+        self._closing = False        # close() waits for running syncs
         self.lost = None             # see restored(): why the weights hold nothing
         self._forget_pending = False  # restored() lost them, forget() not yet done
         self.forgotten = 0           # forget() calls
@@ -484,14 +485,15 @@ class EngineRank:
         the next sync copies every byte of its version, even one this
         rank holds (a sync of the version held copies nothing
         otherwise).  One round trip to wexd."""
-        if self.client is None:
+        client = self.client  # (close() in another thread sets it None)
+        if client is None:
             raise ValueError("this engine rank is closed")
         moved = self.moved()
         if moved:
             raise ValueError("the engine re-allocated or replaced %d parameter(s) since they "
                              "were attached (%s): detach and attach again"
                              % (len(moved), ", ".join(moved[:3])))
-        torch_util.attach_module(self.client, [(n, t) for n, t, _ in self._where],
+        torch_util.attach_module(client, [(n, t) for n, t, _ in self._where],
                                  layout=self.layout, rank=self.rank if self.layout else None)
         self.version = 0
         self.forgotten += 1
@@ -519,7 +521,7 @@ class EngineRank:
         me, entered = threading.get_ident(), False
         try:
             with self._syncs:
-                if self.client is None:
+                if self.client is None or self._closing:
                     raise ValueError("this engine rank is closed")
                 if self.released_why is not None:
                     raise ValueError("%s: the weights' memory is released (nothing is mapped "
@@ -529,6 +531,10 @@ class EngineRank:
                 entered = True
             return self._sync(min_version, timeout_ms, verify)
         except wex.WexError as e:
+            if e.code == errno.ECANCELED and self._closing:
+                raise wex.WexError(errno.ECANCELED, "this engine rank is being closed: this sync "
+                                   "was cancelled while it waited for a version; nothing "
+                                   "copied") from e
             if e.code == errno.ECANCELED and self.released_why is not None:
                 raise wex.WexError(errno.ECANCELED, "%s: the weights' memory is being "
                                    "released: this sync was cancelled while it waited for a "
@@ -568,7 +574,8 @@ class EngineRank:
         """True when the weights are mixed (a copy failed half-way, or a
         verification found a difference) or lost (restored(kept=False))
         until a sync succeeds."""
-        return self.client is not None and (self.lost is not None or self.client.is_dirty())
+        client = self.client  # (close() in another thread sets it None)
+        return client is not None and (self.lost is not None or client.is_dirty())
 
     def describe(self):
         """What is attached: a dict for logs and RPC replies."""
@@ -580,9 +587,29 @@ class EngineRank:
                 "released": self.released_why, "lost": self.lost, "forgotten": self.forgotten}
 
     def close(self):
-        if self.client is not None:
-            self.client.close()
+        """Detaches this rank (its client closes).  A sync of this rank
+        running in another thread ends first, as for released(): one
+        waiting for a version is cancelled (WexError ECANCELED, nothing
+        copied), one copying completes; syncs after it, or started while
+        it waits, raise ValueError.  Called from inside a sync of this
+        rank: ValueError (it would wait for itself)."""
+        with self._syncs:
+            client = self.client
+            if client is None:
+                return
+            if threading.get_ident() in self._syncing:
+                raise ValueError("close() called from inside a sync of this rank: the sync "
+                                 "must return first")
+            self._closing = True
+            try:
+                while self._syncing:
+                    self._cancel_syncs("close")
+                    self._syncs.wait(0.05)
+            except BaseException:
+                self._closing = False
+                raise
             self.client = None
+        client.close()
 
     def __enter__(self):
         return self

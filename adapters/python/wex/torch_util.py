@@ -379,23 +379,44 @@ def _register_ranges(client, kind, placed, gap=MERGE_GAP):
                   for n, t, p, nb, st, _ in placed]
 
 
+_OVERLAP_EXACT = 1 << 20  # elements checked one by one below this
+
+
 def _overlaps(t):
     """Whether two elements of t share an address (a stride of 0, as
-    expand() makes, or strides too small for the dims inside them)."""
-    need = 1
+    expand() makes, or strides too small for the dims inside them):
+    False at once for nested strides (each at least the extent of the
+    smaller ones); otherwise every element's offset is compared (shape
+    (3, 2) with strides (2, 3) does not overlap), "maybe" for a tensor of
+    more than _OVERLAP_EXACT elements."""
+    need, nested = 1, True
     for st, n in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n > 1):
         if st < need:
-            return True
+            nested = False
+            break
         need = st * n
-    return False
+    if nested:
+        return False
+    if t.numel() > _OVERLAP_EXACT:
+        return "maybe"
+    off = torch.zeros((), dtype=torch.int64)
+    for d, (st, n) in enumerate(zip(t.stride(), t.shape)):
+        shape = [1] * t.dim()
+        shape[d] = n
+        off = off + (torch.arange(n, dtype=torch.int64) * st).reshape(shape)
+    return off.reshape(-1).unique().numel() != t.numel()
 
 
 def _table_strides(name, t):
     """t's strides for a wex table entry (None when contiguous); a tensor
     whose elements overlap is refused: they cannot each hold their bytes."""
-    if _overlaps(t):
-        raise ValueError("%s has overlapping elements (strides %s for shape %s)"
-                         % (name, tuple(t.stride()), tuple(t.shape)))
+    over = _overlaps(t)
+    if over:
+        raise ValueError("%s has %s (strides %s for shape %s)"
+                         % (name, "overlapping elements" if over is True else
+                            "strides that are not nested and more than %d elements: its "
+                            "elements may overlap" % _OVERLAP_EXACT,
+                            tuple(t.stride()), tuple(t.shape)))
     return None if t.is_contiguous() else tuple(t.stride())
 
 
