@@ -1404,6 +1404,17 @@ static void regions_undo(struct wex_client *c, const char *done)
 	}
 }
 
+/* Releases a segment this client lists (a fork's handler closes the
+ * listed fds in the child): its fd is closed under the state lock, so a
+ * child never closes that number again after another thread reused it. */
+static void seg_release(struct wex_client *c, struct wex_mem_seg *seg)
+{
+	state_lock(c);
+	close_fd(&seg->fd);
+	state_unlock(c);
+	seg->ops->release(seg);
+}
+
 static void consumer_unmap_all(struct wex_client *c)
 {
 	struct pseg *p = c->psegs;
@@ -1411,7 +1422,7 @@ static void consumer_unmap_all(struct wex_client *c)
 	unmap_regions(c, NULL);
 	for (size_t i = 0; i < c->npsegs; i++)
 		if (c->psegs[i].seg.ops)
-			c->psegs[i].seg.ops->release(&c->psegs[i].seg);
+			seg_release(c, &c->psegs[i].seg);
 	/* A fork's handler reads the array (its fds): never a freed one. */
 	state_lock(c);
 	c->psegs = NULL;
@@ -1483,7 +1494,7 @@ static void client_close(wex_client_t *c)
 		conn_drop(c);
 	}
 	for (size_t i = 0; i < c->nosegs; i++)
-		c->osegs[i].seg.ops->release(&c->osegs[i].seg);
+		seg_release(c, &c->osegs[i].seg);
 	/* Off fork()'s list only now that its fds are closed: a child that
 	 * another thread forked meanwhile closed its copies, so wexd saw the
 	 * connection end here (a copy would hold the rank for the child). */
@@ -2313,7 +2324,9 @@ static int import_segments(struct wex_client *c, struct stash *sh, json_t *segs,
 			return set_err(c, ret, "importing %s segment %lld of producer rank %lld%s: %s",
 				       kind, (long long)id, (long long)rank,
 				       parts ? " (chained allocations)" : "", wex_strerror(ret));
-		state_lock(c); /* a fork's child closes its fd from here on */
+		/* A fork's child closes its fd from here on (one forked since
+		 * the fd came in, before this, keeps a copy until it execs). */
+		state_lock(c);
 		c->npsegs++;
 		state_unlock(c);
 	}

@@ -678,16 +678,20 @@ static int run(int argc, char **argv)
 	if (!strcmp(cmd, "plan") || !strcmp(cmd, "convert")) {
 		/* A --json before the command is the command's (plan prints
 		 * JSON; convert refuses it, as after the command). */
+		static char json_opt[] = "--json";
 		char **args = calloc((size_t)(argc - i + 2), sizeof(*args));
-		int n = argc - i, ret;
+		int n = 1, ret;
 
 		if (!args) {
 			fprintf(stderr, "wexctl: out of memory\n");
 			return 1;
 		}
-		memcpy(args, argv + i, (size_t)n * sizeof(*args));
+		/* Right after the command: never taken as an option's value. */
+		args[0] = argv[i];
 		if (as_json)
-			args[n++] = "--json";
+			args[n++] = json_opt;
+		memcpy(args + n, argv + i + 1, (size_t)(argc - i - 1) * sizeof(*args));
+		n += argc - i - 1;
 		ret = !strcmp(cmd, "plan") ? wexctl_cmd_plan(n, args) : wexctl_cmd_convert(n, args);
 		free(args);
 		return ret;

@@ -40,6 +40,10 @@ done
 "$WEXCTL_BIN" --json convert --config "$d/config.json" --from hf --to megatron:tp=2 "$d/hf" "$d/o-opt" 2>"$d/opt.err"
 rc=$?
 [ $rc = 2 ] && [ ! -e "$d/o-opt" ] || { echo "wexctl --json convert: exit $rc, not 2: $(cat "$d/opt.err")"; exit 1; }
+# ... and is never taken as the value of an option given last without one.
+"$WEXCTL_BIN" --json plan --from hf --to megatron:tp=2 --config 2>"$d/opt.err" >/dev/null
+rc=$?
+[ $rc = 2 ] || { echo "wexctl --json plan ... --config: exit $rc, not 2: $(cat "$d/opt.err")"; exit 1; }
 # wexctl --json plan prints JSON, as plan --json does.
 "$WEXCTL_BIN" --json plan --config "$d/config.json" --from hf --to megatron:tp=2 >"$d/plan.json" || exit 1
 PYJ=/usr/bin/python3; [ -x $PYJ ] || PYJ=python3

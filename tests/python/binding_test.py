@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import unittest
+import warnings
 
 import wex
 from wexd_harness import WexdProducerCase
@@ -194,7 +195,12 @@ class Binding(WexdProducerCase):
         self.assertFalse(c.cancel())
         # close() while a sync waits in another thread: the wait is
         # cancelled (it held the client's lock: close waited its timeout).
+        # First a close deferred for a live tensor over the client's
+        # memory (a stand-in holder here): it cancels nothing, the sync
+        # waits on (the close waits for the call, as before, then defers).
         c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="cancel-close", timeout_ms=10000)
+        holder = type("Holder", (), {})()
+        c._track(holder)
         t = threading.Thread(target=sync, daemon=True)
         out.clear()
         t.start()
@@ -204,12 +210,39 @@ class Binding(WexdProducerCase):
                     k["pid"] == os.getpid() and k["group"] == "cancel-close" and
                     k["waiting"] == "acquire" for k in admin.request("clients")["clients"]):
                 time.sleep(0.01)
-        c.close()
+
+        def deferred_close():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                c.close()
+        closer = threading.Thread(target=deferred_close, daemon=True)
+        closer.start()
+        t.join(0.5)
+        self.assertTrue(t.is_alive(), "a deferred close cancelled the sync: %r" % out.get("r"))
+        self.assertTrue(c.cancel())
+        t.join(10)
+        closer.join(10)
+        self.assertFalse(t.is_alive() or closer.is_alive())
+        self.assertIsNotNone(c._h, "closed under a live tensor")
+        self.assertEqual(out["r"].code, errno.ECANCELED)
+        # close(force=True) while a sync waits: cancelled, closed.
+        t = threading.Thread(target=sync, daemon=True)
+        out.clear()
+        t.start()
+        t0 = time.monotonic()
+        with wex.Client(wex.ROLE_ADMIN) as admin:
+            while time.monotonic() - t0 < 10 and not any(
+                    k["pid"] == os.getpid() and k["group"] == "cancel-close" and
+                    k["waiting"] == "acquire" for k in admin.request("clients")["clients"]):
+                time.sleep(0.01)
+        c.close(force=True)
+        self.assertIsNone(c._h)
         self.assertLess(time.monotonic() - t0, 10, "close() waited for the sync's timeout")
         t.join(10)
         self.assertIsInstance(out["r"], wex.WexError)
         self.assertEqual(out["r"].code, errno.ECANCELED)
         self.assertFalse(c.cancel())
+        del holder
 
     def test_signal(self):
         """A signal during a sync's wait on the main thread: Python runs

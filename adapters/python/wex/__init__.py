@@ -551,11 +551,13 @@ class Client:
         alive (see the class), unless force.  A sync or begin_write of
         this client waiting for wexd in another thread is cancelled first
         (WexError ECANCELED there), not waited for up to its timeout; one
-        copying completes first."""
-        # The waiting call holds the lock until it returns.
+        copying completes first.  A close deferred for live tensors
+        cancels nothing."""
+        # The waiting call holds the lock until it returns.  (_live is
+        # read again under the lock, where the close is decided.)
         cancel_failed = False
         while not self._lock.acquire(timeout=0.05):
-            if not cancel_failed:
+            if not cancel_failed and (force or not self._live):
                 try:
                     self.cancel()
                 except WexError:  # an older wexd: the call waits on

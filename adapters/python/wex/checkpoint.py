@@ -286,8 +286,9 @@ def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapter
             # bytes in another shape, as different).
             full = tuple(hp.dims("shape")) if hp is not None else tuple(shape)
             if p is None and full != tuple(extent):
-                skipped.append("%s (the checkpoint's shape %s is not the engine's %s)"
-                               % (cname, list(full), list(extent)))
+                skipped.append("%s (the %s shape %s is not the engine's %s)"
+                               % (cname, "checkpoint's" if hp is None else "config's",
+                                  list(full), list(extent)))
                 continue
             deltas = _sample(extent, elems)
             if hp is not None:

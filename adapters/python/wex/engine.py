@@ -601,10 +601,15 @@ class EngineRank:
                 raise ValueError("close() called from inside a sync of this rank: the sync "
                                  "must return first")
             self._closing = True
+            t0 = warned = time.monotonic()
             try:
                 while self._syncing:
                     self._cancel_syncs("close")
                     self._syncs.wait(0.05)
+                    if self._syncing and time.monotonic() - warned >= 5.0:
+                        warned = time.monotonic()
+                        log.warning("wex: close: rank %d of %s waits %.0f s for a sync to end",
+                                    self.rank, self.group, warned - t0)
             except BaseException:
                 self._closing = False
                 raise
