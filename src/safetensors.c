@@ -267,11 +267,7 @@ const struct wex_st_tensor *wex__st_find(const struct wex_st_file *f, const char
 {
 	size_t lo = 0, hi = f->n;
 
-	if (!f->by_name) /* (a file not from wex__st_open) */
-		for (size_t i = 0; i < f->n; i++)
-			if (!strcmp(f->t[i].name, name))
-				return &f->t[i];
-	while (f->by_name && lo < hi) {
+	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
 		int c = strcmp(f->by_name[mid]->name, name);
 

@@ -250,7 +250,7 @@ int main(void)
 	 * timeouts count under their own full names (label values were cut
 	 * at 47 bytes: one series for both, named neither). */
 	{
-#define LONGM "metrics-long-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+#define LONGM "metrics-long-0123456789012345678901234567890123456789012345678901234567890123456789012345678901234567"
 		const char *names[2] = { LONGM "-policy", LONGM "-critic" };
 		struct t_prod lp[2];
 		struct t_cons lk[2];

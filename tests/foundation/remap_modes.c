@@ -54,63 +54,79 @@ static void map_of(void *addr, char *out, size_t len)
 
 #define SZ 4096
 
-/* Tensor A in the region, B in the engine's own buffer; the producer
- * moves A in its next version, so the same-address sync of that version
- * fails its layout check after the fetch gave the region its memory back. */
-static void fixed_fail_dirty(void)
-{
-	wex_client_t *p = t_open(WEX_ROLE_PRODUCER, MODEL "-mixed", NULL, 0, 1), *c;
-	static unsigned char bbuf[SZ];
-	struct wex_tensor t[2], l[2];
-	struct wex_sync_result r;
+/* Tensor A in a same-address region over the first `reserve` bytes of
+ * the producer's segment of `seg_bytes`, B in the engine's own buffer
+ * bbuf: v1 published, copied, then served same-address; the rollout's
+ * lease released. */
+struct mixed {
+	wex_client_t *p, *c;
+	struct wex_tensor t[2];
 	unsigned char *base, *region;
 	uint32_t seg;
+};
+
+static void mixed_open(struct mixed *m, const char *model, uint64_t seg_bytes, uint64_t reserve,
+		       unsigned char *bbuf)
+{
+	struct wex_tensor l[2];
+	struct wex_sync_result r;
+
+	m->p = t_open(WEX_ROLE_PRODUCER, model, NULL, 0, 1);
+	T_WEX(m->p, wex_segment_alloc(m->p, WEX_SEG_HOST, 0, seg_bytes, &m->seg, (void **)&m->base));
+	t_u8_tensor(&m->t[0], "A", SZ, m->seg, 0);
+	t_u8_tensor(&m->t[1], "B", SZ, m->seg, SZ);
+	T_WEX(m->p, wex_register_tensors(m->p, m->t, 2));
+	T_WEX(m->p, wex_begin_write(m->p, 1, 5000));
+	memset(m->base, 1, seg_bytes);
+	T_WEX(m->p, wex_publish(m->p, 1));
+	m->c = t_open(WEX_ROLE_CONSUMER, model, NULL, 0, 1);
+	T_WEX(m->c, wex_reserve(m->c, 0, m->seg, reserve, (void **)&m->region));
+	l[0] = m->t[0];
+	l[0].ptr = m->region;
+	l[1] = m->t[1];
+	l[1].ptr = bbuf;
+	T_WEX(m->c, wex_attach(m->c, l, 2));
+	T_WEX(m->c, wex_sync(m->c, WEX_SYNC_COPY, 1, 5000, &r));
+	T_WEX(m->c, wex_sync(m->c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
+	T_ASSERT(m->region[0] == 1 && bbuf[0] == 1 && wex_is_dirty(m->c) == 0, "v1 served, clean");
+	T_WEX(m->c, wex_release(m->c)); /* the rollout ends */
+}
+
+/* The producer moves A in its next version, so the same-address sync of
+ * that version fails its layout check after the fetch gave the region
+ * its memory back. */
+static void fixed_fail_dirty(void)
+{
+	static unsigned char bbuf[SZ];
+	struct wex_sync_result r;
+	struct mixed m;
 	int ret;
 
-	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4 * SZ, &seg, (void **)&base));
-	t_u8_tensor(&t[0], "A", SZ, seg, 0);
-	t_u8_tensor(&t[1], "B", SZ, seg, SZ);
-	T_WEX(p, wex_register_tensors(p, t, 2));
-	T_WEX(p, wex_begin_write(p, 1, 5000));
-	memset(base, 1, 4 * SZ);
-	T_WEX(p, wex_publish(p, 1));
-
-	c = t_open(WEX_ROLE_CONSUMER, MODEL "-mixed", NULL, 0, 1);
-	T_WEX(c, wex_reserve(c, 0, seg, 4 * SZ, (void **)&region));
-	l[0] = t[0];
-	l[0].ptr = region;
-	l[1] = t[1];
-	l[1].ptr = bbuf;
-	T_WEX(c, wex_attach(c, l, 2));
-	T_WEX(c, wex_sync(c, WEX_SYNC_COPY, 1, 5000, &r));
-	T_WEX(c, wex_sync(c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
-	T_ASSERT(region[0] == 1 && bbuf[0] == 1 && wex_is_dirty(c) == 0, "v1 served, clean");
-	T_WEX(c, wex_release(c)); /* the rollout ends */
-
+	mixed_open(&m, MODEL "-mixed", 4 * SZ, 4 * SZ, bbuf);
 	/* v2: A at 2 * SZ; offset 0 holds something else. */
-	T_WEX(p, wex_begin_write(p, 2, 5000));
-	t[0].offset = 2 * SZ;
-	T_WEX(p, wex_register_tensors(p, t, 2));
-	memset(base, 0x77, 4 * SZ);
-	memset(base + SZ, 2, SZ);
-	memset(base + 2 * SZ, 2, SZ);
-	T_WEX(p, wex_publish(p, 2));
+	T_WEX(m.p, wex_begin_write(m.p, 2, 5000));
+	m.t[0].offset = 2 * SZ;
+	T_WEX(m.p, wex_register_tensors(m.p, m.t, 2));
+	memset(m.base, 0x77, 4 * SZ);
+	memset(m.base + SZ, 2, SZ);
+	memset(m.base + 2 * SZ, 2, SZ);
+	T_WEX(m.p, wex_publish(m.p, 2));
 
-	ret = wex_sync(c, WEX_SYNC_REMAP_FIXED, 0, 5000, &r);
+	ret = wex_sync(m.c, WEX_SYNC_REMAP_FIXED, 0, 5000, &r);
 	T_ASSERT(ret == -WEX_ELAYOUT, "same-address sync of the moved tensor: %s, not ELAYOUT",
 		 wex_strerror(ret));
-	T_ASSERT(region[0] == 0x77 && bbuf[0] == 1,
-		 "the region holds the producer's new bytes (%#x), B still v1 (%d)", region[0],
+	T_ASSERT(m.region[0] == 0x77 && bbuf[0] == 1,
+		 "the region holds the producer's new bytes (%#x), B still v1 (%d)", m.region[0],
 		 bbuf[0]);
-	T_ASSERT(wex_is_dirty(c) == 1, "mixed weights after the failed sync are dirty, got %d",
-		 wex_is_dirty(c));
+	T_ASSERT(wex_is_dirty(m.c) == 1, "mixed weights after the failed sync are dirty, got %d",
+		 wex_is_dirty(m.c));
 	printf("failed same-address sync after its fetch restored the region: dirty (%s)\n",
-	       wex_last_error(c));
+	       wex_last_error(m.c));
 	/* A copy repairs them. */
-	T_WEX(c, wex_sync(c, WEX_SYNC_COPY, 2, 5000, &r));
-	T_ASSERT(region[0] == 2 && bbuf[0] == 2 && wex_is_dirty(c) == 0, "copy of v2: clean");
-	wex_client_close(c);
-	wex_client_close(p);
+	T_WEX(m.c, wex_sync(m.c, WEX_SYNC_COPY, 2, 5000, &r));
+	T_ASSERT(m.region[0] == 2 && bbuf[0] == 2 && wex_is_dirty(m.c) == 0, "copy of v2: clean");
+	wex_client_close(m.c);
+	wex_client_close(m.p);
 }
 
 /* The same with a view sync that succeeds: its fetch gives the region
@@ -118,45 +134,26 @@ static void fixed_fail_dirty(void)
  * B holds v1: the engine's own weights are mixed, dirty until a copy. */
 static void view_after_fixed_dirty(void)
 {
-	wex_client_t *p = t_open(WEX_ROLE_PRODUCER, MODEL "-viewmix", NULL, 0, 1), *c;
 	static unsigned char bbuf[SZ];
-	struct wex_tensor t[2], l[2];
 	struct wex_sync_result r;
-	unsigned char *base, *region;
-	uint32_t seg;
+	struct mixed m;
 
-	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 2 * SZ, &seg, (void **)&base));
-	t_u8_tensor(&t[0], "A", SZ, seg, 0);
-	t_u8_tensor(&t[1], "B", SZ, seg, SZ);
-	T_WEX(p, wex_register_tensors(p, t, 2));
-	T_WEX(p, wex_begin_write(p, 1, 5000));
-	memset(base, 1, 2 * SZ);
-	T_WEX(p, wex_publish(p, 1));
-	c = t_open(WEX_ROLE_CONSUMER, MODEL "-viewmix", NULL, 0, 1);
-	T_WEX(c, wex_reserve(c, 0, seg, SZ, (void **)&region));
-	l[0] = t[0];
-	l[0].ptr = region;
-	l[1] = t[1];
-	l[1].ptr = bbuf;
-	T_WEX(c, wex_attach(c, l, 2));
-	T_WEX(c, wex_sync(c, WEX_SYNC_COPY, 1, 5000, &r));
-	T_WEX(c, wex_sync(c, WEX_SYNC_REMAP_FIXED, 1, 5000, &r));
-	T_WEX(c, wex_release(c));
-	T_WEX(p, wex_begin_write(p, 2, 5000));
-	T_WEX(p, wex_register_tensors(p, t, 2)); /* a new table: the engine fetches again */
-	memset(base, 2, 2 * SZ);
-	T_WEX(p, wex_publish(p, 2));
-	T_WEX(c, wex_sync(c, WEX_SYNC_REMAP_VIEW, 2, 5000, &r));
-	T_ASSERT(r.version == 2 && region[0] == 2 && bbuf[0] == 1,
-		 "view of v2: the region holds v2 (%d), B v1 (%d)", region[0], bbuf[0]);
-	T_ASSERT(wex_is_dirty(c) == 1, "the engine's own weights are mixed after the view sync "
-		 "restored its region: dirty, got %d", wex_is_dirty(c));
-	T_WEX(c, wex_release(c));
-	T_WEX(c, wex_sync(c, WEX_SYNC_COPY, 2, 5000, &r));
-	T_ASSERT(r.changed && region[0] == 2 && bbuf[0] == 2 && wex_is_dirty(c) == 0,
+	mixed_open(&m, MODEL "-viewmix", 2 * SZ, SZ, bbuf);
+	T_WEX(m.p, wex_begin_write(m.p, 2, 5000));
+	T_WEX(m.p, wex_register_tensors(m.p, m.t, 2)); /* a new table: the engine fetches again */
+	memset(m.base, 2, 2 * SZ);
+	T_WEX(m.p, wex_publish(m.p, 2));
+	T_WEX(m.c, wex_sync(m.c, WEX_SYNC_REMAP_VIEW, 2, 5000, &r));
+	T_ASSERT(r.version == 2 && m.region[0] == 2 && bbuf[0] == 1,
+		 "view of v2: the region holds v2 (%d), B v1 (%d)", m.region[0], bbuf[0]);
+	T_ASSERT(wex_is_dirty(m.c) == 1, "the engine's own weights are mixed after the view sync "
+		 "restored its region: dirty, got %d", wex_is_dirty(m.c));
+	T_WEX(m.c, wex_release(m.c));
+	T_WEX(m.c, wex_sync(m.c, WEX_SYNC_COPY, 2, 5000, &r));
+	T_ASSERT(r.changed && m.region[0] == 2 && bbuf[0] == 2 && wex_is_dirty(m.c) == 0,
 		 "copy of v2 after it: every byte copied, clean");
-	wex_client_close(c);
-	wex_client_close(p);
+	wex_client_close(m.c);
+	wex_client_close(m.p);
 }
 
 int main(void)

@@ -178,11 +178,7 @@ class Binding(WexdProducerCase):
         t.start()
         t0 = time.monotonic()
         # Once wexd lists it waiting: the cancel ends wexd's wait.
-        with wex.Client(wex.ROLE_ADMIN) as admin:
-            while time.monotonic() - t0 < 10 and not any(
-                    k["pid"] == os.getpid() and k["role"] == "consumer" and
-                    k["waiting"] == "acquire" for k in admin.request("clients")["clients"]):
-                time.sleep(0.01)
+        self.await_acquire("cancel")
         self.assertTrue(c.cancel())
         t.join(10)
         self.assertFalse(t.is_alive(), "the cancelled sync still waits")
@@ -205,11 +201,7 @@ class Binding(WexdProducerCase):
         out.clear()
         t.start()
         t0 = time.monotonic()
-        with wex.Client(wex.ROLE_ADMIN) as admin:
-            while time.monotonic() - t0 < 10 and not any(
-                    k["pid"] == os.getpid() and k["group"] == "cancel-close" and
-                    k["waiting"] == "acquire" for k in admin.request("clients")["clients"]):
-                time.sleep(0.01)
+        self.await_acquire("cancel-close")
 
         def deferred_close():
             with warnings.catch_warnings():
@@ -230,11 +222,7 @@ class Binding(WexdProducerCase):
         out.clear()
         t.start()
         t0 = time.monotonic()
-        with wex.Client(wex.ROLE_ADMIN) as admin:
-            while time.monotonic() - t0 < 10 and not any(
-                    k["pid"] == os.getpid() and k["group"] == "cancel-close" and
-                    k["waiting"] == "acquire" for k in admin.request("clients")["clients"]):
-                time.sleep(0.01)
+        self.await_acquire("cancel-close")
         c.close(force=True)
         self.assertIsNone(c._h)
         self.assertLess(time.monotonic() - t0, 10, "close() waited for the sync's timeout")

@@ -663,12 +663,7 @@ class EngineHooks(WexdProducerCase):
                 out["sync"] = e
         t = threading.Thread(target=sync, daemon=True)
         t.start()
-        with wex.Client(wex.ROLE_ADMIN) as admin:
-            t0 = time.monotonic()
-            while time.monotonic() - t0 < 10 and not any(
-                    k["pid"] == os.getpid() and k["group"] == "closing" and
-                    k["waiting"] == "acquire" for k in admin.request("clients")["clients"]):
-                time.sleep(0.01)
+        self.await_acquire("closing")
         t0 = time.monotonic()
         r.close()
         self.assertLess(time.monotonic() - t0, 10, "close() waited for the sync's timeout")
@@ -1512,12 +1507,7 @@ class EngineHooks(WexdProducerCase):
         syncer = threading.Thread(target=sync, kwargs={"min_version": v + 1}, daemon=True)
         syncer.start()
         # Once wexd lists it waiting: the sleep cancels wexd's wait.
-        with wex.Client(wex.ROLE_ADMIN) as admin:
-            t0 = time.monotonic()
-            while time.monotonic() - t0 < 10 and not any(
-                    k["pid"] == os.getpid() and k["group"] == "vllm-busy" and
-                    k["waiting"] == "acquire" for k in admin.request("clients")["clients"]):
-                time.sleep(0.01)
+        self.await_acquire("vllm-busy")
         t0 = time.monotonic()
         sleeper = threading.Thread(target=sleep, daemon=True)
         sleeper.start()

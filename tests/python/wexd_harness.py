@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 
@@ -49,3 +50,16 @@ class WexdProducerCase(unittest.TestCase):
         self.prod.stdin.write("%d\n" % v)
         self.prod.stdin.flush()
         self.assertEqual(self.prod.stdout.readline().strip(), "published %d" % v)
+
+    def await_acquire(self, group, timeout=10.0):
+        """Polls wexd's client list (a condition, not a timed sleep; at
+        most `timeout` seconds) until a consumer of this process in
+        `group` waits there in an acquire."""
+        import wex  # (the harness itself loads no libwex)
+
+        t0 = time.monotonic()
+        with wex.Client(wex.ROLE_ADMIN) as admin:
+            while time.monotonic() - t0 < timeout and not any(
+                    k["pid"] == os.getpid() and k["group"] == group and
+                    k["waiting"] == "acquire" for k in admin.request("clients")["clients"]):
+                time.sleep(0.01)
