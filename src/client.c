@@ -511,9 +511,7 @@ static void restore_doubted(struct wex_client *c)
  * guards against a daemon that stopped answering. */
 static uint64_t reply_limit_ms(uint32_t wait_ms)
 {
-	uint64_t limit = (uint64_t)wait_ms + 5000;
-
-	return limit > INT_MAX ? INT_MAX : limit;
+	return (uint64_t)wait_ms + 5000; /* (ppoll's timespec holds it) */
 }
 
 /* wex_cancel asked to cancel the call this thread runs now. */
@@ -942,7 +940,8 @@ static int reconnect_once(struct wex_client *c, int *greeted)
 	 * be; the watch never waits: it could not be stopped then. */
 	ret = c->fd < 0 ? c->fd :
 			  wex_sock_connect_fd(c->fd, c->sock,
-					      cancel_fd >= 0 ? 0 : (int)reply_limit_ms(c->timeout_ms));
+					      cancel_fd >= 0 ? 0 : (int)(reply_limit_ms(c->timeout_ms) > INT_MAX ? INT_MAX :
+									      reply_limit_ms(c->timeout_ms)));
 	if (ret < 0) {
 		if (c->fd < 0)
 			c->fd = -1;

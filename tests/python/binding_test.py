@@ -232,6 +232,73 @@ class Binding(WexdProducerCase):
         self.assertFalse(c.cancel())
         del holder
 
+    def test_tensor_finalizer(self):
+        """The last tensor over a client's memory, dropped while a sync of
+        that client waits in another thread, is let go at once (its
+        finalizer waited for that sync: 5.5 s of a 6 s wait); the close
+        deferred for it is made once the sync returns.  A finalizer run
+        inside cancel() (the collector runs where Python allocates) does
+        not deadlock on the handle's lock."""
+        import gc
+        c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="finalizer", timeout_ms=10000)
+        holder = type("Holder", (), {})()
+        c._track(holder)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            c.close()
+        self.assertIsNotNone(c._h, "closed under a live tensor")
+        out = {}
+
+        def sync():
+            try:
+                out["r"] = c.sync(wex.SYNC_REMAP_VIEW, min_version=1 << 40, timeout_ms=30000)
+            except wex.WexError as e:
+                out["r"] = e
+        t = threading.Thread(target=sync, daemon=True)
+        t.start()
+        self.await_acquire("finalizer")
+        t0 = time.monotonic()
+        del holder
+        gc.collect()
+        self.assertLess(time.monotonic() - t0, 2, "the finalizer waited for the sync")
+        self.assertTrue(t.is_alive())
+        self.assertIsNotNone(c._h, "closed under the running sync")
+        self.assertTrue(c.cancel())
+        t.join(10)
+        self.assertEqual(out["r"].code, errno.ECANCELED)
+        t0 = time.monotonic()
+        while c._h is not None and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        self.assertIsNone(c._h, "the deferred close was not made after the sync")
+
+        # The finalizer inside cancel(): wex_cancel drops the last tensor.
+        c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="finalizer", timeout_ms=10000)
+        holders = [type("Holder", (), {})()]
+        c._track(holders[0])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            c.close()
+        real = c._lib
+
+        class Lib:
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def wex_cancel(self, h):
+                holders.clear()
+                gc.collect()
+                return real.wex_cancel(h)
+        c._lib = Lib()
+        done = []
+        canceller = threading.Thread(target=lambda: done.append(c.cancel()), daemon=True)
+        canceller.start()
+        canceller.join(10)
+        self.assertEqual(done, [False], "cancel() deadlocked on its finalizer")
+        t0 = time.monotonic()
+        while c._h is not None and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        self.assertIsNone(c._h, "the deferred close was not made after cancel()")
+
     def test_signal(self):
         """A signal during a sync's wait on the main thread: Python runs
         its handler at once (CLIENT_EINTR), not at the wait's timeout:

@@ -427,7 +427,11 @@ class Client:
         # cancel() does not take _lock (the call it cancels holds it):
         # this one keeps the handle from being closed under it.
         self._handle_lock = threading.Lock()
+        self._handle_owner = None  # the thread in cancel(), holding _handle_lock
         self._cancels = 0  # cancel() calls
+        # _live is counted under a lock of its own: a tensor's finalizer
+        # (the garbage collector, in any thread) never waits for a call.
+        self._live_lock = threading.Lock()
         self._live = 0            # tensors over this client's memory alive
         self._close_pending = False
         L = lib()
@@ -524,15 +528,40 @@ class Client:
 
     def _track(self, obj):
         """obj (what holds a tensor's memory) keeps this client open."""
-        with self._lock:
+        with self._live_lock:
             self._live += 1
         weakref.finalize(obj, self._untrack)
 
     def _untrack(self):
-        with self._lock:
+        # A finalizer: it may run in any thread, inside any call of this
+        # client's (the collector runs where Python allocates), while
+        # another thread's sync holds the lock for minutes.  The pending
+        # close is made here only when nothing holds the client; else a
+        # thread of its own makes it once the call holding it returns.
+        with self._live_lock:
             self._live -= 1
-            if self._live == 0 and self._close_pending:
-                self.close()
+            if self._live or not self._close_pending:
+                return
+        me = threading.get_ident()
+        owned = getattr(self._lock, "_is_owned", lambda: True)()
+        if not owned and self._handle_owner != me and self._lock.acquire(blocking=False):
+            try:
+                self._close_if_unused()
+            finally:
+                self._lock.release()
+            return
+        threading.Thread(target=self._close_when_free, name="wex-client-close",
+                         daemon=True).start()
+
+    def _close_when_free(self):
+        with self._lock:
+            self._close_if_unused()
+
+    def _close_if_unused(self):
+        with self._live_lock:
+            if self._live or not self._close_pending:
+                return  # (a tensor was made meanwhile)
+        self._close_locked(False)
 
     @property
     def handle(self):
@@ -570,14 +599,17 @@ class Client:
     def _close_locked(self, force):
         if self._h is None:
             return
-        if self._live and not force:
-            if not self._close_pending:
+        with self._live_lock:  # (against a finalizer's count)
+            live, first = self._live, not self._close_pending
+            if live and not force:
+                self._close_pending = True
+        if live and not force:
+            if first:
                 warnings.warn("wex.Client.close(): %d tensor(s) over this client's "
                               "memory are still alive: the client (its lease and "
                               "mappings) closes when the last is gone "
-                              "(close(force=True) closes now)" % self._live,
+                              "(close(force=True) closes now)" % live,
                               RuntimeWarning, stacklevel=3)
-            self._close_pending = True
             return
         with self._handle_lock:
             self._lib.wex_client_close(self._h)
@@ -676,9 +708,13 @@ class Client:
         cancels (a call already waiting then waits on)."""
         self._cancels += 1  # (seen by a call that a signal interrupted)
         with self._handle_lock:
-            if self._h is None:
-                return False
-            ret = self._lib.wex_cancel(self._h)
+            self._handle_owner = threading.get_ident()
+            try:
+                if self._h is None:
+                    return False
+                ret = self._lib.wex_cancel(self._h)
+            finally:
+                self._handle_owner = None
         if ret == -errno.EOPNOTSUPP:
             raise WexError(errno.EOPNOTSUPP, "cancel: the wexd this client talks to cannot "
                            "cancel a wait (it predates cancels): the call waits on until "
