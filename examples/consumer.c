@@ -14,11 +14,13 @@
  * Defaults: group "engine", model "policy", preset qwen2-0.5b, 3 versions,
  * all three modes, 2 copy threads (0: libwex's own default), syncs waiting
  * up to 60000 ms.  --hold stays connected after the last version until
- * SIGTERM.
+ * SIGTERM.  A lease that could not be released after a rollout (wexd gone:
+ * the producer may have written while this rank read) exits 1.
  *
  * Consumer rank K mirrors producer rank K, so M is the producers' world size
  * (wex_reserve refuses a producer rank that does not exist).
  */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -225,15 +227,32 @@ int main(int argc, char **argv)
 			fprintf(stderr, "consumer: weights dirty\n");
 			return 1;
 		}
-		wex_release(c); /* end of this rollout (no-op error if copy released it) */
+		/* End of this rollout.  -ENOENT: no lease held (a copy sync gave
+		 * its lease back).  Any other error: the lease may have been lost
+		 * while this rank read (-WEX_EDAEMON), what it checked may not be
+		 * what it served. */
+		ret = wex_release(c);
+		if (ret < 0 && ret != -ENOENT) {
+			fprintf(stderr, "consumer rank %u: release v%llu: %s: %s\n", rank,
+				(unsigned long long)last, wex_strerror(ret), wex_last_error(c));
+			return 1;
+		}
 	}
 	if (hold) {
-		/* Stay attached (plans stay cached) until told to go. */
+		/* Stay attached (plans stay cached) until told to go.  SIGTERM
+		 * stays blocked but while sigsuspend waits: one arriving between
+		 * the test of `term` and the wait is not lost. */
+		sigset_t block, old;
+
+		sigemptyset(&block);
+		sigaddset(&block, SIGTERM);
+		sigprocmask(SIG_BLOCK, &block, &old);
+		signal(SIGTERM, on_term);
 		printf("consumer rank %u: done, holding\n", rank);
 		fflush(stdout);
-		signal(SIGTERM, on_term);
 		while (!term)
-			pause();
+			sigsuspend(&old);
+		sigprocmask(SIG_SETMASK, &old, NULL);
 	}
 	wex_client_close(c);
 	free(t);

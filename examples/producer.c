@@ -11,8 +11,9 @@
  * Defaults: model "policy", preset qwen2-0.5b, 3 versions numbered from
  * --first (1), 2 threads filling the weights, the socket libwex picks.
  * --wait-group makes it wait, after each publish, until every rank of that
- * consumer group serves the version (a trainer waiting for its rollout);
- * --hold keeps the memory exported after the last version until SIGTERM.
+ * consumer group serves the version (a trainer waiting for its rollout),
+ * and exits 1 when wexd cannot tell (gone); --hold keeps the memory
+ * exported after the last version until SIGTERM.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -34,23 +35,37 @@ static void on_sig(int s)
 	stop = 1;
 }
 
-/* Every rank of `group` serves at least `v`? */
+/* json's string member `key` equals s? */
+static int name_is(json_t *j, const char *key, const char *s)
+{
+	const char *v = json_string_value(json_object_get(j, key));
+
+	return v && !strcmp(v, s);
+}
+
+/* Every rank of `group` serves at least `v`?  1 yes, 0 not yet; wex_request's
+ * error (wexd gone: the reason in wex_last_error), or -EPROTO for an answer
+ * without a list of models. */
 static int group_served(wex_client_t *admin, const char *model, const char *group, uint64_t v)
 {
 	char *s = NULL;
 	json_t *j, *m, *g, *r;
 	size_t i, k, l;
-	int ok = 0;
+	int ok = 0, ret;
 
-	if (wex_request(admin, "models", NULL, &s) < 0)
-		return -1;
+	if ((ret = wex_request(admin, "models", NULL, &s)) < 0)
+		return ret;
 	j = json_loads(s, 0, NULL);
 	wex_free(s);
+	if (!json_is_array(json_object_get(j, "models"))) {
+		json_decref(j);
+		return -EPROTO;
+	}
 	json_array_foreach(json_object_get(j, "models"), i, m) {
-		if (strcmp(json_string_value(json_object_get(m, "name")), model))
+		if (!name_is(m, "name", model))
 			continue;
 		json_array_foreach(json_object_get(m, "groups"), k, g) {
-			if (strcmp(json_string_value(json_object_get(g, "name")), group))
+			if (!name_is(g, "name", group))
 				continue;
 			ok = 1;
 			json_array_foreach(json_object_get(g, "ranks"), l, r)
@@ -202,10 +217,19 @@ int main(int argc, char **argv)
 		printf("producer rank %u: published v%llu (waited %.1f ms for leases, wrote in %.1f ms)\n",
 		       rank, (unsigned long long)v, (t1 - t0) * 1e3, (ex_now() - t1) * 1e3);
 		fflush(stdout);
+		/* Never publish the next version before the group served this
+		 * one: when wexd cannot say (it is gone), give up. */
 		while (admin && !stop && (ret = group_served(admin, model, wait_group, v)) == 0) {
 			struct timespec ts = { 0, 2000000 };
 
 			nanosleep(&ts, NULL);
+		}
+		if (admin && ret < 0) {
+			fprintf(stderr, "producer rank %u: waiting for group '%s' to serve v%llu: %s: %s\n",
+				rank, wait_group, (unsigned long long)v, wex_strerror(ret),
+				ret == -EPROTO ? "wexd's answer to 'models' lists no models" :
+						 wex_last_error(admin));
+			return 1;
 		}
 		if (interval_ms > 0) {
 			struct timespec ts = { interval_ms / 1000, (interval_ms % 1000) * 1000000L };
@@ -213,8 +237,19 @@ int main(int argc, char **argv)
 			nanosleep(&ts, NULL);
 		}
 	}
-	while (hold && !stop)
-		pause();
+	if (hold) {
+		/* SIGTERM and SIGINT stay blocked but while sigsuspend waits: one
+		 * arriving between the test of `stop` and the wait is not lost. */
+		sigset_t block, old;
+
+		sigemptyset(&block);
+		sigaddset(&block, SIGTERM);
+		sigaddset(&block, SIGINT);
+		sigprocmask(SIG_BLOCK, &block, &old);
+		while (!stop)
+			sigsuspend(&old);
+		sigprocmask(SIG_SETMASK, &old, NULL);
+	}
 	wex_client_close(admin);
 	wex_client_close(c);
 	free(t);

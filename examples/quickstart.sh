@@ -9,15 +9,44 @@
 # everything down cleanly.
 #
 #   examples/quickstart.sh [--preset qwen2-0.5b|small|tiny] [--versions N]
+#
+# Bad arguments exit 2 with the usage before anything is installed or
+# built.  Any failure once wexd runs ends with "quickstart: FAILED (why)"
+# and wexd's log, exit 1.
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PRESET=qwen2-0.5b
 VERSIONS=3
+USAGE="usage: $0 [--preset qwen2-0.5b|small|tiny] [--versions N]"
+usage() {
+	echo "quickstart: $1" >&2
+	echo "$USAGE" >&2
+	exit 2
+}
 while [ $# -gt 0 ]; do
 	case "$1" in
-	--preset) PRESET=$2; shift 2 ;;
-	--versions) VERSIONS=$2; shift 2 ;;
-	*) echo "usage: $0 [--preset qwen2-0.5b|small|tiny] [--versions N]" >&2; exit 2 ;;
+	--preset|--versions) [ $# -ge 2 ] || usage "$1 needs a value" ;;
+	esac
+	case "$1" in
+	--preset)
+		case "$2" in
+		qwen2-0.5b|small|tiny) PRESET=$2 ;;
+		*) usage "unknown preset '$2'" ;;
+		esac
+		shift 2 ;;
+	--versions)
+		# A whole number from 1 (the programs take at most 2^32 - 1).
+		case "$2" in
+		*[!0-9]*|"") usage "bad --versions '$2': a whole number from 1" ;;
+		esac
+		case "$2" in
+		*[1-9]*) ;;
+		*) usage "bad --versions '$2': a whole number from 1" ;;
+		esac
+		[ ${#2} -le 9 ] || usage "bad --versions '$2': at most 999999999"
+		VERSIONS=$2; shift 2 ;;
+	-h|--help) echo "$USAGE"; exit 0 ;;
+	*) usage "unknown argument '$1'" ;;
 	esac
 done
 . "$ROOT/tests/deps.sh"
@@ -71,15 +100,26 @@ for p in $CPIDS; do wait "$p" || fail=1; done
 cat "$TMP/producer0.log" "$TMP/producer1.log"
 cat "$TMP/consumer0.log" "$TMP/consumer1.log"
 echo
+# The diagnostics below may fail (wexd gone): the verdict and wexd's log
+# are printed all the same.
 echo "== wexctl status (producers still attached)"
-"$B/wexctl" status
+status=0
+"$B/wexctl" status || status=$?
 echo
 echo "== wexctl metrics (excerpt)"
 "$B/wexctl" metrics 2>&1 | grep -E '^wex_(syncs|sync_bytes|clients|leases|segments|exported)' | head -20 || true
 echo
-if [ $fail -ne 0 ]; then
-	echo "quickstart: FAILED (a consumer reported an error); wexd log:"
-	cat "$TMP/wexd.log"
+why=""
+[ $fail -eq 0 ] || why="a consumer reported an error"
+[ $status -eq 0 ] || why="${why:+$why; }wexctl status exited $status"
+if ! kill -0 "$WEXD_PID" 2>/dev/null; then
+	rc=0; wait "$WEXD_PID" || rc=$?
+	WEXD_PID=""
+	why="${why:+$why; }wexd exited (status $rc)"
+fi
+if [ -n "$why" ]; then
+	echo "quickstart: FAILED ($why); wexd log:"
+	cat "$TMP/wexd.log" || true
 	exit 1
 fi
 echo "quickstart: every sync of every version in every mode verified byte for byte"

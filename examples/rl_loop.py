@@ -18,10 +18,15 @@ same hooks take CUDA parameters: the trainer's in exportable memory
 (torch_util.exportable_pool, or PYTORCH_CUDA_ALLOC_CONF=
 expandable_segments:True) with no segments=, the engine's wherever they
 are; see README's "Sync hooks".
+
+When either process fails (an exception, wexd gone), the other is stopped
+at once and the script exits 1 with "rl_loop: failed: " and the cause.
 """
 import argparse
 import multiprocessing as mp
+import multiprocessing.connection
 import os
+import queue
 import subprocess
 import sys
 import tempfile
@@ -37,7 +42,18 @@ def policy():
                                torch.nn.Linear(256, 16))
 
 
-def trainer(steps, to_engine, from_engine):
+def receive(q, parent):
+    """q.get(), but gives up when the main process is gone (it stops the
+    other process when one fails; without it nobody would)."""
+    while True:
+        try:
+            return q.get(timeout=1)
+        except queue.Empty:
+            if os.getppid() != parent:
+                raise SystemExit("the main process is gone")
+
+
+def trainer(steps, to_engine, from_engine, parent):
     import torch
     import wex
     from wex import torch_util
@@ -72,13 +88,13 @@ def trainer(steps, to_engine, from_engine):
         probe = torch.randn(8, 64)
         with torch.no_grad():
             to_engine.put((step + 1, float(loss), probe, model(probe)))
-        from_engine.get()  # the engine's rollout is done
+        receive(from_engine, parent)  # the engine's rollout is done
     to_engine.put(None)
     t.close()
     client.close()
 
 
-def engine(to_engine, from_engine):
+def engine(to_engine, from_engine, parent):
     import torch
     from wex.engine import EngineRank
 
@@ -87,7 +103,7 @@ def engine(to_engine, from_engine):
     e = EngineRank(MODEL, model.named_parameters(), group="rollout", timeout_ms=10000)
     ptrs = [p.data_ptr() for p in model.parameters()]
     while True:
-        msg = to_engine.get()
+        msg = receive(to_engine, parent)
         if msg is None:
             break
         version, loss, probe, want = msg
@@ -107,10 +123,34 @@ def engine(to_engine, from_engine):
     e.close()
 
 
+def run(target, args, errors):
+    """target(*args) in a child process; what ends it with an error is also
+    sent to the main process, which names it in its own message."""
+    try:
+        target(*args)
+    except BaseException as e:
+        if not (isinstance(e, SystemExit) and e.code in (None, 0)):
+            errors.put("%s: %s" % (type(e).__name__, e))
+        raise
+
+
+def wexd_log(tmp):
+    """wexd's log, for a message (the directory is removed at exit)."""
+    try:
+        with open(os.path.join(tmp, "wexd.log"), errors="replace") as f:
+            text = f.read().strip()
+    except OSError as e:
+        text = "(unreadable: %s)" % e
+    return "log:\n" + text if text else "log is empty"
+
+
 def start_wexd(path, tmp):
     env = dict(os.environ, WEX_SOCKET=os.path.join(tmp, "wexd.sock"))
-    d = subprocess.Popen([path], env=env, stdout=subprocess.DEVNULL,
-                         stderr=open(os.path.join(tmp, "wexd.log"), "w"))
+    try:
+        with open(os.path.join(tmp, "wexd.log"), "w") as log:
+            d = subprocess.Popen([path], env=env, stdout=subprocess.DEVNULL, stderr=log)
+    except OSError as e:
+        raise SystemExit("rl_loop: cannot start wexd %s: %s" % (path, e.strerror or e))
     for _ in range(200):
         if os.path.exists(env["WEX_SOCKET"]):
             os.environ["WEX_SOCKET"] = env["WEX_SOCKET"]
@@ -119,14 +159,71 @@ def start_wexd(path, tmp):
             break
         time.sleep(0.05)
     d.kill()
-    raise SystemExit("wexd did not start: see %s" % os.path.join(tmp, "wexd.log"))
+    d.wait()
+    raise SystemExit("rl_loop: wexd %s did not start (exit status %s); its %s"
+                     % (path, d.returncode, wexd_log(tmp)))
+
+
+def supervise(procs, errors, wexd, tmp, limit_s=300):
+    """Waits for both processes.  The first to fail (or wexd exiting, or
+    the time limit) ends the run: the survivor is killed, since it would
+    wait for its peer forever.  Returns None, or the cause of the failure."""
+    pending = {p.sentinel: p for p in procs}
+    deadline = time.monotonic() + limit_s
+    cause = None
+    while pending and cause is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            cause = "no result after %d s from %s" % (
+                limit_s, ", ".join(p.name for p in pending.values()))
+            break
+        for s in mp.connection.wait(list(pending), timeout=min(left, 0.5)):
+            p = pending.pop(s)
+            p.join()
+            if p.exitcode != 0 and cause is None:
+                cause = "%s exited with %s" % (p.name, p.exitcode)
+                if wexd is not None:
+                    # wexd gone is the cause; the process only saw it first.
+                    try:
+                        wexd.wait(0.5)
+                        cause = "wexd exited with %s, then %s" % (wexd.returncode, cause)
+                    except subprocess.TimeoutExpired:
+                        pass
+        if cause is None and wexd is not None and wexd.poll() is not None:
+            cause = "wexd exited with %s" % wexd.returncode
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join()
+    if cause is None:
+        return None
+    # What the failing process raised (it may take a moment to arrive).
+    why = []
+    try:
+        why.append(errors.get(timeout=2))
+        while True:
+            why.append(errors.get_nowait())
+    except queue.Empty:
+        pass
+    if why:
+        cause += " (%s)" % "; ".join(why)
+    if wexd is not None and wexd.poll() is not None:
+        cause += "; wexd's " + wexd_log(tmp)
+    return cause
+
+
+def positive(text):
+    n = int(text)
+    if n < 1:
+        raise ValueError(text)
+    return n
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--wexd", default=os.environ.get("WEXD_BIN"),
                     help="start this wexd in a temporary directory")
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=positive, default=20)
     a = ap.parse_args()
     try:
         import torch  # noqa: F401
@@ -134,27 +231,26 @@ def main():
         print("rl_loop: skipped: no PyTorch for %s: %s" % (sys.executable, e))
         return 77
     tmp = tempfile.TemporaryDirectory(prefix="wex-rl-")
-    wexd = start_wexd(a.wexd, tmp.name) if a.wexd else None
+    wexd = None
     try:
+        wexd = start_wexd(a.wexd, tmp.name) if a.wexd else None
         ctx = mp.get_context("spawn")
-        q_to, q_from = ctx.Queue(), ctx.Queue()
-        procs = [ctx.Process(target=trainer, args=(a.steps, q_to, q_from), name="trainer"),
-                 ctx.Process(target=engine, args=(q_to, q_from), name="engine")]
+        q_to, q_from, errors = ctx.Queue(), ctx.Queue(), ctx.Queue()
+        me = os.getpid()
+        procs = [ctx.Process(target=run, args=(trainer, (a.steps, q_to, q_from, me), errors),
+                             name="trainer"),
+                 ctx.Process(target=run, args=(engine, (q_to, q_from, me), errors),
+                             name="engine")]
         for p in procs:
             p.start()
-        for p in procs:
-            p.join(300)
-        bad = [(p.name, p.exitcode) for p in procs if p.exitcode != 0]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        if bad:
-            print("rl_loop: failed: %s" % bad)
+        cause = supervise(procs, errors, wexd, tmp.name)
+        if cause is not None:
+            print("rl_loop: failed: %s" % cause, flush=True)
             return 1
         print("rl_loop: %d versions trained, published, synced in place and checked" % a.steps)
         return 0
     finally:
-        if wexd is not None:
+        if wexd is not None and wexd.poll() is None:
             wexd.terminate()
             wexd.wait(20)
         tmp.cleanup()

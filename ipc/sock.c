@@ -84,8 +84,8 @@ static int unlink_stale(const char *path)
 		return errno == ENOENT ? 0 : -errno;
 	if (!S_ISSOCK(st.st_mode))
 		return -EEXIST;
-	unlink(path);
-	return 0;
+	/* (Another user's, in a sticky directory such as /tmp: EPERM.) */
+	return unlink(path) < 0 ? -errno : 0;
 }
 
 int wex_sock_listen(const char *path, int mode, gid_t gid, const char **step)
@@ -118,12 +118,29 @@ int wex_sock_listen(const char *path, int mode, gid_t gid, const char **step)
 			return -EADDRINUSE;
 		}
 		ret = unlink_stale(path);
-	} else if (errno == ECONNREFUSED) {
+	} else if (errno == EAGAIN) {
+		/* A daemon listens there, its queue of connections full. */
+		close(fd);
+		*step = "check for a running daemon";
+		return -EADDRINUSE;
+	} else if (errno == ECONNREFUSED || errno == ENOENT) {
+		/* (ENOENT: a dangling symlink, refused below as no socket.) */
 		ret = unlink_stale(path);
+	} else {
+		/* EACCES: a socket file this user may not write, whether or
+		 * not a daemon listens there; bind would say "in use". */
+		ret = -errno;
+		close(fd);
+		*step = "connect to the socket file already there";
+		return ret;
 	}
 	close(fd);
-	if (ret < 0) {
+	if (ret == -EEXIST) {
 		*step = "check for a stale socket";
+		return ret;
+	}
+	if (ret < 0) {
+		*step = "remove a stale socket";
 		return ret;
 	}
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);

@@ -2011,8 +2011,64 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
 	return ret;
 }
 
+/* The connection to wexd failed, or no wexd answers at its socket (not a
+ * refusal by wexd, not the wait's own timeout). */
+static int daemon_gone(int ret)
+{
+	return ret == -WEX_EDAEMON || conn_lost(ret) || ret == -ECONNREFUSED || ret == -ENOENT ||
+	       ret == -ESHUTDOWN;
+}
+
+/* Sleeps ms, or less when wex_cancel asks to cancel the running call:
+ * returns 1 then. */
+static int cancel_nap(struct wex_client *c, unsigned ms)
+{
+	uint64_t end = wex__now_ns() + (uint64_t)ms * 1000000ull, now, tick;
+	struct pollfd pfd = { .fd = c->cancel_efd, .events = POLLIN };
+
+	while (!cancel_asked(c) && (now = wex__now_ns()) < end) {
+		if (poll(&pfd, 1, (int)((end - now + 999999) / 1000000)) > 0)
+			(void)!read(c->cancel_efd, &tick, sizeof(tick)); /* (an earlier call's too) */
+	}
+	return cancel_asked(c);
+}
+
+/*
+ * A call that waits (begin_write, sync) found no wexd (daemon_gone: a
+ * restart, whose next daemon may not listen yet, or a crash): waits a
+ * little (*nap_ms, 20 ms doubling to 1 s; 0 the first time) before it is
+ * tried again, up to `end` (the call's timeout).  Returns 0 to try again;
+ * else the error to return: ret, saying how long it was tried, or
+ * -ECANCELED when wex_cancel asked meanwhile.
+ */
+static int away_retry(struct wex_client *c, int ret, const char *what, uint64_t end,
+		      unsigned *nap_ms)
+{
+	unsigned nap = *nap_ms ? *nap_ms : 20;
+	uint64_t now = wex__now_ns();
+
+	if (cancel_asked(c))
+		return ret;
+	if (now + nap * 1000000ull >= end) {
+		char why[sizeof(c->err)];
+
+		memcpy(why, c->err, sizeof(why));
+		return *nap_ms ? set_err(c, ret, "%s (%s tried again until its timeout)", why, what) : ret;
+	}
+	if (!*nap_ms)
+		wex_warn("client", "%s: %s: trying again for up to %llu ms", what, err_buf(c),
+			 (unsigned long long)((end - now) / 1000000ull));
+	if (cancel_nap(c, nap))
+		return set_err(c, -ECANCELED, "%s cancelled (wex_cancel) while wexd was away", what);
+	*nap_ms = nap >= 500 ? 1000 : nap * 2;
+	return 0;
+}
+
 static int begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 {
+	unsigned nap_ms = 0;
+	uint32_t limit;
+	uint64_t end;
 	json_t *req;
 	int ret;
 
@@ -2024,8 +2080,20 @@ static int begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 	if (cancel_asked(c))
 		return set_err(c, -ECANCELED, "begin_write v%llu cancelled (wex_cancel) before it was sent to wexd",
 			       (unsigned long long)version);
-	req = json_pack("{s:s, s:I}", "op", "begin_write", "version", (json_int_t)version);
-	ret = rpc(c, req, NULL, 0, NULL, NULL, 0, NULL, wait_of(c, timeout_ms, req));
+	limit = timeout_ms ? timeout_ms : c->timeout_ms;
+	end = wex__now_ns() + (uint64_t)limit * 1000000ull;
+	for (;;) {
+		req = json_pack("{s:s, s:I}", "op", "begin_write", "version", (json_int_t)version);
+		ret = rpc(c, req, NULL, 0, NULL, NULL, 0, NULL, wait_of(c, timeout_ms, req));
+		/* wexd went (a restart: its drain ended, or a crash) and the
+		 * one reconnect found none answering yet: the next may be
+		 * starting.  Tried again within the call's time, as a
+		 * trainer's step must not fail for a planned restart. */
+		if (!daemon_gone(ret) || (ret = away_retry(c, ret, "begin_write", end, &nap_ms)) < 0)
+			break;
+		if (timeout_ms) /* (what is left of it, for wexd's wait) */
+			timeout_ms = (uint32_t)((end - wex__now_ns()) / 1000000ull) ?: 1;
+	}
 	if (ret == 0) {
 		c->writing = version;
 		c->write_lost_v = 0;
@@ -3161,7 +3229,8 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 		 vt1 = 0;
 	json_t *req, *reply = NULL, *vrep = NULL;
 	double waited;
-	uint32_t wait;
+	uint32_t wait, away_ms = timeout_ms ? timeout_ms : c->timeout_ms;
+	unsigned nap_ms = 0;
 	int ret, retried = 0, held, restored = 0, verify = !!(mode & WEX_SYNC_VERIFY);
 
 	mode &= ~WEX_SYNC_VERIFY;
@@ -3236,6 +3305,19 @@ again:
 		if (restored) {
 			c->dirty = 1;
 			c->copied = 0;
+		}
+		/* No wexd answers (a restart whose next daemon does not
+		 * listen yet, a crash): acquired again within the caller's
+		 * time, as the caller would sync again (nothing is held now).
+		 * Not after ESHUTDOWN: a draining wexd's answer to a sync. */
+		if (!c->has_lease && ret != -ESHUTDOWN && daemon_gone(ret) &&
+		    (ret = away_retry(c, ret, "sync", t0 + (uint64_t)away_ms * 1000000ull, &nap_ms)) == 0) {
+			uint32_t limit = timeout_ms ? timeout_ms : c->timeout_set ? c->timeout_ms : 0;
+			uint64_t spent = (wex__now_ns() - t0) / 1000000ull;
+
+			if (limit)
+				timeout_ms = spent + 1 >= limit ? 1 : (uint32_t)(limit - spent);
+			goto again;
 		}
 		return ret;
 	}

@@ -489,7 +489,8 @@ static int parse_value(const struct field *f, json_t *v, union fval *out, char *
 		char list[128] = "";
 
 		for (int i = 0; json_is_string(v) && f->names[i]; i++) {
-			if (!strcmp(json_string_value(v), f->names[i])) {
+			/* (Any case, as libwex reads WEX_LOG_LEVEL.) */
+			if (!strcasecmp(json_string_value(v), f->names[i])) {
 				out->b = i;
 				goto out_validate;
 			}
@@ -881,9 +882,7 @@ int wex__config_set(struct wex_config *cfg, const char *name, const char *value,
 	}
 	rc = apply(cfg, i, v, WEX_CONFIG_SRC_RUNTIME, NULL, "config set", err, errlen);
 	json_decref(v);
-	if (rc == 0)
-		wex_info("config", "%s set to \"%s\" at run time", name, value);
-	return rc;
+	return rc; /* (wexd logs it, naming who set it) */
 }
 
 int wex__config_set_flag(struct wex_config *cfg, const char *name, const char *value,

@@ -257,6 +257,17 @@ static int ended(const char *buf, size_t n)
 	return ret;
 }
 
+/* Removes what is no lease record from the journal's directory, saying
+ * so; a directory is left (it may hold what someone keeps), named. */
+static void drop_stray(struct wex_journal *j, const char *name, const char *why)
+{
+	if (unlinkat(j->dirfd, name, 0) == 0)
+		wex_warn("journal", "%s/%s is not a lease record (%s): removed", j->path, name, why);
+	else
+		wex_warn("journal", "%s/%s is not a lease record (%s), and cannot be removed (%s): "
+			 "left in place, remove it by hand", j->path, name, why, strerror(errno));
+}
+
 void wex__journal_scan(struct wex_journal *j,
 		       void (*cb)(void *arg, const char *name, const struct wex_journal_rec *r),
 		       void *arg)
@@ -286,8 +297,8 @@ void wex__journal_scan(struct wex_journal *j,
 			continue;
 		rfd = openat(j->dirfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 		if (rfd < 0) {
-			wex_warn("journal", "%s/%s: %m: removed", j->path, e->d_name);
-			unlinkat(j->dirfd, e->d_name, 0);
+			snprintf(why, sizeof(why), "%s", strerror(errno));
+			drop_stray(j, e->d_name, why);
 			continue;
 		}
 		n = read(rfd, buf, sizeof(buf));
@@ -302,9 +313,7 @@ void wex__journal_scan(struct wex_journal *j,
 			cb(arg, e->d_name, &r);
 			continue;
 		}
-		wex_warn("journal", "%s/%s is not a lease record (%s): removed", j->path, e->d_name,
-			 why);
-		unlinkat(j->dirfd, e->d_name, 0);
+		drop_stray(j, e->d_name, why);
 	}
 	closedir(dir);
 }

@@ -127,6 +127,11 @@ const char *wex__model_family(const struct wex_model *m)
 	return m->family;
 }
 
+const char *wex__model_adapters(const struct wex_model *m)
+{
+	return m->adapters;
+}
+
 int wex__model_dtype(const struct wex_model *m)
 {
 	return m->dtype;
@@ -407,8 +412,12 @@ static json_t *load_json(const char *dir, const char *sub, const char *name, cha
 
 	snprintf(path, sizeof(path), "%s/%s/%s.json", dir, sub, name);
 	j = json_load_file(path, 0, &je);
-	if (!j)
-		seterr(err, errlen, "%s: %s (line %d)", path, je.text, je.line);
+	/* A file jansson cannot open or read has line -1: its text names
+	 * the path and the cause already. */
+	if (!j && je.line < 1)
+		seterr(err, errlen, "%s", je.text);
+	else if (!j)
+		seterr(err, errlen, "%s: %s (line %d, column %d)", path, je.text, je.line, je.column);
 	return j;
 }
 
@@ -573,8 +582,12 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 	size_t i;
 	json_t *v;
 
+	if (!cfg && je.line < 1) {
+		seterr(err, errlen, "config.json: %s", je.text);
+		return -EINVAL;
+	}
 	if (!cfg) {
-		seterr(err, errlen, "config.json: %s (line %d)", je.text, je.line);
+		seterr(err, errlen, "config.json: %s (line %d, column %d)", je.text, je.line, je.column);
 		return -EINVAL;
 	}
 	m = calloc(1, sizeof(*m));

@@ -34,6 +34,9 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 			 struct wex_model **out, char *err, size_t errlen);
 void wex__model_free(struct wex_model *m);
 const char *wex__model_family(const struct wex_model *m);
+/* The adapters directory the model's family was read from (its engines/
+ * hold the engine layouts). */
+const char *wex__model_adapters(const struct wex_model *m);
 /* A config symbol (e.g. "nh", "nkv", "vocab", "layers"); -1 when unknown. */
 int64_t wex__model_sym(const struct wex_model *m, const char *name);
 int wex__model_dtype(const struct wex_model *m);

@@ -17,6 +17,9 @@
 #include "log.h"
 #include "loop.h"
 
+/* Completions handled per turn of the loop (epoll takes 64 events). */
+#define WEX_URING_BATCH 64u
+
 struct ur {
 	struct io_uring ring;
 	int multishot_ok;
@@ -269,6 +272,10 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 		int res = cqe->res;
 		unsigned flags = cqe->flags;
 
+		/* At most as many as epoll's turn: the rest wait for the
+		 * next, after wexd's timers (waiters' deadlines) had theirs. */
+		if (seen == WEX_URING_BATCH)
+			break;
 		seen++;
 		if (!data)
 			continue; /* a cancel's own completion */

@@ -1284,7 +1284,8 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 	 * come out of cut_piece in this order; splitting keeps the first chunk
 	 * in place and appends the others, so only those are sorted and the
 	 * two runs merged (keys are unique: the order is the full sort's). */
-	qsort(w.cells + n0, w.ncells - n0, sizeof(*w.cells), cell_order);
+	if (w.ncells > n0) /* (none: w.cells may be NULL) */
+		qsort(w.cells + n0, w.ncells - n0, sizeof(*w.cells), cell_order);
 	/* Ops arrays sized once, at one op per cell (fusing makes fewer,
 	 * splitting outer dims more), instead of doubling from 64: caps[]
 	 * counts each plan's cells first. */

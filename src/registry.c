@@ -312,6 +312,46 @@ static void free_rank_of_gone(struct wexd *d, const char *model, const char *gro
 		wexd_conn_close_if_gone(d, c);
 }
 
+/*
+ * A hello whose world size differs from the group's (NULL: the model's
+ * producers) may come from an engine or trainer restarted with another
+ * size right after its old ranks died: close every rank whose client is
+ * already gone, as free_rank_of_gone does for the rank asked for, so
+ * that the resize is not refused for connections wexd has not yet seen
+ * close.  Called before the model is looked up again: closing may free it.
+ */
+static void free_gone_ranks(struct wexd *d, const char *model, const char *group,
+			    json_int_t world)
+{
+	for (int again = 1; again;) {
+		struct model *m = model_find(d, model);
+		struct cgroup *g = NULL;
+
+		again = 0;
+		if (!m)
+			return;
+		if (!group) {
+			if (!m->world || m->world == (uint64_t)world)
+				return;
+			for (uint32_t i = 0; i < m->world; i++)
+				if (m->ranks[i].c && wexd_conn_close_if_gone(d, m->ranks[i].c)) {
+					again = 1; /* m may be gone: look it up again */
+					break;
+				}
+			continue;
+		}
+		for (g = m->groups; g && strcmp(g->name, group); g = g->next)
+			;
+		if (!g || g->world == (uint64_t)world)
+			return;
+		for (uint32_t i = 0; i < g->world; i++)
+			if (g->ranks[i] && wexd_conn_close_if_gone(d, g->ranks[i])) {
+				again = 1; /* g (and m) may be gone: look them up again */
+				break;
+			}
+	}
+}
+
 static const char *role_name(int role)
 {
 	switch (role) {
@@ -387,6 +427,7 @@ json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
 		return wex__reply_error(-EINVAL, "hello: rank %lld outside world size %lld",
 					(long long)rank, (long long)world);
 	free_rank_of_gone(d, model, strcmp(role, "producer") ? group : NULL, rank);
+	free_gone_ranks(d, model, strcmp(role, "producer") ? group : NULL, world);
 	if (!strcmp(role, "producer")) {
 		struct model *m = model_get(d, model, (uint32_t)world, 1, err, sizeof(err));
 
@@ -1065,8 +1106,8 @@ json_t *wexd_begin_write(struct wexd *d, struct conn *c, json_t *req)
 		return json_pack("{s:b, s:I, s:f}", "ok", 1, "version", v, "waited_ms", 0.0);
 	if (!r->has_table)
 		return wex__reply_error(-EINVAL, "begin_write: register tensors first");
-	if (d->draining)
-		return wex__reply_error(-ESHUTDOWN, "begin_write: wexd is shutting down");
+	/* (Draining too: it waits on, and at wexd's exit libwex sends it
+	 * again to the next wexd; wexd_fail_waiters.) */
 	c->waiting = WAIT_BEGIN_WRITE;
 	c->wait_version = (uint64_t)v;
 	c->wait_start_ns = wex__now_ns();
@@ -1522,6 +1563,9 @@ static struct plan_entry *plan_get(struct model *m, struct conn *c, char *err, s
 	p->fd = wex__plan_pack(p->plan);
 	if (p->fd < 0) {
 		*ret = p->fd;
+		snprintf(err, errlen, "cannot make the plan's sealed memfd: %s%s", strerror(-p->fd),
+			 p->fd == -EMFILE || p->fd == -ENFILE ?
+				 " (wexd is out of file descriptors: raise max_open_files or LimitNOFILE=)" : "");
 		wex__plan_free(p->plan);
 		free(p);
 		return NULL;
@@ -1585,7 +1629,10 @@ json_t *wexd_fetch(struct wexd *d, struct conn *c, json_t *req)
 		ret = tables_fd(m);
 		if (ret < 0) {
 			json_decref(reply);
-			return wex__reply_error(ret, "fetch: cannot pack tables");
+			return wex__reply_error(ret, "fetch: cannot make the tensor tables' sealed memfd: %s%s",
+						strerror(-ret),
+						ret == -EMFILE || ret == -ENFILE ?
+							" (wexd is out of file descriptors: raise max_open_files or LimitNOFILE=)" : "");
 		}
 		json_object_set_new(reply, "tables_fd", json_integer(nfds));
 		fds[nfds++] = ret;
@@ -1892,22 +1939,22 @@ json_t *wexd_cancel(struct wexd *d, struct conn *c)
 }
 
 /*
- * Waits ended here (the SIGTERM drain: ESHUTDOWN) are not observed in
- * wex_begin_write_wait_seconds, unlike timeouts: from the drain on, wexd
- * refuses "metrics" and new connections, and its metrics die with it, so
- * nobody could ever read the observation.  A waiter that disconnects
- * (wexd_conn_drop) is not observed either: nobody waits any more, and its
- * wait has no end that a producer saw.
+ * Ends consumers' waits in acquire (the SIGTERM drain: ESHUTDOWN; the
+ * engine serves the weights it holds).  Producers' begin_writes wait on:
+ * answered during the drain if the lease they wait for ends, else sent
+ * again by libwex to the next wexd once this one's exit closes their
+ * connection, so that a planned restart fails no trainer that a crash
+ * would not.  A waiter that disconnects (wexd_conn_drop) is not observed
+ * in wex_begin_write_wait_seconds: nobody waits any more, and its wait has
+ * no end that a producer saw.
  */
 void wexd_fail_waiters(struct wexd *d, int err, const char *why)
 {
 	for (struct conn *c = d->conns; c; c = c->next) {
 		json_t *reply;
 
-		if (c->dead || c->waiting == WAIT_NONE)
+		if (c->dead || c->waiting != WAIT_ACQUIRE)
 			continue;
-		if (c->waiting == WAIT_BEGIN_WRITE && c->model->write_pending)
-			c->model->write_pending--;
 		c->waiting = WAIT_NONE;
 		reply = wex__reply_error(err, "%s", why);
 		wexd_send(d, c, reply, NULL, 0);

@@ -57,7 +57,11 @@ int wex__st_parse_header(const char *hdr, size_t n, uint64_t data_size, struct w
 
 	root = json_loadb(hdr, n, JSON_REJECT_DUPLICATES, &je);
 	if (!root) {
-		seterr(err, errlen, "header is not valid JSON: %s (column %d)", je.text, je.column);
+		if (je.column < 0) /* (jansson's -1: no position to give) */
+			seterr(err, errlen, "header is not valid JSON: %s", je.text);
+		else
+			seterr(err, errlen, "header is not valid JSON: %s (column %d)", je.text,
+			       je.column);
 		return -EINVAL;
 	}
 	if (!json_is_object(root)) {

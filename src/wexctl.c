@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,7 +48,8 @@ static void usage(FILE *f)
 		"  plan --config config.json --from LAYOUT --to LAYOUT [--rank K] [--json]\n"
 		"       [--adapters DIR]    (plan --help: the LAYOUT syntax)\n"
 		"  convert --config config.json --from LAYOUT --to LAYOUT [--max-shard-size SIZE]\n"
-		"       [--adapters DIR] IN OUTDIR    (convert --help: what IN and OUTDIR hold)\n"
+		"       [--progress auto|always|never] [--adapters DIR] IN OUTDIR\n"
+		"                    (convert --help: what IN and OUTDIR hold)\n"
 		"The socket defaults to $WEX_SOCKET, $XDG_RUNTIME_DIR/wex/wexd.sock, /run/wex/wexd.sock.\n");
 }
 
@@ -58,15 +60,24 @@ static int open_admin(wex_client_t **c)
 		.role = WEX_ROLE_ADMIN,
 		.socket = sock_path,
 	};
-	char buf[256];
+	char buf[4096];
 	const char *path, *why;
 	struct stat st;
-	int ret = wex_client_open(&p, c);
+	size_t max = sizeof(((struct sockaddr_un *)0)->sun_path) - 1;
+	int ret;
 
+	/* ($WEX_SOCKET's: --socket's was refused already.)  Said as what it
+	 * is, not as connect()'s "Invalid argument". */
+	path = sock_path ? sock_path : wex__default_socket(buf, sizeof(buf));
+	if (strlen(path) > max) {
+		fprintf(stderr, "wexctl: cannot reach wexd at %s: the path is %zu bytes long, over "
+			"the %zu a UNIX socket's path may have\n", path, strlen(path), max);
+		return -ENAMETOOLONG;
+	}
+	ret = wex_client_open(&p, c);
 	if (ret < 0) {
 		const char *hint = "";
 
-		path = sock_path ? sock_path : wex__default_socket(buf, sizeof(buf));
 		why = wex_strerror(ret);
 		/* Say what to do, not only what failed. */
 		if ((ret == -ECONNREFUSED || ret == -ENOTSOCK) && stat(path, &st) == 0 &&
@@ -656,6 +667,14 @@ static int run(int argc, char **argv)
 				return 2;
 			}
 			sock_path = argv[i + 1];
+			/* connect() would say "Invalid argument" or "File name
+			 * too long" of it: a bad value, named. */
+			if (strlen(sock_path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+				fprintf(stderr, "wexctl: --socket: the path is %zu bytes long, over the "
+					"%zu a UNIX socket's path may have: %s\n", strlen(sock_path),
+					sizeof(((struct sockaddr_un *)0)->sun_path) - 1, sock_path);
+				return 2;
+			}
 			i += 2;
 		} else if (!strcmp(argv[i], "--json")) {
 			as_json = 1;

@@ -116,7 +116,9 @@ static int usage(const char *cmd, int help)
 			   "rank of --to; --to hf writes a Hugging Face checkpoint instead: "
 			   "model.safetensors, or model-0000K-of-0000N.safetensors files of at most "
 			   "SIZE bytes of tensors each (--max-shard-size, default 5GB; B KB MB GB TB, "
-			   "KiB MiB GiB TiB), model.safetensors.index.json naming each tensor's file, and "
+			   "KiB MiB GiB TiB), model.safetensors.index.json naming each tensor's file "
+			   "(none for model.safetensors alone, as save_pretrained writes none, unless "
+			   "OUTDIR holds other .safetensors files), and "
 			   "where OUTDIR has none config.json from --config and the tokenizer files "
 			   "(tokenizer.json, tokenizer_config.json, special_tokens_map.json, "
 			   "added_tokens.json, tokenizer.model, vocab.json, merges.txt, "
@@ -166,10 +168,14 @@ static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 				fprintf(stderr, "wexctl %s: %s needs a value\n", cmd, a);
 				return -1;
 			}
+			/* Digits only: strtol's sign and leading blanks
+			 * ("+1", " 1") are refused, as the examples refuse them. */
+			errno = 0;
 			o->rank = strtol(argv[++i], &end, 10);
-			if (!*argv[i] || *end || o->rank < 0) {
-				fprintf(stderr, "wexctl %s: bad --rank '%s' (a rank, 0 or more)\n", cmd,
-					argv[i]);
+			if (!*argv[i] || argv[i][strspn(argv[i], "0123456789")] || *end || errno ||
+			    o->rank < 0 || o->rank > UINT32_MAX) {
+				fprintf(stderr, "wexctl %s: bad --rank '%s' (a rank, 0 or more, in "
+					"digits)\n", cmd, argv[i]);
 				return -1;
 			}
 			continue;
@@ -261,8 +267,103 @@ static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 			return -1;
 		}
 	}
+	/* A directory named by --adapters that is not one is a bad value,
+	 * named as such (the family file it lacked was named instead, with
+	 * jansson's "(line -1)"). */
+	if (o->adapters && *o->adapters) {
+		struct stat st;
+		char sub[4200];
+		int bad = stat(o->adapters, &st) < 0 ? errno : !S_ISDIR(st.st_mode) ? ENOTDIR : 0;
+
+		if (bad) {
+			fprintf(stderr, "wexctl %s: --adapters %s: %s (the adapters directory, holding "
+				"families/ and engines/)\n", cmd, o->adapters, strerror(bad));
+			return -1;
+		}
+		for (int k = 0; k < 2; k++) {
+			snprintf(sub, sizeof(sub), "%s/%s", o->adapters, k ? "engines" : "families");
+			if (stat(sub, &st) < 0 || !S_ISDIR(st.st_mode)) {
+				fprintf(stderr, "wexctl %s: --adapters %s: not an adapters directory "
+					"(it has no %s/)\n", cmd, o->adapters, k ? "engines" : "families");
+				return -1;
+			}
+		}
+	}
+	/* OUTDIR: a directory, or a name to make one at (in a directory).
+	 * Refused up front: found only once the files were written, it was
+	 * named through a temporary file ("OUTDIR/model.safetensors.partial.
+	 * tmp.PID: Not a directory"). */
+	if (npos == 2) {
+		const char *out = o->pos[1];
+		struct stat st;
+		int bad = stat(out, &st) < 0 ? errno : !S_ISDIR(st.st_mode) ? ENOTDIR : 0;
+
+		if (bad == ENOTDIR) {
+			fprintf(stderr, "wexctl %s: OUTDIR %s: not a directory\n", cmd, out);
+			return -1;
+		}
+		if (bad && bad != ENOENT) {
+			fprintf(stderr, "wexctl %s: OUTDIR %s: %s\n", cmd, out, strerror(bad));
+			return -1;
+		}
+		if (bad) {
+			char parent[4096];
+			size_t l = strlen(out);
+
+			while (l > 1 && out[l - 1] == '/') /* "new/" */
+				l--;
+			while (l > 0 && out[l - 1] != '/')
+				l--;
+			/* (Its trailing '/' left out, but of "/" itself.) */
+			snprintf(parent, sizeof(parent), "%.*s", (int)(l > 1 ? l - 1 : 1), l ? out : ".");
+			bad = stat(parent, &st) < 0 ? errno : !S_ISDIR(st.st_mode) ? ENOTDIR : 0;
+			if (bad) {
+				fprintf(stderr, "wexctl %s: OUTDIR %s: its parent %s: %s (convert makes "
+					"OUTDIR, not the directories above it)\n", cmd, out, parent,
+					strerror(bad));
+				return -1;
+			}
+		}
+	}
 	if (npos && !o->max_shard)
 		o->max_shard = HF_SHARD_DEFAULT;
+	return 0;
+}
+
+/* The model of --config, its family from the adapters directory.  A
+ * family file missing from $WEX_ADAPTERS's directory names the variable
+ * (--adapters was checked in parse_opts). */
+static int model_load(const struct opts *o, struct wex_model **m, char *err, size_t errlen)
+{
+	const char *env = getenv("WEX_ADAPTERS");
+	int ret = wex__model_load(o->config, o->adapters, m, err, errlen);
+	size_t l = strlen(err);
+
+	if (ret == -ENOENT && !(o->adapters && *o->adapters) && env && *env && strstr(err, env) &&
+	    l + 1 < errlen)
+		snprintf(err + l, errlen - l, " (the adapters directory $WEX_ADAPTERS names)");
+	return ret;
+}
+
+/* An engine that parses but has no layout in the adapters directory is a
+ * bad value of --from or --to (exit 2, as a parameter it does not take),
+ * not a failure of the planner.  Returns 0, or -ENOENT with err set. */
+static int check_engines(const struct opts *o, const struct wex_model *m, char *err,
+			 size_t errlen)
+{
+	for (int k = 0; k < 2; k++) {
+		struct wex_layout_spec s;
+		char path[700];
+
+		if (wex__layout_parse(k ? o->to : o->from, &s, err, errlen) < 0)
+			return -EINVAL; /* (parse_opts refused it already) */
+		snprintf(path, sizeof(path), "%s/engines/%s.json", wex__model_adapters(m), s.engine);
+		if (access(path, F_OK) < 0) {
+			seterr(err, errlen, "%s unknown engine \"%s\" (no %s; --help lists the "
+			       "engines)", k ? "--to:" : "--from:", s.engine, path);
+			return -ENOENT;
+		}
+	}
 	return 0;
 }
 
@@ -325,9 +426,14 @@ int wexctl_cmd_plan(int argc, char **argv)
 
 	if ((ret = parse_opts(argc, argv, &o, 0)) != 0)
 		return usage("plan", ret == 1);
-	ret = wex__model_load(o.config, o.adapters, &m, err, sizeof(err));
+	ret = model_load(&o, &m, err, sizeof(err));
 	if (ret < 0)
 		goto fail;
+	ret = check_engines(&o, m, err, sizeof(err));
+	if (ret < 0) {
+		rc = 2;
+		goto fail;
+	}
 	ret = side_load(m, o.from, &src, 1, err, sizeof(err));
 	if (ret < 0)
 		goto fail;
@@ -337,8 +443,11 @@ int wexctl_cmd_plan(int argc, char **argv)
 	count = dst.world;
 	if (o.rank >= 0) {
 		if ((uint64_t)o.rank >= dst.world) {
-			seterr(err, sizeof(err), "--rank %ld: the destination has %u ranks", o.rank,
-				 dst.world);
+			/* A bad value (exit 2), as --rank x is. */
+			seterr(err, sizeof(err), "bad --rank %ld: the destination (--to %s) has %u "
+				 "rank%s, 0 to %u", o.rank, o.to, dst.world, dst.world == 1 ? "" : "s",
+				 dst.world - 1);
+			rc = 2;
 			goto fail;
 		}
 		first = (uint32_t)o.rank;
@@ -791,14 +900,17 @@ static void dir_of(const char *path, char *out, size_t len)
  * save_pretrained writes one: the tensors in model.safetensors, or in
  * model-0000K-of-0000N.safetensors files of at most --max-shard-size bytes
  * of tensors each (one larger tensor alone in its file), in the family's
- * order; model.safetensors.index.json naming each tensor's file (written
- * for one file too: vLLM reads only the files an index names, so an
- * earlier conversion's index must never outlive it); config.json copied
- * from --config, and the tokenizer and generation config (hf_side_files)
- * from beside IN, else beside --config, each only where OUTDIR has none.
+ * order; model.safetensors.index.json naming each tensor's file when
+ * `index` (the shards; one file only where OUTDIR holds other
+ * .safetensors files, which readers then leave out), else none, as
+ * save_pretrained writes none for one file, and an earlier conversion's
+ * is removed (it would name other files: vLLM and wex read only those);
+ * config.json copied from --config, and the tokenizer and generation
+ * config (hf_side_files) from beside IN, else beside --config, each only
+ * where OUTDIR has none.
  */
-static int hf_extras(const char *outdir, char *const *files, size_t nfiles, const char *in,
-		     const char *config, char *err, size_t errlen)
+static int hf_extras(const char *outdir, char *const *files, size_t nfiles, int index,
+		     const char *in, const char *config, char *err, size_t errlen)
 {
 	char dirs[2][4096];
 	json_t *idx, *map;
@@ -810,7 +922,17 @@ static int hf_extras(const char *outdir, char *const *files, size_t nfiles, cons
 	map = json_object();
 	if (!idx || !map)
 		goto out;
-	for (size_t k = 0; k < nfiles; k++) {
+	if (!index) {
+		char path[4200];
+
+		snprintf(path, sizeof(path), "%s/model.safetensors.index.json", outdir);
+		if (unlink(path) < 0 && errno != ENOENT) {
+			ret = -errno;
+			seterr(err, errlen, "removing the earlier %s: %s", path, strerror(errno));
+			goto out;
+		}
+	}
+	for (size_t k = 0; index && k < nfiles; k++) {
 		struct wex_st_file f;
 		const char *base = strrchr(files[k], '/') ? strrchr(files[k], '/') + 1 : files[k];
 
@@ -827,16 +949,20 @@ static int hf_extras(const char *outdir, char *const *files, size_t nfiles, cons
 		}
 		wex__st_close(&f);
 	}
-	if (json_object_set_new(idx, "metadata", json_pack("{s:I}", "total_size", (json_int_t)total)) < 0 ||
-	    json_object_set(idx, "weight_map", map) < 0)
-		goto out;
-	text = json_dumps(idx, JSON_INDENT(2) | JSON_SORT_KEYS);
-	if (!text)
-		goto out;
-	ret = write_beside(outdir, "model.safetensors.index.json", text, strlen(text), err, errlen);
-	free(text);
-	if (ret < 0)
-		goto out;
+	if (index) {
+		if (json_object_set_new(idx, "metadata",
+					json_pack("{s:I}", "total_size", (json_int_t)total)) < 0 ||
+		    json_object_set(idx, "weight_map", map) < 0)
+			goto out;
+		text = json_dumps(idx, JSON_INDENT(2) | JSON_SORT_KEYS);
+		if (!text)
+			goto out;
+		ret = write_beside(outdir, "model.safetensors.index.json", text, strlen(text), err,
+				   errlen);
+		free(text);
+		if (ret < 0)
+			goto out;
+	}
 	ret = copy_if_absent(outdir, "config.json", config, err, errlen);
 	dir_of(in, dirs[0], sizeof(dirs[0]));
 	dir_of(config, dirs[1], sizeof(dirs[1]));
@@ -859,10 +985,11 @@ out:
 }
 
 /* Warns of *.safetensors files in an hf OUTDIR that this conversion did
- * not write (an earlier one's shards, or its rank-0.safetensors): the
- * index leaves them out, as transformers and vLLM then do, but they are
- * not part of the checkpoint. */
-static void hf_warn_strays(const char *outdir, char *const *files, size_t nfiles)
+ * not write (an earlier one's shards, or its rank-0.safetensors), and
+ * returns how many: the index (written then, for one file too) leaves
+ * them out, as transformers and vLLM then do, but they are not part of
+ * the checkpoint. */
+static size_t hf_warn_strays(const char *outdir, char *const *files, size_t nfiles)
 {
 	DIR *d = opendir(outdir);
 	struct dirent *e;
@@ -870,7 +997,7 @@ static void hf_warn_strays(const char *outdir, char *const *files, size_t nfiles
 	size_t n = 0;
 
 	if (!d)
-		return;
+		return 0;
 	while ((e = readdir(d))) {
 		size_t l = strlen(e->d_name);
 		int ours = 0;
@@ -892,6 +1019,7 @@ static void hf_warn_strays(const char *outdir, char *const *files, size_t nfiles
 			"remove %s before reading %s with tools that take every file\n", outdir, n,
 			n == 1 ? "" : "s", first, n == 1 ? "it" : "them", n == 1 ? "it" : "them",
 			outdir);
+	return n;
 }
 
 struct names {
@@ -956,13 +1084,13 @@ static void progress_show(struct progress *pg, const char *what)
 	pg->shown = t;
 	pg->mid = pg->tty && what;
 	if (what)
-		fprintf(stderr, "%swexctl convert: rank %u/%u: %s %s of %s (%.0f %%), %.1f s%s",
-			pg->tty ? "\r" : "", pg->rank + 1, pg->world, what,
+		fprintf(stderr, "%swexctl convert: rank %u of %u: %s %s of %s (%.0f %%), %.1f s%s",
+			pg->tty ? "\r" : "", pg->rank, pg->world, what,
 			size_str(a, sizeof(a), pg->done), size_str(b, sizeof(b), pg->total), pg->total ? 100.0 * (double)pg->done / (double)pg->total : 100.0,
 			el, pg->tty ? "\033[K" : "\n");
 	else
-		fprintf(stderr, "%swexctl convert: rank %u/%u: %s in %zu file%s on disk, %.1f s "
-			"(%s/s)%s\n", pg->tty ? "\r" : "", pg->rank + 1, pg->world,
+		fprintf(stderr, "%swexctl convert: rank %u of %u: %s in %zu file%s on disk, %.1f s "
+			"(%s/s)%s\n", pg->tty ? "\r" : "", pg->rank, pg->world,
 			size_str(a, sizeof(a), pg->total), pg->files, pg->files == 1 ? "" : "s", el,
 			size_str(b, sizeof(b), el > 0 ? (uint64_t)((double)pg->total / el) : 0),
 			pg->tty ? "\033[K" : "");
@@ -1022,9 +1150,14 @@ int wexctl_cmd_convert(int argc, char **argv)
 
 	if ((ret = parse_opts(argc, argv, &o, 2)) != 0)
 		return usage("convert", ret == 1);
-	ret = wex__model_load(o.config, o.adapters, &m, err, sizeof(err));
+	ret = model_load(&o, &m, err, sizeof(err));
 	if (ret < 0)
 		goto fail;
+	ret = check_engines(&o, m, err, sizeof(err));
+	if (ret < 0) {
+		rc = 2;
+		goto fail;
+	}
 	{
 		struct wex_layout_spec s;
 
@@ -1331,10 +1464,14 @@ rank_out:
 		}
 	}
 	if (hf) {
-		ret = hf_extras(o.pos[1], names.v, nnames, o.pos[0], o.config, err, sizeof(err));
+		/* One file: no index, as save_pretrained writes none, unless
+		 * the index must keep readers from others in OUTDIR. */
+		size_t strays = hf_warn_strays(o.pos[1], names.v, nnames);
+
+		ret = hf_extras(o.pos[1], names.v, nnames, nnames > 1 || strays, o.pos[0], o.config,
+				err, sizeof(err));
 		if (ret < 0)
 			goto fail;
-		hf_warn_strays(o.pos[1], names.v, nnames);
 	} else {
 		/* Ranks past ours are an earlier conversion's (into OUTDIR, or
 		 * in place from more ranks): left alone, but the directory

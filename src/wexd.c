@@ -40,6 +40,7 @@ static json_t *wexd_metrics(struct wexd *d);
 static json_t *wexd_config_req(struct wexd *d, struct conn *c, json_t *req, const char *op);
 static void wexd_reload(struct wexd *d);
 static void wexd_tick(struct wexd *d);
+static void wexd_watchdog(struct wexd *d);
 
 const char *wexd_io_backend(struct wexd *d)
 {
@@ -413,6 +414,8 @@ static json_t *validate_and_run(struct wexd *d, struct conn *c, const char *buf,
 					WEX_SOCK_MAX_FDS);
 	}
 	req = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+	if (!req && je.line < 1) /* (jansson's -1: no position to give) */
+		return wex__reply_error(-EBADMSG, "malformed JSON: %s", je.text);
 	if (!req)
 		return wex__reply_error(-EBADMSG, "malformed JSON at line %d column %d: %s", je.line,
 					je.column, je.text);
@@ -446,9 +449,14 @@ static json_t *validate_and_run(struct wexd *d, struct conn *c, const char *buf,
 		return reply;
 	}
 	/* acquire refuses itself while draining, saying whether a held lease
-	 * stands (wexd_acquire). */
+	 * stands (wexd_acquire).  A copy in flight still fetches (its acquire
+	 * was answered: the drain waits for it).  A producer's begin_write is
+	 * taken as ever, answered or left waiting: at wexd's exit libwex
+	 * sends it again to the next wexd (as after a crash), and a trainer
+	 * rides through a restart. */
 	if (d->draining && strcmp(op, "release") && strcmp(op, "publish") && strcmp(op, "status") &&
-	    strcmp(op, "acquire") && strcmp(op, "cancel")) {
+	    strcmp(op, "acquire") && strcmp(op, "cancel") && strcmp(op, "fetch") &&
+	    strcmp(op, "begin_write")) {
 		json_decref(req);
 		return wex__reply_error(-ESHUTDOWN, "wexd is shutting down");
 	}
@@ -491,6 +499,7 @@ static void on_msg(void *arg, struct wex_loop_io *io, ssize_t len, int *fds, int
 	struct conn *c = io->owner;
 	json_t *reply;
 
+	wexd_watchdog(d);
 	/* SOCK_SEQPACKET carries empty messages: 0 is the end only when the
 	 * client hung up (an empty one is answered, as any bad message). */
 	if (len == 0 && !c->dropping && !peer_hung_up(c->io.fd)) {
@@ -544,6 +553,7 @@ static void on_signal(void *arg, int fd, int res)
 					d->loop.ops->unlisten(&d->loop, &d->listener);
 				d->drain_deadline_ns =
 					wex__now_ns() + (uint64_t)d->cfg.drain_timeout_ms * 1000000ull;
+				/* (Consumers' syncs; producers' begin_writes wait on.) */
 				wexd_fail_waiters(d, -ESHUTDOWN, "wexd is shutting down");
 				wex__sd_stopping();
 			} else {
@@ -814,15 +824,26 @@ static void wexd_sd_status(struct wexd *d)
 		d->sd_status[0] = '\0';
 }
 
-static void wexd_tick(struct wexd *d)
+/* Pings the watchdog at half of WatchdogSec: from the loop's tick, and
+ * from each request, so that a long batch of costly requests (a status of
+ * thousands of clients, asked by each) is not taken for a hung wexd. */
+static void wexd_watchdog(struct wexd *d)
 {
-	uint64_t now = wex__now_ns();
+	uint64_t now;
 
-	wex__sd_flush();
-	if (d->watchdog_usec && now - d->last_watchdog_ns >= d->watchdog_usec * 500ull) {
+	if (!d->watchdog_usec)
+		return;
+	now = wex__now_ns();
+	if (now - d->last_watchdog_ns >= d->watchdog_usec * 500ull) {
 		wex__sd_watchdog();
 		d->last_watchdog_ns = now;
 	}
+}
+
+static void wexd_tick(struct wexd *d)
+{
+	wex__sd_flush();
+	wexd_watchdog(d);
 	if (d->notify)
 		wexd_sd_status(d);
 }
@@ -1047,6 +1068,10 @@ int main(int argc, char **argv)
 		wex__config_free(&d.cfg);
 		return 2;
 	}
+	/* Before wexd opens an fd of its own (its event loop, the reserve
+	 * fd): a LISTEN_FDS counting more fds than were passed would take
+	 * those for passed ones, and close them as not listening. */
+	d.listen_fd = wex__sd_listen_fd();
 	set_fd_limit(&d);
 	(void)buf;
 	d.start_ns = wex__now_ns();
@@ -1062,7 +1087,6 @@ int main(int argc, char **argv)
 	probe_exit_watch(&d);
 	d.loop.arg = &d;
 
-	d.listen_fd = wex__sd_listen_fd();
 	if (d.listen_fd < -1) {
 		/* The line before says why (unreadable LISTEN_FDS, or no
 		 * passed fd of the right kind). */
@@ -1101,6 +1125,10 @@ int main(int argc, char **argv)
 					 wex__config_source_name(d.cfg.source[WEX_CF_SOCKET_MODE]));
 			else if (!strcmp(step, "check for a running daemon"))
 				snprintf(what, sizeof(what), ": another wexd listens there");
+			else if (!strcmp(step, "remove a stale socket") ||
+				 !strcmp(step, "connect to the socket file already there"))
+				snprintf(what, sizeof(what), " (another user's? remove it, or choose "
+					 "another path: socket, --socket, WEX_SOCKET)");
 			else if (!strcmp(step, "check for a stale socket"))
 				snprintf(what, sizeof(what), ": something other than a socket is there "
 					 "(wexd replaces only a stale socket; check socket, --socket, "

@@ -271,7 +271,7 @@ void wexd_held_load(struct wexd *d);
 /* At exit: forgets leases held from before, leaving their records (and
  * those of leases still held) for the next wexd. */
 void wexd_held_exit(struct wexd *d);
-/* Fails every deferred request with `err` (shutdown). */
+/* Fails every consumer's deferred acquire with `err` (shutdown). */
 void wexd_fail_waiters(struct wexd *d, int err, const char *why);
 
 /* wexd.c */

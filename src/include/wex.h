@@ -276,7 +276,9 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
  * timeout, naming the holders in wex_last_error(); -ECANCELED when
  * wex_cancel ended the wait (nothing begun), -EINTR when a signal did
  * (WEX_CLIENT_EINTR); -EINVAL for a version over 2^63-1 (JSON's largest
- * integer), nothing sent.
+ * integer), nothing sent.  When wexd goes away (a restart, a crash), the
+ * call connects again and resends, trying until that timeout (the client's
+ * when 0) ends: then wexd's error (-WEX_EDAEMON, -ECONNREFUSED, -ENOENT).
  */
 WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms);
 

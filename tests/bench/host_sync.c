@@ -21,7 +21,12 @@
  *   - memcpy of the same bytes with the same thread count (the limit);
  *   - memcmp of the same two buffers with the same thread count (the
  *     limit for verification: both sides read once);
- *   - streaming the bytes through a UNIX stream socket (one stream);
+ *   - streaming the bytes through a UNIX stream socket (one stream)
+ *     from another process, the producer (its segment into the socket),
+ *     into a populated buffer of ours not shared with any process; the
+ *     page faults taken meanwhile are counted and must stay few (a
+ *     writer forked after the buffer was written measured copy-on-write
+ *     faults, not the socket);
  *   - writing then reading a safetensors file in /dev/shm (what RL
  *     frameworks do today).
  * The last line is one JSON object with the figures, the baselines and the
@@ -39,6 +44,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -138,41 +144,47 @@ static int par_memcmp(const char *a, const char *b, size_t len, int threads)
 	return differ;
 }
 
-static double socket_stream(char *dst, const char *src, size_t len)
+/* Page faults this process has taken so far (minor and major). */
+static long faults_now(void)
 {
-	int sv[2], bufsz = 4 << 20;
-	double t0;
-	pid_t pid;
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return ru.ru_minflt + ru.ru_majflt;
+}
+
+/*
+ * The socket baseline: the producer process (another process, as a
+ * trainer streaming its weights to an engine would be) writes its
+ * segment's `len` bytes into a UNIX stream socket, and this process reads
+ * them into dst.  The producer was forked before this process mapped
+ * anything big, and dst was mapped after every fork, so no page here is
+ * shared copy-on-write with the writer: the clock covers the transfer
+ * alone, from the command that starts the writer to the last byte read
+ * (a writer forked inside the clock made each page read() filled take a
+ * copy-on-write fault, and the fork copied this process's page tables:
+ * 3-6x the transfer on the dev VM).  *faults: the page faults taken
+ * meanwhile (about none once dst is populated; one per page of dst with
+ * copy-on-write).
+ */
+static double socket_stream(char *dst, size_t len, int cmd_fd, int sock_fd, long *faults)
+{
 	size_t got = 0;
+	long f0 = faults_now();
+	double t0 = ex_now();
 
-	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0)
+	if (write(cmd_fd, "s", 1) != 1)
 		return -1;
-	setsockopt(sv[0], SOL_SOCKET, SO_RCVBUF, &bufsz, sizeof(bufsz));
-	setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &bufsz, sizeof(bufsz));
-	t0 = ex_now();
-	pid = fork();
-	if (pid == 0) {
-		close(sv[0]);
-		for (size_t off = 0; off < len;) {
-			ssize_t n = write(sv[1], src + off, len - off > (1 << 20) ? (1 << 20) : len - off);
-
-			if (n <= 0)
-				_exit(1);
-			off += (size_t)n;
-		}
-		_exit(0);
-	}
-	close(sv[1]);
 	while (got < len) {
-		ssize_t n = read(sv[0], dst + got, len - got);
+		ssize_t n = read(sock_fd, dst + got, len - got);
 
 		if (n <= 0)
 			break;
 		got += (size_t)n;
 	}
-	close(sv[0]);
-	waitpid(pid, NULL, 0);
-	return got == len ? ex_now() - t0 : -1;
+	t0 = ex_now() - t0;
+	*faults = faults_now() - f0;
+	return got == len ? t0 : -1;
 }
 
 /* Write the tensors as a safetensors file in /dev/shm, then read them back
@@ -268,7 +280,7 @@ static int next_version(wex_client_t *c, int cmd_fd, int ack_fd)
 
 /* ---- producer process -------------------------------------------------- */
 
-static void producer(const char *preset, int cmd_fd, int ack_fd)
+static void producer(const char *preset, int cmd_fd, int ack_fd, int sock_fd)
 {
 	struct wex_client_params p = {
 		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
@@ -299,8 +311,21 @@ static void producer(const char *preset, int cmd_fd, int ack_fd)
 	(void)!write(ack_fd, "r", 1);
 	/* Each 'p' publishes the next version with the bytes of v1 left in
 	 * place, so that the timed path is the sync and not the trainer's
-	 * writes (the consumer checks the bytes against v1's pattern). */
-	while (read(cmd_fd, &cmd, 1) == 1 && cmd == 'p') {
+	 * writes (the consumer checks the bytes against v1's pattern).  Each
+	 * 's' writes the segment into the baseline's socket (the consumer
+	 * counts the bytes and compares them). */
+	while (read(cmd_fd, &cmd, 1) == 1 && (cmd == 'p' || cmd == 's')) {
+		if (cmd == 's') {
+			for (uint64_t off = 0; off < bytes;) {
+				uint64_t chunk = bytes - off > (1 << 20) ? (1 << 20) : bytes - off;
+				ssize_t w = write(sock_fd, (char *)base + off, chunk);
+
+				if (w <= 0)
+					_exit(1);
+				off += (uint64_t)w;
+			}
+			continue;
+		}
 		v++;
 		if ((ret = wex_begin_write(c, v, 0)) < 0)
 			die("begin_write", ret, c);
@@ -336,7 +361,8 @@ int main(int argc, char **argv)
 	int small = getenv("WEX_BENCH_SMALL") && *getenv("WEX_BENCH_SMALL") == '1';
 	const char *preset = small ? "small" : "qwen2-0.5b";
 	char dir[] = "/tmp/wex-bench-XXXXXX", sock[128];
-	int ready[2], cmd[2], ack[2], threads, n, ret;
+	int ready[2], cmd[2], ack[2], sv[2], threads, n, ret, bufsz = 4 << 20;
+	long sock_faults[3];
 	double vfy_t[RUNS], vsync_t[RUNS], cmp_t[RUNS];
 	double copy_t[RUNS], meta_t[RUNS], touch_t[RUNS], fixed_t[RUNS], mc_t[RUNS], back_t[RUNS], sock_t[3],
 		st_t[3], first_ms, cold_touch_ms, fixed_first_ms = 0;
@@ -364,8 +390,12 @@ int main(int argc, char **argv)
 	/* Close-on-exec: wexd must not hold the producer's pipes open, or a
 	 * failed producer (or consumer) would leave the other side waiting
 	 * on them for ever. */
-	if (pipe(ready) < 0 || pipe2(cmd, O_CLOEXEC) < 0 || pipe2(ack, O_CLOEXEC) < 0)
+	if (pipe(ready) < 0 || pipe2(cmd, O_CLOEXEC) < 0 || pipe2(ack, O_CLOEXEC) < 0 ||
+	    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
 		return 1;
+	/* The socket baseline's stream: the producer writes into sv[1]. */
+	setsockopt(sv[0], SOL_SOCKET, SO_RCVBUF, &bufsz, sizeof(bufsz));
+	setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &bufsz, sizeof(bufsz));
 	dpid = fork();
 	if (dpid == 0) {
 		char fds[16];
@@ -395,10 +425,12 @@ int main(int argc, char **argv)
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		close(cmd[1]);
 		close(ack[0]);
-		producer(preset, cmd[0], ack[1]);
+		close(sv[0]);
+		producer(preset, cmd[0], ack[1], sv[1]);
 	}
 	close(cmd[0]);
 	close(ack[1]);
+	close(sv[1]);
 	{
 		char r;
 
@@ -422,6 +454,8 @@ int main(int argc, char **argv)
 	if ((ret = wex_attach(c, t, (size_t)n)) < 0)
 		die("attach", ret, c);
 	memset(region, 0, bytes); /* the engine's buffer exists before the first sync */
+	/* Mapped after the last fork (wexd's, the producer's): no page of it
+	 * is shared copy-on-write with another process. */
 	dst = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	/* The baselines write memory of the kind wex_reserve gives the
 	 * engine (asked for in huge pages): a copy into 4 KiB pages measured
@@ -561,9 +595,23 @@ int main(int argc, char **argv)
 	}
 	wex_release(c);
 	for (int k = 0; k < 3; k++) {
-		sock_t[k] = socket_stream(dst, src, bytes);
+		sock_t[k] = socket_stream(dst, bytes, cmd[1], sv[0], &sock_faults[k]);
+		if (sock_t[k] < 0 || memcmp(dst, src, bytes)) {
+			fprintf(stderr, "host_sync: the socket baseline %s\n",
+				sock_t[k] < 0 ? "failed" : "delivered wrong bytes");
+			return 1;
+		}
+		/* dst was populated before: a fault per page means the
+		 * transfer paid for copy-on-write (a writer forked after dst
+		 * was written), not only for the socket. */
+		if (sock_faults[k] > 64 + (long)(bytes / 4096 / 16)) {
+			fprintf(stderr, "host_sync: the socket baseline took %ld page faults for %llu "
+				"pages of populated memory: it measures copy-on-write, not the socket\n",
+				sock_faults[k], (unsigned long long)(bytes / 4096));
+			return 1;
+		}
 		st_t[k] = safetensors_roundtrip(dst, src, t, n);
-		if (sock_t[k] < 0 || st_t[k] < 0) {
+		if (st_t[k] < 0) {
 			fprintf(stderr, "host_sync: a baseline failed\n");
 			return 1;
 		}
@@ -582,6 +630,11 @@ int main(int argc, char **argv)
 	       vfy_s = median(vfy_t, RUNS), vsync_s = median(vsync_t, RUNS), back_s = median(back_t, RUNS),
 	       cmp_s = median(cmp_t, RUNS);
 	double gib = (double)model_bytes / (1 << 30);
+	long sock_faults_max = 0;
+
+	for (int k = 0; k < 3; k++)
+		if (sock_faults[k] > sock_faults_max)
+			sock_faults_max = sock_faults[k];
 
 	printf("%-40s %10s %12s\n", "measure (median)", "ms", "GiB/s");
 	printf("%-40s %10.3f %12s\n", "remap sync, metadata only", meta_s * 1e3, "-");
@@ -600,25 +653,37 @@ int main(int argc, char **argv)
 	printf("%-40s %10.3f %12.2f\n", "baseline: UNIX stream socket", sock_s * 1e3, gib / sock_s);
 	printf("%-40s %10.3f %12.2f\n", "baseline: safetensors write+read /dev/shm", st_s * 1e3,
 	       gib / st_s);
+	/* The README's targets: one not met is said here and is false in the
+	 * JSON line's "targets" (the exit status stays 0: speed is read from
+	 * the output, never asserted). */
+	static const char *const tname[] = { "copy_vs_memcpy>=0.9", "remap_touched_vs_copy<=0.5",
+					     "remap_metadata_ms<2", "copy_vs_socket>=5",
+					     "remap_touched_vs_socket>=5" };
+	double tval[] = { mc_s / copy_s, touch_s / copy_s, meta_s * 1e3, sock_s / copy_s,
+			  sock_s / touch_s };
+	int met[] = { tval[0] >= 0.9, tval[1] <= 0.5, tval[2] < 2, tval[3] >= 5, tval[4] >= 5 };
+
+	for (int i = 0; i < 5; i++)
+		if (!met[i])
+			printf("target not met: %s (measured %.3f)\n", tname[i], tval[i]);
 	printf("{\"bench\":\"host_sync\",\"preset\":\"%s\",\"tensors\":%d,\"bytes\":%llu,\"threads\":%d,"
 	       "\"remap_metadata_ms\":%.4f,\"remap_touched_ms\":%.4f,\"remap_fixed_ms\":%.4f,\"remap_fixed_first_ms\":%.3f,"
 	       "\"remap_first_ms\":%.3f,\"remap_first_touched_ms\":%.3f,"
 	       "\"copy_ms\":%.3f,\"copy_gib_s\":%.3f,\"copy_after_fixed_ms\":%.3f,\"verify_ms\":%.3f,\"verified_sync_ms\":%.3f,"
 	       "\"baselines\":{\"memcpy_ms\":%.3f,\"memcpy_gib_s\":%.3f,\"memcmp_ms\":%.3f,\"socket_ms\":%.3f,"
-	       "\"socket_gib_s\":%.3f,\"safetensors_ms\":%.3f},"
+	       "\"socket_gib_s\":%.3f,\"socket_faults\":%ld,\"safetensors_ms\":%.3f},"
 	       "\"ratios\":{\"copy_vs_memcpy\":%.3f,\"verify_vs_memcmp\":%.3f,\"remap_touched_vs_copy\":%.4f,"
 	       "\"copy_vs_socket\":%.2f,\"remap_touched_vs_socket\":%.2f,\"copy_vs_safetensors\":%.2f,"
 	       "\"remap_first_touched_vs_copy\":%.3f,\"copy_vs_copy_after_fixed\":%.3f},"
-	       "\"targets\":{\"copy_vs_memcpy>=0.9\":%s,\"remap_touched_vs_copy<=0.5\":%s,"
-	       "\"remap_metadata_ms<2\":%s,\"copy_vs_socket>=5\":%s,\"remap_touched_vs_socket>=5\":%s}}\n",
+	       "\"targets\":{\"%s\":%s,\"%s\":%s,\"%s\":%s,\"%s\":%s,\"%s\":%s}}\n",
 	       preset, n, (unsigned long long)model_bytes, threads, meta_s * 1e3, touch_s * 1e3,
 	       fixed_s * 1e3, fixed_first_ms, first_ms, cold_touch_ms, copy_s * 1e3, gib / copy_s,
 	       back_s * 1e3, vfy_s * 1e3, vsync_s * 1e3, mc_s * 1e3, gib / mc_s, cmp_s * 1e3, sock_s * 1e3,
-	       gib / sock_s, st_s * 1e3, mc_s / copy_s, cmp_s / vfy_s, touch_s / copy_s,
+	       gib / sock_s, sock_faults_max, st_s * 1e3, mc_s / copy_s, cmp_s / vfy_s, touch_s / copy_s,
 	       sock_s / copy_s, sock_s / touch_s, st_s / copy_s, cold_touch_ms / 1e3 / copy_s, copy_s / back_s,
-	       mc_s / copy_s >= 0.9 ? "true" : "false", touch_s / copy_s <= 0.5 ? "true" : "false",
-	       meta_s * 1e3 < 2 ? "true" : "false", sock_s / copy_s >= 5 ? "true" : "false",
-	       sock_s / touch_s >= 5 ? "true" : "false");
+	       tname[0], met[0] ? "true" : "false", tname[1], met[1] ? "true" : "false", tname[2],
+	       met[2] ? "true" : "false", tname[3], met[3] ? "true" : "false", tname[4],
+	       met[4] ? "true" : "false");
 	(void)sink;
 	munmap(dst, bytes);
 	free(t);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "log.h"
 #include "ops_test.h"
 
 static char err[1024];
@@ -135,6 +136,14 @@ int main(void)
 	path = t_write_tmp("{\"log_level\": \"warn\"}");
 	CHECK(wex__config_load(&cfg, path, 1, err, sizeof(err)) == 0);
 	CHECK(cfg.log_level == 1);
+	wex__config_free(&cfg);
+	unlink(path);
+	free(path);
+	/* Names in any case, as libwex takes WEX_LOG_LEVEL=DEBUG (wexd
+	 * refused to start with it). */
+	path = t_write_tmp("{\"log_level\": \"DEBUG\", \"io_backend\": \"Epoll\"}");
+	CHECK(wex__config_load(&cfg, path, 1, err, sizeof(err)) == 0);
+	CHECK(cfg.log_level == WEX_LOG_DEBUG);
 	wex__config_free(&cfg);
 	unlink(path);
 	free(path);

@@ -6,7 +6,11 @@
 # and an extra tensor of another dtype in the checkpoint changes nothing
 # (and is named on stderr as not converted).  --to hf also copies the
 # tokenizer and generation config found beside IN or --config (IN's
-# first), never over a file OUTDIR already has.  Skips (77)
+# first), never over a file OUTDIR already has; one model.safetensors gets
+# no index, as save_pretrained writes none (an earlier one is removed),
+# and reads back as a directory.  An OUTDIR that is a file and an
+# unknown engine are bad values (exit 2), refused before anything is
+# written.  Skips (77)
 # while wexctl does not dispatch `convert` yet.
 # Needs: WEXCTL_BIN, PLANNER_CONVERT_BIN (the planner_convert helper).
 set -u
@@ -59,9 +63,35 @@ echo 'from config dir' >"$d/special_tokens_map.json"
 echo 'from IN' >"$d/vllm/special_tokens_map.json"
 echo 'from config dir' >"$d/tokenizer_config.json"
 mkdir "$d/back" && echo 'already there' >"$d/back/tokenizer_config.json"
+# An earlier conversion's index (naming files not there) is not left to
+# misdirect readers.
+echo '{"metadata": {}, "weight_map": {"x": "model-00001-of-00002.safetensors"}}' >"$d/back/model.safetensors.index.json"
 "$WEXCTL_BIN" convert --config "$d/config.json" --from vllm:tp=2 --to hf "$d/vllm" "$d/back" || exit 1
+[ ! -e "$d/back/model.safetensors.index.json" ] ||
+	{ echo "--to hf wrote (or kept) an index beside one model.safetensors: $(cat "$d/back/model.safetensors.index.json")"; exit 1; }
 "$PLANNER_CONVERT_BIN" compare "$d" "$d/back/model.safetensors" || exit 1
 "$PLANNER_CONVERT_BIN" compare "$d" "$d/back" || exit 1
+# ... and, with no index, reads back as an hf directory.
+"$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to vllm:tp=2 "$d/back" "$d/vllm-back" || exit 1
+for r in 0 1; do
+	cmp "$d/vllm/rank-$r.safetensors" "$d/vllm-back/rank-$r.safetensors" || { echo "hf directory without index read back otherwise (rank $r)"; exit 1; }
+done
+# OUTDIR a file, an unknown engine: bad values (2), named, nothing written
+# (OUTDIR was named through a temporary file of its own).
+"$WEXCTL_BIN" convert --config "$d/config.json" --from vllm:tp=2 --to hf "$d/vllm" "$d/back/model.safetensors" 2>"$d/bad.err"
+rc=$?
+[ $rc = 2 ] && head -n 1 "$d/bad.err" | grep -qF "convert: OUTDIR $d/back/model.safetensors: not a directory" ||
+	{ echo "OUTDIR a file: exit $rc: $(cat "$d/bad.err")"; exit 1; }
+"$WEXCTL_BIN" convert --config "$d/config.json" --from vllm:tp=2 --to hf "$d/vllm" "$d/none/sub" 2>"$d/bad.err"
+rc=$?
+[ $rc = 2 ] && head -n 1 "$d/bad.err" | grep -qF "convert: OUTDIR $d/none/sub: its parent $d/none: No such file or directory" ||
+	{ echo "OUTDIR in no directory: exit $rc: $(cat "$d/bad.err")"; exit 1; }
+for side in "--from nope --to hf" "--from vllm:tp=2 --to nope"; do
+	"$WEXCTL_BIN" convert --config "$d/config.json" $side "$d/vllm" "$d/o-eng" 2>"$d/bad.err"
+	rc=$?
+	[ $rc = 2 ] && [ ! -e "$d/o-eng" ] && head -n 1 "$d/bad.err" | grep -q "convert: --[a-z]*: unknown engine \"nope\"" ||
+		{ echo "convert $side: exit $rc: $(cat "$d/bad.err")"; exit 1; }
+done
 for f in tokenizer.json generation_config.json; do
 	cmp "$d/$f" "$d/back/$f" || { echo "--to hf did not copy $f from beside --config"; exit 1; }
 done

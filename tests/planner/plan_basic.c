@@ -107,6 +107,16 @@ int main(void)
 	s.cr[0].pieces[3].offset -= 2;
 	wex__plan_free(p);
 	wex__plan_free(p2);
+	/* (4b) a consumer whose only piece is empty (a 0-row FSDP shard): a
+	 * plan of no ops (it passed NULL to qsort, an abort under UBSan) */
+	{
+		struct wex_tensor t = s.cr[0].pieces[0];
+
+		t.extent[0] = 0;
+		CHECK(wex__plan_build(s.srcs, 1, &t, 1, 0, 1, &p, err, sizeof(err)) == 0, "%s", err);
+		CHECK(p->nops == 0, "an empty piece planned %zu ops", p->nops);
+		wex__plan_free(p);
+	}
 	/* (5) a consumer piece naming a tensor nobody holds */
 	{
 		struct wex_tensor t = s.cr[0].pieces[0];

@@ -80,13 +80,19 @@ def gen(cfg_path, out):
 
 def located(path, max_shard=None):
     """name -> (file, header entry, data offset) of a .safetensors file, or
-    of an HF directory read through its index, checked: the index names
+    of an HF directory read through its index (without one, its
+    model.safetensors alone), checked: the index names
     every tensor its files hold and no other, total_size is their bytes,
     and with max_shard each file holds at most that many bytes of tensors
     (or one tensor)."""
     if not os.path.isdir(path):
         hdr, off = read_header(path)
         return {k: (path, e, off) for k, e in hdr.items() if k != "__metadata__"}
+    if not os.path.exists(os.path.join(path, "model.safetensors.index.json")):
+        # One file, as save_pretrained writes it: no index.
+        if sorted(f for f in os.listdir(path) if f.endswith(".safetensors")) != ["model.safetensors"]:
+            sys.exit(f"FAIL: {path} has no index and not model.safetensors alone")
+        return located(os.path.join(path, "model.safetensors"))
     idx = json.load(open(os.path.join(path, "model.safetensors.index.json")))
     wmap, out, total = idx["weight_map"], {}, 0
     for fn in sorted(set(wmap.values())):

@@ -46,15 +46,16 @@ rm -rf "$d/meg"
 # this rank), into a log: the rank's line once its file is on disk.
 "$WEXCTL" convert --config "$cfg" --from vllm:tp=2 --to hf --progress always "$d/vllm" "$d/back" 2>"$d/progress.txt"
 cat "$d/progress.txt"
-grep -Eq '^wexctl convert: rank 1/1: 942\.3 MiB in 1 file on disk, ' "$d/progress.txt" ||
-	{ echo "FAIL: --progress always: no line for rank 1/1 on disk"; exit 1; }
+grep -Eq '^wexctl convert: rank 0 of 1: 942\.3 MiB in 1 file on disk, ' "$d/progress.txt" ||
+	{ echo "FAIL: --progress always: no line for rank 0 of 1 on disk"; exit 1; }
+[ ! -e "$d/back/model.safetensors.index.json" ] || { echo "FAIL: an index beside one model.safetensors"; exit 1; }
 $PY "$SRC/tests/planner/qwen2_ckpt.py" compare "$d/hf" "$d/back/model.safetensors"
 $PY "$SRC/tests/planner/qwen2_ckpt.py" compare "$d/hf" "$d/back"
 # In shards of at most 200 MB of tensors, as save_pretrained writes them
 # (the 272 MB embedding alone in its file).
 "$WEXCTL" convert --config "$cfg" --from vllm:tp=2 --to hf --max-shard-size 200MB --progress always "$d/vllm" "$d/shards" 2>"$d/progress.txt"
-grep -Eq '^wexctl convert: rank 1/1: 942\.3 MiB in 5 files on disk, ' "$d/progress.txt" ||
-	{ cat "$d/progress.txt"; echo "FAIL: --progress always: no line for rank 1/1's 5 files"; exit 1; }
+grep -Eq '^wexctl convert: rank 0 of 1: 942\.3 MiB in 5 files on disk, ' "$d/progress.txt" ||
+	{ cat "$d/progress.txt"; echo "FAIL: --progress always: no line for rank 0 of 1's 5 files"; exit 1; }
 ls "$d/shards"
 # 988 MB: the embedding, then 716 MB in four files of at most 200 MB.
 n=$(ls "$d/shards" | grep -c '^model-0000[1-5]-of-00005\.safetensors$' || true)

@@ -51,6 +51,9 @@ wex_py_test(py_checkpoint_check tests/python/checkpoint_check_test.py LABELS pyt
 # The Python example: a trainer and an engine process through the hooks,
 # the engine's outputs equal to the trainer's after each sync.
 wex_py_test(py_example_rl_loop examples/rl_loop.py LABELS python)
+# The same failing: wexd or a process killed mid-run, a wexd that does not
+# start, a bad --steps; a hang (the survivor waiting for its peer) fails it.
+wex_py_test(py_example_rl_loop_errors tests/python/rl_loop_test.py LABELS python TIMEOUT 300)
 if(TARGET wex_emul_cuda)
   # The same through wex_cuda_alloc and CUDA VMM segments, on the emulated
   # driver (tests/gpu/emul_cuda.c).

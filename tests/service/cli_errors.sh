@@ -11,6 +11,14 @@
 #    IN OUTDIR and an extra argument (they printed only the usage), and a
 #    LAYOUT that does not parse (an engine that is a path, an empty or
 #    non-numeric value: it exited 1, or was taken as the default);
+#  - a --rank past the destination's ranks, an unknown engine (it exited
+#    1), a --rank strtol took but the examples refuse (+1, " 1": taken) and
+#    an --adapters that is no adapters directory (it named a family file
+#    with jansson's "(line -1)") are bad values (exit 2), named; a
+#    $WEX_ADAPTERS without families says so, without "(line -1)";
+#  - a socket path longer than a UNIX socket's may be is said to be (it
+#    was "Invalid argument" or "File name too long"): --socket's exits 2;
+#  - wexctl --help names every option of convert (--progress was left out);
 #  - config get --jsn is refused as an option (exit 2), not sent to wexd as
 #    a field name (exit 1);
 #  - a socket path that is a directory or a plain file is called "not a
@@ -21,7 +29,9 @@
 #  - the example trainer and engine (wex-producer, wex-consumer) answer
 #    --help with their usage and refuse a bad number (it was taken as 0), a
 #    rank not below the world size, an extra argument and an empty --modes,
-#    naming each, before they connect.
+#    naming each, before they connect; and they exit 1 naming the failed
+#    call when wexd is killed during a --wait-group wait or between a
+#    consumer's sync and its release (see the last section).
 WEXD=$1 WEXCTL=$2 PRODUCER=$3 CONSUMER=$4
 . "$(dirname "$0")/lib.sh"
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -52,6 +62,26 @@ expect 2 "convert: --to: bad layout parameter \"pp=x\"" convert --config "$CFG" 
 expect 2 "plan: unexpected argument 'extra'" plan --config "$CFG" --from hf --to hf extra
 expect 2 "convert: missing IN OUTDIR" convert --config "$CFG" --from hf --to hf "$TMP/in"
 expect 2 "convert: unexpected argument 'more'" convert --config "$CFG" --from hf --to hf a b more
+expect 2 "plan: bad --rank 5: the destination (--to vllm:tp=2) has 2 ranks, 0 to 1" plan --config "$CFG" --from megatron:tp=2 --to vllm:tp=2 --rank 5
+expect 2 "plan: bad --rank '+1'" plan --config "$CFG" --from megatron:tp=2 --to vllm:tp=2 --rank +1
+expect 2 "plan: bad --rank ' 1'" plan --config "$CFG" --from megatron:tp=2 --to vllm:tp=2 --rank " 1"
+expect 2 "plan: --from: unknown engine \"nope\"" plan --config "$CFG" --from nope --to vllm:tp=2
+expect 2 "plan: --to: unknown engine \"nope\"" plan --config "$CFG" --from hf --to nope:tp=2
+expect 2 "plan: --adapters $TMP/none: No such file or directory" plan --config "$CFG" --from hf --to hf --adapters "$TMP/none"
+expect 2 "plan: --adapters $TMP: not an adapters directory (it has no families/)" plan --config "$CFG" --from hf --to hf --adapters "$TMP"
+expect 2 "convert: --adapters $TMP/none: No such file" convert --config "$CFG" --from hf --to hf --adapters "$TMP/none" a b
+WEX_ADAPTERS="$TMP/none" "$WEXCTL" plan --config "$CFG" --from hf --to hf >/dev/null 2>"$TMP/err" && fail "plan with \$WEX_ADAPTERS a missing directory exited 0"
+grep -q "line -1" "$TMP/err" && fail "jansson's (line -1) in the message: $(cat "$TMP/err")"
+grep -qF "unable to open $TMP/none/families/" "$TMP/err" && grep -qF 'the adapters directory $WEX_ADAPTERS names' "$TMP/err" ||
+	fail "\$WEX_ADAPTERS a missing directory: unclear error: $(cat "$TMP/err")"
+long=$(printf '%0300d' 0 | tr 0 a)
+expect 2 "--socket: the path is 300 bytes long, over the 107" --socket "$long" status
+WEX_SOCKET="$TMP/$(printf '%0150d' 0 | tr 0 a)" "$WEXCTL" status >/dev/null 2>"$TMP/err"
+rc=$?
+[ $rc = 1 ] && grep -q "bytes long, over the 107 a UNIX socket's path may have" "$TMP/err" ||
+	fail "\$WEX_SOCKET too long: exit $rc: $(cat "$TMP/err")"
+"$WEXCTL" --help | grep -A1 "^  convert " | grep -qF -- "--progress auto|always|never" ||
+	fail "wexctl --help: convert's --progress is not named: $("$WEXCTL" --help | grep -A2 "^  convert ")"
 # --help on any command: its usage on stdout, exit 0.
 for cmd in status models clients plans metrics watch config; do
 	"$WEXCTL" $cmd --help >"$TMP/out" 2>"$TMP/err" || fail "wexctl $cmd --help exited $?: $(cat "$TMP/err")"
@@ -134,4 +164,115 @@ xexpect "$CONSUMER" 2 "consumer: mode 'viwe' unknown" --modes viwe
 xexpect "$CONSUMER" 2 "consumer: bad --timeout-ms '5s'" --timeout-ms 5s
 xexpect "$PRODUCER" 2 "producer: bad --first '0'" --first 0
 xexpect "$PRODUCER" 2 "producer: unknown preset 'huge'" --preset huge
-echo "PASS: missing values, bad values, extra arguments and --help; a path that is no socket; a connection wexd closes at once; the examples' options"
+
+# The examples when wexd goes away under them (wexd killed):
+#  - a producer waiting for its --wait-group to serve the version it
+#    published exits 1 naming the failed wait (it took the failed request
+#    for "served" and went on to the next version: exit 0 here);
+#  - a consumer killed out from under between its sync and its release
+#    (its stdout a pipe kept full, so it stops in the write of its report
+#    line just before wex_release) exits 1 naming the release's error (it
+#    ignored it: exit 0 here, though the producer may have written while
+#    it read).
+WEXD_SEEN=$WEXD_PID
+"$PRODUCER" --model waiter --preset tiny --versions 1 --wait-group nobody \
+	>"$TMP/waiter.out" 2>"$TMP/waiter.err" &
+WAITER=$!
+"$PRODUCER" --preset tiny --versions 1 --hold >"$TMP/holder.out" 2>&1 &
+HOLDER=$!
+mkfifo "$TMP/fifo"
+exec 5<>"$TMP/fifo"
+$PY - "$TMP/fifo" <<'PYEOF'
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_NONBLOCK)
+try:
+    while True:
+        os.write(fd, b"x" * 4096)
+except BlockingIOError:
+    pass
+PYEOF
+"$CONSUMER" --preset tiny --versions 1 --modes view >"$TMP/fifo" 2>"$TMP/consumer.err" 5<&- &
+CPID=$!
+cleanup_extra() {
+	kill -TERM "$WAITER" "$HOLDER" "$CPID" ${DRAIN:-} 2>/dev/null
+	wait "$WAITER" "$HOLDER" "$CPID" ${DRAIN:-} 2>/dev/null
+}
+i=0; until grep -q "published v1" "$TMP/waiter.out"; do
+	i=$((i+1)); [ $i -lt 400 ] || fail "producer --wait-group did not publish: $(cat "$TMP/waiter.err")"; sleep 0.05
+done
+# The consumer synced and stopped writing its report (the pipe is full):
+# the kernel says it waits in a pipe write, or in write(2) (x86-64: 1,
+# arm64: 64) on fd 1 where it does not name the function.
+blocked() {
+	grep -q pipe_write "/proc/$CPID/wchan" 2>/dev/null ||
+		grep -Eq '^(1|64) 0x1 ' "/proc/$CPID/syscall" 2>/dev/null
+}
+i=0; until blocked; do
+	i=$((i+1)); [ $i -lt 400 ] || fail "consumer not blocked in its report (wchan $(cat "/proc/$CPID/wchan" 2>&1)): $(cat "$TMP/consumer.err")"
+	sleep 0.05
+done
+kill -KILL "$WEXD_SEEN"; wait "$WEXD_SEEN"; WEXD_PID=""
+# Drain the pipe (a reader opened before fd 5, the only one, is closed).
+exec 6<"$TMP/fifo"
+cat <&6 >/dev/null 5<&- &
+DRAIN=$!
+exec 5<&- 6<&-
+wait "$WAITER"; rc=$?
+[ $rc = 1 ] || fail "producer --wait-group, wexd killed: exit $rc, not 1: $(cat "$TMP/waiter.err")"
+grep -q "producer rank 0: waiting for group 'nobody' to serve v1: " "$TMP/waiter.err" ||
+	fail "producer --wait-group, wexd killed: the failed wait not named: $(cat "$TMP/waiter.err")"
+grep -q "published v2" "$TMP/waiter.out" && fail "producer --wait-group published v2 after a failed wait"
+wait "$CPID"; rc=$?
+[ $rc = 1 ] || fail "consumer, wexd killed before its release: exit $rc, not 1: $(cat "$TMP/consumer.err")"
+grep -q "consumer rank 0: release v1: " "$TMP/consumer.err" ||
+	fail "consumer, wexd killed before its release: the release's error not named: $(cat "$TMP/consumer.err")"
+wait "$DRAIN"
+# --hold: SIGTERM ends the wait.
+kill -TERM "$HOLDER"; wait "$HOLDER" || fail "producer --hold exited $? on SIGTERM: $(cat "$TMP/holder.out")"
+
+# examples/quickstart.sh, in a copy of the tree whose tests/deps.sh installs
+# and builds nothing (cmake is a function doing nothing) and whose build/
+# holds this build's programs:
+#  - bad arguments exit 2 with the usage before deps.sh is read (--preset
+#    without a value failed with "parameter not set"; --preset bogus and
+#    --versions abc built, started wexd and failed later);
+#  - wexd killed while the consumers run: "quickstart: FAILED (...)" and
+#    wexd's log, exit 1 (wexctl status failed and set -e ended the script
+#    with neither).
+QS="$TMP/qs"
+mkdir -p "$QS/examples" "$QS/tests" "$QS/build"
+cp "$(dirname "$0")/../../examples/quickstart.sh" "$QS/examples/"
+cat >"$QS/tests/deps.sh" <<'EOF2'
+[ -z "${QS_STOP:-}" ] || { echo "quickstart: past its arguments" >&2; exit 42; }
+wex_install_deps() { :; }
+cmake() { :; }
+EOF2
+abs() { (cd "$(dirname "$1")" && echo "$PWD/$(basename "$1")"); }
+printf '#!/bin/sh\necho $$ >"%s"\nexec "%s" "$@"\n' "$QS/wexd.pid" "$(abs "$WEXD")" >"$QS/build/wexd"
+# A consumer that kills wexd first (it then fails to connect).
+printf '#!/bin/sh\nkill -KILL "$(cat "%s")"\nexec "%s" "$@"\n' "$QS/wexd.pid" "$(abs "$CONSUMER")" \
+	>"$QS/build/wex-consumer"
+chmod +x "$QS/build/wexd" "$QS/build/wex-consumer"
+ln -s "$(abs "$PRODUCER")" "$QS/build/wex-producer"
+ln -s "$(abs "$WEXCTL")" "$QS/build/wexctl"
+qsexpect() {
+	want=$1; shift
+	QS_STOP=1 sh "$QS/examples/quickstart.sh" "$@" >"$TMP/out" 2>"$TMP/err"
+	rc=$?
+	[ $rc = 2 ] || fail "quickstart.sh $*: exit $rc, not 2: $(cat "$TMP/err")"
+	grep -qF -- "$want" "$TMP/err" || fail "quickstart.sh $*: stderr does not say \"$want\": $(cat "$TMP/err")"
+	grep -q "^usage: .*quickstart.sh \[--preset" "$TMP/err" || fail "quickstart.sh $*: no usage: $(cat "$TMP/err")"
+}
+qsexpect "quickstart: --preset needs a value" --preset
+qsexpect "quickstart: --versions needs a value" --preset tiny --versions
+qsexpect "quickstart: unknown preset 'bogus'" --preset bogus
+qsexpect "quickstart: bad --versions 'abc'" --versions abc
+qsexpect "quickstart: bad --versions '0'" --versions 0
+qsexpect "quickstart: unknown argument 'extra'" extra
+sh "$QS/examples/quickstart.sh" --preset tiny --versions 2 >"$TMP/out" 2>"$TMP/err"
+rc=$?
+[ $rc = 1 ] || fail "quickstart.sh, wexd killed: exit $rc, not 1: $(cat "$TMP/out" "$TMP/err")"
+grep -q "^quickstart: FAILED (a consumer reported an error; wexctl status exited 1" "$TMP/out" ||
+	fail "quickstart.sh, wexd killed: no FAILED line: $(cat "$TMP/out" "$TMP/err")"
+grep -q "wexd info: listening on" "$TMP/out" || fail "quickstart.sh, wexd killed: no wexd log: $(cat "$TMP/out")"
+echo "PASS: missing values, bad values, extra arguments and --help; a path that is no socket; a connection wexd closes at once; the examples' options; the examples when wexd is killed; quickstart.sh's arguments and a wexd killed under it"

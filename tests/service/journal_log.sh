@@ -66,6 +66,22 @@ start_stop() {
 start_stop "$TMP/j.log"
 grep -q "^<6>wexd info: listening on $WEX_SOCKET" "$TMP/j.log" || fail "no <6> info line under the journal: $(cat "$TMP/j.log")"
 
+# What is no lease record in the lease journal's directory: a file is
+# removed, said so; a directory is left, and the log says so (it said
+# "removed" at every start).
+mkdir -p "$WEX_SOCKET.leases/stray.d"
+echo junk >"$WEX_SOCKET.leases/junk"
+: >"$TMP/stray.log"
+start_stop "$TMP/stray.log"
+grep -q "leases/junk is not a lease record (.*): removed" "$TMP/stray.log" ||
+	fail "a stray file in the lease journal not reported removed: $(cat "$TMP/stray.log")"
+[ -e "$WEX_SOCKET.leases/junk" ] && fail "the stray file was not removed"
+grep -q "leases/stray.d is not a lease record (.*), and cannot be removed (.*): left in place" "$TMP/stray.log" ||
+	fail "a stray directory not reported left in place: $(cat "$TMP/stray.log")"
+grep -q "stray.d .*: removed" "$TMP/stray.log" && fail "a directory reported removed: $(cat "$TMP/stray.log")"
+[ -d "$WEX_SOCKET.leases/stray.d" ] || fail "the stray directory went"
+rmdir "$WEX_SOCKET.leases/stray.d"
+
 # JOURNAL_STREAM inherited, stderr a file of its own: no journal prefixes.
 : >"$TMP/other.log"
 JOURNAL_STREAM=$(stat -c '%d:%i' "$TMP/j.log") "$WEXD" --config "$TMP/bad.json" 2>>"$TMP/other.log"

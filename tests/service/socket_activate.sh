@@ -53,4 +53,23 @@ grep -q "cannot read the sockets systemd passed: Invalid argument" "$TMP/bad.log
 grep -q "none is a listening" "$TMP/bad.log" &&
 	fail "unreadable LISTEN_FDS reported as sockets of the wrong kind: $(cat "$TMP/bad.log")"
 [ -e "$TMP/bad.sock" ] && fail "wexd bound a socket of its own beside systemd's"
+# LISTEN_FDS counting more fds than were passed (one listener at fd 3,
+# LISTEN_FDS=3): wexd refuses, naming the fds, before it opens any of its
+# own (it took its event loop's fds 4 and 5 for passed ones and closed
+# them: "event loop: Operation not supported").
+WEX_SOCKET="$TMP/more.sock" /usr/bin/python3 -c '
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.bind(sys.argv[2]); s.listen()
+os.dup2(s.fileno(), 3)
+for fd in range(4, 64):
+    try: os.close(fd)
+    except OSError: pass
+os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS="3")
+os.execv(sys.argv[1], [sys.argv[1]])' "$WEXD" "$TMP/passed.sock" 2>"$TMP/more.log"
+rc=$?
+[ $rc = 1 ] || fail "LISTEN_FDS=3 with one fd passed: wexd exited $rc, not 1: $(cat "$TMP/more.log")"
+grep -q "cannot read the sockets systemd passed: Bad file descriptor" "$TMP/more.log" ||
+	fail "LISTEN_FDS past the passed fds not named: $(cat "$TMP/more.log")"
+grep -q "event loop" "$TMP/more.log" && fail "wexd closed its own fds as passed ones: $(cat "$TMP/more.log")"
 echo "PASS: wexd started on the first connection and served it; unreadable LISTEN_FDS stop it, named"

@@ -47,4 +47,34 @@ kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; rc=$?; WEXD_PID=""
 [ $rc = 0 ] || fail "wexd exit code $rc"
 [ -S "$WEX_SOCKET" ] || fail "wexd removed a socket file that another made at its path"
 rm -f "$WEX_SOCKET"
-echo "PASS: a non-socket at the path is kept and refused, a stale socket replaced, a live one not taken, another's file not removed at exit"
+# A dangling symlink at the path: refused as no socket (bind said "Address
+# already in use", as if a daemon listened there).
+ln -s "$TMP/nowhere" "$TMP/link.sock"
+if WEX_SOCKET="$TMP/link.sock" timeout 10 "$WEXD" 2>"$TMP/link.log"; then fail "wexd started on a dangling symlink"; fi
+grep -q "check for a stale socket: something other than a socket is there" "$TMP/link.log" ||
+	fail "unclear error for a dangling symlink: $(cat "$TMP/link.log")"
+# Another user's stale socket in a sticky directory (/tmp): wexd may not
+# remove it, or, at mode 0755, even connect; it says which, not "bind:
+# Address already in use".
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+	chmod 755 "$TMP"
+	mkdir -m 1777 "$TMP/sticky"
+	for m in 777 755; do
+		rm -f "$TMP/sticky/wexd.sock"
+		$PY -c "import os,socket,sys; s=socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o$m)" \
+			"$TMP/sticky/wexd.sock" || fail "cannot make root's stale socket"
+		if WEX_SOCKET="$TMP/sticky/wexd.sock" setpriv --reuid=65534 --regid=65534 --clear-groups \
+			timeout 10 "$WEXD" 2>"$TMP/sticky.log"; then
+			fail "wexd started over another user's socket"
+		fi
+		want="remove a stale socket (another user's? .*): Operation not permitted"
+		[ $m = 755 ] && want="connect to the socket file already there (another user's? .*): Permission denied"
+		grep -q "$want" "$TMP/sticky.log" || fail "mode $m: not \"$want\": $(cat "$TMP/sticky.log")"
+		grep -q "Address already in use" "$TMP/sticky.log" && fail "mode $m: reported in use: $(cat "$TMP/sticky.log")"
+		[ -S "$TMP/sticky/wexd.sock" ] || fail "mode $m: root's socket went"
+	done
+	chmod 700 "$TMP"
+else
+	echo "(another user's socket not checked: needs root and setpriv)"
+fi
+echo "PASS: a non-socket at the path is kept and refused, a stale socket replaced, a live one not taken, another's file not removed at exit, another user's stale socket named"
