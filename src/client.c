@@ -924,6 +924,31 @@ static int register_seg(struct wex_client *c, struct own_seg *o);
 static int send_tensors(struct wex_client *c);
 static int send_layout(struct wex_client *c);
 
+/* wexd closed a new connection before its hello's answer: the reason it
+ * left there (max_clients reached, a drain, no fd left) when it left one. */
+static int refused(struct wex_client *c, int ret)
+{
+	char buf[1024];
+	json_t *reply = NULL;
+	ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
+
+	if (n > 0)
+		reply = json_loadb(buf, (size_t)n, 0, NULL);
+	if (reply && json_is_false(json_object_get(reply, "ok"))) {
+		char why[sizeof(c->err)];
+
+		ret = reply_status(c, reply);
+		memcpy(why, c->err, sizeof(why));
+		set_err(c, ret, "wexd at %s refused this client: %s", c->sock, why);
+	} else {
+		set_err(c, ret, "wexd at %s closed the connection during hello: it refuses new "
+			"clients while max_clients are connected, while it drains after SIGTERM, "
+			"and when it is out of file descriptors (its log says which)", c->sock);
+	}
+	json_decref(reply);
+	return ret;
+}
+
 /* After a daemon restart: a new connection, hello, and everything this
  * client had registered, so that its peers find it again. */
 static int reconnect_once(struct wex_client *c, int *greeted)
@@ -961,8 +986,7 @@ static int reconnect_once(struct wex_client *c, int *greeted)
 	ret = hello(c, &reclaimed);
 	if (ret < 0) {
 		if (ret == -ECONNRESET || ret == -EPIPE)
-			set_err(c, ret, "wexd at %s closed the connection during hello (a daemon shutting down, or a socket left by a dead one)",
-				c->sock);
+			ret = refused(c, ret);
 		goto err;
 	}
 	*greeted = 1;
@@ -3711,6 +3735,18 @@ static int request_rpc(wex_client_t *c, const char *op, json_t *req, json_t **re
 		i++;
 	if (c->role == WEX_ROLE_PRODUCER && i == sizeof(ro) / sizeof(ro[0]))
 		c->published = 0;
+	/* A consumer's lease is libwex's to end: ended by a raw request, the
+	 * producer could overwrite memory the engine still reads through
+	 * its views or regions, with libwex none the wiser. */
+	if (c->role == WEX_ROLE_CONSUMER && c->has_lease &&
+	    (!strcmp(op, "release") || !strcmp(op, "acquire") || !strcmp(op, "attach") ||
+	     !strcmp(op, "fetch") || !strcmp(op, "hello"))) {
+		json_decref(req);
+		return set_err(c, -EINVAL, "request '%s': this client holds a lease on v%llu, which a raw "
+			       "request would end behind libwex's back (the producer could then "
+			       "overwrite what its views show): call wex_release or wex_sync",
+			       op, (unsigned long long)c->lease_version);
+	}
 	return simple_rpc(c, req, reply);
 }
 

@@ -94,6 +94,10 @@ static int open_admin(wex_client_t **c)
 		} else if (ret == -EACCES) {
 			hint = "\n  this user may not connect: the socket's group (wex under "
 			       "systemd) must include it (usermod -aG wex USER, then log in again)";
+		} else if ((ret == -EBUSY || ret == -ESHUTDOWN || ret == -EMFILE) &&
+			   *wex_last_error(NULL)) {
+			/* wexd refused this client, and said why. */
+			why = wex_last_error(NULL);
 		} else if (ret == -EPIPE || ret == -ECONNRESET) {
 			/* wexd accepted and closed the connection at once. */
 			hint = "\n  wexd closed the connection at once: it refuses new clients while "
@@ -211,6 +215,10 @@ static void print_models(json_t *models)
 			       (long long)json_integer_value(json_object_get(x, "published")),
 			       (long long)json_integer_value(json_object_get(x, "writing")));
 		}
+		if (json_integer_value(json_object_get(m, "producers_unlisted")))
+			printf("  (%lld more rank(s) of %lld not connected, not listed)\n",
+			       (long long)json_integer_value(json_object_get(m, "producers_unlisted")),
+			       (long long)json_integer_value(json_object_get(m, "world")));
 		json_array_foreach(json_object_get(m, "groups"), j, x) {
 			long long world = json_integer_value(json_object_get(x, "world"));
 			long long round = json_integer_value(json_object_get(x, "round"));
@@ -241,6 +249,10 @@ static void print_models(json_t *models)
 				       json_string_value(json_object_get(r, "mode")),
 				       (long long)json_integer_value(json_object_get(r, "served")));
 			}
+			if (json_integer_value(json_object_get(x, "ranks_unlisted")))
+				printf("  (%lld more rank(s) of %lld not connected, not listed)\n",
+				       (long long)json_integer_value(json_object_get(x, "ranks_unlisted")),
+				       world);
 		}
 		json_array_foreach(json_object_get(m, "held"), j, x) {
 			if (!j)

@@ -177,6 +177,21 @@ int wexd_conn_close_if_gone(struct wexd *d, struct conn *c)
 	return 1;
 }
 
+/* Closes a connection wexd does not take, first leaving it one message
+ * that says why (never waiting): the client reads it as its hello's
+ * answer, instead of guessing from the hang-up. */
+static void refuse_conn(int fd, json_t *reply)
+{
+	size_t len;
+	char *s = reply ? wex__json_dump(reply, &len) : NULL;
+
+	if (s)
+		(void)wex_sock_send(fd, s, len, NULL, 0, MSG_DONTWAIT);
+	free(s);
+	json_decref(reply);
+	close(fd);
+}
+
 static void on_accept(void *arg, int fd)
 {
 	struct wexd *d = arg;
@@ -186,7 +201,8 @@ static void on_accept(void *arg, int fd)
 
 	if (d->draining) {
 		wex__metrics_count(WEX_M_REFUSED, "draining", NULL, 1);
-		close(fd);
+		refuse_conn(fd, wex__reply_error(-ESHUTDOWN, "wexd is shutting down (SIGTERM): it takes "
+						 "no new client"));
 		return;
 	}
 	if (d->cfg.max_clients > 0 && d->nconns >= (uint64_t)d->cfg.max_clients) {
@@ -196,7 +212,9 @@ static void on_accept(void *arg, int fd)
 			wex_warn("conn", "refusing a client: max_clients %lld reached (%llu refused so "
 				 "far, logged once per 1000)", (long long)d->cfg.max_clients,
 				 (unsigned long long)d->max_clients_refused);
-		close(fd);
+		refuse_conn(fd, wex__reply_error(-EBUSY, "wexd refuses new clients: max_clients %lld "
+						 "are connected (raise max_clients, or close idle ones)",
+						 (long long)d->cfg.max_clients));
 		return;
 	}
 	c = calloc(1, sizeof(*c));
@@ -232,7 +250,8 @@ static void on_accept(void *arg, int fd)
 		free(c->io.buf);
 		free(c->groups);
 		free(c);
-		close(fd);
+		refuse_conn(fd, wex__reply_error(-EMFILE, "wexd is out of file descriptors: raise "
+						 "max_open_files or LimitNOFILE="));
 		return;
 	}
 	if (d->loop.ops->add(&d->loop, &c->io) < 0) {

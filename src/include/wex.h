@@ -561,6 +561,10 @@ WEX_API int wex_producer_tensors(wex_client_t *c, uint32_t prank, const struct w
  * JSON string in *json (free with wex_free).  `args_json` may be NULL or a
  * JSON object whose members are merged into the request.  Blocks for one
  * round trip.  Returns the negated error code of a {"ok":false} reply.
+ * A consumer holding a lease may not send "release", "acquire",
+ * "attach", "fetch" or "hello" this way (-EINVAL): that would end the
+ * lease behind libwex's back, while its views still show the producer's
+ * memory.  "cancel" is refused too (call wex_cancel).
  */
 WEX_API int wex_request(wex_client_t *c, const char *op, const char *args_json, char **json);
 

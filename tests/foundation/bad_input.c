@@ -16,7 +16,8 @@
  * to build the reply and none was sent), a client name cut inside a
  * character (the client vanished from clients and status), a reply too
  * large for one message (the requester's connection was dropped: status
- * while one producer claims a world of 65536 ranks), a timeout_ms too
+ * while four producers claim worlds of 1024 ranks; a world of 65536
+ * lists only its ranks in use), a timeout_ms too
  * large for nanoseconds (it wrapped into an immediate timeout), and a
  * pipe or a directory accepted as host memory.
  */
@@ -190,6 +191,11 @@ int main(void)
 	}
 	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096,\"handle_offset\":1,\"alloc_size\":4096}",
 		   &mfd, 1, "EINVAL", "exceed the allocation", "a segment running past its allocation");
+	/* Named as what is wrong (it said "size must be positive"). */
+	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096,\"handle_offset\":-1,\"alloc_size\":4096}",
+		   &mfd, 1, "EINVAL", "handle_offset -1 is negative", "a negative handle_offset");
+	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096,\"alloc_size\":-4096}",
+		   &mfd, 1, "EINVAL", "alloc_size -4096 is negative", "a negative alloc_size");
 	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096}", &mfd,
 		   1, "OK", NULL, "good segment");
 
@@ -337,6 +343,8 @@ int main(void)
 		   "attach with a device and no layout");
 	expect_req(cons, "{\"v\":1,\"op\":\"acquire\",\"mode\":99}", NULL, 0, "EINVAL", NULL,
 		   "acquire with an unknown mode");
+	expect_req(cons, "{\"v\":1,\"op\":\"acquire\",\"mode\":1,\"min_version\":-1}", NULL, 0,
+		   "EINVAL", "min_version -1 is negative", "acquire with a negative min_version");
 	expect_req(cons, "{\"v\":1,\"op\":\"acquire\",\"mode\":2,\"timeout_ms\":18446744073709}", NULL,
 		   0, "EINVAL", "timeout_ms", "acquire timeout_ms past nanoseconds");
 	expect_req(cons, "{\"v\":1,\"op\":\"acquire\",\"mode\":2,\"timeout_ms\":2000}", NULL, 0, "OK",
@@ -364,20 +372,29 @@ int main(void)
 	close(cons);
 	alive("consumer disconnect");
 	{
-		/* A status listing 65536 producer ranks is larger than one
-		 * message: it comes whole in a sealed memfd, the message
-		 * saying so; the requester stays connected. */
-		int wide = t_raw_connect(d.sock), ok = 0, rfd = -1, nr = 0, mfl = 0;
+		/* A status listing 4 x 1024 producer ranks is larger than
+		 * one message: it comes whole in a sealed memfd, the message
+		 * saying so; the requester stays connected.  A world over
+		 * 1024 lists only the ranks in use: 65536 listed every empty
+		 * slot, 5.5 MB per such client. */
+		int wide4[4], wide, huge, ok = 0, rfd = -1, nr = 0, mfl = 0;
 		static char small[4096];
 		const void *data;
 		size_t dlen;
 		ssize_t n;
 		json_t *whole;
 
-		r = t_raw_rpc(wide, "{\"v\":1,\"op\":\"hello\",\"role\":\"producer\",\"model\":\"big\",\"world\":65536}",
-			      NULL, 0);
-		T_ASSERT(!strcmp(t_code(r), "OK"), "hello with world 65536: %s", t_msg(r));
-		json_decref(r);
+		for (int i = 0; i < 4; i++) {
+			char hello[160];
+
+			wide4[i] = t_raw_connect(d.sock);
+			snprintf(hello, sizeof(hello),
+				 "{\"v\":1,\"op\":\"hello\",\"role\":\"producer\",\"model\":\"big%d\",\"world\":1024}",
+				 i);
+			r = t_raw_rpc(wide4[i], hello, NULL, 0);
+			T_ASSERT(!strcmp(t_code(r), "OK"), "hello with world 1024: %s", t_msg(r));
+			json_decref(r);
+		}
 		t_raw_send(fd, "{\"v\":1,\"op\":\"status\"}", 21, NULL, 0);
 		n = wex_sock_recv(fd, small, sizeof(small) - 1, &rfd, 1, &nr, &mfl, 0);
 		small[n > 0 ? n : 0] = 0;
@@ -388,8 +405,8 @@ int main(void)
 		whole = json_loadb(data, dlen, 0, NULL);
 		T_ASSERT(whole && json_is_true(json_object_get(whole, "ok")) &&
 				 json_array_size(json_object_get(
-					 t_status_model(whole, "big"), "producers")) == 65536,
-			 "the memfd holds the whole status (%zu bytes), 65536 producer ranks", dlen);
+					 t_status_model(whole, "big0"), "producers")) == 1024,
+			 "the memfd holds the whole status (%zu bytes), 1024 producer ranks", dlen);
 		printf("%-40s -> OK: %zu bytes in a sealed memfd\n", "status larger than a message",
 		       dlen);
 		json_decref(whole);
@@ -398,7 +415,40 @@ int main(void)
 		r = t_raw_rpc(fd, "{\"v\":1,\"op\":\"ping\"}", NULL, 0);
 		T_ASSERT(!strcmp(t_code(r), "OK"), "ping after a reply too large: %s", t_code(r));
 		json_decref(r);
+		for (int i = 0; i < 4; i++)
+			close(wide4[i]);
+		/* World 65536, producers and a consumer group: the ranks in
+		 * use, and a count of the others. */
+		huge = t_raw_connect(d.sock);
+		r = t_raw_rpc(huge, "{\"v\":1,\"op\":\"hello\",\"role\":\"producer\",\"model\":\"huge\",\"rank\":7,\"world\":65536}",
+			      NULL, 0);
+		T_ASSERT(!strcmp(t_code(r), "OK"), "hello with world 65536: %s", t_msg(r));
+		json_decref(r);
+		wide = t_raw_connect(d.sock);
+		r = t_raw_rpc(wide, "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"huge\",\"group\":\"g\",\"rank\":3,\"world\":65536}",
+			      NULL, 0);
+		T_ASSERT(!strcmp(t_code(r), "OK"), "consumer hello with world 65536: %s", t_msg(r));
+		json_decref(r);
+		whole = t_status(d.sock);
+		{
+			json_t *hm = t_status_model(whole, "huge"), *g, *pr;
+
+			pr = json_object_get(hm, "producers");
+			g = json_array_get(json_object_get(hm, "groups"), 0);
+			T_ASSERT(json_array_size(pr) == 1 &&
+					 json_integer_value(json_object_get(json_array_get(pr, 0), "rank")) == 7 &&
+					 json_integer_value(json_object_get(hm, "producers_unlisted")) == 65535,
+				 "world 65536: %zu producer ranks listed, %lld unlisted", json_array_size(pr),
+				 (long long)json_integer_value(json_object_get(hm, "producers_unlisted")));
+			T_ASSERT(json_array_size(json_object_get(g, "ranks")) == 1 &&
+					 json_integer_value(json_object_get(g, "ranks_unlisted")) == 65535,
+				 "group of 65536: %zu ranks listed, %lld unlisted",
+				 json_array_size(json_object_get(g, "ranks")),
+				 (long long)json_integer_value(json_object_get(g, "ranks_unlisted")));
+		}
+		json_decref(whole);
 		close(wide);
+		close(huge);
 		/* Its disconnect is processed asynchronously. */
 		for (double t0 = t_now(); !ok && t_now() - t0 < 5.0;) {
 			r = t_raw_rpc(ctl, "{\"v\":1,\"op\":\"status\"}", NULL, 0);

@@ -5,7 +5,9 @@
  * lease, the producer's begin_write with a 200 ms timeout fails with -EBUSY
  * after about 200 ms, and the message names the holder (model, group, rank
  * and pid); once the consumer calls wex_release, begin_write succeeds at
- * once and status shows no lease.
+ * once and status shows no lease.  A raw "release" sent with wex_request
+ * under the lease is refused (it ended the lease behind libwex's back, and
+ * the producer then overwrote what the views showed).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -39,6 +41,17 @@ int main(void)
 		t_cons_open(&k, MODEL, "rollout", "tiny", 0, 1);
 		T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
 		T_ASSERT(t_view_bad(&k, 0, 1) == 0, "consumer reads v1");
+		/* A raw request may not end the lease behind libwex's back
+		 * (the producer's begin_write below then waits on it). */
+		{
+			char *s = NULL;
+
+			ret = wex_request(k.c, "release", NULL, &s);
+			T_ASSERT(ret == -EINVAL && strstr(wex_last_error(k.c), "behind libwex's back"),
+				 "a raw release under a view lease: %s: %s", wex_strerror(ret),
+				 wex_last_error(k.c));
+			wex_free(s);
+		}
 		T_ASSERT(write(to_parent[1], "l", 1) == 1, "tell");
 		T_ASSERT(read(to_child[0], &ch, 1) == 1, "wait");
 		T_WEX(k.c, wex_release(k.c));

@@ -4,13 +4,16 @@
 # connections held, 2500 more are each closed by wexd at once; the metric
 # wex_refused_connections_total{reason="max_clients"} reaches 2500 while
 # the log has at most 3 such lines (once per 1000); a held connection is
-# still served.
-WEXD=$1
+# still served.  Each refused connection is told why in one message before
+# wexd closes it (code EBUSY, naming max_clients), and libwex says so
+# (wexctl, a libwex client: it blamed "a daemon shutting down, or a
+# socket left by a dead one").
+WEXD=$1 WEXCTL=$2
 . "$(dirname "$0")/lib.sh"
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
 command -v $PY >/dev/null || skip "python3 missing"
 WEX_MAX_CLIENTS=2 start_wexd
-$PY - "$WEX_SOCKET" <<'PYEOF' || fail "see above"
+$PY - "$WEX_SOCKET" "$WEXCTL" <<'PYEOF' || fail "see above"
 import json, socket, sys, time
 path = sys.argv[1]
 def conn():
@@ -28,8 +31,12 @@ for _ in range(2500):
     s = conn()
     s.settimeout(10)
     try:
+        r = json.loads(s.recv(4096).decode())
+        e = r.get("error", {})
+        if r.get("ok") is not False or e.get("code") != "EBUSY" or "max_clients 2" not in e.get("message", ""):
+            sys.exit("FAIL: a connection past max_clients was told %r" % r)
         if s.recv(16) != b"":
-            sys.exit("FAIL: a connection past max_clients got data")
+            sys.exit("FAIL: a connection past max_clients got more than its refusal")
     except ConnectionResetError:
         pass
     s.close()
@@ -44,6 +51,14 @@ for _ in range(200):
 if n != 2500:
     sys.exit("FAIL: %s%g, expected 2500" % (line, n))
 print("refused and counted: 2500")
+# libwex (wexctl, while the two are still held) says why: the refusal's
+# message.
+import os, subprocess
+p = subprocess.run([sys.argv[2], "status"], capture_output=True, text=True, timeout=30,
+                   env=dict(os.environ, WEX_SOCKET=path))
+if p.returncode == 0 or "refused this client: wexd refuses new clients: max_clients 2 are connected" not in p.stderr:
+    sys.exit("FAIL: wexctl past max_clients: exit %d: %s" % (p.returncode, p.stderr))
+print("wexctl: " + p.stderr.strip().splitlines()[0])
 PYEOF
 n=$(grep -c "refusing a client: max_clients 2 reached" "$TMP/wexd.log")
 [ "$n" -ge 1 ] && [ "$n" -le 3 ] || fail "$n log lines for 2500 refusals, expected 1 to 3"

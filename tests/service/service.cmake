@@ -11,7 +11,7 @@ add_test(NAME svc_reload_flags COMMAND sh ${SVC}/reload_flags.sh $<TARGET_FILE:w
 add_test(NAME svc_activation_drain COMMAND sh ${SVC}/activation_drain.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wex-producer>)
 add_test(NAME svc_activation_drain_epoll COMMAND sh ${SVC}/activation_drain.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wex-producer>)
 set_tests_properties(svc_activation_drain_epoll PROPERTIES ENVIRONMENT "WEX_IO=epoll")
-add_test(NAME svc_max_clients COMMAND sh ${SVC}/max_clients.sh $<TARGET_FILE:wexd>)
+add_test(NAME svc_max_clients COMMAND sh ${SVC}/max_clients.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 add_test(NAME svc_socket_path COMMAND sh ${SVC}/socket_path.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 add_test(NAME svc_drain_timeout COMMAND sh ${SVC}/drain_timeout.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wex-producer>)
 add_test(NAME svc_cli COMMAND sh ${SVC}/cli.sh
