@@ -1868,8 +1868,8 @@ static int addr_index_cmp(const void *a, const void *b)
 /* The indexes of t[0..n) in the order of their addresses (malloc'ed;
  * NULL when out of memory): check_mapped walks them so, and asks the
  * driver about each GPU mapping once (two queries) however the layout
- * orders its tensors, unless they overlap (host memory: a few queries a
- * tensor at attach, none at a sync). */
+ * orders its tensors (host memory: a few queries a tensor at attach, none
+ * at a sync); attach_disjoint finds overlapping tensors so. */
 static size_t *address_order(const struct wex_tensor *t, size_t n)
 {
 	struct addr_index *a = calloc(n ? n : 1, sizeof(*a));
@@ -1986,6 +1986,10 @@ static int copy_tensors(struct wex_client *c, const struct wex_tensor *t, size_t
 			return set_err(c, ret, "%s", err);
 		if (need_ptr && !t[i].ptr)
 			return set_err(c, -EINVAL, "attach: tensor '%s' has no ptr", t[i].name);
+		/* A consumer's elements are written: two at one address would
+		 * each take the other's bytes (a producer's are only read). */
+		if (need_ptr && (ret = wex__tensor_overlaps(&t[i], err, sizeof(err))) < 0)
+			return set_err(c, ret, "attach: %s: a copy cannot give each its bytes", err);
 	}
 	copy = malloc((n ? n : 1) * sizeof(*copy));
 	if (!copy)
@@ -2227,6 +2231,38 @@ static int send_layout(struct wex_client *c)
 	return send_table(c, "attach", c->layout, c->nlayout);
 }
 
+/* Refuses two tensors of a layout whose bytes (first to last, strides
+ * included) overlap, naming both: a copy would write one over the other
+ * (a verify then fails whatever is synced), in the caller's memory or in
+ * the client's regions alike.  `order` is the address order. */
+static int attach_disjoint(struct wex_client *c, const struct wex_tensor *t, size_t n,
+			   const size_t *order)
+{
+	uint64_t end = 0, span;
+	size_t last = 0;
+	int have = 0;
+
+	for (size_t k = 0; k < n; k++) {
+		size_t i = order[k];
+		uint64_t p = (uint64_t)(uintptr_t)t[i].ptr;
+
+		if (wex__tensor_span(&t[i], &span) < 0 || !span)
+			continue; /* (checked already; empty: no bytes) */
+		if (have && p < end)
+			return set_err(c, -EINVAL,
+				       "attach: tensors '%s' (%llu bytes at 0x%llx) and '%s' (%llu bytes at 0x%llx) overlap in memory: a copy would write one over the other; nothing attached",
+				       t[last].name, (unsigned long long)(end - (uint64_t)(uintptr_t)t[last].ptr),
+				       (unsigned long long)(uintptr_t)t[last].ptr, t[i].name,
+				       (unsigned long long)span, (unsigned long long)p);
+		if (!have || p + span > end) {
+			end = p + span;
+			last = i;
+			have = 1;
+		}
+	}
+	return 0;
+}
+
 WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 {
 	struct wex_tensor *copy;
@@ -2248,7 +2284,9 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 		free(order);
 		return set_err(c, -ENOMEM, "attach: out of memory");
 	}
-	ret = check_mapped(c, copy, n, order, "attach", host);
+	ret = attach_disjoint(c, copy, n, order);
+	if (ret >= 0)
+		ret = check_mapped(c, copy, n, order, "attach", host);
 	if (ret >= 0)
 		ret = send_table(c, "attach", copy, n);
 	if (ret < 0) {

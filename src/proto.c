@@ -281,6 +281,109 @@ int wex__tensor_check(const struct wex_tensor *t, char *err, size_t errlen)
 	return 0;
 }
 
+static int u64_cmp(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* "(a, b)" as Python writes a tuple ("(a,)" for one). */
+static void tuple_str(char *buf, size_t len, const void *v, int is_signed, uint32_t n)
+{
+	size_t at = 1;
+
+	buf[0] = '(';
+	buf[1] = '\0';
+	for (uint32_t i = 0; i < n && at < len; i++) {
+		long long x = is_signed ? (long long)((const int64_t *)v)[i] :
+					  (long long)((const uint64_t *)v)[i];
+
+		at += (size_t)snprintf(buf + at, len - at, is_signed ? "%s%lld" : "%s%llu",
+				       i ? ", " : "", x);
+	}
+	if (at < len)
+		snprintf(buf + at, len - at, n == 1 ? ",)" : ")");
+}
+
+int wex__tensor_overlaps(const struct wex_tensor *t, char *err, size_t errlen)
+{
+	uint64_t need = 1, n = 1, *off = NULL, cnt;
+	uint32_t dims[WEX_MAX_DIMS], nd = 0, ndim = t->ndim < WEX_MAX_DIMS ? t->ndim : WEX_MAX_DIMS;
+	int zero = 1, nested = 1, over;
+	char st[WEX_MAX_DIMS * 22 + 4], sh[WEX_MAX_DIMS * 22 + 4];
+
+	for (uint32_t i = 0; i < ndim; i++) {
+		if (t->strides[i])
+			zero = 0;
+		if (t->extent[i] == 0)
+			return 0; /* no elements */
+		if (__builtin_mul_overflow(n, t->extent[i], &n))
+			n = UINT64_MAX;
+	}
+	if (zero)
+		return 0; /* C-contiguous */
+	/* Dims of extent > 1 by stride (insertion sort: at most 8). */
+	for (uint32_t i = 0; i < ndim; i++) {
+		uint32_t j = nd++;
+
+		if (t->extent[i] <= 1) {
+			nd--;
+			continue;
+		}
+		for (; j > 0 && (uint64_t)t->strides[dims[j - 1]] > (uint64_t)t->strides[i]; j--)
+			dims[j] = dims[j - 1];
+		dims[j] = i;
+	}
+	for (uint32_t k = 0; k < nd && nested; k++) {
+		uint64_t s = (uint64_t)t->strides[dims[k]];
+
+		if (t->strides[dims[k]] < 0 || s < need ||
+		    __builtin_mul_overflow(s, t->extent[dims[k]], &need))
+			nested = 0;
+	}
+	if (nested)
+		return 0;
+	if (n > WEX_OVERLAP_EXACT) {
+		over = 2;
+	} else {
+		/* Every element's offset, sorted: a repeat is an overlap. */
+		off = malloc((size_t)n * sizeof(*off));
+		if (!off) {
+			snprintf(err, errlen, "tensor '%s': out of memory checking its strides",
+				 t->name);
+			return -ENOMEM;
+		}
+		off[0] = 0;
+		cnt = 1;
+		for (uint32_t k = 0; k < nd; k++) {
+			uint32_t d = dims[k];
+
+			for (uint64_t e = 1; e < t->extent[d]; e++)
+				for (uint64_t i = 0; i < cnt; i++)
+					off[e * cnt + i] = off[i] + e * (uint64_t)t->strides[d];
+			cnt *= t->extent[d];
+		}
+		qsort(off, (size_t)n, sizeof(*off), u64_cmp);
+		over = 0;
+		for (uint64_t i = 1; i < n && !over; i++)
+			over = off[i] == off[i - 1];
+		free(off);
+		if (!over)
+			return 0;
+	}
+	tuple_str(st, sizeof(st), t->strides, 1, ndim);
+	tuple_str(sh, sizeof(sh), t->extent, 0, ndim);
+	if (over == 1)
+		snprintf(err, errlen, "tensor '%s' has overlapping elements (strides %s for shape %s)",
+			 t->name, st, sh);
+	else
+		snprintf(err, errlen,
+			 "tensor '%s' has strides that are not nested and more than %d elements: its elements may overlap (strides %s for shape %s)",
+			 t->name, WEX_OVERLAP_EXACT, st, sh);
+	return -EINVAL;
+}
+
 int wex__table_pack(const struct wex_tensor *t, const uint32_t *ranks, size_t n)
 {
 	size_t len = sizeof(struct wex_table_hdr) + n * sizeof(struct wex_wire_tensor);

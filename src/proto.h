@@ -105,6 +105,18 @@ int wex__tensor_check(const struct wex_tensor *t, char *err, size_t errlen);
 /* Bytes from the tensor's first byte to one past its last (with strides). */
 int wex__tensor_span(const struct wex_tensor *t, uint64_t *span);
 
+/* Elements checked one by one below this many (adapters/python/wex's
+ * _OVERLAP_EXACT too). */
+#define WEX_OVERLAP_EXACT (1 << 20)
+
+/* 0 when no two elements of t (its box, as wex__tensor_check accepted it)
+ * share an address: at once when its dims of extent > 1, by stride, are
+ * nested (each stride at least the one below times its extent); otherwise
+ * every element's offset is compared, up to WEX_OVERLAP_EXACT elements,
+ * and more are refused (they may overlap).  -EINVAL naming the tensor in
+ * err, as the Python glue words it (_table_strides); -ENOMEM. */
+int wex__tensor_overlaps(const struct wex_tensor *t, char *err, size_t errlen);
+
 /* Packs/unpacks a plan's ops (same sealing and validation). */
 int wex__plan_pack(const struct wex_plan *p);
 int wex__plan_unpack(int fd, struct wex_plan_op **ops, size_t *n, char *err, size_t errlen);

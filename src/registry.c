@@ -133,6 +133,7 @@ static void model_free(struct wexd *d, struct model *m)
 	free(m->ranks);
 	while (m->groups)
 		group_free(m, m->groups);
+	wexd_verify_forget(m);
 	plans_free(m);
 	if (m->tables_fd >= 0)
 		close(m->tables_fd);
@@ -482,6 +483,7 @@ json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
 		snprintf(g->name, sizeof(g->name), "%s", group);
 		g->next = m->groups;
 		m->groups = g;
+		wexd_verify_group_made(m, g);
 	}
 	if (g->ranks[rank])
 		return wex__reply_error(-EADDRINUSE, "hello: rank %lld of group '%s' is held by pid %d",

@@ -138,6 +138,19 @@ struct cgroup {
 	struct cgroup *next;
 };
 
+/* A wexctl verify ask of one group, kept on the model while it stands
+ * (wexd_verify.c): a group whose ranks all left is freed, and the one
+ * wexd_hello makes for the same name when an engine comes back is asked
+ * from here. */
+struct verify_stand {
+	char group[WEX_NAME_MAX];
+	uint32_t world;
+	uint64_t ticket;
+	uint64_t asked_ns;
+	uint64_t until_ns;
+	struct verify_stand *next;
+};
+
 struct plan_entry {
 	uint64_t layout_gen;
 	uint64_t consumer_hash;
@@ -171,6 +184,7 @@ struct model {
 	uint64_t bytes_peak;
 	int tables_fd; /* cached packed tables for layout_gen, or -1 */
 	struct cgroup *groups;
+	struct verify_stand *verify_stands; /* asks standing, by group name */
 	struct plan_entry *plans;
 	struct model *next;
 };
@@ -253,6 +267,10 @@ json_t *wexd_plans_json(struct wexd *d);
  * its report; a rank's last one for status (null: none). */
 json_t *wexd_verify(struct wexd *d, struct conn *c, json_t *req);
 void wexd_verify_ask(struct conn *c, json_t *reply);
+/* A group wexd_hello just made takes the ask standing for its name, if
+ * any; the model's standing asks are freed with it (wexd_verify_forget). */
+void wexd_verify_group_made(struct model *m, struct cgroup *g);
+void wexd_verify_forget(struct model *m);
 void wexd_verify_take(struct wexd *d, struct conn *c, const char *mode, json_t *v);
 json_t *wexd_verify_json(const struct conn *c);
 

@@ -11,10 +11,14 @@
  * at once for a remap).  The operator polls the ticket.  An ask stands
  * for a time the operator gives (its wait): ranks that sync after it are
  * not asked, so an engine restarted days later does not verify for an
- * ask nobody waits on.
+ * ask nobody waits on.  A group goes when its last rank leaves, so the ask
+ * is also kept on the model, by group name, while it stands: an engine
+ * whose ranks all restart within it makes the group again, asked, and a
+ * poll meanwhile reports its ranks absent.
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -31,6 +35,63 @@ static struct model *find_model(struct wexd *d, const char *name)
 		if (!strcmp(m->name, name))
 			return m;
 	return NULL;
+}
+
+/* Frees m's asks that no longer stand. */
+static void stands_prune(struct model *m)
+{
+	uint64_t now = wex__now_ns();
+	struct verify_stand **sp = &m->verify_stands;
+
+	while (*sp) {
+		struct verify_stand *s = *sp;
+
+		if (now < s->until_ns) {
+			sp = &s->next;
+			continue;
+		}
+		*sp = s->next;
+		free(s);
+	}
+}
+
+static struct verify_stand *stand_find(struct model *m, const char *group)
+{
+	for (struct verify_stand *s = m->verify_stands; s; s = s->next)
+		if (!strcmp(s->group, group))
+			return s;
+	return NULL;
+}
+
+static struct cgroup *group_find(struct model *m, const char *name)
+{
+	for (struct cgroup *g = m->groups; g; g = g->next)
+		if (!strcmp(g->name, name))
+			return g;
+	return NULL;
+}
+
+void wexd_verify_group_made(struct model *m, struct cgroup *g)
+{
+	struct verify_stand *s;
+
+	stands_prune(m);
+	s = stand_find(m, g->name);
+	if (!s)
+		return;
+	g->verify_ticket = s->ticket;
+	g->verify_asked_ns = s->asked_ns;
+	g->verify_until_ns = s->until_ns;
+}
+
+void wexd_verify_forget(struct model *m)
+{
+	while (m->verify_stands) {
+		struct verify_stand *s = m->verify_stands;
+
+		m->verify_stands = s->next;
+		free(s);
+	}
 }
 
 void wexd_verify_ask(struct conn *c, json_t *reply)
@@ -152,7 +213,7 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 	uint64_t now = wex__now_ns();
 
 	for (uint32_t i = 0; i < g->world; i++) {
-		const struct conn *c = g->ranks[i];
+		const struct conn *c = g->ranks ? g->ranks[i] : NULL;
 		const char *state;
 		json_t *o;
 
@@ -200,6 +261,10 @@ json_t *wexd_verify(struct wexd *d, struct conn *c, json_t *req)
 					WEX_NAME_MAX, model);
 	for (struct cgroup *g = m->groups; g; g = g->next)
 		found |= !group || !strcmp(g->name, group);
+	/* A poll: a group that went while an ask of it stood is there still
+	 * (its engine restarting). */
+	for (struct verify_stand *s = m->verify_stands; s && ticket; s = s->next)
+		found |= s->ticket >= (uint64_t)ticket && (!group || !strcmp(s->group, group));
 	if (!found && group) {
 		group_names(m, names, sizeof(names));
 		return wex__reply_error(-ENOENT, "verify: model '%s' has no consumer group '%.*s' (%s%s)",
@@ -220,13 +285,35 @@ json_t *wexd_verify(struct wexd *d, struct conn *c, json_t *req)
 			return wex__reply_error(-EACCES, "verify: uid %d may not ask engines to verify (wexd's owner and root may)",
 						(int)c->uid);
 		}
+		/* Each asked group's ask is kept on the model too (it replaces
+		 * an older one of the group, as on the group). */
+		stands_prune(m);
+		for (struct cgroup *g = m->groups; g; g = g->next) {
+			struct verify_stand *s;
+
+			if ((group && strcmp(g->name, group)) || stand_find(m, g->name))
+				continue;
+			s = calloc(1, sizeof(*s));
+			if (!s)
+				return wex__reply_error(-ENOMEM, "verify: out of memory");
+			snprintf(s->group, sizeof(s->group), "%s", g->name);
+			s->next = m->verify_stands;
+			m->verify_stands = s;
+		}
 		ticket = (json_int_t)++d->verify_seq;
 		for (struct cgroup *g = m->groups; g; g = g->next) {
+			struct verify_stand *s;
+
 			if (group && strcmp(g->name, group))
 				continue;
 			g->verify_ticket = (uint64_t)ticket;
 			g->verify_asked_ns = wex__now_ns();
 			g->verify_until_ns = g->verify_asked_ns + (uint64_t)stand * 1000000ull;
+			s = stand_find(m, g->name);
+			s->world = g->world;
+			s->ticket = g->verify_ticket;
+			s->asked_ns = g->verify_asked_ns;
+			s->until_ns = g->verify_until_ns;
 		}
 		wex_info("verify", "uid %d (pid %d) asked model '%s'%s%s%s to verify its next sync within %.1f s (ticket %lld)",
 			 (int)c->uid, (int)c->pid, m->name, group ? " group '" : "", group ? group : "",
@@ -236,6 +323,19 @@ json_t *wexd_verify(struct wexd *d, struct conn *c, json_t *req)
 	for (struct cgroup *g = m->groups; g; g = g->next)
 		if (!group || !strcmp(g->name, group))
 			json_array_append_new(groups, group_state(g, (uint64_t)ticket));
+	/* Groups this ticket (or a later ask) asked that are gone for now:
+	 * every rank absent until an engine makes the group again. */
+	for (struct verify_stand *s = m->verify_stands; s; s = s->next) {
+		struct cgroup gone = { .world = s->world, .verify_ticket = s->ticket,
+				       .verify_asked_ns = s->asked_ns,
+				       .verify_until_ns = s->until_ns };
+
+		if ((group && strcmp(s->group, group)) || s->ticket < (uint64_t)ticket ||
+		    group_find(m, s->group))
+			continue;
+		memcpy(gone.name, s->group, sizeof(gone.name));
+		json_array_append_new(groups, group_state(&gone, (uint64_t)ticket));
+	}
 	return json_pack("{s:b, s:I, s:s, s:I, s:o}", "ok", 1, "ticket", ticket, "model", m->name,
 			 "published", (json_int_t)m->published, "groups", groups);
 }

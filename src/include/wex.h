@@ -325,7 +325,20 @@ enum wex_sync_mode {
  * when a tensor lies where the CUDA driver knows a reserved address range
  * with nothing mapped (GPU memory the engine released and kept the
  * addresses of: vLLM's sleep mode, torch_memory_saver's pause), naming
- * the one at the lowest address, nothing attached.
+ * the one at the lowest address, nothing attached; -EINVAL, nothing
+ * attached, for a tensor without ptr or one whose elements overlap,
+ * naming it: a copy writes every element, so each needs bytes of its
+ * own (a stride of 0 on a dim of extent > 1, or strides too small for
+ * the dims inside them).  Strides whose dims of extent > 1, by stride,
+ * are nested (each stride at least the one below times its extent) are
+ * taken at once; other strides are taken when no two of the tensor's
+ * elements share an address, compared one by one up to 2^20 elements,
+ * and refused above that (they may overlap), as wex.torch_util's
+ * attach_module does.  -EINVAL too for two tensors whose bytes (first to
+ * last, strides included) overlap, naming both: the same memory under two
+ * names, or interleaved strided views of one buffer, also in the
+ * client's regions.  A producer's tensors may share memory (they are
+ * only read).
  */
 WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n);
 

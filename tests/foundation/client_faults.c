@@ -38,11 +38,20 @@
  *    private memory back (holding that) marks the weights dirty (they
  *    were called clean holding a half-written version), and a sync that
  *    fails then leaves no region showing the producer, its weights dirty
- *    (the regions went on showing it, called clean).
+ *    (the regions went on showing it, called clean);
+ *  - wex_attach refuses (-EINVAL, nothing attached) a tensor whose
+ *    elements overlap (a stride of 0, strides not nested that an exact
+ *    check finds sharing an element, more than 2^20 elements with strides
+ *    not nested), in the Python glue's words, and two tensors whose bytes
+ *    overlap (one tensor under two names too), in a region as well; the
+ *    copy wrote them over each other and every verified sync failed.
+ *    Strides not nested whose elements are disjoint are taken and copied,
+ *    and a producer's tensors may share their memory (they are read).
  */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -543,6 +552,120 @@ static void null_arguments(void)
 	t_prod_close(&p);
 }
 
+static void f32_tensor(struct wex_tensor *t, const char *name, uint64_t rows, uint64_t cols)
+{
+	memset(t, 0, sizeof(*t));
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	t->dtype = WEX_DT_F32;
+	t->ndim = 2;
+	t->shape[0] = t->extent[0] = rows;
+	t->shape[1] = t->extent[1] = cols;
+}
+
+#define REFUSED(k, ret, what, ...)                                                          \
+	T_ASSERT((ret) == -EINVAL && strstr(wex_last_error(k), what), __VA_ARGS__ " (%s: %s)", \
+		 wex_strerror(ret), wex_last_error(k))
+
+static void overlapping_attach(void)
+{
+	struct wex_tensor pt[3], t[2];
+	struct wex_sync_result r;
+	wex_client_t *p, *k;
+	float *base, buf[16], buf2[8] = { 0 };
+	unsigned char *big;
+	void *region;
+	uint32_t seg;
+	int ret;
+
+	p = t_open(WEX_ROLE_PRODUCER, "overlap", NULL, 0, 1);
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &seg, (void **)&base));
+	f32_tensor(&pt[0], "w", 4, 2);
+	f32_tensor(&pt[1], "v", 3, 2);
+	f32_tensor(&pt[2], "tied", 4, 2); /* w's memory: a producer may share it */
+	pt[0].segment = pt[1].segment = pt[2].segment = seg;
+	pt[1].offset = 64;
+	T_WEX(p, wex_register_tensors(p, pt, 3));
+	T_WEX(p, wex_begin_write(p, 1, 5000));
+	for (int i = 0; i < 8; i++)
+		base[i] = (float)(i + 1);
+	for (int i = 0; i < 6; i++)
+		base[16 + i] = (float)(i + 11);
+	T_WEX(p, wex_publish(p, 1));
+
+	k = t_open(WEX_ROLE_CONSUMER, "overlap", "g", 0, 1);
+	/* Rows at one address: the 4 rows were copied into the same 2 floats. */
+	t[0] = pt[0];
+	t[0].ptr = buf;
+	t[0].strides[0] = 0;
+	t[0].strides[1] = 1;
+	ret = wex_attach(k, t, 1);
+	REFUSED(k, ret, "tensor 'w' has overlapping elements (strides (0, 1) for shape (4, 2))",
+		"a [4, 2] tensor with strides (0, 1)");
+	/* Not nested, and an element shared: (1, 1) reaches offset 1 twice. */
+	t[0].strides[0] = 1;
+	ret = wex_attach(k, t, 1);
+	REFUSED(k, ret, "tensor 'w' has overlapping elements (strides (1, 1) for shape (4, 2))",
+		"strides (1, 1)");
+	/* Not nested, too many elements to compare one by one. */
+	big = calloc(1, (1u << 19) + 2);
+	T_ASSERT(big, "calloc");
+	t[1] = pt[0];
+	t[1].dtype = WEX_DT_U8;
+	t[1].shape[0] = t[1].extent[0] = 2;
+	t[1].shape[1] = t[1].extent[1] = (1u << 19) + 1;
+	t[1].strides[0] = t[1].strides[1] = 1;
+	t[1].ptr = big;
+	ret = wex_attach(k, &t[1], 1);
+	REFUSED(k, ret, "tensor 'w' has strides that are not nested and more than 1048576 elements: its elements may overlap (strides (1, 1) for shape (2, 524289))",
+		"a tensor of 2^20 + 2 elements with strides not nested");
+	free(big);
+	/* Two tensors whose bytes overlap; one tensor under two names. */
+	t[0] = pt[0];
+	t[0].ptr = buf;
+	t[1] = pt[1];
+	t[1].ptr = buf + 7;
+	ret = wex_attach(k, t, 2);
+	REFUSED(k, ret, "tensors 'w' (32 bytes at 0x", "w and v sharing a float");
+	T_ASSERT(strstr(wex_last_error(k), "and 'v' (24 bytes at 0x"), "both named: %s",
+		 wex_last_error(k));
+	t[1] = pt[2];
+	t[1].ptr = buf;
+	ret = wex_attach(k, t, 2);
+	REFUSED(k, ret, ") overlap in memory", "one buffer under two names");
+	T_ASSERT(strstr(wex_last_error(k), "'w'") && strstr(wex_last_error(k), "'tied'"),
+		 "both named: %s", wex_last_error(k));
+	/* In a same-address region alike. */
+	T_WEX(k, wex_reserve(k, 0, seg, 4096, &region));
+	t[0].ptr = region;
+	t[1] = pt[1];
+	t[1].ptr = (char *)region + 16;
+	ret = wex_attach(k, t, 2);
+	REFUSED(k, ret, "overlap in memory", "overlapping tensors in a region");
+
+	/* Strides not nested, elements disjoint (offsets 0 3 2 5 4 7 of 8): taken
+	 * and copied; w and tied side by side; verified syncs pass. */
+	t[0] = pt[1];
+	t[0].ptr = buf2;
+	t[0].strides[0] = 2;
+	t[0].strides[1] = 3;
+	t[1] = pt[0];
+	t[1].ptr = buf;
+	memset(buf, 0, sizeof(buf));
+	T_WEX(k, wex_attach(k, t, 2));
+	T_WEX(k, wex_sync(k, WEX_SYNC_COPY | WEX_SYNC_VERIFY, 1, 5000, &r));
+	T_ASSERT(buf2[0] == 11 && buf2[3] == 12 && buf2[2] == 13 && buf2[5] == 14 &&
+		 buf2[4] == 15 && buf2[7] == 16 && buf2[1] == 0 && buf2[6] == 0 && buf[0] == 1 &&
+		 buf[7] == 8, "the strided copy: %g %g %g %g %g %g %g %g", buf2[0], buf2[1],
+		 buf2[2], buf2[3], buf2[4], buf2[5], buf2[6], buf2[7]);
+	t[0] = pt[2];
+	t[0].ptr = buf + 8;
+	T_WEX(k, wex_attach(k, t, 2));
+	T_WEX(k, wex_sync(k, WEX_SYNC_COPY | WEX_SYNC_VERIFY, 1, 5000, &r));
+	T_ASSERT(!memcmp(buf, buf + 8, 8 * sizeof(float)), "tied copied as w");
+	wex_client_close(k);
+	wex_client_close(p);
+}
+
 enum { RELEASE_AFTER, STATUS_FIRST, RELEASE_WHILE_DOWN };
 
 /* Holding a same-address lease on v, wexd restarts: the new wexd reads
@@ -683,6 +806,7 @@ int main(void)
 	released_reserve();
 	released_fails();
 	null_arguments();
+	overlapping_attach();
 	restart_renumbers(&d, WEX_SYNC_COPY);
 	restart_renumbers(&d, WEX_SYNC_REMAP_FIXED);
 	release_after_restart(&d);

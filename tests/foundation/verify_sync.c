@@ -24,6 +24,10 @@
  *    --no-wait --json); an unknown
  *    model or group is refused (exit 1) naming what exists; status and
  *    metrics show the results;
+ *  - an engine whose one rank restarts while an ask stands (wexd frees
+ *    its group meanwhile) is asked again: a poll in between reports the
+ *    rank absent, the new process's sync verifies, the ticket reports it
+ *    done and equal, and wexctl verify exits 0;
  *  - a verification's why longer than wexd keeps, cut inside a UTF-8
  *    sequence, still shows in status (as UTF-8: the cut byte becomes
  *    '?'; JSON takes nothing else, and it was dropped before).
@@ -84,6 +88,27 @@ static void wait_asked(const char *out)
 
 	while (!strstr(slurp(out), "asked model")) {
 		T_ASSERT(t_now() - t0 < 10, "wexctl never said it asked: %s", slurp(out));
+		usleep(10000);
+	}
+}
+
+/* Waits (up to 10 s) until wexd's status lists no group `group` of the
+ * model: its last rank's connection dropped. */
+static void wait_group_gone(const char *group)
+{
+	double t0 = t_now();
+
+	for (;;) {
+		json_t *st = t_status(d.sock), *g;
+		int there = 0;
+		size_t i;
+
+		json_array_foreach(json_object_get(t_status_model(st, MODEL), "groups"), i, g)
+			there |= !strcmp(json_string_value(json_object_get(g, "name")) ?: "", group);
+		json_decref(st);
+		if (!there)
+			return;
+		T_ASSERT(t_now() - t0 < 10, "group '%s' never left", group);
 		usleep(10000);
 	}
 }
@@ -399,6 +424,37 @@ static void wexctl_checks(struct t_cons *k)
 	T_ASSERT(ret == 4 && strstr(slurp(out), "unverifiable") && strstr(slurp(out), "view sync"),
 		 "wexctl verify over a view sync: exit %d: %s", ret, slurp(out));
 	T_WEX(k->c, wex_release(k->c));
+
+	/* The engine restarts while an ask stands (its one rank leaves, so
+	 * wexd frees the group, and comes back): the new process is asked,
+	 * its sync verifies, and the ticket reports it (wexctl exit 0); in
+	 * between, a poll reports the rank absent. */
+	pid = wexctl_start(out, (const char *const[]){ "verify", MODEL, "--group", "g",
+						      "--timeout", "20", NULL });
+	wait_asked(out);
+	{
+		wex_client_t *adm = t_open(WEX_ROLE_ADMIN, NULL, NULL, 0, 1);
+		long before = verifications(adm), ticket;
+		char state[32], result[32];
+
+		ticket = strtol(strstr(slurp(out), "(ticket ") + 8, NULL, 10);
+		t_cons_close(k);
+		wait_group_gone("g");
+		poll_ticket(adm, ticket, state, result);
+		T_ASSERT(!strcmp(state, "absent"), "ticket %ld while the engine restarts: %s",
+			 ticket, state);
+		t_cons_open(k, MODEL, "g", "tiny", 0, 1);
+		T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, 1, 5000, &r));
+		T_ASSERT(verifications(adm) == before + 1,
+			 "the restarted engine's sync did not verify");
+		poll_ticket(adm, ticket, state, result);
+		T_ASSERT(!strcmp(state, "done") && !strcmp(result, "equal"),
+			 "ticket %ld after the restarted engine's sync: %s %s", ticket, state, result);
+		ret = t_wait(pid);
+		T_ASSERT(ret == 0 && strstr(slurp(out), " equal "),
+			 "wexctl verify across a restart: exit %d: %s", ret, slurp(out));
+		wex_client_close(adm);
+	}
 
 	/* Metrics count each result. */
 	{

@@ -13,6 +13,7 @@ tests/gpu/torch_check.py; here it must refuse CPU tensors.
 Needs Debian's python3-torch (exit 77 with the reason without it).
 Environment: WEX_LIB, WEXD_BIN, PYTHONPATH with adapters/python.
 """
+import errno
 import sys
 import unittest
 
@@ -397,6 +398,25 @@ class TorchGlue(WexdProducerCase):
         big = torch.zeros(1025 * 1025).as_strided((1025, 1025), (1, 1024))
         with self.assertRaisesRegex(ValueError, "big has strides that are not nested"):
             torch_util._table_strides("big", big)
+        # libwex's wex_attach refuses the same tensors in the same words
+        # (a table made without the glue), and two tensors sharing bytes
+        # (one storage under two names), naming both; the copy wrote them
+        # over each other and every verified sync failed.
+        for name, t in (("w", torch.zeros(4).expand(4, 4)),
+                        ("v", torch.zeros(16).as_strided((4, 4), (1, 2))), ("big", big)):
+            with self.assertRaises(ValueError) as glue:
+                torch_util._table_strides(name, t)
+            with self.assertRaises(wex.WexError) as e:
+                c.attach([wex.tensor(name, "F32", t.shape, strides=t.stride(),
+                                     ptr=t.data_ptr())])
+            self.assertEqual(e.exception.code, errno.EINVAL)
+            self.assertIn("tensor '%s' %s" % (name, str(glue.exception)[len(name) + 1:]),
+                          str(e.exception))
+        x = torch.zeros(4, 4)
+        with self.assertRaisesRegex(wex.WexError, "tensors '(w|tied)' .* and '(w|tied)' .*overlap"):
+            torch_util.attach_module(c, [("w", x), ("tied", x)])
+        with self.assertRaisesRegex(wex.WexError, "tensors 'w' .* and 'x' .*overlap"):
+            torch_util.attach_module(c, [("w", x[:2]), ("x", x[1:])])
         p = wex.Client(wex.ROLE_PRODUCER, "torch-glue-cpu", rank=0, world_size=1)
         self.addCleanup(p.close)
         with self.assertRaisesRegex(ValueError, "CUDA device"):

@@ -379,7 +379,9 @@ def _register_ranges(client, kind, placed, gap=MERGE_GAP):
                   for n, t, p, nb, st, _ in placed]
 
 
-_OVERLAP_EXACT = 1 << 20  # elements checked one by one below this
+# Elements checked one by one below this; libwex's wex_attach refuses the
+# same tensors in the same words (WEX_OVERLAP_EXACT).
+_OVERLAP_EXACT = 1 << 20
 
 
 def _overlaps(t):
