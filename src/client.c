@@ -2047,17 +2047,33 @@ static int daemon_gone(int ret)
 	       ret == -ESHUTDOWN;
 }
 
-/* Sleeps ms, or less when wex_cancel asks to cancel the running call:
- * returns 1 then. */
+/* Sleeps ms, or less when wex_cancel asks to cancel the running call, or
+ * (WEX_CLIENT_EINTR) a signal's handler runs, as it ends a wait for wexd
+ * (wait_answer): returns 1 then. */
 static int cancel_nap(struct wex_client *c, unsigned ms)
 {
-	uint64_t end = wex__now_ns() + (uint64_t)ms * 1000000ull, now, tick;
+	uint64_t end = wex__now_ns() + (uint64_t)ms * 1000000ull, now, tick, left;
 	struct pollfd pfd = { .fd = c->cancel_efd, .events = POLLIN };
+	sigset_t mask, wait;
+	struct timespec ts;
+	int ret;
 
+	if (c->eintr)
+		signals_held(&mask, &wait);
 	while (!cancel_asked(c) && (now = wex__now_ns()) < end) {
-		if (poll(&pfd, 1, (int)((end - now + 999999) / 1000000)) > 0)
+		left = end - now;
+		ts.tv_sec = (time_t)(left / 1000000000ull);
+		ts.tv_nsec = (long)(left % 1000000000ull);
+		ret = ppoll(&pfd, 1, &ts, c->eintr ? &wait : NULL);
+		if (ret > 0)
 			(void)!read(c->cancel_efd, &tick, sizeof(tick)); /* (an earlier call's too) */
+		else if (ret < 0 && errno == EINTR && c->eintr) {
+			c->signalled = 1;
+			cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
+		}
 	}
+	if (c->eintr)
+		pthread_sigmask(SIG_SETMASK, &mask, NULL);
 	return cancel_asked(c);
 }
 
@@ -2077,7 +2093,7 @@ static int away_retry(struct wex_client *c, int ret, const char *what, uint64_t 
 
 	if (cancel_asked(c))
 		return ret;
-	if (now + nap * 1000000ull >= end) {
+	if (now >= end) {
 		char why[sizeof(c->err)];
 
 		memcpy(why, c->err, sizeof(why));
@@ -2086,9 +2102,12 @@ static int away_retry(struct wex_client *c, int ret, const char *what, uint64_t 
 	if (!*nap_ms)
 		wex_warn("client", "%s: %s: trying again for up to %llu ms", what, err_buf(c),
 			 (unsigned long long)((end - now) / 1000000ull));
-	if (cancel_nap(c, nap))
-		return set_err(c, -ECANCELED, "%s cancelled (wex_cancel) while wexd was away", what);
 	*nap_ms = nap >= 500 ? 1000 : nap * 2;
+	if (nap * 1000000ull > end - now) /* (the last try comes at the timeout) */
+		nap = (unsigned)((end - now + 999999) / 1000000);
+	if (cancel_nap(c, nap))
+		return c->signalled ? set_err(c, -ECANCELED, "%s: wexd was away", what) :
+				      set_err(c, -ECANCELED, "%s cancelled (wex_cancel) while wexd was away", what);
 	return 0;
 }
 
@@ -2119,8 +2138,11 @@ static int begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 		 * trainer's step must not fail for a planned restart. */
 		if (!daemon_gone(ret) || (ret = away_retry(c, ret, "begin_write", end, &nap_ms)) < 0)
 			break;
-		if (timeout_ms) /* (what is left of it, for wexd's wait) */
-			timeout_ms = (uint32_t)((end - wex__now_ns()) / 1000000ull) ?: 1;
+		if (timeout_ms) { /* (what is left of it, for wexd's wait) */
+			uint64_t now = wex__now_ns();
+
+			timeout_ms = now >= end ? 1 : (uint32_t)((end - now) / 1000000ull) ?: 1;
+		}
 	}
 	if (ret == 0) {
 		c->writing = version;
@@ -2167,6 +2189,8 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
 
 static int publish(wex_client_t *c, uint64_t version)
 {
+	unsigned nap_ms = 0;
+	uint64_t end;
 	json_t *req;
 	int ret, host = 0;
 
@@ -2205,8 +2229,13 @@ static int publish(wex_client_t *c, uint64_t version)
 	 * process's GPU work is: a no-op where nobody loaded CUDA. */
 	if (host && (ret = settle(c, "publish")) < 0)
 		return ret;
-	req = json_pack("{s:s, s:I}", "op", "publish", "version", (json_int_t)version);
-	ret = simple_rpc(c, req, NULL);
+	/* No wexd answering (a restart, the next one not listening yet):
+	 * tried again within the client's timeout, as begin_write is. */
+	end = wex__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+	do {
+		req = json_pack("{s:s, s:I}", "op", "publish", "version", (json_int_t)version);
+		ret = simple_rpc(c, req, NULL);
+	} while (daemon_gone(ret) && (ret = away_retry(c, ret, "publish", end, &nap_ms)) == 0);
 	if (ret == 0) {
 		c->writing = 0;
 		c->published = version;
@@ -2235,6 +2264,19 @@ static int send_layout(struct wex_client *c)
  * included) overlap, naming both: a copy would write one over the other
  * (a verify then fails whatever is synced), in the caller's memory or in
  * the client's regions alike.  `order` is the address order. */
+/* Whether a and b are the same elements at the same address (a tensor
+ * under two names: tied weights, as reserve_like mirrors a producer's). */
+static int same_view(const struct wex_tensor *a, const struct wex_tensor *b)
+{
+	if (a->ptr != b->ptr || a->dtype != b->dtype || a->ndim != b->ndim)
+		return 0;
+	for (uint32_t d = 0; d < a->ndim && d < WEX_MAX_DIMS; d++)
+		if (a->shape[d] != b->shape[d] || a->start[d] != b->start[d] ||
+		    a->extent[d] != b->extent[d] || a->strides[d] != b->strides[d])
+			return 0;
+	return 1;
+}
+
 static int attach_disjoint(struct wex_client *c, const struct wex_tensor *t, size_t n,
 			   const size_t *order)
 {
@@ -2248,6 +2290,8 @@ static int attach_disjoint(struct wex_client *c, const struct wex_tensor *t, siz
 
 		if (wex__tensor_span(&t[i], &span) < 0 || !span)
 			continue; /* (checked already; empty: no bytes) */
+		if (have && p < end && same_view(&t[i], &t[last]))
+			continue; /* tied weights: one tensor under two names */
 		if (have && p < end)
 			return set_err(c, -EINVAL,
 				       "attach: tensors '%s' (%llu bytes at 0x%llx) and '%s' (%llu bytes at 0x%llx) overlap in memory: a copy would write one over the other; nothing attached",

@@ -201,15 +201,17 @@ static int64_t ex_factor(struct ex *e)
 		return v;
 	}
 	char id[32];
-	size_t n = 0;
+	size_t n = 0, len = 0;
 	while ((*e->s >= 'a' && *e->s <= 'z') || (*e->s >= 'A' && *e->s <= 'Z') || *e->s == '_' ||
-	       (n && *e->s >= '0' && *e->s <= '9')) {
+	       (len && *e->s >= '0' && *e->s <= '9')) {
 		if (n < sizeof(id) - 1)
 			id[n++] = *e->s;
+		len++;
 		e->s++;
 	}
 	id[n] = 0;
-	if (!n) {
+	/* (A longer name is none known: cut short, it could match one.) */
+	if (!n || len != n) {
 		e->bad = 1;
 		return 0;
 	}
@@ -629,6 +631,11 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 
 		if (!name) {
 			seterr(err, errlen, "family %s: bad symbol entry %zu", m->family, i);
+			goto out;
+		}
+		if (strlen(name) >= sizeof(m->syms[0].name)) {
+			seterr(err, errlen, "family %s: symbol name %s is longer than %zu bytes", m->family,
+			       name, sizeof(m->syms[0].name) - 1);
 			goto out;
 		}
 		int rc = cfg_int(cfg, key, &x);

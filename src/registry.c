@@ -48,16 +48,31 @@ static void model_invalidate(struct model *m)
 	m->tables_fd = -1;
 }
 
+static void plan_entry_free(struct plan_entry *p)
+{
+	if (p->fd >= 0)
+		close(p->fd);
+	wex__plan_free(p->plan);
+	free(p->layout);
+	free(p);
+}
+
+/* Whether plan p was made for consumer c's layout as it is now. */
+static int plan_fits(const struct plan_entry *p, const struct model *m, const struct conn *c)
+{
+	return p->layout_gen == m->layout_gen && p->consumer_hash == c->layout_hash &&
+	       p->crank == c->rank && c->group && p->cworld == c->group->world &&
+	       p->nlayout == c->nlayout && !strcmp(p->device, c->device) &&
+	       (!p->nlayout || !memcmp(p->layout, c->layout, p->nlayout * sizeof(*p->layout)));
+}
+
 static void plans_free(struct model *m)
 {
 	while (m->plans) {
 		struct plan_entry *p = m->plans;
 
 		m->plans = p->next;
-		if (p->fd >= 0)
-			close(p->fd);
-		wex__plan_free(p->plan);
-		free(p);
+		plan_entry_free(p);
 	}
 }
 
@@ -73,18 +88,14 @@ static void plans_gc(struct model *m)
 
 		/* Used: by a rank it was made for (the key of plan_get). */
 		for (struct cgroup *g = m->groups; g && !used; g = g->next)
-			used = p->layout_gen == m->layout_gen && p->cworld == g->world &&
-			       p->crank < g->world && g->ranks[p->crank] &&
-			       g->ranks[p->crank]->layout_hash == p->consumer_hash;
+			used = p->cworld == g->world && p->crank < g->world && g->ranks[p->crank] &&
+			       plan_fits(p, m, g->ranks[p->crank]);
 		if (used) {
 			pp = &p->next;
 			continue;
 		}
 		*pp = p->next;
-		if (p->fd >= 0)
-			close(p->fd);
-		wex__plan_free(p->plan);
-		free(p);
+		plan_entry_free(p);
 	}
 }
 
@@ -1524,8 +1535,7 @@ static struct plan_entry *plan_get(struct model *m, struct conn *c, char *err, s
 	uint64_t t0;
 
 	for (p = m->plans; p; p = p->next)
-		if (p->layout_gen == m->layout_gen && p->consumer_hash == c->layout_hash &&
-		    p->crank == c->rank && p->cworld == c->group->world) {
+		if (plan_fits(p, m, c)) {
 			p->uses++;
 			return p;
 		}
@@ -1585,6 +1595,15 @@ static struct plan_entry *plan_get(struct model *m, struct conn *c, char *err, s
 	}
 	p->layout_gen = m->layout_gen;
 	p->consumer_hash = c->layout_hash;
+	p->nlayout = c->nlayout;
+	if (c->nlayout && !(p->layout = malloc(c->nlayout * sizeof(*c->layout)))) {
+		*ret = -ENOMEM;
+		snprintf(err, errlen, "out of memory");
+		plan_entry_free(p);
+		return NULL;
+	}
+	if (c->nlayout)
+		memcpy(p->layout, c->layout, c->nlayout * sizeof(*c->layout));
 	p->crank = c->rank;
 	p->cworld = c->group->world;
 	snprintf(p->device, sizeof(p->device), "%s", c->device);

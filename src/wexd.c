@@ -997,6 +997,15 @@ int main(int argc, char **argv)
 	sigset_t mask;
 	int opt, ret;
 
+	/* Held from the start, read from the signalfd once the loop runs: a
+	 * SIGHUP or SIGTERM while wexd starts (its socket bound already)
+	 * would otherwise kill it with the default action and leave the
+	 * socket file behind. */
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGHUP);
+	sigprocmask(SIG_BLOCK, &mask, NULL);
 	wex__log_init();
 	/* getopt's own messages would be bare lines: say it through the log,
 	 * like every other reason wexd will not start. */
@@ -1167,11 +1176,6 @@ int main(int argc, char **argv)
 		wex_error("wexd", "listen: %s", strerror(-ret));
 		return 1;
 	}
-	sigemptyset(&mask);
-	sigaddset(&mask, SIGTERM);
-	sigaddset(&mask, SIGINT);
-	sigaddset(&mask, SIGHUP);
-	sigprocmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	d.sig_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
 	d.sigw.fd = d.sig_fd;

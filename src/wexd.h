@@ -154,6 +154,10 @@ struct verify_stand {
 struct plan_entry {
 	uint64_t layout_gen;
 	uint64_t consumer_hash;
+	/* The consumer layout it was made for, compared whole on a hit (the
+	 * hash only finds candidates: two layouts may share one). */
+	struct wex_tensor *layout;
+	size_t nlayout;
 	uint32_t crank, cworld;
 	char device[WEX_UUID_LEN]; /* the consumer layout's GPU ("": host) */
 	uint32_t near;             /* producer ranks with memory there */

@@ -57,6 +57,7 @@ set_target_properties(host_remap_faults PROPERTIES ENABLE_EXPORTS ON)
 # busy one and 40 s on a loaded machine, too close to the default 60 s.
 wex_foundation_test(host_copy TIMEOUT 180)
 wex_foundation_test(daemon_restart LOOP LIBS ${WEX_FX_LIBS})
+wex_foundation_test(away_retry LOOP LIBS ${WEX_FX_LIBS} Threads::Threads)
 wex_foundation_test(quickstart_smoke LOOP
   ARGS $<TARGET_FILE:wex-producer> $<TARGET_FILE:wex-consumer>)
 wex_foundation_test(killed_producer LOOP LIBS ${WEX_FX_LIBS})

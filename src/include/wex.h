@@ -278,7 +278,9 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
  * (WEX_CLIENT_EINTR); -EINVAL for a version over 2^63-1 (JSON's largest
  * integer), nothing sent.  When wexd goes away (a restart, a crash), the
  * call connects again and resends, trying until that timeout (the client's
- * when 0) ends: then wexd's error (-WEX_EDAEMON, -ECONNREFUSED, -ENOENT).
+ * when 0) ends: then wexd's error (-WEX_EDAEMON, -ECONNREFUSED, -ENOENT);
+ * wex_cancel and signals (WEX_CLIENT_EINTR) end those tries as they end a
+ * wait.
  */
 WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms);
 
@@ -293,7 +295,8 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
  * work of the calling thread's context.  The version becomes
  * visible to consumers once all N ranks of the producer group have
  * published it.  Blocks for that GPU wait and one round trip (not for the
- * other ranks).
+ * other ranks); when no wexd answers (a restart), it is sent again until
+ * the client's timeout_ms, as wex_begin_write is.
  */
 WEX_API int wex_publish(wex_client_t *c, uint64_t version);
 
@@ -335,10 +338,12 @@ enum wex_sync_mode {
  * elements share an address, compared one by one up to 2^20 elements,
  * and refused above that (they may overlap), as wex.torch_util's
  * attach_module does.  -EINVAL too for two tensors whose bytes (first to
- * last, strides included) overlap, naming both: the same memory under two
- * names, or interleaved strided views of one buffer, also in the
- * client's regions.  A producer's tensors may share memory (they are
- * only read).
+ * last, strides included) overlap, naming both: overlapping pieces of
+ * one buffer, or interleaved strided views of it, also in the client's
+ * regions.  One tensor under two names (the same address, dtype, box and
+ * strides: tied weights, as reserve_like mirrors a producer's) is taken:
+ * the trainer must hold the same bytes under both names.  A producer's
+ * tensors may share memory (they are only read).
  */
 WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n);
 

@@ -85,6 +85,32 @@ int main(void)
 		}
 		free(deep);
 	}
+	/* Names past 31 bytes: a symbol is refused at load, and a name in an
+	 * expression is none known (both were cut short to 31 bytes, and
+	 * could match a shorter symbol). */
+	{
+		static const char *const fams[] = {
+			"{\"family\":\"t\",\"model_types\":[\"exprtest\"],\"symbols\":"
+			"[[\"a\",\"a\"],[\"abcdefghijklmnopqrstuvwxyz01234\",\"\",\"a\"]],"
+			"\"tensors\":[{\"role\":\"embed\",\"name\":\"w\","
+			"\"shape\":[\"abcdefghijklmnopqrstuvwxyz01234extra\"]}]}",
+			"{\"family\":\"t\",\"model_types\":[\"exprtest\"],\"symbols\":"
+			"[[\"a\",\"a\"],[\"abcdefghijklmnopqrstuvwxyz0123456789\",\"\",\"a\"]],"
+			"\"tensors\":[{\"role\":\"embed\",\"name\":\"w\",\"shape\":[\"a\"]}]}",
+		};
+		static const char *const want[] = { "cannot evaluate shape of w", "is longer than 31 bytes" };
+
+		for (int i = 0; i < 2; i++) {
+			f = fopen(path, "w");
+			CHECK(f && fputs(fams[i], f) >= 0 && fclose(f) == 0, "write %s", path);
+			err[0] = 0;
+			CHECK(wex__model_from_text("{\"model_type\":\"exprtest\",\"a\":2}", dir, &m, err,
+						   sizeof(err)) == -EINVAL,
+			      "a name past 31 bytes accepted (case %d)", i);
+			CHECK(strstr(err, want[i]), "case %d: %s", i, err);
+			printf("long name: %s\n", err);
+		}
+	}
 	/* A name template with an unknown {key}: refused at load, naming the
 	 * tensor (it used to load and fail every whole-tensor layout with a
 	 * bare "Invalid argument"). */
