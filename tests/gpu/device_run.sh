@@ -77,12 +77,24 @@ have_gpu() {
 
 build() {
 	gen=
+	# A build directory configured from another source directory (the
+	# tree copied to another path between two calls on the warm machine)
+	# makes cmake refuse its cache and the call build nothing: start anew.
+	if [ -f "$B/CMakeCache.txt" ] &&
+		! grep -qxF "CMAKE_HOME_DIRECTORY:INTERNAL=$ROOT" "$B/CMakeCache.txt"; then
+		echo "build: $B was configured for $(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$B/CMakeCache.txt"), not $ROOT: removed"
+		rm -rf "$B"
+	fi
 	# The GPU machine has ninja but maybe no make; an existing build
 	# directory keeps its generator.
 	[ ! -f "$B/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1 && gen="-G Ninja"
 	[ -f "$DEPS/include/liburing.h" ] ||
 		echo "build: no $DEPS/include/liburing.h: was .deps carried? (../shared/gpu/prepare-deps.sh here, carry .deps)"
-	cmake -S "$ROOT" -B "$B" $gen -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$DEPS" || return 1
+	# The torch checks run with the python3 this call chose (the one
+	# gpu_sync's torch baseline and summary.txt's header use), also in a
+	# build directory configured earlier with another.
+	cmake -S "$ROOT" -B "$B" $gen -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$DEPS" \
+		${WEX_PY:+-DWEX_TORCH_PYTHON="$WEX_PY"} || return 1
 	# Without cuda.h the gpu tests would not exist and ctest would find
 	# nothing to run: not a result.
 	grep -q '^CUDA_DRIVER_INCLUDE_DIR:PATH=/' "$B/CMakeCache.txt" || {
@@ -105,6 +117,14 @@ run_ctest() {
 	stop=$(date -d "@$(($(date +%s) + secs))" '+%H:%M:%S')
 	(cd "$B" && ctest --no-tests=error --output-on-failure --stop-time "$stop" "$@")
 	rc=$?
+	# Past the stop time ctest starts no more tests and lists none of
+	# them (and may exit 0): name them, and fail the step.
+	if grep -q 'stop time has been passed' "$LOGDIR/$STEP.log"; then
+		ran=$(sed -n 's/^ *[0-9]*\/[0-9]* *Test *#[0-9]*: \([^ ]*\) .*/\1/p' "$LOGDIR/$STEP.log")
+		echo "== stop time reached; not run: $( (cd "$B" && ctest -N "$@") |
+			sed -n 's/^ *Test *#[0-9]*: //p' | grep -vxF "${ran:-.}" | tr '\n' ' ')"
+		[ $rc -eq 0 ] && rc=8
+	fi
 	# ctest's own word for a skip (exit 77), in this step's log.
 	grep -q '\*\*\*Skipped' "$LOGDIR/$STEP.log" || return $rc
 	echo "== skip reasons:"
@@ -244,7 +264,9 @@ pack_logs() {
 # (kill -SIG -PGID, no "--": dash's kill takes none and would kill nothing.)
 # A call cut short takes its running step down too (it would hold the GPU
 # into the next call on the warm machine).
-trap '[ -n "${spid:-}" ] && kill -KILL "-$spid" 2>/dev/null; pack_logs; exit 143' TERM INT
+trap '[ -n "${spid:-}" ] && kill -KILL "-$spid" 2>/dev/null &&
+	note "${name:-?}: KILLED: the call got a signal $(($(date +%s) - T0)) s in (its timeout_s?)";
+	pack_logs; exit 143' TERM INT
 trap pack_logs EXIT
 
 # Runs step `name` under timeout, never past the call's budget, in its own
@@ -267,6 +289,7 @@ step() {
 	wait $spid
 	rc=$?
 	kill -KILL "-$spid" 2>/dev/null
+	spid=
 	case $rc in 124 | 137) echo "== $name: killed after $lim s" >>"$LOGDIR/$name.log" ;; esac
 	note "$name: exit $rc in $(($(date +%s) - now)) s$([ $rc -eq 77 ] && echo ' (skipped: not a pass)')$([ $rc -eq 124 ] || [ $rc -eq 137 ] && echo ' (KILLED: out of time)')"
 	[ $rc -eq 0 ] || [ $rc -eq 77 ] || status=1
@@ -285,6 +308,8 @@ keep_json() {
 	fi
 	printf '%s\n' "$line" >"$3"
 	tag_json "$3"
+	# Its "error", if any, for the recap.
+	printf '%s\n' "$line" | sed -n "s/.*\"error\":\"\([^\"]*\)\".*/$2 error: \1/p" >>"$SUM"
 }
 
 # Adds "machine" to the JSON object in file $1 (one line).
@@ -293,6 +318,31 @@ tag_json() {
 	m=$(printf '%s' "$MACHINE" | tr -d '"\\/&')
 	sed -i "1s/^{/{\"machine\":\"$m\",/" "$1"
 }
+
+# The driver's tools where the image keeps them, if PATH leads elsewhere.
+command -v nvidia-smi >/dev/null 2>&1 || [ ! -x /usr/local/nvidia/bin/nvidia-smi ] ||
+	PATH="$PATH:/usr/local/nvidia/bin"
+# The python3 with PyTorch: PATH's, else the image's venv (KINDS.md: a
+# plain python3 there is /opt/torch/.venv/bin/python3, where PATH may not
+# lead in a non-login shell).  Exported: gpu_sync's torch baseline runs
+# "python3"; the build gives it to the torch checks (WEX_TORCH_PYTHON).
+if ! timeout 30 python3 -c 'import torch' >/dev/null 2>&1; then
+	for d in /opt/torch/.venv/bin /opt/conda/bin /usr/local/bin /usr/bin; do
+		if [ -x "$d/python3" ] && timeout 30 "$d/python3" -c 'import torch' >/dev/null 2>&1; then
+			PATH="$d:$PATH"
+			export PATH
+			break
+		fi
+	done
+fi
+# CMake and ninja may be the venv's pip packages alone.
+for t in cmake ctest ninja; do
+	command -v $t >/dev/null 2>&1 || [ ! -x /opt/torch/.venv/bin/$t ] ||
+		PATH="$PATH:/opt/torch/.venv/bin"
+done
+export PATH
+WEX_PY=$(command -v python3 || true)
+export WEX_PY
 
 # The machine, first, so that every figure can name it.
 note "wex device run $(date -u +%FT%TZ) on $(hostname), steps: $STEPS; budget $BUDGET s"
@@ -309,17 +359,21 @@ note "numpy: $(timeout 60 python3 -c 'import numpy; print(numpy.__version__)' 2>
 note "imex channels: $(ls /dev/nvidia-caps-imex-channels 2>/dev/null | tr '\n' ' ' || true)"
 note "cmake: $(cmake --version 2>/dev/null | head -n 1); ninja: $(command -v ninja || echo none); compute-sanitizer: $(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || echo none)"
 
+# Without the build step, only a build directory there already will do.
 built=1
+[ -f "$B/CMakeCache.txt" ] || built=0
 for s in $STEPS; do
 	case $s in
 	build)
 		if step build; then
+			built=1
 			# Which python3 the torch tests run with, where cuda.h was.
 			grep -E '^(WEX_TORCH_PYTHON|WEX_PYTHON3|CUDA_DRIVER_INCLUDE_DIR|URING_LIBRARY|JANSSON_LIBRARY):' \
 				"$B/CMakeCache.txt" >>"$SUM"
 		else
 			built=0
-			grep -E 'error|Error|not found|NOTFOUND|^build: ' "$LOGDIR/build.log" | head -n 20 >>"$SUM"
+			grep -E 'error|Error|not found|NOTFOUND|^build: ' "$LOGDIR/build.log" | head -n 20 |
+				sed 's/^/build log: /' >>"$SUM"
 		fi ;;
 	gpu | torch | bench | staging | memcheck)
 		if [ $built -eq 0 ]; then
@@ -353,6 +407,13 @@ for s in $STEPS; do
 	*) note "unknown step $s"; status=1 ;;
 	esac
 done
+# What went wrong, on stdout too (the device tool shows its last 12,000
+# characters; the whole is in summary.txt): failed, timed-out, skipped and
+# not-run tests with the reasons, the memcheck verdicts, the benchmarks'
+# targets.
+echo "== recap (all in summary.txt):"
+grep -E '\*\*\*[A-Z]|tests passed|^== |^ +[0-9]+ +(SKIP|torch_check)|NOT RUN|KILLED|no JSON line|^build log: |^[a-z_]+ error: |^targets: |^torch CUDA IPC' "$SUM" |
+	grep -v '^== memcheck .*(up to' | cut -c1-200 | tail -n 50
 # A skipped step is no pass: 77 when nothing failed but steps skipped.
 if [ $status -ne 0 ]; then
 	note "device_run: FAILED or incomplete (see above) in $(($(date +%s) - T0)) s"

@@ -427,11 +427,13 @@ class Client:
         # cancel() does not take _lock (the call it cancels holds it):
         # this one keeps the handle from being closed under it.
         self._handle_lock = threading.Lock()
-        self._handle_owner = None  # the thread in cancel(), holding _handle_lock
+        # Per thread: in cancel() (about to hold _handle_lock, or holding it).
+        self._in_cancel = threading.local()
         self._cancels = 0  # cancel() calls
         # _live is counted under a lock of its own: a tensor's finalizer
         # (the garbage collector, in any thread) never waits for a call.
-        self._live_lock = threading.Lock()
+        # (Reentrant: a signal handler's finalizer may run inside a block.)
+        self._live_lock = threading.RLock()
         self._live = 0            # tensors over this client's memory alive
         self._close_pending = False
         L = lib()
@@ -542,9 +544,9 @@ class Client:
             self._live -= 1
             if self._live or not self._close_pending:
                 return
-        me = threading.get_ident()
         owned = getattr(self._lock, "_is_owned", lambda: True)()
-        if not owned and self._handle_owner != me and self._lock.acquire(blocking=False):
+        in_cancel = getattr(self._in_cancel, "on", False)
+        if not owned and not in_cancel and self._lock.acquire(blocking=False):
             try:
                 self._close_if_unused()
             finally:
@@ -707,14 +709,14 @@ class Client:
         is closed); WexError EOPNOTSUPP when the wexd it talks to predates
         cancels (a call already waiting then waits on)."""
         self._cancels += 1  # (seen by a call that a signal interrupted)
-        with self._handle_lock:
-            self._handle_owner = threading.get_ident()
-            try:
+        self._in_cancel.on = True  # (before the lock: a finalizer may run at any point)
+        try:
+            with self._handle_lock:
                 if self._h is None:
                     return False
                 ret = self._lib.wex_cancel(self._h)
-            finally:
-                self._handle_owner = None
+        finally:
+            self._in_cancel.on = False
         if ret == -errno.EOPNOTSUPP:
             raise WexError(errno.EOPNOTSUPP, "cancel: the wexd this client talks to cannot "
                            "cancel a wait (it predates cancels): the call waits on until "
