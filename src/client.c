@@ -2248,7 +2248,12 @@ WEX_API int wex_publish(wex_client_t *c, uint64_t version)
 	int ret;
 
 	CALL_OK(c, 1);
-	LOCKED_KEEP_DEVICE(c, ret, publish(c, version));
+	/* wex_cancel and signals (WEX_CLIENT_EINTR) end its tries while no
+	 * wexd answers (away_retry), as they do begin_write's. */
+	cancelable_begin(c);
+	LOCKED_KEEP_DEVICE(c, ret, (c->signalled = 0, publish(c, version)));
+	ret = signal_ended(c, ret);
+	cancelable_end(c);
 	return ret;
 }
 

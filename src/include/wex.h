@@ -296,7 +296,9 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
  * visible to consumers once all N ranks of the producer group have
  * published it.  Blocks for that GPU wait and one round trip (not for the
  * other ranks); when no wexd answers (a restart), it is sent again until
- * the client's timeout_ms, as wex_begin_write is.
+ * the client's timeout_ms, as wex_begin_write is, and wex_cancel or a
+ * signal (WEX_CLIENT_EINTR) ends those tries with -ECANCELED or -EINTR:
+ * the version is then not published (publish it again).
  */
 WEX_API int wex_publish(wex_client_t *c, uint64_t version);
 

@@ -8,7 +8,8 @@
  *     Python's Ctrl-C waited out the whole timeout);
  *  2. wex_cancel from another thread ends it with -ECANCELED.
  * A publish while wexd is away is sent again to the next wexd, started
- * 300 ms later (it failed at once), and the consumer gets that version.
+ * 300 ms later (it failed at once), and the consumer gets that version;
+ * its tries end on a signal (-EINTR) or wex_cancel (-ECANCELED) too.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -69,12 +70,15 @@ static int kicked(wex_client_t *c, wex_client_t *cancel, int sync, double *el)
 	int ret;
 
 	T_ASSERT(pthread_create(&th, NULL, kick_main, &kk) == 0, "thread");
-	ret = sync ? wex_sync(c, WEX_SYNC_COPY, 2, 8000, &r) : wex_begin_write(c, 2, 8000);
+	ret = sync == 2 ? wex_publish(c, 2) :
+	      sync	  ? wex_sync(c, WEX_SYNC_COPY, 2, 8000, &r) :
+			    wex_begin_write(c, 2, 8000);
 	*el = t_now() - t0;
 	atomic_store(&kk.stop, 1);
 	pthread_join(th, NULL);
-	printf("%s while wexd is away, %s: %s after %.2f s: %s\n", sync ? "sync" : "begin_write",
-	       cancel ? "wex_cancel" : "signals", wex_strerror(ret), *el, wex_last_error(c));
+	printf("%s while wexd is away, %s: %s after %.2f s: %s\n",
+	       sync == 2 ? "publish" : sync ? "sync" : "begin_write", cancel ? "wex_cancel" : "signals",
+	       wex_strerror(ret), *el, wex_last_error(c));
 	return ret;
 }
 
@@ -115,6 +119,14 @@ int main(void)
 	T_WEX(p.c, wex_begin_write(p.c, 2, 5000));
 	ex_fill(p.base, p.t, (size_t)p.n, 2, 1);
 	t_wexd_kill(&d);
+	/* Its tries (up to the client's timeout, 30 s here) end as a wait's
+	 * do: they ran that long, whatever came. */
+	ret = kicked(p.c, NULL, 2, &el);
+	T_ASSERT(ret == -EINTR && el < 5.0, "publish: %s after %.2f s, not -EINTR at once",
+		 wex_strerror(ret), el);
+	ret = kicked(p.c, p.c, 2, &el);
+	T_ASSERT(ret == -ECANCELED && el < 5.0, "publish: %s after %.2f s, not -ECANCELED",
+		 wex_strerror(ret), el);
 	{
 		/* (wexd is started by this thread: it dies with the thread
 		 * that started it, PR_SET_PDEATHSIG.) */

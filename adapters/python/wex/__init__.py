@@ -488,6 +488,7 @@ class Client:
             raise WexError(-ret, "wex_client_open: %s" % (why or L.wex_strerror(ret).decode()))
         self._h = h
         self._lib = L
+        self._timeout_ms = timeout_ms
         self._regions = []  # (address, size) of what reserve() returned
         self._attached = []  # what holds the attached buffers (torch_util.attach_module)
 
@@ -510,7 +511,11 @@ class Client:
         from here.  Where none raises, the call is made again with what
         is left of timeout_ms (the whole default again when 0), unless
         cancel() was called meanwhile (WexError ECANCELED)."""
-        end = time.monotonic() + timeout_ms / 1000.0 if timeout_ms else None
+        # (0: the client's timeout_ms when given, as libwex reads 0; the
+        # re-calls after a signal then get what is left of it, not all of
+        # it again.)
+        budget = timeout_ms or getattr(self, "_timeout_ms", None) or 0
+        end = time.monotonic() + budget / 1000.0 if budget else None
         with self._lock:
             cancels = self._cancels
             while True:
@@ -525,7 +530,7 @@ class Client:
                     left = end - time.monotonic()
                     if left <= 0:
                         raise WexError(errno.ETIMEDOUT, "%s: no answer within %d ms (its "
-                                       "wait was interrupted by signals)" % (what, timeout_ms))
+                                       "wait was interrupted by signals)" % (what, budget))
                     timeout_ms = max(1, int(left * 1000))
 
     def _track(self, obj):
@@ -664,7 +669,11 @@ class Client:
                         _uint(timeout_ms, 32, "timeout_ms"), lambda t: (v, t))
 
     def publish(self, version):
-        self._call("publish", self._lib.wex_publish, _uint(version, 64, "version"))
+        v = _uint(version, 64, "version")
+        # (libwex tries again while no wexd answers, up to the client's
+        # timeout; a signal ends those tries: -EINTR, called again.)
+        self._call_wait("publish", lambda h, _t: self._lib.wex_publish(h, v), 0,
+                        lambda t: (t,))
 
     # Consumers ---------------------------------------------------------
 
