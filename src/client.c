@@ -956,6 +956,7 @@ static int reconnect_once(struct wex_client *c, int *greeted)
 	/* Regions restored under a lease the old connection took with it
 	 * are whole only if the new wexd gives that lease back. */
 	int doubt = c->restore_unconfirmed, reclaimed = 0, ret;
+	uint64_t limit;
 
 	c->restore_unconfirmed = 0;
 	state_lock(c); /* a fork copies this fd only with c->fd naming it */
@@ -963,10 +964,10 @@ static int reconnect_once(struct wex_client *c, int *greeted)
 	state_unlock(c);
 	/* A full queue (a hung wexd) is waited on as long as a reply would
 	 * be; the watch never waits: it could not be stopped then. */
+	limit = reply_limit_ms(c->timeout_ms);
 	ret = c->fd < 0 ? c->fd :
 			  wex_sock_connect_fd(c->fd, c->sock,
-					      cancel_fd >= 0 ? 0 : (int)(reply_limit_ms(c->timeout_ms) > INT_MAX ? INT_MAX :
-									      reply_limit_ms(c->timeout_ms)));
+					      cancel_fd >= 0 ? 0 : limit > INT_MAX ? INT_MAX : (int)limit);
 	if (ret < 0) {
 		if (c->fd < 0)
 			c->fd = -1;
@@ -2265,10 +2266,6 @@ static int send_layout(struct wex_client *c)
 	return send_table(c, "attach", c->layout, c->nlayout);
 }
 
-/* Refuses two tensors of a layout whose bytes (first to last, strides
- * included) overlap, naming both: a copy would write one over the other
- * (a verify then fails whatever is synced), in the caller's memory or in
- * the client's regions alike.  `order` is the address order. */
 /* Whether a and b are the same elements at the same address (a tensor
  * under two names: tied weights, as reserve_like mirrors a producer's). */
 static int same_view(const struct wex_tensor *a, const struct wex_tensor *b)
@@ -2282,6 +2279,10 @@ static int same_view(const struct wex_tensor *a, const struct wex_tensor *b)
 	return 1;
 }
 
+/* Refuses two tensors of a layout whose bytes (first to last, strides
+ * included) overlap, naming both: a copy would write one over the other
+ * (a verify then fails whatever is synced), in the caller's memory or in
+ * the client's regions alike.  `order` is the address order. */
 static int attach_disjoint(struct wex_client *c, const struct wex_tensor *t, size_t n,
 			   const size_t *order)
 {
@@ -3333,6 +3334,17 @@ static void report_verify(struct wex_client *c, json_t *v)
 		json_decref(v);
 }
 
+/* A sync acquiring again (after a restart, or wexd away) waits what is
+ * left of its timeout_ms since t0 (the client's if it gave none), at
+ * least a moment for a version already published; 0 with neither. */
+static uint32_t wait_left(const struct wex_client *c, uint32_t timeout_ms, uint64_t t0)
+{
+	uint32_t limit = timeout_ms ? timeout_ms : c->timeout_set ? c->timeout_ms : 0;
+	uint64_t spent = (wex__now_ns() - t0) / 1000000ull;
+
+	return !limit ? 0 : spent + 1 >= limit ? 1 : (uint32_t)(limit - spent);
+}
+
 static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
 		 struct wex_sync_result *res)
 {
@@ -3423,11 +3435,7 @@ again:
 		 * Not after ESHUTDOWN: a draining wexd's answer to a sync. */
 		if (!c->has_lease && ret != -ESHUTDOWN && daemon_gone(ret) &&
 		    (ret = away_retry(c, ret, "sync", t0 + (uint64_t)away_ms * 1000000ull, &nap_ms)) == 0) {
-			uint32_t limit = timeout_ms ? timeout_ms : c->timeout_set ? c->timeout_ms : 0;
-			uint64_t spent = (wex__now_ns() - t0) / 1000000ull;
-
-			if (limit)
-				timeout_ms = spent + 1 >= limit ? 1 : (uint32_t)(limit - spent);
+			timeout_ms = wait_left(c, timeout_ms, t0);
 			goto again;
 		}
 		return ret;
@@ -3470,14 +3478,8 @@ again:
 		c->lease_lost = 0;
 		c->fetched = 0;
 		if (!retried++) {
-			/* Within the caller's timeout, not a second one: the
-			 * acquire there waits what is left of it (at least a
-			 * moment, for a version already published). */
-			uint32_t limit = timeout_ms ? timeout_ms : c->timeout_set ? c->timeout_ms : 0;
-			uint64_t spent = (wex__now_ns() - t0) / 1000000ull;
-
-			if (limit)
-				timeout_ms = spent + 1 >= limit ? 1 : (uint32_t)(limit - spent);
+			/* Within the caller's timeout, not a second one. */
+			timeout_ms = wait_left(c, timeout_ms, t0);
 			goto again;
 		}
 		if (back) {

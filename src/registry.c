@@ -48,6 +48,13 @@ static void model_invalidate(struct model *m)
 	m->tables_fd = -1;
 }
 
+/* What to do about err, when it says wexd has no fd left. */
+static const char *fds_hint(int err)
+{
+	return err == -EMFILE || err == -ENFILE ?
+		       " (wexd is out of file descriptors: raise max_open_files or LimitNOFILE=)" : "";
+}
+
 static void plan_entry_free(struct plan_entry *p)
 {
 	if (p->fd >= 0)
@@ -1587,8 +1594,7 @@ static struct plan_entry *plan_get(struct model *m, struct conn *c, char *err, s
 	if (p->fd < 0) {
 		*ret = p->fd;
 		snprintf(err, errlen, "cannot make the plan's sealed memfd: %s%s", strerror(-p->fd),
-			 p->fd == -EMFILE || p->fd == -ENFILE ?
-				 " (wexd is out of file descriptors: raise max_open_files or LimitNOFILE=)" : "");
+			 fds_hint(p->fd));
 		wex__plan_free(p->plan);
 		free(p);
 		return NULL;
@@ -1662,9 +1668,7 @@ json_t *wexd_fetch(struct wexd *d, struct conn *c, json_t *req)
 		if (ret < 0) {
 			json_decref(reply);
 			return wex__reply_error(ret, "fetch: cannot make the tensor tables' sealed memfd: %s%s",
-						strerror(-ret),
-						ret == -EMFILE || ret == -ENFILE ?
-							" (wexd is out of file descriptors: raise max_open_files or LimitNOFILE=)" : "");
+						strerror(-ret), fds_hint(ret));
 		}
 		json_object_set_new(reply, "tables_fd", json_integer(nfds));
 		fds[nfds++] = ret;

@@ -162,13 +162,9 @@ class Binding(WexdProducerCase):
         self.assertTrue(st["ok"])
         self.assertIn(MODEL, [m["name"] for m in st["models"]])
 
-    def test_cancel(self):
-        """Client.cancel() from another thread ends a sync's wait for a
-        version: WexError ECANCELED there; idle or closed: False."""
-        c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="cancel", timeout_ms=10000)
-        self.assertFalse(c.cancel())
-        out = {}
-
+    def waiting_sync(self, c, out):
+        """A thread whose sync of c waits for a version never published
+        (30 s at most); what it returned or raised goes in out["r"]."""
         def sync():
             try:
                 out["r"] = c.sync(wex.SYNC_REMAP_VIEW, min_version=1 << 40, timeout_ms=30000)
@@ -176,6 +172,16 @@ class Binding(WexdProducerCase):
                 out["r"] = e
         t = threading.Thread(target=sync, daemon=True)
         t.start()
+        return t
+
+    def test_cancel(self):
+        """Client.cancel() from another thread ends a sync's wait for a
+        version: WexError ECANCELED there; idle or closed: False."""
+        c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="cancel", timeout_ms=10000)
+        self.assertFalse(c.cancel())
+        out = {}
+
+        t = self.waiting_sync(c, out)
         t0 = time.monotonic()
         # Once wexd lists it waiting: the cancel ends wexd's wait.
         self.await_acquire("cancel")
@@ -197,9 +203,8 @@ class Binding(WexdProducerCase):
         c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="cancel-close", timeout_ms=10000)
         holder = type("Holder", (), {})()
         c._track(holder)
-        t = threading.Thread(target=sync, daemon=True)
         out.clear()
-        t.start()
+        t = self.waiting_sync(c, out)
         t0 = time.monotonic()
         self.await_acquire("cancel-close")
 
@@ -218,9 +223,8 @@ class Binding(WexdProducerCase):
         self.assertIsNotNone(c._h, "closed under a live tensor")
         self.assertEqual(out["r"].code, errno.ECANCELED)
         # close(force=True) while a sync waits: cancelled, closed.
-        t = threading.Thread(target=sync, daemon=True)
         out.clear()
-        t.start()
+        t = self.waiting_sync(c, out)
         t0 = time.monotonic()
         self.await_acquire("cancel-close")
         c.close(force=True)
@@ -249,13 +253,7 @@ class Binding(WexdProducerCase):
         self.assertIsNotNone(c._h, "closed under a live tensor")
         out = {}
 
-        def sync():
-            try:
-                out["r"] = c.sync(wex.SYNC_REMAP_VIEW, min_version=1 << 40, timeout_ms=30000)
-            except wex.WexError as e:
-                out["r"] = e
-        t = threading.Thread(target=sync, daemon=True)
-        t.start()
+        t = self.waiting_sync(c, out)
         self.await_acquire("finalizer")
         t0 = time.monotonic()
         del holder

@@ -64,6 +64,33 @@ static pid_t start_wexd(const char *bin)
 	return pid;
 }
 
+/* A producer: rank 0 of model "policy", the tiny model in a host
+ * segment, with v1 published (prod_v1: 0, else -1). */
+struct prod {
+	wex_client_t *c;
+	struct wex_tensor *t;
+	int n;
+	void *base;
+};
+
+static int prod_v1(struct prod *w)
+{
+	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
+				       .role = WEX_ROLE_PRODUCER, .model = "policy" };
+	struct ex_cfg cfg;
+	uint64_t bytes;
+	uint32_t seg;
+
+	ex_cfg_preset(&cfg, "tiny");
+	w->n = ex_shards(&cfg, 0, 1, &w->t, &bytes);
+	if (wex_client_open(&p, &w->c) ||
+	    wex_segment_alloc(w->c, WEX_SEG_HOST, 0, bytes, &seg, &w->base) ||
+	    wex_register_tensors(w->c, w->t, (size_t)w->n) || wex_begin_write(w->c, 1, 0))
+		return -1;
+	ex_fill(w->base, w->t, (size_t)w->n, 1, 1);
+	return wex_publish(w->c, 1) ? -1 : 0;
+}
+
 static pid_t start_producer(int *cmd_w)
 {
 	int cmd[2], ack[2];
@@ -73,24 +100,10 @@ static pid_t start_producer(int *cmd_w)
 	CHECK(pipe(cmd) == 0 && pipe(ack) == 0, "pipe");
 	pid = fork();
 	if (pid == 0) {
-		struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
-					       .role = WEX_ROLE_PRODUCER, .model = "policy" };
-		struct wex_tensor *t;
-		struct ex_cfg cfg;
-		uint64_t bytes;
-		wex_client_t *c;
-		uint32_t seg;
-		void *base;
-		int n;
+		struct prod w;
 
 		close(cmd[1]); /* so that the lead's close is our EOF */
-		ex_cfg_preset(&cfg, "tiny");
-		n = ex_shards(&cfg, 0, 1, &t, &bytes);
-		if (wex_client_open(&p, &c) || wex_segment_alloc(c, WEX_SEG_HOST, 0, bytes, &seg, &base) ||
-		    wex_register_tensors(c, t, (size_t)n) || wex_begin_write(c, 1, 0))
-			_exit(1);
-		ex_fill(base, t, (size_t)n, 1, 1);
-		if (wex_publish(c, 1))
+		if (prod_v1(&w))
 			_exit(1);
 		(void)!write(ack[1], "r", 1);
 		(void)!read(cmd[0], &a, 1); /* hold until told, or until the pipe closes */
@@ -166,25 +179,14 @@ static void copy_consumer(void)
 
 static void copy_in_flight(const char *bin)
 {
-	struct wex_client_params pp = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
-					.role = WEX_ROLE_PRODUCER, .model = "policy" };
-	struct wex_tensor *t;
-	struct ex_cfg cfg;
 	wex_client_t *p, *admin;
-	uint64_t bytes;
-	uint32_t seg;
-	void *base;
+	struct prod w;
 	pid_t wexd, cons;
-	int n, st;
+	int st;
 
 	wexd = start_wexd(bin);
-	ex_cfg_preset(&cfg, "tiny");
-	n = ex_shards(&cfg, 0, 1, &t, &bytes);
-	CHECK(wex_client_open(&pp, &p) == 0, "producer open");
-	CHECK(wex_segment_alloc(p, WEX_SEG_HOST, 0, bytes, &seg, &base) == 0 &&
-	      wex_register_tensors(p, t, (size_t)n) == 0 && wex_begin_write(p, 1, 0) == 0, "producer setup");
-	ex_fill(base, t, (size_t)n, 1, 1);
-	CHECK(wex_publish(p, 1) == 0, "publish v1");
+	CHECK(prod_v1(&w) == 0, "producer: v1");
+	p = w.c;
 	cons = fork();
 	if (cons == 0)
 		copy_consumer();
@@ -192,7 +194,7 @@ static void copy_in_flight(const char *bin)
 	wait_for_waiter(admin);
 	wex_client_close(admin);
 	CHECK(wex_begin_write(p, 2, 0) == 0, "begin_write v2");
-	ex_fill(base, t, (size_t)n, 2, 1);
+	ex_fill(w.base, w.t, (size_t)w.n, 2, 1);
 	/* The consumer takes its answer in late: the acquire is answered (a
 	 * copy lease the drain waits for) and the fetch comes in the drain. */
 	kill(cons, SIGSTOP);
@@ -207,7 +209,7 @@ static void copy_in_flight(const char *bin)
 	CHECK(waitpid(wexd, &st, 0) == wexd && WIFEXITED(st) && WEXITSTATUS(st) == 0,
 	      "wexd did not exit cleanly after the copy (status %d)", st);
 	wex_client_close(p);
-	free(t);
+	free(w.t);
 }
 
 /* Part 4: the producer, forked, begins writing v2 when told, and writes
@@ -222,36 +224,23 @@ static pid_t writer(int *go_w, int *res_r)
 	CHECK(pipe2(go, O_CLOEXEC) == 0 && pipe2(res, O_CLOEXEC) == 0 && pipe2(ack, O_CLOEXEC) == 0, "pipe");
 	pid = fork();
 	if (pid == 0) {
-		struct wex_client_params pp = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
-						.role = WEX_ROLE_PRODUCER, .model = "policy" };
-		struct wex_tensor *t;
-		struct ex_cfg cfg;
-		wex_client_t *p;
-		uint64_t bytes;
-		uint32_t seg;
-		void *base;
-		int n, ret;
+		struct prod w;
+		int ret;
 
 		close(go[1]); /* (so that the lead's close is our EOF) */
 		close(res[0]);
-		ex_cfg_preset(&cfg, "tiny");
-		n = ex_shards(&cfg, 0, 1, &t, &bytes);
-		if (wex_client_open(&pp, &p) || wex_segment_alloc(p, WEX_SEG_HOST, 0, bytes, &seg, &base) ||
-		    wex_register_tensors(p, t, (size_t)n) || wex_begin_write(p, 1, 0))
-			_exit(1);
-		ex_fill(base, t, (size_t)n, 1, 1);
-		if (wex_publish(p, 1))
+		if (prod_v1(&w))
 			_exit(1);
 		(void)!write(ack[1], "r", 1);
 		if (read(go[0], &a, 1) != 1)
 			_exit(1);
-		ret = wex_begin_write(p, 2, 20000);
+		ret = wex_begin_write(w.c, 2, 20000);
 		if (ret)
-			fprintf(stderr, "begin_write v2: %s\n", wex_last_error(p));
+			fprintf(stderr, "begin_write v2: %s\n", wex_last_error(w.c));
 		if (!ret) {
-			ex_fill(base, t, (size_t)n, 2, 1);
-			if ((ret = wex_publish(p, 2)))
-				fprintf(stderr, "publish v2: %s\n", wex_last_error(p));
+			ex_fill(w.base, w.t, (size_t)w.n, 2, 1);
+			if ((ret = wex_publish(w.c, 2)))
+				fprintf(stderr, "publish v2: %s\n", wex_last_error(w.c));
 		}
 		(void)!write(res[1], &ret, sizeof(ret));
 		(void)!read(go[0], &a, 1); /* holds v2 until the lead closes go */
