@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -86,6 +87,61 @@ static int unlink_stale(const char *path)
 		return -EEXIST;
 	/* (Another user's, in a sticky directory such as /tmp: EPERM.) */
 	return unlink(path) < 0 ? -errno : 0;
+}
+
+int wex_sock_lock(const char *path, pid_t *holder, const char **step)
+{
+	char lock[PATH_MAX], buf[32];
+	const char *unused;
+	struct stat st;
+	ssize_t n;
+	int fd, ret;
+
+	if (!step)
+		step = &unused;
+	*holder = 0;
+	*step = "path";
+	if ((size_t)snprintf(lock, sizeof(lock), "%s.lock", path) >= sizeof(lock))
+		return -ENAMETOOLONG;
+	*step = "mkdir of its directory";
+	ret = mkdir_parent(path);
+	if (ret < 0)
+		return ret;
+	*step = "open its lock file";
+	fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	/* A lock file anyone may write lets anyone hold wexd off. */
+	*step = "check its lock file";
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+		close(fd);
+		return -EPERM;
+	}
+	*step = "lock its lock file";
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		ret = -errno;
+		if (ret == -EWOULDBLOCK) {
+			/* The holder writes its pid right after it locks: a
+			 * holder caught before that reads as 0. */
+			n = pread(fd, buf, sizeof(buf) - 1, 0);
+			if (n > 0) {
+				buf[n] = '\0';
+				*holder = (pid_t)strtol(buf, NULL, 10);
+			}
+			*step = "check for a running daemon";
+			ret = -EADDRINUSE;
+		}
+		close(fd);
+		return ret;
+	}
+	n = snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
+	if (ftruncate(fd, 0) < 0 || pwrite(fd, buf, (size_t)n, 0) != n) {
+		ret = -errno;
+		*step = "write its pid into its lock file";
+		close(fd);
+		return ret;
+	}
+	return fd;
 }
 
 int wex_sock_listen(const char *path, int mode, gid_t gid, const char **step)

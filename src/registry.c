@@ -151,7 +151,7 @@ static void model_free(struct wexd *d, struct model *m)
 	free(m->ranks);
 	while (m->groups)
 		group_free(m, m->groups);
-	wexd_verify_forget(m);
+	wexd_verify_forget(d, m);
 	plans_free(m);
 	if (m->tables_fd >= 0)
 		close(m->tables_fd);
@@ -300,6 +300,7 @@ static struct model *model_get(struct wexd *d, const char *name, uint32_t world,
 	}
 	m->next = d->models;
 	d->models = m;
+	wexd_verify_model_made(d, m);
 	return m;
 }
 
@@ -1130,8 +1131,10 @@ json_t *wexd_begin_write(struct wexd *d, struct conn *c, json_t *req)
 						"ranks write the same version", (long long)v, i,
 						(unsigned long long)o->wait_version);
 	}
+	/* Begun already: nothing waited, so no waited_ms (wexd_send would
+	 * observe it in wex_begin_write_wait_seconds). */
 	if (r->writing == (uint64_t)v)
-		return json_pack("{s:b, s:I, s:f}", "ok", 1, "version", v, "waited_ms", 0.0);
+		return json_pack("{s:b, s:I, s:b}", "ok", 1, "version", v, "again", 1);
 	if (!r->has_table)
 		return wex__reply_error(-EINVAL, "begin_write: register tensors first");
 	/* (Draining too: it waits on, and at wexd's exit libwex sends it

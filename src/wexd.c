@@ -665,7 +665,7 @@ static void wexd_take_report(struct conn *c, json_t *r)
 			&bytes, "seconds", &secs) < 0 || !one_of(mode, modes, WEX_ARRAY_SIZE(modes)))
 		return;
 	/* A verification (wexctl verify) answered with this sync. */
-	wexd_verify_take(c->d, c, mode, json_object_get(r, "verify"));
+	wexd_verify_take(c, mode, json_object_get(r, "verify"));
 	if (!one_of(backend, backends, WEX_ARRAY_SIZE(backends)) || bytes < 0 ||
 	    (uint64_t)bytes > c->model->bytes_peak || !(secs >= 0 && secs <= 86400))
 		return;
@@ -989,7 +989,7 @@ int main(int argc, char **argv)
 		{ "config", required_argument, NULL, 'c' }, { "log-level", required_argument, NULL, 'l' },
 		{ "help", no_argument, NULL, 'h' },          { 0 }
 	};
-	struct wexd d = { .listen_fd = -1, .sig_fd = -1, .journal.dirfd = -1, .msg_max = WEX_MSG_MAX_DEFAULT,
+	struct wexd d = { .listen_fd = -1, .lock_fd = -1, .sig_fd = -1, .journal.dirfd = -1, .msg_max = WEX_MSG_MAX_DEFAULT,
 			  .begin_write_timeout_ms = 30000, .sync_timeout_ms = 60000 };
 	const char *io = NULL, *sock = NULL, *cfg = NULL, *level = NULL, *s;
 	char err[512] = "", buf[PATH_MAX];
@@ -1137,7 +1137,27 @@ int main(int argc, char **argv)
 		gid_t gid = d.cfg.socket_group.gid >= 0 ? (gid_t)d.cfg.socket_group.gid : (gid_t)-1;
 
 		const char *step = "";
+		pid_t holder;
 
+		d.lock_fd = wex_sock_lock(d.socket_path, &holder, &step);
+		if (d.lock_fd < 0) {
+			if (d.lock_fd == -EADDRINUSE && holder > 0)
+				wex_error("wexd", "cannot listen on %s: another wexd (pid %d) holds %s.lock",
+					  d.socket_path, (int)holder, d.socket_path);
+			else if (d.lock_fd == -EADDRINUSE)
+				wex_error("wexd", "cannot listen on %s: another wexd, starting, holds %s.lock",
+					  d.socket_path, d.socket_path);
+			else
+				wex_error("wexd", "cannot listen on %s: %s %s.lock%s: %s", d.socket_path,
+					  step, d.socket_path,
+					  d.lock_fd == -EPERM || d.lock_fd == -EACCES
+						  ? " (not a file of this user's: another user's? remove "
+						    "it, or choose another path: socket, --socket, "
+						    "WEX_SOCKET)"
+						  : "",
+					  strerror(-d.lock_fd));
+			return 1;
+		}
 		d.listen_fd = wex_sock_listen(d.socket_path, mode, gid, &step);
 		if (d.listen_fd < 0) {
 			char what[128] = "";
@@ -1245,11 +1265,15 @@ int main(int argc, char **argv)
 	for (int i = 0; i < 100 && d.nconns; i++)
 		d.loop.ops->run_once(&d.loop, 10);
 	wexd_held_exit(&d);
+	wexd_verify_free(&d);
 	wex__journal_close(&d.journal);
 	if (d.socket_owned && stat(d.socket_path, &st) == 0 && st.st_dev == d.socket_dev &&
 	    st.st_ino == d.socket_ino)
 		unlink(d.socket_path);
 	close(d.listen_fd);
+	/* Only now may the next wexd take the path. */
+	if (d.lock_fd >= 0)
+		close(d.lock_fd);
 	close(d.sig_fd);
 	d.loop.ops->fini(&d.loop);
 	wex__config_free(&d.cfg);

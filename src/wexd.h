@@ -84,6 +84,7 @@ struct conn {
 	uint64_t last_sync_ns;
 	unsigned fallbacks; /* WEX_FB_* its syncs have reported (status) */
 	uint64_t connected_ns;
+	uint64_t verify_asked; /* the newest ask (ticket) this rank was told of */
 	uint64_t verify_done; /* the newest ask (ticket) this rank answered */
 	struct verify_rec verify;   /* its last verification, whoever asked */
 	struct verify_rec answered; /* its answer to the ask verify_done */
@@ -143,6 +144,7 @@ struct cgroup {
  * wexd_hello makes for the same name when an engine comes back is asked
  * from here. */
 struct verify_stand {
+	char model[WEX_NAME_MAX]; /* (set while on wexd's verify_orphans) */
 	char group[WEX_NAME_MAX];
 	uint32_t world;
 	uint64_t ticket;
@@ -212,6 +214,9 @@ struct wexd {
 	struct wex_loop_watch listener;
 	struct wex_loop_watch sigw;
 	int listen_fd;
+	/* Held flock on <socket>.lock while wexd owns the path (-1: passed by
+	 * systemd). */
+	int lock_fd;
 	int sig_fd;
 	char socket_path[PATH_MAX];
 	int socket_owned;
@@ -245,6 +250,9 @@ struct wexd {
 	uint64_t held_checked_ns;
 	int round_passed; /* an acquire passed its group's round (service_waiters) */
 	uint64_t verify_seq; /* the last ticket wexctl verify was given */
+	/* Asks standing for models that went with their last client, until
+	 * a client makes the model again or they stop standing. */
+	struct verify_stand *verify_orphans;
 };
 
 /* registry.c: request handlers.  Each returns a reply (new reference), or
@@ -272,10 +280,15 @@ json_t *wexd_plans_json(struct wexd *d);
 json_t *wexd_verify(struct wexd *d, struct conn *c, json_t *req);
 void wexd_verify_ask(struct conn *c, json_t *reply);
 /* A group wexd_hello just made takes the ask standing for its name, if
- * any; the model's standing asks are freed with it (wexd_verify_forget). */
+ * any. */
 void wexd_verify_group_made(struct model *m, struct cgroup *g);
-void wexd_verify_forget(struct model *m);
-void wexd_verify_take(struct wexd *d, struct conn *c, const char *mode, json_t *v);
+/* A model that goes leaves its standing asks with wexd, and one made
+ * again takes them back: an ask survives a restart of every client of its
+ * model (wexd_verify_free at wexd's exit frees what is left). */
+void wexd_verify_forget(struct wexd *d, struct model *m);
+void wexd_verify_model_made(struct wexd *d, struct model *m);
+void wexd_verify_free(struct wexd *d);
+void wexd_verify_take(struct conn *c, const char *mode, json_t *v);
 json_t *wexd_verify_json(const struct conn *c);
 
 /* A "cancel" request: ends the connection's wait (begin_write, acquire)

@@ -14,7 +14,9 @@
  * ask nobody waits on.  A group goes when its last rank leaves, so the ask
  * is also kept on the model, by group name, while it stands: an engine
  * whose ranks all restart within it makes the group again, asked, and a
- * poll meanwhile reports its ranks absent.
+ * poll meanwhile reports its ranks absent.  A model goes with its last
+ * client, so its standing asks then wait with wexd (verify_orphans) for
+ * a client to make it again.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -37,11 +39,10 @@ static struct model *find_model(struct wexd *d, const char *name)
 	return NULL;
 }
 
-/* Frees m's asks that no longer stand. */
-static void stands_prune(struct model *m)
+/* Frees the asks of a list that no longer stand. */
+static void prune_list(struct verify_stand **sp)
 {
 	uint64_t now = wex__now_ns();
-	struct verify_stand **sp = &m->verify_stands;
 
 	while (*sp) {
 		struct verify_stand *s = *sp;
@@ -53,6 +54,11 @@ static void stands_prune(struct model *m)
 		*sp = s->next;
 		free(s);
 	}
+}
+
+static void stands_prune(struct model *m)
+{
+	prune_list(&m->verify_stands);
 }
 
 static struct verify_stand *stand_find(struct model *m, const char *group)
@@ -84,12 +90,44 @@ void wexd_verify_group_made(struct model *m, struct cgroup *g)
 	g->verify_until_ns = s->until_ns;
 }
 
-void wexd_verify_forget(struct model *m)
+void wexd_verify_forget(struct wexd *d, struct model *m)
 {
+	stands_prune(m);
+	prune_list(&d->verify_orphans);
 	while (m->verify_stands) {
 		struct verify_stand *s = m->verify_stands;
 
 		m->verify_stands = s->next;
+		memcpy(s->model, m->name, sizeof(s->model));
+		s->next = d->verify_orphans;
+		d->verify_orphans = s;
+	}
+}
+
+void wexd_verify_model_made(struct wexd *d, struct model *m)
+{
+	struct verify_stand **sp = &d->verify_orphans;
+
+	prune_list(sp);
+	while (*sp) {
+		struct verify_stand *s = *sp;
+
+		if (strcmp(s->model, m->name)) {
+			sp = &s->next;
+			continue;
+		}
+		*sp = s->next;
+		s->next = m->verify_stands;
+		m->verify_stands = s;
+	}
+}
+
+void wexd_verify_free(struct wexd *d)
+{
+	while (d->verify_orphans) {
+		struct verify_stand *s = d->verify_orphans;
+
+		d->verify_orphans = s->next;
 		free(s);
 	}
 }
@@ -98,8 +136,10 @@ void wexd_verify_ask(struct conn *c, json_t *reply)
 {
 	struct cgroup *g = c->group;
 
-	if (g && g->verify_ticket > c->verify_done && wex__now_ns() < g->verify_until_ns)
+	if (g && g->verify_ticket > c->verify_done && wex__now_ns() < g->verify_until_ns) {
 		json_object_set_new(reply, "verify", json_integer((json_int_t)g->verify_ticket));
+		c->verify_asked = g->verify_ticket;
+	}
 }
 
 /* A client's string, kept for status and the log: control characters
@@ -114,7 +154,7 @@ static void copy_str(char *dst, size_t len, const char *src)
 			*p = '?';
 }
 
-void wexd_verify_take(struct wexd *d, struct conn *c, const char *mode, json_t *v)
+void wexd_verify_take(struct conn *c, const char *mode, json_t *v)
 {
 	struct verify_rec r = { 0 };
 	const char *result = NULL, *tensor = NULL, *why = NULL;
@@ -130,11 +170,19 @@ void wexd_verify_take(struct wexd *d, struct conn *c, const char *mode, json_t *
 	for (i = 0; i < sizeof(results) / sizeof(results[0]); i++)
 		if (!strcmp(result, results[i]))
 			break;
-	/* A ticket this wexd never gave, or negative figures: dropped. */
-	if (i == sizeof(results) / sizeof(results[0]) || ticket < 0 ||
-	    (uint64_t)ticket > d->verify_seq || version < 0 || bytes < 0 || differ < 0 ||
+	/* An unknown result or negative figures: dropped. */
+	if (i == sizeof(results) / sizeof(results[0]) || ticket < 0 || version < 0 || bytes < 0 || differ < 0 ||
 	    offset < 0 || !(secs >= 0 && secs <= 86400))
 		return;
+	/* An answer only to an ask this connection was told of: a ticket of
+	 * another group's ask, or one an earlier wexd gave, would mark an
+	 * ask answered that no sync of this rank verified. */
+	if ((uint64_t)ticket > c->verify_asked) {
+		wex_warn("verify", "model '%s' group '%s' rank %u (pid %d): reported ticket %lld, which it was never given (the last it was given: %llu); taken as its own verification",
+			 c->model ? c->model->name : "?", c->group ? c->group->name : "?", c->rank,
+			 (int)c->pid, (long long)ticket, (unsigned long long)c->verify_asked);
+		ticket = 0;
+	}
 	r.ticket = (uint64_t)ticket;
 	r.version = (uint64_t)version;
 	r.bytes = (uint64_t)bytes;
@@ -239,6 +287,35 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 	return json_pack("{s:s, s:i, s:o}", "name", g->name, "world", (int)g->world, "ranks", ranks);
 }
 
+/* Where the ranks of a group an ask stands for, gone for now, stand on
+ * `ticket`: every one absent (or the ask expired). */
+static json_t *gone_state(const struct verify_stand *s, uint64_t ticket)
+{
+	struct cgroup gone = { .world = s->world, .verify_ticket = s->ticket,
+			       .verify_asked_ns = s->asked_ns, .verify_until_ns = s->until_ns };
+
+	memcpy(gone.name, s->group, sizeof(gone.name));
+	return group_state(&gone, ticket);
+}
+
+/* A poll of an ask whose model went with its last client: the groups it
+ * asked that stand still, every rank absent (NULL: none). */
+static json_t *orphan_poll(struct wexd *d, const char *model, const char *group, uint64_t ticket)
+{
+	json_t *groups = NULL;
+
+	prune_list(&d->verify_orphans);
+	for (struct verify_stand *s = d->verify_orphans; s; s = s->next) {
+		if (strcmp(s->model, model) || (group && strcmp(s->group, group)) ||
+		    s->ticket < ticket)
+			continue;
+		if (!groups && !(groups = json_array()))
+			return NULL;
+		json_array_append_new(groups, gone_state(s, ticket));
+	}
+	return groups;
+}
+
 json_t *wexd_verify(struct wexd *d, struct conn *c, json_t *req)
 {
 	const char *model = NULL, *group = NULL;
@@ -256,6 +333,10 @@ json_t *wexd_verify(struct wexd *d, struct conn *c, json_t *req)
 		return wex__reply_error(-EINVAL, "verify: stand_ms %lld: 1 to 86400000 (how long the ask stands)",
 					(long long)stand);
 	m = find_model(d, model);
+	if (!m && ticket > 0 && (uint64_t)ticket <= d->verify_seq &&
+	    (groups = orphan_poll(d, model, group, (uint64_t)ticket)))
+		return json_pack("{s:b, s:I, s:s, s:I, s:o}", "ok", 1, "ticket", ticket, "model",
+				 model, "published", (json_int_t)0, "groups", groups);
 	if (!m)
 		return wex__reply_error(-ENOENT, "verify: wexd has no model '%.*s' (wexctl models lists them)",
 					WEX_NAME_MAX, model);
@@ -326,15 +407,10 @@ json_t *wexd_verify(struct wexd *d, struct conn *c, json_t *req)
 	/* Groups this ticket (or a later ask) asked that are gone for now:
 	 * every rank absent until an engine makes the group again. */
 	for (struct verify_stand *s = m->verify_stands; s; s = s->next) {
-		struct cgroup gone = { .world = s->world, .verify_ticket = s->ticket,
-				       .verify_asked_ns = s->asked_ns,
-				       .verify_until_ns = s->until_ns };
-
 		if ((group && strcmp(s->group, group)) || s->ticket < (uint64_t)ticket ||
 		    group_find(m, s->group))
 			continue;
-		memcpy(gone.name, s->group, sizeof(gone.name));
-		json_array_append_new(groups, group_state(&gone, (uint64_t)ticket));
+		json_array_append_new(groups, gone_state(s, (uint64_t)ticket));
 	}
 	return json_pack("{s:b, s:I, s:s, s:I, s:o}", "ok", 1, "ticket", ticket, "model", m->name,
 			 "published", (json_int_t)m->published, "groups", groups);

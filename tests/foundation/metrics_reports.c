@@ -198,6 +198,18 @@ int main(void)
 			 sample(text, "wex_begin_write_timeouts_total{model=\"" MODEL "\"}"));
 		free(text);
 		T_WEX(k.c, wex_release(k.c));
+		/* A begin_write of a version begun already waited for
+		 * nothing: no sample. */
+		text = metrics(d.sock);
+		n0 = sample(text, "wex_begin_write_wait_seconds_count");
+		free(text);
+		T_WEX(p.c, wex_begin_write(p.c, 2, 1000));
+		T_WEX(p.c, wex_begin_write(p.c, 2, 1000));
+		text = metrics(d.sock);
+		T_ASSERT(sample(text, "wex_begin_write_wait_seconds_count") == n0 + 1,
+			 "a begin_write repeated is observed: %g samples for one wait, was %g",
+			 sample(text, "wex_begin_write_wait_seconds_count"), n0);
+		free(text);
 	}
 
 	/* The consumer's last sync, a remap of v2, is reported with its next

@@ -92,23 +92,25 @@ static void wait_asked(const char *out)
 	}
 }
 
-/* Waits (up to 10 s) until wexd's status lists no group `group` of the
- * model: its last rank's connection dropped. */
-static void wait_group_gone(const char *group)
+/* Waits (up to 10 s) until wexd's status lists no group `group` of
+ * `model` (NULL: no model `model`): its last rank's (client's) connection
+ * dropped. */
+static void wait_gone(const char *model, const char *group)
 {
 	double t0 = t_now();
 
 	for (;;) {
-		json_t *st = t_status(d.sock), *g;
-		int there = 0;
+		json_t *st = t_status(d.sock), *m = t_status_model(st, model), *g;
+		int there = !group && m;
 		size_t i;
 
-		json_array_foreach(json_object_get(t_status_model(st, MODEL), "groups"), i, g)
-			there |= !strcmp(json_string_value(json_object_get(g, "name")) ?: "", group);
+		json_array_foreach(json_object_get(m, "groups"), i, g)
+			there |= group && !strcmp(json_string_value(json_object_get(g, "name")) ?: "", group);
 		json_decref(st);
 		if (!there)
 			return;
-		T_ASSERT(t_now() - t0 < 10, "group '%s' never left", group);
+		T_ASSERT(t_now() - t0 < 10, "model '%s' group '%s' never left", model,
+			 group ?: "(any)");
 		usleep(10000);
 	}
 }
@@ -154,13 +156,14 @@ static long verifications(wex_client_t *c)
 
 /* wexd's answer to a poll of `ticket` for group g: rank 0's state and
  * result ("" where there is none). */
-static void poll_ticket(wex_client_t *c, long ticket, char *state, char *result)
+static void poll_group(wex_client_t *c, const char *model, const char *group, long ticket,
+		       char *state, char *result)
 {
 	char args[128], *reply = NULL;
 	json_t *j, *r;
 
-	snprintf(args, sizeof(args), "{\"model\":\"%s\",\"group\":\"g\",\"ticket\":%ld}", MODEL,
-		 ticket);
+	snprintf(args, sizeof(args), "{\"model\":\"%s\",\"group\":\"%s\",\"ticket\":%ld}",
+		 model, group, ticket);
 	T_WEX(c, wex_request(c, "verify", args, &reply));
 	j = json_loads(reply, 0, NULL);
 	r = json_array_get(json_object_get(json_array_get(json_object_get(j, "groups"), 0),
@@ -170,6 +173,11 @@ static void poll_ticket(wex_client_t *c, long ticket, char *state, char *result)
 		 json_string_value(json_object_get(json_object_get(r, "verify"), "result")) ?: "");
 	json_decref(j);
 	wex_free(reply);
+}
+
+static void poll_ticket(wex_client_t *c, long ticket, char *state, char *result)
+{
+	poll_group(c, MODEL, "g", ticket, state, result);
 }
 
 static void library_checks(struct t_cons *k)
@@ -315,6 +323,43 @@ static void long_why_check(void)
 	wex_client_close(c);
 }
 
+/* A rank's report answers only an ask it was told of: one that names the
+ * ticket of an ask standing for its group, before any acquire of the rank
+ * carried it (no sync of the rank verified), is its own verification, and
+ * the ask stays pending. */
+static void forged_answer_check(void)
+{
+	wex_client_t *f = t_open(WEX_ROLE_CONSUMER, MODEL, "forge", 0, 1);
+	wex_client_t *adm = t_open(WEX_ROLE_ADMIN, NULL, NULL, 0, 0);
+	char *reply = NULL, *req, state[32], result[32];
+	json_t *j, *rep;
+	long ticket;
+
+	T_WEX(adm, wex_request(adm, "verify",
+			       "{\"model\":\"" MODEL "\",\"group\":\"forge\",\"stand_ms\":20000}",
+			       &reply));
+	j = json_loads(reply, 0, NULL);
+	ticket = (long)json_integer_value(json_object_get(j, "ticket"));
+	json_decref(j);
+	wex_free(reply);
+	T_ASSERT(ticket > 0, "no ticket for the ask");
+	rep = json_pack("{s:{s:s, s:I, s:f, s:{s:I, s:s, s:I}}}", "report", "mode", "copy",
+			"bytes", (json_int_t)0, "seconds", 0.0, "verify", "ticket",
+			(json_int_t)ticket, "result", "equal", "version", (json_int_t)1);
+	T_ASSERT(rep != NULL, "json_pack of the report");
+	req = json_dumps(rep, JSON_COMPACT);
+	json_decref(rep);
+	T_WEX(f, wex_request(f, "ping", req, &reply));
+	free(req);
+	wex_free(reply);
+	poll_group(adm, MODEL, "forge", ticket, state, result);
+	T_ASSERT(!strcmp(state, "pending"),
+		 "a report of ticket %ld no acquire gave the rank answered the ask: %s %s", ticket,
+		 state, result);
+	wex_client_close(adm);
+	wex_client_close(f);
+}
+
 static void wexctl_checks(struct t_cons *k)
 {
 	char out[400];
@@ -439,7 +484,7 @@ static void wexctl_checks(struct t_cons *k)
 
 		ticket = strtol(strstr(slurp(out), "(ticket ") + 8, NULL, 10);
 		t_cons_close(k);
-		wait_group_gone("g");
+		wait_gone(MODEL, "g");
 		poll_ticket(adm, ticket, state, result);
 		T_ASSERT(!strcmp(state, "absent"), "ticket %ld while the engine restarts: %s",
 			 ticket, state);
@@ -453,6 +498,46 @@ static void wexctl_checks(struct t_cons *k)
 		ret = t_wait(pid);
 		T_ASSERT(ret == 0 && strstr(slurp(out), " equal "),
 			 "wexctl verify across a restart: exit %d: %s", ret, slurp(out));
+		wex_client_close(adm);
+	}
+
+	/* Every client of a model restarts while an ask stands (trainer and
+	 * engine: wexd frees the model): the ask survives with wexd, a poll
+	 * meanwhile reports the rank absent, and the engine's first sync
+	 * once both are back verifies (wexctl exit 0). */
+	{
+		wex_client_t *adm = t_open(WEX_ROLE_ADMIN, NULL, NULL, 0, 1);
+		struct t_prod p2;
+		struct t_cons k2;
+		char state[32], result[32];
+		long before, ticket;
+
+		t_prod_open(&p2, MODEL "2", "tiny", 0, 1);
+		t_cons_open(&k2, MODEL "2", "g", "tiny", 0, 1);
+		t_prod_write(&p2, 1);
+		pid = wexctl_start(out, (const char *const[]){ "verify", MODEL "2", "--timeout",
+							      "20", NULL });
+		wait_asked(out);
+		ticket = strtol(strstr(slurp(out), "(ticket ") + 8, NULL, 10);
+		t_cons_close(&k2);
+		t_prod_close(&p2);
+		wait_gone(MODEL "2", NULL);
+		poll_group(adm, MODEL "2", "g", ticket, state, result);
+		T_ASSERT(!strcmp(state, "absent"), "ticket %ld while every client restarts: '%s'",
+			 ticket, state);
+		t_prod_open(&p2, MODEL "2", "tiny", 0, 1);
+		t_prod_write(&p2, 1);
+		t_cons_open(&k2, MODEL "2", "g", "tiny", 0, 1);
+		before = verifications(adm);
+		T_WEX(k2.c, wex_sync(k2.c, WEX_SYNC_COPY, 1, 5000, &r));
+		T_ASSERT(verifications(adm) == before + 1,
+			 "the first sync after the model came back did not verify");
+		ret = t_wait(pid);
+		T_ASSERT(ret == 0 && strstr(slurp(out), " equal "),
+			 "wexctl verify across a restart of the model's clients: exit %d: %s", ret,
+			 slurp(out));
+		t_cons_close(&k2);
+		t_prod_close(&p2);
 		wex_client_close(adm);
 	}
 
@@ -487,6 +572,7 @@ int main(int argc, char **argv)
 	fixed_outside_check();
 	no_layout_check();
 	long_why_check();
+	forged_answer_check();
 	wexctl_checks(&k);
 	t_cons_close(&k);
 	t_prod_close(&p);

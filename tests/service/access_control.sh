@@ -128,7 +128,7 @@ grep -q "cannot listen on $TMP/g/w.sock: chown to group root (gid 0; socket_grou
 	"$TMP/group.log" || fail "unclear socket_group error: $(cat "$TMP/group.log")"
 [ -e "$TMP/g/w.sock" ] && fail "the refused wexd left its socket behind"
 if "$WEXD" 2>"$TMP/twice.log"; then fail "a second wexd started on the same socket"; fi
-grep -q "cannot listen on $WEX_SOCKET: check for a running daemon: another wexd listens there" \
+grep -q "cannot listen on $WEX_SOCKET: another wexd (pid $WEXD_PID) holds $WEX_SOCKET.lock" \
 	"$TMP/twice.log" || fail "unclear error for a socket in use: $(cat "$TMP/twice.log")"
 # Group access goes by the groups the process holds (SO_PEERGROUPS), not
 # the group database: a member that dropped the group is refused, a user
