@@ -744,11 +744,45 @@ class EngineHooks(WexdProducerCase):
                           ({"ep_num_redundant_experts": 8}, "redundant"),
                           ({"init_expert_location": "/tmp/placement.json"}, "EPLB"),
                           ({"attn_cp_size": 2}, "context parallelism"),
-                          ({"moe_dp_size": 2}, "moe-dp-size")):
+                          ({"moe_dp_size": 2}, "moe-dp-size"),
+                          # sglang.srt.layers.moe.utils.MoeA2ABackend: only
+                          # deepep/mooncake are described (a2a=1).
+                          ({"moe_a2a_backend": "mori"}, "moe-a2a-backend mori"),
+                          ({"moe_a2a_backend": "flashinfer"}, "moe-a2a-backend flashinfer")):
             set_server_args("/m", **kw)
             with self.assertRaises(ValueError) as e:
                 wex.sglang.default_spec(wex.sglang.parallel_info())
             self.assertIn(words, str(e.exception), kw)
+        # SGLANG_SHARED_EXPERT_TP1 keeps the shared experts whole: refused.
+        set_server_args("/m")
+        self.addCleanup(os.environ.pop, "SGLANG_SHARED_EXPERT_TP1", None)
+        os.environ["SGLANG_SHARED_EXPERT_TP1"] = "1"
+        with self.assertRaises(ValueError) as e:
+            wex.sglang.default_spec(wex.sglang.parallel_info())
+        self.assertIn("SGLANG_SHARED_EXPERT_TP1", str(e.exception))
+        self.assertEqual(wex.sglang.default_spec(wex.sglang.parallel_info(), experts=False),
+                         "sglang:tp=8")
+        del os.environ["SGLANG_SHARED_EXPERT_TP1"]
+        # An embedding whole on every rank under dp-attention (SGLang before
+        # PR #17403, or SGLANG_ENABLE_EMBED_REPLICATION=1) is embed_rep=1.
+        set_server_args("/m", dp_size=4, enable_dp_attention=True)
+        par = wex.sglang.parallel_info()
+        with tempfile.TemporaryDirectory() as cd:
+            cfgp = os.path.join(cd, "config.json")
+            with open(cfgp, "w") as f:
+                json.dump({"vocab_size": 100}, f)
+            emb = torch.nn.Module()
+            emb.model = torch.nn.Module()
+            emb.model.embed_tokens = torch.nn.Embedding(128, 4)   # 100 padded to 64s: whole
+            self.assertTrue(wex.sglang._embed_whole(emb, par, cfgp))
+            emb.model.embed_tokens = torch.nn.Embedding(64, 4)    # split over attention TP 2
+            self.assertFalse(wex.sglang._embed_whole(emb, par, cfgp))
+            self.addCleanup(os.environ.pop, "SGLANG_ENABLE_EMBED_REPLICATION", None)
+            os.environ["SGLANG_ENABLE_EMBED_REPLICATION"] = "1"
+            self.assertTrue(wex.sglang._embed_whole(emb, par, cfgp))
+            del os.environ["SGLANG_ENABLE_EMBED_REPLICATION"]
+        self.assertEqual(wex.sglang.default_spec(par, embed_rep=True),
+                         "sglang:tp=8,dp=4,dp_attention=1,embed_rep=1")
         # An SGLang without get_global_server_args: the layout must be given.
         sa = sys.modules["sglang.srt.server_args"]
         real = sa.get_global_server_args

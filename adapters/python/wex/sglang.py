@@ -317,7 +317,8 @@ def _server_args():
         return None
     try:
         return get_global_server_args()
-    except ValueError:  # "Global server args is not set yet!" (not an SGLang worker)
+    except (ValueError, RuntimeError):  # "Global server args is not set yet!" (not an SGLang
+        # worker); RuntimeError: an SGLang that retired the call for runtime_context
         return None
 
 
@@ -346,6 +347,7 @@ def parallel_info():
         dp_lm_head=bool(getattr(sa, "enable_dp_lm_head", False)),
         dense_tp=getattr(sa, "moe_dense_tp_size", None) == 1,
         a2a=a2a in ("deepep", "mooncake") or bool(getattr(sa, "enable_deepep_moe", False)),
+        a2a_backend=a2a,
         eplb=bool(getattr(sa, "enable_eplb", False)) or
         int(getattr(sa, "ep_num_redundant_experts", 0) or 0) > 0 or
         location not in (None, "trivial"),
@@ -354,7 +356,13 @@ def parallel_info():
     return out
 
 
-def default_spec(par, fuse_shared=False, experts=True):
+def _env_on(name):
+    """Whether SGLang's boolean environment variable `name` is set true
+    (sglang.srt.environ EnvBool: "1"/"true"/"yes"/"on")."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on", "y", "t")
+
+
+def default_spec(par, fuse_shared=False, experts=True, embed_rep=False):
     """The sglang layout spec for this worker's parallel state; refuses
     what the layout cannot describe or a worker cannot place.  experts:
     whether the model has routed experts (--ep-size is left out of a dense
@@ -375,6 +383,19 @@ def default_spec(par, fuse_shared=False, experts=True):
         raise ValueError("attention context parallelism (attn_cp_size %d) and --moe-dp-size "
                          "(%d) are not described by the sglang layout"
                          % (par["attn_cp"], par["moe_dp"]))
+    # sglang.srt.layers.moe.utils.MoeA2ABackend: only deepep and mooncake are
+    # described (a2a=1); mori, nixl, flashinfer, ascend_fuseep, megamoe, ...
+    # place routed or shared experts otherwise.
+    if experts and _env_on("SGLANG_SHARED_EXPERT_TP1"):
+        # models/deepseek_v2.py DeepseekV2MoE: _shared_expert_use_tp1 ... or
+        # envs.SGLANG_SHARED_EXPERT_TP1.get() -> shared experts tp_size=1.
+        raise ValueError("SGLANG_SHARED_EXPERT_TP1 is set: SGLang keeps the shared experts whole "
+                         "on every rank, which the sglang layout does not describe; unset it "
+                         "or pass layout=")
+    if experts and par.get("a2a_backend") not in (None, "none", "deepep", "mooncake"):
+        raise ValueError("--moe-a2a-backend %s is not described by the sglang layout (only "
+                         "deepep and mooncake are: a2a=1); pass layout= if you know its "
+                         "placement" % par["a2a_backend"])
     spec = "sglang:tp=%d" % par["tp"]
     if par["pp"] > 1:
         spec += ",pp=%d" % par["pp"] + stages_from_env("SGLANG_PP_LAYER_PARTITION", par["pp"])
@@ -385,6 +406,8 @@ def default_spec(par, fuse_shared=False, experts=True):
     for key in ("dp_lm_head", "dense_tp", "a2a"):
         if par[key]:
             spec += ",%s=1" % key
+    if embed_rep and par["dp"] > 1 and par["dp_attention"]:
+        spec += ",embed_rep=1"
     if fuse_shared:
         spec += ",fuse_shared=1"
     return spec
@@ -415,6 +438,28 @@ def _ue8m0_requant(cfg):
     return isinstance(q, dict) and q.get("weight_block_size") is not None
 
 
+def _embed_whole(model, par, cfg):
+    """Whether SGLang keeps embed_tokens whole on every rank under
+    dp-attention (the sglang layout's embed_rep=1): with
+    SGLANG_ENABLE_EMBED_REPLICATION, and in every SGLang before PR #17403
+    (January 2026), which built it with enable_tp=not enable_dp_attention.
+    Seen in the model: its rows are the whole vocabulary padded to 64."""
+    if not (par.get("dp_attention") and par.get("dp", 1) > 1):
+        return False
+    if _env_on("SGLANG_ENABLE_EMBED_REPLICATION"):
+        return True
+    try:
+        with open(cfg) as f:
+            vocab = int(json.load(f)["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    for name, p in model.named_parameters():
+        if name.endswith("embed_tokens.weight"):
+            return p.dim() == 2 and p.shape[0] == -(-vocab // 64) * 64 and \
+                par["tp"] // par["dp"] > 1
+    return False
+
+
 def _attach(model, args):
     par = parallel_info()
     cfg = args.get("config") or config_path(par.get("model_path"), par.get("revision"))
@@ -432,7 +477,7 @@ def _attach(model, args):
             return None
     spec = args.get("layout") or default_spec(
         par, int(getattr(model, "num_fused_shared_experts", 0) or 0) > 0,
-        experts=has_experts(cfg))
+        experts=has_experts(cfg), embed_rep=_embed_whole(model, par, cfg))
     layout = wex.Layout(cfg, spec, args.get("adapters"))
     device = None
     for _, t in model.named_parameters():
