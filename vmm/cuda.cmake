@@ -105,6 +105,15 @@ if(WEX_HAVE_CUDA_HEADERS)
       TIMEOUT 300 LABELS cuda ENVIRONMENT
       "WEXD_BIN=$<TARGET_FILE:wexd>;WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_EMUL_MAPPED_${v}=1")
   endforeach()
+  # A driver whose pointer queries refuse a thread without a current
+  # context (CUDA_ERROR_INVALID_CONTEXT), as cuMemGetAddressRange does: no
+  # context is made for them where the process has none, a borrowed one is
+  # unbound again, and device 0 gets none in a process working on device 1.
+  foreach(t cuda_copy cuda_e2e cuda_released)
+    add_test(NAME ${t}_ptrctx_emul COMMAND ${t})
+    set_tests_properties(${t}_ptrctx_emul PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS cuda
+      ENVIRONMENT "WEXD_BIN=$<TARGET_FILE:wexd>;WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_EMUL_PTR_NEEDS_CTX=1;WEX_SRC=${CMAKE_SOURCE_DIR}")
+  endforeach()
   # A driver that counts a repeated cuIpcOpenMemHandle of one handle in a
   # context and returns the same pointer (cuda.h; the default emulation
   # refuses it, as older drivers do): each open must still get its close.

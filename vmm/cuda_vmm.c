@@ -31,6 +31,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "wex.h"
@@ -217,13 +218,59 @@ static int access_devs(int owner, int adev, int dev[2])
 	return adev != owner ? 2 : 1;
 }
 
+/* 1 if this process cannot open another fd. */
+static int out_of_fds(void)
+{
+	int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+
+	if (fd >= 0) {
+		close(fd);
+		return 0;
+	}
+	return errno == EMFILE;
+}
+
+/* Raises the soft limit on open files to the hard one, once it was hit:
+ * every exportable allocation holds an fd while it lives, and a trainer's
+ * memory pool can hold more allocations than the usual soft limit of
+ * 1024 (the allocation failed otherwise).  Only when hit: a process that
+ * never needs more keeps its limit (select() cannot watch fds past 1023).
+ * 1 if raised. */
+static int raise_fd_limit(void)
+{
+	struct rlimit rl;
+	rlim_t was;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= rl.rlim_max)
+		return 0;
+	was = rl.rlim_cur;
+	/* (Over fs.nr_open, 1048576 by default, setrlimit fails.) */
+	rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > (1u << 20) ? (1u << 20) : rl.rlim_max;
+	if (rl.rlim_cur <= was || setrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return 0;
+	wex_info("cuda", "raised this process's limit on open files from %llu to %llu: each exportable allocation holds an fd while it lives",
+		 (unsigned long long)was, (unsigned long long)rl.rlim_cur);
+	return 1;
+}
+
 /* Exports h as a close-on-exec fd (the driver's fd is inheritable). */
 static int export_fd(CUmemGenericAllocationHandle h, int *fd)
 {
+	struct rlimit rl = { 0 };
+	CUresult r;
 	int f = -1, ret;
 
-	ret = WEX_CU(wex__cu.cuMemExportToShareableHandle(&f, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-							  0));
+	r = wex__cu.cuMemExportToShareableHandle(&f, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+	if (r != CUDA_SUCCESS && out_of_fds() && raise_fd_limit())
+		r = wex__cu.cuMemExportToShareableHandle(&f, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+							 0);
+	if (r != CUDA_SUCCESS && out_of_fds()) {
+		getrlimit(RLIMIT_NOFILE, &rl);
+		wex_error("cuda", "cuMemExportToShareableHandle: %s: this process is out of file descriptors (limit %llu, its hard limit too): each exportable allocation holds one while it lives; raise the hard limit (ulimit -Hn, LimitNOFILE=)",
+			  wex__cuda_errname(r), (unsigned long long)rl.rlim_cur);
+		return -EMFILE;
+	}
+	ret = wex__cuda_err(r, "cuMemExportToShareableHandle(POSIX fd)");
 	if (ret)
 		return ret;
 	if (fcntl(f, F_SETFD, FD_CLOEXEC) < 0)
@@ -458,10 +505,13 @@ static int vmm_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 	if (!(prop.requestedHandleTypes &
 	      (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC))) {
 		/* vLLM's CuMemAllocator and torch_memory_saver create memory
-		 * like this: it can never be exported. */
+		 * like this, and so does PyTorch's expandable segments with
+		 * TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0 (its default in Meta's
+		 * internal builds): it can never be exported. */
 		wex_error("cuda", "memory of %llu bytes was created without a POSIX fd or fabric "
 			  "handle type (handle types %#x): not exportable (use "
-			  "PYTORCH_ALLOC_CONF=expandable_segments:True or wex_cuda_alloc)",
+			  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True without "
+			  "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC=0, or wex_cuda_alloc)",
 			  (unsigned long long)size, (unsigned)prop.requestedHandleTypes);
 		ret = -EOPNOTSUPP;
 		goto err_release;

@@ -498,19 +498,39 @@ int wex__cuda_settle(void)
 }
 
 /* Whether a pointer query that answered r may be asked again: refused for
- * want of a context (r CUDA_ERROR_INVALID_CONTEXT) in a thread with none,
- * which now has device 0's primary context current.  Only such a refusal
- * borrows it: the driver answers CUDA_ERROR_INVALID_VALUE for host memory
- * it does not know (the usual case), and retaining device 0's primary
- * context for that would cost GPU 0 memory in a process that works on
- * another device, and leave it current. */
+ * want of a context (r CUDA_ERROR_INVALID_CONTEXT; real drivers answer
+ * that to pointer queries and cuMemGetAddressRange in a thread with none),
+ * in a thread with none, which now has a context of this process current.
+ * Any context answers (unified addressing): one wex retained already, else
+ * a primary context the engine made active.  Where the process has none,
+ * none is made: no GPU memory of a primary context can exist then, and
+ * retaining device 0's would cost hundreds of MiB of GPU 0 in a process
+ * that may work on another GPU.  The driver answers
+ * CUDA_ERROR_INVALID_VALUE for host memory it does not know (the usual
+ * case): nothing is borrowed for that.  The caller unbinds it again
+ * (unborrow), so that the thread's binding is what it was. */
 static int borrowed_ctx(CUresult r)
 {
 	CUcontext cur = NULL;
+	int ndev = 0, d;
 
-	return r == CUDA_ERROR_INVALID_CONTEXT &&
-	       (wex__cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur) &&
-	       wex__cuda_use_device(0) == 0;
+	if (r != CUDA_ERROR_INVALID_CONTEXT ||
+	    (wex__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur))
+		return 0;
+	for (d = 0; d < WEX_CUDA_MAX_DEVICES; d++)
+		if (dev_retained(d))
+			return wex__cuda_use_device(d) == 0;
+	if (wex__cu.cuDevicePrimaryCtxGetState && wex__cu.cuDeviceGetCount(&ndev) == CUDA_SUCCESS)
+		for (d = 0; d < ndev && d < WEX_CUDA_MAX_DEVICES; d++)
+			if (primary_active(d))
+				return wex__cuda_use_device(d) == 0;
+	return 0;
+}
+
+/* The thread had no context before borrowed_ctx: none again. */
+static void unborrow(void)
+{
+	wex__cu.cuCtxSetCurrent(NULL);
 }
 
 /* cuPointerGetAttribute and cuMemGetAddressRange, asked again where the
@@ -519,8 +539,10 @@ static CUresult ptr_attr(void *data, CUpointer_attribute a, uint64_t p)
 {
 	CUresult r = wex__cu.cuPointerGetAttribute(data, a, (CUdeviceptr)p);
 
-	if (borrowed_ctx(r))
+	if (borrowed_ctx(r)) {
 		r = wex__cu.cuPointerGetAttribute(data, a, (CUdeviceptr)p);
+		unborrow();
+	}
 	return r;
 }
 
@@ -528,8 +550,10 @@ static CUresult addr_range(CUdeviceptr *base, size_t *size, uint64_t p)
 {
 	CUresult r = wex__cu.cuMemGetAddressRange(base, size, (CUdeviceptr)p);
 
-	if (borrowed_ctx(r))
+	if (borrowed_ctx(r)) {
 		r = wex__cu.cuMemGetAddressRange(base, size, (CUdeviceptr)p);
+		unborrow();
+	}
 	return r;
 }
 
@@ -549,8 +573,7 @@ int wex__cuda_ptr_on_gpu(uint64_t ptr)
 		return -1;
 	if (type != CU_MEMORYTYPE_DEVICE && type != CU_MEMORYTYPE_UNIFIED)
 		return -1;
-	if (wex__cu.cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-					  (CUdeviceptr)ptr) != CUDA_SUCCESS || ord < 0)
+	if (ptr_attr(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) != CUDA_SUCCESS || ord < 0)
 		return -1;
 	return ord;
 }

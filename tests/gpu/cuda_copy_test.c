@@ -22,6 +22,8 @@
  *                     copy done on the CPU (the driver's semantics, which
  *                     the emulation must match)
  */
+#include <pthread.h>
+
 #include "gpu_util.h"
 
 #define BUF (16u << 20)
@@ -290,12 +292,42 @@ static void host_ptr_no_context(void)
 	CHECK(cur == NULL);
 }
 
+/* A thread with no context asks about device memory of a process that
+ * works on device 1 only (wex_released: what every copy sync checks):
+ * the driver needs a context for cuMemGetAddressRange (and, on real
+ * drivers, for pointer queries), and wex borrows the one it already holds
+ * rather than making one on device 0 (hundreds of MiB of GPU 0 per
+ * process on a real GPU). */
+static void *released_from_thread(void *arg)
+{
+	CHECK(wex_released(arg, 4096, NULL) == 0);
+	return NULL;
+}
+
+static void no_context_thread_device1(void)
+{
+	pthread_t t;
+	void *p = NULL;
+
+	CHECK_OK(wex__cuda_load());
+	if (gpu_count() < 2) {
+		printf("  one device: not tried\n");
+		return;
+	}
+	CHECK_OK(wex_cuda_malloc(2u << 20, 1, &p));
+	CHECK(pthread_create(&t, NULL, released_from_thread, p) == 0);
+	CHECK(pthread_join(t, NULL) == 0);
+	CHECK(emul_ctx_retained(0) <= 0);
+	wex_cuda_free(p, 2u << 20, 1, NULL);
+}
+
 int main(void)
 {
 	int ret;
 
 	gpu_require();
 	ret = run_one("host_ptr_no_context", host_ptr_no_context);
+	ret |= run_one("no_context_thread_device1", no_context_thread_device1);
 	ret |= run_one("strided_copy", test);
 	ret |= run_one("memcpy3d_offsets", memcpy3d_offsets);
 	ret |= run_one("huge_pitch", huge_pitch);

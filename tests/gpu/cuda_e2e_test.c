@@ -145,8 +145,19 @@ int main(void)
 		if (i == 0) {
 			/* Mapped on the producer's device, found by its UUID. */
 			CHECK_OK(wex__cuda_device_by_uuid(msg + 1, &pdev));
-			CU_OK(wex__cu.cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-							    (CUdeviceptr)(uintptr_t)v));
+			/* Pointer queries need a current context on a real
+			 * driver (CUDA_ERROR_INVALID_CONTEXT without one), and
+			 * wex_sync/wex_view leave this thread with none. */
+			{
+				struct wex_mem_thread_state ts;
+
+				wex_mem_thread_save(&ts);
+				CHECK_OK(wex__cuda_use_device(pdev));
+				CU_OK(wex__cu.cuPointerGetAttribute(
+					&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+					(CUdeviceptr)(uintptr_t)v));
+				wex_mem_thread_restore(&ts);
+			}
 			printf("producer's device %s is ordinal %d here; the view is on %d\n", msg + 1,
 			       pdev, ord);
 			CHECK(ord == pdev);

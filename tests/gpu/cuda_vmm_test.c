@@ -38,12 +38,17 @@
  *                  stream of another, and one created without a context);
  *                  wex__cuda_event_wait in the recording process itself
  *                  works (the driver refuses to open one's own handle)
+ *   fd_limit       more exportable allocations than the soft limit on
+ *                  open files: the limit is raised to the hard one and
+ *                  all are made; at the hard limit an allocation fails
+ *                  with EMFILE, saying why
  *   fork_child     a child forked after the driver was loaded gets
  *                  -WEX_ENOCUDA from every call, with a reason naming the
  *                  parent
  */
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include "gpu_util.h"
 
@@ -210,6 +215,46 @@ static void leak_alloc(void)
 	       (unsigned long long)(free0 >> 20), (unsigned long long)(mem_free() >> 20));
 	CHECK_FDS(fds0);
 	CHECK(mem_free() + (64u << 20) >= free0);
+}
+
+/* More exportable allocations than the soft limit on open files (each
+ * holds its exported fd while it lives: a trainer's memory pool of more
+ * than ~1000 segments under the usual 1024): the limit is raised to the
+ * hard one once hit, and every allocation is made; where the hard limit
+ * is hit too, the allocation fails with EMFILE (not an out-of-memory
+ * error that sends one hunting for GPU memory). */
+#define FD_ALLOCS 100
+
+static void fd_limit(void)
+{
+	struct rlimit rl;
+	void *p[FD_ALLOCS];
+	int i, ret = 0;
+
+	CHECK(getrlimit(RLIMIT_NOFILE, &rl) == 0);
+	if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 4 * FD_ALLOCS) {
+		printf("  hard limit %llu on open files: not tried\n", (unsigned long long)rl.rlim_max);
+		return;
+	}
+	rl.rlim_cur = 64;
+	CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+	for (i = 0; i < FD_ALLOCS; i++)
+		CHECK_OK(wex_cuda_malloc(2u << 20, 0, &p[i]));
+	CHECK(getrlimit(RLIMIT_NOFILE, &rl) == 0);
+	printf("  %d allocations; soft limit now %llu\n", FD_ALLOCS, (unsigned long long)rl.rlim_cur);
+	CHECK(rl.rlim_cur > 64);
+	for (i = 0; i < FD_ALLOCS; i++)
+		wex_cuda_free(p[i], 2u << 20, 0, NULL);
+	/* (A forked child's CUDA is refused: lowered here for good.) */
+	rl.rlim_cur = rl.rlim_max = (rlim_t)fd_count() + 16;
+	CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+	for (i = 0; i < FD_ALLOCS && (ret = wex_cuda_malloc(2u << 20, 0, &p[i])) == 0; i++)
+		;
+	printf("  hard limit %llu: %d allocations, then %s\n", (unsigned long long)rl.rlim_max, i,
+	       wex_strerror(ret));
+	CHECK(ret == -EMFILE && i < FD_ALLOCS);
+	while (i-- > 0)
+		wex_cuda_free(p[i], 2u << 20, 0, NULL);
 }
 
 #define BIG (64u << 20)
@@ -843,6 +888,7 @@ int main(void)
 	ret |= run_pair("export_import", p_export, c_import);
 	ret |= run_pair("leak_import", p_leak, c_leak);
 	ret |= run_one("leak_alloc", leak_alloc);
+	ret |= run_one("fd_limit", fd_limit);
 	ret |= killed();
 	ret |= run_pair("wrap_chunks", p_wrap, c_wrap);
 	ret |= run_pair("wrap_fabric", p_fabric, c_fabric);

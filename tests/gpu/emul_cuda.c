@@ -39,7 +39,9 @@
  *    it from the memfd's name), and pointer queries answer that device's
  *    ordinal (CU_POINTER_ATTRIBUTE_MEMORY_TYPE too);
  *    pointer queries need no current context (as under unified
- *    addressing), and memory the driver does not know (pageable host
+ *    addressing; WEX_EMUL_PTR_NEEDS_CTX=1 refuses them with
+ *    CUDA_ERROR_INVALID_CONTEXT in a thread with none, as real drivers
+ *    were seen to: Triton PR 5276), and memory the driver does not know (pageable host
  *    memory) answers CUDA_ERROR_INVALID_VALUE; so does a reservation with
  *    nothing mapped at the address, except for RANGE_START_ADDR and
  *    RANGE_SIZE (the reservation's, mapped or not, as cuda.h says) and
@@ -1180,6 +1182,11 @@ static CUresult e_ptr_attr(void *data, CUpointer_attribute a, CUdeviceptr p)
 	struct range *span = res ? res : r && r->kind != 4 ? r : NULL;
 
 	HOOK("cuPointerGetAttribute");
+	/* WEX_EMUL_PTR_NEEDS_CTX=1: a thread with no current context is
+	 * refused (CUDA_ERROR_INVALID_CONTEXT), as real drivers do (Triton
+	 * PR 5276, Open MPI PR 783). */
+	if (!ctx_current && env_on("WEX_EMUL_PTR_NEEDS_CTX"))
+		return CUDA_ERROR_INVALID_CONTEXT;
 	/* The range is the reservation's, mapped or not ("not necessarily
 	 * the address of the mapped region, but the address of the mappable
 	 * address range ptr references (e.g. from cuMemAddressReserve)";

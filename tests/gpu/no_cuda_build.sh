@@ -11,7 +11,9 @@
 #     CUDAPluggableAllocator finds them) and has no CUDA loader in it;
 #   - in that build no_cuda_api (the CUDA calls' errors, a consumer of a
 #     GPU producer, the host paths) and the quickstart smoke test pass,
-#     neither skipped.
+#     neither skipped;
+#   - a cuda.h older than CUDA 13.0 is not used either: CMake names its
+#     version and builds the host backend only.
 # Exits 77 (skip) when another cuda.h is visible to CMake as well.
 #
 #   no_cuda_build.sh SOURCE_DIR BUILD_DIR CUDA_INCLUDE_DIR BUILD_TYPE SANITIZE [PREFIX_PATH]
@@ -72,4 +74,22 @@ if echo "$out" | grep -q 'Skipped\|Not Run'; then
 	echo "FAIL: a test of the build without cuda.h did not run"
 	exit 1
 fi
+# A cuda.h older than the backends compile against (CUDA 12.x: the build
+# failed at cudawrap.h on the 13.0 cuMemcpyBatchAsync type): the same host
+# build, and CMake says why.
+echo "== configure with a CUDA 12.4 cuda.h"
+mkdir -p "$B-old/include"
+printf '#define CUDA_VERSION 12040\n' >"$B-old/include/cuda.h"
+if ! cmake -S "$SRC" -B "$B-old/build" -DCMAKE_BUILD_TYPE="$TYPE" -DWEX_WERROR=ON \
+	-DWEX_SANITIZE="$SAN" -DCUDA_DRIVER_INCLUDE_DIR="$B-old/include" \
+	${PREFIX:+-DCMAKE_PREFIX_PATH="$PREFIX"} >"$B-old.configure.log" 2>&1; then
+	cat "$B-old.configure.log"
+	echo "FAIL: configure with a CUDA 12.4 cuda.h"
+	exit 1
+fi
+grep '^-- wex:' "$B-old.configure.log"
+grep -q "wex: $B-old/include/cuda.h is CUDA 12.4; the CUDA backends need the headers of CUDA 13.0 or later .*: building with the host backend only" \
+	"$B-old.configure.log" || { echo "FAIL: CMake does not say that a CUDA 12.4 cuda.h builds the host backend only"; exit 1; }
+grep -rqs 'cudawrap\.c' "$B-old/build/CMakeFiles" "$B-old/build/build.ninja" &&
+	{ echo "FAIL: the CUDA backends are built with a CUDA 12.4 cuda.h"; exit 1; }
 echo "build_without_cuda: PASS"
