@@ -6,8 +6,9 @@
  * Two ways for a PyTorch trainer to get weights wex can export:
  *
  *  1. Zero code: start the trainer with
- *         PYTORCH_ALLOC_CONF=expandable_segments:True
- *     (PyTorch >= 2.5; the variable is PYTORCH_CUDA_ALLOC_CONF before 2.8).
+ *         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+ *     (PyTorch >= 2.5; also set the newer PYTORCH_ALLOC_CONF, which alone
+ *     is ignored for expandable_segments by torch 2.9.1, pytorch#183387).
  *     Every caching-allocator segment is then created
  *     by cuMemCreate with a POSIX fd (or fabric) handle type, so wex can
  *     export any parameter in place: the cuda_vmm backend's wrap slot

@@ -244,8 +244,8 @@ WEX_API int wex_segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t
 /*
  * Registers GPU memory the caller already has, without copying it:
  * WEX_SEG_CUDA_VMM for exportable VMM memory (from wex_cuda_alloc, or
- * PyTorch's segments under PYTORCH_ALLOC_CONF=expandable_segments:True,
- * PYTORCH_CUDA_ALLOC_CONF before torch 2.8),
+ * PyTorch's segments under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True;
+ * the newer PYTORCH_ALLOC_CONF alone is ignored for it by torch 2.9.1),
  * WEX_SEG_CUDA_IPC for plain cudaMalloc memory (the handle of its allocation
  * plus the offset).  A VMM range may span several allocations mapped back
  * to back (an expandable segment grows by 2 MiB / 20 MiB chunks): each is
@@ -665,8 +665,8 @@ WEX_API void wex_layout_close(wex_layout_t *l);
  * Each call makes one CUDA VMM allocation (cuMemCreate with a POSIX fd
  * handle type, plus fabric where supported) on `device`, mapped read-write
  * for it, which wex can export without copies.  The zero-code alternative
- * is PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF
- * before torch 2.8), whose segments are
+ * is PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set the newer
+ * PYTORCH_ALLOC_CONF too; alone it is ignored by torch 2.9.1), whose segments are
  * exportable too.  The CUDA driver is loaded at run time; without one
  * wex_cuda_alloc returns NULL (and logs why; wex_cuda_malloc says which
  * error).  `stream` is a cudaStream_t.

@@ -14,7 +14,11 @@ Needs Debian's python3-torch (exit 77 with the reason without it).
 Environment: WEX_LIB, WEXD_BIN, PYTHONPATH with adapters/python.
 """
 import errno
+import json
+import os
+import shutil
 import sys
+import tempfile
 import unittest
 
 try:
@@ -426,6 +430,57 @@ class TorchGlue(WexdProducerCase):
             torch_util.register_module(p, [("w", torch.zeros(4))])
         with self.assertRaisesRegex(ValueError, "no tensors"):
             torch_util.register_module(p, [])
+
+    def test_trainer_framework_tensors(self):
+        """What Megatron-Core trainers hold, read against its source: an FP8
+        parameter (Transformer Engine's Float8Tensor, --fp8-param-gather: a
+        wrapper subclass, BF16 by dtype over 1-byte FP8 storage) is refused
+        naming it, not registered as BF16 over the wrong bytes; a DeepSeek-V3
+        layout's router.expert_bias, a buffer in Megatron's TopKRouter (never
+        in named_parameters()), is named as missing with where to find it."""
+
+        class Fake8(torch.Tensor):
+            @staticmethod
+            def __new__(cls, data):
+                r = torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=torch.bfloat16,
+                                                        device=data.device)
+                r._data = data
+                return r
+
+            __torch_function__ = torch._C._disabled_torch_function_impl
+
+            @classmethod
+            def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+                if func is torch.ops.aten.detach.default:
+                    return args[0]
+                raise NotImplementedError(func)
+
+        class NoClient:
+            def register_tensors(self, t):
+                raise AssertionError("registered %d tensors" % len(t))
+
+        buf = torch.zeros(4096, dtype=torch.uint8)
+        segs = [(1, buf.data_ptr(), 4096)]
+        with self.assertRaisesRegex(ValueError, "linear_fc1.weight .*Fake8.*no storage of its own"):
+            torch_util.register_module(NoClient(), [("linear_fc1.weight",
+                                                     Fake8(buf[:64].view(8, 8)))], segments=segs)
+        cfg = {"model_type": "deepseek_v3", "hidden_size": 16, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "intermediate_size": 24, "moe_intermediate_size": 8,
+               "n_routed_experts": 4, "n_shared_experts": 1, "first_k_dense_replace": 1,
+               "q_lora_rank": 12, "kv_lora_rank": 8, "qk_nope_head_dim": 4,
+               "qk_rope_head_dim": 2, "v_head_dim": 4, "vocab_size": 128,
+               "torch_dtype": "bfloat16"}
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        path = os.path.join(d, "config.json")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        lay = wex.Layout(path, "megatron:tp=1")
+        phys = torch_util.layout_tensors(lay, 0)
+        params = [(n, t) for n, t in phys.items() if not n.endswith("router.expert_bias")]
+        with self.assertRaisesRegex(ValueError, "missing decoder.layers.1.mlp.router.expert_bias"
+                                    ".*named_buffers"):
+            torch_util.register_module(NoClient(), params, layout=lay, rank=0, segments=segs)
 
 
 if __name__ == "__main__":

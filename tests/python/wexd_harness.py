@@ -42,6 +42,7 @@ class WexdProducerCase(unittest.TestCase):
     def tearDownClass(cls):
         cls.prod.stdin.close()
         assert cls.prod.wait(20) == 0, "producer exited with %s" % cls.prod.returncode
+        cls.prod.stdout.close()
         cls.wexd.terminate()
         assert cls.wexd.wait(20) == 0, "wexd exited with %s" % cls.wexd.returncode
         shutil.rmtree(cls.dir)

@@ -11,8 +11,10 @@ caching-allocator segment):
     wex.torch_util.register_module(client, model.named_parameters())
 
 or with no code change at allocation time: start the trainer with
-PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF before
-torch 2.8) and call register_module the same way (its segments are
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (every torch 2.x honours
+that name; the newer PYTORCH_ALLOC_CONF alone is ignored for
+expandable_segments by torch 2.9.1, pytorch#183387: set both) and call
+register_module the same way (its segments are
 exportable; a parameter may span chunks).  Tensors over device memory
 (view_tensors, reserve_like) go through __cuda_array_interface__, which
 PyTorch reads with NumPy.
@@ -105,6 +107,41 @@ def merge_spans(spans, gap=MERGE_GAP):
     return [(a, e) for a, e in out]
 
 
+def _storage_bytes(t):
+    """Bytes of t's storage, or None where it has none of its own (a
+    wrapper tensor subclass: PyTorch refuses to show it)."""
+    try:
+        if hasattr(t, "untyped_storage"):
+            return t.untyped_storage().nbytes()
+        return t.storage().nbytes()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _own_bytes(name, t, nb):
+    """Refuses a tensor whose dtype and shape do not describe the storage
+    under it: a wrapper subclass with no storage of its own or a nominal
+    dtype over other bytes (Transformer Engine's Float8Tensor, which
+    Megatron's --fp8-param-gather makes of parameters: BF16 by dtype over
+    1-byte FP8 data), whose bytes wex would register as the wrong type."""
+    what = "%s (%s, dtype %s)" % (name, type(t).__name__, t.dtype)
+    have = _storage_bytes(t)
+    try:
+        p = t.data_ptr()
+    except (RuntimeError, NotImplementedError):
+        p = 0
+    if have is None or not p:
+        raise ValueError("%s has no storage of its own (a tensor subclass wrapping other "
+                         "tensors, such as Transformer Engine's Float8Tensor): wex registers "
+                         "plain tensors and FSDP2 DTensors; FP8 parameters (Megatron "
+                         "--fp8-param-gather) are not supported" % what)
+    need = t.storage_offset() * t.element_size() + nb
+    if need > have:
+        raise ValueError("%s spans %d bytes of a storage of %d: its dtype does not describe "
+                         "the bytes under it (a quantized tensor subclass?)" % (what, need, have))
+    return p
+
+
 def _placed(items, ranges, where):
     """[(name, tensor, address, bytes spanned, strides, containing range)]
     for the non-empty tensors, each found in one of ranges (none when
@@ -114,8 +151,8 @@ def _placed(items, ranges, where):
         if t.numel() == 0:
             continue
         strides = _table_strides(name, t)
-        p = t.data_ptr()
         nb = _span(tuple(t.shape), strides) * t.element_size()
+        p = _own_bytes(name, t, nb)
         seg = next(((a, s) for a, s in ranges if a <= p and p + nb <= a + s), None)
         if seg is None:
             raise ValueError("%s (0x%x, %d bytes) is in %s" % (name, p, nb, where))
@@ -256,12 +293,17 @@ def _layout_items(items, layout, rank):
     missing = [n for n in phys if n not in given]
     extra = [n for n in given if n not in phys]
     if missing or extra:
-        raise ValueError("%s rank %d: %s%s%s" % (
+        # Megatron-Core's TopKRouter keeps expert_bias as a buffer
+        # (register_buffer), so named_parameters() never has it.
+        hint = ("; Megatron-Core keeps router.expert_bias as a buffer: pass it from "
+                "model.named_buffers() too" if any(n.endswith("router.expert_bias")
+                                                   for n in missing) else "")
+        raise ValueError("%s rank %d: %s%s%s%s" % (
             layout.spec, rank,
             "missing %s" % ", ".join(missing[:3]) + (" and %d more" % (len(missing) - 3)
                                                       if len(missing) > 3 else "")
             if missing else "", "; " if missing and extra else "",
-            "not in the layout: %s" % ", ".join(extra[:3]) if extra else ""))
+            "not in the layout: %s" % ", ".join(extra[:3]) if extra else "", hint))
     out = []
     for name, t in items:
         dt, shape, pieces = phys[name]

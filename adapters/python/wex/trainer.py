@@ -20,6 +20,15 @@ config=, or a wex.Layout) registers the trainer's own tensors (Megatron's
 linear_qkv, FSDP2 shards with an fsdp layout) as the canonical pieces they
 hold; without one, parameters go under their names (FSDP2 DTensors as
 their shards, see torch_util.register_module).
+
+Everything that writes the registered memory belongs inside write(), and
+the weights must be whole when it ends (README, "Sync hooks"): Megatron's
+distributed optimizer with overlap_param_gather=True all-gathers the
+updated shards only in the next forward, so call
+chunk.start_param_sync(force_sync=True) for each model chunk after
+optimizer.step() inside the block; Megatron's router.expert_bias (a buffer:
+pass it from named_buffers()) changes in finalize_model_grads, during the
+forward-backward step.
 """
 import contextlib
 
