@@ -109,7 +109,12 @@ int wex__st_parse_header(const char *hdr, size_t n, uint64_t data_size, struct w
 		x->dtype = dt ? wex_dtype_from_name(dt) : WEX_DT_INVALID;
 		esz = wex_dtype_size(x->dtype);
 		if (!esz) {
-			seterr(err, errlen, "%s: unsupported dtype %s", key, dt ? dt : "(missing)");
+			seterr(err, errlen, "%s: unsupported dtype %s%s", key, dt ? dt : "(missing)",
+			       dt && (!strcmp(dt, "C64") || !strcmp(dt, "F4") || !strcmp(dt, "F6_E2M3") ||
+				      !strcmp(dt, "F6_E3M2"))
+				       ? " (a safetensors dtype wex does not read: the file is refused "
+					 "whole, even where no layout names this tensor)"
+				       : "");
 			goto out;
 		}
 		shape = json_object_get(v, "shape");
@@ -136,7 +141,12 @@ int wex__st_parse_header(const char *hdr, size_t n, uint64_t data_size, struct w
 			seterr(err, errlen, "%s: data_offsets must be [begin, end] with begin <= end", key);
 			goto out;
 		}
-		if (numel > UINT64_MAX / esz || x->end - x->begin != numel * esz) {
+		if (numel > UINT64_MAX / esz) {
+			seterr(err, errlen, "%s: shape overflows (%llu elements of %s: more bytes than "
+			       "64 bits count)", key, (unsigned long long)numel, dt);
+			goto out;
+		}
+		if (x->end - x->begin != numel * esz) {
 			seterr(err, errlen, "%s: %llu bytes for %llu elements of %s (%llu expected)", key,
 			       (unsigned long long)(x->end - x->begin), (unsigned long long)numel, dt,
 			       (unsigned long long)(numel * esz));

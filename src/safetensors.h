@@ -5,7 +5,11 @@
  * what the reference implementation rejects: N over 100,000,000 or past
  * the file, duplicate keys, unknown dtypes, sizes that disagree with the
  * shape, holes or overlaps between tensors, and data that does not end
- * exactly at the end of the file.
+ * exactly at the end of the file.  It also refuses some files the
+ * reference takes, whole: a dtype wex does not read (C64, and the
+ * sub-byte F4, F6_E2M3, F6_E3M2), a tensor entry with keys besides dtype,
+ * shape and data_offsets, "__metadata__": null, a name holding NUL or of
+ * WEX_NAME_MAX bytes or more, and more than WEX_MAX_DIMS dimensions.
  */
 #ifndef WEX_SAFETENSORS_H
 #define WEX_SAFETENSORS_H

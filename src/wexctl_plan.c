@@ -52,7 +52,9 @@ struct opts {
 
 /* A size as transformers' max_shard_size takes it: digits, then
  * optionally B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB
- * (of 1024), any case.  0 if it is not one, or is 0 or too large. */
+ * (of 1024), any case, but a decimal unit ending in a lower-case b (Kb,
+ * Mb, Gb, Tb) counts bits, as transformers reads it.  0 if it is not one,
+ * or is 0 or too large. */
 static uint64_t parse_size(const char *s)
 {
 	static const struct {
@@ -74,9 +76,17 @@ static uint64_t parse_size(const char *s)
 			return 0;
 		v = v * 10 + (uint64_t)(*p - '0');
 	}
-	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
-		if (!strcasecmp(p, units[i].unit))
-			return v && v <= UINT64_MAX / units[i].mul ? v * units[i].mul : 0;
+	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+		if (strcasecmp(p, units[i].unit))
+			continue;
+		if (!v || v > UINT64_MAX / units[i].mul)
+			return 0;
+		/* transformers reads "5Gb" (a lower-case b after a decimal
+		 * unit) as bits. */
+		if (units[i].mul >= 1000 && units[i].mul % 1000 == 0 && p[strlen(p) - 1] == 'b')
+			return v * units[i].mul / 8 ?: 0;
+		return v * units[i].mul;
+	}
 	return 0;
 }
 
@@ -116,7 +126,9 @@ static int usage(const char *cmd, int help)
 			   "rank of --to; --to hf writes a Hugging Face checkpoint instead: "
 			   "model.safetensors, or model-0000K-of-0000N.safetensors files of at most "
 			   "SIZE bytes of tensors each (--max-shard-size, default 5GB; B KB MB GB TB, "
-			   "KiB MiB GiB TiB), model.safetensors.index.json naming each tensor's file "
+			   "KiB MiB GiB TiB, any case, but Kb Mb Gb Tb count bits as transformers "
+			   "reads them; refused beside a model.safetensors already in OUTDIR, which "
+			   "transformers would load instead), model.safetensors.index.json naming each tensor's file "
 			   "(none for model.safetensors alone, as save_pretrained writes none, unless "
 			   "OUTDIR holds other .safetensors files), and "
 			   "where OUTDIR has none config.json from --config and the tokenizer files "
@@ -192,7 +204,8 @@ static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 			o->max_shard = parse_size(argv[++i]);
 			if (!o->max_shard) {
 				fprintf(stderr, "wexctl %s: bad --max-shard-size '%s' (bytes, more than 0, "
-					"optionally followed by B KB MB GB TB KiB MiB GiB TiB)\n", cmd,
+					"optionally followed by B KB MB GB TB KiB MiB GiB TiB; Kb Mb Gb Tb are "
+					"bits)\n", cmd,
 					argv[i]);
 				return -1;
 			}
@@ -1333,6 +1346,26 @@ int wexctl_cmd_convert(int argc, char **argv)
 			bytes += nb;
 		}
 		first[nfiles] = l->nt;
+		/* Shards beside a model.safetensors of an earlier conversion (or
+		 * the input, resharded in place): transformers' from_pretrained
+		 * takes model.safetensors before the index, and would load the
+		 * old weights where every other reader loads the new. */
+		if (hf && nfiles > 1) {
+			char stale[4200];
+			struct stat st;
+
+			snprintf(stale, sizeof(stale), "%s/model.safetensors", o.pos[1]);
+			if (lstat(stale, &st) == 0) {
+				seterr(err, sizeof(err), "%s is there and this conversion writes %zu "
+					 "shards (--max-shard-size %llu) beside it: transformers' "
+					 "from_pretrained would load it, not the shards; remove it or "
+					 "choose another OUTDIR", stale, nfiles,
+					 (unsigned long long)o.max_shard);
+				ret = -EEXIST;
+				nfiles = 0;
+				goto rank_out;
+			}
+		}
 		/* Every file of a rank stays open until the plan has filled
 		 * them all: within the open files allowed (raised to the hard
 		 * limit), with room for the inputs. */

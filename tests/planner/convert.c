@@ -436,6 +436,18 @@ int main(int argc, char **argv)
 		CHECK(compare(sh) == T_PASS, "hf over the shards differs from the original");
 		snprintf(path, sizeof(path), "%s/model.safetensors.index.json", sh);
 		CHECK(access(path, F_OK) == 0, "one file over the shards: no index to leave them out");
+		/* Shards asked for beside that model.safetensors: refused
+		 * before anything is written (transformers' from_pretrained
+		 * takes model.safetensors before the index: the old weights). */
+		CHECK(run_err(msg, sizeof(msg), wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf", b, sh,
+			      "--max-shard-size", "8KiB") == 1 &&
+			      strstr(msg, "from_pretrained would load it, not the shards"),
+		      "shards beside a model.safetensors not refused: '%s'", msg);
+		CHECK(compare(sh) == T_PASS, "a refused sharded convert changed the checkpoint there");
+		snprintf(path, sizeof(path), "%s/model.safetensors", sh);
+		CHECK(unlink(path) == 0, "unlink %s", path);
+		CHECK(run_opt(wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf", b, sh,
+			      "--max-shard-size", "8KiB") == 0, "vllm -> hf in 8 KiB shards again");
 		/* A sharded convert that fails at its third file (a directory
 		 * where that file's temporary goes) removes the two before it
 		 * and leaves the checkpoint there whole. */
@@ -464,6 +476,26 @@ int main(int argc, char **argv)
 				      b, c, "--max-shard-size", bad[i]) == 2 &&
 				      strstr(msg, "bad --max-shard-size"),
 			      "--max-shard-size '%s' not refused: '%s'", bad[i], msg);
+		}
+		/* A lower-case b after a decimal unit counts bits, as
+		 * transformers reads it: 80Kb is 10,000 bytes a file, 80KB
+		 * 80,000 (a 100 KB model: one or two files). */
+		{
+			char d80[256];
+			unsigned n80 = 0;
+			DIR *dd;
+			struct dirent *de;
+
+			snprintf(d80, sizeof(d80), "%s/shards-80Kb", dir);
+			CHECK(run_opt(wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf", b, d80,
+				      "--max-shard-size", "80Kb") == 0, "vllm -> hf in 80Kb shards");
+			dd = opendir(d80);
+			CHECK(dd, "%s", d80);
+			while ((de = readdir(dd)))
+				n80 += !strncmp(de->d_name, "model-", 6);
+			closedir(dd);
+			CHECK(n80 >= 6, "--max-shard-size 80Kb (10,000 bytes) gave %u files of a 100 KB model",
+			      n80);
 		}
 		CHECK(run_err(msg, sizeof(msg), wexctl_cmd_convert, "convert", cfg, "hf", "vllm:tp=2", in, b,
 			      "--max-shard-size", "5GB") == 2 && strstr(msg, "applies to --to hf only"),

@@ -39,7 +39,8 @@ static void put(const char *name, const char *hdr, uint64_t hlen_field, size_t d
 	fclose(f);
 }
 
-static void reject(const char *name, const char *hdr, size_t data)
+/* Refused, the reason saying `why` (NULL: any reason). */
+static void reject_why(const char *name, const char *hdr, size_t data, const char *why)
 {
 	struct wex_st_file f;
 	char path[256], err[512] = "";
@@ -49,8 +50,14 @@ static void reject(const char *name, const char *hdr, size_t data)
 	int ret = wex__st_open(path, &f, err, sizeof(err));
 	CHECK(ret == -EINVAL, "%s accepted (%d)", name, ret);
 	CHECK(err[0], "%s: no reason given", name);
+	CHECK(!why || strstr(err, why), "%s: '%s' does not say '%s'", name, err, why);
 	printf("%-14s %s\n", name, strstr(err, name) ? strstr(err, name) : err);
 	unlink(path);
+}
+
+static void reject(const char *name, const char *hdr, size_t data)
+{
+	reject_why(name, hdr, data, NULL);
 }
 
 int main(void)
@@ -135,6 +142,14 @@ int main(void)
 	reject("negshape", "{\"a\":{\"dtype\":\"U8\",\"shape\":[-1],\"data_offsets\":[0,0]}}", 0);
 	reject("badoffsets", "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,0]}}", 1);
 	reject("metadata", "{\"__metadata__\":{\"k\":1}}", 0);
+	/* 2^61 elements of 8 bytes: the size wraps to 0, which the offsets
+	 * claim; named as an overflow, not "0 bytes for ... (0 expected)". */
+	reject_why("overflow", "{\"a\":{\"dtype\":\"F64\",\"shape\":[2305843009213693952],"
+			       "\"data_offsets\":[0,0]}}", 0, "a: shape overflows");
+	/* A reference dtype wex does not read: said so, and that the file
+	 * goes whole. */
+	reject_why("c64", "{\"a\":{\"dtype\":\"C64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8,
+		   "unsupported dtype C64 (a safetensors dtype wex does not read");
 	reject("extrafield", "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],\"x\":1}}", 1);
 	snprintf(path, sizeof(path), "%s/hugelen", dir);
 	unlink(path);

@@ -34,6 +34,7 @@ import json
 import os
 import pathlib
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -387,6 +388,33 @@ class CheckpointCompare(unittest.TestCase):
             glue.write_safetensors(os.path.join(p, "m%d.safetensors" % i),
                                    [("model.norm.weight", "BF16", (64,), b"\0" * 128)])
         refused(p, "model.norm.weight", "m1.safetensors", "m2.safetensors")
+
+        # Headers the reference implementation refuses (huggingface/
+        # safetensors): refused here too, as ValueError (a RecursionError or
+        # OverflowError would end an engine's attach instead of reporting
+        # the checkpoint unchecked).
+        def raw(name, header, data=b""):
+            p = fresh(name)
+            with open(os.path.join(p, "model.safetensors"), "wb") as f:
+                f.write(struct.pack("<Q", len(header)) + header + data)
+            return p
+
+        ent = '{"dtype":"BF16","shape":%s,"data_offsets":[0,128]}'
+        refused(raw("dup", ('{"model.norm.weight":%s,"model.norm.weight":%s}'
+                            % (ent % "[64]", ent % "[64]")).encode(), b"\0" * 128),
+                "appears twice")
+        refused(raw("utf16", ('{"model.norm.weight":%s}' % (ent % "[64]")).encode("utf-16"),
+                    b"\0" * 128), "not UTF-8 JSON")
+        refused(raw("float", ('{"model.norm.weight":%s}' % (ent % "[64.0]")).encode(),
+                    b"\0" * 128), "no valid dtype, shape")
+        refused(raw("size", ('{"model.norm.weight":%s}' % (ent % "[65]")).encode(),
+                    b"\0" * 128), "128 bytes for shape [65] of BF16")
+        refused(raw("inf", ('{"model.norm.weight":%s}' % (ent % "[Infinity]")).encode(),
+                    b"\0" * 128), "not UTF-8 JSON")
+        refused(raw("deep", b"[" * 100000 + b"]" * 100000), "not UTF-8 JSON")
+        refused(raw("dtype", ('{"model.norm.weight":%s}'
+                              % (ent % "[64]").replace("BF16", "Q7")).encode(), b"\0" * 128),
+                "no valid dtype")
 
 
 if __name__ == "__main__":

@@ -431,6 +431,11 @@ class TorchGlue(WexdProducerCase):
         with self.assertRaisesRegex(ValueError, "no tensors"):
             torch_util.register_module(p, [])
 
+    # torch's C++ exceptions (a wrapper subclass's storage) abort under the
+    # ASan runtime preloaded into Python (its __cxa_throw interceptor finds
+    # no real one): the build without sanitizers runs this.
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
+                     "torch's C++ exceptions abort under the preloaded ASan runtime")
     def test_trainer_framework_tensors(self):
         """What Megatron-Core trainers hold, read against its source: an FP8
         parameter (Transformer Engine's Float8Tensor, --fp8-param-gather: a

@@ -36,8 +36,39 @@ from wex import torch_util
 
 __all__ = ["CheckpointMismatch", "compare", "index"]
 
-# A safetensors header is JSON; this caps what a corrupt length makes us read.
-_HEADER_MAX = 256 << 20
+# A safetensors header is JSON of at most this many bytes (the reference
+# implementation's limit; it also caps what a corrupt length makes us read).
+_HEADER_MAX = 100000000
+
+# Bits an element of each safetensors dtype takes (huggingface/safetensors
+# Dtype::bitsize): the data must be numel * bits / 8 bytes, whole bytes.
+_DTYPE_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+               "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
+               "I64": 64, "U64": 64, "F64": 64, "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
+
+
+def _no_dups(pairs):
+    """A JSON object without repeated keys (the reference refuses them: a
+    reader that keeps the last would see other tensors than one that keeps
+    the first)."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError("key %r appears twice" % k)
+        out[k] = v
+    return out
+
+
+def _no_constant(name):
+    raise ValueError("%s is not JSON" % name)
+
+
+def _naturals(v, n=None):
+    """v as a tuple of non-negative JSON integers (n of them if given)."""
+    if not isinstance(v, list) or (n is not None and len(v) != n) or \
+            any(type(d) is not int or d < 0 for d in v):
+        raise TypeError
+    return tuple(v)
 
 
 class CheckpointMismatch(ValueError):
@@ -90,9 +121,11 @@ def _read_headers(files):
                 raise ValueError("%s is not a safetensors file (header length %s, file of "
                                  "%d bytes)" % (path, n, size))
             try:
-                header = json.loads(f.read(n))
-            except ValueError as e:
-                raise ValueError("%s: safetensors header is not JSON: %s" % (path, e)) from None
+                header = json.loads(f.read(n).decode("utf-8"), object_pairs_hook=_no_dups,
+                                    parse_constant=_no_constant)
+            except (ValueError, RecursionError) as e:
+                raise ValueError("%s: safetensors header is not UTF-8 JSON without repeated "
+                                 "keys: %s" % (path, e or "nested too deep")) from None
         if not isinstance(header, dict):
             raise ValueError("%s: safetensors header is not a JSON object" % path)
         base = 8 + n
@@ -100,14 +133,21 @@ def _read_headers(files):
             if name == "__metadata__":
                 continue
             try:
-                dtype, shape = str(v["dtype"]), tuple(int(d) for d in v["shape"])
-                start, end = (int(x) for x in v["data_offsets"])
-            except (KeyError, TypeError, ValueError):
+                dtype, shape = v["dtype"], _naturals(v["shape"])
+                start, end = _naturals(v["data_offsets"], 2)
+                bits = _DTYPE_BITS[dtype]
+            except (KeyError, TypeError):
                 raise ValueError("%s: tensor %s has no valid dtype, shape and data_offsets"
                                  % (path, name)) from None
-            if not 0 <= start <= end or base + end > size:
+            if not start <= end or base + end > size:
                 raise ValueError("%s: tensor %s's data_offsets [%d, %d] lie outside the file"
                                  % (path, name, start, end))
+            nbits = bits
+            for d in shape:
+                nbits *= d
+            if nbits % 8 or nbits // 8 != end - start:
+                raise ValueError("%s: tensor %s: %d bytes for shape %s of %s" % (
+                    path, name, end - start, list(shape), dtype))
             if name in out:
                 raise ValueError("tensor %s is in both %s and %s" % (name, out[name][0], path))
             out[name] = (path, dtype, shape, base + start, end - start)
