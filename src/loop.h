@@ -65,7 +65,9 @@ struct wex_loop_watch {
 struct wex_loop;
 
 struct wex_loop_cbs {
-	/* A connection was accepted: `fd` is non-blocking and close-on-exec. */
+	/* A connection was accepted: `fd` is close-on-exec, non-blocking
+	 * under epoll and blocking under io_uring (its receives are the
+	 * loop's; every send must pass MSG_DONTWAIT). */
 	void (*on_accept)(void *arg, int fd);
 	/* A message (len > 0), an orderly close (0) or an error (< 0).  fds
 	 * belong to the callee.  mflags has MSG_TRUNC / MSG_CTRUNC. */

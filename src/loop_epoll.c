@@ -95,7 +95,10 @@ static void ep_close(struct wex_loop *l, struct wex_loop_io *io)
 
 static void ep_accept(struct wex_loop *l, struct wex_loop_watch *w)
 {
-	for (;;) {
+	/* At most a batch a turn (level-triggered: the rest come at the
+	 * next), as io_uring's WEX_URING_BATCH completions: a connect flood
+	 * must not starve connected clients, timers and signals. */
+	for (int i = 0; i < 64; i++) {
 		int fd = accept4(w->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
 		if (fd < 0) {
@@ -156,7 +159,10 @@ static int ep_run_once(struct wex_loop *l, int timeout_ms)
 		int kind = *(int *)evs[i].data.ptr;
 
 		if (kind == WEX_LOOP_KIND_LISTEN) {
-			ep_accept(l, evs[i].data.ptr);
+			/* (Not after an unlisten earlier in this batch: those
+			 * clients wait for the next wexd.) */
+			if (!((struct wex_loop_watch *)evs[i].data.ptr)->stopped)
+				ep_accept(l, evs[i].data.ptr);
 		} else if (kind == WEX_LOOP_KIND_WATCH) {
 			struct wex_loop_watch *w = evs[i].data.ptr;
 

@@ -30,6 +30,7 @@ static int ur_init(struct wex_loop *l, char *why, size_t len)
 	static const int need[] = { IORING_OP_RECVMSG, IORING_OP_ACCEPT, IORING_OP_POLL_ADD,
 				    IORING_OP_ASYNC_CANCEL };
 	struct io_uring_probe *probe;
+	const char *hook;
 	struct ur *u;
 	int ret;
 
@@ -57,6 +58,17 @@ static int ur_init(struct wex_loop *l, char *why, size_t len)
 		}
 	}
 	io_uring_free_probe(probe);
+	/* Before 5.11 (no EXT_ARG) liburing times a wait with a timeout
+	 * request of its own, whose completion (user_data
+	 * LIBURING_UDATA_TIMEOUT) the loop would take for one of its
+	 * requests: epoll there.  WEX_URING_NO_EXT_ARG=1 acts as such a
+	 * kernel (tests). */
+	hook = getenv("WEX_URING_NO_EXT_ARG");
+	if (!(u->ring.features & IORING_FEAT_EXT_ARG) || (hook && !strcmp(hook, "1"))) {
+		snprintf(why, len, "kernel lacks IORING_FEAT_EXT_ARG (before 5.11)");
+		ret = -ENOSYS;
+		goto err;
+	}
 	u->multishot_ok = 1;
 	l->priv = u;
 	return 0;

@@ -103,8 +103,15 @@ int wexd_send(struct wexd *d, struct conn *c, json_t *reply, const int *fds, int
 		 * ends the client's wait at once (EOF), and the loop's receive
 		 * sees the same EOF and closes the connection, wherever the
 		 * reply came from (a request, a deferred wait, a fetch). */
-		wex_warn("conn", "client %llu (pid %d): send failed: %s: dropping",
-			 (unsigned long long)c->id, (int)c->pid, strerror((int)-n));
+		/* A client gone before its reply (killed, or a script that
+		 * does not wait) is no news at warn level: thousands a second
+		 * under a flood. */
+		if (n == -EPIPE || n == -ECONNRESET)
+			wex_debug("conn", "client %llu (pid %d): gone before its reply: %s",
+				  (unsigned long long)c->id, (int)c->pid, strerror((int)-n));
+		else
+			wex_warn("conn", "client %llu (pid %d): send failed: %s: dropping",
+				 (unsigned long long)c->id, (int)c->pid, strerror((int)-n));
 		shutdown(c->io.fd, SHUT_RDWR);
 		c->dropping = 1;
 		return (int)n;

@@ -69,6 +69,7 @@ set_target_properties(fetch_race_epoll fetch_race_uring PROPERTIES ENABLE_EXPORT
 wex_foundation_test(reshard_copy LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(empty_rank LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(msg_limit LOOP)
+wex_foundation_test(connect_flood LOOP)
 # 256 MiB copies checked byte by byte, and a 6 s wait: 19 s in the sanitizer
 # build on an idle 2-core box, 83 s loaded beside host_copy.
 wex_foundation_test(client_recovery LIBS wex TIMEOUT 240)
