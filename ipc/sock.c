@@ -94,7 +94,7 @@ int wex_sock_lock(const char *path, pid_t *holder, const char **step)
 	char lock[PATH_MAX], buf[32];
 	const char *unused;
 	struct stat st;
-	ssize_t n;
+	ssize_t n, w;
 	int fd, ret;
 
 	if (!step)
@@ -109,8 +109,14 @@ int wex_sock_lock(const char *path, pid_t *holder, const char **step)
 		return ret;
 	*step = "open its lock file";
 	fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return -errno;
+	if (fd < 0) {
+		ret = -errno;
+		/* Another user's file (sticky /tmp) reads as EACCES, as does
+		 * a directory this user may not write: told apart. */
+		if (ret == -EACCES && lstat(lock, &st) == 0 && st.st_uid != geteuid())
+			ret = -EPERM;
+		return ret;
+	}
 	/* A lock file anyone may write lets anyone hold wexd off. */
 	*step = "check its lock file";
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
@@ -135,8 +141,10 @@ int wex_sock_lock(const char *path, pid_t *holder, const char **step)
 		return ret;
 	}
 	n = snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
-	if (ftruncate(fd, 0) < 0 || pwrite(fd, buf, (size_t)n, 0) != n) {
-		ret = -errno;
+	ret = ftruncate(fd, 0) < 0 ? -errno : 0;
+	if (!ret && (w = pwrite(fd, buf, (size_t)n, 0)) != n)
+		ret = w < 0 ? -errno : -EIO; /* (a short write sets no errno) */
+	if (ret) {
 		*step = "write its pid into its lock file";
 		close(fd);
 		return ret;

@@ -19,15 +19,17 @@
 #define WEX_SOCK_CBUF_LEN (CMSG_SPACE(sizeof(int) * WEX_SOCK_MAX_FDS) + CMSG_SPACE(64))
 
 /* Takes the daemon's lock on `path` before it checks for a stale socket
- * there: an exclusive flock on "<path>.lock" (made 0600 if missing, parent
- * directory too; the file stays when the daemon exits: removing it would
- * let two daemons lock two files), with the holder's pid written in it.
+ * there: an exclusive flock on "<path>.lock" (the file made with mode
+ * 0600 if missing, the parent directory 0755; the file stays when the
+ * daemon exits: removing it would let two daemons lock two files), with
+ * the holder's pid written in it.
  * Two daemons started at once over one stale socket would otherwise both
  * find it stale, and the later would remove the earlier's new socket.
  * Returns the fd, to keep open while the daemon runs, or -errno: -EADDRINUSE
  * when another process holds it (*holder: its pid, 0 if not yet written),
- * -EPERM when the file is not a regular file of this user's; *step (if not
- * NULL) names the step that failed. */
+ * -EPERM when the file is not a regular file of this user's (-EACCES:
+ * the directory refuses this user); *step (if not NULL) names the step
+ * that failed. */
 int wex_sock_lock(const char *path, pid_t *holder, const char **step);
 
 /* Creates the listening socket at `path` (parent directory made 0755 if

@@ -98,6 +98,11 @@ struct wex_loop_ops {
 	void (*fini)(struct wex_loop *l);
 };
 
+/* Events (epoll) or completions (io_uring) a turn of the loop handles, and
+ * connections it accepts: the rest wait for the next turn, after wexd's
+ * timers, so that no flood starves connected clients. */
+#define WEX_LOOP_BATCH 64
+
 struct wex_loop {
 	const struct wex_loop_ops *ops;
 	struct wex_loop_cbs cbs;

@@ -96,9 +96,9 @@ static void ep_close(struct wex_loop *l, struct wex_loop_io *io)
 static void ep_accept(struct wex_loop *l, struct wex_loop_watch *w)
 {
 	/* At most a batch a turn (level-triggered: the rest come at the
-	 * next), as io_uring's WEX_URING_BATCH completions: a connect flood
-	 * must not starve connected clients, timers and signals. */
-	for (int i = 0; i < 64; i++) {
+	 * next): a connect flood must not starve connected clients, timers
+	 * and signals. */
+	for (int i = 0; i < WEX_LOOP_BATCH; i++) {
 		int fd = accept4(w->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
 		if (fd < 0) {
@@ -143,11 +143,11 @@ static void ep_recv(struct wex_loop *l, struct wex_loop_io *io)
 static int ep_run_once(struct wex_loop *l, int timeout_ms)
 {
 	struct ep *e = l->priv;
-	struct epoll_event evs[64];
+	struct epoll_event evs[WEX_LOOP_BATCH];
 	struct wex_loop_watch *lw;
 	int n;
 
-	n = epoll_wait(e->epfd, evs, 64, wex__loop_wait_ms(l, timeout_ms));
+	n = epoll_wait(e->epfd, evs, WEX_LOOP_BATCH, wex__loop_wait_ms(l, timeout_ms));
 	if (n < 0)
 		return errno == EINTR ? 0 : -errno;
 	if ((lw = wex__loop_resume_due(l))) {

@@ -17,8 +17,6 @@
 #include "log.h"
 #include "loop.h"
 
-/* Completions handled per turn of the loop (epoll takes 64 events). */
-#define WEX_URING_BATCH 64u
 
 struct ur {
 	struct io_uring ring;
@@ -65,7 +63,8 @@ static int ur_init(struct wex_loop *l, char *why, size_t len)
 	 * kernel (tests). */
 	hook = getenv("WEX_URING_NO_EXT_ARG");
 	if (!(u->ring.features & IORING_FEAT_EXT_ARG) || (hook && !strcmp(hook, "1"))) {
-		snprintf(why, len, "kernel lacks IORING_FEAT_EXT_ARG (before 5.11)");
+		snprintf(why, len, "kernel lacks IORING_FEAT_EXT_ARG (before 5.11)%s",
+			 hook && !strcmp(hook, "1") ? " (acted: WEX_URING_NO_EXT_ARG=1)" : "");
 		ret = -ENOSYS;
 		goto err;
 	}
@@ -286,7 +285,7 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 
 		/* At most as many as epoll's turn: the rest wait for the
 		 * next, after wexd's timers (waiters' deadlines) had theirs. */
-		if (seen == WEX_URING_BATCH)
+		if (seen == WEX_LOOP_BATCH)
 			break;
 		seen++;
 		if (!data)

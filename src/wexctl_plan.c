@@ -84,7 +84,7 @@ static uint64_t parse_size(const char *s)
 		/* transformers reads "5Gb" (a lower-case b after a decimal
 		 * unit) as bits. */
 		if (units[i].mul >= 1000 && units[i].mul % 1000 == 0 && p[strlen(p) - 1] == 'b')
-			return v * units[i].mul / 8 ?: 0;
+			return v * units[i].mul / 8;
 		return v * units[i].mul;
 	}
 	return 0;

@@ -1157,7 +1157,7 @@ int main(int argc, char **argv)
 			else
 				wex_error("wexd", "cannot listen on %s: %s %s.lock%s: %s", d.socket_path,
 					  step, d.socket_path,
-					  d.lock_fd == -EPERM || d.lock_fd == -EACCES
+					  d.lock_fd == -EPERM
 						  ? " (not a file of this user's: another user's? remove "
 						    "it, or choose another path: socket, --socket, "
 						    "WEX_SOCKET)"

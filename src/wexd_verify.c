@@ -304,15 +304,17 @@ static json_t *orphan_poll(struct wexd *d, const char *model, const char *group,
 {
 	json_t *groups = NULL;
 
-	prune_list(&d->verify_orphans);
+	/* (Matched before the expired are pruned: an ask that just stopped
+	 * standing reads as expired, not as no model.) */
 	for (struct verify_stand *s = d->verify_orphans; s; s = s->next) {
 		if (strcmp(s->model, model) || (group && strcmp(s->group, group)) ||
 		    s->ticket < ticket)
 			continue;
 		if (!groups && !(groups = json_array()))
-			return NULL;
+			break;
 		json_array_append_new(groups, gone_state(s, ticket));
 	}
+	prune_list(&d->verify_orphans);
 	return groups;
 }
 

@@ -3,11 +3,12 @@
  * connect_flood - proves that a flood of connections (two processes
  * connecting and closing as fast as they can, for 2 s) does not starve
  * the clients already connected: one of them keeps getting its pings
- * answered all along (at least 50; under epoll, whose accept loop ran
- * until the listen queue was empty, 9 got through on the dev box, one
- * wait lasting 0.85 s, against 8120 with the loop's accepts capped at 64
- * a turn, and 800 to 1000 under io_uring), and wexd serves a new client
- * and stops on SIGTERM after it.  Nothing is timed beyond that count.
+ * answered all along: at least 300, or no wait over 0.15 s (under epoll,
+ * whose accept loop ran until the listen queue was empty, 9 to 155 got
+ * through on the dev box, a wait lasting up to 0.85 s, against thousands
+ * with the loop's accepts capped at WEX_LOOP_BATCH a turn, and 700 to 1000
+ * under io_uring), and wexd serves a new client and stops on SIGTERM
+ * after it.
  */
 #include <string.h>
 #include <sys/socket.h>
@@ -71,8 +72,12 @@ int main(void)
 		T_ASSERT(t_wait(f[i]) == 0, "flooder %d failed", i);
 	printf("%d pings answered during a %.0f s connect flood, the longest wait %.1f ms\n", n,
 	       FLOOD_S, worst * 1e3);
-	T_ASSERT(n >= 50, "only %d pings answered during a %.0f s connect flood (the longest wait "
-		 "%.2f s): the flood starves connected clients", n, FLOOD_S, worst);
+	/* Starved, it got 46 to 155 with waits of 0.19 to 0.85 s (ten runs
+	 * on the dev box, some beside other tests); served, 687 or more under
+	 * the sanitizers, waits of 27 ms at most: either suffices. */
+	T_ASSERT(n >= 300 || worst < 0.15,
+		 "only %d pings answered during a %.0f s connect flood, the longest wait %.2f s: "
+		 "the flood starves connected clients", n, FLOOD_S, worst);
 	close(fd);
 	json_decref(t_status(d.sock));
 	t_wexd_stop(&d);

@@ -762,6 +762,17 @@ class EngineHooks(WexdProducerCase):
         self.assertIn("SGLANG_SHARED_EXPERT_TP1", str(e.exception))
         self.assertEqual(wex.sglang.default_spec(wex.sglang.parallel_info(), experts=False),
                          "sglang:tp=8")
+        # A model without shared experts (Qwen3-MoE, Mixtral): nothing to keep
+        # whole, not refused.
+        self.assertEqual(wex.sglang.default_spec(wex.sglang.parallel_info(), shared=False),
+                         "sglang:tp=8")
+        with tempfile.TemporaryDirectory() as cd:
+            for c, want in (({"num_experts": 8}, False), ({"n_shared_experts": 1}, True),
+                            ({"shared_expert_intermediate_size": 64}, True)):
+                cfgp = os.path.join(cd, "config.json")
+                with open(cfgp, "w") as f:
+                    json.dump(c, f)
+                self.assertEqual(wex.sglang._has_shared(cfgp), want, c)
         del os.environ["SGLANG_SHARED_EXPERT_TP1"]
         # An embedding whole on every rank under dp-attention (SGLang before
         # PR #17403, or SGLANG_ENABLE_EMBED_REPLICATION=1) is embed_rep=1.

@@ -11,7 +11,7 @@ WEXD=$1 WEXCTL=$2
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
 command -v $PY >/dev/null || skip "python3 missing"
 WEX_IO=auto WEX_URING_NO_EXT_ARG=1 start_wexd
-grep -q "io_uring unavailable (kernel lacks IORING_FEAT_EXT_ARG (before 5.11)): using epoll" "$TMP/wexd.log" ||
+grep -q "io_uring unavailable (kernel lacks IORING_FEAT_EXT_ARG (before 5.11) (acted: WEX_URING_NO_EXT_ARG=1)): using epoll" "$TMP/wexd.log" ||
 	fail "no fallback logged: $(cat "$TMP/wexd.log")"
 "$WEXCTL" status --json >"$TMP/status.json" || fail "status"
 $PY - "$TMP/status.json" <<'PYEOF' || fail "status does not show the fallback: $(cat "$TMP/status.json")"

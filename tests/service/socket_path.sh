@@ -78,6 +78,10 @@ for i in 1 2 3 4 5 6 7 8; do
 	# The one that lost exits 1 on its own; the other serves.
 	n=0
 	while kill -0 $P1 2>/dev/null && kill -0 $P2 2>/dev/null && [ $n -lt 100 ]; do sleep 0.05; n=$((n + 1)); done
+	if kill -0 $P1 2>/dev/null && kill -0 $P2 2>/dev/null; then
+		kill $P1 $P2; wait $P1 $P2
+		fail "pair $i: both wexd still run after 5 s: $(cat "$TMP/pair1.log" "$TMP/pair2.log")"
+	fi
 	if kill -0 $P1 2>/dev/null; then W=$P1 L=$P2 LLOG=pair2; else W=$P2 L=$P1 LLOG=pair1; fi
 	wait $L; rc=$?
 	if [ $rc != 1 ] || ! kill -0 $W 2>/dev/null; then
@@ -134,8 +138,16 @@ if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
 		timeout 10 "$WEXD" 2>"$TMP/sticky.log"; then
 		fail "wexd started with another user's lock file"
 	fi
-	grep -q "open its lock file $TMP/sticky/wexd.sock.lock (not a file of this user's: another user's? .*): Permission denied" \
+	grep -q "open its lock file $TMP/sticky/wexd.sock.lock (not a file of this user's: another user's? .*): Operation not permitted" \
 		"$TMP/sticky.log" || fail "another user's lock file: unclear error: $(cat "$TMP/sticky.log")"
+	# A directory this user may not write: no lock file to blame.
+	mkdir -m 755 "$TMP/closed"
+	if WEX_SOCKET="$TMP/closed/wexd.sock" setpriv --reuid=65534 --regid=65534 --clear-groups \
+		timeout 10 "$WEXD" 2>"$TMP/closed.log"; then
+		fail "wexd started in a directory it may not write"
+	fi
+	grep -q "open its lock file $TMP/closed/wexd.sock.lock: Permission denied" "$TMP/closed.log" ||
+		fail "unwritable directory: unclear error: $(cat "$TMP/closed.log")"
 	chmod 700 "$TMP"
 else
 	echo "(another user's socket not checked: needs root and setpriv)"

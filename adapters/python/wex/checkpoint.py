@@ -125,7 +125,8 @@ def _read_headers(files):
                                     parse_constant=_no_constant)
             except (ValueError, RecursionError) as e:
                 raise ValueError("%s: safetensors header is not UTF-8 JSON without repeated "
-                                 "keys: %s" % (path, e or "nested too deep")) from None
+                                 "keys: %s" % (path, "nested too deep" if isinstance(
+                                     e, RecursionError) else e)) from None
         if not isinstance(header, dict):
             raise ValueError("%s: safetensors header is not a JSON object" % path)
         base = 8 + n

@@ -358,15 +358,32 @@ def parallel_info():
 
 def _env_on(name):
     """Whether SGLang's boolean environment variable `name` is set true
-    (sglang.srt.environ EnvBool: "1"/"true"/"yes"/"on")."""
+    (sglang.srt.environ EnvBool: "1", "true", "yes", "on", "y", "t", any
+    case)."""
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on", "y", "t")
 
 
-def default_spec(par, fuse_shared=False, experts=True, embed_rep=False):
+def _has_shared(cfg):
+    """Whether the model of config.json `cfg` has shared experts (DeepSeek's
+    n_shared_experts, Qwen2-MoE's shared_expert_intermediate_size); true
+    where the config cannot say (the refusal it guards is the safe side)."""
+    try:
+        with open(cfg) as f:
+            c = json.load(f)
+    except (OSError, ValueError):
+        return True
+    if not isinstance(c, dict):
+        return True
+    return any(isinstance(c.get(k), int) and not isinstance(c.get(k), bool) and c[k] > 0
+               for k in ("n_shared_experts", "shared_expert_intermediate_size"))
+
+
+def default_spec(par, fuse_shared=False, experts=True, embed_rep=False, shared=True):
     """The sglang layout spec for this worker's parallel state; refuses
     what the layout cannot describe or a worker cannot place.  experts:
     whether the model has routed experts (--ep-size is left out of a dense
-    model's spec: SGLang ignores it there, the layout refuses it).  The
+    model's spec: SGLang ignores it there, the layout refuses it); shared:
+    whether it has shared experts as well.  The
     stages SGLANG_PP_LAYER_PARTITION gives, where set, go in the spec."""
     if not par.get("known"):
         raise ValueError("this SGLang has no get_global_server_args: its parallel sizes are "
@@ -386,7 +403,7 @@ def default_spec(par, fuse_shared=False, experts=True, embed_rep=False):
     # sglang.srt.layers.moe.utils.MoeA2ABackend: only deepep and mooncake are
     # described (a2a=1); mori, nixl, flashinfer, ascend_fuseep, megamoe, ...
     # place routed or shared experts otherwise.
-    if experts and _env_on("SGLANG_SHARED_EXPERT_TP1"):
+    if experts and shared and _env_on("SGLANG_SHARED_EXPERT_TP1"):
         # models/deepseek_v2.py DeepseekV2MoE: _shared_expert_use_tp1 ... or
         # envs.SGLANG_SHARED_EXPERT_TP1.get() -> shared experts tp_size=1.
         raise ValueError("SGLANG_SHARED_EXPERT_TP1 is set: SGLang keeps the shared experts whole "
@@ -477,7 +494,8 @@ def _attach(model, args):
             return None
     spec = args.get("layout") or default_spec(
         par, int(getattr(model, "num_fused_shared_experts", 0) or 0) > 0,
-        experts=has_experts(cfg), embed_rep=_embed_whole(model, par, cfg))
+        experts=has_experts(cfg), embed_rep=_embed_whole(model, par, cfg),
+        shared=_has_shared(cfg))
     layout = wex.Layout(cfg, spec, args.get("adapters"))
     device = None
     for _, t in model.named_parameters():
