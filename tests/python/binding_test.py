@@ -18,6 +18,7 @@ Environment: WEX_LIB (libwex.so), WEXD_BIN, PYTHONPATH with adapters/python.
 import ctypes
 import errno
 import os
+import pathlib
 import select
 import signal
 import sys
@@ -432,6 +433,35 @@ class Binding(WexdProducerCase):
                 wex.Client(**kw)
             self.assertEqual(e.exception.code, errno.EINVAL)
             self.assertIn(why, str(e.exception))
+
+        # A dtype number past int32: refused, not cut to 32 bits (2**32 + 7
+        # would be BF16).
+        with self.assertRaises(ValueError):
+            wex.tensor("x", (1 << 32) + 7, (2,))
+        # A socket given as a path object or bytes is taken as str is.
+        for sock in (pathlib.Path(self.sock), os.fsencode(self.sock)):
+            c3 = wex.Client(wex.ROLE_ADMIN, socket=sock)
+            c3.close()
+        # A layout whose config path is not UTF-8: WexError, its message
+        # decoded with replacements (it was UnicodeDecodeError).
+        with self.assertRaises(wex.WexError) as e:
+            wex.Layout(os.fsdecode(b"/nonexistent-\xff/config.json"), "hf")
+        self.assertIn("config.json", str(e.exception))
+        # last_error read while another thread closes the client: under the
+        # lock that close takes (the ASan build saw a use after free).
+        for _ in range(50):
+            c4 = wex.Client(wex.ROLE_ADMIN)
+            stop = threading.Event()
+
+            def reader(c=c4, stop=stop):
+                while not stop.is_set():
+                    self.assertIsInstance(c.last_error, str)
+
+            t = threading.Thread(target=reader)
+            t.start()
+            c4.close()
+            stop.set()
+            t.join()
 
         # wex.released: the error's code is the errno (EINVAL for ptr 0).
         with self.assertRaises(wex.WexError) as e:

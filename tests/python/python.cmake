@@ -75,3 +75,14 @@ foreach(mode mempool expandable fsdp)
   set_tests_properties(torch_${mode} PROPERTIES LABELS "gpu;python" TIMEOUT 130
     SKIP_RETURN_CODE 77 ENVIRONMENT "${WEX_PY_ENV}")
 endforeach()
+# The ctypes mirror in adapters/python/wex against wex.h: struct sizes,
+# offsets and field order, constants and enums (printed by a C program
+# built against the header), and every wex_* function the package calls
+# declared with the header's argument and return types.
+add_executable(wex_abi_dump tests/python/abi_dump.c)
+target_include_directories(wex_abi_dump PRIVATE ${CMAKE_SOURCE_DIR}/src/include)
+target_link_libraries(wex_abi_dump PRIVATE wex)
+add_test(NAME py_abi COMMAND ${WEX_PYTHON3} ${CMAKE_SOURCE_DIR}/tests/python/abi_check_test.py
+  $<TARGET_FILE:wex_abi_dump> ${CMAKE_SOURCE_DIR}/src/include/wex.h
+  ${CMAKE_SOURCE_DIR}/adapters/python/wex)
+set_tests_properties(py_abi PROPERTIES LABELS python TIMEOUT 60 ENVIRONMENT "${WEX_PY_ENV}")

@@ -164,9 +164,14 @@ class Layout:
                                 _cstr(adapters, "adapters", True) if adapters else None,
                                 ctypes.byref(self.handle), ctypes.byref(world), ctypes.byref(err))
         if ret < 0:
-            why = ctypes.string_at(err.value).decode() if err.value else strerror(ret)
-            if err.value:
-                L.wex_free(err)
+            # (The message may hold a path's undecodable bytes: freed
+            # whatever decoding does.)
+            try:
+                why = (ctypes.string_at(err.value).decode(errors="replace") if err.value
+                       else strerror(ret))
+            finally:
+                if err.value:
+                    L.wex_free(err)
             raise WexError(-ret, "layout %s of %s: %s" % (spec, config, why))
         self.spec = spec
         self.world = world.value
@@ -262,6 +267,9 @@ def tensor(name, dtype, shape, *, start=None, extent=None, strides=None,
             raise ValueError("unknown dtype %r (one of %s)" % (dtype, ", ".join(DTYPE_SIZE)))
         t.dtype = DTYPES.index(dtype)
     else:
+        # (ctypes would cut a wider value to 32 bits: 2**32 + 7 is BF16.)
+        if not -(1 << 31) <= int(dtype) < 1 << 31:
+            raise ValueError("dtype %r is not an int32 enum value" % (dtype,))
         t.dtype = int(dtype)
     shape = tuple(int(s) for s in shape)
     if len(shape) > MAX_DIMS:
@@ -450,11 +458,18 @@ class Client:
             why = "rank %d is not in 0..world_size-1 (world_size %d)" % (rank, world_size)
         elif device is not None and device < 0:
             why = "device must be a CUDA ordinal (0 or more), not %d" % device
+        enc = {}
         for what, val, limit in (("model", model, NAME_MAX), ("group", group, NAME_MAX),
                                  ("socket", socket, 256)):
-            if why is None and val is not None and len(val.encode()) >= limit:
+            if val is None:
+                continue
+            # (The socket is a path: str, bytes or os.PathLike, encoded as
+            # the file system's names are.)
+            b = os.fsencode(val) if what == "socket" else val.encode()
+            enc[what] = b
+            if why is None and len(b) >= limit:
                 why = "%s must be under %d bytes: %r" % (what, limit, val)
-            if why is None and val is not None and "\0" in val:
+            if why is None and b"\0" in b:
                 why = "%s contains a NUL byte: %r" % (what, val)
         if why is not None:
             raise WexError(errno.EINVAL, "wex_client_open: %s" % why)
@@ -470,7 +485,7 @@ class Client:
         for flag, field, val in ((_F_SOCKET, "socket", socket), (_F_MODEL, "model", model),
                                  (_F_GROUP, "group", group)):
             if val is not None:
-                b = val.encode()
+                b = enc[field]
                 self._keep.append(b)
                 setattr(p, field, b)
                 p.field_mask |= flag
@@ -578,9 +593,19 @@ class Client:
 
     @property
     def last_error(self):
-        if self._h is None:
-            return ""
-        return self._lib.wex_last_error(self._h).decode(errors="replace")
+        # (_handle_lock: a close() in another thread frees the client.
+        # Marked as cancel() does: a finalizer run in here must not close
+        # the client on this thread, which holds _handle_lock.)
+        prev = getattr(self._in_cancel, "on", False)
+        self._in_cancel.on = True
+        try:
+            with self._handle_lock:
+                if self._h is None:
+                    return ""
+                raw = self._lib.wex_last_error(self._h)
+        finally:
+            self._in_cancel.on = prev
+        return raw.decode(errors="replace")
 
     def close(self, force=False):
         """Closes the client; deferred while tensors over its memory are
