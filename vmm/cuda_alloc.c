@@ -64,6 +64,13 @@ WEX_API int wex_cuda_malloc(size_t size, int device, void **ptr)
 	wex_mem_thread_save(&saved);
 	ret = wex_mem_cuda_vmm_ops.alloc((uint64_t)size, device, &e->seg);
 	wex_mem_thread_restore(&saved);
+	if (ret == -ENOMEM) {
+		/* (PyTorch frees its cache and asks again: see vmm_alloc.) */
+		wex_info("cuda", "wex_cuda_alloc(%zu bytes, device %d): out of GPU memory", size,
+			 device);
+		free(e);
+		return ret;
+	}
 	if (ret) {
 		wex_error("cuda", "wex_cuda_alloc(%zu bytes, device %d): %s%s%s", size, device,
 			  wex_strerror(ret), ret == -WEX_ENOCUDA ? ": " : "",

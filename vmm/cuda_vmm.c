@@ -383,6 +383,15 @@ static int vmm_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
 		if (r == CUDA_SUCCESS)
 			fabric_off(device);
 	}
+	/* Out of memory is the caller's to report: PyTorch's allocator
+	 * frees its cached blocks and asks again, and raises its own
+	 * OutOfMemoryError only if that fails too (an error line per flush
+	 * of its cache would cry wolf). */
+	if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+		wex_debug("cuda", "cuMemCreate(%llu bytes, device %d): out of memory",
+			  (unsigned long long)asize, device);
+		return -ENOMEM;
+	}
 	ret = wex__cuda_err(r, "cuMemCreate");
 	if (ret)
 		return ret;

@@ -42,6 +42,9 @@
  *                  open files: the limit is raised to the hard one and
  *                  all are made; at the hard limit an allocation fails
  *                  with EMFILE, saying why
+ *   oom_quiet      an allocation larger than the GPU: -ENOMEM, logged at
+ *                  info, no error line (PyTorch frees its cache and asks
+ *                  again)
  *   fork_child     a child forked after the driver was loaded gets
  *                  -WEX_ENOCUDA from every call, with a reason naming the
  *                  parent
@@ -255,6 +258,33 @@ static void fd_limit(void)
 	CHECK(ret == -EMFILE && i < FD_ALLOCS);
 	while (i-- > 0)
 		wex_cuda_free(p[i], 2u << 20, 0, NULL);
+}
+
+/* An allocation larger than the GPU (1 TiB): -ENOMEM, logged at info
+ * only, with no error line: PyTorch's allocator takes a NULL as its cue to
+ * free its cache and ask again, and raises its own OutOfMemoryError if
+ * that fails too, so an error line at each flush would cry wolf. */
+static void oom_quiet(void)
+{
+	char path[] = "/tmp/wex-oom-XXXXXX", buf[4096];
+	int fd = mkstemp(path), saved = dup(2);
+	void *p = NULL;
+	ssize_t n;
+
+	CHECK(fd >= 0 && saved >= 0);
+	unlink(path);
+	CHECK(dup2(fd, 2) == 2);
+	n = wex_cuda_malloc(1ull << 40, 0, &p);
+	CHECK(dup2(saved, 2) == 2);
+	close(saved);
+	CHECK(n == -ENOMEM && p == NULL);
+	n = pread(fd, buf, sizeof(buf) - 1, 0);
+	close(fd);
+	CHECK(n > 0);
+	buf[n] = '\0';
+	printf("  logged: %s", buf);
+	CHECK(strstr(buf, "cuda info: wex_cuda_alloc(1099511627776 bytes, device 0): out of GPU memory"));
+	CHECK(!strstr(buf, " error: "));
 }
 
 #define BIG (64u << 20)
@@ -889,6 +919,7 @@ int main(void)
 	ret |= run_pair("leak_import", p_leak, c_leak);
 	ret |= run_one("leak_alloc", leak_alloc);
 	ret |= run_one("fd_limit", fd_limit);
+	ret |= run_one("oom_quiet", oom_quiet);
 	ret |= killed();
 	ret |= run_pair("wrap_chunks", p_wrap, c_wrap);
 	ret |= run_pair("wrap_fabric", p_fabric, c_fabric);
