@@ -101,6 +101,11 @@ build() {
 		echo "build: cuda.h not found (CUDA_HOME, /usr/local/cuda/include): no CUDA backend, no gpu tests"
 		return 1
 	}
+	# A cuda.h older than 13.0 is found but not used (CMake says so).
+	grep -rqs 'cudawrap\.c' "$B/build.ninja" "$B/CMakeFiles" || {
+		echo "build: the CUDA backends are off (cuda.h older than CUDA 13.0?): no gpu tests"
+		return 1
+	}
 	cmake --build "$B" -j "$(nproc)"
 }
 
