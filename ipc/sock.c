@@ -494,6 +494,17 @@ void wex_table_unmap(const void *data, size_t len)
 		munmap((void *)data, len);
 }
 
+int wex_fd_exhausted(void)
+{
+	int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+
+	if (fd >= 0) {
+		close(fd);
+		return 0;
+	}
+	return errno == EMFILE || errno == ENFILE;
+}
+
 int wex_fd_count(pid_t pid)
 {
 	char path[64];

@@ -108,4 +108,7 @@ void wex_table_unmap(const void *data, size_t len);
 /* Number of open fds of this process (for leak checks). */
 int wex_fd_count(pid_t pid);
 
+/* 1 if this process cannot open another fd (EMFILE or ENFILE). */
+int wex_fd_exhausted(void);
+
 #endif

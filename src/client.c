@@ -480,19 +480,6 @@ WEX_API const char *wex_last_error(wex_client_t *c)
 /* ---------------------------------------------------------------------- */
 /* Transport.                                                              */
 
-/* 1 if this process cannot open another fd (the fds of a reply with
- * MSG_CTRUNC were dropped for that reason). */
-static int fd_limit_reached(void)
-{
-	int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-
-	if (fd >= 0) {
-		close(fd);
-		return 0;
-	}
-	return errno == EMFILE || errno == ENFILE;
-}
-
 /* The connection is gone (or dropped) with no reply since regions were
  * restored under its lease (restore_unconfirmed): the copy may hold a mix
  * of what the producer wrote after the lease went, so the weights are
@@ -717,7 +704,8 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	c->restore_unconfirmed = 0;
 	*reply = json_loadb(buf, (size_t)n, 0, &je);
 	free(buf);
-	if ((mflags & MSG_CTRUNC) && fd_limit_reached()) {
+	/* (The fds of a reply with MSG_CTRUNC were dropped for want of one.) */
+	if ((mflags & MSG_CTRUNC) && wex_fd_exhausted()) {
 		/* The kernel dropped the fds it could not install here. */
 		struct rlimit rl = { 0 };
 

@@ -171,8 +171,8 @@ void wexd_verify_take(struct conn *c, const char *mode, json_t *v)
 		if (!strcmp(result, results[i]))
 			break;
 	/* An unknown result or negative figures: dropped. */
-	if (i == sizeof(results) / sizeof(results[0]) || ticket < 0 || version < 0 || bytes < 0 || differ < 0 ||
-	    offset < 0 || !(secs >= 0 && secs <= 86400))
+	if (i == sizeof(results) / sizeof(results[0]) || ticket < 0 || version < 0 || bytes < 0 ||
+	    differ < 0 || offset < 0 || !(secs >= 0 && secs <= 86400))
 		return;
 	/* An answer only to an ask this connection was told of: a ticket of
 	 * another group's ask, or one an earlier wexd gave, would mark an

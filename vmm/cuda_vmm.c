@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "wex.h"
+#include "ipc/sock.h"
 #include "src/log.h"
 #include "vmm/cudawrap.h"
 #include "vmm/cuda_backend.h"
@@ -218,18 +219,6 @@ static int access_devs(int owner, int adev, int dev[2])
 	return adev != owner ? 2 : 1;
 }
 
-/* 1 if this process cannot open another fd. */
-static int out_of_fds(void)
-{
-	int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-
-	if (fd >= 0) {
-		close(fd);
-		return 0;
-	}
-	return errno == EMFILE;
-}
-
 /* Raises the soft limit on open files to the hard one, once it was hit:
  * every exportable allocation holds an fd while it lives, and a trainer's
  * memory pool can hold more allocations than the usual soft limit of
@@ -261,10 +250,10 @@ static int export_fd(CUmemGenericAllocationHandle h, int *fd)
 	int f = -1, ret;
 
 	r = wex__cu.cuMemExportToShareableHandle(&f, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-	if (r != CUDA_SUCCESS && out_of_fds() && raise_fd_limit())
+	if (r != CUDA_SUCCESS && wex_fd_exhausted() && raise_fd_limit())
 		r = wex__cu.cuMemExportToShareableHandle(&f, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
 							 0);
-	if (r != CUDA_SUCCESS && out_of_fds()) {
+	if (r != CUDA_SUCCESS && wex_fd_exhausted()) {
 		getrlimit(RLIMIT_NOFILE, &rl);
 		wex_error("cuda", "cuMemExportToShareableHandle: %s: this process is out of file descriptors (limit %llu, its hard limit too): each exportable allocation holds one while it lives; raise the hard limit (ulimit -Hn, LimitNOFILE=)",
 			  wex__cuda_errname(r), (unsigned long long)rl.rlim_cur);
