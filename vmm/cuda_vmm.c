@@ -242,10 +242,24 @@ static int raise_fd_limit(void)
 	return 1;
 }
 
+/* -EMFILE for a driver call that failed (r) in a process out of file
+ * descriptors even after raise_fd_limit, saying why; 0 otherwise.  The
+ * driver may report it as anything, out of memory included. */
+static int fds_out(CUresult r, const char *call)
+{
+	struct rlimit rl = { 0 };
+
+	if (r == CUDA_SUCCESS || !wex_fd_exhausted())
+		return 0;
+	getrlimit(RLIMIT_NOFILE, &rl);
+	wex_error("cuda", "%s: %s: this process is out of file descriptors (limit %llu, its hard limit too): each exportable allocation holds one while it lives; raise the hard limit (ulimit -Hn, LimitNOFILE=)",
+		  call, wex__cuda_errname(r), (unsigned long long)rl.rlim_cur);
+	return -EMFILE;
+}
+
 /* Exports h as a close-on-exec fd (the driver's fd is inheritable). */
 static int export_fd(CUmemGenericAllocationHandle h, int *fd)
 {
-	struct rlimit rl = { 0 };
 	CUresult r;
 	int f = -1, ret;
 
@@ -253,12 +267,9 @@ static int export_fd(CUmemGenericAllocationHandle h, int *fd)
 	if (r != CUDA_SUCCESS && wex_fd_exhausted() && raise_fd_limit())
 		r = wex__cu.cuMemExportToShareableHandle(&f, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
 							 0);
-	if (r != CUDA_SUCCESS && wex_fd_exhausted()) {
-		getrlimit(RLIMIT_NOFILE, &rl);
-		wex_error("cuda", "cuMemExportToShareableHandle: %s: this process is out of file descriptors (limit %llu, its hard limit too): each exportable allocation holds one while it lives; raise the hard limit (ulimit -Hn, LimitNOFILE=)",
-			  wex__cuda_errname(r), (unsigned long long)rl.rlim_cur);
-		return -EMFILE;
-	}
+	ret = fds_out(r, "cuMemExportToShareableHandle");
+	if (ret)
+		return ret;
 	ret = wex__cuda_err(r, "cuMemExportToShareableHandle(POSIX fd)");
 	if (ret)
 		return ret;
@@ -362,6 +373,14 @@ static int vmm_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
 		return -ENOMEM;
 	asize = round_up(size, g);
 	r = wex__cu.cuMemCreate(&h, (size_t)asize, &prop, 0);
+	/* A driver that holds an fd per allocation (the emulator's memfd)
+	 * runs out of them here rather than at the export below: the same
+	 * raise, and EMFILE rather than out of memory past the hard limit. */
+	if (r != CUDA_SUCCESS && wex_fd_exhausted() && raise_fd_limit())
+		r = wex__cu.cuMemCreate(&h, (size_t)asize, &prop, 0);
+	ret = fds_out(r, "cuMemCreate");
+	if (ret)
+		return ret;
 	if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && (types & CU_MEM_HANDLE_TYPE_FABRIC)) {
 		/* No IMEX channel or fabric manager: PyTorch treats any non-OOM
 		 * failure the same way and falls back to POSIX fds. */

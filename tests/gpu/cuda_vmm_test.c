@@ -225,39 +225,53 @@ static void leak_alloc(void)
  * than ~1000 segments under the usual 1024): the limit is raised to the
  * hard one once hit, and every allocation is made; where the hard limit
  * is hit too, the allocation fails with EMFILE (not an out-of-memory
- * error that sends one hunting for GPU memory). */
+ * error that sends one hunting for GPU memory).  Each is tried twice, the
+ * second time with one more fd open: a driver that holds an fd of its own
+ * per allocation (the emulator) runs out at cuMemCreate in one parity and
+ * at the export in the other. */
 #define FD_ALLOCS 100
 
 static void fd_limit(void)
 {
 	struct rlimit rl;
 	void *p[FD_ALLOCS];
-	int i, ret = 0;
+	int i, n0, shift, extra = -1, ret = 0;
 
 	CHECK(getrlimit(RLIMIT_NOFILE, &rl) == 0);
 	if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 4 * FD_ALLOCS) {
 		printf("  hard limit %llu on open files: not tried\n", (unsigned long long)rl.rlim_max);
 		return;
 	}
-	rl.rlim_cur = 64;
-	CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
-	for (i = 0; i < FD_ALLOCS; i++)
-		CHECK_OK(wex_cuda_malloc(2u << 20, 0, &p[i]));
-	CHECK(getrlimit(RLIMIT_NOFILE, &rl) == 0);
-	printf("  %d allocations; soft limit now %llu\n", FD_ALLOCS, (unsigned long long)rl.rlim_cur);
-	CHECK(rl.rlim_cur > 64);
-	for (i = 0; i < FD_ALLOCS; i++)
-		wex_cuda_free(p[i], 2u << 20, 0, NULL);
+	for (shift = 0; shift < 2; shift++) {
+		if (shift)
+			CHECK((extra = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0);
+		rl.rlim_cur = 64;
+		CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+		n0 = fd_count();
+		for (i = 0; i < FD_ALLOCS; i++)
+			CHECK_OK(wex_cuda_malloc(2u << 20, 0, &p[i]));
+		CHECK(getrlimit(RLIMIT_NOFILE, &rl) == 0);
+		printf("  %d fds open, then %d allocations; soft limit now %llu\n", n0, FD_ALLOCS,
+		       (unsigned long long)rl.rlim_cur);
+		CHECK(rl.rlim_cur > 64);
+		for (i = 0; i < FD_ALLOCS; i++)
+			wex_cuda_free(p[i], 2u << 20, 0, NULL);
+	}
 	/* (A forked child's CUDA is refused: lowered here for good.) */
 	rl.rlim_cur = rl.rlim_max = (rlim_t)fd_count() + 16;
 	CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
-	for (i = 0; i < FD_ALLOCS && (ret = wex_cuda_malloc(2u << 20, 0, &p[i])) == 0; i++)
-		;
-	printf("  hard limit %llu: %d allocations, then %s\n", (unsigned long long)rl.rlim_max, i,
-	       wex_strerror(ret));
-	CHECK(ret == -EMFILE && i < FD_ALLOCS);
-	while (i-- > 0)
-		wex_cuda_free(p[i], 2u << 20, 0, NULL);
+	for (shift = 0; shift < 2; shift++) {
+		if (shift)
+			close(extra);
+		n0 = fd_count();
+		for (i = 0; i < FD_ALLOCS && (ret = wex_cuda_malloc(2u << 20, 0, &p[i])) == 0; i++)
+			;
+		printf("  hard limit %llu, %d fds open: %d allocations, then %s\n",
+		       (unsigned long long)rl.rlim_max, n0, i, wex_strerror(ret));
+		CHECK(ret == -EMFILE && i < FD_ALLOCS);
+		while (i-- > 0)
+			wex_cuda_free(p[i], 2u << 20, 0, NULL);
+	}
 }
 
 /* An allocation larger than the GPU (1 TiB): -ENOMEM, logged at info
