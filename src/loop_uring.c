@@ -12,15 +12,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
 #include "loop.h"
+#include "proto.h"
 
 
 struct ur {
 	struct io_uring ring;
 	int multishot_ok;
+	/* Transient io_uring_enter failures: how many, when last logged;
+	 * WEX_URING_TRANSIENT=N (tests) fails every Nth wait so. */
+	unsigned long long transient;
+	uint64_t transient_logged_ns;
+	unsigned transient_every, waits;
 };
 
 static int ur_init(struct wex_loop *l, char *why, size_t len)
@@ -68,6 +75,9 @@ static int ur_init(struct wex_loop *l, char *why, size_t len)
 		ret = -ENOSYS;
 		goto err;
 	}
+	hook = getenv("WEX_URING_TRANSIENT");
+	if (hook)
+		u->transient_every = (unsigned)strtoul(hook, NULL, 10);
 	u->multishot_ok = 1;
 	l->priv = u;
 	return 0;
@@ -259,6 +269,29 @@ static void handle_recv(struct wex_loop *l, struct wex_loop_io *io, int res)
 		arm_recv(l, io);
 }
 
+/* io_uring_enter failed for the moment: EAGAIN (the kernel could not
+ * allocate for the submission, under memory pressure: the requests stay
+ * queued and go with the next wait) or EBUSY (the completion queue
+ * overflowed: completions the kernel holds back come in once the ring is
+ * drained, as this turn does).  Neither ends wexd.  Logged once a minute
+ * at most, with the count; a short nap when nothing is there to drain
+ * keeps a lasting condition from spinning a core. */
+static void transient(struct ur *u, int err)
+{
+	uint64_t now = wex__now_ns();
+
+	u->transient++;
+	if (!u->transient_logged_ns || now - u->transient_logged_ns >= 60000000000ull) {
+		wex_warn("loop", "io_uring_enter: %s (%llu time(s) so far): %s; retried", strerror(-err),
+			 u->transient,
+			 err == -EAGAIN ? "the kernel is short of memory for the submission"
+					: "the completion queue overflowed; draining it");
+		u->transient_logged_ns = now;
+	}
+	if (!io_uring_cq_ready(&u->ring))
+		nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
+}
+
 static int ur_run_once(struct wex_loop *l, int timeout_ms)
 {
 	struct ur *u = l->priv;
@@ -273,9 +306,14 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 		.tv_sec = timeout_ms / 1000,
 		.tv_nsec = (long long)(timeout_ms % 1000) * 1000000,
 	};
-	ret = io_uring_submit_and_wait_timeout(&u->ring, &cqe, 1, timeout_ms >= 0 ? &ts : NULL,
-					       NULL);
-	if (ret < 0 && ret != -ETIME && ret != -EINTR)
+	if (u->transient_every && ++u->waits % u->transient_every == 0)
+		ret = u->waits / u->transient_every % 2 ? -EAGAIN : -EBUSY; /* acted (tests) */
+	else
+		ret = io_uring_submit_and_wait_timeout(&u->ring, &cqe, 1,
+						       timeout_ms >= 0 ? &ts : NULL, NULL);
+	if (ret == -EAGAIN || ret == -EBUSY)
+		transient(u, ret);
+	else if (ret < 0 && ret != -ETIME && ret != -EINTR)
 		return ret;
 	io_uring_for_each_cqe(&u->ring, head, cqe)
 	{

@@ -38,6 +38,8 @@ static void usage(FILE *f)
 		"                    live view, refreshed in place (like top)\n"
 		"  metrics           Prometheus text exposition\n"
 		"  config get [NAME] | config set NAME VALUE\n"
+		"  config reload     re-read wexd's configuration file (as SIGHUP), exit 1 if it is\n"
+		"                    refused (the running configuration kept): systemd's ExecReload\n"
 		"  verify MODEL [--group G] [--timeout SEC] [--no-wait]\n"
 		"                    ask every engine rank of MODEL (or group G) to compare, on its\n"
 		"                    next sync within SEC (60), each byte of its weights with the\n"
@@ -420,6 +422,49 @@ static int cmd_watch(double interval, int count)
 	return ret < 0 ? 1 : 0;
 }
 
+/* Prints the names in j's array key, comma-separated, or "none". */
+static void print_names(json_t *j, const char *key)
+{
+	json_t *a = json_object_get(j, key), *v;
+	size_t i;
+
+	if (!json_array_size(a))
+		printf("none");
+	json_array_foreach(a, i, v)
+		printf("%s%s", i ? ", " : "", json_string_value(v) ?: "?");
+}
+
+/* wexctl config reload: wexd re-reads its file and says what changed, or
+ * refuses it (exit 1, wexd's reason on stderr), so that systemctl reload
+ * fails where a refused file would otherwise pass unnoticed. */
+static int config_reload(int as_json)
+{
+	wex_client_t *c;
+	json_t *j;
+
+	if (open_admin(&c) < 0)
+		return 1;
+	j = query(c, "config_reload", NULL);
+	wex_client_close(c);
+	if (!j)
+		return 1;
+	json_object_del(j, "ok");
+	if (as_json) {
+		json_dumpf(j, stdout, JSON_INDENT(2));
+		printf("\n");
+	} else {
+		const char *file = json_string_value(json_object_get(j, "file"));
+
+		printf("reloaded %s: changed: ", file && *file ? file : "(no file: defaults and environment)");
+		print_names(j, "changed");
+		printf("; needing a restart of wexd: ");
+		print_names(j, "restart_needed");
+		printf("\n");
+	}
+	json_decref(j);
+	return 0;
+}
+
 static int cmd_config(int argc, char **argv, int as_json)
 {
 	wex_client_t *c;
@@ -427,11 +472,14 @@ static int cmd_config(int argc, char **argv, int as_json)
 	char *a;
 	int ret;
 
-	if (argc < 2 || (strcmp(argv[1], "get") && strcmp(argv[1], "set")) ||
-	    (!strcmp(argv[1], "set") && argc != 4) || (!strcmp(argv[1], "get") && argc > 3)) {
-		fprintf(stderr, "usage: wexctl config get [NAME] | config set NAME VALUE\n");
+	if (argc < 2 || (strcmp(argv[1], "get") && strcmp(argv[1], "set") && strcmp(argv[1], "reload")) ||
+	    (!strcmp(argv[1], "set") && argc != 4) || (!strcmp(argv[1], "get") && argc > 3) ||
+	    (!strcmp(argv[1], "reload") && argc != 2)) {
+		fprintf(stderr, "usage: wexctl config get [NAME] | config set NAME VALUE | config reload\n");
 		return 2;
 	}
+	if (!strcmp(argv[1], "reload"))
+		return config_reload(as_json);
 	if (!strcmp(argv[1], "get"))
 		args = argc > 2 ? json_pack("{s:s}", "name", argv[2]) : json_object();
 	else
@@ -795,7 +843,7 @@ static int run(int argc, char **argv)
 				return bad_arg(what, "unknown option", argv[k], "takes --json");
 			}
 			if (n == 4)
-				return bad_arg(cmd, "unexpected argument", argv[k], "takes get [NAME] or set NAME VALUE");
+				return bad_arg(cmd, "unexpected argument", argv[k], "takes get [NAME], set NAME VALUE or reload");
 			args[n++] = argv[k];
 		}
 		return cmd_config(n, args, as_json);

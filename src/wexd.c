@@ -38,7 +38,7 @@
 static void wexd_take_report(struct conn *c, json_t *r);
 static json_t *wexd_metrics(struct wexd *d);
 static json_t *wexd_config_req(struct wexd *d, struct conn *c, json_t *req, const char *op);
-static void wexd_reload(struct wexd *d);
+static int wexd_reload(struct wexd *d, json_t **report, char *err, size_t errlen);
 static void wexd_tick(struct wexd *d);
 static void wexd_watchdog(struct wexd *d);
 
@@ -341,7 +341,7 @@ static const struct {
 	{ "attach", 0, 1, 1 },         { "acquire", 0, 0, 1 },      { "fetch", 0, 0, 1 },
 	{ "release", 0, 0, 1 },        { "ping", 0, 0, 0 },         { "metrics", 0, 0, 0 },
 	{ "config_get", 0, 0, 0 },     { "config_set", 0, 0, 0 },   { "verify", 0, 0, 0 },
-	{ "cancel", 0, 0, 0 },
+	{ "cancel", 0, 0, 0 },         { "config_reload", 0, 0, 0 },
 };
 
 static json_t *dispatch(struct wexd *d, struct conn *c, json_t *req, const char *op, int *fds,
@@ -388,7 +388,7 @@ static json_t *dispatch(struct wexd *d, struct conn *c, json_t *req, const char 
 		return wexd_metrics(d);
 	if (!strcmp(op, "verify"))
 		return wexd_verify(d, c, req);
-	if (!strcmp(op, "config_get") || !strcmp(op, "config_set"))
+	if (!strcmp(op, "config_get") || !strcmp(op, "config_set") || !strcmp(op, "config_reload"))
 		return wexd_config_req(d, c, req, op);
 	if (!c->role)
 		return wex__reply_error(-EPROTO, "%s: say hello first", op);
@@ -586,8 +586,10 @@ static void on_signal(void *arg, int fd, int res)
 				d->stop = 1;
 			}
 		} else if (si.ssi_signo == SIGHUP) {
+			char err[512];
+
 			wex_info("wexd", "SIGHUP: reloading configuration");
-			wexd_reload(d);
+			wexd_reload(d, NULL, err, sizeof(err));
 		}
 	}
 }
@@ -734,6 +736,28 @@ static json_t *wexd_config_req(struct wexd *d, struct conn *c, json_t *req, cons
 	int ret;
 
 	json_unpack(req, "{s?s, s?s}", "name", &name, "value", &value);
+	if (!strcmp(op, "config_reload")) {
+		json_t *report = NULL;
+
+		/* As SIGHUP, answered: wexctl config reload (systemd's
+		 * ExecReload) fails when the file is refused. */
+		if (c->uid != 0 && c->uid != geteuid()) {
+			wex__metrics_count(WEX_M_REFUSED, "config", NULL, 1);
+			return wex__reply_error(-EACCES, "config reload: uid %d may not change wexd's configuration",
+						(int)c->uid);
+		}
+		wex_info("wexd", "reloading configuration, asked by uid %d pid %d", (int)c->uid,
+			 (int)c->pid);
+		ret = wexd_reload(d, &report, err, sizeof(err));
+		if (ret < 0)
+			return wex__reply_error(ret, "reload refused, keeping the running configuration: %s",
+						err);
+		r = wex__reply_ok();
+		json_object_set_new(r, "file", json_string(d->cfg.path ? d->cfg.path : ""));
+		json_object_update(r, report);
+		json_decref(report);
+		return r;
+	}
 	if (!strcmp(op, "config_set")) {
 		/* Changing the daemon is for its owner and root only. */
 		if (c->uid != 0 && c->uid != geteuid()) {
@@ -790,14 +814,17 @@ static void recheck_access(struct wexd *d)
 	}
 }
 
-static void wexd_reload(struct wexd *d)
+/* Re-reads the configuration (SIGHUP, wexctl config reload).  0 with
+ * *report (if asked for) {"changed":[..], "restart_needed":[..]}, or a
+ * negative errno with err saying why and the running one kept. */
+static int wexd_reload(struct wexd *d, json_t **report_out, char *err, size_t errlen)
 {
 	json_t *report = NULL;
-	char err[512] = "";
 	int ret;
 
+	err[0] = 0;
 	wex__sd_reloading();
-	ret = wex__config_reload(&d->cfg, &report, err, sizeof(err));
+	ret = wex__config_reload(&d->cfg, &report, err, errlen);
 	if (ret < 0) {
 		wex_error("config", "reload refused, keeping the running configuration: %s", err);
 	} else {
@@ -809,8 +836,12 @@ static void wexd_reload(struct wexd *d)
 		free(s);
 		recheck_access(d);
 	}
-	json_decref(report);
+	if (report_out && ret == 0)
+		*report_out = report;
+	else
+		json_decref(report);
 	wex__sd_ready();
+	return ret;
 }
 
 /*

@@ -29,6 +29,10 @@ run_build() {
 	(cd "$dir" && ctest --output-on-failure --timeout 300 -j "$JOBS" $ctest_args) || return 1
 }
 
+# What tests that count fds or raise limits depend on, for reading a
+# failure from another machine.
+echo "== environment: $(uname -sr), $(nproc) cores, open files soft $(ulimit -Sn) hard $(ulimit -Hn)," \
+	"$(ls /proc/$$/fd | wc -l) fds open, uid $(id -u)"
 mkdir -p "$ROOT/build-ci" "$ROOT/build-ci-asan"
 run_build ci "" -DCMAKE_BUILD_TYPE=RelWithDebInfo || status=1
 # Benchmarks shrink their data under the sanitizers (WEX_BENCH_SMALL).

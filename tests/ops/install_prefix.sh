@@ -3,7 +3,7 @@
 #
 # Proves that the installed wexd.service starts the wexd the same install
 # put in place: `cmake --install --prefix P` (into a DESTDIR) writes
-# ExecStart=P/bin/wexd, for P = /usr (a distribution's prefix) and
+# ExecStart=P/bin/wexd and ExecReload=P/bin/wexctl, for P = /usr (a distribution's prefix) and
 # /usr/local (the default, the source unit's own), the installed wexd is
 # there, and every other line of the unit is the source's.  Before, the
 # unit always named /usr/local/bin/wexd, so a --prefix /usr install gave
@@ -24,8 +24,11 @@ for prefix in /usr /usr/local; do
 	[ -x "$root$prefix/bin/wexd" ] || fail "no $prefix/bin/wexd installed"
 	grep -q "^ExecStart=$prefix/bin/wexd --config /etc/wex/wexd.json\$" "$unit" ||
 		fail "prefix $prefix: $(grep '^ExecStart=' "$unit")"
-	grep -v '^ExecStart=' "$unit" >"$tmp/got"
-	grep -v '^ExecStart=' "$src/systemd/wexd.service" >"$tmp/want"
+	grep -q "^ExecReload=$prefix/bin/wexctl --socket /run/wex/wexd.sock config reload\$" "$unit" ||
+		fail "prefix $prefix: $(grep '^ExecReload=' "$unit")"
+	[ -x "$root$prefix/bin/wexctl" ] || fail "no $prefix/bin/wexctl installed"
+	grep -Ev '^Exec(Start|Reload)=' "$unit" >"$tmp/got"
+	grep -Ev '^Exec(Start|Reload)=' "$src/systemd/wexd.service" >"$tmp/want"
 	cmp -s "$tmp/got" "$tmp/want" || { diff "$tmp/want" "$tmp/got"; fail "prefix $prefix: other lines changed"; }
 	[ -f "$root$prefix/lib/systemd/system/wexd.socket" ] || fail "no wexd.socket under $prefix"
 	echo "prefix $prefix: $(grep '^ExecStart=' "$unit")"

@@ -4,8 +4,9 @@
 # Proves that systemd/wexd.service and systemd/wexd.socket load without
 # errors or warnings under `systemd-analyze verify`.  The shipped service
 # runs /usr/local/bin/wexd, which is not installed on a build machine, so
-# the units are verified from a temporary copy whose ExecStart= points at
-# the wexd just built; nothing else is changed.  Also checks that the
+# the units are verified from a temporary copy whose ExecStart= and
+# ExecReload= point at the wexd and wexctl just built; nothing else is
+# changed.  Also checks that the
 # service hides no device: no PrivateDevices=yes, DeviceAllow=, restrictive
 # DevicePolicy= or ProtectClock=yes (which implies DeviceAllow=char-rtc r,
 # turning the default policy into "listed devices only": /dev/nvidia* and
@@ -27,6 +28,12 @@ if ! grep -q '^ExecStart=/usr/local/bin/wexd ' "$unit_dir/wexd.service"; then
 	echo "FAIL: wexd.service no longer starts /usr/local/bin/wexd; update this test"
 	exit 1
 fi
+# The reload asks wexd through the wexctl built beside it.
+wexctl=$(dirname "$wexd")/wexctl
+if ! grep -q '^ExecReload=/usr/local/bin/wexctl ' "$unit_dir/wexd.service"; then
+	echo "FAIL: wexd.service no longer reloads through /usr/local/bin/wexctl; update this test"
+	exit 1
+fi
 
 if grep -Eq '^(PrivateDevices=(yes|true|1)|DeviceAllow=|DevicePolicy=(strict|closed)|ProtectClock=(yes|true|1))' \
 	"$unit_dir/wexd.service"; then
@@ -37,7 +44,8 @@ fi
 
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
-sed "s|^ExecStart=/usr/local/bin/wexd |ExecStart=$wexd |" "$unit_dir/wexd.service" >"$tmp/wexd.service"
+sed -e "s|^ExecStart=/usr/local/bin/wexd |ExecStart=$wexd |" \
+	-e "s|^ExecReload=/usr/local/bin/wexctl |ExecReload=$wexctl |" "$unit_dir/wexd.service" >"$tmp/wexd.service"
 cp "$unit_dir/wexd.socket" "$tmp/wexd.socket"
 
 # --man=no: the units name no man pages to check.  Any output is a finding

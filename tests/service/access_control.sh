@@ -74,6 +74,12 @@ rc=$?
 [ $rc = 1 ] || fail "member's config set exited $rc, not 1"
 grep -q "may not change wexd's configuration" "$TMP/set.err" || fail "member's config set: $(cat "$TMP/set.err")"
 "$WEXCTL" config get log_level --json | grep -q '"info"' || fail "a refused config set changed log_level"
+runuser -u wex-allowed -- env WEX_SOCKET="$WEX_SOCKET" "$WEXCTL" config reload >/dev/null 2>"$TMP/reload.err"
+rc=$?
+[ $rc = 1 ] || fail "member's config reload exited $rc, not 1"
+grep -q "config reload: uid [0-9]* may not change wexd's configuration" "$TMP/reload.err" ||
+	fail "member's config reload: $(cat "$TMP/reload.err")"
+grep -q "reloading configuration, asked by" "$TMP/wexd.log" && fail "a member's config reload was carried out"
 
 "$WEXCTL" metrics >"$TMP/metrics" || fail "wexctl metrics"
 grep -q 'wex_refused_connections_total{reason="access"} 1' "$TMP/metrics" ||

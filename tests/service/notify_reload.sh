@@ -74,6 +74,24 @@ kill -HUP "$WEXD_PID"
 i=0; until grep -q "reload refused" "$TMP/wexd.log"; do i=$((i+1)); [ $i -lt 200 ] || fail "invalid file not refused: $(tail -3 "$TMP/wexd.log")"; sleep 0.05; done
 grep "reload refused" "$TMP/wexd.log" | grep -q "log_level" || fail "refusal does not name the field"
 "$WEXCTL" config get log_level --json | grep -q '"debug"' || fail "running config not kept after an invalid reload"
+# wexctl config reload (systemd's ExecReload): answered, so that a refused
+# file fails the reload (exit 1, wexd's reason) instead of passing unseen.
+if "$WEXCTL" config reload >"$TMP/reload.out" 2>"$TMP/reload.err"; then fail "config reload of an invalid file exited 0"; fi
+grep -q "^wexctl: reload refused, keeping the running configuration: .*log_level" "$TMP/reload.err" ||
+	fail "refused config reload: $(cat "$TMP/reload.err")"
+"$WEXCTL" config get log_level --json | grep -q '"debug"' || fail "running config not kept after a refused config reload"
+echo '{ "log_level": "info", "begin_write_timeout_ms": 5000 }' >"$TMP/wexd.json"
+n=$(grep -c "RELOADING=1" "$TMP/notify.log")
+"$WEXCTL" config reload >"$TMP/reload.out" 2>"$TMP/reload.err" || fail "config reload exited $?: $(cat "$TMP/reload.err")"
+grep -qx "reloaded $TMP/wexd.json: changed: log_level; needing a restart of wexd: none" "$TMP/reload.out" ||
+	fail "config reload said: $(cat "$TMP/reload.out")"
+# Applied when it answers: no polling.
+"$WEXCTL" config get log_level --json | grep -q '"info"' || fail "config reload did not apply log_level"
+"$WEXCTL" config reload --json | $PY -c "import json,sys; d=json.load(sys.stdin); assert d['changed'] == [] and d['file'], d" ||
+	fail "config reload --json"
+i=0; until [ "$(grep -c "RELOADING=1" "$TMP/notify.log")" -ge $((n+2)) ]; do
+	i=$((i+1)); [ $i -lt 200 ] || fail "config reload sent no RELOADING=1: $(tail -5 "$TMP/notify.log")"; sleep 0.05; done
+if "$WEXCTL" config reload now 2>"$TMP/reload.err"; then fail "config reload with an argument exited 0"; fi
 kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; rc=$?; WEXD_PID=""
 [ $rc = 0 ] || fail "wexd exit code $rc"
 wait_for "STOPPING=1"
@@ -84,4 +102,4 @@ if NOTIFY_SOCKET="$TMP/notify.sock" WATCHDOG_USEC=200000 WEX_WATCHDOG=false WEX_
 grep -q "watchdog is false (env WEX_WATCHDOG) but systemd asks for watchdog pings every 200 ms" "$TMP/w2.log" ||
 	fail "no clear refusal: $(cat "$TMP/w2.log")"
 [ -e "$TMP/w2.sock" ] && fail "the refused wexd left its socket behind"
-echo "PASS: READY, WATCHDOG (at half the interval), RELOADING, STOPPING, STATUS sent; SIGHUP reload applied and an invalid file refused; watchdog false under WatchdogSec= refused"
+echo "PASS: READY, WATCHDOG (at half the interval), RELOADING, STOPPING, STATUS sent; SIGHUP and wexctl config reload applied and an invalid file refused (config reload exit 1); watchdog false under WatchdogSec= refused"
