@@ -165,6 +165,10 @@ struct wex_client {
 	int cancel_wait;
 	int eintr;     /* WEX_CLIENT_EINTR: a signal ends a wait */
 	int signalled; /* a signal ended the wait of the call running now */
+	/* A publish of pub_v that a signal ended (-EINTR) tries again, when
+	 * called again for it next, only until pub_end; pub_end_now is the
+	 * running publish's. */
+	uint64_t pub_v, pub_end, pub_end_now;
 };
 
 /* Runs `call` (an int expression) and gives the calling thread its device
@@ -2160,6 +2164,7 @@ static int begin_write_call(wex_client_t *c, uint64_t version, uint32_t timeout_
 
 	c->cancel_wait = 1;
 	c->signalled = 0;
+	c->pub_end = 0; /* (a publish interrupted before is not gone on with) */
 	ret = signal_ended(c, begin_write(c, version, timeout_ms));
 	c->cancel_wait = 0;
 	return ret;
@@ -2176,7 +2181,9 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
 	return ret;
 }
 
-static int publish(wex_client_t *c, uint64_t version)
+/* cont: the end of an interrupted publish of version to go on with, 0 for
+ * the client's timeout from now. */
+static int publish(wex_client_t *c, uint64_t version, uint64_t cont)
 {
 	unsigned nap_ms = 0;
 	uint64_t end;
@@ -2220,7 +2227,8 @@ static int publish(wex_client_t *c, uint64_t version)
 		return ret;
 	/* No wexd answering (a restart, the next one not listening yet):
 	 * tried again within the client's timeout, as begin_write is. */
-	end = wex__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+	end = cont ? cont : wex__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+	c->pub_end_now = end;
 	do {
 		req = json_pack("{s:s, s:I}", "op", "publish", "version", (json_int_t)version);
 		ret = simple_rpc(c, req, NULL);
@@ -2228,6 +2236,23 @@ static int publish(wex_client_t *c, uint64_t version)
 	if (ret == 0) {
 		c->writing = 0;
 		c->published = version;
+	}
+	return ret;
+}
+
+static int publish_call(wex_client_t *c, uint64_t version)
+{
+	/* Only the next call after -EINTR goes on with its time. */
+	uint64_t cont = c->pub_end && c->pub_v == version ? c->pub_end : 0;
+	int ret;
+
+	c->signalled = 0;
+	c->pub_end = 0;
+	c->pub_end_now = 0;
+	ret = signal_ended(c, publish(c, version, cont));
+	if (ret == -EINTR && c->pub_end_now) {
+		c->pub_v = version;
+		c->pub_end = c->pub_end_now;
 	}
 	return ret;
 }
@@ -2240,8 +2265,7 @@ WEX_API int wex_publish(wex_client_t *c, uint64_t version)
 	/* wex_cancel and signals (WEX_CLIENT_EINTR) end its tries while no
 	 * wexd answers (away_retry), as they do begin_write's. */
 	cancelable_begin(c);
-	LOCKED_KEEP_DEVICE(c, ret, (c->signalled = 0, publish(c, version)));
-	ret = signal_ended(c, ret);
+	LOCKED_KEEP_DEVICE(c, ret, publish_call(c, version));
 	cancelable_end(c);
 	return ret;
 }

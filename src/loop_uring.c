@@ -17,6 +17,7 @@
 
 #include "log.h"
 #include "loop.h"
+#include "metrics.h"
 #include "proto.h"
 
 
@@ -281,6 +282,7 @@ static void transient(struct ur *u, int err)
 	uint64_t now = wex__now_ns();
 
 	u->transient++;
+	wex__metrics_count(WEX_M_LOOP_RETRIES, err == -EAGAIN ? "EAGAIN" : "EBUSY", NULL, 1);
 	if (!u->transient_logged_ns || now - u->transient_logged_ns >= 60000000000ull) {
 		wex_warn("loop", "io_uring_enter: %s (%llu time(s) so far): %s; retried", strerror(-err),
 			 u->transient,

@@ -67,6 +67,15 @@ static struct family counters[WEX_M_COUNTER_COUNT] = {
 			      "the driver refused read-only), unpinned_verify (verification's "
 			      "gather buffers not page-locked).",
 			      { "fallback" } },
+	[WEX_M_RELOADS] = { "wex_config_reloads_total",
+			    "Reloads of the configuration file (SIGHUP, wexctl config reload), by "
+			    "result: ok, refused (the running configuration kept).",
+			    { "result" } },
+	[WEX_M_LOOP_RETRIES] = { "wex_event_loop_retries_total",
+				 "Waits of the io_uring event loop that failed for the moment and "
+				 "were retried, by error: EAGAIN (the kernel short of memory for a "
+				 "submission), EBUSY (the completion queue overflowed).",
+				 { "error" } },
 };
 
 static struct family histograms[WEX_M_HISTOGRAM_COUNT] = {

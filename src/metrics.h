@@ -30,6 +30,8 @@ enum wex_counter {
 	WEX_M_BEGIN_WRITE_TIMEOUTS, /* wex_begin_write_timeouts_total{model} */
 	WEX_M_VERIFIES,     /* wex_verifications_total{result} */
 	WEX_M_FALLBACKS,    /* wex_sync_fallbacks_total{fallback} */
+	WEX_M_RELOADS,      /* wex_config_reloads_total{result} */
+	WEX_M_LOOP_RETRIES, /* wex_event_loop_retries_total{error} */
 	WEX_M_COUNTER_COUNT
 };
 

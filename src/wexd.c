@@ -825,6 +825,7 @@ static int wexd_reload(struct wexd *d, json_t **report_out, char *err, size_t er
 	err[0] = 0;
 	wex__sd_reloading();
 	ret = wex__config_reload(&d->cfg, &report, err, errlen);
+	wex__metrics_count(WEX_M_RELOADS, ret < 0 ? "refused" : "ok", NULL, 1);
 	if (ret < 0) {
 		wex_error("config", "reload refused, keeping the running configuration: %s", err);
 	} else {

@@ -298,7 +298,10 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
  * other ranks); when no wexd answers (a restart), it is sent again until
  * the client's timeout_ms, as wex_begin_write is, and wex_cancel or a
  * signal (WEX_CLIENT_EINTR) ends those tries with -ECANCELED or -EINTR:
- * the version is then not published (publish it again).
+ * the version is then not published (publish it again).  Called again
+ * for the same version right after -EINTR, it tries until the interrupted
+ * call's time ends, not for timeout_ms anew: a caller that re-calls after
+ * each signal whose handler let it go on waits timeout_ms in all.
  */
 WEX_API int wex_publish(wex_client_t *c, uint64_t version);
 

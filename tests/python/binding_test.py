@@ -583,6 +583,54 @@ class Binding(WexdProducerCase):
         self.assertEqual(e.exception.code, errno.EBADF)
 
 
+class PublishAway(unittest.TestCase):
+    """A publish that finds no wexd (a restart, a crash) tries again up to
+    the client's timeout; a signal whose handler raises nothing, late in
+    those tries, ends the call (-EINTR, so that Python runs the handler)
+    and the binding calls again: that call goes on with the interrupted
+    one's time instead of the whole timeout again."""
+
+    def test_signal_late(self):
+        from wexd_harness import start_wexd
+        import shutil
+        import tempfile
+
+        d = tempfile.mkdtemp(prefix="wex-pyaway-")
+        self.addCleanup(shutil.rmtree, d)
+        sock = os.path.join(d, "wexd.sock")
+        wexd = start_wexd(dict(os.environ, WEX_SOCKET=sock))
+        self.addCleanup(wexd.wait)
+        self.addCleanup(wexd.kill)
+        c = wex.Client(wex.ROLE_PRODUCER, "pyaway", rank=0, world_size=1, socket=sock,
+                       timeout_ms=6000, watch=False)
+        self.addCleanup(c.close)
+        seg, _ = c.segment_alloc(wex.SEG_HOST, 1 << 20)
+        c.register_tensors([wex.tensor("layers.0.a", "BF16", (256,), segment=seg, offset=0)])
+        c.begin_write(1)
+        wexd.kill()
+        wexd.wait()
+        main = threading.main_thread().ident
+        seen = []
+        old = signal.signal(signal.SIGUSR1, lambda *a: seen.append(a[0]))
+        # (Half-way: a loaded machine may fire it late, not past the end.)
+        timer = threading.Timer(3.0, signal.pthread_kill, (main, signal.SIGUSR1))
+        try:
+            t0 = time.monotonic()
+            timer.start()
+            with self.assertRaises(wex.WexError) as e:
+                c.publish(1)
+            took = time.monotonic() - t0
+        finally:
+            timer.cancel()
+            timer.join()  # (before the handler goes: SIGUSR1 would kill)
+            signal.signal(signal.SIGUSR1, old)
+        self.assertEqual(seen, [signal.SIGUSR1])
+        self.assertIn("tried again until its timeout", str(e.exception))
+        self.assertGreaterEqual(took, 5.9)
+        # (Without going on: the signal at 3 s, then 6 s again.)
+        self.assertLess(took, 8.0, "the signal started the whole timeout again")
+
+
 class NoDriver(unittest.TestCase):
     """wex.cuda_alloc without a CUDA driver: ENOCUDA saying so, not an
     out-of-memory error.  In a child whose $WEX_CUDA_LIB names no file (the

@@ -2,7 +2,8 @@
 # io_transient.sh WEXD WEXCTL PRODUCER CONSUMER - proves that a transient
 # io_uring_enter failure does not end wexd: EAGAIN (the kernel short of
 # memory for a submission) and EBUSY (the completion queue overflowed) are
-# retried, logged once with their count, while a producer and a consumer
+# retried, logged once with their count and counted in
+# wex_event_loop_retries_total, while a producer and a consumer
 # sync through it and pings are answered.  Acted with WEX_URING_TRANSIENT=2
 # (every second wait fails so, EAGAIN and EBUSY in turn).
 WEXD=$1 WEXCTL=$2 PRODUCER=$3 CONSUMER=$4
@@ -25,6 +26,11 @@ kill -0 "$WEXD_PID" || fail "wexd ended: $(tail -5 "$TMP/wexd.log")"
 grep -q "error: event loop:" "$TMP/wexd.log" && fail "wexd took a transient failure for an error: $(grep "error: event loop:" "$TMP/wexd.log")"
 n=$(grep -c "io_uring_enter: .* time(s) so far).*retried" "$TMP/wexd.log")
 [ "$n" = 1 ] || fail "$n log lines of transient failures, not one (once a minute at most): $(cat "$TMP/wexd.log")"
+"$WEXCTL" metrics >"$TMP/metrics" || fail "wexctl metrics"
+for e in EAGAIN EBUSY; do
+	grep -Eq "^wex_event_loop_retries_total\{error=\"$e\"\} [1-9]" "$TMP/metrics" ||
+		fail "$e retries not counted: $(grep retries "$TMP/metrics")"
+done
 kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; rc=$?; WEXD_PID=""
 [ $rc = 0 ] || fail "wexd exit code $rc after transient failures"
 echo "PASS: transient io_uring_enter failures (EAGAIN, EBUSY) retried, logged once; syncs and pings served"

@@ -92,6 +92,11 @@ grep -qx "reloaded $TMP/wexd.json: changed: log_level; needing a restart of wexd
 i=0; until [ "$(grep -c "RELOADING=1" "$TMP/notify.log")" -ge $((n+2)) ]; do
 	i=$((i+1)); [ $i -lt 200 ] || fail "config reload sent no RELOADING=1: $(tail -5 "$TMP/notify.log")"; sleep 0.05; done
 if "$WEXCTL" config reload now 2>"$TMP/reload.err"; then fail "config reload with an argument exited 0"; fi
+# Counted for alerts: two SIGHUPs and three config reloads, two refused.
+"$WEXCTL" metrics >"$TMP/metrics" || fail "wexctl metrics"
+grep -qx 'wex_config_reloads_total{result="ok"} 3' "$TMP/metrics" &&
+	grep -qx 'wex_config_reloads_total{result="refused"} 2' "$TMP/metrics" ||
+	fail "reloads not counted: $(grep reloads "$TMP/metrics")"
 kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; rc=$?; WEXD_PID=""
 [ $rc = 0 ] || fail "wexd exit code $rc"
 wait_for "STOPPING=1"

@@ -696,7 +696,8 @@ class Client:
     def publish(self, version):
         v = _uint(version, 64, "version")
         # (libwex tries again while no wexd answers, up to the client's
-        # timeout; a signal ends those tries: -EINTR, called again.)
+        # timeout; a signal ends those tries: -EINTR, called again, and
+        # that call goes on with the interrupted one's time.)
         self._call_wait("publish", lambda h, _t: self._lib.wex_publish(h, v), 0,
                         lambda t: (t,))
 
