@@ -23,6 +23,9 @@ static inline void rm_wexd_dir(const char *dir, int wipe)
 
 	snprintf(p, sizeof(p), "%s/wexd.sock", dir);
 	unlink(p);
+	/* wexd keeps its lock file on exit, by design. */
+	snprintf(p, sizeof(p), "%s/wexd.sock.lock", dir);
+	unlink(p);
 	snprintf(p, sizeof(p), "%s/wexd.sock.leases", dir);
 	if (wipe && (d = opendir(p))) {
 		while ((e = readdir(d)))

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <linux/io_uring.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -102,7 +103,12 @@ int t_journal_wipe(struct t_wexd *d)
 
 static void rm_dir(struct t_wexd *d)
 {
+	char lock[sizeof(d->sock) + 8];
+
 	unlink(d->sock);
+	/* wexd keeps its lock file (<sock>.lock) on exit, by design. */
+	snprintf(lock, sizeof(lock), "%s.lock", d->sock);
+	unlink(lock);
 	t_journal_wipe(d);
 	rmdir(d->dir);
 }
@@ -171,6 +177,12 @@ static void spawn(struct t_wexd *d)
 		/* wexd must not outlive a crashed test. */
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		close(pfd[0]);
+		/* wexd gets no fd of the test's or of whatever ran the test
+		 * (ctest's LastTest.log, a CI runner's pipes): its fd counts
+		 * and its room under max_open_files must not depend on them. */
+		if (syscall(SYS_close_range, 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */) < 0)
+			for (int fd = 3; fd < 4096; fd++)
+				(void)fcntl(fd, F_SETFD, FD_CLOEXEC);
 		/* The ready fd must survive exec: dup it without CLOEXEC. */
 		int wfd = dup(pfd[1]);
 
@@ -251,6 +263,21 @@ int t_fd_count(pid_t pid)
 	if (n < 0)
 		T_FAIL("fd count of pid %d: %s", (int)pid, strerror(-n));
 	return n;
+}
+
+void t_nofile_at_least(unsigned n)
+{
+	struct rlimit rl;
+
+	T_ASSERT(getrlimit(RLIMIT_NOFILE, &rl) == 0, "getrlimit: %s", strerror(errno));
+	if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur >= n)
+		return;
+	if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < n)
+		T_SKIP("RLIMIT_NOFILE hard limit %llu < %u, the fds this test holds",
+		       (unsigned long long)rl.rlim_max, n);
+	rl.rlim_cur = n;
+	T_ASSERT(setrlimit(RLIMIT_NOFILE, &rl) == 0, "setrlimit(RLIMIT_NOFILE, %u): %s", n,
+		 strerror(errno));
 }
 
 /* A connection kept open for fd counting, so that the count does not

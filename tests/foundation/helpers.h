@@ -85,6 +85,9 @@ int t_journal_wipe(struct t_wexd *d);
 
 /* Open fds of pid (/proc/PID/fd); fails the test on error. */
 int t_fd_count(pid_t pid);
+/* Raises this process's soft limit on open files to n where it is lower
+ * (a runner's ulimit -n 256); skips (77) where the hard limit is. */
+void t_nofile_at_least(unsigned n);
 
 /* wexd's fd count once it settles at `want` (disconnects are processed
  * asynchronously: polls with ping round trips on a connection of its own,

@@ -26,6 +26,8 @@ int main(void)
 	uint16_t *buf;
 	int fds, n;
 
+	/* Each segment is an fd in the producer and one in the consumer. */
+	t_nofile_at_least(4 * NSEG + 64);
 	t_wexd_start(&d);
 	t_check_backend(d.sock);
 	fds = t_wexd_fds_settle(&d, -1);

@@ -162,7 +162,8 @@ static void msg_free(struct fz_msg *m)
 
 static void add_fd(struct fz_msg *m, int fd)
 {
-	T_ASSERT(fd >= 0, "making a test fd: %s", strerror(fd < 0 ? -fd : errno));
+	/* (-1 with errno, or a negative errno.) */
+	T_ASSERT(fd >= 0, "making a test fd: %s", strerror(fd == -1 ? errno : -fd));
 	if (m->nfds < MAX_FDS)
 		m->fds[m->nfds++] = fd;
 	else
@@ -1444,6 +1445,8 @@ int main(void)
 	int before, after;
 	json_t *r;
 
+	/* Messages of up to MAX_FDS fds, several in flight. */
+	t_nofile_at_least(4 * MAX_FDS + 64);
 	iters = env_u64("WEX_FUZZ_ITERS", DEFAULT_ITERS);
 	rng = seed0;
 	printf("proto_fuzz: WEX_FUZZ_SEED=0x%" PRIx64 " WEX_FUZZ_ITERS=%" PRIu64 "\n", seed0,
