@@ -75,7 +75,9 @@ class TrainerRank:
         """begin_write(version) on entry (waits, up to timeout_ms or wexd's
         begin_write_timeout_ms, until no engine reads this rank's memory),
         publish(version) when the block ends without an exception (after
-        the GPU work queued on the weights' devices completed).  An
+        the GPU work queued on the weights' devices completed; where no
+        wexd answers, tried again up to the client's timeout, not
+        timeout_ms).  An
         exception leaves the version unpublished, the weights half-written,
         and the exception goes on: engines keep the version they hold, and
         this rank is still writing `version` (describe()["writing"] says
