@@ -165,6 +165,17 @@ struct wex_client {
 	int cancel_wait;
 	int eintr;     /* WEX_CLIENT_EINTR: a signal ends a wait */
 	int signalled; /* a signal ended the wait of the call running now */
+	/* While a call wex_cancel and signals end (begin_write, publish,
+	 * sync) sends the request it waits on (begin_write, publish, its
+	 * first acquire), on its own thread: the call's end (0: none).  A
+	 * reconnect inside it connects and waits for hello's answer no
+	 * longer, and ends there on wex_cancel and signals (the attempt is
+	 * given up); att_held: the attempt holds the signals
+	 * (WEX_CLIENT_EINTR; att_mask: the mask before) and takes them only
+	 * where it waits (att_wait; att_hold). */
+	uint64_t call_end;
+	int att_held;
+	sigset_t att_mask, att_wait;
 	/* A publish of pub_v that a signal ended (-EINTR) tries again, when
 	 * called again for it next, only until pub_end; pub_end_now is the
 	 * running publish's. */
@@ -266,11 +277,14 @@ struct watch {
 	pthread_mutex_t call;  /* held by every call, and by the watch while it acts */
 	int efd;               /* eventfd: a new connection to watch */
 	int stopfd;            /* eventfd: stop (written once) */
+	int wantfd;            /* eventfd: a call waits for `call` (want > 0) */
+	atomic_int want;
 	int dupfd;             /* the connection watched (-1: none) */
 	uint64_t gen;          /* the conn_gen of dupfd */
 	uint64_t up_ns;        /* when the watch last connected */
 	atomic_int stop;
 	int warned;            /* this outage's first failure was logged */
+	int yielded;           /* its reconnect gave way to a call (want) */
 	unsigned backoff_ms;   /* wait before the next try (0: at once) */
 	char err[512];         /* the watch's own errors (not the caller's) */
 };
@@ -312,6 +326,7 @@ static void fork_child(void)
 			close_fd(&c->watch->dupfd);
 			close_fd(&c->watch->efd);
 			close_fd(&c->watch->stopfd);
+			close_fd(&c->watch->wantfd);
 		}
 		pthread_mutex_unlock(&c->state);
 		for (size_t i = 0; i < c->nosegs; i++)
@@ -347,11 +362,13 @@ static void open_remove(struct wex_client *c)
 	pthread_mutex_unlock(&open_lock);
 }
 
+static void watch_enter(struct watch *w);
+
 /* Every call of a client with a watch holds its `call` lock. */
 #define LOCKED(c, ret, expr)                                                   \
 	do {                                                                   \
 		if ((c)->watch)                                                \
-			pthread_mutex_lock(&(c)->watch->call);                 \
+			watch_enter((c)->watch);                               \
 		(ret) = (expr);                                                \
 		if ((c)->watch)                                                \
 			pthread_mutex_unlock(&(c)->watch->call);               \
@@ -573,16 +590,39 @@ static int cancelable_req(const struct wex_client *c, json_t *req)
 	       (!strcmp(op, "acquire") || !strcmp(op, "begin_write"));
 }
 
+/* limit_ms, or what is left of the running call's time if less (at least
+ * 1 ms: its last try). */
+static uint64_t call_left_ms(const struct wex_client *c, uint64_t limit_ms)
+{
+	uint64_t now = wex__now_ns(), left;
+
+	if (!c->call_end)
+		return limit_ms;
+	left = c->call_end > now ? (c->call_end - now + 999999) / 1000000ull : 1;
+	return left < limit_ms ? left : limit_ms;
+}
+
+/* What ends a wait for wexd's answer inside a reconnect (raw_rpc): none
+ * but the answer (or the watch's stop); wex_cancel and signals, for the
+ * call that reconnects on its own thread (pfd[2]: cancel_efd); a call that
+ * waits for the lock the watch holds while it waits for hello's answer
+ * (pfd[2]: wantfd).
+ * Either gives the new connection up: nothing of the call's own was asked
+ * on it yet, and the next call reconnects. */
+enum { GIVE_UP_NONE, GIVE_UP_CANCEL, GIVE_UP_WANT };
+
 /*
  * Polls pfd (wexd's answer, the watch's stop, wex_cancel's wake-up) for up
  * to limit_ms.  A cancel of the call waiting here asks wexd, once, to end
  * the wait: its answer (-ECANCELED, or the one it sent before the cancel
  * came) is this request's, and is waited for as before.  Returns poll's
- * count (0: nothing came in time), or a negative errno.  mask (may be
- * NULL): the signal mask to wait under (ppoll; signals_held's `wait`).
+ * count (0: nothing came in time), or a negative errno: -ECANCELED or
+ * -EBUSY where give_up says the wait ends on a cancel or signal, or for
+ * a call.  mask (may be NULL): the signal mask to wait under (ppoll;
+ * signals_held's `wait`).
  */
 static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_ms,
-		       const sigset_t *mask)
+		       const sigset_t *mask, int give_up)
 {
 	uint64_t end = wex__now_ns() + limit_ms * 1000000ull, now, left, tick;
 	struct timespec ts;
@@ -591,7 +631,12 @@ static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_
 	for (;;) {
 		/* (Also when cancelled before this request went: its wake-up
 		 * was read by an earlier wait of the same call.) */
-		if (pfd[2].fd >= 0 && !sent && cancel_asked(c) && atomic_load(&c->wexd_cancels)) {
+		if (give_up == GIVE_UP_CANCEL && cancel_asked(c))
+			return -ECANCELED;
+		if (give_up == GIVE_UP_WANT && atomic_load(&c->watch->want))
+			return -EBUSY;
+		if (!give_up && pfd[2].fd >= 0 && !sent && cancel_asked(c) &&
+		    atomic_load(&c->wexd_cancels)) {
 			char msg[64];
 			ssize_t n;
 
@@ -611,6 +656,16 @@ static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_
 		if (ret < 0 && errno == EINTR) {
 			/* A signal (its handler ran): WEX_CLIENT_EINTR ends
 			 * the wait, for the caller's runtime to act on it. */
+			if (c->att_held) {
+				/* In the call's reconnect: it ends there
+				 * before hello's answer, else at the call's
+				 * next wait. */
+				c->signalled = 1;
+				cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
+				if (give_up == GIVE_UP_CANCEL)
+					return -ECANCELED;
+				continue;
+			}
 			if (pfd[2].fd >= 0 && c->eintr && atomic_load(&c->wexd_cancels)) {
 				c->signalled = 1;
 				cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
@@ -642,7 +697,7 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	int tmpfds[WEX_SOCK_MAX_FDS];
 
 	sigset_t mask, wait;
-	int masked = 0;
+	int masked = 0, give_up = GIVE_UP_NONE;
 
 	json_object_set_new(req, "v", json_integer(WEX_PROTO_VERSION));
 	s = wex__json_dump(req, &len);
@@ -659,15 +714,32 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 			signals_held(&mask, &wait);
 			masked = 1;
 		}
+	} else if (c->reconnecting && cancel_fd < 0 && c->call_end &&
+		   !strcmp(json_string_value(json_object_get(req, "op")) ?: "", "hello")) {
+		/* (Once wexd answered hello it is not hung: the rest of the
+		 * reconnect, registering everything again, has its usual
+		 * time, and is not given up half done.) */
+		give_up = GIVE_UP_CANCEL;
+		pfd[2].fd = c->cancel_efd;
+	} else if (c->reconnecting && cancel_fd >= 0 && c->watch &&
+		   !strcmp(json_string_value(json_object_get(req, "op")) ?: "", "hello")) {
+		/* (Only before wexd answered: one that answers is not hung,
+		 * and an attempt given up after it registered anything would
+		 * be made again in full.) */
+		give_up = GIVE_UP_WANT;
+		pfd[2].fd = c->watch->wantfd;
 	}
-	n = wex_sock_send(c->fd, s, len, fds, nfds, masked ? MSG_DONTWAIT : 0);
-	if (n == -EAGAIN && masked) {
+	n = wex_sock_send(c->fd, s, len, fds, nfds, masked || c->att_held ? MSG_DONTWAIT : 0);
+	if (n == -EAGAIN && (masked || c->att_held)) {
 		/* wexd's queue is full (a hung wexd): a send that waits does
 		 * so with the signals free (a SIGTERM still acts), and one
 		 * handled meanwhile is not seen by the wait. */
-		pthread_sigmask(SIG_SETMASK, &mask, NULL);
+		pthread_sigmask(SIG_SETMASK, masked ? &mask : &c->att_mask, NULL);
 		n = wex_sock_send(c->fd, s, len, fds, nfds, 0);
-		signals_held(&mask, &wait);
+		if (masked)
+			signals_held(&mask, &wait);
+		else
+			signals_held(&c->att_mask, &c->att_wait);
 	}
 	free(s);
 	if (n < 0) {
@@ -676,9 +748,25 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 		return (int)n;
 	}
 	limit = reply_limit_ms(wait_ms);
-	ret = wait_answer(c, pfd, limit, masked ? &wait : NULL);
+	if (give_up == GIVE_UP_CANCEL)
+		limit = call_left_ms(c, limit);
+	ret = wait_answer(c, pfd, limit, masked ? &wait : c->att_held ? &c->att_wait : NULL, give_up);
 	if (masked)
 		pthread_sigmask(SIG_SETMASK, &mask, NULL);
+	if (give_up && (ret == -ECANCELED || ret == -EBUSY)) {
+		const char *op = json_string_value(json_object_get(req, "op")) ?: "a request";
+
+		/* (Its answer, if any, would be taken for the next request's.) */
+		conn_drop(c);
+		if (ret == -EBUSY) {
+			c->watch->yielded = 1;
+			return set_err(c, ret, "gave reconnecting to wexd at %s up to a call (waited for its answer to %s)",
+				       c->sock, op);
+		}
+		return set_err(c, ret, "%swhile reconnecting to wexd at %s (waiting for its answer to %s)",
+			       atomic_load(&c->asked_seq) == atomic_load(&c->call_seq) ? "cancelled (wex_cancel) " : "",
+			       c->sock, op);
+	}
 	if (ret < 0)
 		return ret;
 	if (cancel_fd >= 0 && (pfd[1].revents & POLLIN)) {
@@ -692,6 +780,9 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 		 * then drops what it held for us); the next call reconnects. */
 		conn_drop(c);
 		restore_doubted(c);
+		if (give_up == GIVE_UP_CANCEL && limit < reply_limit_ms(wait_ms))
+			return set_err(c, -ETIMEDOUT, "reconnecting to wexd at %s: it did not answer hello within %llu ms, what was left of the call's timeout (a hung wexd?)",
+				       c->sock, (unsigned long long)limit);
 		return set_err(c, -ETIMEDOUT, "wexd did not answer within %llu ms (connection dropped)",
 			       (unsigned long long)limit);
 	}
@@ -941,6 +1032,69 @@ static int refused(struct wex_client *c, int ret)
 	return ret;
 }
 
+/*
+ * A reconnect attempt inside a call a signal ends (WEX_CLIENT_EINTR, and
+ * call_end: on the call's own thread) holds the signals from its start to
+ * its end, and takes them only where it waits (ppoll under att_wait): a
+ * handler that ran between two steps would end no wait.  One still held
+ * at its end (it came between two waits) is marked as having come, for
+ * the call's next wait, or its retry's nap, to end at once.
+ */
+static void att_hold(struct wex_client *c)
+{
+	if (!c->eintr || !c->call_end || c->att_held || cancel_fd >= 0)
+		return;
+	signals_held(&c->att_mask, &c->att_wait);
+	c->att_held = 1;
+}
+
+static void att_release(struct wex_client *c)
+{
+	sigset_t pend;
+
+	if (!c->att_held)
+		return;
+	if (sigpending(&pend) == 0)
+		for (int sig = 1; sig < NSIG; sig++)
+			if (sigismember(&pend, sig) == 1 && sigismember(&c->att_wait, sig) == 0) {
+				c->signalled = 1;
+				cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
+				break;
+			}
+	c->att_held = 0;
+	pthread_sigmask(SIG_SETMASK, &c->att_mask, NULL); /* (its handler runs now) */
+}
+
+/* Connects c->fd for a call (call_end): a queue of connections that
+ * stays full (a hung wexd) is tried again every 10 ms up to limit_ms,
+ * napping where wex_cancel, and a signal (WEX_CLIENT_EINTR, att_hold),
+ * end the attempt. */
+static int call_connect(struct wex_client *c, uint64_t limit_ms)
+{
+	uint64_t end = wex__now_ns() + limit_ms * 1000000ull, now, left, tick;
+	struct pollfd pfd = { .fd = c->cancel_efd, .events = POLLIN };
+	struct timespec ts;
+	int ret;
+
+	while ((ret = wex_sock_connect_fd(c->fd, c->sock, 0)) == -EAGAIN &&
+	       (now = wex__now_ns()) < end) {
+		left = end - now < 10000000ull ? end - now : 10000000ull;
+		ts.tv_sec = 0;
+		ts.tv_nsec = (long)left;
+		ret = ppoll(&pfd, 1, &ts, c->att_held ? &c->att_wait : NULL);
+		if (ret > 0)
+			(void)!read(c->cancel_efd, &tick, sizeof(tick)); /* (an earlier call's too) */
+		else if (ret < 0 && errno == EINTR && c->att_held) {
+			c->signalled = 1;
+			cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
+		}
+		if (cancel_asked(c))
+			return set_err(c, -ECANCELED, "%swhile connecting to wexd at %s (its queue of connections was full)",
+				       c->signalled ? "" : "cancelled (wex_cancel) ", c->sock);
+	}
+	return ret;
+}
+
 /* After a daemon restart: a new connection, hello, and everything this
  * client had registered, so that its peers find it again. */
 static int reconnect_once(struct wex_client *c, int *greeted)
@@ -955,17 +1109,26 @@ static int reconnect_once(struct wex_client *c, int *greeted)
 	c->fd = wex_sock_new();
 	state_unlock(c);
 	/* A full queue (a hung wexd) is waited on as long as a reply would
-	 * be; the watch never waits: it could not be stopped then. */
+	 * be, within what is left of the call's time, where wex_cancel and
+	 * signals end it (call_connect); the watch never waits: it could not
+	 * be stopped then. */
 	limit = reply_limit_ms(c->timeout_ms);
-	ret = c->fd < 0 ? c->fd :
-			  wex_sock_connect_fd(c->fd, c->sock,
-					      cancel_fd >= 0 ? 0 : limit > INT_MAX ? INT_MAX : (int)limit);
+	att_hold(c);
+	if (c->fd < 0)
+		ret = c->fd;
+	else if (c->call_end && cancel_fd < 0)
+		ret = call_connect(c, call_left_ms(c, limit));
+	else
+		ret = wex_sock_connect_fd(c->fd, c->sock,
+					  cancel_fd >= 0 ? 0 : limit > INT_MAX ? INT_MAX : (int)limit);
 	if (ret < 0) {
 		if (c->fd < 0)
 			c->fd = -1;
 		else
 			conn_drop(c);
-		if (ret == -EAGAIN)
+		if (ret == -ECANCELED)
+			; /* (call_connect said why) */
+		else if (ret == -EAGAIN)
 			set_err(c, ret, "cannot connect to wexd at %s: its queue of connections stayed full (a hung daemon?)",
 				c->sock);
 		else if (ret == -EACCES)
@@ -1062,6 +1225,7 @@ doubted:
 		c->dirty = 1;
 		c->copied = 0;
 	}
+	att_release(c);
 	return ret;
 }
 
@@ -1088,6 +1252,21 @@ static int reconnect(struct wex_client *c)
 /* A producer's watch (struct watch).                                      */
 
 static void watch_free(struct wex_client *c);
+
+/* Takes `call` for a call; one the watch holds while it reconnects is
+ * asked for (want, wantfd): the watch gives its attempt up, and the call
+ * reconnects itself, where wex_cancel and signals end it. */
+static void watch_enter(struct watch *w)
+{
+	uint64_t one = 1;
+
+	if (pthread_mutex_trylock(&w->call) == 0)
+		return;
+	atomic_fetch_add(&w->want, 1);
+	(void)!write(w->wantfd, &one, sizeof(one));
+	pthread_mutex_lock(&w->call);
+	atomic_fetch_sub(&w->want, 1);
+}
 
 static void watch_kick(struct watch *w)
 {
@@ -1138,9 +1317,14 @@ static int watch_step(struct wex_client *c, struct watch *w, int hup)
 		w->backoff_ms = 0;
 	}
 	if (c->fd < 0) {
+		w->yielded = 0;
 		ret = reconnect(c);
 		if (ret == -ECANCELED)
 			return -1; /* closing */
+		if (w->yielded) {
+			watch_dup(c, w);
+			return 20; /* the call reconnects meanwhile */
+		}
 		if (ret == -EACCES || ret == -EPERM || ret == -EADDRINUSE || ret == -EINVAL ||
 		    ret == -WEX_EPROTO_VERSION) {
 			/* wexd is there and refuses this client (access taken
@@ -1209,8 +1393,9 @@ static int watch_start(struct wex_client *c)
 
 	if (!w)
 		return -ENOMEM;
-	w->efd = w->stopfd = w->dupfd = -1;
+	w->efd = w->stopfd = w->wantfd = w->dupfd = -1;
 	atomic_init(&w->stop, 0);
+	atomic_init(&w->want, 0);
 	pthread_mutex_init(&w->call, NULL);
 	pthread_mutex_lock(&open_lock);
 	c->watch = w;
@@ -1219,7 +1404,9 @@ static int watch_start(struct wex_client *c)
 	w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (w->efd >= 0)
 		w->stopfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (w->efd < 0 || w->stopfd < 0 || (w->dupfd = fcntl(c->fd, F_DUPFD_CLOEXEC, 0)) < 0)
+	if (w->stopfd >= 0)
+		w->wantfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (w->efd < 0 || w->stopfd < 0 || w->wantfd < 0 || (w->dupfd = fcntl(c->fd, F_DUPFD_CLOEXEC, 0)) < 0)
 		ret = -errno;
 	w->gen = c->conn_gen;
 	w->up_ns = wex__now_ns();
@@ -1245,6 +1432,7 @@ static void watch_free(struct wex_client *c)
 	close_fd(&w->dupfd);
 	close_fd(&w->efd);
 	close_fd(&w->stopfd);
+	close_fd(&w->wantfd);
 	state_unlock(c);
 	pthread_mutex_lock(&open_lock);
 	c->watch = NULL;
@@ -2076,7 +2264,8 @@ static int cancel_nap(struct wex_client *c, unsigned ms)
  * little (*nap_ms, 20 ms doubling to 1 s; 0 the first time) before it is
  * tried again, up to `end` (the call's timeout).  Returns 0 to try again;
  * else the error to return: ret, saying how long it was tried, or
- * -ECANCELED when wex_cancel asked meanwhile.
+ * -ECANCELED when wex_cancel, or a signal (WEX_CLIENT_EINTR), asked
+ * meanwhile.
  */
 static int away_retry(struct wex_client *c, int ret, const char *what, uint64_t end,
 		      unsigned *nap_ms)
@@ -2084,8 +2273,16 @@ static int away_retry(struct wex_client *c, int ret, const char *what, uint64_t 
 	unsigned nap = *nap_ms ? *nap_ms : 20;
 	uint64_t now = wex__now_ns();
 
-	if (cancel_asked(c))
-		return ret;
+	if (cancel_asked(c)) {
+		/* (Asked during the try itself: a signal held through its
+		 * reconnect, or a wex_cancel between its waits.) */
+		char why[sizeof(c->err)];
+
+		memcpy(why, c->err, sizeof(why));
+		return c->signalled ? set_err(c, -ECANCELED, "%s: wexd was away (%s)", what, why) :
+				      set_err(c, -ECANCELED, "%s cancelled (wex_cancel) while wexd was away (%s)",
+					      what, why);
+	}
 	if (now >= end) {
 		char why[sizeof(c->err)];
 
@@ -2124,7 +2321,9 @@ static int begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 	end = wex__now_ns() + (uint64_t)limit * 1000000ull;
 	for (;;) {
 		req = json_pack("{s:s, s:I}", "op", "begin_write", "version", (json_int_t)version);
+		c->call_end = end;
 		ret = rpc(c, req, NULL, 0, NULL, NULL, 0, NULL, wait_of(c, timeout_ms, req));
+		c->call_end = 0;
 		/* wexd went (a restart: its drain ended, or a crash) and the
 		 * one reconnect found none answering yet: the next may be
 		 * starting.  Tried again within the call's time, as a
@@ -2231,7 +2430,9 @@ static int publish(wex_client_t *c, uint64_t version, uint64_t cont)
 	c->pub_end_now = end;
 	do {
 		req = json_pack("{s:s, s:I}", "op", "publish", "version", (json_int_t)version);
+		c->call_end = end;
 		ret = simple_rpc(c, req, NULL);
+		c->call_end = 0;
 	} while (daemon_gone(ret) && (ret = away_retry(c, ret, "publish", end, &nap_ms)) == 0);
 	if (ret == 0) {
 		c->writing = 0;
@@ -3422,7 +3623,12 @@ again:
 	conn = c->conn_gen;
 	c->has_lease = 0;
 	c->lease_kept = 0;
+	/* (Not on an acquire again after a restart during the fetch: that
+	 * reconnect was made, and a cancel since is for wexd to answer.) */
+	if (!retried)
+		c->call_end = wex__now_ns() + (uint64_t)(timeout_ms ? timeout_ms : away_ms) * 1000000ull;
 	ret = rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, wait);
+	c->call_end = 0;
 	if (ret < 0) {
 		/* wexd says whether it refused the acquire before taking it on
 		 * (the previous lease stands) or dropped that lease first. */

@@ -974,6 +974,83 @@ static void set_fd_limit(struct wexd *d)
 }
 
 /*
+ * Closes every fd wexd inherited but its standard streams, the socket
+ * systemd passed (listen_fd) and WEXD_READY_FD's: a pipe a launcher left
+ * open would otherwise not end while wexd runs (a reader waiting for its
+ * end waits as long), and a file, lock or socket held so stays held for
+ * the daemon's life.  Says which it closed.  Before wexd opens its own.
+ */
+static void close_inherited(const struct wexd *d)
+{
+	const char *s = getenv("WEXD_READY_FD");
+	int ready = s && *s ? atoi(s) : -1, *fds = NULL, n = 0, cap = 0;
+	char names[128] = "";
+	size_t len = 0;
+	struct dirent *e;
+	DIR *dir;
+
+	/* (Before the directory takes an fd number.) */
+	if (ready >= 0 && fcntl(ready, F_GETFD) < 0) {
+		/* (A variable left for another wexd: "ready" would go into a
+		 * file of wexd's own opened under that number.) */
+		wex_warn("wexd", "WEXD_READY_FD=%s names no open file descriptor: ignored", s);
+		unsetenv("WEXD_READY_FD");
+		ready = -1;
+	}
+	dir = opendir("/proc/self/fd");
+	if (!dir) {
+		/* (No /proc: closed unseen, around those kept.) */
+		int keep[2] = { d->listen_fd < ready ? d->listen_fd : ready,
+				d->listen_fd < ready ? ready : d->listen_fd };
+		unsigned lo = 3;
+
+		for (int i = 0; i < 2; i++)
+			if (keep[i] >= (int)lo) {
+				if (keep[i] > (int)lo)
+					close_range(lo, (unsigned)keep[i] - 1, 0);
+				lo = (unsigned)keep[i] + 1;
+			}
+		close_range(lo, ~0u, 0);
+		wex_debug("wexd", "closed any fds it inherited (/proc/self/fd: %m)");
+		return;
+	}
+	while ((e = readdir(dir))) {
+		char *end;
+		long fd = strtol(e->d_name, &end, 10);
+
+		if (*end || end == e->d_name || fd < 3 || fd == dirfd(dir) || fd == d->listen_fd ||
+		    fd == ready)
+			continue;
+		if (n == cap) {
+			int *more = realloc(fds, (size_t)(cap ? cap * 2 : 16) * sizeof(*fds));
+
+			if (!more)
+				break; /* (the rest stays: said below) */
+			fds = more;
+			cap = cap ? cap * 2 : 16;
+		}
+		fds[n++] = (int)fd;
+	}
+	closedir(dir);
+	for (int i = 0; i < n; i++) {
+		char path[32], to[256];
+		ssize_t m;
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", fds[i]);
+		m = readlink(path, to, sizeof(to) - 1);
+		to[m > 0 ? m : 0] = '\0';
+		if (i < 8 && len < sizeof(names))
+			len += (size_t)snprintf(names + len, sizeof(names) - len, "%s%d (%.40s)",
+						i ? ", " : "", fds[i], m > 0 ? to : "?");
+		close(fds[i]);
+	}
+	if (n)
+		wex_info("wexd", "closed %d file descriptor%s it inherited: %s%s", n, n == 1 ? "" : "s",
+			 names, n > 8 ? ", ..." : "");
+	free(fds);
+}
+
+/*
  * Under socket activation the socket is systemd's: status and the log name
  * the path it really listens on, and socket, socket_mode and socket_group
  * set in the configuration, which cannot apply, are reported where the
@@ -1139,6 +1216,7 @@ int main(int argc, char **argv)
 	 * fd): a LISTEN_FDS counting more fds than were passed would take
 	 * those for passed ones, and close them as not listening. */
 	d.listen_fd = wex__sd_listen_fd();
+	close_inherited(&d);
 	set_fd_limit(&d);
 	(void)buf;
 	d.start_ns = wex__now_ns();

@@ -58,6 +58,7 @@ set_target_properties(host_remap_faults PROPERTIES ENABLE_EXPORTS ON)
 wex_foundation_test(host_copy TIMEOUT 180)
 wex_foundation_test(daemon_restart LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(away_retry LOOP LIBS ${WEX_FX_LIBS} Threads::Threads)
+wex_foundation_test(reconnect_short LIBS ${WEX_FX_LIBS})
 wex_foundation_test(quickstart_smoke LOOP
   ARGS $<TARGET_FILE:wex-producer> $<TARGET_FILE:wex-consumer>)
 wex_foundation_test(killed_producer LOOP LIBS ${WEX_FX_LIBS})

@@ -139,9 +139,12 @@ enum wex_client_flag {
 	 * after): SIGCHLD, SIGWINCH, SIGURG, SIGPROF, SIGVTALRM, SIGPIPE,
 	 * SIGIO and the real-time ones.  From the request's send to the
 	 * wait, the calling thread holds every signal but those of faults,
-	 * so one sent to it in between is handled in the wait, not lost; one
-	 * handled before (during a GPU settle), or by another thread (a
-	 * process-directed signal while this one holds them), ends no wait.
+	 * so one sent to it in between is handled in the wait, not lost; so
+	 * too through a reconnect to a wexd that went away, from its connect
+	 * to its last answer.  One handled before (during a GPU settle, or
+	 * in the microseconds between a retry's nap and its next connect),
+	 * or by another thread (a process-directed signal while this one
+	 * holds them), ends no wait.
 	 * Against a wexd that predates cancels, nothing ends.  Without the
 	 * flag a signal ends no wait. */
 	WEX_CLIENT_EINTR = 1u << 1,
@@ -280,7 +283,10 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
  * call connects again and resends, trying until that timeout (the client's
  * when 0) ends: then wexd's error (-WEX_EDAEMON, -ECONNREFUSED, -ENOENT);
  * wex_cancel and signals (WEX_CLIENT_EINTR) end those tries as they end a
- * wait.
+ * wait.  A wexd that takes the connection but does not answer (hung), or
+ * whose queue of connections stays full, is waited on no longer than that
+ * timeout either (-ETIMEDOUT, -EAGAIN), and wex_cancel and signals end
+ * that wait too (as they do in wex_sync and wex_publish).
  */
 WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms);
 
@@ -495,8 +501,12 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
  * stands).  A call whose wait already ended goes on: a sync that
  * acquired its version copies it whole and returns as usual (cancel is
  * for waits, not copies; nor are the GPU settle and the released-memory
- * check before the acquire, or the requests of a reconnect inside the
- * call, cancelled).  It never blocks and takes no lock, so it is safe
+ * check before the acquire cancelled).  A reconnect to a restarted wexd
+ * before that wait (the call's request found the connection gone) is a
+ * wait too until wexd answers its hello (a queue of connections that
+ * stays full, a hello unanswered: a hung wexd), and ends there; once
+ * wexd answered, the reconnect goes on, and the call's own wait is then
+ * cancelled as soon as it begins.  It never blocks and takes no lock, so it is safe
  * while the call holds the client; c must stay open until it returns.
  * wex_request refuses "cancel" (-EINVAL).  Returns 1 when such a call
  * runs (it is cancelled), 0 when none does (nothing happens: a later

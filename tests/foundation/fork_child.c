@@ -17,6 +17,9 @@
  * lives (close used to take the client off fork()'s list first, and the
  * child kept the connection, and the rank, open).
  *
+ * A child forked from a process with a producer (its watch's eventfds,
+ * the cancel eventfd) holds none of the client's eventfds.
+ *
  * Then the same with a child made by the raw clone() system call, which
  * runs no fork handlers: the child keeps the connection's socket open, and
  * wexd must still free the lease and ranks when A exits (it watches each
@@ -282,6 +285,48 @@ static void run_a(void (*fn)(int wfd), void *out, size_t len, const char *child)
 		 "A set up, made %s and exited (%d)", child, st);
 }
 
+/* How many eventfds this process holds. */
+static int eventfds(void)
+{
+	char path[64], to[64];
+	int n = 0;
+
+	for (int fd = 0; fd < NFDS; fd++) {
+		ssize_t m;
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+		m = readlink(path, to, sizeof(to) - 1);
+		if (m > 0) {
+			to[m] = '\0';
+			n += !strcmp(to, "anon_inode:[eventfd]");
+		}
+	}
+	return n;
+}
+
+/* A producer (with its watch) opened, then a fork: the child holds no
+ * eventfd (this process holds none but its clients'). */
+static void fork_eventfds(void)
+{
+	int before = eventfds(), with, st;
+	wex_client_t *q = t_open(WEX_ROLE_PRODUCER, "fork-e", NULL, 0, 1);
+	pid_t pid;
+
+	with = eventfds();
+	T_ASSERT(with > before, "the producer holds eventfds (%d, %d before)", with, before);
+	fflush(stdout);
+	pid = fork();
+	T_ASSERT(pid >= 0, "fork: %s", strerror(errno));
+	if (pid == 0)
+		_exit(eventfds() > 100 ? 100 : eventfds());
+	T_ASSERT(waitpid(pid, &st, 0) == pid && WIFEXITED(st), "the child");
+	T_ASSERT(WEXITSTATUS(st) == 0, "the forked child holds %d eventfds (the parent %d, its new producer's %d)",
+		 WEXITSTATUS(st), with, with - before);
+	printf("forked child: no eventfd (the parent holds %d, its new producer's %d)\n", with,
+	       with - before);
+	wex_client_close(q);
+}
+
 int main(int argc, char **argv)
 {
 	struct t_wexd d;
@@ -325,6 +370,7 @@ int main(int argc, char **argv)
 	kill(rep.child, SIGKILL);
 
 	close_fork(&d);
+	fork_eventfds();
 
 	/* The clone() case: wexd must see A go although its socket lives on. */
 	exit_watch = t_exit_watch(d.sock);

@@ -631,6 +631,72 @@ class PublishAway(unittest.TestCase):
         self.assertLess(took, 8.0, "the signal started the whole timeout again")
 
 
+class HungWexd(unittest.TestCase):
+    """A wexd that takes connections and never answers (hung after a
+    restart): Ctrl-C during begin_write raises KeyboardInterrupt at once,
+    though the producer's watch was itself waiting on that wexd's hello
+    (it gives its attempt up to the call); a handler that raises nothing
+    lets the call end at its own timeout, not at the client's."""
+
+    def test_ctrl_c(self):
+        from wexd_harness import start_wexd
+        import shutil
+        import socket
+        import tempfile
+
+        d = tempfile.mkdtemp(prefix="wex-pyhung-")
+        self.addCleanup(shutil.rmtree, d)
+        sock = os.path.join(d, "wexd.sock")
+        wexd = start_wexd(dict(os.environ, WEX_SOCKET=sock))
+        self.addCleanup(wexd.wait)
+        self.addCleanup(wexd.kill)
+        c = wex.Client(wex.ROLE_PRODUCER, "pyhung", rank=0, world_size=1, socket=sock,
+                       timeout_ms=30000)
+        self.addCleanup(c.close)
+        seg, _ = c.segment_alloc(wex.SEG_HOST, 1 << 20)
+        c.register_tensors([wex.tensor("layers.0.a", "BF16", (256,), segment=seg, offset=0)])
+        c.begin_write(1)
+        c.publish(1)
+        wexd.kill()
+        wexd.wait()
+        os.unlink(sock)
+        hung = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.addCleanup(hung.close)
+        hung.bind(sock)
+        hung.listen(16)
+        time.sleep(1.5)  # (the watch reconnects, and waits on hello)
+        main = threading.main_thread().ident
+        old = signal.signal(signal.SIGINT, signal.default_int_handler)
+        timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
+        try:
+            t0 = time.monotonic()
+            timer.start()
+            with self.assertRaises(KeyboardInterrupt):
+                c.begin_write(2, timeout_ms=20000)
+            took = time.monotonic() - t0
+        finally:
+            timer.cancel()
+            timer.join()
+            signal.signal(signal.SIGINT, old)
+        self.assertLess(took, 5.0, "Ctrl-C waited for wexd's answer")
+        seen = []
+        old = signal.signal(signal.SIGUSR1, lambda *a: seen.append(a[0]))
+        timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGUSR1))
+        try:
+            t0 = time.monotonic()
+            timer.start()
+            with self.assertRaises(wex.WexError) as e:
+                c.begin_write(2, timeout_ms=2000)
+            took = time.monotonic() - t0
+        finally:
+            timer.cancel()
+            timer.join()  # (before the handler goes: SIGUSR1 would kill)
+            signal.signal(signal.SIGUSR1, old)
+        self.assertEqual(seen, [signal.SIGUSR1])
+        self.assertIn(e.exception.code, (errno.ETIMEDOUT,), str(e.exception))
+        self.assertGreaterEqual(took, 1.9)
+        self.assertLess(took, 5.0, "the call waited for the client's timeout")
+
 class NoDriver(unittest.TestCase):
     """wex.cuda_alloc without a CUDA driver: ENOCUDA saying so, not an
     out-of-memory error.  In a child whose $WEX_CUDA_LIB names no file (the

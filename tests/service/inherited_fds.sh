@@ -1,0 +1,61 @@
+#!/bin/sh
+# inherited_fds.sh WEXD WEXCTL - wexd closes the file descriptors it
+# inherits beyond its standard streams (a launcher's pipe, a file it left
+# open), keeping only WEXD_READY_FD's and a socket systemd passed
+# (svc_socket_activate): a pipe's reader sees its end once the launcher
+# closes its own end, not only when wexd exits, and wexd holds no
+# inherited file.  The log names what it closed.
+WEXD=$1 WEXCTL=$2
+. "$(dirname "$0")/lib.sh"
+[ -d /proc/self/fd ] || skip "no /proc/self/fd"
+mkfifo "$TMP/pipe"
+cat "$TMP/pipe" >"$TMP/piped" &
+CAT=$!
+cleanup_extra() { kill "$CAT" 2>/dev/null; }
+exec 5>"$TMP/pipe"
+echo held >"$TMP/held.file"
+exec 6<"$TMP/held.file"
+echo "from the launcher" >&5
+start_wexd
+exec 5>&- 6<&-
+# The reader ends once every writer closed: wexd's inherited copy too.
+i=0
+while kill -0 "$CAT" 2>/dev/null; do
+	i=$((i + 1))
+	[ $i -le 50 ] || fail "the pipe's reader saw no end in 5 s: wexd still holds the launcher's pipe ($(ls -l /proc/$WEXD_PID/fd | grep -c pipe) pipes open in wexd)"
+	sleep 0.1
+done
+wait "$CAT" 2>/dev/null
+grep -qx "from the launcher" "$TMP/piped" || fail "the pipe's data was lost: $(cat "$TMP/piped")"
+for f in /proc/$WEXD_PID/fd/*; do
+	case $(readlink "$f") in
+	*held.file* | *"$TMP/pipe"*) fail "wexd still holds $(readlink "$f") as fd ${f##*/}" ;;
+	esac
+done
+grep -q "wexd info: closed [0-9]* file descriptors\{0,1\} it inherited: .*5 ($TMP/pipe)" "$TMP/wexd.log" ||
+	fail "the log does not name the pipe it closed: $(grep inherited "$TMP/wexd.log")"
+grep -q "it inherited: .*6 ($TMP/held.file)" "$TMP/wexd.log" ||
+	fail "the log does not name the file it closed: $(grep inherited "$TMP/wexd.log")"
+"$WEXCTL" status >"$TMP/status" 2>&1 || fail "wexctl status: $(cat "$TMP/status")"
+grep inherited "$TMP/wexd.log"
+# A WEXD_READY_FD naming no open fd (left for another wexd) is ignored,
+# said, and nothing of wexd's own under that number gets "ready".
+mkdir "$TMP/stale"
+for n in 3 4 5 6 7 8 9; do
+	eval "exec $n>&-"
+	WEX_SOCKET="$TMP/stale/wexd.sock" WEXD_READY_FD=$n "$WEXD" 2>"$TMP/stale.log" &
+	pid=$!
+	i=0
+	until WEX_SOCKET="$TMP/stale/wexd.sock" "$WEXCTL" status >/dev/null 2>&1; do
+		i=$((i + 1))
+		[ $i -le 100 ] || fail "wexd with a stale WEXD_READY_FD=$n does not serve: $(cat "$TMP/stale.log")"
+		sleep 0.05
+	done
+	kill -TERM $pid
+	wait $pid || fail "wexd with a stale WEXD_READY_FD=$n exited $?"
+	grep -q "WEXD_READY_FD=$n names no open file descriptor: ignored" "$TMP/stale.log" ||
+		fail "no warning for a stale WEXD_READY_FD=$n: $(cat "$TMP/stale.log")"
+	! grep -q ready "$TMP/stale/wexd.sock.lock" 2>/dev/null || fail "wexd wrote \"ready\" into its own lock file (WEXD_READY_FD=$n)"
+done
+echo "a stale WEXD_READY_FD (3 to 9) was ignored with a warning"
+echo "PASS: the launcher's pipe ended and its file was let go while wexd runs; wexd serves"
