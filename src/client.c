@@ -611,22 +611,32 @@ static uint64_t call_left_ms(const struct wex_client *c, uint64_t limit_ms)
  * on it yet, and the next call reconnects. */
 enum { GIVE_UP_NONE, GIVE_UP_CANCEL, GIVE_UP_WANT };
 
+/* How long wexd's answer is waited for once a cancel was sent, or (on the
+ * calling thread, WEX_CLIENT_EINTR) a signal came: a wexd that answers
+ * nothing by then (stopped, deadlocked) has the connection dropped, so
+ * that Ctrl-C acts in seconds, not at the request's timeout. */
+#define HUNG_GRACE_MS 3000u
+
 /*
  * Polls pfd (wexd's answer, the watch's stop, wex_cancel's wake-up) for up
  * to limit_ms.  A cancel of the call waiting here asks wexd, once, to end
  * the wait: its answer (-ECANCELED, or the one it sent before the cancel
- * came) is this request's, and is waited for as before.  Returns poll's
- * count (0: nothing came in time), or a negative errno: -ECANCELED or
- * -EBUSY where give_up says the wait ends on a cancel or signal, or for
- * a call.  mask (may be NULL): the signal mask to wait under (ppoll;
- * signals_held's `wait`).
+ * came) is this request's, and is waited for as before, up to
+ * HUNG_GRACE_MS; so is the answer to any request after a signal came
+ * (WEX_CLIENT_EINTR, on the calling thread).  Returns poll's count (0:
+ * nothing came in time), or a negative errno: -ECANCELED or -EBUSY where
+ * give_up says the wait ends on a cancel or signal, or for a call; -ETIME
+ * when the grace ran out (*hung: the signal, 0 for a cancel).  mask (may
+ * be NULL): the signal mask to wait under (ppoll; signals_held's `wait`).
  */
 static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_ms,
-		       const sigset_t *mask, int give_up)
+		       const sigset_t *mask, int give_up, int *hung)
 {
-	uint64_t end = wex__now_ns() + limit_ms * 1000000ull, now, left, tick;
+	uint64_t end = wex__now_ns() + limit_ms * 1000000ull, now, left, tick, grace = 0;
 	struct timespec ts;
 	int ret, sent = 0;
+
+	*hung = 0;
 
 	for (;;) {
 		/* (Also when cancelled before this request went: its wake-up
@@ -647,9 +657,15 @@ static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_
 			if (n < 0)
 				wex_debug("client", "cancel: %s", strerror((int)-n));
 			sent = 1;
+			if (!grace)
+				grace = wex__now_ns() + HUNG_GRACE_MS * 1000000ull;
 		}
 		now = wex__now_ns();
+		if (grace && now >= grace)
+			return -ETIME;
 		left = now >= end ? 0 : end - now;
+		if (grace && grace - now < left)
+			left = grace - now;
 		ts.tv_sec = (time_t)(left / 1000000000ull);
 		ts.tv_nsec = (long)(left % 1000000000ull);
 		ret = ppoll(pfd, 3, &ts, mask);
@@ -664,14 +680,19 @@ static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_
 				cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
 				if (give_up == GIVE_UP_CANCEL)
 					return -ECANCELED;
-				continue;
-			}
-			if (pfd[2].fd >= 0 && c->eintr && atomic_load(&c->wexd_cancels)) {
+			} else if (pfd[2].fd >= 0 && c->eintr && atomic_load(&c->wexd_cancels)) {
 				c->signalled = 1;
 				cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
 			}
+			if (c->eintr && cancel_fd < 0) {
+				*hung = 1;
+				if (!grace)
+					grace = wex__now_ns() + HUNG_GRACE_MS * 1000000ull;
+			}
 			continue;
 		}
+		if (ret == 0 && grace && wex__now_ns() >= grace)
+			return -ETIME;
 		if (ret <= 0 || !(pfd[2].revents & POLLIN) ||
 		    (pfd[0].revents | pfd[1].revents))
 			return ret < 0 ? -errno : ret;
@@ -697,7 +718,7 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	int tmpfds[WEX_SOCK_MAX_FDS];
 
 	sigset_t mask, wait;
-	int masked = 0, give_up = GIVE_UP_NONE;
+	int masked = 0, give_up = GIVE_UP_NONE, hung;
 
 	json_object_set_new(req, "v", json_integer(WEX_PROTO_VERSION));
 	s = wex__json_dump(req, &len);
@@ -728,6 +749,11 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 		 * be made again in full.) */
 		give_up = GIVE_UP_WANT;
 		pfd[2].fd = c->watch->wantfd;
+	} else if (c->eintr && cancel_fd < 0 && !c->att_held) {
+		/* Any other request: a signal, held to the wait as above,
+		 * gives a hung wexd HUNG_GRACE_MS to answer. */
+		signals_held(&mask, &wait);
+		masked = 1;
 	}
 	n = wex_sock_send(c->fd, s, len, fds, nfds, masked || c->att_held ? MSG_DONTWAIT : 0);
 	if (n == -EAGAIN && (masked || c->att_held)) {
@@ -750,9 +776,30 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	limit = reply_limit_ms(wait_ms);
 	if (give_up == GIVE_UP_CANCEL)
 		limit = call_left_ms(c, limit);
-	ret = wait_answer(c, pfd, limit, masked ? &wait : c->att_held ? &c->att_wait : NULL, give_up);
+	ret = wait_answer(c, pfd, limit, masked ? &wait : c->att_held ? &c->att_wait : NULL, give_up,
+			  &hung);
 	if (masked)
 		pthread_sigmask(SIG_SETMASK, &mask, NULL);
+	if (ret == -ETIME) {
+		const char *op = json_string_value(json_object_get(req, "op")) ?: "a request";
+
+		/* (As after a timeout: its answer would be taken for the next
+		 * request's, and wexd drops what it held for us.) */
+		conn_drop(c);
+		restore_doubted(c);
+		if (!hung)
+			return set_err(c, -ECANCELED, "cancelled (wex_cancel); wexd at %s did not answer the cancel of %s within %u s (a hung wexd?): connection dropped",
+				       c->sock, op, HUNG_GRACE_MS / 1000);
+		/* (A call that ends on a signal says so: signal_ended.) */
+		if (cancelable_req(c, req)) {
+			c->signalled = 1;
+			cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
+		}
+		return set_err(c, cancelable_req(c, req) ? -ECANCELED : -EINTR,
+			       "%swexd at %s did not answer %s within %u s of a signal (a hung wexd?): connection dropped",
+			       cancelable_req(c, req) ? "" : "interrupted by a signal (WEX_CLIENT_EINTR): ",
+			       c->sock, op, HUNG_GRACE_MS / 1000);
+	}
 	if (give_up && (ret == -ECANCELED || ret == -EBUSY)) {
 		const char *op = json_string_value(json_object_get(req, "op")) ?: "a request";
 
@@ -936,7 +983,7 @@ again:
 	/* A call wexd did not answer dropped the connection, and wexd drops
 	 * the lease with it: lost, unless this was the release of it, which
 	 * then ends it as asked. */
-	if (ret == -ETIMEDOUT && c->fd < 0 &&
+	if ((ret == -ETIMEDOUT || ret == -ECANCELED || ret == -EINTR) && c->fd < 0 &&
 	    strcmp(json_string_value(json_object_get(req, "op")) ?: "", "release"))
 		lease_went(c);
 	if (ret < 0) {

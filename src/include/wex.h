@@ -145,8 +145,13 @@ enum wex_client_flag {
 	 * in the microseconds between a retry's nap and its next connect),
 	 * or by another thread (a process-directed signal while this one
 	 * holds them), ends no wait.
-	 * Against a wexd that predates cancels, nothing ends.  Without the
-	 * flag a signal ends no wait. */
+	 * Against a wexd that predates cancels, nothing ends.  A wexd that
+	 * answers nothing within 3 s of the signal (stopped, deadlocked: it
+	 * never answers the cancel) has the connection dropped, and the
+	 * call returns -EINTR.  The same holds for every other request
+	 * made on the calling thread, waiting or not (a publish, a
+	 * registration): after a signal, wexd has 3 s to answer it.
+	 * Without the flag a signal ends no wait. */
 	WEX_CLIENT_EINTR = 1u << 1,
 };
 
@@ -513,7 +518,9 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
  * call is not cancelled), -EOPNOTSUPP
  * when one runs but the wexd it talks to predates cancels (a call that
  * had not yet sent its request is cancelled; one already waiting waits
- * on), -ECHILD in a forked child's copy, -EINVAL for a NULL client.
+ * on), -ECHILD in a forked child's copy, -EINVAL for a NULL client.  A
+ * wexd that does not answer the cancel within 3 s (stopped, deadlocked)
+ * has the call's connection dropped, and the call returns -ECANCELED.
  */
 WEX_API int wex_cancel(wex_client_t *c);
 

@@ -697,6 +697,49 @@ class HungWexd(unittest.TestCase):
         self.assertGreaterEqual(took, 1.9)
         self.assertLess(took, 5.0, "the call waited for the client's timeout")
 
+    def test_ctrl_c_stopped(self):
+        """A wexd stopped (SIGSTOP) on a live connection: Ctrl-C during a
+        sync's wait raises KeyboardInterrupt 3 s after it (wexd never
+        answers the cancel; the connection is dropped), not at the wait's
+        timeout; once wexd goes on, the consumer syncs again."""
+        from wexd_harness import start_wexd
+        import shutil
+        import tempfile
+
+        d = tempfile.mkdtemp(prefix="wex-pystop-")
+        self.addCleanup(shutil.rmtree, d)
+        sock = os.path.join(d, "wexd.sock")
+        wexd = start_wexd(dict(os.environ, WEX_SOCKET=sock))
+        self.addCleanup(wexd.wait)
+        self.addCleanup(wexd.kill)
+        p = wex.Client(wex.ROLE_PRODUCER, "pystop", rank=0, world_size=1, socket=sock)
+        self.addCleanup(p.close)
+        seg, _ = p.segment_alloc(wex.SEG_HOST, 1 << 20)
+        p.register_tensors([wex.tensor("layers.0.a", "BF16", (256,), segment=seg, offset=0)])
+        p.begin_write(1)
+        p.publish(1)
+        c = wex.Client(wex.ROLE_CONSUMER, "pystop", socket=sock, timeout_ms=30000)
+        self.addCleanup(c.close)
+        os.kill(wexd.pid, signal.SIGSTOP)
+        self.addCleanup(os.kill, wexd.pid, signal.SIGCONT)
+        main = threading.main_thread().ident
+        old = signal.signal(signal.SIGINT, signal.default_int_handler)
+        timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
+        try:
+            t0 = time.monotonic()
+            timer.start()
+            with self.assertRaises(KeyboardInterrupt):
+                c.sync(wex.SYNC_REMAP_VIEW, min_version=1 << 40, timeout_ms=20000)
+            took = time.monotonic() - t0
+        finally:
+            timer.cancel()
+            timer.join()
+            signal.signal(signal.SIGINT, old)
+        self.assertGreaterEqual(took, 3.4)
+        self.assertLess(took, 7.0, "Ctrl-C waited for the stopped wexd")
+        os.kill(wexd.pid, signal.SIGCONT)
+        self.assertEqual(c.sync(wex.SYNC_REMAP_VIEW, min_version=1, timeout_ms=10000).version, 1)
+
 class NoDriver(unittest.TestCase):
     """wex.cuda_alloc without a CUDA driver: ENOCUDA saying so, not an
     out-of-memory error.  In a child whose $WEX_CUDA_LIB names no file (the
