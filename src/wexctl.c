@@ -55,12 +55,20 @@ static void usage(FILE *f)
 		"The socket defaults to $WEX_SOCKET, $XDG_RUNTIME_DIR/wex/wexd.sock, /run/wex/wexd.sock.\n");
 }
 
+/* wexd answers an admin's every request at once: one that answers nothing
+ * for ADMIN_TIMEOUT_MS plus libwex's 5 s margin (10 s) is hung, stopped
+ * or overloaded, and is said so then, not after the 35 s a client waits
+ * by default. */
+#define ADMIN_TIMEOUT_MS 5000
+
 static int open_admin(wex_client_t **c)
 {
 	struct wex_client_params p = {
-		.field_mask = WEX_CLIENT_FIELD_ROLE | (sock_path ? WEX_CLIENT_FIELD_SOCKET : 0),
+		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_TIMEOUT |
+			      (sock_path ? WEX_CLIENT_FIELD_SOCKET : 0),
 		.role = WEX_ROLE_ADMIN,
 		.socket = sock_path,
+		.timeout_ms = ADMIN_TIMEOUT_MS,
 	};
 	char buf[4096];
 	const char *path, *why;
@@ -100,6 +108,10 @@ static int open_admin(wex_client_t **c)
 			   *wex_last_error(NULL)) {
 			/* wexd refused this client, and said why. */
 			why = wex_last_error(NULL);
+		} else if (ret == -ETIMEDOUT || ret == -EAGAIN) {
+			hint = "\n  wexd took the connection but answered nothing for 10 s (its queue "
+			       "of connections full, for EAGAIN): it is hung, stopped or overloaded; "
+			       "its log (journalctl -u wexd) and systemctl status wexd say more";
 		} else if (ret == -EPIPE || ret == -ECONNRESET) {
 			/* wexd accepted and closed the connection at once. */
 			hint = "\n  wexd closed the connection at once: it refuses new clients while "
