@@ -612,9 +612,12 @@ static uint64_t call_left_ms(const struct wex_client *c, uint64_t limit_ms)
 enum { GIVE_UP_NONE, GIVE_UP_CANCEL, GIVE_UP_WANT };
 
 /* How long wexd's answer is waited for once a cancel was sent, or (on the
- * calling thread, WEX_CLIENT_EINTR) a signal came: a wexd that answers
- * nothing by then (stopped, deadlocked) has the connection dropped, so
- * that Ctrl-C acts in seconds, not at the request's timeout. */
+ * calling thread, WEX_CLIENT_EINTR) a signal came, where dropping the
+ * connection loses nothing asked (a cancelled wait, a hello): a wexd
+ * that answers nothing by then (stopped, deadlocked) has the connection
+ * dropped, so that Ctrl-C acts in seconds, not at the request's timeout.
+ * (Not for a publish or a registration: wexd may still carry it out from
+ * the closed connection, and the client could not know.) */
 #define HUNG_GRACE_MS 3000u
 
 /*
@@ -622,21 +625,20 @@ enum { GIVE_UP_NONE, GIVE_UP_CANCEL, GIVE_UP_WANT };
  * to limit_ms.  A cancel of the call waiting here asks wexd, once, to end
  * the wait: its answer (-ECANCELED, or the one it sent before the cancel
  * came) is this request's, and is waited for as before, up to
- * HUNG_GRACE_MS; so is the answer to any request after a signal came
- * (WEX_CLIENT_EINTR, on the calling thread).  Returns poll's count (0:
- * nothing came in time), or a negative errno: -ECANCELED or -EBUSY where
- * give_up says the wait ends on a cancel or signal, or for a call; -ETIME
- * when the grace ran out (*hung: the signal, 0 for a cancel).  mask (may
- * be NULL): the signal mask to wait under (ppoll; signals_held's `wait`).
+ * HUNG_GRACE_MS (a signal, WEX_CLIENT_EINTR, asks the same cancel: a
+ * wexd that predates cancels is waited for as before); so is the answer
+ * to a hello after a signal came (on the calling thread: hello).  Returns
+ * poll's count (0: nothing came in time), or a negative errno: -ECANCELED
+ * or -EBUSY where give_up says the wait ends on a cancel or signal, or
+ * for a call; -ETIME when the grace ran out.  mask (may be NULL): the
+ * signal mask to wait under (ppoll; signals_held's `wait`).
  */
 static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_ms,
-		       const sigset_t *mask, int give_up, int *hung)
+		       const sigset_t *mask, int give_up, int hello)
 {
 	uint64_t end = wex__now_ns() + limit_ms * 1000000ull, now, left, tick, grace = 0;
 	struct timespec ts;
 	int ret, sent = 0;
-
-	*hung = 0;
 
 	for (;;) {
 		/* (Also when cancelled before this request went: its wake-up
@@ -684,11 +686,8 @@ static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_
 				c->signalled = 1;
 				cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
 			}
-			if (c->eintr && cancel_fd < 0) {
-				*hung = 1;
-				if (!grace)
-					grace = wex__now_ns() + HUNG_GRACE_MS * 1000000ull;
-			}
+			if (hello && c->eintr && cancel_fd < 0 && !grace)
+				grace = wex__now_ns() + HUNG_GRACE_MS * 1000000ull;
 			continue;
 		}
 		if (ret == 0 && grace && wex__now_ns() >= grace)
@@ -718,7 +717,8 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	int tmpfds[WEX_SOCK_MAX_FDS];
 
 	sigset_t mask, wait;
-	int masked = 0, give_up = GIVE_UP_NONE, hung;
+	int masked = 0, give_up = GIVE_UP_NONE,
+	    hello = !strcmp(json_string_value(json_object_get(req, "op")) ?: "", "hello");
 
 	json_object_set_new(req, "v", json_integer(WEX_PROTO_VERSION));
 	s = wex__json_dump(req, &len);
@@ -735,23 +735,21 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 			signals_held(&mask, &wait);
 			masked = 1;
 		}
-	} else if (c->reconnecting && cancel_fd < 0 && c->call_end &&
-		   !strcmp(json_string_value(json_object_get(req, "op")) ?: "", "hello")) {
+	} else if (c->reconnecting && cancel_fd < 0 && c->call_end && hello) {
 		/* (Once wexd answered hello it is not hung: the rest of the
 		 * reconnect, registering everything again, has its usual
 		 * time, and is not given up half done.) */
 		give_up = GIVE_UP_CANCEL;
 		pfd[2].fd = c->cancel_efd;
-	} else if (c->reconnecting && cancel_fd >= 0 && c->watch &&
-		   !strcmp(json_string_value(json_object_get(req, "op")) ?: "", "hello")) {
+	} else if (c->reconnecting && cancel_fd >= 0 && c->watch && hello) {
 		/* (Only before wexd answered: one that answers is not hung,
 		 * and an attempt given up after it registered anything would
 		 * be made again in full.) */
 		give_up = GIVE_UP_WANT;
 		pfd[2].fd = c->watch->wantfd;
-	} else if (c->eintr && cancel_fd < 0 && !c->att_held) {
-		/* Any other request: a signal, held to the wait as above,
-		 * gives a hung wexd HUNG_GRACE_MS to answer. */
+	} else if (c->eintr && cancel_fd < 0 && !c->att_held && hello) {
+		/* A hello outside those: a signal, held to the wait as
+		 * above, gives a hung wexd HUNG_GRACE_MS to answer. */
 		signals_held(&mask, &wait);
 		masked = 1;
 	}
@@ -777,7 +775,7 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	if (give_up == GIVE_UP_CANCEL)
 		limit = call_left_ms(c, limit);
 	ret = wait_answer(c, pfd, limit, masked ? &wait : c->att_held ? &c->att_wait : NULL, give_up,
-			  &hung);
+			  hello);
 	if (masked)
 		pthread_sigmask(SIG_SETMASK, &mask, NULL);
 	if (ret == -ETIME) {
@@ -787,18 +785,13 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 		 * request's, and wexd drops what it held for us.) */
 		conn_drop(c);
 		restore_doubted(c);
-		if (!hung)
-			return set_err(c, -ECANCELED, "cancelled (wex_cancel); wexd at %s did not answer the cancel of %s within %u s (a hung wexd?): connection dropped",
-				       c->sock, op, HUNG_GRACE_MS / 1000);
 		/* (A call that ends on a signal says so: signal_ended.) */
-		if (cancelable_req(c, req)) {
-			c->signalled = 1;
-			cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
-		}
-		return set_err(c, cancelable_req(c, req) ? -ECANCELED : -EINTR,
-			       "%swexd at %s did not answer %s within %u s of a signal (a hung wexd?): connection dropped",
-			       cancelable_req(c, req) ? "" : "interrupted by a signal (WEX_CLIENT_EINTR): ",
-			       c->sock, op, HUNG_GRACE_MS / 1000);
+		if (!hello)
+			return set_err(c, -ECANCELED, "%swexd at %s did not answer the cancel of %s within %u s (a hung wexd?): connection dropped",
+				       atomic_load(&c->asked_seq) == atomic_load(&c->call_seq) ? "cancelled (wex_cancel); " : "",
+				       c->sock, op, HUNG_GRACE_MS / 1000);
+		return set_err(c, -EINTR, "interrupted by a signal (WEX_CLIENT_EINTR): wexd at %s did not answer hello within %u s of it (a hung wexd?): connection dropped",
+			       c->sock, HUNG_GRACE_MS / 1000);
 	}
 	if (give_up && (ret == -ECANCELED || ret == -EBUSY)) {
 		const char *op = json_string_value(json_object_get(req, "op")) ?: "a request";

@@ -108,10 +108,14 @@ static int open_admin(wex_client_t **c)
 			   *wex_last_error(NULL)) {
 			/* wexd refused this client, and said why. */
 			why = wex_last_error(NULL);
-		} else if (ret == -ETIMEDOUT || ret == -EAGAIN) {
-			hint = "\n  wexd took the connection but answered nothing for 10 s (its queue "
-			       "of connections full, for EAGAIN): it is hung, stopped or overloaded; "
-			       "its log (journalctl -u wexd) and systemctl status wexd say more";
+		} else if (ret == -ETIMEDOUT) {
+			hint = "\n  wexd took the connection but answered nothing for 10 s: it is "
+			       "hung, stopped or overloaded; its log (journalctl -u wexd) and "
+			       "systemctl status wexd say more";
+		} else if (ret == -EAGAIN) {
+			hint = "\n  wexd's queue of connections stayed full for 10 s: it accepts none "
+			       "(hung, stopped or overloaded); its log (journalctl -u wexd) and "
+			       "systemctl status wexd say more";
 		} else if (ret == -EPIPE || ret == -ECONNRESET) {
 			/* wexd accepted and closed the connection at once. */
 			hint = "\n  wexd closed the connection at once: it refuses new clients while "

@@ -148,10 +148,11 @@ enum wex_client_flag {
 	 * Against a wexd that predates cancels, nothing ends.  A wexd that
 	 * answers nothing within 3 s of the signal (stopped, deadlocked: it
 	 * never answers the cancel) has the connection dropped, and the
-	 * call returns -EINTR.  The same holds for every other request
-	 * made on the calling thread, waiting or not (a publish, a
-	 * registration): after a signal, wexd has 3 s to answer it.
-	 * Without the flag a signal ends no wait. */
+	 * call returns -EINTR; so too for the hello of a reconnect made on
+	 * the calling thread.  A publish or a registration is waited for
+	 * up to its timeout, signal or not: wexd may still carry it out
+	 * from a connection the client closed.  Without the flag a signal
+	 * ends no wait. */
 	WEX_CLIENT_EINTR = 1u << 1,
 };
 

@@ -740,6 +740,45 @@ class HungWexd(unittest.TestCase):
         os.kill(wexd.pid, signal.SIGCONT)
         self.assertEqual(c.sync(wex.SYNC_REMAP_VIEW, min_version=1, timeout_ms=10000).version, 1)
 
+    def test_open_stalled(self):
+        """A wexd that stalls (stopped for 4 s, then going on) while a
+        client opens, and one signal whose handler raises nothing at
+        0.3 s: the hello is given up 3 s after the signal (-EINTR), the
+        binding opens again, and the client is open once wexd goes on."""
+        from wexd_harness import start_wexd
+        import shutil
+        import tempfile
+
+        d = tempfile.mkdtemp(prefix="wex-pystall-")
+        self.addCleanup(shutil.rmtree, d)
+        sock = os.path.join(d, "wexd.sock")
+        wexd = start_wexd(dict(os.environ, WEX_SOCKET=sock))
+        self.addCleanup(wexd.wait)
+        self.addCleanup(wexd.kill)
+        os.kill(wexd.pid, signal.SIGSTOP)
+        self.addCleanup(os.kill, wexd.pid, signal.SIGCONT)
+        main = threading.main_thread().ident
+        seen = []
+        old = signal.signal(signal.SIGUSR1, lambda *a: seen.append(a[0]))
+        kick = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGUSR1))
+        cont = threading.Timer(4.0, os.kill, (wexd.pid, signal.SIGCONT))
+        try:
+            t0 = time.monotonic()
+            kick.start()
+            cont.start()
+            c = wex.Client(wex.ROLE_ADMIN, socket=sock)
+            took = time.monotonic() - t0
+        finally:
+            for t in (kick, cont):
+                t.cancel()
+                t.join()
+            signal.signal(signal.SIGUSR1, old)
+        self.addCleanup(c.close)
+        self.assertEqual(seen, [signal.SIGUSR1])
+        self.assertGreaterEqual(took, 3.9)
+        self.assertLess(took, 10.0)
+        self.assertIn("models", c.request("status"))
+
 class NoDriver(unittest.TestCase):
     """wex.cuda_alloc without a CUDA driver: ENOCUDA saying so, not an
     out-of-memory error.  In a child whose $WEX_CUDA_LIB names no file (the

@@ -496,7 +496,15 @@ class Client:
                 setattr(p, field, _uint(val, 31 if field == "device" else 32, field))
                 p.field_mask |= flag
         h = ctypes.c_void_p()
-        ret = L.wex_client_open(ctypes.byref(p), ctypes.byref(h))
+        # -EINTR: a signal, and then 3 s without wexd's answer to the
+        # hello (a hung wexd); Python ran the handler as the call
+        # returned, and where it raised nothing the open is tried again,
+        # up to the client's timeout.
+        end = time.monotonic() + (timeout_ms or 30000) / 1000.0
+        while True:
+            ret = L.wex_client_open(ctypes.byref(p), ctypes.byref(h))
+            if ret != -errno.EINTR or time.monotonic() >= end:
+                break
         if ret < 0:
             # (wex_last_error(NULL): why this thread's last open failed.)
             why = L.wex_last_error(None).decode(errors="replace")
@@ -513,9 +521,17 @@ class Client:
         return ret
 
     def _call(self, what, fn, *args):
-        """fn(handle, *args) under the client's lock, checked."""
+        """fn(handle, *args) under the client's lock, checked.  -EINTR (a
+        signal, then 3 s without wexd's answer to the hello of a
+        reconnect: a hung wexd, nothing asked yet): Python ran the
+        handler as the call returned, and where it raised nothing the call
+        is made again, up to the client's timeout."""
         with self._lock:
-            return self._check(fn(self.handle, *args), what)
+            end = time.monotonic() + (self._timeout_ms or 30000) / 1000.0
+            while True:
+                ret = fn(self.handle, *args)
+                if ret != -errno.EINTR or time.monotonic() >= end:
+                    return self._check(ret, what)
 
     def _call_wait(self, what, fn, timeout_ms, args):
         """_call of a call that waits for wexd (sync, begin_write):
