@@ -983,7 +983,7 @@ static void set_fd_limit(struct wexd *d)
 static void close_inherited(const struct wexd *d)
 {
 	const char *s = getenv("WEXD_READY_FD");
-	int ready = s && *s ? atoi(s) : -1, *fds = NULL, n = 0, cap = 0;
+	int ready = s && *s ? atoi(s) : -1, *fds = NULL, n = 0, cap = 0, left = 0;
 	char names[128] = "";
 	size_t len = 0;
 	struct dirent *e;
@@ -1024,8 +1024,10 @@ static void close_inherited(const struct wexd *d)
 		if (n == cap) {
 			int *more = realloc(fds, (size_t)(cap ? cap * 2 : 16) * sizeof(*fds));
 
-			if (!more)
-				break; /* (the rest stays: said below) */
+			if (!more) {
+				left = 1; /* (the rest stays: said below) */
+				break;
+			}
 			fds = more;
 			cap = cap ? cap * 2 : 16;
 		}
@@ -1047,6 +1049,9 @@ static void close_inherited(const struct wexd *d)
 	if (n)
 		wex_info("wexd", "closed %d file descriptor%s it inherited: %s%s", n, n == 1 ? "" : "s",
 			 names, n > 8 ? ", ..." : "");
+	if (left)
+		wex_warn("wexd", "out of memory listing the fds it inherited: those past the %d closed stay open",
+			 n);
 	free(fds);
 }
 
