@@ -15,6 +15,7 @@ wex_cuda_alloc'd copy targets on the consumer, meant to run against
 tests/gpu/emul_cuda.c ($WEX_CUDA_LIB), whose device memory the CPU can read.
 Environment: WEX_LIB (libwex.so), WEXD_BIN, PYTHONPATH with adapters/python.
 """
+import contextlib
 import ctypes
 import errno
 import os
@@ -583,6 +584,52 @@ class Binding(WexdProducerCase):
         self.assertEqual(e.exception.code, errno.EBADF)
 
 
+def own_wexd(case, prefix):
+    """A wexd of the test's own, in a temporary directory (killed, and the
+    directory removed, at the test's cleanup): (its socket, its process)."""
+    from wexd_harness import start_wexd
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix=prefix)
+    case.addCleanup(shutil.rmtree, d)
+    sock = os.path.join(d, "wexd.sock")
+    wexd = start_wexd(dict(os.environ, WEX_SOCKET=sock))
+    case.addCleanup(wexd.wait)
+    case.addCleanup(wexd.kill)
+    return sock, wexd
+
+
+def small_producer(case, model, sock, **kw):
+    """Producer rank 0 of 1 of `model` with one tensor in a host segment
+    (closed at cleanup)."""
+    c = wex.Client(wex.ROLE_PRODUCER, model, rank=0, world_size=1, socket=sock, **kw)
+    case.addCleanup(c.close)
+    seg, _ = c.segment_alloc(wex.SEG_HOST, 1 << 20)
+    c.register_tensors([wex.tensor("layers.0.a", "BF16", (256,), segment=seg, offset=0)])
+    return c
+
+
+@contextlib.contextmanager
+def signal_after(sig, handler, delay):
+    """Runs the block with `handler` for sig, which is sent to the main
+    thread `delay` s into it; the list it yields gets the block's length
+    in seconds once it ends."""
+    main = threading.main_thread().ident
+    old = signal.signal(sig, handler)
+    timer = threading.Timer(delay, signal.pthread_kill, (main, sig))
+    took = []
+    t0 = time.monotonic()
+    timer.start()
+    try:
+        yield took
+    finally:
+        took.append(time.monotonic() - t0)
+        timer.cancel()
+        timer.join()  # (before the handler goes: the signal would kill)
+        signal.signal(sig, old)
+
+
 class PublishAway(unittest.TestCase):
     """A publish that finds no wexd (a restart, a crash) tries again up to
     the client's timeout; a signal whose handler raises nothing, late in
@@ -591,44 +638,21 @@ class PublishAway(unittest.TestCase):
     one's time instead of the whole timeout again."""
 
     def test_signal_late(self):
-        from wexd_harness import start_wexd
-        import shutil
-        import tempfile
-
-        d = tempfile.mkdtemp(prefix="wex-pyaway-")
-        self.addCleanup(shutil.rmtree, d)
-        sock = os.path.join(d, "wexd.sock")
-        wexd = start_wexd(dict(os.environ, WEX_SOCKET=sock))
-        self.addCleanup(wexd.wait)
-        self.addCleanup(wexd.kill)
-        c = wex.Client(wex.ROLE_PRODUCER, "pyaway", rank=0, world_size=1, socket=sock,
-                       timeout_ms=6000, watch=False)
-        self.addCleanup(c.close)
-        seg, _ = c.segment_alloc(wex.SEG_HOST, 1 << 20)
-        c.register_tensors([wex.tensor("layers.0.a", "BF16", (256,), segment=seg, offset=0)])
+        sock, wexd = own_wexd(self, "wex-pyaway-")
+        c = small_producer(self, "pyaway", sock, timeout_ms=6000, watch=False)
         c.begin_write(1)
         wexd.kill()
         wexd.wait()
-        main = threading.main_thread().ident
         seen = []
-        old = signal.signal(signal.SIGUSR1, lambda *a: seen.append(a[0]))
         # (Half-way: a loaded machine may fire it late, not past the end.)
-        timer = threading.Timer(3.0, signal.pthread_kill, (main, signal.SIGUSR1))
-        try:
-            t0 = time.monotonic()
-            timer.start()
+        with signal_after(signal.SIGUSR1, lambda *a: seen.append(a[0]), 3.0) as took:
             with self.assertRaises(wex.WexError) as e:
                 c.publish(1)
-            took = time.monotonic() - t0
-        finally:
-            timer.cancel()
-            timer.join()  # (before the handler goes: SIGUSR1 would kill)
-            signal.signal(signal.SIGUSR1, old)
         self.assertEqual(seen, [signal.SIGUSR1])
         self.assertIn("tried again until its timeout", str(e.exception))
-        self.assertGreaterEqual(took, 5.9)
+        self.assertGreaterEqual(took[0], 5.9)
         # (Without going on: the signal at 3 s, then 6 s again.)
-        self.assertLess(took, 8.0, "the signal started the whole timeout again")
+        self.assertLess(took[0], 8.0, "the signal started the whole timeout again")
 
 
 class HungWexd(unittest.TestCase):
@@ -639,22 +663,10 @@ class HungWexd(unittest.TestCase):
     lets the call end at its own timeout, not at the client's."""
 
     def test_ctrl_c(self):
-        from wexd_harness import start_wexd
-        import shutil
         import socket
-        import tempfile
 
-        d = tempfile.mkdtemp(prefix="wex-pyhung-")
-        self.addCleanup(shutil.rmtree, d)
-        sock = os.path.join(d, "wexd.sock")
-        wexd = start_wexd(dict(os.environ, WEX_SOCKET=sock))
-        self.addCleanup(wexd.wait)
-        self.addCleanup(wexd.kill)
-        c = wex.Client(wex.ROLE_PRODUCER, "pyhung", rank=0, world_size=1, socket=sock,
-                       timeout_ms=30000)
-        self.addCleanup(c.close)
-        seg, _ = c.segment_alloc(wex.SEG_HOST, 1 << 20)
-        c.register_tensors([wex.tensor("layers.0.a", "BF16", (256,), segment=seg, offset=0)])
+        sock, wexd = own_wexd(self, "wex-pyhung-")
+        c = small_producer(self, "pyhung", sock, timeout_ms=30000)
         c.begin_write(1)
         c.publish(1)
         wexd.kill()
@@ -665,78 +677,37 @@ class HungWexd(unittest.TestCase):
         hung.bind(sock)
         hung.listen(16)
         time.sleep(1.5)  # (the watch reconnects, and waits on hello)
-        main = threading.main_thread().ident
-        old = signal.signal(signal.SIGINT, signal.default_int_handler)
-        timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
-        try:
-            t0 = time.monotonic()
-            timer.start()
+        with signal_after(signal.SIGINT, signal.default_int_handler, 0.5) as took:
             with self.assertRaises(KeyboardInterrupt):
                 c.begin_write(2, timeout_ms=20000)
-            took = time.monotonic() - t0
-        finally:
-            timer.cancel()
-            timer.join()
-            signal.signal(signal.SIGINT, old)
-        self.assertLess(took, 5.0, "Ctrl-C waited for wexd's answer")
+        self.assertLess(took[0], 5.0, "Ctrl-C waited for wexd's answer")
         seen = []
-        old = signal.signal(signal.SIGUSR1, lambda *a: seen.append(a[0]))
-        timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGUSR1))
-        try:
-            t0 = time.monotonic()
-            timer.start()
+        with signal_after(signal.SIGUSR1, lambda *a: seen.append(a[0]), 0.5) as took:
             with self.assertRaises(wex.WexError) as e:
                 c.begin_write(2, timeout_ms=2000)
-            took = time.monotonic() - t0
-        finally:
-            timer.cancel()
-            timer.join()  # (before the handler goes: SIGUSR1 would kill)
-            signal.signal(signal.SIGUSR1, old)
         self.assertEqual(seen, [signal.SIGUSR1])
         self.assertIn(e.exception.code, (errno.ETIMEDOUT,), str(e.exception))
-        self.assertGreaterEqual(took, 1.9)
-        self.assertLess(took, 5.0, "the call waited for the client's timeout")
+        self.assertGreaterEqual(took[0], 1.9)
+        self.assertLess(took[0], 5.0, "the call waited for the client's timeout")
 
     def test_ctrl_c_stopped(self):
         """A wexd stopped (SIGSTOP) on a live connection: Ctrl-C during a
         sync's wait raises KeyboardInterrupt 3 s after it (wexd never
         answers the cancel; the connection is dropped), not at the wait's
         timeout; once wexd goes on, the consumer syncs again."""
-        from wexd_harness import start_wexd
-        import shutil
-        import tempfile
-
-        d = tempfile.mkdtemp(prefix="wex-pystop-")
-        self.addCleanup(shutil.rmtree, d)
-        sock = os.path.join(d, "wexd.sock")
-        wexd = start_wexd(dict(os.environ, WEX_SOCKET=sock))
-        self.addCleanup(wexd.wait)
-        self.addCleanup(wexd.kill)
-        p = wex.Client(wex.ROLE_PRODUCER, "pystop", rank=0, world_size=1, socket=sock)
-        self.addCleanup(p.close)
-        seg, _ = p.segment_alloc(wex.SEG_HOST, 1 << 20)
-        p.register_tensors([wex.tensor("layers.0.a", "BF16", (256,), segment=seg, offset=0)])
+        sock, wexd = own_wexd(self, "wex-pystop-")
+        p = small_producer(self, "pystop", sock)
         p.begin_write(1)
         p.publish(1)
         c = wex.Client(wex.ROLE_CONSUMER, "pystop", socket=sock, timeout_ms=30000)
         self.addCleanup(c.close)
         os.kill(wexd.pid, signal.SIGSTOP)
         self.addCleanup(os.kill, wexd.pid, signal.SIGCONT)
-        main = threading.main_thread().ident
-        old = signal.signal(signal.SIGINT, signal.default_int_handler)
-        timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
-        try:
-            t0 = time.monotonic()
-            timer.start()
+        with signal_after(signal.SIGINT, signal.default_int_handler, 0.5) as took:
             with self.assertRaises(KeyboardInterrupt):
                 c.sync(wex.SYNC_REMAP_VIEW, min_version=1 << 40, timeout_ms=20000)
-            took = time.monotonic() - t0
-        finally:
-            timer.cancel()
-            timer.join()
-            signal.signal(signal.SIGINT, old)
-        self.assertGreaterEqual(took, 3.4)
-        self.assertLess(took, 7.0, "Ctrl-C waited for the stopped wexd")
+        self.assertGreaterEqual(took[0], 3.4)
+        self.assertLess(took[0], 7.0, "Ctrl-C waited for the stopped wexd")
         os.kill(wexd.pid, signal.SIGCONT)
         self.assertEqual(c.sync(wex.SYNC_REMAP_VIEW, min_version=1, timeout_ms=10000).version, 1)
 
@@ -745,39 +716,24 @@ class HungWexd(unittest.TestCase):
         client opens, and one signal whose handler raises nothing at
         0.3 s: the hello is given up 3 s after the signal (-EINTR), the
         binding opens again, and the client is open once wexd goes on."""
-        from wexd_harness import start_wexd
-        import shutil
-        import tempfile
-
-        d = tempfile.mkdtemp(prefix="wex-pystall-")
-        self.addCleanup(shutil.rmtree, d)
-        sock = os.path.join(d, "wexd.sock")
-        wexd = start_wexd(dict(os.environ, WEX_SOCKET=sock))
-        self.addCleanup(wexd.wait)
-        self.addCleanup(wexd.kill)
+        sock, wexd = own_wexd(self, "wex-pystall-")
         os.kill(wexd.pid, signal.SIGSTOP)
         self.addCleanup(os.kill, wexd.pid, signal.SIGCONT)
-        main = threading.main_thread().ident
         seen = []
-        old = signal.signal(signal.SIGUSR1, lambda *a: seen.append(a[0]))
-        kick = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGUSR1))
         cont = threading.Timer(4.0, os.kill, (wexd.pid, signal.SIGCONT))
         try:
-            t0 = time.monotonic()
-            kick.start()
-            cont.start()
-            c = wex.Client(wex.ROLE_ADMIN, socket=sock)
-            took = time.monotonic() - t0
+            with signal_after(signal.SIGUSR1, lambda *a: seen.append(a[0]), 0.3) as took:
+                cont.start()
+                c = wex.Client(wex.ROLE_ADMIN, socket=sock)
         finally:
-            for t in (kick, cont):
-                t.cancel()
-                t.join()
-            signal.signal(signal.SIGUSR1, old)
+            cont.cancel()
+            cont.join()
         self.addCleanup(c.close)
         self.assertEqual(seen, [signal.SIGUSR1])
-        self.assertGreaterEqual(took, 3.9)
-        self.assertLess(took, 10.0)
+        self.assertGreaterEqual(took[0], 3.9)
+        self.assertLess(took[0], 10.0)
         self.assertIn("models", c.request("status"))
+
 
 class NoDriver(unittest.TestCase):
     """wex.cuda_alloc without a CUDA driver: ENOCUDA saying so, not an
