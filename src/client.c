@@ -180,6 +180,11 @@ struct wex_client {
 	 * called again for it next, only until pub_end; pub_end_now is the
 	 * running publish's. */
 	uint64_t pub_v, pub_end, pub_end_now;
+	/* A reconnect found the version being written published: wexd
+	 * carried out its publish, whose answer the client never had (it
+	 * gave the publish up after a signal, wex_cancel or its timeout).
+	 * The next publish of it succeeds without asking again. */
+	uint64_t pub_found;
 };
 
 /* Runs `call` (an int expression) and gives the calling thread its device
@@ -613,12 +618,21 @@ enum { GIVE_UP_NONE, GIVE_UP_CANCEL, GIVE_UP_WANT };
 
 /* How long wexd's answer is waited for once a cancel was sent, or (on the
  * calling thread, WEX_CLIENT_EINTR) a signal came, where dropping the
- * connection loses nothing asked (a cancelled wait, a hello): a wexd
- * that answers nothing by then (stopped, deadlocked) has the connection
- * dropped, so that Ctrl-C acts in seconds, not at the request's timeout.
- * (Not for a publish or a registration: wexd may still carry it out from
- * the closed connection, and the client could not know.) */
+ * connection loses nothing asked (a cancelled wait, a hello, a publish): a
+ * wexd that answers nothing by then (stopped, deadlocked) has the
+ * connection dropped, so that Ctrl-C acts in seconds, not at the
+ * request's timeout.  A publish so given up is either not run (wexd runs
+ * no request of a client that hung up) or was (wexd answered just as the
+ * client gave up, or a wexd that predates this ran it): the next
+ * reconnect finds which in hello's published version, and the publish
+ * called again succeeds or is sent again.  (Not for a registration:
+ * nothing asks it again but the next reconnect.) */
 #define HUNG_GRACE_MS 3000u
+
+/* What wait_answer waits for: a request's answer; a hello's (a signal
+ * gives a hung wexd HUNG_GRACE_MS); a publish's (a signal or wex_cancel
+ * does, and nothing is sent to wexd: a publish does not wait in wexd). */
+enum { ANSWER_PLAIN, ANSWER_HELLO, ANSWER_PUBLISH };
 
 /*
  * Polls pfd (wexd's answer, the watch's stop, wex_cancel's wake-up) for up
@@ -634,7 +648,7 @@ enum { GIVE_UP_NONE, GIVE_UP_CANCEL, GIVE_UP_WANT };
  * signal mask to wait under (ppoll; signals_held's `wait`).
  */
 static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_ms,
-		       const sigset_t *mask, int give_up, int hello)
+		       const sigset_t *mask, int give_up, int kind)
 {
 	uint64_t end = wex__now_ns() + limit_ms * 1000000ull, now, left, tick, grace = 0;
 	struct timespec ts;
@@ -647,8 +661,10 @@ static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_
 			return -ECANCELED;
 		if (give_up == GIVE_UP_WANT && atomic_load(&c->watch->want))
 			return -EBUSY;
-		if (!give_up && pfd[2].fd >= 0 && !sent && cancel_asked(c) &&
-		    atomic_load(&c->wexd_cancels)) {
+		if (kind == ANSWER_PUBLISH && !grace && cancel_asked(c))
+			grace = wex__now_ns() + HUNG_GRACE_MS * 1000000ull;
+		if (kind != ANSWER_PUBLISH && !give_up && pfd[2].fd >= 0 && !sent &&
+		    cancel_asked(c) && atomic_load(&c->wexd_cancels)) {
 			char msg[64];
 			ssize_t n;
 
@@ -682,11 +698,12 @@ static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_
 				cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
 				if (give_up == GIVE_UP_CANCEL)
 					return -ECANCELED;
-			} else if (pfd[2].fd >= 0 && c->eintr && atomic_load(&c->wexd_cancels)) {
+			} else if (pfd[2].fd >= 0 && c->eintr &&
+				   (kind == ANSWER_PUBLISH || atomic_load(&c->wexd_cancels))) {
 				c->signalled = 1;
 				cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
 			}
-			if (hello && c->eintr && cancel_fd < 0 && !grace)
+			if (kind == ANSWER_HELLO && c->eintr && cancel_fd < 0 && !grace)
 				grace = wex__now_ns() + HUNG_GRACE_MS * 1000000ull;
 			continue;
 		}
@@ -717,8 +734,9 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	int tmpfds[WEX_SOCK_MAX_FDS];
 
 	sigset_t mask, wait;
-	int masked = 0, give_up = GIVE_UP_NONE,
-	    hello = !strcmp(json_string_value(json_object_get(req, "op")) ?: "", "hello");
+	const char *rop = json_string_value(json_object_get(req, "op")) ?: "";
+	int masked = 0, give_up = GIVE_UP_NONE, hello = !strcmp(rop, "hello"),
+	    kind = hello ? ANSWER_HELLO : ANSWER_PLAIN;
 
 	json_object_set_new(req, "v", json_integer(WEX_PROTO_VERSION));
 	s = wex__json_dump(req, &len);
@@ -752,6 +770,16 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 		 * above, gives a hung wexd HUNG_GRACE_MS to answer. */
 		signals_held(&mask, &wait);
 		masked = 1;
+	} else if (!strcmp(rop, "publish") && c->call_end && !c->reconnecting && cancel_fd < 0) {
+		/* wex_publish's own (not a reconnect's restore): wex_cancel
+		 * and, held to the wait as above, a signal give a hung wexd
+		 * HUNG_GRACE_MS to answer. */
+		kind = ANSWER_PUBLISH;
+		pfd[2].fd = c->cancel_efd;
+		if (c->eintr) {
+			signals_held(&mask, &wait);
+			masked = 1;
+		}
 	}
 	n = wex_sock_send(c->fd, s, len, fds, nfds, masked || c->att_held ? MSG_DONTWAIT : 0);
 	if (n == -EAGAIN && (masked || c->att_held)) {
@@ -775,7 +803,7 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	if (give_up == GIVE_UP_CANCEL)
 		limit = call_left_ms(c, limit);
 	ret = wait_answer(c, pfd, limit, masked ? &wait : c->att_held ? &c->att_wait : NULL, give_up,
-			  hello);
+			  kind);
 	if (masked)
 		pthread_sigmask(SIG_SETMASK, &mask, NULL);
 	if (ret == -ETIME) {
@@ -786,6 +814,11 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 		conn_drop(c);
 		restore_doubted(c);
 		/* (A call that ends on a signal says so: signal_ended.) */
+		if (kind == ANSWER_PUBLISH)
+			return set_err(c, -ECANCELED, "%swexd at %s did not answer publish v%lld within %u s (a hung wexd?): connection dropped: whether wexd published it is known once it answers; publish it again (that succeeds either way)",
+				       atomic_load(&c->asked_seq) == atomic_load(&c->call_seq) ? "cancelled (wex_cancel); " : "",
+				       c->sock, (long long)json_integer_value(json_object_get(req, "version")),
+				       HUNG_GRACE_MS / 1000);
 		if (!hello)
 			return set_err(c, -ECANCELED, "%swexd at %s did not answer the cancel of %s within %u s (a hung wexd?): connection dropped",
 				       atomic_load(&c->asked_seq) == atomic_load(&c->call_seq) ? "cancelled (wex_cancel); " : "",
@@ -962,6 +995,23 @@ again:
 					reconnect(c);
 		if (ret < 0)
 			goto out;
+		/* A publish whose write the reconnect found carried out
+		 * already (its answer was lost with the connection), or could
+		 * not go on with: asked, wexd would refuse it as not begun. */
+		if (!strcmp(json_string_value(json_object_get(req, "op")) ?: "", "publish") &&
+		    !json_is_true(json_object_get(req, "restored"))) {
+			uint64_t v = (uint64_t)json_integer_value(json_object_get(req, "version"));
+
+			if (v && v == c->pub_found) {
+				ret = 0;
+				goto out;
+			}
+			if (v && v == c->write_lost_v && v != c->writing) {
+				ret = set_err(c, -EINVAL, "publish v%llu: %s", (unsigned long long)v,
+					      c->write_lost);
+				goto out;
+			}
+		}
 	}
 	ret = raw_rpc(c, req, fds, nfds, &reply, rfds, maxr, nrfds, wait_ms);
 	/* (A cancelled wait is not sent again to a new wexd.) */
@@ -1015,7 +1065,7 @@ static const char *role_str(int role)
 /* Says hello on a new connection.  A consumer whose lease went with the
  * old one (lease_lost) names it: a remap lease that wexd wrote down
  * outlives a restart of wexd, and is taken back (*reclaimed = 1). */
-static int hello(struct wex_client *c, int *reclaimed)
+static int hello(struct wex_client *c, int *reclaimed, uint64_t *published)
 {
 	json_t *req, *reply = NULL;
 	char name[64];
@@ -1037,6 +1087,8 @@ static int hello(struct wex_client *c, int *reclaimed)
 	ret = reply_status(c, reply);
 	if (ret == 0) {
 		*reclaimed = json_is_true(json_object_get(reply, "lease_reclaimed"));
+		if (published && json_integer_value(json_object_get(reply, "published")) > 0)
+			*published = (uint64_t)json_integer_value(json_object_get(reply, "published"));
 		atomic_store(&c->wexd_cancels, json_is_true(json_object_get(reply, "cancel")));
 	}
 	json_decref(reply);
@@ -1142,7 +1194,7 @@ static int reconnect_once(struct wex_client *c, int *greeted)
 	/* Regions restored under a lease the old connection took with it
 	 * are whole only if the new wexd gives that lease back. */
 	int doubt = c->restore_unconfirmed, reclaimed = 0, ret;
-	uint64_t limit;
+	uint64_t limit, published = 0;
 
 	c->restore_unconfirmed = 0;
 	state_lock(c); /* a fork copies this fd only with c->fd naming it */
@@ -1179,7 +1231,7 @@ static int reconnect_once(struct wex_client *c, int *greeted)
 		goto doubted;
 	}
 	c->conn_gen++;
-	ret = hello(c, &reclaimed);
+	ret = hello(c, &reclaimed, &published);
 	if (ret < 0) {
 		if (ret == -ECONNRESET || ret == -EPIPE)
 			ret = refused(c, ret);
@@ -1194,6 +1246,19 @@ static int reconnect_once(struct wex_client *c, int *greeted)
 		 * shards are all empty): ptensors is set once one was. */
 		if (c->ptensors && (ret = send_tensors(c)) < 0)
 			goto err;
+		/* wexd published the version being written: it carried out
+		 * the publish whose answer never came (given up after a
+		 * signal, wex_cancel or its timeout; this rank's publish is
+		 * one that version needed).  The write is over: the rank holds
+		 * the version, said again below as after any publish, and
+		 * the publish called again for it succeeds. */
+		if (c->writing && published == c->writing) {
+			wex_info("client", "wexd published v%llu of model '%s' from a publish whose answer producer rank %u never had: the rank holds it",
+				 (unsigned long long)c->writing, c->model, c->rank);
+			c->published = c->writing;
+			c->pub_found = c->writing;
+			c->writing = 0;
+		}
 		/* A write begun on the old daemon goes on: begin it again here
 		 * (no lease held then, so none the new daemon read back from
 		 * its lease journal holds it), or the publish that ends it is
@@ -1306,6 +1371,64 @@ static void watch_enter(struct watch *w)
 	(void)!write(w->wantfd, &one, sizeof(one));
 	pthread_mutex_lock(&w->call);
 	atomic_fetch_sub(&w->want, 1);
+}
+
+/* How often a call that wex_cancel and signals end tries the lock the
+ * watch holds (call_enter). */
+#define CALL_ENTER_TICK_NS 5000000ull
+
+/*
+ * watch_enter for a call that wex_cancel and signals (WEX_CLIENT_EINTR)
+ * end (begin_write, publish: cancelable_begin ran): the watch holds the
+ * lock through a whole reconnect, and re-registering with a wexd that
+ * stopped after its hello takes each request's timeout; a cancel or a
+ * signal's handler (Python's Ctrl-C) would be seen only after.  The lock
+ * is tried every CALL_ENTER_TICK_NS while the call waits on cancel_efd,
+ * its signals held but in the wait (as raw_rpc's), for as long as the
+ * watch takes (a reconnect has its usual time, however short the call's
+ * timeout).  0: held; -ECANCELED, -EINTR: not (nothing of the call done).
+ * (Without a watch, or for another call, as watch_enter.)
+ */
+static int call_enter(struct wex_client *c)
+{
+	struct watch *w = c->watch;
+	struct pollfd pfd = { .fd = c->cancel_efd, .events = POLLIN };
+	const struct timespec tick = { .tv_nsec = (long)CALL_ENTER_TICK_NS };
+	uint64_t one = 1, n;
+	sigset_t mask, wait;
+	int ret = 0, r;
+
+	if (!w)
+		return 0;
+	if (pthread_mutex_trylock(&w->call) == 0)
+		return 0;
+	if (!(atomic_load(&c->call_seq) & 1)) {
+		watch_enter(w);
+		return 0;
+	}
+	atomic_fetch_add(&w->want, 1);
+	(void)!write(w->wantfd, &one, sizeof(one));
+	if (c->eintr)
+		signals_held(&mask, &wait);
+	while (pthread_mutex_trylock(&w->call) != 0) {
+		if (cancel_asked(c)) {
+			ret = set_err(c, -ECANCELED, "cancelled (wex_cancel) while waiting for the producer's watch, which was reconnecting to wexd at %s",
+				      c->sock);
+			break;
+		}
+		r = ppoll(&pfd, 1, &tick, c->eintr ? &wait : NULL);
+		if (r > 0) {
+			(void)!read(c->cancel_efd, &n, sizeof(n)); /* (an earlier call's too) */
+		} else if (r < 0 && errno == EINTR && c->eintr) {
+			ret = set_err(c, -EINTR, "interrupted by a signal (WEX_CLIENT_EINTR) while waiting for the producer's watch, which was reconnecting to wexd at %s",
+				      c->sock);
+			break;
+		}
+	}
+	if (c->eintr)
+		pthread_sigmask(SIG_SETMASK, &mask, NULL);
+	atomic_fetch_sub(&w->want, 1);
+	return ret;
 }
 
 static void watch_kick(struct watch *w)
@@ -1734,7 +1857,7 @@ static void client_close(wex_client_t *c)
 			c->fd = -1;
 		state_unlock(c);
 		if (c->fd >= 0 && wex_sock_connect_fd(c->fd, c->sock, 1000) == 0)
-			hello(c, &reclaimed);
+			hello(c, &reclaimed, NULL);
 		conn_drop(c);
 	}
 	for (size_t i = 0; i < c->nosegs; i++)
@@ -2379,6 +2502,7 @@ static int begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 	if (ret == 0) {
 		c->writing = version;
 		c->write_lost_v = 0;
+		c->pub_found = 0;
 		c->published = 0; /* the memory is being overwritten */
 	}
 	return ret;
@@ -2415,7 +2539,13 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
 
 	CALL_OK(c, 1);
 	cancelable_begin(c);
-	LOCKED(c, ret, begin_write_call(c, version, timeout_ms));
+	/* (The watch's lock: a wait wex_cancel and signals end.) */
+	ret = call_enter(c);
+	if (ret == 0) {
+		ret = begin_write_call(c, version, timeout_ms);
+		if (c->watch)
+			pthread_mutex_unlock(&c->watch->call);
+	}
 	cancelable_end(c);
 	return ret;
 }
@@ -2431,6 +2561,11 @@ static int publish(wex_client_t *c, uint64_t version, uint64_t cont)
 
 	if (c->role != WEX_ROLE_PRODUCER)
 		return set_err(c, -EPERM, "only producers publish");
+	/* A reconnect found it carried out (pub_found). */
+	if (c->pub_found == version && c->published == version && c->writing != version && version) {
+		c->pub_found = 0;
+		return 0;
+	}
 	if (c->writing != version && c->write_lost_v == version && version)
 		return set_err(c, -EINVAL, "publish v%llu: %s", (unsigned long long)version,
 			       c->write_lost);
@@ -2477,6 +2612,7 @@ static int publish(wex_client_t *c, uint64_t version, uint64_t cont)
 	if (ret == 0) {
 		c->writing = 0;
 		c->published = version;
+		c->pub_found = 0;
 	}
 	return ret;
 }
@@ -2506,7 +2642,12 @@ WEX_API int wex_publish(wex_client_t *c, uint64_t version)
 	/* wex_cancel and signals (WEX_CLIENT_EINTR) end its tries while no
 	 * wexd answers (away_retry), as they do begin_write's. */
 	cancelable_begin(c);
-	LOCKED_KEEP_DEVICE(c, ret, publish_call(c, version));
+	ret = call_enter(c); /* (as wex_begin_write's) */
+	if (ret == 0) {
+		KEEP_THREAD_DEVICE(ret, publish_call(c, version));
+		if (c->watch)
+			pthread_mutex_unlock(&c->watch->call);
+	}
 	cancelable_end(c);
 	return ret;
 }

@@ -527,10 +527,19 @@ static void on_msg(void *arg, struct wex_loop_io *io, ssize_t len, int *fds, int
 
 	wexd_watchdog(d);
 	/* SOCK_SEQPACKET carries empty messages: 0 is the end only when the
-	 * client hung up (an empty one is answered, as any bad message). */
+	 * client hung up (an empty one is answered, as any bad message).
+	 * A request from a client that hung up since it sent it is not run:
+	 * libwex closes a connection with a request in flight only where it
+	 * gave the answer up (none past the request's timeout, or past the
+	 * grace after a signal or wex_cancel), and running it would do what
+	 * the caller was told failed, once per abandoned connection when a
+	 * stalled wexd goes on. */
 	if (len == 0 && !c->dropping && !peer_hung_up(c->io.fd)) {
 		reply = wex__reply_error(-EBADMSG, "empty message");
-	} else if (len <= 0 || c->dropping) {
+	} else if (len <= 0 || c->dropping || peer_hung_up(c->io.fd)) {
+		if (len > 0)
+			wex_debug("conn", "client %llu (pid %d) hung up: its last request is not run",
+				  (unsigned long long)c->id, (int)c->pid);
 		if (len < 0)
 			wex_debug("conn", "client %llu: receive: %s", (unsigned long long)c->id,
 				  strerror((int)-len));

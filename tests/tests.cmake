@@ -60,6 +60,8 @@ wex_foundation_test(daemon_restart LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(away_retry LOOP LIBS ${WEX_FX_LIBS} Threads::Threads)
 wex_foundation_test(reconnect_short LIBS ${WEX_FX_LIBS})
 wex_foundation_test(stopped_wexd LIBS ${WEX_FX_LIBS} Threads::Threads TIMEOUT 120)
+wex_foundation_test(publish_answer LIBS ${WEX_FX_LIBS} Threads::Threads TIMEOUT 120)
+wex_foundation_test(watch_lock LIBS ${WEX_FX_LIBS} Threads::Threads TIMEOUT 120)
 wex_foundation_test(quickstart_smoke LOOP
   ARGS $<TARGET_FILE:wex-producer> $<TARGET_FILE:wex-consumer>)
 wex_foundation_test(killed_producer LOOP LIBS ${WEX_FX_LIBS})

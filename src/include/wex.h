@@ -144,15 +144,18 @@ enum wex_client_flag {
 	 * to its last answer.  One handled before (during a GPU settle, or
 	 * in the microseconds between a retry's nap and its next connect),
 	 * or by another thread (a process-directed signal while this one
-	 * holds them), ends no wait.
+	 * holds them), ends no wait.  A wex_begin_write or wex_publish that
+	 * waits for the producer's watch (reconnecting to a wexd that came
+	 * back: it registers everything again first) ends there, at once,
+	 * as on wex_cancel.
 	 * Against a wexd that predates cancels, nothing ends.  A wexd that
 	 * answers nothing within 3 s of the signal (stopped, deadlocked: it
 	 * never answers the cancel) has the connection dropped, and the
 	 * call returns -EINTR; so too for the hello of a reconnect made on
-	 * the calling thread.  A publish or a registration is waited for
-	 * up to its timeout, signal or not: wexd may still carry it out
-	 * from a connection the client closed.  Without the flag a signal
-	 * ends no wait. */
+	 * the calling thread, and for wex_publish (see there: a publish so
+	 * given up is safe to call again).  A registration is waited for up
+	 * to its timeout, signal or not.  Without the flag a signal ends no
+	 * wait. */
 	WEX_CLIENT_EINTR = 1u << 1,
 };
 
@@ -313,7 +316,17 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
  * the version is then not published (publish it again).  Called again
  * for the same version right after -EINTR, it tries until the interrupted
  * call's time ends, not for timeout_ms anew: a caller that re-calls after
- * each signal whose handler let it go on waits timeout_ms in all.
+ * each signal whose handler let it go on waits timeout_ms in all.  A wexd
+ * that takes the publish but answers nothing (stopped, deadlocked) gets
+ * 3 s after a wex_cancel or such a signal; then the connection is dropped
+ * and the call returns -ECANCELED or -EINTR (before its timeout, which
+ * ends it as -ETIMEDOUT).  Whether wexd published the version is then
+ * unknown until it answers: called again for the same version, the call
+ * reconnects and finds out (wexd runs no request of a client that hung
+ * up; one it ran just before shows as the version published in its
+ * answer to hello): published, the call returns 0 without asking again
+ * (the rank holds the version); not, the write is begun again and the
+ * version published.  Either way the version reaches the engines once.
  */
 WEX_API int wex_publish(wex_client_t *c, uint64_t version);
 
@@ -495,33 +508,36 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 		     struct wex_sync_result *res);
 
 /*
- * Cancels the wex_sync or wex_begin_write running now on this client in
- * another thread (or a signal handler: it only reads two atomics and
- * writes an eventfd): a wait of that call for a version to be published
- * (wex_sync's acquire) or for leases to end (begin_write) ends at once,
- * and the call returns -ECANCELED (with why in wex_last_error), as after
- * a timeout of that wait: a sync's previous lease is given up, and
- * same-address regions are handled as for -ETIMEDOUT; a begin_write
- * begins nothing.  A call cancelled before it sent that request returns
- * -ECANCELED without sending it (nothing acquired or begun; a lease held
- * stands).  A call whose wait already ended goes on: a sync that
- * acquired its version copies it whole and returns as usual (cancel is
- * for waits, not copies; nor are the GPU settle and the released-memory
- * check before the acquire cancelled).  A reconnect to a restarted wexd
- * before that wait (the call's request found the connection gone) is a
- * wait too until wexd answers its hello (a queue of connections that
- * stays full, a hello unanswered: a hung wexd), and ends there; once
- * wexd answered, the reconnect goes on, and the call's own wait is then
- * cancelled as soon as it begins.  It never blocks and takes no lock, so it is safe
- * while the call holds the client; c must stay open until it returns.
- * wex_request refuses "cancel" (-EINVAL).  Returns 1 when such a call
- * runs (it is cancelled), 0 when none does (nothing happens: a later
- * call is not cancelled), -EOPNOTSUPP
- * when one runs but the wexd it talks to predates cancels (a call that
- * had not yet sent its request is cancelled; one already waiting waits
- * on), -ECHILD in a forked child's copy, -EINVAL for a NULL client.  A
- * wexd that does not answer the cancel within 3 s (stopped, deadlocked)
- * has the call's connection dropped, and the call returns -ECANCELED.
+ * Cancels the wex_sync or wex_begin_write (or wex_publish: see the end)
+ * running now on this client in another thread (or a signal handler: it only
+ * reads two atomics and writes an eventfd): a wait of that call for a version
+ * to be published (wex_sync's acquire) or for leases to end (begin_write) ends
+ * at once, and the call returns -ECANCELED (with why in wex_last_error), as
+ * after a timeout of that wait: a sync's previous lease is given up, and
+ * same-address regions are handled as for -ETIMEDOUT; a begin_write begins
+ * nothing.  A call cancelled before it sent that request returns -ECANCELED
+ * without sending it (nothing acquired or begun; a lease held stands).  A call
+ * whose wait already ended goes on: a sync that acquired its version copies it
+ * whole and returns as usual (cancel is for waits, not copies; nor are the GPU
+ * settle and the released-memory check before the acquire cancelled).  A
+ * reconnect to a restarted wexd before that wait (the call's request found the
+ * connection gone) is a wait too until wexd answers its hello (a queue of
+ * connections that stays full, a hello unanswered: a hung wexd), and ends
+ * there; once wexd answered, the reconnect goes on, and the call's own wait is
+ * then cancelled as soon as it begins.  So is a wex_begin_write's or
+ * wex_publish's wait for the producer's watch while it reconnects: it ends
+ * at once, nothing of the call done.  It never blocks and takes no lock, so
+ * it is safe while the call holds the client; c must stay open until it
+ * returns.  wex_request refuses "cancel" (-EINVAL).  Returns 1 when such a call
+ * runs (it is cancelled), 0 when none does (nothing happens: a later call is
+ * not cancelled), -EOPNOTSUPP when one runs but the wexd it talks to predates
+ * cancels (a call that had not yet sent its request is cancelled; one already
+ * waiting waits on), -ECHILD in a forked child's copy, -EINVAL for a NULL
+ * client.  A wexd that does not answer the cancel within 3 s (stopped,
+ * deadlocked) has the call's connection dropped, and the call returns
+ * -ECANCELED.  wex_publish waits in wexd for nothing, so a cancel ends it only
+ * where wexd answers nothing within those 3 s, or where no wexd answers (see
+ * wex_publish).
  */
 WEX_API int wex_cancel(wex_client_t *c);
 

@@ -11,6 +11,7 @@
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -488,4 +489,142 @@ void t_u8_tensor(struct wex_tensor *t, const char *name, uint64_t n, uint32_t se
 	t->shape[0] = t->extent[0] = n;
 	t->segment = seg;
 	t->offset = off;
+}
+
+/* ---------------------------------------------------------------------- */
+/* t_relay                                                                 */
+
+#define RELAY_BUF (4u << 20)
+
+struct relay_pair {
+	struct t_relay *r;
+	int down, up, cut;
+	char *buf;
+};
+
+/* Passes one message from `from` to `to` (not when drop); *op (if op)
+ * gets its kind: 1 a publish (not a restore), 2 a hello, 0 another.
+ * 0 when `from` hung up. */
+static int relay_pass(char *buf, int from, int to, int drop, int *op)
+{
+	int fds[WEX_SOCK_MAX_FDS], nfds = 0, mflags = 0;
+	ssize_t n;
+
+	n = wex_sock_recv(from, buf, RELAY_BUF, fds, WEX_SOCK_MAX_FDS, &nfds, &mflags, 0);
+	if (n <= 0) {
+		wex_sock_close_fds(fds, nfds);
+		return 0;
+	}
+	if (op) {
+		json_t *j = json_loadb(buf, (size_t)n, 0, NULL);
+		const char *o = json_string_value(json_object_get(j, "op")) ?: "";
+
+		*op = !strcmp(o, "publish") && !json_is_true(json_object_get(j, "restored")) ? 1 :
+		      !strcmp(o, "hello")					     ? 2 :
+											       0;
+		json_decref(j);
+	}
+	if (!drop)
+		(void)wex_sock_send(to, buf, (size_t)n, fds, nfds, 0);
+	wex_sock_close_fds(fds, nfds);
+	return 1;
+}
+
+static void *relay_pair_main(void *arg)
+{
+	struct relay_pair *p = arg;
+	struct t_relay *r = p->r;
+	struct pollfd pf[2] = { { .fd = p->down, .events = POLLIN },
+				{ .fd = p->up, .events = POLLIN } };
+	int swallow_next = 0, stall = 0, hello = 0, op = 0;
+
+	while (!atomic_load(&r->stop) && atomic_load(&r->cut) == p->cut) {
+		/* Stalled: the client's requests wait unread. */
+		pf[0].events = stall == 2 && atomic_load(&r->stall) ? 0 : POLLIN;
+		if (poll(pf, 2, 20) <= 0)
+			continue;
+		if (pf[0].revents) {
+			if (!relay_pass(p->buf, p->down, p->up, 0, &op))
+				break;
+			if (op == 1 && atomic_exchange(&r->swallow, 0))
+				swallow_next = 1;
+			if (op == 2 && !stall && atomic_load(&r->stall))
+				hello = 1;
+		}
+		if (pf[1].revents) {
+			if (!relay_pass(p->buf, p->up, p->down, swallow_next, NULL))
+				break;
+			if (swallow_next) {
+				swallow_next = 0;
+				atomic_fetch_add(&r->swallowed, 1);
+			}
+			if (hello) {
+				hello = 0;
+				stall = 2;
+				atomic_store(&r->stalled, 1);
+			}
+		}
+	}
+	/* Either side gone (or cut): so is the other. */
+	close(p->down);
+	close(p->up);
+	free(p->buf);
+	free(p);
+	atomic_fetch_sub(&r->pairs, 1);
+	return NULL;
+}
+
+static void *relay_main(void *arg)
+{
+	struct t_relay *r = arg;
+	struct pollfd pl = { .fd = r->lfd, .events = POLLIN };
+
+	while (!atomic_load(&r->stop)) {
+		struct relay_pair *p;
+		pthread_t th;
+		int fd;
+
+		if (poll(&pl, 1, 20) <= 0)
+			continue;
+		fd = accept4(r->lfd, NULL, NULL, SOCK_CLOEXEC);
+		if (fd < 0)
+			continue;
+		p = calloc(1, sizeof(*p));
+		T_ASSERT(p != NULL && (p->buf = malloc(RELAY_BUF)) != NULL, "relay: out of memory");
+		p->r = r;
+		p->down = fd;
+		p->up = t_raw_connect(r->up);
+		p->cut = atomic_load(&r->cut);
+		atomic_fetch_add(&r->pairs, 1);
+		T_ASSERT(pthread_create(&th, NULL, relay_pair_main, p) == 0, "relay thread");
+		pthread_detach(th);
+	}
+	return NULL;
+}
+
+void t_relay_start(struct t_relay *r, const char *up, const char *path)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+
+	memset(r, 0, sizeof(*r));
+	r->up = up;
+	T_ASSERT(strlen(path) < sizeof(a.sun_path) && strlen(path) < sizeof(r->path),
+		 "relay socket path too long: %s", path);
+	memcpy(a.sun_path, path, strlen(path) + 1);
+	memcpy(r->path, path, strlen(path) + 1);
+	r->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	T_ASSERT(r->lfd >= 0 && bind(r->lfd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+			 listen(r->lfd, 16) == 0,
+		 "relay socket %s: %s", path, strerror(errno));
+	T_ASSERT(pthread_create(&r->th, NULL, relay_main, r) == 0, "relay thread");
+}
+
+void t_relay_stop(struct t_relay *r)
+{
+	atomic_store(&r->stop, 1);
+	pthread_join(r->th, NULL);
+	for (int i = 0; i < 500 && atomic_load(&r->pairs) > 0; i++)
+		usleep(10000);
+	close(r->lfd);
+	unlink(r->path);
 }

@@ -9,6 +9,7 @@
 #define WEX_TEST_HELPERS_H
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -107,6 +108,26 @@ json_t *t_raw_rpc(int fd, const char *json, const int *fds, int nfds);
  * request; -1: the client hung up, *stop was set, or *drop (if drop) was
  * set (cleared then): the stand-in hangs up. */
 int t_stand_in_request(int fd, atomic_int *stop, atomic_int *drop, char *op, size_t oplen);
+/*
+ * A relay between libwex and wexd: clients connect to `path`, and a thread
+ * per connection passes every message, fds and all, to and from wexd's
+ * socket `up`, but for what the test asks (each an atomic it sets):
+ *  - swallow: wexd's answer to the next publish (not a restore) is
+ *    dropped (swallowed counts them);
+ *  - stall: the next connection's requests after its hello are held (not
+ *    read; stalled is set once one is) until stall is cleared;
+ *  - cut: bumping it closes every connection open then (the clients see
+ *    wexd hang up).
+ */
+struct t_relay {
+	char path[108];
+	const char *up;
+	int lfd;
+	pthread_t th;
+	atomic_int stop, swallow, swallowed, stall, stalled, cut, pairs;
+};
+void t_relay_start(struct t_relay *r, const char *up, const char *path);
+void t_relay_stop(struct t_relay *r);
 /* Runs `$WEXCTL_BIN args` (args split by the shell) against the wexd of
  * $WEX_SOCKET and puts its stdout, NUL-terminated, in out; fails the test
  * unless it exits 0. */

@@ -711,6 +711,51 @@ class HungWexd(unittest.TestCase):
         os.kill(wexd.pid, signal.SIGCONT)
         self.assertEqual(c.sync(wex.SYNC_REMAP_VIEW, min_version=1, timeout_ms=10000).version, 1)
 
+    def test_publish_stopped(self):
+        """Ctrl-C during a publish to a stopped wexd raises
+        KeyboardInterrupt 3 s after it (the connection is dropped; before,
+        the publish waited for the client's timeout plus 5 s); once wexd
+        goes on, the publish called again succeeds and an engine that kept
+        the model in wexd gets the version.  With a handler that raises
+        nothing and wexd stalled 4.5 s, the binding publishes again by
+        itself and the call succeeds."""
+        sock, wexd = own_wexd(self, "wex-pypubstop-")
+        p = small_producer(self, "pypubstop", sock, timeout_ms=30000)
+        p.begin_write(1)
+        p.publish(1)
+        c = wex.Client(wex.ROLE_CONSUMER, "pypubstop", socket=sock, timeout_ms=30000)
+        self.addCleanup(c.close)
+        self.assertEqual(c.sync(wex.SYNC_REMAP_VIEW, min_version=1, timeout_ms=10000).version, 1)
+        c.release()
+        p.begin_write(2)
+        os.kill(wexd.pid, signal.SIGSTOP)
+        self.addCleanup(os.kill, wexd.pid, signal.SIGCONT)
+        with signal_after(signal.SIGINT, signal.default_int_handler, 0.5) as took:
+            with self.assertRaises(KeyboardInterrupt):
+                p.publish(2)
+        self.assertGreaterEqual(took[0], 3.4)
+        self.assertLess(took[0], 7.0, "Ctrl-C waited for the stopped wexd")
+        os.kill(wexd.pid, signal.SIGCONT)
+        p.publish(2)
+        self.assertEqual(c.sync(wex.SYNC_REMAP_VIEW, min_version=2, timeout_ms=10000).version, 2)
+        c.release()
+
+        p.begin_write(3)
+        os.kill(wexd.pid, signal.SIGSTOP)
+        seen = []
+        cont = threading.Timer(4.5, os.kill, (wexd.pid, signal.SIGCONT))
+        try:
+            with signal_after(signal.SIGUSR1, lambda *a: seen.append(a[0]), 0.3) as took:
+                cont.start()
+                p.publish(3)
+        finally:
+            cont.cancel()
+            cont.join()
+        self.assertEqual(seen, [signal.SIGUSR1])
+        self.assertGreaterEqual(took[0], 4.4)
+        self.assertLess(took[0], 12.0)
+        self.assertEqual(c.sync(wex.SYNC_REMAP_VIEW, min_version=3, timeout_ms=10000).version, 3)
+
     def test_open_stalled(self):
         """A wexd that stalls (stopped for 4 s, then going on) while a
         client opens, and one signal whose handler raises nothing at

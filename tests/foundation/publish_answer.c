@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * publish_answer - a publish that wexd carried out but whose answer the
+ * producer never had is found published when the producer reconnects,
+ * not lost.  The producer talks to wexd through a relay (t_relay: threads
+ * that pass every message and fd both ways) that swallows wexd's answer
+ * to one publish: the call waits, a signal (WEX_CLIENT_EINTR) or a
+ * wex_cancel gives wexd 3 s more, then the connection is dropped and the
+ * call ends (-EINTR, -ECANCELED).  wexd published the version and, with
+ * the producer's connection gone, serves it to nobody.  Called again, the
+ * publish reconnects, finds the version published (hello's answer), the
+ * rank says it holds it, and the call succeeds: both engine groups (which
+ * keep the model in wexd throughout) then copy the version whole.  Before,
+ * the reconnect began the write again, wexd refused it ("must exceed
+ * published v2"), the publish failed ("wexd restarted during the write of
+ * v2 and refused to let it go on"), and no engine got v2.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fixture.h"
+
+static void on_usr1(int sig)
+{
+	(void)sig;
+}
+
+struct kick {
+	pthread_t target;
+	wex_client_t *cancel; /* NULL: signal the target */
+};
+
+static void *kick_main(void *arg)
+{
+	struct kick *k = arg;
+
+	usleep(300000);
+	if (k->cancel)
+		wex_cancel(k->cancel);
+	else
+		pthread_kill(k->target, SIGUSR1);
+	return NULL;
+}
+
+/* Publishes v with wexd's answer swallowed and one kick at 0.3 s: the call
+ * must end 3 s after it (want), then succeed when called again; both
+ * groups then copy v whole. */
+static void lost_answer(struct t_relay *r, struct t_prod *p, struct t_cons *k, int nk, uint64_t v,
+			int cancel)
+{
+	struct kick kk = { .target = pthread_self(), .cancel = cancel ? p->c : NULL };
+	int want = cancel ? -ECANCELED : -EINTR, ret, before = atomic_load(&r->swallowed);
+	struct wex_sync_result res;
+	pthread_t th;
+	double t0, el;
+
+	T_WEX(p->c, wex_begin_write(p->c, v, 5000));
+	ex_fill(p->base, p->t, (size_t)p->n, v, 1);
+	atomic_store(&r->swallow, 1);
+	T_ASSERT(pthread_create(&th, NULL, kick_main, &kk) == 0, "kick thread");
+	t0 = t_now();
+	ret = wex_publish(p->c, v);
+	el = t_now() - t0;
+	pthread_join(th, NULL);
+	printf("publish v%llu, its answer swallowed, one %s at 0.3 s: %s after %.2f s: %s\n",
+	       (unsigned long long)v, cancel ? "wex_cancel" : "signal", wex_strerror(ret), el,
+	       wex_last_error(p->c));
+	T_ASSERT(atomic_load(&r->swallowed) == before + 1, "the relay swallowed no answer");
+	T_ASSERT(ret == want && el >= 3.2 && el < 8.0, "publish v%llu: %s after %.2f s, not %s 3.2 to 8 s after its start",
+		 (unsigned long long)v, wex_strerror(ret), el, wex_strerror(want));
+
+	/* wexd published it: the producer's connection went, and with it the
+	 * memory wexd could serve. */
+	t0 = t_now();
+	ret = wex_publish(p->c, v);
+	printf("publish v%llu again: %s after %.2f s%s%s\n", (unsigned long long)v, wex_strerror(ret),
+	       t_now() - t0, ret ? ": " : "", ret ? wex_last_error(p->c) : "");
+	T_ASSERT(ret == 0, "publish v%llu again: %s: %s", (unsigned long long)v, wex_strerror(ret),
+		 wex_last_error(p->c));
+	for (int i = 0; i < nk; i++) {
+		T_WEX(k[i].c, wex_sync(k[i].c, WEX_SYNC_COPY, v, 5000, &res));
+		T_ASSERT(res.version == v && t_own_bad(&k[i], v) == 0,
+			 "group %d: v%llu copied whole (got v%llu)", i, (unsigned long long)v,
+			 (unsigned long long)res.version);
+	}
+	printf("v%llu copied whole by both groups\n", (unsigned long long)v);
+}
+
+int main(void)
+{
+	struct sigaction sa = { .sa_handler = on_usr1 };
+	struct wex_sync_result res;
+	struct t_cons k[2];
+	struct t_relay r;
+	struct t_wexd d;
+	struct t_prod p;
+	char path[sizeof(r.path)];
+
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGUSR1, &sa, NULL);
+	t_client_flags = WEX_CLIENT_EINTR;
+	t_wexd_start(&d);
+	t_check_backend(d.sock);
+	T_ASSERT(snprintf(path, sizeof(path), "%.*s.relay", (int)(sizeof(path) - 7), d.sock) <
+			 (int)sizeof(path),
+		 "relay socket path too long");
+	t_relay_start(&r, d.sock, path);
+	setenv("WEX_SOCKET", path, 1);
+	t_prod_open(&p, "answer", "tiny", 0, 1);
+	setenv("WEX_SOCKET", d.sock, 1);
+	t_cons_open(&k[0], "answer", "g", "tiny", 0, 1);
+	t_cons_open(&k[1], "answer", "g2", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	for (int i = 0; i < 2; i++)
+		T_WEX(k[i].c, wex_sync(k[i].c, WEX_SYNC_COPY, 1, 5000, &res));
+
+	lost_answer(&r, &p, k, 2, 2, 0);
+	lost_answer(&r, &p, k, 2, 3, 1);
+	/* And the next step goes as usual. */
+	t_prod_write(&p, 4);
+	for (int i = 0; i < 2; i++) {
+		T_WEX(k[i].c, wex_sync(k[i].c, WEX_SYNC_COPY, 4, 5000, &res));
+		T_ASSERT(res.version == 4 && t_own_bad(&k[i], 4) == 0, "v4 copied whole");
+	}
+	t_cons_close(&k[1]);
+	t_cons_close(&k[0]);
+	t_prod_close(&p);
+	t_relay_stop(&r);
+	t_wexd_stop(&d);
+	return T_EXIT_PASS;
+}
