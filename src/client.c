@@ -161,6 +161,7 @@ struct wex_client {
 	_Atomic uint64_t call_seq, cancel_seq;
 	_Atomic uint64_t asked_seq; /* cancel_seq's by wex_cancel only (not signals) */
 	_Atomic int wexd_cancels;
+	_Atomic int cancel_local; /* the call running is a publish: cancelled here */
 	int cancel_efd;
 	int cancel_wait;
 	int eintr;     /* WEX_CLIENT_EINTR: a signal ends a wait */
@@ -975,6 +976,13 @@ static int conn_lost(int ret)
 
 /* One request; on a lost daemon, reconnect once and retry. `req` is taken.
  * Received fds (if rfds) are the caller's. */
+/* begin_write of v, which a reconnect found published (pub_found). */
+static int found_err(struct wex_client *c, uint64_t v)
+{
+	return set_err(c, -EALREADY, "begin_write v%llu: v%llu is published already: wexd carried out the publish of it that failed (its answer was lost with the connection; found on reconnecting); write v%llu next",
+		       (unsigned long long)v, (unsigned long long)v, (unsigned long long)v + 1);
+}
+
 static int rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, json_t **out,
 	       int *rfds, int maxr, int *nrfds, uint32_t wait_ms)
 {
@@ -997,7 +1005,14 @@ again:
 			goto out;
 		/* A publish whose write the reconnect found carried out
 		 * already (its answer was lost with the connection), or could
-		 * not go on with: asked, wexd would refuse it as not begun. */
+		 * not go on with: asked, wexd would refuse it as not begun.
+		 * A begin_write of the version found published: refused as
+		 * not newer, for no reason the caller could see. */
+		if (c->pub_found && !strcmp(json_string_value(json_object_get(req, "op")) ?: "", "begin_write") &&
+		    (uint64_t)json_integer_value(json_object_get(req, "version")) == c->pub_found) {
+			ret = found_err(c, c->pub_found);
+			goto out;
+		}
 		if (!strcmp(json_string_value(json_object_get(req, "op")) ?: "", "publish") &&
 		    !json_is_true(json_object_get(req, "restored"))) {
 			uint64_t v = (uint64_t)json_integer_value(json_object_get(req, "version"));
@@ -2480,6 +2495,8 @@ static int begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 	if (cancel_asked(c))
 		return set_err(c, -ECANCELED, "begin_write v%llu cancelled (wex_cancel) before it was sent to wexd",
 			       (unsigned long long)version);
+	if (version && version == c->pub_found && version != c->writing)
+		return found_err(c, version);
 	limit = timeout_ms ? timeout_ms : c->timeout_ms;
 	end = wex__now_ns() + (uint64_t)limit * 1000000ull;
 	for (;;) {
@@ -2641,6 +2658,7 @@ WEX_API int wex_publish(wex_client_t *c, uint64_t version)
 	CALL_OK(c, 1);
 	/* wex_cancel and signals (WEX_CLIENT_EINTR) end its tries while no
 	 * wexd answers (away_retry), as they do begin_write's. */
+	atomic_store(&c->cancel_local, 1);
 	cancelable_begin(c);
 	ret = call_enter(c); /* (as wex_begin_write's) */
 	if (ret == 0) {
@@ -2649,6 +2667,7 @@ WEX_API int wex_publish(wex_client_t *c, uint64_t version)
 			pthread_mutex_unlock(&c->watch->call);
 	}
 	cancelable_end(c);
+	atomic_store(&c->cancel_local, 0);
 	return ret;
 }
 
@@ -4127,7 +4146,8 @@ WEX_API int wex_cancel(wex_client_t *c)
 	/* (Full only after 2^64 - 2 unread wake-ups.) */
 	if (write(c->cancel_efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
 		return -errno;
-	return atomic_load(&c->wexd_cancels) ? 1 : -EOPNOTSUPP;
+	/* (A publish waits in wexd for nothing: no cancel is sent.) */
+	return atomic_load(&c->wexd_cancels) || atomic_load(&c->cancel_local) ? 1 : -EOPNOTSUPP;
 }
 
 WEX_API int wex_release(wex_client_t *c)

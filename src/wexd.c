@@ -502,6 +502,16 @@ static int peer_hung_up(int fd)
 	return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
+/* The client closed its end (or shut both directions down, as libwex does
+ * before it closes): not a half-close (SHUT_WR), after which a client
+ * (socat, say) still reads the answer. */
+static int peer_closed(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = 0 };
+
+	return poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR));
+}
+
 /* A well-formed {"v":WEX_PROTO_VERSION, "op":"cancel"}, without fds. */
 static int is_cancel(const char *buf, size_t len, int nfds, int mflags)
 {
@@ -528,7 +538,7 @@ static void on_msg(void *arg, struct wex_loop_io *io, ssize_t len, int *fds, int
 	wexd_watchdog(d);
 	/* SOCK_SEQPACKET carries empty messages: 0 is the end only when the
 	 * client hung up (an empty one is answered, as any bad message).
-	 * A request from a client that hung up since it sent it is not run:
+	 * A request from a client that closed since it sent it is not run:
 	 * libwex closes a connection with a request in flight only where it
 	 * gave the answer up (none past the request's timeout, or past the
 	 * grace after a signal or wex_cancel), and running it would do what
@@ -536,7 +546,7 @@ static void on_msg(void *arg, struct wex_loop_io *io, ssize_t len, int *fds, int
 	 * stalled wexd goes on. */
 	if (len == 0 && !c->dropping && !peer_hung_up(c->io.fd)) {
 		reply = wex__reply_error(-EBADMSG, "empty message");
-	} else if (len <= 0 || c->dropping || peer_hung_up(c->io.fd)) {
+	} else if (len <= 0 || c->dropping || peer_closed(c->io.fd)) {
 		if (len > 0)
 			wex_debug("conn", "client %llu (pid %d) hung up: its last request is not run",
 				  (unsigned long long)c->id, (int)c->pid);

@@ -282,20 +282,22 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
 
 /*
  * Announces that this rank is about to overwrite its weights with `version`
- * (greater than every earlier one).  Blocks until no consumer lease holds
- * the buffer, at most `timeout_ms` (0: the client's timeout_ms if set, else
- * wexd's begin_write_timeout_ms); -EBUSY on
- * timeout, naming the holders in wex_last_error(); -ECANCELED when
- * wex_cancel ended the wait (nothing begun), -EINTR when a signal did
- * (WEX_CLIENT_EINTR); -EINVAL for a version over 2^63-1 (JSON's largest
- * integer), nothing sent.  When wexd goes away (a restart, a crash), the
- * call connects again and resends, trying until that timeout (the client's
- * when 0) ends: then wexd's error (-WEX_EDAEMON, -ECONNREFUSED, -ENOENT);
- * wex_cancel and signals (WEX_CLIENT_EINTR) end those tries as they end a
- * wait.  A wexd that takes the connection but does not answer (hung), or
- * whose queue of connections stays full, is waited on no longer than that
- * timeout either (-ETIMEDOUT, -EAGAIN), and wex_cancel and signals end
- * that wait too (as they do in wex_sync and wex_publish).
+ * (greater than every earlier one).  Blocks until no consumer lease holds the
+ * buffer, at most `timeout_ms` (0: the client's timeout_ms if set, else wexd's
+ * begin_write_timeout_ms); -EBUSY on timeout, naming the holders in
+ * wex_last_error(); -ECANCELED when wex_cancel ended the wait (nothing begun),
+ * -EINTR when a signal did (WEX_CLIENT_EINTR); -EINVAL for a version over
+ * 2^63-1 (JSON's largest integer), nothing sent; -EALREADY, nothing begun, for
+ * the version of a wex_publish that failed (-EINTR, -ECANCELED, -ETIMEDOUT)
+ * but that wexd carried out, as a reconnect found (see wex_publish): it is
+ * published, and the next write is of a newer version.  When wexd goes away (a
+ * restart, a crash), the call connects again and resends, trying until that
+ * timeout (the client's when 0) ends: then wexd's error (-WEX_EDAEMON,
+ * -ECONNREFUSED, -ENOENT); wex_cancel and signals (WEX_CLIENT_EINTR) end those
+ * tries as they end a wait.  A wexd that takes the connection but does not
+ * answer (hung), or whose queue of connections stays full, is waited on no
+ * longer than that timeout either (-ETIMEDOUT, -EAGAIN), and wex_cancel and
+ * signals end that wait too (as they do in wex_sync and wex_publish).
  */
 WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms);
 
@@ -525,19 +527,19 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
  * connections that stays full, a hello unanswered: a hung wexd), and ends
  * there; once wexd answered, the reconnect goes on, and the call's own wait is
  * then cancelled as soon as it begins.  So is a wex_begin_write's or
- * wex_publish's wait for the producer's watch while it reconnects: it ends
- * at once, nothing of the call done.  It never blocks and takes no lock, so
- * it is safe while the call holds the client; c must stay open until it
- * returns.  wex_request refuses "cancel" (-EINVAL).  Returns 1 when such a call
- * runs (it is cancelled), 0 when none does (nothing happens: a later call is
- * not cancelled), -EOPNOTSUPP when one runs but the wexd it talks to predates
- * cancels (a call that had not yet sent its request is cancelled; one already
- * waiting waits on), -ECHILD in a forked child's copy, -EINVAL for a NULL
- * client.  A wexd that does not answer the cancel within 3 s (stopped,
- * deadlocked) has the call's connection dropped, and the call returns
- * -ECANCELED.  wex_publish waits in wexd for nothing, so a cancel ends it only
- * where wexd answers nothing within those 3 s, or where no wexd answers (see
- * wex_publish).
+ * wex_publish's wait for the producer's watch while it reconnects: it ends at
+ * once, nothing of the call done.  It never blocks and takes no lock, so it is
+ * safe while the call holds the client; c must stay open until it returns.
+ * wex_request refuses "cancel" (-EINVAL).  Returns 1 when such a call runs (it
+ * is cancelled), 0 when none does (nothing happens: a later call is not
+ * cancelled), -EOPNOTSUPP when one runs but the wexd it talks to predates
+ * cancels (not for wex_publish, which sends wexd no cancel; a call that had
+ * not yet sent its request is cancelled; one already waiting waits on),
+ * -ECHILD in a forked child's copy, -EINVAL for a NULL client.  A wexd that
+ * does not answer the cancel within 3 s (stopped, deadlocked) has the call's
+ * connection dropped, and the call returns -ECANCELED.  wex_publish waits in
+ * wexd for nothing, so a cancel ends it only where wexd answers nothing within
+ * those 3 s, or where no wexd answers (see wex_publish).
  */
 WEX_API int wex_cancel(wex_client_t *c);
 

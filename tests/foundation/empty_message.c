@@ -13,9 +13,11 @@
  *    loop closed only the fds of non-empty messages there: 20 fds leaked
  *    per round, until wexd ran out.
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,6 +46,26 @@ static void empty_answered(const char *sock)
 	json_decref(r);
 	close(fd);
 	printf("an empty message is answered EBADMSG; the connection goes on\n");
+}
+
+/* A client that sends, then shuts its sending side down (SHUT_WR, as
+ * socat does), still gets its answer: wexd drops the requests only of a
+ * client that closed (SHUT_RDWR or close, as libwex gives an answer up). */
+static void half_close_answered(const char *sock)
+{
+	int fd = t_raw_connect(sock);
+	json_t *r;
+
+	r = t_raw_rpc(fd, "{\"v\":1,\"op\":\"hello\",\"role\":\"admin\"}", NULL, 0);
+	T_ASSERT(!strcmp(t_code(r), "OK"), "hello: %s", t_msg(r));
+	json_decref(r);
+	t_raw_send(fd, "{\"v\":1,\"op\":\"ping\"}", 19, NULL, 0);
+	T_ASSERT(shutdown(fd, SHUT_WR) == 0, "shutdown: %s", strerror(errno));
+	r = t_raw_recv(fd);
+	T_ASSERT(!strcmp(t_code(r), "OK"), "ping, then SHUT_WR: %s (%s)", t_code(r), t_msg(r));
+	json_decref(r);
+	close(fd);
+	printf("a request followed by SHUT_WR is answered\n");
 }
 
 /* X connects and pings; its child Z, holding X's socket, sends a ping and
@@ -112,6 +134,7 @@ int main(void)
 	t_wexd_start(&d);
 	t_check_backend(d.sock);
 	empty_answered(d.sock);
+	half_close_answered(d.sock);
 	before = t_wexd_fds_settle(&d, -1);
 	for (int i = 0; i < ROUNDS; i++)
 		race_round(&d);

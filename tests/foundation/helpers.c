@@ -565,9 +565,14 @@ static void *relay_pair_main(void *arg)
 			}
 		}
 	}
-	/* Either side gone (or cut): so is the other. */
-	close(p->down);
+	/* Either side gone (or cut): so is the other, wexd's first. */
+	pthread_mutex_lock(&r->lock);
+	for (int i = 0; i < T_RELAY_MAX; i++)
+		if (r->open[i] == p)
+			r->open[i] = NULL;
+	pthread_mutex_unlock(&r->lock);
 	close(p->up);
+	close(p->down);
 	free(p->buf);
 	free(p);
 	atomic_fetch_sub(&r->pairs, 1);
@@ -589,6 +594,18 @@ static void *relay_main(void *arg)
 		fd = accept4(r->lfd, NULL, NULL, SOCK_CLOEXEC);
 		if (fd < 0)
 			continue;
+		/* Clients gone whose thread has not seen it yet: wexd sees it
+		 * now, before this connection's hello. */
+		pthread_mutex_lock(&r->lock);
+		for (int i = 0; i < T_RELAY_MAX; i++) {
+			struct pollfd ph = { .fd = r->open[i] ? r->open[i]->down : -1,
+					     .events = POLLRDHUP };
+
+			if (ph.fd >= 0 && poll(&ph, 1, 0) > 0 &&
+			    (ph.revents & (POLLHUP | POLLRDHUP | POLLERR)))
+				shutdown(r->open[i]->up, SHUT_RDWR);
+		}
+		pthread_mutex_unlock(&r->lock);
 		p = calloc(1, sizeof(*p));
 		T_ASSERT(p != NULL && (p->buf = malloc(RELAY_BUF)) != NULL, "relay: out of memory");
 		p->r = r;
@@ -596,6 +613,13 @@ static void *relay_main(void *arg)
 		p->up = t_raw_connect(r->up);
 		p->cut = atomic_load(&r->cut);
 		atomic_fetch_add(&r->pairs, 1);
+		pthread_mutex_lock(&r->lock);
+		for (int i = 0; i < T_RELAY_MAX; i++)
+			if (!r->open[i]) {
+				r->open[i] = p;
+				break;
+			}
+		pthread_mutex_unlock(&r->lock);
 		T_ASSERT(pthread_create(&th, NULL, relay_pair_main, p) == 0, "relay thread");
 		pthread_detach(th);
 	}
@@ -607,6 +631,7 @@ void t_relay_start(struct t_relay *r, const char *up, const char *path)
 	struct sockaddr_un a = { .sun_family = AF_UNIX };
 
 	memset(r, 0, sizeof(*r));
+	pthread_mutex_init(&r->lock, NULL);
 	r->up = up;
 	T_ASSERT(strlen(path) < sizeof(a.sun_path) && strlen(path) < sizeof(r->path),
 		 "relay socket path too long: %s", path);
@@ -627,4 +652,5 @@ void t_relay_stop(struct t_relay *r)
 		usleep(10000);
 	close(r->lfd);
 	unlink(r->path);
+	pthread_mutex_destroy(&r->lock);
 }

@@ -116,14 +116,21 @@ int t_stand_in_request(int fd, atomic_int *stop, atomic_int *drop, char *op, siz
  *    dropped (swallowed counts them);
  *  - stall: the next connection's requests after its hello are held (not
  *    read; stalled is set once one is) until stall is cleared;
- *  - cut: bumping it closes every connection open then (the clients see
- *    wexd hang up).
+ *  - cut: bumping it closes every connection open then (wexd sees the
+ *    client leave, then the client sees wexd hang up).
+ * A client's hang-up reaches wexd before any connection the relay takes
+ * after it (as it would without the relay: wexd gives a rank to a new
+ * connection only once the old one's client is gone).
  */
+#define T_RELAY_MAX 64
+struct relay_pair;
 struct t_relay {
 	char path[108];
 	const char *up;
 	int lfd;
 	pthread_t th;
+	pthread_mutex_t lock;
+	struct relay_pair *open[T_RELAY_MAX]; /* under lock */
 	atomic_int stop, swallow, swallowed, stall, stalled, cut, pairs;
 };
 void t_relay_start(struct t_relay *r, const char *up, const char *path);

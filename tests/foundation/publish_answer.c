@@ -10,7 +10,9 @@
  * the producer's connection gone, serves it to nobody.  Called again, the
  * publish reconnects, finds the version published (hello's answer), the
  * rank says it holds it, and the call succeeds: both engine groups (which
- * keep the model in wexd throughout) then copy the version whole.  Before,
+ * keep the model in wexd throughout) then copy the version whole; a
+ * begin_write of it again (a trainer retrying the step) says it is
+ * published already (-EALREADY), not wexd's "must exceed".  Before,
  * the reconnect began the write again, wexd refused it ("must exceed
  * published v2"), the publish failed ("wexd restarted during the write of
  * v2 and refused to let it go on"), and no engine got v2.
@@ -46,10 +48,11 @@ static void *kick_main(void *arg)
 }
 
 /* Publishes v with wexd's answer swallowed and one kick at 0.3 s: the call
- * must end 3 s after it (want), then succeed when called again; both
+ * must end 3 s after it (want), then succeed when called again (or, with
+ * rewrite, a begin_write of v again says v is published already); both
  * groups then copy v whole. */
 static void lost_answer(struct t_relay *r, struct t_prod *p, struct t_cons *k, int nk, uint64_t v,
-			int cancel)
+			int cancel, int rewrite)
 {
 	struct kick kk = { .target = pthread_self(), .cancel = cancel ? p->c : NULL };
 	int want = cancel ? -ECANCELED : -EINTR, ret, before = atomic_load(&r->swallowed);
@@ -75,10 +78,15 @@ static void lost_answer(struct t_relay *r, struct t_prod *p, struct t_cons *k, i
 	/* wexd published it: the producer's connection went, and with it the
 	 * memory wexd could serve. */
 	t0 = t_now();
-	ret = wex_publish(p->c, v);
-	printf("publish v%llu again: %s after %.2f s%s%s\n", (unsigned long long)v, wex_strerror(ret),
-	       t_now() - t0, ret ? ": " : "", ret ? wex_last_error(p->c) : "");
-	T_ASSERT(ret == 0, "publish v%llu again: %s: %s", (unsigned long long)v, wex_strerror(ret),
+	ret = rewrite ? wex_begin_write(p->c, v, 5000) : wex_publish(p->c, v);
+	printf("%s v%llu again: %s after %.2f s%s%s\n", rewrite ? "begin_write" : "publish",
+	       (unsigned long long)v, wex_strerror(ret), t_now() - t0, ret ? ": " : "",
+	       ret ? wex_last_error(p->c) : "");
+	T_ASSERT(ret == (rewrite ? -EALREADY : 0), "%s v%llu again: %s: %s",
+		 rewrite ? "begin_write" : "publish", (unsigned long long)v, wex_strerror(ret),
+		 wex_last_error(p->c));
+	T_ASSERT(!rewrite || strstr(wex_last_error(p->c), "is published already"),
+		 "begin_write v%llu again does not say it is published: %s", (unsigned long long)v,
 		 wex_last_error(p->c));
 	for (int i = 0; i < nk; i++) {
 		T_WEX(k[i].c, wex_sync(k[i].c, WEX_SYNC_COPY, v, 5000, &res));
@@ -117,8 +125,8 @@ int main(void)
 	for (int i = 0; i < 2; i++)
 		T_WEX(k[i].c, wex_sync(k[i].c, WEX_SYNC_COPY, 1, 5000, &res));
 
-	lost_answer(&r, &p, k, 2, 2, 0);
-	lost_answer(&r, &p, k, 2, 3, 1);
+	lost_answer(&r, &p, k, 2, 2, 0, 0);
+	lost_answer(&r, &p, k, 2, 3, 1, 1);
 	/* And the next step goes as usual. */
 	t_prod_write(&p, 4);
 	for (int i = 0; i < 2; i++) {

@@ -1845,6 +1845,47 @@ class EngineHooks(WexdProducerCase):
                     pass
 
 
+class TrainerRetry(unittest.TestCase):
+    """TrainerRank.write(v) again after a publish that raised (Ctrl-C) but
+    that wexd carried out: libwex's begin_write of v says EALREADY (test
+    publish_answer shows that it does), the block does not run, and the
+    rank counts v published, so write(v + 1) goes on.  Against a stand-in
+    for the client that answers as libwex does."""
+
+    def test_published_already(self):
+        import wex.trainer
+        calls = []
+
+        class Client:
+            def begin_write(self, v, timeout_ms):
+                calls.append(("begin_write", v))
+                if ("publish", v) in calls:
+                    raise wex.WexError(errno.EALREADY, "begin_write v%d: v%d is published "
+                                       "already" % (v, v))
+
+            def publish(self, v):
+                calls.append(("publish", v))
+                if calls.count(("publish", v)) == 1 and v == 2:
+                    raise KeyboardInterrupt
+
+        t = object.__new__(wex.trainer.TrainerRank)
+        t.client, t.version, t._writing = Client(), 1, None
+        with self.assertRaises(KeyboardInterrupt):
+            with t.write(2):
+                pass
+        self.assertEqual((t.version, t._writing), (1, 2))
+        with self.assertRaises(wex.WexError) as e:
+            with t.write(2):
+                self.fail("the block ran for a version published already")
+        self.assertEqual(e.exception.code, errno.EALREADY)
+        self.assertEqual((t.version, t._writing), (2, None))
+        with t.write(3):
+            pass
+        self.assertEqual(t.version, 3)
+        self.assertEqual(calls, [("begin_write", 2), ("publish", 2), ("begin_write", 2),
+                                 ("begin_write", 3), ("publish", 3)])
+
+
 def producer():
     glue.producer()
 

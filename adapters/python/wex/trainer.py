@@ -31,6 +31,7 @@ pass it from named_buffers()) changes in finalize_model_grads, during the
 forward-backward step.
 """
 import contextlib
+import errno
 
 import wex
 from wex import torch_util
@@ -84,13 +85,24 @@ class TrainerRank:
         so, as wexd does); wexd refuses another version
         while a rank of the group writes this one, so the step is retried
         with the same version (a write() of it again, on every rank that
-        began it)."""
+        began it).  Where the exception came from publish itself (Ctrl-C,
+        cancel(), or no answer from wexd) wexd may have published the
+        version all the same: the write() of it again then raises
+        WexError(EALREADY) on entry, nothing written, and the rank counts
+        the version published (self.version): go on with the next one."""
         if self.client is None:
             raise ValueError("this trainer rank is closed")
         if version <= self.version:
             raise ValueError("version %d is not newer than %d, the last published"
                              % (version, self.version))
-        self.client.begin_write(version, timeout_ms)
+        try:
+            self.client.begin_write(version, timeout_ms)
+        except wex.WexError as e:
+            if e.code == errno.EALREADY:
+                # (The publish that raised went through after all.)
+                self.version = version
+                self._writing = None
+            raise
         # Until publish succeeds this rank writes `version`, as wexd sees
         # it (describe()["writing"]), a failed step included.
         self._writing = version
