@@ -631,9 +631,10 @@ enum { GIVE_UP_NONE, GIVE_UP_CANCEL, GIVE_UP_WANT };
 #define HUNG_GRACE_MS 3000u
 
 /* What wait_answer waits for: a request's answer; a hello's (a signal
- * gives a hung wexd HUNG_GRACE_MS); a publish's (a signal or wex_cancel
- * does, and nothing is sent to wexd: a publish does not wait in wexd). */
-enum { ANSWER_PLAIN, ANSWER_HELLO, ANSWER_PUBLISH };
+ * gives a hung wexd HUNG_GRACE_MS); one that a signal or wex_cancel gives
+ * HUNG_GRACE_MS, nothing sent to wexd (a publish, which does not wait in
+ * wexd; the requests of the call's own reconnect after hello). */
+enum { ANSWER_PLAIN, ANSWER_HELLO, ANSWER_GRACE };
 
 /*
  * Polls pfd (wexd's answer, the watch's stop, wex_cancel's wake-up) for up
@@ -662,9 +663,9 @@ static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_
 			return -ECANCELED;
 		if (give_up == GIVE_UP_WANT && atomic_load(&c->watch->want))
 			return -EBUSY;
-		if (kind == ANSWER_PUBLISH && !grace && cancel_asked(c))
+		if (kind == ANSWER_GRACE && !grace && cancel_asked(c))
 			grace = wex__now_ns() + HUNG_GRACE_MS * 1000000ull;
-		if (kind != ANSWER_PUBLISH && !give_up && pfd[2].fd >= 0 && !sent &&
+		if (kind != ANSWER_GRACE && !give_up && pfd[2].fd >= 0 && !sent &&
 		    cancel_asked(c) && atomic_load(&c->wexd_cancels)) {
 			char msg[64];
 			ssize_t n;
@@ -700,7 +701,7 @@ static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_
 				if (give_up == GIVE_UP_CANCEL)
 					return -ECANCELED;
 			} else if (pfd[2].fd >= 0 && c->eintr &&
-				   (kind == ANSWER_PUBLISH || atomic_load(&c->wexd_cancels))) {
+				   (kind == ANSWER_GRACE || atomic_load(&c->wexd_cancels))) {
 				c->signalled = 1;
 				cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
 			}
@@ -757,8 +758,17 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 	} else if (c->reconnecting && cancel_fd < 0 && c->call_end && hello) {
 		/* (Once wexd answered hello it is not hung: the rest of the
 		 * reconnect, registering everything again, has its usual
-		 * time, and is not given up half done.) */
+		 * time, below.) */
 		give_up = GIVE_UP_CANCEL;
+		pfd[2].fd = c->cancel_efd;
+	} else if (c->reconnecting && cancel_fd < 0 && c->call_end) {
+		/* The call's reconnect, wexd's hello answered: registering
+		 * everything again has its usual time, but a wex_cancel or a
+		 * signal (held to the wait: att_hold) gives a wexd that
+		 * stalled since HUNG_GRACE_MS to answer.  Given up, the
+		 * reconnect is made again in full by the next call (wexd runs
+		 * nothing of a connection closed). */
+		kind = ANSWER_GRACE;
 		pfd[2].fd = c->cancel_efd;
 	} else if (c->reconnecting && cancel_fd >= 0 && c->watch && hello) {
 		/* (Only before wexd answered: one that answers is not hung,
@@ -775,7 +785,7 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 		/* wex_publish's own (not a reconnect's restore): wex_cancel
 		 * and, held to the wait as above, a signal give a hung wexd
 		 * HUNG_GRACE_MS to answer. */
-		kind = ANSWER_PUBLISH;
+		kind = ANSWER_GRACE;
 		pfd[2].fd = c->cancel_efd;
 		if (c->eintr) {
 			signals_held(&mask, &wait);
@@ -815,7 +825,11 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 		conn_drop(c);
 		restore_doubted(c);
 		/* (A call that ends on a signal says so: signal_ended.) */
-		if (kind == ANSWER_PUBLISH)
+		if (kind == ANSWER_GRACE && c->reconnecting)
+			return set_err(c, -ECANCELED, "%swexd at %s answered hello but not %s within %u s, reconnecting (a wexd that stalled?): connection dropped; the next call reconnects",
+				       atomic_load(&c->asked_seq) == atomic_load(&c->call_seq) ? "cancelled (wex_cancel); " : "",
+				       c->sock, rop, HUNG_GRACE_MS / 1000);
+		if (kind == ANSWER_GRACE)
 			return set_err(c, -ECANCELED, "%swexd at %s did not answer publish v%lld within %u s (a hung wexd?): connection dropped: whether wexd published it is known once it answers; publish it again (that succeeds either way)",
 				       atomic_load(&c->asked_seq) == atomic_load(&c->call_seq) ? "cancelled (wex_cancel); " : "",
 				       c->sock, (long long)json_integer_value(json_object_get(req, "version")),
@@ -976,11 +990,16 @@ static int conn_lost(int ret)
 
 /* One request; on a lost daemon, reconnect once and retry. `req` is taken.
  * Received fds (if rfds) are the caller's. */
-/* begin_write of v, which a reconnect found published (pub_found). */
+/* begin_write of v, which this rank published: a reconnect found it
+ * published (pub_found), or its publish succeeded (a caller whose runtime
+ * raised as it returned, as Python does on Ctrl-C, may not know). */
 static int found_err(struct wex_client *c, uint64_t v)
 {
-	return set_err(c, -EALREADY, "begin_write v%llu: v%llu is published already: wexd carried out the publish of it that failed (its answer was lost with the connection; found on reconnecting); write v%llu next",
-		       (unsigned long long)v, (unsigned long long)v, (unsigned long long)v + 1);
+	return set_err(c, -EALREADY, "begin_write v%llu: v%llu is published already: %s; write v%llu next",
+		       (unsigned long long)v, (unsigned long long)v,
+		       v == c->pub_found ? "wexd carried out the publish of it that failed (its answer was lost with the connection; found on reconnecting)" :
+					   "this rank's last publish was of it, and succeeded",
+		       (unsigned long long)v + 1);
 }
 
 static int rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, json_t **out,
@@ -1128,7 +1147,7 @@ static int refused(struct wex_client *c, int ret)
 		char why[sizeof(c->err)];
 
 		ret = reply_status(c, reply);
-		memcpy(why, c->err, sizeof(why));
+		memcpy(why, err_buf(c), sizeof(why)); /* (the watch's own, on its thread) */
 		set_err(c, ret, "wexd at %s refused this client: %s", c->sock, why);
 	} else {
 		set_err(c, ret, "wexd at %s closed the connection during hello: it refuses new "
@@ -2495,7 +2514,7 @@ static int begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 	if (cancel_asked(c))
 		return set_err(c, -ECANCELED, "begin_write v%llu cancelled (wex_cancel) before it was sent to wexd",
 			       (unsigned long long)version);
-	if (version && version == c->pub_found && version != c->writing)
+	if (version && (version == c->pub_found || version == c->published) && version != c->writing)
 		return found_err(c, version);
 	limit = timeout_ms ? timeout_ms : c->timeout_ms;
 	end = wex__now_ns() + (uint64_t)limit * 1000000ull;

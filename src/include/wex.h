@@ -152,9 +152,12 @@ enum wex_client_flag {
 	 * answers nothing within 3 s of the signal (stopped, deadlocked: it
 	 * never answers the cancel) has the connection dropped, and the
 	 * call returns -EINTR; so too for the hello of a reconnect made on
-	 * the calling thread, and for wex_publish (see there: a publish so
-	 * given up is safe to call again).  A registration is waited for up
-	 * to its timeout, signal or not.  Without the flag a signal ends no
+	 * the calling thread, for its registrations after wexd answered
+	 * that hello (the next call reconnects in full), and for
+	 * wex_publish (see there: a publish so given up is safe to call
+	 * again).  A registration call of its own (wex_segment_alloc,
+	 * wex_register_tensors, wex_attach...) is waited for up to its
+	 * timeout, signal or not.  Without the flag a signal ends no
 	 * wait. */
 	WEX_CLIENT_EINTR = 1u << 1,
 };

@@ -543,6 +543,10 @@ static void *relay_pair_main(void *arg)
 		pf[0].events = stall == 2 && atomic_load(&r->stall) ? 0 : POLLIN;
 		if (poll(pf, 2, 20) <= 0)
 			continue;
+		/* A client that closed its end wants no answer: what it sent
+		 * and wexd has not read is not run (as without the relay). */
+		if (pf[0].revents & (POLLHUP | POLLERR))
+			break;
 		if (pf[0].revents) {
 			if (!relay_pass(p->buf, p->down, p->up, 0, &op))
 				break;

@@ -133,6 +133,12 @@ int main(void)
 		T_WEX(k[i].c, wex_sync(k[i].c, WEX_SYNC_COPY, 4, 5000, &res));
 		T_ASSERT(res.version == 4 && t_own_bad(&k[i], 4) == 0, "v4 copied whole");
 	}
+	/* A write of v4 again (a caller whose runtime raised as a publish
+	 * that succeeded returned: Python's Ctrl-C) says it is published. */
+	T_ASSERT(wex_begin_write(p.c, 4, 5000) == -EALREADY &&
+			 strstr(wex_last_error(p.c), "this rank's last publish was of it"),
+		 "begin_write v4 after publishing it: %s", wex_last_error(p.c));
+	printf("begin_write v4 after publishing it: %s\n", wex_last_error(p.c));
 	t_cons_close(&k[1]);
 	t_cons_close(&k[0]);
 	t_prod_close(&p);

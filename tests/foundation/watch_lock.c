@@ -10,7 +10,11 @@
  * connection, then holds the requests the watch sends after its new
  * hello.  A call neither cancelled nor signalled waits for the watch, and
  * goes on once it is done (the relay lets the requests through at 1 s);
- * the engine then copies the version whole.
+ * the engine then copies the version whole.  A producer without a watch
+ * reconnects in its call: a signal or wex_cancel while that reconnect
+ * registers again with a wexd that stalled after hello ends the call 3 s
+ * later (HUNG_GRACE_MS; before, each request waited the client's timeout
+ * plus 5 s), and the next call reconnects in full.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -62,8 +66,8 @@ static void stall_watch(struct t_relay *r)
 }
 
 /* One call (begin_write v, or publish v) with one kick at 0.3 s; a relay
- * held at most 8 s (then let through: a call that waits for the watch
- * ends then, and the test says so). */
+ * held at most 8 s (then let through: a call that waits for the watch, or
+ * for the answers held, ends then, and the test says so). */
 static int kicked(struct t_relay *r, struct t_prod *p, int publish, uint64_t v, int cancel,
 		  double *el)
 {
@@ -79,7 +83,7 @@ static int kicked(struct t_relay *r, struct t_prod *p, int publish, uint64_t v, 
 	*el = t_now() - t0;
 	pthread_join(th, NULL);
 	atomic_store(&lift.done, 1);
-	printf("%s v%llu, the watch held re-registering, one %s at 0.3 s: %s after %.2f s: %s\n",
+	printf("%s v%llu, re-registering held, one %s at 0.3 s: %s after %.2f s: %s\n",
 	       publish ? "publish" : "begin_write", (unsigned long long)v,
 	       cancel ? "wex_cancel" : "signal", wex_strerror(ret), *el, wex_last_error(p->c));
 	pthread_join(tl, NULL);
@@ -156,6 +160,40 @@ int main(void)
 	T_ASSERT(res.version == 2 && t_own_bad(&k, 2) == 0, "v2 copied whole (got v%llu)",
 		 (unsigned long long)res.version);
 	printf("v2 published and copied whole\n");
+
+	/* Without a watch: the call reconnects, and its registration is held. */
+	{
+		struct t_prod q;
+		struct t_cons kq;
+
+		t_client_flags = WEX_CLIENT_EINTR | WEX_CLIENT_NO_WATCH;
+		setenv("WEX_SOCKET", path, 1);
+		t_prod_open(&q, "watchlock2", "tiny", 0, 1);
+		setenv("WEX_SOCKET", d.sock, 1);
+		t_client_flags = WEX_CLIENT_EINTR;
+		t_cons_open(&kq, "watchlock2", "g", "tiny", 0, 1);
+		t_prod_write(&q, 1);
+		for (int cancel = 0; cancel < 2; cancel++) {
+			int pairs = atomic_load(&r.pairs);
+
+			atomic_store(&r.stall, 1);
+			atomic_fetch_add(&r.cut, 1);
+			for (int i = 0; i < 500 && atomic_load(&r.pairs) >= pairs; i++)
+				usleep(10000);
+			ret = kicked(&r, &q, 0, 2, cancel, &el);
+			T_ASSERT(ret == (cancel ? -ECANCELED : -EINTR) && el >= 3.2 && el < 7.0,
+				 "begin_write reconnecting: %s after %.2f s, not %s 3.2 to 7 s after its start",
+				 wex_strerror(ret), el, wex_strerror(cancel ? -ECANCELED : -EINTR));
+			T_ASSERT(atomic_load(&r.stalled), "the relay held nothing");
+		}
+		t_prod_write(&q, 2);
+		T_WEX(kq.c, wex_sync(kq.c, WEX_SYNC_COPY, 2, 5000, &res));
+		T_ASSERT(res.version == 2 && t_own_bad(&kq, 2) == 0, "v2 copied whole (got v%llu)",
+			 (unsigned long long)res.version);
+		printf("without a watch: v2 written after reconnecting in full, copied whole\n");
+		t_cons_close(&kq);
+		t_prod_close(&q);
+	}
 
 	t_cons_close(&k);
 	t_prod_close(&p);
