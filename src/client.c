@@ -626,8 +626,10 @@ enum { GIVE_UP_NONE, GIVE_UP_CANCEL, GIVE_UP_WANT };
  * no request of a client that hung up) or was (wexd answered just as the
  * client gave up, or a wexd that predates this ran it): the next
  * reconnect finds which in hello's published version, and the publish
- * called again succeeds or is sent again.  (Not for a registration:
- * nothing asks it again but the next reconnect.) */
+ * called again succeeds or is sent again.  So for the requests of the
+ * call's own reconnect after wexd answered its hello: given up, the next
+ * call reconnects in full.  (Not for a registration call of its own,
+ * wex_segment_alloc and the like: nothing would ask it again.) */
 #define HUNG_GRACE_MS 3000u
 
 /* What wait_answer waits for: a request's answer; a hello's (a signal
