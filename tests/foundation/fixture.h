@@ -7,8 +7,11 @@
 #ifndef WEX_TEST_FIXTURE_H
 #define WEX_TEST_FIXTURE_H
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "examples/model.h"
 #include "helpers.h"
@@ -162,6 +165,97 @@ static inline void t_tiny_v1(struct t_wexd *d, struct t_prod *p, struct t_cons *
 	t_prod_open(p, model, "tiny", 0, 1);
 	t_cons_open(k, model, "g", "tiny", 0, 1);
 	t_prod_write(p, 1);
+}
+
+/* SIGUSR1 runs a handler that does nothing: a signal that ends a wait of a
+ * client opened with WEX_CLIENT_EINTR, and nothing else. */
+static inline void t_usr1_noop_handler(int sig)
+{
+	(void)sig;
+}
+
+static inline void t_usr1_noop(void)
+{
+	struct sigaction sa = { .sa_handler = t_usr1_noop_handler };
+
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGUSR1, &sa, NULL);
+}
+
+/* One kick from a thread of its own, `at` us after t_kick_start (or at
+ * once when t_kick_join says so first): fn(arg) when fn is set, else
+ * wex_cancel(cancel) when cancel is, else SIGUSR1 to the thread that
+ * started it. */
+struct t_kick {
+	pthread_t th, target;
+	wex_client_t *cancel;
+	void (*fn)(void *);
+	void *arg;
+	useconds_t at;
+	atomic_int now;
+};
+
+static inline void *t_kick_main(void *arg)
+{
+	struct t_kick *k = arg;
+
+	for (useconds_t t = 0; t < k->at && !atomic_load(&k->now); t += 10000)
+		usleep(10000);
+	if (k->fn)
+		k->fn(k->arg);
+	else if (k->cancel)
+		wex_cancel(k->cancel);
+	else
+		pthread_kill(k->target, SIGUSR1);
+	return NULL;
+}
+
+static inline void t_kick_start(struct t_kick *k, useconds_t at, wex_client_t *cancel,
+				void (*fn)(void *), void *arg)
+{
+	memset(k, 0, sizeof(*k));
+	k->target = pthread_self();
+	k->cancel = cancel;
+	k->fn = fn;
+	k->arg = arg;
+	k->at = at;
+	T_ASSERT(pthread_create(&k->th, NULL, t_kick_main, k) == 0, "kick thread");
+}
+
+/* Waits for the kick; early: it acts now if it has not yet. */
+static inline void t_kick_join(struct t_kick *k, int early)
+{
+	if (early)
+		atomic_store(&k->now, 1);
+	pthread_join(k->th, NULL);
+}
+
+/* The smallest set-up behind a relay: wexd started, a t_relay to it at
+ * "<its socket>.relay". */
+static inline void t_relay_wexd(struct t_wexd *d, struct t_relay *r)
+{
+	char path[sizeof(r->path)];
+
+	t_wexd_start(d);
+	t_check_backend(d->sock);
+	T_ASSERT(snprintf(path, sizeof(path), "%.*s.relay", (int)(sizeof(path) - 7), d->sock) <
+			 (int)sizeof(path),
+		 "relay socket path too long");
+	t_relay_start(r, d->sock, path);
+}
+
+/* t_prod_open("tiny", rank 0 of 1) through the relay, with client flags
+ * `flags` (t_client_flags as it was after). */
+static inline void t_prod_open_relayed(struct t_prod *p, struct t_wexd *d, struct t_relay *r,
+				       const char *model, uint32_t flags)
+{
+	uint32_t keep = t_client_flags;
+
+	t_client_flags = flags;
+	setenv("WEX_SOCKET", r->path, 1);
+	t_prod_open(p, model, "tiny", 0, 1);
+	setenv("WEX_SOCKET", d->sock, 1);
+	t_client_flags = keep;
 }
 
 #endif

@@ -18,34 +18,9 @@
  * v2 and refused to let it go on"), and no engine got v2.
  */
 #include <errno.h>
-#include <pthread.h>
-#include <signal.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "fixture.h"
-
-static void on_usr1(int sig)
-{
-	(void)sig;
-}
-
-struct kick {
-	pthread_t target;
-	wex_client_t *cancel; /* NULL: signal the target */
-};
-
-static void *kick_main(void *arg)
-{
-	struct kick *k = arg;
-
-	usleep(300000);
-	if (k->cancel)
-		wex_cancel(k->cancel);
-	else
-		pthread_kill(k->target, SIGUSR1);
-	return NULL;
-}
 
 /* Publishes v with wexd's answer swallowed and one kick at 0.3 s: the call
  * must end 3 s after it (want), then succeed when called again (or, with
@@ -54,20 +29,19 @@ static void *kick_main(void *arg)
 static void lost_answer(struct t_relay *r, struct t_prod *p, struct t_cons *k, int nk, uint64_t v,
 			int cancel, int rewrite)
 {
-	struct kick kk = { .target = pthread_self(), .cancel = cancel ? p->c : NULL };
+	struct t_kick kk;
 	int want = cancel ? -ECANCELED : -EINTR, ret, before = atomic_load(&r->swallowed);
 	struct wex_sync_result res;
-	pthread_t th;
 	double t0, el;
 
 	T_WEX(p->c, wex_begin_write(p->c, v, 5000));
 	ex_fill(p->base, p->t, (size_t)p->n, v, 1);
 	atomic_store(&r->swallow, 1);
-	T_ASSERT(pthread_create(&th, NULL, kick_main, &kk) == 0, "kick thread");
+	t_kick_start(&kk, 300000, cancel ? p->c : NULL, NULL, NULL);
 	t0 = t_now();
 	ret = wex_publish(p->c, v);
 	el = t_now() - t0;
-	pthread_join(th, NULL);
+	t_kick_join(&kk, 0);
 	printf("publish v%llu, its answer swallowed, one %s at 0.3 s: %s after %.2f s: %s\n",
 	       (unsigned long long)v, cancel ? "wex_cancel" : "signal", wex_strerror(ret), el,
 	       wex_last_error(p->c));
@@ -99,26 +73,16 @@ static void lost_answer(struct t_relay *r, struct t_prod *p, struct t_cons *k, i
 
 int main(void)
 {
-	struct sigaction sa = { .sa_handler = on_usr1 };
 	struct wex_sync_result res;
 	struct t_cons k[2];
 	struct t_relay r;
 	struct t_wexd d;
 	struct t_prod p;
-	char path[sizeof(r.path)];
 
-	sigemptyset(&sa.sa_mask);
-	sigaction(SIGUSR1, &sa, NULL);
+	t_usr1_noop();
 	t_client_flags = WEX_CLIENT_EINTR;
-	t_wexd_start(&d);
-	t_check_backend(d.sock);
-	T_ASSERT(snprintf(path, sizeof(path), "%.*s.relay", (int)(sizeof(path) - 7), d.sock) <
-			 (int)sizeof(path),
-		 "relay socket path too long");
-	t_relay_start(&r, d.sock, path);
-	setenv("WEX_SOCKET", path, 1);
-	t_prod_open(&p, "answer", "tiny", 0, 1);
-	setenv("WEX_SOCKET", d.sock, 1);
+	t_relay_wexd(&d, &r);
+	t_prod_open_relayed(&p, &d, &r, "answer", WEX_CLIENT_EINTR);
 	t_cons_open(&k[0], "answer", "g", "tiny", 0, 1);
 	t_cons_open(&k[1], "answer", "g2", "tiny", 0, 1);
 	t_prod_write(&p, 1);

@@ -21,7 +21,6 @@
  * an admin request sent just before its client hung up: not run.
  */
 #include <errno.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,32 +28,10 @@
 
 #include "fixture.h"
 
-static void on_usr1(int sig)
+/* wexd (its pid) goes on. */
+static void cont(void *arg)
 {
-	(void)sig;
-}
-
-struct kick {
-	pthread_t target;
-	wex_client_t *cancel; /* NULL: signal the target instead */
-	pid_t cont;           /* > 0: SIGCONT it 5 s after the start */
-};
-
-/* One kick at 300 ms: a signal to the target thread, or a wex_cancel. */
-static void *kick_main(void *arg)
-{
-	struct kick *k = arg;
-
-	usleep(300000);
-	if (k->cancel)
-		wex_cancel(k->cancel);
-	else
-		pthread_kill(k->target, SIGUSR1);
-	if (k->cont > 0) {
-		usleep(4700000);
-		kill(k->cont, SIGCONT);
-	}
-	return NULL;
+	kill(*(pid_t *)arg, SIGCONT);
 }
 
 enum { SYNC, PUBLISH, PUBLISH_CONT, REQUEST };
@@ -66,27 +43,30 @@ static const char *op_name(int op)
 				    "status request (reconnecting)";
 }
 
-/* min_s: when it may end at the earliest (3 s after the kick at 0.3 s,
- * or at the kick). */
+/* One kick at 0.3 s (a signal to this thread, or a wex_cancel); for
+ * PUBLISH_CONT, wexd going on at 5 s.  min_s: when the call may end at the
+ * earliest (3 s after the kick, or at the kick). */
 static void kicked(struct t_prod *p, struct t_cons *k, pid_t wexd, int op, int cancel,
 		   double min_s)
 {
 	wex_client_t *c = op == PUBLISH || op == PUBLISH_CONT ? p->c : k->c;
-	struct kick kk = { .target = pthread_self(), .cancel = cancel ? c : NULL,
-			   .cont = op == PUBLISH_CONT ? wexd : 0 };
 	struct wex_sync_result r;
+	struct t_kick kk, kc;
 	char *out = NULL;
-	pthread_t th;
 	double t0 = t_now(), el;
 	int ret, want = cancel ? -ECANCELED : -EINTR;
 
-	T_ASSERT(pthread_create(&th, NULL, kick_main, &kk) == 0, "thread");
+	t_kick_start(&kk, 300000, cancel ? c : NULL, NULL, NULL);
+	if (op == PUBLISH_CONT)
+		t_kick_start(&kc, 5000000, NULL, cont, &wexd);
 	ret = op == SYNC			     ? wex_sync(c, WEX_SYNC_COPY, 2, 20000, &r) :
 	      op == PUBLISH || op == PUBLISH_CONT ? wex_publish(c, 2) :
 						    wex_request(c, "status", NULL, &out);
 	wex_free(out);
 	el = t_now() - t0;
-	pthread_join(th, NULL); /* (wexd going on, for PUBLISH_CONT) */
+	t_kick_join(&kk, 0);
+	if (op == PUBLISH_CONT)
+		t_kick_join(&kc, 0); /* (wexd going on) */
 	printf("%s, wexd stopped, one %s at 0.3 s: %s after %.2f s: %s\n", op_name(op),
 	       cancel ? "wex_cancel" : "signal", wex_strerror(ret), el, wex_last_error(c));
 	T_ASSERT(ret == want && el >= min_s && el < (op == PUBLISH_CONT ? 5.0 : 8.0),
@@ -109,7 +89,6 @@ static long sync_timeout_ms(void)
 
 int main(void)
 {
-	struct sigaction sa = { .sa_handler = on_usr1 };
 	struct wex_sync_result r;
 	struct t_wexd d;
 	struct t_prod p;
@@ -118,8 +97,7 @@ int main(void)
 	double t0;
 	int admin;
 
-	sigemptyset(&sa.sa_mask);
-	sigaction(SIGUSR1, &sa, NULL);
+	t_usr1_noop();
 	t_client_flags = WEX_CLIENT_EINTR;
 	t_tiny_v1(&d, &p, &k, "stopped");
 	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 1, 5000, &r));
