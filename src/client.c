@@ -545,19 +545,20 @@ _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
  * *mask and the one to wait under in *wait: *mask plus the signals that
  * end no wait (held through it: children, terminal size, profilers'
  * timers, sockets, real-time signals). */
+static const int fault_sigs[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT };
+static const int quiet_sigs[] = { SIGCHLD, SIGWINCH, SIGURG, SIGPROF, SIGVTALRM, SIGPIPE, SIGIO };
+
 static void signals_held(sigset_t *mask, sigset_t *wait)
 {
-	static const int faults[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT };
-	static const int quiet[] = { SIGCHLD, SIGWINCH, SIGURG, SIGPROF, SIGVTALRM, SIGPIPE, SIGIO };
 	sigset_t held;
 
 	sigfillset(&held);
-	for (size_t i = 0; i < WEX_ARRAY_SIZE(faults); i++)
-		sigdelset(&held, faults[i]);
+	for (size_t i = 0; i < WEX_ARRAY_SIZE(fault_sigs); i++)
+		sigdelset(&held, fault_sigs[i]);
 	pthread_sigmask(SIG_BLOCK, &held, mask);
 	*wait = *mask;
-	for (size_t i = 0; i < WEX_ARRAY_SIZE(quiet); i++)
-		sigaddset(wait, quiet[i]);
+	for (size_t i = 0; i < WEX_ARRAY_SIZE(quiet_sigs); i++)
+		sigaddset(wait, quiet_sigs[i]);
 	for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++)
 		sigaddset(wait, sig);
 }
@@ -571,6 +572,68 @@ static void cancel_mark(_Atomic uint64_t *seq, uint64_t s)
 
 	while (cur < s && !atomic_compare_exchange_weak(seq, &cur, s))
 		;
+}
+
+/*
+ * WEX_CLIENT_EINTR, on the call's own thread: a wait that takes no signal
+ * (the GPU's, cuCtxSynchronize, before a publish or a sync's acquire is
+ * sent) holds the signals a handler catches, but the quiet ones, so that
+ * one coming meanwhile is seen once it ends (gpu_hold_end): the call then
+ * goes on as if it came in its next wait (cancel_mark: a sync ends before
+ * it acquires, a publish gives a hung wexd HUNG_GRACE_MS).  Their
+ * handlers run late by that wait, not at all earlier in a runtime that
+ * acts on signals only once the call returns (Python).  A signal left to
+ * its default action (SIGTERM, or SIGINT where nothing caught it) is not
+ * held: it still ends a process whose GPU work hangs.
+ */
+struct gpu_hold {
+	sigset_t mask, held;
+	int on;
+};
+
+static int sig_listed(const int *set, size_t n, int sig)
+{
+	for (size_t i = 0; i < n; i++)
+		if (set[i] == sig)
+			return 1;
+	return 0;
+}
+
+static void gpu_hold_begin(struct wex_client *c, struct gpu_hold *g)
+{
+	struct sigaction sa;
+
+	g->on = 0;
+	if (!c->eintr || cancel_fd >= 0 || c->att_held)
+		return;
+	sigemptyset(&g->held);
+	/* (The real-time ones are quiet.) */
+	for (int sig = 1; sig < SIGRTMIN; sig++)
+		if (!sig_listed(fault_sigs, WEX_ARRAY_SIZE(fault_sigs), sig) &&
+		    !sig_listed(quiet_sigs, WEX_ARRAY_SIZE(quiet_sigs), sig) &&
+		    sigaction(sig, NULL, &sa) == 0 && sa.sa_handler != SIG_DFL &&
+		    sa.sa_handler != SIG_IGN)
+			sigaddset(&g->held, sig);
+	pthread_sigmask(SIG_BLOCK, &g->held, &g->mask);
+	g->on = 1;
+}
+
+static void gpu_hold_end(struct wex_client *c, struct gpu_hold *g)
+{
+	sigset_t pend;
+
+	if (!g->on)
+		return;
+	/* (One the caller held itself was not ours to take.) */
+	if (sigpending(&pend) == 0)
+		for (int sig = 1; sig < SIGRTMIN; sig++)
+			if (sigismember(&pend, sig) == 1 && sigismember(&g->held, sig) == 1 &&
+			    sigismember(&g->mask, sig) == 0) {
+				c->signalled = 1;
+				cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
+				break;
+			}
+	pthread_sigmask(SIG_SETMASK, &g->mask, NULL); /* (its handler runs now) */
 }
 
 /* Around a call wex_cancel may cancel (on the thread that runs it,
@@ -2588,28 +2651,12 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
 	return ret;
 }
 
-/* cont: the end of an interrupted publish of version to go on with, 0 for
- * the client's timeout from now. */
-static int publish(wex_client_t *c, uint64_t version, uint64_t cont)
+/* Waits for the GPU work that may still write a version about to be
+ * published. */
+static int publish_gpu_wait(wex_client_t *c, uint64_t version)
 {
-	unsigned nap_ms = 0;
-	uint64_t end;
-	json_t *req;
 	int ret, host = 0;
 
-	if (c->role != WEX_ROLE_PRODUCER)
-		return set_err(c, -EPERM, "only producers publish");
-	/* A reconnect found it carried out (pub_found). */
-	if (c->pub_found == version && c->published == version && c->writing != version && version) {
-		c->pub_found = 0;
-		return 0;
-	}
-	if (c->writing != version && c->write_lost_v == version && version)
-		return set_err(c, -EINVAL, "publish v%llu: %s", (unsigned long long)version,
-			       c->write_lost);
-	if (c->writing != version && c->fd >= 0)
-		return set_err(c, -EINVAL, "publish v%llu: begin_write it first",
-			       (unsigned long long)version);
 	/* GPU writes may still be queued (PyTorch returns before kernels
 	 * finish): the version becomes visible only once they completed, on
 	 * every device holding a segment of ours. */
@@ -2636,6 +2683,38 @@ static int publish(wex_client_t *c, uint64_t version, uint64_t cont)
 	 * asynchronous device-to-host copies) are complete only once the
 	 * process's GPU work is: a no-op where nobody loaded CUDA. */
 	if (host && (ret = settle(c, "publish")) < 0)
+		return ret;
+	return 0;
+}
+
+/* cont: the end of an interrupted publish of version to go on with, 0 for
+ * the client's timeout from now. */
+static int publish(wex_client_t *c, uint64_t version, uint64_t cont)
+{
+	unsigned nap_ms = 0;
+	uint64_t end;
+	json_t *req;
+	struct gpu_hold hold;
+	int ret;
+
+	if (c->role != WEX_ROLE_PRODUCER)
+		return set_err(c, -EPERM, "only producers publish");
+	/* A reconnect found it carried out (pub_found). */
+	if (c->pub_found == version && c->published == version && c->writing != version && version) {
+		c->pub_found = 0;
+		return 0;
+	}
+	if (c->writing != version && c->write_lost_v == version && version)
+		return set_err(c, -EINVAL, "publish v%llu: %s", (unsigned long long)version,
+			       c->write_lost);
+	if (c->writing != version && c->fd >= 0)
+		return set_err(c, -EINVAL, "publish v%llu: begin_write it first",
+			       (unsigned long long)version);
+	/* (A signal meanwhile: gpu_hold.) */
+	gpu_hold_begin(c, &hold);
+	ret = publish_gpu_wait(c, version);
+	gpu_hold_end(c, &hold);
+	if (ret < 0)
 		return ret;
 	/* No wexd answering (a restart, the next one not listening yet):
 	 * tried again within the client's timeout, as begin_write is. */
@@ -3789,6 +3868,7 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 	uint32_t wait, away_ms = timeout_ms ? timeout_ms : c->timeout_ms;
 	unsigned nap_ms = 0;
 	int ret, retried = 0, held, restored = 0, verify = !!(mode & WEX_SYNC_VERIFY);
+	struct gpu_hold hold;
 
 	mode &= ~WEX_SYNC_VERIFY;
 	if (c->role != WEX_ROLE_CONSUMER)
@@ -3820,15 +3900,22 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 	 * that may still read them must be done first. */
 	/* (A lease lost with the connection may come back at a restarted
 	 * wexd, which this acquire then ends: settle for it too.) */
-	if ((c->has_lease || c->lease_lost || mode == WEX_SYNC_COPY) &&
-	    (ret = settle(c, "sync")) < 0)
-		return ret;
+	/* (A signal meanwhile ends the sync below: gpu_hold.) */
+	if (c->has_lease || c->lease_lost || mode == WEX_SYNC_COPY) {
+		gpu_hold_begin(c, &hold);
+		ret = settle(c, "sync");
+		gpu_hold_end(c, &hold);
+		if (ret < 0)
+			return ret;
+	}
 again:
 	/* Nothing sent: a lease held stands.  (Not on an acquire again
 	 * after a restart: it ends the lease the reconnect may have taken
 	 * back, and wexd then ends its wait at the cancel.) */
 	if (!retried && cancel_asked(c))
-		return set_err(c, -ECANCELED, "sync cancelled (wex_cancel) before it acquired a version%s",
+		return set_err(c, -ECANCELED, "sync %s before it acquired a version%s",
+			       atomic_load(&c->asked_seq) == atomic_load(&c->call_seq) ?
+				       "cancelled (wex_cancel)" : "ended",
 			       c->has_lease ? ": the lease held before stands" : "");
 	req = json_pack("{s:s, s:I, s:i}", "op", "acquire", "min_version", (json_int_t)min_version,
 			"mode", mode);

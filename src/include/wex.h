@@ -141,13 +141,18 @@ enum wex_client_flag {
 	 * wait, the calling thread holds every signal but those of faults,
 	 * so one sent to it in between is handled in the wait, not lost; so
 	 * too through a reconnect to a wexd that went away, from its connect
-	 * to its last answer.  One handled before (during a GPU settle, or
-	 * in the microseconds between a retry's nap and its next connect),
-	 * or by another thread (a process-directed signal while this one
-	 * holds them), ends no wait.  A wex_begin_write or wex_publish that
-	 * waits for the producer's watch (reconnecting to a wexd that came
-	 * back: it registers everything again first) ends there, at once,
-	 * as on wex_cancel.
+	 * to its last answer.  So too while a wex_publish, or a wex_sync
+	 * before its acquire, waits for the GPU work (cuCtxSynchronize): the
+	 * signals a handler catches are held through that wait (their
+	 * handlers run once it ends; those left to their default action,
+	 * SIGTERM without a handler, are not held), and one that came then
+	 * ends the sync before it acquires, or gives a publish's wexd 3 s
+	 * as below.  One handled in the microseconds between a retry's nap
+	 * and its next connect, or by another thread (a process-directed
+	 * signal while this one holds them), ends no wait.  A
+	 * wex_begin_write or wex_publish that waits for the producer's watch
+	 * (reconnecting to a wexd that came back: it registers everything
+	 * again first) ends there, at once, as on wex_cancel.
 	 * Against a wexd that predates cancels, nothing ends.  A wexd that
 	 * answers nothing within 3 s of the signal (stopped, deadlocked: it
 	 * never answers the cancel) has the connection dropped, and the
@@ -332,6 +337,8 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
  * answer to hello): published, the call returns 0 without asking again
  * (the rank holds the version); not, the write is begun again and the
  * version published.  Either way the version reaches the engines once.
+ * Such a signal that comes during the GPU wait is held to its end (see
+ * WEX_CLIENT_EINTR): the publish is then sent and gets those 3 s.
  */
 WEX_API int wex_publish(wex_client_t *c, uint64_t version);
 

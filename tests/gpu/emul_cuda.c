@@ -127,7 +127,9 @@
  *    WEX_EMUL_LOSE_BYTES=<from>-<to> makes each cuMemcpyAsync or
  *    cuMemcpyBatchAsync copy that starts at byte [from, to) of all the
  *    bytes this process asked those calls to copy succeed without moving
- *    a byte (a benchmark must then fail its check, not post a figure).
+ *    a byte (a benchmark must then fail its check, not post a figure);
+ *  - a GPU still busy: WEX_EMUL_SYNC_MS=<ms> makes each cuCtxSynchronize
+ *    take that long, signals handled meanwhile ending nothing.
  * What it cannot tell: real driver behaviour, performance, and anything
  * about the PTX itself.  Not thread-safe: the tests call it from one
  * thread at a time (a test with a capturing thread hands over between
@@ -141,6 +143,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cuda.h>
@@ -1535,11 +1538,35 @@ static CUresult e_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
 }
 
 /* Waits for the current context's work only, as on a GPU. */
+/* WEX_EMUL_SYNC_MS=<ms>: cuCtxSynchronize takes that long, as a GPU
+ * still busy with queued work would; signals handled meanwhile end
+ * nothing (a driver's wait goes on after them). */
+static void slow_sync(void)
+{
+	const char *e = getenv("WEX_EMUL_SYNC_MS");
+	struct timespec end;
+	long ms = e ? strtol(e, NULL, 10) : 0;
+
+	if (ms <= 0)
+		return;
+	clock_gettime(CLOCK_MONOTONIC, &end);
+	end.tv_sec += ms / 1000;
+	end.tv_nsec += (ms % 1000) * 1000000L;
+	if (end.tv_nsec >= 1000000000L) {
+		end.tv_sec++;
+		end.tv_nsec -= 1000000000L;
+	}
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &end, NULL) == EINTR)
+		;
+}
+
 static CUresult e_sync(void)
 {
 	FORKED();
 	UNSAFE();
 	CUresult r = ctx_sync_ok();
+
+	slow_sync();
 
 	if (r != CUDA_SUCCESS)
 		return r;
