@@ -575,65 +575,85 @@ static void cancel_mark(_Atomic uint64_t *seq, uint64_t s)
 }
 
 /*
- * WEX_CLIENT_EINTR, on the call's own thread: a wait that takes no signal
- * (the GPU's, cuCtxSynchronize, before a publish or a sync's acquire is
- * sent) holds the signals a handler catches, but the quiet ones, so that
- * one coming meanwhile is seen once it ends (gpu_hold_end): the call then
- * goes on as if it came in its next wait (cancel_mark: a sync ends before
- * it acquires, a publish gives a hung wexd HUNG_GRACE_MS).  Their
- * handlers run late by that wait, not at all earlier in a runtime that
- * acts on signals only once the call returns (Python).  A signal left to
- * its default action (SIGTERM, or SIGINT where nothing caught it) is not
- * held: it still ends a process whose GPU work hangs.
+ * A wait for the GPU (a publish's, a sync's settle before its acquire),
+ * WEX_CLIENT_EINTR, on the call's own thread: run on a thread of its own
+ * (every signal held there; the caller's context current, RELAXED capture
+ * mode) while the calling thread waits for it in ppoll under its own mask,
+ * as it waits for wexd.  A signal is taken there, its handler runs at
+ * once, and the call goes on as if it came in its next wait (cancel_mark:
+ * a sync ends before it acquires, a publish gives a hung wexd
+ * HUNG_GRACE_MS).  The GPU wait is waited for to its end either way (a
+ * publish may not be sent before).  (In the driver on the calling thread
+ * a handler ran unseen; holding the signals there instead sends one aimed
+ * at the process, Ctrl-C, to another thread.)
  */
-struct gpu_hold {
-	sigset_t mask, held;
-	int on;
+struct gpu_job {
+	struct wex_client *c;
+	int (*fn)(struct wex_client *c, uint64_t arg);
+	uint64_t arg;
+	struct wex_mem_thread_state ts; /* the caller's */
+	int efd, ret;
 };
 
-static int sig_listed(const int *set, size_t n, int sig)
+static void *gpu_job_main(void *arg)
 {
-	for (size_t i = 0; i < n; i++)
-		if (set[i] == sig)
-			return 1;
-	return 0;
+	struct gpu_job *j = arg;
+	struct wex_mem_thread_state own, theirs = j->ts;
+	uint64_t one = 1;
+
+	wex_mem_thread_save(&own); /* (RELAXED) */
+	theirs.relaxed = 0;
+	wex_mem_thread_restore(&theirs); /* the caller's context */
+	j->ret = j->fn(j->c, j->arg);
+	wex_mem_thread_restore(&own);
+	(void)!write(j->efd, &one, sizeof(one));
+	return NULL;
 }
 
-static void gpu_hold_begin(struct wex_client *c, struct gpu_hold *g)
+static int gpu_wait(struct wex_client *c, int (*fn)(struct wex_client *c, uint64_t arg),
+		    uint64_t arg)
 {
-	struct sigaction sa;
+	struct gpu_job j = { .c = c, .fn = fn, .arg = arg };
+	struct pollfd pfd;
+	sigset_t mask, wait;
+	pthread_t th;
+	int r;
 
-	g->on = 0;
 	if (!c->eintr || cancel_fd >= 0 || c->att_held)
-		return;
-	sigemptyset(&g->held);
-	/* (The real-time ones are quiet.) */
-	for (int sig = 1; sig < SIGRTMIN; sig++)
-		if (!sig_listed(fault_sigs, WEX_ARRAY_SIZE(fault_sigs), sig) &&
-		    !sig_listed(quiet_sigs, WEX_ARRAY_SIZE(quiet_sigs), sig) &&
-		    sigaction(sig, NULL, &sa) == 0 && sa.sa_handler != SIG_DFL &&
-		    sa.sa_handler != SIG_IGN)
-			sigaddset(&g->held, sig);
-	pthread_sigmask(SIG_BLOCK, &g->held, &g->mask);
-	g->on = 1;
-}
+		return fn(c, arg);
+	j.efd = eventfd(0, EFD_CLOEXEC);
+	if (j.efd < 0)
+		return fn(c, arg);
+	wex_mem_thread_save(&j.ts);
+	/* (From here a signal waits for the ppoll; the thread starts with
+	 * every one held.) */
+	signals_held(&mask, &wait);
+	if (pthread_create(&th, NULL, gpu_job_main, &j) != 0) {
+		pthread_sigmask(SIG_SETMASK, &mask, NULL);
+		wex_mem_thread_restore(&j.ts);
+		close(j.efd);
+		return fn(c, arg);
+	}
+	pfd = (struct pollfd){ .fd = j.efd, .events = POLLIN };
+	for (;;) {
+		r = ppoll(&pfd, 1, NULL, &wait);
+		if (r > 0)
+			break;
+		if (r < 0 && errno == EINTR) {
+			c->signalled = 1;
+			cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
+		} else if (r < 0) {
+			/* (ENOMEM: the kernel's, for a moment.) */
+			const struct timespec nap = { .tv_nsec = 1000000 };
 
-static void gpu_hold_end(struct wex_client *c, struct gpu_hold *g)
-{
-	sigset_t pend;
-
-	if (!g->on)
-		return;
-	/* (One the caller held itself was not ours to take.) */
-	if (sigpending(&pend) == 0)
-		for (int sig = 1; sig < SIGRTMIN; sig++)
-			if (sigismember(&pend, sig) == 1 && sigismember(&g->held, sig) == 1 &&
-			    sigismember(&g->mask, sig) == 0) {
-				c->signalled = 1;
-				cancel_mark(&c->cancel_seq, atomic_load(&c->call_seq));
-				break;
-			}
-	pthread_sigmask(SIG_SETMASK, &g->mask, NULL); /* (its handler runs now) */
+			nanosleep(&nap, NULL);
+		}
+	}
+	pthread_join(th, NULL);
+	pthread_sigmask(SIG_SETMASK, &mask, NULL);
+	wex_mem_thread_restore(&j.ts);
+	close(j.efd);
+	return j.ret;
 }
 
 /* Around a call wex_cancel may cancel (on the thread that runs it,
@@ -2694,7 +2714,6 @@ static int publish(wex_client_t *c, uint64_t version, uint64_t cont)
 	unsigned nap_ms = 0;
 	uint64_t end;
 	json_t *req;
-	struct gpu_hold hold;
 	int ret;
 
 	if (c->role != WEX_ROLE_PRODUCER)
@@ -2710,10 +2729,8 @@ static int publish(wex_client_t *c, uint64_t version, uint64_t cont)
 	if (c->writing != version && c->fd >= 0)
 		return set_err(c, -EINVAL, "publish v%llu: begin_write it first",
 			       (unsigned long long)version);
-	/* (A signal meanwhile: gpu_hold.) */
-	gpu_hold_begin(c, &hold);
-	ret = publish_gpu_wait(c, version);
-	gpu_hold_end(c, &hold);
+	/* (A signal meanwhile: gpu_wait.) */
+	ret = gpu_wait(c, publish_gpu_wait, version);
 	if (ret < 0)
 		return ret;
 	/* No wexd answering (a restart, the next one not listening yet):
@@ -3858,6 +3875,12 @@ static uint32_t wait_left(const struct wex_client *c, uint32_t timeout_ms, uint6
 	return !limit ? 0 : spent + 1 >= limit ? 1 : (uint32_t)(limit - spent);
 }
 
+static int sync_settle(struct wex_client *c, uint64_t unused)
+{
+	(void)unused;
+	return settle(c, "sync");
+}
+
 static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeout_ms,
 		 struct wex_sync_result *res)
 {
@@ -3868,7 +3891,6 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 	uint32_t wait, away_ms = timeout_ms ? timeout_ms : c->timeout_ms;
 	unsigned nap_ms = 0;
 	int ret, retried = 0, held, restored = 0, verify = !!(mode & WEX_SYNC_VERIFY);
-	struct gpu_hold hold;
 
 	mode &= ~WEX_SYNC_VERIFY;
 	if (c->role != WEX_ROLE_CONSUMER)
@@ -3900,14 +3922,10 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 	 * that may still read them must be done first. */
 	/* (A lease lost with the connection may come back at a restarted
 	 * wexd, which this acquire then ends: settle for it too.) */
-	/* (A signal meanwhile ends the sync below: gpu_hold.) */
-	if (c->has_lease || c->lease_lost || mode == WEX_SYNC_COPY) {
-		gpu_hold_begin(c, &hold);
-		ret = settle(c, "sync");
-		gpu_hold_end(c, &hold);
-		if (ret < 0)
-			return ret;
-	}
+	/* (A signal meanwhile ends the sync below: gpu_wait.) */
+	if ((c->has_lease || c->lease_lost || mode == WEX_SYNC_COPY) &&
+	    (ret = gpu_wait(c, sync_settle, 0)) < 0)
+		return ret;
 again:
 	/* Nothing sent: a lease held stands.  (Not on an acquire again
 	 * after a restart: it ends the lease the reconnect may have taken

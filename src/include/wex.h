@@ -128,42 +128,40 @@ enum wex_client_flag {
 	 * meanwhile time out. */
 	WEX_CLIENT_NO_WATCH = 1u << 0,
 	/* A signal whose handler interrupts the wait of wex_sync or
-	 * wex_begin_write for wexd's answer (ppoll() ends with EINTR) ends
-	 * that wait, as wex_cancel would, and the call returns -EINTR
-	 * (-ECANCELED when wex_cancel asked too).  For runtimes whose signal
-	 * handlers run only once the call returns: Python's
-	 * KeyboardInterrupt (Ctrl-C) would otherwise wait up to the wait's
-	 * timeout; the wex module sets it, and calls again, for what is left
-	 * of the timeout, when no handler raised.  Signals that end no wait
-	 * are held on the calling thread through it (their handlers run
-	 * after): SIGCHLD, SIGWINCH, SIGURG, SIGPROF, SIGVTALRM, SIGPIPE,
-	 * SIGIO and the real-time ones.  From the request's send to the
-	 * wait, the calling thread holds every signal but those of faults,
-	 * so one sent to it in between is handled in the wait, not lost; so
-	 * too through a reconnect to a wexd that went away, from its connect
-	 * to its last answer.  So too while a wex_publish, or a wex_sync
-	 * before its acquire, waits for the GPU work (cuCtxSynchronize): the
-	 * signals a handler catches are held through that wait (their
-	 * handlers run once it ends; those left to their default action,
-	 * SIGTERM without a handler, are not held), and one that came then
-	 * ends the sync before it acquires, or gives a publish's wexd 3 s
-	 * as below.  One handled in the microseconds between a retry's nap
-	 * and its next connect, or by another thread (a process-directed
-	 * signal while this one holds them), ends no wait.  A
-	 * wex_begin_write or wex_publish that waits for the producer's watch
-	 * (reconnecting to a wexd that came back: it registers everything
-	 * again first) ends there, at once, as on wex_cancel.
-	 * Against a wexd that predates cancels, nothing ends.  A wexd that
-	 * answers nothing within 3 s of the signal (stopped, deadlocked: it
-	 * never answers the cancel) has the connection dropped, and the
-	 * call returns -EINTR; so too for the hello of a reconnect made on
-	 * the calling thread, for its registrations after wexd answered
-	 * that hello (the next call reconnects in full), and for
-	 * wex_publish (see there: a publish so given up is safe to call
+	 * wex_begin_write for wexd's answer (ppoll() ends with EINTR) ends that
+	 * wait, as wex_cancel would, and the call returns -EINTR (-ECANCELED
+	 * when wex_cancel asked too).  For runtimes whose signal handlers run
+	 * only once the call returns: Python's KeyboardInterrupt (Ctrl-C) would
+	 * otherwise wait up to the wait's timeout; the wex module sets it, and
+	 * calls again, for what is left of the timeout, when no handler raised.
+	 * Signals that end no wait are held on the calling thread through it
+	 * (their handlers run after): SIGCHLD, SIGWINCH, SIGURG, SIGPROF,
+	 * SIGVTALRM, SIGPIPE, SIGIO and the real-time ones.  From the request's
+	 * send to the wait, the calling thread holds every signal but those of
+	 * faults, so one sent to it in between is handled in the wait, not
+	 * lost; so too through a reconnect to a wexd that went away, from its
+	 * connect to its last answer.  A wex_publish, or a wex_sync before its
+	 * acquire, waits for the GPU work (cuCtxSynchronize) on a thread of its
+	 * own while the calling thread waits for it as it waits for wexd: a
+	 * signal taken there (its handler runs at once) ends the sync before it
+	 * acquires, and ends the publish's next wait as if it came there (its
+	 * wait for wexd's answer gets 3 s, below; a reconnect's hello ends at
+	 * once); the GPU wait itself runs to its end.  One handled in the
+	 * microseconds between a retry's nap and its next connect, or by
+	 * another thread (a process-directed signal while this one holds them),
+	 * ends no wait.  A wex_begin_write or wex_publish that waits for the
+	 * producer's watch (reconnecting to a wexd that came back: it registers
+	 * everything again first) ends there, at once, as on wex_cancel.
+	 * Against a wexd that predates cancels, nothing ends but a sync whose
+	 * GPU wait took a signal.  A wexd that answers nothing within 3 s of
+	 * the signal (stopped, deadlocked: it never answers the cancel) has the
+	 * connection dropped, and the call returns -EINTR; so too for the hello
+	 * of a reconnect made on the calling thread, for its registrations
+	 * after wexd answered that hello (the next call reconnects in full),
+	 * and for wex_publish (see there: a publish so given up is safe to call
 	 * again).  A registration call of its own (wex_segment_alloc,
-	 * wex_register_tensors, wex_attach...) is waited for up to its
-	 * timeout, signal or not.  Without the flag a signal ends no
-	 * wait. */
+	 * wex_register_tensors, wex_attach...) is waited for up to its timeout,
+	 * signal or not.  Without the flag a signal ends no wait. */
 	WEX_CLIENT_EINTR = 1u << 1,
 };
 
@@ -337,8 +335,10 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
  * answer to hello): published, the call returns 0 without asking again
  * (the rank holds the version); not, the write is begun again and the
  * version published.  Either way the version reaches the engines once.
- * Such a signal that comes during the GPU wait is held to its end (see
- * WEX_CLIENT_EINTR): the publish is then sent and gets those 3 s.
+ * Such a signal that comes during the GPU wait counts once that wait
+ * ended (see WEX_CLIENT_EINTR): the publish is then sent and gets those
+ * 3 s (where the connection must be made again first, the call ends
+ * instead at once, nothing sent).
  */
 WEX_API int wex_publish(wex_client_t *c, uint64_t version);
 

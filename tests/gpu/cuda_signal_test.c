@@ -5,22 +5,27 @@
  *
  * The GPU is kept busy for BUSY_MS (a kernel that spins on the global
  * timer; on the emulated driver WEX_EMUL_SYNC_MS, cuCtxSynchronize taking
- * that long), and a thread sends this one SIGUSR1 (a handler that does
- * nothing, as Python's sets a flag) KICK_MS into the call:
+ * that long), and a thread sends SIGUSR1 (a handler that notes when and
+ * where it ran, as Python's sets a flag) KICK_MS into the call:
  *  1. default_action: a producer child waits in wex_publish for the GPU,
  *     and SIGTERM, left to its default action, ends the process at once,
- *     not once the GPU work is done (wex holds only caught signals);
- *  2. publish: wexd stopped (SIGSTOP), a publish whose GPU wait the
- *     signal came in ends with -EINTR, saying so, 3 s (the grace a hung
- *     wexd gets after a signal) after the GPU wait, not at the client's
- *     timeout; the handler ran once; wexd going on (SIGCONT), the publish
- *     called again succeeds and a consumer copies the version whole;
- *  3. sync: a copy sync waiting for a version nobody publishes ends with
- *     -EINTR once its GPU wait (the settle before the acquire) is over,
- *     not at its timeout, nothing acquired; the next version is then
- *     copied whole.
- * Without the hold the signal's handler runs during the GPU wait, and
- * cases 2 and 3 wait their timeouts.  Needs a CUDA driver and device
+ *     not once the GPU work is done;
+ *  2. publish: wexd stopped (SIGSTOP), the signal sent to the process (as
+ *     Ctrl-C is: the kick's thread does not hold it either) in the GPU
+ *     wait: the handler runs once, at once, on the calling thread, and the
+ *     publish ends with -EINTR, saying so, 3 s (the grace a hung wexd gets
+ *     after a signal) after the GPU wait, not at the client's timeout;
+ *     wexd going on (SIGCONT), the publish called again succeeds and a
+ *     consumer copies the version whole;
+ *  3. sync: the signal sent to the calling thread: a copy sync waiting for
+ *     a version nobody publishes ends with -EINTR once its GPU wait (the
+ *     settle before the acquire) is over, not at its timeout, nothing
+ *     acquired, the handler run at once; the next version is then copied
+ *     whole.
+ * With the GPU waited for on the calling thread, the handler runs inside
+ * the driver unseen, and cases 2 and 3 wait their timeouts; with the
+ * signals held there instead, the one sent to the process goes to the
+ * kick's thread, and case 2 does.  Needs a CUDA driver and device
  * (exit 77 with the reason otherwise); CI runs it against
  * tests/gpu/emul_cuda.c (cuda_signal_emul).
  */
@@ -66,20 +71,25 @@ static const char spin_ptx[] =
 	"	ret;\n"
 	"}\n";
 
-static volatile sig_atomic_t usr1_seen;
-
-static void on_usr1(int sig)
-{
-	(void)sig;
-	usr1_seen++;
-}
-
 static double now_s(void)
 {
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The handler: how often it ran, when it last did, and on which thread. */
+static volatile sig_atomic_t usr1_seen, usr1_here;
+static double usr1_at;
+static pthread_t main_thread;
+
+static void on_usr1(int sig)
+{
+	(void)sig;
+	usr1_seen++;
+	usr1_at = now_s();
+	usr1_here = pthread_equal(pthread_self(), main_thread);
 }
 
 /* Keeps device 0 busy for ms from now: its next cuCtxSynchronize waits
@@ -111,8 +121,12 @@ static void end_busy(void)
 	unsetenv("WEX_EMUL_SYNC_MS");
 }
 
+/* SIGUSR1 at KICK_MS from a thread of its own (which does not hold it):
+ * to this thread, or to the process (as Ctrl-C or kill(1) send it: the
+ * kernel gives it to any thread that does not hold it). */
 struct kick {
 	pthread_t thread, target;
+	int process;
 };
 
 static void *kick_run(void *arg)
@@ -120,13 +134,17 @@ static void *kick_run(void *arg)
 	struct kick *k = arg;
 
 	usleep(KICK_MS * 1000);
-	pthread_kill(k->target, SIGUSR1);
+	if (k->process)
+		kill(getpid(), SIGUSR1);
+	else
+		pthread_kill(k->target, SIGUSR1);
 	return NULL;
 }
 
-static void kick_start(struct kick *k)
+static void kick_start(struct kick *k, int process)
 {
 	k->target = pthread_self();
+	k->process = process;
 	CHECK(pthread_create(&k->thread, NULL, kick_run, k) == 0);
 }
 
@@ -250,6 +268,7 @@ int main(void)
 	int ret, st;
 
 	gpu_require();
+	main_thread = pthread_self();
 	snprintf(dir, sizeof(dir), "/tmp/wex-sig-XXXXXX");
 	CHECK(mkdtemp(dir) != NULL);
 	snprintf(sock, sizeof(sock), "%s/wexd.sock", dir);
@@ -278,18 +297,22 @@ int main(void)
 	CHECK(kill(wexd, SIGSTOP) == 0);
 	usr1_seen = 0;
 	start_busy(BUSY_MS);
-	kick_start(&k);
+	kick_start(&k, 1);
 	t0 = now_s();
 	ret = wex_publish(prod, 2);
 	dt = now_s() - t0;
 	kick_join(&k);
 	end_busy();
-	printf("publish: %d after %.2f s (signal at %.1f s, GPU busy %.1f s): %s\n", ret, dt,
-	       KICK_MS / 1000.0, BUSY_MS / 1000.0, wex_last_error(prod));
+	printf("publish: %d after %.2f s (signal to the process at %.1f s, its handler run at %.2f s on %s thread; GPU busy %.1f s): %s\n",
+	       ret, dt, KICK_MS / 1000.0, usr1_at - t0, usr1_here ? "the calling" : "another",
+	       BUSY_MS / 1000.0, wex_last_error(prod));
 	CHECK(ret == -EINTR);
 	CHECK(strstr(wex_last_error(prod), "signal") != NULL);
-	CHECK(dt >= (BUSY_MS - 100) / 1000.0 && dt < BUSY_MS / 1000.0 + 5.0);
-	CHECK(usr1_seen == 1);
+	/* The GPU wait, then the 3 s a hung wexd gets after a signal. */
+	CHECK(dt >= (BUSY_MS - 100) / 1000.0 + 3.0 && dt < BUSY_MS / 1000.0 + 5.0);
+	/* Once, at once (not when the GPU wait ended), on the calling
+	 * thread. */
+	CHECK(usr1_seen == 1 && usr1_here && usr1_at - t0 < (KICK_MS + 500) / 1000.0);
 	CHECK(kill(wexd, SIGCONT) == 0);
 	t0 = now_s();
 	ret = wex_publish(prod, 2);
@@ -306,7 +329,7 @@ int main(void)
 	/* 3. sync: waiting for v3, which nobody publishes. */
 	usr1_seen = 0;
 	start_busy(BUSY_MS);
-	kick_start(&k);
+	kick_start(&k, 0);
 	t0 = now_s();
 	ret = wex_sync(cons, WEX_SYNC_COPY, 3, TIMEOUT_MS, &r);
 	dt = now_s() - t0;
@@ -318,7 +341,7 @@ int main(void)
 	CHECK(strstr(wex_last_error(cons), "signal") != NULL);
 	CHECK(strstr(wex_last_error(cons), "before it acquired") != NULL);
 	CHECK(dt >= (BUSY_MS - 100) / 1000.0 && dt < BUSY_MS / 1000.0 + 2.0);
-	CHECK(usr1_seen == 1);
+	CHECK(usr1_seen == 1 && usr1_here && usr1_at - t0 < (KICK_MS + 500) / 1000.0);
 	write_version(prod, dev, h, total, 3);
 	CHECK_OK(wex_publish(prod, 3));
 	CHECK_OK(wex_sync(cons, WEX_SYNC_COPY, 3, 5000, &r));
