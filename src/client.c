@@ -161,7 +161,9 @@ struct wex_client {
 	_Atomic uint64_t call_seq, cancel_seq;
 	_Atomic uint64_t asked_seq; /* cancel_seq's by wex_cancel only (not signals) */
 	_Atomic int wexd_cancels;
-	_Atomic int cancel_local; /* the call running is a publish: cancelled here */
+	_Atomic int cancel_local; /* the call running is a publish or a
+				   * registration: cancelled here */
+	int reg_call; /* the call running is a registration (REGISTERING) */
 	int cancel_efd;
 	int cancel_wait;
 	int eintr;     /* WEX_CLIENT_EINTR: a signal ends a wait */
@@ -619,7 +621,8 @@ static int gpu_wait(struct wex_client *c, int (*fn)(struct wex_client *c, uint64
 	pthread_t th;
 	int r;
 
-	if (!c->eintr || cancel_fd >= 0 || c->att_held)
+	/* (No driver in the process: no GPU work, nothing to wait for.) */
+	if (!c->eintr || cancel_fd >= 0 || c->att_held || !wex_mem_gpu_in_process())
 		return fn(c, arg);
 	j.efd = eventfd(0, EFD_CLOEXEC);
 	if (j.efd < 0)
@@ -711,14 +714,17 @@ enum { GIVE_UP_NONE, GIVE_UP_CANCEL, GIVE_UP_WANT };
  * reconnect finds which in hello's published version, and the publish
  * called again succeeds or is sent again.  So for the requests of the
  * call's own reconnect after wexd answered its hello: given up, the next
- * call reconnects in full.  (Not for a registration call of its own,
- * wex_segment_alloc and the like: nothing would ask it again.) */
+ * call reconnects in full; and for a registration call of its own
+ * (REGISTERING): given up, nothing of it is kept (the caller calls it
+ * again), and wexd forgets what it registered on the connection, as it
+ * does at the request's timeout. */
 #define HUNG_GRACE_MS 3000u
 
 /* What wait_answer waits for: a request's answer; a hello's (a signal
  * gives a hung wexd HUNG_GRACE_MS); one that a signal or wex_cancel gives
  * HUNG_GRACE_MS, nothing sent to wexd (a publish, which does not wait in
- * wexd; the requests of the call's own reconnect after hello). */
+ * wexd; the requests of the call's own reconnect after hello; a
+ * registration call's). */
 enum { ANSWER_PLAIN, ANSWER_HELLO, ANSWER_GRACE };
 
 /*
@@ -866,6 +872,18 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 		 * above, gives a hung wexd HUNG_GRACE_MS to answer. */
 		signals_held(&mask, &wait);
 		masked = 1;
+	} else if (c->reg_call && c->call_end && !c->reconnecting && cancel_fd < 0) {
+		/* A registration call of its own (a segment, the tensor
+		 * table, the layout): as a publish, below.  Given up, the
+		 * connection is dropped as at its timeout, wexd forgets what
+		 * was registered on it, and the next call reconnects,
+		 * registering what the client holds. */
+		kind = ANSWER_GRACE;
+		pfd[2].fd = c->cancel_efd;
+		if (c->eintr) {
+			signals_held(&mask, &wait);
+			masked = 1;
+		}
 	} else if (!strcmp(rop, "publish") && c->call_end && !c->reconnecting && cancel_fd < 0) {
 		/* wex_publish's own (not a reconnect's restore): wex_cancel
 		 * and, held to the wait as above, a signal give a hung wexd
@@ -912,6 +930,10 @@ static int raw_rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, 
 		/* (A call that ends on a signal says so: signal_ended.) */
 		if (kind == ANSWER_GRACE && c->reconnecting)
 			return set_err(c, -ECANCELED, "%swexd at %s answered hello but not %s within %u s, reconnecting (a wexd that stalled?): connection dropped; the next call reconnects",
+				       atomic_load(&c->asked_seq) == atomic_load(&c->call_seq) ? "cancelled (wex_cancel); " : "",
+				       c->sock, rop, HUNG_GRACE_MS / 1000);
+		if (kind == ANSWER_GRACE && c->reg_call)
+			return set_err(c, -ECANCELED, "%swexd at %s did not answer %s within %u s (a hung wexd?): connection dropped (wexd forgets what this client registered on it); nothing of this call is kept: call it again (the next call reconnects and registers it all again)",
 				       atomic_load(&c->asked_seq) == atomic_load(&c->call_seq) ? "cancelled (wex_cancel); " : "",
 				       c->sock, rop, HUNG_GRACE_MS / 1000);
 		if (kind == ANSWER_GRACE)
@@ -1091,10 +1113,18 @@ static int rpc(struct wex_client *c, json_t *req, const int *fds, int nfds, json
 	       int *rfds, int maxr, int *nrfds, uint32_t wait_ms)
 {
 	json_t *reply = NULL;
-	int ret, tries = 0;
+	int ret, tries = 0, own_end = 0;
 
 	if (nrfds)
 		*nrfds = 0;
+	/* A registration call's request (REGISTERING): its reconnect, if
+	 * any, is one a signal or wex_cancel ends, within the client's
+	 * timeout from here (not from the call's start: its local work, an
+	 * allocation, is not counted). */
+	if (c->reg_call && !c->call_end && !c->reconnecting && cancel_fd < 0) {
+		c->call_end = wex__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+		own_end = 1;
+	}
 	/* Metrics: wexd learns of a finished sync on the next request, so the
 	 * sync itself pays no extra round trip. */
 	if (c->report) {
@@ -1166,6 +1196,8 @@ again:
 		reply = NULL;
 	}
 out:
+	if (own_end)
+		c->call_end = 0;
 	json_decref(reply);
 	json_decref(req);
 	return ret;
@@ -2065,6 +2097,43 @@ static int register_seg(struct wex_client *c, struct own_seg *o)
 	return 0;
 }
 
+static int signal_ended(struct wex_client *c, int ret);
+static int regions_leave(struct wex_client *c, int ret, int held);
+
+/*
+ * Around a registration call of its own (wex_segment_alloc and
+ * wex_segment_register_*, wex_register_tensors, wex_attach): wex_cancel
+ * and signals (WEX_CLIENT_EINTR) end its wait for the watch's lock at
+ * once, and give a wexd that does not answer its request HUNG_GRACE_MS
+ * (raw_rpc: reg_call); a reconnect before a request is made as one inside
+ * wex_begin_write (rpc sets call_end: the client's timeout from then).
+ */
+#define REGISTERING(c, ret, expr)                                              \
+	do {                                                                   \
+		atomic_store(&(c)->cancel_local, 1);                           \
+		cancelable_begin(c);                                           \
+		(c)->signalled = 0;                                            \
+		(ret) = call_enter(c);                                         \
+		if ((ret) == 0) {                                              \
+			(c)->reg_call = 1;                                     \
+			(ret) = signal_ended((c), (expr));                     \
+			(c)->reg_call = 0;                                     \
+			if ((c)->watch)                                        \
+				pthread_mutex_unlock(&(c)->watch->call);       \
+		}                                                              \
+		cancelable_end(c);                                             \
+		atomic_store(&(c)->cancel_local, 0);                           \
+	} while (0)
+
+#define REGISTERING_KEEP_DEVICE(c, ret, expr)                                  \
+	do {                                                                   \
+		struct wex_mem_thread_state kts_;                              \
+									       \
+		wex_mem_thread_save(&kts_);                                    \
+		REGISTERING(c, ret, expr);                                     \
+		wex_mem_thread_restore(&kts_);                                 \
+	} while (0)
+
 /* Registers seg and keeps it.  A part (part != 0) or a chained segment
  * (parts: indices of its parts in osegs, taken over on success). */
 static int add_seg_ex(struct wex_client *c, struct wex_mem_seg *seg, int part, size_t *parts,
@@ -2149,6 +2218,17 @@ static int register_chained(struct wex_client *c, const struct wex_mem_ops *ops,
 	if (ret == 0)
 		idx = NULL;
 out:
+	/* Given up with the connection (a hung wexd, a timeout): wexd
+	 * forgot the parts too, and none is the caller's: released, so that
+	 * no reconnect registers them again and the call made again numbers
+	 * its segments as this one would have.  (With the connection up,
+	 * wexd keeps them, and so must the client, to number alike.) */
+	if (ret < 0 && c->fd < 0)
+		while (c->nosegs > first) {
+			c->nosegs--;
+			seg_release(c, &c->osegs[c->nosegs].seg);
+			free(c->osegs[c->nosegs].parts);
+		}
 	free(parts);
 	free(idx);
 	return ret;
@@ -2228,7 +2308,7 @@ WEX_API int wex_segment_alloc(wex_client_t *c, int kind, int device, uint64_t si
 	int ret;
 
 	CALL_OK(c, id && ptr);
-	LOCKED_KEEP_DEVICE(c, ret, segment_alloc(c, kind, device, size, id, ptr));
+	REGISTERING_KEEP_DEVICE(c, ret, segment_alloc(c, kind, device, size, id, ptr));
 	return ret;
 }
 
@@ -2258,7 +2338,7 @@ WEX_API int wex_segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t
 	int ret;
 
 	CALL_OK(c, id);
-	LOCKED(c, ret, segment_register_fd(c, fd, ptr, size, id));
+	REGISTERING(c, ret, segment_register_fd(c, fd, ptr, size, id));
 	return ret;
 }
 
@@ -2300,7 +2380,7 @@ WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint6
 	int ret;
 
 	CALL_OK(c, id);
-	LOCKED_KEEP_DEVICE(c, ret, segment_register_ptr(c, kind, ptr, size, id));
+	REGISTERING_KEEP_DEVICE(c, ret, segment_register_ptr(c, kind, ptr, size, id));
 	return ret;
 }
 
@@ -2498,7 +2578,7 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
 	int ret;
 
 	CALL_OK(c, t || !n);
-	LOCKED(c, ret, register_tensors(c, t, n));
+	REGISTERING(c, ret, register_tensors(c, t, n));
 	return ret;
 }
 
@@ -2843,14 +2923,13 @@ static int attach_disjoint(struct wex_client *c, const struct wex_tensor *t, siz
 	return 0;
 }
 
-WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
+static int attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 {
 	struct wex_tensor *copy;
 	uint8_t *host;
 	size_t *order;
 	int ret;
 
-	CALL_OK(c, t || !n);
 	if (c->role != WEX_ROLE_CONSUMER)
 		return set_err(c, -EPERM, "only consumers attach");
 	ret = copy_tensors(c, t, n, 1, &copy);
@@ -2867,8 +2946,29 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 	ret = attach_disjoint(c, copy, n, order);
 	if (ret >= 0)
 		ret = check_mapped(c, copy, n, order, "attach", host);
-	if (ret >= 0)
+	if (ret >= 0) {
+		int held = c->has_lease;
+
 		ret = send_table(c, "attach", copy, n);
+		/* Given up (a hung wexd) or timed out, the connection went,
+		 * and the lease held with it: same-address regions get
+		 * private memory back (dirty); views may change under the
+		 * reader. */
+		if (ret < 0 && held && !c->has_lease) {
+			char why[sizeof(c->err)];
+			int fixed = 0;
+
+			for (size_t i = 0; i < c->nregions; i++)
+				fixed |= c->regions[i].r.fixed;
+			memcpy(why, c->err, sizeof(why));
+			if (fixed)
+				regions_leave(c, ret, 1);
+			set_err(c, ret, "%s; the lease on v%llu went with the connection: %s",
+				why, (unsigned long long)c->lease_version,
+				fixed ? "the same-address regions got private memory back holding what they showed, which the producer may have begun to overwrite (weights dirty, sync before serving)" :
+					"what views show may change under the reader (sync again)");
+		}
+	}
 	if (ret < 0) {
 		free(copy);
 		free(host);
@@ -2886,6 +2986,15 @@ WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 	c->fetched = 0; /* the plan depends on the layout */
 	c->copied = 0;  /* and new buffers hold nothing yet */
 	return 0;
+}
+
+WEX_API int wex_attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
+{
+	int ret;
+
+	CALL_OK(c, t || !n);
+	REGISTERING(c, ret, attach(c, t, n));
+	return ret;
 }
 
 static void stash_clear(struct stash *s)

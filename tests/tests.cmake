@@ -61,6 +61,7 @@ wex_foundation_test(away_retry LOOP LIBS ${WEX_FX_LIBS} Threads::Threads)
 wex_foundation_test(reconnect_short LIBS ${WEX_FX_LIBS})
 wex_foundation_test(stopped_wexd LOOP LIBS ${WEX_FX_LIBS} Threads::Threads TIMEOUT 120)
 wex_foundation_test(publish_answer LOOP LIBS ${WEX_FX_LIBS} Threads::Threads TIMEOUT 120)
+wex_foundation_test(stopped_register LOOP LIBS ${WEX_FX_LIBS} Threads::Threads TIMEOUT 120)
 wex_foundation_test(watch_lock LOOP LIBS ${WEX_FX_LIBS} Threads::Threads TIMEOUT 120)
 wex_foundation_test(quickstart_smoke LOOP
   ARGS $<TARGET_FILE:wex-producer> $<TARGET_FILE:wex-consumer>)

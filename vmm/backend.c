@@ -89,6 +89,15 @@ int wex_mem_settle(void)
 #endif
 }
 
+int wex_mem_gpu_in_process(void)
+{
+#ifdef WEX_HAVE_CUDA_BACKEND
+	return wex__cuda_in_process();
+#else
+	return 0;
+#endif
+}
+
 int wex_mem_ptr_on_gpu(uint64_t addr)
 {
 #ifdef WEX_HAVE_CUDA_BACKEND

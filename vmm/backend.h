@@ -222,6 +222,10 @@ void wex_mem_thread_restore(const struct wex_mem_thread_state *s);
  * once where wex never loaded a CUDA driver.  Blocks. */
 int wex_mem_settle(void);
 
+/* 1 where a CUDA driver is loaded in this process (GPU work may exist:
+ * wex_mem_settle has something to wait for), else 0. */
+int wex_mem_gpu_in_process(void);
+
 /* The CUDA ordinal of the device holding addr when it is GPU memory per a
  * CUDA driver already loaded in this process (nothing is loaded to ask);
  * -1 otherwise, and always -1 in a build without the CUDA backend. */

@@ -44,6 +44,10 @@ if(WEX_HAVE_CUDA_HEADERS)
   foreach(t cuda_facts cuda_vmm cuda_remap cuda_copy cuda_ipc cuda_staging cuda_e2e cuda_chunks cuda_order cuda_near cuda_verify cuda_released cuda_signal)
     wex_add_test(${t} SOURCES tests/gpu/${t}_test.c LIBS wex LABELS gpu TIMEOUT 120)
   endforeach()
+  # cuda_signal stops wexd at a request libwex sends: its sendmsg is
+  # found first (the executable exports it).
+  set_target_properties(cuda_signal PROPERTIES ENABLE_EXPORTS ON)
+  target_link_libraries(cuda_signal PRIVATE ${CMAKE_DL_LIBS})
 endif()
 
 if(WEX_HAVE_CUDA_HEADERS)

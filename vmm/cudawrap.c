@@ -453,6 +453,11 @@ static int driver_in_process(void)
 	return wex__cuda_load() == 0;
 }
 
+int wex__cuda_in_process(void)
+{
+	return driver_in_process();
+}
+
 /* Waits for every piece of GPU work this process queued (any stream,
  * blocking or not) in the primary contexts wex retained (the devices wex
  * mapped or copied on), in every other primary context that is active

@@ -171,6 +171,10 @@ int wex__cuda_ptr_device(uint64_t ptr, int *dev);
  * loaded the driver.  Blocks. */
 int wex__cuda_settle(void);
 
+/* 1 where a CUDA driver is loaded in this process (by wex or by someone
+ * else: then wex loads it too), else 0 (no GPU work can exist). */
+int wex__cuda_in_process(void);
+
 /* The device ordinal of ptr when it is GPU memory per a libcuda already
  * loaded in this process (wex does not load it to ask); else -1. */
 int wex__cuda_ptr_on_gpu(uint64_t ptr);

@@ -159,9 +159,8 @@ enum wex_client_flag {
 	 * of a reconnect made on the calling thread, for its registrations
 	 * after wexd answered that hello (the next call reconnects in full),
 	 * and for wex_publish (see there: a publish so given up is safe to call
-	 * again).  A registration call of its own (wex_segment_alloc,
-	 * wex_register_tensors, wex_attach...) is waited for up to its timeout,
-	 * signal or not.  Without the flag a signal ends no wait. */
+	 * again), and for a registration call of its own (see wex_cancel:
+	 * nothing of it kept; -EINTR).  Without the flag a signal ends no wait. */
 	WEX_CLIENT_EINTR = 1u << 1,
 };
 
@@ -520,36 +519,46 @@ WEX_API int wex_sync(wex_client_t *c, int mode, uint64_t min_version, uint32_t t
 		     struct wex_sync_result *res);
 
 /*
- * Cancels the wex_sync or wex_begin_write (or wex_publish: see the end)
- * running now on this client in another thread (or a signal handler: it only
- * reads two atomics and writes an eventfd): a wait of that call for a version
- * to be published (wex_sync's acquire) or for leases to end (begin_write) ends
- * at once, and the call returns -ECANCELED (with why in wex_last_error), as
- * after a timeout of that wait: a sync's previous lease is given up, and
- * same-address regions are handled as for -ETIMEDOUT; a begin_write begins
- * nothing.  A call cancelled before it sent that request returns -ECANCELED
- * without sending it (nothing acquired or begun; a lease held stands).  A call
- * whose wait already ended goes on: a sync that acquired its version copies it
- * whole and returns as usual (cancel is for waits, not copies; nor are the GPU
- * settle and the released-memory check before the acquire cancelled).  A
- * reconnect to a restarted wexd before that wait (the call's request found the
- * connection gone) is a wait too until wexd answers its hello (a queue of
- * connections that stays full, a hello unanswered: a hung wexd), and ends
- * there; once wexd answered, the reconnect goes on, and the call's own wait is
- * then cancelled as soon as it begins.  So is a wex_begin_write's or
- * wex_publish's wait for the producer's watch while it reconnects: it ends at
- * once, nothing of the call done.  It never blocks and takes no lock, so it is
- * safe while the call holds the client; c must stay open until it returns.
- * wex_request refuses "cancel" (-EINVAL).  Returns 1 when such a call runs (it
- * is cancelled), 0 when none does (nothing happens: a later call is not
- * cancelled), -EOPNOTSUPP when one runs but the wexd it talks to predates
- * cancels (not for wex_publish, which sends wexd no cancel; a call that had
- * not yet sent its request is cancelled; one already waiting waits on),
- * -ECHILD in a forked child's copy, -EINVAL for a NULL client.  A wexd that
- * does not answer the cancel within 3 s (stopped, deadlocked) has the call's
- * connection dropped, and the call returns -ECANCELED.  wex_publish waits in
- * wexd for nothing, so a cancel ends it only where wexd answers nothing within
- * those 3 s, or where no wexd answers (see wex_publish).
+ * Cancels the wex_sync or wex_begin_write (or wex_publish or a registration
+ * call: see the end) running now on this client in another thread (or a signal
+ * handler: it only reads two atomics and writes an eventfd): a wait of that
+ * call for a version to be published (wex_sync's acquire) or for leases to end
+ * (begin_write) ends at once, and the call returns -ECANCELED (with why in
+ * wex_last_error), as after a timeout of that wait: a sync's previous lease is
+ * given up, and same-address regions are handled as for -ETIMEDOUT; a
+ * begin_write begins nothing.  A call cancelled before it sent that request
+ * returns -ECANCELED without sending it (nothing acquired or begun; a lease
+ * held stands).  A call whose wait already ended goes on: a sync that acquired
+ * its version copies it whole and returns as usual (cancel is for waits, not
+ * copies; nor are the GPU settle and the released-memory check before the
+ * acquire cancelled).  A reconnect to a restarted wexd before that wait (the
+ * call's request found the connection gone) is a wait too until wexd answers
+ * its hello (a queue of connections that stays full, a hello unanswered: a
+ * hung wexd), and ends there; once wexd answered, the reconnect goes on, and
+ * the call's own wait is then cancelled as soon as it begins.  So is a
+ * wex_begin_write's or wex_publish's wait for the producer's watch while it
+ * reconnects: it ends at once, nothing of the call done.  It never blocks and
+ * takes no lock, so it is safe while the call holds the client; c must stay
+ * open until it returns.  wex_request refuses "cancel" (-EINVAL).  Returns 1
+ * when such a call runs (it is cancelled), 0 when none does (nothing happens:
+ * a later call is not cancelled), -EOPNOTSUPP when one runs but the wexd it
+ * talks to predates cancels (not for wex_publish, which sends wexd no cancel;
+ * a call that had not yet sent its request is cancelled; one already waiting
+ * waits on), -ECHILD in a forked child's copy, -EINVAL for a NULL client.  A
+ * wexd that does not answer the cancel within 3 s (stopped, deadlocked) has
+ * the call's connection dropped, and the call returns -ECANCELED.  wex_publish
+ * waits in wexd for nothing, so a cancel ends it only where wexd answers
+ * nothing within those 3 s, or where no wexd answers (see wex_publish).  So
+ * too for a registration call (wex_segment_alloc, wex_segment_register_fd and
+ * _ptr, wex_register_tensors, wex_attach; 1 returned): its request goes to
+ * wexd even when the cancel came before (it waits for nothing in wexd); one
+ * that wexd does not answer within 3 s of the cancel has the connection
+ * dropped, as at its timeout (wexd forgets what the client registered on it;
+ * the next call reconnects and registers it all again), and returns
+ * -ECANCELED, nothing of it kept (call it again; the parts of a chained
+ * registration too); where wexd answers, it ends as usual.  A consumer's lease
+ * goes with that connection: an attach so given up says so, and same-address
+ * regions that showed the producer get private memory back (weights dirty).
  */
 WEX_API int wex_cancel(wex_client_t *c);
 

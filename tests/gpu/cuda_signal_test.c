@@ -21,7 +21,14 @@
  *     a version nobody publishes ends with -EINTR once its GPU wait (the
  *     settle before the acquire) is over, not at its timeout, nothing
  *     acquired, the handler run at once; the next version is then copied
- *     whole.
+ *     whole;
+ *  4. chained: a registration over 3 VMM allocations (as PyTorch's
+ *     expandable segments make them) whose third part's request wexd
+ *     does not answer (stopped as it is sent), wex_cancel at 0.3 s:
+ *     -ECANCELED 3 s after it, and the parts registered before are not
+ *     kept: once wexd goes on, the call made again sends 4 requests (3
+ *     parts and the chain, none left over to register again) and gets
+ *     the id the first would have had.
  * With the GPU waited for on the calling thread, the handler runs inside
  * the driver unseen, and cases 2 and 3 wait their timeouts; with the
  * signals held there instead, the one sent to the process goes to the
@@ -29,6 +36,7 @@
  * (exit 77 with the reason otherwise); CI runs it against
  * tests/gpu/emul_cuda.c (cuda_signal_emul).
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -166,6 +174,34 @@ static uint64_t bad_elems(const uint16_t *h, uint64_t total, unsigned v)
 	for (uint64_t e = 0; e < total / 2; e++)
 		bad += h[e] != (uint16_t)(e * 2654435761u ^ v * 40503u);
 	return bad;
+}
+
+/* Requests to register a segment this process sent (case 4), and the
+ * one before which wexd is stopped (0: none).  libwex sends through
+ * sendmsg, which this executable exports (ENABLE_EXPORTS). */
+static int seg_requests, stop_at;
+static pid_t wexd_pid;
+
+__attribute__((visibility("default"))) ssize_t sendmsg(int fd, const struct msghdr *msg,
+							 int flags)
+{
+	static ssize_t (*real)(int, const struct msghdr *, int);
+
+	if (!real)
+		real = (ssize_t(*)(int, const struct msghdr *, int))(uintptr_t)dlsym(RTLD_NEXT,
+										     "sendmsg");
+	if (msg->msg_iovlen &&
+	    memmem(msg->msg_iov[0].iov_base, msg->msg_iov[0].iov_len, "\"register_segment\"", 18) &&
+	    ++seg_requests == stop_at)
+		kill(wexd_pid, SIGSTOP);
+	return real(fd, msg, flags);
+}
+
+static void *cancel_run(void *arg)
+{
+	usleep(KICK_MS * 1000);
+	CHECK(wex_cancel(arg) == 1);
+	return NULL;
 }
 
 static wex_client_t *open_client(int role, const char *model)
@@ -349,6 +385,43 @@ int main(void)
 	memset(h, 0, total);
 	CHECK_OK(xfer(h, mine, total));
 	CHECK(bad_elems(h, total, 3) == 0);
+
+	/* 4. A chained registration given up at its third part. */
+	{
+		CUmemGenericAllocationHandle ch[3];
+		uint64_t gran = gpu_granularity();
+		CUdeviceptr va = gpu_expandable(3, gran, ch);
+		wex_client_t *cp = open_client(WEX_ROLE_PRODUCER, "chain");
+		uint32_t id = 77;
+		pthread_t th;
+
+		wexd_pid = wexd;
+		seg_requests = 0;
+		stop_at = 3;
+		CHECK(pthread_create(&th, NULL, cancel_run, cp) == 0);
+		t0 = now_s();
+		ret = wex_segment_register_ptr(cp, WEX_SEG_CUDA_VMM, (void *)(uintptr_t)va, 3 * gran,
+					       &id);
+		dt = now_s() - t0;
+		CHECK(pthread_join(th, NULL) == 0);
+		printf("chained: %d after %.2f s (wex_cancel at %.1f s, wexd stopped at the third part's request): %s\n",
+		       ret, dt, KICK_MS / 1000.0, wex_last_error(cp));
+		CHECK(ret == -ECANCELED && id == 77);
+		CHECK(dt >= (KICK_MS + 3000 - 100) / 1000.0 && dt < 8.0);
+		stop_at = 0;
+		CHECK(kill(wexd, SIGCONT) == 0);
+		seg_requests = 0;
+		ret = wex_segment_register_ptr(cp, WEX_SEG_CUDA_VMM, (void *)(uintptr_t)va, 3 * gran,
+					       &id);
+		if (ret < 0)
+			fprintf(stderr, "chained again: %s\n", wex_last_error(cp));
+		printf("chained: called again once wexd went on: %d, id %u, %d requests\n", ret, id,
+		       seg_requests);
+		CHECK_OK(ret);
+		CHECK(id == 3 && seg_requests == 4);
+		wex_client_close(cp);
+		gpu_expandable_free(va, 3, gran, ch);
+	}
 
 	wex_client_close(cons);
 	wex_client_close(prod);

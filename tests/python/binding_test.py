@@ -756,6 +756,67 @@ class HungWexd(unittest.TestCase):
         self.assertLess(took[0], 12.0)
         self.assertEqual(c.sync(wex.SYNC_REMAP_VIEW, min_version=3, timeout_ms=10000).version, 3)
 
+    def test_register_stopped(self):
+        """Ctrl-C during register_tensors to a stopped wexd raises
+        KeyboardInterrupt 3 s after it (before, the call waited for the
+        client's timeout plus 5 s); once wexd goes on, the call made again
+        succeeds and the version written after reaches an engine.  With a
+        handler that raises nothing and wexd stalled 4.5 s, the binding
+        calls again by itself and succeeds; with one that calls cancel(),
+        the call ends with ECANCELED, not made again."""
+        sock, wexd = own_wexd(self, "wex-pyregstop-")
+        p = small_producer(self, "pyregstop", sock, timeout_ms=30000)
+        table = [wex.tensor("layers.0.a", "BF16", (256,), segment=0, offset=0)]
+        c = wex.Client(wex.ROLE_CONSUMER, "pyregstop", socket=sock, timeout_ms=30000)
+        self.addCleanup(c.close)
+        os.kill(wexd.pid, signal.SIGSTOP)
+        self.addCleanup(os.kill, wexd.pid, signal.SIGCONT)
+        with signal_after(signal.SIGINT, signal.default_int_handler, 0.5) as took:
+            with self.assertRaises(KeyboardInterrupt):
+                p.register_tensors(table)
+        self.assertGreaterEqual(took[0], 3.4)
+        self.assertLess(took[0], 7.0, "Ctrl-C waited for the stopped wexd")
+        os.kill(wexd.pid, signal.SIGCONT)
+        p.register_tensors(table)
+        p.begin_write(1)
+        p.publish(1)
+        self.assertEqual(c.sync(wex.SYNC_REMAP_VIEW, min_version=1, timeout_ms=10000).version, 1)
+        c.release()
+
+        os.kill(wexd.pid, signal.SIGSTOP)
+        seen = []
+        cont = threading.Timer(4.5, os.kill, (wexd.pid, signal.SIGCONT))
+        try:
+            with signal_after(signal.SIGUSR1, lambda *a: seen.append(a[0]), 0.3) as took:
+                cont.start()
+                p.register_tensors(table)
+        finally:
+            cont.cancel()
+            cont.join()
+        self.assertEqual(seen, [signal.SIGUSR1])
+        self.assertGreaterEqual(took[0], 4.4)
+        self.assertLess(took[0], 12.0)
+        p.begin_write(2)
+        p.publish(2)
+        self.assertEqual(c.sync(wex.SYNC_REMAP_VIEW, min_version=2, timeout_ms=10000).version, 2)
+        c.release()
+
+        # A handler that calls cancel() (a SIGTERM handler's way): the
+        # call ends with ECANCELED, not made again.
+        os.kill(wexd.pid, signal.SIGSTOP)
+        answers = []
+        with signal_after(signal.SIGUSR1, lambda *a: answers.append(p.cancel()), 0.3) as took:
+            with self.assertRaises(wex.WexError) as e:
+                p.register_tensors(table)
+        os.kill(wexd.pid, signal.SIGCONT)
+        # (The handler runs once the call returned -EINTR: no call runs
+        # then for cancel() to end.)
+        self.assertEqual(len(answers), 1)
+        self.assertEqual(e.exception.errno, errno.ECANCELED)
+        self.assertGreaterEqual(took[0], 3.2)
+        self.assertLess(took[0], 7.0)
+        p.register_tensors(table)
+
     def test_open_stalled(self):
         """A wexd that stalls (stopped for 4 s, then going on) while a
         client opens, and one signal whose handler raises nothing at

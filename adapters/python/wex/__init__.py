@@ -523,15 +523,22 @@ class Client:
     def _call(self, what, fn, *args):
         """fn(handle, *args) under the client's lock, checked.  -EINTR (a
         signal, then 3 s without wexd's answer to the hello of a
-        reconnect: a hung wexd, nothing asked yet): Python ran the
-        handler as the call returned, and where it raised nothing the call
-        is made again, up to the client's timeout."""
+        reconnect, or to a registration: a hung wexd, nothing of the call
+        kept): Python ran the handler as the call returned, and where it
+        raised nothing the call is made again, up to the client's
+        timeout, unless cancel() was called meanwhile (WexError
+        ECANCELED)."""
         with self._lock:
             end = time.monotonic() + (self._timeout_ms or 30000) / 1000.0
+            cancels = self._cancels
             while True:
                 ret = fn(self.handle, *args)
                 if ret != -errno.EINTR or time.monotonic() >= end:
                     return self._check(ret, what)
+                # (A handler that called cancel(): as in _call_wait.)
+                if self._cancels != cancels:
+                    raise WexError(errno.ECANCELED, "%s: cancelled (cancel()) while a signal "
+                                   "interrupted it" % what)
 
     def _call_wait(self, what, fn, timeout_ms, args):
         """_call of a call that waits for wexd (sync, begin_write):
