@@ -1537,7 +1537,6 @@ static CUresult e_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
 	return CUDA_SUCCESS;
 }
 
-/* Waits for the current context's work only, as on a GPU. */
 /* WEX_EMUL_SYNC_MS=<ms>: cuCtxSynchronize takes that long, as a GPU
  * still busy with queued work would; signals handled meanwhile end
  * nothing (a driver's wait goes on after them). */
@@ -1560,6 +1559,7 @@ static void slow_sync(void)
 		;
 }
 
+/* Waits for the current context's work only, as on a GPU. */
 static CUresult e_sync(void)
 {
 	FORKED();
@@ -1567,7 +1567,6 @@ static CUresult e_sync(void)
 	CUresult r = ctx_sync_ok();
 
 	slow_sync();
-
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = e_ok();
