@@ -382,16 +382,6 @@ static void watch_enter(struct watch *w);
 			pthread_mutex_unlock(&(c)->watch->call);               \
 	} while (0)
 
-/* Both: a call that may reach a GPU backend (KEEP_THREAD_DEVICE), locked. */
-#define LOCKED_KEEP_DEVICE(c, ret, expr)                                       \
-	do {                                                                   \
-		struct wex_mem_thread_state kts_;                              \
-									       \
-		wex_mem_thread_save(&kts_);                                    \
-		LOCKED(c, ret, expr);                                          \
-		wex_mem_thread_restore(&kts_);                                 \
-	} while (0)
-
 static void state_lock(struct wex_client *c)
 {
 	pthread_mutex_lock(&c->state);
@@ -2125,6 +2115,8 @@ static int regions_leave(struct wex_client *c, int ret, int held);
 		atomic_store(&(c)->cancel_local, 0);                           \
 	} while (0)
 
+/* Both: a registration that may reach a GPU backend (the calling thread
+ * keeps its device binding, as KEEP_THREAD_DEVICE). */
 #define REGISTERING_KEEP_DEVICE(c, ret, expr)                                  \
 	do {                                                                   \
 		struct wex_mem_thread_state kts_;                              \

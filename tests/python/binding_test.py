@@ -630,6 +630,24 @@ def signal_after(sig, handler, delay):
         signal.signal(sig, old)
 
 
+@contextlib.contextmanager
+def stalled(wexd, secs):
+    """Runs the block with wexd stopped and going on `secs` s into it,
+    and SIGUSR1, whose handler raises nothing, sent 0.3 s into it; yields
+    (seen, took): the signals the handler saw, and (once the block ends)
+    its length in seconds."""
+    os.kill(wexd.pid, signal.SIGSTOP)
+    seen = []
+    cont = threading.Timer(secs, os.kill, (wexd.pid, signal.SIGCONT))
+    try:
+        with signal_after(signal.SIGUSR1, lambda *a: seen.append(a[0]), 0.3) as took:
+            cont.start()
+            yield seen, took
+    finally:
+        cont.cancel()
+        cont.join()
+
+
 class PublishAway(unittest.TestCase):
     """A publish that finds no wexd (a restart, a crash) tries again up to
     the client's timeout; a signal whose handler raises nothing, late in
@@ -741,20 +759,19 @@ class HungWexd(unittest.TestCase):
         c.release()
 
         p.begin_write(3)
-        os.kill(wexd.pid, signal.SIGSTOP)
-        seen = []
-        cont = threading.Timer(4.5, os.kill, (wexd.pid, signal.SIGCONT))
-        try:
-            with signal_after(signal.SIGUSR1, lambda *a: seen.append(a[0]), 0.3) as took:
-                cont.start()
-                p.publish(3)
-        finally:
-            cont.cancel()
-            cont.join()
+        with stalled(wexd, 4.5) as (seen, took):
+            p.publish(3)
         self.assertEqual(seen, [signal.SIGUSR1])
         self.assertGreaterEqual(took[0], 4.4)
         self.assertLess(took[0], 12.0)
         self.assertEqual(c.sync(wex.SYNC_REMAP_VIEW, min_version=3, timeout_ms=10000).version, 3)
+
+    def written_seen(self, p, c, v):
+        """p writes and publishes v; consumer c sees it (a view sync)."""
+        p.begin_write(v)
+        p.publish(v)
+        self.assertEqual(c.sync(wex.SYNC_REMAP_VIEW, min_version=v, timeout_ms=10000).version, v)
+        c.release()
 
     def test_register_stopped(self):
         """Ctrl-C during register_tensors to a stopped wexd raises
@@ -778,28 +795,14 @@ class HungWexd(unittest.TestCase):
         self.assertLess(took[0], 7.0, "Ctrl-C waited for the stopped wexd")
         os.kill(wexd.pid, signal.SIGCONT)
         p.register_tensors(table)
-        p.begin_write(1)
-        p.publish(1)
-        self.assertEqual(c.sync(wex.SYNC_REMAP_VIEW, min_version=1, timeout_ms=10000).version, 1)
-        c.release()
+        self.written_seen(p, c, 1)
 
-        os.kill(wexd.pid, signal.SIGSTOP)
-        seen = []
-        cont = threading.Timer(4.5, os.kill, (wexd.pid, signal.SIGCONT))
-        try:
-            with signal_after(signal.SIGUSR1, lambda *a: seen.append(a[0]), 0.3) as took:
-                cont.start()
-                p.register_tensors(table)
-        finally:
-            cont.cancel()
-            cont.join()
+        with stalled(wexd, 4.5) as (seen, took):
+            p.register_tensors(table)
         self.assertEqual(seen, [signal.SIGUSR1])
         self.assertGreaterEqual(took[0], 4.4)
         self.assertLess(took[0], 12.0)
-        p.begin_write(2)
-        p.publish(2)
-        self.assertEqual(c.sync(wex.SYNC_REMAP_VIEW, min_version=2, timeout_ms=10000).version, 2)
-        c.release()
+        self.written_seen(p, c, 2)
 
         # A handler that calls cancel() (a SIGTERM handler's way): the
         # call ends with ECANCELED, not made again.
@@ -823,17 +826,9 @@ class HungWexd(unittest.TestCase):
         0.3 s: the hello is given up 3 s after the signal (-EINTR), the
         binding opens again, and the client is open once wexd goes on."""
         sock, wexd = own_wexd(self, "wex-pystall-")
-        os.kill(wexd.pid, signal.SIGSTOP)
         self.addCleanup(os.kill, wexd.pid, signal.SIGCONT)
-        seen = []
-        cont = threading.Timer(4.0, os.kill, (wexd.pid, signal.SIGCONT))
-        try:
-            with signal_after(signal.SIGUSR1, lambda *a: seen.append(a[0]), 0.3) as took:
-                cont.start()
-                c = wex.Client(wex.ROLE_ADMIN, socket=sock)
-        finally:
-            cont.cancel()
-            cont.join()
+        with stalled(wexd, 4.0) as (seen, took):
+            c = wex.Client(wex.ROLE_ADMIN, socket=sock)
         self.addCleanup(c.close)
         self.assertEqual(seen, [signal.SIGUSR1])
         self.assertGreaterEqual(took[0], 3.9)
