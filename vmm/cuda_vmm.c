@@ -193,6 +193,54 @@ static int set_access_rw(CUdeviceptr va, uint64_t size, int dev)
 	return set_access(va, size, &dev, 1, 1);
 }
 
+/*
+ * Memory wex allocates for a trainer (wex_cuda_alloc, which stands in for
+ * cudaMalloc under PyTorch's CUDAPluggableAllocator, and segments) is
+ * reached by another GPU of the process as cudaMalloc memory is once peer
+ * access is on: VMM memory only through cuMemSetAccess for that device,
+ * which cudaDeviceEnablePeerAccess does not do (a copy to another GPU, or
+ * a kernel there, would fault and lose the context).  So every device
+ * with peer access to `dev` gets read-write access too, as NCCL's
+ * ncclMemAlloc gives its cuMem memory.  A refusal that is not
+ * a sticky error is said once and leaves the memory to `dev` alone.
+ */
+static int grant_peers(CUdeviceptr va, uint64_t size, int dev)
+{
+	static int warned;
+	CUmemAccessDesc a[64];
+	CUdevice o, d;
+	int count = 0, n = 0, can;
+	CUresult r;
+
+	if (wex__cu.cuDeviceGetCount(&count) != CUDA_SUCCESS || count < 2 ||
+	    wex__cu.cuDeviceGet(&o, dev) != CUDA_SUCCESS)
+		return 0;
+	for (int i = 0; i < count && n < (int)(sizeof(a) / sizeof(a[0])); i++) {
+		can = 0;
+		if (i == dev || wex__cu.cuDeviceGet(&d, i) != CUDA_SUCCESS ||
+		    wex__cu.cuDeviceCanAccessPeer(&can, d, o) != CUDA_SUCCESS || !can)
+			continue;
+		memset(&a[n], 0, sizeof(a[n]));
+		a[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		a[n].location.id = i;
+		a[n].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+		n++;
+	}
+	if (n == 0)
+		return 0;
+	r = wex__cu.cuMemSetAccess(va, (size_t)size, a, (size_t)n);
+	if (r == CUDA_SUCCESS)
+		return 0;
+	if (wex__cuda_sticky(r))
+		return wex__cuda_err(r, "cuMemSetAccess");
+	if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+		wex_warn("cuda", "giving the %d device(s) with peer access to device %d access to "
+			 "memory allocated there was refused (cuMemSetAccess: %s): only device %d "
+			 "reaches it (a copy or a kernel on another GPU would fault)",
+			 n, dev, wex__cuda_errname(r), dev);
+	return 0;
+}
+
 /* The device in whose context this process maps producer memory held by
  * `owner`: `other` when that is another device with peer access, else
  * the owner; the owner's context is not made for it (a consumer on
@@ -410,6 +458,8 @@ static int vmm_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
 	if (ret)
 		goto err_free_va;
 	ret = set_access_rw(va, asize, device);
+	if (!ret)
+		ret = grant_peers(va, asize, device);
 	if (ret)
 		goto err_unmap;
 	ret = export_fd(h, &fd);

@@ -11,6 +11,9 @@
  * must have gone through cuMemcpy3DAsync, cuMemcpy2DAsync and
  * cuMemcpyBatchAsync (so their emulation is what the bytes prove; a
  * batch's copies run there last first).
+ *   peer_reads_alloc  wex_cuda_alloc memory on device 0 is read and written
+ *                     by copies device 1 runs (peer access, as for
+ *                     cudaMalloc memory)
  *   host_ptr_no_context  wex_mem_ptr_on_gpu of host memory from a thread
  *                     with no context: -1, without retaining (creating)
  *                     device 0's primary context to ask
@@ -321,6 +324,54 @@ static void no_context_thread_device1(void)
 	wex_cuda_free(p, 2u << 20, 1, NULL);
 }
 
+/* Memory wex_cuda_alloc gives a trainer (PyTorch's pluggable allocator:
+ * its stand-in for cudaMalloc) is reached by another GPU with peer access,
+ * as cudaMalloc memory is once peer access is on: a copy device 1 runs out
+ * of it (t.to("cuda:1")) and one into it arrive whole (VMM memory is
+ * reached only by the devices cuMemSetAccess named: the copy faulted). */
+static void peer_reads_alloc(void)
+{
+	const size_t n = 2u << 20;
+	CUdeviceptr d1 = 0;
+	CUstream s;
+	void *p = NULL;
+
+	CHECK_OK(wex__cuda_load());
+	if (gpu_count() < 2 || !gpu_can_peer(1, 0)) {
+		printf("  no second device with peer access to device 0: not tried\n");
+		return;
+	}
+	CHECK_OK(wex_cuda_malloc(n, 0, &p));
+	CHECK_OK(wex__cuda_use_device(0));
+	dev_fill((uint64_t)(uintptr_t)p, n, 5);
+	CHECK_OK(wex__cuda_use_device(1));
+	CU_OK(wex__cu.cuMemAlloc(&d1, n));
+	CU_OK(wex__cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	CU_OK(wex__cu.cuMemcpyAsync(d1, (CUdeviceptr)(uintptr_t)p, n, s));
+	CU_OK(wex__cu.cuStreamSynchronize(s));
+	CHECK(dev_check(d1, n, 5, 0));
+	dev_fill(d1, n, 9);
+	CU_OK(wex__cu.cuMemcpyAsync((CUdeviceptr)(uintptr_t)p, d1, n, s));
+	CU_OK(wex__cu.cuStreamSynchronize(s));
+	CHECK_OK(wex__cuda_use_device(0));
+	CHECK(dev_check((uint64_t)(uintptr_t)p, n, 9, 0));
+	CHECK_OK(wex__cuda_use_device(1));
+	CU_OK(wex__cu.cuStreamDestroy(s));
+	CU_OK(wex__cu.cuMemFree(d1));
+	wex_cuda_free(p, n, 0, NULL);
+	if (!emulated())
+		return;
+	/* The peers' grant refused (not a sticky error): the memory is
+	 * device 0's alone, the allocation stands (said in a warning). */
+	emul_fail("cuMemSetAccess", 2, CUDA_ERROR_INVALID_VALUE);
+	CHECK_OK(wex_cuda_malloc(n, 0, &p));
+	CHECK(emul_calls("cuMemSetAccess") >= 2);
+	CHECK_OK(wex__cuda_use_device(0));
+	dev_fill((uint64_t)(uintptr_t)p, n, 3);
+	CHECK(dev_check((uint64_t)(uintptr_t)p, n, 3, 0));
+	wex_cuda_free(p, n, 0, NULL);
+}
+
 int main(void)
 {
 	int ret;
@@ -331,6 +382,7 @@ int main(void)
 	ret |= run_one("strided_copy", test);
 	ret |= run_one("memcpy3d_offsets", memcpy3d_offsets);
 	ret |= run_one("huge_pitch", huge_pitch);
+	ret |= run_one("peer_reads_alloc", peer_reads_alloc);
 	printf("%s\n", ret ? "FAIL" : "PASS");
 	return ret ? T_EXIT_FAIL : T_EXIT_PASS;
 }

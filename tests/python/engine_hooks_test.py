@@ -36,7 +36,9 @@ the layouts' names (qkv_proj, gate_up_proj, padded vocabulary).  Checked:
   - default specs from SGLang's server arguments (dp-attention, ep,
     dp_lm_head, dense_tp, a2a, fuse_shared) and their refusals (dp
     replicas, EPLB, redundant experts, a placement file, attention CP,
-    moe-dp, an SGLang without get_global_server_args);
+    moe-dp, an SGLang with neither get_global_server_args nor
+    runtime_context.get_server_args; one that retired the first for the
+    second reads its arguments there);
   - SGLang: the request read twice by an unrelated process after torch's
     ForkingPickler, refused under the file_system sharing strategy; the
     loader attaches on the first call, syncs on each, runs
@@ -64,7 +66,9 @@ the layouts' names (qkv_proj, gate_up_proj, padded vocabulary).  Checked:
     a step that changes them in place, engines (wex.engine.EngineRank,
     vllm:tp=2) hold the new bytes; a step that raises publishes nothing
     and leaves describe()["writing"] at its version, another version is
-    refused while it is open, and its retry publishes.
+    refused while it is open, and its retry publishes; a parameter
+    moved to new memory since it was registered is refused by name
+    (nothing begun, or the version left unpublished).
 Needs Debian's python3-torch (exit 77 with the reason without it).
 Environment: WEX_LIB, WEXD_BIN, WEXCTL_BIN, PYTHONPATH with adapters/python.
 """
@@ -586,6 +590,33 @@ class EngineHooks(WexdProducerCase):
         experts.quant_method = lm
         self.assertNotIn("re-lay", attach_error(moe, m2) or "")
 
+    def test_vllm_routed_experts_names(self):
+        """Newer vLLM releases keep a FusedMoE layer's expert weights on
+        a child module (experts.routed_experts.w13_weight): wex_attach
+        takes them as the vllm engine file's experts.w13_weight; both
+        spellings of one weight are refused."""
+        moe = os.path.join(self.tmp.name, "moe")
+        layout = wex.Layout(os.path.join(moe, "config.json"), "vllm:tp=2")
+        params = torch_util.layout_tensors(layout, 0)
+        renamed = {n.replace(".experts.", ".experts.routed_experts."): t
+                   for n, t in params.items()}
+        self.assertTrue(any(".experts.routed_experts.w13_weight" in n for n in renamed))
+        self.assertTrue(any(".experts.routed_experts.w2_weight" in n for n in renamed))
+        set_par(tp=(2, 0))
+        w = VllmWorker(moe, module_of(renamed))
+        info = w.wex_attach(model=MODEL + "-moe", group="routed", checkpoint=False)
+        self.addCleanup(w.wex_detach)
+        self.assertEqual((info["tensors"], info["ignored"]), (len(params), []))
+        # The old spelling beside the new one: one weight under two names.
+        w13 = next(n for n in params if n.endswith("experts.w13_weight"))
+        both = dict(renamed, **{w13: params[w13]})
+        w2 = VllmWorker(moe, module_of(both))
+        with self.assertRaises(ValueError) as e:
+            w2.wex_attach(model=MODEL + "-moe", group="routed2", checkpoint=False)
+        self.assertIn(w13, str(e.exception))
+        self.assertEqual(list(wex.vllm.engine_names([("experts.routed_experts.w2_weight", 1)])),
+                         [("experts.w2_weight", 1)])
+
     def test_replaced_parameter_refused(self):
         """A parameter the engine replaced with a new Parameter object
         since attach (layer.weight = Parameter(new), vLLM's
@@ -794,14 +825,34 @@ class EngineHooks(WexdProducerCase):
             del os.environ["SGLANG_ENABLE_EMBED_REPLICATION"]
         self.assertEqual(wex.sglang.default_spec(par, embed_rep=True),
                          "sglang:tp=8,dp=4,dp_attention=1,embed_rep=1")
-        # An SGLang without get_global_server_args: the layout must be given.
+        # An SGLang that retired get_global_server_args (it raises) for
+        # runtime_context.get_server_args: the arguments are read there.
         sa = sys.modules["sglang.srt.server_args"]
         real = sa.get_global_server_args
-        del sa.get_global_server_args
+
+        def retired():
+            raise RuntimeError("get_global_server_args() is retired")
+        sa.get_global_server_args = retired
         self.addCleanup(setattr, sa, "get_global_server_args", real)
+        rc = types.ModuleType("sglang.srt.runtime_context")
+        rc.get_server_args = lambda: SERVER_ARGS
+        sys.modules["sglang.srt.runtime_context"] = rc
+        self.addCleanup(sys.modules.pop, "sglang.srt.runtime_context", None)
+        set_server_args("/m", dp_size=4, enable_dp_attention=True, enable_dp_lm_head=True)
+        set_par(tp=(8, 0))
+        par = wex.sglang.parallel_info()
+        self.assertEqual((par["known"], par["model_path"], par["dp"]), (True, "/m", 4))
+        self.assertEqual(wex.sglang.default_spec(par),
+                         "sglang:tp=8,dp=4,dp_attention=1,dp_lm_head=1")
+        # Neither answers (no runtime_context, get_global_server_args
+        # retired or absent): the layout must be given.
+        del sys.modules["sglang.srt.runtime_context"]
+        self.assertFalse(wex.sglang.parallel_info()["known"])
+        del sa.get_global_server_args
         with self.assertRaises(ValueError) as e:
             wex.sglang.default_spec(wex.sglang.parallel_info())
         self.assertIn("layout=", str(e.exception))
+        self.assertIn("runtime_context.get_server_args", str(e.exception))
         # select_parameters: two names stripped onto one are refused.
         with self.assertRaises(ValueError):
             wex.engine.select_parameters([("a.w", 1), ("b.w", 2)], strip_prefix=("a.", "b."))
@@ -1275,8 +1326,10 @@ class EngineHooks(WexdProducerCase):
 
     def test_sglang_ue8m0(self):
         """SGLang's DeepGEMM UE8M0 requantization of block-FP8 scales
-        (deep_gemm_wrapper.DEEPGEMM_SCALE_UE8M0): the automatic checkpoint
-        comparison is skipped for such models."""
+        (deep_gemm_wrapper.DEEPGEMM_SCALE_UE8M0), which makes the scales
+        packed int32 tensors in new memory: such a model is refused at
+        attach, naming the switch that turns it off; not a model without
+        block scales, nor with the flag off."""
         d = self.tmp.name
         fp8 = os.path.join(d, "fp8.json")
         with open(fp8, "w") as f:
@@ -1294,6 +1347,24 @@ class EngineHooks(WexdProducerCase):
         mod.DEEPGEMM_SCALE_UE8M0 = True
         self.assertTrue(wex.sglang._ue8m0_requant(fp8))
         self.assertFalse(wex.sglang._ue8m0_requant(os.path.join(d, "config.json")))
+        model_dir = os.path.join(d, "fp8model")
+        os.makedirs(model_dir, exist_ok=True)
+        shutil.copy(fp8, os.path.join(model_dir, "config.json"))
+        m = module_of(self.engine_params("sglang", 0))
+        set_par(tp=(2, 0))
+        set_server_args(model_dir)
+
+        def attach_log():
+            with self.assertLogs("wex.sglang", "ERROR") as logs:
+                wex.sglang.load(m, wex.sglang.request(MODEL, group="ue8m0"))
+            self.assertNotIn(id(m), wex.sglang._ranks)
+            return logs.output[0]
+        err = attach_log()
+        self.assertIn("UE8M0", err)
+        self.assertIn("SGLANG_ENABLE_JIT_DEEPGEMM=0", err)
+        mod.DEEPGEMM_SCALE_UE8M0 = False
+        self.assertNotIn("UE8M0", attach_log())  # (refused for the FP8 layout's dtypes)
+        mod.DEEPGEMM_SCALE_UE8M0 = True
         # Older SGLang: the module under sglang.srt.layers.quantization.
         for name in ("sglang.srt.layers", "sglang.srt.layers.deep_gemm_wrapper"):
             del sys.modules[name]
@@ -1838,10 +1909,37 @@ class EngineHooks(WexdProducerCase):
             self.assertEqual(e.sync(min_version=3)["version"], 3)
             for name, x in p.items():
                 self.assertTrue(bool((x == -2.0).all()), name)
+        # A parameter moved to new memory (FSDP2's first forward from
+        # PyTorch 2.5 until its PR #163130, an assignment to .data):
+        # refused by name on entry, nothing begun; inside the block,
+        # nothing published.
+        t0, m0 = trainers[0]
+        name, p0 = next((n, p) for n, p in m0.named_parameters() if n != "extra")
+        name = name[len("module."):]
+        old = p0.data
+        p0.data = old.clone()
+        self.assertEqual(t0.moved(), [name])
+        with self.assertRaises(ValueError) as e:
+            with t0.write(4):
+                self.fail("the block ran")
+        self.assertIn("%s moved to new memory" % name, str(e.exception))
+        self.assertIn("nothing begun", str(e.exception))
+        self.assertEqual((t0.describe()["version"], t0.describe()["writing"]), (3, None))
+        p0.data = old
+        with self.assertRaises(ValueError) as e:
+            with t0.write(4):
+                p0.data = old.clone()
+        self.assertIn("v4 not published", str(e.exception))
+        self.assertEqual((t0.describe()["version"], t0.describe()["writing"]), (3, 4))
+        p0.data = old
+        for t, _ in trainers:
+            t.publish(4)
+        for e, p in engines:
+            self.assertEqual(e.sync(min_version=4)["version"], 4)
         for t, _ in trainers:
             t.close()
             with self.assertRaises(ValueError):
-                with t.write(4):
+                with t.write(5):
                     pass
 
 
@@ -1869,7 +1967,7 @@ class TrainerRetry(unittest.TestCase):
                     raise KeyboardInterrupt
 
         t = object.__new__(wex.trainer.TrainerRank)
-        t.client, t.version, t._writing = Client(), 1, None
+        t.client, t.version, t._writing, t._where = Client(), 1, None, []
         with self.assertRaises(KeyboardInterrupt):
             with t.write(2):
                 pass

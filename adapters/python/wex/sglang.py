@@ -30,10 +30,11 @@ with post_load_weights() (DeepSeek's MLA keeps w_kc/w_vc, copies of
 kv_b_proj) has it run after each sync that changed the weights (not for
 a version the rank holds already) unless post_load=False; post_load=True
 on a model without it is refused before anything is attached or copied.
-Some post_load_weights rewrite attached tensors in place (DeepSeek's
-DeepGEMM UE8M0 requantization): a later verify of that rank (verify=True,
-wexctl verify) then reports a difference, and the comparison with the
-checkpoint at attach (below) leaves those FP8 weights and scales out.
+A block-FP8 model that SGLang requantizes to UE8M0 for DeepGEMM
+(DEEPGEMM_SCALE_UE8M0, on Blackwell) is refused at attach, saying so: its
+scales become packed int32 tensors in new memory, which the trainer's
+F32 block scales cannot be copied into (SGLANG_ENABLE_JIT_DEEPGEMM=0
+turns that off).
 
 Before the first attach, where SGLang loaded the model's safetensors
 (load_format auto, safetensors or fastsafetensors) and no sync changed
@@ -249,8 +250,7 @@ def request(model, *, group=None, layout=None, config=None, adapters=None, socke
     (a tensor re-laid out or transformed after loading is refused, naming
     it: wex.checkpoint); None: the model's directory (or its hub cache
     snapshot) when SGLang loaded its safetensors (load_format auto,
-    safetensors or fastsafetensors; not dummy), leaving out the FP8
-    weights and scales SGLang requantizes (DeepGEMM UE8M0); False: never (the weights
+    safetensors or fastsafetensors; not dummy); False: never (the weights
     were updated by other means since they were loaded).  Either way not
     once a sync changed the weights.  Read when a request attaches; later
     requests need not repeat it."""
@@ -309,16 +309,29 @@ def _parse(named_tensors):
 
 
 def _server_args():
-    """SGLang's server arguments, or None in an SGLang without
-    get_global_server_args (then the layout must be given)."""
+    """SGLang's server arguments: get_global_server_args(), or, in an
+    SGLang that retired it (it raises RuntimeError there),
+    runtime_context.get_server_args() (the same arguments as given);
+    None where neither answers (not an SGLang worker, or an SGLang with
+    neither: then the layout must be given)."""
     try:
         from sglang.srt.server_args import get_global_server_args
     except ImportError:
+        get_global_server_args = None
+    if get_global_server_args is not None:
+        try:
+            return get_global_server_args()
+        except ValueError:  # "Global server args is not set yet!" (not an SGLang worker)
+            return None
+        except RuntimeError:  # "get_global_server_args() is retired": runtime_context
+            pass
+    try:
+        from sglang.srt.runtime_context import get_server_args
+    except ImportError:
         return None
     try:
-        return get_global_server_args()
-    except (ValueError, RuntimeError):  # "Global server args is not set yet!" (not an SGLang
-        # worker); RuntimeError: an SGLang that retired the call for runtime_context
+        return get_server_args()
+    except (ValueError, RuntimeError, AttributeError):  # nothing published yet
         return None
 
 
@@ -386,8 +399,10 @@ def default_spec(par, fuse_shared=False, experts=True, embed_rep=False, shared=T
     whether it has shared experts as well.  The
     stages SGLANG_PP_LAYER_PARTITION gives, where set, go in the spec."""
     if not par.get("known"):
-        raise ValueError("this SGLang has no get_global_server_args: its parallel sizes are "
-                         "unknown here, pass layout= (e.g. 'sglang:tp=%d')" % par["tp"])
+        raise ValueError("SGLang's server arguments cannot be read here (neither "
+                         "server_args.get_global_server_args nor "
+                         "runtime_context.get_server_args answered): its parallel sizes are "
+                         "unknown, pass layout= (e.g. 'sglang:tp=%d')" % par["tp"])
     if par["dp"] > 1 and not par["dp_attention"]:
         raise ValueError("SGLang --dp %d without --enable-dp-attention runs independent "
                          "replicas, and a worker cannot tell which it is: run one engine per "
@@ -483,15 +498,16 @@ def _attach(model, args):
     ckpt, why, auto = checkpoint_for(args.get("checkpoint"), par.get("model_path"),
                                      par.get("load_format"),
                                      None if args.get("config") else cfg, _changed.get(model, False))
-    skip = None
-    if auto and _ue8m0_requant(cfg) and args.get("post_load") is not False:
-        # SGLang requantized the FP8 weights and their scales at load (and
-        # does again in post_load_weights after each sync): those are not
-        # the checkpoint's; everything else still is.
-        def skip(name, dtype):
-            if dtype.startswith("F8_") or name.endswith("weight_scale_inv"):
-                return "SGLang requantizes FP8 weights and scales to UE8M0 (DeepGEMM)"
-            return None
+    if _ue8m0_requant(cfg):
+        # fp8_utils.requant_weight_ue8m0_inplace: weight_scale_inv.data =
+        # the UE8M0 scales packed four to an int32, in another shape, in
+        # new memory (and the weights requantized to match them).
+        raise ValueError("SGLang requantizes this block-FP8 model's weights and scales to "
+                         "UE8M0 for DeepGEMM (DEEPGEMM_SCALE_UE8M0, Blackwell) after "
+                         "loading: its weight_scale_inv become int32 tensors of packed "
+                         "scales in new memory, which the trainer's F32 block scales cannot "
+                         "be copied into, and a copy of the trainer's FP8 weights would be "
+                         "read under them; start SGLang with SGLANG_ENABLE_JIT_DEEPGEMM=0")
     spec = args.get("layout") or default_spec(
         par, int(getattr(model, "num_fused_shared_experts", 0) or 0) > 0,
         experts=has_experts(cfg), embed_rep=_embed_whole(model, par, cfg),
@@ -511,7 +527,7 @@ def _attach(model, args):
                       timeout_ms=args.get("timeout_ms"), copy_threads=args.get("copy_threads"),
                       device=device, strip_prefix=args.get("strip_prefix"),
                       ignore=args.get("ignore") or (), checkpoint=ckpt,
-                      checkpoint_auto=auto, checkpoint_skip=skip, config=cfg,
+                      checkpoint_auto=auto, config=cfg,
                       adapters=args.get("adapters"))
     if why:
         rank.checked = "not checked: " + why

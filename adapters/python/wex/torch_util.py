@@ -295,9 +295,10 @@ def _layout_items(items, layout, rank):
     if missing or extra:
         # Megatron-Core's TopKRouter keeps expert_bias as a buffer
         # (register_buffer), so named_parameters() never has it.
-        hint = ("; Megatron-Core keeps router.expert_bias as a buffer: pass it from "
-                "model.named_buffers() too" if any(n.endswith("router.expert_bias")
-                                                   for n in missing) else "")
+        hint = ("; Megatron-Core keeps router.expert_bias as a buffer: pass the "
+                "*.router.expert_bias ones of model.named_buffers() too (not the "
+                "others: local_tokens_per_expert is a buffer of the router as well)"
+                if any(n.endswith("router.expert_bias") for n in missing) else "")
         raise ValueError("%s rank %d: %s%s%s%s" % (
             layout.spec, rank,
             "missing %s" % ", ".join(missing[:3]) + (" and %d more" % (len(missing) - 3)

@@ -27,8 +27,11 @@ distributed optimizer with overlap_param_gather=True all-gathers the
 updated shards only in the next forward, so call
 chunk.start_param_sync(force_sync=True) for each model chunk after
 optimizer.step() inside the block; Megatron's router.expert_bias (a buffer:
-pass it from named_buffers()) changes in finalize_model_grads, during the
-forward-backward step.
+pass the *.router.expert_bias ones of named_buffers()) changes in
+finalize_model_grads, during the forward-backward step.  A parameter that
+moved to new memory since it was registered (FSDP2's first forward from
+PyTorch 2.5 until its PR #163130; an assignment to .data) is refused by
+write(), naming it (moved()).
 """
 import contextlib
 import errno
@@ -36,6 +39,12 @@ import errno
 import wex
 from wex import torch_util
 from wex.engine import as_layout, select_parameters
+
+
+def _local(t):
+    """The tensor whose memory a parameter registers: an FSDP2 DTensor's
+    local shard, else the tensor."""
+    return t.to_local() if torch_util._is_dtensor(t) else t
 
 
 class TrainerRank:
@@ -70,6 +79,8 @@ class TrainerRank:
         self.tensors = len(items)
         self.version = 0
         self._writing = None
+        # Where each parameter's bytes were registered (engines read there).
+        self._where = [(n, t, _local(t).data_ptr()) for n, t in items if _local(t).numel()]
 
     @contextlib.contextmanager
     def write(self, version, timeout_ms=0):
@@ -78,7 +89,9 @@ class TrainerRank:
         publish(version) when the block ends without an exception (after
         the GPU work queued on the weights' devices completed; where no
         wexd answers, tried again up to the client's timeout, not
-        timeout_ms).  An
+        timeout_ms).  Both ends refuse (ValueError, naming them) where
+        registered parameters moved to new memory (moved()): nothing
+        begun on entry, the version left unpublished at the end.  An
         exception leaves the version unpublished, the weights half-written,
         and the exception goes on: engines keep the version they hold, and
         this rank is still writing `version` (describe()["writing"] says
@@ -95,6 +108,7 @@ class TrainerRank:
         if version <= self.version:
             raise ValueError("version %d is not newer than %d, the last published"
                              % (version, self.version))
+        self._check_moved("nothing begun")
         try:
             self.client.begin_write(version, timeout_ms)
         except wex.WexError as e:
@@ -107,9 +121,28 @@ class TrainerRank:
         # it (describe()["writing"]), a failed step included.
         self._writing = version
         yield self
+        self._check_moved("v%d not published" % version)
         self.client.publish(version)
         self.version = version
         self._writing = None
+
+    def moved(self):
+        """Names of the registered parameters whose memory is no longer
+        where it was registered (engines would read the old memory)."""
+        return [n for n, t, ptr in self._where if _local(t).data_ptr() != ptr]
+
+    def _check_moved(self, what):
+        moved = self.moved()
+        if moved:
+            raise ValueError(
+                "%s moved to new memory since %s registered (engines read the memory "
+                "registered): %s.  FSDP2 (PyTorch 2.5 until its PR #163130) does so for "
+                "unevenly sharded parameters at the first forward (lazy_init): register "
+                "after the first forward and backward; so does assigning .data or a new "
+                "Parameter: register again (a new TrainerRank)"
+                % (", ".join(moved[:3]) + (" and %d more" % (len(moved) - 3)
+                                           if len(moved) > 3 else ""),
+                   "it was" if len(moved) == 1 else "they were", what))
 
     def publish(self, version, timeout_ms=0):
         """A write with nothing inside: the weights changed already (or

@@ -15,7 +15,10 @@ runs its methods through collective_rpc:
         outputs = llm.generate(...)
 
 wex_attach attaches the worker's own parameters (model_runner.model,
-vLLM's names: qkv_proj, gate_up_proj, a padded vocabulary) as rank
+vLLM's names: qkv_proj, gate_up_proj, a padded vocabulary; a FusedMoE
+layer's experts.w13_weight, which newer releases name
+experts.routed_experts.w13_weight: either is taken, and errors use the
+first) as rank
 tp_rank + tp * (dp_rank + dp * pp_rank) of the layout
 "vllm:tp=T,pp=P,dp=D" (",ep=T*D" with enable_expert_parallel, for a
 model with experts: vLLM ignores it for a dense one), from the model's
@@ -99,7 +102,7 @@ import wex
 from wex.checkpoint import CheckpointMismatch
 from wex.engine import EngineRank, checkpoint_for, config_path, has_experts, stages_from_env
 
-__all__ = ["WorkerExtension", "parallel_info", "default_spec"]
+__all__ = ["WorkerExtension", "parallel_info", "default_spec", "engine_names"]
 
 
 def parallel_info():
@@ -199,6 +202,25 @@ def _kernel_backends(qm, moe):
         if k in _KERNEL_BACKENDS_OK or (moe and isinstance(v, enum.Enum)):
             out.append((k, str(getattr(v, "name", v))))
     return out
+
+
+# Newer vLLM releases keep a FusedMoE layer's expert weights on a child
+# module (fused_moe/routed_experts.py: experts.routed_experts.w13_weight);
+# the vllm engine file names them as earlier ones did (experts.w13_weight).
+_ROUTED = ".experts.routed_experts."
+
+
+def engine_names(named):
+    """vLLM's (name, parameter) pairs under the names of the vllm engine
+    file: experts.routed_experts.X as experts.X (newer releases' FusedMoE),
+    other names as they are.  Errors then name such a parameter as
+    experts.X."""
+    for name, t in named:
+        if _ROUTED in name:
+            name = name.replace(_ROUTED, ".experts.", 1)
+        elif name.startswith(_ROUTED[1:]):
+            name = "experts." + name[len(_ROUTED) - 1:]
+        yield name, t
 
 
 def _refuse_moe_relayout(vllm_config, module):
@@ -461,7 +483,8 @@ class WorkerExtension:
         # The callable, not its result: each sync enumerates the parameters
         # again and refuses one vLLM replaced (a reload).
         try:
-            self._wex = EngineRank(model, lambda: self._wex_model().named_parameters(),
+            self._wex = EngineRank(model,
+                                   lambda: engine_names(self._wex_model().named_parameters()),
                                    rank=layout_rank(par), world_size=world, layout=spec,
                                    group=group, socket=socket, timeout_ms=timeout_ms,
                                    copy_threads=copy_threads, device=ordinal,
