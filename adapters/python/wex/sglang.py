@@ -466,7 +466,7 @@ def _ue8m0_requant(cfg):
         with open(cfg) as f:
             q = json.load(f).get("quantization_config") or {}
     except (OSError, ValueError, AttributeError):
-        return True  # cannot tell: do not compare
+        return True  # cannot tell: refused at attach (the safe side)
     return isinstance(q, dict) and q.get("weight_block_size") is not None
 
 

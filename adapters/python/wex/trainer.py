@@ -138,8 +138,8 @@ class TrainerRank:
                 "%s moved to new memory since %s registered (engines read the memory "
                 "registered): %s.  FSDP2 (PyTorch 2.5 until its PR #163130) does so for "
                 "unevenly sharded parameters at the first forward (lazy_init): register "
-                "after the first forward and backward; so does assigning .data or a new "
-                "Parameter: register again (a new TrainerRank)"
+                "after the first forward and backward; so does assigning .data: register "
+                "again (a new TrainerRank)"
                 % (", ".join(moved[:3]) + (" and %d more" % (len(moved) - 3)
                                            if len(moved) > 3 else ""),
                    "it was" if len(moved) == 1 else "they were", what))
