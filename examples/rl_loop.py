@@ -73,7 +73,7 @@ def trainer(steps, to_engine, from_engine, parent):
         t.copy_(p.data)
         p.data = t
         at += p.numel() * p.element_size()
-    t = TrainerRank(MODEL, model.named_parameters(), client=client,
+    t = TrainerRank(MODEL, model.named_parameters, client=client,
                     segments=[(seg, base, size)])
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # updates in place
     target = torch.nn.Linear(64, 16)

@@ -26,6 +26,7 @@
  *                     the emulation must match)
  */
 #include <pthread.h>
+#include <sys/mman.h>
 
 #include "gpu_util.h"
 
@@ -362,13 +363,45 @@ static void peer_reads_alloc(void)
 	if (!emulated())
 		return;
 	/* The peers' grant refused (not a sticky error): the memory is
-	 * device 0's alone, the allocation stands (said in a warning). */
-	emul_fail("cuMemSetAccess", 2, CUDA_ERROR_INVALID_VALUE);
-	CHECK_OK(wex_cuda_malloc(n, 0, &p));
-	CHECK(emul_calls("cuMemSetAccess") >= 2);
+	 * device 0's alone, the allocation stands, said in a warning; a copy
+	 * device 1 runs out of it faults. */
+	{
+		unsigned long calls = emul_calls("cuMemSetAccess");
+		char log[4096];
+		ssize_t got;
+		int fd = memfd_create("log", MFD_CLOEXEC), saved;
+
+		CHECK(fd >= 0);
+		fflush(stderr);
+		saved = dup(2);
+		CHECK(saved >= 0 && dup2(fd, 2) == 2);
+		emul_fail("cuMemSetAccess", 2, CUDA_ERROR_INVALID_VALUE);
+		CHECK_OK(wex_cuda_malloc(n, 0, &p));
+		fflush(stderr);
+		CHECK(dup2(saved, 2) == 2);
+		close(saved);
+		/* Its own device's access, then the peers' (refused). */
+		CHECK(emul_calls("cuMemSetAccess") == calls + 2);
+		got = pread(fd, log, sizeof(log) - 1, 0);
+		close(fd);
+		CHECK(got > 0);
+		log[got > 0 ? got : 0] = '\0';
+		fputs(log, stderr);
+		CHECK(strstr(log, "giving the 1 device(s) with peer access to device 0 access to "
+				  "memory allocated there was refused (cuMemSetAccess: "
+				  "CUDA_ERROR_INVALID_VALUE)") != NULL);
+	}
 	CHECK_OK(wex__cuda_use_device(0));
 	dev_fill((uint64_t)(uintptr_t)p, n, 3);
 	CHECK(dev_check((uint64_t)(uintptr_t)p, n, 3, 0));
+	CHECK_OK(wex__cuda_use_device(1));
+	CU_OK(wex__cu.cuMemAlloc(&d1, n));
+	CU_OK(wex__cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	CHECK(wex__cu.cuMemcpyAsync(d1, (CUdeviceptr)(uintptr_t)p, n, s) ==
+	      CUDA_ERROR_ILLEGAL_ADDRESS);
+	CU_OK(wex__cu.cuStreamDestroy(s));
+	CU_OK(wex__cu.cuMemFree(d1));
+	CHECK_OK(wex__cuda_use_device(0));
 	wex_cuda_free(p, n, 0, NULL);
 }
 

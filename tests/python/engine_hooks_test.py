@@ -615,7 +615,22 @@ class EngineHooks(WexdProducerCase):
             w2.wex_attach(model=MODEL + "-moe", group="routed2", checkpoint=False)
         self.assertIn(w13, str(e.exception))
         self.assertEqual(list(wex.vllm.engine_names([("experts.routed_experts.w2_weight", 1)])),
-                         [("experts.w2_weight", 1)])
+                         [("experts.w2_weight", 1, "experts.routed_experts.w2_weight")])
+        # ignore= patterns written with vLLM's names match them: a weight
+        # the layout does not hold is left out; one it holds is then
+        # missing (as under the file's name), not updated unasked.
+        extra = dict(renamed)
+        extra[w13.replace(".experts.", ".experts.routed_experts.") + "_extra"] = torch.zeros(2)
+        w3 = VllmWorker(moe, module_of(extra))
+        info = w3.wex_attach(model=MODEL + "-moe", group="routed3", checkpoint=False,
+                             ignore=["*.routed_experts.*_extra"])
+        self.addCleanup(w3.wex_detach)
+        self.assertEqual((info["tensors"], info["ignored"]), (len(params), [w13 + "_extra"]))
+        w4 = VllmWorker(moe, module_of(renamed))
+        with self.assertRaises(ValueError) as e:
+            w4.wex_attach(model=MODEL + "-moe", group="routed4", checkpoint=False,
+                          ignore=[w13.replace(".experts.", ".experts.routed_experts.")])
+        self.assertIn("missing %s" % w13, str(e.exception))
 
     def test_replaced_parameter_refused(self):
         """A parameter the engine replaced with a new Parameter object
@@ -1347,6 +1362,16 @@ class EngineHooks(WexdProducerCase):
         mod.DEEPGEMM_SCALE_UE8M0 = True
         self.assertTrue(wex.sglang._ue8m0_requant(fp8))
         self.assertFalse(wex.sglang._ue8m0_requant(os.path.join(d, "config.json")))
+        # Other block sizes are not requantized; a config.json that does
+        # not parse is not refused for UE8M0 (wex.Layout reports it).
+        other = os.path.join(d, "fp8-64.json")
+        with open(other, "w") as f:
+            json.dump(dict(glue.CONFIG, quantization_config={
+                "quant_method": "fp8", "weight_block_size": [64, 64]}), f)
+        self.assertFalse(wex.sglang._ue8m0_requant(other))
+        with open(other, "w") as f:
+            f.write("{not json")
+        self.assertFalse(wex.sglang._ue8m0_requant(other))
         model_dir = os.path.join(d, "fp8model")
         os.makedirs(model_dir, exist_ok=True)
         shutil.copy(fp8, os.path.join(model_dir, "config.json"))
@@ -1846,7 +1871,10 @@ class EngineHooks(WexdProducerCase):
                 wex.trainer.TrainerRank(model, m.named_parameters(), rank=k, world_size=4,
                                         layout="megatron:tp=2", config=cfg, client=c)
             self.assertIn("has 2 ranks, but this trainer runs 4", str(e.exception))
-            t = wex.trainer.TrainerRank(model, m.named_parameters(), rank=k, world_size=2,
+            # Rank 0 given the callable (enumerated again at each write),
+            # rank 1 the pairs.
+            t = wex.trainer.TrainerRank(model, m.named_parameters if k == 0 else
+                                        m.named_parameters(), rank=k, world_size=2,
                                         layout="megatron:tp=2", config=cfg, client=c,
                                         segments=[(seg, base, size)], strip_prefix="module.",
                                         ignore=["extra"])
@@ -1918,12 +1946,43 @@ class EngineHooks(WexdProducerCase):
         name = name[len("module."):]
         old = p0.data
         p0.data = old.clone()
-        self.assertEqual(t0.moved(), [name])
+        self.assertEqual(t0.moved(), [name + " (re-allocated)"])
         with self.assertRaises(ValueError) as e:
             with t0.write(4):
                 self.fail("the block ran")
-        self.assertIn("%s moved to new memory" % name, str(e.exception))
-        self.assertIn("nothing begun", str(e.exception))
+        self.assertIn("not where they were registered (engines read the memory registered): "
+                      "%s (re-allocated); nothing begun" % name, str(e.exception))
+        p0.data = old
+        # Given the callable: a parameter replaced by a Parameter in new
+        # memory, and one added, are refused; a new Parameter over the
+        # same memory is not.  Given the pairs, the replacement is not
+        # seen (the registered object keeps its memory); .data is.
+        owner, leaf = m0.get_submodule("module." + name.rsplit(".", 1)[0]), name.rsplit(".", 1)[1]
+        setattr(owner, leaf, torch.nn.Parameter(old.clone(), requires_grad=False))
+        self.assertEqual(t0.moved(), [name + " (replaced by a Parameter in new memory)"])
+        with self.assertRaises(ValueError) as e:
+            with t0.write(4):
+                self.fail("the block ran")
+        self.assertIn("%s (replaced by a Parameter in new memory); nothing begun" % name,
+                      str(e.exception))
+        setattr(owner, leaf, torch.nn.Parameter(old, requires_grad=False))
+        self.assertEqual(t0.moved(), [])
+        setattr(owner, leaf, p0)
+        m0.module.added = torch.nn.Parameter(torch.zeros(2))
+        self.assertEqual(t0.moved(), ["added (added)"])
+        del m0.module.added
+        t1, m1 = trainers[1]
+        name1, p1 = next((n, p) for n, p in m1.named_parameters() if n != "extra")
+        name1 = name1[len("module."):]
+        owner1 = m1.get_submodule("module." + name1.rsplit(".", 1)[0])
+        setattr(owner1, name1.rsplit(".", 1)[1],
+                torch.nn.Parameter(p1.data.clone(), requires_grad=False))
+        self.assertEqual(t1.moved(), [])
+        setattr(owner1, name1.rsplit(".", 1)[1], p1)
+        old1 = p1.data
+        p1.data = old1.clone()
+        self.assertEqual(t1.moved(), [name1 + " (re-allocated)"])
+        p1.data = old1
         self.assertEqual((t0.describe()["version"], t0.describe()["writing"]), (3, None))
         p0.data = old
         with self.assertRaises(ValueError) as e:
@@ -1941,6 +2000,43 @@ class EngineHooks(WexdProducerCase):
             with self.assertRaises(ValueError):
                 with t.write(5):
                     pass
+
+
+class TrainerMovedDTensor(unittest.TestCase):
+    """TrainerRank.moved() with FSDP2 DTensor parameters, against stand-ins
+    (this PyTorch may have no DTensor): the shard's memory is read from
+    _local_tensor (to_local() is an autograd call per parameter); the
+    unsharded Parameter FSDP2 shows between its all-gather and its
+    reshard is not a replacement (the shard registered is checked); a
+    different DTensor in new memory is, and so is a shard swapped."""
+
+    def test_dtensor(self):
+        import wex.trainer
+
+        class DT:
+            placements, device_mesh = ("Shard(0)",), "mesh"
+
+            def __init__(self, local):
+                self._local_tensor = local
+
+            def to_local(self):
+                raise AssertionError("to_local() called")
+
+        a, b = torch.zeros(4), torch.zeros(4)
+        t = DT(a)
+        where = [("w", t, a.data_ptr())]
+        t0 = object.__new__(wex.trainer.TrainerRank)
+        t0._where, t0._empty, t0._select = where, [], (None, ())
+        now = {"w": t}
+        t0._resolve = lambda: now.items()
+        self.assertEqual(t0.moved(), [])
+        now["w"] = torch.nn.Parameter(torch.zeros(8))   # FSDP2 unsharded
+        self.assertEqual(t0.moved(), [])
+        now["w"] = DT(b)
+        self.assertEqual(t0.moved(), ["w (replaced by a Parameter in new memory)"])
+        now["w"] = t
+        t._local_tensor = b                              # reset_sharded_param
+        self.assertEqual(t0.moved(), ["w (re-allocated)"])
 
 
 class TrainerRetry(unittest.TestCase):
@@ -1967,7 +2063,7 @@ class TrainerRetry(unittest.TestCase):
                     raise KeyboardInterrupt
 
         t = object.__new__(wex.trainer.TrainerRank)
-        t.client, t.version, t._writing, t._where = Client(), 1, None, []
+        t.client, t.version, t._writing, t._where, t._resolve = Client(), 1, None, [], None
         with self.assertRaises(KeyboardInterrupt):
             with t.write(2):
                 pass

@@ -46,21 +46,28 @@ log = logging.getLogger("wex.engine")
 def select_parameters(named, strip_prefix=None, ignore=()):
     """([(name, tensor)] kept, [names ignored]): names with strip_prefix
     (a string or a tuple of them) removed where they start with it, those
-    matching an `ignore` pattern left out.  Two parameters that end up
-    under one name are refused."""
+    matching an `ignore` pattern (with or without the prefix) left out.
+    An item may be (name, tensor, original): a name the engine's glue
+    gave a parameter the engine calls `original` (vllm.engine_names),
+    the pattern matched against both.  Two parameters that end up under
+    one name are refused."""
     if isinstance(strip_prefix, str):
         strip_prefix = (strip_prefix,)
     if isinstance(ignore, str):
         ignore = (ignore,)
-    kept, dropped, seen = [], [], {}
-    for name, t in named:
-        full = name
+
+    def strip(name):
         for p in strip_prefix or ():
             if p and name.startswith(p):
-                name = name[len(p):]
-                break
-        if any(fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(full, pat)
-               for pat in ignore):
+                return name[len(p):]
+        return name
+
+    kept, dropped, seen = [], [], {}
+    for item in named:
+        full, t = item[0], item[1]
+        name = strip(full)
+        said = {full, name}.union(*({o, strip(o)} for o in item[2:]))
+        if any(fnmatch.fnmatchcase(n, pat) for n in said for pat in ignore):
             dropped.append(name)
             continue
         if name in seen:
@@ -69,6 +76,23 @@ def select_parameters(named, strip_prefix=None, ignore=()):
         seen[name] = full
         kept.append((name, t))
     return kept, dropped
+
+
+def parameters_changed(where, now, why):
+    """["name (why)"] of the (name, tensor, address) registered in `where`
+    that are not as they were: why(t, address, cur) says how (None: as
+    it was), cur being the tensor now under the name in `now` (the
+    parameters enumerated again, {name: tensor}; None: not enumerated,
+    cur is t); a name not in `now` is "removed", one only in `now`
+    "added"."""
+    out = []
+    for name, t, p in where:
+        cur = t if now is None else now.pop(name, None)
+        reason = "removed" if cur is None else why(t, p, cur)
+        if reason:
+            out.append("%s (%s)" % (name, reason))
+    out.extend("%s (added)" % name for name in sorted(now or ()))
+    return out
 
 
 def config_path(model_path, revision=None):
@@ -381,22 +405,11 @@ class EngineRank:
         memory moved (re-allocated), and, when the parameters were given
         as a callable, a different object under the name (replaced), a
         name gone (removed) or a new one (added)."""
-        if self._resolve is None:
-            return ["%s (re-allocated)" % name for name, t, p in self._where
-                    if t.data_ptr() != p]
-        now, _ = select_parameters(self._resolve(), *self._select)
-        now = dict(now)
-        out = []
-        for name, t, p in self._where:
-            cur = now.pop(name, None)
-            if cur is None:
-                out.append("%s (removed)" % name)
-            elif cur is not t:
-                out.append("%s (replaced by a new object)" % name)
-            elif cur.data_ptr() != p:
-                out.append("%s (re-allocated)" % name)
-        out.extend("%s (added)" % name for name in sorted(now))
-        return out
+        return parameters_changed(
+            self._where, self._resolve and dict(select_parameters(self._resolve(),
+                                                                  *self._select)[0]),
+            lambda t, p, cur: ("replaced by a new object" if cur is not t else
+                               "re-allocated" if t.data_ptr() != p else None))
 
     def released(self, why):
         """The engine released its weights' physical memory (vLLM's sleep

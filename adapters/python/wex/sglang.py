@@ -31,10 +31,10 @@ kv_b_proj) has it run after each sync that changed the weights (not for
 a version the rank holds already) unless post_load=False; post_load=True
 on a model without it is refused before anything is attached or copied.
 A block-FP8 model that SGLang requantizes to UE8M0 for DeepGEMM
-(DEEPGEMM_SCALE_UE8M0, on Blackwell) is refused at attach, saying so: its
-scales become packed int32 tensors in new memory, which the trainer's
-F32 block scales cannot be copied into (SGLANG_ENABLE_JIT_DEEPGEMM=0
-turns that off).
+(DEEPGEMM_SCALE_UE8M0, on SM100 and SM120 GPUs) is refused at attach,
+saying so: its scales become packed int32 tensors in new memory, which
+the trainer's F32 block scales cannot be copied into
+(SGLANG_ENABLE_JIT_DEEPGEMM=0 turns that off).
 
 Before the first attach, where SGLang loaded the model's safetensors
 (load_format auto, safetensors or fastsafetensors) and no sync changed
@@ -447,9 +447,12 @@ def default_spec(par, fuse_shared=False, experts=True, embed_rep=False, shared=T
 
 def _ue8m0_requant(cfg):
     """Whether SGLang rewrites this model's FP8 weights and scales to
-    UE8M0 after loading (DeepGEMM on Blackwell: deep_gemm_wrapper's
+    UE8M0 after loading (DeepGEMM on SM100 and SM120: deep_gemm_wrapper's
     DEEPGEMM_SCALE_UE8M0, in sglang.srt.layers or, in older SGLang,
-    sglang.srt.layers.quantization; for block-quantized FP8 checkpoints)."""
+    sglang.srt.layers.quantization; for FP8 checkpoints quantized in
+    128x128 blocks: fp8_utils requantizes no other block size, and older
+    SGLang asserts it).  A config.json that cannot be read is not judged
+    here (wex.Layout reports it)."""
     import importlib
 
     flag = False
@@ -466,8 +469,8 @@ def _ue8m0_requant(cfg):
         with open(cfg) as f:
             q = json.load(f).get("quantization_config") or {}
     except (OSError, ValueError, AttributeError):
-        return True  # cannot tell: refused at attach (the safe side)
-    return isinstance(q, dict) and q.get("weight_block_size") is not None
+        return False
+    return isinstance(q, dict) and q.get("weight_block_size") in ([128, 128], (128, 128))
 
 
 def _embed_whole(model, par, cfg):
@@ -503,7 +506,7 @@ def _attach(model, args):
         # the UE8M0 scales packed four to an int32, in another shape, in
         # new memory (and the weights requantized to match them).
         raise ValueError("SGLang requantizes this block-FP8 model's weights and scales to "
-                         "UE8M0 for DeepGEMM (DEEPGEMM_SCALE_UE8M0, Blackwell) after "
+                         "UE8M0 for DeepGEMM (DEEPGEMM_SCALE_UE8M0, SM100 and SM120) after "
                          "loading: its weight_scale_inv become int32 tensors of packed "
                          "scales in new memory, which the trainer's F32 block scales cannot "
                          "be copied into, and a copy of the trainer's FP8 weights would be "

@@ -3,7 +3,7 @@
 then publish a version after each optimizer step.
 
     from wex.trainer import TrainerRank
-    t = TrainerRank("policy", model.named_parameters(), rank=rank, world_size=world,
+    t = TrainerRank("policy", model.named_parameters, rank=rank, world_size=world,
                     layout="megatron:tp=2", config="/ckpt/config.json",
                     # Megatron's DDP (around Float16Module for bf16/fp16)
                     strip_prefix=("module.module.", "module."))
@@ -31,20 +31,37 @@ pass the *.router.expert_bias ones of named_buffers()) changes in
 finalize_model_grads, during the forward-backward step.  A parameter that
 moved to new memory since it was registered (FSDP2's first forward from
 PyTorch 2.5 until its PR #163130; an assignment to .data) is refused by
-write(), naming it (moved()).
+write(), naming it (moved()); given the parameters as a callable
+(model.named_parameters, the bound method, not its result), so is one
+replaced by a Parameter in new memory (module.weight = Parameter(new)),
+removed or added.
 """
 import contextlib
 import errno
 
 import wex
 from wex import torch_util
-from wex.engine import as_layout, select_parameters
+from wex.engine import as_layout, parameters_changed, select_parameters
 
 
 def _local(t):
     """The tensor whose memory a parameter registers: an FSDP2 DTensor's
-    local shard, else the tensor."""
-    return t.to_local() if torch_util._is_dtensor(t) else t
+    local shard (its _local_tensor where it has one: to_local() is an
+    autograd call), else the tensor."""
+    if not torch_util._is_dtensor(t):
+        return t
+    local = getattr(t, "_local_tensor", None)
+    return local if local is not None else t.to_local()
+
+
+def _why(t, p, cur):
+    """How registered parameter t (its memory at p), with cur under its
+    name now, is not as it was (parameters_changed)."""
+    if cur is not t and not (torch_util._is_dtensor(t) and not torch_util._is_dtensor(cur)):
+        # (FSDP2 shows the unsharded Parameter between its all-gather
+        # and its reshard; the memory registered is still t's shard.)
+        return "replaced by a Parameter in new memory" if _local(cur).data_ptr() != p else None
+    return "re-allocated" if _local(t).data_ptr() != p else None
 
 
 class TrainerRank:
@@ -60,7 +77,10 @@ class TrainerRank:
         allocate segments= with it first); it is then the caller's to
         close as well."""
         self.layout = as_layout(layout, config, adapters, world_size, "trainer")
-        items, self.ignored = select_parameters(named_parameters, strip_prefix, ignore)
+        self._resolve = named_parameters if callable(named_parameters) else None
+        self._select = (strip_prefix, ignore)
+        items, self.ignored = select_parameters(
+            named_parameters() if self._resolve else named_parameters, strip_prefix, ignore)
         if not items:
             raise ValueError("no parameters to register (%d ignored)" % len(self.ignored))
         self.model, self.rank, self.world_size = model, rank, world_size
@@ -79,8 +99,10 @@ class TrainerRank:
         self.tensors = len(items)
         self.version = 0
         self._writing = None
-        # Where each parameter's bytes were registered (engines read there).
+        # Where each parameter's bytes were registered (engines read
+        # there); empty ones register nothing.
         self._where = [(n, t, _local(t).data_ptr()) for n, t in items if _local(t).numel()]
+        self._empty = [n for n, t in items if not _local(t).numel()]
 
     @contextlib.contextmanager
     def write(self, version, timeout_ms=0):
@@ -127,22 +149,31 @@ class TrainerRank:
         self._writing = None
 
     def moved(self):
-        """Names of the registered parameters whose memory is no longer
-        where it was registered (engines would read the old memory)."""
-        return [n for n, t, ptr in self._where if _local(t).data_ptr() != ptr]
+        """["name (why)"] of the registered parameters whose memory is no
+        longer where it was registered (engines would read the old
+        memory): re-allocated (.data assigned, FSDP2's shard swapped),
+        and, when the parameters were given as a callable
+        (model.named_parameters, the bound method), replaced by a
+        Parameter in new memory (module.weight = Parameter(new)), removed,
+        or added (engines would not get it)."""
+        now = None
+        if self._resolve is not None:
+            now = dict(select_parameters(self._resolve(), *self._select)[0])
+            for n in self._empty:
+                now.pop(n, None)
+        return parameters_changed(self._where, now, _why)
 
     def _check_moved(self, what):
         moved = self.moved()
         if moved:
             raise ValueError(
-                "%s moved to new memory since %s registered (engines read the memory "
-                "registered): %s.  FSDP2 (PyTorch 2.5 until its PR #163130) does so for "
+                "parameters not where they were registered (engines read the memory "
+                "registered): %s; %s.  FSDP2 (PyTorch 2.5 until its PR #163130) moves "
                 "unevenly sharded parameters at the first forward (lazy_init): register "
-                "after the first forward and backward; so does assigning .data: register "
-                "again (a new TrainerRank)"
+                "after the first forward and backward; after assigning .data or a new "
+                "Parameter: register again (a new TrainerRank)"
                 % (", ".join(moved[:3]) + (" and %d more" % (len(moved) - 3)
-                                           if len(moved) > 3 else ""),
-                   "it was" if len(moved) == 1 else "they were", what))
+                                           if len(moved) > 3 else ""), what))
 
     def publish(self, version, timeout_ms=0):
         """A write with nothing inside: the weights changed already (or

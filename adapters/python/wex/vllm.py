@@ -17,8 +17,8 @@ runs its methods through collective_rpc:
 wex_attach attaches the worker's own parameters (model_runner.model,
 vLLM's names: qkv_proj, gate_up_proj, a padded vocabulary; a FusedMoE
 layer's experts.w13_weight, which newer releases name
-experts.routed_experts.w13_weight: either is taken, and errors use the
-first) as rank
+experts.routed_experts.w13_weight: either is taken, ignore= patterns
+match either, and errors use the first) as rank
 tp_rank + tp * (dp_rank + dp * pp_rank) of the layout
 "vllm:tp=T,pp=P,dp=D" (",ep=T*D" with enable_expert_parallel, for a
 model with experts: vLLM ignores it for a dense one), from the model's
@@ -212,15 +212,17 @@ _ROUTED = ".experts.routed_experts."
 
 def engine_names(named):
     """vLLM's (name, parameter) pairs under the names of the vllm engine
-    file: experts.routed_experts.X as experts.X (newer releases' FusedMoE),
-    other names as they are.  Errors then name such a parameter as
-    experts.X."""
+    file: experts.routed_experts.X as experts.X, with vLLM's name after
+    it, (name, parameter, vLLM's name) (newer releases' FusedMoE: ignore=
+    patterns match either), other names as they are.  Errors then name
+    such a parameter as experts.X."""
     for name, t in named:
         if _ROUTED in name:
-            name = name.replace(_ROUTED, ".experts.", 1)
+            yield name.replace(_ROUTED, ".experts.", 1), t, name
         elif name.startswith(_ROUTED[1:]):
-            name = "experts." + name[len(_ROUTED) - 1:]
-        yield name, t
+            yield "experts." + name[len(_ROUTED) - 1:], t, name
+        else:
+            yield name, t
 
 
 def _refuse_moe_relayout(vllm_config, module):
