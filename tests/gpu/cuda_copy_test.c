@@ -369,24 +369,27 @@ static void peer_reads_alloc(void)
 		unsigned long calls = emul_calls("cuMemSetAccess");
 		char log[4096];
 		ssize_t got;
-		int fd = memfd_create("log", MFD_CLOEXEC), saved;
+		int fd = memfd_create("log", MFD_CLOEXEC), saved, ret;
 
 		CHECK(fd >= 0);
 		fflush(stderr);
 		saved = dup(2);
 		CHECK(saved >= 0 && dup2(fd, 2) == 2);
 		emul_fail("cuMemSetAccess", 2, CUDA_ERROR_INVALID_VALUE);
-		CHECK_OK(wex_cuda_malloc(n, 0, &p));
+		/* (Checked once stderr is back: a failure said into the log
+		 * would go unseen.) */
+		ret = wex_cuda_malloc(n, 0, &p);
 		fflush(stderr);
 		CHECK(dup2(saved, 2) == 2);
 		close(saved);
-		/* Its own device's access, then the peers' (refused). */
-		CHECK(emul_calls("cuMemSetAccess") == calls + 2);
 		got = pread(fd, log, sizeof(log) - 1, 0);
 		close(fd);
-		CHECK(got > 0);
 		log[got > 0 ? got : 0] = '\0';
 		fputs(log, stderr);
+		CHECK_OK(ret);
+		CHECK(got > 0);
+		/* Its own device's access, then the peers' (refused). */
+		CHECK(emul_calls("cuMemSetAccess") == calls + 2);
 		CHECK(strstr(log, "giving the 1 device(s) with peer access to device 0 access to "
 				  "memory allocated there was refused (cuMemSetAccess: "
 				  "CUDA_ERROR_INVALID_VALUE)") != NULL);

@@ -31,6 +31,7 @@ the layouts' names (qkv_proj, gate_up_proj, padded vocabulary).  Checked:
     model with experts, the MoE settings that re-lay out expert weights
     (VLLM_USE_FLASHINFER_MOE_*, VLLM_ROCM_USE_AITER[_MOE], moe_backend, a
     FusedMoE quant_method's backend), which a dense model ignores; a
+    block-FP8 model vLLM requantizes for DeepGEMM (is_deep_gemm_e8m0_used); a
     dense model with enable_expert_parallel (or SGLang --ep-size) gets no
     ep= in its spec;
   - default specs from SGLang's server arguments (dp-attention, ep,
@@ -615,7 +616,11 @@ class EngineHooks(WexdProducerCase):
             w2.wex_attach(model=MODEL + "-moe", group="routed2", checkpoint=False)
         self.assertIn(w13, str(e.exception))
         self.assertEqual(list(wex.vllm.engine_names([("experts.routed_experts.w2_weight", 1)])),
-                         [("experts.w2_weight", 1, "experts.routed_experts.w2_weight")])
+                         [("experts.w2_weight", 1)])
+        self.assertEqual(list(wex.vllm.engine_names([("experts.routed_experts.w2_weight", 1),
+                                                     ("a.w", 2)], originals=True)),
+                         [("experts.w2_weight", 1, "experts.routed_experts.w2_weight"),
+                          ("a.w", 2, "a.w")])
         # ignore= patterns written with vLLM's names match them: a weight
         # the layout does not hold is left out; one it holds is then
         # missing (as under the file's name), not updated unasked.
@@ -879,6 +884,94 @@ class EngineHooks(WexdProducerCase):
             kept, _ = wex.engine.select_parameters([(n, 0) for n in names],
                                                    strip_prefix=megatron)
             self.assertEqual([n for n, _ in kept], ["decoder.x", "embedding.y"])
+        # Patterns and prefixes given as generators hold for every name
+        # (and for the checks that select again); a mapping (state_dict())
+        # is its items; anything but (name, tensor) pairs is refused.
+        kept, dropped = wex.engine.select_parameters(
+            [("m.a", 1), ("m.b", 2), ("m.c", 3)], strip_prefix=(p for p in ["m."]),
+            ignore=(p for p in ["a", "c"]))
+        self.assertEqual((kept, dropped), ([("b", 2)], ["a", "c"]))
+        self.assertEqual(wex.engine.select_parameters({"x": 1, "y": 2}, ignore="y"),
+                         ([("x", 1)], ["y"]))
+        with self.assertRaises(TypeError) as e:
+            wex.engine.select_parameters(["x", "y"])
+        self.assertIn("(name, tensor) pairs", str(e.exception))
+        self.assertEqual(wex.engine.selection("p.", (i for i in ["a"])), (("p.",), ("a",)))
+
+    def test_sglang_resolved_args(self):
+        # An SGLang with runtime_context keeps its ServerArgs as given
+        # ("retains the raw input") and publishes what it resolved:
+        # get_parallel() for the parallel namespace, get_context().
+        # config_leaf() for the rest.  --moe-a2a-backend deepep without
+        # --ep-size runs ep_size = tp_size (arg_groups/overrides.py
+        # _a2a_ep_size); --dp 4 --enable-dp-attention resolves to
+        # attn_dp_size 4, dp_size 1, enable_dp_attention False (PR #41818);
+        # DWDP forces enable_dp_lm_head and moe_dense_tp_size 1.  The
+        # layout is SGLang's resolved one, whichever accessor gave the
+        # record (get_global_server_args as a shim over the context, or
+        # retired for runtime_context.get_server_args).
+        sa = sys.modules["sglang.srt.server_args"]
+        real = sa.get_global_server_args
+        self.addCleanup(setattr, sa, "get_global_server_args", real)
+        resolved = dict(tp_size=8, dp_size=1, attn_dp_size=4, enable_dp_attention=False,
+                        ep_size=8, enable_dp_lm_head=True, moe_dense_tp_size=1,
+                        attn_cp_size=1, moe_dp_size=1)
+        leaves = dict(moe_a2a_backend="deepep", enable_eplb=False,
+                      ep_num_redundant_experts=0, init_expert_location="trivial",
+                      model_path="/m")
+
+        class Parallel:
+            def __getattr__(self, name):
+                if name in resolved:
+                    return resolved[name]
+                raise AttributeError("ParallelContext has no %r" % name)
+
+        class Context:
+            def config_leaf(self, name):
+                if name in leaves:
+                    return leaves[name]
+                raise ValueError("%r is not a config leaf (no namespace)" % name)
+
+        rc = types.ModuleType("sglang.srt.runtime_context")
+        rc.get_server_args = lambda: SERVER_ARGS
+        rc.get_parallel, rc.get_context = Parallel, Context
+        sys.modules["sglang.srt.runtime_context"] = rc
+        self.addCleanup(sys.modules.pop, "sglang.srt.runtime_context", None)
+        # The raw record: what was typed (--dp 4 --enable-dp-attention
+        # --moe-a2a-backend deepep --enable-dwdp...), not what runs.
+        set_server_args("/m", dp_size=4, enable_dp_attention=True, ep_size=1,
+                        enable_dp_lm_head=False, moe_a2a_backend="deepep")
+        set_par(tp=(8, 0))
+        want = "sglang:tp=8,dp=4,dp_attention=1,ep=8,dp_lm_head=1,dense_tp=1,a2a=1"
+
+        def retired():
+            raise RuntimeError("get_global_server_args() is retired")
+        for accessor in (real, retired):
+            sa.get_global_server_args = accessor
+            par = wex.sglang.parallel_info()
+            self.assertEqual((par["dp"], par["dp_attention"], par["ep"], par["dp_lm_head"],
+                              par["dense_tp"], par["a2a"]), (4, True, 8, True, True, True))
+            self.assertEqual(wex.sglang.default_spec(par), want)
+        # Attention context parallelism SGLang derived (DeepSeek's
+        # --enable-prefill-cp: attn_cp_size = tp_size // attn_dp_size) is
+        # refused, though the record says attn_cp_size 1.
+        resolved.update(attn_dp_size=1, attn_cp_size=8)
+        with self.assertRaises(ValueError) as e:
+            wex.sglang.default_spec(wex.sglang.parallel_info())
+        self.assertIn("context parallelism", str(e.exception))
+        # No attention DP resolved: dp_size is replicas, refused as before.
+        resolved.update(attn_cp_size=1, dp_size=2)
+        with self.assertRaises(ValueError) as e:
+            wex.sglang.default_spec(wex.sglang.parallel_info())
+        self.assertIn("enable-dp-attention", str(e.exception))
+        # Nothing published (the accessors raise): the record's fields.
+        def unpublished(*a):
+            raise ValueError("config namespace 'parallel' not published")
+        rc.get_parallel = rc.get_context = unpublished
+        set_server_args("/m", dp_size=4, enable_dp_attention=True, ep_size=8,
+                        moe_a2a_backend="deepep")
+        self.assertEqual(wex.sglang.default_spec(wex.sglang.parallel_info()),
+                         "sglang:tp=8,dp=4,dp_attention=1,ep=8,a2a=1")
 
     def test_sglang_request_serialization(self):
         # SGLang serializes the request (MultiprocessingSerializer: torch's
@@ -1406,6 +1499,84 @@ class EngineHooks(WexdProducerCase):
         self.assertFalse(wex.sglang._ue8m0_requant(fp8))
         with self.assertRaises(ValueError):
             wex.sglang.request(MODEL, checkpoint=True)
+
+    def test_vllm_deep_gemm_requant(self):
+        """vLLM's DeepGEMM requantization of block-FP8 weights and scales
+        after loading (vllm.utils.deep_gemm.is_deep_gemm_e8m0_used(); an
+        older vLLM's is_blackwell_deep_gemm_used()): UE8M0 scales written
+        over the loaded ones, int32 packed scales in new memory on
+        Blackwell.  Such a model is refused at attach, before anything is
+        attached, naming the switch that turns it off; not with the flag
+        false, nor a vLLM without the module, nor a model without block
+        scales."""
+        d = self.tmp.name
+        model_dir = os.path.join(d, "vllm-fp8")
+        os.makedirs(model_dir, exist_ok=True)
+        cfg = os.path.join(model_dir, "config.json")
+        with open(cfg, "w") as f:
+            json.dump(dict(glue.CONFIG, quantization_config={
+                "quant_method": "fp8", "weight_block_size": [16, 16],
+                "activation_scheme": "dynamic"}), f)
+        layout = wex.Layout(cfg, "vllm:tp=2")
+        # Debian's torch may lack float8 dtypes: U8 stands in (the layout
+        # then refuses those tensors' dtype, after the check tested here).
+        params = {n: torch.zeros(shape, dtype=torch.uint8 if dt.startswith("F8") and
+                                 not hasattr(torch, "float8_e4m3fn")
+                                 else torch_util.torch_dtype(dt))
+                  for n, dt, shape, _ in layout.rank(0)}
+        self.assertTrue(any(n.endswith("weight_scale_inv") for n in params))
+        m = module_of(params)
+        fp8_ok = hasattr(torch, "float8_e4m3fn")
+        dense = module_of(self.engine_params("vllm", 0))
+        set_par(tp=(2, 0))
+        dg = types.ModuleType("vllm.utils.deep_gemm")
+        utils = types.ModuleType("vllm.utils")
+        utils.deep_gemm = dg
+        for name, mod in (("vllm.utils", utils), ("vllm.utils.deep_gemm", dg)):
+            self.addCleanup(sys.modules.pop, name, None)
+            sys.modules[name] = mod
+        flag = {"on": False}
+        dg.is_deep_gemm_e8m0_used = lambda: flag["on"]
+
+        def attach_error(model_dir, module, **kw):
+            w = VllmWorker(model_dir, module)
+            try:
+                w.wex_attach(model=MODEL, group="dg", **kw)
+            except Exception as e:
+                self.assertIsNone(w.wex_status())  # nothing attached
+                return str(e)
+            w.wex_detach()
+            return None
+
+        def not_refused(err):  # attaches, or refused for something else
+            if fp8_ok:
+                self.assertIsNone(err)
+            else:
+                self.assertNotIn("DeepGEMM", err or "")
+
+        # Flag false: attaches.
+        not_refused(attach_error(model_dir, m))
+        flag["on"] = True
+        err = attach_error(model_dir, m)
+        self.assertIsNotNone(err)
+        self.assertIn("is_deep_gemm_e8m0_used", err)
+        self.assertIn("VLLM_USE_DEEP_GEMM=0", err)
+        # Given only a wex.Layout (no config.json read): seen in vLLM's
+        # parameter names (*_scale_inv).
+        self.assertIn("VLLM_USE_DEEP_GEMM=0", attach_error(model_dir, m, layout=layout) or "")
+        # A model without block scales is not refused for it.
+        self.assertIsNone(attach_error(d, dense))
+        # An older vLLM's name for it.
+        del dg.is_deep_gemm_e8m0_used
+        dg.is_blackwell_deep_gemm_used = lambda: flag["on"]
+        self.assertIn("is_blackwell_deep_gemm_used", attach_error(model_dir, m) or "")
+        flag["on"] = False
+        not_refused(attach_error(model_dir, m))
+        # A vLLM without vllm.utils.deep_gemm: not refused for it.
+        flag["on"] = True
+        del sys.modules["vllm.utils.deep_gemm"]
+        sys.modules["vllm.utils"] = types.ModuleType("vllm.utils")
+        not_refused(attach_error(model_dir, m))
 
     def test_vllm_sleep_mode(self):
         """vLLM's sleep mode: a sync while the weights sleep is refused
@@ -2007,8 +2178,10 @@ class TrainerMovedDTensor(unittest.TestCase):
     (this PyTorch may have no DTensor): the shard's memory is read from
     _local_tensor (to_local() is an autograd call per parameter); the
     unsharded Parameter FSDP2 shows between its all-gather and its
-    reshard is not a replacement (the shard registered is checked); a
-    different DTensor in new memory is, and so is a shard swapped."""
+    reshard (a DTensor sharded otherwise with FSDP2 over TP, a
+    post-forward shard) is not a replacement (the shard registered is
+    checked); a DTensor sharded alike in new memory is, and so is a
+    shard swapped."""
 
     def test_dtensor(self):
         import wex.trainer
@@ -2032,7 +2205,18 @@ class TrainerMovedDTensor(unittest.TestCase):
         self.assertEqual(t0.moved(), [])
         now["w"] = torch.nn.Parameter(torch.zeros(8))   # FSDP2 unsharded
         self.assertEqual(t0.moved(), [])
-        now["w"] = DT(b)
+        # FSDP2 over TP: the unsharded Parameter is a DTensor sharded
+        # otherwise; reshard_after_forward=<int>: the post-forward shard
+        # (another mesh).
+        tp_view = DT(torch.zeros(8))
+        tp_view.placements = ("Shard(1)",)
+        now["w"] = tp_view
+        self.assertEqual(t0.moved(), [])
+        post = DT(torch.zeros(4))
+        post.device_mesh = "post-forward mesh"
+        now["w"] = post
+        self.assertEqual(t0.moved(), [])
+        now["w"] = DT(b)                                  # sharded alike
         self.assertEqual(t0.moved(), ["w (replaced by a Parameter in new memory)"])
         now["w"] = t
         t._local_tensor = b                              # reset_sharded_param

@@ -28,6 +28,7 @@ reload) is then refused by name instead of copied into the orphaned
 tensor.  Given as pairs, only a parameter whose memory moved (p.data =
 new) can be seen.
 """
+import collections.abc
 import errno
 import fnmatch
 import glob
@@ -51,10 +52,9 @@ def select_parameters(named, strip_prefix=None, ignore=()):
     gave a parameter the engine calls `original` (vllm.engine_names),
     the pattern matched against both.  Two parameters that end up under
     one name are refused."""
-    if isinstance(strip_prefix, str):
-        strip_prefix = (strip_prefix,)
-    if isinstance(ignore, str):
-        ignore = (ignore,)
+    strip_prefix, ignore = selection(strip_prefix, ignore)
+    if isinstance(named, collections.abc.Mapping):
+        named = named.items()
 
     def strip(name):
         for p in strip_prefix or ():
@@ -64,6 +64,10 @@ def select_parameters(named, strip_prefix=None, ignore=()):
 
     kept, dropped, seen = [], [], {}
     for item in named:
+        if not isinstance(item, (tuple, list)) or len(item) < 2 or \
+                not isinstance(item[0], str):
+            raise TypeError("parameters are (name, tensor) pairs (model.named_parameters, "
+                            "or a mapping of names to tensors), not %r" % (item,))
         full, t = item[0], item[1]
         name = strip(full)
         said = {full, name}.union(*({o, strip(o)} for o in item[2:]))
@@ -76,6 +80,14 @@ def select_parameters(named, strip_prefix=None, ignore=()):
         seen[name] = full
         kept.append((name, t))
     return kept, dropped
+
+
+def selection(strip_prefix, ignore):
+    """(strip_prefix, ignore) as tuples: either may be given as one string
+    or as any iterable (a generator, read once here, is kept whole for the
+    checks that select again)."""
+    return tuple((strip_prefix,) if isinstance(strip_prefix, str) else strip_prefix or ()), \
+        tuple((ignore,) if isinstance(ignore, str) else ignore or ())
 
 
 def parameters_changed(where, now, why):
@@ -310,9 +322,9 @@ class EngineRank:
         if not 0 <= rank < world_size:
             raise ValueError("rank %d is not in 0..%d" % (rank, world_size - 1))
         self._resolve = named_parameters if callable(named_parameters) else None
-        self._select = (strip_prefix, ignore)
+        self._select = selection(strip_prefix, ignore)
         items, self.ignored = select_parameters(
-            named_parameters() if self._resolve else named_parameters, strip_prefix, ignore)
+            named_parameters() if self._resolve else named_parameters, *self._select)
         if not items:
             raise ValueError("no parameters to attach (%d ignored)" % len(self.ignored))
         # Before anything is attached: the engine must hold the bytes the

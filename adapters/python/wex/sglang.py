@@ -18,8 +18,9 @@ trainer's newest version into its own parameters in place:
 The first request of a worker attaches its parameters (SGLang's names:
 qkv_proj, gate_up_proj, w13_weight, a padded vocabulary) as rank
 tp_rank + tp * pp_rank of the layout SGLang's server arguments describe
-("sglang:tp=T,pp=P"; ",dp=N,dp_attention=1" with --enable-dp-attention,
-",ep=E" with --ep-size, dp_lm_head, dense_tp, a2a, and fuse_shared when
+("sglang:tp=T,pp=P"; ",dp=N,dp_attention=1" with --enable-dp-attention
+or --attn-dp-size, ",ep=E" with --ep-size, dp_lm_head, dense_tp, a2a,
+each as SGLang resolved it, and fuse_shared when
 the model fused DeepSeek's shared expert), from the model's config.json
 (its directory, or the local Hugging Face cache); `layout=` gives another
 spec (",ep=E" only for a model with experts).  Later requests must ask
@@ -31,9 +32,9 @@ kv_b_proj) has it run after each sync that changed the weights (not for
 a version the rank holds already) unless post_load=False; post_load=True
 on a model without it is refused before anything is attached or copied.
 A block-FP8 model that SGLang requantizes to UE8M0 for DeepGEMM
-(DEEPGEMM_SCALE_UE8M0, on SM100 and SM120 GPUs) is refused at attach,
-saying so: its scales become packed int32 tensors in new memory, which
-the trainer's F32 block scales cannot be copied into
+(DEEPGEMM_SCALE_UE8M0: SM100, and SM120 in some releases) is refused at
+attach, saying so: its scales become packed int32 tensors in new
+memory, which the trainer's F32 block scales cannot be copied into
 (SGLANG_ENABLE_JIT_DEEPGEMM=0 turns that off).
 
 Before the first attach, where SGLang loaded the model's safetensors
@@ -311,7 +312,8 @@ def _parse(named_tensors):
 def _server_args():
     """SGLang's server arguments: get_global_server_args(), or, in an
     SGLang that retired it (it raises RuntimeError there),
-    runtime_context.get_server_args() (the same arguments as given);
+    runtime_context.get_server_args() (the same arguments as given: read
+    settings through _resolved, which prefers what SGLang resolved);
     None where neither answers (not an SGLang worker, or an SGLang with
     neither: then the layout must be given)."""
     try:
@@ -335,12 +337,62 @@ def _server_args():
         return None
 
 
+_MISSING = object()
+
+
+def _resolved(sa):
+    """A reader of SGLang's settings by ServerArgs field name:
+    get(name, default).  An SGLang with sglang.srt.runtime_context keeps
+    its ServerArgs as given ("get_server_args() retains the raw input for
+    diagnostics") and publishes what it resolved (ep_size = tp_size under
+    an all-to-all MoE backend, --dp N --enable-dp-attention moved to
+    attn_dp_size, the DeepSeek prefill-CP and DWDP settings, ...) in
+    namespace accessors: get_parallel() for the parallel namespace,
+    get_context().config_leaf(name) for the others, and, on an
+    unpublished record, arg_groups.overrides.resolution_result(sa, name).
+    Those come first, in that order, where they answer; then the field
+    itself (an older SGLang resolved ServerArgs in place, in
+    __post_init__)."""
+    import importlib
+
+    readers = []
+    try:
+        rc = importlib.import_module("sglang.srt.runtime_context")
+    except ImportError:
+        rc = None
+    if rc is not None:
+        if callable(getattr(rc, "get_parallel", None)):
+            readers.append(lambda n: getattr(rc.get_parallel(), n))
+        if callable(getattr(rc, "get_context", None)):
+            readers.append(lambda n: rc.get_context().config_leaf(n))
+        try:
+            rr = importlib.import_module("sglang.srt.arg_groups.overrides").resolution_result
+        except (ImportError, AttributeError):
+            rr = None
+        if callable(rr):
+            readers.append(lambda n: rr(sa, n, _MISSING))
+
+    def get(name, default=None):
+        for read in readers:
+            try:
+                value = read(name)
+            except Exception:  # not published here, not a leaf, not this SGLang's
+                continue
+            if value is not _MISSING:
+                return value
+        return getattr(sa, name, default)
+    return get
+
+
 def parallel_info():
     """This SGLang worker's parallel state: tp, tp_rank, pp, pp_rank
-    (sglang.srt.distributed's groups) and, from the server arguments,
-    dp, dp_attention, ep, dp_lm_head, dense_tp, a2a, eplb, attn_cp, moe_dp
-    and model_path, load_format, revision (None for those an older SGLang
-    does not say)."""
+    (sglang.srt.distributed's groups) and, from the server arguments as
+    SGLang resolved them (_resolved), dp, dp_attention, ep, dp_lm_head,
+    dense_tp, a2a, eplb, attn_cp, moe_dp and model_path, load_format,
+    revision (None for those an older SGLang does not say).  dp is the
+    attention data-parallel width where SGLang says one (attn_dp_size >
+    1: dp_attention), else dp_size (replicas, or an older SGLang's
+    --dp with --enable-dp-attention)."""
     from sglang.srt.distributed import get_pp_group, get_tp_group
 
     tp, pp = get_tp_group(), get_pp_group()
@@ -349,23 +401,32 @@ def parallel_info():
     sa = _server_args()
     if sa is None:
         return dict(out, known=False, model_path=None, load_format=None, revision=None)
-    a2a = getattr(sa, "moe_a2a_backend", None)
-    location = getattr(sa, "init_expert_location", None)
+    get = _resolved(sa)
+    a2a = get("moe_a2a_backend")
+    location = get("init_expert_location")
+    # SGLang with --attn-dp-size (PR #41818) resolves the deprecated
+    # --dp N --enable-dp-attention to attn_dp_size N, dp_size 1 and
+    # enable_dp_attention False.
+    attn_dp = get("attn_dp_size")
+    if isinstance(attn_dp, int) and not isinstance(attn_dp, bool) and attn_dp > 1:
+        dp, dp_attention = attn_dp, True
+    else:
+        dp = int(get("dp_size", 1) or 1)
+        dp_attention = attn_dp is None and bool(get("enable_dp_attention", False))
     out.update(
-        known=True, model_path=getattr(sa, "model_path", None),
-        load_format=getattr(sa, "load_format", None), revision=getattr(sa, "revision", None),
-        dp=int(getattr(sa, "dp_size", 1) or 1),
-        dp_attention=bool(getattr(sa, "enable_dp_attention", False)),
-        ep=int(getattr(sa, "ep_size", 1) or 1),
-        dp_lm_head=bool(getattr(sa, "enable_dp_lm_head", False)),
-        dense_tp=getattr(sa, "moe_dense_tp_size", None) == 1,
-        a2a=a2a in ("deepep", "mooncake") or bool(getattr(sa, "enable_deepep_moe", False)),
+        known=True, model_path=get("model_path"),
+        load_format=get("load_format"), revision=get("revision"),
+        dp=dp, dp_attention=dp_attention,
+        ep=int(get("ep_size", 1) or 1),
+        dp_lm_head=bool(get("enable_dp_lm_head", False)),
+        dense_tp=get("moe_dense_tp_size") == 1,
+        a2a=a2a in ("deepep", "mooncake") or bool(get("enable_deepep_moe", False)),
         a2a_backend=a2a,
-        eplb=bool(getattr(sa, "enable_eplb", False)) or
-        int(getattr(sa, "ep_num_redundant_experts", 0) or 0) > 0 or
+        eplb=bool(get("enable_eplb", False)) or
+        int(get("ep_num_redundant_experts", 0) or 0) > 0 or
         location not in (None, "trivial"),
-        attn_cp=int(getattr(sa, "attn_cp_size", 1) or 1),
-        moe_dp=int(getattr(sa, "moe_dp_size", 1) or 1))
+        attn_cp=int(get("attn_cp_size", 1) or 1),
+        moe_dp=int(get("moe_dp_size", 1) or 1))
     return out
 
 
@@ -404,9 +465,10 @@ def default_spec(par, fuse_shared=False, experts=True, embed_rep=False, shared=T
                          "runtime_context.get_server_args answered): its parallel sizes are "
                          "unknown, pass layout= (e.g. 'sglang:tp=%d')" % par["tp"])
     if par["dp"] > 1 and not par["dp_attention"]:
-        raise ValueError("SGLang --dp %d without --enable-dp-attention runs independent "
-                         "replicas, and a worker cannot tell which it is: run one engine per "
-                         "replica, each syncing as its own group" % par["dp"])
+        raise ValueError("SGLang --dp %d without attention data parallelism "
+                         "(--enable-dp-attention, or --attn-dp-size in newer SGLang) runs "
+                         "independent replicas, and a worker cannot tell which it is: run one "
+                         "engine per replica, each syncing as its own group" % par["dp"])
     if par["eplb"]:
         raise ValueError("EPLB or redundant experts move experts between ranks; the sglang "
                          "layout places them in order (--init-expert-location trivial, no "
@@ -447,8 +509,9 @@ def default_spec(par, fuse_shared=False, experts=True, embed_rep=False, shared=T
 
 def _ue8m0_requant(cfg):
     """Whether SGLang rewrites this model's FP8 weights and scales to
-    UE8M0 after loading (DeepGEMM on SM100 and SM120: deep_gemm_wrapper's
-    DEEPGEMM_SCALE_UE8M0, in sglang.srt.layers or, in older SGLang,
+    UE8M0 after loading (DeepGEMM on SM100, and SM120 in some
+    releases: deep_gemm_wrapper's DEEPGEMM_SCALE_UE8M0, in
+    sglang.srt.layers or, in older SGLang,
     sglang.srt.layers.quantization; for FP8 checkpoints quantized in
     128x128 blocks: fp8_utils requantizes no other block size, and older
     SGLang asserts it).  A config.json that cannot be read is not judged
@@ -506,7 +569,7 @@ def _attach(model, args):
         # the UE8M0 scales packed four to an int32, in another shape, in
         # new memory (and the weights requantized to match them).
         raise ValueError("SGLang requantizes this block-FP8 model's weights and scales to "
-                         "UE8M0 for DeepGEMM (DEEPGEMM_SCALE_UE8M0, SM100 and SM120) after "
+                         "UE8M0 for DeepGEMM (DEEPGEMM_SCALE_UE8M0) after "
                          "loading: its weight_scale_inv become int32 tensors of packed "
                          "scales in new memory, which the trainer's F32 block scales cannot "
                          "be copied into, and a copy of the trainer's FP8 weights would be "

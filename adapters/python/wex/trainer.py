@@ -41,7 +41,7 @@ import errno
 
 import wex
 from wex import torch_util
-from wex.engine import as_layout, parameters_changed, select_parameters
+from wex.engine import as_layout, parameters_changed, select_parameters, selection
 
 
 def _local(t):
@@ -54,13 +54,26 @@ def _local(t):
     return local if local is not None else t.to_local()
 
 
+def _same_sharding(a, b):
+    """Whether DTensors a and b are sharded alike (mesh and placements)."""
+    try:
+        return bool(a.device_mesh == b.device_mesh) and \
+            tuple(a.placements) == tuple(b.placements)
+    except Exception:  # stand-ins, or a mesh that does not compare
+        return False
+
+
 def _why(t, p, cur):
     """How registered parameter t (its memory at p), with cur under its
     name now, is not as it was (parameters_changed)."""
-    if cur is not t and not (torch_util._is_dtensor(t) and not torch_util._is_dtensor(cur)):
-        # (FSDP2 shows the unsharded Parameter between its all-gather
-        # and its reshard; the memory registered is still t's shard.)
+    if cur is not t and not (torch_util._is_dtensor(t) and not (
+            torch_util._is_dtensor(cur) and _same_sharding(cur, t))):
         return "replaced by a Parameter in new memory" if _local(cur).data_ptr() != p else None
+    # (A registered DTensor shown otherwise is FSDP2's own view between
+    # its all-gather and its reshard: the unsharded Parameter, a DTensor
+    # of another sharding with FSDP2 over TP or EP, or the post-forward
+    # shard of reshard_after_forward=<int>; what was registered is still
+    # t's shard.)
     return "re-allocated" if _local(t).data_ptr() != p else None
 
 
@@ -78,9 +91,9 @@ class TrainerRank:
         close as well."""
         self.layout = as_layout(layout, config, adapters, world_size, "trainer")
         self._resolve = named_parameters if callable(named_parameters) else None
-        self._select = (strip_prefix, ignore)
+        self._select = selection(strip_prefix, ignore)
         items, self.ignored = select_parameters(
-            named_parameters() if self._resolve else named_parameters, strip_prefix, ignore)
+            named_parameters() if self._resolve else named_parameters, *self._select)
         if not items:
             raise ValueError("no parameters to register (%d ignored)" % len(self.ignored))
         self.model, self.rank, self.world_size = model, rank, world_size

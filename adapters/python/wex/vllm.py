@@ -70,7 +70,18 @@ sync brings the weights) nothing is compared, describe() says so, and
 such transforms go unseen (verify=True cannot see them: it compares
 what wex wrote, not how a kernel reads it): compare the engine's
 outputs after the first sync.  Quantized models whose weights vLLM transforms after loading
-into other shapes (Marlin repacking) are refused by shape.  The
+into other shapes (Marlin repacking) are refused by shape.  A
+block-FP8 model (quantization_config.weight_block_size) is refused where
+vLLM requantizes it for DeepGEMM after loading (vllm.utils.deep_gemm's
+is_deep_gemm_e8m0_used(), an older vLLM's is_blackwell_deep_gemm_used(),
+true: VLLM_USE_DEEP_GEMM with deep_gemm on Hopper or Blackwell, and
+VLLM_USE_DEEP_GEMM_E8M0, both on by default in recent releases): its
+weights and F32 block scales are rewritten with power-of-two (UE8M0)
+scales in place, and on Blackwell the scales then replaced by int32
+tensors of packed exponents in new memory (DeepGEMM there reads only
+each scale's exponent, even of F32 scales): the trainer's F32 scales
+copied in would not fit or be read as other values.  Start vLLM with
+VLLM_USE_DEEP_GEMM=0.  The
 speculative-decoding drafter (model_runner.drafter) is not attached:
 its own layers keep the weights it loaded.
 
@@ -96,6 +107,8 @@ the weights different (the message says so): call wex_attach before the
 first sleep.
 """
 import enum
+import importlib
+import json
 import os
 
 import wex
@@ -210,19 +223,19 @@ def _kernel_backends(qm, moe):
 _ROUTED = ".experts.routed_experts."
 
 
-def engine_names(named):
+def engine_names(named, originals=False):
     """vLLM's (name, parameter) pairs under the names of the vllm engine
-    file: experts.routed_experts.X as experts.X, with vLLM's name after
-    it, (name, parameter, vLLM's name) (newer releases' FusedMoE: ignore=
-    patterns match either), other names as they are.  Errors then name
-    such a parameter as experts.X."""
+    file: experts.routed_experts.X as experts.X (newer releases'
+    FusedMoE), other names as they are; with originals=True, (name,
+    parameter, vLLM's name) triples (EngineRank matches ignore= patterns
+    against both).  Errors then name such a parameter as experts.X."""
     for name, t in named:
+        new = name
         if _ROUTED in name:
-            yield name.replace(_ROUTED, ".experts.", 1), t, name
+            new = name.replace(_ROUTED, ".experts.", 1)
         elif name.startswith(_ROUTED[1:]):
-            yield "experts." + name[len(_ROUTED) - 1:], t, name
-        else:
-            yield name, t
+            new = "experts." + name[len(_ROUTED) - 1:]
+        yield (new, t, name) if originals else (new, t)
 
 
 def _refuse_moe_relayout(vllm_config, module):
@@ -266,13 +279,55 @@ def _refuse_moe_relayout(vllm_config, module):
                 continue
             raise ValueError("wex_attach: %s runs the %s MoE kernel backend (%s.%s)%s, which "
                              "may re-lay out its weights after loading in the same shape: "
-                             "start vLLM with moe_backend='triton'"
+                             "start vLLM with moe_backend='triton' (a vLLM without "
+                             "moe_backend, for DeepGEMM: VLLM_USE_DEEP_GEMM=0 or "
+                             "VLLM_MOE_USE_DEEP_GEMM=0)"
                              % (name, value, type(qm).__name__, attr,
                                 "" if ok is not None else
                                 ", a backend attribute wex does not know (known to keep the "
                                 "weights as loaded: %s)" % ", ".join(
                                     "%s %s" % (k, "/".join(v))
                                     for k, v in sorted(_KERNEL_BACKENDS_OK.items()) if v)))
+
+
+def _block_fp8(cfg, module):
+    """Whether the model is block-quantized FP8 (vLLM's Fp8Config with
+    weight_block_size): from config.json `cfg` where it can be read, else
+    from vLLM's parameter names (a block scale is *_scale_inv)."""
+    if cfg:
+        try:
+            with open(cfg) as f:
+                q = json.load(f).get("quantization_config")
+        except (OSError, ValueError, AttributeError):
+            pass
+        else:
+            return isinstance(q, dict) and bool(q.get("weight_block_size"))
+    return any(n.endswith("_scale_inv") for n, _ in module.named_parameters())
+
+
+def _deep_gemm_requant():
+    """The vLLM function that says it requantizes block-FP8 weights and
+    scales for DeepGEMM after loading, where it says so, else None.
+    vllm/utils/deep_gemm.py: is_deep_gemm_e8m0_used() (True with
+    VLLM_USE_DEEP_GEMM, deep_gemm installed, Hopper or Blackwell and
+    VLLM_USE_DEEP_GEMM_E8M0; both variables default to 1 in recent
+    releases); older releases' is_blackwell_deep_gemm_used().  Where it is
+    true, fp8_utils' requant_weight_ue8m0_inplace rewrites a layer's FP8
+    weight and F32 weight_scale_inv in place with power-of-two scales
+    (Fp8LinearMethod, where should_use_deepgemm_for_fp8_linear; Fp8MoEMethod,
+    for any kernel in about 0.10, DeepGEMM's in later ones), and
+    deepgemm_post_process_fp8_weight_block's transform_sf_into_required_layout
+    then replaces the scales on Blackwell with int32 tensors of packed
+    UE8M0 exponents, MN-major, in new memory (replace_parameter)."""
+    try:
+        dg = importlib.import_module("vllm.utils.deep_gemm")
+    except ImportError:  # a vLLM without DeepGEMM support
+        return None
+    for name in ("is_deep_gemm_e8m0_used", "is_blackwell_deep_gemm_used"):
+        fn = getattr(dg, name, None)
+        if callable(fn):
+            return name if fn() else None
+    return None
 
 
 class WorkerExtension:
@@ -453,6 +508,17 @@ class WorkerExtension:
             "w13_weight" in n for n, _ in self._wex_model().named_parameters())
         if experts:
             _refuse_moe_relayout(getattr(self, "vllm_config", None), self._wex_model())
+        if _block_fp8(cfg, self._wex_model()):
+            requant = _deep_gemm_requant()
+            if requant:
+                raise ValueError(
+                    "wex_attach: vLLM requantizes this block-FP8 model's weights and scales for "
+                    "DeepGEMM after loading (vllm.utils.deep_gemm.%s() is true): its FP8 "
+                    "weights and F32 weight_scale_inv are rewritten with power-of-two (UE8M0) "
+                    "scales, and on Blackwell the scales become int32 tensors of packed "
+                    "exponents in new memory (and DeepGEMM there reads only each scale's "
+                    "exponent): the trainer's F32 scales copied in place would not fit or be "
+                    "read as other values; start vLLM with VLLM_USE_DEEP_GEMM=0" % requant)
         index = getattr(pc, "data_parallel_index", None)
         if group and "{dp}" in group:
             if experts and par["dp"] > 1:
@@ -486,7 +552,8 @@ class WorkerExtension:
         # again and refuses one vLLM replaced (a reload).
         try:
             self._wex = EngineRank(model,
-                                   lambda: engine_names(self._wex_model().named_parameters()),
+                                   lambda: engine_names(self._wex_model().named_parameters(),
+                                                        originals=True),
                                    rank=layout_rank(par), world_size=world, layout=spec,
                                    group=group, socket=socket, timeout_ms=timeout_ms,
                                    copy_threads=copy_threads, device=ordinal,
