@@ -17,6 +17,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "proto.h"
 #include "wex.h"
 
 enum ftype { FT_STRING, FT_INT, FT_BOOL, FT_ENUM, FT_MODE, FT_GROUP, FT_MODELS };
@@ -350,6 +351,13 @@ static int parse_models(json_t *obj, struct wex_models *m, char *sub, size_t sub
 		snprintf(sub, sublen, ".%s", name);
 		if (!*name || strlen(name) >= WEX_NAME_MAX) {
 			snprintf(why, len, "a model name must have 1 to %d bytes", WEX_NAME_MAX - 1);
+			return -EINVAL;
+		}
+		/* As wexd refuses them in a client's hello: no client could
+		 * name such a model, and the entry would silently do nothing. */
+		if (!wex__name_printable(name)) {
+			snprintf(sub, sublen, "%s", "");
+			snprintf(why, len, "a model name may not hold control characters");
 			return -EINVAL;
 		}
 		/* "*" is the only pattern: "prod-*" would match nothing and

@@ -481,6 +481,8 @@ static int config_reload(int as_json)
 	return 0;
 }
 
+static int bad_arg(const char *cmd, const char *what, const char *arg, const char *takes);
+
 static int cmd_config(int argc, char **argv, int as_json)
 {
 	wex_client_t *c;
@@ -488,12 +490,17 @@ static int cmd_config(int argc, char **argv, int as_json)
 	char *a;
 	int ret;
 
-	if (argc < 2 || (strcmp(argv[1], "get") && strcmp(argv[1], "set") && strcmp(argv[1], "reload")) ||
-	    (!strcmp(argv[1], "set") && argc != 4) || (!strcmp(argv[1], "get") && argc > 3) ||
-	    (!strcmp(argv[1], "reload") && argc != 2)) {
+	if (argc < 2 || (!strcmp(argv[1], "set") && argc < 4)) {
 		fprintf(stderr, "usage: wexctl config get [NAME] | config set NAME VALUE | config reload\n");
 		return 2;
 	}
+	/* The argument it does not take, named (README). */
+	if (strcmp(argv[1], "get") && strcmp(argv[1], "set") && strcmp(argv[1], "reload"))
+		return bad_arg("config", "unknown subcommand", argv[1], "get, set or reload");
+	if (!strcmp(argv[1], "get") && argc > 3)
+		return bad_arg("config get", "unexpected argument", argv[3], "takes one NAME at most");
+	if (!strcmp(argv[1], "reload") && argc > 2)
+		return bad_arg("config reload", "unexpected argument", argv[2], "takes only --json");
 	if (!strcmp(argv[1], "reload"))
 		return config_reload(as_json);
 	if (!strcmp(argv[1], "get"))

@@ -772,7 +772,9 @@ static json_t *wexd_config_req(struct wexd *d, struct conn *c, json_t *req, cons
 			return wex__reply_error(ret, "reload refused, keeping the running configuration: %s",
 						err);
 		r = wex__reply_ok();
-		json_object_set_new(r, "file", json_string(d->cfg.path ? d->cfg.path : ""));
+		/* "": no file there (defaults and environment), as status says. */
+		json_object_set_new(r, "file", json_string(d->cfg.path && d->cfg.file_found ?
+								   d->cfg.path : ""));
 		json_object_update(r, report);
 		json_decref(report);
 		return r;
@@ -888,7 +890,10 @@ static void wexd_sd_status(struct wexd *d)
 		snprintf(what, sizeof(what), "%u models", models);
 	snprintf(text, sizeof(text), "%s%u client%s, %s, %u lease%s", d->draining ? "draining: " : "",
 		 d->nconns, d->nconns == 1 ? "" : "s", what, leases, leases == 1 ? "" : "s");
-	/* One line of printable text: a name never breaks the datagram. */
+	/* One line of printable UTF-8 text: a name never breaks the
+	 * datagram, and one cut inside a character (at 64 bytes) does not
+	 * make systemd drop the line as not UTF-8 clean. */
+	wex__utf8_scrub(text);
 	for (char *c = text; *c; c++)
 		if ((unsigned char)*c < 0x20 || (unsigned char)*c == 0x7f)
 			*c = '?';
@@ -981,12 +986,14 @@ static void set_fd_limit(struct wexd *d)
 	d->fd_limit = rl.rlim_cur;
 	if (d->fd_limit < 16384)
 		wex_warn("wexd", "file descriptors: limit %llu%s; wexd holds one per exported "
-			 "allocation (an expandable-segments trainer exports one per 20 MiB): raise "
-			 "the hard limit (LimitNOFILE=, ulimit -Hn) for large models",
+			 "allocation (an expandable-segments trainer exports one per 20 MiB): %s "
+			 "for large models",
 			 (unsigned long long)d->fd_limit,
 			 was < d->fd_limit   ? " (raised)"
 			 : was > d->fd_limit ? " (lowered by max_open_files)"
-					     : "");
+					     : "",
+			 was > d->fd_limit ? "raise max_open_files (0: the hard limit)"
+					   : "raise the hard limit (LimitNOFILE=, ulimit -Hn)");
 	else
 		wex_info("wexd", "file descriptors: limit %llu%s", (unsigned long long)d->fd_limit,
 			 was != d->fd_limit ? " (raised from the soft limit)" : "");
@@ -1117,8 +1124,8 @@ static void passed_socket(struct wexd *d)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: wexd [--socket PATH] [--io auto|io_uring|epoll] [--config FILE]\n"
-		   "            [--log-level error|warn|info|debug|trace]\n"
+	fprintf(f, "usage: wexd [-s|--socket PATH] [-i|--io auto|io_uring|epoll] [-c|--config FILE]\n"
+		   "            [-l|--log-level error|warn|info|debug|trace]\n"
 		   "Runs the wex weight-exchange daemon in the foreground.\n");
 }
 
@@ -1136,6 +1143,14 @@ int main(int argc, char **argv)
 	struct stat st;
 	sigset_t mask;
 	int opt, ret;
+
+	/* Started with stdin, stdout or stderr closed (a launcher's `>&-`),
+	 * the first files wexd opens would take those numbers: its log would
+	 * be written into its lock file (fd 2), over the pid kept there. */
+	for (int fd = 0; fd <= 2; fd++)
+		/* (The lowest free number: this one, those below being open.) */
+		if (fcntl(fd, F_GETFD) < 0 && errno == EBADF && open("/dev/null", O_RDWR) != fd)
+			break;
 
 	/* Held from the start, read from the signalfd once the loop runs: a
 	 * SIGHUP or SIGTERM while wexd starts (its socket bound already)
@@ -1247,7 +1262,14 @@ int main(int argc, char **argv)
 	ret = wex__loop_init(&d.loop, io, d.msg_max, err, sizeof(err));
 	if (ret < 0) {
 		wex_error("wexd", "event loop: %s", err);
-		return 1;
+		/* io_uring forced where this kernel cannot run it fails the
+		 * same way at every start: 2, which the unit does not restart
+		 * (RestartPreventExitStatus=2); short of memory or fds, 1. */
+		wex__config_free(&d.cfg);
+		return io && !strcmp(io, "io_uring") && ret != -ENOMEM && ret != -EAGAIN &&
+				       ret != -EMFILE && ret != -ENFILE
+			       ? 2
+			       : 1;
 	}
 	d.loop.cbs.on_accept = on_accept;
 	d.loop.cbs.on_msg = on_msg;
@@ -1324,7 +1346,14 @@ int main(int argc, char **argv)
 					 "WEX_SOCKET)");
 			wex_error("wexd", "cannot listen on %s: %s%s: %s", d.socket_path, step, what,
 				  strerror(-d.listen_fd));
-			return 1;
+			/* A socket_group or socket_mode this user may not give
+			 * fails at every start: a configuration error (2). */
+			d.loop.ops->fini(&d.loop);
+			wex__config_free(&d.cfg);
+			return (!strcmp(step, "chown") || !strcmp(step, "chmod")) &&
+					       (d.listen_fd == -EPERM || d.listen_fd == -EINVAL)
+				       ? 2
+				       : 1;
 		}
 		d.socket_owned = 1;
 		if (stat(d.socket_path, &st) == 0) {

@@ -88,6 +88,10 @@ int main(void)
 			  NULL);
 	expect_file_error("{\"models\": {\"prod-*\": {\"producers\": {\"uids\": [0]}}}}", -EINVAL,
 			  "'*' stands alone", NULL);
+	/* No client could name such a model: the entry would do nothing. */
+	expect_file_error("{\"models\": {\"a\\u0001b\": {\"producers\": {\"uids\": [0]}}}}",
+			  -EINVAL, "field 'models': a model name may not hold control characters",
+			  NULL);
 	expect_file_error("{\"models\": {\"policy\": {\"writers\": {}}}}", -EINVAL,
 			  "field 'models.policy.writers': unknown field", NULL);
 	expect_file_error("{\"models\": {\"policy\": {\"consumers\": {\"uids\": [0], "

@@ -1002,6 +1002,11 @@ class EngineHooks(WexdProducerCase):
         self.assertIn("file_system", str(e.exception))
         tmp.set_sharing_strategy("file_descriptor")
         self.assertEqual(len(wex.sglang.request(MODEL, group="g")), 1)
+        # Prefixes and patterns given as generators travel as lists.
+        (name, _), = wex.sglang.request(MODEL, strip_prefix=(p for p in ["module."]),
+                                        ignore=(p for p in ["x"]))
+        self.assertIn('"ignore": ["x"]', name)
+        self.assertIn('"strip_prefix": ["module."]', name)
 
     def sglang_ranks(self, fail=False):
         """Two SGLang rank models of this test's checkpoint, each with a

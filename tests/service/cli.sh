@@ -22,7 +22,8 @@ for cmd in plan convert; do
 done
 # A typo or a bad value is refused (exit 2, naming it), never taken as the
 # default: checked before wexd runs, so nothing is asked of it.
-for args in "status --jsn" "models x" "watch -n 0" "watch -n abc" "watch --count 0" "watch -n" "config get a b" "--json watch" "watch --json"; do
+for args in "status --jsn" "models x" "watch -n 0" "watch -n abc" "watch --count 0" "watch -n" "config get a b" "--json watch" "watch --json" \
+	"config reload extra" "config bogus"; do
 	# shellcheck disable=SC2086
 	WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" $args >/dev/null 2>"$TMP/arg.err"
 	rc=$?
@@ -31,6 +32,12 @@ for args in "status --jsn" "models x" "watch -n 0" "watch -n abc" "watch --count
 done
 WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" status --jsn 2>&1 | grep -q "unexpected argument '--jsn'" || fail "typo not named"
 WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" watch -n 0 2>&1 | grep -q "bad -n '0'" || fail "bad interval not named"
+for args in "config reload extra:unexpected argument 'extra'" "config get a b:unexpected argument 'b'" \
+	"config bogus:unknown subcommand 'bogus'"; do
+	# shellcheck disable=SC2086
+	WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" ${args%%:*} 2>&1 | grep -q "${args#*:}" ||
+		fail "wexctl ${args%%:*} does not name the argument"
+done
 start_wexd
 "$PRODUCER" --rank 0 --world 1 --preset tiny --versions 2 --wait-group engine --hold >"$TMP/p.log" 2>&1 &
 P=$!
@@ -103,6 +110,13 @@ grep -q "socket" "$TMP/err" || fail "refusal does not name the field"
 if "$WEXCTL" config set nope 3 2>"$TMP/err"; then fail "unknown field set"; fi
 grep -q "^wexctl: config set: field 'nope': unknown field" "$TMP/err" || fail "unknown field: $(cat "$TMP/err")"
 grep -q "No such file" "$TMP/err" && fail "unknown field reported as a missing file: $(cat "$TMP/err")"
+# A reload with no configuration file says so (not the default path's
+# name, as if a file had been read there).
+if [ ! -e /etc/wex/wexd.json ]; then
+	"$WEXCTL" config reload >"$TMP/reload.out" 2>&1 || fail "config reload: $(cat "$TMP/reload.out")"
+	grep -q "^reloaded (no file: defaults and environment): " "$TMP/reload.out" ||
+		fail "config reload without a file said: $(cat "$TMP/reload.out")"
+fi
 # watch fails (exit 1, saying why) when wexd goes away under it.
 "$WEXCTL" watch -n 0.05 --count 100000 >/dev/null 2>"$TMP/watch.err" &
 W=$!

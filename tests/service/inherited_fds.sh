@@ -58,4 +58,31 @@ for n in 3 4 5 6 7 8 9; do
 	! grep -q ready "$TMP/stale/wexd.sock.lock" 2>/dev/null || fail "wexd wrote \"ready\" into its own lock file (WEXD_READY_FD=$n)"
 done
 echo "a stale WEXD_READY_FD (3 to 9) was ignored with a warning"
+# Started with stdin, stdout and stderr closed (a launcher's >&-): they are
+# /dev/null, and the log does not go into the lock file (its first free
+# number), over the pid there.
+mkdir "$TMP/closed"
+WEX_SOCKET="$TMP/closed/wexd.sock" "$WEXD" <&- >&- 2>&- &
+CL=$!
+i=0; until [ -S "$TMP/closed/wexd.sock" ]; do
+	kill -0 $CL 2>/dev/null || fail "wexd started with closed stdio exited"
+	i=$((i+1)); [ $i -lt 200 ] || fail "wexd started with closed stdio does not listen"; sleep 0.05; done
+for fd in 0 1 2; do
+	[ "$(readlink /proc/$CL/fd/$fd)" = /dev/null ] || { kill $CL; fail "fd $fd of wexd started with closed stdio is $(readlink /proc/$CL/fd/$fd)"; }
+done
+[ "$(cat "$TMP/closed/wexd.sock.lock")" = "$CL" ] || { kill $CL; fail "lock file holds: $(head -c 200 "$TMP/closed/wexd.sock.lock")"; }
+kill -TERM $CL; wait $CL || fail "wexd started with closed stdio exited $? at SIGTERM"
+# A limit lowered by max_open_files: the warning names that setting, not
+# the hard limit.
+if [ "$(ulimit -n)" = unlimited ] || [ "$(ulimit -n)" -gt 64 ]; then
+	mkdir "$TMP/lim"
+	WEX_MAX_OPEN_FILES=64 WEX_SOCKET="$TMP/lim/wexd.sock" "$WEXD" 2>"$TMP/lim.log" &
+	LIM=$!
+	i=0; until [ -S "$TMP/lim/wexd.sock" ]; do
+		kill -0 $LIM 2>/dev/null || fail "wexd with max_open_files 64 exited: $(cat "$TMP/lim.log")"
+		i=$((i+1)); [ $i -lt 200 ] || fail "wexd with max_open_files 64 does not listen"; sleep 0.05; done
+	kill -TERM $LIM; wait $LIM
+	grep -q "limit 64 (lowered by max_open_files); .*: raise max_open_files (0: the hard limit)" "$TMP/lim.log" ||
+		fail "fd-limit warning: $(grep "file descriptors" "$TMP/lim.log")"
+fi
 echo "PASS: the launcher's pipe ended and its file was let go while wexd runs; wexd serves"

@@ -1,14 +1,15 @@
 #!/bin/sh
-# notify_reload.sh WEXD WEXCTL - proves, on a live wexd:
+# notify_reload.sh WEXD WEXCTL PRODUCER - proves, on a live wexd:
 #  - sd_notify: READY=1 once listening, WATCHDOG=1 pings when WATCHDOG_USEC
 #    asks for them (at least 4 a second for 200 ms: half the interval), RELOADING=1 then READY=1 around a SIGHUP, STOPPING=1 on
-#    SIGTERM, STATUS= (clients, models, leases, draining) when it changes (read from a real NOTIFY_SOCKET);
+#    SIGTERM, STATUS= (clients, models, leases, draining) when it changes (read from a real NOTIFY_SOCKET),
+#    valid UTF-8 where a model's name is cut inside a character (systemd drops a line that is not);
 #  - SIGHUP reloads the --config file: a changed log_level is applied and
 #    reported with the file as its source; an invalid file is refused and
 #    the running configuration kept (and logged);
 #  - watchdog false while WATCHDOG_USEC asks for pings is refused at start
 #    with a message naming both.
-WEXD=$1 WEXCTL=$2
+WEXD=$1 WEXCTL=$2 PRODUCER=$3
 . "$(dirname "$0")/lib.sh"
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
 command -v $PY >/dev/null || skip "python3 missing"
@@ -21,7 +22,12 @@ with open(sys.argv[2], "a", buffering=1) as f:
     f.write("listening\n")
     try:
         while True:
-            m = s.recv(4096).decode().replace("\n", " ")
+            raw = s.recv(4096)
+            try:
+                m = raw.decode()
+            except UnicodeDecodeError:
+                m = "NOT-UTF-8 " + raw.decode(errors="replace")
+            m = m.replace("\n", " ")
             f.write("%.3f %s\n" % (time.monotonic(), m))
     except socket.timeout:
         pass
@@ -62,6 +68,14 @@ print("WATCHDOG=1 pings: %d within one second of the idle wexd (%d in all, large
       (best, len(t), max(b - a for a, b in zip(t, t[1:])) if len(t) > 1 else 0))
 sys.exit(0 if best >= 4 else 1)
 PYEOF
+# A model name of 63 bytes of ASCII then a 2-byte character, cut at 64
+# bytes in STATUS=: still UTF-8.
+LONG=$($PY -c 'print("a" * 63 + "\u00e9")')
+"$PRODUCER" --rank 0 --world 1 --preset tiny --model "$LONG" --versions 1 --hold >"$TMP/p.log" 2>&1 &
+P=$!
+wait_for "STATUS=.*model 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+kill "$P"; wait "$P" 2>/dev/null
+grep -q "NOT-UTF-8" "$TMP/notify.log" && fail "STATUS= not UTF-8: $(grep NOT-UTF-8 "$TMP/notify.log")"
 "$WEXCTL" config get log_level --json | grep -q '"info"' || fail "log_level not info at start"
 echo '{ "log_level": "debug", "begin_write_timeout_ms": 5000 }' >"$TMP/wexd.json"
 kill -HUP "$WEXD_PID"

@@ -271,7 +271,9 @@ def request(model, *, group=None, layout=None, config=None, adapters=None, socke
                          "update_weights_from_tensor")
     args = {"model": model, "group": group, "layout": layout, "config": config,
             "adapters": adapters, "socket": socket, "timeout_ms": timeout_ms,
-            "copy_threads": copy_threads, "strip_prefix": strip_prefix,
+            "copy_threads": copy_threads,
+            "strip_prefix": strip_prefix if strip_prefix is None or isinstance(strip_prefix, str)
+            else list(strip_prefix),
             "ignore": list(ignore) if not isinstance(ignore, str) else [ignore],
             "min_version": int(min_version), "sync_timeout_ms": int(sync_timeout_ms),
             "verify": bool(verify), "post_load": post_load if post_load is None else

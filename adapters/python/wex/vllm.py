@@ -71,13 +71,14 @@ such transforms go unseen (verify=True cannot see them: it compares
 what wex wrote, not how a kernel reads it): compare the engine's
 outputs after the first sync.  Quantized models whose weights vLLM transforms after loading
 into other shapes (Marlin repacking) are refused by shape.  A
-block-FP8 model (quantization_config.weight_block_size) is refused where
-vLLM requantizes it for DeepGEMM after loading (vllm.utils.deep_gemm's
-is_deep_gemm_e8m0_used(), an older vLLM's is_blackwell_deep_gemm_used(),
-true: VLLM_USE_DEEP_GEMM with deep_gemm on Hopper or Blackwell, and
-VLLM_USE_DEEP_GEMM_E8M0, both on by default in recent releases): its
-weights and F32 block scales are rewritten with power-of-two (UE8M0)
-scales in place, and on Blackwell the scales then replaced by int32
+block-FP8 model (quantization_config.weight_block_size) is refused
+wherever vLLM's DeepGEMM E8M0 mode is on (vllm.utils.deep_gemm's
+is_deep_gemm_e8m0_used(), an older vLLM's is_blackwell_deep_gemm_used():
+VLLM_USE_DEEP_GEMM with deep_gemm on Blackwell, and on Hopper in the
+releases that allow it, and VLLM_USE_DEEP_GEMM_E8M0, both on by default
+in recent releases), in which vLLM requantizes the layers DeepGEMM runs
+after loading: their weights and F32 block scales are rewritten with
+power-of-two (UE8M0) scales in place, and on Blackwell the scales then replaced by int32
 tensors of packed exponents in new memory (DeepGEMM there reads only
 each scale's exponent, even of F32 scales): the trainer's F32 scales
 copied in would not fit or be read as other values.  Start vLLM with
@@ -280,8 +281,7 @@ def _refuse_moe_relayout(vllm_config, module):
             raise ValueError("wex_attach: %s runs the %s MoE kernel backend (%s.%s)%s, which "
                              "may re-lay out its weights after loading in the same shape: "
                              "start vLLM with moe_backend='triton' (a vLLM without "
-                             "moe_backend, for DeepGEMM: VLLM_USE_DEEP_GEMM=0 or "
-                             "VLLM_MOE_USE_DEEP_GEMM=0)"
+                             "moe_backend, for DeepGEMM: VLLM_USE_DEEP_GEMM=0)"
                              % (name, value, type(qm).__name__, attr,
                                 "" if ok is not None else
                                 ", a backend attribute wex does not know (known to keep the "
