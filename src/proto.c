@@ -117,6 +117,14 @@ void wex__utf8_scrub(char *s)
 			*p++ = '?';
 			continue;
 		}
+		/* Noncharacters (U+FDD0..U+FDEF, U+xFFFE, U+xFFFF): valid UTF-8,
+		 * but refused by some readers (systemd drops a STATUS= line
+		 * holding one): each of their bytes a '?', the length kept. */
+		if ((cp >= 0xfdd0 && cp <= 0xfdef) || (cp & 0xfffe) == 0xfffe) {
+			memset(p, '?', n + 1);
+			p += n + 1;
+			continue;
+		}
 		p += n + 1;
 	}
 }

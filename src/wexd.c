@@ -802,7 +802,9 @@ static json_t *wexd_config_req(struct wexd *d, struct conn *c, json_t *req, cons
 		wex__config_unknown_field(name, err, sizeof(err));
 		return wex__reply_error(-ENOENT, "config get: field '%s': %s", name, err);
 	}
-	r = json_pack("{s:b, s:s}", "ok", 1, "file", d->cfg.path ? d->cfg.path : "");
+	/* "": no file there (defaults and environment), as status says. */
+	r = json_pack("{s:b, s:s}", "ok", 1, "file",
+		      d->cfg.path && d->cfg.file_found ? d->cfg.path : "");
 	fields = json_array();
 	json_object_foreach(all, k, v) {
 		if (name && strcmp(k, name))
@@ -992,8 +994,10 @@ static void set_fd_limit(struct wexd *d)
 			 was < d->fd_limit   ? " (raised)"
 			 : was > d->fd_limit ? " (lowered by max_open_files)"
 					     : "",
-			 was > d->fd_limit ? "raise max_open_files (0: the hard limit)"
-					   : "raise the hard limit (LimitNOFILE=, ulimit -Hn)");
+			 /* The setting, where it chose a limit below the hard one. */
+			 d->cfg.max_open_files > 0 && d->fd_limit < rl.rlim_max
+				 ? "raise max_open_files (0: the hard limit)"
+				 : "raise the hard limit (LimitNOFILE=, ulimit -Hn)");
 	else
 		wex_info("wexd", "file descriptors: limit %llu%s", (unsigned long long)d->fd_limit,
 			 was != d->fd_limit ? " (raised from the soft limit)" : "");
@@ -1016,10 +1020,13 @@ static void close_inherited(const struct wexd *d)
 	DIR *dir;
 
 	/* (Before the directory takes an fd number.) */
-	if (ready >= 0 && fcntl(ready, F_GETFD) < 0) {
+	if (ready >= 0 && (ready == d->listen_fd || fcntl(ready, F_GETFD) < 0)) {
 		/* (A variable left for another wexd: "ready" would go into a
-		 * file of wexd's own opened under that number.) */
-		wex_warn("wexd", "WEXD_READY_FD=%s names no open file descriptor: ignored", s);
+		 * file of wexd's own opened under that number, or, written to
+		 * the socket systemd passed, close it.) */
+		wex_warn("wexd", "WEXD_READY_FD=%s names %s: ignored", s,
+			 ready == d->listen_fd ? "the listening socket systemd passed"
+					       : "no open file descriptor");
 		unsetenv("WEXD_READY_FD");
 		ready = -1;
 	}
@@ -1390,7 +1397,18 @@ int main(int argc, char **argv)
 		int fd = atoi(s);
 
 		(void)!write(fd, "ready\n", 6);
-		close(fd);
+		/* A standard stream keeps its number, on /dev/null: closed, the
+		 * next connection would take it and be written the log. */
+		if (fd <= 2) {
+			int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+
+			if (null < 0 || dup2(null, fd) < 0)
+				close(fd);
+			if (null >= 0)
+				close(null);
+		} else {
+			close(fd);
+		}
 	}
 	while (!d.stop) {
 		int timeout = wexd_service_waiters(&d);

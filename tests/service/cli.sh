@@ -116,6 +116,8 @@ if [ ! -e /etc/wex/wexd.json ]; then
 	"$WEXCTL" config reload >"$TMP/reload.out" 2>&1 || fail "config reload: $(cat "$TMP/reload.out")"
 	grep -q "^reloaded (no file: defaults and environment): " "$TMP/reload.out" ||
 		fail "config reload without a file said: $(cat "$TMP/reload.out")"
+	"$WEXCTL" config get --json | /usr/bin/python3 -c "import json,sys; f=json.load(sys.stdin)['file']; sys.exit('config get names file %s' % f if f else 0)" ||
+		fail "config get --json names a file that was not loaded"
 fi
 # watch fails (exit 1, saying why) when wexd goes away under it.
 "$WEXCTL" watch -n 0.05 --count 100000 >/dev/null 2>"$TMP/watch.err" &

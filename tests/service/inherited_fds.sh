@@ -72,6 +72,19 @@ for fd in 0 1 2; do
 done
 [ "$(cat "$TMP/closed/wexd.sock.lock")" = "$CL" ] || { kill $CL; fail "lock file holds: $(head -c 200 "$TMP/closed/wexd.sock.lock")"; }
 kill -TERM $CL; wait $CL || fail "wexd started with closed stdio exited $? at SIGTERM"
+# WEXD_READY_FD=2 (stderr): "ready" written, then stderr stays open, on
+# /dev/null; closed, the next connection took fd 2 and was written the
+# log (a client read "malformed reply").
+mkdir "$TMP/r2"
+WEX_SOCKET="$TMP/r2/wexd.sock" WEXD_READY_FD=2 "$WEXD" 2>"$TMP/r2.log" &
+R2=$!
+i=0; until grep -q "^ready" "$TMP/r2.log" 2>/dev/null; do
+	kill -0 $R2 2>/dev/null || fail "wexd with WEXD_READY_FD=2 exited: $(cat "$TMP/r2.log")"
+	i=$((i+1)); [ $i -lt 200 ] || { kill $R2; fail "wexd with WEXD_READY_FD=2 wrote no ready"; }; sleep 0.05; done
+WEX_SOCKET="$TMP/r2/wexd.sock" timeout 20 "$WEXCTL" status >/dev/null 2>"$TMP/r2c.err" ||
+	{ kill $R2; fail "wexctl against wexd with WEXD_READY_FD=2: $(cat "$TMP/r2c.err")"; }
+[ "$(readlink /proc/$R2/fd/2)" = /dev/null ] || { kill $R2; fail "fd 2 of wexd after WEXD_READY_FD=2 is $(readlink /proc/$R2/fd/2)"; }
+kill -TERM $R2; wait $R2 || fail "wexd with WEXD_READY_FD=2 exited $? at SIGTERM"
 # A limit lowered by max_open_files: the warning names that setting, not
 # the hard limit.
 if [ "$(ulimit -n)" = unlimited ] || [ "$(ulimit -n)" -gt 64 ]; then

@@ -3,7 +3,8 @@
 #  - sd_notify: READY=1 once listening, WATCHDOG=1 pings when WATCHDOG_USEC
 #    asks for them (at least 4 a second for 200 ms: half the interval), RELOADING=1 then READY=1 around a SIGHUP, STOPPING=1 on
 #    SIGTERM, STATUS= (clients, models, leases, draining) when it changes (read from a real NOTIFY_SOCKET),
-#    valid UTF-8 where a model's name is cut inside a character (systemd drops a line that is not);
+#    valid UTF-8 without noncharacters where a model's name is cut inside a character or holds one
+#    (systemd drops a line that is not);
 #  - SIGHUP reloads the --config file: a changed log_level is applied and
 #    reported with the file as its source; an invalid file is refused and
 #    the running configuration kept (and logged);
@@ -27,6 +28,9 @@ with open(sys.argv[2], "a", buffering=1) as f:
                 m = raw.decode()
             except UnicodeDecodeError:
                 m = "NOT-UTF-8 " + raw.decode(errors="replace")
+            # (Noncharacters: valid UTF-8 to Python, refused by systemd.)
+            if any(0xfdd0 <= ord(ch) <= 0xfdef or ord(ch) & 0xfffe == 0xfffe for ch in m):
+                m = "NOT-UTF-8 (a noncharacter) " + m
             m = m.replace("\n", " ")
             f.write("%.3f %s\n" % (time.monotonic(), m))
     except socket.timeout:
@@ -69,11 +73,18 @@ print("WATCHDOG=1 pings: %d within one second of the idle wexd (%d in all, large
 sys.exit(0 if best >= 4 else 1)
 PYEOF
 # A model name of 63 bytes of ASCII then a 2-byte character, cut at 64
-# bytes in STATUS=: still UTF-8.
-LONG=$($PY -c 'print("a" * 63 + "\u00e9")')
+# bytes in STATUS=, and one holding a noncharacter (U+FFFE): what is sent
+# is UTF-8 that systemd takes.  (The names' bytes written whatever the
+# locale.)
+LONG=$($PY -c 'import sys; sys.stdout.buffer.write(("a" * 63 + "\u00e9").encode())')
+NONCHAR=$($PY -c 'import sys; sys.stdout.buffer.write("n\ufffex".encode())')
 "$PRODUCER" --rank 0 --world 1 --preset tiny --model "$LONG" --versions 1 --hold >"$TMP/p.log" 2>&1 &
 P=$!
 wait_for "STATUS=.*model 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+kill "$P"; wait "$P" 2>/dev/null
+"$PRODUCER" --rank 0 --world 1 --preset tiny --model "$NONCHAR" --versions 1 --hold >"$TMP/p2.log" 2>&1 &
+P=$!
+wait_for "STATUS=.*model 'n"
 kill "$P"; wait "$P" 2>/dev/null
 grep -q "NOT-UTF-8" "$TMP/notify.log" && fail "STATUS= not UTF-8: $(grep NOT-UTF-8 "$TMP/notify.log")"
 "$WEXCTL" config get log_level --json | grep -q '"info"' || fail "log_level not info at start"

@@ -72,4 +72,17 @@ rc=$?
 grep -q "cannot read the sockets systemd passed: Bad file descriptor" "$TMP/more.log" ||
 	fail "LISTEN_FDS past the passed fds not named: $(cat "$TMP/more.log")"
 grep -q "event loop" "$TMP/more.log" && fail "wexd closed its own fds as passed ones: $(cat "$TMP/more.log")"
-echo "PASS: wexd started on the first connection and served it; unreadable LISTEN_FDS stop it, named"
+# WEXD_READY_FD naming the passed socket (fd 3): ignored, saying so; wexd
+# once wrote "ready" into it and closed it, then spun on accept.
+cleanup_extra   # (the first socket-activate; ACT is this one's from now on)
+systemd-socket-activate --seqpacket -l "$TMP/ready.sock" -E WEXD_READY_FD=3 -E WEX_IO="${WEX_IO:-auto}" \
+	"$WEXD" 2>"$TMP/ready.log" &
+ACT=$!
+i=0; while [ ! -S "$TMP/ready.sock" ] && [ $i -lt 100 ]; do i=$((i+1)); sleep 0.05; done
+timeout 20 "$WEXCTL" --socket "$TMP/ready.sock" status >/dev/null ||
+	fail "WEXD_READY_FD=3 (the passed socket): first client not served: $(tail -c 2000 "$TMP/ready.log")"
+timeout 20 "$WEXCTL" --socket "$TMP/ready.sock" status >/dev/null ||
+	fail "WEXD_READY_FD=3 (the passed socket): second client not served: $(tail -c 2000 "$TMP/ready.log")"
+grep -q "WEXD_READY_FD=3 names the listening socket systemd passed: ignored" "$TMP/ready.log" ||
+	fail "WEXD_READY_FD=3 naming the passed socket not reported: $(tail -c 2000 "$TMP/ready.log")"
+echo "PASS: wexd started on the first connection and served it; unreadable LISTEN_FDS stop it, named; WEXD_READY_FD naming the passed socket ignored"
