@@ -57,7 +57,7 @@ def select_parameters(named, strip_prefix=None, ignore=()):
         named = named.items()
 
     def strip(name):
-        for p in strip_prefix or ():
+        for p in strip_prefix:
             if p and name.startswith(p):
                 return name[len(p):]
         return name

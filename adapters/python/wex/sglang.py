@@ -101,7 +101,7 @@ import weakref
 import wex
 import wex.checkpoint
 from wex.engine import (EngineRank, check_group, checkpoint_for, config_path, has_experts,
-                        stages_from_env)
+                        selection, stages_from_env)
 
 __all__ = ["request", "load", "check", "status", "parallel_info", "default_spec",
            "MixedWeights"]
@@ -269,12 +269,12 @@ def request(model, *, group=None, layout=None, config=None, adapters=None, socke
                          "tree, container or host cannot open; set 'file_descriptor' "
                          "(torch.multiprocessing.set_sharing_strategy) around this call and "
                          "update_weights_from_tensor")
+    # (Lists, whatever they were given as: generators included.)
+    strip_prefix, ignore = selection(strip_prefix, ignore)
     args = {"model": model, "group": group, "layout": layout, "config": config,
             "adapters": adapters, "socket": socket, "timeout_ms": timeout_ms,
             "copy_threads": copy_threads,
-            "strip_prefix": strip_prefix if strip_prefix is None or isinstance(strip_prefix, str)
-            else list(strip_prefix),
-            "ignore": list(ignore) if not isinstance(ignore, str) else [ignore],
+            "strip_prefix": list(strip_prefix), "ignore": list(ignore),
             "min_version": int(min_version), "sync_timeout_ms": int(sync_timeout_ms),
             "verify": bool(verify), "post_load": post_load if post_load is None else
             bool(post_load), "detach": bool(detach),
