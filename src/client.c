@@ -1761,6 +1761,15 @@ static void watch_stop(struct wex_client *c)
 
 /* ---------------------------------------------------------------------- */
 
+/* Whether s can go into a JSON string (jansson takes valid UTF-8 only). */
+static int utf8_ok(const char *s)
+{
+	json_t *j = json_string(s);
+
+	json_decref(j);
+	return j != NULL;
+}
+
 WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **out)
 {
 	struct wex_client *c;
@@ -1786,6 +1795,11 @@ WEX_API int wex_client_open(const struct wex_client_params *p, wex_client_t **ou
 	if (strlen(group) >= WEX_NAME_MAX)
 		return open_fail(-EINVAL, "wex_client_open: the group name is %zu bytes long, "
 				 "over the %d a group name may have", strlen(group), WEX_NAME_MAX - 1);
+	/* They travel in hello's JSON, which holds only UTF-8: jansson would
+	 * refuse to build it (-ENOMEM here, or a hello without the model). */
+	if ((p->role != WEX_ROLE_ADMIN && !utf8_ok(p->model)) || !utf8_ok(group))
+		return open_fail(-EINVAL, "wex_client_open: the %s name is not valid UTF-8",
+				 p->role != WEX_ROLE_ADMIN && !utf8_ok(p->model) ? "model" : "group");
 	sock = (p->field_mask & WEX_CLIENT_FIELD_SOCKET) && p->socket ?
 		       p->socket : wex__default_socket(sockbuf, sizeof(sockbuf));
 	if (strlen(sock) >= sizeof(c->sock))
@@ -2312,6 +2326,14 @@ static int segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t size
 
 	if (c->role != WEX_ROLE_PRODUCER)
 		return set_err(c, -EPERM, "only producers register segments");
+	/* Consumers map it read-only through wexd's duplicate (same access
+	 * mode): one write-only (or O_PATH) would fail every consumer's
+	 * fetch of all this rank's segments, long after this call. */
+	ret = fd >= 0 ? fcntl(fd, F_GETFL) : 0;
+	if (ret >= 0 && fd >= 0 && ((ret & O_ACCMODE) == O_WRONLY || (ret & O_PATH)))
+		return set_err(c, -EBADF, "cannot use fd %d: it is open %s, and consumers map it "
+			       "for reading (open it O_RDWR or O_RDONLY)", fd,
+			       (ret & O_PATH) ? "as O_PATH" : "write-only");
 	ret = wex_mem_host_ops.wrap(ptr, size, fd, &seg);
 	if (ret < 0)
 		return set_err(c, ret, "cannot use fd %d for %llu bytes: %s", fd,
@@ -3389,7 +3411,12 @@ static int lease_lost_err(struct wex_client *c)
 	/* No wexd to give it back to: one started later reads the lease
 	 * from its journal, and ends it on this client's next call. */
 	if (c->fd < 0) {
-		snprintf(why, sizeof(why), "%.200s", c->err);
+		/* (A release call starts with no message: the reason is then
+		 * only that no wexd answers.) */
+		if (c->err[0])
+			snprintf(why, sizeof(why), "%.200s", c->err);
+		else
+			snprintf(why, sizeof(why), "no wexd answers at %.200s", c->sock);
 		return set_err(c, -WEX_EDAEMON,
 			       "release: the lease on v%llu could not be given back (%s): a wexd started later keeps the producer waiting until this client's next call, or its exit",
 			       (unsigned long long)c->lease_version, why);
@@ -4500,11 +4527,15 @@ WEX_API int wex_request(wex_client_t *c, const char *op, const char *args_json, 
 	 * wait for a reply in vain, then drop the connection (and a lease). */
 	if (!strcmp(op, "cancel"))
 		return set_err(c, -EINVAL, "request 'cancel': wexd answers it only in place of a waiting request; call wex_cancel");
+	/* (jansson would leave it out of the request: wexd's "no op".) */
+	if (!utf8_ok(op))
+		return set_err(c, -EINVAL, "request: the op is not valid UTF-8");
 	if (args_json) {
 		req = json_loads(args_json, 0, &je);
 		if (!req || !json_is_object(req)) {
 			json_decref(req);
-			return set_err(c, -EINVAL, "request arguments are not a JSON object: %s", je.text);
+			return set_err(c, -EINVAL, "request arguments are not a JSON object: %s",
+				       req ? "valid JSON of another type" : je.text);
 		}
 	} else {
 		req = json_object();

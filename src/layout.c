@@ -1283,6 +1283,9 @@ struct ctx {
 	 * fsdp ranks as torch.chunk cuts it (fsdp is 1 otherwise). */
 	int chunk_dim0;
 	int64_t tp, pp, dp, ep, etp, first, last, fuse_shared, fsdp;
+	/* expert_remainder "first" (vLLM): experts that do not divide by
+	 * ep go one each to the first ranks; else ep must divide them. */
+	int ep_rem_first;
 	/* Every parameter's value (the engine's default where not given),
 	 * for "if"/"unless"; dense_tp equal to tp counts as 0. */
 	int64_t pv[WEX_LAYOUT_PARAMS];
@@ -1524,8 +1527,24 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 			FAIL(c, "engine %s: expert parallelism spans all %s ranks: ep must be 1 or %lld, not %lld",
 			     spec->engine, span && !strcmp(span, "tp_dp") ? "tp*dp" : "tp", (long long)sp,
 			     (long long)c->ep);
-		if (nexp % c->ep)
+		{
+			/* vLLM's determine_expert_map ('linear' placement):
+			 * the nexp % ep experts left over go one each to the
+			 * first ep ranks (60 experts over 8 ranks: 8 8 8 8 7 7
+			 * 7 7).  Megatron-Core and SGLang need ep to divide. */
+			json_t *er = json_object_get(c->eng, "expert_remainder");
+			const char *ers = json_string_value(er);
+
+			if (er && !(ers && !strcmp(ers, "first")))
+				FAIL(c, "engine %s: expert_remainder is \"%s\", not \"first\"", spec->engine,
+				     ers ? ers : "(not a string)");
+			c->ep_rem_first = er != NULL;
+		}
+		if (nexp % c->ep && !c->ep_rem_first)
 			FAIL(c, "expert parallel size %lld does not divide the %lld experts",
+			     (long long)c->ep, (long long)nexp);
+		if (nexp < c->ep)
+			FAIL(c, "expert parallel size %lld exceeds the %lld experts: a rank would hold none",
 			     (long long)c->ep, (long long)nexp);
 	} else if (c->ep > 1) {
 		FAIL(c, "expert parallel size %lld given for a model without experts", (long long)c->ep);
@@ -2392,7 +2411,11 @@ chunk:
 	chunk_nt0 = o.nt;
 	json_array_foreach(json_object_get(c.eng, "tensors"), i, v) {
 		struct etensor et;
-		int64_t nloc = nexp > 0 ? nexp / c.ep : 0;
+		/* This rank's experts: [e0, e0 + nloc), the first nexp % ep
+		 * ranks one more (expert_remainder; else none are left). */
+		int64_t base = nexp > 0 ? nexp / c.ep : 0, rem = nexp > 0 ? nexp % c.ep : 0;
+		int64_t nloc = base + (c.epr < rem);
+		int64_t e0 = c.epr * base + (c.epr < rem ? c.epr : rem);
 
 		ret = parse_etensor(&c, v, &et);
 		if (ret < 0)
@@ -2419,7 +2442,7 @@ chunk:
 				for (int64_t e = 0; e < nloc; e++) {
 					size_t nt0 = o.nt;
 
-					ret = emit(&c, &et, L, 1, c.epr * nloc + e);
+					ret = emit(&c, &et, L, 1, e0 + e);
 					if (ret < 0)
 						goto out;
 					/* {e} is the local index in the name (of
@@ -2427,7 +2450,7 @@ chunk:
 					for (size_t k = nt0; k < o.nt; k++) {
 						struct wex_layout_tensor *t = &o.t[k];
 
-						ret = expand(m, et.name, L, L - c.L0, c.epr * nloc + e, e, t->name);
+						ret = expand(m, et.name, L, L - c.L0, e0 + e, e, t->name);
 						if (ret < 0) {
 							seterr(err, errlen, "cannot expand physical name %s", et.name);
 							ret = -WEX_ELAYOUT;
@@ -2446,7 +2469,7 @@ chunk:
 					}
 				}
 			} else {
-				ret = emit(&c, &et, L, et.experts == 2 ? nloc : 1, c.epr * nloc);
+				ret = emit(&c, &et, L, et.experts == 2 ? nloc : 1, e0);
 				if (ret < 0)
 					goto out;
 			}

@@ -14,6 +14,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -606,7 +607,7 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 	const char *kind = NULL, *device = "", *handle = "";
 	json_int_t size = 0, hoff = 0, asize = 0;
 	json_t *parts = NULL, *err;
-	int k, need_fd, part = 0;
+	int k, need_fd, part = 0, fl;
 	struct prank *r;
 	struct seg s, *ns;
 	json_error_t je;
@@ -678,6 +679,11 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 		if (k == WEX_MEM_HOST && !S_ISREG(st.st_mode))
 			return wex__reply_error(-EINVAL,
 						"register_segment: host memory must be a memfd or a regular file");
+		/* Consumers mmap it for reading, with this fd's access mode. */
+		fl = fcntl(fds[0], F_GETFL);
+		if (k == WEX_MEM_HOST && (fl < 0 || (fl & O_ACCMODE) == O_WRONLY || (fl & O_PATH)))
+			return wex__reply_error(-EBADF,
+						"register_segment: host memory's fd must be open for reading (consumers map it read-only)");
 		if (k == WEX_MEM_HOST && (uint64_t)st.st_size < s.desc.size)
 			return wex__reply_error(-EINVAL,
 						"register_segment: fd is %lld bytes, smaller than size %lld",

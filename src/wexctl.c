@@ -61,6 +61,9 @@ static void usage(FILE *f)
  * by default. */
 #define ADMIN_TIMEOUT_MS 5000
 
+/* Set while wexctl watch waits for wexd to come back: it said so once. */
+static int admin_quiet;
+
 static int open_admin(wex_client_t **c)
 {
 	struct wex_client_params p = {
@@ -122,7 +125,8 @@ static int open_admin(wex_client_t **c)
 			       "max_clients are connected, while it drains after SIGTERM, and when it "
 			       "is out of file descriptors; its log says which";
 		}
-		fprintf(stderr, "wexctl: cannot reach wexd at %s: %s%s\n", path, why, hint);
+		if (!admin_quiet)
+			fprintf(stderr, "wexctl: cannot reach wexd at %s: %s%s\n", path, why, hint);
 	}
 	return ret;
 }
@@ -408,34 +412,52 @@ static int cmd_query(const char *op, int as_json)
 
 static int cmd_watch(double interval, int count)
 {
+	struct timespec ts = { .tv_sec = (time_t)interval,
+			       .tv_nsec = (long)((interval - (double)(time_t)interval) * 1e9) };
 	wex_client_t *c;
-	int ret = open_admin(&c);
+	int lost = 0; /* wexd stopped answering after the first view */
 
-	if (ret < 0)
+	/* A wexd not reached at first is an error (a wrong socket, say). */
+	if (open_admin(&c) < 0)
 		return 1;
 	for (int i = 0; count <= 0 || i < count; i++) {
-		json_t *j = query(c, "status", NULL);
-		struct timespec ts = { .tv_sec = (time_t)interval,
-				       .tv_nsec = (long)((interval - (double)(time_t)interval) * 1e9) };
+		json_t *j = NULL;
 
+		/* One that stops answering later is waited for, as top rides
+		 * through a restart: systemctl restart wexd, a crash that
+		 * systemd restarts.  Said once on stderr; each try counts as
+		 * a view; the reason (open_admin's or query's) is said once. */
+		admin_quiet = lost;
+		if (c || open_admin(&c) == 0)
+			j = query(c, "status", NULL);
 		if (!j) {
-			ret = -1; /* query said why */
-			break;
+			wex_client_close(c);
+			c = NULL;
+			if (!lost) {
+				fprintf(stderr, "wexctl: watch: wexd is not answering; trying again every "
+					"%g s (Ctrl-C stops)\n", interval);
+				lost = 1;
+			}
+		} else {
+			if (lost)
+				fprintf(stderr, "wexctl: watch: wexd answers again\n");
+			lost = 0;
+			/* Home the cursor and clear: the view refreshes in place. */
+			if (isatty(STDOUT_FILENO))
+				printf("\033[H\033[2J");
+			print_daemon(json_object_get(j, "daemon"));
+			print_models(json_object_get(j, "models"));
+			print_clients(json_object_get(j, "clients"));
+			fflush(stdout);
+			json_decref(j);
 		}
-		/* Home the cursor and clear: the view refreshes in place. */
-		if (isatty(STDOUT_FILENO))
-			printf("\033[H\033[2J");
-		print_daemon(json_object_get(j, "daemon"));
-		print_models(json_object_get(j, "models"));
-		print_clients(json_object_get(j, "clients"));
-		fflush(stdout);
-		json_decref(j);
 		if (count > 0 && i + 1 == count)
 			break;
 		nanosleep(&ts, NULL);
 	}
 	wex_client_close(c);
-	return ret < 0 ? 1 : 0;
+	/* Ended while wexd was not answering: the last view is not current. */
+	return lost ? 1 : 0;
 }
 
 /* Prints the names in j's array key, comma-separated, or "none". */
@@ -865,8 +887,12 @@ static int run(int argc, char **argv)
 					 n >= 2 ? args[1] : "");
 				return bad_arg(what, "unknown option", argv[k], "takes --json");
 			}
+			/* A fifth word: set names it; get, reload and an
+			 * unknown subcommand name their first extra word. */
+			if (n == 4 && !strcmp(args[1], "set"))
+				return bad_arg("config set", "unexpected argument", argv[k], "takes NAME VALUE");
 			if (n == 4)
-				return bad_arg(cmd, "unexpected argument", argv[k], "takes get [NAME], set NAME VALUE or reload");
+				return cmd_config(n, args, as_json);
 			args[n++] = argv[k];
 		}
 		return cmd_config(n, args, as_json);

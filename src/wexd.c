@@ -604,6 +604,10 @@ static void on_signal(void *arg, int fd, int res)
 			} else {
 				d->stop = 1;
 			}
+		} else if (si.ssi_signo == SIGHUP && d->draining) {
+			/* As wexctl config reload is refused then: systemd
+			 * ignores a RELOADING= of a unit that is stopping. */
+			wex_info("wexd", "SIGHUP while draining: configuration not reloaded (wexd is stopping)");
 		} else if (si.ssi_signo == SIGHUP) {
 			char err[512];
 

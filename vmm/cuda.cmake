@@ -127,6 +127,11 @@ if(WEX_HAVE_CUDA_HEADERS)
   # Drivers older than the headers, as a lent GPU may run: 12.8
   # (cuMemcpyBatchAsync with failIdx) and 12.4 (no batches: one
   # cuMemcpyAsync per copy).
+  # Three devices, the driver refusing device 1 access to device 0's
+  # memory: device 2 keeps it (peer_reads_alloc).
+  add_test(NAME cuda_copy_3dev_emul COMMAND cuda_copy)
+  set_tests_properties(cuda_copy_3dev_emul PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS cuda
+    ENVIRONMENT "WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_EMUL_DEVICES=3")
   foreach(v 12080 12040)
     add_test(NAME cuda_copy_drv${v}_emul COMMAND cuda_copy)
     set_tests_properties(cuda_copy_drv${v}_emul PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS cuda

@@ -29,6 +29,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -201,8 +202,10 @@ static int set_access_rw(CUdeviceptr va, uint64_t size, int dev)
  * which cudaDeviceEnablePeerAccess does not do (a copy to another GPU, or
  * a kernel there, would fault and lose the context).  So every device
  * with peer access to `dev` gets read-write access too, as NCCL's
- * ncclMemAlloc gives its cuMem memory.  A refusal that is not
- * a sticky error is said once and leaves the memory to `dev` alone.
+ * ncclMemAlloc gives its cuMem memory.  A refusal that is not a sticky
+ * error is taken device by device, so that one peer the driver refuses
+ * does not cost the others their access; it is said once, naming the
+ * devices left out, which the memory is not reached from.
  */
 static int grant_peers(CUdeviceptr va, uint64_t size, int dev)
 {
@@ -233,11 +236,35 @@ static int grant_peers(CUdeviceptr va, uint64_t size, int dev)
 		return 0;
 	if (wex__cuda_sticky(r))
 		return wex__cuda_err(r, "cuMemSetAccess");
-	if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-		wex_warn("cuda", "giving the %d device(s) with peer access to device %d access to "
-			 "memory allocated there was refused (cuMemSetAccess: %s): only device %d "
-			 "reaches it (a copy or a kernel on another GPU would fault)",
-			 n, dev, wex__cuda_errname(r), dev);
+	if (n > 1) {
+		int k = 0;
+
+		for (int i = 0; i < n; i++) {
+			CUresult ri = wex__cu.cuMemSetAccess(va, (size_t)size, &a[i], 1);
+
+			if (ri == CUDA_SUCCESS)
+				continue;
+			if (wex__cuda_sticky(ri))
+				return wex__cuda_err(ri, "cuMemSetAccess");
+			r = ri;
+			a[k++] = a[i]; /* the refused ones, for the warning */
+		}
+		if (k == 0) /* (each alone was taken) */
+			return 0;
+		n = k;
+	}
+	if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED)) {
+		char ids[64 * 4] = "";
+		size_t len = 0;
+
+		for (int i = 0; i < n && len < sizeof(ids); i++)
+			len += (size_t)snprintf(ids + len, sizeof(ids) - len, "%s%d", i ? "," : "",
+						a[i].location.id);
+		wex_warn("cuda", "giving device(s) %s, with peer access to device %d, access to "
+			 "memory allocated there was refused (cuMemSetAccess: %s): they do not "
+			 "reach it (a copy or a kernel there would fault)",
+			 ids, dev, wex__cuda_errname(r));
+	}
 	return 0;
 }
 

@@ -360,12 +360,16 @@ enum wex_sync_mode {
  * plan converts between layouts).  WEX_SYNC_REMAP_FIXED needs only
  * wex_reserve; attached tensors that lie in a reserved region must sit
  * where the producer's do (-WEX_ELAYOUT from the sync otherwise).  The
- * array is copied; the buffers stay the caller's.  Blocks for one round trip (wexd
- * plans and caches the copy plan).  A layout in GPU memory names its GPU
+ * array is copied; the buffers stay the caller's.  Blocks for one round trip
+ * (wexd keeps the layout; it plans the copy, and caches the plan, when a
+ * sync or wex_reserve next fetches).  A layout in GPU memory names its GPU
  * (by UUID; a layout over several GPUs, its first piece's): an element
  * that producer ranks hold in segments on that GPU is copied from one of
  * those segments (a local copy), never from a replica elsewhere.
- * Errors: -WEX_ELAYOUT when a requested element has no source; -EFAULT
+ * A requested element with no source (another dtype or full shape than
+ * the producers', a box they do not hold) is found by that plan: the
+ * next fetch (wex_sync, wex_reserve) fails with -WEX_ELAYOUT naming it,
+ * not this call.  Errors: -EFAULT
  * when a tensor lies where the CUDA driver knows a reserved address range
  * with nothing mapped (GPU memory the engine released and kept the
  * addresses of: vLLM's sleep mode, torch_memory_saver's pause), naming
@@ -484,7 +488,9 @@ struct wex_sync_result {
  * tells the two apart),
  * -ESHUTDOWN (wexd is shutting down: the acquire is refused and a lease
  * held before it stays held, to use and release), -WEX_ELAYOUT (remap with
- * layouts that differ), -WEX_EDIRTY when a copy was interrupted (the
+ * layouts that differ; or the attached layout asks for an element no
+ * producer holds, which wexd's plan names: see wex_attach), -WEX_EDIRTY
+ * when a copy was interrupted (the
  * weights are mixed; sync again before serving) or a same-address swap
  * failed after the region had lost its bytes (it holds fresh memory, or,
  * where even that could not be mapped, nothing: reads there fault until a

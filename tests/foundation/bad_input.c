@@ -19,7 +19,8 @@
  * while four producers claim worlds of 1024 ranks; a world of 65536
  * lists only its ranks in use), a timeout_ms too
  * large for nanoseconds (it wrapped into an immediate timeout), and a
- * pipe or a directory accepted as host memory.
+ * pipe or a directory accepted as host memory; and a write-only fd
+ * accepted as host memory (every consumer's fetch then failed).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -188,6 +189,22 @@ int main(void)
 		close(dfd);
 		close(p[0]);
 		close(p[1]);
+	}
+	{
+		/* Consumers mmap host memory for reading through wexd's
+		 * duplicate of the fd: a write-only one was taken, and then
+		 * every consumer's fetch of the rank's segments failed
+		 * (EACCES "importing host segment 0"). */
+		char path[400];
+		int wfd;
+
+		snprintf(path, sizeof(path), "%s/wo", d.dir);
+		wfd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+		T_ASSERT(wfd >= 0 && ftruncate(wfd, 4096) == 0, "write-only file");
+		expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096}",
+			   &wfd, 1, "EBADF", "open for reading", "a write-only fd as host memory");
+		close(wfd);
+		unlink(path);
 	}
 	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096,\"handle_offset\":1,\"alloc_size\":4096}",
 		   &mfd, 1, "EINVAL", "exceed the allocation", "a segment running past its allocation");

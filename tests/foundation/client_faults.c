@@ -46,9 +46,13 @@
  *    overlap (but one tensor under two names, tied weights), in a region as well; the
  *    copy wrote them over each other and every verified sync failed.
  *    Strides not nested whose elements are disjoint are taken and copied,
- *    and a producer's tensors may share their memory (they are read).
+ *    and a producer's tensors may share their memory (they are read);
+ *  - wex_segment_register_fd refuses (-EBADF) a write-only fd: consumers
+ *    map the memory for reading, and every fetch of the rank's segments
+ *    failed with EACCES once one was taken.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -545,6 +549,11 @@ static void null_arguments(void)
 	EINVAL_FROM(wex_segment_register_fd(p.c, 3, NULL, 10, NULL));
 	EINVAL_FROM(wex_segment_alloc(p.c, WEX_SEG_HOST, 0, 4096, NULL, &ptr));
 	T_ASSERT(strstr(wex_last_error(p.c), "NULL"), "the reason: %s", wex_last_error(p.c));
+	/* An op that is not UTF-8 cannot go into the request's JSON (it was
+	 * left out, and wexd's -EBADMSG "needs ... string 'op'" came back). */
+	EINVAL_FROM(wex_request(k.c, "stat\xffus", NULL, &json));
+	T_ASSERT(strstr(wex_last_error(k.c), "not valid UTF-8"), "the reason: %s",
+		 wex_last_error(k.c));
 	/* The clients still work. */
 	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 1, 5000, &r));
 	T_ASSERT(t_own_bad(&k, 1) == 0, "copy after the refusals");
@@ -793,11 +802,62 @@ static void release_after_timeout(struct t_wexd *d)
 		 "releasing a lease that went with a connection dropped for a timeout, wexd down: "
 		 "%s (%s), not -WEX_EDAEMON",
 		 wex_strerror(ret), wex_last_error(k));
+	/* Saying why (it said "could not be given back ()": the call
+	 * starts with no message, and none was found). */
+	T_ASSERT(!strstr(wex_last_error(k), "()") && strstr(wex_last_error(k), "no wexd answers at"),
+		 "the release says why the lease could not be given back: %s", wex_last_error(k));
 	t_wexd_restart(d);
 	ret = wex_release(k);
 	T_ASSERT(ret == -ENOENT, "and then no lease is held: %s", wex_strerror(ret));
 	wex_client_close(k);
 	t_prod_close(&p);
+}
+
+/* A host segment registered from a write-only fd: refused at once
+ * (-EBADF, saying why), where it was taken and every consumer's fetch of
+ * the rank's segments then failed ("importing host segment 0 of producer
+ * rank 0: Permission denied"), the rank's other segments included. */
+static void write_only_fd(struct t_wexd *d)
+{
+	struct wex_sync_result r;
+	struct wex_tensor t;
+	wex_client_t *p, *k;
+	char path[400];
+	uint32_t seg;
+	void *base;
+	int fd, ret;
+
+	p = t_open(WEX_ROLE_PRODUCER, "write-only", NULL, 0, 1);
+	snprintf(path, sizeof(path), "%s/wo", d->dir);
+	fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+	T_ASSERT(fd >= 0 && ftruncate(fd, 4096) == 0, "write-only file");
+	ret = wex_segment_register_fd(p, fd, NULL, 4096, &seg);
+	T_ASSERT(ret == -EBADF && strstr(wex_last_error(p), "write-only"),
+		 "a write-only fd: %s (%s), expected EBADF naming it", wex_strerror(ret),
+		 wex_last_error(p));
+	close(fd);
+	unlink(path);
+	/* The rank goes on with memory consumers can read. */
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &seg, &base));
+	t_u8_tensor(&t, "w", 4096, seg, 0);
+	T_WEX(p, wex_register_tensors(p, &t, 1));
+	T_WEX(p, wex_begin_write(p, 1, 5000));
+	memset(base, 9, 4096);
+	T_WEX(p, wex_publish(p, 1));
+	k = t_open(WEX_ROLE_CONSUMER, "write-only", "g", 0, 1);
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+	/* (As wex.h says: a layout no producer can serve is taken by
+	 * wex_attach, and the sync's plan names it, -WEX_ELAYOUT.) */
+	t.dtype = WEX_DT_U16;
+	t.shape[0] = t.extent[0] = 2048;
+	t.ptr = malloc(4096);
+	T_WEX(k, wex_attach(k, &t, 1));
+	ret = wex_sync(k, WEX_SYNC_COPY, 1, 5000, &r);
+	T_ASSERT(ret == -WEX_ELAYOUT && strstr(wex_last_error(k), "w:"),
+		 "a layout of another dtype: %s (%s)", wex_strerror(ret), wex_last_error(k));
+	wex_client_close(k);
+	free(t.ptr);
+	wex_client_close(p);
 }
 
 int main(void)
@@ -817,6 +877,7 @@ int main(void)
 	released_fails();
 	null_arguments();
 	overlapping_attach();
+	write_only_fd(&d);
 	restart_renumbers(&d, WEX_SYNC_COPY);
 	restart_renumbers(&d, WEX_SYNC_REMAP_FIXED);
 	release_after_restart(&d);

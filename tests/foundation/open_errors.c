@@ -10,7 +10,8 @@
  * empty.  A group name of WEX_NAME_MAX bytes or more, or a socket path
  * (given, or in $WEX_SOCKET) that does not fit, is refused (-EINVAL,
  * naming it), not cut short: two groups that differ only past the cut
- * were one group, sharing ranks.
+ * were one group, sharing ranks.  So is a model or group name that is not
+ * UTF-8 (-EINVAL, naming which; a group was -ENOMEM before).
  *
  * Found by following the README as a new user: these opens returned only
  * the errno, and the Python binding raised "wex_client_open: Address
@@ -94,6 +95,16 @@ int main(void)
 	ret = open_group(group, &c);
 	expect(ret, -EINVAL, "group name", "a group name past WEX_NAME_MAX bytes");
 	wex_client_close(longest);
+	/* Names that are not UTF-8 cannot go into hello's JSON: refused,
+	 * naming which, where a group was -ENOMEM ("Cannot allocate
+	 * memory") and a model wexd's "a consumer needs a model name". */
+	ret = open_group("g\xff", &c);
+	expect(ret, -EINVAL, "group name is not valid UTF-8", "a group name that is not UTF-8");
+	T_ASSERT(c == NULL, "*out written on failure");
+	ret = open_as(WEX_ROLE_CONSUMER, "oe\xc3", 0, 1, NULL, &c);
+	expect(ret, -EINVAL, "model name is not valid UTF-8", "a model name that is not UTF-8");
+	T_WEX(NULL, open_group("gr\xc3\xbcn", &c)); /* UTF-8 beyond ASCII is fine */
+	wex_client_close(c);
 	snprintf(longsock, sizeof(longsock), "%.100s/%0300d.sock", d.dir, 0);
 	ret = open_as(WEX_ROLE_CONSUMER, "oe", 0, 1, longsock, &c);
 	expect(ret, -EINVAL, "socket path", "a socket path that does not fit");

@@ -364,9 +364,13 @@ static void peer_reads_alloc(void)
 		return;
 	/* The peers' grant refused (not a sticky error): the memory is
 	 * device 0's alone, the allocation stands, said in a warning; a copy
-	 * device 1 runs out of it faults. */
+	 * device 1 runs out of it faults.  With three devices
+	 * (cuda_copy_3dev_emul) the driver refuses device 1 only: device 2
+	 * keeps its access (one call for the pair, then one each), and the
+	 * warning names device 1 alone. */
 	{
 		unsigned long calls = emul_calls("cuMemSetAccess");
+		int three = gpu_count() >= 3 && gpu_can_peer(2, 0);
 		char log[4096];
 		ssize_t got;
 		int fd = memfd_create("log", MFD_CLOEXEC), saved, ret;
@@ -375,7 +379,10 @@ static void peer_reads_alloc(void)
 		fflush(stderr);
 		saved = dup(2);
 		CHECK(saved >= 0 && dup2(fd, 2) == 2);
-		emul_fail("cuMemSetAccess", 2, CUDA_ERROR_INVALID_VALUE);
+		if (three)
+			setenv("WEX_EMUL_REFUSE_ACCESS", "1", 1);
+		else
+			emul_fail("cuMemSetAccess", 2, CUDA_ERROR_INVALID_VALUE);
 		/* (Checked once stderr is back: a failure said into the log
 		 * would go unseen.) */
 		ret = wex_cuda_malloc(n, 0, &p);
@@ -386,13 +393,31 @@ static void peer_reads_alloc(void)
 		close(fd);
 		log[got > 0 ? got : 0] = '\0';
 		fputs(log, stderr);
+		unsetenv("WEX_EMUL_REFUSE_ACCESS");
 		CHECK_OK(ret);
 		CHECK(got > 0);
-		/* Its own device's access, then the peers' (refused). */
-		CHECK(emul_calls("cuMemSetAccess") == calls + 2);
-		CHECK(strstr(log, "giving the 1 device(s) with peer access to device 0 access to "
-				  "memory allocated there was refused (cuMemSetAccess: "
-				  "CUDA_ERROR_INVALID_VALUE)") != NULL);
+		/* Its own device's access, then the peers' (refused), then
+		 * each peer alone where there were two. */
+		CHECK(emul_calls("cuMemSetAccess") == calls + (three ? 4 : 2));
+		CHECK(strstr(log, three ? "giving device(s) 1, with peer access to device 0, access to "
+					  "memory allocated there was refused (cuMemSetAccess: "
+					  "CUDA_ERROR_NOT_SUPPORTED)"
+					: "giving device(s) 1, with peer access to device 0, access to "
+					  "memory allocated there was refused (cuMemSetAccess: "
+					  "CUDA_ERROR_INVALID_VALUE)") != NULL);
+	}
+	if (gpu_count() >= 3 && gpu_can_peer(2, 0)) {
+		/* Device 2 reaches it still. */
+		CHECK_OK(wex__cuda_use_device(0));
+		dev_fill((uint64_t)(uintptr_t)p, n, 4);
+		CHECK_OK(wex__cuda_use_device(2));
+		CU_OK(wex__cu.cuMemAlloc(&d1, n));
+		CU_OK(wex__cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+		CU_OK(wex__cu.cuMemcpyAsync(d1, (CUdeviceptr)(uintptr_t)p, n, s));
+		CU_OK(wex__cu.cuStreamSynchronize(s));
+		CHECK(dev_check(d1, n, 4, 0));
+		CU_OK(wex__cu.cuStreamDestroy(s));
+		CU_OK(wex__cu.cuMemFree(d1));
 	}
 	CHECK_OK(wex__cuda_use_device(0));
 	dev_fill((uint64_t)(uintptr_t)p, n, 3);

@@ -56,8 +56,13 @@
  *    (as CUDA_VISIBLE_DEVICES does), so devices must travel by UUID;
  *  - every VMM mapping keeps the access each device was given
  *    (cuMemSetAccess, several devices in one call); a device other than
- *    the owner only with peer access, which devices 0 and 1 have unless
- *    WEX_EMUL_NO_P2P=1 (cuDeviceCanAccessPeer says so); PROT_READ maps
+ *    the owner only with peer access, which the devices (2, or
+ *    WEX_EMUL_DEVICES, up to 4) have unless WEX_EMUL_NO_P2P=1
+ *    (cuDeviceCanAccessPeer says so); WEX_EMUL_REFUSE_ACCESS=<ordinal>
+ *    makes cuMemSetAccess refuse (CUDA_ERROR_NOT_SUPPORTED) any call
+ *    giving that device access to another device's memory, as a driver
+ *    may refuse one peer of several (whether it does, and with which
+ *    error, is undocumented); PROT_READ maps
  *    the host pages read-only, so a CPU store into a read-only mapping
  *    faults (WEX_EMUL_NO_PROT_READ=1: the driver refuses PROT_READ with
  *    CUDA_ERROR_NOT_SUPPORTED; an error name or number instead of 1, e.g.
@@ -161,6 +166,8 @@ struct ealloc {
 	int dev;       /* physical device; -1: an import not mapped yet */
 };
 
+#define NDEV_MAX 4 /* (WEX_EMUL_DEVICES at most) */
+
 struct range {
 	uint64_t va, size;
 	struct ealloc *a; /* mappings */
@@ -168,7 +175,7 @@ struct range {
 	char name[64];    /* IPC handle text (kinds 2, 3) */
 	int fd;
 	int dev;          /* physical device (kinds 1, 2, 3) */
-	unsigned char acc[2]; /* mappings: CU_MEM_ACCESS_FLAGS_* per physical device */
+	unsigned char acc[NDEV_MAX]; /* mappings: CU_MEM_ACCESS_FLAGS_* per physical device */
 	unsigned flags;       /* host registrations: CU_MEMHOSTREGISTER_* */
 	int opens;            /* IPC opens: cuIpcOpenMemHandle calls not yet closed */
 };
@@ -178,20 +185,35 @@ static size_t nrs, caprs;
 static uint64_t used;
 static unsigned seq;
 /* The thread's current context: 0, or CTX(device) of the primary context. */
-#define NDEV 2
+/* Devices: 2, or WEX_EMUL_DEVICES (1 to NDEV_MAX), all peers of each
+ * other unless WEX_EMUL_NO_P2P=1. */
+#define NDEV ndev()
 #define CTX(d) (0x1000u + 0x100u * (unsigned)(d))
 static __thread uintptr_t ctx_current;
 
+static int ndev(void)
+{
+	const char *v = getenv("WEX_EMUL_DEVICES");
+
+	if (!v)
+		return 2;
+	if (strlen(v) != 1 || v[0] < '1' || v[0] > '0' + NDEV_MAX) {
+		fprintf(stderr, "emul_cuda: WEX_EMUL_DEVICES=%s: not 1 to %d\n", v, NDEV_MAX);
+		abort();
+	}
+	return v[0] - '0';
+}
+
 /* Ordinal -> physical device, as CUDA_VISIBLE_DEVICES reorders them:
- * WEX_EMUL_VISIBLE="1,0" swaps the two in this process. */
+ * WEX_EMUL_VISIBLE="1,0" swaps the first two in this process. */
 static int phys(int ord)
 {
 	const char *v = getenv("WEX_EMUL_VISIBLE");
 
 	if (ord < 0 || ord >= NDEV)
 		return -1;
-	if (v && strlen(v) == 3 && v[0] != v[2] && v[0] >= '0' && v[0] < '0' + NDEV &&
-	    v[2] >= '0' && v[2] < '0' + NDEV)
+	if (ord < 2 && v && strlen(v) == 3 && v[0] != v[2] && v[0] >= '0' && v[0] < '2' &&
+	    v[2] >= '0' && v[2] < '2' && NDEV >= 2)
 		return v[ord * 2] - '0';
 	return ord;
 }
@@ -399,8 +421,8 @@ static __thread CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
  * makes synchronising "a device or context handle when any associated
  * stream is in capture mode" invalid whatever the capture mode, and it
  * invalidates those captures. */
-static int ctx_captures[NDEV];
-static unsigned long ctx_breaks[NDEV];
+static int ctx_captures[NDEV_MAX];
+static unsigned long ctx_breaks[NDEV_MAX];
 
 static CUresult ctx_sync_ok(void)
 {
@@ -661,7 +683,7 @@ static CUresult e_attr(int *v, CUdevice_attribute a, CUdevice d)
 
 /* Devices (this process's ordinals) whose primary context was retained:
  * wex_emul_ctx_retained(). */
-static unsigned char retained[NDEV];
+static unsigned char retained[NDEV_MAX];
 
 API int wex_emul_ctx_retained(int dev)
 {
@@ -908,7 +930,7 @@ static CUresult e_access(CUdeviceptr p, size_t size, const CUmemAccessDesc *d, s
 	CUresult no_ro = env_err("WEX_EMUL_NO_PROT_READ", CUDA_ERROR_NOT_SUPPORTED);
 	uint64_t cur;
 
-	if (!d || count < 1 || count > NDEV)
+	if (!d || count < 1 || count > (size_t)NDEV)
 		return CUDA_ERROR_INVALID_VALUE;
 	for (size_t i = 0; i < count; i++) {
 		if (d[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
@@ -931,9 +953,16 @@ static CUresult e_access(CUdeviceptr p, size_t size, const CUmemAccessDesc *d, s
 		/* A device other than the one holding the memory needs peer
 		 * access (an ordinal mix-up shows here too, with WEX_EMUL_NO_P2P
 		 * or at the first copy). */
-		for (size_t i = 0; i < count; i++)
+		for (size_t i = 0; i < count; i++) {
+			const char *refuse = getenv("WEX_EMUL_REFUSE_ACCESS");
+
 			if (r->a->dev >= 0 && !peer_ok(phys(d[i].location.id), r->a->dev))
 				return CUDA_ERROR_INVALID_DEVICE;
+			if (refuse && *refuse && atoi(refuse) == d[i].location.id &&
+			    phys(d[i].location.id) != r->a->dev &&
+			    d[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE)
+				return CUDA_ERROR_NOT_SUPPORTED;
+		}
 		cur = r->va + r->size;
 	}
 	for (cur = p; cur < p + size;) {
@@ -1979,7 +2008,7 @@ static void run(const struct launch *l)
 /* Contexts given peer access (cuCtxEnablePeerAccess): peer_on[a][b], a's
  * context reaches memory b's context allocated or opened.  Physical
  * devices. */
-static unsigned char peer_on[NDEV][NDEV];
+static unsigned char peer_on[NDEV_MAX][NDEV_MAX];
 
 static CUresult e_enable_peer(CUcontext peer, unsigned flags)
 {

@@ -16,6 +16,8 @@
  *    linear_fc1 = [gate; up] whole.
  *  - Megatron with --moe-grouped-gemm (TEGroupedMLP): the same experts as
  *    mlp.experts.linear_fc1.weight0 / weight1.
+ *  - vLLM with 6 experts over ep=4: 2, 2, 1, 1 experts a rank (vLLM's
+ *    determine_expert_map), refused by Megatron and SGLang.
  *  - Mixtral names: block_sparse_moe.experts.E.w1/w3/w2 in HF, vLLM's
  *    block_sparse_moe.experts.w13_weight.
  */
@@ -115,6 +117,44 @@ int main(void)
 		}
 		wex__rank_layout_free(&l);
 	}
+	wex__model_free(m);
+
+	/* Experts that do not divide by ep (Qwen1.5-MoE's 60 over 8 ranks):
+	 * vLLM's determine_expert_map ('linear') gives the 6 % 4 left over
+	 * one each to the first ranks: 2, 2, 1, 1 experts from 0, 2, 4, 5.
+	 * Megatron-Core and SGLang need ep to divide the experts. */
+	m = kat_model("{\"model_type\":\"qwen3_moe\",\"hidden_size\":8,\"num_hidden_layers\":1,"
+		      "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":2,"
+		      "\"intermediate_size\":16,\"moe_intermediate_size\":4,\"num_experts\":6,"
+		      "\"vocab_size\":64,\"torch_dtype\":\"bfloat16\"}");
+	{
+		static const int first[4] = { 0, 2, 4, 5 }, count[4] = { 2, 2, 1, 1 };
+
+		for (uint32_t r = 0; r < 4; r++) {
+			kat_rank(m, "vllm:tp=2,dp=2,ep=4", r, &l);
+			t = kat_find(&l, "model.layers.0.mlp.experts.w13_weight");
+			CHECK(t->ndim == 3 && t->shape[0] == (uint64_t)count[r] && t->shape[1] == 8,
+			      "vllm ep=4 of 6 experts: rank %u w13 has %llu experts, wanted %d", r,
+			      (unsigned long long)t->shape[0], count[r]);
+			for (int s = 0; s < count[r]; s++) {
+				snprintf(a, sizeof(a), "model.layers.0.mlp.experts.%d.gate_proj.weight",
+					 first[r] + s);
+				snprintf(b, sizeof(b), "model.layers.0.mlp.experts.%d.up_proj.weight",
+					 first[r] + s);
+				piece(&l, t, 2 * (size_t)s, a, 0, 0, 4, (uint64_t)s * 64);
+				piece(&l, t, 2 * (size_t)s + 1, b, 0, 0, 4, (uint64_t)s * 64 + 32);
+			}
+			t = kat_find(&l, "model.layers.0.mlp.experts.w2_weight");
+			CHECK(t->shape[0] == (uint64_t)count[r], "w2 experts");
+			snprintf(a, sizeof(a), "model.layers.0.mlp.experts.%d.down_proj.weight",
+				 first[r] + count[r] - 1);
+			piece(&l, t, (size_t)count[r] - 1, a, 1, 0, 4, (uint64_t)(count[r] - 1) * 32);
+			wex__rank_layout_free(&l);
+		}
+	}
+	kat_refused(m, "sglang:tp=4,ep=4", "expert parallel size 4", "6 experts");
+	kat_refused(m, "megatron:tp=2,dp=2,ep=4,etp=1", "expert parallel size 4", "6 experts");
+	kat_refused(m, "vllm:tp=2,dp=4,ep=8", "expert parallel size 8", "6 experts");
 	wex__model_free(m);
 
 	m = kat_model(CFG("mixtral"));

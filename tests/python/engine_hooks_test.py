@@ -637,6 +637,30 @@ class EngineHooks(WexdProducerCase):
                           ignore=[w13.replace(".experts.", ".experts.routed_experts.")])
         self.assertIn("missing %s" % w13, str(e.exception))
 
+    def test_vllm_pp_stage_ends(self):
+        """vLLM's Qwen3-MoE (and Qwen2-MoE) builds model.embed_tokens,
+        model.norm and lm_head on every pipeline stage (not
+        PPMissingLayer), reading them on the first or last only: each
+        stage attaches, those it does not read left out (ignored), the
+        ones it reads attached."""
+        moe = os.path.join(self.tmp.name, "moe")
+        layout = wex.Layout(os.path.join(moe, "config.json"), "vllm:tp=1,pp=2")
+        ends = {"model.embed_tokens.weight": (128, 64), "model.norm.weight": (64,),
+                "lm_head.weight": (128, 64)}
+        want = {0: ["lm_head.weight", "model.norm.weight"], 1: ["model.embed_tokens.weight"]}
+        for k in range(2):
+            params = torch_util.layout_tensors(layout, k)
+            held = len(params)
+            for name, shape in ends.items():
+                params.setdefault(name, torch.zeros(shape, dtype=torch.bfloat16))
+            set_par(tp=(1, 0), pp=(2, k))
+            w = VllmWorker(moe, module_of(params))
+            info = w.wex_attach(model=MODEL + "-pp", group="pp-ends", checkpoint=False)
+            self.addCleanup(w.wex_detach)
+            self.assertEqual(info["tensors"], held)
+            self.assertEqual(sorted(info["ignored"]), want[k])
+        self.assertEqual(wex.vllm.stage_end_ignores(layout, 0, vpar(0, tp=1)), ())
+
     def test_replaced_parameter_refused(self):
         """A parameter the engine replaced with a new Parameter object
         since attach (layer.weight = Parameter(new), vLLM's

@@ -33,7 +33,9 @@ done
 WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" status --jsn 2>&1 | grep -q "unexpected argument '--jsn'" || fail "typo not named"
 WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" watch -n 0 2>&1 | grep -q "bad -n '0'" || fail "bad interval not named"
 for args in "config reload extra:unexpected argument 'extra'" "config get a b:unexpected argument 'b'" \
-	"config bogus:unknown subcommand 'bogus'"; do
+	"config bogus:unknown subcommand 'bogus'" "config reload x y z:unexpected argument 'x'" \
+	"config get a b c d:unexpected argument 'b'" "config bogus a b c:unknown subcommand 'bogus'" \
+	"config set a b c:unexpected argument 'c'"; do
 	# shellcheck disable=SC2086
 	WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" ${args%%:*} 2>&1 | grep -q "${args#*:}" ||
 		fail "wexctl ${args%%:*} does not name the argument"
@@ -119,12 +121,31 @@ if [ ! -e /etc/wex/wexd.json ]; then
 	"$WEXCTL" config get --json | /usr/bin/python3 -c "import json,sys; f=json.load(sys.stdin)['file']; sys.exit('config get names file %s' % f if f else 0)" ||
 		fail "config get --json names a file that was not loaded"
 fi
-# watch fails (exit 1, saying why) when wexd goes away under it.
-"$WEXCTL" watch -n 0.05 --count 100000 >/dev/null 2>"$TMP/watch.err" &
+# watch rides through a restart of wexd, as top would: stopped under it,
+# it says so once and tries again each interval; the new wexd's view
+# follows; ended by --count while wexd answers: exit 0.
+OLD=$WEXD_PID
+"$WEXCTL" watch -n 0.1 --count 40 >"$TMP/watch.out" 2>"$TMP/watch.err" &
 W=$!
 sleep 0.3
 kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; WEXD_PID=""
-i=0; while kill -0 $W 2>/dev/null; do i=$((i+1)); [ $i -lt 200 ] || fail "watch goes on without wexd"; sleep 0.05; done
-wait $W && fail "watch exited 0 after losing wexd"
-[ -s "$TMP/watch.err" ] || fail "watch did not say why it stopped"
+sleep 0.7
+kill -0 $W 2>/dev/null || fail "watch ended when wexd stopped: $(cat "$TMP/watch.err")"
+grep -q "^wexctl: watch: wexd is not answering; trying again every 0.1 s" "$TMP/watch.err" ||
+	fail "watch did not say wexd stopped answering: $(cat "$TMP/watch.err")"
+[ "$(grep -c "not answering\|cannot reach" "$TMP/watch.err")" -le 2 ] ||
+	fail "watch repeats itself while wexd is down: $(cat "$TMP/watch.err")"
+start_wexd
+wait $W || fail "watch exited $? after wexd came back: $(cat "$TMP/watch.err")"
+grep -q "wexd pid $OLD " "$TMP/watch.out" || fail "watch showed no view of the first wexd"
+grep -q "wexd pid $WEXD_PID " "$TMP/watch.out" || fail "watch showed no view of the restarted wexd"
+grep -q "^wexctl: watch: wexd answers again" "$TMP/watch.err" || fail "watch did not say wexd is back"
+# Ended by --count while wexd is gone: exit 1 (the last view is stale).
+"$WEXCTL" watch -n 0.05 --count 20 >/dev/null 2>"$TMP/watch.err" &
+W=$!
+sleep 0.2
+kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; WEXD_PID=""
+i=0; while kill -0 $W 2>/dev/null; do i=$((i+1)); [ $i -lt 200 ] || fail "watch --count 20 goes on"; sleep 0.05; done
+wait $W && fail "watch exited 0 ending while wexd was gone"
+[ -s "$TMP/watch.err" ] || fail "watch did not say why"
 echo "PASS: status, models, clients, plans, watch, metrics, config"

@@ -6,7 +6,8 @@
 # warning naming the cause and the copy lease it cut (it once exited with
 # only "stopping: N client(s) told by disconnect", so an operator could not
 # tell a cut drain from a clean one).  A drain whose lease is released in
-# time logs no such warning (svc_activation_drain).
+# time logs no such warning (svc_activation_drain).  A SIGHUP during the
+# drain reloads nothing, and says so.
 WEXD=$1 PRODUCER=$2
 . "$(dirname "$0")/lib.sh"
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -40,6 +41,16 @@ while "draining" not in open(log).read():
     if time.time() > end:
         sys.exit("FAIL: no drain logged")
     time.sleep(0.02)
+# A SIGHUP now reloads nothing: wexd is stopping (systemd ignores the
+# RELOADING= it would send).
+os.kill(pid, 1)
+end = time.time() + 10
+while "SIGHUP while draining: configuration not reloaded" not in open(log).read():
+    if time.time() > end:
+        sys.exit("FAIL: a SIGHUP while draining was not answered: %s" % open(log).read()[-400:])
+    time.sleep(0.02)
+if "reloading configuration" in open(log).read():
+    sys.exit("FAIL: a SIGHUP while draining reloaded the configuration")
 # The lease is never released: wexd must end the drain by itself.
 end = time.time() + 10
 while True:

@@ -46,6 +46,12 @@ data_parallel_size D for a dense model: with "{dp}" each replica is
 still a group of its own tp * pp ranks; without it, all D replicas are
 one group (dp=D in the layout), which switches version together.
 
+Pipeline parallelism: vLLM's Qwen2-MoE and Qwen3-MoE build
+model.embed_tokens, model.norm and lm_head on every stage (loaded, but
+read only on the first or last one); on the stages that do not read them
+the layout has none of them, and wex_attach leaves them out (listed in
+"ignored") instead of refusing them as unknown.
+
 Refused, because a copy of the checkpoint's tensors would leave the
 engine computing with stale or misplaced copies: MLA models (vLLM builds
 W_UK/W_UV from kv_b_proj after loading), EPLB and
@@ -156,6 +162,34 @@ def layout_rank(par):
     """The vllm layout's rank of a worker (not vLLM's global rank, which
     orders dp outside pp)."""
     return par["tp_rank"] + par["tp"] * (par["dp_rank"] + par["dp"] * par["pp_rank"])
+
+
+# Pipeline-end tensors some vLLM models build on every pipeline stage and
+# load from the checkpoint (Qwen2-MoE, Qwen3-MoE: model.embed_tokens,
+# model.norm and lm_head are made whatever the stage, not PPMissingLayer:
+# vllm/model_executor/models/qwen3_moe.py Qwen3MoeModel and
+# Qwen3MoeForCausalLM at 2e0831b0ab951c8896d4dd5d6cb9c3350a4574de, qwen2_moe.py
+# at 002fb90788ae749626fb09c6272f0cb604de46b6), but read only on the first
+# stage (the embedding) or the last (the final norm and lm_head).  The vllm
+# layout holds each on the stage that reads it; elsewhere they are left out
+# of the attach (nothing reads them there), not refused as unknown.
+_STAGE_ENDS = (("model.embed_tokens.weight", "first"), ("model.norm.weight", "last"),
+               ("lm_head.weight", "last"))
+
+
+def stage_end_ignores(layout, rank, par):
+    """The names of _STAGE_ENDS that rank `rank` of `layout` (a
+    wex.Layout) does not hold and that its pipeline stage (par's pp_rank
+    of pp) does not read: ignore= patterns (exact names) for wex_attach."""
+    if par["pp"] <= 1:
+        return ()
+    held = {name for name, _, _, _ in layout.rank(rank)}
+    out = []
+    for name, stage in _STAGE_ENDS:
+        reads = par["pp_rank"] == (0 if stage == "first" else par["pp"] - 1)
+        if name not in held and not reads:
+            out.append(name)
+    return tuple(out)
 
 
 def _env_true(name):
@@ -546,6 +580,8 @@ class WorkerExtension:
             par, experts and bool(getattr(pc, "enable_expert_parallel", False)))
         if isinstance(spec, str):
             spec = wex.Layout(cfg, spec, adapters)
+        ignore = tuple((ignore,) if isinstance(ignore, str) else ignore or ()) + \
+            stage_end_ignores(spec, layout_rank(par), par)
         device = getattr(self, "device", None)
         ordinal = device.index if getattr(device, "type", None) == "cuda" else None
         # The callable, not its result: each sync enumerates the parameters
