@@ -1953,6 +1953,107 @@ static void consumer_unmap_all(struct wex_client *c)
 	free(p);
 }
 
+/*
+ * A lease a closing client could not end because no wexd answered (between
+ * a crash and the restart, RestartSec=): a wexd started later reads it
+ * from its lease journal and, this process still living, would hold the
+ * producer off until it exits, for memory it no longer maps.  A thread of
+ * its own says the hello that ends it as soon as a wexd answers (every
+ * 20 ms, backing off to 1 s, for up to OWED_HELLO_MS), with every signal
+ * blocked; the client itself is gone by then.
+ */
+#define OWED_HELLO_MS 600000u
+
+struct owed_hello {
+	char sock[256];
+	char *msg;
+	size_t len;
+};
+
+/* 1 once wexd answered the hello itself (not a refusal of the connection
+ * before it: shutting down, max_clients, out of fds). */
+static int owed_answered(int ret)
+{
+	return ret == 0 || (ret != -ESHUTDOWN && ret != -EBUSY && ret != -EMFILE &&
+			    ret != -ECONNREFUSED && ret != -ENOENT && ret != -ECONNRESET &&
+			    ret != -EPIPE && ret != -ETIMEDOUT && ret != -EAGAIN &&
+			    ret != -WEX_EDAEMON);
+}
+
+static void *owed_main(void *arg)
+{
+	struct owed_hello *o = arg;
+	uint64_t end = wex__now_ns() + OWED_HELLO_MS * 1000000ull;
+	useconds_t wait = 20000;
+
+	for (;;) {
+		int fd = wex_sock_new(), ret = -ECONNREFUSED;
+
+		if (fd >= 0 && wex_sock_connect_fd(fd, o->sock, 1000) == 0 &&
+		    wex_sock_send(fd, o->msg, o->len, NULL, 0, 0) == (ssize_t)o->len) {
+			struct pollfd pfd = { .fd = fd, .events = POLLIN };
+			char buf[4096];
+			ssize_t n;
+
+			if (poll(&pfd, 1, 1000) > 0 && (n = recv(fd, buf, sizeof(buf), 0)) > 0) {
+				json_t *reply = json_loadb(buf, (size_t)n, 0, NULL);
+				const char *code = "EUNKNOWN";
+
+				if (json_is_true(json_object_get(reply, "ok")))
+					ret = 0;
+				else if (!json_unpack(reply, "{s:{s:s}}", "error", "code", &code))
+					ret = wex__errcode(code);
+				json_decref(reply);
+			}
+		}
+		if (fd >= 0)
+			close(fd);
+		if (owed_answered(ret) || wex__now_ns() >= end)
+			break;
+		usleep(wait);
+		wait = wait * 2 > 1000000 ? 1000000 : wait * 2;
+	}
+	free(o->msg);
+	free(o);
+	return NULL;
+}
+
+static void owed_hello_later(struct wex_client *c)
+{
+	struct owed_hello *o = calloc(1, sizeof(*o));
+	json_t *req;
+	sigset_t all, old;
+	pthread_attr_t attr;
+	pthread_t th;
+	char name[64];
+	int ret = -1;
+
+	snprintf(name, sizeof(name), "pid-%d", (int)getpid());
+	req = json_pack("{s:i, s:s, s:s, s:s, s:s, s:I, s:I, s:s}", "v", WEX_PROTO_VERSION, "op",
+			"hello", "role", "consumer", "model", c->model, "group", c->group, "rank",
+			(json_int_t)c->rank, "world", (json_int_t)c->world, "name", name);
+	if (o && req) {
+		snprintf(o->sock, sizeof(o->sock), "%s", c->sock);
+		o->msg = wex__json_dump(req, &o->len);
+	}
+	json_decref(req);
+	if (o && o->msg && pthread_attr_init(&attr) == 0) {
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &old);
+		ret = pthread_create(&th, &attr, owed_main, o);
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		pthread_attr_destroy(&attr);
+	}
+	if (ret != 0) {
+		wex_warn("client", "rank %u of group '%s' of model '%s': cannot end its lease at a wexd that is down: a wexd started later holds the producer off until this process exits",
+			 c->rank, c->group, c->model);
+		if (o)
+			free(o->msg);
+		free(o);
+	}
+}
+
 static void client_close(wex_client_t *c)
 {
 	if (!c)
@@ -2001,7 +2102,7 @@ static void client_close(wex_client_t *c)
 	if (owed) {
 		/* A hello that names no lease ends it there (at most one
 		 * bounded round trip; no wexd, nothing held). */
-		int reclaimed;
+		int reclaimed, ret = -ECONNREFUSED;
 
 		c->lease_lost = 0;
 		c->has_lease = 0;
@@ -2011,9 +2112,13 @@ static void client_close(wex_client_t *c)
 		if (c->fd < 0)
 			c->fd = -1;
 		state_unlock(c);
-		if (c->fd >= 0 && wex_sock_connect_fd(c->fd, c->sock, 1000) == 0)
-			hello(c, &reclaimed, NULL);
+		if (c->fd >= 0 && (ret = wex_sock_connect_fd(c->fd, c->sock, 1000)) == 0)
+			ret = hello(c, &reclaimed, NULL);
 		conn_drop(c);
+		/* No wexd answered (down between a crash and its restart):
+		 * said once one does. */
+		if (!owed_answered(ret))
+			owed_hello_later(c);
 	}
 	for (size_t i = 0; i < c->nosegs; i++)
 		seg_release(c, &c->osegs[i].seg);
@@ -2939,7 +3044,7 @@ static int attach_disjoint(struct wex_client *c, const struct wex_tensor *t, siz
 
 static int attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 {
-	struct wex_tensor *copy;
+	struct wex_tensor *copy = NULL;
 	uint8_t *host;
 	size_t *order;
 	int ret;

@@ -210,7 +210,10 @@ static int rec_parse(const char *buf, size_t len, struct wex_journal_rec *r, cha
 		snprintf(why, wlen, "not JSON: %.120s", je.text);
 		return -EINVAL;
 	}
-	if (json_unpack_ex(o, &je, JSON_STRICT,
+	/* Members a newer wexd added are not ours to judge: the lease it
+	 * names still holds (a downgrade must not let the producer write
+	 * under it).  A record of another format says so in wex_lease. */
+	if (json_unpack_ex(o, &je, 0,
 			   "{s:I, s:s, s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I, s?s}", "wex_lease", &tag,
 			   "model", &model, "group", &group, "rank", &rank, "world", &world,
 			   "version", &version, "mode", &mode, "pid", &pid, "uid", &uid, "start",
@@ -291,7 +294,7 @@ void wex__journal_scan(struct wex_journal *j,
 	rewinddir(dir);
 	while ((e = readdir(dir))) {
 		ssize_t n;
-		int rfd;
+		int rfd, tail;
 
 		if (e->d_name[0] == '.')
 			continue;
@@ -303,6 +306,15 @@ void wex__journal_scan(struct wex_journal *j,
 		}
 		n = read(rfd, buf, sizeof(buf));
 		close(rfd);
+		/* A record is its first page: bytes after it (appended by
+		 * someone else) do not make a lease that still holds one a
+		 * stray, which would let the producer write under it. */
+		if (n > REC_MAX && buf[REC_MAX - 1] == '\n') {
+			n = REC_MAX;
+			tail = 1;
+		} else {
+			tail = 0;
+		}
 		if (n < 0 || n > REC_MAX || strlen(e->d_name) >= WEX_JOURNAL_NAME_MAX) {
 			snprintf(why, sizeof(why), "%s", n < 0 ? strerror(errno) :
 				 n > REC_MAX ? "too long" : "name too long");
@@ -310,6 +322,9 @@ void wex__journal_scan(struct wex_journal *j,
 			unlinkat(j->dirfd, e->d_name, 0); /* a lease that ended */
 			continue;
 		} else if (rec_parse(buf, (size_t)n, &r, why, sizeof(why)) == 0) {
+			if (tail)
+				wex_warn("journal", "%s/%s has bytes after its record: ignored",
+					 j->path, e->d_name);
 			cb(arg, e->d_name, &r);
 			continue;
 		}

@@ -64,8 +64,10 @@ void wex__journal_clear(struct wex_journal *j, int fd);
 /* Closes *fd and removes `name` (kept while j->keep); empties both. */
 void wex__journal_del(struct wex_journal *j, int *fd, char name[WEX_JOURNAL_NAME_MAX]);
 
-/* Calls cb for each whole record.  A file that does not parse is named in
- * a warning and removed; leftover temporary files are removed. */
+/* Calls cb for each whole record: the first page of its file (bytes after
+ * it are ignored, with a warning), members this wexd does not know
+ * ignored.  A file that does not parse is named in a warning and removed;
+ * leftover temporary files are removed. */
 void wex__journal_scan(struct wex_journal *j,
 		       void (*cb)(void *arg, const char *name, const struct wex_journal_rec *r),
 		       void *arg);

@@ -47,7 +47,8 @@ static struct family counters[WEX_M_COUNTER_COUNT] = {
 			   { "code" } },
 	[WEX_M_REFUSED] = { "wex_refused_connections_total",
 			    "Connections refused (access lists, max_clients, draining, no fd left "
-			    "for a pidfd) and config set requests refused, by reason.",
+			    "for a pidfd), and config set/reload and verify requests by users other "
+			    "than root and wexd's own, by reason.",
 			    { "reason" } },
 	[WEX_M_REQUESTS] = { "wex_requests_total", "Control requests received, by operation.",
 			     { "op" } },

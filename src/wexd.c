@@ -1378,6 +1378,10 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	signal(SIGPIPE, SIG_IGN);
+	/* A write past a file size limit (ulimit -f, inherited from a batch
+	 * system) fails with EFBIG, said where it happens (a lease record, a
+	 * memfd), rather than killing wexd and every lease it holds. */
+	signal(SIGXFSZ, SIG_IGN);
 	d.sig_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
 	d.sigw.fd = d.sig_fd;
 	d.sigw.cb = on_signal;

@@ -334,6 +334,15 @@ json_t *wexd_verify(struct wexd *d, struct conn *c, json_t *req)
 	if (stand < 1 || stand > 86400000)
 		return wex__reply_error(-EINVAL, "verify: stand_ms %lld: 1 to 86400000 (how long the ask stands)",
 					(long long)stand);
+	/* Asking costs every engine of the model a comparison: the daemon's
+	 * owner and root only, as for config set.  Refused before the model
+	 * and its groups are looked at, so that such a user is not sent to
+	 * attach an engine only to be refused then. */
+	if (!ticket && c->uid != 0 && c->uid != geteuid()) {
+		wex__metrics_count(WEX_M_REFUSED, "verify", NULL, 1);
+		return wex__reply_error(-EACCES, "verify: uid %d may not ask engines to verify (wexd's owner and root may)",
+					(int)c->uid);
+	}
 	m = find_model(d, model);
 	if (!m && ticket > 0 && (uint64_t)ticket <= d->verify_seq &&
 	    (groups = orphan_poll(d, model, group, (uint64_t)ticket)))
@@ -361,13 +370,6 @@ json_t *wexd_verify(struct wexd *d, struct conn *c, json_t *req)
 		return wex__reply_error(-EINVAL, "verify: ticket %lld was never given (the last is %llu; wexd restarted?)",
 					(long long)ticket, (unsigned long long)d->verify_seq);
 	if (!ticket) {
-		/* Asking costs every engine of the model a comparison: the
-		 * daemon's owner and root only, as for config set. */
-		if (c->uid != 0 && c->uid != geteuid()) {
-			wex__metrics_count(WEX_M_REFUSED, "verify", NULL, 1);
-			return wex__reply_error(-EACCES, "verify: uid %d may not ask engines to verify (wexd's owner and root may)",
-						(int)c->uid);
-		}
 		/* Each asked group's ask is kept on the model too (it replaces
 		 * an older one of the group, as on the group). */
 		stands_prune(m);

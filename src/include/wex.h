@@ -81,7 +81,8 @@ WEX_API int wex_dtype_from_name(const char *name);
  * shape is `shape`.  An unsharded tensor has start 0 and extent == shape.
  *
  * Where it lives: for a producer, `segment` (an id returned by
- * wex_segment_register) and `offset` bytes into it; for a consumer, `ptr`.
+ * wex_segment_alloc or wex_segment_register_*) and `offset` bytes into it;
+ * for a consumer, `ptr`.
  * `strides` are in elements, outermost first; all zero means C-contiguous.
  */
 struct wex_tensor {
@@ -681,7 +682,8 @@ struct wex_layout_tensor {
 /*
  * Reads the model's config.json at `config` and the model family it names
  * (adapters/families, looked up in `adapters`, or with NULL in
- * $WEX_ADAPTERS, the source tree's adapters/, /usr/local/share/wex/adapters)
+ * $WEX_ADAPTERS, the source tree's adapters/, /usr/local/share/wex/adapters,
+ * /usr/share/wex/adapters)
  * and parses `spec`, a layout as `wexctl plan` takes it ("vllm:tp=2",
  * "megatron:tp=8,pp=4", "sglang:tp=8,dp=8,dp_attention=1,ep=8", "fsdp:fsdp=8",
  * "hf").  *world (may be NULL) receives its number of ranks.  Blocks

@@ -29,6 +29,15 @@
  *  - journal_off: a journal directory open to others is refused with a
  *    warning and status says why; syncs still work, and a restart then
  *    holds nothing (the documented cost of a journal that is off).
+ *  - garbage_appended: bytes after a record's page do not make it a stray:
+ *    the lease still holds the trainer off after a restart;
+ *  - newer_member: a record with a member this wexd does not know (a newer
+ *    wexd's, read after a downgrade) still holds its lease;
+ *  - fsize_limit: under a file size limit (ulimit -f) wexd is not killed by
+ *    SIGXFSZ: the write fails, the client is told why, wexd keeps serving;
+ *  - close_while_down: an engine that closes its client while wexd is down
+ *    (between a crash and its restart) ends its lease at the next wexd
+ *    once it listens, not only when the engine's process exits.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -37,6 +46,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -374,6 +384,129 @@ static void journal_off(void)
 	t_cons_close(&k);
 }
 
+/* The record file of the one lease written down. */
+static void record_path(char *buf, size_t len)
+{
+	char path[400];
+	struct dirent *e;
+	DIR *dir;
+
+	journal_path(path, sizeof(path));
+	dir = opendir(path);
+	T_ASSERT(dir, "opendir %s", path);
+	buf[0] = '\0';
+	while ((e = readdir(dir)))
+		if (e->d_name[0] != '.')
+			snprintf(buf, len, "%s/%s", path, e->d_name);
+	closedir(dir);
+	T_ASSERT(buf[0], "a record is there");
+}
+
+/* Bytes after a whole record (another writer, a file system that kept
+ * more than was written): the record still names a live process whose
+ * lease must hold the trainer off, not be thrown away. */
+static void garbage_appended(void)
+{
+	struct t_prod p;
+	struct t_cons k;
+	char rec[700];
+	int fd, ret;
+
+	restart(); /* (a journal that is on) */
+	pair("tail", &p, &k, WEX_SYNC_REMAP_VIEW);
+	t_wexd_kill(&d);
+	record_path(rec, sizeof(rec));
+	fd = open(rec, O_WRONLY | O_APPEND);
+	T_ASSERT(fd >= 0 && write(fd, "\0garbage", 8) == 8, "append to %s", rec);
+	close(fd);
+	t_wexd_restart(&d);
+	T_ASSERT(held_count("tail", (int)getpid(), 1, "remap-view") == 1,
+		 "the lease whose record has bytes after it is still held");
+	ret = wex_begin_write(p.c, 2, 200);
+	T_ASSERT(ret == -EBUSY, "the trainer waits for it: %s", wex_strerror(ret));
+	T_WEX(k.c, wex_release(k.c));
+	T_ASSERT(!wex_is_dirty(k.c), "the engine's weights are whole");
+	t_prod_write(&p, 2);
+	t_prod_close(&p);
+	t_cons_close(&k);
+}
+
+/* A record written by a newer wexd that added a member: a wexd that
+ * starts after a downgrade still holds the lease it names. */
+static void newer_member(void)
+{
+	struct t_prod p;
+	int ret;
+
+	t_prod_open(&p, "newer", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	t_wexd_kill(&d);
+	stale_record("l-9-1", getpid(), getuid(), 0, ",\"future\":{\"x\":1}");
+	t_wexd_restart(&d);
+	T_ASSERT(journal_count() == 1 && held_count("stale", (int)getpid(), 3, "remap-view") == 1,
+		 "the record with a member this wexd does not know still holds its lease (%d)",
+		 journal_count());
+	ret = wex_begin_write(p.c, 2, 200);
+	T_ASSERT(ret == 0, "(another model's trainer writes: %s)", wex_strerror(ret));
+	T_WEX(p.c, wex_publish(p.c, 2));
+	t_prod_close(&p);
+	t_wexd_kill(&d);
+	t_journal_wipe(&d);
+	t_wexd_restart(&d);
+}
+
+/* A wexd run under a file size limit (ulimit -f, inherited from a batch
+ * system): a write past it fails with EFBIG, said to the client that
+ * asked, and wexd keeps serving (before: SIGXFSZ killed it, silently,
+ * with every lease it held). */
+static void fsize_limit(void)
+{
+	struct t_prod p;
+	struct rlimit old, lim;
+	wex_client_t *c;
+	void *region;
+	int st, ret;
+
+	t_wexd_kill(&d);
+	getrlimit(RLIMIT_FSIZE, &old);
+	lim = old;
+	lim.rlim_cur = 1024;
+	T_ASSERT(setrlimit(RLIMIT_FSIZE, &lim) == 0, "setrlimit");
+	t_wexd_restart(&d);
+	T_ASSERT(setrlimit(RLIMIT_FSIZE, &old) == 0, "setrlimit back");
+	t_prod_open(&p, "fsize", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	c = t_open(WEX_ROLE_CONSUMER, "fsize", "g", 0, 1);
+	ret = wex_reserve(c, 0, 0, p.seg_bytes, &region);
+	T_ASSERT(waitpid(d.pid, &st, WNOHANG) == 0, "wexd still runs (status %#x)", st);
+	T_ASSERT(ret < 0 && strstr(wex_last_error(c), "File too large"),
+		 "the fetch says why it failed: %s (%s)", wex_strerror(ret), wex_last_error(c));
+	wex_client_close(c);
+	t_prod_close(&p);
+	restart();
+}
+
+/* The engine closes its client while wexd is down (between a crash and
+ * its restart): the lease it held ended with its mappings, so the next
+ * wexd must not hold the trainer off for it until the engine exits. */
+static void close_while_down(void)
+{
+	struct t_prod p;
+	struct t_cons k;
+	int ret;
+
+	pair("down", &p, &k, WEX_SYNC_REMAP_VIEW);
+	t_wexd_kill(&d);
+	t_cons_close(&k);
+	t_wexd_restart(&d);
+	/* (The closed client's hello comes once this wexd listens.) */
+	ret = wex_begin_write(p.c, 2, 5000);
+	T_ASSERT(ret == 0, "the trainer writes: %s (%s)", wex_strerror(ret),
+		 wex_last_error(p.c));
+	T_WEX(p.c, wex_publish(p.c, 2));
+	t_prod_close(&p);
+}
+
 int main(void)
 {
 	t_wexd_start(&d);
@@ -385,6 +518,10 @@ int main(void)
 	claim_mismatch();
 	sigterm_keeps();
 	journal_off();
+	garbage_appended();
+	newer_member();
+	fsize_limit();
+	close_while_down();
 	t_wexd_stop(&d);
 	printf("lease_journal: PASS\n");
 	t_exit(T_EXIT_PASS);

@@ -164,6 +164,43 @@ class TorchGlue(WexdProducerCase):
         self.assertIsNone(c._h)
         del views
 
+    def test_views_after_refetch(self):
+        """View tensors kept across a sync that fetched the producers'
+        memory again (the producer registered again, elsewhere): that
+        sync raises WexError ESTALE naming them (the synced version in
+        .result), and reading them gives zeros, not a SIGSEGV (the
+        process crashed there)."""
+        model = "torch-glue-refetch"
+        p = wex.Client(wex.ROLE_PRODUCER, model, rank=0, world_size=1)
+        self.addCleanup(lambda: p.close())
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 16)
+        p.register_tensors([wex.tensor("w", "F32", (64,), segment=seg)])
+        p.begin_write(1)
+        torch_util.from_ptr(base, (64,), torch.float32, "cpu").fill_(1.0)
+        p.publish(1)
+        c = wex.Client(wex.ROLE_CONSUMER, model, group="keep", timeout_ms=5000)
+        self.addCleanup(c.close)
+        c.sync(wex.SYNC_REMAP_VIEW, 1)
+        old = torch_util.view_tensors(c, device="cpu")["w"][8:]  # (a slice keeps it too)
+        self.assertEqual(float(old.sum()), 56.0)
+        c.release()
+        p.close()
+        p = wex.Client(wex.ROLE_PRODUCER, model, rank=0, world_size=1)
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 22)  # (mapped elsewhere)
+        p.register_tensors([wex.tensor("w", "F32", (64,), segment=seg)])
+        p.begin_write(2)
+        torch_util.from_ptr(base, (64,), torch.float32, "cpu").fill_(2.0)
+        p.publish(2)
+        with self.assertRaises(wex.WexError) as e:
+            c.sync(wex.SYNC_REMAP_VIEW, 2)
+        self.assertEqual(e.exception.code, errno.ESTALE, str(e.exception))
+        self.assertIn("(w)", str(e.exception))
+        self.assertEqual(e.exception.result.version, 2)
+        self.assertEqual(float(old.sum()), 0.0)  # zeros, no SIGSEGV
+        self.assertEqual(float(torch_util.view_tensors(c, device="cpu")["w"].sum()), 128.0)
+        c.sync(wex.SYNC_REMAP_VIEW, 2)  # nothing fetched again: no error
+        del old
+
     def test_tables(self):
         """Strided and empty producer tensors, views that outlive their
         client object, and several pieces of one name."""

@@ -80,6 +80,16 @@ rc=$?
 grep -q "config reload: uid [0-9]* may not change wexd's configuration" "$TMP/reload.err" ||
 	fail "member's config reload: $(cat "$TMP/reload.err")"
 grep -q "reloading configuration, asked by" "$TMP/wexd.log" && fail "a member's config reload was carried out"
+# So is asking engines to verify: refused as such (exit 1, counted), not
+# sent off to attach an engine first (model 'policy' has no group yet).
+runuser -u wex-allowed -- env WEX_SOCKET="$WEX_SOCKET" "$WEXCTL" verify policy --no-wait \
+	>/dev/null 2>"$TMP/verify.err"
+rc=$?
+[ $rc = 1 ] || fail "member's verify exited $rc, not 1"
+grep -q "verify: uid [0-9]* may not ask engines to verify" "$TMP/verify.err" ||
+	fail "member's verify: $(cat "$TMP/verify.err")"
+"$WEXCTL" metrics | grep -q 'wex_refused_connections_total{reason="verify"} 1' ||
+	fail "member's verify not counted as refused"
 
 "$WEXCTL" metrics >"$TMP/metrics" || fail "wexctl metrics"
 grep -q 'wex_refused_connections_total{reason="access"} 1' "$TMP/metrics" ||

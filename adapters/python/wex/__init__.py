@@ -375,6 +375,40 @@ def released(ptr, nbytes):
     return at.value if ret == 1 else None
 
 
+_libc = None
+
+
+def _fill_unmapped(obj, ptr, nbytes):
+    """Private read-only zero pages at the pages of [ptr, ptr + nbytes)
+    that nothing is mapped at any more, where a tensor over them (held by
+    obj) would otherwise crash the process; unmapped once obj is gone.
+    (Never over a mapping: MAP_FIXED_NOREPLACE.)"""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.mmap.restype = ctypes.c_void_p
+        _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                               ctypes.c_int, ctypes.c_long]
+        _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        _libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    pg = os.sysconf("SC_PAGE_SIZE")
+    a = ptr & ~(pg - 1)
+    end = (ptr + nbytes + pg - 1) & ~(pg - 1)
+    mapped = []
+    while a < end:
+        # msync answers ENOMEM for a page with nothing mapped.
+        if _libc.msync(a, pg, 1) < 0 and ctypes.get_errno() == errno.ENOMEM:
+            # PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE
+            got = _libc.mmap(a, pg, 1, 0x02 | 0x20 | 0x100000, -1, 0)
+            if got == a:
+                mapped.append(a)
+            elif got not in (None, ctypes.c_void_p(-1).value):
+                _libc.munmap(got, pg)  # (a kernel without NOREPLACE: elsewhere)
+        a += pg
+    if mapped:
+        weakref.finalize(obj, lambda: [_libc.munmap(p, pg) for p in mapped])
+
+
 def lib_path():
     """The file libwex was loaded from (for CUDAPluggableAllocator)."""
     return lib()._path
@@ -514,6 +548,10 @@ class Client:
         self._timeout_ms = timeout_ms
         self._regions = []  # (address, size) of what reserve() returned
         self._attached = []  # what holds the attached buffers (torch_util.attach_module)
+        # View tensors alive (torch_util.view_tensors): [weakref to what
+        # holds one's memory, name, prank, address, bytes, host]; a sync
+        # that fetched again unmaps what they show (see _stale_views).
+        self._views = []
 
     def _check(self, ret, what):
         if ret < 0:
@@ -571,11 +609,43 @@ class Client:
                                        "wait was interrupted by signals)" % (what, budget))
                     timeout_ms = max(1, int(left * 1000))
 
-    def _track(self, obj):
-        """obj (what holds a tensor's memory) keeps this client open."""
+    def _track(self, obj, view=None):
+        """obj (what holds a tensor's memory) keeps this client open.
+        view: (name, prank, address, bytes, host) of a view_tensors
+        tensor, checked by each sync (_stale_views)."""
         with self._live_lock:
             self._live += 1
+            if view is not None:
+                self._views.append([weakref.ref(obj)] + list(view))
         weakref.finalize(obj, self._untrack)
+
+    def _stale_views(self):
+        """After a sync: the view tensors alive whose memory that sync
+        unmapped or moved (it fetched the producers' segments again: they
+        registered again, a producer or wexd restarted).  Reading one
+        would crash the process (SIGSEGV): host memory no longer mapped
+        gets private zero pages in its place, unmapped once the last
+        tensor over it is gone.  Returns their names."""
+        with self._live_lock:
+            self._views = [v for v in self._views if v[0]() is not None]
+            views = list(self._views)
+        stale = []
+        for entry in views:
+            ref, name, prank, ptr, nbytes, host = entry
+            try:
+                now = self.view(name, prank)[0]
+            except WexError:
+                now = None
+            if now == ptr:
+                continue
+            stale.append(name)
+            with self._live_lock:
+                if entry in self._views:
+                    self._views.remove(entry)
+            obj = ref()
+            if host and obj is not None:
+                _fill_unmapped(obj, ptr, nbytes)
+        return stale
 
     def _untrack(self):
         # A finalizer: it may run in any thread, inside any call of this
@@ -746,13 +816,30 @@ class Client:
         """wex_sync; verify=True compares every byte of the attached layout
         with the producer's before the lease ends (WEX_SYNC_VERIFY): a
         difference raises WexError with code EVERIFY and leaves the weights
-        dirty."""
+        dirty.  Where the sync fetched the producers' memory again while
+        tensors of an earlier torch_util.view_tensors are alive (their
+        memory is unmapped: reading them would crash the process), it
+        raises WexError ESTALE naming them, with the completed sync's
+        result as ``.result`` (host ones read zeros from then on)."""
         res = SyncResult()
         if verify:
             mode |= SYNC_VERIFY
         minv = _uint(min_version, 64, "min_version")
-        self._call_wait("sync", self._lib.wex_sync, _uint(timeout_ms, 32, "timeout_ms"),
-                        lambda t: (mode, minv, t, ctypes.byref(res)))
+        try:
+            self._call_wait("sync", self._lib.wex_sync, _uint(timeout_ms, 32, "timeout_ms"),
+                            lambda t: (mode, minv, t, ctypes.byref(res)))
+        finally:
+            stale = self._stale_views() if self._views and self._h is not None else []
+        if stale:
+            e = WexError(errno.ESTALE, "sync: version %d synced, but it fetched the producers' "
+                         "memory again (they registered again, a producer or wexd "
+                         "restarted, or attach() since the last fetch): %d tensor(s) from "
+                         "an earlier view_tensors (%s) no longer show it (host ones read "
+                         "zeros now); take them again with view_tensors" % (res.version, len(stale),
+                                           ", ".join(stale[:3]) +
+                                           (" ..." if len(stale) > 3 else "")))
+            e.result = res
+            raise e
         return res
 
     def release(self):

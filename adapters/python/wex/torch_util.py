@@ -539,7 +539,7 @@ def _span(shape, strides):
     return sum((s - 1) * st for s, st in zip(shape, strides)) + 1
 
 
-def from_ptr(ptr, shape, dtype, device=None, strides=None, owner=None):
+def from_ptr(ptr, shape, dtype, device=None, strides=None, owner=None, _view=None):
     """A tensor over memory at ptr (no copy): device memory when device is
     a CUDA device (or None with ptr a device address), else host memory.
     Host segments on a machine with CUDA need device="cpu"; where PyTorch
@@ -588,7 +588,11 @@ def from_ptr(ptr, shape, dtype, device=None, strides=None, owner=None):
         raise ValueError("wex.torch_util.from_ptr: PyTorch copied the memory at %#x to %s "
                          "(a default device?) instead of viewing it" % (ptr, raw.device))
     if track is not None:
-        track(holder)
+        if _view is not None:
+            track(holder, view=tuple(_view) + (ptr, nbytes, holder is not raw and
+                                               isinstance(holder, ctypes.Array)))
+        else:
+            track(holder)
     raw = raw.view(dtype)
     if strides and any(strides):
         return raw.as_strided(shape, strides)
@@ -613,13 +617,17 @@ def _unique_names(table, prank):
 def view_tensors(client, prank=0, device=None):
     """After a REMAP_VIEW sync: {name: tensor over the producer's memory}.
     The tensors keep the client alive; its next sync or close() ends what
-    they show."""
+    they show.  A later sync that fetches the producers' memory again
+    (they registered again, a producer or wexd restarted) unmaps it: that
+    sync raises WexError (ESTALE, its result as .result) naming the
+    tensors, and host ones read zeros from then on instead of crashing
+    the process: take them again."""
     out = {}
     table, _ = client.producer_tensors(prank)
     for name in _unique_names(table, prank):
         ptr, desc = client.view(name, prank)
         out[name] = from_ptr(ptr, desc.dims(), torch_dtype(desc.dtype_name), device,
-                             strides=_strides(desc), owner=client)
+                             strides=_strides(desc), owner=client, _view=(name, prank))
     return out
 
 
