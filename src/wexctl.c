@@ -592,7 +592,7 @@ static void print_verify_rank(const char *group, json_t *r)
 	const char *state = json_string_value(json_object_get(r, "state")) ?: "?";
 	const char *res = json_string_value(json_object_get(v, "result")) ?: "-";
 	char bytes[32] = "-", detail[WEX_NAME_MAX + 512] = "";
-	char secs[32] = "-";
+	char secs[32] = "-", ver[32] = "-";
 
 	if (v) {
 		fmt_bytes((uint64_t)json_integer_value(json_object_get(v, "bytes")), bytes,
@@ -616,10 +616,14 @@ static void print_verify_rank(const char *group, json_t *r)
 	else if (!strcmp(state, "expired"))
 		snprintf(detail, sizeof(detail), "no sync while the ask stood (serves v%lld)",
 			 (long long)json_integer_value(json_object_get(r, "served")));
-	printf("%-16s %-5lld %-8lld %-9s %-8lld %-12s %-12s %10s %8s  %s\n", group,
+	/* VERSION: the version verified; "-" where nothing was (not 0,
+	 * beside a detail naming the version served). */
+	if (v)
+		snprintf(ver, sizeof(ver), "%lld",
+			 (long long)json_integer_value(json_object_get(v, "version")));
+	printf("%-16s %-5lld %-8lld %-9s %-8s %-12s %-12s %10s %8s  %s\n", group,
 	       (long long)json_integer_value(json_object_get(r, "rank")),
-	       (long long)json_integer_value(json_object_get(r, "pid")), state,
-	       (long long)json_integer_value(json_object_get(v, "version")),
+	       (long long)json_integer_value(json_object_get(r, "pid")), state, ver,
 	       json_string_value(json_object_get(v, "mode")) ?: "-", res, bytes, secs, detail);
 }
 

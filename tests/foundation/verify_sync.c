@@ -393,6 +393,9 @@ static void wexctl_checks(struct t_cons *k)
 	T_ASSERT(ret == 4 && (strstr(slurp(out), "pending") || strstr(slurp(out), "expired")) &&
 			 strstr(slurp(out), "not verified"),
 		 "no sync in time: exit %d: %s", ret, slurp(out));
+	/* Nothing verified: VERSION "-", not 0 beside "serves v1". */
+	T_ASSERT(strstr(slurp(out), "pending   - ") || strstr(slurp(out), "expired   - "),
+		 "no sync in time: a version shown for a rank that verified none: %s", slurp(out));
 	{
 		long before = verifications(k->c);
 
