@@ -1085,6 +1085,14 @@ static int conn_lost(int ret)
 	return ret == -EPIPE || ret == -ECONNRESET || ret == -ENOTCONN;
 }
 
+/* The connection to wexd failed, or no wexd answers at its socket (not a
+ * refusal by wexd, not the wait's own timeout). */
+static int daemon_gone(int ret)
+{
+	return ret == -WEX_EDAEMON || conn_lost(ret) || ret == -ECONNREFUSED || ret == -ENOENT ||
+	       ret == -ESHUTDOWN;
+}
+
 /* One request; on a lost daemon, reconnect once and retry. `req` is taken.
  * Received fds (if rfds) are the caller's. */
 /* begin_write of v, which this rank published: a reconnect found it
@@ -1206,21 +1214,30 @@ static const char *role_str(int role)
 /* Says hello on a new connection.  A consumer whose lease went with the
  * old one (lease_lost) names it: a remap lease that wexd wrote down
  * outlives a restart of wexd, and is taken back (*reclaimed = 1). */
-static int hello(struct wex_client *c, int *reclaimed, uint64_t *published)
+static json_t *hello_req(const struct wex_client *c)
 {
-	json_t *req, *reply = NULL;
 	char name[64];
-	int ret;
+	json_t *req;
 
-	*reclaimed = 0;
 	snprintf(name, sizeof(name), "pid-%d", (int)getpid());
 	req = json_pack("{s:s, s:s, s:s, s:I, s:I, s:s}", "op", "hello", "role", role_str(c->role),
 			"name", name, "rank", (json_int_t)c->rank, "world", (json_int_t)c->world,
 			"group", c->group);
-	if (c->role != WEX_ROLE_ADMIN)
+	if (req && c->role != WEX_ROLE_ADMIN)
 		json_object_set_new(req, "model", json_string(c->model));
-	if (c->role == WEX_ROLE_CONSUMER && c->lease_lost && c->lease_version)
+	if (req && c->role == WEX_ROLE_CONSUMER && c->lease_lost && c->lease_version)
 		json_object_set_new(req, "lease", json_integer((json_int_t)c->lease_version));
+	return req;
+}
+
+static int hello(struct wex_client *c, int *reclaimed, uint64_t *published)
+{
+	json_t *req = hello_req(c), *reply = NULL;
+	int ret;
+
+	*reclaimed = 0;
+	if (!req)
+		return -ENOMEM;
 	ret = raw_rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, c->timeout_ms);
 	json_decref(req);
 	if (ret < 0)
@@ -1974,10 +1991,8 @@ struct owed_hello {
  * before it: shutting down, max_clients, out of fds). */
 static int owed_answered(int ret)
 {
-	return ret == 0 || (ret != -ESHUTDOWN && ret != -EBUSY && ret != -EMFILE &&
-			    ret != -ECONNREFUSED && ret != -ENOENT && ret != -ECONNRESET &&
-			    ret != -EPIPE && ret != -ETIMEDOUT && ret != -EAGAIN &&
-			    ret != -WEX_EDAEMON);
+	return !daemon_gone(ret) && ret != -EBUSY && ret != -EMFILE && ret != -ETIMEDOUT &&
+	       ret != -EAGAIN;
 }
 
 static void *owed_main(void *arg)
@@ -2021,17 +2036,14 @@ static void *owed_main(void *arg)
 static void owed_hello_later(struct wex_client *c)
 {
 	struct owed_hello *o = calloc(1, sizeof(*o));
-	json_t *req;
+	json_t *req = hello_req(c); /* (names no lease: c->lease_lost is 0 by now) */
 	sigset_t all, old;
 	pthread_attr_t attr;
 	pthread_t th;
-	char name[64];
 	int ret = -1;
 
-	snprintf(name, sizeof(name), "pid-%d", (int)getpid());
-	req = json_pack("{s:i, s:s, s:s, s:s, s:s, s:I, s:I, s:s}", "v", WEX_PROTO_VERSION, "op",
-			"hello", "role", "consumer", "model", c->model, "group", c->group, "rank",
-			(json_int_t)c->rank, "world", (json_int_t)c->world, "name", name);
+	if (req)
+		json_object_set_new(req, "v", json_integer(WEX_PROTO_VERSION));
 	if (o && req) {
 		snprintf(o->sock, sizeof(o->sock), "%s", c->sock);
 		o->msg = wex__json_dump(req, &o->len);
@@ -2250,12 +2262,18 @@ static int regions_leave(struct wex_client *c, int ret, int held);
 static int add_seg_ex(struct wex_client *c, struct wex_mem_seg *seg, int part, size_t *parts,
 		      size_t nparts, uint32_t *id)
 {
-	struct own_seg *n = realloc(c->osegs, (c->nosegs + 1) * sizeof(*n));
+	struct own_seg *n;
 	int ret;
 
+	/* A fork's handler walks the array (its fds), under the state lock:
+	 * never a freed one, and a segment counted only once it is whole. */
+	state_lock(c);
+	n = realloc(c->osegs, (c->nosegs + 1) * sizeof(*n));
+	if (n)
+		c->osegs = n;
+	state_unlock(c);
 	if (!n)
 		return -ENOMEM;
-	c->osegs = n;
 	memset(&n[c->nosegs], 0, sizeof(n[0]));
 	n[c->nosegs].seg = *seg;
 	n[c->nosegs].part = part;
@@ -2265,7 +2283,9 @@ static int add_seg_ex(struct wex_client *c, struct wex_mem_seg *seg, int part, s
 	if (ret < 0)
 		return ret;
 	*id = n[c->nosegs].id;
+	state_lock(c);
 	c->nosegs++;
+	state_unlock(c);
 	return 0;
 }
 
@@ -2336,7 +2356,9 @@ out:
 	 * wexd keeps them, and so must the client, to number alike.) */
 	if (ret < 0 && c->fd < 0)
 		while (c->nosegs > first) {
+			state_lock(c); /* (off a fork's list before its fds close) */
 			c->nosegs--;
+			state_unlock(c);
 			seg_release(c, &c->osegs[c->nosegs].seg);
 			free(c->osegs[c->nosegs].parts);
 		}
@@ -2699,14 +2721,6 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
 	CALL_OK(c, t || !n);
 	REGISTERING(c, ret, register_tensors(c, t, n));
 	return ret;
-}
-
-/* The connection to wexd failed, or no wexd answers at its socket (not a
- * refusal by wexd, not the wait's own timeout). */
-static int daemon_gone(int ret)
-{
-	return ret == -WEX_EDAEMON || conn_lost(ret) || ret == -ECONNREFUSED || ret == -ENOENT ||
-	       ret == -ESHUTDOWN;
 }
 
 /* Sleeps ms, or less when wex_cancel asks to cancel the running call, or

@@ -92,7 +92,8 @@ static const struct field fields[WEX_CF_COUNT] = {
 		"largest control message accepted; larger tables travel in a sealed memfd" },
 	[WEX_CF_MAX_CLIENTS] = { "max_clients", FT_INT, FLD(max_clients), "WEX_MAX_CLIENTS", "1024",
 		1, 65536, NULL, NULL, F_RELOAD,
-		"connections beyond this many are refused (existing ones stay)" },
+		"connections beyond this many are refused (existing ones stay); root and wexd's "
+		"own user may open 4 more (wexctl status, config reload)" },
 	[WEX_CF_WATCHDOG] = { "watchdog", FT_BOOL, FLD(watchdog), "WEX_WATCHDOG", "true", 0, 0,
 		NULL, NULL, 0, "send WATCHDOG=1 to systemd when the unit sets WatchdogSec=" },
 	[WEX_CF_DRAIN_TIMEOUT_MS] = { "drain_timeout_ms", FT_INT, FLD(drain_timeout_ms),

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "layout.h"
@@ -366,10 +367,18 @@ static char *read_text(const char *path)
 {
 	FILE *f = fopen(path, "rb");
 	char *buf = NULL;
+	struct stat st;
 	long n;
 
 	if (!f)
 		return NULL;
+	/* A directory opens, and its ftell is LONG_MAX on ext4: read as a
+	 * malloc that failed ("Cannot allocate memory"). */
+	if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+		fclose(f);
+		errno = EISDIR;
+		return NULL;
+	}
 	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
 		buf = malloc((size_t)n + 1);
 		if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
@@ -1002,11 +1011,22 @@ int wex__model_load(const char *config_path, const char *adapters_dir, struct we
 	int ret;
 
 	if (!txt) {
-		seterr(err, errlen, "%s: %s", config_path, strerror(errno));
+		int e = errno;
+
+		seterr(err, errlen, "%s: %s%s", config_path, strerror(e),
+		       e == EISDIR ? " (the model's config.json is wanted)" : "");
 		return -ENOENT;
 	}
 	ret = wex__model_from_text(txt, adapters_dir, out, err, errlen);
 	free(txt);
+	/* Its messages name "config.json": the file read may be called
+	 * otherwise, and be one of several. */
+	if (ret < 0 && err && !strncmp(err, "config.json: ", 13)) {
+		char tmp[1024];
+
+		snprintf(tmp, sizeof(tmp), "%s", err + 13);
+		seterr(err, errlen, "%s: %s", config_path, tmp);
+	}
 	return ret;
 }
 

@@ -71,8 +71,17 @@ WEX_API int wex_dtype_from_name(const char *name)
 WEX_API uint64_t wex_tensor_nbytes(const struct wex_tensor *t)
 {
 	uint64_t n = wex_dtype_size(t->dtype);
+	int over = 0;
 
-	for (uint32_t i = 0; i < t->ndim && i < WEX_MAX_DIMS; i++)
-		n *= t->extent[i];
-	return n;
+	/* Saturates (a box no memory holds) rather than wrap to a small
+	 * size a caller would allocate; an empty box is 0 whatever else. */
+	for (uint32_t i = 0; i < t->ndim && i < WEX_MAX_DIMS; i++) {
+		if (t->extent[i] == 0)
+			return 0;
+		if (n > UINT64_MAX / t->extent[i])
+			over = 1;
+		else
+			n *= t->extent[i];
+	}
+	return over ? UINT64_MAX : n;
 }

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -578,17 +579,63 @@ out:
 
 struct rank_files {
 	struct wex_st_file *f;
+	char **path; /* f[i]'s, for errors that name the file */
 	size_t n;
 };
 
 static int add_file(struct rank_files *rf, const char *path, char *err, size_t errlen)
 {
 	struct wex_st_file *x = realloc(rf->f, (rf->n + 1) * sizeof(*x));
+	char **p;
 
-	if (!x)
+	if (x)
+		rf->f = x;
+	p = x ? realloc(rf->path, (rf->n + 1) * sizeof(*p)) : NULL;
+	if (p)
+		rf->path = p;
+	if (!p || !(p[rf->n] = strdup(path))) {
+		seterr(err, errlen, "out of memory");
 		return -ENOMEM;
-	rf->f = x;
-	return wex__st_open(path, &rf->f[rf->n++], err, errlen) < 0 ? (rf->n--, -EINVAL) : 0;
+	}
+	if (wex__st_open(path, &rf->f[rf->n], err, errlen) < 0) {
+		free(p[rf->n]);
+		return -EINVAL;
+	}
+	rf->n++;
+	return 0;
+}
+
+/* The file of rf holding t (a tensor of one of them). */
+static const char *file_of(const struct rank_files *rf, const struct wex_st_tensor *t)
+{
+	for (size_t i = 0; i < rf->n; i++)
+		if (t >= rf->f[i].t && t < rf->f[i].t + rf->f[i].n)
+			return rf->path[i];
+	return "?";
+}
+
+/* A source rank's files, for an error: the file, or how many of `in`. */
+static const char *files_str(char *buf, size_t len, const struct rank_files *rf, const char *in)
+{
+	if (rf->n == 1)
+		snprintf(buf, len, "%s", rf->path[0]);
+	else
+		snprintf(buf, len, "%zu files of %s", rf->n, in);
+	return buf;
+}
+
+/* A shape as "[24, 32]". */
+static const char *shape_str(char *buf, size_t len, uint32_t ndim, const uint64_t *shape)
+{
+	size_t at = 0;
+
+	at += (size_t)snprintf(buf, len, "[");
+	for (uint32_t d = 0; d < ndim && at < len; d++)
+		at += (size_t)snprintf(buf + at, len - at, "%s%llu", d ? ", " : "",
+				       (unsigned long long)shape[d]);
+	if (at < len)
+		snprintf(buf + at, len - at, "]");
+	return buf;
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -758,8 +805,8 @@ static int check_unique(const struct rank_files *rf, uint32_t rank, char *err, s
 	qsort(v, n, sizeof(*v), cmp_tname);
 	for (size_t i = 1; i < n; i++)
 		if (!strcmp(v[i - 1]->name, v[i]->name)) {
-			seterr(err, errlen, "source rank %u: tensor %s is in two of its files", rank,
-			       v[i]->name);
+			seterr(err, errlen, "source rank %u: tensor %s is in two of its files, %s and %s",
+			       rank, v[i]->name, file_of(rf, v[i - 1]), file_of(rf, v[i]));
 			ret = -EINVAL;
 			break;
 		}
@@ -1065,6 +1112,8 @@ struct progress {
 	size_t files;
 	uint64_t done, total; /* bytes of this rank's copies */
 	double t0, shown;
+	char *err; /* for stopped() */
+	size_t errlen;
 };
 
 #define PROGRESS_STEP (256ull << 20) /* bytes copied between two looks */
@@ -1119,8 +1168,38 @@ static uint64_t op_bytes(const struct wex_copy_op *op)
 	return b;
 }
 
+/* SIGINT, SIGTERM, SIGHUP: blocked while convert writes, and looked for
+ * between steps, so that the files written so far are removed before the
+ * signal, once unblocked, ends the process (it left the ranks done as
+ * NAME.partial and the one being written as NAME.partial.tmp.PID, a
+ * checkpoint's size of hidden files, more with every retry). */
+static void stop_signals(sigset_t *set)
+{
+	sigemptyset(set);
+	sigaddset(set, SIGINT);
+	sigaddset(set, SIGTERM);
+	sigaddset(set, SIGHUP);
+}
+
+/* -EINTR, with err set, once one of stop_signals is pending. */
+static int stopped(char *err, size_t errlen)
+{
+	sigset_t p, stop;
+
+	stop_signals(&stop);
+	if (sigpending(&p) < 0)
+		return 0;
+	for (int s = 1; s < NSIG; s++)
+		if (sigismember(&stop, s) == 1 && sigismember(&p, s) == 1) {
+			seterr(err, errlen, "interrupted (%s): the files written so far are removed",
+			       strsignal(s));
+			return -EINTR;
+		}
+	return 0;
+}
+
 /* Runs a rank's plan on the host executor, in steps of about
- * PROGRESS_STEP bytes when progress is shown (one step otherwise). */
+ * PROGRESS_STEP bytes (to show progress and to see a signal). */
 static int copy_rank(const struct wex_plan *p, struct bases *bs, const struct wex_tensor *pieces,
 		     struct progress *pg)
 {
@@ -1135,11 +1214,13 @@ static int copy_rank(const struct wex_plan *p, struct bases *bs, const struct we
 	for (size_t i = 0, j; i < p->nops && ret == 0; i = j) {
 		uint64_t b = 0;
 
-		for (j = i; j < p->nops && (!pg->on || b < PROGRESS_STEP); j++)
+		for (j = i; j < p->nops && b < PROGRESS_STEP; j++)
 			b += op_bytes(&ops[j]);
 		ret = wex_mem_host_copy(ops + i, j - i, 2);
 		pg->done += b;
 		progress_show(pg, "copied");
+		if (ret == 0)
+			ret = stopped(pg->err, pg->errlen);
 	}
 	free(ops);
 	return ret;
@@ -1159,7 +1240,8 @@ int wexctl_cmd_convert(int argc, char **argv)
 	int ret = 0, rc = 1;
 	struct names names = { 0 }; /* the files written, as NAME.partial until renamed */
 	size_t nnames = 0;
-	int staged = 1, hf;
+	int staged = 1, hf, blocked = 0;
+	sigset_t stop, old;
 
 	if ((ret = parse_opts(argc, argv, &o, 2)) != 0)
 		return usage("convert", ret == 1);
@@ -1245,17 +1327,23 @@ int wexctl_cmd_convert(int argc, char **argv)
 			const struct wex_st_tensor *t = find_in(&rf[r], l->t[i].name);
 
 			if (!t) {
-				seterr(err, sizeof(err), "source rank %u lacks %s", r, l->t[i].name);
+				char w[512];
+
+				seterr(err, sizeof(err), "source rank %u (%s) lacks %s", r,
+				       files_str(w, sizeof(w), &rf[r], o.pos[0]), l->t[i].name);
 				ret = -WEX_ELAYOUT;
 				goto fail;
 			}
 			if (t->dtype != l->t[i].dtype || t->ndim != l->t[i].ndim ||
 			    memcmp(t->shape, l->t[i].shape, t->ndim * sizeof(uint64_t))) {
+				char a[200], b[200];
+
 				seterr(err, sizeof(err),
-					 "source rank %u: %s is %s with %u dims, the layout expects %s %llu x ... (%u dims)",
-					 r, t->name, wex_dtype_name(t->dtype), t->ndim,
-					 wex_dtype_name(l->t[i].dtype),
-					 (unsigned long long)l->t[i].shape[0], l->t[i].ndim);
+				       "source rank %u: %s: %s is %s %s, the layout expects %s %s", r,
+				       file_of(&rf[r], t), t->name, wex_dtype_name(t->dtype),
+				       shape_str(a, sizeof(a), t->ndim, t->shape),
+				       wex_dtype_name(l->t[i].dtype),
+				       shape_str(b, sizeof(b), l->t[i].ndim, l->t[i].shape));
 				ret = -WEX_ELAYOUT;
 				goto fail;
 			}
@@ -1292,6 +1380,10 @@ int wexctl_cmd_convert(int argc, char **argv)
 	ret = wex__planner_new(srcs, src.world, &pl, err, sizeof(err));
 	if (ret < 0)
 		goto fail;
+	stop_signals(&stop);
+	blocked = sigprocmask(SIG_BLOCK, &stop, &old) == 0;
+	pg.err = err;
+	pg.errlen = sizeof(err);
 	if (mkdir(o.pos[1], 0755) < 0 && errno != EEXIST) {
 		seterr(err, sizeof(err), "%s: %s", o.pos[1], strerror(errno));
 		ret = -errno;
@@ -1421,6 +1513,11 @@ int wexctl_cmd_convert(int argc, char **argv)
 			if (ret < 0)
 				goto rank_out;
 			created = k + 1;
+			/* (posix_fallocate writes zeros where the file system
+			 * cannot reserve blocks: not quick for 70 GB.) */
+			ret = stopped(err, sizeof(err));
+			if (ret < 0)
+				goto rank_out;
 		}
 		for (size_t i = 0; i < l->np; i++) {
 			pieces[i] = l->p[i];
@@ -1434,14 +1531,19 @@ int wexctl_cmd_convert(int argc, char **argv)
 		pg.t0 = pg.shown = now();
 		ret = copy_rank(p, &bs, pieces, &pg);
 		if (ret < 0) {
-			seterr(err, sizeof(err), "copy failed: %s", strerror(-ret));
+			if (ret != -EINTR)
+				seterr(err, sizeof(err), "copy failed: %s", strerror(-ret));
 			goto rank_out;
 		}
 		total += p->stats.bytes_moved;
 		progress_show(&pg, "syncing");
 		created = 0; /* finish closes each file, whatever it returns */
 		for (size_t k = 0; k < nfiles; k++) {
-			ret = wex__st_finish(&files[k], err, sizeof(err));
+			ret = stopped(err, sizeof(err));
+			if (ret < 0)
+				wex__st_abort(&files[k]);
+			else
+				ret = wex__st_finish(&files[k], err, sizeof(err));
 			if (ret < 0) {
 				/* The files before k were staged; those after
 				 * still need aborting. */
@@ -1469,6 +1571,9 @@ rank_out:
 		if (ret < 0)
 			goto fail;
 	}
+	ret = stopped(err, sizeof(err));
+	if (ret < 0)
+		goto fail;
 	for (size_t k = 0; k < nnames; k++) {
 		char from[4200];
 
@@ -1545,13 +1650,20 @@ out:
 	free(bs.b);
 	free(srcs);
 	for (uint32_t r = 0; rf && r < src.world; r++) {
-		for (size_t i = 0; i < rf[r].n; i++)
+		for (size_t i = 0; i < rf[r].n; i++) {
 			wex__st_close(&rf[r].f[i]);
+			free(rf[r].path[i]);
+		}
 		free(rf[r].f);
+		free(rf[r].path);
 	}
 	free(rf);
 	side_free(&src);
 	side_free(&dst);
 	wex__model_free(m);
+	/* A signal that came meanwhile ends the process now, as it would
+	 * have, with nothing of this conversion left half done. */
+	if (blocked)
+		sigprocmask(SIG_SETMASK, &old, NULL);
 	return rc;
 }

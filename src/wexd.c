@@ -204,6 +204,9 @@ static void on_accept(void *arg, int fd)
 	struct wexd *d = arg;
 	const char *how;
 	struct conn *c;
+	pid_t pid = 0;
+	uid_t uid;
+	gid_t gid;
 	int pfd;
 
 	if (d->draining) {
@@ -212,7 +215,17 @@ static void on_accept(void *arg, int fd)
 						 "no new client"));
 		return;
 	}
-	if (d->cfg.max_clients > 0 && d->nconns >= (uint64_t)d->cfg.max_clients) {
+	if (wex_sock_peercred(fd, &pid, &uid, &gid) < 0) {
+		wex_warn("conn", "SO_PEERCRED: %m: refusing client");
+		close(fd);
+		return;
+	}
+	/* Root and wexd's own user get a few connections past the limit:
+	 * wexctl (status, config reload: systemd's ExecReload) must reach
+	 * wexd when max_clients is reached, to raise it. */
+	if (d->cfg.max_clients > 0 &&
+	    d->nconns >= (uint64_t)d->cfg.max_clients +
+				  (uid == 0 || uid == geteuid() ? WEXD_ADMIN_RESERVE : 0)) {
 		wex__metrics_count(WEX_M_REFUSED, "max_clients", NULL, 1);
 		/* Once per 1000: a connection flood cannot flood the log. */
 		if (d->max_clients_refused++ % 1000 == 0)
@@ -235,13 +248,9 @@ static void on_accept(void *arg, int fd)
 	c->lease_fd = -1;
 	c->id = ++d->next_conn_id;
 	c->connected_ns = wex__now_ns();
-	if (wex_sock_peercred(fd, &c->pid, &c->uid, &c->gid) < 0) {
-		wex_warn("conn", "SO_PEERCRED: %m: refusing client");
-		free(c->io.buf);
-		free(c);
-		close(fd);
-		return;
-	}
+	c->pid = pid;
+	c->uid = uid;
+	c->gid = gid;
 	c->ngroups = wex_sock_peergroups(fd, &c->groups);
 	if (c->ngroups < 0)
 		c->ngroups = -1;

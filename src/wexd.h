@@ -18,6 +18,10 @@
 
 enum { WAIT_NONE = 0, WAIT_BEGIN_WRITE, WAIT_ACQUIRE };
 
+/* Connections past max_clients that root and wexd's own user may still
+ * open (wexctl status, config reload) when the limit is reached. */
+#define WEXD_ADMIN_RESERVE 4
+
 struct model;
 struct cgroup;
 

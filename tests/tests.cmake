@@ -109,6 +109,8 @@ wex_add_test(fork_child_pidfd_open SOURCES tests/foundation/fork_child.c
   ENV "WEX_IO=io_uring;WEX_SOCK_NO_PEERPIDFD=1")
 wex_foundation_test(socket_path)
 wex_foundation_test(open_errors LIBS wex)
+# (Not linked with libwex: it loads it with dlopen, and unloads it.)
+wex_foundation_test(lib_unload LIBS ${CMAKE_DL_LIBS} ARGS $<TARGET_FILE:wex>)
 # Guarantee 4 on demand: the byte comparison, and WEX_SYNC_VERIFY and
 # wexctl verify against a real wexd.  CPU-bound over 1 to 7 threads: 4 s
 # idle, up to 36 s in the ASan build on a loaded 2-core box.

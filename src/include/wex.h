@@ -98,7 +98,8 @@ struct wex_tensor {
 	void *ptr;
 };
 
-/* Number of bytes the tensor's box spans when contiguous. */
+/* Number of bytes the tensor's box spans when contiguous: UINT64_MAX when
+ * that does not fit in 64 bits, 0 for an empty box or an unknown dtype. */
 WEX_API uint64_t wex_tensor_nbytes(const struct wex_tensor *t);
 
 /* ---------------------------------------------------------------------- */

@@ -368,10 +368,10 @@ static void peer_reads_alloc(void)
 	 * (cuda_copy_3dev_emul) the driver refuses device 1 only: device 2
 	 * keeps its access (one call for the pair, then one each), and the
 	 * warning names device 1 alone. */
+	const int three = gpu_count() >= 3 && gpu_can_peer(2, 0);
 	{
 		unsigned long calls = emul_calls("cuMemSetAccess");
-		int three = gpu_count() >= 3 && gpu_can_peer(2, 0);
-		char log[4096];
+		char log[4096], want[256];
 		ssize_t got;
 		int fd = memfd_create("log", MFD_CLOEXEC), saved, ret;
 
@@ -399,14 +399,13 @@ static void peer_reads_alloc(void)
 		/* Its own device's access, then the peers' (refused), then
 		 * each peer alone where there were two. */
 		CHECK(emul_calls("cuMemSetAccess") == calls + (three ? 4 : 2));
-		CHECK(strstr(log, three ? "giving device(s) 1, with peer access to device 0, access to "
-					  "memory allocated there was refused (cuMemSetAccess: "
-					  "CUDA_ERROR_NOT_SUPPORTED)"
-					: "giving device(s) 1, with peer access to device 0, access to "
-					  "memory allocated there was refused (cuMemSetAccess: "
-					  "CUDA_ERROR_INVALID_VALUE)") != NULL);
+		snprintf(want, sizeof(want),
+			 "giving device(s) 1, with peer access to device 0, access to memory "
+			 "allocated there was refused (cuMemSetAccess: %s)",
+			 three ? "CUDA_ERROR_NOT_SUPPORTED" : "CUDA_ERROR_INVALID_VALUE");
+		CHECK(strstr(log, want) != NULL);
 	}
-	if (gpu_count() >= 3 && gpu_can_peer(2, 0)) {
+	if (three) {
 		/* Device 2 reaches it still. */
 		CHECK_OK(wex__cuda_use_device(0));
 		dev_fill((uint64_t)(uintptr_t)p, n, 4);

@@ -10,7 +10,8 @@
 # service hides no device: no PrivateDevices=yes, DeviceAllow=, restrictive
 # DevicePolicy= or ProtectClock=yes (which implies DeviceAllow=char-rtc r,
 # turning the default policy into "listed devices only": /dev/nvidia* and
-# /dev/infiniband/* would be denied).  Exit 0 pass, 1 fail, 77 skip.
+# /dev/infiniband/* would be denied), and that it starts after the user
+# database (nss-user-lookup.target).  Exit 0 pass, 1 fail, 77 skip.
 set -u
 unit_dir=$1
 # systemd wants an absolute path in ExecStart=.
@@ -39,6 +40,16 @@ if grep -Eq '^(PrivateDevices=(yes|true|1)|DeviceAllow=|DevicePolicy=(strict|clo
 	"$unit_dir/wexd.service"; then
 	echo "FAIL: wexd.service restricts device access (GPUs, RDMA):"
 	grep -En '^(PrivateDevices|DeviceAllow|DevicePolicy|ProtectClock)=' "$unit_dir/wexd.service"
+	exit 1
+fi
+
+# wexd resolves the user and group names of its file ("models",
+# socket_group) at start, and one it cannot resolve is exit 2, which
+# RestartPreventExitStatus=2 never restarts: started at boot before an
+# NSS provider (sssd, LDAP) is up, wexd stayed failed.  The unit must be
+# ordered after the user database (systemd.special(7)).
+if ! grep -Eq '^After=.*nss-user-lookup\.target' "$unit_dir/wexd.service"; then
+	echo "FAIL: wexd.service is not ordered After=nss-user-lookup.target"
 	exit 1
 fi
 

@@ -4,9 +4,12 @@
 # then to vllm tp=2, then back to hf with every byte unchanged; converting
 # into the input directory itself gives the same bytes as into a fresh one,
 # and an extra tensor of another dtype in the checkpoint changes nothing
-# (and is named on stderr as not converted).  --to hf also copies the
-# tokenizer and generation config found beside IN or --config (IN's
-# first), never over a file OUTDIR already has; one model.safetensors gets
+# (and is named on stderr as not converted).  A source file with a tensor
+# of another shape or dtype, without one, or two files with one tensor
+# are refused naming the files (and both shapes); a --config that is a
+# directory or does not parse is named; SIGTERM leaves OUTDIR empty.
+# --to hf also copies the tokenizer and generation config found beside IN
+# or --config (IN's first), never over a file OUTDIR already has; one model.safetensors gets
 # no index, as save_pretrained writes none (an earlier one is removed),
 # and reads back as a directory.  An OUTDIR that is a file and an
 # unknown engine are bad values (exit 2), refused before anything is
@@ -86,6 +89,18 @@ rc=$?
 rc=$?
 [ $rc = 2 ] && head -n 1 "$d/bad.err" | grep -qF "convert: OUTDIR $d/none/sub: its parent $d/none: No such file or directory" ||
 	{ echo "OUTDIR in no directory: exit $rc: $(cat "$d/bad.err")"; exit 1; }
+# --config naming the model's directory (which holds config.json), or a
+# config under another name that does not parse: named, with the cause
+# (they said "DIR: Cannot allocate memory" and "config.json: ...").
+"$WEXCTL_BIN" convert --config "$d" --from hf --to vllm:tp=2 "$d/hf" "$d/o-cfg" 2>"$d/cfg.err"
+rc=$?
+[ $rc != 0 ] && [ ! -e "$d/o-cfg" ] && grep -qF "convert: $d: Is a directory" "$d/cfg.err" ||
+	{ echo "--config a directory: exit $rc: $(cat "$d/cfg.err")"; exit 1; }
+echo '{"model_type": "qwen2",' >"$d/qwen-cfg.json"
+"$WEXCTL_BIN" plan --config "$d/qwen-cfg.json" --from hf --to vllm:tp=2 2>"$d/cfg.err" >/dev/null
+rc=$?
+[ $rc = 1 ] && grep -qF "plan: $d/qwen-cfg.json: " "$d/cfg.err" ||
+	{ echo "--config that does not parse, not named: exit $rc: $(cat "$d/cfg.err")"; exit 1; }
 for side in "--from nope --to hf" "--from vllm:tp=2 --to nope"; do
 	"$WEXCTL_BIN" convert --config "$d/config.json" $side "$d/vllm" "$d/o-eng" 2>"$d/bad.err"
 	rc=$?
@@ -151,6 +166,58 @@ mkdir "$d/dup" && cp "$d/hf1/model.safetensors" "$d/dup/a.safetensors" &&
 if "$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to vllm:tp=2 "$d/dup" "$d/o-dup" 2>"$d/dup.err"; then
 	echo "a checkpoint with a tensor in two files was converted"; exit 1
 fi
-grep -q "is in two of its files" "$d/dup.err" || { echo "unclear error: $(cat "$d/dup.err")"; exit 1; }
+grep -q "is in two of its files.*$d/dup/a.safetensors.*$d/dup/b.safetensors" "$d/dup.err" ||
+	{ echo "a tensor in two files: the files are not named: $(cat "$d/dup.err")"; exit 1; }
+# A source file whose tensor has another shape, dtype, or is missing: the
+# error names that file and both shapes (it said "is BF16 with 2 dims, the
+# layout expects BF16 32 x ... (2 dims)", the same for a transposed one).
+for how in shape dtype missing; do
+	rm -rf "$d/vbad" && cp -r "$d/vllm" "$d/vbad" || exit 1
+	$PY - "$d/vbad/rank-1.safetensors" $how <<'PYEOF' || exit 1
+import json, struct, sys
+p, how = sys.argv[1], sys.argv[2]
+b = open(p, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+data = {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in h.items() if k != "__metadata__"}
+k = "model.layers.0.mlp.down_proj.weight"
+if how == "shape":
+    h[k]["shape"] = h[k]["shape"][::-1]
+elif how == "dtype":
+    h[k]["dtype"] = "F16"
+else:
+    del h[k], data[k]
+off = 0
+for name in data:
+    h[name]["data_offsets"] = [off, off + len(data[name])]
+    off += len(data[name])
+s = json.dumps(h).encode()
+s += b" " * (-len(s) % 8)
+open(p, "wb").write(struct.pack("<Q", len(s)) + s + b"".join(data.values()))
+PYEOF
+	"$WEXCTL_BIN" convert --config "$d/config.json" --from vllm:tp=2 --to hf "$d/vbad" "$d/o-bad" 2>"$d/vbad.err"
+	rc=$?
+	[ $rc = 1 ] && [ ! -e "$d/o-bad" ] && grep -qF "$d/vbad/rank-1.safetensors" "$d/vbad.err" ||
+		{ echo "source rank 1 with a bad $how: exit $rc, the file not named: $(cat "$d/vbad.err")"; exit 1; }
+	case $how in
+	shape) grep -qF "is BF16 [24, 32], the layout expects BF16 [32, 24]" "$d/vbad.err" ;;
+	dtype) grep -qF "is F16 [32, 24], the layout expects BF16 [32, 24]" "$d/vbad.err" ;;
+	missing) grep -qF "lacks model.layers.0.mlp.down_proj.weight" "$d/vbad.err" ;;
+	esac || { echo "source rank 1 with a bad $how: unclear error: $(cat "$d/vbad.err")"; exit 1; }
+done
+# SIGTERM (Ctrl-C, a scheduler's preemption) half way leaves nothing in
+# OUTDIR: it left the ranks written so far as rank-K.safetensors.partial
+# and the one being written as .partial.tmp.PID, a checkpoint's size of
+# hidden files, more with every retry.  Made deterministic: the signal is
+# pending (blocked) as wexctl starts, so it is seen at the first look.
+$PY - "$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to vllm:tp=2 "$d/hf" "$d/o-term" 2>"$d/term.err" <<'PYEOF'
+import os, signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+os.kill(os.getpid(), signal.SIGTERM)
+os.execv(sys.argv[1], sys.argv[1:])
+PYEOF
+rc=$?
+[ $rc != 0 ] && [ -z "$(ls -A "$d/o-term")" ] && grep -q "interrupted" "$d/term.err" ||
+	{ echo "SIGTERM during convert: exit $rc, left: $(ls -A "$d/o-term"): $(cat "$d/term.err")"; exit 1; }
 "$WEXCTL_BIN" plan --config "$d/config.json" --from megatron:tp=2,pp=2,dp=2 --to vllm:tp=2 --json || exit 1
 echo "wexctl convert round trip is byte-identical"

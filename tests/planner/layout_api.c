@@ -55,6 +55,20 @@ int main(void)
 	int ret;
 
 	CHECK(src, "WEX_SRC unset");
+	{
+		/* wex_tensor_nbytes saturates (it wrapped: 2^62 x 8 bf16 is
+		 * 2^66 bytes, read as 0); an empty box is 0 whatever else. */
+		struct wex_tensor t = { .dtype = WEX_DT_BF16, .ndim = 2,
+					.extent = { 1ull << 62, 8 } };
+
+		CHECK(wex_tensor_nbytes(&t) == UINT64_MAX, "nbytes %llu",
+		      (unsigned long long)wex_tensor_nbytes(&t));
+		t.extent[1] = 0;
+		CHECK(wex_tensor_nbytes(&t) == 0, "empty box");
+		t.extent[0] = 3;
+		t.extent[1] = 5;
+		CHECK(wex_tensor_nbytes(&t) == 30, "3x5 bf16");
+	}
 	snprintf(cfg, sizeof(cfg), "%s/tests/data/qwen2-0.5b-config.json", src);
 	ret = wex_layout_open(cfg, "vllm:tp=2", NULL, &l, &world, &err);
 	CHECK(ret == 0 && world == 2 && !err, "open: %d %s", ret, err ? err : "");

@@ -12,6 +12,7 @@ add_test(NAME svc_activation_drain COMMAND sh ${SVC}/activation_drain.sh $<TARGE
 add_test(NAME svc_activation_drain_epoll COMMAND sh ${SVC}/activation_drain.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wex-producer>)
 set_tests_properties(svc_activation_drain_epoll PROPERTIES ENVIRONMENT "WEX_IO=epoll")
 add_test(NAME svc_max_clients COMMAND sh ${SVC}/max_clients.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
+add_test(NAME svc_max_clients_admin COMMAND sh ${SVC}/max_clients_admin.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 add_test(NAME svc_socket_path COMMAND sh ${SVC}/socket_path.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 add_test(NAME svc_io_fallback COMMAND sh ${SVC}/io_fallback.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 add_test(NAME svc_io_transient COMMAND sh ${SVC}/io_transient.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>
@@ -30,7 +31,7 @@ add_test(NAME svc_cli_hung COMMAND sh ${SVC}/cli_hung.sh $<TARGET_FILE:wexd> $<T
 add_test(NAME svc_metrics_restore COMMAND sh ${SVC}/metrics_restore.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>
   $<TARGET_FILE:wex-producer>)
 wex_add_test(svc_sigterm_sync SOURCES tests/service/sigterm_sync.c LIBS wex wex_example_model LABELS service TIMEOUT 120)
-set_tests_properties(svc_access_control svc_cli_errors svc_journal_log svc_inherited_fds svc_cli_hung svc_metrics_restore svc_max_clients svc_socket_path svc_io_fallback svc_io_transient svc_drain_timeout svc_reload_flags svc_activation_drain svc_activation_drain_epoll svc_socket_activate svc_socket_activate_epoll svc_cli
+set_tests_properties(svc_access_control svc_cli_errors svc_journal_log svc_inherited_fds svc_cli_hung svc_metrics_restore svc_max_clients svc_max_clients_admin svc_socket_path svc_io_fallback svc_io_transient svc_drain_timeout svc_reload_flags svc_activation_drain svc_activation_drain_epoll svc_socket_activate svc_socket_activate_epoll svc_cli
   svc_cli_epoll PROPERTIES
   LABELS service TIMEOUT 120 SKIP_RETURN_CODE 77)
 add_test(NAME svc_notify_reload COMMAND sh ${SVC}/notify_reload.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>
