@@ -9,6 +9,7 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "proto.h"
 #include "wex.h"
 
 /* Seconds; from a 100 us remap to a minute-long copy over a slow link. */
@@ -106,8 +107,10 @@ static char info_version[WEX_METRICS_LABEL_MAX], info_backend[WEX_METRICS_LABEL_
 static int info_set;
 
 /* Copies a label value, replacing bytes that would make the exposition
- * invalid (non-ASCII, which may be broken UTF-8 after truncation, and
- * control characters other than newline, which is escaped) with '?'. */
+ * invalid (control characters other than newline, which is escaped, and
+ * what is not UTF-8: a cut inside a character too) with '?'.  UTF-8 stays:
+ * the format takes it, and model names may be any (two names of one
+ * length, all '?', would share one series). */
 static void copy_label(char *dst, const char *src)
 {
 	size_t i = 0;
@@ -115,9 +118,10 @@ static void copy_label(char *dst, const char *src)
 	for (; src && src[i] && i < WEX_METRICS_LABEL_MAX - 1; i++) {
 		unsigned char c = (unsigned char)src[i];
 
-		dst[i] = (c >= 0x80 || (c < 0x20 && c != '\n') || c == 0x7f) ? '?' : (char)c;
+		dst[i] = ((c < 0x20 && c != '\n') || c == 0x7f) ? '?' : (char)c;
 	}
 	dst[i] = '\0';
+	wex__utf8_scrub(dst);
 }
 
 /* Finds or adds the series for (l1, l2); the last slot is "other". */

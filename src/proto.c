@@ -212,7 +212,11 @@ static int mul_ok(uint64_t a, uint64_t b, uint64_t *r)
 int wex__name_printable(const char *s)
 {
 	for (; *s; s++)
-		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f ||
+		    /* U+0080..U+009F, the C1 controls: terminals take U+009B
+		     * for CSI in UTF-8 as they take ESC [. */
+		    ((unsigned char)s[0] == 0xc2 && (unsigned char)s[1] >= 0x80 &&
+		     (unsigned char)s[1] <= 0x9f))
 			return 0;
 	return 1;
 }

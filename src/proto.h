@@ -32,7 +32,8 @@
 #include "plan.h"
 
 #define WEX_MSG_MAX_DEFAULT 65536
-/* 1 if s holds no control character (bytes below 0x20, and 0x7f). */
+/* 1 if s holds no control character (bytes below 0x20, 0x7f, and the C1
+ * controls U+0080..U+009F in UTF-8). */
 int wex__name_printable(const char *s);
 
 /* Producer ranks of one model at most (hello's world). */

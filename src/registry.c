@@ -430,6 +430,9 @@ json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
 	for (char *q = c->name; *q; q++)
 		if ((unsigned char)*q < 0x20 || *q == 0x7f)
 			*q = '?';
+		else if ((unsigned char)q[0] == 0xc2 && (unsigned char)q[1] >= 0x80 &&
+			 (unsigned char)q[1] <= 0x9f)
+			q[0] = q[1] = '?'; /* (a C1 control: U+009B is CSI) */
 	if (!strcmp(role, "admin")) {
 		c->role = WEX_ROLE_ADMIN;
 		return json_pack("{s:b, s:i, s:s}", "ok", 1, "v", WEX_PROTO_VERSION, "io",

@@ -152,6 +152,38 @@ static json_t *query(wex_client_t *c, const char *op, const char *args)
 	return j;
 }
 
+/* Columns a UTF-8 string takes on a terminal: one a character, two for
+ * the wide scripts (CJK, Hangul, fullwidth forms). */
+static int text_width(const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	int w = 0;
+
+	while (*p) {
+		unsigned cp = *p, n = cp >= 0xf0 ? 3 : cp >= 0xe0 ? 2 : cp >= 0xc0 ? 1 : 0;
+
+		cp &= n ? 0x3f >> n : 0xff;
+		for (p++; n && (*p & 0xc0) == 0x80; n--, p++)
+			cp = (cp << 6) | (*p & 0x3f);
+		w += (cp >= 0x1100 && cp <= 0x115f) || (cp >= 0x2e80 && cp <= 0xa4cf) ||
+		     (cp >= 0xac00 && cp <= 0xd7a3) || (cp >= 0xf900 && cp <= 0xfaff) ||
+		     (cp >= 0xfe30 && cp <= 0xfe4f) || (cp >= 0xff00 && cp <= 0xff60) ||
+		     (cp >= 0xffe0 && cp <= 0xffe6) || (cp >= 0x1f300 && cp <= 0x1faff) ||
+		     (cp >= 0x20000 && cp <= 0x3fffd) ? 2 : 1;
+	}
+	return w;
+}
+
+/* s then spaces to fill width columns, for a table's name column: printf's
+ * %-16s counts bytes, and left a UTF-8 name's row short of its header. */
+static const char *pad(char *buf, size_t len, const char *s, int width)
+{
+	int n = width - text_width(s ? s : "");
+
+	snprintf(buf, len, "%s%*s", s ? s : "", n > 0 ? n : 0, "");
+	return buf;
+}
+
 static void fmt_bytes(uint64_t b, char *out, size_t len)
 {
 	const char *u[] = { "B", "KiB", "MiB", "GiB", "TiB" };
@@ -203,11 +235,11 @@ static void print_models(json_t *models)
 	printf("\n%-16s %-10s %9s %9s %6s %10s %5s\n", "MODEL", "STATE", "PUBLISHED", "WRITING",
 	       "LEASES", "BYTES", "GEN");
 	json_array_foreach(models, i, m) {
-		char b[32];
+		char b[32], nb[WEX_NAME_MAX + 16];
 
 		fmt_bytes((uint64_t)json_integer_value(json_object_get(m, "bytes")), b, sizeof(b));
-		printf("%-16s %-10s %9lld %9lld %6lld %10s %5lld\n",
-		       json_string_value(json_object_get(m, "name")),
+		printf("%s %-10s %9lld %9lld %6lld %10s %5lld\n",
+		       pad(nb, sizeof(nb), json_string_value(json_object_get(m, "name")), 16),
 		       json_string_value(json_object_get(m, "state")),
 		       (long long)json_integer_value(json_object_get(m, "published")),
 		       (long long)json_integer_value(json_object_get(m, "writing")),
@@ -277,12 +309,14 @@ static void print_models(json_t *models)
 				       world);
 		}
 		json_array_foreach(json_object_get(m, "held"), j, x) {
+			char gb[WEX_NAME_MAX + 16];
+
 			if (!j)
 				printf("%s leases held from before this wexd started (until their process calls wexd, or exits):\n  %-10s %-5s %-8s %8s %-12s %8s\n",
 				       json_string_value(json_object_get(m, "name")), "GROUP", "RANK",
 				       "PID", "LEASE", "MODE", "SINCE(s)");
-			printf("  %-10s %-5lld %-8lld %8lld %-12s %8.0f\n",
-			       json_string_value(json_object_get(x, "group")),
+			printf("  %s %-5lld %-8lld %8lld %-12s %8.0f\n",
+			       pad(gb, sizeof(gb), json_string_value(json_object_get(x, "group")), 10),
 			       (long long)json_integer_value(json_object_get(x, "rank")),
 			       (long long)json_integer_value(json_object_get(x, "pid")),
 			       (long long)json_integer_value(json_object_get(x, "version")),
@@ -303,19 +337,19 @@ static void print_clients(json_t *clients)
 	json_array_foreach(clients, i, c) {
 		double ago = json_real_value(json_object_get(c, "last_sync_s_ago"));
 		json_t *w = json_object_get(c, "exit_watched");
-		char agos[32];
+		char agos[32], mb[WEX_NAME_MAX + 16], gb[WEX_NAME_MAX + 16];
 
 		if (ago < 0)
 			snprintf(agos, sizeof(agos), "-");
 		else
 			snprintf(agos, sizeof(agos), "%.1f", ago);
-		printf("%-4lld %-8lld %-6lld %-9s %-14s %-10s %4lld %6lld %-12s %6lld %9s %-7s %s\n",
+		printf("%-4lld %-8lld %-6lld %-9s %s %s %4lld %6lld %-12s %6lld %9s %-7s %s\n",
 		       (long long)json_integer_value(json_object_get(c, "id")),
 		       (long long)json_integer_value(json_object_get(c, "pid")),
 		       (long long)json_integer_value(json_object_get(c, "uid")),
 		       json_string_value(json_object_get(c, "role")),
-		       json_string_value(json_object_get(c, "model")),
-		       json_string_value(json_object_get(c, "group")),
+		       pad(mb, sizeof(mb), json_string_value(json_object_get(c, "model")), 14),
+		       pad(gb, sizeof(gb), json_string_value(json_object_get(c, "group")), 10),
 		       (long long)json_integer_value(json_object_get(c, "rank")),
 		       (long long)json_integer_value(json_object_get(c, "lease")),
 		       json_string_value(json_object_get(c, "mode")),
@@ -347,7 +381,7 @@ static void print_plans(json_t *plans)
 	printf("%-16s %4s %5s %5s %4s %8s %12s %12s %9s %5s %s\n", "MODEL", "GEN", "RANK", "WORLD",
 	       "NEAR", "OPS", "NEEDED", "MOVED", "BUILD(ms)", "USES", "STALE");
 	json_array_foreach(plans, i, p) {
-		char n[32], m[32];
+		char n[32], m[32], mb[WEX_NAME_MAX + 16];
 
 		fmt_bytes((uint64_t)json_integer_value(json_object_get(p, "bytes_needed")), n,
 			  sizeof(n));
@@ -361,8 +395,8 @@ static void print_plans(json_t *plans)
 		if (dev && dev[0])
 			snprintf(near, sizeof(near), "%lld",
 				 (long long)json_integer_value(json_object_get(p, "near_ranks")));
-		printf("%-16s %4lld %5lld %5lld %4s %8lld %12s %12s %9.2f %5lld %s\n",
-		       json_string_value(json_object_get(p, "model")),
+		printf("%s %4lld %5lld %5lld %4s %8lld %12s %12s %9.2f %5lld %s\n",
+		       pad(mb, sizeof(mb), json_string_value(json_object_get(p, "model")), 16),
 		       (long long)json_integer_value(json_object_get(p, "layout_gen")),
 		       (long long)json_integer_value(json_object_get(p, "rank")),
 		       (long long)json_integer_value(json_object_get(p, "world")), near,
@@ -592,7 +626,7 @@ static void print_verify_rank(const char *group, json_t *r)
 	const char *state = json_string_value(json_object_get(r, "state")) ?: "?";
 	const char *res = json_string_value(json_object_get(v, "result")) ?: "-";
 	char bytes[32] = "-", detail[WEX_NAME_MAX + 512] = "";
-	char secs[32] = "-", ver[32] = "-";
+	char secs[32] = "-", ver[32] = "-", gb[WEX_NAME_MAX + 16];
 
 	if (v) {
 		fmt_bytes((uint64_t)json_integer_value(json_object_get(v, "bytes")), bytes,
@@ -621,7 +655,7 @@ static void print_verify_rank(const char *group, json_t *r)
 	if (v)
 		snprintf(ver, sizeof(ver), "%lld",
 			 (long long)json_integer_value(json_object_get(v, "version")));
-	printf("%-16s %-5lld %-8lld %-9s %-8s %-12s %-12s %10s %8s  %s\n", group,
+	printf("%s %-5lld %-8lld %-9s %-8s %-12s %-12s %10s %8s  %s\n", pad(gb, sizeof(gb), group, 16),
 	       (long long)json_integer_value(json_object_get(r, "rank")),
 	       (long long)json_integer_value(json_object_get(r, "pid")), state, ver,
 	       json_string_value(json_object_get(v, "mode")) ?: "-", res, bytes, secs, detail);

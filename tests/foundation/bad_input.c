@@ -129,6 +129,13 @@ int main(void)
 			   NULL, 0, "EINVAL", "control characters", "a model name with an escape");
 		expect_req(esc, "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"m\",\"group\":\"g\\nfake\"}",
 			   NULL, 0, "EINVAL", "control characters", "a group name with a line break");
+		/* The C1 controls too (U+0080..U+009F): U+009B is CSI, which
+		 * terminals act on in UTF-8 as they do on ESC [: wexctl status
+		 * would clear the operator's screen, or worse. */
+		expect_req(esc, "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"evil\\u009b2J\"}",
+			   NULL, 0, "EINVAL", "control characters", "a model name with a C1 CSI");
+		expect_req(esc, "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"m\",\"group\":\"g\\u0085fake\"}",
+			   NULL, 0, "EINVAL", "control characters", "a group name with a C1 line break");
 		close(esc);
 	}
 	{
@@ -151,6 +158,25 @@ int main(void)
 		json_decref(r);
 		T_ASSERT(named, "clients lists the client whose name was cut");
 		close(anon);
+	}
+	{
+		/* A client name's controls, C1 too, are shown as '?' (its
+		 * hello is not refused: the name is only a label). */
+		int k = t_raw_connect(d.sock), seen = 0;
+		size_t i;
+		json_t *c;
+
+		expect_req(k, "{\"v\":1,\"op\":\"hello\",\"role\":\"admin\",\"name\":\"c1\\u009b2J\\u0007x\"}",
+			   NULL, 0, "OK", NULL, "hello with controls in its name");
+		r = t_raw_rpc(ctl, "{\"v\":1,\"op\":\"clients\"}", NULL, 0);
+		json_array_foreach(json_object_get(r, "clients"), i, c) {
+			const char *nm = json_string_value(json_object_get(c, "name"));
+
+			seen |= nm && !strcmp(nm, "c1??2J?x");
+		}
+		json_decref(r);
+		T_ASSERT(seen, "clients shows the name's controls as '?'");
+		close(k);
 	}
 	memset(big, ' ', sizeof(big));
 	memcpy(big, "{\"v\":1,\"op\":\"status\"", 20);

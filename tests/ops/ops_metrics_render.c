@@ -87,6 +87,20 @@ int main(void)
 	wex__metrics_count(WEX_M_REFUSED, "eacces", NULL, 2);
 	/* Bytes that would break the exposition become '?'. */
 	wex__metrics_count(WEX_M_ERRORS, "bad\xff\x01", NULL, 1);
+	/* Model names are UTF-8 (hello takes any but control characters):
+	 * two such names of one length keep a series each, under their own
+	 * names, not one "????????????" for both; a cut inside a character
+	 * (a label over WEX_METRICS_LABEL_MAX) is what becomes '?'. */
+	wex__metrics_count(WEX_M_BEGIN_WRITE_TIMEOUTS, "\u043c\u043e\u0434\u0435\u043b\u044c", NULL, 1);
+	wex__metrics_count(WEX_M_BEGIN_WRITE_TIMEOUTS, "\u0437\u0430\u0434\u0430\u0447\u0430", NULL, 2);
+	wex__metrics_count(WEX_M_BEGIN_WRITE_TIMEOUTS, "q\"uo\\te sp", NULL, 1);
+	{
+		char cut[WEX_METRICS_LABEL_MAX + 8];
+
+		memset(cut, 'a', WEX_METRICS_LABEL_MAX - 2);
+		snprintf(cut + WEX_METRICS_LABEL_MAX - 2, 8, "\u00e9x");
+		wex__metrics_count(WEX_M_BEGIN_WRITE_TIMEOUTS, cut, NULL, 1);
+	}
 	wex__metrics_observe(WEX_M_PUBLISH_VISIBLE, NULL, 0.02);
 	wex__metrics_observe(WEX_M_BEGIN_WRITE_WAIT, NULL, -1); /* clamps to 0 */
 	wex__metrics_set(WEX_M_CLIENTS, 3);
@@ -109,6 +123,10 @@ int main(void)
 	CHECK_CONTAINS(text, "\nwex_errors_total{code=\"EB\\\"U\\\\SY\\nX\"} 1\n");
 	CHECK_CONTAINS(text, "\nwex_refused_connections_total{reason=\"eacces\"} 2\n");
 	CHECK_CONTAINS(text, "\nwex_errors_total{code=\"bad??\"} 1\n");
+	CHECK_CONTAINS(text, "\nwex_begin_write_timeouts_total{model=\"\u043c\u043e\u0434\u0435\u043b\u044c\"} 1\n");
+	CHECK_CONTAINS(text, "\nwex_begin_write_timeouts_total{model=\"\u0437\u0430\u0434\u0430\u0447\u0430\"} 2\n");
+	CHECK_CONTAINS(text, "\nwex_begin_write_timeouts_total{model=\"q\\\"uo\\\\te sp\"} 1\n");
+	CHECK_CONTAINS(text, "aaaa?\"} 1\n");
 	CHECK_CONTAINS(text, "# TYPE wex_sync_duration_seconds histogram\n");
 	/* le is inclusive: 0.0001 lands in the first bucket. */
 	CHECK_CONTAINS(text, "\nwex_sync_duration_seconds_bucket{mode=\"view\",le=\"0.0001\"} 1\n");

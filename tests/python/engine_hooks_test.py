@@ -1228,6 +1228,112 @@ class EngineHooks(WexdProducerCase):
         self.assertIsNotNone(wex.sglang.load(m, req), wex.sglang.status(m))
         self.assertEqual(wex.sglang._ranks[id(m)][0].describe()["layout"], "sglang:tp=2")
 
+    def test_sglang_fp8_kv_scales(self):
+        """A model SGLang builds with an FP8 quant_config holds, beside
+        its weights, the KV-cache scales of each RadixAttention:
+        k_scale and v_scale, scalar float32 Parameters
+        (layers/quantization/kv_cache.py BaseKVCacheMethod.create_weights,
+        which Fp8Config.get_quant_method returns for a RadixAttention;
+        models/llama.py LlamaAttention's attn and models/deepseek_v2.py's
+        attn_mqa and attn_mha are built with quant_config), kept after
+        loading (process_weights_after_loading copies into them in
+        place).  No layout names them and a trainer has none: the hook
+        attaches without them (left as SGLang set them), instead of
+        refusing every FP8 model's rank."""
+        set_server_args(self.tmp.name)
+        set_par(tp=(2, 0))
+        params = dict(self.engine_params("sglang", 0))
+        for name in [n for n in params if n.endswith(".self_attn.o_proj.weight")]:
+            base = name[:-len("o_proj.weight")]
+            for attn in ("attn", "attn_mqa", "attn_mha", "attn_mqa_for_dcp_decode"):
+                for s in ("k_scale", "v_scale"):
+                    params[base + attn + "." + s] = torch.tensor(1.0, dtype=torch.float32)
+        m = module_of(params)
+        self.assertTrue(any(n.endswith("attn.k_scale") for n, _ in m.named_parameters()))
+        v = self.next_version()
+        self.addCleanup(wex.sglang.load, m, wex.sglang.request(MODEL, group="sg-kv",
+                                                               detach=True))
+        r = wex.sglang.load(m, wex.sglang.request(MODEL, group="sg-kv", min_version=v))
+        self.assertIsNotNone(r, wex.sglang.status(m))
+        self.assertEqual(r["version"], v)
+        held = params_of(m)
+        for name in [n for n in held if n.endswith("_scale")]:
+            self.assertEqual(float(held.pop(name)), 1.0, name)  # untouched
+        self.assert_holds(held, "sglang", 0)
+
+    def test_sglang_a2a_without_shared_experts(self):
+        """--moe-a2a-backend deepep on a MoE model without shared experts
+        (Qwen3-MoE): SGLang builds its experts as with --ep-size tp
+        (models/qwen3_moe.py Qwen3MoeSparseMoeBlock: the same FusedMoE
+        class family over moe_ep/moe_tp, the gate replicated; server_args
+        sets ep_size = tp_size under deepep/mooncake) and has no shared
+        expert for a2a=1 to keep whole: the spec is tp and ep, which the
+        layout describes, not a2a=1, which it describes for DeepSeek
+        only (refusing the model)."""
+        cfg = os.path.join(self.tmp.name, "moe", "config.json")
+        set_par(tp=(2, 0))
+        set_server_args(os.path.dirname(cfg), moe_a2a_backend="deepep", ep_size=2)
+        par = wex.sglang.parallel_info()
+        spec = wex.sglang.default_spec(par, experts=wex.engine.has_experts(cfg),
+                                       shared=wex.sglang._has_shared(cfg))
+        self.assertEqual(spec, "sglang:tp=2,ep=2")
+        lay = wex.Layout(cfg, spec)  # what _attach opens: no longer refused
+        for k in range(2):
+            self.assertIn(("model.layers.0.mlp.experts.w13_weight", (2, 64, 64)),
+                          [(n, tuple(sh)) for n, _, sh, _ in lay.rank(k)])
+        # With shared experts (DeepSeek) a2a=1 stays: they are whole there.
+        self.assertEqual(wex.sglang.default_spec(par, shared=True), "sglang:tp=2,ep=2,a2a=1")
+
+    def test_sglang_moe_relayout_refused(self):
+        """A MoE runner backend that re-lays out the experts' weights after
+        loading in their shape is refused before anything is attached:
+        --moe-runner-backend flashinfer_trtllm (SGLang's
+        layers/moe/moe_runner/flashinfer_trtllm.py
+        align_fp8_moe_weights_for_flashinfer_trtllm: w13 rows reordered for
+        the gated GEMM and w13/w2 shuffled by shuffle_matrix_a, same
+        (E, 2N, H) shape; server_args picks it for "auto" on SM100 for
+        DeepSeek-V3 and Qwen3-MoE FP8), and the boolean flags of older
+        SGLang (enable_flashinfer_trtllm_moe, ...).  Without the refusal
+        a copy lands in checkpoint order under kernels that read the
+        shuffled order (nothing compares it with --load-format dummy)."""
+        d = self.tmp.name
+        cfg = os.path.join(d, "moe", "config.json")
+        set_par(tp=(2, 0))
+        m = module_of(torch_util.layout_tensors(wex.Layout(cfg, "sglang:tp=2"), 0))
+        for kw, words in (({"moe_runner_backend": "flashinfer_trtllm"}, "flashinfer_trtllm"),
+                          ({"moe_runner_backend": "flashinfer_cutlass"}, "flashinfer_cutlass"),
+                          ({"enable_flashinfer_trtllm_moe": True},
+                           "enable-flashinfer-trtllm-moe")):
+            set_server_args(os.path.dirname(cfg), load_format="dummy", **kw)
+            self.addCleanup(wex.sglang.load, m, wex.sglang.request("wex-moe", group="sg-moe",
+                                                                   detach=True))
+            with self.assertLogs("wex.sglang", "ERROR"):
+                wex.sglang.load(m, wex.sglang.request("wex-moe", group="sg-moe",
+                                                      sync_timeout_ms=50))
+            self.assertNotIn(id(m), wex.sglang._ranks, kw)  # refused before attaching
+            self.assertIn(words, wex.sglang.status(m)["error"], kw)
+        # ROCm AITER (layers/quantization/fp8.py Fp8MoEMethod with _use_aiter:
+        # shuffle_weight(w13_weight, (16, 16)) copied back in place).
+        set_server_args(os.path.dirname(cfg), load_format="dummy")
+        self.addCleanup(os.environ.pop, "SGLANG_USE_AITER", None)
+        os.environ["SGLANG_USE_AITER"] = "1"
+        par = wex.sglang.parallel_info()
+        with unittest.mock.patch.object(torch.version, "hip", "6.3.0", create=True):
+            self.assertIn("SGLANG_USE_AITER", wex.sglang._relayout(par, True, False))
+            # Fp8LinearMethod's gfx950 bpreshuffle: a dense block-FP8 model too.
+            self.assertIn("SGLANG_USE_AITER", wex.sglang._relayout(par, False, True))
+            self.assertIsNone(wex.sglang._relayout(par, False, False))
+        self.assertIsNone(wex.sglang._relayout(par, True, True))  # CUDA
+        del os.environ["SGLANG_USE_AITER"]
+        # The backends that keep the weights as loaded are not refused.
+        for runner in ("auto", "triton", "deep_gemm"):
+            set_server_args(os.path.dirname(cfg), load_format="dummy", moe_runner_backend=runner)
+            self.assertIsNone(wex.sglang._relayout(wex.sglang.parallel_info(), True, False),
+                              runner)
+        # A dense model is not refused for a MoE runner it does not use.
+        set_server_args(os.path.dirname(cfg), moe_runner_backend="flashinfer_trtllm")
+        self.assertIsNone(wex.sglang._relayout(wex.sglang.parallel_info(), False, True))
+
     def test_sglang_refusals(self):
         d = self.tmp.name
         m = module_of(self.engine_params("sglang", 0))

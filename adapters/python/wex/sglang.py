@@ -19,10 +19,13 @@ The first request of a worker attaches its parameters (SGLang's names:
 qkv_proj, gate_up_proj, w13_weight, a padded vocabulary) as rank
 tp_rank + tp * pp_rank of the layout SGLang's server arguments describe
 ("sglang:tp=T,pp=P"; ",dp=N,dp_attention=1" with --enable-dp-attention
-or --attn-dp-size, ",ep=E" with --ep-size, dp_lm_head, dense_tp, a2a,
-each as SGLang resolved it, and fuse_shared when
+or --attn-dp-size, ",ep=E" with --ep-size, dp_lm_head, dense_tp, a2a
+(for a model with shared experts: without them an all-to-all backend
+is ep=tp alone), each as SGLang resolved it, and fuse_shared when
 the model fused DeepSeek's shared expert), from the model's config.json
-(its directory, or the local Hugging Face cache); `layout=` gives another
+(its directory, or the local Hugging Face cache), but for the KV-cache
+scales an FP8 model's attention holds (attn.k_scale, attn.v_scale: left
+as SGLang set them); `layout=` gives another
 spec (",ep=E" only for a model with experts).  Later requests must ask
 for the same model, group and layout.  Each sync enumerates the model's
 parameters again: one the engine replaced or re-allocated since attach
@@ -61,7 +64,14 @@ so check() names it as not attached; status() says mixed=True.
 Refused (logged): --dp N without --enable-dp-attention (independent
 replicas that a worker cannot tell apart: run one engine per replica,
 each its own group), EPLB and redundant experts (experts move between
-ranks), attention context parallelism and --moe-dp-size.  Skipped
+ranks), attention context parallelism and --moe-dp-size, and for a
+model with experts a MoE runner backend that re-lays out their weights
+after loading (--moe-runner-backend other than auto, triton or deep_gemm,
+as SGLang resolved it: "auto" becomes flashinfer_trtllm on SM100 for
+DeepSeek-V3 and Qwen3-MoE FP8; an older SGLang's
+--enable-flashinfer-*-moe and --enable-triton-kernel-moe), and
+SGLANG_USE_AITER on ROCm for a model with experts or block-FP8 weights
+(AITER shuffles them in place).  Skipped
 (logged): the draft model of speculative decoding (the loader is called
 for it too; it holds other tensors).
 
@@ -126,6 +136,13 @@ _seen = weakref.WeakSet()  # models attached at some point
 # While SGLang's weights are released (torch_memory_saver paused): why.
 _released = None
 _WEIGHTS_TAG = "weights"  # SGLang's GPU_MEMORY_TYPE_WEIGHTS
+# The KV-cache scales of each RadixAttention in a model SGLang builds with
+# an FP8 quant_config (layers/quantization/kv_cache.py BaseKVCacheMethod,
+# which Fp8Config.get_quant_method gives a RadixAttention: LlamaAttention's
+# attn, DeepSeek's attn_mqa, attn_mha and attn_mqa_for_dcp_decode): scalar
+# Parameters beside the weights, in no layout and no trainer's; never
+# synced, left as SGLang set them.
+_KV_SCALES = ("*.attn*.k_scale", "*.attn*.v_scale")
 
 
 def _watch_memory_saver():
@@ -428,8 +445,46 @@ def parallel_info():
         int(get("ep_num_redundant_experts", 0) or 0) > 0 or
         location not in (None, "trivial"),
         attn_cp=int(get("attn_cp_size", 1) or 1),
-        moe_dp=int(get("moe_dp_size", 1) or 1))
+        moe_dp=int(get("moe_dp_size", 1) or 1),
+        moe_runner=getattr(get("moe_runner_backend"), "value", get("moe_runner_backend")),
+        moe_flags=[n for n in _MOE_RELAYOUT_FLAGS if get(n, False) is True])
     return out
+
+
+# sglang.srt.layers.moe.utils.MoeRunnerBackend values whose kernels read the
+# experts' weights as the loaders wrote them (DeepGEMM's UE8M0 requant is
+# refused on its own).  The others re-lay them out after loading, several
+# in their shape: layers/moe/moe_runner/flashinfer_trtllm.py
+# align_fp8_moe_weights_for_flashinfer_trtllm reorders w13's rows for the
+# gated GEMM and shuffles w13 and w2 (shuffle_matrix_a); triton_kernel
+# transposes them; server_args picks flashinfer_trtllm for "auto" on SM100
+# (DeepSeek-V3, Qwen3-MoE FP8), so that is read as SGLang resolved it.
+_MOE_RUNNERS_OK = (None, "auto", "triton", "deep_gemm")
+# An older SGLang's switches for the same backends (before
+# --moe-runner-backend).
+_MOE_RELAYOUT_FLAGS = ("enable_flashinfer_trtllm_moe", "enable_flashinfer_cutlass_moe",
+                       "enable_flashinfer_mxfp4_moe", "enable_flashinfer_moe",
+                       "enable_triton_kernel_moe")
+
+
+def _relayout(par, experts, block_fp8):
+    """Why this worker's kernels read weights laid out other than as
+    loaded, or None: for a model with experts a MoE runner backend that
+    re-lays them out; with AITER on ROCm the experts, and a block-FP8
+    model's linear weights (layers/quantization/fp8.py: Fp8MoEMethod under
+    _use_aiter, and Fp8LinearMethod's bpreshuffle on gfx950, run
+    shuffle_weight(..., (16, 16)) and copy it back in place)."""
+    if experts:
+        runner = par.get("moe_runner")
+        if runner not in _MOE_RUNNERS_OK:
+            return "--moe-runner-backend %s" % runner
+        if par.get("moe_flags"):
+            return "--%s" % par["moe_flags"][0].replace("_", "-")
+    import torch
+    if (experts or block_fp8) and _env_on("SGLANG_USE_AITER") and \
+            getattr(torch.version, "hip", None):
+        return "SGLANG_USE_AITER=%s (ROCm AITER kernels)" % os.environ["SGLANG_USE_AITER"]
+    return None
 
 
 def _env_on(name):
@@ -500,13 +555,30 @@ def default_spec(par, fuse_shared=False, experts=True, embed_rep=False, shared=T
     if par["ep"] > 1 and experts:
         spec += ",ep=%d" % par["ep"]
     for key in ("dp_lm_head", "dense_tp", "a2a"):
-        if par[key]:
+        # a2a=1 says where the shared experts are (whole on every rank);
+        # without them an all-to-all backend changes nothing ep=tp does
+        # not say (models/qwen3_moe.py Qwen3MoeSparseMoeBlock builds its
+        # experts over moe_ep/moe_tp alike under DeepEP), and a2a=1
+        # would refuse such a model (the layout describes it for DeepSeek).
+        if par[key] and (key != "a2a" or (experts and shared)):
             spec += ",%s=1" % key
     if embed_rep and par["dp"] > 1 and par["dp_attention"]:
         spec += ",embed_rep=1"
     if fuse_shared:
         spec += ",fuse_shared=1"
     return spec
+
+
+def _block_fp8(cfg):
+    """Whether config.json `cfg` is of a block-quantized FP8 checkpoint
+    (quantization_config with weight_block_size); False where it cannot
+    be read (wex.Layout reports it)."""
+    try:
+        with open(cfg) as f:
+            q = json.load(f).get("quantization_config") or {}
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(q, dict) and bool(q.get("weight_block_size"))
 
 
 def _ue8m0_requant(cfg):
@@ -576,6 +648,16 @@ def _attach(model, args):
                          "scales in new memory, which the trainer's F32 block scales cannot "
                          "be copied into, and a copy of the trainer's FP8 weights would be "
                          "read under them; start SGLang with SGLANG_ENABLE_JIT_DEEPGEMM=0")
+    relayout = _relayout(par, has_experts(cfg), _block_fp8(cfg))
+    if relayout:
+        # Refused whatever the layout: none describes the kernels' order.
+        raise ValueError("%s re-lays out the weights after loading (FlashInfer TRT-LLM "
+                         "shuffles the experts' w13/w2 in their shape, AITER those and "
+                         "FP8 linear weights), so a copy in the "
+                         "checkpoint's order would be read wrong: start SGLang without it "
+                         "(for the MoE runner: --moe-runner-backend triton, or auto where "
+                         "SGLang does not resolve it to a FlashInfer backend); not attached"
+                         % relayout)
     spec = args.get("layout") or default_spec(
         par, int(getattr(model, "num_fused_shared_experts", 0) or 0) > 0,
         experts=has_experts(cfg), embed_rep=_embed_whole(model, par, cfg),
@@ -594,7 +676,7 @@ def _attach(model, args):
                       group=args.get("group"), socket=args.get("socket"),
                       timeout_ms=args.get("timeout_ms"), copy_threads=args.get("copy_threads"),
                       device=device, strip_prefix=args.get("strip_prefix"),
-                      ignore=args.get("ignore") or (), checkpoint=ckpt,
+                      ignore=tuple(args.get("ignore") or ()) + _KV_SCALES, checkpoint=ckpt,
                       checkpoint_auto=auto, config=cfg,
                       adapters=args.get("adapters"))
     if why:
