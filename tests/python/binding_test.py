@@ -238,6 +238,57 @@ class Binding(WexdProducerCase):
         self.assertFalse(c.cancel())
         del holder
 
+    def test_fork_while_waiting(self):
+        """A child forked while a thread of the parent waits in a sync of
+        a client: the child's calls on its copy refuse (WexError ECHILD)
+        and its close() frees the copy (both waited for ever on the
+        client's lock, which the parent's thread held)."""
+        c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="fork", timeout_ms=10000)
+        self.addCleanup(c.close)
+        out = {}
+        t = self.waiting_sync(c, out)
+        self.await_acquire("fork")
+        pid = os.fork()
+        if pid == 0:
+            code = 9
+            try:
+                signal.alarm(10)  # (the hang: killed by SIGALRM)
+                try:
+                    c.is_dirty()
+                    code = 1
+                except wex.WexError as err:
+                    code = 0 if err.code == errno.ECHILD else 2
+                c.close()
+            finally:
+                os._exit(code)
+        _, st = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(st), 0,
+                         "a call or close() in the forked child: not WexError(ECHILD), "
+                         "or it hung (-14: SIGALRM)")
+        self.assertTrue(c.cancel())
+        t.join(10)
+        self.assertEqual(out["r"].code, errno.ECANCELED)
+
+    def test_view_bytes_names(self):
+        """Names given as bytes, as a Tensor holds them (producer_tensors'
+        .name), are taken as str ones are (AttributeError before); other
+        types are a TypeError."""
+        c = wex.Client(wex.ROLE_CONSUMER, MODEL.encode(), group=b"bytes", timeout_ms=5000)
+        self.addCleanup(c.close)
+        # (After test_modes, whose versions go up to 3.)
+        self.publish(10)
+        c.sync(wex.SYNC_REMAP_VIEW, min_version=10)
+        table, _ = c.producer_tensors(0)
+        for t in table:
+            ptr, desc = c.view(t.name)
+            self.assertEqual((ptr, desc.name), c.view(t.name.decode())[0:1] + (t.name,))
+        c.release()
+        self.assertTrue(c.request(b"status")["ok"])
+        with self.assertRaisesRegex(TypeError, "tensor name must be str or bytes"):
+            c.view(7)
+        with self.assertRaisesRegex(TypeError, "model must be str or bytes"):
+            wex.Client(wex.ROLE_CONSUMER, 7)
+
     def test_tensor_finalizer(self):
         """The last tensor over a client's memory, dropped while a sync of
         that client waits in another thread, is let go at once (its
@@ -834,6 +885,67 @@ class HungWexd(unittest.TestCase):
         self.assertGreaterEqual(took[0], 3.9)
         self.assertLess(took[0], 10.0)
         self.assertIn("models", c.request("status"))
+
+
+    def test_open_ctrl_c(self):
+        """Ctrl-C while a producer opens on a wexd that stalls less than
+        3 s: the open goes on to succeed, KeyboardInterrupt is raised as
+        it returns, and the client it opened is closed (it was left open,
+        holding its rank: opening it again said EADDRINUSE until the
+        process ended)."""
+        sock, wexd = own_wexd(self, "wex-pyopenint-")
+        self.addCleanup(os.kill, wexd.pid, signal.SIGCONT)
+        os.kill(wexd.pid, signal.SIGSTOP)
+        cont = threading.Timer(1.5, os.kill, (wexd.pid, signal.SIGCONT))
+        cont.start()
+        self.addCleanup(cont.join)
+        with signal_after(signal.SIGINT, signal.default_int_handler, 0.3) as took:
+            with self.assertRaises(KeyboardInterrupt):
+                wex.Client(wex.ROLE_PRODUCER, "pyopenint", rank=0, world_size=1,
+                           socket=sock, watch=False)
+        self.assertGreaterEqual(took[0], 1.4)  # (it waited for wexd's answer)
+        c = wex.Client(wex.ROLE_PRODUCER, "pyopenint", rank=0, world_size=1, socket=sock,
+                       watch=False, timeout_ms=5000)
+        c.close()
+
+
+    def test_close_signal(self):
+        """A signal during close() of a consumer holding a lease (its
+        release waits for a wexd stalled for 2 s): Ctrl-C's KeyboardInterrupt
+        leaves the client closed, not naming the freed client (the next
+        close() or __del__ freed it again: "double free or corruption");
+        a handler that calls cancel() (a SIGTERM handler's way) gets False
+        (it deadlocked on the lock close() holds)."""
+        sock, wexd = own_wexd(self, "wex-pyclosesig-")
+        self.addCleanup(os.kill, wexd.pid, signal.SIGCONT)
+        p = small_producer(self, "pyclosesig", sock, watch=False)
+        p.begin_write(1)
+        p.publish(1)
+        answers = []
+        for handler, exc in ((signal.default_int_handler, KeyboardInterrupt),
+                             (lambda *a: answers.append(c.cancel()), None)):
+            c = wex.Client(wex.ROLE_CONSUMER, "pyclosesig", socket=sock, timeout_ms=5000)
+            c.sync(wex.SYNC_REMAP_VIEW, min_version=1)
+            os.kill(wexd.pid, signal.SIGSTOP)
+            cont = threading.Timer(2.0, os.kill, (wexd.pid, signal.SIGCONT))
+            cont.start()
+            signal.alarm(30)  # (the deadlock: killed)
+            try:
+                with signal_after(signal.SIGINT, handler, 0.3):
+                    if exc is None:
+                        c.close()
+                    else:
+                        with self.assertRaises(exc):
+                            c.close()
+            finally:
+                signal.alarm(0)
+                cont.join()
+            self.assertIsNone(c._h, "KeyboardInterrupt left the freed client in place")
+            c.close()
+            with self.assertRaises(wex.WexError) as e:
+                c.is_dirty()
+            self.assertEqual(e.exception.code, errno.EBADF)
+        self.assertEqual(answers, [False])
 
 
 class NoDriver(unittest.TestCase):

@@ -578,6 +578,26 @@ class EngineHooks(WexdProducerCase):
         for name in ("TRITON", "VLLM_CUTLASS"):
             experts.quant_method = Fp8MoEMethod(fp8_backend=Backend[name])
             self.assertNotIn("re-lay", attach_error(moe, m2) or "", name)
+        # vLLM's FusedMoEModularMethod, which replaces a layer's quant_method
+        # after loading under DP + EP with an all2all backend, keeps the
+        # method that converted the weights (and its backend) as
+        # old_quant_method; newer layers also as base_quant_method.
+        class FusedMoEModularMethod:
+            def __init__(self, old):
+                self.old_quant_method, self.disable_expert_map = old, False
+
+        for name in ("FLASHINFER_CUTLASS", "AITER"):
+            experts.quant_method = FusedMoEModularMethod(
+                Fp8MoEMethod(fp8_backend=Backend[name]))
+            err = attach_error(moe, m2)
+            self.assertIn("%s MoE kernel backend (Fp8MoEMethod.fp8_backend)" % name, err or "")
+        experts.quant_method = FusedMoEModularMethod(Fp8MoEMethod(rocm_aiter_moe_enabled=True))
+        self.assertIn("rocm_aiter_moe_enabled", attach_error(moe, m2) or "")
+        experts.quant_method = FusedMoEModularMethod(Fp8MoEMethod(fp8_backend=Backend.TRITON))
+        experts.base_quant_method = Fp8MoEMethod(fp8_backend=Backend.FLASHINFER_CUTLASS)
+        self.assertIn("FLASHINFER_CUTLASS", attach_error(moe, m2) or "")
+        del experts.base_quant_method
+        self.assertNotIn("re-lay", attach_error(moe, m2) or "")
         # A backend attribute of an MoE method that wex does not know:
         # refused (fails closed), even for a name that is fine elsewhere.
         experts.quant_method = Fp8MoEMethod(mxfp4_backend=Backend.TRITON)
@@ -636,6 +656,58 @@ class EngineHooks(WexdProducerCase):
             w4.wex_attach(model=MODEL + "-moe", group="routed4", checkpoint=False,
                           ignore=[w13.replace(".experts.", ".experts.routed_experts.")])
         self.assertIn("missing %s" % w13, str(e.exception))
+
+    def test_vllm_rocm_padding_refused(self):
+        """On ROCm vLLM pads the rows of a FusedMoE layer's w13_weight and
+        w2_weight after loading (VLLM_ROCM_MOE_PADDING, on by default:
+        fused_moe/unquantized_fused_moe_method.py _maybe_pad_weight,
+        F.pad(w, (0, 256 bytes))[..., :-pad], kept for the Triton
+        backend, the one wex allows there), and an FP8 Linear weight's
+        (VLLM_ROCM_FP8_PADDING, quantization/fp8.py): the same shape and
+        values, rows apart.  The vllm layout's pieces are in C order, so
+        wex_attach refuses such a tensor, naming the variable to set to
+        0, not only saying that it is not contiguous."""
+        moe = os.path.join(self.tmp.name, "moe")
+        layout = wex.Layout(os.path.join(moe, "config.json"), "vllm:tp=2")
+        params = torch_util.layout_tensors(layout, 0)
+        w13 = next(n for n in params if n.endswith("experts.w13_weight"))
+        w2 = next(n for n in params if n.endswith("experts.w2_weight"))
+        set_par(tp=(2, 0))
+
+        def padded(t):
+            pad = 256 // t.element_size()
+            return torch.nn.functional.pad(t, (0, pad))[..., :-pad]
+
+        saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("VLLM_")}
+        self.addCleanup(os.environ.update, saved)
+        for name in (w13, w2):
+            p = dict(params, **{name: padded(params[name])})
+            self.assertFalse(p[name].is_contiguous())
+            w = VllmWorker(moe, module_of(p))
+            with unittest.mock.patch.object(torch.version, "hip", "6.3.0", create=True):
+                with self.assertRaises(ValueError) as e:
+                    w.wex_attach(model=MODEL + "-moe", group="rocm-pad", checkpoint=False)
+            self.assertIsNone(w.wex_status())  # nothing attached
+            self.assertIn(name, str(e.exception))
+            self.assertIn("VLLM_ROCM_MOE_PADDING=0", str(e.exception))
+        # A dense model's padded FP8 Linear weight (here a BF16 stand-in).
+        d = self.tmp.name
+        dense = self.engine_params("vllm", 0)
+        o = next(n for n in dense if n.endswith("self_attn.o_proj.weight"))
+        dense[o] = padded(dense[o])
+        w = VllmWorker(d, module_of(dense))
+        with unittest.mock.patch.object(torch.version, "hip", "6.3.0", create=True):
+            with self.assertRaises(ValueError) as e:
+                w.wex_attach(model=MODEL, group="rocm-pad2", checkpoint=False)
+        self.assertIn(o, str(e.exception))
+        self.assertIn("VLLM_ROCM_FP8_PADDING=0", str(e.exception))
+        # An ignored parameter is not refused for its strides.
+        w = VllmWorker(d, module_of(dict(dense, **{"extra.weight": padded(torch.zeros(4, 128))})))
+        with self.assertRaises(ValueError) as e:
+            w.wex_attach(model=MODEL, group="rocm-pad3", checkpoint=False,
+                         ignore=["extra.*"])
+        self.assertNotIn("extra.weight", str(e.exception))
+        self.assertIn(o, str(e.exception))
 
     def test_vllm_pp_stage_ends(self):
         """vLLM's Qwen3-MoE (and Qwen2-MoE) builds model.embed_tokens,

@@ -467,6 +467,20 @@ class TorchGlue(WexdProducerCase):
             torch_util.register_module(p, [("w", torch.zeros(4))])
         with self.assertRaisesRegex(ValueError, "no tensors"):
             torch_util.register_module(p, [])
+        # A dict (state_dict()) is taken as its items; a NumPy array or a
+        # bare tensor in place of a pair is a TypeError naming it (before:
+        # "not enough values to unpack", or AttributeError: 'str' or
+        # 'numpy.ndarray' object has no attribute 'detach').
+        import numpy
+        own = {"w": torch.zeros(4, 4), "wt": torch.zeros(4, 4)}
+        torch_util.attach_module(c, own)
+        self.assertEqual([id(held) for held, _ in c._attached], [id(t) for t in own.values()])
+        with self.assertRaisesRegex(TypeError, "attach_module: w is a ndarray, not a torch.Tensor"):
+            torch_util.attach_module(c, [("w", numpy.zeros((4, 4), numpy.float32))])
+        with self.assertRaisesRegex(TypeError, "register_module: expected .name, tensor. pairs"):
+            torch_util.register_module(p, [torch.zeros(4)])
+        with self.assertRaisesRegex(ValueError, "CUDA device"):
+            torch_util.register_module(p, {"w": torch.zeros(4)})
 
     # torch's C++ exceptions (a wrapper subclass's storage) abort under the
     # ASan runtime preloaded into Python (its __cxa_throw interceptor finds

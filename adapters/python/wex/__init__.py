@@ -63,12 +63,20 @@ class WexError(OSError):
         self.code = code
 
 
-def _cstr(val, what, path=False):
+def _cstr(val, what, path=False, check=True):
     """val encoded for a C string parameter, or ValueError: ctypes would
     pass a NUL-containing value cut at its first NUL ("pol\\0icy" as
     "pol"), so a different name or path than the caller gave."""
-    b = os.fsencode(val) if path else val.encode()
-    if b"\0" in b:
+    if path:
+        b = os.fsencode(val)
+    elif isinstance(val, (bytes, bytearray)):
+        # (As tensor() takes them: a Tensor's name is bytes.)
+        b = bytes(val)
+    elif isinstance(val, str):
+        b = val.encode()
+    else:
+        raise TypeError("%s must be str or bytes, not %s" % (what, type(val).__name__))
+    if check and b"\0" in b:
         raise ValueError("%s contains a NUL byte: %r" % (what, val))
     return b
 
@@ -215,8 +223,10 @@ class Layout:
         # arrays it returned are freed here).
         with self._lock:
             if self.handle:
-                self._lib.wex_layout_close(self.handle)
-                self.handle = ctypes.c_void_p()
+                # (Cleared first, as Client's: a KeyboardInterrupt raised
+                # as the close returns must not leave it to close again.)
+                h, self.handle = self.handle, ctypes.c_void_p()
+                self._lib.wex_layout_close(h)
 
     def __enter__(self):
         return self
@@ -447,6 +457,27 @@ def cuda_free(ptr, size, device=0):
     lib().wex_cuda_free(ptr, size, device, None)
 
 
+# Every Client of this process (see _after_fork).
+_clients = weakref.WeakSet()
+
+
+def _after_fork():
+    """In a forked child: the locks of each client made anew.  A thread of
+    the parent that was in a call of a client (a sync waiting for a
+    version) held them, and no thread of the child will release them: the
+    child's calls on its copy would wait for ever instead of refusing
+    (WexError ECHILD), and its close() too instead of freeing the copy."""
+    for c in list(_clients):
+        c._lock = threading.RLock()
+        c._handle_lock = threading.RLock()
+        c._live_lock = threading.RLock()
+        c._in_cancel = threading.local()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
 class Client:
     """A libwex client (wex_client_open .. wex_client_close).
 
@@ -468,7 +499,9 @@ class Client:
         self._lock = threading.RLock()
         # cancel() does not take _lock (the call it cancels holds it):
         # this one keeps the handle from being closed under it.
-        self._handle_lock = threading.Lock()
+        # (Reentrant: a signal's handler that calls cancel() may run
+        # while this thread holds it, in close() or last_error.)
+        self._handle_lock = threading.RLock()
         # Per thread: in cancel() (about to hold _handle_lock, or holding it).
         self._in_cancel = threading.local()
         self._cancels = 0  # cancel() calls
@@ -499,7 +532,7 @@ class Client:
                 continue
             # (The socket is a path: str, bytes or os.PathLike, encoded as
             # the file system's names are.)
-            b = os.fsencode(val) if what == "socket" else val.encode()
+            b = os.fsencode(val) if what == "socket" else _cstr(val, what, check=False)
             enc[what] = b
             if why is None and len(b) >= limit:
                 why = "%s must be under %d bytes: %r" % (what, limit, val)
@@ -529,21 +562,6 @@ class Client:
             if val is not None:
                 setattr(p, field, _uint(val, 31 if field == "device" else 32, field))
                 p.field_mask |= flag
-        h = ctypes.c_void_p()
-        # -EINTR: a signal, and then 3 s without wexd's answer to the
-        # hello (a hung wexd); Python ran the handler as the call
-        # returned, and where it raised nothing the open is tried again,
-        # up to the client's timeout.
-        end = time.monotonic() + (timeout_ms or 30000) / 1000.0
-        while True:
-            ret = L.wex_client_open(ctypes.byref(p), ctypes.byref(h))
-            if ret != -errno.EINTR or time.monotonic() >= end:
-                break
-        if ret < 0:
-            # (wex_last_error(NULL): why this thread's last open failed.)
-            why = L.wex_last_error(None).decode(errors="replace")
-            raise WexError(-ret, "wex_client_open: %s" % (why or L.wex_strerror(ret).decode()))
-        self._h = h
         self._lib = L
         self._timeout_ms = timeout_ms
         self._regions = []  # (address, size) of what reserve() returned
@@ -552,6 +570,33 @@ class Client:
         # holds one's memory, name, prank, address, bytes, host]; a sync
         # that fetched again unmaps what they show (see _stale_views).
         self._views = []
+        _clients.add(self)  # (its locks are made anew in a forked child)
+        h = ctypes.c_void_p()
+        # -EINTR: a signal, and then 3 s without wexd's answer to the
+        # hello (a hung wexd); Python ran the handler as the call
+        # returned, and where it raised nothing the open is tried again,
+        # up to the client's timeout.
+        end = time.monotonic() + (timeout_ms or 30000) / 1000.0
+        try:
+            while True:
+                ret = L.wex_client_open(ctypes.byref(p), ctypes.byref(h))
+                if ret != -errno.EINTR or time.monotonic() >= end:
+                    break
+            if ret >= 0:
+                self._h = h
+        except BaseException:
+            # A handler's exception (Ctrl-C's KeyboardInterrupt) raised as
+            # an open that took its signal succeeded after all (wexd
+            # answered within 3 s): that client, holding its rank, would
+            # be left open with nothing to close it.
+            if h.value:
+                self._h = None
+                L.wex_client_close(h)
+            raise
+        if ret < 0:
+            # (wex_last_error(NULL): why this thread's last open failed.)
+            why = L.wex_last_error(None).decode(errors="replace")
+            raise WexError(-ret, "wex_client_open: %s" % (why or L.wex_strerror(ret).decode()))
 
     def _check(self, ret, what):
         if ret < 0:
@@ -737,8 +782,13 @@ class Client:
                               RuntimeWarning, stacklevel=3)
             return
         with self._handle_lock:
-            self._lib.wex_client_close(self._h)
-            self._h = None
+            # (_h cleared first: a signal's handler runs as the close
+            # returns, before the next line; a KeyboardInterrupt raised
+            # there left _h naming the freed client, which the next
+            # close or __del__ freed again; a handler's cancel() finds
+            # the client closed.)
+            h, self._h = self._h, None
+            self._lib.wex_client_close(h)
         self._regions = []
         self._attached = []
 
@@ -877,7 +927,7 @@ class Client:
         """Returns (address, Tensor) of producer rank prank's piece of name."""
         ptr, desc = ctypes.c_void_p(), Tensor()
         raw = _cstr(name, "tensor name")
-        self._call("view %s" % name, self._lib.wex_view, _uint(prank, 32, "prank"), raw,
+        self._call("view %s" % raw.decode(errors="replace"), self._lib.wex_view, _uint(prank, 32, "prank"), raw,
                    ctypes.byref(ptr), ctypes.byref(desc))
         return ptr.value, desc
 

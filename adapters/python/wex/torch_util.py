@@ -25,6 +25,7 @@ of the whole tensor (fsdp_rows), so an engine attaches whole or TP-cut
 tensors and wex gathers the rows from the ranks, with no all-gather in
 the trainer.  A trainer that shards by hand passes boxes=.
 """
+import collections.abc
 import ctypes
 
 import torch
@@ -330,6 +331,27 @@ def _piece(piece, **where):
     return t
 
 
+def _named(named_tensors, what):
+    """[(name, tensor)] of named_tensors: (name, tensor) pairs
+    (named_parameters()) or a dict of them (state_dict()); TypeError
+    naming what is neither, or a value that is no torch.Tensor (a NumPy
+    array), where iterating a dict gave its names (a ValueError or
+    AttributeError about a str) and an array had no .detach."""
+    if isinstance(named_tensors, collections.abc.Mapping):
+        named_tensors = named_tensors.items()
+    out = []
+    for item in named_tensors:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise TypeError("%s: expected (name, tensor) pairs or a dict of tensors, got %r"
+                            % (what, item))
+        name, t = item
+        if not isinstance(t, torch.Tensor) and not _is_dtensor(t):
+            raise TypeError("%s: %s is a %s, not a torch.Tensor"
+                            % (what, name, type(t).__name__))
+        out.append((name, t))
+    return out
+
+
 def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None, boxes=None,
                     layout=None, rank=None):
     """Registers the memory under named tensors (e.g.
@@ -373,7 +395,7 @@ def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None,
     trainer.  Every physical tensor of the rank must be there, in its
     shape and dtype, contiguous, and nothing else.
     """
-    items = [(n, t.detach()) for n, t in named_tensors]
+    items = [(n, t.detach()) for n, t in _named(named_tensors, "register_module")]
     if not items:
         raise ValueError("no tensors to register")
     if layout is not None:
@@ -483,7 +505,7 @@ def attach_module(client, named_tensors, layout=None, rank=None):
     fills it from the trainer's layout whatever that is.  Every physical
     tensor of the rank must be there, in its shape and dtype, contiguous,
     and nothing else."""
-    items = [(n, held) for n, held in named_tensors]
+    items = _named(named_tensors, "attach_module")
     pieces = None
     if layout is not None:
         pieces = {n: ps for n, _, ps in _layout_items([(n, h.detach()) for n, h in items],

@@ -64,7 +64,13 @@ default), a moe_backend other than auto/triton, or a FusedMoE
 quant_method whose kernel backend (unquantized_backend, fp8_backend, any
 other *_backend of an MoE method), which vLLM picks by platform with no
 setting, is not one known to keep the weights as loaded (Triton; for
-FP8 also vLLM's CUTLASS).  Other transforms that
+FP8 also vLLM's CUTLASS), that of the method a FusedMoEModularMethod
+wraps (old_quant_method: vLLM swaps it in after loading under DP + EP)
+included.  On ROCm vLLM pads the rows of the experts' weights
+(VLLM_ROCM_MOE_PADDING) and of FP8 Linear weights (VLLM_ROCM_FP8_PADDING),
+both on by default, after loading: the same shape and values, rows
+apart, which the layout's C-order pieces cannot describe: refused,
+naming the variable to set to 0.  Other transforms that
 keep the shape (another backend, another version's attribute names)
 are caught by comparing the worker's tensors with the safetensors
 checkpoint vLLM loaded, in samples of every piece, before the first
@@ -120,7 +126,8 @@ import os
 
 import wex
 from wex.checkpoint import CheckpointMismatch
-from wex.engine import EngineRank, checkpoint_for, config_path, has_experts, stages_from_env
+from wex.engine import (EngineRank, checkpoint_for, config_path, has_experts, select_parameters,
+                        stages_from_env)
 
 __all__ = ["WorkerExtension", "parallel_info", "default_spec", "engine_names"]
 
@@ -299,29 +306,49 @@ def _refuse_moe_relayout(vllm_config, module):
                          "loading in the same shape: use moe_backend='triton' (or 'auto' with "
                          "no FlashInfer/AITER MoE variable set)" % (backend,))
     for name, m in module.named_modules():
-        qm = getattr(m, "quant_method", None)
-        if qm is None:
+        for qm in _quant_methods(m):
+            _refuse_method(name, m, qm)
+
+
+def _quant_methods(m):
+    """The quant methods of module m whose backends shaped its weights:
+    its quant_method and the ones that wraps.  vLLM replaces a FusedMoE
+    layer's quant_method after loading (FusedMoE.maybe_init_modular_kernel,
+    with an all2all backend under DP + EP) by a FusedMoEModularMethod that
+    keeps the method which converted the weights as old_quant_method
+    (fused_moe/fused_moe_modular_method.py, vllm-project/vllm at
+    c9a59901113ccfe729e9c2be54062abee99b37f7); newer layers keep it as
+    base_quant_method too."""
+    out = []
+    for qm in (getattr(m, "quant_method", None), getattr(m, "base_quant_method", None)):
+        while qm is not None and len(out) < 8 and all(qm is not o for o in out):
+            out.append(qm)
+            qm = getattr(qm, "old_quant_method", None)
+    return out
+
+
+def _refuse_method(name, m, qm):
+    """_refuse_moe_relayout's checks of one quant method qm of module m."""
+    if getattr(qm, "rocm_aiter_moe_enabled", False):
+        raise ValueError("wex_attach: %s runs ROCm AITER MoE kernels "
+                         "(rocm_aiter_moe_enabled), which shuffle its weights after loading: "
+                         "set VLLM_ROCM_USE_AITER_MOE=0" % name)
+    moe = hasattr(m, "w13_weight") or any(
+        "MoE" in c.__name__ for c in type(qm).__mro__)
+    for attr, value in _kernel_backends(qm, moe):
+        ok = _KERNEL_BACKENDS_OK.get(attr)
+        if ok is not None and value in ok:
             continue
-        if getattr(qm, "rocm_aiter_moe_enabled", False):
-            raise ValueError("wex_attach: %s runs ROCm AITER MoE kernels "
-                             "(rocm_aiter_moe_enabled), which shuffle its weights after loading: "
-                             "set VLLM_ROCM_USE_AITER_MOE=0" % name)
-        moe = hasattr(m, "w13_weight") or any(
-            "MoE" in c.__name__ for c in type(qm).__mro__)
-        for attr, value in _kernel_backends(qm, moe):
-            ok = _KERNEL_BACKENDS_OK.get(attr)
-            if ok is not None and value in ok:
-                continue
-            raise ValueError("wex_attach: %s runs the %s MoE kernel backend (%s.%s)%s, which "
-                             "may re-lay out its weights after loading in the same shape: "
-                             "start vLLM with moe_backend='triton' (a vLLM without "
-                             "moe_backend, for DeepGEMM: VLLM_USE_DEEP_GEMM=0)"
-                             % (name, value, type(qm).__name__, attr,
-                                "" if ok is not None else
-                                ", a backend attribute wex does not know (known to keep the "
-                                "weights as loaded: %s)" % ", ".join(
-                                    "%s %s" % (k, "/".join(v))
-                                    for k, v in sorted(_KERNEL_BACKENDS_OK.items()) if v)))
+        raise ValueError("wex_attach: %s runs the %s MoE kernel backend (%s.%s)%s, which "
+                         "may re-lay out its weights after loading in the same shape: "
+                         "start vLLM with moe_backend='triton' (a vLLM without "
+                         "moe_backend, for DeepGEMM: VLLM_USE_DEEP_GEMM=0)"
+                         % (name, value, type(qm).__name__, attr,
+                            "" if ok is not None else
+                            ", a backend attribute wex does not know (known to keep the "
+                            "weights as loaded: %s)" % ", ".join(
+                                "%s %s" % (k, "/".join(v))
+                                for k, v in sorted(_KERNEL_BACKENDS_OK.items()) if v)))
 
 
 def _block_fp8(cfg, module):
@@ -362,6 +389,46 @@ def _deep_gemm_requant():
         if callable(fn):
             return name if fn() else None
     return None
+
+
+# ROCm weight padding: vLLM's envs.py VLLM_ROCM_MOE_PADDING and
+# VLLM_ROCM_FP8_PADDING (both "bool(int(os.getenv(NAME, "1")))", on by
+# default).  On ROCm, where a row's stride is a multiple of 512 bytes,
+# UnquantizedFusedMoEMethod._maybe_pad_weight (fused_moe/
+# unquantized_fused_moe_method.py, vllm-project/vllm at
+# 017b8f23ef355dd8eb8733d2724f6b125a503acb; oracle/unquantized.py at
+# 011fbfd6c93d3f75dc5d7d1a0d4957d74d079bea keeps it for TRITON) and
+# Fp8LinearMethod._maybe_pad_weight (quantization/fp8.py at
+# 0071b24bf8fe8c3d1bc3516d0ff8477f07964aaf, block-FP8 weights too) replace
+# w13_weight/w2_weight (a linear layer's FP8 weight) after loading with
+# F.pad(w, (0, 256 bytes))[..., :-pad]: the same shape and values in new
+# memory, each row 256 bytes further apart.  The vllm layout's pieces
+# assume C order, so such a tensor cannot be attached.
+_ROCM_PADDING = (("w13_weight", "VLLM_ROCM_MOE_PADDING"), ("w2_weight", "VLLM_ROCM_MOE_PADDING"))
+
+
+def _refuse_strided(named, strip_prefix, ignore):
+    """Raises ValueError, naming it and the vLLM setting that made it,
+    for the first parameter wex_attach would attach (not ignored) that is
+    not contiguous: vLLM's ROCm padding (_ROCM_PADDING) leaves the
+    weights' rows apart, where the layout's pieces are in C order."""
+    import torch  # vLLM's workers have it
+
+    kept, _ = select_parameters(named, strip_prefix, ignore)
+    for name, t in kept:
+        if t.numel() == 0 or t.is_contiguous():
+            continue
+        if getattr(torch.version, "hip", None):
+            var = next((v for suffix, v in _ROCM_PADDING if name.endswith(suffix)),
+                       "VLLM_ROCM_FP8_PADDING")
+            why = ("vLLM on ROCm pads its rows after loading (%s, on by default), and the "
+                   "vllm layout places its pieces in C order: start vLLM with %s=0"
+                   % (var, var))
+        else:
+            why = ("vLLM laid it out with other strides after loading, and the vllm layout "
+                   "places its pieces in C order")
+        raise ValueError("wex_attach: %s is not contiguous (shape %s, strides %s): %s"
+                         % (name, tuple(t.shape), tuple(t.stride()), why))
 
 
 class WorkerExtension:
@@ -582,6 +649,8 @@ class WorkerExtension:
             spec = wex.Layout(cfg, spec, adapters)
         ignore = tuple((ignore,) if isinstance(ignore, str) else ignore or ()) + \
             stage_end_ignores(spec, layout_rank(par), par)
+        _refuse_strided(engine_names(self._wex_model().named_parameters(), originals=True),
+                        strip_prefix, ignore)
         device = getattr(self, "device", None)
         ordinal = device.index if getattr(device, "type", None) == "cuda" else None
         # The callable, not its result: each sync enumerates the parameters
