@@ -1376,6 +1376,15 @@ int main(int argc, char **argv)
 				       : 1;
 		}
 		d.socket_owned = 1;
+		/* Connecting to a UNIX socket needs write permission on it:
+		 * a mode that lets a class read but not write (0640) lets it
+		 * see the socket and be refused (EACCES) at every connect. */
+		if (!(mode & 0200) || (mode & 0060) == 0040 || (mode & 0006) == 0004)
+			wex_warn("wexd", "socket_mode %04o (from %s): connecting needs write permission on the socket, which %s lack%s (0660: its owner and its group may connect)",
+				 mode, wex__config_source_name(d.cfg.source[WEX_CF_SOCKET_MODE]),
+				 !(mode & 0200) ? "its owner (wexd's user, but for root)"
+				 : (mode & 0060) == 0040 ? "members of its group" : "other users",
+				 !(mode & 0200) ? "s" : "");
 		if (stat(d.socket_path, &st) == 0) {
 			d.socket_dev = st.st_dev;
 			d.socket_ino = st.st_ino;

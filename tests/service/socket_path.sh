@@ -159,4 +159,19 @@ if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
 else
 	echo "(another user's socket not checked: needs root and setpriv)"
 fi
-echo "PASS: a non-socket at the path is kept and refused, a stale socket replaced, a live one not taken, the lock held and named, one of two started at once serving, another's file not removed at exit, another user's stale socket named"
+# A socket_mode that lets the group read the socket but not write it
+# (0640): no member can connect (connect needs write permission), said
+# at start; 0660 says nothing.
+start_wexd
+kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; WEXD_PID=""
+grep -q "connecting needs write permission" "$TMP/wexd.log" &&
+	fail "a warning for socket_mode 0660: $(cat "$TMP/wexd.log")"
+: >"$TMP/wexd.log"
+export WEX_SOCKET_MODE=0640
+start_wexd
+unset WEX_SOCKET_MODE
+[ "$(stat -c %a "$WEX_SOCKET")" = 640 ] || fail "socket_mode 0640 not applied"
+kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; WEXD_PID=""
+grep -q "socket_mode 0640 (from env): connecting needs write permission on the socket, which members of its group lack" \
+	"$TMP/wexd.log" || fail "no warning for socket_mode 0640: $(cat "$TMP/wexd.log")"
+echo "PASS: a non-socket at the path is kept and refused, a stale socket replaced, a live one not taken, the lock held and named, one of two started at once serving, another's file not removed at exit, another user's stale socket named, a socket_mode no group member can connect with warned of"
