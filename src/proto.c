@@ -209,16 +209,34 @@ static int mul_ok(uint64_t a, uint64_t b, uint64_t *r)
 	return !__builtin_mul_overflow(a, b, r);
 }
 
+/* Bytes of the control character at s: 1 for one below 0x20 and 0x7f,
+ * 2 for U+0080..U+009F, the C1 controls, in UTF-8 (terminals take U+009B
+ * for CSI as they take ESC [); 0 for none. */
+static size_t control_len(const char *s)
+{
+	unsigned char c = (unsigned char)s[0], n = (unsigned char)s[1];
+
+	if (c < 0x20 || c == 0x7f)
+		return 1;
+	return c == 0xc2 && n >= 0x80 && n <= 0x9f ? 2 : 0;
+}
+
 int wex__name_printable(const char *s)
 {
 	for (; *s; s++)
-		if ((unsigned char)*s < 0x20 || *s == 0x7f ||
-		    /* U+0080..U+009F, the C1 controls: terminals take U+009B
-		     * for CSI in UTF-8 as they take ESC [. */
-		    ((unsigned char)s[0] == 0xc2 && (unsigned char)s[1] >= 0x80 &&
-		     (unsigned char)s[1] <= 0x9f))
+		if (control_len(s))
 			return 0;
 	return 1;
+}
+
+void wex__text_scrub(char *s)
+{
+	wex__utf8_scrub(s);
+	for (size_t n; *s; s++)
+		if ((n = control_len(s)) > 0) {
+			memset(s, '?', n);
+			s += n - 1;
+		}
 }
 
 int wex__tensor_span(const struct wex_tensor *t, uint64_t *span)

@@ -53,6 +53,10 @@ int wex__errcode(const char *name);
  * code points past U+10FFFF), so that text cut at a byte limit or copied
  * from a client's binary data can go into a JSON string. */
 void wex__utf8_scrub(char *s);
+/* s made one line of printable UTF-8 in place, for status and the log:
+ * what is not UTF-8 (wex__utf8_scrub) and each control character that
+ * wex__name_printable refuses become '?' (a C1 control: "??"). */
+void wex__text_scrub(char *s);
 
 /* {"ok":false,"error":{"code":...,"message":...}} (new reference); the
  * message is scrubbed to valid UTF-8. */

@@ -426,13 +426,7 @@ json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
 	snprintf(c->name, sizeof(c->name), "%s", name);
 	/* Cut at 63 bytes, perhaps inside a character: clients and status
 	 * put it in JSON. */
-	wex__utf8_scrub(c->name);
-	for (char *q = c->name; *q; q++)
-		if ((unsigned char)*q < 0x20 || *q == 0x7f)
-			*q = '?';
-		else if ((unsigned char)q[0] == 0xc2 && (unsigned char)q[1] >= 0x80 &&
-			 (unsigned char)q[1] <= 0x9f)
-			q[0] = q[1] = '?'; /* (a C1 control: U+009B is CSI) */
+	wex__text_scrub(c->name);
 	if (!strcmp(role, "admin")) {
 		c->role = WEX_ROLE_ADMIN;
 		return json_pack("{s:b, s:i, s:s}", "ok", 1, "v", WEX_PROTO_VERSION, "io",

@@ -908,10 +908,7 @@ static void wexd_sd_status(struct wexd *d)
 	/* One line of printable UTF-8 text: a name never breaks the
 	 * datagram, and one cut inside a character (at 64 bytes) does not
 	 * make systemd drop the line as not UTF-8 clean. */
-	wex__utf8_scrub(text);
-	for (char *c = text; *c; c++)
-		if ((unsigned char)*c < 0x20 || (unsigned char)*c == 0x7f)
-			*c = '?';
+	wex__text_scrub(text);
 	if (!strcmp(text, d->sd_status))
 		return;
 	snprintf(d->sd_status, sizeof(d->sd_status), "%s", text);

@@ -148,10 +148,7 @@ void wexd_verify_ask(struct conn *c, json_t *reply)
 static void copy_str(char *dst, size_t len, const char *src)
 {
 	snprintf(dst, len, "%s", src ? src : "");
-	wex__utf8_scrub(dst);
-	for (char *p = dst; *p; p++)
-		if ((unsigned char)*p < 0x20 || *p == 0x7f)
-			*p = '?';
+	wex__text_scrub(dst);
 }
 
 void wexd_verify_take(struct conn *c, const char *mode, json_t *v)

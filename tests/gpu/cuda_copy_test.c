@@ -325,6 +325,27 @@ static void no_context_thread_device1(void)
 	wex_cuda_free(p, 2u << 20, 1, NULL);
 }
 
+/* Device dev copies n bytes at p into memory of its own: the copy's
+ * result, what arrived checked against dev_fill's seed where it succeeded. */
+static CUresult copy_out_on(int dev, const void *p, size_t n, unsigned seed)
+{
+	CUdeviceptr d = 0;
+	CUstream s;
+	CUresult r;
+
+	CHECK_OK(wex__cuda_use_device(dev));
+	CU_OK(wex__cu.cuMemAlloc(&d, n));
+	CU_OK(wex__cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	r = wex__cu.cuMemcpyAsync(d, (CUdeviceptr)(uintptr_t)p, n, s);
+	if (r == CUDA_SUCCESS) {
+		CU_OK(wex__cu.cuStreamSynchronize(s));
+		CHECK(dev_check(d, n, seed, 0));
+	}
+	CU_OK(wex__cu.cuStreamDestroy(s));
+	CU_OK(wex__cu.cuMemFree(d));
+	return r;
+}
+
 /* Memory wex_cuda_alloc gives a trainer (PyTorch's pluggable allocator:
  * its stand-in for cudaMalloc) is reached by another GPU with peer access,
  * as cudaMalloc memory is once peer access is on: a copy device 1 runs out
@@ -409,25 +430,12 @@ static void peer_reads_alloc(void)
 		/* Device 2 reaches it still. */
 		CHECK_OK(wex__cuda_use_device(0));
 		dev_fill((uint64_t)(uintptr_t)p, n, 4);
-		CHECK_OK(wex__cuda_use_device(2));
-		CU_OK(wex__cu.cuMemAlloc(&d1, n));
-		CU_OK(wex__cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-		CU_OK(wex__cu.cuMemcpyAsync(d1, (CUdeviceptr)(uintptr_t)p, n, s));
-		CU_OK(wex__cu.cuStreamSynchronize(s));
-		CHECK(dev_check(d1, n, 4, 0));
-		CU_OK(wex__cu.cuStreamDestroy(s));
-		CU_OK(wex__cu.cuMemFree(d1));
+		CHECK(copy_out_on(2, p, n, 4) == CUDA_SUCCESS);
 	}
 	CHECK_OK(wex__cuda_use_device(0));
 	dev_fill((uint64_t)(uintptr_t)p, n, 3);
 	CHECK(dev_check((uint64_t)(uintptr_t)p, n, 3, 0));
-	CHECK_OK(wex__cuda_use_device(1));
-	CU_OK(wex__cu.cuMemAlloc(&d1, n));
-	CU_OK(wex__cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-	CHECK(wex__cu.cuMemcpyAsync(d1, (CUdeviceptr)(uintptr_t)p, n, s) ==
-	      CUDA_ERROR_ILLEGAL_ADDRESS);
-	CU_OK(wex__cu.cuStreamDestroy(s));
-	CU_OK(wex__cu.cuMemFree(d1));
+	CHECK(copy_out_on(1, p, n, 3) == CUDA_ERROR_ILLEGAL_ADDRESS);
 	CHECK_OK(wex__cuda_use_device(0));
 	wex_cuda_free(p, n, 0, NULL);
 }

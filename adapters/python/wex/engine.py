@@ -219,6 +219,18 @@ def has_experts(config):
     return False
 
 
+def fp8_block_size(config):
+    """quantization_config.weight_block_size of the model of config.json
+    `config` (a path): what it says, None where it says none.  A config
+    that cannot be read raises (OSError, ValueError)."""
+    with open(config) as f:
+        cfg = json.load(f)
+    if not isinstance(cfg, dict):
+        raise ValueError("%s is not a JSON object" % config)
+    q = cfg.get("quantization_config")
+    return q.get("weight_block_size") if isinstance(q, dict) else None
+
+
 def group_status(model, group, socket=None):
     """[{rank, pid, served, ...}] of consumer group `group` of `model` as
     wexd reports them (wexctl status: pid 0 for a rank not attached;

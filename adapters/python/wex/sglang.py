@@ -110,8 +110,8 @@ import weakref
 
 import wex
 import wex.checkpoint
-from wex.engine import (EngineRank, check_group, checkpoint_for, config_path, has_experts,
-                        selection, stages_from_env)
+from wex.engine import (EngineRank, check_group, checkpoint_for, config_path, fp8_block_size,
+                        has_experts, selection, stages_from_env)
 
 __all__ = ["request", "load", "check", "status", "parallel_info", "default_spec",
            "MixedWeights"]
@@ -574,11 +574,9 @@ def _block_fp8(cfg):
     (quantization_config with weight_block_size); False where it cannot
     be read (wex.Layout reports it)."""
     try:
-        with open(cfg) as f:
-            q = json.load(f).get("quantization_config") or {}
-    except (OSError, ValueError, AttributeError):
+        return bool(fp8_block_size(cfg))
+    except (OSError, ValueError):
         return False
-    return isinstance(q, dict) and bool(q.get("weight_block_size"))
 
 
 def _ue8m0_requant(cfg):
@@ -603,11 +601,9 @@ def _ue8m0_requant(cfg):
     if not flag:
         return False
     try:
-        with open(cfg) as f:
-            q = json.load(f).get("quantization_config") or {}
-    except (OSError, ValueError, AttributeError):
+        return fp8_block_size(cfg) == [128, 128]
+    except (OSError, ValueError):
         return False
-    return isinstance(q, dict) and q.get("weight_block_size") in ([128, 128], (128, 128))
 
 
 def _embed_whole(model, par, cfg):

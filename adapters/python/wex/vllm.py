@@ -121,13 +121,12 @@ first sleep.
 """
 import enum
 import importlib
-import json
 import os
 
 import wex
 from wex.checkpoint import CheckpointMismatch
-from wex.engine import (EngineRank, checkpoint_for, config_path, has_experts, select_parameters,
-                        stages_from_env)
+from wex.engine import (EngineRank, checkpoint_for, config_path, fp8_block_size, has_experts,
+                        select_parameters, stages_from_env)
 
 __all__ = ["WorkerExtension", "parallel_info", "default_spec", "engine_names"]
 
@@ -357,12 +356,9 @@ def _block_fp8(cfg, module):
     from vLLM's parameter names (a block scale is *_scale_inv)."""
     if cfg:
         try:
-            with open(cfg) as f:
-                q = json.load(f).get("quantization_config")
-        except (OSError, ValueError, AttributeError):
+            return bool(fp8_block_size(cfg))
+        except (OSError, ValueError):
             pass
-        else:
-            return isinstance(q, dict) and bool(q.get("weight_block_size"))
     return any(n.endswith("_scale_inv") for n, _ in module.named_parameters())
 
 
