@@ -934,11 +934,11 @@ static void swap_field(struct wex_config *a, struct wex_config *b, int i)
 
 int wex__config_reload(struct wex_config *cfg, json_t **report, char *err, size_t errlen)
 {
-	json_t *changed = json_array(), *restart = json_array(), *rep = NULL;
+	json_t *changed = json_array(), *restart = json_array(), *kept = json_array(), *rep = NULL;
 	struct wex_config next;
 	int rc;
 
-	if (!changed || !restart) {
+	if (!changed || !restart || !kept) {
 		rc = -ENOMEM;
 		snprintf(err, errlen, "config reload: out of memory");
 		goto out_decref;
@@ -954,15 +954,34 @@ int wex__config_reload(struct wex_config *cfg, json_t **report, char *err, size_
 		json_t *a, *b;
 		int same;
 
-		/* Runtime values and command-line flags outrank the file and
-		 * the environment, also after a reload. */
-		if (cfg->source[i] == WEX_CONFIG_SRC_RUNTIME || cfg->source[i] == WEX_CONFIG_SRC_FLAG) {
-			swap_field(cfg, &next, i);
-			continue;
-		}
 		a = fval_json(cfg, f);
 		b = fval_json(&next, f);
 		same = a && b && json_equal(a, b);
+		/* Runtime values and command-line flags outrank the file and
+		 * the environment, also after a reload; one the file (or the
+		 * environment) sets otherwise is said, not passed over
+		 * silently: the operator who edited the file expects it. */
+		if (cfg->source[i] == WEX_CONFIG_SRC_RUNTIME || cfg->source[i] == WEX_CONFIG_SRC_FLAG) {
+			if (!same && next.source[i] != WEX_CONFIG_SRC_DEFAULT) {
+				char *sa = a ? json_dumps(a, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+				char *sb = b ? json_dumps(b, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+
+				json_array_append_new(kept, json_string(f->name));
+				wex_warn("config", "reload: %s is %s in %s%s%s, but %s set it to %s, which "
+					 "outranks it; keeping %s", f->name, sb ? sb : "?",
+					 wex__config_source_name(next.source[i]), next.origin[i] ? " " : "",
+					 next.origin[i] ? next.origin[i] : "",
+					 cfg->source[i] == WEX_CONFIG_SRC_RUNTIME ? "wexctl config set"
+					 : cfg->origin[i] ? cfg->origin[i] : "a flag",
+					 sa ? sa : "?", sa ? sa : "?");
+				free(sa);
+				free(sb);
+			}
+			json_decref(a);
+			json_decref(b);
+			swap_field(cfg, &next, i);
+			continue;
+		}
 		json_decref(a);
 		json_decref(b);
 		if (same) {
@@ -981,7 +1000,8 @@ int wex__config_reload(struct wex_config *cfg, json_t **report, char *err, size_
 		}
 	}
 	if (report) {
-		rep = json_pack("{s:O,s:O}", "changed", changed, "restart_needed", restart);
+		rep = json_pack("{s:O,s:O,s:O}", "changed", changed, "restart_needed", restart,
+				"overridden", kept);
 		if (!rep) {
 			wex__config_free(&next);
 			rc = -ENOMEM;
@@ -998,6 +1018,7 @@ int wex__config_reload(struct wex_config *cfg, json_t **report, char *err, size_
 out_decref:
 	json_decref(changed);
 	json_decref(restart);
+	json_decref(kept);
 	return rc;
 }
 

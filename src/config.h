@@ -163,8 +163,10 @@ int wex__config_set_flag(struct wex_config *cfg, const char *name, const char *v
  * precedence order holds across reloads).  A file that was loaded before
  * must still be there (a missing default file is refused too: its access
  * lists would silently go).  If report is not NULL it gets a
- * new object {"changed":[names], "restart_needed":[names]} (caller
- * decrefs).  Changes are also logged.  Returns 0, or a negative errno with
+ * new object {"changed":[names], "restart_needed":[names],
+ * "overridden":[names]} (caller decrefs); "overridden" names the fields the
+ * file or environment sets to other than a flag's or "config set"'s value,
+ * which is kept (and logged as a warning).  Changes are also logged.  Returns 0, or a negative errno with
  * err filled and *cfg untouched.
  */
 int wex__config_reload(struct wex_config *cfg, json_t **report, char *err, size_t errlen);

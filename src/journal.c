@@ -170,7 +170,7 @@ void wex__journal_clear(struct wex_journal *j, int fd)
 	ret = rec_write(fd, "{\"wex_lease\":0}");
 	if (ret) {
 		j->errors++;
-		wex_warn("journal", "cannot mark a lease ended in %s: %s: a wexd started later holds its producer off until the lease's process calls it, or exits",
+		wex_warn("journal", "cannot mark a lease ended in %s: %s: should wexd restart before that consumer leaves, the next wexd holds its producer off until the consumer's process calls it, or exits",
 			 j->path, strerror(-ret));
 	}
 }

@@ -2137,7 +2137,7 @@ json_t *wexd_plans_json(struct wexd *d)
 	for (struct model *m = d->models; m; m = m->next)
 		for (struct plan_entry *p = m->plans; p; p = p->next)
 			json_array_append_new(
-				arr, json_pack("{s:s, s:I, s:i, s:i, s:s, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:s}",
+				arr, json_pack("{s:s, s:I, s:i, s:i, s:s, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:b}",
 					       "model", m->name, "layout_gen", (json_int_t)p->layout_gen,
 					       "rank", p->crank, "world", p->cworld, "device", p->device,
 					       "near_ranks", (int)p->near, "ops",
@@ -2146,7 +2146,7 @@ json_t *wexd_plans_json(struct wexd *d)
 					       (json_int_t)p->plan->stats.bytes_moved, "busiest_src_bytes",
 					       (json_int_t)p->plan->stats.busiest_src_bytes, "uses",
 					       (json_int_t)p->uses, "build_ms", p->build_ms, "stale",
-					       p->layout_gen == m->layout_gen ? "no" : "yes"));
+					       p->layout_gen != m->layout_gen));
 	return arr;
 }
 

@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -182,6 +183,109 @@ out:
 	return ret;
 }
 
+/* The open files' mappings, for st_sigbus: [lo, hi) each, and whether a
+ * read in it faulted. */
+static struct {
+	uintptr_t lo, hi;
+	volatile sig_atomic_t hit;
+} *volatile mapped;
+static volatile size_t nmapped;
+static size_t mapped_cap;
+static uintptr_t page_size = 4096;
+
+static int map_add(const void *map, uint64_t size)
+{
+	if (nmapped == mapped_cap) {
+		size_t cap = mapped_cap ? 2 * mapped_cap : 16;
+		void *v = realloc((void *)mapped, cap * sizeof(*mapped));
+
+		if (!v)
+			return -ENOMEM;
+		mapped = v;
+		mapped_cap = cap;
+	}
+	mapped[nmapped].lo = (uintptr_t)map;
+	mapped[nmapped].hi = (uintptr_t)map + size;
+	mapped[nmapped].hit = 0;
+	nmapped = nmapped + 1;
+	return 0;
+}
+
+static void map_del(const void *map)
+{
+	for (size_t i = 0; i < nmapped; i++)
+		if (mapped[i].lo == (uintptr_t)map) {
+			mapped[i].lo = mapped[nmapped - 1].lo;
+			mapped[i].hi = mapped[nmapped - 1].hi;
+			mapped[i].hit = mapped[nmapped - 1].hit;
+			nmapped = nmapped - 1;
+			return;
+		}
+}
+
+static void st_sigbus(int sig, siginfo_t *si, void *uc)
+{
+	uintptr_t a = (uintptr_t)si->si_addr;
+
+	(void)uc;
+	for (size_t i = 0; i < nmapped; i++)
+		if (a >= mapped[i].lo && a < mapped[i].hi) {
+			uintptr_t at = a & ~(page_size - 1);
+
+			/* From the faulting page on: one fault per file. */
+			mapped[i].hit = 1;
+			if (mmap((void *)at, mapped[i].hi - at, PROT_READ,
+				 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED)
+				return;
+			break;
+		}
+	/* Not a file of ours: the read faults again, fatal as without us. */
+	signal(sig, SIG_DFL);
+}
+
+int wex__st_guard(void)
+{
+	struct sigaction sa;
+	long pg = sysconf(_SC_PAGESIZE);
+
+	if (pg > 0)
+		page_size = (uintptr_t)pg;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_sigaction = st_sigbus;
+	sa.sa_flags = SA_SIGINFO;
+	sigemptyset(&sa.sa_mask);
+	return sigaction(SIGBUS, &sa, NULL) < 0 ? -errno : 0;
+}
+
+int wex__st_changed(const struct wex_st_file *f, const char *path, char *err, size_t errlen)
+{
+	struct stat st;
+	int hit = 0;
+
+	for (size_t i = 0; i < nmapped; i++)
+		if (mapped[i].lo == (uintptr_t)f->map)
+			hit = mapped[i].hit;
+	if (fstat(f->fd, &st) < 0) {
+		int e = errno;
+
+		seterr(err, errlen, "%s: %s", path, strerror(e));
+		return -e;
+	}
+	if ((uint64_t)st.st_size == f->size && st.st_mtim.tv_sec == f->mtime.tv_sec &&
+	    st.st_mtim.tv_nsec == f->mtime.tv_nsec) {
+		if (!hit)
+			return 0;
+		/* Also a SIGBUS: an I/O error reading a mapped page. */
+		seterr(err, errlen, "%s: reading it failed (SIGBUS on a mapped page: an I/O "
+		       "error?)", path);
+		return -EIO;
+	}
+	seterr(err, errlen, "%s changed while being read (%llu bytes, %llu when opened): another "
+	       "process writes it; convert it once it is written", path,
+	       (unsigned long long)st.st_size, (unsigned long long)f->size);
+	return -EIO;
+}
+
 static int by_name(const void *a, const void *b)
 {
 	return strcmp((*(struct wex_st_tensor *const *)a)->name,
@@ -195,7 +299,8 @@ int wex__st_open(const char *path, struct wex_st_file *f, char *err, size_t errl
 	int ret;
 
 	memset(f, 0, sizeof(*f));
-	f->fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* (O_NONBLOCK: a FIFO is refused below, never waited on.) */
+	f->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 	if (f->fd < 0) {
 		ret = -errno;
 		seterr(err, errlen, "%s: %s", path, strerror(errno));
@@ -206,7 +311,15 @@ int wex__st_open(const char *path, struct wex_st_file *f, char *err, size_t errl
 		seterr(err, errlen, "%s: %s", path, strerror(errno));
 		goto err;
 	}
+	if (!S_ISREG(st.st_mode)) {
+		/* It said "mmap: No such device", or "0 bytes" for a pipe. */
+		seterr(err, errlen, "%s: not a regular file (%s)", path,
+		       S_ISDIR(st.st_mode) ? "a directory" : "a pipe, socket or device");
+		ret = -EINVAL;
+		goto err;
+	}
 	f->size = (uint64_t)st.st_size;
+	f->mtime = st.st_mtim;
 	if (f->size < 8) {
 		seterr(err, errlen, "%s: %llu bytes, too short for a safetensors header", path,
 		       (unsigned long long)f->size);
@@ -218,6 +331,13 @@ int wex__st_open(const char *path, struct wex_st_file *f, char *err, size_t errl
 		f->map = NULL;
 		ret = -errno;
 		seterr(err, errlen, "%s: mmap: %s", path, strerror(errno));
+		goto err;
+	}
+	if (map_add(f->map, f->size) < 0) {
+		munmap(f->map, f->size);
+		f->map = NULL;
+		seterr(err, errlen, "%s: out of memory", path);
+		ret = -ENOMEM;
 		goto err;
 	}
 	{
@@ -267,8 +387,10 @@ err:
 
 void wex__st_close(struct wex_st_file *f)
 {
-	if (f->map)
+	if (f->map) {
+		map_del(f->map);
 		munmap(f->map, f->size);
+	}
 	if (f->fd >= 0)
 		close(f->fd);
 	free(f->t);

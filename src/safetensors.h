@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <limits.h>
 #include <stdint.h>
+#include <time.h>
 #include "wex.h"
 
 #define WEX_ST_MAX_HEADER 100000000ull
@@ -35,6 +36,7 @@ struct wex_st_file {
 	void *map;
 	uint64_t size;
 	uint64_t data_off;     /* 8 + N */
+	struct timespec mtime; /* as opened (wex__st_changed) */
 	struct wex_st_tensor *t;
 	size_t n;
 	struct wex_st_tensor **by_name; /* t's entries sorted by name (wex__st_find) */
@@ -56,6 +58,21 @@ int wex__st_parse_header(const char *hdr, size_t n, uint64_t data_size, struct w
 int wex__st_open(const char *path, struct wex_st_file *f, char *err, size_t errlen);
 void wex__st_close(struct wex_st_file *f);
 const struct wex_st_tensor *wex__st_find(const struct wex_st_file *f, const char *name);
+
+/*
+ * A file shrunk while mapped (rewritten in place under its name, as
+ * safetensors' save_file does: it truncates first) faults on its pages
+ * past the new end: SIGBUS.  wex__st_guard installs a SIGBUS handler, for
+ * the process, that maps zeros over the rest of an open file's mapping
+ * where a read faults in it (other faults stay fatal); wex__st_changed
+ * then says, -EIO with `path` in err, that f's size or mtime is not what
+ * it was when opened (both sizes given), or that a read of it faulted
+ * (also how an I/O error shows): what was read from it is not to be used.
+ * Files are opened and closed while no read of a mapped one runs in
+ * another thread.
+ */
+int wex__st_guard(void);
+int wex__st_changed(const struct wex_st_file *f, const char *path, char *err, size_t errlen);
 
 /*
  * Writes t[0..n) (name, dtype, ndim, shape, data) to `path`: tensors

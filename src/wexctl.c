@@ -403,7 +403,7 @@ static void print_plans(json_t *plans)
 		       (long long)json_integer_value(json_object_get(p, "ops")), n, m,
 		       json_real_value(json_object_get(p, "build_ms")),
 		       (long long)json_integer_value(json_object_get(p, "uses")),
-		       json_string_value(json_object_get(p, "stale")));
+		       json_is_true(json_object_get(p, "stale")) ? "yes" : "no");
 	}
 }
 
@@ -531,6 +531,11 @@ static int config_reload(int as_json)
 		print_names(j, "changed");
 		printf("; needing a restart of wexd: ");
 		print_names(j, "restart_needed");
+		/* Said only when there are some (an older wexd has no list). */
+		if (json_array_size(json_object_get(j, "overridden"))) {
+			printf("; kept over the file (a flag or config set outranks it): ");
+			print_names(j, "overridden");
+		}
 		printf("\n");
 	}
 	json_decref(j);

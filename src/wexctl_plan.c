@@ -1044,6 +1044,64 @@ out:
 	return ret;
 }
 
+/* Syncs directory `dir` (renames and unlinks in it), best effort. */
+static void sync_dir(const char *dir)
+{
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	if (dfd >= 0) {
+		fsync(dfd);
+		close(dfd);
+	}
+}
+
+/*
+ * Removes OUTDIR's model.safetensors.index.json before the files of this
+ * conversion are renamed into place where it names one of them (or does
+ * not parse): from the first rename until the new index is renamed over
+ * it (never, after a crash or a failed index write) it would describe
+ * files it no longer matches, an earlier split over this one's shards.
+ * One naming only other files stays: its checkpoint is whole until the
+ * new index replaces it.
+ */
+static int hf_drop_stale_index(const char *outdir, char *const *files, size_t nfiles, char *err,
+			       size_t errlen)
+{
+	char path[4200];
+	json_t *idx, *v;
+	const char *k;
+	int stale = 0;
+
+	snprintf(path, sizeof(path), "%s/model.safetensors.index.json", outdir);
+	if (access(path, F_OK) < 0)
+		return 0;
+	idx = json_load_file(path, 0, NULL);
+	if (!json_is_object(json_object_get(idx, "weight_map")))
+		stale = 1;
+	json_object_foreach(json_object_get(idx, "weight_map"), k, v) {
+		const char *fn = json_string_value(v);
+
+		for (size_t i = 0; !stale && fn && i < nfiles; i++) {
+			const char *base = strrchr(files[i], '/') ? strrchr(files[i], '/') + 1 : files[i];
+
+			stale = !strcmp(base, fn);
+		}
+		if (stale)
+			break;
+	}
+	json_decref(idx);
+	if (!stale)
+		return 0;
+	if (unlink(path) < 0 && errno != ENOENT) {
+		int e = errno;
+
+		seterr(err, errlen, "removing the earlier %s: %s", path, strerror(e));
+		return -e;
+	}
+	sync_dir(outdir);
+	return 0;
+}
+
 /* Warns of *.safetensors files in an hf OUTDIR that this conversion did
  * not write (an earlier one's shards, or its rank-0.safetensors), and
  * returns how many: the index (written then, for one file too) leaves
@@ -1271,6 +1329,9 @@ int wexctl_cmd_convert(int argc, char **argv)
 	ret = open_inputs(o.pos[0], src.world, rf, err, sizeof(err));
 	if (ret < 0)
 		goto fail;
+	/* A source file shrunk while read (a trainer still saving it) is
+	 * refused after the copy, naming it, not a SIGBUS and a core. */
+	wex__st_guard();
 	for (uint32_t r = 0; r < src.world; r++) {
 		ret = check_unique(&rf[r], r, err, sizeof(err));
 		if (ret < 0)
@@ -1535,6 +1596,13 @@ int wexctl_cmd_convert(int argc, char **argv)
 				seterr(err, sizeof(err), "copy failed: %s", strerror(-ret));
 			goto rank_out;
 		}
+		/* What was read of a source file shrunk or rewritten meanwhile
+		 * is zeros (wex__st_guard) or a mix of two saves. */
+		for (uint32_t s = 0; ret == 0 && s < src.world; s++)
+			for (size_t i = 0; ret == 0 && i < rf[s].n; i++)
+				ret = wex__st_changed(&rf[s].f[i], rf[s].path[i], err, sizeof(err));
+		if (ret < 0)
+			goto rank_out;
 		total += p->stats.bytes_moved;
 		progress_show(&pg, "syncing");
 		created = 0; /* finish closes each file, whatever it returns */
@@ -1572,6 +1640,8 @@ rank_out:
 			goto fail;
 	}
 	ret = stopped(err, sizeof(err));
+	if (ret == 0 && hf)
+		ret = hf_drop_stale_index(o.pos[1], names.v, nnames, err, sizeof(err));
 	if (ret < 0)
 		goto fail;
 	for (size_t k = 0; k < nnames; k++) {
@@ -1592,15 +1662,8 @@ rank_out:
 		}
 	}
 	staged = 0;
-	{
-		/* The renames themselves reach the disk before "converted". */
-		int dfd = open(o.pos[1], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-
-		if (dfd >= 0) {
-			fsync(dfd);
-			close(dfd);
-		}
-	}
+	/* The renames themselves reach the disk before "converted". */
+	sync_dir(o.pos[1]);
 	if (hf) {
 		/* One file: no index, as save_pretrained writes none, unless
 		 * the index must keep readers from others in OUTDIR. */
@@ -1610,6 +1673,8 @@ rank_out:
 				err, sizeof(err));
 		if (ret < 0)
 			goto fail;
+		/* ... and the index's rename (or removal) too. */
+		sync_dir(o.pos[1]);
 	} else {
 		/* Ranks past ours are an earlier conversion's (into OUTDIR, or
 		 * in place from more ranks): left alone, but the directory

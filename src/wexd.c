@@ -1010,7 +1010,9 @@ static void set_fd_limit(struct wexd *d)
 				 : "raise the hard limit (LimitNOFILE=, ulimit -Hn)");
 	else
 		wex_info("wexd", "file descriptors: limit %llu%s", (unsigned long long)d->fd_limit,
-			 was != d->fd_limit ? " (raised from the soft limit)" : "");
+			 was < d->fd_limit   ? " (raised from the soft limit)"
+			 : was > d->fd_limit ? " (lowered by max_open_files)"
+					     : "");
 }
 
 /*

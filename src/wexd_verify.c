@@ -275,7 +275,7 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 		o = json_pack("{s:i, s:i, s:s, s:I}", "rank", (int)i, "pid", c ? (int)c->pid : 0,
 			      "state", state, "served", (json_int_t)(c ? c->served_version : 0));
 		if (c && c->last_sync_ns)
-			json_object_set_new(o, "last_sync_s",
+			json_object_set_new(o, "last_sync_s_ago",
 					    json_real((double)(now - c->last_sync_ns) / 1e9));
 		if (c && !strcmp(state, "done"))
 			json_object_set_new(o, "verify", rec_json(&c->answered));

@@ -196,7 +196,7 @@ if(WEX_HAVE_CUDA_HEADERS)
     # gpu_sync: SIGTERM mid-run; the line has every key, the ratios too.
     add_test(NAME gpu_sync_json_term_emul COMMAND ${bj} term gpu_sync $<TARGET_FILE:gpu_sync>)
     set_tests_properties(gpu_sync_json_term_emul PROPERTIES ENVIRONMENT
-      "${bj_emul};WEX_BENCH_GB=0.01;WEX_BENCH_TENSORS=8;WEX_BENCH_REPS=100000;WEX_BENCH_JSON_KEYS=copy_vs_d2d,remap_ms,copy_vs_torch_ipc_per_tensor,remap_vs_torch_ipc_per_tensor")
+      "${bj_emul};WEX_BENCH_GB=0.01;WEX_BENCH_TENSORS=8;WEX_BENCH_REPS=100000;WEX_BENCH_JSON_KEYS=emulated,copy_vs_d2d,remap_ms,copy_vs_torch_ipc_per_tensor,remap_vs_torch_ipc_per_tensor")
     # released_check: a driver answering MAPPED with an error (five
     # queries a mapping: the check fails); SIGTERM mid-run.
     add_test(NAME released_check_json_fail_emul COMMAND ${bj} fail released_check $<TARGET_FILE:released_check>)

@@ -11,10 +11,18 @@ is its JSON object whatever happens, printed once, by the benchmark itself
   term  SIGTERM once the benchmark printed its first line (its handler is
         in place by then): killed by SIGTERM, "error" says so.
 
-In every mode the line has every key the skip line has (which is printed
+A benchmark that needs no GPU (host_sync, WEXD_BIN naming the wexd it
+runs; plan_scale) has no skip run:
+
+  cpu      the run finishes: exit 0, "error" null;
+  cpufail  the run fails (the environment given makes it): exit 1, "error"
+           says why.
+
+In the GPU modes the line has every key the skip line has (which is printed
 by the same code as a finished run's), so a consumer of the JSON finds the
 same keys whatever happened.  Exit 0 when all holds, 1 with the reason.
-WEX_BENCH_JSON_KEYS (comma-separated) names keys that must be there too.
+WEX_BENCH_JSON_KEYS (comma-separated; "a.b" for key b of object a, in the
+cpu modes) names keys that must be there too.
 """
 import json
 import os
@@ -69,6 +77,15 @@ def last_json(bench, out):
     return obj
 
 
+def has_key(obj, key):
+    """Whether obj has key; "a.b": key b of the object at a."""
+    for part in key.split("."):
+        if not isinstance(obj, dict) or part not in obj:
+            return False
+        obj = obj[part]
+    return True
+
+
 def main():
     mode, bench, binary = sys.argv[1:4]
     env = dict(os.environ)
@@ -77,6 +94,24 @@ def main():
     tmp = tempfile.mkdtemp(prefix="wexbj-")
     env["TMPDIR"] = tmp
     try:
+        if mode in ("cpu", "cpufail"):
+            rc, out = run(binary, env)
+            obj = last_json(bench, out)
+            want_rc = 0 if mode == "cpu" else 1
+            if rc != want_rc:
+                fail("%s: exit %d, not %d" % (mode, rc, want_rc), out)
+            if mode == "cpu" and ("error" not in obj or obj["error"] is not None):
+                fail("a finished run: error %s, not null"
+                     % (repr(obj["error"]) if "error" in obj else "absent"), out)
+            if mode == "cpufail" and not obj.get("error"):
+                fail("a failed run: no error in the JSON", out)
+            want = {k for k in os.environ.get("WEX_BENCH_JSON_KEYS", "").split(",") if k}
+            missing = sorted(k for k in want if not has_key(obj, k))
+            if missing:
+                fail("%s: keys missing from the JSON line: %s" % (mode, ", ".join(missing)), out)
+            print("PASS: %s %s: exit %d, last line the JSON object (%d keys, error %r)"
+                  % (bench, mode, rc, len(obj), obj.get("error")))
+            return
         skip_env = dict(env, WEX_CUDA_LIB="/nonexistent")
         rc, out = run(binary, skip_env)
         skip = last_json(bench, out)

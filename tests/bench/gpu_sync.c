@@ -46,7 +46,9 @@
  * for; wexd's request round trip (~0.1 ms) is in neither.
  * The last line is one JSON object, with every key, whatever happened
  * (without a GPU, after a failed process, when terminated: the figures
- * null, "error" saying why; "torch_check" only where the torch helper
+ * null, "error" saying why; "emulated" true where the driver is the
+ * emulated one, tests/gpu/emul_cuda.c, whose figures are the CPU's, null
+ * where nothing ran; "torch_check" only where the torch helper
  * reported one, "error" only where something went wrong); ratios: copy_vs_d2d = copy GB/s / d2d
  * GB/s; *_vs_torch_* = torch sync time / wex time (above 1: wex is
  * faster).  The torch figures include what a torch sync does every time
@@ -93,6 +95,7 @@ struct result {
 	double copy_unbatched_first_ms, verify_ms, verify_first_ms;
 	uint64_t bytes;
 	size_t bad; /* tensor checks that failed */
+	int emulated; /* the emulated driver: the figures are the CPU's */
 	char device[WEX_UUID_LEN];
 };
 
@@ -251,6 +254,7 @@ static void consumer(int sock, int out)
 		res.import_ms += now_ms() - t;
 	}
 	memcpy(res.device, s[0].desc.device, sizeof(res.device));
+	res.emulated = emulated();
 	for (size_t k = 0; k < L.nseg; k++) {
 		CHECK_OK(vmm->reserve(s[k].desc.alloc_size, 0, 0, &r[k]));
 		src[k] = (uint64_t)(uintptr_t)s[k].ptr;
@@ -657,9 +661,10 @@ static void print_json(FILE *f, const struct result *res, const struct torch *T,
 	if (!T)
 		T = &no_torch;
 	fprintf(f, "{\"bench\":\"gpu_sync\",\"path\":\"cuda_vmm backend ops, 2 processes, fork+socketpair\","
-	       "\"device\":\"%s\",\"bytes\":%llu,\"tensors\":%zu,\"segments\":%zu,\"reps\":%d,"
-	       "\"check\":%s,",
-	       res ? res->device : "", (unsigned long long)L.total, L.n, L.nseg, reps,
+	       "\"device\":\"%s\",\"emulated\":%s,\"bytes\":%llu,\"tensors\":%zu,\"segments\":%zu,"
+	       "\"reps\":%d,\"check\":%s,",
+	       res ? res->device : "", !res ? "null" : res->emulated ? "true" : "false",
+	       (unsigned long long)L.total, L.n, L.nseg, reps,
 	       !res ? "null" : res->bad ? "false" : "true");
 	if (error)
 		fprintf(f, "\"error\":\"%s\",", error);

@@ -23,13 +23,15 @@
  * bytes needed vs moved (must be equal), the busiest producer link vs its
  * lower bound (target <= 1.1x), and an estimated sync time at 50 GB/s per
  * GPU link next to Awex's published figure (quoted, not measured here: 6 s
- * for a 1T-parameter model).  Last line: one JSON object.
+ * for a 1T-parameter model).  Last line: one JSON object, "error" null,
+ * or saying why the run failed (exit 1).
  * Usage: plan_scale [config.json]   (default: $WEX_SRC/tests/data/...)
  * For measuring the planner (e.g. under callgrind): WEX_PLAN_SCALE_INSTANCES
  * plans fewer (or more) instances than 32, and WEX_PLAN_SCALE_HASH=1 prints
  * a hash over every plan's hash to stderr, so that a change to the planner
  * can be checked to leave its output byte for byte the same.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +51,24 @@ static double clock_s(clockid_t id)
 
 	clock_gettime(id, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Says why the run failed, on stderr and in the last line (JSON, quotes,
+ * backslashes and control characters made spaces); returns 1. */
+static int fail(const char *fmt, ...)
+{
+	char why[1200];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "plan_scale: %s\n", why);
+	printf("{\"bench\":\"plan_scale\",\"error\":\"");
+	for (const char *s = why; *s; s++)
+		putchar(*s == '"' || *s == '\\' || (unsigned char)*s < 0x20 ? ' ' : *s);
+	printf("\"}\n");
+	return 1;
 }
 
 static double now(void)
@@ -87,17 +107,13 @@ int main(int argc, char **argv)
 		snprintf(path, sizeof(path), "%s", argv[1]);
 	else
 		snprintf(path, sizeof(path), "%s/tests/data/deepseek-v3-config.json", src ? src : "..");
-	if (wex__model_load(path, NULL, &m, err, sizeof(err)) < 0) {
-		fprintf(stderr, "plan_scale: %s\n", err);
-		return 1;
-	}
+	if (wex__model_load(path, NULL, &m, err, sizeof(err)) < 0)
+		return fail("%s", err);
 	if (wex__layout_parse(from, &fs, err, sizeof(err)) < 0 ||
 	    wex__layout_parse(to, &ts, err, sizeof(err)) < 0 ||
 	    wex__layout_world(m, &fs, &pw, err, sizeof(err)) < 0 ||
-	    wex__layout_world(m, &ts, &cw, err, sizeof(err)) < 0) {
-		fprintf(stderr, "plan_scale: %s\n", err);
-		return 1;
-	}
+	    wex__layout_world(m, &ts, &cw, err, sizeof(err)) < 0)
+		return fail("%s", err);
 	uint32_t per = cw, instances = INSTANCES;
 	const char *env = getenv("WEX_PLAN_SCALE_INSTANCES");
 	int print_hash = getenv("WEX_PLAN_SCALE_HASH") && atoi(getenv("WEX_PLAN_SCALE_HASH"));
@@ -114,36 +130,28 @@ int main(int argc, char **argv)
 	size_t npieces = 0;
 
 	for (uint32_t r = 0; r < pw; r++) {
-		if (wex__layout_rank(m, &fs, r, &pl_l[r], err, sizeof(err)) < 0) {
-			fprintf(stderr, "plan_scale: producer rank %u: %s\n", r, err);
-			return 1;
-		}
+		if (wex__layout_rank(m, &fs, r, &pl_l[r], err, sizeof(err)) < 0)
+			return fail("producer rank %u: %s", r, err);
 		srcs[r] = (struct wex_plan_src){ r, pl_l[r].p, pl_l[r].np };
 		npieces += pl_l[r].np;
 	}
 	/* Every instance has the same pieces; only the consumer rank differs. */
 	for (uint32_t r = 0; r < per; r++) {
-		if (wex__layout_rank(m, &ts, r, &cl[r], err, sizeof(err)) < 0) {
-			fprintf(stderr, "plan_scale: consumer rank %u: %s\n", r, err);
-			return 1;
-		}
+		if (wex__layout_rank(m, &ts, r, &cl[r], err, sizeof(err)) < 0)
+			return fail("consumer rank %u: %s", r, err);
 	}
 	double t_layout = now() - t0;
 
 	double t1 = now(), c1 = cpu_now(), s1 = sys_now();
 	struct wex_planner *pl;
 	uint64_t busiest_dst = 0, ops = 0;
-	if (wex__planner_new(srcs, pw, &pl, err, sizeof(err)) < 0) {
-		fprintf(stderr, "plan_scale: %s\n", err);
-		return 1;
-	}
+	if (wex__planner_new(srcs, pw, &pl, err, sizeof(err)) < 0)
+		return fail("%s", err);
 	for (uint32_t inst = 0; inst < instances; inst++) {
 		for (uint32_t r = 0; r < per; r++)
 			dsts[r] = (struct wex_plan_dst){ inst * per + r, cl[r].p, cl[r].np };
-		if (wex__planner_plan_group(pl, dsts, per, cw, plans, err, sizeof(err)) < 0) {
-			fprintf(stderr, "plan_scale: instance %u: %s\n", inst, err);
-			return 1;
-		}
+		if (wex__planner_plan_group(pl, dsts, per, cw, plans, err, sizeof(err)) < 0)
+			return fail("instance %u: %s", inst, err);
 		for (uint32_t r = 0; r < per; r++) {
 			if (plans[r]->stats.bytes_needed > busiest_dst)
 				busiest_dst = plans[r]->stats.bytes_needed;
@@ -188,10 +196,11 @@ int main(int argc, char **argv)
 	       (double)link / 1e9);
 	printf("Awex (quoted figure, not measured here): 6 s for a 1T-parameter model; ratio %.2fx\n",
 	       est / AWEX_QUOTED_S);
-	printf("{\"plan_cpu_seconds\":%.4f,\"plan_sys_seconds\":%.4f,\"plan_vs_limit\":%.4f,\"plan_seconds\":%.4f,\"layout_seconds\":%.4f,\"peak_rss_mib\":%.1f,\"bytes_needed\":%llu,"
+	printf("{\"bench\":\"plan_scale\",\"error\":%s,\"plan_cpu_seconds\":%.4f,\"plan_sys_seconds\":%.4f,\"plan_vs_limit\":%.4f,\"plan_seconds\":%.4f,\"layout_seconds\":%.4f,\"peak_rss_mib\":%.1f,\"bytes_needed\":%llu,"
 	       "\"bytes_moved\":%llu,\"ops\":%llu,\"busiest_link_vs_bound\":%.4f,\"busiest_src_bytes\":%llu,"
 	       "\"src_bound_bytes\":%llu,\"busiest_dst_bytes\":%llu,\"est_sync_seconds\":%.3f,"
 	       "\"awex_quoted_seconds\":%.1f,\"producer_gpus\":%u,\"consumer_gpus\":%u}\n",
+	       st.bytes_needed == st.bytes_moved ? "null" : "\"bytes moved differ from bytes needed\"",
 	       c_plan, s_plan, c_plan / 2.0, t_plan, t_layout, rss_mib, (unsigned long long)st.bytes_needed,
 	       (unsigned long long)st.bytes_moved, (unsigned long long)ops, ratio,
 	       (unsigned long long)st.busiest_src_bytes, (unsigned long long)st.src_bound_bytes,

@@ -62,7 +62,11 @@ static void count_plans(int ctl, int *all, int *stale)
 		if (strcmp(json_string_value(json_object_get(p, "model")) ?: "", MODEL))
 			continue;
 		(*all)++;
-		*stale += !strcmp(json_string_value(json_object_get(p, "stale")) ?: "", "yes");
+		/* A JSON boolean, as every yes/no of wexd's listings: the
+		 * string "no" is true to jq and to Python. */
+		T_ASSERT(json_is_boolean(json_object_get(p, "stale")),
+			 "plans: 'stale' is not a JSON boolean");
+		*stale += json_is_true(json_object_get(p, "stale"));
 	}
 	json_decref(r);
 }

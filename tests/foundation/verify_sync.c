@@ -169,6 +169,12 @@ static void poll_group(wex_client_t *c, const char *model, const char *group, lo
 	r = json_array_get(json_object_get(json_array_get(json_object_get(j, "groups"), 0),
 					   "ranks"), 0);
 	snprintf(state, 32, "%s", json_string_value(json_object_get(r, "state")) ?: "");
+	/* The time since the rank's last sync, named and counted as in the
+	 * clients listing (last_sync_s_ago), once it has synced. */
+	T_ASSERT(!json_object_get(r, "last_sync_s") &&
+		 (!json_integer_value(json_object_get(r, "served")) ||
+		  json_real_value(json_object_get(r, "last_sync_s_ago")) >= 0),
+		 "verify poll: the time since the last sync is not last_sync_s_ago: %s", reply);
 	snprintf(result, 32, "%s",
 		 json_string_value(json_object_get(json_object_get(r, "verify"), "result")) ?: "");
 	json_decref(j);

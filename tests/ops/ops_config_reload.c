@@ -35,7 +35,7 @@ static int has(json_t *arr, const char *name)
 int main(void)
 {
 	struct wex_config cfg;
-	json_t *rep = NULL;
+	json_t *rep = NULL, *kept;
 	char err[512], *path;
 
 	t_clear_env();
@@ -83,6 +83,9 @@ int main(void)
 	CHECK(has(restart, "socket") && has(restart, "io_backend"));
 	CHECK(!has(changed, "socket") && !has(changed, "log_level"));
 	CHECK(json_array_size(changed) == 3 && json_array_size(restart) == 2);
+	/* The file's 5 lost to the runtime 1234: said, not passed over. */
+	kept = json_object_get(rep, "overridden");
+	CHECK(has(kept, "sync_timeout_ms") && json_array_size(kept) == 1);
 	json_decref(rep);
 
 	CHECK(cfg.begin_write_timeout_ms == 2000);
@@ -121,6 +124,21 @@ int main(void)
 	CHECK(cfg.begin_write_timeout_ms == 3000);
 	CHECK(!wex__config_allowed(&cfg, "policy", WEX_ROLE_PRODUCER, 1000, 1000, NULL, -1));
 	wex__config_free(&cfg);
+
+	/* A flag outranks the file after a reload; the file setting it to
+	 * another value is reported as overridden, the same value is not. */
+	rewrite(path, "{\"log_level\": \"warn\", \"socket\": \"/tmp/a.sock\"}");
+	CHECK(wex__config_load(&cfg, path, 1, err, sizeof(err)) == 0);
+	CHECK(wex__config_set_flag(&cfg, "log_level", "debug", "--log-level", err, sizeof(err)) == 0);
+	CHECK(wex__config_set_flag(&cfg, "socket", "/tmp/a.sock", "--socket", err, sizeof(err)) == 0);
+	CHECK(wex__config_reload(&cfg, &rep, err, sizeof(err)) == 0);
+	kept = json_object_get(rep, "overridden");
+	CHECK(has(kept, "log_level") && json_array_size(kept) == 1);
+	CHECK(json_array_size(json_object_get(rep, "changed")) == 0);
+	json_decref(rep);
+	CHECK(cfg.source[WEX_CF_LOG_LEVEL] == WEX_CONFIG_SRC_FLAG);
+	wex__config_free(&cfg);
+	unlink(path);
 	free(path);
 	printf("PASS\n");
 	return T_EXIT_PASS;

@@ -465,6 +465,39 @@ int main(int argc, char **argv)
 			      "a failed convert left %s/%s", sh, e->d_name);
 		closedir(d);
 		CHECK(compare(sh) == T_PASS, "a failed sharded convert changed the checkpoint there");
+		/* An earlier index naming these shards' files with another
+		 * split (an earlier conversion's) is removed before they are
+		 * renamed into place: a convert stopped after the renames
+		 * (killed; here its index cannot be written, a directory where
+		 * the index's temporary goes) never leaves it describing the
+		 * new shards (it was replaced only after them). */
+		{
+			char tmp[1100];
+			json_error_t je;
+			json_t *idx;
+
+			snprintf(path, sizeof(path), "%s/model.safetensors.index.json", sh);
+			idx = json_load_file(path, 0, &je);
+			CHECK(idx, "%s: %s", path, je.text);
+			CHECK(json_object_set_new(json_object_get(idx, "weight_map"), "model.embed_tokens.weight",
+						  json_string("model-00011-of-00011.safetensors")) == 0 &&
+				      json_dump_file(idx, path, 0) == 0,
+			      "rewriting %s", path);
+			json_decref(idx);
+			snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
+			CHECK(mkdir(tmp, 0755) == 0, "mkdir %s", tmp);
+			CHECK(run_err(msg, sizeof(msg), wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf", b,
+				      sh, "--max-shard-size", "8KiB") == 1 &&
+				      strstr(msg, "model.safetensors.index.json.tmp.") &&
+				      strstr(msg, "Is a directory"),
+			      "a convert that cannot write its index did not fail naming it: '%s'", msg);
+			CHECK(rmdir(tmp) == 0, "rmdir %s", tmp);
+			CHECK(access(path, F_OK) != 0 || compare(sh) == T_PASS,
+			      "a convert stopped before its index left an earlier one over its shards");
+			CHECK(run_opt(wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf", b, sh,
+				      "--max-shard-size", "8KiB") == 0 && compare(sh) == T_PASS,
+			      "vllm -> hf in 8 KiB shards after a failed index");
+		}
 	}
 	/* --max-shard-size: a size, for --to hf, of convert only. */
 	{

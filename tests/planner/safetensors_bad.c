@@ -6,14 +6,17 @@
  * short, header length over the limit or past the file, invalid JSON,
  * not an object, duplicate keys, unknown dtype, size/shape mismatch,
  * holes, overlaps, trailing bytes, missing bytes, non-string metadata;
- * and that a failed write names its cause.
+ * that a failed write names its cause; and that a file shrunk while
+ * mapped reads as zeros under wex__st_guard and is named as changed.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "safetensors.h"
@@ -101,6 +104,67 @@ int main(void)
 		printf("%-14s %s\n", "fsize", err);
 		CHECK(ret == -EFBIG && strstr(err, strerror(EFBIG)), "write past the size limit: %d %s", ret, err);
 		CHECK(access(path, F_OK) != 0, "failed write left %s", path);
+	}
+	/* A file shrunk while mapped (rewritten in place under its name, as
+	 * safetensors' save_file does: it truncates first) reads as zeros
+	 * past its new end under the guard, and is said to have changed,
+	 * naming it: a read there was a SIGBUS and a core dump. */
+	{
+		static float big[3 * 1024];
+		struct wex_st_tensor t = { .name = "big", .dtype = WEX_DT_F32, .ndim = 1,
+					   .shape = { 3 * 1024 }, .data = big };
+		const volatile unsigned char *p;
+
+		for (size_t i = 0; i < 3 * 1024; i++)
+			big[i] = 1.0f;
+		snprintf(path, sizeof(path), "%s/shrunk.safetensors", dir);
+		CHECK(wex__st_write(path, &t, 1, err, sizeof(err)) == 0, "%s", err);
+		CHECK(wex__st_open(path, &f, err, sizeof(err)) == 0, "%s", err);
+		CHECK(wex__st_changed(&f, path, err, sizeof(err)) == 0, "unchanged file: %s", err);
+		CHECK(wex__st_guard() == 0, "wex__st_guard");
+		CHECK(truncate(path, (off_t)f.data_off + 100) == 0, "truncate");
+		p = (const volatile unsigned char *)f.t[0].data;
+		CHECK(p[3 * 4096 - 1] == 0 && p[50] == 0x80, "past the new end: %#x", p[3 * 4096 - 1]);
+		CHECK(wex__st_changed(&f, path, err, sizeof(err)) == -EIO && strstr(err, path) &&
+			      strstr(err, "changed while being read"),
+		      "a shrunk file not said to have changed: '%s'", err);
+		printf("%-14s %s\n", "shrunk", err);
+		/* A faulted read is said even where size and mtime are back
+		 * (a SIGBUS is also how an I/O error on a mapped page shows):
+		 * never zeros taken for the tensor's bytes. */
+		{
+			struct timespec ts[2] = { f.mtime, f.mtime };
+
+			CHECK(truncate(path, (off_t)f.size) == 0 && utimensat(AT_FDCWD, path, ts, 0) == 0,
+			      "restoring %s", path);
+			CHECK(wex__st_changed(&f, path, err, sizeof(err)) == -EIO && strstr(err, path) &&
+				      strstr(err, "SIGBUS"),
+			      "a faulted read of a file back to its size not said: '%s'", err);
+			printf("%-14s %s\n", "faulted", err);
+		}
+		wex__st_close(&f);
+		unlink(path);
+	}
+	/* A directory or a FIFO under a .safetensors name (an index naming
+	 * one, a process substitution): refused as not a file, never
+	 * "mmap: No such device", "0 bytes" or a wait for a writer. */
+	{
+		snprintf(path, sizeof(path), "%s/dir.safetensors", dir);
+		CHECK(mkdir(path, 0755) == 0, "mkdir %s", path);
+		CHECK(wex__st_open(path, &f, err, sizeof(err)) == -EINVAL &&
+			      strstr(err, "not a regular file (a directory)"),
+		      "a directory: '%s'", err);
+		printf("%-14s %s\n", "directory", err);
+		rmdir(path);
+		snprintf(path, sizeof(path), "%s/fifo.safetensors", dir);
+		CHECK(mkfifo(path, 0644) == 0, "mkfifo %s", path);
+		alarm(10);
+		CHECK(wex__st_open(path, &f, err, sizeof(err)) == -EINVAL &&
+			      strstr(err, "not a regular file (a pipe"),
+		      "a FIFO: '%s'", err);
+		alarm(0);
+		printf("%-14s %s\n", "fifo", err);
+		unlink(path);
 	}
 	reject("emptyheader", "", 0);
 	{

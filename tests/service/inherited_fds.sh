@@ -98,4 +98,29 @@ if [ "$(ulimit -n)" = unlimited ] || [ "$(ulimit -n)" -gt 64 ]; then
 	grep -q "limit 64 (lowered by max_open_files); .*: raise max_open_files (0: the hard limit)" "$TMP/lim.log" ||
 		fail "fd-limit warning: $(grep "file descriptors" "$TMP/lim.log")"
 fi
+# The limit said as it was set: raised from a low soft limit, lowered by
+# max_open_files (above 16384, where no warning is due), or kept.
+fdlim() { # fdlim NAME SOFT [ENV...]: wexd's "file descriptors" line
+	n=$1 soft=$2; shift 2
+	mkdir "$TMP/$n"
+	(ulimit -Sn "$soft" && exec env "$@" WEX_SOCKET="$TMP/$n/wexd.sock" "$WEXD") 2>"$TMP/$n.log" &
+	p=$!
+	i=0; until [ -S "$TMP/$n/wexd.sock" ]; do
+		kill -0 $p 2>/dev/null || fail "wexd ($n) exited: $(cat "$TMP/$n.log")"
+		i=$((i+1)); [ $i -lt 200 ] || fail "wexd ($n) does not listen"; sleep 0.05; done
+	kill -TERM $p; wait $p
+	grep "file descriptors" "$TMP/$n.log"
+}
+hard=$(ulimit -Hn)
+if [ "$hard" = unlimited ] || [ "$hard" -ge 17000 ]; then
+	out=$(fdlim raise 1024 WEX_MAX_OPEN_FILES=17000)
+	case $out in *"limit 17000 (raised from the soft limit)"*) ;; *) fail "raised limit said as: $out" ;; esac
+	out=$(fdlim lower 17000 WEX_MAX_OPEN_FILES=16500)
+	case $out in *"limit 16500 (lowered by max_open_files)"*) ;; *) fail "lowered limit said as: $out" ;; esac
+	out=$(fdlim kept 17000 WEX_MAX_OPEN_FILES=17000)
+	case $out in *"limit 17000"*"("*) fail "unchanged limit said as: $out" ;; *"limit 17000"*) ;;
+		*) fail "kept limit said as: $out" ;; esac
+else
+	echo "note: hard fd limit $hard < 17000: raised/lowered wording not checked"
+fi
 echo "PASS: the launcher's pipe ended and its file was let go while wexd runs; wexd serves"

@@ -4,7 +4,8 @@
 # epoll and --socket over a --config file that says otherwise, a reload of
 # that file (now also changing sync_timeout_ms) applies the file's change,
 # keeps all three flags (config get names their source "flag"), logs no
-# "needs a restart" for them, and debug lines still appear after it; a
+# "needs a restart" for them but says the file's values they outrank (log
+# and wexctl config reload), and debug lines still appear after it; a
 # value set at run time then wins over the flag, and the next reload keeps
 # it. status names the config file it loaded.
 WEXD=$1 WEXCTL=$2
@@ -37,6 +38,12 @@ i=0; until [ "$(field sync_timeout_ms value)" = 4321 ]; do
 check_flags "after a reload"
 grep "reload" "$TMP/wexd.log" | grep -q "needs a restart" &&
 	fail "a flag was taken for a changed field: $(grep 'needs a restart' "$TMP/wexd.log")"
+# The file's values the flags outrank are said, not passed over.
+grep -q 'reload: log_level is "warn" in file .*, but --log-level set it to "debug", which outranks it; keeping "debug"' \
+	"$TMP/wexd.log" || fail "no warning that --log-level outranks the file's log_level"
+out=$("$WEXCTL" config reload) || fail "config reload: $out"
+case $out in *"kept over the file (a flag or config set outranks it): "*log_level*) ;;
+	*) fail "config reload does not say the file's log_level was kept out: $out" ;; esac
 # Debug lines after the reload: a connection logs one at debug level.
 n=$(grep -c 'debug: client .* connected' "$TMP/wexd.log")
 "$WEXCTL" status >/dev/null || fail "status"
@@ -46,7 +53,7 @@ i=0; until [ "$(grep -c 'debug: client .* connected' "$TMP/wexd.log")" -gt "$n" 
 "$WEXCTL" config set log_level info >/dev/null || fail "config set log_level"
 [ "$(field log_level source)" = runtime ] || fail "config set did not win over the flag"
 kill -HUP "$WEXD_PID"
-i=0; until [ "$(grep -c 'config info: reloaded' "$TMP/wexd.log")" -ge 2 ]; do
+i=0; until [ "$(grep -c 'config info: reloaded' "$TMP/wexd.log")" -ge 3 ]; do
 	i=$((i+1)); [ $i -lt 200 ] || fail "second reload not logged"; sleep 0.05; done
 [ "$(field log_level value)" = info ] || fail "the runtime value did not survive the reload"
 kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; rc=$?; WEXD_PID=""
