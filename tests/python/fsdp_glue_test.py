@@ -16,8 +16,10 @@ an engine attaches whole tensors, copy-syncs
 each version and finds them equal (torch.equal) to what the producers
 wrote.  Placements FSDP2 tensors do not have here (Shard(1) from
 shard_placement_fn, _StridedShard of FSDP over TP, Partial, Shard(0) on
-two mesh dims), a local shard of other rows than torch.chunk's, and bad
-boxes are refused naming the parameter.
+two mesh dims), a local shard of other rows than torch.chunk's, FSDP1's
+parameters (marked _fsdp_flattened: the FlatParameter, or 1-D slices of
+it with use_orig_params=True), DeepSpeed ZeRO-3's (empty between steps:
+not left out as empty) and bad boxes are refused naming the parameter.
 
 PyTorch here is Debian's 1.13, which has no DTensor: StandInDTensor stands
 in for torch.distributed.tensor.DTensor with the attributes the glue reads
@@ -183,6 +185,13 @@ class Rows(unittest.TestCase):
             torch_util.fsdp_rows(5, 4, 4)
 
 
+class TableClient:
+    """A producer client's register_tensors, keeping the table."""
+
+    def register_tensors(self, table):
+        self.table = table
+
+
 class Refused(unittest.TestCase):
     """Refused before any client call (client None)."""
 
@@ -202,6 +211,32 @@ class Refused(unittest.TestCase):
         self.refused([("w.weight", StandInDTensor((5, 4), torch.zeros(1, 4), (Shard(0),),
                                                   Mesh((4,), (3,))))],
                      "w.weight", "holds 0 rows")
+
+    def test_fsdp1(self):
+        # FSDP1 (FullyShardedDataParallel) marks its FlatParameter and, with
+        # use_orig_params=True, each original parameter _fsdp_flattened;
+        # sharded, a (4, 3) weight is a 1-D slice of the rank's flat
+        # parameter (here 5 of its 12 elements), which would register as
+        # a whole tensor of shape (5,) under the canonical name.
+        for name, shape in (("layers.0.mlp.weight", (5,)), ("_flat_param", (40,))):
+            p = torch.nn.Parameter(torch.zeros(shape))
+            p._fsdp_flattened = True
+            with self.assertRaises(ValueError) as e:
+                torch_util.register_module(TableClient(), [(name, p)],
+                                           segments=[(1, p.data_ptr(), 4 * shape[0])])
+            for s in (name, "FSDP1", "(%d,)" % shape[0]):
+                self.assertIn(s, str(e.exception))
+
+    def test_zero3(self):
+        # DeepSpeed ZeRO-3 leaves a partitioned parameter's data empty
+        # between steps (its shard is in ds_tensor): it would be left out
+        # as empty, the rank registering an empty table and publishing.
+        w = torch.nn.Parameter(torch.empty(0))
+        w.ds_id, w.ds_numel, w.ds_shape = 3, 12, torch.Size((4, 3))
+        with self.assertRaises(ValueError) as e:
+            torch_util.register_module(TableClient(), [("layers.0.mlp.weight", w)], segments=[])
+        for s in ("layers.0.mlp.weight", "ZeRO-3", "(4, 3)"):
+            self.assertIn(s, str(e.exception))
 
     def test_boxes(self):
         t = torch.zeros(2, 4)

@@ -381,7 +381,10 @@ def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None,
     fsdp_rows(...) of dim 0 of its global shape, under Shard(0) on one mesh
     dim (FSDP) and Replicate on the others (HSDP); other placements
     (Shard(1) from shard_placement_fn, FSDP over TP, Partial) are refused
-    naming the parameter.  And boxes={name: (shape, start)} says that the
+    naming the parameter, and so are FSDP1's parameters (FlatParameter, and
+    with use_orig_params=True the 1-D slices of it that its sharded
+    parameters are between steps) and DeepSpeed ZeRO-3's (ds_id: empty
+    between steps).  And boxes={name: (shape, start)} says that the
     tensor of that name is the box of the whole `shape` starting at
     `start` (a tuple, or an int: the first row of dim 0), extent its own
     shape: for trainers that shard by hand (e.g. a tensor's rows
@@ -395,7 +398,26 @@ def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None,
     trainer.  Every physical tensor of the rank must be there, in its
     shape and dtype, contiguous, and nothing else.
     """
-    items = [(n, t.detach()) for n, t in _named(named_tensors, "register_module")]
+    named = _named(named_tensors, "register_module")
+    for name, t in named:
+        # (Read before detach(), which drops the attribute.)
+        if getattr(t, "_fsdp_flattened", False):
+            raise ValueError(
+                "%s is a parameter of FSDP1 (FullyShardedDataParallel; PyTorch marks it "
+                "_fsdp_flattened): sharded, it is this rank's FlatParameter or, with "
+                "use_orig_params=True, a 1-D slice of it (shape %s), not a box of the whole "
+                "tensor, and wex does not describe FSDP1's flat parameters: shard with FSDP2 "
+                "(fully_shard, whose DTensors register as their dim-0 shards) or register a "
+                "full state dict (the hf layout)" % (name, tuple(t.shape)))
+        if hasattr(t, "ds_id") and hasattr(t, "ds_numel"):
+            raise ValueError(
+                "%s is a DeepSpeed ZeRO-3 parameter (shape %s, %d of its %d elements here): "
+                "ZeRO-3 keeps this rank's partition elsewhere (ds_tensor) and the data "
+                "whole only while a forward gathers it, empty between steps (it would be "
+                "left out as empty), which wex does not describe: register a gathered "
+                "copy (GatheredParameters), updated inside write(), or use ZeRO-1/2 or FSDP2"
+                % (name, tuple(getattr(t, "ds_shape", ())), t.numel(), t.ds_numel))
+    items = [(n, t.detach()) for n, t in named]
     if not items:
         raise ValueError("no tensors to register")
     if layout is not None:
