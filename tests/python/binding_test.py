@@ -323,7 +323,11 @@ class Binding(WexdProducerCase):
         self.assertIsNone(c._h, "the deferred close was not made after the sync")
 
         # The finalizer inside cancel(): wex_cancel drops the last tensor.
-        c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="finalizer", timeout_ms=10000)
+        # (A group of its own: _h is cleared as the deferred close above
+        # begins, in a thread of its own, and the rank is free only once
+        # its connection is closed: the same rank was refused EADDRINUSE
+        # now and then.)
+        c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="finalizer-cancel", timeout_ms=10000)
         holders = [type("Holder", (), {})()]
         c._track(holders[0])
         with warnings.catch_warnings():
@@ -633,6 +637,184 @@ class Binding(WexdProducerCase):
         with self.assertRaises(wex.WexError) as e:
             c2.release()
         self.assertEqual(e.exception.code, errno.EBADF)
+
+
+    def test_argument_types(self):
+        """Every public call refuses a wrong type or a value its C type
+        cannot hold with TypeError / ValueError naming the argument: never
+        ctypes.ArgumentError ("argument 2: wrong type"), and never taken
+        as something else (True as 1, 1.5 as 1, "7" as 7, 2**32 + 1 as 1,
+        -1 as 2**64-1, 2**64 as NULL, a str as its buffer's address)."""
+        p = wex.Client(wex.ROLE_PRODUCER, "pyglue-types", rank=0, world_size=1, watch=False)
+        self.addCleanup(p.close)
+        c = wex.Client(wex.ROLE_CONSUMER, "pyglue-types", group="g", timeout_ms=300)
+        self.addCleanup(c.close)
+        fd = os.memfd_create("pyglue-types")
+        self.addCleanup(os.close, fd)
+        cases = [
+            # (call, exception, words the message holds)
+            (lambda: c.sync("copy"), TypeError, "mode must be an int (wex.SYNC_COPY"),
+            (lambda: c.sync(None, verify=True), TypeError, "mode must be an int"),
+            (lambda: c.sync(True), TypeError, "mode must be an int"),
+            (lambda: c.sync((1 << 32) + wex.SYNC_COPY), ValueError, "mode must be a C int"),
+            (lambda: c.sync(7), ValueError, "mode must be wex.SYNC_COPY"),
+            (lambda: c.sync(wex.SYNC_COPY, min_version=1.5), TypeError, "min_version"),
+            (lambda: c.sync(wex.SYNC_COPY, timeout_ms="10"), TypeError, "timeout_ms"),
+            (lambda: p.segment_alloc("host", 4096), TypeError, "kind must be an int (wex.SEG_HOST"),
+            (lambda: p.segment_alloc((1 << 32) + wex.SEG_HOST, 4096), ValueError, "kind"),
+            (lambda: p.segment_alloc(wex.SEG_HOST, True), TypeError, "size must be an int"),
+            (lambda: p.segment_alloc(wex.SEG_HOST, 4096.0), TypeError, "size must be an int"),
+            (lambda: p.segment_alloc(wex.SEG_HOST, "4096"), TypeError, "size must be an int"),
+            (lambda: p.segment_alloc(wex.SEG_HOST, 4096, "0"), TypeError, "device"),
+            (lambda: p.register_fd((1 << 32) + 1, 4096, 4096), ValueError, "fd must be"),
+            (lambda: p.register_fd(fd, "buffer", 4096), TypeError, "ptr must be an int"),
+            (lambda: p.register_fd(fd, -1, 4096), ValueError, "ptr must be in"),
+            (lambda: p.register_ptr(wex.SEG_CUDA_VMM, 1 << 64, 4096), ValueError, "ptr must be in"),
+            (lambda: p.register_ptr("vmm", 4096, 4096), TypeError, "kind must be an int"),
+            (lambda: p.register_tensors([("w", 7, 1)]), TypeError, "item 0 is tuple"),
+            (lambda: p.register_tensors("w"), TypeError, "list of wex.Tensor"),
+            (lambda: c.attach(None), TypeError, "list of wex.Tensor"),
+            (lambda: p.begin_write(True), TypeError, "version must be an int"),
+            (lambda: p.begin_write(2.0), TypeError, "version must be an int"),
+            (lambda: p.publish("1"), TypeError, "version must be an int"),
+            (lambda: c.reserve(0, 0, 1.5), TypeError, "size must be an int"),
+            (lambda: c.view("x", None), TypeError, "prank must be an int"),
+            (lambda: c.producer_tensors(True), TypeError, "prank must be an int"),
+            (lambda: c.request("status", [1]), TypeError, "args must be a dict"),
+            (lambda: c.request("status", {"x": float("nan")}), ValueError, "args are not JSON"),
+            (lambda: wex.released(4096, True), TypeError, "nbytes must be an int"),
+            (lambda: wex.strerror(1.5), TypeError, "code must be an int"),
+            (lambda: wex.cuda_alloc(4096, "0"), TypeError, "device must be an int"),
+            (lambda: wex.cuda_free(4096, None), TypeError, "size must be an int"),
+            (lambda: wex.cuda_free("p", 4096), TypeError, "ptr must be an int"),
+            (lambda: wex.Layout(None, "hf"), TypeError, "config must be"),
+            (lambda: wex.tensor(5, "BF16", (2,)), TypeError, "tensor name must be"),
+            (lambda: wex.tensor([1], "BF16", (2,)), TypeError, "tensor name must be"),
+            (lambda: wex.tensor(1 << 64, "BF16", (2,)), TypeError, "tensor name must be"),
+            (lambda: wex.tensor("x", b"BF16", (2,)), TypeError, "dtype must be"),
+            (lambda: wex.tensor("x", 7.0, (2,)), TypeError, "dtype must be"),
+            (lambda: wex.tensor("x", "BF16", "12"), TypeError, "shape must be a sequence"),
+            (lambda: wex.tensor("x", "BF16", None), TypeError, "shape must be a sequence"),
+            (lambda: wex.tensor("x", "BF16", (2.5,)), TypeError, "shape must be an int"),
+            (lambda: wex.tensor("x", "BF16", (True,)), TypeError, "shape must be an int"),
+            (lambda: wex.tensor("x", "BF16", (2,), start=("1",)), TypeError, "start"),
+            (lambda: wex.tensor("x", "BF16", (2,), strides=(1.5,)), TypeError, "stride"),
+            (lambda: wex.tensor("x", "BF16", (2,), offset=True), TypeError, "offset"),
+            (lambda: wex.tensor("x", "BF16", (2,), ptr=-1), ValueError, "ptr must be in"),
+            (lambda: wex.tensor("x", "BF16", (2,), ptr=1 << 64), ValueError, "ptr must be in"),
+            (lambda: wex.Client(wex.ROLE_CONSUMER, MODEL, rank="0"), TypeError, "rank must be"),
+            (lambda: wex.Client(wex.ROLE_CONSUMER, MODEL, world_size=None), TypeError,
+             "world_size must be"),
+            (lambda: wex.Client(wex.ROLE_CONSUMER, MODEL, device="0"), TypeError, "device must"),
+            (lambda: wex.Client(wex.ROLE_CONSUMER, MODEL, timeout_ms=True), TypeError,
+             "timeout_ms must"),
+            (lambda: wex.Client(wex.ROLE_CONSUMER, MODEL, socket=5), TypeError, "socket must"),
+        ]
+        for i, (call, exc, words) in enumerate(cases):
+            with self.subTest(case=i, words=words):
+                with self.assertRaises((TypeError, ValueError)) as e:
+                    call()
+                self.assertNotIsInstance(e.exception, ctypes.ArgumentError)
+                self.assertIsInstance(e.exception, exc)
+                self.assertIn(words, str(e.exception))
+        # A bool as a role (True == ROLE_PRODUCER) is no role.
+        with self.assertRaisesRegex(wex.WexError, "role must be"):
+            wex.Client(True, MODEL)
+        # Nothing of the refused calls reached wexd: no version begun.
+        seg, _ = p.segment_alloc(wex.SEG_HOST, 4096)
+        # (Any iterable of tensors.)
+        p.register_tensors(wex.tensor(n, "BF16", (2,), segment=seg) for n in ("w",))
+        p.begin_write(1)
+        p.publish(1)
+        # A name given as bytes still names (repr too, undecodable or not).
+        self.assertIn("\\x01", repr(wex.tensor(b"\x01", "BF16", (2,))))
+        self.assertIn("BF16", repr(wex.tensor(b"w\xff", "BF16", (2,))))
+
+    def test_interrupt_after_create(self):
+        """A signal's handler that raises (Ctrl-C's KeyboardInterrupt) as
+        a C call that created something returns, before Python holds it:
+        the call is replaced by one that makes the real call and then
+        raises, as the handler does at the call's end."""
+        import gc
+        L = wex.lib()
+
+        def patched(name, after):
+            real = getattr(L, name)
+
+            def fn(*args):
+                ret = real(*args)
+                after(args)
+                raise KeyboardInterrupt
+            setattr(L, name, fn)
+            self.addCleanup(setattr, L, name, real)
+
+        def recording(name, into):
+            real = getattr(L, name)
+
+            def fn(*args):
+                into.append(args)
+                return real(*args)
+            setattr(L, name, fn)
+            self.addCleanup(setattr, L, name, real)
+
+        # A layout: closed by its __del__ (it had no lock to close it with).
+        with self.subTest("layout"):
+            opened, closed = [], []
+            patched("wex_layout_open", lambda a: opened.append(a[3]._obj.value))
+            recording("wex_layout_close", closed)
+            cfg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
+                               "qwen2-0.5b-config.json")
+            try:
+                wex.Layout(cfg, "hf")
+            except KeyboardInterrupt:
+                pass
+            gc.collect()
+            self.assertTrue(opened and opened[0])
+            self.assertIn(opened[0], [getattr(a[0], "value", a[0]) for a in closed],
+                          "the layout was never closed")
+
+        # A request's reply: freed.
+        with self.subTest("request"):
+            freed, replies = [], []
+            patched("wex_request", lambda a: replies.append(a[3]._obj.value))
+            recording("wex_free", freed)
+            with wex.Client(wex.ROLE_ADMIN) as adm:
+                with self.assertRaises(KeyboardInterrupt):
+                    adm.request("status")
+            self.assertTrue(replies and replies[0])
+            self.assertIn(replies[0], [getattr(a[0], "value", a[0]) for a in freed],
+                          "the reply was never freed")
+
+        # A same-address region: known to the client (attach_module keeps
+        # tensors outside the client's regions alive on their own).
+        with self.subTest("reserve"):
+            c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="intr", timeout_ms=10000)
+            self.addCleanup(c.close)
+            reserved = []
+            patched("wex_reserve", lambda a: reserved.append(a[4]._obj.value))
+            with self.assertRaises(KeyboardInterrupt):
+                c.reserve(0, 0, 4096)
+            self.assertTrue(reserved and reserved[0])
+            self.assertIn((reserved[0], 4096), c._regions)
+
+        # Device memory: freed, nothing else ever would.
+        with self.subTest("cuda_alloc"):
+            if not hasattr(L, "wex_cuda_malloc"):
+                self.skipTest("libwex built without the CUDA headers")
+            cfree = []
+
+            def fake_malloc(size, device, pp):
+                pp._obj.value = 0x7f0000001000  # (never dereferenced)
+                raise KeyboardInterrupt
+            real_malloc, real_free = L.wex_cuda_malloc, L.wex_cuda_free
+            L.wex_cuda_malloc = fake_malloc
+            L.wex_cuda_free = lambda *a: cfree.append(a)
+            try:
+                with self.assertRaises(KeyboardInterrupt):
+                    wex.cuda_alloc(1 << 21, 0)
+            finally:
+                L.wex_cuda_malloc, L.wex_cuda_free = real_malloc, real_free
+            self.assertEqual([a[:3] for a in cfree], [(0x7f0000001000, 1 << 21, 0)])
 
 
 def own_wexd(case, prefix):

@@ -424,6 +424,12 @@ class TorchGlue(WexdProducerCase):
             torch_util.wex_dtype(torch.complex64)
         with self.assertRaises(ValueError):
             torch_util.torch_dtype("INVALID")
+        # No tensor at address 0 or -1 (read, it crashed the process), nor
+        # at an address given as something else than an int.
+        for ptr, exc in ((0, ValueError), (-1, ValueError), (None, TypeError),
+                         (1.5, TypeError)):
+            with self.assertRaisesRegex(exc, "from_ptr"):
+                torch_util.from_ptr(ptr, (4,), torch.float32, "cpu")
         c = wex.Client(wex.ROLE_CONSUMER, MODEL, group="refusals")
         self.addCleanup(c.close)
         # Elements sharing an address cannot each receive their own bytes.

@@ -16,6 +16,10 @@ The library is found through $WEX_LIB (a path), else the system's
 
 Errors raise WexError, whose ``code`` is the positive errno (or WEX_E*)
 value and whose text is libwex's wex_last_error() of the failing call.
+Arguments are checked before any call, naming the one at fault: a wrong
+type (a str, float or bool where an int is wanted) raises TypeError, a
+value its C type cannot hold (a negative size, a version past 64 bits, a
+NUL in a name) ValueError.
 PyTorch helpers (pluggable allocator, tensors over wex memory) live in
 ``wex.torch_util``.
 """
@@ -23,6 +27,7 @@ import ctypes
 import ctypes.util
 import errno
 import json
+import operator
 import os
 import threading
 import time
@@ -36,6 +41,8 @@ ROLE_PRODUCER, ROLE_CONSUMER, ROLE_ADMIN = 1, 2, 3
 SEG_HOST, SEG_CUDA_VMM, SEG_CUDA_IPC, SEG_HOST_PINNED = 1, 2, 3, 4
 SYNC_COPY, SYNC_REMAP_VIEW, SYNC_REMAP_FIXED = 1, 2, 3
 SYNC_VERIFY = 1 << 8  # or'ed into SYNC_COPY / SYNC_REMAP_FIXED: compare every byte
+_SEG_KINDS = "wex.SEG_HOST, wex.SEG_HOST_PINNED, wex.SEG_CUDA_VMM or wex.SEG_CUDA_IPC"
+_SYNC_MODES = "wex.SYNC_COPY, wex.SYNC_REMAP_VIEW or wex.SYNC_REMAP_FIXED"
 
 ERRNO_BASE = 4096
 (EPROTO_VERSION, ENOCUDA, ELAYOUT, EDIRTY, ENOPUBLISHED, EDAEMON, ENOMODEL,
@@ -68,7 +75,11 @@ def _cstr(val, what, path=False, check=True):
     pass a NUL-containing value cut at its first NUL ("pol\\0icy" as
     "pol"), so a different name or path than the caller gave."""
     if path:
-        b = os.fsencode(val)
+        try:
+            b = os.fsencode(val)
+        except TypeError:
+            raise TypeError("%s must be str, bytes or os.PathLike, not %s"
+                            % (what, type(val).__name__)) from None
     elif isinstance(val, (bytes, bytearray)):
         # (As tensor() takes them: a Tensor's name is bytes.)
         b = bytes(val)
@@ -81,13 +92,57 @@ def _cstr(val, what, path=False, check=True):
     return b
 
 
+def _int(val, what, accepted=None):
+    """val as a Python int, or TypeError naming `what`: int() would take
+    1.5 as 1 and "7" or b"7" as 7, ctypes a bool as 0 or 1 and a float
+    or a str as ctypes.ArgumentError ("argument 2: wrong type", naming
+    nothing).  Anything with __index__ (a NumPy integer) is an int."""
+    if isinstance(val, bool) or not hasattr(type(val), "__index__"):
+        raise TypeError("%s must be an int%s, not %s" % (
+            what, " (%s)" % accepted if accepted else "", type(val).__name__))
+    return operator.index(val)
+
+
 def _uint(val, bits, what):
     """val as an unsigned integer of `bits` bits, or ValueError (ctypes
-    would wrap -1 to the largest value, 2**32 to 0)."""
-    v = int(val)
+    would wrap -1 to the largest value, 2**32 to 0); TypeError as _int."""
+    v = _int(val, what)
     if not 0 <= v < 1 << bits:
         raise ValueError("%s must be in 0..2**%d-1, not %r" % (what, bits, val))
     return v
+
+
+def _c_int(val, what, accepted=None):
+    """val for a C int parameter (an enum, a device ordinal, an fd):
+    ctypes would pass 2**32 + 1 as 1."""
+    v = _int(val, what, accepted)
+    if not -(1 << 31) <= v < 1 << 31:
+        raise ValueError("%s must be a C int (-2**31..2**31-1), not %r" % (what, val))
+    return v
+
+
+def _ptr(val, what):
+    """val for a pointer parameter: an address (int) or None.  ctypes
+    would pass a str or bytes as the address of Python's own copy of it,
+    -1 as 2**64-1 and 2**64 as NULL."""
+    if val is None:
+        return None
+    return _uint(val, 64, what) or None
+
+
+def _tensors(tensors, what):
+    """A ctypes array of the wex.Tensor items of `tensors`, or TypeError
+    naming the first other one (ctypes would build a Tensor from a tuple's
+    items as its fields, and take a str as no tensors)."""
+    if isinstance(tensors, (str, bytes, bytearray)) or not hasattr(tensors, "__iter__"):
+        raise TypeError("%s takes a list of wex.Tensor (wex.tensor(...)), not %s"
+                        % (what, type(tensors).__name__))
+    tensors = list(tensors)
+    for i, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise TypeError("%s: item %d is %s, not a wex.Tensor (wex.tensor(...))"
+                            % (what, i, type(t).__name__))
+    return (Tensor * len(tensors))(*tensors)
 
 
 class Tensor(ctypes.Structure):
@@ -120,7 +175,7 @@ class Tensor(ctypes.Structure):
 
     def __repr__(self):
         return "Tensor(%r, %s, shape=%s, start=%s, extent=%s, seg=%d, off=%d)" % (
-            self.name.decode(), self.dtype_name, self.dims("shape"),
+            self.name.decode(errors="replace"), self.dtype_name, self.dims("shape"),
             self.dims("start"), self.dims(), self.segment, self.offset)
 
 
@@ -166,26 +221,29 @@ class Layout:
         L = lib()
         self._lib = L
         self.handle = ctypes.c_void_p()
+        # The arrays wex_layout_rank returns live until its next call:
+        # one thread's call and another's copies take turns.  (Made
+        # before the open, as spec: a signal's handler that raises as
+        # the open returns leaves __del__ to close what it wrote into
+        # self.handle, and close() needs the lock.)
+        self._lock = threading.Lock()
+        self.spec = spec
         world = ctypes.c_uint32()
         err = ctypes.c_void_p()
-        ret = L.wex_layout_open(_cstr(config, "config", True), _cstr(spec, "layout spec"),
-                                _cstr(adapters, "adapters", True) if adapters else None,
-                                ctypes.byref(self.handle), ctypes.byref(world), ctypes.byref(err))
-        if ret < 0:
-            # (The message may hold a path's undecodable bytes: freed
-            # whatever decoding does.)
-            try:
+        args = (_cstr(config, "config", True), _cstr(spec, "layout spec"),
+                _cstr(adapters, "adapters", True) if adapters else None)
+        try:
+            ret = L.wex_layout_open(*args, ctypes.byref(self.handle), ctypes.byref(world),
+                                    ctypes.byref(err))
+            if ret < 0:
+                # (The message may hold a path's undecodable bytes.)
                 why = (ctypes.string_at(err.value).decode(errors="replace") if err.value
                        else strerror(ret))
-            finally:
-                if err.value:
-                    L.wex_free(err)
-            raise WexError(-ret, "layout %s of %s: %s" % (spec, config, why))
-        self.spec = spec
+                raise WexError(-ret, "layout %s of %s: %s" % (spec, config, why))
+        finally:
+            if err.value:
+                L.wex_free(err)
         self.world = world.value
-        # The arrays wex_layout_rank returns live until its next call:
-        # one thread's call and another's copies take turns.
-        self._lock = threading.Lock()
 
     def rank(self, rank):
         with self._lock:
@@ -267,25 +325,39 @@ def tensor(name, dtype, shape, *, start=None, extent=None, strides=None,
     full shape ``shape`` (default: all of it); ``strides`` are in elements.
     """
     t = Tensor()
-    raw = name.encode() if isinstance(name, str) else bytes(name)
+    # (bytes(5) would be five NULs, bytes([1]) the name "\\x01".)
+    raw = _cstr(name, "tensor name", check=False)
     if not raw or len(raw) >= NAME_MAX or b"\0" in raw:
         raise ValueError("tensor name must be 1..%d bytes without NUL: %r"
                          % (NAME_MAX - 1, name))
     t.name = raw
+    name = raw.decode(errors="replace")  # (for the messages below)
     if isinstance(dtype, str):
         if dtype not in DTYPE_SIZE:
             raise ValueError("unknown dtype %r (one of %s)" % (dtype, ", ".join(DTYPE_SIZE)))
         t.dtype = DTYPES.index(dtype)
     else:
-        # (ctypes would cut a wider value to 32 bits: 2**32 + 7 is BF16.)
-        if not -(1 << 31) <= int(dtype) < 1 << 31:
+        # (ctypes would cut a wider value to 32 bits: 2**32 + 7 is BF16;
+        # int() would read b"1" and 1.5 as BOOL.)
+        if isinstance(dtype, bool) or not hasattr(type(dtype), "__index__"):
+            raise TypeError("%s: dtype must be a safetensors name (%s) or an enum value "
+                            "(int), not %s" % (name, ", ".join(DTYPE_SIZE),
+                                               type(dtype).__name__))
+        if not -(1 << 31) <= operator.index(dtype) < 1 << 31:
             raise ValueError("dtype %r is not an int32 enum value" % (dtype,))
-        t.dtype = int(dtype)
-    shape = tuple(int(s) for s in shape)
+        t.dtype = operator.index(dtype)
+
+    def dims(val, what):
+        # (tuple("12") would be two dimensions, tuple(b"1") one of 49.)
+        if isinstance(val, (str, bytes, bytearray)) or not hasattr(val, "__iter__"):
+            raise TypeError("%s: %s must be a sequence of ints, not %s"
+                            % (name, what, type(val).__name__))
+        return tuple(val)
+    shape = dims(shape, "shape")
     if len(shape) > MAX_DIMS:
         raise ValueError("%s: %d dims, at most %d" % (name, len(shape), MAX_DIMS))
-    start = tuple(start) if start is not None else (0,) * len(shape)
-    extent = tuple(extent) if extent is not None else shape
+    start = dims(start, "start") if start is not None else (0,) * len(shape)
+    extent = dims(extent, "extent") if extent is not None else shape
     if len(start) != len(shape) or len(extent) != len(shape):
         raise ValueError("%s: start/extent must have %d dims" % (name, len(shape)))
     t.ndim = len(shape)
@@ -294,15 +366,17 @@ def tensor(name, dtype, shape, *, start=None, extent=None, strides=None,
         t.start[i] = _uint(start[i], 64, "%s: start" % name)
         t.extent[i] = _uint(extent[i], 64, "%s: extent" % name)
     if strides is not None:
+        strides = dims(strides, "strides")
         if len(strides) != len(shape):
             raise ValueError("%s: strides must have %d dims" % (name, len(shape)))
         for i, s in enumerate(strides):
-            if not -(1 << 63) <= int(s) < 1 << 63:
+            v = _int(s, "%s: stride" % name)
+            if not -(1 << 63) <= v < 1 << 63:
                 raise ValueError("%s: stride %r out of range" % (name, s))
-            t.strides[i] = int(s)
+            t.strides[i] = v
     t.segment = _uint(segment, 32, "%s: segment" % name)
     t.offset = _uint(offset, 64, "%s: offset" % name)
-    t.ptr = ptr
+    t.ptr = _ptr(ptr, "%s: ptr" % name)
     return t
 
 
@@ -425,7 +499,7 @@ def lib_path():
 
 
 def strerror(code):
-    return lib().wex_strerror(-abs(code)).decode()
+    return lib().wex_strerror(-abs(_c_int(code, "code"))).decode()
 
 
 def cuda_alloc(size, device=0):
@@ -436,6 +510,7 @@ def cuda_alloc(size, device=0):
     if not hasattr(L, "wex_cuda_alloc"):
         raise WexError(ENOCUDA, "libwex was built without the CUDA headers")
     size = _uint(size, 63, "size")
+    device = _c_int(device, "device")
     if not hasattr(L, "wex_cuda_malloc"):
         # An older libwex: NULL says nothing more.
         p = L.wex_cuda_alloc(size, device, None)
@@ -444,7 +519,14 @@ def cuda_alloc(size, device=0):
                            % (size, device))
         return p
     p = ctypes.c_void_p()
-    ret = L.wex_cuda_malloc(size, device, ctypes.byref(p))
+    try:
+        ret = L.wex_cuda_malloc(size, device, ctypes.byref(p))
+    except BaseException:
+        # A signal's handler (Ctrl-C) raised as the allocation returned:
+        # nothing else would ever free it.
+        if p.value:
+            L.wex_cuda_free(p.value, size, device, None)
+        raise
     if ret < 0:
         why = strerror(ret)
         if -ret == ENOCUDA:
@@ -454,7 +536,8 @@ def cuda_alloc(size, device=0):
 
 
 def cuda_free(ptr, size, device=0):
-    lib().wex_cuda_free(ptr, size, device, None)
+    lib().wex_cuda_free(_ptr(ptr, "ptr"), _uint(size, 63, "size"), _c_int(device, "device"),
+                        None)
 
 
 # Every Client of this process (see _after_fork).
@@ -515,7 +598,14 @@ class Client:
         # What wex_client_open refuses, said here in Python's terms
         # before anything is opened (and a NUL, which C would cut at).
         why = None
-        if role not in (ROLE_PRODUCER, ROLE_CONSUMER, ROLE_ADMIN):
+        # (Types first, naming the argument: a bool was taken as 0 or 1
+        # (role=True a producer), 1.5 as 1, and "1" raised a bare
+        # comparison's TypeError.)
+        rank, world_size = _int(rank, "rank"), _int(world_size, "world_size")
+        if device is not None:
+            device = _int(device, "device")
+        if (isinstance(role, bool) or not hasattr(type(role), "__index__") or
+                role not in (ROLE_PRODUCER, ROLE_CONSUMER, ROLE_ADMIN)):
             why = "role must be ROLE_PRODUCER, ROLE_CONSUMER or ROLE_ADMIN, not %r" % (role,)
         elif role != ROLE_ADMIN and not model:
             why = "a producer or consumer needs a model name"
@@ -532,7 +622,7 @@ class Client:
                 continue
             # (The socket is a path: str, bytes or os.PathLike, encoded as
             # the file system's names are.)
-            b = os.fsencode(val) if what == "socket" else _cstr(val, what, check=False)
+            b = _cstr(val, what, path=what == "socket", check=False)
             enc[what] = b
             if why is None and len(b) >= limit:
                 why = "%s must be under %d bytes: %r" % (what, limit, val)
@@ -545,7 +635,7 @@ class Client:
         # A signal ends a wait for wexd (-EINTR): Python runs its handler
         # once the call returns (see _call_wait), not a timeout later.
         p.flags = CLIENT_EINTR | (0 if watch else CLIENT_NO_WATCH)
-        p.role = role
+        p.role = operator.index(role)
         p.rank = rank
         p.world_size = world_size
         self._keep = []  # the encoded strings must outlive the call
@@ -563,7 +653,7 @@ class Client:
                 setattr(p, field, _uint(val, 31 if field == "device" else 32, field))
                 p.field_mask |= flag
         self._lib = L
-        self._timeout_ms = timeout_ms
+        self._timeout_ms = p.timeout_ms if timeout_ms is not None else None
         self._regions = []  # (address, size) of what reserve() returned
         self._attached = []  # what holds the attached buffers (torch_util.attach_module)
         # View tensors alive (torch_util.view_tensors): [weakref to what
@@ -811,25 +901,28 @@ class Client:
     def segment_alloc(self, kind, size, device=0):
         """Returns (segment id, address in this process)."""
         sid, ptr = ctypes.c_uint32(), ctypes.c_void_p()
-        self._call("segment_alloc", self._lib.wex_segment_alloc, kind, device,
+        self._call("segment_alloc", self._lib.wex_segment_alloc,
+                   _c_int(kind, "kind", _SEG_KINDS), _c_int(device, "device"),
                    _uint(size, 64, "size"), ctypes.byref(sid), ctypes.byref(ptr))
         return sid.value, ptr.value
 
     def register_ptr(self, kind, ptr, size):
         sid = ctypes.c_uint32()
-        self._call("register_ptr", self._lib.wex_segment_register_ptr, kind, ptr,
-                   _uint(size, 64, "size"), ctypes.byref(sid))
+        self._call("register_ptr", self._lib.wex_segment_register_ptr,
+                   _c_int(kind, "kind", "wex.SEG_CUDA_VMM or wex.SEG_CUDA_IPC"),
+                   _ptr(ptr, "ptr"), _uint(size, 64, "size"), ctypes.byref(sid))
         return sid.value
 
     def register_fd(self, fd, ptr, size):
         sid = ctypes.c_uint32()
-        self._call("register_fd", self._lib.wex_segment_register_fd, fd, ptr,
+        self._call("register_fd", self._lib.wex_segment_register_fd,
+                   _c_int(fd, "fd", "a file descriptor"), _ptr(ptr, "ptr"),
                    _uint(size, 64, "size"), ctypes.byref(sid))
         return sid.value
 
     def register_tensors(self, tensors):
-        arr = (Tensor * len(tensors))(*tensors)
-        self._call("register_tensors", self._lib.wex_register_tensors, arr, len(tensors))
+        arr = _tensors(tensors, "register_tensors")
+        self._call("register_tensors", self._lib.wex_register_tensors, arr, len(arr))
 
     def begin_write(self, version, timeout_ms=0):
         v = _uint(version, 64, "version")
@@ -847,19 +940,24 @@ class Client:
     # Consumers ---------------------------------------------------------
 
     def attach(self, tensors):
-        arr = (Tensor * len(tensors))(*tensors)
-        self._call("attach", self._lib.wex_attach, arr, len(tensors))
+        arr = _tensors(tensors, "attach")
+        self._call("attach", self._lib.wex_attach, arr, len(arr))
 
     def reserve(self, prank, segment, size):
         """Reserves `size` bytes of producer rank `prank`'s segment kind
         (same-address regions); waits up to the client's timeout for the
         producer to register.  Returns the region's address."""
         ptr = ctypes.c_void_p()
+        size = _uint(size, 64, "size")
         with self._lock:
-            self._call("reserve", self._lib.wex_reserve, _uint(prank, 32, "prank"),
-                       _uint(segment, 32, "segment"), _uint(size, 64, "size"),
-                       ctypes.byref(ptr))
-            self._regions.append((ptr.value, size))
+            try:
+                self._call("reserve", self._lib.wex_reserve, _uint(prank, 32, "prank"),
+                           _uint(segment, 32, "segment"), size, ctypes.byref(ptr))
+            finally:
+                # (Also where a signal's handler raises as the call
+                # returns: the region is the client's either way.)
+                if ptr.value:
+                    self._regions.append((ptr.value, size))
         return ptr.value
 
     def sync(self, mode, min_version=0, timeout_ms=0, verify=False):
@@ -872,6 +970,10 @@ class Client:
         raises WexError ESTALE naming them, with the completed sync's
         result as ``.result`` (host ones read zeros from then on)."""
         res = SyncResult()
+        mode = _c_int(mode, "mode", _SYNC_MODES)
+        if mode & ~SYNC_VERIFY not in (SYNC_COPY, SYNC_REMAP_VIEW, SYNC_REMAP_FIXED):
+            raise ValueError("mode must be %s (wex.SYNC_VERIFY or'ed in, or verify=True), "
+                             "not %r" % (_SYNC_MODES, mode))
         if verify:
             mode |= SYNC_VERIFY
         minv = _uint(min_version, 64, "min_version")
@@ -944,10 +1046,21 @@ class Client:
     def request(self, op, args=None):
         """One request to wexd; returns its reply as a dict."""
         out = ctypes.c_void_p()
-        a = json.dumps(args).encode() if args is not None else None
-        self._call("request %s" % op, self._lib.wex_request, _cstr(op, "request op"), a,
-                   ctypes.byref(out))
+        raw = _cstr(op, "request op")
+        if args is not None and not isinstance(args, dict):
+            raise TypeError("request %s: args must be a dict (a JSON object) or None, not %s"
+                            % (raw.decode(errors="replace"), type(args).__name__))
         try:
+            a = json.dumps(args, allow_nan=False).encode() if args is not None else None
+        except (TypeError, ValueError) as e:
+            raise type(e)("request %s: args are not JSON: %s"
+                          % (raw.decode(errors="replace"), e)) from None
+        # (The reply is freed also where a signal's handler raises as
+        # the call returns.)
+        try:
+            self._call("request %s" % raw.decode(errors="replace"), self._lib.wex_request,
+                       raw, a, ctypes.byref(out))
             return json.loads(ctypes.string_at(out.value).decode())
         finally:
-            self._lib.wex_free(out)
+            if out.value:
+                self._lib.wex_free(out)

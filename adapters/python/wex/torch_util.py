@@ -595,14 +595,19 @@ def from_ptr(ptr, shape, dtype, device=None, strides=None, owner=None, _view=Non
     ends what a view shows.  Device memory stays on the GPU that holds it:
     a device naming another GPU (or a default device that would move it)
     raises ValueError rather than return a copy."""
-    shape = tuple(int(s) for s in shape)
-    strides = tuple(int(s) for s in strides) if strides is not None else None
+    shape = tuple(wex._int(s, "from_ptr: shape") for s in shape)
+    strides = (tuple(wex._int(s, "from_ptr: strides") for s in strides)
+               if strides is not None else None)
     esize = torch.empty((), dtype=dtype).element_size()
     nbytes = _span(shape, strides) * esize
     if device is None and not torch.cuda.is_available():
         device = "cpu"
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype, device=device if device is not None else "cpu")
+    # (A tensor at address 0, or at -1 as ctypes takes it (2**64-1),
+    # crashed the process when read.)
+    if not wex._uint(ptr, 64, "from_ptr: ptr") or ptr + nbytes > 1 << 64:
+        raise ValueError("wex.torch_util.from_ptr: no memory of %d bytes at %#x" % (nbytes, ptr))
     track = getattr(owner, "_track", None)
     if device is not None and torch.device(device).type == "cpu":
         buf = (ctypes.c_uint8 * nbytes).from_address(ptr)
