@@ -33,10 +33,10 @@
 
 enum { LAY_NONE, LAY_ALL, LAY_DENSE, LAY_MOE };
 enum { P_TP, P_PP, P_DP, P_EP, P_ETP, P_FIRST, P_LAST, P_FUSE_SHARED, P_DP_ATTENTION,
-       P_DENSE_TP, P_DP_LM_HEAD, P_FSDP, P_VPP, P_A2A, P_EMBED_REP };
+       P_DENSE_TP, P_DP_LM_HEAD, P_FSDP, P_VPP, P_A2A, P_EMBED_REP, P_VOCAB_DIV };
 static const char *const param_names[WEX_LAYOUT_PARAMS] = {
 	"tp", "pp", "dp", "ep", "etp", "first", "last", "fuse_shared", "dp_attention", "dense_tp",
-	"dp_lm_head", "fsdp", "vpp", "a2a", "embed_rep"
+	"dp_lm_head", "fsdp", "vpp", "a2a", "embed_rep", "vocab_div"
 };
 _Static_assert(WEX_LAYOUT_PARAMS <= 32, "if/unless keep layout parameters in a 32-bit mask");
 
@@ -1647,6 +1647,17 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 		c->nstages = spec->nstages;
 	}
 	c->vocab_pad = json_integer_value(json_object_get(c->eng, "vocab_pad"));
+	/* vocab_div=N (Megatron): the multiple of --make-vocab-size-
+	 * divisible-by (128 by default; Megatron-Bridge's providers, with
+	 * should_pad_vocab=False by default, pad to no multiple: 1). */
+	if (json_object_get(par, "vocab_div")) {
+		if (v[P_VOCAB_DIV] < 1)
+			FAIL(c, "vocab_div=%lld: the vocabulary is padded to a multiple of vocab_div*tp "
+			     "(Megatron's --make-vocab-size-divisible-by); at least 1 (no padding "
+			     "beyond tp, as Megatron-Bridge's should_pad_vocab=False)",
+			     (long long)v[P_VOCAB_DIV]);
+		c->vocab_pad = v[P_VOCAB_DIV];
+	}
 	if (c->vocab_pad < 1)
 		c->vocab_pad = 1;
 	/* A multiple no engine pads to would wrap (times tp) or blow the

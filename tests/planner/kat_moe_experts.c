@@ -20,6 +20,14 @@
  *    determine_expert_map), refused by Megatron and SGLang.
  *  - Mixtral names: block_sparse_moe.experts.E.w1/w3/w2 in HF, vLLM's
  *    block_sparse_moe.experts.w13_weight.
+ *  - Megatron with context parallelism (tp=1, cp=2, dp=2, ep=2, etp=1):
+ *    its expert RankGenerator has no cp (order tp-cp-ep-dp-pp with
+ *    tp=etp, cp=1), so global rank g = cp_rank + 2*dp_rank is ep rank
+ *    g % 2: experts 0-3 on ranks 0 and 2 (cp rank 0), 4-7 on 1 and 3 (cp
+ *    rank 1).  megatron:dp=4,ep=2,etp=1 at the global rank says so; the
+ *    README's earlier rule (cp rank 0 registers alone, dp=2, rank
+ *    tp_rank + dp_rank) put global rank 2 (cp 0, dp 1) at layout rank 1,
+ *    experts 4-7, where Megatron keeps 0-3.
  */
 #include "kat_common.h"
 
@@ -155,6 +163,26 @@ int main(void)
 	kat_refused(m, "sglang:tp=4,ep=4", "expert parallel size 4", "6 experts");
 	kat_refused(m, "megatron:tp=2,dp=2,ep=4,etp=1", "expert parallel size 4", "6 experts");
 	kat_refused(m, "vllm:tp=2,dp=4,ep=8", "expert parallel size 8", "6 experts");
+	wex__model_free(m);
+
+	/* Megatron tp=1, cp=2, dp=2, ep=2, etp=1: ep rank = global rank % 2. */
+	m = kat_model(CFG("qwen3_moe"));
+	for (uint32_t g = 0; g < 4; g++) {
+		int first_e = 4 * (int)(g % 2);
+
+		kat_rank(m, "megatron:dp=4,ep=2,etp=1", g, &l);
+		t = kat_find(&l, "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight");
+		snprintf(a, sizeof(a), "model.layers.0.mlp.experts.%d.gate_proj.weight", first_e);
+		piece(&l, t, 0, a, 0, 0, 4, 0);
+		wex__rank_layout_free(&l);
+	}
+	/* The rule that left cp out: global rank 2 (cp 0, dp 1) as rank 1 of
+	 * dp=2 would be given experts 4-7; Megatron's rank 2 holds 0-3. */
+	kat_rank(m, "megatron:dp=2,ep=2,etp=1", 1, &l);
+	t = kat_find(&l, "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight");
+	CHECK(strcmp(l.p[t->first].name, "model.layers.0.mlp.experts.0.gate_proj.weight"),
+	      "dp=2 rank 1 holds expert 0: the cp-less rule would be right");
+	wex__rank_layout_free(&l);
 	wex__model_free(m);
 
 	m = kat_model(CFG("mixtral"));

@@ -11,6 +11,15 @@
  * output head as a vocab-parallel copy of the embedding (vLLM keeps
  * model.embed_tokens.weight there, SGLang lm_head.weight, Megatron
  * output_layer.weight): rank 3 (pp stage 1, tp rank 1) holds rows 64-99.
+ * Megatron's multiple is --make-vocab-size-divisible-by (vocab_div, 128 by
+ * default) times tp, and Megatron-Bridge's model providers pad to none by
+ * default (should_pad_vocab=False), which is vocab_div=1: vocab 1000 over
+ * tp=4 is then 250 rows a rank (rank 3: rows 750-999, all of them real),
+ * over tp=8 125 rows (rank 7: 875-999) where the default gives 128 (rank
+ * 7: 896-999 in 128 rows); vocab_div=64, tp=2, vocab 100 pads to 128 (rank
+ * 1: rows 64-99); the tied output layer of tp=2, pp=2 with vocab_div=1
+ * holds rows 50-99 on rank 3.  vocab_div=0 is refused, and so is vocab_div
+ * for an engine without it (vllm).
  */
 #include "kat_common.h"
 
@@ -45,6 +54,11 @@ static void onec(const char *cfg, const char *lay, uint32_t rank, const char *na
 	       "\"num_attention_heads\":4,\"num_key_value_heads\":4,\"intermediate_size\":8," \
 	       "\"vocab_size\":" #V ",\"torch_dtype\":\"bfloat16\"}"
 
+/* 8 heads: tp=8 splits them. */
+#define CFG8(V) "{\"model_type\":\"llama\",\"hidden_size\":16,\"num_hidden_layers\":1," \
+		"\"num_attention_heads\":8,\"num_key_value_heads\":8,\"intermediate_size\":8," \
+		"\"vocab_size\":" #V ",\"torch_dtype\":\"bfloat16\"}"
+
 #define CFG_TIE(V) "{\"model_type\":\"llama\",\"hidden_size\":8,\"num_hidden_layers\":2," \
 		   "\"num_attention_heads\":4,\"num_key_value_heads\":4,\"intermediate_size\":8," \
 		   "\"tie_word_embeddings\":true,\"vocab_size\":" #V ",\"torch_dtype\":\"bfloat16\"}"
@@ -64,6 +78,26 @@ int main(void)
 	     1, 64, 36);
 	onec(CFG_TIE(100), "megatron:tp=2,pp=2", 2, "output_layer.weight",
 	     "model.embed_tokens.weight", 128, 1, 0, 100);
+	/* --make-vocab-size-divisible-by, and Megatron-Bridge's unpadded
+	 * vocabulary (vocab_div=1). */
+	one(CFG(1000), "megatron:tp=4,vocab_div=1", 3, "embedding.word_embeddings.weight", 250, 1,
+	    750, 250);
+	one(CFG8(1000), "megatron:tp=8", 7, "embedding.word_embeddings.weight", 128, 1, 896, 104);
+	one(CFG8(1000), "megatron:tp=8,vocab_div=1", 7, "embedding.word_embeddings.weight", 125, 1,
+	    875, 125);
+	onec(CFG8(1000), "megatron_grouped:tp=8,vocab_div=1", 7, "output_layer.weight",
+	     "lm_head.weight", 125, 1, 875, 125);
+	one(CFG(100), "megatron:tp=2,vocab_div=64", 1, "embedding.word_embeddings.weight", 64, 1,
+	    64, 36);
+	onec(CFG_TIE(100), "megatron:tp=2,pp=2,vocab_div=1", 3, "output_layer.weight",
+	     "model.embed_tokens.weight", 50, 1, 50, 50);
+	{
+		struct wex_model *m = kat_model(CFG(100));
+
+		kat_refused(m, "megatron:tp=2,vocab_div=0", "vocab_div=0", "at least 1");
+		kat_refused(m, "vllm:tp=2,vocab_div=1", "engine vllm", "vocab_div");
+		wex__model_free(m);
+	}
 	{
 		struct wex_model *m = kat_model(CFG(100));
 		struct wex_layout_spec s;

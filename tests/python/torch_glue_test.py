@@ -499,7 +499,9 @@ class TorchGlue(WexdProducerCase):
         wrapper subclass, BF16 by dtype over 1-byte FP8 storage) is refused
         naming it, not registered as BF16 over the wrong bytes; a DeepSeek-V3
         layout's router.expert_bias, a buffer in Megatron's TopKRouter (never
-        in named_parameters()), is named as missing with where to find it."""
+        in named_parameters()), is named as missing with where to find it, and
+        one registered still bf16 (Float16Module's cast, before the router's
+        first forward makes it fp32 again) is refused saying so."""
 
         class Fake8(torch.Tensor):
             @staticmethod
@@ -542,6 +544,13 @@ class TorchGlue(WexdProducerCase):
         params = [(n, t) for n, t in phys.items() if not n.endswith("router.expert_bias")]
         with self.assertRaisesRegex(ValueError, "missing decoder.layers.1.mlp.router.expert_bias"
                                     ".*named_buffers"):
+            torch_util.register_module(NoClient(), params, layout=lay, rank=0, segments=segs)
+        # Registered before the first forward, the buffer is still the
+        # bf16 Float16Module cast it to: refused, saying when it is fp32.
+        bias = "decoder.layers.1.mlp.router.expert_bias"
+        params = [(n, t.bfloat16() if n == bias else t) for n, t in phys.items()]
+        with self.assertRaisesRegex(ValueError, bias + ": dtype BF16, the layout .* has F32.*"
+                                    "first forward"):
             torch_util.register_module(NoClient(), params, layout=lay, rank=0, segments=segs)
 
 

@@ -313,8 +313,16 @@ def _layout_items(items, layout, rank):
             raise ValueError("%s: shape %s, the layout %s (rank %d) has %s"
                              % (name, tuple(t.shape), layout.spec, rank, tuple(shape)))
         if wex_dtype(t.dtype) != dt:
-            raise ValueError("%s: dtype %s, the layout %s has %s"
-                             % (name, wex_dtype(t.dtype), layout.spec, dt))
+            # Float16Module casts every buffer to bf16/fp16; Megatron-Core's
+            # router makes expert_bias fp32 again, in new memory, only in
+            # its first forward or a state-dict load or save
+            # (_maintain_float32_expert_bias).
+            hint = ("; Megatron-Core keeps router.expert_bias in fp32 only from the router's "
+                    "first forward (or a checkpoint load) on, Float16Module having cast it "
+                    "to %s: register after that" % t.dtype
+                    if name.endswith("router.expert_bias") else "")
+            raise ValueError("%s: dtype %s, the layout %s has %s%s"
+                             % (name, wex_dtype(t.dtype), layout.spec, dt, hint))
         if not t.is_contiguous():
             raise ValueError("%s: not contiguous (strides %s): the layout's pieces assume "
                              "C order" % (name, tuple(t.stride())))
