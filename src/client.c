@@ -24,6 +24,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -2462,9 +2463,19 @@ static int segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t size
 			       "for reading (open it O_RDWR or O_RDONLY)", fd,
 			       (ret & O_PATH) ? "as O_PATH" : "write-only");
 	ret = wex_mem_host_ops.wrap(ptr, size, fd, &seg);
-	if (ret < 0)
-		return set_err(c, ret, "cannot use fd %d for %llu bytes: %s", fd,
-			       (unsigned long long)size, wex_strerror(ret));
+	if (ret < 0) {
+		struct stat st;
+
+		/* (-EINVAL says nothing of which.) */
+		if (fd < 0 || !size || fstat(fd, &st) < 0 || (uint64_t)st.st_size >= size)
+			return set_err(c, ret, "cannot use fd %d for %llu bytes: %s", fd,
+				       (unsigned long long)size,
+				       fd < 0 ? "not a file descriptor" : !size ? "size 0" :
+				       wex_strerror(ret));
+		return set_err(c, ret, "cannot use fd %d for %llu bytes: its file holds only %llu "
+			       "(a pipe, a socket or a directory holds none)", fd,
+			       (unsigned long long)size, (unsigned long long)st.st_size);
+	}
 	ret = add_seg(c, &seg, &sid);
 	if (ret < 0) {
 		wex_mem_host_ops.release(&seg);
@@ -2495,6 +2506,11 @@ static int segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint64_t s
 	if (kind != WEX_SEG_CUDA_VMM && kind != WEX_SEG_CUDA_IPC)
 		return set_err(c, -EINVAL, "register_ptr: kind %d is not a CUDA kind (host memory: "
 			       "wex_segment_register_fd)", kind);
+	if (!ptr || !size || size > UINTPTR_MAX - (uintptr_t)ptr)
+		return set_err(c, -EINVAL, "register_ptr: %llu bytes at %p: %s",
+			       (unsigned long long)size, ptr,
+			       !ptr ? "a NULL address" : !size ? "an empty range" :
+				      "the range runs past the end of the address space");
 	ret = backend_ready(c, kind, &ops);
 	if (ret < 0)
 		return ret;
@@ -2504,7 +2520,7 @@ static int segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint64_t s
 	if (ret < 0)
 		return set_err(c, ret, "%s: cannot export %llu bytes: %s%s", ops->name,
 			       (unsigned long long)size, wex_strerror(ret),
-			       ret == -E2BIG ? " (the range spans several allocations: register each)" :
+			       ret == -E2BIG ? " (the range runs past its allocation: register each allocation's range)" :
 			       ret == -EOPNOTSUPP ? " (memory not created exportable)" : "");
 	ret = add_seg(c, &seg, &sid);
 	if (ret < 0) {
@@ -2667,7 +2683,8 @@ static int copy_tensors(struct wex_client *c, const struct wex_tensor *t, size_t
 
 	for (size_t i = 0; i < n; i++) {
 		if ((ret = wex__tensor_check(&t[i], err, sizeof(err))) < 0)
-			return set_err(c, ret, "%s", err);
+			return set_err(c, ret, "%s: %s (tensor %zu of the %zu)",
+				       need_ptr ? "attach" : "register_tensors", err, i, n);
 		if (need_ptr && !t[i].ptr)
 			return set_err(c, -EINVAL, "attach: tensor '%s' has no ptr", t[i].name);
 		/* A consumer's elements are written: two at one address would
@@ -4570,6 +4587,8 @@ WEX_API int wex_view(wex_client_t *c, uint32_t prank, const char *name, void **p
 	ARGS_OK(c, 1);
 	if (!name || !ptr)
 		return set_err(c, -EINVAL, "view: name and ptr must not be NULL");
+	if (c->role != WEX_ROLE_CONSUMER)
+		return set_err(c, -EPERM, "view: only consumers view producers' tensors (after a sync)");
 	if (!c->fetched || prank >= c->nprod)
 		return set_err(c, -ENOENT, "no producer rank %u (sync first)", prank);
 	for (size_t j = c->rank_first[prank]; j < c->rank_first[prank + 1]; j++) {
@@ -4595,6 +4614,8 @@ WEX_API int wex_producer_tensors(wex_client_t *c, uint32_t prank, const struct w
 				 size_t *n)
 {
 	ARGS_OK(c, t && n);
+	if (c->role != WEX_ROLE_CONSUMER)
+		return set_err(c, -EPERM, "producer_tensors: only consumers fetch producers' tables (a sync, wex_reserve)");
 	if (!c->fetched || prank >= c->nprod)
 		return set_err(c, -ENOENT, "no producer rank %u%s", prank,
 			       c->fetched ? "" : " (sync first)");

@@ -279,6 +279,7 @@ int wex__tensor_check(const struct wex_tensor *t, char *err, size_t errlen)
 {
 	size_t nl = strnlen(t->name, WEX_NAME_MAX);
 	uint64_t span;
+	int ret;
 
 	if (nl == 0 || nl == WEX_NAME_MAX) {
 		snprintf(err, errlen, "tensor name empty or not NUL-terminated within %d bytes",
@@ -306,8 +307,14 @@ int wex__tensor_check(const struct wex_tensor *t, char *err, size_t errlen)
 			return -EINVAL;
 		}
 	}
-	if (wex__tensor_span(t, &span) < 0) {
-		snprintf(err, errlen, "tensor '%s': size overflows or negative stride", t->name);
+	ret = wex__tensor_span(t, &span);
+	if (ret == -EINVAL) {
+		snprintf(err, errlen, "tensor '%s': a negative stride (strides are elements, 0 or more)",
+			 t->name);
+		return ret;
+	}
+	if (ret < 0) {
+		snprintf(err, errlen, "tensor '%s': its bytes overflow 64 bits", t->name);
 		return -EOVERFLOW;
 	}
 	return 0;

@@ -1119,6 +1119,11 @@ json_t *wexd_begin_write(struct wexd *d, struct conn *c, json_t *req)
 	if (m->writing && m->writing != (uint64_t)v && (uint64_t)v > m->writing &&
 	    r->published != m->writing && r->writing != m->writing)
 		abandon_write(m, (uint64_t)v);
+	if (m->writing && m->writing != (uint64_t)v && r->writing == m->writing)
+		return wex__reply_error(-EINVAL,
+					"begin_write: v%lld while this rank writes v%llu (begun, not published): finish v%llu first; all ranks write the same version",
+					(long long)v, (unsigned long long)m->writing,
+					(unsigned long long)m->writing);
 	if (m->writing && m->writing != (uint64_t)v)
 		return wex__reply_error(-EINVAL,
 					"begin_write: v%lld while other ranks write v%llu: all ranks write the same version",

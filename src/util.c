@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* util.c - error strings, dtypes, tensor sizes (public helpers). */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,7 +21,7 @@ static const char *wex_err_str[] = {
 
 WEX_API const char *wex_strerror(int err)
 {
-	if (err < 0)
+	if (err < 0 && err != INT_MIN) /* (INT_MIN has no negation) */
 		err = -err;
 	if (err >= WEX_ERRNO_BASE && err < WEX_ERRNO_END)
 		return wex_err_str[err - WEX_ERRNO_BASE];
@@ -70,9 +71,12 @@ WEX_API int wex_dtype_from_name(const char *name)
 
 WEX_API uint64_t wex_tensor_nbytes(const struct wex_tensor *t)
 {
-	uint64_t n = wex_dtype_size(t->dtype);
+	uint64_t n;
 	int over = 0;
 
+	if (!t)
+		return 0;
+	n = wex_dtype_size(t->dtype);
 	/* Saturates (a box no memory holds) rather than wrap to a small
 	 * size a caller would allocate; an empty box is 0 whatever else. */
 	for (uint32_t i = 0; i < t->ndim && i < WEX_MAX_DIMS; i++) {

@@ -173,8 +173,9 @@ static int ipc_wrap(void *ptr, uint64_t size, int fd, struct wex_mem_seg *seg)
 	ret = WEX_CU(wex__cu.cuMemGetAddressRange(&base, &asize, a));
 	if (ret)
 		return ret;
-	if (a + size > base + asize)
-		return -EINVAL;
+	/* (a lies in [base, base + asize): no sum that could wrap.) */
+	if (size > base + asize - a)
+		return -E2BIG; /* past its allocation */
 	return export_base(base, asize, a - base, size, dev, 0, seg);
 }
 

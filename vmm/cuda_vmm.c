@@ -533,7 +533,9 @@ int wex__cuda_vmm_chunks(void *ptr, uint64_t size, struct wex__cuda_chunk *out, 
 	ret = wex__cuda_load();
 	if (ret)
 		return ret;
-	if (size == 0)
+	/* (A range past the end of the address space would wrap end below
+	 * cur: no chunk, and *out unwritten.) */
+	if (size == 0 || size > UINT64_MAX - cur)
 		return -EINVAL;
 	if (wex__cuda_ptr_device(cur, &dev) == 0) {
 		ret = wex__cuda_use_device(dev);

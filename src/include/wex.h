@@ -83,7 +83,8 @@ WEX_API int wex_dtype_from_name(const char *name);
  * Where it lives: for a producer, `segment` (an id returned by
  * wex_segment_alloc or wex_segment_register_*) and `offset` bytes into it;
  * for a consumer, `ptr`.
- * `strides` are in elements, outermost first; all zero means C-contiguous.
+ * `strides` are in elements, outermost first, never negative; all zero
+ * means C-contiguous.
  */
 struct wex_tensor {
 	char name[WEX_NAME_MAX];
@@ -99,7 +100,8 @@ struct wex_tensor {
 };
 
 /* Number of bytes the tensor's box spans when contiguous: UINT64_MAX when
- * that does not fit in 64 bits, 0 for an empty box or an unknown dtype. */
+ * that does not fit in 64 bits, 0 for an empty box, an unknown dtype or a
+ * NULL t. */
 WEX_API uint64_t wex_tensor_nbytes(const struct wex_tensor *t);
 
 /* ---------------------------------------------------------------------- */
@@ -173,7 +175,9 @@ struct wex_client_params {
 	const char *model;     /* required for producers and consumers */
 	const char *group;     /* consumer group (one engine instance); default "default" */
 	uint32_t rank;         /* this process's rank in its group */
-	uint32_t world_size;   /* ranks in its group (producer N or consumer M) */
+	uint32_t world_size;   /* ranks in its group (producer N or consumer M);
+				* both under WEX_CLIENT_FIELD_RANK (without
+				* it: rank 0 of 1, whatever they say) */
 	uint32_t timeout_ms;   /* default timeout of blocking calls; default 30000,
 				* except the waits of wex_begin_write and wex_sync,
 				* which without it (and without one of their own)
@@ -270,9 +274,10 @@ WEX_API int wex_segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t
  * to back (an expandable segment grows by 2 MiB / 20 MiB chunks): each is
  * exported, and consumers map them back to back again, so offsets in the
  * range keep their meaning.  A cudaMalloc range must lie in one
- * allocation (-E2BIG otherwise).  -EOPNOTSUPP when the memory was not
- * created exportable (vLLM's CuMemAllocator, torch_memory_saver), with the
- * reason in wex_last_error().  The memory stays the caller's; it must
+ * allocation (-E2BIG otherwise).  -EINVAL for a NULL ptr, a size of 0,
+ * or a range past the end of the address space.  -EOPNOTSUPP when the
+ * memory was not created exportable (vLLM's CuMemAllocator,
+ * torch_memory_saver), with the reason in wex_last_error().  The memory stays the caller's; it must
  * outlive the registration (wex_client_close).  Blocks for one round trip
  * per allocation.
  */
@@ -283,7 +288,8 @@ WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint6
  * Registers (replacing any earlier table) the tensors this rank owns.  The
  * array is copied; the caller keeps it.  Blocks for one round trip.
  * Errors: -EINVAL naming the bad tensor in the daemon's log and in
- * wex_last_error().
+ * wex_last_error(); -EOVERFLOW, naming it, for one whose bytes do not fit
+ * in 64 bits; -EPERM for a client that is not a producer.
  */
 WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, size_t n);
 
@@ -377,7 +383,8 @@ enum wex_sync_mode {
  * addresses of: vLLM's sleep mode, torch_memory_saver's pause), naming
  * the one at the lowest address, nothing attached; -EINVAL, nothing
  * attached, for a tensor without ptr or one whose elements overlap,
- * naming it: a copy writes every element, so each needs bytes of its
+ * naming it (-EOVERFLOW for one whose bytes do not fit in 64 bits): a
+ * copy writes every element, so each needs bytes of its
  * own (a stride of 0 on a dim of extent > 1, or strides too small for
  * the dims inside them).  Strides whose dims of extent > 1, by stride,
  * are nested (each stride at least the one below times its extent) are
@@ -623,7 +630,8 @@ WEX_API int wex_released(const void *ptr, uint64_t len, uint64_t *at);
  * canonical tensor `name`, as that rank registered it.  *desc (may be
  * NULL) receives its description (box, strides, offset), with ptr set.
  * Does not block.  -ENOENT when no such piece exists or nothing was
- * fetched yet (sync first), -EINVAL when name or ptr is NULL.  The address
+ * fetched yet (sync first), -EINVAL when name or ptr is NULL, -EPERM for a
+ * client that is not a consumer.  The address
  * stays valid until a later sync fetches the producers' segments again
  * (they re-registered, a producer restarted or wexd did: ask again after
  * every sync) or the client is closed.
@@ -635,7 +643,8 @@ WEX_API int wex_view(wex_client_t *c, uint32_t prank, const char *name, void **p
  * sync, or wex_reserve): *t points at its *n entries, owned by the client
  * and valid like wex_view's addresses.  Returns the number of producer
  * ranks.  -ENOENT when no such rank exists or nothing was fetched yet
- * (sync first; wex_attach drops what was fetched).  Does not block. */
+ * (sync first; wex_attach drops what was fetched), -EPERM for a client
+ * that is not a consumer.  Does not block. */
 WEX_API int wex_producer_tensors(wex_client_t *c, uint32_t prank, const struct wex_tensor **t,
 				 size_t *n);
 
@@ -656,8 +665,9 @@ WEX_API int wex_request(wex_client_t *c, const char *op, const char *args_json, 
 
 /* The last error message wexd or the library produced for this client
  * (never NULL; owned by the client; valid until the next call).  Every
- * call that acts (all but wex_is_dirty, wex_view, wex_producer_tensors and
- * this one) starts with it empty: a failure never shows an earlier
+ * call that acts (all but wex_is_dirty, wex_view, wex_producer_tensors,
+ * wex_cancel, which runs beside the call it cancels, and this one) starts
+ * with it empty: a failure never shows an earlier
  * call's message.  With c NULL: why the calling thread's last
  * wex_client_open failed ("" after one that succeeded). */
 WEX_API const char *wex_last_error(wex_client_t *c);

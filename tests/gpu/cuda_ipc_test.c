@@ -3,7 +3,8 @@
  * cuda_ipc_test.c - legacy CUDA IPC segments (label gpu; 77 without a
  * device).
  *   same_process  importing our own handle uses our pointer (no open,
- *                 which the driver would refuse)
+ *                 which the driver would refuse); a range past its
+ *                 allocation (or past the address space) is -E2BIG
  *   open_once     another process imports the same handle twice: one open,
  *                 the same pointer, still readable after the first release,
  *                 reopened after the last; a sub-allocation travels as
@@ -48,6 +49,10 @@ static void same_process(void)
 	CHECK(dev_check((uint64_t)(uintptr_t)a.ptr, 1u << 20, 4, 0));
 	CHECK_OK(ipc->wrap((char *)a.ptr + 4096, 8192, -1, &c));
 	CHECK(c.desc.handle_offset == 4096 && memcmp(c.desc.handle, a.desc.handle, 64) == 0);
+	/* Past its allocation: -E2BIG (wex.h), as for a size whose sum with
+	 * the address wraps (it was -EINVAL, and that one was exported). */
+	CHECK(ipc->wrap((char *)a.ptr + 4096, 1u << 20, -1, &b) == -E2BIG);
+	CHECK(ipc->wrap((char *)a.ptr + 4096, UINT64_MAX - 100, -1, &b) == -E2BIG);
 	CHECK_OK(ipc->release(&c));
 	CHECK_OK(ipc->release(&a));
 }

@@ -10,7 +10,8 @@
  *   killed         a consumer killed mid-copy leaves the producer healthy
  *   wrap_chunks    wrap of foreign exportable memory (wex_cuda_alloc, and a
  *                  two-chunk range like PyTorch expandable segments),
- *                  chunk enumeration, multi-chunk import; fabric-only
+ *                  chunk enumeration (a range past the address space is
+ *                  -EINVAL), multi-chunk import; fabric-only
  *                  memory imported from its handle, or, where the
  *                  importer may not import fabric handles (emulated with
  *                  WEX_EMUL_NO_FABRIC_IMPORT: no IMEX channel), refused
@@ -416,6 +417,10 @@ static void p_wrap(int sock)
 	CHECK(n == 2 && ch[0].base == va && ch[0].offset == 100 && ch[1].base == va + g &&
 	      ch[1].offset == 0);
 	CHECK(vmm->wrap((void *)(uintptr_t)(va + 100), 2 * g - 200, -1, &tmp) == -E2BIG);
+	/* A range past the end of the address space: its end wrapped below
+	 * its start, no chunk was found and an unwritten one was wrapped. */
+	CHECK(wex__cuda_vmm_chunks((void *)(uintptr_t)va, UINT64_MAX - 100, ch, 4, &n) == -EINVAL);
+	CHECK(vmm->wrap((void *)(uintptr_t)va, UINT64_MAX - 100, -1, &tmp) == -EINVAL);
 	CHECK_OK(vmm->wrap((void *)(uintptr_t)(va + 100), g - 100, -1, &w0));
 	CHECK_OK(vmm->wrap((void *)(uintptr_t)(va + g), g - 100, -1, &w1));
 	tsend(sock, OP_SEG, &w0.desc, 0, w0.fd);
