@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -329,6 +330,101 @@ void wex_sock_close_fds(int *fds, int n)
 	}
 }
 
+/* The closer thread's queue (wex_sock_close_nowait). */
+static pthread_mutex_t closer_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t closer_cv = PTHREAD_COND_INITIALIZER;
+static int *closer_q;
+static size_t closer_n, closer_cap;
+static int closer_up;
+
+static void *closer(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&closer_mu);
+	for (;;) {
+		int fd;
+
+		while (!closer_n)
+			pthread_cond_wait(&closer_cv, &closer_mu);
+		fd = closer_q[--closer_n];
+		pthread_mutex_unlock(&closer_mu);
+		close(fd);
+		pthread_mutex_lock(&closer_mu);
+	}
+	return NULL;
+}
+
+/* Whether closing fd may wait on another process.  Shared memory (memfd,
+ * tmpfs, hugetlbfs: it has seals) never does; a FUSE file does (statx
+ * without sync reads no attributes from its server; a process other than
+ * the mount's owner gets EACCES); so may other regular files (network
+ * file systems), and a socket that lingers. */
+static int close_may_wait(int fd)
+{
+	struct linger lg;
+	socklen_t len = sizeof(lg);
+	struct statx stx;
+
+	if (fcntl(fd, F_GET_SEALS) >= 0)
+		return 0;
+	if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &stx) < 0)
+		return 1;
+	if (S_ISREG(stx.stx_mode))
+		return 1;
+	if (S_ISSOCK(stx.stx_mode))
+		return getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff &&
+		       lg.l_linger > 0;
+	return 0;
+}
+
+void wex_sock_close_nowait(int fd)
+{
+	pthread_attr_t attr;
+	pthread_t t;
+	int *q;
+
+	if (fd < 0)
+		return;
+	if (!close_may_wait(fd)) {
+		close(fd);
+		return;
+	}
+	pthread_mutex_lock(&closer_mu);
+	if (!closer_up) {
+		/* (Signals stay blocked in it as in its creator: wexd reads
+		 * them from a signalfd.) */
+		pthread_attr_init(&attr);
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		pthread_attr_setstacksize(&attr, 64 * 1024);
+		closer_up = pthread_create(&t, &attr, closer, NULL) == 0;
+		pthread_attr_destroy(&attr);
+	}
+	if (closer_up && closer_n == closer_cap) {
+		q = realloc(closer_q, (closer_cap ? closer_cap * 2 : 16) * sizeof(*q));
+		if (q) {
+			closer_q = q;
+			closer_cap = closer_cap ? closer_cap * 2 : 16;
+		}
+	}
+	if (!closer_up || closer_n == closer_cap) {
+		/* No thread or no memory: as ever. */
+		pthread_mutex_unlock(&closer_mu);
+		close(fd);
+		return;
+	}
+	closer_q[closer_n++] = fd;
+	pthread_cond_signal(&closer_cv);
+	pthread_mutex_unlock(&closer_mu);
+}
+
+void wex_sock_close_fds_nowait(int *fds, int n)
+{
+	for (int i = 0; i < n; i++) {
+		wex_sock_close_nowait(fds[i]);
+		fds[i] = -1;
+	}
+}
+
 int wex_sock_take_fds(struct msghdr *msg, int *fds, int maxfds, int *nfds)
 {
 	int ret = 0;
@@ -347,7 +443,7 @@ int wex_sock_take_fds(struct msghdr *msg, int *fds, int maxfds, int *nfds)
 			if (*nfds < maxfds) {
 				fds[(*nfds)++] = f;
 			} else {
-				close(f);
+				wex_sock_close_nowait(f);
 				ret = -EMSGSIZE;
 			}
 		}

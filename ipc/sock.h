@@ -93,6 +93,18 @@ int wex_sock_peer_pidfd(int fd, pid_t pid, const char **how);
 /* Closes fds[0..n) and sets each to -1. */
 void wex_sock_close_fds(int *fds, int n);
 
+/* The same for fds a client passed (wexd): without waiting on another
+ * process.  Closing a file on a FUSE mount waits for its server to answer
+ * the FLUSH that every close sends: for good if that server is the client
+ * that passed the fd and never answers (wexd's loop stood still: every
+ * client went unanswered); the last close of a socket with SO_LINGER waits
+ * up to its linger time.  Such fds (regular files other than shared
+ * memory, sockets that linger) are closed in turn by one thread started
+ * for them (one that waits holds up only the others queued behind it);
+ * the others (memfds, pipes, unix sockets) at once. */
+void wex_sock_close_nowait(int fd);
+void wex_sock_close_fds_nowait(int *fds, int n);
+
 /* Makes a sealed memfd holding `len` bytes of `data` (seals: write, grow,
  * shrink, seal), so a receiver can trust it cannot change.  Returns the fd
  * or -errno. */

@@ -245,7 +245,7 @@ static void handle_recv(struct wex_loop *l, struct wex_loop_io *io, int res)
 		 * close; an empty message (res 0) may carry them too. */
 		if (res >= 0) {
 			wex_sock_take_fds(&io->msg, fds, WEX_SOCK_MAX_FDS, &nfds);
-			wex_sock_close_fds(fds, nfds);
+			wex_sock_close_fds_nowait(fds, nfds);
 		}
 		finish_close(l, io);
 		return;

@@ -110,8 +110,8 @@ static void plans_gc(struct model *m)
 static void prank_clear(struct prank *r)
 {
 	for (uint32_t i = 0; i < r->nsegs; i++) {
-		if (r->segs[i].fd >= 0)
-			close(r->segs[i].fd);
+		/* (A producer's file: its close may wait on a FUSE server.) */
+		wex_sock_close_nowait(r->segs[i].fd);
 		free(r->segs[i].parts);
 	}
 	free(r->segs);
@@ -666,11 +666,17 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 		return wex__reply_error(-EINVAL, "register_segment: handle must be hex of at most %d bytes",
 					WEX_HANDLE_MAX);
 	if (need_fd) {
+		struct statx stx;
 		struct stat st;
 
-		if (fstat(fds[0], &st) < 0)
-			return wex__reply_error(-EINVAL, "register_segment: fstat of its fd: %s",
+		/* Attributes as cached, asking no FUSE server: one that never
+		 * answers stood wexd's loop still. */
+		if (statx(fds[0], "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE | STATX_SIZE,
+			  &stx) < 0)
+			return wex__reply_error(-EINVAL, "register_segment: statx of its fd: %s",
 						strerror(errno));
+		st.st_mode = stx.stx_mode;
+		st.st_size = (off_t)stx.stx_size;
 		/* Consumers map host memory: a pipe or a directory would fail
 		 * there, a short file would make every consumer fault. */
 		if (k == WEX_MEM_HOST && !S_ISREG(st.st_mode))

@@ -20,12 +20,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <linux/sockios.h>
 
 #include "ipc/sock.h"
 #include "log.h"
@@ -47,11 +49,21 @@ const char *wexd_io_backend(struct wexd *d)
 	return d->loop.ops ? d->loop.ops->name : "none";
 }
 
+/* Bytes of earlier messages to c that its client has not read yet (0 if
+ * the kernel cannot say). */
+static int conn_unread(const struct conn *c)
+{
+	int n = 0;
+
+	return ioctl(c->io.fd, SIOCOUTQ, &n) < 0 ? 0 : n;
+}
+
 int wexd_send(struct wexd *d, struct conn *c, json_t *reply, const int *fds, int nfds)
 {
 	size_t len;
 	char *s;
 	ssize_t n;
+	int unread = 0;
 
 	if (c->dead || c->dropping)
 		return -EPIPE;
@@ -65,8 +77,20 @@ int wexd_send(struct wexd *d, struct conn *c, json_t *reply, const int *fds, int
 	s = wex__json_dump(reply, &len);
 	if (!s)
 		return -ENOMEM;
-	n = wex_sock_send(c->io.fd, s, len, fds, nfds, MSG_DONTWAIT);
-	if (n == -EMSGSIZE && !nfds && len <= WEX_REPLY_MAX) {
+	/* A reply that passes fds goes only to a client that has read its
+	 * earlier replies (as every client of this protocol does before its
+	 * next request): each unread one pins what it passes, in the
+	 * client's socket, for as long as the client keeps it, even once
+	 * dropped (a sealed memfd of a whole status made for it, hundreds
+	 * per connection; a fetch's segment fds, counted against the file
+	 * limit of wexd's user while in flight). */
+	if (nfds && (unread = conn_unread(c)) > 0)
+		n = -EAGAIN;
+	else
+		n = wex_sock_send(c->io.fd, s, len, fds, nfds, MSG_DONTWAIT);
+	if (n == -EMSGSIZE && !nfds && len <= WEX_REPLY_MAX && (unread = conn_unread(c)) > 0) {
+		n = -EAGAIN;
+	} else if (n == -EMSGSIZE && !nfds && len <= WEX_REPLY_MAX) {
 		/* Larger than one message on this socket can be (its send
 		 * buffer, about 208 KiB by default): a status listing of a few
 		 * hundred clients.  It goes whole in a sealed memfd, and the
@@ -109,6 +133,10 @@ int wexd_send(struct wexd *d, struct conn *c, json_t *reply, const int *fds, int
 		if (n == -EPIPE || n == -ECONNRESET)
 			wex_debug("conn", "client %llu (pid %d): gone before its reply: %s",
 				  (unsigned long long)c->id, (int)c->pid, strerror((int)-n));
+		else if (n == -EAGAIN)
+			wex_warn("conn", "client %llu (pid %d): does not read its replies (%d bytes "
+				 "of them unread): dropping", (unsigned long long)c->id, (int)c->pid,
+				 unread ? unread : conn_unread(c));
 		else
 			wex_warn("conn", "client %llu (pid %d): send failed: %s: dropping",
 				 (unsigned long long)c->id, (int)c->pid, strerror((int)-n));
@@ -564,7 +592,7 @@ static void on_msg(void *arg, struct wex_loop_io *io, ssize_t len, int *fds, int
 				  strerror((int)-len));
 		wex_debug("conn", "client %llu (pid %d) disconnected", (unsigned long long)c->id,
 			  (int)c->pid);
-		wex_sock_close_fds(fds, nfds);
+		wex_sock_close_fds_nowait(fds, nfds);
 		conn_close(d, c);
 		return;
 	} else if (c->waiting && is_cancel(io->buf, (size_t)len, nfds, mflags)) {
@@ -579,7 +607,7 @@ static void on_msg(void *arg, struct wex_loop_io *io, ssize_t len, int *fds, int
 		reply = validate_and_run(d, c, io->buf, (size_t)len, fds, nfds, mflags);
 	}
 	/* Handlers that kept an fd set its slot to -1. */
-	wex_sock_close_fds(fds, nfds);
+	wex_sock_close_fds_nowait(fds, nfds);
 	if (reply) {
 		if (wexd_send(d, c, reply, NULL, 0) < 0)
 			conn_close(d, c);

@@ -39,3 +39,8 @@ add_test(NAME svc_notify_reload COMMAND sh ${SVC}/notify_reload.sh $<TARGET_FILE
 set_tests_properties(svc_notify_reload PROPERTIES LABELS service TIMEOUT 120 SKIP_RETURN_CODE 77)
 add_test(NAME svc_notify_stuck COMMAND sh ${SVC}/notify_stuck.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 set_tests_properties(svc_notify_stuck PROPERTIES LABELS service TIMEOUT 180 SKIP_RETURN_CODE 77)
+add_test(NAME svc_fuse_fd COMMAND sh ${SVC}/fuse_fd.sh $<TARGET_FILE:wexd>)
+add_test(NAME svc_fuse_fd_epoll COMMAND sh ${SVC}/fuse_fd.sh $<TARGET_FILE:wexd>)
+set_tests_properties(svc_fuse_fd_epoll PROPERTIES ENVIRONMENT "WEX_IO=epoll")
+set_tests_properties(svc_fuse_fd svc_fuse_fd_epoll PROPERTIES LABELS service TIMEOUT 60
+  SKIP_RETURN_CODE 77)
