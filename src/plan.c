@@ -15,7 +15,7 @@
  * Holders on the consumer's own device (near), where a cell has any, are
  * its only candidates.
  * Cells become strided copies; contiguous dims are merged, up to three outer
- * dims kept, the rest split, and neighbouring ops fused.
+ * dims kept (innermost first), the rest split, and neighbouring ops fused.
  */
 #include <assert.h>
 #include <errno.h>
@@ -884,20 +884,22 @@ static int push_op(struct wex_plan *p, size_t *cap, const struct wex_plan_op *op
 				q->len += op->len;
 				return 0;
 			}
-			/* One after the other along the outermost dim. */
+			/* One after the other along the outermost dim (the
+			 * last: ops list them innermost first). */
 			if (op->nouter > 0 && q->len == op->len) {
+				uint32_t l = op->nouter - 1;
 				int inner_same = 1;
 
-				for (uint32_t i = 1; i < op->nouter; i++)
+				for (uint32_t i = 0; i < l; i++)
 					if (q->count[i] != op->count[i] ||
 					    q->src_stride[i] != op->src_stride[i] ||
 					    q->dst_stride[i] != op->dst_stride[i])
 						inner_same = 0;
-				if (inner_same && q->src_stride[0] == op->src_stride[0] &&
-				    q->dst_stride[0] == op->dst_stride[0] &&
-				    q->src_off + q->count[0] * (uint64_t)q->src_stride[0] == op->src_off &&
-				    q->dst_off + q->count[0] * (uint64_t)q->dst_stride[0] == op->dst_off) {
-					q->count[0] += op->count[0];
+				if (inner_same && q->src_stride[l] == op->src_stride[l] &&
+				    q->dst_stride[l] == op->dst_stride[l] &&
+				    q->src_off + q->count[l] * (uint64_t)q->src_stride[l] == op->src_off &&
+				    q->dst_off + q->count[l] * (uint64_t)q->dst_stride[l] == op->dst_off) {
+					q->count[l] += op->count[l];
 					return 0;
 				}
 			}
@@ -948,8 +950,10 @@ static int emit_cell(struct wex_plan *p, size_t *cap, const struct cell *c, cons
 		}
 		o[no++] = v[i];
 	}
-	/* o[] is innermost first; ops keep up to 3 outer dims, outermost first.
-	 * Further dims are split into separate ops. */
+	/* o[] is innermost first; ops keep up to 3 outer dims, innermost first
+	 * too (count[0] is the dim the executors walk fastest and the CUDA
+	 * one's 2D/3D copies take as the pitch).  Further dims are split into
+	 * separate ops. */
 	int keep = no < 3 ? no : 3;
 	int extra = no - keep;
 	uint64_t it[MAXD] = { 0 };
@@ -963,9 +967,9 @@ static int emit_cell(struct wex_plan *p, size_t *cap, const struct cell *c, cons
 			op.dst_off += it[e] * (uint64_t)o[keep + e].ds;
 		}
 		for (int k = 0; k < keep; k++) {
-			op.count[k] = o[keep - 1 - k].n;
-			op.src_stride[k] = o[keep - 1 - k].ss;
-			op.dst_stride[k] = o[keep - 1 - k].ds;
+			op.count[k] = o[k].n;
+			op.src_stride[k] = o[k].ss;
+			op.dst_stride[k] = o[k].ds;
 		}
 		/* An index into srcs[] until the plan is finished. */
 		op.src_rank = (uint32_t)cd->src;

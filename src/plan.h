@@ -21,7 +21,7 @@ struct wex_copy_op; /* vmm/backend.h */
 /* One copy, in relative terms: from producer rank `src_rank`'s segment
  * `src_seg` at byte `src_off` to consumer piece `dst_piece` at byte
  * `dst_off` from that piece's ptr.  `len` contiguous bytes repeated over
- * up to 3 outer dims (byte strides). */
+ * up to 3 outer dims (byte strides), innermost first. */
 struct wex_plan_op {
 	uint32_t src_rank;
 	uint32_t src_seg;

@@ -288,8 +288,11 @@ extern const struct wex_mem_ops wex_mem_host_ops;
  * ranges split evenly.  Blocks until done. */
 int wex_mem_host_copy(const struct wex_copy_op *ops, size_t n, int threads);
 
-/* Rows that follow each other in both source and destination are one
- * longer row: folds them so that each row is as long as it can be. */
+/* Puts op's outer dims innermost first (count[0] the one with the smallest
+ * destination stride: the one executors walk fastest), drops dims of one
+ * index, and folds rows that follow each other in both source and
+ * destination into one longer row, so that each row is as long as it can
+ * be.  The bytes copied are the same. */
 void wex_mem_fold_op(struct wex_copy_op *op);
 
 /*

@@ -5,9 +5,9 @@
  * exactly.  A 5-D canonical tensor [3,4,5,6,7] (F32) is held by two
  * producers as halves along dim 2, stored with padded strides; the consumer
  * wants the box start [1,1,1,1,1] extent [2,3,4,5,6] in a buffer with
- * other padded strides, so no dims merge: ops must keep 3 outer dims and
- * split the 4th.  Every element is checked and written exactly once; the
- * padding is never touched.
+ * other padded strides, so no dims merge: ops must keep 3 outer dims, listed
+ * innermost first, and split the 4th.  Every element is checked and
+ * written exactly once; the padding is never touched.
  */
 #include "ptest.h"
 
@@ -94,6 +94,13 @@ int main(void)
 	CHECK(wex__plan_build(ps2, 2, &dst, 1, 0, 1, &p, err, sizeof(err)) == 0, "%s", err);
 	for (size_t i = 0; i < p->nops; i++) {
 		CHECK(p->ops[i].nouter <= 3, "op %zu has %u outer dims", i, p->ops[i].nouter);
+		/* Innermost first: count[0] is what executors walk fastest
+		 * (and the CUDA one's 2D/3D copies take as the pitch). */
+		for (uint32_t k = 1; k < p->ops[i].nouter; k++)
+			CHECK(p->ops[i].dst_stride[k - 1] < p->ops[i].dst_stride[k] &&
+				      p->ops[i].src_stride[k - 1] < p->ops[i].src_stride[k],
+			      "op %zu lists its outer dims outermost first (dst strides %lld, %lld)", i,
+			      (long long)p->ops[i].dst_stride[k - 1], (long long)p->ops[i].dst_stride[k]);
 		CHECK(p->ops[i].src_rank == 10 || p->ops[i].src_rank == 11, "rank %u", p->ops[i].src_rank);
 		p->ops[i].src_rank -= 10; /* the executor's table is indexed 0, 1 */
 	}
