@@ -631,6 +631,21 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 	}
 	snprintf(m->family, sizeof(m->family), "%s",
 		 json_string_value(json_object_get(fam, "family")) ?: "?");
+	/* The families describe a causal LM's checkpoint (model.* and
+	 * lm_head): a reward or classification head (Qwen2ForRewardModel's
+	 * score.*), an EAGLE draft (LlamaForCausalLMEagle3) or a bare
+	 * LlamaModel share the model_type but not the tensors. */
+	json_array_foreach(json_object_get(cfg, "architectures"), i, v) {
+		const char *a = json_string_value(v);
+		size_t n = a ? strlen(a) : 0;
+
+		if (a && (n < 11 || strcmp(a + n - 11, "ForCausalLM"))) {
+			seterr(err, errlen, "config.json: architectures lists \"%s\": family %s "
+			       "describes only a ...ForCausalLM checkpoint (model.* and lm_head), not "
+			       "its tensors", a, m->family);
+			goto out;
+		}
+	}
 	/* Symbols in order: config key, else the default expression. */
 	json_array_foreach(json_object_get(fam, "symbols"), i, v) {
 		const char *name = json_string_value(json_array_get(v, 0));
@@ -732,6 +747,22 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 				m->nstrs++;
 			}
 	}
+	/* Config values the family does not describe (Llama's mlp_bias):
+	 * refused, never planned without the tensors they add. */
+	json_array_foreach(json_object_get(fam, "refuse"), i, v) {
+		const char *e = json_string_value(json_array_get(v, 0));
+		const char *why = json_string_value(json_array_get(v, 1));
+		int64_t x;
+
+		if (!e || !why || eval(m, e, &x) < 0) {
+			seterr(err, errlen, "family %s: bad refuse entry %zu", m->family, i);
+			goto out;
+		}
+		if (x) {
+			seterr(err, errlen, "config.json: %s: not described by family %s", why, m->family);
+			goto out;
+		}
+	}
 	{
 		/* transformers 4.56 and later write "dtype". */
 		const char *dt = json_string_value(json_object_get(cfg, "torch_dtype"));
@@ -753,6 +784,14 @@ int wex__model_from_text(const char *config_json, const char *adapters_dir,
 		const char *fmt = json_string_value(json_object_get(q, "fmt"));
 		json_t *bs = json_object_get(q, "weight_block_size");
 
+		/* AWQ, GPTQ, compressed-tensors, bitsandbytes, MXFP4...: packed
+		 * weights, zeros and scales under names no family describes. */
+		if (q && !json_is_null(q) && (!qm || strcmp(qm, "fp8"))) {
+			seterr(err, errlen, "config.json: quantization_config quant_method %s%s%s is "
+			       "not supported (only \"fp8\" with a weight_block_size is described)",
+			       qm ? "\"" : "", qm ? qm : "(none)", qm ? "\"" : "");
+			goto out;
+		}
 		if (qm && !strcmp(qm, "fp8")) {
 			int64_t b0, b1;
 

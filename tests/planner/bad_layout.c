@@ -16,8 +16,11 @@
  * naming the key or the tensor, never truncated or left to wrap; that 0
  * heads is named as the reason head_dim cannot be derived; that the fsdp
  * engine (FSDP2) refuses the keys it does not take (tp, pp, ep, etp,
- * stages) and fsdp=0, and engines other than fsdp refuse fsdp=; and that layer
- * or expert counts giving millions of tensors are refused at load.
+ * stages) and fsdp=0, and engines other than fsdp refuse fsdp=; that layer
+ * or expert counts giving millions of tensors are refused at load; and that
+ * checkpoints of a family's model_type whose tensors it does not describe
+ * (AWQ and other non-fp8 quantization, Llama's mlp_bias, a reward head or
+ * EAGLE draft architecture, DeepSeek's moe_layer_freq 2) are refused by name.
  */
 #include <errno.h>
 
@@ -166,6 +169,40 @@ int main(void)
 	/* head_dim defaults to hidden/nh: with 0 heads, say so (the config
 	 * does not lack head_dim as much as it has no heads). */
 	bad_cfg("\"num_attention_heads\":0", "default hidden/nh divides by zero");
+	/* Checkpoints the families do not describe, though their model_type
+	 * is one of theirs: refused naming what is not described, never
+	 * planned as plain BF16 tensors under the family's names (the plan
+	 * succeeded, leaving the engine's qweight/scales, gate_up_proj.bias,
+	 * score.* unwritten and naming an lm_head it lacks). */
+	bad_cfg("\"num_attention_heads\":4,\"quantization_config\":{\"quant_method\":\"awq\","
+		"\"bits\":4,\"group_size\":128}", "quant_method \"awq\" is not supported");
+	bad_cfg("\"num_attention_heads\":4,\"quantization_config\":{\"quant_method\":"
+		"\"compressed-tensors\"}", "quant_method \"compressed-tensors\"");
+	bad_cfg("\"num_attention_heads\":4,\"quantization_config\":{\"bits\":4}",
+		"quant_method (none)");
+	bad_cfg("\"num_attention_heads\":4,\"mlp_bias\":true", "mlp_bias is true");
+	bad_cfg("\"num_attention_heads\":4,\"architectures\":[\"Qwen2ForRewardModel\"]",
+		"architectures lists \"Qwen2ForRewardModel\"");
+	bad_cfg("\"num_attention_heads\":4,\"architectures\":[\"LlamaForCausalLMEagle3\"]",
+		"LlamaForCausalLMEagle3");
+	CHECK(wex__model_from_text("{\"model_type\":\"deepseek_v2\",\"architectures\":"
+				   "[\"DeepseekV2ForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":4,"
+				   "\"num_attention_heads\":4,\"intermediate_size\":64,"
+				   "\"moe_intermediate_size\":16,\"n_routed_experts\":4,"
+				   "\"first_k_dense_replace\":1,\"moe_layer_freq\":2,\"kv_lora_rank\":16,"
+				   "\"qk_nope_head_dim\":8,\"qk_rope_head_dim\":8,\"v_head_dim\":8,"
+				   "\"vocab_size\":64}", NULL, &m, err, sizeof(err)) == -EINVAL,
+	      "DeepSeek moe_layer_freq 2 accepted");
+	CHECK(strstr(err, "moe_layer_freq is not 1") != NULL, "%s", err);
+	printf("moe_layer_freq 2: %s\n", err);
+	/* ... while a causal LM with those keys off (null, false) loads. */
+	CHECK(wex__model_from_text("{\"model_type\":\"llama\",\"architectures\":"
+				   "[\"LlamaForCausalLM\"],\"num_attention_heads\":4,\"mlp_bias\":false,"
+				   "\"quantization_config\":null,\"hidden_size\":8,\"num_hidden_layers\":1,"
+				   "\"intermediate_size\":8,\"vocab_size\":64}",
+				   NULL, &m, err, sizeof(err)) == 0,
+	      "a plain LlamaForCausalLM refused: %s", err);
+	wex__model_free(m);
 	/* Layer and expert counts no model has (each tensor small, the model
 	 * millions of them): refused at load, not left to exhaust memory when
 	 * every tensor is laid out. */
