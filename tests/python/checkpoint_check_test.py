@@ -26,7 +26,9 @@ Checked, on a tiny Qwen3-MoE (4 experts, fused w13) and a dense Qwen2:
     (checkpoint_for); model.safetensors.index.json selecting the files;
   - unreadable checkpoints refused naming the file: no safetensors file,
     a truncated header, data offsets past the end, a tensor in two
-    files, a path that does not exist.
+    files, a path that does not exist, a shard the index maps that is
+    not there, a file cut short while it is read (a ValueError, not a
+    SIGBUS); paths with spaces, non-ASCII and glob characters.
 Needs Debian's python3-torch and python3-numpy (exit 77 without).
 Environment: WEX_LIB, WEXCTL_BIN, PYTHONPATH with adapters/python.
 """
@@ -348,11 +350,97 @@ class CheckpointCompare(unittest.TestCase):
         with self.assertRaises(ValueError) as e:
             checkpoint.index(both)
         self.assertIn("maps no .safetensors file", str(e.exception))
+        # A shard the index names that is not there (still being written
+        # or downloaded): refused naming it, not its tensors reported as
+        # "not in the checkpoint" and the rest called checked.
+        os.remove(os.path.join(both, "model.safetensors"))
+        os.rename(os.path.join(both, "model-00002-of-00002.safetensors"),
+                  os.path.join(both, "partial.tmp"))
+        with open(os.path.join(both, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": wm}, f)
+        with self.assertRaises(ValueError) as e:
+            checkpoint.index(both)
+        self.assertIn("model-00002-of-00002.safetensors", str(e.exception))
+        self.assertIn("not there", str(e.exception))
+        params = {n: torch.frombuffer(bytearray(b), dtype=torch.int16).view(
+            torch.bfloat16).reshape(s) for n, _, s, b in ts}
+        with self.assertRaises(ValueError) as e:
+            checkpoint.compare(list(params.items()), both, config=cfg)
+        self.assertIn("model-00002-of-00002.safetensors", str(e.exception))
+        os.rename(os.path.join(both, "partial.tmp"),
+                  os.path.join(both, "model-00002-of-00002.safetensors"))
+        self.assertEqual(checkpoint.compare(list(params.items()), both,
+                                            config=cfg)["pieces"], len(ts))
         with open(os.path.join(both, "model.safetensors.index.json"), "w") as f:
             f.write("[1]")
         with self.assertRaises(ValueError) as e:
             checkpoint.index(both)
         self.assertIn("not a safetensors index", str(e.exception))
+
+    def test_path_with_glob_characters(self):
+        """A checkpoint directory whose path has spaces, non-ASCII letters
+        or glob's special characters ([...], *, ?) is read as named, by
+        compare and by the hooks' choice of checkpoint."""
+        d, cfg, ts = self.dirs["dense"]
+        params = {n: torch.frombuffer(bytearray(b), dtype=torch.int16).view(
+            torch.bfloat16).reshape(s) for n, _, s, b in ts}
+        for name in ("run 1", "r\u00e9sum\u00e9", "exp[lr=1e-5]", "step*?"):
+            ck = os.path.join(self.tmp.name, "paths", name)
+            shutil.copytree(os.path.join(d, "ckpt"), ck)
+            rep = checkpoint.compare(list(params.items()), ck, config=cfg)
+            self.assertEqual((rep["pieces"], rep["skipped"]), (len(ts), []), name)
+            self.assertEqual(wex.engine.checkpoint_for(None, ck, "auto"), (ck, None, True), name)
+
+    def test_checkpoint_changed_while_read(self):
+        """A checkpoint file cut short after its header was read (a trainer
+        saving over the directory the engine loaded): refused as a
+        ValueError naming the file (the hooks then report "not checked"),
+        not an IndexError, nor a SIGBUS that kills the engine's process
+        while the file is read."""
+        w = torch.randn(4, 4096, generator=torch.Generator().manual_seed(4))
+        ck = os.path.join(self.tmp.name, "rewritten")
+        os.makedirs(ck, exist_ok=True)
+        path = os.path.join(ck, "model.safetensors")
+        tensors = [("a", "F32", (4, 4096), w.numpy().tobytes()),
+                   ("b", "F32", (4, 4096), w.numpy().tobytes())]
+        glue.write_safetensors(path, tensors)
+        # Cut between the header and the data reads.
+        orig = checkpoint._read_headers
+
+        def cut(files):
+            out = orig(files)
+            os.truncate(path, 4096)
+            return out
+
+        checkpoint._read_headers = cut
+        try:
+            with self.assertRaises(ValueError) as e:
+                checkpoint.compare([("a", w), ("b", w)], ck)
+        finally:
+            checkpoint._read_headers = orig
+        self.assertNotIsInstance(e.exception, checkpoint.CheckpointMismatch)
+        self.assertIn(path, str(e.exception))
+        # Cut while being read (after the first tensor's read): in a child
+        # process, which a SIGBUS would kill.
+        glue.write_safetensors(path, tensors)
+        code = ("import os, sys, torch\n"
+                "from wex import checkpoint\n"
+                "w = torch.randn(4, 4096, generator=torch.Generator().manual_seed(4))\n"
+                "orig = checkpoint._ckpt_bytes\n"
+                "def cut(*a):\n"
+                "    out = orig(*a)\n"
+                "    os.truncate(sys.argv[2], 4096)\n"
+                "    return out\n"
+                "checkpoint._ckpt_bytes = cut\n"
+                "try:\n"
+                "    checkpoint.compare([('a', w), ('b', w)], sys.argv[1])\n"
+                "except ValueError as e:\n"
+                "    print('refused:', e)\n")
+        r = subprocess.run([sys.executable, "-c", code, ck, path], capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, "child ended with %d: %s" % (r.returncode, r.stderr))
+        self.assertIn("refused: ", r.stdout)
+        self.assertIn(path, r.stdout)
 
     def test_bad_checkpoints(self):
         params, layout, _, cfg = self.rank("dense", "vllm", 0)

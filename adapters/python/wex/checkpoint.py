@@ -82,10 +82,11 @@ def index(checkpoint):
     the files its model.safetensors.index.json maps, else every
     *.safetensors in it, as sharded checkpoints keep them).  Raises
     ValueError naming the file for one that cannot be read or is not
-    safetensors, a tensor in two files, or a directory with none."""
+    safetensors, a tensor in two files, a file the index maps that is not
+    there, or a directory with none."""
     checkpoint = os.fspath(checkpoint)
     if os.path.isdir(checkpoint):
-        files = sorted(glob.glob(os.path.join(checkpoint, "*.safetensors")))
+        files = sorted(glob.glob(os.path.join(glob.escape(checkpoint), "*.safetensors")))
         idx = os.path.join(checkpoint, "model.safetensors.index.json")
         if os.path.isfile(idx):
             # What the engines read where both a merged file and shards
@@ -98,6 +99,14 @@ def index(checkpoint):
             files = [f for f in files if os.path.basename(f) in mapped]
             if not files:
                 raise ValueError("%s maps no .safetensors file that is there" % idx)
+            # A shard still being written or downloaded: its tensors are
+            # in the checkpoint, just not readable yet.
+            gone = sorted(m for m in mapped
+                          if not os.path.isfile(os.path.join(checkpoint, str(m))))
+            if gone:
+                raise ValueError("%s maps %s, which %s not there (a checkpoint still being "
+                                 "written or downloaded?)" % (idx, ", ".join(map(str, gone[:3])),
+                                                             "is" if len(gone) == 1 else "are"))
         if not files:
             raise ValueError("checkpoint %s holds no .safetensors file" % checkpoint)
     elif os.path.isfile(checkpoint):
@@ -236,19 +245,38 @@ def _as_bytes(x):
     return x.reshape(-1).contiguous().cpu().numpy().view("u1")
 
 
-def _ckpt_bytes(maps, entry, idx, dtype):
+def _ckpt_bytes(files, entry, idx, dtype):
     """The bytes of the checkpoint tensor's elements at `idx`, cast to
-    `dtype` (the engine's) where the checkpoint holds another float type."""
+    `dtype` (the engine's) where the checkpoint holds another float type.
+    Read with pread, one read per run of consecutive elements (not
+    mapped: a file cut short while mapped would kill the process with
+    SIGBUS); files: {path: open file}, the caller closes them.  Raises
+    ValueError naming the file for one that is not as its header said."""
     import numpy as np
     import torch
 
-    path, have, _, data, _ = entry
+    path, have, _, data, nbytes = entry
     isz = wex.DTYPE_SIZE[have]
-    mm = maps.get(path)
-    if mm is None:
-        mm = maps[path] = np.memmap(path, dtype=np.uint8, mode="r")
-    pos = data + idx[:, None] * isz + np.arange(isz, dtype=np.int64)
-    raw = np.ascontiguousarray(mm[pos.reshape(-1)])
+    try:
+        f = files.get(path)
+        if f is None:
+            f = files[path] = open(path, "rb", buffering=0)
+        size = os.fstat(f.fileno()).st_size
+        # Runs of consecutive element offsets, in the order asked.
+        cut = np.nonzero(np.diff(idx) != 1)[0] + 1
+        parts = []
+        for run in np.split(idx, cut) if len(idx) else ():
+            n, at = len(run) * isz, data + int(run[0]) * isz
+            b = os.pread(f.fileno(), n, at) if data + nbytes <= size else b""
+            if len(b) != n:
+                raise ValueError("%s: %d bytes at offset %d could not be read: the file has "
+                                 "%d bytes, its header says %d: cut short since it was "
+                                 "read (being written over?)"
+                                 % (path, n, at, os.fstat(f.fileno()).st_size, data + nbytes))
+            parts.append(b)
+    except OSError as e:
+        raise ValueError("checkpoint file %s: %s" % (path, e)) from None
+    raw = np.frombuffer(bytearray(b"".join(parts)), dtype=np.uint8)
     if have == dtype:
         return raw
     ints = torch.from_numpy(raw.view(_INT_OF_SIZE[isz]))
@@ -265,6 +293,9 @@ def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapter
     or holds in another dtype).  Raises CheckpointMismatch on the first
     difference, ValueError for a checkpoint that cannot be read.
 
+    A checkpoint file cut short while it is compared (being written over)
+    is refused, ValueError naming it.
+
     named_tensors: the engine's (name, tensor) pairs, as attached
     (wex.engine.select_parameters).  layout, rank: the engine's wex.Layout
     and rank (the tensors are then its physical tensors, contiguous);
@@ -273,6 +304,16 @@ def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapter
     (the hf layout; without it they are the same).  skip: a function of
     (canonical name, dtype name) returning why a piece is not to be
     compared (the engine rewrites it after loading), or None."""
+    files = {}
+    try:
+        return _compare(files, named_tensors, checkpoint, layout, rank, config, adapters,
+                        elems, skip)
+    finally:
+        for f in files.values():
+            f.close()
+
+
+def _compare(maps, named_tensors, checkpoint, layout, rank, config, adapters, elems, skip):
     import numpy as np
     import torch
 
@@ -282,7 +323,7 @@ def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapter
     tensors = [(n, t) for n, t in named_tensors if t.numel()]
     if layout is not None:
         where = {n: (dt, tuple(shape), ps) for n, dt, shape, ps in layout.rank(rank)}
-    maps, skipped = {}, []
+    skipped = []
     pieces = elements = nbytes = 0
     for name, t in tensors:
         own = (None,)

@@ -173,7 +173,7 @@ def checkpoint_for(checkpoint, model_path, load_format, config=None, updated=Fal
                       "the engine's load_format is unknown"), False
     d = model_path if model_path and os.path.isdir(model_path) else (
         os.path.dirname(config) if config else None)
-    if not d or not glob.glob(os.path.join(d, "*.safetensors")):
+    if not d or not glob.glob(os.path.join(glob.escape(d), "*.safetensors")):
         return None, "no .safetensors checkpoint found at %s" % (d or model_path), False
     return d, None, True
 
