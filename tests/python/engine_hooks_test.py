@@ -31,7 +31,11 @@ the layouts' names (qkv_proj, gate_up_proj, padded vocabulary).  Checked:
     model with experts, the MoE settings that re-lay out expert weights
     (VLLM_USE_FLASHINFER_MOE_*, VLLM_ROCM_USE_AITER[_MOE], moe_backend, a
     FusedMoE quant_method's backend), which a dense model ignores; a
-    block-FP8 model vLLM requantizes for DeepGEMM (is_deep_gemm_e8m0_used); a
+    block-FP8 model vLLM requantizes for DeepGEMM (is_deep_gemm_e8m0_used and,
+    for a Linear layer, should_use_deepgemm_for_fp8_linear: not with a float16
+    model dtype or DeepGEMM unsupported); FP8 weights vLLM converted to
+    e4m3fnuz on ROCm MI300; an unquantized checkpoint vLLM quantizes after
+    loading (quantization="fp8"); a
     dense model with enable_expert_parallel (or SGLang --ep-size) gets no
     ep= in its spec;
   - default specs from SGLang's server arguments (dp-attention, ep,
@@ -708,6 +712,76 @@ class EngineHooks(WexdProducerCase):
                          ignore=["extra.*"])
         self.assertNotIn("extra.weight", str(e.exception))
         self.assertIn(o, str(e.exception))
+        # On CUDA, a block scale DeepGEMM keeps column-major (TMA-aligned)
+        # after loading (Fp8MoEMethod get_col_major_tma_aligned_tensor,
+        # fp8_utils transform_sf_into_required_layout): named, with the
+        # variable that turns DeepGEMM off.
+        plain = self.engine_params("vllm", 0)
+        scale = o.replace(".weight", ".weight_scale_inv")
+        w = VllmWorker(d, module_of(dict(plain, **{scale: torch.zeros(3, 4).t()})))
+        with unittest.mock.patch.object(torch.version, "hip", None, create=True):
+            with self.assertRaises(ValueError) as e:
+                w.wex_attach(model=MODEL, group="dg-col", checkpoint=False)
+        self.assertIn(scale, str(e.exception))
+        self.assertIn("VLLM_USE_DEEP_GEMM=0", str(e.exception))
+
+    def test_vllm_rocm_fnuz_refused(self):
+        """On ROCm MI300 (gfx942) vLLM converts an FP8 e4m3fn checkpoint
+        after loading (w8a8_utils normalize_e4m3fn_to_e4m3fnuz: the weight
+        viewed as float8_e4m3fnuz, its scales doubled in new tensors): the
+        trainer's e4m3fn bytes would be read as other values.  wex_attach
+        refuses such a tensor naming that conversion, before anything is
+        attached, not with a dtype message that leaves the cause unsaid.
+        (Debian's torch has no float8 dtypes: int8 stands in for it.)"""
+        d = self.tmp.name
+        dense = self.engine_params("vllm", 0)
+        o = next(n for n in dense if n.endswith("self_attn.o_proj.weight"))
+        fnuz = getattr(torch, "float8_e4m3fnuz", torch.int8)
+        dense[o] = torch.zeros(dense[o].shape, dtype=torch.int8).view(fnuz)
+        set_par(tp=(2, 0))
+        w = VllmWorker(d, module_of(dense))
+        with unittest.mock.patch.object(torch, "float8_e4m3fnuz", fnuz, create=True):
+            with self.assertRaises(ValueError) as e:
+                w.wex_attach(model=MODEL, group="rocm-fnuz", checkpoint=False)
+        self.assertIsNone(w.wex_status())  # nothing attached
+        self.assertIn(o, str(e.exception))
+        self.assertIn("normalize_e4m3fn_to_e4m3fnuz", str(e.exception))
+        # Ignored: not refused for it.
+        with unittest.mock.patch.object(torch, "float8_e4m3fnuz", fnuz, create=True):
+            with self.assertRaises(ValueError) as e:
+                w.wex_attach(model=MODEL, group="rocm-fnuz2", checkpoint=False, ignore=[o])
+        self.assertNotIn("normalize_e4m3fn_to_e4m3fnuz", str(e.exception))
+
+    def test_vllm_online_quant_refused(self):
+        """vLLM started with quantization="fp8" on an unquantized checkpoint
+        (config.json without quantization_config) quantizes it after
+        loading (quantization/fp8.py Fp8LinearMethod: ops.scaled_fp8_quant,
+        the weight replaced by qweight.t(), a weight_scale added): the
+        layout's BF16 tensors are not what the kernels read.  Refused
+        naming the quantization, not for the transposed weight's strides
+        alone, nor on ROCm naming VLLM_ROCM_FP8_PADDING, which does not
+        cause it.  Debian's torch has no float8: int8 stands in."""
+        d = self.tmp.name
+        dense = self.engine_params("vllm", 0)
+        o = next(n for n in dense if n.endswith("self_attn.o_proj.weight"))
+        qweight = torch.zeros(tuple(dense[o].shape)[::-1], dtype=torch.int8).t()
+        quant = dict(dense, **{o: qweight, o + "_scale": torch.ones(1)})
+        set_par(tp=(2, 0))
+        for hip in (None, "6.3.0"):
+            w = VllmWorker(d, module_of(quant))
+            w.vllm_config.model_config.quantization = "fp8"
+            with unittest.mock.patch.object(torch.version, "hip", hip, create=True):
+                with self.assertRaises(ValueError) as e:
+                    w.wex_attach(model=MODEL, group="online-quant", checkpoint=False)
+            self.assertIsNone(w.wex_status())  # nothing attached
+            self.assertIn("quantization='fp8'", str(e.exception))
+            self.assertIn("without --quantization", str(e.exception))
+            self.assertNotIn("PADDING", str(e.exception))
+        # A quantization that does not quantize at load: not refused for it.
+        w = VllmWorker(d, module_of(dense))
+        w.vllm_config.model_config.quantization = "awq"
+        w.wex_attach(model=MODEL, group="online-quant2", checkpoint=False)
+        w.wex_detach()
 
     def test_vllm_pp_stage_ends(self):
         """vLLM's Qwen3-MoE (and Qwen2-MoE) builds model.embed_tokens,
@@ -1773,6 +1847,54 @@ class EngineHooks(WexdProducerCase):
         self.assertIn("VLLM_USE_DEEP_GEMM=0", attach_error(model_dir, m, layout=layout) or "")
         # A model without block scales is not refused for it.
         self.assertIsNone(attach_error(d, dense))
+        # vLLM requantizes a block-FP8 Linear layer only where
+        # should_use_deepgemm_for_fp8_linear(layer.orig_dtype, weight) says
+        # DeepGEMM runs it (fp8_utils maybe_post_process_fp8_weight_block):
+        # DeepGEMM supported, a bfloat16 model dtype, the weight's shape in
+        # its multiples (here the stand-in's 16).  Its Fp8LinearMethod
+        # layers carry weight_block_size and orig_dtype.
+        blocks = [(n, mod) for n, mod in m.named_modules() if "weight_scale_inv" in mod._parameters]
+        self.assertTrue(blocks)
+        # --dtype float16: DeepGEMM runs no layer, none is requantized.
+        for _, mod in blocks:
+            mod.weight_block_size, mod.orig_dtype = [16, 16], torch.float16
+        supported = {"on": True}
+        dg.should_use_deepgemm_for_fp8_linear = lambda out, weight: (
+            supported["on"] and out == torch.bfloat16 and weight.shape[0] % 16 == 0 and
+            weight.shape[1] % 16 == 0)
+        not_refused(attach_error(model_dir, m))
+        # bfloat16: refused, naming a layer vLLM requantizes.
+        for _, mod in blocks:
+            mod.orig_dtype = torch.bfloat16
+        err = attach_error(model_dir, m) or ""
+        self.assertIn("VLLM_USE_DEEP_GEMM=0", err)
+        self.assertIn(blocks[0][0], err)
+        # A GPU DeepGEMM does not support (is_deep_gemm_supported() false).
+        supported["on"] = False
+        not_refused(attach_error(model_dir, m))
+        supported["on"] = True
+        # A release whose predicate takes the weight's shape.
+        dg.should_use_deepgemm_for_fp8_linear = lambda out, shape: (
+            out == torch.bfloat16 and shape[0] % 16 == 0 and shape[1] % 16 == 0)
+        self.assertIn("VLLM_USE_DEEP_GEMM=0", attach_error(model_dir, m) or "")
+        for _, mod in blocks:
+            mod.orig_dtype = torch.float16
+        not_refused(attach_error(model_dir, m))
+        # A layer that does not say its dtype: refused (cannot tell).
+        del blocks[-1][1].orig_dtype
+        self.assertIn(blocks[-1][0], attach_error(model_dir, m) or "")
+        # A FusedMoE layer with block scales: Fp8MoEMethod requantizes it
+        # whatever the model dtype (about 0.10; later only for DeepGEMM's
+        # backend, which _refuse_moe_relayout refuses).
+        experts = module_of({"model.layers.0.mlp.experts.w13_weight": torch.zeros(2, 32, 16),
+                             "model.layers.0.mlp.experts.w13_weight_scale_inv":
+                             torch.ones(2, 2, 1)})
+        self.assertEqual(wex.vllm._deep_gemm_requant(experts),
+                         ("is_deep_gemm_e8m0_used", "model.layers.0.mlp.experts"))
+        for _, mod in blocks:
+            mod.__dict__.pop("orig_dtype", None)
+            del mod.weight_block_size
+        del dg.should_use_deepgemm_for_fp8_linear
         # An older vLLM's name for it.
         del dg.is_deep_gemm_e8m0_used
         dg.is_blackwell_deep_gemm_used = lambda: flag["on"]

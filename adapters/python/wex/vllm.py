@@ -82,13 +82,23 @@ sync brings the weights) nothing is compared, describe() says so, and
 such transforms go unseen (verify=True cannot see them: it compares
 what wex wrote, not how a kernel reads it): compare the engine's
 outputs after the first sync.  Quantized models whose weights vLLM transforms after loading
-into other shapes (Marlin repacking) are refused by shape.  A
+into other shapes (Marlin repacking) are refused by shape.  An
+unquantized checkpoint that vLLM quantizes after loading (quantization=
+fp8, ptpc_fp8, experts_int8 or bitsandbytes with no quantization_config
+in config.json) is refused, naming it: its kernels read vLLM's own
+quantized tensors.  On ROCm GPUs whose FP8 is the fnuz variant (MI300,
+gfx942) vLLM converts an FP8 e4m3fn checkpoint after loading
+(normalize_e4m3fn_to_e4m3fnuz: weights viewed as e4m3fnuz, scales
+doubled): refused, naming the conversion.  A
 block-FP8 model (quantization_config.weight_block_size) is refused
 wherever vLLM's DeepGEMM E8M0 mode is on (vllm.utils.deep_gemm's
 is_deep_gemm_e8m0_used(), an older vLLM's is_blackwell_deep_gemm_used():
 VLLM_USE_DEEP_GEMM with deep_gemm on Blackwell, and on Hopper in the
 releases that allow it, and VLLM_USE_DEEP_GEMM_E8M0, both on by default
-in recent releases), in which vLLM requantizes the layers DeepGEMM runs
+in recent releases) and a layer is one vLLM requantizes (a FusedMoE
+layer; a Linear layer where its should_use_deepgemm_for_fp8_linear(
+layer.orig_dtype, weight) holds: not with --dtype float16, nor where
+DeepGEMM is unsupported), in which vLLM requantizes the layers DeepGEMM runs
 after loading: their weights and F32 block scales are rewritten with
 power-of-two (UE8M0) scales in place, and on Blackwell the scales then replaced by int32
 tensors of packed exponents in new memory (DeepGEMM there reads only
@@ -121,6 +131,7 @@ first sleep.
 """
 import enum
 import importlib
+import json
 import os
 
 import wex
@@ -362,17 +373,61 @@ def _block_fp8(cfg, module):
     return any(n.endswith("_scale_inv") for n, _ in module.named_parameters())
 
 
-def _deep_gemm_requant():
-    """The vLLM function that says it requantizes block-FP8 weights and
-    scales for DeepGEMM after loading, where it says so, else None.
+# vLLM quantization methods that quantize an unquantized (BF16/FP16)
+# checkpoint while or after loading it, where its config.json has no
+# quantization_config: quantization/fp8.py (Fp8LinearMethod, online where
+# not is_checkpoint_fp8_serialized: ops.scaled_fp8_quant(layer.weight),
+# replace_parameter(layer, "weight", qweight.t()) and a new weight_scale),
+# ptpc_fp8, experts_int8, and bitsandbytes' in-flight quantization.  The
+# layout, from config.json, describes the checkpoint's unquantized tensors.
+_ONLINE_QUANT = ("fp8", "ptpc_fp8", "experts_int8", "bitsandbytes")
+
+
+def _online_quant(mc, cfg):
+    """vLLM's quantization (model_config.quantization) where it is one that
+    quantizes the unquantized checkpoint of config.json `cfg` (a path)
+    after loading (_ONLINE_QUANT), else None."""
+    q = getattr(mc, "quantization", None)
+    if not cfg or str(q) not in _ONLINE_QUANT:
+        return None
+    try:
+        with open(cfg) as f:
+            c = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(c, dict) or c.get("quantization_config") or c.get("compression_config"):
+        return None
+    return str(q)
+
+
+class _Shape(tuple):
+    """A weight's shape, also as .shape: vLLM's
+    should_use_deepgemm_for_fp8_linear takes the weight (weight.shape[0])
+    in some releases, its shape (weight_shape[0]) in others."""
+
+    @property
+    def shape(self):
+        return self
+
+
+def _deep_gemm_requant(module):
+    """(the vLLM function that says it requantizes block-FP8 weights and
+    scales for DeepGEMM after loading, the first layer of `module` it
+    requantizes) where it does, else None.
     vllm/utils/deep_gemm.py: is_deep_gemm_e8m0_used() (True with
     VLLM_USE_DEEP_GEMM, deep_gemm installed, Hopper or Blackwell and
     VLLM_USE_DEEP_GEMM_E8M0; both variables default to 1 in recent
     releases); older releases' is_blackwell_deep_gemm_used().  Where it is
     true, fp8_utils' requant_weight_ue8m0_inplace rewrites a layer's FP8
-    weight and F32 weight_scale_inv in place with power-of-two scales
-    (Fp8LinearMethod, where should_use_deepgemm_for_fp8_linear; Fp8MoEMethod,
-    for any kernel in about 0.10, DeepGEMM's in later ones), and
+    weight and F32 weight_scale_inv in place with power-of-two scales:
+    Fp8LinearMethod's layers (maybe_post_process_fp8_weight_block) only
+    where should_use_deepgemm_for_fp8_linear(layer.orig_dtype, weight)
+    (DeepGEMM supported here, a bfloat16 model dtype, the weight's shape
+    in DeepGEMM's multiples), asked here of each layer with a
+    weight_block_size; Fp8MoEMethod's (w13_weight) for any kernel in about
+    0.10, DeepGEMM's in later ones (which _refuse_moe_relayout refuses).
+    A block-FP8 layer without the attributes that predicate reads, or a
+    vLLM without it, counts as requantized.
     deepgemm_post_process_fp8_weight_block's transform_sf_into_required_layout
     then replaces the scales on Blackwell with int32 tensors of packed
     UE8M0 exponents, MN-major, in new memory (replace_parameter)."""
@@ -383,7 +438,30 @@ def _deep_gemm_requant():
     for name in ("is_deep_gemm_e8m0_used", "is_blackwell_deep_gemm_used"):
         fn = getattr(dg, name, None)
         if callable(fn):
-            return name if fn() else None
+            break
+    else:
+        return None
+    if not fn():
+        return None
+    linear = getattr(dg, "should_use_deepgemm_for_fp8_linear", None)
+    for lname, m in module.named_modules():
+        params = dict(m.named_parameters(recurse=False))
+        if "w13_weight" in params:  # FusedMoE
+            if getattr(m, "weight_block_size", None) is not None or \
+                    any(k.endswith("_scale_inv") for k in params):
+                return name, lname
+            continue
+        if getattr(m, "weight_block_size", None) is None and "weight_scale_inv" not in params:
+            continue  # not a block-FP8 layer
+        w = params.get("weight")
+        if w is None:
+            continue
+        dtype = getattr(m, "orig_dtype", None)
+        if not callable(linear) or dtype is None or \
+                getattr(m, "weight_block_size", None) is None:
+            return name, lname  # cannot tell: counted as requantized
+        if linear(dtype, _Shape(w.shape)):
+            return name, lname
     return None
 
 
@@ -403,15 +481,38 @@ def _deep_gemm_requant():
 _ROCM_PADDING = (("w13_weight", "VLLM_ROCM_MOE_PADDING"), ("w2_weight", "VLLM_ROCM_MOE_PADDING"))
 
 
+# The FP8 types of ROCm MI300 (gfx942).  There vLLM's Fp8LinearMethod and
+# Fp8MoEMethod (current_platform.is_fp8_fnuz(); quantization/utils/
+# w8a8_utils.py normalize_e4m3fn_to_e4m3fnuz, called from fp8_utils'
+# process_fp8_weight_*_strategy) turn a loaded e4m3fn weight into
+# weight.view(torch.float8_e4m3fnuz) (the bit pattern -0.0, -128, set to 0)
+# and its scales into new tensors times 2: e4m3fnuz reads each byte as half
+# the e4m3fn value.  wex has no such element type, and the trainer's e4m3fn
+# bytes would be read as other values.
+_FNUZ = ("float8_e4m3fnuz", "float8_e5m2fnuz")
+
+
 def _refuse_strided(named, strip_prefix, ignore):
     """Raises ValueError, naming it and the vLLM setting that made it,
     for the first parameter wex_attach would attach (not ignored) that is
     not contiguous: vLLM's ROCm padding (_ROCM_PADDING) leaves the
-    weights' rows apart, where the layout's pieces are in C order."""
+    weights' rows apart, where the layout's pieces are in C order; or
+    that vLLM converted to an FP8 fnuz type (_FNUZ), naming the
+    conversion."""
     import torch  # vLLM's workers have it
 
     kept, _ = select_parameters(named, strip_prefix, ignore)
+    fnuz = [getattr(torch, n) for n in _FNUZ if hasattr(torch, n)]
     for name, t in kept:
+        if t.dtype in fnuz:
+            raise ValueError(
+                "wex_attach: %s is %s: vLLM on ROCm GPUs whose FP8 is the fnuz variant "
+                "(MI300, gfx942) converts an FP8 e4m3fn checkpoint after loading "
+                "(normalize_e4m3fn_to_e4m3fnuz: the weights reinterpreted as e4m3fnuz, "
+                "their scales doubled in new tensors), and the trainer's e4m3fn bytes and "
+                "scales copied in would be read as other values: wex cannot sync FP8 "
+                "weights into vLLM on this GPU; serve the model unquantized (a BF16 "
+                "checkpoint), or on a GPU with e4m3fn FP8" % (name, str(t.dtype).split(".")[-1]))
         if t.numel() == 0 or t.is_contiguous():
             continue
         if getattr(torch.version, "hip", None):
@@ -423,6 +524,13 @@ def _refuse_strided(named, strip_prefix, ignore):
         else:
             why = ("vLLM laid it out with other strides after loading, and the vllm layout "
                    "places its pieces in C order")
+            if name.endswith(("_scale_inv", "weight_scale")):
+                # Fp8MoEMethod (get_col_major_tma_aligned_tensor) and
+                # fp8_utils' deepgemm_post_process_fp8_weight_block
+                # (transform_sf_into_required_layout) replace block scales
+                # for DeepGEMM with MN-major ones in new memory.
+                why += ("; vLLM's DeepGEMM kernels keep block scales column-major (TMA-"
+                        "aligned) in new memory: start vLLM with VLLM_USE_DEEP_GEMM=0")
         raise ValueError("wex_attach: %s is not contiguous (shape %s, strides %s): %s"
                          % (name, tuple(t.shape), tuple(t.stride()), why))
 
@@ -605,17 +713,26 @@ class WorkerExtension:
             "w13_weight" in n for n, _ in self._wex_model().named_parameters())
         if experts:
             _refuse_moe_relayout(getattr(self, "vllm_config", None), self._wex_model())
-        if _block_fp8(cfg, self._wex_model()):
-            requant = _deep_gemm_requant()
-            if requant:
-                raise ValueError(
-                    "wex_attach: vLLM requantizes this block-FP8 model's weights and scales for "
-                    "DeepGEMM after loading (vllm.utils.deep_gemm.%s() is true): its FP8 "
-                    "weights and F32 weight_scale_inv are rewritten with power-of-two (UE8M0) "
-                    "scales, and on Blackwell the scales become int32 tensors of packed "
-                    "exponents in new memory (and DeepGEMM there reads only each scale's "
-                    "exponent): the trainer's F32 scales copied in place would not fit or be "
-                    "read as other values; start vLLM with VLLM_USE_DEEP_GEMM=0" % requant)
+        online = _online_quant(mc, cfg)
+        if online:
+            raise ValueError(
+                "wex_attach: vLLM quantizes this unquantized checkpoint after loading it "
+                "(quantization=%r; the model's config.json has no quantization_config): the "
+                "weights it computes with are its own quantized tensors and scales (an FP8 "
+                "weight transposed, in new memory), not the checkpoint's tensors the layout "
+                "describes: start vLLM without --quantization (or serve a checkpoint "
+                "quantized before loading)" % online)
+        requant = _block_fp8(cfg, self._wex_model()) and _deep_gemm_requant(self._wex_model())
+        if requant:
+            raise ValueError(
+                "wex_attach: vLLM requantizes this block-FP8 model's weights and scales for "
+                "DeepGEMM after loading (vllm.utils.deep_gemm.%s() is true; layer %s is "
+                "one it requantizes): its FP8 weights and F32 weight_scale_inv are rewritten "
+                "with power-of-two (UE8M0) scales, and on Blackwell the scales become int32 "
+                "tensors of packed exponents in new memory (and DeepGEMM there reads only "
+                "each scale's exponent): the trainer's F32 scales copied in place would not "
+                "fit or be read as other values; start vLLM with VLLM_USE_DEEP_GEMM=0"
+                % (requant[0], requant[1] or "(the model)"))
         index = getattr(pc, "data_parallel_index", None)
         if group and "{dp}" in group:
             if experts and par["dp"] > 1:
