@@ -797,6 +797,74 @@ class Binding(WexdProducerCase):
             self.assertTrue(reserved and reserved[0])
             self.assertIn((reserved[0], 4096), c._regions)
 
+        # A segment: kept for the same call again, which returns it (no
+        # second segment, nor the same memory registered twice); a call
+        # after that makes a new one.
+        with self.subTest("segments"):
+            import mmap
+            p = wex.Client(wex.ROLE_PRODUCER, "intr-seg", rank=0, world_size=1,
+                           timeout_ms=10000)
+            self.addCleanup(p.close)
+            fd = os.memfd_create("pyglue-intr")
+            self.addCleanup(os.close, fd)
+            os.ftruncate(fd, 4096)
+            mm = mmap.mmap(fd, 4096)
+            addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+            for name, call, out in (
+                    ("wex_segment_alloc", lambda: p.segment_alloc(wex.SEG_HOST, 4096),
+                     lambda a: (a[4]._obj.value, a[5]._obj.value)),
+                    ("wex_segment_register_fd", lambda: p.register_fd(fd, addr, 4096),
+                     lambda a: a[4]._obj.value)):
+                real, made = getattr(L, name), []
+
+                def first_raises(*args, real=real, made=made, out=out):
+                    ret = real(*args)
+                    made.append(out(args))
+                    if len(made) == 1:
+                        raise KeyboardInterrupt
+                    return ret
+                setattr(L, name, first_raises)
+                self.addCleanup(setattr, L, name, real)
+                with self.assertRaises(KeyboardInterrupt):
+                    call()
+                self.assertEqual(call(), made[0], name)
+                self.assertEqual(len(made), 1, name)
+                self.assertNotEqual(call(), made[0], name)
+                self.assertEqual(len(made), 2, name)
+
+        # A publish that succeeded: the same publish again succeeds (it
+        # said "begin_write it first"), nothing published twice; one
+        # after it is refused as before.
+        with self.subTest("publish"):
+            p = wex.Client(wex.ROLE_PRODUCER, "intr-pub", rank=0, world_size=1,
+                           timeout_ms=10000)
+            self.addCleanup(p.close)
+            seg, _ = p.segment_alloc(wex.SEG_HOST, 4096)
+            p.register_tensors([wex.tensor("a", "BF16", (16,), segment=seg, offset=0)])
+            p.begin_write(1)
+            real, published = L.wex_publish, []
+
+            def first_raises(h, v):
+                ret = real(h, v)
+                published.append((v, ret))
+                if len(published) == 1:
+                    raise KeyboardInterrupt
+                return ret
+            L.wex_publish = first_raises
+            self.addCleanup(setattr, L, "wex_publish", real)
+            with self.assertRaises(KeyboardInterrupt):
+                p.publish(1)
+            p.publish(1)
+            self.assertEqual(published[:2], [(1, 0), (1, -errno.EINVAL)])
+            with self.assertRaises(wex.WexError) as e:
+                p.publish(1)
+            self.assertEqual(e.exception.code, errno.EINVAL)
+            with self.assertRaises(wex.WexError) as e:
+                p.begin_write(1)
+            self.assertEqual(e.exception.code, errno.EALREADY)
+            p.begin_write(2)
+            p.publish(2)
+
         # Device memory: freed, nothing else ever would.
         with self.subTest("cuda_alloc"):
             if not hasattr(L, "wex_cuda_malloc"):

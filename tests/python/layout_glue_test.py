@@ -24,6 +24,9 @@ readers and round trips elsewhere (planner_convert*).  Then:
     layouts that cannot exist (tp=3 of 4 heads) or a rank past the world;
   - four threads asking one Layout for ranks 0 and 1 at once get the
     same tables as one thread (its calls take turns).
+  - wex.trainer.TrainerRank with FSDP2 DTensors (stand-ins) and the fsdp
+    layout: registered as their local shards, a shard swapped into new
+    memory refused by write() by name; pairs of to_local() results refused.
 Needs Debian's python3-torch (exit 77 with the reason without it).
 Environment: WEX_LIB, WEXD_BIN, WEXCTL_BIN, PYTHONPATH with adapters/python.
 """
@@ -245,6 +248,75 @@ class LayoutGlue(WexdProducerCase):
             torch_util.register_module(None, [("model.embed_tokens.weight", StandInDTensor())],
                                        segments=[], layout=wex.Layout(cfg, "hf"), rank=0)
         self.assertIn("DTensor", str(e.exception))
+
+    def test_trainer_fsdp_shards(self):
+        """wex.trainer.TrainerRank with FSDP2 parameters and an fsdp layout:
+        the DTensors given as pairs register as their local shards, and a
+        shard FSDP2 swaps into new memory (lazy_init, reshard after a
+        state-dict load, to()) is refused by write(), naming it, while the
+        rank writes on once it is back; pairs of to_local() results (a
+        view of the shard's memory of that moment: a swap would go unseen,
+        engines reading the old memory) are refused, naming them."""
+        import wex.trainer
+        _, cfg = paths()
+        layout = wex.Layout(cfg, "fsdp:fsdp=1")
+        c = wex.Client(wex.ROLE_PRODUCER, "tinyqwen-fsdp", rank=0, world_size=1,
+                       timeout_ms=10000)
+        self.addCleanup(c.close)
+        phys = layout.rank(0)
+        size = sum(torch_util._storage_bytes(torch.zeros(s, dtype=torch_util.torch_dtype(dt)))
+                   + 64 for _, dt, s, _ in phys)
+        seg, base = c.segment_alloc(wex.SEG_HOST, size)
+        locals_, at = {}, base
+        for name, dt, shape, _ in phys:
+            t = torch_util.from_ptr(at, shape, torch_util.torch_dtype(dt), device="cpu")
+            locals_[name] = t
+            at += t.numel() * t.element_size() + 64
+
+        class _ToTorchTensor(torch.autograd.Function):
+            # DTensor.to_local() under autograd.
+            @staticmethod
+            def forward(ctx, local):
+                return local.view_as(local)
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad
+
+
+        class DTensor:
+            # What the glue reads of an FSDP2 DTensor (torch 1.13 has none).
+            placements, device_mesh = ("Shard(0)",), "mesh"
+
+            def __init__(self, local):
+                self._local_tensor = local
+
+            def to_local(self):
+                return _ToTorchTensor.apply(self._local_tensor.requires_grad_())
+
+        params = [(n, DTensor(t)) for n, t in locals_.items()]
+        with self.assertRaises(ValueError) as e:
+            wex.trainer.TrainerRank("tinyqwen-fsdp", [(n, p.to_local()) for n, p in params],
+                                    rank=0, world_size=1, layout=layout, client=c,
+                                    segments=[(seg, base, size)])
+        self.assertIn("%s, %s, %s and %d more: the local shard a DTensor's to_local() "
+                      "returned" % (params[0][0], params[1][0], params[2][0], len(params) - 3),
+                      str(e.exception))
+        self.assertIn("pass the DTensors themselves", str(e.exception))
+        t = wex.trainer.TrainerRank("tinyqwen-fsdp", params, rank=0, world_size=1,
+                                    layout=layout, client=c, segments=[(seg, base, size)])
+        t.publish(1)
+        name, p = params[0]
+        old = p._local_tensor
+        p._local_tensor = old.detach().clone()       # FSDP2's reset_sharded_param
+        self.assertEqual(t.moved(), [name + " (re-allocated)"])
+        with self.assertRaises(ValueError) as e:
+            t.publish(2)
+        self.assertIn("%s (re-allocated); nothing begun" % name, str(e.exception))
+        p._local_tensor = old
+        with t.write(2):
+            old.detach().fill_(1.0)
+        self.assertEqual((t.describe()["version"], t.describe()["writing"]), (2, None))
 
     def test_layout_threads(self):
         # wex_layout_rank's arrays live until its next call: threads take turns.

@@ -42,6 +42,7 @@ SEG_HOST, SEG_CUDA_VMM, SEG_CUDA_IPC, SEG_HOST_PINNED = 1, 2, 3, 4
 SYNC_COPY, SYNC_REMAP_VIEW, SYNC_REMAP_FIXED = 1, 2, 3
 SYNC_VERIFY = 1 << 8  # or'ed into SYNC_COPY / SYNC_REMAP_FIXED: compare every byte
 _SEG_KINDS = "wex.SEG_HOST, wex.SEG_HOST_PINNED, wex.SEG_CUDA_VMM or wex.SEG_CUDA_IPC"
+_NO_SEGMENT = 0xFFFFFFFF  # (a segment id no call returned)
 _SYNC_MODES = "wex.SYNC_COPY, wex.SYNC_REMAP_VIEW or wex.SYNC_REMAP_FIXED"
 
 ERRNO_BASE = 4096
@@ -655,6 +656,14 @@ class Client:
         self._lib = L
         self._timeout_ms = p.timeout_ms if timeout_ms is not None else None
         self._regions = []  # (address, size) of what reserve() returned
+        # Segments whose call succeeded as a signal's handler raised
+        # (Ctrl-C's KeyboardInterrupt as the C call returned, before
+        # Python had the id): {(call, its arguments): what it returns},
+        # returned by the same call again instead of a second segment.
+        self._unclaimed = {}
+        # The version of a publish that raised other than as a WexError
+        # (Ctrl-C as it returned): libwex may have published it.
+        self._pub_raised = None
         self._attached = []  # what holds the attached buffers (torch_util.attach_module)
         # View tensors alive (torch_util.view_tensors): [weakref to what
         # holds one's memory, name, prank, address, bytes, host]; a sync
@@ -881,6 +890,7 @@ class Client:
             self._lib.wex_client_close(h)
         self._regions = []
         self._attached = []
+        self._unclaimed = {}
 
     def __enter__(self):
         return self
@@ -898,27 +908,44 @@ class Client:
 
     # Producers ---------------------------------------------------------
 
+    def _segment_call(self, what, fn, args, outs, result):
+        """_call of a call that makes a segment (fn(handle, *args, *outs),
+        which fills outs only where it succeeds): where a signal's handler
+        raises as it returns (Ctrl-C), the segment, held by the client
+        until close() (libwex frees none earlier), is kept for the same
+        call again, which returns it instead of making a second."""
+        key = (what,) + tuple(getattr(a, "value", a) for a in args)
+        with self._lock:
+            if key in self._unclaimed:
+                return self._unclaimed.pop(key)
+            try:
+                self._call(what, fn, *args, *map(ctypes.byref, outs))
+            except BaseException:
+                if outs[-1].value is not None and outs[-1].value != _NO_SEGMENT:
+                    self._unclaimed[key] = result()
+                raise
+        return result()
+
     def segment_alloc(self, kind, size, device=0):
         """Returns (segment id, address in this process)."""
-        sid, ptr = ctypes.c_uint32(), ctypes.c_void_p()
-        self._call("segment_alloc", self._lib.wex_segment_alloc,
-                   _c_int(kind, "kind", _SEG_KINDS), _c_int(device, "device"),
-                   _uint(size, 64, "size"), ctypes.byref(sid), ctypes.byref(ptr))
-        return sid.value, ptr.value
+        sid, ptr = ctypes.c_uint32(_NO_SEGMENT), ctypes.c_void_p()
+        return self._segment_call("segment_alloc", self._lib.wex_segment_alloc,
+                                  (_c_int(kind, "kind", _SEG_KINDS), _c_int(device, "device"),
+                                   _uint(size, 64, "size")), (sid, ptr),
+                                  lambda: (sid.value, ptr.value))
 
     def register_ptr(self, kind, ptr, size):
-        sid = ctypes.c_uint32()
-        self._call("register_ptr", self._lib.wex_segment_register_ptr,
-                   _c_int(kind, "kind", "wex.SEG_CUDA_VMM or wex.SEG_CUDA_IPC"),
-                   _ptr(ptr, "ptr"), _uint(size, 64, "size"), ctypes.byref(sid))
-        return sid.value
+        sid = ctypes.c_uint32(_NO_SEGMENT)
+        return self._segment_call("register_ptr", self._lib.wex_segment_register_ptr,
+                                  (_c_int(kind, "kind", "wex.SEG_CUDA_VMM or wex.SEG_CUDA_IPC"),
+                                   _ptr(ptr, "ptr"), _uint(size, 64, "size")), (sid,),
+                                  lambda: sid.value)
 
     def register_fd(self, fd, ptr, size):
-        sid = ctypes.c_uint32()
-        self._call("register_fd", self._lib.wex_segment_register_fd,
-                   _c_int(fd, "fd", "a file descriptor"), _ptr(ptr, "ptr"),
-                   _uint(size, 64, "size"), ctypes.byref(sid))
-        return sid.value
+        sid = ctypes.c_uint32(_NO_SEGMENT)
+        return self._segment_call("register_fd", self._lib.wex_segment_register_fd,
+                                  (_c_int(fd, "fd", "a file descriptor"), _ptr(ptr, "ptr"),
+                                   _uint(size, 64, "size")), (sid,), lambda: sid.value)
 
     def register_tensors(self, tensors):
         arr = _tensors(tensors, "register_tensors")
@@ -926,6 +953,7 @@ class Client:
 
     def begin_write(self, version, timeout_ms=0):
         v = _uint(version, 64, "version")
+        self._pub_raised = None
         self._call_wait("begin_write", self._lib.wex_begin_write,
                         _uint(timeout_ms, 32, "timeout_ms"), lambda t: (v, t))
 
@@ -934,8 +962,22 @@ class Client:
         # (libwex tries again while no wexd answers, up to the client's
         # timeout; a signal ends those tries: -EINTR, called again, and
         # that call goes on with the interrupted one's time.)
-        self._call_wait("publish", lambda h, _t: self._lib.wex_publish(h, v), 0,
-                        lambda t: (t,))
+        # Where Ctrl-C's KeyboardInterrupt (a signal's handler) raised as
+        # a publish of v that succeeded returned, libwex wrote v and
+        # refuses the next publish of it ("begin_write it first", nothing
+        # begun since): that publish succeeds, as libwex's does where a
+        # reconnect found the version published.
+        raised, self._pub_raised = self._pub_raised, None
+        try:
+            self._call_wait("publish", lambda h, _t: self._lib.wex_publish(h, v), 0,
+                            lambda t: (t,))
+        except WexError as e:
+            if raised == v and e.code == errno.EINVAL and "begin_write it first" in str(e):
+                return
+            raise
+        except BaseException:
+            self._pub_raised = v
+            raise
 
     # Consumers ---------------------------------------------------------
 

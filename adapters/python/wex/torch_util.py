@@ -288,7 +288,9 @@ def _layout_items(items, layout, rank):
     for name, t in items:
         if _is_dtensor(t):
             raise ValueError("%s is a DTensor: pass its local shard (to_local()) with an "
-                             "fsdp:fsdp=N layout, whose rank holds that shard" % name)
+                             "fsdp:fsdp=N layout, whose rank holds that shard (wex.trainer."
+                             "TrainerRank takes the DTensors, and finds their shards at "
+                             "each write)" % name)
     phys = {name: (dt, shape, pieces) for name, dt, shape, pieces in layout.rank(rank)}
     given = dict(items)
     missing = [n for n in phys if n not in given]

@@ -34,7 +34,12 @@ PyTorch 2.5 until its PR #163130; an assignment to .data) is refused by
 write(), naming it (moved()); given the parameters as a callable
 (model.named_parameters, the bound method, not its result), so is one
 replaced by a Parameter in new memory (module.weight = Parameter(new)),
-removed or added.
+removed or added.  FSDP2's DTensors are given as they are, with an fsdp
+layout too (each registers as its local shard, and write() looks for the
+shard where the DTensor has it now: FSDP2 swaps shards into new memory at
+lazy_init, at the reshard after a state-dict load and at to()); pairs of
+their to_local() results, which keep the memory of the moment, are
+refused.
 """
 import contextlib
 import errno
@@ -52,6 +57,17 @@ def _local(t):
         return t
     local = getattr(t, "_local_tensor", None)
     return local if local is not None else t.to_local()
+
+
+def _from_to_local(t):
+    """Whether t is what a DTensor's to_local() returned under autograd
+    (its grad_fn is DTensor's _ToTorchTensor): a view of the shard's
+    memory of that moment, with nothing leading back to the DTensor, so a
+    shard FSDP2 later swaps into new memory (lazy_init, reshard after a
+    state-dict load, to()) would not be seen.  (Under torch.no_grad(),
+    to_local() returns the _local_tensor itself, which nothing tells
+    apart from any tensor.)"""
+    return type(getattr(t, "grad_fn", None)).__name__ == "_ToTorchTensorBackward"
 
 
 def _same_sharding(a, b):
@@ -96,14 +112,29 @@ class TrainerRank:
             named_parameters() if self._resolve else named_parameters, *self._select)
         if not items:
             raise ValueError("no parameters to register (%d ignored)" % len(self.ignored))
+        if self._resolve is None:
+            shards = [n for n, t in items if _from_to_local(t)]
+            if shards:
+                raise ValueError(
+                    "%s: the local shard a DTensor's to_local() returned (FSDP2): a "
+                    "view of the shard's memory of now, which FSDP2 swaps for new memory "
+                    "(lazy_init, reshard after a state-dict load, to()) unseen; pass the "
+                    "DTensors themselves (model.named_parameters(), with a layout too), "
+                    "or model.named_parameters (the bound method): write() then checks "
+                    "their shards where they are" % (", ".join(shards[:3]) + (
+                        " and %d more" % (len(shards) - 3) if len(shards) > 3 else "")))
         self.model, self.rank, self.world_size = model, rank, world_size
         self._own = client is None
         self.client = client or wex.Client(wex.ROLE_PRODUCER, model, rank=rank,
                                            world_size=world_size, socket=socket,
                                            timeout_ms=timeout_ms, watch=watch)
         try:
+            # (With a layout, which gives every box, a DTensor registers
+            # as its local shard; self._where keeps the DTensor, whose
+            # shard write() finds where it is now.)
             self.segments = torch_util.register_module(
-                self.client, items, kind=kind, segments=segments, boxes=boxes,
+                self.client, items if self.layout is None else
+                [(n, _local(t)) for n, t in items], kind=kind, segments=segments, boxes=boxes,
                 layout=self.layout, rank=rank if self.layout is not None else None)
         except BaseException:
             if self._own:
