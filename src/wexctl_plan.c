@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -1232,7 +1233,8 @@ static uint64_t op_bytes(const struct wex_copy_op *op)
  * between steps, so that the files written so far are removed before the
  * signal, once unblocked, ends the process (it left the ranks done as
  * NAME.partial and the one being written as NAME.partial.tmp.PID, a
- * checkpoint's size of hidden files, more with every retry). */
+ * checkpoint's size of hidden files, more with every retry; what SIGKILL
+ * leaves the next convert into OUTDIR removes: drop_dead_partials). */
 static void stop_signals(sigset_t *set)
 {
 	sigemptyset(set);
@@ -1286,6 +1288,139 @@ static int copy_rank(const struct wex_plan *p, struct bases *bs, const struct we
 	return ret;
 }
 
+/* The lock a convert holds on OUTDIR while it writes there, removed as it
+ * ends: a second convert into OUTDIR is refused naming the first, and one
+ * that takes it knows that the staged files there are those of a convert
+ * that died (SIGKILL, the OOM killer) with no time to remove them. */
+#define CONVERT_LOCK ".wexctl-convert.lock"
+
+/* Takes OUTDIR's lock into *fd (-1 where the file system has no flock:
+ * nothing is then known of other converts).  -EBUSY, with err naming its
+ * holder, where another convert holds it. */
+static int outdir_lock(const char *outdir, int *fd, char *err, size_t errlen)
+{
+	char path[4200], pid[32];
+	struct stat a, b;
+	int n;
+
+	snprintf(path, sizeof(path), "%s/" CONVERT_LOCK, outdir);
+	for (;;) {
+		*fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+		if (*fd < 0) {
+			int e = errno;
+
+			seterr(err, errlen, "%s: %s", path, strerror(e));
+			return -e;
+		}
+		if (flock(*fd, LOCK_EX | LOCK_NB) < 0) {
+			int e = errno;
+			ssize_t r = e == EWOULDBLOCK ? pread(*fd, pid, sizeof(pid) - 1, 0) : -1;
+
+			close(*fd);
+			*fd = -1;
+			if (e != EWOULDBLOCK) {
+				unlink(path);
+				fprintf(stderr, "wexctl convert: warning: %s: flock: %s: a convert into "
+					"%s at the same time is not refused, nor files an earlier one "
+					"left removed\n", path, strerror(e), outdir);
+				return 0;
+			}
+			pid[r > 0 ? r : 0] = '\0';
+			pid[strcspn(pid, "\n")] = '\0';
+			seterr(err, errlen, "%s is being written by another wexctl convert (pid %s, "
+			       "holding %s): wait for it to end, or choose another OUTDIR", outdir,
+			       pid[0] ? pid : "?", path);
+			return -EBUSY;
+		}
+		/* Removed by the convert that held it, ending, between our
+		 * open and flock: lock the one now there. */
+		if (fstat(*fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev &&
+		    a.st_ino == b.st_ino)
+			break;
+		close(*fd);
+	}
+	n = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+	if (ftruncate(*fd, 0) < 0 || pwrite(*fd, pid, (size_t)n, 0) != n) {
+		/* only the holder's name, for a second convert's message */
+	}
+	return 0;
+}
+
+/* Whether process pid is running `wexctl convert`. */
+static int is_convert(long pid)
+{
+	char path[64], cmd[4096];
+	int fd, wexctl = 0, convert = 0;
+	ssize_t n;
+
+	if (kill((pid_t)pid, 0) < 0 && errno == ESRCH)
+		return 0;
+	snprintf(path, sizeof(path), "/proc/%ld/cmdline", pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno != ENOENT; /* alive, unknown: kept */
+	n = read(fd, cmd, sizeof(cmd) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0; /* a zombie, or a kernel thread */
+	cmd[n] = '\0';
+	for (char *a = cmd; a < cmd + n; a += strlen(a) + 1) {
+		const char *base = strrchr(a, '/') ? strrchr(a, '/') + 1 : a;
+
+		wexctl |= !strncmp(base, "wexctl", 6);
+		convert |= wexctl && !strcmp(a, "convert");
+	}
+	return convert;
+}
+
+/* With OUTDIR's lock held: removes what a convert that died left there,
+ * NAME.partial and NAME.partial.tmp.PID, NAME a .safetensors file (but
+ * for a PID still running wexctl convert, one that took no lock), saying
+ * so.  Nothing else. */
+static void drop_dead_partials(const char *outdir)
+{
+	DIR *d = opendir(outdir);
+	struct dirent *e;
+	uint64_t total = 0;
+	size_t n = 0;
+	char sz[32];
+
+	if (!d)
+		return;
+	while ((e = readdir(d))) {
+		const char *name = e->d_name, *dot = strrchr(name, '.');
+		size_t l = strlen(name);
+		char path[4400];
+		struct stat st;
+
+		/* (Only the names convert stages: NAME.safetensors.partial.) */
+		if (l <= 20 || strcmp(name + l - 20, ".safetensors.partial")) {
+			long pid;
+
+			if (!dot || dot - name <= 24 || strncmp(dot - 24, ".safetensors.partial.tmp", 24) ||
+			    !dot[1] ||
+			    strspn(dot + 1, "0123456789") != strlen(dot + 1) || strlen(dot + 1) >= 10)
+				continue;
+			pid = strtol(dot + 1, NULL, 10);
+			if (pid == (long)getpid() || (pid > 0 && is_convert(pid)))
+				continue;
+		}
+		snprintf(path, sizeof(path), "%s/%s", outdir, name);
+		if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode) || unlink(path) < 0)
+			continue;
+		fprintf(stderr, "wexctl convert: removed %s (%s, %llu bytes), staged by an earlier "
+			"convert that did not end (killed)\n", path,
+			size_str(sz, sizeof(sz), (uint64_t)st.st_size), (unsigned long long)st.st_size);
+		total += (uint64_t)st.st_size;
+		n++;
+	}
+	closedir(d);
+	if (n > 1)
+		fprintf(stderr, "wexctl convert: removed %zu files (%s, %llu bytes) left by earlier "
+			"converts into %s\n", n, size_str(sz, sizeof(sz), total),
+			(unsigned long long)total, outdir);
+}
+
 int wexctl_cmd_convert(int argc, char **argv)
 {
 	struct opts o;
@@ -1300,7 +1435,7 @@ int wexctl_cmd_convert(int argc, char **argv)
 	int ret = 0, rc = 1;
 	struct names names = { 0 }; /* the files written, as NAME.partial until renamed */
 	size_t nnames = 0;
-	int staged = 1, hf, blocked = 0;
+	int staged = 1, hf, blocked = 0, lockfd = -1;
 	sigset_t stop, old;
 
 	if ((ret = parse_opts(argc, argv, &o, 2)) != 0)
@@ -1452,6 +1587,11 @@ int wexctl_cmd_convert(int argc, char **argv)
 		ret = -errno;
 		goto fail;
 	}
+	ret = outdir_lock(o.pos[1], &lockfd, err, sizeof(err));
+	if (ret < 0)
+		goto fail;
+	if (lockfd >= 0)
+		drop_dead_partials(o.pos[1]);
 	/* Every file is written as NAME.partial and renamed to its name only
 	 * once all files are: a convert that fails (disk full) or is killed
 	 * half way never leaves new ranks beside the old ones of an earlier
@@ -1708,6 +1848,15 @@ fail:
 		unlink(path);
 	}
 out:
+	if (lockfd >= 0) {
+		char path[4200];
+
+		/* Removed while still held: a convert that opened it since
+		 * sees it gone and takes the new one. */
+		snprintf(path, sizeof(path), "%s/" CONVERT_LOCK, o.pos[1]);
+		unlink(path);
+		close(lockfd);
+	}
 	for (size_t k = 0; k < names.cap; k++)
 		free(names.v[k]);
 	free(names.v);

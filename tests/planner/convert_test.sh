@@ -7,7 +7,9 @@
 # (and is named on stderr as not converted).  A source file with a tensor
 # of another shape or dtype, without one, or two files with one tensor
 # are refused naming the files (and both shapes); a --config that is a
-# directory or does not parse is named; SIGTERM leaves OUTDIR empty.
+# directory or does not parse is named; SIGTERM leaves OUTDIR empty; what
+# a killed convert left is removed by the next, and a second convert into
+# one OUTDIR at once is refused naming the first.
 # --to hf also copies the tokenizer and generation config found beside IN
 # or --config (IN's first), never over a file OUTDIR already has; one model.safetensors gets
 # no index, as save_pretrained writes none (an earlier one is removed),
@@ -205,6 +207,46 @@ PYEOF
 	missing) grep -qF "lacks model.layers.0.mlp.down_proj.weight" "$d/vbad.err" ;;
 	esac || { echo "source rank 1 with a bad $how: unclear error: $(cat "$d/vbad.err")"; exit 1; }
 done
+# A convert killed (SIGKILL, the OOM killer) leaves its staged files,
+# hidden and a checkpoint's size, more with every retry: the next convert
+# into OUTDIR removes them (the .tmp.PID's writer gone or not wexctl
+# convert), saying so with their bytes, and nothing else.
+mkdir "$d/o-dead"
+head -c 1000 /dev/zero >"$d/o-dead/rank-0.safetensors.partial"
+head -c 2000 /dev/zero >"$d/o-dead/rank-1.safetensors.partial.tmp.999999999"
+head -c 3000 /dev/zero >"$d/o-dead/rank-1.safetensors.partial.tmp.$$"
+echo 999999999 >"$d/o-dead/.wexctl-convert.lock" # the lock of the one killed
+for f in notes.partial.txt rank-0.safetensors.partial.tmp.x1 config.json.tmp.12 .partial download.partial model.bin.partial.tmp.999999999; do
+	echo keep >"$d/o-dead/$f"
+done
+"$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to vllm:tp=2 "$d/hf" "$d/o-dead" 2>"$d/dead.err" ||
+	{ echo "convert into an OUTDIR a killed convert left: $(cat "$d/dead.err")"; exit 1; }
+left=$(cd "$d/o-dead" && LC_ALL=C ls -A | tr '\n' ' ')
+[ "$left" = ".partial config.json.tmp.12 download.partial model.bin.partial.tmp.999999999 notes.partial.txt rank-0.safetensors rank-0.safetensors.partial.tmp.x1 rank-1.safetensors " ] ||
+	{ echo "convert into an OUTDIR a killed convert left: left $left"; exit 1; }
+for b in 1000 2000 3000; do
+	grep -q "removed $d/o-dead/rank-.* $b bytes)" "$d/dead.err" ||
+		{ echo "the $b bytes a killed convert left are removed unsaid: $(cat "$d/dead.err")"; exit 1; }
+done
+grep -qF "removed 3 files" "$d/dead.err" || { echo "no total of what was removed: $(cat "$d/dead.err")"; exit 1; }
+# Two converts into one OUTDIR at once: the second (here while the test
+# holds the first's lock) is refused naming the first, and removes
+# nothing of what the first stages.
+mkdir "$d/o-busy"
+echo staged >"$d/o-busy/rank-0.safetensors.partial"
+$PY - "$d/o-busy" "$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to vllm:tp=2 "$d/hf" "$d/o-busy" 2>"$d/busy.err" >"$d/busy.pid" <<'PYEOF'
+import fcntl, os, subprocess, sys
+f = open(sys.argv[1] + "/.wexctl-convert.lock", "w")
+fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+f.write("%d\n" % os.getpid())
+f.flush()
+print(os.getpid(), flush=True)
+sys.exit(subprocess.run(sys.argv[2:]).returncode)
+PYEOF
+rc=$?
+[ $rc = 1 ] && [ -e "$d/o-busy/rank-0.safetensors.partial" ] && [ ! -e "$d/o-busy/rank-0.safetensors" ] &&
+	grep -qF "$d/o-busy is being written by another wexctl convert (pid $(cat "$d/busy.pid")," "$d/busy.err" ||
+	{ echo "a second convert into one OUTDIR: exit $rc, not refused naming the first: $(cat "$d/busy.err"); left: $(ls -A "$d/o-busy")"; exit 1; }
 # SIGTERM (Ctrl-C, a scheduler's preemption) half way leaves nothing in
 # OUTDIR: it left the ranks written so far as rank-K.safetensors.partial
 # and the one being written as .partial.tmp.PID, a checkpoint's size of
