@@ -103,7 +103,7 @@ static const struct field fields[WEX_CF_COUNT] = {
 		"WEX_MAX_OPEN_FILES", "0", 0, 1 << 30, NULL, NULL, 0,
 		"file-descriptor limit wexd sets for itself at start (it holds one per exported "
 		"allocation: an expandable-segments trainer exports one per 20 MiB); 0: raise "
-		"the soft limit to the hard limit" },
+		"the soft limit to the hard limit, at most 1048576" },
 	[WEX_CF_MODELS] = { "models", FT_MODELS, FLD(models), NULL, NULL, 0, 0, NULL, NULL, F_RELOAD,
 		"per-model access lists {\"<model>|*\": {\"producers\": {\"uids\": [..], \"gids\": "
 		"[..]}, \"consumers\": {..}}}; an absent model or role admits any local user, "

@@ -140,6 +140,13 @@ static int usage(const char *cmd, int help)
 			   "added_tokens.json, tokenizer.model, vocab.json, merges.txt, "
 			   "chat_template.jinja/.json) and generation_config.json found beside IN, else "
 			   "beside --config)\n"
+			   "  While it writes, convert holds OUTDIR/.wexctl-convert.lock (a second convert "
+			   "into OUTDIR meanwhile is refused, naming the first's pid) and removes the "
+			   "NAME.safetensors.partial and NAME.safetensors.partial.tmp.PID files a convert "
+			   "killed there (SIGKILL, the OOM killer) left, naming each and its bytes on "
+			   "stderr (a .tmp.PID of a running wexctl convert stays).  A source file that "
+			   "shrinks or is rewritten while read (a trainer still saving it) fails the "
+			   "conversion, naming it.\n"
 			   "  --progress: how far each rank is, on stderr (auto: when it is a terminal, "
 			   "a line redrawn in place; always: also into a log, a line every 10 s and one "
 			   "per rank)\n");

@@ -259,7 +259,9 @@ WEX_API int wex_segment_alloc(wex_client_t *c, int kind, int device, uint64_t si
  * Registers memory the caller already has as a host segment: `fd` is a
  * memfd (or any mmap-able file) of at least `size` bytes mapped at `ptr` in
  * this process.  The fd stays the caller's; wex sends a duplicate.  Blocks
- * for one round trip.
+ * for one round trip.  -EINVAL, wex_last_error() saying which, for an fd
+ * below 0, a size of 0 or a file shorter than `size` (a pipe, a socket or
+ * a directory holds none).
  */
 WEX_API int wex_segment_register_fd(wex_client_t *c, int fd, void *ptr, uint64_t size,
 				    uint32_t *id);
