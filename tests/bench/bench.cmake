@@ -30,6 +30,10 @@ if(WEX_PYTHON3)
     cpu host_sync $<TARGET_FILE:host_sync>)
   set_tests_properties(bench_host_sync_json PROPERTIES LABELS "bench" TIMEOUT 120
     ENVIRONMENT "WEX_BENCH_SMALL=1;WEXD_BIN=$<TARGET_FILE:wexd>;WEX_BENCH_JSON_KEYS=runs,baseline_runs,error,baselines.stream_ms,baselines.limit_ms,ratios.copy_vs_limit")
+  add_test(NAME bench_host_sync_term_json COMMAND ${WEX_PYTHON3} ${CMAKE_SOURCE_DIR}/tests/bench/bench_json.py
+    cputerm host_sync $<TARGET_FILE:host_sync>)
+  set_tests_properties(bench_host_sync_term_json PROPERTIES LABELS "bench" TIMEOUT 120
+    ENVIRONMENT "WEX_BENCH_SMALL=1;WEXD_BIN=$<TARGET_FILE:wexd>")
   add_test(NAME bench_host_sync_lost_copy_json COMMAND ${WEX_PYTHON3} ${CMAKE_SOURCE_DIR}/tests/bench/bench_json.py
     cpufail host_sync $<TARGET_FILE:host_sync_lost_copy>)
   set_tests_properties(bench_host_sync_lost_copy_json PROPERTIES LABELS "bench" TIMEOUT 60

@@ -16,7 +16,9 @@ runs; plan_scale) has no skip run:
 
   cpu      the run finishes: exit 0, "error" null;
   cpufail  the run fails (the environment given makes it): exit 1, "error"
-           says why.
+           says why;
+  cputerm  SIGTERM once the benchmark printed its first line: killed by
+           SIGTERM, the last line its JSON object, "error" saying so.
 
 In the GPU modes the line has every key the skip line has (which is printed
 by the same code as a finished run's), so a consumer of the JSON finds the
@@ -94,8 +96,17 @@ def main():
     tmp = tempfile.mkdtemp(prefix="wexbj-")
     env["TMPDIR"] = tmp
     try:
-        if mode in ("cpu", "cpufail"):
-            rc, out = run(binary, env)
+        if mode in ("cpu", "cpufail", "cputerm"):
+            rc, out = run(binary, env, term=mode == "cputerm")
+            if mode == "cputerm":
+                obj = last_json(bench, out)
+                if rc != -signal.SIGTERM:
+                    fail("after SIGTERM: exit %d, not killed by SIGTERM" % rc, out)
+                if "terminated" not in str(obj.get("error", "")):
+                    fail("after SIGTERM: error %r does not say so" % obj.get("error"), out)
+                print("PASS: %s cputerm: killed by SIGTERM, last line the JSON object "
+                      "(error %r)" % (bench, obj.get("error")))
+                return
             obj = last_json(bench, out)
             want_rc = 0 if mode == "cpu" else 1
             if rc != want_rc:

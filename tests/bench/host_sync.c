@@ -59,6 +59,7 @@
 #include <unistd.h>
 
 #include "examples/model.h"
+#include "tests/bench/bench_util.h"
 #include "tests/wexd_dir.h"
 #include "wex.h"
 
@@ -84,14 +85,27 @@ static int bench_threads;
 
 /* The last line when the run did not finish: error says why (quotes,
  * backslashes and control characters become spaces). */
+static void print_error_json_to(FILE *f, const char *error)
+{
+	fprintf(f, "{\"bench\":\"host_sync\",\"preset\":\"%s\",\"threads\":%d,\"runs\":%d,"
+		"\"baseline_runs\":%d,\"error\":\"", bench_preset, bench_threads, RUNS, BASE_RUNS);
+	for (const char *c = error; *c; c++)
+		fputc(*c == '"' || *c == '\\' || (unsigned char)*c < 0x20 ? ' ' : *c, f);
+	fprintf(f, "\"}\n");
+	fflush(f);
+}
+
 static void print_error_json(const char *error)
 {
-	printf("{\"bench\":\"host_sync\",\"preset\":\"%s\",\"threads\":%d,\"runs\":%d,"
-	       "\"baseline_runs\":%d,\"error\":\"", bench_preset, bench_threads, RUNS, BASE_RUNS);
-	for (const char *c = error; *c; c++)
-		putchar(*c == '"' || *c == '\\' || (unsigned char)*c < 0x20 ? ' ' : *c);
-	printf("\"}\n");
-	fflush(stdout);
+	print_error_json_to(stdout, error);
+}
+
+/* The line a SIGTERM or SIGINT (a ctest timeout, Ctrl-C) leaves
+ * (bench_term_arm): wexd and the producer die with us (PR_SET_PDEATHSIG). */
+static void print_term(FILE *f, void *arg)
+{
+	(void)arg;
+	print_error_json_to(f, "terminated by a signal before the end");
 }
 
 /* Says on stderr why the run fails, and keeps it for the JSON line;
@@ -456,7 +470,7 @@ int main(int argc, char **argv)
 	const char *wexd = argc > 1 ? argv[1] : getenv("WEXD_BIN");
 	int small = getenv("WEX_BENCH_SMALL") && *getenv("WEX_BENCH_SMALL") == '1';
 	const char *preset = small ? "small" : "qwen2-0.5b";
-	char dir[] = "/tmp/wex-bench-XXXXXX", sock[128];
+	char dir[64], sock[128];
 	int ready[2], cmd[2], ack[2], sv[2], threads, n, ret, bufsz = 4 << 20;
 	long sock_faults[BASE_RUNS];
 	double vfy_t[RUNS], vsync_t[RUNS], cmp_t[RUNS];
@@ -470,7 +484,11 @@ int main(int argc, char **argv)
 	void *region;
 	char *dst;
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	sigset_t term;
 
+	/* Each line as it is made: a reader (a step's log, bench_json.py)
+	 * sees how far a run got. */
+	setvbuf(stdout, NULL, _IOLBF, 0);
 	threads = ncpu > 8 ? 8 : ncpu < 1 ? 1 : (int)ncpu;
 	bench_preset = preset;
 	bench_threads = threads;
@@ -481,6 +499,14 @@ int main(int argc, char **argv)
 	}
 	bench_main = getpid();
 	atexit(bench_cleanup);
+	{
+		/* $TMPDIR where short enough for the socket's path (a run a
+		 * signal ends leaves it there: bench_json.py's is removed). */
+		const char *td = getenv("TMPDIR");
+
+		snprintf(dir, sizeof(dir), "%s/wex-bench-XXXXXX",
+			 td && *td == '/' && strlen(td) < 40 ? td : "/tmp");
+	}
 	if (!mkdtemp(dir))
 		return fail("mkdtemp %s: %s", dir, strerror(errno));
 	snprintf(bench_dir, sizeof(bench_dir), "%s", dir);
@@ -528,6 +554,9 @@ int main(int argc, char **argv)
 	close(cmd[0]);
 	close(ack[1]);
 	close(sv[1]);
+	/* From here a signal's end leaves the JSON line too (the producer,
+	 * forked before, keeps the default action). */
+	bench_term_arm(print_term, NULL);
 	{
 		char r;
 
@@ -760,6 +789,9 @@ int main(int argc, char **argv)
 	for (int i = 0; i < 5; i++)
 		if (!met[i])
 			printf("target not met: %s (measured %.3f)\n", tname[i], tval[i]);
+	/* A signal now ends us after the line, as it would have, and no
+	 * handler writes a second one. */
+	bench_hold_term(&term);
 	bench_done = 1;
 	printf("{\"bench\":\"host_sync\",\"preset\":\"%s\",\"tensors\":%d,\"bytes\":%llu,\"threads\":%d,"
 	       "\"runs\":%d,\"baseline_runs\":%d,\"error\":null,"
@@ -782,6 +814,8 @@ int main(int argc, char **argv)
 	       tname[0], met[0] ? "true" : "false", tname[1], met[1] ? "true" : "false", tname[2],
 	       met[2] ? "true" : "false", tname[3], met[3] ? "true" : "false", tname[4],
 	       met[4] ? "true" : "false");
+	fflush(stdout);
+	sigprocmask(SIG_UNBLOCK, &term, NULL);
 	(void)sink;
 	munmap(dst, bytes);
 	free(t);
