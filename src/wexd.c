@@ -88,16 +88,16 @@ int wexd_send(struct wexd *d, struct conn *c, json_t *reply, const int *fds, int
 		n = -EAGAIN;
 	else
 		n = wex_sock_send(c->io.fd, s, len, fds, nfds, MSG_DONTWAIT);
-	if (n == -EMSGSIZE && !nfds && len <= WEX_REPLY_MAX && (unread = conn_unread(c)) > 0) {
-		n = -EAGAIN;
-	} else if (n == -EMSGSIZE && !nfds && len <= WEX_REPLY_MAX) {
+	if (n == -EMSGSIZE && !nfds && len <= WEX_REPLY_MAX) {
 		/* Larger than one message on this socket can be (its send
 		 * buffer, about 208 KiB by default): a status listing of a few
 		 * hundred clients.  It goes whole in a sealed memfd, and the
-		 * message says so. */
-		int mfd = wex_table_seal(s, len, "wex-reply");
+		 * message says so: a reply that passes an fd, as above. */
+		int mfd = (unread = conn_unread(c)) > 0 ? -1 : wex_table_seal(s, len, "wex-reply");
 
-		if (mfd >= 0) {
+		if (unread > 0) {
+			n = -EAGAIN;
+		} else if (mfd >= 0) {
 			static const char note[] = "{\"ok\":true,\"reply_in_fd\":true}";
 
 			n = wex_sock_send(c->io.fd, note, sizeof(note) - 1, &mfd, 1, MSG_DONTWAIT);

@@ -26,27 +26,22 @@ set_tests_properties(bench_host_sync_lost_copy PROPERTIES LABELS "bench" TIMEOUT
 find_program(WEX_PYTHON3 python3 PATHS /usr/bin NO_DEFAULT_PATH)
 find_program(WEX_PYTHON3 python3)
 if(WEX_PYTHON3)
-  add_test(NAME bench_host_sync_json COMMAND ${WEX_PYTHON3} ${CMAKE_SOURCE_DIR}/tests/bench/bench_json.py
-    cpu host_sync $<TARGET_FILE:host_sync>)
-  set_tests_properties(bench_host_sync_json PROPERTIES LABELS "bench" TIMEOUT 120
-    ENVIRONMENT "WEX_BENCH_SMALL=1;WEXD_BIN=$<TARGET_FILE:wexd>;WEX_BENCH_JSON_KEYS=runs,baseline_runs,error,baselines.stream_ms,baselines.limit_ms,ratios.copy_vs_limit")
-  add_test(NAME bench_host_sync_term_json COMMAND ${WEX_PYTHON3} ${CMAKE_SOURCE_DIR}/tests/bench/bench_json.py
-    cputerm host_sync $<TARGET_FILE:host_sync>)
-  set_tests_properties(bench_host_sync_term_json PROPERTIES LABELS "bench" TIMEOUT 120
-    ENVIRONMENT "WEX_BENCH_SMALL=1;WEXD_BIN=$<TARGET_FILE:wexd>")
-  add_test(NAME bench_host_sync_lost_copy_json COMMAND ${WEX_PYTHON3} ${CMAKE_SOURCE_DIR}/tests/bench/bench_json.py
-    cpufail host_sync $<TARGET_FILE:host_sync_lost_copy>)
-  set_tests_properties(bench_host_sync_lost_copy_json PROPERTIES LABELS "bench" TIMEOUT 60
-    ENVIRONMENT "WEX_BENCH_SMALL=1;WEXD_BIN=$<TARGET_FILE:wexd>")
+  # bench_json_test(NAME MODE BENCH TARGET TIMEOUT ENV): bench_json.py's
+  # MODE check of TARGET, whose JSON names itself BENCH.
+  function(bench_json_test name mode bench target timeout env)
+    add_test(NAME ${name} COMMAND ${WEX_PYTHON3} ${CMAKE_SOURCE_DIR}/tests/bench/bench_json.py
+      ${mode} ${bench} $<TARGET_FILE:${target}>)
+    set_tests_properties(${name} PROPERTIES LABELS "bench" TIMEOUT ${timeout} ENVIRONMENT "${env}")
+  endfunction()
+  set(hs_env "WEX_BENCH_SMALL=1;WEXD_BIN=$<TARGET_FILE:wexd>")
+  bench_json_test(bench_host_sync_json cpu host_sync host_sync 120
+    "${hs_env};WEX_BENCH_JSON_KEYS=runs,baseline_runs,error,baselines.stream_ms,baselines.limit_ms,ratios.copy_vs_limit")
+  bench_json_test(bench_host_sync_term_json cputerm host_sync host_sync 120 "${hs_env}")
+  bench_json_test(bench_host_sync_lost_copy_json cpufail host_sync host_sync_lost_copy 60 "${hs_env}")
   if(TARGET bench_plan_scale)
     # One instance (seconds); a config that is not there.
-    add_test(NAME bench_plan_scale_json COMMAND ${WEX_PYTHON3} ${CMAKE_SOURCE_DIR}/tests/bench/bench_json.py
-      cpu plan_scale $<TARGET_FILE:bench_plan_scale>)
-    set_tests_properties(bench_plan_scale_json PROPERTIES LABELS "bench" TIMEOUT 120
-      ENVIRONMENT "WEX_SRC=${CMAKE_SOURCE_DIR};WEX_PLAN_SCALE_INSTANCES=1;WEX_BENCH_JSON_KEYS=plan_vs_limit,busiest_link_vs_bound")
-    add_test(NAME bench_plan_scale_fail_json COMMAND ${WEX_PYTHON3} ${CMAKE_SOURCE_DIR}/tests/bench/bench_json.py
-      cpufail plan_scale $<TARGET_FILE:bench_plan_scale>)
-    set_tests_properties(bench_plan_scale_fail_json PROPERTIES LABELS "bench" TIMEOUT 60
-      ENVIRONMENT "WEX_SRC=/nonexistent")
+    bench_json_test(bench_plan_scale_json cpu plan_scale bench_plan_scale 120
+      "WEX_SRC=${CMAKE_SOURCE_DIR};WEX_PLAN_SCALE_INSTANCES=1;WEX_BENCH_JSON_KEYS=plan_vs_limit,busiest_link_vs_bound")
+    bench_json_test(bench_plan_scale_fail_json cpufail plan_scale bench_plan_scale 60 "WEX_SRC=/nonexistent")
   endif()
 endif()

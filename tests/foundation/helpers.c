@@ -318,6 +318,22 @@ int t_raw_connect(const char *sock)
 	return fd;
 }
 
+int t_raw_producer(const char *sock, const char *model, unsigned world)
+{
+	int fd = t_raw_connect(sock);
+	char req[256];
+	json_t *r;
+
+	snprintf(req, sizeof(req),
+		 "{\"v\":1,\"op\":\"hello\",\"role\":\"producer\",\"model\":\"%s\",\"world\":%u}",
+		 model, world);
+	r = t_raw_rpc(fd, req, NULL, 0);
+	T_ASSERT(!strcmp(t_code(r), "OK"), "hello of a producer of %s with world %u: %s", model,
+		 world, t_msg(r));
+	json_decref(r);
+	return fd;
+}
+
 void t_raw_send(int fd, const void *buf, size_t len, const int *fds, int nfds)
 {
 	ssize_t n = wex_sock_send(fd, buf, len, fds, nfds, 0);

@@ -103,6 +103,9 @@ int t_raw_connect(const char *sock);
 void t_raw_send(int fd, const void *buf, size_t len, const int *fds, int nfds);
 json_t *t_raw_recv(int fd);
 json_t *t_raw_rpc(int fd, const char *json, const int *fds, int nfds);
+/* A raw connection that said hello as a producer of `model` with `world`
+ * ranks (answered OK, or the test fails): wide worlds make large statuses. */
+int t_raw_producer(const char *sock, const char *model, unsigned world);
 /* For a stand-in for wexd on a thread: waits for the next request on
  * connection fd, closes any fds it carried and puts its "op" in op.  1: a
  * request; -1: the client hung up, *stop was set, or *drop (if drop) was

@@ -37,6 +37,17 @@ struct tens {
 	uint64_t nh;
 };
 
+/* A piece of tensor t ("w"): its dtype and whole shape, the rest 0. */
+static void piece_init(struct wex_tensor *p, const struct tens *t)
+{
+	memset(p, 0, sizeof(*p));
+	snprintf(p->name, sizeof(p->name), "w");
+	p->dtype = t->dtype;
+	p->ndim = t->nd;
+	for (uint32_t d = 0; d < t->nd; d++)
+		p->shape[d] = t->shape[d];
+}
+
 static uint64_t cidx_of(const struct tens *t, const uint64_t *i)
 {
 	uint64_t x = 0;
@@ -282,12 +293,8 @@ static int one(int it)
 			struct wex_tensor *p = &src[nsrc++];
 			uint64_t span;
 
-			memset(p, 0, sizeof(*p));
-			snprintf(p->name, sizeof(p->name), "w");
-			p->dtype = t.dtype;
-			p->ndim = t.nd;
+			piece_init(p, &t);
 			for (uint32_t d = 0; d < t.nd; d++) {
-				p->shape[d] = t.shape[d];
 				p->start[d] = cut[d][cell[d]];
 				p->extent[d] = cut[d][cell[d] + 1] - cut[d][cell[d]];
 			}
@@ -335,12 +342,8 @@ static int one(int it)
 		struct wex_tensor *p = &dst[i];
 		uint64_t span;
 
-		memset(p, 0, sizeof(*p));
-		snprintf(p->name, sizeof(p->name), "w");
-		p->dtype = t.dtype;
-		p->ndim = t.nd;
+		piece_init(p, &t);
 		for (uint32_t d = 0; d < t.nd; d++) {
-			p->shape[d] = t.shape[d];
 			if (t.shape[d] == 0)
 				continue;
 			p->start[d] = rnd(t.shape[d]);
