@@ -371,6 +371,19 @@ class CheckpointCompare(unittest.TestCase):
                   os.path.join(both, "model-00002-of-00002.safetensors"))
         self.assertEqual(checkpoint.compare(list(params.items()), both,
                                             config=cfg)["pieces"], len(ts))
+        # The index file itself named as the checkpoint: the files it maps
+        # are read, not the JSON file refused as "not a safetensors file";
+        # under another name (a diffusers-style index) too.
+        idxf = os.path.join(both, "model.safetensors.index.json")
+        self.assertEqual(checkpoint.index(idxf), checkpoint.index(both))
+        self.assertEqual(checkpoint.compare(list(params.items()), idxf,
+                                            config=cfg)["pieces"], len(ts))
+        other = os.path.join(both, "weights.safetensors.index.json")
+        with open(other, "w") as f:
+            json.dump({"weight_map": {n: "model-00001-of-00002.safetensors"
+                                      for n, _, _, _ in ts[:half]}}, f)
+        self.assertEqual(sorted(checkpoint.index(other)), sorted(n for n, _, _, _ in ts[:half]))
+        os.remove(other)
         with open(os.path.join(both, "model.safetensors.index.json"), "w") as f:
             f.write("[1]")
         with self.assertRaises(ValueError) as e:

@@ -78,16 +78,22 @@ class CheckpointMismatch(ValueError):
 
 def index(checkpoint):
     """{name: (path, dtype, shape, data offset in the file, nbytes)} of
-    every tensor in `checkpoint` (a .safetensors file, or a directory:
-    the files its model.safetensors.index.json maps, else every
+    every tensor in `checkpoint` (a .safetensors file, a sharded
+    checkpoint's *.safetensors.index.json: the files it maps, or a
+    directory: the files its model.safetensors.index.json maps, else every
     *.safetensors in it, as sharded checkpoints keep them).  Raises
     ValueError naming the file for one that cannot be read or is not
     safetensors, a tensor in two files, a file the index maps that is not
     there, or a directory with none."""
     checkpoint = os.fspath(checkpoint)
+    idx = None
+    if os.path.isfile(checkpoint) and checkpoint.endswith(".safetensors.index.json"):
+        idx = checkpoint
+        checkpoint = os.path.dirname(checkpoint) or "."
+    elif os.path.isdir(checkpoint):
+        idx = os.path.join(checkpoint, "model.safetensors.index.json")
     if os.path.isdir(checkpoint):
         files = sorted(glob.glob(os.path.join(glob.escape(checkpoint), "*.safetensors")))
-        idx = os.path.join(checkpoint, "model.safetensors.index.json")
         if os.path.isfile(idx):
             # What the engines read where both a merged file and shards
             # are there (vLLM's filter_duplicate_safetensors_files).

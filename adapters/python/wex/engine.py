@@ -314,8 +314,9 @@ class EngineRank:
     the CUDA ordinal the rank's weights are on (None: the client's
     default).  timeout_ms: how long each call to wexd may take (the
     client's); sync(timeout_ms=) is how long a sync waits for a version.
-    checkpoint: the safetensors checkpoint (a directory or a file) the
-    engine loaded these weights from, not yet updated: before attaching,
+    checkpoint: the safetensors checkpoint (a directory, a .safetensors
+    file or a sharded checkpoint's *.safetensors.index.json) the engine
+    loaded these weights from, not yet updated: before attaching,
     a sample of every piece the rank holds is compared with it
     (wex.checkpoint.compare; config=, the model's config.json, maps
     canonical names to the checkpoint's), and a tensor the engine holds
