@@ -238,6 +238,15 @@ class Refused(unittest.TestCase):
         for s in ("layers.0.mlp.weight", "ZeRO-3", "(4, 3)"):
             self.assertIn(s, str(e.exception))
 
+    def test_cpu_offload(self):
+        # FSDP2 with CPUOffloadPolicy keeps each shard in (pinned) host
+        # memory: the refusal says why, and names the offload.
+        d = StandInDTensor((4, 4), torch.zeros(2, 4), (Shard(0),), Mesh((2,), (0,)))
+        with self.assertRaises(ValueError) as e:
+            torch_util.register_module(TableClient(), [("w.weight", d)])
+        for s in ("w.weight", "is on cpu", "CPUOffloadPolicy", "segments="):
+            self.assertIn(s, str(e.exception))
+
     def test_boxes(self):
         t = torch.zeros(2, 4)
         self.refused([("w", t)], "w", "[4, 6) of 5", boxes={"w": ((5, 4), 4)})

@@ -448,8 +448,13 @@ def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None,
         used = {seg: ids[seg] for *_, seg in placed}
     else:
         if dev.type != "cuda":
-            raise ValueError("register_module: tensors must be on a CUDA device, %s is on %s"
-                             % (items[0][0], dev))
+            raise ValueError(
+                "register_module: tensors must be on a CUDA device, %s is on %s%s"
+                % (items[0][0], dev, "" if dev.type != "cpu" else
+                   " (parameters offloaded to host memory, as by FSDP2's CPUOffloadPolicy "
+                   "or DeepSpeed's offload_param, are in memory other processes cannot "
+                   "map: train without parameter offload, or keep the weights in host "
+                   "segments wex allocated, passed as segments=)"))
         torch.cuda.synchronize(dev)
         placed = _placed(items, _segments(dev.index),
                          "no caching-allocator segment of %s" % dev)
