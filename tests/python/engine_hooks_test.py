@@ -37,7 +37,8 @@ the layouts' names (qkv_proj, gate_up_proj, padded vocabulary).  Checked:
     e4m3fnuz on ROCm MI300; an unquantized checkpoint vLLM quantizes after
     loading (quantization="fp8"); a
     dense model with enable_expert_parallel (or SGLang --ep-size) gets no
-    ep= in its spec;
+    ep= in its spec, and a model other than DeepSeek under SGLang's
+    --moe-dense-tp-size 1 no dense_tp=;
   - default specs from SGLang's server arguments (dp-attention, ep,
     dp_lm_head, dense_tp, a2a, fuse_shared) and their refusals (dp
     replicas, EPLB, redundant experts, a placement file, attention CP,
@@ -860,6 +861,19 @@ class EngineHooks(WexdProducerCase):
                                              "model.norm.weight (replaced by a new object)"])
         with self.assertRaises(ValueError):
             r.sync(min_version=v)
+        # Given the module itself: its named_parameters, as above (was:
+        # called as a function, running its forward, which failed with
+        # "forward() missing ... argument" or "missing the required
+        # forward function", nothing about parameters).
+        m = module_of(self.engine_params("vllm", 0))
+        r = wex.engine.EngineRank(MODEL, m, rank=0, world_size=2, layout="vllm:tp=2",
+                                  config=os.path.join(d, "config.json"), group="replaced-mod")
+        self.addCleanup(r.close)
+        self.assertEqual(r.sync(min_version=v)["version"], v)
+        self.assert_holds(params_of(m), "vllm", 0)
+        norm = m.model.norm
+        norm.weight = torch.nn.Parameter(norm.weight.detach().clone(), requires_grad=False)
+        self.assertEqual(r.moved(), ["model.norm.weight (replaced by a new object)"])
 
     def test_close_during_sync(self):
         """EngineRank.close() while a sync of the rank waits for a version
@@ -1373,6 +1387,41 @@ class EngineHooks(WexdProducerCase):
                                                                detach=True))
         self.assertIsNotNone(wex.sglang.load(m, req), wex.sglang.status(m))
         self.assertEqual(wex.sglang._ranks[id(m)][0].describe()["layout"], "sglang:tp=2")
+
+    def test_sglang_dense_tp_ignored(self):
+        """--moe-dense-tp-size 1 changes only DeepSeek's dense-layer MLPs
+        (DeepseekV2DecoderLayer builds them whole on every rank); SGLang's
+        Qwen2-MoE and Qwen3-MoE build every layer sparse ("all layers are
+        sparse") and its dense models never read it, so their weights are
+        laid out as without it: dense_tp is left out of their default
+        spec (the layout refuses it for them), as ep is for a dense
+        model; a DeepSeek model keeps it."""
+        d = self.tmp.name
+        set_server_args(d, moe_dense_tp_size=1)
+        set_par(tp=(2, 0))
+        par = wex.sglang.parallel_info()
+        self.assertTrue(par["dense_tp"])
+        m = module_of(self.engine_params("sglang", 0))
+        v = self.next_version()
+        self.addCleanup(wex.sglang.load, m, wex.sglang.request(MODEL, group="sg-dense-tp",
+                                                               detach=True))
+        r = wex.sglang.load(m, wex.sglang.request(MODEL, group="sg-dense-tp", min_version=v))
+        self.assertIsNotNone(r, wex.sglang.status(m))
+        self.assertEqual(wex.sglang._ranks[id(m)][0].describe()["layout"], "sglang:tp=2")
+        self.assert_holds(params_of(m), "sglang", 0)
+        # Qwen3-MoE: its spec opens.
+        cfg = os.path.join(d, "moe", "config.json")
+        spec = wex.sglang.default_spec(par, experts=True, shared=False,
+                                       dense=wex.sglang._dense_tp_model(cfg))
+        self.assertEqual(spec, "sglang:tp=2")
+        wex.Layout(cfg, spec)
+        # DeepSeek (and a config that cannot be read) keeps it.
+        ds = os.path.join(d, "ds-dense-tp.json")
+        with open(ds, "w") as f:
+            json.dump({"model_type": "deepseek_v3"}, f)
+        for c in (ds, os.path.join(d, "missing.json")):
+            self.assertEqual(wex.sglang.default_spec(par, dense=wex.sglang._dense_tp_model(c)),
+                             "sglang:tp=2,dense_tp=1")
 
     def test_sglang_fp8_kv_scales(self):
         """A model SGLang builds with an FP8 quant_config holds, beside
@@ -2371,9 +2420,10 @@ class EngineHooks(WexdProducerCase):
                 wex.trainer.TrainerRank(model, m.named_parameters(), rank=k, world_size=4,
                                         layout="megatron:tp=2", config=cfg, client=c)
             self.assertIn("has 2 ranks, but this trainer runs 4", str(e.exception))
-            # Rank 0 given the callable (enumerated again at each write),
-            # rank 1 the pairs.
-            t = wex.trainer.TrainerRank(model, m.named_parameters if k == 0 else
+            # Rank 0 given the module (its named_parameters, enumerated
+            # again at each write; was: called, running its forward), rank
+            # 1 the pairs.
+            t = wex.trainer.TrainerRank(model, m if k == 0 else
                                         m.named_parameters(), rank=k, world_size=2,
                                         layout="megatron:tp=2", config=cfg, client=c,
                                         segments=[(seg, base, size)], strip_prefix="module.",

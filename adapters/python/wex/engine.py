@@ -8,7 +8,7 @@ layout and the parameters inside the engine's worker process and hand
 them to EngineRank; a custom engine uses it directly:
 
     from wex.engine import EngineRank
-    r = EngineRank("policy", model.named_parameters(), rank=tp_rank,
+    r = EngineRank("policy", model.named_parameters, rank=tp_rank,
                    world_size=tp, layout="vllm:tp=2", config="/ckpt/config.json",
                    group="rollout0")
     r.sync(min_version=step)        # before each rollout; in place, so
@@ -306,7 +306,8 @@ class EngineRank:
 
     model: the name the trainer publishes under.  named_parameters: the
     engine's (name, tensor) pairs, or better a callable returning them
-    (model.named_parameters): then each sync enumerates them again and
+    (model.named_parameters, or the module itself, which stands for
+    its named_parameters): then each sync enumerates them again and
     refuses, by name, a parameter the engine replaced, removed or added
     since attach (see the module's doc).  layout:
     a wex.Layout, a spec string with config=, or None when the engine's
@@ -334,6 +335,10 @@ class EngineRank:
         self.layout = as_layout(layout, config, adapters, world_size, "engine")
         if not 0 <= rank < world_size:
             raise ValueError("rank %d is not in 0..%d" % (rank, world_size - 1))
+        if callable(getattr(named_parameters, "named_parameters", None)):
+            # The model itself (a torch module, callable: its forward):
+            # its named_parameters.
+            named_parameters = named_parameters.named_parameters
         self._resolve = named_parameters if callable(named_parameters) else None
         self._select = selection(strip_prefix, ignore)
         items, self.ignored = select_parameters(

@@ -19,9 +19,10 @@ The first request of a worker attaches its parameters (SGLang's names:
 qkv_proj, gate_up_proj, w13_weight, a padded vocabulary) as rank
 tp_rank + tp * pp_rank of the layout SGLang's server arguments describe
 ("sglang:tp=T,pp=P"; ",dp=N,dp_attention=1" with --enable-dp-attention
-or --attn-dp-size, ",ep=E" with --ep-size, dp_lm_head, dense_tp, a2a
-(for a model with shared experts: without them an all-to-all backend
-is ep=tp alone), each as SGLang resolved it, and fuse_shared when
+or --attn-dp-size, ",ep=E" with --ep-size, dp_lm_head, dense_tp (for
+DeepSeek: other models build no MLP by it), a2a (for a model with
+shared experts: without them an all-to-all backend is ep=tp alone),
+each as SGLang resolved it, and fuse_shared when
 the model fused DeepSeek's shared expert), from the model's config.json
 (its directory, or the local Hugging Face cache), but for the KV-cache
 scales an FP8 model's attention holds (attn.k_scale, attn.v_scale: left
@@ -494,6 +495,28 @@ def _env_on(name):
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on", "y", "t")
 
 
+# The model types whose SGLang class builds dense-layer MLPs by
+# --moe-dense-tp-size (enable_moe_dense_fully_dp: models/deepseek_v2.py
+# DeepseekV2DecoderLayer, whole on every rank with 1); the sglang layout's
+# param_model_types for dense_tp.
+_DENSE_TP_TYPES = ("deepseek_v2", "deepseek_v3")
+
+
+def _dense_tp_model(cfg):
+    """Whether --moe-dense-tp-size changes the weights of the model of
+    config.json `cfg`: DeepSeek's dense layers.  SGLang's Qwen2-MoE and
+    Qwen3-MoE build every layer sparse (their decoder layers'
+    is_layer_sparse is always True), and its dense models never read it,
+    so theirs are laid out as without it.  True where the config cannot
+    say (wex.Layout reports it)."""
+    try:
+        with open(cfg) as f:
+            c = json.load(f)
+    except (OSError, ValueError):
+        return True
+    return not isinstance(c, dict) or c.get("model_type") in _DENSE_TP_TYPES
+
+
 def _has_shared(cfg):
     """Whether the model of config.json `cfg` has shared experts (DeepSeek's
     n_shared_experts, Qwen2-MoE's shared_expert_intermediate_size); true
@@ -509,12 +532,15 @@ def _has_shared(cfg):
                for k in ("n_shared_experts", "shared_expert_intermediate_size"))
 
 
-def default_spec(par, fuse_shared=False, experts=True, embed_rep=False, shared=True):
+def default_spec(par, fuse_shared=False, experts=True, embed_rep=False, shared=True,
+                 dense=True):
     """The sglang layout spec for this worker's parallel state; refuses
     what the layout cannot describe or a worker cannot place.  experts:
     whether the model has routed experts (--ep-size is left out of a dense
     model's spec: SGLang ignores it there, the layout refuses it); shared:
-    whether it has shared experts as well.  The
+    whether it has shared experts as well; dense: whether SGLang builds the
+    model's dense-layer MLPs by --moe-dense-tp-size (_dense_tp_model:
+    DeepSeek; it is left out of other models' spec as --ep-size is).  The
     stages SGLANG_PP_LAYER_PARTITION gives, where set, go in the spec."""
     if not par.get("known"):
         raise ValueError("SGLang's server arguments cannot be read here (neither "
@@ -560,7 +586,9 @@ def default_spec(par, fuse_shared=False, experts=True, embed_rep=False, shared=T
         # not say (models/qwen3_moe.py Qwen3MoeSparseMoeBlock builds its
         # experts over moe_ep/moe_tp alike under DeepEP), and a2a=1
         # would refuse such a model (the layout describes it for DeepSeek).
-        if par[key] and (key != "a2a" or (experts and shared)):
+        # dense_tp=1 likewise: only DeepSeek builds MLPs by it.
+        if par[key] and (key != "a2a" or (experts and shared)) and \
+                (key != "dense_tp" or dense):
             spec += ",%s=1" % key
     if embed_rep and par["dp"] > 1 and par["dp_attention"]:
         spec += ",embed_rep=1"
@@ -657,7 +685,7 @@ def _attach(model, args):
     spec = args.get("layout") or default_spec(
         par, int(getattr(model, "num_fused_shared_experts", 0) or 0) > 0,
         experts=has_experts(cfg), embed_rep=_embed_whole(model, par, cfg),
-        shared=_has_shared(cfg))
+        shared=_has_shared(cfg), dense=_dense_tp_model(cfg))
     layout = wex.Layout(cfg, spec, args.get("adapters"))
     device = None
     for _, t in model.named_parameters():

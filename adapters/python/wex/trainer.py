@@ -32,9 +32,9 @@ finalize_model_grads, during the forward-backward step.  A parameter that
 moved to new memory since it was registered (FSDP2's first forward from
 PyTorch 2.5 until its PR #163130; an assignment to .data) is refused by
 write(), naming it (moved()); given the parameters as a callable
-(model.named_parameters, the bound method, not its result), so is one
-replaced by a Parameter in new memory (module.weight = Parameter(new)),
-removed or added.  FSDP2's DTensors are given as they are, with an fsdp
+(model.named_parameters, the bound method, not its result, or the
+module itself), so is one replaced by a Parameter in new memory
+(module.weight = Parameter(new)), removed or added.  FSDP2's DTensors are given as they are, with an fsdp
 layout too (each registers as its local shard, and write() looks for the
 shard where the DTensor has it now: FSDP2 swaps shards into new memory at
 lazy_init, at the reshard after a state-dict load and at to()); pairs of
@@ -106,6 +106,10 @@ class TrainerRank:
         allocate segments= with it first); it is then the caller's to
         close as well."""
         self.layout = as_layout(layout, config, adapters, world_size, "trainer")
+        if callable(getattr(named_parameters, "named_parameters", None)):
+            # The model itself (a torch module, callable: its forward):
+            # its named_parameters.
+            named_parameters = named_parameters.named_parameters
         self._resolve = named_parameters if callable(named_parameters) else None
         self._select = selection(strip_prefix, ignore)
         items, self.ignored = select_parameters(
