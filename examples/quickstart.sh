@@ -60,16 +60,21 @@ TMP=$(mktemp -d /tmp/wex-quickstart.XXXXXX)
 export WEX_SOCKET="$TMP/wexd.sock"
 WEXD_PID=""
 PIDS=""
+CPIDS=""
 cleanup() {
-	for p in $PIDS; do kill "$p" 2>/dev/null || true; done
-	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
+	for p in $PIDS $CPIDS; do kill "$p" 2>/dev/null || true; done
+	for p in $PIDS $CPIDS; do wait "$p" 2>/dev/null || true; done
 	if [ -n "$WEXD_PID" ]; then
 		kill -TERM "$WEXD_PID" 2>/dev/null || true
 		wait "$WEXD_PID" 2>/dev/null || true
 	fi
 	rm -rf "$TMP"
 }
-trap cleanup EXIT INT TERM
+# A signal ends the script (cleanup runs at its exit): a trap that only
+# cleaned up let it go on, into the logs it had just removed.
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 echo "== starting wexd on $WEX_SOCKET"
 mkfifo "$TMP/ready"
@@ -89,7 +94,6 @@ for r in 0 1; do
 	PIDS="$PIDS $!"
 done
 echo "== 2 consumer ranks (inference engine 'engine'), modes view, fixed, copy"
-CPIDS=""
 for r in 0 1; do
 	"$B/wex-consumer" --rank $r --world 2 --preset "$PRESET" --versions "$VERSIONS" \
 		--modes view,fixed,copy >"$TMP/consumer$r.log" 2>&1 &
@@ -97,6 +101,7 @@ for r in 0 1; do
 done
 fail=0
 for p in $CPIDS; do wait "$p" || fail=1; done
+CPIDS="" # (reaped: cleanup must not signal their numbers)
 cat "$TMP/producer0.log" "$TMP/producer1.log"
 cat "$TMP/consumer0.log" "$TMP/consumer1.log"
 echo

@@ -196,8 +196,15 @@ static void describe(json_t *v, char *buf, size_t len)
 		snprintf(buf, len, "?");
 		return;
 	}
-	if (strlen(s) > 64)
-		strcpy(s + 58, "...");
+	if (strlen(s) > 64) {
+		size_t cut = 58;
+
+		/* Not inside a UTF-8 character: the message goes to the log
+		 * and to wexctl, both of which want UTF-8. */
+		while (cut && ((unsigned char)s[cut] & 0xc0) == 0x80)
+			cut--;
+		strcpy(s + cut, "...");
+	}
 	snprintf(buf, len, "%s", s);
 	free(s);
 }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "proto.h" /* wex__utf8_scrub */
 
 int wex__log_level = WEX_LOG_INFO;
 static int log_journal;
@@ -88,6 +89,12 @@ void wex__log(int level, const char *subsys, const char *fmt, ...)
 	va_end(ap);
 	if (off >= (int)sizeof(buf) - 1)
 		off = (int)sizeof(buf) - 2;
+	/* A line cut at the limit may end inside a UTF-8 character (a
+	 * model's name, a value quoted from the file): journald keeps a line
+	 * that is not UTF-8 as binary, and journalctl shows "[blob data]"
+	 * instead of it. */
+	buf[off] = '\0';
+	wex__utf8_scrub(buf);
 	/* One event, one line: fold embedded newlines; and no other control
 	 * character (a client's names may carry terminal escapes) reaches
 	 * the log. */

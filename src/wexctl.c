@@ -111,6 +111,15 @@ static int open_admin(wex_client_t **c)
 			   *wex_last_error(NULL)) {
 			/* wexd refused this client, and said why. */
 			why = wex_last_error(NULL);
+		} else if (ret == -WEX_EPROTO_VERSION) {
+			/* Reached, and refused: wexd's words name both
+			 * versions.  An upgrade installed while the old wexd
+			 * runs (systemctl reload runs the new wexctl). */
+			if (*wex_last_error(NULL))
+				why = wex_last_error(NULL);
+			hint = "\n  wexctl and the running wexd are of different releases: run the "
+			       "wexctl installed with that wexd, or restart wexd to run the one "
+			       "installed (systemctl restart wexd)";
 		} else if (ret == -ETIMEDOUT) {
 			hint = "\n  wexd took the connection but answered nothing for 10 s: it is "
 			       "hung, stopped or overloaded; its log (journalctl -u wexd) and "

@@ -15,6 +15,7 @@
 #include "config.h"
 #include "log.h"
 #include "ops_test.h"
+#include "proto.h" /* wex__utf8_scrub */
 
 static char err[1024];
 
@@ -76,6 +77,24 @@ int main(void)
 			  "absolute path");
 	expect_file_error("{\"socket_group\": \"no-such-group-wex\"}", -EINVAL,
 			  "field 'socket_group'", "unknown group \"no-such-group-wex\"");
+	/* A long value is cut for the message, but not inside a UTF-8
+	 * character: the message goes to the log (journald shows a line that
+	 * is not UTF-8 as "[blob data]") and to wexctl. */
+	{
+		char copy[sizeof(err)];
+
+		expect_file_error("{\"log_level\": \"\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9"
+				  "\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9"
+				  "\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9"
+				  "\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\"}",
+				  -EINVAL, "field 'log_level'", "...");
+		memcpy(copy, err, sizeof(err));
+		wex__utf8_scrub(copy);
+		if (strcmp(copy, err)) {
+			fprintf(stderr, "message cut inside a UTF-8 character: %s\n", err);
+			exit(T_EXIT_FAIL);
+		}
+	}
 	expect_file_error("{\"begin_write_timeout_ms\": 1,}", -EINVAL, "config %s: line 1",
 			  NULL);
 	expect_file_error("[1, 2]", -EINVAL, "config %s: expected a JSON object", NULL);

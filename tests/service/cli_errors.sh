@@ -96,6 +96,34 @@ WEX_SOCKET="$TMP/file" "$WEXCTL" metrics 2>"$TMP/err" && fail "metrics through a
 grep -q "$TMP/file: not a socket" "$TMP/err" || fail "\$WEX_SOCKET a plain file: $(cat "$TMP/err")"
 grep -q "is wexd running" "$TMP/err" && fail "a file that is not a socket is blamed on wexd not running: $(cat "$TMP/err")"
 
+# A wexd of another protocol version (an upgrade installed while the old
+# wexd runs: systemctl reload runs the new wexctl) refuses the hello: wexd's
+# reason, naming both versions, and what to do (it was a bare "peer speaks
+# another wex protocol version", with nothing to check).
+$PY - "$TMP/other.sock" "$TMP/other.ready" <<'PYEOF' &
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.bind(sys.argv[1]); s.listen(4)
+open(sys.argv[2], "w").close()
+s.settimeout(20)
+try:
+    while True:
+        c, _ = s.accept()
+        v = json.loads(c.recv(65536).decode()).get("v")
+        c.send(json.dumps({"ok": False, "error": {"code": "WEX_EPROTO_VERSION",
+            "message": "protocol version %s not supported (this wexd speaks 99)" % v}}).encode())
+        c.close()
+except socket.timeout:
+    pass
+PYEOF
+OTHER=$!
+i=0; until [ -e "$TMP/other.ready" ]; do i=$((i+1)); [ $i -lt 200 ] || fail "fake wexd did not listen"; sleep 0.05; done
+expect 1 "not supported (this wexd speaks 99)" --socket "$TMP/other.sock" status
+grep -q "different releases.*systemctl restart wexd" "$TMP/err" ||
+	fail "a wexd of another protocol version: no hint: $(cat "$TMP/err")"
+expect 1 "not supported (this wexd speaks 99)" --socket "$TMP/other.sock" config reload
+kill "$OTHER" 2>/dev/null; wait "$OTHER" 2>/dev/null
+
 # wexd closes new connections at once: max_clients reached (and the 4
 # more that wexd's own user, this test's, may hold past it).
 WEX_MAX_CLIENTS=1 start_wexd
@@ -279,4 +307,36 @@ rc=$?
 grep -q "^quickstart: FAILED (a consumer reported an error; wexctl status exited 1" "$TMP/out" ||
 	fail "quickstart.sh, wexd killed: no FAILED line: $(cat "$TMP/out" "$TMP/err")"
 grep -q "wexd info: listening on" "$TMP/out" || fail "quickstart.sh, wexd killed: no wexd log: $(cat "$TMP/out")"
+# quickstart.sh stopped by SIGTERM (timeout(1), a cancelled CI job) while
+# its consumers run: it exits 143 at once and stops them, and says nothing
+# of files it removed (its trap cleaned up, then the script went on, into
+# "cat: .../producer0.log: No such file or directory", exit 1, and left the
+# consumers running).
+QS2="$TMP/qs2"
+mkdir -p "$QS2/examples" "$QS2/tests" "$QS2/build"
+cp "$QS/examples/quickstart.sh" "$QS2/examples/"
+printf 'wex_install_deps() { :; }\ncmake() { :; }\n' >"$QS2/tests/deps.sh"
+ln -s "$(abs "$WEXD")" "$QS2/build/wexd"
+ln -s "$(abs "$WEXCTL")" "$QS2/build/wexctl"
+# Trainer and engine ranks that only wait; each engine rank writes its pid.
+printf '#!/bin/sh\nexec sleep 60\n' >"$QS2/build/wex-producer"
+printf '#!/bin/sh\necho $$ >>"%s"\nexec sleep 60\n' "$QS2/consumers" >"$QS2/build/wex-consumer"
+chmod +x "$QS2/build/wex-producer" "$QS2/build/wex-consumer"
+sh "$QS2/examples/quickstart.sh" --preset tiny >"$TMP/out" 2>"$TMP/err" &
+QSPID=$!
+i=0; until [ "$(wc -l <"$QS2/consumers" 2>/dev/null)" = 2 ]; do
+	i=$((i+1)); [ $i -lt 400 ] || fail "quickstart.sh did not start its consumers: $(cat "$TMP/out" "$TMP/err")"; sleep 0.05
+done
+kill -TERM "$QSPID"
+i=0; while kill -0 "$QSPID" 2>/dev/null && [ $i -lt 100 ]; do i=$((i+1)); sleep 0.05; done
+if kill -0 "$QSPID" 2>/dev/null; then
+	kill $(cat "$QS2/consumers") 2>/dev/null; wait "$QSPID"
+	fail "quickstart.sh, SIGTERM: still running 5 s later (waiting for its consumers): $(cat "$TMP/err")"
+fi
+wait "$QSPID"; rc=$?
+[ $rc = 143 ] || fail "quickstart.sh, SIGTERM: exit $rc, not 143: $(cat "$TMP/out" "$TMP/err")"
+grep -q "No such file" "$TMP/err" && fail "quickstart.sh, SIGTERM: went on after its cleanup: $(cat "$TMP/err")"
+for p in $(cat "$QS2/consumers"); do
+	kill -0 "$p" 2>/dev/null && { kill "$p"; fail "quickstart.sh, SIGTERM: consumer $p left running"; }
+done
 echo "PASS: missing values, bad values, extra arguments and --help; a path that is no socket; a connection wexd closes at once; the examples' options; the examples when wexd is killed; quickstart.sh's arguments and a wexd killed under it"

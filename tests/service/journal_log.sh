@@ -66,6 +66,34 @@ start_stop() {
 start_stop "$TMP/j.log"
 grep -q "^<6>wexd info: listening on $WEX_SOCKET" "$TMP/j.log" || fail "no <6> info line under the journal: $(cat "$TMP/j.log")"
 
+# Lines are UTF-8, also where one is cut: journald keeps a line that is not
+# as binary, and journalctl shows "[N blob data]" for it.  A long bad value
+# quoted in the error that stops wexd (cut at 64 bytes), and the models of
+# a file logged at start (cut at the 1 KiB a line may have), both of
+# non-ASCII names, were cut inside a character.
+PY=/usr/bin/python3; [ -x $PY ] || PY=python3
+utf8_ok() {
+	$PY -c 'import sys; open(sys.argv[1], "rb").read().decode("utf-8")' "$1" 2>/dev/null
+}
+$PY -c 'import json; print(json.dumps({"log_level": "\u00e9" * 40}, ensure_ascii=False))' >"$TMP/u8.json"
+: >"$TMP/j.log"
+JOURNAL_STREAM=$(stat -c '%d:%i' "$TMP/j.log") "$WEXD" --config "$TMP/u8.json" 2>>"$TMP/j.log"
+grep -q "^<3>.*field 'log_level'" "$TMP/j.log" || fail "no error for a long bad log_level: $(cat "$TMP/j.log")"
+utf8_ok "$TMP/j.log" || fail "the error quoting a long non-ASCII value is not UTF-8: $(cat -v "$TMP/j.log")"
+# Seven names of 53 three-byte characters: every character starts at a
+# multiple of 3 bytes into "<6>config info: models = ", and the line is cut
+# at 1022 bytes, inside one.
+$PY -c 'import json; print(json.dumps({"models": {chr(0x4e00 + k) * 53: {} for k in range(7)}}, ensure_ascii=False))' >"$TMP/u8models.json"
+: >"$TMP/j.log"
+mkfifo "$TMP/ready"
+JOURNAL_STREAM=$(stat -c '%d:%i' "$TMP/j.log") WEXD_READY_FD=3 "$WEXD" --config "$TMP/u8models.json" 3>"$TMP/ready" 2>>"$TMP/j.log" &
+WEXD_PID=$!
+read -r _ <"$TMP/ready" || fail "wexd did not start: $(cat "$TMP/j.log")"
+rm -f "$TMP/ready"
+kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; WEXD_PID=""
+grep -q "^<6>config info: models = " "$TMP/j.log" || fail "the models are not logged: $(cat "$TMP/j.log")"
+utf8_ok "$TMP/j.log" || fail "a log line cut at its limit is not UTF-8: its end: $(grep -a 'models = ' "$TMP/j.log" | tail -c 24 | od -An -tx1)"
+
 # What is no lease record in the lease journal's directory: a file is
 # removed, said so; a directory is left, and the log says so (it said
 # "removed" at every start).
