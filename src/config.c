@@ -878,7 +878,20 @@ int wex__config_set(struct wex_config *cfg, const char *name, const char *value,
 	if (!(fields[i].flags & F_MODIFIABLE)) {
 		/* The environment is read once, at start: a reload (SIGHUP)
 		 * re-reads only the file. */
-		if (fields[i].flags & F_RELOAD)
+		if ((fields[i].flags & F_RELOAD) && cfg->source[i] == WEX_CONFIG_SRC_ENV)
+			/* The environment outranks the file, at a reload too. */
+			snprintf(err, errlen,
+				 "config set: field '%s': cannot change at run time; it is set by "
+				 "%s in wexd's environment, which outranks the file: change it "
+				 "there and restart wexd",
+				 name, fields[i].env);
+		else if ((fields[i].flags & F_RELOAD) && cfg->source[i] == WEX_CONFIG_SRC_FLAG)
+			snprintf(err, errlen,
+				 "config set: field '%s': cannot change at run time; it is set on "
+				 "wexd's command line, which outranks the file: change it there and "
+				 "restart wexd",
+				 name);
+		else if (fields[i].flags & F_RELOAD)
 			snprintf(err, errlen,
 				 "config set: field '%s': cannot change at run time; set it in the "
 				 "file and reload wexd (SIGHUP)",

@@ -4,7 +4,8 @@
  * modifiable: a field that needs a restart (socket, io_backend, ...) or
  * comes from the file only (models) is refused with -EPERM and a message
  * naming it and the way to change it that works (the file and a reload,
- * which never re-reads the environment; or a restart), an unknown field with -ENOENT, a bad value with -EINVAL, and a
+ * which never re-reads the environment; or a restart; the environment
+ * and a restart for one the environment sets, which outranks the file), an unknown field with -ENOENT, a bad value with -EINVAL, and a
  * refused set changes nothing; a modifiable field changes and is recorded
  * as set at run time.
  */
@@ -63,6 +64,24 @@ int main(void)
 	CHECK(cfg.drain_timeout_ms == 0);
 
 	wex__config_free(&cfg);
+
+	/* max_clients set by the environment: a reload re-reads the file,
+	 * which the environment outranks; the way that works is named. */
+	CHECK(setenv("WEX_MAX_CLIENTS", "64", 1) == 0);
+	CHECK(wex__config_load(&cfg, "/nonexistent/wexd.json", 0, err, sizeof(err)) == 0);
+	CHECK(cfg.max_clients == 64 && cfg.source[WEX_CF_MAX_CLIENTS] == WEX_CONFIG_SRC_ENV);
+	CHECK(wex__config_set(&cfg, "max_clients", "8", err, sizeof(err)) == -EPERM);
+	CHECK_CONTAINS(err, "set by WEX_MAX_CLIENTS in wexd's environment");
+	CHECK(!strstr(err, "set it in the file and reload"));
+	CHECK(cfg.max_clients == 64);
+	printf("refused as expected: %s\n", err);
+	/* ... and on wexd's command line, likewise. */
+	CHECK(wex__config_set_flag(&cfg, "max_clients", "32", "--max-clients", err, sizeof(err)) == 0);
+	CHECK(wex__config_set(&cfg, "max_clients", "8", err, sizeof(err)) == -EPERM);
+	CHECK_CONTAINS(err, "set on wexd's command line");
+	CHECK(!strstr(err, "set it in the file and reload"));
+	wex__config_free(&cfg);
+	unsetenv("WEX_MAX_CLIENTS");
 	printf("PASS\n");
 	return T_EXIT_PASS;
 }

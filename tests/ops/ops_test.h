@@ -57,7 +57,8 @@ static inline void t_clear_env(void)
 {
 	static const char *const vars[] = { "WEX_SOCKET", "WEX_SOCKET_MODE", "WEX_SOCKET_GROUP",
 		"WEX_IO", "WEX_LOG_LEVEL", "WEX_BEGIN_WRITE_TIMEOUT_MS", "WEX_SYNC_TIMEOUT_MS",
-		"WEX_MAX_MESSAGE_BYTES", "WEX_MAX_CLIENTS", "WEX_WATCHDOG", "WEX_DRAIN_TIMEOUT_MS" };
+		"WEX_MAX_MESSAGE_BYTES", "WEX_MAX_CLIENTS", "WEX_WATCHDOG", "WEX_DRAIN_TIMEOUT_MS",
+		"WEX_MAX_OPEN_FILES" };
 
 	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
 		unsetenv(vars[i]);
