@@ -78,7 +78,8 @@ void wex__journal_close(struct wex_journal *j)
 static const char *mode_str(int mode)
 {
 	return mode == WEX_SYNC_REMAP_FIXED ? "remap-fixed" :
-	       mode == WEX_SYNC_REMAP_VIEW  ? "remap-view" : "copy";
+	       mode == WEX_SYNC_REMAP_VIEW  ? "remap-view" :
+	       mode == WEX_JOURNAL_ROUND    ? "round" : "copy";
 }
 
 /* Writes a whole record (JSON padded with spaces) over the first page:
@@ -193,6 +194,8 @@ static int mode_parse(const char *s)
 		return WEX_SYNC_REMAP_VIEW;
 	if (!strcmp(s, "remap-fixed"))
 		return WEX_SYNC_REMAP_FIXED;
+	if (!strcmp(s, "round"))
+		return WEX_JOURNAL_ROUND;
 	return -1;
 }
 
@@ -298,6 +301,12 @@ void wex__journal_scan(struct wex_journal *j,
 
 		if (e->d_name[0] == '.')
 			continue;
+		/* A record the first journal wrote whole and was to rename
+		 * over its name (a wexd killed between): not a lease granted. */
+		if (!strncmp(e->d_name, "tmp-", 4)) {
+			unlinkat(j->dirfd, e->d_name, 0);
+			continue;
+		}
 		rfd = openat(j->dirfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 		if (rfd < 0) {
 			snprintf(why, sizeof(why), "%s", strerror(errno));

@@ -9,7 +9,10 @@
  * mode 0700) before it answers the sync: one file per consumer connection,
  * marked ended when the lease ends and removed with the connection.  A wexd that starts reads them back: each lease
  * whose process still lives holds its model until that process reconnects
- * (and reclaims it, or says it no longer holds it) or exits.
+ * (and reclaims it, or says it no longer holds it) or exits.  A rank's
+ * take of its group's open round is written so too (WEX_JOURNAL_ROUND): it
+ * holds the model until the group's other ranks take that version at the
+ * new wexd, or the process calls it again, or exits.
  *
  * A record is one page, rewritten in place with one pwrite when its
  * lease changes or ends (the file lives as long as the connection), so a
@@ -26,6 +29,12 @@
 
 #define WEX_JOURNAL_NAME_MAX 64
 
+/* The mode of a record that holds no lease: its rank took the version of
+ * its group's open round, which the other ranks have yet to take (the
+ * round keeps the producer off until they do: the group must not split
+ * between two versions when wexd restarts meanwhile).  Written "round". */
+#define WEX_JOURNAL_ROUND 16
+
 struct wex_journal {
 	int dirfd;       /* -1: off */
 	char path[4096]; /* the directory */
@@ -40,7 +49,7 @@ struct wex_journal_rec {
 	char group[WEX_NAME_MAX];
 	uint32_t rank, world;
 	uint64_t version;
-	int mode;
+	int mode; /* WEX_SYNC_REMAP_*, or WEX_JOURNAL_ROUND */
 	pid_t pid;
 	uid_t uid;
 	uint64_t start; /* the process's start time, clock ticks after boot (0: unknown) */

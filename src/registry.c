@@ -175,6 +175,8 @@ static void model_maybe_free(struct wexd *d, struct model *m)
 	model_free(d, m);
 }
 
+static void lease_note(struct conn *c);
+
 static void round_close(struct model *m, struct cgroup *g)
 {
 	if (!g->round_open)
@@ -182,6 +184,10 @@ static void round_close(struct model *m, struct cgroup *g)
 	g->round_open = 0;
 	if (m->leases)
 		m->leases--; /* the group's hold */
+	/* The takes written down for it end with it. */
+	for (uint32_t i = 0; i < g->world; i++)
+		if (g->ranks[i] && g->ranks[i]->note_mode == WEX_JOURNAL_ROUND)
+			lease_note(g->ranks[i]);
 }
 
 /* Rank r of group g holds nothing of the open round any more (it left,
@@ -192,6 +198,8 @@ static void round_untake(struct cgroup *g, uint32_t r)
 	if (g->round_open && g->taken[r]) {
 		g->taken[r] = 0;
 		g->ntaken--;
+		if (g->ranks[r])
+			lease_note(g->ranks[r]);
 	}
 }
 
@@ -396,6 +404,8 @@ static const char *mode_name(int mode)
 		return "remap-view";
 	case WEX_SYNC_REMAP_FIXED:
 		return "remap-fixed";
+	case WEX_JOURNAL_ROUND:
+		return "round";
 	default:
 		return "-";
 	}
@@ -822,7 +832,12 @@ static void describe_leases(struct wexd *d, struct model *m, char *buf, size_t l
 		}
 	}
 	for (struct held *h = d->held; h && off < len; h = h->next)
-		if (h->m == m)
+		if (h->m == m && h->r.mode == WEX_JOURNAL_ROUND)
+			off += (size_t)snprintf(buf + off, len - off,
+						"%sgroup '%s' rank %u (pid %d) took v%llu before wexd restarted, its peers not yet (until they take it, that process calls wexd again, or exits)",
+						off ? "; " : "", h->r.group, h->r.rank, (int)h->r.pid,
+						(unsigned long long)h->r.version);
+		else if (h->m == m)
 			off += (size_t)snprintf(buf + off, len - off,
 						"%sgroup '%s' rank %u (pid %d) holds v%llu in %s mode from before wexd restarted (until that process calls wexd again, or exits)",
 						off ? "; " : "", h->r.group, h->r.rank, (int)h->r.pid,
@@ -833,6 +848,7 @@ static void describe_leases(struct wexd *d, struct model *m, char *buf, size_t l
  * connection that once held a remap lease writes nothing). */
 static void lease_unnote(struct conn *c)
 {
+	c->note_mode = 0;
 	if (!c->lease_noted)
 		return;
 	wex__journal_clear(&c->d->journal, c->lease_fd);
@@ -847,7 +863,27 @@ static void lease_drop(struct model *m, struct conn *c)
 	c->lease_reclaimed = 0;
 	if (m->leases)
 		m->leases--;
-	lease_unnote(c);
+	lease_note(c); /* (a take of its group's open round may stay) */
+}
+
+/* What c's journal record must say (its mode, 0: nothing held): its remap
+ * lease, else its take of its group's open round, which keeps the producer
+ * off until the other ranks take that version too: a wexd restarted
+ * meanwhile must not let them get the next one (the group split between
+ * two versions).  A group of one rank closes its round as it takes it. */
+static int note_wanted(const struct conn *c, uint64_t *v)
+{
+	const struct cgroup *g = c->group;
+
+	if (c->has_lease && c->lease_mode != WEX_SYNC_COPY) {
+		*v = c->lease_version;
+		return c->lease_mode;
+	}
+	if (g && g->world > 1 && g->round_open && g->taken[c->rank] == 1) {
+		*v = g->round_version;
+		return WEX_JOURNAL_ROUND;
+	}
+	return 0;
 }
 
 /*
@@ -863,20 +899,27 @@ static void lease_note(struct conn *c)
 {
 	struct wexd *d = c->d;
 	struct wex_journal_rec r = { 0 };
-	int ret;
+	uint64_t v = 0;
+	int mode = note_wanted(c, &v), ret;
 
-	if (!c->has_lease || c->lease_mode == WEX_SYNC_COPY) {
+	if (!mode) {
 		lease_unnote(c);
 		return;
 	}
-	if (d->journal.dirfd < 0)
+	/* (Shutting down: what is written stays as it is.) */
+	if (d->journal.dirfd < 0 || d->journal.keep)
+		return;
+	/* (Written already, or not writable for this peer: counted once.) */
+	if ((c->lease_noted || c->pid <= 0) && c->note_mode == mode && c->note_version == v)
 		return;
 	if (c->pid <= 0) {
 		/* Peer in a pid namespace wexd cannot see: no process to
 		 * hold the lease for after a restart. */
+		c->note_mode = mode;
+		c->note_version = v;
 		if (d->journal.errors++ % 1000 == 0)
 			wex_warn("journal", "cannot write down the %s lease of a client whose pid wexd cannot see (another pid namespace): should wexd restart before it ends, the producer could write under it",
-				 mode_name(c->lease_mode));
+				 mode_name(mode));
 		return;
 	}
 	if (!c->start)
@@ -885,18 +928,20 @@ static void lease_note(struct conn *c)
 	snprintf(r.group, sizeof(r.group), "%s", c->group->name);
 	r.rank = c->rank;
 	r.world = c->group->world;
-	r.version = c->lease_version;
-	r.mode = c->lease_mode;
+	r.version = v;
+	r.mode = mode;
 	r.pid = c->pid;
 	r.uid = c->uid;
 	r.start = c->start;
 	ret = wex__journal_put(&d->journal, &c->lease_fd, c->lease_file, &r);
 	c->lease_noted = c->lease_fd >= 0; /* a failed rewrite may leave the old record */
+	c->note_mode = ret < 0 ? 0 : mode;
+	c->note_version = v;
 	if (ret < 0) {
 		if (d->journal.errors == 1 || d->journal.errors % 1000 == 0)
 			wex_warn("journal", "cannot write down the %s lease of pid %d on model '%s' v%llu in %s: %s: should wexd restart before it ends, the producer could write under it (%llu failed write(s) so far)",
-				 mode_name(c->lease_mode), (int)c->pid, c->model->name,
-				 (unsigned long long)c->lease_version, d->journal.path,
+				 mode_name(mode), (int)c->pid, c->model->name,
+				 (unsigned long long)v, d->journal.path,
 				 strerror(-ret), (unsigned long long)d->journal.errors);
 	}
 }
@@ -963,9 +1008,14 @@ static void held_add(void *arg, const char *name, const struct wex_journal_rec *
 	d->held = h;
 	m->leases++;
 	m->held++;
-	wex_warn("journal", "model '%s': pid %d (group '%s' rank %u) still holds v%llu in %s mode from before this wexd started: producers wait until it calls wexd again or exits",
-		 m->name, (int)h->r.pid, h->r.group, h->r.rank, (unsigned long long)h->r.version,
-		 mode_name(h->r.mode));
+	if (h->r.mode == WEX_JOURNAL_ROUND)
+		wex_warn("journal", "model '%s': pid %d (group '%s' rank %u) took v%llu before this wexd started, its peers not yet: producers wait until they take it, or it calls wexd again or exits",
+			 m->name, (int)h->r.pid, h->r.group, h->r.rank,
+			 (unsigned long long)h->r.version);
+	else
+		wex_warn("journal", "model '%s': pid %d (group '%s' rank %u) still holds v%llu in %s mode from before this wexd started: producers wait until it calls wexd again or exits",
+			 m->name, (int)h->r.pid, h->r.group, h->r.rank,
+			 (unsigned long long)h->r.version, mode_name(h->r.mode));
 }
 
 void wexd_held_load(struct wexd *d)
@@ -1020,6 +1070,12 @@ static int held_claim(struct wexd *d, struct conn *c, uint64_t lease)
 	}
 	if (!c->start)
 		c->start = wex__proc_start(c->pid);
+	/* A take of a round (no lease) ends as its process calls again: the
+	 * version the rank holds is its next sync's business. */
+	if (h->r.mode == WEX_JOURNAL_ROUND) {
+		held_drop(d, h, "its process called this wexd");
+		return 0;
+	}
 	if (lease != h->r.version || (h->r.start && c->start && h->r.start != c->start)) {
 		held_drop(d, h, lease ? "its process holds another version" :
 			  "its process reconnected without it");
@@ -1049,6 +1105,87 @@ static int held_claim(struct wexd *d, struct conn *c, uint64_t lease)
 	return 1;
 }
 
+
+/* h holds v for a rank of group g other than `rank` (whose slot the
+ * acquiring process holds now). */
+static int held_in(const struct held *h, const struct model *m, const struct cgroup *g,
+		   uint64_t v, uint32_t rank)
+{
+	return h->m == m && h->r.version == v && h->r.world == g->world && h->r.rank != rank &&
+	       !strcmp(h->r.group, g->name);
+}
+
+/* A rank of group g other than `rank` holds v from before this wexd: its
+ * lease, or its take of the round the group had open (struct held);
+ * `round`: only the latter. */
+static int held_in_group(struct wexd *d, struct model *m, struct cgroup *g, uint64_t v,
+			 uint32_t rank, int round)
+{
+	for (struct held *h = d->held; h; h = h->next)
+		if (held_in(h, m, g, v, rank) && (!round || h->r.mode == WEX_JOURNAL_ROUND))
+			return 1;
+	return 0;
+}
+
+/*
+ * Group g opens a round on v: each of its ranks that holds v from before
+ * this wexd (struct held) passes it (2, taken without a lease): a lease
+ * stays held; a take of the round the group had open when wexd restarted
+ * (WEX_JOURNAL_ROUND) ends, the round's hold taking over from it.
+ */
+static void held_round_pass(struct wexd *d, struct model *m, struct cgroup *g, uint64_t v,
+			    uint32_t rank)
+{
+	struct held *h, *next;
+
+	for (h = d->held; h; h = next) {
+		next = h->next;
+		if (!held_in(h, m, g, v, rank))
+			continue;
+		if (!g->taken[h->r.rank]) {
+			g->taken[h->r.rank] = 2;
+			g->ntaken++;
+		}
+		if (h->r.mode == WEX_JOURNAL_ROUND)
+			held_drop(d, h, "its group took that version again at this wexd");
+	}
+}
+
+/*
+ * Opens group g's round on the published version, for its rank `rank`
+ * (which the caller counts).  0 if some producer rank does not hold that
+ * version (a rank that left and came back holds nothing until it
+ * publishes).
+ */
+static int round_open_now(struct wexd *d, struct model *m, struct cgroup *g, uint32_t rank)
+{
+	uint64_t v = m->published;
+
+	for (uint32_t i = 0; i < m->world; i++)
+		if (!m->ranks[i].c || m->ranks[i].published != v)
+			return 0;
+	g->round_open = 1;
+	g->round_version = v;
+	g->ntaken = 0;
+	memset(g->taken, 0, g->world);
+	m->leases++; /* the group's hold until every rank took v */
+	/* Peers that hold v already (served it from this wexd, in this
+	 * epoch) pass at once (2: taken without a lease): a rank that syncs
+	 * v again (a repeated request, a restarted engine) must not hold the
+	 * producer until every peer takes v again, which idle peers never
+	 * do. */
+	for (uint32_t i = 0; i < g->world; i++) {
+		const struct conn *p = g->ranks[i];
+
+		if (i != rank && p && p->served_version == v && p->served_epoch == m->epoch) {
+			g->taken[i] = 2;
+			g->ntaken++;
+		}
+	}
+	if (m->held)
+		held_round_pass(d, m, g, v, rank);
+	return 1;
+}
 
 /*
  * A newer version v is asked for while version m->writing is unfinished
@@ -1335,32 +1472,44 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 		v = g->round_version;
 		g->ntaken--;
 	} else {
-		if (!m->published || m->writing || m->write_pending || m->published < c->wait_version)
-			return 0;
-		/* Every producer rank must still hold the published version (a
-		 * rank that left and came back holds nothing until it publishes). */
-		for (uint32_t i = 0; i < m->world; i++)
-			if (!m->ranks[i].c || m->ranks[i].published != m->published)
-				return 0;
-		v = m->published;
-		g->round_open = 1;
-		g->round_version = v;
-		g->ntaken = 0;
-		memset(g->taken, 0, g->world);
-		m->leases++; /* the group's hold until every rank took v */
-		/* Peers that hold v already (served it from this wexd, in this
-		 * epoch) pass at once (2: taken without a lease): a rank that
-		 * syncs v again (a repeated request, a restarted engine) must
-		 * not hold the producer until every peer takes v again, which
-		 * idle peers never do. */
-		for (uint32_t i = 0; i < g->world; i++) {
-			const struct conn *p = g->ranks[i];
+		/* A rank of this group holds the published version from before
+		 * this wexd (struct held): its lease, or its take of the round
+		 * the group had open, keeps the writer off anyway. */
+		int held = m->held && m->published &&
+			   held_in_group(d, m, g, m->published, c->rank, 0);
 
-			if (i != c->rank && p && p->served_version == v && p->served_epoch == m->epoch) {
-				g->taken[i] = 2;
+		if (!m->published || m->writing)
+			return 0;
+		if (m->published < c->wait_version) {
+			/* This rank holds that version too (it took it from an
+			 * earlier wexd, and the producers restored it) and asks
+			 * for a newer one: it passes the round its group had
+			 * open on it (written down as its peers' takes, which
+			 * opening it ends: this is done once), as in the first
+			 * branch above, so that the round no longer waits for
+			 * it. */
+			if (held && c->wait_held == m->published && m->published_restored &&
+			    held_in_group(d, m, g, m->published, c->rank, 1) &&
+			    round_open_now(d, m, g, c->rank)) {
+				g->taken[c->rank] = 2;
 				g->ntaken++;
+				if (g->ntaken == g->world)
+					round_close(m, g);
+				d->round_passed = 1;
 			}
+			return 0;
 		}
+		/* A writer waiting keeps new rounds off, but not one on a
+		 * version a rank of this group holds from before this wexd:
+		 * the group must all take it (one version), and the writer
+		 * waits for that rank anyway.  Before, the writer waited for
+		 * that rank, and this one for the writer, until one of them
+		 * timed out. */
+		if (m->write_pending && !held)
+			return 0;
+		if (!round_open_now(d, m, g, c->rank))
+			return 0;
+		v = m->published;
 	}
 	g->taken[c->rank] = 1;
 	g->ntaken++;
@@ -1375,9 +1524,9 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 	c->lease_epoch = m->epoch;
 	c->lease_mode = c->wait_mode;
 	m->leases++;
-	lease_note(c);
 	if (g->ntaken == g->world)
 		round_close(m, g);
+	lease_note(c);
 	c->waiting = WAIT_NONE;
 	c->syncs++;
 	c->last_sync_ns = wex__now_ns();
@@ -1442,6 +1591,7 @@ json_t *wexd_acquire(struct wexd *d, struct conn *c, json_t *req)
 			g->taken[c->rank] = 1;
 			if (++g->ntaken == g->world)
 				round_close(c->model, g);
+			lease_note(c);
 		}
 		c->served_version = c->lease_version;
 		c->served_epoch = c->model->epoch;
@@ -1816,12 +1966,12 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 			wex_info("registry", "consumer rank %u of group '%s' (pid %d) left holding v%llu: lease dropped",
 				 c->rank, g->name, (int)c->pid,
 				 (unsigned long long)c->lease_version);
-		lease_drop(m, c);
-		wex__journal_del(&d->journal, &c->lease_fd, c->lease_file);
-		c->lease_noted = 0;
 		/* The slot's next process holds nothing: the open round waits
 		 * for it, and it takes the round's version at once. */
 		round_untake(g, c->rank);
+		lease_drop(m, c);
+		wex__journal_del(&d->journal, &c->lease_fd, c->lease_file);
+		c->lease_noted = 0;
 		g->ranks[c->rank] = NULL;
 		plans_gc(m);
 		for (uint32_t i = 0; i < g->world; i++)

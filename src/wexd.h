@@ -78,6 +78,8 @@ struct conn {
 	char lease_file[WEX_JOURNAL_NAME_MAX]; /* its journal record ("": none) */
 	int lease_fd;                          /* ... open while the connection lives, or -1 */
 	int lease_noted;                       /* ... holds a lease now (not marked ended) */
+	int note_mode;                         /* ... written with this mode (0: to write) */
+	uint64_t note_version;                 /* ... and this version */
 	uint64_t start; /* the process's start time (journal.h), 0 until needed */
 	uint64_t served_version;
 	struct wex_tensor *layout;

@@ -17,8 +17,9 @@
  *  - stale_records: records left by processes that are gone (a reaped pid;
  *    a live pid whose start time differs, i.e. a reused pid; a live pid in
  *    a record of another boot, or of another user), a record
- *    that does not parse, an empty one (created, never written) and one
- *    marked ended are all removed when wexd starts, and hold nothing.
+ *    that does not parse, an empty one (created, never written), one
+ *    marked ended and a temporary file an older wexd left are all removed
+ *    when wexd starts, and hold nothing.
  *  - claim_mismatch: a hello from the lease's process that names another
  *    version ends the held lease instead of taking it; the client whose
  *    lease that was then learns at its release that it was lost
@@ -38,6 +39,17 @@
  *  - close_while_down: an engine that closes its client while wexd is down
  *    (between a crash and its restart) ends its lease at the next wexd
  *    once it listens, not only when the engine's process exits.
+ *  - round_kept: a group of two ranks, rank 0 took v1 and rank 1 not yet
+ *    (the round on v1 holds the trainer off), and wexd is SIGKILLed and
+ *    restarted: the next wexd still holds the trainer off until rank 1
+ *    took v1 too (by copy, before: the round was forgotten, the trainer
+ *    wrote v2 at once and rank 1 got v2 while rank 0 served v1), and rank
+ *    1 takes v1 at once while the trainer waits to write (before, in
+ *    remap-view mode: it waited for the trainer's begin_write to time out,
+ *    and the trainer for rank 0's lease).
+ *  - round_passed: a rank that holds the version of the round written
+ *    down (it took it from an earlier wexd) and asks for the next passes
+ *    that round at the next wexd, so the trainer writes at once.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -286,6 +298,9 @@ static void stale_records(void)
 	write_record("l-1-3", "{\"wex_lease\":1,\"model\":\"stale\"");
 	write_record("l-1-4", ""); /* created, never written */
 	write_record("l-1-5", "{\"wex_lease\":0}"); /* ended */
+	/* Left by the first journal's create-and-rename, killed between: a
+	 * record whose sync was never answered, for a live process. */
+	stale_record("tmp-l-1-8", getpid(), getuid(), 0, "");
 	t_wexd_restart(&d);
 	T_ASSERT(journal_count() == 0, "every stale record was removed (%d left)", journal_count());
 	T_ASSERT(t_leases(d.sock, "stale") == 0, "and none holds the model");
@@ -509,6 +524,136 @@ static void close_while_down(void)
 	t_prod_close(&p);
 }
 
+/* A trainer waiting to write v (`publish`: and publishing it). */
+struct writer {
+	pthread_t th;
+	struct t_prod *p;
+	uint64_t v;
+	int publish;
+	int ret;
+};
+
+static void *writer_main(void *arg)
+{
+	struct writer *w = arg;
+
+	w->ret = wex_begin_write(w->p->c, w->v, 10000);
+	if (w->ret == 0 && w->publish) {
+		ex_fill(w->p->base, w->p->t, (size_t)w->p->n, w->v, 1);
+		w->ret = wex_publish(w->p->c, w->v);
+	}
+	return NULL;
+}
+
+/* `mode`: the ranks' sync mode (rank 0's record is then its take of the
+ * round, or its remap lease). */
+static void round_kept(int mode)
+{
+	const char *model = mode == WEX_SYNC_COPY ? "round" : "round-view";
+	struct t_prod p;
+	struct t_cons k0, k1;
+	struct wex_sync_result r;
+	struct writer w = { .p = &p, .v = 2 };
+	double t0;
+	int ret;
+
+	t_prod_open(&p, model, "tiny", 0, 1);
+	t_cons_open_from(&k0, model, "g", "tiny", 0, 2, 0);
+	t_cons_open_from(&k1, model, "g", "tiny", 1, 2, 0);
+	t_prod_write(&p, 1);
+	T_WEX(k0.c, wex_sync(k0.c, mode, 1, 5000, &r));
+	ret = wex_begin_write(p.c, 2, 200);
+	T_ASSERT(ret == -EBUSY, "the open round holds the trainer off: %s", wex_strerror(ret));
+	restart();
+	ret = wex_begin_write(p.c, 2, 300);
+	T_ASSERT(ret == -EBUSY &&
+		 strstr(wex_last_error(p.c), mode == WEX_SYNC_COPY ? "its peers not yet" :
+								      "before wexd restarted"),
+		 "after the restart too, until rank 1 took v1: %s (%s)", wex_strerror(ret),
+		 wex_last_error(p.c));
+	T_ASSERT(held_count(model, (int)getpid(), 1,
+			    mode == WEX_SYNC_COPY ? "round" : "remap-view") == 1,
+		 "status shows rank 0's take of the round");
+	/* The trainer waits to write v2 (an asynchronous trainer always
+	 * does): rank 1 still takes v1 at once, as it would have from the
+	 * round (before: it waited for the trainer's timeout). */
+	pthread_create(&w.th, NULL, writer_main, &w);
+	usleep(100000);
+	t0 = t_now();
+	T_WEX(k1.c, wex_sync(k1.c, mode, 1, 5000, &r));
+	T_ASSERT(r.version == 1 && t_now() - t0 < 2,
+		 "rank 1 gets v1, the version rank 0 serves, at once (got v%llu after %.2f s)",
+		 (unsigned long long)r.version, t_now() - t0);
+	if (mode == WEX_SYNC_COPY) {
+		T_ASSERT(t_own_bad(&k1, 1) == 0, "rank 1's weights hold v1");
+		T_ASSERT(held_count(model, 0, 0, "") == 0 && journal_count() == 0,
+			 "the round closed, and nothing of it stays written down (%d records)",
+			 journal_count());
+	} else {
+		T_ASSERT(t_view_bad(&k1, 0, 1) == 0, "rank 1 views v1");
+		T_WEX(k1.c, wex_release(k1.c));
+		T_WEX(k0.c, wex_release(k0.c));
+	}
+	pthread_join(w.th, NULL);
+	T_ASSERT(w.ret == 0, "the trainer then writes v2: %s", wex_strerror(w.ret));
+	ex_fill(p.base, p.t, (size_t)p.n, 2, 1);
+	T_WEX(p.c, wex_publish(p.c, 2));
+	T_WEX(k0.c, wex_sync(k0.c, mode, 2, 5000, &r));
+	T_ASSERT(r.version == 2, "rank 0 then gets v2");
+	T_WEX(k1.c, wex_sync(k1.c, mode, 2, 5000, &r));
+	T_ASSERT(r.version == 2, "and rank 1 v2");
+	if (mode == WEX_SYNC_COPY)
+		T_ASSERT(t_own_bad(&k0, 2) == 0 && t_own_bad(&k1, 2) == 0 && journal_count() == 0,
+			 "whole, and a closed round writes nothing (%d records)", journal_count());
+	t_cons_close(&k0);
+	t_cons_close(&k1);
+	t_prod_close(&p);
+}
+
+/* Rank 0 re-syncs v1 after a restart (a round on v1 that rank 1, which
+ * took v1 from the wexd before, has not passed yet) and wexd restarts
+ * again: rank 1, asking for v2 and saying it holds v1, passes the round
+ * rank 0's record holds, and the trainer writes (rather than waiting for
+ * rank 0, whose rollout waits for rank 1). */
+static void round_passed(void)
+{
+	struct t_prod p;
+	struct t_cons k0, k1;
+	struct wex_sync_result r;
+	struct writer w = { .p = &p, .v = 2, .publish = 1 };
+	double t0;
+
+	t_prod_open(&p, "pass", "tiny", 0, 1);
+	t_cons_open_from(&k0, "pass", "g", "tiny", 0, 2, 0);
+	t_cons_open_from(&k1, "pass", "g", "tiny", 1, 2, 0);
+	t_prod_write(&p, 1);
+	T_WEX(k0.c, wex_sync(k0.c, WEX_SYNC_COPY, 1, 5000, &r));
+	T_WEX(k1.c, wex_sync(k1.c, WEX_SYNC_COPY, 1, 5000, &r));
+	restart();
+	T_WEX(k0.c, wex_sync(k0.c, WEX_SYNC_COPY, 1, 5000, &r));
+	T_ASSERT(journal_count() == 1, "rank 0's take of the new round is written down (%d)",
+		 journal_count());
+	restart();
+	pthread_create(&w.th, NULL, writer_main, &w);
+	usleep(300000);
+	t0 = t_now();
+	T_WEX(k1.c, wex_sync(k1.c, WEX_SYNC_COPY, 2, 5000, &r));
+	T_ASSERT(r.version == 2 && t_now() - t0 < 2 && t_own_bad(&k1, 2) == 0,
+		 "rank 1 gets v2 at once (v%llu after %.2f s)", (unsigned long long)r.version,
+		 t_now() - t0);
+	pthread_join(w.th, NULL);
+	T_ASSERT(w.ret == 0, "the trainer wrote v2: %s", wex_strerror(w.ret));
+	T_ASSERT(held_count("pass", 0, 0, "") == 0 && journal_count() == 1,
+		 "nothing held from before; rank 1's take of the round on v2 written (%d records)",
+		 journal_count());
+	T_WEX(k0.c, wex_sync(k0.c, WEX_SYNC_COPY, 2, 5000, &r));
+	T_ASSERT(r.version == 2 && t_own_bad(&k0, 2) == 0 && journal_count() == 0,
+		 "rank 0 too, which closes that round (%d records)", journal_count());
+	t_cons_close(&k0);
+	t_cons_close(&k1);
+	t_prod_close(&p);
+}
+
 int main(void)
 {
 	t_wexd_start(&d);
@@ -524,6 +669,9 @@ int main(void)
 	newer_member();
 	fsize_limit();
 	close_while_down();
+	round_kept(WEX_SYNC_COPY);
+	round_kept(WEX_SYNC_REMAP_VIEW);
+	round_passed();
 	t_wexd_stop(&d);
 	printf("lease_journal: PASS\n");
 	t_exit(T_EXIT_PASS);
