@@ -75,8 +75,10 @@ int wex__cuda_vmm_readonly(void);
  * wex__cuda_copy_sync() or the copy slot (which waits).
  */
 int wex__cuda_copy_async(const struct wex_copy_op *ops, size_t n, int dev);
-/* The copy slot of both tables: issue on the device owning ops[0].dst,
- * then wait.  Blocks. */
+/* The copy slot of both tables: issue on the device owning ops[0].dst;
+ * when that is host memory, each op on the GPU its destination lies on,
+ * else on its source's (a layout may mix host pieces with GPU ones, which
+ * only their own GPU may reach); then wait.  Blocks. */
 int wex__cuda_copy(const struct wex_copy_op *ops, size_t n, int threads);
 /* Whether copies go in cuMemcpyBatchAsync batches (the default, where the
  * driver has it) or one cuMemcpyAsync each, for this process from now on;

@@ -371,13 +371,17 @@ int wex__cuda_copy_sync(int dev)
 	return WEX_CU(wex__cu.cuStreamSynchronize(s));
 }
 
-/* Copies into host memory whose sources lie on several GPUs: each runs on
- * its source's GPU (a consumer whose layout is host memory maps an import
- * for its owner only, so another GPU cannot read it), the ops of one GPU
- * in one go, host sources with the first GPU's; then waits for every GPU
- * used, after an error too.  1 when the sources span at most one GPU
- * (nothing done: the caller's single-device path serves). */
-static int copy_by_source(const struct wex_copy_op *ops, size_t n)
+/* Copies whose first one writes host memory: each runs on the GPU its
+ * destination lies on, else on its source's (a consumer whose layout is
+ * host memory maps an import for its owner only, so another GPU cannot
+ * read it; a layout mixing host pieces with GPU ones has imports mapped
+ * for its GPU too, but the GPU pieces are reached by that GPU alone when
+ * they are VMM memory, as PyTorch's expandable segments are), the ops of
+ * one GPU in one go, those touching no GPU with the first GPU's; then
+ * waits for every GPU used, after an error too.  1 when they span at most
+ * one GPU (nothing done: the caller's single-device path serves, on
+ * *single, or where it picks when that is -1). */
+static int copy_by_device(const struct wex_copy_op *ops, size_t n, int *single)
 {
 	int devs[COPY_MAX_DEVICES], ndev = 0, ret = 0;
 	struct wex_copy_op *sub;
@@ -387,7 +391,10 @@ static int copy_by_source(const struct wex_copy_op *ops, size_t n)
 	if (!of)
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++) {
-		int d = wex__cuda_ptr_on_gpu(ops[i].src), k = 0;
+		int d = wex__cuda_ptr_on_gpu(ops[i].dst), k = 0;
+
+		if (d < 0)
+			d = wex__cuda_ptr_on_gpu(ops[i].src);
 
 		of[i] = d;
 		while (d >= 0 && k < ndev && devs[k] != d)
@@ -396,6 +403,7 @@ static int copy_by_source(const struct wex_copy_op *ops, size_t n)
 			devs[ndev++] = d;
 	}
 	if (ndev < 2) {
+		*single = ndev ? devs[0] : -1;
 		free(of);
 		return 1;
 	}
@@ -434,10 +442,12 @@ int wex__cuda_copy(const struct wex_copy_op *ops, size_t n, int threads)
 		return ret;
 	if (n == 0)
 		return 0;
+	dev = -1;
 	if (n > 1 && wex__cuda_ptr_on_gpu(ops[0].dst) < 0 &&
-	    (ret = copy_by_source(ops, n)) != 1)
+	    (ret = copy_by_device(ops, n, &dev)) != 1)
 		return ret;
-	pick_device(ops, n, -1, &dev);
+	if (dev < 0)
+		pick_device(ops, n, -1, &dev);
 	ret = wex__cuda_copy_async(ops, n, dev);
 	/* Wait even after an error: queued copies must not outlive the call. */
 	sret = wex__cuda_copy_sync(dev);

@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -195,6 +196,52 @@ static uint64_t peer_bit(int access_dev, int dev)
 static int ipc_open(const struct wex_mem_desc *desc, int dev, int access_dev,
 		    struct ipc_entry **out);
 
+/* Whether this process sees the device named by uuid (either text form),
+ * asked without the error wex__cuda_device_by_uuid logs. */
+static int uuid_visible(const char *uuid)
+{
+	const char *want = strncmp(uuid, "GPU-", 4) == 0 ? uuid + 4 : uuid;
+	char mine[WEX_UUID_LEN];
+	int n = 0;
+
+	if (wex__cu.cuDeviceGetCount(&n) != CUDA_SUCCESS)
+		return 0;
+	for (int i = 0; i < n; i++)
+		if (wex__cuda_device_uuid(i, mine, sizeof(mine)) == 0 &&
+		    strcasecmp(strncmp(mine, "GPU-", 4) == 0 ? mine + 4 : mine, want) == 0)
+			return 1;
+	return 0;
+}
+
+/* The device in whose context the handle is opened: the one holding the
+ * memory; where this process cannot see that one (CUDA_VISIBLE_DEVICES
+ * naming the engine's GPU alone), the device the import is for, as the
+ * driver opens handles of devices a process cannot see too ("can open
+ * handles to devices that may not be visible", cudaIpcOpenMemHandle),
+ * mapped for the current one with peer access enabled
+ * (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS). */
+static int open_device(const struct wex_mem_desc *desc, int access_dev, int *dev)
+{
+	const char *uuid = desc->device;
+	struct ipc_entry *e;
+
+	if (access_dev >= 0 && !uuid_visible(uuid)) {
+		/* Opened here already: in that one's context (peer access
+		 * from access_dev is to be had to it). */
+		pthread_mutex_lock(&ipc_lock);
+		e = find(desc->handle);
+		*dev = e ? e->dev : access_dev;
+		pthread_mutex_unlock(&ipc_lock);
+		if (e)
+			return 0;
+		wex_debug("cuda", "import: device %s is not visible here: its legacy IPC handle "
+			  "opens on device %d", uuid, access_dev);
+		*dev = access_dev;
+		return 0;
+	}
+	return wex__cuda_device_by_uuid(uuid, dev);
+}
+
 static int ipc_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 		      struct wex_mem_seg *seg)
 {
@@ -210,7 +257,7 @@ static int ipc_import(const struct wex_mem_desc *desc, int fd, int access_dev,
 	if (desc->kind != WEX_MEM_CUDA_IPC || desc->handle_len != CU_IPC_HANDLE_SIZE ||
 	    desc->size == 0 || desc->handle_offset + desc->size > desc->alloc_size)
 		return -EINVAL;
-	ret = wex__cuda_device_by_uuid(desc->device, &dev);
+	ret = open_device(desc, access_dev, &dev);
 	if (ret)
 		return ret;
 	if (access_dev >= 0 && (ret = wex__cuda_peer_check(access_dev, dev, "import")) != 0)

@@ -20,6 +20,10 @@
  *   huge_pitch        2D and 3D shapes whose pitch is one above
  *                     CU_DEVICE_ATTRIBUTE_MAX_PITCH (emulated: lowered to
  *                     1 MiB) arrive whole, cut into rows
+ *   mixed_layout      a layout with host pieces and pieces in VMM memory
+ *                     only device 0 reaches, filled from device 1 (and
+ *                     device 0) memory: the copies into device 0's
+ *                     memory run there whichever op comes first
  *   memcpy3d_offsets  cuMemcpy3DAsync itself with X/Y/Z offsets on both
  *                     sides, device and host memory, against the same
  *                     copy done on the CPU (the driver's semantics, which
@@ -440,6 +444,132 @@ static void peer_reads_alloc(void)
 	wex_cuda_free(p, n, 0, NULL);
 }
 
+/* VMM memory of `size` bytes on device `dev` that only `dev` may reach
+ * (what expandable_segments:True gives an engine on one GPU: PyTorch
+ * grants no peer access unless asked); *h and *va for engine_free. */
+static CUdeviceptr engine_vmm(int dev, uint64_t size, CUmemGenericAllocationHandle *h)
+{
+	CUmemAllocationProp prop = gpu_vmm_prop(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	CUmemAccessDesc acc = gpu_rw_access();
+	CUdeviceptr va = 0;
+
+	prop.location.id = dev;
+	acc.location.id = dev;
+	CHECK_OK(wex__cuda_use_device(dev));
+	CU_OK(wex__cu.cuMemAddressReserve(&va, size, 0, 0, 0));
+	CU_OK(wex__cu.cuMemCreate(h, size, &prop, 0));
+	CU_OK(wex__cu.cuMemMap(va, size, 0, *h, 0));
+	CU_OK(wex__cu.cuMemSetAccess(va, size, &acc, 1));
+	return va;
+}
+
+static void engine_free(CUdeviceptr va, uint64_t size, CUmemGenericAllocationHandle h)
+{
+	CU_OK(wex__cu.cuMemUnmap(va, size));
+	CU_OK(wex__cu.cuMemRelease(h));
+	CU_OK(wex__cu.cuMemAddressFree(va, size));
+}
+
+/* 1 when the n host bytes at h hold dev_fill(seed)'s pattern from `from`. */
+static int host_check(const unsigned char *h, size_t n, unsigned seed, size_t from)
+{
+	for (size_t i = 0; i < n; i++) {
+		size_t k = i + from;
+
+		if (h[i] != (unsigned char)(k * 131u + seed * 7u + (k >> 12))) {
+			fprintf(stderr, "host byte %zu: %u != expected\n", i, h[i]);
+			return 0;
+		}
+	}
+	return 1;
+}
+
+/* A layout mixing host pieces (weights offloaded to CPU memory) with GPU
+ * pieces in VMM memory only device 0 reaches, filled from a producer on
+ * device 1 whose memory device 0 may read (an import mapped for the
+ * layout's device, as wex maps it): the copies into device 0's memory run
+ * on device 0 whatever op comes first, also when the sources lie on both
+ * devices.  (Run on device 1, the copy engine would fault on memory that
+ * device was given no access to: CUDA_ERROR_ILLEGAL_ADDRESS, a sticky
+ * error that ends the engine's context.) */
+static void mixed_layout(void)
+{
+	const uint64_t g = gpu_granularity(), half = 1u << 20;
+	const struct wex_mem_ops *vmm = wex_mem_backend(WEX_MEM_CUDA_VMM);
+	CUmemGenericAllocationHandle h;
+	unsigned char *host = malloc(2 * half);
+	void *p1 = NULL, *p0 = NULL;
+	CUdeviceptr eng;
+
+	CHECK(host);
+	if (gpu_count() < 2 || !gpu_can_peer(0, 1) || !gpu_can_peer(1, 0)) {
+		printf("  no second device with peer access: not tried\n");
+		free(host);
+		return;
+	}
+	/* The producer's memory on device 1 (device 0 given access, as the
+	 * import for the layout's device is), and some on device 0. */
+	CHECK_OK(wex_cuda_malloc(2 * half, 1, &p1));
+	CHECK_OK(wex__cuda_use_device(1));
+	dev_fill((uint64_t)(uintptr_t)p1, 2 * half, 6);
+	CHECK_OK(wex_cuda_malloc(half, 0, &p0));
+	CHECK_OK(wex__cuda_use_device(0));
+	dev_fill((uint64_t)(uintptr_t)p0, half, 7);
+	eng = engine_vmm(0, g, &h);
+	/* Host piece first, then the GPU piece; one producer device. */
+	{
+		struct wex_copy_op o[2] = {
+			{ .src = (uint64_t)(uintptr_t)p1, .dst = (uint64_t)(uintptr_t)host,
+			  .len = half },
+			{ .src = (uint64_t)(uintptr_t)p1 + half, .dst = eng, .len = half },
+		};
+
+		memset(host, 0, 2 * half);
+		CHECK_OK(vmm->copy(o, 2, 1));
+		CHECK(host_check(host, half, 6, 0));
+		CHECK_OK(wex__cuda_use_device(0));
+		CHECK(dev_check(eng, half, 6, half));
+	}
+	/* A host piece filled from host memory first (nothing on a GPU
+	 * there), then the GPU piece; the calling thread on device 1. */
+	CHECK_OK(wex__cuda_use_device(1));
+	{
+		struct wex_copy_op o[2] = {
+			{ .src = (uint64_t)(uintptr_t)host, .dst = (uint64_t)(uintptr_t)host + half,
+			  .len = half },
+			{ .src = (uint64_t)(uintptr_t)p1, .dst = eng, .len = half },
+		};
+
+		CHECK_OK(vmm->copy(o, 2, 1));
+		CHECK(host_check(host + half, half, 6, 0));
+		CHECK_OK(wex__cuda_use_device(0));
+		CHECK(dev_check(eng, half, 6, 0));
+	}
+	/* Sources on both devices (the host pieces' copies spread over
+	 * them), the GPU piece's source on device 1. */
+	{
+		struct wex_copy_op o[3] = {
+			{ .src = (uint64_t)(uintptr_t)p0, .dst = (uint64_t)(uintptr_t)host,
+			  .len = half },
+			{ .src = (uint64_t)(uintptr_t)p1, .dst = (uint64_t)(uintptr_t)host + half,
+			  .len = half },
+			{ .src = (uint64_t)(uintptr_t)p1 + half, .dst = eng, .len = half },
+		};
+
+		memset(host, 0, 2 * half);
+		CHECK_OK(vmm->copy(o, 3, 1));
+		CHECK(host_check(host, half, 7, 0));
+		CHECK(host_check(host + half, half, 6, 0));
+		CHECK_OK(wex__cuda_use_device(0));
+		CHECK(dev_check(eng, half, 6, half));
+	}
+	CHECK_OK(wex__cuda_use_device(0));
+	engine_free(eng, g, h);
+	wex_cuda_free(p0, half, 0, NULL);
+	wex_cuda_free(p1, 2 * half, 1, NULL);
+	free(host);
+}
+
 int main(void)
 {
 	int ret;
@@ -451,6 +581,7 @@ int main(void)
 	ret |= run_one("memcpy3d_offsets", memcpy3d_offsets);
 	ret |= run_one("huge_pitch", huge_pitch);
 	ret |= run_one("peer_reads_alloc", peer_reads_alloc);
+	ret |= run_one("mixed_layout", mixed_layout);
 	printf("%s\n", ret ? "FAIL" : "PASS");
 	return ret ? T_EXIT_FAIL : T_EXIT_PASS;
 }

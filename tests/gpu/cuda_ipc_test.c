@@ -25,6 +25,11 @@
  *                 refuses them (the emulation's default) the import fails
  *                 with -EEXIST; emulated, the driver's count of opens
  *                 shows each open paired with one close
+ *   invisible_owner  the consumer cannot see the producer's GPU
+ *                 (CUDA_VISIBLE_DEVICES): the handle opens in the context
+ *                 of the device the import is for, where a copy and a
+ *                 kernel read it; without such a device, -ENODEV
+ *                 (emulated: WEX_EMUL_VISIBLE=1)
  *   vmm_refused   wrap of VMM memory fails loudly
  */
 #include "gpu_util.h"
@@ -219,6 +224,39 @@ static void foreign_consumer(int sock)
 	tsend(sock, OP_DONE, NULL, 0, -1);
 }
 
+/* The consumer sees one GPU, not the producer's (CUDA_VISIBLE_DEVICES
+ * naming its own alone, as Ray gives each vLLM worker): a legacy IPC
+ * handle of a device the process cannot see still opens ("can open
+ * handles to devices that may not be visible", cudaIpcOpenMemHandle), in
+ * the context of the device the engine works on (access_dev), and a copy
+ * and a kernel there read it.  Emulated only: WEX_EMUL_VISIBLE shows
+ * physical device 1 alone; on a GPU machine run with the consumer's
+ * CUDA_VISIBLE_DEVICES set to another GPU than the producer's. */
+static void invisible_consumer(int sock)
+{
+	struct tmsg m = trecv(sock, OP_SEG, NULL);
+	struct wex_mem_seg x;
+	int dev = -1;
+
+	trecv(sock, OP_SUB, NULL);
+	setenv("WEX_EMUL_VISIBLE", "1", 1); /* (a GPU's driver ignores it) */
+	CHECK_OK(wex__cuda_load());
+	if (emulated())
+		CHECK(gpu_count() == 1);
+	if (wex_mem_device_of(&m.desc, &dev) == 0) {
+		printf("  the producer's device is visible here: not tried\n");
+		tsend(sock, OP_DONE, NULL, 0, -1);
+		return;
+	}
+	CHECK_OK(ipc->import(&m.desc, -1, 0, &x));
+	CHECK(dev_check((uint64_t)(uintptr_t)x.ptr, 4u << 20, 6, 0));
+	kernel_read(&x, 0);
+	copy_then_release(&x, 0);
+	/* No device to open it in: refused, naming the device. */
+	CHECK(ipc->import(&m.desc, -1, -1, &x) == -ENODEV);
+	tsend(sock, OP_DONE, NULL, 0, -1);
+}
+
 static void vmm_refused(void)
 {
 	const struct wex_mem_ops *vmm = wex_mem_backend(WEX_MEM_CUDA_VMM);
@@ -239,6 +277,7 @@ int main(void)
 	ret |= run_one("same_process", same_process);
 	ret |= run_pair("open_once", producer, consumer);
 	ret |= run_pair("foreign_open", producer, foreign_consumer);
+	ret |= run_pair("invisible_owner", producer, invisible_consumer);
 	ret |= run_one("vmm_refused", vmm_refused);
 	printf("%s\n", ret ? "FAIL" : "PASS");
 	return ret ? T_EXIT_FAIL : T_EXIT_PASS;

@@ -53,7 +53,11 @@
  *    everywhere (no answer: a driver without the attribute, or one that
  *    refuses it where nothing is mapped);
  *    WEX_EMUL_VISIBLE="1,0" numbers them the other way round in a process
- *    (as CUDA_VISIBLE_DEVICES does), so devices must travel by UUID;
+ *    (as CUDA_VISIBLE_DEVICES does), so devices must travel by UUID, and
+ *    WEX_EMUL_VISIBLE="1" shows device 1 alone, as ordinal 0 (a legacy
+ *    IPC handle of device 0's memory still opens there, as the runtime's
+ *    reference says cudaIpcOpenMemHandle does for devices the process
+ *    cannot see);
  *  - every VMM mapping keeps the access each device was given
  *    (cuMemSetAccess, several devices in one call); a device other than
  *    the owner only with peer access, which the devices (2, or
@@ -204,23 +208,58 @@ static int ndev(void)
 	return v[0] - '0';
 }
 
-/* Ordinal -> physical device, as CUDA_VISIBLE_DEVICES reorders them:
- * WEX_EMUL_VISIBLE="1,0" swaps the first two in this process. */
-static int phys(int ord)
+/* The physical devices this process sees, in ordinal order, as
+ * CUDA_VISIBLE_DEVICES lists them: WEX_EMUL_VISIBLE="1,0" swaps the first
+ * two, "1" shows device 1 alone (as ordinal 0; device 0's memory is
+ * another device's that this process cannot name).  Unset: all of them.
+ * The count. */
+static int visible(int list[NDEV_MAX])
 {
 	const char *v = getenv("WEX_EMUL_VISIBLE");
+	int n = 0;
 
-	if (ord < 0 || ord >= NDEV)
-		return -1;
-	if (ord < 2 && v && strlen(v) == 3 && v[0] != v[2] && v[0] >= '0' && v[0] < '2' &&
-	    v[2] >= '0' && v[2] < '2' && NDEV >= 2)
-		return v[ord * 2] - '0';
-	return ord;
+	if (!v) {
+		for (; n < NDEV; n++)
+			list[n] = n;
+		return n;
+	}
+	for (const char *c = v;; c++) {
+		int ph = *c - '0', dup = 0;
+
+		for (int k = 0; k < n; k++)
+			dup |= list[k] == ph;
+		if (ph < 0 || ph >= NDEV || dup || n == NDEV_MAX ||
+		    (c[1] != ',' && c[1] != '\0')) {
+			fprintf(stderr, "emul_cuda: WEX_EMUL_VISIBLE=%s: not a list of distinct "
+				"devices below %d\n", v, NDEV);
+			abort();
+		}
+		list[n++] = ph;
+		if (!*++c)
+			return n;
+	}
 }
 
+/* Devices this process sees (cuDeviceGetCount). */
+static int nvis(void)
+{
+	int list[NDEV_MAX];
+
+	return visible(list);
+}
+
+/* Ordinal -> physical device (-1: no such ordinal here). */
+static int phys(int ord)
+{
+	int list[NDEV_MAX], n = visible(list);
+
+	return ord >= 0 && ord < n ? list[ord] : -1;
+}
+
+/* Physical device -> ordinal (-1: not visible here). */
 static int ord_of(int ph)
 {
-	for (int o = 0; o < NDEV; o++)
+	for (int o = 0; o < nvis(); o++)
 		if (phys(o) == ph)
 			return o;
 	return -1;
@@ -630,7 +669,7 @@ static CUresult env_err(const char *knob, CUresult one)
 static CUresult e_dev_get(CUdevice *d, int ord)
 {
 	FORKED();
-	if (ord < 0 || ord >= NDEV)
+	if (ord < 0 || ord >= nvis())
 		return CUDA_ERROR_INVALID_DEVICE;
 	*d = ord;
 	return CUDA_SUCCESS;
@@ -639,14 +678,14 @@ static CUresult e_dev_get(CUdevice *d, int ord)
 static CUresult e_dev_count(int *n)
 {
 	FORKED();
-	*n = NDEV;
+	*n = nvis();
 	return CUDA_SUCCESS;
 }
 
 static CUresult e_uuid(CUuuid *u, CUdevice d)
 {
 	FORKED();
-	if (d < 0 || d >= NDEV)
+	if (d < 0 || d >= nvis())
 		return CUDA_ERROR_INVALID_DEVICE;
 	for (int i = 0; i < 16; i++)
 		u->bytes[i] = (char)(0xa0 + i + 0x10 * phys(d));
@@ -687,7 +726,7 @@ static unsigned char retained[NDEV_MAX];
 
 API int wex_emul_ctx_retained(int dev)
 {
-	return dev >= 0 && dev < NDEV && retained[dev];
+	return dev >= 0 && dev < nvis() && retained[dev];
 }
 
 static CUresult e_retain(CUcontext *c, CUdevice d)
@@ -700,7 +739,7 @@ static CUresult e_retain(CUcontext *c, CUdevice d)
 	for (; opened < 2; opened++)
 		if (open("/dev/null", O_RDONLY | O_CLOEXEC) < 0)
 			return CUDA_ERROR_OPERATING_SYSTEM;
-	if (d < 0 || d >= NDEV)
+	if (d < 0 || d >= nvis())
 		return CUDA_ERROR_INVALID_DEVICE;
 	retained[d] = 1;
 	*c = (CUcontext)(uintptr_t)CTX(d);
@@ -712,7 +751,7 @@ static CUresult e_retain(CUcontext *c, CUdevice d)
 static CUresult e_ctx_state(CUdevice d, unsigned int *flags, int *active)
 {
 	FORKED();
-	if (d < 0 || d >= NDEV || !flags || !active)
+	if (d < 0 || d >= nvis() || !flags || !active)
 		return CUDA_ERROR_INVALID_VALUE;
 	*flags = 0;
 	*active = retained[d];
@@ -2018,7 +2057,7 @@ static CUresult e_enable_peer(CUcontext peer, unsigned flags)
 
 	if (!ctx_current)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	if (flags || pc < CTX(0) || pc > CTX(NDEV - 1) || (pc - CTX(0)) % (CTX(1) - CTX(0)))
+	if (flags || pc < CTX(0) || pc > CTX(nvis() - 1) || (pc - CTX(0)) % (CTX(1) - CTX(0)))
 		return CUDA_ERROR_INVALID_VALUE;
 	me = phys(cur_ord());
 	other = phys((int)((pc - CTX(0)) / (CTX(1) - CTX(0))));
