@@ -1012,8 +1012,15 @@ static CUresult e_access(CUdeviceptr p, size_t size, const CUmemAccessDesc *d, s
 		if (r->a->dev < 0) /* an import whose memfd named no device */
 			r->a->dev = phys(d[0].location.id);
 		r->dev = r->a->dev;
-		for (size_t i = 0; i < count; i++)
-			r->acc[phys(d[i].location.id)] = (unsigned char)d[i].flags;
+		for (size_t i = 0; i < count; i++) {
+			int ph = phys(d[i].location.id);
+
+			/* (Checked above; said again because phys() reads the
+			 * environment anew: an index of -1 wrote before acc.) */
+			if (ph < 0)
+				return CUDA_ERROR_INVALID_VALUE;
+			r->acc[ph] = (unsigned char)d[i].flags;
+		}
 		for (int k = 0; k < NDEV; k++)
 			all |= r->acc[k];
 		/* The host pages stand for what the most trusted device may do. */

@@ -30,6 +30,9 @@ add_test(NAME svc_inherited_fds COMMAND sh ${SVC}/inherited_fds.sh $<TARGET_FILE
 add_test(NAME svc_cli_hung COMMAND sh ${SVC}/cli_hung.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 add_test(NAME svc_metrics_restore COMMAND sh ${SVC}/metrics_restore.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>
   $<TARGET_FILE:wex-producer>)
+add_test(NAME svc_readme_run_wexd COMMAND sh ${SVC}/readme_run_wexd.sh ${CMAKE_SOURCE_DIR}/README.md
+  $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
+set_tests_properties(svc_readme_run_wexd PROPERTIES LABELS service TIMEOUT 60 SKIP_RETURN_CODE 77)
 wex_add_test(svc_sigterm_sync SOURCES tests/service/sigterm_sync.c LIBS wex wex_example_model LABELS service TIMEOUT 120)
 set_tests_properties(svc_access_control svc_cli_errors svc_journal_log svc_inherited_fds svc_cli_hung svc_metrics_restore svc_max_clients svc_max_clients_admin svc_socket_path svc_io_fallback svc_io_transient svc_drain_timeout svc_reload_flags svc_activation_drain svc_activation_drain_epoll svc_socket_activate svc_socket_activate_epoll svc_cli
   svc_cli_epoll PROPERTIES
