@@ -505,6 +505,9 @@ static json_t *validate_and_run(struct wexd *d, struct conn *c, const char *buf,
 		json_decref(req);
 		return reply;
 	}
+	/* Received, whatever its answer: a request refused below (its fds, a
+	 * drain) counts here as its error does in wex_errors_total. */
+	wex__metrics_count(WEX_M_REQUESTS, op, NULL, 1);
 	if (nfds < ops[i].min_fds || nfds > ops[i].max_fds) {
 		reply = wex__reply_error(-EINVAL, "%s takes %d..%d fds, got %d", op, ops[i].min_fds,
 					 ops[i].max_fds, nfds);
@@ -523,7 +526,6 @@ static json_t *validate_and_run(struct wexd *d, struct conn *c, const char *buf,
 		json_decref(req);
 		return wex__reply_error(-ESHUTDOWN, "wexd is shutting down");
 	}
-	wex__metrics_count(WEX_M_REQUESTS, op, NULL, 1);
 	/* Clients report their finished syncs on their next request. */
 	wexd_take_report(c, json_object_get(req, "report"));
 	reply = dispatch(d, c, req, op, fds, nfds);
@@ -1502,8 +1504,11 @@ int main(int argc, char **argv)
 	d.journal.keep = 1;
 	for (struct conn *c = d.conns; c; c = c->next)
 		conn_close(&d, c);
-	/* io_uring frees a connection only once its cancelled receive is back. */
-	for (int i = 0; i < 100 && d.nconns; i++)
+	/* io_uring frees a connection only once its cancelled receive and
+	 * pidfd poll are back: four completions a client, at most
+	 * WEX_LOOP_BATCH a turn, so thousands of clients take hundreds of
+	 * turns.  Bounded in time (2 s), not in turns. */
+	for (uint64_t end = wex__now_ns() + 2000000000ull; d.nconns && wex__now_ns() < end;)
 		d.loop.ops->run_once(&d.loop, 10);
 	wexd_held_exit(&d);
 	wexd_verify_free(&d);

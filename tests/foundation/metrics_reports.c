@@ -19,6 +19,7 @@
  * only from a consumer's valid report, and only known names.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -288,6 +289,34 @@ int main(void)
 			t_prod_close(&lp[i]);
 		}
 #undef LONGM
+	}
+
+	/* A request refused for what it carries (a ping with an fd: EINVAL)
+	 * was received all the same: it counts in wex_requests_total as its
+	 * error does in wex_errors_total (it counted only in the errors, so
+	 * errors / requests could pass 1). */
+	{
+		int fd = t_raw_connect(d.sock), nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		double pings, einval;
+		json_t *rr;
+
+		text = metrics(d.sock);
+		pings = sample(text, "wex_requests_total{op=\"ping\"}");
+		einval = sample(text, "wex_errors_total{code=\"EINVAL\"}");
+		free(text);
+		rr = t_raw_rpc(fd, "{\"v\":1,\"op\":\"ping\"}", &nul, 1);
+		T_ASSERT(!strcmp(t_code(rr), "EINVAL"), "a ping with an fd: %s (%s)", t_code(rr),
+			 t_msg(rr));
+		json_decref(rr);
+		text = metrics(d.sock);
+		T_ASSERT(sample(text, "wex_errors_total{code=\"EINVAL\"}") == (einval < 0 ? 0 : einval) + 1,
+			 "its error counted once: %g", sample(text, "wex_errors_total{code=\"EINVAL\"}"));
+		T_ASSERT(sample(text, "wex_requests_total{op=\"ping\"}") == (pings < 0 ? 0 : pings) + 1,
+			 "the refused ping counted as a request: wex_requests_total{op=\"ping\"} %g, "
+			 "was %g", sample(text, "wex_requests_total{op=\"ping\"}"), pings);
+		free(text);
+		close(nul);
+		close(fd);
 	}
 
 	t_wexd_stop(&d);
