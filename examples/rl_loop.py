@@ -5,8 +5,8 @@ a trainer process trains a small policy and publishes its weights after
 each optimizer step (wex.trainer.TrainerRank); an engine process, with a
 model of its own, copies each version into its parameters in place before
 its "rollout" (wex.engine.EngineRank) and checks that it computes exactly
-what the trainer's model computes.  Every 5th sync also compares every
-byte with the trainer's (verify=True).
+what the trainer's model computes.  The syncs of every 5th version also
+compare every byte with the trainer's (verify=True).
 
     PYTHONPATH=adapters/python WEX_LIB=build/libwex.so \\
         python3 examples/rl_loop.py --wexd build/wexd [--steps 20]

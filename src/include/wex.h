@@ -303,9 +303,11 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
  * wex_last_error(); -ECANCELED when wex_cancel ended the wait (nothing begun),
  * -EINTR when a signal did (WEX_CLIENT_EINTR); -EINVAL for a version over
  * 2^63-1 (JSON's largest integer), nothing sent; -EALREADY, nothing begun, for
- * the version of a wex_publish that failed (-EINTR, -ECANCELED, -ETIMEDOUT)
- * but that wexd carried out, as a reconnect found (see wex_publish): it is
- * published, and the next write is of a newer version.  When wexd goes away (a
+ * the version this rank's last wex_publish published (one that succeeded, as
+ * one whose caller's runtime raised as it returned may not know), or for that
+ * of a wex_publish that failed (-EINTR, -ECANCELED, -ETIMEDOUT) but that wexd
+ * carried out, as a reconnect found (see wex_publish): it is published, and
+ * the next write is of a newer version.  When wexd goes away (a
  * restart, a crash), the call connects again and resends, trying until that
  * timeout (the client's when 0) ends: then wexd's error (-WEX_EDAEMON,
  * -ECONNREFUSED, -ENOENT); wex_cancel and signals (WEX_CLIENT_EINTR) end those
