@@ -912,6 +912,22 @@ class EngineHooks(WexdProducerCase):
         with self.assertRaises(ValueError):
             r.sync(min_version=v)
         r.close()  # again: nothing to do
+        # dirty() in one thread while another closes the rank: False, as
+        # for a closed rank (was: WexError EBADF "client is closed" when
+        # the close came between its look at the client and its call).
+        r3 = wex.engine.EngineRank(MODEL, m.named_parameters, rank=0, world_size=2,
+                                   layout="vllm:tp=2", config=os.path.join(d, "config.json"),
+                                   group="closing3")
+        self.addCleanup(r3.close)
+        real = r3.client.is_dirty
+
+        def closed_meanwhile():
+            closer = threading.Thread(target=r3.close)
+            closer.start()
+            closer.join()
+            return real()
+        r3.client.is_dirty = closed_meanwhile
+        self.assertFalse(r3.dirty())
         # From inside a sync of the rank (a parameter callable that closes).
         r2 = wex.engine.EngineRank(MODEL, m.named_parameters, rank=0, world_size=2,
                                    layout="vllm:tp=2", config=os.path.join(d, "config.json"),
@@ -2386,6 +2402,54 @@ class EngineHooks(WexdProducerCase):
         for k in range(2):  # saver.pause not called (it writes 3s)
             self.assert_holds(params_of(models[k]), "sglang", k)
             self.assertEqual(load(k, req2)["changed"], 0)
+
+    def test_fork_during_sync(self):
+        """A child forked while a thread of the parent waits in a sync of an
+        EngineRank: in the child, sync() refuses (WexError ECHILD) and
+        close() returns, freeing its copy (was: close() waited for ever
+        for the parent's sync, which no thread of the child runs)."""
+        import signal
+        d = self.tmp.name
+        m = module_of(self.engine_params("vllm", 0))
+        r = wex.engine.EngineRank(MODEL, m.named_parameters, rank=0, world_size=2,
+                                  layout="vllm:tp=2", config=os.path.join(d, "config.json"),
+                                  group="forking")
+        self.addCleanup(r.close)
+        v = self.next_version()
+        out = {}
+
+        def sync():
+            try:
+                out["sync"] = r.sync(min_version=v + 50, timeout_ms=60000)
+            except BaseException as e:  # reported by the assertions below
+                out["sync"] = e
+        t = threading.Thread(target=sync, daemon=True)
+        t.start()
+        self.await_acquire("forking")
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.alarm(20)  # (a hang kills the child: SIGALRM)
+                try:
+                    r.sync(min_version=v)
+                    code = 2
+                except wex.WexError as e:
+                    code = 0 if e.code == errno.ECHILD else 3
+                if code == 0:
+                    r.close()
+                    code = 0 if r.client is None else 4
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        r.close()
+        t.join(10)
+        self.assertFalse(t.is_alive())
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0,
+                         "in the forked child (1: raised, 2: sync ran, 3: not ECHILD, "
+                         "4: not closed, -14: close() hung)")
+        self.assertIsInstance(out["sync"], wex.WexError, out["sync"])
+        self.assertEqual(out["sync"].code, errno.ECANCELED)
 
     def test_trainer_rank(self):
         """wex.trainer.TrainerRank: Megatron tp=2 ranks registered through

@@ -164,6 +164,80 @@ class TorchGlue(WexdProducerCase):
         self.assertIsNone(c._h)
         del views
 
+    def test_close_while_making_views(self):
+        """close() in another thread while view_tensors or reserve_like
+        makes its tensors: the close waits for them and is then deferred
+        for them, as for any live tensor (was: it closed the client
+        between a view() or reserve() and the tensor over what it
+        returned, unmapping that memory: reading the tensor crashed the
+        process)."""
+        import gc
+        import threading
+        import warnings
+
+        model = "torch-glue-close-race"
+        p = wex.Client(wex.ROLE_PRODUCER, model, rank=0, world_size=1)
+        self.addCleanup(p.close)
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 16)
+        p.register_tensors([wex.tensor("w", "F32", (64,), segment=seg)])
+        p.begin_write(1)
+        torch_util.from_ptr(base, (64,), torch.float32, "cpu").fill_(1.0)
+        p.publish(1)
+        for which, call, make in (("view", "view", torch_util.view_tensors),
+                                  ("reserve", "reserve", torch_util.reserve_like)):
+            c = wex.Client(wex.ROLE_CONSUMER, model, group="race-" + which, timeout_ms=10000)
+            c.sync(wex.SYNC_REMAP_VIEW, 1)
+            closer = threading.Thread(target=c.close, daemon=True)
+            real = getattr(c, call)
+
+            def hook(*args, real=real, closer=closer):
+                out = real(*args)
+                if not closer.is_alive() and closer.ident is None:
+                    # Another thread's close() right after the call: it
+                    # ran to its end here before the fix.  (Bounded: it
+                    # waits for view_tensors now.)
+                    closer.start()
+                    closer.join(2)
+                return out
+            setattr(c, call, hook)
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always")
+                got = make(c, device="cpu")
+                closer.join(30)
+            self.assertFalse(closer.is_alive(), "%s: close() did not end" % which)
+            self.assertIsNotNone(c._h, "%s: the client closed under the tensors %s made "
+                                 "(reading them would crash)" % (which, make.__name__))
+            self.assertEqual(float(got["w"].sum()), 64.0 if which == "view" else 0.0, which)
+            del got
+            gc.collect()
+            self.assertIsNone(c._h, "%s: still open once no tensor is left" % which)
+
+    def test_trainer_closed_during_write(self):
+        """TrainerRank.close() in another thread while a write() block
+        runs: the block's end raises ValueError saying so, nothing
+        published (was: AttributeError, 'NoneType' object has no
+        attribute 'publish')."""
+        import threading
+        import wex.trainer
+
+        model = "torch-glue-trainer-close"
+        p = wex.Client(wex.ROLE_PRODUCER, model, rank=0, world_size=1)
+        self.addCleanup(p.close)
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 12)
+        w = torch_util.from_ptr(base, (64,), torch.float32, "cpu")
+        t = wex.trainer.TrainerRank(model, [("w", w)], client=p,
+                                    segments=[(seg, base, 1 << 12)])
+        with self.assertRaises(ValueError) as e:
+            with t.write(1):
+                w.fill_(1.0)
+                closer = threading.Thread(target=t.close)
+                closer.start()
+                closer.join()
+        self.assertIn("closed during write(1)", str(e.exception))
+        self.assertEqual(t.version, 0)
+        with self.assertRaises(ValueError):
+            t.publish(2)
+
     def test_views_after_refetch(self):
         """View tensors kept across a sync that fetched the producers'
         memory again (the producer registered again, elsewhere): that

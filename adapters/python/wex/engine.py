@@ -37,11 +37,30 @@ import logging
 import os
 import threading
 import time
+import weakref
 
 import wex
 from wex import torch_util
 
 log = logging.getLogger("wex.engine")
+
+# Every EngineRank of this process (see _after_fork).
+_ranks = weakref.WeakSet()
+
+
+def _after_fork():
+    """In a forked child: no thread of the child is in a sync of a rank,
+    whatever the parent's threads were doing.  A sync the parent ran in
+    another thread stayed counted in the child's copy: its close() and
+    released() waited for it for ever (its client refuses in the child,
+    ECHILD, and frees its copy on close)."""
+    for r in list(_ranks):
+        r._syncs = threading.Condition()
+        r._syncing = {}
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def select_parameters(named, strip_prefix=None, ignore=()):
@@ -387,6 +406,7 @@ class EngineRank:
         # for them (under _syncs, with released_why).
         self._syncs = threading.Condition()
         self._syncing = {}
+        _ranks.add(self)  # (a forked child's copy counts none of the parent's syncs)
         self._cancel_warned = False
         self._closing = False        # close() waits for running syncs
         self.lost = None             # see restored(): why the weights hold nothing
@@ -618,7 +638,18 @@ class EngineRank:
         verification found a difference) or lost (restored(kept=False))
         until a sync succeeds."""
         client = self.client  # (close() in another thread sets it None)
-        return client is not None and (self.lost is not None or client.is_dirty())
+        if client is None:
+            return False
+        if self.lost is not None:
+            return True
+        try:
+            return client.is_dirty()
+        except wex.WexError as e:
+            # (Closed in another thread since: closed counts as not dirty,
+            # as above; was WexError EBADF "client is closed".)
+            if e.code == errno.EBADF and self.client is None:
+                return False
+            raise
 
     def describe(self):
         """What is attached: a dict for logs and RPC replies."""

@@ -26,6 +26,7 @@ tensors and wex gathers the rows from the ranks, with no all-gather in
 the trainer.  A trainer that shards by hand passes boxes=.
 """
 import collections.abc
+import contextlib
 import ctypes
 
 import torch
@@ -678,6 +679,13 @@ def _unique_names(table, prank):
     return names
 
 
+def _client_lock(client):
+    """The lock a wex.Client's calls take turns under (reentrant), or
+    nothing for another object."""
+    lock = getattr(client, "_lock", None)
+    return lock if lock is not None else contextlib.nullcontext()
+
+
 def view_tensors(client, prank=0, device=None):
     """After a REMAP_VIEW sync: {name: tensor over the producer's memory}.
     The tensors keep the client alive; its next sync or close() ends what
@@ -687,11 +695,17 @@ def view_tensors(client, prank=0, device=None):
     tensors, and host ones read zeros from then on instead of crashing
     the process: take them again."""
     out = {}
-    table, _ = client.producer_tensors(prank)
-    for name in _unique_names(table, prank):
-        ptr, desc = client.view(name, prank)
-        out[name] = from_ptr(ptr, desc.dims(), torch_dtype(desc.dtype_name), device,
-                             strides=_strides(desc), owner=client, _view=(name, prank))
+    # Under the client's lock until every tensor holds the client: a
+    # close() or sync in another thread between a view() and its tensor
+    # unmapped what the tensor was then made over (reading it crashed the
+    # process), unseen by close()'s wait for live tensors and by the
+    # sync's stale-view check.
+    with _client_lock(client):
+        table, _ = client.producer_tensors(prank)
+        for name in _unique_names(table, prank):
+            ptr, desc = client.view(name, prank)
+            out[name] = from_ptr(ptr, desc.dims(), torch_dtype(desc.dtype_name), device,
+                                 strides=_strides(desc), owner=client, _view=(name, prank))
     return out
 
 
@@ -699,13 +713,16 @@ def reserve_like(client, prank=0, device=None):
     """Reserves same-address regions for every segment of producer rank
     prank and returns {name: tensor placed there at the producer's offset}.
     Attach them (attach_module) before a REMAP_FIXED sync."""
-    table, _ = client.producer_tensors(prank)
-    _unique_names(table, prank)
-    need = {}
-    for t in table:
-        span = _span(t.dims(), _strides(t)) * wex.DTYPE_SIZE[t.dtype_name]
-        need[t.segment] = max(need.get(t.segment, 0), t.offset + span)
-    base = {sid: client.reserve(prank, sid, size) for sid, size in sorted(need.items())}
-    return {t.name.decode(): from_ptr(base[t.segment] + t.offset, t.dims(),
-                                      torch_dtype(t.dtype_name), device, strides=_strides(t),
-                                      owner=client) for t in table}
+    # (Under the client's lock, as view_tensors: a close() in another
+    # thread unmapped the regions before the tensors over them held it.)
+    with _client_lock(client):
+        table, _ = client.producer_tensors(prank)
+        _unique_names(table, prank)
+        need = {}
+        for t in table:
+            span = _span(t.dims(), _strides(t)) * wex.DTYPE_SIZE[t.dtype_name]
+            need[t.segment] = max(need.get(t.segment, 0), t.offset + span)
+        base = {sid: client.reserve(prank, sid, size) for sid, size in sorted(need.items())}
+        return {t.name.decode(): from_ptr(base[t.segment] + t.offset, t.dims(),
+                                          torch_dtype(t.dtype_name), device,
+                                          strides=_strides(t), owner=client) for t in table}

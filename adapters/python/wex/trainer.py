@@ -173,14 +173,15 @@ class TrainerRank:
         version all the same: the write() of it again then raises
         WexError(EALREADY) on entry, nothing written, and the rank counts
         the version published (self.version): go on with the next one."""
-        if self.client is None:
+        client = self.client  # (close() in another thread sets it None)
+        if client is None:
             raise ValueError("this trainer rank is closed")
         if version <= self.version:
             raise ValueError("version %d is not newer than %d, the last published"
                              % (version, self.version))
         self._check_moved("nothing begun")
         try:
-            self.client.begin_write(version, timeout_ms)
+            client.begin_write(version, timeout_ms)
         except wex.WexError as e:
             if e.code == errno.EALREADY:
                 # (The publish that raised went through after all.)
@@ -191,8 +192,13 @@ class TrainerRank:
         # it (describe()["writing"]), a failed step included.
         self._writing = version
         yield self
+        if self.client is None:
+            # (close() in another thread during the block: was an
+            # AttributeError on None.)
+            raise ValueError("this trainer rank was closed during write(%d): v%d not "
+                             "published" % (version, version))
         self._check_moved("v%d not published" % version)
-        self.client.publish(version)
+        client.publish(version)
         self.version = version
         self._writing = None
 
