@@ -19,9 +19,26 @@
 
 #include "ipc/sock.h"
 
-enum { WEX_LOOP_KIND_LISTEN = 1, WEX_LOOP_KIND_CONN, WEX_LOOP_KIND_WATCH, WEX_LOOP_KIND_PID };
+enum {
+	WEX_LOOP_KIND_LISTEN = 1,
+	WEX_LOOP_KIND_CONN,
+	WEX_LOOP_KIND_WATCH,
+	WEX_LOOP_KIND_PID,
+	WEX_LOOP_KIND_PROBE,
+};
 
 struct wex_loop_io;
+
+/* io_uring: a request the ring had no room for (its submission queue full
+ * and submitting it failing: EAGAIN under memory pressure, EBUSY while
+ * completions overflow), queued here and retried at each turn of the loop
+ * until it goes, so that no connection, watch or listener is left waiting
+ * on nothing. */
+struct wex_loop_retry {
+	struct wex_loop_retry *next, *prev;
+	int op;            /* the backend's: 0 when none waits */
+	uint64_t since_ns; /* when it first found no room (CLOCK_MONOTONIC) */
+};
 
 /* A connection's peer process, watched through a pidfd for its exit: the
  * socket may outlive it (a child made with clone() without fork's
@@ -31,6 +48,7 @@ struct wex_loop_pid {
 	int fd;   /* the pidfd, owned by the loop; -1 if not watched */
 	int armed; /* io_uring: its poll is in flight */
 	struct wex_loop_io *io;
+	struct wex_loop_retry retry;
 };
 
 /* Per-connection receive state, embedded in the daemon's connection. */
@@ -50,6 +68,7 @@ struct wex_loop_io {
 		struct cmsghdr align;
 	} c;
 	struct wex_loop_pid pid;
+	struct wex_loop_retry retry;
 };
 
 /* A watched fd (listener or signalfd): callback when readable. */
@@ -60,6 +79,15 @@ struct wex_loop_watch {
 	int stopped; /* listener: unlisten was called */
 	void (*cb)(void *arg, int fd, int res);
 	void *arg;
+	struct wex_loop_retry retry;
+	/* io_uring: accepts or polls queued so far; after the kernel dropped
+	 * completions, a cancel (user_data &probe) finds out whether this
+	 * watch's is still in the ring (the arms it saw: probe.gen). */
+	unsigned gen;
+	struct {
+		int kind; /* WEX_LOOP_KIND_PROBE */
+		unsigned gen;
+	} probe;
 };
 
 struct wex_loop;

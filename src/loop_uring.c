@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <liburing.h>
 #include <poll.h>
 #include <stdio.h>
@@ -29,7 +30,47 @@ struct ur {
 	unsigned long long transient;
 	uint64_t transient_logged_ns;
 	unsigned transient_every, waits;
+	/* Requests the ring had no room for (get_sqe failed), retried at
+	 * each turn (struct wex_loop_retry): a circular list; how many times,
+	 * when last logged.  WEX_URING_SQE_FAIL=N (tests) makes every Nth
+	 * get_sqe find no room, as a full submission queue whose submitting
+	 * failed; WEX_URING_SQE_FAIL=recv, every receive but a connection's
+	 * first. */
+	struct wex_loop_retry retry;
+	unsigned long long no_room;
+	uint64_t no_room_logged_ns;
+	unsigned sqe_fail_every, sqe_calls;
+	int sqe_fail_recv;
+	/* Completions the kernel dropped (EBADR), when last logged;
+	 * WEX_URING_DROPPED=N (tests) loses a watch's completion at every Nth
+	 * wait and reports EBADR at the next. */
+	unsigned long long dropped;
+	uint64_t dropped_logged_ns;
+	unsigned dropped_every;
+	/* The listener and watches, probed after completions were dropped;
+	 * the one whose completion the acted EBADR loses (tests). */
+	struct wex_loop_watch *watches[4];
+	unsigned nwatches;
+	struct wex_loop_watch *lose;
+	int lost;
 };
+
+/* What a queued struct wex_loop_retry waits to queue. */
+enum {
+	RETRY_RECV = 1,    /* a connection's receive (wex_loop_io) */
+	RETRY_ACCEPT,      /* the listener's accept (wex_loop_watch) */
+	RETRY_LISTEN_POLL, /* its poll for a waiting client */
+	RETRY_POLL,        /* a watch's poll */
+	RETRY_UNLISTEN,    /* the cancel of the listener's accept or poll */
+	RETRY_PID_POLL,    /* the poll of a client's pidfd (wex_loop_pid) */
+	RETRY_PID_CANCEL,  /* its cancel, the client's connection closing */
+};
+
+/* A connection whose receive finds no room for this long is closed (its
+ * client told by the end of its connection) rather than left waiting. */
+#define RETRY_GIVE_UP_NS 10000000000ull
+/* How long a turn waits at most while requests wait to be retried. */
+#define RETRY_WAIT_MS 10
 
 static int ur_init(struct wex_loop *l, char *why, size_t len)
 {
@@ -79,6 +120,15 @@ static int ur_init(struct wex_loop *l, char *why, size_t len)
 	hook = getenv("WEX_URING_TRANSIENT");
 	if (hook)
 		u->transient_every = (unsigned)strtoul(hook, NULL, 10);
+	hook = getenv("WEX_URING_SQE_FAIL");
+	if (hook && !strcmp(hook, "recv"))
+		u->sqe_fail_recv = 1;
+	else if (hook)
+		u->sqe_fail_every = (unsigned)strtoul(hook, NULL, 10);
+	hook = getenv("WEX_URING_DROPPED");
+	if (hook)
+		u->dropped_every = (unsigned)strtoul(hook, NULL, 10);
+	u->retry.next = u->retry.prev = &u->retry;
 	u->multishot_ok = 1;
 	l->priv = u;
 	return 0;
@@ -90,8 +140,11 @@ err:
 
 static struct io_uring_sqe *get_sqe(struct ur *u)
 {
-	struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+	struct io_uring_sqe *sqe;
 
+	if (u->sqe_fail_every && ++u->sqe_calls % u->sqe_fail_every == 0)
+		return NULL; /* acted (tests) */
+	sqe = io_uring_get_sqe(&u->ring);
 	if (!sqe) {
 		io_uring_submit(&u->ring);
 		sqe = io_uring_get_sqe(&u->ring);
@@ -99,65 +152,124 @@ static struct io_uring_sqe *get_sqe(struct ur *u)
 	return sqe;
 }
 
+/* Queues r to retry op at the next turns: the ring had no room for it.
+ * Logged once a minute at most, with the count. */
+static void retry_later(struct wex_loop *l, struct wex_loop_retry *r, int op)
+{
+	struct ur *u = l->priv;
+	uint64_t now = wex__now_ns();
+
+	u->no_room++;
+	wex__metrics_count(WEX_M_LOOP_RETRIES, "no_sqe", NULL, 1);
+	if (!u->no_room_logged_ns || now - u->no_room_logged_ns >= 60000000000ull) {
+		wex_warn("loop", "io_uring: no room to queue a request (%llu time(s) so far): the "
+			 "submission queue is full and submitting failed (the kernel short of "
+			 "memory, or completions overflowing); retried at the next turns",
+			 u->no_room);
+		u->no_room_logged_ns = now;
+	}
+	if (!r->op) {
+		r->since_ns = now;
+		r->prev = u->retry.prev;
+		r->next = &u->retry;
+		u->retry.prev->next = r;
+		u->retry.prev = r;
+	}
+	r->op = op;
+}
+
+/* Takes r off the queue of retries, if it is on it. */
+static void retry_drop(struct wex_loop_retry *r)
+{
+	if (!r->op)
+		return;
+	r->prev->next = r->next;
+	r->next->prev = r->prev;
+	r->next = r->prev = NULL;
+	r->op = 0;
+}
+
 static int arm_accept(struct wex_loop *l, struct wex_loop_watch *w)
 {
 	struct ur *u = l->priv;
 	struct io_uring_sqe *sqe = get_sqe(u);
 
-	if (!sqe)
-		return -EBUSY;
+	if (!sqe) {
+		w->armed = 0;
+		retry_later(l, &w->retry, RETRY_ACCEPT);
+		return 0;
+	}
 	if (u->multishot_ok)
 		io_uring_prep_multishot_accept(sqe, w->fd, NULL, NULL, SOCK_CLOEXEC);
 	else
 		io_uring_prep_accept(sqe, w->fd, NULL, NULL, SOCK_CLOEXEC);
 	io_uring_sqe_set_data(sqe, w);
 	w->armed = 1;
+	w->gen++;
 	return 0;
+}
+
+static void add_watch(struct ur *u, struct wex_loop_watch *w)
+{
+	if (u->nwatches < WEX_ARRAY_SIZE(u->watches))
+		u->watches[u->nwatches++] = w;
 }
 
 static int ur_listen(struct wex_loop *l, struct wex_loop_watch *w)
 {
 	w->kind = WEX_LOOP_KIND_LISTEN;
+	add_watch(l->priv, w);
 	return arm_accept(l, w);
 }
 
-static int arm_poll(struct wex_loop *l, struct wex_loop_watch *w)
+/* Polls w for input: a watch (armed 1), or the listener waiting for a
+ * client (armed 2, op RETRY_LISTEN_POLL). */
+static int poll_watch(struct wex_loop *l, struct wex_loop_watch *w, int op)
 {
 	struct ur *u = l->priv;
 	struct io_uring_sqe *sqe = get_sqe(u);
 
-	if (!sqe)
-		return -EBUSY;
+	if (!sqe) {
+		w->armed = 0;
+		retry_later(l, &w->retry, op);
+		return 0;
+	}
 	io_uring_prep_poll_add(sqe, w->fd, POLLIN);
 	io_uring_sqe_set_data(sqe, w);
-	w->armed = 1;
+	w->armed = op == RETRY_LISTEN_POLL ? 2 : 1;
+	w->gen++;
 	return 0;
+}
+
+static int arm_poll(struct wex_loop *l, struct wex_loop_watch *w)
+{
+	return poll_watch(l, w, RETRY_POLL);
 }
 
 /* Out of fds, io_uring fails an accept at once, a client waiting or not:
  * the listener waits for a client with a poll instead (armed == 2). */
 static int arm_listen_poll(struct wex_loop *l, struct wex_loop_watch *w)
 {
-	int ret = arm_poll(l, w);
-
-	if (!ret)
-		w->armed = 2;
-	return ret;
+	return poll_watch(l, w, RETRY_LISTEN_POLL);
 }
 
 static int ur_watch(struct wex_loop *l, struct wex_loop_watch *w)
 {
 	w->kind = WEX_LOOP_KIND_WATCH;
+	add_watch(l->priv, w);
 	return arm_poll(l, w);
 }
 
-static int arm_recv(struct wex_loop *l, struct wex_loop_io *io)
+/* Queues io's receive; `again`: not its first (acted failures). */
+static int arm_recv(struct wex_loop *l, struct wex_loop_io *io, int again)
 {
 	struct ur *u = l->priv;
-	struct io_uring_sqe *sqe = get_sqe(u);
+	struct io_uring_sqe *sqe = again && u->sqe_fail_recv ? NULL : get_sqe(u);
 
-	if (!sqe)
-		return -EBUSY;
+	if (!sqe) {
+		retry_later(l, &io->retry, RETRY_RECV);
+		return 0;
+	}
 	/* The msghdr lives in the io, stable until the completion. */
 	io->iov.iov_base = io->buf;
 	io->iov.iov_len = io->buflen;
@@ -174,24 +286,51 @@ static int arm_recv(struct wex_loop *l, struct wex_loop_io *io)
 
 static int ur_add(struct wex_loop *l, struct wex_loop_io *io)
 {
-	return arm_recv(l, io);
+	return arm_recv(l, io, 0);
+}
+
+/* Polls io's pidfd (io->pid.fd). */
+static int arm_pid(struct wex_loop *l, struct wex_loop_io *io)
+{
+	struct io_uring_sqe *sqe = get_sqe(l->priv);
+
+	if (!sqe) {
+		retry_later(l, &io->pid.retry, RETRY_PID_POLL);
+		return 0;
+	}
+	io_uring_prep_poll_add(sqe, io->pid.fd, POLLIN);
+	io_uring_sqe_set_data(sqe, &io->pid);
+	io->pid.armed = 1;
+	return 0;
 }
 
 /* Watches the peer's pidfd with a one-shot poll (an exited process's
  * pidfd stays readable). */
 static int ur_watch_pid(struct wex_loop *l, struct wex_loop_io *io, int pidfd)
 {
+	io->pid.fd = pidfd;
+	return arm_pid(l, io);
+}
+
+/* Cancels the poll of a closing io's pidfd. */
+static void cancel_pid(struct wex_loop *l, struct wex_loop_io *io)
+{
 	struct io_uring_sqe *sqe = get_sqe(l->priv);
 
 	if (!sqe) {
-		close(pidfd);
-		return -EBUSY;
+		retry_later(l, &io->pid.retry, RETRY_PID_CANCEL);
+		return;
 	}
-	io->pid.fd = pidfd;
-	io_uring_prep_poll_add(sqe, pidfd, POLLIN);
-	io_uring_sqe_set_data(sqe, &io->pid);
-	io->pid.armed = 1;
-	return 0;
+	io_uring_prep_cancel(sqe, &io->pid, 0);
+	io_uring_sqe_set_data(sqe, NULL);
+}
+
+/* Frees io once the loop is done with it; no retry may name it then. */
+static void ur_defer_free(struct wex_loop *l, struct wex_loop_io *io)
+{
+	retry_drop(&io->retry);
+	retry_drop(&io->pid.retry);
+	wex__loop_defer_free(l, io);
 }
 
 /* Closes a closing io's socket once its receive is back, and frees the io
@@ -203,7 +342,7 @@ static void finish_close(struct wex_loop *l, struct wex_loop_io *io)
 	close(io->fd);
 	io->fd = -1;
 	if (!io->pid.armed)
-		wex__loop_defer_free(l, io);
+		ur_defer_free(l, io);
 }
 
 static void ur_close(struct wex_loop *l, struct wex_loop_io *io)
@@ -214,10 +353,11 @@ static void ur_close(struct wex_loop *l, struct wex_loop_io *io)
 	if (io->closing)
 		return;
 	io->closing = 1;
-	if (io->pid.armed && (sqe = get_sqe(u))) {
-		io_uring_prep_cancel(sqe, &io->pid, 0);
-		io_uring_sqe_set_data(sqe, NULL);
-	}
+	/* A receive or pidfd poll still waiting for room is not wanted now. */
+	retry_drop(&io->retry);
+	retry_drop(&io->pid.retry);
+	if (io->pid.armed)
+		cancel_pid(l, io);
 	/* The ring holds its own reference for the poll: the pidfd goes now
 	 * (a count of wexd's fds sees the client gone at once). */
 	if (io->pid.fd >= 0) {
@@ -254,7 +394,7 @@ static void handle_recv(struct wex_loop *l, struct wex_loop_io *io, int res)
 	 * (older kernels), or one interrupted: nothing arrived, as epoll's
 	 * EAGAIN; wait again rather than take it for the client's end. */
 	if (res == -EAGAIN || res == -EINTR) {
-		arm_recv(l, io);
+		arm_recv(l, io, 1);
 		return;
 	}
 	if (res < 0) {
@@ -267,7 +407,7 @@ static void handle_recv(struct wex_loop *l, struct wex_loop_io *io, int res)
 	l->cbs.on_msg(l->arg, io, res, fds, nfds, mflags);
 	/* (0 is an empty message when the connection stays open.) */
 	if (!io->closing)
-		arm_recv(l, io);
+		arm_recv(l, io, 1);
 }
 
 /* io_uring_enter failed for the moment: EAGAIN (the kernel could not
@@ -294,6 +434,158 @@ static void transient(struct ur *u, int err)
 		nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
 }
 
+/* Cancels the listener's accept or poll (unlisten). */
+static void cancel_listen(struct wex_loop *l, struct wex_loop_watch *w)
+{
+	struct ur *u = l->priv;
+	struct io_uring_sqe *sqe = get_sqe(u);
+
+	if (!sqe) {
+		retry_later(l, &w->retry, RETRY_UNLISTEN);
+		return;
+	}
+	io_uring_prep_cancel(sqe, w, 0);
+	io_uring_sqe_set_data(sqe, NULL);
+	io_uring_submit(&u->ring);
+}
+
+/* io_uring_enter reported completions the kernel dropped (EBADR, 5.19 and
+ * later): the completion queue overflowed and the kernel had no memory to
+ * hold the overflow (GFP_ATOMIC failed).  The requests whose completions
+ * went are not known, and the kernel clears the condition once it has said
+ * so: stopping would drop every client, their ranks and leases, for what
+ * costs at most the few whose completions went (a request not answered
+ * until its client's timeout; a client's exit still ends its ranks and
+ * leases through its pidfd).  Logged as an error once a minute at most,
+ * counted, and the loop carries on (the completions the ring holds are
+ * drained as on any turn). */
+static void dropped(struct wex_loop *l)
+{
+	struct ur *u = l->priv;
+	uint64_t now = wex__now_ns();
+
+	u->dropped++;
+	wex__metrics_count(WEX_M_LOOP_RETRIES, "EBADR", NULL, 1);
+	if (!u->dropped_logged_ns || now - u->dropped_logged_ns >= 60000000000ull) {
+		wex_error("loop", "io_uring dropped completions (EBADR, %llu time(s) so far): its "
+			  "completion queue overflowed while the kernel was out of memory; a "
+			  "client whose completion was lost may wait for an answer until its "
+			  "own timeout; carrying on (clients stay connected)", u->dropped);
+		u->dropped_logged_ns = now;
+	}
+	/* A multishot accept ends when the completion queue is full: were
+	 * its last completion, or a watch's (the signalfd's), among those
+	 * lost, wexd would accept no client, or heed no signal, again.  A
+	 * cancel of each finds out: one that finds nothing in the ring, with
+	 * no completion of the watch seen meanwhile, re-arms it (the
+	 * WEX_LOOP_KIND_PROBE completion); one that finds it sends its
+	 * completion (-ECANCELED), which re-arms it as any other. */
+	for (unsigned i = 0; i < u->nwatches; i++) {
+		struct wex_loop_watch *w = u->watches[i];
+		struct io_uring_sqe *sqe;
+
+		if (w->stopped || !w->armed || !(sqe = get_sqe(u)))
+			continue;
+		io_uring_prep_cancel(sqe, w, 0);
+		w->probe.kind = WEX_LOOP_KIND_PROBE;
+		w->probe.gen = w->gen;
+		io_uring_sqe_set_data(sqe, &w->probe);
+	}
+}
+
+/* Acts dropped completions (WEX_URING_DROPPED, tests): cancels a watch's
+ * request, in turn the listener's and the others', and loses its last
+ * completion (ur_run_once skips it), as the kernel would have; the next
+ * wait reports EBADR. */
+static void act_dropped(struct ur *u)
+{
+	struct wex_loop_watch *w;
+	struct io_uring_sqe *sqe;
+
+	if (!u->nwatches)
+		return;
+	w = u->watches[u->waits / u->dropped_every % u->nwatches];
+	if (w->stopped || !w->armed || !(sqe = get_sqe(u)))
+		return;
+	io_uring_prep_cancel(sqe, w, 0);
+	io_uring_sqe_set_data(sqe, NULL);
+	u->lose = w;
+}
+
+#define RETRY_OF(r, type) ((type *)(void *)((char *)(r) - offsetof(type, retry)))
+
+/* Queues again what found no room before, now that this turn's
+ * completions are drained (the end of the turn submits them).  A connection whose
+ * receive finds none for RETRY_GIVE_UP_NS is closed, with a warning,
+ * rather than left waiting for good; the listener, watches and cancels are
+ * retried until they go. */
+static void retry_run(struct wex_loop *l)
+{
+	struct ur *u = l->priv;
+	struct wex_loop_retry *r;
+	uint64_t now = wex__now_ns();
+	unsigned long n = 0;
+
+	/* Those queued again go at the tail: each is tried once a turn. */
+	for (r = u->retry.next; r != &u->retry; r = r->next)
+		n++;
+	while (n-- && (r = u->retry.next) != &u->retry) {
+		uint64_t since = r->since_ns;
+		int op = r->op;
+
+		retry_drop(r);
+		switch (op) {
+		case RETRY_RECV: {
+			struct wex_loop_io *io = RETRY_OF(r, struct wex_loop_io);
+
+			if (now - since >= RETRY_GIVE_UP_NS) {
+				wex_warn("loop", "io_uring: no room to queue a client's receive for %llu s "
+					 "(submission queue full, submitting failing): closing its "
+					 "connection rather than leaving it waiting",
+					 (unsigned long long)(RETRY_GIVE_UP_NS / 1000000000ull));
+				l->cbs.on_msg(l->arg, io, -EBUSY, NULL, 0, 0);
+				continue;
+			}
+			arm_recv(l, io, 1);
+			break;
+		}
+		case RETRY_ACCEPT:
+		case RETRY_LISTEN_POLL:
+		case RETRY_POLL: {
+			struct wex_loop_watch *w = RETRY_OF(r, struct wex_loop_watch);
+
+			if (w->stopped)
+				continue;
+			if (op == RETRY_ACCEPT)
+				arm_accept(l, w);
+			else
+				poll_watch(l, w, op);
+			break;
+		}
+		case RETRY_UNLISTEN: {
+			struct wex_loop_watch *w = RETRY_OF(r, struct wex_loop_watch);
+
+			if (w->armed)
+				cancel_listen(l, w);
+			break;
+		}
+		case RETRY_PID_POLL:
+		case RETRY_PID_CANCEL: {
+			struct wex_loop_io *io = RETRY_OF(r, struct wex_loop_pid)->io;
+
+			if (op == RETRY_PID_POLL && !io->closing)
+				arm_pid(l, io);
+			else if (op == RETRY_PID_CANCEL && io->pid.armed)
+				cancel_pid(l, io);
+			break;
+		}
+		}
+		/* Still waiting: since its first failure. */
+		if (r->op)
+			r->since_ns = since;
+	}
+}
+
 static int ur_run_once(struct wex_loop *l, int timeout_ms)
 {
 	struct ur *u = l->priv;
@@ -304,17 +596,29 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 	int ret;
 
 	timeout_ms = wex__loop_wait_ms(l, timeout_ms);
+	/* Requests wait for room: the next try comes soon. */
+	if (u->retry.next != &u->retry && (timeout_ms < 0 || timeout_ms > RETRY_WAIT_MS))
+		timeout_ms = RETRY_WAIT_MS;
 	ts = (struct __kernel_timespec){
 		.tv_sec = timeout_ms / 1000,
 		.tv_nsec = (long long)(timeout_ms % 1000) * 1000000,
 	};
-	if (u->transient_every && ++u->waits % u->transient_every == 0)
+	u->waits++;
+	if (u->lost) {
+		u->lost = 0;
+		ret = -EBADR; /* acted (tests): said at the wait after the loss */
+	} else if (u->transient_every && u->waits % u->transient_every == 0) {
 		ret = u->waits / u->transient_every % 2 ? -EAGAIN : -EBUSY; /* acted (tests) */
-	else
+	} else {
+		if (u->dropped_every && u->waits % u->dropped_every == 0)
+			act_dropped(u);
 		ret = io_uring_submit_and_wait_timeout(&u->ring, &cqe, 1,
 						       timeout_ms >= 0 ? &ts : NULL, NULL);
+	}
 	if (ret == -EAGAIN || ret == -EBUSY)
 		transient(u, ret);
+	else if (ret == -EBADR)
+		dropped(l);
 	else if (ret < 0 && ret != -ETIME && ret != -EINTR)
 		return ret;
 	io_uring_for_each_cqe(&u->ring, head, cqe)
@@ -330,7 +634,29 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 		seen++;
 		if (!data)
 			continue; /* a cancel's own completion */
+		if (data == u->lose && !(flags & IORING_CQE_F_MORE)) {
+			u->lose = NULL;
+			u->lost = 1;
+			continue; /* acted: dropped (tests) */
+		}
 		switch (*(int *)data) {
+		case WEX_LOOP_KIND_PROBE: {
+			struct wex_loop_watch *w =
+				(void *)((char *)data - offsetof(struct wex_loop_watch, probe));
+
+			/* (-EALREADY: under way; its completion comes.) */
+			if (res != -ENOENT || w->stopped || !w->armed || w->gen != w->probe.gen)
+				break;
+			wex_warn("loop", "%s: its completion was among those io_uring dropped: "
+				 "re-armed", w->kind == WEX_LOOP_KIND_LISTEN ? "the listener's accept"
+									: "a watch's poll");
+			w->armed = 0;
+			if (w->kind == WEX_LOOP_KIND_LISTEN)
+				arm_accept(l, w);
+			else
+				arm_poll(l, w);
+			break;
+		}
 		case WEX_LOOP_KIND_LISTEN: {
 			struct wex_loop_watch *w = data;
 
@@ -339,8 +665,10 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 				 * race is handed on (and refused there). */
 				if (w->armed == 1 && res >= 0)
 					l->cbs.on_accept(l->arg, res);
-				if (!(flags & IORING_CQE_F_MORE))
+				if (!(flags & IORING_CQE_F_MORE)) {
 					w->armed = 0;
+					retry_drop(&w->retry); /* its cancel */
+				}
 				break;
 			}
 			if (w->armed == 2) {
@@ -397,8 +725,9 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 			if (io->closing) {
 				/* The socket went with the receive (or goes
 				 * with it): only the io is left to free. */
+				retry_drop(&io->pid.retry); /* its cancel */
 				if (io->fd < 0)
-					wex__loop_defer_free(l, io);
+					ur_defer_free(l, io);
 			} else if (res > 0) {
 				l->cbs.on_peer_exit(l->arg, io);
 			} else if (res < 0) {
@@ -417,6 +746,7 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 	io_uring_cq_advance(&u->ring, seen);
 	if ((lw = wex__loop_resume_due(l)))
 		arm_listen_poll(l, lw);
+	retry_run(l);
 	io_uring_submit(&u->ring);
 	wex__loop_reap(l);
 	return (int)seen;
@@ -437,19 +767,15 @@ static void ur_fini(struct wex_loop *l)
 
 static void ur_unlisten(struct wex_loop *l, struct wex_loop_watch *w)
 {
-	struct ur *u = l->priv;
-	struct io_uring_sqe *sqe;
-
 	if (w->stopped)
 		return;
 	w->stopped = 1;
 	if (l->paused == w)
 		l->paused = NULL;
-	if (w->armed && (sqe = get_sqe(u))) {
-		io_uring_prep_cancel(sqe, w, 0);
-		io_uring_sqe_set_data(sqe, NULL);
-		io_uring_submit(&u->ring);
-	}
+	/* An accept or poll waiting for room is not wanted now. */
+	retry_drop(&w->retry);
+	if (w->armed)
+		cancel_listen(l, w);
 }
 
 const struct wex_loop_ops wex__loop_uring_ops = {

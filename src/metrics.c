@@ -76,7 +76,9 @@ static struct family counters[WEX_M_COUNTER_COUNT] = {
 	[WEX_M_LOOP_RETRIES] = { "wex_event_loop_retries_total",
 				 "Waits of the io_uring event loop that failed for the moment and "
 				 "were retried, by error: EAGAIN (the kernel short of memory for a "
-				 "submission), EBUSY (the completion queue overflowed).",
+				 "submission), EBUSY (the completion queue overflowed), EBADR (the "
+				 "kernel dropped completions; wexd carried on); no_sqe: requests "
+				 "the ring had no room for, queued again at the next turn.",
 				 { "error" } },
 };
 
