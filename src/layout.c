@@ -1900,6 +1900,19 @@ static int make_blocks(struct ctx *c, const struct etensor *et, const struct fte
 		if (et->nroles != 3 || nh <= 0 || nkv <= 0 || nh % nkv)
 			FAIL(c, "%s: needs roles q,k,v and num_attention_heads (%lld) a multiple of num_key_value_heads (%lld)",
 			     et->name, (long long)nh, (long long)nkv);
+		/* The blocks below cut q, k and v by heads of k's size: a
+		 * family whose q, k, v rows are not nh, nkv and nkv such
+		 * heads would put boxes past their tensors. */
+		if (!f[0]->ndim || !f[1]->ndim || !f[2]->ndim || f[1]->shape[0] % (uint64_t)nkv ||
+		    f[2]->shape[0] != f[1]->shape[0] ||
+		    f[0]->shape[0] != (uint64_t)nh * (f[1]->shape[0] / (uint64_t)nkv))
+			FAIL(c, "%s: q, k and v must have %lld, %lld and %lld heads of one size in dim 0, "
+			     "not %llu, %llu and %llu rows (%s, %s, %s)", et->name, (long long)nh,
+			     (long long)nkv, (long long)nkv,
+			     (unsigned long long)(f[0]->ndim ? f[0]->shape[0] : 0),
+			     (unsigned long long)(f[1]->ndim ? f[1]->shape[0] : 0),
+			     (unsigned long long)(f[2]->ndim ? f[2]->shape[0] : 0), fname[0], fname[1],
+			     fname[2]);
 		hd = f[1]->shape[0] / (uint64_t)nkv;
 		if (!strcmp(k, "qkv_group")) {
 			/* Megatron: per query group [q heads of the group; k; v]. */
