@@ -64,6 +64,7 @@ enum {
 	RETRY_UNLISTEN,    /* the cancel of the listener's accept or poll */
 	RETRY_PID_POLL,    /* the poll of a client's pidfd (wex_loop_pid) */
 	RETRY_PID_CANCEL,  /* its cancel, the client's connection closing */
+	RETRY_PROBE,       /* a watch's probe after dropped completions */
 };
 
 /* A connection whose receive finds no room for this long is closed (its
@@ -449,6 +450,21 @@ static void cancel_listen(struct wex_loop *l, struct wex_loop_watch *w)
 	io_uring_submit(&u->ring);
 }
 
+/* Queues the cancel that probes w (w->probe.gen: the arms it saw); one the
+ * ring has no room for is retried (RETRY_PROBE): skipped, a watch whose
+ * completion was lost would never be armed again. */
+static void probe_watch(struct wex_loop *l, struct wex_loop_watch *w)
+{
+	struct io_uring_sqe *sqe = get_sqe(l->priv);
+
+	if (!sqe) {
+		retry_later(l, &w->retry, RETRY_PROBE);
+		return;
+	}
+	io_uring_prep_cancel(sqe, w, 0);
+	io_uring_sqe_set_data(sqe, &w->probe);
+}
+
 /* io_uring_enter reported completions the kernel dropped (EBADR, 5.19 and
  * later): the completion queue overflowed and the kernel had no memory to
  * hold the overflow (GFP_ATOMIC failed).  The requests whose completions
@@ -482,14 +498,12 @@ static void dropped(struct wex_loop *l)
 	 * completion (-ECANCELED), which re-arms it as any other. */
 	for (unsigned i = 0; i < u->nwatches; i++) {
 		struct wex_loop_watch *w = u->watches[i];
-		struct io_uring_sqe *sqe;
 
-		if (w->stopped || !w->armed || !(sqe = get_sqe(u)))
+		if (w->stopped || !w->armed)
 			continue;
-		io_uring_prep_cancel(sqe, w, 0);
 		w->probe.kind = WEX_LOOP_KIND_PROBE;
 		w->probe.gen = w->gen;
-		io_uring_sqe_set_data(sqe, &w->probe);
+		probe_watch(l, w);
 	}
 }
 
@@ -567,6 +581,14 @@ static void retry_run(struct wex_loop *l)
 
 			if (w->armed)
 				cancel_listen(l, w);
+			break;
+		}
+		case RETRY_PROBE: {
+			struct wex_loop_watch *w = RETRY_OF(r, struct wex_loop_watch);
+
+			/* (Armed again since: nothing to find out.) */
+			if (!w->stopped && w->armed && w->gen == w->probe.gen)
+				probe_watch(l, w);
 			break;
 		}
 		case RETRY_PID_POLL:
@@ -698,8 +720,13 @@ static int ur_run_once(struct wex_loop *l, int timeout_ms)
 
 				if (flags & IORING_CQE_F_MORE)
 					break;
-				if (r < 0) /* no reserve: a poll would fire at once */
+				if (r < 0) { /* no reserve: a poll would fire at once */
+					/* (Nothing of it in the ring while paused:
+					 * no probe after dropped completions re-arms
+					 * it then.) */
+					w->armed = 0;
 					wex__loop_pause(l, w);
+				}
 				else
 					arm_listen_poll(l, w);
 				break;

@@ -23,6 +23,8 @@ add_test(NAME svc_io_dropped COMMAND sh ${SVC}/io_dropped.sh $<TARGET_FILE:wexd>
   $<TARGET_FILE:wex-producer> $<TARGET_FILE:wex-consumer>)
 add_test(NAME svc_io_recv_give_up COMMAND sh ${SVC}/io_recv_give_up.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>
   $<TARGET_FILE:wex-producer> $<TARGET_FILE:wex-consumer>)
+add_test(NAME svc_io_dropped_no_sqe COMMAND sh ${SVC}/io_dropped_no_sqe.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
+add_test(NAME svc_io_retry_stress COMMAND sh ${SVC}/io_retry_stress.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 add_test(NAME svc_drain_timeout COMMAND sh ${SVC}/drain_timeout.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wex-producer>)
 add_test(NAME svc_cli COMMAND sh ${SVC}/cli.sh
   $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl> $<TARGET_FILE:wex-producer> $<TARGET_FILE:wex-consumer>)
@@ -40,7 +42,7 @@ add_test(NAME svc_readme_run_wexd COMMAND sh ${SVC}/readme_run_wexd.sh ${CMAKE_S
   $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 set_tests_properties(svc_readme_run_wexd PROPERTIES LABELS service TIMEOUT 60 SKIP_RETURN_CODE 77)
 wex_add_test(svc_sigterm_sync SOURCES tests/service/sigterm_sync.c LIBS wex wex_example_model LABELS service TIMEOUT 120)
-set_tests_properties(svc_access_control svc_cli_errors svc_journal_log svc_inherited_fds svc_cli_hung svc_metrics_restore svc_max_clients svc_max_clients_admin svc_socket_path svc_io_fallback svc_io_transient svc_io_no_sqe svc_io_dropped svc_io_recv_give_up svc_drain_timeout svc_reload_flags svc_activation_drain svc_activation_drain_epoll svc_socket_activate svc_socket_activate_epoll svc_cli
+set_tests_properties(svc_access_control svc_cli_errors svc_journal_log svc_inherited_fds svc_cli_hung svc_metrics_restore svc_max_clients svc_max_clients_admin svc_socket_path svc_io_fallback svc_io_transient svc_io_no_sqe svc_io_dropped svc_io_recv_give_up svc_io_dropped_no_sqe svc_io_retry_stress svc_drain_timeout svc_reload_flags svc_activation_drain svc_activation_drain_epoll svc_socket_activate svc_socket_activate_epoll svc_cli
   svc_cli_epoll PROPERTIES
   LABELS service TIMEOUT 120 SKIP_RETURN_CODE 77)
 add_test(NAME svc_notify_reload COMMAND sh ${SVC}/notify_reload.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>
