@@ -2083,6 +2083,16 @@ static void client_close(wex_client_t *c)
 	 * lease journal: said hello to once the memory is unmapped, below. */
 	int owed = c->role == WEX_ROLE_CONSUMER && (c->lease_lost || (c->has_lease && c->fd < 0));
 
+	/* So may its take of its group's open round (written down with no
+	 * lease held, registry.c note_wanted) when the wexd it took it from
+	 * is gone: nothing else ends that before this process exits. */
+	if (c->role == WEX_ROLE_CONSUMER && !owed && c->took && c->world > 1) {
+		struct pollfd pfd = { .fd = c->fd, .events = POLLRDHUP };
+
+		owed = c->fd < 0 || (poll(&pfd, 1, 0) > 0 &&
+				     (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)));
+	}
+
 	if (c->has_lease && c->fd >= 0) {
 		json_t *req = json_pack("{s:s}", "op", "release"), *reply = NULL;
 

@@ -1131,7 +1131,8 @@ static int held_in_group(struct wexd *d, struct model *m, struct cgroup *g, uint
  * Group g opens a round on v: each of its ranks that holds v from before
  * this wexd (struct held) passes it (2, taken without a lease): a lease
  * stays held; a take of the round the group had open when wexd restarted
- * (WEX_JOURNAL_ROUND) ends, the round's hold taking over from it.
+ * (WEX_JOURNAL_ROUND) ends, the round's hold taking over from it, as does
+ * one in `rank`'s slot (the caller's process takes or holds v).
  */
 static void held_round_pass(struct wexd *d, struct model *m, struct cgroup *g, uint64_t v,
 			    uint32_t rank)
@@ -1140,6 +1141,13 @@ static void held_round_pass(struct wexd *d, struct model *m, struct cgroup *g, u
 
 	for (h = d->held; h; h = next) {
 		next = h->next;
+		/* A take of that round in `rank`'s own slot, by a process that
+		 * no longer holds the slot: its new process takes v now. */
+		if (h->r.mode == WEX_JOURNAL_ROUND && h->r.rank == rank && h->m == m &&
+		    h->r.version == v && h->r.world == g->world && !strcmp(h->r.group, g->name)) {
+			held_drop(d, h, "another process of its rank took that version at this wexd");
+			continue;
+		}
 		if (!held_in(h, m, g, v, rank))
 			continue;
 		if (!g->taken[h->r.rank]) {

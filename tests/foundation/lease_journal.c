@@ -50,6 +50,14 @@
  *  - round_passed: a rank that holds the version of the round written
  *    down (it took it from an earlier wexd) and asks for the next passes
  *    that round at the next wexd, so the trainer writes at once.
+ *  - round_closed_clients: rank 0's take of a round is held after a
+ *    restart, and both ranks close their clients with no call between: the
+ *    close says hello to the new wexd, which ends the take, and the trainer
+ *    writes (before: held off until the engine's process exited).
+ *  - round_slot_taken: rank 0's engine took a round and hangs on across a
+ *    restart; a new engine takes rank 0 and the group takes that version
+ *    whole: the hung engine's take holds the trainer off no more (before:
+ *    until that process exited).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -654,6 +662,89 @@ static void round_passed(void)
 	t_prod_close(&p);
 }
 
+
+/* Rank 0 took v1 (its take of the round written down), wexd restarts, and
+ * both engines close their clients with no call between: nothing of the
+ * group is left to take v1, so the trainer writes (as it would have at the
+ * wexd before, whose round ended with the group's last rank). */
+static void round_closed_clients(void)
+{
+	struct t_prod p;
+	struct t_cons k0, k1;
+	struct wex_sync_result r;
+	int ret;
+
+	t_prod_open(&p, "rclose", "tiny", 0, 1);
+	t_cons_open_from(&k0, "rclose", "g", "tiny", 0, 2, 0);
+	t_cons_open_from(&k1, "rclose", "g", "tiny", 1, 2, 0);
+	t_prod_write(&p, 1);
+	T_WEX(k0.c, wex_sync(k0.c, WEX_SYNC_COPY, 1, 5000, &r));
+	restart();
+	T_ASSERT(held_count("rclose", (int)getpid(), 1, "round") == 1, "rank 0's take is held");
+	/* (Until the killed wexd's sockets are closed, the clients cannot
+	 * tell it is gone.) */
+	usleep(300000);
+	t_cons_close(&k0);
+	t_cons_close(&k1);
+	ret = wex_begin_write(p.c, 2, 2000);
+	T_ASSERT(ret == 0, "with the group's clients closed the trainer writes: %s (%s)",
+		 wex_strerror(ret), wex_last_error(p.c));
+	T_ASSERT(journal_count() == 0, "nothing stays written down (%d records)", journal_count());
+	T_WEX(p.c, wex_publish(p.c, 2));
+	t_prod_close(&p);
+}
+
+
+
+/* Rank 0's engine took v1 (its take of the round written down) and hangs
+ * on (alive, calling no more) across a wexd restart; a new engine takes
+ * its rank, and it and rank 1 take v1 at the next wexd: the group took v1
+ * whole, so the hung engine's take holds the trainer off no more (it held
+ * it until that process exited). */
+static void round_slot_taken(void)
+{
+	struct t_prod p;
+	struct t_cons k0, k1;
+	struct wex_sync_result r;
+	int pfd[2], ret;
+	char ch = 0;
+	pid_t child;
+
+	t_prod_open(&p, "rslot", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	T_ASSERT(pipe(pfd) == 0, "pipe");
+	child = t_fork();
+	if (child == 0) {
+		struct t_cons k;
+
+		close(pfd[0]);
+		t_cons_open_from(&k, "rslot", "g", "tiny", 0, 2, 0);
+		T_WEX(k.c, wex_sync(k.c, WEX_SYNC_COPY, 1, 5000, &r));
+		(void)!write(pfd[1], "s", 1);
+		rollout(NULL);
+	}
+	close(pfd[1]);
+	T_ASSERT(read(pfd[0], &ch, 1) == 1, "the engine synced");
+	close(pfd[0]);
+	restart();
+	T_ASSERT(held_count("rslot", (int)child, 1, "round") == 1, "its take is held");
+	t_cons_open_from(&k0, "rslot", "g", "tiny", 0, 2, 0);
+	t_cons_open_from(&k1, "rslot", "g", "tiny", 1, 2, 0);
+	T_WEX(k0.c, wex_sync(k0.c, WEX_SYNC_COPY, 1, 5000, &r));
+	T_WEX(k1.c, wex_sync(k1.c, WEX_SYNC_COPY, 1, 5000, &r));
+	ret = wex_begin_write(p.c, 2, 1000);
+	T_ASSERT(ret == 0, "the group took v1 whole: the trainer writes: %s (%s)",
+		 wex_strerror(ret), wex_last_error(p.c));
+	T_ASSERT(held_count("rslot", 0, 0, "") == 0 && journal_count() == 0,
+		 "and nothing is held from before (%d records)", journal_count());
+	T_WEX(p.c, wex_publish(p.c, 2));
+	kill(child, SIGKILL);
+	T_ASSERT(t_wait(child) == 128 + SIGKILL, "the engine was killed");
+	t_cons_close(&k0);
+	t_cons_close(&k1);
+	t_prod_close(&p);
+}
+
 int main(void)
 {
 	t_wexd_start(&d);
@@ -672,6 +763,8 @@ int main(void)
 	round_kept(WEX_SYNC_COPY);
 	round_kept(WEX_SYNC_REMAP_VIEW);
 	round_passed();
+	round_closed_clients();
+	round_slot_taken();
 	t_wexd_stop(&d);
 	printf("lease_journal: PASS\n");
 	t_exit(T_EXIT_PASS);
