@@ -52,7 +52,10 @@ static void usage(FILE *f)
 		"  convert --config config.json --from LAYOUT --to LAYOUT [--max-shard-size SIZE]\n"
 		"       [--progress auto|always|never] [--adapters DIR] IN OUTDIR\n"
 		"                    (convert --help: what IN and OUTDIR hold)\n"
-		"The socket defaults to $WEX_SOCKET, $XDG_RUNTIME_DIR/wex/wexd.sock, /run/wex/wexd.sock.\n");
+		"The socket defaults to $WEX_SOCKET, $XDG_RUNTIME_DIR/wex/wexd.sock, /run/wex/wexd.sock.\n"
+		"Exit status: 0 done; 1 wexd cannot be reached or refused the request (its reason\n"
+		"on stderr), or a plan or convert failed; 2 a bad command, option or value;\n"
+		"verify also 3 and 4 (above).\n");
 }
 
 /* wexd answers an admin's every request at once: one that answers nothing

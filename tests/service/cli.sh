@@ -14,6 +14,11 @@ if WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" status 2>"$TMP/nowexd.err"; then fail "
 grep -q "is wexd running" "$TMP/nowexd.err" || fail "no hint without wexd: $(cat "$TMP/nowexd.err")"
 "$WEXD" --help | grep -q "|trace" || fail "wexd --help does not list log level trace"
 "$WEXCTL" plan 2>&1 | grep -q megatron_grouped || fail "plan's usage does not list megatron_grouped"
+# The exit statuses, as README gives them, are in the usage too.
+"$WEXCTL" --help >"$TMP/help.out" 2>/dev/null || fail "wexctl --help exited $?"
+grep -q "^Exit status: 0 done; 1 wexd cannot be reached" "$TMP/help.out" &&
+	grep -q "2 a bad command, option or value" "$TMP/help.out" ||
+	fail "wexctl --help does not give the exit statuses: $(cat "$TMP/help.out")"
 # --help is an answer, not an error: on stdout, exit 0 (README: `wexctl plan
 # --help` gives the layout syntax).
 for cmd in plan convert; do
