@@ -139,6 +139,16 @@ err:
 	return ret;
 }
 
+/* Whether a warning last logged at *last is due again (once a minute at
+ * most); if so, *last becomes now. */
+static int log_due(uint64_t *last, uint64_t now)
+{
+	if (*last && now - *last < 60000000000ull)
+		return 0;
+	*last = now;
+	return 1;
+}
+
 static struct io_uring_sqe *get_sqe(struct ur *u)
 {
 	struct io_uring_sqe *sqe;
@@ -162,12 +172,11 @@ static void retry_later(struct wex_loop *l, struct wex_loop_retry *r, int op)
 
 	u->no_room++;
 	wex__metrics_count(WEX_M_LOOP_RETRIES, "no_sqe", NULL, 1);
-	if (!u->no_room_logged_ns || now - u->no_room_logged_ns >= 60000000000ull) {
+	if (log_due(&u->no_room_logged_ns, now)) {
 		wex_warn("loop", "io_uring: no room to queue a request (%llu time(s) so far): the "
 			 "submission queue is full and submitting failed (the kernel short of "
 			 "memory, or completions overflowing); retried at the next turns",
 			 u->no_room);
-		u->no_room_logged_ns = now;
 	}
 	if (!r->op) {
 		r->since_ns = now;
@@ -424,12 +433,11 @@ static void transient(struct ur *u, int err)
 
 	u->transient++;
 	wex__metrics_count(WEX_M_LOOP_RETRIES, err == -EAGAIN ? "EAGAIN" : "EBUSY", NULL, 1);
-	if (!u->transient_logged_ns || now - u->transient_logged_ns >= 60000000000ull) {
+	if (log_due(&u->transient_logged_ns, now)) {
 		wex_warn("loop", "io_uring_enter: %s (%llu time(s) so far): %s; retried", strerror(-err),
 			 u->transient,
 			 err == -EAGAIN ? "the kernel is short of memory for the submission"
 					: "the completion queue overflowed; draining it");
-		u->transient_logged_ns = now;
 	}
 	if (!io_uring_cq_ready(&u->ring))
 		nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
@@ -482,12 +490,11 @@ static void dropped(struct wex_loop *l)
 
 	u->dropped++;
 	wex__metrics_count(WEX_M_LOOP_RETRIES, "EBADR", NULL, 1);
-	if (!u->dropped_logged_ns || now - u->dropped_logged_ns >= 60000000000ull) {
+	if (log_due(&u->dropped_logged_ns, now)) {
 		wex_error("loop", "io_uring dropped completions (EBADR, %llu time(s) so far): its "
 			  "completion queue overflowed while the kernel was out of memory; a "
 			  "client whose completion was lost may wait for an answer until its "
 			  "own timeout; carrying on (clients stay connected)", u->dropped);
-		u->dropped_logged_ns = now;
 	}
 	/* A multishot accept ends when the completion queue is full: were
 	 * its last completion, or a watch's (the signalfd's), among those

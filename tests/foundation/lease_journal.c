@@ -562,7 +562,6 @@ static void round_kept(int mode)
 	struct t_cons k0, k1;
 	struct wex_sync_result r;
 	struct writer w = { .p = &p, .v = 2 };
-	double t0;
 	int ret;
 
 	t_prod_open(&p, model, "tiny", 0, 1);
@@ -587,11 +586,11 @@ static void round_kept(int mode)
 	 * round (before: it waited for the trainer's timeout). */
 	pthread_create(&w.th, NULL, writer_main, &w);
 	usleep(100000);
-	t0 = t_now();
+	/* (Its wait, 5 s, ends before the trainer's, 10 s: a sync that
+	 * waited for the trainer fails.) */
 	T_WEX(k1.c, wex_sync(k1.c, mode, 1, 5000, &r));
-	T_ASSERT(r.version == 1 && t_now() - t0 < 2,
-		 "rank 1 gets v1, the version rank 0 serves, at once (got v%llu after %.2f s)",
-		 (unsigned long long)r.version, t_now() - t0);
+	T_ASSERT(r.version == 1, "rank 1 gets v1, the version rank 0 serves (got v%llu)",
+		 (unsigned long long)r.version);
 	if (mode == WEX_SYNC_COPY) {
 		T_ASSERT(t_own_bad(&k1, 1) == 0, "rank 1's weights hold v1");
 		T_ASSERT(held_count(model, 0, 0, "") == 0 && journal_count() == 0,
@@ -629,7 +628,6 @@ static void round_passed(void)
 	struct t_cons k0, k1;
 	struct wex_sync_result r;
 	struct writer w = { .p = &p, .v = 2, .publish = 1 };
-	double t0;
 
 	t_prod_open(&p, "pass", "tiny", 0, 1);
 	t_cons_open_from(&k0, "pass", "g", "tiny", 0, 2, 0);
@@ -644,11 +642,11 @@ static void round_passed(void)
 	restart();
 	pthread_create(&w.th, NULL, writer_main, &w);
 	usleep(300000);
-	t0 = t_now();
+	/* (Its wait, 5 s, ends before the trainer's, 10 s: a sync that
+	 * waited for the trainer to give up fails.) */
 	T_WEX(k1.c, wex_sync(k1.c, WEX_SYNC_COPY, 2, 5000, &r));
-	T_ASSERT(r.version == 2 && t_now() - t0 < 2 && t_own_bad(&k1, 2) == 0,
-		 "rank 1 gets v2 at once (v%llu after %.2f s)", (unsigned long long)r.version,
-		 t_now() - t0);
+	T_ASSERT(r.version == 2 && t_own_bad(&k1, 2) == 0, "rank 1 gets v2 (v%llu)",
+		 (unsigned long long)r.version);
 	pthread_join(w.th, NULL);
 	T_ASSERT(w.ret == 0, "the trainer wrote v2: %s", wex_strerror(w.ret));
 	T_ASSERT(held_count("pass", 0, 0, "") == 0 && journal_count() == 1,

@@ -25,9 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "fuzz.h"
-#include "layout.h"
-#include "proto.h"
+#include "fuzz_layout.h"
 
 #define WORLD_LIMIT 4096
 #define TENSOR_LIMIT 4096
@@ -129,35 +127,8 @@ static void check_rank(const struct wex_model *m, const struct wex_layout_spec *
 		FZ_ASSERT(err[0], "rank %u refused without a reason (%d)", rank, ret);
 		return;
 	}
-	for (size_t i = 0; i < l.nt; i++) {
-		const struct wex_layout_tensor *t = &l.t[i];
-		uint64_t nb = wex_dtype_size(t->dtype);
-
-		FZ_ASSERT(nb && t->ndim <= WEX_MAX_DIMS, "%s: dtype %d ndim %u", t->name, t->dtype,
-			  t->ndim);
-		for (uint32_t d = 0; d < t->ndim; d++)
-			FZ_ASSERT(!__builtin_mul_overflow(nb, t->shape[d], &nb), "%s: size overflows",
-				  t->name);
-		FZ_ASSERT(nb == t->nbytes, "%s: %llu bytes for a shape of %llu", t->name,
-			  (unsigned long long)t->nbytes, (unsigned long long)nb);
-		FZ_ASSERT(t->first <= l.np && t->npieces <= l.np - t->first,
-			  "%s: pieces [%zu, +%zu) of %zu", t->name, t->first, t->npieces, l.np);
-		FZ_ASSERT(!__builtin_add_overflow(total, nb, &total), "total bytes overflow");
-		for (size_t k = t->first; k < t->first + t->npieces; k++) {
-			const struct wex_tensor *p = &l.p[k];
-			uint64_t span, end;
-
-			FZ_ASSERT(wex__tensor_check(p, err, sizeof(err)) == 0, "%s piece %zu: %s",
-				  t->name, k, err);
-			FZ_ASSERT(p->segment == i, "%s piece %zu: segment %u", t->name, k, p->segment);
-			FZ_ASSERT(wex__tensor_span(p, &span) == 0 &&
-					  !__builtin_add_overflow(p->offset, span, &end) &&
-					  end <= t->nbytes,
-				  "%s piece %zu: offset %llu span %llu past %llu bytes", t->name, k,
-				  (unsigned long long)p->offset, (unsigned long long)span,
-				  (unsigned long long)t->nbytes);
-		}
-	}
+	for (size_t i = 0; i < l.nt; i++)
+		fz_check_layout_tensor(&l, i, &total);
 	FZ_ASSERT(total == l.total_bytes, "total_bytes %llu, tensors hold %llu",
 		  (unsigned long long)l.total_bytes, (unsigned long long)total);
 	wex__rank_layout_free(&l);

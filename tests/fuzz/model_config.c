@@ -24,9 +24,7 @@
 #include <jansson.h>
 #include <string.h>
 
-#include "fuzz.h"
-#include "layout.h"
-#include "proto.h"
+#include "fuzz_layout.h"
 
 /* Canonical tensors (per layer and expert) past which a layout is not
  * computed: a real model's full layout takes too long for a fuzz input. */
@@ -214,31 +212,11 @@ static int check_rank(const struct wex_model *m, const struct wex_layout_spec *s
 	FZ_ASSERT(order && names, "out of memory");
 	for (size_t i = 0; i < l.nt; i++) {
 		const struct wex_layout_tensor *t = &l.t[i];
-		uint64_t nb = wex_dtype_size(t->dtype);
 
-		FZ_ASSERT(nb && t->ndim <= WEX_MAX_DIMS, "%s: dtype %d ndim %u", t->name, t->dtype,
-			  t->ndim);
-		for (uint32_t d = 0; d < t->ndim; d++)
-			FZ_ASSERT(!__builtin_mul_overflow(nb, t->shape[d], &nb), "%s: size overflows",
-				  t->name);
-		FZ_ASSERT(nb == t->nbytes, "%s: %llu bytes for a shape of %llu", t->name,
-			  (unsigned long long)t->nbytes, (unsigned long long)nb);
-		FZ_ASSERT(t->first <= l.np && t->npieces <= l.np - t->first,
-			  "%s: pieces [%zu, +%zu) of %zu", t->name, t->first, t->npieces, l.np);
-		FZ_ASSERT(!__builtin_add_overflow(total, nb, &total), "total bytes overflow");
+		fz_check_layout_tensor(&l, i, &total);
 		for (size_t k = t->first; k < t->first + t->npieces; k++) {
 			const struct wex_tensor *p = &l.p[k];
-			uint64_t span, end;
 
-			FZ_ASSERT(wex__tensor_check(p, err, sizeof(err)) == 0, "%s piece %zu: %s",
-				  t->name, k, err);
-			FZ_ASSERT(p->segment == i, "%s piece %zu: segment %u", t->name, k, p->segment);
-			FZ_ASSERT(wex__tensor_span(p, &span) == 0 &&
-					  !__builtin_add_overflow(p->offset, span, &end) &&
-					  end <= t->nbytes,
-				  "%s piece %zu: offset %llu span %llu past %llu bytes", t->name, k,
-				  (unsigned long long)p->offset, (unsigned long long)span,
-				  (unsigned long long)t->nbytes);
 			order[k - t->first] = p;
 			if (cv)
 				cover_add(cv, p, rank);

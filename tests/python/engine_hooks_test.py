@@ -875,6 +875,29 @@ class EngineHooks(WexdProducerCase):
         norm.weight = torch.nn.Parameter(norm.weight.detach().clone(), requires_grad=False)
         self.assertEqual(r.moved(), ["model.norm.weight (replaced by a new object)"])
 
+    def waiting_sync(self, group):
+        """(module, EngineRank of it in `group`, the next version, {"sync":
+        the result or exception}, the thread) of a rank whose sync, on
+        that thread, waits in wexd for a version 50 past the next."""
+        m = module_of(self.engine_params("vllm", 0))
+        r = wex.engine.EngineRank(MODEL, m.named_parameters, rank=0, world_size=2,
+                                  layout="vllm:tp=2",
+                                  config=os.path.join(self.tmp.name, "config.json"),
+                                  group=group)
+        self.addCleanup(r.close)
+        v = self.next_version()
+        out = {}
+
+        def sync():
+            try:
+                out["sync"] = r.sync(min_version=v + 50, timeout_ms=60000)
+            except BaseException as e:  # reported by the callers' assertions
+                out["sync"] = e
+        t = threading.Thread(target=sync, daemon=True)
+        t.start()
+        self.await_acquire(group)
+        return m, r, v, out, t
+
     def test_close_during_sync(self):
         """EngineRank.close() while a sync of the rank waits for a version
         in another thread cancels that wait (was: close waited the sync's
@@ -883,22 +906,7 @@ class EngineHooks(WexdProducerCase):
         closed; syncs after it raise ValueError; close() inside a sync of
         the rank is refused."""
         d = self.tmp.name
-        m = module_of(self.engine_params("vllm", 0))
-        r = wex.engine.EngineRank(MODEL, m.named_parameters, rank=0, world_size=2,
-                                  layout="vllm:tp=2", config=os.path.join(d, "config.json"),
-                                  group="closing")
-        self.addCleanup(r.close)
-        v = self.next_version()
-        out = {}
-
-        def sync():
-            try:
-                out["sync"] = r.sync(min_version=v + 50, timeout_ms=60000)
-            except BaseException as e:  # reported by the assertions below
-                out["sync"] = e
-        t = threading.Thread(target=sync, daemon=True)
-        t.start()
-        self.await_acquire("closing")
+        m, r, v, out, t = self.waiting_sync("closing")
         t0 = time.monotonic()
         r.close()
         self.assertLess(time.monotonic() - t0, 10, "close() waited for the sync's timeout")
@@ -2409,23 +2417,7 @@ class EngineHooks(WexdProducerCase):
         close() returns, freeing its copy (was: close() waited for ever
         for the parent's sync, which no thread of the child runs)."""
         import signal
-        d = self.tmp.name
-        m = module_of(self.engine_params("vllm", 0))
-        r = wex.engine.EngineRank(MODEL, m.named_parameters, rank=0, world_size=2,
-                                  layout="vllm:tp=2", config=os.path.join(d, "config.json"),
-                                  group="forking")
-        self.addCleanup(r.close)
-        v = self.next_version()
-        out = {}
-
-        def sync():
-            try:
-                out["sync"] = r.sync(min_version=v + 50, timeout_ms=60000)
-            except BaseException as e:  # reported by the assertions below
-                out["sync"] = e
-        t = threading.Thread(target=sync, daemon=True)
-        t.start()
-        self.await_acquire("forking")
+        _, r, v, out, t = self.waiting_sync("forking")
         pid = os.fork()
         if pid == 0:
             code = 1

@@ -13,21 +13,8 @@
 WEXD=$1 WEXCTL=$2 PRODUCER=$3 CONSUMER=$4
 . "$(dirname "$0")/lib.sh"
 WEX_IO=io_uring WEX_URING_DROPPED=3 start_wexd
-"$PRODUCER" --rank 0 --world 1 --preset tiny --versions 3 --wait-group engine --hold >"$TMP/p.log" 2>&1 &
-P=$!
-timeout 30 "$CONSUMER" --rank 0 --world 1 --preset tiny --versions 3 --modes view,copy >"$TMP/c.log" 2>&1 &
-C=$!
-cleanup_extra() { kill "$P" "$C" 2>/dev/null; wait "$P" "$C" 2>/dev/null; }
-wait $C; rc=$?
-[ $rc = 0 ] || fail "consumer exited $rc: $(tail -5 "$TMP/c.log"); wexd: $(tail -5 "$TMP/wexd.log")"
-kill -0 $P || fail "producer: $(tail -5 "$TMP/p.log")"
-i=0
-while [ $i -lt 20 ]; do
-	timeout 10 "$WEXCTL" status >/dev/null; rc=$?
-	[ $rc = 124 ] && fail "status $i hung (the listener lost?): wexd: $(tail -5 "$TMP/wexd.log")"
-	[ $rc = 0 ] || fail "status $i: wexd: $(tail -5 "$TMP/wexd.log")"
-	i=$((i+1))
-done
+sync_pair
+status_each 20
 kill -0 "$WEXD_PID" || fail "wexd ended: $(tail -5 "$TMP/wexd.log")"
 grep -q "error: event loop:" "$TMP/wexd.log" && fail "wexd ended its loop: $(grep "error: event loop:" "$TMP/wexd.log")"
 n=$(grep -c "io_uring dropped completions (EBADR, .* time(s) so far).*carrying on" "$TMP/wexd.log")
@@ -39,10 +26,7 @@ for w in "the listener's accept" "a watch's poll"; do
 	grep -q "$w: its completion was among those io_uring dropped: re-armed" "$TMP/wexd.log" ||
 		fail "$w not re-armed: $(tail -5 "$TMP/wexd.log")"
 done
-kill -TERM "$WEXD_PID"
-i=0
-while kill -0 "$WEXD_PID" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
-kill -0 "$WEXD_PID" 2>/dev/null && fail "wexd did not stop on SIGTERM (its signal watch lost?)"
-wait "$WEXD_PID"; rc=$?; WEXD_PID=""
+stop_wexd "(its signal watch lost?)"
+rc=$WEXD_RC
 [ $rc = 0 ] || fail "wexd exit code $rc after dropped completions"
 echo "PASS: io_uring dropped completions (EBADR) logged and counted; wexd carried on"

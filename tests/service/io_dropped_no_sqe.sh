@@ -29,10 +29,7 @@ while [ $round -lt 60 ]; do
 done
 grep -q "the listener's accept: its completion was among those io_uring dropped: re-armed" "$TMP/wexd.log" ||
 	fail "no listener's completion lost and re-armed: the test acted nothing: $(tail -5 "$TMP/wexd.log")"
-kill -TERM "$WEXD_PID"
-i=0
-while kill -0 "$WEXD_PID" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
-kill -0 "$WEXD_PID" 2>/dev/null && fail "wexd did not stop on SIGTERM (its signal watch lost?)"
-wait "$WEXD_PID"; rc=$?; WEXD_PID=""
+stop_wexd "(its signal watch lost?)"
+rc=$WEXD_RC
 [ $rc = 0 ] || fail "wexd exit code $rc"
 echo "PASS: dropped completions while the ring had no room: the listener probed and re-armed, every client served"

@@ -44,11 +44,8 @@ for fail_every in 2 3; do
 		pids="$pids $!"
 		i=$((i+1))
 	done
-	kill -TERM "$WEXD_PID"
-	i=0
-	while kill -0 "$WEXD_PID" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
-	kill -0 "$WEXD_PID" 2>/dev/null && fail "wexd did not stop on SIGTERM"
-	wait "$WEXD_PID"; rc=$?; WEXD_PID=""
+	stop_wexd
+	rc=$WEXD_RC
 	for p in $pids; do wait "$p"; done
 	grep -q "ERROR: [A-Za-z]*Sanitizer\|runtime error:" "$TMP/wexd.log" &&
 		fail "sanitizer (SQE_FAIL=$fail_every): $(grep -A12 "ERROR: [A-Za-z]*Sanitizer\|runtime error:" "$TMP/wexd.log" | head -30)"
@@ -87,11 +84,8 @@ cleanup_extra() { kill "$H" 2>/dev/null; wait "$H" 2>/dev/null; }
 i=0
 while ! grep -q held "$TMP/held.log" && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
 grep -q held "$TMP/held.log" || fail "held clients: $(cat "$TMP/held.log")"
-kill -TERM "$WEXD_PID"
-i=0
-while kill -0 "$WEXD_PID" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
-kill -0 "$WEXD_PID" 2>/dev/null && fail "wexd did not stop on SIGTERM with receives queued"
-wait "$WEXD_PID"; rc=$?; WEXD_PID=""
+stop_wexd "with receives queued"
+rc=$WEXD_RC
 grep -q "ERROR: [A-Za-z]*Sanitizer\|runtime error:" "$TMP/wexd.log" &&
 	fail "sanitizer (SQE_FAIL=recv): $(grep -A12 "ERROR: [A-Za-z]*Sanitizer\|runtime error:" "$TMP/wexd.log" | head -30)"
 [ $rc = 0 ] || fail "wexd exit code $rc with receives queued: $(tail -20 "$TMP/wexd.log")"

@@ -21,3 +21,38 @@ start_wexd() {
 	read -r _ <"$TMP/ready" || fail "wexd did not start: $(cat "$TMP/wexd.log")"
 	rm -f "$TMP/ready"
 }
+# stop_wexd [WHAT]: SIGTERM, then at most 10 s for wexd to end (else fail,
+# naming WHAT); its exit code in $WEXD_RC.
+stop_wexd() {
+	kill -TERM "$WEXD_PID"
+	_i=0
+	while kill -0 "$WEXD_PID" 2>/dev/null && [ $_i -lt 100 ]; do sleep 0.1; _i=$((_i+1)); done
+	kill -0 "$WEXD_PID" 2>/dev/null && fail "wexd did not stop on SIGTERM${1:+ $1}"
+	wait "$WEXD_PID"; WEXD_RC=$?; WEXD_PID=""
+}
+# status_each N: N `wexctl status` in turn, each answered within 10 s.
+status_each() {
+	_i=0
+	while [ $_i -lt "$1" ]; do
+		timeout 10 "$WEXCTL" status >/dev/null 2>"$TMP/ctl.log"; _rc=$?
+		[ $_rc = 124 ] && fail "status $_i hung: wexd: $(tail -5 "$TMP/wexd.log")"
+		[ $_rc = 0 ] || fail "status $_i: $(cat "$TMP/ctl.log"); wexd: $(tail -5 "$TMP/wexd.log")"
+		_i=$((_i+1))
+	done
+}
+# sync_pair: $PRODUCER (held after its 3 tiny versions) and $CONSUMER
+# (view and copy syncs of them) through wexd; the consumer must end within
+# 30 s with every byte right, the producer still running.
+sync_pair() {
+	"$PRODUCER" --rank 0 --world 1 --preset tiny --versions 3 --wait-group engine --hold >"$TMP/p.log" 2>&1 &
+	P=$!
+	timeout 30 "$CONSUMER" --rank 0 --world 1 --preset tiny --versions 3 --modes view,copy >"$TMP/c.log" 2>&1 &
+	C=$!
+	cleanup_extra() { kill "$P" "$C" 2>/dev/null; wait "$P" "$C" 2>/dev/null; }
+	wait $C; _rc=$?
+	[ $_rc = 124 ] && fail "consumer hung (a request never answered): $(tail -3 "$TMP/c.log"); wexd: $(tail -5 "$TMP/wexd.log")"
+	[ $_rc = 0 ] || fail "consumer exited $_rc: $(tail -5 "$TMP/c.log"); wexd: $(tail -5 "$TMP/wexd.log")"
+	kill -0 $P || fail "producer: $(tail -5 "$TMP/p.log")"
+	grep -q MISMATCH "$TMP/c.log" && fail "consumer saw wrong bytes"
+	return 0
+}
