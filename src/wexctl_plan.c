@@ -330,6 +330,17 @@ static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 			fprintf(stderr, "wexctl %s: OUTDIR %s: %s\n", cmd, out, strerror(bad));
 			return -1;
 		}
+		if (bad && lstat(out, &st) == 0 && S_ISLNK(st.st_mode)) {
+			/* mkdir makes no directory where a link points. */
+			char to[4096];
+			ssize_t n = readlink(out, to, sizeof(to) - 1);
+
+			to[n > 0 ? n : 0] = '\0';
+			fprintf(stderr, "wexctl %s: OUTDIR %s: a symbolic link to %s, which does not "
+				"exist (convert makes OUTDIR, not the target of a link)\n", cmd, out,
+				to[0] ? to : "?");
+			return -1;
+		}
 		if (bad) {
 			char parent[4096];
 			size_t l = strlen(out);
@@ -721,6 +732,28 @@ static int open_inputs(const char *in, uint32_t world, struct rank_files *rf, ch
 	}
 	snprintf(path, sizeof(path), "%s/rank-0.safetensors", in);
 	if (stat(path, &st) == 0) {
+		/* One rank: a directory that is also an hf checkpoint (an
+		 * earlier conversion in place) is not guessed at. */
+		DIR *d = world == 1 ? opendir(in) : NULL;
+		struct dirent *e;
+
+		while (d && (e = readdir(d))) {
+			size_t l = strlen(e->d_name);
+
+			if (l <= 12 || strcmp(e->d_name + l - 12, ".safetensors"))
+				continue;
+			/* (rank-K.safetensors: past rank 0, refused below.) */
+			if (l > 17 && !strncmp(e->d_name, "rank-", 5) &&
+			    strspn(e->d_name + 5, "0123456789") == l - 17)
+				continue;
+			seterr(err, errlen, "%s holds rank-0.safetensors and %s (an hf checkpoint?): "
+			       "which is the one-rank source is not guessed; give the file as IN", in,
+			       e->d_name);
+			closedir(d);
+			return -EINVAL;
+		}
+		if (d)
+			closedir(d);
 		for (uint32_t r = 0; r < world; r++) {
 			snprintf(path, sizeof(path), "%s/rank-%u.safetensors", in, r);
 			ret = add_file(&rf[r], path, err, errlen);
@@ -869,10 +902,18 @@ static uint64_t base_of(void *arg, uint32_t rank, uint32_t seg)
 	return rank < b->n ? b->b[rank][seg] : 0;
 }
 
+/* Files written beside the weights of an hf target, each at a temporary
+ * name (tmp) until renamed to its own (path) once the weights are. */
+#define HF_EXTRAS_MAX 16
+struct staged {
+	char tmp[HF_EXTRAS_MAX][4200], path[HF_EXTRAS_MAX][4096];
+	size_t n;
+};
+
 /* Writes `text` (len bytes) to dir/name through a temporary renamed over
- * it, synced first. */
+ * it, synced first; with sg, left at the temporary and noted in sg. */
 static int write_beside(const char *dir, const char *name, const char *text, size_t len,
-			char *err, size_t errlen)
+			struct staged *sg, char *err, size_t errlen)
 {
 	char path[4096], tmp[4200];
 	int fd, ret = 0;
@@ -898,7 +939,16 @@ static int write_beside(const char *dir, const char *name, const char *text, siz
 		ret = -errno;
 	if (close(fd) < 0 && ret == 0)
 		ret = -errno;
-	if (ret == 0 && rename(tmp, path) < 0)
+	if (ret == 0 && sg) {
+		if (sg->n < HF_EXTRAS_MAX) {
+			snprintf(sg->tmp[sg->n], sizeof(sg->tmp[0]), "%s", tmp);
+			snprintf(sg->path[sg->n], sizeof(sg->path[0]), "%s", path);
+			sg->n++;
+			return 0;
+		}
+		ret = -E2BIG;
+	}
+	if (ret == 0 && !sg && rename(tmp, path) < 0)
 		ret = -errno;
 	if (ret < 0) {
 		seterr(err, errlen, "%s: %s", path, strerror(-ret));
@@ -909,8 +959,8 @@ static int write_beside(const char *dir, const char *name, const char *text, siz
 
 /* Copies file `from` to dir/name unless dir/name exists: 0 also when it
  * does; -errno with the cause in err. */
-static int copy_if_absent(const char *dir, const char *name, const char *from, char *err,
-			  size_t errlen)
+static int copy_if_absent(const char *dir, const char *name, const char *from, struct staged *sg,
+			  char *err, size_t errlen)
 {
 	char path[4096];
 	FILE *in;
@@ -925,7 +975,7 @@ static int copy_if_absent(const char *dir, const char *name, const char *from, c
 	in = fopen(from, "rb");
 	if (in && fseek(in, 0, SEEK_END) == 0 && (n = ftell(in)) >= 0 && fseek(in, 0, SEEK_SET) == 0 &&
 	    (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, in) == (size_t)n)
-		ret = write_beside(dir, name, buf, (size_t)n, err, errlen);
+		ret = write_beside(dir, name, buf, (size_t)n, sg, err, errlen);
 	else {
 		ret = errno ? -errno : -EIO;
 		seterr(err, errlen, "copying %s to %s: %s", from, path, strerror(-ret));
@@ -977,10 +1027,13 @@ static void dir_of(const char *path, char *out, size_t len)
  * is removed (it would name other files: vLLM and wex read only those);
  * config.json copied from --config, and the tokenizer and generation
  * config (hf_side_files) from beside IN, else beside --config, each only
- * where OUTDIR has none.
+ * where OUTDIR has none.  Called with the weights still staged as
+ * NAME.partial: what it writes is left at temporary names in sg, renamed
+ * by hf_publish once the weights are (a full disk here fails the
+ * conversion before any file of it replaces one in OUTDIR).
  */
 static int hf_extras(const char *outdir, char *const *files, size_t nfiles, int index,
-		     const char *in, const char *config, char *err, size_t errlen)
+		     const char *in, const char *config, struct staged *sg, char *err, size_t errlen)
 {
 	char dirs[2][4096];
 	json_t *idx, *map;
@@ -992,21 +1045,13 @@ static int hf_extras(const char *outdir, char *const *files, size_t nfiles, int 
 	map = json_object();
 	if (!idx || !map)
 		goto out;
-	if (!index) {
-		char path[4200];
-
-		snprintf(path, sizeof(path), "%s/model.safetensors.index.json", outdir);
-		if (unlink(path) < 0 && errno != ENOENT) {
-			ret = -errno;
-			seterr(err, errlen, "removing the earlier %s: %s", path, strerror(errno));
-			goto out;
-		}
-	}
 	for (size_t k = 0; index && k < nfiles; k++) {
 		struct wex_st_file f;
 		const char *base = strrchr(files[k], '/') ? strrchr(files[k], '/') + 1 : files[k];
+		char staged[4200];
 
-		ret = wex__st_open(files[k], &f, err, errlen);
+		snprintf(staged, sizeof(staged), "%s.partial", files[k]);
+		ret = wex__st_open(staged, &f, err, errlen);
 		if (ret < 0)
 			goto out;
 		ret = -ENOMEM;
@@ -1027,13 +1072,13 @@ static int hf_extras(const char *outdir, char *const *files, size_t nfiles, int 
 		text = json_dumps(idx, JSON_INDENT(2) | JSON_SORT_KEYS);
 		if (!text)
 			goto out;
-		ret = write_beside(outdir, "model.safetensors.index.json", text, strlen(text), err,
-				   errlen);
+		ret = write_beside(outdir, "model.safetensors.index.json", text, strlen(text), sg,
+				   err, errlen);
 		free(text);
 		if (ret < 0)
 			goto out;
 	}
-	ret = copy_if_absent(outdir, "config.json", config, err, errlen);
+	ret = copy_if_absent(outdir, "config.json", config, sg, err, errlen);
 	dir_of(in, dirs[0], sizeof(dirs[0]));
 	dir_of(config, dirs[1], sizeof(dirs[1]));
 	for (size_t i = 0; ret == 0 && i < sizeof(hf_side_files) / sizeof(hf_side_files[0]); i++)
@@ -1042,7 +1087,7 @@ static int hf_extras(const char *outdir, char *const *files, size_t nfiles, int 
 			int n = snprintf(side, sizeof(side), "%s/%s", dirs[k], hf_side_files[i]);
 
 			if (n > 0 && (size_t)n < sizeof(side) && access(side, R_OK) == 0) {
-				ret = copy_if_absent(outdir, hf_side_files[i], side, err, errlen);
+				ret = copy_if_absent(outdir, hf_side_files[i], side, sg, err, errlen);
 				break;
 			}
 		}
@@ -1051,6 +1096,44 @@ out:
 		seterr(err, errlen, "out of memory");
 	json_decref(map);
 	json_decref(idx);
+	return ret;
+}
+
+/* Removes what hf_extras staged (a conversion that failed). */
+static void hf_unstage(struct staged *sg)
+{
+	for (size_t i = 0; i < sg->n; i++)
+		unlink(sg->tmp[i]);
+	sg->n = 0;
+}
+
+/* Renames what hf_extras staged into place, once the weights are; without
+ * an index (`index` 0) an earlier conversion's is removed first. */
+static int hf_publish(const char *outdir, int index, struct staged *sg, char *err, size_t errlen)
+{
+	int ret = 0;
+
+	if (!index) {
+		char path[4200];
+
+		snprintf(path, sizeof(path), "%s/model.safetensors.index.json", outdir);
+		if (unlink(path) < 0 && errno != ENOENT) {
+			ret = -errno;
+			seterr(err, errlen, "removing the earlier %s: %s", path, strerror(errno));
+		}
+	}
+	for (size_t i = 0; ret == 0 && i < sg->n; i++)
+		if (rename(sg->tmp[i], sg->path[i]) < 0) {
+			ret = -errno;
+			seterr(err, errlen, "rename %s to %s: %s", sg->tmp[i], sg->path[i],
+			       strerror(errno));
+		} else {
+			sg->tmp[i][0] = '\0';
+		}
+	for (size_t i = 0; i < sg->n; i++)
+		if (sg->tmp[i][0])
+			unlink(sg->tmp[i]);
+	sg->n = 0;
 	return ret;
 }
 
@@ -1442,7 +1525,8 @@ int wexctl_cmd_convert(int argc, char **argv)
 	int ret = 0, rc = 1;
 	struct names names = { 0 }; /* the files written, as NAME.partial until renamed */
 	size_t nnames = 0;
-	int staged = 1, hf, blocked = 0, lockfd = -1;
+	int staged = 1, hf, blocked = 0, lockfd = -1, index = 0;
+	struct staged *sg = NULL; /* hf: the index and files beside the weights */
 	sigset_t stop, old;
 
 	if ((ret = parse_opts(argc, argv, &o, 2)) != 0)
@@ -1789,6 +1873,19 @@ rank_out:
 			goto fail;
 	}
 	ret = stopped(err, sizeof(err));
+	if (ret == 0 && hf) {
+		/* One file: no index, as save_pretrained writes none, unless
+		 * the index must keep readers from others in OUTDIR.  The
+		 * index and the files copied beside the weights are written
+		 * (staged) before any weights are renamed into place. */
+		size_t strays = hf_warn_strays(o.pos[1], names.v, nnames);
+
+		index = nnames > 1 || strays;
+		sg = calloc(1, sizeof(*sg));
+		ret = sg ? hf_extras(o.pos[1], names.v, nnames, index, o.pos[0], o.config, sg, err,
+				     sizeof(err))
+			 : -ENOMEM;
+	}
 	if (ret == 0 && hf)
 		ret = hf_drop_stale_index(o.pos[1], names.v, nnames, err, sizeof(err));
 	if (ret < 0)
@@ -1814,12 +1911,7 @@ rank_out:
 	/* The renames themselves reach the disk before "converted". */
 	sync_dir(o.pos[1]);
 	if (hf) {
-		/* One file: no index, as save_pretrained writes none, unless
-		 * the index must keep readers from others in OUTDIR. */
-		size_t strays = hf_warn_strays(o.pos[1], names.v, nnames);
-
-		ret = hf_extras(o.pos[1], names.v, nnames, nnames > 1 || strays, o.pos[0], o.config,
-				err, sizeof(err));
+		ret = hf_publish(o.pos[1], index, sg, err, sizeof(err));
 		if (ret < 0)
 			goto fail;
 		/* ... and the index's rename (or removal) too. */
@@ -1854,7 +1946,10 @@ fail:
 		snprintf(path, sizeof(path), "%s.partial", names.v[k]);
 		unlink(path);
 	}
+	if (sg)
+		hf_unstage(sg);
 out:
+	free(sg);
 	if (lockfd >= 0) {
 		char path[4200];
 

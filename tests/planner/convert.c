@@ -47,6 +47,11 @@
 	    "\"num_attention_heads\":8,\"num_key_value_heads\":2,\"intermediate_size\":2816," \
 	    "\"vocab_size\":8192,\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\"}"
 
+/* 770 tensors of at most 256 bytes: an index larger than any shard. */
+#define MANY "{\"model_type\":\"qwen2\",\"hidden_size\":8,\"num_hidden_layers\":64," \
+	     "\"num_attention_heads\":2,\"num_key_value_heads\":1,\"intermediate_size\":8," \
+	     "\"vocab_size\":16,\"tie_word_embeddings\":true,\"torch_dtype\":\"bfloat16\"}"
+
 /* The model gen() writes and compare() checks. */
 static const char *model_cfg = QWEN2;
 
@@ -468,13 +473,16 @@ int main(int argc, char **argv)
 		/* An earlier index naming these shards' files with another
 		 * split (an earlier conversion's) is removed before they are
 		 * renamed into place: a convert stopped after the renames
-		 * (killed; here its index cannot be written, a directory where
-		 * the index's temporary goes) never leaves it describing the
-		 * new shards (it was replaced only after them). */
+		 * (killed) never leaves it describing the new shards (it was
+		 * replaced only after them).  One whose index cannot be
+		 * written (a directory where the index's temporary goes) fails
+		 * before any shard is renamed: the earlier index and shards
+		 * stay as they were. */
 		{
-			char tmp[1100];
+			char tmp[1100], *before, *after;
 			json_error_t je;
 			json_t *idx;
+			struct stat st1, st2;
 
 			snprintf(path, sizeof(path), "%s/model.safetensors.index.json", sh);
 			idx = json_load_file(path, 0, &je);
@@ -484,6 +492,11 @@ int main(int argc, char **argv)
 				      json_dump_file(idx, path, 0) == 0,
 			      "rewriting %s", path);
 			json_decref(idx);
+			idx = json_load_file(path, 0, &je);
+			before = json_dumps(idx, JSON_SORT_KEYS);
+			json_decref(idx);
+			snprintf(tmp, sizeof(tmp), "%s/model-00001-of-00011.safetensors", sh);
+			CHECK(before && stat(tmp, &st1) == 0, "%s", tmp);
 			snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
 			CHECK(mkdir(tmp, 0755) == 0, "mkdir %s", tmp);
 			CHECK(run_err(msg, sizeof(msg), wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf", b,
@@ -492,8 +505,22 @@ int main(int argc, char **argv)
 				      strstr(msg, "Is a directory"),
 			      "a convert that cannot write its index did not fail naming it: '%s'", msg);
 			CHECK(rmdir(tmp) == 0, "rmdir %s", tmp);
-			CHECK(access(path, F_OK) != 0 || compare(sh) == T_PASS,
-			      "a convert stopped before its index left an earlier one over its shards");
+			idx = json_load_file(path, 0, &je);
+			after = json_dumps(idx, JSON_SORT_KEYS);
+			json_decref(idx);
+			CHECK(after && !strcmp(before, after),
+			      "a convert that failed writing its index changed the earlier one");
+			free(before);
+			free(after);
+			snprintf(tmp, sizeof(tmp), "%s/model-00001-of-00011.safetensors", sh);
+			CHECK(stat(tmp, &st2) == 0 && st1.st_ino == st2.st_ino,
+			      "a convert that failed writing its index renamed its shards into place");
+			d = opendir(sh);
+			CHECK(d, "%s", sh);
+			while ((e = readdir(d)))
+				CHECK(!strstr(e->d_name, ".partial") && !strstr(e->d_name, ".tmp."),
+				      "a convert that failed writing its index left %s/%s", sh, e->d_name);
+			closedir(d);
 			CHECK(run_opt(wexctl_cmd_convert, "convert", cfg, "vllm:tp=2", "hf", b, sh,
 				      "--max-shard-size", "8KiB") == 0 && compare(sh) == T_PASS,
 			      "vllm -> hf in 8 KiB shards after a failed index");
@@ -708,6 +735,44 @@ int main(int argc, char **argv)
 	snprintf(file, sizeof(file), "%s/model.safetensors", c);
 	CHECK(compare(file) == T_PASS, "big round trip under a memory limit changed bytes");
 #endif
+	/* --to hf whose index cannot be written (a full disk; here the file
+	 * size limit: 770 tensors make a 60 KB index, every shard under 16
+	 * KB) fails with nothing of it left in OUTDIR: never its shards
+	 * renamed over an earlier conversion's there, with no index. */
+	model_dir(dir, "many", MANY, cfg, in, sizeof(cfg));
+	snprintf(b, sizeof(b), "%s/many/back", dir);
+	CHECK(run_opt(wexctl_cmd_convert, "convert", cfg, "hf", "hf", in, b, "--max-shard-size", "4000") == 0,
+	      "many: hf -> hf shards");
+	CHECK(compare(b) == T_PASS, "many: hf -> hf shards changed bytes");
+	snprintf(c, sizeof(c), "%s/many/new", dir);
+	for (int k = 0; k < 2; k++) {
+		const char *out = k ? b : c;
+		struct rlimit old_lim, lim;
+		DIR *d;
+		struct dirent *e;
+		int rc;
+
+		CHECK(getrlimit(RLIMIT_FSIZE, &old_lim) == 0, "getrlimit");
+		lim = old_lim;
+		lim.rlim_cur = 32 << 10;
+		signal(SIGXFSZ, SIG_IGN);
+		CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0, "setrlimit");
+		rc = run_opt(wexctl_cmd_convert, "convert", cfg, "hf", "hf", in, out, "--max-shard-size", "4000");
+		CHECK(setrlimit(RLIMIT_FSIZE, &old_lim) == 0, "setrlimit");
+		signal(SIGXFSZ, SIG_DFL);
+		CHECK(rc == 1, "convert with an index past the file size limit: exit %d, not 1", rc);
+		if (k) {
+			CHECK(compare(b) == T_PASS, "a convert that failed writing its index changed the "
+			      "earlier conversion in its OUTDIR");
+			continue;
+		}
+		d = opendir(out);
+		CHECK(d, "%s", out);
+		while ((e = readdir(d)))
+			CHECK(!strstr(e->d_name, ".safetensors"), "a convert that failed writing its "
+			      "index left %s/%s", out, e->d_name);
+		closedir(d);
+	}
 	printf("convert round trip hf -> megatron -> vllm -> hf is byte-identical\n");
 	char rm[300];
 	snprintf(rm, sizeof(rm), "rm -rf '%s'", dir);

@@ -13,7 +13,8 @@
 # --to hf also copies the tokenizer and generation config found beside IN
 # or --config (IN's first), never over a file OUTDIR already has; one model.safetensors gets
 # no index, as save_pretrained writes none (an earlier one is removed),
-# and reads back as a directory.  An OUTDIR that is a file and an
+# and reads back as a directory.  An OUTDIR that is a file, a symbolic
+# link to nothing, and an
 # unknown engine are bad values (exit 2), refused before anything is
 # written.  Skips (77)
 # while wexctl does not dispatch `convert` yet.
@@ -91,6 +92,13 @@ rc=$?
 rc=$?
 [ $rc = 2 ] && head -n 1 "$d/bad.err" | grep -qF "convert: OUTDIR $d/none/sub: its parent $d/none: No such file or directory" ||
 	{ echo "OUTDIR in no directory: exit $rc: $(cat "$d/bad.err")"; exit 1; }
+# A symbolic link to nothing (a volume not mounted) is not a directory
+# either: it said "OUTDIR/.wexctl-convert.lock: No such file or directory", exit 1.
+ln -s "$d/gone" "$d/o-link"
+"$WEXCTL_BIN" convert --config "$d/config.json" --from vllm:tp=2 --to hf "$d/vllm" "$d/o-link" 2>"$d/bad.err"
+rc=$?
+[ $rc = 2 ] && [ ! -e "$d/gone" ] && head -n 1 "$d/bad.err" | grep -qF "convert: OUTDIR $d/o-link: a symbolic link to $d/gone, which does not exist" ||
+	{ echo "OUTDIR a dangling symbolic link: exit $rc: $(cat "$d/bad.err")"; exit 1; }
 # --config naming the model's directory (which holds config.json), or a
 # config under another name that does not parse: named, with the cause
 # (they said "DIR: Cannot allocate memory" and "config.json: ...").
@@ -117,6 +125,19 @@ cmp "$d/vllm/special_tokens_map.json" "$d/back/special_tokens_map.json" || { ech
 rm -f "$d/vllm/special_tokens_map.json"
 # Not for other targets: a rank directory holds ranks.
 [ ! -e "$d/meg/tokenizer.json" ] || { echo "--to megatron copied the tokenizer"; exit 1; }
+# An hf directory (model.safetensors, no index) that also holds a one-rank
+# conversion's rank-0.safetensors (converted in place): which file is the
+# checkpoint is not guessed (rank-0.safetensors alone was read, silently
+# where its names are the same: fsdp=1 of an earlier step), both named;
+# IN the file reads it.
+cp -r "$d/back" "$d/mix"
+"$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to fsdp:fsdp=1 "$d/mix" "$d/mix" >/dev/null || exit 1
+"$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to vllm:tp=2 "$d/mix" "$d/o-mix" 2>"$d/mix.err"
+rc=$?
+[ $rc = 1 ] && [ ! -e "$d/o-mix" ] && grep -q "rank-0.safetensors.*model.safetensors" "$d/mix.err" ||
+	{ echo "hf directory with a rank-0.safetensors beside model.safetensors: exit $rc: $(cat "$d/mix.err")"; exit 1; }
+"$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to vllm:tp=2 "$d/mix/model.safetensors" "$d/o-mix" >/dev/null || exit 1
+"$WEXCTL_BIN" convert --config "$d/config.json" --from fsdp:fsdp=1 --to vllm:tp=2 "$d/mix/rank-0.safetensors" "$d/o-mix2" >/dev/null || exit 1
 # In place (OUTDIR = the input): the same bytes as into a fresh directory
 # (outputs are written beside and renamed over the inputs, which stay mapped).
 cp -r "$d/meg" "$d/meg2"
