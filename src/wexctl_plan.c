@@ -142,7 +142,8 @@ static int usage(const char *cmd, int help)
 			   "beside --config)\n"
 			   "  While it writes, convert holds OUTDIR/.wexctl-convert.lock (a second convert "
 			   "into OUTDIR meanwhile is refused, naming the first's pid) and removes the "
-			   "NAME.safetensors.partial and NAME.safetensors.partial.tmp.PID files a convert "
+			   "NAME.safetensors.partial and NAME.safetensors.partial.tmp.PID files (--to hf: "
+			   "also FILE.tmp.PID of the index, config.json and tokenizer files) a convert "
 			   "killed there (SIGKILL, the OOM killer) left, naming each and its bytes on "
 			   "stderr (a .tmp.PID of a running wexctl convert stays).  A source file that "
 			   "shrinks or is rewritten while read (a trainer still saving it) fails the "
@@ -1463,10 +1464,29 @@ static int is_convert(long pid)
 	return convert;
 }
 
+/* Whether name's first len bytes name a file convert stages under a
+ * temporary: NAME.safetensors.partial, the index, config.json, or one of
+ * hf_side_files. */
+static int staged_name(const char *name, size_t len)
+{
+	static const char partial[] = ".safetensors.partial";
+	size_t pl = sizeof(partial) - 1;
+
+	if (len > pl && !strncmp(name + len - pl, partial, pl))
+		return 1;
+	if ((len == 28 && !strncmp(name, "model.safetensors.index.json", 28)) ||
+	    (len == 11 && !strncmp(name, "config.json", 11)))
+		return 1;
+	for (size_t i = 0; i < sizeof(hf_side_files) / sizeof(hf_side_files[0]); i++)
+		if (strlen(hf_side_files[i]) == len && !strncmp(name, hf_side_files[i], len))
+			return 1;
+	return 0;
+}
+
 /* With OUTDIR's lock held: removes what a convert that died left there,
- * NAME.partial and NAME.partial.tmp.PID, NAME a .safetensors file (but
- * for a PID still running wexctl convert, one that took no lock), saying
- * so.  Nothing else. */
+ * NAME.partial and NAME.partial.tmp.PID, NAME a .safetensors file, and
+ * the hf index and side files' FILE.tmp.PID (but for a PID still running
+ * wexctl convert, one that took no lock), saying so.  Nothing else. */
 static void drop_dead_partials(const char *outdir)
 {
 	DIR *d = opendir(outdir);
@@ -1483,13 +1503,14 @@ static void drop_dead_partials(const char *outdir)
 		char path[4400];
 		struct stat st;
 
-		/* (Only the names convert stages: NAME.safetensors.partial.) */
+		/* (Only the names convert stages: NAME.safetensors.partial,
+		 * and the index and the hf files beside it as NAME.tmp.PID.) */
 		if (l <= 20 || strcmp(name + l - 20, ".safetensors.partial")) {
 			long pid;
 
-			if (!dot || dot - name <= 24 || strncmp(dot - 24, ".safetensors.partial.tmp", 24) ||
-			    !dot[1] ||
-			    strspn(dot + 1, "0123456789") != strlen(dot + 1) || strlen(dot + 1) >= 10)
+			if (!dot || dot - name <= 4 || strncmp(dot - 4, ".tmp", 4) || !dot[1] ||
+			    strspn(dot + 1, "0123456789") != strlen(dot + 1) || strlen(dot + 1) >= 10 ||
+			    !staged_name(name, (size_t)(dot - 4 - name)))
 				continue;
 			pid = strtol(dot + 1, NULL, 10);
 			if (pid == (long)getpid() || (pid > 0 && is_convert(pid)))

@@ -236,20 +236,23 @@ mkdir "$d/o-dead"
 head -c 1000 /dev/zero >"$d/o-dead/rank-0.safetensors.partial"
 head -c 2000 /dev/zero >"$d/o-dead/rank-1.safetensors.partial.tmp.999999999"
 head -c 3000 /dev/zero >"$d/o-dead/rank-1.safetensors.partial.tmp.$$"
+# (--to hf stages its index and the files beside the weights as FILE.tmp.PID.)
+head -c 4000 /dev/zero >"$d/o-dead/model.safetensors.index.json.tmp.999999999"
+head -c 5000 /dev/zero >"$d/o-dead/config.json.tmp.999999999"
 echo 999999999 >"$d/o-dead/.wexctl-convert.lock" # the lock of the one killed
-for f in notes.partial.txt rank-0.safetensors.partial.tmp.x1 config.json.tmp.12 .partial download.partial model.bin.partial.tmp.999999999; do
+for f in notes.partial.txt rank-0.safetensors.partial.tmp.x1 config.json.tmp.x12 notes.json.tmp.999999999 .partial download.partial model.bin.partial.tmp.999999999; do
 	echo keep >"$d/o-dead/$f"
 done
 "$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to vllm:tp=2 "$d/hf" "$d/o-dead" 2>"$d/dead.err" ||
 	{ echo "convert into an OUTDIR a killed convert left: $(cat "$d/dead.err")"; exit 1; }
 left=$(cd "$d/o-dead" && LC_ALL=C ls -A | tr '\n' ' ')
-[ "$left" = ".partial config.json.tmp.12 download.partial model.bin.partial.tmp.999999999 notes.partial.txt rank-0.safetensors rank-0.safetensors.partial.tmp.x1 rank-1.safetensors " ] ||
+[ "$left" = ".partial config.json.tmp.x12 download.partial model.bin.partial.tmp.999999999 notes.json.tmp.999999999 notes.partial.txt rank-0.safetensors rank-0.safetensors.partial.tmp.x1 rank-1.safetensors " ] ||
 	{ echo "convert into an OUTDIR a killed convert left: left $left"; exit 1; }
-for b in 1000 2000 3000; do
-	grep -q "removed $d/o-dead/rank-.* $b bytes)" "$d/dead.err" ||
+for b in 1000 2000 3000 4000 5000; do
+	grep -q "removed $d/o-dead/.* $b bytes)" "$d/dead.err" ||
 		{ echo "the $b bytes a killed convert left are removed unsaid: $(cat "$d/dead.err")"; exit 1; }
 done
-grep -qF "removed 3 files" "$d/dead.err" || { echo "no total of what was removed: $(cat "$d/dead.err")"; exit 1; }
+grep -qF "removed 5 files" "$d/dead.err" || { echo "no total of what was removed: $(cat "$d/dead.err")"; exit 1; }
 # Two converts into one OUTDIR at once: the second (here while the test
 # holds the first's lock) is refused naming the first, and removes
 # nothing of what the first stages.
