@@ -1280,6 +1280,10 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 		memcpy(key, p, (size_t)(eq - p));
 		key[eq - p] = 0;
 		if (!strcmp(key, "stages")) {
+			if (spec->nstages) {
+				seterr(err, errlen, "layout parameter stages given twice in \"%s\"", s);
+				return -EINVAL;
+			}
 			if (parse_stages(eq + 1, end, spec, s, err, errlen) < 0)
 				return -EINVAL;
 			p = *end ? end + 1 : end;
@@ -1297,6 +1301,11 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 
 			seterr(err, errlen, "bad layout parameter \"%.*s\" in \"%s\" (keys: %s stages)",
 			       (int)(end - p), p, s, param_keys(keys, sizeof(keys)));
+			return -EINVAL;
+		}
+		/* (A key given twice is a slip, not an override.) */
+		if (spec->set[k]) {
+			seterr(err, errlen, "layout parameter %s given twice in \"%s\"", key, s);
 			return -EINVAL;
 		}
 		spec->v[k] = v;

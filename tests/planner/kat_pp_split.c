@@ -196,6 +196,10 @@ int main(void)
 	parse_refused("vllm:pp=2,stages=3/-4", "entry 2 (\"-4\")", "digits");
 	parse_refused("vllm:pp=2,stages=3 /4", "entry 1 (\"3 \")", "digits");
 	parse_refused("vllm:pp=2,stages=3,4", "bad layout parameter", "stages=3,4");
+	/* A key given twice (a spec pasted together) is refused, not the
+	 * last one taken. */
+	parse_refused("vllm:pp=2,stages=3/4,stages=4/3", "stages given twice", "vllm:pp=2");
+	parse_refused("vllm:tp=2,pp=2,tp=4", "tp given twice", "vllm:tp=2,pp=2,tp=4");
 	parse_refused("vllm:pp=2,stages=1048577/1", "entry 1", "1048576");
 	n = snprintf(many, sizeof(many), "vllm:pp=257,stages=1");
 	for (int i = 1; i < 257; i++)

@@ -59,6 +59,7 @@ expect 2 "plan: missing --to" plan --config "$CFG" --from hf
 expect 2 "plan: --to: bad engine \"../families/llama\"" plan --config "$CFG" --from hf --to ../families/llama
 expect 2 "plan: --from: bad layout parameter \"tp=\"" plan --config "$CFG" --from megatron:tp= --to hf
 expect 2 "convert: --to: bad layout parameter \"pp=x\"" convert --config "$CFG" --from hf --to vllm:pp=x a b
+expect 2 "plan: --to: layout parameter tp given twice" plan --config "$CFG" --from hf --to vllm:tp=2,tp=4
 expect 2 "plan: unexpected argument 'extra'" plan --config "$CFG" --from hf --to hf extra
 expect 2 "convert: missing IN OUTDIR" convert --config "$CFG" --from hf --to hf "$TMP/in"
 expect 2 "convert: unexpected argument 'more'" convert --config "$CFG" --from hf --to hf a b more
