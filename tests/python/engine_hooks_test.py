@@ -228,6 +228,23 @@ class SleepyWorker(VllmWorker):
         self.backup = None
 
 
+class TaggedSleepyWorker(SleepyWorker):
+    """SleepyWorker as newer vLLM's Worker sleeps (vllm/v1/worker/
+    gpu_worker.py, sleep(level=1, tags=None), which its executor calls
+    with kwargs level and tags): tags None sleeps the weights and the KV
+    cache, backing the weights up at level 1 only; given tags
+    (LLM.sleep(tags=[...])) sleep those alone, with no CPU backup: the
+    weights untouched without "weights", discarded with it."""
+
+    def sleep(self, level=1, tags=None):
+        if "weights" not in (tags if tags is not None else ["weights", "kv_cache"]):
+            return
+        module = self.model_runner.model
+        self.backup = ([p.detach().clone() for p in module.parameters()]
+                       if tags is None and level == 1 else None)
+        scribble(module, 3)
+
+
 class MemorySaver:
     """torch_memory_saver's process-wide instance as SGLang's
     release/resume_memory_occupation use it: pause(tag) releases the
@@ -2184,6 +2201,61 @@ class EngineHooks(WexdProducerCase):
             self.assertIsNone(wex.engine._released([("v", view)]))
         self.assertEqual(asked[view.data_ptr()], (5 * 8 + 3) * 4)
         self.assertIsNone(fresh.wex_status())
+
+    def test_vllm_sleep_tags(self):
+        """Newer vLLM's tag sleep (LLM.sleep(tags=[...]), the worker's
+        sleep(level=1, tags=...)): sleeping the KV cache alone leaves the
+        weights as they are, so syncs go on, also after its wake-up;
+        sleeping "weights" by tag discards them (no CPU backup, whatever
+        the level), so waking them forgets the version and the next sync
+        copies it whole."""
+        d = self.tmp.name
+        module = module_of(self.engine_params("vllm", 0))
+        w = TaggedSleepyWorker(d, module, load_format="dummy")
+        other = VllmWorker(d, module_of(self.engine_params("vllm", 1)), load_format="dummy")
+
+        def sync(min_version):
+            set_par(tp=(2, 1))  # the group's other rank keeps up
+            other.wex_sync(min_version=min_version)
+            set_par(tp=(2, 0))
+            return w.wex_sync(min_version=min_version)
+
+        for k, x in ((1, other), (0, w)):
+            set_par(tp=(2, k))
+            x.wex_attach(model=MODEL, group="vllm-tags")
+            self.addCleanup(x.wex_detach)
+        v = self.next_version()
+        self.assertEqual(sync(v)["changed"], 1)
+
+        # The KV cache alone: the weights stay mapped and synced.
+        w.sleep(level=1, tags=["kv_cache"])
+        self.assertIsNone(w.wex_status()["released"])
+        v2 = self.next_version()
+        self.assertEqual(sync(v2)["changed"], 1)
+        self.assert_holds(params_of(module), "vllm", 0)
+        w.wake_up(tags=["kv_cache"])
+        self.assertIsNone(w.wex_status()["released"])
+        self.assertEqual(sync(v2)["changed"], 0)
+
+        # The weights by tag (level 1, the default, offloads nothing
+        # here): refused while asleep; woken, their bytes are lost.
+        w.sleep(level=1, tags=["weights"])
+        with self.assertRaises(ValueError) as e:
+            sync(v2)
+        self.assertIn("nothing copied", str(e.exception))
+        w.wake_up(tags=["weights"])
+        self.assertTrue(all_equal(module, 7))
+        st = w.wex_status()
+        self.assertEqual(st["forgotten"], 1)
+        self.assertIn("without its bytes", st["lost"])
+        r = sync(v2)
+        self.assertEqual((r["version"], r["changed"]), (v2, 1))
+        self.assert_holds(params_of(module), "vllm", 0)
+        # Positionally, as the method's signature allows.
+        w.sleep(1, ["weights", "kv_cache"])
+        w.wake_up()
+        self.assertEqual(sync(v2)["changed"], 1)
+        self.assert_holds(params_of(module), "vllm", 0)
 
     def test_vllm_sleep_during_sync(self):
         """A sleep called while a sync runs in another thread: a sync

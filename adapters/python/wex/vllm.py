@@ -119,6 +119,10 @@ so this concerns syncs run from threads of your own).  Waking them from a sleep 
 level 2 (or any but 1, which copies a CPU backup back) leaves them
 holding nothing meaningful: the next wex_sync copies the whole version,
 even the one the worker held, and the checkpoint is not compared again.
+Newer vLLM also sleeps by memory tag (LLM.sleep(tags=[...]), the
+worker's sleep(level, tags)): tags without "weights" (the KV cache
+alone) leave the weights mapped and syncs go on; with "weights" they
+are discarded with no CPU backup, whatever the level, so counted lost.
 Where the worker sleeps when wex_attach is called (before anything was
 wrapped), vLLM's state shows it (the CPU backups of level 1; the saved
 buffers of level 2, for a model that has buffers) and the attach is
@@ -580,10 +584,18 @@ class WorkerExtension:
 
         def wex_sleep(*args, **kwargs):
             level = kwargs.get("level", args[0] if args else 1)
+            # Newer vLLM's sleep(level=1, tags=None) (LLM.sleep(tags=...)):
+            # given tags sleep those alone, and the weights' with no CPU
+            # backup, whatever the level (offload_tags only for tags None
+            # and level 1).
+            tags = kwargs.get("tags", args[1] if len(args) > 1 else None)
+            if tags is not None and "weights" not in tags:
+                return method("sleep")(*args, **kwargs)  # the weights stay as they are
             # Before: a sleep that fails half-way leaves them unknown.
             before = (self._wex_asleep, self._wex_lost)
-            self._wex_asleep = "vLLM is asleep (sleep level %s)" % (level,)
-            self._wex_lost = self._wex_lost or level != 1
+            self._wex_asleep = "vLLM is asleep (sleep level %s)" % (level,) if tags is None \
+                else "vLLM is asleep (sleep tags %s)" % (list(tags),)
+            self._wex_lost = self._wex_lost or level != 1 or tags is not None
             if self._wex is not None:
                 try:  # waits for a sync running in another thread
                     self._wex.released(self._wex_asleep)
