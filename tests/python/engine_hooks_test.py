@@ -467,6 +467,18 @@ class EngineHooks(WexdProducerCase):
         w = VllmWorker(d, m, data_parallel_index=1)
         self.assertEqual(w.wex_attach(model=MODEL, group="roll-{dp}")["group"], "roll-1")
         w.wex_detach()
+        # vLLM before PR #30739 (no data_parallel_index; a dense engine's
+        # data_parallel_rank reset to 0): {dp} is 0 in every replica, and
+        # the second replica's rank is refused, held by the first.
+        old = [VllmWorker(d, m) for _ in range(2)]
+        for x in old:
+            del x.vllm_config.parallel_config.data_parallel_index
+        self.assertEqual(old[0].wex_attach(model=MODEL, group="old-{dp}")["group"], "old-0")
+        with self.assertRaises(wex.WexError) as e:
+            old[1].wex_attach(model=MODEL, group="old-{dp}")
+        self.assertIn("rank 0 of group 'old-0' is held by pid %d" % os.getpid(),
+                      str(e.exception))
+        old[0].wex_detach()
         # Dense data parallelism vLLM keeps in one world (external_launcher:
         # data_parallel_size stays 2): with {dp}, replica 1's ranks are a
         # group of their own, tp ranks from 0, no dp in the layout (its
