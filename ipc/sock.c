@@ -15,6 +15,7 @@
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ipc/sock.h"
@@ -251,6 +252,7 @@ int wex_sock_connect_fd(int fd, const char *path, int wait_ms)
 	struct sockaddr_un sa;
 	struct timeval tv = { .tv_sec = wait_ms / 1000, .tv_usec = wait_ms % 1000 * 1000 };
 	static const struct timeval forever;
+	struct timespec t0;
 	int ret, fl = 0;
 
 	ret = fill_addr(&sa, path);
@@ -263,7 +265,32 @@ int wex_sock_connect_fd(int fd, const char *path, int wait_ms)
 		return -errno;
 	if (wait_ms > 0 && setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0)
 		return -errno;
-	ret = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ? -errno : 0;
+	/* A signal handled while connect waits for room in the queue ends
+	 * it with EINTR (SA_RESTART or not, once SO_SNDTIMEO is set): tried
+	 * again for what is left of wait_ms, or the caller's client would
+	 * fail at the first SIGCHLD or profiler tick. */
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while ((ret = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ? -errno : 0) == -EINTR &&
+	       wait_ms != 0) {
+		struct timespec now;
+		long long left;
+
+		if (wait_ms < 0)
+			continue;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		left = wait_ms * 1000ll - ((now.tv_sec - t0.tv_sec) * 1000000ll +
+					   (now.tv_nsec - t0.tv_nsec) / 1000);
+		if (left <= 0) {
+			ret = -EAGAIN; /* (what SO_SNDTIMEO's end says) */
+			break;
+		}
+		tv.tv_sec = left / 1000000;
+		tv.tv_usec = left % 1000000;
+		if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
+			ret = -errno;
+			break;
+		}
+	}
 	if (wait_ms == 0 && fcntl(fd, F_SETFL, fl) < 0 && ret == 0)
 		ret = -errno;
 	/* Sends block as before. */

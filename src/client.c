@@ -135,6 +135,10 @@ struct wex_client {
 	int reconnecting;
 	int has_lease;
 	int lease_lost; /* a reconnect took the held lease with the old wexd */
+	/* A lease reported lost with no wexd to give it back to (lease_lost_err):
+	 * a wexd started later may hold it (read from its lease journal) until
+	 * a hello from this client names none; cleared by such a hello. */
+	int lease_owed;
 	int dirty;
 	/* Same-address regions got private memory back holding what they
 	 * showed while a lease was held, and wexd has not answered on that
@@ -1397,6 +1401,7 @@ static int reconnect_once(struct wex_client *c, int *greeted)
 		goto err;
 	}
 	*greeted = 1;
+	c->lease_owed = 0; /* (a hello that named no lease ended it) */
 	if (c->role == WEX_ROLE_PRODUCER) {
 		for (size_t i = 0; i < c->nosegs; i++)
 			if ((ret = register_seg(c, &c->osegs[i])) < 0)
@@ -2081,7 +2086,10 @@ static void client_close(wex_client_t *c)
 	/* A lease this connection cannot give back (wexd restarted, or is
 	 * down) may be held for this process by a wexd that read it from its
 	 * lease journal: said hello to once the memory is unmapped, below. */
-	int owed = c->role == WEX_ROLE_CONSUMER && (c->lease_lost || (c->has_lease && c->fd < 0));
+	/* (So may one a release already reported as not given back, for want
+	 * of a wexd: lease_owed.) */
+	int owed = c->role == WEX_ROLE_CONSUMER &&
+		   (c->lease_lost || c->lease_owed || (c->has_lease && c->fd < 0));
 
 	/* So may its take of its group's open round (written down with no
 	 * lease held, registry.c note_wanted) when the wexd it took it from
@@ -2104,11 +2112,14 @@ static void client_close(wex_client_t *c)
 		}
 		/* The engine's kernels may still read what the lease shows. */
 		wex_mem_settle();
-		/* One that times out drops the connection, which ends the lease
-		 * (a hung wexd would not answer a hello either); one that finds
-		 * wexd gone leaves it to a hello. */
-		if (raw_rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, 1000) < 0 && c->fd >= 0)
-			owed = 1;
+		/* One that finds wexd gone leaves it to a hello; one that times
+		 * out drops the connection, which ends the lease there, unless
+		 * that wexd is killed before it reads the hang-up (systemd's
+		 * watchdog) and started again: then the next holds it from its
+		 * journal.  A hung wexd would not answer a hello either: said
+		 * later, on a thread of its own (2). */
+		if (raw_rpc(c, req, NULL, 0, &reply, NULL, 0, NULL, 1000) < 0)
+			owed = c->fd >= 0 ? 1 : 2;
 		json_decref(reply);
 		json_decref(req);
 	}
@@ -2131,7 +2142,7 @@ static void client_close(wex_client_t *c)
 		c->has_lease = 0;
 		c->timeout_ms = 1000;
 		state_lock(c); /* a fork copies this fd only with c->fd naming it */
-		c->fd = wex_sock_new();
+		c->fd = owed == 1 ? wex_sock_new() : -1;
 		if (c->fd < 0)
 			c->fd = -1;
 		state_unlock(c);
@@ -3557,6 +3568,7 @@ static int lease_lost_err(struct wex_client *c)
 	/* No wexd to give it back to: one started later reads the lease
 	 * from its journal, and ends it on this client's next call. */
 	if (c->fd < 0) {
+		c->lease_owed = 1;
 		/* (A release call starts with no message: the reason is then
 		 * only that no wexd answers.) */
 		if (c->err[0])
@@ -3564,7 +3576,7 @@ static int lease_lost_err(struct wex_client *c)
 		else
 			snprintf(why, sizeof(why), "no wexd answers at %.200s", c->sock);
 		return set_err(c, -WEX_EDAEMON,
-			       "release: the lease on v%llu could not be given back (%s): a wexd started later keeps the producer waiting until this client's next call, or its exit",
+			       "release: the lease on v%llu could not be given back (%s): a wexd started later keeps the producer waiting until this client's next call or its close, or its exit",
 			       (unsigned long long)c->lease_version, why);
 	}
 	return set_err(c, -WEX_EDAEMON,
@@ -3602,6 +3614,12 @@ static int release_lease(struct wex_client *c, int wait, int failed)
 		ret = simple_rpc(c, req, NULL);
 	}
 	c->has_lease = 0;
+	/* Not answered (a hung wexd), the connection dropped: that wexd ends
+	 * the lease once it reads the hang-up, but one killed first (systemd's
+	 * watchdog) and started again holds it from its journal until a hello
+	 * names none. */
+	if (ret < 0 && c->fd < 0)
+		c->lease_owed = 1;
 	/* The connection was lost during this release (the new daemon said
 	 * "no lease"). */
 	if (c->lease_lost && wret == 0)

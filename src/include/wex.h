@@ -594,8 +594,8 @@ WEX_API int wex_cancel(wex_client_t *c);
  * answer dropped the connection and wexd dropped the lease): the producer
  * may have written while this rank read its memory; or when no wexd could
  * be reached to give it back: a wexd started later holds the producer off
- * until this client's next call (which ends it) or exit.  The lease is
- * gone from the client either way. */
+ * until this client's next call or wex_client_close (either ends it) or
+ * exit.  The lease is gone from the client either way. */
 WEX_API int wex_release(wex_client_t *c);
 
 /* 1 if the consumer's weights are half-written (an interrupted copy, a

@@ -24,12 +24,15 @@
  *    that met the first hang-up succeeds there;
  *  - a client opened against a wexd whose queue of connections is full
  *    (hung) fails with -EAGAIN after its timeout plus the 5 s reply
- *    margin, instead of waiting for room for ever.
+ *    margin, instead of waiting for room for ever, also while signals
+ *    (a SIGCHLD, a profiler's tick: handled, SA_RESTART) keep coming
+ *    (the connect failed with -EINTR at the first).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -386,10 +389,27 @@ static void double_restart(void)
 	wex_client_close(c);
 }
 
+static void on_tick(int sig)
+{
+	(void)sig;
+}
+
+/* Signals the thread that opens the client every 100 ms. */
+static void *ticker(void *arg)
+{
+	pthread_t main_th = *(pthread_t *)arg;
+
+	for (;;) {
+		usleep(100000);
+		pthread_kill(main_th, SIGUSR1);
+	}
+	return NULL;
+}
+
 /* A wexd that accepts nothing, its queue full: opening a client fails
  * with -EAGAIN once the timeout and the reply margin (5 s) passed,
- * instead of waiting for room for ever. */
-static void hung_queue(const char *dir)
+ * instead of waiting for room for ever, signals handled meanwhile or not. */
+static void hung_queue(const char *dir, int ticks)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct wex_client_params p = {
@@ -413,13 +433,24 @@ static void hung_queue(const char *dir)
 	fflush(stdout);
 	pid = t_fork();
 	if (pid == 0) {
+		pthread_t self = pthread_self(), th;
+
 		alarm(30); /* the old behaviour: waits for ever */
+		if (ticks) {
+			struct sigaction sa_tick = { .sa_handler = on_tick, .sa_flags = SA_RESTART };
+
+			sigaction(SIGUSR1, &sa_tick, NULL);
+			T_ASSERT(pthread_create(&th, NULL, ticker, &self) == 0, "pthread_create");
+		}
 		t0 = t_now();
 		ret = wex_client_open(&p, &c);
-		T_ASSERT(ret == -EAGAIN, "open against a full queue: %s, not EAGAIN", wex_strerror(ret));
+		T_ASSERT(ret == -EAGAIN, "open against a full queue%s: %s, not EAGAIN (%s)",
+			 ticks ? " with a signal every 100 ms" : "", wex_strerror(ret),
+			 wex_last_error(NULL));
 		T_ASSERT(t_now() - t0 < 15, "open took %.1f s", t_now() - t0);
-		printf("hung queue: open failed with EAGAIN after %.1f s (timeout 0.2 s + 5 s)\n",
-		       t_now() - t0);
+		T_ASSERT(t_now() - t0 > 5, "open gave up after %.1f s", t_now() - t0);
+		printf("hung queue%s: open failed with EAGAIN after %.1f s (timeout 0.2 s + 5 s)\n",
+		       ticks ? " (a signal every 100 ms)" : "", t_now() - t0);
 		t_exit(T_EXIT_PASS);
 	}
 	st = t_wait(pid);
@@ -441,7 +472,8 @@ int main(void)
 	T_ASSERT(pthread_create(&fk.th, NULL, fake_main, NULL) == 0, "pthread_create");
 	consumer_cases();
 	double_restart();
-	hung_queue(dir);
+	hung_queue(dir, 0);
+	hung_queue(dir, 1);
 	atomic_store(&fk.stop, 1);
 	pthread_join(fk.th, NULL);
 	close(fk.lfd);

@@ -38,7 +38,18 @@
  *    SIGXFSZ: the write fails, the client is told why, wexd keeps serving;
  *  - close_while_down: an engine that closes its client while wexd is down
  *    (between a crash and its restart) ends its lease at the next wexd
- *    once it listens, not only when the engine's process exits.
+ *    once it listens, not only when the engine's process exits; so too
+ *    one whose wex_release found no wexd (-WEX_EDAEMON, the lease not
+ *    given back) before it closed, its client or the process going on
+ *    (close owed that wexd no hello: the trainer waited until the
+ *    engine's process exited);
+ *  - release_unanswered: a wexd that hangs (SIGSTOP) while an engine holds
+ *    a remap lease, and is killed and started again (systemd's watchdog)
+ *    without ever reading the engine's hang-up: a wex_release it did not
+ *    answer (-ETIMEDOUT, connection dropped), or the release of
+ *    wex_client_close, left the lease in its journal, and the next wexd
+ *    held the trainer off until the engine's process exited; the hello
+ *    owed since (by the closed client too) ends it;
  *  - round_kept: a group of two ranks, rank 0 took v1 and rank 1 not yet
  *    (the round on v1 holds the trainer off), and wexd is SIGKILLed and
  *    restarted: the next wexd still holds the trainer off until rank 1
@@ -532,6 +543,78 @@ static void close_while_down(void)
 	t_prod_close(&p);
 }
 
+/* wex_release while wexd is down, then wex_client_close, wexd down still
+ * (`restart_first` 0) or back (1): the next wexd, which read the lease
+ * from its journal, lets the trainer write once the closed client's
+ * hello came, although the process lives on. */
+static void release_then_close(int restart_first)
+{
+	struct t_prod p;
+	struct t_cons k;
+	int ret;
+
+	pair("rel-down", &p, &k, WEX_SYNC_REMAP_VIEW);
+	t_wexd_kill(&d);
+	ret = wex_release(k.c);
+	T_ASSERT(ret == -WEX_EDAEMON && strstr(wex_last_error(k.c), "could not be given back"),
+		 "release while wexd is down: %s (%s)", wex_strerror(ret), wex_last_error(k.c));
+	if (restart_first)
+		t_wexd_restart(&d);
+	t_cons_close(&k);
+	if (!restart_first)
+		t_wexd_restart(&d);
+	ret = wex_begin_write(p.c, 2, 5000);
+	T_ASSERT(ret == 0, "after release and close%s, the trainer writes: %s (%s)",
+		 restart_first ? " (wexd back)" : " (wexd down)", wex_strerror(ret),
+		 wex_last_error(p.c));
+	T_WEX(p.c, wex_publish(p.c, 2));
+	t_prod_close(&p);
+}
+
+/* A remap-view lease whose release wexd does not answer (stopped), then
+ * wexd killed and started again: `in_close` 0, a wex_release that timed
+ * out, then wex_client_close; 1, only wex_client_close (its release times
+ * out).  The trainer writes once the closed client's hello came. */
+static void release_unanswered(int in_close)
+{
+	struct wex_client_params kp = {
+		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL | WEX_CLIENT_FIELD_GROUP |
+			      WEX_CLIENT_FIELD_TIMEOUT,
+		.role = WEX_ROLE_CONSUMER,
+		.model = "rel-hung",
+		.group = "g",
+		.timeout_ms = 300,
+	};
+	struct wex_sync_result r;
+	struct t_prod p;
+	wex_client_t *k;
+	int ret;
+
+	t_prod_open(&p, "rel-hung", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	T_WEX(NULL, wex_client_open(&kp, &k));
+	T_WEX(k, wex_sync(k, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+	T_ASSERT(journal_count() == 1, "the remap lease is written down (%d records)",
+		 journal_count());
+	kill(d.pid, SIGSTOP);
+	if (!in_close) {
+		ret = wex_release(k);
+		T_ASSERT(ret == -ETIMEDOUT, "release to a stopped wexd: %s (%s)", wex_strerror(ret),
+			 wex_last_error(k));
+	} else {
+		wex_client_close(k);
+	}
+	t_wexd_kill(&d); /* (never resumed: the hang-up is not read) */
+	t_wexd_restart(&d);
+	if (!in_close)
+		wex_client_close(k);
+	ret = wex_begin_write(p.c, 2, 8000);
+	T_ASSERT(ret == 0, "after a release wexd did not answer%s, and a restart, the trainer writes: %s (%s)",
+		 in_close ? " (in close)" : ", then close", wex_strerror(ret), wex_last_error(p.c));
+	T_WEX(p.c, wex_publish(p.c, 2));
+	t_prod_close(&p);
+}
+
 /* A trainer waiting to write v (`publish`: and publishing it). */
 struct writer {
 	pthread_t th;
@@ -758,6 +841,10 @@ int main(void)
 	newer_member();
 	fsize_limit();
 	close_while_down();
+	release_then_close(0);
+	release_then_close(1);
+	release_unanswered(0);
+	release_unanswered(1);
 	round_kept(WEX_SYNC_COPY);
 	round_kept(WEX_SYNC_REMAP_VIEW);
 	round_passed();
