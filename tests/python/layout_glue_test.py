@@ -26,7 +26,11 @@ readers and round trips elsewhere (planner_convert*).  Then:
     same tables as one thread (its calls take turns).
   - wex.trainer.TrainerRank with FSDP2 DTensors (stand-ins) and the fsdp
     layout: registered as their local shards, a shard swapped into new
-    memory refused by write() by name; pairs of to_local() results refused.
+    memory refused by write() by name; pairs of to_local() results refused;
+    DTensors whose rows are not the layout rank's (rank= of another FSDP
+    rank, _StridedShard) refused by name;
+  - TrainerRank given Megatron's list of model chunks (vpp=2: model{v}.
+    names after strip_prefix; one chunk: names kept).
 Needs Debian's python3-torch (exit 77 with the reason without it).
 Environment: WEX_LIB, WEXD_BIN, WEXCTL_BIN, PYTHONPATH with adapters/python.
 """
@@ -51,6 +55,7 @@ except ImportError as e:
 import wex
 from wex import torch_util
 from wexd_harness import WexdProducerCase
+from fsdp_glue_test import Mesh, Shard, StandInDTensor, _StridedShard
 
 MODEL = "tinyqwen"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -284,11 +289,10 @@ class LayoutGlue(WexdProducerCase):
                 return grad
 
 
-        class DTensor:
+        class DTensor(StandInDTensor):
             # What the glue reads of an FSDP2 DTensor (torch 1.13 has none).
-            placements, device_mesh = ("Shard(0)",), "mesh"
-
             def __init__(self, local):
+                super().__init__(local.shape, local, (Shard(0),), Mesh((1,), (0,)))
                 self._local_tensor = local
 
             def to_local(self):
@@ -317,6 +321,129 @@ class LayoutGlue(WexdProducerCase):
         with t.write(2):
             old.detach().fill_(1.0)
         self.assertEqual((t.describe()["version"], t.describe()["writing"]), (2, None))
+
+    def test_trainer_fsdp_rows(self):
+        """TrainerRank with DTensors and an fsdp layout checks each shard's
+        rows against the layout's rank: the shards of FSDP rank 1 given
+        as rank=0 (a rank= that is not shard_rank + fsdp*replica_rank) and
+        FSDP over TP (_StridedShard) are refused, naming the parameter,
+        not registered as rank 0's rows (their shapes are rank 0's when
+        dim 0 divides: engines got rank 1's rows twice, unseen); the right
+        rank registers, its table at its rows."""
+        import wex.trainer
+        _, cfg = paths()
+        layout = wex.Layout(cfg, "fsdp:fsdp=2")
+        hf = wex.Layout(cfg, "hf")
+        buf = torch.zeros(1 << 20, dtype=torch.uint8)
+        segs = [(1, buf.data_ptr(), buf.numel())]
+
+        def params(r, placement=Shard(0)):
+            out, at = [], 0
+            for name, dt, shape, _ in hf.rank(0):
+                rows = torch.zeros(shape, dtype=torch.bfloat16).chunk(2)[r]
+                t = buf[at:at + 2 * rows.numel()].view(torch.bfloat16).view(rows.shape)
+                at += 2 * rows.numel() + 64
+                out.append((name, StandInDTensor(shape, t, (placement,), Mesh((2,), (r,)))))
+            return out
+
+        class TableClient:
+            def register_tensors(self, table):
+                self.table = table
+
+        name = hf.rank(0)[0][0]
+        for given, placement, what in ((1, Shard(0), "mesh coordinate (1,)"),
+                                       (0, _StridedShard(0), "_StridedShard(0)")):
+            c = TableClient()
+            with self.assertRaises(ValueError) as e:
+                wex.trainer.TrainerRank("m", params(given, placement), rank=0, world_size=2,
+                                        layout=layout, client=c, segments=segs)
+            self.assertIn(name, str(e.exception))
+            self.assertIn(what, str(e.exception))
+            self.assertFalse(hasattr(c, "table"), "registered")
+        for r in (0, 1):
+            c = TableClient()
+            wex.trainer.TrainerRank("m", params(r), rank=r, world_size=2, layout=layout,
+                                    client=c, segments=segs)
+            want = {n: ps[0].dims("start") for n, _, _, ps in layout.rank(r)}
+            self.assertEqual({t.name.decode(): t.dims("start") for t in c.table}, want)
+
+    def test_trainer_megatron_chunks(self):
+        """TrainerRank given Megatron's model as get_model returns it, a list
+        of model chunks (one per virtual pipeline stage): each chunk's
+        parameters under strip_prefix's names, prefixed model{v}. when
+        there are several, as the megatron layout with vpp=V names them
+        (was a TypeError: a list is neither pairs nor a callable; and
+        strip_prefix could not strip inside a model{v}. name); one chunk
+        keeps the names; write() re-enumerates the chunks (moved())."""
+        import wex.trainer
+        d = tempfile.mkdtemp()
+        self.addCleanup(__import__("shutil").rmtree, d)
+        cfg = os.path.join(d, "config.json")
+        with open(cfg, "w") as f:
+            json.dump(dict(CONFIG, num_hidden_layers=4), f)
+        buf = torch.zeros(1 << 20, dtype=torch.uint8)
+        segs = [(1, buf.data_ptr(), buf.numel())]
+
+        class Chunk(torch.nn.Module):
+            # Megatron's DDP around Float16Module around a GPTModel chunk;
+            # a router's expert_bias is a buffer (and so is its
+            # local_tokens_per_expert, which the layout does not have).
+            def __init__(self, named):
+                super().__init__()
+                self.named = named
+
+            def named_parameters(self):
+                return iter(("module.module." + n, t) for n, t in self.named
+                            if not n.endswith("expert_bias"))
+
+            def named_buffers(self):
+                return iter([("module.module." + n, t) for n, t in self.named
+                             if n.endswith("expert_bias")] +
+                            [("module.module.decoder.layers.1.mlp.router."
+                              "local_tokens_per_expert", torch.zeros(4))])
+
+        class TableClient:
+            def register_tensors(self, table):
+                self.table = table
+
+        moe = os.path.join(d, "moe.json")
+        with open(moe, "w") as f:
+            json.dump({"model_type": "deepseek_v3", "hidden_size": 16, "num_hidden_layers": 4,
+                       "num_attention_heads": 4, "intermediate_size": 24,
+                       "moe_intermediate_size": 8, "n_routed_experts": 4,
+                       "n_shared_experts": 1, "first_k_dense_replace": 1, "q_lora_rank": 12,
+                       "kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 2,
+                       "v_head_dim": 4, "vocab_size": 128, "torch_dtype": "bfloat16"}, f)
+        for spec, chunks, config in (("megatron:pp=2,vpp=2", 2, cfg), ("megatron:pp=2", 1, cfg),
+                                     ("megatron:pp=2,vpp=2", 2, moe)):
+            lay = wex.Layout(config, spec)
+            named = [[] for _ in range(chunks)]
+            at = 0
+            for name, dt, shape, _ in lay.rank(0):
+                t = torch.zeros(shape, dtype=torch_util.torch_dtype(dt))
+                v, local = (int(name[5]), name[7:]) if chunks > 1 else (0, name)
+                t = buf[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+                at += t.numel() * t.element_size() + 64
+                named[v].append((local, t))
+            c = TableClient()
+            tr = wex.trainer.TrainerRank("m", [Chunk(n) for n in named], rank=0, world_size=2,
+                                         layout=lay, client=c, segments=segs,
+                                         strip_prefix=("module.module.", "module."))
+            want = sorted(p.name for _, _, _, ps in lay.rank(0) for p in ps)
+            self.assertEqual(sorted(t.name for t in c.table), want, spec)
+            self.assertEqual(tr.moved(), [])
+            if config == moe:
+                self.assertIn("model1.decoder.layers.0.mlp.router.expert_bias",
+                              [n for n, _, _, _ in lay.rank(0)])
+                self.assertIn("model.layers.2.mlp.gate.e_score_correction_bias",
+                              [t.name.decode() for t in c.table])
+            elif chunks > 1:
+                self.assertIn("model1.decoder.layers.0.self_attention.linear_qkv.weight",
+                              [n for n, _, _, _ in lay.rank(0)])
+                named[1].pop()
+                self.assertEqual(len(tr.moved()), 1)
+                self.assertIn("model1.", tr.moved()[0])
+                self.assertIn("(removed)", tr.moved()[0])
 
     def test_layout_threads(self):
         # wex_layout_rank's arrays live until its next call: threads take turns.

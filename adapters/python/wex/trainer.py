@@ -43,6 +43,7 @@ refused.
 """
 import contextlib
 import errno
+import itertools
 
 import wex
 from wex import torch_util
@@ -79,6 +80,60 @@ def _same_sharding(a, b):
         return False
 
 
+def _chunks(chunks, strip_prefix):
+    """Megatron's model as get_model returns it, a list of model chunks
+    (one per virtual pipeline stage, --num-virtual-stages-per-pipeline-rank):
+    a callable giving each chunk's parameters, named with strip_prefix
+    removed and, with several chunks, prefixed model{v}. as the megatron
+    layout with vpp=V names them (its checkpoints' state_dict['model%d']);
+    one chunk keeps the names (select_parameters strips them).  With each
+    chunk's parameters go its Megatron-Core routers' expert_bias buffers
+    (*.router.expert_bias, which the layout has; not the routers' other
+    buffers), as README's "Sync hooks" has them passed."""
+    strip, _ = selection(strip_prefix, ())
+
+    def named():
+        for v, chunk in enumerate(chunks):
+            buffers = getattr(chunk, "named_buffers", None)
+            for name, t in itertools.chain(chunk.named_parameters(), (
+                    (n, b) for n, b in (buffers() if callable(buffers) else ())
+                    if n.endswith(".router.expert_bias"))):
+                if len(chunks) > 1:
+                    name = "model%d.%s" % (v, next((name[len(p):] for p in strip
+                                                    if p and name.startswith(p)), name))
+                yield name, t
+    return named
+
+
+def _check_rows(items, layout, rank):
+    """Refuses (ValueError, naming it) a DTensor whose local shard is not
+    the box rank `rank` of `layout` holds of it: placements other than
+    FSDP2's and HSDP's (Shard(0) on one mesh dim: torch_util._dtensor_box
+    refuses the others), or the rows of another rank (a rank= that is not
+    the DTensor's shard_rank + fsdp*replica_rank).  Registered as the
+    layout's pieces, such a shard went to engines as that rank's rows,
+    unseen: its shape alone is that of every rank's when dim 0 divides."""
+    dtensors = [(n, t) for n, t in items if torch_util._is_dtensor(t)]
+    if not dtensors:
+        return
+    box = {n: (ps[0].dims("shape"), ps[0].dims("start"), ps[0].dims("extent"))
+           for n, _, _, ps in layout.rank(rank) if len(ps) == 1}
+    for n, t in dtensors:
+        local, shape, start = torch_util._dtensor_box(n, t)
+        if not local.numel() or n not in box:
+            # (An empty shard holds nothing; a name the layout lacks is
+            # refused by register_module, naming it.)
+            continue
+        if box[n] != (shape, start, tuple(local.shape)):
+            rows = lambda s, a, e: "rows [%d, %d) of %s" % (a[0], a[0] + e[0], s)
+            raise ValueError(
+                "%s: the DTensor holds %s (mesh coordinate %s), rank %d of layout %s %s: "
+                "rank= is the layout's (FSDP2: shard_rank + fsdp * replica_rank), and the "
+                "layout that of the DTensors' mesh (fsdp:fsdp=N,dp=M)"
+                % (n, rows(shape, start, tuple(local.shape)),
+                   tuple(t.device_mesh.get_coordinate()), rank, layout.spec, rows(*box[n])))
+
+
 def _why(t, p, cur):
     """How registered parameter t (its memory at p), with cur under its
     name now, is not as it was (parameters_changed)."""
@@ -102,11 +157,19 @@ class TrainerRank:
                  config=None, adapters=None, socket=None, timeout_ms=None,
                  kind=wex.SEG_CUDA_VMM, segments=None, boxes=None, strip_prefix=None,
                  ignore=(), watch=True, client=None):
-        """client: a producer wex.Client the caller opened already (to
-        allocate segments= with it first); it is then the caller's to
-        close as well."""
+        """named_parameters: (name, tensor) pairs, a callable returning
+        them (model.named_parameters), the module itself, or Megatron's
+        list of model chunks (get_model's; with several, chunk v's names
+        are prefixed model{v}. after strip_prefix, as the megatron layout
+        with vpp names them).  client: a producer wex.Client the caller
+        opened already (to allocate segments= with it first); it is then
+        the caller's to close as well."""
         self.layout = as_layout(layout, config, adapters, world_size, "trainer")
-        if callable(getattr(named_parameters, "named_parameters", None)):
+        if isinstance(named_parameters, (list, tuple)) and named_parameters and all(
+                callable(getattr(m, "named_parameters", None)) for m in named_parameters):
+            # Megatron's model chunks (a list even without vpp).
+            named_parameters = _chunks(list(named_parameters), strip_prefix)
+        elif callable(getattr(named_parameters, "named_parameters", None)):
             # The model itself (a torch module, callable: its forward):
             # its named_parameters.
             named_parameters = named_parameters.named_parameters
@@ -127,6 +190,8 @@ class TrainerRank:
                     "or model.named_parameters (the bound method): write() then checks "
                     "their shards where they are" % (", ".join(shards[:3]) + (
                         " and %d more" % (len(shards) - 3) if len(shards) > 3 else "")))
+        if self.layout is not None:
+            _check_rows(items, self.layout, rank)
         self.model, self.rank, self.world_size = model, rank, world_size
         self._own = client is None
         self.client = client or wex.Client(wex.ROLE_PRODUCER, model, rank=rank,
