@@ -651,12 +651,15 @@ static void print_verify_rank(const char *group, json_t *r)
 		snprintf(secs, sizeof(secs), "%.3f", json_real_value(json_object_get(v, "seconds")));
 	}
 	if (!strcmp(res, "differ"))
-		snprintf(detail, sizeof(detail), "%lld bytes differ; the first in '%s' at byte %lld",
+		snprintf(detail, sizeof(detail), "%lld bytes differ; the first in '%s' at byte %lld of this rank's piece",
 			 (long long)json_integer_value(json_object_get(v, "differ_bytes")),
 			 json_string_value(json_object_get(v, "tensor")) ?: "?",
 			 (long long)json_integer_value(json_object_get(v, "offset")));
 	else if (json_object_get(v, "why"))
 		snprintf(detail, sizeof(detail), "%s", json_string_value(json_object_get(v, "why")));
+	else if (json_is_true(json_object_get(r, "comparing")))
+		snprintf(detail, sizeof(detail), "its sync of v%lld was asked and is comparing: no answer yet",
+			 (long long)json_integer_value(json_object_get(r, "served")));
 	else if (!strcmp(state, "pending"))
 		snprintf(detail, sizeof(detail), "no sync since the ask (serves v%lld)",
 			 (long long)json_integer_value(json_object_get(r, "served")));

@@ -91,6 +91,7 @@ struct conn {
 	unsigned fallbacks; /* WEX_FB_* its syncs have reported (status) */
 	uint64_t connected_ns;
 	uint64_t verify_asked; /* the newest ask (ticket) this rank was told of */
+	uint64_t verify_asked_sync; /* ... by its acquire that made `syncs` this */
 	uint64_t verify_done; /* the newest ask (ticket) this rank answered */
 	struct verify_rec verify;   /* its last verification, whoever asked */
 	struct verify_rec answered; /* its answer to the ask verify_done */

@@ -139,6 +139,7 @@ void wexd_verify_ask(struct conn *c, json_t *reply)
 	if (g && g->verify_ticket > c->verify_done && wex__now_ns() < g->verify_until_ns) {
 		json_object_set_new(reply, "verify", json_integer((json_int_t)g->verify_ticket));
 		c->verify_asked = g->verify_ticket;
+		c->verify_asked_sync = c->syncs;
 	}
 }
 
@@ -200,7 +201,7 @@ void wexd_verify_take(struct conn *c, const char *mode, json_t *v)
 	}
 	wex__metrics_count(WEX_M_VERIFIES, r.result, NULL, 1);
 	if (!strcmp(r.result, "differ"))
-		wex_warn("verify", "model '%s' group '%s' rank %u (pid %d): v%llu differs from the producer's: %llu bytes, the first in '%s' at byte %llu",
+		wex_warn("verify", "model '%s' group '%s' rank %u (pid %d): v%llu differs from the producer's: %llu bytes, the first in '%s' at byte %llu of this rank's piece",
 			 c->model ? c->model->name : "?", c->group ? c->group->name : "?", c->rank,
 			 (int)c->pid, (unsigned long long)r.version,
 			 (unsigned long long)r.differ_bytes, r.tensor, (unsigned long long)r.offset);
@@ -259,6 +260,11 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 
 	for (uint32_t i = 0; i < g->world; i++) {
 		const struct conn *c = g->ranks ? g->ranks[i] : NULL;
+		/* Its sync was asked and still holds the lease it was asked
+		 * with: comparing (a copy answers with its release, which may
+		 * come after the ask stood; it answers all the same). */
+		int comparing = c && c->verify_asked >= ticket && c->verify_done < ticket &&
+				c->has_lease && c->syncs == c->verify_asked_sync;
 		const char *state;
 		json_t *o;
 
@@ -266,7 +272,7 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 			state = "not-asked";
 		else if (c && c->verify_done >= ticket)
 			state = "done";
-		else if (now >= g->verify_until_ns)
+		else if (now >= g->verify_until_ns && !comparing)
 			state = "expired"; /* no sync answered it in time */
 		else if (!c)
 			state = "absent";
@@ -279,6 +285,8 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 					    json_real((double)(now - c->last_sync_ns) / 1e9));
 		if (c && !strcmp(state, "done"))
 			json_object_set_new(o, "verify", rec_json(&c->answered));
+		if (comparing)
+			json_object_set_new(o, "comparing", json_true());
 		json_array_append_new(ranks, o);
 	}
 	return json_pack("{s:s, s:i, s:o}", "name", g->name, "world", (int)g->world, "ranks", ranks);
@@ -385,12 +393,20 @@ json_t *wexd_verify(struct wexd *d, struct conn *c, json_t *req)
 		ticket = (json_int_t)++d->verify_seq;
 		for (struct cgroup *g = m->groups; g; g = g->next) {
 			struct verify_stand *s;
+			uint64_t until;
 
 			if (group && strcmp(g->name, group))
 				continue;
 			g->verify_ticket = (uint64_t)ticket;
 			g->verify_asked_ns = wex__now_ns();
-			g->verify_until_ns = g->verify_asked_ns + (uint64_t)stand * 1000000ull;
+			/* A newer ask answers the older ones too (a rank's
+			 * answer is done for every ticket up to its own): it
+			 * never ends sooner than one that still stands, or a
+			 * quick `wexctl verify --timeout 0` would leave another
+			 * operator's wait nothing to answer it (expired). */
+			until = g->verify_asked_ns + (uint64_t)stand * 1000000ull;
+			if (until > g->verify_until_ns)
+				g->verify_until_ns = until;
 			s = stand_find(m, g->name);
 			s->world = g->world;
 			s->ticket = g->verify_ticket;

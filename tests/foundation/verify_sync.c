@@ -30,7 +30,13 @@
  *    done and equal, and wexctl verify exits 0;
  *  - a verification's why longer than wexd keeps, cut inside a UTF-8
  *    sequence, still shows in status (as UTF-8: the cut byte becomes
- *    '?'; JSON takes nothing else, and it was dropped before).
+ *    '?'; JSON takes nothing else, and it was dropped before);
+ *  - a rank whose asked sync still compares when wexctl stops waiting
+ *    is shown comparing (pending), not "no sync" or expired, and its
+ *    late answer counts;
+ *  - a rank holding a shard: wexctl names the byte as its piece's;
+ *  - a second, short wexctl verify while one waits does not end the
+ *    first one's ask sooner.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -368,6 +374,87 @@ static void forged_answer_check(void)
 	wex_client_close(f);
 }
 
+/* A rank whose sync was asked is still comparing when wexctl stops
+ * waiting (a copy answers with its release, which may come after the ask
+ * stood): wexctl says so, not that it did not sync, a poll after the ask
+ * stood finds it pending (comparing), not expired, and its answer then
+ * makes it done. */
+static void comparing_check(void)
+{
+	wex_client_t *f = t_open(WEX_ROLE_CONSUMER, MODEL, "slow", 0, 1);
+	wex_client_t *adm = t_open(WEX_ROLE_ADMIN, NULL, NULL, 0, 0);
+	char out[400], *reply = NULL, state[32], result[32];
+	long ticket;
+	json_t *j;
+	int ret;
+	pid_t pid;
+
+	snprintf(out, sizeof(out), "%s/wexctl-slow.out", d.dir);
+	pid = wexctl_start(out, (const char *const[]){ "verify", MODEL, "--group", "slow",
+						      "--timeout", "2", NULL });
+	wait_asked(out);
+	ticket = strtol(strstr(slurp(out), "(ticket ") + 8, NULL, 10);
+	/* The acquire of a copy sync, as libwex sends it: asked. */
+	T_WEX(f, wex_request(f, "acquire", "{\"min_version\":1,\"mode\":1}", &reply));
+	j = json_loads(reply, 0, NULL);
+	T_ASSERT(json_integer_value(json_object_get(j, "verify")) == ticket,
+		 "the acquire did not carry ticket %ld: %s", ticket, reply);
+	json_decref(j);
+	wex_free(reply);
+	ret = t_wait(pid);
+	T_ASSERT(ret == 4 && strstr(slurp(out), "is comparing") &&
+			 !strstr(slurp(out), "no sync since the ask"),
+		 "wexctl verify while the asked sync compares: exit %d: %s", ret, slurp(out));
+	usleep(200000);
+	poll_group(adm, MODEL, "slow", ticket, state, result);
+	T_ASSERT(!strcmp(state, "pending"),
+		 "ticket %ld, its asked sync comparing after the ask stood: %s", ticket, state);
+	send_report(f, json_pack("{s:I, s:s, s:I, s:I}", "ticket", (json_int_t)ticket, "result",
+				 "equal", "version", (json_int_t)1, "bytes", (json_int_t)0));
+	poll_group(adm, MODEL, "slow", ticket, state, result);
+	T_ASSERT(!strcmp(state, "done") && !strcmp(result, "equal"),
+		 "ticket %ld answered after the ask stood: %s %s", ticket, state, result);
+	T_WEX(f, wex_request(f, "release", "{\"version\":1}", &reply));
+	wex_free(reply);
+	wex_client_close(adm);
+	wex_client_close(f);
+}
+
+/* A rank holding a shard (rows from the middle of each tensor): the byte
+ * wexctl names is the byte of that rank's piece, and it says so (byte 0
+ * here is not the tensor's byte 0). */
+static void shard_offset_check(void)
+{
+	struct wex_sync_result r;
+	struct t_cons h[2];
+	char out[400], want[256];
+	pid_t pid;
+	int ret;
+
+	snprintf(out, sizeof(out), "%s/wexctl-half.out", d.dir);
+	for (int i = 0; i < 2; i++) {
+		t_cons_open_from(&h[i], MODEL, "half", "tiny", (uint32_t)i, 2, 0);
+		T_WEX(h[i].c, wex_sync(h[i].c, WEX_SYNC_COPY, 1, 5000, &r));
+	}
+	T_ASSERT(h[1].t[1].start[0] > 0, "rank 1's piece starts at row %llu",
+		 (unsigned long long)h[1].t[1].start[0]);
+	pid = wexctl_start(out, (const char *const[]){ "verify", MODEL, "--group", "half",
+						      "--timeout", "20", NULL });
+	wait_asked(out);
+	flip(&h[1], 1, 0);
+	T_WEX(h[0].c, wex_sync(h[0].c, WEX_SYNC_COPY, 1, 5000, &r));
+	ret = wex_sync(h[1].c, WEX_SYNC_COPY, 1, 5000, &r);
+	T_ASSERT(ret == -WEX_EVERIFY, "asked sync over a changed shard: %d %s", ret,
+		 wex_last_error(h[1].c));
+	ret = t_wait(pid);
+	snprintf(want, sizeof(want), "the first in '%s' at byte 0 of this rank's piece",
+		 h[1].t[1].name);
+	T_ASSERT(ret == 3 && strstr(slurp(out), want),
+		 "wexctl verify, a shard's byte: exit %d, wants \"%s\": %s", ret, want, slurp(out));
+	t_cons_close(&h[0]);
+	t_cons_close(&h[1]);
+}
+
 static void wexctl_checks(struct t_cons *k)
 {
 	char out[400];
@@ -441,6 +528,27 @@ static void wexctl_checks(struct t_cons *k)
 		T_ASSERT(!strcmp(state, "done") && !strcmp(result, "equal"),
 			 "ticket %ld after the engine's own verification: %s %s", ticket, state,
 			 result);
+	}
+
+	/* Two operators at once: a quick look (--timeout 0.2) while a
+	 * verify waits does not cut that one's ask short: the rank's sync
+	 * after the look ended is still asked, the first wexctl exits 0. */
+	{
+		char out2[400];
+
+		snprintf(out2, sizeof(out2), "%s/wexctl2.out", d.dir);
+		pid = wexctl_start(out, (const char *const[]){ "verify", MODEL, "--timeout", "20",
+							      NULL });
+		wait_asked(out);
+		ret = wexctl_run(out2, (const char *const[]){ "verify", MODEL, "--timeout", "0.2",
+							     NULL });
+		T_ASSERT(ret == 4, "a second, short verify: exit %d: %s", ret, slurp(out2));
+		usleep(300000);
+		T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, 1, 5000, &r));
+		ret = t_wait(pid);
+		T_ASSERT(ret == 0 && strstr(slurp(out), " equal "),
+			 "a short verify meanwhile cut the first one's ask short: exit %d: %s", ret,
+			 slurp(out));
 	}
 
 	/* A changed byte: the asked sync fails, wexctl names it, exit 3. */
@@ -552,7 +660,8 @@ static void wexctl_checks(struct t_cons *k)
 		wex_client_close(adm);
 	}
 
-	/* Metrics count each result. */
+	/* Metrics count each result (differ: the library's, the
+	 * same-address sync's, the shard's and wexctl's above). */
 	{
 		char *reply = NULL;
 		json_t *j;
@@ -562,7 +671,7 @@ static void wexctl_checks(struct t_cons *k)
 		j = json_loads(reply, 0, NULL);
 		text = json_string_value(json_object_get(j, "text")) ?: "";
 		T_ASSERT(strstr(text, "wex_verifications_total{result=\"equal\"}") &&
-				 strstr(text, "wex_verifications_total{result=\"differ\"} 3\n") &&
+				 strstr(text, "wex_verifications_total{result=\"differ\"} 4\n") &&
 				 strstr(text, "wex_verifications_total{result=\"unverifiable\"} 1\n"),
 			 "metrics: %.400s", strstr(text, "wex_verif") ? strstr(text, "wex_verif") : text);
 		json_decref(j);
@@ -584,6 +693,8 @@ int main(int argc, char **argv)
 	no_layout_check();
 	long_why_check();
 	forged_answer_check();
+	comparing_check();
+	shard_offset_check();
 	wexctl_checks(&k);
 	t_cons_close(&k);
 	t_prod_close(&p);
