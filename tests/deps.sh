@@ -6,10 +6,11 @@
 # tests/run.sh adds WEX_TEST_PACKAGES: prometheus (promtool), systemd
 # (systemd-analyze, systemd-socket-activate), passwd (useradd), procps,
 # python3 and Debian's CPU PyTorch for the Python glue's tests
-# (tests/python).  Not for the quickstart: Debian's prometheus package also
+# (tests/python), strace (bench_host_sync_term_after_error holds a wait
+# open with it).  Not for the quickstart: Debian's prometheus package also
 # starts a Prometheus server (port 9090) on a machine run by systemd.
 WEX_PACKAGES="cmake gcc make pkg-config liburing-dev libjansson-dev libsystemd-dev"
-WEX_TEST_PACKAGES="prometheus systemd passwd procps python3 python3-torch"
+WEX_TEST_PACKAGES="prometheus systemd passwd procps python3 python3-torch strace"
 
 wex_install_deps() {
 	missing=""

@@ -76,6 +76,10 @@ def last_json(bench, out):
     n = sum(1 for l in lines if l.lstrip().startswith('{"bench":"%s"' % bench))
     if n != 1:
         fail("%d JSON lines of %s, not one" % (n, bench), out)
+    # Figures of the emulated driver (tests/gpu/emul_cuda.c) are the
+    # CPU's: the text a person reads says so too, not only the JSON.
+    if obj.get("emulated") is True and not any("emulated driver" in l for l in lines[:-1]):
+        fail("emulated run: no line of its text says that the driver is emulated", out)
     return obj
 
 

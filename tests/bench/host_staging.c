@@ -343,6 +343,9 @@ static void run(struct wex_tensor *t, int out)
 	gpu_world_stop(&w);
 	wex_cuda_free(mine, (ssize_t)total, 0, NULL);
 
+	if (o.emulated)
+		printf("  emulated driver (tests/gpu/emul_cuda.c): the figures below are the CPU's, "
+		       "not a GPU's\n");
 	printf("  trainer GPU -> host segment + publish:  pinned %.1f ms (%.1f GB/s), pageable %.1f ms; "
 	       "limit (one copy into a pinned buffer) %.1f ms (%.1f GB/s): %.2fx of the limit\n",
 	       pf->ms[0], total / pf->ms[0] / 1e6, pf->ms[1], pf->limit_ms, total / pf->limit_ms / 1e6,

@@ -454,9 +454,16 @@ static void bench_cleanup(void)
 {
 	if (getpid() != bench_main)
 		return; /* the producer child's die() */
-	/* An early exit: the last line is still the JSON object. */
-	if (!bench_done)
+	/* An early exit: the last line is still the JSON object, and a
+	 * signal from here on (the cleanup below waits for wexd) stays
+	 * blocked, so that no handler writes a second line after it (the
+	 * exit status still says the run failed). */
+	if (!bench_done) {
+		sigset_t term;
+
+		bench_hold_term(&term);
 		print_error_json(bench_error[0] ? bench_error : "the run failed (see above)");
+	}
 	if (bench_wexd > 0) {
 		kill(bench_wexd, SIGKILL);
 		waitpid(bench_wexd, NULL, 0);
@@ -675,7 +682,11 @@ int main(int argc, char **argv)
 		cmp_t[k] = ex_now() - t0;
 	}
 	/* Same-address: the first maps the producer's memory over the
-	 * engine's buffer; later versions keep the mapping. */
+	 * engine's buffer; later versions keep the mapping.  The buffer to 0
+	 * first (untimed): it holds the copies' bytes, which are the
+	 * producer's, so the check after could not tell a mapping that was
+	 * never made. */
+	memset(region, 0, bytes);
 	for (int k = 0; k < RUNS; k++) {
 		if (next_version(c, cmd[1], ack[0]) < 0)
 			return fail("the producer did not publish the next version (see above)");

@@ -27,10 +27,13 @@
  * or saying why the run failed (exit 1).
  * Usage: plan_scale [config.json]   (default: $WEX_SRC/tests/data/...)
  * For measuring the planner (e.g. under callgrind): WEX_PLAN_SCALE_INSTANCES
- * plans fewer (or more) instances than 32, and WEX_PLAN_SCALE_HASH=1 prints
+ * plans fewer (or more) instances than 32 (not judged against the 2 s
+ * limit, which is for 32: "plan_vs_limit" null, "instances" saying how
+ * many), and WEX_PLAN_SCALE_HASH=1 prints
  * a hash over every plan's hash to stderr, so that a change to the planner
  * can be checked to leave its output byte for byte the same.
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,7 +101,7 @@ int main(int argc, char **argv)
 	const char *src = getenv("WEX_SRC");
 	const char *from = "megatron:tp=8,pp=16,dp=8,ep=64,etp=1,first=3,last=2";
 	const char *to = "vllm:tp=16,ep=16"; /* one instance; INSTANCES of them */
-	char path[600], err[1024];
+	char path[600], err[1024], vs_buf[32];
 	struct wex_model *m;
 	struct wex_layout_spec fs, ts;
 	uint32_t pw, cw;
@@ -181,8 +184,16 @@ int main(int argc, char **argv)
 	printf("producer             %s: %u GPUs, %zu pieces\n", from, pw, npieces);
 	printf("consumer             %s: %u instances x %u GPUs\n", to, instances, per);
 	printf("layout time          %.3f s (not counted as planning)\n", t_layout);
-	printf("plan time            %.3f s on one core (CPU time; limit 2 s: %.2fx of limit), %.3f s wall\n",
-	       c_plan, c_plan / 2.0, t_plan);
+	/* The 2 s limit is for the 32 instances: a run of another count
+	 * (WEX_PLAN_SCALE_INSTANCES) is not judged against it. */
+	double vs_limit = instances == INSTANCES ? c_plan / 2.0 : NAN;
+
+	if (instances == INSTANCES)
+		printf("plan time            %.3f s on one core (CPU time; limit 2 s: %.2fx of limit), %.3f s wall\n",
+		       c_plan, vs_limit, t_plan);
+	else
+		printf("plan time            %.3f s on one core (CPU time; the 2 s limit is for %d instances, "
+		       "not judged for %u), %.3f s wall\n", c_plan, INSTANCES, instances, t_plan);
 	printf("  of which kernel    %.3f s (page faults on the plans' new memory, mostly)\n", s_plan);
 	printf("peak RSS             %.1f MiB (limit 1024 MiB: %.2fx of limit)\n", rss_mib, rss_mib / 1024.0);
 	printf("bytes needed         %llu\n", (unsigned long long)st.bytes_needed);
@@ -196,12 +207,16 @@ int main(int argc, char **argv)
 	       (double)link / 1e9);
 	printf("Awex (quoted figure, not measured here): 6 s for a 1T-parameter model; ratio %.2fx\n",
 	       est / AWEX_QUOTED_S);
-	printf("{\"bench\":\"plan_scale\",\"error\":%s,\"plan_cpu_seconds\":%.4f,\"plan_sys_seconds\":%.4f,\"plan_vs_limit\":%.4f,\"plan_seconds\":%.4f,\"layout_seconds\":%.4f,\"peak_rss_mib\":%.1f,\"bytes_needed\":%llu,"
+	if (isnan(vs_limit))
+		snprintf(vs_buf, sizeof(vs_buf), "null");
+	else
+		snprintf(vs_buf, sizeof(vs_buf), "%.4f", vs_limit);
+	printf("{\"bench\":\"plan_scale\",\"error\":%s,\"instances\":%u,\"plan_cpu_seconds\":%.4f,\"plan_sys_seconds\":%.4f,\"plan_vs_limit\":%s,\"plan_seconds\":%.4f,\"layout_seconds\":%.4f,\"peak_rss_mib\":%.1f,\"bytes_needed\":%llu,"
 	       "\"bytes_moved\":%llu,\"ops\":%llu,\"busiest_link_vs_bound\":%.4f,\"busiest_src_bytes\":%llu,"
 	       "\"src_bound_bytes\":%llu,\"busiest_dst_bytes\":%llu,\"est_sync_seconds\":%.3f,"
 	       "\"awex_quoted_seconds\":%.1f,\"producer_gpus\":%u,\"consumer_gpus\":%u}\n",
 	       st.bytes_needed == st.bytes_moved ? "null" : "\"bytes moved differ from bytes needed\"",
-	       c_plan, s_plan, c_plan / 2.0, t_plan, t_layout, rss_mib, (unsigned long long)st.bytes_needed,
+	       instances, c_plan, s_plan, vs_buf, t_plan, t_layout, rss_mib, (unsigned long long)st.bytes_needed,
 	       (unsigned long long)st.bytes_moved, (unsigned long long)ops, ratio,
 	       (unsigned long long)st.busiest_src_bytes, (unsigned long long)st.src_bound_bytes,
 	       (unsigned long long)busiest_dst, est, AWEX_QUOTED_S, pw, cw);

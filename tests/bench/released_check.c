@@ -106,8 +106,9 @@ static void run(int fd)
 	bytes = (uint64_t)nmap * g;
 	va = gpu_expandable(nmap, g, h);
 	mid = va + (uint64_t)(nmap / 2) * g;
-	printf("released_check: %d mappings of %llu bytes (%.2f GiB), best of %d\n", nmap,
-	       (unsigned long long)g, (double)bytes / (1 << 30), reps);
+	printf("released_check: %d mappings of %llu bytes (%.2f GiB), best of %d%s\n", nmap,
+	       (unsigned long long)g, (double)bytes / (1 << 30), reps,
+	       o.emulated ? " (emulated driver: CPU figures, not a GPU's)" : "");
 
 	for (int r = 0; r <= reps && o.check; r++) {
 		unsigned long q0 = queries();
