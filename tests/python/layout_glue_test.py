@@ -30,7 +30,8 @@ readers and round trips elsewhere (planner_convert*).  Then:
     DTensors whose rows are not the layout rank's (rank= of another FSDP
     rank, _StridedShard) refused by name;
   - TrainerRank given Megatron's list of model chunks (vpp=2: model{v}.
-    names after strip_prefix; one chunk: names kept).
+    names after strip_prefix; one chunk: names kept; ignore= patterns with
+    or without the wrappers' prefix, strip_prefix as a generator).
 Needs Debian's python3-torch (exit 77 with the reason without it).
 Environment: WEX_LIB, WEXD_BIN, WEXCTL_BIN, PYTHONPATH with adapters/python.
 """
@@ -444,6 +445,61 @@ class LayoutGlue(WexdProducerCase):
                 self.assertEqual(len(tr.moved()), 1)
                 self.assertIn("model1.", tr.moved()[0])
                 self.assertIn("(removed)", tr.moved()[0])
+
+    def test_trainer_megatron_chunks_select(self):
+        """Megatron's list of model chunks with ignore= and strip_prefix as
+        for one module: an ignore pattern written with the wrapper's prefix
+        (module.module.mtp.*) or without it (mtp.*) leaves out what the
+        chunks have and the layout does not (was refused as model1.mtp...
+        "not in the layout": the patterns saw only the model{v}. names); a
+        strip_prefix given as a generator strips one chunk's names too (was
+        read up by the chunks, then nothing stripped: every name "missing")."""
+        import wex.trainer
+        d = tempfile.mkdtemp()
+        self.addCleanup(__import__("shutil").rmtree, d)
+        cfg = os.path.join(d, "config.json")
+        with open(cfg, "w") as f:
+            json.dump(dict(CONFIG, num_hidden_layers=4), f)
+        buf = torch.zeros(1 << 20, dtype=torch.uint8)
+        segs = [(1, buf.data_ptr(), buf.numel())]
+        extra = torch.zeros(64, dtype=torch.bfloat16)
+
+        class Chunk(torch.nn.Module):
+            # DDP around Float16Module; the last chunk with a parameter
+            # the layout does not have (a multi-token-prediction layer).
+            def __init__(self, named):
+                super().__init__()
+                self.named = named
+
+            def named_parameters(self):
+                return iter([("module.module." + n, t) for n, t in self.named])
+
+        class TableClient:
+            def register_tensors(self, table):
+                self.table = table
+
+        for spec, chunks in (("megatron:pp=2,vpp=2", 2), ("megatron:pp=2", 1)):
+            lay = wex.Layout(cfg, spec)
+            named = [[] for _ in range(chunks)]
+            at = 0
+            for name, dt, shape, _ in lay.rank(0):
+                t = torch.zeros(shape, dtype=torch_util.torch_dtype(dt))
+                v, local = (int(name[5]), name[7:]) if chunks > 1 else (0, name)
+                t = buf[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+                at += t.numel() * t.element_size() + 64
+                named[v].append((local, t))
+            named[-1].append(("mtp.layers.0.enorm.weight", extra))
+            want = sorted(p.name for _, _, _, ps in lay.rank(0) for p in ps)
+            for ignore in ("module.module.mtp.*", "mtp.*"):
+                c = TableClient()
+                tr = wex.trainer.TrainerRank(
+                    "m", [Chunk(n) for n in named], rank=0, world_size=2, layout=lay,
+                    client=c, segments=segs, ignore=(ignore,),
+                    strip_prefix=(p for p in ("module.module.", "module.")))
+                self.assertEqual(sorted(t.name for t in c.table), want, (spec, ignore))
+                self.assertEqual(tr.ignored, ["model1.mtp.layers.0.enorm.weight" if chunks > 1
+                                              else "mtp.layers.0.enorm.weight"], spec)
+                self.assertEqual(tr.moved(), [])
 
     def test_layout_threads(self):
         # wex_layout_rank's arrays live until its next call: threads take turns.

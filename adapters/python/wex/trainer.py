@@ -80,7 +80,7 @@ def _same_sharding(a, b):
         return False
 
 
-def _chunks(chunks, strip_prefix):
+def _chunks(chunks, strip):
     """Megatron's model as get_model returns it, a list of model chunks
     (one per virtual pipeline stage, --num-virtual-stages-per-pipeline-rank):
     a callable giving each chunk's parameters, named with strip_prefix
@@ -89,8 +89,10 @@ def _chunks(chunks, strip_prefix):
     one chunk keeps the names (select_parameters strips them).  With each
     chunk's parameters go its Megatron-Core routers' expert_bias buffers
     (*.router.expert_bias, which the layout has; not the routers' other
-    buffers), as README's "Sync hooks" has them passed."""
-    strip, _ = selection(strip_prefix, ())
+    buffers), as README's "Sync hooks" has them passed.  strip: the
+    prefixes as selection() gives them (the caller reads a generator
+    once).  A model{v}. name comes with the chunk's own, which ignore=
+    patterns match too, with or without the prefix (select_parameters)."""
 
     def named():
         for v, chunk in enumerate(chunks):
@@ -99,9 +101,11 @@ def _chunks(chunks, strip_prefix):
                     (n, b) for n, b in (buffers() if callable(buffers) else ())
                     if n.endswith(".router.expert_bias"))):
                 if len(chunks) > 1:
-                    name = "model%d.%s" % (v, next((name[len(p):] for p in strip
-                                                    if p and name.startswith(p)), name))
-                yield name, t
+                    yield ("model%d.%s" % (v, next((name[len(p):] for p in strip
+                                                    if p and name.startswith(p)), name)),
+                           t, name)
+                else:
+                    yield name, t
     return named
 
 
@@ -161,20 +165,22 @@ class TrainerRank:
         them (model.named_parameters), the module itself, or Megatron's
         list of model chunks (get_model's; with several, chunk v's names
         are prefixed model{v}. after strip_prefix, as the megatron layout
-        with vpp names them).  client: a producer wex.Client the caller
-        opened already (to allocate segments= with it first); it is then
-        the caller's to close as well."""
+        with vpp names them; ignore patterns match either name).  client:
+        a producer wex.Client the caller opened already (to allocate
+        segments= with it first); it is then the caller's to close as
+        well."""
         self.layout = as_layout(layout, config, adapters, world_size, "trainer")
+        # (Once: a generator strip_prefix or ignore is read here.)
+        self._select = selection(strip_prefix, ignore)
         if isinstance(named_parameters, (list, tuple)) and named_parameters and all(
                 callable(getattr(m, "named_parameters", None)) for m in named_parameters):
             # Megatron's model chunks (a list even without vpp).
-            named_parameters = _chunks(list(named_parameters), strip_prefix)
+            named_parameters = _chunks(list(named_parameters), self._select[0])
         elif callable(getattr(named_parameters, "named_parameters", None)):
             # The model itself (a torch module, callable: its forward):
             # its named_parameters.
             named_parameters = named_parameters.named_parameters
         self._resolve = named_parameters if callable(named_parameters) else None
-        self._select = selection(strip_prefix, ignore)
         items, self.ignored = select_parameters(
             named_parameters() if self._resolve else named_parameters, *self._select)
         if not items:
