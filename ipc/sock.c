@@ -247,7 +247,8 @@ int wex_sock_new(void)
 	return fd < 0 ? -errno : fd;
 }
 
-int wex_sock_connect_fd(int fd, const char *path, int wait_ms)
+/* `intr`: a signal handled meanwhile ends the wait (-EINTR). */
+static int connect_fd(int fd, const char *path, int wait_ms, int intr)
 {
 	struct sockaddr_un sa;
 	struct timeval tv = { .tv_sec = wait_ms / 1000, .tv_usec = wait_ms % 1000 * 1000 };
@@ -271,7 +272,7 @@ int wex_sock_connect_fd(int fd, const char *path, int wait_ms)
 	 * fail at the first SIGCHLD or profiler tick. */
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	while ((ret = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ? -errno : 0) == -EINTR &&
-	       wait_ms != 0) {
+	       wait_ms != 0 && !intr) {
 		struct timespec now;
 		long long left;
 
@@ -302,6 +303,16 @@ int wex_sock_connect_fd(int fd, const char *path, int wait_ms)
 	if (listener_gone(fd))
 		return -ECONNREFUSED; /* what the socket will say once torn down */
 	return 0;
+}
+
+int wex_sock_connect_fd(int fd, const char *path, int wait_ms)
+{
+	return connect_fd(fd, path, wait_ms, 0);
+}
+
+int wex_sock_connect_fd_intr(int fd, const char *path, int wait_ms)
+{
+	return connect_fd(fd, path, wait_ms, 1);
 }
 
 int wex_sock_connect(const char *path)

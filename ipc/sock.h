@@ -53,6 +53,9 @@ int wex_sock_connect(const char *path);
  * at most wait_ms (0: not at all), then -EAGAIN. */
 int wex_sock_new(void);
 int wex_sock_connect_fd(int fd, const char *path, int wait_ms);
+/* The same, but a signal handled while it waits for room ends the wait:
+ * -EINTR (wex_sock_connect_fd tries again for what is left of it). */
+int wex_sock_connect_fd_intr(int fd, const char *path, int wait_ms);
 
 /* Sends one message with `nfds` fds (not taken: the caller keeps them).
  * `flags` adds to MSG_NOSIGNAL (e.g. MSG_DONTWAIT).  Returns bytes or

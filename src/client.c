@@ -1350,6 +1350,27 @@ static int call_connect(struct wex_client *c, uint64_t limit_ms)
 	return ret;
 }
 
+/* Connects c->fd outside a call's time (wex_client_open, wex_release),
+ * WEX_CLIENT_EINTR, on the caller's thread: a signal its caller handles
+ * ends a wait for room in a full queue (a hung wexd) with -EINTR, as it
+ * ends a wait for wexd's answer; those that end no wait are held through
+ * it (their handlers run after). */
+static int connect_intr(struct wex_client *c, int wait_ms)
+{
+	sigset_t quiet, old;
+	int ret;
+
+	sigemptyset(&quiet);
+	for (size_t i = 0; i < WEX_ARRAY_SIZE(quiet_sigs); i++)
+		sigaddset(&quiet, quiet_sigs[i]);
+	for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++)
+		sigaddset(&quiet, sig);
+	pthread_sigmask(SIG_BLOCK, &quiet, &old);
+	ret = wex_sock_connect_fd_intr(c->fd, c->sock, wait_ms);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return ret;
+}
+
 /* After a daemon restart: a new connection, hello, and everything this
  * client had registered, so that its peers find it again. */
 static int reconnect_once(struct wex_client *c, int *greeted)
@@ -1373,6 +1394,8 @@ static int reconnect_once(struct wex_client *c, int *greeted)
 		ret = c->fd;
 	else if (c->call_end && cancel_fd < 0)
 		ret = call_connect(c, call_left_ms(c, limit));
+	else if (c->eintr && cancel_fd < 0)
+		ret = connect_intr(c, limit > INT_MAX ? INT_MAX : (int)limit);
 	else
 		ret = wex_sock_connect_fd(c->fd, c->sock,
 					  cancel_fd >= 0 ? 0 : limit > INT_MAX ? INT_MAX : (int)limit);
@@ -1389,6 +1412,9 @@ static int reconnect_once(struct wex_client *c, int *greeted)
 		else if (ret == -EACCES)
 			set_err(c, ret, "cannot connect to wexd at %s: %s (the socket's group, wex under systemd, must include this user)",
 				c->sock, strerror(-ret));
+		else if (ret == -EINTR)
+			set_err(c, ret, "cannot connect to wexd at %s: a signal ended the wait for room in its queue of connections (WEX_CLIENT_EINTR; a hung daemon?)",
+				c->sock);
 		else
 			set_err(c, ret, "cannot connect to wexd at %s: %s", c->sock, strerror(-ret));
 		goto doubted;

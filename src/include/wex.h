@@ -197,9 +197,11 @@ struct wex_client_params {
  * (refused by wexd's access control), -ECONNRESET or -EPIPE (wexd closed
  * the connection at once: max_clients reached, or it is draining),
  * -EAGAIN (its queue of connections stayed full for the timeout plus 5 s:
- * a hung daemon), -WEX_EPROTO_VERSION, -EINVAL (among others, a model or
- * group name of WEX_NAME_MAX bytes or more, or a socket path of 256 bytes
- * or more: refused, never cut short), -EADDRINUSE (the rank is held by another
+ * a hung daemon; with WEX_CLIENT_EINTR a signal its caller handles ends
+ * that wait with -EINTR, one that ends no wait does not),
+ * -WEX_EPROTO_VERSION, -EINVAL (among others, a model or group name of
+ * WEX_NAME_MAX bytes or more, or a socket path of 256 bytes or more:
+ * refused, never cut short), -EADDRINUSE (the rank is held by another
  * connection that is still open; one whose process already died is taken
  * over).  On failure wex_last_error(NULL) says why (wexd's reason, or the
  * socket path that could not be reached), in the calling thread.

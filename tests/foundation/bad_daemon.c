@@ -26,7 +26,11 @@
  *    (hung) fails with -EAGAIN after its timeout plus the 5 s reply
  *    margin, instead of waiting for room for ever, also while signals
  *    (a SIGCHLD, a profiler's tick: handled, SA_RESTART) keep coming
- *    (the connect failed with -EINTR at the first).
+ *    (the connect failed with -EINTR at the first);
+ *  - one opened with WEX_CLIENT_EINTR (the Python module's) against that
+ *    full queue ends with -EINTR at a signal its caller handles (Ctrl-C),
+ *    not at a SIGCHLD, and not only once the timeout and the margin
+ *    passed (Python raised KeyboardInterrupt then).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -461,6 +465,75 @@ static void hung_queue(const char *dir, int ticks)
 	unlink(sa.sun_path);
 }
 
+/* SIGCHLD every 100 ms for a second (a signal that ends no wait), then
+ * SIGUSR2 (the caller's Ctrl-C), to the thread that opens the client. */
+static void *chld_then_usr2(void *arg)
+{
+	pthread_t main_th = *(pthread_t *)arg;
+
+	for (int i = 0; i < 10; i++) {
+		usleep(100000);
+		pthread_kill(main_th, SIGCHLD);
+	}
+	pthread_kill(main_th, SIGUSR2);
+	return NULL;
+}
+
+/* WEX_CLIENT_EINTR against a full queue: a signal the caller handles ends
+ * the open with -EINTR (a runtime that handles signals only once the call
+ * returns, Python's Ctrl-C, waited out the timeout plus 5 s); SIGCHLD,
+ * which ends no wait, does not. */
+static void hung_queue_eintr(const char *dir)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct wex_client_params p = {
+		.field_mask = WEX_CLIENT_FIELD_SOCKET | WEX_CLIENT_FIELD_ROLE |
+			      WEX_CLIENT_FIELD_MODEL | WEX_CLIENT_FIELD_TIMEOUT |
+			      WEX_CLIENT_FIELD_FLAGS,
+		.socket = sa.sun_path,
+		.role = WEX_ROLE_CONSUMER,
+		.model = "bad",
+		.timeout_ms = 10000,
+		.flags = WEX_CLIENT_EINTR,
+	};
+	int lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), filler, ret, st;
+	wex_client_t *c = NULL;
+	double t0, t;
+	pid_t pid;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/hung-eintr.sock", dir);
+	T_ASSERT(lfd >= 0 && bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(lfd, 0) == 0,
+		 "a listener with no room: %s", strerror(errno));
+	filler = wex_sock_connect(sa.sun_path);
+	T_ASSERT(filler >= 0, "filling the queue: %s", strerror(-filler));
+	fflush(stdout);
+	pid = t_fork();
+	if (pid == 0) {
+		struct sigaction sa_sig = { .sa_handler = on_tick }; /* (no SA_RESTART: Python's) */
+		pthread_t self = pthread_self(), th;
+
+		alarm(30);
+		sigaction(SIGCHLD, &sa_sig, NULL);
+		sigaction(SIGUSR2, &sa_sig, NULL);
+		T_ASSERT(pthread_create(&th, NULL, chld_then_usr2, &self) == 0, "pthread_create");
+		t0 = t_now();
+		ret = wex_client_open(&p, &c);
+		t = t_now() - t0;
+		T_ASSERT(ret == -EINTR && t > 0.9 && t < 4,
+			 "WEX_CLIENT_EINTR open against a full queue, SIGCHLD ticks then SIGUSR2 at 1 s: %s after %.1f s, not EINTR after the SIGUSR2 (%s)",
+			 wex_strerror(ret), t, wex_last_error(NULL));
+		printf("hung queue, WEX_CLIENT_EINTR: open ended with EINTR at the caller's signal after %.1f s (%s)\n",
+		       t, wex_last_error(NULL));
+		t_exit(T_EXIT_PASS);
+	}
+	st = t_wait(pid);
+	T_ASSERT(st == 0, "the WEX_CLIENT_EINTR client against a full queue %s %d",
+		 st > 128 ? "died of signal" : "exited", st > 128 ? st - 128 : st);
+	close(filler);
+	close(lfd);
+	unlink(sa.sun_path);
+}
+
 int main(void)
 {
 	char dir[] = "/tmp/wex-bad-daemon-XXXXXX";
@@ -474,6 +547,7 @@ int main(void)
 	double_restart();
 	hung_queue(dir, 0);
 	hung_queue(dir, 1);
+	hung_queue_eintr(dir);
 	atomic_store(&fk.stop, 1);
 	pthread_join(fk.th, NULL);
 	close(fk.lfd);
