@@ -57,7 +57,8 @@
  * "torch_baseline" says whether the PyTorch figures were measured
  * (partial: per tensor only, the bucket phase failed); when not (skipped:
  * WEX_BENCH_TORCH=0; unavailable: no python3, torch or CUDA in torch;
- * failed), they and their ratios are null and "torch_reason" says why.
+ * failed; not run: the run was skipped or failed before its turn), they
+ * and their ratios are null and "torch_reason" says why.
  * The torch baseline runs even when the wex part failed.  Exit status 1
  * when a check failed, a process failed or the torch baseline failed (or
  * was unavailable, with WEX_BENCH_TORCH_REQUIRED=1); the whole run keeps
@@ -407,10 +408,12 @@ static int wait_pair(pid_t pp, pid_t pc, double secs)
 /* The PyTorch baseline: tests/bench/gpu_sync_torch.py, run once the C     */
 /* processes have exited (their GPU memory is free again).                */
 
-enum { TORCH_MEASURED, TORCH_PARTIAL, TORCH_SKIPPED, TORCH_UNAVAILABLE, TORCH_FAILED };
-/* partial: the per-tensor figures were measured, the bucket ones not. */
+enum { TORCH_MEASURED, TORCH_PARTIAL, TORCH_SKIPPED, TORCH_UNAVAILABLE, TORCH_FAILED,
+       TORCH_NOT_RUN };
+/* partial: the per-tensor figures were measured, the bucket ones not;
+ * not run: the run ended (skipped, failed) before the baseline's turn. */
 static const char *const torch_state[] = { "measured", "partial", "skipped", "unavailable",
-					   "failed" };
+					   "failed", "not run" };
 
 struct torch {
 	double per_tensor, bucket, per_tensor_first, bucket_first; /* NAN: none */
@@ -653,7 +656,7 @@ static void print_json(FILE *f, const struct result *res, const struct torch *T,
 		.copy_unbatched_first_ms = NAN, .verify_ms = NAN, .verify_first_ms = NAN,
 	};
 	const struct torch no_torch = { .per_tensor = NAN, .bucket = NAN, .per_tensor_first = NAN,
-					.bucket_first = NAN, .check = -1, .state = TORCH_FAILED,
+					.bucket_first = NAN, .check = -1, .state = TORCH_NOT_RUN,
 					.reason = "not run" };
 	const struct result *r = res ? res : &none;
 	double gbs = (double)L.total / 1e9;
