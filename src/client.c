@@ -2860,6 +2860,30 @@ static int away_retry(struct wex_client *c, int ret, const char *what, uint64_t 
 	return 0;
 }
 
+/* Refuses writing or publishing a version over wrapped memory its owner
+ * freed and allocated again at the same address (or left unmapped): wex
+ * still holds the memory it wrapped, which engines would go on reading
+ * while the trainer writes the new memory. */
+static int own_segs_same(wex_client_t *c, const char *op, uint64_t version)
+{
+	for (size_t i = 0; i < c->nosegs; i++) {
+		const struct own_seg *o = &c->osegs[i];
+		int ret;
+
+		if (!o->seg.ops || !o->seg.ops->same || (ret = o->seg.ops->same(&o->seg)) == 0)
+			continue;
+		if (ret != -ESTALE)
+			return set_err(c, ret, "%s v%llu: checking the %s memory registered at 0x%llx: %s",
+				       op, (unsigned long long)version, o->seg.ops->name,
+				       (unsigned long long)(uintptr_t)o->seg.ptr, wex_strerror(ret));
+		return set_err(c, ret, "%s v%llu: the %s memory registered at 0x%llx (%llu bytes) is not there any more: it was freed and other memory allocated at its address, or none (parameter offload, torch.cuda.empty_cache()); engines would go on reading the old memory, which wex holds: register the parameters again (a new TrainerRank) once they are back",
+			       op, (unsigned long long)version, o->seg.ops->name,
+			       (unsigned long long)(uintptr_t)o->seg.ptr,
+			       (unsigned long long)o->seg.desc.size);
+	}
+	return 0;
+}
+
 static int begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 {
 	unsigned nap_ms = 0;
@@ -2878,6 +2902,8 @@ static int begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms)
 			       (unsigned long long)version);
 	if (version && (version == c->pub_found || version == c->published) && version != c->writing)
 		return found_err(c, version);
+	if ((ret = own_segs_same(c, "begin_write", version)) < 0)
+		return ret;
 	limit = timeout_ms ? timeout_ms : c->timeout_ms;
 	end = wex__now_ns() + (uint64_t)limit * 1000000ull;
 	for (;;) {
@@ -3009,6 +3035,8 @@ static int publish(wex_client_t *c, uint64_t version, uint64_t cont)
 	/* (A signal meanwhile: gpu_wait.) */
 	ret = gpu_wait(c, publish_gpu_wait, version);
 	if (ret < 0)
+		return ret;
+	if ((ret = own_segs_same(c, "publish", version)) < 0)
 		return ret;
 	/* No wexd answering (a restart, the next one not listening yet):
 	 * tried again within the client's timeout, as begin_write is. */

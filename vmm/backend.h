@@ -169,6 +169,12 @@ struct wex_mem_ops {
 	 * (expandable segments) holds no fd per allocation.  The calling
 	 * thread's current device is kept.  Blocks briefly. */
 	int (*export_fd)(const struct wex_mem_seg *seg, int *fd);
+	/* Exporter, optional (NULL: the memory cannot change under the
+	 * segment): 0 when the memory wrap found at seg->ptr is still there;
+	 * -ESTALE when the owner freed it and allocated other memory at that
+	 * address, or left nothing mapped (wex still holds what it wrapped,
+	 * which importers go on reading); else the driver's error.  Brief. */
+	int (*same)(const struct wex_mem_seg *seg);
 	/*
 	 * A caller's own host buffer [p, p+size) (verification's gather
 	 * buffers) page-locked for DMA by every context of this kind's

@@ -41,7 +41,7 @@ if(WEX_HAVE_CUDA_HEADERS)
   # In this order on the GPU machine (ctest -L gpu, one at a time): the
   # soak test cuda_cycles last, after the benchmarks' smoke runs, so that
   # a run cut short by its time loses the fewest results.
-  foreach(t cuda_facts cuda_vmm cuda_remap cuda_copy cuda_ipc cuda_staging cuda_e2e cuda_chunks cuda_order cuda_near cuda_verify cuda_released cuda_signal)
+  foreach(t cuda_facts cuda_vmm cuda_remap cuda_copy cuda_ipc cuda_staging cuda_e2e cuda_chunks cuda_realloc cuda_order cuda_near cuda_verify cuda_released cuda_signal)
     wex_add_test(${t} SOURCES tests/gpu/${t}_test.c LIBS wex LABELS gpu TIMEOUT 120)
   endforeach()
   # cuda_signal stops wexd at a request libwex sends: its sendmsg is
@@ -87,7 +87,7 @@ if(WEX_HAVE_CUDA_HEADERS)
   # wex shows as stale bytes.
   add_library(wex_emul_cuda MODULE tests/gpu/emul_cuda.c)
   set_target_properties(wex_emul_cuda PROPERTIES PREFIX "" C_VISIBILITY_PRESET hidden)
-  foreach(t cuda_facts cuda_vmm cuda_remap cuda_copy cuda_ipc cuda_staging gpu_sync host_staging cuda_e2e cuda_chunks cuda_cycles cuda_order cuda_near cuda_verify cuda_released cuda_signal)
+  foreach(t cuda_facts cuda_vmm cuda_remap cuda_copy cuda_ipc cuda_staging gpu_sync host_staging cuda_e2e cuda_chunks cuda_realloc cuda_cycles cuda_order cuda_near cuda_verify cuda_released cuda_signal)
     add_test(NAME ${t}_emul COMMAND ${t})
     set_tests_properties(${t}_emul PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS cuda
       ENVIRONMENT "WEXD_BIN=$<TARGET_FILE:wexd>;WEX_CUDA_LIB=$<TARGET_FILE:wex_emul_cuda>;WEX_EMUL_DEFER=1;WEX_SRC=${CMAKE_SOURCE_DIR};WEX_BENCH_GB=0.25;WEX_BENCH_TENSORS=40;WEX_BENCH_SEG_MB=64;WEX_BENCH_TORCH=0")

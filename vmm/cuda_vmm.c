@@ -745,6 +745,33 @@ static int vmm_export_fd(const struct wex_mem_seg *seg, int *fd)
 	return ret;
 }
 
+/* Wrapped memory: whether the allocation wrap retained is still the one
+ * mapped at seg->ptr.  A handle wex retains is never reused while held, so
+ * another value there is another allocation (a trainer that freed its
+ * parameters, torch.cuda.empty_cache(), and allocated them again at the
+ * same address: veRL's parameter offload, FSDP2's model.cpu() then
+ * .to("cuda")). */
+static int vmm_same(const struct wex_mem_seg *seg)
+{
+	const struct vmm_priv *p = seg->priv;
+	CUmemGenericAllocationHandle h = 0;
+	CUresult r;
+	int ret;
+
+	if (!p || p->va || p->n != 1 || !p->c[0].h)
+		return 0; /* wex's own memory (alloc, import): it stays */
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	r = wex__cu.cuMemRetainAllocationHandle(&h, seg->ptr);
+	if (r == CUDA_ERROR_INVALID_VALUE)
+		return -ESTALE; /* nothing mapped there now */
+	if (r != CUDA_SUCCESS)
+		return WEX_CU(r);
+	wex__cu.cuMemRelease(h);
+	return h == p->c[0].h ? 0 : -ESTALE;
+}
+
 static void close_fds(const int *fds, size_t n, size_t from)
 {
 	for (size_t i = from; i < n; i++)
@@ -1331,4 +1358,5 @@ const struct wex_mem_ops wex_mem_cuda_vmm_ops = {
 	.host_pin = wex__cuda_host_pin,
 	.host_unpin = wex__cuda_host_unpin,
 	.export_fd = vmm_export_fd,
+	.same = vmm_same,
 };

@@ -317,6 +317,12 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
  * answer (hung), or whose queue of connections stays full, is waited on no
  * longer than that timeout either (-ETIMEDOUT, -EAGAIN), and wex_cancel and
  * signals end that wait too (as they do in wex_sync and wex_publish).
+ * -ESTALE, nothing begun, when memory registered with
+ * wex_segment_register_ptr (CUDA VMM: PyTorch's expandable segments) was
+ * freed and other memory allocated at its address, or none (a trainer's
+ * parameter offload, then torch.cuda.empty_cache()): wex still holds the
+ * memory it registered, which consumers would go on reading; register the
+ * parameters again (a new client) once they are back.
  */
 WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms);
 
@@ -351,7 +357,8 @@ WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_
  * Such a signal that comes during the GPU wait counts once that wait
  * ended (see WEX_CLIENT_EINTR): the publish is then sent and gets those
  * 3 s (where the connection must be made again first, the call ends
- * instead at once, nothing sent).
+ * instead at once, nothing sent).  -ESTALE, nothing published, as in
+ * wex_begin_write, for registered memory freed and allocated again since.
  */
 WEX_API int wex_publish(wex_client_t *c, uint64_t version);
 
