@@ -104,6 +104,11 @@ static const struct field fields[WEX_CF_COUNT] = {
 		"file-descriptor limit wexd sets for itself at start (it holds one per exported "
 		"allocation: an expandable-segments trainer exports one per 20 MiB); 0: raise "
 		"the soft limit to the hard limit, at most 1048576" },
+	[WEX_CF_MAX_TABLE_BYTES] = { "max_table_bytes", FT_INT, FLD(max_table_bytes),
+		"WEX_MAX_TABLE_BYTES", "0", 0, INT64_MAX, NULL, NULL, F_MODIFIABLE | F_RELOAD,
+		"bytes of tensor tables (producers' and consumers' layouts) wexd holds for its "
+		"clients at most, each tensor counted at its size in wexd's memory; a table past "
+		"it is refused (ENOMEM); 0: a quarter of the machine's memory" },
 	[WEX_CF_MODELS] = { "models", FT_MODELS, FLD(models), NULL, NULL, 0, 0, NULL, NULL, F_RELOAD,
 		"per-model access lists {\"<model>|*\": {\"producers\": {\"uids\": [..], \"gids\": "
 		"[..]}, \"consumers\": {..}}}; an absent model or role admits any local user, "

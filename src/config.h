@@ -68,6 +68,7 @@ enum wex_config_field {
 	WEX_CF_WATCHDOG,
 	WEX_CF_DRAIN_TIMEOUT_MS,
 	WEX_CF_MAX_OPEN_FILES,
+	WEX_CF_MAX_TABLE_BYTES,
 	WEX_CF_MODELS,
 	WEX_CF_COUNT
 };
@@ -113,6 +114,7 @@ struct wex_config {
 	int watchdog;              /* send WATCHDOG=1 when systemd asks for it */
 	int64_t drain_timeout_ms;  /* SIGTERM: wait this long for leases, then exit */
 	int64_t max_open_files;    /* fd limit set at start; 0: the hard limit */
+	int64_t max_table_bytes;   /* clients' tensor tables held; 0: a quarter of RAM */
 	struct wex_models models;
 
 	/* bookkeeping */

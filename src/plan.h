@@ -104,6 +104,9 @@ struct wex_planner;
 int wex__planner_new(const struct wex_plan_src *srcs, size_t nsrc, struct wex_planner **out,
 		     char *err, size_t errlen);
 void wex__planner_free(struct wex_planner *pl);
+/* The hash pl's name table files `name` under (keyed per planner: for
+ * tests that names made to collide do not). */
+uint64_t wex__planner_name_hash(const struct wex_planner *pl, const char *name);
 
 /* Plans one consumer rank on its own: replicas are chosen by rotating with
  * crank (and split when there are more replicas than consumer ranks), so

@@ -107,7 +107,7 @@ static void plans_gc(struct model *m)
 	}
 }
 
-static void prank_clear(struct prank *r)
+static void prank_clear(struct wexd *d, struct prank *r)
 {
 	for (uint32_t i = 0; i < r->nsegs; i++) {
 		/* (A producer's file: its close may wait on a FUSE server.) */
@@ -116,6 +116,7 @@ static void prank_clear(struct prank *r)
 	}
 	free(r->segs);
 	free(r->t);
+	d->table_bytes -= r->nt * sizeof(*r->t);
 	r->segs = NULL;
 	r->nsegs = 0;
 	r->t = NULL;
@@ -148,7 +149,7 @@ static void model_free(struct wexd *d, struct model *m)
 			break;
 		}
 	for (uint32_t i = 0; i < m->world; i++)
-		prank_clear(&m->ranks[i]);
+		prank_clear(d, &m->ranks[i]);
 	free(m->ranks);
 	while (m->groups)
 		group_free(m, m->groups);
@@ -278,7 +279,7 @@ static struct model *model_get(struct wexd *d, const char *name, uint32_t world,
 				if (!nr)
 					return NULL;
 				for (uint32_t i = 0; i < m->world; i++)
-					prank_clear(&m->ranks[i]);
+					prank_clear(d, &m->ranks[i]);
 				free(m->ranks);
 				m->ranks = nr;
 				m->world = world;
@@ -743,12 +744,34 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 	return json_pack("{s:b, s:i}", "ok", 1, "segment", r->nsegs++);
 }
 
+/* Refuses (NULL: room enough) a tensor table in fd that, unpacked in
+ * place of `drop` tensors held now, would take wexd past max_table_bytes:
+ * counted from the memfd's size before anything is read or allocated. */
+static json_t *table_room(struct wexd *d, const char *op, int fd, size_t drop)
+{
+	uint64_t n = 0, limit;
+	struct stat st;
+
+	if (fstat(fd, &st) == 0 && (uint64_t)st.st_size > sizeof(struct wex_table_hdr))
+		n = ((uint64_t)st.st_size - sizeof(struct wex_table_hdr)) /
+		    sizeof(struct wex_wire_tensor);
+	if (wexd_table_room(d, drop * sizeof(struct wex_tensor), n * sizeof(struct wex_tensor),
+			    &limit) == 0)
+		return NULL;
+	return wex__reply_error(-ENOMEM,
+				"%s: a table of %llu tensors (%llu bytes in wexd) would take the tensor tables wexd holds (%llu bytes) past max_table_bytes (%llu)",
+				op, (unsigned long long)n,
+				(unsigned long long)(n * sizeof(struct wex_tensor)),
+				(unsigned long long)d->table_bytes, (unsigned long long)limit);
+}
+
 json_t *wexd_register_tensors(struct wexd *d, struct conn *c, json_t *req, int *fds, int nfds)
 {
 	char err[EMSG_LEN] = "";
 	struct wex_tensor *t = NULL;
 	struct prank *r;
 	size_t n = 0;
+	json_t *full;
 	int ret;
 
 	if (c->role != WEX_ROLE_PRODUCER)
@@ -756,10 +779,12 @@ json_t *wexd_register_tensors(struct wexd *d, struct conn *c, json_t *req, int *
 	if (nfds != 1)
 		return wex__reply_error(-EINVAL, "register_tensors takes 1 fd (a sealed table), got %d",
 					nfds);
+	r = &c->model->ranks[c->rank];
+	if ((full = table_room(d, "register_tensors", fds[0], r->nt)))
+		return full;
 	ret = wex__table_unpack(fds[0], &t, NULL, &n, err, sizeof(err));
 	if (ret < 0)
 		return wex__reply_error(ret, "register_tensors: %s", err);
-	r = &c->model->ranks[c->rank];
 	for (size_t i = 0; i < n; i++) {
 		uint64_t span, end;
 
@@ -797,6 +822,7 @@ json_t *wexd_register_tensors(struct wexd *d, struct conn *c, json_t *req, int *
 		memory_gone(c->model);
 	}
 	free(r->t);
+	d->table_bytes += n * sizeof(*t) - r->nt * sizeof(*r->t);
 	r->t = t;
 	r->nt = n;
 	r->has_table = 1;
@@ -1411,11 +1437,16 @@ json_t *wexd_attach(struct wexd *d, struct conn *c, json_t *req, int *fds, int n
 						sizeof(c->device));
 	}
 	if (nfds == 1) {
+		json_t *e = table_room(d, "attach", fds[0], c->nlayout);
+
+		if (e)
+			return e;
 		ret = wex__table_unpack(fds[0], &t, NULL, &n, err, sizeof(err));
 		if (ret < 0)
 			return wex__reply_error(ret, "attach: %s", err);
 	}
 	free(c->layout);
+	d->table_bytes += n * sizeof(*t) - c->nlayout * sizeof(*c->layout);
 	c->layout = t;
 	c->nlayout = n;
 	snprintf(c->device, sizeof(c->device), "%s", dev);
@@ -1937,7 +1968,7 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 		wex_info("registry", "producer rank %u of model '%s' (pid %d) left%s", c->rank,
 			 m->name, (int)c->pid,
 			 r->writing ? " while writing: the version stays unpublished" : "");
-		prank_clear(r);
+		prank_clear(d, r);
 		r->c = NULL;
 		r->writing = 0;
 		/* Its bytes lived in the client: the rank no longer holds any
@@ -1996,6 +2027,7 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 		c->group = NULL;
 	}
 	free(c->layout);
+	d->table_bytes -= c->nlayout * sizeof(*c->layout);
 	c->layout = NULL;
 	c->nlayout = 0;
 	c->model = NULL;

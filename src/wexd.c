@@ -972,6 +972,20 @@ static void wexd_tick(struct wexd *d)
 		wexd_sd_status(d);
 }
 
+int wexd_table_room(struct wexd *d, uint64_t drop, uint64_t add, uint64_t *limit)
+{
+	uint64_t held = d->table_bytes - (drop < d->table_bytes ? drop : d->table_bytes);
+	long pages = sysconf(_SC_PHYS_PAGES), pg = sysconf(_SC_PAGESIZE);
+
+	/* Tables are copied into wexd's memory and kept, whatever the memfd
+	 * they came in: one sealed memfd sent on many connections (it costs
+	 * its sender once) would otherwise take all memory, and wexd with
+	 * it (the OOM killer picks the largest process). */
+	*limit = d->cfg.max_table_bytes > 0 ? (uint64_t)d->cfg.max_table_bytes :
+	         pages > 0 && pg > 0 ? (uint64_t)pages * (uint64_t)pg / 4 : UINT64_MAX;
+	return add > *limit || held > *limit - add ? -ENOMEM : 0;
+}
+
 long wexd_fds_open(void)
 {
 	DIR *dir = opendir("/proc/self/fd");

@@ -234,6 +234,9 @@ struct wexd {
 	struct model *models;
 	uint64_t start_ns;
 	uint64_t fd_limit; /* RLIMIT_NOFILE set at start */
+	/* Bytes of clients' tensor tables held (producers' r->t, consumers'
+	 * layouts), against max_table_bytes (wexd_table_room). */
+	uint64_t table_bytes;
 	uint64_t next_conn_id;
 	uint64_t max_clients_refused; /* connections refused at max_clients */
 	uint64_t pidfd_refused;       /* connections refused for want of a pidfd fd */
@@ -267,6 +270,9 @@ struct wexd {
 json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req);
 /* wexd.c: fds open in wexd now (-1 if /proc cannot tell). */
 long wexd_fds_open(void);
+/* 0 when `add` more bytes of tensor tables, `drop` of them given back
+ * first, stay within max_table_bytes; else -ENOMEM, with *limit set. */
+int wexd_table_room(struct wexd *d, uint64_t drop, uint64_t add, uint64_t *limit);
 json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *fds, int nfds);
 json_t *wexd_register_tensors(struct wexd *d, struct conn *c, json_t *req, int *fds, int nfds);
 json_t *wexd_begin_write(struct wexd *d, struct conn *c, json_t *req);
