@@ -503,6 +503,16 @@ class Binding(WexdProducerCase):
         with self.assertRaises(wex.WexError) as e:
             wex.Layout(os.fsdecode(b"/nonexistent-\xff/config.json"), "hf")
         self.assertIn("config.json", str(e.exception))
+        # A spec and config given as bytes are named as the str would be
+        # (they were "layout b'hf' of b'/...'"), and spec is a str, as
+        # EngineRank.describe() puts it in JSON.
+        with self.assertRaises(wex.WexError) as e:
+            wex.Layout(b"/nonexistent/config.json", b"hf")
+        self.assertIn("layout hf of /nonexistent/config.json:", str(e.exception))
+        cfg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
+                           "qwen2-0.5b-config.json")
+        with wex.Layout(os.fsencode(cfg), b"vllm:tp=2") as lay:
+            self.assertEqual((lay.spec, lay.world), ("vllm:tp=2", 2))
         # last_error read while another thread closes the client: under the
         # lock that close takes (the ASan build saw a use after free).
         for _ in range(50):
@@ -709,7 +719,44 @@ class Binding(WexdProducerCase):
             (lambda: wex.Client(wex.ROLE_CONSUMER, MODEL, timeout_ms=True), TypeError,
              "timeout_ms must"),
             (lambda: wex.Client(wex.ROLE_CONSUMER, MODEL, socket=5), TypeError, "socket must"),
+            # A str made of bytes that are not UTF-8 (os.fsdecode's
+            # surrogates): a bare UnicodeEncodeError, naming nothing.
+            (lambda: wex.tensor("w\udcff", "BF16", (2,)), ValueError,
+             "tensor name is not UTF-8"),
+            (lambda: c.view("w\udcff"), ValueError, "tensor name is not UTF-8"),
+            (lambda: c.request("st\udcffatus"), ValueError, "request op is not UTF-8"),
+            (lambda: wex.Layout("/nonexistent/config.json", "hf\udcff"), ValueError,
+             "layout spec is not UTF-8"),
         ]
+        try:
+            import numpy
+        except ImportError:
+            numpy = None
+        if numpy is not None:
+            cases += [
+                # A tensor or array where an address is wanted: a 0-d
+                # integer one was taken as the address its value is, others
+                # raised NumPy's TypeError naming nothing.
+                (lambda: wex.tensor("x", "BF16", (2,), ptr=numpy.array(4096)), TypeError,
+                 "ptr must be an address"),
+                (lambda: p.register_fd(fd, numpy.zeros(3), 4096), TypeError,
+                 "ptr must be an address"),
+                (lambda: p.register_ptr(wex.SEG_CUDA_VMM, numpy.zeros(3), 4096), TypeError,
+                 "ptr must be an address"),
+                # NumPy's bools were 1 (a copy sync, version 1).
+                (lambda: c.sync(numpy.True_), TypeError, "mode must be an int"),
+                (lambda: p.begin_write(numpy.True_), TypeError, "version must be an int"),
+                # Arrays that refuse __index__: NumPy's message, naming nothing.
+                (lambda: p.segment_alloc(wex.SEG_HOST, numpy.array([4096, 1])), TypeError,
+                 "size must be an int"),
+                (lambda: wex.tensor("x", numpy.array(7.0), (2,)), TypeError, "dtype must be"),
+                (lambda: wex.released(numpy.array(4096), 1), TypeError,
+                 "ptr must be an address"),
+                # An array as the list of tensors: its rows were the items
+                # ("item 0 is float64").
+                (lambda: p.register_tensors(numpy.zeros(2)), TypeError, "not numpy.ndarray"),
+                (lambda: c.attach([numpy.zeros(2)]), TypeError, "item 0 is numpy.ndarray"),
+            ]
         for i, (call, exc, words) in enumerate(cases):
             with self.subTest(case=i, words=words):
                 with self.assertRaises((TypeError, ValueError)) as e:
@@ -720,6 +767,21 @@ class Binding(WexdProducerCase):
         # A bool as a role (True == ROLE_PRODUCER) is no role.
         with self.assertRaisesRegex(wex.WexError, "role must be"):
             wex.Client(True, MODEL)
+        # A model or group that is not UTF-8 text, given as str: refused
+        # as the same bytes are (EINVAL), not as a bare UnicodeEncodeError.
+        for kw in (dict(model="m\udcff"), dict(model=MODEL, group="g\udcff")):
+            with self.assertRaises(wex.WexError, msg=str(kw)) as e:
+                wex.Client(wex.ROLE_CONSUMER, **kw)
+            self.assertEqual(e.exception.code, errno.EINVAL)
+            self.assertIn("is not UTF-8", str(e.exception))
+        if numpy is not None:
+            # (An array as a role: "truth value of an array is ambiguous".)
+            for role in (numpy.True_, numpy.array([1, 2]), numpy.array(1.0)):
+                with self.assertRaisesRegex(wex.WexError, "role must be", msg=repr(role)):
+                    wex.Client(role, MODEL)
+            # NumPy's integers are ints, the role and addresses too.
+            wex.Client(numpy.int64(wex.ROLE_ADMIN)).close()
+            self.assertEqual(wex.tensor("x", "BF16", (2,), ptr=numpy.uint64(4096)).ptr, 4096)
         # Nothing of the refused calls reached wexd: no version begun.
         seg, _ = p.segment_alloc(wex.SEG_HOST, 4096)
         # (Any iterable of tensors.)
@@ -864,6 +926,54 @@ class Binding(WexdProducerCase):
             self.assertEqual(e.exception.code, errno.EALREADY)
             p.begin_write(2)
             p.publish(2)
+
+        # A sync that fetched the producer's memory again (it registered
+        # again, elsewhere) while a view of the old memory is alive: the
+        # next sync that completes names that view (ESTALE), as that one
+        # would have; it was forgotten, its memory zeros from then on.
+        with self.subTest("sync views"):
+            model = "intr-views"
+            p = wex.Client(wex.ROLE_PRODUCER, model, rank=0, world_size=1, timeout_ms=10000)
+            seg, _ = p.segment_alloc(wex.SEG_HOST, 4096)
+            p.register_tensors([wex.tensor("w", "F32", (64,), segment=seg)])
+            p.begin_write(1)
+            p.publish(1)
+            c = wex.Client(wex.ROLE_CONSUMER, model, group="v", timeout_ms=10000)
+            self.addCleanup(c.close)
+            c.sync(wex.SYNC_REMAP_VIEW, 1)
+            ptr = c.view("w")[0]
+
+            class Holder:  # (what holds a view tensor's memory: torch_util's)
+                pass
+            holder = Holder()
+            c._track(holder, view=("w", 0, ptr, 256, True))
+            c.release()
+            p.close()
+            p = wex.Client(wex.ROLE_PRODUCER, model, rank=0, world_size=1, timeout_ms=10000)
+            self.addCleanup(p.close)
+            seg, _ = p.segment_alloc(wex.SEG_HOST, 1 << 22)  # (mapped elsewhere)
+            p.register_tensors([wex.tensor("w", "F32", (64,), segment=seg)])
+            p.begin_write(2)
+            p.publish(2)
+            real = L.wex_sync
+
+            def raises(*args):
+                real(*args)
+                raise KeyboardInterrupt
+            L.wex_sync = raises
+            try:
+                with self.assertRaises(KeyboardInterrupt):
+                    c.sync(wex.SYNC_REMAP_VIEW, 2)
+            finally:
+                L.wex_sync = real
+            self.assertEqual(ctypes.string_at(ptr, 8), bytes(8))  # zeros, no SIGSEGV
+            c.release()
+            with self.assertRaises(wex.WexError) as e:
+                c.sync(wex.SYNC_REMAP_VIEW, 2)
+            self.assertEqual(e.exception.code, errno.ESTALE, str(e.exception))
+            self.assertIn("(w)", str(e.exception))
+            c.sync(wex.SYNC_REMAP_VIEW, 2)  # told once
+            del holder  # (its finalizer: _untrack)
 
         # Device memory: freed, nothing else ever would.
         with self.subTest("cuda_alloc"):

@@ -17,9 +17,10 @@ The library is found through $WEX_LIB (a path), else the system's
 Errors raise WexError, whose ``code`` is the positive errno (or WEX_E*)
 value and whose text is libwex's wex_last_error() of the failing call.
 Arguments are checked before any call, naming the one at fault: a wrong
-type (a str, float or bool where an int is wanted) raises TypeError, a
-value its C type cannot hold (a negative size, a version past 64 bits, a
-NUL in a name) ValueError.
+type (a str, float or bool, NumPy's and PyTorch's too, where an int is
+wanted; a tensor or array where an address is: its data_ptr() is) raises
+TypeError, a value its C type cannot hold (a negative size, a version
+past 64 bits, a NUL in a name, a str name that is not UTF-8) ValueError.
 PyTorch helpers (pluggable allocator, tensors over wex memory) live in
 ``wex.torch_util``.
 """
@@ -85,9 +86,15 @@ def _cstr(val, what, path=False, check=True):
         # (As tensor() takes them: a Tensor's name is bytes.)
         b = bytes(val)
     elif isinstance(val, str):
-        b = val.encode()
+        # (A name os.fsdecode made of bytes that are not UTF-8 holds
+        # surrogates: UnicodeEncodeError, naming no parameter.)
+        try:
+            b = val.encode()
+        except UnicodeEncodeError as e:
+            raise ValueError("%s is not UTF-8 text (%s at %d): %r"
+                             % (what, e.reason, e.start, val)) from None
     else:
-        raise TypeError("%s must be str or bytes, not %s" % (what, type(val).__name__))
+        raise TypeError("%s must be str or bytes, not %s" % (what, _kind(val)))
     if check and b"\0" in b:
         raise ValueError("%s contains a NUL byte: %r" % (what, val))
     return b
@@ -97,11 +104,30 @@ def _int(val, what, accepted=None):
     """val as a Python int, or TypeError naming `what`: int() would take
     1.5 as 1 and "7" or b"7" as 7, ctypes a bool as 0 or 1 and a float
     or a str as ctypes.ArgumentError ("argument 2: wrong type", naming
-    nothing).  Anything with __index__ (a NumPy integer) is an int."""
-    if isinstance(val, bool) or not hasattr(type(val), "__index__"):
-        raise TypeError("%s must be an int%s, not %s" % (
-            what, " (%s)" % accepted if accepted else "", type(val).__name__))
-    return operator.index(val)
+    nothing).  Anything with __index__ (a NumPy integer) is an int, but
+    NumPy's and PyTorch's bools (np.True_ and torch.tensor(True) were 1)
+    and what refuses __index__ (a float tensor, an array of more than one
+    element: their own TypeError, naming nothing)."""
+    if not (isinstance(val, bool) or not hasattr(type(val), "__index__") or
+            str(getattr(val, "dtype", "")) in ("bool", "torch.bool")):
+        try:
+            return operator.index(val)
+        except TypeError:
+            pass
+    raise TypeError("%s must be an int%s, not %s" % (
+        what, " (%s)" % accepted if accepted else "", _kind(val)))
+
+
+def _kind(val):
+    """val's type for a message: one not built in with its package's name
+    (a torch.Tensor is no wex.Tensor), a tensor's or array's with its
+    dtype and shape."""
+    t = type(val)
+    name = t.__name__ if t.__module__ == "builtins" else "%s.%s" % (
+        t.__module__.split(".")[0], t.__name__)
+    if hasattr(val, "dtype") and hasattr(val, "shape"):
+        return "%s (%s, shape %s)" % (name, val.dtype, tuple(val.shape))
+    return name
 
 
 def _uint(val, bits, what):
@@ -125,9 +151,17 @@ def _c_int(val, what, accepted=None):
 def _ptr(val, what):
     """val for a pointer parameter: an address (int) or None.  ctypes
     would pass a str or bytes as the address of Python's own copy of it,
-    -1 as 2**64-1 and 2**64 as NULL."""
+    -1 as 2**64-1 and 2**64 as NULL.  A tensor or array is refused: a
+    one-element integer one was taken as the address its value is, not
+    as its memory's (data_ptr())."""
     if val is None:
         return None
+    # (A NumPy integer is an address: it has __array_interface__ too,
+    # but no .ctypes.)
+    if (hasattr(val, "data_ptr") or hasattr(val, "__cuda_array_interface__") or
+            hasattr(val, "__array_interface__") and hasattr(val, "ctypes")):
+        raise TypeError("%s must be an address (an int: tensor.data_ptr(), "
+                        "array.ctypes.data), not %s" % (what, _kind(val)))
     return _uint(val, 64, what) or None
 
 
@@ -135,14 +169,16 @@ def _tensors(tensors, what):
     """A ctypes array of the wex.Tensor items of `tensors`, or TypeError
     naming the first other one (ctypes would build a Tensor from a tuple's
     items as its fields, and take a str as no tensors)."""
-    if isinstance(tensors, (str, bytes, bytearray)) or not hasattr(tensors, "__iter__"):
+    # (A torch tensor or an array is iterable: its rows were the items.)
+    if (isinstance(tensors, (str, bytes, bytearray)) or not hasattr(tensors, "__iter__") or
+            hasattr(tensors, "dtype")):
         raise TypeError("%s takes a list of wex.Tensor (wex.tensor(...)), not %s"
-                        % (what, type(tensors).__name__))
+                        % (what, _kind(tensors)))
     tensors = list(tensors)
     for i, t in enumerate(tensors):
         if not isinstance(t, Tensor):
             raise TypeError("%s: item %d is %s, not a wex.Tensor (wex.tensor(...))"
-                            % (what, i, type(t).__name__))
+                            % (what, i, _kind(t)))
     return (Tensor * len(tensors))(*tensors)
 
 
@@ -228,7 +264,10 @@ class Layout:
         # the open returns leaves __del__ to close what it wrote into
         # self.handle, and close() needs the lock.)
         self._lock = threading.Lock()
-        self.spec = spec
+        # (As str, given as bytes too: it names the layout in messages
+        # and in EngineRank.describe(), which is JSON.)
+        self.spec = (spec.decode(errors="replace") if isinstance(spec, (bytes, bytearray))
+                     else spec)
         world = ctypes.c_uint32()
         err = ctypes.c_void_p()
         args = (_cstr(config, "config", True), _cstr(spec, "layout spec"),
@@ -240,7 +279,8 @@ class Layout:
                 # (The message may hold a path's undecodable bytes.)
                 why = (ctypes.string_at(err.value).decode(errors="replace") if err.value
                        else strerror(ret))
-                raise WexError(-ret, "layout %s of %s: %s" % (spec, config, why))
+                raise WexError(-ret, "layout %s of %s: %s"
+                               % (self.spec, args[0].decode(errors="replace"), why))
         finally:
             if err.value:
                 L.wex_free(err)
@@ -340,19 +380,21 @@ def tensor(name, dtype, shape, *, start=None, extent=None, strides=None,
     else:
         # (ctypes would cut a wider value to 32 bits: 2**32 + 7 is BF16;
         # int() would read b"1" and 1.5 as BOOL.)
-        if isinstance(dtype, bool) or not hasattr(type(dtype), "__index__"):
+        try:
+            v = _int(dtype, "dtype")
+        except TypeError:
             raise TypeError("%s: dtype must be a safetensors name (%s) or an enum value "
-                            "(int), not %s" % (name, ", ".join(DTYPE_SIZE),
-                                               type(dtype).__name__))
-        if not -(1 << 31) <= operator.index(dtype) < 1 << 31:
+                            "(int), not %s %.40r" % (name, ", ".join(DTYPE_SIZE),
+                                                     _kind(dtype), dtype)) from None
+        if not -(1 << 31) <= v < 1 << 31:
             raise ValueError("dtype %r is not an int32 enum value" % (dtype,))
-        t.dtype = operator.index(dtype)
+        t.dtype = v
 
     def dims(val, what):
         # (tuple("12") would be two dimensions, tuple(b"1") one of 49.)
         if isinstance(val, (str, bytes, bytearray)) or not hasattr(val, "__iter__"):
             raise TypeError("%s: %s must be a sequence of ints, not %s"
-                            % (name, what, type(val).__name__))
+                            % (name, what, _kind(val)))
         return tuple(val)
     shape = dims(shape, "shape")
     if len(shape) > MAX_DIMS:
@@ -453,7 +495,7 @@ def released(ptr, nbytes):
     driver loaded: wex_released).  WexError (EINVAL) for ptr 0 or a
     range past the end of the address space."""
     at = ctypes.c_uint64()
-    ret = lib().wex_released(_uint(ptr, 64, "ptr") or None, _uint(nbytes, 64, "nbytes"),
+    ret = lib().wex_released(_ptr(ptr, "ptr"), _uint(nbytes, 64, "nbytes"),
                              ctypes.byref(at))
     if ret < 0:
         raise WexError(-ret, "released: %s" % strerror(ret))
@@ -605,8 +647,11 @@ class Client:
         rank, world_size = _int(rank, "rank"), _int(world_size, "world_size")
         if device is not None:
             device = _int(device, "device")
-        if (isinstance(role, bool) or not hasattr(type(role), "__index__") or
-                role not in (ROLE_PRODUCER, ROLE_CONSUMER, ROLE_ADMIN)):
+        try:
+            role = _int(role, "role")
+        except TypeError:
+            pass  # (said below, as a value out of range is)
+        if type(role) is not int or role not in (ROLE_PRODUCER, ROLE_CONSUMER, ROLE_ADMIN):
             why = "role must be ROLE_PRODUCER, ROLE_CONSUMER or ROLE_ADMIN, not %r" % (role,)
         elif role != ROLE_ADMIN and not model:
             why = "a producer or consumer needs a model name"
@@ -623,7 +668,12 @@ class Client:
                 continue
             # (The socket is a path: str, bytes or os.PathLike, encoded as
             # the file system's names are.)
-            b = _cstr(val, what, path=what == "socket", check=False)
+            try:
+                b = _cstr(val, what, path=what == "socket", check=False)
+            except ValueError as e:
+                # (Not UTF-8: refused as libwex refuses such bytes.)
+                why = why or str(e)
+                continue
             enc[what] = b
             if why is None and len(b) >= limit:
                 why = "%s must be under %d bytes: %r" % (what, limit, val)
@@ -636,7 +686,7 @@ class Client:
         # A signal ends a wait for wexd (-EINTR): Python runs its handler
         # once the call returns (see _call_wait), not a timeout later.
         p.flags = CLIENT_EINTR | (0 if watch else CLIENT_NO_WATCH)
-        p.role = operator.index(role)
+        p.role = role
         p.rank = rank
         p.world_size = world_size
         self._keep = []  # the encoded strings must outlive the call
@@ -763,13 +813,14 @@ class Client:
                 self._views.append([weakref.ref(obj)] + list(view))
         weakref.finalize(obj, self._untrack)
 
-    def _stale_views(self):
+    def _stale_views(self, keep=False):
         """After a sync: the view tensors alive whose memory that sync
         unmapped or moved (it fetched the producers' segments again: they
         registered again, a producer or wexd restarted).  Reading one
         would crash the process (SIGSEGV): host memory no longer mapped
         gets private zero pages in its place, unmapped once the last
-        tensor over it is gone.  Returns their names."""
+        tensor over it is gone.  Returns their names; keep: they stay
+        listed, for the next call to return."""
         with self._live_lock:
             self._views = [v for v in self._views if v[0]() is not None]
             views = list(self._views)
@@ -784,7 +835,7 @@ class Client:
                 continue
             stale.append(name)
             with self._live_lock:
-                if entry in self._views:
+                if entry in self._views and not keep:
                     self._views.remove(entry)
             obj = ref()
             if host and obj is not None:
@@ -1010,7 +1061,9 @@ class Client:
         tensors of an earlier torch_util.view_tensors are alive (their
         memory is unmapped: reading them would crash the process), it
         raises WexError ESTALE naming them, with the completed sync's
-        result as ``.result`` (host ones read zeros from then on)."""
+        result as ``.result`` (host ones read zeros from then on); where
+        the sync that fetched raised instead (Ctrl-C, a timeout), the
+        next one that completes raises so."""
         res = SyncResult()
         mode = _c_int(mode, "mode", _SYNC_MODES)
         if mode & ~SYNC_VERIFY not in (SYNC_COPY, SYNC_REMAP_VIEW, SYNC_REMAP_FIXED):
@@ -1019,14 +1072,24 @@ class Client:
         if verify:
             mode |= SYNC_VERIFY
         minv = _uint(min_version, 64, "min_version")
+        tmo = _uint(timeout_ms, 32, "timeout_ms")
         try:
-            self._call_wait("sync", self._lib.wex_sync, _uint(timeout_ms, 32, "timeout_ms"),
+            self._call_wait("sync", self._lib.wex_sync, tmo,
                             lambda t: (mode, minv, t, ctypes.byref(res)))
-        finally:
-            stale = self._stale_views() if self._views and self._h is not None else []
+        except BaseException:
+            # (A sync that fetched and then failed, or that Ctrl-C's
+            # KeyboardInterrupt ended as it returned: the views it
+            # unmapped get their zero pages now, and the next sync that
+            # completes names them.  They were forgotten here: read as
+            # zeros from then on, never told.)
+            if self._views and self._h is not None:
+                self._stale_views(keep=True)
+            raise
+        stale = self._stale_views() if self._views and self._h is not None else []
         if stale:
-            e = WexError(errno.ESTALE, "sync: version %d synced, but it fetched the producers' "
-                         "memory again (they registered again, a producer or wexd "
+            e = WexError(errno.ESTALE, "sync: version %d synced, but it (or an earlier sync "
+                         "that raised) fetched the producers' memory again (they "
+                         "registered again, a producer or wexd "
                          "restarted, or attach() since the last fetch): %d tensor(s) from "
                          "an earlier view_tensors (%s) no longer show it (host ones read "
                          "zeros now); take them again with view_tensors" % (res.version, len(stale),
