@@ -533,6 +533,12 @@ class TorchGlue(WexdProducerCase):
             self.assertEqual(e.exception.code, errno.EINVAL)
             self.assertIn("tensor '%s' %s" % (name, str(glue.exception)[len(name) + 1:]),
                           str(e.exception))
+        # A view PyTorch negates as it reads it (complex.conj().imag): its
+        # memory holds the values unnegated, which a copy would move.
+        neg = torch.complex(torch.zeros(4), torch.ones(4)).conj().imag
+        self.assertTrue(neg.is_neg())
+        with self.assertRaisesRegex(ValueError, "neg is a view PyTorch negates"):
+            torch_util.attach_module(c, [("neg", neg)])
         x = torch.zeros(4, 4)
         # One tensor under two names (tied weights) is taken; another view
         # of the same storage is not.

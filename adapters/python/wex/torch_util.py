@@ -359,6 +359,15 @@ def _named(named_tensors, what):
         if not isinstance(t, torch.Tensor) and not _is_dtensor(t):
             raise TypeError("%s: %s is a %s, not a torch.Tensor"
                             % (what, name, type(t).__name__))
+        # (complex.conj().imag: PyTorch negates or conjugates such a view
+        # as it reads it; wex moves the bytes, which hold the values
+        # before that.)
+        if isinstance(t, torch.Tensor) and (t.is_neg() or t.is_conj()):
+            raise ValueError("%s: %s is a view PyTorch %s as it reads it (its memory holds "
+                             "other values than it shows): wex moves memory, so the peer "
+                             "would get the values unnegated; pass the tensor whose memory "
+                             "holds the values" % (what, name, "negates" if t.is_neg()
+                                                   else "conjugates"))
         out.append((name, t))
     return out
 
