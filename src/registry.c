@@ -2121,7 +2121,19 @@ int wexd_service_waiters(struct wexd *d)
 								 (unsigned long long)((now - c->wait_start_ns) / 1000000),
 								 who);
 				} else {
+					struct cgroup *g = c->group;
+
 					no_producer_hint(d, m, who, sizeof(who));
+					/* Its own group's round holds the producers
+					 * off the version it waits for, until it
+					 * takes the round's: the wait cannot end. */
+					if (g && g->round_open && !g->taken[c->rank] &&
+					    g->round_version < c->wait_version)
+						snprintf(who, sizeof(who),
+							 "; group '%s' has a round open on v%llu that waits for this rank (it did not take v%llu from this wexd) and holds the producers off newer versions: sync with min_version %llu or 0 first",
+							 g->name, (unsigned long long)g->round_version,
+							 (unsigned long long)g->round_version,
+							 (unsigned long long)g->round_version);
 					reply = wex__reply_error(-ETIMEDOUT,
 								 "acquire: no version >= %llu of model '%s' available to group '%s' within %llu ms (published v%llu%s)%s",
 								 (unsigned long long)c->wait_version, m->name,

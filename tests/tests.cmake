@@ -103,6 +103,7 @@ wex_foundation_test(mass_disconnect LOOP TIMEOUT 120)
 wex_foundation_test(shutdown_many LOOP TIMEOUT 120)
 wex_foundation_test(lease_invariants LOOP)
 wex_foundation_test(chaos LOOP LIBS ${WEX_FX_LIBS} TIMEOUT 120)
+wex_foundation_test(sync_stress LOOP LIBS ${WEX_FX_LIBS} Threads::Threads TIMEOUT 60)
 wex_foundation_test(rank_takeover LOOP)
 wex_foundation_test(fork_child LOOP LIBS ${WEX_FX_LIBS})
 # Kernels before 6.5 have no SO_PEERPIDFD: wexd watches clients through

@@ -100,6 +100,28 @@ int main(void)
 		 (unsigned long long)w.got);
 	printf("round_rejoin: rank 1 passed the round its restarted peer opened on v1; "
 	       "begin_write v2 granted, rank 1 got v2\n");
+	/* Rank 0, which never took v2, asks for v3: the round rank 1 opened
+	 * on v2 waits for it, and holds the producers off v3, so the wait
+	 * cannot end.  Its ETIMEDOUT says so (it said only "no version >= 3
+	 * available (published v2)", which points at the trainer), and the
+	 * trainer's EBUSY names the round. */
+	ret = wex_sync(C[0].c, WEX_SYNC_REMAP_VIEW, 3, 300, &res);
+	T_ASSERT(ret == -ETIMEDOUT, "rank 0's sync for v3 while its group's round on v2 waits for "
+		 "it: %s", wex_strerror(ret));
+	T_ASSERT(strstr(wex_last_error(C[0].c), "round open on v2") &&
+		 strstr(wex_last_error(C[0].c), "min_version 2"),
+		 "rank 0's ETIMEDOUT does not say that its group's round on v2 waits for it: %s",
+		 wex_last_error(C[0].c));
+	ret = wex_begin_write(P[0].c, 3, 300);
+	T_ASSERT(ret == -EBUSY, "begin_write v3 while the round on v2 is open: %s",
+		 wex_strerror(ret));
+	printf("round_rejoin: %s\n", wex_last_error(C[0].c));
+	printf("round_rejoin: trainer: %s\n", wex_last_error(P[0].c));
+	T_WEX(C[0].c, wex_sync(C[0].c, WEX_SYNC_REMAP_VIEW, 2, 5000, &res));
+	T_ASSERT(res.version == 2, "rank 0 got v%llu, not v2", (unsigned long long)res.version);
+	T_WEX(C[0].c, wex_release(C[0].c));
+	T_WEX(C[1].c, wex_release(C[1].c));
+	T_WEX(P[0].c, wex_begin_write(P[0].c, 3, 3000)); /* the round closed */
 	for (uint32_t r = 0; r < 2; r++) {
 		t_cons_close(&C[r]);
 		t_prod_close(&P[r]);
