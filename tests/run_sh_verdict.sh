@@ -2,7 +2,7 @@
 # tests/run_sh_verdict.sh SRC - tests/run.sh's last line never counts a
 # skipped test as passed: CTest prints "100% tests passed" and exits 0
 # when tests skip (exit 77), so run.sh must say how many skipped itself.
-# run.sh runs in a scratch tree with cmake, ctest and dpkg-query stubbed:
+# run.sh runs in a scratch tree with cmake, ctest and dpkg-query replaced by fakes:
 # each build's ctest reports one test passed and two skipped.
 set -eu
 SRC=$1

@@ -146,6 +146,6 @@ endif()
 wex_foundation_test(unread_replies LOOP LIBS ${WEX_FX_LIBS})
 
 # tests/run.sh's verdict names the skipped tests' count (a skip is never
-# a pass), with cmake and ctest stubbed.
+# a pass), with cmake and ctest replaced by fakes.
 add_test(NAME run_sh_verdict COMMAND sh ${CMAKE_SOURCE_DIR}/tests/run_sh_verdict.sh ${CMAKE_SOURCE_DIR})
 set_tests_properties(run_sh_verdict PROPERTIES TIMEOUT 60)
