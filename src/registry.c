@@ -744,6 +744,23 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 	return json_pack("{s:b, s:i}", "ok", 1, "segment", r->nsegs++);
 }
 
+/* The same with the count unpacked (t, n; freed when refused): a memfd
+ * still unsealed when its size was read could have grown before its
+ * seals were checked. */
+static json_t *table_room_n(struct wexd *d, const char *op, struct wex_tensor *t, size_t n,
+			    size_t drop)
+{
+	uint64_t limit;
+
+	if (wexd_table_room(d, drop * sizeof(*t), n * sizeof(*t), &limit) == 0)
+		return NULL;
+	free(t);
+	return wex__reply_error(-ENOMEM,
+				"%s: a table of %zu tensors (%zu bytes in wexd) would take the tensor tables wexd holds (%llu bytes) past max_table_bytes (%llu)",
+				op, n, n * sizeof(*t), (unsigned long long)d->table_bytes,
+				(unsigned long long)limit);
+}
+
 /* Refuses (NULL: room enough) a tensor table in fd that, unpacked in
  * place of `drop` tensors held now, would take wexd past max_table_bytes:
  * counted from the memfd's size before anything is read or allocated. */
@@ -785,6 +802,8 @@ json_t *wexd_register_tensors(struct wexd *d, struct conn *c, json_t *req, int *
 	ret = wex__table_unpack(fds[0], &t, NULL, &n, err, sizeof(err));
 	if (ret < 0)
 		return wex__reply_error(ret, "register_tensors: %s", err);
+	if ((full = table_room_n(d, "register_tensors", t, n, r->nt)))
+		return full;
 	for (size_t i = 0; i < n; i++) {
 		uint64_t span, end;
 
@@ -1444,6 +1463,8 @@ json_t *wexd_attach(struct wexd *d, struct conn *c, json_t *req, int *fds, int n
 		ret = wex__table_unpack(fds[0], &t, NULL, &n, err, sizeof(err));
 		if (ret < 0)
 			return wex__reply_error(ret, "attach: %s", err);
+		if ((e = table_room_n(d, "attach", t, n, c->nlayout)))
+			return e;
 	}
 	free(c->layout);
 	d->table_bytes += n * sizeof(*t) - c->nlayout * sizeof(*c->layout);
