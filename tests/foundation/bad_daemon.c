@@ -410,30 +410,52 @@ static void *ticker(void *arg)
 	return NULL;
 }
 
+/* A listener at dir/name whose queue of connections is full (backlog 0,
+ * one connection waiting in it): a hung wexd, which accepts nothing. */
+struct full_queue {
+	struct sockaddr_un sa;
+	int lfd, filler;
+};
+
+static void full_queue_open(struct full_queue *q, const char *dir, const char *name)
+{
+	q->sa = (struct sockaddr_un){ .sun_family = AF_UNIX };
+	snprintf(q->sa.sun_path, sizeof(q->sa.sun_path), "%s/%s", dir, name);
+	q->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	T_ASSERT(q->lfd >= 0 && bind(q->lfd, (struct sockaddr *)&q->sa, sizeof(q->sa)) == 0 &&
+			 listen(q->lfd, 0) == 0,
+		 "a listener with no room: %s", strerror(errno));
+	q->filler = wex_sock_connect(q->sa.sun_path);
+	T_ASSERT(q->filler >= 0, "filling the queue: %s", strerror(-q->filler));
+}
+
+static void full_queue_close(struct full_queue *q)
+{
+	close(q->filler);
+	close(q->lfd);
+	unlink(q->sa.sun_path);
+}
+
 /* A wexd that accepts nothing, its queue full: opening a client fails
  * with -EAGAIN once the timeout and the reply margin (5 s) passed,
  * instead of waiting for room for ever, signals handled meanwhile or not. */
 static void hung_queue(const char *dir, int ticks)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct full_queue q;
 	struct wex_client_params p = {
 		.field_mask = WEX_CLIENT_FIELD_SOCKET | WEX_CLIENT_FIELD_ROLE |
 			      WEX_CLIENT_FIELD_MODEL | WEX_CLIENT_FIELD_TIMEOUT,
-		.socket = sa.sun_path,
+		.socket = q.sa.sun_path,
 		.role = WEX_ROLE_CONSUMER,
 		.model = "bad",
 		.timeout_ms = 200,
 	};
-	int lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), filler, ret, st;
 	wex_client_t *c = NULL;
 	double t0;
+	int ret, st;
 	pid_t pid;
 
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/hung.sock", dir);
-	T_ASSERT(lfd >= 0 && bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(lfd, 0) == 0,
-		 "a listener with no room: %s", strerror(errno));
-	filler = wex_sock_connect(sa.sun_path);
-	T_ASSERT(filler >= 0, "filling the queue: %s", strerror(-filler));
+	full_queue_open(&q, dir, "hung.sock");
 	fflush(stdout);
 	pid = t_fork();
 	if (pid == 0) {
@@ -460,9 +482,7 @@ static void hung_queue(const char *dir, int ticks)
 	st = t_wait(pid);
 	T_ASSERT(st == 0, "the client against a full queue %s %d", st > 128 ? "died of signal" : "exited",
 		 st > 128 ? st - 128 : st);
-	close(filler);
-	close(lfd);
-	unlink(sa.sun_path);
+	full_queue_close(&q);
 }
 
 /* SIGCHLD every 100 ms for a second (a signal that ends no wait), then
@@ -485,27 +505,23 @@ static void *chld_then_usr2(void *arg)
  * which ends no wait, does not. */
 static void hung_queue_eintr(const char *dir)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct full_queue q;
 	struct wex_client_params p = {
 		.field_mask = WEX_CLIENT_FIELD_SOCKET | WEX_CLIENT_FIELD_ROLE |
 			      WEX_CLIENT_FIELD_MODEL | WEX_CLIENT_FIELD_TIMEOUT |
 			      WEX_CLIENT_FIELD_FLAGS,
-		.socket = sa.sun_path,
+		.socket = q.sa.sun_path,
 		.role = WEX_ROLE_CONSUMER,
 		.model = "bad",
 		.timeout_ms = 10000,
 		.flags = WEX_CLIENT_EINTR,
 	};
-	int lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), filler, ret, st;
 	wex_client_t *c = NULL;
 	double t0, t;
+	int ret, st;
 	pid_t pid;
 
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/hung-eintr.sock", dir);
-	T_ASSERT(lfd >= 0 && bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(lfd, 0) == 0,
-		 "a listener with no room: %s", strerror(errno));
-	filler = wex_sock_connect(sa.sun_path);
-	T_ASSERT(filler >= 0, "filling the queue: %s", strerror(-filler));
+	full_queue_open(&q, dir, "hung-eintr.sock");
 	fflush(stdout);
 	pid = t_fork();
 	if (pid == 0) {
@@ -529,9 +545,7 @@ static void hung_queue_eintr(const char *dir)
 	st = t_wait(pid);
 	T_ASSERT(st == 0, "the WEX_CLIENT_EINTR client against a full queue %s %d",
 		 st > 128 ? "died of signal" : "exited", st > 128 ? st - 128 : st);
-	close(filler);
-	close(lfd);
-	unlink(sa.sun_path);
+	full_queue_close(&q);
 }
 
 int main(void)

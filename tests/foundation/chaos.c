@@ -761,17 +761,10 @@ static uint64_t ld(_Atomic uint64_t *x)
 int main(void)
 {
 	struct t_wexd d;
-	const char *e;
 	double secs = 4, t0, next_restart;
 	int base_fds, fds, restarts = 0, pkills = 0, ckills = 0, closes = 0, raws = 0, leases = -1;
 
-	e = getenv("WEX_CHAOS_SEED");
-	seed = e && *e ? strtoull(e, NULL, 0) : (unsigned long long)(t_now() * 1000003.0);
-	e = getenv("WEX_CHAOS_SECS");
-	if (e && *e)
-		secs = strtod(e, NULL);
-	printf("seed %llu (WEX_CHAOS_SEED=%llu replays it), %.1f s\n", seed, seed, secs);
-	fflush(stdout);
+	seed = t_seed("WEX_CHAOS", &secs);
 	snprintf(who, sizeof(who), "schedule");
 	rnd_seed(seed);
 	S = mmap(NULL, sizeof(*S), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);

@@ -34,6 +34,24 @@ double t_now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+unsigned long long t_seed(const char *prefix, double *secs)
+{
+	char var[64];
+	const char *e;
+	unsigned long long seed;
+
+	snprintf(var, sizeof(var), "%s_SEED", prefix);
+	e = getenv(var);
+	seed = e && *e ? strtoull(e, NULL, 0) : (unsigned long long)(t_now() * 1000003.0);
+	snprintf(var, sizeof(var), "%s_SECS", prefix);
+	e = getenv(var);
+	if (e && *e)
+		*secs = strtod(e, NULL);
+	printf("seed %llu (%s_SEED=%llu replays it), %.1f s\n", seed, prefix, seed, *secs);
+	fflush(stdout);
+	return seed;
+}
+
 void t_track_child(pid_t pid)
 {
 	/* A slot freed by t_wait first: a test that restarts its children

@@ -156,6 +156,11 @@ static inline uint32_t t_rand(uint64_t *state, uint32_t n)
 	return (uint32_t)(*state % n);
 }
 
+/* A seeded randomized test's seed and length: $<prefix>_SEED (replays a
+ * schedule) else one from the clock, $<prefix>_SECS else `secs`; printed
+ * with how to replay it. */
+unsigned long long t_seed(const char *prefix, double *secs);
+
 /* One status request on a fresh connection (new reference). */
 json_t *t_status(const char *sock);
 /* Asserts that status reports the backend named by $WEX_IO (if set). */

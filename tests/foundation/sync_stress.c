@@ -513,17 +513,10 @@ static void kill_child(const char *sock, struct child *ch)
 int main(void)
 {
 	struct t_wexd d;
-	const char *e;
 	double secs = 8, t0;
 	int kills = 0, leases = -1;
 
-	e = getenv("WEX_STRESS_SEED");
-	seed = e && *e ? strtoull(e, NULL, 0) : (unsigned long long)(t_now() * 1000003.0);
-	e = getenv("WEX_STRESS_SECS");
-	if (e && *e)
-		secs = strtod(e, NULL);
-	printf("seed %llu (WEX_STRESS_SEED=%llu replays it), %.1f s\n", seed, seed, secs);
-	fflush(stdout);
+	seed = t_seed("WEX_STRESS", &secs);
 	snprintf(who, sizeof(who), "schedule");
 	rnd_seed(seed);
 	S = mmap(NULL, sizeof(*S), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);

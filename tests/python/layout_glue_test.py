@@ -136,6 +136,49 @@ def producer():
         c.close()
 
 
+class MegatronChunk(torch.nn.Module):
+    """One of Megatron's model chunks as get_model returns them: DDP around
+    Float16Module around a GPTModel chunk, its parameters named
+    module.module.*; a router's expert_bias is a buffer (and so is its
+    local_tokens_per_expert, which the layout does not have)."""
+
+    def __init__(self, named):
+        super().__init__()
+        self.named = named
+
+    def named_parameters(self):
+        return iter(("module.module." + n, t) for n, t in self.named
+                    if not n.endswith("expert_bias"))
+
+    def named_buffers(self):
+        return iter([("module.module." + n, t) for n, t in self.named
+                     if n.endswith("expert_bias")] +
+                    [("module.module.decoder.layers.1.mlp.router."
+                      "local_tokens_per_expert", torch.zeros(4))])
+
+
+class TableClient:
+    """A producer client that keeps the table TrainerRank registers."""
+
+    def register_tensors(self, table):
+        self.table = table
+
+
+def chunk_tensors(lay, chunks, buf):
+    """Layout rank 0's tensors over buf, 64 bytes apart, as `chunks` lists
+    of (name, tensor) under each chunk's own names (model{v}. taken off
+    where there are several)."""
+    named = [[] for _ in range(chunks)]
+    at = 0
+    for name, dt, shape, _ in lay.rank(0):
+        t = torch.zeros(shape, dtype=torch_util.torch_dtype(dt))
+        v, local = (int(name[5]), name[7:]) if chunks > 1 else (0, name)
+        t = buf[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+        at += t.numel() * t.element_size() + 64
+        named[v].append((local, t))
+    return named
+
+
 class LayoutGlue(WexdProducerCase):
     @classmethod
     def setUpClass(cls):
@@ -385,28 +428,6 @@ class LayoutGlue(WexdProducerCase):
         buf = torch.zeros(1 << 20, dtype=torch.uint8)
         segs = [(1, buf.data_ptr(), buf.numel())]
 
-        class Chunk(torch.nn.Module):
-            # Megatron's DDP around Float16Module around a GPTModel chunk;
-            # a router's expert_bias is a buffer (and so is its
-            # local_tokens_per_expert, which the layout does not have).
-            def __init__(self, named):
-                super().__init__()
-                self.named = named
-
-            def named_parameters(self):
-                return iter(("module.module." + n, t) for n, t in self.named
-                            if not n.endswith("expert_bias"))
-
-            def named_buffers(self):
-                return iter([("module.module." + n, t) for n, t in self.named
-                             if n.endswith("expert_bias")] +
-                            [("module.module.decoder.layers.1.mlp.router."
-                              "local_tokens_per_expert", torch.zeros(4))])
-
-        class TableClient:
-            def register_tensors(self, table):
-                self.table = table
-
         moe = os.path.join(d, "moe.json")
         with open(moe, "w") as f:
             json.dump({"model_type": "deepseek_v3", "hidden_size": 16, "num_hidden_layers": 4,
@@ -418,17 +439,10 @@ class LayoutGlue(WexdProducerCase):
         for spec, chunks, config in (("megatron:pp=2,vpp=2", 2, cfg), ("megatron:pp=2", 1, cfg),
                                      ("megatron:pp=2,vpp=2", 2, moe)):
             lay = wex.Layout(config, spec)
-            named = [[] for _ in range(chunks)]
-            at = 0
-            for name, dt, shape, _ in lay.rank(0):
-                t = torch.zeros(shape, dtype=torch_util.torch_dtype(dt))
-                v, local = (int(name[5]), name[7:]) if chunks > 1 else (0, name)
-                t = buf[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-                at += t.numel() * t.element_size() + 64
-                named[v].append((local, t))
+            named = chunk_tensors(lay, chunks, buf)
             c = TableClient()
-            tr = wex.trainer.TrainerRank("m", [Chunk(n) for n in named], rank=0, world_size=2,
-                                         layout=lay, client=c, segments=segs,
+            tr = wex.trainer.TrainerRank("m", [MegatronChunk(n) for n in named], rank=0,
+                                         world_size=2, layout=lay, client=c, segments=segs,
                                          strip_prefix=("module.module.", "module."))
             want = sorted(p.name for _, _, _, ps in lay.rank(0) for p in ps)
             self.assertEqual(sorted(t.name for t in c.table), want, spec)
@@ -464,36 +478,17 @@ class LayoutGlue(WexdProducerCase):
         segs = [(1, buf.data_ptr(), buf.numel())]
         extra = torch.zeros(64, dtype=torch.bfloat16)
 
-        class Chunk(torch.nn.Module):
-            # DDP around Float16Module; the last chunk with a parameter
-            # the layout does not have (a multi-token-prediction layer).
-            def __init__(self, named):
-                super().__init__()
-                self.named = named
-
-            def named_parameters(self):
-                return iter([("module.module." + n, t) for n, t in self.named])
-
-        class TableClient:
-            def register_tensors(self, table):
-                self.table = table
-
         for spec, chunks in (("megatron:pp=2,vpp=2", 2), ("megatron:pp=2", 1)):
             lay = wex.Layout(cfg, spec)
-            named = [[] for _ in range(chunks)]
-            at = 0
-            for name, dt, shape, _ in lay.rank(0):
-                t = torch.zeros(shape, dtype=torch_util.torch_dtype(dt))
-                v, local = (int(name[5]), name[7:]) if chunks > 1 else (0, name)
-                t = buf[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-                at += t.numel() * t.element_size() + 64
-                named[v].append((local, t))
+            named = chunk_tensors(lay, chunks, buf)
+            # The last chunk with a parameter the layout does not have (a
+            # multi-token-prediction layer).
             named[-1].append(("mtp.layers.0.enorm.weight", extra))
             want = sorted(p.name for _, _, _, ps in lay.rank(0) for p in ps)
             for ignore in ("module.module.mtp.*", "mtp.*"):
                 c = TableClient()
                 tr = wex.trainer.TrainerRank(
-                    "m", [Chunk(n) for n in named], rank=0, world_size=2, layout=lay,
+                    "m", [MegatronChunk(n) for n in named], rank=0, world_size=2, layout=lay,
                     client=c, segments=segs, ignore=(ignore,),
                     strip_prefix=(p for p in ("module.module.", "module.")))
                 self.assertEqual(sorted(t.name for t in c.table), want, (spec, ignore))
