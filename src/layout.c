@@ -1303,6 +1303,13 @@ int wex__layout_parse(const char *s, struct wex_layout_spec *spec, char *err, si
 			       (int)(end - p), p, s, param_keys(keys, sizeof(keys)));
 			return -EINVAL;
 		}
+		/* A parallel size of 0 is refused here, with the spec's other
+		 * slips, rather than when the layout is planned. */
+		if (v == 0 && (k == P_TP || k == P_PP || k == P_DP || k == P_FSDP || k == P_VPP)) {
+			seterr(err, errlen, "layout parameter %s must be at least 1 in \"%s\"", key,
+			       s);
+			return -EINVAL;
+		}
 		/* (A key given twice is a slip, not an override.) */
 		if (spec->set[k]) {
 			seterr(err, errlen, "layout parameter %s given twice in \"%s\"", key, s);

@@ -161,6 +161,7 @@ static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 {
 	const char *cmd = argv[0];
 	char missing[64] = "";
+	int seen_rank = 0, seen_shard = 0, seen_progress = 0;
 
 	memset(o, 0, sizeof(*o));
 	o->rank = -1;
@@ -188,6 +189,10 @@ static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 		} else if (!strcmp(a, "--rank")) {
 			char *end;
 
+			if (seen_rank++) {
+				fprintf(stderr, "wexctl %s: %s given twice\n", cmd, a);
+				return -1;
+			}
 			if (i + 1 >= argc) {
 				fprintf(stderr, "wexctl %s: %s needs a value\n", cmd, a);
 				return -1;
@@ -209,6 +214,10 @@ static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 					cmd, a);
 				return -1;
 			}
+			if (seen_shard++) {
+				fprintf(stderr, "wexctl %s: %s given twice\n", cmd, a);
+				return -1;
+			}
 			if (i + 1 >= argc) {
 				fprintf(stderr, "wexctl %s: %s needs a value\n", cmd, a);
 				return -1;
@@ -228,6 +237,10 @@ static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 			if (!npos) {
 				fprintf(stderr, "wexctl %s: %s is an option of wexctl convert only\n",
 					cmd, a);
+				return -1;
+			}
+			if (seen_progress++) {
+				fprintf(stderr, "wexctl %s: %s given twice\n", cmd, a);
 				return -1;
 			}
 			if (!v) {
@@ -262,6 +275,13 @@ static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 		}
 		if (i + 1 >= argc) {
 			fprintf(stderr, "wexctl %s: %s needs a value\n", cmd, a);
+			return -1;
+		}
+		/* Given twice is a slip (two commands pasted together), not an
+		 * override: taking the last would plan from the wrong file. */
+		if (*dst) {
+			fprintf(stderr, "wexctl %s: %s given twice ('%s' and '%s')\n", cmd, a, *dst,
+				argv[i + 1]);
 			return -1;
 		}
 		*dst = argv[++i];

@@ -8,15 +8,16 @@
  * (described for its MoE models only), SGLang's DeepEP layout (a2a:
  * DeepSeek only, ep = tp, no fuse_shared; on DeepSeek-V3's own config) and
  * replicated embedding (embed_rep: under dp_attention only), Megatron's virtual pipeline (24
- * layers in pp*vpp = 16 chunks, vpp without pp or with first/last, vpp=0,
- * vpp on vLLM); and that unknown engines,
+ * layers in pp*vpp = 16 chunks, vpp without pp or with first/last,
+ * vpp on vLLM); that tp, pp, dp, fsdp or vpp of 0 is refused when the spec is
+ * read; and that unknown engines,
  * unknown parameters and configs of unknown families are refused; and that
  * config values that are not sizes (4.9 heads, negative, a string, past
  * 2^40, a tensor past 2^48 bytes, expressions that overflow) are refused
  * naming the key or the tensor, never truncated or left to wrap; that 0
  * heads is named as the reason head_dim cannot be derived; that the fsdp
  * engine (FSDP2) refuses the keys it does not take (tp, pp, ep, etp,
- * stages) and fsdp=0, and engines other than fsdp refuse fsdp=; that layer
+ * stages), and engines other than fsdp refuse fsdp=; that layer
  * or expert counts giving millions of tensors are refused at load; and that
  * checkpoints of a family's model_type whose tensors it does not describe
  * (AWQ and other non-fp8 quantization, Llama's mlp_bias, a reward head or
@@ -115,7 +116,15 @@ int main(void)
 	bad("fsdp:pp=2", "engine fsdp has no parameter pp");
 	bad("fsdp:fsdp=2,ep=2", "engine fsdp has no parameter ep");
 	bad("fsdp:etp=2", "engine fsdp has no parameter etp");
-	bad("fsdp:fsdp=0", "fsdp (ranks a tensor is sharded over) must be at least 1, not 0");
+	/* A parallel size of 0 is refused when the spec is read (wexctl's
+	 * exit 2, with the spec's other slips), not when it is planned. */
+	for (const char *const *z = (const char *const[]){ "fsdp:fsdp=0", "vllm:tp=0",
+							   "vllm:pp=0", "vllm:tp=2,dp=0",
+							   "megatron:pp=2,vpp=0", NULL };
+	     *z; z++)
+		CHECK(wex__layout_parse(*z, &s, err, sizeof(err)) == -EINVAL &&
+			      strstr(err, "must be at least 1") && strstr(err, *z),
+		      "%s: %s", *z, err);
 	bad("vllm:tp=2,fsdp=2", "engine vllm has no parameter fsdp");
 	bad("hf:fsdp=2", "engine hf has no parameter fsdp");
 	bad("fsdp:fsdp=8192,dp=4096", "too many ranks");
@@ -133,7 +142,6 @@ int main(void)
 	bad("megatron_grouped:tp=2,pp=5,vpp=2", "24 layers");
 	bad("megatron:tp=2,vpp=2", "vpp=2 needs pp > 1 (pp=1)");
 	bad("megatron:tp=2,pp=4,vpp=2,first=4,last=4", "vpp=2 with first=4, last=4");
-	bad("megatron:pp=2,vpp=0", "vpp=0");
 	bad("vllm:tp=2,pp=2,vpp=2", "engine vllm has no parameter vpp");
 	/* And good ones pass. */
 	CHECK(wex__layout_parse("vllm:tp=14", &s, err, sizeof(err)) == 0, "%s", err);

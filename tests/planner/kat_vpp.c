@@ -26,6 +26,8 @@
  *   vpp with first/last (not described here), vpp=0, and vpp given to an
  *   engine without it (vllm, sglang, hf).
  */
+#include <errno.h>
+
 #include "kat_common.h"
 
 #define CFG(N) "{\"model_type\":\"llama\",\"hidden_size\":8,\"num_hidden_layers\":" #N "," \
@@ -262,7 +264,15 @@ int main(void)
 	refused(CFG(8), "megatron_grouped:pp=2,vpp=8", "8 layers", "16 model chunks");
 	refused(CFG(12), "megatron:pp=3,vpp=2,first=2", "vpp=2", "first=2");
 	refused(CFG(12), "megatron:pp=3,vpp=2,last=4", "vpp=2", "last=4");
-	refused(CFG(8), "megatron:pp=2,vpp=0", "vpp=0", "at least 1");
+	{
+		/* vpp=0 is refused when the spec is read, as tp=0 is. */
+		struct wex_layout_spec sp;
+		char err[256] = "";
+
+		CHECK(wex__layout_parse("megatron:pp=2,vpp=0", &sp, err, sizeof(err)) == -EINVAL &&
+			      strstr(err, "vpp must be at least 1"),
+		      "vpp=0: %s", err);
+	}
 	refused(CFG(8), "vllm:pp=2,vpp=2", "vllm", "no parameter vpp");
 	refused(CFG(8), "sglang:vpp=1", "sglang", "no parameter vpp");
 	refused(CFG(8), "hf:vpp=1", "hf", "no parameter vpp");

@@ -60,6 +60,15 @@ expect 2 "plan: --to: bad engine \"../families/llama\"" plan --config "$CFG" --f
 expect 2 "plan: --from: bad layout parameter \"tp=\"" plan --config "$CFG" --from megatron:tp= --to hf
 expect 2 "convert: --to: bad layout parameter \"pp=x\"" convert --config "$CFG" --from hf --to vllm:pp=x a b
 expect 2 "plan: --to: layout parameter tp given twice" plan --config "$CFG" --from hf --to vllm:tp=2,tp=4
+expect 2 "plan: --to: layout parameter tp must be at least 1 in \"vllm:tp=0\"" plan --config "$CFG" --from hf --to vllm:tp=0
+expect 2 "convert: --from: layout parameter fsdp must be at least 1" convert --config "$CFG" --from fsdp:fsdp=0 --to hf a b
+# An option given twice (two commands pasted together) is refused, not
+# taken from the last: plan would have read the second config silently.
+expect 2 "plan: --config given twice ('$CFG' and '$TMP/none')" plan --config "$CFG" --config "$TMP/none" --from hf --to hf
+expect 2 "plan: --from given twice" plan --config "$CFG" --from hf --from vllm:tp=2 --to hf
+expect 2 "plan: --rank given twice" plan --config "$CFG" --from hf --to vllm:tp=2 --rank 0 --rank 1
+expect 2 "convert: --progress given twice" convert --config "$CFG" --from hf --to hf --progress never --progress always a b
+expect 2 "convert: --max-shard-size given twice" convert --config "$CFG" --from hf --to hf --max-shard-size 1GB --max-shard-size 2GB a b
 expect 2 "plan: unexpected argument 'extra'" plan --config "$CFG" --from hf --to hf extra
 expect 2 "convert: missing IN OUTDIR" convert --config "$CFG" --from hf --to hf "$TMP/in"
 expect 2 "convert: unexpected argument 'more'" convert --config "$CFG" --from hf --to hf a b more
