@@ -272,10 +272,10 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 			state = "not-asked";
 		else if (c && c->verify_done >= ticket)
 			state = "done";
+		else if (!c)
+			state = "absent"; /* no engine there, the ask standing or not */
 		else if (now >= g->verify_until_ns && !comparing)
 			state = "expired"; /* no sync answered it in time */
-		else if (!c)
-			state = "absent";
 		else
 			state = "pending";
 		o = json_pack("{s:i, s:i, s:s, s:I}", "rank", (int)i, "pid", c ? (int)c->pid : 0,
@@ -293,7 +293,7 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 }
 
 /* Where the ranks of a group an ask stands for, gone for now, stand on
- * `ticket`: every one absent (or the ask expired). */
+ * `ticket`: every one absent, the ask standing or not. */
 static json_t *gone_state(const struct verify_stand *s, uint64_t ticket)
 {
 	struct cgroup gone = { .world = s->world, .verify_ticket = s->ticket,
@@ -310,7 +310,7 @@ static json_t *orphan_poll(struct wexd *d, const char *model, const char *group,
 	json_t *groups = NULL;
 
 	/* (Matched before the expired are pruned: an ask that just stopped
-	 * standing reads as expired, not as no model.) */
+	 * standing reads as its ranks absent, not as no model.) */
 	for (struct verify_stand *s = d->verify_orphans; s; s = s->next) {
 		if (strcmp(s->model, model) || (group && strcmp(s->group, group)) ||
 		    s->ticket < ticket)

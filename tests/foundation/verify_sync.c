@@ -455,6 +455,29 @@ static void shard_offset_check(void)
 	t_cons_close(&h[1]);
 }
 
+/* A two-rank group whose rank 1 never connected: once the ask stops
+ * standing, rank 0 (connected, no sync) shows expired, and rank 1 shows
+ * absent, "no engine connected as this rank", not expired with "no sync
+ * while the ask stood (serves v0)" as if an engine were there. */
+static void absent_rank_check(void)
+{
+	struct t_cons h;
+	char out[400];
+	const char *line;
+	int ret;
+
+	snprintf(out, sizeof(out), "%s/wexctl-lone.out", d.dir);
+	t_cons_open_from(&h, MODEL, "lone", "tiny", 0, 2, 0);
+	ret = wexctl_run(out, (const char *const[]){ "verify", MODEL, "--group", "lone",
+						    "--timeout", "0.3", NULL });
+	line = strstr(slurp(out), "\nlone             1 ");
+	T_ASSERT(ret == 4 && strstr(slurp(out), "\nlone             0 ") &&
+			 strstr(strstr(slurp(out), "\nlone             0 "), "expired") && line &&
+			 strstr(line, "absent") && strstr(line, "no engine connected as this rank"),
+		 "a rank never connected, after the ask stood: exit %d: %s", ret, slurp(out));
+	t_cons_close(&h);
+}
+
 static void wexctl_checks(struct t_cons *k)
 {
 	char out[400];
@@ -695,6 +718,7 @@ int main(int argc, char **argv)
 	forged_answer_check();
 	comparing_check();
 	shard_offset_check();
+	absent_rank_check();
 	wexctl_checks(&k);
 	t_cons_close(&k);
 	t_prod_close(&p);
