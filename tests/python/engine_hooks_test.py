@@ -1425,6 +1425,66 @@ class EngineHooks(WexdProducerCase):
             self.assert_holds(params_of(models[k]), "sglang", k)
         self.assertEqual(len(wex.sglang.check(MODEL, "sg-post", v, world_size=2)), 2)
 
+    def test_sglang_load_weights_elsewhere(self):
+        """SGLang's other weight updates (update_weights_from_disk,
+        _from_distributed, _from_tensor with another load_format) write
+        through model.load_weights into the attached parameters in place:
+        the rank forgets its version at once (check() no longer counts
+        it), and the next request copies the whole version again instead
+        of nothing (it served the other weights as the version before)."""
+        models, load = self.sglang_ranks()
+        for m in models:
+            def load_weights(weights, m=m):  # as update_weights_from_disk does
+                for _ in weights:
+                    pass
+                scribble(m, 5)
+            m.load_weights = load_weights
+        v = self.next_version()
+        req = wex.sglang.request(MODEL, group="sg-reload", min_version=v)
+        for k in range(2):
+            self.addCleanup(load, k, wex.sglang.request(MODEL, group="sg-reload", detach=True))
+            self.assertEqual(load(k, req)["changed"], 1)
+        self.assertEqual(len(wex.sglang.check(MODEL, "sg-reload", v, world_size=2)), 2)
+        set_par(tp=(2, 0))
+        models[0].load_weights([("model.embed_tokens.weight", torch.zeros(1))])
+        self.assertTrue(all_equal(models[0], 5))
+        with self.assertRaises(RuntimeError) as e:
+            wex.sglang.check(MODEL, "sg-reload", v)
+        self.assertIn("rank 0 at version 0", str(e.exception))
+        r = load(0, req)
+        self.assertEqual((r["version"], r["changed"], r.get("post_load")), (v, 1, True))
+        self.assert_holds(params_of(models[0]), "sglang", 0)
+        self.assertEqual(len(wex.sglang.check(MODEL, "sg-reload", v, world_size=2)), 2)
+        self.assertEqual(load(1, req)["changed"], 0)  # rank 1 was not reloaded
+        # Detached and attached again: wrapped once, still seen.
+        load(0, wex.sglang.request(MODEL, group="sg-reload", detach=True))
+        self.assertEqual(load(0, req)["changed"], 1)
+        models[0].load_weights([])
+        self.assertEqual(load(0, req)["changed"], 1)
+        self.assert_holds(params_of(models[0]), "sglang", 0)
+        # A load that replaced a parameter (as process_weights_after_loading
+        # may): the rank cannot be attached again as it was; it is
+        # detached, so check() does not count it served.
+        def replacing(weights, m=models[1]):
+            scribble(m, 5)
+            emb = m.model.embed_tokens
+            emb.weight = torch.nn.Parameter(emb.weight.detach().clone(), requires_grad=False)
+        held = wex.sglang._ranks[id(models[1])]
+        models[1].load_weights = replacing  # wrapped as the attach would have
+        wex.sglang._watch_load_weights(models[1])
+        set_par(tp=(2, 1))
+        with self.assertLogs("wex.sglang", "WARNING") as logs:
+            models[1].load_weights([])
+        self.assertIn("detached this rank", "\n".join(logs.output))
+        self.assertNotIn(id(models[1]), wex.sglang._ranks)
+        self.assertIsNone(held[0].client)
+        with self.assertRaises(RuntimeError) as e:
+            wex.sglang.check(MODEL, "sg-reload", v)
+        self.assertIn("rank 1 not attached", str(e.exception))
+        r = load(1, req)
+        self.assertEqual((r["version"], r["changed"]), (v, 1))
+        self.assert_holds(params_of(models[1]), "sglang", 1)
+
     def test_sglang_dense_ep(self):
         """--ep-size on a dense model (SGLang ignores it) leaves ep out of
         the default spec; a model with experts keeps it."""
@@ -2494,6 +2554,43 @@ class EngineHooks(WexdProducerCase):
         for k in range(2):  # saver.pause not called (it writes 3s)
             self.assert_holds(params_of(models[k]), "sglang", k)
             self.assertEqual(load(k, req2)["changed"], 0)
+
+    def test_sglang_memory_saver_own_instance(self):
+        """SGLang before its memory tags (mid 2025) paused and resumed a
+        TorchMemorySaver() of its own (pause() with no tag), not
+        torch_memory_saver's process-wide instance, which a newer
+        torch_memory_saver also has: those are seen too (a request while
+        released is refused; resumed without a backup, the ranks forget
+        their version and the next request copies it whole), instead of
+        copying nothing into the weights' new memory."""
+        models, load = self.sglang_ranks()
+        tms = types.ModuleType("torch_memory_saver")
+        tms.TorchMemorySaver = MemorySaver
+        tms.torch_memory_saver = MemorySaver([])  # not the one SGLang pauses
+        own = MemorySaver(models)                 # SGLang's _primary_memory_saver
+        sys.modules["torch_memory_saver"] = tms
+        self.addCleanup(sys.modules.pop, "torch_memory_saver")
+        self.addCleanup(setattr, wex.sglang, "_released", None)
+        v = self.next_version()
+        req = wex.sglang.request(MODEL, group="sg-own-saver", min_version=v, post_load=False)
+        for k in range(2):
+            self.addCleanup(load, k, wex.sglang.request(MODEL, group="sg-own-saver",
+                                                        detach=True))
+            self.assertEqual(load(k, req)["changed"], 1)
+        own.pause()
+        for k in range(2):
+            with self.assertLogs("wex.sglang", "ERROR") as logs:
+                self.assertIsNone(load(k, req))
+            self.assertIn("released its weights' memory", logs.output[0])
+            self.assertTrue(all_equal(models[k], 3))  # nothing written
+        own.resume()
+        with self.assertRaises(RuntimeError):
+            wex.sglang.check(MODEL, "sg-own-saver", v)
+        for k in range(2):
+            r = load(k, req)
+            self.assertEqual((r["version"], r["changed"]), (v, 1))
+            self.assert_holds(params_of(models[k]), "sglang", k)
+        self.assertEqual(len(wex.sglang.check(MODEL, "sg-own-saver", v, world_size=2)), 2)
 
     def test_fork_during_sync(self):
         """A child forked while a thread of the parent waits in a sync of an

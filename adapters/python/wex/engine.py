@@ -542,6 +542,24 @@ class EngineRank:
             with self._syncs:
                 self.released_why = None
 
+    def overwritten(self, why):
+        """The engine wrote other weights into the attached parameters in
+        place (a reload of its own, `why`): they are whole, but not the
+        version this rank holds.  forget() at once (so wexd, and
+        check_group, no longer count this rank as holding it), or, where
+        that fails, at the next sync, which copies the whole version
+        again, even one this rank held.  Returns whether it forgot (False:
+        wexd still counts the version; close() the rank where that must
+        not stand).  Never raises."""
+        self._forget_pending = True
+        try:
+            self.forget()
+        except Exception as e:  # the next sync tries again, and raises
+            log.warning("wex: %s: rank %d of %s could not forget its version (%s); the next "
+                        "sync retries", why, self.rank, self.group, e)
+            return False
+        return True
+
     def forget(self):
         """The parameters no longer hold what wex copied into them (the
         engine lost or overwrote their bytes): attaches them again, so

@@ -15,6 +15,11 @@ trainer's newest version into its own parameters in place:
         load_format="wex.sglang.load")
     wex.sglang.check("policy", "rollout0", step)   # raises unless every rank has it
 
+An SGLang with weight-update sessions (2026: /begin_weight_update and
+/end_weight_update) takes update_weights_from_tensor only inside one
+(without it the request is refused, or an assertion stops the server):
+open one before the request, end it after.
+
 The first request of a worker attaches its parameters (SGLang's names:
 qkv_proj, gate_up_proj, w13_weight, a padded vocabulary) as rank
 tp_rank + tp * pp_rank of the layout SGLang's server arguments describe
@@ -30,7 +35,12 @@ as SGLang set them); `layout=` gives another
 spec (",ep=E" only for a model with experts).  Later requests must ask
 for the same model, group and layout.  Each sync enumerates the model's
 parameters again: one the engine replaced or re-allocated since attach
-is refused by name, nothing copied (detach, then attach again).  A model
+is refused by name, nothing copied (detach, then attach again).  SGLang's
+other weight updates (update_weights_from_disk, _from_distributed,
+_from_tensor with another load_format) write through the model's
+load_weights, which the attach wraps: after one the rank forgets its
+version (check() no longer counts it) and the next request copies the
+whole version again (load_format "direct" is not seen).  A model
 with post_load_weights() (DeepSeek's MLA keeps w_kc/w_vc, copies of
 kv_b_proj) has it run after each sync that changed the weights (not for
 a version the rank holds already) unless post_load=False; post_load=True
@@ -76,9 +86,11 @@ SGLANG_USE_AITER on ROCm for a model with experts or block-FP8 weights
 (logged): the draft model of speculative decoding (the loader is called
 for it too; it holds other tensors).
 
-Memory saver: the first request wraps torch_memory_saver's pause() and
-resume(), which SGLang's release_memory_occupation and
-resume_memory_occupation call.  While the weights are released nothing
+Memory saver: the first request wraps pause() and resume() of
+torch_memory_saver's TorchMemorySaver class, which SGLang's
+release_memory_occupation and resume_memory_occupation call (on the
+process-wide instance, or on one of SGLang's own before its memory
+tags).  While the weights are released nothing
 is mapped at their addresses: requests are refused (logged; check()
 names the rank) before anything touches them; resume them first.
 Resumed without --enable-weights-cpu-backup they hold nothing
@@ -147,15 +159,19 @@ _KV_SCALES = ("*.attn*.k_scale", "*.attn*.v_scale")
 
 
 def _watch_memory_saver():
-    """Wraps pause() and resume() of torch_memory_saver's process-wide
-    instance, which SGLang's release_memory_occupation and
-    resume_memory_occupation call with tag "weights" (or None: every
-    tag).  While the weights are paused nothing is mapped at their
-    addresses: requests are refused (logged, check() names the rank)
-    before anything touches them.  Resumed without a CPU backup (SGLang's
-    --enable-weights-cpu-backup), they hold nothing meaningful: each rank
-    forgets its version (check() no longer counts it), the next request
-    copies the whole version, and the checkpoint is not compared again.
+    """Wraps pause() and resume() of torch_memory_saver's TorchMemorySaver
+    class (the class of its process-wide instance), which SGLang's
+    release_memory_occupation and resume_memory_occupation call with tag
+    "weights" (or None: every tag): on the process-wide instance, or, in
+    SGLang before its memory tags (mid 2025), on a TorchMemorySaver() of
+    its own (pause() with no tag), which a wrapper of the instance alone
+    would not see.  While the weights are paused nothing is mapped at
+    their addresses: requests are refused (logged, check() names the
+    rank) before anything touches them.  Resumed without a CPU backup
+    (SGLang's --enable-weights-cpu-backup), they hold nothing
+    meaningful: each rank forgets its version (check() no longer counts
+    it), the next request copies the whole version, and the checkpoint
+    is not compared again.
     A pause or resume that raises counts as a resume that lost them
     (libwex refuses what is left unmapped); the wrappers never raise but
     what torch_memory_saver raises.  Nothing to
@@ -167,25 +183,28 @@ def _watch_memory_saver():
     except ImportError:
         return
     saver = getattr(torch_memory_saver, "torch_memory_saver", None)
-    if saver is None:
+    cls = type(saver) if saver is not None else \
+        getattr(torch_memory_saver, "TorchMemorySaver", None)
+    if not isinstance(cls, type) or not callable(getattr(cls, "pause", None)) or \
+            not callable(getattr(cls, "resume", None)):
         if not _unwatched:
             _unwatched = True
-            log.warning("wex: this torch_memory_saver has no process-wide torch_memory_saver "
-                        "instance to watch: a request while SGLang's weights are released "
+            log.warning("wex: this torch_memory_saver has no TorchMemorySaver class to "
+                        "watch: a request while SGLang's weights are released "
                         "is not refused, and resumed weights are not known to be lost")
         return
-    if getattr(saver, "_wex_wrapped", False):
+    if cls.__dict__.get("_wex_wrapped", False):
         return
-    pause, resume = saver.pause, saver.resume
+    pause, resume = cls.pause, cls.resume
 
     def weights(args, kwargs):
         tag = kwargs.get("tag", args[0] if args else None)
         return tag is None or tag == _WEIGHTS_TAG
 
-    def wex_pause(*args, **kwargs):
+    def wex_pause(self, *args, **kwargs):
         global _released
         if not weights(args, kwargs):
-            return pause(*args, **kwargs)
+            return pause(self, *args, **kwargs)
         before, _released = _released, ("SGLang released its weights' memory "
                                          "(release_memory_occupation)")
         told = []
@@ -200,7 +219,7 @@ def _watch_memory_saver():
                     rank.restored(True)
             raise
         try:
-            return pause(*args, **kwargs)
+            return pause(self, *args, **kwargs)
         except BaseException:
             # SGLang goes on as if it had not paused, with some of the
             # memory released perhaps: libwex refuses what is not mapped,
@@ -208,11 +227,11 @@ def _watch_memory_saver():
             _back(False, "an SGLang pause that failed may have discarded the weights")
             raise
 
-    def wex_resume(*args, **kwargs):
+    def wex_resume(self, *args, **kwargs):
         if not (weights(args, kwargs) and _released is not None):
-            return resume(*args, **kwargs)
+            return resume(self, *args, **kwargs)
         try:
-            out = resume(*args, **kwargs)
+            out = resume(self, *args, **kwargs)
         except BaseException:
             # As above: what is mapped now holds nothing certain.
             _back(False, "an SGLang resume that failed may have discarded the weights")
@@ -224,8 +243,8 @@ def _watch_memory_saver():
         _back(kept)
         return out
 
-    saver.pause, saver.resume = wex_pause, wex_resume
-    saver._wex_wrapped = True
+    cls.pause, cls.resume = wex_pause, wex_resume
+    cls._wex_wrapped = True
 
 
 _unwatched = False  # warned that torch_memory_saver cannot be watched
@@ -767,6 +786,7 @@ def _load(model, args):
         _refused.pop(model, None)
         _seen.add(model)
         _ranks[id(model)] = held = (rank, attach, model)
+        _watch_load_weights(model)
         log.info("wex: attached %s", rank.describe())
     elif held[1] != attach:
         changed = sorted(k for k in _ATTACH_KEYS if held[1].get(k) != attach.get(k))
@@ -805,6 +825,41 @@ def _load(model, args):
     log.info("wex: rank %d of %s now holds version %d (%d bytes copied in %.3f s)",
              out["rank"], out["group"], out["version"], out["bytes"], out["seconds"])
     return out
+
+
+def _watch_load_weights(model):
+    """Wraps `model`'s load_weights (once), through which SGLang's other
+    weight updates write into the attached parameters in place:
+    update_weights_from_disk (DefaultModelLoader.
+    load_weights_and_postprocess), update_weights_from_distributed and
+    update_weights_from_tensor with another load_format (None,
+    flattened_bucket).  After one, the weights are not the version the
+    rank holds: it forgets it (check() no longer counts it), and the next
+    request copies the whole version again instead of nothing; where it
+    cannot (the load replaced parameters), it is detached."""
+    fn = getattr(model, "load_weights", None)
+    if not callable(fn) or getattr(fn, "_wex_wrapped", False):
+        return
+
+    def wex_load_weights(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        finally:  # (one that raised may have written some of them)
+            held = _ranks.get(id(model))
+            why = "SGLang loaded other weights into %s (load_weights)" % type(model).__name__
+            if held is not None and held[2] is model and not held[0].overwritten(why):
+                # (It replaced or re-allocated parameters, say): detached,
+                # so that wexd (and check()) no longer count the version;
+                # the next request attaches again.
+                del _ranks[id(model)]
+                try:
+                    held[0].close()
+                except Exception as e:
+                    log.warning("wex: %s: detaching failed: %s", why, e)
+                log.warning("wex: %s: detached this rank; the next request attaches again", why)
+
+    wex_load_weights._wex_wrapped = True
+    model.load_weights = wex_load_weights
 
 
 def _draft(model):
