@@ -172,8 +172,9 @@ struct wex_mem_ops {
 	/* Exporter, optional (NULL: the memory cannot change under the
 	 * segment): 0 when the memory wrap found at seg->ptr is still there;
 	 * -ESTALE when the owner freed it and allocated other memory at that
-	 * address, or left nothing mapped (wex still holds what it wrapped,
-	 * which importers go on reading); else the driver's error.  Brief. */
+	 * address, or left nothing mapped (importers go on reading the old
+	 * memory: VMM, wex still holds it; legacy IPC, their handles name it);
+	 * else the driver's error.  Brief. */
 	int (*same)(const struct wex_mem_seg *seg);
 	/*
 	 * A caller's own host buffer [p, p+size) (verification's gather

@@ -18,6 +18,11 @@
  *    never exported the handle opens it normally).
  * Legacy IPC memory cannot be mapped at a chosen address: the
  * same-address slots return -EOPNOTSUPP.
+ * wex does not hold wrapped memory: its owner may free it and get the
+ * same address again from another allocation, which the engines' handle
+ * does not name.  The allocation's CU_POINTER_ATTRIBUTE_BUFFER_ID, unique
+ * over the process's lifetime (cuda.h), is recorded at export and asked
+ * again by the `same` slot.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -41,6 +46,7 @@ struct ipc_entry {
 	int local;   /* 1: exported by this process; base is ours */
 	int allocd;  /* local and allocated by ipc_alloc (cuMemFree at the end) */
 	int refs;
+	unsigned long long buf; /* local: base's BUFFER_ID at export; 0 unknown */
 	pid_t pid;   /* the process the entry is valid in (fork copies it) */
 	uint64_t peers; /* other devices imports gave access (bit = ordinal) */
 };
@@ -84,6 +90,7 @@ static int ipc_probe(char *why, size_t len)
 static int export_base(CUdeviceptr base, uint64_t asize, uint64_t off, uint64_t size, int dev,
 		       int allocd, struct wex_mem_seg *seg)
 {
+	unsigned long long buf = 0;
 	CUipcMemHandle h;
 	struct ipc_entry *e;
 	int ret;
@@ -96,9 +103,12 @@ static int export_base(CUdeviceptr base, uint64_t asize, uint64_t off, uint64_t 
 				  (unsigned long long)base);
 		return ret;
 	}
+	/* No answer (a driver without the attribute): no check. */
+	if (wex__cuda_ptr_attr(&buf, CU_POINTER_ATTRIBUTE_BUFFER_ID, base) != CUDA_SUCCESS)
+		buf = 0;
 	pthread_mutex_lock(&ipc_lock);
 	e = find((const unsigned char *)h.reserved);
-	if (e && e->local) {
+	if (e && e->local && e->buf == buf) {
 		e->refs++;
 	} else {
 		e = calloc(1, sizeof(*e));
@@ -112,6 +122,7 @@ static int export_base(CUdeviceptr base, uint64_t asize, uint64_t off, uint64_t 
 		e->local = 1;
 		e->allocd = allocd;
 		e->refs = 1;
+		e->buf = buf;
 		e->pid = getpid();
 		e->next = ipc_list;
 		ipc_list = e;
@@ -426,6 +437,29 @@ static int ipc_release(struct wex_mem_seg *seg)
 	return ret;
 }
 
+/* Wrapped memory: whether the allocation exported is still the one at its
+ * base.  One attribute query; nothing there (freed) answers
+ * CUDA_ERROR_INVALID_VALUE. */
+static int ipc_same(const struct wex_mem_seg *seg)
+{
+	const struct ipc_entry *e = seg->priv;
+	unsigned long long buf = 0;
+	CUresult r;
+	int ret;
+
+	if (!e || !e->local || e->allocd || !e->buf)
+		return 0; /* wex's own memory, an import, or no ID to compare */
+	ret = wex__cuda_load();
+	if (ret)
+		return ret;
+	r = wex__cuda_ptr_attr(&buf, CU_POINTER_ATTRIBUTE_BUFFER_ID, e->base);
+	if (r == CUDA_ERROR_INVALID_VALUE)
+		return -ESTALE; /* no allocation there now */
+	if (r != CUDA_SUCCESS)
+		return WEX_CU(r);
+	return buf == e->buf ? 0 : -ESTALE;
+}
+
 static int ipc_map_fixed(struct wex_mem_region *r, struct wex_mem_seg *seg, uint64_t off)
 {
 	return -EOPNOTSUPP;
@@ -455,4 +489,5 @@ const struct wex_mem_ops wex_mem_cuda_ipc_ops = {
 	.sync_device = wex__cuda_sync_device,
 	.host_pin = wex__cuda_host_pin,
 	.host_unpin = wex__cuda_host_unpin,
+	.same = ipc_same,
 };

@@ -551,6 +551,11 @@ static CUresult ptr_attr(void *data, CUpointer_attribute a, uint64_t p)
 	return r;
 }
 
+CUresult wex__cuda_ptr_attr(void *data, CUpointer_attribute a, uint64_t p)
+{
+	return ptr_attr(data, a, p);
+}
+
 static CUresult addr_range(CUdeviceptr *base, size_t *size, uint64_t p)
 {
 	CUresult r = wex__cu.cuMemGetAddressRange(base, size, (CUdeviceptr)p);

@@ -163,6 +163,11 @@ int wex__cuda_device_active(int dev);
  * it (older drivers) or the device is missing. */
 int wex__cuda_dev_attr(int dev, CUdevice_attribute a);
 
+/* cuPointerGetAttribute(data, a, p), asked again with a context of this
+ * process current where the thread had none and the driver wants one
+ * (the thread's binding is left as it was).  The driver's result. */
+CUresult wex__cuda_ptr_attr(void *data, CUpointer_attribute a, uint64_t p);
+
 /* Device ordinal owning `ptr` (device memory, VMM mappings or registered
  * host memory); falls back to the current context's device. */
 int wex__cuda_ptr_device(uint64_t ptr, int *dev);

@@ -318,11 +318,13 @@ WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, si
  * longer than that timeout either (-ETIMEDOUT, -EAGAIN), and wex_cancel and
  * signals end that wait too (as they do in wex_sync and wex_publish).
  * -ESTALE, nothing begun, when memory registered with
- * wex_segment_register_ptr (CUDA VMM: PyTorch's expandable segments) was
- * freed and other memory allocated at its address, or none (a trainer's
- * parameter offload, then torch.cuda.empty_cache()): wex still holds the
- * memory it registered, which consumers would go on reading; register the
- * parameters again (a new client) once they are back.
+ * wex_segment_register_ptr (CUDA VMM: PyTorch's expandable segments; or
+ * legacy IPC: cudaMalloc memory) was freed and other memory allocated at
+ * its address, or none (a trainer's parameter offload, then
+ * torch.cuda.empty_cache()): consumers would go on reading the memory
+ * registered (VMM: wex still holds it; legacy IPC: their handle names
+ * it), not the new one; register the parameters again (a new client) once
+ * they are back.
  */
 WEX_API int wex_begin_write(wex_client_t *c, uint64_t version, uint32_t timeout_ms);
 

@@ -90,7 +90,11 @@
  *    not registered, which a GPU copies slowly through bounce buffers);
  *    cuMemHostAlloc is an anonymous mapping registered so, and
  *    cuMemAllocManaged and cuMemAllocAsync allocate as cuMemAlloc does
- *    (cuda_facts asks wex_released of each);
+ *    (cuda_facts asks wex_released of each); a cuMemAlloc of the size
+ *    the last cuMemFree freed gets that address again where it is free
+ *    (as the driver's allocator reuses addresses), and
+ *    CU_POINTER_ATTRIBUTE_BUFFER_ID answers an ID no other mapping,
+ *    allocation, open or registration of the process had before;
  *  - events are created in the current context (none: error), are
  *    recorded only on a stream of that context, and an interprocess event
  *    needs CU_EVENT_DISABLE_TIMING (and is the only kind with a handle);
@@ -182,12 +186,17 @@ struct range {
 	unsigned char acc[NDEV_MAX]; /* mappings: CU_MEM_ACCESS_FLAGS_* per physical device */
 	unsigned flags;       /* host registrations: CU_MEMHOSTREGISTER_* */
 	int opens;            /* IPC opens: cuIpcOpenMemHandle calls not yet closed */
+	unsigned long long id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID: never reused */
 };
 
 static struct range *rs;
 static size_t nrs, caprs;
 static uint64_t used;
 static unsigned seq;
+static unsigned long long last_id;
+/* The last cuMemAlloc freed: the next one of the same size is placed
+ * there, as the driver's allocator reuses freed addresses. */
+static uint64_t freed_va, freed_size;
 /* The thread's current context: 0, or CTX(device) of the primary context. */
 /* Devices: 2, or WEX_EMUL_DEVICES (1 to NDEV_MAX), all peers of each
  * other unless WEX_EMUL_NO_P2P=1. */
@@ -516,6 +525,7 @@ static struct range *add_range(void)
 	}
 	memset(&rs[nrs], 0, sizeof(rs[0]));
 	rs[nrs].fd = -1;
+	rs[nrs].id = ++last_id;
 	return &rs[nrs++];
 }
 
@@ -1222,9 +1232,12 @@ static CUresult e_alloc(CUdeviceptr *p, size_t size)
 	fd = memfd_create("emul-ipc", MFD_CLOEXEC);
 	if (fd < 0 || ftruncate(fd, (off_t)size) < 0)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	/* (A hint: where something else took that address, anywhere.) */
+	m = mmap(size == freed_size ? (void *)(uintptr_t)freed_va : NULL, size,
+		 PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (m == MAP_FAILED)
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	freed_size = 0;
 	r = add_range();
 	r->va = (uint64_t)(uintptr_t)m;
 	r->size = size;
@@ -1249,6 +1262,8 @@ static CUresult e_free(CUdeviceptr p)
 	munmap((void *)(uintptr_t)p, r->size);
 	close(r->fd);
 	used -= r->size;
+	freed_va = p;
+	freed_size = r->size;
 	del_range(r);
 	return CUDA_SUCCESS;
 }
@@ -1304,6 +1319,11 @@ static CUresult e_ptr_attr(void *data, CUpointer_attribute a, CUdeviceptr p)
 		return CUDA_SUCCESS;
 	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
 		*(unsigned *)data = r->kind == 4 ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+		/* "unique ... over a process lifetime. Subsequent allocations do
+		 * not reuse IDs from previous freed allocations" (cuda.h). */
+		*(unsigned long long *)data = r->id;
 		return CUDA_SUCCESS;
 	default:
 		return CUDA_ERROR_INVALID_VALUE;
