@@ -828,6 +828,16 @@ static int apply_env(struct wex_config *cfg, char *err, size_t errlen)
 				 f->name, s);
 			return -EINVAL;
 		}
+		/* What the file says stays known: a reload says it is
+		 * outranked, not passed over in silence. */
+		free(cfg->shadowed[i]);
+		cfg->shadowed[i] = NULL;
+		if (cfg->source[i] == WEX_CONFIG_SRC_FILE) {
+			json_t *fv = fval_json(cfg, f);
+
+			cfg->shadowed[i] = fv ? json_dumps(fv, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+			json_decref(fv);
+		}
 		snprintf(where, sizeof(where), "environment %s", f->env);
 		rc = apply(cfg, i, v, WEX_CONFIG_SRC_ENV, f->env, where, err, errlen);
 		json_decref(v);
@@ -1006,6 +1016,21 @@ int wex__config_reload(struct wex_config *cfg, json_t **report, char *err, size_
 			json_decref(b);
 			swap_field(cfg, &next, i);
 			continue;
+		}
+		/* The environment outranks the file: an edit of the file
+		 * that it overrides is said, as for a flag (the variable is
+		 * read at start only, so it stands until a restart). */
+		if (next.source[i] == WEX_CONFIG_SRC_ENV && next.shadowed[i]) {
+			char *sb = b ? json_dumps(b, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+
+			if (!sb || strcmp(sb, next.shadowed[i])) {
+				json_array_append_new(kept, json_string(f->name));
+				wex_warn("config", "reload: %s is %s in file %s, but environment %s set "
+					 "it to %s, which outranks it; keeping %s", f->name,
+					 next.shadowed[i], next.path, f->env, sb ? sb : "?",
+					 sb ? sb : "?");
+			}
+			free(sb);
 		}
 		json_decref(a);
 		json_decref(b);
@@ -1200,6 +1225,8 @@ void wex__config_free(struct wex_config *cfg)
 		memset(fptr(cfg, &fields[i]), 0, fields[i].size);
 		free(cfg->origin[i]);
 		cfg->origin[i] = NULL;
+		free(cfg->shadowed[i]);
+		cfg->shadowed[i] = NULL;
 	}
 	free(cfg->path);
 	cfg->path = NULL;

@@ -123,6 +123,8 @@ struct wex_config {
 	int file_found;    /* the file was there and loaded */
 	uint8_t source[WEX_CF_COUNT];      /* enum wex_config_source */
 	char *origin[WEX_CF_COUNT];        /* file path or env var name, or NULL */
+	char *shadowed[WEX_CF_COUNT];      /* the file's value (JSON) where the
+					    * environment outranks it, or NULL */
 };
 
 /*

@@ -1082,6 +1082,16 @@ static void held_sweep(struct wexd *d)
 	d->held_checked_ns = wex__now_ns();
 }
 
+/* From the loop's tick and before status, models and metrics: a lease
+ * whose process exited leaves what an operator sees (held[], wex_leases,
+ * systemctl status) within HELD_CHECK_NS, not only at a producer's next
+ * begin_write, which an idle node may never call. */
+void wexd_held_check(struct wexd *d)
+{
+	if (d->held && wex__now_ns() - d->held_checked_ns >= HELD_CHECK_NS)
+		held_sweep(d);
+}
+
 void wexd_held_exit(struct wexd *d)
 {
 	d->journal.keep = 1;

@@ -545,7 +545,7 @@ static int config_reload(int as_json)
 		print_names(j, "restart_needed");
 		/* Said only when there are some (an older wexd has no list). */
 		if (json_array_size(json_object_get(j, "overridden"))) {
-			printf("; kept over the file (a flag or config set outranks it): ");
+			printf("; kept over the file (the environment, a flag or config set outranks it): ");
 			print_names(j, "overridden");
 		}
 		printf("\n");

@@ -401,6 +401,9 @@ static json_t *dispatch(struct wexd *d, struct conn *c, json_t *req, const char 
 		return NULL; /* nothing waits (wexd_cancel): no reply */
 	if (!strcmp(op, "ping"))
 		return wex__reply_ok();
+	/* What they show of leases from before this wexd is current. */
+	if (!strcmp(op, "status") || !strcmp(op, "models") || !strcmp(op, "metrics"))
+		wexd_held_check(d);
 	if (!strcmp(op, "status"))
 		return wexd_status(d, c, req);
 	if (!strcmp(op, "models")) {
@@ -770,6 +773,29 @@ static json_t *wexd_metrics(struct wexd *d)
 	return r;
 }
 
+/* The label values an operator alerts on, exposed at 0 from the start: a
+ * series born at 1 (the first refused reload, the first EBADR) is one that
+ * increase() and rate() never see rise, so the alert would miss it. */
+static void metrics_declare(void)
+{
+	static const struct {
+		enum wex_counter c;
+		const char *label;
+	} known[] = {
+		{ WEX_M_RELOADS, "ok" },         { WEX_M_RELOADS, "refused" },
+		{ WEX_M_REFUSED, "access" },     { WEX_M_REFUSED, "max_clients" },
+		{ WEX_M_REFUSED, "draining" },   { WEX_M_REFUSED, "fds" },
+		{ WEX_M_REFUSED, "config" },
+		{ WEX_M_LOOP_RETRIES, "EAGAIN" }, { WEX_M_LOOP_RETRIES, "EBUSY" },
+		{ WEX_M_LOOP_RETRIES, "EBADR" }, { WEX_M_LOOP_RETRIES, "no_sqe" },
+		{ WEX_M_VERIFIES, "equal" },     { WEX_M_VERIFIES, "differ" },
+		{ WEX_M_VERIFIES, "unverifiable" }, { WEX_M_VERIFIES, "failed" },
+	};
+
+	for (size_t i = 0; i < WEX_ARRAY_SIZE(known); i++)
+		wex__metrics_count(known[i].c, known[i].label, NULL, 0);
+}
+
 /* What status says the configuration came from (the file may come or go
  * between reloads). */
 static void set_config_source(struct wexd *d)
@@ -966,6 +992,7 @@ static void wexd_watchdog(struct wexd *d)
 
 static void wexd_tick(struct wexd *d)
 {
+	wexd_held_check(d);
 	wex__sd_flush();
 	wexd_watchdog(d);
 	if (d->notify)
@@ -1460,6 +1487,7 @@ int main(int argc, char **argv)
 	wex_info("wexd", "listening on %s (event loop: %s%s%s)", d.socket_path, wexd_io_backend(&d),
 		 d.loop.why_fallback[0] ? ", " : "", d.loop.why_fallback);
 	wex__metrics_set_info(WEX_VERSION_STRING, wexd_io_backend(&d));
+	metrics_declare();
 	wex__sd_ready();
 	/* Tests and scripts wait for this line rather than sleeping. */
 	if ((s = getenv("WEXD_READY_FD"))) {

@@ -316,6 +316,9 @@ void wexd_conn_drop(struct wexd *d, struct conn *c);
 int wexd_service_waiters(struct wexd *d);
 /* Reads the leases an earlier wexd left in d->journal (at start). */
 void wexd_held_load(struct wexd *d);
+/* Ends the leases held from before whose processes exited (at most every
+ * 200 ms): from the loop's tick, and before status, models and metrics. */
+void wexd_held_check(struct wexd *d);
 /* At exit: forgets leases held from before, leaving their records (and
  * those of leases still held) for the next wexd. */
 void wexd_held_exit(struct wexd *d);

@@ -42,7 +42,7 @@ grep "reload" "$TMP/wexd.log" | grep -q "needs a restart" &&
 grep -q 'reload: log_level is "warn" in file .*, but --log-level set it to "debug", which outranks it; keeping "debug"' \
 	"$TMP/wexd.log" || fail "no warning that --log-level outranks the file's log_level"
 out=$("$WEXCTL" config reload) || fail "config reload: $out"
-case $out in *"kept over the file (a flag or config set outranks it): "*log_level*) ;;
+case $out in *"kept over the file (the environment, a flag or config set outranks it): "*log_level*) ;;
 	*) fail "config reload does not say the file's log_level was kept out: $out" ;; esac
 # Debug lines after the reload: a connection logs one at debug level.
 n=$(grep -c 'debug: client .* connected' "$TMP/wexd.log")

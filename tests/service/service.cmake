@@ -55,3 +55,15 @@ add_test(NAME svc_fuse_fd_epoll COMMAND sh ${SVC}/fuse_fd.sh $<TARGET_FILE:wexd>
 set_tests_properties(svc_fuse_fd_epoll PROPERTIES ENVIRONMENT "WEX_IO=epoll")
 set_tests_properties(svc_fuse_fd svc_fuse_fd_epoll PROPERTIES LABELS service TIMEOUT 60
   SKIP_RETURN_CODE 77)
+add_test(NAME svc_reload_env COMMAND sh ${SVC}/reload_env.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
+add_test(NAME svc_metrics_declared COMMAND sh ${SVC}/metrics_declared.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
+set_tests_properties(svc_reload_env svc_metrics_declared PROPERTIES LABELS service TIMEOUT 60)
+add_test(NAME svc_held_status COMMAND sh ${SVC}/held_status.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>
+  $<TARGET_FILE:wex-producer> $<TARGET_FILE:wex>)
+set_tests_properties(svc_held_status PROPERTIES LABELS service TIMEOUT 60 SKIP_RETURN_CODE 77)
+if(WEX_SANITIZE)
+  # libwex is instrumented: the Python engine needs the ASan runtime first.
+  execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libasan.so
+    OUTPUT_VARIABLE WEX_SVC_ASAN_RT OUTPUT_STRIP_TRAILING_WHITESPACE)
+  set_tests_properties(svc_held_status PROPERTIES ENVIRONMENT "WEX_PY_PRELOAD=${WEX_SVC_ASAN_RT}")
+endif()
