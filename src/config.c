@@ -531,8 +531,9 @@ static int parse_value(const struct field *f, json_t *v, union fval *out, char *
 
 		/* A string, because JSON has no octal numbers and 660 read as
 		 * decimal would be a surprising mode. */
+		/* Octal digits only (strtoul takes blanks and a sign). */
 		m = strtoul(s, &end, 8);
-		if (!*s || *end || s[0] == '-' || s[0] == '+' || s[0] == ' ' || m > 0777) {
+		if (!*s || *end || s[strspn(s, "01234567")] || m > 0777) {
 			snprintf(why, len, "expected an octal mode string such as \"0660\", got %s",
 				 got);
 			return -EINVAL;

@@ -73,6 +73,11 @@ int main(void)
 	expect_file_error("{\"socket_mode\": 660}", -EINVAL, "field 'socket_mode'",
 			  "octal mode string");
 	expect_file_error("{\"socket_mode\": \"01777\"}", -EINVAL, "field 'socket_mode'", NULL);
+	/* Octal digits only: strtoul skipped a leading tab or newline. */
+	expect_file_error("{\"socket_mode\": \"\\t0660\"}", -EINVAL, "field 'socket_mode'",
+			  "octal mode string");
+	expect_file_error("{\"socket_mode\": \"\\n0660\"}", -EINVAL, "field 'socket_mode'",
+			  "octal mode string");
 	expect_file_error("{\"socket\": \"relative.sock\"}", -EINVAL, "field 'socket'",
 			  "absolute path");
 	expect_file_error("{\"socket_group\": \"no-such-group-wex\"}", -EINVAL,
