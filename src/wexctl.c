@@ -681,16 +681,23 @@ static void print_verify_rank(const char *group, json_t *r)
 	       json_string_value(json_object_get(v, "mode")) ?: "-", res, bytes, secs, detail);
 }
 
-/* Whether a rank of the reply has not answered yet. */
+/* Whether a rank of the reply has not answered yet: an absent rank of a
+ * group the ask no longer stands for never will (and a model gone with
+ * its clients is forgotten at the next poll, which would fail). */
 static int verify_waiting(json_t *j)
 {
 	size_t i, k;
 	json_t *g, *r;
 
-	json_array_foreach(json_object_get(j, "groups"), i, g)
+	json_array_foreach(json_object_get(j, "groups"), i, g) {
+		int over = json_is_false(json_object_get(g, "standing"));
+
 		json_array_foreach(json_object_get(g, "ranks"), k, r)
-			if (verify_class(r) == 2)
+			if (verify_class(r) == 2 &&
+			    !(over && !strcmp(json_string_value(json_object_get(r, "state")) ?: "",
+					      "absent")))
 				return 1;
+	}
 	return 0;
 }
 

@@ -785,7 +785,7 @@ static void metrics_declare(void)
 		{ WEX_M_RELOADS, "ok" },         { WEX_M_RELOADS, "refused" },
 		{ WEX_M_REFUSED, "access" },     { WEX_M_REFUSED, "max_clients" },
 		{ WEX_M_REFUSED, "draining" },   { WEX_M_REFUSED, "fds" },
-		{ WEX_M_REFUSED, "config" },
+		{ WEX_M_REFUSED, "config" },     { WEX_M_REFUSED, "verify" },
 		{ WEX_M_LOOP_RETRIES, "EAGAIN" }, { WEX_M_LOOP_RETRIES, "EBUSY" },
 		{ WEX_M_LOOP_RETRIES, "EBADR" }, { WEX_M_LOOP_RETRIES, "no_sqe" },
 		{ WEX_M_VERIFIES, "equal" },     { WEX_M_VERIFIES, "differ" },

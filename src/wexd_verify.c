@@ -289,7 +289,10 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 			json_object_set_new(o, "comparing", json_true());
 		json_array_append_new(ranks, o);
 	}
-	return json_pack("{s:s, s:i, s:o}", "name", g->name, "world", (int)g->world, "ranks", ranks);
+	/* standing: whether the ask still stands (an absent rank answers it
+	 * no more once it does not; wexctl stops waiting for it). */
+	return json_pack("{s:s, s:i, s:b, s:o}", "name", g->name, "world", (int)g->world,
+			 "standing", now < g->verify_until_ns, "ranks", ranks);
 }
 
 /* Where the ranks of a group an ask stands for, gone for now, stand on

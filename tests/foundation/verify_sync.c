@@ -36,7 +36,11 @@
  *    late answer counts;
  *  - a rank holding a shard: wexctl names the byte as its piece's;
  *  - a second, short wexctl verify while one waits does not end the
- *    first one's ask sooner.
+ *    first one's ask sooner;
+ *  - a wexctl verify whose wait starts late, while every client of the
+ *    model leaves and the ask stops standing, stops waiting for the
+ *    absent rank (exit 4, the table), not exit 1 at a poll that finds
+ *    the model forgotten.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -702,6 +706,84 @@ static void wexctl_checks(struct t_cons *k)
 	}
 }
 
+/* wexctl verify whose own wait starts late (its output a pipe not read
+ * yet: the line saying it asked blocks it), while every client of the
+ * model leaves and the ask stops standing: its first poll shows the rank
+ * absent and the ask no longer standing (wexd then forgets the gone
+ * model's ask), and it stops waiting there: the table, exit 4.  It went
+ * on waiting for the absent rank (absent counts as not answered yet),
+ * and its next poll found no model: exit 1, no table. */
+static void orphan_expiry_check(void)
+{
+	wex_client_t *adm = t_open(WEX_ROLE_ADMIN, NULL, NULL, 0, 1);
+	static char got[200000];
+	char err[400], args[128], *reply = NULL;
+	size_t have = 0;
+	struct t_prod p3;
+	struct t_cons k3;
+	int fds[2], ret;
+	long ticket;
+	double t0;
+	ssize_t n;
+	json_t *j;
+	pid_t pid;
+
+	snprintf(err, sizeof(err), "%s/wexctl-orphan.err", d.dir);
+	t_prod_open(&p3, MODEL "3", "tiny", 0, 1);
+	t_cons_open(&k3, MODEL "3", "g", "tiny", 0, 1);
+	t_prod_write(&p3, 1);
+	/* wexctl's ticket: the one after an ask of this test's own. */
+	T_WEX(adm, wex_request(adm, "verify", "{\"model\":\"" MODEL "3\",\"stand_ms\":1}", &reply));
+	j = json_loads(reply, 0, NULL);
+	ticket = (long)json_integer_value(json_object_get(j, "ticket")) + 1;
+	json_decref(j);
+	wex_free(reply);
+	/* A pipe filled up: wexctl's first line blocks until it is read. */
+	T_ASSERT(pipe(fds) == 0, "pipe: %s", strerror(errno));
+	fcntl(fds[1], F_SETFL, O_NONBLOCK);
+	while (write(fds[1], got, 4096) > 0)
+		;
+	fcntl(fds[1], F_SETFL, 0);
+	pid = t_fork();
+	if (pid == 0) {
+		int fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+
+		if (fd < 0 || dup2(fds[1], 1) < 0 || dup2(fd, 2) < 0)
+			_exit(126);
+		close(fds[0]);
+		execl(wexctl, "wexctl", "--socket", d.sock, "verify", MODEL "3", "--timeout", "1",
+		      (char *)NULL);
+		_exit(127);
+	}
+	close(fds[1]);
+	snprintf(args, sizeof(args), "{\"model\":\"" MODEL "3\",\"ticket\":%ld}", ticket);
+	for (t0 = t_now(); wex_request(adm, "verify", args, &reply) < 0; usleep(10000))
+		T_ASSERT(t_now() - t0 < 10, "wexctl never asked: %s", wex_last_error(adm));
+	wex_free(reply);
+	t0 = t_now();
+	t_cons_close(&k3);
+	t_prod_close(&p3);
+	wait_gone(MODEL "3", NULL);
+	while (t_now() - t0 < 1.3) /* the ask stood 1 s */
+		usleep(10000);
+	while ((n = read(fds[0], got + have, sizeof(got) - 1 - have)) > 0)
+		have += (size_t)n;
+	close(fds[0]);
+	got[have] = 0;
+	ret = t_wait(pid);
+	{
+		const char *text = got; /* (past the filler's zeros) */
+
+		while (text < got + have && !*text)
+			text++;
+		T_ASSERT(ret == 4 && strstr(text, " absent ") &&
+				 strstr(text, "no engine connected as this rank"),
+			 "wexctl verify of a model gone while it waited: exit %d: %s%s", ret, text,
+			 slurp(err));
+	}
+	wex_client_close(adm);
+}
+
 int main(int argc, char **argv)
 {
 	struct t_prod p;
@@ -719,6 +801,7 @@ int main(int argc, char **argv)
 	comparing_check();
 	shard_offset_check();
 	absent_rank_check();
+	orphan_expiry_check();
 	wexctl_checks(&k);
 	t_cons_close(&k);
 	t_prod_close(&p);
