@@ -28,6 +28,10 @@
  *                     sides, device and host memory, against the same
  *                     copy done on the CPU (the driver's semantics, which
  *                     the emulation must match)
+ *   sync_copy_waits   emulated only: a cuMemcpyDtoH read-back does not see
+ *                     copies still queued on a non-blocking stream (the
+ *                     driver's stream synchronization rules, which the
+ *                     emulation must match for a missing wait to show)
  */
 #include <pthread.h>
 #include <sys/mman.h>
@@ -570,6 +574,73 @@ static void mixed_layout(void)
 	free(host);
 }
 
+/*
+ * Emulated driver only (WEX_EMUL_DEFER=1): a synchronous cuMemcpyDtoH runs
+ * on the legacy stream, which waits for its context's blocking streams
+ * but not for a CU_STREAM_NON_BLOCKING stream such as the executor's
+ * ("Stream synchronization behavior" in the driver API reference).  So a
+ * read-back through it must not see a 1D, 2D or batched copy still queued
+ * on a non-blocking stream; otherwise every test that checks bytes that
+ * way would pass with the executor's (or a lease's) wait missing.  On a
+ * GPU the queued copy may have finished: not asserted there.
+ */
+static void sync_copy_waits(void)
+{
+	enum { N = 1 << 16 };
+	const char *defer = getenv("WEX_EMUL_DEFER");
+	CUdeviceptr ds, dd[3];
+	CUstream nb, bl;
+
+	CHECK_OK(wex__cuda_use_device(0)); /* (loads the driver emulated() asks) */
+	if (!emulated() || !defer || strcmp(defer, "1")) {
+		printf("  not the emulated driver with WEX_EMUL_DEFER=1: not tried\n");
+		return;
+	}
+	CU_OK(wex__cu.cuMemAlloc(&ds, N));
+	for (int i = 0; i < 3; i++) {
+		CU_OK(wex__cu.cuMemAlloc(&dd[i], N));
+		dev_fill(dd[i], N, 2);
+	}
+	dev_fill(ds, N, 1);
+	CU_OK(wex__cu.cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING));
+	CU_OK(wex__cu.cuStreamCreate(&bl, 0));
+	/* 1D, 2D (rows of 256 bytes) and a batch of two, non-blocking. */
+	CU_OK(wex__cu.cuMemcpyAsync(dd[0], ds, N, nb));
+	{
+		CUDA_MEMCPY2D c = {
+			.srcMemoryType = CU_MEMORYTYPE_UNIFIED, .srcDevice = ds, .srcPitch = 256,
+			.dstMemoryType = CU_MEMORYTYPE_UNIFIED, .dstDevice = dd[1], .dstPitch = 256,
+			.WidthInBytes = 256, .Height = N / 256,
+		};
+
+		CU_OK(wex__cu.cuMemcpy2DAsync(&c, nb));
+	}
+	if (batched()) {
+		CUmemcpyAttributes attr = { .srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM };
+		CUdeviceptr dst[2] = { dd[2], dd[2] + N / 2 }, src[2] = { ds, ds + N / 2 };
+		size_t len[2] = { N / 2, N / 2 }, idx = 0, fail = 0;
+
+		if (wex__cu.cuMemcpyBatchAsync13)
+			CU_OK(wex__cu.cuMemcpyBatchAsync13(dst, src, len, 2, &attr, &idx, 1, nb));
+		else
+			CU_OK(wex__cu.cuMemcpyBatchAsync12(dst, src, len, 2, &attr, &idx, 1, &fail, nb));
+	}
+	for (int i = 0; i < 3; i++)
+		CHECK(dev_check(dd[i], N, 2, 0)); /* still the old bytes */
+	CU_OK(wex__cu.cuStreamSynchronize(nb));
+	for (int i = 0; i < (batched() ? 3 : 2); i++)
+		CHECK(dev_check(dd[i], N, 1, 0));
+	/* A blocking stream's copy: the legacy stream waits for it. */
+	dev_fill(dd[0], N, 2);
+	CU_OK(wex__cu.cuMemcpyAsync(dd[0], ds, N, bl));
+	CHECK(dev_check(dd[0], N, 1, 0));
+	CU_OK(wex__cu.cuStreamDestroy(nb));
+	CU_OK(wex__cu.cuStreamDestroy(bl));
+	for (int i = 0; i < 3; i++)
+		CU_OK(wex__cu.cuMemFree(dd[i]));
+	CU_OK(wex__cu.cuMemFree(ds));
+}
+
 int main(void)
 {
 	int ret;
@@ -582,6 +653,7 @@ int main(void)
 	ret |= run_one("huge_pitch", huge_pitch);
 	ret |= run_one("peer_reads_alloc", peer_reads_alloc);
 	ret |= run_one("mixed_layout", mixed_layout);
+	ret |= run_one("sync_copy_waits", sync_copy_waits);
 	printf("%s\n", ret ? "FAIL" : "PASS");
 	return ret ? T_EXIT_FAIL : T_EXIT_PASS;
 }

@@ -118,11 +118,15 @@
  *    promises no order within a batch, so copies that depend on each
  *    other show as wrong bytes);
  *  - copies are synchronous memcpy, except that with WEX_EMUL_DEFER=1
- *    cuMemcpyAsync, cuMemcpyBatchAsync and cuMemsetD8Async only queue
- *    their work, as a GPU does: it runs at the next cuCtxSynchronize or cuStreamSynchronize in
- *    the context it was queued in (each waits for its own context's work
- *    only), or cuEventSynchronize (or before any other copy, launch or unmap of this
- *    process, to keep the order), so a test can tell whether the code
+ *    cuMemcpyAsync, cuMemcpyBatchAsync, cuMemcpy2DAsync, cuMemcpy3DAsync
+ *    and cuMemsetD8Async only queue their work, as a GPU does: it runs at
+ *    the next cuCtxSynchronize or cuStreamSynchronize in the context it
+ *    was queued in (each waits for its own context's work only), or
+ *    cuEventSynchronize (or before a launch or unmap of this process, to
+ *    keep the order); a synchronous cuMemcpyHtoD/DtoH runs on the legacy
+ *    stream and waits for the work of its context's legacy and blocking
+ *    streams only, not for CU_STREAM_NON_BLOCKING streams' (the driver
+ *    API's stream synchronization behavior), so a test can tell whether the code
  *    under test waits for the GPU before it tells another process the
  *    bytes are there; queued work on memory that is unmapped or whose IPC
  *    open is closed before it ran is dropped, and the next
@@ -375,6 +379,7 @@ struct pending {
 	int set;           /* memset with `val` instead of a copy */
 	unsigned char val;
 	uintptr_t ctx;     /* the context of the stream it was queued on */
+	int blocking;      /* queued on the legacy stream or a blocking one */
 };
 
 static struct pending *pend;
@@ -411,6 +416,28 @@ static void flush_ctx(uintptr_t ctx)
 static void flush(void)
 {
 	flush_ctx(0);
+}
+
+/* What a synchronous cuMemcpyHtoD/DtoH waits for: it runs on the legacy
+ * stream, which "synchronizes with all other streams in the same CUcontext
+ * except for non-blocking streams" (the driver API's stream
+ * synchronization behavior).  Work of other contexts and of
+ * CU_STREAM_NON_BLOCKING streams (wex's executor's) stays queued, so a
+ * test reading results back this way sees a missing stream wait. */
+static void flush_legacy(void)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < npend; i++) {
+		if (pend[i].ctx != ctx_current || !pend[i].blocking)
+			pend[k++] = pend[i];
+		else if (pend[i].set)
+			memset((void *)(uintptr_t)pend[i].dst, pend[i].val, pend[i].n);
+		else
+			memcpy((void *)(uintptr_t)pend[i].dst, (const void *)(uintptr_t)pend[i].src,
+			       pend[i].n);
+	}
+	npend = k;
 }
 
 /* An illegal address met by queued work: reported by the next sync. */
@@ -502,8 +529,10 @@ static CUresult unsafe(void)
 			return unsafe_r_;                                          \
 	} while (0)
 
-static void queue(uint64_t dst, uint64_t src, uint64_t n, int set, unsigned char val,
-		  uintptr_t ctx)
+static int stream_blocking(CUstream s);
+
+static void queue_s(uint64_t dst, uint64_t src, uint64_t n, int set, unsigned char val,
+		    uintptr_t ctx, int blocking)
 {
 	if (npend == cappend) {
 		cappend = cappend ? cappend * 2 : 64;
@@ -512,8 +541,10 @@ static void queue(uint64_t dst, uint64_t src, uint64_t n, int set, unsigned char
 			abort();
 	}
 	pend[npend++] = (struct pending){ .dst = dst, .src = src, .n = n, .set = set, .val = val,
-					  .ctx = ctx };
+					  .ctx = ctx, .blocking = blocking };
 }
+
+#define queue(d, s, n, set, val, st) queue_s(d, s, n, set, val, stream_ctx(st), stream_blocking(st))
 
 static struct range *add_range(void)
 {
@@ -1591,7 +1622,7 @@ static CUresult e_memcpy(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 	if (lose(n))
 		return CUDA_SUCCESS;
 	if (deferring()) {
-		queue(d, s, n, 0, 0, stream_ctx(st));
+		queue(d, s, n, 0, 0, st);
 		return CUDA_SUCCESS;
 	}
 	memcpy((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
@@ -1604,7 +1635,7 @@ static CUresult e_htod(CUdeviceptr d, const void *s, size_t n)
 	UNSAFE();
 	REACH(d, n, 1);
 	count_pageable(d, (uint64_t)(uintptr_t)s, n);
-	flush();
+	flush_legacy();
 	memcpy((void *)(uintptr_t)d, s, n);
 	return CUDA_SUCCESS;
 }
@@ -1615,7 +1646,7 @@ static CUresult e_dtoh(void *d, CUdeviceptr s, size_t n)
 	UNSAFE();
 	REACH(s, n, 0);
 	count_pageable((uint64_t)(uintptr_t)d, s, n);
-	flush();
+	flush_legacy();
 	memcpy(d, (const void *)(uintptr_t)s, n);
 	return CUDA_SUCCESS;
 }
@@ -1625,7 +1656,7 @@ static CUresult e_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
 	FORKED();
 	REACH(d, n, 1);
 	if (deferring()) {
-		queue(d, 0, n, 1, v, stream_ctx(s));
+		queue(d, 0, n, 1, v, s);
 		return CUDA_SUCCESS;
 	}
 	memset((void *)(uintptr_t)d, v, n);
@@ -1695,7 +1726,7 @@ static int addr_of(CUmemorytype t, const void *host, CUdeviceptr dev, uint64_t *
 static CUresult copy3d(uint64_t db, uint64_t dx, uint64_t dy, uint64_t dz, uint64_t dpitch,
 		       uint64_t drows, uint64_t sb, uint64_t sx, uint64_t sy, uint64_t sz,
 		       uint64_t spitch, uint64_t srows, uint64_t width, uint64_t height,
-		       uint64_t depth)
+		       uint64_t depth, CUstream st)
 {
 	int slow = 0;
 
@@ -1711,6 +1742,8 @@ static CUresult copy3d(uint64_t db, uint64_t dx, uint64_t dy, uint64_t dz, uint6
 					slow |= pageable_range(d, width) || pageable_range(s, width);
 					if (z == depth - 1 && y == height - 1)
 						pageable += (unsigned long)slow;
+				} else if (deferring()) {
+					queue(d, s, width, 0, 0, st);
 				} else {
 					memcpy((void *)(uintptr_t)d, (const void *)(uintptr_t)s,
 					       width);
@@ -1733,14 +1766,13 @@ static CUresult e_memcpy2d(const CUDA_MEMCPY2D *c, CUstream s)
 	HOOK("cuMemcpy2DAsync");
 	uint64_t sb, db;
 
-	flush();
 	if (addr_of(c->srcMemoryType, c->srcHost, c->srcDevice, &sb) ||
 	    addr_of(c->dstMemoryType, c->dstHost, c->dstDevice, &db) ||
 	    !pitch_ok(c->srcPitch, c->srcXInBytes, c->WidthInBytes) ||
 	    !pitch_ok(c->dstPitch, c->dstXInBytes, c->WidthInBytes))
 		return CUDA_ERROR_INVALID_VALUE;
 	return copy3d(db, c->dstXInBytes, c->dstY, 0, c->dstPitch, 0, sb, c->srcXInBytes, c->srcY,
-		      0, c->srcPitch, 0, c->WidthInBytes, c->Height, 1);
+		      0, c->srcPitch, 0, c->WidthInBytes, c->Height, 1, s);
 }
 
 static CUresult e_memcpy3d(const CUDA_MEMCPY3D *c, CUstream s)
@@ -1749,7 +1781,6 @@ static CUresult e_memcpy3d(const CUDA_MEMCPY3D *c, CUstream s)
 	HOOK("cuMemcpy3DAsync");
 	uint64_t sb, db;
 
-	flush();
 	if (addr_of(c->srcMemoryType, c->srcHost, c->srcDevice, &sb) ||
 	    addr_of(c->dstMemoryType, c->dstHost, c->dstDevice, &db) ||
 	    !pitch_ok(c->srcPitch, c->srcXInBytes, c->WidthInBytes) ||
@@ -1760,7 +1791,7 @@ static CUresult e_memcpy3d(const CUDA_MEMCPY3D *c, CUstream s)
 		return CUDA_ERROR_INVALID_VALUE;
 	return copy3d(db, c->dstXInBytes, c->dstY, c->dstZ, c->dstPitch, c->dstHeight, sb,
 		      c->srcXInBytes, c->srcY, c->srcZ, c->srcPitch, c->srcHeight, c->WidthInBytes,
-		      c->Height, c->Depth);
+		      c->Height, c->Depth, s);
 }
 
 static CUresult batch(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, CUmemcpyAttributes *a,
@@ -1770,7 +1801,6 @@ static CUresult batch(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, C
 
 	if (r != CUDA_SUCCESS)
 		return r;
-	flush();
 	if (!st || na < 1 || na > count || idx[0] != 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	for (size_t i = 0; i < na; i++)
@@ -1791,7 +1821,7 @@ static CUresult batch(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, C
 		if (lose(n[i]))
 			continue;
 		if (deferring())
-			queue(d[i], s[i], n[i], 0, 0, stream_ctx(st));
+			queue(d[i], s[i], n[i], 0, 0, st);
 		else
 			memcpy((void *)(uintptr_t)d[i], (const void *)(uintptr_t)s[i], n[i]);
 	}
@@ -1989,6 +2019,7 @@ struct launch {
 
 struct estream {
 	uintptr_t ctx; /* the context current at creation */
+	unsigned flags; /* CU_STREAM_NON_BLOCKING or 0 */
 	int capturing;
 	CUstreamCaptureMode mode;  /* of the capture in progress */
 	unsigned long breaks;      /* capture_breaks when it began */
@@ -2014,11 +2045,17 @@ static CUresult e_stream_create(CUstream *s, unsigned flags)
 	if (!es)
 		abort();
 	es->ctx = ctx_current;
+	es->flags = flags;
 	*s = (CUstream)es;
 	return CUDA_SUCCESS;
 }
 
 static void capture_done(struct estream *es);
+
+static int stream_blocking(CUstream s)
+{
+	return !s || !(((struct estream *)s)->flags & CU_STREAM_NON_BLOCKING);
+}
 
 static CUresult e_stream_destroy(CUstream s)
 {
