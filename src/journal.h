@@ -10,9 +10,12 @@
  * marked ended when the lease ends and removed with the connection.  A wexd that starts reads them back: each lease
  * whose process still lives holds its model until that process reconnects
  * (and reclaims it, or says it no longer holds it) or exits.  A rank's
- * take of its group's open round is written so too (WEX_JOURNAL_ROUND): it
- * holds the model until the group's other ranks take that version at the
- * new wexd, or the process calls it again, or exits.
+ * take of its group's open round (or its pass of it, holding that version
+ * already) is written so too (WEX_JOURNAL_ROUND): it holds the model until
+ * the group's other ranks take that version at the new wexd, or the
+ * process calls it again, or exits; a round the new wexd opens on that
+ * version passes it, and it stays written down until that round closes
+ * (a wexd restarted meanwhile passes it again).
  *
  * A record is one page, rewritten in place with one pwrite when its
  * lease changes or ends (the file lives as long as the connection), so a
@@ -29,10 +32,11 @@
 
 #define WEX_JOURNAL_NAME_MAX 64
 
-/* The mode of a record that holds no lease: its rank took the version of
- * its group's open round, which the other ranks have yet to take (the
- * round keeps the producer off until they do: the group must not split
- * between two versions when wexd restarts meanwhile).  Written "round". */
+/* The mode of a record that holds no lease: its rank took (or passed,
+ * holding it already) the version of its group's open round, which the
+ * other ranks have yet to take (the round keeps the producer off until
+ * they do: the group must not split between two versions when wexd
+ * restarts meanwhile).  Written "round". */
 #define WEX_JOURNAL_ROUND 16
 
 struct wex_journal {

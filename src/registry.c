@@ -177,18 +177,22 @@ static void model_maybe_free(struct wexd *d, struct model *m)
 }
 
 static void lease_note(struct conn *c);
+static void held_round_end(struct wexd *d, struct model *m, struct cgroup *g);
 
-static void round_close(struct model *m, struct cgroup *g)
+static void round_close(struct wexd *d, struct model *m, struct cgroup *g)
 {
 	if (!g->round_open)
 		return;
 	g->round_open = 0;
 	if (m->leases)
 		m->leases--; /* the group's hold */
-	/* The takes written down for it end with it. */
+	/* The takes written down for it end with it, those it passed
+	 * from before this wexd too. */
 	for (uint32_t i = 0; i < g->world; i++)
 		if (g->ranks[i] && g->ranks[i]->note_mode == WEX_JOURNAL_ROUND)
 			lease_note(g->ranks[i]);
+	if (m->held)
+		held_round_end(d, m, g);
 }
 
 /* Rank r of group g holds nothing of the open round any more (it left,
@@ -205,7 +209,7 @@ static void round_untake(struct cgroup *g, uint32_t r)
 }
 
 /* (Re)sizes group g, which no rank holds, for `world` ranks. */
-static int group_resize(struct model *m, struct cgroup *g, uint32_t world)
+static int group_resize(struct wexd *d, struct model *m, struct cgroup *g, uint32_t world)
 {
 	struct conn **ranks = calloc(world, sizeof(*ranks));
 	uint8_t *taken = calloc(world, 2);
@@ -215,7 +219,7 @@ static int group_resize(struct model *m, struct cgroup *g, uint32_t world)
 		free(taken);
 		return -ENOMEM;
 	}
-	round_close(m, g);
+	round_close(d, m, g);
 	free(g->ranks);
 	free(g->taken);
 	g->ranks = ranks;
@@ -235,7 +239,7 @@ static int group_resize(struct model *m, struct cgroup *g, uint32_t world)
  * no longer get, so until each of them syncs again the others are refused
  * (ESTALE) rather than handed another version.
  */
-static void memory_gone(struct model *m)
+static void memory_gone(struct wexd *d, struct model *m)
 {
 	m->epoch++;
 	for (struct cgroup *g = m->groups; g; g = g->next) {
@@ -251,7 +255,7 @@ static void memory_gone(struct model *m)
 			}
 		if (g->nlost)
 			g->lost_version = g->round_version;
-		round_close(m, g);
+		round_close(d, m, g);
 	}
 }
 
@@ -497,14 +501,14 @@ json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
 						group, g->world, (long long)world);
 		/* Every rank of the old group left: the engine came back with
 		 * another world size, as a trainer may. */
-		if (group_resize(m, g, (uint32_t)world) < 0)
+		if (group_resize(d, m, g, (uint32_t)world) < 0)
 			return wex__reply_error(-ENOMEM, "hello: out of memory");
 		wex_info("registry", "group '%s' of model '%s' now has %lld ranks", group, m->name,
 			 (long long)world);
 	}
 	if (!g) {
 		g = calloc(1, sizeof(*g));
-		if (!g || group_resize(m, g, (uint32_t)world) < 0) {
+		if (!g || group_resize(d, m, g, (uint32_t)world) < 0) {
 			free(g);
 			return wex__reply_error(-ENOMEM, "hello: out of memory");
 		}
@@ -838,7 +842,7 @@ json_t *wexd_register_tensors(struct wexd *d, struct conn *c, json_t *req, int *
 			 "publishing v%llu: it holds no version until it publishes again", c->rank,
 			 c->model->name, (unsigned long long)r->published);
 		r->published = 0;
-		memory_gone(c->model);
+		memory_gone(d, c->model);
 	}
 	free(r->t);
 	d->table_bytes += n * sizeof(*t) - r->nt * sizeof(*r->t);
@@ -915,7 +919,10 @@ static void lease_drop(struct model *m, struct conn *c)
  * lease, else its take of its group's open round, which keeps the producer
  * off until the other ranks take that version too: a wexd restarted
  * meanwhile must not let them get the next one (the group split between
- * two versions).  A group of one rank closes its round as it takes it. */
+ * two versions).  A group of one rank closes its round as it takes it.  A
+ * rank that passed the round (2: it holds that version already) is
+ * written so too, for the next wexd to pass it again (before, that wexd's
+ * round waited for it, idle with the version, holding the producer off). */
 static int note_wanted(const struct conn *c, uint64_t *v)
 {
 	const struct cgroup *g = c->group;
@@ -924,7 +931,7 @@ static int note_wanted(const struct conn *c, uint64_t *v)
 		*v = c->lease_version;
 		return c->lease_mode;
 	}
-	if (g && g->world > 1 && g->round_open && g->taken[c->rank] == 1) {
+	if (g && g->world > 1 && g->round_open && g->taken[c->rank]) {
 		*v = g->round_version;
 		return WEX_JOURNAL_ROUND;
 	}
@@ -991,10 +998,21 @@ static void lease_note(struct conn *c)
 	}
 }
 
+/* The connected ranks of group g that passed its open round (2, which
+ * opening it or their syncs set): written down as takes are. */
+static void round_note_passed(struct cgroup *g)
+{
+	for (uint32_t i = 0; i < g->world; i++)
+		if (g->ranks[i] && g->taken[i] == 2)
+			lease_note(g->ranks[i]);
+}
+
 /* ---------------------------------------------------------------------- */
 /* Leases held from before this wexd (journal.h, struct held).             */
 
-static void held_drop(struct wexd *d, struct held *h, const char *why)
+/* Ends h, leaving its model even with nothing left in it (the caller's
+ * business: held_drop frees it then). */
+static void held_end(struct wexd *d, struct held *h, const char *why)
 {
 	struct held **pp = &d->held;
 	struct model *m = h->m;
@@ -1015,6 +1033,13 @@ static void held_drop(struct wexd *d, struct held *h, const char *why)
 		m->leases--;
 	m->held--;
 	free(h);
+}
+
+static void held_drop(struct wexd *d, struct held *h, const char *why)
+{
+	struct model *m = h->m;
+
+	held_end(d, h, why);
 	model_maybe_free(d, m);
 }
 
@@ -1069,15 +1094,26 @@ void wexd_held_load(struct wexd *d)
 	d->held_checked_ns = wex__now_ns();
 }
 
-/* Ends the held leases whose processes exited. */
+/* Ends the held leases whose processes exited.  One that its group's
+ * open round passed (held_round_pass) leaves that rank holding nothing of
+ * the round, as a rank that took it and died: the round waits for the
+ * slot's next process, which takes the version at once (before, the
+ * round closed without it, the producer wrote the next version, and the
+ * slot's next process got that while its peers served this one). */
 static void held_sweep(struct wexd *d)
 {
 	struct held *h = d->held, *next;
 
 	for (; h; h = next) {
 		next = h->next;
-		if (!wex__journal_alive(&h->r))
-			held_drop(d, h, "its process exited");
+		if (wex__journal_alive(&h->r))
+			continue;
+		for (struct cgroup *g = h->m->groups; g; g = g->next)
+			if (g->round_open && g->round_version == h->r.version &&
+			    g->world == h->r.world && !strcmp(g->name, h->r.group) &&
+			    !g->ranks[h->r.rank] && g->taken[h->r.rank] == 2)
+				round_untake(g, h->r.rank);
+		held_drop(d, h, "its process exited");
 	}
 	d->held_checked_ns = wex__now_ns();
 }
@@ -1185,9 +1221,12 @@ static int held_in_group(struct wexd *d, struct model *m, struct cgroup *g, uint
 /*
  * Group g opens a round on v: each of its ranks that holds v from before
  * this wexd (struct held) passes it (2, taken without a lease): a lease
- * stays held; a take of the round the group had open when wexd restarted
- * (WEX_JOURNAL_ROUND) ends, the round's hold taking over from it, as does
- * one in `rank`'s slot (the caller's process takes or holds v).
+ * stays held; so does a take of the round the group had open when wexd
+ * restarted (WEX_JOURNAL_ROUND), written down, until this round closes
+ * (held_round_end): should wexd restart again first, the next one passes
+ * it too (before, it ended here, and the next wexd's round waited for
+ * that rank, idle with v, holding the producer off).  One in `rank`'s slot
+ * ends (the caller's process takes or holds v).
  */
 static void held_round_pass(struct wexd *d, struct model *m, struct cgroup *g, uint64_t v,
 			    uint32_t rank)
@@ -1209,8 +1248,26 @@ static void held_round_pass(struct wexd *d, struct model *m, struct cgroup *g, u
 			g->taken[h->r.rank] = 2;
 			g->ntaken++;
 		}
-		if (h->r.mode == WEX_JOURNAL_ROUND)
-			held_drop(d, h, "its group took that version again at this wexd");
+	}
+}
+
+/* Group g's round closes: the takes of the round it passed from before
+ * this wexd (held_round_pass) end with it. */
+static void held_round_end(struct wexd *d, struct model *m, struct cgroup *g)
+{
+	struct held *h, *next;
+
+	/* (Shutting down: they stay written, for the next wexd to pass.) */
+	if (d->journal.keep)
+		return;
+	for (h = d->held; h; h = next) {
+		next = h->next;
+		if (h->r.mode == WEX_JOURNAL_ROUND && h->m == m &&
+		    h->r.version == g->round_version && h->r.world == g->world &&
+		    !strcmp(h->r.group, g->name))
+			held_end(d, h, g->ntaken == g->world ?
+					       "its group took that version at this wexd" :
+					       "its group's round on that version closed");
 	}
 }
 
@@ -1505,6 +1562,7 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 	struct model *m = c->model;
 	struct cgroup *g = c->group;
 	uint64_t v;
+	int opened = 0;
 
 	if (g->round_open && !g->taken[c->rank]) {
 		v = g->round_version;
@@ -1524,7 +1582,9 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 			g->taken[c->rank] = 2;
 			g->ntaken++;
 			if (g->ntaken == g->world)
-				round_close(m, g);
+				round_close(d, m, g);
+			else
+				lease_note(c);
 			d->round_passed = 1;
 			return 0;
 		}
@@ -1564,7 +1624,9 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 				g->taken[c->rank] = 2;
 				g->ntaken++;
 				if (g->ntaken == g->world)
-					round_close(m, g);
+					round_close(d, m, g);
+				else
+					round_note_passed(g);
 				d->round_passed = 1;
 			}
 			return 0;
@@ -1579,6 +1641,7 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 			return 0;
 		if (!round_open_now(d, m, g, c->rank))
 			return 0;
+		opened = 1;
 		v = m->published;
 	}
 	g->taken[c->rank] = 1;
@@ -1595,7 +1658,9 @@ static int acquire_try(struct wexd *d, struct conn *c, json_t **reply)
 	c->lease_mode = c->wait_mode;
 	m->leases++;
 	if (g->ntaken == g->world)
-		round_close(m, g);
+		round_close(d, m, g);
+	else if (opened)
+		round_note_passed(g); /* (those opening it passed) */
 	lease_note(c);
 	c->waiting = WAIT_NONE;
 	c->syncs++;
@@ -1660,7 +1725,7 @@ json_t *wexd_acquire(struct wexd *d, struct conn *c, json_t *req)
 		if (g->round_open && g->round_version == c->lease_version && !g->taken[c->rank]) {
 			g->taken[c->rank] = 1;
 			if (++g->ntaken == g->world)
-				round_close(c->model, g);
+				round_close(d, c->model, g);
 			lease_note(c);
 		}
 		c->served_version = c->lease_version;
@@ -2007,7 +2072,7 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 		 * round open on the old version must not hand out the
 		 * successor's fresh memory under that version's name. */
 		r->published = 0;
-		memory_gone(m);
+		memory_gone(d, m);
 		/* A write that no live rank continues is over: without this the
 		 * model stayed "writing" forever and a restarted producer's
 		 * begin_write of a newer version was refused.  A version some
@@ -2052,7 +2117,7 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 		 * groups that only ever grew would let one client fill wexd's
 		 * memory, and its status replies, with empty rank slots. */
 		if (!any) {
-			round_close(m, g);
+			round_close(d, m, g);
 			group_free(m, g);
 		}
 		c->group = NULL;

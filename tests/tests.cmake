@@ -92,6 +92,7 @@ wex_foundation_test(group_churn LOOP)
 wex_foundation_test(empty_message LOOP)
 wex_foundation_test(sync_restart LIBS ${WEX_FX_LIBS})
 wex_foundation_test(lease_journal LIBS ${WEX_FX_LIBS})
+wex_foundation_test(round_restarts LIBS ${WEX_FX_LIBS})
 wex_foundation_test(producer_watch LIBS ${WEX_FX_LIBS} Threads::Threads)
 # It interposes sendmsg, for libwex.so's calls too: export it.
 set_target_properties(sync_restart PROPERTIES ENABLE_EXPORTS ON)

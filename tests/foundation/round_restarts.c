@@ -1,0 +1,363 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * round_restarts - a consumer group of three ranks syncs one version across
+ * several wexd restarts (SIGKILL, started again as systemd does), each rank
+ * in copy mode, one producer rank.  A rank's take of its group's open round
+ * is written down (journal.h, WEX_JOURNAL_ROUND), and the next wexd passes
+ * it when the group opens a round on that version there; the passed take
+ * stays written down while that round is open, so the wexd after the next
+ * passes it too.
+ *
+ *  - twice: rank 0 takes v1; restart; rank 1 takes v1 (the round passes
+ *    rank 0's take); restart; rank 2 takes v1: the group took v1 whole, so
+ *    the round closes and the trainer writes v2 at once.  (Before, the
+ *    second restart forgot rank 0's take: the round waited for rank 0,
+ *    idle in its rollout with v1, and held the trainer off until rank 0
+ *    synced again; the trainer's begin_write ended in EBUSY.)
+ *  - twice_term: the same, the second restart a graceful stop (SIGTERM).
+ *  - thrice: the same with a third restart, rank 1 syncing v1 again
+ *    between the second and the third.
+ *  - served_pass: all three ranks took v1; rank 2's engine goes, rank 1's
+ *    restarts and syncs v1 again: the new round on v1 passes rank 0 (served
+ *    v1 by this wexd) and waits for rank 2's slot; restart; rank 2's next
+ *    engine takes v1, and the group took it whole.  (Before, a rank that
+ *    passed a round was not written down: the next wexd's round waited for
+ *    rank 0, idle with v1, holding the trainer off.)
+ *  - exit_down: rank 0's engine (a child process) took v1; restart; rank 1
+ *    takes v1 (passing rank 0's take); wexd is killed, rank 0's engine
+ *    exits while no wexd runs, and wexd starts again: rank 0's take ended
+ *    with its process, so the round waits for rank 0's slot (holding the
+ *    trainer off), and the slot's next process takes v1 at once, which
+ *    closes it.  (So before too.)
+ *  - exit_up: rank 0's engine took v1, its take was passed at the next
+ *    wexd (the round open there, rank 2 not yet), and it exits while that
+ *    wexd runs: it holds nothing of the round any more, so the round waits
+ *    for its slot again as for any rank that died (before: rank 2's take
+ *    closed the round, the trainer wrote v2, and rank 0's next process got
+ *    v2 while ranks 1 and 2 served v1).  exit_up_view: the same with
+ *    rank 0's engine holding a remap-view lease of v1 (its record).
+ *
+ * Every check is structural: status (the group's open round, leases held
+ * from before), the journal's records, versions and bytes synced.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "fixture.h"
+
+static struct t_wexd d;
+
+/* Records of held leases or takes in the journal (journal.h). */
+static int journal_count(void)
+{
+	char path[400], buf[64];
+	struct dirent *e;
+	DIR *dir;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "%s.leases", d.sock);
+	dir = opendir(path);
+	if (!dir)
+		return -1;
+	while ((e = readdir(dir))) {
+		int fd = e->d_name[0] != '.' ? openat(dirfd(dir), e->d_name, O_RDONLY) : -1;
+		ssize_t got;
+
+		if (fd < 0)
+			continue;
+		got = read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+		buf[got > 0 ? got : 0] = '\0';
+		n += strncmp(buf, "{\"wex_lease\":1,", 14) == 0;
+	}
+	closedir(dir);
+	return n;
+}
+
+/* The version of the round open to group "g" of `model` (0: none). */
+static uint64_t group_round(const char *model)
+{
+	json_t *st = t_status(d.sock), *m = t_status_model(st, model), *g;
+	uint64_t v = 0;
+	size_t i;
+
+	json_array_foreach(m ? json_object_get(m, "groups") : NULL, i, g)
+		if (!strcmp(json_string_value(json_object_get(g, "name")) ?: "", "g"))
+			v = (uint64_t)json_integer_value(json_object_get(g, "round"));
+	json_decref(st);
+	return v;
+}
+
+/* Entries of `model`'s held[] (takes and leases from before this wexd). */
+static int held_count(const char *model)
+{
+	json_t *st = t_status(d.sock), *m = t_status_model(st, model);
+	int n = m ? (int)json_array_size(json_object_get(m, "held")) : 0;
+
+	json_decref(st);
+	return n;
+}
+
+/* Rank `rank` of the three of group "g": each rank holds the whole
+ * model (3 does not divide the preset's shapes), in a region reserved
+ * against the producer's segment, its layout attached. */
+static void cons_open(struct t_cons *k, const char *model, uint32_t rank)
+{
+	struct ex_cfg cfg;
+
+	memset(k, 0, sizeof(*k));
+	T_ASSERT(ex_cfg_preset(&cfg, "tiny") == 0, "preset tiny");
+	k->n = ex_shards(&cfg, 0, 1, &k->t, &k->seg_bytes);
+	T_ASSERT(k->n > 0, "ex_shards(tiny, 0/1)");
+	k->rank = rank;
+	k->c = t_open(WEX_ROLE_CONSUMER, model, "g", rank, 3);
+	T_WEX(k->c, wex_reserve(k->c, 0, 0, k->seg_bytes, &k->region));
+	for (int i = 0; i < k->n; i++)
+		k->t[i].ptr = (char *)k->region + k->t[i].offset;
+	T_WEX(k->c, wex_attach(k->c, k->t, (size_t)k->n));
+}
+
+static void restart(void)
+{
+	t_wexd_kill(&d);
+	t_wexd_restart(&d);
+}
+
+/* A graceful stop (SIGTERM, as systemctl restart), then a start. */
+static void restart_term(void)
+{
+	int st;
+
+	T_ASSERT(kill(d.pid, SIGTERM) == 0, "SIGTERM wexd");
+	T_ASSERT(waitpid(d.pid, &st, 0) == d.pid && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+		 "wexd stopped cleanly");
+	d.pid = 0;
+	t_wexd_restart(&d);
+}
+
+static void take(struct t_cons *k, uint64_t v)
+{
+	struct wex_sync_result r;
+
+	T_WEX(k->c, wex_sync(k->c, WEX_SYNC_COPY, v, 10000, &r));
+	T_ASSERT(r.version == v && t_own_bad(k, v) == 0, "rank %u took v%llu (got v%llu)", k->rank,
+		 (unsigned long long)v, (unsigned long long)r.version);
+}
+
+/* The group took v1 whole: no round open, nothing held or written down,
+ * and the trainer writes v2 (begin_write granted: nothing holds it), which
+ * every rank of the group then takes. */
+static void group_took_v1(const char *model, struct t_prod *p, struct t_cons *k, int n)
+{
+	int ret;
+
+	T_ASSERT(group_round(model) == 0,
+		 "every rank of the group took v1, yet its round on v%llu is still open",
+		 (unsigned long long)group_round(model));
+	T_ASSERT(held_count(model) == 0 && journal_count() == 0,
+		 "nothing of the round is held (%d) or written down (%d records)",
+		 held_count(model), journal_count());
+	ret = wex_begin_write(p->c, 2, 10000);
+	T_ASSERT(ret == 0, "the trainer writes v2: %s (%s)", wex_strerror(ret),
+		 wex_last_error(p->c));
+	ex_fill(p->base, p->t, (size_t)p->n, 2, 1);
+	T_WEX(p->c, wex_publish(p->c, 2));
+	for (int i = 0; i < n; i++)
+		take(&k[i], 2);
+	T_ASSERT(group_round(model) == 0 && journal_count() == 0,
+		 "the round on v2 closed (%d records)", journal_count());
+}
+
+/* `term`: the second restart is a graceful stop. */
+static void twice(int restarts, int term)
+{
+	const char *model = term ? "twice-term" : restarts == 2 ? "twice" : "thrice";
+	struct t_prod p;
+	struct t_cons k[3];
+
+	t_prod_open(&p, model, "tiny", 0, 1);
+	for (uint32_t r = 0; r < 3; r++)
+		cons_open(&k[r], model, r);
+	t_prod_write(&p, 1);
+	take(&k[0], 1);
+	T_ASSERT(journal_count() == 1, "rank 0's take is written down (%d)", journal_count());
+	restart();
+	take(&k[1], 1);
+	T_ASSERT(group_round(model) == 1, "the round on v1 waits for rank 2");
+	if (term)
+		restart_term();
+	else
+		restart();
+	if (restarts == 3) {
+		/* Rank 1 syncs v1 again (a repeated request): its hello ends
+		 * its own take from before, and it takes v1 again. */
+		take(&k[1], 1);
+		T_ASSERT(group_round(model) == 1, "the round on v1 waits for rank 2");
+		restart();
+	}
+	take(&k[2], 1);
+	group_took_v1(model, &p, k, 3);
+	printf("round_restarts: %s: the group took v1 across %d restarts%s; the trainer wrote v2\n",
+	       model, restarts, term ? " (the second graceful)" : "");
+	for (uint32_t r = 0; r < 3; r++)
+		t_cons_close(&k[r]);
+	t_prod_close(&p);
+}
+
+/* All three ranks took v1; rank 2's engine goes and rank 1's restarts and
+ * syncs v1 again: a new round on v1, which rank 0 (served v1 by this wexd)
+ * passes at once, waits for rank 2's slot.  wexd restarts; rank 2's next
+ * engine takes v1: the group took it whole. */
+static void served_pass(void)
+{
+	const char *model = "served";
+	struct t_prod p;
+	struct t_cons k[3];
+
+	t_prod_open(&p, model, "tiny", 0, 1);
+	for (uint32_t r = 0; r < 3; r++)
+		cons_open(&k[r], model, r);
+	t_prod_write(&p, 1);
+	for (uint32_t r = 0; r < 3; r++)
+		take(&k[r], 1);
+	T_ASSERT(group_round(model) == 0, "the group took v1 whole");
+	t_cons_close(&k[2]);
+	t_cons_close(&k[1]);
+	cons_open(&k[1], model, 1);
+	take(&k[1], 1);
+	T_ASSERT(group_round(model) == 1, "the round rank 1 opened on v1 waits for rank 2");
+	restart();
+	cons_open(&k[2], model, 2);
+	take(&k[2], 1);
+	group_took_v1(model, &p, k, 3);
+	printf("round_restarts: %s: rank 0 passed the round on v1 at the next wexd too\n", model);
+	for (uint32_t r = 0; r < 3; r++)
+		t_cons_close(&k[r]);
+	t_prod_close(&p);
+}
+
+/* Rank 0's engine: a child process that takes v1 in `mode` and waits to
+ * be killed. */
+static pid_t engine0(const char *model, int mode)
+{
+	int pfd[2];
+	char ch = 0;
+	pid_t child;
+
+	T_ASSERT(pipe(pfd) == 0, "pipe");
+	child = t_fork();
+	if (child == 0) {
+		struct t_cons k;
+
+		close(pfd[0]);
+		cons_open(&k, model, 0);
+		if (mode == WEX_SYNC_COPY) {
+			take(&k, 1);
+		} else {
+			struct wex_sync_result r;
+
+			T_WEX(k.c, wex_sync(k.c, mode, 1, 10000, &r));
+			T_ASSERT(r.version == 1 && t_view_bad(&k, 0, 1) == 0, "rank 0 views v1");
+		}
+		(void)!write(pfd[1], "s", 1);
+		for (;;)
+			pause();
+	}
+	close(pfd[1]);
+	T_ASSERT(read(pfd[0], &ch, 1) == 1, "rank 0's engine took v1");
+	close(pfd[0]);
+	return child;
+}
+
+static void engine0_dies(pid_t child)
+{
+	kill(child, SIGKILL);
+	T_ASSERT(t_wait(child) == 128 + SIGKILL, "rank 0's engine was killed");
+}
+
+/* `up`: rank 0's engine dies while the wexd that passed its take runs
+ * (else while no wexd runs, before the next one starts); `mode`: its sync's
+ * (the record written down is its take of the round, or its remap lease). */
+static void engine_exits(int up, int mode)
+{
+	const char *model = !up ? "exit-down" : mode == WEX_SYNC_COPY ? "exit-up" : "exit-up-view";
+	struct t_prod p;
+	struct t_cons k[3];
+	pid_t child;
+	int ret;
+
+	t_prod_open(&p, model, "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	child = engine0(model, mode);
+	for (uint32_t r = 1; r < 3; r++)
+		cons_open(&k[r], model, r);
+	restart();
+	take(&k[1], 1);
+	T_ASSERT(group_round(model) == 1, "the round on v1 waits for rank 2");
+	if (up) {
+		engine0_dies(child);
+		/* (A condition, not a timed sleep: wexd looks for the exits of
+		 * processes holding takes from before it now and then.) */
+		for (double t0 = t_now(); held_count(model) != 0;) {
+			T_ASSERT(t_now() - t0 < 30.0, "rank 0's take outlived its process");
+			usleep(20000);
+		}
+		T_ASSERT(journal_count() == 1, "only rank 1's take stays written (%d records)",
+			 journal_count());
+	} else {
+		t_wexd_kill(&d);
+		engine0_dies(child);
+		t_wexd_restart(&d);
+	}
+	/* Rank 2 takes v1; rank 0's slot holds nothing (its engine died):
+	 * the round waits for it, and holds the trainer off. */
+	take(&k[2], 1);
+	ret = wex_begin_write(p.c, 2, 200);
+	T_ASSERT(ret == -EBUSY, "rank 0's engine died: the round on v1 waits for its slot, and "
+		 "holds the trainer off: %s", wex_strerror(ret));
+	T_ASSERT(group_round(model) == 1, "the round on v1 is open (round v%llu)",
+		 (unsigned long long)group_round(model));
+	/* Rank 0's next process takes v1 at once. */
+	cons_open(&k[0], model, 0);
+	take(&k[0], 1);
+	group_took_v1(model, &p, k, 3);
+	printf("round_restarts: %s: rank 0's engine died %s; its next process took v1\n", model,
+	       up ? "while wexd ran" : "while no wexd ran");
+	for (uint32_t r = 0; r < 3; r++)
+		t_cons_close(&k[r]);
+	t_prod_close(&p);
+}
+
+/* Runs every case, or the one named by argv[1]. */
+int main(int argc, char **argv)
+{
+	const char *only = argc > 1 ? argv[1] : NULL;
+
+	t_wexd_start(&d);
+	t_check_backend(d.sock);
+	if (!only || !strcmp(only, "twice"))
+		twice(2, 0);
+	if (!only || !strcmp(only, "twice_term"))
+		twice(2, 1);
+	if (!only || !strcmp(only, "thrice"))
+		twice(3, 0);
+	if (!only || !strcmp(only, "served_pass"))
+		served_pass();
+	if (!only || !strcmp(only, "exit_down"))
+		engine_exits(0, WEX_SYNC_COPY);
+	if (!only || !strcmp(only, "exit_up"))
+		engine_exits(1, WEX_SYNC_COPY);
+	if (!only || !strcmp(only, "exit_up_view"))
+		engine_exits(1, WEX_SYNC_REMAP_VIEW);
+	t_wexd_stop(&d);
+	printf("round_restarts: PASS\n");
+	t_exit(T_EXIT_PASS);
+}
