@@ -245,6 +245,90 @@ class TaggedSleepyWorker(SleepyWorker):
         scribble(module, 3)
 
 
+class DiscardingWorker(SleepyWorker):
+    """SleepyWorker as the 2026 vLLM Worker sleeps (vllm/v1/worker/
+    gpu_worker.py; vllm-project/vllm's tests/v1/worker test
+    test_worker_tracks_asleep_tags_across_sleep_and_partial_wake): it
+    keeps the tags it released in _asleep_tags (sleep(level) adds weights
+    and kv_cache, wake_up(tags) removes the tags woken, None: all), and
+    discard(tags) (the executor's discard; CuMemBackend.discard ->
+    CuMemAllocator.discard, vllm/device_allocator/sleep_mode_backend.py)
+    releases those tags' memory with no CPU backup."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._asleep_tags = set()
+
+    def sleep(self, level=1):
+        super().sleep(level)
+        self._asleep_tags = {"weights", "kv_cache"}
+
+    def wake_up(self, tags=None):
+        super().wake_up(tags)
+        self._asleep_tags -= set(tags) if tags is not None else set(self._asleep_tags)
+
+    def discard(self, tags):
+        self._asleep_tags |= set(tags)
+        if "weights" in tags:
+            self.backup = None
+            scribble(self.model_runner.model, 3)
+
+
+class PinnedSleepyWorker(SleepyWorker):
+    """SleepyWorker with a sleep-mode backend other than vLLM's "cumem"
+    (model_config.sleep_mode_backend; vllm/device_allocator/
+    sleep_mode_backend.py: SleepModeBackendFactory, plugins register
+    more) that keeps the host copy of the weights it took at the first
+    suspend for the life of the process, as a vLLM "pinned_weights"
+    backend (PinnedWeightsBackend._attach_backups) does: later level-1
+    sleeps only unmap, and each wake-up copies that first copy back."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.vllm_config.model_config.sleep_mode_backend = "pinned_weights"
+        self.pinned = None
+
+    def sleep(self, level=1):
+        if self.pinned is None:
+            self.pinned = [p.detach().clone() for p in self.model_runner.model.parameters()]
+        self.backup = self.pinned
+        scribble(self.model_runner.model, 3)
+
+
+class ReloadingWorker(VllmWorker):
+    """VllmWorker with the worker's reload_weights as vLLM's
+    GPUModelRunner.reload_weights(weights_iterator=None, weights_path=None,
+    is_checkpoint_format=True) does it (vllm/v1/worker/gpu_model_runner.py,
+    2026): model.load_weights of the weights given (or the checkpoint's),
+    or, where is_checkpoint_format=False (weights already in kernel
+    format), model.get_parameter(name).copy_(weight) of each, which does
+    not go through load_weights."""
+
+    def reload_weights(self, weights_iterator=None, weights_path=None,
+                       is_checkpoint_format=True):
+        model = self.model_runner.model
+        weights = list(weights_iterator or [])
+        if is_checkpoint_format:
+            model.load_weights(weights)
+            return
+        with torch.no_grad():
+            for name, weight in weights:
+                model.get_parameter(name).copy_(weight)
+
+
+class CuMemAllocation:
+    """vLLM's AllocationData (vllm/device_allocator/__init__.py at
+    055e47c28003156421365af985d676fc921cb075, cumem.py): handle, tag,
+    cpu_backup_tensor and is_asleep, which CuMemAllocator.sleep() sets
+    on every allocation it unmaps (backing up those of offload_tags),
+    discard(tags) on those of the tags (no backup), and wake_up(tags)
+    clears on those it maps again."""
+
+    def __init__(self, tag, cpu_backup_tensor=None, is_asleep=False):
+        self.handle = (0, 4096, id(self), 0)
+        self.tag, self.cpu_backup_tensor, self.is_asleep = tag, cpu_backup_tensor, is_asleep
+
+
 class MemorySaver:
     """torch_memory_saver's process-wide instance as SGLang's
     release/resume_memory_occupation use it: pause(tag) releases the
@@ -2328,6 +2412,228 @@ class EngineHooks(WexdProducerCase):
         w.wake_up()
         self.assertEqual(sync(v2)["changed"], 1)
         self.assert_holds(params_of(module), "vllm", 0)
+
+    def install_cumem(self, *allocations):
+        """vllm.device_allocator.cumem with a CuMemAllocator instance whose
+        pointer_to_data holds `allocations` (CuMemAllocation)."""
+        cumem = types.ModuleType("vllm.device_allocator.cumem")
+
+        class CuMemAllocator:
+            instance = types.SimpleNamespace(
+                pointer_to_data={0x1000 * (k + 1): a for k, a in enumerate(allocations)})
+        cumem.CuMemAllocator = CuMemAllocator
+        for name, mod in (("vllm.device_allocator", types.ModuleType("vllm.device_allocator")),
+                          ("vllm.device_allocator.cumem", cumem)):
+            sys.modules[name] = mod
+            self.addCleanup(sys.modules.pop, name)
+
+    def test_vllm_weights_released_before_attach(self):
+        """A release of the weights before wex_attach (nothing wrapped yet)
+        that leaves no CPU backup and no saved buffers (newer vLLM's tag
+        sleep or discard of "weights", a level-2 sleep of a model without
+        buffers) is seen in vLLM's state: the worker's _asleep_tags, or
+        CuMemAllocator's is_asleep of the allocations tagged "weights";
+        the attach is refused, saying so, before anything reads them."""
+        d = self.tmp.name
+        set_par(tp=(2, 0))
+        w = DiscardingWorker(d, module_of(self.engine_params("vllm", 0)), load_format="dummy")
+        w.discard(("weights",))
+        with self.assertRaises(ValueError) as e:
+            w.wex_attach(model=MODEL, group="vllm-before")
+        self.assertIn("asleep tags: ['weights']", str(e.exception))
+        self.assertIn("wake_up(tags=['weights'])", str(e.exception))
+        self.assertIsNone(w.wex_status())
+        w.wake_up(tags=["kv_cache"])  # the KV cache alone: still released
+        with self.assertRaises(ValueError):
+            w.wex_attach(model=MODEL, group="vllm-before")
+        w.wake_up(tags=["weights"])
+        w.wex_attach(model=MODEL, group="vllm-before")
+        w.wex_detach()
+        # A vLLM whose worker keeps no such set: CuMemAllocator's
+        # per-allocation is_asleep.
+        fresh = SleepyWorker(d, module_of(self.engine_params("vllm", 0)), load_format="dummy")
+        fresh.vllm_config.model_config.enable_sleep_mode = True
+        weights = CuMemAllocation("weights", is_asleep=True)
+        self.install_cumem(CuMemAllocation("kv_cache", is_asleep=True), weights,
+                           CuMemAllocation("weights"))
+        with self.assertRaises(ValueError) as e:
+            fresh.wex_attach(model=MODEL, group="vllm-before")
+        self.assertIn("1 of the 2 allocations tagged 'weights' are released", str(e.exception))
+        weights.is_asleep = False  # woken
+        fresh.wex_attach(model=MODEL, group="vllm-before")
+        fresh.wex_detach()
+
+    def test_vllm_discard_weights(self):
+        """Newer vLLM's discard(tags) (the executor's discard; the worker's
+        discard releases those tags' memory with no CPU backup): of
+        "weights", a sync is refused while they are released, and waking
+        them forgets the version, so the next sync copies it whole (it
+        copied nothing, and vLLM served the discarded memory); of the KV
+        cache alone, syncs go on."""
+        d = self.tmp.name
+        module = module_of(self.engine_params("vllm", 0))
+        w = DiscardingWorker(d, module, load_format="dummy")
+        other = VllmWorker(d, module_of(self.engine_params("vllm", 1)), load_format="dummy")
+
+        def sync(min_version):
+            set_par(tp=(2, 1))
+            other.wex_sync(min_version=min_version)
+            set_par(tp=(2, 0))
+            return w.wex_sync(min_version=min_version)
+
+        for k, x in ((1, other), (0, w)):
+            set_par(tp=(2, k))
+            x.wex_attach(model=MODEL, group="vllm-discard")
+            self.addCleanup(x.wex_detach)
+        v = self.next_version()
+        self.assertEqual(sync(v)["changed"], 1)
+        w.discard(("kv_cache",))
+        self.assertIsNone(w.wex_status()["released"])
+        self.assertEqual(sync(v)["changed"], 0)
+        w.wake_up(tags=["kv_cache"])
+        w.discard(tags=("weights",))
+        with self.assertRaises(ValueError) as e:
+            sync(v)
+        self.assertIn("vLLM discarded its weights' memory", str(e.exception))
+        self.assertIn("nothing copied", str(e.exception))
+        w.wake_up(tags=["weights"])
+        self.assertTrue(all_equal(module, 7))
+        self.assertEqual(w.wex_status()["forgotten"], 1)
+        r = sync(v)
+        self.assertEqual((r["version"], r["changed"]), (v, 1))
+        self.assert_holds(params_of(module), "vllm", 0)
+
+    def test_vllm_reload_weights_kernel_format(self):
+        """The worker's reload_weights with weights in kernel format
+        (is_checkpoint_format=False) copies them into the parameters
+        without the model's load_weights: the rank forgets its version
+        all the same (once, also where reload_weights goes through
+        load_weights), and the next sync copies it whole again."""
+        d = self.tmp.name
+        module = module_of(self.engine_params("vllm", 0))
+        module.load_weights = lambda weights: scribble(module, 5)
+        w = ReloadingWorker(d, module, load_format="dummy")
+        set_par(tp=(2, 0))
+        w.wex_attach(model=MODEL, group="vllm-kernel")
+        self.addCleanup(w.wex_detach)
+        v = self.next_version()
+        self.assertEqual(w.wex_sync(min_version=v)["changed"], 1)
+        name, p = next(iter(module.named_parameters()))
+        w.reload_weights([(name, torch.full_like(p, 9))], is_checkpoint_format=False)
+        self.assertTrue(bool((p == 9).all()))
+        self.assertEqual(w.wex_status()["forgotten"], 1)
+        self.assertEqual(w.wex_sync(min_version=v)["changed"], 1)
+        self.assert_holds(params_of(module), "vllm", 0)
+        w.reload_weights([])  # through load_weights: forgotten once
+        self.assertTrue(all_equal(module, 5))
+        self.assertEqual(w.wex_status()["forgotten"], 2)
+        self.assertEqual(w.wex_sync(min_version=v)["changed"], 1)
+        self.assert_holds(params_of(module), "vllm", 0)
+
+    def test_vllm_sleep_backend_other(self):
+        """A level-1 wake-up copies back the weights as they were at the
+        sleep only with vLLM's "cumem" sleep-mode backend; another one
+        (a host copy kept from the first suspend) may copy back older
+        bytes: the rank forgets its version, and the next sync copies it
+        whole (it copied nothing, and vLLM served the older weights)."""
+        d = self.tmp.name
+        module = module_of(self.engine_params("vllm", 0))
+        w = PinnedSleepyWorker(d, module, load_format="dummy")
+        other = VllmWorker(d, module_of(self.engine_params("vllm", 1)), load_format="dummy")
+
+        def sync(min_version):
+            set_par(tp=(2, 1))
+            other.wex_sync(min_version=min_version)
+            set_par(tp=(2, 0))
+            return w.wex_sync(min_version=min_version)
+
+        for k, x in ((1, other), (0, w)):
+            set_par(tp=(2, k))
+            x.wex_attach(model=MODEL, group="vllm-pinned")
+            self.addCleanup(x.wex_detach)
+        w.sleep(level=1)  # the first suspend: the copy kept (not the version)
+        w.wake_up()
+        v = self.next_version()
+        self.assertEqual(sync(v)["changed"], 1)
+        w.sleep(level=1)
+        w.wake_up()
+        self.assertEqual(w.wex_status()["forgotten"], 2)  # at each wake-up
+        r = sync(v)
+        self.assertEqual((r["version"], r["changed"]), (v, 1))
+        self.assert_holds(params_of(module), "vllm", 0)
+
+    def test_vllm_load_weights_elsewhere(self):
+        """vLLM's own reloads (the worker's reload_weights, the weight-
+        transfer engine's update_weights) and RL frameworks' updates
+        through collective_rpc (model_runner.model.load_weights(weights=
+        [(name, tensor)]): veRL, OpenRLHF, vLLM's RLHF examples) write
+        into the attached parameters in place: the rank forgets its
+        version at once (check_group no longer counts it) and the next
+        sync copies the whole version again instead of nothing; a load
+        that replaced a parameter detaches the rank, saying so."""
+        d = self.tmp.name
+        workers, modules = [], []
+        for k in range(2):
+            modules.append(module_of(self.engine_params("vllm", k)))
+
+            def load_weights(weights, m=modules[-1]):  # as a model's load_weights does
+                for _ in weights:
+                    pass
+                scribble(m, 5)
+            modules[-1].load_weights = load_weights
+            workers.append(VllmWorker(d, modules[-1], load_format="dummy"))
+
+        def on(k, fn, *a, **kw):
+            set_par(tp=(2, k))
+            return getattr(workers[k], fn)(*a, **kw)
+
+        for k, w in enumerate(workers):
+            on(k, "wex_attach", model=MODEL, group="vllm-reload")
+            self.addCleanup(w.wex_detach)
+        v = self.next_version()
+        for k in range(2):
+            self.assertEqual(on(k, "wex_sync", min_version=v)["changed"], 1)
+        self.assertEqual(len(wex.engine.check_group(MODEL, "vllm-reload", v, world_size=2)), 2)
+        workers[0].model_runner.model.load_weights(
+            weights=[("model.embed_tokens.weight", torch.zeros(1))])
+        self.assertTrue(all_equal(modules[0], 5))
+        with self.assertRaises(RuntimeError) as e:
+            wex.engine.check_group(MODEL, "vllm-reload", v, world_size=2)
+        self.assertIn("rank 0 at version 0", str(e.exception))
+        r = on(0, "wex_sync", min_version=v)
+        self.assertEqual((r["version"], r["changed"]), (v, 1))
+        self.assert_holds(params_of(modules[0]), "vllm", 0)
+        self.assertEqual(on(1, "wex_sync", min_version=v)["changed"], 0)  # not reloaded
+        self.assertEqual(len(wex.engine.check_group(MODEL, "vllm-reload", v, world_size=2)), 2)
+        # Detached and attached again: wrapped once, still seen.
+        on(0, "wex_detach")
+        on(0, "wex_attach", model=MODEL, group="vllm-reload")
+        self.assertEqual(on(0, "wex_sync", min_version=v)["changed"], 1)
+        modules[0].load_weights([])
+        self.assertEqual(on(0, "wex_sync", min_version=v)["changed"], 1)
+        # A load that replaced a parameter (process_weights_after_loading
+        # may): the rank cannot forget as it was attached: detached.
+        def replacing(weights, m=modules[1]):
+            scribble(m, 5)
+            emb = m.model.embed_tokens
+            emb.weight = torch.nn.Parameter(emb.weight.detach().clone(), requires_grad=False)
+        modules[1].load_weights = replacing
+        on(1, "wex_detach")
+        on(1, "wex_attach", model=MODEL, group="vllm-reload")
+        set_par(tp=(2, 1))
+        with self.assertLogs("wex", "WARNING"):
+            modules[1].load_weights([])
+        self.assertIsNone(workers[1].wex_status())
+        with self.assertRaises(RuntimeError) as e:
+            wex.engine.check_group(MODEL, "vllm-reload", v, world_size=2)
+        self.assertIn("rank 1", str(e.exception))
+        with self.assertRaises(ValueError) as e:
+            on(1, "wex_sync", min_version=v)
+        self.assertIn("detached: vLLM loaded other weights", str(e.exception))
+        on(1, "wex_attach", model=MODEL, group="vllm-reload")
+        r = on(1, "wex_sync", min_version=v)
+        self.assertEqual((r["version"], r["changed"]), (v, 1))
+        self.assert_holds(params_of(modules[1]), "vllm", 1)
 
     def test_vllm_sleep_during_sync(self):
         """A sleep called while a sync runs in another thread: a sync

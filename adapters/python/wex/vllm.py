@@ -119,19 +119,44 @@ so this concerns syncs run from threads of your own).  Waking them from a sleep 
 level 2 (or any but 1, which copies a CPU backup back) leaves them
 holding nothing meaningful: the next wex_sync copies the whole version,
 even the one the worker held, and the checkpoint is not compared again.
+Level 1 counts as kept only with vLLM's own "cumem" sleep-mode backend
+(model_config.sleep_mode_backend), which backs the weights up at each
+sleep; another backend (a plugin's) may copy back older bytes (a host
+copy kept from its first suspend), so its wake-ups count as lost too.
 Newer vLLM also sleeps by memory tag (LLM.sleep(tags=[...]), the
 worker's sleep(level, tags)): tags without "weights" (the KV cache
 alone) leave the weights mapped and syncs go on; with "weights" they
 are discarded with no CPU backup, whatever the level, so counted lost.
-Where the worker sleeps when wex_attach is called (before anything was
-wrapped), vLLM's state shows it (the CPU backups of level 1; the saved
-buffers of level 2, for a model that has buffers) and the attach is
-refused; a model without buffers asleep at level 2 is not seen there,
-but libwex refuses it where the CUDA driver reports nothing mapped at
-the weights (wex.released).  A level-2 sleep and wake-up before the
-first attach is not seen at all: the checkpoint comparison then finds
-the weights different (the message says so): call wex_attach before the
-first sleep.
+The 2026 worker's discard(tags) (the executor's discard) is wrapped
+too: of tags without "weights" it leaves them as they are; with
+"weights" it releases them with no CPU backup, as a tag sleep.
+Where the weights are released when wex_attach is called (before
+anything was wrapped), vLLM's state shows it and the attach is refused:
+the worker's _asleep_tags (the 2026 worker: sleep, discard and wake_up
+keep it), CuMemAllocator's is_asleep of the allocations tagged "weights"
+(set by any sleep, tag sleep or discard until their wake-up, in the
+releases that have it), and in older ones the CPU backups of level 1 and
+the saved buffers of level 2 (for a model that has buffers); an older
+vLLM's tag sleep of the weights, or level 2 of a model without buffers,
+leaves no trace there, but libwex refuses it where the CUDA driver
+reports nothing mapped at the weights (wex.released).  A level-2 sleep
+and wake-up before the first attach is not seen at all: the checkpoint
+comparison then finds the weights different (the message says so):
+call wex_attach before the first sleep.
+
+Weights vLLM loads itself: wex_attach wraps the model's load_weights,
+through which RL frameworks' collective_rpc updates (veRL, OpenRLHF,
+vLLM's RLHF examples: model_runner.model.load_weights(weights=[(name,
+tensor)])) write into the attached parameters in place, and the worker's
+reload_weights (also with is_checkpoint_format=False, which copies into
+the parameters without load_weights), update_weights and
+finish_weight_update (the weight-transfer engine's session).
+After one the rank forgets its version (check_group no longer counts
+it) and the next wex_sync copies the whole version again, instead of
+nothing; where it cannot (the load replaced parameters) the rank is
+detached and wex_sync says so (wex_attach again).  A write that does not
+go through load_weights (a copy of your own into the parameters) is not
+seen: wex_detach and wex_attach after it.
 """
 import enum
 import importlib
@@ -539,6 +564,16 @@ def _refuse_strided(named, strip_prefix, ignore):
                          % (name, tuple(t.shape), tuple(t.stride()), why))
 
 
+# The worker's methods through which vLLM writes other weights into the
+# model's parameters in place (vllm/v1/worker/gpu_worker.py):
+# reload_weights (GPUModelRunner.reload_weights: model.load_weights of the
+# checkpoint's or given weights, or, where is_checkpoint_format=False,
+# model.get_parameter(name).copy_(weight), bypassing load_weights), and the
+# weight-transfer engine's session (update_weights, finish_weight_update;
+# vllm/distributed/weight_transfer).
+_RELOADS = ("reload_weights", "update_weights", "finish_weight_update")
+
+
 class WorkerExtension:
     """Mixed into vLLM's worker class (worker_extension_cls): uses
     self.model_runner.model, self.device and self.vllm_config, as vLLM's
@@ -550,6 +585,7 @@ class WorkerExtension:
     _wex_changed = False
     _wex_asleep = None    # while vLLM's weights sleep: why (see _wex_watch_sleep)
     _wex_lost = False     # ... and whether their bytes are lost on waking
+    _wex_detached = None  # why a reload of vLLM's (load_weights) detached the rank
 
     def _wex_watch_sleep(self):
         """Wraps this worker's sleep() and wake_up() (instance attributes,
@@ -570,7 +606,8 @@ class WorkerExtension:
             return  # a vLLM without sleep mode
         # The methods as found at each call (a class patched later is
         # still called), unless the instance had its own already.
-        own = {k: self.__dict__[k] for k in ("sleep", "wake_up") if k in self.__dict__}
+        own = {k: self.__dict__[k] for k in ("sleep", "wake_up", "discard")
+               if k in self.__dict__}
 
         def method(name):
             if name in own:
@@ -591,11 +628,23 @@ class WorkerExtension:
             tags = kwargs.get("tags", args[1] if len(args) > 1 else None)
             if tags is not None and "weights" not in tags:
                 return method("sleep")(*args, **kwargs)  # the weights stay as they are
+            why = "vLLM is asleep (sleep level %s)" % (level,) if tags is None \
+                else "vLLM is asleep (sleep tags %s)" % (list(tags),)
+            # Level 1 copies the weights back as they were at the sleep
+            # only with vLLM's own "cumem" sleep-mode backend (CuMemBackend:
+            # CuMemAllocator.sleep backs them up at each sleep,
+            # vllm/device_allocator/sleep_mode_backend.py); another
+            # backend (a plugin's: a host copy kept from the first
+            # suspend, a snapshot on disk) may restore older bytes.
+            backend = getattr(self._wex_configs()[0], "sleep_mode_backend", None)
+            other = backend is not None and str(getattr(backend, "value", backend)) != "cumem"
+            return release("sleep", why, level != 1 or tags is not None or other, args, kwargs)
+
+        def release(name, why, lost, args, kwargs):
             # Before: a sleep that fails half-way leaves them unknown.
             before = (self._wex_asleep, self._wex_lost)
-            self._wex_asleep = "vLLM is asleep (sleep level %s)" % (level,) if tags is None \
-                else "vLLM is asleep (sleep tags %s)" % (list(tags),)
-            self._wex_lost = self._wex_lost or level != 1 or tags is not None
+            self._wex_asleep = why
+            self._wex_lost = self._wex_lost or lost
             if self._wex is not None:
                 try:  # waits for a sync running in another thread
                     self._wex.released(self._wex_asleep)
@@ -603,17 +652,29 @@ class WorkerExtension:
                     self._wex_asleep, self._wex_lost = before
                     raise
             try:
-                return method("sleep")(*args, **kwargs)
+                return method(name)(*args, **kwargs)
             except BaseException:
                 # vLLM counts itself awake (its executor marks it asleep
                 # only after a sleep that returned), with some memory
                 # released perhaps: libwex refuses what is not mapped,
                 # and what is holds nothing certain.
                 self._wex_asleep, self._wex_lost = None, False
-                self._wex_changed = "a vLLM sleep that failed may have discarded the weights"
+                self._wex_changed = "a vLLM %s that failed may have discarded the weights" % name
                 if self._wex is not None:
                     self._wex.restored(kept=False)  # never raises
                 raise
+
+        def wex_discard(*args, **kwargs):
+            # Newer vLLM's discard(tags) (the executor's discard; the
+            # worker adds the tags to its _asleep_tags; CuMemBackend.
+            # discard -> CuMemAllocator.discard): unmaps the allocations
+            # of those tags with no CPU backup, until a wake_up of them.
+            tags = kwargs.get("tags", args[0] if args else ())
+            tags = (tags,) if isinstance(tags, str) else tuple(tags or ())
+            if "weights" not in tags:
+                return method("discard")(*args, **kwargs)  # the weights stay as they are
+            return release("discard", "vLLM discarded its weights' memory (discard tags %s)"
+                           % (list(tags),), True, args, kwargs)
 
         def wex_wake_up(*args, **kwargs):
             tags = kwargs.get("tags", args[0] if args else None)
@@ -634,14 +695,26 @@ class WorkerExtension:
             return out
 
         self.sleep, self.wake_up = wex_sleep, wex_wake_up
+        if callable(getattr(self, "discard", None)):
+            self.discard = wex_discard
 
     def _wex_sleeping(self):
         """Why vLLM's weights sleep now, seen in its state (for a sleep
-        before wex_attach wrapped sleep()), or None: level 1 leaves CPU
-        backups of the "weights" allocations in CuMemAllocator, level 2
-        the model's buffers in the worker's _sleep_saved_buffers."""
+        before wex_attach wrapped sleep()), or None: newer vLLM's worker
+        keeps the tags it released in _asleep_tags (sleep adds weights and
+        kv_cache, discard(tags) its tags, wake_up(tags) removes them), and
+        its CuMemAllocator marks each released allocation is_asleep (any
+        sleep, tag sleep or discard, until its wake_up); in older ones,
+        level 1 leaves CPU backups of the "weights" allocations in
+        CuMemAllocator, level 2 the model's buffers in the worker's
+        _sleep_saved_buffers (a tag sleep of the weights, or a level-2
+        sleep of a model without buffers, leaves no trace there: libwex's
+        wex.released refuses those, asking the CUDA driver)."""
         if self._wex_asleep is not None:
             return self._wex_asleep
+        tags = getattr(self, "_asleep_tags", None)
+        if isinstance(tags, (set, frozenset, list, tuple)) and "weights" in tags:
+            return "vLLM is asleep (its worker's asleep tags: %s)" % sorted(tags)
         if getattr(self, "_sleep_saved_buffers", None):
             return "vLLM is asleep (sleep level 2: its saved buffers are not restored)"
         mc, _ = self._wex_configs()
@@ -652,11 +725,79 @@ class WorkerExtension:
         except ImportError:
             return None
         inst = getattr(CuMemAllocator, "instance", None)
-        for data in getattr(inst, "pointer_to_data", {}).values():
-            if getattr(data, "tag", None) == "weights" and \
-                    getattr(data, "cpu_backup_tensor", None) is not None:
-                return "vLLM is asleep (sleep level 1: its weights are backed up in CPU memory)"
+        datas = [d for d in getattr(inst, "pointer_to_data", {}).values()
+                 if getattr(d, "tag", None) == "weights"]
+        if any(getattr(d, "cpu_backup_tensor", None) is not None for d in datas):
+            return "vLLM is asleep (sleep level 1: its weights are backed up in CPU memory)"
+        if any(getattr(d, "is_asleep", False) is True for d in datas):
+            return ("vLLM is asleep (CuMemAllocator: %d of the %d allocations tagged "
+                    "'weights' are released: a sleep, a tag sleep or a discard of them)"
+                    % (sum(getattr(d, "is_asleep", False) is True for d in datas), len(datas)))
         return None
+
+    def _wex_watch_load(self):
+        """Wraps (once) the model's load_weights (an instance attribute of
+        the module, which vLLM's CUDA-graph wrappers forward to) and the
+        worker's own weight-loading methods (_RELOADS, instance
+        attributes, which collective_rpc finds first), through which
+        vLLM's reloads and RL frameworks' weight updates write into the
+        attached parameters in place: the worker's reload_weights
+        (GPUModelRunner.reload_weights: model.load_weights, or, with
+        is_checkpoint_format=False, param.copy_ of each weight given), the
+        weight-transfer engine's update_weights and finish_weight_update,
+        and the collective_rpc update of veRL, OpenRLHF and vLLM's RLHF
+        examples (model_runner.model.load_weights(weights=[(name,
+        tensor)])).  After one the weights are not the version the rank
+        holds: it forgets it (check_group no longer counts it) and the
+        next wex_sync copies the whole version again instead of nothing;
+        where it cannot (the load replaced parameters), the rank is
+        detached (wex_attach again).  The weights are no longer compared
+        with the checkpoint either."""
+        model = self._wex_model()
+        fn = getattr(model, "load_weights", None)
+        if callable(fn) and not getattr(fn, "_wex_wrapped", False):
+            model.load_weights = self._wex_loading(
+                fn, "vLLM loaded other weights into %s (load_weights)" % type(model).__name__)
+        if "_wex_reload_wrapped" in self.__dict__:
+            return
+        self._wex_reload_wrapped = True
+        for name in _RELOADS:
+            if not callable(getattr(self, name, None)):
+                continue  # not in this vLLM
+            own = self.__dict__.get(name)
+            if own is None:  # the class's, as found at each call
+                def own(*args, _name=name, **kwargs):
+                    f = getattr(type(self), _name)
+                    return (f.__get__(self, type(self)) if hasattr(type(f), "__get__")
+                            else f)(*args, **kwargs)
+            setattr(self, name, self._wex_loading(
+                own, "vLLM loaded other weights (the worker's %s)" % name))
+
+    def _wex_loading(self, fn, why):
+        """fn wrapped: after it returns or raises (one that raised may
+        have written some of the weights), the attached rank forgets its
+        version (once, for calls nested in one another: reload_weights
+        calls load_weights), or is detached where it cannot."""
+        def wex_loading(*args, **kwargs):
+            depth = self.__dict__.get("_wex_loading_depth", 0)
+            self._wex_loading_depth = depth + 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._wex_loading_depth = depth
+                if depth == 0:
+                    self._wex_changed = why
+                    rank = self._wex
+                    if rank is not None and not rank.overwritten(why):
+                        # wexd would still count the version: detached.
+                        self._wex, self._wex_detached = None, why
+                        try:
+                            rank.close()
+                        except Exception:
+                            pass
+
+        wex_loading._wex_wrapped = True
+        return wex_loading
 
     def _wex_model(self):
         runner = self.model_runner
@@ -798,14 +939,18 @@ class WorkerExtension:
                 "first sleep, or pass checkpoint=False" % e) from None
         if why:
             self._wex.checked = "not checked: " + why
+        self._wex_detached = None
         self._wex_watch_sleep()
+        self._wex_watch_load()
         return self._wex.describe()
 
     def wex_sync(self, min_version=0, timeout_ms=0, verify=False):
         """In place from the newest published version (at least
         min_version); see wex.engine.EngineRank.sync."""
         if self._wex is None:
-            raise ValueError("wex_sync: call wex_attach first")
+            raise ValueError("wex_sync: call wex_attach first%s"
+                             % (" (detached: %s, and the rank could not forget its version)"
+                                % self._wex_detached if self._wex_detached else ""))
         try:
             out = self._wex.sync(min_version=min_version, timeout_ms=timeout_ms, verify=verify)
         except ValueError:
@@ -827,6 +972,7 @@ class WorkerExtension:
         return self._wex.describe() if self._wex is not None else None
 
     def wex_detach(self):
+        self._wex_detached = None
         if self._wex is not None:
             self._wex.close()
             self._wex = None
