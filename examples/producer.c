@@ -13,7 +13,9 @@
  * --wait-group makes it wait, after each publish, until every rank of that
  * consumer group serves the version (a trainer waiting for its rollout),
  * and exits 1 when wexd cannot tell (gone); --hold keeps the memory
- * exported after the last version until SIGTERM.
+ * exported after the last version until SIGTERM.  SIGTERM or SIGINT
+ * (Ctrl-C) stops it at once, also while begin_write waits for leases
+ * (WEX_CLIENT_EINTR), and it exits 0.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -159,11 +161,13 @@ int main(int argc, char **argv)
 	}
 	signal(SIGTERM, on_sig);
 	signal(SIGINT, on_sig);
+	/* WEX_CLIENT_EINTR: a signal ends begin_write's wait for leases (up
+	 * to 60 s), which it otherwise went on with, Ctrl-C unheeded. */
 	struct wex_client_params p = {
 		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL | WEX_CLIENT_FIELD_RANK |
-			      (sock ? WEX_CLIENT_FIELD_SOCKET : 0),
+			      WEX_CLIENT_FIELD_FLAGS | (sock ? WEX_CLIENT_FIELD_SOCKET : 0),
 		.role = WEX_ROLE_PRODUCER, .model = model, .rank = rank, .world_size = world,
-		.socket = sock,
+		.socket = sock, .flags = WEX_CLIENT_EINTR,
 	};
 	ret = wex_client_open(&p, &c);
 	if (ret < 0) {
@@ -201,6 +205,8 @@ int main(int argc, char **argv)
 		double t0 = ex_now(), t1;
 
 		ret = wex_begin_write(c, v, 60000);
+		if (ret == -EINTR && stop)
+			break;
 		if (ret < 0) {
 			fprintf(stderr, "producer rank %u: begin_write v%llu: %s: %s\n", rank,
 				(unsigned long long)v, wex_strerror(ret), wex_last_error(c));
@@ -209,6 +215,8 @@ int main(int argc, char **argv)
 		t1 = ex_now();
 		ex_fill(base, t, (size_t)n, v, threads);
 		ret = wex_publish(c, v);
+		if (ret == -EINTR && stop)
+			break; /* (v perhaps not published: wexd may not have run it) */
 		if (ret < 0) {
 			fprintf(stderr, "producer rank %u: publish v%llu: %s: %s\n", rank,
 				(unsigned long long)v, wex_strerror(ret), wex_last_error(c));

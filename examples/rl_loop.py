@@ -21,12 +21,15 @@ are; see README's "Sync hooks".
 
 When either process fails (an exception, wexd gone), the other is stopped
 at once and the script exits 1 with "rl_loop: failed: " and the cause.
+SIGTERM (or SIGINT) stops both, and the wexd it started, and exits 128 plus
+the signal's number.
 """
 import argparse
 import multiprocessing as mp
 import multiprocessing.connection
 import os
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -151,13 +154,19 @@ def start_wexd(path, tmp):
             d = subprocess.Popen([path], env=env, stdout=subprocess.DEVNULL, stderr=log)
     except OSError as e:
         raise SystemExit("rl_loop: cannot start wexd %s: %s" % (path, e.strerror or e))
-    for _ in range(200):
-        if os.path.exists(env["WEX_SOCKET"]):
-            os.environ["WEX_SOCKET"] = env["WEX_SOCKET"]
-            return d
-        if d.poll() is not None:
-            break
-        time.sleep(0.05)
+    try:
+        for _ in range(200):
+            if os.path.exists(env["WEX_SOCKET"]):
+                os.environ["WEX_SOCKET"] = env["WEX_SOCKET"]
+                return d
+            if d.poll() is not None:
+                break
+            time.sleep(0.05)
+    except BaseException:
+        # (A signal while waiting: the caller never gets d to stop it.)
+        d.kill()
+        d.wait()
+        raise
     d.kill()
     d.wait()
     raise SystemExit("rl_loop: wexd %s did not start (exit status %s); its %s"
@@ -219,6 +228,16 @@ def positive(text):
     return n
 
 
+class Stopped(BaseException):
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def on_signal(signum, frame):
+    raise Stopped(signum)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--wexd", default=os.environ.get("WEXD_BIN"),
@@ -230,8 +249,14 @@ def main():
     except ImportError as e:
         print("rl_loop: skipped: no PyTorch for %s: %s" % (sys.executable, e))
         return 77
+    # SIGTERM (timeout(1), a cancelled job, kill) ended this process alone
+    # at once: its wexd and temporary directory stayed, and the trainer
+    # and the engine, whose queues kept them busy, trained on.
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     tmp = tempfile.TemporaryDirectory(prefix="wex-rl-")
     wexd = None
+    procs = []
     try:
         wexd = start_wexd(a.wexd, tmp.name) if a.wexd else None
         ctx = mp.get_context("spawn")
@@ -249,7 +274,15 @@ def main():
             return 1
         print("rl_loop: %d versions trained, published, synced in place and checked" % a.steps)
         return 0
+    except Stopped as e:
+        print("rl_loop: stopped by signal %d" % e.signum, flush=True)
+        return 128 + e.signum
     finally:
+        for p in procs:
+            if p.pid is not None:  # (started)
+                if p.is_alive():
+                    p.kill()
+                p.join()
         if wexd is not None and wexd.poll() is None:
             wexd.terminate()
             wexd.wait(20)

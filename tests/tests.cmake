@@ -64,7 +64,7 @@ wex_foundation_test(stopped_wexd LOOP LIBS ${WEX_FX_LIBS} Threads::Threads TIMEO
 wex_foundation_test(publish_answer LOOP LIBS ${WEX_FX_LIBS} Threads::Threads TIMEOUT 120)
 wex_foundation_test(stopped_register LOOP LIBS ${WEX_FX_LIBS} Threads::Threads TIMEOUT 120)
 wex_foundation_test(watch_lock LOOP LIBS ${WEX_FX_LIBS} Threads::Threads TIMEOUT 120)
-wex_foundation_test(quickstart_smoke LOOP
+wex_foundation_test(quickstart_smoke LOOP LIBS wex
   ARGS $<TARGET_FILE:wex-producer> $<TARGET_FILE:wex-consumer>)
 wex_foundation_test(killed_producer LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(producer_resize LOOP LIBS ${WEX_FX_LIBS})

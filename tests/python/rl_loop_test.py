@@ -9,7 +9,10 @@
   - a wexd that does not start: its log's content in the message (the
     message named a log file in a directory already removed); a --wexd
     that does not exist: a one-line message, no traceback;
-  - --steps 0 and --steps -3: refused, exit 2 (they claimed success).
+  - --steps 0 and --steps -3: refused, exit 2 (they claimed success);
+  - SIGTERM to rl_loop (timeout(1), a CI job cancelled, kill): exit 143
+    with its wexd, trainer and engine gone (it died at once, leaving its
+    wexd, the temporary directory, and the two processes training on).
 A run that hangs is killed after 90 s and fails the test.
 Needs Debian's python3-torch (exit 77 without).
 Environment: WEX_LIB, WEXD_BIN, PYTHONPATH with adapters/python.
@@ -108,7 +111,15 @@ class RlLoop(unittest.TestCase):
     def test_process_killed(self):
         p = self.start("--wexd", self.wexd, "--steps", "100000")
         self.wait_line(p, r"^version +3 ")
-        # The trainer and the engine: rl_loop's children started by spawn.
+        kids = self.kids(p)
+        self.assertEqual(len(kids), 2, "rl_loop's processes: %s" % kids)
+        os.kill(min(kids), signal.SIGKILL)
+        rc, out = self.finish(p)
+        self.assertEqual(rc, 1, out)
+        self.assertRegex(out, r"rl_loop: failed: (trainer|engine) exited with -9", out)
+
+    def kids(self, p):
+        """rl_loop's trainer and engine: its children started by spawn."""
         kids = []
         for pid in os.listdir("/proc"):
             try:
@@ -120,11 +131,31 @@ class RlLoop(unittest.TestCase):
                 continue
             if ppid == p.pid and b"spawn_main" in cmd:
                 kids.append(int(pid))
+        return kids
+
+    def test_sigterm(self):
+        p = self.start("--wexd", self.wexd, "--steps", "100000")
+        self.wait_line(p, r"^version +3 ")
+        kids = self.kids(p)
         self.assertEqual(len(kids), 2, "rl_loop's processes: %s" % kids)
-        os.kill(min(kids), signal.SIGKILL)
+        with open(self.pidfile) as f:
+            wexd = int(f.read())
+        os.kill(p.pid, signal.SIGTERM)
         rc, out = self.finish(p)
-        self.assertEqual(rc, 1, out)
-        self.assertRegex(out, r"rl_loop: failed: (trainer|engine) exited with -9", out)
+        left = []
+        for pid in kids + [wexd]:
+            try:
+                with open("/proc/%d/stat" % pid) as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                left.append(pid)
+                os.kill(pid, signal.SIGKILL)
+        self.assertEqual(left, [], "left running after SIGTERM (trainer, engine, wexd: "
+                         "%s, %d): %s" % (kids, wexd, out))
+        self.assertEqual(rc, 143, out)
+        self.assertIn("rl_loop: stopped by signal 15", out)
 
     def test_wexd_does_not_start(self):
         bad = os.path.join(self.tmp.name, "bad.sh")
