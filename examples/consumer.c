@@ -13,7 +13,8 @@
  *
  * Defaults: group "engine", model "policy", preset qwen2-0.5b, 3 versions,
  * all three modes, 2 copy threads (0: libwex's own default), syncs waiting
- * up to 60000 ms.  --hold stays connected after the last version until
+ * up to 60000 ms (--timeout-ms: also the first reserve's wait for the
+ * producer, else libwex's 30 s).  --hold stays connected after the last version until
  * SIGTERM.  A lease that could not be released after a rollout (wexd gone:
  * the producer may have written while this rank read) exits 1.
  *
@@ -60,6 +61,7 @@ int main(int argc, char **argv)
 	const char *model = "policy", *preset = "qwen2-0.5b", *group = "engine", *sock = NULL;
 	char modes_arg[64] = "view,fixed,copy";
 	int modes[3], nmodes = 0, quiet = 0, threads = 2, opt, n, ret, failures = 0, hold = 0;
+	int timeout_set = 0;
 	uint32_t rank = 0, world = 1, timeout = 60000;
 	uint64_t versions = 3, seg_bytes, last = 0, num;
 	struct wex_tensor *t;
@@ -88,6 +90,7 @@ int main(int argc, char **argv)
 			if (ex_num("consumer", "timeout-ms", optarg, 0, UINT32_MAX, &num) < 0)
 				return 2;
 			timeout = (uint32_t)num;
+			timeout_set = num > 0;
 			break;
 		case 'v':
 			if (ex_num("consumer", "versions", optarg, 0, UINT32_MAX, &versions) < 0)
@@ -150,9 +153,13 @@ int main(int argc, char **argv)
 	struct wex_client_params p = {
 		.field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL | WEX_CLIENT_FIELD_RANK |
 			      WEX_CLIENT_FIELD_GROUP | WEX_CLIENT_FIELD_COPY_THREADS |
-			      (sock ? WEX_CLIENT_FIELD_SOCKET : 0),
+			      (sock ? WEX_CLIENT_FIELD_SOCKET : 0) |
+			      (timeout_set ? WEX_CLIENT_FIELD_TIMEOUT : 0),
 		.role = WEX_ROLE_CONSUMER, .model = model, .group = group, .rank = rank,
 		.world_size = world, .copy_threads = (uint32_t)threads, .socket = sock,
+		/* --timeout-ms bounds the first reserve's wait for the
+		 * producer too (else the client's 30 s). */
+		.timeout_ms = timeout,
 	};
 	if ((ret = wex_client_open(&p, &c)) < 0) {
 		fprintf(stderr, "consumer: connect: %s: %s\n", wex_strerror(ret), wex_last_error(NULL));

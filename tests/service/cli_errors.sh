@@ -204,6 +204,13 @@ xexpect "$CONSUMER" 2 "consumer: bad --rank '+1'" --rank +1
 xexpect "$CONSUMER" 1 "consumer: connect:" --threads 0 --preset tiny
 xexpect "$CONSUMER" 2 "consumer: mode 'viwe' unknown" --modes viwe
 xexpect "$CONSUMER" 2 "consumer: bad --timeout-ms '5s'" --timeout-ms 5s
+# --timeout-ms bounds the first reserve's wait for a producer too (it
+# waited libwex's 30 s, the timeout below ending it with 124).
+timeout 20 "$CONSUMER" --model nobody-publishes --preset tiny --timeout-ms 300 \
+	>"$TMP/out" 2>"$TMP/err"
+rc=$?
+[ $rc = 1 ] && grep -q "consumer: reserve:" "$TMP/err" ||
+	fail "wex-consumer --timeout-ms 300, no producer: exit $rc, not 1: $(cat "$TMP/err")"
 xexpect "$PRODUCER" 2 "producer: bad --first '0'" --first 0
 xexpect "$PRODUCER" 2 "producer: unknown preset 'huge'" --preset huge
 
