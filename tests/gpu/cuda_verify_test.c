@@ -97,6 +97,10 @@ static void flip(uint64_t addr)
 	CU_OK(wex__cu.cuMemcpyDtoH(&c, (CUdeviceptr)addr, 1));
 	c ^= 0x5A;
 	CU_OK(wex__cu.cuMemcpyHtoD((CUdeviceptr)addr, &c, 1));
+	/* From pageable memory the copy may return before its DMA reached
+	 * the device (CUDA's API sync behavior), and the comparison runs on
+	 * wex's non-blocking stream: wait for it. */
+	CU_OK(wex__cu.cuCtxSynchronize());
 }
 
 /* The buffers, and ops over them whose destinations hold their sources'

@@ -316,6 +316,19 @@ class ReloadingWorker(VllmWorker):
                 model.get_parameter(name).copy_(weight)
 
 
+class ResidentReloadingWorker(DiscardingWorker, ReloadingWorker):
+    """DiscardingWorker with ReloadingWorker's reload_weights, refused
+    while "weights" sleep as the 2026 worker refuses it
+    (_require_resident_weights: RuntimeError naming the sleep, before
+    anything is written; vllm-project/vllm's tests/v1/worker test
+    test_reload_weights_rejected_while_weights_asleep)."""
+
+    def reload_weights(self, *a, **kw):
+        if "weights" in self._asleep_tags:
+            raise RuntimeError("Cannot reload weights while the weights are asleep")
+        return ReloadingWorker.reload_weights(self, *a, **kw)
+
+
 class CuMemAllocation:
     """vLLM's AllocationData (vllm/device_allocator/__init__.py at
     055e47c28003156421365af985d676fc921cb075, cumem.py): handle, tag,
@@ -2527,6 +2540,81 @@ class EngineHooks(WexdProducerCase):
         w.reload_weights([])  # through load_weights: forgotten once
         self.assertTrue(all_equal(module, 5))
         self.assertEqual(w.wex_status()["forgotten"], 2)
+        self.assertEqual(w.wex_sync(min_version=v)["changed"], 1)
+        self.assert_holds(params_of(module), "vllm", 0)
+
+    def test_vllm_reload_refused_asleep(self):
+        """A reload vLLM refuses while the weights sleep (it writes
+        nothing) neither forgets the version nor detaches the rank:
+        libwex refuses to attach released memory (patched here: no GPU),
+        so a forget there would fail and close the rank; after the
+        level-1 wake-up the weights hold the version, and the next sync
+        copies nothing."""
+        d = self.tmp.name
+        module = module_of(self.engine_params("vllm", 0))
+        module.load_weights = lambda weights: scribble(module, 5)
+        w = ResidentReloadingWorker(d, module, load_format="dummy")
+        set_par(tp=(2, 0))
+        w.wex_attach(model=MODEL, group="vllm-refused")
+        self.addCleanup(w.wex_detach)
+        v = self.next_version()
+        self.assertEqual(w.wex_sync(min_version=v)["changed"], 1)
+        w.sleep(level=1)
+        attach = wex.engine.torch_util.attach_module
+
+        def attach_mapped(*a, **kw):  # as libwex: nothing mapped, EFAULT
+            if "weights" in w._asleep_tags:
+                raise wex.WexError(errno.EFAULT, "nothing is mapped at the weights")
+            return attach(*a, **kw)
+        with unittest.mock.patch.object(wex.engine.torch_util, "attach_module", attach_mapped):
+            with self.assertRaises(RuntimeError):
+                w.reload_weights([])
+        self.assertIsNotNone(w.wex_status(), "a refused reload detached the rank")
+        self.assertEqual(w.wex_status()["forgotten"], 0)
+        w.wake_up()
+        r = w.wex_sync(min_version=v)
+        self.assertEqual((r["version"], r["changed"], r["bytes"]), (v, 0, 0))
+        self.assert_holds(params_of(module), "vllm", 0)
+
+    def test_vllm_load_weights_threads(self):
+        """Loads in two threads at once, the first ending first: each
+        forgets the version, and a load after both still does (the
+        nesting is counted per thread; a count shared by both stayed at
+        1, and every later load went unseen: the next sync copied
+        nothing over vLLM's weights)."""
+        d = self.tmp.name
+        module = module_of(self.engine_params("vllm", 0))
+        gates = []
+
+        def load_weights(weights):
+            gate = gates.pop(0) if gates else None
+            if gate is not None:
+                gate[0].set()
+                self.assertTrue(gate[1].wait(30))
+            scribble(module, 5)
+        module.load_weights = load_weights
+        w = VllmWorker(d, module, load_format="dummy")
+        set_par(tp=(2, 0))
+        w.wex_attach(model=MODEL, group="vllm-threads")
+        self.addCleanup(w.wex_detach)
+        v = self.next_version()
+        self.assertEqual(w.wex_sync(min_version=v)["changed"], 1)
+        runs = []
+        for _ in range(2):
+            gate = (threading.Event(), threading.Event())
+            gates.append(gate)
+            t = threading.Thread(target=module.load_weights, args=([],))
+            t.start()
+            self.assertTrue(gate[0].wait(30))
+            runs.append((t, gate))
+        for t, gate in runs:  # the first to enter ends first
+            gate[1].set()
+            t.join(30)
+        forgotten = w.wex_status()["forgotten"]
+        self.assertGreaterEqual(forgotten, 1)
+        self.assertEqual(w.wex_sync(min_version=v)["changed"], 1)
+        module.load_weights([])
+        self.assertEqual(w.wex_status()["forgotten"], forgotten + 1, "a later load went unseen")
         self.assertEqual(w.wex_sync(min_version=v)["changed"], 1)
         self.assert_holds(params_of(module), "vllm", 0)
 

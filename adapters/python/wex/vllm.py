@@ -154,7 +154,9 @@ finish_weight_update (the weight-transfer engine's session).
 After one the rank forgets its version (check_group no longer counts
 it) and the next wex_sync copies the whole version again, instead of
 nothing; where it cannot (the load replaced parameters) the rank is
-detached and wex_sync says so (wex_attach again).  A write that does not
+detached and wex_sync says so (wex_attach again).  One that raises while
+the weights sleep (the 2026 worker refuses reloads and updates then)
+wrote nothing and changes nothing.  A write that does not
 go through load_weights (a copy of your own into the parameters) is not
 seen: wex_detach and wex_attach after it.
 """
@@ -162,6 +164,7 @@ import enum
 import importlib
 import json
 import os
+import threading
 
 import wex
 from wex.checkpoint import CheckpointMismatch
@@ -778,14 +781,31 @@ class WorkerExtension:
         have written some of the weights), the attached rank forgets its
         version (once, for calls nested in one another: reload_weights
         calls load_weights), or is detached where it cannot."""
+        # The nesting per thread: a count shared by threads loading at
+        # once, restored by each as it saw it, could stay above 0 and
+        # keep every later load from forgetting.
+        nest = self.__dict__.setdefault("_wex_loading_nest", threading.local())
+
         def wex_loading(*args, **kwargs):
-            depth = self.__dict__.get("_wex_loading_depth", 0)
-            self._wex_loading_depth = depth + 1
+            depth = getattr(nest, "depth", 0)
+            nest.depth = depth + 1
+            wrote = False
             try:
-                return fn(*args, **kwargs)
+                out = fn(*args, **kwargs)
+                wrote = True
+                return out
+            except BaseException:
+                # One refused while the weights' memory is released (the
+                # 2026 worker refuses reloads and updates while "weights"
+                # sleep) wrote nothing: nothing is mapped there, and a
+                # forget would fail (libwex refuses released memory) and
+                # detach the rank, whose weights a level-1 wake-up brings
+                # back whole.
+                wrote = self._wex_asleep is None
+                raise
             finally:
-                self._wex_loading_depth = depth
-                if depth == 0:
+                nest.depth = depth
+                if depth == 0 and wrote:
                     self._wex_changed = why
                     rank = self._wex
                     if rank is not None and not rank.overwritten(why):
