@@ -179,7 +179,9 @@ static void model_maybe_free(struct wexd *d, struct model *m)
 static void lease_note(struct conn *c);
 static void held_round_end(struct wexd *d, struct model *m, struct cgroup *g);
 
-static void round_close(struct wexd *d, struct model *m, struct cgroup *g)
+/* Closes group g's round; `held`: the takes from before this wexd that
+ * it passed end with it (held_round_end). */
+static void round_end(struct wexd *d, struct model *m, struct cgroup *g, int held)
 {
 	if (!g->round_open)
 		return;
@@ -191,8 +193,13 @@ static void round_close(struct wexd *d, struct model *m, struct cgroup *g)
 	for (uint32_t i = 0; i < g->world; i++)
 		if (g->ranks[i] && g->ranks[i]->note_mode == WEX_JOURNAL_ROUND)
 			lease_note(g->ranks[i]);
-	if (m->held)
+	if (held && m->held)
 		held_round_end(d, m, g);
+}
+
+static void round_close(struct wexd *d, struct model *m, struct cgroup *g)
+{
+	round_end(d, m, g, 1);
 }
 
 /* Rank r of group g holds nothing of the open round any more (it left,
@@ -2117,7 +2124,14 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 		 * groups that only ever grew would let one client fill wexd's
 		 * memory, and its status replies, with empty rank slots. */
 		if (!any) {
-			round_close(d, m, g);
+			/* A take from before this wexd that the round passed
+			 * stays held, as it would were its process connected:
+			 * that process holds the version, the group's other
+			 * ranks not (before, it ended here, the producer wrote
+			 * the next version, and the slot's next process got it
+			 * while that rank served this one).  A new round on
+			 * that version passes it again. */
+			round_end(d, m, g, 0);
 			group_free(m, g);
 		}
 		c->group = NULL;

@@ -36,6 +36,13 @@
  *    closed the round, the trainer wrote v2, and rank 0's next process got
  *    v2 while ranks 1 and 2 served v1).  exit_up_view: the same with
  *    rank 0's engine holding a remap-view lease of v1 (its record).
+ *  - group_empties: rank 0 took v1; restart; rank 1 takes v1 (passing
+ *    rank 0's take, rank 0 idle and not connected to this wexd) and its
+ *    engine goes, no rank of the group connected: rank 0's take still
+ *    holds the trainer off, and rank 1's next process and rank 2 take v1.
+ *    (Before, the round closed with the group's last connected rank and
+ *    ended rank 0's take: the trainer wrote v2, which ranks 1 and 2 got
+ *    while rank 0 served v1.)
  *
  * Every check is structural: status (the group's open round, leases held
  * from before), the journal's records, versions and bytes synced.
@@ -244,6 +251,52 @@ static void served_pass(void)
 	t_prod_close(&p);
 }
 
+/* Rank 0 takes v1; restart; rank 1 takes v1 (the round passes rank 0's
+ * take, rank 0 idle with v1 and not yet connected to this wexd); rank 1's
+ * engine goes, leaving no rank of the group connected: rank 0's take still
+ * holds the trainer off (its process holds v1, as it would were it
+ * connected), and rank 1's next process and rank 2 take v1.  (Before, the
+ * group's round closed with its last connected rank and ended rank 0's
+ * take: the trainer wrote v2, which ranks 1 and 2 then got while rank 0
+ * served v1.) */
+static void group_empties(void)
+{
+	const char *model = "empties";
+	struct t_prod p;
+	struct t_cons k[3];
+	int ret;
+
+	t_prod_open(&p, model, "tiny", 0, 1);
+	for (uint32_t i = 0; i < 3; i++)
+		cons_open(&k[i], model, i);
+	t_prod_write(&p, 1);
+	take(&k[0], 1);
+	restart();
+	take(&k[1], 1);
+	T_ASSERT(group_round(model) == 1, "the round on v1 waits for rank 2");
+	t_cons_close(&k[1]);
+	/* (A condition, not a timed sleep: wexd sees rank 1 go, the group
+	 * with it.) */
+	for (double t0 = t_now(); group_round(model) != 0;) {
+		T_ASSERT(t_now() - t0 < 30.0, "wexd never saw rank 1 go");
+		usleep(20000);
+	}
+	T_ASSERT(held_count(model) == 1, "rank 0's take from before still holds (%d held)",
+		 held_count(model));
+	ret = wex_begin_write(p.c, 2, 200);
+	T_ASSERT(ret == -EBUSY, "rank 0 holds v1: the trainer waits to write v2: %s",
+		 wex_strerror(ret));
+	cons_open(&k[1], model, 1);
+	take(&k[1], 1);
+	take(&k[2], 1);
+	group_took_v1(model, &p, k, 3);
+	printf("round_restarts: %s: rank 0's take held the trainer off with no rank connected\n",
+	       model);
+	for (uint32_t i = 0; i < 3; i++)
+		t_cons_close(&k[i]);
+	t_prod_close(&p);
+}
+
 /* Rank 0's engine: a child process that takes v1 in `mode` and waits to
  * be killed. */
 static pid_t engine0(const char *model, int mode)
@@ -351,6 +404,8 @@ int main(int argc, char **argv)
 		twice(3, 0);
 	if (!only || !strcmp(only, "served_pass"))
 		served_pass();
+	if (!only || !strcmp(only, "group_empties"))
+		group_empties();
 	if (!only || !strcmp(only, "exit_down"))
 		engine_exits(0, WEX_SYNC_COPY);
 	if (!only || !strcmp(only, "exit_up"))
