@@ -1024,6 +1024,56 @@ class EngineHooks(WexdProducerCase):
         self.await_acquire(group)
         return m, r, v, out, t
 
+    def test_forget_failed_then_sync(self):
+        """A forget() that fails (wexd not answering the attach) still
+        has the next sync copy every byte of the version (was: the next
+        sync of the held version copied nothing, returning that version
+        over the weights the caller had said were lost)."""
+        m = module_of(self.engine_params("vllm", 0))
+        r = wex.engine.EngineRank(MODEL, m.named_parameters, rank=0, world_size=2,
+                                  layout="vllm:tp=2",
+                                  config=os.path.join(self.tmp.name, "config.json"),
+                                  group="forget-fails")
+        self.addCleanup(r.close)
+        v = self.next_version()
+        self.assertEqual(r.sync(min_version=v)["version"], v)
+        self.assert_holds(params_of(m), "vllm", 0)
+        scribble(m, 5)  # the engine lost the bytes
+        with unittest.mock.patch.object(wex.engine.torch_util, "attach_module",
+                                        side_effect=wex.WexError(errno.ECONNRESET, "attach")):
+            with self.assertRaises(wex.WexError):
+                r.forget()
+        out = r.sync(min_version=v)
+        self.assertEqual(out["version"], v)
+        self.assert_holds(params_of(m), "vllm", 0)
+
+    def test_overwritten_during_sync(self):
+        """overwritten() (the engine's own reload, in its thread) while a
+        sync of the rank waits for a version in another thread cancels
+        that wait and forgets at once (was: it waited, holding the
+        engine's reload, until the version was published or the sync's
+        wait timed out); the cancelled sync says why, and the next sync
+        copies the whole version."""
+        m, r, v, out, t = self.waiting_sync("overwriting")
+        scribble(m, 5)  # the engine's reload wrote other weights in place
+        said = {}
+        ow = threading.Thread(target=lambda: said.update(ok=r.overwritten("a reload")),
+                              daemon=True)
+        t0 = time.monotonic()
+        ow.start()
+        ow.join(10)
+        self.assertFalse(ow.is_alive(), "overwritten() waited for the sync's version")
+        self.assertLess(time.monotonic() - t0, 10)
+        self.assertTrue(said.get("ok"))
+        t.join(10)
+        self.assertFalse(t.is_alive())
+        self.assertIsInstance(out["sync"], wex.WexError, out["sync"])
+        self.assertEqual(out["sync"].code, errno.ECANCELED)
+        self.assertIn("a reload", str(out["sync"]))
+        self.assertEqual(r.version, 0)
+        self.assertEqual(r.sync(min_version=v)["version"], v)
+        self.assert_holds(params_of(m), "vllm", 0)
+
     def test_close_during_sync(self):
         """EngineRank.close() while a sync of the rank waits for a version
         in another thread cancels that wait (was: close waited the sync's

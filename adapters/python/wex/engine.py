@@ -412,6 +412,7 @@ class EngineRank:
         self.lost = None             # see restored(): why the weights hold nothing
         self._forget_pending = False  # restored() lost them, forget() not yet done
         self.forgotten = 0           # forget() calls
+        self._overwrites = (0, None)  # overwritten() calls, the last one's why
 
     def _check(self, items, checkpoint, auto, skip, rank, config, adapters):
         """What describe()["checkpoint_check"] says: wex.checkpoint.compare
@@ -550,10 +551,21 @@ class EngineRank:
         that fails, at the next sync, which copies the whole version
         again, even one this rank held.  Returns whether it forgot (False:
         wexd still counts the version; close() the rank where that must
-        not stand).  Never raises."""
+        not stand).  Never raises.  A sync of this rank waiting for a
+        version in another thread holds the client until it is published:
+        its wait is cancelled (WexError ECANCELED naming `why`, nothing
+        copied), so this returns now, not then."""
         self._forget_pending = True
+        self._overwrites = (self._overwrites[0] + 1, why)
+        client = self.client
         try:
-            self.forget()
+            while client is not None and not client._lock.acquire(timeout=0.05):
+                self._cancel_syncs(why)
+            try:
+                self.forget()
+            finally:
+                if client is not None:
+                    client._lock.release()
         except Exception as e:  # the next sync tries again, and raises
             log.warning("wex: %s: rank %d of %s could not forget its version (%s); the next "
                         "sync retries", why, self.rank, self.group, e)
@@ -565,10 +577,14 @@ class EngineRank:
         engine lost or overwrote their bytes): attaches them again, so
         the next sync copies every byte of its version, even one this
         rank holds (a sync of the version held copies nothing
-        otherwise).  One round trip to wexd."""
+        otherwise).  One round trip to wexd; where it fails, the next sync
+        attaches again first."""
         client = self.client  # (close() in another thread sets it None)
         if client is None:
             raise ValueError("this engine rank is closed")
+        # Where this fails, the next sync forgets first (the caller said
+        # the bytes are lost: a sync of the version held copies nothing).
+        self._forget_pending = True
         moved = self.moved()
         if moved:
             raise ValueError("the engine re-allocated or replaced %d parameter(s) since they "
@@ -600,6 +616,7 @@ class EngineRank:
         weights are dirty on EVERIFY and on a copy that failed half-way,
         dirty() says so: the next sync copies everything again)."""
         me, entered = threading.get_ident(), False
+        seen = self._overwrites[0]
         try:
             with self._syncs:
                 if self.client is None or self._closing:
@@ -621,6 +638,11 @@ class EngineRank:
                                    "released: this sync was cancelled while it waited for a "
                                    "version; nothing copied (sync again once the weights are "
                                    "back)" % self.released_why) from e
+            if e.code == errno.ECANCELED and self._overwrites[0] != seen:
+                raise wex.WexError(errno.ECANCELED, "%s: the engine overwrote the weights "
+                                   "in place: this sync was cancelled while it waited for a "
+                                   "version; nothing copied (sync again: it copies the whole "
+                                   "version)" % self._overwrites[1]) from e
             raise
         finally:
             if entered:
