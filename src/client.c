@@ -1260,7 +1260,7 @@ static int hello(struct wex_client *c, int *reclaimed, uint64_t *published)
 
 static int register_seg(struct wex_client *c, struct own_seg *o);
 static int send_tensors(struct wex_client *c);
-static int send_layout(struct wex_client *c);
+static int send_layout(struct wex_client *c, int doubt);
 
 /* wexd closed a new connection before its hello's answer: the reason it
  * left there (max_clients reached, a drain, no fd left) when it left one. */
@@ -1488,7 +1488,7 @@ static int reconnect_once(struct wex_client *c, int *greeted)
 					 (unsigned long long)c->published, c->rank, c->model, err_buf(c));
 		}
 	} else if (c->role == WEX_ROLE_CONSUMER) {
-		if (c->nlayout && (ret = send_layout(c)) < 0)
+		if (c->nlayout && (ret = send_layout(c, doubt && !reclaimed)) < 0)
 			goto err;
 		if (reclaimed) {
 			/* The new wexd held the producer off meanwhile: the
@@ -2680,7 +2680,10 @@ static int check_mapped(struct wex_client *c, const struct wex_tensor *t, size_t
 	return ret;
 }
 
-static int send_table(struct wex_client *c, const char *op, const struct wex_tensor *t, size_t n)
+/* `held`: for a reconnect's re-send of the layout, the version its
+ * buffers hold (0: none, or new buffers). */
+static int send_table(struct wex_client *c, const char *op, const struct wex_tensor *t, size_t n,
+		      uint64_t held)
 {
 	json_t *req;
 	int fd, ret;
@@ -2689,6 +2692,8 @@ static int send_table(struct wex_client *c, const char *op, const struct wex_ten
 	if (fd < 0)
 		return set_err(c, fd, "cannot pack tensor table: %s", strerror(-fd));
 	req = json_pack("{s:s}", "op", op);
+	if (req && held)
+		json_object_set_new(req, "held", json_integer((json_int_t)held));
 	if (req && !strcmp(op, "attach")) {
 		/* The GPU the layout lives on: wexd plans its copies from
 		 * producer memory on that GPU wherever it holds them.  The
@@ -2716,7 +2721,7 @@ static int send_table(struct wex_client *c, const char *op, const struct wex_ten
 
 static int send_tensors(struct wex_client *c)
 {
-	return send_table(c, "register_tensors", c->ptensors, c->nptensors);
+	return send_table(c, "register_tensors", c->ptensors, c->nptensors, 0);
 }
 
 /* Checks every tensor (and, for a consumer's layout, that it has a ptr)
@@ -2763,7 +2768,7 @@ static int register_tensors(wex_client_t *c, const struct wex_tensor *t, size_t 
 		return ret;
 	/* Kept only once wexd accepted it: a reconnect re-sends what the
 	 * client keeps, and a refused table must not lock it out. */
-	ret = send_table(c, "register_tensors", copy, n);
+	ret = send_table(c, "register_tensors", copy, n, 0);
 	if (ret < 0) {
 		free(copy);
 		return ret;
@@ -3104,9 +3109,18 @@ WEX_API int wex_publish(wex_client_t *c, uint64_t version)
 /* ---------------------------------------------------------------------- */
 /* Consumer.                                                               */
 
-static int send_layout(struct wex_client *c)
+/* A reconnect's re-send of the layout: the same buffers, which hold the
+ * version its last sync got unless doubted (`doubt`: regions restored
+ * under a lease the new wexd did not give back, or weights dirty).  Said
+ * ("held", as an acquire says it), a new wexd's group round on that
+ * version that passed this rank keeps passing it (registry.c
+ * wexd_attach): before, any call after a restart (a status request, say)
+ * re-sent the layout as new buffers, and the round waited for this rank,
+ * idle with the version, holding the producer off until it synced again. */
+static int send_layout(struct wex_client *c, int doubt)
 {
-	return send_table(c, "attach", c->layout, c->nlayout);
+	return send_table(c, "attach", c->layout, c->nlayout,
+			  doubt || c->dirty || c->world < 2 ? 0 : c->took);
 }
 
 /* Whether a and b are the same elements at the same address (a tensor
@@ -3182,7 +3196,7 @@ static int attach(wex_client_t *c, const struct wex_tensor *t, size_t n)
 	if (ret >= 0) {
 		int held = c->has_lease;
 
-		ret = send_table(c, "attach", copy, n);
+		ret = send_table(c, "attach", copy, n, 0);
 		/* Given up (a hung wexd) or timed out, the connection went,
 		 * and the lease held with it: same-address regions get
 		 * private memory back (dirty); views may change under the

@@ -1172,6 +1172,12 @@ static int held_claim(struct wexd *d, struct conn *c, uint64_t lease)
 	 * version the rank holds is its next sync's business. */
 	if (h->r.mode == WEX_JOURNAL_ROUND) {
 		held_drop(d, h, "its process called this wexd");
+		/* A pass of the group's open round that it made stays (until
+		 * the layout this process attaches, unless a re-send of the
+		 * buffers holding that version, wexd_attach): written down
+		 * for this connection, for a wexd restarted meanwhile. */
+		if (c->group->round_open && c->group->taken[c->rank])
+			lease_note(c);
 		return 0;
 	}
 	if (lease != h->r.version || (h->r.start && c->start && h->r.start != c->start)) {
@@ -1510,10 +1516,13 @@ json_t *wexd_attach(struct wexd *d, struct conn *c, json_t *req, int *fds, int n
 	char err[EMSG_LEN] = "";
 	struct wex_tensor *t = NULL;
 	size_t n = 0;
-	int ret;
+	int ret, first = !c->layout && !c->nlayout;
+	json_t *hv = json_object_get(req, "held");
 
 	if (c->role != WEX_ROLE_CONSUMER)
 		return wex__reply_error(-EPERM, "attach: only consumers attach");
+	if (hv && (!json_is_integer(hv) || json_integer_value(hv) < 0))
+		return wex__reply_error(-EINVAL, "attach: held must be a version (an integer >= 0)");
 	if (nfds > 1)
 		return wex__reply_error(-EINVAL, "attach takes 0 or 1 fd, got %d", nfds);
 	/* The GPU the layout lives on (its UUID), when it is GPU memory. */
@@ -1558,8 +1567,22 @@ json_t *wexd_attach(struct wexd *d, struct conn *c, json_t *req, int *fds, int n
 	/* New buffers: until this rank syncs into them it holds no version
 	 * (a round its peers open, or the one open now, waits for it). */
 	c->served_version = 0;
-	if (c->group)
-		round_untake(c->group, c->rank);
+	/* Unless this is a reconnect's re-send (its first attach on this
+	 * connection, "held": the version those buffers hold, as an acquire
+	 * says) of buffers holding the open round's version, which the
+	 * producers restored (the bytes the old wexd served): a pass of that
+	 * round (the take its process made from before this wexd) stays,
+	 * written down for this connection.  Before, the round waited for
+	 * the rank again, idle with the version, and held the producer off
+	 * until it synced again. */
+	struct cgroup *g = c->group;
+
+	if (g && first && hv && g->round_open && g->taken[c->rank] &&
+	    (uint64_t)json_integer_value(hv) == g->round_version &&
+	    g->round_version == c->model->published && c->model->published_restored)
+		lease_note(c);
+	else if (g)
+		round_untake(g, c->rank);
 	return json_pack("{s:b, s:I, s:I}", "ok", 1, "count", (json_int_t)n, "published",
 			 (json_int_t)c->model->published);
 }
