@@ -24,24 +24,13 @@
 
 static uint64_t instance; /* this wexd's start, realtime ns: unique names */
 
-int wex__journal_open(struct wex_journal *j, const char *socket_path)
+/* Opens (creating it) the directory j->path, refusing one that is not
+ * ours; 0 or -errno with j->why. */
+static int dir_open(struct wex_journal *j)
 {
-	struct timespec ts;
 	struct stat st;
 	int fd, ret;
 
-	j->dirfd = -1;
-	j->why[0] = '\0';
-	j->seq = 0;
-	j->errors = 0;
-	j->keep = 0;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	instance = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-	if ((size_t)snprintf(j->path, sizeof(j->path), "%s.leases", socket_path) >=
-	    sizeof(j->path)) {
-		snprintf(j->why, sizeof(j->why), "path too long");
-		return -ENAMETOOLONG;
-	}
 	if (mkdir(j->path, 0700) < 0 && errno != EEXIST) {
 		ret = -errno;
 		snprintf(j->why, sizeof(j->why), "mkdir %s: %s", j->path, strerror(errno));
@@ -65,7 +54,53 @@ int wex__journal_open(struct wex_journal *j, const char *socket_path)
 		return -EPERM;
 	}
 	j->dirfd = fd;
+	j->dev = st.st_dev;
+	j->ino = st.st_ino;
+	/* A read-only mount, or a directory wexd's user may not write (a
+	 * mode or an ACL another start left): the leases it holds are read
+	 * and held, but none this wexd grants can be written down. */
+	j->nowrite[0] = '\0';
+	if (faccessat(fd, ".", W_OK, AT_EACCESS) < 0)
+		snprintf(j->nowrite, sizeof(j->nowrite), "%s", strerror(errno));
 	return 0;
+}
+
+int wex__journal_open(struct wex_journal *j, const char *socket_path)
+{
+	struct timespec ts;
+
+	j->dirfd = -1;
+	j->why[0] = '\0';
+	j->seq = 0;
+	j->errors = 0;
+	j->keep = 0;
+	j->undeleted = 0;
+	j->unwritten = 0;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	instance = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	if ((size_t)snprintf(j->path, sizeof(j->path), "%s.leases", socket_path) >=
+	    sizeof(j->path)) {
+		snprintf(j->why, sizeof(j->why), "path too long");
+		return -ENAMETOOLONG;
+	}
+	return dir_open(j);
+}
+
+const char *wex__journal_moved(const struct wex_journal *j)
+{
+	struct stat st;
+
+	if (j->dirfd < 0)
+		return NULL;
+	if (lstat(j->path, &st) < 0)
+		return errno == ENOENT ? "removed" : NULL;
+	return st.st_dev != j->dev || st.st_ino != j->ino ? "replaced" : NULL;
+}
+
+int wex__journal_reopen(struct wex_journal *j)
+{
+	wex__journal_close(j);
+	return dir_open(j);
 }
 
 void wex__journal_close(struct wex_journal *j)
@@ -183,8 +218,14 @@ void wex__journal_del(struct wex_journal *j, int *fd, char name[WEX_JOURNAL_NAME
 	*fd = -1;
 	if (!name[0])
 		return;
-	if (j->dirfd >= 0 && !j->keep && unlinkat(j->dirfd, name, 0) < 0 && errno != ENOENT)
-		wex_warn("journal", "cannot remove %s/%s: %m", j->path, name);
+	/* (Named for the first few: a directory wexd cannot write would
+	 * otherwise flood the log with one line per stale record at each
+	 * start; wexd_held_load counts the rest.) */
+	if (j->dirfd >= 0 && !j->keep && unlinkat(j->dirfd, name, 0) < 0 && errno != ENOENT) {
+		j->undeleted_err = errno;
+		if (j->undeleted++ < 3)
+			wex_warn("journal", "cannot remove %s/%s: %m", j->path, name);
+	}
 	name[0] = '\0';
 }
 
@@ -199,9 +240,11 @@ static int mode_parse(const char *s)
 	return -1;
 }
 
-/* Parses one record; 0 or -EINVAL with why. */
+/* Parses one record; 0 or -EINVAL with why.  *format: its wex_lease; a
+ * newer wexd's (above 1) is read as far as this wexd knows the format
+ * (0), and one that does not read so is -EPROTO, not -EINVAL. */
 static int rec_parse(const char *buf, size_t len, struct wex_journal_rec *r, char *why,
-		     size_t wlen)
+		     size_t wlen, long long *format)
 {
 	const char *model, *group, *mode, *boot = "";
 	json_int_t tag, rank, world, version, pid, uid, start;
@@ -213,6 +256,7 @@ static int rec_parse(const char *buf, size_t len, struct wex_journal_rec *r, cha
 		snprintf(why, wlen, "not JSON: %.120s", je.text);
 		return -EINVAL;
 	}
+	*format = json_integer_value(json_object_get(o, "wex_lease"));
 	/* Members a newer wexd added are not ours to judge: the lease it
 	 * names still holds (a downgrade must not let the producer write
 	 * under it).  A record of another format says so in wex_lease. */
@@ -222,14 +266,16 @@ static int rec_parse(const char *buf, size_t len, struct wex_journal_rec *r, cha
 			   "version", &version, "mode", &mode, "pid", &pid, "uid", &uid, "start",
 			   &start, "boot", &boot) < 0) {
 		snprintf(why, wlen, "%.150s", je.text);
+		ret = *format > 1 ? -EPROTO : -EINVAL;
 		goto out;
 	}
-	if (tag != 1 || !*model || strlen(model) >= WEX_NAME_MAX || !*group ||
+	if (tag < 1 || !*model || strlen(model) >= WEX_NAME_MAX || !*group ||
 	    strlen(group) >= WEX_NAME_MAX || world < 1 || world > WEX_WORLD_MAX || rank < 0 ||
 	    rank >= world || version < 1 || pid < 1 || pid > INT32_MAX || uid < 0 ||
 	    uid > UINT32_MAX || start < 0 || strlen(boot) >= sizeof(r->boot) ||
 	    (r->mode = mode_parse(mode)) < 0) {
 		snprintf(why, wlen, "a field is out of range");
+		ret = *format > 1 ? -EPROTO : -EINVAL;
 		goto out;
 	}
 	snprintf(r->model, sizeof(r->model), "%s", model);
@@ -281,8 +327,9 @@ void wex__journal_scan(struct wex_journal *j,
 	struct wex_journal_rec r;
 	struct dirent *e;
 	char buf[REC_MAX + 1], why[160];
+	long long format;
 	DIR *dir;
-	int fd;
+	int fd, ret;
 
 	if (j->dirfd < 0)
 		return;
@@ -330,11 +377,21 @@ void wex__journal_scan(struct wex_journal *j,
 		} else if (ended(buf, (size_t)n)) {
 			unlinkat(j->dirfd, e->d_name, 0); /* a lease that ended */
 			continue;
-		} else if (rec_parse(buf, (size_t)n, &r, why, sizeof(why)) == 0) {
+		} else if ((ret = rec_parse(buf, (size_t)n, &r, why, sizeof(why), &format)) == 0) {
 			if (tail)
 				wex_warn("journal", "%s/%s has bytes after its record: ignored",
 					 j->path, e->d_name);
+			/* A newer wexd's (read after a downgrade): the lease
+			 * it names holds as far as this wexd reads it. */
+			if (format > 1)
+				wex_warn("journal", "%s/%s was written by a newer wexd (record format %lld; this wexd's is 1): read as format 1",
+					 j->path, e->d_name, format);
 			cb(arg, e->d_name, &r);
+			continue;
+		} else if (ret == -EPROTO) {
+			/* Not this wexd's to remove: the newer one reads it. */
+			wex_warn("journal", "%s/%s was written by a newer wexd (record format %lld; this wexd's is 1) and cannot be read by this one (%s): left in place; should its process still hold the lease it names, the producer is not held off",
+				 j->path, e->d_name, format, why);
 			continue;
 		}
 		drop_stray(j, e->d_name, why);

@@ -45,7 +45,13 @@ struct wex_journal {
 	char why[4400];  /* off: why (names the path) */
 	uint64_t seq;    /* names written by this wexd */
 	uint64_t errors; /* writes that failed */
+	uint64_t unwritten; /* leases lease_note could not write (warned 1 in 1000) */
 	int keep;        /* shutting down: leases still held stay written */
+	dev_t dev;       /* the directory dirfd names */
+	ino_t ino;
+	char nowrite[160]; /* on, but wexd may not write there: why ("": may) */
+	uint64_t undeleted; /* records that could not be removed */
+	int undeleted_err;  /* why the last one could not (errno) */
 };
 
 struct wex_journal_rec {
@@ -65,6 +71,13 @@ struct wex_journal_rec {
  * journal is then off and `why` says so.  Returns 0 or -errno. */
 int wex__journal_open(struct wex_journal *j, const char *socket_path);
 void wex__journal_close(struct wex_journal *j);
+/* Why the path no longer names the directory open ("removed", "replaced":
+ * an operator's rm or mv while wexd runs), NULL if it still does (or
+ * cannot be told). */
+const char *wex__journal_moved(const struct wex_journal *j);
+/* Opens the directory at the path again (created if missing), as
+ * wex__journal_open; the records are the caller's to write again. */
+int wex__journal_reopen(struct wex_journal *j);
 
 /* Writes r into the record open at *fd, or (*fd < 0) opens the one named
  * `name`, creating it (empty name: a new unique one, stored there).  A
@@ -79,8 +92,10 @@ void wex__journal_del(struct wex_journal *j, int *fd, char name[WEX_JOURNAL_NAME
 
 /* Calls cb for each whole record: the first page of its file (bytes after
  * it are ignored, with a warning), members this wexd does not know
- * ignored.  A file that does not parse is named in a warning and removed;
- * leftover temporary files are removed. */
+ * ignored, a newer format (wex_lease above 1) read as this wexd's, with a
+ * warning.  A file that does not parse is named in a warning and removed
+ * (a newer format's is left in place); leftover temporary files are
+ * removed. */
 void wex__journal_scan(struct wex_journal *j,
 		       void (*cb)(void *arg, const char *name, const struct wex_journal_rec *r),
 		       void *arg);

@@ -996,8 +996,10 @@ static void lease_note(struct conn *c)
 	c->lease_noted = c->lease_fd >= 0; /* a failed rewrite may leave the old record */
 	c->note_mode = ret < 0 ? 0 : mode;
 	c->note_version = v;
+	/* (Counted apart from errors, which other failures, warned apart,
+	 * count too: the first of these was not said when one came first.) */
 	if (ret < 0) {
-		if (d->journal.errors == 1 || d->journal.errors % 1000 == 0)
+		if (d->journal.unwritten++ % 1000 == 0)
 			wex_warn("journal", "cannot write down the %s lease of pid %d on model '%s' v%llu in %s: %s: should wexd restart before it ends, the producer could write under it (%llu failed write(s) so far)",
 				 mode_name(mode), (int)c->pid, c->model->name,
 				 (unsigned long long)v, d->journal.path,
@@ -1099,6 +1101,10 @@ void wexd_held_load(struct wexd *d)
 {
 	wex__journal_scan(&d->journal, held_add, d);
 	d->held_checked_ns = wex__now_ns();
+	if (d->journal.undeleted > 3)
+		wex_warn("journal", "%llu records of leases that ended could not be removed from %s (the last: %s): each start reads them again",
+			 (unsigned long long)d->journal.undeleted, d->journal.path,
+			 strerror(d->journal.undeleted_err));
 }
 
 /* Ends the held leases whose processes exited.  One that its group's
@@ -1133,6 +1139,61 @@ void wexd_held_check(struct wexd *d)
 {
 	if (d->held && wex__now_ns() - d->held_checked_ns >= HELD_CHECK_NS)
 		held_sweep(d);
+}
+
+/*
+ * The journal's directory was removed or replaced while wexd ran (an
+ * operator's rm -rf or mv): its records, open in the old one, would go on
+ * being written where no wexd reads them, a rewrite succeeding, and a
+ * restarted wexd would hold nothing.  Opens the directory at the path
+ * again and writes there the record of each lease held (those from before
+ * this wexd too), saying so.  From the loop's tick and before status.
+ */
+void wexd_journal_check(struct wexd *d)
+{
+	const char *why;
+	unsigned n = 0;
+	int ret;
+
+	if (d->journal.keep || wex__now_ns() - d->journal_checked_ns < HELD_CHECK_NS)
+		return;
+	d->journal_checked_ns = wex__now_ns();
+	if (!(why = wex__journal_moved(&d->journal)))
+		return;
+	if ((ret = wex__journal_reopen(&d->journal)) < 0) {
+		wex_error("journal", "lease journal %s was %s while wexd ran, and cannot be made again (%s): the lease journal is off: a restart of wexd would lose the remap leases now held",
+			  d->journal.path, why, d->journal.why);
+		for (struct conn *c = d->conns; c; c = c->next)
+			if (c->lease_fd >= 0) {
+				close(c->lease_fd);
+				c->lease_fd = -1;
+				c->lease_file[0] = '\0';
+				c->lease_noted = 0;
+			}
+		return;
+	}
+	for (struct conn *c = d->conns; c; c = c->next) {
+		if (c->lease_fd < 0 && !c->lease_file[0])
+			continue;
+		if (c->lease_fd >= 0)
+			close(c->lease_fd);
+		c->lease_fd = -1;
+		c->lease_noted = 0;
+		c->note_mode = 0;
+		lease_note(c);
+		n += c->lease_noted;
+	}
+	for (struct held *h = d->held; h; h = h->next) {
+		int fd = -1;
+
+		if (wex__journal_put(&d->journal, &fd, h->file, &h->r) == 0)
+			n++;
+		if (fd >= 0)
+			close(fd);
+	}
+	wex_warn("journal", "lease journal %s was %s while wexd ran: made again, %u lease record(s) written there again%s",
+		 d->journal.path, why, n,
+		 d->journal.errors ? " (see lease_journal.write_errors in status for those that failed)" : "");
 }
 
 void wexd_held_exit(struct wexd *d)
@@ -2498,7 +2559,7 @@ json_t *wexd_plans_json(struct wexd *d)
 
 json_t *wexd_status(struct wexd *d, struct conn *c, json_t *req)
 {
-	json_t *r = wex__reply_ok();
+	json_t *r = wex__reply_ok(), *lj;
 
 	json_object_set_new(r, "daemon",
 			    json_pack("{s:i, s:f, s:s, s:s, s:s, s:s, s:i, s:b, s:{s:I, s:I}, s:s}", "pid",
@@ -2511,11 +2572,14 @@ json_t *wexd_status(struct wexd *d, struct conn *c, json_t *req)
 				      "limit", (json_int_t)d->fd_limit, "exit_watch",
 				      d->exit_watch));
 	/* Where remap leases are written down to outlive wexd (journal.h). */
-	json_object_set_new(json_object_get(r, "daemon"), "lease_journal",
-			    d->journal.dirfd >= 0 ?
-			    json_pack("{s:s, s:I}", "dir", d->journal.path, "write_errors",
-				      (json_int_t)d->journal.errors) :
-			    json_pack("{s:n, s:s}", "dir", "off", d->journal.why));
+	lj = d->journal.dirfd >= 0 ?
+	     json_pack("{s:s, s:I}", "dir", d->journal.path, "write_errors",
+		       (json_int_t)d->journal.errors) :
+	     json_pack("{s:n, s:s}", "dir", "off", d->journal.why);
+	/* (A read-only mount, a mode wexd's user lacks: journal.h.) */
+	if (lj && d->journal.dirfd >= 0 && d->journal.nowrite[0])
+		json_object_set_new(lj, "unwritable", json_string(d->journal.nowrite));
+	json_object_set_new(json_object_get(r, "daemon"), "lease_journal", lj);
 	json_object_set_new(r, "models", wexd_models_json(d));
 	json_object_set_new(r, "clients", wexd_clients_json(d));
 	return r;

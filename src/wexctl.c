@@ -230,8 +230,12 @@ static void print_daemon(json_t *d)
 	json_t *lj = json_object_get(d, "lease_journal");
 	const char *dir = json_string_value(json_object_get(lj, "dir"));
 	long long errs = json_integer_value(json_object_get(lj, "write_errors"));
+	const char *nw = json_string_value(json_object_get(lj, "unwritable"));
 
-	if (dir && errs)
+	if (dir && nw)
+		printf("lease journal %s  (cannot be written: %s; %lld failed writes: see the log)\n",
+		       dir, nw, errs);
+	else if (dir && errs)
 		printf("lease journal %s  (%lld failed writes: see the log)\n", dir, errs);
 	else if (dir)
 		printf("lease journal %s\n", dir);

@@ -402,8 +402,10 @@ static json_t *dispatch(struct wexd *d, struct conn *c, json_t *req, const char 
 	if (!strcmp(op, "ping"))
 		return wex__reply_ok();
 	/* What they show of leases from before this wexd is current. */
-	if (!strcmp(op, "status") || !strcmp(op, "models") || !strcmp(op, "metrics"))
+	if (!strcmp(op, "status") || !strcmp(op, "models") || !strcmp(op, "metrics")) {
 		wexd_held_check(d);
+		wexd_journal_check(d);
+	}
 	if (!strcmp(op, "status"))
 		return wexd_status(d, c, req);
 	if (!strcmp(op, "models")) {
@@ -993,6 +995,7 @@ static void wexd_watchdog(struct wexd *d)
 static void wexd_tick(struct wexd *d)
 {
 	wexd_held_check(d);
+	wexd_journal_check(d);
 	wex__sd_flush();
 	wexd_watchdog(d);
 	if (d->notify)
@@ -1483,6 +1486,9 @@ int main(int argc, char **argv)
 	if (wex__journal_open(&d.journal, d.socket_path) < 0)
 		wex_warn("wexd", "lease journal off (%s): remap leases held across a restart of wexd will not hold their producers off",
 			 d.journal.why);
+	else if (d.journal.nowrite[0])
+		wex_warn("wexd", "lease journal %s cannot be written (%s): leases held from before this wexd are read and hold their producers off, but the remap leases this wexd grants are not written down: a restart would lose them",
+			 d.journal.path, d.journal.nowrite);
 	wexd_held_load(&d);
 	wex_info("wexd", "listening on %s (event loop: %s%s%s)", d.socket_path, wexd_io_backend(&d),
 		 d.loop.why_fallback[0] ? ", " : "", d.loop.why_fallback);

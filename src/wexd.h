@@ -258,6 +258,7 @@ struct wexd {
 	struct wex_journal journal;
 	struct held *held;
 	uint64_t held_checked_ns;
+	uint64_t journal_checked_ns; /* wexd_journal_check */
 	int round_passed; /* an acquire passed its group's round (service_waiters) */
 	uint64_t verify_seq; /* the last ticket wexctl verify was given */
 	/* Asks standing for models that went with their last client, until
@@ -319,6 +320,9 @@ void wexd_held_load(struct wexd *d);
 /* Ends the leases held from before whose processes exited (at most every
  * 200 ms): from the loop's tick, and before status, models and metrics. */
 void wexd_held_check(struct wexd *d);
+/* Writes the journal again where its directory was removed or replaced
+ * while wexd ran (at most every 200 ms): from the tick and before status. */
+void wexd_journal_check(struct wexd *d);
 /* At exit: forgets leases held from before, leaving their records (and
  * those of leases still held) for the next wexd. */
 void wexd_held_exit(struct wexd *d);

@@ -34,6 +34,8 @@
  *    the lease still holds the trainer off after a restart;
  *  - newer_member: a record with a member this wexd does not know (a newer
  *    wexd's, read after a downgrade) still holds its lease;
+ *  - newer_format: so does a record of a newer format (wex_lease 2) that
+ *    reads as this wexd's; one that does not is left in place;
  *  - fsize_limit: under a file size limit (ulimit -f) wexd is not killed by
  *    SIGXFSZ: the write fails, the client is told why, wexd keeps serving;
  *  - close_while_down: an engine that closes its client while wexd is down
@@ -489,6 +491,39 @@ static void newer_member(void)
 	t_wexd_restart(&d);
 }
 
+/* A record of a newer wexd's format (wex_lease 2), read after a
+ * downgrade: the lease it names still holds as far as this wexd reads it,
+ * and one this wexd cannot read is left for the newer one (before, both
+ * were removed as "not a lease record (a field is out of range)", and the
+ * trainer wrote under the engine that held the lease). */
+static void newer_format(void)
+{
+	char rec[512];
+	struct t_prod p;
+	int ret;
+
+	t_prod_open(&p, "newer", "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	t_wexd_kill(&d);
+	snprintf(rec, sizeof(rec),
+		 "{\"wex_lease\":2,\"model\":\"stale\",\"group\":\"g\",\"rank\":0,\"world\":1,"
+		 "\"version\":3,\"mode\":\"remap-view\",\"pid\":%d,\"uid\":%u,\"start\":0}",
+		 (int)getpid(), (unsigned)getuid());
+	write_record("l-9-2", rec);
+	write_record("l-9-3", "{\"wex_lease\":2,\"lease\":{\"model\":\"stale\"}}");
+	t_wexd_restart(&d);
+	T_ASSERT(journal_files(0) == 2 && held_count("stale", (int)getpid(), 3, "remap-view") == 1,
+		 "a newer format's records are kept (%d) and the one read holds its lease",
+		 journal_files(0));
+	ret = wex_begin_write(p.c, 2, 200);
+	T_ASSERT(ret == 0, "(another model's trainer writes: %s)", wex_strerror(ret));
+	T_WEX(p.c, wex_publish(p.c, 2));
+	t_prod_close(&p);
+	t_wexd_kill(&d);
+	t_journal_wipe(&d);
+	t_wexd_restart(&d);
+}
+
 /* A wexd run under a file size limit (ulimit -f, inherited from a batch
  * system): a write past it fails with EFBIG, said to the client that
  * asked, and wexd keeps serving (before: SIGXFSZ killed it, silently,
@@ -839,6 +874,7 @@ int main(void)
 	journal_off();
 	garbage_appended();
 	newer_member();
+	newer_format();
 	fsize_limit();
 	close_while_down();
 	release_then_close(0);

@@ -1,0 +1,57 @@
+#!/bin/sh
+# journal_faults.sh WEXD WEXCTL PRODUCER LIBWEX - the lease journal under
+# what an operator may do to its directory while wexd runs: an engine (the
+# Python glue) holds a remap-view lease of v1; its journal directory
+# (`<socket>.leases`) is removed (`rm -rf`, a cleanup script), then
+# replaced by another (a `mv` and a `mkdir`).  Each time wexd must notice,
+# say so, and write its records down again in the directory its next start
+# reads: a wexd restarted then still lists the lease under held[] (the
+# trainer waits).  Before, wexd went on writing into the removed directory
+# (a rewrite of an open record "succeeded" into a file no one would read,
+# no write error counted): the restarted wexd found no record, held
+# nothing, and the trainer wrote under the engine.
+WEXD=$1 WEXCTL=$2 PRODUCER=$3 LIBWEX=$4
+. "$(dirname "$0")/lib.sh"
+PY=/usr/bin/python3; [ -x $PY ] || PY=python3
+command -v $PY >/dev/null || skip "python3 missing"
+start_wexd
+J="$TMP/wexd.sock.leases"
+"$PRODUCER" --rank 0 --world 1 --preset tiny --versions 1 --hold >"$TMP/p.log" 2>&1 &
+P=$!
+cleanup_extra() { kill -9 "$E" 2>/dev/null; kill "$P" 2>/dev/null; wait "$P" "$E" 2>/dev/null; }
+E=
+LD_PRELOAD=${WEX_PY_PRELOAD:-} ASAN_OPTIONS=detect_leaks=0 WEX_LIB=$LIBWEX \
+PYTHONPATH="$(dirname "$0")/../../adapters/python" $PY - >"$TMP/e.log" 2>&1 <<'PYEOF' &
+import time, wex
+c = wex.Client(wex.ROLE_CONSUMER, "policy", group="engine")
+r = c.sync(wex.SYNC_REMAP_VIEW, min_version=1, timeout_ms=20000)
+print("synced v%d" % r.version, flush=True)
+time.sleep(600)
+PYEOF
+E=$!
+i=0; until grep -q "synced v1" "$TMP/e.log"; do
+	i=$((i+1)); [ $i -lt 400 ] || fail "the engine did not sync: $(tail -3 "$TMP/e.log")"
+	kill -0 $E 2>/dev/null || fail "the engine exited: $(tail -3 "$TMP/e.log")"; sleep 0.05; done
+[ "$(ls "$J" | wc -l)" = 1 ] || fail "no record of the engine's lease in $J: $(ls -la "$J")"
+
+# restarted_holds WHAT: wexd restarted lists the engine's lease.
+restarted_holds() {
+	# (wexd looks at least once a second: 10 s is plenty, not a threshold.)
+	i=0; until [ "$(ls "$J" 2>/dev/null | wc -l)" = 1 ] && grep -q "journal.*$J.*$1" "$TMP/wexd.log"; do
+		i=$((i+1)); [ $i -lt 100 ] || fail "$1: wexd did not write the record again in $J, or did not say so: $(ls -la "$J" 2>&1); wexd: $(tail -3 "$TMP/wexd.log")"
+		sleep 0.1; done
+	stop_wexd
+	start_wexd
+	"$WEXCTL" status --json >"$TMP/s.json" || fail "status"
+	tr -d ' \n' <"$TMP/s.json" | grep -q "\"held\":\[{[^]]*\"pid\":$E," ||
+		fail "$1, then a restart: the engine's lease is not held: $(cat "$TMP/s.json"); wexd: $(tail -5 "$TMP/wexd.log")"
+	# The engine's next call takes it back (the record is the connection's).
+	"$WEXCTL" status >/dev/null
+}
+rm -rf "$J"
+restarted_holds "removed"
+mv "$J" "$TMP/old.leases"; mkdir -m 700 "$J"
+restarted_holds "replaced"
+stop_wexd
+[ "$WEXD_RC" = 0 ] || fail "wexd exit code $WEXD_RC"
+echo "PASS: a journal directory removed or replaced while wexd runs is written again"
