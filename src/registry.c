@@ -1640,9 +1640,14 @@ json_t *wexd_attach(struct wexd *d, struct conn *c, json_t *req, int *fds, int n
 
 	if (g && first && hv && g->round_open && g->taken[c->rank] &&
 	    (uint64_t)json_integer_value(hv) == g->round_version &&
-	    g->round_version == c->model->published && c->model->published_restored)
+	    g->round_version == c->model->published && c->model->published_restored) {
+		/* Serving it, as a sync of it here would say: a round a peer
+		 * opens again on that version passes this rank (round_open_now)
+		 * rather than wait for it, idle with the version. */
+		c->served_version = g->round_version;
+		c->served_epoch = c->model->epoch;
 		lease_note(c);
-	else if (g)
+	} else if (g)
 		round_untake(g, c->rank);
 	return json_pack("{s:b, s:I, s:I}", "ok", 1, "count", (json_int_t)n, "published",
 			 (json_int_t)c->model->published);

@@ -51,7 +51,11 @@
  *    new buffers: the round waited for rank 0 until it synced again,
  *    holding the trainer off.)  resent_restart: across another restart
  *    too.  resent_fresh: rank 0 then attaches its buffers anew (no
- *    version said): the round waits for its sync.
+ *    version said): the round waits for its sync.  resent_again: rank 1's
+ *    engine then restarts and syncs v1 again: the round it opens on v1
+ *    passes rank 0, which counts as serving v1 (before: as serving
+ *    nothing, so the round waited for it, idle with v1, holding the
+ *    trainer off until it synced again).
  *  - gone_held (named only, not run by default): a limit left open; see
  *    the case.
  *
@@ -319,9 +323,10 @@ static void group_empties(void)
  * off, its begin_write EBUSY.)  `fresh`: rank 0 then attaches new buffers,
  * which hold nothing: the round waits for it again, and its sync takes
  * v1. */
-static void resent(int restarts, int fresh)
+static void resent(int restarts, int fresh, int again)
 {
-	const char *model = fresh ? "resent-fresh" : restarts ? "resent-restart" : "resent";
+	const char *model = fresh ? "resent-fresh" : restarts ? "resent-restart" :
+			    again ? "resent-again" : "resent";
 	struct t_prod p;
 	struct t_cons k[3];
 	char *json = NULL;
@@ -353,6 +358,20 @@ static void resent(int restarts, int fresh)
 		take(&k[0], 1);
 	} else {
 		take(&k[2], 1);
+	}
+	if (again) {
+		/* Rank 1's engine restarts and syncs v1 again: the round it
+		 * opens on v1 passes rank 0 (serving v1, its re-sent buffers
+		 * hold it) and rank 2.  (Before, rank 0 counted as serving
+		 * nothing: the round waited for it, idle with v1, holding the
+		 * trainer off until it synced again.) */
+		T_ASSERT(group_round(model) == 0, "the group took v1 whole");
+		t_cons_close(&k[1]);
+		cons_open(&k[1], model, 1);
+		take(&k[1], 1);
+		T_ASSERT(group_round(model) == 0,
+			 "the round rank 1 opened again on v1 passes rank 0 (it re-sent its buffers "
+			 "holding v1) and rank 2, yet it is still open");
 	}
 	group_took_v1(model, &p, k, 3);
 	printf("round_restarts: %s: rank 0's reconnect %s\n", model,
@@ -519,11 +538,13 @@ int main(int argc, char **argv)
 	if (!only || !strcmp(only, "group_empties"))
 		group_empties();
 	if (!only || !strcmp(only, "resent"))
-		resent(0, 0);
+		resent(0, 0, 0);
 	if (!only || !strcmp(only, "resent_restart"))
-		resent(1, 0);
+		resent(1, 0, 0);
 	if (!only || !strcmp(only, "resent_fresh"))
-		resent(0, 1);
+		resent(0, 1, 0);
+	if (!only || !strcmp(only, "resent_again"))
+		resent(0, 0, 1);
 	if (only && !strcmp(only, "gone_held"))
 		gone_held();
 	if (!only || !strcmp(only, "exit_down"))

@@ -1074,6 +1074,65 @@ class EngineHooks(WexdProducerCase):
         self.assertEqual(r.sync(min_version=v)["version"], v)
         self.assert_holds(params_of(m), "vllm", 0)
 
+    def test_overwritten_spares_later_sync(self):
+        """overwritten() cancels only the syncs that were running when it
+        was called: one begun after it (which forgets first itself, and
+        then copies the whole version) holding the client when overwritten()
+        next tries for it runs on (was: cancelled, WexError ECANCELED, and
+        overwritten() waited for it to end)."""
+        m, r, v, out, t = self.waiting_sync("overwriting2")
+        real, later, turns = r.client._lock, {}, [0]
+        harness = self
+
+        class Lock:  # the real lock; overwritten()'s second try finds the later sync there
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def __enter__(self):
+                return real.__enter__()
+
+            def __exit__(self, *a):
+                return real.__exit__(*a)
+
+            def acquire(self, *a, **k):
+                if threading.current_thread().name == "overwriting":
+                    turns[0] += 1
+                    if turns[0] == 2:
+                        t.join(10)  # the first sync, cancelled
+
+                        def sync():
+                            try:
+                                later["sync"] = r.sync(min_version=v + 50, timeout_ms=1500)
+                            except BaseException as e:
+                                later["sync"] = e
+                        later["t"] = threading.Thread(target=sync, daemon=True)
+                        later["t"].start()
+                        harness.await_acquire("overwriting2")
+                return real.acquire(*a, **k)
+
+            def release(self):
+                return real.release()
+
+        r.client._lock = Lock()
+        try:
+            said = {}
+            ow = threading.Thread(target=lambda: said.update(ok=r.overwritten("a reload")),
+                                  name="overwriting", daemon=True)
+            ow.start()
+            ow.join(10)
+            self.assertFalse(ow.is_alive())
+            self.assertTrue(said.get("ok"))
+            self.assertEqual(out["sync"].code, errno.ECANCELED)
+            later["t"].join(10)
+            self.assertFalse(later["t"].is_alive())
+        finally:
+            r.client._lock = real
+        self.assertIsInstance(later["sync"], wex.WexError, later["sync"])
+        self.assertNotEqual(later["sync"].code, errno.ECANCELED, later["sync"])
+        self.assertEqual(r.forgotten, 1)
+        self.assertEqual(r.sync(min_version=v)["version"], v)
+        self.assert_holds(params_of(m), "vllm", 0)
+
     def test_close_during_sync(self):
         """EngineRank.close() while a sync of the rank waits for a version
         in another thread cancels that wait (was: close waited the sync's

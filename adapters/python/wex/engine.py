@@ -406,6 +406,9 @@ class EngineRank:
         # for them (under _syncs, with released_why).
         self._syncs = threading.Condition()
         self._syncing = {}
+        # The syncs running, one token each (overwritten() cancels only
+        # those begun before it: a later one forgets first itself).
+        self._entries = set()
         _ranks.add(self)  # (a forked child's copy counts none of the parent's syncs)
         self._cancel_warned = False
         self._closing = False        # close() waits for running syncs
@@ -555,12 +558,22 @@ class EngineRank:
         version in another thread holds the client until it is published:
         its wait is cancelled (WexError ECANCELED naming `why`, nothing
         copied), so this returns now, not then."""
-        self._forget_pending = True
-        self._overwrites = (self._overwrites[0] + 1, why)
+        with self._syncs:
+            self._forget_pending = True
+            self._overwrites = (self._overwrites[0] + 1, why)
+            # Only these are cancelled: a sync begun after this call sees
+            # _forget_pending and forgets first itself (cancelling it, as
+            # was done, failed a sync that would copy the whole version).
+            before = set(self._entries)
         client = self.client
         try:
             while client is not None and not client._lock.acquire(timeout=0.05):
-                self._cancel_syncs(why)
+                with self._syncs:
+                    old = before & self._entries
+                if old:
+                    self._cancel_syncs(why)
+                elif not self._forget_pending:
+                    return True  # a sync begun since forgot, and holds the client
             try:
                 self.forget()
             finally:
@@ -626,6 +639,8 @@ class EngineRank:
                                      "at their addresses); wake the engine's weights first; "
                                      "nothing copied" % self.released_why)
                 self._syncing[me] = self._syncing.get(me, 0) + 1
+                token = object()
+                self._entries.add(token)
                 entered = True
             return self._sync(min_version, timeout_ms, verify)
         except wex.WexError as e:
@@ -647,6 +662,7 @@ class EngineRank:
         finally:
             if entered:
                 with self._syncs:
+                    self._entries.discard(token)
                     self._syncing[me] -= 1
                     if not self._syncing[me]:
                         del self._syncing[me]
