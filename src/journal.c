@@ -56,13 +56,25 @@ static int dir_open(struct wex_journal *j)
 	j->dirfd = fd;
 	j->dev = st.st_dev;
 	j->ino = st.st_ino;
+	j->nowrite[0] = '\0';
+	wex__journal_access(j);
+	return 0;
+}
+
+int wex__journal_access(struct wex_journal *j)
+{
+	int was = j->nowrite[0] != '\0';
+
 	/* A read-only mount, or a directory wexd's user may not write (a
 	 * mode or an ACL another start left): the leases it holds are read
 	 * and held, but none this wexd grants can be written down. */
-	j->nowrite[0] = '\0';
-	if (faccessat(fd, ".", W_OK, AT_EACCESS) < 0)
+	if (j->dirfd < 0)
+		return 0;
+	if (faccessat(j->dirfd, ".", W_OK, AT_EACCESS) < 0)
 		snprintf(j->nowrite, sizeof(j->nowrite), "%s", strerror(errno));
-	return 0;
+	else
+		j->nowrite[0] = '\0';
+	return was != (j->nowrite[0] != '\0');
 }
 
 int wex__journal_open(struct wex_journal *j, const char *socket_path)

@@ -78,6 +78,9 @@ const char *wex__journal_moved(const struct wex_journal *j);
 /* Opens the directory at the path again (created if missing), as
  * wex__journal_open; the records are the caller's to write again. */
 int wex__journal_reopen(struct wex_journal *j);
+/* Sets nowrite anew (a mount remounted, a mode changed while wexd runs);
+ * 1 if whether wexd may write there changed. */
+int wex__journal_access(struct wex_journal *j);
 
 /* Writes r into the record open at *fd, or (*fd < 0) opens the one named
  * `name`, creating it (empty name: a new unique one, stored there).  A

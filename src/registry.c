@@ -1153,15 +1153,37 @@ void wexd_journal_check(struct wexd *d)
 {
 	const char *why;
 	unsigned n = 0;
-	int ret;
+	int ret, lost = d->journal_lost;
 
 	if (d->journal.keep || wex__now_ns() - d->journal_checked_ns < HELD_CHECK_NS)
 		return;
 	d->journal_checked_ns = wex__now_ns();
-	if (!(why = wex__journal_moved(&d->journal)))
+	if (lost) {
+		/* Off since its directory went: used again once it can be
+		 * (the operator's fix), as a restart of wexd, which loses the
+		 * leases held, was the only way back. */
+		if (wex__journal_reopen(&d->journal) < 0)
+			return;
+		d->journal_lost = 0;
+		why = NULL;
+	} else if (!(why = wex__journal_moved(&d->journal))) {
+		/* (Status's unwritable follows it: a filesystem remounted
+		 * read-only after a disk error, or made writable again.) */
+		if (!wex__journal_access(&d->journal))
+			;
+		else if (d->journal.nowrite[0])
+			wex_warn("journal", "lease journal %s cannot be written any more (%s): the remap leases wexd grants from now on are not written down: a restart would lose them",
+				 d->journal.path, d->journal.nowrite);
+		else {
+			/* (A lease whose write failed is written now: its
+			 * engine may not call again for a whole rollout.) */
+			for (struct conn *c = d->conns; c; c = c->next)
+				lease_note(c);
+			wex_info("journal", "lease journal %s can be written again: the remap leases held are written down", d->journal.path);
+		}
 		return;
-	if ((ret = wex__journal_reopen(&d->journal)) < 0) {
-		wex_error("journal", "lease journal %s was %s while wexd ran, and cannot be made again (%s): the lease journal is off: a restart of wexd would lose the remap leases now held",
+	} else if ((ret = wex__journal_reopen(&d->journal)) < 0) {
+		wex_error("journal", "lease journal %s was %s while wexd ran, and cannot be made again (%s): the lease journal is off until it can be: a restart of wexd would lose the remap leases now held",
 			  d->journal.path, why, d->journal.why);
 		for (struct conn *c = d->conns; c; c = c->next)
 			if (c->lease_fd >= 0) {
@@ -1170,16 +1192,20 @@ void wexd_journal_check(struct wexd *d)
 				c->lease_file[0] = '\0';
 				c->lease_noted = 0;
 			}
+		d->journal_lost = 1;
 		return;
 	}
 	for (struct conn *c = d->conns; c; c = c->next) {
-		if (c->lease_fd < 0 && !c->lease_file[0])
-			continue;
-		if (c->lease_fd >= 0)
-			close(c->lease_fd);
-		c->lease_fd = -1;
-		c->lease_noted = 0;
-		c->note_mode = 0;
+		/* (Off, each record was closed and forgotten: written anew.) */
+		if (!lost) {
+			if (c->lease_fd < 0 && !c->lease_file[0])
+				continue;
+			if (c->lease_fd >= 0)
+				close(c->lease_fd);
+			c->lease_fd = -1;
+			c->lease_noted = 0;
+			c->note_mode = 0;
+		}
 		lease_note(c);
 		n += c->lease_noted;
 	}
@@ -1191,9 +1217,14 @@ void wexd_journal_check(struct wexd *d)
 		if (fd >= 0)
 			close(fd);
 	}
-	wex_warn("journal", "lease journal %s was %s while wexd ran: made again, %u lease record(s) written there again%s",
-		 d->journal.path, why, n,
-		 d->journal.errors ? " (see lease_journal.write_errors in status for those that failed)" : "");
+	if (lost)
+		wex_warn("journal", "lease journal %s can be used again: %u lease record(s) written there again%s",
+			 d->journal.path, n,
+			 d->journal.errors ? " (see lease_journal.write_errors in status for those that failed)" : "");
+	else
+		wex_warn("journal", "lease journal %s was %s while wexd ran: made again, %u lease record(s) written there again%s",
+			 d->journal.path, why, n,
+			 d->journal.errors ? " (see lease_journal.write_errors in status for those that failed)" : "");
 }
 
 void wexd_held_exit(struct wexd *d)

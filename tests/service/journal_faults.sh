@@ -3,7 +3,8 @@
 # what an operator may do to its directory while wexd runs: an engine (the
 # Python glue) holds a remap-view lease of v1; its journal directory
 # (`<socket>.leases`) is removed (`rm -rf`, a cleanup script), then
-# replaced by another (a `mv` and a `mkdir`).  Each time wexd must notice,
+# replaced by another (a `mv` and a `mkdir`), then by one of another mode
+# that wexd refuses until the operator's chmod.  Each time wexd must notice,
 # say so, and write its records down again in the directory its next start
 # reads: a wexd restarted then still lists the lease under held[] (the
 # trainer waits).  Before, wexd went on writing into the removed directory
@@ -52,6 +53,18 @@ rm -rf "$J"
 restarted_holds "removed"
 mv "$J" "$TMP/old.leases"; mkdir -m 700 "$J"
 restarted_holds "replaced"
+# Replaced by a directory wexd refuses (another mode: not wexd's own): the
+# journal is off, said so; the operator's chmod makes it usable again, and
+# wexd must use it then (before, it stayed off until a restart, which is
+# what loses the leases held).
+mv "$J" "$TMP/old2.leases"; mkdir -m 755 "$J"
+i=0; until grep -q "lease journal $J was replaced while wexd ran, and cannot be made again" "$TMP/wexd.log"; do
+	i=$((i+1)); [ $i -lt 100 ] || fail "wexd did not say the journal is off: $(tail -3 "$TMP/wexd.log")"
+	sleep 0.1; done
+"$WEXCTL" status --json | tr -d ' \n' | grep -q '"lease_journal":{"dir":null,"off":' ||
+	fail "status does not say the journal is off: $("$WEXCTL" status --json)"
+chmod 700 "$J"
+restarted_holds "can be used again"
 stop_wexd
 [ "$WEXD_RC" = 0 ] || fail "wexd exit code $WEXD_RC"
 echo "PASS: a journal directory removed or replaced while wexd runs is written again"

@@ -66,6 +66,9 @@ add_test(NAME svc_journal_faults COMMAND sh ${SVC}/journal_faults.sh $<TARGET_FI
 set_tests_properties(svc_journal_faults PROPERTIES LABELS service TIMEOUT 60 SKIP_RETURN_CODE 77)
 add_test(NAME svc_journal_readonly COMMAND sh ${SVC}/journal_readonly.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 set_tests_properties(svc_journal_readonly PROPERTIES LABELS service TIMEOUT 60 SKIP_RETURN_CODE 77)
+add_test(NAME svc_journal_unwritable_later COMMAND sh ${SVC}/journal_unwritable_later.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>
+  $<TARGET_FILE:wex-producer> $<TARGET_FILE:wex>)
+set_tests_properties(svc_journal_unwritable_later PROPERTIES LABELS service TIMEOUT 60 SKIP_RETURN_CODE 77)
 add_test(NAME svc_journal_warn_once COMMAND sh ${SVC}/journal_warn_once.sh $<TARGET_FILE:wexd>
   $<TARGET_FILE:wex-producer> $<TARGET_FILE:wex>)
 set_tests_properties(svc_journal_warn_once PROPERTIES LABELS service TIMEOUT 60 SKIP_RETURN_CODE 77)
@@ -73,5 +76,5 @@ if(WEX_SANITIZE)
   # libwex is instrumented: the Python engine needs the ASan runtime first.
   execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libasan.so
     OUTPUT_VARIABLE WEX_SVC_ASAN_RT OUTPUT_STRIP_TRAILING_WHITESPACE)
-  set_tests_properties(svc_held_status svc_journal_faults svc_journal_warn_once PROPERTIES ENVIRONMENT "WEX_PY_PRELOAD=${WEX_SVC_ASAN_RT}")
+  set_tests_properties(svc_held_status svc_journal_faults svc_journal_warn_once svc_journal_unwritable_later PROPERTIES ENVIRONMENT "WEX_PY_PRELOAD=${WEX_SVC_ASAN_RT}")
 endif()
