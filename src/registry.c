@@ -1170,8 +1170,8 @@ void wexd_journal_check(struct wexd *d)
 		/* (Status's unwritable follows it: a filesystem remounted
 		 * read-only after a disk error, or made writable again.) */
 		if (!wex__journal_access(&d->journal))
-			;
-		else if (d->journal.nowrite[0])
+			return;
+		if (d->journal.nowrite[0])
 			wex_warn("journal", "lease journal %s cannot be written any more (%s): the remap leases wexd grants from now on are not written down: a restart would lose them",
 				 d->journal.path, d->journal.nowrite);
 		else {
