@@ -692,3 +692,29 @@ void t_relay_stop(struct t_relay *r)
 	unlink(r->path);
 	pthread_mutex_destroy(&r->lock);
 }
+
+int t_journal_files(const char *sock, int held)
+{
+	char path[400], buf[64];
+	struct dirent *e;
+	DIR *dir;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "%s.leases", sock);
+	dir = opendir(path);
+	if (!dir)
+		return -1;
+	while ((e = readdir(dir))) {
+		int fd = e->d_name[0] != '.' ? openat(dirfd(dir), e->d_name, O_RDONLY) : -1;
+		ssize_t got;
+
+		if (fd < 0)
+			continue;
+		got = read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+		buf[got > 0 ? got : 0] = '\0';
+		n += !held || strncmp(buf, "{\"wex_lease\":1,", 14) == 0;
+	}
+	closedir(dir);
+	return n;
+}

@@ -161,6 +161,12 @@ static inline uint32_t t_rand(uint64_t *state, uint32_t n)
  * with how to replay it. */
 unsigned long long t_seed(const char *prefix, double *secs);
 
+/* Files in the lease journal of the wexd listening at `sock` (its
+ * SOCK.leases directory), -1 where there is none; `held`: only records of
+ * leases or takes held (a record whose lease ended stays, marked so, while
+ * its connection lives). */
+int t_journal_files(const char *sock, int held);
+
 /* One status request on a fresh connection (new reference). */
 json_t *t_status(const char *sock);
 /* Asserts that status reports the backend named by $WEX_IO (if set). */

@@ -95,34 +95,7 @@ static void journal_path(char *buf, size_t len)
 	snprintf(buf, len, "%s.leases", d.sock);
 }
 
-/* Files in the journal; `held`: only records of leases held (a record
- * whose lease ended stays, marked so, while its connection lives). */
-static int journal_files(int held)
-{
-	char path[400], buf[64];
-	struct dirent *e;
-	DIR *dir;
-	int n = 0;
-
-	journal_path(path, sizeof(path));
-	dir = opendir(path);
-	if (!dir)
-		return -1;
-	while ((e = readdir(dir))) {
-		int fd = e->d_name[0] != '.' ? openat(dirfd(dir), e->d_name, O_RDONLY) : -1;
-		ssize_t got;
-
-		if (fd < 0)
-			continue;
-		got = read(fd, buf, sizeof(buf) - 1);
-		close(fd);
-		buf[got > 0 ? got : 0] = '\0';
-		n += !held || strncmp(buf, "{\"wex_lease\":1,", 14) == 0;
-	}
-	closedir(dir);
-	return n;
-}
-
+#define journal_files(held) t_journal_files(d.sock, held)
 #define journal_count() journal_files(1)
 #define files() journal_files(0)
 

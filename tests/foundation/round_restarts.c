@@ -79,31 +79,7 @@
 static struct t_wexd d;
 
 /* Records of held leases or takes in the journal (journal.h). */
-static int journal_count(void)
-{
-	char path[400], buf[64];
-	struct dirent *e;
-	DIR *dir;
-	int n = 0;
-
-	snprintf(path, sizeof(path), "%s.leases", d.sock);
-	dir = opendir(path);
-	if (!dir)
-		return -1;
-	while ((e = readdir(dir))) {
-		int fd = e->d_name[0] != '.' ? openat(dirfd(dir), e->d_name, O_RDONLY) : -1;
-		ssize_t got;
-
-		if (fd < 0)
-			continue;
-		got = read(fd, buf, sizeof(buf) - 1);
-		close(fd);
-		buf[got > 0 ? got : 0] = '\0';
-		n += strncmp(buf, "{\"wex_lease\":1,", 14) == 0;
-	}
-	closedir(dir);
-	return n;
-}
+#define journal_count() t_journal_files(d.sock, 1)
 
 /* The version of the round open to group "g" of `model` (0: none). */
 static uint64_t group_round(const char *model)

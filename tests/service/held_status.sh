@@ -14,22 +14,9 @@ WEXD=$1 WEXCTL=$2 PRODUCER=$3 LIBWEX=$4
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
 command -v $PY >/dev/null || skip "python3 missing"
 start_wexd
-"$PRODUCER" --rank 0 --world 1 --preset tiny --versions 1 --hold >"$TMP/p.log" 2>&1 &
-P=$!
 cleanup_extra() { kill -9 "$E" 2>/dev/null; kill "$P" 2>/dev/null; wait "$P" "$E" 2>/dev/null; }
 E=
-LD_PRELOAD=${WEX_PY_PRELOAD:-} ASAN_OPTIONS=detect_leaks=0 WEX_LIB=$LIBWEX \
-PYTHONPATH="$(dirname "$0")/../../adapters/python" $PY - >"$TMP/e.log" 2>&1 <<'PYEOF' &
-import time, wex
-c = wex.Client(wex.ROLE_CONSUMER, "policy", group="engine")
-r = c.sync(wex.SYNC_REMAP_VIEW, min_version=1, timeout_ms=20000)
-print("synced v%d" % r.version, flush=True)
-time.sleep(600)
-PYEOF
-E=$!
-i=0; until grep -q "synced v1" "$TMP/e.log"; do
-	i=$((i+1)); [ $i -lt 400 ] || fail "the engine did not sync: $(tail -3 "$TMP/e.log")"
-	kill -0 $E 2>/dev/null || fail "the engine exited: $(tail -3 "$TMP/e.log")"; sleep 0.05; done
+view_engine
 stop_wexd
 start_wexd
 "$WEXCTL" status --json >"$TMP/s.json" || fail "status"

@@ -56,3 +56,23 @@ sync_pair() {
 	grep -q MISMATCH "$TMP/c.log" && fail "consumer saw wrong bytes"
 	return 0
 }
+# view_engine: $PRODUCER holding v1 of model "policy" ($P, log $TMP/p.log)
+# and a Python engine ($E, log $TMP/e.log, through the binding and
+# $LIBWEX) holding a remap-view lease on it, once it synced.  The caller
+# sets $PY and a cleanup_extra that kills $E and $P.
+view_engine() {
+	"$PRODUCER" --rank 0 --world 1 --preset tiny --versions 1 --hold >"$TMP/p.log" 2>&1 &
+	P=$!
+	LD_PRELOAD=${WEX_PY_PRELOAD:-} ASAN_OPTIONS=detect_leaks=0 WEX_LIB=$LIBWEX \
+	PYTHONPATH="$(dirname "$0")/../../adapters/python" $PY - >"$TMP/e.log" 2>&1 <<'PYEOF' &
+import time, wex
+c = wex.Client(wex.ROLE_CONSUMER, "policy", group="engine")
+r = c.sync(wex.SYNC_REMAP_VIEW, min_version=1, timeout_ms=20000)
+print("synced v%d" % r.version, flush=True)
+time.sleep(600)
+PYEOF
+	E=$!
+	_i=0; until grep -q "synced v1" "$TMP/e.log"; do
+		_i=$((_i+1)); [ $_i -lt 400 ] || fail "the engine did not sync: $(tail -3 "$TMP/e.log")"
+		kill -0 $E 2>/dev/null || fail "the engine exited: $(tail -3 "$TMP/e.log")"; sleep 0.05; done
+}
