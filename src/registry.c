@@ -2603,7 +2603,7 @@ json_t *wexd_status(struct wexd *d, struct conn *c, json_t *req)
 				      (double)(wex__now_ns() - d->start_ns) / 1e9, "io",
 				      wexd_io_backend(d), "io_fallback_reason",
 				      d->loop.why_fallback, "socket", d->socket_path, "config",
-				      d->config_source, "clients", (int)d->nconns, "draining",
+				      d->config_source, "clients", (int)wexd_clients(d), "draining",
 				      d->draining, "fds", "open", (json_int_t)wexd_fds_open(),
 				      "limit", (json_int_t)d->fd_limit, "exit_watch",
 				      d->exit_watch));

@@ -153,6 +153,7 @@ static void conn_close(struct wexd *d, struct conn *c)
 		return;
 	wexd_conn_drop(d, c);
 	c->dead = 1;
+	d->nclosed++;
 	d->loop.ops->close(&d->loop, &c->io);
 }
 
@@ -252,7 +253,7 @@ static void on_accept(void *arg, int fd)
 	 * wexctl (status, config reload: systemd's ExecReload) must reach
 	 * wexd when max_clients is reached, to raise it. */
 	if (d->cfg.max_clients > 0 &&
-	    d->nconns >= (uint64_t)d->cfg.max_clients +
+	    wexd_clients(d) >= (uint64_t)d->cfg.max_clients +
 				  (uid == 0 || uid == geteuid() ? WEXD_ADMIN_RESERVE : 0)) {
 		wex__metrics_count(WEX_M_REFUSED, "max_clients", NULL, 1);
 		/* Once per 1000: a connection flood cannot flood the log. */
@@ -362,6 +363,8 @@ static void on_free(void *arg, struct wex_loop_io *io)
 			break;
 		}
 	d->nconns--;
+	if (c->dead)
+		d->nclosed--;
 	free(c->groups);
 	free(c);
 }
@@ -762,7 +765,7 @@ static json_t *wexd_metrics(struct wexd *d)
 			bytes += m->ranks[i].bytes;
 		}
 	}
-	wex__metrics_set(WEX_M_CLIENTS, (double)d->nconns);
+	wex__metrics_set(WEX_M_CLIENTS, (double)wexd_clients(d));
 	wex__metrics_set(WEX_M_LEASES, (double)leases);
 	wex__metrics_set(WEX_M_SEGMENTS, (double)segs);
 	wex__metrics_set(WEX_M_EXPORTED, (double)bytes);
@@ -962,7 +965,7 @@ static void wexd_sd_status(struct wexd *d)
 	else
 		snprintf(what, sizeof(what), "%u models", models);
 	snprintf(text, sizeof(text), "%s%u client%s, %s, %u lease%s", d->draining ? "draining: " : "",
-		 d->nconns, d->nconns == 1 ? "" : "s", what, leases, leases == 1 ? "" : "s");
+		 wexd_clients(d), wexd_clients(d) == 1 ? "" : "s", what, leases, leases == 1 ? "" : "s");
 	/* One line of printable UTF-8 text: a name never breaks the
 	 * datagram, and one cut inside a character (at 64 bytes) does not
 	 * make systemd drop the line as not UTF-8 clean. */
@@ -1547,7 +1550,7 @@ int main(int argc, char **argv)
 			 d.stop ? "second signal" : d.exit_code ? "event loop error"
 							    : "drain_timeout_ms expired",
 			 copies_in_flight(&d));
-	wex_info("wexd", "stopping: %u client(s) told by disconnect", d.nconns);
+	wex_info("wexd", "stopping: %u client(s) told by disconnect", wexd_clients(&d));
 	/* Remap leases still held stay written down for the next wexd. */
 	d.journal.keep = 1;
 	for (struct conn *c = d.conns; c; c = c->next)

@@ -230,7 +230,8 @@ struct wexd {
 	dev_t socket_dev; /* the socket file wexd made (unlinked at exit only if */
 	ino_t socket_ino; /* it is still that file, not another daemon's) */
 	struct conn *conns;
-	uint32_t nconns;
+	uint32_t nconns; /* in conns: the clients, and those closed not yet freed */
+	uint32_t nclosed; /* closed (conn->dead), freed once the loop gives them back */
 	struct model *models;
 	uint64_t start_ns;
 	uint64_t fd_limit; /* RLIMIT_NOFILE set at start */
@@ -266,6 +267,14 @@ struct wexd {
 	 * a client makes the model again or they stop standing. */
 	struct verify_stand *verify_orphans;
 };
+
+/* The clients connected: a connection wexd closed (a hang-up it read, an
+ * exit) is not one, though the loop frees it only later (at the end of
+ * its turn; under io_uring once its cancelled poll is back). */
+static inline uint32_t wexd_clients(const struct wexd *d)
+{
+	return d->nconns - d->nclosed;
+}
 
 /* registry.c: request handlers.  Each returns a reply (new reference), or
  * NULL when the reply is deferred (the conn waits). */

@@ -155,10 +155,19 @@ fi
 # it says so once and tries again each interval; the new wexd's view
 # follows; ended by --count while wexd answers: exit 0.
 OLD=$WEXD_PID
-"$WEXCTL" watch -n 0.1 --count 40 >"$TMP/watch.out" 2>"$TMP/watch.err" &
+# (Waits are on what watch shows, not on sleeps: a loaded machine may take
+# longer than a sleep to start wexctl, and to stop and start wexd; 100
+# views leave it 10 s for the restart.)
+"$WEXCTL" watch -n 0.1 --count 100 >"$TMP/watch.out" 2>"$TMP/watch.err" &
 W=$!
-sleep 0.3
+i=0; until grep -q "wexd pid $OLD " "$TMP/watch.out"; do
+	kill -0 $W 2>/dev/null || fail "watch ended before its first view: $(cat "$TMP/watch.err")"
+	i=$((i+1)); [ $i -lt 200 ] || fail "watch showed no view of the first wexd"; sleep 0.05; done
 kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; WEXD_PID=""
+i=0; until grep -q "not answering" "$TMP/watch.err"; do
+	kill -0 $W 2>/dev/null || fail "watch ended when wexd stopped: $(cat "$TMP/watch.err")"
+	i=$((i+1)); [ $i -lt 200 ] || fail "watch did not say wexd stopped answering: $(cat "$TMP/watch.err")"; sleep 0.05; done
+# (Some tries while wexd is down, for the check that it says so once.)
 sleep 0.7
 kill -0 $W 2>/dev/null || fail "watch ended when wexd stopped: $(cat "$TMP/watch.err")"
 grep -q "^wexctl: watch: wexd is not answering; trying again every 0.1 s" "$TMP/watch.err" ||
@@ -171,11 +180,14 @@ grep -q "wexd pid $OLD " "$TMP/watch.out" || fail "watch showed no view of the f
 grep -q "wexd pid $WEXD_PID " "$TMP/watch.out" || fail "watch showed no view of the restarted wexd"
 grep -q "^wexctl: watch: wexd answers again" "$TMP/watch.err" || fail "watch did not say wexd is back"
 # Ended by --count while wexd is gone: exit 1 (the last view is stale).
-"$WEXCTL" watch -n 0.05 --count 20 >/dev/null 2>"$TMP/watch.err" &
+# (wexd stopped once watch showed a view, with 5 s of views left.)
+"$WEXCTL" watch -n 0.05 --count 100 >"$TMP/watch2.out" 2>"$TMP/watch.err" &
 W=$!
-sleep 0.2
+i=0; until grep -q "wexd pid $WEXD_PID " "$TMP/watch2.out"; do
+	kill -0 $W 2>/dev/null || fail "watch ended before its first view: $(cat "$TMP/watch.err")"
+	i=$((i+1)); [ $i -lt 200 ] || fail "watch showed no view of wexd"; sleep 0.05; done
 kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; WEXD_PID=""
-i=0; while kill -0 $W 2>/dev/null; do i=$((i+1)); [ $i -lt 200 ] || fail "watch --count 20 goes on"; sleep 0.05; done
+i=0; while kill -0 $W 2>/dev/null; do i=$((i+1)); [ $i -lt 600 ] || fail "watch --count 100 goes on"; sleep 0.05; done
 wait $W && fail "watch exited 0 ending while wexd was gone"
 [ -s "$TMP/watch.err" ] || fail "watch did not say why"
 echo "PASS: status, models, clients, plans, watch, metrics, config"
