@@ -178,6 +178,8 @@ static void model_maybe_free(struct wexd *d, struct model *m)
 
 static void lease_note(struct conn *c);
 static void held_round_end(struct wexd *d, struct model *m, struct cgroup *g);
+static void held_rounds_lose(struct wexd *d, struct model *m);
+static void held_lost_mark(struct cgroup *g, const struct held *h);
 
 /* Closes group g's round; `held`: the takes from before this wexd that
  * it passed end with it (held_round_end). */
@@ -249,14 +251,23 @@ static int group_resize(struct wexd *d, struct model *m, struct cgroup *g, uint3
 static void memory_gone(struct wexd *d, struct model *m)
 {
 	m->epoch++;
+	/* (Shutting down, its producers told by disconnect: the takes from
+	 * before stay written, for the next wexd, as held_round_end's.) */
+	if (m->held && !d->journal.keep)
+		held_rounds_lose(d, m);
 	for (struct cgroup *g = m->groups; g; g = g->next) {
 		if (!g->round_open)
 			continue;
 		/* (A rank that passed the round, 2, holds no lease of it:
 		 * either it waits for a newer version, or it held this one
-		 * before the round opened and, like its peers, syncs again.) */
+		 * before the round opened and, like its peers, syncs again.
+		 * But one that passed its take of this round from before this
+		 * wexd, 3, holds it as a rank that took it here does, its
+		 * process connected since (held_rounds_lose: or idle with the
+		 * version): before, its peers got the next version while it
+		 * served this one.) */
 		for (uint32_t i = 0; i < g->world; i++)
-			if (g->taken[i] == 1 && g->ranks[i] && !g->lost[i]) {
+			if (g->ranks[i] && !g->lost[i] && (g->taken[i] == 1 || g->taken[i] == 3)) {
 				g->lost[i] = 1;
 				g->nlost++;
 			}
@@ -523,6 +534,12 @@ json_t *wexd_hello(struct wexd *d, struct conn *c, json_t *req)
 		g->next = m->groups;
 		m->groups = g;
 		wexd_verify_group_made(m, g);
+		/* (Takes of a lost round from before this wexd whose group's
+		 * ranks had all left: its peers wait for them as before.) */
+		for (struct held *h = d->held; h; h = h->next)
+			if (h->m == m && h->lost && h->r.world == g->world &&
+			    !strcmp(h->r.group, g->name))
+				held_lost_mark(g, h);
 	}
 	if (g->ranks[rank])
 		return wex__reply_error(-EADDRINUSE, "hello: rank %lld of group '%s' is held by pid %d",
@@ -888,12 +905,14 @@ static void describe_leases(struct wexd *d, struct model *m, char *buf, size_t l
 		}
 	}
 	for (struct held *h = d->held; h && off < len; h = h->next)
-		if (h->m == m && h->r.mode == WEX_JOURNAL_ROUND)
+		if (h->m != m || h->lost)
+			continue;
+		else if (h->r.mode == WEX_JOURNAL_ROUND)
 			off += (size_t)snprintf(buf + off, len - off,
 						"%sgroup '%s' rank %u (pid %d) took v%llu before wexd restarted, its peers not yet (until they take it, that process calls wexd again, or exits)",
 						off ? "; " : "", h->r.group, h->r.rank, (int)h->r.pid,
 						(unsigned long long)h->r.version);
-		else if (h->m == m)
+		else
 			off += (size_t)snprintf(buf + off, len - off,
 						"%sgroup '%s' rank %u (pid %d) holds v%llu in %s mode from before wexd restarted (until that process calls wexd again, or exits)",
 						off ? "; " : "", h->r.group, h->r.rank, (int)h->r.pid,
@@ -1007,12 +1026,12 @@ static void lease_note(struct conn *c)
 	}
 }
 
-/* The connected ranks of group g that passed its open round (2, which
- * opening it or their syncs set): written down as takes are. */
+/* The connected ranks of group g that passed its open round (2 or 3,
+ * which opening it or their syncs set): written down as takes are. */
 static void round_note_passed(struct cgroup *g)
 {
 	for (uint32_t i = 0; i < g->world; i++)
-		if (g->ranks[i] && g->taken[i] == 2)
+		if (g->ranks[i] && g->taken[i] >= 2)
 			lease_note(g->ranks[i]);
 }
 
@@ -1038,7 +1057,7 @@ static void held_end(struct wexd *d, struct held *h, const char *why)
 
 		wex__journal_del(&d->journal, &none, h->file);
 	}
-	if (m->leases)
+	if (m->leases && !h->lost)
 		m->leases--;
 	m->held--;
 	free(h);
@@ -1107,6 +1126,18 @@ void wexd_held_load(struct wexd *d)
 			 strerror(d->journal.undeleted_err));
 }
 
+/* Group g (h's) counts h, a take of a lost round from before this wexd,
+ * among the lost round's holders, its slot not connected (another
+ * process of the slot holds nothing). */
+static void held_lost_mark(struct cgroup *g, const struct held *h)
+{
+	if (!g->ranks[h->r.rank] && !g->lost[h->r.rank]) {
+		g->lost[h->r.rank] = 1;
+		g->nlost++;
+		g->lost_version = h->r.version;
+	}
+}
+
 /* Ends the held leases whose processes exited.  One that its group's
  * open round passed (held_round_pass) leaves that rank holding nothing of
  * the round, as a rank that took it and died: the round waits for the
@@ -1121,11 +1152,19 @@ static void held_sweep(struct wexd *d)
 		next = h->next;
 		if (wex__journal_alive(&h->r))
 			continue;
-		for (struct cgroup *g = h->m->groups; g; g = g->next)
-			if (g->round_open && g->round_version == h->r.version &&
-			    g->world == h->r.world && !strcmp(g->name, h->r.group) &&
-			    !g->ranks[h->r.rank] && g->taken[h->r.rank] == 2)
+		for (struct cgroup *g = h->m->groups; g; g = g->next) {
+			if (g->world != h->r.world || strcmp(g->name, h->r.group) ||
+			    g->ranks[h->r.rank])
+				continue;
+			if (h->lost && g->lost[h->r.rank]) {
+				/* Nothing of the lost round is held in its slot. */
+				g->lost[h->r.rank] = 0;
+				g->nlost--;
+			} else if (!h->lost && g->round_open && g->round_version == h->r.version &&
+				   g->taken[h->r.rank] >= 2) {
 				round_untake(g, h->r.rank);
+			}
+		}
 		held_drop(d, h, "its process exited");
 	}
 	d->held_checked_ns = wex__now_ns();
@@ -1212,6 +1251,8 @@ void wexd_journal_check(struct wexd *d)
 	for (struct held *h = d->held; h; h = h->next) {
 		int fd = -1;
 
+		if (h->lost)
+			continue;
 		if (wex__journal_put(&d->journal, &fd, h->file, &h->r) == 0)
 			n++;
 		if (fd >= 0)
@@ -1303,12 +1344,12 @@ static int held_claim(struct wexd *d, struct conn *c, uint64_t lease)
 
 
 /* h holds v for a rank of group g other than `rank` (whose slot the
- * acquiring process holds now). */
+ * acquiring process holds now; UINT32_MAX: any rank), and was not lost. */
 static int held_in(const struct held *h, const struct model *m, const struct cgroup *g,
 		   uint64_t v, uint32_t rank)
 {
-	return h->m == m && h->r.version == v && h->r.world == g->world && h->r.rank != rank &&
-	       !strcmp(h->r.group, g->name);
+	return h->m == m && !h->lost && h->r.version == v && h->r.world == g->world &&
+	       h->r.rank != rank && !strcmp(h->r.group, g->name);
 }
 
 /* A rank of group g other than `rank` holds v from before this wexd: its
@@ -1349,8 +1390,10 @@ static void held_round_pass(struct wexd *d, struct model *m, struct cgroup *g, u
 		}
 		if (!held_in(h, m, g, v, rank))
 			continue;
+		/* (3: a take of the round, which a loss of the round counts
+		 * as one made here, memory_gone.) */
 		if (!g->taken[h->r.rank]) {
-			g->taken[h->r.rank] = 2;
+			g->taken[h->r.rank] = h->r.mode == WEX_JOURNAL_ROUND ? 3 : 2;
 			g->ntaken++;
 		}
 	}
@@ -1367,12 +1410,43 @@ static void held_round_end(struct wexd *d, struct model *m, struct cgroup *g)
 		return;
 	for (h = d->held; h; h = next) {
 		next = h->next;
-		if (h->r.mode == WEX_JOURNAL_ROUND && h->m == m &&
-		    h->r.version == g->round_version && h->r.world == g->world &&
-		    !strcmp(h->r.group, g->name))
+		if (h->r.mode == WEX_JOURNAL_ROUND && held_in(h, m, g, g->round_version, UINT32_MAX))
 			held_end(d, h, g->ntaken == g->world ?
 					       "its group took that version at this wexd" :
 					       "its group's round on that version closed");
+	}
+}
+
+/*
+ * The memory behind model m's versions went (memory_gone): each take of a
+ * round from before this wexd that its process has not called this wexd
+ * about (idle with the version, a round here passing it or not) counts
+ * among the lost round's holders, as a take made here does: its group's
+ * other ranks get ESTALE until its process calls wexd again (held_claim
+ * ends it there, the rank connected and lost) or exits (held_sweep), a
+ * group made again meanwhile too (held_lost_mark).  It holds the producer
+ * off no more (before, a trainer that came back waited for that process
+ * where no round here ended it: the group's ranks all left, or none had
+ * synced), and its record goes (a lost mark is not written down, as for
+ * a take made here: a restarted wexd would take it for an open round's).
+ */
+static void held_rounds_lose(struct wexd *d, struct model *m)
+{
+	for (struct held *h = d->held; h; h = h->next) {
+		int none = -1;
+
+		if (h->m != m || h->lost || h->r.mode != WEX_JOURNAL_ROUND)
+			continue;
+		h->lost = 1;
+		wex__journal_del(&d->journal, &none, h->file);
+		if (m->leases)
+			m->leases--;
+		wex_info("journal", "model '%s': pid %d (group '%s' rank %u) took v%llu before this wexd started, and the memory behind it went: its peers get ESTALE until it syncs again or exits",
+			 m->name, (int)h->r.pid, h->r.group, h->r.rank,
+			 (unsigned long long)h->r.version);
+		for (struct cgroup *g = m->groups; g; g = g->next)
+			if (g->world == h->r.world && !strcmp(g->name, h->r.group))
+				held_lost_mark(g, h);
 	}
 }
 
@@ -2523,7 +2597,8 @@ json_t *wexd_models_json(struct wexd *d)
 							h->r.group, "rank", (int)h->r.rank, "pid",
 							(int)h->r.pid, "version",
 							(json_int_t)h->r.version, "mode",
-							mode_name(h->r.mode), "since_s",
+							h->lost ? "lost" : mode_name(h->r.mode),
+							"since_s",
 							(double)(wex__now_ns() - h->since_ns) / 1e9));
 		json_array_append_new(arr,
 				      json_pack("{s:s, s:s, s:i, s:I, s:b, s:I, s:i, s:i, s:I, s:I, s:o, s:o, s:o}",

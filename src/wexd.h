@@ -127,6 +127,9 @@ struct cgroup {
 	char name[WEX_NAME_MAX];
 	uint32_t world;
 	struct conn **ranks;
+	/* Per rank, of the open round: 0 not yet, 1 took it here, 2 passed it
+	 * (held its version already), 3 passed its take of it from before
+	 * this wexd (registry.c held_round_pass). */
 	uint8_t *taken;
 	uint32_t ntaken;
 	int round_open;
@@ -213,6 +216,11 @@ struct held {
 	struct model *m;
 	struct wex_journal_rec r; /* as read back */
 	uint64_t since_ns;        /* when this wexd read it */
+	/* A take of a round that was lost (held_round_lose): it holds the
+	 * producer off no more, nor is written down, and keeps its slot among
+	 * the lost round's holders (cgroup.lost) until its process calls
+	 * wexd again or exits. */
+	int lost;
 	struct held *next;
 };
 

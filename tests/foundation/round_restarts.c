@@ -56,8 +56,22 @@
  *    passes rank 0, which counts as serving v1 (before: as serving
  *    nothing, so the round waited for it, idle with v1, holding the
  *    trainer off until it synced again).
- *  - gone_held (named only, not run by default): a limit left open; see
- *    the case.
+ *  - gone_held: rank 0 took v1; restart; rank 1 takes v1 (passing rank
+ *    0's take, rank 0 idle and not connected); the trainer exits, the
+ *    memory behind v1 with it, and comes back writing v2: rank 0's passed
+ *    take counts among the lost round's holders, as rank 1's does, so
+ *    rank 2 gets ESTALE until rank 0 syncs again (before: rank 2 got v2
+ *    while rank 0 served v1).  gone_exit: the same with rank 0's engine a
+ *    child process that exits instead of syncing again: its slot holds
+ *    nothing of the lost round any more, and rank 2 gets v2.
+ *    gone_resent: rank 0 calls that wexd (a status request) before the
+ *    trainer exits: its pass, kept, counts too.
+ *  - gone_empty, gone_idle: rank 0's take from before that no round at
+ *    the next wexd passed (the group's ranks all left, as in
+ *    group_empties; or none synced there) when the trainer exits: it
+ *    holds the trainer off no more (before: the trainer's begin_write of
+ *    v2 waited for rank 0's process, EBUSY), and rank 0's peers get ESTALE
+ *    until it syncs again.
  *
  * Every check is structural: status (the group's open round, leases held
  * from before), the journal's records, versions and bytes synced.
@@ -103,6 +117,19 @@ static int held_count(const char *model)
 
 	json_decref(st);
 	return n;
+}
+
+/* The pid of `model`'s producer rank 0 once it holds v1 at this wexd (0:
+ * not connected, or not yet). */
+static int producer_pid(const char *model)
+{
+	json_t *st = t_status(d.sock), *m = t_status_model(st, model);
+	json_t *pr = json_array_get(m ? json_object_get(m, "producers") : NULL, 0);
+	int pid = pr && json_integer_value(json_object_get(pr, "published")) >= 1 ?
+			  (int)json_integer_value(json_object_get(pr, "pid")) : 0;
+
+	json_decref(st);
+	return pid;
 }
 
 /* Rank `rank` of the three of group "g": each rank holds the whole
@@ -358,51 +385,6 @@ static void resent(int restarts, int fresh, int again)
 	t_prod_close(&p);
 }
 
-/* Not run by default (named only: "gone_held"): a limit left open (see
- * the review's report).  Rank 0 takes v1; restart; rank 1 takes v1 (the
- * round passes rank 0's take, rank 0 idle and not connected); the trainer
- * exits, the memory behind v1 with it, and comes back writing v2.  Rank 1
- * (which took the lost round here) syncs again and gets v2; rank 0 still
- * holds v1, as a connected rank that took the lost round would: rank 2
- * should get ESTALE until rank 0 syncs again.  Today rank 0's passed take
- * is not counted among the holders of the lost round (it ended with the
- * round), and rank 2 gets v2 while rank 0 serves v1. */
-static void gone_held(void)
-{
-	const char *model = "gone-held";
-	struct wex_sync_result r;
-	struct t_prod p;
-	struct t_cons k[3];
-	int ret;
-
-	t_prod_open(&p, model, "tiny", 0, 1);
-	for (uint32_t i = 0; i < 3; i++)
-		cons_open(&k[i], model, i);
-	t_prod_write(&p, 1);
-	take(&k[0], 1);
-	restart();
-	take(&k[1], 1);
-	T_ASSERT(group_round(model) == 1 && held_count(model) == 1,
-		 "the round on v1 passed rank 0's take and waits for rank 2");
-	t_prod_close(&p);
-	for (double t0 = t_now(); group_round(model) != 0;) {
-		T_ASSERT(t_now() - t0 < 30.0, "wexd never saw the trainer go");
-		usleep(20000);
-	}
-	t_prod_open(&p, model, "tiny", 0, 1);
-	t_prod_write(&p, 2);
-	take(&k[1], 2);
-	ret = wex_sync(k[2].c, WEX_SYNC_COPY, 2, 2000, &r);
-	T_ASSERT(ret == -ESTALE, "rank 0 holds v1 of the lost round: rank 2 waits for it to sync "
-		 "again (ESTALE), yet got %s (v%llu)", ret ? wex_strerror(ret) : "it",
-		 (unsigned long long)r.version);
-	take(&k[0], 2);
-	take(&k[2], 2);
-	printf("round_restarts: %s: rank 0's passed take counted among the lost round's\n", model);
-	for (uint32_t i = 0; i < 3; i++)
-		t_cons_close(&k[i]);
-	t_prod_close(&p);
-}
 
 /* Rank 0's engine: a child process that takes v1 in `mode` and waits to
  * be killed. */
@@ -441,6 +423,150 @@ static void engine0_dies(pid_t child)
 {
 	kill(child, SIGKILL);
 	T_ASSERT(t_wait(child) == 128 + SIGKILL, "rank 0's engine was killed");
+}
+
+/* Rank 0 takes v1 (`exits`: its engine a child process); restart; rank 1
+ * takes v1 (the round passes rank 0's take, rank 0 idle and not
+ * connected); the trainer exits, the memory behind v1 with it, and comes
+ * back writing v2 (nothing of the lost round holds it off).  Rank 1 (which
+ * took the lost round here) syncs again and gets v2; rank 0 still holds
+ * v1, as a connected rank that took the lost round would: rank 2 gets
+ * ESTALE until rank 0 syncs again (before: rank 0's passed take ended with
+ * the round, and rank 2 got v2 while rank 0 served v1).  `exits`: rank 0's
+ * engine exits instead: its slot holds nothing of the lost round any
+ * more, rank 2 gets v2, and so does rank 0's next process. */
+static void gone_held(int exits, int resent)
+{
+	const char *model = exits ? "gone-exit" : resent ? "gone-resent" : "gone-held";
+	struct wex_sync_result r;
+	struct t_prod p;
+	struct t_cons k[3];
+	pid_t child = 0;
+	char *json = NULL;
+	int ret;
+
+	t_prod_open(&p, model, "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	if (exits)
+		child = engine0(model, WEX_SYNC_COPY);
+	for (uint32_t i = exits ? 1 : 0; i < 3; i++)
+		cons_open(&k[i], model, i);
+	if (!exits)
+		take(&k[0], 1);
+	restart();
+	take(&k[1], 1);
+	T_ASSERT(group_round(model) == 1 && held_count(model) == 1,
+		 "the round on v1 passed rank 0's take and waits for rank 2");
+	if (resent) {
+		T_WEX(k[0].c, wex_request(k[0].c, "status", NULL, &json));
+		free(json);
+	}
+	t_prod_close(&p);
+	for (double t0 = t_now(); group_round(model) != 0;) {
+		T_ASSERT(t_now() - t0 < 30.0, "wexd never saw the trainer go");
+		usleep(20000);
+	}
+	T_ASSERT(held_count(model) == !resent && journal_count() == 0,
+		 "rank 0's take of the lost round is held (%d), not written down (%d records)",
+		 held_count(model), journal_count());
+	t_prod_open(&p, model, "tiny", 0, 1);
+	t_prod_write(&p, 2);
+	take(&k[1], 2);
+	ret = wex_sync(k[2].c, WEX_SYNC_COPY, 2, 2000, &r);
+	T_ASSERT(ret == -ESTALE, "rank 0 holds v1 of the lost round: rank 2 waits for it to sync "
+		 "again (ESTALE), yet got %s (v%llu)", ret ? wex_strerror(ret) : "it",
+		 (unsigned long long)r.version);
+	if (exits) {
+		engine0_dies(child);
+		/* (A condition, not a timed sleep: wexd looks for the exits
+		 * of processes holding takes from before it now and then.) */
+		for (double t0 = t_now(); held_count(model) != 0;) {
+			T_ASSERT(t_now() - t0 < 30.0, "rank 0's take outlived its process");
+			usleep(20000);
+		}
+		take(&k[2], 2);
+		T_ASSERT(group_round(model) == 2, "the round on v2 waits for rank 0's slot");
+		cons_open(&k[0], model, 0);
+		take(&k[0], 2);
+	} else {
+		take(&k[0], 2);
+		take(&k[2], 2);
+	}
+	T_ASSERT(group_round(model) == 0 && held_count(model) == 0 && journal_count() == 0,
+		 "the group took v2 whole (%d held, %d records)", held_count(model),
+		 journal_count());
+	printf("round_restarts: %s: rank 0's passed take counted among the lost round's%s\n",
+	       model, exits ? " until its engine exited" : resent ? " (it had called wexd)" : "");
+	for (uint32_t i = 0; i < 3; i++)
+		t_cons_close(&k[i]);
+	t_prod_close(&p);
+}
+
+/* Rank 0 takes v1; restart; `empty`: rank 1 takes v1 (passing rank 0's
+ * take) and its engine goes, no rank of the group connected (as in
+ * group_empties), else no rank syncs at this wexd; the trainer exits and
+ * comes back.  Rank 0's take from before (no round here passes it) holds
+ * v1 of a lost round: it holds the trainer off no more (before: its
+ * begin_write of v2 waited for rank 0's process, EBUSY, until that called
+ * wexd or exited), and rank 0's peers get ESTALE until it syncs again. */
+static void gone_unpassed(int empty)
+{
+	const char *model = empty ? "gone-empty" : "gone-idle";
+	struct wex_sync_result r;
+	struct t_prod p;
+	struct t_cons k[3];
+	int ret;
+
+	t_prod_open(&p, model, "tiny", 0, 1);
+	for (uint32_t i = 0; i < 3; i++)
+		cons_open(&k[i], model, i);
+	t_prod_write(&p, 1);
+	take(&k[0], 1);
+	restart();
+	if (empty) {
+		take(&k[1], 1);
+		t_cons_close(&k[1]);
+	}
+	/* (Conditions, not timed sleeps: wexd sees rank 1 go, the group with
+	 * it; the trainer said it holds v1 again, v1 lost when it exits.) */
+	for (double t0 = t_now(); group_round(model) != 0 || producer_pid(model) == 0;) {
+		T_ASSERT(t_now() - t0 < 30.0, "wexd never saw rank 1 go or the trainer come back");
+		usleep(20000);
+	}
+	T_ASSERT(held_count(model) == 1, "rank 0's take from before is held (%d)",
+		 held_count(model));
+	t_prod_close(&p);
+	for (double t0 = t_now(); producer_pid(model) != 0;) {
+		T_ASSERT(t_now() - t0 < 30.0, "wexd never saw the trainer go");
+		usleep(20000);
+	}
+	T_ASSERT(journal_count() == 0, "rank 0's take of the lost round is not written down (%d)",
+		 journal_count());
+	t_prod_open(&p, model, "tiny", 0, 1);
+	ret = wex_begin_write(p.c, 2, 2000);
+	T_ASSERT(ret == 0, "v1 is lost: rank 0's take of it holds the trainer off no more: %s (%s)",
+		 wex_strerror(ret), wex_last_error(p.c));
+	ex_fill(p.base, p.t, (size_t)p.n, 2, 1);
+	T_WEX(p.c, wex_publish(p.c, 2));
+	if (empty)
+		cons_open(&k[1], model, 1);
+	for (uint32_t i = 1; i < 3; i++) {
+		ret = wex_sync(k[i].c, WEX_SYNC_COPY, 2, 2000, &r);
+		T_ASSERT(ret == -ESTALE, "rank 0 holds v1 of the lost round: rank %u waits for it "
+			 "to sync again (ESTALE), yet got %s (v%llu)", i,
+			 ret ? wex_strerror(ret) : "it", (unsigned long long)r.version);
+	}
+	take(&k[0], 2);
+	take(&k[1], 2);
+	take(&k[2], 2);
+	T_ASSERT(group_round(model) == 0 && held_count(model) == 0 && journal_count() == 0,
+		 "the group took v2 whole (%d held, %d records)", held_count(model),
+		 journal_count());
+	printf("round_restarts: %s: rank 0's take from before counted among the lost round's\n",
+	       model);
+	for (uint32_t i = 0; i < 3; i++)
+		t_cons_close(&k[i]);
+	t_prod_close(&p);
 }
 
 /* `up`: rank 0's engine dies while the wexd that passed its take runs
@@ -521,8 +647,16 @@ int main(int argc, char **argv)
 		resent(0, 1, 0);
 	if (!only || !strcmp(only, "resent_again"))
 		resent(0, 0, 1);
-	if (only && !strcmp(only, "gone_held"))
-		gone_held();
+	if (!only || !strcmp(only, "gone_held"))
+		gone_held(0, 0);
+	if (!only || !strcmp(only, "gone_exit"))
+		gone_held(1, 0);
+	if (!only || !strcmp(only, "gone_resent"))
+		gone_held(0, 1);
+	if (!only || !strcmp(only, "gone_empty"))
+		gone_unpassed(1);
+	if (!only || !strcmp(only, "gone_idle"))
+		gone_unpassed(0);
 	if (!only || !strcmp(only, "exit_down"))
 		engine_exits(0, WEX_SYNC_COPY);
 	if (!only || !strcmp(only, "exit_up"))
