@@ -238,6 +238,56 @@ class TorchGlue(WexdProducerCase):
         with self.assertRaises(ValueError):
             t.publish(2)
 
+    def test_trainer_version_tensor(self):
+        """TrainerRank.write(v) with v a 0-d integer tensor (a step
+        counter): the rank counts v as a Python int, not the tensor, so
+        the counter's next in-place += 1 is the next version (was: kept
+        as self.version, it changed with the counter and the next write
+        was refused, "version 2 is not newer than 2")."""
+        import wex.trainer
+
+        model = "torch-glue-trainer-step"
+        p = wex.Client(wex.ROLE_PRODUCER, model, rank=0, world_size=1)
+        self.addCleanup(p.close)
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 12)
+        w = torch_util.from_ptr(base, (64,), torch.float32, "cpu")
+        t = wex.trainer.TrainerRank(model, [("w", w)], client=p,
+                                    segments=[(seg, base, 1 << 12)])
+        step = torch.ones((), dtype=torch.int64)
+        t.publish(step)
+        step += 1
+        with t.write(step):
+            w.fill_(2.0)
+        self.assertIs(type(t.describe()["version"]), int)
+        self.assertEqual(t.describe()["version"], 2)
+        with self.assertRaises(TypeError):
+            t.publish(torch.tensor(3.0))
+
+    def test_trainer_client_rank(self):
+        """TrainerRank given client= opened as another rank, world size or
+        model than its own rank=, world_size= and model: refused naming
+        both (was: rank 1's tensors registered as rank 0's pieces of the
+        layout, published, and the engines' sync failed later with "element
+        ... has no producer")."""
+        import wex.trainer
+
+        model = "torch-glue-trainer-rank"
+        p = wex.Client(wex.ROLE_PRODUCER, model, rank=1, world_size=2)
+        self.addCleanup(p.close)
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 12)
+        w = torch_util.from_ptr(base, (64,), torch.float32, "cpu")
+        segs = [(seg, base, 1 << 12)]
+        for kw in ({"world_size": 2}, {"rank": 1}, {"rank": 1, "world_size": 2,
+                                                    "model": "other"}):
+            kw = dict(kw)
+            with self.assertRaises(ValueError) as e:
+                wex.trainer.TrainerRank(kw.pop("model", model), [("w", w)], client=p,
+                                        segments=segs, **kw)
+            self.assertIn("rank 1 of 2", str(e.exception))
+        t = wex.trainer.TrainerRank(model, [("w", w)], client=p, segments=segs, rank=1,
+                                    world_size=2)
+        self.assertEqual(t.describe()["rank"], 1)
+
     def test_views_after_refetch(self):
         """View tensors kept across a sync that fetched the producers'
         memory again (the producer registered again, elsewhere): that

@@ -733,6 +733,9 @@ class Client:
                     break
             if ret >= 0:
                 self._h = h
+                # (What it was opened as: wex.trainer.TrainerRank checks a
+                # client it is given against its own model and rank.)
+                self._opened = (role, model, rank, world_size)
         except BaseException:
             # A handler's exception (Ctrl-C's KeyboardInterrupt) raised as
             # an open that took its signal succeeded after all (wexd

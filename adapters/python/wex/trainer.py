@@ -200,6 +200,22 @@ class TrainerRank:
             _check_rows(items, self.layout, rank)
         self.model, self.rank, self.world_size = model, rank, world_size
         self._own = client is None
+        opened = getattr(client, "_opened", None)
+        if opened is not None:
+            # (A client opened as another rank registered this rank's
+            # pieces under it, unseen: the engines' plan then failed,
+            # "element ... has no producer", or took the wrong rows.)
+            name = lambda m: m.encode() if isinstance(m, str) else m
+            role, cmodel, crank, cworld = opened
+            if role != wex.ROLE_PRODUCER or name(cmodel) != name(model) or \
+                    (crank, cworld) != (rank, world_size):
+                raise ValueError(
+                    "client= was opened as %s of model %r, rank %d of %d, but this trainer "
+                    "rank is a producer of %r, rank %d of %d: pass TrainerRank the rank= "
+                    "and world_size= its client has" % (
+                        {wex.ROLE_PRODUCER: "a producer", wex.ROLE_CONSUMER: "a consumer"}.get(
+                            role, "an admin client"), cmodel, crank, cworld, model, rank,
+                        world_size))
         self.client = client or wex.Client(wex.ROLE_PRODUCER, model, rank=rank,
                                            world_size=world_size, socket=socket,
                                            timeout_ms=timeout_ms, watch=watch)
@@ -225,7 +241,8 @@ class TrainerRank:
 
     @contextlib.contextmanager
     def write(self, version, timeout_ms=0):
-        """begin_write(version) on entry (waits, up to timeout_ms or wexd's
+        """begin_write(version) on entry (waits, up to timeout_ms, or where
+        that is 0 the client's timeout if it has one, else wexd's
         begin_write_timeout_ms, until no engine reads this rank's memory),
         publish(version) when the block ends without an exception (after
         the GPU work queued on the weights' devices completed; where no
@@ -247,6 +264,10 @@ class TrainerRank:
         client = self.client  # (close() in another thread sets it None)
         if client is None:
             raise ValueError("this trainer rank is closed")
+        # As a Python int: a 0-d integer tensor (a step counter) kept as
+        # self.version changed with the counter's next in-place += 1, and
+        # the next write() was refused as "not newer" than itself.
+        version = wex._uint(version, 64, "version")
         if version <= self.version:
             raise ValueError("version %d is not newer than %d, the last published"
                              % (version, self.version))
