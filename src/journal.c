@@ -126,7 +126,8 @@ static const char *mode_str(int mode)
 {
 	return mode == WEX_SYNC_REMAP_FIXED ? "remap-fixed" :
 	       mode == WEX_SYNC_REMAP_VIEW  ? "remap-view" :
-	       mode == WEX_JOURNAL_ROUND    ? "round" : "copy";
+	       mode == WEX_JOURNAL_ROUND    ? "round" :
+	       mode == WEX_JOURNAL_LOST     ? "lost" : "copy";
 }
 
 /* Writes a whole record (JSON padded with spaces) over the first page:
@@ -249,6 +250,8 @@ static int mode_parse(const char *s)
 		return WEX_SYNC_REMAP_FIXED;
 	if (!strcmp(s, "round"))
 		return WEX_JOURNAL_ROUND;
+	if (!strcmp(s, "lost"))
+		return WEX_JOURNAL_LOST;
 	return -1;
 }
 

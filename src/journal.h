@@ -38,6 +38,13 @@
  * they do: the group must not split between two versions when wexd
  * restarts meanwhile).  Written "round". */
 #define WEX_JOURNAL_ROUND 16
+/* Such a take of a round that was lost when the producer's memory went
+ * (registry.c held_rounds_lose): it holds the producer off no more, but
+ * its group's other ranks get ESTALE until its process calls wexd again
+ * or exits, at the next wexd too (before, a wexd restarted meanwhile
+ * forgot it, and they got the next version while that rank served the
+ * lost one).  Written "lost"; a wexd that does not know it removes it. */
+#define WEX_JOURNAL_LOST 32
 
 struct wex_journal {
 	int dirfd;       /* -1: off */
@@ -59,7 +66,7 @@ struct wex_journal_rec {
 	char group[WEX_NAME_MAX];
 	uint32_t rank, world;
 	uint64_t version;
-	int mode; /* WEX_SYNC_REMAP_*, or WEX_JOURNAL_ROUND */
+	int mode; /* WEX_SYNC_REMAP_*, WEX_JOURNAL_ROUND or WEX_JOURNAL_LOST */
 	pid_t pid;
 	uid_t uid;
 	uint64_t start; /* the process's start time, clock ticks after boot (0: unknown) */

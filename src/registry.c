@@ -1104,8 +1104,19 @@ static void held_add(void *arg, const char *name, const struct wex_journal_rec *
 	h->since_ns = wex__now_ns();
 	h->next = d->held;
 	d->held = h;
-	m->leases++;
 	m->held++;
+	if (h->r.mode == WEX_JOURNAL_LOST) {
+		/* A take of a round lost at an earlier wexd (held_rounds_lose):
+		 * a group made here counts it among the lost round's holders
+		 * (wexd_hello). */
+		h->r.mode = WEX_JOURNAL_ROUND;
+		h->lost = 1;
+		wex_info("journal", "model '%s': pid %d (group '%s' rank %u) took v%llu, lost before this wexd started: its peers get ESTALE until it syncs again or exits",
+			 m->name, (int)h->r.pid, h->r.group, h->r.rank,
+			 (unsigned long long)h->r.version);
+		return;
+	}
+	m->leases++;
 	if (h->r.mode == WEX_JOURNAL_ROUND)
 		wex_warn("journal", "model '%s': pid %d (group '%s' rank %u) took v%llu before this wexd started, its peers not yet: producers wait until they take it, or it calls wexd again or exits",
 			 m->name, (int)h->r.pid, h->r.group, h->r.rank,
@@ -1249,11 +1260,12 @@ void wexd_journal_check(struct wexd *d)
 		n += c->lease_noted;
 	}
 	for (struct held *h = d->held; h; h = h->next) {
+		struct wex_journal_rec r = h->r;
 		int fd = -1;
 
 		if (h->lost)
-			continue;
-		if (wex__journal_put(&d->journal, &fd, h->file, &h->r) == 0)
+			r.mode = WEX_JOURNAL_LOST;
+		if (wex__journal_put(&d->journal, &fd, h->file, &r) == 0)
 			n++;
 		if (fd >= 0)
 			close(fd);
@@ -1427,18 +1439,26 @@ static void held_round_end(struct wexd *d, struct model *m, struct cgroup *g)
  * group made again meanwhile too (held_lost_mark).  It holds the producer
  * off no more (before, a trainer that came back waited for that process
  * where no round here ended it: the group's ranks all left, or none had
- * synced), and its record goes (a lost mark is not written down, as for
- * a take made here: a restarted wexd would take it for an open round's).
+ * synced), and its record says it was lost (WEX_JOURNAL_LOST), for a
+ * wexd restarted meanwhile (before, it was removed: that wexd forgot the
+ * take, and the peers got the next version while that rank served the
+ * lost one).  (A take made here that was lost is not written so.)
  */
 static void held_rounds_lose(struct wexd *d, struct model *m)
 {
 	for (struct held *h = d->held; h; h = h->next) {
-		int none = -1;
+		struct wex_journal_rec r;
+		int fd = -1;
 
 		if (h->m != m || h->lost || h->r.mode != WEX_JOURNAL_ROUND)
 			continue;
 		h->lost = 1;
-		wex__journal_del(&d->journal, &none, h->file);
+		/* Rewritten in place, a record of the lost round. */
+		r = h->r;
+		r.mode = WEX_JOURNAL_LOST;
+		wex__journal_put(&d->journal, &fd, h->file, &r);
+		if (fd >= 0)
+			close(fd);
 		if (m->leases)
 			m->leases--;
 		wex_info("journal", "model '%s': pid %d (group '%s' rank %u) took v%llu before this wexd started, and the memory behind it went: its peers get ESTALE until it syncs again or exits",

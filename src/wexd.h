@@ -216,10 +216,10 @@ struct held {
 	struct model *m;
 	struct wex_journal_rec r; /* as read back */
 	uint64_t since_ns;        /* when this wexd read it */
-	/* A take of a round that was lost (held_round_lose): it holds the
-	 * producer off no more, nor is written down, and keeps its slot among
-	 * the lost round's holders (cgroup.lost) until its process calls
-	 * wexd again or exits. */
+	/* A take of a round that was lost (held_rounds_lose): it holds the
+	 * producer off no more, is written down so (WEX_JOURNAL_LOST), and
+	 * keeps its slot among the lost round's holders (cgroup.lost) until
+	 * its process calls wexd again or exits. */
 	int lost;
 	struct held *next;
 };
