@@ -14,7 +14,16 @@ trap 'rm -f "$out"' EXIT
 WEX_BENCH_SMALL=1 strace -o /dev/null -e trace=wait4 -e inject=wait4:delay_enter=2000000 \
 	"$B" "$WEXD" >"$out" 2>/dev/null &
 tracer=$!
-for i in $(seq 200); do grep -q '^{"bench"' "$out" && break; sleep 0.05; done
+# (Until the run printed its line, not for 10 s: a run slower than that
+# (strace stops it at each syscall; the sanitizers; a loaded machine) was
+# sent the SIGTERM before it failed, and its line said "terminated".)
+i=0
+until grep -q '^{"bench"' "$out"; do
+	kill -0 $tracer 2>/dev/null || break
+	i=$((i + 1))
+	[ $i -lt 1000 ] || { echo "FAIL: no JSON line within 50 s"; kill $tracer; exit 1; }
+	sleep 0.05
+done
 bench=$(pgrep -P $tracer)
 [ -n "$bench" ] && kill -TERM $bench
 wait $tracer

@@ -405,14 +405,18 @@ class Binding(WexdProducerCase):
             while not stop.wait(0.05) and time.monotonic() - t0 < 2:
                 signal.pthread_kill(main, signal.SIGUSR1)
         old = signal.signal(signal.SIGUSR1, lambda *a: seen.append(a[0]))
+        killer = threading.Thread(target=keep_killing, daemon=True)
         try:
-            threading.Thread(target=keep_killing, daemon=True).start()
+            killer.start()
             t0 = time.monotonic()
             with self.assertRaises(wex.WexError) as e:
                 c.sync(wex.SYNC_REMAP_VIEW, min_version=far, timeout_ms=3000)
             took = time.monotonic() - t0
         finally:
             stop.set()
+            # (Before the handler goes: a SIGUSR1 the thread sends after,
+            # late on a loaded machine, would kill the process.)
+            killer.join()
             signal.signal(signal.SIGUSR1, old)
         self.assertEqual(e.exception.code, errno.ETIMEDOUT)
         self.assertGreater(len(seen), 5)
@@ -420,7 +424,10 @@ class Binding(WexdProducerCase):
         self.assertGreaterEqual(took, 2.9)
         self.assertLess(took, 4.3, "a signal restarted the whole wait")
         # SIGCHLD (a DataLoader worker's exit) ends no wait: it is held
-        # through it, its handler runs after.
+        # through it, its handler runs after.  (A wait of 3 s: the thread
+        # must see it in wexd's list, and signal, before it times out; in
+        # 1 s, the list's round trips slowed as on a loaded machine made
+        # the signal come after the wait, and the handler saw none.)
         seen.clear()
         before = cancels()
         old = signal.signal(signal.SIGCHLD, lambda *a: seen.append(a[0]))
@@ -429,12 +436,12 @@ class Binding(WexdProducerCase):
                              daemon=True).start()
             t0 = time.monotonic()
             with self.assertRaises(wex.WexError) as e:
-                c.sync(wex.SYNC_REMAP_VIEW, min_version=far, timeout_ms=1000)
+                c.sync(wex.SYNC_REMAP_VIEW, min_version=far, timeout_ms=3000)
             took = time.monotonic() - t0
         finally:
             signal.signal(signal.SIGCHLD, old)
         self.assertEqual(e.exception.code, errno.ETIMEDOUT)
-        self.assertGreaterEqual(took, 0.95)
+        self.assertGreaterEqual(took, 2.95)
         self.assertEqual(seen, [signal.SIGCHLD])
         self.assertEqual(cancels(), before, "SIGCHLD cancelled the wait")
         self.assertTrue(c.request("status")["ok"])
@@ -1105,7 +1112,12 @@ class HungWexd(unittest.TestCase):
         self.addCleanup(hung.close)
         hung.bind(sock)
         hung.listen(16)
-        time.sleep(1.5)  # (the watch reconnects, and waits on hello)
+        # The watch reconnects, and waits on hello: its connection waits in
+        # the queue of this socket, which never accepts.  (Was a sleep of
+        # 1.5 s: on a loaded machine the call below may come first, and
+        # then it is not the case this tests.)
+        self.assertTrue(select.select([hung], [], [], 20)[0],
+                        "the producer's watch did not connect again in 20 s")
         with signal_after(signal.SIGINT, signal.default_int_handler, 0.5) as took:
             with self.assertRaises(KeyboardInterrupt):
                 c.begin_write(2, timeout_ms=20000)

@@ -1133,6 +1133,61 @@ class EngineHooks(WexdProducerCase):
         self.assertEqual(r.sync(min_version=v)["version"], v)
         self.assert_holds(params_of(m), "vllm", 0)
 
+    def test_overwritten_after_later_sync(self):
+        """overwritten() whose turn for the client comes only once a sync
+        begun after it has forgotten and copied the whole version, and
+        ended, forgets no second time (was: it did, whenever that sync
+        ended before overwritten() next tried for the client, as a sync
+        that times out on a loaded machine may: the rank said version 0,
+        and wexd counted it as not holding the version just copied)."""
+        m, r, v, out, t = self.waiting_sync("overwriting3")
+        real, later, turns = r.client._lock, {}, [0]
+
+        class Lock:  # the real lock; before overwritten()'s second try, a later sync runs to its end
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def __enter__(self):
+                return real.__enter__()
+
+            def __exit__(self, *a):
+                return real.__exit__(*a)
+
+            def acquire(self, *a, **k):
+                if threading.current_thread().name == "overwriting3":
+                    turns[0] += 1
+                    if turns[0] == 2:
+                        t.join(10)  # the first sync, cancelled
+                        s = threading.Thread(
+                            target=lambda: later.update(sync=r.sync(min_version=v)))
+                        s.start()
+                        s.join(30)
+                return real.acquire(*a, **k)
+
+            def release(self):
+                return real.release()
+
+        r.client._lock = Lock()
+        try:
+            said = {}
+            ow = threading.Thread(target=lambda: said.update(ok=r.overwritten("a reload")),
+                                  name="overwriting3", daemon=True)
+            ow.start()
+            ow.join(30)
+            self.assertFalse(ow.is_alive())
+            self.assertTrue(said.get("ok"))
+            self.assertEqual(out["sync"].code, errno.ECANCELED)
+        finally:
+            r.client._lock = real
+        self.assertEqual((later["sync"]["version"], later["sync"]["changed"]), (v, 1))
+        self.assertEqual(r.forgotten, 1)
+        self.assertEqual(r.version, v)
+        served = {x["rank"]: x.get("served", 0)
+                  for x in wex.engine.group_status(MODEL, "overwriting3")}
+        self.assertEqual(served.get(0), v)
+        self.assertEqual(r.sync(min_version=v)["changed"], 0)
+        self.assert_holds(params_of(m), "vllm", 0)
+
     def test_close_during_sync(self):
         """EngineRank.close() while a sync of the rank waits for a version
         in another thread cancels that wait (was: close waited the sync's
@@ -2919,6 +2974,13 @@ class EngineHooks(WexdProducerCase):
             # It waits as long as the sync runs (a failure here: the sleep
             # went ahead under a sync that had not ended).
             sleeper.join(0.5)
+            self.assertTrue(sleeper.is_alive(), "the sleep did not wait for the sync")
+            # (Waits on what the sleep says, not on the 0.5 s: a loaded
+            # machine may not have run the sleeper's thread that far.)
+            end = time.monotonic() + 30
+            while worker.wex_status()["released"] is None and time.monotonic() < end:
+                time.sleep(0.01)
+            self.assertEqual(worker.wex_status()["released"], "vLLM is asleep (sleep level 1)")
             self.assertTrue(sleeper.is_alive(), "the sleep did not wait for the sync")
             self.assertNotIn("sleep", out)
             # A sync that starts while the sleep waits is refused.

@@ -575,6 +575,11 @@ class EngineRank:
                 elif not self._forget_pending:
                     return True  # a sync begun since forgot, and holds the client
             try:
+                # (A sync begun since may have forgotten, copied the whole
+                # version and ended before this got the client: forgetting
+                # again would undo that copy in wexd's count.)
+                if client is not None and not self._forget_pending:
+                    return True
                 self.forget()
             finally:
                 if client is not None:
