@@ -1188,6 +1188,90 @@ class EngineHooks(WexdProducerCase):
         self.assertEqual(r.sync(min_version=v)["changed"], 0)
         self.assert_holds(params_of(m), "vllm", 0)
 
+    def test_overwritten_during_forget(self):
+        """overwritten() called while a forget() in another thread is
+        between its attach and its end, with a sync in a third thread
+        having copied the whole version in between (over the bytes the
+        reload then wrote), forgets all the same (was: the forget's end
+        cleared what overwritten() had asked, and overwritten() returned
+        True without forgetting: wexd counted the rank as serving the
+        version while the engine held the reload's weights, and the next
+        sync copied nothing).  Both ways there: the forget ends while
+        overwritten() waits for the client (held by another call), and
+        just before overwritten() gets it."""
+        m = module_of(self.engine_params("vllm", 0))
+        r = wex.engine.EngineRank(MODEL, m.named_parameters, rank=0, world_size=2,
+                                  layout="vllm:tp=2",
+                                  config=os.path.join(self.tmp.name, "config.json"),
+                                  group="forget-overwritten")
+        self.addCleanup(r.close)
+        v = self.next_version()
+        self.assertEqual(r.sync(min_version=v)["version"], v)
+        real_attach, real_lock = wex.engine.torch_util.attach_module, r.client._lock
+        for n, held in enumerate((True, False)):
+            attached, go = threading.Event(), threading.Event()
+
+            def attach(*a, **k):  # the real one; the "forgetting" thread then pauses
+                out = real_attach(*a, **k)
+                if threading.current_thread().name == "forgetting":
+                    attached.set()
+                    go.wait(30)
+                return out
+
+            class Lock:  # the real lock; overwritten() tries for it once the forget ended
+                def __getattr__(self, name):
+                    return getattr(real_lock, name)
+
+                def __enter__(self):
+                    return real_lock.__enter__()
+
+                def __exit__(self, *a):
+                    return real_lock.__exit__(*a)
+
+                def acquire(self, *a, **k):
+                    if threading.current_thread().name == "overwriting4":
+                        go.set()
+                        f.join(30)
+                    return real_lock.acquire(*a, **k)
+
+                def release(self):
+                    return real_lock.release()
+            said = {}
+            with unittest.mock.patch.object(wex.engine.torch_util, "attach_module", attach):
+                f = threading.Thread(target=r.forget, name="forgetting", daemon=True)
+                f.start()
+                self.assertTrue(attached.wait(30))
+                # A sync meanwhile: it forgets first itself, and copies the whole version.
+                self.assertEqual(r.sync(min_version=v)["changed"], 1)
+                scribble(m, 5 + n)  # then the engine's reload writes other weights in place
+                ow = threading.Thread(target=lambda: said.update(ok=r.overwritten("a reload")),
+                                      name="overwriting4", daemon=True)
+                if held:
+                    with real_lock:  # (a call on the client in another thread, as dirty())
+                        ow.start()
+                        t0 = time.monotonic()
+                        while r._overwrites[0] != n + 1 and time.monotonic() - t0 < 30:
+                            time.sleep(0.01)
+                        go.set()
+                        f.join(30)
+                else:
+                    r.client._lock = Lock()
+                    try:
+                        ow.start()
+                        ow.join(30)
+                    finally:
+                        r.client._lock = real_lock
+                ow.join(30)
+                self.assertFalse(f.is_alive() or ow.is_alive())
+            self.assertTrue(said.get("ok"))
+            self.assertEqual(r.version, 0)
+            served = {x["rank"]: x.get("served", 0)
+                      for x in wex.engine.group_status(MODEL, "forget-overwritten")}
+            self.assertNotEqual(served.get(0), v, "wexd counts the overwritten rank as serving "
+                                "v%d (lock held: %s)" % (v, held))
+            self.assertEqual(r.sync(min_version=v)["version"], v)
+            self.assert_holds(params_of(m), "vllm", 0)
+
     def test_close_during_sync(self):
         """EngineRank.close() while a sync of the rank waits for a version
         in another thread cancels that wait (was: close waited the sync's

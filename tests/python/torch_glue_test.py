@@ -288,6 +288,43 @@ class TorchGlue(WexdProducerCase):
                                     world_size=2)
         self.assertEqual(t.describe()["rank"], 1)
 
+    def test_trainer_client_rank_types(self):
+        """TrainerRank's rank= and world_size= taken as wex.Client takes
+        them: a 0-d tensor or NumPy rank counts as its int (was: kept,
+        describe()["rank"] a tensor); None, a bool, a float refused naming
+        the argument (was, with client=: "%d format: a real number is
+        required, not NoneType"); a client opened with world_size=0
+        (libwex: rank 0 of 1) is rank 0 of 1 (was: refused, "rank 0 of
+        0")."""
+        import numpy as np
+        import wex.trainer
+
+        model = "torch-glue-trainer-types"
+        p = wex.Client(wex.ROLE_PRODUCER, model, rank=1, world_size=2)
+        self.addCleanup(p.close)
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 12)
+        w = torch_util.from_ptr(base, (64,), torch.float32, "cpu")
+        segs = [(seg, base, 1 << 12)]
+        for kw, what in (({"world_size": None, "rank": 1}, "world_size"),
+                         ({"world_size": 2, "rank": None}, "rank"),
+                         ({"world_size": 2, "rank": True}, "rank"),
+                         ({"world_size": 2.0, "rank": 1}, "world_size")):
+            with self.assertRaises(TypeError) as e:
+                wex.trainer.TrainerRank(model, [("w", w)], client=p, segments=segs, **kw)
+            self.assertIn("%s must be an int" % what, str(e.exception))
+        t = wex.trainer.TrainerRank(model, [("w", w)], client=p, segments=segs,
+                                    rank=torch.tensor(1), world_size=np.int64(2))
+        self.assertEqual((type(t.describe()["rank"]), type(t.describe()["world_size"])),
+                         (int, int))
+        p0 = wex.Client(wex.ROLE_PRODUCER, model + "-0", rank=0, world_size=0)
+        self.addCleanup(p0.close)
+        seg, base = p0.segment_alloc(wex.SEG_HOST, 1 << 12)
+        w = torch_util.from_ptr(base, (64,), torch.float32, "cpu")
+        t = wex.trainer.TrainerRank(model + "-0", [("w", w)], client=p0,
+                                    segments=[(seg, base, 1 << 12)])
+        t.publish(1)
+        self.assertEqual(t.describe()["version"], 1)
+
     def test_views_after_refetch(self):
         """View tensors kept across a sync that fetched the producers'
         memory again (the producer registered again, elsewhere): that

@@ -603,6 +603,10 @@ class EngineRank:
         # Where this fails, the next sync forgets first (the caller said
         # the bytes are lost: a sync of the version held copies nothing).
         self._forget_pending = True
+        # (An overwritten() from here on may follow bytes written after
+        # the attach below, and a sync in another thread that copied the
+        # version over them in between: that forget stays pending.)
+        asked = self._overwrites[0]
         moved = self.moved()
         if moved:
             raise ValueError("the engine re-allocated or replaced %d parameter(s) since they "
@@ -612,7 +616,8 @@ class EngineRank:
                                  layout=self.layout, rank=self.rank if self.layout else None)
         self.version = 0
         self.forgotten += 1
-        self._forget_pending = False
+        if self._overwrites[0] == asked:
+            self._forget_pending = False
 
     def sync(self, min_version=0, timeout_ms=0, verify=False):
         """Copies the newest published version (at least min_version,

@@ -167,8 +167,14 @@ class TrainerRank:
         are prefixed model{v}. after strip_prefix, as the megatron layout
         with vpp names them; ignore patterns match either name).  client:
         a producer wex.Client the caller opened already (to allocate
-        segments= with it first); it is then the caller's to close as
-        well."""
+        segments= with it first), as this rank: one opened as another
+        model, rank or world size than model, rank= and world_size= is
+        refused (ValueError); it is then the caller's to close as well."""
+        # As Python ints, as wex.Client takes them (refusing None, a bool
+        # or a float, naming them): a 0-d tensor rank was kept as given
+        # (describe() a tensor), and None, with client=, failed the check
+        # below as "%d format: a real number is required" naming nothing.
+        rank, world_size = wex._int(rank, "rank"), wex._int(world_size, "world_size")
         self.layout = as_layout(layout, config, adapters, world_size, "trainer")
         # (Once: a generator strip_prefix or ignore is read here.)
         self._select = selection(strip_prefix, ignore)
@@ -207,8 +213,9 @@ class TrainerRank:
             # "element ... has no producer", or took the wrong rows.)
             name = lambda m: m.encode() if isinstance(m, str) else m
             role, cmodel, crank, cworld = opened
+            # (libwex takes world_size 0 as 1: rank 0 of 1.)
             if role != wex.ROLE_PRODUCER or name(cmodel) != name(model) or \
-                    (crank, cworld) != (rank, world_size):
+                    (crank, max(cworld, 1)) != (rank, max(world_size, 1)):
                 raise ValueError(
                     "client= was opened as %s of model %r, rank %d of %d, but this trainer "
                     "rank is a producer of %r, rank %d of %d: pass TrainerRank the rank= "
