@@ -43,7 +43,9 @@
  * its group's other ranks get ESTALE until its process calls wexd again
  * or exits, at the next wexd too (before, a wexd restarted meanwhile
  * forgot it, and they got the next version while that rank served the
- * lost one).  Written "lost"; a wexd that does not know it removes it. */
+ * lost one).  So is a connected rank's take of a lost round, until it
+ * syncs again or leaves (registry.c note_wanted).  Written "lost"; a wexd
+ * that does not know it removes it. */
 #define WEX_JOURNAL_LOST 32
 
 struct wex_journal {

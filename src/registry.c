@@ -273,6 +273,11 @@ static void memory_gone(struct wexd *d, struct model *m)
 			}
 		if (g->nlost)
 			g->lost_version = g->round_version;
+		/* (Written down as lost, note_wanted: a wexd restarted before
+		 * they sync again gives their peers ESTALE too.) */
+		for (uint32_t i = 0; i < g->world; i++)
+			if (g->ranks[i] && g->lost[i])
+				lease_note(g->ranks[i]);
 		round_close(d, m, g);
 	}
 }
@@ -429,6 +434,8 @@ static const char *mode_name(int mode)
 		return "remap-fixed";
 	case WEX_JOURNAL_ROUND:
 		return "round";
+	case WEX_JOURNAL_LOST:
+		return "lost";
 	default:
 		return "-";
 	}
@@ -948,7 +955,12 @@ static void lease_drop(struct model *m, struct conn *c)
  * two versions).  A group of one rank closes its round as it takes it.  A
  * rank that passed the round (2: it holds that version already) is
  * written so too, for the next wexd to pass it again (before, that wexd's
- * round waited for it, idle with the version, holding the producer off). */
+ * round waited for it, idle with the version, holding the producer off).
+ * A rank that holds a lost round's version (cgroup.lost) is written so
+ * (WEX_JOURNAL_LOST) until it syncs again or leaves: before, its take of
+ * the round ended with the round (or, one from before this wexd, as its
+ * process called), and a wexd restarted meanwhile gave its peers the next
+ * version while it served the lost one. */
 static int note_wanted(const struct conn *c, uint64_t *v)
 {
 	const struct cgroup *g = c->group;
@@ -956,6 +968,10 @@ static int note_wanted(const struct conn *c, uint64_t *v)
 	if (c->has_lease && c->lease_mode != WEX_SYNC_COPY) {
 		*v = c->lease_version;
 		return c->lease_mode;
+	}
+	if (g && g->lost[c->rank]) {
+		*v = g->lost_version;
+		return WEX_JOURNAL_LOST;
 	}
 	if (g && g->world > 1 && g->round_open && g->taken[c->rank]) {
 		*v = g->round_version;
@@ -1149,6 +1165,21 @@ static void held_lost_mark(struct cgroup *g, const struct held *h)
 	}
 }
 
+/* Writes h's record again where it is: as read back, or as a take of a
+ * lost round (WEX_JOURNAL_LOST) once it is one.  0 or -errno. */
+static int held_put(struct wexd *d, struct held *h)
+{
+	struct wex_journal_rec r = h->r;
+	int fd = -1, ret;
+
+	if (h->lost)
+		r.mode = WEX_JOURNAL_LOST;
+	ret = wex__journal_put(&d->journal, &fd, h->file, &r);
+	if (fd >= 0)
+		close(fd);
+	return ret;
+}
+
 /* Ends the held leases whose processes exited.  One that its group's
  * open round passed (held_round_pass) leaves that rank holding nothing of
  * the round, as a rank that took it and died: the round waits for the
@@ -1229,6 +1260,13 @@ void wexd_journal_check(struct wexd *d)
 			 * engine may not call again for a whole rollout.) */
 			for (struct conn *c = d->conns; c; c = c->next)
 				lease_note(c);
+			/* (And a take from before this wexd of a round lost
+			 * meanwhile, held_rounds_lose: before, its record still
+			 * said "round", and the next wexd held the producer off
+			 * with it and gave its peers the next version.) */
+			for (struct held *h = d->held; h; h = h->next)
+				if (h->lost)
+					held_put(d, h);
 			wex_info("journal", "lease journal %s can be written again: the remap leases held are written down", d->journal.path);
 		}
 		return;
@@ -1259,17 +1297,9 @@ void wexd_journal_check(struct wexd *d)
 		lease_note(c);
 		n += c->lease_noted;
 	}
-	for (struct held *h = d->held; h; h = h->next) {
-		struct wex_journal_rec r = h->r;
-		int fd = -1;
-
-		if (h->lost)
-			r.mode = WEX_JOURNAL_LOST;
-		if (wex__journal_put(&d->journal, &fd, h->file, &r) == 0)
+	for (struct held *h = d->held; h; h = h->next)
+		if (held_put(d, h) == 0)
 			n++;
-		if (fd >= 0)
-			close(fd);
-	}
 	if (lost)
 		wex_warn("journal", "lease journal %s can be used again: %u lease record(s) written there again%s",
 			 d->journal.path, n,
@@ -1320,8 +1350,11 @@ static int held_claim(struct wexd *d, struct conn *c, uint64_t lease)
 		/* A pass of the group's open round that it made stays (until
 		 * the layout this process attaches, unless a re-send of the
 		 * buffers holding that version, wexd_attach): written down
-		 * for this connection, for a wexd restarted meanwhile. */
-		if (c->group->round_open && c->group->taken[c->rank])
+		 * for this connection, for a wexd restarted meanwhile; so
+		 * does a take of a lost round, until it syncs again (before,
+		 * its record went here: a wexd restarted before that sync
+		 * gave its peers the next version). */
+		if ((c->group->round_open && c->group->taken[c->rank]) || c->group->lost[c->rank])
 			lease_note(c);
 		return 0;
 	}
@@ -1442,23 +1475,16 @@ static void held_round_end(struct wexd *d, struct model *m, struct cgroup *g)
  * synced), and its record says it was lost (WEX_JOURNAL_LOST), for a
  * wexd restarted meanwhile (before, it was removed: that wexd forgot the
  * take, and the peers got the next version while that rank served the
- * lost one).  (A take made here that was lost is not written so.)
+ * lost one; a take made here that was lost is written so too,
+ * note_wanted).
  */
 static void held_rounds_lose(struct wexd *d, struct model *m)
 {
 	for (struct held *h = d->held; h; h = h->next) {
-		struct wex_journal_rec r;
-		int fd = -1;
-
 		if (h->m != m || h->lost || h->r.mode != WEX_JOURNAL_ROUND)
 			continue;
 		h->lost = 1;
-		/* Rewritten in place, a record of the lost round. */
-		r = h->r;
-		r.mode = WEX_JOURNAL_LOST;
-		wex__journal_put(&d->journal, &fd, h->file, &r);
-		if (fd >= 0)
-			close(fd);
+		held_put(d, h); /* rewritten in place, a record of the lost round */
 		if (m->leases)
 			m->leases--;
 		wex_info("journal", "model '%s': pid %d (group '%s' rank %u) took v%llu before this wexd started, and the memory behind it went: its peers get ESTALE until it syncs again or exits",
@@ -1970,6 +1996,7 @@ json_t *wexd_acquire(struct wexd *d, struct conn *c, json_t *req)
 				(unsigned long long)g->lost_version));
 		g->lost[c->rank] = 0; /* this holder moves on */
 		g->nlost--;
+		lease_note(c);
 	}
 	lease_drop(c->model, c);
 	c->waiting = WAIT_ACQUIRE;
