@@ -176,6 +176,9 @@ static const char *boot_id(void)
 int wex__journal_put(struct wex_journal *j, int *fd, char name[WEX_JOURNAL_NAME_MAX],
 		     const struct wex_journal_rec *r)
 {
+	/* A remap lease of a lost round: its mode, and "lost" (a wexd that
+	 * does not know the member holds it as a plain lease). */
+	int lost = (r->mode & WEX_JOURNAL_LOST) && r->mode != WEX_JOURNAL_LOST;
 	char *s;
 	json_t *o;
 	int ret;
@@ -197,8 +200,10 @@ int wex__journal_put(struct wex_journal *j, int *fd, char name[WEX_JOURNAL_NAME_
 	o = json_pack("{s:i, s:s, s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I}", "wex_lease", 1,
 		      "model", r->model, "group", r->group, "rank", (json_int_t)r->rank, "world",
 		      (json_int_t)r->world, "version", (json_int_t)r->version, "mode",
-		      mode_str(r->mode), "pid", (json_int_t)r->pid, "uid", (json_int_t)r->uid,
-		      "start", (json_int_t)r->start);
+		      mode_str(lost ? r->mode & ~WEX_JOURNAL_LOST : r->mode), "pid",
+		      (json_int_t)r->pid, "uid", (json_int_t)r->uid, "start", (json_int_t)r->start);
+	if (o && lost)
+		json_object_set_new(o, "lost", json_true());
 	if (o && boot_id()[0])
 		json_object_set_new(o, "boot", json_string(boot_id()));
 	s = o ? json_dumps(o, JSON_COMPACT) : NULL;
@@ -293,6 +298,9 @@ static int rec_parse(const char *buf, size_t len, struct wex_journal_rec *r, cha
 		ret = *format > 1 ? -EPROTO : -EINVAL;
 		goto out;
 	}
+	if ((r->mode == WEX_SYNC_REMAP_VIEW || r->mode == WEX_SYNC_REMAP_FIXED) &&
+	    json_is_true(json_object_get(o, "lost")))
+		r->mode |= WEX_JOURNAL_LOST;
 	snprintf(r->model, sizeof(r->model), "%s", model);
 	snprintf(r->group, sizeof(r->group), "%s", group);
 	r->rank = (uint32_t)rank;

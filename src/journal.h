@@ -45,7 +45,10 @@
  * forgot it, and they got the next version while that rank served the
  * lost one).  So is a connected rank's take of a lost round, until it
  * syncs again or leaves (registry.c note_wanted).  Written "lost"; a wexd
- * that does not know it removes it. */
+ * that does not know it removes it.  With a remap mode (| it): a remap
+ * lease of such a round, which still holds the producer off, written with
+ * its mode and "lost": true (a wexd that does not know the member holds
+ * it as a plain lease). */
 #define WEX_JOURNAL_LOST 32
 
 struct wex_journal {
@@ -68,7 +71,7 @@ struct wex_journal_rec {
 	char group[WEX_NAME_MAX];
 	uint32_t rank, world;
 	uint64_t version;
-	int mode; /* WEX_SYNC_REMAP_*, WEX_JOURNAL_ROUND or WEX_JOURNAL_LOST */
+	int mode; /* WEX_SYNC_REMAP_* (| WEX_JOURNAL_LOST), WEX_JOURNAL_ROUND or _LOST */
 	pid_t pid;
 	uid_t uid;
 	uint64_t start; /* the process's start time, clock ticks after boot (0: unknown) */

@@ -180,6 +180,7 @@ static void lease_note(struct conn *c);
 static void held_round_end(struct wexd *d, struct model *m, struct cgroup *g);
 static void held_rounds_lose(struct wexd *d, struct model *m);
 static void held_lost_mark(struct cgroup *g, const struct held *h);
+static int held_holds(const struct held *h);
 
 /* Closes group g's round; `held`: the takes from before this wexd that
  * it passed end with it (held_round_end). */
@@ -436,6 +437,10 @@ static const char *mode_name(int mode)
 		return "round";
 	case WEX_JOURNAL_LOST:
 		return "lost";
+	case WEX_JOURNAL_LOST | WEX_SYNC_REMAP_VIEW:
+		return "lost-remap-view";
+	case WEX_JOURNAL_LOST | WEX_SYNC_REMAP_FIXED:
+		return "lost-remap-fixed";
 	default:
 		return "-";
 	}
@@ -912,7 +917,7 @@ static void describe_leases(struct wexd *d, struct model *m, char *buf, size_t l
 		}
 	}
 	for (struct held *h = d->held; h && off < len; h = h->next)
-		if (h->m != m || h->lost)
+		if (h->m != m || !held_holds(h))
 			continue;
 		else if (h->r.mode == WEX_JOURNAL_ROUND)
 			off += (size_t)snprintf(buf + off, len - off,
@@ -960,14 +965,18 @@ static void lease_drop(struct model *m, struct conn *c)
  * (WEX_JOURNAL_LOST) until it syncs again or leaves: before, its take of
  * the round ended with the round (or, one from before this wexd, as its
  * process called), and a wexd restarted meanwhile gave its peers the next
- * version while it served the lost one. */
+ * version while it served the lost one.  So is its remap lease of that
+ * round, which still holds the producer off (WEX_JOURNAL_LOST | its mode:
+ * before, it was written as a plain lease, and a wexd restarted before
+ * that rank synced again gave its peers the next version once it
+ * released the lease, its views still showing the lost one). */
 static int note_wanted(const struct conn *c, uint64_t *v)
 {
 	const struct cgroup *g = c->group;
 
 	if (c->has_lease && c->lease_mode != WEX_SYNC_COPY) {
 		*v = c->lease_version;
-		return c->lease_mode;
+		return c->lease_mode | (g && g->lost[c->rank] ? WEX_JOURNAL_LOST : 0);
 	}
 	if (g && g->lost[c->rank]) {
 		*v = g->lost_version;
@@ -1054,6 +1063,21 @@ static void round_note_passed(struct cgroup *g)
 /* ---------------------------------------------------------------------- */
 /* Leases held from before this wexd (journal.h, struct held).             */
 
+/* h holds the producer off: a lease, or a take of a round not lost (a
+ * lost remap lease still does, as it does at the wexd that granted it). */
+static int held_holds(const struct held *h)
+{
+	return !h->lost || h->r.mode != WEX_JOURNAL_ROUND;
+}
+
+/* h's mode as written down: a lost one's says so (WEX_JOURNAL_LOST). */
+static int held_mode(const struct held *h)
+{
+	if (!h->lost)
+		return h->r.mode;
+	return h->r.mode == WEX_JOURNAL_ROUND ? WEX_JOURNAL_LOST : h->r.mode | WEX_JOURNAL_LOST;
+}
+
 /* Ends h, leaving its model even with nothing left in it (the caller's
  * business: held_drop frees it then). */
 static void held_end(struct wexd *d, struct held *h, const char *why)
@@ -1073,7 +1097,7 @@ static void held_end(struct wexd *d, struct held *h, const char *why)
 
 		wex__journal_del(&d->journal, &none, h->file);
 	}
-	if (m->leases && !h->lost)
+	if (m->leases && held_holds(h))
 		m->leases--;
 	m->held--;
 	free(h);
@@ -1121,16 +1145,20 @@ static void held_add(void *arg, const char *name, const struct wex_journal_rec *
 	h->next = d->held;
 	d->held = h;
 	m->held++;
-	if (h->r.mode == WEX_JOURNAL_LOST) {
+	if (h->r.mode & WEX_JOURNAL_LOST) {
 		/* A take of a round lost at an earlier wexd (held_rounds_lose):
 		 * a group made here counts it among the lost round's holders
-		 * (wexd_hello). */
-		h->r.mode = WEX_JOURNAL_ROUND;
+		 * (wexd_hello).  A remap lease of it still holds the producer
+		 * off, below. */
+		h->r.mode &= ~WEX_JOURNAL_LOST;
+		if (!h->r.mode)
+			h->r.mode = WEX_JOURNAL_ROUND;
 		h->lost = 1;
 		wex_info("journal", "model '%s': pid %d (group '%s' rank %u) took v%llu, lost before this wexd started: its peers get ESTALE until it syncs again or exits",
 			 m->name, (int)h->r.pid, h->r.group, h->r.rank,
 			 (unsigned long long)h->r.version);
-		return;
+		if (h->r.mode == WEX_JOURNAL_ROUND)
+			return;
 	}
 	m->leases++;
 	if (h->r.mode == WEX_JOURNAL_ROUND)
@@ -1172,8 +1200,7 @@ static int held_put(struct wexd *d, struct held *h)
 	struct wex_journal_rec r = h->r;
 	int fd = -1, ret;
 
-	if (h->lost)
-		r.mode = WEX_JOURNAL_LOST;
+	r.mode = held_mode(h);
 	ret = wex__journal_put(&d->journal, &fd, h->file, &r);
 	if (fd >= 0)
 		close(fd);
@@ -1361,6 +1388,9 @@ static int held_claim(struct wexd *d, struct conn *c, uint64_t lease)
 	if (lease != h->r.version || (h->r.start && c->start && h->r.start != c->start)) {
 		held_drop(d, h, lease ? "its process holds another version" :
 			  "its process reconnected without it");
+		/* (A lease of a lost round: its views may still show it.) */
+		if (c->group->lost[c->rank])
+			lease_note(c);
 		return 0;
 	}
 	c->has_lease = 1;
@@ -2644,7 +2674,7 @@ json_t *wexd_models_json(struct wexd *d)
 							h->r.group, "rank", (int)h->r.rank, "pid",
 							(int)h->r.pid, "version",
 							(json_int_t)h->r.version, "mode",
-							h->lost ? "lost" : mode_name(h->r.mode),
+							mode_name(held_mode(h)),
 							"since_s",
 							(double)(wex__now_ns() - h->since_ns) / 1e9));
 		json_array_append_new(arr,

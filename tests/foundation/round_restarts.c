@@ -80,6 +80,17 @@
  *    wexd gave the peers v2).  gone_readonly: the journal read-only when
  *    the trainer exits, writable again before the restart: the take is
  *    written down as lost then (before, its record still said "round").
+ *  - gone_view: rank 0 views v1 (a remap-view lease) and the trainer
+ *    exits: the lease holds the trainer off until rank 0 releases it, and
+ *    then ranks 1 and 2 get ESTALE until rank 0 syncs again (its views
+ *    show v1).  gone_view_restart: the same, wexd restarting before the
+ *    release: the lease is written down as one of a lost round
+ *    ("lost-remap-view"), so the next wexd does both too (before, it was
+ *    written as a plain lease: the next wexd gave ranks 1 and 2 v2 once
+ *    rank 0 released it, its views showing v1).  gone_view_down: rank 0
+ *    releases its lease while no wexd runs, and its next call (a status
+ *    request) ends it at the next wexd: its take of the lost round stays
+ *    written down, and a further restart gives ranks 1 and 2 ESTALE too.
  *  - lost_here_restart: ranks 0 and 1 take v1 here, the trainer exits and
  *    writes v2, wexd restarts: their takes of the lost round were written
  *    down as lost, so rank 2 gets ESTALE until both sync again (before,
@@ -129,6 +140,17 @@ static int held_count(const char *model)
 
 	json_decref(st);
 	return n;
+}
+
+/* The mode of `model`'s first held[] entry, in `buf` ("" when none). */
+static const char *held_mode(const char *model, char *buf, size_t len)
+{
+	json_t *st = t_status(d.sock), *m = t_status_model(st, model);
+	json_t *h = json_array_get(m ? json_object_get(m, "held") : NULL, 0);
+
+	snprintf(buf, len, "%s", json_string_value(json_object_get(h, "mode")) ?: "");
+	json_decref(st);
+	return buf;
 }
 
 /* The pid of `model`'s producer rank 0 once it holds v1 at this wexd (0:
@@ -657,6 +679,100 @@ static void lost_here_restart(void)
 	t_prod_close(&p);
 }
 
+/* Rank 0 views v1 (a remap-view lease, written down); the trainer exits,
+ * the memory behind v1 with it: rank 0's lease of the lost round still
+ * holds the trainer off, and its views show v1.  `again`: wexd restarts
+ * before rank 0 syncs again: the next wexd holds the trainer off with the
+ * lease as the first did.  Rank 0 releases its lease (the rollout ends),
+ * the trainer writes v2: rank 1 gets ESTALE until rank 0 syncs again, at
+ * the next wexd too (before, the lease was written down as a plain one,
+ * and the next wexd, its lost mark forgotten, gave rank 1 v2 while rank
+ * 0's views showed v1). */
+static void gone_view(int again)
+{
+	const char *model = again == 2 ? "gone-view-down" : again ? "gone-view-restart" :
+			    "gone-view";
+	struct wex_sync_result r;
+	struct t_prod p;
+	struct t_cons k[3];
+	char mode[32];
+	int ret;
+
+	t_prod_open(&p, model, "tiny", 0, 1);
+	for (uint32_t i = 0; i < 3; i++)
+		cons_open(&k[i], model, i);
+	t_prod_write(&p, 1);
+	T_WEX(k[0].c, wex_sync(k[0].c, WEX_SYNC_REMAP_VIEW, 1, 10000, &r));
+	T_ASSERT(r.version == 1 && t_view_bad(&k[0], 0, 1) == 0, "rank 0 views v1");
+	t_prod_close(&p);
+	for (double t0 = t_now(); group_round(model) != 0;) {
+		T_ASSERT(t_now() - t0 < 30.0, "wexd never saw the trainer go");
+		usleep(20000);
+	}
+	T_ASSERT(journal_count() == 1, "rank 0's lease is written down (%d records)",
+		 journal_count());
+	if (again == 2) {
+		char *json = NULL;
+
+		/* Rank 0 releases its lease while no wexd runs (it cannot give
+		 * it back); its next call, a status request, says hello naming
+		 * no lease: the next wexd ends the lease, and the take of the
+		 * lost round stays written down, its connection's. */
+		t_wexd_kill(&d);
+		ret = wex_release(k[0].c);
+		T_ASSERT(ret == -WEX_EDAEMON, "release with no wexd: %s", wex_strerror(ret));
+		t_wexd_restart(&d);
+		T_WEX(k[0].c, wex_request(k[0].c, "status", NULL, &json));
+		free(json);
+		T_ASSERT(held_count(model) == 0 && journal_count() == 1,
+			 "rank 0's lease ended, its take of the lost round written down (%d held, "
+			 "%d records)", held_count(model), journal_count());
+		restart();
+		T_ASSERT(held_count(model) == 1 && !strcmp(held_mode(model, mode, sizeof(mode)), "lost"),
+			 "rank 0's take of the lost round outlived the restart (%d held, mode '%s')",
+			 held_count(model), held_mode(model, mode, sizeof(mode)));
+		t_prod_open(&p, model, "tiny", 0, 1);
+	} else {
+		if (again) {
+			restart();
+			T_ASSERT(held_count(model) == 1 &&
+				 !strcmp(held_mode(model, mode, sizeof(mode)), "lost-remap-view"),
+				 "rank 0's lease of the lost round outlived the restart (%d held, "
+				 "mode '%s')", held_count(model), held_mode(model, mode, sizeof(mode)));
+		}
+		t_prod_open(&p, model, "tiny", 0, 1);
+		ret = wex_begin_write(p.c, 2, 200);
+		T_ASSERT(ret == -EBUSY, "rank 0's lease of the lost v1 holds the trainer off: %s",
+			 wex_strerror(ret));
+		T_WEX(k[0].c, wex_release(k[0].c));
+		/* (After a reconnect the client knows no producer tensors to
+		 * check the views by until it syncs.) */
+		T_ASSERT(again || t_view_bad(&k[0], 0, 1) == 0, "rank 0's views still show v1");
+	}
+	ret = wex_begin_write(p.c, 2, 2000);
+	T_ASSERT(ret == 0, "rank 0 released its lease: the trainer writes v2: %s (%s)",
+		 wex_strerror(ret), wex_last_error(p.c));
+	ex_fill(p.base, p.t, (size_t)p.n, 2, 1);
+	T_WEX(p.c, wex_publish(p.c, 2));
+	for (uint32_t i = 1; i < 3; i++) {
+		ret = wex_sync(k[i].c, WEX_SYNC_COPY, 2, 2000, &r);
+		T_ASSERT(ret == -ESTALE, "rank 0 holds v1 of the lost round (its views show it): "
+			 "rank %u waits for it to sync again (ESTALE), yet got %s (v%llu)", i,
+			 ret ? wex_strerror(ret) : "it", (unsigned long long)r.version);
+	}
+	take(&k[0], 2);
+	take(&k[1], 2);
+	take(&k[2], 2);
+	T_ASSERT(group_round(model) == 0 && held_count(model) == 0 && journal_count() == 0,
+		 "the group took v2 whole (%d held, %d records)", held_count(model),
+		 journal_count());
+	printf("round_restarts: %s: a lease of a lost round counted among its holders%s\n", model,
+	       again ? " across a restart" : "");
+	for (uint32_t i = 0; i < 3; i++)
+		t_cons_close(&k[i]);
+	t_prod_close(&p);
+}
+
 /* 1 if status shows the lease journal unwritable. */
 static int journal_unwritable(void)
 {
@@ -876,6 +992,12 @@ int main(int argc, char **argv)
 		lost_here_restart();
 	if (!only || !strcmp(only, "gone_readonly"))
 		gone_readonly();
+	if (!only || !strcmp(only, "gone_view"))
+		gone_view(0);
+	if (!only || !strcmp(only, "gone_view_restart"))
+		gone_view(1);
+	if (!only || !strcmp(only, "gone_view_down"))
+		gone_view(2);
 	if (!only || !strcmp(only, "exit_down"))
 		engine_exits(0, WEX_SYNC_COPY);
 	if (!only || !strcmp(only, "exit_up"))

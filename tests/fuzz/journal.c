@@ -66,7 +66,9 @@ static void check_rec(const struct wex_journal_rec *r)
 	FZ_ASSERT(r->version >= 1, "version 0");
 	FZ_ASSERT(r->pid >= 1, "pid %d", (int)r->pid);
 	FZ_ASSERT(r->mode == WEX_SYNC_REMAP_VIEW || r->mode == WEX_SYNC_REMAP_FIXED ||
-			  r->mode == WEX_JOURNAL_ROUND || r->mode == WEX_JOURNAL_LOST,
+			  r->mode == WEX_JOURNAL_ROUND || r->mode == WEX_JOURNAL_LOST ||
+			  r->mode == (WEX_JOURNAL_LOST | WEX_SYNC_REMAP_VIEW) ||
+			  r->mode == (WEX_JOURNAL_LOST | WEX_SYNC_REMAP_FIXED),
 		  "mode %d", r->mode);
 }
 
