@@ -57,9 +57,16 @@ def run(binary, env, term=False):
     try:
         rest, _ = p.communicate(timeout=120)
     except subprocess.TimeoutExpired:
+        exited = p.poll() is not None
         p.kill()
-        rest, _ = p.communicate()
-        fail("still running 120 s after start%s" % (" (and SIGTERM)" if term else ""), out + rest)
+        try:
+            rest, _ = p.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            # (A process it started, a wexd, outlived it with its output.)
+            rest = ""
+        fail("%s 120 s after start%s" % (
+            "exited, but a process it started still held its output open" if exited else
+            "still running", " (and SIGTERM)" if term else ""), out + rest)
     return p.returncode, out + rest
 
 

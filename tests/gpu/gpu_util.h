@@ -487,15 +487,21 @@ static inline pid_t gpu_start_wexd(void)
 	const char *bin = getenv("WEXD_BIN");
 	int p[2];
 	char b[8], fds[16];
-	pid_t pid;
+	pid_t pid, parent = getpid();
 
 	CHECK(bin != NULL);
 	CHECK(pipe(p) == 0);
 	pid = fork();
 	if (pid == 0) {
 		/* A failed test must not leave wexd behind: it would keep the
-		 * exported allocations (and so device memory) alive. */
+		 * exported allocations (and so device memory) alive.  Nor one
+		 * killed before the request below took: its wexd would be
+		 * reparented and live on (holding the test runner's output
+		 * open: bench_json.py's term runs, SIGTERM right after the
+		 * first line, waited for it until ctest's timeout). */
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127);
 		close(p[0]);
 		snprintf(fds, sizeof(fds), "%d", p[1]);
 		setenv("WEXD_READY_FD", fds, 1);
@@ -521,6 +527,7 @@ static inline void gpu_world_start(struct gpu_world *w, void (*producer)(int in,
 	char sock[128];
 	int a[2], b[2];
 	const char *tmp = getenv("TMPDIR");
+	pid_t parent = getpid();
 
 	/* Under $TMPDIR where one is set (a test that kills a benchmark
 	 * removes what its wexd left there) and short enough for a socket. */
@@ -538,6 +545,8 @@ static inline void gpu_world_start(struct gpu_world *w, void (*producer)(int in,
 	CHECK(w->prod >= 0);
 	if (w->prod == 0) {
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent) /* (killed before that took) */
+			_exit(1);
 		close(a[1]);
 		close(b[0]);
 		producer(a[0], b[1]);
