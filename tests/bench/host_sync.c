@@ -483,7 +483,7 @@ int main(int argc, char **argv)
 	double vfy_t[RUNS], vsync_t[RUNS], cmp_t[RUNS];
 	double copy_t[RUNS], meta_t[RUNS], touch_t[RUNS], fixed_t[RUNS], mc_t[RUNS], stream_t[RUNS], back_t[RUNS],
 		sock_t[BASE_RUNS], st_t[BASE_RUNS], first_ms, cold_touch_ms, fixed_first_ms = 0;
-	pid_t dpid, ppid;
+	pid_t dpid, ppid, parent = getpid();
 	struct wex_tensor *t;
 	struct ex_cfg cfg;
 	uint64_t bytes, model_bytes = 0, last;
@@ -532,8 +532,11 @@ int main(int argc, char **argv)
 	if (dpid == 0) {
 		char fds[16];
 
-		/* Dies with us, also when we exit on an error (die()). */
+		/* Dies with us, also when we exit on an error (die()), or were
+		 * killed before the request took (a SIGTERM'd run). */
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127);
 		close(ready[0]);
 		snprintf(fds, sizeof(fds), "%d", ready[1]);
 		setenv("WEXD_READY_FD", fds, 1);
@@ -553,6 +556,8 @@ int main(int argc, char **argv)
 	if (ppid == 0) {
 		/* Only our end of each pipe: when we exit, its read sees EOF. */
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(1);
 		close(cmd[1]);
 		close(ack[0]);
 		close(sv[0]);

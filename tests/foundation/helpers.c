@@ -180,6 +180,7 @@ static void spawn(struct t_wexd *d)
 	int pfd[2], ret;
 	char buf[16] = "", num[16];
 	struct pollfd p;
+	pid_t parent;
 	ssize_t n;
 
 	if (!bin || !*bin)
@@ -189,12 +190,16 @@ static void spawn(struct t_wexd *d)
 		T_FAIL("pipe: %s", strerror(errno));
 	fflush(stdout);
 	fflush(stderr);
+	parent = getpid();
 	d->pid = fork();
 	if (d->pid < 0)
 		T_FAIL("fork: %s", strerror(errno));
 	if (d->pid == 0) {
-		/* wexd must not outlive a crashed test. */
+		/* wexd must not outlive a crashed test (nor one killed before
+		 * the request took). */
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127);
 		close(pfd[0]);
 		/* wexd gets no fd of the test's or of whatever ran the test
 		 * (ctest's LastTest.log, a CI runner's pipes): its fd counts

@@ -251,7 +251,7 @@ static void default_action(void)
 {
 	int go[2], st;
 	double t0, dt;
-	pid_t pid;
+	pid_t pid, parent = getpid();
 	char ch;
 
 	CHECK(pipe(go) == 0);
@@ -265,6 +265,8 @@ static void default_action(void)
 		void *dev;
 
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(1);
 		close(go[0]);
 		c = open_producer("term", t, &dev, &total);
 		h = malloc(total);
