@@ -263,10 +263,10 @@ static void memory_gone(struct wexd *d, struct model *m)
 		 * either it waits for a newer version, or it held this one
 		 * before the round opened and, like its peers, syncs again.
 		 * But one that passed its take of this round from before this
-		 * wexd, 3, holds it as a rank that took it here does, its
-		 * process connected since (held_rounds_lose: or idle with the
-		 * version): before, its peers got the next version while it
-		 * served this one.) */
+		 * wexd (or its remap lease, which may be one), 3, holds it as
+		 * a rank that took it here does, its process connected since
+		 * (held_rounds_lose: or idle with the version): before, its
+		 * peers got the next version while it served this one.) */
 		for (uint32_t i = 0; i < g->world; i++)
 			if (g->ranks[i] && !g->lost[i] && (g->taken[i] == 1 || g->taken[i] == 3)) {
 				g->lost[i] = 1;
@@ -1441,7 +1441,7 @@ static int held_in_group(struct wexd *d, struct model *m, struct cgroup *g, uint
 
 /*
  * Group g opens a round on v: each of its ranks that holds v from before
- * this wexd (struct held) passes it (2, taken without a lease): a lease
+ * this wexd (struct held) passes it (3, as a take of it): a lease
  * stays held; so does a take of the round the group had open when wexd
  * restarted (WEX_JOURNAL_ROUND), written down, until this round closes
  * (held_round_end): should wexd restart again first, the next one passes
@@ -1466,9 +1466,10 @@ static void held_round_pass(struct wexd *d, struct model *m, struct cgroup *g, u
 		if (!held_in(h, m, g, v, rank))
 			continue;
 		/* (3: a take of the round, which a loss of the round counts
-		 * as one made here, memory_gone.) */
+		 * as one made here, memory_gone; a remap lease too, which may
+		 * be one, its mode winning over the round's in its record.) */
 		if (!g->taken[h->r.rank]) {
-			g->taken[h->r.rank] = h->r.mode == WEX_JOURNAL_ROUND ? 3 : 2;
+			g->taken[h->r.rank] = 3;
 			g->ntaken++;
 		}
 	}
@@ -1492,6 +1493,20 @@ static void held_round_end(struct wexd *d, struct model *m, struct cgroup *g)
 	}
 }
 
+/* h, a remap lease from before this wexd, is passed by its group's open
+ * round (held_round_pass), its slot not connected: a take of that round
+ * as far as anyone can tell (its record says its mode, which wins over
+ * the round's), as such a lease of a round taken here is. */
+static int held_lease_passed(struct model *m, const struct held *h)
+{
+	for (struct cgroup *g = m->groups; g; g = g->next)
+		if (held_in(h, m, g, h->r.version, UINT32_MAX) && g->round_open &&
+		    g->round_version == h->r.version && g->taken[h->r.rank] == 3 &&
+		    !g->ranks[h->r.rank])
+			return 1;
+	return 0;
+}
+
 /*
  * The memory behind model m's versions went (memory_gone): each take of a
  * round from before this wexd that its process has not called this wexd
@@ -1506,16 +1521,21 @@ static void held_round_end(struct wexd *d, struct model *m, struct cgroup *g)
  * wexd restarted meanwhile (before, it was removed: that wexd forgot the
  * take, and the peers got the next version while that rank served the
  * lost one; a take made here that was lost is written so too,
- * note_wanted).
+ * note_wanted).  So does a remap lease from before that the group's open
+ * round passed (held_lease_passed), which still holds the producer off,
+ * as a lease of a round taken here does (before, it was not counted:
+ * once it was released, or at a restart, the peers got the next version
+ * while that rank's views showed the lost one).
  */
 static void held_rounds_lose(struct wexd *d, struct model *m)
 {
 	for (struct held *h = d->held; h; h = h->next) {
-		if (h->m != m || h->lost || h->r.mode != WEX_JOURNAL_ROUND)
+		if (h->m != m || h->lost ||
+		    (h->r.mode != WEX_JOURNAL_ROUND && !held_lease_passed(m, h)))
 			continue;
 		h->lost = 1;
 		held_put(d, h); /* rewritten in place, a record of the lost round */
-		if (m->leases)
+		if (m->leases && h->r.mode == WEX_JOURNAL_ROUND)
 			m->leases--;
 		wex_info("journal", "model '%s': pid %d (group '%s' rank %u) took v%llu before this wexd started, and the memory behind it went: its peers get ESTALE until it syncs again or exits",
 			 m->name, (int)h->r.pid, h->r.group, h->r.rank,

@@ -91,6 +91,15 @@
  *    releases its lease while no wexd runs, and its next call (a status
  *    request) ends it at the next wexd: its take of the lost round stays
  *    written down, and a further restart gives ranks 1 and 2 ESTALE too.
+ *  - gone_view_passed: rank 0 views v1 (a remap-view lease); restart;
+ *    rank 1 takes v1 (the round passes rank 0's lease) and the trainer
+ *    exits: the lease from before counts among the lost round's holders
+ *    as one taken here does (written "lost-remap-view", holding the
+ *    trainer off until released), and rank 2 gets ESTALE until rank 0
+ *    syncs again (before: it was not counted, and rank 2 got v2 while
+ *    rank 0's views showed v1).  gone_view_passed_restart: wexd restarts
+ *    after the loss too.  gone_view_passed_resent: rank 0 calls that wexd
+ *    (a status request) before the trainer exits, taking its lease back.
  *  - lost_here_restart: ranks 0 and 1 take v1 here, the trainer exits and
  *    writes v2, wexd restarts: their takes of the lost round were written
  *    down as lost, so rank 2 gets ESTALE until both sync again (before,
@@ -151,6 +160,19 @@ static const char *held_mode(const char *model, char *buf, size_t len)
 	snprintf(buf, len, "%s", json_string_value(json_object_get(h, "mode")) ?: "");
 	json_decref(st);
 	return buf;
+}
+
+/* Entries of `model`'s held[] whose mode is `mode`. */
+static int held_modes(const char *model, const char *mode)
+{
+	json_t *st = t_status(d.sock), *m = t_status_model(st, model), *h;
+	int n = 0;
+	size_t i;
+
+	json_array_foreach(m ? json_object_get(m, "held") : NULL, i, h)
+		n += !strcmp(json_string_value(json_object_get(h, "mode")) ?: "", mode);
+	json_decref(st);
+	return n;
 }
 
 /* The pid of `model`'s producer rank 0 once it holds v1 at this wexd (0:
@@ -773,6 +795,84 @@ static void gone_view(int again)
 	t_prod_close(&p);
 }
 
+/* Rank 0 views v1 (a remap-view lease, written down as a plain one);
+ * restart; rank 1 takes v1 (the round passes rank 0's lease, rank 0 idle
+ * and not connected); the trainer exits, the memory behind v1 with it:
+ * rank 0's lease from before is one of the lost round, written down so
+ * ("lost-remap-view"), and still holds the trainer off.  `again`: wexd
+ * restarts before rank 0 calls it; 2: rank 0 calls that wexd (a status
+ * request, taking its lease back) before the trainer exits, and wexd
+ * restarts after.  Rank 0 releases its lease, the trainer
+ * writes v2: rank 1 (which took the lost round here) syncs again, and
+ * rank 2 gets ESTALE until rank 0 syncs again, its views showing v1
+ * (before, the round's pass of rank 0's lease was not counted among the
+ * lost round's holders: rank 2 got v2 while rank 0's views showed v1). */
+static void gone_view_passed(int again)
+{
+	const char *model = again == 2 ? "gone-view-passed-resent" :
+			    again ? "gone-view-passed-restart" : "gone-view-passed";
+	struct wex_sync_result r;
+	struct t_prod p;
+	struct t_cons k[3];
+	int ret;
+
+	t_prod_open(&p, model, "tiny", 0, 1);
+	for (uint32_t i = 0; i < 3; i++)
+		cons_open(&k[i], model, i);
+	t_prod_write(&p, 1);
+	T_WEX(k[0].c, wex_sync(k[0].c, WEX_SYNC_REMAP_VIEW, 1, 10000, &r));
+	T_ASSERT(r.version == 1 && t_view_bad(&k[0], 0, 1) == 0, "rank 0 views v1");
+	restart();
+	take(&k[1], 1);
+	T_ASSERT(group_round(model) == 1 && held_count(model) == 1,
+		 "the round on v1 passed rank 0's lease and waits for rank 2");
+	if (again == 2) {
+		char *json = NULL;
+
+		T_WEX(k[0].c, wex_request(k[0].c, "status", NULL, &json));
+		free(json);
+		T_ASSERT(held_count(model) == 0, "rank 0 took back its lease (%d held)",
+			 held_count(model));
+	}
+	t_prod_close(&p);
+	for (double t0 = t_now(); group_round(model) != 0;) {
+		T_ASSERT(t_now() - t0 < 30.0, "wexd never saw the trainer go");
+		usleep(20000);
+	}
+	if (again)
+		restart();
+	/* (After a restart, rank 1's take of the lost round is held too.) */
+	T_ASSERT(held_count(model) == 1 + !!again && held_modes(model, "lost-remap-view") == 1,
+		 "rank 0's lease from before is one of the lost round (%d held, %d of them "
+		 "lost-remap-view)", held_count(model), held_modes(model, "lost-remap-view"));
+	t_prod_open(&p, model, "tiny", 0, 1);
+	ret = wex_begin_write(p.c, 2, 200);
+	T_ASSERT(ret == -EBUSY, "rank 0's lease of the lost v1 holds the trainer off: %s",
+		 wex_strerror(ret));
+	T_WEX(k[0].c, wex_release(k[0].c));
+	ret = wex_begin_write(p.c, 2, 2000);
+	T_ASSERT(ret == 0, "rank 0 released its lease: the trainer writes v2: %s (%s)",
+		 wex_strerror(ret), wex_last_error(p.c));
+	ex_fill(p.base, p.t, (size_t)p.n, 2, 1);
+	T_WEX(p.c, wex_publish(p.c, 2));
+	take(&k[1], 2);
+	ret = wex_sync(k[2].c, WEX_SYNC_COPY, 2, 2000, &r);
+	T_ASSERT(ret == -ESTALE, "rank 0 holds v1 of the lost round (its views show it): rank 2 "
+		 "waits for it to sync again (ESTALE), yet got %s (v%llu)",
+		 ret ? wex_strerror(ret) : "it", (unsigned long long)r.version);
+	take(&k[0], 2);
+	take(&k[2], 2);
+	T_ASSERT(group_round(model) == 0 && held_count(model) == 0 && journal_count() == 0,
+		 "the group took v2 whole (%d held, %d records)", held_count(model),
+		 journal_count());
+	printf("round_restarts: %s: a passed lease from before counted among the lost round's "
+	       "holders%s\n", model, again == 2 ? " (it had called wexd), across a restart" :
+	       again ? " across a restart" : "");
+	for (uint32_t i = 0; i < 3; i++)
+		t_cons_close(&k[i]);
+	t_prod_close(&p);
+}
+
 /* 1 if status shows the lease journal unwritable. */
 static int journal_unwritable(void)
 {
@@ -998,6 +1098,12 @@ int main(int argc, char **argv)
 		gone_view(1);
 	if (!only || !strcmp(only, "gone_view_down"))
 		gone_view(2);
+	if (!only || !strcmp(only, "gone_view_passed"))
+		gone_view_passed(0);
+	if (!only || !strcmp(only, "gone_view_passed_restart"))
+		gone_view_passed(1);
+	if (!only || !strcmp(only, "gone_view_passed_resent"))
+		gone_view_passed(2);
 	if (!only || !strcmp(only, "exit_down"))
 		engine_exits(0, WEX_SYNC_COPY);
 	if (!only || !strcmp(only, "exit_up"))
