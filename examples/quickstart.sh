@@ -52,8 +52,16 @@ done
 . "$ROOT/tests/deps.sh"
 wex_install_deps
 B="$ROOT/build"
-echo "== building into $B"
-cmake -S "$ROOT" -B "$B" -DCMAKE_BUILD_TYPE=Release >/dev/null
+# A build/ configured already keeps its build type (a Debug build of
+# yours is not turned into a Release one); a new one is Release.
+if [ -f "$B/CMakeCache.txt" ]; then
+	BT=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$B/CMakeCache.txt")
+	echo "== building into $B (configured already: build type ${BT:-none} kept)"
+	cmake -S "$ROOT" -B "$B" >/dev/null
+else
+	echo "== building into $B"
+	cmake -S "$ROOT" -B "$B" -DCMAKE_BUILD_TYPE=Release >/dev/null
+fi
 cmake --build "$B" -j "$(nproc)" >/dev/null
 
 TMP=$(mktemp -d /tmp/wex-quickstart.XXXXXX)
