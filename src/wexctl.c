@@ -328,10 +328,10 @@ static void print_models(json_t *models)
 			char gb[WEX_NAME_MAX + 16];
 
 			if (!j)
-				printf("%s leases held from before this wexd started (until their process calls wexd, or exits):\n  %-10s %-5s %-8s %8s %-12s %8s\n",
+				printf("%s leases held from before this wexd started (until their process calls wexd, or exits):\n  %-10s %-5s %-8s %8s %-16s %8s\n",
 				       json_string_value(json_object_get(m, "name")), "GROUP", "RANK",
 				       "PID", "LEASE", "MODE", "SINCE(s)");
-			printf("  %s %-5lld %-8lld %8lld %-12s %8.0f\n",
+			printf("  %s %-5lld %-8lld %8lld %-16s %8.0f\n",
 			       pad(gb, sizeof(gb), json_string_value(json_object_get(x, "group")), 10),
 			       (long long)json_integer_value(json_object_get(x, "rank")),
 			       (long long)json_integer_value(json_object_get(x, "pid")),

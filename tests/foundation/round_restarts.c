@@ -100,6 +100,12 @@
  *    rank 0's views showed v1).  gone_view_passed_restart: wexd restarts
  *    after the loss too.  gone_view_passed_resent: rank 0 calls that wexd
  *    (a status request) before the trainer exits, taking its lease back.
+ *    gone_view_claimed: as gone_view_restart, rank 0 taking its lease back
+ *    (a status request) and wexd restarting again before it releases it:
+ *    still "lost-remap-view".  gone_view_exit, gone_view_passed_exit: rank
+ *    0's engine (a child) holds such a lease, read back or marked lost at
+ *    this wexd, and dies: the lease ends (the trainer writes v2) and its
+ *    slot holds nothing of the lost round (every rank gets v2).
  *  - lost_here_restart: ranks 0 and 1 take v1 here, the trainer exits and
  *    writes v2, wexd restarts: their takes of the lost round were written
  *    down as lost, so rank 2 gets ESTALE until both sync again (before,
@@ -712,7 +718,8 @@ static void lost_here_restart(void)
  * 0's views showed v1). */
 static void gone_view(int again)
 {
-	const char *model = again == 2 ? "gone-view-down" : again ? "gone-view-restart" :
+	const char *model = again == 3 ? "gone-view-claimed" : again == 2 ? "gone-view-down" :
+			    again ? "gone-view-restart" :
 			    "gone-view";
 	struct wex_sync_result r;
 	struct t_prod p;
@@ -761,6 +768,23 @@ static void gone_view(int again)
 				 !strcmp(held_mode(model, mode, sizeof(mode)), "lost-remap-view"),
 				 "rank 0's lease of the lost round outlived the restart (%d held, "
 				 "mode '%s')", held_count(model), held_mode(model, mode, sizeof(mode)));
+		}
+		if (again == 3) {
+			char *json = NULL;
+
+			/* Rank 0 takes its lease back (a status request), and
+			 * wexd restarts again before it releases it. */
+			T_WEX(k[0].c, wex_request(k[0].c, "status", NULL, &json));
+			free(json);
+			T_ASSERT(held_count(model) == 0 && journal_count() == 1,
+				 "rank 0 took its lease back (%d held, %d records)",
+				 held_count(model), journal_count());
+			restart();
+			T_ASSERT(held_count(model) == 1 &&
+				 !strcmp(held_mode(model, mode, sizeof(mode)), "lost-remap-view"),
+				 "rank 0's lease taken back outlived a second restart as one of the "
+				 "lost round (%d held, mode '%s')", held_count(model),
+				 held_mode(model, mode, sizeof(mode)));
 		}
 		t_prod_open(&p, model, "tiny", 0, 1);
 		ret = wex_begin_write(p.c, 2, 200);
@@ -874,6 +898,70 @@ static void gone_view_passed(int again)
 }
 
 /* 1 if status shows the lease journal unwritable. */
+/* Rank 0's engine (a child process) views v1 (a remap-view lease); the
+ * trainer exits, the memory behind v1 with it; `passed`: wexd restarts
+ * first and rank 1 takes v1 there (the round passes rank 0's lease, which
+ * the loss then marks lost), else wexd restarts after (the lease read
+ * back as "lost-remap-view").  The trainer comes back, held off by the
+ * lease; rank 0's engine dies: its slot holds nothing of the lost round
+ * any more, the trainer writes v2, and ranks 1, 2 and rank 0's next
+ * process get it. */
+static void gone_view_exit(int passed)
+{
+	const char *model = passed ? "gone-view-passed-exit" : "gone-view-exit";
+	struct t_prod p;
+	struct t_cons k[3];
+	char mode[32];
+	pid_t child;
+	int ret;
+
+	t_prod_open(&p, model, "tiny", 0, 1);
+	t_prod_write(&p, 1);
+	child = engine0(model, WEX_SYNC_REMAP_VIEW);
+	for (uint32_t i = 1; i < 3; i++)
+		cons_open(&k[i], model, i);
+	if (passed) {
+		restart();
+		take(&k[1], 1);
+	}
+	t_prod_close(&p);
+	for (double t0 = t_now(); group_round(model) != 0;) {
+		T_ASSERT(t_now() - t0 < 30.0, "wexd never saw the trainer go");
+		usleep(20000);
+	}
+	if (!passed)
+		restart();
+	T_ASSERT(held_count(model) == 1 &&
+		 !strcmp(held_mode(model, mode, sizeof(mode)), "lost-remap-view"),
+		 "rank 0's lease of the lost round is held (%d held, mode '%s')",
+		 held_count(model), held_mode(model, mode, sizeof(mode)));
+	t_prod_open(&p, model, "tiny", 0, 1);
+	ret = wex_begin_write(p.c, 2, 200);
+	T_ASSERT(ret == -EBUSY, "rank 0's lease of the lost v1 holds the trainer off: %s",
+		 wex_strerror(ret));
+	engine0_dies(child);
+	for (double t0 = t_now(); held_count(model) != 0;) {
+		T_ASSERT(t_now() - t0 < 30.0, "rank 0's lease outlived its process");
+		usleep(20000);
+	}
+	ret = wex_begin_write(p.c, 2, 2000);
+	T_ASSERT(ret == 0, "rank 0's engine died: the trainer writes v2: %s (%s)",
+		 wex_strerror(ret), wex_last_error(p.c));
+	ex_fill(p.base, p.t, (size_t)p.n, 2, 1);
+	T_WEX(p.c, wex_publish(p.c, 2));
+	take(&k[1], 2);
+	take(&k[2], 2);
+	cons_open(&k[0], model, 0);
+	take(&k[0], 2);
+	T_ASSERT(group_round(model) == 0 && held_count(model) == 0 && journal_count() == 0,
+		 "the group took v2 whole (%d held, %d records)", held_count(model),
+		 journal_count());
+	printf("round_restarts: %s: a lost lease ended with its engine\n", model);
+	for (uint32_t i = 0; i < 3; i++)
+		t_cons_close(&k[i]);
+	t_prod_close(&p);
+}
+
 static int journal_unwritable(void)
 {
 	json_t *st = t_status(d.sock);
@@ -1098,12 +1186,18 @@ int main(int argc, char **argv)
 		gone_view(1);
 	if (!only || !strcmp(only, "gone_view_down"))
 		gone_view(2);
+	if (!only || !strcmp(only, "gone_view_claimed"))
+		gone_view(3);
 	if (!only || !strcmp(only, "gone_view_passed"))
 		gone_view_passed(0);
 	if (!only || !strcmp(only, "gone_view_passed_restart"))
 		gone_view_passed(1);
 	if (!only || !strcmp(only, "gone_view_passed_resent"))
 		gone_view_passed(2);
+	if (!only || !strcmp(only, "gone_view_exit"))
+		gone_view_exit(0);
+	if (!only || !strcmp(only, "gone_view_passed_exit"))
+		gone_view_exit(1);
 	if (!only || !strcmp(only, "exit_down"))
 		engine_exits(0, WEX_SYNC_COPY);
 	if (!only || !strcmp(only, "exit_up"))
