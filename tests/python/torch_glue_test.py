@@ -260,8 +260,11 @@ class TorchGlue(WexdProducerCase):
             w.fill_(2.0)
         self.assertIs(type(t.describe()["version"]), int)
         self.assertEqual(t.describe()["version"], 2)
-        with self.assertRaises(TypeError):
-            t.publish(torch.tensor(3.0))
+        # (A float tensor's refusal is a C++ exception inside torch, which
+        # aborts under the preloaded ASan runtime.)
+        if "libasan" not in os.environ.get("LD_PRELOAD", ""):
+            with self.assertRaises(TypeError):
+                t.publish(torch.tensor(3.0))
 
     def test_trainer_client_rank(self):
         """TrainerRank given client= opened as another rank, world size or
