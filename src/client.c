@@ -3827,6 +3827,30 @@ static int plan_ops(struct wex_client *c, struct wex_copy_op **out, uint64_t *by
 	return 0;
 }
 
+/* ": <call>: <CUDA error>, copying tensor \"name\"" for the failed copy
+ * where the backend says (wex__copy_fail), else "". */
+static void copy_fail_text(const struct wex_client *c, char *buf, size_t len)
+{
+	const struct wex_copy_fail *f = &wex__copy_fail;
+	long lo = f->op_lo, hi = f->op_hi;
+	int n = 0;
+
+	buf[0] = '\0';
+	if (f->call[0])
+		n = snprintf(buf, len, ": %s", f->call);
+	if (n < 0 || (size_t)n >= len || lo < 0 || hi < lo || (size_t)hi >= c->nplan ||
+	    c->plan[lo].dst_piece >= c->nlayout || c->plan[hi].dst_piece >= c->nlayout)
+		return;
+	if (lo == hi || c->plan[lo].dst_piece == c->plan[hi].dst_piece)
+		snprintf(buf + n, len - (size_t)n, "%scopying tensor \"%s\" (plan op %ld)",
+			 n ? ", " : ": ", c->layout[c->plan[lo].dst_piece].name, lo);
+	else
+		snprintf(buf + n, len - (size_t)n,
+			 "%scopying tensors \"%s\" to \"%s\" (plan ops %ld to %ld, batched)",
+			 n ? ", " : ": ", c->layout[c->plan[lo].dst_piece].name,
+			 c->layout[c->plan[hi].dst_piece].name, lo, hi);
+}
+
 static int run_copy(struct wex_client *c, uint64_t *bytes)
 {
 	struct wex_copy_op *ops;
@@ -3836,6 +3860,8 @@ static int run_copy(struct wex_client *c, uint64_t *bytes)
 
 	if (ret < 0)
 		return ret;
+	wex__copy_fail.call[0] = '\0'; /* a backend that says nothing leaves it so */
+	wex__copy_fail.op_lo = wex__copy_fail.op_hi = -1;
 	ret = be ? be->copy(ops, c->nplan, c->threads) : 0;
 	free(ops);
 	if (ret == 0)
@@ -4458,17 +4484,21 @@ again:
 		}
 
 		if (changed) {
+			char cwhy[640];
+
 			c->dirty = 1;
 			ret = run_copy(c, &bytes);
+			if (ret < 0)
+				copy_fail_text(c, cwhy, sizeof(cwhy));
 			if (ret == -ENOTRECOVERABLE) {
 				/* A sticky CUDA error: no later sync can succeed. */
-				set_err(c, ret, "copy of v%llu failed: this process's CUDA context is unusable after a sticky error (see the log; it may come from the engine's own GPU work): weights are dirty; restart the process",
-					(unsigned long long)version);
+				set_err(c, ret, "copy of v%llu failed%s: this process's CUDA context is unusable after a sticky error (see the log; it may come from the engine's own GPU work): weights are dirty; restart the process",
+					(unsigned long long)version, cwhy);
 				goto err_release;
 			}
 			if (ret < 0) {
-				set_err(c, -WEX_EDIRTY, "copy of v%llu failed (%s): weights are dirty",
-					(unsigned long long)version, wex_strerror(ret));
+				set_err(c, -WEX_EDIRTY, "copy of v%llu failed (%s%s): weights are dirty",
+					(unsigned long long)version, wex_strerror(ret), cwhy);
 				ret = -WEX_EDIRTY;
 				goto err_release;
 			}

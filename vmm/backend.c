@@ -16,6 +16,8 @@
 #include "vmm/cudawrap.h"
 #endif
 
+__thread struct wex_copy_fail wex__copy_fail = { "", -1, -1 };
+
 const struct wex_mem_ops *wex_mem_backend(int kind)
 {
 	switch (kind) {

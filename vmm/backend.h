@@ -322,6 +322,19 @@ void wex_mem_fold_op(struct wex_copy_op *op);
 void *wex_mem_map_anon(uint64_t size, int flags);
 int wex_mem_populate(void *p, uint64_t size, int write);
 
+/*
+ * Why the calling thread's last copy slot call failed, where the backend
+ * can say: the driver call and its error ("cuMemcpyAsync:
+ * CUDA_ERROR_ILLEGAL_ADDRESS"; empty: none known), and the ops
+ * [op_lo, op_hi] of that call's `ops` it was copying (-1: not known, as for
+ * a fault the wait reports).  Each copy slot call clears it.
+ */
+struct wex_copy_fail {
+	char call[128];
+	long op_lo, op_hi;
+};
+extern __thread struct wex_copy_fail wex__copy_fail;
+
 /* Shared stubs for unsupported slots. */
 int wex_mem_enotsup_reserve(uint64_t size, uint64_t lead, int device, struct wex_mem_region *r);
 int wex_mem_enotsup_wrap_chunks(void *ptr, uint64_t size, struct wex_mem_seg *segs, size_t max,

@@ -39,7 +39,19 @@ struct batch {
 	CUdeviceptr dst[BATCH_MAX];
 	CUdeviceptr src[BATCH_MAX];
 	size_t len[BATCH_MAX];
+	long op[BATCH_MAX]; /* the index in the caller's ops of each copy */
+	long cur;           /* the op being issued */
 };
+
+/* The ops [lo, hi] a failed call was copying (wex__copy_fail), the first
+ * failure's. */
+static void fail_ops(long lo, long hi)
+{
+	if (wex__copy_fail.op_lo < 0) {
+		wex__copy_fail.op_lo = lo;
+		wex__copy_fail.op_hi = hi;
+	}
+}
 
 /* Cleared when the driver says it does not support batches, so that it
  * costs one failed call per process, not one per sync. */
@@ -133,12 +145,16 @@ static int flush(struct batch *b)
 			if (r == CUDA_ERROR_NOT_SUPPORTED)
 				__atomic_store_n(&batch_usable, 0, __ATOMIC_RELAXED);
 		} else {
+			fail_ops(b->op[0], b->op[b->n - 1]);
 			b->n = 0;
 			return wex__cuda_err(r, "cuMemcpyBatchAsync");
 		}
 	}
-	for (size_t i = 0; i < b->n && !ret; i++)
+	for (size_t i = 0; i < b->n && !ret; i++) {
 		ret = WEX_CU(wex__cu.cuMemcpyAsync(b->dst[i], b->src[i], b->len[i], b->s));
+		if (ret)
+			fail_ops(b->op[i], b->op[i]);
+	}
 	b->n = 0;
 	return ret;
 }
@@ -156,6 +172,7 @@ static int add1d(struct batch *b, uint64_t dst, uint64_t src, uint64_t len)
 	b->dst[b->n] = (CUdeviceptr)dst;
 	b->src[b->n] = (CUdeviceptr)src;
 	b->len[b->n] = (size_t)len;
+	b->op[b->n] = b->cur;
 	b->n++;
 	return 0;
 }
@@ -349,8 +366,12 @@ int wex__cuda_copy_async(const struct wex_copy_op *ops, size_t n, int dev)
 		return -ENOMEM;
 	b->n = 0;
 	ret = wex__cuda_stream(dev, &b->s);
-	for (size_t i = 0; i < n && !ret; i++)
+	for (size_t i = 0; i < n && !ret; i++) {
+		b->cur = (long)i;
 		ret = issue(b, &ops[i]);
+		if (ret)
+			fail_ops((long)i, (long)i);
+	}
 	if (!ret)
 		ret = flush(b);
 	free(b);
@@ -414,11 +435,23 @@ static int copy_by_device(const struct wex_copy_op *ops, size_t n, int *single)
 	}
 	for (int k = 0; k < ndev && !ret; k++) {
 		size_t m = 0;
+		long lo, hi;
 
 		for (size_t i = 0; i < n; i++)
 			if (of[i] == devs[k] || (k == 0 && of[i] < 0))
 				sub[m++] = ops[i];
 		ret = wex__cuda_copy_async(sub, m, devs[k]);
+		/* wex__copy_fail's ops: back to indexes in ops. */
+		lo = wex__copy_fail.op_lo;
+		hi = wex__copy_fail.op_hi;
+		for (size_t i = 0, j = 0; ret && i < n; i++)
+			if (of[i] == devs[k] || (k == 0 && of[i] < 0)) {
+				if ((long)j == lo)
+					wex__copy_fail.op_lo = (long)i;
+				if ((long)j == hi)
+					wex__copy_fail.op_hi = (long)i;
+				j++;
+			}
 	}
 	for (int k = 0; k < ndev; k++) {
 		int sret = wex__cuda_copy_sync(devs[k]);
@@ -437,6 +470,8 @@ int wex__cuda_copy(const struct wex_copy_op *ops, size_t n, int threads)
 {
 	int dev, ret, sret;
 
+	wex__copy_fail.call[0] = '\0';
+	wex__copy_fail.op_lo = wex__copy_fail.op_hi = -1;
 	ret = wex__cuda_load();
 	if (ret)
 		return ret;

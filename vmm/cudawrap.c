@@ -260,12 +260,18 @@ int wex__cuda_sticky(CUresult r)
 
 int wex__cuda_err(CUresult r, const char *call)
 {
-	const char *desc = NULL;
+	const char *desc = NULL, *name;
 
 	if (r == CUDA_SUCCESS)
 		return 0;
 	if (!wex__cu.cuGetErrorString || wex__cu.cuGetErrorString(r, &desc) != CUDA_SUCCESS)
 		desc = NULL;
+	/* The call's name for a copy's error (WEX_CU passes its source text:
+	 * "wex__cu.cuMemcpyAsync(...)"). */
+	name = strncmp(call, "wex__cu.", 8) == 0 ? call + 8 : call;
+	if (!wex__copy_fail.call[0]) /* the first failure: later ones follow from it */
+		snprintf(wex__copy_fail.call, sizeof(wex__copy_fail.call), "%.*s: %s",
+			 (int)strcspn(name, "("), name, wex__cuda_errname(r));
 	wex_error("cuda", "%s: %s (%s)%s", call, wex__cuda_errname(r), desc ? desc : "no description",
 		  wex__cuda_sticky(r) ? ": a sticky error (this call's or earlier GPU work's of this process): the process's CUDA context is unusable from now on; restart the process" : "");
 	return wex__cuda_errno(r);

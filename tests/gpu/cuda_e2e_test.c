@@ -113,6 +113,19 @@ static void producer(int go_fd, int done_fd)
 	_exit(0);
 }
 
+/* 1 when msg names one of the tensors, quoted. */
+static int names_tensor(const char *msg, const struct wex_tensor *t, size_t n)
+{
+	char q[WEX_NAME_MAX + 2];
+
+	for (size_t i = 0; i < n; i++) {
+		snprintf(q, sizeof(q), "\"%s\"", t[i].name);
+		if (strstr(msg, q))
+			return 1;
+	}
+	return 0;
+}
+
 int main(void)
 {
 	struct wex_client_params p = { .field_mask = WEX_CLIENT_FIELD_ROLE | WEX_CLIENT_FIELD_MODEL,
@@ -305,7 +318,23 @@ int main(void)
 		CHECK(wex_sync(c, WEX_SYNC_COPY, 1, 5000, &r) == -ENOTRECOVERABLE);
 		printf("sticky error: %s\n", wex_last_error(c));
 		CHECK(strstr(wex_last_error(c), "restart the process") != NULL);
+		/* It names the failed call, its error and what it copied. */
+		CHECK(strstr(wex_last_error(c), "cuMemcpy") != NULL);
+		CHECK(strstr(wex_last_error(c), ": CUDA_ERROR_ILLEGAL_ADDRESS") != NULL);
+		CHECK(names_tensor(wex_last_error(c), t, NT));
 		CHECK(wex_is_dirty(c) == 1);
+		emul_fail("cuMemcpyBatchAsync", 0, CUDA_SUCCESS);
+		emul_fail("cuMemcpyAsync", 0, CUDA_SUCCESS);
+
+		/* One copy of several refused (batch refused, then the
+		 * second cuMemcpyAsync): that op's tensor is named. */
+		emul_fail("cuMemcpyBatchAsync", 1, CUDA_ERROR_INVALID_VALUE);
+		emul_fail("cuMemcpyAsync", 2, CUDA_ERROR_OUT_OF_MEMORY);
+		CHECK(wex_sync(c, WEX_SYNC_COPY, 1, 5000, &r) == -WEX_EDIRTY);
+		printf("failed copy: %s\n", wex_last_error(c));
+		CHECK(strstr(wex_last_error(c), "cuMemcpyAsync: CUDA_ERROR_OUT_OF_MEMORY") != NULL);
+		CHECK(strstr(wex_last_error(c), "copying tensor \"") != NULL);
+		CHECK(names_tensor(wex_last_error(c), t, NT));
 		emul_fail("cuMemcpyBatchAsync", 0, CUDA_SUCCESS);
 		emul_fail("cuMemcpyAsync", 0, CUDA_SUCCESS);
 	}
