@@ -3860,7 +3860,7 @@ static int run_copy(struct wex_client *c, uint64_t *bytes)
 
 	if (ret < 0)
 		return ret;
-	wex__copy_fail.call[0] = '\0'; /* a backend that says nothing leaves it so */
+	wex__copy_fail.call[0] = '\0'; /* (backend.h: cleared here only) */
 	wex__copy_fail.op_lo = wex__copy_fail.op_hi = -1;
 	ret = be ? be->copy(ops, c->nplan, c->threads) : 0;
 	free(ops);

@@ -327,7 +327,8 @@ int wex_mem_populate(void *p, uint64_t size, int write);
  * can say: the driver call and its error ("cuMemcpyAsync:
  * CUDA_ERROR_ILLEGAL_ADDRESS"; empty: none known), and the ops
  * [op_lo, op_hi] of that call's `ops` it was copying (-1: not known, as for
- * a fault the wait reports).  Each copy slot call clears it.
+ * a fault the wait reports).  The caller clears it before each copy slot
+ * call (client.c run_copy): a backend that says nothing leaves it so.
  */
 struct wex_copy_fail {
 	char call[128];

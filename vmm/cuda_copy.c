@@ -470,8 +470,6 @@ int wex__cuda_copy(const struct wex_copy_op *ops, size_t n, int threads)
 {
 	int dev, ret, sret;
 
-	wex__copy_fail.call[0] = '\0';
-	wex__copy_fail.op_lo = wex__copy_fail.op_hi = -1;
 	ret = wex__cuda_load();
 	if (ret)
 		return ret;
