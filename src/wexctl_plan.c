@@ -125,7 +125,8 @@ static int usage(const char *cmd, int help)
 		   "last ones (sglang), and megatron needs first/last)\n");
 	if (strcmp(cmd, "plan"))
 		fprintf(f, "  IN: a .safetensors file or a directory of them (an HF checkpoint, "
-			   "model.safetensors.index.json if there) when --from has one rank, else a "
+			   "model.safetensors.index.json if there; or that index itself) when --from "
+			   "has one rank, else a "
 			   "directory of rank-K.safetensors; OUTDIR gets rank-K.safetensors, one per "
 			   "rank of --to; --to hf writes a Hugging Face checkpoint instead: "
 			   "model.safetensors, or model-0000K-of-0000N.safetensors files of at most "
@@ -296,6 +297,13 @@ static int parse_opts(int argc, char **argv, struct opts *o, int npos)
 		fprintf(stderr, "wexctl %s: missing IN OUTDIR\n", cmd);
 		return -1;
 	}
+	/* An empty one (a variable not set) was named as nothing: ": No
+	 * such file or directory", exit 1. */
+	for (int k = 0; k < o->npos; k++)
+		if (!*o->pos[k]) {
+			fprintf(stderr, "wexctl %s: %s is an empty string\n", cmd, k ? "OUTDIR" : "IN");
+			return -1;
+		}
 	/* A LAYOUT that does not parse is a bad value (exit 2); one that
 	 * parses but does not fit the model is the planner's refusal. */
 	for (int k = 0; k < 2; k++) {
@@ -685,9 +693,59 @@ static int cmp_str(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* The files an HF checkpoint's index (idx, in directory dir) names, as
+ * rf's (one rank). */
+static int open_index(const char *idx_path, const char *dir, struct rank_files *rf, char *err,
+		      size_t errlen)
+{
+	json_error_t je;
+	json_t *idx = json_load_file(idx_path, 0, &je), *v;
+	const char *k, *names[4096];
+	char path[4096];
+	size_t nn = 0;
+	int ret;
+
+	if (!idx || !json_is_object(json_object_get(idx, "weight_map"))) {
+		seterr(err, errlen, "%s: not an index (%s)", idx_path, idx ? "no weight_map" : je.text);
+		json_decref(idx);
+		return -EINVAL;
+	}
+	json_object_foreach(json_object_get(idx, "weight_map"), k, v) {
+		const char *fn = json_string_value(v);
+		int seen = 0;
+
+		if (!fn || strchr(fn, '/')) {
+			seterr(err, errlen, "%s: bad file name for %s", idx_path, k);
+			json_decref(idx);
+			return -EINVAL;
+		}
+		for (size_t i = 0; i < nn; i++)
+			if (!strcmp(names[i], fn))
+				seen = 1;
+		if (!seen && nn == 4096) {
+			seterr(err, errlen, "%s: more than 4096 files", idx_path);
+			json_decref(idx);
+			return -E2BIG;
+		}
+		if (!seen)
+			names[nn++] = fn;
+	}
+	qsort(names, nn, sizeof(names[0]), cmp_str);
+	for (size_t i = 0; i < nn; i++) {
+		snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+		ret = add_file(rf, path, err, errlen);
+		if (ret < 0) {
+			json_decref(idx);
+			return ret;
+		}
+	}
+	json_decref(idx);
+	return 0;
+}
+
 /* The files of each source rank: a file (one rank), an HF index (one
- * rank), rank-K.safetensors, or every *.safetensors of a directory (one
- * rank). */
+ * rank; IN the directory holding it, or the index itself),
+ * rank-K.safetensors, or every *.safetensors of a directory (one rank). */
 static int open_inputs(const char *in, uint32_t world, struct rank_files *rf, char *err,
 		       size_t errlen)
 {
@@ -700,57 +758,28 @@ static int open_inputs(const char *in, uint32_t world, struct rank_files *rf, ch
 		return -errno;
 	}
 	if (!S_ISDIR(st.st_mode)) {
+		size_t l = strlen(in);
+
 		if (world != 1)
 			goto one_rank;
+		/* model.safetensors.index.json given as IN: it was read as
+		 * a safetensors file ("header length 8387229874382703227
+		 * exceeds the 100,000,000 byte limit"). */
+		if (l > 5 && !strcmp(in + l - 5, ".json")) {
+			const char *slash = strrchr(in, '/');
+
+			snprintf(path, sizeof(path), "%.*s", slash ? (int)(slash > in ? slash - in : 1) : 1,
+				 slash ? in : ".");
+			return open_index(in, path, &rf[0], err, errlen);
+		}
 		return add_file(&rf[0], in, err, errlen);
 	}
 	/* An HF checkpoint's index names its files: read first, since a
 	 * directory may also hold files it does not name (an earlier
 	 * conversion's, which transformers and vLLM ignore as well). */
 	snprintf(path, sizeof(path), "%s/model.safetensors.index.json", in);
-	if (world == 1 && stat(path, &st) == 0) {
-		json_error_t je;
-		json_t *idx = json_load_file(path, 0, &je), *v;
-		const char *k, *names[4096];
-		size_t nn = 0;
-
-		if (!idx || !json_is_object(json_object_get(idx, "weight_map"))) {
-			seterr(err, errlen, "%s: not an index (%s)", path, idx ? "no weight_map" : je.text);
-			json_decref(idx);
-			return -EINVAL;
-		}
-		json_object_foreach(json_object_get(idx, "weight_map"), k, v) {
-			const char *fn = json_string_value(v);
-			int seen = 0;
-
-			if (!fn || strchr(fn, '/')) {
-				seterr(err, errlen, "%s: bad file name for %s", path, k);
-				json_decref(idx);
-				return -EINVAL;
-			}
-			for (size_t i = 0; i < nn; i++)
-				if (!strcmp(names[i], fn))
-					seen = 1;
-			if (!seen && nn == 4096) {
-				seterr(err, errlen, "%s: more than 4096 files", path);
-				json_decref(idx);
-				return -E2BIG;
-			}
-			if (!seen)
-				names[nn++] = fn;
-		}
-		qsort(names, nn, sizeof(names[0]), cmp_str);
-		for (size_t i = 0; i < nn; i++) {
-			snprintf(path, sizeof(path), "%s/%s", in, names[i]);
-			ret = add_file(&rf[0], path, err, errlen);
-			if (ret < 0) {
-				json_decref(idx);
-				return ret;
-			}
-		}
-		json_decref(idx);
-		return 0;
-	}
+	if (world == 1 && stat(path, &st) == 0)
+		return open_index(path, in, &rf[0], err, errlen);
 	snprintf(path, sizeof(path), "%s/rank-0.safetensors", in);
 	if (stat(path, &st) == 0) {
 		/* One rank: a directory that is also an hf checkpoint (an
@@ -788,8 +817,34 @@ static int open_inputs(const char *in, uint32_t world, struct rank_files *rf, ch
 		}
 		return 0;
 	}
-	if (world != 1)
+	if (world != 1) {
+		/* A directory of ranks without rank-0.safetensors (a copy
+		 * cut short), or of none: it was called "one checkpoint". */
+		DIR *d = opendir(in);
+		struct dirent *e;
+		int ranks = 0, other = 0;
+
+		while (d && (e = readdir(d))) {
+			size_t l = strlen(e->d_name);
+
+			if (l <= 12 || strcmp(e->d_name + l - 12, ".safetensors"))
+				continue;
+			if (l > 17 && !strncmp(e->d_name, "rank-", 5) &&
+			    strspn(e->d_name + 5, "0123456789") == l - 17)
+				ranks = 1;
+			else
+				other = 1;
+		}
+		if (d)
+			closedir(d);
+		if (ranks || !other) {
+			seterr(err, errlen, "%s/rank-0.safetensors: No such file or directory (the "
+			       "source layout has %u ranks: IN is a directory of rank-0.safetensors "
+			       "to rank-%u.safetensors)", in, world, world - 1);
+			return -ENOENT;
+		}
 		goto one_rank;
+	}
 	{
 		DIR *d = opendir(in);
 		struct dirent *e;
@@ -1340,18 +1395,30 @@ static uint64_t op_bytes(const struct wex_copy_op *op)
 	return b;
 }
 
-/* SIGINT, SIGTERM, SIGHUP: blocked while convert writes, and looked for
- * between steps, so that the files written so far are removed before the
- * signal, once unblocked, ends the process (it left the ranks done as
- * NAME.partial and the one being written as NAME.partial.tmp.PID, a
- * checkpoint's size of hidden files, more with every retry; what SIGKILL
- * leaves the next convert into OUTDIR removes: drop_dead_partials). */
+/* SIGINT, SIGTERM, SIGHUP (those not ignored): blocked while convert
+ * writes, and looked for between steps, so that the files written so far
+ * are removed before the signal, once unblocked, ends the process (it
+ * left the ranks done as NAME.partial and the one being written as
+ * NAME.partial.tmp.PID, a checkpoint's size of hidden files, more with
+ * every retry; what SIGKILL leaves the next convert into OUTDIR removes:
+ * drop_dead_partials). */
 static void stop_signals(sigset_t *set)
 {
+	static const int sigs[] = { SIGINT, SIGTERM, SIGHUP };
+
 	sigemptyset(set);
-	sigaddset(set, SIGINT);
-	sigaddset(set, SIGTERM);
-	sigaddset(set, SIGHUP);
+	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+		struct sigaction sa;
+
+		/* One ignored (nohup's SIGHUP, the SIGINT of a job a script
+		 * runs in the background) stays ignored: blocked, it was
+		 * held pending instead of dropped, and stopped the
+		 * conversion the user had shielded from it. */
+		if (sigaction(sigs[i], NULL, &sa) == 0 && !(sa.sa_flags & SA_SIGINFO) &&
+		    sa.sa_handler == SIG_IGN)
+			continue;
+		sigaddset(set, sigs[i]);
+	}
 }
 
 /* -EINTR, with err set, once one of stop_signals is pending. */

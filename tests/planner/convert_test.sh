@@ -6,8 +6,11 @@
 # and an extra tensor of another dtype in the checkpoint changes nothing
 # (and is named on stderr as not converted).  A source file with a tensor
 # of another shape or dtype, without one, or two files with one tensor
-# are refused naming the files (and both shapes); a --config that is a
-# directory or does not parse is named; SIGTERM leaves OUTDIR empty; what
+# are refused naming the files (and both shapes); IN the index of an hf
+# checkpoint reads as its directory; a rank directory without
+# rank-0.safetensors names it; a --config that is a
+# directory or does not parse is named; SIGTERM leaves OUTDIR empty, a
+# SIGHUP or SIGINT the caller ignores (nohup) is ignored; what
 # a killed convert left is removed by the next, and a second convert into
 # one OUTDIR at once is refused naming the first.
 # --to hf also copies the tokenizer and generation config found beside IN
@@ -61,6 +64,27 @@ $PYJ -c 'import json,sys; json.load(open(sys.argv[1]))["bytes_needed"]' "$d/plan
 	{ echo "wexctl --json plan did not print JSON: $(head -c 300 "$d/plan.json")"; exit 1; }
 "$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to megatron:tp=2,pp=2 "$d/hf" "$d/meg" || exit 1
 "$WEXCTL_BIN" convert --config "$d/config.json" --from megatron:tp=2,pp=2 --to vllm:tp=2 "$d/meg" "$d/vllm" || exit 1
+# IN the hf checkpoint's model.safetensors.index.json: read as its
+# directory is (it was read as a safetensors file: "header length
+# 8387229874382703227 exceeds the 100,000,000 byte limit").
+"$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to vllm:tp=2 "$d/hf" "$d/o-dir" >/dev/null || exit 1
+"$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to vllm:tp=2 "$d/hf/model.safetensors.index.json" "$d/o-idx" 2>"$d/idx.err" >/dev/null ||
+	{ echo "IN an index: $(cat "$d/idx.err")"; exit 1; }
+for r in 0 1; do
+	cmp "$d/o-dir/rank-$r.safetensors" "$d/o-idx/rank-$r.safetensors" || { echo "IN an index read otherwise than its directory (rank $r)"; exit 1; }
+done
+rm -rf "$d/o-dir" "$d/o-idx"
+# A rank directory without its rank-0.safetensors, or an empty one: the
+# missing file is named (it said "the source layout has 2 ranks but DIR is
+# one checkpoint").
+mkdir "$d/v-no0" "$d/v-empty" && cp "$d/vllm/rank-1.safetensors" "$d/v-no0/" || exit 1
+for v in v-no0 v-empty; do
+	"$WEXCTL_BIN" convert --config "$d/config.json" --from vllm:tp=2 --to hf "$d/$v" "$d/o-no0" 2>"$d/no0.err"
+	rc=$?
+	[ $rc = 1 ] && [ ! -e "$d/o-no0" ] && grep -qF "convert: $d/$v/rank-0.safetensors: No such file or directory" "$d/no0.err" ||
+		{ echo "$v as a source of 2 ranks: exit $rc: $(cat "$d/no0.err")"; exit 1; }
+done
+rm -rf "$d/v-no0" "$d/v-empty"
 # The tokenizer files beside --config and beside IN (which wins); one
 # OUTDIR already has is kept.
 echo '{"model": "tok"}' >"$d/tokenizer.json"
@@ -92,6 +116,16 @@ rc=$?
 rc=$?
 [ $rc = 2 ] && head -n 1 "$d/bad.err" | grep -qF "convert: OUTDIR $d/none/sub: its parent $d/none: No such file or directory" ||
 	{ echo "OUTDIR in no directory: exit $rc: $(cat "$d/bad.err")"; exit 1; }
+# IN or OUTDIR an empty string (a variable not set): a bad value, named
+# (it said ": No such file or directory", exit 1).
+for w in in out; do
+	if [ $w = in ]; then set -- "" "$d/o-empty"; else set -- "$d/vllm" ""; fi
+	"$WEXCTL_BIN" convert --config "$d/config.json" --from vllm:tp=2 --to hf "$@" 2>"$d/bad.err"
+	rc=$?
+	[ $rc = 2 ] && [ ! -e "$d/o-empty" ] && head -n 1 "$d/bad.err" | grep -qE "convert: (IN|OUTDIR) is an empty string" ||
+		{ echo "$w an empty string: exit $rc: $(cat "$d/bad.err")"; exit 1; }
+done
+set --
 # A symbolic link to nothing (a volume not mounted) is not a directory
 # either: it said "OUTDIR/.wexctl-convert.lock: No such file or directory", exit 1.
 ln -s "$d/gone" "$d/o-link"
@@ -285,5 +319,24 @@ PYEOF
 rc=$?
 [ $rc != 0 ] && [ -z "$(ls -A "$d/o-term")" ] && grep -q "interrupted" "$d/term.err" ||
 	{ echo "SIGTERM during convert: exit $rc, left: $(ls -A "$d/o-term"): $(cat "$d/term.err")"; exit 1; }
+# ... but a signal the caller ignores stays ignored: under nohup (SIGHUP)
+# or as a job a script runs in the background (SIGINT) the conversion
+# goes on (blocked, the ignored signal was held pending, and a hangup
+# stopped the conversion nohup was to shield, removing its files).
+# Deterministic as above: the signal pending as wexctl starts.
+for sig in SIGHUP SIGINT; do
+	rm -rf "$d/o-ign"
+	$PY - "$sig" "$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to vllm:tp=2 "$d/hf" "$d/o-ign" 2>"$d/ign.err" >/dev/null <<'PYEOF'
+import os, signal, sys
+s = getattr(signal, sys.argv[1])
+signal.signal(s, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_BLOCK, {s})
+os.kill(os.getpid(), s)
+os.execv(sys.argv[2], sys.argv[2:])
+PYEOF
+	rc=$?
+	[ $rc = 0 ] && cmp "$d/vllm/rank-1.safetensors" "$d/o-ign/rank-1.safetensors" ||
+		{ echo "$sig ignored by the caller stopped convert: exit $rc: $(cat "$d/ign.err")"; exit 1; }
+done
 "$WEXCTL_BIN" plan --config "$d/config.json" --from megatron:tp=2,pp=2,dp=2 --to vllm:tp=2 --json || exit 1
 echo "wexctl convert round trip is byte-identical"
