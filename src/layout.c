@@ -92,6 +92,10 @@ struct wex_model {
 	 * "quant" tensors (0: not quantized) and the block of one scale. */
 	int fp8;
 	uint64_t qblk[2];
+	/* The engine layout wex__model_pin_engine read (NULL: none), used
+	 * for that engine instead of reading its file again. */
+	json_t *eng;
+	char eng_name[32];
 };
 
 #include "log.h"
@@ -1075,6 +1079,7 @@ void wex__model_free(struct wex_model *m)
 		return;
 	free(m->ft);
 	free(m->dense_list);
+	json_decref(m->eng);
 	free(m);
 }
 
@@ -1428,20 +1433,57 @@ static int vpp_setup(struct ctx *c, int given, int64_t vpp, int64_t layers)
 	return 0;
 }
 
+/* The engine layout adapters/engines/NAME.json: the one pinned with the
+ * model, else read now.  -ENOENT when there is no such file; -EINVAL when
+ * it cannot be read or parsed (load_json's message names the file and
+ * why: it exists, so the engine is not unknown). */
+static int engine_get(const struct wex_model *m, const char *name, json_t **eng, char *err,
+		      size_t errlen)
+{
+	char path[700];
+
+	if (m->eng && !strcmp(m->eng_name, name)) {
+		*eng = json_incref(m->eng);
+		return 0;
+	}
+	*eng = load_json(m->adapters, "engines", name, err, errlen);
+	if (*eng)
+		return 0;
+	snprintf(path, sizeof(path), "%s/engines/%s.json", m->adapters, name);
+	if (access(path, F_OK) == 0)
+		return -EINVAL;
+	seterr(err, errlen, "unknown engine \"%s\" (no %s)", name, path);
+	return -ENOENT;
+}
+
+int wex__model_pin_engine(struct wex_model *m, const char *engine, char *err, size_t errlen)
+{
+	json_t *eng;
+	int ret;
+
+	if (strlen(engine) >= sizeof(m->eng_name))
+		return -EINVAL;
+	ret = engine_get(m, engine, &eng, err, errlen);
+	if (ret < 0)
+		return ret;
+	json_decref(m->eng);
+	m->eng = eng;
+	snprintf(m->eng_name, sizeof(m->eng_name), "%s", engine);
+	return 0;
+}
+
 /* Checks the parallel sizes against the model and sets the stage range. */
 static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_layout_spec *spec)
 {
 	json_t *par;
 	int64_t layers = wex__model_sym(m, "layers"), nexp = wex__model_sym(m, "nexp");
 	int64_t v[WEX_LAYOUT_PARAMS];
+	int ret;
 
 	c->m = m;
-	c->eng = load_json(m->adapters, "engines", spec->engine, c->err, c->errlen);
-	if (!c->eng) {
-		seterr(c->err, c->errlen, "unknown engine \"%s\" (no %s/engines/%s.json)", spec->engine,
-		       m->adapters, spec->engine);
-		return -ENOENT;
-	}
+	ret = engine_get(m, spec->engine, &c->eng, c->err, c->errlen);
+	if (ret < 0)
+		return ret;
 	c->canonical = json_is_true(json_object_get(c->eng, "canonical"));
 	par = json_object_get(c->eng, "params");
 	for (int k = 0; k < WEX_LAYOUT_PARAMS; k++) {

@@ -11,7 +11,9 @@
  * torch.chunk of dim 0 over the fsdp ranks ("chunk_dim0": FSDP2).  The
  * interpreter turns (model, layout, rank) into that rank's physical tensors,
  * each a list of pieces in canonical coordinates.  Pure computation over
- * files read once at load; nothing here blocks except wex__model_load.
+ * files read once at load; nothing here blocks except wex__model_load,
+ * wex__model_pin_engine, and wex__layout_world / wex__layout_rank, which
+ * read the engine's file when it was not pinned with the model.
  */
 #ifndef WEX_LAYOUT_H
 #define WEX_LAYOUT_H
@@ -81,9 +83,16 @@ struct wex_rank_layout {
  * multiply them: rank = tp_rank + tp*pp_rank.
  * Number of ranks of the layout, after checking that it can exist (every
  * size divides what it must).  Errors: -WEX_ELAYOUT with the number that
- * does not fit in err; -ENOENT for an unknown engine. */
+ * does not fit in err; -ENOENT for an unknown engine, -EINVAL for an
+ * engine file that cannot be read or parsed. */
 int wex__layout_world(const struct wex_model *m, const struct wex_layout_spec *spec,
 		      uint32_t *world, char *err, size_t errlen);
+/* Reads adapters/engines/ENGINE.json once and keeps it with m: layouts of
+ * that engine then read no file (a wex_layout_t's ranks after a chdir, a
+ * relative adapters directory, or the files changed lay out the engine
+ * that was opened).  Errors: -ENOENT (no such engine), -EINVAL (its file
+ * cannot be read or parsed; err says why), as wex__layout_world's. */
+int wex__model_pin_engine(struct wex_model *m, const char *engine, char *err, size_t errlen);
 /* The physical tensors of `rank`.  Free with wex__rank_layout_free. */
 int wex__layout_rank(const struct wex_model *m, const struct wex_layout_spec *spec, uint32_t rank,
 		     struct wex_rank_layout *out, char *err, size_t errlen);

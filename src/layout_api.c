@@ -50,6 +50,9 @@ WEX_API int wex_layout_open(const char *config, const char *spec, const char *ad
 	ret = wex__model_load(config, adapters, &l->m, msg, sizeof(msg));
 	if (ret == 0)
 		ret = wex__layout_parse(spec, &l->spec, msg, sizeof(msg));
+	/* Read once: its ranks lay out what was opened (pure computation). */
+	if (ret == 0)
+		ret = wex__model_pin_engine(l->m, l->spec.engine, msg, sizeof(msg));
 	if (ret == 0)
 		ret = wex__layout_world(l->m, &l->spec, &l->world, msg, sizeof(msg));
 	if (ret < 0) {

@@ -12,9 +12,18 @@
  *  - asking another rank replaces the arrays (ASan checks nothing leaks);
  *  - refused, each saying why: a rank past the world (wex_layout_error),
  *    tp=3 (-WEX_ELAYOUT: "tensor parallel size 3 does not divide ..."), an unknown engine, a
- *    config that does not exist, NULL arguments.
+ *    config that does not exist, NULL arguments;
+ *  - an engine file that exists but is not JSON is refused with -EINVAL
+ *    naming the file and the parse error (it was "unknown engine ... (no
+ *    FILE)", naming the file that is there);
+ *  - a layout opened with a relative adapters directory lays out its
+ *    ranks after the process changed directory, and after its engine
+ *    file is gone (wex_layout_rank read it again each call: -ENOENT
+ *    "unknown engine").
  */
 #include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "ptest.h"
 #include "wex.h"
@@ -134,6 +143,75 @@ int main(void)
 
 		CHECK(wex_layout_open(NULL, "hf", NULL, &none, NULL, NULL) == -EINVAL && !none,
 		      "NULL config");
+	}
+	{
+		/* A temporary adapters directory: the real families, engines of
+		 * its own (a copy of vllm.json and one that is not JSON). */
+		char dir[] = "/tmp/wex-layout-api.XXXXXX", path[700], cwd[4096], *txt;
+		wex_layout_t *rel = NULL, *broken = (wex_layout_t *)1;
+		FILE *f;
+		long n;
+
+		CHECK(mkdtemp(dir) && getcwd(cwd, sizeof(cwd)), "mkdtemp");
+		snprintf(path, sizeof(path), "%s/adapters", dir);
+		CHECK(mkdir(path, 0700) == 0, "mkdir %s", path);
+		snprintf(path, sizeof(path), "%s/adapters/engines", dir);
+		CHECK(mkdir(path, 0700) == 0, "mkdir %s", path);
+		snprintf(path, sizeof(path), "%s/adapters/families", src);
+		{
+			char link[700];
+
+			snprintf(link, sizeof(link), "%s/adapters/families", dir);
+			CHECK(symlink(path, link) == 0, "symlink %s", link);
+		}
+		snprintf(path, sizeof(path), "%s/adapters/engines/vllm.json", src);
+		f = fopen(path, "rb");
+		CHECK(f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 &&
+			      fseek(f, 0, SEEK_SET) == 0 && (txt = malloc((size_t)n)) &&
+			      fread(txt, 1, (size_t)n, f) == (size_t)n,
+		      "read %s", path);
+		fclose(f);
+		snprintf(path, sizeof(path), "%s/adapters/engines/vllm.json", dir);
+		f = fopen(path, "wb");
+		CHECK(f && fwrite(txt, 1, (size_t)n, f) == (size_t)n && fclose(f) == 0, "write %s",
+		      path);
+		free(txt);
+		snprintf(path, sizeof(path), "%s/adapters/engines/broken.json", dir);
+		f = fopen(path, "wb");
+		CHECK(f && fputs("{\"engine\": \"broken\", \"params\": {\"tp\": 1,}\n", f) >= 0 &&
+			      fclose(f) == 0, "write %s", path);
+		snprintf(path, sizeof(path), "%s/adapters", dir);
+		ret = wex_layout_open(cfg, "broken:tp=1", path, &broken, NULL, &err);
+		CHECK(ret == -EINVAL && !broken && err && strstr(err, "broken.json") &&
+			      strstr(err, "line 1") && !strstr(err, "unknown engine"),
+		      "an engine file that is not JSON: %d '%s'", ret, err ? err : "(null)");
+		printf("refused: broken: %s\n", err);
+		wex_free(err);
+		err = NULL;
+
+		CHECK(chdir(dir) == 0, "chdir %s", dir);
+		ret = wex_layout_open(cfg, "vllm:tp=2", "adapters", &rel, &world, &err);
+		CHECK(chdir(cwd) == 0, "chdir %s", cwd);
+		CHECK(ret == 0 && world == 2, "open with adapters/ relative: %d %s", ret,
+		      err ? err : "");
+		CHECK(wex_layout_rank(rel, 1, &phys, &nphys, &pc, &npc) == 0,
+		      "rank 1 after a chdir: '%s'", wex_layout_error(rel));
+		qkv = find(phys, nphys, "model.layers.0.self_attn.qkv_proj.weight");
+		CHECK(qkv->shape[0] == 9 * 64 && pc[qkv->first].start[0] == 448, "rank 1's qkv_proj");
+		snprintf(path, sizeof(path), "%s/adapters/engines/vllm.json", dir);
+		CHECK(unlink(path) == 0, "unlink %s", path);
+		CHECK(wex_layout_rank(rel, 0, &phys, &nphys, &pc, &npc) == 0,
+		      "rank 0 after the engine file is gone: '%s'", wex_layout_error(rel));
+		wex_layout_close(rel);
+		snprintf(path, sizeof(path), "%s/adapters/engines/broken.json", dir);
+		unlink(path);
+		snprintf(path, sizeof(path), "%s/adapters/families", dir);
+		unlink(path);
+		snprintf(path, sizeof(path), "%s/adapters/engines", dir);
+		rmdir(path);
+		snprintf(path, sizeof(path), "%s/adapters", dir);
+		rmdir(path);
+		rmdir(dir);
 	}
 	wex_layout_close(l);
 	wex_layout_close(hf);
