@@ -705,6 +705,13 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 					"register_segment: handle_offset %lld + size %lld exceed the allocation's %llu bytes",
 					(long long)hoff, (long long)size,
 					(unsigned long long)s.desc.alloc_size);
+	/* Consumers map host memory from its file's start (vmm/host.c: a
+	 * host region has no lead): bytes further in would be read from
+	 * there, the wrong ones, with nothing to tell. */
+	if (k == WEX_MEM_HOST && hoff)
+		return wex__reply_error(-EINVAL, "register_segment: host memory starts at its file's "
+					"start: handle_offset %lld must be 0 (register a file "
+					"holding the segment from its first byte)", (long long)hoff);
 	s.part = part;
 	/* (It reaches status, wexctl's tables and the planner's log, as an
 	 * attach's device does.) */
@@ -751,6 +758,29 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 			return wex__reply_error(-EINVAL, "register_segment: its fd is a %s, not memory",
 						S_ISSOCK(st.st_mode) ? "socket" :
 						S_ISFIFO(st.st_mode) ? "pipe" : "directory");
+		/* Every consumer that fetches gets this fd: read-only, so that
+		 * none can write the producer's memory under the others, cut
+		 * its file (SIGBUS in every mapping of it) or seal it, whatever
+		 * the producer's fd allows (wex_segment_alloc's memfd is
+		 * O_RDWR).  Opened again through /proc only where that waits
+		 * on no other process (shared memory: it has seals; an open
+		 * on FUSE asks its server); else, or where this user may not
+		 * open it, the producer's fd as it is. */
+		if (k == WEX_MEM_HOST && (fl & O_ACCMODE) != O_RDONLY &&
+		    fcntl(fds[0], F_GET_SEALS) >= 0) {
+			char path[64];
+			int ro;
+
+			snprintf(path, sizeof(path), "/proc/self/fd/%d", fds[0]);
+			ro = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+			if (ro >= 0) {
+				close(fds[0]);
+				fds[0] = ro;
+			} else {
+				wex_debug("registry", "register_segment: no read-only open of its fd "
+					  "(%s): consumers get the producer's own", strerror(errno));
+			}
+		}
 	}
 	r = &c->model->ranks[c->rank];
 	if (r->nsegs >= 65536)

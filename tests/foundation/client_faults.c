@@ -49,7 +49,10 @@
  *    and a producer's tensors may share their memory (they are read);
  *  - wex_segment_register_fd refuses (-EBADF) a write-only fd: consumers
  *    map the memory for reading, and every fetch of the rank's segments
- *    failed with EACCES once one was taken.
+ *    failed with EACCES once one was taken;
+ *  - wexd refuses (EINVAL) a host segment registered with a handle_offset
+ *    (a producer speaking the protocol itself): consumers map host memory
+ *    from the file's start, and every copy of it was of the wrong bytes.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -62,6 +65,7 @@
 #include <unistd.h>
 
 #include "fixture.h"
+#include "proto.h"
 
 static int shows_producer(void *addr)
 {
@@ -860,6 +864,77 @@ static void write_only_fd(struct t_wexd *d)
 	wex_client_close(p);
 }
 
+/* A producer speaking the protocol itself registers a host segment with a
+ * handle_offset: 4096 bytes that start 4096 bytes into its 8192-byte
+ * memfd.  Consumers map host memory from the file's start (a host region
+ * has no lead), so every sync copied the file's first 4096 bytes as the
+ * tensor's, bit-exact as far as anyone could tell.  wexd must refuse it
+ * (EINVAL naming handle_offset), or a consumer must get the bytes at the
+ * offset. */
+static void host_handle_offset(struct t_wexd *d)
+{
+	struct wex_sync_result r;
+	struct wex_tensor t;
+	wex_client_t *k;
+	unsigned char *p, *got;
+	int prod, mfd, tfd;
+	json_t *rep;
+
+	mfd = memfd_create("t-host-off", MFD_CLOEXEC);
+	T_ASSERT(mfd >= 0 && ftruncate(mfd, 8192) == 0, "memfd");
+	p = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+	T_ASSERT(p != MAP_FAILED, "mmap");
+	memset(p, 0xaa, 4096);        /* the file's start */
+	memset(p + 4096, 0xbb, 4096); /* the segment's bytes */
+	prod = t_raw_connect(d->sock);
+	rep = t_raw_rpc(prod, "{\"v\":1,\"op\":\"hello\",\"role\":\"producer\",\"model\":\"host-off\",\"rank\":0,\"world\":1}",
+			NULL, 0);
+	T_ASSERT(!strcmp(t_code(rep), "OK"), "producer hello: %s", t_msg(rep));
+	json_decref(rep);
+	rep = t_raw_rpc(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096,"
+			      "\"handle_offset\":4096,\"alloc_size\":8192}",
+			&mfd, 1);
+	printf("host segment with a handle_offset: %s %s\n", t_code(rep), t_msg(rep));
+	if (strcmp(t_code(rep), "OK")) {
+		T_ASSERT(!strcmp(t_code(rep), "EINVAL") && strstr(t_msg(rep), "handle_offset"),
+			 "refused as %s (%s), expected EINVAL naming handle_offset", t_code(rep),
+			 t_msg(rep));
+		json_decref(rep);
+		close(prod);
+		munmap(p, 8192);
+		close(mfd);
+		return;
+	}
+	json_decref(rep);
+	t_u8_tensor(&t, "w", 4096, 0, 0);
+	tfd = wex__table_pack(&t, NULL, 1);
+	T_ASSERT(tfd >= 0, "pack table");
+	rep = t_raw_rpc(prod, "{\"v\":1,\"op\":\"register_tensors\"}", &tfd, 1);
+	T_ASSERT(!strcmp(t_code(rep), "OK"), "register_tensors: %s", t_msg(rep));
+	json_decref(rep);
+	close(tfd);
+	rep = t_raw_rpc(prod, "{\"v\":1,\"op\":\"begin_write\",\"version\":1}", NULL, 0);
+	T_ASSERT(!strcmp(t_code(rep), "OK"), "begin_write: %s", t_msg(rep));
+	json_decref(rep);
+	rep = t_raw_rpc(prod, "{\"v\":1,\"op\":\"publish\",\"version\":1}", NULL, 0);
+	T_ASSERT(!strcmp(t_code(rep), "OK"), "publish: %s", t_msg(rep));
+	json_decref(rep);
+	k = t_open(WEX_ROLE_CONSUMER, "host-off", "g", 0, 1);
+	got = calloc(1, 4096);
+	T_ASSERT(got, "calloc");
+	t.ptr = got;
+	T_WEX(k, wex_attach(k, &t, 1));
+	T_WEX(k, wex_sync(k, WEX_SYNC_COPY, 1, 5000, &r));
+	T_ASSERT(got[0] == 0xbb && got[4095] == 0xbb,
+		 "a consumer's copy of a host segment registered at offset 4096 of its file holds "
+		 "%#x, the file's first bytes, not the segment's (%#x)", got[0], 0xbb);
+	wex_client_close(k);
+	free(got);
+	close(prod);
+	munmap(p, 8192);
+	close(mfd);
+}
+
 int main(void)
 {
 	struct t_wexd d;
@@ -878,6 +953,7 @@ int main(void)
 	null_arguments();
 	overlapping_attach();
 	write_only_fd(&d);
+	host_handle_offset(&d);
 	restart_renumbers(&d, WEX_SYNC_COPY);
 	restart_renumbers(&d, WEX_SYNC_REMAP_FIXED);
 	release_after_restart(&d);

@@ -9,13 +9,21 @@
  *  - the end of a socketpair is refused the same way (wexd would hand it
  *    to every consumer that fetches);
  *  - a chained segment whose parts' allocation sizes add up past 64 bits
- *    is refused (EOVERFLOW) instead of recording the wrapped sum.
+ *    is refused (EOVERFLOW) instead of recording the wrapped sum;
+ *  - a host segment's fd reaches consumers read-only, whatever the access
+ *    mode of the producer's fd (a memfd made by wex_segment_alloc is
+ *    O_RDWR): a consumer (a peer the allow lists admit only as one) can
+ *    neither map it writable nor shrink it nor add seals to it, so it
+ *    cannot rewrite the trainer's weights under every other consumer, or
+ *    cut the file under the producer's and the other consumers' mappings
+ *    (SIGBUS).
  *
  * Found by review: cuda_vmm fds were kept unchecked; wexd then held a
  * duplicate of the producer's own socket, never saw it close, kept its
  * rank (and so its model) for good, and passed the socket - a live
  * connection as that producer - to consumers in their fetch replies.
  */
+#include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -23,6 +31,8 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "ipc/sock.h"
+#include "proto.h"
 
 #define SEG "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"cuda_vmm\",\"device\":\"GPU-a\","
 
@@ -63,6 +73,96 @@ static const char *expect(int fd, const char *req, const int *fds, int nfds, con
 		 msg);
 	json_decref(r);
 	return msg;
+}
+
+/* 4. A raw producer registers `mfd` (O_RDWR) as a host segment of `model`
+ * with one tensor; a raw consumer fetches it: the fd it receives must not
+ * give it write access to the producer's memory.  `sealed`: the memfd is
+ * sealed against resizing, as wex_segment_alloc's are. */
+static void consumer_fd_readonly(const char *sock, const char *model, int sealed)
+{
+	char req[256], *p;
+	struct wex_tensor t;
+	int prod, cons, mfd, tfd, fds[8], nfds = 0, fdi, fl;
+	size_t i;
+	json_t *r, *s;
+	void *w;
+
+	mfd = memfd_create("t-host", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	T_ASSERT(mfd >= 0 && ftruncate(mfd, 8192) == 0, "memfd");
+	if (sealed)
+		T_ASSERT(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0, "seal");
+	p = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+	T_ASSERT(p != MAP_FAILED, "mmap");
+	memset(p, 0x11, 8192);
+	prod = t_raw_connect(sock);
+	snprintf(req, sizeof(req),
+		 "{\"v\":1,\"op\":\"hello\",\"role\":\"producer\",\"model\":\"%s\",\"rank\":0,\"world\":1}",
+		 model);
+	expect(prod, req, NULL, 0, "OK", "producer hello");
+	expect(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":8192}", &mfd,
+	       1, "OK", "an O_RDWR memfd as a host segment");
+	memset(&t, 0, sizeof(t));
+	snprintf(t.name, sizeof(t.name), "w");
+	t.dtype = WEX_DT_U8;
+	t.ndim = 1;
+	t.shape[0] = 8192;
+	t.extent[0] = 8192;
+	tfd = wex__table_pack(&t, NULL, 1);
+	T_ASSERT(tfd >= 0, "pack table: %d", tfd);
+	expect(prod, "{\"v\":1,\"op\":\"register_tensors\"}", &tfd, 1, "OK", "its tensor");
+	close(tfd);
+
+	cons = t_raw_connect(sock);
+	snprintf(req, sizeof(req),
+		 "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"%s\",\"group\":\"g\",\"rank\":0,\"world\":1}",
+		 model);
+	expect(cons, req, NULL, 0, "OK", "consumer hello");
+	t_raw_send(cons, "{\"v\":1,\"op\":\"fetch\"}", 20, NULL, 0);
+	{
+		char buf[65536];
+		int mflags = 0;
+		ssize_t n = wex_sock_recv(cons, buf, sizeof(buf) - 1, fds, 8, &nfds, &mflags, 0);
+
+		T_ASSERT(n > 0, "fetch reply: %zd", n);
+		buf[n] = '\0';
+		r = json_loads(buf, 0, NULL);
+	}
+	T_ASSERT(r && !strcmp(t_code(r), "OK"), "fetch: %s", r ? t_msg(r) : "not JSON");
+	fdi = -1;
+	json_array_foreach(json_object_get(r, "segments"), i, s)
+		fdi = (int)json_integer_value(json_object_get(s, "fd"));
+	json_decref(r);
+	T_ASSERT(fdi >= 0 && fdi < nfds, "the segment's fd (index %d of %d)", fdi, nfds);
+	fl = fcntl(fds[fdi], F_GETFL);
+	w = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fds[fdi], 0);
+	if (w != MAP_FAILED) {
+		memset(w, 0x66, 4096);
+		munmap(w, 8192);
+	}
+	printf("%-50s -> access mode %s, writable mapping %s\n",
+	       sealed ? "a consumer's fd of a sealed memfd" : "a consumer's fd of an unsealed memfd",
+	       (fl & O_ACCMODE) == O_RDONLY ? "O_RDONLY" : "writable",
+	       w == MAP_FAILED ? "refused" : "made");
+	T_ASSERT(p[0] == 0x11 && p[4095] == 0x11,
+		 "a consumer wrote into the producer's memory through the fd its fetch received "
+		 "(%s memfd)", sealed ? "sealed" : "unsealed");
+	T_ASSERT(w == MAP_FAILED && (fl & O_ACCMODE) == O_RDONLY,
+		 "a consumer's segment fd is open for writing (%#x)", fl);
+	T_ASSERT(ftruncate(fds[fdi], 0) < 0, "a consumer shrank the producer's memfd");
+	T_ASSERT(fcntl(fds[fdi], F_ADD_SEALS, F_SEAL_FUTURE_WRITE) < 0,
+		 "a consumer sealed the producer's memfd against its own writes");
+	/* The bytes still reach it. */
+	w = mmap(NULL, 8192, PROT_READ, MAP_SHARED, fds[fdi], 0);
+	T_ASSERT(w != MAP_FAILED && ((unsigned char *)w)[8191] == 0x11, "the consumer reads the bytes");
+	p[8191] = 0x22;
+	T_ASSERT(((unsigned char *)w)[8191] == 0x22, "the consumer sees the producer's writes");
+	munmap(w, 8192);
+	wex_sock_close_fds(fds, nfds);
+	close(cons);
+	close(prod);
+	munmap(p, 8192);
+	close(mfd);
 }
 
 int main(void)
@@ -111,6 +211,12 @@ int main(void)
 	       "a chain of parts adding up past 2^64 bytes");
 	close(prod);
 	T_ASSERT(!model_stays(ctl, "sock"), "the second producer's model is gone with it");
+
+	/* 4. Host memory reaches consumers read-only. */
+	consumer_fd_readonly(d.sock, "ro-sealed", 1);
+	consumer_fd_readonly(d.sock, "ro-unsealed", 0);
+	T_ASSERT(!model_stays(ctl, "ro-sealed") && !model_stays(ctl, "ro-unsealed"),
+		 "the host producers' models are gone with them");
 
 	after = t_wexd_fds_settle(&d, before);
 	T_ASSERT(after == before, "wexd holds %d fds after the producers left, %d before", after,
