@@ -423,14 +423,18 @@ static json_t *load_json(const char *dir, const char *sub, const char *name, cha
 {
 	char path[700];
 	json_error_t je;
+	struct stat st;
 	json_t *j;
 
 	snprintf(path, sizeof(path), "%s/%s/%s.json", dir, sub, name);
 	j = json_load_file(path, 0, &je);
 	/* A file jansson cannot open or read has line -1: its text names
-	 * the path and the cause already. */
+	 * the path and the cause already.  A directory opens, and read as
+	 * empty it was "'[' or '{' expected near end of file". */
 	if (!j && je.line < 1)
 		seterr(err, errlen, "%s", je.text);
+	else if (!j && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+		seterr(err, errlen, "%s: %s", path, strerror(EISDIR));
 	else if (!j)
 		seterr(err, errlen, "%s: %s (line %d, column %d)", path, je.text, je.line, je.column);
 	return j;

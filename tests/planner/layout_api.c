@@ -15,7 +15,8 @@
  *    config that does not exist, NULL arguments;
  *  - an engine file that exists but is not JSON is refused with -EINVAL
  *    naming the file and the parse error (it was "unknown engine ... (no
- *    FILE)", naming the file that is there);
+ *    FILE)", naming the file that is there); one that is a directory
+ *    says so (it was "'[' or '{' expected near end of file");
  *  - a layout opened with a relative adapters directory lays out its
  *    ranks after the process changed directory, and after its engine
  *    file is gone (wex_layout_rank read it again each call: -ENOENT
@@ -188,6 +189,20 @@ int main(void)
 		printf("refused: broken: %s\n", err);
 		wex_free(err);
 		err = NULL;
+		/* ... and one that is a directory is named as one (it was
+		 * "'[' or '{' expected near end of file (line 1, column 0)"). */
+		snprintf(path, sizeof(path), "%s/adapters/engines/adir.json", dir);
+		CHECK(mkdir(path, 0700) == 0, "mkdir %s", path);
+		snprintf(path, sizeof(path), "%s/adapters", dir);
+		broken = (wex_layout_t *)1;
+		ret = wex_layout_open(cfg, "adir:tp=1", path, &broken, NULL, &err);
+		CHECK(ret == -EINVAL && !broken && err && strstr(err, "adir.json: Is a directory"),
+		      "an engine file that is a directory: %d '%s'", ret, err ? err : "(null)");
+		printf("refused: adir: %s\n", err);
+		wex_free(err);
+		err = NULL;
+		snprintf(path, sizeof(path), "%s/adapters/engines/adir.json", dir);
+		rmdir(path);
 
 		CHECK(chdir(dir) == 0, "chdir %s", dir);
 		ret = wex_layout_open(cfg, "vllm:tp=2", "adapters", &rel, &world, &err);
