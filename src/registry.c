@@ -759,13 +759,16 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 						S_ISSOCK(st.st_mode) ? "socket" :
 						S_ISFIFO(st.st_mode) ? "pipe" : "directory");
 		/* Every consumer that fetches gets this fd: read-only, so that
-		 * none can write the producer's memory under the others, cut
-		 * its file (SIGBUS in every mapping of it) or seal it, whatever
-		 * the producer's fd allows (wex_segment_alloc's memfd is
-		 * O_RDWR).  Opened again through /proc only where that waits
-		 * on no other process (shared memory: it has seals; an open
-		 * on FUSE asks its server); else, or where this user may not
-		 * open it, the producer's fd as it is. */
+		 * it cannot write the producer's memory under the others, cut
+		 * its file (SIGBUS in every mapping of it) or seal it through
+		 * this fd, whatever the producer's fd allows (wex_segment_alloc's
+		 * memfd is O_RDWR).  (/proc opens it writable again where its
+		 * mode allows: only seals keep a consumer out, as
+		 * wex_segment_alloc's F_SEAL_FUTURE_WRITE does.)  Opened again
+		 * through /proc only where that waits on no other process
+		 * (shared memory: it has seals; an open on FUSE asks its
+		 * server); else, or where this user may not open it, the
+		 * producer's fd as it is. */
 		if (k == WEX_MEM_HOST && (fl & O_ACCMODE) != O_RDONLY &&
 		    fcntl(fds[0], F_GET_SEALS) >= 0) {
 			char path[64];

@@ -50,6 +50,17 @@ static int host_alloc(uint64_t size, int device, struct wex_mem_seg *seg)
 		ret = -errno;
 		goto err_close;
 	}
+	/* Consumers get this memfd read-only (wexd opens it again O_RDONLY),
+	 * but /proc/self/fd/N opens it again with whatever its mode (0777)
+	 * allows, O_RDWR too: from now on it is written only through the
+	 * mapping just made (ours), never by write(), a hole punched or a new
+	 * writable mapping, whoever asks.  (Kernels before 5.1 lack the seal:
+	 * EINVAL, the memfd as before.) */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) < 0 && errno != EINVAL) {
+		ret = -errno;
+		munmap(p, size);
+		goto err_close;
+	}
 	memset(seg, 0, sizeof(*seg));
 	seg->ops = &wex_mem_host_ops;
 	seg->desc.kind = WEX_MEM_HOST;

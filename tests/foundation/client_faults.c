@@ -52,7 +52,13 @@
  *    failed with EACCES once one was taken;
  *  - wexd refuses (EINVAL) a host segment registered with a handle_offset
  *    (a producer speaking the protocol itself): consumers map host memory
- *    from the file's start, and every copy of it was of the wrong bytes.
+ *    from the file's start, and every copy of it was of the wrong bytes;
+ *  - a consumer that opens its read-only fd of a wex_segment_alloc host
+ *    segment again for writing through /proc/self/fd (a memfd's mode is
+ *    0777: the open is checked against the mode, not the fd it names)
+ *    can neither write the trainer's memory, nor punch a hole in it, nor
+ *    map it writable: the memfd is sealed F_SEAL_FUTURE_WRITE once the
+ *    producer has mapped it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -65,6 +71,7 @@
 #include <unistd.h>
 
 #include "fixture.h"
+#include "ipc/sock.h"
 #include "proto.h"
 
 static int shows_producer(void *addr)
@@ -935,6 +942,80 @@ static void host_handle_offset(struct t_wexd *d)
 	close(mfd);
 }
 
+/* A wex_segment_alloc host segment, fetched by a raw consumer: its fd is
+ * O_RDONLY (wexd opens it again so), but /proc/self/fd/N opens the memfd
+ * again with any access its mode (0777) allows, O_RDWR included.  Through
+ * that open the consumer wrote the trainer's weights under every other
+ * consumer, or punched them to zeros.  The producer's memory must stay as
+ * it wrote it, and its own mapping keep working. */
+static void consumer_reopens_writable(struct t_wexd *d)
+{
+	char buf[65536], path[64];
+	struct wex_tensor t;
+	wex_client_t *p;
+	unsigned char *base, b = 0x66;
+	int cons, fds[8], nfds = 0, fdi = -1, mflags = 0, rw;
+	uint32_t seg;
+	ssize_t n, wr;
+	size_t i;
+	json_t *r, *s;
+	void *w;
+	int punched;
+
+	p = t_open(WEX_ROLE_PRODUCER, "reopen-rw", NULL, 0, 1);
+	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 8192, &seg, (void **)&base));
+	memset(base, 0x11, 8192);
+	t_u8_tensor(&t, "w", 8192, seg, 0);
+	T_WEX(p, wex_register_tensors(p, &t, 1));
+	cons = t_raw_connect(d->sock);
+	r = t_raw_rpc(cons, "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"reopen-rw\","
+			    "\"group\":\"g\",\"rank\":0,\"world\":1}", NULL, 0);
+	T_ASSERT(!strcmp(t_code(r), "OK"), "consumer hello: %s", t_msg(r));
+	json_decref(r);
+	t_raw_send(cons, "{\"v\":1,\"op\":\"fetch\"}", 20, NULL, 0);
+	n = wex_sock_recv(cons, buf, sizeof(buf) - 1, fds, 8, &nfds, &mflags, 0);
+	T_ASSERT(n > 0, "fetch reply: %zd", n);
+	buf[n] = '\0';
+	r = json_loads(buf, 0, NULL);
+	T_ASSERT(r && !strcmp(t_code(r), "OK"), "fetch: %s", r ? t_msg(r) : "not JSON");
+	json_array_foreach(json_object_get(r, "segments"), i, s)
+		fdi = (int)json_integer_value(json_object_get(s, "fd"));
+	json_decref(r);
+	T_ASSERT(fdi >= 0 && fdi < nfds, "the segment's fd (index %d of %d)", fdi, nfds);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fds[fdi]);
+	rw = open(path, O_RDWR | O_CLOEXEC);
+	wr = -1;
+	w = MAP_FAILED;
+	punched = -1;
+	if (rw >= 0) {
+		wr = pwrite(rw, &b, 1, 0);
+		w = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+		if (w != MAP_FAILED) {
+			((unsigned char *)w)[1] = 0x66;
+			munmap(w, 8192);
+		}
+		punched = fallocate(rw, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 4096, 4096);
+		close(rw);
+	}
+	printf("a consumer's fd opened again O_RDWR: %s; pwrite %s, writable mapping %s, "
+	       "hole punched %s\n", rw >= 0 ? "opened" : "refused", wr == 1 ? "wrote" : "refused",
+	       w != MAP_FAILED ? "made" : "refused", punched == 0 ? "yes" : "no");
+	T_ASSERT(base[0] == 0x11 && base[1] == 0x11 && base[4096] == 0x11 && base[8191] == 0x11,
+		 "a consumer wrote the producer's memory through /proc/self/fd/N opened O_RDWR "
+		 "from its read-only segment fd (bytes now %#x %#x %#x)", base[0], base[1],
+		 base[4096]);
+	T_ASSERT(wr < 0 && w == MAP_FAILED && punched < 0,
+		 "a consumer's writable reopen of the producer's memfd can write (pwrite %zd), "
+		 "map it writable (%s) or punch holes in it (%d)", wr,
+		 w != MAP_FAILED ? "made" : "refused", punched);
+	/* The producer writes on through its own mapping. */
+	base[8191] = 0x22;
+	T_ASSERT(base[8191] == 0x22, "the producer writes its memory");
+	wex_sock_close_fds(fds, nfds);
+	close(cons);
+	wex_client_close(p);
+}
+
 int main(void)
 {
 	struct t_wexd d;
@@ -954,6 +1035,7 @@ int main(void)
 	overlapping_attach();
 	write_only_fd(&d);
 	host_handle_offset(&d);
+	consumer_reopens_writable(&d);
 	restart_renumbers(&d, WEX_SYNC_COPY);
 	restart_renumbers(&d, WEX_SYNC_REMAP_FIXED);
 	release_after_restart(&d);

@@ -12,11 +12,13 @@
  *    is refused (EOVERFLOW) instead of recording the wrapped sum;
  *  - a host segment's fd reaches consumers read-only, whatever the access
  *    mode of the producer's fd (a memfd made by wex_segment_alloc is
- *    O_RDWR): a consumer (a peer the allow lists admit only as one) can
- *    neither map it writable nor shrink it nor add seals to it, so it
- *    cannot rewrite the trainer's weights under every other consumer, or
- *    cut the file under the producer's and the other consumers' mappings
- *    (SIGBUS).
+ *    O_RDWR): through that fd a consumer (a peer the allow lists admit
+ *    only as one) can neither map it writable nor shrink it nor add seals
+ *    to it, so it cannot rewrite the trainer's weights under every other
+ *    consumer, or cut the file under the producer's and the other
+ *    consumers' mappings (SIGBUS).  (/proc/self/fd/N opens a memfd again
+ *    writable all the same: only seals keep a consumer out; client_faults
+ *    shows wex_segment_alloc's.)
  *
  * Found by review: cuda_vmm fds were kept unchecked; wexd then held a
  * duplicate of the producer's own socket, never saw it close, kept its
