@@ -998,8 +998,14 @@ static int emit_cell(struct wex_plan *p, size_t *cap, const struct cell *c, cons
 	struct dimv o[MAXD];
 	int no = 0;
 	for (; i < nv; i++) {
-		if (no && v[i].ss == o[no - 1].ss * (int64_t)o[no - 1].n &&
-		    v[i].ds == o[no - 1].ds * (int64_t)o[no - 1].n) {
+		int64_t sx, dx;
+
+		/* (Strides need not grow outward: an inner dim's whole span
+		 * may pass int64, a consumer's [2, 2] with strides (1, 2^60)
+		 * of 4-byte elements.) */
+		if (no && !__builtin_mul_overflow(o[no - 1].ss, (int64_t)o[no - 1].n, &sx) &&
+		    !__builtin_mul_overflow(o[no - 1].ds, (int64_t)o[no - 1].n, &dx) &&
+		    v[i].ss == sx && v[i].ds == dx) {
 			o[no - 1].n *= v[i].n;
 			continue;
 		}

@@ -270,7 +270,9 @@ int wex__tensor_span(const struct wex_tensor *t, uint64_t *span)
 		    __builtin_add_overflow(last, d, &last))
 			return -EOVERFLOW;
 	}
-	if (!mul_ok(last + 1, es, span))
+	/* (Elements reaching 2^64 - 1: one more would wrap the span to 0
+	 * bytes, which every segment holds.) */
+	if (__builtin_add_overflow(last, 1, &last) || !mul_ok(last, es, span))
 		return -EOVERFLOW;
 	return 0;
 }
@@ -313,8 +315,11 @@ int wex__tensor_check(const struct wex_tensor *t, char *err, size_t errlen)
 			 t->name);
 		return ret;
 	}
-	if (ret < 0) {
-		snprintf(err, errlen, "tensor '%s': its bytes overflow 64 bits", t->name);
+	/* Past 2^63 bytes (no memory is that large) a stride in bytes does
+	 * not fit the planner's signed arithmetic: a consumer's layout with
+	 * one made wexd's plan overflow int64. */
+	if (ret < 0 || span > (uint64_t)INT64_MAX) {
+		snprintf(err, errlen, "tensor '%s': its bytes overflow 63 bits", t->name);
 		return -EOVERFLOW;
 	}
 	return 0;

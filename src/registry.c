@@ -2281,6 +2281,10 @@ json_t *wexd_fetch(struct wexd *d, struct conn *c, json_t *req)
 		return wex__reply_error(-EPERM, "fetch: only consumers fetch");
 	if (json_unpack_ex(req, &je, 0, "{s?I}", "start", &start) < 0)
 		return wex__reply_error(-EINVAL, "fetch: %s", je.text);
+	/* (Before the first page, it was answered as an empty page.) */
+	if (start < 0)
+		return wex__reply_error(-EINVAL, "fetch: start %lld is negative (segment indexes count from 0)",
+					(long long)start);
 	if (!m->world)
 		return wex__reply_error(-WEX_ENOPUBLISHED, "fetch: model '%s' has no producer", m->name);
 	if (c->has_lease && c->lease_epoch != m->epoch)

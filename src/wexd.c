@@ -824,11 +824,16 @@ static json_t *wexd_config_req(struct wexd *d, struct conn *c, json_t *req, cons
 	const char *name = NULL, *value = NULL;
 	char err[512] = "";
 	json_t *all, *r, *fields;
+	json_error_t je;
 	const char *k;
 	json_t *v;
 	int ret;
 
-	json_unpack(req, "{s?s, s?s}", "name", &name, "value", &value);
+	/* (A name of another type read as none: config get answered every
+	 * field, config set said a value given as a number was missing.) */
+	if (json_unpack_ex(req, &je, 0, "{s?s, s?s}", "name", &name, "value", &value) < 0)
+		return wex__reply_error(-EINVAL, "%s: %s (name and value are strings)", op,
+					je.text);
 	if (!strcmp(op, "config_reload")) {
 		json_t *report = NULL;
 

@@ -300,7 +300,7 @@ WEX_API int wex_segment_register_ptr(wex_client_t *c, int kind, void *ptr, uint6
  * array is copied; the caller keeps it.  Blocks for one round trip.
  * Errors: -EINVAL naming the bad tensor in the daemon's log and in
  * wex_last_error(); -EOVERFLOW, naming it, for one whose bytes do not fit
- * in 64 bits; -EPERM for a client that is not a producer.
+ * in 63 bits; -EPERM for a client that is not a producer.
  */
 WEX_API int wex_register_tensors(wex_client_t *c, const struct wex_tensor *t, size_t n);
 
@@ -405,7 +405,7 @@ enum wex_sync_mode {
  * addresses of: vLLM's sleep mode, torch_memory_saver's pause), naming
  * the one at the lowest address, nothing attached; -EINVAL, nothing
  * attached, for a tensor without ptr or one whose elements overlap,
- * naming it (-EOVERFLOW for one whose bytes do not fit in 64 bits): a
+ * naming it (-EOVERFLOW for one whose bytes do not fit in 63 bits): a
  * copy writes every element, so each needs bytes of its
  * own (a stride of 0 on a dim of extent > 1, or strides too small for
  * the dims inside them).  Strides whose dims of extent > 1, by stride,

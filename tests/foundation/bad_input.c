@@ -21,6 +21,12 @@
  * large for nanoseconds (it wrapped into an immediate timeout), and a
  * pipe or a directory accepted as host memory; and a write-only fd
  * accepted as host memory (every consumer's fetch then failed).
+ *
+ * Also: strides whose span wrapped to 0 bytes (taken in any segment), a
+ * consumer's byte stride past int64 and strides that shrink outward (the
+ * planner overflowed int64: a sanitized wexd aborted), a fetch from a
+ * negative start (an empty page), and config get/set fields of another
+ * type (read as absent).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -109,6 +115,13 @@ int main(void)
 		   "unknown op");
 	expect_req(fd, "{\"v\":2,\"op\":\"status\"}", NULL, 0, "WEX_EPROTO_VERSION", "version 2",
 		   "protocol version 2");
+	/* A field of the wrong type: config get answered every field as if
+	 * none was named, and config set said a value given as a number was
+	 * missing ("needs 'name' and 'value'"). */
+	expect_req(fd, "{\"v\":1,\"op\":\"config_get\",\"name\":5}", NULL, 0, "EINVAL",
+		   "Expected string", "config_get with a name that is a number");
+	expect_req(fd, "{\"v\":1,\"op\":\"config_set\",\"name\":\"sync_timeout_ms\",\"value\":2500}",
+		   NULL, 0, "EINVAL", "Expected string", "config_set with a value that is a number");
 	{
 		/* The error quotes at most 64 bytes of the op: 21 3-byte
 		 * characters and a third of the 22nd. */
@@ -326,6 +339,19 @@ int main(void)
 	expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", &tfd, 1, "EOVERFLOW",
 		   "huge.dims", "tensor size overflowing 64 bits");
 	close(tfd);
+	/* Strides whose highest element offset is exactly 2^64 - 1: one
+	 * element more wrapped the span to 0 bytes, which every segment
+	 * holds (6 elements reaching 2^66 bytes in were taken at offset 0,
+	 * and the planner multiplied the strides past int64). */
+	t[1] = tensor("wrapped.span", 1024);
+	t[1].shape[0] = t[1].extent[0] = 3;
+	t[1].shape[1] = t[1].extent[1] = 2;
+	t[1].strides[0] = INT64_MAX; /* 2 * (2^63 - 1) + 1 = 2^64 - 1 */
+	t[1].strides[1] = 1;
+	tfd = wex__table_pack(t, NULL, 2);
+	expect_req(prod, "{\"v\":1,\"op\":\"register_tensors\"}", &tfd, 1, "EOVERFLOW",
+		   "wrapped.span", "strides whose span wraps to 0 bytes");
+	close(tfd);
 	{
 		/* A header whose count disagrees with the table's size. */
 		struct {
@@ -382,6 +408,37 @@ int main(void)
 		   "EINVAL", "printable", "attach with a control character in its device");
 	expect_req(cons, "{\"v\":1,\"op\":\"attach\",\"device\":\"GPU-0123456789abcdef0123456789abcdef0123456789abcdef\"}",
 		   NULL, 0, "EINVAL", "printable", "attach with a device name too long");
+	{
+		/* A stride of 2^61 f32 elements: 2^63 + 32 bytes in all, under
+		 * 2^64, and taken; the planner's byte stride (2^63) then
+		 * overflowed int64 at the next fetch (a sanitized wexd
+		 * aborted there). */
+		struct wex_tensor w = tensor("big.stride", 0);
+
+		w.shape[0] = w.extent[0] = 2;
+		w.shape[1] = w.extent[1] = 8;
+		w.strides[0] = 1ll << 61;
+		w.strides[1] = 1;
+		tfd = wex__table_pack(&w, NULL, 1);
+		T_ASSERT(tfd >= 0, "pack");
+		expect_req(cons, "{\"v\":1,\"op\":\"attach\"}", &tfd, 1, "EOVERFLOW", "big.stride",
+			   "attach with a byte stride past int64");
+		close(tfd);
+		/* Strides that do not grow outward, (1, 2^57) of f32: under
+		 * 2^63 bytes, but the planner's test whether the dims tile
+		 * each other multiplied 16 by 2^59 in int64 (a sanitized wexd
+		 * aborted at this fetch). */
+		w = tensor("ok.weight", 0);
+		w.strides[0] = 1;
+		w.strides[1] = 1ll << 57;
+		tfd = wex__table_pack(&w, NULL, 1);
+		T_ASSERT(tfd >= 0, "pack");
+		expect_req(cons, "{\"v\":1,\"op\":\"attach\"}", &tfd, 1, "OK", NULL,
+			   "attach with strides that shrink outward");
+		close(tfd);
+		expect_req(cons, "{\"v\":1,\"op\":\"fetch\"}", NULL, 0, "OK", NULL,
+			   "fetch planning strides that shrink outward");
+	}
 	expect_req(cons, "{\"v\":1,\"op\":\"attach\",\"device\":\"GPU-a\"}", NULL, 0, "OK", NULL,
 		   "attach with a device and no layout");
 	expect_req(cons, "{\"v\":1,\"op\":\"acquire\",\"mode\":99}", NULL, 0, "EINVAL", NULL,
@@ -392,6 +449,11 @@ int main(void)
 		   0, "EINVAL", "timeout_ms", "acquire timeout_ms past nanoseconds");
 	expect_req(cons, "{\"v\":1,\"op\":\"acquire\",\"mode\":2,\"timeout_ms\":2000}", NULL, 0, "OK",
 		   NULL, "acquire v1");
+	/* A page before the first: answered as an empty page (no tables, no
+	 * plan, no segments, no "more"), which reads as a model without
+	 * segments. */
+	expect_req(cons, "{\"v\":1,\"op\":\"fetch\",\"start\":-1}", NULL, 0, "EINVAL",
+		   "start -1", "fetch from a negative segment index");
 	{
 		const char *bw = "{\"v\":1,\"op\":\"begin_write\",\"version\":2,\"timeout_ms\":20000}";
 		int waiting = 0;
