@@ -165,7 +165,10 @@ static json_t *query(wex_client_t *c, const char *op, const char *args)
 }
 
 /* Columns a UTF-8 string takes on a terminal: one a character, two for
- * the wide scripts (CJK, Hangul, fullwidth forms). */
+ * the wide scripts (CJK, Hangul, fullwidth forms), none for the marks
+ * that combine with the character before them (a decomposed "é", as
+ * macOS names files: e and U+0301), the zero-width characters and the
+ * variation selectors. */
 static int text_width(const char *s)
 {
 	const unsigned char *p = (const unsigned char *)s;
@@ -177,6 +180,13 @@ static int text_width(const char *s)
 		cp &= n ? 0x3f >> n : 0xff;
 		for (p++; n && (*p & 0xc0) == 0x80; n--, p++)
 			cp = (cp << 6) | (*p & 0x3f);
+		if ((cp >= 0x300 && cp <= 0x36f) || (cp >= 0x483 && cp <= 0x489) ||
+		    (cp >= 0x1160 && cp <= 0x11ff) || (cp >= 0x1ab0 && cp <= 0x1aff) ||
+		    (cp >= 0x1dc0 && cp <= 0x1dff) || (cp >= 0x200b && cp <= 0x200f) ||
+		    (cp >= 0x2060 && cp <= 0x2064) || (cp >= 0x20d0 && cp <= 0x20ff) ||
+		    (cp >= 0xfe00 && cp <= 0xfe0f) || (cp >= 0xfe20 && cp <= 0xfe2f) ||
+		    cp == 0xfeff || (cp >= 0xe0100 && cp <= 0xe01ef))
+			continue;
 		w += (cp >= 0x1100 && cp <= 0x115f) || (cp >= 0x2e80 && cp <= 0xa4cf) ||
 		     (cp >= 0xac00 && cp <= 0xd7a3) || (cp >= 0xf900 && cp <= 0xfaff) ||
 		     (cp >= 0xfe30 && cp <= 0xfe4f) || (cp >= 0xff00 && cp <= 0xff60) ||
@@ -840,6 +850,13 @@ static int run(int argc, char **argv)
 				fprintf(stderr, "wexctl: --socket needs a PATH (wexd's socket)\n");
 				return 2;
 			}
+			/* Given twice is a slip (two commands pasted together),
+			 * not an override: the last would ask another wexd. */
+			if (sock_path) {
+				fprintf(stderr, "wexctl: --socket given twice ('%s' and '%s')\n", sock_path,
+					argv[i + 1]);
+				return 2;
+			}
 			sock_path = argv[i + 1];
 			/* connect() would say "Invalid argument" or "File name
 			 * too long" of it: a bad value, named. */
@@ -906,6 +923,7 @@ static int run(int argc, char **argv)
 	if (!strcmp(cmd, "watch")) {
 		double interval = 1.0;
 		long count = 0;
+		int seen_n = 0, seen_count = 0;
 
 		if (as_json) /* (refused after the command too) */
 			return bad_arg(cmd, "unexpected argument", "--json",
@@ -919,14 +937,23 @@ static int run(int argc, char **argv)
 			}
 			if ((!strcmp(argv[k], "-n") || !strcmp(argv[k], "--count")) && k + 1 == argc)
 				return no_value(cmd, argv[k], !strcmp(argv[k], "-n") ? "seconds" : "a count");
+			/* Given twice: refused, not taken from the last (as plan's). */
+			if ((!strcmp(argv[k], "-n") && seen_n++) ||
+			    (!strcmp(argv[k], "--count") && seen_count++)) {
+				fprintf(stderr, "wexctl: watch: %s given twice\n", argv[k]);
+				return 2;
+			}
 			if (!strcmp(argv[k], "-n") && k + 1 < argc) {
 				interval = strtod(argv[++k], &end);
 				if (end == argv[k] || *end || !(interval > 0 && interval <= 86400))
 					return bad_arg(cmd, "bad -n", argv[k], "seconds, more than 0 and at most 86400");
 			} else if (!strcmp(argv[k], "--count") && k + 1 < argc) {
 				count = strtol(argv[++k], &end, 10);
-				if (end == argv[k] || *end || count < 1 || count > 1000000000)
-					return bad_arg(cmd, "bad --count", argv[k], "a whole number, 1 or more");
+				/* Digits only: strtol's sign and blanks ("+2", " 2")
+				 * are refused, as plan's --rank refuses them. */
+				if (end == argv[k] || *end || argv[k][strspn(argv[k], "0123456789")] ||
+				    count < 1 || count > 1000000000)
+					return bad_arg(cmd, "bad --count", argv[k], "a whole number, 1 to 1000000000");
 			} else {
 				return bad_arg(cmd, "unexpected argument", argv[k], "takes -n SEC and --count N");
 			}
@@ -969,7 +996,7 @@ static int run(int argc, char **argv)
 	if (!strcmp(cmd, "verify")) {
 		const char *model = NULL, *group = NULL;
 		double timeout = 60;
-		int wait = 1;
+		int wait = 1, seen_timeout = 0;
 
 		for (int k = i + 1; k < argc; k++) {
 			char *end = NULL;
@@ -980,6 +1007,19 @@ static int run(int argc, char **argv)
 			}
 			if ((!strcmp(argv[k], "--group") || !strcmp(argv[k], "--timeout")) && k + 1 == argc)
 				return no_value(cmd, argv[k], !strcmp(argv[k], "--group") ? "a consumer group" : "seconds");
+			/* Given twice: refused, not taken from the last: a second
+			 * --group would verify that group alone, and its exit 0
+			 * say nothing of the first. */
+			if (!strcmp(argv[k], "--group") && group) {
+				fprintf(stderr, "wexctl: verify: --group given twice ('%s' and '%s'): one "
+					"consumer group, or none for every group of the model\n", group,
+					argv[k + 1]);
+				return 2;
+			}
+			if (!strcmp(argv[k], "--timeout") && seen_timeout++) {
+				fprintf(stderr, "wexctl: verify: --timeout given twice\n");
+				return 2;
+			}
 			if (!strcmp(argv[k], "--group")) {
 				group = argv[++k];
 				if (!*group)

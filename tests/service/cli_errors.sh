@@ -19,6 +19,9 @@
 #  - a socket path longer than a UNIX socket's may be is said to be (it
 #    was "Invalid argument" or "File name too long"): --socket's exits 2;
 #  - wexctl --help names every option of convert (--progress was left out);
+#  - an option of verify, watch or wexctl given twice (verify --group a
+#    --group b verified group b alone) and a watch --count with a sign or
+#    blanks are refused, as plan's are;
 #  - config get --jsn is refused as an option (exit 2), not sent to wexd as
 #    a field name (exit 1);
 #  - a socket path that is a directory or a plain file is called "not a
@@ -52,6 +55,19 @@ expect 2 "--socket needs a PATH" --socket
 expect 2 "--socket needs a PATH" --socket "" status
 expect 2 "watch: -n needs a value" watch -n
 expect 2 "watch: --count needs a value" watch --count
+# An option given twice (two commands pasted together) is refused, as
+# plan's are, not taken from the last: verify --group a --group b asked
+# group b alone and exited 0 on its answer, as if a had been verified too.
+expect 2 "verify: --group given twice ('a' and 'b')" verify m --group a --group b
+expect 2 "verify: --timeout given twice" verify m --timeout 1 --timeout 2
+expect 2 "watch: -n given twice" watch -n 1 -n 2
+expect 2 "watch: --count given twice" watch --count 1 --count 2
+expect 2 "--socket given twice ('$TMP/a' and '$TMP/b')" --socket "$TMP/a" --socket "$TMP/b" status
+# --count in digits, as plan's --rank: strtol's sign and blanks were taken.
+expect 2 "watch: bad --count '+2'" watch --count +2
+expect 2 "watch: bad --count ' 2'" watch --count " 2"
+# Past its bound, the bound is named (it said "1 or more" of 2000000000).
+expect 2 "watch: bad --count '2000000000' (a whole number, 1 to 1000000000)" watch --count 2000000000
 expect 2 "config get: unknown option '--jsn'" config get --jsn
 expect 2 "plan: --config needs a value" plan --config
 expect 2 "plan: bad --rank 'x'" plan --config "$CFG" --from hf --to vllm:tp=2 --rank x
