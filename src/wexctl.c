@@ -167,7 +167,8 @@ static json_t *query(wex_client_t *c, const char *op, const char *args)
 /* Columns a UTF-8 string takes on a terminal: one a character, two for
  * the wide scripts (CJK, Hangul, fullwidth forms), none for the marks
  * that combine with the character before them (a decomposed "é", as
- * macOS names files: e and U+0301), the zero-width characters and the
+ * macOS names files: e and U+0301; a decomposed "ガ": カ and U+3099, a
+ * mark inside the wide block), the zero-width characters and the
  * variation selectors. */
 static int text_width(const char *s)
 {
@@ -184,6 +185,7 @@ static int text_width(const char *s)
 		    (cp >= 0x1160 && cp <= 0x11ff) || (cp >= 0x1ab0 && cp <= 0x1aff) ||
 		    (cp >= 0x1dc0 && cp <= 0x1dff) || (cp >= 0x200b && cp <= 0x200f) ||
 		    (cp >= 0x2060 && cp <= 0x2064) || (cp >= 0x20d0 && cp <= 0x20ff) ||
+		    (cp >= 0x302a && cp <= 0x302d) || (cp >= 0x3099 && cp <= 0x309a) ||
 		    (cp >= 0xfe00 && cp <= 0xfe0f) || (cp >= 0xfe20 && cp <= 0xfe2f) ||
 		    cp == 0xfeff || (cp >= 0xe0100 && cp <= 0xe01ef))
 			continue;

@@ -103,9 +103,10 @@ PYEOF
 # Chinese (two columns each) leaves the columns after it where the header
 # has them (they were left short by the name's extra bytes).
 # So do names holding combining marks, which take no column of their own:
-# "café-й" decomposed (e and U+0301, и and U+0306), as macOS writes file
-# names (each mark was counted as a column, the row left short by one).
-NFD=$(printf 'cafe\314\201-\320\270\314\206')
+# "café-й-ガ" decomposed (e and U+0301, и and U+0306, カ and U+3099), as
+# macOS writes file names (each mark was counted as a column, the row left
+# short by one; the kana voiced mark, in the wide block, as two).
+NFD=$(printf 'cafe\314\201-\320\270\314\206-\343\202\253\343\202\231')
 "$PRODUCER" --rank 0 --world 1 --model "модель-模型" --preset tiny --versions 1 --hold >"$TMP/pu.log" 2>&1 &
 PU=$!
 "$PRODUCER" --rank 0 --world 1 --model "$NFD" --preset tiny --versions 1 --hold >"$TMP/pd.log" 2>&1 &
