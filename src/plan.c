@@ -34,6 +34,16 @@
 #define MAXD WEX_MAX_DIMS
 /* Smallest chunk a rank planned alone cuts a replicated cell into. */
 #define SPLIT_MIN (1u << 20)
+/* The most steps one plan may take cutting its consumer pieces into cells
+ * (producer entries scanned, boundaries found, and for each cell the
+ * producer pieces over its dim-0 slab checked).  A producer's table of
+ * many overlapping pieces of one tensor made that cubic in its size: 3600
+ * pieces of a [901, 901] tensor held wexd's event loop (no other client
+ * served) for 6 s, 6400 pieces past 10 s.  Real layouts stay far below
+ * it: the largest measured, a whole Qwen2 from FSDP over 8192 ranks x dp
+ * 4 (1.5M producer pieces), 9.4M steps; a DeepSeek-V3 rank from Megatron
+ * tp 8, pp 16, dp 8, ep 64 (plan_scale), 3.3M (review h105). */
+#define PLAN_STEPS_MAX (1ull << 30)
 
 struct src_entry {
 	uint32_t name;     /* interned name id */
@@ -116,6 +126,9 @@ struct work {
 	size_t capbp;
 	struct cell **order;
 	size_t caporder;
+	uint64_t steps;    /* this call's planning work so far (PLAN_STEPS_MAX) */
+	size_t *act;       /* cut_piece: the hits over the current dim-0 slab */
+	size_t capact;
 };
 
 #include "log.h"
@@ -490,6 +503,7 @@ void wex__planner_free(struct wex_planner *pl)
 		free(pl->w->cands);
 		free(pl->w->hits);
 		free(pl->w->bp);
+		free(pl->w->act);
 		free(pl->w->order);
 		free(pl->w);
 	}
@@ -674,6 +688,49 @@ static inline int cell_in(const struct src_entry *e, const struct cell *c, uint6
 	return in;
 }
 
+static int u64_cmp(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Adds n steps to this plan's work; -1, with err naming the tensor, past
+ * PLAN_STEPS_MAX. */
+static int plan_steps(struct work *w, uint64_t n, const struct wex_tensor *d, size_t nhit,
+		      char *err, size_t errlen)
+{
+	if (n <= PLAN_STEPS_MAX - w->steps) {
+		w->steps += n;
+		return 0;
+	}
+	seterr(err, errlen, "%.*s: refused: planning it takes over %llu steps, the most one plan "
+	       "may take (its %zu producer pieces overlapping this consumer piece, each checked "
+	       "against each cell they cut it into: %llu steps, with %llu taken before); no "
+	       "real layout comes near that, and a plan that large would hold up wexd",
+	       WEX_NAME_MAX, d->name, (unsigned long long)PLAN_STEPS_MAX, nhit,
+	       (unsigned long long)n, (unsigned long long)w->steps);
+	return -1;
+}
+
+/* The hits over dim-0 coordinate x (of a walk whose x only grows), in
+ * act[0, nact) on entry, on return in act[0, result): those that end
+ * past x, then those of hits[*next...] that start by x, in hits' order
+ * (hits come by start0). */
+static size_t slab_hits(const struct src_entry *const *hits, size_t nhit, size_t *act, size_t nact,
+			size_t *next, uint64_t x)
+{
+	size_t m = 0;
+
+	for (size_t i = 0; i < nact; i++)
+		if (hits[act[i]]->end0 > x)
+			act[m++] = act[i];
+	for (; *next < nhit && hits[*next]->start0 <= x; (*next)++)
+		if (hits[*next]->end0 > x)
+			act[m++] = *next;
+	return m;
+}
+
 /* `h` is name_hash(d->name). */
 static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_tensor *d, uint32_t di,
 		     uint32_t plan, uint64_t h, uint64_t *nbytes, char *err, size_t errlen)
@@ -732,7 +789,8 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 		first_hit = a;
 	}
 	uint64_t ds1 = nd > 1 ? d->start[1] : 0, de1 = nd > 1 ? d->start[1] + d->extent[1] : 1;
-	for (size_t i = first_hit; i < hi && pl->ent[i].start0 < d1; i++) {
+	uint64_t scanned = 0;
+	for (size_t i = first_hit; i < hi && pl->ent[i].start0 < d1; i++, scanned++) {
 		const struct src_entry *e = &pl->ent[i];
 		int ok = e->end0 > d0 && e->start1 < de1 && e->end1 > ds1 && e->end0 > e->start0 &&
 			 e->end1 > e->start1;
@@ -759,6 +817,10 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 		goto out;
 	}
 	/* Grid boundaries per dim, clipped to the consumer box. */
+	if (plan_steps(w, scanned + (uint64_t)nd * (2 * nhit + 2), d, nhit, err, errlen)) {
+		ret = -WEX_ELAYOUT;
+		goto out;
+	}
 	if (grow((void **)&w->bp, &w->capbp, (size_t)nd * (2 * nhit + 2) + 1, sizeof(uint64_t))) {
 		ret = -ENOMEM;
 		goto out;
@@ -780,7 +842,10 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 			if (y > a && y < b)
 				bp[k][nbp[k]++] = y;
 		}
-		/* Few boundaries: insertion sort. */
+		/* Few boundaries: insertion sort (many, from a producer's table
+		 * of many pieces of one tensor, took quadratic time). */
+		if (nbp[k] > 64)
+			qsort(bp[k], nbp[k], sizeof(uint64_t), u64_cmp);
 		for (size_t i = 1; i < nbp[k]; i++) {
 			uint64_t x = bp[k][i];
 			size_t j = i;
@@ -797,9 +862,38 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 	}
 	/* No boundary inside the box: one cell, which every hit holds whole. */
 	int one = 1;
-	for (uint32_t k = 0; k < nd; k++)
+	uint64_t slab_cells = 1; /* cells per dim-0 slab */
+	for (uint32_t k = 0; k < nd; k++) {
 		if (nbp[k] != 2)
 			one = 0;
+		if (k && __builtin_mul_overflow(slab_cells, (uint64_t)(nbp[k] - 1), &slab_cells))
+			slab_cells = UINT64_MAX;
+	}
+	/* The cells of one dim-0 slab check only the hits over it (checking
+	 * every hit for every cell, the whole of a tensor over 4096 FSDP
+	 * chunks took 4096^2 steps); in hits' order, so a cell's candidates
+	 * are the same.  The steps that takes are counted first: a plan past
+	 * the bound is refused before its walk. */
+	if (grow((void **)&w->act, &w->capact, nhit, sizeof(*w->act))) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	size_t *act = w->act, nact = 0, next = 0, nslab = nd ? nbp[0] - 1 : 1;
+	uint64_t walk = nslab, slab = 0;
+	for (size_t i = 0; i < nslab && walk != UINT64_MAX; i++) {
+		uint64_t x;
+
+		nact = slab_hits(hits, nhit, act, nact, &next, nd ? bp[0][i] : 0);
+		if (__builtin_mul_overflow(slab_cells, (uint64_t)nact + 1, &x) ||
+		    __builtin_add_overflow(walk, x, &walk))
+			walk = UINT64_MAX;
+	}
+	if (plan_steps(w, walk, d, nhit, err, errlen)) {
+		ret = -WEX_ELAYOUT;
+		goto out;
+	}
+	nact = next = 0;
+	int in_slab = 0;
 	/* Walk the grid cells in C order. */
 	size_t idx[MAXD] = { 0 };
 	for (;;) {
@@ -815,25 +909,31 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 		c.cand_off = (uint32_t)w->ncands;
 		uint64_t c0 = nd ? c.start[0] : 0, c1 = nd > 1 ? c.start[1] : 0;
 
+		if (!in_slab || c0 != slab) {
+			nact = slab_hits(hits, nhit, act, nact, &next, c0);
+			slab = c0;
+			in_slab = 1;
+		}
 		pl->serial++;
-		for (size_t i = 0; i < nhit; i++) {
-			const struct src_entry *e = hits[i];
+		for (size_t j = 0; j < nact; j++) {
+			const struct src_entry *e = hits[act[j]];
 			const struct wex_tensor *s = e->t;
-			int in = one || cell_in(e, &c, c0, c1);
+			int in;
 
+			/* One candidate per producer rank (a rank holding an element
+			 * twice adds no bandwidth): a rank listed is not checked. */
+			if (pl->stamp[e->src] == pl->serial)
+				continue;
+			in = one || cell_in(e, &c, c0, c1);
 			assert(in == cell_in(e, &c, c0, c1));
 			if (!in)
-				continue;
-			/* One candidate per producer rank (a rank holding an element
-			 * twice adds no bandwidth). */
-			if (pl->stamp[e->src] == pl->serial)
 				continue;
 			pl->stamp[e->src] = pl->serial;
 			if (grow((void **)&w->cands, &w->capcands, w->ncands + 1, sizeof(struct cand))) {
 				ret = -ENOMEM;
 				goto out;
 			}
-			w->cands[w->ncands++] = (struct cand){ hits[i]->src, s };
+			w->cands[w->ncands++] = (struct cand){ e->src, s };
 		}
 		c.ncand = (uint32_t)(w->ncands - c.cand_off);
 		if (c.ncand > 1 && pl->any_near) {
@@ -1169,6 +1269,7 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 	/* Scratch arrays live in the planner: no page faults per call. */
 	w = *pl->w;
 	w.ncells = w.ncands = 0;
+	w.steps = 0;
 	if (!plans || !caps || !pload)
 		goto out;
 	for (size_t r = 0; r < ndst; r++) {

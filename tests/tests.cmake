@@ -44,7 +44,7 @@ wex_foundation_test(cancel_wait LOOP LIBS ${WEX_FX_LIBS} Threads::Threads)
 # It interposes sendmsg, for libwex.so's calls too: export it.
 set_target_properties(cancel_wait_epoll cancel_wait_uring PROPERTIES ENABLE_EXPORTS ON)
 wex_foundation_test(writer_priority LOOP LIBS ${WEX_FX_LIBS})
-wex_foundation_test(bad_input LOOP)
+wex_foundation_test(bad_input LOOP LIBS wex)
 wex_foundation_test(api_contract LIBS ${WEX_FX_LIBS})
 wex_foundation_test(proto_fuzz LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(fd_exhaustion LOOP)

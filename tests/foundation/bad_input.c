@@ -26,7 +26,10 @@
  * consumer's byte stride past int64 and strides that shrink outward (the
  * planner overflowed int64: a sanitized wexd aborted), a fetch from a
  * negative start (an empty page), and config get/set fields of another
- * type (read as absent).
+ * type (read as absent).  And a producer's table of thousands of
+ * overlapping pieces of one tensor, which held wexd's event loop for
+ * seconds planning a consumer's fetch: refused, to the raw fetch and to
+ * libwex's wex_sync, naming the tensor and the bound.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -556,6 +559,87 @@ int main(void)
 			json_decref(r);
 		}
 		T_ASSERT(ok, "status once the large producer left");
+	}
+	{
+		/* A producer's table of 4K overlapping pieces of one [K+1,
+		 * K+1] tensor (each boundary cut both ways in each dim): the
+		 * consumer's fetch checked K^2 cells against 4K pieces each,
+		 * 2.9e9 steps in wexd's event loop (6 s, no other client
+		 * served; K = 1600, over 10 s).  Refused, naming the tensor
+		 * and the bound, before the walk. */
+		enum { K = 900, N = K + 1 };
+		int sp = t_raw_connect(d.sock), sc = t_raw_connect(d.sock), sfd, n = 0;
+		struct wex_tensor *pt = calloc(4 * K, sizeof(*pt)), w;
+		char req[160];
+		double t0;
+
+		T_ASSERT(pt, "calloc");
+		expect_req(sp, "{\"v\":1,\"op\":\"hello\",\"role\":\"producer\",\"model\":\"stall\"}",
+			   NULL, 0, "OK", NULL, "producer hello (stall)");
+		sfd = memfd_create("stall", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		T_ASSERT(sfd >= 0 && ftruncate(sfd, (off_t)N * N * 4) == 0, "memfd");
+		snprintf(req, sizeof(req), "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":%d}",
+			 N * N * 4);
+		expect_req(sp, req, &sfd, 1, "OK", NULL, "segment (stall)");
+		for (int dim = 0; dim < 2; dim++)
+			for (int i = 1; i <= K; i++)
+				for (int hi = 0; hi < 2; hi++) {
+					struct wex_tensor *x = &pt[n++];
+
+					*x = tensor("w", 0);
+					x->shape[0] = x->shape[1] = x->extent[0] = x->extent[1] = N;
+					x->start[dim] = hi ? (uint64_t)i : 0;
+					x->extent[dim] = hi ? (uint64_t)(N - i) : (uint64_t)i;
+				}
+		tfd = wex__table_pack(pt, NULL, (size_t)n);
+		T_ASSERT(tfd >= 0, "pack");
+		expect_req(sp, "{\"v\":1,\"op\":\"register_tensors\"}", &tfd, 1, "OK", NULL,
+			   "4K overlapping pieces of one tensor");
+		close(tfd);
+		expect_req(sp, "{\"v\":1,\"op\":\"begin_write\",\"version\":1}", NULL, 0, "OK", NULL,
+			   "begin_write (stall)");
+		expect_req(sp, "{\"v\":1,\"op\":\"publish\",\"version\":1}", NULL, 0, "OK", NULL,
+			   "publish (stall)");
+		expect_req(sc, "{\"v\":1,\"op\":\"hello\",\"role\":\"consumer\",\"model\":\"stall\"}",
+			   NULL, 0, "OK", NULL, "consumer hello (stall)");
+		w = tensor("w", 0);
+		w.shape[0] = w.shape[1] = w.extent[0] = w.extent[1] = N;
+		tfd = wex__table_pack(&w, NULL, 1);
+		T_ASSERT(tfd >= 0, "pack");
+		expect_req(sc, "{\"v\":1,\"op\":\"attach\"}", &tfd, 1, "OK", NULL, "attach (stall)");
+		close(tfd);
+		t0 = t_now();
+		expect_req(sc, "{\"v\":1,\"op\":\"fetch\"}", NULL, 0, "WEX_ELAYOUT",
+			   "w: refused: planning it takes over 1073741824 steps", "fetch planning a table that stalls");
+		printf("%-40s -> refused in %.2f s\n", "", t_now() - t0);
+		{
+			/* Through libwex: the sync fails, saying why. */
+			struct wex_client_params cp = {
+				.field_mask = WEX_CLIENT_FIELD_SOCKET | WEX_CLIENT_FIELD_ROLE |
+					      WEX_CLIENT_FIELD_MODEL | WEX_CLIENT_FIELD_GROUP,
+				.socket = d.sock, .role = WEX_ROLE_CONSUMER, .model = "stall",
+				.group = "libwex",
+			};
+			struct wex_sync_result sr;
+			wex_client_t *lc = NULL;
+			int ret;
+
+			w.ptr = calloc((size_t)N * N, 4);
+			T_ASSERT(w.ptr && wex_client_open(&cp, &lc) == 0, "libwex consumer: %s",
+				 wex_last_error(NULL));
+			T_WEX(lc, wex_attach(lc, &w, 1));
+			ret = wex_sync(lc, WEX_SYNC_COPY, 1, 5000, &sr);
+			T_ASSERT(ret == -WEX_ELAYOUT && strstr(wex_last_error(lc),
+							       "w: refused: planning it takes over 1073741824 steps"),
+				 "wex_sync of the stalling table: %d (%s)", ret, wex_last_error(lc));
+			printf("%-40s -> %s\n", "wex_sync of it", wex_last_error(lc));
+			wex_client_close(lc);
+			free(w.ptr);
+		}
+		close(sc);
+		close(sp);
+		close(sfd);
+		free(pt);
 	}
 	close(fd);
 	close(mfd);
