@@ -11,8 +11,9 @@
  * Defaults: model "policy", preset qwen2-0.5b, 3 versions numbered from
  * --first (1), 2 threads filling the weights, the socket libwex picks.
  * --wait-group makes it wait, after each publish, until every rank of that
- * consumer group serves the version (a trainer waiting for its rollout),
- * and exits 1 when wexd cannot tell (gone); --hold keeps the memory
+ * consumer group serves the version (a trainer waiting for its rollout), or
+ * until the group, listed before, is gone (its ranks all left: engines that
+ * ran their last rollout), and exits 1 when wexd cannot tell (gone); --hold keeps the memory
  * exported after the last version until SIGTERM.  SIGTERM or SIGINT
  * (Ctrl-C) stops it at once, also while begin_write waits for leases
  * (WEX_CLIENT_EINTR), and it exits 0.
@@ -45,15 +46,19 @@ static int name_is(json_t *j, const char *key, const char *s)
 	return v && !strcmp(v, s);
 }
 
-/* Every rank of `group` serves at least `v`?  1 yes, 0 not yet; wex_request's
- * error (wexd gone: the reason in wex_last_error), or -EPROTO for an answer
- * without a list of models. */
-static int group_served(wex_client_t *admin, const char *model, const char *group, uint64_t v)
+/* Every rank of `group` serves at least `v`?  1 yes, 0 not yet, 2 the group,
+ * listed by an earlier call (*seen), is gone: its ranks all left, as engines
+ * that ran their last rollout do, served or not (wexd forgets a group whose
+ * ranks all left, so a poll that came after their last sync never saw it
+ * served); wex_request's error (wexd gone: the reason in wex_last_error), or
+ * -EPROTO for an answer without a list of models. */
+static int group_served(wex_client_t *admin, const char *model, const char *group, uint64_t v,
+			int *seen)
 {
 	char *s = NULL;
 	json_t *j, *m, *g, *r;
 	size_t i, k, l;
-	int ok = 0, ret;
+	int ok = 0, listed = 0, ret;
 
 	if ((ret = wex_request(admin, "models", NULL, &s)) < 0)
 		return ret;
@@ -69,13 +74,16 @@ static int group_served(wex_client_t *admin, const char *model, const char *grou
 		json_array_foreach(json_object_get(m, "groups"), k, g) {
 			if (!name_is(g, "name", group))
 				continue;
-			ok = 1;
+			ok = listed = 1;
 			json_array_foreach(json_object_get(g, "ranks"), l, r)
 				if ((uint64_t)json_integer_value(json_object_get(r, "served")) < v)
 					ok = 0;
 		}
 	}
 	json_decref(j);
+	if (!listed && *seen)
+		return 2;
+	*seen |= listed;
 	return ok;
 }
 
@@ -96,7 +104,7 @@ int main(int argc, char **argv)
 	const char *model = "policy", *preset = "qwen2-0.5b", *wait_group = NULL, *sock = NULL;
 	uint32_t rank = 0, world = 1;
 	uint64_t versions = 3, first = 1, seg_bytes, num;
-	int hold = 0, interval_ms = 0, threads = 2, opt, n, ret;
+	int hold = 0, interval_ms = 0, threads = 2, group_seen = 0, opt, n, ret;
 	struct wex_tensor *t;
 	struct ex_cfg cfg;
 	wex_client_t *c, *admin = NULL;
@@ -227,11 +235,16 @@ int main(int argc, char **argv)
 		fflush(stdout);
 		/* Never publish the next version before the group served this
 		 * one: when wexd cannot say (it is gone), give up. */
-		while (admin && !stop && (ret = group_served(admin, model, wait_group, v)) == 0) {
+		while (admin && !stop &&
+		       (ret = group_served(admin, model, wait_group, v, &group_seen)) == 0) {
 			struct timespec ts = { 0, 2000000 };
 
 			nanosleep(&ts, NULL);
 		}
+		if (admin && ret == 2)
+			fprintf(stderr, "producer rank %u: group '%s' left (no rank connected) before it "
+				"was seen serving v%llu: not waiting for it\n", rank, wait_group,
+				(unsigned long long)v);
 		if (admin && ret < 0) {
 			fprintf(stderr, "producer rank %u: waiting for group '%s' to serve v%llu: %s: %s\n",
 				rank, wait_group, (unsigned long long)v, wex_strerror(ret),

@@ -230,6 +230,38 @@ rc=$?
 xexpect "$PRODUCER" 2 "producer: bad --first '0'" --first 0
 xexpect "$PRODUCER" 2 "producer: unknown preset 'huge'" --preset huge
 
+# A producer waiting for its --wait-group to serve a version, whose
+# group's ranks all leave (engines that ran their last rollout; wexd then
+# forgets the group) goes on, saying so: it polled wexd every 2 ms for a
+# group that no longer exists, forever, and never exited (the quickstart's
+# producers after the consumers finished, when their last poll came after
+# the consumers' last sync; README "examples/producer.c").
+"$PRODUCER" --model leaving --preset tiny --versions 1 --wait-group engine \
+	>"$TMP/leave.out" 2>"$TMP/leave.err" &
+LEAVER=$!
+LD_PRELOAD=${WEX_PY_PRELOAD:-} ASAN_OPTIONS=detect_leaks=0 WEX_LIB="$(dirname "$PRODUCER")/libwex.so" \
+PYTHONPATH="$(dirname "$0")/../../adapters/python" $PY - "$TMP/leave.out" >"$TMP/leave.py" 2>&1 <<'PYEOF' &
+import sys, time, wex
+c = wex.Client(wex.ROLE_CONSUMER, "leaving", group="engine")
+for _ in range(400):
+    if "published v1" in open(sys.argv[1]).read():
+        break
+    time.sleep(0.05)
+time.sleep(0.5)  # the producer's polls see the group
+c.close()
+PYEOF
+ENG=$!
+cleanup_extra() { kill -TERM "$LEAVER" "$ENG" 2>/dev/null; wait "$LEAVER" "$ENG" 2>/dev/null; }
+wait "$ENG" || fail "the engine that leaves: $(cat "$TMP/leave.py")"
+i=0; while kill -0 "$LEAVER" 2>/dev/null; do
+	i=$((i+1)); [ $i -lt 200 ] || fail "producer --wait-group still waits 10 s after its group left: $(cat "$TMP/leave.out" "$TMP/leave.err")"
+	sleep 0.05
+done
+wait "$LEAVER" || fail "producer --wait-group, group left: exit $?: $(cat "$TMP/leave.err")"
+grep -q "group 'engine' left (no rank connected) before it was seen serving v1" "$TMP/leave.err" ||
+	fail "producer --wait-group, group left: not said: $(cat "$TMP/leave.err")"
+cleanup_extra() { :; }
+
 # The examples when wexd goes away under them (wexd killed):
 #  - a producer waiting for its --wait-group to serve the version it
 #    published exits 1 naming the failed wait (it took the failed request

@@ -76,5 +76,5 @@ if(WEX_SANITIZE)
   # libwex is instrumented: the Python engine needs the ASan runtime first.
   execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libasan.so
     OUTPUT_VARIABLE WEX_SVC_ASAN_RT OUTPUT_STRIP_TRAILING_WHITESPACE)
-  set_tests_properties(svc_held_status svc_journal_faults svc_journal_warn_once svc_journal_unwritable_later PROPERTIES ENVIRONMENT "WEX_PY_PRELOAD=${WEX_SVC_ASAN_RT}")
+  set_tests_properties(svc_held_status svc_journal_faults svc_journal_warn_once svc_journal_unwritable_later svc_cli_errors PROPERTIES ENVIRONMENT "WEX_PY_PRELOAD=${WEX_SVC_ASAN_RT}")
 endif()
