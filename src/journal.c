@@ -460,8 +460,10 @@ static uint64_t proc_stat(pid_t pid, char *state)
 	return start;
 }
 
-/* Threads and real uid of process pid (/proc/PID/status); 0 and -1 where
- * unknown. */
+/* Threads and effective uid of process pid (/proc/PID/status); 0 and -1
+ * where unknown.  The effective uid, as SO_PEERCRED gave the record's:
+ * a process whose real uid differs (a setuid program's, one that dropped
+ * privileges with seteuid) is not another user's that took the pid. */
 static long status_of(pid_t pid, long *uid)
 {
 	char path[64], line[256];
@@ -477,7 +479,7 @@ static long status_of(pid_t pid, long *uid)
 		if (sscanf(line, "Threads: %ld", &n) == 1)
 			break;
 		else
-			sscanf(line, "Uid: %ld", uid);
+			sscanf(line, "Uid: %*d %ld", uid);
 	fclose(f);
 	return n;
 }

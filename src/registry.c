@@ -1300,9 +1300,10 @@ void wexd_journal_check(struct wexd *d)
 		return;
 	d->journal_checked_ns = wex__now_ns();
 	if (lost) {
-		/* Off since its directory went: used again once it can be
-		 * (the operator's fix), as a restart of wexd, which loses the
-		 * leases held, was the only way back. */
+		/* Off since its directory went (or since the start, which
+		 * refused it): used again once it can be (the operator's
+		 * fix), as a restart of wexd, which loses the leases held,
+		 * was the only way back. */
 		if (wex__journal_reopen(&d->journal) < 0)
 			return;
 		d->journal_lost = 0;

@@ -1491,10 +1491,14 @@ int main(int argc, char **argv)
 	}
 	/* Remap leases granted by an earlier wexd whose engines still hold
 	 * them keep their producers waiting (journal.h). */
-	if (wex__journal_open(&d.journal, d.socket_path) < 0)
-		wex_warn("wexd", "lease journal off (%s): remap leases held across a restart of wexd will not hold their producers off",
-			 d.journal.why);
-	else if (d.journal.nowrite[0])
+	if ((ret = wex__journal_open(&d.journal, d.socket_path)) < 0) {
+		wex_warn("wexd", "lease journal off (%s): remap leases held across a restart of wexd will not hold their producers off%s",
+			 d.journal.why, ret == -ENAMETOOLONG ? "" : " (wexd looks again every 200 ms, and uses it once it can)");
+		/* Looked at again, as one that went while wexd ran: set right
+		 * (a chmod, a chown), it is used without the restart that
+		 * would lose the leases held meanwhile. */
+		d.journal_lost = ret != -ENAMETOOLONG;
+	} else if (d.journal.nowrite[0])
 		wex_warn("wexd", "lease journal %s cannot be written (%s): leases held from before this wexd are read and hold their producers off, but the remap leases this wexd grants are not written down: a restart would lose them",
 			 d.journal.path, d.journal.nowrite);
 	wexd_held_load(&d);

@@ -12,6 +12,11 @@
  *    begin_write gets in.
  *  - leader_exits: an engine whose main thread exited while another runs
  *    (a zombie leader) still holds its lease after a restart;
+ *  - ruid: so does one whose real uid differs from its effective uid (run
+ *    as root only): the record names the effective uid (SO_PEERCRED's),
+ *    which wexd compared with the process's real uid, taking it for
+ *    another user's process that reused the pid, and the trainer wrote
+ *    under the engine at once;
  *  - close_after_restart: wex_client_close with no call since the restart
  *    ends the lease at the new wexd (a hello without it);
  *  - stale_records: records left by processes that are gone (a reaped pid;
@@ -30,6 +35,10 @@
  *  - journal_off: a journal directory open to others is refused with a
  *    warning and status says why; syncs still work, and a restart then
  *    holds nothing (the documented cost of a journal that is off).
+ *  - journal_off_fixed: one refused at start and set right while wexd runs
+ *    (chmod 0700) is used from then on: the lease held is written there
+ *    and holds after a restart (before: off until a restart, which lost
+ *    it);
  *  - garbage_appended: bytes after a record's page do not make it a stray:
  *    the lease still holds the trainer off after a restart;
  *  - newer_member: a record with a member this wexd does not know (a newer
@@ -169,6 +178,8 @@ static void *rollout(void *arg)
 /* A child engine process that syncs v1 of model in remap-view mode and
  * then rolls out until killed; `leader_exit`: its main thread exits
  * (pthread_exit) while the rollout thread runs on, a zombie leader. */
+static uid_t engine_ruid = (uid_t)-1; /* set: the engine's real uid (its euid stays) */
+
 static pid_t engine(const char *model, int leader_exit)
 {
 	int pfd[2];
@@ -183,6 +194,9 @@ static pid_t engine(const char *model, int leader_exit)
 		pthread_t th;
 
 		close(pfd[0]);
+		if (engine_ruid != (uid_t)-1)
+			T_ASSERT(setresuid(engine_ruid, geteuid(), geteuid()) == 0, "setresuid: %s",
+				 strerror(errno));
 		t_cons_open(&k, model, "g", "tiny", 0, 1);
 		T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
 		pthread_create(&th, NULL, rollout, NULL);
@@ -389,6 +403,42 @@ static void journal_off(void)
 	restart();
 	T_WEX(p.c, wex_begin_write(p.c, 2, 200)); /* nothing holds it */
 	T_ASSERT(chmod(path, 0700) == 0, "chmod %s back", path);
+	t_prod_close(&p);
+	t_cons_close(&k);
+}
+
+/* A journal refused at start (mode 0755) and set right while wexd runs
+ * (chmod 0700, as its warning invites) is used from then on: the lease
+ * held is written there and holds the trainer off after a restart
+ * (before, it stayed off until a restart, which lost that lease). */
+static void journal_off_fixed(void)
+{
+	struct t_prod p;
+	struct t_cons k;
+	char path[400];
+	json_t *st, *j;
+	int ret, on = 0;
+
+	journal_path(path, sizeof(path));
+	t_wexd_kill(&d);
+	T_ASSERT(chmod(path, 0755) == 0, "chmod %s", path);
+	t_wexd_restart(&d);
+	pair("offfixed", &p, &k, WEX_SYNC_REMAP_VIEW);
+	T_ASSERT(chmod(path, 0700) == 0, "chmod %s back", path);
+	for (double t0 = t_now(); !on && t_now() - t0 < 5; usleep(50000)) {
+		st = t_status(d.sock);
+		j = json_object_get(json_object_get(st, "daemon"), "lease_journal");
+		on = json_is_string(json_object_get(j, "dir"));
+		json_decref(st);
+	}
+	T_ASSERT(on, "status shows the journal on once its mode is set right");
+	T_ASSERT(journal_count() == 1, "the lease held is written there (%d records)",
+		 journal_count());
+	restart();
+	ret = wex_begin_write(p.c, 2, 200);
+	T_ASSERT(ret == -EBUSY, "the next wexd holds the trainer off: %s", wex_strerror(ret));
+	T_WEX(k.c, wex_release(k.c));
+	trainer_writes(&p, 2, 5000);
 	t_prod_close(&p);
 	t_cons_close(&k);
 }
@@ -840,11 +890,20 @@ int main(void)
 	t_check_backend(d.sock);
 	held_until_exit("exit", 0);
 	held_until_exit("leader", 1);
+	/* An engine whose real uid is not its effective one (a setuid
+	 * program's, one that dropped privileges with seteuid): the record
+	 * names its effective uid (SO_PEERCRED's), and it still holds. */
+	if (geteuid() == 0) {
+		engine_ruid = 65534;
+		held_until_exit("ruid", 0);
+		engine_ruid = (uid_t)-1;
+	}
 	close_after_restart();
 	stale_records();
 	claim_mismatch();
 	sigterm_keeps();
 	journal_off();
+	journal_off_fixed();
 	garbage_appended();
 	newer_member();
 	newer_format();
