@@ -111,7 +111,7 @@ struct cell {
 	uint32_t plan;     /* which output plan (group) */
 	int32_t chosen;    /* index into candidates, -1 none yet */
 	uint64_t bytes;
-	uint64_t nh;       /* hash of the tensor name */
+	uint64_t nh;       /* name_tie(the tensor name) */
 	uint64_t start[MAXD], ext[MAXD];
 };
 
@@ -126,7 +126,7 @@ struct work {
 	size_t capbp;
 	struct cell **order;
 	size_t caporder;
-	uint64_t steps;    /* this call's planning work so far (PLAN_STEPS_MAX) */
+	uint64_t steps;    /* this plan's work so far (PLAN_STEPS_MAX) */
 	size_t *act;       /* cut_piece: the hits over the current dim-0 slab */
 	size_t capact;
 };
@@ -263,6 +263,28 @@ static uint64_t name_hash(const struct wex_planner *pl, const char *s)
 	SIPROUND;
 	SIPROUND;
 	return v0 ^ v1 ^ v2 ^ v3;
+}
+
+/* The name's part of a cell's tie rotation (cell_hash): the same in every
+ * planner, unlike name_hash, whose key is random per planner.  Under that
+ * key the holder a cell went to among equally loaded ones changed from
+ * planner to planner: `wexctl plan` gave another plan (and plan hash) each
+ * run, and consumer ranks planned apart (wexd plans each on a planner of
+ * its own) no longer spread over the replicas by crank, several reading
+ * the same one.  Not a lookup: names made to collide cost nothing here. */
+static uint64_t name_tie(const char *s)
+{
+	size_t n = strnlen(s, WEX_NAME_MAX), i = 0;
+	uint64_t h = FNV0 ^ n;
+
+	for (; i + 8 <= n; i += 8) {
+		uint64_t w;
+
+		memcpy(&w, s + i, 8);
+		h = (h ^ w) * 0x9e3779b97f4a7c15ull;
+		h ^= h >> 29;
+	}
+	return fnv(h, s + i, n - i);
 }
 
 uint64_t wex__planner_name_hash(const struct wex_planner *pl, const char *name)
@@ -894,10 +916,11 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 	}
 	nact = next = 0;
 	int in_slab = 0;
+	uint64_t tie = name_tie(d->name);
 	/* Walk the grid cells in C order. */
 	size_t idx[MAXD] = { 0 };
 	for (;;) {
-		struct cell c = { .dst = di, .ndim = nd, .plan = plan, .chosen = -1, .nh = h };
+		struct cell c = { .dst = di, .ndim = nd, .plan = plan, .chosen = -1, .nh = tie };
 		uint64_t elems = 1;
 
 		for (uint32_t k = 0; k < nd; k++) {
@@ -1269,10 +1292,14 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 	/* Scratch arrays live in the planner: no page faults per call. */
 	w = *pl->w;
 	w.ncells = w.ncands = 0;
-	w.steps = 0;
 	if (!plans || !caps || !pload)
 		goto out;
 	for (size_t r = 0; r < ndst; r++) {
+		/* The bound is each plan's: summed over a group call (wexctl
+		 * plan, 64 consumer ranks at a time), it refused ranks that
+		 * each take a fraction of it, naming whichever tensor crossed
+		 * it. */
+		w.steps = 0;
 		plans[r] = calloc(1, sizeof(struct wex_plan));
 		if (!plans[r])
 			goto out;

@@ -8,7 +8,9 @@
  * 8 vLLM instances) bytes moved equal bytes needed and the busiest source
  * stays within 1.1x its lower bound, planned as a group, rank by rank on
  * one planner, and rank by rank on separate planners (wex__plan_build, as
- * wexd does: only crank/cworld spread the load);
+ * wexd does: only crank/cworld spread the load), and with 4 replicas read
+ * by 4 ranks planned apart each rank gets the same plan every time and each
+ * replica serves exactly a quarter (4c);
  * (5) an element no producer holds is refused with -WEX_ELAYOUT;
  * (6) producer ranks marked near (memory on the consumer's device) serve
  * every element they hold, and several near ranks share it, while without
@@ -222,6 +224,40 @@ int main(void)
 		       (unsigned long long)bound, (double)busiest / (double)bound);
 		CHECK(busiest * 10 <= bound * 11, "independent plans: busiest source above 1.1x bound");
 		free(load);
+	}
+	unmk(&s);
+
+	/* (4c) 4 full replicas, 4 consumer ranks each wanting every tensor
+	 * whole, each planned on a planner of its own (as wexd does): the
+	 * same plan for the same rank every time, and crank alone spreads
+	 * the ranks over the replicas, each replica read once per tensor.
+	 * Before, the tie rotation took the name hash under each planner's
+	 * random key: another plan (and plan hash, as `wexctl plan` printed)
+	 * each time, and ranks piling onto the same replica. */
+	mk(m, "megatron:tp=1,dp=4", "vllm:tp=1,dp=4", &s);
+	{
+		uint64_t load[4] = { 0 }, h0[4] = { 0 }, need = 0, busiest = 0;
+
+		CHECK(s.pw == 4 && s.cw == 4, "4 x 4 ranks: %u, %u", s.pw, s.cw);
+		for (int round = 0; round < 8; round++)
+			for (uint32_t r = 0; r < s.cw; r++) {
+				CHECK(wex__plan_build(s.srcs, s.pw, s.cr[r].pieces, s.cr[r].l.np, r, s.cw, &p,
+						      err, sizeof(err)) == 0, "%s", err);
+				if (!round) {
+					h0[r] = p->hash;
+					add_load(p, load);
+					need += p->stats.bytes_needed;
+				}
+				CHECK(p->hash == h0[r], "rank %u: plan hash %016llx, then %016llx on another planner",
+				      r, (unsigned long long)h0[r], (unsigned long long)p->hash);
+				wex__plan_free(p);
+			}
+		for (uint32_t i = 0; i < s.pw; i++)
+			busiest = load[i] > busiest ? load[i] : busiest;
+		printf("apart, 4 replicas to 4 ranks: busiest %llu of %llu (%.3fx a quarter)\n",
+		       (unsigned long long)busiest, (unsigned long long)need, 4.0 * (double)busiest / (double)need);
+		CHECK(busiest * 4 == need, "ranks planned apart: busiest replica serves %llu of %llu bytes",
+		      (unsigned long long)busiest, (unsigned long long)need);
 	}
 	unmk(&s);
 
