@@ -12,8 +12,10 @@
  * --first (1), 2 threads filling the weights, the socket libwex picks.
  * --wait-group makes it wait, after each publish, until every rank of that
  * consumer group serves the version (a trainer waiting for its rollout), or
- * until the group, listed before, is gone (its ranks all left: engines that
- * ran their last rollout), and exits 1 when wexd cannot tell (gone); --hold keeps the memory
+ * until the group, listed before by the same wexd, is gone (its ranks all
+ * left: engines that ran their last rollout; a restarted wexd that has not
+ * seen the group yet is waited on until it lists it), and exits 1 when wexd
+ * cannot tell (gone); --hold keeps the memory
  * exported after the last version until SIGTERM.  SIGTERM or SIGINT
  * (Ctrl-C) stops it at once, also while begin_write waits for leases
  * (WEX_CLIENT_EINTR), and it exits 0.
@@ -46,19 +48,52 @@ static int name_is(json_t *j, const char *key, const char *s)
 	return v && !strcmp(v, s);
 }
 
+/* The wexd a group was listed by: its pid and start (on this process's
+ * monotonic clock, from its uptime), as status says. */
+struct seen {
+	int listed; /* the group was listed */
+	int pid;
+	double start;
+};
+
+/* The pid and start of the wexd that admin talks to; wex_request's error,
+ * or -EPROTO for a status without them. */
+static int wexd_id(wex_client_t *admin, int *pid, double *start)
+{
+	char *s = NULL;
+	json_t *j, *dm;
+	int ret;
+
+	if ((ret = wex_request(admin, "status", NULL, &s)) < 0)
+		return ret;
+	j = json_loads(s, 0, NULL);
+	wex_free(s);
+	dm = json_object_get(j, "daemon");
+	ret = json_is_integer(json_object_get(dm, "pid")) &&
+			      json_is_number(json_object_get(dm, "uptime_s")) ? 0 : -EPROTO;
+	*pid = (int)json_integer_value(json_object_get(dm, "pid"));
+	*start = ex_now() - json_number_value(json_object_get(dm, "uptime_s"));
+	json_decref(j);
+	return ret;
+}
+
 /* Every rank of `group` serves at least `v`?  1 yes, 0 not yet, 2 the group,
  * listed by an earlier call (*seen), is gone: its ranks all left, as engines
  * that ran their last rollout do, served or not (wexd forgets a group whose
  * ranks all left, so a poll that came after their last sync never saw it
  * served); wex_request's error (wexd gone: the reason in wex_last_error), or
- * -EPROTO for an answer without a list of models. */
+ * -EPROTO for an answer without a list of models.  A group missing at a
+ * wexd that restarted since it was listed is not gone: the new wexd has
+ * not seen it yet (its engines come back at their next call), and it is
+ * waited for as one never listed. */
 static int group_served(wex_client_t *admin, const char *model, const char *group, uint64_t v,
-			int *seen)
+			struct seen *seen)
 {
 	char *s = NULL;
 	json_t *j, *m, *g, *r;
 	size_t i, k, l;
-	int ok = 0, listed = 0, ret;
+	int ok = 0, listed = 0, pid, ret;
+	double start;
 
 	if ((ret = wex_request(admin, "models", NULL, &s)) < 0)
 		return ret;
@@ -81,10 +116,23 @@ static int group_served(wex_client_t *admin, const char *model, const char *grou
 		}
 	}
 	json_decref(j);
-	if (!listed && *seen)
-		return 2;
-	*seen |= listed;
-	return ok;
+	if (listed == seen->listed)
+		return ok;
+	if ((ret = wexd_id(admin, &pid, &start)) < 0)
+		return ret;
+	if (listed) {
+		seen->listed = 1;
+		seen->pid = pid;
+		seen->start = start;
+		return ok;
+	}
+	/* (A second's slack for the time the answer took; a wexd restarted
+	 * in a container may have the same pid.) */
+	if (pid != seen->pid || start > seen->start + 1.0) {
+		seen->listed = 0;
+		return 0;
+	}
+	return 2;
 }
 
 int main(int argc, char **argv)
@@ -104,7 +152,8 @@ int main(int argc, char **argv)
 	const char *model = "policy", *preset = "qwen2-0.5b", *wait_group = NULL, *sock = NULL;
 	uint32_t rank = 0, world = 1;
 	uint64_t versions = 3, first = 1, seg_bytes, num;
-	int hold = 0, interval_ms = 0, threads = 2, group_seen = 0, opt, n, ret;
+	int hold = 0, interval_ms = 0, threads = 2, opt, n, ret;
+	struct seen group_seen = { 0, 0, 0 };
 	struct wex_tensor *t;
 	struct ex_cfg cfg;
 	wex_client_t *c, *admin = NULL;
@@ -248,7 +297,7 @@ int main(int argc, char **argv)
 		if (admin && ret < 0) {
 			fprintf(stderr, "producer rank %u: waiting for group '%s' to serve v%llu: %s: %s\n",
 				rank, wait_group, (unsigned long long)v, wex_strerror(ret),
-				ret == -EPROTO ? "wexd's answer to 'models' lists no models" :
+				ret == -EPROTO ? "wexd's answer to 'models' lists no models, or its status no pid and uptime" :
 						 wex_last_error(admin));
 			return 1;
 		}

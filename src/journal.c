@@ -460,17 +460,15 @@ static uint64_t proc_stat(pid_t pid, char *state)
 	return start;
 }
 
-/* Threads and effective uid of process pid (/proc/PID/status); 0 and -1
- * where unknown.  The effective uid, as SO_PEERCRED gave the record's:
- * a process whose real uid differs (a setuid program's, one that dropped
- * privileges with seteuid) is not another user's that took the pid. */
-static long status_of(pid_t pid, long *uid)
+/* Threads and the four uids (real, effective, saved, filesystem) of process
+ * pid (/proc/PID/status); 0 and -1s where unknown. */
+static long status_of(pid_t pid, long uid[4])
 {
 	char path[64], line[256];
 	long n = 0;
 	FILE *f;
 
-	*uid = -1;
+	uid[0] = uid[1] = uid[2] = uid[3] = -1;
 	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
 	f = fopen(path, "re");
 	if (!f)
@@ -479,7 +477,7 @@ static long status_of(pid_t pid, long *uid)
 		if (sscanf(line, "Threads: %ld", &n) == 1)
 			break;
 		else
-			sscanf(line, "Uid: %*d %ld", uid);
+			sscanf(line, "Uid: %ld %ld %ld %ld", &uid[0], &uid[1], &uid[2], &uid[3]);
 	fclose(f);
 	return n;
 }
@@ -495,20 +493,27 @@ int wex__journal_alive(const struct wex_journal_rec *r)
 {
 	char state = '?';
 	uint64_t now;
-	long uid, nthreads;
+	long uid[4], nthreads;
 
 	if (r->boot[0] && boot_id()[0] && strcmp(r->boot, boot_id()))
 		return 0;
 	if (kill(r->pid, 0) < 0 && errno == ESRCH)
 		return 0;
 	now = proc_stat(r->pid, &state);
-	nthreads = status_of(r->pid, &uid);
+	nthreads = status_of(r->pid, uid);
 	/* Exited, not yet reaped: its mappings are gone, unless only the
 	 * leader thread exited and others still run (they share them). */
 	if ((state == 'Z' || state == 'X') && nthreads <= 1)
 		return 0;
-	if (uid >= 0 && (uid_t)uid != r->uid)
-		return 0; /* another user's process took the pid */
+	/* Another user's process took the pid: none of its uids is the
+	 * record's, SO_PEERCRED's effective one at connect.  Any of them
+	 * (not the effective one alone): a setuid program's real uid, or a
+	 * process that changed its effective one since it connected (a
+	 * seteuid to drop privileges; its saved uid stays), is still the
+	 * lease's. */
+	if (uid[0] >= 0 && (uid_t)uid[0] != r->uid && (uid_t)uid[1] != r->uid &&
+	    (uid_t)uid[2] != r->uid && (uid_t)uid[3] != r->uid)
+		return 0;
 	/* Unknown either way (a /proc that hides other users' processes):
 	 * the pid alone says it. */
 	return !r->start || !now || now == r->start;

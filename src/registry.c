@@ -1282,6 +1282,30 @@ void wexd_held_check(struct wexd *d)
 		held_sweep(d);
 }
 
+struct stale_del {
+	struct wexd *d;
+	unsigned n;
+};
+
+/* A record of the wexd before, in a directory refused at this one's start
+ * (wexd_journal_check): its lease was not held here (the engine that came
+ * back was told it was lost; what it holds now is written anew), so it
+ * goes: kept, the next wexd would hold it beside the one written since
+ * for that process, and the producer off until the process exits. */
+static void stale_del(void *arg, const char *name, const struct wex_journal_rec *r)
+{
+	struct stale_del *s = arg;
+	char file[WEX_JOURNAL_NAME_MAX];
+	int none = -1, mode = r->mode & ~WEX_JOURNAL_LOST;
+
+	snprintf(file, sizeof(file), "%s", name);
+	wex_info("journal", "model '%s': the %s lease of pid %d on v%llu, written by an earlier wexd, was not held by this one (the journal was off at its start): its record %s/%s removed",
+		 r->model, mode_name(mode ? mode : WEX_JOURNAL_ROUND), (int)r->pid,
+		 (unsigned long long)r->version, s->d->journal.path, file);
+	wex__journal_del(&s->d->journal, &none, file);
+	s->n++;
+}
+
 /*
  * The journal's directory was removed or replaced while wexd ran (an
  * operator's rm -rf or mv): its records, open in the old one, would go on
@@ -1304,10 +1328,18 @@ void wexd_journal_check(struct wexd *d)
 		 * refused it): used again once it can be (the operator's
 		 * fix), as a restart of wexd, which loses the leases held,
 		 * was the only way back. */
+		struct stale_del sd = { d, 0 };
+
 		if (wex__journal_reopen(&d->journal) < 0)
 			return;
 		d->journal_lost = 0;
 		why = NULL;
+		if (lost == 2) {
+			wex__journal_scan(&d->journal, stale_del, &sd);
+			if (sd.n)
+				wex_warn("journal", "lease journal %s: %u record(s) of leases an earlier wexd granted, not held by this one (the journal was off at its start), removed",
+					 d->journal.path, sd.n);
+		}
 	} else if (!(why = wex__journal_moved(&d->journal))) {
 		/* (Status's unwritable follows it: a filesystem remounted
 		 * read-only after a disk error, or made writable again.) */

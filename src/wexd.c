@@ -1497,7 +1497,7 @@ int main(int argc, char **argv)
 		/* Looked at again, as one that went while wexd ran: set right
 		 * (a chmod, a chown), it is used without the restart that
 		 * would lose the leases held meanwhile. */
-		d.journal_lost = ret != -ENAMETOOLONG;
+		d.journal_lost = ret != -ENAMETOOLONG ? 2 : 0;
 	} else if (d.journal.nowrite[0])
 		wex_warn("wexd", "lease journal %s cannot be written (%s): leases held from before this wexd are read and hold their producers off, but the remap leases this wexd grants are not written down: a restart would lose them",
 			 d.journal.path, d.journal.nowrite);

@@ -268,7 +268,9 @@ struct wexd {
 	struct held *held;
 	uint64_t held_checked_ns;
 	uint64_t journal_checked_ns; /* wexd_journal_check */
-	int journal_lost; /* its directory went and could not be made again */
+	/* Its directory went and could not be made again (1), or was refused
+	 * at the start, its records unread (2): looked at again each tick. */
+	int journal_lost;
 	int round_passed; /* an acquire passed its group's round (service_waiters) */
 	uint64_t verify_seq; /* the last ticket wexctl verify was given */
 	/* Asks standing for models that went with their last client, until

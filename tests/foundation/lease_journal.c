@@ -17,6 +17,9 @@
  *    which wexd compared with the process's real uid, taking it for
  *    another user's process that reused the pid, and the trainer wrote
  *    under the engine at once;
+ *  - euid_after: so does one that changed its effective uid with seteuid
+ *    after it connected (root only; its real and saved uid are still the
+ *    record's): it was taken for another user's process;
  *  - close_after_restart: wex_client_close with no call since the restart
  *    ends the lease at the new wexd (a hello without it);
  *  - stale_records: records left by processes that are gone (a reaped pid;
@@ -39,6 +42,10 @@
  *    (chmod 0700) is used from then on: the lease held is written there
  *    and holds after a restart (before: off until a restart, which lost
  *    it);
+ *  - journal_off_fixed_stale: a record of the wexd before, left in one
+ *    refused at start (its lease lost at this wexd), goes once the
+ *    directory is used: before, it stayed beside the engine's new one and
+ *    the next wexd held the trainer off with it until the engine exited;
  *  - garbage_appended: bytes after a record's page do not make it a stray:
  *    the lease still holds the trainer off after a restart;
  *  - newer_member: a record with a member this wexd does not know (a newer
@@ -179,6 +186,7 @@ static void *rollout(void *arg)
  * then rolls out until killed; `leader_exit`: its main thread exits
  * (pthread_exit) while the rollout thread runs on, a zombie leader. */
 static uid_t engine_ruid = (uid_t)-1; /* set: the engine's real uid (its euid stays) */
+static uid_t engine_euid_after = (uid_t)-1; /* set: its euid once synced (seteuid) */
 
 static pid_t engine(const char *model, int leader_exit)
 {
@@ -199,6 +207,8 @@ static pid_t engine(const char *model, int leader_exit)
 				 strerror(errno));
 		t_cons_open(&k, model, "g", "tiny", 0, 1);
 		T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
+		if (engine_euid_after != (uid_t)-1)
+			T_ASSERT(seteuid(engine_euid_after) == 0, "seteuid: %s", strerror(errno));
 		pthread_create(&th, NULL, rollout, NULL);
 		(void)!write(pfd[1], "s", 1);
 		if (leader_exit)
@@ -439,6 +449,47 @@ static void journal_off_fixed(void)
 	T_ASSERT(ret == -EBUSY, "the next wexd holds the trainer off: %s", wex_strerror(ret));
 	T_WEX(k.c, wex_release(k.c));
 	trainer_writes(&p, 2, 5000);
+	t_prod_close(&p);
+	t_cons_close(&k);
+}
+
+/* A journal refused at start that still holds a record of the wexd
+ * before (a lease this wexd did not hold: its engine's release said it was
+ * lost), set right later: that record goes when the directory is used, as
+ * this wexd's own records now say what is held.  Before, it stayed, and
+ * the next wexd held the trainer off with it for good: the engine, back
+ * with the lease it synced since, claims one record of its rank at its
+ * hello, and the other held the model until the engine exited. */
+static void journal_off_fixed_stale(void)
+{
+	struct wex_sync_result r;
+	struct t_prod p;
+	struct t_cons k;
+	char path[400];
+	json_t *st, *j;
+	int on = 0;
+
+	journal_path(path, sizeof(path));
+	pair("offstale", &p, &k, WEX_SYNC_REMAP_VIEW);
+	T_ASSERT(journal_count() == 1, "the lease on v1 is written down");
+	t_wexd_kill(&d);
+	T_ASSERT(chmod(path, 0755) == 0, "chmod %s", path);
+	t_wexd_restart(&d);
+	(void)wex_release(k.c); /* lost: the journal is off */
+	trainer_writes(&p, 2, 5000);
+	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 2, 5000, &r));
+	T_ASSERT(chmod(path, 0700) == 0, "chmod %s back", path);
+	for (double t0 = t_now(); !on && t_now() - t0 < 5; usleep(50000)) {
+		st = t_status(d.sock);
+		j = json_object_get(json_object_get(st, "daemon"), "lease_journal");
+		on = json_is_string(json_object_get(j, "dir"));
+		json_decref(st);
+	}
+	T_ASSERT(on, "status shows the journal on once its mode is set right");
+	restart();
+	T_WEX(k.c, wex_release(k.c)); /* its lease on v2, taken back */
+	trainer_writes(&p, 3, 3000);
+	T_ASSERT(journal_count() == 0, "no record of a lease is left (%d)", journal_count());
 	t_prod_close(&p);
 	t_cons_close(&k);
 }
@@ -897,6 +948,13 @@ int main(void)
 		engine_ruid = 65534;
 		held_until_exit("ruid", 0);
 		engine_ruid = (uid_t)-1;
+		/* One that dropped privileges with seteuid once connected
+		 * (its real and saved uid still the record's, its effective
+		 * one not): it still holds too (before, it was taken for
+		 * another user's process that took the pid). */
+		engine_euid_after = 65534;
+		held_until_exit("euid_after", 0);
+		engine_euid_after = (uid_t)-1;
 	}
 	close_after_restart();
 	stale_records();
@@ -904,6 +962,7 @@ int main(void)
 	sigterm_keeps();
 	journal_off();
 	journal_off_fixed();
+	journal_off_fixed_stale();
 	garbage_appended();
 	newer_member();
 	newer_format();

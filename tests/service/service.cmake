@@ -8,6 +8,7 @@ add_test(NAME svc_socket_activate_epoll COMMAND sh ${SVC}/socket_activate.sh
   $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl> $<TARGET_FILE:wex-producer>)
 set_tests_properties(svc_socket_activate_epoll PROPERTIES ENVIRONMENT "WEX_IO=epoll")
 add_test(NAME svc_reload_flags COMMAND sh ${SVC}/reload_flags.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
+add_test(NAME svc_wait_group_restart COMMAND sh ${SVC}/wait_group_restart.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wex-producer>)
 add_test(NAME svc_activation_drain COMMAND sh ${SVC}/activation_drain.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wex-producer>)
 add_test(NAME svc_activation_drain_epoll COMMAND sh ${SVC}/activation_drain.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wex-producer>)
 set_tests_properties(svc_activation_drain_epoll PROPERTIES ENVIRONMENT "WEX_IO=epoll")
@@ -42,7 +43,7 @@ add_test(NAME svc_readme_run_wexd COMMAND sh ${SVC}/readme_run_wexd.sh ${CMAKE_S
   $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 set_tests_properties(svc_readme_run_wexd PROPERTIES LABELS service TIMEOUT 60 SKIP_RETURN_CODE 77)
 wex_add_test(svc_sigterm_sync SOURCES tests/service/sigterm_sync.c LIBS wex wex_example_model LABELS service TIMEOUT 120)
-set_tests_properties(svc_access_control svc_cli_errors svc_journal_log svc_inherited_fds svc_cli_hung svc_metrics_restore svc_max_clients svc_max_clients_admin svc_socket_path svc_io_fallback svc_io_transient svc_io_no_sqe svc_io_dropped svc_io_recv_give_up svc_io_dropped_no_sqe svc_io_retry_stress svc_drain_timeout svc_reload_flags svc_activation_drain svc_activation_drain_epoll svc_socket_activate svc_socket_activate_epoll svc_cli
+set_tests_properties(svc_access_control svc_cli_errors svc_journal_log svc_inherited_fds svc_cli_hung svc_metrics_restore svc_max_clients svc_max_clients_admin svc_socket_path svc_io_fallback svc_io_transient svc_io_no_sqe svc_io_dropped svc_io_recv_give_up svc_io_dropped_no_sqe svc_io_retry_stress svc_drain_timeout svc_reload_flags svc_wait_group_restart svc_activation_drain svc_activation_drain_epoll svc_socket_activate svc_socket_activate_epoll svc_cli
   svc_cli_epoll PROPERTIES
   LABELS service TIMEOUT 120 SKIP_RETURN_CODE 77)
 add_test(NAME svc_notify_reload COMMAND sh ${SVC}/notify_reload.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>
