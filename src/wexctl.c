@@ -708,6 +708,11 @@ static int verify_waiting(json_t *j)
 	json_array_foreach(json_object_get(j, "groups"), i, g) {
 		int over = json_is_false(json_object_get(g, "standing"));
 
+		/* Ranks of a wide world wexd counts rather than lists: all
+		 * absent (or not asked). */
+		if (!over && json_integer_value(json_object_get(g, "ranks_unlisted")) > 0 &&
+		    !strcmp(json_string_value(json_object_get(g, "unlisted_state")) ?: "", "absent"))
+			return 1;
 		json_array_foreach(json_object_get(g, "ranks"), k, r)
 			if (verify_class(r) == 2 &&
 			    !(over && !strcmp(json_string_value(json_object_get(r, "state")) ?: "",
@@ -784,12 +789,25 @@ static int cmd_verify(const char *model, const char *group, double timeout, int 
 		printf("%-16s %-5s %-8s %-9s %-8s %-12s %-12s %10s %8s  %s\n", "GROUP", "RANK", "PID",
 		       "STATE", "VERSION", "MODE", "RESULT", "COMPARED", "SECONDS", "DETAIL");
 	}
-	json_array_foreach(json_object_get(j, "groups"), i, g)
+	json_array_foreach(json_object_get(j, "groups"), i, g) {
+		json_int_t unl = json_integer_value(json_object_get(g, "ranks_unlisted"));
+		const char *us = json_string_value(json_object_get(g, "unlisted_state")) ?: "absent";
+
 		json_array_foreach(json_object_get(g, "ranks"), k, r) {
 			n[verify_class(r)]++;
 			if (!as_json)
 				print_verify_rank(json_string_value(json_object_get(g, "name")) ?: "?", r);
 		}
+		/* Counted as the ranks they stand for would be (verify_class). */
+		if (unl > 0) {
+			n[!strcmp(us, "absent") ? 2 : 3] += (int)unl;
+			if (!as_json)
+				printf("%lld rank(s) of group '%s' %s, not listed (%s)\n", (long long)unl,
+				       json_string_value(json_object_get(g, "name")) ?: "?", us,
+				       !strcmp(us, "absent") ? "no engine connected as them" :
+							       "the group attached after the ask");
+		}
+	}
 	json_decref(j);
 	if (!as_json) {
 		if (n[1])

@@ -252,11 +252,21 @@ static void group_names(const struct model *m, char *out, size_t len)
 	}
 }
 
+/*
+ * A world over this many ranks lists only the ranks with an engine and
+ * counts the others (ranks_unlisted, all in one state: absent, or
+ * not-asked), as status does (registry.c WEX_STATUS_WORLD_ALL): any local
+ * client may say hello as rank 0 of 65536, and every poll of a waiting
+ * wexctl verify (ten a second) then built 65536 ranks' lines, 8 MB, in
+ * wexd's loop, holding every other client up.
+ */
+#define VERIFY_WORLD_ALL 1024u
+
 /* Where every rank of g stands on `ticket`. */
 static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 {
-	json_t *ranks = json_array();
-	uint64_t now = wex__now_ns();
+	json_t *ranks = json_array(), *o;
+	uint64_t now = wex__now_ns(), unlisted = 0;
 
 	for (uint32_t i = 0; i < g->world; i++) {
 		const struct conn *c = g->ranks ? g->ranks[i] : NULL;
@@ -266,8 +276,11 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 		int comparing = c && c->verify_asked >= ticket && c->verify_done < ticket &&
 				c->has_lease && c->syncs == c->verify_asked_sync;
 		const char *state;
-		json_t *o;
 
+		if (!c && g->world > VERIFY_WORLD_ALL) {
+			unlisted++;
+			continue;
+		}
 		if (g->verify_ticket < ticket)
 			state = "not-asked";
 		else if (c && c->verify_done >= ticket)
@@ -291,8 +304,14 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 	}
 	/* standing: whether the ask still stands (an absent rank answers it
 	 * no more once it does not; wexctl stops waiting for it). */
-	return json_pack("{s:s, s:i, s:b, s:o}", "name", g->name, "world", (int)g->world,
-			 "standing", now < g->verify_until_ns, "ranks", ranks);
+	o = json_pack("{s:s, s:i, s:b, s:o}", "name", g->name, "world", (int)g->world, "standing",
+		      now < g->verify_until_ns, "ranks", ranks);
+	if (o && unlisted) {
+		json_object_set_new(o, "ranks_unlisted", json_integer((json_int_t)unlisted));
+		json_object_set_new(o, "unlisted_state",
+				    json_string(g->verify_ticket < ticket ? "not-asked" : "absent"));
+	}
+	return o;
 }
 
 /* Where the ranks of a group an ask stands for, gone for now, stand on

@@ -40,13 +40,17 @@
  *  - a wexctl verify whose wait starts late, while every client of the
  *    model leaves and the ask stops standing, stops waiting for the
  *    absent rank (exit 4, the table), not exit 1 at a poll that finds
- *    the model forgotten.
+ *    the model forgotten;
+ *  - a group of a world of 65536 with one rank connected: a poll lists
+ *    that rank and counts the absent others (ranks_unlisted), and wexctl
+ *    prints a short table and counts them not verified (exit 4).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include "fixture.h"
 
@@ -482,6 +486,45 @@ static void absent_rank_check(void)
 	t_cons_close(&h);
 }
 
+/* A group of a wide world (any local client may say hello as rank 0 of
+ * 65536): a poll lists the ranks with an engine and counts the absent
+ * others (ranks_unlisted), as status does, so that each poll of a waiting
+ * wexctl verify does not hold wexd's loop building 65536 ranks' lines;
+ * wexctl still counts them as not verified (exit 4) and says how many. */
+static void wide_world_check(void)
+{
+	wex_client_t *h = t_open(WEX_ROLE_CONSUMER, MODEL, "wide", 0, 65536), *adm;
+	char out[400], *reply = NULL;
+	const char *text;
+	json_t *j, *g;
+	struct stat sb;
+	int ret;
+
+	snprintf(out, sizeof(out), "%s/wexctl-wide.out", d.dir);
+	ret = wexctl_run(out, (const char *const[]){ "verify", MODEL, "--group", "wide",
+						    "--timeout", "0.3", NULL });
+	T_ASSERT(stat(out, &sb) == 0, "wexctl verify's output: %s", strerror(errno));
+	text = slurp(out);
+	T_ASSERT(ret == 4 && sb.st_size < 4096 && strstr(text, "\nwide             0 ") &&
+			 strstr(text, "65535 rank(s) of group 'wide' absent") &&
+			 strstr(text, "0 rank(s) equal; 65536 not verified"),
+		 "wexctl verify of a world of 65536 with one rank connected: exit %d, %lld bytes: %.2000s",
+		 ret, (long long)sb.st_size, text);
+	adm = t_open(WEX_ROLE_ADMIN, NULL, NULL, 0, 0);
+	T_WEX(adm, wex_request(adm, "verify", "{\"model\":\"" MODEL "\",\"group\":\"wide\"}", &reply));
+	j = json_loads(reply, 0, NULL);
+	g = json_array_get(json_object_get(j, "groups"), 0);
+	T_ASSERT(json_array_size(json_object_get(g, "ranks")) == 1 &&
+			 json_integer_value(json_object_get(g, "ranks_unlisted")) == 65535,
+		 "verify poll of a world of 65536: %zu ranks listed, %lld unlisted",
+		 json_array_size(json_object_get(g, "ranks")),
+		 (long long)json_integer_value(json_object_get(g, "ranks_unlisted")));
+	json_decref(j);
+	wex_free(reply);
+	wex_client_close(adm);
+	wex_client_close(h);
+}
+
 static void wexctl_checks(struct t_cons *k)
 {
 	char out[400];
@@ -801,6 +844,7 @@ int main(int argc, char **argv)
 	comparing_check();
 	shard_offset_check();
 	absent_rank_check();
+	wide_world_check();
 	orphan_expiry_check();
 	wexctl_checks(&k);
 	t_cons_close(&k);
