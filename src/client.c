@@ -2248,8 +2248,27 @@ static int register_seg(struct wex_client *c, struct own_seg *o)
 				       wex_strerror(ret));
 		}
 	}
-	ret = rpc(c, req, o->seg.fd >= 0 ? &o->seg.fd : NULL, o->seg.fd >= 0 ? 1 : 0, &reply, NULL,
-		  0, NULL, c->timeout_ms);
+	/* Host shared memory goes to wexd opened again read-only, here,
+	 * where the producer may open its own file: every consumer gets
+	 * wexd's copy.  wexd does the same, but under wexd.service's
+	 * capabilities root may not open another user's 0600 /dev/shm file,
+	 * and passed the producer's writable fd on.  (Only shared memory, as
+	 * wexd: an open of a FUSE file asks its server.) */
+	int sfd = o->seg.fd, rofd = -1;
+
+	if (sfd >= 0 && o->seg.desc.kind == WEX_MEM_HOST &&
+	    (fcntl(sfd, F_GETFL) & O_ACCMODE) != O_RDONLY && fcntl(sfd, F_GET_SEALS) >= 0) {
+		char path[64];
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", sfd);
+		rofd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+		if (rofd >= 0)
+			sfd = rofd;
+	}
+	ret = rpc(c, req, sfd >= 0 ? &sfd : NULL, sfd >= 0 ? 1 : 0, &reply, NULL, 0, NULL,
+		  c->timeout_ms);
+	if (rofd >= 0)
+		close(rofd);
 	if (ret < 0)
 		return ret; /* the fd stays: released with the segment (a failed
 			     * add by its caller), or sent again at a retry */

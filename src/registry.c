@@ -768,7 +768,9 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 		 * through /proc only where that waits on no other process
 		 * (shared memory: it has seals; an open on FUSE asks its
 		 * server); else, or where this user may not open it, the
-		 * producer's fd as it is. */
+		 * producer's fd as it is (libwex sends shared memory opened
+		 * again read-only by the producer: root under wexd.service's
+		 * capabilities may not open another user's 0600 file). */
 		if (k == WEX_MEM_HOST && (fl & O_ACCMODE) != O_RDONLY &&
 		    fcntl(fds[0], F_GET_SEALS) >= 0) {
 			char path[64];

@@ -994,10 +994,13 @@ static void wexd_watchdog(struct wexd *d)
 	if (!d->watchdog_usec)
 		return;
 	now = wex__now_ns();
-	if (now - d->last_watchdog_ns >= d->watchdog_usec * 500ull) {
-		wex__sd_watchdog();
+	/* A ping the manager's full queue refused is tried again at the next
+	 * tick (a second, or a quarter of WatchdogSec, at most), not half an
+	 * interval on: counted as sent, one short stall of the notify socket
+	 * left a whole WatchdogSec without a ping, and systemd killed a
+	 * healthy wexd. */
+	if (now - d->last_watchdog_ns >= d->watchdog_usec * 500ull && wex__sd_watchdog() != -EAGAIN)
 		d->last_watchdog_ns = now;
-	}
 }
 
 static void wexd_tick(struct wexd *d)

@@ -263,9 +263,10 @@ WEX_API int wex_segment_alloc(wex_client_t *c, int kind, int device, uint64_t si
  * this process.  The fd stays the caller's; wex sends a duplicate.  Blocks
  * for one round trip.  -EINVAL, wex_last_error() saying which, for an fd
  * below 0, a size of 0 or a file shorter than `size` (a pipe, a socket or
- * a directory holds none).  Every consumer gets an fd of the file: wexd
- * opens a memfd (tmpfs, hugetlbfs) again O_RDONLY for them where it may,
- * and passes any other file (one on disk) as it is, open as `fd` is.
+ * a directory holds none).  Every consumer gets an fd of the file: a
+ * memfd (tmpfs, hugetlbfs) opened again O_RDONLY (by libwex here, else by
+ * wexd where it may); any other file (one on disk) as it is, open as `fd`
+ * is.
  * Read-only is not enough: a consumer may open /proc/self/fd/N again
  * writable where the file's mode allows (a memfd's is 0777), and a file
  * shrunk under a consumer's mapping kills it with SIGBUS.  Seal a memfd
