@@ -505,16 +505,21 @@ int wex__journal_alive(const struct wex_journal_rec *r)
 	 * leader thread exited and others still run (they share them). */
 	if ((state == 'Z' || state == 'X') && nthreads <= 1)
 		return 0;
-	/* Another user's process took the pid: none of its uids is the
-	 * record's, SO_PEERCRED's effective one at connect.  Any of them
-	 * (not the effective one alone): a setuid program's real uid, or a
-	 * process that changed its effective one since it connected (a
-	 * seteuid to drop privileges; its saved uid stays), is still the
-	 * lease's. */
+	/* The same pid and start time in this boot: the same process,
+	 * whatever its uids are now (one that dropped privileges with
+	 * setuid after it connected has none of them the record's). */
+	if (r->start && now)
+		return now == r->start;
+	/* Start time unknown: another user's process took the pid when none
+	 * of its uids is the record's, SO_PEERCRED's effective one at
+	 * connect.  Any of them (not the effective one alone): a setuid
+	 * program's real uid, or a process that changed its effective one
+	 * since it connected (a seteuid to drop privileges; its saved uid
+	 * stays), is still the lease's. */
 	if (uid[0] >= 0 && (uid_t)uid[0] != r->uid && (uid_t)uid[1] != r->uid &&
 	    (uid_t)uid[2] != r->uid && (uid_t)uid[3] != r->uid)
 		return 0;
 	/* Unknown either way (a /proc that hides other users' processes):
 	 * the pid alone says it. */
-	return !r->start || !now || now == r->start;
+	return 1;
 }

@@ -119,8 +119,9 @@ void wex__journal_scan(struct wex_journal *j,
 uint64_t wex__proc_start(pid_t pid);
 /* 1 if the process that held a record's lease still lives: written in
  * this boot (where the record says), pid alive and, where known, with the
- * same start time and owner (one of its uids the record's effective one,
- * as SO_PEERCRED gave it: not a reused pid). */
+ * same start time (whatever its uids are now); where that is not known,
+ * owned as the record says (one of its uids the record's effective one, as
+ * SO_PEERCRED gave it: not a reused pid). */
 int wex__journal_alive(const struct wex_journal_rec *r);
 
 #endif

@@ -1286,7 +1286,7 @@ void wexd_held_check(struct wexd *d)
 
 struct stale_del {
 	struct wexd *d;
-	unsigned n;
+	unsigned n, kept; /* removed; could not be (a read-only mount) */
 };
 
 /* A record of the wexd before, in a directory refused at this one's start
@@ -1297,14 +1297,21 @@ struct stale_del {
 static void stale_del(void *arg, const char *name, const struct wex_journal_rec *r)
 {
 	struct stale_del *s = arg;
-	char file[WEX_JOURNAL_NAME_MAX];
+	char file[WEX_JOURNAL_NAME_MAX], shown[WEX_JOURNAL_NAME_MAX];
 	int none = -1, mode = r->mode & ~WEX_JOURNAL_LOST;
+	uint64_t undeleted = s->d->journal.undeleted;
 
 	snprintf(file, sizeof(file), "%s", name);
+	snprintf(shown, sizeof(shown), "%s", name);
+	wex__journal_del(&s->d->journal, &none, file);
+	/* (One that could not be removed is said so, counted by del.) */
+	if (s->d->journal.undeleted != undeleted) {
+		s->kept++;
+		return;
+	}
 	wex_info("journal", "model '%s': the %s lease of pid %d on v%llu, written by an earlier wexd, was not held by this one (the journal was off at its start): its record %s/%s removed",
 		 r->model, mode_name(mode ? mode : WEX_JOURNAL_ROUND), (int)r->pid,
-		 (unsigned long long)r->version, s->d->journal.path, file);
-	wex__journal_del(&s->d->journal, &none, file);
+		 (unsigned long long)r->version, s->d->journal.path, shown);
 	s->n++;
 }
 
@@ -1330,7 +1337,7 @@ void wexd_journal_check(struct wexd *d)
 		 * refused it): used again once it can be (the operator's
 		 * fix), as a restart of wexd, which loses the leases held,
 		 * was the only way back. */
-		struct stale_del sd = { d, 0 };
+		struct stale_del sd = { d, 0, 0 };
 
 		if (wex__journal_reopen(&d->journal) < 0)
 			return;
@@ -1341,6 +1348,9 @@ void wexd_journal_check(struct wexd *d)
 			if (sd.n)
 				wex_warn("journal", "lease journal %s: %u record(s) of leases an earlier wexd granted, not held by this one (the journal was off at its start), removed",
 					 d->journal.path, sd.n);
+			if (sd.kept)
+				wex_warn("journal", "lease journal %s: %u record(s) of leases an earlier wexd granted, not held by this one (the journal was off at its start), could not be removed (%s): the next wexd reads them, and holds the producer off with those whose processes still live",
+					 d->journal.path, sd.kept, strerror(d->journal.undeleted_err));
 		}
 	} else if (!(why = wex__journal_moved(&d->journal))) {
 		/* (Status's unwritable follows it: a filesystem remounted

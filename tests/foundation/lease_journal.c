@@ -20,6 +20,9 @@
  *  - euid_after: so does one that changed its effective uid with seteuid
  *    after it connected (root only; its real and saved uid are still the
  *    record's): it was taken for another user's process;
+ *  - uid_after: so does one that dropped all its uids with setuid after it
+ *    connected (root only; none of them the record's, its pid and start
+ *    time the same): it was taken for another user's process;
  *  - close_after_restart: wex_client_close with no call since the restart
  *    ends the lease at the new wexd (a hello without it);
  *  - stale_records: records left by processes that are gone (a reaped pid;
@@ -187,6 +190,7 @@ static void *rollout(void *arg)
  * (pthread_exit) while the rollout thread runs on, a zombie leader. */
 static uid_t engine_ruid = (uid_t)-1; /* set: the engine's real uid (its euid stays) */
 static uid_t engine_euid_after = (uid_t)-1; /* set: its euid once synced (seteuid) */
+static uid_t engine_uid_after = (uid_t)-1; /* set: all its uids once synced (setuid) */
 
 static pid_t engine(const char *model, int leader_exit)
 {
@@ -209,6 +213,8 @@ static pid_t engine(const char *model, int leader_exit)
 		T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 1, 5000, &r));
 		if (engine_euid_after != (uid_t)-1)
 			T_ASSERT(seteuid(engine_euid_after) == 0, "seteuid: %s", strerror(errno));
+		if (engine_uid_after != (uid_t)-1)
+			T_ASSERT(setuid(engine_uid_after) == 0, "setuid: %s", strerror(errno));
 		pthread_create(&th, NULL, rollout, NULL);
 		(void)!write(pfd[1], "s", 1);
 		if (leader_exit)
@@ -955,6 +961,13 @@ int main(void)
 		engine_euid_after = 65534;
 		held_until_exit("euid_after", 0);
 		engine_euid_after = (uid_t)-1;
+		/* One that dropped privileges for good with setuid once
+		 * connected (none of its uids the record's now; the same pid
+		 * and start time): it still holds (before, it was taken for
+		 * another user's process, and the trainer wrote under it). */
+		engine_uid_after = 65534;
+		held_until_exit("uid_after", 0);
+		engine_uid_after = (uid_t)-1;
 	}
 	close_after_restart();
 	stale_records();

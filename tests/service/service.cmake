@@ -67,6 +67,8 @@ add_test(NAME svc_journal_faults COMMAND sh ${SVC}/journal_faults.sh $<TARGET_FI
 set_tests_properties(svc_journal_faults PROPERTIES LABELS service TIMEOUT 60 SKIP_RETURN_CODE 77)
 add_test(NAME svc_journal_readonly COMMAND sh ${SVC}/journal_readonly.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 set_tests_properties(svc_journal_readonly PROPERTIES LABELS service TIMEOUT 60 SKIP_RETURN_CODE 77)
+add_test(NAME svc_journal_off_fixed_readonly COMMAND sh ${SVC}/journal_off_fixed_readonly.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
+set_tests_properties(svc_journal_off_fixed_readonly PROPERTIES LABELS service TIMEOUT 60 SKIP_RETURN_CODE 77)
 add_test(NAME svc_journal_unwritable_later COMMAND sh ${SVC}/journal_unwritable_later.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>
   $<TARGET_FILE:wex-producer> $<TARGET_FILE:wex>)
 set_tests_properties(svc_journal_unwritable_later PROPERTIES LABELS service TIMEOUT 60 SKIP_RETURN_CODE 77)
