@@ -247,6 +247,20 @@ int wex_sock_new(void)
 	return fd < 0 ? -errno : fd;
 }
 
+int wex_sock_fd_readonly(int fd)
+{
+	char path[64];
+	int fl = fcntl(fd, F_GETFL), ro;
+
+	if (fl < 0)
+		return -errno;
+	if ((fl & O_ACCMODE) == O_RDONLY || fcntl(fd, F_GET_SEALS) < 0)
+		return -EALREADY;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	ro = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	return ro < 0 ? -errno : ro;
+}
+
 /* `intr`: a signal handled meanwhile ends the wait (-EINTR). */
 static int connect_fd(int fd, const char *path, int wait_ms, int intr)
 {

@@ -93,6 +93,14 @@ int wex_sock_peergroups(int fd, gid_t **groups);
  * seccomp filter). */
 int wex_sock_peer_pidfd(int fd, pid_t pid, const char **how);
 
+/* The same shared memory as fd (a memfd, a tmpfs or hugetlbfs file: it
+ * has seals) opened again read-only through /proc/self/fd, to pass on to
+ * other processes where fd allows writing: the new fd (close-on-exec), or
+ * -EALREADY where none is needed (fd is read-only, or not shared memory:
+ * other files are left alone, as an open on FUSE asks its server), or the
+ * open's -errno (a file of another user this one may not open). */
+int wex_sock_fd_readonly(int fd);
+
 /* Closes fds[0..n) and sets each to -1. */
 void wex_sock_close_fds(int *fds, int n);
 

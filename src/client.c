@@ -2256,15 +2256,8 @@ static int register_seg(struct wex_client *c, struct own_seg *o)
 	 * wexd: an open of a FUSE file asks its server.) */
 	int sfd = o->seg.fd, rofd = -1;
 
-	if (sfd >= 0 && o->seg.desc.kind == WEX_MEM_HOST &&
-	    (fcntl(sfd, F_GETFL) & O_ACCMODE) != O_RDONLY && fcntl(sfd, F_GET_SEALS) >= 0) {
-		char path[64];
-
-		snprintf(path, sizeof(path), "/proc/self/fd/%d", sfd);
-		rofd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-		if (rofd >= 0)
-			sfd = rofd;
-	}
+	if (sfd >= 0 && o->seg.desc.kind == WEX_MEM_HOST && (rofd = wex_sock_fd_readonly(sfd)) >= 0)
+		sfd = rofd;
 	ret = rpc(c, req, sfd >= 0 ? &sfd : NULL, sfd >= 0 ? 1 : 0, &reply, NULL, 0, NULL,
 		  c->timeout_ms);
 	if (rofd >= 0)

@@ -771,19 +771,15 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 		 * producer's fd as it is (libwex sends shared memory opened
 		 * again read-only by the producer: root under wexd.service's
 		 * capabilities may not open another user's 0600 file). */
-		if (k == WEX_MEM_HOST && (fl & O_ACCMODE) != O_RDONLY &&
-		    fcntl(fds[0], F_GET_SEALS) >= 0) {
-			char path[64];
-			int ro;
+		if (k == WEX_MEM_HOST) {
+			int ro = wex_sock_fd_readonly(fds[0]);
 
-			snprintf(path, sizeof(path), "/proc/self/fd/%d", fds[0]);
-			ro = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
 			if (ro >= 0) {
 				close(fds[0]);
 				fds[0] = ro;
-			} else {
+			} else if (ro != -EALREADY) {
 				wex_debug("registry", "register_segment: no read-only open of its fd "
-					  "(%s): consumers get the producer's own", strerror(errno));
+					  "(%s): consumers get the producer's own", strerror(-ro));
 			}
 		}
 	}
