@@ -1293,12 +1293,11 @@ struct stale_del {
 static void stale_del(void *arg, const char *name, const struct wex_journal_rec *r)
 {
 	struct stale_del *s = arg;
-	char file[WEX_JOURNAL_NAME_MAX], shown[WEX_JOURNAL_NAME_MAX];
+	char file[WEX_JOURNAL_NAME_MAX]; /* del clears it: name is logged */
 	int none = -1, mode = r->mode & ~WEX_JOURNAL_LOST;
 	uint64_t undeleted = s->d->journal.undeleted;
 
 	snprintf(file, sizeof(file), "%s", name);
-	snprintf(shown, sizeof(shown), "%s", name);
 	wex__journal_del(&s->d->journal, &none, file);
 	/* (One that could not be removed is said so, counted by del.) */
 	if (s->d->journal.undeleted != undeleted) {
@@ -1307,7 +1306,7 @@ static void stale_del(void *arg, const char *name, const struct wex_journal_rec 
 	}
 	wex_info("journal", "model '%s': the %s lease of pid %d on v%llu, written by an earlier wexd, was not held by this one (the journal was off at its start): its record %s/%s removed",
 		 r->model, mode_name(mode ? mode : WEX_JOURNAL_ROUND), (int)r->pid,
-		 (unsigned long long)r->version, s->d->journal.path, shown);
+		 (unsigned long long)r->version, s->d->journal.path, name);
 	s->n++;
 }
 

@@ -15,14 +15,7 @@ for i in 0 1 2; do
 	printf '{"wex_lease":1,"model":"m","group":"g","rank":0,"world":1,"version":1,"mode":"remap-view","pid":%d,"uid":0,"start":1}' \
 		$((5000000 + i)) >"$TMP/src/l-1-$i"
 done
-mount --bind "$TMP/src" "$J" 2>/dev/null && mount -o remount,bind,ro "$J" 2>/dev/null ||
-	{ umount "$J" 2>/dev/null; skip "cannot bind-mount a read-only directory (needs root)"; }
-cleanup_extra() {
-	[ -n "$WEXD_PID" ] && kill -TERM "$WEXD_PID" 2>/dev/null && wait "$WEXD_PID" 2>/dev/null
-	WEXD_PID=""
-	umount "$J" 2>/dev/null
-}
-touch "$J/x" 2>/dev/null && skip "the read-only bind mount is writable"
+ro_bind "$TMP/src" "$J"
 start_wexd
 grep -q "lease journal off" "$TMP/wexd.log" ||
 	fail "the journal was not refused at start: $(cat "$TMP/wexd.log")"

@@ -21,15 +21,7 @@ while [ $i -lt 50 ]; do
 		$((5000000 + i)) >"$TMP/src/l-1-$i"
 	i=$((i+1))
 done
-mount --bind "$TMP/src" "$J" 2>/dev/null && mount -o remount,bind,ro "$J" 2>/dev/null ||
-	{ umount "$J" 2>/dev/null; skip "cannot bind-mount a read-only directory (needs root)"; }
-# (wexd, holding the directory open, first.)
-cleanup_extra() {
-	[ -n "$WEXD_PID" ] && kill -TERM "$WEXD_PID" 2>/dev/null && wait "$WEXD_PID" 2>/dev/null
-	WEXD_PID=""
-	umount "$J" 2>/dev/null
-}
-touch "$J/x" 2>/dev/null && skip "the read-only bind mount is writable"
+ro_bind "$TMP/src" "$J"
 start_wexd
 grep -q "lease journal $J cannot be written (Read-only file system)" "$TMP/wexd.log" ||
 	fail "no warning at start that the journal cannot be written: $(cat "$TMP/wexd.log")"

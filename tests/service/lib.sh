@@ -6,12 +6,24 @@ TMP=$(mktemp -d /tmp/wex-svc.XXXXXX)
 chmod 755 "$TMP"
 WEXD_PID=""
 cleanup_extra() { :; }
+RO_MOUNT=""
 cleanup() {
 	cleanup_extra
 	[ -n "$WEXD_PID" ] && kill -TERM "$WEXD_PID" 2>/dev/null && wait "$WEXD_PID" 2>/dev/null
+	# (After wexd, which holds the directory open.)
+	[ -n "$RO_MOUNT" ] && umount "$RO_MOUNT" 2>/dev/null
 	rm -rf "$TMP"
 }
 trap cleanup EXIT
+# ro_bind SRC DIR: DIR becomes a read-only bind mount of SRC, unmounted at
+# the end once wexd has stopped; skips where that cannot be done (needs
+# root) or the mount is still writable.
+ro_bind() {
+	mount --bind "$1" "$2" 2>/dev/null && mount -o remount,bind,ro "$2" 2>/dev/null ||
+		{ umount "$2" 2>/dev/null; skip "cannot bind-mount a read-only directory (needs root)"; }
+	RO_MOUNT=$2
+	touch "$2/x" 2>/dev/null && skip "the read-only bind mount is writable"
+}
 # start_wexd [args...]: starts wexd on $TMP/wexd.sock and waits until it listens.
 start_wexd() {
 	export WEX_SOCKET="$TMP/wexd.sock"
