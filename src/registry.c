@@ -723,6 +723,17 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 	if (hex_decode(handle, s.desc.handle, sizeof(s.desc.handle), &s.desc.handle_len) < 0)
 		return wex__reply_error(-EINVAL, "register_segment: handle must be hex of at most %d bytes",
 					WEX_HANDLE_MAX);
+	/* A legacy IPC handle is 64 bytes, a VMM fabric handle too: consumers
+	 * refuse any other length at import, each one failing its fetch where
+	 * the producer was told its register had worked. */
+	if ((k == WEX_MEM_CUDA_IPC && s.desc.handle_len != 64) ||
+	    (k == WEX_MEM_CUDA_VMM && s.desc.handle_len && s.desc.handle_len != 64) ||
+	    (k == WEX_MEM_HOST && s.desc.handle_len))
+		return wex__reply_error(-EINVAL, "register_segment: a %s handle is %s, got %u bytes",
+					kind, k == WEX_MEM_HOST ? "empty (the fd is the memory)" :
+					k == WEX_MEM_CUDA_IPC ? "64 bytes (CUipcMemHandle)" :
+					"empty or a 64-byte fabric handle",
+					s.desc.handle_len);
 	if (need_fd) {
 		struct statx stx;
 		struct stat st;

@@ -271,6 +271,14 @@ int main(void)
 		   &mfd, 1, "EINVAL", "printable", "a device name too long");
 	expect_req(prod, SEG "\"size\":4096,\"handle\":\"00ff\"}", NULL, 0, "EINVAL", "takes 1 fd",
 		   "VMM memory with neither an fd nor a fabric handle");
+	/* Consumers refuse any other length at import: each fetch failed
+	 * where the register had been answered OK. */
+	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"cuda_ipc\",\"device\":\"GPU-a\",\"size\":4096,\"handle\":\"00ff\"}",
+		   NULL, 0, "EINVAL", "64 bytes (CUipcMemHandle), got 2", "a 2-byte legacy IPC handle");
+	expect_req(prod, SEG "\"size\":4096,\"handle\":\"00ff\"}", &mfd, 1, "EINVAL",
+		   "fabric handle, got 2", "VMM memory with an fd and a 2-byte handle");
+	expect_req(prod, "{\"v\":1,\"op\":\"register_segment\",\"kind\":\"host\",\"size\":4096,\"handle\":\"00\"}",
+		   &mfd, 1, "EINVAL", "host handle is empty", "host memory with a handle");
 	expect_req(prod, SEG "\"size\":4096,\"handle\":\"+1-10g\"}", &mfd, 1, "EINVAL", "must be hex",
 		   "a handle with signs and a non-hex digit");
 	expect_req(prod, SEG "\"size\":4096,\"part\":true,\"parts\":[0,1]}", NULL, 0, "EINVAL",

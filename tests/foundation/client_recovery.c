@@ -47,6 +47,9 @@
 #include "wex.h"
 
 #define BIG (256ull << 20)
+#define ZERO16 "00000000000000000000000000000000"
+/* A legacy IPC handle's 64 bytes, in hex. */
+#define ZERO64 ZERO16 ZERO16 ZERO16 ZERO16
 
 static wex_client_t *opn(int role, const char *model, uint32_t timeout_ms)
 {
@@ -359,7 +362,7 @@ static void failed_fetch_retried(struct t_wexd *d)
 	/* A segment no consumer can import (a legacy IPC handle that opens
 	 * nothing), then a host segment with a tensor in it. */
 	T_WEX(p, wex_request(p, "register_segment",
-			     "{\"kind\":\"cuda_ipc\",\"size\":4096,\"device\":\"GPU-00000000-0000-0000-0000-000000000000\",\"handle\":\"00\"}",
+			     "{\"kind\":\"cuda_ipc\",\"size\":4096,\"device\":\"GPU-00000000-0000-0000-0000-000000000000\",\"handle\":\"" ZERO64 "\"}",
 			     &json));
 	wex_free(json);
 	T_WEX(p, wex_segment_alloc(p, WEX_SEG_HOST, 0, 4096, &s2, &b2));

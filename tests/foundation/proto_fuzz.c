@@ -524,7 +524,8 @@ static void seed(struct fz_msg *m, int op, struct slot *s, int mutate_table)
 	case OP_SEG_IPC:
 		m->j = json_pack("{s:i, s:s, s:s, s:s, s:i, s:s}", "v", 1, "op",
 				 "register_segment", "kind", "cuda_ipc", "device", "GPU-fz", "size",
-				 SEG_BYTES, "handle", "00112233445566778899aabbccddeeff");
+				 SEG_BYTES, "handle", "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+				 "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff");
 		break;
 	case OP_SEG_FABRIC: {
 		char hex[129];
