@@ -2004,7 +2004,14 @@ rank_out:
 		snprintf(from, sizeof(from), "%s.partial", names.v[k]);
 		if (rename(from, names.v[k]) < 0) {
 			ret = -errno;
-			seterr(err, sizeof(err), "rename %s to %s: %s", from, names.v[k], strerror(errno));
+			if (k)
+				seterr(err, sizeof(err), "rename %s to %s: %s (the %zu file%s before it "
+				       "in place, it and the %zu after it not: %s mixes this conversion's "
+				       "files with what it held before)", from, names.v[k],
+				       strerror(errno), k, k == 1 ? "" : "s", nnames - k - 1, o.pos[1]);
+			else
+				seterr(err, sizeof(err), "rename %s to %s: %s (nothing renamed: %s "
+				       "unchanged)", from, names.v[k], strerror(errno), o.pos[1]);
 			/* Those renamed are in place; the rest still staged. */
 			for (size_t j = 0; j < k; j++)
 				free(names.v[j]);

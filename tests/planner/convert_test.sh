@@ -12,7 +12,8 @@
 # directory or does not parse is named; SIGTERM leaves OUTDIR empty, a
 # SIGHUP or SIGINT the caller ignores (nohup) is ignored; what
 # a killed convert left is removed by the next, and a second convert into
-# one OUTDIR at once is refused naming the first.
+# one OUTDIR at once is refused naming the first; a rename into place
+# failing part way names the files in place and the mix left.
 # --to hf also copies the tokenizer and generation config found beside IN
 # or --config (IN's first), never over a file OUTDIR already has; one model.safetensors gets
 # no index, as save_pretrained writes none (an earlier one is removed),
@@ -338,5 +339,13 @@ PYEOF
 	[ $rc = 0 ] && cmp "$d/vllm/rank-1.safetensors" "$d/o-ign/rank-1.safetensors" ||
 		{ echo "$sig ignored by the caller stopped convert: exit $rc: $(cat "$d/ign.err")"; exit 1; }
 done
+# A rename into place that fails part way (rank-2's name a directory)
+# says which files are this conversion's: it said only the rename's
+# error, with OUTDIR's ranks 0 and 1 new and 3 not written.
+mkdir -p "$d/o-mix/rank-2.safetensors/x"
+"$WEXCTL_BIN" convert --config "$d/config.json" --from hf --to megatron:tp=2,pp=2 "$d/hf" "$d/o-mix" 2>"$d/mix.err" >/dev/null
+rc=$?
+[ $rc = 1 ] && grep -qF "rank-2.safetensors: Is a directory (the 2 files before it in place, it and the 1 after it not: $d/o-mix mixes this conversion's files with what it held before)" "$d/mix.err" ||
+	{ echo "a rename failing part way: exit $rc, not named as mixing: $(cat "$d/mix.err")"; exit 1; }
 "$WEXCTL_BIN" plan --config "$d/config.json" --from megatron:tp=2,pp=2,dp=2 --to vllm:tp=2 --json || exit 1
 echo "wexctl convert round trip is byte-identical"
