@@ -1387,7 +1387,10 @@ int main(int argc, char **argv)
 		 * passed fd of the right kind). */
 		wex_error("wexd", "not starting: cannot use what systemd passed in LISTEN_FDS, and "
 			  "binding a socket of its own would take over systemd's path");
-		return 1;
+		/* As a bad configuration: every start would fail the same way
+		 * (a wexd.socket of another type), 2 is not restarted. */
+		wex__config_free(&d.cfg);
+		return 2;
 	}
 	if (d.listen_fd >= 0) {
 		wex_info("wexd", "using the socket passed by systemd (fd %d)", d.listen_fd);

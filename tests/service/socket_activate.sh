@@ -43,11 +43,12 @@ mode=$(stat -c %a "$WEX_SOCKET")
 [ -e "$TMP/configured.sock" ] && fail "wexd bound its configured socket under activation"
 timeout 60 "$PRODUCER" --preset tiny --versions 2 >"$TMP/p.log" 2>&1 || fail "producer: $(cat "$TMP/p.log")"
 grep -q "published v2" "$TMP/p.log" || fail "producer did not publish"
-# LISTEN_FDS that cannot be read: wexd stops (exit 1), and the log says
+# LISTEN_FDS that cannot be read: wexd stops (exit 2, a bad configuration
+# the unit does not restart; it was 1, restarted to the start limit), and the log says
 # what was wrong, not that systemd passed sockets of the wrong kind.
 WEX_SOCKET="$TMP/bad.sock" sh -c 'LISTEN_PID=$$ LISTEN_FDS=abc exec "$0"' "$WEXD" 2>"$TMP/bad.log"
 rc=$?
-[ $rc = 1 ] || fail "unreadable LISTEN_FDS: wexd exited $rc, not 1: $(cat "$TMP/bad.log")"
+[ $rc = 2 ] || fail "unreadable LISTEN_FDS: wexd exited $rc, not 2: $(cat "$TMP/bad.log")"
 grep -q "cannot read the sockets systemd passed: Invalid argument" "$TMP/bad.log" ||
 	fail "unreadable LISTEN_FDS not named: $(cat "$TMP/bad.log")"
 grep -q "none is a listening" "$TMP/bad.log" &&
@@ -68,10 +69,24 @@ for fd in range(4, 64):
 os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS="3")
 os.execv(sys.argv[1], [sys.argv[1]])' "$WEXD" "$TMP/passed.sock" 2>"$TMP/more.log"
 rc=$?
-[ $rc = 1 ] || fail "LISTEN_FDS=3 with one fd passed: wexd exited $rc, not 1: $(cat "$TMP/more.log")"
+[ $rc = 2 ] || fail "LISTEN_FDS=3 with one fd passed: wexd exited $rc, not 2: $(cat "$TMP/more.log")"
 grep -q "cannot read the sockets systemd passed: Bad file descriptor" "$TMP/more.log" ||
 	fail "LISTEN_FDS past the passed fds not named: $(cat "$TMP/more.log")"
 grep -q "event loop" "$TMP/more.log" && fail "wexd closed its own fds as passed ones: $(cat "$TMP/more.log")"
+# A passed socket of another type (a wexd.socket with ListenStream=):
+# exit 2, naming what to check.
+WEX_SOCKET="$TMP/stream.sock" /usr/bin/python3 -c '
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[2]); s.listen()
+os.dup2(s.fileno(), 3)
+os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS="1")
+os.execv(sys.argv[1], [sys.argv[1]])' "$WEXD" "$TMP/stream-passed.sock" 2>"$TMP/stream.log"
+rc=$?
+[ $rc = 2 ] || fail "a passed SOCK_STREAM listener: wexd exited $rc, not 2: $(cat "$TMP/stream.log")"
+grep -q "no listening AF_UNIX SOCK_SEQPACKET socket: check ListenSequentialPacket= in wexd.socket" "$TMP/stream.log" ||
+	fail "a passed SOCK_STREAM listener not named: $(cat "$TMP/stream.log")"
+[ -e "$TMP/stream.sock" ] && fail "wexd bound a socket of its own beside systemd's stream socket"
 # WEXD_READY_FD naming the passed socket (fd 3): ignored, saying so; wexd
 # once wrote "ready" into it and closed it, then spun on accept.
 cleanup_extra   # (the first socket-activate; ACT is this one's from now on)
@@ -85,4 +100,4 @@ timeout 20 "$WEXCTL" --socket "$TMP/ready.sock" status >/dev/null ||
 	fail "WEXD_READY_FD=3 (the passed socket): second client not served: $(tail -c 2000 "$TMP/ready.log")"
 grep -q "WEXD_READY_FD=3 names the listening socket systemd passed: ignored" "$TMP/ready.log" ||
 	fail "WEXD_READY_FD=3 naming the passed socket not reported: $(tail -c 2000 "$TMP/ready.log")"
-echo "PASS: wexd started on the first connection and served it; unreadable LISTEN_FDS stop it, named; WEXD_READY_FD naming the passed socket ignored"
+echo "PASS: wexd started on the first connection and served it; unreadable LISTEN_FDS or a stream socket stop it (exit 2), named; WEXD_READY_FD naming the passed socket ignored"
