@@ -965,8 +965,10 @@ static int run(int argc, char **argv)
 			}
 			if (!strcmp(argv[k], "-n") && k + 1 < argc) {
 				interval = strtod(argv[++k], &end);
-				if (end == argv[k] || *end || !(interval > 0 && interval <= 86400))
-					return bad_arg(cmd, "bad -n", argv[k], "seconds, more than 0 and at most 86400");
+				/* From 10 ms: -n 1e-9 asked wexd for its status with no
+				 * pause, a core's worth of its loop. */
+				if (end == argv[k] || *end || !(interval >= 0.01 && interval <= 86400))
+					return bad_arg(cmd, "bad -n", argv[k], "seconds, 0.01 to 86400");
 			} else if (!strcmp(argv[k], "--count") && k + 1 < argc) {
 				count = strtol(argv[++k], &end, 10);
 				/* Digits only: strtol's sign and blanks ("+2", " 2")

@@ -27,7 +27,7 @@ for cmd in plan convert; do
 done
 # A typo or a bad value is refused (exit 2, naming it), never taken as the
 # default: checked before wexd runs, so nothing is asked of it.
-for args in "status --jsn" "models x" "watch -n 0" "watch -n abc" "watch --count 0" "watch -n" "config get a b" "--json watch" "watch --json" \
+for args in "status --jsn" "models x" "watch -n 0" "watch -n 1e-9" "watch -n 0.009" "watch -n abc" "watch --count 0" "watch -n" "config get a b" "--json watch" "watch --json" \
 	"config reload extra" "config bogus"; do
 	# shellcheck disable=SC2086
 	WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" $args >/dev/null 2>"$TMP/arg.err"
@@ -37,6 +37,9 @@ for args in "status --jsn" "models x" "watch -n 0" "watch -n abc" "watch --count
 done
 WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" status --jsn 2>&1 | grep -q "unexpected argument '--jsn'" || fail "typo not named"
 WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" watch -n 0 2>&1 | grep -q "bad -n '0'" || fail "bad interval not named"
+# (It polled wexd with no pause: a core's worth of wexd's loop.)
+WEX_SOCKET="$TMP/wexd.sock" "$WEXCTL" watch -n 1e-9 2>&1 | grep -q "bad -n '1e-9' (seconds, 0.01 to 86400)" ||
+	fail "an interval under 10 ms not refused naming the range"
 for args in "config reload extra:unexpected argument 'extra'" "config get a b:unexpected argument 'b'" \
 	"config bogus:unknown subcommand 'bogus'" "config reload x y z:unexpected argument 'x'" \
 	"config get a b c d:unexpected argument 'b'" "config bogus a b c:unknown subcommand 'bogus'" \
