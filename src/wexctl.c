@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <jansson.h>
+#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
+#include <wchar.h>
 
 #include "proto.h"
 #include "wex.h"
@@ -167,14 +169,41 @@ static json_t *query(wex_client_t *c, const char *op, const char *args)
 /* Columns a UTF-8 string takes on a terminal: one a character, two for
  * the wide scripts (CJK, Hangul, fullwidth forms), none for the marks
  * that combine with the character before them (a decomposed "é", as
- * macOS names files: e and U+0301; a decomposed "ガ": カ and U+3099, a
- * mark inside the wide block), the zero-width characters and the
- * variation selectors. */
+ * macOS names files: e and U+0301; a decomposed "ガ": カ and U+3099;
+ * Hebrew points, Arabic harakat, Thai vowel marks), the zero-width
+ * characters and the variation selectors: glibc's wcwidth in C.UTF-8,
+ * whatever the caller's locale.  Where that locale is missing (glibc
+ * before 2.35 without it installed), the commonest ranges by hand. */
 static int text_width(const char *s)
 {
+	static locale_t utf8;
+	static int tried;
 	const unsigned char *p = (const unsigned char *)s;
 	int w = 0;
 
+	if (!tried++)
+		utf8 = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
+	if (utf8) {
+		locale_t old = uselocale(utf8);
+		mbstate_t st = { 0 };
+		size_t left = strlen(s), n;
+		wchar_t wc;
+
+		for (; left; s += n, left -= n) {
+			n = mbrtowc(&wc, s, left, &st);
+			if (n == (size_t)-1 || n == (size_t)-2) { /* not UTF-8: a column a byte */
+				memset(&st, 0, sizeof(st));
+				n = 1;
+				w++;
+				continue;
+			}
+			int cw = wcwidth(wc);
+
+			w += cw < 0 ? 1 : cw; /* (unassigned or a control: one) */
+		}
+		uselocale(old);
+		return w;
+	}
 	while (*p) {
 		unsigned cp = *p, n = cp >= 0xf0 ? 3 : cp >= 0xe0 ? 2 : cp >= 0xc0 ? 1 : 0;
 

@@ -108,8 +108,10 @@ PYEOF
 # So do names holding combining marks, which take no column of their own:
 # "café-й-ガ" decomposed (e and U+0301, и and U+0306, カ and U+3099), as
 # macOS writes file names (each mark was counted as a column, the row left
-# short by one; the kana voiced mark, in the wide block, as two).
-NFD=$(printf 'cafe\314\201-\320\270\314\206-\343\202\253\343\202\231')
+# short by one; the kana voiced mark, in the wide block, as two), and a
+# Hebrew point, an Arabic fatha and a Thai vowel mark (U+05B8, U+064E,
+# U+0E31: each counted a column).
+NFD=$(printf 'cafe\314\201-\320\270\314\206-\343\202\253\343\202\231-\327\251\326\270\330\250\331\216\340\270\201\340\270\261')
 "$PRODUCER" --rank 0 --world 1 --model "модель-模型" --preset tiny --versions 1 --hold >"$TMP/pu.log" 2>&1 &
 PU=$!
 "$PRODUCER" --rank 0 --world 1 --model "$NFD" --preset tiny --versions 1 --hold >"$TMP/pd.log" 2>&1 &
@@ -125,8 +127,8 @@ done
 $PY - "$TMP/models-u.txt" "$TMP/clients-u.txt" "$NFD" <<'PYEOF' || fail "tables misaligned: $(cat "$TMP/models-u.txt" "$TMP/clients-u.txt")"
 import sys, unicodedata
 # Each row as display columns: a wide character takes two, a combining
-# mark none.
-cols = lambda s: "".join("" if unicodedata.combining(ch) else
+# mark none (Thai's U+0E31 is a mark of combining class 0).
+cols = lambda s: "".join("" if unicodedata.category(ch) in ("Mn", "Me") else
                          ch + ("\0" if unicodedata.east_asian_width(ch) in "WF" else "") for ch in s)
 for name in ("модель-模型", sys.argv[3]):
     for path, col, want in ((sys.argv[1], "STATE", "published"), (sys.argv[2], "RANK", "   0")):
