@@ -1770,6 +1770,55 @@ class EngineHooks(WexdProducerCase):
             self.assert_holds(params_of(models[k]), "sglang", k)
         self.assertEqual(len(wex.sglang.check(MODEL, "sg-post", v, world_size=2)), 2)
 
+    def test_sglang_post_load_after_unanswered_release(self):
+        """A copy sync that completed, then raised because wexd did not
+        answer its release in time (wex.h: ETIMEDOUT, the weights hold the
+        version whole, not dirty), ran no post_load_weights; the driver's
+        retry of that version copies nothing (changed 0), and must run it
+        then: otherwise the rank serves the new weights with what
+        post_load_weights derived from the old ones."""
+        models, load = self.sglang_ranks()
+        v = self.next_version()
+        for k in range(2):
+            self.addCleanup(load, k, wex.sglang.request(MODEL, group="sg-rel", detach=True))
+            load(k, wex.sglang.request(MODEL, group="sg-rel", min_version=v))
+            self.assertEqual(models[k].post_loads, 1)
+        v = self.next_version()
+        req = wex.sglang.request(MODEL, group="sg-rel", min_version=v)
+        client = wex.sglang._ranks[id(models[0])][0].client
+        real = client.sync
+
+        def copied_then_unanswered(*a, **kw):
+            real(*a, **kw)
+            raise wex.WexError(errno.ETIMEDOUT, "wexd did not answer within 100 ms "
+                               "(connection dropped)")
+        with unittest.mock.patch.object(client, "sync", copied_then_unanswered):
+            with self.assertLogs("wex.sglang", "ERROR"):
+                self.assertIsNone(load(0, req))
+        self.assertFalse(wex.sglang.status(models[0])["ok"])
+        self.assertEqual(models[0].post_loads, 1)
+        # The retry: the version is held already, nothing copied.
+        r = load(0, req)
+        self.assertEqual((r["version"], r["changed"]), (v, 0))
+        self.assertEqual(models[0].post_loads, 2)
+        self.assertTrue(r.get("post_load"))
+        # And once more: post_load_weights ran for this version, not again.
+        r = load(0, req)
+        self.assertEqual(models[0].post_loads, 2)
+        self.assertNotIn("post_load", r)
+
+    def test_check_default_group(self):
+        """Ranks attached with no group are in wexd's group "default":
+        check() with group None (as the request was sent) finds them,
+        instead of saying no rank is attached."""
+        models, load = self.sglang_ranks()
+        v = self.next_version()
+        for k in range(2):
+            self.addCleanup(load, k, wex.sglang.request(MODEL, detach=True))
+            self.assertEqual(load(k, wex.sglang.request(MODEL, min_version=v))["version"], v)
+        self.assertEqual(len(wex.sglang.check(MODEL, None, v, world_size=2)), 2)
+        self.assertEqual(len(wex.engine.group_status(MODEL, None)), 2)
+
     def test_sglang_load_weights_elsewhere(self):
         """SGLang's other weight updates (update_weights_from_disk,
         _from_distributed, _from_tensor with another load_format) write

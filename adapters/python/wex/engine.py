@@ -254,8 +254,9 @@ def group_status(model, group, socket=None):
     """[{rank, pid, served, ...}] of consumer group `group` of `model` as
     wexd reports them (wexctl status: pid 0 for a rank not attached;
     served, the version last handed to it), or [] when no rank of it is
-    attached.  An admin request: the caller must be allowed wexctl
-    status."""
+    attached.  group None is "default", as EngineRank names it.  An admin
+    request: the caller must be allowed wexctl status."""
+    group = group or "default"
     with wex.Client(wex.ROLE_ADMIN, socket=socket) as c:
         models = c.request("status").get("models", [])
     for m in models:
@@ -271,6 +272,7 @@ def check_group(model, group, min_version, world_size=None, socket=None):
     attached or were not served min_version (the engine's log says why:
     the SGLang hook logs a failed sync instead of raising); returns the
     ranks' status otherwise.  world_size: how many ranks there must be."""
+    group = group or "default"
     ranks = group_status(model, group, socket)
     if not ranks:
         raise RuntimeError("no rank of group %r of model %r is attached: see the engine's log"

@@ -42,9 +42,12 @@ load_weights, which the attach wraps: after one the rank forgets its
 version (check() no longer counts it) and the next request copies the
 whole version again (load_format "direct" is not seen).  A model
 with post_load_weights() (DeepSeek's MLA keeps w_kc/w_vc, copies of
-kv_b_proj) has it run after each sync that changed the weights (not for
-a version the rank holds already) unless post_load=False; post_load=True
-on a model without it is refused before anything is attached or copied.
+kv_b_proj) has it run after each sync that changed the weights, or that
+returned a version no earlier request of this rank returned (a copy
+that completed before its request failed: wexd did not answer its
+release in time), not again for the version it ran for, unless
+post_load=False; post_load=True on a model without it is refused before
+anything is attached or copied.
 A block-FP8 model that SGLang requantizes to UE8M0 for DeepGEMM
 (DEEPGEMM_SCALE_UE8M0: SM100, and SM120 in some releases) is refused at
 attach, saying so: its scales become packed int32 tensors in new
@@ -139,6 +142,9 @@ _SYNC_KEYS = ("min_version", "sync_timeout_ms", "verify", "post_load", "detach",
 _DRAFT_CLASSES = ("NextN", "Eagle", "MTP", "Draft")
 _ranks = {}   # id(model) -> (EngineRank, attach arguments, model: kept, so the id stays its)
 _status = {}  # id(model) -> the last request's outcome, for status()
+# id(model) -> the version its rank's last successful sync returned (see
+# _load: post_load_weights is owed for a version the hook never saw).
+_served = {}
 # model -> why its weights are not the ones SGLang loaded: True (a sync
 # changed them) or a reason (checkpoint_for's `updated`).
 _changed = weakref.WeakKeyDictionary()
@@ -746,6 +752,7 @@ def _load(model, args):
                                 args.get("group")))
         held[0].close()
         del _ranks[id(model)]
+        _served.pop(id(model), None)
         return None
     post = args.get("post_load")
     fn = getattr(model, "post_load_weights", None)
@@ -786,6 +793,7 @@ def _load(model, args):
         _refused.pop(model, None)
         _seen.add(model)
         _ranks[id(model)] = held = (rank, attach, model)
+        _served.pop(id(model), None)
         _watch_load_weights(model)
         log.info("wex: attached %s", rank.describe())
     elif held[1] != attach:
@@ -806,7 +814,13 @@ def _load(model, args):
     # Only after a sync that copied something: post_load_weights rewrites
     # derived tensors (and in some models attached ones) in place, and a
     # second run over the same version need not leave them as the first.
-    if fn is not None and post is not False and out.get("changed"):
+    # Or for a version this hook never saw a sync return: a copy that
+    # completed and then raised (wexd did not answer its release in time:
+    # ETIMEDOUT, not dirty) left it in the weights, and its retry copies
+    # nothing (changed 0).
+    seen, _served[id(model)] = _served.get(id(model)), out["version"]
+    if fn is not None and post is not False and (out.get("changed") or
+                                                 seen != out["version"]):
         try:
             fn()
         except Exception as e:
@@ -816,6 +830,7 @@ def _load(model, args):
             # copies everything and runs post_load_weights again.
             rank = held[0]
             del _ranks[id(model)]
+            _served.pop(id(model), None)
             rank.close()
             raise MixedWeights("post_load_weights() of %s failed after the sync copied version "
                                "%d (%s: %s): detached this rank; the next request attaches "
