@@ -4296,7 +4296,7 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 	double waited;
 	uint32_t wait, away_ms = timeout_ms ? timeout_ms : c->timeout_ms;
 	unsigned nap_ms = 0;
-	int ret, retried = 0, held, restored = 0, verify = !!(mode & WEX_SYNC_VERIFY);
+	int ret, retried = 0, held, restored = 0, verify = !!(mode & WEX_SYNC_VERIFY), asked = mode;
 
 	mode &= ~WEX_SYNC_VERIFY;
 	if (c->role != WEX_ROLE_CONSUMER)
@@ -4313,7 +4313,10 @@ static int sync_(wex_client_t *c, int mode, uint64_t min_version, uint32_t timeo
 	if (mode == WEX_SYNC_REMAP_FIXED && !c->nregions)
 		return set_err(c, -EINVAL, "same-address sync: reserve regions first (wex_reserve)");
 	if (mode < WEX_SYNC_COPY || mode > WEX_SYNC_REMAP_FIXED)
-		return set_err(c, -EINVAL, "sync mode %d unknown", mode);
+		/* (The caller's mode, not what is left of it without
+		 * WEX_SYNC_VERIFY: -1 is not "-257".) */
+		return set_err(c, -EINVAL, "sync mode %d unknown (WEX_SYNC_COPY, WEX_SYNC_REMAP_VIEW or WEX_SYNC_REMAP_FIXED, optionally | WEX_SYNC_VERIFY)",
+			       asked);
 	c->sync_fb = 0;
 	/* Before anything is acquired: memory the engine released, which a
 	 * copy would write or a verification read (a same-address sync
@@ -4736,7 +4739,8 @@ WEX_API int wex_view(wex_client_t *c, uint32_t prank, const char *name, void **p
 	if (c->role != WEX_ROLE_CONSUMER)
 		return set_err(c, -EPERM, "view: only consumers view producers' tensors (after a sync)");
 	if (!c->fetched || prank >= c->nprod)
-		return set_err(c, -ENOENT, "no producer rank %u (sync first)", prank);
+		return set_err(c, -ENOENT, "no producer rank %u%s", prank,
+			       c->fetched ? "" : " (sync first)");
 	for (size_t j = c->rank_first[prank]; j < c->rank_first[prank + 1]; j++) {
 		const struct wex_tensor *t = &c->tables[j];
 		struct pseg *s;
@@ -4794,6 +4798,13 @@ static int request_rpc(wex_client_t *c, const char *op, json_t *req, json_t **re
 			       "request would end behind libwex's back (the producer could then "
 			       "overwrite what its views show): call wex_release or wex_sync",
 			       op, (unsigned long long)c->lease_version);
+	}
+	/* wexd answers a fetch with the producers' memory as fds, which a
+	 * JSON string cannot carry: dropped, its well-formed reply would be
+	 * called malformed. */
+	if (!strcmp(op, "fetch")) {
+		json_decref(req);
+		return set_err(c, -EINVAL, "request 'fetch': wexd answers it with the producers' memory as file descriptors, which wex_request cannot hand over: wex_sync and wex_reserve fetch");
 	}
 	return simple_rpc(c, req, reply);
 }

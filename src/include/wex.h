@@ -198,13 +198,15 @@ struct wex_client_params {
  * the connection at once: max_clients reached, or it is draining),
  * -EAGAIN (its queue of connections stayed full for the timeout plus 5 s:
  * a hung daemon; with WEX_CLIENT_EINTR a signal its caller handles ends
- * that wait with -EINTR, one that ends no wait does not),
- * -WEX_EPROTO_VERSION, -EINVAL (among others, a model or group name of
- * WEX_NAME_MAX bytes or more, or a socket path of 256 bytes or more:
- * refused, never cut short), -EADDRINUSE (the rank is held by another
- * connection that is still open; one whose process already died is taken
- * over).  On failure wex_last_error(NULL) says why (wexd's reason, or the
- * socket path that could not be reached), in the calling thread.
+ * that wait with -EINTR, one that ends no wait does not), -ETIMEDOUT
+ * (wexd took the connection but did not answer hello within the timeout
+ * plus 5 s: a stopped or hung daemon), -WEX_EPROTO_VERSION, -EINVAL
+ * (among others, a model or group name of WEX_NAME_MAX bytes or more, or
+ * a socket path of 256 bytes or more: refused, never cut short),
+ * -EADDRINUSE (the rank is held by another connection that is still open;
+ * one whose process already died is taken over).  On failure
+ * wex_last_error(NULL) says why (wexd's reason, or the socket path that
+ * could not be reached), in the calling thread.
  *
  * A producer's client runs one thread of its own, its watch, unless
  * WEX_CLIENT_NO_WATCH: when wexd goes (a restart), it reconnects as soon
@@ -685,7 +687,9 @@ WEX_API int wex_producer_tensors(wex_client_t *c, uint32_t prank, const struct w
  * A consumer holding a lease may not send "release", "acquire",
  * "attach", "fetch" or "hello" this way (-EINVAL): that would end the
  * lease behind libwex's back, while its views still show the producer's
- * memory.  "cancel" is refused too (call wex_cancel).
+ * memory.  "cancel" is refused too (call wex_cancel), and so is "fetch"
+ * for every client (-EINVAL): its reply passes the producers' memory as
+ * fds, which a JSON string cannot carry (wex_sync and wex_reserve fetch).
  */
 WEX_API int wex_request(wex_client_t *c, const char *op, const char *args_json, char **json);
 

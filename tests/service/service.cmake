@@ -86,3 +86,5 @@ if(WEX_SANITIZE)
     OUTPUT_VARIABLE WEX_SVC_ASAN_RT OUTPUT_STRIP_TRAILING_WHITESPACE)
   set_tests_properties(svc_held_status svc_journal_faults svc_journal_warn_once svc_journal_unwritable_later svc_cli_errors svc_unit_caps PROPERTIES ENVIRONMENT "WEX_PY_PRELOAD=${WEX_SVC_ASAN_RT}")
 endif()
+wex_add_test(svc_client_errors SOURCES tests/service/client_errors.c LIBS wex_test_foundation wex wex_example_model
+  LABELS service TIMEOUT 60)
