@@ -3511,9 +3511,11 @@ class TrainerMovedDTensor(unittest.TestCase):
 
         a, b = torch.zeros(4), torch.zeros(4)
         t = DT(a)
-        where = [("w", t, a.data_ptr())]
+        # (What TrainerRank registered of it: _entry, its shard's address,
+        # shape, strides and dtype.)
+        where = [("w", t, wex.trainer._entry(t))]
         t0 = object.__new__(wex.trainer.TrainerRank)
-        t0._where, t0._empty, t0._select = where, [], (None, ())
+        t0._where, t0._select = where, (None, ())
         now = {"w": t}
         t0._resolve = lambda: now.items()
         self.assertEqual(t0.moved(), [])

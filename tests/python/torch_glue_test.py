@@ -238,6 +238,99 @@ class TorchGlue(WexdProducerCase):
         with self.assertRaises(ValueError):
             t.publish(2)
 
+    def test_trainer_segments_without_client(self):
+        """TrainerRank given segments= but no client=: refused at once,
+        saying the segments are a client's (was: its own new client joined
+        wexd and register_tensors failed, "tensor 'w' names segment 0, rank
+        has 0", naming neither argument)."""
+        import wex.trainer
+
+        model = "torch-glue-trainer-segs"
+        p = wex.Client(wex.ROLE_PRODUCER, model + "-owner", rank=0, world_size=1)
+        self.addCleanup(p.close)
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 12)
+        w = torch_util.from_ptr(base, (64,), torch.float32, "cpu")
+        with self.assertRaises(ValueError) as e:
+            wex.trainer.TrainerRank(model, [("w", w)], segments=[(seg, base, 1 << 12)])
+        self.assertIn("pass that producer client as client=", str(e.exception))
+        # segments=[] (a rank whose every tensor is empty) needs no client.
+        with wex.trainer.TrainerRank(model, [("e", torch.zeros(0, 4))], segments=[]) as t:
+            t.publish(1)
+
+    def test_trainer_dtype_named(self):
+        """A parameter of a dtype wex has no element type for (complex
+        rotary tables): refused naming the parameter, before anything is
+        registered (was: "wex has no element type for torch.complex64",
+        naming none, raised once the table was made, after the CUDA
+        path had exported the memory)."""
+        import wex.trainer
+
+        model = "torch-glue-trainer-dtype"
+        p = wex.Client(wex.ROLE_PRODUCER, model, rank=0, world_size=1)
+        self.addCleanup(p.close)
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 13)
+        segs = [(seg, base, 1 << 13)]
+        w = torch_util.from_ptr(base, (64,), torch.float32, "cpu")
+        z = torch_util.from_ptr(base + 4096, (8,), torch.complex64, "cpu")
+        for call in (lambda: wex.trainer.TrainerRank(model, [("w", w), ("rope.freqs", z)],
+                                                     client=p, segments=segs),
+                     lambda: torch_util.attach_module(p, [("rope.freqs", z)])):
+            with self.assertRaises(ValueError) as e:
+                call()
+            self.assertIn("rope.freqs is torch.complex64", str(e.exception))
+        t = wex.trainer.TrainerRank(model, [("w", w), ("rope.freqs", z)], client=p,
+                                    segments=segs, ignore="rope.*")
+        t.publish(1)
+
+    def test_trainer_same_address_other_tensor(self):
+        """A parameter whose .data is set to another tensor at the
+        registered address (rows cut off a padded vocabulary, a transpose)
+        or that was empty when registered and holds rows now: write()
+        refuses it, naming it (was: published, the engines reading the
+        memory in the registered shape and strides, or never getting the
+        new rows)."""
+        import wex.trainer
+
+        model = "torch-glue-trainer-reshaped"
+        p = wex.Client(wex.ROLE_PRODUCER, model, rank=0, world_size=1)
+        self.addCleanup(p.close)
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 13)
+        segs = [(seg, base, 1 << 13)]
+        m = torch.nn.Module()
+        m.embed = torch.nn.Parameter(torch_util.from_ptr(base, (16, 8), torch.float32, "cpu"))
+        m.extra = torch.nn.Parameter(torch.zeros(0, 8))
+        for given in ("pairs", "callable"):
+            t = wex.trainer.TrainerRank(model, list(m.named_parameters()) if given == "pairs"
+                                        else m, client=p, segments=segs)
+            v = 0 if given == "pairs" else 2  # (the versions the first one published)
+            t.publish(v + 1)
+            whole = m.embed.data
+            for new, why in ((whole[:12], "now float32 [12, 8] with strides [8, 1] at the "
+                              "address registered as float32 [16, 8] with strides [8, 1]"),
+                             (whole.view(8, 16).t(), "now float32 [16, 8] with strides [1, 16]"
+                              " at the address registered as float32 [16, 8] with strides "
+                              "[8, 1]")):
+                m.embed.data = new
+                self.assertEqual(t.moved(), ["embed (%s)" % why], given)
+                with self.assertRaises(ValueError) as e:
+                    with t.write(v + 2):
+                        self.fail("the block ran")
+                self.assertIn("embed (%s); nothing begun" % why, str(e.exception))
+            m.embed.data = whole
+            self.assertEqual(t.moved(), [], given)
+            rows = torch_util.from_ptr(base + 4096, (4, 8), torch.float32, "cpu")
+            m.extra.data = rows
+            self.assertEqual(t.moved(), ["extra (empty when registered, now [4, 8]: not "
+                                         "registered)"], given)
+            m.extra.data = torch.zeros(0, 8)
+            self.assertEqual(t.moved(), [], given)
+            with t.write(v + 2):
+                m.embed.data.fill_(1.0)
+            p.register_tensors([])  # (the next TrainerRank registers again)
+        if hasattr(m, "extra"):
+            del m.extra  # an empty one gone: engines read nothing of it
+            self.assertEqual(t.moved(), [])
+
     def test_trainer_version_tensor(self):
         """TrainerRank.write(v) with v a 0-d integer tensor (a step
         counter): the rank counts v as a Python int, not the tensor, so

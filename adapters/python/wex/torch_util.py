@@ -359,6 +359,16 @@ def _named(named_tensors, what):
         if not isinstance(t, torch.Tensor) and not _is_dtensor(t):
             raise TypeError("%s: %s is a %s, not a torch.Tensor"
                             % (what, name, type(t).__name__))
+        # (Here, before anything is registered, naming the tensor: was
+        # "wex has no element type for torch.complex64", naming none,
+        # raised as the table was made, after register_module had
+        # exported the CUDA tensors' memory into the client.)
+        dt = getattr(t, "dtype", None)
+        if dt is not None and dt not in _TO_WEX:
+            raise ValueError("%s: %s is %s, which wex has no element type for (safetensors' "
+                             "%s): leave it out (TrainerRank's ignore=) or keep it in one "
+                             "of those"
+                             % (what, name, dt, ", ".join(sorted(set(_TO_WEX.values())))))
         # (complex.conj().imag: PyTorch negates or conjugates such a view
         # as it reads it; wex moves the bytes, which hold the values
         # before that.)

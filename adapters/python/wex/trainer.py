@@ -138,18 +138,50 @@ def _check_rows(items, layout, rank):
                    tuple(t.device_mesh.get_coordinate()), rank, layout.spec, rows(*box[n])))
 
 
-def _why(t, p, cur):
-    """How registered parameter t (its memory at p), with cur under its
-    name now, is not as it was (parameters_changed)."""
+def _entry(t):
+    """What the table registered of parameter t (its local shard): its
+    address, shape, strides and dtype; (None, shape) where it is empty
+    (nothing registered: no bytes, no address)."""
+    local = _local(t)
+    if not local.numel():
+        return None, tuple(local.shape)
+    # (A dim of 1 element steps nowhere: its stride is whatever made it.)
+    return local.data_ptr(), tuple(local.shape), tuple(
+        st if n != 1 else 0 for st, n in zip(local.stride(), local.shape)), local.dtype
+
+
+def _differs(was, t, moved):
+    """How t's local shard is not the table's entry `was` (_entry), or
+    None: `moved` where it is in other memory."""
+    now = _entry(t)
+    if now == was:
+        return None
+    if was[0] is None:
+        # (Left out as empty, engines never got it.)
+        return None if now[0] is None else "empty when registered, now %s: not registered" \
+            % (list(now[1]),)
+    if now[0] != was[0]:
+        return moved
+    # (The same address, another tensor over it: .data set to a view of
+    # it, such as rows cut off a padded vocabulary: engines read it as
+    # the table says.)
+    return "now %s %s with strides %s at the address registered as %s %s with strides %s" % (
+        str(now[3]).replace("torch.", ""), list(now[1]), list(now[2]),
+        str(was[3]).replace("torch.", ""), list(was[1]), list(was[2]))
+
+
+def _why(t, was, cur):
+    """How registered parameter t (registered as _entry `was`), with cur
+    under its name now, is not as it was (parameters_changed)."""
     if cur is not t and not (torch_util._is_dtensor(t) and not (
             torch_util._is_dtensor(cur) and _same_sharding(cur, t))):
-        return "replaced by a Parameter in new memory" if _local(cur).data_ptr() != p else None
+        return _differs(was, cur, "replaced by a Parameter in new memory")
     # (A registered DTensor shown otherwise is FSDP2's own view between
     # its all-gather and its reshard: the unsharded Parameter, a DTensor
     # of another sharding with FSDP2 over TP or EP, or the post-forward
     # shard of reshard_after_forward=<int>; what was registered is still
     # t's shard.)
-    return "re-allocated" if _local(t).data_ptr() != p else None
+    return _differs(was, t, "re-allocated")
 
 
 class TrainerRank:
@@ -204,6 +236,14 @@ class TrainerRank:
                         " and %d more" % (len(shards) - 3) if len(shards) > 3 else "")))
         if self.layout is not None:
             _check_rows(items, self.layout, rank)
+        segments = None if segments is None else list(segments)
+        if segments and client is None:
+            # (Segment ids are a client's own: this rank's new client has
+            # none, and register_tensors failed after it had joined wexd,
+            # "tensor 'w' names segment 0, rank has 0".  segments=[], for
+            # a rank whose every tensor is empty, needs none.)
+            raise ValueError("segments= are segments of the client that allocated or "
+                             "registered them: pass that producer client as client= too")
         self.model, self.rank, self.world_size = model, rank, world_size
         self._own = client is None
         opened = getattr(client, "_opened", None)
@@ -242,9 +282,9 @@ class TrainerRank:
         self.version = 0
         self._writing = None
         # Where each parameter's bytes were registered (engines read
-        # there); empty ones register nothing.
-        self._where = [(n, t, _local(t).data_ptr()) for n, t in items if _local(t).numel()]
-        self._empty = [n for n, t in items if not _local(t).numel()]
+        # there) and as what; empty ones register nothing (and are
+        # refused once they are not empty).
+        self._where = [(n, t, _entry(t)) for n, t in items]
 
     @contextlib.contextmanager
     def write(self, version, timeout_ms=0):
@@ -305,6 +345,9 @@ class TrainerRank:
         """["name (why)"] of the registered parameters whose memory is no
         longer where it was registered (engines would read the old
         memory): re-allocated (.data assigned, FSDP2's shard swapped),
+        another shape, strides or dtype at the address registered (.data
+        set to a view of it; engines read it as registered), not empty
+        any more where it was registered empty (engines do not get it),
         and, when the parameters were given as a callable
         (model.named_parameters, the bound method), replaced by a
         Parameter in new memory (module.weight = Parameter(new)), removed,
@@ -312,9 +355,9 @@ class TrainerRank:
         now = None
         if self._resolve is not None:
             now = dict(select_parameters(self._resolve(), *self._select)[0])
-            for n in self._empty:
-                now.pop(n, None)
-        return parameters_changed(self._where, now, _why)
+        # (An empty one that is gone held nothing engines read.)
+        return parameters_changed([w for w in self._where if now is None or w[2][0] is not None
+                                   or w[0] in now], now, _why)
 
     def _check_moved(self, what):
         moved = self.moved()
