@@ -272,12 +272,17 @@ class TorchGlue(WexdProducerCase):
         segs = [(seg, base, 1 << 13)]
         w = torch_util.from_ptr(base, (64,), torch.float32, "cpu")
         z = torch_util.from_ptr(base + 4096, (8,), torch.complex64, "cpu")
-        for call in (lambda: wex.trainer.TrainerRank(model, [("w", w), ("rope.freqs", z)],
-                                                     client=p, segments=segs),
-                     lambda: torch_util.attach_module(p, [("rope.freqs", z)])):
+        # (Each naming its own ignore=: an engine's attach_module said
+        # TrainerRank's.)
+        for call, who in ((lambda: wex.trainer.TrainerRank(model, [("w", w), ("rope.freqs", z)],
+                                                           client=p, segments=segs),
+                           "TrainerRank"),
+                          (lambda: torch_util.attach_module(p, [("rope.freqs", z)]),
+                           "EngineRank")):
             with self.assertRaises(ValueError) as e:
                 call()
             self.assertIn("rope.freqs is torch.complex64", str(e.exception))
+            self.assertIn("leave it out (%s's ignore=)" % who, str(e.exception))
         t = wex.trainer.TrainerRank(model, [("w", w), ("rope.freqs", z)], client=p,
                                     segments=segs, ignore="rope.*")
         t.publish(1)
@@ -330,6 +335,30 @@ class TorchGlue(WexdProducerCase):
         if hasattr(m, "extra"):
             del m.extra  # an empty one gone: engines read nothing of it
             self.assertEqual(t.moved(), [])
+
+    def test_trainer_same_address_strides_shown(self):
+        """The strides write() names for a parameter with a dim of 1
+        element that is another tensor at its address are PyTorch's (were
+        shown as 0 there, which PyTorch's strides are only for a
+        broadcast dim); such a stride alone differing is no change."""
+        import wex.trainer
+
+        model = "torch-glue-trainer-strides"
+        p = wex.Client(wex.ROLE_PRODUCER, model, rank=0, world_size=1)
+        self.addCleanup(p.close)
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 12)
+        m = torch.nn.Module()
+        m.bias = torch.nn.Parameter(torch_util.from_ptr(base, (16, 1), torch.float32, "cpu"))
+        t = wex.trainer.TrainerRank(model, m, client=p, segments=[(seg, base, 1 << 12)])
+        whole = m.bias.data
+        m.bias.data = whole.as_strided((16, 1), (1, 5))
+        self.assertEqual(t.moved(), [])
+        m.bias.data = whole[:12]
+        self.assertEqual(t.moved(), ["bias (now float32 [12, 1] with strides [1, 1] at the "
+                                     "address registered as float32 [16, 1] with strides "
+                                     "[1, 1])"])
+        m.bias.data = whole
+        t.publish(1)
 
     def test_trainer_version_tensor(self):
         """TrainerRank.write(v) with v a 0-d integer tensor (a step

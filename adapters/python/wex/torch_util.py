@@ -365,10 +365,11 @@ def _named(named_tensors, what):
         # exported the CUDA tensors' memory into the client.)
         dt = getattr(t, "dtype", None)
         if dt is not None and dt not in _TO_WEX:
+            # (attach_module is the engines': EngineRank's ignore= leaves it out there.)
             raise ValueError("%s: %s is %s, which wex has no element type for (safetensors' "
-                             "%s): leave it out (TrainerRank's ignore=) or keep it in one "
-                             "of those"
-                             % (what, name, dt, ", ".join(sorted(set(_TO_WEX.values())))))
+                             "%s): leave it out (%s's ignore=) or keep it in one of those"
+                             % (what, name, dt, ", ".join(sorted(set(_TO_WEX.values()))),
+                                "EngineRank" if what == "attach_module" else "TrainerRank"))
         # (complex.conj().imag: PyTorch negates or conjugates such a view
         # as it reads it; wex moves the bytes, which hold the values
         # before that.)

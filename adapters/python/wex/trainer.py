@@ -145,9 +145,14 @@ def _entry(t):
     local = _local(t)
     if not local.numel():
         return None, tuple(local.shape)
-    # (A dim of 1 element steps nowhere: its stride is whatever made it.)
-    return local.data_ptr(), tuple(local.shape), tuple(
-        st if n != 1 else 0 for st, n in zip(local.stride(), local.shape)), local.dtype
+    return local.data_ptr(), tuple(local.shape), local.stride(), local.dtype
+
+
+def _steps(entry):
+    """An _entry's strides where they step: a dim of 1 element steps
+    nowhere, its stride is whatever made it (compared as 0; shown as
+    PyTorch has it)."""
+    return tuple(st if n != 1 else 0 for st, n in zip(entry[2], entry[1]))
 
 
 def _differs(was, t, moved):
@@ -162,6 +167,8 @@ def _differs(was, t, moved):
             % (list(now[1]),)
     if now[0] != was[0]:
         return moved
+    if now[1] == was[1] and now[3] == was[3] and _steps(now) == _steps(was):
+        return None
     # (The same address, another tensor over it: .data set to a view of
     # it, such as rows cut off a padded vocabulary: engines read it as
     # the table says.)
