@@ -44,14 +44,21 @@
  * 4 (1.5M producer pieces), 9.4M steps; a DeepSeek-V3 rank from Megatron
  * tp 8, pp 16, dp 8, ep 64 (plan_scale), 3.3M (review h105). */
 #define PLAN_STEPS_MAX (1ull << 30)
-/* The most cells one plan may cut its consumer pieces into.  Steps do not
- * bound them: a producer's table of one row piece and one diagonal piece
- * per row of a [K, K] tensor cuts it into K^2 cells in about 4 K^2 steps,
- * and wexd keeps its scratch arrays (about 300 bytes a cell with the ops
- * made from them): K = 2048 took 2.2 s and 1.2 GB, K = 8192 would have
- * taken 20 GB.  The largest real plan measured, a whole Qwen2 from 32,768
- * FSDP ranks, has 384k cells. */
+/* The most cells one plan may cut its consumer pieces into, past those
+ * its producer pieces account for.  Steps do not bound them: a producer's
+ * table of one row piece and one diagonal piece per row of a [K, K]
+ * tensor cuts it into K^2 cells in about 4 K^2 steps, and wexd keeps its
+ * scratch arrays (about 300 bytes a cell with the ops made from them):
+ * K = 2048 took 2.2 s and 1.2 GB, K = 8192 would have taken 20 GB.  Real
+ * layouts make about a cell per producer piece over a consumer piece
+ * (their cuts line up), and may have millions: a vLLM tp 8 rank of
+ * DeepSeek-V3 from FSDP2 over 256 ranks has 4.9M (each of its 15k expert
+ * tensors cut in 256 chunks, review h118), past 2^22 alone.  So the bound
+ * is 2^22 and PLAN_CELLS_PER_HIT a producer piece over a consumer piece:
+ * such layouts stay under it whatever their size, a table cutting each
+ * consumer piece into far more cells than it has pieces over it does not. */
 #define PLAN_CELLS_MAX (1ull << 22)
+#define PLAN_CELLS_PER_HIT 16
 
 struct src_entry {
 	uint32_t name;     /* interned name id */
@@ -136,6 +143,7 @@ struct work {
 	size_t caporder;
 	uint64_t steps;    /* this plan's work so far (PLAN_STEPS_MAX) */
 	uint64_t ncells_plan; /* this plan's cells so far (PLAN_CELLS_MAX) */
+	uint64_t nhits_plan; /* its producer pieces over its consumer pieces so far */
 	size_t *act;       /* cut_piece: the hits over the current dim-0 slab */
 	size_t capact;
 };
@@ -926,17 +934,20 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 	uint64_t ncells;
 	if (__builtin_mul_overflow(slab_cells, (uint64_t)nslab, &ncells))
 		ncells = UINT64_MAX;
-	if (ncells > PLAN_CELLS_MAX - w->ncells_plan) {
+	uint64_t allow = PLAN_CELLS_MAX + PLAN_CELLS_PER_HIT * (w->nhits_plan + nhit);
+	if (ncells > allow - w->ncells_plan) {
 		seterr(err, errlen, "%.*s: refused: its %zu producer pieces cut it into %s%llu cells, "
-		       "past the %llu one plan may have (%llu taken before); no real layout "
-		       "comes near that, and wexd would hold them all in memory",
+		       "past the %llu this plan may have (2^22 and %d a producer piece over "
+		       "a consumer piece; %llu taken before); no real layout comes near that, "
+		       "and wexd would hold them all in memory",
 		       WEX_NAME_MAX, d->name, nhit, ncells == UINT64_MAX ? "over " : "",
-		       (unsigned long long)ncells, (unsigned long long)PLAN_CELLS_MAX,
+		       (unsigned long long)ncells, (unsigned long long)allow, PLAN_CELLS_PER_HIT,
 		       (unsigned long long)w->ncells_plan);
 		ret = -WEX_ELAYOUT;
 		goto out;
 	}
 	w->ncells_plan += ncells;
+	w->nhits_plan += nhit;
 	nact = next = 0;
 	int in_slab = 0;
 	uint64_t tie = name_tie(d->name);
@@ -1322,7 +1333,7 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 		 * plan, 64 consumer ranks at a time), it refused ranks that
 		 * each take a fraction of it, naming whichever tensor crossed
 		 * it. */
-		w.steps = w.ncells_plan = 0;
+		w.steps = w.ncells_plan = w.nhits_plan = 0;
 		plans[r] = calloc(1, sizeof(struct wex_plan));
 		if (!plans[r])
 			goto out;

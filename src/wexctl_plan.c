@@ -1231,7 +1231,7 @@ static void sync_dir(const char *dir)
  * it (never, after a crash or a failed index write) it would describe
  * files it no longer matches, an earlier split over this one's shards.
  * One naming only other files stays: its checkpoint is whole until the
- * new index replaces it.
+ * new index replaces it.  1 when it was removed.
  */
 static int hf_drop_stale_index(const char *outdir, char *const *files, size_t nfiles, char *err,
 			       size_t errlen)
@@ -1268,7 +1268,7 @@ static int hf_drop_stale_index(const char *outdir, char *const *files, size_t nf
 		return -e;
 	}
 	sync_dir(outdir);
-	return 0;
+	return 1;
 }
 
 /* Warns of *.safetensors files in an hf OUTDIR that this conversion did
@@ -1633,7 +1633,7 @@ int wexctl_cmd_convert(int argc, char **argv)
 	int ret = 0, rc = 1;
 	struct names names = { 0 }; /* the files written, as NAME.partial until renamed */
 	size_t nnames = 0;
-	int staged = 1, hf, blocked = 0, lockfd = -1, index = 0;
+	int staged = 1, hf, blocked = 0, lockfd = -1, index = 0, dropped = 0;
 	struct staged *sg = NULL; /* hf: the index and files beside the weights */
 	sigset_t stop, old;
 
@@ -1994,8 +1994,11 @@ rank_out:
 				     sizeof(err))
 			 : -ENOMEM;
 	}
-	if (ret == 0 && hf)
-		ret = hf_drop_stale_index(o.pos[1], names.v, nnames, err, sizeof(err));
+	if (ret == 0 && hf && (ret = hf_drop_stale_index(o.pos[1], names.v, nnames, err,
+							  sizeof(err))) > 0) {
+		dropped = 1;
+		ret = 0;
+	}
 	if (ret < 0)
 		goto fail;
 	for (size_t k = 0; k < nnames; k++) {
@@ -2011,7 +2014,9 @@ rank_out:
 				       strerror(errno), k, k == 1 ? "" : "s", nnames - k - 1, o.pos[1]);
 			else
 				seterr(err, sizeof(err), "rename %s to %s: %s (nothing renamed: %s "
-				       "unchanged)", from, names.v[k], strerror(errno), o.pos[1]);
+				       "unchanged%s)", from, names.v[k], strerror(errno), o.pos[1],
+				       dropped ? " but for its earlier model.safetensors.index.json, "
+						 "removed as naming files of this conversion" : "");
 			/* Those renamed are in place; the rest still staged. */
 			for (size_t j = 0; j < k; j++)
 				free(names.v[j]);

@@ -403,9 +403,9 @@ enum wex_sync_mode {
  * the producers', a box they do not hold) is found by that plan: the
  * next fetch (wex_sync, wex_reserve) fails with -WEX_ELAYOUT naming it,
  * not this call; so does a tensor whose plan would take over 2^30 steps
- * or cut the consumer's pieces into over 2^22 cells (thousands of
- * producer pieces of it overlapping each other: no real sharding comes
- * near that).  Errors: -EFAULT
+ * or cut the consumer's pieces into over 2^22 cells more than 16 for
+ * each producer piece over one of them (thousands of producer pieces of
+ * it overlapping each other: no real sharding comes near that).  Errors: -EFAULT
  * when a tensor lies where the CUDA driver knows a reserved address range
  * with nothing mapped (GPU memory the engine released and kept the
  * addresses of: vLLM's sleep mode, torch_memory_saver's pause), naming

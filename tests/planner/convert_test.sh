@@ -13,7 +13,8 @@
 # SIGHUP or SIGINT the caller ignores (nohup) is ignored; what
 # a killed convert left is removed by the next, and a second convert into
 # one OUTDIR at once is refused naming the first; a rename into place
-# failing part way names the files in place and the mix left.
+# failing part way names the files in place and the mix left, and the
+# first failing names an earlier index removed.
 # --to hf also copies the tokenizer and generation config found beside IN
 # or --config (IN's first), never over a file OUTDIR already has; one model.safetensors gets
 # no index, as save_pretrained writes none (an earlier one is removed),
@@ -347,5 +348,15 @@ mkdir -p "$d/o-mix/rank-2.safetensors/x"
 rc=$?
 [ $rc = 1 ] && grep -qF "rank-2.safetensors: Is a directory (the 2 files before it in place, it and the 1 after it not: $d/o-mix mixes this conversion's files with what it held before)" "$d/mix.err" ||
 	{ echo "a rename failing part way: exit $rc, not named as mixing: $(cat "$d/mix.err")"; exit 1; }
+# The first rename failing (model.safetensors a directory) after an
+# earlier index naming it was removed: OUTDIR is not "unchanged" (review
+# h118: the message said so, its index gone).
+mkdir -p "$d/o-first/model.safetensors/x"
+echo '{"metadata": {}, "weight_map": {"x": "model.safetensors"}}' >"$d/o-first/model.safetensors.index.json"
+"$WEXCTL_BIN" convert --config "$d/config.json" --from vllm:tp=2 --to hf "$d/vllm" "$d/o-first" 2>"$d/first.err" >/dev/null
+rc=$?
+[ $rc = 1 ] && [ ! -e "$d/o-first/model.safetensors.index.json" ] &&
+	grep -qF "model.safetensors: Is a directory (nothing renamed: $d/o-first unchanged but for its earlier model.safetensors.index.json, removed as naming files of this conversion)" "$d/first.err" ||
+	{ echo "the first rename failing after the index went: exit $rc, said: $(cat "$d/first.err")"; exit 1; }
 "$WEXCTL_BIN" plan --config "$d/config.json" --from megatron:tp=2,pp=2,dp=2 --to vllm:tp=2 --json || exit 1
 echo "wexctl convert round trip is byte-identical"

@@ -1807,6 +1807,42 @@ class EngineHooks(WexdProducerCase):
         self.assertEqual(models[0].post_loads, 2)
         self.assertNotIn("post_load", r)
 
+    def test_sglang_changed_after_unanswered_release(self):
+        """The first sync after SGLang loaded the checkpoint copied the
+        version, then raised (wexd did not answer its release in time:
+        not dirty); its retry copied nothing (changed 0).  The weights are
+        the trainer's: attached again after a detach, the rank must not
+        be compared with the checkpoint (it was, and refused as re-laid
+        out: review h118)."""
+        ck = self.checkpoint_dir()
+        set_server_args(ck, load_format="auto")
+        model = module_of(self.loaded_params("sglang", 0))
+
+        def load(req):
+            set_par(tp=(2, 0))
+            return wex.sglang.load(model, req)
+
+        v = self.next_version()
+        req = wex.sglang.request(MODEL, group="sg-ckrel", min_version=v)
+        self.addCleanup(load, wex.sglang.request(MODEL, group="sg-ckrel", detach=True))
+        real = wex.engine.EngineRank.sync
+
+        def copied_then_unanswered(rank, *a, **kw):
+            real(rank, *a, **kw)
+            raise wex.WexError(errno.ETIMEDOUT, "wexd did not answer within 100 ms "
+                               "(connection dropped)")
+        with unittest.mock.patch.object(wex.engine.EngineRank, "sync", copied_then_unanswered):
+            with self.assertLogs("wex.sglang", "ERROR"):
+                self.assertIsNone(load(req))
+        r = load(req)
+        self.assertEqual((r["version"], r["changed"]), (v, 0))
+        load(wex.sglang.request(MODEL, group="sg-ckrel", detach=True))
+        r = load(req)
+        self.assertIsNotNone(r, wex.sglang.status(model))
+        self.assertEqual(r["version"], v)
+        self.assertEqual(wex.sglang._ranks[id(model)][0].describe()["checkpoint_check"],
+                         "not checked: a sync changed the weights since the engine loaded them")
+
     def test_check_default_group(self):
         """Ranks attached with no group are in wexd's group "default":
         check() with group None (as the request was sent) finds them,

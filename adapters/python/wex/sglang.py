@@ -808,7 +808,10 @@ def _load(model, args):
         if held[0].dirty():  # a copy that failed half-way changed them too
             _changed[model] = True
         raise
-    if out.get("changed"):
+    # (As below: a version no earlier request returned was copied, if not
+    # by this request, by one that then raised, not dirty.)
+    seen, _served[id(model)] = _served.get(id(model)), out["version"]
+    if out.get("changed") or seen != out["version"]:
         # No longer the checkpoint's: a later attach does not compare.
         _changed[model] = True
     # Only after a sync that copied something: post_load_weights rewrites
@@ -818,7 +821,6 @@ def _load(model, args):
     # completed and then raised (wexd did not answer its release in time:
     # ETIMEDOUT, not dirty) left it in the weights, and its retry copies
     # nothing (changed 0).
-    seen, _served[id(model)] = _served.get(id(model)), out["version"]
     if fn is not None and post is not False and (out.get("changed") or
                                                  seen != out["version"]):
         try:
