@@ -68,8 +68,9 @@ int wex__cuda_vmm_readonly(void);
 /* GPU copy executor (the copy slot of both CUDA tables).                 */
 
 /*
- * Runs `ops` on the dedicated stream of device `dev` (-1: the device
- * owning ops[0].dst, else the current context's) without waiting.  The
+ * Runs `ops` on the dedicated stream of device `dev` (-1: the GPU
+ * holding ops[0].dst, else the one holding ops[0].src, else the device
+ * the driver names for ops[0].dst, else device 0) without waiting.  The
  * ops must be independent (none writes what another reads or writes):
  * they run in no particular order.  Use
  * wex__cuda_copy_sync() or the copy slot (which waits).

@@ -24,6 +24,9 @@
  *                     only device 0 reaches, filled from device 1 (and
  *                     device 0) memory: the copies into device 0's
  *                     memory run there whichever op comes first
+ *   random_shapes     30 rounds of 200 random ops (0 to 3 levels, counts 0
+ *                     to 4, negative, zero and short strides) against the
+ *                     host executor
  *   memcpy3d_offsets  cuMemcpy3DAsync itself with X/Y/Z offsets on both
  *                     sides, device and host memory, against the same
  *                     copy done on the CPU (the driver's semantics, which
@@ -172,6 +175,85 @@ static void test(void)
 	rebase(b.ds, (uint64_t)(uintptr_t)b.out);
 	CHECK_OK(wex_mem_backend(WEX_MEM_CUDA_IPC)->copy(ops, 1, 1));
 	CHECK(memcmp(b.out, b.hd, 1u << 20) == 0);
+	bufs_close(&b);
+}
+
+/* xorshift64: the same shapes every run. */
+static uint64_t rnd_state = 88172645463325252ull;
+
+static uint64_t rnd(uint64_t n)
+{
+	rnd_state ^= rnd_state << 13;
+	rnd_state ^= rnd_state >> 7;
+	rnd_state ^= rnd_state << 17;
+	return n ? rnd_state % n : 0;
+}
+
+#define RND_REGION (64u << 10)
+#define RND_OPS 200u
+
+/* Random shapes (0 to 3 levels, counts 0 to 4, negative, zero, short and
+ * long strides, levels of one row) through the GPU executor against the
+ * host executor, each op in a region of its own; destinations never
+ * overlap within an op (as the planner's), sources may. */
+static void random_shapes(void)
+{
+	struct bufs b;
+
+	bufs_open(&b, BUF, 1, 2);
+	for (int it = 0; it < 30; it++) {
+		nops = 0;
+		for (uint64_t k = 0; k < RND_OPS; k++) {
+			uint64_t base = k * RND_REGION + RND_REGION / 2, len = 1 + rnd(40), cnt[3];
+			int64_t ss[3], ds[3], span = (int64_t)len;
+			uint32_t no = (uint32_t)rnd(4);
+
+			for (uint32_t i = 0; i < no; i++) {
+				cnt[i] = rnd(5);
+				ds[i] = span + (int64_t)rnd(3) * (int64_t)rnd(20);
+				if (rnd(4) == 0)
+					ds[i] = -ds[i];
+				span = (ds[i] < 0 ? -ds[i] : ds[i]) * (int64_t)(cnt[i] ? cnt[i] : 1);
+				switch (rnd(5)) {
+				case 0:
+					ss[i] = ds[i];
+					break;
+				case 1:
+					ss[i] = 0;
+					break;
+				case 2:
+					ss[i] = -(int64_t)rnd(200);
+					break;
+				case 3:
+					ss[i] = (int64_t)(len * rnd(4));
+					break;
+				default:
+					ss[i] = (int64_t)rnd(300);
+					break;
+				}
+			}
+			add(base, base, len, no, cnt, ss, ds);
+		}
+		CU_OK(wex__cu.cuMemcpyDtoH(b.hd, b.dd, BUF));
+		rebase((uint64_t)(uintptr_t)b.hs, (uint64_t)(uintptr_t)b.hd);
+		CHECK_OK(wex_mem_host_copy(ops, nops, 1));
+		unbase((uint64_t)(uintptr_t)b.hs, (uint64_t)(uintptr_t)b.hd);
+		rebase(b.ds, b.dd);
+		CHECK_OK(wex_mem_backend(WEX_MEM_CUDA_VMM)->copy(ops, nops, 1));
+		unbase(b.ds, b.dd);
+		CU_OK(wex__cu.cuMemcpyDtoH(b.out, b.dd, BUF));
+		for (size_t i = 0; i < RND_OPS * RND_REGION; i++)
+			if (b.out[i] != b.hd[i]) {
+				const struct wex_copy_op *o = &ops[i / RND_REGION];
+
+				fprintf(stderr, "round %d byte %zu differs: gpu %u host %u (op: len %llu, "
+					"%u levels, counts %llu %llu %llu)\n", it, i, b.out[i], b.hd[i],
+					(unsigned long long)o->len, o->nouter,
+					(unsigned long long)o->count[0], (unsigned long long)o->count[1],
+					(unsigned long long)o->count[2]);
+				exit(T_EXIT_FAIL);
+			}
+	}
 	bufs_close(&b);
 }
 
@@ -649,6 +731,7 @@ int main(void)
 	ret = run_one("host_ptr_no_context", host_ptr_no_context);
 	ret |= run_one("no_context_thread_device1", no_context_thread_device1);
 	ret |= run_one("strided_copy", test);
+	ret |= run_one("random_shapes", random_shapes);
 	ret |= run_one("memcpy3d_offsets", memcpy3d_offsets);
 	ret |= run_one("huge_pitch", huge_pitch);
 	ret |= run_one("peer_reads_alloc", peer_reads_alloc);
