@@ -1843,6 +1843,37 @@ class EngineHooks(WexdProducerCase):
         self.assertEqual(wex.sglang._ranks[id(model)][0].describe()["checkpoint_check"],
                          "not checked: a sync changed the weights since the engine loaded them")
 
+    def test_vllm_changed_after_unanswered_release(self):
+        """As for SGLang: vLLM's first sync after loading the checkpoint
+        copied the version, then raised (wexd did not answer its release
+        in time: not dirty); its retry copied nothing (changed 0).  The
+        weights are the trainer's: attached again after a detach, the
+        rank must not be compared with the checkpoint (it was)."""
+        ck = self.checkpoint_dir()
+        m = module_of(self.loaded_params("vllm", 0))
+        w = VllmWorker(ck, m, load_format="auto")
+        self.addCleanup(w.wex_detach)
+        set_par(tp=(2, 0))
+        self.assertIsInstance(w.wex_attach(model=MODEL, group="vllm-ckrel")["checkpoint_check"],
+                              dict)
+        v = self.next_version()
+        real = wex.engine.EngineRank.sync
+
+        def copied_then_unanswered(rank, *a, **kw):
+            real(rank, *a, **kw)
+            raise wex.WexError(errno.ETIMEDOUT, "wexd did not answer within 100 ms "
+                               "(connection dropped)")
+        with unittest.mock.patch.object(wex.engine.EngineRank, "sync", copied_then_unanswered):
+            with self.assertRaises(wex.WexError):
+                w.wex_sync(min_version=v)
+        r = w.wex_sync(min_version=v)
+        self.assertEqual((r["version"], r["changed"]), (v, 0))
+        w.wex_detach()
+        info = w.wex_attach(model=MODEL, group="vllm-ckrel")
+        self.assertEqual(info["checkpoint_check"], "not checked: a sync changed the weights "
+                         "since the engine loaded them")
+        self.assertEqual(w.wex_sync(min_version=v)["version"], v)
+
     def test_check_default_group(self):
         """Ranks attached with no group are in wexd's group "default":
         check() with group None (as the request was sent) finds them,

@@ -982,9 +982,13 @@ class WorkerExtension:
             if self._wex.dirty():
                 self._wex_changed = True
             raise
-        if out.get("changed"):
-            # The weights are no longer the checkpoint's: a later attach
-            # (after wex_detach) does not compare them with it.
+        # The weights are no longer the checkpoint's: a later attach
+        # (after wex_detach) does not compare them with it.  So after any
+        # sync that returned: one that copied nothing (changed 0) holds a
+        # version an earlier request copied, perhaps one that then raised
+        # (wexd did not answer its release in time: ETIMEDOUT, not dirty).
+        # (One that copied nothing keeps a reason already given.)
+        if out.get("changed") or not self._wex_changed:
             self._wex_changed = True
         return out
 
