@@ -33,10 +33,11 @@
 
 enum { LAY_NONE, LAY_ALL, LAY_DENSE, LAY_MOE };
 enum { P_TP, P_PP, P_DP, P_EP, P_ETP, P_FIRST, P_LAST, P_FUSE_SHARED, P_DP_ATTENTION,
-       P_DENSE_TP, P_DP_LM_HEAD, P_FSDP, P_VPP, P_A2A, P_EMBED_REP, P_VOCAB_DIV };
+       P_DENSE_TP, P_DP_LM_HEAD, P_FSDP, P_VPP, P_A2A, P_EMBED_REP, P_VOCAB_DIV, P_NO_MLA,
+       P_SP_MOE };
 static const char *const param_names[WEX_LAYOUT_PARAMS] = {
 	"tp", "pp", "dp", "ep", "etp", "first", "last", "fuse_shared", "dp_attention", "dense_tp",
-	"dp_lm_head", "fsdp", "vpp", "a2a", "embed_rep", "vocab_div"
+	"dp_lm_head", "fsdp", "vpp", "a2a", "embed_rep", "vocab_div", "no_mla", "sp_moe"
 };
 _Static_assert(WEX_LAYOUT_PARAMS <= 32, "if/unless keep layout parameters in a 32-bit mask");
 
@@ -1530,7 +1531,8 @@ static int ctx_setup(struct ctx *c, const struct wex_model *m, const struct wex_
 		FAIL(c, "engine %s: parameter fsdp=%lld needs \"chunk_dim0\": true", spec->engine,
 		     (long long)c->fsdp);
 	{
-		static const int flags[] = { P_DP_ATTENTION, P_DP_LM_HEAD, P_A2A, P_EMBED_REP };
+		static const int flags[] = { P_DP_ATTENTION, P_DP_LM_HEAD, P_A2A, P_EMBED_REP,
+					     P_NO_MLA, P_SP_MOE };
 
 		for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++)
 			if (v[flags[i]] > 1)

@@ -46,14 +46,15 @@ int wex__model_dtype(const struct wex_model *m);
 void wex__model_set_dtype(struct wex_model *m, int dtype);
 
 /* "engine:k=v,k=v".  Known keys: tp pp dp ep etp first last fuse_shared
- * dp_attention dense_tp dp_lm_head fsdp vpp a2a embed_rep vocab_div, and stages=N/N/...
+ * dp_attention dense_tp dp_lm_head fsdp vpp a2a embed_rep vocab_div no_mla sp_moe,
+ * and stages=N/N/...
  * (the layers of each pipeline stage, in order). */
-#define WEX_LAYOUT_PARAMS 16
+#define WEX_LAYOUT_PARAMS 18
 #define WEX_LAYOUT_MAX_STAGES 256
 struct wex_layout_spec {
 	char engine[32];
 	/* tp pp dp ep etp first last fuse_shared dp_attention dense_tp dp_lm_head
-	 * fsdp vpp a2a embed_rep vocab_div */
+	 * fsdp vpp a2a embed_rep vocab_div no_mla sp_moe */
 	int64_t v[WEX_LAYOUT_PARAMS];
 	int set[WEX_LAYOUT_PARAMS];
 	/* stages=: nstages entries of 1 to 2^20 layers (0 entries: not given,

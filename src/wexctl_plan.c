@@ -106,7 +106,7 @@ static int usage(const char *cmd, int help)
 			   "IN OUTDIR\n");
 	fprintf(f, "  LAYOUT: ENGINE[:tp=N,pp=N,dp=N,ep=N,etp=N,first=N,last=N,vpp=N,stages=N/N/...,"
 		   "fuse_shared=0|1,dp_attention=0|1,dp_lm_head=0|1,dense_tp=1,a2a=0|1,embed_rep=0|1,"
-		   "fsdp=N,vocab_div=N]; engines: hf "
+		   "fsdp=N,vocab_div=N,no_mla=0|1,sp_moe=0|1]; engines: hf "
 		   "fsdp megatron megatron_grouped vllm sglang (fsdp: dim-0 chunks of every tensor "
 		   "over fsdp=N ranks as torch.chunk cuts them, PyTorch FSDP2, dp=M HSDP replicas, "
 		   "rank = shard + N*replica; vpp: megatron megatron_grouped, "
@@ -119,7 +119,11 @@ static int usage(const char *cmd, int help)
 		   "in all with attention split over tp/dp of them; a2a=1: --moe-a2a-backend "
 		   "deepep|mooncake (DeepSeek; ep=tp), shared experts whole on every rank; "
 		   "embed_rep=1 (with dp_attention=1): SGLang before PR #17403 or "
-		   "SGLANG_ENABLE_EMBED_REPLICATION=1, the embedding whole on every rank; stages: vllm sglang, the layers of each of the pp stages, "
+		   "SGLANG_ENABLE_EMBED_REPLICATION=1, the embedding whole on every rank; no_mla, "
+		   "sp_moe: vllm, DeepSeek; no_mla=1: VLLM_MLA_DISABLE=1, q_a_proj and "
+		   "kv_a_proj_with_mqa apart, not fused_qkv_a_proj; sp_moe=1: vLLM's "
+		   "sequence-parallel MoE (DP + EP with tp > 1), shared experts whole on every rank; "
+		   "stages: vllm sglang, the layers of each of the pp stages, "
 		   "as VLLM_PP_LAYER_PARTITION / SGLANG_PP_LAYER_PARTITION; without it layers that "
 		   "do not divide by pp go one each to the stages before the last (vllm) or to the "
 		   "last ones (sglang), and megatron needs first/last)\n");

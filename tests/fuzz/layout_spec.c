@@ -21,7 +21,7 @@
 
 static const char *const keys[] = {
 	"tp", "pp", "dp", "ep", "etp", "first", "last", "fuse_shared", "dp_attention", "dense_tp",
-	"dp_lm_head", "fsdp", "vpp", "a2a", "embed_rep", "vocab_div"
+	"dp_lm_head", "fsdp", "vpp", "a2a", "embed_rep", "vocab_div", "no_mla", "sp_moe"
 };
 /* A key added to the layout spec must be added here too: a missing one
  * would be written back as "(null)=". */

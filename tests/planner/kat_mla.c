@@ -10,6 +10,8 @@
  *    mlp.shared_experts.gate_up_proj instead.
  *  - SGLang names the fused projection fused_qkv_a_proj_with_mqa, and with
  *    fuse_shared=1 stacks the shared expert after the routed ones.
+ *  - vLLM with MLA off (no_mla=1): q_a_proj and kv_a_proj_with_mqa
+ *    apart; with sequence-parallel MoE (sp_moe=1) the shared experts whole.
  *  - Megatron tp=2 rank 1: linear_q_up_proj / linear_kv_up_proj the same
  *    rows; the layer norms ride on linear_*_up_proj.layer_norm_weight.
  *  - The router's score-correction bias is F32 in a bf16 model everywhere:
@@ -112,6 +114,53 @@ int main(void)
 		CHECK(wex__layout_parse("vllm:tp=2,fuse_shared=1", &sp, err, sizeof(err)) == 0, "%s", err);
 		CHECK(wex__layout_world(m, &sp, &w, err, sizeof(err)) < 0 && strstr(err, "fuse_shared"),
 		      "vllm took fuse_shared: %s", err);
+	}
+
+	/* vLLM with MLA off (VLLM_MLA_DISABLE=1, no_mla=1; the wex hook refuses
+	 * MLA in vLLM): DeepseekV2Attention keeps q_a_proj [12, 16] and
+	 * kv_a_proj_with_mqa [10, 16] whole and apart, no fused_qkv_a_proj;
+	 * q_b_proj, kv_b_proj and o_proj split as with MLA. */
+	kat_rank(m, "vllm:tp=2,no_mla=1", 1, &l);
+	t = kat_find(&l, "model.layers.1.self_attn.q_a_proj.weight");
+	CHECK(t->shape[0] == 12 && t->npieces == 1, "no_mla q_a_proj shape");
+	kat_piece(&l, t, 0, "model.layers.1.self_attn.q_a_proj.weight", 0, 12, 0);
+	t = kat_find(&l, "model.layers.1.self_attn.kv_a_proj_with_mqa.weight");
+	CHECK(t->shape[0] == 10 && t->npieces == 1, "no_mla kv_a_proj_with_mqa shape");
+	kat_piece(&l, t, 0, "model.layers.1.self_attn.kv_a_proj_with_mqa.weight", 0, 10, 0);
+	t = kat_find(&l, "model.layers.1.self_attn.q_b_proj.weight");
+	kat_piece(&l, t, 0, "model.layers.1.self_attn.q_b_proj.weight", 12, 12, 0);
+	for (size_t i = 0; i < l.nt; i++)
+		CHECK(!strstr(l.t[i].name, "fused_qkv_a_proj"), "%s emitted with no_mla=1",
+		      l.t[i].name);
+	wex__rank_layout_free(&l);
+	/* vLLM's sequence-parallel MoE (sp_moe=1: enable_expert_parallel, tp
+	 * and dp above 1): DeepseekV2MoE builds the shared experts with
+	 * disable_tp, whole on every rank: tp=2,dp=2,ep=4 rank 3 holds
+	 * shared_experts.gate_up_proj [gate (8 rows); up (8 rows)] and
+	 * down_proj [16, 8]; the routed experts one per rank as without it. */
+	kat_rank(m, "vllm:tp=2,dp=2,ep=4,sp_moe=1", 3, &l);
+	t = kat_find(&l, "model.layers.1.mlp.shared_experts.gate_up_proj.weight");
+	CHECK(t->shape[0] == 16 && t->npieces == 2, "sp_moe shared gate_up_proj: %llu rows",
+	      (unsigned long long)t->shape[0]);
+	kat_piece(&l, t, 0, "model.layers.1.mlp.shared_experts.gate_proj.weight", 0, 8, 0);
+	kat_piece(&l, t, 1, "model.layers.1.mlp.shared_experts.up_proj.weight", 0, 8, 8);
+	t = kat_find(&l, "model.layers.1.mlp.shared_experts.down_proj.weight");
+	CHECK(t->shape[0] == 16 && t->shape[1] == 8 && l.p[t->first].start[1] == 0 &&
+		      l.p[t->first].extent[1] == 8,
+	      "sp_moe shared down_proj");
+	t = kat_find(&l, "model.layers.1.mlp.experts.w13_weight");
+	CHECK(t->shape[0] == 1 && t->shape[1] == 16, "sp_moe routed experts");
+	wex__rank_layout_free(&l);
+	{
+		struct wex_model *q = kat_model("{\"model_type\":\"qwen2_moe\",\"hidden_size\":16,"
+						"\"num_hidden_layers\":1,\"num_attention_heads\":4,"
+						"\"num_key_value_heads\":4,\"intermediate_size\":8,"
+						"\"moe_intermediate_size\":8,\"num_experts\":4,"
+						"\"shared_expert_intermediate_size\":8,\"vocab_size\":128}");
+
+		kat_refused(q, "vllm:tp=2,no_mla=1", "no_mla", "deepseek_v3");
+		kat_refused(q, "vllm:tp=2,dp=2,ep=4,sp_moe=1", "sp_moe", "qwen2_moe");
+		wex__model_free(q);
 	}
 
 	kat_rank(m, "megatron:tp=2", 1, &l);

@@ -625,6 +625,57 @@ class EngineHooks(WexdProducerCase):
         self.assertIn("one engine", str(e.exception))
         set_par(tp=(2, 0))
 
+    def test_vllm_deepseek_without_mla(self):
+        """vLLM refuses nothing for DeepSeek with MLA off (VLLM_MLA_DISABLE=1,
+        use_mla False; with MLA the hook refuses it): DeepseekV2Attention
+        then holds q_a_proj and kv_a_proj_with_mqa apart, whole, where MLA
+        fuses them into fused_qkv_a_proj (vllm/model_executor/models/
+        deepseek_v2.py); with sequence-parallel MoE (use_sequence_parallel_moe:
+        DP + EP with tp > 1) DeepseekV2MoE builds the shared experts whole
+        on every rank (DeepseekV2MLP disable_tp=is_sequence_parallel).
+        Those are the parameters the hook must attach."""
+        d = os.path.join(self.tmp.name, "ds-nomla")
+        os.makedirs(d, exist_ok=True)
+        cfg = os.path.join(d, "config.json")
+        with open(cfg, "w") as f:
+            json.dump({"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],
+                       "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "intermediate_size": 24, "moe_intermediate_size": 8,
+                       "n_routed_experts": 4, "n_shared_experts": 1,
+                       "first_k_dense_replace": 1, "q_lora_rank": 12, "kv_lora_rank": 8,
+                       "qk_nope_head_dim": 4, "qk_rope_head_dim": 2, "v_head_dim": 4,
+                       "vocab_size": 128, "torch_dtype": "bfloat16"}, f)
+
+        def vllm_params(spec, sp_moe=False):
+            # The MLA layout's tensors, as vLLM holds them with MLA off.
+            out = {}
+            for n, t in torch_util.layout_tensors(wex.Layout(cfg, spec), 0).items():
+                if n.endswith("fused_qkv_a_proj.weight"):
+                    pre = n[:-len("fused_qkv_a_proj.weight")]
+                    out[pre + "q_a_proj.weight"] = t[:12].clone()
+                    out[pre + "kv_a_proj_with_mqa.weight"] = t[12:].clone()
+                elif sp_moe and "shared_experts.gate_up_proj" in n:
+                    out[n] = torch.zeros(16, 16, dtype=t.dtype)
+                elif sp_moe and "shared_experts.down_proj" in n:
+                    out[n] = torch.zeros(16, 8, dtype=t.dtype)
+                else:
+                    out[n] = t
+            return out
+
+        set_par(tp=(2, 0))
+        self.addCleanup(set_par)
+        w = VllmWorker(d, module_of(vllm_params("vllm:tp=2")), use_mla=False)
+        info = w.wex_attach(model=MODEL, group="ds", checkpoint=False)
+        w.wex_detach()
+        self.assertEqual(info["layout"], "vllm:tp=2,no_mla=1")
+        set_par(tp=(2, 0), dp=(2, 0))
+        w = VllmWorker(d, module_of(vllm_params("vllm:tp=2,dp=2,ep=4", sp_moe=True)),
+                       use_mla=False, enable_expert_parallel=True,
+                       use_sequence_parallel_moe=True)
+        info = w.wex_attach(model=MODEL, group="ds-sp", checkpoint=False)
+        w.wex_detach()
+        self.assertEqual(info["layout"], "vllm:tp=2,dp=2,ep=4,no_mla=1,sp_moe=1")
+
     def test_vllm_moe_relayout_refused(self):
         """MoE kernels that re-lay out the experts' weights in their shape
         (FlashInfer's w13 -> [w3; w1], ROCm AITER's shuffle): refused for

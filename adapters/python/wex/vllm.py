@@ -54,7 +54,9 @@ the layout has none of them, and wex_attach leaves them out (listed in
 
 Refused, because a copy of the checkpoint's tensors would leave the
 engine computing with stale or misplaced copies: MLA models (vLLM builds
-W_UK/W_UV from kv_b_proj after loading), EPLB and
+W_UK/W_UV from kv_b_proj after loading; DeepSeek with VLLM_MLA_DISABLE=1
+is attached as "vllm:...,no_mla=1", with ",sp_moe=1" where vLLM's
+use_sequence_parallel_moe keeps the shared experts whole), EPLB and
 expert_placement_strategy other than "linear" (the layout's placement is
 contiguous), enable_elastic_ep, prefill context parallelism.  Models
 with experts are refused where vLLM's MoE kernels re-lay out the
@@ -194,9 +196,13 @@ def parallel_info():
     return out
 
 
-def default_spec(par, expert_parallel=False):
+def default_spec(par, expert_parallel=False, no_mla=False, sp_moe=False):
     """The vllm layout spec for these parallel sizes (with the stages
-    VLLM_PP_LAYER_PARTITION gives, where set)."""
+    VLLM_PP_LAYER_PARTITION gives, where set).  no_mla: a DeepSeek model
+    with vLLM's MLA off (q_a_proj and kv_a_proj_with_mqa apart, not
+    fused_qkv_a_proj); sp_moe: a DeepSeek model under vLLM's
+    sequence-parallel MoE (parallel_config.use_sequence_parallel_moe:
+    its shared experts whole on every rank)."""
     spec = "vllm:tp=%d" % par["tp"]
     if par["pp"] > 1:
         spec += ",pp=%d" % par["pp"] + stages_from_env("VLLM_PP_LAYER_PARTITION", par["pp"])
@@ -204,7 +210,24 @@ def default_spec(par, expert_parallel=False):
         spec += ",dp=%d" % par["dp"]
     if expert_parallel:
         spec += ",ep=%d" % (par["tp"] * par["dp"])
+    if no_mla:
+        spec += ",no_mla=1"
+    if sp_moe:
+        spec += ",sp_moe=1"
     return spec
+
+
+# The model types whose vLLM parameters depend on the no_mla and sp_moe
+# layout keys (vllm/model_executor/models/deepseek_v2.py: DeepseekV2Attention
+# without MLA, DeepseekV2MLP(is_sequence_parallel) for the shared experts).
+_DEEPSEEK = ("deepseek_v2", "deepseek_v3")
+
+
+def _model_type(config):
+    """model_type of config.json `config` (a path), or None."""
+    with open(config) as f:
+        cfg = json.load(f)
+    return cfg.get("model_type") if isinstance(cfg, dict) else None
 
 
 def layout_rank(par):
@@ -856,7 +879,8 @@ class WorkerExtension:
         if getattr(mc, "use_mla", False):
             raise ValueError("wex_attach: %s uses MLA, whose absorbed W_UK/W_UV vLLM computes "
                              "from kv_b_proj after loading: an in-place copy would leave them "
-                             "stale" % getattr(mc, "model", "the model"))
+                             "stale (start vLLM with VLLM_MLA_DISABLE=1: its attention then "
+                             "reads kv_b_proj itself)" % getattr(mc, "model", "the model"))
         if getattr(pc, "enable_eplb", False):
             raise ValueError("wex_attach: EPLB moves experts between ranks; the vllm layout "
                              "places them in order (start vLLM without --enable-eplb)")
@@ -929,8 +953,15 @@ class WorkerExtension:
                              "each engine syncs as its own group"
                              % (index, (group or "default") + "-{dp}"))
         world = par["tp"] * par["pp"] * par["dp"]
-        spec = layout or default_spec(
-            par, experts and bool(getattr(pc, "enable_expert_parallel", False)))
+        spec = layout
+        if not spec:
+            # Here vLLM runs DeepSeek without MLA (refused above): its
+            # attention keeps q_a_proj and kv_a_proj_with_mqa apart.
+            deepseek = _model_type(cfg) in _DEEPSEEK
+            spec = default_spec(
+                par, experts and bool(getattr(pc, "enable_expert_parallel", False)),
+                no_mla=deepseek,
+                sp_moe=deepseek and bool(getattr(pc, "use_sequence_parallel_moe", False)))
         if isinstance(spec, str):
             spec = wex.Layout(cfg, spec, adapters)
         ignore = tuple((ignore,) if isinstance(ignore, str) else ignore or ()) + \
