@@ -16,7 +16,9 @@
  * up to 60000 ms (--timeout-ms: also the first reserve's wait for the
  * producer, else libwex's 30 s).  --hold stays connected after the last version until
  * SIGTERM.  A lease that could not be released after a rollout (wexd gone:
- * the producer may have written while this rank read) exits 1.
+ * the producer may have written while this rank read) exits 1; so do bytes
+ * other than the version's, which stderr names (also with --quiet, which
+ * leaves out the line each sync prints).
  *
  * Consumer rank K mirrors producer rank K, so M is the producers' world size
  * (wex_reserve refuses a producer rank that does not exist).
@@ -208,8 +210,14 @@ int main(int argc, char **argv)
 				/* Same pointers as before the sync: t[i].ptr. */
 				bad = ex_check(NULL, t, (size_t)n, r.version, threads);
 			}
-			if (bad)
+			if (bad) {
+				/* (Said also with --quiet: the exit status alone
+				 * would not say what failed.) */
 				failures++;
+				fprintf(stderr, "consumer rank %u: v%llu %s: %llu elements differ from the version's\n",
+					rank, (unsigned long long)r.version, mode_label(modes[k]),
+					(unsigned long long)bad);
+			}
 			if (!quiet)
 			{
 				/* The sync's own time, without waiting for the trainer

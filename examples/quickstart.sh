@@ -11,8 +11,9 @@
 #   examples/quickstart.sh [--preset qwen2-0.5b|small|tiny] [--versions N]
 #
 # Bad arguments exit 2 with the usage before anything is installed or
-# built.  Any failure once wexd runs ends with "quickstart: FAILED (why)"
-# and wexd's log, exit 1.
+# built.  Any failure once wexd runs (a consumer's error, a producer gone
+# before the end, wexd gone) ends with "quickstart: FAILED (why)" and
+# wexd's log, exit 1.
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PRESET=qwen2-0.5b
@@ -52,6 +53,29 @@ done
 . "$ROOT/tests/deps.sh"
 wex_install_deps
 B="$ROOT/build"
+TMP=""
+WEXD_PID=""
+PIDS=""
+CPIDS=""
+BUILD_PID=""
+cleanup() {
+	if [ -n "$BUILD_PID" ]; then
+		kill "$BUILD_PID" 2>/dev/null || true
+		wait "$BUILD_PID" 2>/dev/null || true
+	fi
+	for p in $PIDS $CPIDS; do kill "$p" 2>/dev/null || true; done
+	for p in $PIDS $CPIDS; do wait "$p" 2>/dev/null || true; done
+	if [ -n "$WEXD_PID" ]; then
+		kill -TERM "$WEXD_PID" 2>/dev/null || true
+		wait "$WEXD_PID" 2>/dev/null || true
+	fi
+	[ -z "$TMP" ] || rm -rf "$TMP"
+}
+# A signal ends the script (cleanup runs at its exit): a trap that only
+# cleaned up let it go on, into the logs it had just removed.
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 # A build/ configured already keeps its build type (a Debug build of
 # yours is not turned into a Release one); a new one is Release.
 if [ -f "$B/CMakeCache.txt" ]; then
@@ -62,27 +86,16 @@ else
 	echo "== building into $B"
 	cmake -S "$ROOT" -B "$B" -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
-cmake --build "$B" -j "$(nproc)" >/dev/null
+# In the background, waited for, so that a signal's trap stops it (a
+# SIGTERM during the build exited 143 and left make building on).
+cmake --build "$B" -j "$(nproc)" >/dev/null &
+BUILD_PID=$!
+rc=0; wait "$BUILD_PID" || rc=$?
+BUILD_PID=""
+[ $rc -eq 0 ] || exit $rc
 
 TMP=$(mktemp -d /tmp/wex-quickstart.XXXXXX)
 export WEX_SOCKET="$TMP/wexd.sock"
-WEXD_PID=""
-PIDS=""
-CPIDS=""
-cleanup() {
-	for p in $PIDS $CPIDS; do kill "$p" 2>/dev/null || true; done
-	for p in $PIDS $CPIDS; do wait "$p" 2>/dev/null || true; done
-	if [ -n "$WEXD_PID" ]; then
-		kill -TERM "$WEXD_PID" 2>/dev/null || true
-		wait "$WEXD_PID" 2>/dev/null || true
-	fi
-	rm -rf "$TMP"
-}
-# A signal ends the script (cleanup runs at its exit): a trap that only
-# cleaned up let it go on, into the logs it had just removed.
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
 
 echo "== starting wexd on $WEX_SOCKET"
 mkfifo "$TMP/ready"
@@ -125,6 +138,15 @@ echo
 why=""
 [ $fail -eq 0 ] || why="a consumer reported an error"
 [ $status -eq 0 ] || why="${why:+$why; }wexctl status exited $status"
+# The producers hold (--hold) until the cleanup stops them: one gone now
+# failed (an error, a crash, the OOM killer), however the consumers fared.
+live=""
+for p in $PIDS; do
+	if kill -0 "$p" 2>/dev/null; then live="$live $p"; continue; fi
+	rc=0; wait "$p" || rc=$?
+	why="${why:+$why; }a producer exited (status $rc)"
+done
+PIDS=$live # (the reaped ones: cleanup must not signal their numbers)
 if ! kill -0 "$WEXD_PID" 2>/dev/null; then
 	rc=0; wait "$WEXD_PID" || rc=$?
 	WEXD_PID=""

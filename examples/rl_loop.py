@@ -147,13 +147,24 @@ def wexd_log(tmp):
     return "log:\n" + text if text else "log is empty"
 
 
-def start_wexd(path, tmp):
+def start_wexd(path, tmp, started):
+    """Starts wexd and appends it to `started` (for the caller's cleanup,
+    also when a signal stops this before it returns)."""
     env = dict(os.environ, WEX_SOCKET=os.path.join(tmp, "wexd.sock"))
+    # A signal raised inside Popen (it waits for the child's exec) lost the
+    # wexd it had just started, left running: the signal waits until wexd
+    # is in `started`.
+    deferred["on"] = True
     try:
         with open(os.path.join(tmp, "wexd.log"), "w") as log:
             d = subprocess.Popen([path], env=env, stdout=subprocess.DEVNULL, stderr=log)
+            started.append(d)
     except OSError as e:
         raise SystemExit("rl_loop: cannot start wexd %s: %s" % (path, e.strerror or e))
+    finally:
+        deferred["on"] = False
+        if deferred["signum"]:
+            raise Stopped(deferred["signum"])
     try:
         for _ in range(200):
             if os.path.exists(env["WEX_SOCKET"]):
@@ -234,7 +245,14 @@ class Stopped(BaseException):
         self.signum = signum
 
 
+# While "on", a signal is noted and raised later (see start_wexd).
+deferred = {"on": False, "signum": 0}
+
+
 def on_signal(signum, frame):
+    if deferred["on"]:
+        deferred["signum"] = deferred["signum"] or signum
+        return
     raise Stopped(signum)
 
 
@@ -256,9 +274,10 @@ def main():
     signal.signal(signal.SIGINT, on_signal)
     tmp = tempfile.TemporaryDirectory(prefix="wex-rl-")
     wexd = None
+    started = []  # (the wexd started, for the cleanup below)
     procs = []
     try:
-        wexd = start_wexd(a.wexd, tmp.name) if a.wexd else None
+        wexd = start_wexd(a.wexd, tmp.name, started) if a.wexd else None
         ctx = mp.get_context("spawn")
         q_to, q_from, errors = ctx.Queue(), ctx.Queue(), ctx.Queue()
         me = os.getpid()
@@ -283,9 +302,10 @@ def main():
                 if p.is_alive():
                     p.kill()
                 p.join()
-        if wexd is not None and wexd.poll() is None:
-            wexd.terminate()
-            wexd.wait(20)
+        for d in started:
+            if d.poll() is None:
+                d.terminate()
+                d.wait(20)
         tmp.cleanup()
 
 

@@ -12,7 +12,10 @@
   - --steps 0 and --steps -3: refused, exit 2 (they claimed success);
   - SIGTERM to rl_loop (timeout(1), a CI job cancelled, kill): exit 143
     with its wexd, trainer and engine gone (it died at once, leaving its
-    wexd, the temporary directory, and the two processes training on).
+    wexd, the temporary directory, and the two processes training on);
+    also a SIGTERM that lands while Popen starts wexd (after the fork,
+    before Popen returned: wexd was left running, and re-created the
+    temporary directory rl_loop had just removed).
 A run that hangs is killed after 90 s and fails the test.
 Needs Debian's python3-torch (exit 77 without).
 Environment: WEX_LIB, WEXD_BIN, PYTHONPATH with adapters/python.
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import unittest
 
 try:
@@ -155,6 +159,49 @@ class RlLoop(unittest.TestCase):
         self.assertEqual(left, [], "left running after SIGTERM (trainer, engine, wexd: "
                          "%s, %d): %s" % (kids, wexd, out))
         self.assertEqual(rc, 143, out)
+        self.assertIn("rl_loop: stopped by signal 15", out)
+
+    def test_sigterm_while_wexd_starts(self):
+        # rl_loop run with a Popen that sends SIGTERM to rl_loop once its
+        # child runs: the signal's handler raises inside Popen, as a real
+        # SIGTERM does while Popen waits for the child's exec.
+        prog = ("import os, runpy, signal, subprocess, sys\n"
+                "class P(subprocess.Popen):\n"
+                "    def __init__(self, *a, **k):\n"
+                "        super().__init__(*a, **k)\n"
+                "        os.kill(os.getpid(), signal.SIGTERM)\n"
+                "subprocess.Popen = P\n"
+                "sys.argv = [%r, '--wexd', %r, '--steps', '100000']\n"
+                "runpy.run_path(%r, run_name='__main__')\n" % (SCRIPT, self.wexd, SCRIPT))
+        p = subprocess.Popen([sys.executable, "-c", prog], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            out = p.communicate(timeout=HANG_S)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out = p.communicate()[0]
+        # The wexd wrapper writes its pid at once, if it got to run.
+        for _ in range(40):
+            if os.path.exists(self.pidfile):
+                break
+            time.sleep(0.05)
+        if os.path.exists(self.pidfile):
+            with open(self.pidfile) as f:
+                wexd = int(f.read())
+            for _ in range(40):  # (exiting: a moment to go)
+                try:
+                    with open("/proc/%d/stat" % wexd) as f:
+                        state = f.read().rsplit(")", 1)[1].split()[0]
+                except OSError:
+                    break
+                if state == "Z":
+                    break
+                time.sleep(0.05)
+            else:
+                os.kill(wexd, signal.SIGKILL)
+                self.fail("wexd %d left running after a SIGTERM while it started: %s"
+                          % (wexd, out))
+        self.assertEqual(p.returncode, 143, out)
         self.assertIn("rl_loop: stopped by signal 15", out)
 
     def test_wexd_does_not_start(self):

@@ -34,7 +34,10 @@
 #    rank not below the world size, an extra argument and an empty --modes,
 #    naming each, before they connect; and they exit 1 naming the failed
 #    call when wexd is killed during a --wait-group wait or between a
-#    consumer's sync and its release (see the last section).
+#    consumer's sync and its release (see the last section); a consumer
+#    --quiet whose bytes are wrong says so (it exited 1 silently);
+#  - quickstart.sh fails when a producer rank exits before the end, and
+#    stops its build when a SIGTERM stops it there.
 WEXD=$1 WEXCTL=$2 PRODUCER=$3 CONSUMER=$4
 . "$(dirname "$0")/lib.sh"
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -262,6 +265,55 @@ grep -q "group 'engine' left (no rank connected) before it was seen serving v1" 
 	fail "producer --wait-group, group left: not said: $(cat "$TMP/leave.err")"
 cleanup_extra() { :; }
 
+# wex-consumer --quiet whose checks find bytes other than the version's
+# (a producer that wrote zeros) says so on stderr and exits 1 (it exited 1
+# saying nothing: --quiet dropped the report line, the only word of it).
+LD_PRELOAD=${WEX_PY_PRELOAD:-} ASAN_OPTIONS=detect_leaks=0 WEX_LIB="$(dirname "$PRODUCER")/libwex.so" \
+PYTHONPATH="$(dirname "$0")/../../adapters/python" $PY - "$TMP/zeros.done" >"$TMP/zeros.py" 2>&1 <<'PYEOF' &
+# The tiny preset's rank 0 of 1 as examples/model.c lays it out, never filled.
+import os, sys, time, wex
+h, i, kv, vocab = 64, 256, 32, 1000
+shapes = [("model.embed_tokens.weight", (vocab, h))]
+for l in range(2):
+    p = "model.layers.%d." % l
+    shapes += [(p + "self_attn.q_proj.weight", (h, h)), (p + "self_attn.q_proj.bias", (h,)),
+               (p + "self_attn.k_proj.weight", (kv, h)), (p + "self_attn.k_proj.bias", (kv,)),
+               (p + "self_attn.v_proj.weight", (kv, h)), (p + "self_attn.v_proj.bias", (kv,)),
+               (p + "self_attn.o_proj.weight", (h, h)), (p + "mlp.gate_proj.weight", (i, h)),
+               (p + "mlp.up_proj.weight", (i, h)), (p + "mlp.down_proj.weight", (h, i)),
+               (p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,))]
+shapes.append(("model.norm.weight", (h,)))
+offs, off = [], 0
+for _, s in shapes:
+    offs.append(off)
+    n = 2
+    for d in s:
+        n *= d
+    off += (n + 255) & ~255
+c = wex.Client(wex.ROLE_PRODUCER, "zeros", rank=0, world_size=1)
+seg, base = c.segment_alloc(wex.SEG_HOST, (off + 4095) & ~4095)
+c.register_tensors([wex.tensor(n, "BF16", s, segment=seg, offset=o)
+                    for (n, s), o in zip(shapes, offs)])
+c.begin_write(1)
+c.publish(1)
+for _ in range(600):
+    if os.path.exists(sys.argv[1]):
+        break
+    time.sleep(0.05)
+c.close()
+PYEOF
+ZEROS=$!
+cleanup_extra() { kill -TERM "$ZEROS" 2>/dev/null; wait "$ZEROS" 2>/dev/null; }
+"$CONSUMER" --model zeros --preset tiny --modes copy --versions 1 --quiet --timeout-ms 10000 \
+	>"$TMP/zeros.out" 2>"$TMP/zeros.err"
+rc=$?
+touch "$TMP/zeros.done"
+wait "$ZEROS" || fail "the producer of zeros: $(cat "$TMP/zeros.py")"
+[ $rc = 1 ] || fail "wex-consumer --quiet, bytes wrong: exit $rc, not 1: $(cat "$TMP/zeros.out" "$TMP/zeros.err")"
+grep -q "consumer rank 0: v1 copy: [1-9][0-9]* elements differ from the version's" "$TMP/zeros.err" ||
+	fail "wex-consumer --quiet, bytes wrong: not said: '$(cat "$TMP/zeros.out" "$TMP/zeros.err")'"
+cleanup_extra() { :; }
+
 # The examples when wexd goes away under them (wexd killed):
 #  - a producer waiting for its --wait-group to serve the version it
 #    published exits 1 naming the failed wait (it took the failed request
@@ -404,4 +456,48 @@ grep -q "No such file" "$TMP/err" && fail "quickstart.sh, SIGTERM: went on after
 for p in $(cat "$QS2/consumers"); do
 	kill -0 "$p" 2>/dev/null && { kill "$p"; fail "quickstart.sh, SIGTERM: consumer $p left running"; }
 done
-echo "PASS: missing values, bad values, extra arguments and --help; a path that is no socket; a connection wexd closes at once; the examples' options; the examples when wexd is killed; quickstart.sh's arguments and a wexd killed under it"
+# quickstart.sh stopped by SIGTERM during its build: exit 143 with the
+# build stopped (it exited and left make building on, into build/).  A
+# cmake on PATH whose build writes its pid and sleeps.
+QSB="$TMP/qsb"
+mkdir -p "$QSB/examples" "$QSB/tests" "$QSB/bin"
+cp "$QS/examples/quickstart.sh" "$QSB/examples/"
+printf 'wex_install_deps() { :; }\n' >"$QSB/tests/deps.sh"
+printf '#!/bin/sh\n[ "$1" = --build ] || exit 0\necho $$ >"%s"\nexec sleep 60\n' "$QSB/build.pid" \
+	>"$QSB/bin/cmake"
+chmod +x "$QSB/bin/cmake"
+PATH="$QSB/bin:$PATH" sh "$QSB/examples/quickstart.sh" --preset tiny >"$TMP/out" 2>"$TMP/err" &
+QSPID=$!
+i=0; until [ -s "$QSB/build.pid" ]; do
+	i=$((i+1)); [ $i -lt 400 ] || fail "quickstart.sh did not start its build: $(cat "$TMP/out" "$TMP/err")"; sleep 0.05
+done
+sleep 0.2 # (its wait begun)
+kill -TERM "$QSPID"
+wait "$QSPID"; rc=$?
+[ $rc = 143 ] || fail "quickstart.sh, SIGTERM in its build: exit $rc, not 143: $(cat "$TMP/out" "$TMP/err")"
+BP=$(cat "$QSB/build.pid")
+i=0; while kill -0 "$BP" 2>/dev/null && [ $i -lt 40 ]; do i=$((i+1)); sleep 0.05; done
+kill -0 "$BP" 2>/dev/null && { kill "$BP"; fail "quickstart.sh, SIGTERM in its build: the build left running"; }
+# quickstart.sh whose producer ranks exit 3 (an error, a crash) once they
+# started, the consumers' syncs all verified: "quickstart: FAILED (a
+# producer exited (status 3))", exit 1 (it printed its success line and
+# exited 0: the producers' exits were never looked at).  Each wrapper
+# leaves the real producer it started holding, for the consumers.
+QS3="$TMP/qs3"
+mkdir -p "$QS3/examples" "$QS3/tests" "$QS3/build"
+cp "$QS/examples/quickstart.sh" "$QS3/examples/"
+printf 'wex_install_deps() { :; }\ncmake() { :; }\n' >"$QS3/tests/deps.sh"
+ln -s "$(abs "$WEXD")" "$QS3/build/wexd"
+ln -s "$(abs "$WEXCTL")" "$QS3/build/wexctl"
+ln -s "$(abs "$CONSUMER")" "$QS3/build/wex-consumer"
+printf '#!/bin/sh\n"%s" "$@" &\necho $! >>"%s"\nexit 3\n' "$(abs "$PRODUCER")" "$QS3/producers" \
+	>"$QS3/build/wex-producer"
+chmod +x "$QS3/build/wex-producer"
+sh "$QS3/examples/quickstart.sh" --preset tiny --versions 2 >"$TMP/out" 2>"$TMP/err"
+rc=$?
+kill $(cat "$QS3/producers") 2>/dev/null
+grep -q "every byte verified" "$TMP/out" || fail "quickstart.sh, producers exit 3: no sync verified: $(cat "$TMP/out" "$TMP/err")"
+[ $rc = 1 ] || fail "quickstart.sh, producers exit 3: exit $rc, not 1: $(cat "$TMP/out" "$TMP/err")"
+grep -q "^quickstart: FAILED (a producer exited (status 3); a producer exited (status 3))" "$TMP/out" ||
+	fail "quickstart.sh, producers exit 3: no FAILED line naming them: $(cat "$TMP/out" "$TMP/err")"
+echo "PASS: missing values, bad values, extra arguments and --help; a path that is no socket; a connection wexd closes at once; the examples' options; the examples when wexd is killed; quickstart.sh's arguments, a wexd killed under it and its producers exiting"
