@@ -676,6 +676,35 @@ class EngineHooks(WexdProducerCase):
         w.wex_detach()
         self.assertEqual(info["layout"], "vllm:tp=2,dp=2,ep=4,no_mla=1,sp_moe=1")
 
+    def test_vllm_mla_refusal_hint(self):
+        """The MLA refusal says to restart vLLM with VLLM_MLA_DISABLE=1 only
+        for the model types the vllm layout describes with MLA off
+        (deepseek_v2, deepseek_v3).  vLLM's other MLA models (kimi_k2 and
+        deepseek_v32 among them: ModelConfig.is_deepseek_mla) have no wex
+        layout, MLA or not, and DeepSeek-V3.2's sparse attention does not
+        even build without MLA (DeepseekV2Attention asserts it has no
+        topk_indices_buffer): a restart on that advice would only fail
+        again."""
+        def refusal(model_type):
+            d = os.path.join(self.tmp.name, "mla-" + model_type)
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump({"model_type": model_type, "kv_lora_rank": 8}, f)
+            w = VllmWorker(d, module_of({}), use_mla=True)
+            with self.assertRaises(ValueError) as cm:
+                w.wex_attach(model=MODEL, group="mla", checkpoint=False)
+            return str(cm.exception)
+
+        set_par(tp=(2, 0))
+        self.addCleanup(set_par)
+        for mt in ("deepseek_v3", "deepseek_v2"):
+            self.assertIn("VLLM_MLA_DISABLE=1", refusal(mt))
+        for mt in ("kimi_k2", "deepseek_v32"):
+            msg = refusal(mt)
+            self.assertIn("uses MLA", msg)
+            self.assertNotIn("start vLLM with VLLM_MLA_DISABLE=1", msg)
+            self.assertIn(mt, msg)
+
     def test_vllm_moe_relayout_refused(self):
         """MoE kernels that re-lay out the experts' weights in their shape
         (FlashInfer's w13 -> [w3; w1], ROCm AITER's shuffle): refused for

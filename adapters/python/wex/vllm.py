@@ -230,6 +230,21 @@ def _model_type(config):
     return cfg.get("model_type") if isinstance(cfg, dict) else None
 
 
+def _served_model_type(mc, config=None):
+    """model_type of the model vLLM serves (its hf_text_config's, else
+    config.json's: `config` or the model's own), or None where none can
+    be read."""
+    for c in (getattr(mc, "hf_text_config", None), getattr(mc, "hf_config", None)):
+        mt = getattr(c, "model_type", None)
+        if isinstance(mt, str):
+            return mt
+    try:
+        return _model_type(config or config_path(getattr(mc, "model", None),
+                                                  getattr(mc, "revision", None)))
+    except (OSError, ValueError):
+        return None
+
+
 def layout_rank(par):
     """The vllm layout's rank of a worker (not vLLM's global rank, which
     orders dp outside pp)."""
@@ -877,10 +892,16 @@ class WorkerExtension:
                              "tags=['weights']) first" % asleep)
         mc, pc = self._wex_configs()
         if getattr(mc, "use_mla", False):
+            mt = _served_model_type(mc, config)
             raise ValueError("wex_attach: %s uses MLA, whose absorbed W_UK/W_UV vLLM computes "
                              "from kv_b_proj after loading: an in-place copy would leave them "
-                             "stale (start vLLM with VLLM_MLA_DISABLE=1: its attention then "
-                             "reads kv_b_proj itself)" % getattr(mc, "model", "the model"))
+                             "stale (%s)" % (getattr(mc, "model", "the model"),
+                                             "start vLLM with VLLM_MLA_DISABLE=1: its "
+                                             "attention then reads kv_b_proj itself"
+                                             if mt in _DEEPSEEK or mt is None else
+                                             "VLLM_MLA_DISABLE=1 would not help: the vllm "
+                                             "layout describes MLA off for model_type %s "
+                                             "only, not %r" % (" and ".join(_DEEPSEEK), mt)))
         if getattr(pc, "enable_eplb", False):
             raise ValueError("wex_attach: EPLB moves experts between ranks; the vllm layout "
                              "places them in order (start vLLM without --enable-eplb)")
