@@ -80,14 +80,14 @@ int main(void)
 	/* SGLang's Qwen2 attention is split over all tp ranks: its
 	 * dp-attention layout is not described. */
 	bad("sglang:tp=2,dp=2,dp_attention=1", "for model types deepseek_v3 deepseek_v2 qwen3_moe "
-		"qwen2_moe only, not qwen2");
+		"qwen2_moe qwen3 only, not qwen2");
 	/* SGLang's DeepEP layout (a2a) is checked for DeepSeek only, the
 	 * replicated embedding (embed_rep) for the dp-attention models and
 	 * only under dp-attention; other engines have neither. */
 	bad("sglang:tp=2,ep=2,a2a=1", "a2a=1 is described for model types deepseek_v3 deepseek_v2 "
 		"only, not qwen2");
 	bad("sglang:tp=2,dp=2,dp_attention=1,embed_rep=1", "for model types deepseek_v3 deepseek_v2 "
-		"qwen3_moe qwen2_moe only, not qwen2");
+		"qwen3_moe qwen2_moe qwen3 only, not qwen2");
 	bad("sglang:tp=2,embed_rep=1", "embed_rep=1");
 	bad("vllm:tp=2,a2a=1", "engine vllm has no parameter a2a");
 	bad("megatron:tp=2,a2a=1", "engine megatron has no parameter a2a");

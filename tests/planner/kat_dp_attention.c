@@ -33,6 +33,10 @@
 	"\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":4," \
 	"\"intermediate_size\":24,\"moe_intermediate_size\":8,\"num_experts\":4," \
 	"\"vocab_size\":101,\"torch_dtype\":\"bfloat16\"}"
+#define QWEN3 "{\"model_type\":\"qwen3\",\"hidden_size\":16,\"num_hidden_layers\":2," \
+	"\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":4," \
+	"\"intermediate_size\":24,\"vocab_size\":101,\"tie_word_embeddings\":false," \
+	"\"torch_dtype\":\"bfloat16\"}"
 
 static uint32_t world(const struct wex_model *m, const char *layout)
 {
@@ -233,6 +237,53 @@ static void qwen3_moe(void)
 	printf("qwen3_moe tp=8 dp=2 dp_attention=1 ep=4: the hand-worked boxes\n");
 }
 
+/* Qwen3 (dense): SGLang's Qwen3Attention builds qkv_proj and o_proj with
+ * attn_tp_rank/attn_tp_size (models/qwen3.py), the embedding is Qwen2Model's
+ * (use_attn_tp_group=is_dp_attention_enabled(), or enable_tp=not
+ * is_dp_attention_enabled() before PR #17403) and the MLP (Qwen2MLP) is
+ * over all tp ranks: the same dp-attention layout as Qwen3-MoE's. */
+static void qwen3_dense(void)
+{
+	struct wex_model *m = kat_model(QWEN3);
+	const char *lay = "sglang:tp=8,dp=2,dp_attention=1";
+	const char *q = "model.layers.1.self_attn.q_proj.weight";
+	const char *k = "model.layers.1.self_attn.k_proj.weight";
+	const char *v = "model.layers.1.self_attn.v_proj.weight";
+	struct wex_rank_layout l;
+	const struct wex_layout_tensor *t;
+
+	CHECK(world(m, lay) == 8, "%s: not 8 ranks", lay);
+	/* Rank 6: attention-TP rank 2 of 4: q head 2, KV head 1. */
+	kat_rank(m, lay, 6, &l);
+	t = kat_find(&l, "model.layers.1.self_attn.qkv_proj.weight");
+	CHECK(t->shape[0] == 12 && t->npieces == 3, "qkv_proj: %llu rows",
+	      (unsigned long long)t->shape[0]);
+	kat_piece(&l, t, 0, q, 8, 4, 0);
+	kat_piece(&l, t, 1, k, 4, 4, 4);
+	kat_piece(&l, t, 2, v, 4, 4, 8);
+	cols(&l, kat_find(&l, "model.layers.1.self_attn.o_proj.weight"),
+	     "model.layers.1.self_attn.o_proj.weight", 8, 4);
+	kat_find(&l, "model.layers.1.self_attn.k_norm.weight");
+	/* MLP over all 8 ranks: 3 of 24 rows of gate and up, rows 18..20. */
+	t = kat_find(&l, "model.layers.1.mlp.gate_up_proj.weight");
+	CHECK(t->shape[0] == 6, "gate_up_proj: %llu rows", (unsigned long long)t->shape[0]);
+	kat_piece(&l, t, 0, "model.layers.1.mlp.gate_proj.weight", 18, 3, 0);
+	kat_piece(&l, t, 1, "model.layers.1.mlp.up_proj.weight", 18, 3, 3);
+	/* Embedding over 4 attention ranks: rows 64..95; lm_head over 8. */
+	kat_piece(&l, kat_find(&l, "model.embed_tokens.weight"), 0, "model.embed_tokens.weight",
+		  64, 32, 0);
+	kat_piece(&l, kat_find(&l, "lm_head.weight"), 0, "lm_head.weight", 96, 5, 0);
+	wex__rank_layout_free(&l);
+	/* SGLang before PR #17403: the embedding whole on every rank. */
+	kat_rank(m, "sglang:tp=8,dp=2,dp_attention=1,embed_rep=1,dp_lm_head=1", 6, &l);
+	kat_piece(&l, kat_find(&l, "model.embed_tokens.weight"), 0, "model.embed_tokens.weight",
+		  0, 101, 0);
+	kat_piece(&l, kat_find(&l, "lm_head.weight"), 0, "lm_head.weight", 64, 32, 0);
+	wex__rank_layout_free(&l);
+	wex__model_free(m);
+	printf("qwen3 tp=8 dp=2 dp_attention=1: the hand-worked boxes\n");
+}
+
 /* a2a=1: --moe-a2a-backend deepep/mooncake; embed_rep=1: the embedding
  * whole under dp-attention (SGLang before PR #17403). */
 static void a2a_embed_rep(void)
@@ -329,6 +380,7 @@ int main(void)
 {
 	deepseek();
 	qwen3_moe();
+	qwen3_dense();
 	a2a_embed_rep();
 	return T_PASS;
 }

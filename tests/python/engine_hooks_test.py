@@ -2077,6 +2077,32 @@ class EngineHooks(WexdProducerCase):
             self.assertEqual(wex.sglang.default_spec(par, dense=wex.sglang._dense_tp_model(c)),
                              "sglang:tp=2,dense_tp=1")
 
+    def test_sglang_qwen3_dense_dp_attention(self):
+        """SGLang's dense Qwen3 splits its attention over the attention-TP
+        group under --enable-dp-attention (models/qwen3.py Qwen3Attention:
+        attn_tp_rank/attn_tp_size), its MLP over all tp ranks, as the MoE
+        models do: the hook's spec for it is a layout wex describes."""
+        d = self.tmp.name
+        set_server_args(d, dp_size=2, enable_dp_attention=True, enable_dp_lm_head=True)
+        set_par(tp=(4, 0))
+        par = wex.sglang.parallel_info()
+        spec = wex.sglang.default_spec(par, experts=False, shared=False, dense=False)
+        self.assertEqual(spec, "sglang:tp=4,dp=2,dp_attention=1,dp_lm_head=1")
+        cfg = os.path.join(d, "qwen3-dense.json")
+        with open(cfg, "w") as f:
+            json.dump({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+                       "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "num_key_value_heads": 2, "head_dim": 4, "intermediate_size": 24,
+                       "vocab_size": 101, "torch_dtype": "bfloat16"}, f)
+        for sp in (spec, spec + ",embed_rep=1"):
+            with wex.Layout(cfg, sp) as lay:
+                # Rank 3: attention-TP rank 1 of 2: q heads 2 and 3, KV head 1.
+                qkv = {n: p for n, _, _, p in lay.rank(3)}[
+                    "model.layers.0.self_attn.qkv_proj.weight"]
+                self.assertEqual([(t.name.decode().rsplit(".", 2)[-2], t.start[0], t.extent[0])
+                                  for t in qkv],
+                                 [("q_proj", 8, 8), ("k_proj", 4, 4), ("v_proj", 4, 4)])
+
     def test_sglang_fp8_kv_scales(self):
         """A model SGLang builds with an FP8 quant_config holds, beside
         its weights, the KV-cache scales of each RadixAttention:
