@@ -1410,12 +1410,18 @@ enum { PP_REM_NONE, PP_REM_BEFORE_LAST, PP_REM_LAST };
 		return -WEX_ELAYOUT;                                                       \
 	} while (0)
 
+static int stage_range(struct ctx *c, int64_t s, int64_t *a, int64_t *b);
+
 /* vpp=V: Megatron-Core's virtual pipeline (--num-virtual-stages-per-
  * pipeline-rank, the interleaved 1F1B schedule).  Each pp rank holds V
  * model chunks of L/(pp*V) layers (get_num_layers_to_build); Megatron-Core
  * refuses V > 1 without pipeline parallelism (initialize_model_parallel:
  * "pipeline-model-parallel size should be greater than 1 with interleaved
- * schedule").  Uneven first/last stages under it are not described here.
+ * schedule").  With uneven stages (first, last or both) each stage's
+ * layers split into V chunks (get_transformer_layer_offset counts the
+ * middle stages from pp rank 0 where there is no first stage:
+ * middle_pipeline_rank; Megatron-Core releases before it gave pp ranks 0
+ * and 1 the same layers there).
  * An engine without the key (its default 0) has one chunk. */
 static int vpp_setup(struct ctx *c, int given, int64_t vpp, int64_t layers)
 {
@@ -1427,10 +1433,24 @@ static int vpp_setup(struct ctx *c, int given, int64_t vpp, int64_t layers)
 	if (c->pp < 2)
 		FAIL(c, "vpp=%lld needs pp > 1 (pp=%lld): Megatron-Core has no interleaved schedule "
 		     "without pipeline parallelism", (long long)c->vpp, (long long)c->pp);
-	if (c->first || c->last)
-		FAIL(c, "vpp=%lld with first=%lld, last=%lld: uneven first/last stages under a virtual "
-		     "pipeline are not described; give vpp or first/last", (long long)c->vpp,
-		     (long long)c->first, (long long)c->last);
+	if (c->first || c->last) {
+		/* Megatron-Core's uneven stages under a virtual pipeline:
+		 * every stage's layers divide into vpp chunks (transformer_
+		 * config.py), chunk v of a stage its v-th share of them. */
+		for (int64_t s = 0; s < c->pp; s++) {
+			int64_t a, b;
+			int ret = stage_range(c, s, &a, &b);
+
+			if (ret)
+				return ret;
+			if ((b - a) % c->vpp)
+				FAIL(c, "vpp=%lld with first=%lld, last=%lld: pipeline stage %lld holds %lld "
+				     "layers, which do not divide into %lld model chunks", (long long)c->vpp,
+				     (long long)c->first, (long long)c->last, (long long)s,
+				     (long long)(b - a), (long long)c->vpp);
+		}
+		return 0;
+	}
 	if (layers % (c->pp * c->vpp))
 		FAIL(c, "vpp=%lld: the %lld layers do not divide into pp*vpp = %lld*%lld = %lld model "
 		     "chunks of equal size", (long long)c->vpp, (long long)layers, (long long)c->pp,
@@ -1851,6 +1871,20 @@ static int chunk_enter(struct ctx *c)
 	c->chunk_last = c->ppr == c->pp - 1 && c->vpr == c->vpp - 1;
 	if (c->vpp == 1)
 		return stage_range(c, c->ppr, &c->L0, &c->L1);
+	if (c->first || c->last) {
+		/* Uneven first/last stages (Megatron-Core's offset with
+		 * num_layers_in_first/last_pipeline_stage): every stage's
+		 * layers divide by vpp (vpp_setup), so round v starts at
+		 * v*L/vpp and the stage's chunk at its first layer / vpp. */
+		int64_t a, b;
+		int ret = stage_range(c, c->ppr, &a, &b);
+
+		if (ret)
+			return ret;
+		c->L0 = c->vpr * (layers / c->vpp) + a / c->vpp;
+		c->L1 = c->L0 + (b - a) / c->vpp;
+		return 0;
+	}
 	n = layers / (c->pp * c->vpp);
 	c->L0 = c->vpr * (layers / c->vpp) + c->ppr * n;
 	c->L1 = c->L0 + n;

@@ -8,7 +8,8 @@
  * (described for its MoE models only), SGLang's DeepEP layout (a2a:
  * DeepSeek only, ep = tp, no fuse_shared; on DeepSeek-V3's own config) and
  * replicated embedding (embed_rep: under dp_attention only), Megatron's virtual pipeline (24
- * layers in pp*vpp = 16 chunks, vpp without pp or with first/last,
+ * layers in pp*vpp = 16 chunks, vpp without pp, a first/last stage whose
+ * layers do not divide into vpp chunks,
  * vpp on vLLM); that tp, pp, dp, fsdp or vpp of 0 is refused when the spec is
  * read; and that unknown engines,
  * unknown parameters and configs of unknown families are refused; and that
@@ -137,11 +138,12 @@ int main(void)
 	CHECK(wex__layout_parse("fsdp:fsdp=7,dp=3", &s, err, sizeof(err)) == 0, "%s", err);
 	CHECK(wex__layout_world(m, &s, &w, err, sizeof(err)) == 0 && w == 21, "%s", err);
 	/* Megatron's virtual pipeline: pp*vpp chunks of equal size, pp > 1,
-	 * no first/last with it; Megatron engines only. */
+	 * first/last stages of layers that divide into vpp chunks; Megatron
+	 * engines only. */
 	bad("megatron:tp=2,pp=4,vpp=4", "the 24 layers do not divide into pp*vpp = 4*4 = 16");
 	bad("megatron_grouped:tp=2,pp=5,vpp=2", "24 layers");
 	bad("megatron:tp=2,vpp=2", "vpp=2 needs pp > 1 (pp=1)");
-	bad("megatron:tp=2,pp=4,vpp=2,first=4,last=4", "vpp=2 with first=4, last=4");
+	bad("megatron:tp=2,pp=4,vpp=2,first=3,last=5", "vpp=2 with first=3, last=5: pipeline stage 0 holds 3 layers");
 	bad("vllm:tp=2,pp=2,vpp=2", "engine vllm has no parameter vpp");
 	/* And good ones pass. */
 	CHECK(wex__layout_parse("vllm:tp=14", &s, err, sizeof(err)) == 0, "%s", err);

@@ -23,7 +23,9 @@
  * - refused, naming the numbers: vpp>1 with pp=1 (Megatron-Core:
  *   "pipeline-model-parallel size should be greater than 1 with
  *   interleaved schedule"), layers that do not divide into pp*vpp chunks,
- *   vpp with first/last (not described here), vpp=0, and vpp given to an
+ *   a stage whose first/last layers do not divide into vpp chunks, last
+ *   without first (Megatron-Core's offset puts pp ranks 0 and 1 at the
+ *   same layers), vpp=0, and vpp given to an
  *   engine without it (vllm, sglang, hf).
  */
 #include <errno.h>
@@ -204,6 +206,44 @@ static void holds(const char *cfg, const char *layout, uint32_t rank, const char
 	wex__model_free(m);
 }
 
+/* Chunk v of rank `rank` must hold exactly the layers `want`, in order
+ * (its linear_qkv weights, model{v}.decoder.layers.{0..n-1}). */
+static void layers(const char *cfg, const char *layout, uint32_t rank, int v, const int *want,
+		   size_t n)
+{
+	struct wex_model *m = kat_model(cfg);
+	struct wex_rank_layout l;
+	char pre[64];
+	size_t got = 0;
+	int k;
+
+	kat_rank(m, layout, rank, &l);
+	snprintf(pre, sizeof(pre), "model%d.decoder.layers.", v);
+	for (size_t i = 0; i < l.nt; i++) {
+		const struct wex_layout_tensor *t = &l.t[i];
+		int loc, nn = 0;
+
+		if (strncmp(t->name, pre, strlen(pre)) ||
+		    sscanf(t->name + strlen(pre), "%d.self_attention.linear_qkv.weight%n", &loc, &nn) != 1 ||
+		    t->name[strlen(pre) + (size_t)nn] != '\0' || !nn)
+			continue;
+		CHECK((size_t)loc < n, "%s rank %u: %s, chunk %d holds %zu layers", layout, rank, t->name,
+		      v, n);
+		k = canon_layer(l.p[t->first].name);
+		CHECK(k == want[loc], "%s rank %u: %s holds layer %d, wanted %d", layout, rank, t->name,
+		      k, want[loc]);
+		got++;
+	}
+	CHECK(got == n, "%s rank %u: chunk %d holds %zu layers, wanted %zu", layout, rank, v, got, n);
+	printf("%-44s rank %u chunk %d: %zu layers from %d\n", layout, rank, v, n, want[0]);
+	wex__rank_layout_free(&l);
+	wex__model_free(m);
+}
+
+#define LAYERS(cfg, layout, rank, v, ...)                                                     \
+	layers(cfg, layout, rank, v, (const int[]){ __VA_ARGS__ },                            \
+	       sizeof((const int[]){ __VA_ARGS__ }) / sizeof(int))
+
 #define HOLDS(cfg, layout, rank, name, ...)                                                   \
 	holds(cfg, layout, rank, name, (const char *const[]){ __VA_ARGS__ },                  \
 	      sizeof((const char *const[]){ __VA_ARGS__ }) / sizeof(const char *))
@@ -257,13 +297,42 @@ int main(void)
 	HOLDS(MOE, "megatron_grouped:tp=2,pp=2,vpp=2,ep=2,etp=1", 3,
 	      "model1.decoder.layers.0.mlp.router.weight", "model.layers.3.mlp.gate.weight");
 
+	/* Uneven first/last stages under vpp (Megatron-Core's offset with
+	 * num_layers_in_first/last_pipeline_stage and vp_stage): 10 layers,
+	 * pp=3, vpp=2, first=2, last=2: a round of 5 layers, stage 0 one
+	 * layer a chunk, stage 1 three, stage 2 one: [0] [5] | [1-3] [6-8] |
+	 * [4] [9].  first=2 alone: [0] [5] | [1-2] [6-7] | [3-4] [8-9]. */
+	LAYERS(CFG(10), "megatron:pp=3,vpp=2,first=2,last=2", 0, 0, 0);
+	LAYERS(CFG(10), "megatron:pp=3,vpp=2,first=2,last=2", 0, 1, 5);
+	LAYERS(CFG(10), "megatron:pp=3,vpp=2,first=2,last=2", 1, 0, 1, 2, 3);
+	LAYERS(CFG(10), "megatron:pp=3,vpp=2,first=2,last=2", 1, 1, 6, 7, 8);
+	LAYERS(CFG(10), "megatron:pp=3,vpp=2,first=2,last=2", 2, 0, 4);
+	LAYERS(CFG(10), "megatron:pp=3,vpp=2,first=2,last=2", 2, 1, 9);
+	HOLDS(CFG(10), "megatron:pp=3,vpp=2,first=2,last=2", 2, "model1.decoder.final_layernorm.weight",
+	      "model.norm.weight");
+	HOLDS(CFG(10), "megatron:pp=3,vpp=2,first=2,last=2", 0,
+	      "model0.embedding.word_embeddings.weight", "model.embed_tokens.weight");
+	LAYERS(CFG(10), "megatron:pp=3,vpp=2,first=2", 1, 0, 1, 2);
+	LAYERS(CFG(10), "megatron:pp=3,vpp=2,first=2", 1, 1, 6, 7);
+	LAYERS(CFG(10), "megatron:pp=3,vpp=2,first=2", 2, 0, 3, 4);
+	LAYERS(CFG(10), "megatron:pp=3,vpp=2,first=2", 2, 1, 8, 9);
+	/* last=2 alone (get_transformer_layer_offset's middle_pipeline_rank:
+	 * the middle stages from pp rank 0): 4, 4 and 2 layers, [0-1] [5-6]
+	 * | [2-3] [7-8] | [4] [9]. */
+	LAYERS(CFG(10), "megatron:pp=3,vpp=2,last=2", 0, 0, 0, 1);
+	LAYERS(CFG(10), "megatron:pp=3,vpp=2,last=2", 0, 1, 5, 6);
+	LAYERS(CFG(10), "megatron:pp=3,vpp=2,last=2", 1, 0, 2, 3);
+	LAYERS(CFG(10), "megatron:pp=3,vpp=2,last=2", 1, 1, 7, 8);
+	LAYERS(CFG(10), "megatron:pp=3,vpp=2,last=2", 2, 0, 4);
+	LAYERS(CFG(10), "megatron:pp=3,vpp=2,last=2", 2, 1, 9);
+
 	/* What Megatron-Core refuses, or what is not described here. */
 	refused(CFG(8), "megatron:vpp=2", "vpp=2", "pp=1");
 	refused(CFG(8), "megatron:tp=2,pp=1,vpp=4", "vpp=4", "pp=1");
 	refused(CFG(8), "megatron:pp=2,vpp=3", "8 layers", "6 model chunks");
 	refused(CFG(8), "megatron_grouped:pp=2,vpp=8", "8 layers", "16 model chunks");
 	refused(CFG(12), "megatron:pp=3,vpp=2,first=2", "vpp=2", "first=2");
-	refused(CFG(12), "megatron:pp=3,vpp=2,last=4", "vpp=2", "last=4");
+	refused(CFG(11), "megatron:pp=3,vpp=2,last=3", "vpp=2", "last=3");
 	{
 		/* vpp=0 is refused when the spec is read, as tp=0 is. */
 		struct wex_layout_spec sp;
