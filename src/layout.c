@@ -1436,7 +1436,16 @@ static int vpp_setup(struct ctx *c, int given, int64_t vpp, int64_t layers)
 	if (c->first || c->last) {
 		/* Megatron-Core's uneven stages under a virtual pipeline:
 		 * every stage's layers divide into vpp chunks (transformer_
-		 * config.py), chunk v of a stage its v-th share of them. */
+		 * config.py), chunk v of a stage its v-th share of them.
+		 * With both and pp=2 there is no middle stage, and
+		 * get_transformer_layer_offset divides the middle layers by
+		 * their stages (0) for pp rank 1: Megatron-Core cannot build
+		 * it (ZeroDivisionError). */
+		if (c->first && c->last && c->pp == 2)
+			FAIL(c, "vpp=%lld with first=%lld and last=%lld on pp=2: Megatron-Core's layer "
+			     "offset under a virtual pipeline divides by the middle stages, none here "
+			     "(ZeroDivisionError building pp rank 1); give first or last alone",
+			     (long long)c->vpp, (long long)c->first, (long long)c->last);
 		for (int64_t s = 0; s < c->pp; s++) {
 			int64_t a, b;
 			int ret = stage_range(c, s, &a, &b);

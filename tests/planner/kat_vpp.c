@@ -23,10 +23,12 @@
  * - refused, naming the numbers: vpp>1 with pp=1 (Megatron-Core:
  *   "pipeline-model-parallel size should be greater than 1 with
  *   interleaved schedule"), layers that do not divide into pp*vpp chunks,
- *   a stage whose first/last layers do not divide into vpp chunks, last
- *   without first (Megatron-Core's offset puts pp ranks 0 and 1 at the
- *   same layers), vpp=0, and vpp given to an
- *   engine without it (vllm, sglang, hf).
+ *   a stage whose first/last layers do not divide into vpp chunks, first
+ *   and last both on pp=2 (Megatron-Core's offset divides by the middle
+ *   stages, none: ZeroDivisionError), vpp=0, and vpp given to an
+ *   engine without it (vllm, sglang, hf);
+ * - first/last under vpp (first, last or both) as get_transformer_layer_
+ *   offset places them with vp_stage (last alone: middle_pipeline_rank).
  */
 #include <errno.h>
 
@@ -333,6 +335,10 @@ int main(void)
 	refused(CFG(8), "megatron_grouped:pp=2,vpp=8", "8 layers", "16 model chunks");
 	refused(CFG(12), "megatron:pp=3,vpp=2,first=2", "vpp=2", "first=2");
 	refused(CFG(11), "megatron:pp=3,vpp=2,last=3", "vpp=2", "last=3");
+	/* Both on pp=2: get_transformer_layer_offset's vp branch divides by
+	 * the middle stages, 0, for pp rank 1 (ZeroDivisionError). */
+	refused(CFG(10), "megatron:pp=2,vpp=2,first=4,last=6", "first=4 and last=6 on pp=2",
+		"ZeroDivisionError");
 	{
 		/* vpp=0 is refused when the spec is read, as tp=0 is. */
 		struct wex_layout_spec sp;
