@@ -60,7 +60,9 @@ CPIDS=""
 BUILD_PID=""
 cleanup() {
 	if [ -n "$BUILD_PID" ]; then
-		kill "$BUILD_PID" 2>/dev/null || true
+		# Its whole group: cmake, on SIGTERM, waits for its make.
+		kill -s TERM -- "-$BUILD_PID" 2>/dev/null ||
+			kill "$BUILD_PID" 2>/dev/null || true
 		wait "$BUILD_PID" 2>/dev/null || true
 	fi
 	for p in $PIDS $CPIDS; do kill "$p" 2>/dev/null || true; done
@@ -76,6 +78,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+trap 'exit 129' HUP # (a closed terminal: the build is in a session of its own)
 # A build/ configured already keeps its build type (a Debug build of
 # yours is not turned into a Release one); a new one is Release.
 if [ -f "$B/CMakeCache.txt" ]; then
@@ -87,8 +90,10 @@ else
 	cmake -S "$ROOT" -B "$B" -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
 # In the background, waited for, so that a signal's trap stops it (a
-# SIGTERM during the build exited 143 and left make building on).
-cmake --build "$B" -j "$(nproc)" >/dev/null &
+# SIGTERM during the build exited 143 and left make building on); in a
+# process group of its own, which the trap stops whole (cmake, on SIGTERM,
+# only waits for its make and the compilers to finish the build).
+setsid -w cmake --build "$B" -j "$(nproc)" >/dev/null &
 BUILD_PID=$!
 rc=0; wait "$BUILD_PID" || rc=$?
 BUILD_PID=""
