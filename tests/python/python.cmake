@@ -32,6 +32,9 @@ function(wex_py_test name script)
 endfunction()
 
 wex_py_test(py_binding tests/python/binding_test.py LABELS python)
+# wex.Client and wex.Layout refuse copies (each owns a libwex handle), and
+# a Layout's lock held across a fork does not hang the child.
+wex_py_test(py_handles tests/python/handle_test.py LABELS python)
 # CPU PyTorch (Debian's python3-torch, which tests/run.sh installs).
 wex_py_test(py_torch_glue tests/python/torch_glue_test.py LABELS python)
 # FSDP2 shards (boxes= and DTensor-like parameters) gathered by a consumer.

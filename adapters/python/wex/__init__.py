@@ -246,7 +246,22 @@ class LayoutTensor(ctypes.Structure):
     ]
 
 
-class Layout:
+class _Handle:
+    """What owns a libwex handle that its close() frees once: a copy
+    (copy.copy's holds the same handle object) would free it again, or
+    use it freed (glibc aborts: double free); pickle and deepcopy failed
+    naming some ctypes object.  Open another instead."""
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("a wex.%s owns a libwex handle: it cannot be copied or "
+                        "pickled (open another)" % type(self).__name__)
+
+
+# Every Layout of this process (see _after_fork).
+_layouts = weakref.WeakSet()
+
+
+class Layout(_Handle):
     """An engine or trainer layout of a model (wex_layout_open): which
     physical tensors each rank holds, and which canonical boxes each holds
     (its pieces).  ``config`` is the model's config.json, ``spec`` a layout
@@ -264,6 +279,7 @@ class Layout:
         # the open returns leaves __del__ to close what it wrote into
         # self.handle, and close() needs the lock.)
         self._lock = threading.Lock()
+        _layouts.add(self)  # (its lock is made anew in a forked child)
         # (As str, given as bytes too: it names the layout in messages
         # and in EngineRank.describe(), which is JSON.)
         self.spec = (spec.decode(errors="replace") if isinstance(spec, (bytes, bytearray))
@@ -598,13 +614,16 @@ def _after_fork():
         c._handle_lock = threading.RLock()
         c._live_lock = threading.RLock()
         c._in_cancel = threading.local()
+    # (So is a Layout's: a rank() of the parent's other thread held it.)
+    for lay in list(_layouts):
+        lay._lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-class Client:
+class Client(_Handle):
     """A libwex client (wex_client_open .. wex_client_close).
 
     One client may be used from several threads: its calls take turns (a
