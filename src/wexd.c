@@ -1361,6 +1361,17 @@ int main(int argc, char **argv)
 	d.listen_fd = wex__sd_listen_fd();
 	close_inherited(&d);
 	set_fd_limit(&d);
+	if (d.listen_fd < -1) {
+		/* The line before says why (unreadable LISTEN_FDS, or no
+		 * passed fd of the right kind). */
+		wex_error("wexd", "not starting: cannot use what systemd passed in LISTEN_FDS, and "
+			  "binding a socket of its own would take over systemd's path");
+		/* As a bad configuration: every start would fail the same way
+		 * (a wexd.socket of another type), 2 is not restarted
+		 * (before the event loop: nothing of it to free). */
+		wex__config_free(&d.cfg);
+		return 2;
+	}
 	(void)buf;
 	d.start_ns = wex__now_ns();
 	ret = wex__loop_init(&d.loop, io, d.msg_max, err, sizeof(err));
@@ -1382,16 +1393,6 @@ int main(int argc, char **argv)
 	probe_exit_watch(&d);
 	d.loop.arg = &d;
 
-	if (d.listen_fd < -1) {
-		/* The line before says why (unreadable LISTEN_FDS, or no
-		 * passed fd of the right kind). */
-		wex_error("wexd", "not starting: cannot use what systemd passed in LISTEN_FDS, and "
-			  "binding a socket of its own would take over systemd's path");
-		/* As a bad configuration: every start would fail the same way
-		 * (a wexd.socket of another type), 2 is not restarted. */
-		wex__config_free(&d.cfg);
-		return 2;
-	}
 	if (d.listen_fd >= 0) {
 		wex_info("wexd", "using the socket passed by systemd (fd %d)", d.listen_fd);
 		/* systemd passes it blocking (no NonBlocking= in wexd.socket):
