@@ -32,11 +32,10 @@
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 
+/* helpers.h's xorshift64, modulo a 64-bit n. */
 static uint64_t rnd(uint64_t n)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
+	(void)t_rand(&rng, 1);
 	return n ? rng % n : 0;
 }
 

@@ -423,6 +423,21 @@ static void journal_off(void)
 	t_cons_close(&k);
 }
 
+/* Whether status shows the journal on (a directory in use) within secs. */
+static int journal_on_within(double secs)
+{
+	int on = 0;
+
+	for (double t0 = t_now(); !on && t_now() - t0 < secs; usleep(50000)) {
+		json_t *st = t_status(d.sock);
+		json_t *j = json_object_get(json_object_get(st, "daemon"), "lease_journal");
+
+		on = json_is_string(json_object_get(j, "dir"));
+		json_decref(st);
+	}
+	return on;
+}
+
 /* A journal refused at start (mode 0755) and set right while wexd runs
  * (chmod 0700, as its warning invites) is used from then on: the lease
  * held is written there and holds the trainer off after a restart
@@ -432,8 +447,7 @@ static void journal_off_fixed(void)
 	struct t_prod p;
 	struct t_cons k;
 	char path[400];
-	json_t *st, *j;
-	int ret, on = 0;
+	int ret;
 
 	journal_path(path, sizeof(path));
 	t_wexd_kill(&d);
@@ -441,13 +455,7 @@ static void journal_off_fixed(void)
 	t_wexd_restart(&d);
 	pair("offfixed", &p, &k, WEX_SYNC_REMAP_VIEW);
 	T_ASSERT(chmod(path, 0700) == 0, "chmod %s back", path);
-	for (double t0 = t_now(); !on && t_now() - t0 < 5; usleep(50000)) {
-		st = t_status(d.sock);
-		j = json_object_get(json_object_get(st, "daemon"), "lease_journal");
-		on = json_is_string(json_object_get(j, "dir"));
-		json_decref(st);
-	}
-	T_ASSERT(on, "status shows the journal on once its mode is set right");
+	T_ASSERT(journal_on_within(5), "status shows the journal on once its mode is set right");
 	T_ASSERT(journal_count() == 1, "the lease held is written there (%d records)",
 		 journal_count());
 	restart();
@@ -472,8 +480,6 @@ static void journal_off_fixed_stale(void)
 	struct t_prod p;
 	struct t_cons k;
 	char path[400];
-	json_t *st, *j;
-	int on = 0;
 
 	journal_path(path, sizeof(path));
 	pair("offstale", &p, &k, WEX_SYNC_REMAP_VIEW);
@@ -485,13 +491,7 @@ static void journal_off_fixed_stale(void)
 	trainer_writes(&p, 2, 5000);
 	T_WEX(k.c, wex_sync(k.c, WEX_SYNC_REMAP_VIEW, 2, 5000, &r));
 	T_ASSERT(chmod(path, 0700) == 0, "chmod %s back", path);
-	for (double t0 = t_now(); !on && t_now() - t0 < 5; usleep(50000)) {
-		st = t_status(d.sock);
-		j = json_object_get(json_object_get(st, "daemon"), "lease_journal");
-		on = json_is_string(json_object_get(j, "dir"));
-		json_decref(st);
-	}
-	T_ASSERT(on, "status shows the journal on once its mode is set right");
+	T_ASSERT(journal_on_within(5), "status shows the journal on once its mode is set right");
 	restart();
 	T_WEX(k.c, wex_release(k.c)); /* its lease on v2, taken back */
 	trainer_writes(&p, 3, 3000);

@@ -188,27 +188,35 @@ static void deepseek(void)
 	printf("deepseek_v3 tp=4 dp=2 dp_attention=1: the hand-worked boxes\n");
 }
 
+/* Qwen3's attention (MoE and dense alike) at sglang:tp=8,dp=2,
+ * dp_attention=1, rank 6: attention-TP rank 2 of 4, q head 2, KV head 1
+ * (2 q heads per KV head); o_proj columns 8..11. */
+static void attn_rank6(const struct wex_rank_layout *l)
+{
+	const struct wex_layout_tensor *t = kat_find(l, "model.layers.1.self_attn.qkv_proj.weight");
+
+	CHECK(t->shape[0] == 12 && t->npieces == 3, "qkv_proj: %llu rows",
+	      (unsigned long long)t->shape[0]);
+	kat_piece(l, t, 0, "model.layers.1.self_attn.q_proj.weight", 8, 4, 0);
+	kat_piece(l, t, 1, "model.layers.1.self_attn.k_proj.weight", 4, 4, 4);
+	kat_piece(l, t, 2, "model.layers.1.self_attn.v_proj.weight", 4, 4, 8);
+	cols(l, kat_find(l, "model.layers.1.self_attn.o_proj.weight"),
+	     "model.layers.1.self_attn.o_proj.weight", 8, 4);
+}
+
 static void qwen3_moe(void)
 {
 	struct wex_model *m = kat_model(QWEN3_MOE);
 	const char *lay = "sglang:tp=8,dp=2,dp_attention=1,ep=4";
 	const char *q = "model.layers.1.self_attn.q_proj.weight";
 	const char *k = "model.layers.1.self_attn.k_proj.weight";
-	const char *v = "model.layers.1.self_attn.v_proj.weight";
 	struct wex_rank_layout l;
 	const struct wex_layout_tensor *t;
 
 	CHECK(world(m, lay) == 8, "%s: not 8 ranks", lay);
 	/* Rank 6: attention-TP rank 2 of 4: q head 2, KV head 1 (2 per head). */
 	kat_rank(m, lay, 6, &l);
-	t = kat_find(&l, "model.layers.1.self_attn.qkv_proj.weight");
-	CHECK(t->shape[0] == 12 && t->npieces == 3, "qkv_proj: %llu rows",
-	      (unsigned long long)t->shape[0]);
-	kat_piece(&l, t, 0, q, 8, 4, 0);
-	kat_piece(&l, t, 1, k, 4, 4, 4);
-	kat_piece(&l, t, 2, v, 4, 4, 8);
-	cols(&l, kat_find(&l, "model.layers.1.self_attn.o_proj.weight"),
-	     "model.layers.1.self_attn.o_proj.weight", 8, 4);
+	attn_rank6(&l);
 	kat_find(&l, "model.layers.1.self_attn.q_norm.weight");
 	/* Experts over all 8 ranks, ep=4, moe_tp=2: rank 6 is expert 3,
 	 * rows 0..3 of gate and of up. */
@@ -246,23 +254,13 @@ static void qwen3_dense(void)
 {
 	struct wex_model *m = kat_model(QWEN3);
 	const char *lay = "sglang:tp=8,dp=2,dp_attention=1";
-	const char *q = "model.layers.1.self_attn.q_proj.weight";
-	const char *k = "model.layers.1.self_attn.k_proj.weight";
-	const char *v = "model.layers.1.self_attn.v_proj.weight";
 	struct wex_rank_layout l;
 	const struct wex_layout_tensor *t;
 
 	CHECK(world(m, lay) == 8, "%s: not 8 ranks", lay);
 	/* Rank 6: attention-TP rank 2 of 4: q head 2, KV head 1. */
 	kat_rank(m, lay, 6, &l);
-	t = kat_find(&l, "model.layers.1.self_attn.qkv_proj.weight");
-	CHECK(t->shape[0] == 12 && t->npieces == 3, "qkv_proj: %llu rows",
-	      (unsigned long long)t->shape[0]);
-	kat_piece(&l, t, 0, q, 8, 4, 0);
-	kat_piece(&l, t, 1, k, 4, 4, 4);
-	kat_piece(&l, t, 2, v, 4, 4, 8);
-	cols(&l, kat_find(&l, "model.layers.1.self_attn.o_proj.weight"),
-	     "model.layers.1.self_attn.o_proj.weight", 8, 4);
+	attn_rank6(&l);
 	kat_find(&l, "model.layers.1.self_attn.k_norm.weight");
 	/* MLP over all 8 ranks: 3 of 24 rows of gate and up, rows 18..20. */
 	t = kat_find(&l, "model.layers.1.mlp.gate_up_proj.weight");
