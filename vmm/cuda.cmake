@@ -76,6 +76,12 @@ if(WEX_HAVE_CUDA_HEADERS)
   set_tests_properties(released_check_smoke PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120
     LABELS "gpu;bench")
   wex_add_test(cuda_cycles SOURCES tests/gpu/cuda_cycles_test.c LIBS wex LABELS gpu TIMEOUT 120)
+  # One GPU test at a time under ctest -j (tests/run.sh runs several per
+  # core): cuda_cycles' cuMemGetInfo must stay steady, and the benchmarks'
+  # bandwidth is the copy's own.  The rest run beside them.
+  set_tests_properties(cuda_facts cuda_vmm cuda_remap cuda_copy cuda_ipc cuda_staging cuda_e2e
+    cuda_chunks cuda_realloc cuda_order cuda_near cuda_verify cuda_released cuda_signal
+    gpu_sync_smoke host_staging_smoke released_check_smoke cuda_cycles PROPERTIES RESOURCE_LOCK gpu)
 endif()
 
 if(WEX_HAVE_CUDA_HEADERS)

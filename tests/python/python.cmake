@@ -75,7 +75,7 @@ endif()
 foreach(mode mempool expandable fsdp)
   add_test(NAME torch_${mode} COMMAND ${WEX_TORCH_PYTHON}
     ${CMAKE_SOURCE_DIR}/tests/gpu/torch_check.py ${mode})
-  set_tests_properties(torch_${mode} PROPERTIES LABELS "gpu;python" TIMEOUT 130
+  set_tests_properties(torch_${mode} PROPERTIES LABELS "gpu;python" TIMEOUT 130 RESOURCE_LOCK gpu
     SKIP_RETURN_CODE 77 ENVIRONMENT "${WEX_PY_ENV}")
 endforeach()
 # The ctypes mirror in adapters/python/wex against wex.h: struct sizes,
