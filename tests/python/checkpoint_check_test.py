@@ -188,6 +188,24 @@ class CheckpointCompare(unittest.TestCase):
             checkpoint.compare(list(params.items()), ckpt)
         self.assertIn("(canonical)", str(e.exception))
 
+    def test_bad_elems(self):
+        """elems below 1, or not an int, is refused naming it (0 failed in
+        numpy; a float or a string likewise); 1 compares one element per
+        sampled row."""
+        d, cfg, ts = self.dirs["dense"]
+        params = {n: torch.frombuffer(bytearray(b), dtype=torch.int16).view(
+            torch.bfloat16).reshape(s) for n, _, s, b in ts}
+        ckpt = os.path.join(d, "ckpt")
+        for bad in (0, -1, 1.5, "64", True, None):
+            with self.assertRaises(ValueError, msg=repr(bad)) as e:
+                checkpoint.compare(list(params.items()), ckpt, elems=bad)
+            self.assertIn("elems (the elements compared per sampled row) must be an int of "
+                          "at least 1, not %r" % (bad,), str(e.exception))
+        one = checkpoint.compare(list(params.items()), ckpt, elems=1)
+        full = checkpoint.compare(list(params.items()), ckpt)
+        self.assertEqual(one["pieces"], len(params))
+        self.assertLess(one["elements"], full["elements"])
+
     def test_skipped_and_nothing_compared(self):
         d, cfg, ts = self.dirs["dense"]
         sub = os.path.join(self.tmp.name, "partial")

@@ -1048,7 +1048,10 @@ class EngineHooks(WexdProducerCase):
         self.assertIn("model.layers.0.self_attn.qkv_proj.weight (replaced by a new object)",
                       workers[0]._wex.moved())
         # Re-attached, the new Parameter is the one synced.
+        attached = workers[0]._wex
         workers[0].wex_detach()
+        with self.assertRaises(wex.WexError):  # (the layout the hook opened went with it)
+            attached.layout.rank(0)
         workers[0].wex_attach(model=MODEL, group="replaced")
         self.assertEqual(workers[0].wex_sync(min_version=v)["version"], v)
         self.assert_holds(params_of(modules[0]), "vllm", 0)
@@ -1080,6 +1083,28 @@ class EngineHooks(WexdProducerCase):
         norm = m.model.norm
         norm.weight = torch.nn.Parameter(norm.weight.detach().clone(), requires_grad=False)
         self.assertEqual(r.moved(), ["model.norm.weight (replaced by a new object)"])
+
+    def test_layout_closed_with_rank(self):
+        """A layout EngineRank or TrainerRank opened from a spec string is
+        closed with the rank (before, only once collected); one given as a
+        wex.Layout is the caller's, open still.  (TrainerRank's:
+        test_trainer_rank.)"""
+        d = self.tmp.name
+        cfg = os.path.join(d, "config.json")
+        m = module_of(self.engine_params("vllm", 0))
+        r = wex.engine.EngineRank(MODEL, m, rank=0, world_size=2, layout="vllm:tp=2",
+                                  config=cfg, group="own-layout")
+        r.close()
+        with self.assertRaises(wex.WexError) as e:
+            r.layout.rank(0)
+        self.assertIn("layout vllm:tp=2 is closed", str(e.exception))
+        self.assertEqual(r.describe()["layout"], "vllm:tp=2")
+        given = wex.Layout(cfg, "vllm:tp=2")
+        self.addCleanup(given.close)
+        r = wex.engine.EngineRank(MODEL, m, rank=0, world_size=2, layout=given,
+                                  group="given-layout")
+        r.close()
+        self.assertTrue(given.rank(0))
 
     def waiting_sync(self, group):
         """(module, EngineRank of it in `group`, the next version, {"sync":
@@ -1748,7 +1773,11 @@ class EngineHooks(WexdProducerCase):
         self.assertIn("group", logs.output[0])
         with self.assertLogs("wex.sglang", "ERROR"):
             load(0, wex.sglang.request(MODEL, group="other", detach=True))  # not its group
+        attached = wex.sglang._ranks[id(models[0])][0]
         self.assertIsNone(load(0, wex.sglang.request(MODEL, group="sglang", detach=True)))
+        # The layout the hook opened went with the rank.
+        with self.assertRaises(wex.WexError):
+            attached.layout.rank(0)
         r = load(0, wex.sglang.request(MODEL, group="other", min_version=v))
         self.assertEqual((r["group"], r["version"]), ("other", v))
         load(0, wex.sglang.request(MODEL, group="other", detach=True))
@@ -2158,6 +2187,28 @@ class EngineHooks(WexdProducerCase):
                           [(n, tuple(sh)) for n, _, sh, _ in lay.rank(k)])
         # With shared experts (DeepSeek) a2a=1 stays: they are whole there.
         self.assertEqual(wex.sglang.default_spec(par, shared=True), "sglang:tp=2,ep=2,a2a=1")
+
+    def test_sglang_rl_on_policy_dtype(self):
+        """SGLang's --rl-on-policy-target keeps the embeddings and norms in
+        fp32 whatever the checkpoint holds (params_dtype, RMSNorm's
+        weight_dtype): the attach refuses them by dtype, saying that flag
+        is why (before: only the dtypes); without the flag, only the
+        dtypes."""
+        models, load = self.sglang_ranks()
+        m = models[0]
+        emb = m.model.embed_tokens
+        emb.weight = torch.nn.Parameter(emb.weight.detach().float(), requires_grad=False)
+        req = wex.sglang.request(MODEL, group="sg-on-policy", sync_timeout_ms=50)
+        for target, hint in (("fsdp", True), (None, False)):
+            set_server_args(self.tmp.name, rl_on_policy_target=target)
+            self.addCleanup(load, 0, wex.sglang.request(MODEL, group="sg-on-policy",
+                                                        detach=True))
+            with self.assertLogs("wex.sglang", "ERROR"):
+                load(0, req)
+            self.assertNotIn(id(m), wex.sglang._ranks)
+            err = wex.sglang.status(m)["error"]
+            self.assertIn("model.embed_tokens.weight: dtype F32, the layout ", err)
+            self.assertEqual("--rl-on-policy-target" in err, hint, err)
 
     def test_sglang_moe_relayout_refused(self):
         """A MoE runner backend that re-lays out the experts' weights after
@@ -3658,6 +3709,10 @@ class EngineHooks(WexdProducerCase):
             with self.assertRaises(ValueError):
                 with t.write(5):
                     pass
+            # The layout it opened from its spec string went with it.
+            with self.assertRaises(wex.WexError) as e:
+                t.layout.rank(0)
+            self.assertIn("layout megatron:tp=2 is closed", str(e.exception))
 
 
 class TrainerMovedDTensor(unittest.TestCase):

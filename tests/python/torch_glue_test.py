@@ -19,6 +19,8 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
+import time
 import unittest
 
 try:
@@ -704,6 +706,54 @@ class TorchGlue(WexdProducerCase):
         kref = fixed()
         gc.collect()
         self.assertIsNone(kref(), "the client of reserved tensors was never collected")
+
+    def test_attach_threads(self):
+        """attach_module from two threads on one client: the tensors kept
+        are those of the table attached last (before, a thread could keep
+        its tensors after the other's table was attached: a copy sync
+        then wrote into memory nothing kept, and the kept tensors were
+        never written).  Each attach pauses once attached, the widest
+        window there is; the sync then fills the tensors kept."""
+        p = wex.Client(wex.ROLE_PRODUCER, "torch-glue-threads", rank=0, world_size=1)
+        self.addCleanup(p.close)
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 16)
+        p.register_tensors([wex.tensor("w", "F32", (64,), segment=seg)])
+        p.begin_write(1)
+        torch_util.from_ptr(base, (64,), torch.float32, "cpu").copy_(torch.arange(64.0))
+        p.publish(1)
+        c = wex.Client(wex.ROLE_CONSUMER, "torch-glue-threads", group="g", timeout_ms=5000)
+        self.addCleanup(c.close)
+        real = c.attach
+        tables = []
+        first_in = threading.Event()
+
+        def attach(table):
+            real(table)
+            tables.append(table[0].ptr)
+            if threading.current_thread().name == "first":
+                first_in.set()
+                time.sleep(0.5)  # (the other thread's attach_module comes here)
+
+        c.attach = attach
+        mine = {"first": torch.zeros(64), "second": torch.zeros(64)}
+
+        def run():
+            torch_util.attach_module(c, [("w", mine[threading.current_thread().name])])
+
+        a = threading.Thread(target=run, name="first")
+        a.start()
+        self.assertTrue(first_in.wait(10))
+        b = threading.Thread(target=run, name="second")
+        b.start()
+        a.join(10)
+        b.join(10)
+        del c.attach
+        self.assertEqual(len(tables), 2)
+        kept = [t.data_ptr() for _, t in c._attached]
+        self.assertEqual(kept, [tables[-1]], "the tensors kept are not the table attached")
+        c.sync(wex.SYNC_COPY, 1)
+        last = [t for t in mine.values() if t.data_ptr() == tables[-1]][0]
+        self.assertTrue(torch.equal(last, torch.arange(64.0)))
 
     def test_refusals(self):
         with self.assertRaises(ValueError):

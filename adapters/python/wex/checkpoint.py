@@ -307,9 +307,15 @@ def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapter
     and rank (the tensors are then its physical tensors, contiguous);
     without a layout, tensors carry canonical names and shapes.  config:
     the model's config.json, to map canonical names to the checkpoint's
-    (the hf layout; without it they are the same).  skip: a function of
+    (the hf layout; without it they are the same).  elems: the elements
+    compared per sampled row, at least 1.  skip: a function of
     (canonical name, dtype name) returning why a piece is not to be
     compared (the engine rewrites it after loading), or None."""
+    # (0 would compare nothing and report the pieces compared; a float
+    # or a string failed deep in numpy.)
+    if isinstance(elems, bool) or not isinstance(elems, int) or elems < 1:
+        raise ValueError("elems (the elements compared per sampled row) must be an int of "
+                         "at least 1, not %r" % (elems,))
     files = {}
     try:
         return _compare(files, named_tensors, checkpoint, layout, rank, config, adapters,

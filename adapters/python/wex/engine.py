@@ -354,6 +354,8 @@ class EngineRank:
                  copy_threads=None, device=None, strip_prefix=None, ignore=(),
                  checkpoint=None, checkpoint_auto=False, checkpoint_skip=None):
         self.layout = as_layout(layout, config, adapters, world_size, "engine")
+        # (One made here from a spec string is closed with the rank.)
+        self._own_layout = self.layout is not None and self.layout is not layout
         if not 0 <= rank < world_size:
             raise ValueError("rank %d is not in 0..%d" % (rank, world_size - 1))
         if callable(getattr(named_parameters, "named_parameters", None)):
@@ -757,6 +759,8 @@ class EngineRank:
                 raise
             self.client = None
         client.close()
+        if self._own_layout:
+            self.layout.close()
 
     def __enter__(self):
         return self

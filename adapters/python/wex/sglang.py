@@ -719,15 +719,28 @@ def _attach(model, args):
             break
     # The bound method, not its result: each sync enumerates the
     # parameters again and refuses one the engine replaced.
-    rank = EngineRank(args["model"], model.named_parameters,
-                      rank=par["tp_rank"] + par["tp"] * par["pp_rank"],
-                      world_size=par["tp"] * par["pp"], layout=layout,
-                      group=args.get("group"), socket=args.get("socket"),
-                      timeout_ms=args.get("timeout_ms"), copy_threads=args.get("copy_threads"),
-                      device=device, strip_prefix=args.get("strip_prefix"),
-                      ignore=tuple(args.get("ignore") or ()) + _KV_SCALES, checkpoint=ckpt,
-                      checkpoint_auto=auto, config=cfg,
-                      adapters=args.get("adapters"))
+    try:
+        rank = EngineRank(args["model"], model.named_parameters,
+                          rank=par["tp_rank"] + par["tp"] * par["pp_rank"],
+                          world_size=par["tp"] * par["pp"], layout=layout,
+                          group=args.get("group"), socket=args.get("socket"),
+                          timeout_ms=args.get("timeout_ms"),
+                          copy_threads=args.get("copy_threads"),
+                          device=device, strip_prefix=args.get("strip_prefix"),
+                          ignore=tuple(args.get("ignore") or ()) + _KV_SCALES, checkpoint=ckpt,
+                          checkpoint_auto=auto, config=cfg,
+                          adapters=args.get("adapters"))
+    except ValueError as e:
+        if ": dtype F32, the layout " not in str(e) or \
+                getattr(_server_args(), "rl_on_policy_target", None) is None:
+            raise
+        # --rl-on-policy-target: the embeddings and norms made fp32 (their
+        # params_dtype, RMSNorm's weight_dtype) whatever the checkpoint's.
+        raise ValueError("%s; SGLang runs with --rl-on-policy-target, which keeps the "
+                         "embeddings and norms in fp32 whatever the checkpoint holds, and wex "
+                         "copies without converting dtypes: start SGLang without it" % e) \
+            from None
+    rank._own_layout = True  # (made here: closed with the rank, as one it opens)
     if why:
         rank.checked = "not checked: " + why
     return rank

@@ -592,8 +592,13 @@ def attach_module(client, named_tensors, layout=None, rank=None):
         else:
             table.append(wex.tensor(name, wex_dtype(t.dtype), t.shape, ptr=p,
                                     strides=strides))
-    client.attach(table)
-    client._attached = keep
+    # The table and what keeps its memory, as one: another thread's
+    # attach_module on this client between them would leave its table
+    # attached and these buffers kept (the client's lock is reentrant:
+    # attach takes it too).
+    with getattr(client, "_lock", None) or contextlib.nullcontext():
+        client.attach(table)
+        client._attached = keep
 
 
 class _CudaArray:

@@ -215,6 +215,8 @@ class TrainerRank:
         # below as "%d format: a real number is required" naming nothing.
         rank, world_size = wex._int(rank, "rank"), wex._int(world_size, "world_size")
         self.layout = as_layout(layout, config, adapters, world_size, "trainer")
+        # (One made here from a spec string is closed with the rank.)
+        self._own_layout = self.layout is not None and self.layout is not layout
         # (Once: a generator strip_prefix or ignore is read here.)
         self._select = selection(strip_prefix, ignore)
         if isinstance(named_parameters, (list, tuple)) and named_parameters and all(
@@ -395,6 +397,8 @@ class TrainerRank:
         if self.client is not None and self._own:
             self.client.close()
         self.client = None
+        if self._own_layout:
+            self.layout.close()
 
     def __enter__(self):
         return self

@@ -983,7 +983,8 @@ class WorkerExtension:
                 par, experts and bool(getattr(pc, "enable_expert_parallel", False)),
                 no_mla=deepseek,
                 sp_moe=deepseek and bool(getattr(pc, "use_sequence_parallel_moe", False)))
-        if isinstance(spec, str):
+        own = isinstance(spec, str)
+        if own:
             spec = wex.Layout(cfg, spec, adapters)
         ignore = tuple((ignore,) if isinstance(ignore, str) else ignore or ()) + \
             stage_end_ignores(spec, layout_rank(par), par)
@@ -1009,6 +1010,8 @@ class WorkerExtension:
                 "%s; vLLM runs with enable_sleep_mode: a sleep of level 2 and a wake-up "
                 "before the first wex_attach discard the weights unseen: attach before the "
                 "first sleep, or pass checkpoint=False" % e) from None
+        # (Made here from a spec: closed with the rank, as one it opens.)
+        self._wex._own_layout = own
         if why:
             self._wex.checked = "not checked: " + why
         self._wex_detached = None
