@@ -292,8 +292,11 @@ int main(int argc, char **argv)
 		}
 		if (admin && ret == 2)
 			fprintf(stderr, "producer rank %u: group '%s' left (no rank connected) before it "
-				"was seen serving v%llu: not waiting for it\n", rank, wait_group,
-				(unsigned long long)v);
+				"was seen serving v%llu: not waiting for it%s\n", rank, wait_group,
+				(unsigned long long)v,
+				v + 1 == first + versions ?
+					" (the last version: engines done with it leave so, their last "
+					"sync between two of these polls)" : "");
 		if (admin && ret < 0) {
 			fprintf(stderr, "producer rank %u: waiting for group '%s' to serve v%llu: %s: %s\n",
 				rank, wait_group, (unsigned long long)v, wex_strerror(ret),
