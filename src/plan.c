@@ -565,6 +565,30 @@ struct wex_ops_block {
 	size_t maplen;
 };
 
+/* Called every 16K cells, at each consumer piece and after each
+ * POPULATE_STEP of ops faulted in while a plan is built: wexd pings its
+ * watchdog there.  A plan of millions of cells takes seconds in wexd's
+ * loop; one past WatchdogSec had systemd kill wexd, and the consumer asked
+ * the restarted wexd for the same plan. */
+static void (*tick_fn)(void *arg);
+static void *tick_arg;
+
+void wex__plan_tick_set(void (*fn)(void *arg), void *arg)
+{
+	tick_fn = fn;
+	tick_arg = arg;
+}
+
+static inline void plan_tick(size_t i)
+{
+	if (tick_fn && !(i & 0x3fff))
+		tick_fn(tick_arg);
+}
+
+/* Faulting in a block for millions of ops takes seconds where memory is
+ * short: it is done in steps, ticking between them. */
+#define POPULATE_STEP ((size_t)8 << 20)
+
 /* A block of at least `len` bytes (len >= OPS_BLOCK_MIN) in huge pages,
  * faulted in, with no references yet.  NULL when out of memory. */
 static struct wex_ops_block *ops_block_new(size_t len)
@@ -579,7 +603,11 @@ static struct wex_ops_block *ops_block_new(size_t len)
 		free(b);
 		return NULL;
 	}
-	(void)wex_mem_populate(b->map, maplen, 1);
+	for (size_t at = 0; at < maplen; at += POPULATE_STEP) {
+		(void)wex_mem_populate((char *)b->map + at,
+				       maplen - at < POPULATE_STEP ? maplen - at : POPULATE_STEP, 1);
+		plan_tick(0);
+	}
 	b->maplen = maplen;
 	atomic_init(&b->refs, 0);
 	return b;
@@ -739,6 +767,7 @@ static int u64_cmp(const void *a, const void *b)
 static int plan_steps(struct work *w, uint64_t n, const struct wex_tensor *d, size_t nhit,
 		      char *err, size_t errlen)
 {
+	plan_tick(0);
 	if (n <= PLAN_STEPS_MAX - w->steps) {
 		w->steps += n;
 		return 0;
@@ -1024,6 +1053,7 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 			goto out;
 		}
 		w->cells[w->ncells++] = c;
+		plan_tick(w->ncells);
 		int k = (int)nd - 1;
 		for (; k >= 0; k--) {
 			if (++idx[k] + 1 < nbp[k])
@@ -1375,6 +1405,7 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 			const struct cand *c = &w.cands[w.cells[i].cand_off];
 			uint32_t n = w.cells[i].ncand, k = 0;
 
+			plan_tick(i);
 			/* Neighbouring cells often have the same holders, in the
 			 * same order: the previous cell's set, without hashing. */
 			if (n == pn && n > 1)
@@ -1459,6 +1490,7 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 		for (size_t i = 0; i < w.ncells; i++) {
 			struct cell *c = &w.cells[i];
 
+			plan_tick(i);
 			if (c->ncand == 1) {
 				c->chosen = 0;
 				pl->load[w.cands[c->cand_off].src] += c->bytes;
@@ -1481,6 +1513,7 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 			uint32_t n = c->ncand, best = (uint32_t)(h % n);
 			uint64_t bl = pl->load[cc[best].src];
 
+			plan_tick(i);
 			if (h <= UINT64_MAX - n) {
 				/* Holders in the order (h + q) % n, counted without
 				 * a division per holder. */
@@ -1564,6 +1597,7 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 	for (size_t a = 0, b = n0; a < n0 || b < w.ncells;) {
 		struct cell *c;
 
+		plan_tick(a + b);
 		if (b == w.ncells || (a < n0 && cell_order(&w.cells[a], &w.cells[b]) < 0))
 			c = &w.cells[a++];
 		else

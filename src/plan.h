@@ -89,6 +89,11 @@ int wex__plan_build(const struct wex_plan_src *srcs, size_t nsrc, const struct w
 
 void wex__plan_free(struct wex_plan *p);
 
+/* fn(arg) is called now and then while any plan is built (every 16K cells
+ * and at each consumer piece), on the planning thread: wexd pings its
+ * watchdog from it.  NULL: none (the default). */
+void wex__plan_tick_set(void (*fn)(void *arg), void *arg);
+
 /* ---------------------------------------------------------------------- */
 /* Additions: a reusable source index, group planning, aggregate stats.    */
 

@@ -1003,6 +1003,13 @@ static void wexd_watchdog(struct wexd *d)
 		d->last_watchdog_ns = now;
 }
 
+/* From inside a plan being built (wex__plan_tick_set): a plan of millions
+ * of cells holds the loop for seconds. */
+static void wexd_plan_tick(void *arg)
+{
+	wexd_watchdog(arg);
+}
+
 static void wexd_tick(struct wexd *d)
 {
 	wexd_held_check(d);
@@ -1341,6 +1348,8 @@ int main(int argc, char **argv)
 	apply_config(&d);
 	wex__config_log(&d.cfg);
 	d.watchdog_usec = wex__sd_watchdog_usec();
+	if (d.watchdog_usec)
+		wex__plan_tick_set(wexd_plan_tick, &d);
 	d.notify = getenv("NOTIFY_SOCKET") && *getenv("NOTIFY_SOCKET");
 	if (d.watchdog_usec && !d.cfg.watchdog) {
 		/* Not answering would get wexd killed in WatchdogSec: say so
