@@ -16,8 +16,11 @@ command -v useradd >/dev/null || skip "useradd missing (package passwd)"
 command -v runuser >/dev/null || skip "runuser missing (package util-linux)"
 command -v setpriv >/dev/null || skip "setpriv missing (package util-linux)"
 getent group wextest >/dev/null || groupadd --system wextest || fail "groupadd"
+# (svc_unit_caps creates wex-allowed too, in no group: the membership is
+# made sure of whoever created the user.)
 for u in wex-allowed wex-denied; do
 	id "$u" >/dev/null 2>&1 || useradd --system --no-create-home -G wextest "$u" || fail "useradd $u"
+	id -nG "$u" | grep -qw wextest || usermod -aG wextest "$u" || fail "usermod $u"
 done
 id wex-outsider >/dev/null 2>&1 || useradd --system --no-create-home wex-outsider || fail "useradd"
 # The binaries must be reachable by the test users.  A build under a
