@@ -205,6 +205,15 @@ class CheckpointCompare(unittest.TestCase):
         full = checkpoint.compare(list(params.items()), ckpt)
         self.assertEqual(one["pieces"], len(params))
         self.assertLess(one["elements"], full["elements"])
+        # An integer of NumPy or PyTorch is an int, as wex takes them
+        # elsewhere (was refused: "must be an int of at least 1, not 1").
+        import numpy
+        for n in (numpy.int64(1), torch.tensor(1)):
+            rep = checkpoint.compare(list(params.items()), ckpt, elems=n)
+            self.assertEqual((rep["pieces"], rep["elements"]), (one["pieces"], one["elements"]))
+        for bad in (numpy.int64(0), numpy.True_):
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                checkpoint.compare(list(params.items()), ckpt, elems=bad)
 
     def test_skipped_and_nothing_compared(self):
         d, cfg, ts = self.dirs["dense"]

@@ -2210,6 +2210,33 @@ class EngineHooks(WexdProducerCase):
             self.assertIn("model.embed_tokens.weight: dtype F32, the layout ", err)
             self.assertEqual("--rl-on-policy-target" in err, hint, err)
 
+    def test_sglang_on_policy_contract_dtype(self):
+        """SGLang's --true-on-policy-contract (sglang.srt.true_on_policy:
+        RMSNorm's weight_dtype fp32; miles sets it without
+        --rl-on-policy-target) gets the hint too, naming it (before: no
+        hint without --rl-on-policy-target, and with both, "start SGLang
+        without" the one that left the norms fp32 all the same)."""
+        models, load = self.sglang_ranks()
+        m = models[0]
+        norm = m.model.norm
+        norm.weight = torch.nn.Parameter(norm.weight.detach().float(), requires_grad=False)
+        req = wex.sglang.request(MODEL, group="sg-contract", sync_timeout_ms=50)
+        contract = "qwen3_dense_true_on_policy_v1"
+        for args, names in ((dict(true_on_policy_contract=contract),
+                             ["--true-on-policy-contract"]),
+                            (dict(true_on_policy_contract=contract, rl_on_policy_target="fsdp"),
+                             ["--rl-on-policy-target", "--true-on-policy-contract"])):
+            set_server_args(self.tmp.name, **args)
+            self.addCleanup(load, 0, wex.sglang.request(MODEL, group="sg-contract",
+                                                        detach=True))
+            with self.assertLogs("wex.sglang", "ERROR"):
+                load(0, req)
+            self.assertNotIn(id(m), wex.sglang._ranks)
+            err = wex.sglang.status(m)["error"]
+            self.assertIn("model.norm.weight: dtype F32, the layout ", err)
+            self.assertIn("SGLang runs with %s," % " and ".join(names), err)
+            self.assertIn("start SGLang without %s" % ("them" if len(names) > 1 else "it"), err)
+
     def test_sglang_moe_relayout_refused(self):
         """A MoE runner backend that re-lays out the experts' weights after
         loading in their shape is refused before anything is attached:

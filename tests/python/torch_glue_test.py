@@ -755,6 +755,53 @@ class TorchGlue(WexdProducerCase):
         last = [t for t in mine.values() if t.data_ptr() == tables[-1]][0]
         self.assertTrue(torch.equal(last, torch.arange(64.0)))
 
+    def test_attach_interrupted(self):
+        """An attach_module whose attach libwex made, interrupted as the
+        call returned (a signal's handler raising there: Ctrl-C's
+        KeyboardInterrupt), keeps the storage of the table libwex then
+        holds (before: the client kept only that of the attach before;
+        the caller's tensors let go of, the next copy sync wrote into
+        memory nothing kept).  An attach libwex refused keeps what was
+        kept (its table stays attached)."""
+        import gc
+
+        p = wex.Client(wex.ROLE_PRODUCER, "torch-glue-intr", rank=0, world_size=1)
+        self.addCleanup(p.close)
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 16)
+        p.register_tensors([wex.tensor("w", "F32", (64,), segment=seg)])
+        p.begin_write(1)
+        torch_util.from_ptr(base, (64,), torch.float32, "cpu").copy_(torch.arange(64.0))
+        p.publish(1)
+        c = wex.Client(wex.ROLE_CONSUMER, "torch-glue-intr", group="g", timeout_ms=5000)
+        self.addCleanup(c.close)
+        torch_util.attach_module(c, [("w", torch.zeros(64))])
+        first = [t.data_ptr() for _, t in c._attached]
+        real = c.attach
+
+        def attach(table):
+            real(table)
+            raise KeyboardInterrupt  # (as the C call returned)
+
+        c.attach = attach
+        mine = torch.zeros(64)
+        ptr = mine.data_ptr()
+        with self.assertRaises(KeyboardInterrupt):
+            torch_util.attach_module(c, [("w", mine)])
+        del c.attach
+        kept = [t.data_ptr() for _, t in c._attached]
+        self.assertIn(ptr, kept, "the attached table's storage is not kept")
+        # Refused by libwex (two tensors overlapping): as before.
+        both = torch.zeros(64)
+        with self.assertRaises(wex.WexError):
+            torch_util.attach_module(c, [("w", both), ("v", both[1:])])
+        self.assertEqual([t.data_ptr() for _, t in c._attached], kept)
+        del mine
+        gc.collect()
+        c.sync(wex.SYNC_COPY, 1)
+        got = [t for _, t in c._attached if t.data_ptr() == ptr][0]
+        self.assertTrue(torch.equal(got, torch.arange(64.0)))
+        self.assertTrue(first)
+
     def test_refusals(self):
         with self.assertRaises(ValueError):
             torch_util.wex_dtype(torch.complex64)

@@ -312,10 +312,16 @@ def compare(named_tensors, checkpoint, layout=None, rank=0, config=None, adapter
     (canonical name, dtype name) returning why a piece is not to be
     compared (the engine rewrites it after loading), or None."""
     # (0 would compare nothing and report the pieces compared; a float
-    # or a string failed deep in numpy.)
-    if isinstance(elems, bool) or not isinstance(elems, int) or elems < 1:
+    # or a string failed deep in numpy.)  A NumPy or PyTorch integer is
+    # an int, as wex._int takes it.
+    try:
+        n = wex._int(elems, "elems")
+    except TypeError:
+        n = 0
+    if n < 1:
         raise ValueError("elems (the elements compared per sampled row) must be an int of "
                          "at least 1, not %r" % (elems,))
+    elems = n
     files = {}
     try:
         return _compare(files, named_tensors, checkpoint, layout, rank, config, adapters,

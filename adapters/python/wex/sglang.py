@@ -731,15 +731,25 @@ def _attach(model, args):
                           checkpoint_auto=auto, config=cfg,
                           adapters=args.get("adapters"))
     except ValueError as e:
-        if ": dtype F32, the layout " not in str(e) or \
-                getattr(_server_args(), "rl_on_policy_target", None) is None:
-            raise
         # --rl-on-policy-target: the embeddings and norms made fp32 (their
-        # params_dtype, RMSNorm's weight_dtype) whatever the checkpoint's.
-        raise ValueError("%s; SGLang runs with --rl-on-policy-target, which keeps the "
-                         "embeddings and norms in fp32 whatever the checkpoint holds, and wex "
-                         "copies without converting dtypes: start SGLang without it" % e) \
-            from None
+        # params_dtype, RMSNorm's weight_dtype) whatever the checkpoint's;
+        # --true-on-policy-contract (sglang.srt.true_on_policy, without
+        # the other in the RL frameworks that set it): the norms.
+        if ": dtype F32, the layout " not in str(e):
+            raise
+        sa = _server_args()
+        flags = [f for f, k in (("--rl-on-policy-target", "rl_on_policy_target"),
+                                ("--true-on-policy-contract", "true_on_policy_contract"))
+                 if getattr(sa, k, None) is not None]
+        if not flags:
+            raise
+        both = len(flags) > 1
+        raise ValueError("%s; SGLang runs with %s, which %s the %s in fp32 whatever the "
+                         "checkpoint holds, and wex copies without converting dtypes: start "
+                         "SGLang without %s" % (
+                             e, " and ".join(flags), "keep" if both else "keeps",
+                             "embeddings and norms" if getattr(sa, "rl_on_policy_target", None)
+                             is not None else "norms", "them" if both else "it")) from None
     rank._own_layout = True  # (made here: closed with the rank, as one it opens)
     if why:
         rank.checked = "not checked: " + why

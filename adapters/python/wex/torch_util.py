@@ -597,7 +597,16 @@ def attach_module(client, named_tensors, layout=None, rank=None):
     # attached and these buffers kept (the client's lock is reentrant:
     # attach takes it too).
     with getattr(client, "_lock", None) or contextlib.nullcontext():
-        client.attach(table)
+        try:
+            client.attach(table)
+        except wex.WexError:
+            raise  # (refused: libwex keeps the table attached before, and so this)
+        except BaseException:
+            # A signal's handler that raised as an attach that succeeded
+            # returned (Ctrl-C's KeyboardInterrupt): libwex may hold this
+            # table now, whose memory nothing kept.  Both kept.
+            client._attached = list(getattr(client, "_attached", None) or ()) + keep
+            raise
         client._attached = keep
 
 
