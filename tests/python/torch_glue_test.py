@@ -652,6 +652,44 @@ class TorchGlue(WexdProducerCase):
         with self.assertRaisesRegex(ValueError, r"^x \(0x[0-9a-f]+, 40 bytes\) is in nowhere$"):
             torch_util._placed([("x", torch.zeros(10))], segs, "nowhere")
 
+    def test_register_ranges_small_chunks(self):
+        """In an expandable segment of PyTorch's small pool (2 MiB chunks:
+        CUDACachingAllocator's kSmallBuffer), parameters 3 MiB apart are
+        two ranges: a gap of a chunk or more may hold whole chunks with no
+        parameter, and PyTorch unmaps such chunks (empty_cache(), or its retry when an
+        allocation runs out of memory), which a range over them would have
+        wex hold and begin_write refuse as moved memory.  In a large
+        expandable segment (20 MiB chunks) and in one allocation (MemPool,
+        cudaMalloc) they stay one range.  The allocator's segments come
+        from torch.cuda.memory_snapshot(), stood in for here."""
+        buf = torch.zeros(4 << 20, dtype=torch.uint8)   # 4 MiB standing for segments
+        base, mib = buf.data_ptr(), 1 << 20
+        snap = [{"device": 0, "address": base, "total_size": 4 * mib, "segment_type": kind,
+                 "is_expandable": exp} for kind, exp in (("small", True),)]
+        items = [("a", buf[0:1024]), ("b", buf[3 * mib:3 * mib + 1024])]
+
+        class Recorder:
+            def __init__(self):
+                self.calls = []
+
+            def register_ptr(self, kind, ptr, size):
+                self.calls.append((ptr - base, size))
+                return len(self.calls)
+
+        had = getattr(torch.cuda, "memory_snapshot", None)
+        self.addCleanup(setattr, torch.cuda, "memory_snapshot", had)
+        want = {("small", True): [(0, 1024), (3 * mib, 1024)],
+                ("large", True): [(0, 3 * mib + 1024)],
+                ("large", False): [(0, 3 * mib + 1024)],
+                ("small", False): [(0, 3 * mib + 1024)]}
+        for (kind, exp), ranges in want.items():
+            snap[0].update(segment_type=kind, is_expandable=exp)
+            torch.cuda.memory_snapshot = lambda: [dict(snap[0]), dict(snap[0], device=1)]
+            placed = torch_util._placed(items, torch_util._segments(0), "nowhere")
+            rec = Recorder()
+            torch_util._register_ranges(rec, wex.SEG_CUDA_VMM, placed)
+            self.assertEqual(rec.calls, ranges, (kind, exp))
+
     def test_attach_keeps(self):
         """attach_module keeps the tensors copy syncs write into alive (a
         temporary, e.g. a .contiguous() copy, would otherwise be freed

@@ -79,22 +79,29 @@ def exportable_pool():
     return alloc, torch.cuda.MemPool(alloc.allocator())
 
 
+# Parameters closer than a chunk share one registered range: PyTorch maps
+# expandable segments in chunks of 2 MiB (its small pool, allocations up
+# to 1 MiB) or 20 MiB (large), and two ranges inside one chunk would
+# export it twice.  A gap of a whole chunk or more is not registered: a
+# chunk holding no parameter is PyTorch's to unmap (empty_cache(), or
+# its own retry when an allocation runs out of memory), and one wex held
+# would stay in use and fail the next begin_write as moved memory.
+MERGE_GAP = 20 << 20
+SMALL_GAP = 2 << 20
+
+
 def _segments(device):
-    """Mapped ranges (address, size) of the caching allocator on device,
-    every pool's, sorted.  An expandable segment shows as one range per
-    stretch of mapped chunks."""
+    """Mapped ranges (address, size, merge gap) of the caching allocator
+    on device, every pool's, sorted.  An expandable segment shows as one
+    range per stretch of mapped chunks; its merge gap is its chunk size
+    (SMALL_GAP in the small pool), MERGE_GAP elsewhere."""
     out = []
     for s in torch.cuda.memory_snapshot():
         if s.get("device", device) == device and s["total_size"]:
-            out.append((s["address"], s["total_size"]))
+            small = s.get("is_expandable") and s.get("segment_type") == "small"
+            out.append((s["address"], s["total_size"], SMALL_GAP if small else MERGE_GAP))
     out.sort()
     return out
-
-
-# Parameters closer than this share one registered range: PyTorch maps
-# expandable segments in chunks of 2 MiB (small) or 20 MiB (large), and
-# two ranges inside one chunk would export it twice.
-MERGE_GAP = 20 << 20
 
 
 def merge_spans(spans, gap=MERGE_GAP):
@@ -146,8 +153,10 @@ def _own_bytes(name, t, nb):
 
 def _placed(items, ranges, where):
     """[(name, tensor, address, bytes spanned, strides, containing range)]
-    for the non-empty tensors, each found in one of ranges (none when
-    every tensor is empty: an FSDP2 rank past the last chunk of each)."""
+    for the non-empty tensors, each found in one of ranges ((address,
+    size), or _segments' (address, size, merge gap), given back as it is)
+    (none when every tensor is empty: an FSDP2 rank past the last chunk
+    of each)."""
     out = []
     for name, t in items:
         if t.numel() == 0:
@@ -155,7 +164,7 @@ def _placed(items, ranges, where):
         strides = _table_strides(name, t)
         nb = _span(tuple(t.shape), strides) * t.element_size()
         p = _own_bytes(name, t, nb)
-        seg = next(((a, s) for a, s in ranges if a <= p and p + nb <= a + s), None)
+        seg = next((r for r in ranges if r[0] <= p and p + nb <= r[0] + r[1]), None)
         if seg is None:
             raise ValueError("%s (0x%x, %d bytes) is in %s" % (name, p, nb, where))
         out.append((name, t, p, nb, strides, seg))
@@ -165,13 +174,15 @@ def _placed(items, ranges, where):
 def plan_ranges(placed, gap=MERGE_GAP):
     """The ranges register_module registers for tensors placed in
     allocator segments: per segment, the tensors' spans merged
-    (merge_spans), never crossing a segment's bounds.  [(start, size)]."""
+    (merge_spans, with the segment's own merge gap where it has one),
+    never crossing a segment's bounds.  [(start, size)]."""
     by_seg = {}
     for _, _, p, nb, _, seg in placed:
         by_seg.setdefault(seg, []).append((p, p + nb))
     out = []
     for seg in sorted(by_seg):
-        out += [(a, e - a) for a, e in merge_spans(by_seg[seg], gap)]
+        out += [(a, e - a) for a, e in merge_spans(by_seg[seg], min(gap, seg[2])
+                                                   if len(seg) > 2 else gap)]
     return out
 
 
@@ -390,11 +401,12 @@ def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None,
 
     By default the tensors are CUDA tensors of PyTorch's caching
     allocator: only the bytes under them are registered, as `kind` (for
-    each allocator segment, the tensors' spans with gaps under MERGE_GAP
-    closed), so the gradients, optimizer state and cached free blocks that
-    share an expandable segment with them are exported and held by wex
-    only where they share a driver allocation (a 2 or 20 MiB chunk) with
-    a tensor.  With `segments`, a list of (segment id, address, size) the
+    each allocator segment, the tensors' spans with gaps under its chunk
+    size closed: SMALL_GAP in an expandable segment of the small pool,
+    MERGE_GAP elsewhere), so the gradients, optimizer state and cached
+    free blocks that share an expandable segment with them are exported
+    and held by wex only where they share a driver allocation (a 2 or 20
+    MiB chunk) with a tensor.  With `segments`, a list of (segment id, address, size) the
     client registered already (segment_alloc, register_ptr,
     register_fd), the tensors are looked up there instead, on any device,
     and nothing more is registered.  Strided tensors (a transpose, a slice
