@@ -79,6 +79,18 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP # (a closed terminal: the build is in a session of its own)
+# One build into build/ at a time: a second quickstart started meanwhile
+# (another terminal, a script run twice) waits for the first's, instead of
+# both making the same files at once.  (The lock goes with fd 9, closed
+# once built.)
+mkdir -p "$B"
+if command -v flock >/dev/null; then
+	exec 9>"$B/.quickstart.lock"
+	if ! flock -n 9; then
+		echo "== another build into $B runs (a quickstart started before this one): waiting for it"
+		flock 9
+	fi
+fi
 # A build/ configured already keeps its build type (a Debug build of
 # yours is not turned into a Release one); a new one is Release.
 if [ -f "$B/CMakeCache.txt" ]; then
@@ -98,6 +110,7 @@ BUILD_PID=$!
 rc=0; wait "$BUILD_PID" || rc=$?
 BUILD_PID=""
 [ $rc -eq 0 ] || exit $rc
+exec 9>&-
 
 TMP=$(mktemp -d /tmp/wex-quickstart.XXXXXX)
 export WEX_SOCKET="$TMP/wexd.sock"

@@ -488,6 +488,28 @@ if kill -0 "$BP" 2>/dev/null; then
 fi
 wait "$QSPID"; rc=$?
 [ $rc = 143 ] || fail "quickstart.sh, SIGTERM in its build: exit $rc, not 143: $(cat "$TMP/out" "$TMP/err")"
+# Two quickstart.sh started at once build into build/ one after the other,
+# the second saying it waits (both built at once, into the same files).  A
+# cmake whose build logs its start and end, a second apart; a wexd that
+# exits at once ends each run after its build (exit 1).
+QSL="$TMP/qsl"
+mkdir -p "$QSL/examples" "$QSL/tests" "$QSL/bin" "$QSL/build"
+cp "$QS/examples/quickstart.sh" "$QSL/examples/"
+printf 'wex_install_deps() { :; }\n' >"$QSL/tests/deps.sh"
+printf '#!/bin/sh\n[ "$1" = --build ] || exit 0\necho "start $(date +%%s.%%N)" >>"%s"\nsleep 1\necho "end $(date +%%s.%%N)" >>"%s"\n' \
+	"$QSL/builds" "$QSL/builds" >"$QSL/bin/cmake"
+printf '#!/bin/sh\nexit 1\n' >"$QSL/build/wexd"
+chmod +x "$QSL/bin/cmake" "$QSL/build/wexd"
+PATH="$QSL/bin:$PATH" sh "$QSL/examples/quickstart.sh" --preset tiny >"$TMP/qsl1.out" 2>&1 &
+QSA=$!
+PATH="$QSL/bin:$PATH" sh "$QSL/examples/quickstart.sh" --preset tiny >"$TMP/qsl2.out" 2>&1 &
+QSB2=$!
+wait "$QSA"; wait "$QSB2"
+[ "$(grep -c '^start' "$QSL/builds")" = 2 ] || fail "two quickstarts at once: not two builds: $(cat "$QSL/builds" "$TMP/qsl1.out" "$TMP/qsl2.out")"
+awk '/^start/ { if (open) bad = 1; open = 1 } /^end/ { open = 0 } END { exit bad }' "$QSL/builds" ||
+	fail "two quickstarts at once built into build/ at the same time: $(cat "$QSL/builds")"
+cat "$TMP/qsl1.out" "$TMP/qsl2.out" | grep -q "another build into .* runs (a quickstart started before this one): waiting for it" ||
+	fail "two quickstarts at once: the second did not say it waits: $(cat "$TMP/qsl1.out" "$TMP/qsl2.out")"
 # quickstart.sh whose producer ranks exit 3 (an error, a crash) once they
 # started, the consumers' syncs all verified: "quickstart: FAILED (a
 # producer exited (status 3))", exit 1 (it printed its success line and
