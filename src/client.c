@@ -1235,6 +1235,18 @@ static json_t *hello_req(const struct wex_client *c)
 	return req;
 }
 
+/* The error of wexd's refusal of a new connection (reply_status's),
+ * prefixed as one. */
+static int refusal(struct wex_client *c, json_t *reply)
+{
+	char why[sizeof(c->err)];
+	int ret = reply_status(c, reply);
+
+	memcpy(why, err_buf(c), sizeof(why)); /* (the watch's own, on its thread) */
+	set_err(c, ret, "wexd at %s refused this client: %s", c->sock, why);
+	return ret;
+}
+
 static int hello(struct wex_client *c, int *reclaimed, uint64_t *published)
 {
 	json_t *req = hello_req(c), *reply = NULL;
@@ -1247,7 +1259,9 @@ static int hello(struct wex_client *c, int *reclaimed, uint64_t *published)
 	json_decref(req);
 	if (ret < 0)
 		return ret;
-	ret = reply_status(c, reply);
+	/* (A refusal read as the answer: the send came before wexd closed.) */
+	ret = json_is_true(json_object_get(reply, "refused")) ? refusal(c, reply) :
+								  reply_status(c, reply);
 	if (ret == 0) {
 		*reclaimed = json_is_true(json_object_get(reply, "lease_reclaimed"));
 		if (published && json_integer_value(json_object_get(reply, "published")) > 0)
@@ -1273,11 +1287,7 @@ static int refused(struct wex_client *c, int ret)
 	if (n > 0)
 		reply = json_loadb(buf, (size_t)n, 0, NULL);
 	if (reply && json_is_false(json_object_get(reply, "ok"))) {
-		char why[sizeof(c->err)];
-
-		ret = reply_status(c, reply);
-		memcpy(why, err_buf(c), sizeof(why)); /* (the watch's own, on its thread) */
-		set_err(c, ret, "wexd at %s refused this client: %s", c->sock, why);
+		ret = refusal(c, reply);
 	} else {
 		set_err(c, ret, "wexd at %s closed the connection during hello: it refuses new "
 			"clients while max_clients are connected, while it drains after SIGTERM, "

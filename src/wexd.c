@@ -219,7 +219,12 @@ int wexd_conn_close_if_gone(struct wexd *d, struct conn *c)
 static void refuse_conn(int fd, json_t *reply)
 {
 	size_t len;
-	char *s = reply ? wex__json_dump(reply, &len) : NULL;
+	char *s;
+
+	/* (Marked: libwex words it as a refusal whichever way it reads it.) */
+	if (reply)
+		json_object_set_new(reply, "refused", json_true());
+	s = reply ? wex__json_dump(reply, &len) : NULL;
 
 	if (s)
 		(void)wex_sock_send(fd, s, len, NULL, 0, MSG_DONTWAIT);

@@ -36,8 +36,10 @@ for _ in range(2500):
     try:
         r = json.loads(s.recv(4096).decode())
         e = r.get("error", {})
-        if r.get("ok") is not False or e.get("code") != "EBUSY" or "max_clients 2" not in e.get("message", ""):
+        if r.get("ok") is not False or e.get("code") != "EBUSY" or "max_clients 2" not in e.get("message", "") \
+                or r.get("refused") is not True:
             sys.exit("FAIL: a connection past max_clients was told %r" % r)
+        refusal = r
         if s.recv(16) != b"":
             sys.exit("FAIL: a connection past max_clients got more than its refusal")
     except ConnectionResetError:
@@ -55,15 +57,37 @@ if n != 2500:
     sys.exit("FAIL: %s%g, expected 2500" % (line, n))
 print("refused and counted: 2500")
 # libwex (wexctl, while all six are still held) says why: the refusal's
-# message (after "refused this client:" where the hello's send found the
-# connection closed, alone where the refusal came as the hello's answer:
-# a loaded machine takes the second way).
+# message, after "refused this client:" whether the hello's send found the
+# connection closed or the refusal came as the hello's answer (a loaded
+# machine's way: the prefix was missing there).
 import os, subprocess
 p = subprocess.run([sys.argv[2], "status"], capture_output=True, text=True, timeout=30,
                    env=dict(os.environ, WEX_SOCKET=path))
-if p.returncode == 0 or "wexd refuses new clients: max_clients 2 are connected" not in p.stderr:
+if p.returncode == 0 or "refused this client: wexd refuses new clients: max_clients 2 are connected" not in p.stderr:
     sys.exit("FAIL: wexctl past max_clients: exit %d: %s" % (p.returncode, p.stderr))
 print("wexctl: " + p.stderr.strip().splitlines()[0])
+# The same where the refusal comes as the hello's answer (wexd preempted
+# between its send and its close, as on a loaded machine: libwex said the
+# reason without "refused this client:"): a stand-in wexd answers the
+# hello with the refusal wexd sent above, then closes.
+import threading
+fake = os.path.join(os.path.dirname(path), "fake.sock")
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+srv.bind(fake)
+srv.listen(4)
+def answer():
+    a, _ = srv.accept()
+    a.recv(1 << 16)
+    a.send(json.dumps(refusal).encode())
+    time.sleep(1)
+    a.close()
+t = threading.Thread(target=answer, daemon=True)
+t.start()
+q = subprocess.run([sys.argv[2], "status"], capture_output=True, text=True, timeout=30,
+                   env=dict(os.environ, WEX_SOCKET=fake))
+if q.returncode == 0 or "refused this client: wexd refuses new clients: max_clients 2 are connected" not in q.stderr:
+    sys.exit("FAIL: wexctl past max_clients, the refusal read as the hello's answer: exit %d: %s"
+             % (q.returncode, q.stderr))
 PYEOF
 n=$(grep -c "refusing a client: max_clients 2 reached" "$TMP/wexd.log")
 [ "$n" -ge 1 ] && [ "$n" -le 3 ] || fail "$n log lines for 2500 refusals, expected 1 to 3"
