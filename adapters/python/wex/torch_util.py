@@ -406,10 +406,10 @@ def register_module(client, named_tensors, kind=wex.SEG_CUDA_VMM, segments=None,
     MERGE_GAP elsewhere), so the gradients, optimizer state and cached
     free blocks that share an expandable segment with them are exported
     and held by wex only where they share a driver allocation (a 2 or 20
-    MiB chunk) with a tensor.  With `segments`, a list of (segment id, address, size) the
-    client registered already (segment_alloc, register_ptr,
-    register_fd), the tensors are looked up there instead, on any device,
-    and nothing more is registered.  Strided tensors (a transpose, a slice
+    MiB chunk) with a tensor.  With `segments`, a list of (segment id,
+    address, size) the client registered already (segment_alloc,
+    register_ptr, register_fd), the tensors are looked up there instead,
+    on any device, and nothing more is registered.  Strided tensors (a transpose, a slice
     of a wider buffer) go with their strides; tensors whose elements
     overlap are refused; empty tensors are left out (they hold no bytes,
     and PyTorch gives them no address).  Returns the list of (segment id,
