@@ -581,13 +581,22 @@ int wex_sock_peergroups(int fd, gid_t **groups)
 
 int wex_table_seal(const void *data, size_t len, const char *name)
 {
+	return wex_table_seal_step(data, len, name, NULL);
+}
+
+/* Written in steps of this many bytes, step() called between them. */
+#define SEAL_STEP ((size_t)8 << 20)
+
+int wex_table_seal_step(const void *data, size_t len, const char *name, void (*step)(void))
+{
 	int fd, ret;
 
 	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return -errno;
 	for (size_t off = 0; off < len;) {
-		ssize_t n = pwrite(fd, (const char *)data + off, len - off, (off_t)off);
+		size_t part = step && len - off > SEAL_STEP ? SEAL_STEP : len - off;
+		ssize_t n = pwrite(fd, (const char *)data + off, part, (off_t)off);
 
 		if (n < 0) {
 			if (errno == EINTR)
@@ -596,6 +605,8 @@ int wex_table_seal(const void *data, size_t len, const char *name)
 			goto err_close;
 		}
 		off += (size_t)n;
+		if (step)
+			step();
 	}
 	if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0) {
 		ret = -errno;

@@ -120,6 +120,9 @@ void wex_sock_close_fds_nowait(int *fds, int n);
  * shrink, seal), so a receiver can trust it cannot change.  Returns the fd
  * or -errno. */
 int wex_table_seal(const void *data, size_t len, const char *name);
+/* The same, calling step() after each 8 MiB written (wexd pings its
+ * watchdog there: a plan of millions of ops is hundreds of MB). */
+int wex_table_seal_step(const void *data, size_t len, const char *name, void (*step)(void));
 
 /* Maps a received table memfd read-only after checking that it is sealed
  * against writes and resizing and at most `max` bytes.  data and len receive

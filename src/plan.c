@@ -408,10 +408,50 @@ static const char *dtype_shape(const struct wex_tensor *t, char *buf, size_t len
 	return buf;
 }
 
+/* Called every 16K producer pieces, cells and ops, every 64K comparisons
+ * of a sort, at each consumer piece and after each POPULATE_STEP of ops
+ * faulted in while a plan is built (and from wex__plan_tick, as its memfd
+ * is made): wexd pings its watchdog there.  A plan of millions of cells
+ * takes seconds in wexd's loop; one past WatchdogSec had systemd kill
+ * wexd, and the consumer asked the restarted wexd for the same plan. */
+static void (*tick_fn)(void *arg);
+static void *tick_arg;
+
+void wex__plan_tick_set(void (*fn)(void *arg), void *arg)
+{
+	tick_fn = fn;
+	tick_arg = arg;
+}
+
+static inline void plan_tick(size_t i)
+{
+	if (tick_fn && !(i & 0x3fff))
+		tick_fn(tick_arg);
+}
+
+void wex__plan_tick(void)
+{
+	if (tick_fn)
+		tick_fn(tick_arg);
+}
+
+/* From the comparators of the sorts of millions of entries (a producer
+ * table, the cells with several holders, the split cells): one took 1 to
+ * 2 s without a tick.  Counted only where a hook is set (wexd, one
+ * thread): wexctl plans in threads with none. */
+static size_t tick_cmps;
+
+static inline void cmp_tick(void)
+{
+	if (tick_fn && !(++tick_cmps & 0xffff))
+		tick_fn(tick_arg);
+}
+
 static int ent_cmp(const void *a, const void *b)
 {
 	const struct src_entry *x = a, *y = b;
 
+	cmp_tick();
 	if (x->name != y->name)
 		return x->name < y->name ? -1 : 1;
 	if (x->start0 != y->start0)
@@ -460,6 +500,7 @@ int wex__planner_new(const struct wex_plan_src *srcs, size_t nsrc, struct wex_pl
 			uint64_t h;
 			long id;
 
+			plan_tick(k);
 			ret = check_piece(t, "producer", err, errlen);
 			if (ret < 0)
 				goto err;
@@ -501,6 +542,7 @@ int wex__planner_new(const struct wex_plan_src *srcs, size_t nsrc, struct wex_pl
 			const struct wex_tensor *t = pl->ent[j].t;
 			uint64_t e0 = t->ndim ? t->extent[0] : 1;
 
+			plan_tick(j);
 			/* All producers must agree on what the canonical tensor is. */
 			if (t->dtype != first->dtype || t->ndim != first->ndim ||
 			    memcmp(t->shape, first->shape, t->ndim * sizeof(uint64_t))) {
@@ -564,26 +606,6 @@ struct wex_ops_block {
 	void *map;
 	size_t maplen;
 };
-
-/* Called every 16K cells, at each consumer piece and after each
- * POPULATE_STEP of ops faulted in while a plan is built: wexd pings its
- * watchdog there.  A plan of millions of cells takes seconds in wexd's
- * loop; one past WatchdogSec had systemd kill wexd, and the consumer asked
- * the restarted wexd for the same plan. */
-static void (*tick_fn)(void *arg);
-static void *tick_arg;
-
-void wex__plan_tick_set(void (*fn)(void *arg), void *arg)
-{
-	tick_fn = fn;
-	tick_arg = arg;
-}
-
-static inline void plan_tick(size_t i)
-{
-	if (tick_fn && !(i & 0x3fff))
-		tick_fn(tick_arg);
-}
 
 /* Faulting in a block for millions of ops takes seconds where memory is
  * short: it is done in steps, ticking between them. */
@@ -1255,6 +1277,7 @@ static uint64_t plan_hash(const struct wex_plan *p)
 	for (size_t i = 0; i < p->nops; i++) {
 		const struct wex_plan_op *o = &p->ops[i];
 
+		plan_tick(i);
 		HW(o->src_rank);
 		HW(o->src_seg);
 		HW(o->src_off);
@@ -1313,6 +1336,7 @@ static int cell_bytes_desc(const void *a, const void *b)
 {
 	const struct cell *x = *(struct cell *const *)a, *y = *(struct cell *const *)b;
 
+	cmp_tick();
 	if (x->bytes != y->bytes)
 		return x->bytes > y->bytes ? -1 : 1;
 	return x < y ? -1 : x > y;
@@ -1322,6 +1346,7 @@ static int cell_order(const void *a, const void *b)
 {
 	const struct cell *x = a, *y = b;
 
+	cmp_tick();
 	if (x->plan != y->plan)
 		return x->plan < y->plan ? -1 : 1;
 	if (x->dst != y->dst)
@@ -1457,6 +1482,7 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 			uint64_t bytes = w.cells[i].bytes;
 			uint32_t k;
 
+			plan_tick(i);
 			if (group) {
 				uint64_t q = (bytes + gran - 1) / gran;
 
@@ -1623,6 +1649,7 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 		for (size_t i = 0; i < p->nops; i++) {
 			uint32_t si = p->ops[i].src_rank;
 
+			plan_tick(i);
 			p->ops[i].src_rank = pl->srcs[si].rank;
 		}
 		p->stats.ops = p->nops;

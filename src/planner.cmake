@@ -13,7 +13,7 @@ foreach(t property kat_qkv_interleave kat_kv_replication kat_vocab_padding kat_o
           bad_layout plan_basic safetensors_bad explicit_pieces kat_moe_experts kat_mla expr_eval
           bad_engine fuzz_inputs kat_sparse_step
           kat_fp8_blocks kat_qwen2_moe kat_fp8_qwen kat_pp_split kat_dp_attention kat_fsdp
-          kat_vpp canonical_scalar ops_block random_strided name_flood plan_bound plan_cells)
+          kat_vpp canonical_scalar ops_block random_strided name_flood plan_bound plan_cells plan_ticks)
   wex_add_test(planner_${t} SOURCES tests/planner/${t}.c LABELS planner TIMEOUT 60)
 endforeach()
 # 300 random layouts planned and checked: the sanitizer build takes 7 to
@@ -22,7 +22,7 @@ set_tests_properties(planner_property PROPERTIES TIMEOUT 120)
 # About 1.1G planner steps (plan_bound) and 4.2M cells (plan_cells): 29 s
 # and 3 s under the sanitizers with the CPUs to themselves, 60 s and 25 s
 # among tests/run.sh's others (CTest runs 4 per core).
-set_tests_properties(planner_plan_bound planner_plan_cells PROPERTIES TIMEOUT 240)
+set_tests_properties(planner_plan_bound planner_plan_cells planner_plan_ticks PROPERTIES TIMEOUT 240)
 # convert.c calls wexctl_cmd_convert/plan directly; it also serves as the
 # checkpoint generator and checker of convert_test.sh, which drives the
 # real wexctl binary.

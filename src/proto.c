@@ -10,6 +10,7 @@
 
 #include "ipc/sock.h"
 #include "proto.h"
+#include "plan.h"
 
 static const struct {
 	int code;
@@ -444,6 +445,9 @@ int wex__table_pack(const struct wex_tensor *t, const uint32_t *ranks, size_t n)
 	h->entry_size = sizeof(struct wex_wire_tensor);
 	w = (struct wex_wire_tensor *)(h + 1);
 	for (size_t i = 0; i < n; i++) {
+		/* Millions of pieces take seconds (wexd's watchdog). */
+		if (!(i & 0x3fff))
+			wex__plan_tick();
 		memcpy(w[i].name, t[i].name, WEX_NAME_MAX);
 		w[i].name[WEX_NAME_MAX - 1] = '\0';
 		w[i].dtype = t[i].dtype;
@@ -456,7 +460,7 @@ int wex__table_pack(const struct wex_tensor *t, const uint32_t *ranks, size_t n)
 		w[i].rank = ranks ? ranks[i] : 0;
 		w[i].offset = t[i].offset;
 	}
-	fd = wex_table_seal(h, len, "wex-tensors");
+	fd = wex_table_seal_step(h, len, "wex-tensors", wex__plan_tick);
 	free(h);
 	return fd;
 }
@@ -542,9 +546,16 @@ int wex__plan_pack(const struct wex_plan *p)
 	h->count = p->nops;
 	h->entry_size = sizeof(struct wex_plan_op);
 	h->reserved = p->hash;
-	if (p->nops)
-		memcpy(h + 1, p->ops, p->nops * sizeof(struct wex_plan_op));
-	fd = wex_table_seal(h, len, "wex-plan");
+	/* In steps, ticking between them: millions of ops are hundreds of
+	 * MB, faulted in twice (here and in the memfd), seconds in wexd's loop
+	 * (its watchdog). */
+	for (size_t at = 0, step = ((size_t)8 << 20) / sizeof(struct wex_plan_op); at < p->nops;
+	     at += step) {
+		memcpy((struct wex_plan_op *)(h + 1) + at, p->ops + at,
+		       (p->nops - at < step ? p->nops - at : step) * sizeof(struct wex_plan_op));
+		wex__plan_tick();
+	}
+	fd = wex_table_seal_step(h, len, "wex-plan", wex__plan_tick);
 	free(h);
 	return fd;
 }

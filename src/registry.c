@@ -2204,6 +2204,9 @@ static int tables_fd(struct model *m)
 	}
 	for (uint32_t i = 0; i < m->world; i++)
 		for (size_t j = 0; j < m->ranks[i].nt; j++) {
+			/* Millions of pieces take seconds (wexd's watchdog). */
+			if (!(k & 0x3fff))
+				wex__plan_tick();
 			all[k] = m->ranks[i].t[j];
 			ranks[k++] = i;
 		}
