@@ -894,19 +894,21 @@ int wex__config_set(struct wex_config *cfg, const char *name, const char *value,
 	if (!(fields[i].flags & F_MODIFIABLE)) {
 		/* The environment is read once, at start: a reload (SIGHUP)
 		 * re-reads only the file. */
-		if ((fields[i].flags & F_RELOAD) && cfg->source[i] == WEX_CONFIG_SRC_ENV)
-			/* The environment outranks the file, at a reload too. */
+		/* The environment and a flag outrank the file, at a reload
+		 * and at a restart alike: "set it in the file" would not do. */
+		if (cfg->source[i] == WEX_CONFIG_SRC_ENV)
 			snprintf(err, errlen,
 				 "config set: field '%s': cannot change at run time; it is set by "
 				 "%s in wexd's environment, which outranks the file: change it "
 				 "there and restart wexd",
 				 name, fields[i].env);
-		else if ((fields[i].flags & F_RELOAD) && cfg->source[i] == WEX_CONFIG_SRC_FLAG)
+		else if (cfg->source[i] == WEX_CONFIG_SRC_FLAG)
 			snprintf(err, errlen,
 				 "config set: field '%s': cannot change at run time; it is set on "
-				 "wexd's command line, which outranks the file: change it there and "
-				 "restart wexd",
-				 name);
+				 "wexd's command line%s%s%s, which outranks the file and the "
+				 "environment: change it there and restart wexd",
+				 name, cfg->origin[i] ? " (" : "", cfg->origin[i] ? cfg->origin[i] : "",
+				 cfg->origin[i] ? ")" : "");
 		else if (fields[i].flags & F_RELOAD)
 			snprintf(err, errlen,
 				 "config set: field '%s': cannot change at run time; set it in the "
@@ -971,10 +973,11 @@ static void swap_field(struct wex_config *a, struct wex_config *b, int i)
 int wex__config_reload(struct wex_config *cfg, json_t **report, char *err, size_t errlen)
 {
 	json_t *changed = json_array(), *restart = json_array(), *kept = json_array(), *rep = NULL;
+	json_t *unapplied = json_array();
 	struct wex_config next;
 	int rc;
 
-	if (!changed || !restart || !kept) {
+	if (!changed || !restart || !kept || !unapplied) {
 		rc = -ENOMEM;
 		snprintf(err, errlen, "config reload: out of memory");
 		goto out_decref;
@@ -985,6 +988,20 @@ int wex__config_reload(struct wex_config *cfg, json_t **report, char *err, size_
 	rc = wex__config_load(&next, cfg->path, cfg->path_explicit || cfg->file_found, err, errlen);
 	if (rc < 0)
 		goto out_decref;
+	/* Restart-only, but a file wexd would refuse at its next start is
+	 * refused now, as start does: "needs a restart" would promise a
+	 * restart that fails (exit 2, not restarted by the unit). */
+	if (cfg->watchdog_required && !next.watchdog) {
+		snprintf(err, errlen, "%s%s%s: field 'watchdog': false, but systemd asks for watchdog "
+			 "pings (WatchdogSec= in the unit), so wexd would not start again with it: "
+			 "remove WatchdogSec= (systemctl edit wexd.service) or set watchdog to true",
+			 next.source[WEX_CF_WATCHDOG] == WEX_CONFIG_SRC_ENV ? "environment" : "config",
+			 next.origin[WEX_CF_WATCHDOG] ? " " : "",
+			 next.origin[WEX_CF_WATCHDOG] ? next.origin[WEX_CF_WATCHDOG] : "");
+		wex__config_free(&next);
+		rc = -EINVAL;
+		goto out_decref;
+	}
 	for (int i = 0; i < WEX_CF_COUNT; i++) {
 		const struct field *f = &fields[i];
 		json_t *a, *b;
@@ -1043,6 +1060,17 @@ int wex__config_reload(struct wex_config *cfg, json_t **report, char *err, size_
 		if (f->flags & F_RELOAD) {
 			json_array_append_new(changed, json_string(f->name));
 			wex_info("config", "reload: %s changed", f->name);
+		} else if (cfg->socket_passed && (i == WEX_CF_SOCKET || i == WEX_CF_SOCKET_MODE ||
+						  i == WEX_CF_SOCKET_GROUP)) {
+			/* "Needs a restart" would be false: the next wexd
+			 * gets systemd's socket too, as start warns. */
+			json_array_append_new(unapplied, json_string(f->name));
+			wex_warn("config", "reload: %s changed, but systemd passed wexd its socket "
+				 "(socket activation): it applies neither now nor after a restart; "
+				 "set %s in wexd.socket instead", f->name,
+				 i == WEX_CF_SOCKET ? "ListenSequentialPacket=" :
+				 i == WEX_CF_SOCKET_MODE ? "SocketMode=" : "SocketGroup=");
+			swap_field(cfg, &next, i);
 		} else {
 			json_array_append_new(restart, json_string(f->name));
 			wex_warn("config", "reload: %s changed but needs a restart; keeping the "
@@ -1051,8 +1079,8 @@ int wex__config_reload(struct wex_config *cfg, json_t **report, char *err, size_
 		}
 	}
 	if (report) {
-		rep = json_pack("{s:O,s:O,s:O}", "changed", changed, "restart_needed", restart,
-				"overridden", kept);
+		rep = json_pack("{s:O,s:O,s:O,s:O}", "changed", changed, "restart_needed", restart,
+				"overridden", kept, "not_applied", unapplied);
 		if (!rep) {
 			wex__config_free(&next);
 			rc = -ENOMEM;
@@ -1062,6 +1090,8 @@ int wex__config_reload(struct wex_config *cfg, json_t **report, char *err, size_
 		*report = rep;
 	}
 	next.path_explicit = cfg->path_explicit;
+	next.watchdog_required = cfg->watchdog_required;
+	next.socket_passed = cfg->socket_passed;
 	wex__config_free(cfg);
 	*cfg = next;
 	rc = 0;
@@ -1070,6 +1100,7 @@ out_decref:
 	json_decref(changed);
 	json_decref(restart);
 	json_decref(kept);
+	json_decref(unapplied);
 	return rc;
 }
 

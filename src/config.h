@@ -121,6 +121,13 @@ struct wex_config {
 	char *path;        /* the file (the default path when none was named) */
 	int path_explicit; /* path came from --config: missing is an error */
 	int file_found;    /* the file was there and loaded */
+	int watchdog_required; /* systemd asks for pings (WatchdogSec=): wexd
+				* refuses to start with watchdog false, so a
+				* reload refuses a file that sets it so (kept
+				* across reloads; wexd sets it at start) */
+	int socket_passed; /* systemd passed the socket (activation): socket,
+			    * socket_mode and socket_group apply neither at a
+			    * reload nor at a restart (kept across reloads) */
 	uint8_t source[WEX_CF_COUNT];      /* enum wex_config_source */
 	char *origin[WEX_CF_COUNT];        /* file path or env var name, or NULL */
 	char *shadowed[WEX_CF_COUNT];      /* the file's value (JSON) where the
@@ -168,7 +175,10 @@ int wex__config_set_flag(struct wex_config *cfg, const char *name, const char *v
  * must still be there (a missing default file is refused too: its access
  * lists would silently go).  If report is not NULL it gets a
  * new object {"changed":[names], "restart_needed":[names],
- * "overridden":[names]} (caller decrefs); "overridden" names the fields the
+ * "overridden":[names], "not_applied":[names]} (caller decrefs);
+ * "not_applied" names the socket fields changed under socket activation
+ * (socket_passed), which a restart would not apply either (wexd.socket
+ * decides); "overridden" names the fields the
  * file or environment sets to other than a flag's or "config set"'s value,
  * which is kept (and logged as a warning).  Changes are also logged.  Returns 0, or a negative errno with
  * err filled and *cfg untouched.

@@ -593,6 +593,11 @@ static int config_reload(int as_json)
 			printf("; kept over the file (the environment, a flag or config set outranks it): ");
 			print_names(j, "overridden");
 		}
+		if (json_array_size(json_object_get(j, "not_applied"))) {
+			printf("; not applied, now or after a restart (systemd passes the socket: "
+			       "set them in wexd.socket): ");
+			print_names(j, "not_applied");
+		}
 		printf("\n");
 	}
 	json_decref(j);

@@ -922,7 +922,7 @@ static void recheck_access(struct wexd *d)
 }
 
 /* Re-reads the configuration (SIGHUP, wexctl config reload).  0 with
- * *report (if asked for) {"changed":[..], "restart_needed":[..]}, or a
+ * *report (if asked for) {"changed":[..], "restart_needed":[..], ...}, or a
  * negative errno with err saying why and the running one kept. */
 static int wexd_reload(struct wexd *d, json_t **report_out, char *err, size_t errlen)
 {
@@ -1369,6 +1369,7 @@ int main(int argc, char **argv)
 		wex__config_free(&d.cfg);
 		return 2;
 	}
+	d.cfg.watchdog_required = d.watchdog_usec != 0;
 	/* Before wexd opens an fd of its own (its event loop, the reserve
 	 * fd): a LISTEN_FDS counting more fds than were passed would take
 	 * those for passed ones, and close them as not listening. */
@@ -1409,6 +1410,7 @@ int main(int argc, char **argv)
 
 	if (d.listen_fd >= 0) {
 		wex_info("wexd", "using the socket passed by systemd (fd %d)", d.listen_fd);
+		d.cfg.socket_passed = 1;
 		/* systemd passes it blocking (no NonBlocking= in wexd.socket):
 		 * the epoll backend accepts until EAGAIN, and an accept that
 		 * waits would stop the loop for good. */

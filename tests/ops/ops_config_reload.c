@@ -5,7 +5,10 @@
  * reporting the fields that changed and those that need a restart (which
  * keep their running value), and values set at run time keep outranking the
  * file; a file gone at a reload is refused whether it was named or the
- * default one that was loaded before.
+ * default one that was loaded before; a file setting watchdog false is
+ * refused where systemd asks for pings (wexd would not start again); under
+ * socket activation a changed socket field is "not_applied", not
+ * "restart_needed" (a restart gets systemd's socket too).
  */
 #include <errno.h>
 
@@ -137,6 +140,44 @@ int main(void)
 	CHECK(json_array_size(json_object_get(rep, "changed")) == 0);
 	json_decref(rep);
 	CHECK(cfg.source[WEX_CF_LOG_LEVEL] == WEX_CONFIG_SRC_FLAG);
+	wex__config_free(&cfg);
+
+	/* Under a unit with WatchdogSec=, wexd refuses to start with watchdog
+	 * false: a reload of such a file is refused too, naming the field,
+	 * rather than answered "needs a restart" (a restart that fails). */
+	rewrite(path, "{\"watchdog\": true, \"sync_timeout_ms\": 100}");
+	CHECK(wex__config_load(&cfg, path, 1, err, sizeof(err)) == 0);
+	cfg.watchdog_required = 1;
+	rewrite(path, "{\"watchdog\": false, \"sync_timeout_ms\": 200}");
+	rep = NULL;
+	CHECK(wex__config_reload(&cfg, &rep, err, sizeof(err)) == -EINVAL);
+	CHECK(rep == NULL);
+	CHECK_CONTAINS(err, "field 'watchdog'");
+	CHECK_CONTAINS(err, path);
+	CHECK_CONTAINS(err, "WatchdogSec=");
+	printf("watchdog false under WatchdogSec= refused: %s\n", err);
+	CHECK(cfg.watchdog == 1 && cfg.sync_timeout_ms == 100);
+	/* Kept across a reload that is taken. */
+	rewrite(path, "{\"watchdog\": true, \"sync_timeout_ms\": 300}");
+	CHECK(wex__config_reload(&cfg, NULL, err, sizeof(err)) == 0);
+	CHECK(cfg.watchdog_required && cfg.sync_timeout_ms == 300);
+	rewrite(path, "{\"watchdog\": false}");
+	CHECK(wex__config_reload(&cfg, NULL, err, sizeof(err)) == -EINVAL);
+	wex__config_free(&cfg);
+
+	/* Under socket activation the socket fields apply at no restart
+	 * either: "not_applied", not "restart_needed"; others as ever. */
+	rewrite(path, "{\"socket_mode\": \"0660\"}");
+	CHECK(wex__config_load(&cfg, path, 1, err, sizeof(err)) == 0);
+	cfg.socket_passed = 1;
+	rewrite(path, "{\"socket_mode\": \"0600\", \"io_backend\": \"epoll\"}");
+	CHECK(wex__config_reload(&cfg, &rep, err, sizeof(err)) == 0);
+	CHECK(has(json_object_get(rep, "not_applied"), "socket_mode"));
+	CHECK(json_array_size(json_object_get(rep, "not_applied")) == 1);
+	CHECK(!has(json_object_get(rep, "restart_needed"), "socket_mode"));
+	CHECK(has(json_object_get(rep, "restart_needed"), "io_backend"));
+	CHECK(cfg.socket_mode == 0660 && cfg.socket_passed);
+	json_decref(rep);
 	wex__config_free(&cfg);
 	unlink(path);
 	free(path);

@@ -5,7 +5,9 @@
  * comes from the file only (models) is refused with -EPERM and a message
  * naming it and the way to change it that works (the file and a reload,
  * which never re-reads the environment; or a restart; the environment
- * and a restart for one the environment sets, which outranks the file), an unknown field with -ENOENT, a bad value with -EINVAL, and a
+ * and a restart for one the environment or a flag sets, which outranks the
+ * file, whether or not a reload could change it), an unknown field with
+ * -ENOENT, a bad value with -EINVAL, and a
  * refused set changes nothing; a modifiable field changes and is recorded
  * as set at run time.
  */
@@ -82,6 +84,24 @@ int main(void)
 	CHECK(!strstr(err, "set it in the file and reload"));
 	wex__config_free(&cfg);
 	unsetenv("WEX_MAX_CLIENTS");
+
+	/* A restart-only field the environment or a flag sets: the file and
+	 * a restart would not change it (they outrank the file), so the
+	 * message names what does; it said "set it in the file or the
+	 * environment and restart wexd". */
+	CHECK(setenv("WEX_IO", "epoll", 1) == 0);
+	CHECK(wex__config_load(&cfg, "/nonexistent/wexd.json", 0, err, sizeof(err)) == 0);
+	CHECK(wex__config_set(&cfg, "io_backend", "io_uring", err, sizeof(err)) == -EPERM);
+	CHECK_CONTAINS(err, "set by WEX_IO in wexd's environment");
+	CHECK(!strstr(err, "set it in the file"));
+	printf("refused as expected: %s\n", err);
+	CHECK(wex__config_set_flag(&cfg, "socket", "/tmp/flag.sock", "--socket", err, sizeof(err)) == 0);
+	CHECK(wex__config_set(&cfg, "socket", "/tmp/other.sock", err, sizeof(err)) == -EPERM);
+	CHECK_CONTAINS(err, "set on wexd's command line (--socket)");
+	CHECK(!strstr(err, "set it in the file"));
+	printf("refused as expected: %s\n", err);
+	wex__config_free(&cfg);
+	unsetenv("WEX_IO");
 	printf("PASS\n");
 	return T_EXIT_PASS;
 }

@@ -9,7 +9,7 @@
 #    reported with the file as its source; an invalid file is refused and
 #    the running configuration kept (and logged);
 #  - watchdog false while WATCHDOG_USEC asks for pings is refused at start
-#    with a message naming both.
+#    with a message naming both, and at a reload (wexd would not start again).
 WEXD=$1 WEXCTL=$2 PRODUCER=$3
 . "$(dirname "$0")/lib.sh"
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -122,6 +122,14 @@ if "$WEXCTL" config reload now 2>"$TMP/reload.err"; then fail "config reload wit
 grep -qx 'wex_config_reloads_total{result="ok"} 3' "$TMP/metrics" &&
 	grep -qx 'wex_config_reloads_total{result="refused"} 2' "$TMP/metrics" ||
 	fail "reloads not counted: $(grep reloads "$TMP/metrics")"
+# watchdog false while systemd asks for pings: wexd would refuse to start
+# with it, so the reload refuses it now (it answered "needing a restart of
+# wexd: watchdog", and that restart then failed with exit 2).
+echo '{ "log_level": "info", "begin_write_timeout_ms": 5000, "watchdog": false }' >"$TMP/wexd.json"
+if "$WEXCTL" config reload >"$TMP/reload.out" 2>"$TMP/reload.err"; then
+	fail "config reload of watchdog false under WatchdogSec= exited 0: $(cat "$TMP/reload.out")"; fi
+grep -q "^wexctl: reload refused, keeping the running configuration: config $TMP/wexd.json: field 'watchdog': false, but systemd asks for watchdog pings" "$TMP/reload.err" ||
+	fail "watchdog false refused without naming it: $(cat "$TMP/reload.err")"
 kill -TERM "$WEXD_PID"; wait "$WEXD_PID"; rc=$?; WEXD_PID=""
 [ $rc = 0 ] || fail "wexd exit code $rc"
 wait_for "STOPPING=1"

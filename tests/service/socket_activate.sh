@@ -8,13 +8,15 @@
 # settings cannot apply to systemd's socket: status and the log name the
 # path it really listens on (not its configured socket), and a configured
 # socket or socket_mode that differs from the passed socket is logged as
-# not applied.
+# not applied, and a reload changing socket_group says it does not apply
+# (not that it needs a restart).
 WEXD=$1 WEXCTL=$2 PRODUCER=$3
 . "$(dirname "$0")/lib.sh"
 command -v systemd-socket-activate >/dev/null || skip "systemd-socket-activate missing (package systemd)"
 export WEX_SOCKET="$TMP/act.sock"
+echo '{}' >"$TMP/wexd.json"
 systemd-socket-activate --seqpacket -l "$WEX_SOCKET" -E WEX_SOCKET="$TMP/configured.sock" \
-	-E WEX_SOCKET_MODE=0600 -E WEX_IO="${WEX_IO:-auto}" "$WEXD" 2>"$TMP/wexd.log" &
+	-E WEX_SOCKET_MODE=0600 -E WEX_IO="${WEX_IO:-auto}" "$WEXD" --config "$TMP/wexd.json" 2>"$TMP/wexd.log" &
 ACT=$!
 # A wexd stuck in a system call never reads its SIGTERM: KILL after 5 s.
 cleanup_extra() {
@@ -43,6 +45,16 @@ mode=$(stat -c %a "$WEX_SOCKET")
 [ -e "$TMP/configured.sock" ] && fail "wexd bound its configured socket under activation"
 timeout 60 "$PRODUCER" --preset tiny --versions 2 >"$TMP/p.log" 2>&1 || fail "producer: $(cat "$TMP/p.log")"
 grep -q "published v2" "$TMP/p.log" || fail "producer did not publish"
+# A reload that changes socket_group under activation: systemd's socket
+# stays, also at the next start, so wexd says it does not apply (and
+# where to set it) rather than "needing a restart of wexd", which a
+# restart would not honour either.
+echo "{ \"socket_group\": \"$(id -g)\" }" >"$TMP/wexd.json"
+out=$(timeout 20 "$WEXCTL" config reload) || fail "config reload: $out"
+case $out in *"needing a restart of wexd: none; not applied, now or after a restart (systemd passes the socket: set them in wexd.socket): socket_group") ;;
+	*) fail "config reload under socket activation: $out" ;; esac
+grep -q "reload: socket_group changed, but systemd passed wexd its socket (socket activation): it applies neither now nor after a restart; set SocketGroup= in wexd.socket instead" \
+	"$TMP/wexd.log" || fail "no warning that socket_group does not apply: $(grep reload "$TMP/wexd.log")"
 # LISTEN_FDS that cannot be read: wexd stops (exit 2, a bad configuration
 # the unit does not restart; it was 1, restarted to the start limit), and the log says
 # what was wrong, not that systemd passed sockets of the wrong kind.
