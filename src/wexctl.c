@@ -654,14 +654,17 @@ static int cmd_config(int argc, char **argv, int as_json)
 		size_t i;
 		json_t *f;
 
-		printf("%-26s %-24s %-8s %-10s %s\n", "NAME", "VALUE", "SOURCE", "MODIFIABLE", "DOC");
+		/* RUNTIME as README's table: yes (config set), reload (a
+		 * reload applies it), no (a restart). */
+		printf("%-26s %-24s %-8s %-10s %s\n", "NAME", "VALUE", "SOURCE", "RUNTIME", "DOC");
 		json_array_foreach(json_object_get(j, "fields"), i, f) {
 			char *v = json_dumps(json_object_get(f, "value"), JSON_ENCODE_ANY | JSON_COMPACT);
 
 			printf("%-26s %-24s %-8s %-10s %s\n",
 			       json_string_value(json_object_get(f, "name")), v ? v : "",
 			       json_string_value(json_object_get(f, "source")) ?: "",
-			       json_is_true(json_object_get(f, "modifiable")) ? "yes" : "no",
+			       json_is_true(json_object_get(f, "modifiable")) ? "yes"
+			       : json_is_true(json_object_get(f, "reload")) ? "reload" : "no",
 			       json_string_value(json_object_get(f, "doc")) ?: "");
 			free(v);
 		}

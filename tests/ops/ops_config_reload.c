@@ -164,6 +164,20 @@ int main(void)
 	rewrite(path, "{\"watchdog\": false}");
 	CHECK(wex__config_reload(&cfg, NULL, err, sizeof(err)) == -EINVAL);
 	wex__config_free(&cfg);
+	/* WEX_WATCHDOG=true outranks the file, now and at a restart: a
+	 * file setting it false is taken (overridden), not refused. */
+	setenv("WEX_WATCHDOG", "true", 1);
+	rewrite(path, "{\"watchdog\": true}");
+	CHECK(wex__config_load(&cfg, path, 1, err, sizeof(err)) == 0);
+	cfg.watchdog_required = 1;
+	rewrite(path, "{\"watchdog\": false, \"sync_timeout_ms\": 400}");
+	CHECK(wex__config_reload(&cfg, &rep, err, sizeof(err)) == 0);
+	CHECK(has(json_object_get(rep, "overridden"), "watchdog"));
+	CHECK(cfg.watchdog == 1 && cfg.source[WEX_CF_WATCHDOG] == WEX_CONFIG_SRC_ENV);
+	CHECK(cfg.sync_timeout_ms == 400);
+	json_decref(rep);
+	wex__config_free(&cfg);
+	unsetenv("WEX_WATCHDOG");
 
 	/* Under socket activation the socket fields apply at no restart
 	 * either: "not_applied", not "restart_needed"; others as ever. */

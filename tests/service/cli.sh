@@ -151,6 +151,15 @@ else
 fi
 "$WEXCTL" config set begin_write_timeout_ms 1234 >/dev/null || fail "config set modifiable field"
 "$WEXCTL" config get begin_write_timeout_ms --json | grep -q 1234 || fail "config get after set"
+# The table says how each field changes, as README's does: config set
+# (yes), a reload (reload), a restart (no); it said "no" for a reload's.
+"$WEXCTL" config get max_clients >"$TMP/get.txt" || fail "config get max_clients"
+grep -q "^NAME .* RUNTIME " "$TMP/get.txt" || fail "config get header: $(cat "$TMP/get.txt")"
+grep -Eq "^max_clients +[0-9]+ +[a-z]+ +reload " "$TMP/get.txt" ||
+	fail "config get max_clients not shown reloadable: $(cat "$TMP/get.txt")"
+"$WEXCTL" config get begin_write_timeout_ms | grep -Eq "^begin_write_timeout_ms +1234 +[a-z]+ +yes " ||
+	fail "config get: modifiable field not shown yes"
+"$WEXCTL" config get socket | grep -Eq "^socket +.* no " || fail "config get: restart-only field not shown no"
 if "$WEXCTL" config set socket /tmp/x 2>"$TMP/err"; then fail "socket changed at run time"; fi
 grep -q "socket" "$TMP/err" || fail "refusal does not name the field"
 # An unknown field: wexd's words, not the code's ("No such file or directory").
