@@ -877,6 +877,15 @@ err_free:
 	return rc;
 }
 
+/* The wexd.socket setting that decides field i where systemd passes the
+ * socket (socket activation), or NULL for a field that is no socket's. */
+static const char *socket_unit_key(int i)
+{
+	return i == WEX_CF_SOCKET ? "ListenSequentialPacket=" :
+	       i == WEX_CF_SOCKET_MODE ? "SocketMode=" :
+	       i == WEX_CF_SOCKET_GROUP ? "SocketGroup=" : NULL;
+}
+
 int wex__config_set(struct wex_config *cfg, const char *name, const char *value, char *err,
 		    size_t errlen)
 {
@@ -895,8 +904,17 @@ int wex__config_set(struct wex_config *cfg, const char *name, const char *value,
 		/* The environment is read once, at start: a reload (SIGHUP)
 		 * re-reads only the file. */
 		/* The environment and a flag outrank the file, at a reload
-		 * and at a restart alike: "set it in the file" would not do. */
-		if (cfg->source[i] == WEX_CONFIG_SRC_ENV)
+		 * and at a restart alike: "set it in the file" would not do;
+		 * nor would anything of wexd's where systemd passes the
+		 * socket. */
+		if (cfg->socket_passed && socket_unit_key(i))
+			snprintf(err, errlen,
+				 "config set: field '%s': cannot change at run time; systemd passes "
+				 "wexd its socket (socket activation), so wexd's own settings do not "
+				 "apply to it, now or after a restart: set %s in wexd.socket "
+				 "(systemctl edit wexd.socket) and restart the socket and wexd",
+				 name, socket_unit_key(i));
+		else if (cfg->source[i] == WEX_CONFIG_SRC_ENV)
 			snprintf(err, errlen,
 				 "config set: field '%s': cannot change at run time; it is set by "
 				 "%s in wexd's environment, which outranks the file: change it "
@@ -1060,16 +1078,13 @@ int wex__config_reload(struct wex_config *cfg, json_t **report, char *err, size_
 		if (f->flags & F_RELOAD) {
 			json_array_append_new(changed, json_string(f->name));
 			wex_info("config", "reload: %s changed", f->name);
-		} else if (cfg->socket_passed && (i == WEX_CF_SOCKET || i == WEX_CF_SOCKET_MODE ||
-						  i == WEX_CF_SOCKET_GROUP)) {
+		} else if (cfg->socket_passed && socket_unit_key(i)) {
 			/* "Needs a restart" would be false: the next wexd
 			 * gets systemd's socket too, as start warns. */
 			json_array_append_new(unapplied, json_string(f->name));
 			wex_warn("config", "reload: %s changed, but systemd passed wexd its socket "
 				 "(socket activation): it applies neither now nor after a restart; "
-				 "set %s in wexd.socket instead", f->name,
-				 i == WEX_CF_SOCKET ? "ListenSequentialPacket=" :
-				 i == WEX_CF_SOCKET_MODE ? "SocketMode=" : "SocketGroup=");
+				 "set %s in wexd.socket instead", f->name, socket_unit_key(i));
 			swap_field(cfg, &next, i);
 		} else {
 			json_array_append_new(restart, json_string(f->name));

@@ -102,6 +102,18 @@ int main(void)
 	printf("refused as expected: %s\n", err);
 	wex__config_free(&cfg);
 	unsetenv("WEX_IO");
+	/* Where systemd passes the socket, no setting of wexd's applies to
+	 * it: the message names wexd.socket's (it said to set it in the file
+	 * or the environment and restart wexd). */
+	CHECK(wex__config_load(&cfg, "/nonexistent/wexd.json", 0, err, sizeof(err)) == 0);
+	cfg.socket_passed = 1;
+	CHECK(wex__config_set(&cfg, "socket_group", "wex", err, sizeof(err)) == -EPERM);
+	CHECK_CONTAINS(err, "set SocketGroup= in wexd.socket");
+	CHECK(!strstr(err, "set it in the file"));
+	printf("refused as expected: %s\n", err);
+	CHECK(wex__config_set(&cfg, "io_backend", "epoll", err, sizeof(err)) == -EPERM);
+	CHECK_CONTAINS(err, "set it in the file");
+	wex__config_free(&cfg);
 	printf("PASS\n");
 	return T_EXIT_PASS;
 }
