@@ -2188,6 +2188,15 @@ class EngineHooks(WexdProducerCase):
         # With shared experts (DeepSeek) a2a=1 stays: they are whole there.
         self.assertEqual(wex.sglang.default_spec(par, shared=True), "sglang:tp=2,ep=2,a2a=1")
 
+    def sglang_refused(self, load, m, req, group):
+        """Rank 0's model m, loading req (of `group`), is refused before it
+        attaches, logged: the error its status reports."""
+        self.addCleanup(load, 0, wex.sglang.request(MODEL, group=group, detach=True))
+        with self.assertLogs("wex.sglang", "ERROR"):
+            load(0, req)
+        self.assertNotIn(id(m), wex.sglang._ranks)
+        return wex.sglang.status(m)["error"]
+
     def test_sglang_rl_on_policy_dtype(self):
         """SGLang's --rl-on-policy-target keeps the embeddings and norms in
         fp32 whatever the checkpoint holds (params_dtype, RMSNorm's
@@ -2201,12 +2210,7 @@ class EngineHooks(WexdProducerCase):
         req = wex.sglang.request(MODEL, group="sg-on-policy", sync_timeout_ms=50)
         for target, hint in (("fsdp", True), (None, False)):
             set_server_args(self.tmp.name, rl_on_policy_target=target)
-            self.addCleanup(load, 0, wex.sglang.request(MODEL, group="sg-on-policy",
-                                                        detach=True))
-            with self.assertLogs("wex.sglang", "ERROR"):
-                load(0, req)
-            self.assertNotIn(id(m), wex.sglang._ranks)
-            err = wex.sglang.status(m)["error"]
+            err = self.sglang_refused(load, m, req, "sg-on-policy")
             self.assertIn("model.embed_tokens.weight: dtype F32, the layout ", err)
             self.assertEqual("--rl-on-policy-target" in err, hint, err)
 
@@ -2227,12 +2231,7 @@ class EngineHooks(WexdProducerCase):
                             (dict(true_on_policy_contract=contract, rl_on_policy_target="fsdp"),
                              ["--rl-on-policy-target", "--true-on-policy-contract"])):
             set_server_args(self.tmp.name, **args)
-            self.addCleanup(load, 0, wex.sglang.request(MODEL, group="sg-contract",
-                                                        detach=True))
-            with self.assertLogs("wex.sglang", "ERROR"):
-                load(0, req)
-            self.assertNotIn(id(m), wex.sglang._ranks)
-            err = wex.sglang.status(m)["error"]
+            err = self.sglang_refused(load, m, req, "sg-contract")
             self.assertIn("model.norm.weight: dtype F32, the layout ", err)
             self.assertIn("SGLang runs with %s," % " and ".join(names), err)
             self.assertIn("start SGLang without %s" % ("them" if len(names) > 1 else "it"), err)

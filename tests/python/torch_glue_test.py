@@ -745,6 +745,20 @@ class TorchGlue(WexdProducerCase):
         gc.collect()
         self.assertIsNone(kref(), "the client of reserved tensors was never collected")
 
+    def arange_consumer(self, model):
+        """A consumer of `model`, whose one producer rank published v1: a
+        tensor "w" of 64 F32, 0 to 63 (both closed at cleanup)."""
+        p = wex.Client(wex.ROLE_PRODUCER, model, rank=0, world_size=1)
+        self.addCleanup(p.close)
+        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 16)
+        p.register_tensors([wex.tensor("w", "F32", (64,), segment=seg)])
+        p.begin_write(1)
+        torch_util.from_ptr(base, (64,), torch.float32, "cpu").copy_(torch.arange(64.0))
+        p.publish(1)
+        c = wex.Client(wex.ROLE_CONSUMER, model, group="g", timeout_ms=5000)
+        self.addCleanup(c.close)
+        return c
+
     def test_attach_threads(self):
         """attach_module from two threads on one client: the tensors kept
         are those of the table attached last (before, a thread could keep
@@ -752,15 +766,7 @@ class TorchGlue(WexdProducerCase):
         then wrote into memory nothing kept, and the kept tensors were
         never written).  Each attach pauses once attached, the widest
         window there is; the sync then fills the tensors kept."""
-        p = wex.Client(wex.ROLE_PRODUCER, "torch-glue-threads", rank=0, world_size=1)
-        self.addCleanup(p.close)
-        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 16)
-        p.register_tensors([wex.tensor("w", "F32", (64,), segment=seg)])
-        p.begin_write(1)
-        torch_util.from_ptr(base, (64,), torch.float32, "cpu").copy_(torch.arange(64.0))
-        p.publish(1)
-        c = wex.Client(wex.ROLE_CONSUMER, "torch-glue-threads", group="g", timeout_ms=5000)
-        self.addCleanup(c.close)
+        c = self.arange_consumer("torch-glue-threads")
         real = c.attach
         tables = []
         first_in = threading.Event()
@@ -803,15 +809,7 @@ class TorchGlue(WexdProducerCase):
         kept (its table stays attached)."""
         import gc
 
-        p = wex.Client(wex.ROLE_PRODUCER, "torch-glue-intr", rank=0, world_size=1)
-        self.addCleanup(p.close)
-        seg, base = p.segment_alloc(wex.SEG_HOST, 1 << 16)
-        p.register_tensors([wex.tensor("w", "F32", (64,), segment=seg)])
-        p.begin_write(1)
-        torch_util.from_ptr(base, (64,), torch.float32, "cpu").copy_(torch.arange(64.0))
-        p.publish(1)
-        c = wex.Client(wex.ROLE_CONSUMER, "torch-glue-intr", group="g", timeout_ms=5000)
-        self.addCleanup(c.close)
+        c = self.arange_consumer("torch-glue-intr")
         torch_util.attach_module(c, [("w", torch.zeros(64))])
         first = [t.data_ptr() for _, t in c._attached]
         real = c.attach
