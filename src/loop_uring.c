@@ -32,14 +32,17 @@ struct ur {
 	unsigned transient_every, waits;
 	/* Requests the ring had no room for (get_sqe failed), retried at
 	 * each turn (struct wex_loop_retry): a circular list; how many times,
-	 * when last logged.  WEX_URING_SQE_FAIL=N (tests) makes every Nth
-	 * get_sqe find no room, as a full submission queue whose submitting
-	 * failed; WEX_URING_SQE_FAIL=recv, every receive but a connection's
-	 * first. */
+	 * when last logged.  WEX_URING_SQE_FAIL=N (tests) makes one get_sqe
+	 * in N, drawn by a fixed pseudo-random sequence, find no room, as a
+	 * full submission queue whose submitting failed (every Nth instead
+	 * could fail the same retry at every turn, where a turn makes a
+	 * multiple of N calls: a lockstep no full queue has);
+	 * WEX_URING_SQE_FAIL=recv, every receive but a connection's first. */
 	struct wex_loop_retry retry;
 	unsigned long long no_room;
 	uint64_t no_room_logged_ns;
-	unsigned sqe_fail_every, sqe_calls;
+	unsigned sqe_fail_every;
+	uint32_t sqe_rand; /* xorshift32 state */
 	int sqe_fail_recv;
 	/* Completions the kernel dropped (EBADR), when last logged;
 	 * WEX_URING_DROPPED=N (tests) loses a watch's completion at every Nth
@@ -125,7 +128,7 @@ static int ur_init(struct wex_loop *l, char *why, size_t len)
 	if (hook && !strcmp(hook, "recv"))
 		u->sqe_fail_recv = 1;
 	else if (hook)
-		u->sqe_fail_every = (unsigned)strtoul(hook, NULL, 10);
+		u->sqe_fail_every = (unsigned)strtoul(hook, NULL, 10), u->sqe_rand = 2463534242u;
 	hook = getenv("WEX_URING_DROPPED");
 	if (hook)
 		u->dropped_every = (unsigned)strtoul(hook, NULL, 10);
@@ -153,8 +156,13 @@ static struct io_uring_sqe *get_sqe(struct ur *u)
 {
 	struct io_uring_sqe *sqe;
 
-	if (u->sqe_fail_every && ++u->sqe_calls % u->sqe_fail_every == 0)
-		return NULL; /* acted (tests) */
+	if (u->sqe_fail_every) {
+		u->sqe_rand ^= u->sqe_rand << 13;
+		u->sqe_rand ^= u->sqe_rand >> 17;
+		u->sqe_rand ^= u->sqe_rand << 5;
+		if (u->sqe_rand % u->sqe_fail_every == 0)
+			return NULL; /* acted (tests) */
+	}
 	sqe = io_uring_get_sqe(&u->ring);
 	if (!sqe) {
 		io_uring_submit(&u->ring);

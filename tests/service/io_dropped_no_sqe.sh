@@ -5,7 +5,7 @@
 # completion was among those lost) is retried rather than skipped: skipped,
 # a listener whose completion was lost was never armed again and wexd
 # accepted no client for good (each one waited in the backlog).  Acted with
-# WEX_URING_SQE_FAIL=2 (every second request wexd queues finds no room)
+# WEX_URING_SQE_FAIL=2 (one request in two wexd queues finds no room)
 # and WEX_URING_DROPPED=2 (a watch's completion lost every second wait),
 # while rounds of clients ask for status.
 WEXD=$1 WEXCTL=$2

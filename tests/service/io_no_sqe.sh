@@ -6,7 +6,7 @@
 # is left without its receive (its next request never answered), no client
 # refused, while a producer and a consumer sync through wexd and pings are
 # answered.  Counted in wex_event_loop_retries_total{error="no_sqe"} and
-# logged once.  Acted with WEX_URING_SQE_FAIL=4 (every fourth request wexd
+# logged once.  Acted with WEX_URING_SQE_FAIL=4 (one request in four wexd
 # queues finds no room).
 WEXD=$1 WEXCTL=$2 PRODUCER=$3 CONSUMER=$4
 . "$(dirname "$0")/lib.sh"

@@ -1,8 +1,8 @@
 #!/bin/sh
 # io_retry_stress.sh WEXD WEXCTL - io_uring requests the ring had no room
 # for, queued to retry, while their connections close: many clients that
-# connect, ask and hang up (or are killed mid-request) with every second
-# request wexd queues finding no room (WEX_URING_SQE_FAIL=2), so that
+# connect, ask and hang up (or are killed mid-request) with one in two
+# requests wexd queues finding no room (WEX_URING_SQE_FAIL=2), so that
 # receives, pidfd polls and their cancels wait on the retry queue while
 # their connection goes; then SIGTERM with clients still connected.  wexd
 # must serve every status, not crash (a retry left queued after its
