@@ -412,10 +412,12 @@ static const char *dtype_shape(const struct wex_tensor *t, char *buf, size_t len
  * of a sort, at each consumer piece and after each POPULATE_STEP of ops
  * faulted in while a plan is built (and from wex__plan_tick, as its memfd
  * is made): wexd pings its watchdog there.  A plan of millions of cells
- * takes seconds in wexd's loop; one past WatchdogSec had systemd kill
- * wexd, and the consumer asked the restarted wexd for the same plan. */
-static void (*tick_fn)(void *arg);
-static void *tick_arg;
+ * takes seconds; one past WatchdogSec in wexd's loop had systemd kill
+ * wexd, and the consumer asked the restarted wexd for the same plan.  The
+ * hook is the calling thread's: wexd's loop sets it (the producer tables'
+ * memfd), its planner thread has none. */
+static _Thread_local void (*tick_fn)(void *arg);
+static _Thread_local void *tick_arg;
 
 void wex__plan_tick_set(void (*fn)(void *arg), void *arg)
 {
@@ -437,9 +439,8 @@ void wex__plan_tick(void)
 
 /* From the comparators of the sorts of millions of entries (a producer
  * table, the cells with several holders, the split cells): one took 1 to
- * 2 s without a tick.  Counted only where a hook is set (wexd, one
- * thread): wexctl plans in threads with none. */
-static size_t tick_cmps;
+ * 2 s without a tick.  Counted only where the thread set a hook. */
+static _Thread_local size_t tick_cmps;
 
 static inline void cmp_tick(void)
 {

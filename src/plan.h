@@ -89,10 +89,10 @@ int wex__plan_build(const struct wex_plan_src *srcs, size_t nsrc, const struct w
 
 void wex__plan_free(struct wex_plan *p);
 
-/* fn(arg) is called now and then while any plan is built (every 16K cells
- * or ops, every 64K comparisons of a sort, at each consumer piece), on the
- * planning thread: wexd pings its watchdog from it.  NULL: none (the
- * default). */
+/* fn(arg) is called now and then while the calling thread builds or packs
+ * a plan or tables (every 16K cells or ops, every 64K comparisons of a
+ * sort, at each consumer piece): wexd's loop pings its watchdog from it.
+ * Set per thread; NULL: none (the default). */
 void wex__plan_tick_set(void (*fn)(void *arg), void *arg);
 /* Calls the hook now, if one is set: for long steps around a plan (its
  * sealed memfd, the producer tables' one). */

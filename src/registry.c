@@ -18,7 +18,9 @@
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -107,6 +109,38 @@ static void plans_gc(struct model *m)
 	}
 }
 
+/*
+ * Plans are built off the loop.  A plan of millions of cells takes seconds
+ * (2.4 s for a vLLM tp=8 rank of DeepSeek-V3 from FSDP2 over 64 ranks,
+ * 18.8 s over 256 on the dev VM): built in wexd's loop, it held every other
+ * client off meanwhile (their syncs, a producer's publish, status).  One
+ * thread builds one plan at a time, then packs it into its memfd; the fetch
+ * that asked waits (WAIT_PLAN), as do fetches of the same plan and of
+ * others, which ask again once it is done.  One at a time bounds the memory
+ * plans take while built as before (the planner's cell bound).  The thread
+ * reads the consumer layout from its own copy and the producer tables in
+ * place: a table freed meanwhile (its rank left or registered others) is
+ * kept until the job ends (table_free), and a model that goes leaves the
+ * job (m NULL) to be thrown away.
+ */
+struct plan_job {
+	struct plan_entry *p; /* its key set (plan_fits); plan, fd, build_ms by the thread */
+	struct model *m;      /* NULL once the model went */
+	struct wex_plan_src *srcs;
+	uint32_t nsrc;
+	uint8_t *near;
+	struct wex_tensor **keep; /* producer tables freed while it runs (nsrc slots) */
+	uint32_t nkeep;
+	int efd;
+	int ret;
+	char err[EMSG_LEN];
+	char group[WEX_NAME_MAX]; /* of the consumer that asked first (its log line) */
+	uint64_t start_ns;
+	pthread_t thread;
+};
+
+static void table_free(struct wexd *d, struct wex_tensor *t);
+
 static void prank_clear(struct wexd *d, struct prank *r)
 {
 	for (uint32_t i = 0; i < r->nsegs; i++) {
@@ -115,7 +149,7 @@ static void prank_clear(struct wexd *d, struct prank *r)
 		free(r->segs[i].parts);
 	}
 	free(r->segs);
-	free(r->t);
+	table_free(d, r->t);
 	d->table_bytes -= r->nt * sizeof(*r->t);
 	r->segs = NULL;
 	r->nsegs = 0;
@@ -155,6 +189,8 @@ static void model_free(struct wexd *d, struct model *m)
 		group_free(m, m->groups);
 	wexd_verify_forget(d, m);
 	plans_free(m);
+	if (d->plan_job && d->plan_job->m == m)
+		d->plan_job->m = NULL; /* its plan is thrown away */
 	if (m->tables_fd >= 0)
 		close(m->tables_fd);
 	wex_info("registry", "model '%s' removed (no clients left)", m->name);
@@ -922,7 +958,7 @@ json_t *wexd_register_tensors(struct wexd *d, struct conn *c, json_t *req, int *
 		r->published = 0;
 		memory_gone(d, c->model);
 	}
-	free(r->t);
+	table_free(d, r->t);
 	d->table_bytes += n * sizeof(*t) - r->nt * sizeof(*r->t);
 	r->t = t;
 	r->nt = n;
@@ -2218,99 +2254,238 @@ static int tables_fd(struct model *m)
 	return fd;
 }
 
-static struct plan_entry *plan_get(struct model *m, struct conn *c, char *err, size_t errlen,
-				   int *ret)
+static void table_free(struct wexd *d, struct wex_tensor *t)
 {
-	struct wex_plan_src *srcs;
-	struct plan_entry *p;
-	uint32_t nnear = 0;
-	size_t nsegs = 0;
-	uint8_t *near;
-	uint64_t t0;
+	struct plan_job *j = d->plan_job;
 
-	for (p = m->plans; p; p = p->next)
+	/* Each table the job reads is kept once at most: kept, its address
+	 * is not handed out again while the job runs. */
+	for (uint32_t i = 0; t && j && i < j->nsrc; i++)
+		if (j->srcs[i].t == t) {
+			j->keep[j->nkeep++] = t;
+			return;
+		}
+	free(t);
+}
+
+static struct plan_entry *plan_cached(struct model *m, struct conn *c)
+{
+	for (struct plan_entry *p = m->plans; p; p = p->next)
 		if (plan_fits(p, m, c)) {
 			p->uses++;
 			return p;
 		}
-	/* Before caching another plan, forget those no connected consumer
-	 * can use: a consumer attaching layout after layout, or a producer
-	 * registering segment after segment, would otherwise grow the cache
-	 * (one sealed memfd each) until wexd ran out of fds. */
-	plans_gc(m);
-	srcs = calloc(m->world ? m->world : 1, sizeof(*srcs));
-	p = calloc(1, sizeof(*p));
-	/* Near: segments on the consumer's GPU (a rank may also hold host
-	 * segments, whose elements a replica on another GPU serves as well). */
+	return NULL;
+}
+
+static void *plan_job_run(void *arg)
+{
+	struct plan_job *j = arg;
+	struct plan_entry *p = j->p;
+	uint64_t one = 1;
+
+	j->ret = wex__plan_build(j->srcs, j->nsrc, p->layout, p->nlayout, p->crank, p->cworld,
+				 &p->plan, j->err, sizeof(j->err));
+	if (!j->ret) {
+		p->build_ms = (double)(wex__now_ns() - j->start_ns) / 1e6;
+		p->fd = wex__plan_pack(p->plan);
+		if (p->fd < 0) {
+			j->ret = p->fd;
+			snprintf(j->err, sizeof(j->err), "cannot make the plan's sealed memfd: %s%s",
+				 strerror(-p->fd), fds_hint(p->fd));
+		}
+	}
+	/* (An eventfd's counter cannot overflow at one write a job.) */
+	(void)!write(j->efd, &one, sizeof(one));
+	return NULL;
+}
+
+static void plan_job_free(struct plan_job *j)
+{
+	for (uint32_t i = 0; i < j->nkeep; i++)
+		free(j->keep[i]);
+	if (j->p)
+		plan_entry_free(j->p);
+	free(j->keep);
+	free(j->srcs);
+	free(j->near);
+	free(j);
+}
+
+/* Starts building consumer c's plan on the planner thread (none runs). */
+static int plan_job_start(struct wexd *d, struct model *m, struct conn *c, char *err,
+			  size_t errlen)
+{
+	struct plan_job *j = calloc(1, sizeof(*j));
+	struct plan_entry *p = calloc(1, sizeof(*p));
+	size_t nsegs = 0;
+	int ret;
+
+	if (j)
+		j->p = p;
+	if (p)
+		p->fd = -1;
 	for (uint32_t i = 0; i < m->world; i++)
 		nsegs += m->ranks[i].nsegs;
-	near = calloc(nsegs ? nsegs : 1, 1);
-	if (!srcs || !p || !near) {
-		free(srcs);
-		free(p);
-		free(near);
-		*ret = -ENOMEM;
-		return NULL;
+	if (!j || !p || !(j->srcs = calloc(m->world ? m->world : 1, sizeof(*j->srcs))) ||
+	    !(j->keep = calloc(m->world ? m->world : 1, sizeof(*j->keep))) ||
+	    !(j->near = calloc(nsegs ? nsegs : 1, 1)) ||
+	    (c->nlayout && !(p->layout = malloc(c->nlayout * sizeof(*c->layout))))) {
+		if (j)
+			plan_job_free(j);
+		else
+			free(p);
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
 	}
+	/* Near: segments on the consumer's GPU (a rank may also hold host
+	 * segments, whose elements a replica on another GPU serves as well). */
 	nsegs = 0;
 	for (uint32_t i = 0; i < m->world; i++) {
 		int any = 0;
 
-		srcs[i].rank = i;
-		srcs[i].t = m->ranks[i].t;
-		srcs[i].n = m->ranks[i].nt;
-		srcs[i].near_seg = near + nsegs;
-		srcs[i].nnear_seg = m->ranks[i].nsegs;
+		j->srcs[i].rank = i;
+		j->srcs[i].t = m->ranks[i].t;
+		j->srcs[i].n = m->ranks[i].nt;
+		j->srcs[i].near_seg = j->near + nsegs;
+		j->srcs[i].nnear_seg = m->ranks[i].nsegs;
 		for (uint32_t s = 0; c->device[0] && s < m->ranks[i].nsegs; s++)
 			if (!strcmp(m->ranks[i].segs[s].desc.device, c->device))
-				near[nsegs + s] = 1, any = 1;
+				j->near[nsegs + s] = 1, any = 1;
 		nsegs += m->ranks[i].nsegs;
-		nnear += (uint32_t)any;
+		p->near += (uint32_t)any;
 	}
-	t0 = wex__now_ns();
-	*ret = wex__plan_build(srcs, m->world, c->layout, c->nlayout, c->rank, c->group->world,
-			       &p->plan, err, errlen);
-	free(srcs);
-	free(near);
-	if (*ret < 0) {
-		free(p);
-		return NULL;
-	}
-	p->build_ms = (double)(wex__now_ns() - t0) / 1e6;
-	p->fd = wex__plan_pack(p->plan);
-	if (p->fd < 0) {
-		*ret = p->fd;
-		snprintf(err, errlen, "cannot make the plan's sealed memfd: %s%s", strerror(-p->fd),
-			 fds_hint(p->fd));
-		wex__plan_free(p->plan);
-		free(p);
-		return NULL;
-	}
+	j->nsrc = m->world;
+	j->m = m;
+	j->efd = d->plan_efd;
+	j->start_ns = wex__now_ns();
+	snprintf(j->group, sizeof(j->group), "%s", c->group->name);
 	p->layout_gen = m->layout_gen;
 	p->consumer_hash = c->layout_hash;
 	p->nlayout = c->nlayout;
-	if (c->nlayout && !(p->layout = malloc(c->nlayout * sizeof(*c->layout)))) {
-		*ret = -ENOMEM;
-		snprintf(err, errlen, "out of memory");
-		plan_entry_free(p);
-		return NULL;
-	}
 	if (c->nlayout)
 		memcpy(p->layout, c->layout, c->nlayout * sizeof(*c->layout));
 	p->crank = c->rank;
 	p->cworld = c->group->world;
 	snprintf(p->device, sizeof(p->device), "%s", c->device);
-	p->near = nnear;
-	p->uses = 1;
-	p->next = m->plans;
-	m->plans = p;
-	wex_info("planner", "model '%s' plan for group '%s' rank %u: %zu ops, %llu bytes, %.2f ms%s%s%s",
-		 m->name, c->group->name, c->rank, p->plan->nops,
-		 (unsigned long long)p->plan->stats.bytes_moved, p->build_ms,
-		 c->device[0] ? ", on " : "", c->device,
-		 !c->device[0] ? "" : nnear ? " (read from producer ranks there first)" :
-		 " (no producer rank there)");
-	return p;
+	if ((ret = pthread_create(&j->thread, NULL, plan_job_run, j))) {
+		plan_job_free(j);
+		snprintf(err, errlen, "cannot start the planner's thread: %s", strerror(ret));
+		return -ret;
+	}
+	d->plan_job = j;
+	wex_debug("planner", "model '%s': building the plan for group '%s' rank %u on the planner's thread",
+		  m->name, c->group->name, c->rank);
+	return 0;
+}
+
+/* Consumer c needs a plan no cached one fits: waits for the one being
+ * built, or has one built.  0: c waits (WAIT_PLAN); else an error. */
+static int plan_wait(struct wexd *d, struct model *m, struct conn *c, char *err, size_t errlen)
+{
+	if (!d->plan_job) {
+		int ret;
+
+		/* Before caching another plan, forget those no connected
+		 * consumer can use: a consumer attaching layout after layout,
+		 * or a producer registering segment after segment, would
+		 * otherwise grow the cache (one sealed memfd each) until wexd
+		 * ran out of fds. */
+		plans_gc(m);
+		if ((ret = plan_job_start(d, m, c, err, errlen)) < 0)
+			return ret;
+	}
+	c->waiting = WAIT_PLAN;
+	c->wait_version = c->lease_version;
+	c->wait_start_ns = wex__now_ns();
+	c->wait_deadline_ns = UINT64_MAX; /* the client's own timeout ends it */
+	return 0;
+}
+
+static json_t *fetch_page(struct wexd *d, struct conn *c, json_int_t start);
+
+/* The planner's thread is done: its plan is cached for the model (unless
+ * the producers' layout changed meanwhile, or the model went), its error
+ * answers the fetches that waited for that plan, and the other fetches
+ * waiting ask again (one may start the next plan). */
+static void plan_job_done(void *arg, int fd, int res)
+{
+	struct wexd *d = arg;
+	struct plan_job *j = d->plan_job;
+	struct model *m;
+	struct plan_entry *p;
+	uint64_t n;
+
+	(void)res;
+	if (read(fd, &n, sizeof(n)) != (ssize_t)sizeof(n) || !j)
+		return;
+	pthread_join(j->thread, NULL);
+	d->plan_job = NULL;
+	m = j->m;
+	p = j->p;
+	if (m && p->layout_gen == m->layout_gen && !j->ret) {
+		p->uses = 0;
+		p->next = m->plans;
+		m->plans = p;
+		j->p = NULL;
+		wex_info("planner", "model '%s' plan for group '%s' rank %u: %zu ops, %llu bytes, %.2f ms%s%s%s",
+			 m->name, j->group, p->crank, p->plan->nops,
+			 (unsigned long long)p->plan->stats.bytes_moved, p->build_ms,
+			 p->device[0] ? ", on " : "", p->device,
+			 !p->device[0] ? "" : p->near ? " (read from producer ranks there first)" :
+			 " (no producer rank there)");
+	} else if (m && p->layout_gen == m->layout_gen) {
+		for (struct conn *c = d->conns; c; c = c->next) {
+			json_t *reply;
+
+			if (c->dead || c->waiting != WAIT_PLAN || c->model != m || !plan_fits(p, m, c))
+				continue;
+			c->waiting = WAIT_NONE;
+			reply = wex__reply_error(j->ret, "plan: %s", j->err);
+			wexd_send(d, c, reply, NULL, 0);
+			json_decref(reply);
+		}
+	}
+	plan_job_free(j);
+	for (struct conn *c = d->conns; c; c = c->next) {
+		json_t *reply;
+
+		if (c->dead || c->waiting != WAIT_PLAN)
+			continue;
+		c->waiting = WAIT_NONE;
+		if ((reply = fetch_page(d, c, 0))) {
+			wexd_send(d, c, reply, NULL, 0);
+			json_decref(reply);
+		}
+	}
+}
+
+int wexd_plan_init(struct wexd *d)
+{
+	d->plan_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (d->plan_efd < 0)
+		return -errno;
+	d->plan_watch.fd = d->plan_efd;
+	d->plan_watch.cb = plan_job_done;
+	d->plan_watch.arg = d;
+	return d->loop.ops->watch(&d->loop, &d->plan_watch);
+}
+
+void wexd_plan_exit(struct wexd *d)
+{
+	struct plan_job *j = d->plan_job;
+
+	if (j) {
+		/* Joined, it would hold the exit for the rest of the plan (up
+		 * to a minute at the planner's bounds): its thread ends with
+		 * the process, its job and eventfd untouched till then. */
+		wex_info("planner", "exiting while a plan was built for %.1f s: it is dropped",
+			 (double)(wex__now_ns() - j->start_ns) / 1e9);
+		pthread_detach(j->thread);
+		return;
+	}
+	if (d->plan_efd >= 0)
+		close(d->plan_efd);
 }
 
 #define FETCH_FDS_PER_MSG 60
@@ -2323,12 +2498,6 @@ static struct plan_entry *plan_get(struct model *m, struct conn *c, char *err, s
 json_t *wexd_fetch(struct wexd *d, struct conn *c, json_t *req)
 {
 	json_int_t start = 0;
-	json_t *reply, *segs;
-	int fds[FETCH_FDS_PER_MSG + 2], nfds = 0, ret;
-	struct model *m = c->model;
-	char err[EMSG_LEN] = "";
-	uint64_t idx = 0;
-	size_t bytes = 0;
 	json_error_t je;
 
 	if (c->role != WEX_ROLE_CONSUMER)
@@ -2339,6 +2508,20 @@ json_t *wexd_fetch(struct wexd *d, struct conn *c, json_t *req)
 	if (start < 0)
 		return wex__reply_error(-EINVAL, "fetch: start %lld is negative (segment indexes count from 0)",
 					(long long)start);
+	return fetch_page(d, c, start);
+}
+
+/* Sends the page from segment `start` (the first: with the tables and
+ * the plan), or leaves c waiting for its plan; NULL, or an error reply. */
+static json_t *fetch_page(struct wexd *d, struct conn *c, json_int_t start)
+{
+	json_t *reply, *segs;
+	int fds[FETCH_FDS_PER_MSG + 2], nfds = 0, ret;
+	struct model *m = c->model;
+	char err[EMSG_LEN] = "";
+	uint64_t idx = 0;
+	size_t bytes = 0;
+
 	if (!m->world)
 		return wex__reply_error(-WEX_ENOPUBLISHED, "fetch: model '%s' has no producer", m->name);
 	if (c->has_lease && c->lease_epoch != m->epoch)
@@ -2364,11 +2547,13 @@ json_t *wexd_fetch(struct wexd *d, struct conn *c, json_t *req)
 		json_object_set_new(reply, "tables_fd", json_integer(nfds));
 		fds[nfds++] = ret;
 		if (c->nlayout) {
-			struct plan_entry *p = plan_get(m, c, err, sizeof(err), &ret);
+			struct plan_entry *p = plan_cached(m, c);
 
 			if (!p) {
 				json_decref(reply);
-				return wex__reply_error(ret, "plan: %s", err);
+				if ((ret = plan_wait(d, m, c, err, sizeof(err))) < 0)
+					return wex__reply_error(ret, "plan: %s", err);
+				return NULL;
 			}
 			json_object_set_new(reply, "plan_fd", json_integer(nfds));
 			fds[nfds++] = p->fd;
@@ -2583,7 +2768,9 @@ int wexd_service_waiters(struct wexd *d)
 		for (struct conn *c = d->conns; c; c = c->next) {
 			json_t *reply = NULL;
 
-			if (c->dead || c->waiting == WAIT_NONE)
+			/* (A fetch's plan: answered as the planner's thread
+			 * is done, plan_job_done.) */
+			if (c->dead || c->waiting == WAIT_NONE || c->waiting == WAIT_PLAN)
 				continue;
 			if (c->waiting == WAIT_BEGIN_WRITE && begin_write_try(d, c, &reply)) {
 				progress = 1;
@@ -2674,7 +2861,7 @@ json_t *wexd_cancel(struct wexd *d, struct conn *c)
 		wex__metrics_observe(WEX_M_BEGIN_WRITE_WAIT, NULL, (double)(now - c->wait_start_ns) / 1e9);
 		what = "begin_write";
 	} else {
-		what = "acquire";
+		what = c->waiting == WAIT_PLAN ? "fetch" : "acquire";
 	}
 	c->waiting = WAIT_NONE;
 	wex_info("registry", "%s rank %u (pid %d) of model '%s' cancelled its %s of v%llu after %llu ms",
@@ -2826,7 +3013,8 @@ json_t *wexd_clients_json(struct wexd *d)
 			      c->last_sync_ns ? (double)(now - c->last_sync_ns) / 1e9 : -1.0,
 			      "waiting",
 			      c->waiting == WAIT_BEGIN_WRITE ? "begin_write" :
-			      c->waiting == WAIT_ACQUIRE ? "acquire" : "", "exit_watched",
+			      c->waiting == WAIT_ACQUIRE ? "acquire" :
+			      c->waiting == WAIT_PLAN ? "fetch" : "", "exit_watched",
 			      c->io.pid.fd >= 0);
 		/* Weaker paths its syncs ran on (a consumer's reports). */
 		if (o && c->fallbacks)
@@ -2853,6 +3041,20 @@ json_t *wexd_plans_json(struct wexd *d)
 					       (json_int_t)p->plan->stats.busiest_src_bytes, "uses",
 					       (json_int_t)p->uses, "build_ms", p->build_ms, "stale",
 					       p->layout_gen != m->layout_gen));
+	/* The plan its thread builds now: ops and bytes unknown yet. */
+	if (d->plan_job && d->plan_job->m) {
+		struct plan_entry *p = d->plan_job->p;
+
+		json_array_append_new(
+			arr, json_pack("{s:s, s:I, s:i, s:i, s:s, s:i, s:s, s:f, s:b, s:b}", "model",
+				       d->plan_job->m->name, "layout_gen", (json_int_t)p->layout_gen,
+				       "rank", p->crank, "world", p->cworld, "device", p->device,
+				       "near_ranks", (int)p->near, "group", d->plan_job->group,
+				       "building_s",
+				       (double)(wex__now_ns() - d->plan_job->start_ns) / 1e9,
+				       "building", 1, "stale",
+				       p->layout_gen != d->plan_job->m->layout_gen));
+	}
 	return arr;
 }
 

@@ -436,31 +436,39 @@ static void print_plans(json_t *plans)
 	json_t *p;
 
 	printf("%-16s %4s %5s %5s %4s %8s %12s %12s %9s %5s %s\n", "MODEL", "GEN", "RANK", "WORLD",
-	       "NEAR", "OPS", "NEEDED", "MOVED", "BUILD(ms)", "USES", "STALE");
+	       "NEAR", "OPS", "NEEDED", "MOVED", "BUILD(ms)", "USES", "STATE");
 	json_array_foreach(plans, i, p) {
-		char n[32], m[32], mb[WEX_NAME_MAX + 16];
-
-		fmt_bytes((uint64_t)json_integer_value(json_object_get(p, "bytes_needed")), n,
-			  sizeof(n));
-		fmt_bytes((uint64_t)json_integer_value(json_object_get(p, "bytes_moved")), m,
-			  sizeof(m));
+		char n[32] = "-", m[32] = "-", ops[32] = "-", uses[32] = "-", mb[WEX_NAME_MAX + 16];
 		const char *dev = json_string_value(json_object_get(p, "device"));
+		/* The plan wexd's planner thread builds now: its time so far. */
+		int building = json_is_true(json_object_get(p, "building"));
+		double ms = building ? json_real_value(json_object_get(p, "building_s")) * 1e3 :
+				       json_real_value(json_object_get(p, "build_ms"));
 		char near[16] = "-";
 
+		if (!building) {
+			fmt_bytes((uint64_t)json_integer_value(json_object_get(p, "bytes_needed")), n,
+				  sizeof(n));
+			fmt_bytes((uint64_t)json_integer_value(json_object_get(p, "bytes_moved")), m,
+				  sizeof(m));
+			snprintf(ops, sizeof(ops), "%lld",
+				 (long long)json_integer_value(json_object_get(p, "ops")));
+			snprintf(uses, sizeof(uses), "%lld",
+				 (long long)json_integer_value(json_object_get(p, "uses")));
+		}
 		/* NEAR: producer ranks on the consumer layout's GPU ("-":
 		 * the layout is in host memory). */
 		if (dev && dev[0])
 			snprintf(near, sizeof(near), "%lld",
 				 (long long)json_integer_value(json_object_get(p, "near_ranks")));
-		printf("%s %4lld %5lld %5lld %4s %8lld %12s %12s %9.2f %5lld %s\n",
+		printf("%s %4lld %5lld %5lld %4s %8s %12s %12s %9.2f %5s %s\n",
 		       pad(mb, sizeof(mb), json_string_value(json_object_get(p, "model")), 16),
 		       (long long)json_integer_value(json_object_get(p, "layout_gen")),
 		       (long long)json_integer_value(json_object_get(p, "rank")),
-		       (long long)json_integer_value(json_object_get(p, "world")), near,
-		       (long long)json_integer_value(json_object_get(p, "ops")), n, m,
-		       json_real_value(json_object_get(p, "build_ms")),
-		       (long long)json_integer_value(json_object_get(p, "uses")),
-		       json_is_true(json_object_get(p, "stale")) ? "yes" : "no");
+		       (long long)json_integer_value(json_object_get(p, "world")), near, ops, n, m,
+		       ms, uses,
+		       building ? "building" :
+		       json_is_true(json_object_get(p, "stale")) ? "stale" : "current");
 	}
 }
 

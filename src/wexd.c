@@ -1252,7 +1252,7 @@ int main(int argc, char **argv)
 		{ "config", required_argument, NULL, 'c' }, { "log-level", required_argument, NULL, 'l' },
 		{ "help", no_argument, NULL, 'h' },          { 0 }
 	};
-	struct wexd d = { .listen_fd = -1, .lock_fd = -1, .sig_fd = -1, .journal.dirfd = -1, .msg_max = WEX_MSG_MAX_DEFAULT,
+	struct wexd d = { .listen_fd = -1, .lock_fd = -1, .sig_fd = -1, .plan_efd = -1, .journal.dirfd = -1, .msg_max = WEX_MSG_MAX_DEFAULT,
 			  .begin_write_timeout_ms = 30000, .sync_timeout_ms = 60000 };
 	const char *io = NULL, *sock = NULL, *cfg = NULL, *level = NULL, *s;
 	char err[512] = "", buf[PATH_MAX];
@@ -1512,6 +1512,10 @@ int main(int argc, char **argv)
 		wex_error("wexd", "signalfd: %m");
 		return 1;
 	}
+	if ((ret = wexd_plan_init(&d)) < 0) {
+		wex_error("wexd", "the planner's eventfd: %s", strerror(-ret));
+		return 1;
+	}
 	/* Remap leases granted by an earlier wexd whose engines still hold
 	 * them keep their producers waiting (journal.h). */
 	if ((ret = wex__journal_open(&d.journal, d.socket_path)) < 0) {
@@ -1604,6 +1608,7 @@ int main(int argc, char **argv)
 	if (d.lock_fd >= 0)
 		close(d.lock_fd);
 	close(d.sig_fd);
+	wexd_plan_exit(&d);
 	d.loop.ops->fini(&d.loop);
 	wex__config_free(&d.cfg);
 	return d.exit_code;

@@ -16,7 +16,8 @@
 #include "vmm/backend.h"
 #include "wex.h"
 
-enum { WAIT_NONE = 0, WAIT_BEGIN_WRITE, WAIT_ACQUIRE };
+/* WAIT_PLAN: a fetch waits for its plan, built off the loop (plan_job). */
+enum { WAIT_NONE = 0, WAIT_BEGIN_WRITE, WAIT_ACQUIRE, WAIT_PLAN };
 
 /* Connections past max_clients that root and wexd's own user may still
  * open (wexctl status, config reload) when the limit is reached. */
@@ -24,6 +25,7 @@ enum { WAIT_NONE = 0, WAIT_BEGIN_WRITE, WAIT_ACQUIRE };
 
 struct model;
 struct cgroup;
+struct plan_job;
 
 /* A consumer rank's last verification (wexctl verify, WEX_SYNC_VERIFY). */
 struct verify_rec {
@@ -276,6 +278,11 @@ struct wexd {
 	/* Asks standing for models that went with their last client, until
 	 * a client makes the model again or they stop standing. */
 	struct verify_stand *verify_orphans;
+	/* The plan its thread builds (registry.c; NULL: none), and the
+	 * eventfd it says it is done on. */
+	struct plan_job *plan_job;
+	int plan_efd;
+	struct wex_loop_watch plan_watch;
 };
 
 /* The clients connected: a connection wexd closed (a hang-up it read, an
@@ -348,6 +355,11 @@ void wexd_journal_check(struct wexd *d);
 void wexd_held_exit(struct wexd *d);
 /* Fails every consumer's deferred acquire with `err` (shutdown). */
 void wexd_fail_waiters(struct wexd *d, int err, const char *why);
+/* Plans are built on a thread of their own: its eventfd, watched by the
+ * loop (at start: 0 or -errno), and at exit, a plan still being built is
+ * left to its thread (the process's exit ends it). */
+int wexd_plan_init(struct wexd *d);
+void wexd_plan_exit(struct wexd *d);
 
 /* wexd.c */
 /* May this peer take `role` on `model`?  Counts and logs a refusal. */

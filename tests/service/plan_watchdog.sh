@@ -1,7 +1,8 @@
 #!/bin/sh
 # plan_watchdog.sh WEXD LIBWEX - proves that wexd pings the service
-# manager's watchdog while it builds a plan that holds its loop longer
-# than WatchdogSec: with WATCHDOG_USEC=400 ms (pings every 200 ms), an
+# manager's watchdog while it builds a plan that takes longer than
+# WatchdogSec (on its planner's thread now, svc_plan_async; in its loop
+# before, which ticked from inside the planner): with WATCHDOG_USEC=400 ms (pings every 200 ms), an
 # engine whose copy sync needs a plan of 2.1M cells (a u8 [2048, 1025]
 # tensor the trainer holds in 2048 row pieces and the engine in 1025
 # column pieces: 0.7 to 2.5 s of planning here, more under the

@@ -79,6 +79,8 @@ add_test(NAME svc_notify_watchdog_gap COMMAND sh ${SVC}/notify_watchdog_gap.sh $
 set_tests_properties(svc_notify_watchdog_gap PROPERTIES LABELS service TIMEOUT 60 SKIP_RETURN_CODE 77)
 add_test(NAME svc_plan_watchdog COMMAND sh ${SVC}/plan_watchdog.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wex>)
 set_tests_properties(svc_plan_watchdog PROPERTIES LABELS service TIMEOUT 180 SKIP_RETURN_CODE 77)
+add_test(NAME svc_plan_async COMMAND sh ${SVC}/plan_async.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wex> $<TARGET_FILE:wexctl>)
+set_tests_properties(svc_plan_async PROPERTIES LABELS service TIMEOUT 240 SKIP_RETURN_CODE 77)
 add_test(NAME svc_unit_caps COMMAND sh ${SVC}/unit_caps.sh ${CMAKE_SOURCE_DIR}/systemd/wexd.service
   $<TARGET_FILE:wexd> $<TARGET_FILE:wex>)
 set_tests_properties(svc_unit_caps PROPERTIES LABELS service TIMEOUT 60 SKIP_RETURN_CODE 77)
@@ -89,7 +91,7 @@ if(WEX_SANITIZE)
   # libwex is instrumented: the Python engine needs the ASan runtime first.
   execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libasan.so
     OUTPUT_VARIABLE WEX_SVC_ASAN_RT OUTPUT_STRIP_TRAILING_WHITESPACE)
-  set_tests_properties(svc_held_status svc_journal_faults svc_journal_warn_once svc_journal_unwritable_later svc_cli_errors svc_unit_caps svc_plan_watchdog PROPERTIES ENVIRONMENT "WEX_PY_PRELOAD=${WEX_SVC_ASAN_RT}")
+  set_tests_properties(svc_held_status svc_journal_faults svc_journal_warn_once svc_journal_unwritable_later svc_cli_errors svc_unit_caps svc_plan_watchdog svc_plan_async PROPERTIES ENVIRONMENT "WEX_PY_PRELOAD=${WEX_SVC_ASAN_RT}")
 endif()
 wex_add_test(svc_client_errors SOURCES tests/service/client_errors.c LIBS wex_test_foundation wex wex_example_model
   LABELS service TIMEOUT 60)
