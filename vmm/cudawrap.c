@@ -5,6 +5,7 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -336,9 +337,52 @@ int wex__cuda_device_active(int dev)
 	return dev_retained(dev) || primary_active(dev);
 }
 
+struct stem_find {
+	const char *stem; /* the driver file's name up to ".so" */
+	size_t len;
+	int found;
+};
+
+static int stem_cb(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	struct stem_find *f = arg;
+	const char *n = info->dlpi_name, *b;
+
+	(void)size;
+	if (!n || !*n)
+		return 0;
+	b = strrchr(n, '/');
+	b = b ? b + 1 : n;
+	f->found = !strncmp(b, f->stem, f->len);
+	return f->found;
+}
+
+/* dlopen(driver_path(), RTLD_NOLOAD): the driver library if this process
+ * loaded it (dlclose the handle), else NULL.  glibc's RTLD_NOLOAD of a
+ * name that matches no loaded library still looks for the file, maps
+ * ld.so.cache and tries each library directory: 5 opens and an mmap a
+ * call, and libwex asks at every call that may meet GPU memory (three
+ * times per tensor of an attach: 60,000 failed dlopens, 4 s of system
+ * time, for 20,000 tensors on a host without CUDA).  Loaded libraries are
+ * looked through first (dl_iterate_phdr: no system call); only where one
+ * is named like the driver (its name up to ".so": libcuda.so.535.104.05
+ * for libcuda.so.1) does the dlopen decide, as before. */
+static void *driver_loaded(void)
+{
+	const char *p = driver_path(), *b = strrchr(p, '/'), *so;
+	struct stem_find f = { 0 };
+
+	b = b ? b + 1 : p;
+	so = strstr(b, ".so");
+	f.stem = b;
+	f.len = so ? (size_t)(so - b) : strlen(b);
+	dl_iterate_phdr(stem_cb, &f);
+	return f.found ? dlopen(p, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD) : NULL;
+}
+
 /* Entry points of a libcuda someone else in this process loaded (wex has
  * not), resolved once without loading or initialising anything: NULL while
- * there is none (asked again at the next call, one failed dlopen).  The
+ * there is none (asked again at the next call: driver_loaded).  The
  * library stays loaded by its user, so the pointers outlive our dlclose. */
 static void *fgn_get, *fgn_xchg;
 
@@ -350,7 +394,7 @@ static void foreign_syms(void)
 
 	if (__atomic_load_n(&fgn_get, __ATOMIC_ACQUIRE))
 		return;
-	h = dlopen(driver_path(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+	h = driver_loaded();
 	if (!h)
 		return;
 	/* v2 since CUDA 12.0, v1 before (as load_driver). */
@@ -452,7 +496,7 @@ static int driver_in_process(void)
 
 	if (driver_ready())
 		return 1;
-	h = dlopen(driver_path(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+	h = driver_loaded();
 	if (!h)
 		return 0;
 	dlclose(h);
