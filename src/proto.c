@@ -499,6 +499,10 @@ int wex__table_unpack(int fd, struct wex_tensor **out, uint32_t **ranks, size_t 
 		goto out;
 	}
 	for (size_t i = 0; i < h->count; i++) {
+		/* A table of millions of pieces takes seconds in wexd's loop
+		 * (its watchdog; wex__plan_tick_set): 4K pieces, a few ms. */
+		if (!(i & 0xfff))
+			wex__plan_tick();
 		if (strnlen(w[i].name, WEX_NAME_MAX) == WEX_NAME_MAX) {
 			snprintf(err, errlen, "tensor table entry %zu: name not NUL-terminated", i);
 			ret = -EINVAL;
