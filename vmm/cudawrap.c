@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <link.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -337,25 +338,20 @@ int wex__cuda_device_active(int dev)
 	return dev_retained(dev) || primary_active(dev);
 }
 
-struct stem_find {
-	const char *stem; /* the driver file's name up to ".so" */
-	size_t len;
-	int found;
-};
-
-static int stem_cb(struct dl_phdr_info *info, size_t size, void *arg)
+/* dl_iterate_phdr's count of libraries loaded into this process so far
+ * (dlpi_adds: it only grows); 0 where the C library does not give it. */
+static int adds_cb(struct dl_phdr_info *info, size_t size, void *arg)
 {
-	struct stem_find *f = arg;
-	const char *n = info->dlpi_name, *b;
-
-	(void)size;
-	if (!n || !*n)
-		return 0;
-	b = strrchr(n, '/');
-	b = b ? b + 1 : n;
-	f->found = !strncmp(b, f->stem, f->len);
-	return f->found;
+	if (size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds))
+		*(unsigned long long *)arg = info->dlpi_adds;
+	return 1; /* the first library tells */
 }
+
+/* The last dlopen(RTLD_NOLOAD) that found no driver: dlpi_adds then (0:
+ * none) and the path asked, getenv's string (a setenv of WEX_CUDA_LIB
+ * makes a new one).  No lock: a fork()ed child may ask. */
+static unsigned long long none_adds;
+static const char *none_path;
 
 /* dlopen(driver_path(), RTLD_NOLOAD): the driver library if this process
  * loaded it (dlclose the handle), else NULL.  glibc's RTLD_NOLOAD of a
@@ -363,21 +359,30 @@ static int stem_cb(struct dl_phdr_info *info, size_t size, void *arg)
  * ld.so.cache and tries each library directory: 5 opens and an mmap a
  * call, and libwex asks at every call that may meet GPU memory (three
  * times per tensor of an attach: 60,000 failed dlopens, 4 s of system
- * time, for 20,000 tensors on a host without CUDA).  Loaded libraries are
- * looked through first (dl_iterate_phdr: no system call); only where one
- * is named like the driver (its name up to ".so": libcuda.so.535.104.05
- * for libcuda.so.1) does the dlopen decide, as before. */
+ * time, for 20,000 tensors on a host without CUDA).  Its answer changes
+ * only when a library is loaded: a "no" stands until dl_iterate_phdr
+ * counts a new one (no system call).  Not a filter on the names loaded:
+ * "libcuda" is also the start of libcudart.so.12, which PyTorch's CUDA
+ * builds load at import, before anything loads the driver, and dlopen
+ * finds the driver by its soname and by the file too, whatever name it
+ * was loaded under. */
 static void *driver_loaded(void)
 {
-	const char *p = driver_path(), *b = strrchr(p, '/'), *so;
-	struct stem_find f = { 0 };
+	const char *p = driver_path();
+	unsigned long long adds = 0;
+	void *h;
 
-	b = b ? b + 1 : p;
-	so = strstr(b, ".so");
-	f.stem = b;
-	f.len = so ? (size_t)(so - b) : strlen(b);
-	dl_iterate_phdr(stem_cb, &f);
-	return f.found ? dlopen(p, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD) : NULL;
+	dl_iterate_phdr(adds_cb, &adds);
+	if (adds && __atomic_load_n(&none_adds, __ATOMIC_ACQUIRE) == adds &&
+	    __atomic_load_n(&none_path, __ATOMIC_RELAXED) == p)
+		return NULL;
+	h = dlopen(p, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+	/* adds was read before the dlopen: a driver loaded since counts more. */
+	if (!h && adds) {
+		__atomic_store_n(&none_path, p, __ATOMIC_RELAXED);
+		__atomic_store_n(&none_adds, adds, __ATOMIC_RELEASE);
+	}
+	return h;
 }
 
 /* Entry points of a libcuda someone else in this process loaded (wex has

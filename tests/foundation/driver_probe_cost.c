@@ -12,9 +12,13 @@
  * library=libcuda.so.1"): the test runs itself again under it, attaches
  * and syncs 2000 host tensors, and allows a handful of searches (the
  * driver's one real load, where something asks for it) rather than
- * thousands.
+ * thousands.  With WEX_T_CUDART (tests/foundation/cudart_stub.c, built as
+ * libcudart.so.12) loaded first, as a process that imported PyTorch's
+ * CUDA build has the CUDA runtime loaded and no driver yet: a library
+ * whose name starts with "libcuda" is no reason to search again.
  */
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <libgen.h>
 #include <stdio.h>
@@ -85,6 +89,8 @@ static void logs_remove(const char *out)
 int main(int argc, char **argv)
 {
 	const char *lib = getenv("WEX_CUDA_LIB"), *out = getenv("WEX_T_LD_DEBUG");
+	const char *cudart = getenv("WEX_T_CUDART");
+	void *rt = NULL;
 	struct wex_tensor *pt, *kt;
 	struct wex_sync_result r;
 	struct t_wexd d;
@@ -112,6 +118,8 @@ int main(int argc, char **argv)
 		T_FAIL("execv /proc/self/exe: %s", strerror(errno));
 	}
 	snprintf(log, sizeof(log), "%s.%d", out, (int)getpid());
+	if (cudart && *cudart)
+		T_ASSERT((rt = dlopen(cudart, RTLD_NOW | RTLD_LOCAL)), "dlopen %s: %s", cudart, dlerror());
 	/* (wexd, a child, must not write its searches into ours.) */
 	t_wexd_start(&d);
 	pt = tensors(&bytes);
@@ -141,10 +149,13 @@ int main(int argc, char **argv)
 	logs_remove(out);
 	if (n < 0)
 		T_SKIP("the loader wrote no LD_DEBUG log at %s (a secure-execution process?)", log);
-	printf("%d tensors attached, 2 copy syncs: %d searches for libcuda.so.1\n", N, n);
+	printf("%d tensors attached, 2 copy syncs, %s loaded: %d searches for libcuda.so.1\n", N,
+	       rt ? cudart : "no libcudart", n);
 	T_ASSERT(n <= 4, "%d searches for libcuda.so.1 (LD_DEBUG=libs) for %d tensors: libwex looks "
 		 "for the driver on disk at every call", n, N);
 	free(pt);
 	free(kt);
+	if (rt)
+		dlclose(rt);
 	return T_EXIT_PASS;
 }
