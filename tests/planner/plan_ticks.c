@@ -22,6 +22,19 @@
 #include "proto.h"
 #include "ptest.h"
 
+/* Under ASan one realloc of the cells (it copies them, and poisons the
+ * old block) took 0.9 to 1.3 s of a 7 to 8.6 s build on the dev VM on
+ * 2026-12-02 (11 to 15 %: a tick on each side of it showed the stretch
+ * was the realloc alone; the first stretch of a table's unpack, its
+ * calloc, 7 %); without ASan glibc moves such a block with mremap.  The
+ * ASan build allows a sixth; the other build, which catches ticks gone
+ * missing (12 to 14 % without them), a twelfth. */
+#if defined(__SANITIZE_ADDRESS__)
+#define PLAN_SHARE 6
+#else
+#define PLAN_SHARE 12
+#endif
+
 static double last, maxgap;
 static unsigned long nticks;
 
@@ -85,7 +98,7 @@ int main(void)
 	printf("%zu ops, %.2f s of CPU, %lu ticks, longest stretch without one %.3f s\n",
 	       plan->nops, total, nticks, maxgap);
 	CHECK(plan->nops > (size_t)ROWS * COLS / 2, "%zu ops", plan->nops);
-	CHECK(maxgap < total / 12,
+	CHECK(maxgap < total / PLAN_SHARE,
 	      "%.3f s without a tick in a %.2f s plan build and pack (wexd's watchdog)", maxgap,
 	      total);
 	close(fd);
@@ -120,7 +133,7 @@ int main(void)
 		printf("a table of %zu pieces unpacked: %.2f s of CPU, %lu ticks, longest stretch without one %.3f s\n",
 		       n, total, nticks, maxgap);
 		CHECK(n == PIECES, "%zu pieces unpacked", n);
-		CHECK(maxgap < total / 12,
+		CHECK(maxgap < total / PLAN_SHARE,
 		      "%.3f s without a tick in a %.2f s unpack of a producer table (wexd's watchdog)",
 		      maxgap, total);
 		close(fd);
