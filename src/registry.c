@@ -991,7 +991,8 @@ static void describe_leases(struct wexd *d, struct model *m, char *buf, size_t l
 							off ? "; " : "", g->name, i, (int)c->pid,
 							(unsigned long long)c->lease_version,
 							mode_name(c->lease_mode),
-							c->lease_reclaimed ? " (taken back from before wexd restarted)" : "");
+							c->lease_reclaimed ? " (taken back from before wexd restarted)" :
+							c->waiting == WAIT_PLAN ? " (its copy waits for its plan, being built)" : "");
 		}
 	}
 	for (struct held *h = d->held; h && off < len; h = h->next)
@@ -2404,6 +2405,56 @@ static int plan_wait(struct wexd *d, struct model *m, struct conn *c, char *err,
 
 static json_t *fetch_page(struct wexd *d, struct conn *c, json_int_t start);
 
+static int wait_start_cmp(const void *a, const void *b)
+{
+	const struct conn *x = *(struct conn *const *)a, *y = *(struct conn *const *)b;
+
+	return x->wait_start_ns < y->wait_start_ns ? -1 : x->wait_start_ns > y->wait_start_ns;
+}
+
+/* A fetch still waiting for a plan asks again, keeping the time its wait
+ * began. */
+static void plan_retry(struct wexd *d, struct conn *c)
+{
+	uint64_t since = c->wait_start_ns;
+	json_t *reply;
+
+	if (c->dead || c->waiting != WAIT_PLAN)
+		return;
+	c->waiting = WAIT_NONE;
+	if ((reply = fetch_page(d, c, 0))) {
+		wexd_send(d, c, reply, NULL, 0);
+		json_decref(reply);
+	}
+	if (c->waiting == WAIT_PLAN)
+		c->wait_start_ns = since;
+}
+
+/* The fetches still waiting for a plan ask again, the longest waiting
+ * first (it starts the next plan): in d->conns' order, newest first, a
+ * fetch could be passed over by newer ones until its client gave up. */
+static void plan_waiters_retry(struct wexd *d)
+{
+	struct conn **w;
+	size_t n = 0, k = 0;
+
+	for (struct conn *c = d->conns; c; c = c->next)
+		n += !c->dead && c->waiting == WAIT_PLAN;
+	if (n > 1 && (w = malloc(n * sizeof(*w)))) {
+		for (struct conn *c = d->conns; c; c = c->next)
+			if (!c->dead && c->waiting == WAIT_PLAN)
+				w[k++] = c;
+		qsort(w, n, sizeof(*w), wait_start_cmp);
+		for (size_t i = 0; i < n; i++)
+			plan_retry(d, w[i]);
+		free(w);
+		return;
+	}
+	/* (One, or out of memory: in the list's order.) */
+	for (struct conn *c = d->conns; c; c = c->next)
+		plan_retry(d, c);
+}
+
 /* The planner's thread is done: its plan is cached for the model (unless
  * the producers' layout changed meanwhile, or the model went), its error
  * answers the fetches that waited for that plan, and the other fetches
@@ -2447,17 +2498,7 @@ static void plan_job_done(void *arg, int fd, int res)
 		}
 	}
 	plan_job_free(j);
-	for (struct conn *c = d->conns; c; c = c->next) {
-		json_t *reply;
-
-		if (c->dead || c->waiting != WAIT_PLAN)
-			continue;
-		c->waiting = WAIT_NONE;
-		if ((reply = fetch_page(d, c, 0))) {
-			wexd_send(d, c, reply, NULL, 0);
-			json_decref(reply);
-		}
-	}
+	plan_waiters_retry(d);
 }
 
 int wexd_plan_init(struct wexd *d)

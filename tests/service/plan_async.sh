@@ -8,7 +8,10 @@
 #     built (before, wexd answered no one until the plan was done: the
 #     request waited and saw the plan finished), and a second group's
 #     engine with the same layout waits for that plan rather than having
-#     it built again (one plan, two uses), both copies right;
+#     it built again (one plan, two uses), both copies right; a trainer's
+#     begin_write that times out on the engine's copy lease says that copy
+#     waits for its plan; two other models' fetches that wait for the
+#     planner are planned in the order they waited (before, newest first);
 #  2. a producer that leaves while its plan is built: the engine's sync
 #     fails saying why (the memory behind its version went), the plan is
 #     thrown away, and wexd goes on (the producer's table is kept until
@@ -27,7 +30,7 @@ rc=0
 env LD_PRELOAD="${WEX_PY_PRELOAD:-}" ASAN_OPTIONS=detect_leaks=0 WEX_LIB="$LIBWEX" \
 	PYTHONPATH="$(dirname "$0")/../../adapters/python" $PY - "$WEXCTL" "$WEXD_PID" \
 	"$TMP/wexd.log" >"$TMP/py.log" 2>&1 <<'PYEOF' || rc=$?
-import ctypes, errno, json, os, signal, subprocess, sys, threading, time, wex
+import ctypes, errno, json, os, re, signal, subprocess, sys, threading, time, wex
 wexctl, wexd_pid, wexd_log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rows, cols = 2048, 1025
 
@@ -107,9 +110,52 @@ table = subprocess.run([wexctl, "plans"], capture_output=True, text=True, timeou
 if not any(l.startswith("bigplan") and l.split()[-1] in ("building", "current")
            for l in table.splitlines()):
     sys.exit("wexctl plans lists no bigplan row being built or built: %s" % table)
+# The trainer's next write waits for the lease the engine's copy holds;
+# timed out, it says that copy waits for its plan.
+try:
+    p.begin_write(2, timeout_ms=100)
+    sys.exit("begin_write v2 went through while a copy lease was held")
+except wex.WexError as e:
+    if e.code != errno.EBUSY or "waits for its plan" not in str(e):
+        if any(q["model"] == "bigplan" and q.get("building") for q in plans()[0]):
+            sys.exit("begin_write during the plan: %s" % e)
+        print("(the plan was done before begin_write timed out: its words not checked)")
 b, own_b = consumer("bigplan", "b")
 tb, rb = sync_in_thread(b)
+# Two other models' engines whose plans must wait for the planner's
+# thread, "small2" before "small3": the one that waited longest is planned
+# first (before, the newest waiter started the next plan).
+def waiting(model):
+    r = subprocess.run([wexctl, "clients", "--json"], capture_output=True, text=True, timeout=60)
+    return any(c["model"] == model and c["waiting"] == "fetch"
+               for c in json.loads(r.stdout)["clients"])
+small = []
+for model in ("small2", "small3"):
+    sp = wex.Client(wex.ROLE_PRODUCER, model, rank=0, world_size=1)
+    sseg, sbase = sp.segment_alloc(wex.SEG_HOST, 64)
+    sp.register_tensors([wex.tensor("w", "U8", (64,), segment=sseg)])
+    sp.begin_write(1)
+    ctypes.memset(sbase, 5, 64)
+    sp.publish(1)
+    sown = (ctypes.c_uint8 * 64)()
+    sc = wex.Client(wex.ROLE_CONSUMER, model, group="s", timeout_ms=120000)
+    sc.attach([wex.tensor("w", "U8", (64,), ptr=ctypes.addressof(sown))])
+    st, sr = sync_in_thread(sc)
+    while st.is_alive() and not waiting(model):
+        time.sleep(0.01)
+    small.append((sp, sc, sown, st, sr))
+ordered = any(q["model"] == "bigplan" and q.get("building") for q in plans()[0])
 ta.join(); tb.join()
+for sp, sc, sown, st, sr in small:
+    st.join()
+    if "error" in sr or bytes(sown) != b"\x05" * 64:
+        sys.exit("a small model's sync: %r" % sr)
+    sc.close(); sp.close()
+order = [l for l in open(wexd_log) if re.search(r"model 'small[23]' plan for group", l)]
+if ordered and (len(order) != 2 or "small2" not in order[0]):
+    sys.exit("the fetch that waited longest for the planner was not planned first: %s" % order)
+print("two waiting fetches planned in the order they waited" if ordered else
+      "(the big plan was done before both small fetches waited: their order not checked)")
 for name, r, own in (("a", ra, own_a), ("b", rb, own_b)):
     if "error" in r:
         sys.exit("sync %s: %s" % (name, r["error"]))
