@@ -10,7 +10,10 @@
  *               optional entry points are asked for only at ABI versions
  *               the driver has (cuMemcpyBatchAsync at 12080, not 13000);
  *   noversion - the same, with a cuDriverGetVersion that fails: no
- *               optional entry point is asked for at all.
+ *               optional entry point is asked for at all;
+ *   later     - the driver loaded by someone else (PyTorch) after libwex
+ *               found none: libwex sees it at its next call (its "none
+ *               loaded" lasts only until a library is loaded).
  * In every case each backend op returns -WEX_ENOCUDA (or -EOPNOTSUPP for
  * a slot the backend never supports), as does wex_cuda_malloc (not an
  * out-of-memory error: wex_cuda_alloc's NULL says no more), fds handed
@@ -201,6 +204,43 @@ static int run_case(const char *name, const char *lib, const char *missing, cons
 	return wait_ok(pid, name);
 }
 
+/* libwex asks whether a driver is loaded (none), then the process loads
+ * one, as an engine importing PyTorch after connecting: the next ask must
+ * find it and load it through wex (its cuInit says no device here). */
+static int run_later(const char *lib)
+{
+	pid_t pid;
+
+	if (!lib) {
+		printf("case later: SKIP (fake library path not set)\n");
+		return 0;
+	}
+	printf("case later: WEX_CUDA_LIB=%s loaded after libwex looked\n", lib);
+	fflush(stdout);
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		unsigned (*asked)(const char *);
+		void *fake;
+
+		setenv("WEX_CUDA_LIB", lib, 1);
+		CHECK(wex__cuda_in_process() == 0);
+		CHECK(wex__cuda_in_process() == 0);
+		fake = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+		CHECK(fake != NULL);
+		asked = (unsigned (*)(const char *))(uintptr_t)dlsym(fake, "fake_cuda_asked");
+		CHECK(asked != NULL);
+		CHECK(asked("cuMemCreate") == 0);
+		CHECK(wex__cuda_in_process() == 0); /* found, loaded: no device */
+		printf("  cuMemCreate asked %u time(s) once the driver was loaded\n",
+		       asked("cuMemCreate"));
+		CHECK(asked("cuMemCreate") == 1);
+		dlclose(fake);
+		exit(T_EXIT_PASS);
+	}
+	return wait_ok(pid, "later");
+}
+
 int main(void)
 {
 	const char *fake = getenv("WEX_FAKE_CUDA");
@@ -216,6 +256,7 @@ int main(void)
 	setenv("FAKE_CUDA_NOVERSION", "1", 1);
 	fails += run_case("noversion", fake, NULL, "CUDA_ERROR_NO_DEVICE") != 0;
 	unsetenv("FAKE_CUDA_NOVERSION");
+	fails += run_later(fake) != 0;
 	if (fails) {
 		printf("FAIL: %d case(s)\n", fails);
 		return T_EXIT_FAIL;
