@@ -668,13 +668,15 @@ static void cancelable_end(struct wex_client *c)
 
 /* req is a wait wex_cancel may end: the call's acquire or begin_write
  * (cancel_wait, set under the watch's lock), not one of a reconnect
- * inside it (which begins a write again). */
+ * inside it (which begins a write again); or a sync's fetch, which waits
+ * while wexd's planner builds its plan (seconds for millions of cells;
+ * a fetch answered already makes wexd ignore the cancel). */
 static int cancelable_req(const struct wex_client *c, json_t *req)
 {
 	const char *op = json_string_value(json_object_get(req, "op")) ?: "";
 
 	return c->cancel_wait && !c->reconnecting &&
-	       (!strcmp(op, "acquire") || !strcmp(op, "begin_write"));
+	       (!strcmp(op, "acquire") || !strcmp(op, "begin_write") || !strcmp(op, "fetch"));
 }
 
 /* limit_ms, or what is left of the running call's time if less (at least
