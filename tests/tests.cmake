@@ -88,6 +88,12 @@ wex_foundation_test(reshard_copy LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(empty_rank LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(msg_limit LOOP)
 wex_foundation_test(connect_flood LOOP)
+# It times how long a connected client waits for its answers during a
+# flood of connections, which other tests at once (four per core) stretch
+# past its bound without any starvation by wexd: on the dev VM on
+# 2026-12-02, alone 250-470 pings and 10-45 ms at worst, among them once
+# 21-35 pings and 0.18-0.36 s.  Run alone.
+set_tests_properties(connect_flood_epoll connect_flood_uring PROPERTIES RUN_SERIAL TRUE)
 # 256 MiB copies checked byte by byte, and a 6 s wait: 19 s in the sanitizer
 # build on an idle 2-core box, 83 s loaded beside host_copy.
 wex_foundation_test(client_recovery LIBS wex TIMEOUT 240)
