@@ -1166,9 +1166,9 @@ class EngineHooks(WexdProducerCase):
                               daemon=True)
         t0 = time.monotonic()
         ow.start()
-        ow.join(10)
+        ow.join(30)
         self.assertFalse(ow.is_alive(), "overwritten() waited for the sync's version")
-        self.assertLess(time.monotonic() - t0, 10)
+        self.assertLess(time.monotonic() - t0, 30)
         self.assertTrue(said.get("ok"))
         t.join(10)
         self.assertFalse(t.is_alive())
@@ -1212,7 +1212,7 @@ class EngineHooks(WexdProducerCase):
                                 later["sync"] = e
                         later["t"] = threading.Thread(target=sync, daemon=True)
                         later["t"].start()
-                        harness.await_acquire("overwriting2")
+                        harness.await_acquire("overwriting2", thread=later["t"])
                 return real.acquire(*a, **k)
 
             def release(self):
@@ -1224,11 +1224,13 @@ class EngineHooks(WexdProducerCase):
             ow = threading.Thread(target=lambda: said.update(ok=r.overwritten("a reload")),
                                   name="overwriting", daemon=True)
             ow.start()
-            ow.join(10)
+            # (Bounds for a loaded machine: its joins and waits above, and
+            # the later sync's 1.5 s.)
+            ow.join(60)
             self.assertFalse(ow.is_alive())
             self.assertTrue(said.get("ok"))
             self.assertEqual(out["sync"].code, errno.ECANCELED)
-            later["t"].join(10)
+            later["t"].join(30)
             self.assertFalse(later["t"].is_alive())
         finally:
             r.client._lock = real

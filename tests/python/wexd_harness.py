@@ -52,15 +52,18 @@ class WexdProducerCase(unittest.TestCase):
         self.prod.stdin.flush()
         self.assertEqual(self.prod.stdout.readline().strip(), "published %d" % v)
 
-    def await_acquire(self, group, timeout=10.0):
+    def await_acquire(self, group, timeout=10.0, thread=None):
         """Polls wexd's client list (a condition, not a timed sleep; at
         most `timeout` seconds) until a consumer of this process in
-        `group` waits there in an acquire."""
+        `group` waits there in an acquire, or `thread` (the one that
+        syncs, where given) has ended: a sync with a short timeout may
+        end before it is seen waiting on a loaded machine."""
         import wex  # (the harness itself loads no libwex)
 
         t0 = time.monotonic()
         with wex.Client(wex.ROLE_ADMIN) as admin:
-            while time.monotonic() - t0 < timeout and not any(
+            while time.monotonic() - t0 < timeout and \
+                    (thread is None or thread.is_alive()) and not any(
                     k["pid"] == os.getpid() and k["group"] == group and
                     k["waiting"] == "acquire" for k in admin.request("clients")["clients"]):
                 time.sleep(0.01)
