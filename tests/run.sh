@@ -2,10 +2,12 @@
 # tests/run.sh - installs what is missing, builds wex with warnings as
 # errors, builds it again with AddressSanitizer + UndefinedBehaviorSanitizer,
 # runs every CTest test in both builds and prints CTest's summaries.  Tests
-# labelled `slow` (planner_qwen2_convert: a full-size checkpoint written and
-# converted three times, a minute under the sanitizers) run in the first
-# build only; the sanitizer build runs the same code on small models
-# (planner_convert, planner_convert_fsdp).
+# labelled `slow` or `once` run in the first build only: `slow`,
+# planner_qwen2_convert (a full-size checkpoint written and converted three
+# times, a minute under the sanitizers), whose code the sanitizer build
+# runs on small models (planner_convert, planner_convert_fsdp); `once`,
+# the tests of the Python glue's own logic, whose calls into libwex the
+# sanitizer build runs through py_binding (tests/python/python.cmake).
 # A test that needs a GPU or RDMA skips (exit 77, reason printed); a skip is
 # never counted as a pass.
 set -eu
@@ -49,7 +51,7 @@ run_build ci "" -DCMAKE_BUILD_TYPE=RelWithDebInfo || status=1
 # Benchmarks shrink their data under the sanitizers (WEX_BENCH_SMALL).
 WEX_BENCH_SMALL=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	run_build ci-asan "-LE slow" -DCMAKE_BUILD_TYPE=Debug -DWEX_SANITIZE=ON || status=1
+	run_build ci-asan "-LE slow|once" -DCMAKE_BUILD_TYPE=Debug -DWEX_SANITIZE=ON || status=1
 # A skip is not a pass: the verdict says how many tests did not run.
 skipped=$(cat "$ROOT/build-ci.ctest.log" "$ROOT/build-ci-asan.ctest.log" 2>/dev/null |
 	grep -c ' (Skipped)$' || true)

@@ -23,7 +23,7 @@
  *
  * Needs a CUDA driver and device (exit 77 with the reason otherwise); CI
  * runs it against tests/gpu/emul_cuda.c (cuda_cycles_emul), with
- * asynchronous work deferred until a synchronisation, and 300 cycles
+ * asynchronous work deferred until a synchronisation, and 250 cycles
  * (WEX_TEST_CYCLES): there each cycle faults its copies' pages in anew,
  * about 86 ms a cycle on a 2-core VM.  The GPU run keeps 1000.
  */

@@ -21,6 +21,12 @@ if(WEX_SANITIZE)
   list(APPEND WEX_PY_ENV "LD_PRELOAD=${WEX_ASAN_RT}" "ASAN_OPTIONS=detect_leaks=0")
 endif()
 
+# Label `once`: the tests of the glue's own logic (hooks, layouts,
+# checkpoints, the example) run in tests/run.sh's first build only.  Under
+# the sanitizers they ran libwex's C through the same ctypes calls as
+# py_binding, py_binding_vmm_emul and py_handles, which stay there, and
+# took 160 of the sanitizer build's 1000 CPU-seconds (a quarter of its
+# 2-core CI time's minutes) in PyTorch's imports and Python itself.
 function(wex_py_test name script)
   cmake_parse_arguments(P "" "TIMEOUT" "LABELS;ENV" ${ARGN})
   if(NOT P_TIMEOUT)
@@ -36,27 +42,27 @@ wex_py_test(py_binding tests/python/binding_test.py LABELS python)
 # a Layout's lock held across a fork does not hang the child.
 wex_py_test(py_handles tests/python/handle_test.py LABELS python)
 # CPU PyTorch (Debian's python3-torch, which tests/run.sh installs).
-wex_py_test(py_torch_glue tests/python/torch_glue_test.py LABELS python)
+wex_py_test(py_torch_glue tests/python/torch_glue_test.py LABELS "python;once")
 # FSDP2 shards (boxes= and DTensor-like parameters) gathered by a consumer.
-wex_py_test(py_fsdp_glue tests/python/fsdp_glue_test.py LABELS python)
+wex_py_test(py_fsdp_glue tests/python/fsdp_glue_test.py LABELS "python;once")
 # Trainer and engine parameters in their own layouts (Megatron tp=2 ->
 # vLLM tp=2) through wex.Layout, checked against the real wexctl convert.
-wex_py_test(py_layout_glue tests/python/layout_glue_test.py LABELS python
+wex_py_test(py_layout_glue tests/python/layout_glue_test.py LABELS "python;once"
   ENV "WEXCTL_BIN=$<TARGET_FILE:wexctl>")
 # The hooks inside vLLM's and SGLang's workers (wex.vllm, wex.sglang,
 # wex.engine) on stand-ins for the engines' workers, through a real wexd.
-wex_py_test(py_engine_hooks tests/python/engine_hooks_test.py LABELS python
+wex_py_test(py_engine_hooks tests/python/engine_hooks_test.py LABELS "python;once"
   ENV "WEXCTL_BIN=$<TARGET_FILE:wexctl>")
 # wex.checkpoint: an engine's tensors compared in samples with the
 # safetensors checkpoint it loaded, where its layout places each piece.
-wex_py_test(py_checkpoint_check tests/python/checkpoint_check_test.py LABELS python
+wex_py_test(py_checkpoint_check tests/python/checkpoint_check_test.py LABELS "python;once"
   ENV "WEXCTL_BIN=$<TARGET_FILE:wexctl>")
 # The Python example: a trainer and an engine process through the hooks,
 # the engine's outputs equal to the trainer's after each sync.
-wex_py_test(py_example_rl_loop examples/rl_loop.py LABELS python)
+wex_py_test(py_example_rl_loop examples/rl_loop.py LABELS "python;once")
 # The same failing: wexd or a process killed mid-run, a wexd that does not
 # start, a bad --steps; a hang (the survivor waiting for its peer) fails it.
-wex_py_test(py_example_rl_loop_errors tests/python/rl_loop_test.py LABELS python TIMEOUT 300)
+wex_py_test(py_example_rl_loop_errors tests/python/rl_loop_test.py LABELS "python;once" TIMEOUT 300)
 if(TARGET wex_emul_cuda)
   # The same through wex_cuda_alloc and CUDA VMM segments, on the emulated
   # driver (tests/gpu/emul_cuda.c).

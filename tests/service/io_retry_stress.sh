@@ -18,7 +18,7 @@ for fail_every in 2 3; do
 		pids=""
 		i=0
 		while [ $i -lt 12 ]; do
-			timeout 10 "$WEXCTL" status >/dev/null 2>&1 &
+			ASAN_OPTIONS=$CLIENT_ASAN_OPTIONS timeout 10 "$WEXCTL" status >/dev/null 2>&1 &
 			pids="$pids $!"
 			i=$((i+1))
 		done
@@ -26,7 +26,7 @@ for fail_every in 2 3; do
 		# works on them.
 		j=0
 		while [ $j -lt 4 ]; do
-			"$WEXCTL" status >/dev/null 2>&1 &
+			ASAN_OPTIONS=$CLIENT_ASAN_OPTIONS "$WEXCTL" status >/dev/null 2>&1 &
 			kill -KILL $! 2>/dev/null
 			j=$((j+1))
 		done
