@@ -11,7 +11,9 @@ add_library(wex_test_foundation STATIC tests/foundation/helpers.c)
 target_link_libraries(wex_test_foundation PUBLIC wex_core)
 
 # wex_foundation_test(NAME [LIBS ...] [ARGS ...] [TIMEOUT s] [LOOP]):
-# LOOP registers NAME_epoll and NAME_uring (WEX_IO forced), else NAME.
+# LOOP registers NAME_epoll and NAME_uring (WEX_IO forced), else NAME; one
+# program NAME either way (two of each source were 50 programs more to
+# compile and link in each of tests/run.sh's builds).
 function(wex_foundation_test name)
   cmake_parse_arguments(F "LOOP" "TIMEOUT" "LIBS;ARGS" ${ARGN})
   if(NOT F_TIMEOUT)
@@ -25,7 +27,8 @@ function(wex_foundation_test name)
       else()
         set(env WEX_IO=epoll)
       endif()
-      wex_add_test(${name}_${io} SOURCES ${src} LIBS wex_test_foundation ${F_LIBS}
+      wex_add_test(${name}_${io} PROGRAM ${name} SOURCES ${src}
+        LIBS wex_test_foundation ${F_LIBS}
         ARGS ${F_ARGS} LABELS foundation ENV ${env} TIMEOUT ${F_TIMEOUT})
     endforeach()
   else()
@@ -42,7 +45,7 @@ wex_foundation_test(group_atomicity LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(begin_write_timeout LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(cancel_wait LOOP LIBS ${WEX_FX_LIBS} Threads::Threads)
 # It interposes sendmsg, for libwex.so's calls too: export it.
-set_target_properties(cancel_wait_epoll cancel_wait_uring PROPERTIES ENABLE_EXPORTS ON)
+set_target_properties(cancel_wait PROPERTIES ENABLE_EXPORTS ON)
 wex_foundation_test(writer_priority LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(bad_input LOOP LIBS wex)
 wex_foundation_test(api_contract LIBS ${WEX_FX_LIBS})
@@ -83,7 +86,7 @@ wex_foundation_test(producer_resize LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(many_segments LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(fetch_race LOOP LIBS ${WEX_FX_LIBS})
 # It interposes sendmsg, for libwex.so's calls too: export it.
-set_target_properties(fetch_race_epoll fetch_race_uring PROPERTIES ENABLE_EXPORTS ON)
+set_target_properties(fetch_race PROPERTIES ENABLE_EXPORTS ON)
 wex_foundation_test(reshard_copy LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(empty_rank LOOP LIBS ${WEX_FX_LIBS})
 wex_foundation_test(msg_limit LOOP)
@@ -131,7 +134,7 @@ wex_foundation_test(rank_takeover LOOP)
 wex_foundation_test(fork_child LOOP LIBS ${WEX_FX_LIBS})
 # Kernels before 6.5 have no SO_PEERPIDFD: wexd watches clients through
 # pidfd_open on their SO_PEERCRED pid.
-wex_add_test(fork_child_pidfd_open SOURCES tests/foundation/fork_child.c
+wex_add_test(fork_child_pidfd_open PROGRAM fork_child SOURCES tests/foundation/fork_child.c
   LIBS wex_test_foundation ${WEX_FX_LIBS} ARGS pidfd_open LABELS foundation
   ENV "WEX_IO=io_uring;WEX_SOCK_NO_PEERPIDFD=1")
 wex_foundation_test(socket_path)
