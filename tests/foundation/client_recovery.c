@@ -66,9 +66,12 @@ static wex_client_t *opn(int role, const char *model, uint32_t timeout_ms)
 	return c;
 }
 
+/* (Up to 60 s for the write: it may wait for a consumer's copy of BIG
+ * bytes on one thread, which took over 5 s under ASan beside the suite's
+ * heaviest tests.) */
 static void write_v(wex_client_t *p, void *base, uint64_t n, uint64_t v)
 {
-	T_WEX(p, wex_begin_write(p, v, 5000));
+	T_WEX(p, wex_begin_write(p, v, 60000));
 	memset(base, (int)v, n);
 	T_WEX(p, wex_publish(p, v));
 }
