@@ -37,6 +37,11 @@ run_build() {
 	# Shown as it runs and kept: CTest counts a skip (exit 77) in its
 	# "100% tests passed" and exits 0, so the verdict below counts them.
 	rm -f "$dir/ctest.rc"
+	# CTest's timings from an earlier run here would override the COST
+	# order of tests/order.cmake (longest first: the CPU-bound tests all
+	# at once, past copy_diff's timeout under ASan): every run takes the
+	# order a clean clone's CI run takes.
+	rm -f "$dir/Testing/Temporary/CTestCostData.txt"
 	{ (cd "$dir" && ctest --output-on-failure --timeout 300 -j "$TEST_JOBS" $ctest_args); \
 		echo $? >"$dir/ctest.rc"; } | tee "$dir.ctest.log"
 	[ "$(cat "$dir/ctest.rc" 2>/dev/null)" = 0 ] || return 1
