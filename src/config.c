@@ -109,6 +109,11 @@ static const struct field fields[WEX_CF_COUNT] = {
 		"bytes of tensor tables (producers' and consumers' layouts) wexd holds for its "
 		"clients at most, each tensor counted at its size in wexd's memory; a table past "
 		"it is refused (ENOMEM); 0: a quarter of the machine's memory" },
+	[WEX_CF_PLANNER_THREADS] = { "planner_threads", FT_INT, FLD(planner_threads),
+		"WEX_PLANNER_THREADS", "4", 1, 256, NULL, NULL, F_MODIFIABLE | F_RELOAD,
+		"plans built at once, each on a thread of its own (a plan of millions of cells "
+		"takes seconds and up to about 1.5 GB while built); a fetch whose plan would be "
+		"one more waits until one is done" },
 	[WEX_CF_MODELS] = { "models", FT_MODELS, FLD(models), NULL, NULL, 0, 0, NULL, NULL, F_RELOAD,
 		"per-model access lists {\"<model>|*\": {\"producers\": {\"uids\": [..], \"gids\": "
 		"[..]}, \"consumers\": {..}}}; an absent model or role admits any local user, "

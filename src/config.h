@@ -69,6 +69,7 @@ enum wex_config_field {
 	WEX_CF_DRAIN_TIMEOUT_MS,
 	WEX_CF_MAX_OPEN_FILES,
 	WEX_CF_MAX_TABLE_BYTES,
+	WEX_CF_PLANNER_THREADS,
 	WEX_CF_MODELS,
 	WEX_CF_COUNT
 };
@@ -115,6 +116,7 @@ struct wex_config {
 	int64_t drain_timeout_ms;  /* SIGTERM: wait this long for leases, then exit */
 	int64_t max_open_files;    /* fd limit set at start; 0: the hard limit */
 	int64_t max_table_bytes;   /* clients' tensor tables held; 0: a quarter of RAM */
+	int64_t planner_threads;   /* plans built at once, each on a thread */
 	struct wex_models models;
 
 	/* bookkeeping */

@@ -437,6 +437,16 @@ void wex__plan_tick(void)
 		tick_fn(tick_arg);
 }
 
+/* The calling thread's stop flag (wex__plan_cancel_set): looked at with
+ * each consumer piece's steps (plan_steps), a millisecond apart at most
+ * in the largest plans measured. */
+static _Thread_local const atomic_int *cancel_flag;
+
+void wex__plan_cancel_set(const atomic_int *flag)
+{
+	cancel_flag = flag;
+}
+
 /* From the comparators of the sorts of millions of entries (a producer
  * table, the cells with several holders, the split cells): one took 1 to
  * 2 s without a tick.  Counted only where the thread set a hook. */
@@ -785,12 +795,18 @@ static int u64_cmp(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* Adds n steps to this plan's work; -1, with err naming the tensor, past
- * PLAN_STEPS_MAX. */
+/* Adds n steps to this plan's work: -WEX_ELAYOUT, with err naming the
+ * tensor, past PLAN_STEPS_MAX; -ECANCELED once the thread's stop flag is
+ * set. */
 static int plan_steps(struct work *w, uint64_t n, const struct wex_tensor *d, size_t nhit,
 		      char *err, size_t errlen)
 {
 	plan_tick(0);
+	if (cancel_flag && atomic_load_explicit(cancel_flag, memory_order_relaxed)) {
+		seterr(err, errlen, "stopped at %.*s: the plan is no longer wanted", WEX_NAME_MAX,
+		       d->name);
+		return -ECANCELED;
+	}
 	if (n <= PLAN_STEPS_MAX - w->steps) {
 		w->steps += n;
 		return 0;
@@ -801,7 +817,7 @@ static int plan_steps(struct work *w, uint64_t n, const struct wex_tensor *d, si
 	       "real layout comes near that, and a plan that large would hold up wexd",
 	       WEX_NAME_MAX, d->name, (unsigned long long)PLAN_STEPS_MAX, nhit,
 	       (unsigned long long)n, (unsigned long long)w->steps);
-	return -1;
+	return -WEX_ELAYOUT;
 }
 
 /* The hits over dim-0 coordinate x (of a walk whose x only grows), in
@@ -908,10 +924,8 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 		goto out;
 	}
 	/* Grid boundaries per dim, clipped to the consumer box. */
-	if (plan_steps(w, scanned + (uint64_t)nd * (2 * nhit + 2), d, nhit, err, errlen)) {
-		ret = -WEX_ELAYOUT;
+	if ((ret = plan_steps(w, scanned + (uint64_t)nd * (2 * nhit + 2), d, nhit, err, errlen)) < 0)
 		goto out;
-	}
 	if (grow((void **)&w->bp, &w->capbp, (size_t)nd * (2 * nhit + 2) + 1, sizeof(uint64_t))) {
 		ret = -ENOMEM;
 		goto out;
@@ -979,10 +993,8 @@ static int cut_piece(struct wex_planner *pl, struct work *w, const struct wex_te
 		    __builtin_add_overflow(walk, x, &walk))
 			walk = UINT64_MAX;
 	}
-	if (plan_steps(w, walk, d, nhit, err, errlen)) {
-		ret = -WEX_ELAYOUT;
+	if ((ret = plan_steps(w, walk, d, nhit, err, errlen)) < 0)
 		goto out;
-	}
 	uint64_t ncells;
 	if (__builtin_mul_overflow(slab_cells, (uint64_t)nslab, &ncells))
 		ncells = UINT64_MAX;

@@ -12,6 +12,7 @@
 #ifndef WEX_PLAN_H
 #define WEX_PLAN_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "wex.h"
@@ -94,6 +95,10 @@ void wex__plan_free(struct wex_plan *p);
  * sort, at each consumer piece): wexd's loop pings its watchdog from it.
  * Set per thread; NULL: none (the default). */
 void wex__plan_tick_set(void (*fn)(void *arg), void *arg);
+/* *flag, set by another thread, stops the plan the calling thread builds:
+ * wex__plan_build and wex__planner_plan return -ECANCELED soon after (at
+ * the next consumer piece).  Set per thread; NULL: none (the default). */
+void wex__plan_cancel_set(const atomic_int *flag);
 /* Calls the hook now, if one is set: for long steps around a plan (its
  * sealed memfd, the producer tables' one). */
 void wex__plan_tick(void);

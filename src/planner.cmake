@@ -13,7 +13,8 @@ foreach(t property kat_qkv_interleave kat_kv_replication kat_vocab_padding kat_o
           bad_layout plan_basic safetensors_bad explicit_pieces kat_moe_experts kat_mla expr_eval
           bad_engine fuzz_inputs kat_sparse_step
           kat_fp8_blocks kat_qwen2_moe kat_fp8_qwen kat_pp_split kat_dp_attention kat_fsdp
-          kat_vpp canonical_scalar ops_block random_strided name_flood plan_bound plan_cells plan_ticks)
+          kat_vpp canonical_scalar ops_block random_strided name_flood plan_bound plan_cells plan_ticks
+          plan_cancel)
   wex_add_test(planner_${t} SOURCES tests/planner/${t}.c LABELS planner TIMEOUT 60)
 endforeach()
 # 300 random layouts planned and checked: the sanitizer build takes 7 to

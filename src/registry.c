@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <pthread.h>
@@ -43,9 +44,14 @@ static struct model *model_find(struct wexd *d, const char *name)
 	return NULL;
 }
 
-static void model_invalidate(struct model *m)
+static void plan_jobs_cancel(struct wexd *d, const struct model *m);
+
+/* The producers' layout changed: cached plans and the tables' memfd no
+ * longer fit, and plans being built for the old one are stopped. */
+static void model_invalidate(struct wexd *d, struct model *m)
 {
 	m->layout_gen++;
+	plan_jobs_cancel(d, m);
 	if (m->tables_fd >= 0)
 		close(m->tables_fd);
 	m->tables_fd = -1;
@@ -113,17 +119,21 @@ static void plans_gc(struct model *m)
  * Plans are built off the loop.  A plan of millions of cells takes seconds
  * (2.4 s for a vLLM tp=8 rank of DeepSeek-V3 from FSDP2 over 64 ranks,
  * 18.8 s over 256 on the dev VM): built in wexd's loop, it held every other
- * client off meanwhile (their syncs, a producer's publish, status).  One
- * thread builds one plan at a time, then packs it into its memfd; the fetch
- * that asked waits (WAIT_PLAN), as do fetches of the same plan and of
- * others, which ask again once it is done.  One at a time bounds the memory
- * plans take while built as before (the planner's cell bound).  The thread
- * reads the consumer layout from its own copy and the producer tables in
- * place: a table freed meanwhile (its rank left or registered others) is
- * kept until the job ends (table_free), and a model that goes leaves the
- * job (m NULL) to be thrown away.
+ * client off meanwhile (their syncs, a producer's publish, status).  Each
+ * plan is built on a thread of its own, then packed into its memfd; the
+ * fetch that asked waits (WAIT_PLAN), as do fetches of the same plan, and
+ * fetches of others while planner_threads plans are built: all ask again
+ * when one is done.  planner_threads bounds the memory plans take while
+ * built (the planner's cell bound each): one rank's long plan no longer
+ * holds up every other rank's and model's, and an engine's tp ranks are
+ * planned side by side.  A thread reads the consumer layout from its own
+ * copy and the producer tables in place: a table freed meanwhile (its rank
+ * left or registered others) is kept until no job reads it (table_free),
+ * and a plan for a layout that changed, or a model that went (m NULL), is
+ * stopped (cancel) and thrown away.
  */
 struct plan_job {
+	struct plan_job *next;
 	struct plan_entry *p; /* its key set (plan_fits); plan, fd, build_ms by the thread */
 	struct model *m;      /* NULL once the model went */
 	struct wex_plan_src *srcs;
@@ -137,6 +147,9 @@ struct plan_job {
 	char group[WEX_NAME_MAX]; /* of the consumer that asked first (its log line) */
 	uint64_t start_ns;
 	pthread_t thread;
+	char model[WEX_NAME_MAX]; /* its name, for the log once m went */
+	atomic_int cancel; /* set by the loop: the plan is no longer wanted */
+	atomic_int done;   /* set by the thread before it writes efd */
 };
 
 static void table_free(struct wexd *d, struct wex_tensor *t);
@@ -189,8 +202,10 @@ static void model_free(struct wexd *d, struct model *m)
 		group_free(m, m->groups);
 	wexd_verify_forget(d, m);
 	plans_free(m);
-	if (d->plan_job && d->plan_job->m == m)
-		d->plan_job->m = NULL; /* its plan is thrown away */
+	plan_jobs_cancel(d, m);
+	for (struct plan_job *j = d->plan_jobs; j; j = j->next)
+		if (j->m == m)
+			j->m = NULL; /* its plan is thrown away */
 	if (m->tables_fd >= 0)
 		close(m->tables_fd);
 	wex_info("registry", "model '%s' removed (no clients left)", m->name);
@@ -348,7 +363,7 @@ static struct model *model_get(struct wexd *d, const char *name, uint32_t world,
 				m->ranks = nr;
 				m->world = world;
 				m->writing = 0;
-				model_invalidate(m);
+				model_invalidate(d, m);
 				plans_free(m);
 				return m;
 			}
@@ -858,7 +873,7 @@ json_t *wexd_register_segment(struct wexd *d, struct conn *c, json_t *req, int *
 		if (sum > c->model->bytes_peak)
 			c->model->bytes_peak = sum;
 	}
-	model_invalidate(c->model);
+	model_invalidate(d, c->model);
 	return json_pack("{s:b, s:i}", "ok", 1, "segment", r->nsegs++);
 }
 
@@ -963,7 +978,7 @@ json_t *wexd_register_tensors(struct wexd *d, struct conn *c, json_t *req, int *
 	r->t = t;
 	r->nt = n;
 	r->has_table = 1;
-	model_invalidate(c->model);
+	model_invalidate(d, c->model);
 	plans_free(c->model);
 	return json_pack("{s:b, s:I}", "ok", 1, "count", (json_int_t)n);
 }
@@ -2257,16 +2272,26 @@ static int tables_fd(struct model *m)
 
 static void table_free(struct wexd *d, struct wex_tensor *t)
 {
-	struct plan_job *j = d->plan_job;
-
-	/* Each table the job reads is kept once at most: kept, its address
-	 * is not handed out again while the job runs. */
-	for (uint32_t i = 0; t && j && i < j->nsrc; i++)
-		if (j->srcs[i].t == t) {
-			j->keep[j->nkeep++] = t;
-			return;
-		}
+	/* A table a job reads is kept by one such job, once: kept, its
+	 * address is not handed out again while it is, so a job keeps no
+	 * more tables than it has sources.  The job that ends first hands
+	 * it on to another that reads it (plan_job_free). */
+	for (struct plan_job *j = d->plan_jobs; t && j; j = j->next)
+		for (uint32_t i = 0; i < j->nsrc; i++)
+			if (j->srcs[i].t == t) {
+				j->keep[j->nkeep++] = t;
+				return;
+			}
 	free(t);
+}
+
+/* Stops the plans being built for m's producer layout (it changed, or m
+ * goes): their threads end soon after, their plans thrown away. */
+static void plan_jobs_cancel(struct wexd *d, const struct model *m)
+{
+	for (struct plan_job *j = d->plan_jobs; j; j = j->next)
+		if (j->m == m)
+			atomic_store(&j->cancel, 1);
 }
 
 static struct plan_entry *plan_cached(struct model *m, struct conn *c)
@@ -2285,6 +2310,7 @@ static void *plan_job_run(void *arg)
 	struct plan_entry *p = j->p;
 	uint64_t one = 1;
 
+	wex__plan_cancel_set(&j->cancel);
 	j->ret = wex__plan_build(j->srcs, j->nsrc, p->layout, p->nlayout, p->crank, p->cworld,
 				 &p->plan, j->err, sizeof(j->err));
 	if (!j->ret) {
@@ -2296,15 +2322,18 @@ static void *plan_job_run(void *arg)
 				 strerror(-p->fd), fds_hint(p->fd));
 		}
 	}
+	atomic_store(&j->done, 1);
 	/* (An eventfd's counter cannot overflow at one write a job.) */
 	(void)!write(j->efd, &one, sizeof(one));
 	return NULL;
 }
 
-static void plan_job_free(struct plan_job *j)
+/* Frees job j, already unlinked from d->plan_jobs (its thread joined):
+ * the tables it kept go to another job that reads them, or are freed. */
+static void plan_job_free(struct wexd *d, struct plan_job *j)
 {
 	for (uint32_t i = 0; i < j->nkeep; i++)
-		free(j->keep[i]);
+		table_free(d, j->keep[i]);
 	if (j->p)
 		plan_entry_free(j->p);
 	free(j->keep);
@@ -2313,7 +2342,7 @@ static void plan_job_free(struct plan_job *j)
 	free(j);
 }
 
-/* Starts building consumer c's plan on the planner thread (none runs). */
+/* Starts building consumer c's plan on a thread of its own. */
 static int plan_job_start(struct wexd *d, struct model *m, struct conn *c, char *err,
 			  size_t errlen)
 {
@@ -2333,7 +2362,7 @@ static int plan_job_start(struct wexd *d, struct model *m, struct conn *c, char 
 	    !(j->near = calloc(nsegs ? nsegs : 1, 1)) ||
 	    (c->nlayout && !(p->layout = malloc(c->nlayout * sizeof(*c->layout))))) {
 		if (j)
-			plan_job_free(j);
+			plan_job_free(d, j);
 		else
 			free(p);
 		snprintf(err, errlen, "out of memory");
@@ -2361,6 +2390,7 @@ static int plan_job_start(struct wexd *d, struct model *m, struct conn *c, char 
 	j->efd = d->plan_efd;
 	j->start_ns = wex__now_ns();
 	snprintf(j->group, sizeof(j->group), "%s", c->group->name);
+	snprintf(j->model, sizeof(j->model), "%s", m->name);
 	p->layout_gen = m->layout_gen;
 	p->consumer_hash = c->layout_hash;
 	p->nlayout = c->nlayout;
@@ -2370,21 +2400,29 @@ static int plan_job_start(struct wexd *d, struct model *m, struct conn *c, char 
 	p->cworld = c->group->world;
 	snprintf(p->device, sizeof(p->device), "%s", c->device);
 	if ((ret = pthread_create(&j->thread, NULL, plan_job_run, j))) {
-		plan_job_free(j);
-		snprintf(err, errlen, "cannot start the planner's thread: %s", strerror(ret));
+		plan_job_free(d, j);
+		snprintf(err, errlen, "cannot start a planner thread: %s", strerror(ret));
 		return -ret;
 	}
-	d->plan_job = j;
-	wex_debug("planner", "model '%s': building the plan for group '%s' rank %u on the planner's thread",
-		  m->name, c->group->name, c->rank);
+	j->next = d->plan_jobs;
+	d->plan_jobs = j;
+	d->plan_njobs++;
+	wex_debug("planner", "model '%s': building the plan for group '%s' rank %u on a thread of its own (%u being built)",
+		  m->name, c->group->name, c->rank, d->plan_njobs);
 	return 0;
 }
 
 /* Consumer c needs a plan no cached one fits: waits for the one being
- * built, or has one built.  0: c waits (WAIT_PLAN); else an error. */
+ * built for it, or has one built (once fewer than planner_threads are).
+ * 0: c waits (WAIT_PLAN); else an error. */
 static int plan_wait(struct wexd *d, struct model *m, struct conn *c, char *err, size_t errlen)
 {
-	if (!d->plan_job) {
+	struct plan_job *j;
+
+	for (j = d->plan_jobs; j; j = j->next)
+		if (j->m == m && plan_fits(j->p, m, c))
+			break;
+	if (!j && d->plan_njobs < (uint64_t)d->cfg.planner_threads) {
 		int ret;
 
 		/* Before caching another plan, forget those no connected
@@ -2421,6 +2459,10 @@ static void plan_retry(struct wexd *d, struct conn *c)
 
 	if (c->dead || c->waiting != WAIT_PLAN)
 		return;
+	/* A client that gave up meanwhile (its hang-up not yet read) would
+	 * otherwise start a plan of seconds no one waits for. */
+	if (wexd_conn_close_if_gone(d, c))
+		return;
 	c->waiting = WAIT_NONE;
 	if ((reply = fetch_page(d, c, 0))) {
 		wexd_send(d, c, reply, NULL, 0);
@@ -2455,25 +2497,14 @@ static void plan_waiters_retry(struct wexd *d)
 		plan_retry(d, c);
 }
 
-/* The planner's thread is done: its plan is cached for the model (unless
- * the producers' layout changed meanwhile, or the model went), its error
- * answers the fetches that waited for that plan, and the other fetches
- * waiting ask again (one may start the next plan). */
-static void plan_job_done(void *arg, int fd, int res)
+/* Job j's thread is done (joined, j unlinked): its plan is cached for the
+ * model (unless the producers' layout changed meanwhile, or the model
+ * went), or its error answers the fetches that waited for that plan. */
+static void plan_job_end(struct wexd *d, struct plan_job *j)
 {
-	struct wexd *d = arg;
-	struct plan_job *j = d->plan_job;
-	struct model *m;
-	struct plan_entry *p;
-	uint64_t n;
+	struct model *m = j->m;
+	struct plan_entry *p = j->p;
 
-	(void)res;
-	if (read(fd, &n, sizeof(n)) != (ssize_t)sizeof(n) || !j)
-		return;
-	pthread_join(j->thread, NULL);
-	d->plan_job = NULL;
-	m = j->m;
-	p = j->p;
 	if (m && p->layout_gen == m->layout_gen && !j->ret) {
 		p->uses = 0;
 		p->next = m->plans;
@@ -2496,9 +2527,40 @@ static void plan_job_done(void *arg, int fd, int res)
 			wexd_send(d, c, reply, NULL, 0);
 			json_decref(reply);
 		}
+	} else if (j->ret == -ECANCELED) {
+		wex_info("planner", "model '%s': the plan for group '%s' rank %u stopped after %.2f s: %s",
+			 j->model, j->group, p->crank,
+			 (double)(wex__now_ns() - j->start_ns) / 1e9,
+			 m ? "the producers' layout changed" : "the model went");
 	}
-	plan_job_free(j);
-	plan_waiters_retry(d);
+	plan_job_free(d, j);
+}
+
+/* Some planner threads are done: each such job ends (plan_job_end), and
+ * the fetches still waiting ask again (one may start the next plan). */
+static void plan_jobs_done(void *arg, int fd, int res)
+{
+	struct wexd *d = arg;
+	struct plan_job **jp = &d->plan_jobs, *j;
+	uint64_t n;
+	int ended = 0;
+
+	(void)res;
+	if (read(fd, &n, sizeof(n)) != (ssize_t)sizeof(n))
+		return;
+	while ((j = *jp)) {
+		if (!atomic_load(&j->done)) {
+			jp = &j->next;
+			continue;
+		}
+		*jp = j->next;
+		d->plan_njobs--;
+		pthread_join(j->thread, NULL);
+		plan_job_end(d, j);
+		ended = 1;
+	}
+	if (ended)
+		plan_waiters_retry(d);
 }
 
 int wexd_plan_init(struct wexd *d)
@@ -2507,25 +2569,23 @@ int wexd_plan_init(struct wexd *d)
 	if (d->plan_efd < 0)
 		return -errno;
 	d->plan_watch.fd = d->plan_efd;
-	d->plan_watch.cb = plan_job_done;
+	d->plan_watch.cb = plan_jobs_done;
 	d->plan_watch.arg = d;
 	return d->loop.ops->watch(&d->loop, &d->plan_watch);
 }
 
 void wexd_plan_exit(struct wexd *d)
 {
-	struct plan_job *j = d->plan_job;
-
-	if (j) {
+	for (struct plan_job *j = d->plan_jobs; j; j = j->next) {
 		/* Joined, it would hold the exit for the rest of the plan (up
 		 * to a minute at the planner's bounds): its thread ends with
 		 * the process, its job and eventfd untouched till then. */
 		wex_info("planner", "exiting while a plan was built for %.1f s: it is dropped",
 			 (double)(wex__now_ns() - j->start_ns) / 1e9);
+		atomic_store(&j->cancel, 1);
 		pthread_detach(j->thread);
-		return;
 	}
-	if (d->plan_efd >= 0)
+	if (!d->plan_jobs && d->plan_efd >= 0)
 		close(d->plan_efd);
 }
 
@@ -2701,7 +2761,7 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 			if (!busy)
 				m->writing = 0;
 		}
-		model_invalidate(m);
+		model_invalidate(d, m);
 		plans_free(m);
 	} else if (c->role == WEX_ROLE_CONSUMER) {
 		struct cgroup *g = c->group;
@@ -3082,19 +3142,19 @@ json_t *wexd_plans_json(struct wexd *d)
 					       (json_int_t)p->plan->stats.busiest_src_bytes, "uses",
 					       (json_int_t)p->uses, "build_ms", p->build_ms, "stale",
 					       p->layout_gen != m->layout_gen));
-	/* The plan its thread builds now: ops and bytes unknown yet. */
-	if (d->plan_job && d->plan_job->m) {
-		struct plan_entry *p = d->plan_job->p;
+	/* The plans threads build now: ops and bytes unknown yet. */
+	for (struct plan_job *j = d->plan_jobs; j; j = j->next) {
+		struct plan_entry *p = j->p;
 
+		if (!j->m)
+			continue;
 		json_array_append_new(
 			arr, json_pack("{s:s, s:I, s:i, s:i, s:s, s:i, s:s, s:f, s:b, s:b}", "model",
-				       d->plan_job->m->name, "layout_gen", (json_int_t)p->layout_gen,
-				       "rank", p->crank, "world", p->cworld, "device", p->device,
-				       "near_ranks", (int)p->near, "group", d->plan_job->group,
-				       "building_s",
-				       (double)(wex__now_ns() - d->plan_job->start_ns) / 1e9,
-				       "building", 1, "stale",
-				       p->layout_gen != d->plan_job->m->layout_gen));
+				       j->m->name, "layout_gen", (json_int_t)p->layout_gen, "rank",
+				       p->crank, "world", p->cworld, "device", p->device,
+				       "near_ranks", (int)p->near, "group", j->group, "building_s",
+				       (double)(wex__now_ns() - j->start_ns) / 1e9, "building", 1,
+				       "stale", p->layout_gen != j->m->layout_gen));
 	}
 	return arr;
 }

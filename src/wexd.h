@@ -278,9 +278,10 @@ struct wexd {
 	/* Asks standing for models that went with their last client, until
 	 * a client makes the model again or they stop standing. */
 	struct verify_stand *verify_orphans;
-	/* The plan its thread builds (registry.c; NULL: none), and the
-	 * eventfd it says it is done on. */
-	struct plan_job *plan_job;
+	/* The plans threads build (registry.c; at most planner_threads
+	 * started), and the eventfd each says it is done on. */
+	struct plan_job *plan_jobs;
+	uint32_t plan_njobs;
 	int plan_efd;
 	struct wex_loop_watch plan_watch;
 };

@@ -10,13 +10,17 @@
 #     engine with the same layout waits for that plan rather than having
 #     it built again (one plan, two uses), both copies right; a trainer's
 #     begin_write that times out on the engine's copy lease says that copy
-#     waits for its plan; two other models' fetches that wait for the
-#     planner are planned in the order they waited (before, newest first);
+#     waits for its plan; another model's small plan is built beside the
+#     big one, not after it (planner_threads, 4 by default; before, one
+#     plan at a time: its sync waited seconds); with planner_threads set
+#     to 1, two other models' fetches that wait for the planner are
+#     planned in the order they waited (before, newest first);
 #  2. a producer that leaves while its plan is built: the engine's sync
 #     fails saying why (the memory behind its version went), the plan is
-#     thrown away, and wexd goes on (the producer's table is kept until
-#     the planner's thread is done with it: a use-after-free under the
-#     sanitizers otherwise);
+#     stopped where it is (before, built to its end) and thrown away, and
+#     wexd goes on (the producer's table is kept until the planner's
+#     thread is done with it: a use-after-free under the sanitizers
+#     otherwise);
 #  2b. wex_cancel while an engine's sync waits for its plan: the sync ends
 #     at once with ECANCELED and its lease is released (before, libwex sent
 #     no cancel during a fetch: the sync waited for the plan);
@@ -52,12 +56,17 @@ def producer(model):
     p.publish(1)
     return p
 
-def consumer(model, group):
+def consumer(model, group, halves=False):
+    """An engine holding g in column pieces (halves: each column in two
+    pieces, another layout, so another plan).  Keep `own`: the sync
+    copies into it."""
     own = (ctypes.c_uint8 * (rows * cols))()
     at = ctypes.addressof(own)
     c = wex.Client(wex.ROLE_CONSUMER, model, group=group, timeout_ms=120000)
-    c.attach([wex.tensor("g", "U8", (rows, cols), start=(0, j), extent=(rows, 1),
-                         strides=(1, rows), ptr=at + j * rows) for j in range(cols)])
+    h = rows // 2 if halves else rows
+    c.attach([wex.tensor("g", "U8", (rows, cols), start=(i, j), extent=(h, 1),
+                         strides=(1, rows), ptr=at + j * rows + i)
+              for j in range(cols) for i in range(0, rows, h)])
     return c, own
 
 def sync_in_thread(c):
@@ -90,6 +99,30 @@ def wait_building(model, t):
             return slowest
         time.sleep(0.01)
     return None
+
+def small_pair(model):
+    """A producer and an engine of one 64-byte tensor: a plan of one op."""
+    sp = wex.Client(wex.ROLE_PRODUCER, model, rank=0, world_size=1)
+    sseg, sbase = sp.segment_alloc(wex.SEG_HOST, 64)
+    sp.register_tensors([wex.tensor("w", "U8", (64,), segment=sseg)])
+    sp.begin_write(1)
+    ctypes.memset(sbase, 5, 64)
+    sp.publish(1)
+    sown = (ctypes.c_uint8 * 64)()
+    sc = wex.Client(wex.ROLE_CONSUMER, model, group="s", timeout_ms=120000)
+    sc.attach([wex.tensor("w", "U8", (64,), ptr=ctypes.addressof(sown))])
+    return sp, sc, sown
+
+def small_check(sp, sc, sown, sr):
+    if "error" in sr or bytes(sown) != b"\x05" * 64:
+        sys.exit("a small model's sync: %r" % sr)
+    sc.close(); sp.close()
+
+def set_threads(n):
+    r = subprocess.run([wexctl, "config", "set", "planner_threads", str(n)],
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode:
+        sys.exit("wexctl config set planner_threads %d: %s" % (n, r.stderr))
 
 def plan_lines(model):
     return [l for l in open(wexd_log) if "model '%s' plan for group" % model in l]
@@ -128,6 +161,25 @@ except wex.WexError as e:
         print("(the plan was done before begin_write timed out: its words not checked)")
 b, own_b = consumer("bigplan", "b")
 tb, rb = sync_in_thread(b)
+# Another model's small plan is built beside the big one: its sync does
+# not wait for the big plan (which takes 0.2 s at least, else the test
+# skipped above; one plan at a time, the small sync waited its rest).
+sp, sc, sown = small_pair("small1")
+big_before = any(q["model"] == "bigplan" and q.get("building") for q in plans()[0])
+t1 = time.monotonic()
+st, sr = sync_in_thread(sc)
+st.join(120)
+small_s = sr["at"] - t1
+small_check(sp, sc, sown, sr)
+order = [l for l in open(wexd_log) if re.search(r"model '(small1|bigplan)' plan for group", l)]
+if order and "small1" in order[0]:
+    print("a small model's plan was built beside the big one (its sync took %.3f s)" % small_s)
+elif big_before and small_s > 0.2:
+    sys.exit("a small model's sync waited %.2f s for the big plan to be built first: %s"
+             % (small_s, order))
+else:
+    print("(the big plan was done before the small model's fetch: not checked)")
+set_threads(1)
 # Two other models' engines whose plans must wait for the planner's
 # thread, "small2" before "small3": the one that waited longest is planned
 # first (before, the newest waiter started the next plan).
@@ -137,15 +189,7 @@ def waiting(model):
                for c in json.loads(r.stdout)["clients"])
 small = []
 for model in ("small2", "small3"):
-    sp = wex.Client(wex.ROLE_PRODUCER, model, rank=0, world_size=1)
-    sseg, sbase = sp.segment_alloc(wex.SEG_HOST, 64)
-    sp.register_tensors([wex.tensor("w", "U8", (64,), segment=sseg)])
-    sp.begin_write(1)
-    ctypes.memset(sbase, 5, 64)
-    sp.publish(1)
-    sown = (ctypes.c_uint8 * 64)()
-    sc = wex.Client(wex.ROLE_CONSUMER, model, group="s", timeout_ms=120000)
-    sc.attach([wex.tensor("w", "U8", (64,), ptr=ctypes.addressof(sown))])
+    sp, sc, sown = small_pair(model)
     st, sr = sync_in_thread(sc)
     while st.is_alive() and not waiting(model):
         time.sleep(0.01)
@@ -154,9 +198,7 @@ ordered = any(q["model"] == "bigplan" and q.get("building") for q in plans()[0])
 ta.join(); tb.join()
 for sp, sc, sown, st, sr in small:
     st.join()
-    if "error" in sr or bytes(sown) != b"\x05" * 64:
-        sys.exit("a small model's sync: %r" % sr)
-    sc.close(); sp.close()
+    small_check(sp, sc, sown, sr)
 order = [l for l in open(wexd_log) if re.search(r"model 'small[23]' plan for group", l)]
 if ordered and (len(order) != 2 or "small2" not in order[0]):
     sys.exit("the fetch that waited longest for the planner was not planned first: %s" % order)
@@ -177,25 +219,48 @@ for c in (a, b, p):
 
 # 2. The producer leaves while its plan is built.
 p = producer("gone")
-c, _ = consumer("gone", "a")
+# Two plans at once (two groups' engines of two layouts) reading the same
+# producer tables: the first thread to stop hands the tables it kept on to
+# the other (under the sanitizers a use-after-free otherwise).
+set_threads(2)
+c, own_c = consumer("gone", "a")
+c2, own_c2 = consumer("gone", "b", halves=True)
 tc, rc = sync_in_thread(c)
+tc2, rc2 = sync_in_thread(c2)
 if wait_building("gone", tc) is None:
     print("SKIP: the plan was done before the producer could leave")
     sys.exit(77)
+both = time.monotonic() + 10
+def building_gone():
+    return sum(q["model"] == "gone" and bool(q.get("building")) for q in plans()[0])
+while building_gone() < 2 and time.monotonic() < both:
+    time.sleep(0.01)
+nbuilding = building_gone()
 p.close()
-tc.join()
-err = rc.get("error")
-if not err or err.code not in (errno.ESTALE, errno.EAGAIN):
-    sys.exit("the sync whose producer left while its plan was built: %r" % (err or rc))
-print("the producer left while its plan was built: %s" % err)
+tc.join(); tc2.join()
+for r in (rc, rc2):
+    err = r.get("error")
+    if not err or err.code not in (errno.ESTALE, errno.EAGAIN):
+        sys.exit("a sync whose producer left while its plan was built: %r" % (err or r))
+print("the producer left while its plans were built: %s" % err)
 if plan_lines("gone"):
     sys.exit("a plan for memory that went was kept: %s" % plan_lines("gone"))
 deadline = time.monotonic() + 60
 while any(q.get("building") for q in plans()[0]) and time.monotonic() < deadline:
     time.sleep(0.05)
+stopped = [l.split("info: ", 1)[-1].strip() for l in open(wexd_log) if re.search(
+    r"model 'gone': the plan for group '[ab]' rank 0 stopped after .*: the producers' layout changed", l)]
+if stopped and len(stopped) >= nbuilding:
+    print("%d plan(s) built at once were stopped: %s" % (nbuilding, "; ".join(stopped)))
+elif ps[0]["build_ms"] >= 500:
+    sys.exit("the plan whose producer left was built to its end (part 1's took %d ms)"
+             % ps[0]["build_ms"])
+else:
+    print("(part 1's plan took %d ms: the plan may have ended before the producer left)"
+          % ps[0]["build_ms"])
 if any(q["model"] == "gone" for q in plans()[0]):
     sys.exit("the plan for memory that went is listed: %s" % plans()[0])
-c.close()
+c.close(); c2.close()
 
 # 2b. wex_cancel while the sync waits for its plan: it ends at once, its
 # lease released (the trainer writes the next version at once).

@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * plan_cancel.c - proves that a plan whose thread's stop flag is set
+ * (wex__plan_cancel_set; wexd sets it when the producers' layout changes
+ * or the model goes while a planner thread builds its plan) ends with
+ * -ECANCELED at the next consumer piece rather than being built to its
+ * end, and that the flag is the calling thread's alone:
+ *  - a flag already set: -ECANCELED, err saying so, no plan;
+ *  - a flag set from the tick hook after the first ticks: the build stops
+ *    within one consumer piece of it (of 256), no plan, nothing leaked
+ *    (ASan);
+ *  - with the flag cleared (NULL), the same build plans in full;
+ *  - a flag set on one thread does not stop another thread's build.
+ */
+#include <errno.h>
+#include <pthread.h>
+
+#include "ptest.h"
+
+enum { ROWS = 256, COLS = 256 };
+
+static struct wex_tensor src[ROWS], dst[COLS];
+static atomic_int stop;
+static unsigned long nticks, ticks_at_stop;
+static int pieces_after; /* plan_steps calls after the flag: via ticks */
+
+static void make_layout(void)
+{
+	struct wex_tensor whole;
+
+	memset(&whole, 0, sizeof(whole));
+	snprintf(whole.name, sizeof(whole.name), "g");
+	whole.dtype = WEX_DT_U8;
+	whole.ndim = 2;
+	whole.shape[0] = whole.extent[0] = ROWS;
+	whole.shape[1] = whole.extent[1] = COLS;
+	for (uint32_t i = 0; i < ROWS; i++) {
+		src[i] = whole;
+		src[i].start[0] = i;
+		src[i].extent[0] = 1;
+		src[i].strides[0] = 1;
+		src[i].strides[1] = ROWS;
+		src[i].offset = i;
+	}
+	for (uint32_t j = 0; j < COLS; j++) {
+		dst[j] = whole;
+		dst[j].start[1] = j;
+		dst[j].extent[1] = 1;
+		dst[j].offset = (uint64_t)j * ROWS;
+	}
+}
+
+/* Ticks come at each consumer piece's steps (two a piece) and every 16K
+ * cells: the stop is set at the 20th, and counted after. */
+static void tick(void *arg)
+{
+	(void)arg;
+	if (++nticks == 20) {
+		atomic_store(&stop, 1);
+		ticks_at_stop = nticks;
+	} else if (ticks_at_stop) {
+		pieces_after++;
+	}
+}
+
+static int build(struct wex_plan **plan, char *err, size_t errlen)
+{
+	struct wex_plan_src s = { 0, src, ROWS, 0 };
+
+	*plan = NULL;
+	return wex__plan_build(&s, 1, dst, COLS, 0, 1, plan, err, errlen);
+}
+
+static void *other_thread(void *arg)
+{
+	struct wex_plan *plan;
+	char err[512] = "";
+	int *ret = arg;
+
+	/* No flag set on this thread: the main thread's does not reach it. */
+	*ret = build(&plan, err, sizeof(err));
+	if (!*ret) {
+		if (plan->nops < COLS)
+			*ret = -EPROTO;
+		wex__plan_free(plan);
+	}
+	return NULL;
+}
+
+int main(void)
+{
+	struct wex_plan *plan;
+	char err[512] = "";
+	pthread_t th;
+	int ret, other = -1;
+
+	make_layout();
+
+	/* 1. Set before the build. */
+	atomic_store(&stop, 1);
+	wex__plan_cancel_set(&stop);
+	ret = build(&plan, err, sizeof(err));
+	CHECK(ret == -ECANCELED, "a build with its stop flag set: %d (%s)", ret, err);
+	CHECK(!plan, "a stopped build gave a plan");
+	CHECK(strstr(err, "no longer wanted"), "its error: %s", err);
+
+	/* ... and on another thread the flag is not seen. */
+	CHECK(!pthread_create(&th, NULL, other_thread, &other), "pthread_create");
+	CHECK(!pthread_join(th, NULL), "pthread_join");
+	CHECK(other == 0, "another thread's build stopped by this thread's flag: %d", other);
+
+	/* 2. Set while it builds (from the tick hook): it stops within a
+	 * consumer piece, far before its 256th. */
+	atomic_store(&stop, 0);
+	wex__plan_tick_set(tick, NULL);
+	err[0] = '\0';
+	ret = build(&plan, err, sizeof(err));
+	CHECK(ret == -ECANCELED, "a build whose stop flag was set midway: %d (%s)", ret, err);
+	CHECK(!plan, "a build stopped midway gave a plan");
+	CHECK(ticks_at_stop == 20 && pieces_after <= 2,
+	      "%d ticks after the stop flag was set at tick %lu: the build went on", pieces_after,
+	      ticks_at_stop);
+	printf("stopped %d tick(s) after the flag, at %s\n", pieces_after, err);
+
+	/* 3. No flag: the full plan (an op at least a column). */
+	wex__plan_tick_set(NULL, NULL);
+	wex__plan_cancel_set(NULL);
+	ret = build(&plan, err, sizeof(err));
+	CHECK(ret == 0, "a build with no stop flag: %d (%s)", ret, err);
+	CHECK(plan->nops >= COLS, "%zu ops, %d at least expected", plan->nops, COLS);
+	wex__plan_free(plan);
+	printf("PASS: a planner thread's stop flag ends its build at the next piece, and only its own\n");
+	return 0;
+}
