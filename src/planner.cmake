@@ -32,6 +32,10 @@ wex_add_test(planner_convert SOURCES tests/planner/convert.c src/wexctl_plan.c
 add_test(NAME planner_convert_cli COMMAND sh ${CMAKE_SOURCE_DIR}/tests/planner/convert_test.sh)
 set_tests_properties(planner_convert_cli PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 60 LABELS planner
   ENVIRONMENT "WEXCTL_BIN=$<TARGET_FILE:wexctl>;PLANNER_CONVERT_BIN=$<TARGET_FILE:planner_convert>")
+# A new OUTDIR's entry synced in its parent (strace; skips without).
+add_test(NAME planner_convert_dirsync COMMAND sh ${CMAKE_SOURCE_DIR}/tests/planner/convert_dirsync.sh)
+set_tests_properties(planner_convert_dirsync PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 60 LABELS planner
+  ENVIRONMENT "WEXCTL_BIN=$<TARGET_FILE:wexctl>;PLANNER_CONVERT_BIN=$<TARGET_FILE:planner_convert>")
 # FSDP2 shards written by the real wexctl, checked against torch.chunk
 # (/usr/bin/python3 with torch; skips without).
 add_test(NAME planner_convert_fsdp COMMAND sh ${CMAKE_SOURCE_DIR}/tests/planner/convert_fsdp.sh)

@@ -8,6 +8,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <libgen.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1785,7 +1787,15 @@ int wexctl_cmd_convert(int argc, char **argv)
 	blocked = sigprocmask(SIG_BLOCK, &stop, &old) == 0;
 	pg.err = err;
 	pg.errlen = sizeof(err);
-	if (mkdir(o.pos[1], 0755) < 0 && errno != EEXIST) {
+	if (mkdir(o.pos[1], 0755) == 0) {
+		/* A new OUTDIR's own entry is synced too: else a crash after
+		 * the files' fsync and the renames synced in OUTDIR could
+		 * still lose the directory, and every file with it. */
+		char parent[PATH_MAX];
+
+		snprintf(parent, sizeof(parent), "%s", o.pos[1]);
+		sync_dir(dirname(parent));
+	} else if (errno != EEXIST) {
 		seterr(err, sizeof(err), "%s: %s", o.pos[1], strerror(errno));
 		ret = -errno;
 		goto fail;
