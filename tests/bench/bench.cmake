@@ -13,6 +13,11 @@ set_tests_properties(bench_host_sync PROPERTIES LABELS "bench" TIMEOUT 600 SKIP_
 add_test(NAME bench_host_sync_small COMMAND host_sync $<TARGET_FILE:wexd>)
 set_tests_properties(bench_host_sync_small PROPERTIES LABELS "bench" TIMEOUT 120 SKIP_RETURN_CODE 77
   ENVIRONMENT "WEX_BENCH_SMALL=1")
+# Copies into transposed tensors (the host copy executor's tiles) against
+# memcpy and the element loop; the small size in CTest (seconds), the full
+# one ([4096, 8192]) by hand.
+wex_add_test(bench_host_transpose SOURCES tests/bench/host_transpose.c LABELS bench TIMEOUT 120)
+set_tests_properties(bench_host_transpose PROPERTIES ENVIRONMENT "WEX_BENCH_SMALL=1")
 # host_sync with its copy syncs made to move nothing (lost_copy.c wraps
 # wex_sync): it must fail its check, not post a figure.
 add_executable(host_sync_lost_copy tests/bench/host_sync.c tests/bench/lost_copy.c)

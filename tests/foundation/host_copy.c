@@ -103,6 +103,66 @@ static void run_case(const char *what, struct wex_copy_op *ops, size_t n, char *
 	(void)src;
 }
 
+/* Transposes and gathers of small elements (1 to 16 bytes: copy_small's
+ * tiles, through a buffer), of sizes that are and are not multiples of
+ * its 32 x 32 tiles and 256-run panels, the rows of an op split over
+ * threads anywhere: [R, C] to [C, R] (the transpose path), to [C, R] with
+ * gaps in both (the general path), and a 3-D [2, R, C] to [2, C, R]. */
+static void transposes(char *src, char *dst, char *ref, size_t cap)
+{
+	static const uint64_t lens[] = { 1, 2, 3, 4, 8, 16 };
+	static const uint64_t dims[][2] = { { 300, 517 }, { 512, 1024 }, { 33, 2 }, { 1, 700 } };
+	static const int threads[] = { 1, 3, 8 };
+
+	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++)
+		for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++)
+			for (int kind = 0; kind < 3; kind++) {
+				uint64_t e = lens[li], r = dims[di][0], c = dims[di][1];
+				uint64_t m = kind == 2 ? 2 : 1, g = kind == 1 ? 2 : 1;
+				struct wex_copy_op op = {
+					.src = (uint64_t)(uintptr_t)src,
+					.dst = (uint64_t)(uintptr_t)dst,
+					.len = e,
+					.nouter = kind == 2 ? 3 : 2,
+					.count = { r, c, m },
+					.src_stride = { (int64_t)(c * e * g), (int64_t)(e * g),
+							(int64_t)(r * c * e * g) },
+					.dst_stride = { (int64_t)(e * g), (int64_t)(r * e * g),
+							(int64_t)(r * c * e * g) },
+				};
+				size_t span = (size_t)(m * r * c * e * g);
+				char what[96];
+
+				/* (The power-of-two one for the common sizes.) */
+				if (span > cap || (e > 4 && r * c > 300000))
+					continue;
+				for (size_t ti = 0; ti < sizeof(threads) / sizeof(threads[0]); ti++) {
+					snprintf(what, sizeof(what), "%s of %llu x %llu elements of %llu bytes",
+						 kind == 0 ? "transpose" : kind == 1 ? "transpose with gaps" :
+						 "3-D transpose", (unsigned long long)r, (unsigned long long)c,
+						 (unsigned long long)e);
+					run_case(what, &op, 1, dst, ref, span, threads[ti], src);
+				}
+			}
+	/* Over the threading threshold (8 MiB): the rows of one op split
+	 * into chunks that start and end inside runs. */
+	{
+		uint64_t e = 2, r = 2048, c = 2500;
+		struct wex_copy_op op = { .src = (uint64_t)(uintptr_t)src,
+					  .dst = (uint64_t)(uintptr_t)dst,
+					  .len = e,
+					  .nouter = 2,
+					  .count = { r, c },
+					  .src_stride = { (int64_t)(c * e), (int64_t)e },
+					  .dst_stride = { (int64_t)e, (int64_t)(r * e) } };
+
+		T_ASSERT(r * c * e <= cap && r * c * e > (8u << 20),
+			 "the large transpose fits and passes 8 MiB");
+		for (int th = 2; th <= 16; th *= 2)
+			run_case("large transpose", &op, 1, dst, ref, r * c * e, th, src);
+	}
+}
+
 /* Rows of 64 bytes, 128 apart in the source and packed in the
  * destination, under two outer dims listed outermost first: the right
  * bytes, and folded for the walk innermost first (count[0] the dim of the
@@ -224,6 +284,7 @@ int main(void)
 		run_case("zero-length rows", ops, 2, dst, ref, dof, th, src);
 	}
 	row_order(src, dst, ref);
+	transposes(src, dst, ref, cap);
 	free(src);
 	free(dst);
 	free(ref);
