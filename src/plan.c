@@ -439,12 +439,22 @@ void wex__plan_tick(void)
 
 /* The calling thread's stop flag (wex__plan_cancel_set): looked at with
  * each consumer piece's steps (plan_steps), a millisecond apart at most
- * in the largest plans measured. */
+ * in the largest plans measured, and before each later stage of a plan
+ * (holder sets, splitting and balance, emitting the ops). */
 static _Thread_local const atomic_int *cancel_flag;
 
 void wex__plan_cancel_set(const atomic_int *flag)
 {
 	cancel_flag = flag;
+}
+
+/* -ECANCELED, with err saying where, once the thread's stop flag is set. */
+static int plan_stopped(const char *where, char *err, size_t errlen)
+{
+	if (!cancel_flag || !atomic_load_explicit(cancel_flag, memory_order_relaxed))
+		return 0;
+	seterr(err, errlen, "stopped at %s: the plan is no longer wanted", where);
+	return -ECANCELED;
 }
 
 /* From the comparators of the sorts of millions of entries (a producer
@@ -802,11 +812,8 @@ static int plan_steps(struct work *w, uint64_t n, const struct wex_tensor *d, si
 		      char *err, size_t errlen)
 {
 	plan_tick(0);
-	if (cancel_flag && atomic_load_explicit(cancel_flag, memory_order_relaxed)) {
-		seterr(err, errlen, "stopped at %.*s: the plan is no longer wanted", WEX_NAME_MAX,
-		       d->name);
+	if (plan_stopped(d->name, err, errlen))
 		return -ECANCELED;
-	}
 	if (n <= PLAN_STEPS_MAX - w->steps) {
 		w->steps += n;
 		return 0;
@@ -1434,6 +1441,8 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 			plans[r]->stats.bytes_needed += nbytes;
 		}
 	}
+	if ((ret = plan_stopped("the holder sets", err, errlen)) < 0)
+		goto out;
 	/* Demand per holder set, for the lower bound (before splitting). */
 	{
 		const struct cand *pc = NULL;
@@ -1468,6 +1477,8 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 	 * planned alone cannot see the others: with more holders than consumer
 	 * ranks, its cells are cut so that each holder can serve a part, in
 	 * chunks of at least SPLIT_MIN. */
+	if ((ret = plan_stopped("the split", err, errlen)) < 0)
+		goto out;
 	{
 		uint32_t ranks = cworld ? cworld : 1;
 		uint64_t gran = 0;
@@ -1579,6 +1590,8 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 			pl->load[cc[best].src] += c->bytes;
 		}
 	}
+	if ((ret = plan_stopped("the ops", err, errlen)) < 0)
+		goto out;
 	/* Emit in a deterministic order: plan, piece, cell position.  Cells
 	 * come out of cut_piece in this order; splitting keeps the first chunk
 	 * in place and appends the others, so only those are sorted and the

@@ -2563,6 +2563,14 @@ static void plan_jobs_done(void *arg, int fd, int res)
 		plan_waiters_retry(d);
 }
 
+/* planner_threads may have grown (config set, a reload): fetches waiting
+ * for a thread start their plans now, not when a running one ends. */
+void wexd_plan_config(struct wexd *d)
+{
+	if (d->plan_njobs < (uint64_t)d->cfg.planner_threads)
+		plan_waiters_retry(d);
+}
+
 int wexd_plan_init(struct wexd *d)
 {
 	d->plan_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

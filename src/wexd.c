@@ -822,6 +822,7 @@ static void apply_config(struct wexd *d)
 	wex__log_level = d->cfg.log_level;
 	d->begin_write_timeout_ms = (uint32_t)d->cfg.begin_write_timeout_ms;
 	d->sync_timeout_ms = (uint32_t)d->cfg.sync_timeout_ms;
+	wexd_plan_config(d);
 }
 
 static json_t *wexd_config_req(struct wexd *d, struct conn *c, json_t *req, const char *op)

@@ -361,6 +361,9 @@ void wexd_fail_waiters(struct wexd *d, int err, const char *why);
  * left to its thread (the process's exit ends it). */
 int wexd_plan_init(struct wexd *d);
 void wexd_plan_exit(struct wexd *d);
+/* After a configuration change: planner_threads may let waiting fetches
+ * start their plans. */
+void wexd_plan_config(struct wexd *d);
 
 /* wexd.c */
 /* May this peer take `role` on `model`?  Counts and logs a refusal. */

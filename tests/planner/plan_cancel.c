@@ -10,6 +10,8 @@
  *    within one consumer piece of it (of 256), no plan, nothing leaked
  *    (ASan);
  *  - with the flag cleared (NULL), the same build plans in full;
+ *  - a flag set at any tick, the later stages' (holder sets, split, ops)
+ *    included, ends the build at the next stage;
  *  - a flag set on one thread does not stop another thread's build.
  */
 #include <errno.h>
@@ -21,8 +23,8 @@ enum { ROWS = 256, COLS = 256 };
 
 static struct wex_tensor src[ROWS], dst[COLS];
 static atomic_int stop;
-static unsigned long nticks, ticks_at_stop;
-static int pieces_after; /* plan_steps calls after the flag: via ticks */
+static unsigned long nticks, ticks_at_stop, stop_at = 20;
+static int pieces_after; /* ticks after the flag was set */
 
 static void make_layout(void)
 {
@@ -55,7 +57,7 @@ static void make_layout(void)
 static void tick(void *arg)
 {
 	(void)arg;
-	if (++nticks == 20) {
+	if (++nticks == stop_at) {
 		atomic_store(&stop, 1);
 		ticks_at_stop = nticks;
 	} else if (ticks_at_stop) {
@@ -122,13 +124,46 @@ int main(void)
 	      ticks_at_stop);
 	printf("stopped %d tick(s) after the flag, at %s\n", pieces_after, err);
 
-	/* 3. No flag: the full plan (an op at least a column). */
-	wex__plan_tick_set(NULL, NULL);
+	/* 3. No flag: the full plan (an op at least a column), its ticks
+	 * counted. */
 	wex__plan_cancel_set(NULL);
+	nticks = ticks_at_stop = 0;
+	stop_at = 0;
 	ret = build(&plan, err, sizeof(err));
 	CHECK(ret == 0, "a build with no stop flag: %d (%s)", ret, err);
 	CHECK(plan->nops >= COLS, "%zu ops, %d at least expected", plan->nops, COLS);
 	wex__plan_free(plan);
+
+	/* 4. The flag set at each tick in turn, the later stages' included
+	 * (holder sets, split and balance, the ops: a tick every 16K of the
+	 * 64K cells in each of their loops): the build stops at the next
+	 * stage, 8 ticks at most after the flag (the split and balance's two
+	 * loops), or, set in the last stage, ends as built.  Checked only
+	 * with each consumer piece, a flag set in the holder sets let the
+	 * build run its last 19 ticks. */
+	{
+		unsigned long total = nticks, worst = 0;
+
+		wex__plan_cancel_set(&stop);
+		for (stop_at = 1; stop_at <= total; stop_at++) {
+			atomic_store(&stop, 0);
+			nticks = ticks_at_stop = 0;
+			pieces_after = 0;
+			ret = build(&plan, err, sizeof(err));
+			CHECK(ret == 0 || ret == -ECANCELED, "flag at tick %lu: %d (%s)", stop_at, ret,
+			      err);
+			if (!ret)
+				wex__plan_free(plan);
+			if ((unsigned long)pieces_after > worst)
+				worst = (unsigned long)pieces_after;
+			CHECK(pieces_after <= 8,
+			      "flag at tick %lu of %lu: %d more ticks after it (ret %d): a stage went on",
+			      stop_at, total, pieces_after, ret);
+		}
+		printf("flag at each of %lu ticks: at most %lu ticks after it\n", total, worst);
+	}
+	wex__plan_tick_set(NULL, NULL);
+	wex__plan_cancel_set(NULL);
 	printf("PASS: a planner thread's stop flag ends its build at the next piece, and only its own\n");
 	return 0;
 }
