@@ -134,9 +134,9 @@ int main(void)
 	CHECK(plan->nops >= COLS, "%zu ops, %d at least expected", plan->nops, COLS);
 	wex__plan_free(plan);
 
-	/* 4. The flag set at each tick in turn, the later stages' included
-	 * (holder sets, split and balance, the ops: a tick every 16K of the
-	 * 64K cells in each of their loops): the build stops at the next
+	/* 4. The flag set at each of the last ticks in turn, the later
+	 * stages' included (holder sets, split and balance, the ops: a tick
+	 * every 16K of the 64K cells in each of their loops): it stops at the next
 	 * stage, 8 ticks at most after the flag (the split and balance's two
 	 * loops), or, set in the last stage, ends as built.  Checked only
 	 * with each consumer piece, a flag set in the holder sets let the
@@ -145,7 +145,9 @@ int main(void)
 		unsigned long total = nticks, worst = 0;
 
 		wex__plan_cancel_set(&stop);
-		for (stop_at = 1; stop_at <= total; stop_at++) {
+		/* (The last 40: the cut's last pieces and every later stage.
+		 * All 537 took 52 s under ASan; case 2 covers the cut.) */
+		for (stop_at = total > 40 ? total - 40 : 1; stop_at <= total; stop_at++) {
 			atomic_store(&stop, 0);
 			nticks = ticks_at_stop = 0;
 			pieces_after = 0;
@@ -160,7 +162,8 @@ int main(void)
 			      "flag at tick %lu of %lu: %d more ticks after it (ret %d): a stage went on",
 			      stop_at, total, pieces_after, ret);
 		}
-		printf("flag at each of %lu ticks: at most %lu ticks after it\n", total, worst);
+		printf("flag at each of the last 40 of %lu ticks: at most %lu ticks after it\n", total,
+		       worst);
 	}
 	wex__plan_tick_set(NULL, NULL);
 	wex__plan_cancel_set(NULL);
