@@ -26,32 +26,6 @@ static atomic_int stop;
 static unsigned long nticks, ticks_at_stop, stop_at = 20;
 static int pieces_after; /* ticks after the flag was set */
 
-static void make_layout(void)
-{
-	struct wex_tensor whole;
-
-	memset(&whole, 0, sizeof(whole));
-	snprintf(whole.name, sizeof(whole.name), "g");
-	whole.dtype = WEX_DT_U8;
-	whole.ndim = 2;
-	whole.shape[0] = whole.extent[0] = ROWS;
-	whole.shape[1] = whole.extent[1] = COLS;
-	for (uint32_t i = 0; i < ROWS; i++) {
-		src[i] = whole;
-		src[i].start[0] = i;
-		src[i].extent[0] = 1;
-		src[i].strides[0] = 1;
-		src[i].strides[1] = ROWS;
-		src[i].offset = i;
-	}
-	for (uint32_t j = 0; j < COLS; j++) {
-		dst[j] = whole;
-		dst[j].start[1] = j;
-		dst[j].extent[1] = 1;
-		dst[j].offset = (uint64_t)j * ROWS;
-	}
-}
-
 /* Ticks come at each consumer piece's steps (two a piece) and every 16K
  * cells: the stop is set at the 20th, and counted after. */
 static void tick(void *arg)
@@ -96,7 +70,7 @@ int main(void)
 	pthread_t th;
 	int ret, other = -1;
 
-	make_layout();
+	pt_rows_cols(src, dst, ROWS, COLS);
 
 	/* 1. Set before the build. */
 	atomic_store(&stop, 1);

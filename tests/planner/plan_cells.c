@@ -55,7 +55,7 @@ static int plan_k(uint32_t k, char *err, size_t errlen, size_t *nops)
  * consumer: a cell a (row, column), each under one producer piece. */
 static int plan_grid(uint32_t rows, uint32_t cols, char *err, size_t errlen, size_t *nops)
 {
-	struct wex_tensor *src = calloc(rows, sizeof(*src)), *dst = calloc(cols, sizeof(*dst)), whole;
+	struct wex_tensor *src = calloc(rows, sizeof(*src)), *dst = calloc(cols, sizeof(*dst));
 	struct wex_plan_src s = { 0, src, rows, 1 };
 	struct wex_plan_dst d = { 0, dst, cols };
 	struct wex_plan *plan = NULL;
@@ -63,26 +63,7 @@ static int plan_grid(uint32_t rows, uint32_t cols, char *err, size_t errlen, siz
 	int ret;
 
 	CHECK(src && dst, "calloc");
-	memset(&whole, 0, sizeof(whole));
-	snprintf(whole.name, sizeof(whole.name), "g");
-	whole.dtype = WEX_DT_U8;
-	whole.ndim = 2;
-	whole.shape[0] = whole.extent[0] = rows;
-	whole.shape[1] = whole.extent[1] = cols;
-	for (uint32_t i = 0; i < rows; i++) {
-		src[i] = whole;
-		src[i].start[0] = i;
-		src[i].extent[0] = 1;
-		src[i].strides[0] = 1; /* column-major: each column's copy one op */
-		src[i].strides[1] = rows;
-		src[i].offset = i;
-	}
-	for (uint32_t j = 0; j < cols; j++) {
-		dst[j] = whole;
-		dst[j].start[1] = j;
-		dst[j].extent[1] = 1;
-		dst[j].offset = (uint64_t)j * rows;
-	}
+	pt_rows_cols(src, dst, rows, cols);
 	CHECK(wex__planner_new(&s, 1, &pl, err, errlen) == 0, "%s", err);
 	err[0] = 0;
 	ret = wex__planner_plan_group(pl, &d, 1, 1, &plan, err, errlen);

@@ -60,7 +60,7 @@ static void tick(void *arg)
 int main(void)
 {
 	enum { ROWS = 2048, COLS = 1000 };
-	struct wex_tensor *src = calloc(ROWS, sizeof(*src)), *dst = calloc(COLS, sizeof(*dst)), whole;
+	struct wex_tensor *src = calloc(ROWS, sizeof(*src)), *dst = calloc(COLS, sizeof(*dst));
 	struct wex_plan_src s[2] = { { 0, src, ROWS, 0 }, { 1, src, ROWS, 0 } };
 	struct wex_plan *plan = NULL;
 	char err[512] = "";
@@ -68,26 +68,7 @@ int main(void)
 	int fd;
 
 	CHECK(src && dst, "calloc");
-	memset(&whole, 0, sizeof(whole));
-	snprintf(whole.name, sizeof(whole.name), "g");
-	whole.dtype = WEX_DT_U8;
-	whole.ndim = 2;
-	whole.shape[0] = whole.extent[0] = ROWS;
-	whole.shape[1] = whole.extent[1] = COLS;
-	for (uint32_t i = 0; i < ROWS; i++) {
-		src[i] = whole;
-		src[i].start[0] = i;
-		src[i].extent[0] = 1;
-		src[i].strides[0] = 1;
-		src[i].strides[1] = ROWS;
-		src[i].offset = i;
-	}
-	for (uint32_t j = 0; j < COLS; j++) {
-		dst[j] = whole;
-		dst[j].start[1] = j;
-		dst[j].extent[1] = 1;
-		dst[j].offset = (uint64_t)j * ROWS;
-	}
+	pt_rows_cols(src, dst, ROWS, COLS);
 	wex__plan_tick_set(tick, NULL);
 	t0 = last = cpu_now();
 	CHECK(wex__plan_build(s, 2, dst, COLS, 0, 1, &plan, err, sizeof(err)) == 0, "%s", err);

@@ -273,4 +273,36 @@ static inline uint64_t pt_verify(struct pt_rank *c)
 	return bad;
 }
 
+/* A u8 [rows, cols] tensor "g" held by a producer in rows row pieces
+ * (src[i]: row i, column-major in its segment, at offset i) and by a
+ * consumer in cols column pieces (dst[j], at offset j * rows): every
+ * consumer piece is cut by every producer piece, rows x cols cells of one
+ * byte (plan_cells, plan_ticks, plan_cancel). */
+static inline void pt_rows_cols(struct wex_tensor *src, struct wex_tensor *dst, uint32_t rows,
+				uint32_t cols)
+{
+	struct wex_tensor whole;
+
+	memset(&whole, 0, sizeof(whole));
+	snprintf(whole.name, sizeof(whole.name), "g");
+	whole.dtype = WEX_DT_U8;
+	whole.ndim = 2;
+	whole.shape[0] = whole.extent[0] = rows;
+	whole.shape[1] = whole.extent[1] = cols;
+	for (uint32_t i = 0; i < rows; i++) {
+		src[i] = whole;
+		src[i].start[0] = i;
+		src[i].extent[0] = 1;
+		src[i].strides[0] = 1; /* column-major: each column's copy one op */
+		src[i].strides[1] = rows;
+		src[i].offset = i;
+	}
+	for (uint32_t j = 0; j < cols; j++) {
+		dst[j] = whole;
+		dst[j].start[1] = j;
+		dst[j].extent[1] = 1;
+		dst[j].offset = (uint64_t)j * rows;
+	}
+}
+
 #endif
