@@ -18,6 +18,10 @@ set_tests_properties(bench_host_sync_small PROPERTIES LABELS "bench" TIMEOUT 120
 # one ([4096, 8192]) by hand.
 wex_add_test(bench_host_transpose SOURCES tests/bench/host_transpose.c LABELS bench TIMEOUT 120)
 set_tests_properties(bench_host_transpose PROPERTIES ENVIRONMENT "WEX_BENCH_SMALL=1")
+# The host comparison (`wexctl verify`, WEX_SYNC_VERIFY) of the same ops
+# against memcmp and the element loop; small in CTest, full by hand.
+wex_add_test(bench_verify_transpose SOURCES tests/bench/verify_transpose.c LABELS bench TIMEOUT 120)
+set_tests_properties(bench_verify_transpose PROPERTIES ENVIRONMENT "WEX_BENCH_SMALL=1")
 # host_sync with its copy syncs made to move nothing (lost_copy.c wraps
 # wex_sync): it must fail its check, not post a figure.
 add_executable(host_sync_lost_copy tests/bench/host_sync.c tests/bench/lost_copy.c)

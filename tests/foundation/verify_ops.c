@@ -28,8 +28,9 @@
  * for the first or the second pair: the same results through pageable
  * memory, the other pair unpinned.  An unpin that fails: its error
  * returned, the other pair unpinned still.
- * Last, rows under two outer dims listed outermost first: compared
- * equal, and a flipped byte found.
+ * Then rows under two outer dims listed outermost first: compared
+ * equal, and a flipped byte found.  Last, ops into transposed tensors
+ * (transposes, below).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -496,6 +497,104 @@ static void row_order(void)
 	free(d);
 }
 
+/* A [r, c] tensor of e-byte elements (rows pad elements apart, elements
+ * `step` elements apart) copied into a [c, r] one (rows pad apart), at
+ * *so / *dof (then advanced past it): rows of one element, count[0]
+ * along the source's dim 0. */
+static struct wex_copy_op transpose_op(char *src, char *dst, uint64_t *so, uint64_t *dof,
+				       uint64_t r, uint64_t c, uint64_t e, uint64_t pad,
+				       uint64_t step)
+{
+	struct wex_copy_op op = { .src = (uint64_t)(uintptr_t)(src + *so),
+				  .dst = (uint64_t)(uintptr_t)(dst + *dof),
+				  .len = e,
+				  .nouter = 2,
+				  .count = { r, c },
+				  .src_stride = { (int64_t)((c * step + pad) * e), (int64_t)(step * e) },
+				  .dst_stride = { (int64_t)e, (int64_t)((r + pad) * e) } };
+
+	*so += r * (c * step + pad) * e + 7;
+	*dof += c * (r + pad) * e + 5;
+	return op;
+}
+
+/*
+ * Ops into transposed tensors (rows of 1 to 16 bytes: compared in tiles
+ * of 32 x 32 elements, up to 256 runs at a time): element sizes 1, 2, 3
+ * (no tile loop: the element-by-element one), 4, 8 and 16; shapes that
+ * are not multiples of a tile, a panel of more than 256 runs, a third
+ * outer dim, a source strided along both dims.  Equal copies compare
+ * equal; single bytes and groups of three flipped in the destination or
+ * the source are found, first and count exact, on every path; every byte
+ * of an op different is all counted.
+ */
+static void transposes(void)
+{
+	const size_t cap = 4u << 20;
+	char *src = malloc(cap), *dst = malloc(cap);
+	struct wex_copy_op ops[16];
+	static const uint64_t esz[] = { 1, 2, 3, 4, 8, 16 };
+	uint64_t so = 0, dof = 0;
+	size_t n = 0;
+
+	T_ASSERT(src && dst, "malloc");
+	for (size_t i = 0; i < cap; i++) {
+		src[i] = (char)(i * 151 + (i >> 7));
+		dst[i] = (char)~src[i];
+	}
+	for (size_t k = 0; k < sizeof(esz) / sizeof(esz[0]); k++)
+		ops[n++] = transpose_op(src, dst, &so, &dof, 45, 70, esz[k], k & 1, 1);
+	/* More than a panel of runs, and a tile's worth exactly. */
+	ops[n++] = transpose_op(src, dst, &so, &dof, 33, 300, 2, 0, 1);
+	ops[n++] = transpose_op(src, dst, &so, &dof, 64, 32, 4, 0, 1);
+	/* Strided along both dims of the source. */
+	ops[n++] = transpose_op(src, dst, &so, &dof, 40, 50, 4, 3, 2);
+	/* A third dim: 3 such transposes, one after another. */
+	ops[n] = transpose_op(src, dst, &so, &dof, 37, 41, 8, 0, 1);
+	ops[n].nouter = 3;
+	ops[n].count[2] = 3;
+	ops[n].src_stride[2] = (int64_t)(37 * 41 * 8 + 24);
+	ops[n].dst_stride[2] = (int64_t)(37 * 41 * 8 + 40);
+	so += 2 * (37 * 41 * 8 + 24);
+	dof += 2 * (37 * 41 * 8 + 40);
+	n++;
+	T_ASSERT(so <= cap && dof <= cap, "transposes fit (%llu, %llu of %zu)",
+		 (unsigned long long)so, (unsigned long long)dof, cap);
+	fill(ops, n);
+	for (int th = 1; th <= 2; th++) {
+		check("transposes: equal copies", ops, n, th, 0, 0, 0, 0, 0);
+		for (int round = 0; round < 10; round++) {
+			flip_case("transposes: one byte flipped", ops, n, th, 1, round & 1);
+			flip_case("transposes: three bytes flipped", ops, n, th, 3, round & 1);
+		}
+		/* Each op alone, so that a flip anywhere in it is the first
+		 * (the third dim's later transposes among them). */
+		for (size_t o = 0; o < n; o++)
+			for (int round = 0; round < 4; round++)
+				flip_case("transposes: one byte flipped in one op", ops + o, 1, th, 1,
+					  round & 1);
+		whole_op_case(ops, n, 1, th);
+		whole_op_case(ops, n, n - 1, th);
+	}
+	/* The last byte of the last element of a whole tile's first row
+	 * (element (0, 31)), in the source and in the destination, of the
+	 * 1-byte op and of the [64, 32] one. */
+	for (int in_src = 0; in_src < 2; in_src++) {
+		static const size_t which[] = { 0, 7 };
+
+		for (size_t w = 0; w < 2; w++) {
+			size_t o = which[w];
+			struct flip f = flip_at(ops, o, 31 * ops[o].count[0], ops[o].len - 1, in_src);
+
+			flip(ops, &f);
+			check("transposes: the last byte of a tile row", ops, n, 1, 1, o, f.d, f.s, 1);
+			flip(ops, &f);
+		}
+	}
+	free(src);
+	free(dst);
+}
+
 int main(void)
 {
 	/* Units (and gather buffers) of 64 KiB instead of 64 MiB: the ops
@@ -573,6 +672,7 @@ int main(void)
 	/* Nothing to compare. */
 	check("no ops", ops, 0, 2, 0, 0, 0, 0, 0);
 	row_order();
+	transposes();
 	free(src);
 	free(dst);
 	return T_EXIT_PASS;
