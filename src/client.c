@@ -1292,7 +1292,8 @@ static int refused(struct wex_client *c, int ret)
 		ret = refusal(c, reply);
 	} else {
 		set_err(c, ret, "wexd at %s closed the connection during hello: it refuses new "
-			"clients while max_clients are connected, while it drains after SIGTERM, "
+			"clients while max_clients are connected (or max_clients_per_uid of its "
+			"user's), while it drains after SIGTERM, "
 			"and when it is out of file descriptors (its log says which)", c->sock);
 	}
 	json_decref(reply);

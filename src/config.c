@@ -94,6 +94,10 @@ static const struct field fields[WEX_CF_COUNT] = {
 		1, 65536, NULL, NULL, F_RELOAD,
 		"connections beyond this many are refused (existing ones stay); root and wexd's "
 		"own user may open 4 more (wexctl status, config reload)" },
+	[WEX_CF_MAX_CLIENTS_PER_UID] = { "max_clients_per_uid", FT_INT, FLD(max_clients_per_uid),
+		"WEX_MAX_CLIENTS_PER_UID", "0", 0, 65536, NULL, NULL, F_RELOAD,
+		"connections one user (uid) may hold at once, so that one user cannot take every "
+		"max_clients slot; root and wexd's own user are not capped; 0: no cap" },
 	[WEX_CF_WATCHDOG] = { "watchdog", FT_BOOL, FLD(watchdog), "WEX_WATCHDOG", "true", 0, 0,
 		NULL, NULL, 0, "send WATCHDOG=1 to systemd when the unit sets WatchdogSec=" },
 	[WEX_CF_DRAIN_TIMEOUT_MS] = { "drain_timeout_ms", FT_INT, FLD(drain_timeout_ms),

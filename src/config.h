@@ -65,6 +65,7 @@ enum wex_config_field {
 	WEX_CF_SYNC_TIMEOUT_MS,
 	WEX_CF_MAX_MESSAGE_BYTES,
 	WEX_CF_MAX_CLIENTS,
+	WEX_CF_MAX_CLIENTS_PER_UID,
 	WEX_CF_WATCHDOG,
 	WEX_CF_DRAIN_TIMEOUT_MS,
 	WEX_CF_MAX_OPEN_FILES,
@@ -112,6 +113,7 @@ struct wex_config {
 	int64_t sync_timeout_ms;
 	int64_t max_message_bytes;
 	int64_t max_clients;
+	int64_t max_clients_per_uid; /* one user's connections at most; 0: no cap */
 	int watchdog;              /* send WATCHDOG=1 when systemd asks for it */
 	int64_t drain_timeout_ms;  /* SIGTERM: wait this long for leases, then exit */
 	int64_t max_open_files;    /* fd limit set at start; 0: the hard limit */

@@ -47,7 +47,8 @@ static struct family counters[WEX_M_COUNTER_COUNT] = {
 	[WEX_M_ERRORS] = { "wex_errors_total", "Requests answered with an error, by error code.",
 			   { "code" } },
 	[WEX_M_REFUSED] = { "wex_refused_connections_total",
-			    "Connections refused (access lists, max_clients, draining, no fd left "
+			    "Connections refused (access lists, max_clients, max_clients_per_uid, "
+			    "draining, no fd left "
 			    "for a pidfd), and config set/reload and verify requests by users other "
 			    "than root and wexd's own, by reason.",
 			    { "reason" } },

@@ -136,7 +136,8 @@ static int open_admin(wex_client_t **c)
 		} else if (ret == -EPIPE || ret == -ECONNRESET) {
 			/* wexd accepted and closed the connection at once. */
 			hint = "\n  wexd closed the connection at once: it refuses new clients while "
-			       "max_clients are connected, while it drains after SIGTERM, and when it "
+			       "max_clients are connected (or max_clients_per_uid of the user's), while "
+			       "it drains after SIGTERM, and when it "
 			       "is out of file descriptors; its log says which";
 		}
 		if (!admin_quiet)

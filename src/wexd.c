@@ -233,6 +233,16 @@ static void refuse_conn(int fd, json_t *reply)
 	close(fd);
 }
 
+/* Connections of user uid open now (max_clients_per_uid). */
+static uint64_t clients_of(const struct wexd *d, uid_t uid)
+{
+	uint64_t n = 0;
+
+	for (const struct conn *c = d->conns; c; c = c->next)
+		n += !c->dead && c->uid == uid;
+	return n;
+}
+
 static void on_accept(void *arg, int fd)
 {
 	struct wexd *d = arg;
@@ -269,6 +279,21 @@ static void on_accept(void *arg, int fd)
 		refuse_conn(fd, wex__reply_error(-EBUSY, "wexd refuses new clients: max_clients %lld "
 						 "are connected (raise max_clients, or close idle ones)",
 						 (long long)d->cfg.max_clients));
+		return;
+	}
+	if (d->cfg.max_clients_per_uid > 0 && uid != 0 && uid != geteuid() &&
+	    clients_of(d, uid) >= (uint64_t)d->cfg.max_clients_per_uid) {
+		wex__metrics_count(WEX_M_REFUSED, "max_clients_per_uid", NULL, 1);
+		if (d->per_uid_refused++ % 1000 == 0)
+			wex_warn("conn", "refusing a client of uid %u (pid %d): it holds "
+				 "max_clients_per_uid %lld connections (%llu refused so far, logged "
+				 "once per 1000)", (unsigned)uid, (int)pid,
+				 (long long)d->cfg.max_clients_per_uid,
+				 (unsigned long long)d->per_uid_refused);
+		refuse_conn(fd, wex__reply_error(-EBUSY, "wexd refuses new clients of uid %u: it "
+						 "holds max_clients_per_uid %lld connections (raise "
+						 "max_clients_per_uid, or close idle ones)",
+						 (unsigned)uid, (long long)d->cfg.max_clients_per_uid));
 		return;
 	}
 	c = calloc(1, sizeof(*c));
@@ -794,6 +819,7 @@ static void metrics_declare(void)
 	} known[] = {
 		{ WEX_M_RELOADS, "ok" },         { WEX_M_RELOADS, "refused" },
 		{ WEX_M_REFUSED, "access" },     { WEX_M_REFUSED, "max_clients" },
+		{ WEX_M_REFUSED, "max_clients_per_uid" },
 		{ WEX_M_REFUSED, "draining" },   { WEX_M_REFUSED, "fds" },
 		{ WEX_M_REFUSED, "config" },     { WEX_M_REFUSED, "verify" },
 		{ WEX_M_LOOP_RETRIES, "EAGAIN" }, { WEX_M_LOOP_RETRIES, "EBUSY" },

@@ -250,6 +250,7 @@ struct wexd {
 	uint64_t table_bytes;
 	uint64_t next_conn_id;
 	uint64_t max_clients_refused; /* connections refused at max_clients */
+	uint64_t per_uid_refused;     /* ... at max_clients_per_uid */
 	uint64_t pidfd_refused;       /* connections refused for want of a pidfd fd */
 	/* How clients' processes are watched for their exit (status). */
 	char exit_watch[160];

@@ -14,6 +14,7 @@ add_test(NAME svc_activation_drain_epoll COMMAND sh ${SVC}/activation_drain.sh $
 set_tests_properties(svc_activation_drain_epoll PROPERTIES ENVIRONMENT "WEX_IO=epoll")
 add_test(NAME svc_max_clients COMMAND sh ${SVC}/max_clients.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 add_test(NAME svc_max_clients_admin COMMAND sh ${SVC}/max_clients_admin.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
+add_test(NAME svc_max_clients_per_uid COMMAND sh ${SVC}/max_clients_per_uid.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 add_test(NAME svc_socket_path COMMAND sh ${SVC}/socket_path.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 add_test(NAME svc_io_fallback COMMAND sh ${SVC}/io_fallback.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 add_test(NAME svc_io_transient COMMAND sh ${SVC}/io_transient.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>
@@ -43,7 +44,7 @@ add_test(NAME svc_readme_run_wexd COMMAND sh ${SVC}/readme_run_wexd.sh ${CMAKE_S
   $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>)
 set_tests_properties(svc_readme_run_wexd PROPERTIES LABELS service TIMEOUT 60 SKIP_RETURN_CODE 77)
 wex_add_test(svc_sigterm_sync SOURCES tests/service/sigterm_sync.c LIBS wex wex_example_model LABELS service TIMEOUT 120)
-set_tests_properties(svc_access_control svc_cli_errors svc_journal_log svc_inherited_fds svc_cli_hung svc_metrics_restore svc_max_clients svc_max_clients_admin svc_socket_path svc_io_fallback svc_io_transient svc_io_no_sqe svc_io_dropped svc_io_recv_give_up svc_io_dropped_no_sqe svc_io_retry_stress svc_drain_timeout svc_reload_flags svc_wait_group_restart svc_activation_drain svc_activation_drain_epoll svc_socket_activate svc_socket_activate_epoll svc_cli
+set_tests_properties(svc_access_control svc_cli_errors svc_journal_log svc_inherited_fds svc_cli_hung svc_metrics_restore svc_max_clients svc_max_clients_admin svc_max_clients_per_uid svc_socket_path svc_io_fallback svc_io_transient svc_io_no_sqe svc_io_dropped svc_io_recv_give_up svc_io_dropped_no_sqe svc_io_retry_stress svc_drain_timeout svc_reload_flags svc_wait_group_restart svc_activation_drain svc_activation_drain_epoll svc_socket_activate svc_socket_activate_epoll svc_cli
   svc_cli_epoll PROPERTIES
   LABELS service TIMEOUT 120 SKIP_RETURN_CODE 77)
 add_test(NAME svc_notify_reload COMMAND sh ${SVC}/notify_reload.sh $<TARGET_FILE:wexd> $<TARGET_FILE:wexctl>
@@ -84,9 +85,10 @@ set_tests_properties(svc_plan_async PROPERTIES LABELS service TIMEOUT 240 SKIP_R
 add_test(NAME svc_unit_caps COMMAND sh ${SVC}/unit_caps.sh ${CMAKE_SOURCE_DIR}/systemd/wexd.service
   $<TARGET_FILE:wexd> $<TARGET_FILE:wex>)
 set_tests_properties(svc_unit_caps PROPERTIES LABELS service TIMEOUT 60 SKIP_RETURN_CODE 77)
-# Both create the user wex-allowed where it is missing (a fresh machine):
+# They create the user wex-allowed where it is missing (a fresh machine):
 # at once, one's useradd found the other's user and failed.
-set_tests_properties(svc_access_control svc_unit_caps PROPERTIES RESOURCE_LOCK wex_test_users)
+set_tests_properties(svc_access_control svc_unit_caps svc_max_clients_per_uid PROPERTIES
+  RESOURCE_LOCK wex_test_users)
 if(WEX_SANITIZE)
   # libwex is instrumented: the Python engine needs the ASan runtime first.
   execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libasan.so
