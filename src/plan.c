@@ -468,6 +468,113 @@ static inline void cmp_tick(void)
 		tick_fn(tick_arg);
 }
 
+/*
+ * The sorts of millions of entries (a producer table's index, the cells
+ * with several holders, the split cells) take 1 to 2 s each, and a plan
+ * stopped meanwhile (plan_stopped) ran its sort to the end.  Past
+ * SORT_RUN entries plan_sort sorts pointers to them instead: runs of
+ * RUN0 by insertion, merged pairwise (a merge sort, as glibc's qsort is
+ * for such arrays), the stop flag looked at every SORT_RUN entries
+ * merged (every SORT_RUN / 8 in the runs' insertion);
+ * then the entries are moved into that order along its cycles, through
+ * one spare entry's room (as glibc's qsort does for entries larger than
+ * 32 bytes).  Each comparator orders
+ * its entries totally (ties broken by address or by keys that are
+ * unique), so the order is qsort's.  Stopped, the entries are as they
+ * were.  0, or -ECANCELED or -ENOMEM with err set.
+ */
+#define SORT_RUN 65536
+#define RUN0 16
+
+static int plan_sort(void *base, size_t n, size_t size, int (*cmp)(const void *a, const void *b),
+		     const char *what, char *err, size_t errlen)
+{
+	char *b = base, *spare = NULL, **p, **q, **from, **to;
+	int ret = -ENOMEM;
+
+	if (n <= SORT_RUN) {
+		qsort(base, n, size, cmp);
+		return 0;
+	}
+	p = malloc(n * sizeof(*p));
+	q = malloc(n * sizeof(*q));
+	spare = malloc(size);
+	if (!p || !q || !spare) {
+		seterr(err, errlen, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++)
+		p[i] = b + i * size;
+	for (size_t lo = 0; lo < n; lo += RUN0) {
+		size_t hi = n - lo > RUN0 ? lo + RUN0 : n;
+
+		/* (An entry takes up to RUN0 comparisons here, one merging.) */
+		if (!(lo & (SORT_RUN / 8 - 1)) && (ret = plan_stopped(what, err, errlen)) < 0)
+			goto out;
+		for (size_t i = lo + 1; i < hi; i++) {
+			char *x = p[i];
+			size_t j = i;
+
+			for (; j > lo && cmp(x, p[j - 1]) < 0; j--)
+				p[j] = p[j - 1];
+			p[j] = x;
+		}
+	}
+	from = p;
+	to = q;
+	for (size_t w = RUN0; w < n; w *= 2) {
+		for (size_t lo = 0; lo < n; lo += 2 * w) {
+			size_t mid = n - lo > w ? lo + w : n;
+			size_t hi = n - mid > w ? mid + w : n, i = lo, j = mid, k = lo;
+
+			while (i < mid && j < hi) {
+				/* Up to SORT_RUN entries between looks at the flag. */
+				size_t end = hi - k > SORT_RUN ? k + SORT_RUN : hi;
+
+				if ((ret = plan_stopped(what, err, errlen)) < 0)
+					goto out;
+				/* Equal: the earlier run's first (stable). */
+				while (i < mid && j < hi && k < end)
+					to[k++] = cmp(from[j], from[i]) < 0 ? from[j++] : from[i++];
+			}
+			while (i < mid)
+				to[k++] = from[i++];
+			while (j < hi)
+				to[k++] = from[j++];
+		}
+		char **t = from;
+
+		from = to;
+		to = t;
+	}
+	/* Entry i goes where from[i] points: each cycle of that permutation
+	 * moved along, its first entry through the spare room. */
+	for (size_t i = 0; i < n; i++) {
+		char *at = b + i * size, *src = from[i];
+		size_t j = i;
+
+		if (src == at)
+			continue;
+		memcpy(spare, at, size);
+		while (src != b + i * size) {
+			size_t k = (size_t)(src - b) / size;
+
+			memcpy(b + j * size, src, size);
+			from[j] = b + j * size;
+			j = k;
+			src = from[k];
+		}
+		memcpy(b + j * size, spare, size);
+		from[j] = b + j * size;
+	}
+	ret = 0;
+out:
+	free(p);
+	free(q);
+	free(spare);
+	return ret;
+}
+
 static int ent_cmp(const void *a, const void *b)
 {
 	const struct src_entry *x = a, *y = b;
@@ -548,7 +655,9 @@ int wex__planner_new(const struct wex_plan_src *srcs, size_t nsrc, struct wex_pl
 		}
 	}
 	pl->nent = k;
-	qsort(pl->ent, k, sizeof(*pl->ent), ent_cmp);
+	ret = plan_sort(pl->ent, k, sizeof(*pl->ent), ent_cmp, "the producers' index", err, errlen);
+	if (ret < 0)
+		goto err;
 	for (size_t i = 0; i < k;) {
 		struct name_info *ni = &pl->names[pl->ent[i].name];
 		const struct wex_tensor *first = pl->ent[i].t;
@@ -1554,7 +1663,10 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 		 * planner, balance globally.  Ties rotate with the cell hash
 		 * and, for ranks planned apart, with crank, so that planners
 		 * that cannot see each other still spread. */
-		qsort(order, nmulti, sizeof(*order), cell_bytes_desc);
+		ret = plan_sort(order, nmulti, sizeof(*order), cell_bytes_desc, "the balance", err,
+				errlen);
+		if (ret < 0)
+			goto out;
 		for (size_t i = 0; i < nmulti; i++) {
 			struct cell *c = order[i];
 			uint64_t h = cell_hash(c) +
@@ -1596,8 +1708,12 @@ static int plan_many(struct wex_planner *pl, const struct wex_plan_dst *dsts, si
 	 * come out of cut_piece in this order; splitting keeps the first chunk
 	 * in place and appends the others, so only those are sorted and the
 	 * two runs merged (keys are unique: the order is the full sort's). */
-	if (w.ncells > n0) /* (none: w.cells may be NULL) */
-		qsort(w.cells + n0, w.ncells - n0, sizeof(*w.cells), cell_order);
+	if (w.ncells > n0) { /* (none: w.cells may be NULL) */
+		ret = plan_sort(w.cells + n0, w.ncells - n0, sizeof(*w.cells), cell_order, "the ops",
+				err, errlen);
+		if (ret < 0)
+			goto out;
+	}
 	/* Ops arrays sized once, at one op per cell (fusing makes fewer,
 	 * splitting outer dims more), instead of doubling from 64: caps[]
 	 * counts each plan's cells first. */
