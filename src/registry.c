@@ -181,6 +181,7 @@ static void group_free(struct model *m, struct cgroup *g)
 			*gp = g->next;
 			break;
 		}
+	wexd_verify_group_gone(m, g);
 	free(g->ranks);
 	free(g->taken);
 	free(g);
@@ -281,6 +282,7 @@ static int group_resize(struct wexd *d, struct model *m, struct cgroup *g, uint3
 		return -ENOMEM;
 	}
 	round_close(d, m, g);
+	wexd_verify_kept_free(g);
 	free(g->ranks);
 	free(g->taken);
 	g->ranks = ranks;
@@ -2790,6 +2792,7 @@ void wexd_conn_drop(struct wexd *d, struct conn *c)
 		lease_drop(m, c);
 		wex__journal_del(&d->journal, &c->lease_fd, c->lease_file);
 		c->lease_noted = 0;
+		wexd_verify_left(g, c);
 		g->ranks[c->rank] = NULL;
 		plans_gc(m);
 		for (uint32_t i = 0; i < g->world; i++)

@@ -732,6 +732,13 @@ static void print_verify_rank(const char *group, json_t *r)
 	else if (!strcmp(state, "expired"))
 		snprintf(detail, sizeof(detail), "no sync while the ask stood (serves v%lld)",
 			 (long long)json_integer_value(json_object_get(r, "served")));
+	/* A rank that answered and then left: its answer, from its pid. */
+	if (json_is_true(json_object_get(r, "gone"))) {
+		size_t at = strlen(detail);
+
+		snprintf(detail + at, sizeof(detail) - at, "%sits engine answered, then left",
+			 at ? "; " : "");
+	}
 	/* VERSION: the version verified; "-" where nothing was (not 0,
 	 * beside a detail naming the version served). */
 	if (v)

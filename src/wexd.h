@@ -148,7 +148,18 @@ struct cgroup {
 	uint64_t verify_ticket;
 	uint64_t verify_asked_ns;
 	uint64_t verify_until_ns;
+	/* Per rank (world of them; NULL until one left): the answer of the
+	 * last process in that rank's slot that answered an ask and left. */
+	struct verify_kept **verify_kept;
 	struct cgroup *next;
+};
+
+/* A rank's answer to a wexctl verify ask, kept after its process left
+ * (wexd_verify_left): a poll shows it done, from that pid, not absent. */
+struct verify_kept {
+	struct verify_rec rec;
+	pid_t pid;
+	uint64_t served;
 };
 
 /* A wexctl verify ask of one group, kept on the model while it stands
@@ -162,6 +173,9 @@ struct verify_stand {
 	uint64_t ticket;
 	uint64_t asked_ns;
 	uint64_t until_ns;
+	/* The group's kept answers while it is gone (world of them, or
+	 * NULL): the group made again takes them back. */
+	struct verify_kept **kept;
 	struct verify_stand *next;
 };
 
@@ -325,6 +339,12 @@ void wexd_verify_ask(struct conn *c, json_t *reply);
 /* A group wexd_hello just made takes the ask standing for its name, if
  * any. */
 void wexd_verify_group_made(struct model *m, struct cgroup *g);
+/* A consumer rank leaves its group: its answer to an ask is kept on the
+ * group.  A group that goes leaves its kept answers with its standing ask
+ * (or frees them); one resized frees them. */
+void wexd_verify_left(struct cgroup *g, const struct conn *c);
+void wexd_verify_group_gone(struct model *m, struct cgroup *g);
+void wexd_verify_kept_free(struct cgroup *g);
 /* A model that goes leaves its standing asks with wexd, and one made
  * again takes them back: an ask survives a restart of every client of its
  * model (wexd_verify_free at wexd's exit frees what is left). */

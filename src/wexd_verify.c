@@ -14,7 +14,10 @@
  * ask nobody waits on.  A group goes when its last rank leaves, so the ask
  * is also kept on the model, by group name, while it stands: an engine
  * whose ranks all restart within it makes the group again, asked, and a
- * poll meanwhile reports its ranks absent.  A model goes with its last
+ * poll meanwhile reports its ranks absent.  A rank whose process answered
+ * an ask and then left is reported done, with that answer and pid (its
+ * answer kept on the group, and with the ask while the group is gone),
+ * not absent.  A model goes with its last
  * client, so its standing asks then wait with wexd (verify_orphans) for
  * a client to make it again.
  */
@@ -39,6 +42,15 @@ static struct model *find_model(struct wexd *d, const char *name)
 	return NULL;
 }
 
+static void kept_free(struct verify_kept **k, uint32_t world)
+{
+	if (!k)
+		return;
+	for (uint32_t i = 0; i < world; i++)
+		free(k[i]);
+	free(k);
+}
+
 /* Frees the asks of a list that no longer stand. */
 static void prune_list(struct verify_stand **sp)
 {
@@ -52,6 +64,7 @@ static void prune_list(struct verify_stand **sp)
 			continue;
 		}
 		*sp = s->next;
+		kept_free(s->kept, s->world);
 		free(s);
 	}
 }
@@ -88,6 +101,55 @@ void wexd_verify_group_made(struct model *m, struct cgroup *g)
 	g->verify_ticket = s->ticket;
 	g->verify_asked_ns = s->asked_ns;
 	g->verify_until_ns = s->until_ns;
+	/* (Answers of another world's ranks mean nothing to this one.) */
+	if (s->kept && s->world == g->world)
+		g->verify_kept = s->kept;
+	else
+		kept_free(s->kept, s->world);
+	s->kept = NULL;
+}
+
+void wexd_verify_left(struct cgroup *g, const struct conn *c)
+{
+	struct verify_kept *k;
+
+	if (!c->verify_done || c->rank >= g->world)
+		return;
+	if (!g->verify_kept && !(g->verify_kept = calloc(g->world, sizeof(*g->verify_kept)))) {
+		wex_warn("verify", "out of memory: group '%s' rank %u's answer (ticket %llu) not kept after it left",
+			 g->name, c->rank, (unsigned long long)c->verify_done);
+		return;
+	}
+	k = g->verify_kept[c->rank];
+	/* An answer to a later ask of an earlier process stays. */
+	if (k && k->rec.ticket > c->verify_done)
+		return;
+	if (!k && !(k = malloc(sizeof(*k)))) {
+		wex_warn("verify", "out of memory: group '%s' rank %u's answer (ticket %llu) not kept after it left",
+			 g->name, c->rank, (unsigned long long)c->verify_done);
+		return;
+	}
+	k->rec = c->answered;
+	k->pid = c->pid;
+	k->served = c->served_version;
+	g->verify_kept[c->rank] = k;
+}
+
+void wexd_verify_group_gone(struct model *m, struct cgroup *g)
+{
+	struct verify_stand *s = stand_find(m, g->name);
+
+	if (s && !s->kept && s->world == g->world)
+		s->kept = g->verify_kept;
+	else
+		kept_free(g->verify_kept, g->world);
+	g->verify_kept = NULL;
+}
+
+void wexd_verify_kept_free(struct cgroup *g)
+{
+	kept_free(g->verify_kept, g->world);
+	g->verify_kept = NULL;
 }
 
 void wexd_verify_forget(struct wexd *d, struct model *m)
@@ -128,6 +190,7 @@ void wexd_verify_free(struct wexd *d)
 		struct verify_stand *s = d->verify_orphans;
 
 		d->verify_orphans = s->next;
+		kept_free(s->kept, s->world);
 		free(s);
 	}
 }
@@ -270,6 +333,8 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 
 	for (uint32_t i = 0; i < g->world; i++) {
 		const struct conn *c = g->ranks ? g->ranks[i] : NULL;
+		/* No process there now, but the last one there answered an ask. */
+		const struct verify_kept *kp = !c && g->verify_kept ? g->verify_kept[i] : NULL;
 		/* Its sync was asked and still holds the lease it was asked
 		 * with: comparing (a copy answers with its release, which may
 		 * come after the ask stood; it answers all the same). */
@@ -277,13 +342,15 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 				c->has_lease && c->syncs == c->verify_asked_sync;
 		const char *state;
 
-		if (!c && g->world > VERIFY_WORLD_ALL) {
+		if (kp && kp->rec.ticket < ticket)
+			kp = NULL;
+		if (!c && !kp && g->world > VERIFY_WORLD_ALL) {
 			unlisted++;
 			continue;
 		}
 		if (g->verify_ticket < ticket)
 			state = "not-asked";
-		else if (c && c->verify_done >= ticket)
+		else if ((c && c->verify_done >= ticket) || kp)
 			state = "done";
 		else if (!c)
 			state = "absent"; /* no engine there, the ask standing or not */
@@ -291,13 +358,19 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 			state = "expired"; /* no sync answered it in time */
 		else
 			state = "pending";
-		o = json_pack("{s:i, s:i, s:s, s:I}", "rank", (int)i, "pid", c ? (int)c->pid : 0,
-			      "state", state, "served", (json_int_t)(c ? c->served_version : 0));
+		o = json_pack("{s:i, s:i, s:s, s:I}", "rank", (int)i,
+			      "pid", c ? (int)c->pid : kp ? (int)kp->pid : 0, "state", state,
+			      "served", (json_int_t)(c ? c->served_version : kp ? kp->served : 0));
 		if (c && c->last_sync_ns)
 			json_object_set_new(o, "last_sync_s_ago",
 					    json_real((double)(now - c->last_sync_ns) / 1e9));
 		if (c && !strcmp(state, "done"))
 			json_object_set_new(o, "verify", rec_json(&c->answered));
+		if (kp) {
+			/* (Answered, then its process left.) */
+			json_object_set_new(o, "verify", rec_json(&kp->rec));
+			json_object_set_new(o, "gone", json_true());
+		}
 		if (comparing)
 			json_object_set_new(o, "comparing", json_true());
 		json_array_append_new(ranks, o);
@@ -315,11 +388,13 @@ static json_t *group_state(const struct cgroup *g, uint64_t ticket)
 }
 
 /* Where the ranks of a group an ask stands for, gone for now, stand on
- * `ticket`: every one absent, the ask standing or not. */
+ * `ticket`: absent, the ask standing or not, but for those that answered
+ * before they left (done). */
 static json_t *gone_state(const struct verify_stand *s, uint64_t ticket)
 {
 	struct cgroup gone = { .world = s->world, .verify_ticket = s->ticket,
-			       .verify_asked_ns = s->asked_ns, .verify_until_ns = s->until_ns };
+			       .verify_asked_ns = s->asked_ns, .verify_until_ns = s->until_ns,
+			       .verify_kept = s->kept };
 
 	memcpy(gone.name, s->group, sizeof(gone.name));
 	return group_state(&gone, ticket);

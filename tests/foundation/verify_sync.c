@@ -41,6 +41,9 @@
  *    model leaves and the ask stops standing, stops waiting for the
  *    absent rank (exit 4, the table), not exit 1 at a poll that finds
  *    the model forgotten;
+ *  - a rank that answers an ask and leaves is shown done (its answer and
+ *    pid kept, "gone"), with its group and after it, not absent, and
+ *    wexctl verify counts its answer;
  *  - a group of a world of 65536 with one rank connected: a poll lists
  *    that rank and counts the absent others (ranks_unlisted), and wexctl
  *    prints a short table and counts them not verified (exit 4).
@@ -463,6 +466,94 @@ static void shard_offset_check(void)
 	t_cons_close(&h[1]);
 }
 
+/* wexd's answer to a poll of `ticket` for `group`: rank r's "gone" and
+ * "pid", and its state and result ("" where there is none). */
+static int poll_rank(wex_client_t *c, const char *group, long ticket, int r, char *state,
+		     char *result, long *pid)
+{
+	char args[128], *reply = NULL;
+	json_t *j, *o;
+	int gone;
+
+	snprintf(args, sizeof(args), "{\"model\":\"%s\",\"group\":\"%s\",\"ticket\":%ld}", MODEL,
+		 group, ticket);
+	T_WEX(c, wex_request(c, "verify", args, &reply));
+	j = json_loads(reply, 0, NULL);
+	o = json_array_get(json_object_get(json_array_get(json_object_get(j, "groups"), 0),
+					   "ranks"), (size_t)r);
+	T_ASSERT(o, "verify poll of group '%s': no rank %d: %s", group, r, reply);
+	snprintf(state, 32, "%s", json_string_value(json_object_get(o, "state")) ?: "");
+	snprintf(result, 32, "%s",
+		 json_string_value(json_object_get(json_object_get(o, "verify"), "result")) ?: "");
+	*pid = (long)json_integer_value(json_object_get(o, "pid"));
+	gone = json_is_true(json_object_get(o, "gone"));
+	json_decref(j);
+	wex_free(reply);
+	return gone;
+}
+
+/*
+ * A rank that answers an ask and then leaves (its engine exits; the other
+ * rank stays): a poll shows it done, its answer and pid kept, "gone", not
+ * absent; wexctl verify, waiting for the other rank, ends at its answer
+ * (exit 0), the left rank's line saying its engine answered, then left.
+ * The group gone (its other rank leaves too), both answers are kept with
+ * the ask, and the group made again takes them back.  Before, an answer went with its connection: the rank showed
+ * absent, and wexctl waited for it to its timeout (exit 4).
+ */
+static void gone_rank_check(void)
+{
+	wex_client_t *adm = t_open(WEX_ROLE_ADMIN, NULL, NULL, 0, 0);
+	struct wex_sync_result r;
+	struct t_cons h[2];
+	char out[400], state[32], result[32];
+	long ticket, pid;
+	double t0;
+	int ret;
+
+	snprintf(out, sizeof(out), "%s/wexctl-left.out", d.dir);
+	for (int i = 0; i < 2; i++) {
+		t_cons_open_from(&h[i], MODEL, "left", "tiny", (uint32_t)i, 2, 0);
+		T_WEX(h[i].c, wex_sync(h[i].c, WEX_SYNC_COPY, 1, 5000, &r));
+	}
+	ret = (int)wexctl_start(out, (const char *const[]){ "verify", MODEL, "--group", "left",
+							   "--timeout", "20", NULL });
+	wait_asked(out);
+	ticket = strtol(strstr(slurp(out), "(ticket ") + 8, NULL, 10);
+	T_WEX(h[0].c, wex_sync(h[0].c, WEX_SYNC_COPY, 1, 5000, &r));
+	t_cons_close(&h[0]);
+	for (t0 = t_now(); !poll_rank(adm, "left", ticket, 0, state, result, &pid);) {
+		T_ASSERT(t_now() - t0 < 10, "rank 0 answered and left: after 10 s, state '%s' result '%s'",
+			 state, result);
+		usleep(10000);
+	}
+	T_ASSERT(!strcmp(state, "done") && !strcmp(result, "equal") && pid == (long)getpid(),
+		 "rank 0 answered and left: state '%s' result '%s' pid %ld", state, result, pid);
+	T_WEX(h[1].c, wex_sync(h[1].c, WEX_SYNC_COPY, 1, 5000, &r));
+	pid = t_wait((pid_t)ret);
+	T_ASSERT(pid == 0 && strstr(slurp(out), "its engine answered, then left") &&
+			 strstr(slurp(out), "every rank's weights equal"),
+		 "wexctl verify, a rank that answered and left: exit %ld: %s", pid, slurp(out));
+	/* The whole group gone: both answers with the ask. */
+	t_cons_close(&h[1]);
+	wait_gone(MODEL, "left");
+	for (int i = 0; i < 2; i++) {
+		T_ASSERT(poll_rank(adm, "left", ticket, i, state, result, &pid) &&
+				 !strcmp(state, "done") && !strcmp(result, "equal"),
+			 "group gone: rank %d is '%s' '%s'", i, state, result);
+	}
+	/* Made again by rank 1's engine: it takes them back (rank 0's shows
+	 * still; rank 1's process is a new one, not asked yet). */
+	t_cons_open_from(&h[1], MODEL, "left", "tiny", 1, 2, 0);
+	T_ASSERT(poll_rank(adm, "left", ticket, 0, state, result, &pid) && !strcmp(state, "done") &&
+			 !strcmp(result, "equal"),
+		 "group made again: rank 0 is '%s' '%s'", state, result);
+	T_ASSERT(!poll_rank(adm, "left", ticket, 1, state, result, &pid) && strcmp(state, "done"),
+		 "group made again: rank 1's new process shows '%s' '%s' as its own", state, result);
+	t_cons_close(&h[1]);
+	wex_client_close(adm);
+}
+
 /* A two-rank group whose rank 1 never connected: once the ask stops
  * standing, rank 0 (connected, no sync) shows expired, and rank 1 shows
  * absent, "no engine connected as this rank", not expired with "no sync
@@ -844,6 +935,7 @@ int main(int argc, char **argv)
 	comparing_check();
 	shard_offset_check();
 	absent_rank_check();
+	gone_rank_check();
 	wide_world_check();
 	orphan_expiry_check();
 	wexctl_checks(&k);
