@@ -222,25 +222,25 @@ static void row_differs(struct job *j, const struct unit *un, uint64_t r, uint64
  * the dev VM, against 18 to 21 GB/s of memcmp; 1.2 to 5.0 GB/s since
  * (tests/bench/verify_transpose).  As the host copy executor does (vmm/host.c,
  * copy_small), the rows are walked without dividing, up to PANEL whole
- * runs of count[0] rows at a time, a TILE x TILE block of elements after
- * another: each side's block is read into a buffer along that side's
+ * runs of count[0] rows at a time, a 32 x 32 block of elements (16 x 16
+ * for 16-byte elements) after another: each side's block is read into a buffer along that side's
  * contiguous dim, the element at (k, b) of the block at the same place
  * in both buffers, and the buffers are compared a block row at a time.
  * Only a block row that differs is walked element by element (to note
  * each different row, as compare_unit does).
  */
 #define SMALL_ELEM_MAX 16
-#define TILE 32
 #define PANEL 256
 
 /*
+ * CMP_LOOPS(N, TILE), for N-byte elements in TILE x TILE blocks:
  * tile_in_N: reads an na x nb block of N-byte elements, element (k, b)
  * at p + k * p0 + b * p1, into buf[k][b] (rows of TILE elements).
  * compare_tiles_N: compares n1 runs of n0 rows (run b's row k at s + b *
  * s1 + k * s0, and d + ...), which are rows `row` + b * n0 + k of unit un.
  * (Constant sizes: each element a load and a store.)
  */
-#define CMP_LOOPS(N)                                                                            \
+#define CMP_LOOPS(N, TILE)                                                                      \
 	static void tile_in_##N(unsigned char *buf, const unsigned char *p, int64_t p0,         \
 				int64_t p1, uint64_t na, uint64_t nb)                           \
 	{                                                                                       \
@@ -289,11 +289,13 @@ static void row_differs(struct job *j, const struct unit *un, uint64_t r, uint64
 				}                                                               \
 			}                                                                       \
 	}
-CMP_LOOPS(1)
-CMP_LOOPS(2)
-CMP_LOOPS(4)
-CMP_LOOPS(8)
-CMP_LOOPS(16)
+/* (16-byte elements in 16 x 16 blocks: the two buffers on the calling
+ * thread's stack stay at 16 KiB at most, whatever thread compares.) */
+CMP_LOOPS(1, 32)
+CMP_LOOPS(2, 32)
+CMP_LOOPS(4, 32)
+CMP_LOOPS(8, 32)
+CMP_LOOPS(16, 16)
 
 static void compare_tiles(struct job *j, const struct unit *un, const unsigned char *s,
 			  const unsigned char *d, int64_t s0, int64_t s1, int64_t d0, int64_t d1,

@@ -107,14 +107,25 @@ void wexd_verify_group_made(struct model *m, struct cgroup *g)
 	else
 		kept_free(s->kept, s->world);
 	s->kept = NULL;
+	s->world = g->world;
 }
 
 void wexd_verify_left(struct cgroup *g, const struct conn *c)
 {
 	struct verify_kept *k;
 
-	if (!c->verify_done || c->rank >= g->world)
+	if (c->rank >= g->world)
 		return;
+	if (!c->verify_done) {
+		/* A process that synced since an earlier one answered, and
+		 * answered nothing itself: that answer no longer speaks for
+		 * what the rank served (a poll shows the rank absent). */
+		if (c->syncs && g->verify_kept && g->verify_kept[c->rank]) {
+			free(g->verify_kept[c->rank]);
+			g->verify_kept[c->rank] = NULL;
+		}
+		return;
+	}
 	if (!g->verify_kept && !(g->verify_kept = calloc(g->world, sizeof(*g->verify_kept)))) {
 		wex_warn("verify", "out of memory: group '%s' rank %u's answer (ticket %llu) not kept after it left",
 			 g->name, c->rank, (unsigned long long)c->verify_done);

@@ -43,7 +43,8 @@
  *    the model forgotten;
  *  - a rank that answers an ask and leaves is shown done (its answer and
  *    pid kept, "gone"), with its group and after it, not absent, and
- *    wexctl verify counts its answer;
+ *    wexctl verify counts its answer; after another process in its slot
+ *    synced and left unasked, absent again;
  *  - a group of a world of 65536 with one rank connected: a poll lists
  *    that rank and counts the absent others (ranks_unlisted), and wexctl
  *    prints a short table and counts them not verified (exit 4).
@@ -554,6 +555,56 @@ static void gone_rank_check(void)
 	wex_client_close(adm);
 }
 
+/*
+ * A rank whose engine answered an ask and left, then another process in
+ * its slot that synced (after the ask stood: not asked) and left without
+ * answering: the first answer no longer speaks for what the rank served,
+ * so a poll shows the rank absent, not done with the first process's
+ * answer (review h142).  Rank 1 stays connected throughout, so the group
+ * and its kept answers stay.
+ */
+static void replaced_rank_check(void)
+{
+	wex_client_t *adm = t_open(WEX_ROLE_ADMIN, NULL, NULL, 0, 0);
+	struct wex_sync_result r;
+	struct t_cons h[2];
+	char args[160], *reply = NULL, state[32], result[32];
+	long ticket, pid;
+	json_t *j;
+	double t0;
+
+	for (int i = 0; i < 2; i++) {
+		t_cons_open_from(&h[i], MODEL, "swap", "tiny", (uint32_t)i, 2, 0);
+		T_WEX(h[i].c, wex_sync(h[i].c, WEX_SYNC_COPY, 1, 5000, &r));
+	}
+	snprintf(args, sizeof(args), "{\"model\":\"%s\",\"group\":\"swap\",\"stand_ms\":500}",
+		 MODEL);
+	T_WEX(adm, wex_request(adm, "verify", args, &reply));
+	j = json_loads(reply, 0, NULL);
+	ticket = (long)json_integer_value(json_object_get(j, "ticket"));
+	json_decref(j);
+	wex_free(reply);
+	T_WEX(h[0].c, wex_sync(h[0].c, WEX_SYNC_COPY, 1, 5000, &r));
+	t_cons_close(&h[0]);
+	for (t0 = t_now(); !poll_rank(adm, "swap", ticket, 0, state, result, &pid);) {
+		T_ASSERT(t_now() - t0 < 10, "rank 0 answered and left: state '%s'", state);
+		usleep(10000);
+	}
+	usleep(600000); /* the ask no longer stands */
+	t_cons_open_from(&h[0], MODEL, "swap", "tiny", 0, 2, 0);
+	T_WEX(h[0].c, wex_sync(h[0].c, WEX_SYNC_COPY, 1, 5000, &r));
+	t_cons_close(&h[0]);
+	for (t0 = t_now(); poll_rank(adm, "swap", ticket, 0, state, result, &pid) ||
+			   strcmp(state, "absent");) {
+		T_ASSERT(t_now() - t0 < 10,
+			 "rank 0's second process synced and left unasked: after 10 s '%s' '%s' pid %ld",
+			 state, result, pid);
+		usleep(10000);
+	}
+	t_cons_close(&h[1]);
+	wex_client_close(adm);
+}
+
 /* A two-rank group whose rank 1 never connected: once the ask stops
  * standing, rank 0 (connected, no sync) shows expired, and rank 1 shows
  * absent, "no engine connected as this rank", not expired with "no sync
@@ -936,6 +987,7 @@ int main(int argc, char **argv)
 	shard_offset_check();
 	absent_rank_check();
 	gone_rank_check();
+	replaced_rank_check();
 	wide_world_check();
 	orphan_expiry_check();
 	wexctl_checks(&k);
