@@ -169,6 +169,9 @@ struct wex_client {
 	_Atomic int cancel_local; /* the call running is a publish or a
 				   * registration: cancelled here */
 	int reg_call; /* the call running is a registration (REGISTERING) */
+	/* The end of the grace a cancel gives wexd (call_grace), for the
+	 * call call_seq was grace_seq in. */
+	uint64_t grace_end, grace_seq;
 	int cancel_efd;
 	int cancel_wait;
 	int eintr;     /* WEX_CLIENT_EINTR: a signal ends a wait */
@@ -725,6 +728,25 @@ enum { GIVE_UP_NONE, GIVE_UP_CANCEL, GIVE_UP_WANT };
 enum { ANSWER_PLAIN, ANSWER_HELLO, ANSWER_GRACE };
 
 /*
+ * The end of the grace a cancel of the running call gives wexd: set at
+ * the first wait that sees the cancel, and kept for the call's later
+ * requests.  Each wait gave its own request HUNG_GRACE_MS, so that a
+ * registration of several parts (a chained segment) on a wexd slow to
+ * answer each, but within the grace, ended parts x 3 s after the cancel,
+ * or not at all.
+ */
+static uint64_t call_grace(struct wex_client *c)
+{
+	uint64_t seq = atomic_load(&c->call_seq);
+
+	if (c->grace_seq != seq) {
+		c->grace_seq = seq;
+		c->grace_end = wex__now_ns() + HUNG_GRACE_MS * 1000000ull;
+	}
+	return c->grace_end;
+}
+
+/*
  * Polls pfd (wexd's answer, the watch's stop, wex_cancel's wake-up) for up
  * to limit_ms.  A cancel of the call waiting here asks wexd, once, to end
  * the wait: its answer (-ECANCELED, or the one it sent before the cancel
@@ -752,7 +774,7 @@ static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_
 		if (give_up == GIVE_UP_WANT && atomic_load(&c->watch->want))
 			return -EBUSY;
 		if (kind == ANSWER_GRACE && !grace && cancel_asked(c))
-			grace = wex__now_ns() + HUNG_GRACE_MS * 1000000ull;
+			grace = call_grace(c);
 		if (kind != ANSWER_GRACE && !give_up && pfd[2].fd >= 0 && !sent &&
 		    cancel_asked(c) && atomic_load(&c->wexd_cancels)) {
 			char msg[64];
@@ -766,7 +788,7 @@ static int wait_answer(struct wex_client *c, struct pollfd *pfd, uint64_t limit_
 				wex_debug("client", "cancel: %s", strerror((int)-n));
 			sent = 1;
 			if (!grace)
-				grace = wex__now_ns() + HUNG_GRACE_MS * 1000000ull;
+				grace = call_grace(c);
 		}
 		now = wex__now_ns();
 		if (grace && now >= grace)

@@ -28,7 +28,13 @@
  *     -ECANCELED 3 s after it, and the parts registered before are not
  *     kept: once wexd goes on, the call made again sends 4 requests (3
  *     parts and the chain, none left over to register again) and gets
- *     the id the first would have had.
+ *     the id the first would have had;
+ *  5. chained, slow: the same registration on a wexd that answers each
+ *     part 2 s after it was sent (stopped as each is sent, continued 2 s
+ *     later: within the 3 s grace each time), wex_cancel at 0.3 s:
+ *     -ECANCELED 3 s after the cancel, in the second part's wait.  Each
+ *     wait gave its own request the 3 s: the registration went on to
+ *     its end (4 requests, 8 s) and succeeded.
  * With the GPU waited for on the calling thread, the handler runs inside
  * the driver unseen, and cases 2 and 3 wait their timeouts; with the
  * signals held there instead, the one sent to the process goes to the
@@ -39,6 +45,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,6 +188,10 @@ static uint64_t bad_elems(const uint16_t *h, uint64_t total, unsigned v)
  * sendmsg, which this executable exports (ENABLE_EXPORTS). */
 static int seg_requests, stop_at;
 static pid_t wexd_pid;
+/* Case 5: wexd stopped at each register_segment request (held), and
+ * continued SLOW_MS later by slow_run. */
+#define SLOW_MS 2000
+static atomic_int slow_mode, held;
 
 __attribute__((visibility("default"))) ssize_t sendmsg(int fd, const struct msghdr *msg,
 							 int flags)
@@ -192,9 +203,25 @@ __attribute__((visibility("default"))) ssize_t sendmsg(int fd, const struct msgh
 										     "sendmsg");
 	if (msg->msg_iovlen &&
 	    memmem(msg->msg_iov[0].iov_base, msg->msg_iov[0].iov_len, "\"register_segment\"", 18) &&
-	    ++seg_requests == stop_at)
+	    (++seg_requests == stop_at || atomic_load(&slow_mode))) {
 		kill(wexd_pid, SIGSTOP);
+		atomic_store(&held, 1);
+	}
 	return real(fd, msg, flags);
+}
+
+static void *slow_run(void *arg)
+{
+	(void)arg;
+	while (atomic_load(&slow_mode)) {
+		if (!atomic_exchange(&held, 0)) {
+			usleep(1000);
+			continue;
+		}
+		usleep(SLOW_MS * 1000);
+		kill(wexd_pid, SIGCONT);
+	}
+	return NULL;
 }
 
 static void *cancel_run(void *arg)
@@ -421,6 +448,40 @@ int main(void)
 		       seg_requests);
 		CHECK_OK(ret);
 		CHECK(id == 3 && seg_requests == 4);
+		wex_client_close(cp);
+		gpu_expandable_free(va, 3, gran, ch);
+	}
+
+	/* 5. The same on a wexd slow to answer each part. */
+	{
+		CUmemGenericAllocationHandle ch[3];
+		uint64_t gran = gpu_granularity();
+		CUdeviceptr va = gpu_expandable(3, gran, ch);
+		wex_client_t *cp = open_client(WEX_ROLE_PRODUCER, "slow");
+		uint32_t id = 77;
+		pthread_t th, sl;
+
+		wexd_pid = wexd;
+		seg_requests = 0;
+		atomic_store(&held, 0);
+		atomic_store(&slow_mode, 1);
+		CHECK(pthread_create(&sl, NULL, slow_run, NULL) == 0);
+		CHECK(pthread_create(&th, NULL, cancel_run, cp) == 0);
+		t0 = now_s();
+		ret = wex_segment_register_ptr(cp, WEX_SEG_CUDA_VMM, (void *)(uintptr_t)va, 3 * gran,
+					       &id);
+		dt = now_s() - t0;
+		CHECK(pthread_join(th, NULL) == 0);
+		atomic_store(&slow_mode, 0);
+		CHECK(pthread_join(sl, NULL) == 0);
+		CHECK(kill(wexd, SIGCONT) == 0);
+		printf("chained, slow: %d after %.2f s (wex_cancel at %.1f s, each part answered %.1f s after it was sent, %d requests sent): %s\n",
+		       ret, dt, KICK_MS / 1000.0, SLOW_MS / 1000.0, seg_requests,
+		       wex_last_error(cp));
+		CHECK(ret == -ECANCELED && id == 77);
+		/* 3 s after the cancel; the second part's own 3 s would end
+		 * at 5 s, and the parts' answers came by 8 s. */
+		CHECK(dt >= (KICK_MS + 3000 - 100) / 1000.0 && dt < 4.6);
 		wex_client_close(cp);
 		gpu_expandable_free(va, 3, gran, ch);
 	}
