@@ -44,7 +44,8 @@
  *  - a rank that answers an ask and leaves is shown done (its answer and
  *    pid kept, "gone"), with its group and after it, not absent, and
  *    wexctl verify counts its answer; after another process in its slot
- *    synced and left unasked, absent again;
+ *    synced and left unasked, absent again; a gone group made again
+ *    with another world shows that world's answers once gone again;
  *  - a group of a world of 65536 with one rank connected: a poll lists
  *    that rank and counts the absent others (ranks_unlisted), and wexctl
  *    prints a short table and counts them not verified (exit 4).
@@ -605,6 +606,48 @@ static void replaced_rank_check(void)
 	wex_client_close(adm);
 }
 
+/*
+ * A group gone while its ask stands, made again with another world (an
+ * engine back with 2 ranks where it had 1): its ranks answer the ask and
+ * leave; the gone group's poll shows the new world, both ranks done with
+ * their answers.  The ask kept the old world, and the answers, of a
+ * world it did not have, were dropped: rank 0 absent, no rank 1
+ * (review h142).
+ */
+static void rewidened_check(void)
+{
+	wex_client_t *adm = t_open(WEX_ROLE_ADMIN, NULL, NULL, 0, 0);
+	struct wex_sync_result r;
+	struct t_cons h[2];
+	char args[160], *reply = NULL, state[32], result[32];
+	long ticket, pid;
+	json_t *j;
+
+	t_cons_open_from(&h[0], MODEL, "wid", "tiny", 0, 1, 0);
+	snprintf(args, sizeof(args), "{\"model\":\"%s\",\"group\":\"wid\",\"stand_ms\":30000}",
+		 MODEL);
+	T_WEX(adm, wex_request(adm, "verify", args, &reply));
+	j = json_loads(reply, 0, NULL);
+	ticket = (long)json_integer_value(json_object_get(j, "ticket"));
+	json_decref(j);
+	wex_free(reply);
+	t_cons_close(&h[0]);
+	wait_gone(MODEL, "wid");
+	for (int i = 0; i < 2; i++) {
+		t_cons_open_from(&h[i], MODEL, "wid", "tiny", (uint32_t)i, 2, 0);
+		T_WEX(h[i].c, wex_sync(h[i].c, WEX_SYNC_COPY, 1, 5000, &r));
+	}
+	for (int i = 0; i < 2; i++)
+		t_cons_close(&h[i]);
+	wait_gone(MODEL, "wid");
+	for (int i = 0; i < 2; i++)
+		T_ASSERT(poll_rank(adm, "wid", ticket, i, state, result, &pid) &&
+				 !strcmp(state, "done") && !strcmp(result, "equal"),
+			 "group of 2 ranks where the ask had 1, gone: rank %d is '%s' '%s'", i, state,
+			 result);
+	wex_client_close(adm);
+}
+
 /* A two-rank group whose rank 1 never connected: once the ask stops
  * standing, rank 0 (connected, no sync) shows expired, and rank 1 shows
  * absent, "no engine connected as this rank", not expired with "no sync
@@ -988,6 +1031,7 @@ int main(int argc, char **argv)
 	absent_rank_check();
 	gone_rank_check();
 	replaced_rank_check();
+	rewidened_check();
 	wide_world_check();
 	orphan_expiry_check();
 	wexctl_checks(&k);
