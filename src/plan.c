@@ -474,12 +474,11 @@ static inline void cmp_tick(void)
  * stopped meanwhile (plan_stopped) ran its sort to the end.  Past
  * SORT_RUN entries plan_sort sorts pointers to them instead: runs of
  * RUN0 by insertion, merged pairwise (a merge sort, as glibc's qsort is
- * for such arrays), the stop flag looked at every SORT_RUN entries
- * merged (every SORT_RUN / 8 in the runs' insertion);
- * then the entries are moved into that order along its cycles, through
- * one spare entry's room (as glibc's qsort does for entries larger than
- * 32 bytes).  Each comparator orders
- * its entries totally (ties broken by address or by keys that are
+ * for such arrays), the stop flag looked at every SORT_RUN entries merged
+ * (every SORT_RUN / 8 in the runs' insertion); then the entries are moved
+ * into that order along its cycles, through one spare entry's room (as
+ * glibc's qsort does for entries larger than 32 bytes).  Each comparator
+ * orders its entries totally (ties broken by address or by keys that are
  * unique), so the order is qsort's.  Stopped, the entries are as they
  * were.  0, or -ECANCELED or -ENOMEM with err set.
  */

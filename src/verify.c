@@ -220,12 +220,13 @@ static void row_differs(struct job *j, const struct unit *un, uint64_t r, uint64
  * element a row) were a row_at (divisions) and a memcmp call each: 0.07
  * to 0.58 GB/s for 1- to 8-byte elements of a [4096, 8192] transpose on
  * the dev VM, against 18 to 21 GB/s of memcmp; 1.2 to 5.0 GB/s since
- * (tests/bench/verify_transpose).  As the host copy executor does (vmm/host.c,
- * copy_small), the rows are walked without dividing, up to PANEL whole
- * runs of count[0] rows at a time, a 32 x 32 block of elements (16 x 16
- * for 16-byte elements) after another: each side's block is read into a buffer along that side's
- * contiguous dim, the element at (k, b) of the block at the same place
- * in both buffers, and the buffers are compared a block row at a time.
+ * (tests/bench/verify_transpose).  As the host copy executor does
+ * (vmm/host.c, copy_small), the rows are walked without dividing, up to
+ * PANEL whole runs of count[0] rows at a time, a 32 x 32 block of
+ * elements (16 x 16 for 16-byte elements) after another: each side's
+ * block is read into a buffer along that side's contiguous dim, the
+ * element at (k, b) of the block at the same place in both buffers, and
+ * the buffers are compared a block row at a time.
  * Only a block row that differs is walked element by element (to note
  * each different row, as compare_unit does).
  */
