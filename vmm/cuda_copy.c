@@ -367,8 +367,15 @@ int wex__cuda_copy_async(const struct wex_copy_op *ops, size_t n, int dev)
 	b->n = 0;
 	ret = wex__cuda_stream(dev, &b->s);
 	for (size_t i = 0; i < n && !ret; i++) {
+		/* Folded first, as the host executor does: an older wexd
+		 * sends ops as planned (levels of one index, listed outermost
+		 * first), which issue() would cut into a copy per index of
+		 * their last level rather than one 3D copy. */
+		struct wex_copy_op f = ops[i];
+
+		wex_mem_fold_op(&f);
 		b->cur = (long)i;
-		ret = issue(b, &ops[i]);
+		ret = issue(b, &f);
 		if (ret)
 			fail_ops((long)i, (long)i);
 	}

@@ -31,6 +31,10 @@
  *                     sides, device and host memory, against the same
  *                     copy done on the CPU (the driver's semantics, which
  *                     the emulation must match)
+ *   unfolded_op       an op as an older wexd sends it (three levels listed
+ *                     outermost first, one of a single index) arrives
+ *                     right, in one copy call (it was 32 before the
+ *                     executor folded ops)
  *   sync_copy_waits   emulated only: a cuMemcpyDtoH read-back does not see
  *                     copies still queued on a non-blocking stream (the
  *                     driver's stream synchronization rules, which the
@@ -666,6 +670,40 @@ static void mixed_layout(void)
  * way would pass with the executor's (or a lease's) wait missing.  On a
  * GPU the queued copy may have finished: not asserted there.
  */
+/* Copy calls the emulated driver saw (-1 on a GPU). */
+static long long copy_calls(void)
+{
+	unsigned long long (*f)(void) =
+		(unsigned long long (*)(void))(uintptr_t)emul_sym("wex_emul_copy_calls");
+
+	return f ? (long long)f() : -1;
+}
+
+static void unfolded_op(void)
+{
+	enum { N = 1 << 16 };
+	struct bufs b;
+	struct wex_copy_op op = { .len = 256, .nouter = 3, .count = { 4, 1, 32 },
+				  .src_stride = { 16384, 0, 512 }, .dst_stride = { 8192, 0, 256 } };
+	long long before;
+
+	bufs_open(&b, N, 3, 4);
+	op.src = (uint64_t)(uintptr_t)b.hs;
+	op.dst = (uint64_t)(uintptr_t)b.hd;
+	CHECK_OK(wex_mem_host_copy(&op, 1, 1));
+	op.src = b.ds;
+	op.dst = b.dd;
+	before = copy_calls();
+	CHECK_OK(wex_mem_backend(WEX_MEM_CUDA_VMM)->copy(&op, 1, 1));
+	if (before >= 0) {
+		printf("  unfolded op: %lld copy call(s)\n", copy_calls() - before);
+		CHECK(copy_calls() - before == 1);
+	}
+	CU_OK(wex__cu.cuMemcpyDtoH(b.out, b.dd, N));
+	CHECK(memcmp(b.out, b.hd, N) == 0);
+	bufs_close(&b);
+}
+
 static void sync_copy_waits(void)
 {
 	enum { N = 1 << 16 };
@@ -736,6 +774,7 @@ int main(void)
 	ret |= run_one("huge_pitch", huge_pitch);
 	ret |= run_one("peer_reads_alloc", peer_reads_alloc);
 	ret |= run_one("mixed_layout", mixed_layout);
+	ret |= run_one("unfolded_op", unfolded_op);
 	ret |= run_one("sync_copy_waits", sync_copy_waits);
 	printf("%s\n", ret ? "FAIL" : "PASS");
 	return ret ? T_EXIT_FAIL : T_EXIT_PASS;
