@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* proto.c - error names, reply helpers, binary tables. */
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,7 +194,10 @@ const char *wex__default_socket(char *buf, size_t len)
 	}
 	s = getenv("XDG_RUNTIME_DIR");
 	if (s && s[0] == '/' && geteuid() != 0) {
-		char user[256];
+		/* As long as the callers' buffers: a longer $XDG_RUNTIME_DIR
+		 * was cut here, and the length check after it (a socket's
+		 * path is 107 bytes at most) named the cut path. */
+		char user[PATH_MAX + 64];
 
 		snprintf(user, sizeof(user), "%s/wex/wexd.sock", s);
 		snprintf(buf, len, "%s", wex__socket_pick(user, "/run/wex/wexd.sock"));
