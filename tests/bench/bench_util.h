@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* bench_util.h - small helpers the GPU benchmarks share. */
+/* bench_util.h - small helpers the benchmarks share. */
 #ifndef WEX_TESTS_BENCH_UTIL_H
 #define WEX_TESTS_BENCH_UTIL_H
 
@@ -19,6 +19,31 @@ static inline double now_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static inline int bench_dbl_cmp(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* The median of v[0..n), n >= 1 (v sorted in place; of an even count,
+ * the mean of the middle two). */
+static inline double bench_median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), bench_dbl_cmp);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Appends "key":[v0,...] (3 decimals) at json + *n, cap bytes in all. */
+static inline void bench_json_list(char *json, size_t cap, size_t *n, const char *key,
+				   const double *v, int nv)
+{
+	*n += (size_t)snprintf(json + *n, cap - *n, "\"%s\":[", key);
+	for (int k = 0; k < nv; k++)
+		*n += (size_t)snprintf(json + *n, cap - *n, "%s%.3f", k ? "," : "", v[k]);
+	*n += (size_t)snprintf(json + *n, cap - *n, "]");
 }
 
 /* $name as a number, or def when unset or empty. */

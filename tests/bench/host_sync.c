@@ -66,18 +66,6 @@
 #define RUNS 5
 #define BASE_RUNS 3 /* the socket and safetensors baselines */
 
-static double median(double *v, int n)
-{
-	for (int i = 1; i < n; i++)
-		for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-			double t = v[j];
-
-			v[j] = v[j - 1];
-			v[j - 1] = t;
-		}
-	return v[n / 2];
-}
-
 /* Why the run failed: the JSON line an early exit leaves says it. */
 static char bench_error[512];
 static const char *bench_preset = "";
@@ -757,12 +745,12 @@ int main(int argc, char **argv)
 	bench_wexd = 0;
 	rm_wexd_dir(dir, 0);
 
-	double copy_s = median(copy_t, RUNS), meta_s = median(meta_t, RUNS),
-	       touch_s = median(touch_t, RUNS), fixed_s = median(fixed_t, RUNS),
-	       mc_s = median(mc_t, RUNS), stream_s = median(stream_t, RUNS), sock_s = median(sock_t, BASE_RUNS),
-	       st_s = median(st_t, BASE_RUNS),
-	       vfy_s = median(vfy_t, RUNS), vsync_s = median(vsync_t, RUNS), back_s = median(back_t, RUNS),
-	       cmp_s = median(cmp_t, RUNS);
+	double copy_s = bench_median(copy_t, RUNS), meta_s = bench_median(meta_t, RUNS),
+	       touch_s = bench_median(touch_t, RUNS), fixed_s = bench_median(fixed_t, RUNS),
+	       mc_s = bench_median(mc_t, RUNS), stream_s = bench_median(stream_t, RUNS), sock_s = bench_median(sock_t, BASE_RUNS),
+	       st_s = bench_median(st_t, BASE_RUNS),
+	       vfy_s = bench_median(vfy_t, RUNS), vsync_s = bench_median(vsync_t, RUNS), back_s = bench_median(back_t, RUNS),
+	       cmp_s = bench_median(cmp_t, RUNS);
 	double gib = (double)model_bytes / (1 << 30);
 	double limit_s = stream_s < mc_s ? stream_s : mc_s; /* the faster plain copy */
 	long sock_faults_max = 0;

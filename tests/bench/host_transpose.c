@@ -23,28 +23,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "tests/bench/bench_util.h"
 #include "vmm/backend.h"
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int dbl_cmp(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(*v), dbl_cmp);
-	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* The element loop: dst[c][r] = src[r][c], one memcpy of e bytes each
  * (e known at run time, as an op's row length is). */
@@ -71,7 +51,7 @@ int main(void)
 	const char *small = getenv("WEX_BENCH_SMALL"), *runs_env = getenv("WEX_BENCH_RUNS");
 	uint64_t r = small && *small == '1' ? 512 : 4096, c = small && *small == '1' ? 1024 : 8192;
 	int runs = runs_env && atoi(runs_env) > 0 ? atoi(runs_env) : 3;
-	double gbs[NE], memcpy_gbs[NE], loop_gbs[NE];
+	double gbs[NE], memcpy_gbs[NE], loop_gbs[NE], vs_memcpy[NE], vs_loop[NE];
 	char *src, *dst;
 	size_t cap = (size_t)(r * c * elems[NE - 1]);
 	char json[2048];
@@ -104,17 +84,17 @@ int main(void)
 		double t[99], m[99], l[99];
 
 		for (int i = 0; i < runs; i++) {
-			double t0 = now_s();
+			double t0 = now_ms();
 
 			if (wex_mem_host_copy(&op, 1, 1))
 				return fail("wex_mem_host_copy failed");
-			t[i] = now_s() - t0;
-			t0 = now_s();
+			t[i] = (now_ms() - t0) / 1e3;
+			t0 = now_ms();
 			memcpy(dst, src, bytes);
-			m[i] = now_s() - t0;
-			t0 = now_s();
+			m[i] = (now_ms() - t0) / 1e3;
+			t0 = now_ms();
 			element_loop(dst, src, r, c, &ev);
-			l[i] = now_s() - t0;
+			l[i] = (now_ms() - t0) / 1e3;
 		}
 		/* The last copy in dst is the loop's: wex's once more, checked. */
 		memset(dst, 0, bytes);
@@ -124,34 +104,28 @@ int main(void)
 			for (uint64_t j = 0; j < c; j++)
 				if (memcmp(dst + (j * r + i) * e, src + (i * c + j) * e, e))
 					return fail("the transposed bytes are wrong");
-		gbs[k] = (double)bytes / median(t, runs) / 1e9;
-		memcpy_gbs[k] = (double)bytes / median(m, runs) / 1e9;
-		loop_gbs[k] = (double)bytes / median(l, runs) / 1e9;
+		gbs[k] = (double)bytes / bench_median(t, runs) / 1e9;
+		memcpy_gbs[k] = (double)bytes / bench_median(m, runs) / 1e9;
+		loop_gbs[k] = (double)bytes / bench_median(l, runs) / 1e9;
+		vs_memcpy[k] = gbs[k] / memcpy_gbs[k];
+		vs_loop[k] = gbs[k] / loop_gbs[k];
 		printf("%6llu %12.2f %12.2f %12.2f %10.3f %10.2f\n", (unsigned long long)e, gbs[k],
-		       memcpy_gbs[k], loop_gbs[k], gbs[k] / memcpy_gbs[k], gbs[k] / loop_gbs[k]);
+		       memcpy_gbs[k], loop_gbs[k], vs_memcpy[k], vs_loop[k]);
 	}
 	n += (size_t)snprintf(json + n, sizeof(json) - n,
 			      "{\"bench\":\"host_transpose\",\"error\":null,\"rows\":%llu,\"cols\":%llu,"
-			      "\"runs\":%d,\"elem_bytes\":[1,2,4,8],\"gbs\":[",
+			      "\"runs\":%d,\"elem_bytes\":[1,2,4,8],",
 			      (unsigned long long)r, (unsigned long long)c, runs);
-	for (int k = 0; k < NE; k++)
-		n += (size_t)snprintf(json + n, sizeof(json) - n, "%s%.3f", k ? "," : "", gbs[k]);
-	n += (size_t)snprintf(json + n, sizeof(json) - n, "],\"baselines\":{\"memcpy_gbs\":[");
-	for (int k = 0; k < NE; k++)
-		n += (size_t)snprintf(json + n, sizeof(json) - n, "%s%.3f", k ? "," : "",
-				      memcpy_gbs[k]);
-	n += (size_t)snprintf(json + n, sizeof(json) - n, "],\"element_loop_gbs\":[");
-	for (int k = 0; k < NE; k++)
-		n += (size_t)snprintf(json + n, sizeof(json) - n, "%s%.3f", k ? "," : "", loop_gbs[k]);
-	n += (size_t)snprintf(json + n, sizeof(json) - n, "]},\"ratios\":{\"vs_memcpy\":[");
-	for (int k = 0; k < NE; k++)
-		n += (size_t)snprintf(json + n, sizeof(json) - n, "%s%.3f", k ? "," : "",
-				      gbs[k] / memcpy_gbs[k]);
-	n += (size_t)snprintf(json + n, sizeof(json) - n, "],\"vs_element_loop\":[");
-	for (int k = 0; k < NE; k++)
-		n += (size_t)snprintf(json + n, sizeof(json) - n, "%s%.3f", k ? "," : "",
-				      gbs[k] / loop_gbs[k]);
-	snprintf(json + n, sizeof(json) - n, "]}}");
+	bench_json_list(json, sizeof(json), &n, "gbs", gbs, NE);
+	n += (size_t)snprintf(json + n, sizeof(json) - n, ",\"baselines\":{");
+	bench_json_list(json, sizeof(json), &n, "memcpy_gbs", memcpy_gbs, NE);
+	n += (size_t)snprintf(json + n, sizeof(json) - n, ",");
+	bench_json_list(json, sizeof(json), &n, "element_loop_gbs", loop_gbs, NE);
+	n += (size_t)snprintf(json + n, sizeof(json) - n, "},\"ratios\":{");
+	bench_json_list(json, sizeof(json), &n, "vs_memcpy", vs_memcpy, NE);
+	n += (size_t)snprintf(json + n, sizeof(json) - n, ",");
+	bench_json_list(json, sizeof(json), &n, "vs_element_loop", vs_loop, NE);
+	snprintf(json + n, sizeof(json) - n, "}}");
 	printf("%s\n", json);
 	free(src);
 	free(dst);

@@ -26,29 +26,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "tests/bench/bench_util.h"
 #include "verify.h"
 #include "vmm/backend.h"
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int dbl_cmp(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(*v), dbl_cmp);
-	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* The element loop: dst[c][r] against src[r][c], one memcmp of e bytes
  * each (e known at run time, as an op's row length is); the number of
@@ -69,14 +49,6 @@ static int fail(const char *why)
 	fprintf(stderr, "verify_transpose: %s\n", why);
 	printf("{\"bench\":\"verify_transpose\",\"error\":\"%s\"}\n", why);
 	return 1;
-}
-
-static void json_list(char *json, size_t cap, size_t *n, const char *key, const double *v, int nv)
-{
-	*n += (size_t)snprintf(json + *n, cap - *n, "\"%s\":[", key);
-	for (int k = 0; k < nv; k++)
-		*n += (size_t)snprintf(json + *n, cap - *n, "%s%.3f", k ? "," : "", v[k]);
-	*n += (size_t)snprintf(json + *n, cap - *n, "]");
 }
 
 int main(void)
@@ -125,30 +97,30 @@ int main(void)
 		if (wex_mem_host_copy(&op, 1, 1))
 			return fail("wex_mem_host_copy failed");
 		for (int x = 0; x < runs; x++) {
-			double t0 = now_s();
+			double t0 = now_ms();
 			int ret = wex__verify_ops(&op, 1, NULL, 1, &diff);
 
-			t[x] = now_s() - t0;
+			t[x] = (now_ms() - t0) / 1e3;
 			if (ret != 0)
 				return fail("the comparison found equal sides different");
-			t0 = now_s();
+			t0 = now_ms();
 			ret = memcmp(twin, src, bytes);
-			m[x] = now_s() - t0;
+			m[x] = (now_ms() - t0) / 1e3;
 			if (ret)
 				return fail("memcmp found equal buffers different");
-			t0 = now_s();
+			t0 = now_ms();
 			if (element_loop(dst, src, r, c, &ev))
 				return fail("the element loop found equal sides different");
-			l[x] = now_s() - t0;
+			l[x] = (now_ms() - t0) / 1e3;
 		}
 		dst[at] ^= 0x5a;
 		if (wex__verify_ops(&op, 1, NULL, 1, &diff) != 1 || diff.op != 0 ||
 		    diff.dst_off != at || diff.src_off != (i * c + j) * e + e - 1 || diff.bytes != 1)
 			return fail("the comparison did not find the one flipped byte where it is");
 		dst[at] ^= 0x5a;
-		gbs[k] = (double)bytes / median(t, runs) / 1e9;
-		memcmp_gbs[k] = (double)bytes / median(m, runs) / 1e9;
-		loop_gbs[k] = (double)bytes / median(l, runs) / 1e9;
+		gbs[k] = (double)bytes / bench_median(t, runs) / 1e9;
+		memcmp_gbs[k] = (double)bytes / bench_median(m, runs) / 1e9;
+		loop_gbs[k] = (double)bytes / bench_median(l, runs) / 1e9;
 		vs_memcmp[k] = gbs[k] / memcmp_gbs[k];
 		vs_loop[k] = gbs[k] / loop_gbs[k];
 		printf("%6llu %12.2f %12.2f %12.2f %10.3f %10.2f\n", (unsigned long long)e, gbs[k],
@@ -158,15 +130,15 @@ int main(void)
 			      "{\"bench\":\"verify_transpose\",\"error\":null,\"rows\":%llu,\"cols\":%llu,"
 			      "\"runs\":%d,\"elem_bytes\":[1,2,4,8],",
 			      (unsigned long long)r, (unsigned long long)c, runs);
-	json_list(json, sizeof(json), &n, "gbs", gbs, NE);
+	bench_json_list(json, sizeof(json), &n, "gbs", gbs, NE);
 	n += (size_t)snprintf(json + n, sizeof(json) - n, ",\"baselines\":{");
-	json_list(json, sizeof(json), &n, "memcmp_gbs", memcmp_gbs, NE);
+	bench_json_list(json, sizeof(json), &n, "memcmp_gbs", memcmp_gbs, NE);
 	n += (size_t)snprintf(json + n, sizeof(json) - n, ",");
-	json_list(json, sizeof(json), &n, "element_loop_gbs", loop_gbs, NE);
+	bench_json_list(json, sizeof(json), &n, "element_loop_gbs", loop_gbs, NE);
 	n += (size_t)snprintf(json + n, sizeof(json) - n, "},\"ratios\":{");
-	json_list(json, sizeof(json), &n, "vs_memcmp", vs_memcmp, NE);
+	bench_json_list(json, sizeof(json), &n, "vs_memcmp", vs_memcmp, NE);
 	n += (size_t)snprintf(json + n, sizeof(json) - n, ",");
-	json_list(json, sizeof(json), &n, "vs_element_loop", vs_loop, NE);
+	bench_json_list(json, sizeof(json), &n, "vs_element_loop", vs_loop, NE);
 	snprintf(json + n, sizeof(json) - n, "}}");
 	printf("%s\n", json);
 	free(src);

@@ -556,6 +556,23 @@ static void gone_rank_check(void)
 	wex_client_close(adm);
 }
 
+/* Asks group `group` of MODEL through c, standing stand_ms: the ticket. */
+static long ask_group(wex_client_t *c, const char *group, long stand_ms)
+{
+	char args[160], *reply = NULL;
+	json_t *j;
+	long ticket;
+
+	snprintf(args, sizeof(args), "{\"model\":\"%s\",\"group\":\"%s\",\"stand_ms\":%ld}",
+		 MODEL, group, stand_ms);
+	T_WEX(c, wex_request(c, "verify", args, &reply));
+	j = json_loads(reply, 0, NULL);
+	ticket = (long)json_integer_value(json_object_get(j, "ticket"));
+	json_decref(j);
+	wex_free(reply);
+	return ticket;
+}
+
 /*
  * A rank whose engine answered an ask and left, then another process in
  * its slot that synced (after the ask stood: not asked) and left without
@@ -569,22 +586,15 @@ static void replaced_rank_check(void)
 	wex_client_t *adm = t_open(WEX_ROLE_ADMIN, NULL, NULL, 0, 0);
 	struct wex_sync_result r;
 	struct t_cons h[2];
-	char args[160], *reply = NULL, state[32], result[32];
+	char state[32], result[32];
 	long ticket, pid;
-	json_t *j;
 	double t0;
 
 	for (int i = 0; i < 2; i++) {
 		t_cons_open_from(&h[i], MODEL, "swap", "tiny", (uint32_t)i, 2, 0);
 		T_WEX(h[i].c, wex_sync(h[i].c, WEX_SYNC_COPY, 1, 5000, &r));
 	}
-	snprintf(args, sizeof(args), "{\"model\":\"%s\",\"group\":\"swap\",\"stand_ms\":500}",
-		 MODEL);
-	T_WEX(adm, wex_request(adm, "verify", args, &reply));
-	j = json_loads(reply, 0, NULL);
-	ticket = (long)json_integer_value(json_object_get(j, "ticket"));
-	json_decref(j);
-	wex_free(reply);
+	ticket = ask_group(adm, "swap", 500);
 	T_WEX(h[0].c, wex_sync(h[0].c, WEX_SYNC_COPY, 1, 5000, &r));
 	t_cons_close(&h[0]);
 	for (t0 = t_now(); !poll_rank(adm, "swap", ticket, 0, state, result, &pid);) {
@@ -619,18 +629,11 @@ static void rewidened_check(void)
 	wex_client_t *adm = t_open(WEX_ROLE_ADMIN, NULL, NULL, 0, 0);
 	struct wex_sync_result r;
 	struct t_cons h[2];
-	char args[160], *reply = NULL, state[32], result[32];
+	char state[32], result[32];
 	long ticket, pid;
-	json_t *j;
 
 	t_cons_open_from(&h[0], MODEL, "wid", "tiny", 0, 1, 0);
-	snprintf(args, sizeof(args), "{\"model\":\"%s\",\"group\":\"wid\",\"stand_ms\":30000}",
-		 MODEL);
-	T_WEX(adm, wex_request(adm, "verify", args, &reply));
-	j = json_loads(reply, 0, NULL);
-	ticket = (long)json_integer_value(json_object_get(j, "ticket"));
-	json_decref(j);
-	wex_free(reply);
+	ticket = ask_group(adm, "wid", 30000);
 	t_cons_close(&h[0]);
 	wait_gone(MODEL, "wid");
 	for (int i = 0; i < 2; i++) {

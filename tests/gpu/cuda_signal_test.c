@@ -231,6 +231,24 @@ static void *cancel_run(void *arg)
 	return NULL;
 }
 
+/* Registers the 3 allocations at va (3 * gran bytes) through cp while a
+ * thread calls wex_cancel KICK_MS in: its result, *dt the seconds it
+ * took. */
+static int cancelled_register(wex_client_t *cp, CUdeviceptr va, uint64_t gran, uint32_t *id,
+			      double *dt)
+{
+	pthread_t th;
+	double t0;
+	int ret;
+
+	CHECK(pthread_create(&th, NULL, cancel_run, cp) == 0);
+	t0 = now_s();
+	ret = wex_segment_register_ptr(cp, WEX_SEG_CUDA_VMM, (void *)(uintptr_t)va, 3 * gran, id);
+	*dt = now_s() - t0;
+	CHECK(pthread_join(th, NULL) == 0);
+	return ret;
+}
+
 static wex_client_t *open_client(int role, const char *model)
 {
 	struct wex_client_params p = {
@@ -422,17 +440,11 @@ int main(void)
 		CUdeviceptr va = gpu_expandable(3, gran, ch);
 		wex_client_t *cp = open_client(WEX_ROLE_PRODUCER, "chain");
 		uint32_t id = 77;
-		pthread_t th;
 
 		wexd_pid = wexd;
 		seg_requests = 0;
 		stop_at = 3;
-		CHECK(pthread_create(&th, NULL, cancel_run, cp) == 0);
-		t0 = now_s();
-		ret = wex_segment_register_ptr(cp, WEX_SEG_CUDA_VMM, (void *)(uintptr_t)va, 3 * gran,
-					       &id);
-		dt = now_s() - t0;
-		CHECK(pthread_join(th, NULL) == 0);
+		ret = cancelled_register(cp, va, gran, &id, &dt);
 		printf("chained: %d after %.2f s (wex_cancel at %.1f s, wexd stopped at the third part's request): %s\n",
 		       ret, dt, KICK_MS / 1000.0, wex_last_error(cp));
 		CHECK(ret == -ECANCELED && id == 77);
@@ -459,19 +471,14 @@ int main(void)
 		CUdeviceptr va = gpu_expandable(3, gran, ch);
 		wex_client_t *cp = open_client(WEX_ROLE_PRODUCER, "slow");
 		uint32_t id = 77;
-		pthread_t th, sl;
+		pthread_t sl;
 
 		wexd_pid = wexd;
 		seg_requests = 0;
 		atomic_store(&held, 0);
 		atomic_store(&slow_mode, 1);
 		CHECK(pthread_create(&sl, NULL, slow_run, NULL) == 0);
-		CHECK(pthread_create(&th, NULL, cancel_run, cp) == 0);
-		t0 = now_s();
-		ret = wex_segment_register_ptr(cp, WEX_SEG_CUDA_VMM, (void *)(uintptr_t)va, 3 * gran,
-					       &id);
-		dt = now_s() - t0;
-		CHECK(pthread_join(th, NULL) == 0);
+		ret = cancelled_register(cp, va, gran, &id, &dt);
 		atomic_store(&slow_mode, 0);
 		CHECK(pthread_join(sl, NULL) == 0);
 		CHECK(kill(wexd, SIGCONT) == 0);
